@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs everything memfit needs from Debian 12 packages. Idempotent; run as root (or with sudo).
+set -euo pipefail
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+PKGS=(
+  build-essential cmake ninja-build pkg-config git
+  libdnnl-dev            # oneDNN: matmuls on the CPU
+  libomp-dev             # OpenMP runtime headers (g++ ships libgomp; kept for clang builds)
+  nlohmann-json3-dev     # JSON configs, metrics, summaries
+  libcli11-dev           # command line
+  libfmt-dev             # formatting
+  libgtest-dev googletest # tests
+  libpcre2-dev           # GPT-2 pre-tokenisation regex (Unicode classes)
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "install-deps: all packages present"
+fi

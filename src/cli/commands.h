@@ -1,0 +1,12 @@
+// Each subcommand family registers itself on the CLI11 app. Callbacks throw memfit::Error on
+// expected failures; main() prints it as one line and exits 1.
+#pragma once
+
+namespace CLI { class App; }
+
+namespace memfit::cli {
+
+void add_data_commands(CLI::App & app);    // prepare, tokenize      (cmd_data.cpp)
+void add_train_commands(CLI::App & app);   // train, bench, verify   (cmd_train.cpp, ...)
+
+}  // namespace memfit::cli

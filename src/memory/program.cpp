@@ -1,0 +1,60 @@
+#include "memory/program.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace memfit {
+
+const char * phase_name(Phase p) {
+    switch (p) {
+        case Phase::forward: return "forward";
+        case Phase::backward: return "backward";
+        case Phase::recompute: return "recompute";
+        case Phase::communication: return "communication";
+        case Phase::optimizer: return "optimizer";
+        case Phase::other: return "other";
+    }
+    return "?";
+}
+
+BufferId Program::declare(std::string name, Category category, size_t bytes, bool persistent) {
+    buffers_.push_back(BufferDecl{std::move(name), category, bytes, persistent, -1, -1});
+    return BufferId(buffers_.size() - 1);
+}
+
+void Program::grow(BufferId id, size_t bytes) {
+    auto & b = buffers_[size_t(id)];
+    b.bytes = std::max(b.bytes, bytes);
+}
+
+int Program::record(OpRecord op) {
+    const int index = int(ops_.size());
+    for (BufferId id : op.uses) {
+        MF_ASSERT(id >= 0 && size_t(id) < buffers_.size());
+        auto & b = buffers_[size_t(id)];
+        if (b.first_op < 0) b.first_op = index;
+        b.last_op = index;
+    }
+    ops_.push_back(std::move(op));
+    return index;
+}
+
+void Program::finalize() {
+    starts_.assign(ops_.size(), {});
+    ends_.assign(ops_.size(), {});
+    for (size_t i = 0; i < buffers_.size(); ++i) {
+        const auto & b = buffers_[i];
+        if (b.first_op < 0) continue;
+        starts_[size_t(b.first_op)].push_back(BufferId(i));
+        ends_[size_t(b.last_op)].push_back(BufferId(i));
+    }
+}
+
+double Program::total_flops() const {
+    double f = 0;
+    for (const auto & op : ops_) f += op.flops;
+    return f;
+}
+
+}  // namespace memfit

@@ -1,0 +1,65 @@
+// The step program: an ordered list of operations and the buffers they touch. Every buffer is
+// declared up front (name, category, bytes); recording the ops fills in each buffer's first and
+// last use. From this one description the engine places and executes, the planner predicts,
+// and the profiler draws (DESIGN.md, "the one idea").
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "memory/category.h"
+
+namespace memfit {
+
+using BufferId = int32_t;
+
+enum class Phase : uint8_t { forward, backward, recompute, communication, optimizer, other };
+const char * phase_name(Phase p);
+
+struct BufferDecl {
+    std::string name;
+    Category    category   = Category::activations;
+    size_t      bytes      = 0;
+    bool        persistent = false;  // lives across steps (weights, grads, moments): own region
+    int         first_op   = -1;     // filled by recording; -1 while unused
+    int         last_op    = -1;
+};
+
+struct OpRecord {
+    const char *          name  = "";    // static string: "matmul_fwd", ...
+    Phase                 phase = Phase::other;
+    int                   layer = -1;    // transformer block, -1 outside the blocks
+    double                flops = 0;     // floating-point operations
+    double                bytes = 0;     // bytes read + written (for the time model)
+    std::vector<BufferId> uses;          // buffers read or written, each once
+};
+
+class Program {
+public:
+    BufferId declare(std::string name, Category category, size_t bytes, bool persistent = false);
+    // Grows a declared buffer (used for shared scratch whose size is the max over its uses).
+    void grow(BufferId id, size_t bytes);
+    // Appends an op; updates first/last use of every buffer it touches. Returns its index.
+    int record(OpRecord op);
+
+    const std::vector<BufferDecl> & buffers() const { return buffers_; }
+    const std::vector<OpRecord> &   ops() const { return ops_; }
+    const BufferDecl & buffer(BufferId id) const { return buffers_[size_t(id)]; }
+    int num_ops() const { return int(ops_.size()); }
+
+    // Buffers whose first (last) use is op i, in declaration order. Valid after finalize().
+    const std::vector<BufferId> & starts_at(int op) const { return starts_[size_t(op)]; }
+    const std::vector<BufferId> & ends_at(int op) const { return ends_[size_t(op)]; }
+    // Indexes start/end lists; call once recording is complete.
+    void finalize();
+
+    double total_flops() const;
+
+private:
+    std::vector<BufferDecl> buffers_;
+    std::vector<OpRecord> ops_;
+    std::vector<std::vector<BufferId>> starts_, ends_;
+};
+
+}  // namespace memfit
