@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Install dependencies, build, and run the whole test suite (CTest + GoogleTest).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+bash scripts/build.sh
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
+ctest --test-dir build --output-on-failure -j 2 --timeout 900

@@ -1,0 +1,37 @@
+// The CPU backend: oneDNN gemms (cached primitives, planned scratchpad) and OpenMP kernels.
+#pragma once
+
+#include "backend/backend.h"
+#include "backend/cpu/dnnl_gemm.h"
+
+namespace memfit {
+
+class CpuBackend final : public Backend {
+public:
+    const char * name() const override { return "cpu"; }
+    size_t gemm_workspace(const GemmDesc & d) const override;
+
+    void fill_zero(Tensor t) override;
+    void copy(Tensor dst, Tensor src) override;
+    void gemm(const GemmDesc & d, Tensor c, Tensor a, Tensor b, Tensor bias, Tensor workspace) override;
+    void bias_grad(Tensor dbias, Tensor dout) override;
+    void encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) override;
+    void encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) override;
+    void layernorm_fwd(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, float eps) override;
+    void layernorm_bwd(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean,
+                       Tensor rstd) override;
+    void attention_fwd(Tensor out, Tensor att, Tensor qkv, int NH) override;
+    void attention_bwd(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, int NH) override;
+    void gelu_fwd(Tensor out, Tensor inp) override;
+    void gelu_bwd(Tensor dinp, Tensor dout, Tensor inp) override;
+    void residual_fwd(Tensor out, Tensor a, Tensor b) override;
+    void xent_fwd(Tensor losses, Tensor logits, Tensor targets) override;
+    void xent_bwd(Tensor probs, Tensor targets, float dloss) override;
+    void sum_squares(Tensor out, Tensor x) override;
+    void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWHyper & h) override;
+
+private:
+    mutable cpu::DnnlGemm gemm_;   // primitive cache: querying sizes creates primitives
+};
+
+}  // namespace memfit

@@ -1,0 +1,212 @@
+#include "backend/graph.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "memory/step_memory.h"
+
+namespace memfit {
+
+namespace {
+
+// The gemms one matmul op runs, by layout (C[M,N] = op(A)[M,K] op(B)[K,N], see GemmDesc).
+GemmDesc fwd_desc(int64_t M, int64_t K, int64_t N, WeightLayout l, bool bias) {
+    return GemmDesc{M, N, K, false, l == WeightLayout::out_in, false, bias};
+}
+GemmDesc bwd_data_desc(int64_t M, int64_t K, int64_t N, WeightLayout l) {
+    // dinp[M,K] = dout[M,N] . W^T
+    return GemmDesc{M, K, N, false, l == WeightLayout::in_out, false, false};
+}
+GemmDesc bwd_weight_desc(int64_t M, int64_t K, int64_t N, WeightLayout l) {
+    // in_out: dW[K,N] += inp^T . dout;  out_in: dW[N,K] += dout^T . inp
+    if (l == WeightLayout::in_out) return GemmDesc{K, N, M, true, false, true, false};
+    return GemmDesc{N, K, M, true, false, true, false};
+}
+
+double bytes_of(std::initializer_list<Tensor> ts) {
+    double b = 0;
+    for (const auto & t : ts) if (t.valid()) b += double(t.nbytes());
+    return b;
+}
+
+}  // namespace
+
+Graph::Graph(Program & program, const Backend * sizing)
+    : program_(&program), sizing_(sizing), recording_(true) {}
+
+Graph::Graph(const Program & program, StepMemory & memory, Backend & backend)
+    : exec_program_(&program), memory_(&memory), backend_(&backend), recording_(false) {}
+
+bool Graph::begin(const char * name, double flops, std::initializer_list<Tensor> uses, bool workspace) {
+    if (recording_) {
+        OpRecord op;
+        op.name = name;
+        op.phase = phase_;
+        op.layer = layer_;
+        op.flops = flops;
+        op.bytes = bytes_of(uses);
+        for (const auto & t : uses) {
+            if (!t.valid() || t.buffer < 0) continue;
+            if (std::find(op.uses.begin(), op.uses.end(), t.buffer) == op.uses.end()) op.uses.push_back(t.buffer);
+        }
+        if (workspace) {
+            MF_ASSERT(workspace_ >= 0 && "set_workspace() before ops that need scratch");
+            op.uses.push_back(workspace_);
+        }
+        program_->record(std::move(op));
+        return false;
+    }
+    MF_ASSERT(next_op_ < exec_program_->num_ops() && "step issued more ops than were recorded");
+    MF_ASSERT(std::strcmp(exec_program_->ops()[size_t(next_op_)].name, name) == 0 &&
+              "step issued a different op than was recorded");
+    memory_->begin_op(next_op_);
+    return true;
+}
+
+void Graph::end() {
+    if (!recording_) memory_->end_op(next_op_);
+    ++next_op_;
+}
+
+Tensor Graph::resolve(Tensor t) const {
+    if (!t.valid() || t.buffer < 0) return t;
+    char * base = static_cast<char *>(memory_->base(t.buffer));
+    MF_ASSERT((base || t.nbytes() == 0) && "tensor used outside its buffer's lifetime");
+    t.data = base ? base + t.offset : nullptr;
+    return t;
+}
+
+void Graph::grow_workspace(size_t bytes) {
+    MF_ASSERT(workspace_ >= 0 && "set_workspace() before ops that need scratch");
+    program_->grow(workspace_, bytes);
+}
+
+Tensor Graph::workspace_tensor(size_t bytes) const {
+    if (bytes == 0) return Tensor{};
+    return resolve(Tensor(workspace_, DType::u8, {int64_t(bytes)}));
+}
+
+void Graph::fill_zero(Tensor t) {
+    if (begin("fill_zero", 0, {t})) backend_->fill_zero(resolve(t));
+    end();
+}
+
+void Graph::matmul_fwd(Tensor out, Tensor inp, Tensor w, Tensor bias, WeightLayout layout) {
+    const int64_t M = inp.rows(), K = inp.cols(), N = out.cols();
+    MF_ASSERT(out.rows() == M && w.numel() == K * N);
+    const GemmDesc d = fwd_desc(M, K, N, layout, bias.valid());
+    if (recording_) grow_workspace(sizing_ ? sizing_->gemm_workspace(d) : 0);
+    if (begin("matmul_fwd", 2.0 * M * K * N, {out, inp, w, bias}, true)) {
+        const size_t ws = backend_->gemm_workspace(d);
+        backend_->gemm(d, resolve(out), resolve(inp), resolve(w), resolve(bias), workspace_tensor(ws));
+    }
+    end();
+}
+
+void Graph::matmul_bwd(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, WeightLayout layout) {
+    const int64_t M = inp.rows(), K = inp.cols(), N = dout.cols();
+    MF_ASSERT(dout.rows() == M && w.numel() == K * N && dw.numel() == K * N);
+    const GemmDesc dd = bwd_data_desc(M, K, N, layout), dwd = bwd_weight_desc(M, K, N, layout);
+    if (recording_ && sizing_) grow_workspace(std::max(sizing_->gemm_workspace(dd), sizing_->gemm_workspace(dwd)));
+    const double flops = (dinp.valid() ? 2.0 : 0.0) * M * K * N + 2.0 * M * K * N;
+    if (begin("matmul_bwd", flops, {dinp, dw, dbias, dout, inp, w}, true)) {
+        Tensor rdout = resolve(dout), rinp = resolve(inp), rw = resolve(w);
+        if (dinp.valid())
+            backend_->gemm(dd, resolve(dinp), rdout, rw, Tensor{}, workspace_tensor(backend_->gemm_workspace(dd)));
+        if (layout == WeightLayout::in_out)
+            backend_->gemm(dwd, resolve(dw), rinp, rdout, Tensor{}, workspace_tensor(backend_->gemm_workspace(dwd)));
+        else
+            backend_->gemm(dwd, resolve(dw), rdout, rinp, Tensor{}, workspace_tensor(backend_->gemm_workspace(dwd)));
+        if (dbias.valid()) backend_->bias_grad(resolve(dbias), rdout);
+    }
+    end();
+}
+
+void Graph::encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) {
+    if (begin("encoder_fwd", double(out.numel()), {out, tokens, wte, wpe}))
+        backend_->encoder_fwd(resolve(out), resolve(tokens), resolve(wte), resolve(wpe));
+    end();
+}
+
+void Graph::encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) {
+    if (begin("encoder_bwd", 2.0 * double(dout.numel()), {dwte, dwpe, dout, tokens}))
+        backend_->encoder_bwd(resolve(dwte), resolve(dwpe), resolve(dout), resolve(tokens));
+    end();
+}
+
+void Graph::layernorm_fwd(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, float eps) {
+    if (begin("layernorm_fwd", 8.0 * double(inp.numel()), {out, mean, rstd, inp, w, b}))
+        backend_->layernorm_fwd(resolve(out), resolve(mean), resolve(rstd), resolve(inp), resolve(w), resolve(b), eps);
+    end();
+}
+
+void Graph::layernorm_bwd(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean, Tensor rstd) {
+    if (begin("layernorm_bwd", 14.0 * double(inp.numel()), {dinp, dw, db, dout, inp, w, mean, rstd}))
+        backend_->layernorm_bwd(resolve(dinp), resolve(dw), resolve(db), resolve(dout), resolve(inp), resolve(w),
+                                resolve(mean), resolve(rstd));
+    end();
+}
+
+// Causal attention work: for each (b, h) and query t, t+1 keys; QK^T and AV each 2*hs flops.
+static double attention_flops(const Tensor & qkv) {
+    const double B = double(qkv.dim(0)), T = double(qkv.dim(1)), C = double(qkv.dim(2)) / 3.0;
+    return 4.0 * B * (T * (T + 1) / 2.0) * C;
+}
+
+void Graph::attention_fwd(Tensor out, Tensor att, Tensor qkv, int NH) {
+    if (begin("attention_fwd", attention_flops(qkv), {out, att, qkv}))
+        backend_->attention_fwd(resolve(out), resolve(att), resolve(qkv), NH);
+    end();
+}
+
+void Graph::attention_bwd(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int NH) {
+    const size_t scratch = size_t(qkv.dim(0)) * size_t(NH) * size_t(qkv.dim(1)) * sizeof(float);
+    if (recording_) grow_workspace(scratch);
+    if (begin("attention_bwd", 2.0 * attention_flops(qkv), {dqkv, dout, qkv, att}, true)) {
+        Tensor ws = resolve(Tensor(workspace_, DType::f32, {int64_t(scratch / sizeof(float))}));
+        backend_->attention_bwd(resolve(dqkv), ws, resolve(dout), resolve(qkv), resolve(att), NH);
+    }
+    end();
+}
+
+void Graph::gelu_fwd(Tensor out, Tensor inp) {
+    if (begin("gelu_fwd", 10.0 * double(inp.numel()), {out, inp})) backend_->gelu_fwd(resolve(out), resolve(inp));
+    end();
+}
+
+void Graph::gelu_bwd(Tensor dinp, Tensor dout, Tensor inp) {
+    if (begin("gelu_bwd", 20.0 * double(inp.numel()), {dinp, dout, inp}))
+        backend_->gelu_bwd(resolve(dinp), resolve(dout), resolve(inp));
+    end();
+}
+
+void Graph::residual_fwd(Tensor out, Tensor a, Tensor b) {
+    if (begin("residual_fwd", double(out.numel()), {out, a, b}))
+        backend_->residual_fwd(resolve(out), resolve(a), resolve(b));
+    end();
+}
+
+void Graph::xent_fwd(Tensor losses, Tensor logits, Tensor targets) {
+    if (begin("xent_fwd", 5.0 * double(logits.numel()), {losses, logits, targets}))
+        backend_->xent_fwd(resolve(losses), resolve(logits), resolve(targets));
+    end();
+}
+
+void Graph::xent_bwd(Tensor probs, Tensor targets, float dloss) {
+    if (begin("xent_bwd", 2.0 * double(probs.numel()), {probs, targets}))
+        backend_->xent_bwd(resolve(probs), resolve(targets), dloss);
+    end();
+}
+
+void Graph::sum_squares(Tensor out, Tensor x) {
+    if (begin("sum_squares", 2.0 * double(x.numel()), {out, x})) backend_->sum_squares(resolve(out), resolve(x));
+    end();
+}
+
+void Graph::adamw(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWHyper & h) {
+    if (begin("adamw", 16.0 * double(param.numel()), {param, grad, m, v}))
+        backend_->adamw(resolve(param), resolve(grad), resolve(m), resolve(v), h);
+    end();
+}
+
+}  // namespace memfit

@@ -1,0 +1,83 @@
+// Graph: the front through which the training step issues ops. The step is written once, as
+// plain C++ calling these methods, and run in two modes:
+//
+//   recording  (Graph(program, sizing)):  nothing computes and nothing is allocated; each call
+//              appends an OpRecord (name, phase, layer, FLOPs, bytes, buffers touched) to the
+//              program, which fills in every buffer's first and last use.
+//   executing  (Graph(program, memory, backend)): each call checks it is the op recorded at
+//              this position, acquires the buffers that start here, resolves tensor views to
+//              placed pointers, runs the backend, and releases the buffers that end here.
+//
+// The planner is the recording; the engine is the execution of the same calls.
+#pragma once
+
+#include <initializer_list>
+
+#include "backend/backend.h"
+#include "memory/program.h"
+
+namespace memfit {
+
+class StepMemory;
+
+// How a weight matrix is stored: GPT-2 Conv1D keeps [in, out]; Linear (and the tied LM head
+// reading wte [V, C]) keeps [out, in].
+enum class WeightLayout { in_out, out_in };
+
+class Graph {
+public:
+    // Recording. `sizing` answers workspace queries (may be null: no library scratch).
+    Graph(Program & program, const Backend * sizing);
+    // Executing a finalized program.
+    Graph(const Program & program, StepMemory & memory, Backend & backend);
+
+    bool recording() const { return recording_; }
+    void phase(Phase p) { phase_ = p; }
+    void layer(int l) { layer_ = l; }
+    // The shared scratch buffer (category workspace) that gemms and attention backward use; its
+    // size grows while recording to the largest request.
+    void set_workspace(BufferId id) { workspace_ = id; }
+
+    void fill_zero(Tensor t);
+    // out[M,Nout] = inp[M,K] . W (+ bias)
+    void matmul_fwd(Tensor out, Tensor inp, Tensor w, Tensor bias, WeightLayout layout);
+    // dinp = dout . W^T (written; skipped if !dinp.valid()), dw += ..., dbias += ... (if valid)
+    void matmul_bwd(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, WeightLayout layout);
+    void encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe);
+    void encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens);
+    void layernorm_fwd(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, float eps);
+    void layernorm_bwd(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean, Tensor rstd);
+    void attention_fwd(Tensor out, Tensor att, Tensor qkv, int NH);
+    void attention_bwd(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int NH);
+    void gelu_fwd(Tensor out, Tensor inp);
+    void gelu_bwd(Tensor dinp, Tensor dout, Tensor inp);
+    void residual_fwd(Tensor out, Tensor a, Tensor b);
+    void xent_fwd(Tensor losses, Tensor logits, Tensor targets);
+    void xent_bwd(Tensor probs, Tensor targets, float dloss);
+    void sum_squares(Tensor out, Tensor x);
+    void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWHyper & h);
+
+    // Number of ops issued so far (while executing: must end equal to the program's count).
+    int ops_issued() const { return next_op_; }
+
+private:
+    // Records or begins op `name`; returns false while recording (the caller computes nothing).
+    bool begin(const char * name, double flops, std::initializer_list<Tensor> uses, bool workspace = false);
+    void end();
+    Tensor resolve(Tensor t) const;
+    void grow_workspace(size_t bytes);
+    Tensor workspace_tensor(size_t bytes) const;
+
+    Program * program_ = nullptr;        // recording
+    const Program * exec_program_ = nullptr;
+    const Backend * sizing_ = nullptr;
+    StepMemory * memory_ = nullptr;      // executing
+    Backend * backend_ = nullptr;
+    bool recording_ = true;
+    Phase phase_ = Phase::other;
+    int layer_ = -1;
+    int next_op_ = 0;
+    BufferId workspace_ = -1;
+};
+
+}  // namespace memfit

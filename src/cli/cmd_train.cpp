@@ -1,0 +1,83 @@
+// memfit train, bench, verify.
+#include <cstdio>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "model/config.h"
+#include "train/bench.h"
+#include "train/trainer.h"
+#include "train/verify.h"
+
+namespace memfit::cli {
+
+namespace {
+
+template <class Opt>
+void add_shape_flags(CLI::App * c, Opt & o) {
+    c->add_option("--model", o.model, "preset (" + fmt::format("{}", fmt::join(preset_names(), ", ")) +
+                                          ") or a Hugging Face GPT-2 config.json")->capture_default_str();
+    c->add_option("--batch", o.batch, "sequences per step")->capture_default_str()->check(CLI::PositiveNumber);
+    c->add_option("--seq", o.seq, "tokens per sequence")->capture_default_str()->check(CLI::PositiveNumber);
+    c->add_option("--threads", o.threads, "CPU threads (0: all cores)")->check(CLI::NonNegativeNumber);
+    c->add_option("--seed", o.seed, "random seed")->capture_default_str();
+    c->add_option("--memory-budget", o.memory_budget,
+                  "refuse to start unless the plan fits in this many bytes (e.g. 512MiB, 2GiB)");
+}
+
+}  // namespace
+
+void add_train_commands(CLI::App & app) {
+    static TrainOptions t;
+    CLI::App * train = app.add_subcommand("train", "train a model (default: a small GPT on the bundled Shakespeare)");
+    add_shape_flags(train, t);
+    train->add_option("--data", t.data, "folder with train.bin/val.bin from `memfit prepare` (default: the bundled corpus)");
+    train->add_option("--tokenizer", t.tokenizer, "tokenizer when preparing the bundled corpus: gpt2|bytes");
+    train->add_option("--steps", t.steps, "optimizer steps")->capture_default_str()->check(CLI::PositiveNumber);
+    train->add_option("--lr", t.lr, "peak learning rate")->capture_default_str()->check(CLI::PositiveNumber);
+    train->add_option("--warmup", t.warmup, "linear warmup steps")->capture_default_str()->check(CLI::NonNegativeNumber);
+    train->add_option("--min-lr-ratio", t.min_lr_ratio, "cosine decay floor as a fraction of --lr")
+        ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+    train->add_option("--weight-decay", t.weight_decay, "AdamW decoupled weight decay (tensors with >= 2 dims)")
+        ->capture_default_str()->check(CLI::NonNegativeNumber);
+    train->add_option("--eval-every", t.eval_every, "validation interval in steps (0: at the end only)")
+        ->capture_default_str()->check(CLI::NonNegativeNumber);
+    train->add_option("--eval-batches", t.eval_batches, "validation batches per evaluation")
+        ->capture_default_str()->check(CLI::PositiveNumber);
+    train->add_option("--log-every", t.log_every, "status line interval in steps")->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    train->add_option("--out", t.out, "output folder (metrics.jsonl, summary.json)")->capture_default_str();
+    train->add_option("--sample", t.sample_tokens, "tokens of text to sample at the end (0: none)")
+        ->capture_default_str()->check(CLI::NonNegativeNumber);
+    train->add_flag("--check-lifetimes", t.check_lifetimes,
+                    "give every buffer its own allocation, poisoned after its declared last use (slow; for testing)");
+    train->callback([] { run_training(t); });
+
+    static BenchOptions b;
+    CLI::App * bench = app.add_subcommand("bench", "time training steps; print one JSON line (tokens/s, MFU, memory)");
+    add_shape_flags(bench, b);
+    bench->add_option("--steps", b.steps, "timed steps (median reported)")->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    bench->add_option("--warmup", b.warmup, "untimed steps first")->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
+    bench->callback([] { std::printf("%s\n", run_bench(b).dump().c_str()); });
+
+    static std::string fixture;
+    static double tolerance = 1e-4;
+    static bool check = false;
+    CLI::App * verify = app.add_subcommand("verify", "replay a reference fixture; print max relative errors as JSON");
+    verify->add_option("fixture", fixture, "fixture .safetensors (see DESIGN.md)")->required();
+    verify->add_option("--tolerance", tolerance, "largest relative error accepted")->capture_default_str();
+    verify->add_flag("--check-lifetimes", check, "run with per-buffer allocations poisoned after last use");
+    verify->callback([] {
+        const VerifyReport r = verify_fixture(fixture, tolerance, check);
+        std::printf("%s\n", r.json.dump(2).c_str());
+        if (!r.ok) throw Error(fmt::format("verify: max relative error {:.3g} ({}) exceeds {:.1g}",
+                                           r.json["max_error"].get<double>(), r.json["worst"].get<std::string>(),
+                                           tolerance));
+    });
+}
+
+}  // namespace memfit::cli

@@ -1,0 +1,36 @@
+// memfit: train, plan and profile transformer language models inside a memory budget.
+#include <cstdio>
+#include <exception>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+int main(int argc, char ** argv) {
+    CLI::App app{"memfit: train transformer language models inside a memory budget"};
+    app.require_subcommand(1);
+    app.set_help_all_flag("--help-all", "help for every command");
+    memfit::cli::add_data_commands(app);
+    memfit::cli::add_train_commands(app);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::CallForHelp & e) {
+        return app.exit(e);
+    } catch (const CLI::CallForAllHelp & e) {
+        return app.exit(e);
+    } catch (const CLI::ParseError & e) {
+        std::fprintf(stderr, "memfit: error: %s (see memfit --help)\n", e.what());
+        return 2;
+    } catch (const memfit::Error & e) {
+        std::fprintf(stderr, "memfit: error: %s\n", e.what());
+        return 1;
+    } catch (const std::bad_alloc &) {
+        std::fprintf(stderr, "memfit: error: out of host memory; lower --batch or --seq, or set --memory-budget\n");
+        return 1;
+    } catch (const std::exception & e) {
+        std::fprintf(stderr, "memfit: error: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,195 @@
+#include "memory/step_memory.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+#include "core/units.h"
+#include "memory/arena.h"
+
+namespace memfit {
+
+namespace {
+
+class HostAllocator final : public RegionAllocator {
+public:
+    void * allocate(size_t bytes) override {
+        if (bytes == 0) return nullptr;
+        void * p = std::aligned_alloc(4096, align_up(bytes, 4096));
+        if (!p) throw Error("out of host memory: could not obtain " + format_bytes(bytes) +
+                            "; lower --batch or --seq, or pass --memory-budget to check the plan first");
+        return p;
+    }
+    void release(void * p, size_t) override { std::free(p); }
+};
+
+}  // namespace
+
+RegionAllocator & host_allocator() {
+    static HostAllocator a;
+    return a;
+}
+
+MemoryPlan plan_memory(const Program & program, size_t alignment) {
+    MemoryPlan plan;
+    plan.alignment = alignment;
+    const auto & bufs = program.buffers();
+    const int n_ops = program.num_ops();
+    plan.offsets.assign(bufs.size(), 0);
+
+    for (int c = 0; c < kCategoryCount; ++c) {
+        std::vector<ArenaRequest> reqs;
+        std::vector<size_t> ids;
+        size_t end = 0;
+        for (size_t i = 0; i < bufs.size(); ++i) {
+            const auto & b = bufs[i];
+            if (int(b.category) != c) continue;
+            if (b.persistent) {                       // persistent: end to end
+                plan.offsets[i] = end;
+                end += align_up(b.bytes, alignment);
+            } else if (b.first_op >= 0) {             // transient: by lifetime
+                reqs.push_back(ArenaRequest{b.bytes, b.first_op, b.last_op});
+                ids.push_back(i);
+            }
+        }
+        plan.persistent.v[size_t(c)] = end;
+        if (!reqs.empty()) {
+            ArenaPlan ap = plan_arena(reqs, alignment);
+            for (size_t k = 0; k < ids.size(); ++k) plan.offsets[ids[k]] = ap.offsets[k];
+            plan.transient.v[size_t(c)] = ap.size;
+        }
+        plan.reserved.v[size_t(c)] = plan.persistent.v[size_t(c)] + plan.transient.v[size_t(c)];
+    }
+
+    // Live bytes per op: persistent buffers always, the others over [first, last].
+    CategoryBytes live;
+    std::vector<CategoryBytes> starts(static_cast<size_t>(n_ops)), ends(static_cast<size_t>(n_ops));
+    for (const auto & b : bufs) {
+        if (b.persistent) live[b.category] += b.bytes;
+        else if (b.first_op >= 0) {
+            starts[size_t(b.first_op)][b.category] += b.bytes;
+            ends[size_t(b.last_op)][b.category] += b.bytes;
+        }
+    }
+    plan.peak_live = live;
+    plan.persistent_live = live;
+    plan.peak_live_total = live.total();
+    for (int i = 0; i < n_ops; ++i) {
+        for (size_t c = 0; c < kCategoryCount; ++c) live.v[c] += starts[size_t(i)].v[c];
+        for (size_t c = 0; c < kCategoryCount; ++c) plan.peak_live.v[c] = std::max(plan.peak_live.v[c], live.v[c]);
+        if (plan.peak_op < 0 || live.total() > plan.peak_live_total) {
+            plan.peak_live_total = std::max(plan.peak_live_total, live.total());
+            plan.peak_op = i;
+        }
+        for (size_t c = 0; c < kCategoryCount; ++c) live.v[c] -= ends[size_t(i)].v[c];
+    }
+    return plan;
+}
+
+void * StepMemory::obtain(Category c, size_t bytes) {
+    void * p = alloc_.allocate(bytes);
+    owned_.push_back(Region{p, bytes, c});
+    ledger_.reserve(c, bytes);
+    return p;
+}
+
+StepMemory::StepMemory(const Program & program, const MemoryPlan & plan, Ledger & ledger,
+                       RegionAllocator & alloc, bool checking, const StepMemory * share)
+    : program_(program), plan_(plan), ledger_(ledger), alloc_(alloc), checking_(checking) {
+    const auto & bufs = program.buffers();
+    MF_ASSERT(plan.offsets.size() == bufs.size());
+    base_.assign(bufs.size(), nullptr);
+
+    try {
+        // Persistent buffers: bound by name to the sharer's when it has them; the rest are laid
+        // end to end in regions of our own (exactly the plan's layout when nothing is shared).
+        auto bound = [&](const BufferDecl & b) { return share && share->persistent_base(b.name); };
+        size_t own[kCategoryCount] = {};
+        std::vector<size_t> own_offset(bufs.size(), 0);
+        for (size_t i = 0; i < bufs.size(); ++i) {
+            const auto & b = bufs[i];
+            if (!b.persistent || bound(b)) continue;
+            own_offset[i] = share ? own[size_t(b.category)] : plan.offsets[i];
+            own[size_t(b.category)] += align_up(b.bytes, plan.alignment);
+        }
+        void * persistent_region[kCategoryCount] = {};
+        for (size_t c = 0; c < kCategoryCount; ++c) {
+            const Category cat = Category(c);
+            if (own[c] > 0) persistent_region[c] = obtain(cat, own[c]);
+            const size_t need = plan.transient.v[c];
+            if (need == 0 || checking_) continue;   // checking mode: one block per buffer instead
+            if (share && share->plan_.transient.v[c] >= need && share->transient_region_[c])
+                transient_region_[c] = share->transient_region_[c];   // run inside the sharer's arena
+            else
+                transient_region_[c] = obtain(cat, need);
+        }
+        for (size_t i = 0; i < bufs.size(); ++i) {
+            const auto & b = bufs[i];
+            const size_t c = size_t(b.category);
+            if (b.persistent && bound(b)) {
+                base_[i] = share->persistent_base(b.name);
+            } else if (b.persistent) {
+                base_[i] = static_cast<char *>(persistent_region[c]) + own_offset[i];
+                ledger_.acquire(b.category, b.bytes);
+                acquired_.push_back({b.category, b.bytes});
+            } else if (transient_region_[c]) {
+                base_[i] = static_cast<char *>(transient_region_[c]) + plan.offsets[i];
+            }
+        }
+    } catch (...) {
+        for (auto & r : owned_) { alloc_.release(r.ptr, r.bytes); ledger_.unreserve(r.category, r.bytes); }
+        for (auto & a : acquired_) ledger_.release(a.first, a.second);
+        throw;
+    }
+}
+
+StepMemory::~StepMemory() {
+    for (auto & q : quarantine_) alloc_.release(q.first, q.second);
+    for (auto & a : acquired_) ledger_.release(a.first, a.second);
+    for (auto & r : owned_) {
+        alloc_.release(r.ptr, r.bytes);
+        ledger_.unreserve(r.category, r.bytes);
+    }
+}
+
+void * StepMemory::persistent_base(const std::string & name) const {
+    const auto & bufs = program_.buffers();
+    for (size_t i = 0; i < bufs.size(); ++i)
+        if (bufs[i].persistent && bufs[i].name == name) return base_[i];
+    return nullptr;
+}
+
+void StepMemory::begin_op(int i) {
+    for (BufferId id : program_.starts_at(i)) {
+        const auto & b = program_.buffer(id);
+        if (b.persistent) continue;
+        if (checking_ && b.bytes) {
+            // A block of its own, filled with NaN bytes so a read before the first write shows.
+            void * p = alloc_.allocate(b.bytes);
+            std::memset(p, 0xff, b.bytes);
+            base_[size_t(id)] = p;
+        }
+        ledger_.acquire(b.category, b.bytes);
+    }
+}
+
+void StepMemory::end_op(int i) {
+    for (BufferId id : program_.ends_at(i)) {
+        const auto & b = program_.buffer(id);
+        if (b.persistent) continue;
+        ledger_.release(b.category, b.bytes);
+        if (checking_ && base_[size_t(id)]) {
+            std::memset(base_[size_t(id)], 0xff, b.bytes);   // poison: later reads give NaN
+            quarantine_.push_back({base_[size_t(id)], b.bytes});
+            base_[size_t(id)] = nullptr;
+        }
+    }
+    if (checking_ && i == program_.num_ops() - 1) {
+        for (auto & q : quarantine_) alloc_.release(q.first, q.second);
+        quarantine_.clear();
+    }
+}
+
+}  // namespace memfit

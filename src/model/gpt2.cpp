@@ -1,0 +1,139 @@
+#include "model/gpt2.h"
+
+#include <fmt/format.h>
+
+namespace memfit {
+
+Gpt2Weights gpt2_weights(const ModelConfig & cfg, const ParamLayout & layout, BufferId flat) {
+    auto view = [&](const std::string & name) {
+        const ParamInfo & p = layout.find(name);
+        Tensor t(flat, DType::f32, {int64_t(p.numel)}, p.offset * sizeof(float));
+        t.ndim = int(p.shape.size());
+        for (int i = 0; i < t.ndim; ++i) t.shape[i] = p.shape[size_t(i)];
+        return t;
+    };
+    Gpt2Weights w;
+    w.wte = view("wte.weight");
+    w.wpe = view("wpe.weight");
+    w.lnfw = view("ln_f.weight");
+    w.lnfb = view("ln_f.bias");
+    for (int l = 0; l < cfg.n_layer; ++l) {
+        const std::string h = fmt::format("h.{}.", l);
+        w.h.push_back(Gpt2Weights::Layer{
+            view(h + "ln_1.weight"), view(h + "ln_1.bias"), view(h + "attn.c_attn.weight"), view(h + "attn.c_attn.bias"),
+            view(h + "attn.c_proj.weight"), view(h + "attn.c_proj.bias"), view(h + "ln_2.weight"), view(h + "ln_2.bias"),
+            view(h + "mlp.c_fc.weight"), view(h + "mlp.c_fc.bias"), view(h + "mlp.c_proj.weight"),
+            view(h + "mlp.c_proj.bias")});
+    }
+    return w;
+}
+
+Gpt2::Gpt2(const ModelConfig & cfg, int B, int T, Program & program, bool with_backward, bool keep_logits)
+    : cfg_(cfg), B_(B), T_(T) {
+    const int64_t b = B, t = T, C = cfg.n_embd, NH = cfg.n_head, V = cfg.vocab_size;
+    auto act = [&](const std::string & name, std::initializer_list<int64_t> dims) {
+        int64_t n = 1;
+        for (auto d : dims) n *= d;
+        BufferId id = program.declare(name, Category::activations, size_t(n) * sizeof(float));
+        return Tensor(id, DType::f32, dims);
+    };
+    encoded_ = act("encoded", {b, t, C});
+    for (int l = 0; l < cfg.n_layer; ++l) {
+        const std::string h = fmt::format("h.{}.", l);
+        LayerActs a;
+        a.ln1 = act(h + "ln_1.out", {b, t, C});
+        a.ln1_mean = act(h + "ln_1.mean", {b, t});
+        a.ln1_rstd = act(h + "ln_1.rstd", {b, t});
+        a.qkv = act(h + "attn.qkv", {b, t, 3 * C});
+        a.att = act(h + "attn.probs", {b, NH, t, t});
+        a.atty = act(h + "attn.out", {b, t, C});
+        a.attproj = act(h + "attn.proj", {b, t, C});
+        a.res2 = act(h + "residual_attn", {b, t, C});
+        a.ln2 = act(h + "ln_2.out", {b, t, C});
+        a.ln2_mean = act(h + "ln_2.mean", {b, t});
+        a.ln2_rstd = act(h + "ln_2.rstd", {b, t});
+        a.fch = act(h + "mlp.fc", {b, t, 4 * C});
+        a.fch_gelu = act(h + "mlp.gelu", {b, t, 4 * C});
+        a.fcproj = act(h + "mlp.proj", {b, t, C});
+        a.res3 = act(h + "residual_mlp", {b, t, C});
+        if (with_backward) {
+            a.dfch_gelu = act(h + "mlp.gelu.grad", {b, t, 4 * C});
+            a.dfch = act(h + "mlp.fc.grad", {b, t, 4 * C});
+            a.dln2 = act(h + "ln_2.out.grad", {b, t, C});
+            a.datty = act(h + "attn.out.grad", {b, t, C});
+            a.dqkv = act(h + "attn.qkv.grad", {b, t, 3 * C});
+            a.dln1 = act(h + "ln_1.out.grad", {b, t, C});
+        }
+        layers_.push_back(a);
+    }
+    lnf_ = act("ln_f.out", {b, t, C});
+    lnf_mean_ = act("ln_f.mean", {b, t});
+    lnf_rstd_ = act("ln_f.rstd", {b, t});
+    logits_ = keep_logits ? Tensor(program.declare("logits", Category::activations, size_t(b * t * V) * 4, true),
+                                   DType::f32, {b, t, V})
+                          : act("logits", {b, t, V});
+    if (with_backward) {
+        dlnf_ = act("ln_f.out.grad", {b, t, C});
+        dres_ = act("residual.grad", {b, t, C});
+    }
+}
+
+void Gpt2::forward(Graph & g, const Gpt2Weights & w, Tensor tokens) const {
+    const int NH = cfg_.n_head;
+    const float eps = cfg_.ln_eps;
+    g.phase(Phase::forward);
+    g.layer(-1);
+    // wpe holds max_seq rows; the step uses the first T.
+    g.encoder_fwd(encoded_, tokens, w.wte, w.wpe);
+    Tensor x = encoded_;
+    for (int l = 0; l < cfg_.n_layer; ++l) {
+        const auto & a = layers_[size_t(l)];
+        const auto & p = w.h[size_t(l)];
+        g.layer(l);
+        g.layernorm_fwd(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, eps);
+        g.matmul_fwd(a.qkv, a.ln1, p.qkvw, p.qkvb, WeightLayout::in_out);
+        g.attention_fwd(a.atty, a.att, a.qkv, NH);
+        g.matmul_fwd(a.attproj, a.atty, p.projw, p.projb, WeightLayout::in_out);
+        g.residual_fwd(a.res2, x, a.attproj);
+        g.layernorm_fwd(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, eps);
+        g.matmul_fwd(a.fch, a.ln2, p.fcw, p.fcb, WeightLayout::in_out);
+        g.gelu_fwd(a.fch_gelu, a.fch);
+        g.matmul_fwd(a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb, WeightLayout::in_out);
+        g.residual_fwd(a.res3, a.res2, a.fcproj);
+        x = a.res3;
+    }
+    g.layer(-1);
+    g.layernorm_fwd(lnf_, lnf_mean_, lnf_rstd_, x, w.lnfw, w.lnfb, eps);
+    g.matmul_fwd(logits_, lnf_, w.wte, Tensor{}, WeightLayout::out_in);
+}
+
+void Gpt2::backward(Graph & g, const Gpt2Weights & w, const Gpt2Weights & dw, Tensor tokens) const {
+    const int NH = cfg_.n_head;
+    g.phase(Phase::backward);
+    g.layer(-1);
+    // logits now hold dlogits.
+    g.matmul_bwd(dlnf_, dw.wte, Tensor{}, logits_, lnf_, w.wte, WeightLayout::out_in);
+    g.fill_zero(dres_);
+    const Tensor x_last = cfg_.n_layer > 0 ? layers_.back().res3 : encoded_;
+    g.layernorm_bwd(dres_, dw.lnfw, dw.lnfb, dlnf_, x_last, w.lnfw, lnf_mean_, lnf_rstd_);
+    for (int l = cfg_.n_layer - 1; l >= 0; --l) {
+        const auto & a = layers_[size_t(l)];
+        const auto & p = w.h[size_t(l)];
+        const auto & dp = dw.h[size_t(l)];
+        const Tensor x = l > 0 ? layers_[size_t(l) - 1].res3 : encoded_;
+        g.layer(l);
+        // dres holds d(residual_mlp); the MLP branch's output gradient is the same tensor.
+        g.matmul_bwd(a.dfch_gelu, dp.fcprojw, dp.fcprojb, dres_, a.fch_gelu, p.fcprojw, WeightLayout::in_out);
+        g.gelu_bwd(a.dfch, a.dfch_gelu, a.fch);
+        g.matmul_bwd(a.dln2, dp.fcw, dp.fcb, a.dfch, a.ln2, p.fcw, WeightLayout::in_out);
+        g.layernorm_bwd(dres_, dp.ln2w, dp.ln2b, a.dln2, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd);
+        g.matmul_bwd(a.datty, dp.projw, dp.projb, dres_, a.atty, p.projw, WeightLayout::in_out);
+        g.attention_bwd(a.dqkv, a.datty, a.qkv, a.att, NH);
+        g.matmul_bwd(a.dln1, dp.qkvw, dp.qkvb, a.dqkv, a.ln1, p.qkvw, WeightLayout::in_out);
+        g.layernorm_bwd(dres_, dp.ln1w, dp.ln1b, a.dln1, x, p.ln1w, a.ln1_mean, a.ln1_rstd);
+    }
+    g.layer(-1);
+    g.encoder_bwd(dw.wte, dw.wpe, dres_, tokens);
+}
+
+}  // namespace memfit

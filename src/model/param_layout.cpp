@@ -1,0 +1,54 @@
+#include "model/param_layout.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace memfit {
+
+const ParamInfo * ParamLayout::try_find(const std::string & name) const {
+    for (const auto & p : params)
+        if (p.name == name) return &p;
+    return nullptr;
+}
+
+const ParamInfo & ParamLayout::find(const std::string & name) const {
+    const ParamInfo * p = try_find(name);
+    MF_ASSERT(p && "parameter not in layout");
+    return *p;
+}
+
+ParamLayout gpt2_param_layout(const ModelConfig & cfg) {
+    MF_ASSERT(cfg.vocab_size > 0);
+    const int64_t C = cfg.n_embd, V = cfg.vocab_size, P = cfg.max_seq;
+    ParamLayout l;
+    auto add = [&](std::string name, std::vector<int64_t> shape) {
+        size_t n = 1;
+        for (auto d : shape) n *= size_t(d);
+        l.params.push_back(ParamInfo{std::move(name), std::move(shape), l.total, n});
+        l.total += n;
+    };
+    add("wte.weight", {V, C});
+    add("wpe.weight", {P, C});
+    for (int i = 0; i < cfg.n_layer; ++i) {
+        const std::string h = fmt::format("h.{}.", i);
+        add(h + "ln_1.weight", {C});
+        add(h + "ln_1.bias", {C});
+        add(h + "attn.c_attn.weight", {C, 3 * C});
+        add(h + "attn.c_attn.bias", {3 * C});
+        add(h + "attn.c_proj.weight", {C, C});
+        add(h + "attn.c_proj.bias", {C});
+        add(h + "ln_2.weight", {C});
+        add(h + "ln_2.bias", {C});
+        add(h + "mlp.c_fc.weight", {C, 4 * C});
+        add(h + "mlp.c_fc.bias", {4 * C});
+        add(h + "mlp.c_proj.weight", {4 * C, C});
+        add(h + "mlp.c_proj.bias", {C});
+    }
+    add("ln_f.weight", {C});
+    add("ln_f.bias", {C});
+    MF_ASSERT(int64_t(l.total) == cfg.num_params());
+    return l;
+}
+
+}  // namespace memfit

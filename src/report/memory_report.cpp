@@ -1,0 +1,44 @@
+#include "report/memory_report.h"
+
+#include <sys/resource.h>
+
+#include <fmt/format.h>
+
+#include "core/units.h"
+
+namespace memfit {
+
+std::string format_plan_table(const CategoryBytes & peak_live, const CategoryBytes & reserved) {
+    std::string s = fmt::format("  {:<18} {:>14} {:>14}\n", "category", "peak live", "reserved");
+    for (size_t c = 0; c < kCategoryCount; ++c) {
+        if (peak_live.v[c] == 0 && reserved.v[c] == 0) continue;
+        s += fmt::format("  {:<18} {:>14} {:>14}\n", kCategoryNames[c], format_bytes(peak_live.v[c]),
+                         format_bytes(reserved.v[c]));
+    }
+    s += fmt::format("  {:<18} {:>14} {:>14}\n", "total", format_bytes(peak_live.total()), format_bytes(reserved.total()));
+    return s;
+}
+
+std::string format_plan_vs_measured(const CategoryBytes & plan_live, const CategoryBytes & meas_live,
+                                    const CategoryBytes & plan_reserved, const CategoryBytes & meas_reserved) {
+    std::string s = fmt::format("  {:<18} {:>14} {:>14} {:>14} {:>14}\n", "category", "planned peak", "measured peak",
+                                "planned rsv", "measured rsv");
+    auto row = [&](std::string_view name, uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
+        s += fmt::format("  {:<18} {:>14} {:>14} {:>14} {:>14}{}\n", name, format_bytes(a), format_bytes(b),
+                         format_bytes(c), format_bytes(d), (a == b && c == d) ? "" : "  <- differs");
+    };
+    for (size_t c = 0; c < kCategoryCount; ++c) {
+        if (plan_live.v[c] == 0 && meas_live.v[c] == 0 && plan_reserved.v[c] == 0 && meas_reserved.v[c] == 0) continue;
+        row(kCategoryNames[c], plan_live.v[c], meas_live.v[c], plan_reserved.v[c], meas_reserved.v[c]);
+    }
+    row("total (sum)", plan_live.total(), meas_live.total(), plan_reserved.total(), meas_reserved.total());
+    return s;
+}
+
+uint64_t peak_rss_bytes() {
+    struct rusage ru {};
+    getrusage(RUSAGE_SELF, &ru);
+    return uint64_t(ru.ru_maxrss) * 1024;
+}
+
+}  // namespace memfit

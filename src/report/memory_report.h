@@ -1,0 +1,19 @@
+// Plain-text memory tables: the plan before training, plan vs measured after.
+#pragma once
+
+#include <string>
+
+#include "memory/category.h"
+
+namespace memfit {
+
+// One row per category that has bytes: peak live and reserved.
+std::string format_plan_table(const CategoryBytes & peak_live, const CategoryBytes & reserved);
+// Planned vs measured, both peak live and reserved, plus a total row.
+std::string format_plan_vs_measured(const CategoryBytes & plan_live, const CategoryBytes & meas_live,
+                                    const CategoryBytes & plan_reserved, const CategoryBytes & meas_reserved);
+
+// Peak resident set size of this process so far (bytes).
+uint64_t peak_rss_bytes();
+
+}  // namespace memfit

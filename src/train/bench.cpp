@@ -1,0 +1,68 @@
+#include "train/bench.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/units.h"
+#include "report/memory_report.h"
+#include "train/engine.h"
+
+namespace memfit {
+
+double model_flops_per_token(int64_t params_no_wpe, int L, int C, int T) {
+    return 6.0 * double(params_no_wpe) + 12.0 * L * double(C) * T;
+}
+
+nlohmann::json run_bench(const BenchOptions & opt) {
+    if (opt.threads > 0) omp_set_num_threads(opt.threads);
+    if (opt.steps < 1) throw ConfigError("--steps must be at least 1");
+    ModelConfig cfg = resolve_model(opt.model);
+    if (cfg.vocab_size == 0) cfg.vocab_size = 256;   // small presets: byte vocabulary
+    cfg.validate();
+    const double peak = opt.probe ? cpu::measure_matmul_peak_gflops() : 0.0;
+
+    CpuBackend backend;
+    EngineOptions eo;
+    eo.B = opt.batch;
+    eo.T = opt.seq;
+    eo.with_eval = false;
+    eo.budget = opt.memory_budget.empty() ? 0 : parse_bytes(opt.memory_budget);
+    Engine engine(cfg, backend, eo);
+    engine.init_params(opt.seed);
+    const size_t BT = size_t(opt.batch) * size_t(opt.seq);
+    std::mt19937_64 rng(opt.seed);
+    std::uniform_int_distribution<int32_t> tok(0, cfg.vocab_size - 1);
+    std::vector<int32_t> in(BT), tg(BT);
+    std::vector<double> ms;
+    AdamWHyper h;
+    for (int i = 0; i < opt.warmup + opt.steps; ++i) {
+        for (size_t k = 0; k < BT; ++k) { in[k] = tok(rng); tg[k] = tok(rng); }
+        const auto t0 = std::chrono::steady_clock::now();
+        engine.train_step(in.data(), tg.data(), h);
+        const double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        if (i >= opt.warmup) ms.push_back(dt);
+    }
+    std::sort(ms.begin(), ms.end());
+    const double med = ms[ms.size() / 2];
+    const double tps = double(BT) / (med / 1e3);
+    const int64_t n_no_wpe = cfg.num_params() - int64_t(cfg.max_seq) * cfg.n_embd;
+    const double fpt = model_flops_per_token(n_no_wpe, cfg.n_layer, cfg.n_embd, opt.seq);
+    const double achieved = fpt * tps / 1e9;
+    nlohmann::json j = {
+        {"model", cfg.name}, {"params", cfg.num_params()}, {"batch", opt.batch}, {"seq", opt.seq},
+        {"threads", omp_get_max_threads()}, {"precision", "fp32"}, {"steps", opt.steps},
+        {"ms_per_step", med}, {"ms_min", ms.front()}, {"ms_max", ms.back()}, {"tokens_per_s", tps},
+        {"model_flops_per_token", fpt}, {"achieved_gflops", achieved}, {"matmul_peak_gflops", peak},
+        {"mfu", peak > 0 ? achieved / peak : 0.0},
+        {"planned_peak_bytes", engine.planned_peak_live().total()},
+        {"planned_reserved_bytes", engine.planned_reserved().total()},
+        {"measured_peak_bytes", engine.ledger().live_total_peak()},
+        {"peak_rss_bytes", peak_rss_bytes()}};
+    return j;
+}
+
+}  // namespace memfit

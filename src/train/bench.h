@@ -1,0 +1,28 @@
+// `memfit bench`: time N training steps of one configuration and report one JSON line.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace memfit {
+
+struct BenchOptions {
+    std::string model = "gpt2-6l";
+    int batch = 8, seq = 256;
+    int steps = 8;          // timed steps
+    int warmup = 2;         // untimed steps first
+    int threads = 0;
+    uint64_t seed = 1337;
+    std::string memory_budget;
+    bool probe = true;      // measure the matmul peak for MFU
+};
+
+// Model FLOPs per token: 6N + 12*L*H*Q*T (N excludes the position embeddings, which do no
+// matmul work; H*Q = C).
+double model_flops_per_token(int64_t params_no_wpe, int L, int C, int T);
+
+nlohmann::json run_bench(const BenchOptions & opt);
+
+}  // namespace memfit

@@ -1,0 +1,65 @@
+#include "train/step.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace memfit {
+
+TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const Backend * sizing)
+    : cfg_(cfg), layout_(gpt2_param_layout(cfg)), mode_(mode), B_(B), T_(T) {
+    if (B < 1 || T < 1) throw ConfigError(fmt::format("batch = {}, seq = {}: both must be at least 1", B, T));
+    if (T > cfg.max_seq)
+        throw ConfigError(fmt::format("seq = {} exceeds the model's context of {} positions; lower --seq", T,
+                                      cfg.max_seq));
+    const bool train = mode == StepMode::train;
+    const size_t P = layout_.total * sizeof(float), BT = size_t(B) * size_t(T);
+    params = program_.declare("parameters", Category::parameters, P, true);
+    grads = train ? program_.declare("gradients", Category::gradients, P, true) : -1;
+    adam_m = train ? program_.declare("adamw.m", Category::optimizer_states, P, true) : -1;
+    adam_v = train ? program_.declare("adamw.v", Category::optimizer_states, P, true) : -1;
+    tokens = program_.declare("batch.tokens", Category::activations, BT * 4, true);
+    targets = program_.declare("batch.targets", Category::activations, BT * 4, true);
+    losses = program_.declare("batch.losses", Category::activations, BT * 4, true);
+    grad_norm_sq = train ? program_.declare("grad_norm_sq", Category::activations, 4, true) : -1;
+    workspace_ = program_.declare("workspace", Category::workspace, 0);
+    model_ = std::make_unique<Gpt2>(cfg_, B, T, program_, train, mode == StepMode::logits);
+    w_ = gpt2_weights(cfg_, layout_, params);
+    if (train) dw_ = gpt2_weights(cfg_, layout_, grads);
+
+    Graph rec(program_, sizing);
+    run(rec, StepScalars{});
+    program_.finalize();
+}
+
+void TrainStep::run(Graph & g, const StepScalars & s) const {
+    g.set_workspace(workspace_);
+    const int64_t b = B_, t = T_, P = int64_t(layout_.total);
+    const Tensor tok(tokens, DType::i32, {b, t}), tgt(targets, DType::i32, {b, t});
+    const Tensor loss(losses, DType::f32, {b, t});
+    if (mode_ == StepMode::train) {
+        g.phase(Phase::other);
+        g.fill_zero(Tensor(grads, DType::f32, {P}));
+    }
+    model_->forward(g, w_, tok);
+    if (mode_ == StepMode::logits) return;
+    g.xent_fwd(loss, model_->logits(), tgt);
+    if (mode_ == StepMode::eval) return;
+    g.phase(Phase::backward);
+    g.xent_bwd(model_->logits(), tgt, s.dloss);
+    model_->backward(g, w_, dw_, tok);
+
+    g.phase(Phase::optimizer);
+    g.layer(-1);
+    g.sum_squares(Tensor(grad_norm_sq, DType::f32, {1}), Tensor(grads, DType::f32, {P}));
+    for (const auto & p : layout_.params) {
+        AdamWHyper h = s.adamw;
+        if (!p.decay()) h.weight_decay = 0;
+        const size_t off = p.offset * sizeof(float);
+        const int64_t n = int64_t(p.numel);
+        g.adamw(Tensor(params, DType::f32, {n}, off), Tensor(grads, DType::f32, {n}, off),
+                Tensor(adam_m, DType::f32, {n}, off), Tensor(adam_v, DType::f32, {n}, off), h);
+    }
+}
+
+}  // namespace memfit

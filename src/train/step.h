@@ -1,0 +1,57 @@
+// The step program for one configuration: the persistent buffers (parameters, gradients, AdamW
+// moments, the batch) plus the model's forward, loss, backward and optimizer ops, recorded once
+// into a Program. run() is the single source of truth: the constructor records it through a
+// recording Graph, and the engine executes the very same calls.
+#pragma once
+
+#include <memory>
+
+#include "backend/graph.h"
+#include "memory/program.h"
+#include "model/config.h"
+#include "model/gpt2.h"
+#include "model/param_layout.h"
+
+namespace memfit {
+
+enum class StepMode {
+    train,    // forward, loss, backward, gradient norm, AdamW
+    eval,     // forward and loss
+    logits,   // forward only; the logits buffer keeps the logits
+};
+
+struct StepScalars {
+    float      dloss = 0;       // 1 / (number of non-ignored targets in the batch)
+    AdamWHyper adamw;           // lr, betas, eps, weight decay (applied to >= 2-D tensors), t
+};
+
+class TrainStep {
+public:
+    // `sizing` answers library-scratch queries while recording (the backend that will run it).
+    TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const Backend * sizing);
+
+    void run(Graph & g, const StepScalars & s) const;
+
+    const Program & program() const { return program_; }
+    const ModelConfig & config() const { return cfg_; }
+    const ParamLayout & layout() const { return layout_; }
+    StepMode mode() const { return mode_; }
+    int B() const { return B_; }
+    int T() const { return T_; }
+
+    // Persistent buffers the host reads or writes between steps.
+    BufferId params, grads, adam_m, adam_v, tokens, targets, losses, grad_norm_sq;
+    Tensor logits() const { return model_->logits(); }
+
+private:
+    ModelConfig cfg_;
+    ParamLayout layout_;
+    StepMode mode_;
+    int B_, T_;
+    Program program_;
+    BufferId workspace_ = -1;
+    std::unique_ptr<Gpt2> model_;
+    Gpt2Weights w_, dw_;
+};
+
+}  // namespace memfit

@@ -1,0 +1,43 @@
+// The training loop behind `memfit train`: data, engine, schedule, progress, metrics, reports.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace memfit {
+
+struct TrainOptions {
+    std::string model = "micro";   // preset or Hugging Face config.json
+    std::string data;              // folder with train.bin/val.bin; empty: the bundled corpus
+    std::string tokenizer;         // for preparing the bundled corpus; empty: bytes for small presets, else gpt2
+    int      batch = 16;
+    int      seq = 128;
+    int      steps = 600;
+    float    lr = 2e-3f;
+    int      warmup = 50;
+    float    min_lr_ratio = 0.1f;
+    float    weight_decay = 0.1f;
+    float    beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+    int      eval_every = 100;     // 0: only at the end
+    int      eval_batches = 8;
+    int      log_every = 10;
+    uint64_t seed = 1337;
+    int      threads = 0;          // 0: OpenMP's default
+    std::string out = "runs/train";
+    std::string memory_budget;     // "" = no budget check
+    int      sample_tokens = 400;  // text sample at the end (0: none)
+    bool     check_lifetimes = false;
+};
+
+// Runs a whole training job; throws memfit::Error on expected failures.
+void run_training(const TrainOptions & opt);
+
+// Resolved training data: token files and the tokenizer that made them.
+struct DataSource {
+    std::string train_path, val_path, tokenizer;
+    int vocab_size = 0;
+};
+// Finds (or, for the bundled corpus, prepares) the data for `model_vocab` (0: any).
+DataSource resolve_data(const std::string & folder, const std::string & tokenizer, int model_vocab);
+
+}  // namespace memfit

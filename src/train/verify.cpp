@@ -1,0 +1,135 @@
+#include "train/verify.h"
+
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "model/safetensors.h"
+#include "train/engine.h"
+
+namespace memfit {
+
+double relative_error(const float * a, const float * b, size_t n) {
+    double diff = 0, ref = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const double d = double(a[i]) - double(b[i]);
+        diff += d * d;
+        ref += double(b[i]) * double(b[i]);
+    }
+    return ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
+}
+
+namespace {
+
+nlohmann::json parse_meta_json(const SafetensorsFile & f, const std::string & key) {
+    auto it = f.metadata().find(key);
+    if (it == f.metadata().end()) throw FormatError(fmt::format("{}: metadata has no '{}'", f.path(), key));
+    try {
+        return nlohmann::json::parse(it->second);
+    } catch (const std::exception & e) {
+        throw FormatError(fmt::format("{}: metadata '{}' is not valid JSON ({})", f.path(), key, e.what()));
+    }
+}
+
+std::vector<float> expect(const SafetensorsFile & f, const std::string & name, size_t n) {
+    std::vector<float> v = f.read_f32(name);
+    if (v.size() != n)
+        throw FormatError(fmt::format("{}: tensor '{}' has {} elements, expected {}", f.path(), name, v.size(), n));
+    return v;
+}
+
+}  // namespace
+
+VerifyReport verify_fixture(const std::string & path, double tolerance, bool checking) {
+    SafetensorsFile f = SafetensorsFile::open(path);
+    const nlohmann::json cj = parse_meta_json(f, "config");
+    const nlohmann::json aj = parse_meta_json(f, "adamw");
+    const std::string family = cj.value("model_type", "gpt2");
+    if (family != "gpt2")
+        throw ConfigError(fmt::format("{}: model_type '{}' is not supported yet (supported: gpt2)", path, family));
+    ModelConfig cfg;
+    try {
+        cfg.name = path;
+        cfg.vocab_size = cj.at("vocab_size").get<int>();
+        cfg.max_seq = cj.at("n_positions").get<int>();
+        cfg.n_embd = cj.at("n_embd").get<int>();
+        cfg.n_layer = cj.at("n_layer").get<int>();
+        cfg.n_head = cj.at("n_head").get<int>();
+        cfg.ln_eps = cj.value("layer_norm_epsilon", 1e-5f);
+    } catch (const nlohmann::json::exception & e) {
+        throw FormatError(fmt::format("{}: config metadata is missing a field ({})", path, e.what()));
+    }
+    cfg.validate();
+    const std::vector<int32_t> ids = f.read_i32("input_ids"), targets = f.read_i32("targets");
+    const auto & shape = f.info("input_ids").shape;
+    if (shape.size() != 2 || targets.size() != ids.size())
+        throw FormatError(fmt::format("{}: input_ids must be [B, T] and match targets", path));
+    const int B = int(shape[0]), T = int(shape[1]);
+
+    CpuBackend backend;
+    EngineOptions eo;
+    eo.B = B;
+    eo.T = T;
+    eo.with_eval = false;
+    eo.checking = checking;
+    Engine engine(cfg, backend, eo);
+    const ParamLayout & layout = engine.step().layout();
+    for (const auto & p : layout.params) {
+        const std::vector<float> v = expect(f, p.name, p.numel);
+        std::memcpy(engine.params() + p.offset, v.data(), p.numel * sizeof(float));
+    }
+    std::memset(engine.adam_m(), 0, layout.total * sizeof(float));
+    std::memset(engine.adam_v(), 0, layout.total * sizeof(float));
+    AdamWHyper h;
+    try {
+        h.lr = aj.at("lr").get<float>();
+        h.beta1 = aj.at("beta1").get<float>();
+        h.beta2 = aj.at("beta2").get<float>();
+        h.eps = aj.at("eps").get<float>();
+        h.weight_decay = aj.at("weight_decay").get<float>();
+    } catch (const nlohmann::json::exception & e) {
+        throw FormatError(fmt::format("{}: adamw metadata is missing a field ({})", path, e.what()));
+    }
+
+    nlohmann::json errors = nlohmann::json::object();
+    double worst = 0;
+    std::string worst_name;
+    auto record = [&](const std::string & name, double e) {
+        errors[name] = e;
+        if (!(e <= worst)) { worst = std::isnan(e) ? INFINITY : e; worst_name = name; }
+    };
+    const size_t V = size_t(cfg.vocab_size), BT = size_t(B) * size_t(T);
+    {
+        const std::vector<float> logits = engine.logits(ids.data(), B);
+        const std::vector<float> ref = expect(f, "expected.logits", BT * V);
+        record("logits", relative_error(logits.data(), ref.data(), ref.size()));
+    }
+    const StepResult r1 = engine.train_step(ids.data(), targets.data(), h);
+    const float loss_ref = expect(f, "expected.loss", 1)[0];
+    record("loss", relative_error(&r1.loss, &loss_ref, 1));
+    for (const auto & p : layout.params) {
+        const auto ref = expect(f, "expected.grad." + p.name, p.numel);
+        record("grad." + p.name, relative_error(engine.grads() + p.offset, ref.data(), p.numel));
+    }
+    for (const auto & p : layout.params) {
+        const auto ref = expect(f, "expected.step1." + p.name, p.numel);
+        record("step1." + p.name, relative_error(engine.params() + p.offset, ref.data(), p.numel));
+    }
+    const StepResult r2 = engine.train_step(ids.data(), targets.data(), h);
+    const float loss2_ref = expect(f, "expected.loss_step2", 1)[0];
+    record("loss_step2", relative_error(&r2.loss, &loss2_ref, 1));
+    for (const auto & p : layout.params) {
+        const auto ref = expect(f, "expected.step2." + p.name, p.numel);
+        record("step2." + p.name, relative_error(engine.params() + p.offset, ref.data(), p.numel));
+    }
+    VerifyReport rep;
+    rep.ok = worst <= tolerance;
+    rep.json = {{"fixture", path}, {"tolerance", tolerance}, {"max_error", worst}, {"worst", worst_name},
+                {"errors", errors}, {"ok", rep.ok}};
+    return rep;
+}
+
+}  // namespace memfit

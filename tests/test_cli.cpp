@@ -1,0 +1,150 @@
+// The memfit command on bad input: one clear line on stderr, a non-zero exit, never a crash;
+// and a short happy path through prepare and train.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct CmdResult {
+    int code = -1;
+    std::string err;   // stderr
+    std::string out;   // stdout
+};
+
+CmdResult run_memfit(const std::string & args) {
+    const fs::path dir = fs::temp_directory_path() / "memfit_cli_test";
+    fs::create_directories(dir);
+    const std::string err_file = (dir / "stderr.txt").string(), out_file = (dir / "stdout.txt").string();
+    const std::string cmd = std::string(MEMFIT_BINARY) + " " + args + " >" + out_file + " 2>" + err_file;
+    const int status = std::system(cmd.c_str());
+    CmdResult r;
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    auto slurp = [](const std::string & p) {
+        std::ifstream in(p);
+        return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    };
+    r.err = slurp(err_file);
+    r.out = slurp(out_file);
+    return r;
+}
+
+fs::path scratch(const std::string & name) {
+    const fs::path p = fs::temp_directory_path() / "memfit_cli_test" / name;
+    fs::remove_all(p);
+    fs::create_directories(p.parent_path());
+    return p;
+}
+
+// One line, naming the problem, no crash.
+void expect_clean_failure(const CmdResult & r, const std::string & needle) {
+    EXPECT_NE(r.code, 0) << r.err;
+    EXPECT_LT(r.code, 128) << "killed by a signal: " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find("memfit: error:"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("terminate"), std::string::npos) << r.err;
+}
+
+fs::path small_text(const std::string & name) {
+    const fs::path p = scratch(name);
+    std::ifstream src(std::string(MEMFIT_DATA_DIR) + "/tinyshakespeare.txt");
+    std::string text(20000, '\0');
+    src.read(text.data(), std::streamsize(text.size()));
+    std::ofstream(p) << text;
+    return p;
+}
+
+}  // namespace
+
+TEST(Cli, MissingDataFolder) {
+    expect_clean_failure(run_memfit("train --data /nonexistent/memfit --steps 1"), "/nonexistent/memfit");
+}
+
+TEST(Cli, MissingTextFile) {
+    expect_clean_failure(run_memfit("prepare --input /nonexistent/corpus.txt --out " + scratch("p0").string()),
+                         "/nonexistent/corpus.txt");
+}
+
+TEST(Cli, EmptyTextFile) {
+    const fs::path empty = scratch("empty.txt");
+    std::ofstream(empty).flush();
+    expect_clean_failure(run_memfit("prepare --input " + empty.string() + " --out " + scratch("p1").string()),
+                         "empty");
+}
+
+TEST(Cli, TokenFileWithWrongHeader) {
+    const fs::path dir = scratch("badheader");
+    fs::create_directories(dir);
+    std::ofstream(dir / "train.bin") << "this is not a token file at all, just some text padding it out";
+    expect_clean_failure(run_memfit("train --model nano --data " + dir.string() + " --steps 1"), "train.bin");
+}
+
+TEST(Cli, UnknownPreset) {
+    expect_clean_failure(run_memfit("train --model gpt7-ultra --steps 1"), "unknown model 'gpt7-ultra'");
+}
+
+TEST(Cli, MalformedFlag) {
+    const CmdResult r = run_memfit("train --batch lots");
+    expect_clean_failure(r, "--batch");
+    const CmdResult r2 = run_memfit("train --no-such-flag");
+    expect_clean_failure(r2, "no-such-flag");
+}
+
+TEST(Cli, MalformedBudget) {
+    expect_clean_failure(run_memfit("train --model nano --memory-budget 12xyz --steps 1"), "12xyz");
+}
+
+TEST(Cli, MissingFixture) {
+    expect_clean_failure(run_memfit("verify /nonexistent/fixture.safetensors"), "/nonexistent/fixture.safetensors");
+}
+
+TEST(Cli, PrepareTrainAndBudget) {
+    const fs::path text = small_text("small.txt");
+    const fs::path data = scratch("data"), out = scratch("run");
+    CmdResult p = run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string());
+    ASSERT_EQ(p.code, 0) << p.err << p.out;
+    ASSERT_TRUE(fs::exists(data / "train.bin"));
+
+    // Too small a budget: refused before training, with the numbers.
+    CmdResult b = run_memfit("train --model nano --data " + data.string() + " --batch 4 --seq 32 --steps 2 --memory-budget 256KiB");
+    expect_clean_failure(b, "does not fit");
+    EXPECT_NE(b.err.find("256.00 KiB"), std::string::npos) << b.err;
+
+    CmdResult t = run_memfit("train --model nano --data " + data.string() + " --batch 4 --seq 32 --steps 6 --eval-every 3 "
+                       "--eval-batches 2 --log-every 2 --sample 20 --memory-budget 64MiB --out " + out.string());
+    ASSERT_EQ(t.code, 0) << t.err << t.out;
+    EXPECT_NE(t.out.find("memory plan"), std::string::npos);
+    EXPECT_NE(t.out.find("planned vs measured"), std::string::npos);
+    EXPECT_EQ(t.out.find("differs"), std::string::npos) << t.out;
+    nlohmann::json s = nlohmann::json::parse(std::ifstream(out / "summary.json"));
+    EXPECT_EQ(s["planned"]["peak_live"], s["measured"]["peak_live"]);
+    EXPECT_EQ(s["planned"]["reserved"], s["measured"]["reserved"]);
+    EXPECT_GT(s["peak_rss_bytes"].get<uint64_t>(), 0u);
+    std::ifstream metrics(out / "metrics.jsonl");
+    std::string line;
+    int lines = 0;
+    bool saw_val = false;
+    while (std::getline(metrics, line)) {
+        ++lines;
+        saw_val |= nlohmann::json::parse(line).contains("val_loss");
+    }
+    EXPECT_GE(lines, 3);
+    EXPECT_TRUE(saw_val);
+}
+
+TEST(Cli, VerifyFixture) {
+    const CmdResult r = run_memfit(std::string("verify ") + MEMFIT_TEST_DATA + "/gpt2_tiny.safetensors");
+    ASSERT_EQ(r.code, 0) << r.err;
+    nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_TRUE(j["ok"].get<bool>());
+}

@@ -1,0 +1,171 @@
+// The engine against its own plan: planned == measured bytes per category, checking mode
+// (per-buffer allocations poisoned after their declared last use) gives bitwise-equal results,
+// budgets refuse plans that do not fit, and the reference fixture replays within 1e-4.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "backend/cpu/cpu_backend.h"
+#include "memory/budget.h"
+#include "train/engine.h"
+#include "train/verify.h"
+
+using namespace memfit;
+
+namespace {
+
+ModelConfig small_config(int vocab, int C, int L, int NH, int ctx = 64) {
+    ModelConfig c;
+    c.name = "test";
+    c.vocab_size = vocab;
+    c.n_embd = C;
+    c.n_layer = L;
+    c.n_head = NH;
+    c.max_seq = ctx;
+    return c;
+}
+
+void random_batch(std::vector<int32_t> & in, std::vector<int32_t> & tg, int V, uint64_t seed) {
+    std::mt19937 rng(static_cast<uint32_t>(seed));
+    std::uniform_int_distribution<int> d(0, V - 1);
+    for (auto & x : in) x = d(rng);
+    for (auto & x : tg) x = d(rng);
+    tg[1] = -100;   // an ignored position
+}
+
+}  // namespace
+
+struct PlanCase { int V, C, L, NH, B, T; };
+
+class PlannedEqualsMeasured : public ::testing::TestWithParam<PlanCase> {};
+
+TEST_P(PlannedEqualsMeasured, PerCategoryByteForByte) {
+    const PlanCase pc = GetParam();
+    CpuBackend backend;
+    EngineOptions eo;
+    eo.B = pc.B;
+    eo.T = pc.T;
+    Engine e(small_config(pc.V, pc.C, pc.L, pc.NH), backend, eo);
+    e.init_params(1);
+    std::vector<int32_t> in(static_cast<size_t>(pc.B * pc.T)), tg(in.size());
+    for (int s = 0; s < 2; ++s) {
+        random_batch(in, tg, pc.V, uint64_t(s));
+        e.train_step(in.data(), tg.data(), AdamWHyper{});
+        e.eval_loss(in.data(), tg.data());
+    }
+    const CategoryBytes plan_live = e.planned_peak_live(), plan_rsv = e.planned_reserved();
+    const Ledger & L = e.ledger();
+    for (size_t c = 0; c < kCategoryCount; ++c) {
+        SCOPED_TRACE(std::string(kCategoryNames[c]));
+        EXPECT_EQ(plan_live.v[c], L.live_peak().v[c]);
+        EXPECT_EQ(plan_rsv.v[c], L.reserved_peak().v[c]);
+    }
+    EXPECT_EQ(e.plan().peak_live_total, L.live_total_peak());
+    // Persistent model state: 4 bytes per parameter each for weights, gradients, and 2x for AdamW.
+    const uint64_t P = uint64_t(e.step().layout().total) * 4;
+    EXPECT_EQ(L.live_peak()[Category::parameters], P);
+    EXPECT_EQ(L.live_peak()[Category::gradients], P);
+    EXPECT_EQ(L.live_peak()[Category::optimizer_states], 2 * P);
+    // The arena is at least the live peak of the transient buffers and not absurdly larger.
+    const uint64_t act_transient_peak = plan_live[Category::activations] - e.plan().persistent_live[Category::activations];
+    EXPECT_GE(e.plan().transient[Category::activations], act_transient_peak);
+    EXPECT_LE(double(e.plan().transient[Category::activations]), 1.25 * double(act_transient_peak) + 4096);
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, PlannedEqualsMeasured,
+                         ::testing::Values(PlanCase{256, 64, 2, 4, 4, 32}, PlanCase{101, 48, 1, 3, 2, 13},
+                                           PlanCase{512, 128, 3, 4, 2, 64}, PlanCase{1000, 32, 2, 2, 8, 16}));
+
+TEST(Engine, ActivationsGrowWithBatchAndQuadraticallyWithSeq) {
+    CpuBackend backend;
+    auto act = [&](int B, int T) {
+        EngineOptions eo;
+        eo.B = B;
+        eo.T = T;
+        eo.with_eval = false;
+        TrainStep s(small_config(256, 64, 2, 4, 128), B, T, StepMode::train, &backend);
+        return plan_memory(s.program()).peak_live[Category::activations];
+    };
+    EXPECT_GT(act(4, 32), act(2, 32));
+    // Saved attention probabilities are B*NH*T*T: doubling T more than doubles activations.
+    EXPECT_GT(act(2, 64), 2 * act(2, 32));
+}
+
+TEST(Engine, CheckingModeGivesBitwiseEqualResults) {
+    CpuBackend backend;
+    const ModelConfig cfg = small_config(128, 32, 2, 2);
+    std::vector<float> params[2];
+    float losses[2];
+    for (int mode = 0; mode < 2; ++mode) {
+        EngineOptions eo;
+        eo.B = 2;
+        eo.T = 16;
+        eo.checking = mode == 1;
+        Engine e(cfg, backend, eo);
+        e.init_params(7);
+        std::vector<int32_t> in(32), tg(32);
+        for (int s = 0; s < 3; ++s) {
+            random_batch(in, tg, 128, uint64_t(s));
+            losses[mode] = e.train_step(in.data(), tg.data(), AdamWHyper{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1}).loss;
+        }
+        losses[mode] += e.eval_loss(in.data(), tg.data());
+        params[mode].assign(e.params(), e.params() + e.step().layout().total);
+    }
+    EXPECT_EQ(losses[0], losses[1]);
+    ASSERT_EQ(params[0].size(), params[1].size());
+    EXPECT_EQ(0, std::memcmp(params[0].data(), params[1].data(), params[0].size() * 4));
+}
+
+TEST(Engine, BudgetRefusesBeforeAllocating) {
+    CpuBackend backend;
+    EngineOptions eo;
+    eo.B = 4;
+    eo.T = 32;
+    eo.budget = 1024 * 1024;   // 1 MiB: far too small
+    try {
+        Engine e(small_config(256, 64, 2, 4), backend, eo);
+        FAIL() << "expected OutOfMemory";
+    } catch (const OutOfMemory & err) {
+        const std::string m = err.what();
+        EXPECT_NE(m.find("budget is 1.00 MiB"), std::string::npos) << m;
+        EXPECT_NE(m.find("activations"), std::string::npos) << m;
+        EXPECT_NE(m.find("hint:"), std::string::npos) << m;
+    }
+}
+
+TEST(Engine, LossDecreasesOnARepeatedBatch) {
+    CpuBackend backend;
+    EngineOptions eo;
+    eo.B = 2;
+    eo.T = 16;
+    Engine e(small_config(64, 32, 2, 2), backend, eo);
+    e.init_params(3);
+    std::vector<int32_t> in(32), tg(32);
+    random_batch(in, tg, 64, 9);
+    const float first = e.train_step(in.data(), tg.data(), AdamWHyper{1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f, 1}).loss;
+    float last = first;
+    for (int s = 0; s < 30; ++s) last = e.train_step(in.data(), tg.data(), AdamWHyper{1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f, 1}).loss;
+    EXPECT_NEAR(first, std::log(64.0f), 0.3f);   // near-uniform predictions at initialisation
+    EXPECT_LT(last, 0.5f * first);
+}
+
+TEST(Verify, SharedGpt2FixtureWithin1e4) {
+    const VerifyReport r = verify_fixture(std::string(MEMFIT_TEST_DATA) + "/gpt2_tiny.safetensors");
+    EXPECT_TRUE(r.ok) << r.json.dump(2);
+    EXPECT_LE(r.json["max_error"].get<double>(), 1e-4);
+    EXPECT_TRUE(r.json["errors"].contains("grad.h.1.attn.c_attn.weight"));
+    EXPECT_TRUE(r.json["errors"].contains("step2.wte.weight"));
+}
+
+TEST(Verify, FixtureInCheckingModeToo) {
+    const VerifyReport r = verify_fixture(std::string(MEMFIT_TEST_DATA) + "/gpt2_tiny.safetensors", 1e-4, true);
+    EXPECT_TRUE(r.ok) << r.json.dump(2);
+}
+
+TEST(Verify, RelativeError) {
+    const float a[3] = {1, 2, 3}, b[3] = {1, 2, 4}, z[3] = {0, 0, 0};
+    EXPECT_NEAR(relative_error(a, b, 3), 1.0 / std::sqrt(21.0), 1e-12);
+    EXPECT_NEAR(relative_error(a, z, 3), std::sqrt(14.0), 1e-12);
+    EXPECT_EQ(relative_error(a, a, 3), 0.0);
+}
