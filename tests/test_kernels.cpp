@@ -8,6 +8,7 @@
 #include "backend/cpu/kernels.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -59,10 +60,26 @@ std::vector<double> added(const std::vector<float> & after, const std::vector<fl
     return d;
 }
 
+// Runs the enclosed code on one OpenMP thread. The finite-difference loops below make thousands
+// of tiny kernel calls; with a team of threads on a loaded machine every parallel region can wait
+// a scheduler tick for a descheduled thread, turning milliseconds into many seconds. The analytic
+// gradients, which are what is being tested, still run with the default team.
+class SingleThreadScope {
+public:
+    SingleThreadScope() : saved_(omp_get_max_threads()) { omp_set_num_threads(1); }
+    ~SingleThreadScope() { omp_set_num_threads(saved_); }
+    SingleThreadScope(const SingleThreadScope &) = delete;
+    SingleThreadScope & operator=(const SingleThreadScope &) = delete;
+
+private:
+    int saved_;
+};
+
 // Central differences of loss() with respect to every element of x (x is restored). loss()
 // evaluates the forward in float and returns the scalar loss in double.
 template <class Loss>
 std::vector<double> numeric_grad(std::vector<float> & x, Loss && loss, float eps = kFdEps) {
+    const SingleThreadScope single_thread;
     std::vector<double> g(x.size());
     for (size_t i = 0; i < x.size(); ++i) {
         const float x0 = x[i];
@@ -154,7 +171,8 @@ TEST(CpuKernels, LayerNormForwardMatchesDouble) {
         const float eps = 1e-5f;
         std::mt19937 rng(3);
         std::vector<float> inp = randn(size_t(N) * C, rng, 2.0f);
-        for (int c = 0; c < C; ++c) inp[c] += 5.0f;  // a row with a large mean
+        for (int c = 0; c < C; ++c) inp[c] += 5.0f;                  // a row with a large mean
+        for (int c = 0; c < C; ++c) inp[size_t(C) + c] *= 0.002f;   // variance ~ eps: eps matters
         const std::vector<float> w = randn(C, rng), bias = randn(C, rng);
         std::vector<float> out(inp.size(), kNaN), mean(N, kNaN), rstd(N, kNaN);
         layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), bias.data(),

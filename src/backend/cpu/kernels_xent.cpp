@@ -1,5 +1,8 @@
 // CPU kernels: softmax cross-entropy, forward and backward (in place). Contracts are in
-// kernels.h. Rows are independent, so both kernels parallelise over rows.
+// kernels.h. Rows are independent, so both kernels parallelise over rows. Rows whose target is
+// the ignore index (-100) still get their softmax in the forward (loss 0); the backward zeroes
+// them. The row sum of exponentials is accumulated in double (the loop is scalar anyway: glibc's
+// expf does not vectorise without -ffast-math).
 #include "backend/cpu/kernels.h"
 
 #include <cmath>
