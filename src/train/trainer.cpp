@@ -232,7 +232,7 @@ void run_training(const TrainOptions & opt) {
     }
     const std::string summary_path = (fs::path(opt.out) / "summary.json").string();
     std::ofstream so(summary_path);
-    so << summary.dump(2) << "\n";
+    so << summary.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     if (!so) throw IoError(fmt::format("{}: cannot write summary", summary_path));
     std::printf("wrote %s and %s\n", metrics_path.c_str(), summary_path.c_str());
 }
