@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -22,7 +23,8 @@ struct CmdResult {
 };
 
 CmdResult run_memfit(const std::string & args) {
-    const fs::path dir = fs::temp_directory_path() / "memfit_cli_test";
+    // CTest runs tests in parallel processes: keep each process's files apart.
+    const fs::path dir = fs::temp_directory_path() / ("memfit_cli_test." + std::to_string(getpid()));
     fs::create_directories(dir);
     const std::string err_file = (dir / "stderr.txt").string(), out_file = (dir / "stdout.txt").string();
     const std::string cmd = std::string(MEMFIT_BINARY) + " " + args + " >" + out_file + " 2>" + err_file;
@@ -39,7 +41,7 @@ CmdResult run_memfit(const std::string & args) {
 }
 
 fs::path scratch(const std::string & name) {
-    const fs::path p = fs::temp_directory_path() / "memfit_cli_test" / name;
+    const fs::path p = fs::temp_directory_path() / ("memfit_cli_test." + std::to_string(getpid())) / name;
     fs::remove_all(p);
     fs::create_directories(p.parent_path());
     return p;
