@@ -1,0 +1,81 @@
+// Presets, Hugging Face config.json, and the parameter layout.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "model/config.h"
+#include "model/param_layout.h"
+
+using namespace memfit;
+namespace fs = std::filesystem;
+
+TEST(ModelConfig, Gpt2PresetsHaveThePublishedParameterCounts) {
+    // Hugging Face's counts (tied head, position embeddings included).
+    EXPECT_EQ(model_preset("gpt2").num_params(), 124439808);
+    EXPECT_EQ(model_preset("gpt2-medium").num_params(), 354823168);
+    EXPECT_EQ(model_preset("gpt2-large").num_params(), 774030080);
+    EXPECT_EQ(model_preset("gpt2-xl").num_params(), 1557611200);
+}
+
+TEST(ModelConfig, UnknownPresetListsTheKnownOnes) {
+    try {
+        model_preset("gpt5");
+        FAIL();
+    } catch (const ConfigError & e) {
+        EXPECT_NE(std::string(e.what()).find("unknown model 'gpt5'"), std::string::npos);
+        EXPECT_NE(std::string(e.what()).find("gpt2-medium"), std::string::npos);
+    }
+}
+
+TEST(ModelConfig, ValidateNamesTheBadField) {
+    ModelConfig c = model_preset("gpt2");
+    c.n_head = 7;
+    EXPECT_THROW(c.validate(), ConfigError);
+    try { c.validate(); } catch (const ConfigError & e) {
+        EXPECT_NE(std::string(e.what()).find("not divisible by n_head = 7"), std::string::npos);
+    }
+}
+
+TEST(ModelConfig, HuggingFaceConfigJson) {
+    const fs::path dir = fs::temp_directory_path() / ("memfit_cfg." + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    std::ofstream(dir / "config.json") << R"({"model_type": "gpt2", "vocab_size": 1000, "n_positions": 128,
+        "n_embd": 96, "n_layer": 3, "n_head": 4, "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new"})";
+    const ModelConfig c = resolve_model((dir / "config.json").string());
+    EXPECT_EQ(c.vocab_size, 1000);
+    EXPECT_EQ(c.max_seq, 128);
+    EXPECT_EQ(c.n_embd, 96);
+    EXPECT_EQ(c.n_layer, 3);
+    EXPECT_EQ(c.n_head, 4);
+    // A folder holding config.json works too.
+    EXPECT_EQ(resolve_model(dir.string() + "/").n_layer, 3);
+
+    std::ofstream(dir / "bad.json") << R"({"model_type": "gpt2", "vocab_size": 1000, "n_embd": 96})";
+    EXPECT_THROW(resolve_model((dir / "bad.json").string()), ConfigError);
+    std::ofstream(dir / "broken.json") << "{ not json";
+    EXPECT_THROW(resolve_model((dir / "broken.json").string()), ConfigError);
+    EXPECT_THROW(resolve_model((dir / "missing.json").string()), IoError);
+    fs::remove_all(dir);
+}
+
+TEST(ParamLayout, HuggingFaceNamesOrderAndShapes) {
+    ModelConfig c = model_preset("nano");
+    c.vocab_size = 256;
+    const ParamLayout l = gpt2_param_layout(c);
+    EXPECT_EQ(int64_t(l.total), c.num_params());
+    EXPECT_EQ(l.params.front().name, "wte.weight");
+    EXPECT_EQ(l.params.back().name, "ln_f.bias");
+    const ParamInfo & qkv = l.find("h.1.attn.c_attn.weight");
+    EXPECT_EQ(qkv.shape, (std::vector<int64_t>{64, 192}));   // Conv1D: [in, out]
+    EXPECT_TRUE(qkv.decay());
+    EXPECT_FALSE(l.find("h.1.attn.c_attn.bias").decay());
+    // Contiguous, in order, no gaps.
+    size_t off = 0;
+    for (const auto & p : l.params) {
+        EXPECT_EQ(p.offset, off) << p.name;
+        off += p.numel;
+    }
+    EXPECT_EQ(off, l.total);
+}
