@@ -8,6 +8,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/units.h"
+#include "memory/budget.h"
 #include "report/memory_report.h"
 #include "train/engine.h"
 
@@ -30,7 +31,7 @@ nlohmann::json run_bench(const BenchOptions & opt) {
     eo.B = opt.batch;
     eo.T = opt.seq;
     eo.with_eval = false;
-    eo.budget = opt.memory_budget.empty() ? 0 : parse_bytes(opt.memory_budget);
+    eo.budget = opt.memory_budget.empty() ? available_memory() : parse_bytes(opt.memory_budget);
     Engine engine(cfg, backend, eo);
     engine.init_params(opt.seed);
     const size_t BT = size_t(opt.batch) * size_t(opt.seq);

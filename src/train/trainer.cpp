@@ -124,7 +124,8 @@ void run_training(const TrainOptions & opt) {
     eo.T = opt.seq;
     eo.with_eval = !data.val_path.empty();
     eo.checking = opt.check_lifetimes;
-    eo.budget = opt.memory_budget.empty() ? 0 : parse_bytes(opt.memory_budget);
+    // Without --memory-budget the plan must still fit the memory this process can have.
+    eo.budget = opt.memory_budget.empty() ? available_memory() : parse_bytes(opt.memory_budget);
     DataLoader train_data(data.train_path, opt.batch, opt.seq, opt.seed);
     std::unique_ptr<DataLoader> val_data;
     if (eo.with_eval) val_data = std::make_unique<DataLoader>(data.val_path, opt.batch, opt.seq, opt.seed + 1);
@@ -138,7 +139,9 @@ void run_training(const TrainOptions & opt) {
     std::printf("memory plan (%d ops, fp32, peak at op %d '%s'):\n%s", engine.step().program().num_ops(),
                 engine.plan().peak_op, engine.step().program().ops()[size_t(engine.plan().peak_op)].name,
                 format_plan_table(plan_live, plan_rsv).c_str());
-    if (eo.budget) std::printf("  budget %s: fits\n", format_bytes(eo.budget).c_str());
+    if (eo.budget)
+        std::printf("  budget %s (%s): fits\n", format_bytes(eo.budget).c_str(),
+                    opt.memory_budget.empty() ? "available memory" : "--memory-budget");
     engine.init_params(opt.seed);
 
     fs::create_directories(opt.out);
@@ -183,7 +186,7 @@ void run_training(const TrainOptions & opt) {
             std::printf("step %5d/%d | loss %.4f%s | lr %.2e | norm %.3f | %8.0f tok/s | %7.1f ms | mem %s live / %s peak%s\n",
                         step, opt.steps, r.loss, val.c_str(), h.lr, r.grad_norm, tps, dt * 1e3,
                         format_bytes(L.live_total()).c_str(), format_bytes(L.live_total_peak()).c_str(),
-                        eo.budget ? (" / " + format_bytes(eo.budget) + " budget").c_str() : "");
+                        (" / " + format_bytes(eo.budget) + " budget").c_str());
             std::fflush(stdout);
             nlohmann::json m = {{"step", step}, {"loss", r.loss}, {"lr", h.lr}, {"grad_norm", r.grad_norm},
                                 {"tokens_per_s", tps}, {"ms", dt * 1e3}, {"live_bytes", L.live_total()},
