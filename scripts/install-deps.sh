@@ -6,6 +6,7 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 PKGS=(
   build-essential cmake ninja-build pkg-config git
   libdnnl-dev            # oneDNN: matmuls on the CPU
+  ocl-icd-opencl-dev opencl-c-headers  # dnnl-config.cmake looks for OpenCL (Debian builds oneDNN with it)
   libomp-dev             # OpenMP runtime headers (g++ ships libgomp; kept for clang builds)
   nlohmann-json3-dev     # JSON configs, metrics, summaries
   libcli11-dev           # command line

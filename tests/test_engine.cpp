@@ -8,6 +8,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "memory/budget.h"
+#include "memory/timeline.h"
 #include "train/engine.h"
 #include "train/verify.h"
 
@@ -168,4 +169,35 @@ TEST(Verify, RelativeError) {
     EXPECT_NEAR(relative_error(a, b, 3), 1.0 / std::sqrt(21.0), 1e-12);
     EXPECT_NEAR(relative_error(a, z, 3), std::sqrt(14.0), 1e-12);
     EXPECT_EQ(relative_error(a, a, 3), 0.0);
+}
+
+TEST(Engine, TimelineRecordsEveryOpWithLedgerBytes) {
+    CpuBackend backend;
+    EngineOptions eo;
+    eo.B = 2;
+    eo.T = 16;
+    eo.with_eval = false;
+    Engine e(small_config(64, 32, 2, 2), backend, eo);
+    e.init_params(1);
+    Timeline tl;
+    e.set_timeline(&tl);
+    std::vector<int32_t> in(32), tg(32);
+    random_batch(in, tg, 64, 1);
+    e.train_step(in.data(), tg.data(), AdamWHyper{});
+    const Program & p = e.step().program();
+    ASSERT_EQ(int(tl.events.size()), p.num_ops());
+    uint64_t peak = 0;
+    for (size_t i = 0; i < tl.events.size(); ++i) {
+        EXPECT_EQ(tl.events[i].op, int(i));
+        EXPECT_STREQ(tl.events[i].name, p.ops()[i].name);
+        EXPECT_EQ(tl.events[i].phase, p.ops()[i].phase);
+        EXPECT_LE(tl.events[i].begin_us, tl.events[i].end_us);
+        peak = std::max(peak, tl.events[i].live.total());
+    }
+    EXPECT_EQ(peak, e.plan().peak_live_total);
+    EXPECT_EQ(tl.events[size_t(e.plan().peak_op)].live.total(), e.plan().peak_live_total);
+    // A second step replaces the first step's events.
+    e.train_step(in.data(), tg.data(), AdamWHyper{});
+    EXPECT_EQ(int(tl.events.size()), p.num_ops());
+    e.set_timeline(nullptr);
 }

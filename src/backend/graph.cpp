@@ -1,9 +1,11 @@
 #include "backend/graph.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "memory/step_memory.h"
+#include "memory/timeline.h"
 
 namespace memfit {
 
@@ -60,11 +62,30 @@ bool Graph::begin(const char * name, double flops, std::initializer_list<Tensor>
     MF_ASSERT(std::strcmp(exec_program_->ops()[size_t(next_op_)].name, name) == 0 &&
               "step issued a different op than was recorded");
     memory_->begin_op(next_op_);
+    if (timeline_) {
+        TimelineEvent e;
+        e.op = next_op_;
+        e.name = name;
+        e.phase = phase_;
+        e.layer = layer_;
+        e.live = memory_->ledger().live();
+        e.begin_us = now_us();
+        timeline_->events.push_back(e);
+    }
     return true;
 }
 
+double Graph::now_us() const {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    if (timeline_->origin_s == 0) timeline_->origin_s = s;
+    return (s - timeline_->origin_s) * 1e6;
+}
+
 void Graph::end() {
-    if (!recording_) memory_->end_op(next_op_);
+    if (!recording_) {
+        if (timeline_) timeline_->events.back().end_us = now_us();
+        memory_->end_op(next_op_);
+    }
     ++next_op_;
 }
 

@@ -19,6 +19,7 @@
 namespace memfit {
 
 class StepMemory;
+struct Timeline;
 
 // How a weight matrix is stored: GPT-2 Conv1D keeps [in, out]; Linear (and the tied LM head
 // reading wte [V, C]) keeps [out, in].
@@ -57,6 +58,9 @@ public:
     void sum_squares(Tensor out, Tensor x);
     void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWHyper & h);
 
+    // Executing: record every op (phase, layer, live bytes per category, wall time) into `t`.
+    void attach_timeline(Timeline * t) { timeline_ = t; }
+
     // Number of ops issued so far (while executing: must end equal to the program's count).
     int ops_issued() const { return next_op_; }
 
@@ -64,6 +68,7 @@ private:
     // Records or begins op `name`; returns false while recording (the caller computes nothing).
     bool begin(const char * name, double flops, std::initializer_list<Tensor> uses, bool workspace = false);
     void end();
+    double now_us() const;
     Tensor resolve(Tensor t) const;
     void grow_workspace(size_t bytes);
     Tensor workspace_tensor(size_t bytes) const;
@@ -78,6 +83,7 @@ private:
     int layer_ = -1;
     int next_op_ = 0;
     BufferId workspace_ = -1;
+    Timeline * timeline_ = nullptr;
 };
 
 }  // namespace memfit

@@ -69,6 +69,7 @@ public:
     void * persistent_base(const std::string & name) const;
 
     const Program & program() const { return program_; }
+    const Ledger & ledger() const { return ledger_; }
     const MemoryPlan & plan() const { return plan_; }
 
 private:

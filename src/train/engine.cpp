@@ -80,6 +80,12 @@ void Engine::init_params(uint64_t seed) {
 
 void Engine::execute(const TrainStep & step, StepMemory & mem, const StepScalars & s) {
     Graph g(step.program(), mem, backend_);
+    if (timeline_ && &step == train_.get()) {
+        timeline_->program = "train";
+        timeline_->events.clear();
+        timeline_->origin_s = 0;
+        g.attach_timeline(timeline_);
+    }
     step.run(g, s);
     MF_ASSERT(g.ops_issued() == step.program().num_ops());
 }

@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "memory/ledger.h"
 #include "memory/step_memory.h"
+#include "memory/timeline.h"
 #include "train/step.h"
 
 namespace memfit {
@@ -50,6 +51,10 @@ public:
     // that batch size on first use; it runs on the training parameters).
     std::vector<float> logits(const int32_t * inputs, int batch);
 
+    // Record the ops of every following training step into `t` (cleared at each step's start);
+    // null stops recording.
+    void set_timeline(Timeline * t) { timeline_ = t; }
+
     const TrainStep & step() const { return *train_; }
     const MemoryPlan & plan() const { return train_plan_; }
     // Bytes every region of the run needs: the training plan plus any evaluation arena that
@@ -75,6 +80,7 @@ private:
     int fwd_batch_ = 0;
     std::unique_ptr<StepMemory> train_mem_, eval_mem_, fwd_mem_;
     int t_ = 0;
+    Timeline * timeline_ = nullptr;
 };
 
 }  // namespace memfit

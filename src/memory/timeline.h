@@ -1,0 +1,31 @@
+// Timeline: what the executing step did, op by op: phase, layer, and the ledger's live bytes per
+// category while the op ran (after its buffers were acquired, before any was released), plus
+// wall-clock begin/end. Filled only when a Timeline is attached to the executing graph; with
+// none attached the engine does no extra work.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "memory/category.h"
+#include "memory/program.h"
+
+namespace memfit {
+
+struct TimelineEvent {
+    int           op = 0;          // index in the program
+    const char *  name = "";       // op name (static string)
+    Phase         phase = Phase::other;
+    int           layer = -1;
+    CategoryBytes live;            // ledger live bytes during the op
+    double        begin_us = 0;    // since the timeline's origin
+    double        end_us = 0;
+};
+
+struct Timeline {
+    std::string                program;   // "train", "eval", ...
+    std::vector<TimelineEvent> events;
+    double                     origin_s = 0;   // steady-clock seconds of the first event's origin
+};
+
+}  // namespace memfit
