@@ -10,21 +10,21 @@ struct TrainOptions {
     std::string model = "micro";   // preset or Hugging Face config.json
     std::string data;              // folder with train.bin/val.bin; empty: the bundled corpus
     std::string tokenizer;         // for preparing the bundled corpus; empty: bytes for small presets, else gpt2
-    int      batch = 16;
+    int      batch = 8;
     int      seq = 128;
-    int      steps = 600;
-    float    lr = 2e-3f;
-    int      warmup = 50;
+    int      steps = 1500;
+    float    lr = 3e-3f;
+    int      warmup = 100;
     float    min_lr_ratio = 0.1f;
     float    weight_decay = 0.1f;
     float    beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
-    int      eval_every = 100;     // 0: only at the end
+    int      eval_every = 250;     // 0: only at the end
     int      eval_batches = 8;
-    int      log_every = 10;
+    int      log_every = 50;
     uint64_t seed = 1337;
     int      threads = 0;          // 0: OpenMP's default
     std::string out = "runs/train";
-    std::string memory_budget;     // "" = no budget check
+    std::string memory_budget;     // "": the memory available to the process
     int      sample_tokens = 400;  // text sample at the end (0: none)
     bool     check_lifetimes = false;
 };

@@ -1,0 +1,18 @@
+// Gathers a ReportData from an engine after a recorded training step: plan vs measured bytes,
+// the buffers live at the peak, the largest buffers, and hints computed by re-planning.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "report/report_data.h"
+#include "train/engine.h"
+
+namespace memfit {
+
+// `timeline` holds one executed training step of `engine`.
+ReportData build_report(const Engine & engine, const Timeline & timeline, const std::string & title,
+                        const nlohmann::json & config, uint64_t budget);
+
+}  // namespace memfit
