@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything memfit needs from Debian 12 packages. Idempotent; run as root (or with sudo).
+# --test also installs what only the tests need (Chromium, to render the HTML report headless).
 set -euo pipefail
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
@@ -14,6 +15,9 @@ PKGS=(
   libgtest-dev googletest # tests
   libpcre2-dev           # GPT-2 pre-tokenisation regex (Unicode classes)
 )
+if [ "${1:-}" = "--test" ]; then
+  PKGS+=(chromium)       # headless rendering of report.html in the tests
+fi
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

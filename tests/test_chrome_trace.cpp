@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include "core/error.h"
@@ -175,7 +176,7 @@ TEST(ChromeTrace, MetadataAndPeak) {
     ASSERT_EQ(inst.size(), 1u);
     const auto & peak = r.timeline.events[kPeakOp];
     EXPECT_EQ(inst[0]["s"], "g");
-    EXPECT_EQ(inst[0]["name"], "peak " + format_bytes(peak.live.total()));
+    EXPECT_EQ(inst[0]["name"], fmt::format("peak {}", format_bytes(peak.live.total())));
     EXPECT_DOUBLE_EQ(inst[0]["ts"].get<double>(), peak.begin_us);
 
     const json & other = trace["otherData"];
@@ -206,7 +207,7 @@ TEST(ChromeTrace, EmptyTimelineIsStillValid) {
 
 TEST(ChromeTrace, WritesFileAtomically) {
     const ReportData r = synthetic_report();
-    const auto dir = std::filesystem::temp_directory_path() / ("memfit_trace_" + std::to_string(::getpid()));
+    const auto dir = std::filesystem::temp_directory_path() / fmt::format("memfit_trace_{}", ::getpid());
     std::filesystem::create_directories(dir);
     const std::string path = (dir / "trace.json").string();
     {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/units.h"
@@ -86,6 +87,16 @@ TEST(Progress, PlainLineMatchesTheDocumentedForm) {
     EXPECT_EQ(format_progress_plain(no_budget),
               "step 10/600 | loss 3.2104 | lr 2.00e-03 | norm 0.751 | 10601 tok/s | 193.2 ms | "
               "ETA 0:01:40 | mem 13.13 MiB live / 98.30 MiB peak");
+}
+
+TEST(Progress, StatusLineForm) {
+    EXPECT_EQ(format_progress_status(line_at(150)),
+              "step 150/600 [#####---------------] 25.0% | loss 3.2104 | 10601 tok/s | ETA 0:01:40 | "
+              "mem 13.13 MiB/98.30 MiB/23.06 GiB");
+    ProgressLine p = line_at(150);
+    p.budget = 0;
+    EXPECT_EQ(format_progress_status(p, false),
+              "step 150/600 25.0% | loss 3.2104 | 10601 tok/s | ETA 0:01:40 | mem 13.13 MiB/98.30 MiB");
 }
 
 TEST(Progress, PlainPrintsOneLinePerLogPointOnly) {
@@ -177,20 +188,20 @@ TEST(Progress, TtyRewritesInPlaceAndKeepsLogLines) {
     EXPECT_EQ(out.find('\n'), std::string::npos);   // in place: no newline yet
     EXPECT_NE(out.find("step 1/600 ["), std::string::npos) << out;
     EXPECT_NE(out.find("ETA 0:01:40"), std::string::npos);
-    EXPECT_NE(out.find("mem 13.13 MiB live / 98.30 MiB peak / 23.06 GiB budget"), std::string::npos);
+    EXPECT_NE(out.find("mem 13.13 MiB/98.30 MiB/23.06 GiB"), std::string::npos);
 
     prog.update(line_at(10, 3.3), true);
     out = cap.text();
     // The permanent line is the plain line, ended by a newline, then the status line again.
     const std::string permanent = format_progress_plain(line_at(10, 3.3)) + "\x1b[K\n";
-    const size_t at = out.find("\r" + permanent);
+    const size_t at = out.find(fmt::format("\r{}", permanent));
     ASSERT_NE(at, std::string::npos) << out;
     const std::string after = out.substr(at + 1 + permanent.size());
-    EXPECT_EQ(after, "\r" + format_progress_status(line_at(10, 3.3)) + "\x1b[K");
+    EXPECT_EQ(after, fmt::format("\r{}\x1b[K", format_progress_status(line_at(10, 3.3))));
 
     prog.message("saved checkpoint");
     out = cap.text();
-    EXPECT_NE(out.find("\rsaved checkpoint\x1b[K\n\r" + format_progress_status(line_at(10, 3.3))), std::string::npos);
+    EXPECT_NE(out.find(fmt::format("\rsaved checkpoint\x1b[K\n\r{}", format_progress_status(line_at(10, 3.3)))), std::string::npos);
 
     prog.update(line_at(600), true);   // the last step
     prog.finish();

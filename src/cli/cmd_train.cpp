@@ -24,14 +24,12 @@ void add_shape_flags(CLI::App * c, Opt & o) {
     c->add_option("--threads", o.threads, "CPU threads (0: all cores)")->check(CLI::NonNegativeNumber);
     c->add_option("--seed", o.seed, "random seed")->capture_default_str();
     c->add_option("--memory-budget", o.memory_budget,
-                  "refuse to start unless the plan fits in this many bytes (e.g. 512MiB, 2GiB)");
+                  "refuse to start unless the plan fits in this many bytes (e.g. 512MiB, 2GiB; default: the memory available)");
 }
 
-}  // namespace
 
-void add_train_commands(CLI::App & app) {
-    static TrainOptions t;
-    CLI::App * train = app.add_subcommand("train", "train a model (default: a small GPT on the bundled Shakespeare)");
+// Flags shared by `memfit train` and `memfit profile`.
+void add_train_flags(CLI::App * train, TrainOptions & t) {
     add_shape_flags(train, t);
     train->add_option("--data", t.data, "folder with train.bin/val.bin from `memfit prepare` (default: the bundled corpus)");
     train->add_option("--tokenizer", t.tokenizer, "tokenizer when preparing the bundled corpus: gpt2|bytes");
@@ -53,7 +51,33 @@ void add_train_commands(CLI::App & app) {
         ->capture_default_str()->check(CLI::NonNegativeNumber);
     train->add_flag("--check-lifetimes", t.check_lifetimes,
                     "give every buffer its own allocation, poisoned after its declared last use (slow; for testing)");
+    train->add_option("--progress", t.progress, "status display: auto (a live line on a terminal), tty, plain, json, quiet")
+        ->capture_default_str()->check(CLI::IsMember({"auto", "tty", "plain", "json", "quiet"}));
+    train->add_flag_callback("--quiet", [&t] { t.progress = "quiet"; }, "no status lines (same as --progress quiet)");
+    train->add_flag_callback("--json", [&t] { t.progress = "json"; }, "one JSON object per status line (--progress json)");
+}
+
+}  // namespace
+
+void add_train_commands(CLI::App & app) {
+    static TrainOptions t;
+    CLI::App * train = app.add_subcommand("train", "train a model (default: a small GPT on the bundled Shakespeare)");
+    add_train_flags(train, t);
     train->callback([] { run_training(t); });
+
+    static TrainOptions prof = [] {
+        TrainOptions o;
+        o.profile = true;
+        o.steps = 3;
+        o.out = "runs/profile";
+        o.log_every = 1;
+        o.sample_tokens = 0;
+        return o;
+    }();
+    CLI::App * profile = app.add_subcommand(
+        "profile", "run a few steps and write report.html (memory over the step, by category) and trace.json");
+    add_train_flags(profile, prof);
+    profile->callback([] { run_training(prof); });
 
     static BenchOptions b;
     CLI::App * bench = app.add_subcommand("bench", "time training steps; print one JSON line (tokens/s, MFU, memory)");

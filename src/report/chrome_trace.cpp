@@ -88,7 +88,7 @@ json chrome_trace(const ReportData & r) {
     if (peak >= 0) {
         const auto & e = events[size_t(peak)];
         const uint64_t total = e.live.total();
-        trace.push_back({{"ph", "i"}, {"s", "g"}, {"name", "peak " + format_bytes(total)}, {"ts", e.begin_us},
+        trace.push_back({{"ph", "i"}, {"s", "g"}, {"name", fmt::format("peak {}", format_bytes(total))}, {"ts", e.begin_us},
                          {"pid", kPid}, {"tid", kTid},
                          {"args", {{"op", e.op}, {"name", e.name ? e.name : ""}, {"live", category_object(e.live, false)}}}});
     }

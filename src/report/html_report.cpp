@@ -19,12 +19,8 @@ namespace memfit {
 namespace {
 
 using svg::escape;
+using svg::kStackOrder;
 using svg::num;
-
-// Bottom to top: what stays for the whole step first, the step's transient bytes on top.
-constexpr std::array<Category, kCategoryCount> kStackOrder = {
-    Category::runtime,   Category::parameters,    Category::master_weights, Category::optimizer_states,
-    Category::gradients, Category::communication, Category::workspace,      Category::activations};
 
 std::string cat(Category c) { return std::string(category_name(c)); }
 
@@ -56,12 +52,6 @@ int peak_event(const ReportData & r) {
     return best;
 }
 
-std::string op_description(const TimelineEvent & e) {
-    std::string s = e.name ? e.name : "";
-    if (e.layer >= 0) s += fmt::format(", layer {}", e.layer);
-    return s + ", " + phase_name(e.phase);
-}
-
 struct View {
     const ReportData & r;
     int peak = -1;                              // index into events
@@ -71,7 +61,7 @@ struct View {
 };
 
 View make_view(const ReportData & r) {
-    View v{r};
+    View v{r, -1, {}, {}, Category::activations};
     v.peak = peak_event(r);
     for (const auto & e : r.timeline.events)
         for (size_t c = 0; c < kCategoryCount; ++c) v.used[c] = v.used[c] || e.live.v[c] != 0;
@@ -79,159 +69,6 @@ View make_view(const ReportData & r) {
     for (size_t c = 0; c < kCategoryCount; ++c)
         if (v.at_peak.v[c] > v.at_peak[v.dominant]) v.dominant = Category(c);
     return v;
-}
-
-// ---------------------------------------------------------------------------------------------
-// The stacked area chart.
-
-std::string area_chart(const View & v) {
-    const auto & ev = v.r.timeline.events;
-    const size_t n = ev.size();
-    const double W = 1060, H = 470, left = 78, right = 18, top = 60, bottom = 48;
-    const double pw = W - left - right, ph = H - top - bottom, slot = pw / double(n);
-    const uint64_t peak_total = ev[size_t(v.peak)].live.total();
-
-    uint64_t ymax = 0;
-    for (const auto & e : ev) ymax = std::max(ymax, e.live.total());
-    const bool budget_in_range = v.r.budget > 0 && double(v.r.budget) <= 1.3 * double(ymax);
-    if (budget_in_range) ymax = std::max(ymax, v.r.budget);
-    const std::vector<uint64_t> ticks = svg::byte_ticks(ymax, 6);
-    const double axis_top = double(ticks.back());
-    auto X = [&](size_t i) { return left + double(i) * slot; };
-    auto Y = [&](double b) { return top + ph - b / axis_top * ph; };
-
-    std::string s = fmt::format(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" viewBox=\"0 0 {0} {1}\" width=\"{0}\" "
-        "height=\"{1}\" role=\"img\" data-peak-total=\"{2}\" data-peak-op=\"{3}\" data-num-ops=\"{4}\">\n"
-        "<title>live bytes per category over one step; peak {5} at op {3}</title>\n",
-        num(W), num(H), peak_total, ev[size_t(v.peak)].op, n, escape(format_bytes(peak_total)));
-
-    // Phases: background bands in the plot and a labelled strip above it.
-    s += "<g class=\"phases\">\n";
-    for (size_t a = 0; a < n;) {
-        size_t b = a;
-        while (b + 1 < n && ev[b + 1].phase == ev[a].phase) ++b;
-        const double x = X(a), w = X(b + 1) - X(a);
-        const std::string_view fill = svg::phase_fill(ev[a].phase);
-        const char * name = phase_name(ev[a].phase);
-        s += fmt::format("<rect class=\"band\" data-phase=\"{}\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" "
-                         "fill=\"{}\"/><rect x=\"{}\" y=\"34\" width=\"{}\" height=\"20\" fill=\"{}\" "
-                         "stroke=\"#ffffff\"/>",
-                         name, num(x), num(top), num(w), num(ph), fill, num(x), num(w), fill);
-        const double label_w = 7.0 * double(std::string_view(name).size()) + 8;
-        if (w >= label_w) {
-            s += fmt::format("<text x=\"{}\" y=\"48\" class=\"phase-label\" text-anchor=\"middle\">{}</text>",
-                             num(x + w / 2), name);
-        }
-        s += "\n";
-        a = b + 1;
-    }
-    s += "</g>\n";
-
-    // Y grid and ticks (binary units), X ticks every ~n/10 ops.
-    for (uint64_t t : ticks) {
-        const double y = Y(double(t));
-        s += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" class=\"grid\"/>"
-                         "<text x=\"{}\" y=\"{}\" class=\"tick\" text-anchor=\"end\">{}</text>\n",
-                         num(left), num(y), num(left + pw), num(y), num(left - 6), num(y + 4),
-                         escape(svg::short_bytes(t)));
-    }
-    const int xstep = svg::nice_int_step(int(n), 10);
-    for (size_t i = 0; i < n; i += size_t(xstep)) {
-        const double x = X(i) + slot / 2;
-        s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#666666\"/>"
-                         "<text x=\"{0}\" y=\"{3}\" class=\"tick\" text-anchor=\"middle\">{4}</text>\n",
-                         num(x), num(top + ph), num(top + ph + 5), num(top + ph + 18), ev[i].op);
-    }
-    s += fmt::format("<text x=\"{}\" y=\"{}\" class=\"axis-title\" text-anchor=\"middle\">op index (one {} "
-                     "step, {} ops)</text>\n",
-                     num(left + pw / 2), num(H - 8), escape(v.r.timeline.program.empty() ? "training"
-                                                                                        : v.r.timeline.program),
-                     n);
-    s += fmt::format("<text x=\"14\" y=\"{0}\" class=\"axis-title\" text-anchor=\"middle\" "
-                     "transform=\"rotate(-90 14 {0})\">live bytes</text>\n",
-                     num(top + ph / 2));
-
-    // The stacked layers, one per category with bytes.
-    std::vector<uint64_t> lo(n, 0), hi(n, 0);
-    std::string labels;
-    for (Category c : kStackOrder) {
-        if (!v.used[size_t(c)]) continue;
-        std::string values;
-        for (size_t i = 0; i < n; ++i) {
-            hi[i] = lo[i] + ev[i].live[c];
-            if (i) values += ',';
-            values += std::to_string(ev[i].live[c]);
-        }
-        std::string d = "M" + num(X(0)) + "," + num(Y(double(hi[0])));
-        for (size_t i = 1; i < n; ++i)
-            if (hi[i] != hi[i - 1]) d += "H" + num(X(i)) + "V" + num(Y(double(hi[i])));
-        d += "H" + num(X(n)) + "V" + num(Y(double(lo[n - 1])));
-        for (size_t i = n - 1; i >= 1; --i)
-            if (lo[i - 1] != lo[i]) d += "H" + num(X(i)) + "V" + num(Y(double(lo[i - 1])));
-        d += "H" + num(X(0)) + "Z";
-        s += fmt::format("<g class=\"series\" data-category=\"{0}\" data-values=\"{1}\"><title>{0}: {2} at the "
-                         "peak</title><path data-category=\"{0}\" d=\"{3}\" fill=\"{4}\" stroke=\"#ffffff\" "
-                         "stroke-width=\"0.6\"/></g>\n",
-                         cat(c), values, escape(format_bytes(v.at_peak[c])), d, svg::category_color(c));
-
-        // Label the layer where it stays thickest over the width of its name.
-        const double label_px = 7.0 * double(category_name(c).size()) + 10;
-        const size_t half = size_t(std::ceil(label_px / 2 / slot));
-        uint64_t best = 0;
-        size_t best_i = 0;
-        for (size_t i = 0; i < n; ++i) {
-            uint64_t m = UINT64_MAX;
-            for (size_t k = i >= half ? i - half : 0; k <= std::min(n - 1, i + half); ++k)
-                m = std::min(m, ev[k].live[c]);
-            const bool closer = std::abs(double(i) - double(n) / 2) < std::abs(double(best_i) - double(n) / 2);
-            if (m > best || (m == best && closer)) best = m, best_i = i;
-        }
-        if (double(best) / axis_top * ph >= 15) {
-            const double x = std::clamp(X(best_i) + slot / 2, left + label_px / 2, left + pw - label_px / 2);
-            const double y = Y(double(lo[best_i]) + double(ev[best_i].live[c]) / 2) + 4;
-            labels += fmt::format("<text x=\"{}\" y=\"{}\" class=\"layer-label\" text-anchor=\"middle\">{}</text>\n",
-                                  num(x), num(y), cat(c));
-        }
-        lo = hi;
-    }
-    s += labels;
-
-    if (budget_in_range) {
-        const double y = Y(double(v.r.budget));
-        s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" class=\"budget\"/><text x=\"{3}\" "
-                         "y=\"{4}\" class=\"budget-label\" text-anchor=\"end\">budget {5}</text>\n",
-                         num(left), num(y), num(left + pw), num(left + pw - 4), num(y - 5),
-                         escape(format_bytes(v.r.budget)));
-    }
-
-    // Hover targets: one transparent column per op with its description.
-    if (n <= 5000) {
-        s += "<g class=\"hover\" fill=\"#000000\" fill-opacity=\"0\">";
-        for (size_t i = 0; i < n; ++i) {
-            s += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\"><title>op {} ({}): {}",
-                             num(X(i)), num(top), num(std::max(slot, 0.1)), num(ph), ev[i].op,
-                             escape(op_description(ev[i])), escape(format_bytes(ev[i].live.total())));
-            for (Category c : kStackOrder)
-                if (ev[i].live[c]) s += fmt::format("&#10;{}: {}", cat(c), escape(format_bytes(ev[i].live[c])));
-            s += "</title></rect>";
-        }
-        s += "</g>\n";
-    }
-
-    // The peak: a vertical line, a dot on top of the stack, and its label.
-    const auto & pe = ev[size_t(v.peak)];
-    const double px = X(size_t(v.peak)) + slot / 2, py = Y(double(peak_total));
-    const bool right_side = px > left + pw * 0.62;
-    s += fmt::format("<g class=\"peak\"><line x1=\"{0}\" y1=\"20\" x2=\"{0}\" y2=\"{1}\" class=\"peak-line\"/>"
-                     "<circle cx=\"{0}\" cy=\"{2}\" r=\"5\" class=\"peak-dot\"/>"
-                     "<text x=\"{3}\" y=\"18\" class=\"peak-label\" text-anchor=\"{4}\">peak {5} at op {6} ({7})</text>"
-                     "</g>\n",
-                     num(px), num(top + ph), num(py), num(right_side ? px - 6 : px + 6), right_side ? "end" : "start",
-                     escape(format_bytes(peak_total)), pe.op, escape(op_description(pe)));
-    s += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#999999\"/>\n",
-                     num(left), num(top), num(pw), num(ph));
-    return s + "</svg>\n";
 }
 
 // Legend with each category's bytes at the peak (top of the stack first), and the buffers
@@ -276,3 +113,285 @@ std::string legend_and_live(const View & v) {
     return s + "</table></div></div>\n";
 }
 
+// The peak's bytes as one 100% bar split by category, labelled where a segment is wide enough.
+std::string share_bar(const CategoryBytes & at_peak) {
+    const uint64_t total = at_peak.total();
+    std::string s = "<div class=\"share\">";
+    for (Category c : kStackOrder) {
+        if (total == 0 || at_peak[c] == 0) continue;
+        const double share = 100.0 * double(at_peak[c]) / double(total);
+        // About 8.5 px per percent at the page's width; the full label, else the share, else none.
+        std::string label = fmt::format("{} {:.0f}%", category_name(c), share);
+        if (share * 8.5 < 7.0 * double(label.size()) + 8) label = fmt::format("{:.0f}%", share);
+        if (share * 8.5 < 7.0 * double(label.size()) + 8) label.clear();
+        s += fmt::format("<span style=\"width:{:.3f}%;background:{}\" title=\"{}: {} ({:.1f}%)\">{}</span>", share,
+                         svg::category_color(c), cat(c), escape(format_bytes(at_peak[c])), share, escape(label));
+    }
+    return s + "</div>\n";
+}
+
+// Per category with bytes: a light bar (plan) and a solid one (measured) for peak live and for
+// reserved bytes, the numbers beside them, "≠ ±X" where they differ. Rows carry the numbers.
+std::string plan_vs_measured(const ReportData & r) {
+    struct Row { Category c; uint64_t v[4]; };  // planned peak, measured peak, planned rsv, measured rsv
+    std::vector<Row> rows;
+    uint64_t mx = 1;
+    for (size_t c = 0; c < kCategoryCount; ++c) {
+        Row row{Category(c), {r.planned_peak.v[c], r.measured_peak.v[c], r.planned_reserved.v[c], r.measured_reserved.v[c]}};
+        if (!(row.v[0] | row.v[1] | row.v[2] | row.v[3])) continue;
+        for (uint64_t x : row.v) mx = std::max(mx, x);
+        rows.push_back(row);
+    }
+    if (rows.empty()) return "<p class=\"note\">No planned or measured bytes recorded.</p>\n";
+    const double W = 1060, label_w = 140, panel_w = (W - label_w) / 2, bar_max = panel_w - 250, row_h = 38;
+    const double H = 30 + row_h * double(rows.size());
+    std::string s = fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"pvm\" viewBox=\"0 0 {0} {1}\" "
+                                "width=\"{0}\" height=\"{1}\" role=\"img\">\n",
+                                num(W), num(H));
+    s += fmt::format("<text x=\"{}\" y=\"16\" class=\"panel-title\">peak live bytes</text>"
+                     "<text x=\"{}\" y=\"16\" class=\"panel-title\">reserved bytes (regions obtained)</text>\n",
+                     num(label_w), num(label_w + panel_w));
+    double y = 28;
+    for (const auto & row : rows) {
+        const std::string_view color = svg::category_color(row.c);
+        s += fmt::format("<g class=\"pvm-row\" data-category=\"{}\" data-planned-peak=\"{}\" data-measured-peak=\"{}\" "
+                         "data-planned-reserved=\"{}\" data-measured-reserved=\"{}\">",
+                         category_name(row.c), row.v[0], row.v[1], row.v[2], row.v[3]);
+        s += fmt::format("<text x=\"0\" y=\"{}\" class=\"row-label\">{}</text>", num(y + 20), category_name(row.c));
+        for (int p = 0; p < 2; ++p) {
+            const uint64_t plan = row.v[2 * p], meas = row.v[2 * p + 1];
+            const double x0 = label_w + p * panel_w;
+            const double wp = double(plan) / double(mx) * bar_max, wm = double(meas) / double(mx) * bar_max;
+            const std::string plan_text = format_bytes(plan) + " planned", meas_text = format_bytes(meas) + " measured";
+            s += fmt::format("<rect x=\"{0}\" y=\"{1}\" width=\"{2}\" height=\"12\" fill=\"{3}\" fill-opacity=\"0.35\" "
+                             "stroke=\"{3}\"/><text x=\"{4}\" y=\"{5}\" class=\"bar-num\">{6}</text>",
+                             num(x0), num(y + 3), num(std::max(wp, 0.5)), color, num(x0 + wp + 6), num(y + 13),
+                             escape(plan_text));
+            s += fmt::format("<rect x=\"{0}\" y=\"{1}\" width=\"{2}\" height=\"12\" fill=\"{3}\"/>"
+                             "<text x=\"{4}\" y=\"{5}\" class=\"bar-num\">{6}</text>",
+                             num(x0), num(y + 18), num(std::max(wm, 0.5)), color, num(x0 + wm + 6), num(y + 28),
+                             escape(meas_text));
+            if (plan != meas) {
+                const bool more = meas > plan;
+                const double dx = x0 + wm + 12 + 7.2 * double(meas_text.size());
+                s += fmt::format("<text x=\"{}\" y=\"{}\" class=\"differs\">\u2260 {}{}</text>", num(dx), num(y + 28),
+                                 more ? "+" : "\u2212", escape(format_bytes(more ? meas - plan : plan - meas)));
+            }
+        }
+        s += "</g>\n";
+        y += row_h;
+    }
+    return s + "</svg>\n";
+}
+
+// ---------------------------------------------------------------------------------------------
+// The other sections.
+
+std::string card(std::string_view label, const std::string & value_html, const std::string & sub_html,
+                 std::string_view extra_class = "") {
+    return fmt::format("<div class=\"card{}{}\"><div class=\"label\">{}</div><div class=\"value\">{}</div>"
+                       "<div class=\"sub\">{}</div></div>\n",
+                       extra_class.empty() ? "" : " ", extra_class, label, value_html, sub_html);
+}
+
+std::string headline(const View & v) {
+    const ReportData & r = v.r;
+    const uint64_t plan = r.planned_peak.total(), meas = r.measured_peak.total();
+    std::string s = "<div class=\"cards\">\n";
+    s += card("planned peak", escape(format_bytes(plan)), "sum of each category's planned peak live bytes");
+    std::string diff = "matches the plan";
+    if (meas != plan)
+        diff = fmt::format("\u2260 plan by {}{}", meas > plan ? "+" : "\u2212",
+                           escape(format_bytes(meas > plan ? meas - plan : plan - meas)));
+    s += card("measured peak", escape(format_bytes(meas)), diff, meas != plan ? "warn" : "");
+    if (r.budget > 0) {
+        const bool over = meas > r.budget;
+        s += card("budget", escape(format_bytes(r.budget)),
+                  over ? "exceeded by " + escape(format_bytes(meas - r.budget))
+                       : escape(pct(meas, r.budget)) + " used at the peak",
+                  over ? "warn" : "");
+    }
+    s += card("peak RSS", escape(format_bytes(r.peak_rss)), "resident set of the whole process");
+    const uint64_t total = v.at_peak.total();
+    std::string where = "the peak";
+    if (v.peak >= 0) {
+        const auto & e = r.timeline.events[size_t(v.peak)];
+        where = fmt::format("op {} ({})", e.op, escape(svg::op_label(e)));
+    }
+    if (total == 0)
+        s += card("dominates the peak", "no bytes recorded", "", "wide");
+    else
+        s += card("dominates the peak",
+                  fmt::format("{}{}: {} of the peak", swatch(v.dominant), cat(v.dominant),
+                              escape(pct(v.at_peak[v.dominant], total))),
+                  fmt::format("{} of {} at {}", escape(format_bytes(v.at_peak[v.dominant])),
+                              escape(format_bytes(total)), where),
+                  "wide");
+    s += "</div>\n";
+    s += share_bar(v.at_peak);
+    return s;
+}
+
+std::string config_table(const nlohmann::json & config) {
+    if (config.is_null() || (config.is_object() && config.empty())) return "";
+    std::string s = "<table class=\"config\"><tr><th colspan=\"2\">configuration</th></tr>\n";
+    auto text = [](const nlohmann::json & j) {
+        return j.is_string() ? j.get<std::string>() : j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    };
+    if (!config.is_object()) return s + "<tr><td colspan=\"2\">" + escape(text(config)) + "</td></tr></table>\n";
+    for (const auto & [key, value] : config.items())
+        s += fmt::format("<tr><td class=\"key\">{}</td><td>{}</td></tr>\n", escape(key), escape(text(value)));
+    return s + "</table>\n";
+}
+
+std::string largest_buffers(const View & v) {
+    const ReportData & r = v.r;
+    const int nops = r.num_ops > 0 ? r.num_ops : int(r.timeline.events.size());
+    const int peak_op = v.peak >= 0 ? r.timeline.events[size_t(v.peak)].op : r.peak_op;
+    std::string s = "<table class=\"largest\"><tr><th class=\"n\">#</th><th>buffer</th><th>category</th>"
+                    "<th class=\"n\">bytes</th><th>lifetime (ops)</th><th>over the step (red: the peak)</th></tr>\n";
+    for (size_t i = 0; i < r.largest.size() && i < 10; ++i) {
+        const auto & b = r.largest[i];
+        const int first = b.persistent ? 0 : b.first_op, last = b.persistent ? nops - 1 : b.last_op;
+        const std::string span = b.persistent ? "persistent" : fmt::format("{}\u2013{}", b.first_op, b.last_op);
+        s += fmt::format("<tr><td class=\"n\">{}</td><td class=\"name\">{}</td><td>{}{}</td><td class=\"n\">{}</td>"
+                         "<td>{}</td><td>{}</td></tr>\n",
+                         i + 1, escape(b.name), swatch(b.category), cat(b.category), escape(format_bytes(b.bytes)),
+                         escape(span), svg::lifetime_strip(first, last, nops, peak_op, svg::category_color(b.category)));
+    }
+    return s + "</table>\n";
+}
+
+std::string curves(const ReportData & r) {
+    auto pts = [](const std::vector<CurvePoint> & c) {
+        std::vector<svg::LinePoint> p;
+        for (const auto & x : c) p.push_back({double(x.step), x.value});
+        return p;
+    };
+    std::string s = "<div class=\"row\">\n";
+    std::vector<svg::LineSeries> loss = {{"train loss", "#4e79a7", pts(r.loss), false}};
+    if (!r.val_loss.empty()) loss.push_back({"val loss", "#f28e2b", pts(r.val_loss), true});
+    s += "<div class=\"col\"><h3>Loss</h3>" + svg::line_chart(loss, "loss", false) + "</div>\n";
+    if (!r.tokens_per_s.empty())
+        s += "<div class=\"col\"><h3>Throughput</h3>" +
+             svg::line_chart({{"tokens/s", "#59a14f", pts(r.tokens_per_s), false}}, "tokens/s", true) + "</div>\n";
+    return s + "</div>\n";
+}
+
+constexpr const char * kStyle = R"(
+body { margin: 0; background: #f4f5f7; color: #1f2328; font-size: 14px;
+  font-family: system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; }
+.wrap { max-width: 1120px; margin: 0 auto; padding: 12px 20px 40px; }
+h1 { font-size: 22px; margin: 10px 0 2px; } h2 { font-size: 17px; margin: 0 0 8px; }
+h3 { font-size: 14px; margin: 4px 0 6px; color: #444c56; }
+.subtitle { color: #57606a; margin: 0 0 10px; }
+section { background: #ffffff; border: 1px solid #dfe2e6; border-radius: 6px; padding: 12px 16px; margin: 12px 0; }
+.top { display: flex; gap: 16px; align-items: flex-start; } .top .main { flex: 1; min-width: 0; }
+.cards { display: flex; flex-wrap: wrap; gap: 8px; margin-bottom: 10px; }
+.card { border: 1px solid #dfe2e6; border-radius: 6px; padding: 6px 10px; min-width: 120px; background: #fafbfc; }
+.card.wide { flex: 1; min-width: 260px; } .card.warn .sub { color: #b42318; }
+.card .label { font-size: 12px; color: #57606a; text-transform: uppercase; letter-spacing: 0.03em; }
+.card .value { font-size: 19px; font-weight: 600; margin: 2px 0; } .card .sub { font-size: 12px; color: #57606a; }
+.share { display: flex; height: 24px; border-radius: 4px; overflow: hidden; }
+.share span { color: #ffffff; font-size: 12px; font-weight: 600; line-height: 24px; text-align: center;
+  white-space: nowrap; overflow: hidden; border-right: 1px solid #ffffff; }
+table { border-collapse: collapse; }
+th, td { padding: 2px 8px; text-align: left; vertical-align: middle; }
+th { font-weight: 600; color: #444c56; border-bottom: 1px solid #dfe2e6; }
+td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; }
+td.name, td.key { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; font-size: 12.5px; }
+tr.total td { border-top: 1px solid #dfe2e6; font-weight: 600; } tr.more td { color: #57606a; font-style: italic; }
+table.config { font-size: 12px; background: #fafbfc; border: 1px solid #dfe2e6; } table.config td { padding: 1px 8px; }
+.sw { display: inline-block; width: 11px; height: 11px; border-radius: 2px; margin-right: 6px; vertical-align: -1px; }
+.row { display: flex; flex-wrap: wrap; gap: 24px; } .col { flex: 1; min-width: 320px; }
+svg.chart, svg.pvm { width: 100%; height: auto; display: block; }
+svg.linechart { width: 100%; height: auto; max-width: 540px; } svg.strip { vertical-align: middle; }
+svg text { font-family: inherit; font-size: 12px; fill: #1f2328; }
+svg .tick, svg .axis-title, svg .panel-title { fill: #444c56; } svg .grid { stroke: #000000; stroke-opacity: 0.12; }
+svg .phase-label, svg .panel-title, svg .row-label, svg .budget-label { font-weight: 600; }
+svg .layer-label { font-size: 12.5px; font-weight: 600; paint-order: stroke; stroke: #ffffff; stroke-width: 3px;
+  stroke-opacity: 0.8; }
+svg .peak-line { stroke: #c62828; stroke-width: 1.6; stroke-dasharray: 5 3; }
+svg .peak-dot { fill: #c62828; stroke: #ffffff; stroke-width: 1.5; }
+svg .peak-label { fill: #c62828; font-weight: 700; font-size: 13.5px; }
+svg .budget { stroke: #6a1b9a; stroke-width: 1.5; stroke-dasharray: 8 4; } svg .budget-label { fill: #6a1b9a; }
+svg .differs { fill: #b42318; font-weight: 700; }
+ul.hints li { margin: 4px 0; } .note { color: #57606a; font-size: 12.5px; margin: 6px 0 0; }
+footer { color: #8b949e; font-size: 12px; margin-top: 16px; }
+)";
+
+}  // namespace
+
+std::string render_html_report(const ReportData & r) {
+    const View v = make_view(r);
+    const std::string title = r.title.empty() ? "memfit memory report" : r.title;
+    std::string s = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n"
+                    "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"/>\n";
+    s += "<title>" + escape(title) + "</title>\n<style>" + kStyle + "</style>\n</head>\n<body>\n<div class=\"wrap\">\n";
+    s += "<h1>" + escape(title) + "</h1>\n";
+    s += fmt::format("<p class=\"subtitle\">Where the bytes of one {} step go: {} ops, memory per category as the "
+                     "ledger measured it.</p>\n",
+                     escape(r.timeline.program.empty() ? "training" : r.timeline.program),
+                     r.num_ops > 0 ? r.num_ops : int(r.timeline.events.size()));
+
+    s += "<section class=\"top\"><div class=\"main\">\n" + headline(v) + "</div>\n" + config_table(r.config) +
+         "</section>\n";
+
+    s += "<section><h2>Live memory over the step</h2>\n";
+    if (v.peak >= 0) {
+        s += svg::area_chart(r.timeline.events, v.peak, r.budget, r.timeline.program);
+        if (r.budget > 0 && double(r.budget) > 1.3 * double(r.timeline.events[size_t(v.peak)].live.total()))
+            s += fmt::format("<p class=\"note\">The budget ({}) is above the chart's range.</p>\n",
+                             escape(format_bytes(r.budget)));
+        s += legend_and_live(v);
+    } else {
+        s += "<p class=\"note\">No timeline was recorded for this report.</p>\n";
+    }
+    s += "</section>\n";
+
+    s += "<section><h2>Planned vs measured, per category</h2>\n" +
+         plan_vs_measured(r) +
+         fmt::format("<p class=\"note\">Totals: peak live planned {} / measured {}; reserved planned {} / measured "
+                     "{}. Light bars: the plan; solid bars: the ledger's measurement; \u2260 marks a difference.</p>\n",
+                     escape(format_bytes(r.planned_peak.total())), escape(format_bytes(r.measured_peak.total())),
+                     escape(format_bytes(r.planned_reserved.total())), escape(format_bytes(r.measured_reserved.total()))) +
+         "</section>\n";
+
+    if (!r.largest.empty())
+        s += "<section><h2>The largest buffers</h2>\n" + largest_buffers(v) + "</section>\n";
+
+    if (!r.hints.empty()) {
+        s += "<section><h2>Hints</h2>\n<ul class=\"hints\">\n";
+        for (const auto & h : r.hints) s += "<li>" + escape(h) + "</li>\n";
+        s += "</ul></section>\n";
+    }
+
+    if (!r.loss.empty()) s += "<section><h2>Training</h2>\n" + curves(r) + "</section>\n";
+
+    s += "<footer>memfit report: a self-contained page (no scripts, nothing loaded from the network).</footer>\n";
+    return s + "</div>\n</body>\n</html>\n";
+}
+
+void write_html_report(const std::string & path, const ReportData & r) {
+    const std::string text = render_html_report(r);
+    const std::string tmp = path + ".tmp";
+    {
+        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+        if (!out) throw IoError(fmt::format("{}: cannot create; check the folder exists and is writable", tmp));
+        out << text;
+        out.flush();
+        if (!out) {
+            out.close();
+            std::remove(tmp.c_str());
+            throw IoError(fmt::format("{}: write failed; check free disk space", tmp));
+        }
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, path, ec);
+    if (ec) {
+        std::remove(tmp.c_str());
+        throw IoError(fmt::format("cannot rename {} to {}: {}", tmp, path, ec.message()));
+    }
+}
+
+}  // namespace memfit

@@ -61,16 +61,19 @@ std::string format_progress_json(const ProgressLine & p) {
     return j.dump();   // non-finite numbers become null
 }
 
-std::string format_progress_status(const ProgressLine & p) {
+std::string format_progress_status(const ProgressLine & p, bool bar) {
     std::string s = fmt::format("step {}/{}", p.step, p.total_steps);
     if (p.total_steps > 0) {
         const double frac = std::clamp(double(p.step) / double(p.total_steps), 0.0, 1.0);
-        const int filled = static_cast<int>(frac * kBarWidth);
-        s += fmt::format(" [{}{}] {:.1f}%", std::string(size_t(filled), '#'), std::string(size_t(kBarWidth - filled), '-'),
-                         frac * 100.0);
+        if (bar) {
+            const int filled = static_cast<int>(frac * kBarWidth);
+            s += fmt::format(" [{}{}]", std::string(size_t(filled), '#'), std::string(size_t(kBarWidth - filled), '-'));
+        }
+        s += fmt::format(" {:.1f}%", frac * 100.0);
     }
-    s += fmt::format(" | loss {:.4f} | {:.0f} tok/s | ETA {} | {}", p.loss, p.tokens_per_s, format_eta(p.eta_s),
-                     memory_text(p));
+    s += fmt::format(" | loss {:.4f} | {:.0f} tok/s | ETA {} | mem {}/{}", p.loss, p.tokens_per_s, format_eta(p.eta_s),
+                     format_bytes(p.live), format_bytes(p.peak));
+    if (p.budget != 0) s += fmt::format("/{}", format_bytes(p.budget));
     return s;
 }
 
@@ -82,10 +85,13 @@ Progress::Progress(ProgressMode m, std::FILE * out) : mode_(m), out_(out) {
         mode_ = (fd >= 0 && isatty(fd) && !dumb) ? ProgressMode::tty : ProgressMode::plain;
     }
     if (out_ == nullptr) mode_ = ProgressMode::quiet;
-    if (mode_ == ProgressMode::tty && fd >= 0) {
-        struct winsize ws {};
-        if (ioctl(fd, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) width_ = ws.ws_col;
-    }
+}
+
+int Progress::terminal_width() const {
+    struct winsize ws {};
+    const int fd = fileno(out_);
+    if (fd < 0 || ioctl(fd, TIOCGWINSZ, &ws) != 0) return 0;
+    return ws.ws_col;
 }
 
 void Progress::write(const std::string & s) {
@@ -94,10 +100,14 @@ void Progress::write(const std::string & s) {
 }
 
 void Progress::draw_status() {
+    // A line wider than the terminal wraps, and \r would then rewrite only its last row: drop the
+    // bar, then cut the line. The width is read on every draw (at most ~10 a second) to follow
+    // resizes.
     std::string line = format_progress_status(last_);
-    // A line wider than the terminal wraps, and \r would then rewrite only its last row.
-    if (width_ > 1 && line.size() >= size_t(width_)) line.resize(size_t(width_ - 1));
-    write("\r" + line + kClearEol);
+    const int width = terminal_width();
+    if (width > 1 && line.size() >= size_t(width)) line = format_progress_status(last_, false);
+    if (width > 1 && line.size() >= size_t(width)) line.resize(size_t(width - 1));
+    write(fmt::format("\r{}{}", line, kClearEol));
     line_open_ = true;
     pending_ = false;
     drawn_once_ = true;
@@ -110,10 +120,10 @@ void Progress::update(const ProgressLine & p, bool log_point) {
         case ProgressMode::auto_detect:
             return;
         case ProgressMode::plain:
-            if (log_point) write(format_progress_plain(p) + "\n");
+            if (log_point) write(fmt::format("{}\n", format_progress_plain(p)));
             return;
         case ProgressMode::json:
-            if (log_point) write(format_progress_json(p) + "\n");
+            if (log_point) write(fmt::format("{}\n", format_progress_json(p)));
             return;
         case ProgressMode::tty:
             break;
@@ -122,7 +132,7 @@ void Progress::update(const ProgressLine & p, bool log_point) {
     have_last_ = true;
     if (log_point) {
         // Leave the log line in the history, then draw the status line below it.
-        std::string s = "\r" + format_progress_plain(p) + kClearEol + "\n";
+        const std::string s = fmt::format("\r{}{}\n", format_progress_plain(p), kClearEol);
         std::fwrite(s.data(), 1, s.size(), out_);
         line_open_ = false;
         draw_status();
@@ -153,19 +163,20 @@ void Progress::message(const std::string & line) {
         case ProgressMode::auto_detect:
             return;
         case ProgressMode::plain:
-            write(text + "\n");
+            write(fmt::format("{}\n", text));
             return;
         case ProgressMode::json:
-            write(nlohmann::json{{"message", text}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+            write(fmt::format("{}\n", nlohmann::json{{"message", text}}.dump(-1, ' ', false,
+                                                                               nlohmann::json::error_handler_t::replace)));
             return;
         case ProgressMode::tty:
             break;
     }
     if (!line_open_) {
-        write(text + "\n");
+        write(fmt::format("{}\n", text));
         return;
     }
-    std::string s = "\r" + text + kClearEol + "\n";
+    const std::string s = fmt::format("\r{}{}\n", text, kClearEol);
     std::fwrite(s.data(), 1, s.size(), out_);
     line_open_ = false;
     draw_status();

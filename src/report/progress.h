@@ -28,8 +28,9 @@ enum class ProgressMode { auto_detect, tty, plain, json, quiet };
 std::string format_progress_plain(const ProgressLine & p);
 // One JSON object, no trailing newline; val_loss only when not NaN.
 std::string format_progress_json(const ProgressLine & p);
-// The in-place status line: "step 10/600 [##------] 1.7% | loss 3.2104 | ...".
-std::string format_progress_status(const ProgressLine & p);
+// The in-place status line: "step 10/600 [#-------------------] 1.7% | loss 3.2104 | 10601 tok/s |
+// ETA 0:01:40 | mem 13.13 MiB/98.30 MiB/23.06 GiB" (live/peak/budget); bar=false leaves out the bar.
+std::string format_progress_status(const ProgressLine & p, bool bar = true);
 // Seconds as h:mm:ss ("0:01:40"); "-:--:--" when negative or not finite.
 std::string format_eta(double seconds);
 
@@ -53,10 +54,11 @@ public:
 private:
     void draw_status();
     void write(const std::string & s);
+    int  terminal_width() const;         // columns; 0 when unknown
+
 
     ProgressMode mode_;
     std::FILE *  out_;
-    int          width_ = 0;             // terminal columns; 0: unknown, no truncation
     bool         line_open_ = false;     // a status line is on screen without a newline
     bool         pending_ = false;       // last_ was not drawn (rate-limited)
     bool         have_last_ = false;

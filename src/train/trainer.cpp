@@ -19,10 +19,14 @@
 #include "core/units.h"
 #include "memory/budget.h"
 #include "report/memory_report.h"
+#include "report/progress.h"
 #include "tokenizer/tokenizer.h"
 #include "train/data_loader.h"
 #include "train/engine.h"
 #include "train/prepare.h"
+#include "train/report.h"
+#include "report/chrome_trace.h"
+#include "report/html_report.h"
 #include "train/schedule.h"
 
 namespace memfit {
@@ -41,7 +45,7 @@ DataSource resolve_data(const std::string & folder, const std::string & tokenize
             p.out_dir = dir;
             p.tokenizer = tok;
             const PreparedData d = prepare_dataset(p);
-            std::printf("prepared %s: %llu train + %llu validation tokens (%s)\n", dir.c_str(), (unsigned long long) d.train_tokens,
+            std::fprintf(stderr, "prepared %s: %llu train + %llu validation tokens (%s)\n", dir.c_str(), (unsigned long long) d.train_tokens,
                         (unsigned long long) d.val_tokens, tok.c_str());
         }
     }
@@ -104,11 +108,34 @@ nlohmann::json bytes_json(const CategoryBytes & b) {
     return j;
 }
 
+ProgressMode progress_mode(const std::string & m) {
+    if (m == "tty") return ProgressMode::tty;
+    if (m == "plain") return ProgressMode::plain;
+    if (m == "json") return ProgressMode::json;
+    if (m == "quiet") return ProgressMode::quiet;
+    if (m == "auto") return ProgressMode::auto_detect;
+    throw ConfigError(fmt::format("--progress {}: expected auto, tty, plain, json or quiet", m));
+}
+
 }  // namespace
 
 void run_training(const TrainOptions & opt) {
     if (opt.steps < 1) throw ConfigError(fmt::format("--steps {}: must be at least 1", opt.steps));
+    Progress progress(progress_mode(opt.progress));
+    // Everything but the status line goes through the progress display, so a terminal's live
+    // line stays intact, --json keeps stdout JSON Lines and --quiet keeps it empty.
+    auto say = [&](const std::string & text) {
+        size_t start = 0;
+        while (start < text.size()) {
+            size_t end = text.find('\n', start);
+            if (end == std::string::npos) end = text.size();
+            progress.message(text.substr(start, end - start));
+            start = end + 1;
+        }
+    };
     if (opt.threads > 0) omp_set_num_threads(opt.threads);
+    // Validate every flag before doing any work.
+    const uint64_t budget_flag = opt.memory_budget.empty() ? 0 : parse_bytes(opt.memory_budget);
     ModelConfig cfg = resolve_model(opt.model);
     const DataSource data = resolve_data(opt.data, opt.tokenizer, cfg.vocab_size);
     if (cfg.vocab_size == 0) cfg.vocab_size = data.vocab_size;
@@ -122,26 +149,27 @@ void run_training(const TrainOptions & opt) {
     EngineOptions eo;
     eo.B = opt.batch;
     eo.T = opt.seq;
-    eo.with_eval = !data.val_path.empty();
+    eo.with_eval = !data.val_path.empty() && !opt.profile;
     eo.checking = opt.check_lifetimes;
     // Without --memory-budget the plan must still fit the memory this process can have.
-    eo.budget = opt.memory_budget.empty() ? available_memory() : parse_bytes(opt.memory_budget);
+    eo.budget = budget_flag ? budget_flag : available_memory();
     DataLoader train_data(data.train_path, opt.batch, opt.seq, opt.seed);
     std::unique_ptr<DataLoader> val_data;
     if (eo.with_eval) val_data = std::make_unique<DataLoader>(data.val_path, opt.batch, opt.seq, opt.seed + 1);
 
-    std::printf("memfit train: model %s (%d layers, %d channels, %d heads, vocab %d, %.2fM parameters)\n",
-                cfg.name.c_str(), cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab_size, double(cfg.num_params()) / 1e6);
-    std::printf("  data %s (%s), batch %d x seq %d = %d tokens/step, %d steps, %d threads\n", data.train_path.c_str(),
-                data.tokenizer.c_str(), opt.batch, opt.seq, opt.batch * opt.seq, opt.steps, omp_get_max_threads());
+    say(fmt::format("memfit {}: model {} ({} layers, {} channels, {} heads, vocab {}, {:.2f}M parameters)",
+                    opt.profile ? "profile" : "train", cfg.name, cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab_size,
+                    double(cfg.num_params()) / 1e6));
+    say(fmt::format("  data {} ({}), batch {} x seq {} = {} tokens/step, {} steps, {} threads", data.train_path,
+                    data.tokenizer, opt.batch, opt.seq, opt.batch * opt.seq, opt.steps, omp_get_max_threads()));
     Engine engine(cfg, backend, eo);
     const CategoryBytes plan_live = engine.planned_peak_live(), plan_rsv = engine.planned_reserved();
-    std::printf("memory plan (%d ops, fp32, peak at op %d '%s'):\n%s", engine.step().program().num_ops(),
-                engine.plan().peak_op, engine.step().program().ops()[size_t(engine.plan().peak_op)].name,
-                format_plan_table(plan_live, plan_rsv).c_str());
+    say(fmt::format("memory plan ({} ops, fp32, peak at op {} '{}'):\n{}", engine.step().program().num_ops(),
+                    engine.plan().peak_op, engine.step().program().ops()[size_t(engine.plan().peak_op)].name,
+                    format_plan_table(plan_live, plan_rsv)));
     if (eo.budget)
-        std::printf("  budget %s (%s): fits\n", format_bytes(eo.budget).c_str(),
-                    opt.memory_budget.empty() ? "available memory" : "--memory-budget");
+        say(fmt::format("  budget {} ({}): fits", format_bytes(eo.budget),
+                        opt.memory_budget.empty() ? "available memory" : "--memory-budget"));
     engine.init_params(opt.seed);
 
     fs::create_directories(opt.out);
@@ -164,13 +192,19 @@ void run_training(const TrainOptions & opt) {
     long long total_tokens = 0;
     float last_loss = 0, last_val = NAN;
     std::vector<double> step_ms;
+    Timeline timeline;   // the last step, op by op, for the report
+    std::vector<CurvePoint> loss_curve, val_curve, tps_curve;
     const auto t_start = Clock::now();
     for (int step = 1; step <= opt.steps; ++step) {
         train_data.next(in.data(), tg.data());
         AdamWHyper h{sched.at(step), opt.beta1, opt.beta2, opt.eps, opt.weight_decay, step};
+        if (step == opt.steps) engine.set_timeline(&timeline);
         const auto t0 = Clock::now();
         const StepResult r = engine.train_step(in.data(), tg.data(), h);
         const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+        engine.set_timeline(nullptr);
+        loss_curve.push_back({step, r.loss});
+        tps_curve.push_back({step, double(BT) / dt});
         if (!std::isfinite(r.loss))
             throw Error(fmt::format("loss became {} at step {}; hint: lower --lr (now {})", r.loss, step, opt.lr));
         total_time += dt;
@@ -178,16 +212,28 @@ void run_training(const TrainOptions & opt) {
         step_ms.push_back(dt * 1e3);
         last_loss = r.loss;
         const bool do_eval = eo.with_eval && ((opt.eval_every > 0 && step % opt.eval_every == 0) || step == opt.steps);
-        if (do_eval) last_val = evaluate();
-        if (step % opt.log_every == 0 || step == 1 || step == opt.steps || do_eval) {
+        if (do_eval) {
+            last_val = evaluate();
+            val_curve.push_back({step, last_val});
+        }
+        const auto & L = engine.ledger();
+        const bool log_point = step % opt.log_every == 0 || step == 1 || step == opt.steps || do_eval;
+        ProgressLine pl;
+        pl.step = step;
+        pl.total_steps = opt.steps;
+        pl.loss = r.loss;
+        pl.val_loss = do_eval ? double(last_val) : NAN;
+        pl.lr = h.lr;
+        pl.grad_norm = r.grad_norm;
+        pl.tokens_per_s = double(BT) / dt;
+        pl.ms_per_step = dt * 1e3;
+        pl.eta_s = total_time / step * (opt.steps - step);
+        pl.live = L.live_total();
+        pl.peak = L.live_total_peak();
+        pl.budget = eo.budget;
+        progress.update(pl, log_point);
+        if (log_point) {
             const double tps = double(BT) / dt;
-            const auto & L = engine.ledger();
-            std::string val = do_eval ? fmt::format(" | val {:.4f}", last_val) : "";
-            std::printf("step %5d/%d | loss %.4f%s | lr %.2e | norm %.3f | %8.0f tok/s | %7.1f ms | mem %s live / %s peak%s\n",
-                        step, opt.steps, r.loss, val.c_str(), h.lr, r.grad_norm, tps, dt * 1e3,
-                        format_bytes(L.live_total()).c_str(), format_bytes(L.live_total_peak()).c_str(),
-                        (" / " + format_bytes(eo.budget) + " budget").c_str());
-            std::fflush(stdout);
             nlohmann::json m = {{"step", step}, {"loss", r.loss}, {"lr", h.lr}, {"grad_norm", r.grad_norm},
                                 {"tokens_per_s", tps}, {"ms", dt * 1e3}, {"live_bytes", L.live_total()},
                                 {"peak_bytes", L.live_total_peak()}};
@@ -197,18 +243,18 @@ void run_training(const TrainOptions & opt) {
         }
     }
     std::fclose(metrics);
+    progress.finish();
     const double wall = std::chrono::duration<double>(Clock::now() - t_start).count();
 
     const Ledger & L = engine.ledger();
     const uint64_t rss = peak_rss_bytes();
     const double tps = double(total_tokens) / total_time;
-    std::printf("\nmemory: planned vs measured (measured = bytes the engine acquired and obtained while running)\n%s",
-                format_plan_vs_measured(plan_live, L.live_peak(), plan_rsv, L.reserved_peak()).c_str());
-    std::printf("  peak RSS %s (planned reserved %s + code, libraries, data loader)\n", format_bytes(rss).c_str(),
-                format_bytes(plan_rsv.total()).c_str());
-    std::printf("done: %d steps in %.1f s, %.0f tokens/s, final loss %.4f", opt.steps, wall, tps, last_loss);
-    if (!std::isnan(last_val)) std::printf(", validation loss %.4f", last_val);
-    std::printf("\n");
+    say(fmt::format("memory: planned vs measured (measured = bytes the engine acquired and obtained while running)\n{}",
+                    format_plan_vs_measured(plan_live, L.live_peak(), plan_rsv, L.reserved_peak())));
+    say(fmt::format("  peak RSS {} (planned reserved {} + code, libraries, data loader)", format_bytes(rss),
+                    format_bytes(plan_rsv.total())));
+    say(fmt::format("done: {} steps in {:.1f} s, {:.0f} tokens/s, final loss {:.4f}{}", opt.steps, wall, tps, last_loss,
+                    std::isnan(last_val) ? std::string() : fmt::format(", validation loss {:.4f}", last_val)));
 
     nlohmann::json summary = {
         {"config", {{"model", cfg.name}, {"n_layer", cfg.n_layer}, {"n_embd", cfg.n_embd}, {"n_head", cfg.n_head},
@@ -225,19 +271,36 @@ void run_training(const TrainOptions & opt) {
         {"wall_s", wall}};
     if (!std::isnan(last_val)) summary["final_val_loss"] = last_val;
 
-    if (opt.sample_tokens > 0 && !data.tokenizer.empty()) {
+    // The memory report of the last step (and the training curves).
+    nlohmann::json flat = summary["config"];
+    flat["tokens_per_s"] = std::round(tps);
+    const std::string title = fmt::format("memfit {}: {}, batch {} x seq {}", opt.profile ? "profile" : "train",
+                                          cfg.name, opt.batch, opt.seq);
+    ReportData rep = build_report(engine, timeline, title, flat, eo.budget);
+    if (!opt.profile) {
+        rep.loss = loss_curve;
+        rep.val_loss = val_curve;
+        rep.tokens_per_s = tps_curve;
+    }
+    const std::string html_path = (fs::path(opt.out) / "report.html").string();
+    const std::string trace_path = (fs::path(opt.out) / "trace.json").string();
+    write_html_report(html_path, rep);
+    write_chrome_trace(trace_path, rep);
+    for (const auto & hnt : rep.hints) say("  hint: " + hnt);
+
+    if (opt.sample_tokens > 0 && !data.tokenizer.empty() && !opt.profile) {
         auto tok = make_tokenizer(data.tokenizer, data_dir());
         std::vector<int32_t> prompt = tok->encode("\n");
         const auto ids = sample_text(engine, prompt, opt.sample_tokens, 0.8f, opt.seed);
         const std::string text = tok->decode(ids);
-        std::printf("\nsample (temperature 0.8):\n%s\n", text.c_str());
+        say("sample (temperature 0.8):\n" + text);
         summary["sample"] = text;
     }
     const std::string summary_path = (fs::path(opt.out) / "summary.json").string();
     std::ofstream so(summary_path);
     so << summary.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     if (!so) throw IoError(fmt::format("{}: cannot write summary", summary_path));
-    std::printf("wrote %s and %s\n", metrics_path.c_str(), summary_path.c_str());
+    say(fmt::format("wrote {}, {}, {} and {}", html_path, trace_path, metrics_path, summary_path));
 }
 
 }  // namespace memfit

@@ -27,6 +27,8 @@ struct TrainOptions {
     std::string memory_budget;     // "": the memory available to the process
     int      sample_tokens = 400;  // text sample at the end (0: none)
     bool     check_lifetimes = false;
+    bool     profile = false;      // `memfit profile`: no evaluation, no sample; the report is the point
+    std::string progress = "auto"; // auto | tty | plain | json | quiet
 };
 
 // Runs a whole training job; throws memfit::Error on expected failures.
