@@ -16,7 +16,7 @@ PKGS=(
   libpcre2-dev           # GPT-2 pre-tokenisation regex (Unicode classes)
 )
 if [ "${1:-}" = "--test" ]; then
-  PKGS+=(chromium)       # headless rendering of report.html in the tests
+  PKGS+=(chromium fonts-dejavu-core)   # headless rendering of report.html in the tests
 fi
 missing=()
 for p in "${PKGS[@]}"; do
