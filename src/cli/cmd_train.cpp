@@ -86,6 +86,8 @@ void add_train_commands(CLI::App & app) {
         ->check(CLI::PositiveNumber);
     bench->add_option("--warmup", b.warmup, "untimed steps first")->capture_default_str()
         ->check(CLI::NonNegativeNumber);
+    bench->add_flag("--timeline", b.timeline,
+                    "also time steps that record the op timeline (interleaved) and report the overhead");
     bench->callback([] { std::printf("%s\n", run_bench(b).dump().c_str()); });
 
     static std::string fixture;

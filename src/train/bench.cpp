@@ -10,6 +10,7 @@
 #include "core/units.h"
 #include "memory/budget.h"
 #include "report/memory_report.h"
+#include "memory/timeline.h"
 #include "train/engine.h"
 
 namespace memfit {
@@ -38,15 +39,28 @@ nlohmann::json run_bench(const BenchOptions & opt) {
     std::mt19937_64 rng(opt.seed);
     std::uniform_int_distribution<int32_t> tok(0, cfg.vocab_size - 1);
     std::vector<int32_t> in(BT), tg(BT);
-    std::vector<double> ms;
+    std::vector<double> ms, ms_timeline;
     AdamWHyper h;
-    for (int i = 0; i < opt.warmup + opt.steps; ++i) {
+    Timeline tl;
+    auto timed_step = [&] {
         for (size_t k = 0; k < BT; ++k) { in[k] = tok(rng); tg[k] = tok(rng); }
         const auto t0 = std::chrono::steady_clock::now();
         engine.train_step(in.data(), tg.data(), h);
-        const double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    };
+    for (int i = 0; i < opt.warmup + opt.steps; ++i) {
+        const double dt = timed_step();
         if (i >= opt.warmup) ms.push_back(dt);
+        if (opt.timeline && i >= opt.warmup) {   // interleaved, so drift hits both alike
+            engine.set_timeline(&tl);
+            ms_timeline.push_back(timed_step());
+            engine.set_timeline(nullptr);
+        }
     }
+    auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+    };
     std::sort(ms.begin(), ms.end());
     const double med = ms[ms.size() / 2];
     const double tps = double(BT) / (med / 1e3);
@@ -63,6 +77,10 @@ nlohmann::json run_bench(const BenchOptions & opt) {
         {"planned_reserved_bytes", engine.planned_reserved().total()},
         {"measured_peak_bytes", engine.ledger().live_total_peak()},
         {"peak_rss_bytes", peak_rss_bytes()}};
+    if (opt.timeline) {
+        j["ms_per_step_with_timeline"] = median(ms_timeline);
+        j["timeline_overhead"] = median(ms_timeline) / med - 1.0;
+    }
     return j;
 }
 

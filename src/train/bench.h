@@ -17,6 +17,7 @@ struct BenchOptions {
     uint64_t seed = 1337;
     std::string memory_budget;
     bool probe = true;      // measure the matmul peak for MFU
+    bool timeline = false;  // also time steps that record the op timeline (alternating) and report the overhead
 };
 
 // Model FLOPs per token: 6N + 12*L*H*Q*T (N excludes the position embeddings, which do no
