@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -149,4 +150,40 @@ TEST(Cli, VerifyFixture) {
     ASSERT_EQ(r.code, 0) << r.err;
     nlohmann::json j = nlohmann::json::parse(r.out);
     EXPECT_TRUE(j["ok"].get<bool>());
+}
+
+TEST(Cli, TokenizeStdin) {
+    const fs::path text = scratch("hello.txt");
+    std::ofstream(text) << "Hello world";
+    const CmdResult r = run_memfit("tokenize --tokenizer gpt2 < " + text.string());
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out), nlohmann::json::parse("[15496,995]"));
+    const CmdResult b = run_memfit("tokenize --tokenizer bytes < " + text.string());
+    ASSERT_EQ(b.code, 0) << b.err;
+    EXPECT_EQ(nlohmann::json::parse(b.out), nlohmann::json::parse("[72,101,108,108,111,32,119,111,114,108,100]"));
+}
+
+TEST(Cli, ProfileWritesReportAndTrace) {
+    const fs::path text = small_text("profile.txt");
+    const fs::path data = scratch("pdata"), out = scratch("prof");
+    ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    const CmdResult r = run_memfit("profile --model nano --data " + data.string() + " --batch 2 --seq 32 --steps 2 "
+                                   "--json --out " + out.string());
+    ASSERT_EQ(r.code, 0) << r.err;
+    // --json: every stdout line is a JSON object.
+    std::istringstream lines(r.out);
+    std::string line;
+    int status_lines = 0;
+    while (std::getline(lines, line)) {
+        const auto j = nlohmann::json::parse(line);
+        if (j.contains("step")) ++status_lines;
+    }
+    EXPECT_EQ(status_lines, 2);
+    std::ifstream html(out / "report.html");
+    const std::string page((std::istreambuf_iterator<char>(html)), std::istreambuf_iterator<char>());
+    EXPECT_NE(page.find("<svg"), std::string::npos);
+    EXPECT_NE(page.find("data-peak-total"), std::string::npos);
+    const auto trace = nlohmann::json::parse(std::ifstream(out / "trace.json"));
+    EXPECT_TRUE(trace["traceEvents"].is_array());
+    EXPECT_GT(trace["traceEvents"].size(), 10u);
 }
