@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
-bash scripts/build.sh
+MEMFIT_BUILD_TARGET=memfit bash scripts/build.sh
 exec ./build/memfit train "$@"

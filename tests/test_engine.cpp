@@ -37,7 +37,7 @@ void random_batch(std::vector<int32_t> & in, std::vector<int32_t> & tg, int V, u
 
 }  // namespace
 
-struct PlanCase { int V, C, L, NH, B, T; };
+struct PlanCase { int V, C, L, NH, B, T, chunk = 0; };
 
 class PlannedEqualsMeasured : public ::testing::TestWithParam<PlanCase> {};
 
@@ -47,6 +47,7 @@ TEST_P(PlannedEqualsMeasured, PerCategoryByteForByte) {
     EngineOptions eo;
     eo.B = pc.B;
     eo.T = pc.T;
+    eo.loss_chunk = pc.chunk;
     Engine e(small_config(pc.V, pc.C, pc.L, pc.NH), backend, eo);
     e.init_params(1);
     std::vector<int32_t> in(static_cast<size_t>(pc.B * pc.T)), tg(in.size());
@@ -76,7 +77,14 @@ TEST_P(PlannedEqualsMeasured, PerCategoryByteForByte) {
 
 INSTANTIATE_TEST_SUITE_P(Configs, PlannedEqualsMeasured,
                          ::testing::Values(PlanCase{256, 64, 2, 4, 4, 32}, PlanCase{101, 48, 1, 3, 2, 13},
-                                           PlanCase{512, 128, 3, 4, 2, 64}, PlanCase{1000, 32, 2, 2, 8, 16}));
+                                           PlanCase{512, 128, 3, 4, 2, 64}, PlanCase{1000, 32, 2, 2, 8, 16},
+                                           PlanCase{1000, 32, 2, 2, 8, 16, 24}, PlanCase{101, 48, 1, 3, 2, 13, 5}),
+                         [](const ::testing::TestParamInfo<PlanCase> & i) {
+                             const PlanCase & c = i.param;
+                             return "V" + std::to_string(c.V) + "_C" + std::to_string(c.C) + "_L" +
+                                    std::to_string(c.L) + "_B" + std::to_string(c.B) + "_T" + std::to_string(c.T) +
+                                    "_chunk" + std::to_string(c.chunk);
+                         });
 
 TEST(Engine, ActivationsGrowWithBatchAndQuadraticallyWithSeq) {
     CpuBackend backend;
@@ -200,4 +208,33 @@ TEST(Engine, TimelineRecordsEveryOpWithLedgerBytes) {
     e.train_step(in.data(), tg.data(), AdamWHyper{});
     EXPECT_EQ(int(tl.events.size()), p.num_ops());
     e.set_timeline(nullptr);
+}
+
+TEST(Engine, ChunkedLossMatchesTheWholeBatchAndStoresLess) {
+    CpuBackend backend;
+    const ModelConfig cfg = small_config(500, 32, 2, 2);
+    std::vector<float> params[2];
+    float losses[2] = {0, 0}, evals[2] = {0, 0};
+    uint64_t act_peak[2] = {0, 0};
+    for (int k = 0; k < 2; ++k) {
+        EngineOptions eo;
+        eo.B = 4;
+        eo.T = 16;
+        eo.loss_chunk = k == 0 ? 0 : 7;   // 64 rows: 9 full chunks and a remainder of 1
+        Engine e(cfg, backend, eo);
+        e.init_params(11);
+        std::vector<int32_t> in(64), tg(64);
+        for (int s = 0; s < 3; ++s) {
+            random_batch(in, tg, 500, uint64_t(s));
+            losses[k] = e.train_step(in.data(), tg.data(), AdamWHyper{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1}).loss;
+        }
+        evals[k] = e.eval_loss(in.data(), tg.data());
+        params[k].assign(e.params(), e.params() + e.step().layout().total);
+        act_peak[k] = e.plan().peak_live[Category::activations];
+    }
+    EXPECT_NEAR(losses[1], losses[0], 1e-5 * std::fabs(losses[0]));
+    EXPECT_NEAR(evals[1], evals[0], 1e-5 * std::fabs(evals[0]));
+    EXPECT_LT(relative_error(params[1].data(), params[0].data(), params[0].size()), 1e-5);
+    // The whole logits are 64 x 500 floats; chunks hold 7 x 500.
+    EXPECT_LE(act_peak[1] + (64 - 7) * 500 * 4 - 64 * 32 * 4, act_peak[0]);
 }

@@ -23,6 +23,9 @@ void add_shape_flags(CLI::App * c, Opt & o) {
     c->add_option("--seq", o.seq, "tokens per sequence")->capture_default_str()->check(CLI::PositiveNumber);
     c->add_option("--threads", o.threads, "CPU threads (0: all cores)")->check(CLI::NonNegativeNumber);
     c->add_option("--seed", o.seed, "random seed")->capture_default_str();
+    c->add_option("--loss-chunk", o.loss_chunk,
+                  "tokens per LM-head + cross-entropy chunk: the B*T*V logits are never stored whole (0: unchunked)")
+        ->capture_default_str()->check(CLI::NonNegativeNumber);
     c->add_option("--memory-budget", o.memory_budget,
                   "refuse to start unless the plan fits in this many bytes (e.g. 512MiB, 2GiB; default: the memory available)");
 }

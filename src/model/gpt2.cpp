@@ -1,5 +1,7 @@
 #include "model/gpt2.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace memfit {
@@ -28,8 +30,9 @@ Gpt2Weights gpt2_weights(const ModelConfig & cfg, const ParamLayout & layout, Bu
     return w;
 }
 
-Gpt2::Gpt2(const ModelConfig & cfg, int B, int T, Program & program, bool with_backward, bool keep_logits)
+Gpt2::Gpt2(const ModelConfig & cfg, int B, int T, Program & program, const Gpt2Options & opt)
     : cfg_(cfg), B_(B), T_(T) {
+    const bool with_backward = opt.with_backward;
     const int64_t b = B, t = T, C = cfg.n_embd, NH = cfg.n_head, V = cfg.vocab_size;
     auto act = [&](const std::string & name, std::initializer_list<int64_t> dims) {
         int64_t n = 1;
@@ -69,9 +72,14 @@ Gpt2::Gpt2(const ModelConfig & cfg, int B, int T, Program & program, bool with_b
     lnf_ = act("ln_f.out", {b, t, C});
     lnf_mean_ = act("ln_f.mean", {b, t});
     lnf_rstd_ = act("ln_f.rstd", {b, t});
-    logits_ = keep_logits ? Tensor(program.declare("logits", Category::activations, size_t(b * t * V) * 4, true),
-                                   DType::f32, {b, t, V})
-                          : act("logits", {b, t, V});
+    chunk_rows_ = opt.loss_chunk > 0 && opt.loss_chunk < b * t && !opt.keep_logits ? opt.loss_chunk : int(b * t);
+    if (opt.keep_logits)
+        logits_ = Tensor(program.declare("logits", Category::activations, size_t(b * t * V) * 4, true), DType::f32,
+                         {b, t, V});
+    else if (chunk_rows_ < b * t)
+        logits_ = act("logits.chunk", {int64_t(chunk_rows_), V});
+    else
+        logits_ = act("logits", {b, t, V});
     if (with_backward) {
         dlnf_ = act("ln_f.out.grad", {b, t, C});
         dres_ = act("residual.grad", {b, t, C});
@@ -104,15 +112,39 @@ void Gpt2::forward(Graph & g, const Gpt2Weights & w, Tensor tokens) const {
     }
     g.layer(-1);
     g.layernorm_fwd(lnf_, lnf_mean_, lnf_rstd_, x, w.lnfw, w.lnfb, eps);
+}
+
+void Gpt2::head_logits(Graph & g, const Gpt2Weights & w) const {
+    MF_ASSERT(chunk_rows_ == B_ * T_);
+    g.phase(Phase::forward);
+    g.layer(-1);
     g.matmul_fwd(logits_, lnf_, w.wte, Tensor{}, WeightLayout::out_in);
+}
+
+void Gpt2::head_loss(Graph & g, const Gpt2Weights & w, const Gpt2Weights * dw, Tensor targets, Tensor losses,
+                     float dloss) const {
+    const int64_t N = int64_t(B_) * T_, C = cfg_.n_embd, V = cfg_.vocab_size;
+    g.layer(-1);
+    for (int64_t r0 = 0; r0 < N; r0 += chunk_rows_) {
+        const int64_t n = std::min<int64_t>(chunk_rows_, N - r0);
+        const Tensor x = lnf_.view(r0 * C, {n, C});
+        const Tensor logits = logits_.view(0, {n, V});
+        const Tensor tgt = targets.view(r0, {n});
+        g.phase(Phase::forward);
+        g.matmul_fwd(logits, x, w.wte, Tensor{}, WeightLayout::out_in);
+        g.xent_fwd(losses.view(r0, {n}), logits, tgt);
+        if (!dw) continue;
+        g.phase(Phase::backward);
+        g.xent_bwd(logits, tgt, dloss);
+        g.matmul_bwd(dlnf_.view(r0 * C, {n, C}), dw->wte, Tensor{}, logits, x, w.wte, WeightLayout::out_in);
+    }
 }
 
 void Gpt2::backward(Graph & g, const Gpt2Weights & w, const Gpt2Weights & dw, Tensor tokens) const {
     const int NH = cfg_.n_head;
     g.phase(Phase::backward);
     g.layer(-1);
-    // logits now hold dlogits.
-    g.matmul_bwd(dlnf_, dw.wte, Tensor{}, logits_, lnf_, w.wte, WeightLayout::out_in);
+    // head_loss left d(ln_f output) in dlnf_.
     g.fill_zero(dres_);
     const Tensor x_last = cfg_.n_layer > 0 ? layers_.back().res3 : encoded_;
     g.layernorm_bwd(dres_, dw.lnfw, dw.lnfb, dlnf_, x_last, w.lnfw, lnf_mean_, lnf_rstd_);

@@ -23,16 +23,28 @@ struct Gpt2Weights {
 };
 Gpt2Weights gpt2_weights(const ModelConfig & cfg, const ParamLayout & layout, BufferId flat);
 
+struct Gpt2Options {
+    bool with_backward = false;  // declare the backward pass's gradient buffers
+    bool keep_logits = false;    // logits persistent, so the host can read them after the step
+    int  loss_chunk = 0;         // rows (tokens) per LM-head + loss chunk; 0: the whole batch at once
+};
+
 class Gpt2 {
 public:
-    // Declares activation buffers for batch B, sequence T; with_backward adds the gradient
-    // buffers of the backward pass; keep_logits makes the logits buffer persistent so the host
-    // can read it after the step.
-    Gpt2(const ModelConfig & cfg, int B, int T, Program & program, bool with_backward, bool keep_logits = false);
+    // Declares the activation buffers for batch B, sequence T.
+    Gpt2(const ModelConfig & cfg, int B, int T, Program & program, const Gpt2Options & opt);
 
-    // tokens [B,T] i32 -> logits [B,T,V] (the `logits` buffer).
+    // tokens [B,T] i32 -> the final layer norm's output (the blocks and ln_f).
     void forward(Graph & g, const Gpt2Weights & w, Tensor tokens) const;
-    // Expects dlogits in the logits buffer; accumulates parameter gradients into dw.
+    // The LM head, for the whole batch: logits [B,T,V] into the `logits` buffer.
+    void head_logits(Graph & g, const Gpt2Weights & w) const;
+    // The LM head and the cross-entropy (losses [B,T]); with dw, also their backward (dlogits
+    // scaled by dloss, dwte accumulated, d(ln_f output) written). Chunked by loss_chunk rows, so
+    // that with chunks the B*T*V logits never exist whole: each chunk's logits are turned into
+    // gradients and consumed before the next chunk's are computed.
+    void head_loss(Graph & g, const Gpt2Weights & w, const Gpt2Weights * dw, Tensor targets, Tensor losses,
+                   float dloss) const;
+    // The blocks' backward, after head_loss with dw; accumulates parameter gradients into dw.
     void backward(Graph & g, const Gpt2Weights & w, const Gpt2Weights & dw, Tensor tokens) const;
 
     Tensor logits() const { return logits_; }
@@ -46,6 +58,7 @@ private:
     };
     ModelConfig cfg_;
     int B_, T_;
+    int chunk_rows_ = 0;   // rows per head chunk (B*T when unchunked)
     Tensor encoded_, lnf_, lnf_mean_, lnf_rstd_, logits_;
     Tensor dres_, dlnf_;
     std::vector<LayerActs> layers_;

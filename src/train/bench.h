@@ -17,6 +17,7 @@ struct BenchOptions {
     uint64_t seed = 1337;
     std::string memory_budget;
     bool probe = true;      // measure the matmul peak for MFU
+    int loss_chunk = 0;     // tokens per LM-head + loss chunk (0: all at once)
     bool timeline = false;  // also time steps that record the op timeline (alternating) and report the overhead
 };
 

@@ -12,10 +12,10 @@ namespace memfit {
 
 Engine::Engine(const ModelConfig & cfg, Backend & backend, const EngineOptions & opt)
     : cfg_(cfg), backend_(backend), opt_(opt) {
-    train_ = std::make_unique<TrainStep>(cfg, opt.B, opt.T, StepMode::train, &backend);
+    train_ = std::make_unique<TrainStep>(cfg, opt.B, opt.T, StepMode::train, &backend, opt.loss_chunk);
     train_plan_ = plan_memory(train_->program());
     if (opt.with_eval) {
-        eval_ = std::make_unique<TrainStep>(cfg, opt.B, opt.T, StepMode::eval, &backend);
+        eval_ = std::make_unique<TrainStep>(cfg, opt.B, opt.T, StepMode::eval, &backend, opt.loss_chunk);
         eval_plan_ = plan_memory(eval_->program());
     }
     if (opt.budget > 0)

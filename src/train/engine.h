@@ -21,6 +21,7 @@ struct EngineOptions {
     bool     with_eval = true;       // also build the forward+loss program for validation
     bool     checking = false;       // own allocation per buffer, poisoned after last use
     uint64_t budget = 0;             // bytes; 0 = no budget check
+    int      loss_chunk = 0;         // tokens per LM-head + loss chunk; 0 = the whole batch at once
 };
 
 struct StepResult {

@@ -6,7 +6,7 @@
 
 namespace memfit {
 
-TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const Backend * sizing)
+TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const Backend * sizing, int loss_chunk)
     : cfg_(cfg), layout_(gpt2_param_layout(cfg)), mode_(mode), B_(B), T_(T) {
     if (B < 1 || T < 1) throw ConfigError(fmt::format("batch = {}, seq = {}: both must be at least 1", B, T));
     if (T > cfg.max_seq)
@@ -23,7 +23,8 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     losses = program_.declare("batch.losses", Category::activations, BT * 4, true);
     grad_norm_sq = train ? program_.declare("grad_norm_sq", Category::activations, 4, true) : -1;
     workspace_ = program_.declare("workspace", Category::workspace, 0);
-    model_ = std::make_unique<Gpt2>(cfg_, B, T, program_, train, mode == StepMode::logits);
+    model_ = std::make_unique<Gpt2>(cfg_, B, T, program_,
+                                    Gpt2Options{train, mode == StepMode::logits, mode == StepMode::logits ? 0 : loss_chunk});
     w_ = gpt2_weights(cfg_, layout_, params);
     if (train) dw_ = gpt2_weights(cfg_, layout_, grads);
 
@@ -42,11 +43,13 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
         g.fill_zero(Tensor(grads, DType::f32, {P}));
     }
     model_->forward(g, w_, tok);
-    if (mode_ == StepMode::logits) return;
-    g.xent_fwd(loss, model_->logits(), tgt);
+    if (mode_ == StepMode::logits) {
+        model_->head_logits(g, w_);
+        return;
+    }
+    model_->head_loss(g, w_, mode_ == StepMode::train ? &dw_ : nullptr, tgt.view(0, {b * t}), loss.view(0, {b * t}),
+                      s.dloss);
     if (mode_ == StepMode::eval) return;
-    g.phase(Phase::backward);
-    g.xent_bwd(model_->logits(), tgt, s.dloss);
     model_->backward(g, w_, dw_, tok);
 
     g.phase(Phase::optimizer);

@@ -28,7 +28,8 @@ struct StepScalars {
 class TrainStep {
 public:
     // `sizing` answers library-scratch queries while recording (the backend that will run it).
-    TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const Backend * sizing);
+    // loss_chunk: tokens per LM-head + cross-entropy chunk (0: all at once; see Gpt2::head_loss).
+    TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const Backend * sizing, int loss_chunk = 0);
 
     void run(Graph & g, const StepScalars & s) const;
 

@@ -151,6 +151,7 @@ void run_training(const TrainOptions & opt) {
     eo.T = opt.seq;
     eo.with_eval = !data.val_path.empty() && !opt.profile;
     eo.checking = opt.check_lifetimes;
+    eo.loss_chunk = opt.loss_chunk;
     // Without --memory-budget the plan must still fit the memory this process can have.
     eo.budget = budget_flag ? budget_flag : available_memory();
     DataLoader train_data(data.train_path, opt.batch, opt.seq, opt.seed);
@@ -249,6 +250,8 @@ void run_training(const TrainOptions & opt) {
     const Ledger & L = engine.ledger();
     const uint64_t rss = peak_rss_bytes();
     const double tps = double(total_tokens) / total_time;
+    if (opt.check_lifetimes)
+        say("  (--check-lifetimes: every buffer had its own allocation, so reserved bytes are not the plan's regions)");
     say(fmt::format("memory: planned vs measured (measured = bytes the engine acquired and obtained while running)\n{}",
                     format_plan_vs_measured(plan_live, L.live_peak(), plan_rsv, L.reserved_peak())));
     say(fmt::format("  peak RSS {} (planned reserved {} + code, libraries, data loader)", format_bytes(rss),

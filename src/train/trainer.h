@@ -27,6 +27,7 @@ struct TrainOptions {
     std::string memory_budget;     // "": the memory available to the process
     int      sample_tokens = 400;  // text sample at the end (0: none)
     bool     check_lifetimes = false;
+    int      loss_chunk = 0;       // tokens per LM-head + loss chunk (0: all at once)
     bool     profile = false;      // `memfit profile`: no evaluation, no sample; the report is the point
     std::string progress = "auto"; // auto | tty | plain | json | quiet
 };

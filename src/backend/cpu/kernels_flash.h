@@ -1,0 +1,31 @@
+// CPU kernels: memory-efficient (FlashAttention-style) causal multi-head attention.
+// Same qkv layout, scale and results (to fp32 rounding) as attention_forward/attention_backward
+// in kernels.h, but the T x T attention matrix is never stored: the forward keeps an online
+// softmax per query and saves only the log-sum-exp of each query's scores; the backward
+// recomputes the probabilities tile by tile from q, k and that log-sum-exp.
+// Deterministic for any thread count: every output element is computed by one task, in a fixed
+// order that does not depend on how tasks are split among threads.
+#pragma once
+
+#include <cstddef>
+
+namespace memfit::cpu {
+
+// Tiled causal attention with an online softmax: never stores the T x T scores.
+// qkv [B,T,3C] as for attention_forward; out [B,T,C] written; lse [B,NH,T] receives the
+// log-sum-exp of each query's scaled scores (saved for backward).
+void flash_attention_forward(float * out, float * lse, const float * qkv, int B, int T, int C, int NH);
+
+// dqkv [B,T,3C] written (not accumulated). Recomputes scores tile by tile from q, k and lse.
+// out is the forward's out. scratch: flash_attention_scratch_floats(B, T, C, NH) floats.
+void flash_attention_backward(float * dqkv, float * scratch, const float * dout, const float * out,
+                              const float * qkv, const float * lse, int B, int T, int C, int NH);
+
+// Scratch of flash_attention_backward, in floats; a function of the shape only (not of the
+// thread count), linear in T:
+//   round_up(B*NH*T, 16)               D_t = dout_t . out_t per query and head
+//   + B*NH * (2*64*64 + 2*64*hs)       per (b,h): P and dS tiles, transposed K and V tiles
+// with hs = C/NH and 64 the tile size.
+size_t flash_attention_scratch_floats(int B, int T, int C, int NH);
+
+}  // namespace memfit::cpu
