@@ -37,7 +37,7 @@ void random_batch(std::vector<int32_t> & in, std::vector<int32_t> & tg, int V, u
 
 }  // namespace
 
-struct PlanCase { int V, C, L, NH, B, T, chunk = 0; };
+struct PlanCase { int V, C, L, NH, B, T, chunk = 0; bool flash = false; };
 
 class PlannedEqualsMeasured : public ::testing::TestWithParam<PlanCase> {};
 
@@ -48,6 +48,7 @@ TEST_P(PlannedEqualsMeasured, PerCategoryByteForByte) {
     eo.B = pc.B;
     eo.T = pc.T;
     eo.loss_chunk = pc.chunk;
+    eo.flash_attention = pc.flash;
     Engine e(small_config(pc.V, pc.C, pc.L, pc.NH), backend, eo);
     e.init_params(1);
     std::vector<int32_t> in(static_cast<size_t>(pc.B * pc.T)), tg(in.size());
@@ -78,12 +79,14 @@ TEST_P(PlannedEqualsMeasured, PerCategoryByteForByte) {
 INSTANTIATE_TEST_SUITE_P(Configs, PlannedEqualsMeasured,
                          ::testing::Values(PlanCase{256, 64, 2, 4, 4, 32}, PlanCase{101, 48, 1, 3, 2, 13},
                                            PlanCase{512, 128, 3, 4, 2, 64}, PlanCase{1000, 32, 2, 2, 8, 16},
-                                           PlanCase{1000, 32, 2, 2, 8, 16, 24}, PlanCase{101, 48, 1, 3, 2, 13, 5}),
+                                           PlanCase{1000, 32, 2, 2, 8, 16, 24}, PlanCase{101, 48, 1, 3, 2, 13, 5},
+                                           PlanCase{256, 64, 2, 4, 2, 64, 0, true},
+                                           PlanCase{300, 48, 2, 3, 2, 50, 33, true}),
                          [](const ::testing::TestParamInfo<PlanCase> & i) {
                              const PlanCase & c = i.param;
                              return "V" + std::to_string(c.V) + "_C" + std::to_string(c.C) + "_L" +
                                     std::to_string(c.L) + "_B" + std::to_string(c.B) + "_T" + std::to_string(c.T) +
-                                    "_chunk" + std::to_string(c.chunk);
+                                    "_chunk" + std::to_string(c.chunk) + (c.flash ? "_flash" : "");
                          });
 
 TEST(Engine, ActivationsGrowWithBatchAndQuadraticallyWithSeq) {
@@ -237,4 +240,39 @@ TEST(Engine, ChunkedLossMatchesTheWholeBatchAndStoresLess) {
     EXPECT_LT(relative_error(params[1].data(), params[0].data(), params[0].size()), 1e-5);
     // The whole logits are 64 x 500 floats; chunks hold 7 x 500.
     EXPECT_LE(act_peak[1] + (64 - 7) * 500 * 4 - 64 * 32 * 4, act_peak[0]);
+}
+
+TEST(Engine, FlashAttentionMatchesNaiveAndDropsTheQuadraticTerm) {
+    CpuBackend backend;
+    const ModelConfig cfg = small_config(97, 48, 2, 3, 128);
+    std::vector<float> params[2];
+    float losses[2] = {0, 0};
+    for (int k = 0; k < 2; ++k) {
+        EngineOptions eo;
+        eo.B = 2;
+        eo.T = 70;   // not a multiple of any tile size
+        eo.flash_attention = k == 1;
+        Engine e(cfg, backend, eo);
+        e.init_params(21);
+        std::vector<int32_t> in(140), tg(140);
+        for (int s = 0; s < 3; ++s) {
+            random_batch(in, tg, 97, uint64_t(s));
+            losses[k] = e.train_step(in.data(), tg.data(), AdamWHyper{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1}).loss;
+        }
+        params[k].assign(e.params(), e.params() + e.step().layout().total);
+    }
+    EXPECT_NEAR(losses[1], losses[0], 1e-5 * std::fabs(losses[0]));
+    EXPECT_LT(relative_error(params[1].data(), params[0].data(), params[0].size()), 1e-5);
+
+    // Activations: naive grows faster than 2x when T doubles (B*NH*T*T probabilities), flash
+    // grows linearly (plus the per-query log-sum-exp).
+    auto act = [&](int T, bool flash) {
+        Gpt2Options mo;
+        mo.flash_attention = flash;
+        TrainStep s(small_config(97, 48, 2, 3, 256), 2, T, StepMode::train, &backend, mo);
+        return plan_memory(s.program()).peak_live[Category::activations];
+    };
+    EXPECT_GT(act(128, false), 2 * act(64, false));
+    EXPECT_LE(act(128, true), 2 * act(64, true) + 4096);
+    EXPECT_LT(act(128, true), act(128, false));
 }

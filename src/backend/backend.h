@@ -60,6 +60,14 @@ public:
     // dqkv = ... (written); scratch holds >= B*NH*T floats.
     virtual void attention_bwd(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, int NH) = 0;
 
+    // Memory-efficient causal attention: never stores the T x T scores. lse[B,NH,T] keeps one
+    // log-sum-exp per query; backward recomputes the scores tile by tile.
+    virtual void flash_attention_fwd(Tensor out, Tensor lse, Tensor qkv, int NH) = 0;
+    virtual void flash_attention_bwd(Tensor dqkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv, Tensor lse,
+                                     int NH) = 0;
+    // Scratch bytes flash_attention_bwd needs for this shape (planned as workspace).
+    virtual size_t flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH) const = 0;
+
     virtual void gelu_fwd(Tensor out, Tensor inp) = 0;
     virtual void gelu_bwd(Tensor dinp, Tensor dout, Tensor inp) = 0;          // dinp = ...
     virtual void residual_fwd(Tensor out, Tensor a, Tensor b) = 0;            // out = a + b

@@ -190,6 +190,24 @@ void Graph::attention_bwd(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int 
     end();
 }
 
+void Graph::flash_attention_fwd(Tensor out, Tensor lse, Tensor qkv, int NH) {
+    if (begin("flash_attention_fwd", attention_flops(qkv), {out, lse, qkv}))
+        backend_->flash_attention_fwd(resolve(out), resolve(lse), resolve(qkv), NH);
+    end();
+}
+
+void Graph::flash_attention_bwd(Tensor dqkv, Tensor dout, Tensor out, Tensor qkv, Tensor lse, int NH) {
+    // Backward recomputes the scores: forward's work again plus the gradient products.
+    if (recording_ && sizing_)
+        grow_workspace(sizing_->flash_attention_workspace(qkv.dim(0), qkv.dim(1), out.cols(), NH));
+    if (begin("flash_attention_bwd", 2.5 * attention_flops(qkv), {dqkv, dout, out, qkv, lse}, true)) {
+        const size_t bytes = backend_->flash_attention_workspace(qkv.dim(0), qkv.dim(1), out.cols(), NH);
+        Tensor ws = bytes ? resolve(Tensor(workspace_, DType::f32, {int64_t(bytes / sizeof(float))})) : Tensor{};
+        backend_->flash_attention_bwd(resolve(dqkv), ws, resolve(dout), resolve(out), resolve(qkv), resolve(lse), NH);
+    }
+    end();
+}
+
 void Graph::gelu_fwd(Tensor out, Tensor inp) {
     if (begin("gelu_fwd", 10.0 * double(inp.numel()), {out, inp})) backend_->gelu_fwd(resolve(out), resolve(inp));
     end();

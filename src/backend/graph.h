@@ -50,6 +50,8 @@ public:
     void layernorm_bwd(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean, Tensor rstd);
     void attention_fwd(Tensor out, Tensor att, Tensor qkv, int NH);
     void attention_bwd(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int NH);
+    void flash_attention_fwd(Tensor out, Tensor lse, Tensor qkv, int NH);
+    void flash_attention_bwd(Tensor dqkv, Tensor dout, Tensor out, Tensor qkv, Tensor lse, int NH);
     void gelu_fwd(Tensor out, Tensor inp);
     void gelu_bwd(Tensor dinp, Tensor dout, Tensor inp);
     void residual_fwd(Tensor out, Tensor a, Tensor b);

@@ -26,6 +26,9 @@ void add_shape_flags(CLI::App * c, Opt & o) {
     c->add_option("--loss-chunk", o.loss_chunk,
                   "tokens per LM-head + cross-entropy chunk: the B*T*V logits are never stored whole (0: unchunked)")
         ->capture_default_str()->check(CLI::NonNegativeNumber);
+    c->add_option("--attention", o.attention,
+                  "naive (saves the T x T probabilities) or flash (tiled, saves one log-sum-exp per query)")
+        ->capture_default_str()->check(CLI::IsMember({"naive", "flash"}));
     c->add_option("--memory-budget", o.memory_budget,
                   "refuse to start unless the plan fits in this many bytes (e.g. 512MiB, 2GiB; default: the memory available)");
 }

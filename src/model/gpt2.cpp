@@ -33,6 +33,7 @@ Gpt2Weights gpt2_weights(const ModelConfig & cfg, const ParamLayout & layout, Bu
 Gpt2::Gpt2(const ModelConfig & cfg, int B, int T, Program & program, const Gpt2Options & opt)
     : cfg_(cfg), B_(B), T_(T) {
     const bool with_backward = opt.with_backward;
+    flash_ = opt.flash_attention;
     const int64_t b = B, t = T, C = cfg.n_embd, NH = cfg.n_head, V = cfg.vocab_size;
     auto act = [&](const std::string & name, std::initializer_list<int64_t> dims) {
         int64_t n = 1;
@@ -48,7 +49,8 @@ Gpt2::Gpt2(const ModelConfig & cfg, int B, int T, Program & program, const Gpt2O
         a.ln1_mean = act(h + "ln_1.mean", {b, t});
         a.ln1_rstd = act(h + "ln_1.rstd", {b, t});
         a.qkv = act(h + "attn.qkv", {b, t, 3 * C});
-        a.att = act(h + "attn.probs", {b, NH, t, t});
+        if (flash_) a.lse = act(h + "attn.lse", {b, NH, t});
+        else a.att = act(h + "attn.probs", {b, NH, t, t});
         a.atty = act(h + "attn.out", {b, t, C});
         a.attproj = act(h + "attn.proj", {b, t, C});
         a.res2 = act(h + "residual_attn", {b, t, C});
@@ -100,7 +102,8 @@ void Gpt2::forward(Graph & g, const Gpt2Weights & w, Tensor tokens) const {
         g.layer(l);
         g.layernorm_fwd(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, eps);
         g.matmul_fwd(a.qkv, a.ln1, p.qkvw, p.qkvb, WeightLayout::in_out);
-        g.attention_fwd(a.atty, a.att, a.qkv, NH);
+        if (flash_) g.flash_attention_fwd(a.atty, a.lse, a.qkv, NH);
+        else g.attention_fwd(a.atty, a.att, a.qkv, NH);
         g.matmul_fwd(a.attproj, a.atty, p.projw, p.projb, WeightLayout::in_out);
         g.residual_fwd(a.res2, x, a.attproj);
         g.layernorm_fwd(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, eps);
@@ -160,7 +163,8 @@ void Gpt2::backward(Graph & g, const Gpt2Weights & w, const Gpt2Weights & dw, Te
         g.matmul_bwd(a.dln2, dp.fcw, dp.fcb, a.dfch, a.ln2, p.fcw, WeightLayout::in_out);
         g.layernorm_bwd(dres_, dp.ln2w, dp.ln2b, a.dln2, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd);
         g.matmul_bwd(a.datty, dp.projw, dp.projb, dres_, a.atty, p.projw, WeightLayout::in_out);
-        g.attention_bwd(a.dqkv, a.datty, a.qkv, a.att, NH);
+        if (flash_) g.flash_attention_bwd(a.dqkv, a.datty, a.atty, a.qkv, a.lse, NH);
+        else g.attention_bwd(a.dqkv, a.datty, a.qkv, a.att, NH);
         g.matmul_bwd(a.dln1, dp.qkvw, dp.qkvb, a.dqkv, a.ln1, p.qkvw, WeightLayout::in_out);
         g.layernorm_bwd(dres_, dp.ln1w, dp.ln1b, a.dln1, x, p.ln1w, a.ln1_mean, a.ln1_rstd);
     }

@@ -27,6 +27,7 @@ struct Gpt2Options {
     bool with_backward = false;  // declare the backward pass's gradient buffers
     bool keep_logits = false;    // logits persistent, so the host can read them after the step
     int  loss_chunk = 0;         // rows (tokens) per LM-head + loss chunk; 0: the whole batch at once
+    bool flash_attention = false;// tiled attention: saves one log-sum-exp per query, not the T x T probabilities
 };
 
 class Gpt2 {
@@ -51,7 +52,7 @@ public:
 
 private:
     struct LayerActs {
-        Tensor ln1, ln1_mean, ln1_rstd, qkv, att, atty, attproj, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu,
+        Tensor ln1, ln1_mean, ln1_rstd, qkv, att, lse, atty, attproj, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu,
             fcproj, res3;
         // backward
         Tensor dfch_gelu, dfch, dln2, datty, dqkv, dln1;
@@ -59,6 +60,7 @@ private:
     ModelConfig cfg_;
     int B_, T_;
     int chunk_rows_ = 0;   // rows per head chunk (B*T when unchunked)
+    bool flash_ = false;
     Tensor encoded_, lnf_, lnf_mean_, lnf_rstd_, logits_;
     Tensor dres_, dlnf_;
     std::vector<LayerActs> layers_;

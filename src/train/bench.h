@@ -18,6 +18,7 @@ struct BenchOptions {
     std::string memory_budget;
     bool probe = true;      // measure the matmul peak for MFU
     int loss_chunk = 0;     // tokens per LM-head + loss chunk (0: all at once)
+    std::string attention = "naive";  // naive | flash
     bool timeline = false;  // also time steps that record the op timeline (alternating) and report the overhead
 };
 

@@ -12,10 +12,10 @@ namespace memfit {
 
 Engine::Engine(const ModelConfig & cfg, Backend & backend, const EngineOptions & opt)
     : cfg_(cfg), backend_(backend), opt_(opt) {
-    train_ = std::make_unique<TrainStep>(cfg, opt.B, opt.T, StepMode::train, &backend, opt.loss_chunk);
+    train_ = std::make_unique<TrainStep>(cfg, opt.B, opt.T, StepMode::train, &backend, opt.model());
     train_plan_ = plan_memory(train_->program());
     if (opt.with_eval) {
-        eval_ = std::make_unique<TrainStep>(cfg, opt.B, opt.T, StepMode::eval, &backend, opt.loss_chunk);
+        eval_ = std::make_unique<TrainStep>(cfg, opt.B, opt.T, StepMode::eval, &backend, opt.model());
         eval_plan_ = plan_memory(eval_->program());
     }
     if (opt.budget > 0)
@@ -140,7 +140,7 @@ std::vector<float> Engine::logits(const int32_t * inputs, int batch) {
     if (!fwd_ || fwd_batch_ != batch) {
         fwd_mem_.reset();
         fwd_batch_ = batch;
-        fwd_ = std::make_unique<TrainStep>(cfg_, batch, opt_.T, StepMode::logits, &backend_);
+        fwd_ = std::make_unique<TrainStep>(cfg_, batch, opt_.T, StepMode::logits, &backend_, opt_.model());
         fwd_plan_ = plan_memory(fwd_->program());
         fwd_mem_ = std::make_unique<StepMemory>(fwd_->program(), fwd_plan_, ledger_, host_allocator(), opt_.checking,
                                                 train_mem_.get());

@@ -22,6 +22,13 @@ struct EngineOptions {
     bool     checking = false;       // own allocation per buffer, poisoned after last use
     uint64_t budget = 0;             // bytes; 0 = no budget check
     int      loss_chunk = 0;         // tokens per LM-head + loss chunk; 0 = the whole batch at once
+    bool     flash_attention = false;// tiled attention (no T x T buffer)
+    Gpt2Options model() const {
+        Gpt2Options m;
+        m.loss_chunk = loss_chunk;
+        m.flash_attention = flash_attention;
+        return m;
+    }
 };
 
 struct StepResult {
@@ -65,6 +72,8 @@ public:
     const Ledger & ledger() const { return ledger_; }
     Ledger & ledger() { return ledger_; }
     const ModelConfig & config() const { return cfg_; }
+    const EngineOptions & options() const { return opt_; }
+    const Backend & backend() const { return backend_; }
     int steps_done() const { return t_; }
 
 private:

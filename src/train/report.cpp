@@ -45,7 +45,8 @@ std::vector<std::string> make_hints(const Engine & engine, const std::vector<Rep
     // Halving the batch, re-planned exactly.
     if (step.B() > 1) {
         const int half = step.B() / 2;
-        TrainStep smaller(step.config(), half, step.T(), StepMode::train, nullptr);
+        TrainStep smaller(step.config(), half, step.T(), StepMode::train, &engine.backend(),
+                          engine.options().model());
         const MemoryPlan p2 = plan_memory(smaller.program());
         hints.push_back(fmt::format("--batch {} instead of {} would lower the planned peak from {} to {} "
                                     "(activations {} -> {}); accumulating two micro-batches would keep the global batch.",

@@ -28,8 +28,9 @@ struct StepScalars {
 class TrainStep {
 public:
     // `sizing` answers library-scratch queries while recording (the backend that will run it).
-    // loss_chunk: tokens per LM-head + cross-entropy chunk (0: all at once; see Gpt2::head_loss).
-    TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const Backend * sizing, int loss_chunk = 0);
+    // Model options (loss_chunk, flash_attention) come from `model`; the mode decides the rest.
+    TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const Backend * sizing,
+              const Gpt2Options & model = {});
 
     void run(Graph & g, const StepScalars & s) const;
 

@@ -28,6 +28,7 @@ struct TrainOptions {
     int      sample_tokens = 400;  // text sample at the end (0: none)
     bool     check_lifetimes = false;
     int      loss_chunk = 0;       // tokens per LM-head + loss chunk (0: all at once)
+    std::string attention = "naive";  // naive | flash
     bool     profile = false;      // `memfit profile`: no evaluation, no sample; the report is the point
     std::string progress = "auto"; // auto | tty | plain | json | quiet
 };

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/kernels_flash.h"
 
 namespace memfit {
 
@@ -57,6 +58,20 @@ void CpuBackend::attention_fwd(Tensor out, Tensor att, Tensor qkv, int NH) {
 void CpuBackend::attention_bwd(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, int NH) {
     cpu::attention_backward(dqkv.f32(), scratch.f32(), dout.f32(), qkv.f32(), att.f32(), B_of(qkv), T_of(qkv),
                             int(dout.cols()), NH);
+}
+
+void CpuBackend::flash_attention_fwd(Tensor out, Tensor lse, Tensor qkv, int NH) {
+    cpu::flash_attention_forward(out.f32(), lse.f32(), qkv.f32(), B_of(qkv), T_of(qkv), int(out.cols()), NH);
+}
+
+void CpuBackend::flash_attention_bwd(Tensor dqkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv, Tensor lse,
+                                     int NH) {
+    cpu::flash_attention_backward(dqkv.f32(), scratch.f32(), dout.f32(), out.f32(), qkv.f32(), lse.f32(), B_of(qkv),
+                                  T_of(qkv), int(dout.cols()), NH);
+}
+
+size_t CpuBackend::flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH) const {
+    return cpu::flash_attention_scratch_floats(int(B), int(T), int(C), NH) * sizeof(float);
 }
 
 void CpuBackend::gelu_fwd(Tensor out, Tensor inp) { cpu::gelu_forward(out.f32(), inp.f32(), size_t(inp.numel())); }

@@ -22,6 +22,10 @@ public:
                        Tensor rstd) override;
     void attention_fwd(Tensor out, Tensor att, Tensor qkv, int NH) override;
     void attention_bwd(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, int NH) override;
+    void flash_attention_fwd(Tensor out, Tensor lse, Tensor qkv, int NH) override;
+    void flash_attention_bwd(Tensor dqkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv, Tensor lse,
+                             int NH) override;
+    size_t flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH) const override;
     void gelu_fwd(Tensor out, Tensor inp) override;
     void gelu_bwd(Tensor dinp, Tensor dout, Tensor inp) override;
     void residual_fwd(Tensor out, Tensor a, Tensor b) override;

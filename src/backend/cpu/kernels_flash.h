@@ -24,7 +24,7 @@ void flash_attention_backward(float * dqkv, float * scratch, const float * dout,
 // Scratch of flash_attention_backward, in floats; a function of the shape only (not of the
 // thread count), linear in T:
 //   round_up(B*NH*T, 16)               D_t = dout_t . out_t per query and head
-//   + B*NH * (2*64*64 + 2*64*hs)       per (b,h): P and dS tiles, transposed K and V tiles
+//   + B*NH * (2*64*64 + 5*64*hs)       per (b,h): P and dS tiles; K, V (transposed), K, Q, dout tiles
 // with hs = C/NH and 64 the tile size.
 size_t flash_attention_scratch_floats(int B, int T, int C, int NH);
 
