@@ -29,6 +29,9 @@ void add_shape_flags(CLI::App * c, Opt & o) {
     c->add_option("--attention", o.attention,
                   "naive (saves the T x T probabilities) or flash (tiled, saves one log-sum-exp per query)")
         ->capture_default_str()->check(CLI::IsMember({"naive", "flash"}));
+    c->add_option("--recompute", o.recompute,
+                  "activation recomputation: none, full (keep each layer's input), every:K (keep every K-th), sqrt")
+        ->capture_default_str();
     c->add_option("--memory-budget", o.memory_budget,
                   "refuse to start unless the plan fits in this many bytes (e.g. 512MiB, 2GiB; default: the memory available)");
 }

@@ -1,6 +1,10 @@
 #include "model/gpt2.h"
 
+#include "core/error.h"
+
 #include <algorithm>
+#include <cctype>
+#include <cmath>
 
 #include <fmt/format.h>
 
@@ -30,46 +34,76 @@ Gpt2Weights gpt2_weights(const ModelConfig & cfg, const ParamLayout & layout, Bu
     return w;
 }
 
+int parse_recompute(const std::string & policy, int n_layer) {
+    if (policy == "none") return 0;
+    if (policy == "full") return 1;
+    if (policy == "sqrt") return std::max(1, int(std::ceil(std::sqrt(double(n_layer)))));
+    if (policy.starts_with("every:")) {
+        const std::string k = policy.substr(6);
+        if (!k.empty() && k.size() < 6 && std::all_of(k.begin(), k.end(), ::isdigit) && std::stoi(k) >= 1)
+            return std::stoi(k);
+    }
+    throw ConfigError(fmt::format("--recompute '{}': expected none, full, every:K (K >= 1) or sqrt", policy));
+}
+
+namespace {
+
+Tensor declare_act(Program & program, const std::string & name, std::initializer_list<int64_t> dims) {
+    int64_t n = 1;
+    for (auto d : dims) n *= d;
+    BufferId id = program.declare(name, Category::activations, size_t(n) * sizeof(float));
+    return Tensor(id, DType::f32, dims);
+}
+
+}  // namespace
+
+Gpt2::LayerActs Gpt2::declare_layer(Program & program, const std::string & h, bool with_backward) const {
+    const int64_t b = B_, t = T_, C = cfg_.n_embd, NH = cfg_.n_head;
+    auto act = [&](const std::string & name, std::initializer_list<int64_t> dims) {
+        return declare_act(program, h + name, dims);
+    };
+    LayerActs a;
+    a.ln1 = act("ln_1.out", {b, t, C});
+    a.ln1_mean = act("ln_1.mean", {b, t});
+    a.ln1_rstd = act("ln_1.rstd", {b, t});
+    a.qkv = act("attn.qkv", {b, t, 3 * C});
+    if (flash_) a.lse = act("attn.lse", {b, NH, t});
+    else a.att = act("attn.probs", {b, NH, t, t});
+    a.atty = act("attn.out", {b, t, C});
+    a.attproj = act("attn.proj", {b, t, C});
+    a.res2 = act("residual_attn", {b, t, C});
+    a.ln2 = act("ln_2.out", {b, t, C});
+    a.ln2_mean = act("ln_2.mean", {b, t});
+    a.ln2_rstd = act("ln_2.rstd", {b, t});
+    a.fch = act("mlp.fc", {b, t, 4 * C});
+    a.fch_gelu = act("mlp.gelu", {b, t, 4 * C});
+    a.fcproj = act("mlp.proj", {b, t, C});
+    a.res3 = act("residual_mlp", {b, t, C});
+    if (with_backward) {
+        a.dfch_gelu = act("mlp.gelu.grad", {b, t, 4 * C});
+        a.dfch = act("mlp.fc.grad", {b, t, 4 * C});
+        a.dln2 = act("ln_2.out.grad", {b, t, C});
+        a.datty = act("attn.out.grad", {b, t, C});
+        a.dqkv = act("attn.qkv.grad", {b, t, 3 * C});
+        a.dln1 = act("ln_1.out.grad", {b, t, C});
+    }
+    return a;
+}
+
 Gpt2::Gpt2(const ModelConfig & cfg, int B, int T, Program & program, const Gpt2Options & opt)
     : cfg_(cfg), B_(B), T_(T) {
-    const bool with_backward = opt.with_backward;
+    const int64_t b = B, t = T, C = cfg.n_embd, V = cfg.vocab_size;
     flash_ = opt.flash_attention;
-    const int64_t b = B, t = T, C = cfg.n_embd, NH = cfg.n_head, V = cfg.vocab_size;
+    recompute_every_ = opt.with_backward ? opt.recompute_every : 0;
     auto act = [&](const std::string & name, std::initializer_list<int64_t> dims) {
-        int64_t n = 1;
-        for (auto d : dims) n *= d;
-        BufferId id = program.declare(name, Category::activations, size_t(n) * sizeof(float));
-        return Tensor(id, DType::f32, dims);
+        return declare_act(program, name, dims);
     };
     encoded_ = act("encoded", {b, t, C});
     for (int l = 0; l < cfg.n_layer; ++l) {
         const std::string h = fmt::format("h.{}.", l);
-        LayerActs a;
-        a.ln1 = act(h + "ln_1.out", {b, t, C});
-        a.ln1_mean = act(h + "ln_1.mean", {b, t});
-        a.ln1_rstd = act(h + "ln_1.rstd", {b, t});
-        a.qkv = act(h + "attn.qkv", {b, t, 3 * C});
-        if (flash_) a.lse = act(h + "attn.lse", {b, NH, t});
-        else a.att = act(h + "attn.probs", {b, NH, t, t});
-        a.atty = act(h + "attn.out", {b, t, C});
-        a.attproj = act(h + "attn.proj", {b, t, C});
-        a.res2 = act(h + "residual_attn", {b, t, C});
-        a.ln2 = act(h + "ln_2.out", {b, t, C});
-        a.ln2_mean = act(h + "ln_2.mean", {b, t});
-        a.ln2_rstd = act(h + "ln_2.rstd", {b, t});
-        a.fch = act(h + "mlp.fc", {b, t, 4 * C});
-        a.fch_gelu = act(h + "mlp.gelu", {b, t, 4 * C});
-        a.fcproj = act(h + "mlp.proj", {b, t, C});
-        a.res3 = act(h + "residual_mlp", {b, t, C});
-        if (with_backward) {
-            a.dfch_gelu = act(h + "mlp.gelu.grad", {b, t, 4 * C});
-            a.dfch = act(h + "mlp.fc.grad", {b, t, 4 * C});
-            a.dln2 = act(h + "ln_2.out.grad", {b, t, C});
-            a.datty = act(h + "attn.out.grad", {b, t, C});
-            a.dqkv = act(h + "attn.qkv.grad", {b, t, 3 * C});
-            a.dln1 = act(h + "ln_1.out.grad", {b, t, C});
-        }
-        layers_.push_back(a);
+        // With recomputation, backward's gradient buffers belong to the recomputed set.
+        layers_.push_back(declare_layer(program, h, opt.with_backward && recompute_every_ == 0));
+        if (recompute_every_ > 0) rc_.push_back(declare_layer(program, h + "rc.", true));
     }
     lnf_ = act("ln_f.out", {b, t, C});
     lnf_mean_ = act("ln_f.mean", {b, t});
@@ -82,39 +116,42 @@ Gpt2::Gpt2(const ModelConfig & cfg, int B, int T, Program & program, const Gpt2O
         logits_ = act("logits.chunk", {int64_t(chunk_rows_), V});
     else
         logits_ = act("logits", {b, t, V});
-    if (with_backward) {
+    if (opt.with_backward) {
         dlnf_ = act("ln_f.out.grad", {b, t, C});
         dres_ = act("residual.grad", {b, t, C});
     }
 }
 
-void Gpt2::forward(Graph & g, const Gpt2Weights & w, Tensor tokens) const {
+void Gpt2::layer_forward(Graph & g, const LayerActs & a, const Gpt2Weights::Layer & p, Tensor x, bool need_output) const {
     const int NH = cfg_.n_head;
     const float eps = cfg_.ln_eps;
+    g.layernorm_fwd(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, eps);
+    g.matmul_fwd(a.qkv, a.ln1, p.qkvw, p.qkvb, WeightLayout::in_out);
+    if (flash_) g.flash_attention_fwd(a.atty, a.lse, a.qkv, NH);
+    else g.attention_fwd(a.atty, a.att, a.qkv, NH);
+    g.matmul_fwd(a.attproj, a.atty, p.projw, p.projb, WeightLayout::in_out);
+    g.residual_fwd(a.res2, x, a.attproj);
+    g.layernorm_fwd(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, eps);
+    g.matmul_fwd(a.fch, a.ln2, p.fcw, p.fcb, WeightLayout::in_out);
+    g.gelu_fwd(a.fch_gelu, a.fch);
+    if (!need_output) return;
+    g.matmul_fwd(a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb, WeightLayout::in_out);
+    g.residual_fwd(a.res3, a.res2, a.fcproj);
+}
+
+void Gpt2::forward(Graph & g, const Gpt2Weights & w, Tensor tokens) const {
     g.phase(Phase::forward);
     g.layer(-1);
     // wpe holds max_seq rows; the step uses the first T.
     g.encoder_fwd(encoded_, tokens, w.wte, w.wpe);
     Tensor x = encoded_;
     for (int l = 0; l < cfg_.n_layer; ++l) {
-        const auto & a = layers_[size_t(l)];
-        const auto & p = w.h[size_t(l)];
         g.layer(l);
-        g.layernorm_fwd(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, eps);
-        g.matmul_fwd(a.qkv, a.ln1, p.qkvw, p.qkvb, WeightLayout::in_out);
-        if (flash_) g.flash_attention_fwd(a.atty, a.lse, a.qkv, NH);
-        else g.attention_fwd(a.atty, a.att, a.qkv, NH);
-        g.matmul_fwd(a.attproj, a.atty, p.projw, p.projb, WeightLayout::in_out);
-        g.residual_fwd(a.res2, x, a.attproj);
-        g.layernorm_fwd(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, eps);
-        g.matmul_fwd(a.fch, a.ln2, p.fcw, p.fcb, WeightLayout::in_out);
-        g.gelu_fwd(a.fch_gelu, a.fch);
-        g.matmul_fwd(a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb, WeightLayout::in_out);
-        g.residual_fwd(a.res3, a.res2, a.fcproj);
-        x = a.res3;
+        layer_forward(g, layers_[size_t(l)], w.h[size_t(l)], x, true);
+        x = layers_[size_t(l)].res3;
     }
     g.layer(-1);
-    g.layernorm_fwd(lnf_, lnf_mean_, lnf_rstd_, x, w.lnfw, w.lnfb, eps);
+    g.layernorm_fwd(lnf_, lnf_mean_, lnf_rstd_, x, w.lnfw, w.lnfb, cfg_.ln_eps);
 }
 
 void Gpt2::head_logits(Graph & g, const Gpt2Weights & w) const {
@@ -144,18 +181,34 @@ void Gpt2::head_loss(Graph & g, const Gpt2Weights & w, const Gpt2Weights * dw, T
 }
 
 void Gpt2::backward(Graph & g, const Gpt2Weights & w, const Gpt2Weights & dw, Tensor tokens) const {
-    const int NH = cfg_.n_head;
+    const int NH = cfg_.n_head, L = cfg_.n_layer, K = recompute_every_;
+    // The input of layer l as forward saved it.
+    auto saved_input = [&](int l) { return l > 0 ? layers_[size_t(l) - 1].res3 : encoded_; };
     g.phase(Phase::backward);
     g.layer(-1);
     // head_loss left d(ln_f output) in dlnf_.
     g.fill_zero(dres_);
-    const Tensor x_last = cfg_.n_layer > 0 ? layers_.back().res3 : encoded_;
-    g.layernorm_bwd(dres_, dw.lnfw, dw.lnfb, dlnf_, x_last, w.lnfw, lnf_mean_, lnf_rstd_);
-    for (int l = cfg_.n_layer - 1; l >= 0; --l) {
-        const auto & a = layers_[size_t(l)];
+    g.layernorm_bwd(dres_, dw.lnfw, dw.lnfb, dlnf_, saved_input(L), w.lnfw, lnf_mean_, lnf_rstd_);
+    for (int l = L - 1; l >= 0; --l) {
         const auto & p = w.h[size_t(l)];
         const auto & dp = dw.h[size_t(l)];
-        const Tensor x = l > 0 ? layers_[size_t(l) - 1].res3 : encoded_;
+        Tensor x = saved_input(l);
+        if (K > 0) {
+            const int seg = l - l % K;   // first layer of l's segment: its input is the checkpoint
+            if (l == std::min(seg + K, L) - 1) {
+                // Recompute the segment's forward, from the checkpoint, into the rc buffers.
+                g.phase(Phase::recompute);
+                Tensor in = saved_input(seg);
+                for (int r = seg; r <= l; ++r) {
+                    g.layer(r);
+                    layer_forward(g, rc_[size_t(r)], w.h[size_t(r)], in, r < l);
+                    in = rc_[size_t(r)].res3;
+                }
+                g.phase(Phase::backward);
+            }
+            if (l > seg) x = rc_[size_t(l) - 1].res3;
+        }
+        const auto & a = K > 0 ? rc_[size_t(l)] : layers_[size_t(l)];
         g.layer(l);
         // dres holds d(residual_mlp); the MLP branch's output gradient is the same tensor.
         g.matmul_bwd(a.dfch_gelu, dp.fcprojw, dp.fcprojb, dres_, a.fch_gelu, p.fcprojw, WeightLayout::in_out);

@@ -5,6 +5,7 @@
 // freed as soon as forward is done with them.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "backend/graph.h"
@@ -28,7 +29,15 @@ struct Gpt2Options {
     bool keep_logits = false;    // logits persistent, so the host can read them after the step
     int  loss_chunk = 0;         // rows (tokens) per LM-head + loss chunk; 0: the whole batch at once
     bool flash_attention = false;// tiled attention: saves one log-sum-exp per query, not the T x T probabilities
+    // Activation recomputation: 0 keeps every layer's activations; K >= 1 keeps only the input
+    // of every K-th layer (a checkpoint) and recomputes each segment of K layers' forward in
+    // backward, just before its layers' backward (K = 1 is full recomputation).
+    int  recompute_every = 0;
 };
+
+// "none" -> 0, "full" -> 1, "every:K" -> K, "sqrt" -> ceil(sqrt(L)) (Chen et al. 2016).
+// Throws ConfigError on anything else.
+int parse_recompute(const std::string & policy, int n_layer);
 
 class Gpt2 {
 public:
@@ -46,6 +55,7 @@ public:
     void head_loss(Graph & g, const Gpt2Weights & w, const Gpt2Weights * dw, Tensor targets, Tensor losses,
                    float dloss) const;
     // The blocks' backward, after head_loss with dw; accumulates parameter gradients into dw.
+    // Recomputes segments first when recompute_every > 0.
     void backward(Graph & g, const Gpt2Weights & w, const Gpt2Weights & dw, Tensor tokens) const;
 
     Tensor logits() const { return logits_; }
@@ -57,8 +67,15 @@ private:
         // backward
         Tensor dfch_gelu, dfch, dln2, datty, dqkv, dln1;
     };
+    // One layer's forward from input x into the buffers of `a`; the output projection and the
+    // last residual are skipped when the output is not needed (the last layer of a recomputed segment).
+    void layer_forward(Graph & g, const LayerActs & a, const Gpt2Weights::Layer & p, Tensor x, bool need_output) const;
+    LayerActs declare_layer(Program & program, const std::string & prefix, bool with_backward) const;
+
     ModelConfig cfg_;
     int B_, T_;
+    int recompute_every_ = 0;
+    std::vector<LayerActs> rc_;   // recomputed activations (used by backward) when recomputing
     int chunk_rows_ = 0;   // rows per head chunk (B*T when unchunked)
     bool flash_ = false;
     Tensor encoded_, lnf_, lnf_mean_, lnf_rstd_, logits_;

@@ -34,6 +34,7 @@ nlohmann::json run_bench(const BenchOptions & opt) {
     eo.with_eval = false;
     eo.loss_chunk = opt.loss_chunk;
     eo.flash_attention = opt.attention == "flash";
+    eo.recompute_every = parse_recompute(opt.recompute, cfg.n_layer);
     eo.budget = opt.memory_budget.empty() ? available_memory() : parse_bytes(opt.memory_budget);
     Engine engine(cfg, backend, eo);
     engine.init_params(opt.seed);
@@ -71,7 +72,7 @@ nlohmann::json run_bench(const BenchOptions & opt) {
     const double achieved = fpt * tps / 1e9;
     nlohmann::json j = {
         {"model", cfg.name}, {"params", cfg.num_params()}, {"batch", opt.batch}, {"seq", opt.seq},
-        {"threads", omp_get_max_threads()}, {"precision", "fp32"}, {"steps", opt.steps}, {"loss_chunk", opt.loss_chunk}, {"attention", opt.attention},
+        {"threads", omp_get_max_threads()}, {"precision", "fp32"}, {"steps", opt.steps}, {"loss_chunk", opt.loss_chunk}, {"attention", opt.attention}, {"recompute", opt.recompute},
         {"ms_per_step", med}, {"ms_min", ms.front()}, {"ms_max", ms.back()}, {"tokens_per_s", tps},
         {"model_flops_per_token", fpt}, {"achieved_gflops", achieved}, {"matmul_peak_gflops", peak},
         {"mfu", peak > 0 ? achieved / peak : 0.0},

@@ -19,6 +19,7 @@ struct BenchOptions {
     bool probe = true;      // measure the matmul peak for MFU
     int loss_chunk = 0;     // tokens per LM-head + loss chunk (0: all at once)
     std::string attention = "naive";  // naive | flash
+    std::string recompute = "none";   // none | full | every:K | sqrt
     bool timeline = false;  // also time steps that record the op timeline (alternating) and report the overhead
 };
 

@@ -23,10 +23,12 @@ struct EngineOptions {
     uint64_t budget = 0;             // bytes; 0 = no budget check
     int      loss_chunk = 0;         // tokens per LM-head + loss chunk; 0 = the whole batch at once
     bool     flash_attention = false;// tiled attention (no T x T buffer)
+    int      recompute_every = 0;    // 0: none; K: checkpoint every K layers (see Gpt2Options)
     Gpt2Options model() const {
         Gpt2Options m;
         m.loss_chunk = loss_chunk;
         m.flash_attention = flash_attention;
+        m.recompute_every = recompute_every;
         return m;
     }
 };

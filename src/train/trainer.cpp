@@ -153,6 +153,7 @@ void run_training(const TrainOptions & opt) {
     eo.checking = opt.check_lifetimes;
     eo.loss_chunk = opt.loss_chunk;
     eo.flash_attention = opt.attention == "flash";
+    eo.recompute_every = parse_recompute(opt.recompute, cfg.n_layer);
     // Without --memory-budget the plan must still fit the memory this process can have.
     eo.budget = budget_flag ? budget_flag : available_memory();
     DataLoader train_data(data.train_path, opt.batch, opt.seq, opt.seed);

@@ -29,6 +29,7 @@ struct TrainOptions {
     bool     check_lifetimes = false;
     int      loss_chunk = 0;       // tokens per LM-head + loss chunk (0: all at once)
     std::string attention = "naive";  // naive | flash
+    std::string recompute = "none";   // none | full | every:K | sqrt
     bool     profile = false;      // `memfit profile`: no evaluation, no sample; the report is the point
     std::string progress = "auto"; // auto | tty | plain | json | quiet
 };

@@ -1,23 +1,24 @@
 // CPU kernels: FlashAttention-style causal attention, forward and backward. Contracts are in
 // kernels_flash.h.
 //
-// Queries and keys are cut into tiles of kTile rows; tile i of queries attends to key tiles
-// 0..i (the causal mask makes later key tiles empty, so they are skipped), and only the
-// diagonal tile i == i needs the mask inside it. Every product of tiles goes through one small
-// matrix-multiply kernel (tile_gemm) with a kMR x kNR block of accumulators held in registers,
-// vectorised over the contiguous columns. Score products need K and V with the head dimension
-// as rows, so those tiles are first transposed into a small buffer.
+// Queries and keys are cut into tiles of kTile rows; query tile i attends to key tiles 0..i
+// (later key tiles are entirely masked and skipped), and only the diagonal pair (key tile i)
+// is masked inside. Every product of two tiles goes through one small matrix-multiply kernel
+// (tile_gemm) that keeps a kMR x kNR block of C in registers and vectorises over the
+// contiguous columns of B. B operands are first packed into small contiguous buffers: K and V
+// transposed (head dimension as rows) for the score products, other tiles copied as they are.
 //
 // Forward, one task per (b, h, query tile): for each key tile j, S = Q_i K_j^T * scale, running
 // row max m and sum l, P = exp(S - m), out_i = out_i * exp(m_old - m) + P V_j; at the end
-// out_i /= l and lse = m + log l.
+// out_i /= l and lse = m + log l. The output rows themselves are the accumulator.
 // Backward (FlashAttention-2), one task per (b, h): D_t = dout_t . out_t; for each key tile j
-// and each query tile i >= j: P = exp(S - lse), dV_j += P^T dO_i, dP = dO_i V_j^T,
-// dS = P (dP - D) * scale, dQ_i += dS K_j, dK_j += dS^T Q_i. All of one head's gradient rows
-// belong to one task, so nothing is shared between threads and no atomics are needed.
+// and each query tile i >= j: P = exp(S * scale - lse), dP = dO_i V_j^T,
+// dS = P (dP - D) * scale, dV_j += P^T dO_i, dK_j += dS^T Q_i, dQ_i += dS K_j. All of one
+// head's gradient rows belong to one task, so nothing is shared between threads and no atomics
+// are needed; each gradient element is summed in a fixed order, whatever the thread count.
 //
-// exp is a vectorisable polynomial (fast_exp below, ~1 ulp), not std::exp, which GCC does
-// not vectorise without -ffast-math; it is the largest cost after the products.
+// exp is a vectorisable polynomial (fast_exp below, relative error < 1e-7), not std::exp,
+// which GCC does not vectorise without -ffast-math.
 #include "backend/cpu/kernels_flash.h"
 
 #include <algorithm>
@@ -46,8 +47,9 @@ int tiles(int T) { return (T + kTile - 1) / kTile; }
 
 size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
-// exp(x), for x <= 88 (the largest argument here is a rounding error above 0). Cephes-style:
-// x = n ln2 + r with |r| <= ln2/2, exp(r) by a polynomial, 2^n put in the exponent bits.
+// exp(x), for x <= 88 (the largest argument here is a rounding error above 0), with relative
+// error < 1e-7. Cephes-style: x = n ln2 + r with |r| <= ln2/2, exp(r) by a polynomial, 2^n put
+// in the exponent bits.
 // Arguments below -87 (results near FLT_MIN and below, and -inf) give 0: the value computed for
 // them is garbage and is masked off with integer operations. Free of branches and of float
 // comparisons in selects (which GCC does not if-convert under -ftrapping-math), so that
@@ -81,18 +83,11 @@ enum class Causal {
     kNUpTo,  // only C(m,n) with n <= m are needed (others may be left unwritten)
 };
 
-// Eight floats, one AVX2 register. A GCC/Clang vector extension rather than `omp simd` loops: with
-// those, GCC keeps the accumulator block of gemm_block in memory between its three loops (and
-// reaches about 70% of the speed of this version).
+// Eight floats, one AVX register. A GCC/Clang vector extension rather than `omp simd` loops:
+// with those, GCC keeps gemm_block's accumulators in memory between its three loops and reaches
+// about 3/4 of the speed of this version. Never passed by value (that changes the ABI, and
+// warns, where AVX is not enabled).
 typedef float vf8 __attribute__((vector_size(32)));
-
-inline vf8 load8(const float * p) {
-    vf8 v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-}
-
-inline void store8(float * p, vf8 v) { std::memcpy(p, &v, sizeof v); }
 
 // One register block: C[MR x 8*NV] (+)= sum_{k in [k0,k1)} A(m,k) B(k,:).
 template <int MR, int NV>
@@ -100,10 +95,13 @@ inline void gemm_block(float * c, size_t ldc, const float * a, size_t sam, size_
                        const float * b, size_t ldb, int k0, int k1, bool accumulate) {
     vf8 acc[MR][NV];
     for (int m = 0; m < MR; ++m)
-        for (int v = 0; v < NV; ++v) acc[m][v] = accumulate ? load8(c + m * ldc + 8 * v) : vf8{};
+        for (int v = 0; v < NV; ++v) {
+            acc[m][v] = vf8{};
+            if (accumulate) std::memcpy(&acc[m][v], c + m * ldc + 8 * v, sizeof(vf8));
+        }
     for (int k = k0; k < k1; ++k) {
         vf8 bv[NV];
-        for (int v = 0; v < NV; ++v) bv[v] = load8(b + k * ldb + 8 * v);
+        for (int v = 0; v < NV; ++v) std::memcpy(&bv[v], b + k * ldb + 8 * v, sizeof(vf8));
         const float * acol = a + k * sak;
         for (int m = 0; m < MR; ++m) {
             const float av = acol[m * sam];
@@ -111,12 +109,11 @@ inline void gemm_block(float * c, size_t ldc, const float * a, size_t sam, size_
         }
     }
     for (int m = 0; m < MR; ++m)
-        for (int v = 0; v < NV; ++v) store8(c + m * ldc + 8 * v, acc[m][v]);
+        for (int v = 0; v < NV; ++v) std::memcpy(c + m * ldc + 8 * v, &acc[m][v], sizeof(vf8));
 }
 
 // C[M x N] (+)= A[M x K] B[K x N] with A(m,k) = a[m*sam + k*sak], B row-major (row stride
-// ldb), C row-major (row stride ldc). Each C element is summed over k in increasing order, so
-// the result does not depend on how the tile is cut into register blocks.
+// ldb), C row-major (row stride ldc). Each C element is summed over k in increasing order.
 void tile_gemm(float * c, size_t ldc, const float * a, size_t sam, size_t sak, const float * b,
                size_t ldb, int M, int N, int K, bool accumulate, Causal causal) {
     auto k_range = [&](int m0, int rows, int & k0, int & k1) {
@@ -192,7 +189,8 @@ void transpose_tile(float * dst, const float * src, size_t lds, int rows, int co
     r8 = rows - rows % 8;
     c8 = cols - cols % 8;
     for (int r = 0; r < r8; r += 8)
-        for (int d = 0; d < c8; d += 8) transpose8x8(dst + d * kTile + r, kTile, src + r * lds + d, lds);
+        for (int d = 0; d < c8; d += 8)
+            transpose8x8(dst + d * kTile + r, kTile, src + r * lds + d, lds);
 #endif
     for (int r = 0; r < rows; ++r) {
         const float * s = src + r * lds;
@@ -269,15 +267,13 @@ void flash_attention_forward(float * out, float * lse, const float * qkv, int B,
                 const int nv = diag ? r + 1 : bc;
                 float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
-                for (int c = 0; c < nv; ++c) {
-                    srow[c] *= scale;
-                    mx = srow[c] > mx ? srow[c] : mx;
-                }
+                for (int c = 0; c < nv; ++c) mx = srow[c] > mx ? srow[c] : mx;
+                mx *= scale;  // = the max of the scaled scores: rounding is monotonic
                 const float mnew = kj == 0 ? mx : std::max(mrow[r], mx);
                 float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
                 for (int c = 0; c < nv; ++c) {
-                    const float e = fast_exp(srow[c] - mnew);
+                    const float e = fast_exp(srow[c] * scale - mnew);
                     srow[c] = e;
                     sum += e;
                 }

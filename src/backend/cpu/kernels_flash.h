@@ -14,7 +14,8 @@ namespace memfit::cpu {
 // Tiled causal attention with an online softmax: never stores the T x T scores.
 // qkv [B,T,3C] as for attention_forward; out [B,T,C] written; lse [B,NH,T] receives the
 // log-sum-exp of each query's scaled scores (saved for backward).
-void flash_attention_forward(float * out, float * lse, const float * qkv, int B, int T, int C, int NH);
+void flash_attention_forward(float * out, float * lse, const float * qkv, int B, int T, int C,
+                             int NH);
 
 // dqkv [B,T,3C] written (not accumulated). Recomputes scores tile by tile from q, k and lse.
 // out is the forward's out. scratch: flash_attention_scratch_floats(B, T, C, NH) floats.
@@ -23,9 +24,11 @@ void flash_attention_backward(float * dqkv, float * scratch, const float * dout,
 
 // Scratch of flash_attention_backward, in floats; a function of the shape only (not of the
 // thread count), linear in T:
-//   round_up(B*NH*T, 16)               D_t = dout_t . out_t per query and head
-//   + B*NH * (2*64*64 + 5*64*hs)       per (b,h): P and dS tiles; K, V (transposed), K, Q, dout tiles
-// with hs = C/NH and 64 the tile size.
+//   round_up(B*NH*T, 16)            D_t = dout_t . out_t, per query and head
+//   + B*NH * (2*64*64 + 5*64*hs)    per (b,h): P and dS tiles [64 x 64]; K^T, V^T, K, Q and
+//                                   dout tiles [64 x hs]
+// with hs = C/NH and 64 the tile size. (The forward needs no scratch: its three 64 x 64 tiles,
+// 48 KiB, are on the stack.)
 size_t flash_attention_scratch_floats(int B, int T, int C, int NH);
 
 }  // namespace memfit::cpu
