@@ -315,30 +315,6 @@ TEST(CpuKernels, AttentionBackwardIsBitwiseDeterministic) {
     EXPECT_EQ(std::memcmp(d1.data(), d2.data(), d1.size() * sizeof(float)), 0);
 }
 
-// Prints forward and backward time at the target size (B=8, T=256, C=384, NH=6). No timing
-// assertions: the machine running the tests may be loaded.
-TEST(CpuKernelsTiming, AttentionAtTargetSize) {
-    const int B = 8, T = 256, C = 384, NH = 6;
-    std::mt19937 rng(8);
-    const std::vector<float> qkv = randn(size_t(B) * T * 3 * C, rng), dout = randn(size_t(B) * T * C, rng);
-    std::vector<float> out(dout.size()), att(size_t(B) * NH * T * T), dqkv(qkv.size());
-    std::vector<float> scratch(size_t(B) * NH * T);
-    using clock = std::chrono::steady_clock;
-    double best_f = 1e30, best_b = 1e30;
-    for (int rep = 0; rep < 3; ++rep) {
-        const auto t0 = clock::now();
-        attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
-        const auto t1 = clock::now();
-        attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
-        const auto t2 = clock::now();
-        best_f = std::min(best_f, std::chrono::duration<double, std::milli>(t1 - t0).count());
-        best_b = std::min(best_b, std::chrono::duration<double, std::milli>(t2 - t1).count());
-    }
-    std::printf("[ timing ] attention B=%d T=%d C=%d NH=%d: forward %.1f ms, backward %.1f ms, "
-                "total %.1f ms (best of 3)\n", B, T, C, NH, best_f, best_b, best_f + best_b);
-    for (const float x : dqkv) ASSERT_TRUE(std::isfinite(x));
-}
-
 // ---------------------------------------------------------------------------------------------
 // GELU, residual
 

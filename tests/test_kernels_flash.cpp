@@ -256,57 +256,5 @@ TEST(CpuFlashAttention, ScratchIsLinearInT) {
     }
 }
 
-// Prints naive vs flash time (forward and backward, best of 3; the naive kernels once at
-// T = 2048, where they take seconds and a 201 MB attention matrix) on 2 threads. No timing
-// assertions: the machine running the tests may be loaded.
-TEST(CpuFlashAttentionTiming, NaiveVsFlash) {
-    const ThreadScope threads(2);
-    using clock = std::chrono::steady_clock;
-    auto ms = [](clock::time_point a, clock::time_point b) {
-        return std::chrono::duration<double, std::milli>(b - a).count();
-    };
-    for (const Shape & s : {Shape{4, 512, 768, 12}, Shape{1, 2048, 768, 12}}) {
-        std::mt19937 rng(16);
-        const std::vector<float> qkv = randn(size_t(s.B) * s.T * 3 * s.C, rng);
-        const std::vector<float> dout = randn(size_t(s.B) * s.T * s.C, rng);
-        std::vector<float> out(dout.size()), dqkv(qkv.size());
-        const int naive_reps = s.T >= 2048 ? 1 : 3;
-        double naive_f = 1e30, naive_b = 1e30, flash_f = 1e30, flash_b = 1e30;
-        {
-            std::vector<float> att(size_t(s.B) * s.NH * s.T * s.T);
-            std::vector<float> scratch(size_t(s.B) * s.NH * s.T);
-            for (int rep = 0; rep < naive_reps; ++rep) {
-                const auto t0 = clock::now();
-                attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH);
-                const auto t1 = clock::now();
-                attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(),
-                                   s.B, s.T, s.C, s.NH);
-                const auto t2 = clock::now();
-                naive_f = std::min(naive_f, ms(t0, t1));
-                naive_b = std::min(naive_b, ms(t1, t2));
-            }
-        }
-        {
-            std::vector<float> lse(size_t(s.B) * s.NH * s.T);
-            std::vector<float> scratch(flash_attention_scratch_floats(s.B, s.T, s.C, s.NH));
-            for (int rep = 0; rep < 3; ++rep) {
-                const auto t0 = clock::now();
-                flash_attention_forward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);
-                const auto t1 = clock::now();
-                flash_attention_backward(dqkv.data(), scratch.data(), dout.data(), out.data(),
-                                         qkv.data(), lse.data(), s.B, s.T, s.C, s.NH);
-                const auto t2 = clock::now();
-                flash_f = std::min(flash_f, ms(t0, t1));
-                flash_b = std::min(flash_b, ms(t1, t2));
-            }
-        }
-        std::printf("[ timing ] attention %s, 2 threads: naive fwd %.1f + bwd %.1f = %.1f ms "
-                    "(best of %d); flash fwd %.1f + bwd %.1f = %.1f ms (best of 3), %.1fx\n",
-                    name(s).c_str(), naive_f, naive_b, naive_f + naive_b, naive_reps, flash_f,
-                    flash_b, flash_f + flash_b, (naive_f + naive_b) / (flash_f + flash_b));
-        for (const float x : dqkv) ASSERT_TRUE(std::isfinite(x));
-    }
-}
-
 }  // namespace
 }  // namespace memfit::cpu

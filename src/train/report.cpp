@@ -42,33 +42,39 @@ std::vector<std::string> make_hints(const Engine & engine, const std::vector<Rep
                                 peak_op.name, peak_op.layer >= 0 ? fmt::format(", layer {}", peak_op.layer) : "",
                                 phase_name(peak_op.phase)));
 
-    // Halving the batch, re-planned exactly.
-    if (step.B() > 1) {
-        const int half = step.B() / 2;
-        TrainStep smaller(step.config(), half, step.T(), StepMode::train, &engine.backend(),
-                          engine.options().model());
-        const MemoryPlan p2 = plan_memory(smaller.program());
-        hints.push_back(fmt::format("--batch {} instead of {} would lower the planned peak from {} to {} "
-                                    "(activations {} -> {}); accumulating two micro-batches would keep the global batch.",
-                                    half, step.B(), format_bytes(total), format_bytes(p2.peak_live_total),
-                                    format_bytes(plan.peak_live[Category::activations]),
-                                    format_bytes(p2.peak_live[Category::activations])));
+    // Alternatives, each re-planned exactly: same model and batch, one option changed.
+    const EngineOptions & eo = engine.options();
+    const double flops = step.program().total_flops();
+    auto replan = [&](const std::string & flag, int B, const Gpt2Options & mo, const std::string & why) {
+        TrainStep alt(step.config(), B, step.T(), StepMode::train, &engine.backend(), mo);
+        const MemoryPlan p2 = plan_memory(alt.program());
+        if (p2.peak_live_total >= total) return;
+        const double extra = alt.program().total_flops() / flops - 1.0;
+        hints.push_back(fmt::format("{} would lower the planned peak from {} to {} (-{:.0f}%){}{}.", flag,
+                                    format_bytes(total), format_bytes(p2.peak_live_total),
+                                    100.0 * double(total - p2.peak_live_total) / double(total),
+                                    extra > 0.005 ? fmt::format(" for {:.0f}% more compute", 100.0 * extra) : "", why));
+    };
+    if (!eo.flash_attention) {
+        Gpt2Options mo = eo.model();
+        mo.flash_attention = true;
+        replan("--attention flash", step.B(), mo, ": it keeps one log-sum-exp per query instead of the T x T probabilities");
     }
+    const int BT = step.B() * step.T();
+    if (eo.loss_chunk == 0 && BT >= 16) {
+        Gpt2Options mo = eo.model();
+        mo.loss_chunk = BT / 8;
+        replan(fmt::format("--loss-chunk {}", BT / 8), step.B(), mo, ": the B*T*V logits are never stored whole");
+    }
+    if (eo.recompute_every != 1 && step.config().n_layer > 1) {
+        Gpt2Options mo = eo.model();
+        mo.recompute_every = 1;
+        replan("--recompute full", step.B(), mo, ": only each layer's input is kept for backward");
+    }
+    if (step.B() > 1)
+        replan(fmt::format("--batch {}", step.B() / 2), step.B() / 2, eo.model(),
+               " (the global batch halves unless two micro-batches are accumulated)");
 
-    // Saved attention probabilities and the logits.
-    uint64_t probs = 0, logits = 0;
-    for (const auto & b : at_peak) {
-        if (b.name.ends_with("attn.probs")) probs += b.bytes;
-        if (b.name == "logits") logits += b.bytes;
-    }
-    if (probs > 0)
-        hints.push_back(fmt::format("saved attention probabilities (B*NH*T*T floats per layer) are {} ({:.0f}% of the "
-                                    "peak); a tiled attention that keeps one log-sum-exp per query would not store them.",
-                                    format_bytes(probs), 100.0 * double(probs) / double(total)));
-    if (logits > 0)
-        hints.push_back(fmt::format("the logits (B*T*V floats) are {} at the peak ({:.0f}%); an LM head computed in "
-                                    "chunks of tokens would never hold them whole.",
-                                    format_bytes(logits), 100.0 * double(logits) / double(total)));
     const uint64_t opt = plan.peak_live[Category::optimizer_states];
     if (opt > 0)
         hints.push_back(fmt::format("AdamW moments take {} (2 x 4 bytes per parameter, {:.0f}% of the peak); "
