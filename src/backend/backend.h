@@ -7,6 +7,7 @@
 // The dtype rides in each Tensor; this CPU kernels accept f32 only.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -27,7 +28,15 @@ struct GemmDesc {
 struct AdamWHyper {
     float lr = 3e-4f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
     int   t = 1;   // 1-based step count, for bias correction
+    float clip = 0;  // clip gradients to this global L2 norm before the update (0: no clipping)
 };
+
+// The factor global-norm clipping applies to every gradient: min(1, clip / norm).
+inline float clip_scale(float clip, float norm_sq) {
+    if (!(clip > 0)) return 1.0f;
+    const float norm = std::sqrt(norm_sq);
+    return norm > clip ? clip / norm : 1.0f;
+}
 
 class Backend {
 public:
@@ -81,7 +90,8 @@ public:
     // out[0] = sum of squares of x (f32, accumulated in double). Several calls on slices may be
     // summed by the caller.
     virtual void sum_squares(Tensor out, Tensor x) = 0;
-    virtual void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWHyper & h) = 0;
+    // norm_sq[0]: the gradients' global sum of squares (from sum_squares), used when h.clip > 0.
+    virtual void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, const AdamWHyper & h) = 0;
 };
 
 }  // namespace memfit

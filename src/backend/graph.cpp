@@ -242,9 +242,9 @@ void Graph::sum_squares(Tensor out, Tensor x) {
     end();
 }
 
-void Graph::adamw(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWHyper & h) {
-    if (begin("adamw", 16.0 * double(param.numel()), {param, grad, m, v}))
-        backend_->adamw(resolve(param), resolve(grad), resolve(m), resolve(v), h);
+void Graph::adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, const AdamWHyper & h) {
+    if (begin("adamw", 16.0 * double(param.numel()), {param, grad, m, v, norm_sq}))
+        backend_->adamw(resolve(param), resolve(grad), resolve(m), resolve(v), resolve(norm_sq), h);
     end();
 }
 

@@ -58,7 +58,7 @@ public:
     void xent_fwd(Tensor losses, Tensor logits, Tensor targets);
     void xent_bwd(Tensor probs, Tensor targets, float dloss);
     void sum_squares(Tensor out, Tensor x);
-    void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWHyper & h);
+    void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, const AdamWHyper & h);
 
     // Executing: record every op (phase, layer, live bytes per category, wall time) into `t`.
     void attach_timeline(Timeline * t) { timeline_ = t; }

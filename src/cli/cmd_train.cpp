@@ -32,6 +32,11 @@ void add_shape_flags(CLI::App * c, Opt & o) {
     c->add_option("--recompute", o.recompute,
                   "activation recomputation: none, full (keep each layer's input), every:K (keep every K-th), sqrt")
         ->capture_default_str();
+    c->add_option("--grad-accum", o.grad_accum,
+                  "micro-batches of --batch sequences accumulated per optimizer step (the step's batch is their sum)")
+        ->capture_default_str()->check(CLI::PositiveNumber);
+    c->add_option("--clip", o.clip, "clip gradients to this global L2 norm before AdamW (0: off)")
+        ->capture_default_str()->check(CLI::NonNegativeNumber);
     c->add_option("--memory-budget", o.memory_budget,
                   "refuse to start unless the plan fits in this many bytes (e.g. 512MiB, 2GiB; default: the memory available)");
 }

@@ -37,15 +37,17 @@ nlohmann::json run_bench(const BenchOptions & opt) {
     eo.loss_chunk = opt.loss_chunk;
     eo.flash_attention = opt.attention == "flash";
     eo.recompute_every = parse_recompute(opt.recompute, cfg.n_layer);
+    eo.grad_accum = opt.grad_accum;
     eo.budget = opt.memory_budget.empty() ? available_memory() : parse_bytes(opt.memory_budget);
     Engine engine(cfg, backend, eo);
     engine.init_params(opt.seed);
-    const size_t BT = size_t(opt.batch) * size_t(opt.seq);
+    const size_t BT = size_t(opt.batch) * size_t(opt.seq) * size_t(std::max(1, opt.grad_accum));   // tokens per step
     std::mt19937_64 rng(opt.seed);
     std::uniform_int_distribution<int32_t> tok(0, cfg.vocab_size - 1);
     std::vector<int32_t> in(BT), tg(BT);
     std::vector<double> ms, ms_timeline;
     AdamWHyper h;
+    h.clip = opt.clip;
     Timeline tl;
     auto timed_step = [&] {
         for (size_t k = 0; k < BT; ++k) { in[k] = tok(rng); tg[k] = tok(rng); }
@@ -75,7 +77,7 @@ nlohmann::json run_bench(const BenchOptions & opt) {
     const double achieved = fpt * tps / 1e9;
     nlohmann::json j = {
         {"model", cfg.name}, {"params", cfg.num_params()}, {"batch", opt.batch}, {"seq", opt.seq},
-        {"threads", omp_get_max_threads()}, {"precision", "fp32"}, {"steps", opt.steps}, {"loss_chunk", opt.loss_chunk}, {"attention", opt.attention}, {"recompute", opt.recompute},
+        {"threads", omp_get_max_threads()}, {"precision", "fp32"}, {"steps", opt.steps}, {"loss_chunk", opt.loss_chunk}, {"attention", opt.attention}, {"recompute", opt.recompute}, {"grad_accum", opt.grad_accum},
         {"ms_per_step", med}, {"ms_min", ms.front()}, {"ms_max", ms.back()}, {"tokens_per_s", tps},
         {"model_flops_per_token", fpt}, {"achieved_gflops", achieved}, {"matmul_peak_gflops", peak},
         {"mfu", peak > 0 ? achieved / peak : 0.0},

@@ -18,6 +18,8 @@ struct BenchOptions {
     std::string memory_budget;
     bool probe = true;      // measure the matmul peak for MFU
     int loss_chunk = 0;     // tokens per LM-head + loss chunk (0: all at once)
+    int grad_accum = 1;     // micro-batches per optimizer step
+    float clip = 0;         // global gradient-norm clipping (0: off)
     std::string attention = "naive";  // naive | flash
     std::string recompute = "none";   // none | full | every:K | sqrt
     bool timeline = false;  // also time steps that record the op timeline (alternating) and report the overhead

@@ -12,8 +12,21 @@ namespace memfit {
 
 Engine::Engine(const ModelConfig & cfg, Backend & backend, const EngineOptions & opt)
     : cfg_(cfg), backend_(backend), opt_(opt) {
-    train_ = std::make_unique<TrainStep>(cfg, opt.B, opt.T, StepMode::train, &backend, opt.model());
+    if (opt.grad_accum < 1) throw ConfigError(fmt::format("--grad-accum {}: must be at least 1", opt.grad_accum));
+    const int k = opt.grad_accum;
+    train_ = std::make_unique<TrainStep>(cfg, opt.B, opt.T, StepMode::train, &backend, opt.model(),
+                                         StepParts{k == 1, true});
     train_plan_ = plan_memory(train_->program());
+    if (k > 1) {
+        first_ = std::make_unique<TrainStep>(cfg, opt.B, opt.T, StepMode::train, &backend, opt.model(),
+                                             StepParts{true, false});
+        first_plan_ = plan_memory(first_->program());
+    }
+    if (k > 2) {
+        mid_ = std::make_unique<TrainStep>(cfg, opt.B, opt.T, StepMode::train, &backend, opt.model(),
+                                           StepParts{false, false});
+        mid_plan_ = plan_memory(mid_->program());
+    }
     if (opt.with_eval) {
         eval_ = std::make_unique<TrainStep>(cfg, opt.B, opt.T, StepMode::eval, &backend, opt.model());
         eval_plan_ = plan_memory(eval_->program());
@@ -22,31 +35,41 @@ Engine::Engine(const ModelConfig & cfg, Backend & backend, const EngineOptions &
         check_budget(planned_reserved(), opt.budget,
                      "lower --batch or --seq (activations grow with both), or pick a smaller --model");
     train_mem_ = std::make_unique<StepMemory>(train_->program(), train_plan_, ledger_, host_allocator(), opt.checking);
-    if (eval_)
-        eval_mem_ = std::make_unique<StepMemory>(eval_->program(), eval_plan_, ledger_, host_allocator(), opt.checking,
-                                                 train_mem_.get());
+    auto shared = [&](const TrainStep & s, const MemoryPlan & p) {
+        return std::make_unique<StepMemory>(s.program(), p, ledger_, host_allocator(), opt.checking, train_mem_.get());
+    };
+    if (first_) first_mem_ = shared(*first_, first_plan_);
+    if (mid_) mid_mem_ = shared(*mid_, mid_plan_);
+    if (eval_) eval_mem_ = shared(*eval_, eval_plan_);
 }
 
 Engine::~Engine() = default;
 
+std::vector<std::pair<const TrainStep *, const MemoryPlan *>> Engine::secondary() const {
+    std::vector<std::pair<const TrainStep *, const MemoryPlan *>> out;
+    if (first_) out.push_back({first_.get(), &first_plan_});
+    if (mid_) out.push_back({mid_.get(), &mid_plan_});
+    if (eval_) out.push_back({eval_.get(), &eval_plan_});
+    return out;
+}
+
 CategoryBytes Engine::planned_reserved() const {
+    // A secondary program runs inside the training arena when it fits, else in its own.
     CategoryBytes r = train_plan_.reserved;
-    if (eval_) {
+    for (const auto & [step, plan] : secondary())
         for (size_t c = 0; c < kCategoryCount; ++c)
-            if (eval_plan_.transient.v[c] > train_plan_.transient.v[c]) r.v[c] += eval_plan_.transient.v[c];
-    }
+            if (plan->transient.v[c] > train_plan_.transient.v[c]) r.v[c] += plan->transient.v[c];
     return r;
 }
 
 CategoryBytes Engine::planned_peak_live() const {
-    // The evaluation program runs on the training program's persistent buffers, so its live
-    // bytes at any op are the shared persistent bytes plus its own transients.
+    // Secondary programs run on the training program's persistent buffers, so their live bytes
+    // at any op are the shared persistent bytes plus their own transients.
     CategoryBytes r = train_plan_.peak_live;
-    if (eval_)
+    for (const auto & [step, plan] : secondary())
         for (size_t c = 0; c < kCategoryCount; ++c) {
-            const uint64_t eval_live = eval_plan_.peak_live.v[c] - eval_plan_.persistent_live.v[c] +
-                                       train_plan_.persistent_live.v[c];
-            r.v[c] = std::max(r.v[c], eval_live);
+            const uint64_t live = plan->peak_live.v[c] - plan->persistent_live.v[c] + train_plan_.persistent_live.v[c];
+            r.v[c] = std::max(r.v[c], live);
         }
     return r;
 }
@@ -90,50 +113,65 @@ void Engine::execute(const TrainStep & step, StepMemory & mem, const StepScalars
     MF_ASSERT(g.ops_issued() == step.program().num_ops());
 }
 
-float Engine::run_forward_loss(const TrainStep & step, StepMemory & mem, const int32_t * inputs,
-                               const int32_t * targets, StepResult * out, const AdamWHyper * h) {
-    const size_t BT = size_t(step.B()) * size_t(step.T());
+int Engine::count_targets(const int32_t * inputs, const int32_t * targets, size_t n) const {
     int valid = 0;
-    for (size_t i = 0; i < BT; ++i) {
+    for (size_t i = 0; i < n; ++i) {
+        if (inputs[i] < 0 || inputs[i] >= cfg_.vocab_size)
+            throw FormatError(fmt::format("token {} at position {} is outside the vocabulary of {}", inputs[i], i,
+                                          cfg_.vocab_size));
         if (targets[i] == -100) continue;
         if (targets[i] < 0 || targets[i] >= cfg_.vocab_size)
             throw FormatError(fmt::format("target {} at position {} is outside the vocabulary of {}", targets[i], i,
                                           cfg_.vocab_size));
         ++valid;
     }
-    for (size_t i = 0; i < BT; ++i)
-        if (inputs[i] < 0 || inputs[i] >= cfg_.vocab_size)
-            throw FormatError(fmt::format("token {} at position {} is outside the vocabulary of {}", inputs[i], i,
-                                          cfg_.vocab_size));
+    return valid;
+}
+
+double Engine::run_batch(const TrainStep & step, StepMemory & mem, const int32_t * inputs, const int32_t * targets,
+                         float dloss, const AdamWHyper * h) {
+    const size_t BT = size_t(step.B()) * size_t(step.T());
     std::memcpy(mem.base(step.tokens), inputs, BT * 4);
     std::memcpy(mem.base(step.targets), targets, BT * 4);
     StepScalars s;
-    s.dloss = valid > 0 ? 1.0f / float(valid) : 0.0f;
+    s.dloss = dloss;
     if (h) s.adamw = *h;
     execute(step, mem, s);
     const float * l = static_cast<const float *>(mem.base(step.losses));
     double sum = 0;
     for (size_t i = 0; i < BT; ++i) sum += l[i];
-    const float loss = valid > 0 ? float(sum / valid) : 0.0f;
-    if (out) {
-        out->loss = loss;
-        out->tokens = valid;
-    }
-    return loss;
+    return sum;
 }
 
 StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, const AdamWHyper & h) {
+    const int k = opt_.grad_accum;
+    const size_t BT = size_t(opt_.B) * size_t(opt_.T);
     StepResult r;
+    r.tokens = count_targets(inputs, targets, BT * size_t(k));
+    // Every micro-batch's loss gradient is scaled by the whole step's token count, so the
+    // accumulated gradients are those of one batch of k*B sequences.
+    const float dloss = r.tokens > 0 ? 1.0f / float(r.tokens) : 0.0f;
     AdamWHyper hh = h;
     hh.t = ++t_;
-    run_forward_loss(*train_, *train_mem_, inputs, targets, &r, &hh);
+    double sum = 0;
+    for (int i = 0; i < k; ++i) {
+        const int32_t * in = inputs + size_t(i) * BT;
+        const int32_t * tg = targets + size_t(i) * BT;
+        if (i == k - 1) sum += run_batch(*train_, *train_mem_, in, tg, dloss, &hh);
+        else if (i == 0) sum += run_batch(*first_, *first_mem_, in, tg, dloss, nullptr);
+        else sum += run_batch(*mid_, *mid_mem_, in, tg, dloss, nullptr);
+    }
+    r.loss = r.tokens > 0 ? float(sum / r.tokens) : 0.0f;
     r.grad_norm = std::sqrt(*static_cast<const float *>(train_mem_->base(train_->grad_norm_sq)));
     return r;
 }
 
 float Engine::eval_loss(const int32_t * inputs, const int32_t * targets) {
     MF_ASSERT(eval_ && "engine built without the evaluation program");
-    return run_forward_loss(*eval_, *eval_mem_, inputs, targets, nullptr, nullptr);
+    const size_t BT = size_t(opt_.B) * size_t(opt_.T);
+    const int valid = count_targets(inputs, targets, BT);
+    const double sum = run_batch(*eval_, *eval_mem_, inputs, targets, 0.0f, nullptr);
+    return valid > 0 ? float(sum / valid) : 0.0f;
 }
 
 std::vector<float> Engine::logits(const int32_t * inputs, int batch) {
@@ -147,7 +185,8 @@ std::vector<float> Engine::logits(const int32_t * inputs, int batch) {
     }
     const size_t BT = size_t(batch) * size_t(opt_.T);
     std::vector<int32_t> no_targets(BT, -100);
-    run_forward_loss(*fwd_, *fwd_mem_, inputs, no_targets.data(), nullptr, nullptr);
+    count_targets(inputs, no_targets.data(), BT);
+    run_batch(*fwd_, *fwd_mem_, inputs, no_targets.data(), 0.0f, nullptr);
     const float * l = static_cast<const float *>(fwd_mem_->base(fwd_->logits().buffer));
     return std::vector<float>(l, l + BT * size_t(cfg_.vocab_size));
 }

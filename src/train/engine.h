@@ -24,6 +24,7 @@ struct EngineOptions {
     int      loss_chunk = 0;         // tokens per LM-head + loss chunk; 0 = the whole batch at once
     bool     flash_attention = false;// tiled attention (no T x T buffer)
     int      recompute_every = 0;    // 0: none; K: checkpoint every K layers (see Gpt2Options)
+    int      grad_accum = 1;         // micro-batches of B sequences per optimizer step
     Gpt2Options model() const {
         Gpt2Options m;
         m.loss_chunk = loss_chunk;
@@ -53,7 +54,9 @@ public:
     float * adam_m();
     float * adam_v();
 
-    // One optimizer step on a batch of B*T inputs/targets (targets may hold -100).
+    // One optimizer step on grad_accum micro-batches laid end to end (grad_accum*B*T inputs and
+    // targets; targets may hold -100). The loss is the mean over all their non-ignored targets,
+    // as if they were one batch.
     StepResult train_step(const int32_t * inputs, const int32_t * targets, const AdamWHyper & h);
     // Mean loss of a batch without updating anything (needs with_eval).
     float eval_loss(const int32_t * inputs, const int32_t * targets);
@@ -79,18 +82,25 @@ public:
     int steps_done() const { return t_; }
 
 private:
-    float run_forward_loss(const TrainStep & step, StepMemory & mem, const int32_t * inputs,
-                           const int32_t * targets, StepResult * out, const AdamWHyper * h);
+    // Runs one program on one batch; returns the sum of its per-token losses.
+    double run_batch(const TrainStep & step, StepMemory & mem, const int32_t * inputs, const int32_t * targets,
+                     float dloss, const AdamWHyper * h);
+    // Non-ignored targets in n tokens; checks ids against the vocabulary.
+    int count_targets(const int32_t * inputs, const int32_t * targets, size_t n) const;
     void execute(const TrainStep & step, StepMemory & mem, const StepScalars & s);
 
     ModelConfig cfg_;
     Backend & backend_;
     EngineOptions opt_;
     Ledger ledger_;
-    std::unique_ptr<TrainStep> train_, eval_, fwd_;
-    MemoryPlan train_plan_, eval_plan_, fwd_plan_;
+    // train_ is the step's last (or only) micro-step: it holds the optimizer. With accumulation,
+    // first_ zeroes the gradients and mid_ only accumulates; both run in train_'s memory.
+    std::unique_ptr<TrainStep> train_, first_, mid_, eval_, fwd_;
+    MemoryPlan train_plan_, first_plan_, mid_plan_, eval_plan_, fwd_plan_;
     int fwd_batch_ = 0;
-    std::unique_ptr<StepMemory> train_mem_, eval_mem_, fwd_mem_;
+    std::unique_ptr<StepMemory> train_mem_, first_mem_, mid_mem_, eval_mem_, fwd_mem_;
+    // Programs that run in train_'s memory, with their plans (for the planned totals).
+    std::vector<std::pair<const TrainStep *, const MemoryPlan *>> secondary() const;
     int t_ = 0;
     Timeline * timeline_ = nullptr;
 };

@@ -7,8 +7,8 @@
 namespace memfit {
 
 TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const Backend * sizing,
-                     const Gpt2Options & model)
-    : cfg_(cfg), layout_(gpt2_param_layout(cfg)), mode_(mode), B_(B), T_(T) {
+                     const Gpt2Options & model, StepParts parts)
+    : cfg_(cfg), layout_(gpt2_param_layout(cfg)), mode_(mode), parts_(parts), B_(B), T_(T) {
     if (B < 1 || T < 1) throw ConfigError(fmt::format("batch = {}, seq = {}: both must be at least 1", B, T));
     if (T > cfg.max_seq)
         throw ConfigError(fmt::format("seq = {} exceeds the model's context of {} positions; lower --seq", T,
@@ -42,7 +42,7 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
     const int64_t b = B_, t = T_, P = int64_t(layout_.total);
     const Tensor tok(tokens, DType::i32, {b, t}), tgt(targets, DType::i32, {b, t});
     const Tensor loss(losses, DType::f32, {b, t});
-    if (mode_ == StepMode::train) {
+    if (mode_ == StepMode::train && parts_.zero_grads) {
         g.phase(Phase::other);
         g.fill_zero(Tensor(grads, DType::f32, {P}));
     }
@@ -55,17 +55,19 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
                       s.dloss);
     if (mode_ == StepMode::eval) return;
     model_->backward(g, w_, dw_, tok);
+    if (!parts_.optimizer) return;
 
     g.phase(Phase::optimizer);
     g.layer(-1);
-    g.sum_squares(Tensor(grad_norm_sq, DType::f32, {1}), Tensor(grads, DType::f32, {P}));
+    const Tensor norm_sq(grad_norm_sq, DType::f32, {1});
+    g.sum_squares(norm_sq, Tensor(grads, DType::f32, {P}));
     for (const auto & p : layout_.params) {
         AdamWHyper h = s.adamw;
         if (!p.decay()) h.weight_decay = 0;
         const size_t off = p.offset * sizeof(float);
         const int64_t n = int64_t(p.numel);
         g.adamw(Tensor(params, DType::f32, {n}, off), Tensor(grads, DType::f32, {n}, off),
-                Tensor(adam_m, DType::f32, {n}, off), Tensor(adam_v, DType::f32, {n}, off), h);
+                Tensor(adam_m, DType::f32, {n}, off), Tensor(adam_v, DType::f32, {n}, off), norm_sq, h);
     }
 }
 

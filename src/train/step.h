@@ -20,6 +20,13 @@ enum class StepMode {
     logits,   // forward only; the logits buffer keeps the logits
 };
 
+// Which ends of a training step a program includes (gradient accumulation splits one optimizer
+// step into several micro-steps: the first zeroes the gradients, the last updates).
+struct StepParts {
+    bool zero_grads = true;
+    bool optimizer = true;
+};
+
 struct StepScalars {
     float      dloss = 0;       // 1 / (number of non-ignored targets in the batch)
     AdamWHyper adamw;           // lr, betas, eps, weight decay (applied to >= 2-D tensors), t
@@ -30,7 +37,7 @@ public:
     // `sizing` answers library-scratch queries while recording (the backend that will run it).
     // Model options (loss_chunk, flash_attention) come from `model`; the mode decides the rest.
     TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const Backend * sizing,
-              const Gpt2Options & model = {});
+              const Gpt2Options & model = {}, StepParts parts = {});
 
     void run(Graph & g, const StepScalars & s) const;
 
@@ -49,6 +56,7 @@ private:
     ModelConfig cfg_;
     ParamLayout layout_;
     StepMode mode_;
+    StepParts parts_;
     int B_, T_;
     Program program_;
     BufferId workspace_ = -1;

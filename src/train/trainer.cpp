@@ -154,6 +154,7 @@ void run_training(const TrainOptions & opt) {
     eo.loss_chunk = opt.loss_chunk;
     eo.flash_attention = opt.attention == "flash";
     eo.recompute_every = parse_recompute(opt.recompute, cfg.n_layer);
+    eo.grad_accum = opt.grad_accum;
     // Without --memory-budget the plan must still fit the memory this process can have.
     eo.budget = budget_flag ? budget_flag : available_memory();
     DataLoader train_data(data.train_path, opt.batch, opt.seq, opt.seed);
@@ -163,8 +164,10 @@ void run_training(const TrainOptions & opt) {
     say(fmt::format("memfit {}: model {} ({} layers, {} channels, {} heads, vocab {}, {:.2f}M parameters)",
                     opt.profile ? "profile" : "train", cfg.name, cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab_size,
                     double(cfg.num_params()) / 1e6));
-    say(fmt::format("  data {} ({}), batch {} x seq {} = {} tokens/step, {} steps, {} threads", data.train_path,
-                    data.tokenizer, opt.batch, opt.seq, opt.batch * opt.seq, opt.steps, omp_get_max_threads()));
+    say(fmt::format("  data {} ({}), batch {} x seq {}{} = {} tokens/step, {} steps, {} threads", data.train_path,
+                    data.tokenizer, opt.batch, opt.seq,
+                    opt.grad_accum > 1 ? fmt::format(" x {} accumulated micro-batches", opt.grad_accum) : "",
+                    opt.batch * opt.seq * opt.grad_accum, opt.steps, omp_get_max_threads()));
     Engine engine(cfg, backend, eo);
     const CategoryBytes plan_live = engine.planned_peak_live(), plan_rsv = engine.planned_reserved();
     say(fmt::format("memory plan ({} ops, fp32, peak at op {} '{}'):\n{}", engine.step().program().num_ops(),
@@ -180,7 +183,7 @@ void run_training(const TrainOptions & opt) {
     std::FILE * metrics = std::fopen(metrics_path.c_str(), "w");
     if (!metrics) throw IoError(fmt::format("{}: cannot write metrics", metrics_path));
 
-    const int BT = opt.batch * opt.seq;
+    const int micro = opt.batch * opt.seq, BT = micro * opt.grad_accum;   // tokens per micro-batch, per step
     std::vector<int32_t> in(static_cast<size_t>(BT)), tg(static_cast<size_t>(BT));
     LrSchedule sched{opt.lr, opt.warmup, opt.steps, opt.min_lr_ratio};
     auto evaluate = [&]() {
@@ -199,8 +202,8 @@ void run_training(const TrainOptions & opt) {
     std::vector<CurvePoint> loss_curve, val_curve, tps_curve;
     const auto t_start = Clock::now();
     for (int step = 1; step <= opt.steps; ++step) {
-        train_data.next(in.data(), tg.data());
-        AdamWHyper h{sched.at(step), opt.beta1, opt.beta2, opt.eps, opt.weight_decay, step};
+        for (int i = 0; i < opt.grad_accum; ++i) train_data.next(in.data() + size_t(i) * micro, tg.data() + size_t(i) * micro);
+        AdamWHyper h{sched.at(step), opt.beta1, opt.beta2, opt.eps, opt.weight_decay, step, opt.clip};
         if (step == opt.steps) engine.set_timeline(&timeline);
         const auto t0 = Clock::now();
         const StepResult r = engine.train_step(in.data(), tg.data(), h);

@@ -28,6 +28,8 @@ struct TrainOptions {
     int      sample_tokens = 400;  // text sample at the end (0: none)
     bool     check_lifetimes = false;
     int      loss_chunk = 0;       // tokens per LM-head + loss chunk (0: all at once)
+    int      grad_accum = 1;       // micro-batches of --batch sequences per optimizer step
+    float    clip = 0;             // global gradient-norm clipping (0: off)
     std::string attention = "naive";  // naive | flash
     std::string recompute = "none";   // none | full | every:K | sqrt
     bool     profile = false;      // `memfit profile`: no evaluation, no sample; the report is the point

@@ -55,8 +55,9 @@ void bias_backward(float * dbias, const float * dout, int N, int OC);
 double sum_squares(const float * x, size_t n);
 
 // PyTorch AdamW (decoupled weight decay): p -= lr*wd*p; m,v updated; bias-corrected with t.
-// weight_decay is passed per tensor (0 for tensors with < 2 dims).
+// weight_decay is passed per tensor (0 for tensors with < 2 dims). The gradient is multiplied by
+// grad_scale first (global-norm clipping; 1 leaves it bitwise unchanged).
 void adamw_update(float * param, const float * grad, float * m, float * v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int t);
+                  float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale = 1.0f);
 
 }  // namespace memfit::cpu

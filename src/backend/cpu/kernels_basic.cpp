@@ -274,7 +274,7 @@ double sum_squares(const float * x, size_t n) {
 //   p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
 
 void adamw_update(float * param, const float * grad, float * m, float * v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int t) {
+                  float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale) {
     MF_ASSERT(t >= 1);
     const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), t);
     const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), t);
@@ -285,7 +285,7 @@ void adamw_update(float * param, const float * grad, float * m, float * v, size_
     const float one_m_b2 = 1.0f - beta2;
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; ++i) {
-        const float g = grad[i];
+        const float g = grad[i] * grad_scale;
         const float mi = beta1 * m[i] + one_m_b1 * g;
         const float vi = beta2 * v[i] + one_m_b2 * g * g;
         m[i] = mi;
