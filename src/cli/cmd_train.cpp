@@ -15,17 +15,37 @@ namespace memfit::cli {
 
 namespace {
 
+// CLI11's own numeric validators print their full double range; these say it plainly.
+const CLI::Validator kPositive(
+    [](std::string & v) {
+        try {
+            size_t used = 0;
+            if (std::stod(v, &used) > 0 && used == v.size()) return std::string();
+        } catch (const std::exception &) {}
+        return "must be a number greater than 0, got '" + v + "'";
+    },
+    "> 0");
+const CLI::Validator kNonNegative(
+    [](std::string & v) {
+        try {
+            size_t used = 0;
+            if (std::stod(v, &used) >= 0 && used == v.size()) return std::string();
+        } catch (const std::exception &) {}
+        return "must be a number >= 0, got '" + v + "'";
+    },
+    ">= 0");
+
 template <class Opt>
 void add_shape_flags(CLI::App * c, Opt & o) {
     c->add_option("--model", o.model, "preset (" + fmt::format("{}", fmt::join(preset_names(), ", ")) +
                                           ") or a Hugging Face GPT-2 config.json")->capture_default_str();
-    c->add_option("--batch", o.batch, "sequences per step")->capture_default_str()->check(CLI::PositiveNumber);
-    c->add_option("--seq", o.seq, "tokens per sequence")->capture_default_str()->check(CLI::PositiveNumber);
-    c->add_option("--threads", o.threads, "CPU threads (0: all cores)")->check(CLI::NonNegativeNumber);
+    c->add_option("--batch", o.batch, "sequences per step")->capture_default_str()->check(kPositive);
+    c->add_option("--seq", o.seq, "tokens per sequence")->capture_default_str()->check(kPositive);
+    c->add_option("--threads", o.threads, "CPU threads (0: all cores)")->check(kNonNegative);
     c->add_option("--seed", o.seed, "random seed")->capture_default_str();
     c->add_option("--loss-chunk", o.loss_chunk,
                   "tokens per LM-head + cross-entropy chunk: the B*T*V logits are never stored whole (0: unchunked)")
-        ->capture_default_str()->check(CLI::NonNegativeNumber);
+        ->capture_default_str()->check(kNonNegative);
     c->add_option("--attention", o.attention,
                   "naive (saves the T x T probabilities) or flash (tiled, saves one log-sum-exp per query)")
         ->capture_default_str()->check(CLI::IsMember({"naive", "flash"}));
@@ -34,9 +54,9 @@ void add_shape_flags(CLI::App * c, Opt & o) {
         ->capture_default_str();
     c->add_option("--grad-accum", o.grad_accum,
                   "micro-batches of --batch sequences accumulated per optimizer step (the step's batch is their sum)")
-        ->capture_default_str()->check(CLI::PositiveNumber);
+        ->capture_default_str()->check(kPositive);
     c->add_option("--clip", o.clip, "clip gradients to this global L2 norm before AdamW (0: off)")
-        ->capture_default_str()->check(CLI::NonNegativeNumber);
+        ->capture_default_str()->check(kNonNegative);
     c->add_option("--memory-budget", o.memory_budget,
                   "refuse to start unless the plan fits in this many bytes (e.g. 512MiB, 2GiB; default: the memory available)");
 }
@@ -47,22 +67,22 @@ void add_train_flags(CLI::App * train, TrainOptions & t) {
     add_shape_flags(train, t);
     train->add_option("--data", t.data, "folder with train.bin/val.bin from `memfit prepare` (default: the bundled corpus)");
     train->add_option("--tokenizer", t.tokenizer, "tokenizer when preparing the bundled corpus: gpt2|bytes");
-    train->add_option("--steps", t.steps, "optimizer steps")->capture_default_str()->check(CLI::PositiveNumber);
-    train->add_option("--lr", t.lr, "peak learning rate")->capture_default_str()->check(CLI::PositiveNumber);
-    train->add_option("--warmup", t.warmup, "linear warmup steps")->capture_default_str()->check(CLI::NonNegativeNumber);
+    train->add_option("--steps", t.steps, "optimizer steps")->capture_default_str()->check(kPositive);
+    train->add_option("--lr", t.lr, "peak learning rate")->capture_default_str()->check(kPositive);
+    train->add_option("--warmup", t.warmup, "linear warmup steps")->capture_default_str()->check(kNonNegative);
     train->add_option("--min-lr-ratio", t.min_lr_ratio, "cosine decay floor as a fraction of --lr")
         ->capture_default_str()->check(CLI::Range(0.0, 1.0));
     train->add_option("--weight-decay", t.weight_decay, "AdamW decoupled weight decay (tensors with >= 2 dims)")
-        ->capture_default_str()->check(CLI::NonNegativeNumber);
+        ->capture_default_str()->check(kNonNegative);
     train->add_option("--eval-every", t.eval_every, "validation interval in steps (0: at the end only)")
-        ->capture_default_str()->check(CLI::NonNegativeNumber);
+        ->capture_default_str()->check(kNonNegative);
     train->add_option("--eval-batches", t.eval_batches, "validation batches per evaluation")
-        ->capture_default_str()->check(CLI::PositiveNumber);
+        ->capture_default_str()->check(kPositive);
     train->add_option("--log-every", t.log_every, "status line interval in steps")->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(kPositive);
     train->add_option("--out", t.out, "output folder (metrics.jsonl, summary.json)")->capture_default_str();
     train->add_option("--sample", t.sample_tokens, "tokens of text to sample at the end (0: none)")
-        ->capture_default_str()->check(CLI::NonNegativeNumber);
+        ->capture_default_str()->check(kNonNegative);
     train->add_flag("--check-lifetimes", t.check_lifetimes,
                     "give every buffer its own allocation, poisoned after its declared last use (slow; for testing)");
     train->add_option("--progress", t.progress, "status display: auto (a live line on a terminal), tty, plain, json, quiet")
@@ -97,9 +117,9 @@ void add_train_commands(CLI::App & app) {
     CLI::App * bench = app.add_subcommand("bench", "time training steps; print one JSON line (tokens/s, MFU, memory)");
     add_shape_flags(bench, b);
     bench->add_option("--steps", b.steps, "timed steps (median reported)")->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(kPositive);
     bench->add_option("--warmup", b.warmup, "untimed steps first")->capture_default_str()
-        ->check(CLI::NonNegativeNumber);
+        ->check(kNonNegative);
     bench->add_flag("--timeline", b.timeline,
                     "also time steps that record the op timeline (interleaved) and report the overhead");
     bench->callback([] { std::printf("%s\n", run_bench(b).dump().c_str()); });
