@@ -84,13 +84,14 @@ INSTANTIATE_TEST_SUITE_P(Configs, PlannedEqualsMeasured,
                                            PlanCase{256, 64, 2, 4, 2, 64, 0, true},
                                            PlanCase{300, 48, 2, 3, 2, 50, 33, true},
                                            PlanCase{256, 64, 3, 4, 2, 32, 0, false, 1},
-                                           PlanCase{256, 64, 5, 4, 2, 32, 16, true, 2}),
+                                           PlanCase{256, 64, 5, 4, 2, 32, 16, true, 2},
+                                           PlanCase{256, 64, 3, 4, 2, 32, 0, false, kRecomputeSelective}),
                          [](const ::testing::TestParamInfo<PlanCase> & i) {
                              const PlanCase & c = i.param;
                              return "V" + std::to_string(c.V) + "_C" + std::to_string(c.C) + "_L" +
                                     std::to_string(c.L) + "_B" + std::to_string(c.B) + "_T" + std::to_string(c.T) +
                                     "_chunk" + std::to_string(c.chunk) + (c.flash ? "_flash" : "") + "_rc" +
-                                    std::to_string(c.recompute);
+                                    (c.recompute < 0 ? std::string("sel") : std::to_string(c.recompute));
                          });
 
 TEST(Engine, ActivationsGrowWithBatchAndQuadraticallyWithSeq) {
@@ -284,7 +285,7 @@ TEST(Engine, FlashAttentionMatchesNaiveAndDropsTheQuadraticTerm) {
 TEST(Engine, RecomputationIsBitwiseEqualAndSavesActivations) {
     CpuBackend backend;
     const ModelConfig cfg = small_config(97, 48, 5, 3, 64);
-    const std::vector<std::string> policies = {"none", "full", "every:2", "every:3", "sqrt"};
+    const std::vector<std::string> policies = {"none", "full", "every:2", "every:3", "sqrt", "selective"};
     std::vector<std::vector<float>> params;
     std::vector<float> losses;
     std::vector<uint64_t> act;
@@ -316,6 +317,7 @@ TEST(Engine, RecomputationIsBitwiseEqualAndSavesActivations) {
         EXPECT_LT(act[i], act[0]);
     }
     EXPECT_LE(act[1], act[2]);   // full keeps the least
+    EXPECT_LT(act[1], act[5]);   // selective keeps the matmul outputs
     EXPECT_THROW(parse_recompute("every:0", 4), ConfigError);
     EXPECT_THROW(parse_recompute("sometimes", 4), ConfigError);
     EXPECT_EQ(parse_recompute("sqrt", 12), 4);

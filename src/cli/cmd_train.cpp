@@ -50,7 +50,7 @@ void add_shape_flags(CLI::App * c, Opt & o) {
                   "naive (saves the T x T probabilities) or flash (tiled, saves one log-sum-exp per query)")
         ->capture_default_str()->check(CLI::IsMember({"naive", "flash"}));
     c->add_option("--recompute", o.recompute,
-                  "activation recomputation: none, full (keep each layer's input), every:K (keep every K-th), sqrt")
+                  "activation recomputation: none, full (keep each layer's input), every:K (keep every K-th), sqrt, selective")
         ->capture_default_str();
     c->add_option("--grad-accum", o.grad_accum,
                   "micro-batches of --batch sequences accumulated per optimizer step (the step's batch is their sum)")

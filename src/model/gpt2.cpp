@@ -37,13 +37,15 @@ Gpt2Weights gpt2_weights(const ModelConfig & cfg, const ParamLayout & layout, Bu
 int parse_recompute(const std::string & policy, int n_layer) {
     if (policy == "none") return 0;
     if (policy == "full") return 1;
+    if (policy == "selective") return kRecomputeSelective;
     if (policy == "sqrt") return std::max(1, int(std::ceil(std::sqrt(double(n_layer)))));
     if (policy.starts_with("every:")) {
         const std::string k = policy.substr(6);
         if (!k.empty() && k.size() < 6 && std::all_of(k.begin(), k.end(), ::isdigit) && std::stoi(k) >= 1)
             return std::stoi(k);
     }
-    throw ConfigError(fmt::format("--recompute '{}': expected none, full, every:K (K >= 1) or sqrt", policy));
+    throw ConfigError(
+        fmt::format("--recompute '{}': expected none, full, every:K (K >= 1), sqrt or selective", policy));
 }
 
 namespace {
@@ -103,7 +105,8 @@ Gpt2::Gpt2(const ModelConfig & cfg, int B, int T, Program & program, const Gpt2O
         const std::string h = fmt::format("h.{}.", l);
         // With recomputation, backward's gradient buffers belong to the recomputed set.
         layers_.push_back(declare_layer(program, h, opt.with_backward && recompute_every_ == 0));
-        if (recompute_every_ > 0) rc_.push_back(declare_layer(program, h + "rc.", true));
+        // The recomputed set; buffers a policy never touches have no lifetime and take no bytes.
+        if (recompute_every_ != 0) rc_.push_back(declare_layer(program, h + "rc.", true));
     }
     lnf_ = act("ln_f.out", {b, t, C});
     lnf_mean_ = act("ln_f.mean", {b, t});
@@ -181,7 +184,9 @@ void Gpt2::head_loss(Graph & g, const Gpt2Weights & w, const Gpt2Weights * dw, T
 }
 
 void Gpt2::backward(Graph & g, const Gpt2Weights & w, const Gpt2Weights & dw, Tensor tokens) const {
-    const int NH = cfg_.n_head, L = cfg_.n_layer, K = recompute_every_;
+    const int NH = cfg_.n_head, L = cfg_.n_layer;
+    const bool selective = recompute_every_ == kRecomputeSelective;
+    const int K = selective ? 0 : recompute_every_;
     // The input of layer l as forward saved it.
     auto saved_input = [&](int l) { return l > 0 ? layers_[size_t(l) - 1].res3 : encoded_; };
     g.phase(Phase::backward);
@@ -208,8 +213,28 @@ void Gpt2::backward(Graph & g, const Gpt2Weights & w, const Gpt2Weights & dw, Te
             }
             if (l > seg) x = rc_[size_t(l) - 1].res3;
         }
-        const auto & a = K > 0 ? rc_[size_t(l)] : layers_[size_t(l)];
+        LayerActs a = K > 0 ? rc_[size_t(l)] : layers_[size_t(l)];
         g.layer(l);
+        if (selective) {
+            // Keep the matmul outputs (qkv, attention output, fc) and the residuals; recompute
+            // the rest from them into the rc buffers. The attention output is rewritten with the
+            // identical values it already holds.
+            const LayerActs & f = layers_[size_t(l)];
+            const LayerActs & r = rc_[size_t(l)];
+            g.phase(Phase::recompute);
+            g.layernorm_fwd(r.ln1, r.ln1_mean, r.ln1_rstd, x, p.ln1w, p.ln1b, cfg_.ln_eps);
+            if (!flash_) g.attention_fwd(f.atty, r.att, f.qkv, NH);
+            g.layernorm_fwd(r.ln2, r.ln2_mean, r.ln2_rstd, f.res2, p.ln2w, p.ln2b, cfg_.ln_eps);
+            g.gelu_fwd(r.fch_gelu, f.fch);
+            g.phase(Phase::backward);
+            a = r;
+            a.qkv = f.qkv;
+            a.lse = f.lse;
+            a.atty = f.atty;
+            a.res2 = f.res2;
+            a.fch = f.fch;
+            if (flash_) a.att = f.att;
+        }
         // dres holds d(residual_mlp); the MLP branch's output gradient is the same tensor.
         g.matmul_bwd(a.dfch_gelu, dp.fcprojw, dp.fcprojb, dres_, a.fch_gelu, p.fcprojw, WeightLayout::in_out);
         g.gelu_bwd(a.dfch, a.dfch_gelu, a.fch);

@@ -32,11 +32,15 @@ struct Gpt2Options {
     // Activation recomputation: 0 keeps every layer's activations; K >= 1 keeps only the input
     // of every K-th layer (a checkpoint) and recomputes each segment of K layers' forward in
     // backward, just before its layers' backward (K = 1 is full recomputation).
+    // kRecomputeSelective instead keeps every layer's matmul outputs and recomputes the cheap,
+    // large tensors from them in backward: the layer norms' outputs, the GELU output and (naive
+    // attention) the T x T probabilities (Korthikanti et al. 2022).
     int  recompute_every = 0;
 };
+constexpr int kRecomputeSelective = -1;
 
-// "none" -> 0, "full" -> 1, "every:K" -> K, "sqrt" -> ceil(sqrt(L)) (Chen et al. 2016).
-// Throws ConfigError on anything else.
+// "none" -> 0, "full" -> 1, "every:K" -> K, "sqrt" -> ceil(sqrt(L)) (Chen et al. 2016),
+// "selective" -> kRecomputeSelective. Throws ConfigError on anything else.
 int parse_recompute(const std::string & policy, int n_layer);
 
 class Gpt2 {
