@@ -412,3 +412,31 @@ TEST(Engine, ClippingScalesTheGradientsByClipOverNorm) {
     EXPECT_LT(relative_error(got_delta.data(), expect_delta.data(), P), 1e-3);
     EXPECT_GT(relative_error(got_delta.data(), unclipped_delta.data(), P), 0.05);   // clipping changed the step
 }
+
+TEST(Engine, LeakCheckComparesLiveBytesOpByOp) {
+    CpuBackend backend;
+    EngineOptions eo;
+    eo.B = 2;
+    eo.T = 8;
+    eo.recompute_every = 1;
+    Engine e(small_config(61, 32, 2, 2), backend, eo);
+    e.init_params(1);
+    std::vector<int32_t> in(16), tg(16);
+    Timeline a, b;
+    for (Timeline * t : {&a, &b}) {
+        random_batch(in, tg, 61, 1);
+        e.set_timeline(t);
+        e.train_step(in.data(), tg.data(), AdamWHyper{});
+        e.eval_loss(in.data(), tg.data());   // an evaluation in between must leave nothing behind
+    }
+    e.set_timeline(nullptr);
+    EXPECT_EQ(compare_live_bytes(a, b), "");
+    // A buffer that stayed alive shows up, named by op and category.
+    b.events[5].live[Category::activations] += 64;
+    const std::string diff = compare_live_bytes(a, b);
+    EXPECT_NE(diff.find("activations"), std::string::npos) << diff;
+    EXPECT_NE(diff.find("op 5"), std::string::npos) << diff;
+    EXPECT_NE(diff.find("+64"), std::string::npos) << diff;
+    b.events.pop_back();
+    EXPECT_NE(compare_live_bytes(a, b), "");
+}

@@ -85,6 +85,8 @@ void add_train_flags(CLI::App * train, TrainOptions & t) {
         ->capture_default_str()->check(kNonNegative);
     train->add_flag("--check-lifetimes", t.check_lifetimes,
                     "give every buffer its own allocation, poisoned after its declared last use (slow; for testing)");
+    train->add_flag("--check-leaks", t.check_leaks,
+                    "compare live bytes per category at every op of steps 2 and 3; fail if any differ");
     train->add_option("--progress", t.progress, "status display: auto (a live line on a terminal), tty, plain, json, quiet")
         ->capture_default_str()->check(CLI::IsMember({"auto", "tty", "plain", "json", "quiet"}));
     train->add_flag_callback("--quiet", [&t] { t.progress = "quiet"; }, "no status lines (same as --progress quiet)");

@@ -29,3 +29,12 @@ struct Timeline {
 };
 
 }  // namespace memfit
+
+namespace memfit {
+
+// The leak check: compares the live bytes per category at every op of two recordings of the
+// same program. Returns an empty string when they are identical, else one line naming the
+// first op and category that differ, with both numbers.
+std::string compare_live_bytes(const Timeline & a, const Timeline & b);
+
+}  // namespace memfit

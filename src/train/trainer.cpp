@@ -121,6 +121,8 @@ ProgressMode progress_mode(const std::string & m) {
 
 void run_training(const TrainOptions & opt) {
     if (opt.steps < 1) throw ConfigError(fmt::format("--steps {}: must be at least 1", opt.steps));
+    if (opt.check_leaks && opt.steps < 4)
+        throw ConfigError(fmt::format("--check-leaks compares steps 2 and 3: needs --steps 4 or more (got {})", opt.steps));
     Progress progress(progress_mode(opt.progress));
     // Everything but the status line goes through the progress display, so a terminal's live
     // line stays intact, --json keeps stdout JSON Lines and --quiet keeps it empty.
@@ -199,16 +201,24 @@ void run_training(const TrainOptions & opt) {
     float last_loss = 0, last_val = NAN;
     std::vector<double> step_ms;
     Timeline timeline;   // the last step, op by op, for the report
+    Timeline leak_a, leak_b;   // --check-leaks: steps 2 and 3
     std::vector<CurvePoint> loss_curve, val_curve, tps_curve;
     const auto t_start = Clock::now();
     for (int step = 1; step <= opt.steps; ++step) {
         for (int i = 0; i < opt.grad_accum; ++i) train_data.next(in.data() + size_t(i) * micro, tg.data() + size_t(i) * micro);
         AdamWHyper h{sched.at(step), opt.beta1, opt.beta2, opt.eps, opt.weight_decay, step, opt.clip};
         if (step == opt.steps) engine.set_timeline(&timeline);
+        else if (opt.check_leaks && step == 2) engine.set_timeline(&leak_a);
+        else if (opt.check_leaks && step == 3) engine.set_timeline(&leak_b);
         const auto t0 = Clock::now();
         const StepResult r = engine.train_step(in.data(), tg.data(), h);
         const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
         engine.set_timeline(nullptr);
+        if (opt.check_leaks && step == 3) {
+            const std::string diff = compare_live_bytes(leak_a, leak_b);
+            if (!diff.empty()) throw Error("leak check failed: " + diff);
+            say(fmt::format("leak check: live bytes identical at all {} ops of steps 2 and 3", leak_b.events.size()));
+        }
         loss_curve.push_back({step, r.loss});
         tps_curve.push_back({step, double(BT) / dt});
         if (!std::isfinite(r.loss))

@@ -30,6 +30,7 @@ struct TrainOptions {
     int      loss_chunk = 0;       // tokens per LM-head + loss chunk (0: all at once)
     int      grad_accum = 1;       // micro-batches of --batch sequences per optimizer step
     float    clip = 0;             // global gradient-norm clipping (0: off)
+    bool     check_leaks = false;  // compare live bytes op by op between steps 2 and 3; fail if they differ
     std::string attention = "naive";  // naive | flash
     std::string recompute = "none";   // none | full | every:K | sqrt
     bool     profile = false;      // `memfit profile`: no evaluation, no sample; the report is the point
