@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/units.h"
 #include "memory/program.h"
@@ -112,24 +113,7 @@ json chrome_trace(const ReportData & r) {
 void write_chrome_trace(const std::string & path, const ReportData & r) {
     // Replace invalid UTF-8 (e.g. in a config string) rather than throwing halfway through.
     const std::string text = chrome_trace(r).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    const std::string tmp = path + ".tmp";
-    {
-        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-        if (!out) throw IoError(fmt::format("{}: cannot create; check the folder exists and is writable", tmp));
-        out << text << '\n';
-        out.flush();
-        if (!out) {
-            out.close();
-            std::remove(tmp.c_str());
-            throw IoError(fmt::format("{}: write failed; check free disk space", tmp));
-        }
-    }
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);
-    if (ec) {
-        std::remove(tmp.c_str());
-        throw IoError(fmt::format("cannot rename {} to {}: {}", tmp, path, ec.message()));
-    }
+    write_file_atomic(path, text + '\n');
 }
 
 }  // namespace memfit

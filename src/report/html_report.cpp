@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/units.h"
 #include "memory/program.h"
@@ -374,24 +375,7 @@ std::string render_html_report(const ReportData & r) {
 
 void write_html_report(const std::string & path, const ReportData & r) {
     const std::string text = render_html_report(r);
-    const std::string tmp = path + ".tmp";
-    {
-        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-        if (!out) throw IoError(fmt::format("{}: cannot create; check the folder exists and is writable", tmp));
-        out << text;
-        out.flush();
-        if (!out) {
-            out.close();
-            std::remove(tmp.c_str());
-            throw IoError(fmt::format("{}: write failed; check free disk space", tmp));
-        }
-    }
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);
-    if (ec) {
-        std::remove(tmp.c_str());
-        throw IoError(fmt::format("cannot rename {} to {}: {}", tmp, path, ec.message()));
-    }
+    write_file_atomic(path, text);
 }
 
 }  // namespace memfit
