@@ -36,23 +36,6 @@ std::string pct(uint64_t part, uint64_t whole) {
     return fmt::format("{:.0f}%", p);
 }
 
-// Index into r.timeline.events of the peak: the event whose op is r.peak_op, else the first
-// event with the largest total; -1 if the timeline is empty (same rule as chrome_trace).
-int peak_event(const ReportData & r) {
-    const auto & ev = r.timeline.events;
-    if (r.peak_op >= 0) {
-        for (size_t i = 0; i < ev.size(); ++i)
-            if (ev[i].op == r.peak_op) return int(i);
-    }
-    int best = -1;
-    uint64_t best_bytes = 0;
-    for (size_t i = 0; i < ev.size(); ++i) {
-        const uint64_t t = ev[i].live.total();
-        if (best < 0 || t > best_bytes) best = int(i), best_bytes = t;
-    }
-    return best;
-}
-
 struct View {
     const ReportData & r;
     int peak = -1;                              // index into events

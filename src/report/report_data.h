@@ -44,4 +44,8 @@ struct ReportData {
     std::vector<CurvePoint> loss, val_loss, tokens_per_s;
 };
 
+// Index in r.timeline.events of the peak: the event of r.peak_op, or (when that is unset or not
+// in the timeline) the first event with the largest total live bytes; -1 if there are none.
+int peak_event(const ReportData & r);
+
 }  // namespace memfit

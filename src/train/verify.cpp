@@ -101,6 +101,13 @@ VerifyReport verify_fixture(const std::string & path, double tolerance, bool che
         errors[name] = e;
         if (!(e <= worst)) { worst = std::isnan(e) ? INFINITY : e; worst_name = name; }
     };
+    // Every parameter-sized tensor of the engine against expected.<what>.<name>.
+    auto record_params = [&](const std::string & what, const float * engine_values) {
+        for (const auto & p : layout.params) {
+            const auto ref = expect(f, "expected." + what + "." + p.name, p.numel);
+            record(what + "." + p.name, relative_error(engine_values + p.offset, ref.data(), p.numel));
+        }
+    };
     const size_t V = size_t(cfg.vocab_size), BT = size_t(B) * size_t(T);
     {
         const std::vector<float> logits = engine.logits(ids.data(), B);
@@ -110,21 +117,12 @@ VerifyReport verify_fixture(const std::string & path, double tolerance, bool che
     const StepResult r1 = engine.train_step(ids.data(), targets.data(), h);
     const float loss_ref = expect(f, "expected.loss", 1)[0];
     record("loss", relative_error(&r1.loss, &loss_ref, 1));
-    for (const auto & p : layout.params) {
-        const auto ref = expect(f, "expected.grad." + p.name, p.numel);
-        record("grad." + p.name, relative_error(engine.grads() + p.offset, ref.data(), p.numel));
-    }
-    for (const auto & p : layout.params) {
-        const auto ref = expect(f, "expected.step1." + p.name, p.numel);
-        record("step1." + p.name, relative_error(engine.params() + p.offset, ref.data(), p.numel));
-    }
+    record_params("grad", engine.grads());
+    record_params("step1", engine.params());
     const StepResult r2 = engine.train_step(ids.data(), targets.data(), h);
     const float loss2_ref = expect(f, "expected.loss_step2", 1)[0];
     record("loss_step2", relative_error(&r2.loss, &loss2_ref, 1));
-    for (const auto & p : layout.params) {
-        const auto ref = expect(f, "expected.step2." + p.name, p.numel);
-        record("step2." + p.name, relative_error(engine.params() + p.offset, ref.data(), p.numel));
-    }
+    record_params("step2", engine.params());
     VerifyReport rep;
     rep.ok = worst <= tolerance;
     rep.json = {{"fixture", path}, {"tolerance", tolerance}, {"max_error", worst}, {"worst", worst_name},
