@@ -4,7 +4,10 @@
 // Conventions (DESIGN.md): outputs first, then saved-for-backward buffers, then inputs and
 // weights. Forward outputs are written with `=`; parameter gradients accumulate with `+=`;
 // activation gradients are written with `=` except where an op says it accumulates.
-// The dtype rides in each Tensor; this CPU kernels accept f32 only.
+// The dtype rides in each Tensor. Mixed precision (DESIGN.md): activations and weights are
+// stored in the compute dtype (f32, bf16 or f16) and every kernel computes in f32, converting
+// as it loads and rounding as it stores; mean/rstd/lse, losses, logits and norm_sq stay f32;
+// parameter gradients are f32 or the compute dtype.
 #pragma once
 
 #include <cmath>
@@ -22,6 +25,9 @@ struct GemmDesc {
     bool trans_a = false, trans_b = false;
     bool accumulate = false;   // C += ... instead of C = ...
     bool bias = false;         // add bias[N] to every row (only with accumulate == false)
+    // Storage of A, B and C (bias has B's dtype). Kernels compute in f32; a backend without
+    // native low-precision kernels converts tiles through the workspace gemm_workspace() sizes.
+    DType a = DType::f32, b = DType::f32, c = DType::f32;
     bool operator==(const GemmDesc &) const = default;
 };
 
@@ -29,13 +35,18 @@ struct AdamWHyper {
     float lr = 3e-4f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
     int   t = 1;   // 1-based step count, for bias correction
     float clip = 0;  // clip gradients to this global L2 norm before the update (0: no clipping)
+    // Gradients are multiplied by grad_scale first (1 / the loss scale); norm_sq is the sum of
+    // squares of the scaled gradients, so the true norm is sqrt(norm_sq) * grad_scale.
+    float grad_scale = 1.0f;
+    // Loss scaling: leave every tensor unchanged when norm_sq is inf or NaN (a skipped step).
+    bool skip_nonfinite = false;
 };
 
-// The factor global-norm clipping applies to every gradient: min(1, clip / norm).
-inline float clip_scale(float clip, float norm_sq) {
-    if (!(clip > 0)) return 1.0f;
-    const float norm = std::sqrt(norm_sq);
-    return norm > clip ? clip / norm : 1.0f;
+// The factor applied to every stored gradient: grad_scale, times min(1, clip / true norm).
+inline float update_scale(const AdamWHyper & h, float norm_sq) {
+    if (!(h.clip > 0)) return h.grad_scale;
+    const float norm = std::sqrt(norm_sq) * h.grad_scale;
+    return norm > h.clip ? h.grad_scale * (h.clip / norm) : h.grad_scale;
 }
 
 class Backend {
@@ -47,6 +58,7 @@ public:
     virtual size_t gemm_workspace(const GemmDesc & d) const { (void) d; return 0; }
 
     virtual void fill_zero(Tensor t) = 0;
+    // dst = src, converting between f32, bf16 and f16 when the dtypes differ (same numel).
     virtual void copy(Tensor dst, Tensor src) = 0;
 
     virtual void gemm(const GemmDesc & d, Tensor c, Tensor a, Tensor b, Tensor bias, Tensor workspace) = 0;
@@ -87,11 +99,14 @@ public:
     // probs[N,V] become dlogits in place: (p - onehot(target)) * dloss; rows with target -100 -> 0.
     virtual void xent_bwd(Tensor probs, Tensor targets, float dloss) = 0;
 
-    // out[0] = sum of squares of x (f32, accumulated in double). Several calls on slices may be
-    // summed by the caller.
+    // out[0] (f32) = sum of squares of x (any float dtype, accumulated in double); inf or NaN
+    // if any element is.
     virtual void sum_squares(Tensor out, Tensor x) = 0;
-    // norm_sq[0]: the gradients' global sum of squares (from sum_squares), used when h.clip > 0.
-    virtual void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, const AdamWHyper & h) = 0;
+    // param, m, v f32; grad f32/bf16/f16. norm_sq[0]: the gradients' global sum of squares (from
+    // sum_squares), used for clipping and skip_nonfinite. When param_copy is valid (bf16/f16, the
+    // compute weights of mixed precision) it receives the updated param, rounded.
+    virtual void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy,
+                       const AdamWHyper & h) = 0;
 };
 
 }  // namespace memfit

@@ -12,17 +12,26 @@ namespace memfit {
 namespace {
 
 // The gemms one matmul op runs, by layout (C[M,N] = op(A)[M,K] op(B)[K,N], see GemmDesc).
-GemmDesc fwd_desc(int64_t M, int64_t K, int64_t N, WeightLayout l, bool bias) {
-    return GemmDesc{M, N, K, false, l == WeightLayout::out_in, false, bias};
+GemmDesc desc(int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool acc, bool bias, const Tensor & c,
+              const Tensor & a, const Tensor & b) {
+    GemmDesc d{M, N, K, ta, tb, acc, bias};
+    d.a = a.dtype;
+    d.b = b.dtype;
+    d.c = c.dtype;
+    return d;
 }
-GemmDesc bwd_data_desc(int64_t M, int64_t K, int64_t N, WeightLayout l) {
+GemmDesc fwd_desc(const Tensor & out, const Tensor & inp, const Tensor & w, WeightLayout l, bool bias) {
+    return desc(inp.rows(), out.cols(), inp.cols(), false, l == WeightLayout::out_in, false, bias, out, inp, w);
+}
+GemmDesc bwd_data_desc(const Tensor & dinp, const Tensor & dout, const Tensor & w, WeightLayout l) {
     // dinp[M,K] = dout[M,N] . W^T
-    return GemmDesc{M, K, N, false, l == WeightLayout::in_out, false, false};
+    return desc(dout.rows(), dinp.cols(), dout.cols(), false, l == WeightLayout::in_out, false, false, dinp, dout, w);
 }
-GemmDesc bwd_weight_desc(int64_t M, int64_t K, int64_t N, WeightLayout l) {
+GemmDesc bwd_weight_desc(const Tensor & dw, const Tensor & dout, const Tensor & inp, WeightLayout l) {
     // in_out: dW[K,N] += inp^T . dout;  out_in: dW[N,K] += dout^T . inp
-    if (l == WeightLayout::in_out) return GemmDesc{K, N, M, true, false, true, false};
-    return GemmDesc{N, K, M, true, false, true, false};
+    const int64_t M = inp.rows(), K = inp.cols(), N = dout.cols();
+    if (l == WeightLayout::in_out) return desc(K, N, M, true, false, true, false, dw, inp, dout);
+    return desc(N, K, M, true, false, true, false, dw, dout, inp);
 }
 
 double bytes_of(std::initializer_list<Tensor> ts) {
@@ -115,7 +124,7 @@ void Graph::fill_zero(Tensor t) {
 void Graph::matmul_fwd(Tensor out, Tensor inp, Tensor w, Tensor bias, WeightLayout layout) {
     const int64_t M = inp.rows(), K = inp.cols(), N = out.cols();
     MF_ASSERT(out.rows() == M && w.numel() == K * N);
-    const GemmDesc d = fwd_desc(M, K, N, layout, bias.valid());
+    const GemmDesc d = fwd_desc(out, inp, w, layout, bias.valid());
     if (recording_) grow_workspace(sizing_ ? sizing_->gemm_workspace(d) : 0);
     if (begin("matmul_fwd", 2.0 * M * K * N, {out, inp, w, bias}, true)) {
         const size_t ws = backend_->gemm_workspace(d);
@@ -127,8 +136,10 @@ void Graph::matmul_fwd(Tensor out, Tensor inp, Tensor w, Tensor bias, WeightLayo
 void Graph::matmul_bwd(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, WeightLayout layout) {
     const int64_t M = inp.rows(), K = inp.cols(), N = dout.cols();
     MF_ASSERT(dout.rows() == M && w.numel() == K * N && dw.numel() == K * N);
-    const GemmDesc dd = bwd_data_desc(M, K, N, layout), dwd = bwd_weight_desc(M, K, N, layout);
-    if (recording_ && sizing_) grow_workspace(std::max(sizing_->gemm_workspace(dd), sizing_->gemm_workspace(dwd)));
+    const GemmDesc dd = dinp.valid() ? bwd_data_desc(dinp, dout, w, layout) : GemmDesc{},
+                   dwd = bwd_weight_desc(dw, dout, inp, layout);
+    if (recording_ && sizing_)
+        grow_workspace(std::max(dinp.valid() ? sizing_->gemm_workspace(dd) : 0, sizing_->gemm_workspace(dwd)));
     const double flops = (dinp.valid() ? 2.0 : 0.0) * M * K * N + 2.0 * M * K * N;
     if (begin("matmul_bwd", flops, {dinp, dw, dbias, dout, inp, w}, true)) {
         Tensor rdout = resolve(dout), rinp = resolve(inp), rw = resolve(w);
@@ -242,9 +253,10 @@ void Graph::sum_squares(Tensor out, Tensor x) {
     end();
 }
 
-void Graph::adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, const AdamWHyper & h) {
-    if (begin("adamw", 16.0 * double(param.numel()), {param, grad, m, v, norm_sq}))
-        backend_->adamw(resolve(param), resolve(grad), resolve(m), resolve(v), resolve(norm_sq), h);
+void Graph::adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy,
+                  const AdamWHyper & h) {
+    if (begin("adamw", 16.0 * double(param.numel()), {param, grad, m, v, norm_sq, param_copy}))
+        backend_->adamw(resolve(param), resolve(grad), resolve(m), resolve(v), resolve(norm_sq), resolve(param_copy), h);
     end();
 }
 

@@ -58,7 +58,8 @@ public:
     void xent_fwd(Tensor losses, Tensor logits, Tensor targets);
     void xent_bwd(Tensor probs, Tensor targets, float dloss);
     void sum_squares(Tensor out, Tensor x);
-    void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, const AdamWHyper & h);
+    // param_copy (optional): the compute-precision weights, rewritten from the updated param.
+    void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy, const AdamWHyper & h);
 
     // Executing: record every op (phase, layer, live bytes per category, wall time) into `t`.
     void attach_timeline(Timeline * t) { timeline_ = t; }

@@ -67,7 +67,7 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
         const size_t off = p.offset * sizeof(float);
         const int64_t n = int64_t(p.numel);
         g.adamw(Tensor(params, DType::f32, {n}, off), Tensor(grads, DType::f32, {n}, off),
-                Tensor(adam_m, DType::f32, {n}, off), Tensor(adam_v, DType::f32, {n}, off), norm_sq, h);
+                Tensor(adam_m, DType::f32, {n}, off), Tensor(adam_v, DType::f32, {n}, off), norm_sq, Tensor{}, h);
     }
 }
 

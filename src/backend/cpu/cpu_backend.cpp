@@ -96,8 +96,12 @@ void CpuBackend::sum_squares(Tensor out, Tensor x) {
     out.f32()[0] = float(cpu::sum_squares(x.f32(), size_t(x.numel())));
 }
 
-void CpuBackend::adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, const AdamWHyper & h) {
-    const float scale = clip_scale(h.clip, norm_sq.valid() ? norm_sq.f32()[0] : 0.0f);
+void CpuBackend::adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy,
+                       const AdamWHyper & h) {
+    MF_ASSERT(!param_copy.valid());
+    const float nsq = norm_sq.valid() ? norm_sq.f32()[0] : 0.0f;
+    if (h.skip_nonfinite && !std::isfinite(nsq)) return;
+    const float scale = update_scale(h, nsq);
     cpu::adamw_update(param.f32(), grad.f32(), m.f32(), v.f32(), size_t(param.numel()), h.lr, h.beta1, h.beta2, h.eps,
                       h.weight_decay, h.t, scale);
 }

@@ -32,7 +32,8 @@ public:
     void xent_fwd(Tensor losses, Tensor logits, Tensor targets) override;
     void xent_bwd(Tensor probs, Tensor targets, float dloss) override;
     void sum_squares(Tensor out, Tensor x) override;
-    void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, const AdamWHyper & h) override;
+    void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy,
+               const AdamWHyper & h) override;
 
 private:
     mutable cpu::DnnlGemm gemm_;   // primitive cache: querying sizes creates primitives
