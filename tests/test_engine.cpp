@@ -11,33 +11,14 @@
 #include "memory/timeline.h"
 #include "train/engine.h"
 #include "train/verify.h"
+#include "test_util.h"
 
 using namespace memfit;
 
-namespace {
+using memfit::test::random_batch;
+using memfit::test::small_config;
 
-ModelConfig small_config(int vocab, int C, int L, int NH, int ctx = 64) {
-    ModelConfig c;
-    c.name = "test";
-    c.vocab_size = vocab;
-    c.n_embd = C;
-    c.n_layer = L;
-    c.n_head = NH;
-    c.max_seq = ctx;
-    return c;
-}
-
-void random_batch(std::vector<int32_t> & in, std::vector<int32_t> & tg, int V, uint64_t seed) {
-    std::mt19937 rng(static_cast<uint32_t>(seed));
-    std::uniform_int_distribution<int> d(0, V - 1);
-    for (auto & x : in) x = d(rng);
-    for (auto & x : tg) x = d(rng);
-    tg[1] = -100;   // an ignored position
-}
-
-}  // namespace
-
-struct PlanCase { int V, C, L, NH, B, T, chunk = 0; bool flash = false; int recompute = 0; };
+struct PlanCase { int V, C, L, NH, B, T, chunk = 0; bool flash = false; const char * recompute = "none"; };
 
 class PlannedEqualsMeasured : public ::testing::TestWithParam<PlanCase> {};
 
@@ -49,7 +30,7 @@ TEST_P(PlannedEqualsMeasured, PerCategoryByteForByte) {
     eo.T = pc.T;
     eo.loss_chunk = pc.chunk;
     eo.flash_attention = pc.flash;
-    eo.recompute_every = pc.recompute;
+    eo.recompute = parse_recompute(pc.recompute, pc.L);
     Engine e(small_config(pc.V, pc.C, pc.L, pc.NH), backend, eo);
     e.init_params(1);
     std::vector<int32_t> in(static_cast<size_t>(pc.B * pc.T)), tg(in.size());
@@ -83,15 +64,15 @@ INSTANTIATE_TEST_SUITE_P(Configs, PlannedEqualsMeasured,
                                            PlanCase{1000, 32, 2, 2, 8, 16, 24}, PlanCase{101, 48, 1, 3, 2, 13, 5},
                                            PlanCase{256, 64, 2, 4, 2, 64, 0, true},
                                            PlanCase{300, 48, 2, 3, 2, 50, 33, true},
-                                           PlanCase{256, 64, 3, 4, 2, 32, 0, false, 1},
-                                           PlanCase{256, 64, 5, 4, 2, 32, 16, true, 2},
-                                           PlanCase{256, 64, 3, 4, 2, 32, 0, false, kRecomputeSelective}),
+                                           PlanCase{256, 64, 3, 4, 2, 32, 0, false, "full"},
+                                           PlanCase{256, 64, 5, 4, 2, 32, 16, true, "every:2"},
+                                           PlanCase{256, 64, 3, 4, 2, 32, 0, false, "selective"}),
                          [](const ::testing::TestParamInfo<PlanCase> & i) {
                              const PlanCase & c = i.param;
                              return "V" + std::to_string(c.V) + "_C" + std::to_string(c.C) + "_L" +
                                     std::to_string(c.L) + "_B" + std::to_string(c.B) + "_T" + std::to_string(c.T) +
                                     "_chunk" + std::to_string(c.chunk) + (c.flash ? "_flash" : "") + "_rc" +
-                                    (c.recompute < 0 ? std::string("sel") : std::to_string(c.recompute));
+                                    std::string(c.recompute).substr(0, 3) + (std::string(c.recompute).find(':') != std::string::npos ? std::string(c.recompute).substr(6) : "");
                          });
 
 TEST(Engine, ActivationsGrowWithBatchAndQuadraticallyWithSeq) {
@@ -295,7 +276,7 @@ TEST(Engine, RecomputationIsBitwiseEqualAndSavesActivations) {
             eo.B = 2;
             eo.T = 24;
             eo.flash_attention = flash;
-            eo.recompute_every = parse_recompute(policy, cfg.n_layer);
+            eo.recompute = parse_recompute(policy, cfg.n_layer);
             Engine e(cfg, backend, eo);
             e.init_params(5);
             std::vector<int32_t> in(48), tg(48);
@@ -320,7 +301,7 @@ TEST(Engine, RecomputationIsBitwiseEqualAndSavesActivations) {
     EXPECT_LT(act[1], act[5]);   // selective keeps the matmul outputs
     EXPECT_THROW(parse_recompute("every:0", 4), ConfigError);
     EXPECT_THROW(parse_recompute("sometimes", 4), ConfigError);
-    EXPECT_EQ(parse_recompute("sqrt", 12), 4);
+    EXPECT_EQ(parse_recompute("sqrt", 12).segment, 4);
 }
 
 TEST(Engine, AccumulatingMicroBatchesEqualsOneBatch) {
@@ -418,7 +399,7 @@ TEST(Engine, LeakCheckComparesLiveBytesOpByOp) {
     EngineOptions eo;
     eo.B = 2;
     eo.T = 8;
-    eo.recompute_every = 1;
+    eo.recompute = parse_recompute("full", 2);
     Engine e(small_config(61, 32, 2, 2), backend, eo);
     e.init_params(1);
     std::vector<int32_t> in(16), tg(16);

@@ -35,11 +35,11 @@ const CLI::Validator kNonNegative(
     },
     ">= 0");
 
-template <class Opt>
-void add_shape_flags(CLI::App * c, Opt & o) {
+void add_shape_flags(CLI::App * c, RunShape & o) {
     c->add_option("--model", o.model, "preset (" + fmt::format("{}", fmt::join(preset_names(), ", ")) +
                                           ") or a Hugging Face GPT-2 config.json")->capture_default_str();
-    c->add_option("--batch", o.batch, "sequences per step")->capture_default_str()->check(kPositive);
+    c->add_option("--batch,--micro-batch", o.batch, "sequences per forward/backward (the micro-batch)")
+        ->capture_default_str()->check(kPositive);
     c->add_option("--seq", o.seq, "tokens per sequence")->capture_default_str()->check(kPositive);
     c->add_option("--threads", o.threads, "CPU threads (0: all cores)")->check(kNonNegative);
     c->add_option("--seed", o.seed, "random seed")->capture_default_str();
@@ -47,14 +47,25 @@ void add_shape_flags(CLI::App * c, Opt & o) {
                   "tokens per LM-head + cross-entropy chunk: the B*T*V logits are never stored whole (0: unchunked)")
         ->capture_default_str()->check(kNonNegative);
     c->add_option("--attention", o.attention,
-                  "naive (saves the T x T probabilities) or flash (tiled, saves one log-sum-exp per query)")
+                  "flash (tiled, saves one log-sum-exp per query) or naive (saves the T x T probabilities)")
         ->capture_default_str()->check(CLI::IsMember({"naive", "flash"}));
     c->add_option("--recompute", o.recompute,
-                  "activation recomputation: none, full (keep each layer's input), every:K (keep every K-th), sqrt, selective")
+                  "activation recomputation: none, full (keep each layer's input), every:K (keep every K-th), sqrt, "
+                  "selective (recompute norms, GELU, attention probabilities), budget (least recompute that fits "
+                  "--memory-budget)")
         ->capture_default_str();
     c->add_option("--grad-accum", o.grad_accum,
-                  "micro-batches of --batch sequences accumulated per optimizer step (the step's batch is their sum)")
+                  "micro-batches accumulated per optimizer step (the step's batch is their sum)")
         ->capture_default_str()->check(kPositive);
+    c->add_option("--precision", o.precision,
+                  "fp32, bf16 or fp16 (16-bit weights and activations, fp32 master weights and AdamW moments; fp16 "
+                  "adds dynamic loss scaling); auto lets --fit auto choose")
+        ->capture_default_str()->check(CLI::IsMember({"fp32", "bf16", "fp16", "auto"}));
+    c->add_option("--fit", o.fit,
+                  "auto: choose micro-batch, accumulation (keeping the global batch), attention, recomputation, "
+                  "loss chunk and (with --precision auto) precision for the highest predicted throughput that fits "
+                  "--memory-budget")
+        ->capture_default_str()->check(CLI::IsMember({"off", "auto"}));
     c->add_option("--clip", o.clip, "clip gradients to this global L2 norm before AdamW (0: off)")
         ->capture_default_str()->check(kNonNegative);
     c->add_option("--memory-budget", o.memory_budget,
@@ -85,6 +96,9 @@ void add_train_flags(CLI::App * train, TrainOptions & t) {
         ->capture_default_str()->check(kNonNegative);
     train->add_flag("--check-lifetimes", t.check_lifetimes,
                     "give every buffer its own allocation, poisoned after its declared last use (slow; for testing)");
+    train->add_option("--budget-file", t.budget_file,
+                      "control file polled before every step; writing a smaller size into it (e.g. 300MiB) makes "
+                      "the run re-plan to a smaller micro-batch with more accumulation (same global batch)");
     train->add_flag("--check-leaks", t.check_leaks,
                     "compare live bytes per category at every op of steps 2 and 3; fail if any differ");
     train->add_option("--progress", t.progress, "status display: auto (a live line on a terminal), tty, plain, json, quiet")

@@ -1,6 +1,7 @@
 #include "memory/step_memory.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -8,6 +9,9 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "memory/arena.h"
+#include "memory/budget.h"
+
+#include <fmt/format.h>
 
 namespace memfit {
 
@@ -161,10 +165,18 @@ void * StepMemory::persistent_base(const std::string & name) const {
     return nullptr;
 }
 
+namespace {
+std::atomic<long> g_fail_after{-1};
+}  // namespace
+
+void inject_acquire_failure(long after) { g_fail_after = after; }
+
 void StepMemory::begin_op(int i) {
     for (BufferId id : program_.starts_at(i)) {
         const auto & b = program_.buffer(id);
         if (b.persistent) continue;
+        if (g_fail_after >= 0 && g_fail_after-- == 0)
+            throw OutOfMemory(fmt::format("allocation of {} ({}) failed (injected)", b.name, format_bytes(b.bytes)));
         if (checking_ && b.bytes) {
             // A block of its own, filled with NaN bytes so a read before the first write shows.
             void * p = alloc_.allocate(b.bytes);

@@ -87,4 +87,8 @@ private:
     void * obtain(Category c, size_t bytes);
 };
 
+// Fault injection for tests of run-time re-planning: the `after`-th transient buffer acquired
+// from now on (0: the next) fails with OutOfMemory, as an allocation would. -1 disarms.
+void inject_acquire_failure(long after);
+
 }  // namespace memfit

@@ -10,10 +10,10 @@
 
 namespace memfit {
 
-Gpt2Weights gpt2_weights(const ModelConfig & cfg, const ParamLayout & layout, BufferId flat) {
+Gpt2Weights gpt2_weights(const ModelConfig & cfg, const ParamLayout & layout, BufferId flat, DType dtype) {
     auto view = [&](const std::string & name) {
         const ParamInfo & p = layout.find(name);
-        Tensor t(flat, DType::f32, {int64_t(p.numel)}, p.offset * sizeof(float));
+        Tensor t(flat, dtype, {int64_t(p.numel)}, p.offset * dtype_size(dtype));
         t.ndim = int(p.shape.size());
         for (int i = 0; i < t.ndim; ++i) t.shape[i] = p.shape[size_t(i)];
         return t;
@@ -34,49 +34,32 @@ Gpt2Weights gpt2_weights(const ModelConfig & cfg, const ParamLayout & layout, Bu
     return w;
 }
 
-int parse_recompute(const std::string & policy, int n_layer) {
-    if (policy == "none") return 0;
-    if (policy == "full") return 1;
-    if (policy == "selective") return kRecomputeSelective;
-    if (policy == "sqrt") return std::max(1, int(std::ceil(std::sqrt(double(n_layer)))));
-    if (policy.starts_with("every:")) {
-        const std::string k = policy.substr(6);
-        if (!k.empty() && k.size() < 6 && std::all_of(k.begin(), k.end(), ::isdigit) && std::stoi(k) >= 1)
-            return std::stoi(k);
-    }
-    throw ConfigError(
-        fmt::format("--recompute '{}': expected none, full, every:K (K >= 1), sqrt or selective", policy));
-}
-
-namespace {
-
-Tensor declare_act(Program & program, const std::string & name, std::initializer_list<int64_t> dims) {
+Tensor Gpt2::act(Program & program, const std::string & name, std::initializer_list<int64_t> dims, bool f32) const {
     int64_t n = 1;
     for (auto d : dims) n *= d;
-    BufferId id = program.declare(name, Category::activations, size_t(n) * sizeof(float));
-    return Tensor(id, DType::f32, dims);
+    const DType dt = f32 ? DType::f32 : dt_;
+    BufferId id = program.declare(name, Category::activations, size_t(n) * dtype_size(dt));
+    return Tensor(id, dt, dims);
 }
-
-}  // namespace
 
 Gpt2::LayerActs Gpt2::declare_layer(Program & program, const std::string & h, bool with_backward) const {
     const int64_t b = B_, t = T_, C = cfg_.n_embd, NH = cfg_.n_head;
-    auto act = [&](const std::string & name, std::initializer_list<int64_t> dims) {
-        return declare_act(program, h + name, dims);
+    auto act = [&](const std::string & name, std::initializer_list<int64_t> dims, bool f32 = false) {
+        return this->act(program, h + name, dims, f32);
     };
     LayerActs a;
     a.ln1 = act("ln_1.out", {b, t, C});
-    a.ln1_mean = act("ln_1.mean", {b, t});
-    a.ln1_rstd = act("ln_1.rstd", {b, t});
+    a.ln1_mean = act("ln_1.mean", {b, t}, true);
+    a.ln1_rstd = act("ln_1.rstd", {b, t}, true);
     a.qkv = act("attn.qkv", {b, t, 3 * C});
-    if (flash_) a.lse = act("attn.lse", {b, NH, t});
+    if (flash_) a.lse = act("attn.lse", {b, NH, t}, true);
     else a.att = act("attn.probs", {b, NH, t, t});
     a.atty = act("attn.out", {b, t, C});
     a.attproj = act("attn.proj", {b, t, C});
     a.res2 = act("residual_attn", {b, t, C});
     a.ln2 = act("ln_2.out", {b, t, C});
-    a.ln2_mean = act("ln_2.mean", {b, t});
-    a.ln2_rstd = act("ln_2.rstd", {b, t});
+    a.ln2_mean = act("ln_2.mean", {b, t}, true);
+    a.ln2_rstd = act("ln_2.rstd", {b, t}, true);
     a.fch = act("mlp.fc", {b, t, 4 * C});
     a.fch_gelu = act("mlp.gelu", {b, t, 4 * C});
     a.fcproj = act("mlp.proj", {b, t, C});
@@ -96,29 +79,29 @@ Gpt2::Gpt2(const ModelConfig & cfg, int B, int T, Program & program, const Gpt2O
     : cfg_(cfg), B_(B), T_(T) {
     const int64_t b = B, t = T, C = cfg.n_embd, V = cfg.vocab_size;
     flash_ = opt.flash_attention;
-    recompute_every_ = opt.with_backward ? opt.recompute_every : 0;
-    auto act = [&](const std::string & name, std::initializer_list<int64_t> dims) {
-        return declare_act(program, name, dims);
+    dt_ = opt.compute;
+    if (opt.with_backward) rc_plan_ = opt.recompute;
+    auto act = [&](const std::string & name, std::initializer_list<int64_t> dims, bool f32 = false) {
+        return this->act(program, name, dims, f32);
     };
     encoded_ = act("encoded", {b, t, C});
     for (int l = 0; l < cfg.n_layer; ++l) {
         const std::string h = fmt::format("h.{}.", l);
-        // With recomputation, backward's gradient buffers belong to the recomputed set.
-        layers_.push_back(declare_layer(program, h, opt.with_backward && recompute_every_ == 0));
+        layers_.push_back(declare_layer(program, h, opt.with_backward));
         // The recomputed set; buffers a policy never touches have no lifetime and take no bytes.
-        if (recompute_every_ != 0) rc_.push_back(declare_layer(program, h + "rc.", true));
+        if (rc_plan_.recomputes()) rc_.push_back(declare_layer(program, h + "rc.", false));
     }
     lnf_ = act("ln_f.out", {b, t, C});
-    lnf_mean_ = act("ln_f.mean", {b, t});
-    lnf_rstd_ = act("ln_f.rstd", {b, t});
+    lnf_mean_ = act("ln_f.mean", {b, t}, true);
+    lnf_rstd_ = act("ln_f.rstd", {b, t}, true);
     chunk_rows_ = opt.loss_chunk > 0 && opt.loss_chunk < b * t && !opt.keep_logits ? opt.loss_chunk : int(b * t);
     if (opt.keep_logits)
         logits_ = Tensor(program.declare("logits", Category::activations, size_t(b * t * V) * 4, true), DType::f32,
                          {b, t, V});
     else if (chunk_rows_ < b * t)
-        logits_ = act("logits.chunk", {int64_t(chunk_rows_), V});
+        logits_ = act("logits.chunk", {int64_t(chunk_rows_), V}, true);
     else
-        logits_ = act("logits", {b, t, V});
+        logits_ = act("logits", {b, t, V}, true);
     if (opt.with_backward) {
         dlnf_ = act("ln_f.out.grad", {b, t, C});
         dres_ = act("residual.grad", {b, t, C});
@@ -183,10 +166,50 @@ void Gpt2::head_loss(Graph & g, const Gpt2Weights & w, const Gpt2Weights * dw, T
     }
 }
 
+Gpt2::LayerActs Gpt2::recompute_dropped(Graph & g, int l, const Gpt2Weights::Layer & p, Tensor x) const {
+    const LayerActs & r = rc_[size_t(l)];
+    LayerActs a = layers_[size_t(l)];
+    auto dropped = [&](Saved u) { return !rc_plan_.keeps(l, u); };
+    const float eps = cfg_.ln_eps;
+    if (dropped(Saved::ln1)) {
+        g.layernorm_fwd(r.ln1, r.ln1_mean, r.ln1_rstd, x, p.ln1w, p.ln1b, eps);
+        a.ln1 = r.ln1, a.ln1_mean = r.ln1_mean, a.ln1_rstd = r.ln1_rstd;
+    }
+    if (dropped(Saved::qkv)) {
+        g.matmul_fwd(r.qkv, a.ln1, p.qkvw, p.qkvb, WeightLayout::in_out);
+        a.qkv = r.qkv;
+    }
+    // One attention forward recomputes the output and the probabilities (or lse) together; a
+    // kept one of the pair is rewritten with the identical values it holds.
+    const bool probs_dropped = !flash_ && dropped(Saved::attn_probs);
+    if (dropped(Saved::attn_out) || probs_dropped) {
+        if (dropped(Saved::attn_out)) a.atty = r.atty, a.lse = r.lse;
+        if (probs_dropped) a.att = r.att;
+        if (flash_) g.flash_attention_fwd(a.atty, a.lse, a.qkv, cfg_.n_head);
+        else g.attention_fwd(a.atty, a.att, a.qkv, cfg_.n_head);
+    }
+    if (dropped(Saved::res2)) {
+        g.matmul_fwd(r.attproj, a.atty, p.projw, p.projb, WeightLayout::in_out);
+        g.residual_fwd(r.res2, x, r.attproj);
+        a.res2 = r.res2;
+    }
+    if (dropped(Saved::ln2)) {
+        g.layernorm_fwd(r.ln2, r.ln2_mean, r.ln2_rstd, a.res2, p.ln2w, p.ln2b, eps);
+        a.ln2 = r.ln2, a.ln2_mean = r.ln2_mean, a.ln2_rstd = r.ln2_rstd;
+    }
+    if (dropped(Saved::fc)) {
+        g.matmul_fwd(r.fch, a.ln2, p.fcw, p.fcb, WeightLayout::in_out);
+        a.fch = r.fch;
+    }
+    if (dropped(Saved::gelu)) {
+        g.gelu_fwd(r.fch_gelu, a.fch);
+        a.fch_gelu = r.fch_gelu;
+    }
+    return a;
+}
+
 void Gpt2::backward(Graph & g, const Gpt2Weights & w, const Gpt2Weights & dw, Tensor tokens) const {
-    const int NH = cfg_.n_head, L = cfg_.n_layer;
-    const bool selective = recompute_every_ == kRecomputeSelective;
-    const int K = selective ? 0 : recompute_every_;
+    const int NH = cfg_.n_head, L = cfg_.n_layer, K = rc_plan_.segment;
     // The input of layer l as forward saved it.
     auto saved_input = [&](int l) { return l > 0 ? layers_[size_t(l) - 1].res3 : encoded_; };
     g.phase(Phase::backward);
@@ -198,7 +221,8 @@ void Gpt2::backward(Graph & g, const Gpt2Weights & w, const Gpt2Weights & dw, Te
         const auto & p = w.h[size_t(l)];
         const auto & dp = dw.h[size_t(l)];
         Tensor x = saved_input(l);
-        if (K > 0) {
+        LayerActs a;
+        if (K >= 2) {
             const int seg = l - l % K;   // first layer of l's segment: its input is the checkpoint
             if (l == std::min(seg + K, L) - 1) {
                 // Recompute the segment's forward, from the checkpoint, into the rc buffers.
@@ -212,29 +236,18 @@ void Gpt2::backward(Graph & g, const Gpt2Weights & w, const Gpt2Weights & dw, Te
                 g.phase(Phase::backward);
             }
             if (l > seg) x = rc_[size_t(l) - 1].res3;
-        }
-        LayerActs a = K > 0 ? rc_[size_t(l)] : layers_[size_t(l)];
-        g.layer(l);
-        if (selective) {
-            // Keep the matmul outputs (qkv, attention output, fc) and the residuals; recompute
-            // the rest from them into the rc buffers. The attention output is rewritten with the
-            // identical values it already holds.
+            a = rc_[size_t(l)];
+            // The gradient buffers are the layer's own.
             const LayerActs & f = layers_[size_t(l)];
-            const LayerActs & r = rc_[size_t(l)];
+            a.dfch_gelu = f.dfch_gelu, a.dfch = f.dfch, a.dln2 = f.dln2, a.datty = f.datty, a.dqkv = f.dqkv;
+            a.dln1 = f.dln1;
+        } else {
+            g.layer(l);
             g.phase(Phase::recompute);
-            g.layernorm_fwd(r.ln1, r.ln1_mean, r.ln1_rstd, x, p.ln1w, p.ln1b, cfg_.ln_eps);
-            if (!flash_) g.attention_fwd(f.atty, r.att, f.qkv, NH);
-            g.layernorm_fwd(r.ln2, r.ln2_mean, r.ln2_rstd, f.res2, p.ln2w, p.ln2b, cfg_.ln_eps);
-            g.gelu_fwd(r.fch_gelu, f.fch);
+            a = rc_plan_.kept(l) == kKeepAll ? layers_[size_t(l)] : recompute_dropped(g, l, p, x);
             g.phase(Phase::backward);
-            a = r;
-            a.qkv = f.qkv;
-            a.lse = f.lse;
-            a.atty = f.atty;
-            a.res2 = f.res2;
-            a.fch = f.fch;
-            if (flash_) a.att = f.att;
         }
+        g.layer(l);
         // dres holds d(residual_mlp); the MLP branch's output gradient is the same tensor.
         g.matmul_bwd(a.dfch_gelu, dp.fcprojw, dp.fcprojb, dres_, a.fch_gelu, p.fcprojw, WeightLayout::in_out);
         g.gelu_bwd(a.dfch, a.dfch_gelu, a.fch);

@@ -11,6 +11,7 @@
 #include "backend/graph.h"
 #include "model/config.h"
 #include "model/param_layout.h"
+#include "model/recompute.h"
 
 namespace memfit {
 
@@ -22,26 +23,20 @@ struct Gpt2Weights {
     Tensor wte, wpe, lnfw, lnfb;
     std::vector<Layer> h;
 };
-Gpt2Weights gpt2_weights(const ModelConfig & cfg, const ParamLayout & layout, BufferId flat);
+// `dtype`: the storage of the flat buffer (element offsets scale with it).
+Gpt2Weights gpt2_weights(const ModelConfig & cfg, const ParamLayout & layout, BufferId flat, DType dtype = DType::f32);
 
 struct Gpt2Options {
     bool with_backward = false;  // declare the backward pass's gradient buffers
     bool keep_logits = false;    // logits persistent, so the host can read them after the step
     int  loss_chunk = 0;         // rows (tokens) per LM-head + loss chunk; 0: the whole batch at once
     bool flash_attention = false;// tiled attention: saves one log-sum-exp per query, not the T x T probabilities
-    // Activation recomputation: 0 keeps every layer's activations; K >= 1 keeps only the input
-    // of every K-th layer (a checkpoint) and recomputes each segment of K layers' forward in
-    // backward, just before its layers' backward (K = 1 is full recomputation).
-    // kRecomputeSelective instead keeps every layer's matmul outputs and recomputes the cheap,
-    // large tensors from them in backward: the layer norms' outputs, the GELU output and (naive
-    // attention) the T x T probabilities (Korthikanti et al. 2022).
-    int  recompute_every = 0;
+    RecomputePlan recompute;     // what each layer keeps for backward (model/recompute.h)
+    // Storage of weights and activations (kernels compute in f32 from it); mean/rstd/lse and
+    // logits stay f32. Parameter gradients are stored as `grad`.
+    DType compute = DType::f32;
+    DType grad = DType::f32;
 };
-constexpr int kRecomputeSelective = -1;
-
-// "none" -> 0, "full" -> 1, "every:K" -> K, "sqrt" -> ceil(sqrt(L)) (Chen et al. 2016),
-// "selective" -> kRecomputeSelective. Throws ConfigError on anything else.
-int parse_recompute(const std::string & policy, int n_layer);
 
 class Gpt2 {
 public:
@@ -59,7 +54,7 @@ public:
     void head_loss(Graph & g, const Gpt2Weights & w, const Gpt2Weights * dw, Tensor targets, Tensor losses,
                    float dloss) const;
     // The blocks' backward, after head_loss with dw; accumulates parameter gradients into dw.
-    // Recomputes segments first when recompute_every > 0.
+    // Recomputes what the recompute plan dropped just before each layer's (or segment's) backward.
     void backward(Graph & g, const Gpt2Weights & w, const Gpt2Weights & dw, Tensor tokens) const;
 
     Tensor logits() const { return logits_; }
@@ -75,10 +70,15 @@ private:
     // last residual are skipped when the output is not needed (the last layer of a recomputed segment).
     void layer_forward(Graph & g, const LayerActs & a, const Gpt2Weights::Layer & p, Tensor x, bool need_output) const;
     LayerActs declare_layer(Program & program, const std::string & prefix, bool with_backward) const;
+    Tensor act(Program & program, const std::string & name, std::initializer_list<int64_t> dims, bool f32 = false) const;
+    // Recomputes the units layer l's mask dropped into rc_[l]; returns the layer's activations
+    // as backward reads them (kept ones from forward, the rest recomputed).
+    LayerActs recompute_dropped(Graph & g, int l, const Gpt2Weights::Layer & p, Tensor x) const;
 
     ModelConfig cfg_;
     int B_, T_;
-    int recompute_every_ = 0;
+    RecomputePlan rc_plan_;
+    DType dt_ = DType::f32;
     std::vector<LayerActs> rc_;   // recomputed activations (used by backward) when recomputing
     int chunk_rows_ = 0;   // rows per head chunk (B*T when unchunked)
     bool flash_ = false;

@@ -30,18 +30,11 @@ nlohmann::json run_bench(const BenchOptions & opt) {
     double peak = opt.probe ? cpu::measure_matmul_peak_gflops() : 0.0;
 
     CpuBackend backend;
-    EngineOptions eo;
-    eo.B = opt.batch;
-    eo.T = opt.seq;
-    eo.with_eval = false;
-    eo.loss_chunk = opt.loss_chunk;
-    eo.flash_attention = opt.attention == "flash";
-    eo.recompute_every = parse_recompute(opt.recompute, cfg.n_layer);
-    eo.grad_accum = opt.grad_accum;
-    eo.budget = opt.memory_budget.empty() ? available_memory() : parse_bytes(opt.memory_budget);
+    const uint64_t budget = opt.memory_budget.empty() ? available_memory() : parse_bytes(opt.memory_budget);
+    const EngineOptions eo = resolve_run(opt, cfg, backend, false, budget).eo;
     Engine engine(cfg, backend, eo);
     engine.init_params(opt.seed);
-    const size_t BT = size_t(opt.batch) * size_t(opt.seq) * size_t(std::max(1, opt.grad_accum));   // tokens per step
+    const size_t BT = size_t(eo.B) * size_t(opt.seq) * size_t(eo.grad_accum);   // tokens per step
     std::mt19937_64 rng(opt.seed);
     std::uniform_int_distribution<int32_t> tok(0, cfg.vocab_size - 1);
     std::vector<int32_t> in(BT), tg(BT);
@@ -76,8 +69,10 @@ nlohmann::json run_bench(const BenchOptions & opt) {
     const double fpt = model_flops_per_token(n_no_wpe, cfg.n_layer, cfg.n_embd, opt.seq);
     const double achieved = fpt * tps / 1e9;
     nlohmann::json j = {
-        {"model", cfg.name}, {"params", cfg.num_params()}, {"batch", opt.batch}, {"seq", opt.seq},
-        {"threads", omp_get_max_threads()}, {"precision", "fp32"}, {"steps", opt.steps}, {"loss_chunk", opt.loss_chunk}, {"attention", opt.attention}, {"recompute", opt.recompute}, {"grad_accum", opt.grad_accum},
+        {"model", cfg.name}, {"params", cfg.num_params()}, {"batch", eo.B}, {"seq", opt.seq},
+        {"threads", omp_get_max_threads()}, {"precision", precision_name(eo.compute)}, {"steps", opt.steps},
+        {"loss_chunk", eo.loss_chunk}, {"attention", eo.flash_attention ? "flash" : "naive"},
+        {"recompute", eo.recompute.name}, {"grad_accum", eo.grad_accum},
         {"ms_per_step", med}, {"ms_min", ms.front()}, {"ms_max", ms.back()}, {"tokens_per_s", tps},
         {"model_flops_per_token", fpt}, {"achieved_gflops", achieved}, {"matmul_peak_gflops", peak},
         {"mfu", peak > 0 ? achieved / peak : 0.0},

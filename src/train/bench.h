@@ -6,22 +6,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "train/techniques.h"
+
 namespace memfit {
 
-struct BenchOptions {
-    std::string model = "gpt2-6l";
-    int batch = 8, seq = 256;
+// Model, shape and memory techniques come from RunShape (train/techniques.h).
+struct BenchOptions : RunShape {
+    BenchOptions() { model = "gpt2-6l"; seq = 256; }
     int steps = 8;          // timed steps
     int warmup = 2;         // untimed steps first
-    int threads = 0;
-    uint64_t seed = 1337;
-    std::string memory_budget;
     bool probe = true;      // measure the matmul peak for MFU
-    int loss_chunk = 0;     // tokens per LM-head + loss chunk (0: all at once)
-    int grad_accum = 1;     // micro-batches per optimizer step
-    float clip = 0;         // global gradient-norm clipping (0: off)
-    std::string attention = "naive";  // naive | flash
-    std::string recompute = "none";   // none | full | every:K | sqrt
     bool timeline = false;  // also time steps that record the op timeline (alternating) and report the overhead
 };
 

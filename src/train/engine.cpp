@@ -10,81 +10,110 @@
 
 namespace memfit {
 
-Engine::Engine(const ModelConfig & cfg, Backend & backend, const EngineOptions & opt)
-    : cfg_(cfg), backend_(backend), opt_(opt) {
+StepPlans::StepPlans(const ModelConfig & cfg, const Backend & backend, const EngineOptions & opt) {
     if (opt.grad_accum < 1) throw ConfigError(fmt::format("--grad-accum {}: must be at least 1", opt.grad_accum));
     const int k = opt.grad_accum;
-    train_ = std::make_unique<TrainStep>(cfg, opt.B, opt.T, StepMode::train, &backend, opt.model(),
-                                         StepParts{k == 1, true});
-    train_plan_ = plan_memory(train_->program());
-    if (k > 1) {
-        first_ = std::make_unique<TrainStep>(cfg, opt.B, opt.T, StepMode::train, &backend, opt.model(),
-                                             StepParts{true, false});
-        first_plan_ = plan_memory(first_->program());
-    }
-    if (k > 2) {
-        mid_ = std::make_unique<TrainStep>(cfg, opt.B, opt.T, StepMode::train, &backend, opt.model(),
-                                           StepParts{false, false});
-        mid_plan_ = plan_memory(mid_->program());
-    }
-    if (opt.with_eval) {
-        eval_ = std::make_unique<TrainStep>(cfg, opt.B, opt.T, StepMode::eval, &backend, opt.model());
-        eval_plan_ = plan_memory(eval_->program());
-    }
-    if (opt.budget > 0)
-        check_budget(planned_reserved(), opt.budget,
-                     "lower --batch or --seq (activations grow with both), or pick a smaller --model");
-    train_mem_ = std::make_unique<StepMemory>(train_->program(), train_plan_, ledger_, host_allocator(), opt.checking);
-    auto shared = [&](const TrainStep & s, const MemoryPlan & p) {
-        return std::make_unique<StepMemory>(s.program(), p, ledger_, host_allocator(), opt.checking, train_mem_.get());
+    auto make = [&](std::unique_ptr<TrainStep> & step, MemoryPlan & plan, StepMode mode, StepParts parts) {
+        step = std::make_unique<TrainStep>(cfg, opt.B, opt.T, mode, &backend, opt.model(), parts);
+        plan = plan_memory(step->program());
     };
-    if (first_) first_mem_ = shared(*first_, first_plan_);
-    if (mid_) mid_mem_ = shared(*mid_, mid_plan_);
-    if (eval_) eval_mem_ = shared(*eval_, eval_plan_);
+    make(train, train_plan, StepMode::train, StepParts{k == 1, true});
+    if (k > 1) make(first, first_plan, StepMode::train, StepParts{true, false});
+    if (k > 2) make(mid, mid_plan, StepMode::train, StepParts{false, false});
+    if (opt.with_eval) make(eval, eval_plan, StepMode::eval, StepParts{});
 }
 
-Engine::~Engine() = default;
+StepPlans::~StepPlans() = default;
 
-std::vector<std::pair<const TrainStep *, const MemoryPlan *>> Engine::secondary() const {
+std::vector<std::pair<const TrainStep *, const MemoryPlan *>> StepPlans::secondary() const {
     std::vector<std::pair<const TrainStep *, const MemoryPlan *>> out;
-    if (first_) out.push_back({first_.get(), &first_plan_});
-    if (mid_) out.push_back({mid_.get(), &mid_plan_});
-    if (eval_) out.push_back({eval_.get(), &eval_plan_});
+    if (first) out.push_back({first.get(), &first_plan});
+    if (mid) out.push_back({mid.get(), &mid_plan});
+    if (eval) out.push_back({eval.get(), &eval_plan});
     return out;
 }
 
-CategoryBytes Engine::planned_reserved() const {
+CategoryBytes StepPlans::reserved() const {
     // A secondary program runs inside the training arena when it fits, else in its own.
-    CategoryBytes r = train_plan_.reserved;
+    CategoryBytes r = train_plan.reserved;
     for (const auto & [step, plan] : secondary())
         for (size_t c = 0; c < kCategoryCount; ++c)
-            if (plan->transient.v[c] > train_plan_.transient.v[c]) r.v[c] += plan->transient.v[c];
+            if (plan->transient.v[c] > train_plan.transient.v[c]) r.v[c] += plan->transient.v[c];
     return r;
 }
 
-CategoryBytes Engine::planned_peak_live() const {
+CategoryBytes StepPlans::peak_live() const {
     // Secondary programs run on the training program's persistent buffers, so their live bytes
     // at any op are the shared persistent bytes plus their own transients.
-    CategoryBytes r = train_plan_.peak_live;
+    CategoryBytes r = train_plan.peak_live;
     for (const auto & [step, plan] : secondary())
         for (size_t c = 0; c < kCategoryCount; ++c) {
-            const uint64_t live = plan->peak_live.v[c] - plan->persistent_live.v[c] + train_plan_.persistent_live.v[c];
+            const uint64_t live = plan->peak_live.v[c] - plan->persistent_live.v[c] + train_plan.persistent_live.v[c];
             r.v[c] = std::max(r.v[c], live);
         }
     return r;
 }
 
-float * Engine::params() { return static_cast<float *>(train_mem_->base(train_->params)); }
-float * Engine::grads() { return static_cast<float *>(train_mem_->base(train_->grads)); }
-float * Engine::adam_m() { return static_cast<float *>(train_mem_->base(train_->adam_m)); }
-float * Engine::adam_v() { return static_cast<float *>(train_mem_->base(train_->adam_v)); }
+bool LossScaler::update(bool finite) {
+    if (!finite) {
+        scale = std::max(scale / 2, 1.0f);
+        clean = 0;
+        ++skipped;
+        return false;
+    }
+    if (++clean >= growth_interval) {
+        scale *= 2;
+        clean = 0;
+    }
+    return true;
+}
+
+Engine::Engine(const ModelConfig & cfg, Backend & backend, const EngineOptions & opt)
+    : cfg_(cfg), backend_(backend), opt_(opt), plans_(cfg, backend, opt) {
+    if (opt.budget > 0)
+        check_budget(planned_reserved(), opt.budget,
+                     "lower --batch or --seq (activations grow with both), or pick a smaller --model");
+    train_mem_ = std::make_unique<StepMemory>(plans_.train->program(), plans_.train_plan, ledger_, host_allocator(),
+                                              opt.checking);
+    auto shared = [&](const TrainStep & s, const MemoryPlan & p) {
+        return std::make_unique<StepMemory>(s.program(), p, ledger_, host_allocator(), opt.checking, train_mem_.get());
+    };
+    if (plans_.first) first_mem_ = shared(*plans_.first, plans_.first_plan);
+    if (plans_.mid) mid_mem_ = shared(*plans_.mid, plans_.mid_plan);
+    if (plans_.eval) eval_mem_ = shared(*plans_.eval, plans_.eval_plan);
+    if (opt.compute != DType::f16) scaler_.scale = 1.0f;
+}
+
+Engine::~Engine() = default;
+
+float * Engine::params() {
+    const TrainStep & t = *plans_.train;
+    return static_cast<float *>(train_mem_->base(t.master >= 0 ? t.master : t.params));
+}
+
+void Engine::params_changed() {
+    const TrainStep & t = *plans_.train;
+    if (t.master < 0) return;
+    const int64_t P = int64_t(t.layout().total);
+    Tensor dst(t.params, t.compute(), {P}), src(t.master, DType::f32, {P});
+    dst.data = train_mem_->base(t.params);
+    src.data = train_mem_->base(t.master);
+    backend_.copy(dst, src);
+}
+
+float * Engine::grads() {
+    MF_ASSERT(plans_.train->grad_dtype() == DType::f32);
+    return static_cast<float *>(train_mem_->base(plans_.train->grads));
+}
+float * Engine::adam_m() { return static_cast<float *>(train_mem_->base(plans_.train->adam_m)); }
+float * Engine::adam_v() { return static_cast<float *>(train_mem_->base(plans_.train->adam_v)); }
 
 void Engine::init_params(uint64_t seed) {
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     float * p = params();
     const float proj_std = 0.02f / std::sqrt(2.0f * float(cfg_.n_layer));
-    for (const auto & info : train_->layout().params) {
+    for (const auto & info : plans_.train->layout().params) {
         float * w = p + info.offset;
         const std::string & n = info.name;
         if (n.ends_with(".bias")) {
@@ -96,14 +125,39 @@ void Engine::init_params(uint64_t seed) {
             for (size_t i = 0; i < info.numel; ++i) w[i] = sd * normal(rng);
         }
     }
-    std::memset(adam_m(), 0, train_->layout().total * sizeof(float));
-    std::memset(adam_v(), 0, train_->layout().total * sizeof(float));
+    std::memset(adam_m(), 0, plans_.train->layout().total * sizeof(float));
+    std::memset(adam_v(), 0, plans_.train->layout().total * sizeof(float));
+    params_changed();
     t_ = 0;
+}
+
+TrainState Engine::export_state() {
+    const size_t P = plans_.train->layout().total;
+    TrainState s;
+    s.params.assign(params(), params() + P);
+    s.m.assign(adam_m(), adam_m() + P);
+    s.v.assign(adam_v(), adam_v() + P);
+    s.t = t_;
+    s.scaler = {scaler_.scale, scaler_.clean, scaler_.skipped};
+    return s;
+}
+
+void Engine::import_state(const TrainState & s) {
+    const size_t P = plans_.train->layout().total;
+    MF_ASSERT(s.params.size() == P && s.m.size() == P && s.v.size() == P);
+    std::memcpy(params(), s.params.data(), P * 4);
+    std::memcpy(adam_m(), s.m.data(), P * 4);
+    std::memcpy(adam_v(), s.v.data(), P * 4);
+    params_changed();
+    t_ = s.t;
+    scaler_.scale = s.scaler.scale;
+    scaler_.clean = s.scaler.clean;
+    scaler_.skipped = s.scaler.skipped;
 }
 
 void Engine::execute(const TrainStep & step, StepMemory & mem, const StepScalars & s) {
     Graph g(step.program(), mem, backend_);
-    if (timeline_ && &step == train_.get()) {
+    if (timeline_ && &step == plans_.train.get()) {
         timeline_->program = "train";
         timeline_->events.clear();
         timeline_->origin_s = 0;
@@ -150,27 +204,34 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
     r.tokens = count_targets(inputs, targets, BT * size_t(k));
     // Every micro-batch's loss gradient is scaled by the whole step's token count, so the
     // accumulated gradients are those of one batch of k*B sequences.
-    const float dloss = r.tokens > 0 ? 1.0f / float(r.tokens) : 0.0f;
+    // fp16: the loss gradient is multiplied by the loss scale and AdamW divides it back out.
+    const float dloss = r.tokens > 0 ? scaler_.scale / float(r.tokens) : 0.0f;
+    r.loss_scale = scaler_.scale;
     AdamWHyper hh = h;
-    hh.t = ++t_;
+    hh.t = t_ + 1;
+    hh.grad_scale = 1.0f / scaler_.scale;
+    hh.skip_nonfinite = opt_.compute == DType::f16;
     double sum = 0;
     for (int i = 0; i < k; ++i) {
         const int32_t * in = inputs + size_t(i) * BT;
         const int32_t * tg = targets + size_t(i) * BT;
-        if (i == k - 1) sum += run_batch(*train_, *train_mem_, in, tg, dloss, &hh);
-        else if (i == 0) sum += run_batch(*first_, *first_mem_, in, tg, dloss, nullptr);
-        else sum += run_batch(*mid_, *mid_mem_, in, tg, dloss, nullptr);
+        if (i == k - 1) sum += run_batch(*plans_.train, *train_mem_, in, tg, dloss, &hh);
+        else if (i == 0) sum += run_batch(*plans_.first, *first_mem_, in, tg, dloss, nullptr);
+        else sum += run_batch(*plans_.mid, *mid_mem_, in, tg, dloss, nullptr);
     }
     r.loss = r.tokens > 0 ? float(sum / r.tokens) : 0.0f;
-    r.grad_norm = std::sqrt(*static_cast<const float *>(train_mem_->base(train_->grad_norm_sq)));
+    const float norm_sq = *static_cast<const float *>(train_mem_->base(plans_.train->grad_norm_sq));
+    r.grad_norm = std::sqrt(norm_sq) * hh.grad_scale;
+    if (hh.skip_nonfinite) r.skipped = !scaler_.update(std::isfinite(norm_sq));
+    if (!r.skipped) ++t_;
     return r;
 }
 
 float Engine::eval_loss(const int32_t * inputs, const int32_t * targets) {
-    MF_ASSERT(eval_ && "engine built without the evaluation program");
+    MF_ASSERT(plans_.eval && "engine built without the evaluation program");
     const size_t BT = size_t(opt_.B) * size_t(opt_.T);
     const int valid = count_targets(inputs, targets, BT);
-    const double sum = run_batch(*eval_, *eval_mem_, inputs, targets, 0.0f, nullptr);
+    const double sum = run_batch(*plans_.eval, *eval_mem_, inputs, targets, 0.0f, nullptr);
     return valid > 0 ? float(sum / valid) : 0.0f;
 }
 

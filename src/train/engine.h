@@ -23,21 +23,71 @@ struct EngineOptions {
     uint64_t budget = 0;             // bytes; 0 = no budget check
     int      loss_chunk = 0;         // tokens per LM-head + loss chunk; 0 = the whole batch at once
     bool     flash_attention = false;// tiled attention (no T x T buffer)
-    int      recompute_every = 0;    // 0: none; K: checkpoint every K layers (see Gpt2Options)
+    RecomputePlan recompute;         // what each layer keeps for backward (model/recompute.h)
     int      grad_accum = 1;         // micro-batches of B sequences per optimizer step
+    // Storage of weights and activations. bf16/f16 add fp32 master weights (counted with the
+    // optimizer states, as in the ZeRO paper); gradients are stored in the compute dtype for one
+    // micro-batch and in fp32 when accumulated over several.
+    DType    compute = DType::f32;
+    DType grad_dtype() const { return grad_accum > 1 ? DType::f32 : compute; }
     Gpt2Options model() const {
         Gpt2Options m;
         m.loss_chunk = loss_chunk;
         m.flash_attention = flash_attention;
-        m.recompute_every = recompute_every;
+        m.recompute = recompute;
+        m.compute = compute;
+        m.grad = grad_dtype();
         return m;
     }
 };
 
+// The step programs of one configuration and their placements, and nothing obtained: what
+// the engine runs, and what `--fit auto`, `--recompute budget` and the hints evaluate.
+class StepPlans {
+public:
+    StepPlans(const ModelConfig & cfg, const Backend & backend, const EngineOptions & opt);
+    ~StepPlans();
+
+    // Bytes every region of the run needs: the training plan plus any secondary arena that
+    // does not fit inside the training one.
+    CategoryBytes reserved() const;
+    // Peak live bytes per category over the training and the secondary programs.
+    CategoryBytes peak_live() const;
+
+    // train is the step's last (or only) micro-step: it holds the optimizer. With accumulation,
+    // first zeroes the gradients and mid only accumulates; both run in train's memory.
+    std::unique_ptr<TrainStep> train, first, mid, eval;
+    MemoryPlan train_plan, first_plan, mid_plan, eval_plan;
+    // Programs that run in train's memory, with their plans.
+    std::vector<std::pair<const TrainStep *, const MemoryPlan *>> secondary() const;
+};
+
+// What an optimizer step carries forward: fp32 weights (master weights under mixed precision),
+// AdamW moments, the step count and the loss scaler. The same across engine configurations of
+// one model, so training can move between them (run-time re-planning; checkpoints).
+struct TrainState {
+    std::vector<float> params, m, v;
+    int t = 0;
+    struct { float scale = 1; int clean = 0; long long skipped = 0; } scaler;
+};
+
 struct StepResult {
     float  loss = 0;          // mean over non-ignored targets
-    float  grad_norm = 0;     // global L2 norm of the gradients (before the update)
+    float  grad_norm = 0;     // global L2 norm of the gradients (before the update; inf/NaN if skipped)
     int    tokens = 0;        // non-ignored targets
+    bool   skipped = false;   // fp16: the gradients overflowed; nothing was updated
+    float  loss_scale = 1;    // the scale this step's loss gradient was multiplied by
+};
+
+// fp16 dynamic loss scaling: start at 2^16, halve and skip the step on inf/NaN gradients,
+// double after `growth_interval` clean steps.
+struct LossScaler {
+    float scale = 65536.0f;
+    int   clean = 0;              // clean steps since the last change
+    int   growth_interval = 2000;
+    long long skipped = 0;        // steps skipped so far
+    // Records one step's outcome; returns whether the step's update was applied.
+    bool update(bool finite);
 };
 
 class Engine {
@@ -48,8 +98,11 @@ public:
     // GPT-2 initialisation: N(0, 0.02) weights, c_proj weights N(0, 0.02/sqrt(2L)), zero
     // biases, unit LayerNorm weights. AdamW moments zeroed.
     void init_params(uint64_t seed);
-    // Host views of persistent buffers (the CPU backend's memory is host memory).
+    // Host views of persistent buffers (the CPU backend's memory is host memory). params() is
+    // the fp32 truth (the master weights under mixed precision): after writing it, call
+    // params_changed() to refresh the compute-precision copy. grads() needs fp32 gradients.
     float * params();
+    void params_changed();
     float * grads();
     float * adam_m();
     float * adam_v();
@@ -64,16 +117,18 @@ public:
     // that batch size on first use; it runs on the training parameters).
     std::vector<float> logits(const int32_t * inputs, int batch);
 
+    TrainState export_state();
+    void import_state(const TrainState & s);
+
     // Record the ops of every following training step into `t` (cleared at each step's start);
     // null stops recording.
     void set_timeline(Timeline * t) { timeline_ = t; }
 
-    const TrainStep & step() const { return *train_; }
-    const MemoryPlan & plan() const { return train_plan_; }
-    // Bytes every region of the run needs: the training plan plus any evaluation arena that
-    // does not fit inside the training one.
-    CategoryBytes planned_reserved() const;
-    CategoryBytes planned_peak_live() const;
+    const TrainStep & step() const { return *plans_.train; }
+    const MemoryPlan & plan() const { return plans_.train_plan; }
+    CategoryBytes planned_reserved() const { return plans_.reserved(); }
+    CategoryBytes planned_peak_live() const { return plans_.peak_live(); }
+    const LossScaler & loss_scaler() const { return scaler_; }
     const Ledger & ledger() const { return ledger_; }
     Ledger & ledger() { return ledger_; }
     const ModelConfig & config() const { return cfg_; }
@@ -93,14 +148,12 @@ private:
     Backend & backend_;
     EngineOptions opt_;
     Ledger ledger_;
-    // train_ is the step's last (or only) micro-step: it holds the optimizer. With accumulation,
-    // first_ zeroes the gradients and mid_ only accumulates; both run in train_'s memory.
-    std::unique_ptr<TrainStep> train_, first_, mid_, eval_, fwd_;
-    MemoryPlan train_plan_, first_plan_, mid_plan_, eval_plan_, fwd_plan_;
+    StepPlans plans_;
+    std::unique_ptr<TrainStep> fwd_;   // logits program, built on first use
+    MemoryPlan fwd_plan_;
     int fwd_batch_ = 0;
     std::unique_ptr<StepMemory> train_mem_, first_mem_, mid_mem_, eval_mem_, fwd_mem_;
-    // Programs that run in train_'s memory, with their plans (for the planned totals).
-    std::vector<std::pair<const TrainStep *, const MemoryPlan *>> secondary() const;
+    LossScaler scaler_;
     int t_ = 0;
     Timeline * timeline_ = nullptr;
 };

@@ -66,15 +66,16 @@ std::vector<std::string> make_hints(const Engine & engine, const std::vector<Rep
         mo.loss_chunk = BT / 8;
         replan(fmt::format("--loss-chunk {}", BT / 8), step.B(), mo, ": the B*T*V logits are never stored whole");
     }
-    if (eo.recompute_every == 0) {
+    const int L = step.config().n_layer;
+    if (!eo.recompute.recomputes()) {
         Gpt2Options mo = eo.model();
-        mo.recompute_every = kRecomputeSelective;
+        mo.recompute = parse_recompute("selective", L);
         replan("--recompute selective", step.B(), mo,
                ": norm outputs, GELU outputs and attention probabilities are recomputed, matmul outputs kept");
     }
-    if (eo.recompute_every != 1 && step.config().n_layer > 1) {
+    if (eo.recompute.name != "full" && L > 1) {
         Gpt2Options mo = eo.model();
-        mo.recompute_every = 1;
+        mo.recompute = parse_recompute("full", L);
         replan("--recompute full", step.B(), mo, ": only each layer's input is kept for backward");
     }
     if (step.B() > 1)

@@ -8,15 +8,19 @@ namespace memfit {
 
 TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const Backend * sizing,
                      const Gpt2Options & model, StepParts parts)
-    : cfg_(cfg), layout_(gpt2_param_layout(cfg)), mode_(mode), parts_(parts), B_(B), T_(T) {
+    : cfg_(cfg), layout_(gpt2_param_layout(cfg)), mode_(mode), parts_(parts), B_(B), T_(T), compute_(model.compute),
+      grad_dt_(model.grad) {
     if (B < 1 || T < 1) throw ConfigError(fmt::format("batch = {}, seq = {}: both must be at least 1", B, T));
     if (T > cfg.max_seq)
         throw ConfigError(fmt::format("seq = {} exceeds the model's context of {} positions; lower --seq", T,
                                       cfg.max_seq));
     const bool train = mode == StepMode::train;
     const size_t P = layout_.total * sizeof(float), BT = size_t(B) * size_t(T);
-    params = program_.declare("parameters", Category::parameters, P, true);
-    grads = train ? program_.declare("gradients", Category::gradients, P, true) : -1;
+    const bool mixed = compute_ != DType::f32;
+    params = program_.declare("parameters", Category::parameters, layout_.total * dtype_size(compute_), true);
+    // fp32 master weights: with the AdamW moments, the 12 bytes per parameter of optimizer state.
+    master = train && mixed ? program_.declare("master_parameters", Category::optimizer_states, P, true) : -1;
+    grads = train ? program_.declare("gradients", Category::gradients, layout_.total * dtype_size(grad_dt_), true) : -1;
     adam_m = train ? program_.declare("adamw.m", Category::optimizer_states, P, true) : -1;
     adam_v = train ? program_.declare("adamw.v", Category::optimizer_states, P, true) : -1;
     tokens = program_.declare("batch.tokens", Category::activations, BT * 4, true);
@@ -29,8 +33,8 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     mo.keep_logits = mode == StepMode::logits;
     if (mo.keep_logits) mo.loss_chunk = 0;
     model_ = std::make_unique<Gpt2>(cfg_, B, T, program_, mo);
-    w_ = gpt2_weights(cfg_, layout_, params);
-    if (train) dw_ = gpt2_weights(cfg_, layout_, grads);
+    w_ = gpt2_weights(cfg_, layout_, params, compute_);
+    if (train) dw_ = gpt2_weights(cfg_, layout_, grads, grad_dt_);
 
     Graph rec(program_, sizing);
     run(rec, StepScalars{});
@@ -44,7 +48,7 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
     const Tensor loss(losses, DType::f32, {b, t});
     if (mode_ == StepMode::train && parts_.zero_grads) {
         g.phase(Phase::other);
-        g.fill_zero(Tensor(grads, DType::f32, {P}));
+        g.fill_zero(Tensor(grads, grad_dt_, {P}));
     }
     model_->forward(g, w_, tok);
     if (mode_ == StepMode::logits) {
@@ -60,14 +64,19 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
     g.phase(Phase::optimizer);
     g.layer(-1);
     const Tensor norm_sq(grad_norm_sq, DType::f32, {1});
-    g.sum_squares(norm_sq, Tensor(grads, DType::f32, {P}));
+    g.sum_squares(norm_sq, Tensor(grads, grad_dt_, {P}));
+    const bool mixed = master >= 0;
     for (const auto & p : layout_.params) {
         AdamWHyper h = s.adamw;
         if (!p.decay()) h.weight_decay = 0;
         const size_t off = p.offset * sizeof(float);
         const int64_t n = int64_t(p.numel);
-        g.adamw(Tensor(params, DType::f32, {n}, off), Tensor(grads, DType::f32, {n}, off),
-                Tensor(adam_m, DType::f32, {n}, off), Tensor(adam_v, DType::f32, {n}, off), norm_sq, Tensor{}, h);
+        // Mixed precision: AdamW updates the fp32 master weights and rounds them into the
+        // compute-precision copy the next step's matmuls read.
+        const Tensor copy = mixed ? Tensor(params, compute_, {n}, p.offset * dtype_size(compute_)) : Tensor{};
+        g.adamw(Tensor(mixed ? master : params, DType::f32, {n}, off),
+                Tensor(grads, grad_dt_, {n}, p.offset * dtype_size(grad_dt_)), Tensor(adam_m, DType::f32, {n}, off),
+                Tensor(adam_v, DType::f32, {n}, off), norm_sq, copy, h);
     }
 }
 

@@ -48,8 +48,11 @@ public:
     int B() const { return B_; }
     int T() const { return T_; }
 
-    // Persistent buffers the host reads or writes between steps.
-    BufferId params, grads, adam_m, adam_v, tokens, targets, losses, grad_norm_sq;
+    // Persistent buffers the host reads or writes between steps. params holds the weights in the
+    // compute dtype; under mixed precision `master` holds them in fp32 (else -1).
+    BufferId params, master, grads, adam_m, adam_v, tokens, targets, losses, grad_norm_sq;
+    DType compute() const { return compute_; }
+    DType grad_dtype() const { return grad_dt_; }
     Tensor logits() const { return model_->logits(); }
 
 private:
@@ -58,6 +61,7 @@ private:
     StepMode mode_;
     StepParts parts_;
     int B_, T_;
+    DType compute_, grad_dt_;
     Program program_;
     BufferId workspace_ = -1;
     std::unique_ptr<Gpt2> model_;

@@ -23,6 +23,7 @@
 #include "tokenizer/tokenizer.h"
 #include "train/data_loader.h"
 #include "train/engine.h"
+#include "train/replan.h"
 #include "train/prepare.h"
 #include "train/report.h"
 #include "report/chrome_trace.h"
@@ -148,54 +149,63 @@ void run_training(const TrainOptions & opt) {
     cfg.validate();
 
     CpuBackend backend;
-    EngineOptions eo;
-    eo.B = opt.batch;
-    eo.T = opt.seq;
-    eo.with_eval = !data.val_path.empty() && !opt.profile;
-    eo.checking = opt.check_lifetimes;
-    eo.loss_chunk = opt.loss_chunk;
-    eo.flash_attention = opt.attention == "flash";
-    eo.recompute_every = parse_recompute(opt.recompute, cfg.n_layer);
-    eo.grad_accum = opt.grad_accum;
     // Without --memory-budget the plan must still fit the memory this process can have.
-    eo.budget = budget_flag ? budget_flag : available_memory();
-    DataLoader train_data(data.train_path, opt.batch, opt.seq, opt.seed);
+    const uint64_t budget = budget_flag ? budget_flag : available_memory();
+    const ResolvedRun run = resolve_run(opt, cfg, backend, !data.val_path.empty() && !opt.profile, budget);
+    EngineOptions eo = run.eo;
+    eo.checking = opt.check_lifetimes;
+    for (const auto & n : run.notes) say(n);
+    const int batch = eo.B, accum = eo.grad_accum;
+    // The loader yields the whole global batch per step, so a run-time re-plan to a smaller
+    // micro-batch sees the same sequences.
+    DataLoader train_data(data.train_path, batch * accum, opt.seq, opt.seed);
     std::unique_ptr<DataLoader> val_data;
-    if (eo.with_eval) val_data = std::make_unique<DataLoader>(data.val_path, opt.batch, opt.seq, opt.seed + 1);
+    if (eo.with_eval) val_data = std::make_unique<DataLoader>(data.val_path, batch, opt.seq, opt.seed + 1);
 
     say(fmt::format("memfit {}: model {} ({} layers, {} channels, {} heads, vocab {}, {:.2f}M parameters)",
                     opt.profile ? "profile" : "train", cfg.name, cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab_size,
                     double(cfg.num_params()) / 1e6));
     say(fmt::format("  data {} ({}), batch {} x seq {}{} = {} tokens/step, {} steps, {} threads", data.train_path,
-                    data.tokenizer, opt.batch, opt.seq,
-                    opt.grad_accum > 1 ? fmt::format(" x {} accumulated micro-batches", opt.grad_accum) : "",
-                    opt.batch * opt.seq * opt.grad_accum, opt.steps, omp_get_max_threads()));
-    Engine engine(cfg, backend, eo);
-    const CategoryBytes plan_live = engine.planned_peak_live(), plan_rsv = engine.planned_reserved();
-    say(fmt::format("memory plan ({} ops, fp32, peak at op {} '{}'):\n{}", engine.step().program().num_ops(),
-                    engine.plan().peak_op, engine.step().program().ops()[size_t(engine.plan().peak_op)].name,
+                    data.tokenizer, batch, opt.seq,
+                    accum > 1 ? fmt::format(" x {} accumulated micro-batches", accum) : "",
+                    batch * opt.seq * accum, opt.steps, omp_get_max_threads()));
+    auto engine = std::make_unique<Engine>(cfg, backend, eo);
+    CategoryBytes plan_live = engine->planned_peak_live(), plan_rsv = engine->planned_reserved();
+    say(fmt::format("memory plan ({} ops, {}{}, peak at op {} '{}'):\n{}", engine->step().program().num_ops(),
+                    precision_name(eo.compute),
+                    eo.compute == DType::f32 ? ""
+                        : fmt::format(" with fp32 master weights, {} gradients{}", precision_name(eo.grad_dtype()),
+                                      accum > 1 ? " (accumulated over micro-batches)" : ""),
+                    engine->plan().peak_op, engine->step().program().ops()[size_t(engine->plan().peak_op)].name,
                     format_plan_table(plan_live, plan_rsv)));
     if (eo.budget)
         say(fmt::format("  budget {} ({}): fits", format_bytes(eo.budget),
                         opt.memory_budget.empty() ? "available memory" : "--memory-budget"));
-    engine.init_params(opt.seed);
+    engine->init_params(opt.seed);
 
     fs::create_directories(opt.out);
     const std::string metrics_path = (fs::path(opt.out) / "metrics.jsonl").string();
     std::FILE * metrics = std::fopen(metrics_path.c_str(), "w");
     if (!metrics) throw IoError(fmt::format("{}: cannot write metrics", metrics_path));
 
-    const int micro = opt.batch * opt.seq, BT = micro * opt.grad_accum;   // tokens per micro-batch, per step
+    const int micro = batch * opt.seq, BT = micro * accum;   // tokens per micro-batch, per step
     std::vector<int32_t> in(static_cast<size_t>(BT)), tg(static_cast<size_t>(BT));
     LrSchedule sched{opt.lr, opt.warmup, opt.steps, opt.min_lr_ratio};
     auto evaluate = [&]() {
+        // Batches of the starting micro-batch, run in pieces of the engine's current one.
+        const int b = engine->options().B, pieces = batch / b;
         double s = 0;
         for (int i = 0; i < opt.eval_batches; ++i) {
             val_data->next(in.data(), tg.data());
-            s += engine.eval_loss(in.data(), tg.data());
+            for (int k = 0; k < pieces; ++k) {
+                const size_t off = size_t(k) * size_t(b) * size_t(opt.seq);
+                s += engine->eval_loss(in.data() + off, tg.data() + off);
+            }
         }
-        return float(s / opt.eval_batches);
+        return float(s / (opt.eval_batches * pieces));
     };
+    std::vector<std::string> replans;
+    BudgetFile budget_file(opt.budget_file);
     double total_time = 0;
     long long total_tokens = 0;
     float last_loss = 0, last_val = NAN;
@@ -205,15 +215,18 @@ void run_training(const TrainOptions & opt) {
     std::vector<CurvePoint> loss_curve, val_curve, tps_curve;
     const auto t_start = Clock::now();
     for (int step = 1; step <= opt.steps; ++step) {
-        for (int i = 0; i < opt.grad_accum; ++i) train_data.next(in.data() + size_t(i) * micro, tg.data() + size_t(i) * micro);
+        train_data.next(in.data(), tg.data());
+        if (const auto b = budget_file.poll()) shrink_to_budget(engine, cfg, backend, *b, replans);
         AdamWHyper h{sched.at(step), opt.beta1, opt.beta2, opt.eps, opt.weight_decay, step, opt.clip};
-        if (step == opt.steps) engine.set_timeline(&timeline);
-        else if (opt.check_leaks && step == 2) engine.set_timeline(&leak_a);
-        else if (opt.check_leaks && step == 3) engine.set_timeline(&leak_b);
+        if (step == opt.steps) engine->set_timeline(&timeline);
+        else if (opt.check_leaks && step == 2) engine->set_timeline(&leak_a);
+        else if (opt.check_leaks && step == 3) engine->set_timeline(&leak_b);
         const auto t0 = Clock::now();
-        const StepResult r = engine.train_step(in.data(), tg.data(), h);
+        const StepResult r = resilient_step(engine, cfg, backend, in.data(), tg.data(), h, replans);
+        for (const auto & n : replans) say(n);
+        replans.clear();
         const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-        engine.set_timeline(nullptr);
+        engine->set_timeline(nullptr);
         if (opt.check_leaks && step == 3) {
             const std::string diff = compare_live_bytes(leak_a, leak_b);
             if (!diff.empty()) throw Error("leak check failed: " + diff);
@@ -232,7 +245,7 @@ void run_training(const TrainOptions & opt) {
             last_val = evaluate();
             val_curve.push_back({step, last_val});
         }
-        const auto & L = engine.ledger();
+        const auto & L = engine->ledger();
         const bool log_point = step % opt.log_every == 0 || step == 1 || step == opt.steps || do_eval;
         ProgressLine pl;
         pl.step = step;
@@ -254,6 +267,10 @@ void run_training(const TrainOptions & opt) {
                                 {"tokens_per_s", tps}, {"ms", dt * 1e3}, {"live_bytes", L.live_total()},
                                 {"peak_bytes", L.live_total_peak()}};
             if (do_eval) m["val_loss"] = last_val;
+            if (eo.compute == DType::f16) {
+                m["loss_scale"] = r.loss_scale;
+                m["skipped_steps"] = engine->loss_scaler().skipped;
+            }
             std::fprintf(metrics, "%s\n", m.dump().c_str());
             std::fflush(metrics);
         }
@@ -262,7 +279,9 @@ void run_training(const TrainOptions & opt) {
     progress.finish();
     const double wall = std::chrono::duration<double>(Clock::now() - t_start).count();
 
-    const Ledger & L = engine.ledger();
+    const Ledger & L = engine->ledger();
+    plan_live = engine->planned_peak_live();
+    plan_rsv = engine->planned_reserved();
     const uint64_t rss = peak_rss_bytes();
     const double tps = double(total_tokens) / total_time;
     if (opt.check_lifetimes)
@@ -276,9 +295,11 @@ void run_training(const TrainOptions & opt) {
 
     nlohmann::json summary = {
         {"config", {{"model", cfg.name}, {"n_layer", cfg.n_layer}, {"n_embd", cfg.n_embd}, {"n_head", cfg.n_head},
-                    {"vocab_size", cfg.vocab_size}, {"params", cfg.num_params()}, {"batch", opt.batch},
+                    {"vocab_size", cfg.vocab_size}, {"params", cfg.num_params()}, {"batch", batch},
+                    {"grad_accum", accum}, {"attention", eo.flash_attention ? "flash" : "naive"},
+                    {"recompute", eo.recompute.name}, {"loss_chunk", eo.loss_chunk},
                     {"seq", opt.seq}, {"steps", opt.steps}, {"lr", opt.lr}, {"weight_decay", opt.weight_decay},
-                    {"seed", opt.seed}, {"threads", omp_get_max_threads()}, {"precision", "fp32"},
+                    {"seed", opt.seed}, {"threads", omp_get_max_threads()}, {"precision", precision_name(eo.compute)},
                     {"data", data.train_path}, {"tokenizer", data.tokenizer}}},
         {"planned", {{"peak_live", bytes_json(plan_live)}, {"reserved", bytes_json(plan_rsv)}}},
         {"measured", {{"peak_live", bytes_json(L.live_peak())}, {"reserved", bytes_json(L.reserved_peak())},
@@ -288,13 +309,19 @@ void run_training(const TrainOptions & opt) {
         {"final_loss", last_loss},
         {"wall_s", wall}};
     if (!std::isnan(last_val)) summary["final_val_loss"] = last_val;
+    if (eo.compute == DType::f16) {
+        summary["loss_scale"] = engine->loss_scaler().scale;
+        summary["skipped_steps"] = engine->loss_scaler().skipped;
+        say(fmt::format("  fp16 loss scaling: {} skipped steps, scale now {:g}", engine->loss_scaler().skipped,
+                        engine->loss_scaler().scale));
+    }
 
     // The memory report of the last step (and the training curves).
     nlohmann::json flat = summary["config"];
     flat["tokens_per_s"] = std::round(tps);
     const std::string title = fmt::format("memfit {}: {}, batch {} x seq {}", opt.profile ? "profile" : "train",
-                                          cfg.name, opt.batch, opt.seq);
-    ReportData rep = build_report(engine, timeline, title, flat, eo.budget);
+                                          cfg.name, batch, opt.seq);
+    ReportData rep = build_report(*engine, timeline, title, flat, eo.budget);
     if (!opt.profile) {
         rep.loss = loss_curve;
         rep.val_loss = val_curve;
@@ -309,7 +336,7 @@ void run_training(const TrainOptions & opt) {
     if (opt.sample_tokens > 0 && !data.tokenizer.empty() && !opt.profile) {
         auto tok = make_tokenizer(data.tokenizer, data_dir());
         std::vector<int32_t> prompt = tok->encode("\n");
-        const auto ids = sample_text(engine, prompt, opt.sample_tokens, 0.8f, opt.seed);
+        const auto ids = sample_text(*engine, prompt, opt.sample_tokens, 0.8f, opt.seed);
         const std::string text = tok->decode(ids);
         say("sample (temperature 0.8):\n" + text);
         summary["sample"] = text;

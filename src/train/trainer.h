@@ -4,14 +4,14 @@
 #include <cstdint>
 #include <string>
 
+#include "train/techniques.h"
+
 namespace memfit {
 
-struct TrainOptions {
-    std::string model = "micro";   // preset or Hugging Face config.json
+// Model, shape and memory techniques come from RunShape (train/techniques.h).
+struct TrainOptions : RunShape {
     std::string data;              // folder with train.bin/val.bin; empty: the bundled corpus
     std::string tokenizer;         // for preparing the bundled corpus; empty: bytes for small presets, else gpt2
-    int      batch = 8;
-    int      seq = 128;
     int      steps = 1500;
     float    lr = 3e-3f;
     int      warmup = 100;
@@ -21,20 +21,13 @@ struct TrainOptions {
     int      eval_every = 250;     // 0: only at the end
     int      eval_batches = 8;
     int      log_every = 50;
-    uint64_t seed = 1337;
-    int      threads = 0;          // 0: OpenMP's default
     std::string out = "runs/train";
-    std::string memory_budget;     // "": the memory available to the process
     int      sample_tokens = 400;  // text sample at the end (0: none)
     bool     check_lifetimes = false;
-    int      loss_chunk = 0;       // tokens per LM-head + loss chunk (0: all at once)
-    int      grad_accum = 1;       // micro-batches of --batch sequences per optimizer step
-    float    clip = 0;             // global gradient-norm clipping (0: off)
     bool     check_leaks = false;  // compare live bytes op by op between steps 2 and 3; fail if they differ
-    std::string attention = "naive";  // naive | flash
-    std::string recompute = "none";   // none | full | every:K | sqrt
     bool     profile = false;      // `memfit profile`: no evaluation, no sample; the report is the point
     std::string progress = "auto"; // auto | tty | plain | json | quiet
+    std::string budget_file;       // control file polled before each step: a lower budget re-plans the run
 };
 
 // Runs a whole training job; throws memfit::Error on expected failures.

@@ -1,0 +1,104 @@
+#include "model/recompute.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace memfit {
+
+bool RecomputePlan::recomputes() const {
+    return segment >= 2 || std::any_of(keep.begin(), keep.end(), [](uint32_t m) { return m != kKeepAll; });
+}
+
+namespace {
+
+RecomputePlan uniform(int n_layer, uint32_t mask, const std::string & name) {
+    RecomputePlan p;
+    p.name = name;
+    if (mask != kKeepAll) p.keep.assign(size_t(n_layer), mask);
+    return p;
+}
+
+RecomputePlan segments(int n_layer, int K, const std::string & name) {
+    if (K <= 1 || n_layer <= 1) return uniform(n_layer, 0, name);
+    RecomputePlan p;
+    p.name = name;
+    p.segment = K;
+    return p;
+}
+
+}  // namespace
+
+RecomputePlan parse_recompute(const std::string & policy, int n_layer) {
+    if (policy == "none") return uniform(n_layer, kKeepAll, policy);
+    if (policy == "full") return uniform(n_layer, 0, policy);
+    if (policy == "selective") return uniform(n_layer, kKeepSelective, policy);
+    if (policy == "sqrt") return segments(n_layer, std::max(1, int(std::ceil(std::sqrt(double(n_layer))))), policy);
+    if (policy.starts_with("every:")) {
+        const std::string k = policy.substr(6);
+        if (!k.empty() && k.size() < 6 && std::all_of(k.begin(), k.end(), ::isdigit) && std::stoi(k) >= 1)
+            return segments(n_layer, std::stoi(k), policy);
+    }
+    throw ConfigError(fmt::format(
+        "--recompute '{}': expected none, full, every:K (K >= 1), sqrt, selective or budget", policy));
+}
+
+KeepSet layer_keep_cost(const ModelConfig & cfg, int B, int T, bool flash, DType compute, uint32_t mask) {
+    const double bt = double(B) * T, C = cfg.n_embd;
+    const uint64_t s = dtype_size(compute), BT = uint64_t(B) * uint64_t(T), BTC = BT * uint64_t(cfg.n_embd);
+    const uint64_t stats = 2 * BT * 4;   // mean and rstd, f32
+    struct Unit { uint64_t bytes; double flops; };
+    // Bytes kept and FLOPs to recompute, per unit (attention's FLOPs are counted once below).
+    const Unit units[int(Saved::count)] = {
+        {BTC * s + stats, 8.0 * bt * C},                                      // ln1
+        {3 * BTC * s, 2.0 * bt * C * 3 * C},                                  // qkv
+        {BTC * s + (flash ? uint64_t(B) * uint64_t(cfg.n_head) * uint64_t(T) * 4 : 0), 0},   // attn_out (+ lse)
+        {flash ? 0 : uint64_t(B) * uint64_t(cfg.n_head) * uint64_t(T) * uint64_t(T) * s, 0},   // attn_probs
+        {BTC * s, 2.0 * bt * C * C + bt * C},                                 // res2: proj matmul + residual
+        {BTC * s + stats, 8.0 * bt * C},                                      // ln2
+        {4 * BTC * s, 2.0 * bt * C * 4 * C},                                  // fc
+        {4 * BTC * s, 10.0 * bt * 4 * C},                                     // gelu
+    };
+    KeepSet k;
+    k.mask = mask;
+    for (int u = 0; u < int(Saved::count); ++u) {
+        if ((mask >> u) & 1u) k.bytes += units[u].bytes;
+        else k.flops += units[u].flops;
+    }
+    const bool probs_dropped = !flash && !((mask >> int(Saved::attn_probs)) & 1u);
+    if (!((mask >> int(Saved::attn_out)) & 1u) || probs_dropped)
+        k.flops += 4.0 * B * (double(T) * (T + 1) / 2.0) * C;   // one attention forward
+    return k;
+}
+
+RecomputePlan recompute_for_budget(const ModelConfig & cfg, int B, int T, bool flash, DType compute,
+                                   uint64_t kept_budget) {
+    // The solver's units are additive: the attention output and its probabilities (or lse) are
+    // one unit, because one attention forward recomputes both (dropping only one of the pair
+    // costs the same FLOPs and keeps more bytes, so an optimum never does).
+    const uint32_t attn = (1u << int(Saved::attn_out)) | (1u << int(Saved::attn_probs));
+    const std::vector<uint32_t> groups = {1u << int(Saved::ln1), 1u << int(Saved::qkv), attn, 1u << int(Saved::res2),
+                                          1u << int(Saved::ln2), 1u << int(Saved::fc), 1u << int(Saved::gelu)};
+    std::vector<KeepCost> units;
+    for (uint32_t g : groups)
+        units.push_back(KeepCost{layer_keep_cost(cfg, B, T, flash, compute, g).bytes,
+                                 layer_keep_cost(cfg, B, T, flash, compute, kKeepAll & ~g).flops});
+    const std::optional<KeepPlan> best =
+        min_recompute(std::vector<std::vector<KeepCost>>(size_t(cfg.n_layer), units), kept_budget);
+    MF_ASSERT(best.has_value());   // keeping nothing needs 0 bytes
+    RecomputePlan p;
+    p.name = "budget";
+    for (uint32_t m : best->mask) {
+        uint32_t keep = 0;
+        for (size_t u = 0; u < groups.size(); ++u)
+            if ((m >> u) & 1u) keep |= groups[u];
+        p.keep.push_back(keep);
+    }
+    return p;
+}
+
+}  // namespace memfit

@@ -1,0 +1,57 @@
+// The memory techniques as the user names them (flags shared by train, profile and bench),
+// resolved into EngineOptions for one model: precision, attention, loss chunking, recompute
+// policy (including `budget`, solved against the memory budget) and `--fit auto`, which
+// searches micro-batch x accumulation x precision x attention x recomputation x loss chunk for
+// the highest predicted throughput whose plan fits.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/config.h"
+#include "train/engine.h"
+
+namespace memfit {
+
+struct RunShape {
+    std::string model = "micro";     // preset or Hugging Face config.json
+    int      batch = 8;              // micro-batch: sequences per forward/backward
+    int      seq = 128;              // tokens per sequence
+    int      grad_accum = 1;         // micro-batches per optimizer step
+    int      threads = 0;            // 0: OpenMP's default
+    uint64_t seed = 1337;
+    int      loss_chunk = 0;         // tokens per LM-head + loss chunk (0: all at once)
+    std::string attention = "flash";   // flash | naive
+    std::string recompute = "none";    // none | full | every:K | sqrt | selective | budget
+    std::string precision = "fp32";    // fp32 | bf16 | fp16 | auto (with --fit auto)
+    std::string fit = "off";           // off | auto
+    float    clip = 0;               // global gradient-norm clipping (0: off)
+    std::string memory_budget;       // "": the memory available to the process
+};
+
+// "fp32" | "bf16" | "fp16" -> DType; ConfigError otherwise.
+DType parse_precision(const std::string & p);
+std::string precision_name(DType compute);
+
+// Nominal time model for ranking configurations: each op costs max(FLOPs / flops_rate,
+// bytes / byte_rate); a step is the sum over its micro-steps' programs.
+struct TimeModel {
+    double flops_rate = 100e9;   // FLOP/s (the order of this machine's fp32 matmul rate)
+    double byte_rate = 20e9;     // bytes/s of memory traffic
+    double step_seconds(const StepPlans & plans, int grad_accum) const;
+};
+
+struct ResolvedRun {
+    EngineOptions eo;
+    std::vector<std::string> notes;   // what --fit auto / --recompute budget chose and why
+};
+
+// Resolves the flags for `cfg` within `budget` bytes (0: no budget). Throws ConfigError for a
+// bad flag and OutOfMemory when --fit auto or --recompute budget finds nothing that fits (the
+// message gives the smallest configuration's needs per category).
+ResolvedRun resolve_run(const RunShape & s, const ModelConfig & cfg, const Backend & backend, bool with_eval,
+                        uint64_t budget);
+
+}  // namespace memfit
