@@ -187,3 +187,45 @@ TEST(Cli, ProfileWritesReportAndTrace) {
     EXPECT_TRUE(trace["traceEvents"].is_array());
     EXPECT_GT(trace["traceEvents"].size(), 10u);
 }
+
+TEST(Cli, MemoryTechniqueFlags) {
+    const fs::path text = small_text("tech.txt");
+    const fs::path data = scratch("tech_data"), out = scratch("tech_run"), ctl = scratch("budget.txt");
+    ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    const std::string base = "train --model nano --data " + data.string() + " --seq 32 --steps 3 --eval-every 0 "
+                             "--eval-batches 1 --sample 0 --progress plain --out " + out.string();
+
+    // bf16 with accumulation: the plan says what is stored how; summary records the precision.
+    CmdResult b = run_memfit(base + " --micro-batch 2 --grad-accum 2 --precision bf16");
+    ASSERT_EQ(b.code, 0) << b.err << b.out;
+    EXPECT_NE(b.out.find("bf16 with fp32 master weights, fp32 gradients (accumulated over micro-batches)"),
+              std::string::npos) << b.out;
+    nlohmann::json s = nlohmann::json::parse(std::ifstream(out / "summary.json"));
+    EXPECT_EQ(s["config"]["precision"], "bf16");
+    EXPECT_EQ(s["planned"]["peak_live"], s["measured"]["peak_live"]);
+
+    // fp16 reports its loss scale.
+    CmdResult h = run_memfit(base + " --batch 2 --precision fp16");
+    ASSERT_EQ(h.code, 0) << h.err << h.out;
+    EXPECT_NE(h.out.find("fp16 loss scaling:"), std::string::npos) << h.out;
+
+    // --fit auto keeps the global batch and says what it chose.
+    CmdResult f = run_memfit(base + " --batch 8 --fit auto --precision auto --memory-budget 8MiB");
+    ASSERT_EQ(f.code, 0) << f.err << f.out;
+    EXPECT_NE(f.out.find("--fit auto chose"), std::string::npos) << f.out;
+    EXPECT_NE(f.out.find("global batch 8 kept"), std::string::npos) << f.out;
+    expect_clean_failure(run_memfit(base + " --batch 8 --fit auto --memory-budget 64KiB"), "smallest configuration");
+
+    // --recompute budget explains its choice; a lowered budget file re-plans the run.
+    CmdResult r = run_memfit(base + " --batch 4 --recompute budget --memory-budget 8MiB");
+    ASSERT_EQ(r.code, 0) << r.err << r.out;
+    EXPECT_NE(r.out.find("--recompute budget:"), std::string::npos) << r.out;
+    std::ofstream(ctl) << "3MiB\n";
+    CmdResult c = run_memfit(base + " --batch 4 --budget-file " + ctl.string());
+    ASSERT_EQ(c.code, 0) << c.err << c.out;
+    EXPECT_NE(c.out.find("re-planned to micro-batch"), std::string::npos) << c.out;
+
+    expect_clean_failure(run_memfit(base + " --precision fp8"), "--precision");
+    expect_clean_failure(run_memfit(base + " --precision auto"), "--fit auto");
+    expect_clean_failure(run_memfit(base + " --recompute sometimes"), "--recompute 'sometimes'");
+}
