@@ -1,5 +1,5 @@
-// Element types and conversions. Compute kernels in this issue are fp32; bf16/f16 are storage
-// types the mixed-precision work builds on (round-to-nearest-even conversions here).
+// Element types and conversions. Kernels compute in fp32; bf16/f16 are storage types, converted
+// as they are loaded and rounded to nearest even as they are stored (conversions here).
 #pragma once
 
 #include <cstdint>
@@ -43,5 +43,59 @@ inline float bf16_to_f32(uint16_t h) { return bits_f32(uint32_t(h) << 16); }
 // IEEE half precision, via the compiler's _Float16 (x86-64 GCC 12 supports it).
 inline uint16_t f32_to_f16(float f) { _Float16 h = (_Float16) f; uint16_t u; std::memcpy(&u, &h, 2); return u; }
 inline float f16_to_f32(uint16_t u) { _Float16 h; std::memcpy(&h, &u, 2); return (float) h; }
+
+// ---------------------------------------------------------------------------------------------
+// Storage types for kernels templated on the element type: distinct wrappers of the 16 bits, so
+// that templates tell bf16 from f16 (float is used as itself).
+struct bf16_t { uint16_t bits; };
+struct f16_t  { uint16_t bits; };
+
+template <class T> constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::f32; }
+template <> constexpr DType dtype_of<bf16_t>() { return DType::bf16; }
+template <> constexpr DType dtype_of<f16_t>() { return DType::f16; }
+
+// to_f32(x) and from_f32<T>(f): the load and the rounding store of every kernel. Written with
+// integer masks instead of branches (and without _Float16, whose conversions GCC 12 does not
+// vectorise), so that loops calling them vectorise under `omp simd`. Same values as
+// f32_to_bf16 / f16_to_f32 / f32_to_f16 above; NaN stays NaN (f16 stores give the canonical
+// quiet NaN 0x7e00). float instantiations are the identity.
+inline float to_f32(float x) { return x; }
+inline float to_f32(bf16_t x) { return bits_f32(uint32_t(x.bits) << 16); }
+inline float to_f32(f16_t x) {
+    const uint32_t em = x.bits & 0x7fffu;                    // exponent and mantissa
+    const uint32_t sign = uint32_t(x.bits & 0x8000u) << 16;
+    const uint32_t normal = (em << 13) + (112u << 23);       // rebias the exponent 15 -> 127
+    const uint32_t infnan = normal + (112u << 23);           // exponent 31 -> 255, payload kept
+    // zero and subnormals (em < 0x400): m * 2^-24 = (1 + m/1024) 2^-14 - 2^-14, exact.
+    const uint32_t sub = f32_bits(bits_f32((em << 13) + (113u << 23)) - bits_f32(113u << 23));
+    const uint32_t is_infnan = 0u - uint32_t(em >= 0x7c00u), is_sub = 0u - uint32_t(em < 0x400u);
+    const uint32_t r = (is_infnan & infnan) | (is_sub & sub) | (~(is_infnan | is_sub) & normal);
+    return bits_f32(r | sign);
+}
+
+template <class T> T from_f32(float f);
+template <> inline float from_f32<float>(float f) { return f; }
+template <> inline bf16_t from_f32<bf16_t>(float f) {
+    const uint32_t u = f32_bits(f);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t nan = (u >> 16) | 0x40u;
+    return bf16_t{uint16_t((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded)};
+}
+template <> inline f16_t from_f32<f16_t>(float f) {
+    const uint32_t u0 = f32_bits(f);
+    const uint32_t sign = (u0 >> 16) & 0x8000u;
+    const uint32_t u = u0 & 0x7fffffffu;
+    // |f| >= 65536 (the rounding boundary is handled by the normal path's carry): inf, or NaN.
+    const uint32_t big = u > 0x7f800000u ? 0x7e00u : 0x7c00u;
+    // |f| < 2^-14: the result is subnormal or zero; adding 0.5 lets the FPU round the bits.
+    constexpr uint32_t kHalf = 126u << 23;
+    const uint32_t sub = f32_bits(bits_f32(u) + bits_f32(kHalf)) - kHalf;
+    // normal: rebias 127 -> 15 and round the 13 dropped bits to nearest even.
+    const uint32_t normal = (u + 0xc8000fffu + ((u >> 13) & 1u)) >> 13;
+    const uint32_t is_big = 0u - uint32_t(u >= (143u << 23)), is_sub = 0u - uint32_t(u < (113u << 23));
+    const uint32_t r = (is_big & big) | (is_sub & sub) | (~(is_big | is_sub) & normal);
+    return f16_t{uint16_t(r | sign)};
+}
 
 }  // namespace memfit

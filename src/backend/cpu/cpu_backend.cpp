@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
+#include "backend/cpu/convert.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/kernels_flash.h"
 
@@ -12,76 +14,185 @@ namespace {
 // Shapes: activations are [B,T,C] or [N,C]; B*T rows.
 int B_of(const Tensor & t) { return int(t.dim(0)); }
 int T_of(const Tensor & t) { return int(t.dim(1)); }
+
+bool is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
+// f(S{}) with S the storage type of dtype t (float, bf16_t or f16_t).
+template <class F>
+void dispatch(DType t, F && f) {
+    switch (t) {
+        case DType::f32: f(float{}); return;
+        case DType::bf16: f(bf16_t{}); return;
+        case DType::f16: f(f16_t{}); return;
+        default: MF_ASSERT(!"not a float dtype (f32, bf16, f16)");
+    }
+}
+
+// f(S{}, G{}) for a kernel with activations of dtype t and a parameter gradient of dtype g, which
+// is f32 or t.
+template <class F>
+void dispatch_grad(DType t, DType g, F && f) {
+    MF_ASSERT(g == DType::f32 || g == t);
+    dispatch(t, [&](auto s) {
+        if (g == DType::f32) f(s, float{}); else f(s, s);
+    });
+}
+
+// The typed pointer of a tensor whose dtype the caller dispatched on.
+template <class S>
+S * ptr(const Tensor & t) {
+    MF_ASSERT(t.dtype == dtype_of<S>());
+    return static_cast<S *>(t.data);
+}
+
+void same_dtype(DType t, std::initializer_list<const Tensor *> ts) {
+    for (const Tensor * x : ts) MF_ASSERT(x->dtype == t);
+}
 }  // namespace
 
-size_t CpuBackend::gemm_workspace(const GemmDesc & d) const { return gemm_.workspace_bytes(d); }
+size_t CpuBackend::gemm_workspace(const GemmDesc & d) const {
+    if (d.a == DType::f32 && d.b == DType::f32 && d.c == DType::f32) return gemm_.workspace_bytes(d);
+    return mixed_.workspace_bytes(d);
+}
 
 void CpuBackend::fill_zero(Tensor t) { std::memset(t.data, 0, t.nbytes()); }
 
 void CpuBackend::copy(Tensor dst, Tensor src) {
-    MF_ASSERT(dst.nbytes() == src.nbytes());
-    std::memcpy(dst.data, src.data, src.nbytes());
+    MF_ASSERT(dst.numel() == src.numel());
+    if (dst.dtype == src.dtype) {
+        std::memcpy(dst.data, src.data, src.nbytes());
+        return;
+    }
+    MF_ASSERT(is_float(dst.dtype) && is_float(src.dtype));
+    cpu::convert(dst.data, dst.dtype, src.data, src.dtype, size_t(src.numel()));
 }
 
 void CpuBackend::gemm(const GemmDesc & d, Tensor c, Tensor a, Tensor b, Tensor bias, Tensor workspace) {
     MF_ASSERT(c.numel() == d.M * d.N && a.numel() == d.M * d.K && b.numel() == d.K * d.N);
-    gemm_.run(d, c.f32(), a.f32(), b.f32(), bias.valid() ? bias.f32() : nullptr, workspace.data);
+    MF_ASSERT(c.dtype == d.c && a.dtype == d.a && b.dtype == d.b);
+    MF_ASSERT(!d.bias || (bias.valid() && bias.dtype == d.b && bias.numel() == d.N));
+    if (d.a == DType::f32 && d.b == DType::f32 && d.c == DType::f32) {
+        gemm_.run(d, c.f32(), a.f32(), b.f32(), bias.valid() ? bias.f32() : nullptr, workspace.data);
+        return;
+    }
+    MF_ASSERT(is_float(d.a) && is_float(d.b) && is_float(d.c));
+    MF_ASSERT((workspace.valid() ? workspace.nbytes() : 0) >= mixed_.workspace_bytes(d));
+    mixed_.run(d, c.data, a.data, b.data, d.bias ? bias.data : nullptr, workspace.data);
 }
 
 void CpuBackend::bias_grad(Tensor dbias, Tensor dout) {
-    cpu::bias_backward(dbias.f32(), dout.f32(), int(dout.rows()), int(dout.cols()));
+    dispatch_grad(dout.dtype, dbias.dtype, [&](auto s, auto g) {
+        using S = decltype(s);
+        using G = decltype(g);
+        cpu::bias_backward(ptr<G>(dbias), ptr<S>(dout), int(dout.rows()), int(dout.cols()));
+    });
 }
 
 void CpuBackend::encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) {
-    cpu::encoder_forward(out.f32(), tokens.i32(), wte.f32(), wpe.f32(), B_of(out), T_of(out), int(out.cols()));
+    same_dtype(out.dtype, {&wte, &wpe});
+    dispatch(out.dtype, [&](auto s) {
+        using S = decltype(s);
+        cpu::encoder_forward(ptr<S>(out), tokens.i32(), ptr<S>(wte), ptr<S>(wpe), B_of(out), T_of(out),
+                             int(out.cols()));
+    });
 }
 
 void CpuBackend::encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) {
-    cpu::encoder_backward(dwte.f32(), dwpe.f32(), dout.f32(), tokens.i32(), B_of(dout), T_of(dout), int(dout.cols()));
+    MF_ASSERT(dwpe.dtype == DType::f32 || dwpe.dtype == dout.dtype);
+    dispatch_grad(dout.dtype, dwte.dtype, [&](auto s, auto ge) {
+        using S = decltype(s);
+        using GE = decltype(ge);
+        auto run = [&](auto gp) {
+            using GP = decltype(gp);
+            cpu::encoder_backward(ptr<GE>(dwte), ptr<GP>(dwpe), ptr<S>(dout), tokens.i32(), B_of(dout), T_of(dout),
+                                  int(dout.cols()));
+        };
+        if (dwpe.dtype == DType::f32) run(float{}); else run(S{});
+    });
 }
 
 void CpuBackend::layernorm_fwd(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, float eps) {
-    cpu::layernorm_forward(out.f32(), mean.f32(), rstd.f32(), inp.f32(), w.f32(), b.f32(), int(inp.rows()),
-                           int(inp.cols()), eps);
+    same_dtype(inp.dtype, {&out, &w, &b});
+    dispatch(inp.dtype, [&](auto s) {
+        using S = decltype(s);
+        cpu::layernorm_forward(ptr<S>(out), mean.f32(), rstd.f32(), ptr<S>(inp), ptr<S>(w), ptr<S>(b),
+                               int(inp.rows()), int(inp.cols()), eps);
+    });
 }
 
 void CpuBackend::layernorm_bwd(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean,
                                Tensor rstd) {
-    cpu::layernorm_backward(dinp.f32(), dw.f32(), db.f32(), dout.f32(), inp.f32(), w.f32(), mean.f32(), rstd.f32(),
-                            int(inp.rows()), int(inp.cols()));
+    same_dtype(inp.dtype, {&dinp, &dout, &w});
+    MF_ASSERT(dw.dtype == db.dtype);
+    dispatch_grad(inp.dtype, dw.dtype, [&](auto s, auto g) {
+        using S = decltype(s);
+        using G = decltype(g);
+        cpu::layernorm_backward(ptr<S>(dinp), ptr<G>(dw), ptr<G>(db), ptr<S>(dout), ptr<S>(inp), ptr<S>(w),
+                                mean.f32(), rstd.f32(), int(inp.rows()), int(inp.cols()));
+    });
 }
 
 void CpuBackend::attention_fwd(Tensor out, Tensor att, Tensor qkv, int NH) {
-    cpu::attention_forward(out.f32(), att.f32(), qkv.f32(), B_of(qkv), T_of(qkv), int(out.cols()), NH);
+    same_dtype(qkv.dtype, {&out, &att});
+    dispatch(qkv.dtype, [&](auto s) {
+        using S = decltype(s);
+        cpu::attention_forward(ptr<S>(out), ptr<S>(att), ptr<S>(qkv), B_of(qkv), T_of(qkv), int(out.cols()), NH);
+    });
 }
 
 void CpuBackend::attention_bwd(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, int NH) {
-    cpu::attention_backward(dqkv.f32(), scratch.f32(), dout.f32(), qkv.f32(), att.f32(), B_of(qkv), T_of(qkv),
-                            int(dout.cols()), NH);
+    same_dtype(qkv.dtype, {&dqkv, &dout, &att});
+    dispatch(qkv.dtype, [&](auto s) {
+        using S = decltype(s);
+        cpu::attention_backward(ptr<S>(dqkv), scratch.f32(), ptr<S>(dout), ptr<S>(qkv), ptr<S>(att), B_of(qkv),
+                                T_of(qkv), int(dout.cols()), NH);
+    });
 }
 
 void CpuBackend::flash_attention_fwd(Tensor out, Tensor lse, Tensor qkv, int NH) {
-    cpu::flash_attention_forward(out.f32(), lse.f32(), qkv.f32(), B_of(qkv), T_of(qkv), int(out.cols()), NH);
+    same_dtype(qkv.dtype, {&out});
+    dispatch(qkv.dtype, [&](auto s) {
+        using S = decltype(s);
+        cpu::flash_attention_forward(ptr<S>(out), lse.f32(), ptr<S>(qkv), B_of(qkv), T_of(qkv), int(out.cols()), NH);
+    });
 }
 
 void CpuBackend::flash_attention_bwd(Tensor dqkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv, Tensor lse,
                                      int NH) {
-    cpu::flash_attention_backward(dqkv.f32(), scratch.f32(), dout.f32(), out.f32(), qkv.f32(), lse.f32(), B_of(qkv),
-                                  T_of(qkv), int(dout.cols()), NH);
+    same_dtype(qkv.dtype, {&dqkv, &dout, &out});
+    dispatch(qkv.dtype, [&](auto s) {
+        using S = decltype(s);
+        cpu::flash_attention_backward(ptr<S>(dqkv), scratch.f32(), ptr<S>(dout), ptr<S>(out), ptr<S>(qkv), lse.f32(),
+                                      B_of(qkv), T_of(qkv), int(dout.cols()), NH);
+    });
 }
 
 size_t CpuBackend::flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH) const {
     return cpu::flash_attention_scratch_floats(int(B), int(T), int(C), NH) * sizeof(float);
 }
 
-void CpuBackend::gelu_fwd(Tensor out, Tensor inp) { cpu::gelu_forward(out.f32(), inp.f32(), size_t(inp.numel())); }
+void CpuBackend::gelu_fwd(Tensor out, Tensor inp) {
+    same_dtype(inp.dtype, {&out});
+    dispatch(inp.dtype, [&](auto s) {
+        using S = decltype(s);
+        cpu::gelu_forward(ptr<S>(out), ptr<S>(inp), size_t(inp.numel()));
+    });
+}
 
 void CpuBackend::gelu_bwd(Tensor dinp, Tensor dout, Tensor inp) {
-    cpu::gelu_backward(dinp.f32(), dout.f32(), inp.f32(), size_t(inp.numel()));
+    same_dtype(inp.dtype, {&dinp, &dout});
+    dispatch(inp.dtype, [&](auto s) {
+        using S = decltype(s);
+        cpu::gelu_backward(ptr<S>(dinp), ptr<S>(dout), ptr<S>(inp), size_t(inp.numel()));
+    });
 }
 
 void CpuBackend::residual_fwd(Tensor out, Tensor a, Tensor b) {
-    cpu::residual_forward(out.f32(), a.f32(), b.f32(), size_t(out.numel()));
+    same_dtype(out.dtype, {&a, &b});
+    dispatch(out.dtype, [&](auto s) {
+        using S = decltype(s);
+        cpu::residual_forward(ptr<S>(out), ptr<S>(a), ptr<S>(b), size_t(out.numel()));
+    });
 }
 
 void CpuBackend::xent_fwd(Tensor losses, Tensor logits, Tensor targets) {
@@ -93,17 +204,38 @@ void CpuBackend::xent_bwd(Tensor probs, Tensor targets, float dloss) {
 }
 
 void CpuBackend::sum_squares(Tensor out, Tensor x) {
-    out.f32()[0] = float(cpu::sum_squares(x.f32(), size_t(x.numel())));
+    dispatch(x.dtype, [&](auto s) {
+        using S = decltype(s);
+        out.f32()[0] = float(cpu::sum_squares(ptr<S>(x), size_t(x.numel())));
+    });
 }
 
 void CpuBackend::adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy,
                        const AdamWHyper & h) {
-    MF_ASSERT(!param_copy.valid());
+    MF_ASSERT(grad.numel() == param.numel() && m.numel() == param.numel() && v.numel() == param.numel());
     const float nsq = norm_sq.valid() ? norm_sq.f32()[0] : 0.0f;
     if (h.skip_nonfinite && !std::isfinite(nsq)) return;
     const float scale = update_scale(h, nsq);
-    cpu::adamw_update(param.f32(), grad.f32(), m.f32(), v.f32(), size_t(param.numel()), h.lr, h.beta1, h.beta2, h.eps,
-                      h.weight_decay, h.t, scale);
+    const size_t n = size_t(param.numel());
+    if (grad.dtype == DType::f32 && !param_copy.valid()) {
+        cpu::adamw_update(param.f32(), grad.f32(), m.f32(), v.f32(), n, h.lr, h.beta1, h.beta2, h.eps,
+                          h.weight_decay, h.t, scale);
+        return;
+    }
+    if (param_copy.valid()) {
+        MF_ASSERT(param_copy.numel() == param.numel());
+        MF_ASSERT(param_copy.dtype == DType::bf16 || param_copy.dtype == DType::f16);
+    }
+    dispatch(grad.dtype, [&](auto gz) {
+        using G = decltype(gz);
+        dispatch(param_copy.valid() ? param_copy.dtype : DType::f32, [&](auto pz) {
+            using P = decltype(pz);
+            P * copy = nullptr;
+            if constexpr (!std::is_same_v<P, float>) copy = ptr<P>(param_copy);
+            cpu::adamw_update_mixed(param.f32(), copy, ptr<G>(grad), m.f32(), v.f32(), n, h.lr, h.beta1, h.beta2,
+                                    h.eps, h.weight_decay, h.t, scale);
+        });
+    });
 }
 
 }  // namespace memfit

@@ -1,8 +1,11 @@
 // The CPU backend: oneDNN gemms (cached primitives, planned scratchpad) and OpenMP kernels.
+// Mixed precision: kernels take f32, bf16 or f16 storage (dispatching on Tensor::dtype) and
+// compute in fp32; gemms with any bf16/f16 operand go through fp32 tiles (gemm_mixed.h).
 #pragma once
 
 #include "backend/backend.h"
 #include "backend/cpu/dnnl_gemm.h"
+#include "backend/cpu/gemm_mixed.h"
 
 namespace memfit {
 
@@ -37,6 +40,7 @@ public:
 
 private:
     mutable cpu::DnnlGemm gemm_;   // primitive cache: querying sizes creates primitives
+    mutable cpu::MixedGemm mixed_{gemm_};  // tile plans of the gemms that are not all f32
 };
 
 }  // namespace memfit

@@ -1,6 +1,7 @@
 // oneDNN 2.6 (v2 API: matmul::desc -> matmul::primitive_desc) behind GemmDesc.
 //
-// One primitive per distinct GemmDesc, created on first use and cached together with the
+// One primitive per distinct MatmulShape (a GemmDesc, or a tile of a mixed-precision gemm: see
+// gemm_mixed.cpp), created on first use and cached together with the
 // dnnl::memory objects it executes on; a call only swaps the data handles, so run() allocates
 // nothing itself. Transposes are strided memory descriptors over the caller's row-major buffers
 // (no copies, no reorders); `accumulate` is a sum post-op (C = 1.0 * C + A.B); `bias` is a {1,N}
@@ -28,17 +29,14 @@ namespace {
 using dims = dnnl::memory::dims;
 using dt   = dnnl::memory::data_type;
 
-struct GemmDescHash {
-    size_t operator()(const GemmDesc & d) const noexcept {
+struct ShapeHash {
+    size_t operator()(const MatmulShape & s) const noexcept {
         uint64_t h = 0xcbf29ce484222325ull;
         auto mix = [&h](uint64_t v) {
             h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
         };
-        mix(uint64_t(d.M));
-        mix(uint64_t(d.N));
-        mix(uint64_t(d.K));
-        mix(uint64_t(d.trans_a) | uint64_t(d.trans_b) << 1 | uint64_t(d.accumulate) << 2 |
-            uint64_t(d.bias) << 3);
+        for (int64_t v : {s.M, s.N, s.K, s.a_sm, s.a_sk, s.b_sk, s.b_sn, s.ldc}) mix(uint64_t(v));
+        mix(uint64_t(s.accumulate) | uint64_t(s.bias) << 1);
         return size_t(h);
     }
 };
@@ -56,23 +54,23 @@ struct Entry {
 struct DnnlGemm::Impl {
     dnnl::engine engine;
     dnnl::stream stream;
-    std::unordered_map<GemmDesc, Entry, GemmDescHash> cache;
+    std::unordered_map<MatmulShape, Entry, ShapeHash> cache;
 
     Impl()
         : engine(MF_DNNL(dnnl::engine(dnnl::engine::kind::cpu, 0))),
           stream(MF_DNNL(dnnl::stream(engine))) {}
 
-    Entry & get(const GemmDesc & d) {
+    Entry & get(const MatmulShape & d) {
         auto it = cache.find(d);
         if (it != cache.end()) return it->second;
 
         MF_ASSERT(d.M > 0 && d.N > 0 && d.K > 0);
         MF_ASSERT(!(d.bias && d.accumulate));
 
-        // Logical shapes with the strides of the caller's row-major storage.
-        const dnnl::memory::desc a_md({d.M, d.K}, dt::f32, d.trans_a ? dims{1, d.M} : dims{d.K, 1});
-        const dnnl::memory::desc b_md({d.K, d.N}, dt::f32, d.trans_b ? dims{1, d.K} : dims{d.N, 1});
-        const dnnl::memory::desc c_md({d.M, d.N}, dt::f32, dims{d.N, 1});
+        // Logical shapes with the strides of the caller's storage.
+        const dnnl::memory::desc a_md({d.M, d.K}, dt::f32, dims{d.a_sm, d.a_sk});
+        const dnnl::memory::desc b_md({d.K, d.N}, dt::f32, dims{d.b_sk, d.b_sn});
+        const dnnl::memory::desc c_md({d.M, d.N}, dt::f32, dims{d.ldc, 1});
         const dnnl::memory::desc bias_md({1, d.N}, dt::f32, dims{d.N, 1});
 
         dnnl::primitive_attr attr;
@@ -106,14 +104,34 @@ struct DnnlGemm::Impl {
     }
 };
 
+MatmulShape matmul_shape(const GemmDesc & d) {
+    MF_ASSERT(d.a == DType::f32 && d.b == DType::f32 && d.c == DType::f32);
+    MatmulShape s;
+    s.M = d.M, s.N = d.N, s.K = d.K;
+    // Row-major storage: A is [M,K] ([K,M] when trans_a), B is [K,N] ([N,K] when trans_b).
+    s.a_sm = d.trans_a ? 1 : d.K;
+    s.a_sk = d.trans_a ? d.M : 1;
+    s.b_sk = d.trans_b ? 1 : d.N;
+    s.b_sn = d.trans_b ? d.K : 1;
+    s.ldc = d.N;
+    s.accumulate = d.accumulate;
+    s.bias = d.bias;
+    return s;
+}
+
 DnnlGemm::DnnlGemm() : impl_(std::make_unique<Impl>()) {}
 DnnlGemm::~DnnlGemm() = default;
 
-size_t DnnlGemm::workspace_bytes(const GemmDesc & d) {
-    return impl_->get(d).scratch_bytes;
-}
+size_t DnnlGemm::workspace_bytes(const GemmDesc & d) { return scratch_bytes(matmul_shape(d)); }
 
 void DnnlGemm::run(const GemmDesc & d, float * c, const float * a, const float * b, const float * bias,
+                   void * workspace) {
+    run(matmul_shape(d), c, a, b, bias, workspace);
+}
+
+size_t DnnlGemm::scratch_bytes(const MatmulShape & s) { return impl_->get(s).scratch_bytes; }
+
+void DnnlGemm::run(const MatmulShape & d, float * c, const float * a, const float * b, const float * bias,
                    void * workspace) {
     Entry & e = impl_->get(d);
     MF_ASSERT(c != nullptr && a != nullptr && b != nullptr);

@@ -9,26 +9,38 @@
 
 #include <cstddef>
 
+#include "core/dtype.h"
+
 namespace memfit::cpu {
 
 // Tiled causal attention with an online softmax: never stores the T x T scores.
 // qkv [B,T,3C] as for attention_forward; out [B,T,C] written; lse [B,NH,T] receives the
-// log-sum-exp of each query's scaled scores (saved for backward).
-void flash_attention_forward(float * out, float * lse, const float * qkv, int B, int T, int C,
-                             int NH);
+// log-sum-exp of each query's scaled scores (saved for backward). S: float, bf16_t or f16_t
+// (qkv and out); lse is always float.
+template <class S>
+void flash_attention_forward(S * out, float * lse, const S * qkv, int B, int T, int C, int NH);
 
 // dqkv [B,T,3C] written (not accumulated). Recomputes scores tile by tile from q, k and lse.
 // out is the forward's out. scratch: flash_attention_scratch_floats(B, T, C, NH) floats.
+// The bf16/f16 versions compute in fp32 and round each gradient element once; they make two
+// passes (dK and dV with key tiles outermost, then dQ with query tiles outermost), so they
+// recompute the scores once more than the fp32 version.
 void flash_attention_backward(float * dqkv, float * scratch, const float * dout, const float * out,
                               const float * qkv, const float * lse, int B, int T, int C, int NH);
+void flash_attention_backward(bf16_t * dqkv, float * scratch, const bf16_t * dout, const bf16_t * out,
+                              const bf16_t * qkv, const float * lse, int B, int T, int C, int NH);
+void flash_attention_backward(f16_t * dqkv, float * scratch, const f16_t * dout, const f16_t * out,
+                              const f16_t * qkv, const float * lse, int B, int T, int C, int NH);
 
 // Scratch of flash_attention_backward, in floats; a function of the shape only (not of the
-// thread count), linear in T:
+// thread count or the dtype), linear in T:
 //   round_up(B*NH*T, 16)            D_t = dout_t . out_t, per query and head
-//   + B*NH * (2*64*64 + 5*64*hs)    per (b,h): P and dS tiles [64 x 64]; K^T, V^T, K, Q and
-//                                   dout tiles [64 x hs]
-// with hs = C/NH and 64 the tile size. (The forward needs no scratch: its three 64 x 64 tiles,
-// 48 KiB, are on the stack.)
+//   + B*NH * (2*64*64 + 6*64*hs)    per (b,h): P and dS tiles [64 x 64]; six tiles [64 x hs]:
+//                                   fp32 uses K^T, V^T, K, Q and dout; bf16/f16 also an fp32
+//                                   accumulator (dK and dV in the first pass, dQ in the second)
+// with hs = C/NH and 64 the tile size. (The fp32 forward needs no scratch: its three 64 x 64
+// tiles, 48 KiB, are on the stack; in bf16/f16 it also packs Q and accumulates the output in
+// fp32, 2*64*hs floats per thread on the heap.)
 size_t flash_attention_scratch_floats(int B, int T, int C, int NH);
 
 }  // namespace memfit::cpu

@@ -1,0 +1,238 @@
+// Internal to the flash-attention kernels (kernels_flash.cpp, kernels_flash_lowp.cpp): tile
+// sizes, the vectorisable exp, the small register-blocked tile gemm, and the packing of K, V, Q
+// and dout tiles into contiguous fp32 buffers (converting bf16/f16 rows as they are packed).
+// See kernels_flash.cpp for the algorithm.
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
+#include "backend/cpu/convert.h"
+#include "core/dtype.h"
+
+namespace memfit::cpu::flash {
+
+constexpr int kTile = 64;  // queries per query tile and keys per key tile
+// [kTile x hs] buffers per (b, h) in the backward's scratch: five for fp32, six for bf16/f16.
+constexpr int kTileSlots = 6;
+constexpr int kMR = 6;     // rows of a register block in tile_gemm
+constexpr int kNR = 16;    // columns of a register block in tile_gemm (two AVX2 vectors)
+
+inline int tiles(int T) { return (T + kTile - 1) / kTile; }
+
+inline size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
+
+// exp(x), for x <= 88 (the largest argument here is a rounding error above 0), with relative
+// error < 1e-7. Cephes-style: x = n ln2 + r with |r| <= ln2/2, exp(r) by a polynomial, 2^n put
+// in the exponent bits.
+// Arguments below -87 (results near FLT_MIN and below, and -inf) give 0: the value computed for
+// them is garbage and is masked off with integer operations. Free of branches and of float
+// comparisons in selects (which GCC does not if-convert under -ftrapping-math), so that
+// `omp simd` loops calling it vectorise.
+inline float fast_exp(float x) {
+    constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+    const float t = x * 1.44269504088896341f + kMagic;
+    const float n = t - kMagic;
+    float r = x - n * 0.693359375f;  // ln 2 in two parts (Cody-Waite)
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const float y = p * r * r + r + 1.0f;
+    // bits(t) = bits(kMagic) + n; 2^n has exponent field n + 127 (>= 1 for x >= -87).
+    const uint32_t pow2n = (std::bit_cast<uint32_t>(t) - 0x4B400000u + 127u) << 23;
+    const float res = y * std::bit_cast<float>(pow2n);
+    const uint32_t keep = 0u - static_cast<uint32_t>(x >= -87.0f);  // all ones, or 0 to flush
+    return std::bit_cast<float>(std::bit_cast<uint32_t>(res) & keep);
+}
+
+// Which part of a diagonal (causal) tile a product needs, with rows m and the reduction index
+// k (or the columns n) counted from the same origin.
+enum class Causal {
+    kNone,   // full tile
+    kKUpTo,  // A(m,k) is zero for k > m: the reduction stops at the block's last row
+    kKFrom,  // A(m,k) is zero for k < m: the reduction starts at the block's first row
+    kNUpTo,  // only C(m,n) with n <= m are needed (others may be left unwritten)
+};
+
+// Eight floats, one AVX register. A GCC/Clang vector extension rather than `omp simd` loops:
+// with those, GCC keeps gemm_block's accumulators in memory between its three loops and reaches
+// about 3/4 of the speed of this version. Never passed by value (that changes the ABI, and
+// warns, where AVX is not enabled).
+typedef float vf8 __attribute__((vector_size(32)));
+
+// One register block: C[MR x 8*NV] (+)= sum_{k in [k0,k1)} A(m,k) B(k,:).
+template <int MR, int NV>
+inline void gemm_block(float * c, size_t ldc, const float * a, size_t sam, size_t sak,
+                       const float * b, size_t ldb, int k0, int k1, bool accumulate) {
+    vf8 acc[MR][NV];
+    for (int m = 0; m < MR; ++m)
+        for (int v = 0; v < NV; ++v) {
+            acc[m][v] = vf8{};
+            if (accumulate) std::memcpy(&acc[m][v], c + m * ldc + 8 * v, sizeof(vf8));
+        }
+    for (int k = k0; k < k1; ++k) {
+        vf8 bv[NV];
+        for (int v = 0; v < NV; ++v) std::memcpy(&bv[v], b + k * ldb + 8 * v, sizeof(vf8));
+        const float * acol = a + k * sak;
+        for (int m = 0; m < MR; ++m) {
+            const float av = acol[m * sam];
+            for (int v = 0; v < NV; ++v) acc[m][v] += av * bv[v];
+        }
+    }
+    for (int m = 0; m < MR; ++m)
+        for (int v = 0; v < NV; ++v) std::memcpy(c + m * ldc + 8 * v, &acc[m][v], sizeof(vf8));
+}
+
+// C[M x N] (+)= A[M x K] B[K x N] with A(m,k) = a[m*sam + k*sak], B row-major (row stride
+// ldb), C row-major (row stride ldc). Each C element is summed over k in increasing order.
+inline void tile_gemm(float * c, size_t ldc, const float * a, size_t sam, size_t sak, const float * b,
+               size_t ldb, int M, int N, int K, bool accumulate, Causal causal) {
+    auto k_range = [&](int m0, int rows, int & k0, int & k1) {
+        k0 = 0;
+        k1 = K;
+        if (causal == Causal::kKUpTo) k1 = std::min(K, m0 + rows);
+        if (causal == Causal::kKFrom) k0 = std::min(K, m0);
+    };
+    // Rows of one column block of 8*NV: blocks of kMR rows, then 4, 2, 1 (64 = 10 * 6 + 4).
+    auto column_block = [&]<int NV>(int n0) {
+        int m0 = 0;
+        auto rows = [&]<int R>() {
+            for (; m0 + R <= M; m0 += R) {
+                if (causal == Causal::kNUpTo && m0 + R <= n0) continue;
+                int k0 = 0, k1 = 0;
+                k_range(m0, R, k0, k1);
+                gemm_block<R, NV>(c + m0 * ldc + n0, ldc, a + m0 * sam, sam, sak, b + n0, ldb, k0,
+                                  k1, accumulate);
+            }
+        };
+        rows.template operator()<kMR>();
+        rows.template operator()<4>();
+        rows.template operator()<2>();
+        rows.template operator()<1>();
+    };
+    int n0 = 0;
+    for (; n0 + kNR <= N; n0 += kNR) column_block.template operator()<kNR / 8>(n0);
+    for (; n0 + 8 <= N; n0 += 8) column_block.template operator()<1>(n0);
+    if (n0 < N) {  // the last (fewer than 8) columns, one row at a time
+        const int nt = N - n0;
+        for (int m = 0; m < M; ++m) {
+            int k0 = 0, k1 = 0;
+            k_range(m, 1, k0, k1);
+            float * crow = c + m * ldc + n0;
+            if (!accumulate)
+                for (int n = 0; n < nt; ++n) crow[n] = 0.0f;
+            for (int k = k0; k < k1; ++k) {
+                const float av = a[m * sam + k * sak];
+                const float * brow = b + k * ldb + n0;
+                for (int n = 0; n < nt; ++n) crow[n] += av * brow[n];
+            }
+        }
+    }
+}
+
+#if defined(__AVX__)
+// 8 floats from 8 elements of S (converted).
+template <class S>
+inline __m256 load8(const S * p) {
+    if constexpr (std::is_same_v<S, float>) {
+        return _mm256_loadu_ps(p);
+    } else {
+        alignas(32) float f[8];
+        to_f32_row(f, p, 8);
+        return _mm256_load_ps(f);
+    }
+}
+
+// dst[d * ldd + r] = src[r * lds + d] for an 8 x 8 block, in registers (src converted to float).
+template <class S>
+inline void transpose8x8(float * dst, size_t ldd, const S * src, size_t lds) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; ++i) r[i] = load8(src + i * lds);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);      // a0 b0 a1 b1 | a4 b4 a5 b5
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);  // a2 b2 a3 b3 | a6 b6 a7 b7
+    }
+    for (int i = 0; i < 8; i += 4) {
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);      // column 0 | 4 of four rows
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);  // column 1 | 5
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);  // column 2 | 6
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);  // column 3 | 7
+    }
+    for (int i = 0; i < 4; ++i) {
+        _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+        _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    }
+}
+#endif
+
+// dst[d * kTile + r] = src[r * lds + d]: rows r < rows, d < cols (converted to float). 8 x 8
+// blocks in registers where AVX is available (about 3x faster than element by element), the
+// rest one by one.
+template <class S>
+inline void transpose_tile(float * dst, const S * src, size_t lds, int rows, int cols) {
+    int r8 = 0, c8 = 0;  // rows and columns done in 8 x 8 blocks
+#if defined(__AVX__)
+    r8 = rows - rows % 8;
+    c8 = cols - cols % 8;
+    for (int r = 0; r < r8; r += 8)
+        for (int d = 0; d < c8; d += 8)
+            transpose8x8(dst + d * kTile + r, kTile, src + r * lds + d, lds);
+#endif
+    for (int r = 0; r < rows; ++r) {
+        const S * s = src + r * lds;
+        for (int d = r < r8 ? c8 : 0; d < cols; ++d) dst[d * kTile + r] = to_f32(s[d]);
+    }
+}
+
+// dst[r * ldd + d] = src[r * lds + d]: rows r < rows, d < cols. Packs a tile of rows strided
+// by 3C or C into contiguous rows: B operands read from contiguous rows run about 35% faster
+// (rows 3C floats apart fall into a few L1 sets). Converts low-precision rows to float.
+template <class S>
+inline void copy_tile(float * dst, size_t ldd, const S * src, size_t lds, int rows, int cols) {
+    for (int r = 0; r < rows; ++r) {
+        if constexpr (std::is_same_v<S, float>)
+            std::memcpy(dst + r * ldd, src + r * lds, cols * sizeof(float));
+        else
+            to_f32_row(dst + r * ldd, src + r * lds, static_cast<size_t>(cols));
+    }
+}
+
+// The elementwise step of the backward, for one tile pair (rows = queries, columns = keys):
+// P = exp(S * scale - lse) over S in P, dS = P (dP - D) * scale over dP in dS, zero where masked
+// (on the diagonal tile, keys after the query). lse and D are the tile's query rows.
+inline void softmax_backward_tile(float * P, float * dS, int br, int bc, bool diag, const float * lse,
+                                  const float * D, float scale) {
+    for (int r = 0; r < br; ++r) {
+        float * prow = P + r * kTile;
+        float * dsrow = dS + r * kTile;
+        const int nv = diag ? r + 1 : bc;
+        const float l = lse[r];
+        const float Dr = D[r];
+#pragma omp simd
+        for (int c = 0; c < nv; ++c) {
+            const float p = fast_exp(prow[c] * scale - l);
+            prow[c] = p;
+            dsrow[c] = p * (dsrow[c] - Dr) * scale;
+        }
+        for (int c = nv; c < bc; ++c) {
+            prow[c] = 0.0f;
+            dsrow[c] = 0.0f;
+        }
+    }
+}
+
+
+}  // namespace memfit::cpu::flash

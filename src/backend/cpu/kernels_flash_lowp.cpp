@@ -1,0 +1,157 @@
+// CPU kernels: the flash-attention backward for bf16/f16 storage (contract in kernels_flash.h;
+// the algorithm and the fp32 version are in kernels_flash.cpp).
+//
+// The fp32 backward accumulates dQ, dK and dV in dqkv itself, across tiles. In low precision
+// that would round every gradient element once per tile pair, so each gradient tile is instead
+// accumulated in an fp32 tile buffer and rounded once. One (b, h) task cannot hold all of its
+// dQ rows in fp32 within the scratch (that would be T x hs floats), so the work is split in
+// two passes over the tile pairs:
+//   A. key tiles outermost: for key tile j, dV_j and dK_j accumulate over query tiles i >= j in
+//      two fp32 tiles, then are rounded into dqkv;
+//   B. query tiles outermost: for query tile i, dQ_i accumulates over key tiles j <= i in one
+//      fp32 tile, then is rounded into dqkv.
+// Both passes recompute P and dS (pass B repeats pass A's two score products), so this does
+// 7 tile products per pair where fp32 does 5. Every fp32 value before the final rounding is
+// the one the fp32 kernel computes from the same (converted) inputs: the same tile products,
+// summed in the same order.
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+
+#include "backend/cpu/convert.h"
+#include "backend/cpu/flash_tiles.h"
+#include "backend/cpu/kernels_flash.h"
+#include "core/error.h"
+
+namespace memfit::cpu {
+
+using namespace flash;
+
+namespace {
+
+template <class S>
+void flash_backward_lowp(S * dqkv, float * scratch, const S * dout, const S * out, const S * qkv,
+                         const float * lse, int B, int T, int C, int NH) {
+    MF_ASSERT(NH > 0 && C % NH == 0);
+    const int hs = C / NH;
+    const size_t C3 = static_cast<size_t>(3) * C;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    const int nt = tiles(T);
+    const int tasks = B * NH;  // one (b,h) each: its dq, dk, dv columns are disjoint from others
+    const size_t tile_floats = static_cast<size_t>(hs) * kTile;
+    const size_t per_pair = 2 * static_cast<size_t>(kTile) * kTile + kTileSlots * tile_floats;
+    float * tile_scratch = scratch + round_up(static_cast<size_t>(tasks) * T, 16);
+
+#pragma omp parallel for schedule(static)
+    for (int task = 0; task < tasks; ++task) {
+        const int h = task % NH;
+        const int b = task / NH;
+        const size_t head_off = static_cast<size_t>(b) * T * C3 + static_cast<size_t>(h) * hs;
+        const size_t row_off = static_cast<size_t>(b) * T * C + static_cast<size_t>(h) * hs;
+        const S * qbase = qkv + head_off;
+        const S * kbase = qbase + C;
+        const S * vbase = qbase + 2 * static_cast<size_t>(C);
+        S * dqbase = dqkv + head_off;
+        S * dkbase = dqbase + C;
+        S * dvbase = dqbase + 2 * static_cast<size_t>(C);
+        const S * gobase = dout + row_off;
+        const S * obase = out + row_off;
+        const float * lrow = lse + static_cast<size_t>(task) * T;
+        float * D = scratch + static_cast<size_t>(task) * T;
+        // This pair's tile buffers: P and dS [query][key]; K and V transposed [head column][key];
+        // Q and dO [query][head column]; pass A: dK and dV accumulators [key][head column];
+        // pass B: K [key][head column] and the dQ accumulator [query][head column].
+        float * P = tile_scratch + static_cast<size_t>(task) * per_pair;
+        float * dS = P + kTile * kTile;
+        float * kt = dS + kTile * kTile;
+        float * vt = kt + tile_floats;
+        float * qp = vt + tile_floats;
+        float * gp = qp + tile_floats;
+        float * acc0 = gp + tile_floats;  // pass A: dK_j; pass B: K_j
+        float * acc1 = acc0 + tile_floats;  // pass A: dV_j; pass B: dQ_i
+
+        // D_t = dout_t . out_t
+        for (int t = 0; t < T; ++t) {
+            const S * go = gobase + static_cast<size_t>(t) * C;
+            const S * o = obase + static_cast<size_t>(t) * C;
+            float d = 0.0f;
+#pragma omp simd reduction(+ : d)
+            for (int i = 0; i < hs; ++i) d += to_f32(go[i]) * to_f32(o[i]);
+            D[t] = d;
+        }
+
+        // S = Q K^T into P, dP = dO V^T into dS, then P and dS (qp, gp, kt, vt loaded).
+        auto scores = [&](int q0, int br, int bc, bool diag) {
+            const Causal nmask = diag ? Causal::kNUpTo : Causal::kNone;
+            tile_gemm(P, kTile, qp, hs, 1, kt, kTile, br, bc, hs, false, nmask);
+            tile_gemm(dS, kTile, gp, hs, 1, vt, kTile, br, bc, hs, false, nmask);
+            softmax_backward_tile(P, dS, br, bc, diag, lrow + q0, D + q0, scale);
+        };
+        auto load_q = [&](int q0, int br) {
+            copy_tile(qp, hs, qbase + q0 * C3, C3, br, hs);
+            copy_tile(gp, hs, gobase + static_cast<size_t>(q0) * C, C, br, hs);
+        };
+        auto load_kv = [&](int k0, int bc) {
+            transpose_tile(kt, kbase + k0 * C3, C3, bc, hs);
+            transpose_tile(vt, vbase + k0 * C3, C3, bc, hs);
+        };
+        auto store = [&](S * dst, const float * acc, int rows) {
+            for (int r = 0; r < rows; ++r)
+                from_f32_row(dst + r * C3, acc + r * static_cast<size_t>(hs), static_cast<size_t>(hs));
+        };
+
+        // Pass A: dV_j += P^T dO_i;  dK_j += dS^T Q_i  over i >= j.
+        for (int kj = 0; kj < nt; ++kj) {
+            const int k0 = kj * kTile;
+            const int bc = std::min(kTile, T - k0);
+            load_kv(k0, bc);
+            std::fill(acc0, acc0 + static_cast<size_t>(bc) * hs, 0.0f);
+            std::fill(acc1, acc1 + static_cast<size_t>(bc) * hs, 0.0f);
+            for (int qi = kj; qi < nt; ++qi) {
+                const int q0 = qi * kTile;
+                const int br = std::min(kTile, T - q0);
+                const bool diag = qi == kj;
+                load_q(q0, br);
+                scores(q0, br, bc, diag);
+                const Causal kfrom = diag ? Causal::kKFrom : Causal::kNone;
+                tile_gemm(acc1, hs, P, 1, kTile, gp, hs, bc, hs, br, true, kfrom);
+                tile_gemm(acc0, hs, dS, 1, kTile, qp, hs, bc, hs, br, true, kfrom);
+            }
+            store(dkbase + k0 * C3, acc0, bc);
+            store(dvbase + k0 * C3, acc1, bc);
+        }
+
+        // Pass B: dQ_i += dS K_j  over j <= i.
+        for (int qi = 0; qi < nt; ++qi) {
+            const int q0 = qi * kTile;
+            const int br = std::min(kTile, T - q0);
+            load_q(q0, br);
+            std::fill(acc1, acc1 + static_cast<size_t>(br) * hs, 0.0f);
+            for (int kj = 0; kj <= qi; ++kj) {
+                const int k0 = kj * kTile;
+                const int bc = std::min(kTile, T - k0);
+                const bool diag = qi == kj;
+                load_kv(k0, bc);
+                copy_tile(acc0, hs, kbase + k0 * C3, C3, bc, hs);
+                scores(q0, br, bc, diag);
+                tile_gemm(acc1, hs, dS, kTile, 1, acc0, hs, br, hs, bc, true,
+                          diag ? Causal::kKUpTo : Causal::kNone);
+            }
+            store(dqbase + q0 * C3, acc1, br);
+        }
+    }
+}
+
+}  // namespace
+
+void flash_attention_backward(bf16_t * dqkv, float * scratch, const bf16_t * dout, const bf16_t * out,
+                              const bf16_t * qkv, const float * lse, int B, int T, int C, int NH) {
+    flash_backward_lowp(dqkv, scratch, dout, out, qkv, lse, B, T, C, NH);
+}
+
+void flash_attention_backward(f16_t * dqkv, float * scratch, const f16_t * dout, const f16_t * out,
+                              const f16_t * qkv, const float * lse, int B, int T, int C, int NH) {
+    flash_backward_lowp(dqkv, scratch, dout, out, qkv, lse, B, T, C, NH);
+}
+
+}  // namespace memfit::cpu
