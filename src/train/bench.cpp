@@ -7,6 +7,7 @@
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/matmul_probe.h"
 #include "core/units.h"
 #include "memory/budget.h"
 #include "report/memory_report.h"
@@ -62,6 +63,10 @@ nlohmann::json run_bench(const BenchOptions & opt) {
         return v[v.size() / 2];
     };
     if (opt.probe) peak = std::max(peak, cpu::measure_matmul_peak_gflops());
+    // The bf16 paths on the same shapes: oneDNN's own bf16 matmul (where the CPU has one) and the
+    // bf16-storage path memfit uses (fp32 compute on converted tiles).
+    const double bf16_onednn = opt.probe && eo.compute != DType::f32 ? cpu::measure_onednn_bf16_gflops() : 0.0;
+    const double bf16_storage = opt.probe && eo.compute != DType::f32 ? cpu::measure_bf16_storage_gflops() : 0.0;
     std::sort(ms.begin(), ms.end());
     const double med = ms[ms.size() / 2];
     const double tps = double(BT) / (med / 1e3);
@@ -76,6 +81,7 @@ nlohmann::json run_bench(const BenchOptions & opt) {
         {"ms_per_step", med}, {"ms_min", ms.front()}, {"ms_max", ms.back()}, {"tokens_per_s", tps},
         {"model_flops_per_token", fpt}, {"achieved_gflops", achieved}, {"matmul_peak_gflops", peak},
         {"mfu", peak > 0 ? achieved / peak : 0.0},
+        {"matmul_bf16_onednn_gflops", bf16_onednn}, {"matmul_bf16_storage_gflops", bf16_storage},
         {"planned_peak_bytes", engine.planned_peak_live().total()},
         {"planned_reserved_bytes", engine.planned_reserved().total()},
         {"measured_peak_bytes", engine.ledger().live_total_peak()},

@@ -1,0 +1,84 @@
+#include "backend/cpu/matmul_probe.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/dtype.h"
+
+namespace memfit::cpu {
+
+namespace {
+
+struct Shape { int64_t M, K, N; };
+// The shapes measure_matmul_peak_gflops uses: MLP up, MLP down, QKV of a 384-channel model.
+constexpr Shape kShapes[] = {{2048, 384, 1536}, {2048, 1536, 384}, {2048, 384, 1152}};
+
+template <class F>
+double best_gflops(int repeats, F && run_shape) {
+    double best = 0;
+    for (const Shape & s : kShapes) {
+        std::vector<double> secs;
+        run_shape(s, [&](auto && call) {
+            call();   // warm-up
+            for (int r = 0; r < std::max(repeats, 1); ++r) {
+                const auto t0 = std::chrono::steady_clock::now();
+                call();
+                secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+            }
+        });
+        if (secs.empty()) return 0;
+        std::nth_element(secs.begin(), secs.begin() + long(secs.size() / 2), secs.end());
+        best = std::max(best, 2.0 * double(s.M) * double(s.N) * double(s.K) / secs[secs.size() / 2] * 1e-9);
+    }
+    return best;
+}
+
+}  // namespace
+
+double measure_onednn_bf16_gflops(int repeats) {
+    using tag = dnnl::memory::format_tag;
+    using dt = dnnl::memory::data_type;
+    dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+    dnnl::stream stream(eng);
+    return best_gflops(repeats, [&](const Shape & s, auto && time) {
+        const dnnl::memory::desc a({s.M, s.K}, dt::bf16, tag::ab), b({s.K, s.N}, dt::bf16, tag::ab),
+            c({s.M, s.N}, dt::f32, tag::ab);
+        dnnl::matmul::primitive_desc pd;
+        try {
+            pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), eng);
+        } catch (const dnnl::error &) {
+            return;   // no bf16 matmul on this CPU
+        }
+        dnnl::memory ma(a, eng), mb(b, eng), mc(c, eng);
+        std::fill_n(static_cast<uint16_t *>(ma.get_data_handle()), s.M * s.K, f32_to_bf16(0.01f));
+        std::fill_n(static_cast<uint16_t *>(mb.get_data_handle()), s.K * s.N, f32_to_bf16(0.02f));
+        dnnl::matmul prim(pd);
+        time([&] {
+            prim.execute(stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+            stream.wait();
+        });
+    });
+}
+
+double measure_bf16_storage_gflops(int repeats) {
+    CpuBackend backend;
+    return best_gflops(repeats, [&](const Shape & s, auto && time) {
+        GemmDesc d;
+        d.M = s.M, d.N = s.N, d.K = s.K;
+        d.a = d.b = d.c = DType::bf16;
+        std::vector<uint16_t> a(size_t(s.M * s.K), f32_to_bf16(0.01f)), b(size_t(s.K * s.N), f32_to_bf16(0.02f)),
+            c(size_t(s.M * s.N));
+        std::vector<std::byte> ws(backend.gemm_workspace(d));
+        Tensor ta(-1, DType::bf16, {s.M, s.K}), tb(-1, DType::bf16, {s.K, s.N}), tc(-1, DType::bf16, {s.M, s.N}),
+            tw(-1, DType::u8, {int64_t(ws.size())});
+        ta.data = a.data(), tb.data = b.data(), tc.data = c.data(), tw.data = ws.data();
+        time([&] { backend.gemm(d, tc, ta, tb, Tensor{}, tw); });
+    });
+}
+
+}  // namespace memfit::cpu

@@ -1,0 +1,14 @@
+// Matmul rate probes for `memfit bench`: the same model-shaped gemms timed three ways, so the
+// bench can say which bf16 path is faster on this CPU (medians of several repetitions, GFLOP/s,
+// with the current OpenMP thread count).
+#pragma once
+
+namespace memfit::cpu {
+
+// oneDNN's own bf16 matmul (bf16 inputs, f32 output). nullopt-like 0 when oneDNN has no bf16
+// implementation for this CPU.
+double measure_onednn_bf16_gflops(int repeats = 5);
+// memfit's bf16-storage path: bf16 A, B and C converted through fp32 tiles (gemm_mixed).
+double measure_bf16_storage_gflops(int repeats = 5);
+
+}  // namespace memfit::cpu
