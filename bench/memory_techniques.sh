@@ -32,22 +32,4 @@ for r in "${rows[@]}"; do
   echo "$line"
   results+=("$line")
 done
-printf '%s\n' "${results[@]}" | python3 -c '
-import json, sys
-rows = [json.loads(l) for l in sys.stdin if l.strip()]
-gib = lambda b: f"{b / 2**30:.2f} GiB"
-print("| precision | attention | recompute | B x T | planned peak | measured peak | peak RSS | tokens/s | vs first row |")
-print("|---|---|---|---|---|---|---|---|---|")
-base = rows[0]["tokens_per_s"]
-for r in rows:
-    same = "=" if r["planned_peak_bytes"] == r["measured_peak_bytes"] else "!="
-    print(f"| {r[\"precision\"]} | {r[\"attention\"]} | {r[\"recompute\"]} | {r[\"batch\"]} x {r[\"seq\"]} | "
-          f"{r[\"planned_peak_bytes\"]:,} | {same} | {gib(r[\"peak_rss_bytes\"])} | {r[\"tokens_per_s\"]:.0f} | "
-          f"{r[\"tokens_per_s\"] / base:.2f} |")
-bf = [r for r in rows if r["precision"] == "bf16"]
-if bf:
-    r = bf[0]
-    print(f"\nmatmul probe (same process as the first bf16 row): fp32 {r[\"matmul_peak_gflops\"]:.1f} GFLOP/s, "
-          f"bf16 storage (fp32 compute on converted tiles) {r[\"matmul_bf16_storage_gflops\"]:.1f}, "
-          f"oneDNN native bf16 {r[\"matmul_bf16_onednn_gflops\"]:.1f} (0: no bf16 matmul on this CPU)")
-'
+printf '%s\n' "${results[@]}" | python3 bench/techniques_table.py

@@ -53,8 +53,11 @@ TEST(Precision, SixteenBytesPerParameterAndHalfTheActivations) {
     EXPECT_EQ(a[Category::parameters], 4 * P);
     EXPECT_EQ(b[Category::parameters], 2 * P);          // bf16 compute weights
     EXPECT_EQ(b[Category::gradients], 2 * P);           // bf16 gradients (one micro-batch)
-    EXPECT_EQ(b[Category::optimizer_states], 12 * P);   // fp32 master weights + m + v
-    EXPECT_EQ(b[Category::parameters] + b[Category::gradients] + b[Category::optimizer_states], 16 * P);
+    EXPECT_EQ(b[Category::master_weights], 4 * P);      // fp32 master weights
+    EXPECT_EQ(b[Category::optimizer_states], 8 * P);    // fp32 AdamW m and v
+    EXPECT_EQ(b[Category::parameters] + b[Category::gradients] + b[Category::master_weights] +
+                  b[Category::optimizer_states],
+              16 * P);
     EXPECT_EQ(c[Category::gradients], 4 * P);           // fp32 when accumulated over micro-batches
     // Activations are stored in bf16; only the small f32 statistics, logits and batch stay f32.
     EXPECT_LT(double(b[Category::activations]), 0.6 * double(a[Category::activations]));

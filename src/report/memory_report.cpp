@@ -41,4 +41,11 @@ uint64_t peak_rss_bytes() {
     return uint64_t(ru.ru_maxrss) * 1024;
 }
 
+nlohmann::json category_json(const CategoryBytes & b) {
+    nlohmann::json j = nlohmann::json::object();
+    for (size_t c = 0; c < kCategoryCount; ++c) j[std::string(kCategoryNames[c])] = b.v[c];
+    j["total"] = b.total();
+    return j;
+}
+
 }  // namespace memfit

@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "memory/category.h"
 
 namespace memfit {
@@ -15,5 +17,8 @@ std::string format_plan_vs_measured(const CategoryBytes & plan_live, const Categ
 
 // Peak resident set size of this process so far (bytes).
 uint64_t peak_rss_bytes();
+
+// {"parameters": bytes, ..., "total": bytes}
+nlohmann::json category_json(const CategoryBytes & b);
 
 }  // namespace memfit

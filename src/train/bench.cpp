@@ -83,6 +83,7 @@ nlohmann::json run_bench(const BenchOptions & opt) {
         {"mfu", peak > 0 ? achieved / peak : 0.0},
         {"matmul_bf16_onednn_gflops", bf16_onednn}, {"matmul_bf16_storage_gflops", bf16_storage},
         {"planned_peak_bytes", engine.planned_peak_live().total()},
+        {"planned_peak_by_category", category_json(engine.planned_peak_live())},
         {"planned_reserved_bytes", engine.planned_reserved().total()},
         {"measured_peak_bytes", engine.ledger().live_total_peak()},
         {"peak_rss_bytes", peak_rss_bytes()}};

@@ -55,6 +55,12 @@ std::vector<std::string> make_hints(const Engine & engine, const std::vector<Rep
                                     100.0 * double(total - p2.peak_live_total) / double(total),
                                     extra > 0.005 ? fmt::format(" for {:.0f}% more compute", 100.0 * extra) : "", why));
     };
+    if (eo.compute == DType::f32) {
+        Gpt2Options mo = eo.model();
+        mo.compute = mo.grad = DType::bf16;
+        replan("--precision bf16", step.B(), mo,
+               ": weights, gradients and activations in 16 bits, with fp32 master weights and moments");
+    }
     if (!eo.flash_attention) {
         Gpt2Options mo = eo.model();
         mo.flash_attention = true;

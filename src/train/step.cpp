@@ -18,8 +18,9 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     const size_t P = layout_.total * sizeof(float), BT = size_t(B) * size_t(T);
     const bool mixed = compute_ != DType::f32;
     params = program_.declare("parameters", Category::parameters, layout_.total * dtype_size(compute_), true);
-    // fp32 master weights: with the AdamW moments, the 12 bytes per parameter of optimizer state.
-    master = train && mixed ? program_.declare("master_parameters", Category::optimizer_states, P, true) : -1;
+    // fp32 master weights: with the AdamW moments, the 12 bytes per parameter of optimizer state
+    // in the ZeRO paper's count; reported in their own category.
+    master = train && mixed ? program_.declare("master_parameters", Category::master_weights, P, true) : -1;
     grads = train ? program_.declare("gradients", Category::gradients, layout_.total * dtype_size(grad_dt_), true) : -1;
     adam_m = train ? program_.declare("adamw.m", Category::optimizer_states, P, true) : -1;
     adam_v = train ? program_.declare("adamw.v", Category::optimizer_states, P, true) : -1;

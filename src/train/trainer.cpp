@@ -102,13 +102,6 @@ std::vector<int32_t> sample_text(Engine & engine, std::vector<int32_t> ctx, int 
     return out;
 }
 
-nlohmann::json bytes_json(const CategoryBytes & b) {
-    nlohmann::json j = nlohmann::json::object();
-    for (size_t c = 0; c < kCategoryCount; ++c) j[std::string(kCategoryNames[c])] = b.v[c];
-    j["total"] = b.total();
-    return j;
-}
-
 ProgressMode progress_mode(const std::string & m) {
     if (m == "tty") return ProgressMode::tty;
     if (m == "plain") return ProgressMode::plain;
@@ -301,8 +294,8 @@ void run_training(const TrainOptions & opt) {
                     {"seq", opt.seq}, {"steps", opt.steps}, {"lr", opt.lr}, {"weight_decay", opt.weight_decay},
                     {"seed", opt.seed}, {"threads", omp_get_max_threads()}, {"precision", precision_name(eo.compute)},
                     {"data", data.train_path}, {"tokenizer", data.tokenizer}}},
-        {"planned", {{"peak_live", bytes_json(plan_live)}, {"reserved", bytes_json(plan_rsv)}}},
-        {"measured", {{"peak_live", bytes_json(L.live_peak())}, {"reserved", bytes_json(L.reserved_peak())},
+        {"planned", {{"peak_live", category_json(plan_live)}, {"reserved", category_json(plan_rsv)}}},
+        {"measured", {{"peak_live", category_json(L.live_peak())}, {"reserved", category_json(L.reserved_peak())},
                       {"peak_live_total", L.live_total_peak()}}},
         {"peak_rss_bytes", rss},
         {"tokens_per_s", tps},
