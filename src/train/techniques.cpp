@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -22,11 +23,21 @@ std::string precision_name(DType compute) {
     return compute == DType::f32 ? "fp32" : compute == DType::bf16 ? "bf16" : "fp16";
 }
 
+double TimeModel::op_seconds(const OpRecord & op, bool lowp) const {
+    const std::string_view n = op.name;
+    const double eff = n.starts_with("matmul")            ? (lowp ? lowp_gemm : 1.0)
+                       : n.starts_with("flash_attention") ? 0.8
+                       : n.starts_with("attention")       ? 0.2
+                       : n.starts_with("xent")            ? 0.015
+                                                          : 0.15;
+    return op_overhead + std::max(op.flops / (flops_rate * eff), op.bytes / byte_rate);
+}
+
 double TimeModel::step_seconds(const StepPlans & plans, int grad_accum) const {
     auto seconds = [&](const TrainStep * s) {
         double t = 0;
         if (s)
-            for (const OpRecord & op : s->program().ops()) t += std::max(op.flops / flops_rate, op.bytes / byte_rate);
+            for (const OpRecord & op : s->program().ops()) t += op_seconds(op, s->compute() != DType::f32);
         return t;
     };
     return seconds(plans.train.get()) + (grad_accum > 1 ? seconds(plans.first.get()) : 0) +

@@ -35,11 +35,18 @@ struct RunShape {
 DType parse_precision(const std::string & p);
 std::string precision_name(DType compute);
 
-// Nominal time model for ranking configurations: each op costs max(FLOPs / flops_rate,
-// bytes / byte_rate); a step is the sum over its micro-steps' programs.
+// Time model for ranking configurations: each op costs max(FLOPs / (flops_rate x the op
+// kind's efficiency), bytes / byte_rate) plus a fixed overhead; a step is the sum over its micro-steps' programs.
+// The efficiencies are this CPU's, measured with `memfit profile` (gpt2-6l, B=2, T=512, per-op
+// times in trace.json): gemms ~100 GFLOP/s, flash attention 0.8 of that, naive attention 0.2,
+// the exp-bound cross-entropy 0.015, other elementwise kernels 0.15; gemms on bf16/fp16 storage
+// run at 0.9 of the fp32 rate (the bench's matmul probe: tiles are converted to fp32).
 struct TimeModel {
-    double flops_rate = 100e9;   // FLOP/s (the order of this machine's fp32 matmul rate)
+    double flops_rate = 100e9;   // FLOP/s of the gemms
     double byte_rate = 20e9;     // bytes/s of memory traffic
+    double lowp_gemm = 0.9;      // gemm rate factor when weights and activations are 16-bit
+    double op_overhead = 20e-6;  // seconds per op (dispatch, threads' fork/join): favours fewer micro-steps
+    double op_seconds(const OpRecord & op, bool lowp) const;
     double step_seconds(const StepPlans & plans, int grad_accum) const;
 };
 
