@@ -229,3 +229,27 @@ TEST(Cli, MemoryTechniqueFlags) {
     expect_clean_failure(run_memfit(base + " --precision auto"), "--fit auto");
     expect_clean_failure(run_memfit(base + " --recompute sometimes"), "--recompute 'sometimes'");
 }
+
+TEST(Cli, ResumeContinuesBitForBit) {
+    const fs::path text = small_text("resume.txt");
+    const fs::path data = scratch("resume_data"), a = scratch("resume_a"), b = scratch("resume_b"),
+                   c = scratch("resume_c");
+    ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    const std::string base = "train --model nano --data " + data.string() + " --micro-batch 2 --grad-accum 2 --seq 32 "
+                             "--eval-every 3 --eval-batches 1 --sample 0 --progress quiet --checkpoint-every 5 ";
+    ASSERT_EQ(run_memfit(base + "--steps 10 --out " + a.string()).code, 0);
+    ASSERT_EQ(run_memfit(base + "--steps 5 --out " + b.string()).code, 0);
+    const CmdResult r = run_memfit(base + "--steps 10 --resume " + (b / "checkpoints").string() + " --out " + c.string());
+    ASSERT_EQ(r.code, 0) << r.err << r.out;
+    auto slurp = [](const fs::path & p) {
+        std::ifstream in(p, std::ios::binary);
+        return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    };
+    const std::string straight = slurp(a / "checkpoints/step-000010/state.safetensors");
+    ASSERT_GT(straight.size(), 1000u);
+    EXPECT_TRUE(straight == slurp(c / "checkpoints/step-000010/state.safetensors"))
+        << "10 straight steps and 5 + resume + 5 differ";
+    expect_clean_failure(run_memfit(base + "--steps 10 --seq 16 --resume " + (b / "checkpoints").string()), "seq");
+    expect_clean_failure(run_memfit(base + "--steps 5 --resume " + (b / "checkpoints").string()), "must be larger");
+    expect_clean_failure(run_memfit(base + "--steps 10 --resume " + (b / "nothing").string()), "no such checkpoint");
+}

@@ -99,6 +99,14 @@ void add_train_flags(CLI::App * train, TrainOptions & t) {
     train->add_option("--budget-file", t.budget_file,
                       "control file polled before every step; writing a smaller size into it (e.g. 300MiB) makes "
                       "the run re-plan to a smaller micro-batch with more accumulation (same global batch)");
+    train->add_option("--checkpoint-every", t.checkpoint_every,
+                      "write a checkpoint (weights, AdamW state, step, data position) every N steps and at the end")
+        ->check(kNonNegative);
+    train->add_option("--checkpoint-dir", t.checkpoint_dir, "where checkpoints go (default: <out>/checkpoints)");
+    train->add_option("--keep-checkpoints", t.keep_checkpoints, "newest checkpoints kept")->capture_default_str()
+        ->check(kPositive);
+    train->add_option("--resume", t.resume,
+                      "continue from a checkpoint folder (or the newest in a checkpoints folder), bit for bit");
     train->add_flag("--check-leaks", t.check_leaks,
                     "compare live bytes per category at every op of steps 2 and 3; fail if any differ");
     train->add_option("--progress", t.progress, "status display: auto (a live line on a terminal), tty, plain, json, quiet")

@@ -43,4 +43,11 @@ void write_file_atomic(const std::string & path, std::string_view contents) {
     }
 }
 
+void fsync_dir(const std::string & dir) {
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+    if (fd < 0) throw IoError(fmt::format("cannot open directory {}: {}", dir, std::strerror(errno)));
+    ::fsync(fd);
+    ::close(fd);
+}
+
 }  // namespace memfit

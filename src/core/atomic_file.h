@@ -11,4 +11,7 @@ namespace memfit {
 // temporary file is removed on failure.
 void write_file_atomic(const std::string & path, std::string_view contents);
 
+// fsyncs a directory, so renames inside it are durable. IoError if it cannot be opened.
+void fsync_dir(const std::string & dir);
+
 }  // namespace memfit

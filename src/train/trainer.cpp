@@ -24,6 +24,7 @@
 #include "train/data_loader.h"
 #include "train/engine.h"
 #include "train/replan.h"
+#include "train/checkpoint.h"
 #include "train/prepare.h"
 #include "train/report.h"
 #include "report/chrome_trace.h"
@@ -113,6 +114,52 @@ ProgressMode progress_mode(const std::string & m) {
 
 }  // namespace
 
+namespace {
+
+// What a checkpoint records besides the training state: where the run is and what it is.
+nlohmann::json checkpoint_meta(int step, const ModelConfig & cfg, const TrainOptions & opt, const DataLoader & train,
+                               const DataLoader * val) {
+    nlohmann::json m = {{"step", step},
+                        {"model", {{"name", cfg.name}, {"n_layer", cfg.n_layer}, {"n_embd", cfg.n_embd},
+                                   {"n_head", cfg.n_head}, {"vocab_size", cfg.vocab_size}, {"max_seq", cfg.max_seq}}},
+                        {"seq", opt.seq},
+                        {"global_batch", opt.batch * opt.grad_accum},
+                        {"seed", opt.seed},
+                        {"data", {{"train_epoch", train.epoch()}, {"train_cursor", train.cursor()}}}};
+    if (val) {
+        m["data"]["val_epoch"] = val->epoch();
+        m["data"]["val_cursor"] = val->cursor();
+    }
+    return m;
+}
+
+// Restores a checkpoint into the engine and the loaders; returns its step.
+int resume_from(const std::string & path, const ModelConfig & cfg, const TrainOptions & opt, Engine & engine,
+                DataLoader & train, DataLoader * val) {
+    const Checkpoint c = load_checkpoint(path);
+    const nlohmann::json & m = c.meta;
+    const nlohmann::json want = checkpoint_meta(0, cfg, opt, train, val);
+    for (const char * k : {"model", "seq", "global_batch", "seed"})
+        if (m.value(k, nlohmann::json()) != want[k])
+            throw ConfigError(fmt::format("--resume {}: the checkpoint's {} is {}, this run's is {}; resume with the "
+                                          "same model, --seq, global batch and --seed",
+                                          path, k, m.value(k, nlohmann::json()).dump(), want[k].dump()));
+    if (c.state.params.size() != engine.step().layout().total)
+        throw FormatError(fmt::format("--resume {}: {} parameters, the model has {}", path, c.state.params.size(),
+                                      engine.step().layout().total));
+    const int step = m.at("step").get<int>();
+    if (step >= opt.steps)
+        throw ConfigError(fmt::format("--resume {}: the checkpoint is at step {}; --steps {} must be larger", path,
+                                      step, opt.steps));
+    engine.import_state(c.state);
+    const auto & d = m.at("data");
+    train.seek(d.at("train_epoch").get<uint64_t>(), d.at("train_cursor").get<size_t>());
+    if (val && d.contains("val_epoch")) val->seek(d.at("val_epoch").get<uint64_t>(), d.at("val_cursor").get<size_t>());
+    return step;
+}
+
+}  // namespace
+
 void run_training(const TrainOptions & opt) {
     if (opt.steps < 1) throw ConfigError(fmt::format("--steps {}: must be at least 1", opt.steps));
     if (opt.check_leaks && opt.steps < 4)
@@ -175,6 +222,8 @@ void run_training(const TrainOptions & opt) {
         say(fmt::format("  budget {} ({}): fits", format_bytes(eo.budget),
                         opt.memory_budget.empty() ? "available memory" : "--memory-budget"));
     engine->init_params(opt.seed);
+    int first_step = 1;
+    if (!opt.resume.empty()) first_step = resume_from(opt.resume, cfg, opt, *engine, train_data, val_data.get()) + 1;
 
     fs::create_directories(opt.out);
     const std::string metrics_path = (fs::path(opt.out) / "metrics.jsonl").string();
@@ -207,7 +256,7 @@ void run_training(const TrainOptions & opt) {
     Timeline leak_a, leak_b;   // --check-leaks: steps 2 and 3
     std::vector<CurvePoint> loss_curve, val_curve, tps_curve;
     const auto t_start = Clock::now();
-    for (int step = 1; step <= opt.steps; ++step) {
+    for (int step = first_step; step <= opt.steps; ++step) {
         train_data.next(in.data(), tg.data());
         if (const auto b = budget_file.poll()) shrink_to_budget(engine, cfg, backend, *b, replans);
         AdamWHyper h{sched.at(step), opt.beta1, opt.beta2, opt.eps, opt.weight_decay, step, opt.clip};
@@ -254,6 +303,14 @@ void run_training(const TrainOptions & opt) {
         pl.peak = L.live_total_peak();
         pl.budget = eo.budget;
         progress.update(pl, log_point);
+        if (opt.checkpoint_every > 0 && (step % opt.checkpoint_every == 0 || step == opt.steps)) {
+            const std::string root = opt.checkpoint_dir.empty() ? (fs::path(opt.out) / "checkpoints").string()
+                                                                 : opt.checkpoint_dir;
+            const std::string dir = save_checkpoint(
+                root, Checkpoint{engine->export_state(), checkpoint_meta(step, cfg, opt, train_data, val_data.get())},
+                opt.keep_checkpoints);
+            if (log_point) say(fmt::format("  checkpoint {}", dir));
+        }
         if (log_point) {
             const double tps = double(BT) / dt;
             nlohmann::json m = {{"step", step}, {"loss", r.loss}, {"lr", h.lr}, {"grad_norm", r.grad_norm},

@@ -28,6 +28,10 @@ struct TrainOptions : RunShape {
     bool     profile = false;      // `memfit profile`: no evaluation, no sample; the report is the point
     std::string progress = "auto"; // auto | tty | plain | json | quiet
     std::string budget_file;       // control file polled before each step: a lower budget re-plans the run
+    int      checkpoint_every = 0; // write a checkpoint every N steps (and at the end); 0: never
+    std::string checkpoint_dir;    // "": <out>/checkpoints
+    int      keep_checkpoints = 3; // newest checkpoints kept
+    std::string resume;            // checkpoint folder (or a folder of them: the newest) to continue from
 };
 
 // Runs a whole training job; throws memfit::Error on expected failures.

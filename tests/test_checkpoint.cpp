@@ -1,0 +1,102 @@
+// Checkpoints: a round trip, keeping the newest K, a process killed mid-write leaving the previous
+// checkpoint intact, clear errors for bad folders, and `--resume` continuing bit for bit.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "train/checkpoint.h"
+
+using namespace memfit;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path fresh_dir(const std::string & name) {
+    const fs::path p = fs::temp_directory_path() / ("memfit_ckpt_test." + std::to_string(getpid())) / name;
+    fs::remove_all(p);
+    return p;
+}
+
+Checkpoint make(int step, size_t P = 37) {
+    Checkpoint c;
+    for (size_t i = 0; i < P; ++i) {
+        c.state.params.push_back(float(step) + 0.25f * float(i));
+        c.state.m.push_back(-float(i));
+        c.state.v.push_back(float(i * i));
+    }
+    c.state.t = step;
+    c.state.scaler = {1024.0f, 7, 2};
+    c.meta = {{"step", step}, {"data", {{"train_epoch", 1}, {"train_cursor", 5}}}};
+    return c;
+}
+
+}  // namespace
+
+TEST(Checkpoint, RoundTripKeepsTheNewest) {
+    const fs::path root = fresh_dir("rt");
+    for (int s = 1; s <= 4; ++s) save_checkpoint(root.string(), make(s), 2);
+    EXPECT_FALSE(fs::exists(root / "step-000001"));
+    EXPECT_FALSE(fs::exists(root / "step-000002"));
+    EXPECT_TRUE(fs::exists(root / "step-000003"));
+    const Checkpoint c = load_checkpoint(root.string());   // the newest
+    const Checkpoint want = make(4);
+    EXPECT_EQ(c.meta["step"], 4);
+    EXPECT_EQ(c.meta["data"]["train_cursor"], 5);
+    EXPECT_EQ(c.state.params, want.state.params);
+    EXPECT_EQ(c.state.m, want.state.m);
+    EXPECT_EQ(c.state.v, want.state.v);
+    EXPECT_EQ(c.state.t, 4);
+    EXPECT_EQ(c.state.scaler.scale, 1024.0f);
+    EXPECT_EQ(c.state.scaler.clean, 7);
+    EXPECT_EQ(c.state.scaler.skipped, 2);
+    EXPECT_EQ(load_checkpoint((root / "step-000003").string()).meta["step"], 3);
+}
+
+TEST(Checkpoint, KilledMidWriteLeavesThePreviousIntact) {
+    const fs::path root = fresh_dir("kill");
+    save_checkpoint(root.string(), make(1), 3);
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {   // the child dies with SIGKILL after the first file of step 2
+        save_checkpoint(root.string(), make(2), 3, [] { ::raise(SIGKILL); });
+        _exit(0);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(status));
+    EXPECT_EQ(WTERMSIG(status), SIGKILL);
+    EXPECT_TRUE(fs::exists(root / ".step-000002.tmp"));   // the torn write, never renamed
+    EXPECT_FALSE(fs::exists(root / "step-000002"));
+    const Checkpoint c = load_checkpoint(root.string());
+    EXPECT_EQ(c.meta["step"], 1);
+    EXPECT_EQ(c.state.params, make(1).state.params);
+    save_checkpoint(root.string(), make(2), 3);           // the next save replaces the leftover
+    EXPECT_FALSE(fs::exists(root / ".step-000002.tmp"));
+    EXPECT_EQ(load_checkpoint(root.string()).meta["step"], 2);
+}
+
+TEST(Checkpoint, BadFoldersGiveClearErrors) {
+    const fs::path root = fresh_dir("bad");
+    EXPECT_THROW(load_checkpoint((root / "nope").string()), IoError);
+    fs::create_directories(root);
+    try {
+        load_checkpoint(root.string());
+        ADD_FAILURE();
+    } catch (const IoError & e) {
+        EXPECT_NE(std::string(e.what()).find("no complete checkpoint"), std::string::npos) << e.what();
+    }
+    const std::string dir = save_checkpoint(root.string(), make(3), 3);
+    std::ofstream(fs::path(dir) / "meta.json") << "{ not json";
+    EXPECT_THROW(load_checkpoint(dir), FormatError);
+    std::ofstream(fs::path(dir) / "meta.json") << R"({"format": "something-else", "step": 3})";
+    EXPECT_THROW(load_checkpoint(dir), FormatError);
+    const std::string dir2 = save_checkpoint(root.string(), make(4), 3);
+    fs::resize_file(fs::path(dir2) / "state.safetensors", 40);   // truncated
+    EXPECT_THROW(load_checkpoint(dir2), FormatError);
+}
