@@ -40,9 +40,6 @@ inline uint16_t f32_to_bf16(float f) {
 }
 inline float bf16_to_f32(uint16_t h) { return bits_f32(uint32_t(h) << 16); }
 
-// IEEE half precision, via the compiler's _Float16 (x86-64 GCC 12 supports it).
-inline uint16_t f32_to_f16(float f) { _Float16 h = (_Float16) f; uint16_t u; std::memcpy(&u, &h, 2); return u; }
-inline float f16_to_f32(uint16_t u) { _Float16 h; std::memcpy(&h, &u, 2); return (float) h; }
 
 // ---------------------------------------------------------------------------------------------
 // Storage types for kernels templated on the element type: distinct wrappers of the 16 bits, so
@@ -58,7 +55,7 @@ template <> constexpr DType dtype_of<f16_t>() { return DType::f16; }
 // to_f32(x) and from_f32<T>(f): the load and the rounding store of every kernel. Written with
 // integer masks instead of branches (and without _Float16, whose conversions GCC 12 does not
 // vectorise), so that loops calling them vectorise under `omp simd`. Same values as
-// f32_to_bf16 / f16_to_f32 / f32_to_f16 above; NaN stays NaN (f16 stores give the canonical
+// f32_to_bf16 above and IEEE conversions (f32_to_f16 / f16_to_f32 below are these); NaN stays NaN (f16 stores give the canonical
 // quiet NaN 0x7e00). float instantiations are the identity.
 inline float to_f32(float x) { return x; }
 inline float to_f32(bf16_t x) { return bits_f32(uint32_t(x.bits) << 16); }
@@ -97,5 +94,9 @@ template <> inline f16_t from_f32<f16_t>(float f) {
     const uint32_t r = (is_big & big) | (is_sub & sub) | (~(is_big | is_sub) & normal);
     return f16_t{uint16_t(r | sign)};
 }
+
+// IEEE half precision on raw bits (round to nearest even; NaN stores as 0x7e00).
+inline uint16_t f32_to_f16(float f) { return from_f32<f16_t>(f).bits; }
+inline float f16_to_f32(uint16_t u) { return to_f32(f16_t{u}); }
 
 }  // namespace memfit

@@ -155,7 +155,11 @@ void SafetensorsFile::parse_header() {
 
     struct Span { uint64_t begin, end; const std::string * name; };
     std::vector<Span> spans;
-    for (const auto & [name, entry] : header.items()) {
+    for (const auto & item : header.items()) {
+        // Named copies, not structured bindings: lambdas below capture them (C++20 allows
+        // capturing bindings, clang 14 does not).
+        const std::string name = item.key();
+        const auto & entry = item.value();
         if (name == kMetadataKey) {
             if (!entry.is_object()) format_error(path_, "__metadata__ is not a JSON object");
             for (const auto & [key, value] : entry.items()) {
