@@ -253,3 +253,23 @@ TEST(Cli, ResumeContinuesBitForBit) {
     expect_clean_failure(run_memfit(base + "--steps 5 --resume " + (b / "checkpoints").string()), "must be larger");
     expect_clean_failure(run_memfit(base + "--steps 10 --resume " + (b / "nothing").string()), "no such checkpoint");
 }
+
+TEST(Cli, ExportAndTrainFromTheFolder) {
+    const fs::path text = small_text("export.txt");
+    const fs::path data = scratch("export_data"), run = scratch("export_run"), hf = scratch("export_hf"),
+                   again = scratch("export_again");
+    ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    const std::string base = "train --data " + data.string() + " --batch 2 --seq 32 --eval-every 0 "
+                             "--eval-batches 1 --sample 0 ";
+    ASSERT_EQ(run_memfit(base + "--quiet --model nano --steps 3 --checkpoint-every 3 --out " + run.string()).code, 0);
+    const CmdResult e = run_memfit("export " + (run / "checkpoints").string() + " --out " + hf.string());
+    ASSERT_EQ(e.code, 0) << e.err;
+    ASSERT_TRUE(fs::exists(hf / "config.json"));
+    ASSERT_TRUE(fs::exists(hf / "model.safetensors"));
+    const CmdResult t = run_memfit(base + "--progress plain --model " + hf.string() + " --steps 2 --out " +
+                                   again.string());
+    ASSERT_EQ(t.code, 0) << t.err << t.out;
+    EXPECT_NE(t.out.find("weights from " + hf.string()), std::string::npos) << t.out;
+    expect_clean_failure(run_memfit("export " + (run / "nothing").string() + " --out " + hf.string()),
+                         "no such checkpoint");
+}

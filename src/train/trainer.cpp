@@ -25,6 +25,7 @@
 #include "train/engine.h"
 #include "train/replan.h"
 #include "train/checkpoint.h"
+#include "model/hf_weights.h"
 #include "train/prepare.h"
 #include "train/report.h"
 #include "report/chrome_trace.h"
@@ -121,7 +122,8 @@ nlohmann::json checkpoint_meta(int step, const ModelConfig & cfg, const TrainOpt
                                const DataLoader * val) {
     nlohmann::json m = {{"step", step},
                         {"model", {{"name", cfg.name}, {"n_layer", cfg.n_layer}, {"n_embd", cfg.n_embd},
-                                   {"n_head", cfg.n_head}, {"vocab_size", cfg.vocab_size}, {"max_seq", cfg.max_seq}}},
+                                   {"n_head", cfg.n_head}, {"vocab_size", cfg.vocab_size}, {"max_seq", cfg.max_seq},
+                                   {"ln_eps", cfg.ln_eps}}},
                         {"seq", opt.seq},
                         {"global_batch", opt.batch * opt.grad_accum},
                         {"seed", opt.seed},
@@ -222,6 +224,11 @@ void run_training(const TrainOptions & opt) {
         say(fmt::format("  budget {} ({}): fits", format_bytes(eo.budget),
                         opt.memory_budget.empty() ? "available memory" : "--memory-budget"));
     engine->init_params(opt.seed);
+    if (opt.model.find('/') != std::string::npos && has_hf_weights(opt.model)) {
+        load_hf_weights(opt.model, cfg, engine->step().layout(), engine->params());
+        engine->params_changed();
+        say(fmt::format("  weights from {}", opt.model));
+    }
     int first_step = 1;
     if (!opt.resume.empty()) first_step = resume_from(opt.resume, cfg, opt, *engine, train_data, val_data.get()) + 1;
 

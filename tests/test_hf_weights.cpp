@@ -1,0 +1,137 @@
+// Hugging Face GPT-2 folders: export then load is bitwise, 16-bit weights convert, the
+// "transformer." prefix and shards are accepted, and a wrong tensor set is refused by name.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "model/hf_weights.h"
+#include "model/safetensors.h"
+#include "test_util.h"
+
+using namespace memfit;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path fresh_dir(const std::string & name) {
+    const fs::path p = fs::temp_directory_path() / ("memfit_hf_test." + std::to_string(getpid())) / name;
+    fs::remove_all(p);
+    fs::create_directories(p);
+    return p;
+}
+
+struct Model {
+    ModelConfig cfg = memfit::test::small_config(50, 16, 2, 2, 12);
+    ParamLayout layout = gpt2_param_layout(cfg);
+    std::vector<float> params;
+    Model() {
+        for (size_t i = 0; i < layout.total; ++i) params.push_back(float(int(i % 97) - 48) / 64.0f);
+    }
+};
+
+// Writes the model's tensors as `dtype` under `prefix`, dropping `skip` and adding `extra`.
+void write_folder(const fs::path & dir, const Model & m, const std::string & dtype, const std::string & prefix = "",
+                  const std::string & skip = "", const std::string & extra = "") {
+    std::vector<std::vector<uint16_t>> half;
+    std::vector<TensorToWrite> t;
+    for (const ParamInfo & p : m.layout.params) {
+        if (p.name == skip) continue;
+        if (dtype == "F32") {
+            t.push_back({prefix + p.name, "F32", p.shape, m.params.data() + p.offset, p.numel * 4});
+            continue;
+        }
+        half.emplace_back();
+        for (size_t i = 0; i < p.numel; ++i) {
+            const float x = m.params[p.offset + i];
+            half.back().push_back(dtype == "BF16" ? f32_to_bf16(x) : f32_to_f16(x));
+        }
+        t.push_back({prefix + p.name, dtype, p.shape, half.back().data(), p.numel * 2});
+    }
+    static const float one = 1;
+    if (!extra.empty()) t.push_back({extra, "F32", {1}, &one, 4});
+    write_safetensors((dir / "model.safetensors").string(), t);
+}
+
+}  // namespace
+
+TEST(HfWeights, ExportThenLoadIsBitwise) {
+    Model m;
+    const fs::path dir = fresh_dir("export");
+    export_hf(dir.string(), m.cfg, m.layout, m.params.data());
+    const ModelConfig back = resolve_model(dir.string());
+    EXPECT_EQ(back.n_layer, m.cfg.n_layer);
+    EXPECT_EQ(back.n_embd, m.cfg.n_embd);
+    EXPECT_EQ(back.vocab_size, m.cfg.vocab_size);
+    EXPECT_EQ(back.max_seq, m.cfg.max_seq);
+    ASSERT_TRUE(has_hf_weights(dir.string()));
+    std::vector<float> got(m.layout.total, -1.0f);
+    load_hf_weights(dir.string(), back, m.layout, got.data());
+    EXPECT_EQ(got, m.params);
+}
+
+TEST(HfWeights, SixteenBitWeightsConvertAndPrefixIsAccepted) {
+    Model m;
+    for (const char * dt : {"BF16", "F16"}) {
+        const fs::path dir = fresh_dir(std::string("half_") + dt);
+        write_folder(dir, m, dt, "transformer.", "", "h.0.attn.masked_bias");
+        std::vector<float> got(m.layout.total);
+        load_hf_weights(dir.string(), m.cfg, m.layout, got.data());
+        for (size_t i = 0; i < got.size(); ++i) {
+            const float want = std::string(dt) == "BF16" ? bf16_to_f32(f32_to_bf16(m.params[i]))
+                                                         : f16_to_f32(f32_to_f16(m.params[i]));
+            ASSERT_EQ(got[i], want) << dt << " element " << i;
+        }
+    }
+}
+
+TEST(HfWeights, ShardedIndex) {
+    Model m;
+    const fs::path dir = fresh_dir("sharded");
+    std::vector<TensorToWrite> a, b;
+    nlohmann::json map;
+    for (size_t k = 0; k < m.layout.params.size(); ++k) {
+        const ParamInfo & p = m.layout.params[k];
+        (k % 2 ? a : b).push_back({p.name, "F32", p.shape, m.params.data() + p.offset, p.numel * 4});
+        map[p.name] = k % 2 ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+    }
+    write_safetensors((dir / "model-00001-of-00002.safetensors").string(), a);
+    write_safetensors((dir / "model-00002-of-00002.safetensors").string(), b);
+    std::ofstream(dir / "model.safetensors.index.json") << nlohmann::json{{"weight_map", map}}.dump();
+    std::vector<float> got(m.layout.total);
+    load_hf_weights(dir.string(), m.cfg, m.layout, got.data());
+    EXPECT_EQ(got, m.params);
+}
+
+TEST(HfWeights, WrongTensorSetsAreRefusedByName) {
+    Model m;
+    auto expect_error = [&](const fs::path & dir, const std::string & needle) {
+        std::vector<float> got(m.layout.total);
+        try {
+            load_hf_weights(dir.string(), m.cfg, m.layout, got.data());
+            ADD_FAILURE() << "expected an error naming " << needle;
+        } catch (const Error & e) {
+            EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+        }
+    };
+    const fs::path missing = fresh_dir("missing");
+    write_folder(missing, m, "F32", "", "h.1.mlp.c_fc.bias");
+    expect_error(missing, "missing tensor 'h.1.mlp.c_fc.bias'");
+    const fs::path extra = fresh_dir("extra");
+    write_folder(extra, m, "F32", "", "", "h.7.mlp.c_fc.bias");
+    expect_error(extra, "unexpected tensor 'h.7.mlp.c_fc.bias'");
+    const fs::path shape = fresh_dir("shape");
+    Model wide;
+    wide.cfg.n_embd = 32;   // the folder is a 16-channel model; loading it as 32 channels must fail
+    wide.layout = gpt2_param_layout(wide.cfg);
+    write_folder(shape, m, "F32");
+    std::vector<float> got(wide.layout.total);
+    EXPECT_THROW(load_hf_weights(shape.string(), wide.cfg, wide.layout, got.data()), FormatError);
+    expect_error(fresh_dir("empty"), "no model.safetensors");
+}
