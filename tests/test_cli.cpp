@@ -273,3 +273,23 @@ TEST(Cli, ExportAndTrainFromTheFolder) {
     expect_clean_failure(run_memfit("export " + (run / "nothing").string() + " --out " + hf.string()),
                          "no such checkpoint");
 }
+
+TEST(Cli, GenerateFromAnExportedFolder) {
+    const fs::path text = small_text("gen.txt");
+    const fs::path data = scratch("gen_data"), run = scratch("gen_run"), hf = scratch("gen_hf");
+    ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    ASSERT_EQ(run_memfit("train --quiet --model nano --data " + data.string() + " --batch 2 --seq 32 --steps 2 "
+                         "--eval-every 0 --eval-batches 1 --sample 0 --checkpoint-every 2 --out " + run.string()).code,
+              0);
+    ASSERT_EQ(run_memfit("export " + (run / "checkpoints").string() + " --out " + hf.string()).code, 0);
+    const std::string gen = "generate --model " + hf.string() + " --prompt ROMEO: --max-new-tokens 24 ";
+    const CmdResult a = run_memfit(gen + "--seed 3 --top-k 5 --top-p 0.9");
+    ASSERT_EQ(a.code, 0) << a.err;
+    EXPECT_EQ(a.out.rfind("ROMEO:", 0), 0u) << a.out;
+    EXPECT_EQ(a.out.size(), std::string("ROMEO:").size() + 24 + 1) << a.out;   // bytes: one char per token, "\n"
+    EXPECT_EQ(run_memfit(gen + "--seed 3 --top-k 5 --top-p 0.9").out, a.out);   // same seed, same text
+    const CmdResult greedy = run_memfit(gen + "--seed 3 --temperature 0");
+    ASSERT_EQ(greedy.code, 0) << greedy.err;
+    EXPECT_EQ(run_memfit(gen + "--temperature 0 --seed 99").out, greedy.out);   // greedy ignores the seed
+    expect_clean_failure(run_memfit("generate --model " + run.string() + " --prompt x"), "no model.safetensors");
+}

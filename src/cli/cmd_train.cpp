@@ -5,11 +5,9 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "cli/validators.h"
 #include "core/error.h"
 #include "model/config.h"
-#include "model/hf_weights.h"
-#include "model/param_layout.h"
-#include "train/checkpoint.h"
 #include "train/bench.h"
 #include "train/trainer.h"
 #include "train/verify.h"
@@ -17,26 +15,6 @@
 namespace memfit::cli {
 
 namespace {
-
-// CLI11's own numeric validators print their full double range; these say it plainly.
-const CLI::Validator kPositive(
-    [](std::string & v) {
-        try {
-            size_t used = 0;
-            if (std::stod(v, &used) > 0 && used == v.size()) return std::string();
-        } catch (const std::exception &) {}
-        return "must be a number greater than 0, got '" + v + "'";
-    },
-    "> 0");
-const CLI::Validator kNonNegative(
-    [](std::string & v) {
-        try {
-            size_t used = 0;
-            if (std::stod(v, &used) >= 0 && used == v.size()) return std::string();
-        } catch (const std::exception &) {}
-        return "must be a number >= 0, got '" + v + "'";
-    },
-    ">= 0");
 
 void add_shape_flags(CLI::App * c, RunShape & o) {
     c->add_option("--model", o.model, "preset (" + fmt::format("{}", fmt::join(preset_names(), ", ")) +
@@ -150,36 +128,6 @@ void add_train_commands(CLI::App & app) {
     bench->add_flag("--timeline", b.timeline,
                     "also time steps that record the op timeline (interleaved) and report the overhead");
     bench->callback([] { std::printf("%s\n", run_bench(b).dump().c_str()); });
-
-    static std::string ckpt, export_out;
-    CLI::App * exp = app.add_subcommand(
-        "export", "write a checkpoint's weights as a Hugging Face GPT-2 folder (config.json + model.safetensors)");
-    exp->add_option("checkpoint", ckpt, "checkpoint folder, or a folder of them (the newest)")->required();
-    exp->add_option("--out", export_out, "output folder")->required();
-    exp->callback([] {
-        const Checkpoint c = load_checkpoint(ckpt);
-        ModelConfig cfg;
-        try {
-            const auto & m = c.meta.at("model");
-            cfg.name = m.at("name").get<std::string>();
-            cfg.n_layer = m.at("n_layer").get<int>();
-            cfg.n_embd = m.at("n_embd").get<int>();
-            cfg.n_head = m.at("n_head").get<int>();
-            cfg.vocab_size = m.at("vocab_size").get<int>();
-            cfg.max_seq = m.at("max_seq").get<int>();
-            cfg.ln_eps = m.value("ln_eps", cfg.ln_eps);
-        } catch (const std::exception & e) {
-            throw FormatError(fmt::format("{}: the checkpoint's meta.json has no usable model ({})", ckpt, e.what()));
-        }
-        cfg.validate();
-        const ParamLayout layout = gpt2_param_layout(cfg);
-        if (layout.total != c.state.params.size())
-            throw FormatError(fmt::format("{}: {} parameters, a model of that shape has {}", ckpt,
-                                          c.state.params.size(), layout.total));
-        export_hf(export_out, cfg, layout, c.state.params.data());
-        std::printf("wrote %s/config.json and %s/model.safetensors (step %d)\n", export_out.c_str(),
-                    export_out.c_str(), c.meta.at("step").get<int>());
-    });
 
     static std::string fixture;
     static double tolerance = 1e-4;

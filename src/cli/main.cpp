@@ -13,6 +13,7 @@ int main(int argc, char ** argv) {
     app.set_help_all_flag("--help-all", "help for every command");
     memfit::cli::add_data_commands(app);
     memfit::cli::add_train_commands(app);
+    memfit::cli::add_model_commands(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp & e) {

@@ -25,6 +25,7 @@
 #include "train/engine.h"
 #include "train/replan.h"
 #include "train/checkpoint.h"
+#include "train/generate.h"
 #include "model/hf_weights.h"
 #include "train/prepare.h"
 #include "train/report.h"
@@ -75,34 +76,6 @@ DataSource resolve_data(const std::string & folder, const std::string & tokenize
 
 namespace {
 
-// Sampling: a fresh forward of the whole window per token (no KV cache in this issue).
-std::vector<int32_t> sample_text(Engine & engine, std::vector<int32_t> ctx, int n, float temperature, uint64_t seed) {
-    const int T = engine.step().T(), V = engine.config().vocab_size;
-    std::mt19937_64 rng(seed);
-    std::vector<int32_t> window(static_cast<size_t>(T), 0), out;
-    for (int i = 0; i < n; ++i) {
-        const size_t len = std::min(ctx.size(), size_t(T));
-        std::fill(window.begin(), window.end(), 0);
-        std::copy(ctx.end() - long(len), ctx.end(), window.begin());
-        const std::vector<float> logits = engine.logits(window.data(), 1);
-        const float * row = logits.data() + (len - 1) * size_t(V);
-        float mx = row[0];
-        for (int v = 1; v < V; ++v) mx = std::max(mx, row[v]);
-        std::vector<double> p(static_cast<size_t>(V));
-        double sum = 0;
-        for (int v = 0; v < V; ++v) sum += p[size_t(v)] = std::exp(double(row[v] - mx) / temperature);
-        std::uniform_real_distribution<double> u(0.0, sum);
-        double r = u(rng), acc = 0;
-        int next = V - 1;
-        for (int v = 0; v < V; ++v) {
-            acc += p[size_t(v)];
-            if (r < acc) { next = v; break; }
-        }
-        ctx.push_back(next);
-        out.push_back(next);
-    }
-    return out;
-}
 
 ProgressMode progress_mode(const std::string & m) {
     if (m == "tty") return ProgressMode::tty;
@@ -393,7 +366,10 @@ void run_training(const TrainOptions & opt) {
     if (opt.sample_tokens > 0 && !data.tokenizer.empty() && !opt.profile) {
         auto tok = make_tokenizer(data.tokenizer, data_dir());
         std::vector<int32_t> prompt = tok->encode("\n");
-        const auto ids = sample_text(*engine, prompt, opt.sample_tokens, 0.8f, opt.seed);
+        SampleOptions so;
+        so.max_new_tokens = opt.sample_tokens;
+        so.seed = opt.seed;
+        const auto ids = generate(*engine, prompt, so);
         const std::string text = tok->decode(ids);
         say("sample (temperature 0.8):\n" + text);
         summary["sample"] = text;
