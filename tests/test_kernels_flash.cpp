@@ -21,8 +21,11 @@
 #include <vector>
 
 #include "backend/cpu/kernels.h"
+#include "test_util.h"
 
 namespace memfit::cpu {
+using memfit::test::ThreadScope;
+
 namespace {
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
@@ -51,18 +54,6 @@ double rel_err(const std::vector<float> & a, const std::vector<float> & b) {
 bool bitwise_equal(const std::vector<float> & a, const std::vector<float> & b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
-
-// Sets the OpenMP team size for the enclosed code.
-class ThreadScope {
-public:
-    explicit ThreadScope(int n) : saved_(omp_get_max_threads()) { omp_set_num_threads(n); }
-    ~ThreadScope() { omp_set_num_threads(saved_); }
-    ThreadScope(const ThreadScope &) = delete;
-    ThreadScope & operator=(const ThreadScope &) = delete;
-
-private:
-    int saved_;
-};
 
 struct Shape {
     int B, T, C, NH;

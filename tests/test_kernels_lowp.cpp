@@ -34,23 +34,15 @@
 #include "backend/cpu/gemm_mixed.h"
 #include "backend/cpu/kernels.h"
 #include "core/dtype.h"
+#include "test_util.h"
 
 namespace memfit {
+using memfit::test::ThreadScope;
+
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-class ThreadScope {
-public:
-    explicit ThreadScope(int n) : saved_(omp_get_max_threads()) { omp_set_num_threads(n); }
-    ~ThreadScope() { omp_set_num_threads(saved_); }
-    ThreadScope(const ThreadScope &) = delete;
-    ThreadScope & operator=(const ThreadScope &) = delete;
-
-private:
-    int saved_;
-};
 
 float round_to(float x, DType dt) {
     switch (dt) {

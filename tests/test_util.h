@@ -1,5 +1,7 @@
-// Helpers shared by the engine-level tests: a small model configuration and random batches.
+// Helpers shared by the tests: a small model configuration, random batches, an OpenMP team size.
 #pragma once
+
+#include <omp.h>
 
 #include <cstdint>
 #include <random>
@@ -28,5 +30,17 @@ inline void random_batch(std::vector<int32_t> & in, std::vector<int32_t> & tg, i
     for (auto & x : tg) x = d(rng);
     tg[1] = -100;   // an ignored position
 }
+
+// Sets the OpenMP team size for the enclosed code.
+class ThreadScope {
+public:
+    explicit ThreadScope(int n) : saved_(omp_get_max_threads()) { omp_set_num_threads(n); }
+    ~ThreadScope() { omp_set_num_threads(saved_); }
+    ThreadScope(const ThreadScope &) = delete;
+    ThreadScope & operator=(const ThreadScope &) = delete;
+
+private:
+    int saved_;
+};
 
 }  // namespace memfit::test

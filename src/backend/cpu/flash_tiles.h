@@ -17,6 +17,7 @@
 #endif
 
 #include "backend/cpu/convert.h"
+#include "backend/cpu/exp_poly.h"
 #include "core/dtype.h"
 
 namespace memfit::cpu::flash {
@@ -31,6 +32,54 @@ inline int tiles(int T) { return (T + kTile - 1) / kTile; }
 
 inline size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
+// Scratch floats per (b, h) pair in the backward: P and dS [kTile x kTile], then kTileSlots
+// [kTile x hs] tile buffers. The scratch holds B*NH*T floats of D (rounded up to 16) first.
+inline size_t backward_pair_floats(int hs) {
+    return 2 * static_cast<size_t>(kTile) * kTile + kTileSlots * static_cast<size_t>(hs) * kTile;
+}
+
+// One (b, h) pair of the backward: its q, k, v columns of qkv and dqkv (row stride 3C), its
+// columns of out and dout (row stride C), its lse and D rows, and its tile buffers.
+template <class S>
+struct BackwardPair {
+    const S * q;
+    const S * k;
+    const S * v;
+    S * dq;
+    S * dk;
+    S * dv;
+    const S * dout;
+    const S * out;
+    const float * lse;
+    float * D;
+    float * P;                 // [query][key]
+    float * dS;                // [query][key]
+    float * slot[kTileSlots];  // [kTile x hs] each; the kernels name their uses
+
+    BackwardPair(int task, S * dqkv, float * scratch, const S * dout_, const S * out_, const S * qkv,
+                 const float * lse_, int B, int T, int C, int NH) {
+        const int h = task % NH, b = task / NH, hs = C / NH;
+        const size_t C3 = static_cast<size_t>(3) * C;
+        const size_t head_off = static_cast<size_t>(b) * T * C3 + static_cast<size_t>(h) * hs;
+        const size_t row_off = static_cast<size_t>(b) * T * C + static_cast<size_t>(h) * hs;
+        q = qkv + head_off;
+        k = q + C;
+        v = q + 2 * static_cast<size_t>(C);
+        dq = dqkv + head_off;
+        dk = dq + C;
+        dv = dq + 2 * static_cast<size_t>(C);
+        dout = dout_ + row_off;
+        out = out_ + row_off;
+        lse = lse_ + static_cast<size_t>(task) * T;
+        D = scratch + static_cast<size_t>(task) * T;
+        const size_t tasks = static_cast<size_t>(B) * NH;
+        P = scratch + round_up(tasks * T, 16) + static_cast<size_t>(task) * backward_pair_floats(hs);
+        dS = P + kTile * kTile;
+        slot[0] = dS + kTile * kTile;
+        for (int i = 1; i < kTileSlots; ++i) slot[i] = slot[i - 1] + static_cast<size_t>(hs) * kTile;
+    }
+};
+
 // exp(x), for x <= 88 (the largest argument here is a rounding error above 0), with relative
 // error < 1e-7. Cephes-style: x = n ln2 + r with |r| <= ln2/2, exp(r) by a polynomial, 2^n put
 // in the exponent bits.
@@ -39,19 +88,12 @@ inline size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 // comparisons in selects (which GCC does not if-convert under -ftrapping-math), so that
 // `omp simd` loops calling it vectorise.
 inline float fast_exp(float x) {
-    constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-    const float t = x * 1.44269504088896341f + kMagic;
-    const float n = t - kMagic;
-    float r = x - n * 0.693359375f;  // ln 2 in two parts (Cody-Waite)
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const float y = p * r * r + r + 1.0f;
-    // bits(t) = bits(kMagic) + n; 2^n has exponent field n + 127 (>= 1 for x >= -87).
+    const float t = x * kExpLog2e + kExpRound;
+    const float n = t - kExpRound;
+    float r = x - n * kExpLn2Hi;
+    r = r - n * kExpLn2Lo;
+    const float y = exp_reduced(r);
+    // bits(t) = bits(kExpRound) + n; 2^n has exponent field n + 127 (>= 1 for x >= -87).
     const uint32_t pow2n = (std::bit_cast<uint32_t>(t) - 0x4B400000u + 127u) << 23;
     const float res = y * std::bit_cast<float>(pow2n);
     const uint32_t keep = 0u - static_cast<uint32_t>(x >= -87.0f);  // all ones, or 0 to flush

@@ -44,8 +44,7 @@ size_t flash_attention_scratch_floats(int B, int T, int C, int NH) {
     MF_ASSERT(B >= 0 && T >= 0 && NH > 0 && C % NH == 0);
     const size_t hs = static_cast<size_t>(C / NH);
     const size_t pairs = static_cast<size_t>(B) * NH;
-    const size_t per_pair = 2 * static_cast<size_t>(kTile) * kTile + kTileSlots * hs * kTile;
-    return round_up(pairs * static_cast<size_t>(T), 16) + pairs * per_pair;
+    return round_up(pairs * static_cast<size_t>(T), 16) + pairs * backward_pair_floats(int(hs));
 }
 
 template <class S>
@@ -177,35 +176,28 @@ void flash_attention_backward(float * dqkv, float * scratch, const float * dout,
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
     const int nt = tiles(T);
     const int tasks = B * NH;  // one (b,h) each: its dq, dk, dv columns are disjoint from others
-    const size_t tile_floats = static_cast<size_t>(hs) * kTile;
-    const size_t per_pair = 2 * static_cast<size_t>(kTile) * kTile + kTileSlots * tile_floats;
-    float * tile_scratch = scratch + round_up(static_cast<size_t>(tasks) * T, 16);
-
 #pragma omp parallel for schedule(static)
     for (int task = 0; task < tasks; ++task) {
-        const int h = task % NH;
-        const int b = task / NH;
-        const size_t head_off = static_cast<size_t>(b) * T * C3 + static_cast<size_t>(h) * hs;
-        const size_t row_off = static_cast<size_t>(b) * T * C + static_cast<size_t>(h) * hs;
-        const float * qbase = qkv + head_off;
-        const float * kbase = qbase + C;
-        const float * vbase = qbase + 2 * static_cast<size_t>(C);
-        float * dqbase = dqkv + head_off;
-        float * dkbase = dqbase + C;
-        float * dvbase = dqbase + 2 * static_cast<size_t>(C);
-        const float * gobase = dout + row_off;
-        const float * obase = out + row_off;
-        const float * lrow = lse + static_cast<size_t>(task) * T;
-        float * D = scratch + static_cast<size_t>(task) * T;
-        // This pair's tile buffers: P and dS [query][key]; K and V transposed [head column][key];
-        // K [key][head column]; Q and dO [query][head column].
-        float * P = tile_scratch + static_cast<size_t>(task) * per_pair;
-        float * dS = P + kTile * kTile;
-        float * kt = dS + kTile * kTile;
-        float * vt = kt + tile_floats;
-        float * kp = vt + tile_floats;
-        float * qp = kp + tile_floats;
-        float * gp = qp + tile_floats;
+        const BackwardPair<float> pair(task, dqkv, scratch, dout, out, qkv, lse, B, T, C, NH);
+        const float * qbase = pair.q;
+        const float * kbase = pair.k;
+        const float * vbase = pair.v;
+        float * dqbase = pair.dq;
+        float * dkbase = pair.dk;
+        float * dvbase = pair.dv;
+        const float * gobase = pair.dout;
+        const float * obase = pair.out;
+        const float * lrow = pair.lse;
+        float * D = pair.D;
+        // P and dS [query][key]; K and V transposed [head column][key]; K [key][head column];
+        // Q and dO [query][head column].
+        float * P = pair.P;
+        float * dS = pair.dS;
+        float * kt = pair.slot[0];
+        float * vt = pair.slot[1];
+        float * kp = pair.slot[2];
+        float * qp = pair.slot[3];
+        float * gp = pair.slot[4];
 
         // D_t = dout_t . out_t; zero this head's q, k, v gradient columns.
         for (int t = 0; t < T; ++t) {

@@ -38,37 +38,30 @@ void flash_backward_lowp(S * dqkv, float * scratch, const S * dout, const S * ou
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
     const int nt = tiles(T);
     const int tasks = B * NH;  // one (b,h) each: its dq, dk, dv columns are disjoint from others
-    const size_t tile_floats = static_cast<size_t>(hs) * kTile;
-    const size_t per_pair = 2 * static_cast<size_t>(kTile) * kTile + kTileSlots * tile_floats;
-    float * tile_scratch = scratch + round_up(static_cast<size_t>(tasks) * T, 16);
-
 #pragma omp parallel for schedule(static)
     for (int task = 0; task < tasks; ++task) {
-        const int h = task % NH;
-        const int b = task / NH;
-        const size_t head_off = static_cast<size_t>(b) * T * C3 + static_cast<size_t>(h) * hs;
-        const size_t row_off = static_cast<size_t>(b) * T * C + static_cast<size_t>(h) * hs;
-        const S * qbase = qkv + head_off;
-        const S * kbase = qbase + C;
-        const S * vbase = qbase + 2 * static_cast<size_t>(C);
-        S * dqbase = dqkv + head_off;
-        S * dkbase = dqbase + C;
-        S * dvbase = dqbase + 2 * static_cast<size_t>(C);
-        const S * gobase = dout + row_off;
-        const S * obase = out + row_off;
-        const float * lrow = lse + static_cast<size_t>(task) * T;
-        float * D = scratch + static_cast<size_t>(task) * T;
-        // This pair's tile buffers: P and dS [query][key]; K and V transposed [head column][key];
-        // Q and dO [query][head column]; pass A: dK and dV accumulators [key][head column];
-        // pass B: K [key][head column] and the dQ accumulator [query][head column].
-        float * P = tile_scratch + static_cast<size_t>(task) * per_pair;
-        float * dS = P + kTile * kTile;
-        float * kt = dS + kTile * kTile;
-        float * vt = kt + tile_floats;
-        float * qp = vt + tile_floats;
-        float * gp = qp + tile_floats;
-        float * acc0 = gp + tile_floats;  // pass A: dK_j; pass B: K_j
-        float * acc1 = acc0 + tile_floats;  // pass A: dV_j; pass B: dQ_i
+        const BackwardPair<S> pair(task, dqkv, scratch, dout, out, qkv, lse, B, T, C, NH);
+        const S * qbase = pair.q;
+        const S * kbase = pair.k;
+        const S * vbase = pair.v;
+        S * dqbase = pair.dq;
+        S * dkbase = pair.dk;
+        S * dvbase = pair.dv;
+        const S * gobase = pair.dout;
+        const S * obase = pair.out;
+        const float * lrow = pair.lse;
+        float * D = pair.D;
+        // P and dS [query][key]; K and V transposed [head column][key]; Q and dO [query][head
+        // column]; pass A: dK and dV accumulators [key][head column]; pass B: K [key][head column]
+        // and the dQ accumulator [query][head column].
+        float * P = pair.P;
+        float * dS = pair.dS;
+        float * kt = pair.slot[0];
+        float * vt = pair.slot[1];
+        float * qp = pair.slot[2];
+        float * gp = pair.slot[3];
+        float * acc0 = pair.slot[4];  // pass A: dK_j; pass B: K_j
+        float * acc1 = pair.slot[5];  // pass A: dV_j; pass B: dQ_i
 
         // D_t = dout_t . out_t
         for (int t = 0; t < T; ++t) {

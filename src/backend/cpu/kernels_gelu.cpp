@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/cpu/exp_poly.h"
 #include "backend/cpu/kernels.h"
 
 namespace memfit::cpu {
@@ -31,23 +32,12 @@ constexpr float kGeluKappa = 0.044715f;
 // bits. Written without branches or FP compares (the clamp is an integer min on the bit pattern
 // of |y|), so that GCC if-converts and vectorises it inside `omp simd` loops.
 inline float exp_clamped(float y) {
-    constexpr float kLog2e = 1.44269504088896341f;
-    constexpr float kLn2Hi = 0.693359375f;
-    constexpr float kLn2Lo = -2.12194440e-4f;
-    constexpr float kRound = 12582912.0f;      // 1.5 * 2^23: adding it rounds to an integer
     constexpr int32_t kMaxBits = 0x42ae0000;   // bit pattern of 87.0f
     const int32_t mag = std::bit_cast<int32_t>(std::fabs(y));
     const float yc = std::copysign(std::bit_cast<float>(std::min(mag, kMaxBits)), y);
-    const float n = (yc * kLog2e + kRound) - kRound;  // round(yc / ln2), in [-126, 126]
-    const float r = (yc - n * kLn2Hi) - n * kLn2Lo;   // |r| <= ln2 / 2
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+    const float n = (yc * kExpLog2e + kExpRound) - kExpRound;  // round(yc / ln2), in [-126, 126]
+    const float r = (yc - n * kExpLn2Hi) - n * kExpLn2Lo;       // |r| <= ln2 / 2
+    return exp_reduced(r) * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
 }
 
 }  // namespace
