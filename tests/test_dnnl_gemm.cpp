@@ -19,6 +19,7 @@
 
 #include "backend/cpu/dnnl_check.h"
 #include "backend/cpu/dnnl_gemm.h"
+#include "backend/cpu/matmul_probe.h"
 
 namespace memfit::cpu {
 namespace {

@@ -12,8 +12,6 @@
 // through OpenMP).
 #include "backend/cpu/dnnl_gemm.h"
 
-#include <algorithm>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <unordered_map>
@@ -157,39 +155,4 @@ void DnnlGemm::run(const MatmulShape & d, float * c, const float * a, const floa
 // result is the best shape's median GFLOP/s (2*M*N*K / time). It is the achievable matmul
 // ceiling model-FLOPs utilisation is quoted against, not the CPU's theoretical FMA peak.
 // About 2.4 GFLOP per run: roughly 0.4 s total on 2 AVX2 cores with repeats = 5.
-double measure_matmul_peak_gflops(int repeats) {
-    repeats = std::max(repeats, 1);
-    struct Shape { int64_t M, K, N; };
-    static constexpr Shape kShapes[] = {
-        {2048, 384, 1536},    // MLP up:   x[BT,C] @ W[C,4C]
-        {2048, 1536, 384},    // MLP down: h[BT,4C] @ W[4C,C]
-        {2048, 384, 1152},    // QKV:      x[BT,C] @ W[C,3C]
-    };
-
-    DnnlGemm gemm;
-    double best = 0.0;
-    for (const Shape & s : kShapes) {
-        GemmDesc d;
-        d.M = s.M, d.N = s.N, d.K = s.K;
-        std::vector<float> a(size_t(s.M * s.K), 0.01f), b(size_t(s.K * s.N), 0.02f), c(size_t(s.M * s.N));
-        std::vector<std::byte> ws(gemm.workspace_bytes(d));
-        void * wsp = ws.empty() ? nullptr : ws.data();
-
-        gemm.run(d, c.data(), a.data(), b.data(), nullptr, wsp);   // warm-up
-        std::vector<double> secs;
-        secs.reserve(size_t(repeats));
-        for (int r = 0; r < repeats; ++r) {
-            const auto t0 = std::chrono::steady_clock::now();
-            gemm.run(d, c.data(), a.data(), b.data(), nullptr, wsp);
-            const auto t1 = std::chrono::steady_clock::now();
-            secs.push_back(std::chrono::duration<double>(t1 - t0).count());
-        }
-        std::nth_element(secs.begin(), secs.begin() + repeats / 2, secs.end());
-        const double median = secs[size_t(repeats / 2)];
-        const double gflops = 2.0 * double(s.M) * double(s.N) * double(s.K) / median * 1e-9;
-        best = std::max(best, gflops);
-    }
-    return best;
-}
-
 }  // namespace memfit::cpu

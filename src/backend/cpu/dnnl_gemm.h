@@ -46,8 +46,5 @@ private:
     std::unique_ptr<Impl> impl_;
 };
 
-// Measures this machine's fp32 matmul rate through oneDNN with the current OpenMP thread count:
-// square-ish shapes typical of the models, median of several repetitions. GFLOP/s.
-double measure_matmul_peak_gflops(int repeats = 5);
 
 }  // namespace memfit::cpu

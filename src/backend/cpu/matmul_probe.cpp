@@ -8,6 +8,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/dnnl_gemm.h"
 #include "core/dtype.h"
 
 namespace memfit::cpu {
@@ -15,7 +16,7 @@ namespace memfit::cpu {
 namespace {
 
 struct Shape { int64_t M, K, N; };
-// The shapes measure_matmul_peak_gflops uses: MLP up, MLP down, QKV of a 384-channel model.
+// MLP up, MLP down and QKV gemms of a 384-channel model at B*T = 2048.
 constexpr Shape kShapes[] = {{2048, 384, 1536}, {2048, 1536, 384}, {2048, 384, 1152}};
 
 template <class F>
@@ -39,6 +40,18 @@ double best_gflops(int repeats, F && run_shape) {
 }
 
 }  // namespace
+
+double measure_matmul_peak_gflops(int repeats) {
+    DnnlGemm gemm;
+    return best_gflops(repeats, [&](const Shape & s, auto && time) {
+        GemmDesc d;
+        d.M = s.M, d.N = s.N, d.K = s.K;
+        std::vector<float> a(size_t(s.M * s.K), 0.01f), b(size_t(s.K * s.N), 0.02f), c(size_t(s.M * s.N));
+        std::vector<std::byte> ws(gemm.workspace_bytes(d));
+        void * wsp = ws.empty() ? nullptr : ws.data();
+        time([&] { gemm.run(d, c.data(), a.data(), b.data(), nullptr, wsp); });
+    });
+}
 
 double measure_onednn_bf16_gflops(int repeats) {
     using tag = dnnl::memory::format_tag;

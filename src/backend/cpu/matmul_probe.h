@@ -5,6 +5,8 @@
 
 namespace memfit::cpu {
 
+// fp32 through oneDNN (DnnlGemm): the peak the bench's MFU divides by.
+double measure_matmul_peak_gflops(int repeats = 5);
 // oneDNN's own bf16 matmul (bf16 inputs, f32 output). nullopt-like 0 when oneDNN has no bf16
 // implementation for this CPU.
 double measure_onednn_bf16_gflops(int repeats = 5);
