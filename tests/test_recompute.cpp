@@ -33,12 +33,7 @@ uint64_t live_at_backward_start(const Program & p) {
     return live;
 }
 
-double recompute_flops(const Program & p) {
-    double f = 0;
-    for (const OpRecord & op : p.ops())
-        if (op.phase == Phase::recompute) f += op.flops;
-    return f;
-}
+double recompute_flops(const Program & p) { return p.phase_flops(Phase::recompute); }
 
 // What one layer keeps, written out unit by unit: s bytes per stored element, f32 statistics.
 uint64_t kept_formula(uint32_t mask, bool flash, uint64_t s) {

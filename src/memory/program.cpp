@@ -57,4 +57,11 @@ double Program::total_flops() const {
     return f;
 }
 
+double Program::phase_flops(Phase p) const {
+    double f = 0;
+    for (const auto & op : ops_)
+        if (op.phase == p) f += op.flops;
+    return f;
+}
+
 }  // namespace memfit

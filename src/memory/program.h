@@ -55,6 +55,7 @@ public:
     void finalize();
 
     double total_flops() const;
+    double phase_flops(Phase p) const;   // FLOPs of the ops in one phase (e.g. recompute)
 
 private:
     std::vector<BufferDecl> buffers_;

@@ -74,9 +74,7 @@ std::optional<RecomputePlan> fit_recompute(EngineOptions eo, const ModelConfig &
         const StepPlans plans(cfg, backend, eo);
         const uint64_t need = plans.reserved().total();
         if (need <= budget) {
-            double flops = 0;
-            for (const OpRecord & op : plans.train->program().ops())
-                if (op.phase == Phase::recompute) flops += op.flops;
+            const double flops = plans.train->program().phase_flops(Phase::recompute);
             if (flops < best_flops) best = eo.recompute, best_flops = flops;
         }
         if (need == budget) break;
