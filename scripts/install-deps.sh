@@ -15,6 +15,7 @@ PKGS=(
   libfmt-dev             # formatting
   libgtest-dev googletest # tests
   libpcre2-dev           # GPT-2 pre-tokenisation regex (Unicode classes)
+  libsentencepiece-dev   # SentencePiece tokenizers (LLaMA folders)
 )
 if [ "${1:-}" = "--test" ]; then
   PKGS+=(chromium fonts-dejavu-core)   # headless rendering of report.html in the tests

@@ -287,6 +287,8 @@ TEST(Cli, GenerateFromAnExportedFolder) {
     ASSERT_EQ(a.code, 0) << a.err;
     EXPECT_EQ(a.out.rfind("ROMEO:", 0), 0u) << a.out;
     EXPECT_EQ(a.out.size(), std::string("ROMEO:").size() + 24 + 1) << a.out;   // bytes: one char per token, "\n"
+    // The KV cache (the prompt plus 24 tokens, two layers) is planned and measured.
+    EXPECT_NE(a.err.find("KV cache 30.00 KiB (30 positions x 2 layers)"), std::string::npos) << a.err;
     EXPECT_EQ(run_memfit(gen + "--seed 3 --top-k 5 --top-p 0.9").out, a.out);   // same seed, same text
     const CmdResult greedy = run_memfit(gen + "--seed 3 --temperature 0");
     ASSERT_EQ(greedy.code, 0) << greedy.err;

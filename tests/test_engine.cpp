@@ -253,7 +253,7 @@ TEST(Engine, FlashAttentionMatchesNaiveAndDropsTheQuadraticTerm) {
     // Activations: naive grows faster than 2x when T doubles (B*NH*T*T probabilities), flash
     // grows linearly (plus the per-query log-sum-exp).
     auto act = [&](int T, bool flash) {
-        Gpt2Options mo;
+        ModelOptions mo;
         mo.flash_attention = flash;
         TrainStep s(small_config(97, 48, 2, 3, 256), 2, T, StepMode::train, &backend, mo);
         return plan_memory(s.program()).peak_live[Category::activations];

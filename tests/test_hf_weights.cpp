@@ -29,7 +29,7 @@ fs::path fresh_dir(const std::string & name) {
 
 struct Model {
     ModelConfig cfg = memfit::test::small_config(50, 16, 2, 2, 12);
-    ParamLayout layout = gpt2_param_layout(cfg);
+    ParamLayout layout = make_param_layout(cfg);
     std::vector<float> params;
     Model() {
         for (size_t i = 0; i < layout.total; ++i) params.push_back(float(int(i % 97) - 48) / 64.0f);
@@ -129,7 +129,7 @@ TEST(HfWeights, WrongTensorSetsAreRefusedByName) {
     const fs::path shape = fresh_dir("shape");
     Model wide;
     wide.cfg.n_embd = 32;   // the folder is a 16-channel model; loading it as 32 channels must fail
-    wide.layout = gpt2_param_layout(wide.cfg);
+    wide.layout = make_param_layout(wide.cfg);
     write_folder(shape, m, "F32");
     std::vector<float> got(wide.layout.total);
     EXPECT_THROW(load_hf_weights(shape.string(), wide.cfg, wide.layout, got.data()), FormatError);

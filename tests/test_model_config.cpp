@@ -63,7 +63,7 @@ TEST(ModelConfig, HuggingFaceConfigJson) {
 TEST(ParamLayout, HuggingFaceNamesOrderAndShapes) {
     ModelConfig c = model_preset("nano");
     c.vocab_size = 256;
-    const ParamLayout l = gpt2_param_layout(c);
+    const ParamLayout l = make_param_layout(c);
     EXPECT_EQ(int64_t(l.total), c.num_params());
     EXPECT_EQ(l.params.front().name, "wte.weight");
     EXPECT_EQ(l.params.back().name, "ln_f.bias");

@@ -65,9 +65,10 @@ public:
     // dbias[N] += column sums of dout[rows, N]
     virtual void bias_grad(Tensor dbias, Tensor dout) = 0;
 
-    // out[B,T,C] = wte[tokens] + wpe[t]
+    // out[B,T,C] = wte[tokens] + wpe[t]; an invalid wpe (Tensor{}) means no position embedding
+    // (LLaMA): out = wte[tokens].
     virtual void encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) = 0;
-    // dwte, dwpe += ...
+    // dwte, dwpe += ...  (an invalid dwpe: only dwte)
     virtual void encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) = 0;
 
     // out[N,C], mean[N], rstd[N] from inp[N,C]
@@ -92,6 +93,34 @@ public:
     virtual void gelu_fwd(Tensor out, Tensor inp) = 0;
     virtual void gelu_bwd(Tensor dinp, Tensor dout, Tensor inp) = 0;          // dinp = ...
     virtual void residual_fwd(Tensor out, Tensor a, Tensor b) = 0;            // out = a + b
+
+    // LLaMA family.
+    // RMSNorm: rstd[N] (f32) = 1/sqrt(mean_c(inp^2) + eps); out[N,C] = inp * rstd * w.
+    virtual void rmsnorm_fwd(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps) = 0;
+    // dinp += ..., dw += ...  (dinp has dout's dtype; dw f32 or the compute dtype)
+    virtual void rmsnorm_bwd(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) = 0;
+    // Rotary position embeddings (HF rotate_half), in place on the q and k heads of
+    // qkv[B,T,(NH+2*KVH)*hd] (per row: NH q heads, KVH k heads, KVH v heads; v untouched).
+    // Row t has position pos0 + t; head pair (i, i+hd/2) turns by (pos0+t) * theta^(-2i/hd).
+    virtual void rope_fwd(Tensor qkv, int NH, int KVH, float theta, int pos0) = 0;
+    // Its backward, in place on dqkv: the inverse rotation.
+    virtual void rope_bwd(Tensor dqkv, int NH, int KVH, float theta, int pos0) = 0;
+    // inp[N,2I] = [gate | up] per row; out[N,I] = silu(gate) * up.
+    virtual void swiglu_fwd(Tensor out, Tensor inp) = 0;
+    virtual void swiglu_bwd(Tensor dinp, Tensor dout, Tensor inp) = 0;       // dinp[N,2I] = ...
+    // Grouped-query attention: qkv[B,T,(NH+2*KVH)*hd] -> full[B,T,3*NH*hd] ([q|k|v], NH heads
+    // each; KV head j serves query heads j*G .. j*G+G-1, G = NH/KVH).
+    virtual void repeat_kv_fwd(Tensor full, Tensor qkv, int NH, int KVH) = 0;
+    // dqkv = ... (written): q copied; each KV head gets the sum over its G query heads.
+    virtual void repeat_kv_bwd(Tensor dqkv, Tensor dfull, int NH, int KVH) = 0;
+
+    // Attention of T new tokens over a KV cache (generation). qkv [B,T,(NH+2*KVH)*hd] holds the
+    // new tokens' q|k|v (after RoPE); their k and v rows are written into kcache and vcache
+    // [B,cap,KVH*hd] at rows pos0 .. pos0+T-1, then out[B,T,NH*hd] = causal attention of each
+    // new token (position pos0+t) over cache rows 0 .. pos0+t; query head h reads KV head
+    // h / (NH/KVH).
+    virtual void cached_attention_fwd(Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH,
+                                      int KVH) = 0;
 
     // logits[N,V] are turned into probabilities in place; losses[N] = -log p[target]
     // (0 where target == -100).

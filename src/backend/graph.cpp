@@ -236,6 +236,79 @@ void Graph::residual_fwd(Tensor out, Tensor a, Tensor b) {
     end();
 }
 
+// ---------------------------------------------------------------------------------------------
+// LLaMA family. FLOPs per element, like the ops above: RMSNorm forward 4 (square-add, scale by
+// rstd, by the weight, plus the row's share of the sqrt), backward 8 (dinp 5, dw 3); RoPE 6 per
+// rotated pair (4 multiplies, 2 adds; the per-row cos/sin are not counted); SwiGLU forward 6 per
+// output (exp, add, divide, two multiplies, negate), backward 12; repeat_kv forward copies (0),
+// backward adds G-1 heads into each K and V head.
+
+namespace {
+// Rotated pairs of a [B,T,(NH+2*KVH)*hd] qkv: (NH+KVH) heads of hd/2 pairs per row.
+double rope_pairs(const Tensor & qkv, int NH, int KVH) {
+    return double(qkv.numel()) * double(NH + KVH) / double(NH + 2 * KVH) / 2.0;
+}
+}  // namespace
+
+void Graph::rmsnorm_fwd(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps) {
+    if (begin("rmsnorm_fwd", 4.0 * double(inp.numel()), {out, rstd, inp, w}))
+        backend_->rmsnorm_fwd(resolve(out), resolve(rstd), resolve(inp), resolve(w), eps);
+    end();
+}
+
+void Graph::rmsnorm_bwd(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) {
+    if (begin("rmsnorm_bwd", 8.0 * double(inp.numel()), {dinp, dw, dout, inp, w, rstd}))
+        backend_->rmsnorm_bwd(resolve(dinp), resolve(dw), resolve(dout), resolve(inp), resolve(w), resolve(rstd));
+    end();
+}
+
+void Graph::rope_fwd(Tensor qkv, int NH, int KVH, float theta, int pos0) {
+    if (begin("rope_fwd", 6.0 * rope_pairs(qkv, NH, KVH), {qkv}))
+        backend_->rope_fwd(resolve(qkv), NH, KVH, theta, pos0);
+    end();
+}
+
+void Graph::rope_bwd(Tensor dqkv, int NH, int KVH, float theta, int pos0) {
+    if (begin("rope_bwd", 6.0 * rope_pairs(dqkv, NH, KVH), {dqkv}))
+        backend_->rope_bwd(resolve(dqkv), NH, KVH, theta, pos0);
+    end();
+}
+
+void Graph::swiglu_fwd(Tensor out, Tensor inp) {
+    if (begin("swiglu_fwd", 6.0 * double(out.numel()), {out, inp})) backend_->swiglu_fwd(resolve(out), resolve(inp));
+    end();
+}
+
+void Graph::swiglu_bwd(Tensor dinp, Tensor dout, Tensor inp) {
+    if (begin("swiglu_bwd", 12.0 * double(dout.numel()), {dinp, dout, inp}))
+        backend_->swiglu_bwd(resolve(dinp), resolve(dout), resolve(inp));
+    end();
+}
+
+void Graph::repeat_kv_fwd(Tensor full, Tensor qkv, int NH, int KVH) {
+    if (begin("repeat_kv_fwd", 0, {full, qkv})) backend_->repeat_kv_fwd(resolve(full), resolve(qkv), NH, KVH);
+    end();
+}
+
+void Graph::repeat_kv_bwd(Tensor dqkv, Tensor dfull, int NH, int KVH) {
+    // dfull[N, 3*NH*hd]: its k and v thirds (2*NH*hd per row) are summed into 2*KVH*hd.
+    const double kv_in = double(dfull.numel()) * 2.0 / 3.0;
+    const double flops = kv_in * double(NH - KVH) / double(NH);
+    if (begin("repeat_kv_bwd", flops, {dqkv, dfull})) backend_->repeat_kv_bwd(resolve(dqkv), resolve(dfull), NH, KVH);
+    end();
+}
+
+void Graph::cached_attention_fwd(Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH, int KVH) {
+    // Each new token t scores and sums pos0 + t + 1 cached keys and values: 4 hd flops each.
+    const double T = double(qkv.dim(1)), hd = double(out.dim(2)) / NH;
+    const double flops = 4.0 * double(qkv.dim(0)) * NH * hd * (T * pos0 + T * (T + 1) / 2);
+    if (begin("cached_attention_fwd", flops, {out, qkv, kcache, vcache}))
+        backend_->cached_attention_fwd(resolve(out), resolve(qkv), resolve(kcache), resolve(vcache), pos0, NH, KVH);
+    end();
+}
+
+// ---------------------------------------------------------------------------------------------
+
 void Graph::xent_fwd(Tensor losses, Tensor logits, Tensor targets) {
     if (begin("xent_fwd", 5.0 * double(logits.numel()), {losses, logits, targets}))
         backend_->xent_fwd(resolve(losses), resolve(logits), resolve(targets));

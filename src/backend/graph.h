@@ -44,6 +44,7 @@ public:
     void matmul_fwd(Tensor out, Tensor inp, Tensor w, Tensor bias, WeightLayout layout);
     // dinp = dout . W^T (written; skipped if !dinp.valid()), dw += ..., dbias += ... (if valid)
     void matmul_bwd(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, WeightLayout layout);
+    // wpe / dwpe may be invalid (Tensor{}): no position embedding.
     void encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe);
     void encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens);
     void layernorm_fwd(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, float eps);
@@ -55,6 +56,18 @@ public:
     void gelu_fwd(Tensor out, Tensor inp);
     void gelu_bwd(Tensor dinp, Tensor dout, Tensor inp);
     void residual_fwd(Tensor out, Tensor a, Tensor b);
+    // LLaMA family (Backend has the contracts).
+    void rmsnorm_fwd(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps);
+    void rmsnorm_bwd(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd);
+    void rope_fwd(Tensor qkv, int NH, int KVH, float theta, int pos0);      // in place
+    void rope_bwd(Tensor dqkv, int NH, int KVH, float theta, int pos0);     // in place
+    void swiglu_fwd(Tensor out, Tensor inp);
+    void swiglu_bwd(Tensor dinp, Tensor dout, Tensor inp);
+    void repeat_kv_fwd(Tensor full, Tensor qkv, int NH, int KVH);
+    void repeat_kv_bwd(Tensor dqkv, Tensor dfull, int NH, int KVH);
+    // Generation: appends qkv's new keys and values to the KV caches at pos0 and attends over
+    // the cache (see Backend::cached_attention_fwd).
+    void cached_attention_fwd(Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH, int KVH);
     void xent_fwd(Tensor losses, Tensor logits, Tensor targets);
     void xent_bwd(Tensor probs, Tensor targets, float dloss);
     void sum_squares(Tensor out, Tensor x);

@@ -2,6 +2,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 
 #include <CLI/CLI.hpp>
@@ -12,11 +13,13 @@
 #include "cli/validators.h"
 #include "core/error.h"
 #include "core/paths.h"
+#include "core/units.h"
 #include "model/config.h"
 #include "model/hf_weights.h"
 #include "model/param_layout.h"
 #include "tokenizer/tokenizer.h"
 #include "train/checkpoint.h"
+#include "train/decoder.h"
 #include "train/generate.h"
 
 namespace memfit::cli {
@@ -24,26 +27,16 @@ namespace memfit::cli {
 void add_model_commands(CLI::App & app) {
     static std::string ckpt, export_out;
     CLI::App * exp = app.add_subcommand(
-        "export", "write a checkpoint's weights as a Hugging Face GPT-2 folder (config.json + model.safetensors)");
+        "export", "write a checkpoint's weights as a Hugging Face folder (config.json + model.safetensors)");
     exp->add_option("checkpoint", ckpt, "checkpoint folder, or a folder of them (the newest)")->required();
     exp->add_option("--out", export_out, "output folder")->required();
     exp->callback([] {
         const Checkpoint c = load_checkpoint(ckpt);
-        ModelConfig cfg;
-        try {
-            const auto & m = c.meta.at("model");
-            cfg.name = m.at("name").get<std::string>();
-            cfg.n_layer = m.at("n_layer").get<int>();
-            cfg.n_embd = m.at("n_embd").get<int>();
-            cfg.n_head = m.at("n_head").get<int>();
-            cfg.vocab_size = m.at("vocab_size").get<int>();
-            cfg.max_seq = m.at("max_seq").get<int>();
-            cfg.ln_eps = m.value("ln_eps", cfg.ln_eps);
-        } catch (const std::exception & e) {
-            throw FormatError(fmt::format("{}: the checkpoint's meta.json has no usable model ({})", ckpt, e.what()));
-        }
-        cfg.validate();
-        const ParamLayout layout = gpt2_param_layout(cfg);
+        if (!c.meta.contains("model") || !c.meta["model"].is_object())
+            throw FormatError(fmt::format("{}: the checkpoint's meta.json has no model", ckpt));
+        ModelConfig cfg = parse_hf_config(c.meta["model"], ckpt + "/meta.json");
+        cfg.name = c.meta["model"].value("name", cfg.name);
+        const ParamLayout layout = make_param_layout(cfg);
         if (layout.total != c.state.params.size())
             throw FormatError(fmt::format("{}: {} parameters, a model of that shape has {}", ckpt,
                                           c.state.params.size(), layout.total));
@@ -59,7 +52,8 @@ void add_model_commands(CLI::App & app) {
         "generate", "continue a prompt with a model folder from `memfit export` (streams the text)");
     g->add_option("--model", gen_model, "folder with config.json and model.safetensors")->required();
     g->add_option("--prompt", gen_prompt, "text to continue")->capture_default_str();
-    g->add_option("--tokenizer", gen_tokenizer, "gpt2 or bytes (default: bytes for vocabularies up to 256, else gpt2)");
+    g->add_option("--tokenizer", gen_tokenizer, "gpt2, bytes or PATH/tokenizer.model (default: the folder's "
+                  "tokenizer.model, else bytes for a vocabulary of 256, gpt2 for 50257)");
     g->add_option("--max-new-tokens", gen.max_new_tokens, "tokens to generate")->capture_default_str()
         ->check(kPositive);
     g->add_option("--temperature", gen.temperature, "softmax temperature (0: greedy)")->capture_default_str()
@@ -69,31 +63,49 @@ void add_model_commands(CLI::App & app) {
     g->add_option("--top-p", gen.top_p, "sample from the smallest set with this much probability")
         ->capture_default_str()->check(CLI::Range(0.0, 1.0));
     g->add_option("--seed", gen.seed, "random seed")->capture_default_str();
-    g->add_option("--seq", gen_seq, "context window (default: the model's, at most 256)")->check(kNonNegative);
+    g->add_option("--seq", gen_seq, "KV cache positions (default: the prompt plus --max-new-tokens, at most the model's context); when full, the last half of the context is re-run")->check(kNonNegative);
     g->add_option("--threads", gen_threads, "CPU threads (0: all cores)")->check(kNonNegative);
     g->callback([] {
         if (gen_threads > 0) omp_set_num_threads(gen_threads);
         if (!has_hf_weights(gen_model))
             throw IoError(fmt::format("{}: no model.safetensors; pass a folder written by `memfit export`", gen_model));
         const ModelConfig cfg = resolve_model(gen_model + "/");
-        CpuBackend backend;
-        EngineOptions eo;
-        eo.B = 1;
-        eo.T = gen_seq > 0 ? std::min(gen_seq, cfg.max_seq) : std::min(cfg.max_seq, 256);
-        eo.with_eval = false;
-        eo.flash_attention = true;
-        Engine engine(cfg, backend, eo);
-        load_hf_weights(gen_model, cfg, engine.step().layout(), engine.params());
-        engine.params_changed();
-        const std::string kind = !gen_tokenizer.empty() ? gen_tokenizer : cfg.vocab_size <= 256 ? "bytes" : "gpt2";
+        std::string kind = !gen_tokenizer.empty() ? gen_tokenizer : tokenizer_for_folder(gen_model);
+        if (kind.empty() && cfg.vocab_size != 256 && cfg.vocab_size != 50257)
+            throw ConfigError(fmt::format("{} has no tokenizer.model and its vocabulary ({}) matches neither bytes (256) "
+                                          "nor gpt2 (50257); pass --tokenizer", gen_model, cfg.vocab_size));
+        if (kind.empty()) kind = cfg.vocab_size == 256 ? "bytes" : "gpt2";
         const auto tok = make_tokenizer(kind, data_dir());
+        CpuBackend backend;
+        const std::vector<int32_t> prompt = tok->encode(gen_prompt);
+        // The KV cache holds the prompt and every new token unless --seq caps it (then the last
+        // half of the context is re-run whenever it fills).
+        const int want = std::max(1, int(prompt.size()) + gen.max_new_tokens);
+        Decoder decoder(cfg, backend, std::min(gen_seq > 0 ? gen_seq : want, cfg.max_seq));
+        {
+            std::vector<float> weights(decoder.layout().total);
+            load_hf_weights(gen_model, cfg, decoder.layout(), weights.data());
+            decoder.set_weights(weights.data());
+        }
         std::printf("%s", gen_prompt.c_str());
         std::fflush(stdout);
-        generate(engine, tok->encode(gen_prompt), gen, [&](int32_t id) {
-            std::printf("%s", tok->decode({id}).c_str());
+        const auto t0 = std::chrono::steady_clock::now();
+        generate(decoder, prompt, gen, [&](int32_t id) {
+            std::printf("%s", tok->decode_token(id).c_str());
             std::fflush(stdout);
         });
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         std::printf("\n");
+        const CategoryBytes plan = decoder.planned_peak_live();
+        std::fprintf(stderr,
+                     "generate: %d tokens in %.2f s (%.1f tokens/s); memory planned %s, measured %s: weights %s, "
+                     "KV cache %s (%d positions x %d layers), other activations %s, workspace %s\n",
+                     gen.max_new_tokens, s, gen.max_new_tokens / std::max(s, 1e-9), format_bytes(plan.total()).c_str(),
+                     format_bytes(decoder.ledger().live_peak().total()).c_str(),
+                     format_bytes(plan[Category::parameters]).c_str(), format_bytes(decoder.kv_cache_bytes()).c_str(),
+                     decoder.capacity(), cfg.n_layer,
+                     format_bytes(plan[Category::activations] - decoder.kv_cache_bytes()).c_str(),
+                     format_bytes(plan[Category::workspace]).c_str());
     });
 
 }

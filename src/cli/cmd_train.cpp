@@ -58,7 +58,8 @@ void add_shape_flags(CLI::App * c, RunShape & o) {
 void add_train_flags(CLI::App * train, TrainOptions & t) {
     add_shape_flags(train, t);
     train->add_option("--data", t.data, "folder with train.bin/val.bin from `memfit prepare` (default: the bundled corpus)");
-    train->add_option("--tokenizer", t.tokenizer, "tokenizer when preparing the bundled corpus: gpt2|bytes");
+    train->add_option("--tokenizer", t.tokenizer,
+                      "tokenizer when preparing the bundled corpus: gpt2|bytes|PATH/tokenizer.model (SentencePiece)");
     train->add_option("--steps", t.steps, "optimizer steps")->capture_default_str()->check(kPositive);
     train->add_option("--lr", t.lr, "peak learning rate")->capture_default_str()->check(kPositive);
     train->add_option("--warmup", t.warmup, "linear warmup steps")->capture_default_str()->check(kNonNegative);

@@ -204,4 +204,20 @@ void StepMemory::end_op(int i) {
     }
 }
 
+CategoryBytes shared_reserved(const MemoryPlan & primary, const std::vector<const MemoryPlan *> & others) {
+    CategoryBytes r = primary.reserved;
+    for (const MemoryPlan * p : others)
+        for (size_t c = 0; c < kCategoryCount; ++c)
+            if (p->transient.v[c] > primary.transient.v[c]) r.v[c] += p->transient.v[c];
+    return r;
+}
+
+CategoryBytes shared_peak_live(const MemoryPlan & primary, const std::vector<const MemoryPlan *> & others) {
+    CategoryBytes r = primary.peak_live;
+    for (const MemoryPlan * p : others)
+        for (size_t c = 0; c < kCategoryCount; ++c)
+            r.v[c] = std::max(r.v[c], p->peak_live.v[c] - p->persistent_live.v[c] + primary.persistent_live.v[c]);
+    return r;
+}
+
 }  // namespace memfit

@@ -40,6 +40,12 @@ struct MemoryPlan {
 
 MemoryPlan plan_memory(const Program & program, size_t alignment = 64);
 
+// Programs that run on a primary program's persistent buffers (bound by name, as StepMemory's
+// `share` does) and inside its transient arenas where they fit: what all of them obtain
+// together, and their peak live bytes (the shared persistent bytes plus each one's transients).
+CategoryBytes shared_reserved(const MemoryPlan & primary, const std::vector<const MemoryPlan *> & others);
+CategoryBytes shared_peak_live(const MemoryPlan & primary, const std::vector<const MemoryPlan *> & others);
+
 // Obtains and returns regions. The host allocator is the default; CUDA brings its own later.
 class RegionAllocator {
 public:

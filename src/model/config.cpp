@@ -12,25 +12,55 @@ namespace memfit {
 
 namespace {
 
-struct Preset { const char * name; int vocab, max_seq, C, L, NH; const char * what; };
+struct Preset {
+    const char * name;
+    const char * family;
+    int vocab, max_seq, C, L, NH, KVH, ffn;
+    float theta;
+    bool tied;
+    const char * what;
+};
 
-// vocab 0: the small demo models take the vocabulary of the data they train on.
+// vocab 0: the small demo models take the vocabulary of the data they train on. The LLaMA
+// shapes are Meta's published ones (Touvron et al. 2023, Llama 2 paper, table 1; the Llama 3
+// model card), as in their Hugging Face config.json files; the small ones use ffn = 8C/3
+// rounded up to a multiple of 16.
 constexpr Preset kPresets[] = {
-    {"nano",        0,     256,  64,   2,  4,  "2 layers, 64 channels: tests and smoke runs"},
-    {"micro",       0,     256,  128,  4,  4,  "4 layers, 128 channels: the quick CPU demo"},
-    {"mini",        0,     512,  256,  6,  8,  "6 layers, 256 channels: a longer CPU demo"},
-    {"gpt2-6l",     50257, 1024, 384,  6,  6,  "6 layers, 384 channels, GPT-2 vocabulary: the CPU benchmark"},
-    {"gpt2",        50257, 1024, 768,  12, 12, "GPT-2 124M"},
-    {"gpt2-medium", 50257, 1024, 1024, 24, 16, "GPT-2 350M"},
-    {"gpt2-large",  50257, 1024, 1280, 36, 20, "GPT-2 774M"},
-    {"gpt2-xl",     50257, 1024, 1600, 48, 25, "GPT-2 1.5B"},
+    {"nano",        "gpt2",  0,      256,  64,   2,  4,  0, 0,     0,        true,  "2 layers, 64 channels: tests and smoke runs"},
+    {"micro",       "gpt2",  0,      256,  128,  4,  4,  0, 0,     0,        true,  "4 layers, 128 channels: the quick CPU demo"},
+    {"mini",        "gpt2",  0,      512,  256,  6,  8,  0, 0,     0,        true,  "6 layers, 256 channels: a longer CPU demo"},
+    {"gpt2-6l",     "gpt2",  50257,  1024, 384,  6,  6,  0, 0,     0,        true,  "6 layers, 384 channels, GPT-2 vocabulary: the CPU benchmark"},
+    {"gpt2",        "gpt2",  50257,  1024, 768,  12, 12, 0, 0,     0,        true,  "GPT-2 124M"},
+    {"gpt2-medium", "gpt2",  50257,  1024, 1024, 24, 16, 0, 0,     0,        true,  "GPT-2 350M"},
+    {"gpt2-large",  "gpt2",  50257,  1024, 1280, 36, 20, 0, 0,     0,        true,  "GPT-2 774M"},
+    {"gpt2-xl",     "gpt2",  50257,  1024, 1600, 48, 25, 0, 0,     0,        true,  "GPT-2 1.5B"},
+    {"llama-nano",  "llama", 0,      256,  64,   2,  4,  2, 176,   10000.f,  false, "LLaMA-shaped, 2 layers, 64 channels, 2 KV heads: tests"},
+    {"llama-micro", "llama", 0,      256,  128,  4,  4,  2, 352,   10000.f,  false, "LLaMA-shaped, 4 layers, 128 channels: a quick CPU run"},
+    {"llama-mini",  "llama", 0,      512,  256,  6,  8,  4, 688,   10000.f,  false, "LLaMA-shaped, 6 layers, 256 channels"},
+    {"llama2-7b",   "llama", 32000,  4096, 4096, 32, 32, 32, 11008, 10000.f, false, "Llama 2 7B"},
+    {"llama2-13b",  "llama", 32000,  4096, 5120, 40, 40, 40, 13824, 10000.f, false, "Llama 2 13B"},
+    {"llama2-70b",  "llama", 32000,  4096, 8192, 80, 64, 8, 28672, 10000.f,  false, "Llama 2 70B (GQA, 8 KV heads)"},
+    {"llama3-8b",   "llama", 128256, 8192, 4096, 32, 32, 8, 14336, 500000.f, false, "Llama 3 8B (GQA, 8 KV heads)"},
+    {"llama3-70b",  "llama", 128256, 8192, 8192, 80, 64, 8, 28672, 500000.f, false, "Llama 3 70B (GQA, 8 KV heads)"},
 };
 
 }  // namespace
 
+std::string ModelConfig::describe() const {
+    std::string s = fmt::format("{}, {} layers, {} channels, {} heads", family, n_layer, n_embd, n_head);
+    if (llama()) s += fmt::format("{}, MLP {}{}", kv_heads() != n_head ? fmt::format(" ({} KV)", kv_heads()) : "",
+                                  ffn_dim(), tied_head ? ", tied head" : "");
+    return s;
+}
+
 int64_t ModelConfig::num_params() const {
-    const int64_t C = n_embd, L = n_layer, V = vocab_size, P = max_seq;
-    const int64_t per_layer = 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + 2 * C + (C * 4 * C + 4 * C) + (4 * C * C + C);
+    const int64_t C = n_embd, L = n_layer, V = vocab_size, P = max_seq, F = ffn_dim(), Q = qkv_dim();
+    if (llama()) {
+        // norms, q|k|v, o, gate|up|down; no biases
+        const int64_t per_layer = 2 * C + C * Q + C * C + 3 * C * F;
+        return V * C + L * per_layer + C + (tied_head ? 0 : V * C);
+    }
+    const int64_t per_layer = 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + 2 * C + (C * F + F) + (F * C + C);
     return V * C + P * C + L * per_layer + 2 * C;
 }
 
@@ -38,14 +68,24 @@ void ModelConfig::validate() const {
     auto bad = [&](const std::string & what) {
         throw ConfigError(fmt::format("model '{}': {}", name, what));
     };
-    if (family != "gpt2") bad(fmt::format("family '{}' is not supported yet (supported: gpt2)", family));
+    if (family != "gpt2" && family != "llama") bad(fmt::format("family '{}' is not supported (supported: gpt2, llama)", family));
     if (n_layer < 1) bad(fmt::format("n_layer = {}, must be at least 1", n_layer));
     if (n_embd < 1 || n_head < 1) bad(fmt::format("n_embd = {}, n_head = {}: both must be positive", n_embd, n_head));
     if (n_embd % n_head != 0)
         bad(fmt::format("n_embd = {} is not divisible by n_head = {}", n_embd, n_head));
     if (max_seq < 1) bad(fmt::format("n_positions = {}, must be positive", max_seq));
     if (vocab_size < 0) bad(fmt::format("vocab_size = {}, must be positive", vocab_size));
-    if (!(ln_eps > 0)) bad(fmt::format("layer_norm_epsilon = {}, must be positive", ln_eps));
+    if (!(ln_eps > 0)) bad(fmt::format("norm epsilon = {}, must be positive", ln_eps));
+    if (ffn < 0) bad(fmt::format("intermediate_size = {}, must be positive", ffn));
+    if (!llama()) {
+        if (n_kv_head != 0 && n_kv_head != n_head) bad("grouped-query attention is a llama option");
+        if (!tied_head) bad("untied GPT-2 heads are not supported");
+        return;
+    }
+    if (n_kv_head < 0 || n_head % kv_heads() != 0)
+        bad(fmt::format("num_attention_heads = {} is not a multiple of num_key_value_heads = {}", n_head, n_kv_head));
+    if (head_dim() % 2 != 0) bad(fmt::format("head_dim = {} must be even for rotary embeddings", head_dim()));
+    if (!(rope_theta > 0)) bad(fmt::format("rope_theta = {}, must be positive", rope_theta));
 }
 
 std::vector<std::string> preset_names() {
@@ -59,15 +99,113 @@ ModelConfig model_preset(const std::string & name) {
         if (name != p.name) continue;
         ModelConfig c;
         c.name = p.name;
+        c.family = p.family;
         c.vocab_size = p.vocab;
         c.max_seq = p.max_seq;
         c.n_embd = p.C;
         c.n_layer = p.L;
         c.n_head = p.NH;
+        c.n_kv_head = p.KVH;
+        c.ffn = p.ffn;
+        if (p.theta > 0) c.rope_theta = p.theta;
+        c.tied_head = p.tied;
         return c;
     }
     throw ConfigError(fmt::format("unknown model '{}': use a preset ({}) or a path to a Hugging Face config.json",
                                   name, fmt::join(preset_names(), ", ")));
+}
+
+ModelConfig parse_hf_config(const nlohmann::json & j, const std::string & name) {
+    if (!j.is_object()) throw ConfigError(fmt::format("{}: expected a JSON object", name));
+    ModelConfig c;
+    c.name = name;
+    try {
+        const std::string type = j.value("model_type", "gpt2");
+        if (type == "gpt2") {
+            c.vocab_size = j.at("vocab_size").get<int>();
+            c.max_seq = j.value("n_positions", j.value("n_ctx", 1024));
+            c.n_embd = j.at("n_embd").get<int>();
+            c.n_layer = j.at("n_layer").get<int>();
+            c.n_head = j.at("n_head").get<int>();
+            c.ln_eps = j.value("layer_norm_epsilon", 1e-5f);
+            c.tied_head = j.value("tie_word_embeddings", true);
+            if (j.contains("n_inner") && !j["n_inner"].is_null()) c.ffn = j["n_inner"].get<int>();
+            if (j.contains("activation_function") && j["activation_function"] != "gelu_new")
+                throw ConfigError(fmt::format("{}: activation_function {} is not supported (supported: gelu_new)", name,
+                                              j["activation_function"].dump()));
+        } else if (type == "llama") {
+            c.family = "llama";
+            // Defaults are transformers' LlamaConfig defaults.
+            c.vocab_size = j.value("vocab_size", 32000);
+            c.max_seq = j.value("max_position_embeddings", 2048);
+            c.n_embd = j.at("hidden_size").get<int>();
+            c.ffn = j.at("intermediate_size").get<int>();
+            c.n_layer = j.at("num_hidden_layers").get<int>();
+            c.n_head = j.at("num_attention_heads").get<int>();
+            c.n_kv_head = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
+                              ? j["num_key_value_heads"].get<int>() : c.n_head;
+            c.ln_eps = j.value("rms_norm_eps", 1e-6f);
+            c.rope_theta = j.value("rope_theta", 10000.0f);
+            c.tied_head = j.value("tie_word_embeddings", false);
+            auto refuse = [&](const char * key, const std::string & why) {
+                throw ConfigError(fmt::format("{}: {} = {} is not supported ({})", name, key, j[key].dump(), why));
+            };
+            if (j.contains("hidden_act") && j["hidden_act"] != "silu") refuse("hidden_act", "supported: silu");
+            if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+                refuse("rope_scaling", "only plain rotary embeddings; remove it to train at the base context");
+            if (j.value("attention_bias", false)) refuse("attention_bias", "LLaMA projections have no biases");
+            if (j.value("mlp_bias", false)) refuse("mlp_bias", "LLaMA projections have no biases");
+            if (j.contains("head_dim") && !j["head_dim"].is_null() && c.n_head > 0 &&
+                j["head_dim"].get<int>() != c.n_embd / c.n_head)
+                refuse("head_dim", fmt::format("must be hidden_size / num_attention_heads = {}", c.n_embd / c.n_head));
+        } else {
+            throw ConfigError(fmt::format("{}: model_type '{}' is not supported (supported: gpt2, llama)", name, type));
+        }
+    } catch (const nlohmann::json::exception & e) {
+        throw ConfigError(fmt::format("{}: missing or malformed field ({})", name, e.what()));
+    }
+    if (c.vocab_size < 1) throw ConfigError(fmt::format("{}: vocab_size = {}, must be positive", name, c.vocab_size));
+    c.validate();
+    return c;
+}
+
+namespace {
+// A float as the decimal it was written as (1e-05, not 9.99999974737875e-06).
+double shortest(float f) { return std::stod(fmt::format("{}", f)); }
+}  // namespace
+
+nlohmann::json hf_config_json(const ModelConfig & cfg) {
+    if (cfg.llama())
+        return {{"architectures", {"LlamaForCausalLM"}},
+                {"model_type", "llama"},
+                {"vocab_size", cfg.vocab_size},
+                {"max_position_embeddings", cfg.max_seq},
+                {"hidden_size", cfg.n_embd},
+                {"intermediate_size", cfg.ffn_dim()},
+                {"num_hidden_layers", cfg.n_layer},
+                {"num_attention_heads", cfg.n_head},
+                {"num_key_value_heads", cfg.kv_heads()},
+                {"hidden_act", "silu"},
+                {"rms_norm_eps", shortest(cfg.ln_eps)},
+                {"rope_theta", shortest(cfg.rope_theta)},
+                {"rope_scaling", nullptr},
+                {"attention_bias", false},
+                {"mlp_bias", false},
+                {"tie_word_embeddings", cfg.tied_head},
+                {"torch_dtype", "float32"}};
+    return {{"architectures", {"GPT2LMHeadModel"}},
+            {"model_type", "gpt2"},
+            {"vocab_size", cfg.vocab_size},
+            {"n_positions", cfg.max_seq},
+            {"n_ctx", cfg.max_seq},
+            {"n_embd", cfg.n_embd},
+            {"n_layer", cfg.n_layer},
+            {"n_head", cfg.n_head},
+            {"n_inner", cfg.ffn > 0 ? nlohmann::json(cfg.ffn) : nlohmann::json(nullptr)},
+            {"activation_function", "gelu_new"},
+            {"layer_norm_epsilon", shortest(cfg.ln_eps)},
+            {"tie_word_embeddings", true},
+            {"torch_dtype", "float32"}};
 }
 
 ModelConfig load_hf_config(const std::string & path) {
@@ -79,35 +217,12 @@ ModelConfig load_hf_config(const std::string & path) {
     } catch (const std::exception & e) {
         throw ConfigError(fmt::format("{}: not valid JSON ({})", path, e.what()));
     }
-    if (!j.is_object()) throw ConfigError(fmt::format("{}: expected a JSON object", path));
-    ModelConfig c;
-    c.name = path;
-    try {
-        const std::string type = j.value("model_type", "gpt2");
-        if (type != "gpt2")
-            throw ConfigError(fmt::format("{}: model_type '{}' is not supported yet (supported: gpt2)", path, type));
-        c.vocab_size = j.at("vocab_size").get<int>();
-        c.max_seq = j.value("n_positions", j.value("n_ctx", 1024));
-        c.n_embd = j.at("n_embd").get<int>();
-        c.n_layer = j.at("n_layer").get<int>();
-        c.n_head = j.at("n_head").get<int>();
-        c.ln_eps = j.value("layer_norm_epsilon", 1e-5f);
-        c.tied_head = j.value("tie_word_embeddings", true);
-        if (j.contains("activation_function") && j["activation_function"] != "gelu_new")
-            throw ConfigError(fmt::format("{}: activation_function {} is not supported (supported: gelu_new)", path,
-                                          j["activation_function"].dump()));
-    } catch (const nlohmann::json::exception & e) {
-        throw ConfigError(fmt::format("{}: missing or malformed field ({})", path, e.what()));
-    }
-    if (!c.tied_head) throw ConfigError(fmt::format("{}: untied GPT-2 heads are not supported yet", path));
-    if (c.vocab_size < 1) throw ConfigError(fmt::format("{}: vocab_size = {}, must be positive", path, c.vocab_size));
-    c.validate();
-    return c;
+    return parse_hf_config(j, path);
 }
 
 ModelConfig resolve_model(const std::string & name_or_path) {
     namespace fs = std::filesystem;
-    if (name_or_path.find('/') != std::string::npos || name_or_path.ends_with(".json")) {
+    if (name_or_path.find('/') != std::string::npos || name_or_path.ends_with(".json") || fs::exists(name_or_path)) {
         fs::path p(name_or_path);
         if (fs::is_directory(p)) p /= "config.json";
         return load_hf_config(p.string());

@@ -1,23 +1,44 @@
-// Model configuration: presets and Hugging Face config.json (GPT-2 family in this issue).
+// Model configuration: presets and Hugging Face config.json, for the two families.
+//
+//   gpt2   learned positions, LayerNorm with bias, biased Conv1D projections, GELU MLP of 4C,
+//          LM head tied to the token embedding
+//   llama  rotary positions (rotate-half, rope_theta), RMSNorm, no biases, SwiGLU MLP of
+//          ffn_dim, grouped-query attention (n_kv_head <= n_head), LM head tied or not
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace memfit {
 
 struct ModelConfig {
     std::string name;            // preset name or the config file it came from
-    std::string family = "gpt2";
+    std::string family = "gpt2"; // gpt2 | llama
     int   vocab_size = 0;        // 0: take it from the training data's tokenizer
-    int   max_seq    = 1024;     // n_positions
+    int   max_seq    = 1024;     // n_positions / max_position_embeddings
     int   n_embd     = 768;      // C
     int   n_layer    = 12;       // L
     int   n_head     = 12;       // NH
-    float ln_eps     = 1e-5f;
-    bool  tied_head  = true;     // LM head reads wte
+    int   n_kv_head  = 0;        // KVH (llama; 0: = n_head)
+    int   ffn        = 0;        // MLP width (llama intermediate_size; 0: 4C)
+    float rope_theta = 10000.0f; // llama
+    float ln_eps     = 1e-5f;    // layer_norm_epsilon / rms_norm_eps
+    bool  tied_head  = true;     // LM head reads the token embedding
 
+    bool llama() const { return family == "llama"; }
+    int head_dim() const { return n_embd / n_head; }
+    int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+    int ffn_dim() const { return ffn > 0 ? ffn : 4 * n_embd; }
+    // Width of the fused q|k|v projection: (NH + 2 KVH) * head_dim.
+    int qkv_dim() const { return (n_head + 2 * kv_heads()) * head_dim(); }
+    // Width of the first MLP matmul's output: 4C (gpt2) or [gate | up] = 2 ffn (llama).
+    int fc_dim() const { return llama() ? 2 * ffn_dim() : ffn_dim(); }
+
+    // "llama, 2 layers, 64 channels, 4 heads (2 KV), MLP 176"
+    std::string describe() const;
     int64_t num_params() const;  // requires vocab_size > 0
     // Throws ConfigError naming the first bad field and why.
     void validate() const;
@@ -26,10 +47,16 @@ struct ModelConfig {
 // Throws ConfigError listing the known presets.
 ModelConfig model_preset(const std::string & name);
 std::vector<std::string> preset_names();
-// A Hugging Face GPT-2 config.json (model_type gpt2; n_embd, n_layer, n_head, n_positions,
-// vocab_size, layer_norm_epsilon). Throws IoError / ConfigError.
+// A Hugging Face config.json: model_type gpt2 (n_embd, n_layer, n_head, n_positions, vocab_size,
+// layer_norm_epsilon) or llama (hidden_size, intermediate_size, num_hidden_layers,
+// num_attention_heads, num_key_value_heads, max_position_embeddings, rms_norm_eps, rope_theta,
+// tie_word_embeddings). Throws IoError / ConfigError.
 ModelConfig load_hf_config(const std::string & path);
-// A preset name, or a path to a config.json.
+// The same from parsed JSON; `name` names the source in errors.
+ModelConfig parse_hf_config(const nlohmann::json & j, const std::string & name);
+// The config.json transformers loads (GPT2LMHeadModel or LlamaForCausalLM).
+nlohmann::json hf_config_json(const ModelConfig & cfg);
+// A preset name, or a path to a config.json or a folder holding one.
 ModelConfig resolve_model(const std::string & name_or_path);
 
 }  // namespace memfit

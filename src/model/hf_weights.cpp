@@ -47,8 +47,9 @@ std::vector<std::string> weight_files(const fs::path & dir) {
     return out;
 }
 
+// Buffers, not weights: GPT-2's attention masks and old LLaMA checkpoints' rotary frequencies.
 bool ignorable(const std::string & name) {
-    return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias");
+    return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") || name.ends_with(".rotary_emb.inv_freq");
 }
 
 }  // namespace
@@ -67,15 +68,18 @@ void load_hf_weights(const std::string & dir, const ModelConfig & cfg, const Par
         for (const auto & n : f.names()) {
             const std::string ours = n.starts_with("transformer.") ? n.substr(12) : n;
             if (ignorable(ours)) continue;
-            if (ours == "lm_head.weight") {
-                const ParamInfo & wte = layout.find("wte.weight");
+            if (ours == "lm_head.weight" && cfg.tied_head) {
+                // A tied head may be saved anyway; it must be the embedding's shape.
+                const ParamInfo & wte = layout.params.front();
                 if (f.info(n).shape != wte.shape)
-                    throw FormatError(fmt::format("{}: lm_head.weight has shape {} but the tied head needs wte's {}",
-                                                  path, fmt::join(f.info(n).shape, "x"), fmt::join(wte.shape, "x")));
+                    throw FormatError(fmt::format("{}: lm_head.weight has shape {} but the tied head needs {}'s {}",
+                                                  path, fmt::join(f.info(n).shape, "x"), wte.name,
+                                                  fmt::join(wte.shape, "x")));
                 continue;
             }
             if (!layout.try_find(ours))
-                throw FormatError(fmt::format("{}: unexpected tensor '{}' for a {}-layer GPT-2", path, n, cfg.n_layer));
+                throw FormatError(fmt::format("{}: unexpected tensor '{}' for the config's model ({})", path, n,
+                                              cfg.describe()));
             if (found.count(ours)) throw FormatError(fmt::format("{}: tensor '{}' appears twice", path, n));
             found[ours] = {&f, n};
         }
@@ -103,19 +107,7 @@ void export_hf(const std::string & dir, const ModelConfig & cfg, const ParamLayo
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) throw IoError(fmt::format("cannot create {}: {}", dir, ec.message()));
-    const nlohmann::json config = {{"architectures", {"GPT2LMHeadModel"}},
-                                   {"model_type", "gpt2"},
-                                   {"vocab_size", cfg.vocab_size},
-                                   {"n_positions", cfg.max_seq},
-                                   {"n_ctx", cfg.max_seq},
-                                   {"n_embd", cfg.n_embd},
-                                   {"n_layer", cfg.n_layer},
-                                   {"n_head", cfg.n_head},
-                                   {"n_inner", nullptr},
-                                   {"activation_function", "gelu_new"},
-                                   {"layer_norm_epsilon", cfg.ln_eps},
-                                   {"tie_word_embeddings", true},
-                                   {"torch_dtype", "float32"}};
+    const nlohmann::json config = hf_config_json(cfg);
     std::vector<TensorToWrite> tensors;
     for (const ParamInfo & p : layout.params)
         tensors.push_back(TensorToWrite{p.name, "F32", p.shape, params + p.offset, p.numel * sizeof(float)});

@@ -18,9 +18,9 @@ const ParamInfo & ParamLayout::find(const std::string & name) const {
     return *p;
 }
 
-ParamLayout gpt2_param_layout(const ModelConfig & cfg) {
+ParamLayout make_param_layout(const ModelConfig & cfg) {
     MF_ASSERT(cfg.vocab_size > 0);
-    const int64_t C = cfg.n_embd, V = cfg.vocab_size, P = cfg.max_seq;
+    const int64_t C = cfg.n_embd, V = cfg.vocab_size, P = cfg.max_seq, F = cfg.ffn_dim();
     ParamLayout l;
     auto add = [&](std::string name, std::vector<int64_t> shape) {
         size_t n = 1;
@@ -28,25 +28,46 @@ ParamLayout gpt2_param_layout(const ModelConfig & cfg) {
         l.params.push_back(ParamInfo{std::move(name), std::move(shape), l.total, n});
         l.total += n;
     };
-    add("wte.weight", {V, C});
-    add("wpe.weight", {P, C});
-    for (int i = 0; i < cfg.n_layer; ++i) {
-        const std::string h = fmt::format("h.{}.", i);
-        add(h + "ln_1.weight", {C});
-        add(h + "ln_1.bias", {C});
-        add(h + "attn.c_attn.weight", {C, 3 * C});
-        add(h + "attn.c_attn.bias", {3 * C});
-        add(h + "attn.c_proj.weight", {C, C});
-        add(h + "attn.c_proj.bias", {C});
-        add(h + "ln_2.weight", {C});
-        add(h + "ln_2.bias", {C});
-        add(h + "mlp.c_fc.weight", {C, 4 * C});
-        add(h + "mlp.c_fc.bias", {4 * C});
-        add(h + "mlp.c_proj.weight", {4 * C, C});
-        add(h + "mlp.c_proj.bias", {C});
+    if (cfg.llama()) {
+        // q, k, v (and gate, up) are adjacent [out, in] matrices: together they are the fused
+        // [(NH + 2 KVH) hd, C] (and [2F, C]) weight one matmul reads.
+        const int64_t hd = cfg.head_dim(), Q = int64_t(cfg.n_head) * hd, KV = int64_t(cfg.kv_heads()) * hd;
+        add("model.embed_tokens.weight", {V, C});
+        for (int i = 0; i < cfg.n_layer; ++i) {
+            const std::string h = fmt::format("model.layers.{}.", i);
+            add(h + "input_layernorm.weight", {C});
+            add(h + "self_attn.q_proj.weight", {Q, C});
+            add(h + "self_attn.k_proj.weight", {KV, C});
+            add(h + "self_attn.v_proj.weight", {KV, C});
+            add(h + "self_attn.o_proj.weight", {C, Q});
+            add(h + "post_attention_layernorm.weight", {C});
+            add(h + "mlp.gate_proj.weight", {F, C});
+            add(h + "mlp.up_proj.weight", {F, C});
+            add(h + "mlp.down_proj.weight", {C, F});
+        }
+        add("model.norm.weight", {C});
+        if (!cfg.tied_head) add("lm_head.weight", {V, C});
+    } else {
+        add("wte.weight", {V, C});
+        add("wpe.weight", {P, C});
+        for (int i = 0; i < cfg.n_layer; ++i) {
+            const std::string h = fmt::format("h.{}.", i);
+            add(h + "ln_1.weight", {C});
+            add(h + "ln_1.bias", {C});
+            add(h + "attn.c_attn.weight", {C, 3 * C});
+            add(h + "attn.c_attn.bias", {3 * C});
+            add(h + "attn.c_proj.weight", {C, C});
+            add(h + "attn.c_proj.bias", {C});
+            add(h + "ln_2.weight", {C});
+            add(h + "ln_2.bias", {C});
+            add(h + "mlp.c_fc.weight", {C, F});
+            add(h + "mlp.c_fc.bias", {F});
+            add(h + "mlp.c_proj.weight", {F, C});
+            add(h + "mlp.c_proj.bias", {C});
+        }
+        add("ln_f.weight", {C});
+        add("ln_f.bias", {C});
     }
-    add("ln_f.weight", {C});
-    add("ln_f.bias", {C});
     MF_ASSERT(int64_t(l.total) == cfg.num_params());
     return l;
 }

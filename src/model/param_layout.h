@@ -1,5 +1,6 @@
 // Parameter layout: every weight of the model under its Hugging Face name, at an offset (in
-// elements) in one flat buffer, in Hugging Face order. GPT-2 Conv1D weights are [in, out].
+// elements) in one flat buffer, in module order. GPT-2 Conv1D weights are [in, out]; LLaMA
+// Linear weights are [out, in].
 #pragma once
 
 #include <cstdint>
@@ -25,6 +26,6 @@ struct ParamLayout {
     const ParamInfo * try_find(const std::string & name) const;
 };
 
-ParamLayout gpt2_param_layout(const ModelConfig & cfg);
+ParamLayout make_param_layout(const ModelConfig & cfg);
 
 }  // namespace memfit

@@ -16,6 +16,8 @@ bool RecomputePlan::recomputes() const {
 
 namespace {
 
+constexpr double kRopeFlops = 3.0;   // per rotated element (6 per rotated pair, as Graph counts)
+
 RecomputePlan uniform(int n_layer, uint32_t mask, const std::string & name) {
     RecomputePlan p;
     p.name = name;
@@ -48,20 +50,24 @@ RecomputePlan parse_recompute(const std::string & policy, int n_layer) {
 }
 
 KeepSet layer_keep_cost(const ModelConfig & cfg, int B, int T, bool flash, DType compute, uint32_t mask) {
-    const double bt = double(B) * T, C = cfg.n_embd;
+    const double bt = double(B) * T, C = cfg.n_embd, Q = cfg.qkv_dim(), F = cfg.fc_dim(), A = cfg.ffn_dim();
     const uint64_t s = dtype_size(compute), BT = uint64_t(B) * uint64_t(T), BTC = BT * uint64_t(cfg.n_embd);
-    const uint64_t stats = 2 * BT * 4;   // mean and rstd, f32
+    const uint64_t stats = (cfg.llama() ? 1 : 2) * BT * 4;   // (mean and) rstd, f32
+    const bool llama = cfg.llama();
+    const double R = double(cfg.n_head + cfg.kv_heads()) * cfg.head_dim();   // elements RoPE rotates per row
     struct Unit { uint64_t bytes; double flops; };
-    // Bytes kept and FLOPs to recompute, per unit (attention's FLOPs are counted once below).
+    // Bytes kept and FLOPs to recompute, per unit (attention's FLOPs are counted once below), as
+    // Graph records them: norms 8 (LayerNorm) or 4 (RMSNorm) per element, RoPE 3 per rotated
+    // element (kRopeFlops), GELU 10 and SwiGLU 6 per output element.
     const Unit units[int(Saved::count)] = {
-        {BTC * s + stats, 8.0 * bt * C},                                      // ln1
-        {3 * BTC * s, 2.0 * bt * C * 3 * C},                                  // qkv
+        {BTC * s + stats, (llama ? 4.0 : 8.0) * bt * C},                                   // ln1
+        {uint64_t(Q) * BT * s, 2.0 * bt * C * Q + (llama ? kRopeFlops * bt * R : 0)},  // qkv (+ RoPE)
         {BTC * s + (flash ? uint64_t(B) * uint64_t(cfg.n_head) * uint64_t(T) * 4 : 0), 0},   // attn_out (+ lse)
         {flash ? 0 : uint64_t(B) * uint64_t(cfg.n_head) * uint64_t(T) * uint64_t(T) * s, 0},   // attn_probs
         {BTC * s, 2.0 * bt * C * C + bt * C},                                 // res2: proj matmul + residual
-        {BTC * s + stats, 8.0 * bt * C},                                      // ln2
-        {4 * BTC * s, 2.0 * bt * C * 4 * C},                                  // fc
-        {4 * BTC * s, 10.0 * bt * 4 * C},                                     // gelu
+        {BTC * s + stats, (llama ? 4.0 : 8.0) * bt * C},                      // ln2
+        {uint64_t(F) * BT * s, 2.0 * bt * C * F},                             // fc (gate | up)
+        {uint64_t(A) * BT * s, (llama ? 6.0 : 10.0) * bt * A},                // gelu | swiglu
     };
     KeepSet k;
     k.mask = mask;

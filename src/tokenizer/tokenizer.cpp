@@ -2,10 +2,17 @@
 
 #include "core/error.h"
 #include "tokenizer/bpe.h"
+#include "tokenizer/sentencepiece.h"
 
 #include <fmt/format.h>
 
+#include <filesystem>
+#include <string_view>
+#include <system_error>
+
 namespace memfit {
+
+namespace fs = std::filesystem;
 
 std::vector<int32_t> ByteTokenizer::encode(std::string_view text) const {
     std::vector<int32_t> out(text.size());
@@ -25,12 +32,43 @@ std::string ByteTokenizer::decode(const std::vector<int32_t> & ids) const {
     return out;
 }
 
-const char * tokenizer_kinds() { return "gpt2|bytes"; }
+const char * tokenizer_kinds() { return "gpt2|bytes|PATH/tokenizer.model"; }
+
+namespace {
+
+constexpr std::string_view kSentencePiecePrefix = "sentencepiece:";
+
+std::string absolute_normal(const std::string & path) {
+    std::error_code ec;
+    const fs::path abs = fs::absolute(path, ec);
+    return ec ? path : abs.lexically_normal().string();
+}
+
+}  // namespace
+
+std::string sentencepiece_model_path(const std::string & kind) {
+    if (kind.starts_with(kSentencePiecePrefix)) {
+        const std::string path = kind.substr(kSentencePiecePrefix.size());
+        return path.empty() ? std::string() : absolute_normal(path);
+    }
+    if (kind.size() > 6 && kind.ends_with(".model")) return absolute_normal(kind);
+    return {};
+}
+
+std::string tokenizer_for_folder(const std::string & model_dir) {
+    std::error_code ec;
+    const fs::path file = fs::path(model_dir) / "tokenizer.model";
+    if (!fs::is_regular_file(file, ec)) return {};
+    return std::string(kSentencePiecePrefix) + absolute_normal(file.string());
+}
 
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string & kind, const std::string & dir) {
     if (kind == "gpt2") return std::make_unique<Gpt2Bpe>(dir + "/gpt2-bpe/encoder.json", dir + "/gpt2-bpe/vocab.bpe");
     if (kind == "bytes") return std::make_unique<ByteTokenizer>();
-    throw ConfigError(fmt::format("unknown tokenizer '{}'; valid tokenizers: gpt2, bytes", kind));
+    if (const std::string sp = sentencepiece_model_path(kind); !sp.empty())
+        return std::make_unique<SentencePieceTokenizer>(sp);
+    throw ConfigError(fmt::format("unknown tokenizer '{}'; valid tokenizers: gpt2, bytes, sentencepiece:PATH or a "
+                                  "SentencePiece PATH/tokenizer.model", kind));
 }
 
 }  // namespace memfit

@@ -34,24 +34,15 @@ std::vector<std::pair<const TrainStep *, const MemoryPlan *>> StepPlans::seconda
 }
 
 CategoryBytes StepPlans::reserved() const {
-    // A secondary program runs inside the training arena when it fits, else in its own.
-    CategoryBytes r = train_plan.reserved;
-    for (const auto & [step, plan] : secondary())
-        for (size_t c = 0; c < kCategoryCount; ++c)
-            if (plan->transient.v[c] > train_plan.transient.v[c]) r.v[c] += plan->transient.v[c];
-    return r;
+    std::vector<const MemoryPlan *> others;
+    for (const auto & sp : secondary()) others.push_back(sp.second);
+    return shared_reserved(train_plan, others);
 }
 
 CategoryBytes StepPlans::peak_live() const {
-    // Secondary programs run on the training program's persistent buffers, so their live bytes
-    // at any op are the shared persistent bytes plus their own transients.
-    CategoryBytes r = train_plan.peak_live;
-    for (const auto & [step, plan] : secondary())
-        for (size_t c = 0; c < kCategoryCount; ++c) {
-            const uint64_t live = plan->peak_live.v[c] - plan->persistent_live.v[c] + train_plan.persistent_live.v[c];
-            r.v[c] = std::max(r.v[c], live);
-        }
-    return r;
+    std::vector<const MemoryPlan *> others;
+    for (const auto & sp : secondary()) others.push_back(sp.second);
+    return shared_peak_live(train_plan, others);
 }
 
 bool LossScaler::update(bool finite) {
@@ -118,10 +109,13 @@ void Engine::init_params(uint64_t seed) {
         const std::string & n = info.name;
         if (n.ends_with(".bias")) {
             std::memset(w, 0, info.numel * sizeof(float));
-        } else if (n.find("ln_") != std::string::npos) {
+        } else if (info.shape.size() == 1) {   // the norms' gains (LayerNorm, RMSNorm)
             for (size_t i = 0; i < info.numel; ++i) w[i] = 1.0f;
         } else {
-            const float sd = n.ends_with("c_proj.weight") ? proj_std : 0.02f;
+            // The projections that write into the residual stream start smaller (GPT-2 paper).
+            const bool residual_out = n.ends_with("c_proj.weight") || n.ends_with("o_proj.weight") ||
+                                      n.ends_with("down_proj.weight");
+            const float sd = residual_out ? proj_std : 0.02f;
             for (size_t i = 0; i < info.numel; ++i) w[i] = sd * normal(rng);
         }
     }

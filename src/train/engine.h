@@ -30,8 +30,8 @@ struct EngineOptions {
     // micro-batch and in fp32 when accumulated over several.
     DType    compute = DType::f32;
     DType grad_dtype() const { return grad_accum > 1 ? DType::f32 : compute; }
-    Gpt2Options model() const {
-        Gpt2Options m;
+    ModelOptions model() const {
+        ModelOptions m;
         m.loss_chunk = loss_chunk;
         m.flash_attention = flash_attention;
         m.recompute = recompute;

@@ -45,21 +45,25 @@ int32_t sample_token(const float * logits, int V, const SampleOptions & o, std::
     return idx[keep - 1];
 }
 
-std::vector<int32_t> generate(Engine & engine, std::vector<int32_t> context, const SampleOptions & o,
+std::vector<int32_t> generate(Decoder & decoder, std::vector<int32_t> context, const SampleOptions & o,
                               const std::function<void(int32_t)> & on_token) {
-    const int T = engine.step().T(), V = engine.config().vocab_size;
+    const int cap = decoder.capacity(), V = decoder.config().vocab_size;
     std::mt19937_64 rng(o.seed);
-    std::vector<int32_t> window(size_t(T), 0), out;
+    std::vector<int32_t> out;
     if (context.empty()) context.push_back(0);
+    // The last `keep` tokens of the context, run from position 0.
+    auto refill = [&](size_t keep) {
+        keep = std::min(keep, context.size());
+        return decoder.prefill(std::vector<int32_t>(context.end() - long(keep), context.end()));
+    };
+    const float * logits = refill(size_t(cap));
     for (int i = 0; i < o.max_new_tokens; ++i) {
-        const size_t len = std::min(context.size(), size_t(T));
-        std::fill(window.begin(), window.end(), 0);
-        std::copy(context.end() - long(len), context.end(), window.begin());
-        const std::vector<float> logits = engine.logits(window.data(), 1);
-        const int32_t next = sample_token(logits.data() + (len - 1) * size_t(V), V, o, rng);
+        const int32_t next = sample_token(logits, V, o, rng);
         context.push_back(next);
         out.push_back(next);
         if (on_token) on_token(next);
+        if (i + 1 == o.max_new_tokens) break;
+        logits = decoder.position() < cap ? decoder.step(next) : refill(size_t(std::max(1, cap / 2)));
     }
     return out;
 }

@@ -1,6 +1,7 @@
 // Text generation from a trained model: temperature, top-k and top-p (nucleus) sampling with a
-// seeded generator. Each new token runs a fresh forward over the last T tokens of the context
-// (no KV cache yet: the cost is T times a cached decoder's).
+// seeded generator, over a Decoder's KV cache (train/decoder.h): the prompt runs once, then each
+// new token runs one token's forward. When the cache is full, the last half of the context is
+// run again from position 0 and generation goes on from there.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "train/engine.h"
+#include "train/decoder.h"
 
 namespace memfit {
 
@@ -24,7 +25,7 @@ struct SampleOptions {
 int32_t sample_token(const float * logits, int V, const SampleOptions & o, std::mt19937_64 & rng);
 
 // Continues `context` by max_new_tokens tokens; on_token (if set) sees each as it is chosen.
-std::vector<int32_t> generate(Engine & engine, std::vector<int32_t> context, const SampleOptions & o,
+std::vector<int32_t> generate(Decoder & decoder, std::vector<int32_t> context, const SampleOptions & o,
                               const std::function<void(int32_t)> & on_token = {});
 
 }  // namespace memfit

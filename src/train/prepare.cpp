@@ -60,7 +60,13 @@ void write_text_atomic(const std::string & path, const std::string & text) {
 
 }  // namespace
 
-std::string default_prepared_dir(const std::string & tokenizer) { return "runs/data-" + tokenizer; }
+std::string default_prepared_dir(const std::string & tokenizer) {
+    const std::string sp = sentencepiece_model_path(tokenizer);
+    if (sp.empty()) return "runs/data-" + tokenizer;
+    uint32_t h = 2166136261u;                                // FNV-1a: stable across runs and builds
+    for (const char c : sp) h = (h ^ static_cast<unsigned char>(c)) * 16777619u;
+    return fmt::format("runs/data-sp-{:08x}", h);
+}
 
 PreparedData prepare_dataset(const PrepareOptions & opts) {
     const auto t0 = std::chrono::steady_clock::now();

@@ -10,7 +10,7 @@ namespace memfit {
 struct PrepareOptions {
     std::string input;               // text file; empty = data_dir() + "/tinyshakespeare.txt"
     std::string out_dir;             // empty = default_prepared_dir(tokenizer)
-    std::string tokenizer = "gpt2";  // gpt2 | bytes
+    std::string tokenizer = "gpt2";  // gpt2 | bytes | sentencepiece:PATH | PATH/tokenizer.model
     double val_fraction = 0.1;       // the last this-fraction of the tokens is validation, in (0, 1)
     std::string tokenizer_dir;       // folder holding gpt2-bpe/; empty = data_dir()
 };
@@ -24,7 +24,8 @@ struct PreparedData {
     double seconds = 0;              // wall time of the whole preparation
 };
 
-// "runs/data-<tokenizer>"
+// "runs/data-<tokenizer>" for gpt2 and bytes; for a SentencePiece model "runs/data-sp-<8 hex digits>",
+// a hash of the model file's absolute path (so "sentencepiece:PATH" and a relative PATH agree).
 std::string default_prepared_dir(const std::string & tokenizer);
 
 // Errors: missing/unreadable input or unwritable out_dir -> IoError; empty input, bad

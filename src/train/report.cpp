@@ -45,7 +45,7 @@ std::vector<std::string> make_hints(const Engine & engine, const std::vector<Rep
     // Alternatives, each re-planned exactly: same model and batch, one option changed.
     const EngineOptions & eo = engine.options();
     const double flops = step.program().total_flops();
-    auto replan = [&](const std::string & flag, int B, const Gpt2Options & mo, const std::string & why) {
+    auto replan = [&](const std::string & flag, int B, const ModelOptions & mo, const std::string & why) {
         TrainStep alt(step.config(), B, step.T(), StepMode::train, &engine.backend(), mo);
         const MemoryPlan p2 = plan_memory(alt.program());
         if (double(p2.peak_live_total) > 0.99 * double(total)) return;   // under 1%: not worth a line
@@ -56,31 +56,32 @@ std::vector<std::string> make_hints(const Engine & engine, const std::vector<Rep
                                     extra > 0.005 ? fmt::format(" for {:.0f}% more compute", 100.0 * extra) : "", why));
     };
     if (eo.compute == DType::f32) {
-        Gpt2Options mo = eo.model();
+        ModelOptions mo = eo.model();
         mo.compute = mo.grad = DType::bf16;
         replan("--precision bf16", step.B(), mo,
                ": weights, gradients and activations in 16 bits, with fp32 master weights and moments");
     }
     if (!eo.flash_attention) {
-        Gpt2Options mo = eo.model();
+        ModelOptions mo = eo.model();
         mo.flash_attention = true;
         replan("--attention flash", step.B(), mo, ": it keeps one log-sum-exp per query instead of the T x T probabilities");
     }
     const int BT = step.B() * step.T();
     if (eo.loss_chunk == 0 && BT >= 16) {
-        Gpt2Options mo = eo.model();
+        ModelOptions mo = eo.model();
         mo.loss_chunk = BT / 8;
         replan(fmt::format("--loss-chunk {}", BT / 8), step.B(), mo, ": the B*T*V logits are never stored whole");
     }
     const int L = step.config().n_layer;
     if (!eo.recompute.recomputes()) {
-        Gpt2Options mo = eo.model();
+        ModelOptions mo = eo.model();
         mo.recompute = parse_recompute("selective", L);
         replan("--recompute selective", step.B(), mo,
-               ": norm outputs, GELU outputs and attention probabilities are recomputed, matmul outputs kept");
+               fmt::format(": norm outputs, {} outputs and attention probabilities are recomputed, matmul outputs kept",
+                           step.config().llama() ? "SwiGLU" : "GELU"));
     }
     if (eo.recompute.name != "full" && L > 1) {
-        Gpt2Options mo = eo.model();
+        ModelOptions mo = eo.model();
         mo.recompute = parse_recompute("full", L);
         replan("--recompute full", step.B(), mo, ": only each layer's input is kept for backward");
     }

@@ -7,8 +7,8 @@
 namespace memfit {
 
 TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const Backend * sizing,
-                     const Gpt2Options & model, StepParts parts)
-    : cfg_(cfg), layout_(gpt2_param_layout(cfg)), mode_(mode), parts_(parts), B_(B), T_(T), compute_(model.compute),
+                     const ModelOptions & model, StepParts parts)
+    : cfg_(cfg), layout_(make_param_layout(cfg)), mode_(mode), parts_(parts), B_(B), T_(T), compute_(model.compute),
       grad_dt_(model.grad) {
     if (B < 1 || T < 1) throw ConfigError(fmt::format("batch = {}, seq = {}: both must be at least 1", B, T));
     if (T > cfg.max_seq)
@@ -29,13 +29,13 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     losses = program_.declare("batch.losses", Category::activations, BT * 4, true);
     grad_norm_sq = train ? program_.declare("grad_norm_sq", Category::activations, 4, true) : -1;
     workspace_ = program_.declare("workspace", Category::workspace, 0);
-    Gpt2Options mo = model;
+    ModelOptions mo = model;
     mo.with_backward = train;
     mo.keep_logits = mode == StepMode::logits;
     if (mo.keep_logits) mo.loss_chunk = 0;
-    model_ = std::make_unique<Gpt2>(cfg_, B, T, program_, mo);
-    w_ = gpt2_weights(cfg_, layout_, params, compute_);
-    if (train) dw_ = gpt2_weights(cfg_, layout_, grads, grad_dt_);
+    model_ = std::make_unique<Transformer>(cfg_, B, T, program_, mo);
+    w_ = model_weights(cfg_, layout_, params, compute_);
+    if (train) dw_ = model_weights(cfg_, layout_, grads, grad_dt_);
 
     Graph rec(program_, sizing);
     run(rec, StepScalars{});

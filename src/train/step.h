@@ -9,7 +9,7 @@
 #include "backend/graph.h"
 #include "memory/program.h"
 #include "model/config.h"
-#include "model/gpt2.h"
+#include "model/transformer.h"
 #include "model/param_layout.h"
 
 namespace memfit {
@@ -37,7 +37,7 @@ public:
     // `sizing` answers library-scratch queries while recording (the backend that will run it).
     // Model options (loss_chunk, flash_attention) come from `model`; the mode decides the rest.
     TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const Backend * sizing,
-              const Gpt2Options & model = {}, StepParts parts = {});
+              const ModelOptions & model = {}, StepParts parts = {});
 
     void run(Graph & g, const StepScalars & s) const;
 
@@ -64,8 +64,8 @@ private:
     DType compute_, grad_dt_;
     Program program_;
     BufferId workspace_ = -1;
-    std::unique_ptr<Gpt2> model_;
-    Gpt2Weights w_, dw_;
+    std::unique_ptr<Transformer> model_;
+    ModelWeights w_, dw_;
 };
 
 }  // namespace memfit

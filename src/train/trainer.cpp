@@ -90,13 +90,18 @@ ProgressMode progress_mode(const std::string & m) {
 
 namespace {
 
+// The model as a checkpoint records it: its Hugging Face config plus the name.
+nlohmann::json checkpoint_model(const ModelConfig & cfg) {
+    nlohmann::json j = hf_config_json(cfg);
+    j["name"] = cfg.name;
+    return j;
+}
+
 // What a checkpoint records besides the training state: where the run is and what it is.
 nlohmann::json checkpoint_meta(int step, const ModelConfig & cfg, const TrainOptions & opt, const DataLoader & train,
                                const DataLoader * val) {
     nlohmann::json m = {{"step", step},
-                        {"model", {{"name", cfg.name}, {"n_layer", cfg.n_layer}, {"n_embd", cfg.n_embd},
-                                   {"n_head", cfg.n_head}, {"vocab_size", cfg.vocab_size}, {"max_seq", cfg.max_seq},
-                                   {"ln_eps", cfg.ln_eps}}},
+                        {"model", checkpoint_model(cfg)},
                         {"seq", opt.seq},
                         {"global_batch", opt.batch * opt.grad_accum},
                         {"seed", opt.seed},
@@ -177,9 +182,8 @@ void run_training(const TrainOptions & opt) {
     std::unique_ptr<DataLoader> val_data;
     if (eo.with_eval) val_data = std::make_unique<DataLoader>(data.val_path, batch, opt.seq, opt.seed + 1);
 
-    say(fmt::format("memfit {}: model {} ({} layers, {} channels, {} heads, vocab {}, {:.2f}M parameters)",
-                    opt.profile ? "profile" : "train", cfg.name, cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab_size,
-                    double(cfg.num_params()) / 1e6));
+    say(fmt::format("memfit {}: model {} ({}, vocab {}, {:.2f}M parameters)", opt.profile ? "profile" : "train",
+                    cfg.name, cfg.describe(), cfg.vocab_size, double(cfg.num_params()) / 1e6));
     say(fmt::format("  data {} ({}), batch {} x seq {}{} = {} tokens/step, {} steps, {} threads", data.train_path,
                     data.tokenizer, batch, opt.seq,
                     accum > 1 ? fmt::format(" x {} accumulated micro-batches", accum) : "",
@@ -197,7 +201,7 @@ void run_training(const TrainOptions & opt) {
         say(fmt::format("  budget {} ({}): fits", format_bytes(eo.budget),
                         opt.memory_budget.empty() ? "available memory" : "--memory-budget"));
     engine->init_params(opt.seed);
-    if (opt.model.find('/') != std::string::npos && has_hf_weights(opt.model)) {
+    if (has_hf_weights(opt.model)) {
         load_hf_weights(opt.model, cfg, engine->step().layout(), engine->params());
         engine->params_changed();
         say(fmt::format("  weights from {}", opt.model));
@@ -324,7 +328,8 @@ void run_training(const TrainOptions & opt) {
                     std::isnan(last_val) ? std::string() : fmt::format(", validation loss {:.4f}", last_val)));
 
     nlohmann::json summary = {
-        {"config", {{"model", cfg.name}, {"n_layer", cfg.n_layer}, {"n_embd", cfg.n_embd}, {"n_head", cfg.n_head},
+        {"config", {{"model", cfg.name}, {"family", cfg.family}, {"n_layer", cfg.n_layer}, {"n_embd", cfg.n_embd},
+                    {"n_head", cfg.n_head}, {"n_kv_head", cfg.kv_heads()}, {"ffn", cfg.ffn_dim()},
                     {"vocab_size", cfg.vocab_size}, {"params", cfg.num_params()}, {"batch", batch},
                     {"grad_accum", accum}, {"attention", eo.flash_attention ? "flash" : "naive"},
                     {"recompute", eo.recompute.name}, {"loss_chunk", eo.loss_chunk},
@@ -369,7 +374,9 @@ void run_training(const TrainOptions & opt) {
         SampleOptions so;
         so.max_new_tokens = opt.sample_tokens;
         so.seed = opt.seed;
-        const auto ids = generate(*engine, prompt, so);
+        Decoder decoder(cfg, backend, std::min(cfg.max_seq, int(prompt.size()) + so.max_new_tokens));
+        decoder.set_weights(engine->params());
+        const auto ids = generate(decoder, prompt, so);
         const std::string text = tok->decode(ids);
         say("sample (temperature 0.8):\n" + text);
         summary["sample"] = text;

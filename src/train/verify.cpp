@@ -47,22 +47,7 @@ VerifyReport verify_fixture(const std::string & path, double tolerance, bool che
     SafetensorsFile f = SafetensorsFile::open(path);
     const nlohmann::json cj = parse_meta_json(f, "config");
     const nlohmann::json aj = parse_meta_json(f, "adamw");
-    const std::string family = cj.value("model_type", "gpt2");
-    if (family != "gpt2")
-        throw ConfigError(fmt::format("{}: model_type '{}' is not supported yet (supported: gpt2)", path, family));
-    ModelConfig cfg;
-    try {
-        cfg.name = path;
-        cfg.vocab_size = cj.at("vocab_size").get<int>();
-        cfg.max_seq = cj.at("n_positions").get<int>();
-        cfg.n_embd = cj.at("n_embd").get<int>();
-        cfg.n_layer = cj.at("n_layer").get<int>();
-        cfg.n_head = cj.at("n_head").get<int>();
-        cfg.ln_eps = cj.value("layer_norm_epsilon", 1e-5f);
-    } catch (const nlohmann::json::exception & e) {
-        throw FormatError(fmt::format("{}: config metadata is missing a field ({})", path, e.what()));
-    }
-    cfg.validate();
+    const ModelConfig cfg = parse_hf_config(cj, path);
     const std::vector<int32_t> ids = f.read_i32("input_ids"), targets = f.read_i32("targets");
     const auto & shape = f.info("input_ids").shape;
     if (shape.size() != 2 || targets.size() != ids.size())

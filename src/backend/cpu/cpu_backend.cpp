@@ -89,25 +89,26 @@ void CpuBackend::bias_grad(Tensor dbias, Tensor dout) {
 }
 
 void CpuBackend::encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) {
-    same_dtype(out.dtype, {&wte, &wpe});
+    same_dtype(out.dtype, {&wte});
+    if (wpe.valid()) same_dtype(out.dtype, {&wpe});
     dispatch(out.dtype, [&](auto s) {
         using S = decltype(s);
-        cpu::encoder_forward(ptr<S>(out), tokens.i32(), ptr<S>(wte), ptr<S>(wpe), B_of(out), T_of(out),
-                             int(out.cols()));
+        cpu::encoder_forward(ptr<S>(out), tokens.i32(), ptr<S>(wte), wpe.valid() ? ptr<S>(wpe) : nullptr, B_of(out),
+                             T_of(out), int(out.cols()));
     });
 }
 
 void CpuBackend::encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) {
-    MF_ASSERT(dwpe.dtype == DType::f32 || dwpe.dtype == dout.dtype);
+    MF_ASSERT(!dwpe.valid() || dwpe.dtype == DType::f32 || dwpe.dtype == dout.dtype);
     dispatch_grad(dout.dtype, dwte.dtype, [&](auto s, auto ge) {
         using S = decltype(s);
         using GE = decltype(ge);
         auto run = [&](auto gp) {
             using GP = decltype(gp);
-            cpu::encoder_backward(ptr<GE>(dwte), ptr<GP>(dwpe), ptr<S>(dout), tokens.i32(), B_of(dout), T_of(dout),
-                                  int(dout.cols()));
+            cpu::encoder_backward(ptr<GE>(dwte), dwpe.valid() ? ptr<GP>(dwpe) : nullptr, ptr<S>(dout), tokens.i32(),
+                                  B_of(dout), T_of(dout), int(dout.cols()));
         };
-        if (dwpe.dtype == DType::f32) run(float{}); else run(S{});
+        if (!dwpe.valid() || dwpe.dtype == DType::f32) run(float{}); else run(S{});
     });
 }
 
@@ -194,6 +195,112 @@ void CpuBackend::residual_fwd(Tensor out, Tensor a, Tensor b) {
         cpu::residual_forward(ptr<S>(out), ptr<S>(a), ptr<S>(b), size_t(out.numel()));
     });
 }
+
+// ---------------------------------------------------------------------------------------------
+// LLaMA family
+
+namespace {
+// qkv[B,T,(NH+2*KVH)*hd] (or [N, ...]): the head dim, checked against the width.
+int head_dim(const Tensor & qkv, int NH, int KVH) {
+    MF_ASSERT(NH > 0 && KVH > 0 && NH % KVH == 0);
+    const int64_t width = qkv.cols();
+    MF_ASSERT(width % (NH + 2 * KVH) == 0 && "qkv width is not (NH + 2*KVH) heads");
+    return int(width / (NH + 2 * KVH));
+}
+}  // namespace
+
+void CpuBackend::rmsnorm_fwd(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps) {
+    same_dtype(inp.dtype, {&out, &w});
+    MF_ASSERT(out.numel() == inp.numel() && w.numel() == inp.cols() && rstd.numel() == inp.rows());
+    dispatch(inp.dtype, [&](auto s) {
+        using S = decltype(s);
+        cpu::rmsnorm_forward(ptr<S>(out), rstd.f32(), ptr<S>(inp), ptr<S>(w), int(inp.rows()), int(inp.cols()), eps);
+    });
+}
+
+void CpuBackend::rmsnorm_bwd(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) {
+    same_dtype(inp.dtype, {&dinp, &dout, &w});
+    MF_ASSERT(dinp.numel() == inp.numel() && dout.numel() == inp.numel());
+    MF_ASSERT(w.numel() == inp.cols() && dw.numel() == inp.cols() && rstd.numel() == inp.rows());
+    dispatch_grad(inp.dtype, dw.dtype, [&](auto s, auto g) {
+        using S = decltype(s);
+        using G = decltype(g);
+        cpu::rmsnorm_backward(ptr<S>(dinp), ptr<G>(dw), ptr<S>(dout), ptr<S>(inp), ptr<S>(w), rstd.f32(),
+                              int(inp.rows()), int(inp.cols()));
+    });
+}
+
+void CpuBackend::rope_fwd(Tensor qkv, int NH, int KVH, float theta, int pos0) {
+    MF_ASSERT(qkv.ndim == 3);
+    const int hd = head_dim(qkv, NH, KVH);
+    dispatch(qkv.dtype, [&](auto s) {
+        using S = decltype(s);
+        cpu::rope_forward(ptr<S>(qkv), B_of(qkv), T_of(qkv), NH, KVH, hd, theta, pos0);
+    });
+}
+
+void CpuBackend::rope_bwd(Tensor dqkv, int NH, int KVH, float theta, int pos0) {
+    MF_ASSERT(dqkv.ndim == 3);
+    const int hd = head_dim(dqkv, NH, KVH);
+    dispatch(dqkv.dtype, [&](auto s) {
+        using S = decltype(s);
+        cpu::rope_backward(ptr<S>(dqkv), B_of(dqkv), T_of(dqkv), NH, KVH, hd, theta, pos0);
+    });
+}
+
+void CpuBackend::swiglu_fwd(Tensor out, Tensor inp) {
+    same_dtype(inp.dtype, {&out});
+    MF_ASSERT(inp.cols() == 2 * out.cols() && inp.rows() == out.rows());
+    dispatch(inp.dtype, [&](auto s) {
+        using S = decltype(s);
+        cpu::swiglu_forward(ptr<S>(out), ptr<S>(inp), int(out.rows()), int(out.cols()));
+    });
+}
+
+void CpuBackend::swiglu_bwd(Tensor dinp, Tensor dout, Tensor inp) {
+    same_dtype(inp.dtype, {&dinp, &dout});
+    MF_ASSERT(inp.cols() == 2 * dout.cols() && inp.rows() == dout.rows() && dinp.numel() == inp.numel());
+    dispatch(inp.dtype, [&](auto s) {
+        using S = decltype(s);
+        cpu::swiglu_backward(ptr<S>(dinp), ptr<S>(dout), ptr<S>(inp), int(dout.rows()), int(dout.cols()));
+    });
+}
+
+void CpuBackend::repeat_kv_fwd(Tensor full, Tensor qkv, int NH, int KVH) {
+    same_dtype(qkv.dtype, {&full});
+    const int hd = head_dim(qkv, NH, KVH);
+    MF_ASSERT(full.rows() == qkv.rows() && full.cols() == 3 * int64_t(NH) * hd);
+    dispatch(qkv.dtype, [&](auto s) {
+        using S = decltype(s);
+        cpu::repeat_kv_forward(ptr<S>(full), ptr<S>(qkv), int(qkv.rows()), NH, KVH, hd);
+    });
+}
+
+void CpuBackend::repeat_kv_bwd(Tensor dqkv, Tensor dfull, int NH, int KVH) {
+    same_dtype(dqkv.dtype, {&dfull});
+    const int hd = head_dim(dqkv, NH, KVH);
+    MF_ASSERT(dfull.rows() == dqkv.rows() && dfull.cols() == 3 * int64_t(NH) * hd);
+    dispatch(dqkv.dtype, [&](auto s) {
+        using S = decltype(s);
+        cpu::repeat_kv_backward(ptr<S>(dqkv), ptr<S>(dfull), int(dqkv.rows()), NH, KVH, hd);
+    });
+}
+
+void CpuBackend::cached_attention_fwd(Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH,
+                                      int KVH) {
+    same_dtype(out.dtype, {&qkv, &kcache, &vcache});
+    const int hd = head_dim(qkv, NH, KVH);
+    const int B = int(qkv.dim(0)), T = int(qkv.dim(1)), cap = int(kcache.dim(1));
+    MF_ASSERT(out.numel() == int64_t(B) * T * NH * hd && kcache.numel() == int64_t(B) * cap * KVH * hd);
+    MF_ASSERT(vcache.numel() == kcache.numel() && pos0 >= 0 && pos0 + T <= cap);
+    dispatch(out.dtype, [&](auto s) {
+        using S = decltype(s);
+        cpu::cached_attention_forward(ptr<S>(out), ptr<S>(kcache), ptr<S>(vcache), ptr<S>(qkv), B, T, pos0, cap, NH,
+                                      KVH, hd);
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
 
 void CpuBackend::xent_fwd(Tensor losses, Tensor logits, Tensor targets) {
     cpu::crossentropy_forward(losses.f32(), logits.f32(), targets.i32(), int(logits.rows()), int(logits.cols()));

@@ -32,6 +32,16 @@ public:
     void gelu_fwd(Tensor out, Tensor inp) override;
     void gelu_bwd(Tensor dinp, Tensor dout, Tensor inp) override;
     void residual_fwd(Tensor out, Tensor a, Tensor b) override;
+    void rmsnorm_fwd(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps) override;
+    void rmsnorm_bwd(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) override;
+    void rope_fwd(Tensor qkv, int NH, int KVH, float theta, int pos0) override;
+    void rope_bwd(Tensor dqkv, int NH, int KVH, float theta, int pos0) override;
+    void swiglu_fwd(Tensor out, Tensor inp) override;
+    void swiglu_bwd(Tensor dinp, Tensor dout, Tensor inp) override;
+    void repeat_kv_fwd(Tensor full, Tensor qkv, int NH, int KVH) override;
+    void repeat_kv_bwd(Tensor dqkv, Tensor dfull, int NH, int KVH) override;
+    void cached_attention_fwd(Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH,
+                              int KVH) override;
     void xent_fwd(Tensor losses, Tensor logits, Tensor targets) override;
     void xent_bwd(Tensor probs, Tensor targets, float dloss) override;
     void sum_squares(Tensor out, Tensor x) override;

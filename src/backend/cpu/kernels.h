@@ -20,11 +20,11 @@
 
 namespace memfit::cpu {
 
-// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
+// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]  (wpe may be null: no position embedding, out = wte rows)
 template <class S>
 void encoder_forward(S * out, const int32_t * tokens, const S * wte, const S * wpe, int B, int T, int C);
 // dwte[tokens[b,t],:] += dout[b,t,:];  dwpe[t,:] += dout[b,t,:]
-// (dwte and dwpe each float or S, independently.)
+// (dwte and dwpe each float or S, independently; dwpe may be null: only dwte is accumulated.)
 template <class GE, class GP, class S>
 void encoder_backward(GE * dwte, GP * dwpe, const S * dout, const int32_t * tokens, int B, int T, int C);
 
@@ -82,5 +82,52 @@ void adamw_update(float * param, const float * grad, float * m, float * v, size_
 template <class G, class P>
 void adamw_update_mixed(float * param, P * param_copy, const G * grad, float * m, float * v, size_t n, float lr,
                         float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale);
+
+// ---------------------------------------------------------------------------------------------
+// LLaMA family (kernels_llama.cpp). Rows are parallel tasks; every reduction has a fixed order.
+
+// RMSNorm: rstd[i] = 1 / sqrt(mean_c(inp[i,c]^2) + eps); out[i,c] = inp[i,c] * rstd[i] * weight[c].
+template <class S>
+void rmsnorm_forward(S * out, float * rstd, const S * inp, const S * weight, int N, int C, float eps);
+// dinp += ..., dweight += ...  (dinp has dout's type; dweight float or S, summed over rows in
+// fp32 per column block, one rounded add per element like layernorm_backward)
+template <class G, class S>
+void rmsnorm_backward(S * dinp, G * dweight, const S * dout, const S * inp, const S * weight, const float * rstd,
+                      int N, int C);
+
+// Rotary position embeddings (Hugging Face "rotate_half"), in place on the q and k heads of
+// qkv[B,T,(NH+2*KVH)*hd], each row laid out [q: NH heads | k: KVH heads | v: KVH heads] of hd
+// (even) elements; v is untouched. Row t has position pos = pos0 + t. For i < hd/2, with
+// a = pos * theta^(-2i/hd) (computed in double, cos/sin then used as float):
+//   y[i] = x[i] cos a - x[i+hd/2] sin a;   y[i+hd/2] = x[i+hd/2] cos a + x[i] sin a.
+template <class S>
+void rope_forward(S * qkv, int B, int T, int NH, int KVH, int hd, float theta, int pos0);
+// The backward, in place on dqkv: the transpose of the rotation, i.e. the rotation by -a.
+template <class S>
+void rope_backward(S * dqkv, int B, int T, int NH, int KVH, int hd, float theta, int pos0);
+
+// SwiGLU: inp[N, 2I] holds per row [gate (I) | up (I)]; out[N, I] = silu(gate) * up with
+// silu(g) = g / (1 + exp(-g)).
+template <class S>
+void swiglu_forward(S * out, const S * inp, int N, int I);
+// dinp[N, 2I] = ... (written) from dout[N, I] and inp.
+template <class S>
+void swiglu_backward(S * dinp, const S * dout, const S * inp, int N, int I);
+
+// Grouped-query attention: qkv[N,(NH+2*KVH)*hd] -> full[N,3*NH*hd] ([q | k | v], NH heads each):
+// q copied; KV head j repeated for query heads j*G .. j*G+G-1, G = NH/KVH (HF repeat_kv).
+template <class S>
+void repeat_kv_forward(S * full, const S * qkv, int N, int NH, int KVH, int hd);
+// dqkv[N,(NH+2*KVH)*hd] = ... (written): q part copied from dfull; each KV head's gradient is the
+// sum over its G query heads in dfull (fp32, in head order, rounded once).
+template <class S>
+void repeat_kv_backward(S * dqkv, const S * dfull, int N, int NH, int KVH, int hd);
+
+// Generation: qkv[B,Tn,(NH+2KVH)hd]'s k and v rows are appended to kcache, vcache [B,cap,KVH*hd]
+// at rows pos0..pos0+Tn-1; out[B,Tn,NH*hd] = causal attention of each new query over the cache
+// (query head h reads KV head h / (NH/KVH)). Scale 1/sqrt(hd).
+template <class S>
+void cached_attention_forward(S * out, S * kcache, S * vcache, const S * qkv, int B, int Tn, int pos0, int cap,
+                              int NH, int KVH, int hd);
 
 }  // namespace memfit::cpu

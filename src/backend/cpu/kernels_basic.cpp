@@ -67,6 +67,30 @@ void encoder_backward_wte_grouped(G * dwte, const S * dout, const int32_t * toke
     }
 }
 
+// dwte += dout rows alone. A float dwte: parallel over column blocks, each visiting the rows in
+// order (the same additions in the same order as encoder_backward's fused fp32 loop); a
+// low-precision one: grouped by token (above).
+template <class GE, class S>
+void encoder_backward_wte(GE * dwte, const S * dout, const int32_t * tokens, int rows, int C) {
+    if constexpr (std::is_same_v<GE, float>) {
+        const int nblk = col_blocks(C);
+#pragma omp parallel for schedule(static)
+        for (int blk = 0; blk < nblk; ++blk) {
+            const int c0 = blk * kColBlock;
+            const int nc = std::min(kColBlock, C - c0);
+            for (int r = 0; r < rows; ++r) {
+                MF_ASSERT(tokens[r] >= 0);
+                const S * d = dout + static_cast<size_t>(r) * C + c0;
+                float * ge = dwte + static_cast<size_t>(tokens[r]) * C + c0;
+#pragma omp simd
+                for (int c = 0; c < nc; ++c) ge[c] += to_f32(d[c]);
+            }
+        }
+    } else {
+        encoder_backward_wte_grouped(dwte, dout, tokens, rows, C);
+    }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -75,6 +99,19 @@ void encoder_backward_wte_grouped(G * dwte, const S * dout, const int32_t * toke
 template <class S>
 void encoder_forward(S * out, const int32_t * tokens, const S * wte, const S * wpe, int B, int T, int C) {
     const int rows = B * T;
+    if (wpe == nullptr) {
+        // No position embedding (LLaMA): a gather of token rows.
+#pragma omp parallel for schedule(static)
+        for (int r = 0; r < rows; ++r) {
+            const int32_t tok = tokens[r];
+            MF_ASSERT(tok >= 0);
+            S * o = out + static_cast<size_t>(r) * C;
+            const S * e = wte + static_cast<size_t>(tok) * C;
+#pragma omp simd
+            for (int c = 0; c < C; ++c) o[c] = e[c];
+        }
+        return;
+    }
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; ++r) {
         const int t = r % T;
@@ -90,6 +127,10 @@ void encoder_forward(S * out, const int32_t * tokens, const S * wte, const S * w
 
 template <class GE, class GP, class S>
 void encoder_backward(GE * dwte, GP * dwpe, const S * dout, const int32_t * tokens, int B, int T, int C) {
+    if (dwpe == nullptr) {  // no position embedding (LLaMA): only dwte
+        encoder_backward_wte(dwte, dout, tokens, B * T, C);
+        return;
+    }
     if constexpr (std::is_same_v<GE, float> && std::is_same_v<GP, float>) {
         // Tokens repeat, so rows of dwte collide: parallelise over column blocks instead; each
         // block visits the (b,t) rows in order, which also fixes the summation order.
@@ -141,24 +182,7 @@ void encoder_backward(GE * dwte, GP * dwpe, const S * dout, const int32_t * toke
                 }
             }
         }
-        if constexpr (std::is_same_v<GE, float>) {
-            const int nblk = col_blocks(C);
-            const int rows = B * T;
-#pragma omp parallel for schedule(static)
-            for (int blk = 0; blk < nblk; ++blk) {
-                const int c0 = blk * kColBlock;
-                const int nc = std::min(kColBlock, C - c0);
-                for (int r = 0; r < rows; ++r) {
-                    MF_ASSERT(tokens[r] >= 0);
-                    const S * d = dout + static_cast<size_t>(r) * C + c0;
-                    float * ge = dwte + static_cast<size_t>(tokens[r]) * C + c0;
-#pragma omp simd
-                    for (int c = 0; c < nc; ++c) ge[c] += to_f32(d[c]);
-                }
-            }
-        } else {
-            encoder_backward_wte_grouped(dwte, dout, tokens, B * T, C);
-        }
+        encoder_backward_wte(dwte, dout, tokens, B * T, C);
     }
 }
 

@@ -1,0 +1,380 @@
+#include "model/transformer.h"
+
+#include "core/error.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace memfit {
+
+ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, BufferId flat, DType dtype) {
+    auto view = [&](const std::string & name) {
+        const ParamInfo & p = layout.find(name);
+        Tensor t(flat, dtype, {int64_t(p.numel)}, p.offset * dtype_size(dtype));
+        t.ndim = int(p.shape.size());
+        for (int i = 0; i < t.ndim; ++i) t.shape[i] = p.shape[size_t(i)];
+        return t;
+    };
+    // Adjacent [out, in] matrices as one [sum of outs, in] matrix.
+    auto fused = [&](std::initializer_list<std::string> names) {
+        const ParamInfo & first = layout.find(*names.begin());
+        size_t end = first.offset;
+        int64_t rows = 0;
+        for (const auto & n : names) {
+            const ParamInfo & p = layout.find(n);
+            MF_ASSERT(p.offset == end && p.shape.size() == 2 && p.shape[1] == first.shape[1]);
+            end += p.numel;
+            rows += p.shape[0];
+        }
+        return Tensor(flat, dtype, {rows, first.shape[1]}, first.offset * dtype_size(dtype));
+    };
+    ModelWeights w;
+    if (cfg.llama()) {
+        w.wte = view("model.embed_tokens.weight");
+        w.lnfw = view("model.norm.weight");
+        w.head = cfg.tied_head ? w.wte : view("lm_head.weight");
+        for (int l = 0; l < cfg.n_layer; ++l) {
+            const std::string h = fmt::format("model.layers.{}.", l);
+            ModelWeights::Layer y;
+            y.ln1w = view(h + "input_layernorm.weight");
+            y.qkvw = fused({h + "self_attn.q_proj.weight", h + "self_attn.k_proj.weight", h + "self_attn.v_proj.weight"});
+            y.projw = view(h + "self_attn.o_proj.weight");
+            y.ln2w = view(h + "post_attention_layernorm.weight");
+            y.fcw = fused({h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"});
+            y.fcprojw = view(h + "mlp.down_proj.weight");
+            w.h.push_back(y);
+        }
+        return w;
+    }
+    w.wte = view("wte.weight");
+    w.wpe = view("wpe.weight");
+    w.lnfw = view("ln_f.weight");
+    w.lnfb = view("ln_f.bias");
+    w.head = w.wte;
+    for (int l = 0; l < cfg.n_layer; ++l) {
+        const std::string h = fmt::format("h.{}.", l);
+        w.h.push_back(ModelWeights::Layer{
+            view(h + "ln_1.weight"), view(h + "ln_1.bias"), view(h + "attn.c_attn.weight"), view(h + "attn.c_attn.bias"),
+            view(h + "attn.c_proj.weight"), view(h + "attn.c_proj.bias"), view(h + "ln_2.weight"), view(h + "ln_2.bias"),
+            view(h + "mlp.c_fc.weight"), view(h + "mlp.c_fc.bias"), view(h + "mlp.c_proj.weight"),
+            view(h + "mlp.c_proj.bias")});
+    }
+    return w;
+}
+
+Tensor Transformer::act(Program & program, const std::string & name, std::initializer_list<int64_t> dims, bool f32) const {
+    int64_t n = 1;
+    for (auto d : dims) n *= d;
+    const DType dt = f32 ? DType::f32 : dt_;
+    BufferId id = program.declare(name, Category::activations, size_t(n) * dtype_size(dt));
+    return Tensor(id, dt, dims);
+}
+
+Transformer::LayerActs Transformer::declare_layer(Program & program, const std::string & h, bool with_backward) const {
+    const int64_t b = B_, t = T_, C = cfg_.n_embd, NH = cfg_.n_head, Q = cfg_.qkv_dim(), F = cfg_.fc_dim(),
+                  A = cfg_.ffn_dim(), QR = 3 * C;
+    auto act = [&](const std::string & name, std::initializer_list<int64_t> dims, bool f32 = false) {
+        return this->act(program, h + name, dims, f32);
+    };
+    LayerActs a;
+    a.ln1 = act("ln_1.out", {b, t, C});
+    if (!llama_) a.ln1_mean = act("ln_1.mean", {b, t}, true);
+    a.ln1_rstd = act("ln_1.rstd", {b, t}, true);
+    a.qkv = act("attn.qkv", {b, t, Q});
+    if (gqa_) a.qkv_rep = act("attn.qkv_rep", {b, t, QR});
+    if (flash_) a.lse = act("attn.lse", {b, NH, t}, true);
+    else a.att = act("attn.probs", {b, NH, t, t});
+    a.atty = act("attn.out", {b, t, C});
+    a.attproj = act("attn.proj", {b, t, C});
+    a.res2 = act("residual_attn", {b, t, C});
+    a.ln2 = act("ln_2.out", {b, t, C});
+    if (!llama_) a.ln2_mean = act("ln_2.mean", {b, t}, true);
+    a.ln2_rstd = act("ln_2.rstd", {b, t}, true);
+    a.fch = act("mlp.fc", {b, t, F});
+    a.fch_gelu = act(llama_ ? "mlp.swiglu" : "mlp.gelu", {b, t, A});
+    a.fcproj = act("mlp.proj", {b, t, C});
+    a.res3 = act("residual_mlp", {b, t, C});
+    if (with_backward) {
+        a.dfch_gelu = act(llama_ ? "mlp.swiglu.grad" : "mlp.gelu.grad", {b, t, A});
+        a.dfch = act("mlp.fc.grad", {b, t, F});
+        a.dln2 = act("ln_2.out.grad", {b, t, C});
+        a.datty = act("attn.out.grad", {b, t, C});
+        a.dqkv = act("attn.qkv.grad", {b, t, Q});
+        if (gqa_) {
+            a.qkv_rep_b = act("attn.qkv_rep.bwd", {b, t, QR});
+            a.dqkv_rep = act("attn.qkv_rep.grad", {b, t, QR});
+        }
+        a.dln1 = act("ln_1.out.grad", {b, t, C});
+    }
+    return a;
+}
+
+Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & program, const ModelOptions & opt)
+    : cfg_(cfg), B_(B), T_(T) {
+    const int64_t b = B, t = T, C = cfg.n_embd, V = cfg.vocab_size;
+    llama_ = cfg.llama();
+    gqa_ = llama_ && cfg.kv_heads() != cfg.n_head;
+    wl_ = llama_ ? WeightLayout::out_in : WeightLayout::in_out;
+    flash_ = opt.flash_attention;
+    dt_ = opt.compute;
+    if (opt.with_backward) rc_plan_ = opt.recompute;
+    auto act = [&](const std::string & name, std::initializer_list<int64_t> dims, bool f32 = false) {
+        return this->act(program, name, dims, f32);
+    };
+    encoded_ = act("encoded", {b, t, C});
+    for (int l = 0; l < cfg.n_layer; ++l) {
+        const std::string h = fmt::format("h.{}.", l);
+        layers_.push_back(declare_layer(program, h, opt.with_backward));
+        // The recomputed set; buffers a policy never touches have no lifetime and take no bytes.
+        if (rc_plan_.recomputes()) rc_.push_back(declare_layer(program, h + "rc.", false));
+    }
+    lnf_ = act("ln_f.out", {b, t, C});
+    if (!llama_) lnf_mean_ = act("ln_f.mean", {b, t}, true);
+    lnf_rstd_ = act("ln_f.rstd", {b, t}, true);
+    if (opt.kv_capacity > 0) {
+        MF_ASSERT(B == 1 && !opt.with_backward && T <= opt.kv_capacity);
+        const int64_t cap = opt.kv_capacity, KV = int64_t(cfg.kv_heads()) * cfg.head_dim();
+        const size_t bytes = size_t(cap * KV) * dtype_size(dt_);
+        for (int l = 0; l < cfg.n_layer; ++l) {
+            kcache_.push_back(Tensor(program.declare(fmt::format("kv_cache.{}.k", l), Category::activations, bytes, true),
+                                     dt_, {b, cap, KV}));
+            vcache_.push_back(Tensor(program.declare(fmt::format("kv_cache.{}.v", l), Category::activations, bytes, true),
+                                     dt_, {b, cap, KV}));
+        }
+        logits_ = Tensor(program.declare("logits", Category::activations, size_t(b * V) * 4, true), DType::f32, {b, V});
+        return;
+    }
+    chunk_rows_ = opt.loss_chunk > 0 && opt.loss_chunk < b * t && !opt.keep_logits ? opt.loss_chunk : int(b * t);
+    if (opt.keep_logits)
+        logits_ = Tensor(program.declare("logits", Category::activations, size_t(b * t * V) * 4, true), DType::f32,
+                         {b, t, V});
+    else if (chunk_rows_ < b * t)
+        logits_ = act("logits.chunk", {int64_t(chunk_rows_), V}, true);
+    else
+        logits_ = act("logits", {b, t, V}, true);
+    if (opt.with_backward) {
+        dlnf_ = act("ln_f.out.grad", {b, t, C});
+        dres_ = act("residual.grad", {b, t, C});
+    }
+}
+
+void Transformer::norm_fwd(Graph & g, Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, Tensor b) const {
+    if (llama_) g.rmsnorm_fwd(out, rstd, x, w, cfg_.ln_eps);
+    else g.layernorm_fwd(out, mean, rstd, x, w, b, cfg_.ln_eps);
+}
+
+void Transformer::norm_bwd(Graph & g, Tensor dx, Tensor dw, Tensor db, Tensor dout, Tensor x, Tensor w, Tensor mean,
+                           Tensor rstd) const {
+    if (llama_) g.rmsnorm_bwd(dx, dw, dout, x, w, rstd);
+    else g.layernorm_bwd(dx, dw, db, dout, x, w, mean, rstd);
+}
+
+void Transformer::qkv_fwd(Graph & g, Tensor qkv, Tensor ln1, const ModelWeights::Layer & p, int pos0) const {
+    g.matmul_fwd(qkv, ln1, p.qkvw, p.qkvb, wl_);
+    if (llama_) g.rope_fwd(qkv, cfg_.n_head, cfg_.kv_heads(), cfg_.rope_theta, pos0);
+}
+
+void Transformer::attention_fwd(Graph & g, Tensor out, Tensor lse, Tensor att, Tensor rep, Tensor qkv) const {
+    const int NH = cfg_.n_head;
+    if (gqa_) {
+        g.repeat_kv_fwd(rep, qkv, NH, cfg_.kv_heads());
+        qkv = rep;
+    }
+    if (flash_) g.flash_attention_fwd(out, lse, qkv, NH);
+    else g.attention_fwd(out, att, qkv, NH);
+}
+
+void Transformer::attention_bwd(Graph & g, const LayerActs & a) const {
+    const int NH = cfg_.n_head, KVH = cfg_.kv_heads();
+    Tensor qkv = a.qkv, dqkv = a.dqkv;
+    if (gqa_) {
+        g.repeat_kv_fwd(a.qkv_rep_b, a.qkv, NH, KVH);
+        qkv = a.qkv_rep_b;
+        dqkv = a.dqkv_rep;
+    }
+    if (flash_) g.flash_attention_bwd(dqkv, a.datty, a.atty, qkv, a.lse, NH);
+    else g.attention_bwd(dqkv, a.datty, qkv, a.att, NH);
+    if (gqa_) g.repeat_kv_bwd(a.dqkv, a.dqkv_rep, NH, KVH);
+    if (llama_) g.rope_bwd(a.dqkv, NH, KVH, cfg_.rope_theta, 0);
+}
+
+void Transformer::act_fwd(Graph & g, Tensor out, Tensor fc) const {
+    if (llama_) g.swiglu_fwd(out, fc);
+    else g.gelu_fwd(out, fc);
+}
+
+void Transformer::layer_forward(Graph & g, const LayerActs & a, const ModelWeights::Layer & p, Tensor x,
+                                bool need_output, int cache, int pos0) const {
+    norm_fwd(g, a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b);
+    qkv_fwd(g, a.qkv, a.ln1, p, pos0);
+    if (cache >= 0)
+        g.cached_attention_fwd(a.atty, a.qkv, kcache_[size_t(cache)], vcache_[size_t(cache)], pos0, cfg_.n_head,
+                               cfg_.kv_heads());
+    else
+        attention_fwd(g, a.atty, a.lse, a.att, a.qkv_rep, a.qkv);
+    g.matmul_fwd(a.attproj, a.atty, p.projw, p.projb, wl_);
+    g.residual_fwd(a.res2, x, a.attproj);
+    norm_fwd(g, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b);
+    g.matmul_fwd(a.fch, a.ln2, p.fcw, p.fcb, wl_);
+    act_fwd(g, a.fch_gelu, a.fch);
+    if (!need_output) return;
+    g.matmul_fwd(a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb, wl_);
+    g.residual_fwd(a.res3, a.res2, a.fcproj);
+}
+
+void Transformer::forward(Graph & g, const ModelWeights & w, Tensor tokens) const {
+    g.phase(Phase::forward);
+    g.layer(-1);
+    // wpe (GPT-2) holds max_seq rows; the step uses the first T. LLaMA has none.
+    g.encoder_fwd(encoded_, tokens, w.wte, w.wpe);
+    Tensor x = encoded_;
+    for (int l = 0; l < cfg_.n_layer; ++l) {
+        g.layer(l);
+        layer_forward(g, layers_[size_t(l)], w.h[size_t(l)], x, true);
+        x = layers_[size_t(l)].res3;
+    }
+    g.layer(-1);
+    norm_fwd(g, lnf_, lnf_mean_, lnf_rstd_, x, w.lnfw, w.lnfb);
+}
+
+void Transformer::decode(Graph & g, const ModelWeights & w, Tensor tokens, int pos0) const {
+    const int64_t C = cfg_.n_embd;
+    MF_ASSERT(!kcache_.empty() && pos0 >= 0 && pos0 + T_ <= kcache_[0].dim(1) && pos0 + T_ <= cfg_.max_seq);
+    g.phase(Phase::forward);
+    g.layer(-1);
+    g.encoder_fwd(encoded_, tokens, w.wte, llama_ ? Tensor{} : w.wpe.view(pos0 * C, {int64_t(T_), C}));
+    Tensor x = encoded_;
+    for (int l = 0; l < cfg_.n_layer; ++l) {
+        g.layer(l);
+        layer_forward(g, layers_[size_t(l)], w.h[size_t(l)], x, true, l, pos0);
+        x = layers_[size_t(l)].res3;
+    }
+    g.layer(-1);
+    norm_fwd(g, lnf_, lnf_mean_, lnf_rstd_, x, w.lnfw, w.lnfb);
+    g.matmul_fwd(logits_, lnf_.view((T_ - 1) * C, {1, C}), w.head, Tensor{}, WeightLayout::out_in);
+}
+
+void Transformer::head_logits(Graph & g, const ModelWeights & w) const {
+    MF_ASSERT(chunk_rows_ == B_ * T_);
+    g.phase(Phase::forward);
+    g.layer(-1);
+    g.matmul_fwd(logits_, lnf_, w.head, Tensor{}, WeightLayout::out_in);
+}
+
+void Transformer::head_loss(Graph & g, const ModelWeights & w, const ModelWeights * dw, Tensor targets, Tensor losses,
+                            float dloss) const {
+    const int64_t N = int64_t(B_) * T_, C = cfg_.n_embd, V = cfg_.vocab_size;
+    g.layer(-1);
+    for (int64_t r0 = 0; r0 < N; r0 += chunk_rows_) {
+        const int64_t n = std::min<int64_t>(chunk_rows_, N - r0);
+        const Tensor x = lnf_.view(r0 * C, {n, C});
+        const Tensor logits = logits_.view(0, {n, V});
+        const Tensor tgt = targets.view(r0, {n});
+        g.phase(Phase::forward);
+        g.matmul_fwd(logits, x, w.head, Tensor{}, WeightLayout::out_in);
+        g.xent_fwd(losses.view(r0, {n}), logits, tgt);
+        if (!dw) continue;
+        g.phase(Phase::backward);
+        g.xent_bwd(logits, tgt, dloss);
+        g.matmul_bwd(dlnf_.view(r0 * C, {n, C}), dw->head, Tensor{}, logits, x, w.head, WeightLayout::out_in);
+    }
+}
+
+Transformer::LayerActs Transformer::recompute_dropped(Graph & g, int l, const ModelWeights::Layer & p, Tensor x) const {
+    const LayerActs & r = rc_[size_t(l)];
+    LayerActs a = layers_[size_t(l)];
+    auto dropped = [&](Saved u) { return !rc_plan_.keeps(l, u); };
+    if (dropped(Saved::ln1)) {
+        norm_fwd(g, r.ln1, r.ln1_mean, r.ln1_rstd, x, p.ln1w, p.ln1b);
+        a.ln1 = r.ln1, a.ln1_mean = r.ln1_mean, a.ln1_rstd = r.ln1_rstd;
+    }
+    if (dropped(Saved::qkv)) {
+        qkv_fwd(g, r.qkv, a.ln1, p);
+        a.qkv = r.qkv;
+    }
+    // One attention forward recomputes the output and the probabilities (or lse) together; a
+    // kept one of the pair is rewritten with the identical values it holds.
+    const bool probs_dropped = !flash_ && dropped(Saved::attn_probs);
+    if (dropped(Saved::attn_out) || probs_dropped) {
+        if (dropped(Saved::attn_out)) a.atty = r.atty, a.lse = r.lse;
+        if (probs_dropped) a.att = r.att;
+        attention_fwd(g, a.atty, a.lse, a.att, r.qkv_rep, a.qkv);
+    }
+    if (dropped(Saved::res2)) {
+        g.matmul_fwd(r.attproj, a.atty, p.projw, p.projb, wl_);
+        g.residual_fwd(r.res2, x, r.attproj);
+        a.res2 = r.res2;
+    }
+    if (dropped(Saved::ln2)) {
+        norm_fwd(g, r.ln2, r.ln2_mean, r.ln2_rstd, a.res2, p.ln2w, p.ln2b);
+        a.ln2 = r.ln2, a.ln2_mean = r.ln2_mean, a.ln2_rstd = r.ln2_rstd;
+    }
+    if (dropped(Saved::fc)) {
+        g.matmul_fwd(r.fch, a.ln2, p.fcw, p.fcb, wl_);
+        a.fch = r.fch;
+    }
+    if (dropped(Saved::gelu)) {
+        act_fwd(g, r.fch_gelu, a.fch);
+        a.fch_gelu = r.fch_gelu;
+    }
+    return a;
+}
+
+void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights & dw, Tensor tokens) const {
+    const int L = cfg_.n_layer, K = rc_plan_.segment;
+    // The input of layer l as forward saved it.
+    auto saved_input = [&](int l) { return l > 0 ? layers_[size_t(l) - 1].res3 : encoded_; };
+    g.phase(Phase::backward);
+    g.layer(-1);
+    // head_loss left d(final norm output) in dlnf_.
+    g.fill_zero(dres_);
+    norm_bwd(g, dres_, dw.lnfw, dw.lnfb, dlnf_, saved_input(L), w.lnfw, lnf_mean_, lnf_rstd_);
+    for (int l = L - 1; l >= 0; --l) {
+        const auto & p = w.h[size_t(l)];
+        const auto & dp = dw.h[size_t(l)];
+        Tensor x = saved_input(l);
+        LayerActs a;
+        if (K >= 2) {
+            const int seg = l - l % K;   // first layer of l's segment: its input is the checkpoint
+            if (l == std::min(seg + K, L) - 1) {
+                // Recompute the segment's forward, from the checkpoint, into the rc buffers.
+                g.phase(Phase::recompute);
+                Tensor in = saved_input(seg);
+                for (int r = seg; r <= l; ++r) {
+                    g.layer(r);
+                    layer_forward(g, rc_[size_t(r)], w.h[size_t(r)], in, r < l);
+                    in = rc_[size_t(r)].res3;
+                }
+                g.phase(Phase::backward);
+            }
+            if (l > seg) x = rc_[size_t(l) - 1].res3;
+            a = rc_[size_t(l)];
+            // The gradient buffers are the layer's own.
+            const LayerActs & f = layers_[size_t(l)];
+            a.dfch_gelu = f.dfch_gelu, a.dfch = f.dfch, a.dln2 = f.dln2, a.datty = f.datty, a.dqkv = f.dqkv;
+            a.dln1 = f.dln1, a.qkv_rep_b = f.qkv_rep_b, a.dqkv_rep = f.dqkv_rep;
+        } else {
+            g.layer(l);
+            g.phase(Phase::recompute);
+            a = rc_plan_.kept(l) == kKeepAll ? layers_[size_t(l)] : recompute_dropped(g, l, p, x);
+            g.phase(Phase::backward);
+        }
+        g.layer(l);
+        // dres holds d(residual_mlp); the MLP branch's output gradient is the same tensor.
+        g.matmul_bwd(a.dfch_gelu, dp.fcprojw, dp.fcprojb, dres_, a.fch_gelu, p.fcprojw, wl_);
+        if (llama_) g.swiglu_bwd(a.dfch, a.dfch_gelu, a.fch);
+        else g.gelu_bwd(a.dfch, a.dfch_gelu, a.fch);
+        g.matmul_bwd(a.dln2, dp.fcw, dp.fcb, a.dfch, a.ln2, p.fcw, wl_);
+        norm_bwd(g, dres_, dp.ln2w, dp.ln2b, a.dln2, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd);
+        g.matmul_bwd(a.datty, dp.projw, dp.projb, dres_, a.atty, p.projw, wl_);
+        attention_bwd(g, a);
+        g.matmul_bwd(a.dln1, dp.qkvw, dp.qkvb, a.dqkv, a.ln1, p.qkvw, wl_);
+        norm_bwd(g, dres_, dp.ln1w, dp.ln1b, a.dln1, x, p.ln1w, a.ln1_mean, a.ln1_rstd);
+    }
+    g.layer(-1);
+    g.encoder_bwd(dw.wte, dw.wpe, dres_, tokens);
+}
+
+}  // namespace memfit

@@ -1,0 +1,120 @@
+// The transformer of both families (model/config.h): the per-op forward and backward, written
+// once against Graph. The constructor declares every activation buffer the pass needs (name,
+// category, bytes); forward()/backward() issue the ops. What each buffer's lifetime is follows
+// from the ops that touch it, so tensors that backward does not need (the projection outputs,
+// for example) are freed as soon as forward is done with them.
+//
+// One layer, GPT-2 | LLaMA where they differ:
+//   ln_1 = LayerNorm | RMSNorm (x);  qkv = ln_1 . W_qkv (+ b) | then RoPE on q and k, in place
+//   attention (causal; LLaMA's grouped KV heads are repeated into a transient full q|k|v first)
+//   res2 = x + attn . W_o (+ b);  ln_2 = norm (res2);  fc = ln_2 . W_fc (+ b)   [4C | gate|up 2F]
+//   act = GELU (fc) | silu(gate) * up;  res3 = res2 + act . W_down (+ b)
+// The fused W_qkv (and W_fc) of LLaMA are its adjacent q, k, v (gate, up) [out, in] matrices.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "backend/graph.h"
+#include "model/config.h"
+#include "model/param_layout.h"
+#include "model/recompute.h"
+
+namespace memfit {
+
+// Views of every weight (or gradient) inside one flat buffer. Tensors a family lacks (GPT-2's
+// biases and wpe for LLaMA) are invalid; `head` is `wte` when the head is tied.
+struct ModelWeights {
+    struct Layer {
+        Tensor ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
+    };
+    Tensor wte, wpe, lnfw, lnfb, head;
+    std::vector<Layer> h;
+};
+// `dtype`: the storage of the flat buffer (element offsets scale with it).
+ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, BufferId flat, DType dtype = DType::f32);
+
+struct ModelOptions {
+    bool with_backward = false;  // declare the backward pass's gradient buffers
+    bool keep_logits = false;    // logits persistent, so the host can read them after the step
+    int  loss_chunk = 0;         // rows (tokens) per LM-head + loss chunk; 0: the whole batch at once
+    bool flash_attention = false;// tiled attention: saves one log-sum-exp per query, not the T x T probabilities
+    RecomputePlan recompute;     // what each layer keeps for backward (model/recompute.h)
+    // Storage of weights and activations (kernels compute in f32 from it); mean/rstd/lse and
+    // logits stay f32. Parameter gradients are stored as `grad`.
+    DType compute = DType::f32;
+    DType grad = DType::f32;
+    // > 0: a decode program instead (forward only, B = 1): T new tokens attend over persistent
+    // KV caches of this many positions ("kv_cache.<l>.k|v", activations), and only the last
+    // token's logits are kept ("logits" [1, V]).
+    int kv_capacity = 0;
+};
+
+class Transformer {
+public:
+    // Declares the activation buffers for batch B, sequence T.
+    Transformer(const ModelConfig & cfg, int B, int T, Program & program, const ModelOptions & opt);
+
+    // tokens [B,T] i32 -> the final norm's output (the blocks and the final norm).
+    void forward(Graph & g, const ModelWeights & w, Tensor tokens) const;
+    // The LM head, for the whole batch: logits [B,T,V] into the `logits` buffer.
+    void head_logits(Graph & g, const ModelWeights & w) const;
+    // The LM head and the cross-entropy (losses [B,T]); with dw, also their backward (dlogits
+    // scaled by dloss, dhead accumulated, d(final norm output) written). Chunked by loss_chunk
+    // rows, so that with chunks the B*T*V logits never exist whole: each chunk's logits are
+    // turned into gradients and consumed before the next chunk's are computed.
+    void head_loss(Graph & g, const ModelWeights & w, const ModelWeights * dw, Tensor targets, Tensor losses,
+                   float dloss) const;
+    // The blocks' backward, after head_loss with dw; accumulates parameter gradients into dw.
+    // Recomputes what the recompute plan dropped just before each layer's (or segment's) backward.
+    void backward(Graph & g, const ModelWeights & w, const ModelWeights & dw, Tensor tokens) const;
+
+    // Decode program: the T tokens at positions pos0 .. pos0+T-1, their keys and values appended
+    // to the caches, the last one's logits into logits().
+    void decode(Graph & g, const ModelWeights & w, Tensor tokens, int pos0) const;
+
+    Tensor logits() const { return logits_; }
+
+private:
+    struct LayerActs {
+        Tensor ln1, ln1_mean, ln1_rstd, qkv, qkv_rep, att, lse, atty, attproj, res2, ln2, ln2_mean, ln2_rstd, fch,
+            fch_gelu, fcproj, res3;
+        // backward (qkv_rep_b, dqkv_rep: the repeated heads, grouped-query attention only)
+        Tensor dfch_gelu, dfch, dln2, datty, dqkv, dln1, qkv_rep_b, dqkv_rep;
+    };
+    // One layer's forward from input x into the buffers of `a`; the output projection and the
+    // last residual are skipped when the output is not needed (the last layer of a recomputed segment).
+    // With cache >= 0 (decode), attention reads and extends layer `cache`'s KV cache at pos0.
+    void layer_forward(Graph & g, const LayerActs & a, const ModelWeights::Layer & p, Tensor x, bool need_output,
+                       int cache = -1, int pos0 = 0) const;
+    // The family's pieces.
+    void norm_fwd(Graph & g, Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, Tensor b) const;
+    void norm_bwd(Graph & g, Tensor dx, Tensor dw, Tensor db, Tensor dout, Tensor x, Tensor w, Tensor mean,
+                  Tensor rstd) const;
+    void qkv_fwd(Graph & g, Tensor qkv, Tensor ln1, const ModelWeights::Layer & p, int pos0 = 0) const;
+    // Attention from qkv into out and lse | att; `rep` is the repeated-heads buffer (GQA).
+    void attention_fwd(Graph & g, Tensor out, Tensor lse, Tensor att, Tensor rep, Tensor qkv) const;
+    void attention_bwd(Graph & g, const LayerActs & a) const;
+    void act_fwd(Graph & g, Tensor out, Tensor fc) const;
+    LayerActs declare_layer(Program & program, const std::string & prefix, bool with_backward) const;
+    Tensor act(Program & program, const std::string & name, std::initializer_list<int64_t> dims, bool f32 = false) const;
+    // Recomputes the units layer l's mask dropped into rc_[l]; returns the layer's activations
+    // as backward reads them (kept ones from forward, the rest recomputed).
+    LayerActs recompute_dropped(Graph & g, int l, const ModelWeights::Layer & p, Tensor x) const;
+
+    ModelConfig cfg_;
+    int B_, T_;
+    bool llama_ = false, gqa_ = false;
+    WeightLayout wl_ = WeightLayout::in_out;
+    RecomputePlan rc_plan_;
+    DType dt_ = DType::f32;
+    std::vector<LayerActs> rc_;   // recomputed activations (used by backward) when recomputing
+    int chunk_rows_ = 0;   // rows per head chunk (B*T when unchunked)
+    bool flash_ = false;
+    Tensor encoded_, lnf_, lnf_mean_, lnf_rstd_, logits_;
+    Tensor dres_, dlnf_;
+    std::vector<LayerActs> layers_;
+    std::vector<Tensor> kcache_, vcache_;   // decode programs
+};
+
+}  // namespace memfit
