@@ -203,6 +203,9 @@ nlohmann::json hf_config_json(const ModelConfig & cfg) {
             {"n_head", cfg.n_head},
             {"n_inner", cfg.ffn > 0 ? nlohmann::json(cfg.ffn) : nlohmann::json(nullptr)},
             {"activation_function", "gelu_new"},
+            // GPT-2's <|endoftext|> is its BOS and EOS; a byte vocabulary has none.
+            {"bos_token_id", cfg.vocab_size == 50257 ? nlohmann::json(50256) : nlohmann::json(nullptr)},
+            {"eos_token_id", cfg.vocab_size == 50257 ? nlohmann::json(50256) : nlohmann::json(nullptr)},
             {"layer_norm_epsilon", shortest(cfg.ln_eps)},
             {"tie_word_embeddings", true},
             {"torch_dtype", "float32"}};
