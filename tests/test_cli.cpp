@@ -295,3 +295,35 @@ TEST(Cli, GenerateFromAnExportedFolder) {
     EXPECT_EQ(run_memfit(gen + "--temperature 0 --seed 99").out, greedy.out);   // greedy ignores the seed
     expect_clean_failure(run_memfit("generate --model " + run.string() + " --prompt x"), "no model.safetensors");
 }
+
+// The "done when": a LLaMA-style model trains on the corpus from the CLI, is exported,
+// re-imported with --model, and generates.
+TEST(Cli, LlamaTrainsExportsReimportsAndGenerates) {
+    const fs::path text = small_text("llama.txt");
+    const fs::path data = scratch("llama_data"), run = scratch("llama_run"), hf = scratch("llama_hf"),
+                   again = scratch("llama_again");
+    ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    const CmdResult t = run_memfit("train --model llama-nano --data " + data.string() +
+                                   " --batch 2 --seq 32 --steps 6 --eval-every 0 --sample 16 --checkpoint-every 6 "
+                                   "--progress plain --out " + run.string());
+    ASSERT_EQ(t.code, 0) << t.err << t.out;
+    EXPECT_NE(t.out.find("llama, 2 layers, 64 channels, 4 heads (2 KV), MLP 176"), std::string::npos) << t.out;
+    EXPECT_NE(t.out.find("sample (temperature 0.8):"), std::string::npos) << t.out;
+    ASSERT_EQ(run_memfit("export " + (run / "checkpoints").string() + " --out " + hf.string()).code, 0);
+    std::ifstream cfg(hf / "config.json");
+    const nlohmann::json j = nlohmann::json::parse(cfg);
+    EXPECT_EQ(j["architectures"][0], "LlamaForCausalLM");
+    EXPECT_EQ(j["num_key_value_heads"], 2);
+    EXPECT_EQ(j["rms_norm_eps"], 1e-5);
+    // Training from the folder starts from the exported weights (their values round-trip
+    // bitwise: HfWeights tests).
+    const CmdResult r = run_memfit("train --model " + hf.string() + " --data " + data.string() +
+                                   " --batch 2 --seq 32 --steps 1 --eval-every 0 --sample 0 --progress plain --out " +
+                                   again.string());
+    ASSERT_EQ(r.code, 0) << r.err << r.out;
+    EXPECT_NE(r.out.find("weights from " + hf.string()), std::string::npos) << r.out;
+    const CmdResult g = run_memfit("generate --model " + hf.string() + " --prompt ROMEO: --max-new-tokens 12 --seed 1");
+    ASSERT_EQ(g.code, 0) << g.err;
+    EXPECT_EQ(g.out.size(), std::string("ROMEO:").size() + 12 + 1) << g.out;
+    EXPECT_NE(g.err.find("KV cache"), std::string::npos) << g.err;
+}

@@ -1,4 +1,4 @@
-// Hugging Face GPT-2 folders: export then load is bitwise, 16-bit weights convert, the
+// Hugging Face GPT-2 and LLaMA folders: export then load is bitwise, 16-bit weights convert, the
 // "transformer." prefix and shards are accepted, and a wrong tensor set is refused by name.
 #include <gtest/gtest.h>
 
@@ -27,11 +27,21 @@ fs::path fresh_dir(const std::string & name) {
     return p;
 }
 
+ModelConfig llama_config(bool tied) {
+    ModelConfig c = memfit::test::small_config(50, 16, 2, 4, 12);
+    c.family = "llama";
+    c.n_kv_head = 2;
+    c.ffn = 24;
+    c.tied_head = tied;
+    return c;
+}
+
 struct Model {
     ModelConfig cfg = memfit::test::small_config(50, 16, 2, 2, 12);
     ParamLayout layout = make_param_layout(cfg);
     std::vector<float> params;
-    Model() {
+    explicit Model(ModelConfig c = memfit::test::small_config(50, 16, 2, 2, 12))
+        : cfg(std::move(c)), layout(make_param_layout(cfg)) {
         for (size_t i = 0; i < layout.total; ++i) params.push_back(float(int(i % 97) - 48) / 64.0f);
     }
 };
@@ -134,4 +144,44 @@ TEST(HfWeights, WrongTensorSetsAreRefusedByName) {
     std::vector<float> got(wide.layout.total);
     EXPECT_THROW(load_hf_weights(shape.string(), wide.cfg, wide.layout, got.data()), FormatError);
     expect_error(fresh_dir("empty"), "no model.safetensors");
+}
+
+TEST(HfWeights, LlamaFoldersRoundTripAndRefuseWrongTensors) {
+    for (bool tied : {false, true}) {
+        SCOPED_TRACE(tied ? "tied" : "untied");
+        Model m(llama_config(tied));
+        const fs::path dir = fresh_dir(tied ? "llama_tied" : "llama");
+        export_hf(dir.string(), m.cfg, m.layout, m.params.data());
+        const ModelConfig back = resolve_model(dir.string());
+        EXPECT_TRUE(back.llama());
+        EXPECT_EQ(back.kv_heads(), 2);
+        EXPECT_EQ(back.ffn_dim(), 24);
+        EXPECT_EQ(back.tied_head, tied);
+        std::vector<float> got(m.layout.total, -1.0f);
+        load_hf_weights(dir.string(), back, m.layout, got.data());
+        EXPECT_EQ(got, m.params);
+    }
+    Model m(llama_config(false));
+    const fs::path dir = fresh_dir("llama_bad");
+    std::ofstream(dir / "config.json") << hf_config_json(m.cfg).dump();
+    std::vector<float> got(m.layout.total);
+    // BF16 weights, and old checkpoints' rotary buffers, are fine.
+    write_folder(dir, m, "BF16", "", "", "model.layers.0.self_attn.rotary_emb.inv_freq");
+    EXPECT_NO_THROW(load_hf_weights(dir.string(), m.cfg, m.layout, got.data()));
+    EXPECT_EQ(got[0], bf16_to_f32(f32_to_bf16(m.params[0])));
+    auto refused = [&](const std::string & skip, const std::string & extra, const std::string & words) {
+        write_folder(dir, m, "F32", "", skip, extra);
+        try {
+            load_hf_weights(dir.string(), m.cfg, m.layout, got.data());
+            ADD_FAILURE() << "accepted";
+        } catch (const FormatError & e) {
+            EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+        }
+    };
+    refused("model.layers.1.self_attn.k_proj.weight", "", "missing tensor 'model.layers.1.self_attn.k_proj.weight'");
+    refused("", "model.layers.2.mlp.up_proj.weight", "unexpected tensor 'model.layers.2.mlp.up_proj.weight'");
+    // A GPT-2 folder's tensors under a LLaMA config.
+    Model g;
+    write_folder(dir, g, "F32");
+    EXPECT_THROW(load_hf_weights(dir.string(), m.cfg, m.layout, got.data()), FormatError);
 }

@@ -77,6 +77,15 @@ void ModelConfig::validate() const {
     if (vocab_size < 0) bad(fmt::format("vocab_size = {}, must be positive", vocab_size));
     if (!(ln_eps > 0)) bad(fmt::format("norm epsilon = {}, must be positive", ln_eps));
     if (ffn < 0) bad(fmt::format("intermediate_size = {}, must be positive", ffn));
+    // Bounds far beyond any real model, so that parameter counts cannot overflow 64 bits.
+    auto at_most = [&](const char * what, int64_t v, int64_t cap) {
+        if (v > cap) bad(fmt::format("{} = {} exceeds the supported {}", what, v, cap));
+    };
+    at_most("n_embd", n_embd, 1 << 20);
+    at_most("intermediate_size", ffn, 1 << 22);
+    at_most("n_layer", n_layer, 1 << 14);
+    at_most("vocab_size", vocab_size, 1 << 24);
+    at_most("n_positions", max_seq, 1 << 24);
     if (!llama()) {
         if (n_kv_head != 0 && n_kv_head != n_head) bad("grouped-query attention is a llama option");
         if (!tied_head) bad("untied GPT-2 heads are not supported");

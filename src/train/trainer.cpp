@@ -160,7 +160,10 @@ void run_training(const TrainOptions & opt) {
     // Validate every flag before doing any work.
     const uint64_t budget_flag = opt.memory_budget.empty() ? 0 : parse_bytes(opt.memory_budget);
     ModelConfig cfg = resolve_model(opt.model);
-    const DataSource data = resolve_data(opt.data, opt.tokenizer, cfg.vocab_size);
+    // A Hugging Face folder with a tokenizer.model tokenizes the corpus with it unless told otherwise.
+    const std::string tokenizer =
+        opt.tokenizer.empty() && fs::is_directory(opt.model) ? tokenizer_for_folder(opt.model) : opt.tokenizer;
+    const DataSource data = resolve_data(opt.data, tokenizer, cfg.vocab_size);
     if (cfg.vocab_size == 0) cfg.vocab_size = data.vocab_size;
     if (data.vocab_size > cfg.vocab_size)
         throw ConfigError(fmt::format("the data's vocabulary ({} tokens, {}) is larger than the model's ({}); "
