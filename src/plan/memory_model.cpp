@@ -1,0 +1,170 @@
+#include "plan/memory_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "model/recompute.h"
+#include "train/engine.h"
+
+namespace memfit {
+
+namespace {
+
+constexpr uint64_t kGemmWorkspace = 32ull << 20;   // cuBLASLt's recommended workspace on Hopper
+constexpr uint64_t kBucketBytes = 25'000'000;        // one gradient bucket (PyTorch DDP's default)
+
+uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+uint32_t keep_mask(const std::string & policy) {
+    if (policy == "none") return kKeepAll;
+    if (policy == "selective") return kKeepSelective;
+    if (policy == "full") return 0;
+    throw ConfigError(fmt::format("--recompute {}: the planner models none, selective and full", policy));
+}
+
+}  // namespace
+
+ParamSplit param_split(const ModelConfig & cfg) {
+    ModelConfig none = cfg, one = cfg;
+    none.n_layer = 0;
+    one.n_layer = 1;
+    ParamSplit s;
+    s.per_layer = one.num_params() - none.num_params();
+    const int64_t C = cfg.n_embd, V = cfg.vocab_size;
+    // Before the layers: token (and GPT-2's position) embeddings; after: final norm and head.
+    s.embed = V * C + (cfg.llama() ? 0 : int64_t(cfg.max_seq) * C);
+    s.head = none.num_params() - s.embed;
+    return s;
+}
+
+CategoryBytes model_state_bytes(int64_t params, const Candidate & c) {
+    const uint64_t P = uint64_t(params), s = dtype_size(c.compute), dp = uint64_t(c.layout.dp);
+    const int zero = c.layout.zero;
+    const uint64_t master = c.compute == DType::f32 ? 0 : 4;
+    const uint64_t opt = c.optimizer == Optimizer::adamw ? 8 : c.optimizer == Optimizer::adamw_8bit ? 2 : 4;
+    const uint64_t grad = c.accum > 1 ? 4 : s;
+    CategoryBytes b;
+    b[Category::parameters] = zero >= 3 ? ceil_div(P * s, dp) : P * s;
+    b[Category::master_weights] = zero >= 1 ? ceil_div(P * master, dp) : P * master;
+    b[Category::optimizer_states] = zero >= 1 ? ceil_div(P * opt, dp) : P * opt;
+    b[Category::gradients] = zero >= 2 ? ceil_div(P * grad, dp) : P * grad;
+    return b;
+}
+
+DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const Candidate & c, int seq) {
+    const Layout & L = c.layout;
+    MF_ASSERT(L.dp >= 1 && L.tp >= 1 && L.pp >= 1 && c.micro_batch >= 1 && c.accum >= 1);
+    const ParamSplit ps = param_split(cfg);
+    const int64_t layers = (cfg.n_layer + L.pp - 1) / L.pp;
+    // The busiest stage: the first (embedding) or the last (head; a tied head keeps a copy).
+    const int64_t head = ps.head + (cfg.tied_head && L.pp > 1 ? int64_t(cfg.vocab_size) * cfg.n_embd : 0);
+    const int64_t first = layers * ps.per_layer + ps.embed + (L.pp == 1 ? head : 0);
+    const int64_t last = layers * ps.per_layer + head;
+    const int64_t stage = L.pp == 1 ? first : std::max(first, last);
+    const int64_t params = (stage + L.tp - 1) / L.tp;
+
+    DeviceMemory m;
+    m.device = model_state_bytes(params, c);
+    const uint64_t s = dtype_size(c.compute);
+    if (L.offload != Offload::none) {
+        m.host = m.device[Category::master_weights] + m.device[Category::optimizer_states];
+        m.device[Category::master_weights] = m.device[Category::optimizer_states] = 0;
+        if (L.offload == Offload::optimizer_params) {
+            m.host += m.device[Category::parameters];
+            m.device[Category::parameters] = 0;
+        }
+    }
+    // ZeRO-3 and parameter offload keep two layers' weights gathered on the device.
+    const uint64_t gathered = uint64_t((ps.per_layer + L.tp - 1) / L.tp) * s * 2;
+    uint64_t comm = 0;
+    if (L.zero >= 3 || L.offload == Offload::optimizer_params) comm += gathered;
+    if (L.dp > 1) comm += 2 * kBucketBytes;   // two gradient buckets: one reducing, one filling
+
+    // Activations of one micro-batch of one layer, by unit.
+    const int b = c.micro_batch;
+    const uint64_t BTC = uint64_t(b) * uint64_t(seq) * uint64_t(cfg.n_embd) * s;
+    const uint32_t mask = keep_mask(c.recompute);
+    auto unit = [&](Saved u) { return layer_keep_cost(cfg, b, seq, c.flash, c.compute, 1u << int(u)).bytes; };
+    const uint64_t tp = uint64_t(L.tp);
+    uint64_t split = 0, replicated = BTC;   // the layer's input is always kept
+    for (int u = 0; u < int(Saved::count); ++u) {
+        if (!((mask >> u) & 1u)) continue;
+        const Saved su = Saved(u);
+        const bool by_heads = su == Saved::qkv || su == Saved::attn_out || su == Saved::attn_probs ||
+                              su == Saved::fc || su == Saved::gelu;
+        (by_heads ? split : replicated) += unit(su);
+    }
+    const uint64_t per_layer = split / tp + (L.sp ? replicated / tp : replicated);
+    double in_flight = 1;
+    if (L.pp > 1) {
+        const double mb = double(c.accum), p = double(L.pp);
+        in_flight = L.schedule == Schedule::gpipe ? mb
+                  : L.schedule == Schedule::one_f_one_b ? std::min(mb, p)
+                  : std::min(mb, p) * (1.0 + (p - 1.0) / (p * double(L.virtual_stages)));
+    }
+    const uint64_t kept = uint64_t(std::ceil(double(per_layer * uint64_t(layers)) * in_flight));
+    // One layer's backward working set (its activation gradients) and what it recomputes.
+    const uint64_t all = layer_keep_cost(cfg, b, seq, c.flash, c.compute, kKeepAll).bytes;
+    const uint64_t rc = all - layer_keep_cost(cfg, b, seq, c.flash, c.compute, mask).bytes;
+    const uint64_t grads = uint64_t(b) * uint64_t(seq) * uint64_t(cfg.fc_dim() + cfg.ffn_dim() + cfg.qkv_dim()) * s / tp +
+                           3 * BTC;
+    const uint64_t logits = uint64_t(b) * uint64_t(seq) * uint64_t(cfg.vocab_size) * 4 / tp;
+    m.device[Category::activations] = kept + grads + rc / tp + logits + 2 * BTC;
+    if (L.pp > 1) comm += 2 * BTC / (L.sp ? tp : 1);
+    m.device[Category::communication] = comm;
+    m.device[Category::workspace] = hw.name == "cpu" ? 0 : kGemmWorkspace;
+    m.device[Category::runtime] = hw.memory - hw.usable;
+    m.loaded = L.pp == 1 ? (L.devices() == 1 ? "the only device" : "every device alike") : "the first pipeline stage";
+    return m;
+}
+
+uint64_t megatron_layer_activation_bytes(const ModelConfig & cfg, int b, int s, int t, bool sp,
+                                         const std::string & policy) {
+    const uint64_t sbh = uint64_t(b) * uint64_t(s) * uint64_t(cfg.n_embd);
+    const uint64_t as2b = uint64_t(cfg.n_head) * uint64_t(s) * uint64_t(s) * uint64_t(b);
+    if (policy == "full") return 2 * sbh;   // the layer's input only
+    if (policy != "none" && policy != "attention")
+        throw ConfigError(fmt::format("Megatron accounting knows none, attention and full, not '{}'", policy));
+    // memfit's units in 16 bits without the f32 norm statistics, naive attention.
+    auto unit = [&](Saved u) {
+        const uint64_t with = layer_keep_cost(cfg, b, s, false, DType::bf16, 1u << int(u)).bytes;
+        const bool norm = u == Saved::ln1 || u == Saved::ln2;
+        return norm ? with - 4 * uint64_t(b) * uint64_t(s) * (cfg.llama() ? 1 : 2) : with;
+    };
+    // Split by tensor parallelism: q|k|v, the attention output, fc and its activation, and the
+    // attention core (probabilities, their dropout mask and output).
+    uint64_t split = unit(Saved::qkv) + unit(Saved::attn_out) + unit(Saved::fc) + unit(Saved::gelu);
+    if (policy == "none") split += unit(Saved::attn_probs) + as2b + 2 * as2b;
+    // Not split without sequence parallelism: the two norms' inputs and outputs and the two
+    // residual dropouts' 1-byte masks.
+    const uint64_t rest = 2 * sbh + unit(Saved::ln1) + unit(Saved::res2) + unit(Saved::ln2) + 2 * sbh;
+    const uint64_t T = uint64_t(t);
+    return split / T + (sp ? rest / T : rest);
+}
+
+DeviceMemory exact_memory(const ModelConfig & cfg, const Hardware & hw, const Candidate & c, int seq,
+                          const Backend & sizing) {
+    const Layout & L = c.layout;
+    if (L.devices() != 1 || L.zero != 0 || L.offload != Offload::none || c.optimizer != Optimizer::adamw)
+        throw ConfigError("the engine's exact plan covers one device with AdamW, no ZeRO and no offload");
+    EngineOptions eo;
+    eo.B = c.micro_batch;
+    eo.T = seq;
+    eo.grad_accum = c.accum;
+    eo.with_eval = false;
+    eo.flash_attention = c.flash;
+    eo.compute = c.compute;
+    eo.recompute = parse_recompute(c.recompute, cfg.n_layer);
+    const StepPlans plans(cfg, sizing, eo);
+    DeviceMemory m;
+    m.device = plans.peak_live();
+    m.device[Category::runtime] = hw.memory - hw.usable;
+    m.loaded = "the only device";
+    m.exact = true;
+    return m;
+}
+
+}  // namespace memfit

@@ -1,0 +1,151 @@
+// The planner's memory model: the ZeRO paper's model-state figures, Korthikanti et al. 2022's
+// activation bytes per layer (Table 2) under their assumptions, and, for configurations the
+// engine runs, the plan equal to what the engine measures, byte for byte.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "backend/cpu/cpu_backend.h"
+#include "plan/memory_model.h"
+#include "train/engine.h"
+#include "test_util.h"
+
+using namespace memfit;
+
+namespace {
+
+Hardware test_gpu() {
+    Hardware h;
+    h.name = "test-gpu";
+    h.memory = 80ull << 30;
+    h.usable = 79ull << 30;
+    h.bf16_flops = 1e15;
+    h.fp16_flops = 1e15;
+    h.fp32_flops = 6e13;
+    h.mem_bw = 3e12;
+    return h;
+}
+
+}  // namespace
+
+// Rajbhandari et al. 2020, figure 1: a 7.5B-parameter model on 64 GPUs, mixed-precision Adam.
+TEST(PlanMemory, ZeroPaperModelStates) {
+    const int64_t psi = 7'500'000'000;
+    const double want[4] = {120.0, 31.4, 16.6, 1.9};   // GB per GPU for DP, ZeRO-1, -2, -3
+    for (int zero = 0; zero <= 3; ++zero) {
+        Candidate c;
+        c.compute = DType::f16;
+        c.layout.dp = 64;
+        c.layout.zero = zero;
+        const double gb = double(model_state_bytes(psi, c).total()) / 1e9;
+        EXPECT_NEAR(gb, want[zero], 0.05) << "ZeRO-" << zero;
+    }
+    // Formulas behind them: 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N.
+    Candidate c;
+    c.compute = DType::bf16;
+    c.layout.dp = 8;
+    c.layout.zero = 2;
+    EXPECT_EQ(model_state_bytes(800, c).total(), uint64_t(2 * 800 + 14 * 800 / 8));
+}
+
+// Korthikanti et al. 2022, Table 2, per layer: s sequence, b micro-batch, h hidden, a heads, t TP.
+TEST(PlanMemory, KorthikantiActivationsPerLayer) {
+    ModelConfig cfg = model_preset("gpt2-medium");   // h = 1024, a = 16
+    const uint64_t s = 2048, b = 4, h = 1024, a = 16;
+    const uint64_t sbh = s * b * h, as2b = a * s * s * b;
+    auto got = [&](int t, bool sp, const char * policy) {
+        return megatron_layer_activation_bytes(cfg, int(b), int(s), t, sp, policy);
+    };
+    EXPECT_EQ(got(1, false, "none"), 34 * sbh + 5 * as2b);                    // sbh(34 + 5as/h)
+    for (uint64_t t : {2, 4, 8}) {
+        SCOPED_TRACE(t);
+        EXPECT_EQ(got(int(t), false, "none"), 10 * sbh + 24 * sbh / t + 5 * as2b / t);   // sbh(10 + 24/t + 5as/(ht))
+        EXPECT_EQ(got(int(t), true, "none"), (34 * sbh + 5 * as2b) / t);                 // sbh/t (34 + 5as/h)
+        EXPECT_EQ(got(int(t), false, "attention"), 10 * sbh + 24 * sbh / t);             // sbh(10 + 24/t)
+        EXPECT_EQ(got(int(t), true, "attention"), 34 * sbh / t);                         // 34 sbh / t
+    }
+    EXPECT_EQ(got(1, false, "full"), 2 * sbh);                                           // 2sbh
+}
+
+// For what the engine runs, the plan is the engine's program: planned == measured per category.
+TEST(PlanMemory, ExactForTheEngineGrid) {
+    CpuBackend backend;
+    Hardware cpu = test_gpu();
+    cpu.name = "cpu";
+    cpu.usable = cpu.memory;
+    struct Case { const char * model; int B, T; const char * rc; bool flash; DType dt; int accum; };
+    for (const Case & k : {Case{"nano", 2, 64, "none", true, DType::f32, 1}, Case{"nano", 4, 32, "full", false, DType::f32, 2},
+                           Case{"llama-nano", 2, 64, "selective", true, DType::bf16, 1},
+                           Case{"llama-nano", 1, 128, "none", false, DType::f32, 3},
+                           Case{"micro", 2, 64, "selective", true, DType::f16, 1}}) {
+        SCOPED_TRACE(std::string(k.model) + " " + k.rc);
+        ModelConfig cfg = model_preset(k.model);
+        cfg.vocab_size = 256;
+        Candidate c;
+        c.micro_batch = k.B;
+        c.accum = k.accum;
+        c.recompute = k.rc;
+        c.flash = k.flash;
+        c.compute = k.dt;
+        const DeviceMemory plan = exact_memory(cfg, cpu, c, k.T, backend);
+        EXPECT_TRUE(plan.exact);
+        EngineOptions eo;
+        eo.B = k.B;
+        eo.T = k.T;
+        eo.grad_accum = k.accum;
+        eo.with_eval = false;
+        eo.flash_attention = k.flash;
+        eo.compute = k.dt;
+        eo.recompute = parse_recompute(k.rc, cfg.n_layer);
+        Engine e(cfg, backend, eo);
+        e.init_params(1);
+        std::vector<int32_t> in(size_t(k.B * k.T * k.accum)), tg(in.size());
+        memfit::test::random_batch(in, tg, cfg.vocab_size, 1);
+        e.train_step(in.data(), tg.data(), AdamWHyper{});
+        for (size_t cat = 0; cat < kCategoryCount; ++cat) {
+            if (Category(cat) == Category::runtime) continue;
+            EXPECT_EQ(plan.device.v[cat], e.ledger().live_peak().v[cat]) << kCategoryNames[cat];
+        }
+        // The analytic model, used by the search, is close to the exact one on one device.
+        const DeviceMemory approx = predict_memory(cfg, cpu, c, k.T);
+        const double ratio = double(approx.total()) / double(plan.total());
+        EXPECT_GT(ratio, 0.8);
+        EXPECT_LT(ratio, 1.5);
+    }
+}
+
+TEST(PlanMemory, LayoutsDivideWhatTheyShouldAndOffloadMovesToTheHost) {
+    const ModelConfig cfg = model_preset("llama2-7b");
+    const Hardware hw = test_gpu();
+    Candidate base;
+    base.micro_batch = 1;
+    const DeviceMemory one = predict_memory(cfg, hw, base, 4096);
+    Candidate tp = base;
+    tp.layout.tp = 8;
+    const DeviceMemory t8 = predict_memory(cfg, hw, tp, 4096);
+    EXPECT_NEAR(double(t8.device[Category::parameters]) / double(one.device[Category::parameters]), 1.0 / 8, 0.01);
+    EXPECT_LT(t8.device[Category::activations], one.device[Category::activations]);
+    tp.layout.sp = true;
+    EXPECT_LT(predict_memory(cfg, hw, tp, 4096).device[Category::activations], t8.device[Category::activations]);
+    Candidate z3 = base;
+    z3.layout.dp = 8;
+    z3.layout.zero = 3;
+    const DeviceMemory d = predict_memory(cfg, hw, z3, 4096);
+    EXPECT_NEAR(double(d.device[Category::optimizer_states]) / double(one.device[Category::optimizer_states]), 1.0 / 8,
+                0.001);
+    EXPECT_GT(d.device[Category::communication], 0u);   // gathered layers, buckets
+    Candidate off = base;
+    off.layout.offload = Offload::optimizer;
+    const DeviceMemory o = predict_memory(cfg, hw, off, 4096);
+    EXPECT_EQ(o.device[Category::optimizer_states], 0u);
+    EXPECT_EQ(o.host, one.device[Category::optimizer_states] + one.device[Category::master_weights]);
+    // Pipeline: GPipe keeps all m micro-batches in flight on the first stage, 1F1B at most pp.
+    Candidate pp = base;
+    pp.layout.pp = 4;
+    pp.accum = 16;
+    pp.layout.schedule = Schedule::gpipe;
+    const uint64_t gpipe = predict_memory(cfg, hw, pp, 4096).device[Category::activations];
+    pp.layout.schedule = Schedule::one_f_one_b;
+    const uint64_t f1b = predict_memory(cfg, hw, pp, 4096).device[Category::activations];
+    EXPECT_GT(gpipe, 3 * f1b);
+}
