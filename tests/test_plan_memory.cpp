@@ -138,7 +138,9 @@ TEST(PlanMemory, LayoutsDivideWhatTheyShouldAndOffloadMovesToTheHost) {
     off.layout.offload = Offload::optimizer;
     const DeviceMemory o = predict_memory(cfg, hw, off, 4096);
     EXPECT_EQ(o.device[Category::optimizer_states], 0u);
-    EXPECT_EQ(o.host, one.device[Category::optimizer_states] + one.device[Category::master_weights]);
+    EXPECT_EQ(o.device[Category::gradients], 0u);
+    EXPECT_EQ(o.host, one.device[Category::optimizer_states] + one.device[Category::master_weights] +
+                          one.device[Category::gradients]);
     // Pipeline: GPipe keeps all m micro-batches in flight on the first stage, 1F1B at most pp.
     Candidate pp = base;
     pp.layout.pp = 4;

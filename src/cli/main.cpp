@@ -14,6 +14,7 @@ int main(int argc, char ** argv) {
     memfit::cli::add_data_commands(app);
     memfit::cli::add_train_commands(app);
     memfit::cli::add_model_commands(app);
+    memfit::cli::add_plan_commands(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp & e) {

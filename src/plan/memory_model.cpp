@@ -70,8 +70,12 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     m.device = model_state_bytes(params, c);
     const uint64_t s = dtype_size(c.compute);
     if (L.offload != Offload::none) {
-        m.host = m.device[Category::master_weights] + m.device[Category::optimizer_states];
+        // ZeRO-Offload: the optimizer runs on the host, so gradients stream there bucket by
+        // bucket (the buckets are counted in `communication`) and accumulate there.
+        m.host = m.device[Category::master_weights] + m.device[Category::optimizer_states] +
+                 m.device[Category::gradients];
         m.device[Category::master_weights] = m.device[Category::optimizer_states] = 0;
+        m.device[Category::gradients] = 0;
         if (L.offload == Offload::optimizer_params) {
             m.host += m.device[Category::parameters];
             m.device[Category::parameters] = 0;
@@ -81,7 +85,7 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     const uint64_t gathered = uint64_t((ps.per_layer + L.tp - 1) / L.tp) * s * 2;
     uint64_t comm = 0;
     if (L.zero >= 3 || L.offload == Offload::optimizer_params) comm += gathered;
-    if (L.dp > 1) comm += 2 * kBucketBytes;   // two gradient buckets: one reducing, one filling
+    if (L.dp > 1 || L.offload != Offload::none) comm += 2 * kBucketBytes;   // two gradient buckets: one moving, one filling
 
     // Activations of one micro-batch of one layer, by unit.
     const int b = c.micro_batch;

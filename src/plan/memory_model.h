@@ -15,8 +15,9 @@
 //                 micro-batches accumulate in fp32, as the engine does). ZeRO-1 divides master
 //                 weights and optimizer states by dp, ZeRO-2 also gradients, ZeRO-3 also the
 //                 weights, and adds two layers' gathered weights (in use and prefetched) to
-//                 `communication`. Optimizer offload moves master weights and optimizer states
-//                 to the host (reported as host bytes; gradients stream there per bucket);
+//                 `communication`. Optimizer offload moves master weights, optimizer states and
+//                 gradients to the host (reported as host bytes; gradients stream there bucket
+//                 by bucket);
 //                 optimizer+params also the weights (two layers stay gathered on the device).
 //   activations   per layer and micro-batch, the engine's kept units (layer_keep_cost) for the
 //                 recompute policy plus the layer's input; tensor parallelism divides the units

@@ -1,0 +1,235 @@
+#include "plan/search.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "core/units.h"
+
+namespace memfit {
+
+namespace {
+
+std::vector<int> divisors(int n, int cap) {
+    std::vector<int> d;
+    for (int i = 1; i <= std::min(n, cap); ++i)
+        if (n % i == 0) d.push_back(i);
+    return d;
+}
+
+template <class T>
+std::vector<T> fixed_or(const std::optional<T> & fixed, std::vector<T> all) {
+    return fixed ? std::vector<T>{*fixed} : all;
+}
+
+const char * schedule_name(const Layout & l) {
+    return l.schedule == Schedule::gpipe ? "GPipe" : l.schedule == Schedule::one_f_one_b ? "1F1B" : "interleaved";
+}
+
+bool faster(const PlanResult & a, const PlanResult & b) {
+    if (a.time.tokens_per_s != b.time.tokens_per_s) return a.time.tokens_per_s > b.time.tokens_per_s;
+    return a.mem.total() < b.mem.total();   // ties: more headroom
+}
+
+// Keeps the `n` best of a stream without sorting everything.
+void keep_best(std::vector<PlanResult> & v, PlanResult && r, size_t n) {
+    if (v.size() < n) {
+        v.push_back(std::move(r));
+        std::sort(v.begin(), v.end(), faster);
+        return;
+    }
+    if (!faster(r, v.back())) return;
+    v.back() = std::move(r);
+    std::sort(v.begin(), v.end(), faster);
+}
+
+std::string biggest(const CategoryBytes & b) {
+    size_t top = 0;
+    for (size_t c = 0; c < kCategoryCount; ++c)
+        if (b.v[c] > b.v[top]) top = c;
+    return fmt::format("{} {}", kCategoryNames[top], format_bytes(b.v[top]));
+}
+
+// Offloaded bytes of the devices of one node must fit that node's host memory.
+bool host_fits(const PlanRequest & r, const DeviceMemory & m) {
+    if (m.host == 0 || r.hw.host_memory == 0) return true;
+    return m.host * uint64_t(std::min(r.gpus, std::max(1, r.hw.per_node))) <= r.hw.host_memory;
+}
+
+bool engine_runs(const PlanRequest & r, const Candidate & c) {
+    return r.exact_sizing && c.layout.devices() == 1 && c.layout.zero == 0 && c.layout.offload == Offload::none &&
+           c.optimizer == Optimizer::adamw;
+}
+
+}  // namespace
+
+std::string layout_name(const Layout & l) {
+    std::string s = fmt::format("dp {} x tp {} x pp {}", l.dp, l.tp, l.pp);
+    if (l.zero > 0) s += fmt::format(", ZeRO-{}", l.zero);
+    if (l.offload == Offload::optimizer) s += ", offload optimizer";
+    if (l.offload == Offload::optimizer_params) s += ", offload optimizer+params";
+    if (l.sp) s += ", sp";
+    if (l.pp > 1) {
+        s += fmt::format(", {}", schedule_name(l));
+        if (l.schedule == Schedule::interleaved) s += fmt::format(":{}", l.virtual_stages);
+    }
+    return s;
+}
+
+std::string technique_name(const Candidate & c) {
+    return fmt::format("micro-batch {} x {}, recompute {}, {}", c.micro_batch, c.accum, c.recompute,
+                       c.flash ? "flash" : "naive");
+}
+
+SearchReport search_plans(const PlanRequest & r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const ModelConfig & cfg = r.cfg;
+    if (r.gpus < 1 || r.seq < 1 || r.global_batch < 1)
+        throw ConfigError(fmt::format("--gpus {}, --seq {}, --global-batch {}: each must be at least 1", r.gpus, r.seq,
+                                      r.global_batch));
+    if (r.seq > cfg.max_seq)
+        throw ConfigError(fmt::format("--seq {} exceeds the model's {} positions", r.seq, cfg.max_seq));
+    const uint64_t capacity = r.hw.memory;
+    SearchReport rep;
+    // Tensor parallelism stays inside a node and must split the heads (and the KV heads, or be
+    // a multiple of them); pipeline stages must each get a layer.
+    std::vector<int> tps;
+    for (int t : fixed_or(r.tp, divisors(r.gpus, std::max(1, r.hw.per_node))))
+        if (r.gpus % t == 0 && cfg.n_head % t == 0 && (cfg.kv_heads() % t == 0 || t % cfg.kv_heads() == 0)) tps.push_back(t);
+    bool any_layout = false;
+    for (int tp : tps)
+        for (int pp : fixed_or(r.pp, divisors(r.gpus / tp, cfg.n_layer))) {
+            if ((r.gpus / tp) % pp) continue;
+            const int dp = r.gpus / (tp * pp);
+            if (r.global_batch % dp) continue;
+            any_layout = true;
+            const int per_rank = r.global_batch / dp;
+            for (int zero : fixed_or(r.zero, dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0}))
+                for (Offload off : fixed_or(r.offload, {Offload::none, Offload::optimizer, Offload::optimizer_params})) {
+                    if (off == Offload::optimizer_params && zero < 3 && !r.offload) continue;
+                    if (pp > 1 && zero >= 2 && !r.zero) continue;   // ZeRO-2/3 with pipelines: not searched
+                    for (bool sp : fixed_or(r.sp, tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})) {
+                        Layout L;
+                        L.dp = dp, L.tp = tp, L.pp = pp, L.zero = zero, L.offload = off, L.sp = sp && tp > 1;
+                        // Prune: the smallest footprint this layout can have (micro-batch 1, full recompute).
+                        Candidate probe;
+                        probe.layout = L;
+                        probe.micro_batch = 1;
+                        probe.accum = per_rank;
+                        probe.recompute = "full";
+                        probe.flash = true;
+                        probe.compute = r.compute;
+                        probe.optimizer = r.optimizer;
+                        if (pp > 1) probe.layout.schedule = Schedule::one_f_one_b;
+                        const DeviceMemory floor = predict_memory(cfg, r.hw, probe, r.seq);
+                        if (floor.total() > capacity) {
+                            ++rep.pruned_layouts;
+                            PlanResult pr;
+                            pr.c = probe;
+                            pr.mem = floor;
+                            pr.time = predict_step_time(cfg, r.hw, probe, r.seq, r.nodes);
+                            pr.why = fmt::format("needs {} of {} even at micro-batch 1 with full recomputation: {}",
+                                                 format_bytes(floor.total()), format_bytes(capacity),
+                                                 biggest(floor.device));
+                            keep_best(rep.rejected, std::move(pr), r.top);
+                            continue;
+                        }
+                        std::vector<Schedule> scheds = {Schedule::one_f_one_b};
+                        if (pp > 1) {
+                            if (r.schedule) scheds = {*r.schedule};
+                            else if (cfg.n_layer % (pp * r.virtual_stages) == 0) scheds.push_back(Schedule::interleaved);
+                        }
+                        for (Schedule sch : scheds)
+                            for (int mb : fixed_or(r.micro_batch, divisors(per_rank, 64))) {
+                                if (per_rank % mb) continue;
+                                for (const std::string & rc : fixed_or(r.recompute, {"none", "selective", "full"}))
+                                    for (bool flash : fixed_or(r.flash, {true})) {
+                                        PlanResult pr;
+                                        pr.c.layout = L;
+                                        pr.c.layout.schedule = sch;
+                                        pr.c.layout.virtual_stages = sch == Schedule::interleaved ? r.virtual_stages : 1;
+                                        pr.c.micro_batch = mb;
+                                        pr.c.accum = per_rank / mb;
+                                        pr.c.recompute = rc;
+                                        pr.c.flash = flash;
+                                        pr.c.compute = r.compute;
+                                        pr.c.optimizer = r.optimizer;
+                                        pr.mem = predict_memory(cfg, r.hw, pr.c, r.seq);
+                                        pr.time = predict_step_time(cfg, r.hw, pr.c, r.seq, r.nodes);
+                                        pr.fits = pr.mem.total() <= capacity && host_fits(r, pr.mem);
+                                        ++rep.evaluated;
+                                        if (pr.fits) {
+                                            ++rep.fitting;
+                                            keep_best(rep.best, std::move(pr), r.top);
+                                        } else {
+                                            pr.why = pr.mem.total() > capacity
+                                                         ? fmt::format("needs {} of {}: {}", format_bytes(pr.mem.total()),
+                                                                       format_bytes(capacity), biggest(pr.mem.device))
+                                                         : fmt::format("offloads {} per device: more than the node's "
+                                                                       "{} of host memory holds",
+                                                                       format_bytes(pr.mem.host),
+                                                                       format_bytes(r.hw.host_memory));
+                                            keep_best(rep.rejected, std::move(pr), r.top);
+                                        }
+                                    }
+                            }
+                    }
+                }
+        }
+    if (!any_layout)
+        throw ConfigError(fmt::format("no layout of {} devices divides the global batch of {} (data-parallel size must "
+                                      "divide it); pick --global-batch a multiple of the data-parallel size",
+                                      r.gpus, r.global_batch));
+    // What would make a rejected candidate fit: the first of these that does.
+    for (PlanResult & pr : rep.rejected) {
+        if (pr.why.find("even at micro-batch 1") != std::string::npos) continue;
+        auto try_fix = [&](Candidate alt, const std::string & what) {
+            if (predict_memory(cfg, r.hw, alt, r.seq).total() > capacity) return false;
+            pr.why += "; " + what + " would fit";
+            return true;
+        };
+        Candidate a = pr.c;
+        a.recompute = "selective";
+        if (pr.c.recompute == "none" && try_fix(a, "selective recomputation")) continue;
+        a.recompute = "full";
+        if (pr.c.recompute != "full" && try_fix(a, "full recomputation")) continue;
+        a = pr.c;
+        a.micro_batch = 1;
+        a.accum = pr.c.micro_batch * pr.c.accum;
+        if (pr.c.micro_batch > 1 && try_fix(a, "micro-batch 1")) continue;
+        a = pr.c;
+        a.layout.zero = std::min(3, a.layout.zero + 1);
+        if (pr.c.layout.dp > 1 && pr.c.layout.zero < 3) try_fix(a, fmt::format("ZeRO-{}", a.layout.zero));
+    }
+    // One device the engine runs: the engine's own numbers for what is shown.
+    for (PlanResult & pr : rep.best)
+        if (engine_runs(r, pr.c)) pr.mem = exact_memory(cfg, r.hw, pr.c, r.seq, *r.exact_sizing);
+    rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return rep;
+}
+
+int min_gpus(PlanRequest r, int limit, SearchReport * report) {
+    const int node = std::max(1, r.hw.per_node);
+    std::vector<int> counts;
+    for (int n = 1; n < node && n <= limit; n *= 2) counts.push_back(n);
+    for (int n = node; n <= limit; n += node) counts.push_back(n);
+    for (int n : counts) {
+        r.gpus = n;
+        r.nodes = (n + node - 1) / node;
+        try {
+            SearchReport rep = search_plans(r);
+            if (!rep.best.empty()) {
+                if (report) *report = std::move(rep);
+                return n;
+            }
+        } catch (const ConfigError &) {
+            // this count cannot divide the global batch: try the next
+        }
+    }
+    return 0;
+}
+
+}  // namespace memfit

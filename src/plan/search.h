@@ -1,0 +1,67 @@
+// The configuration search of `memfit plan`: every layout and technique the request leaves
+// open, enumerated and pruned (a layout whose model states alone do not fit gets no micro-batch
+// sweep), each candidate's memory predicted per device (memory_model.h) and its step time
+// (time_model.h); ranked by predicted tokens/s, ties by memory headroom.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/config.h"
+#include "plan/memory_model.h"
+#include "plan/plan_types.h"
+#include "plan/time_model.h"
+
+namespace memfit {
+
+struct PlanRequest {
+    ModelConfig cfg;
+    Hardware hw;
+    int gpus = 1, nodes = 1;
+    int seq = 1024, global_batch = 8;
+    DType compute = DType::bf16;
+    Optimizer optimizer = Optimizer::adamw;
+    // Fixed choices; what is unset is searched.
+    std::optional<int> zero, tp, pp, micro_batch;
+    std::optional<Offload> offload;
+    std::optional<Schedule> schedule;
+    int virtual_stages = 2;                  // interleaved:V
+    std::optional<bool> sp, flash;
+    std::optional<std::string> recompute;
+    size_t top = 5;
+    // One device and engine-runnable candidates get the engine's exact numbers when set (the
+    // backend whose workspace sizes apply: the CPU backend for the `cpu` hardware).
+    const Backend * exact_sizing = nullptr;
+};
+
+struct PlanResult {
+    Candidate c;
+    DeviceMemory mem;
+    StepTime time;
+    bool fits = false;
+    std::string why;   // rejected: what does not fit, and what would
+};
+
+struct SearchReport {
+    std::vector<PlanResult> best;       // fitting, fastest first (at most `top`)
+    std::vector<PlanResult> rejected;   // the fastest candidates that did not fit (at most `top`)
+    size_t evaluated = 0, fitting = 0, pruned_layouts = 0;
+    double seconds = 0;
+};
+
+// Throws ConfigError for a request no layout can satisfy (e.g. a global batch the data-parallel
+// size cannot divide, with the sizes that would).
+SearchReport search_plans(const PlanRequest & r);
+
+// The fewest devices (multiples of one, then of a node) on which some configuration fits, up to
+// `limit`, with that search's report; 0 if none does.
+int min_gpus(PlanRequest r, int limit, SearchReport * report);
+
+// "dp 8 x tp 8 x pp 1, ZeRO-1, sp, 1F1B" and "micro-batch 1 x 16, recompute selective, flash".
+std::string layout_name(const Layout & l);
+std::string technique_name(const Candidate & c);
+
+}  // namespace memfit
