@@ -12,22 +12,6 @@
 
 using namespace memfit;
 
-namespace {
-
-Hardware test_gpu() {
-    Hardware h;
-    h.name = "test-gpu";
-    h.memory = 80ull << 30;
-    h.usable = 79ull << 30;
-    h.bf16_flops = 1e15;
-    h.fp16_flops = 1e15;
-    h.fp32_flops = 6e13;
-    h.mem_bw = 3e12;
-    return h;
-}
-
-}  // namespace
-
 // Rajbhandari et al. 2020, figure 1: a 7.5B-parameter model on 64 GPUs, mixed-precision Adam.
 TEST(PlanMemory, ZeroPaperModelStates) {
     const int64_t psi = 7'500'000'000;
@@ -70,7 +54,7 @@ TEST(PlanMemory, KorthikantiActivationsPerLayer) {
 // For what the engine runs, the plan is the engine's program: planned == measured per category.
 TEST(PlanMemory, ExactForTheEngineGrid) {
     CpuBackend backend;
-    Hardware cpu = test_gpu();
+    Hardware cpu = memfit::test::h100_like();
     cpu.name = "cpu";
     cpu.usable = cpu.memory;
     struct Case { const char * model; int B, T; const char * rc; bool flash; DType dt; int accum; };
@@ -116,7 +100,7 @@ TEST(PlanMemory, ExactForTheEngineGrid) {
 
 TEST(PlanMemory, LayoutsDivideWhatTheyShouldAndOffloadMovesToTheHost) {
     const ModelConfig cfg = model_preset("llama2-7b");
-    const Hardware hw = test_gpu();
+    const Hardware hw = memfit::test::h100_like();
     Candidate base;
     base.micro_batch = 1;
     const DeviceMemory one = predict_memory(cfg, hw, base, 4096);

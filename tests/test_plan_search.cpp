@@ -7,34 +7,17 @@
 #include "core/error.h"
 #include "plan/plan_report.h"
 #include "plan/search.h"
+#include "test_util.h"
 
 using namespace memfit;
 
 namespace {
 
-Hardware h100() {
-    Hardware h;
-    h.name = "h100-test";
-    h.memory = 80ull << 30;
-    h.usable = 79ull << 30;
-    h.bf16_flops = 989e12;
-    h.fp16_flops = 989e12;
-    h.fp32_flops = 67e12;
-    h.mem_bw = 3.35e12;
-    h.per_node = 8;
-    h.intra_bw = 450e9;
-    h.intra_latency = 5e-6;
-    h.inter_bw = 50e9;
-    h.inter_latency = 10e-6;
-    h.host_bw = 55e9;
-    h.host_memory = 2ull << 40;
-    return h;
-}
 
 PlanRequest llama70b_on_64() {
     PlanRequest r;
     r.cfg = model_preset("llama2-70b");
-    r.hw = h100();
+    r.hw = memfit::test::h100_like();
     r.gpus = 64;
     r.nodes = 8;
     r.seq = 4096;
@@ -128,7 +111,7 @@ TEST(PlanSearch, OneCpuDeviceCarriesTheEnginesExactNumbers) {
     PlanRequest r;
     r.cfg = model_preset("llama-nano");
     r.cfg.vocab_size = 256;
-    r.hw = h100();
+    r.hw = memfit::test::h100_like();
     r.hw.name = "cpu";
     r.hw.usable = r.hw.memory;
     r.seq = 64;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "plan/plan_types.h"
 
 namespace memfit::test {
 
@@ -20,6 +21,26 @@ inline ModelConfig small_config(int vocab, int C, int L, int NH, int ctx = 64) {
     c.n_head = NH;
     c.max_seq = ctx;
     return c;
+}
+
+// An H100-SXM-like device (the datasheet's rates, one 400 Gb/s NIC per GPU), written here so
+// that planner tests do not depend on the catalog file.
+inline Hardware h100_like() {
+    Hardware h;
+    h.name = "h100-like";
+    h.memory = 80ull << 30;
+    h.usable = 79ull << 30;
+    h.bf16_flops = h.fp16_flops = 989e12;
+    h.fp32_flops = 67e12;
+    h.mem_bw = 3.35e12;
+    h.per_node = 8;
+    h.intra_bw = 450e9;
+    h.intra_latency = 3e-6;
+    h.inter_bw = 50e9;
+    h.inter_latency = 10e-6;
+    h.host_bw = 50e9;
+    h.host_memory = 2ull << 40;
+    return h;
 }
 
 // Uniform random tokens and targets; target 1 is ignored (-100).

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "model/config.h"
 #include "train/bench.h"
+#include "train/calibrate.h"
 #include "train/trainer.h"
 #include "train/verify.h"
 
@@ -128,7 +129,22 @@ void add_train_commands(CLI::App & app) {
         ->check(kNonNegative);
     bench->add_flag("--timeline", b.timeline,
                     "also time steps that record the op timeline (interleaved) and report the overhead");
-    bench->callback([] { std::printf("%s\n", run_bench(b).dump().c_str()); });
+    static CalibrateOptions cal;
+    static bool calibrate = false;
+    CLI::Option * calibrate_flag = bench->add_flag(
+        "--calibrate", calibrate,
+        "instead of timing steps, measure this machine's fp32 matmul rate and memory bandwidth (a few seconds) and "
+        "save them for `memfit plan`'s cpu entry");
+    bench->add_option("--calibration", cal.path, "the file --calibrate writes")->capture_default_str()
+        ->needs(calibrate_flag);
+    bench->callback([] {
+        if (!calibrate) {
+            std::printf("%s\n", run_bench(b).dump().c_str());
+            return;
+        }
+        cal.threads = b.threads;
+        std::printf("%s\n", run_calibration(cal).dump().c_str());
+    });
 
     static std::string fixture;
     static double tolerance = 1e-4;

@@ -64,6 +64,13 @@ int64_t ModelConfig::num_params() const {
     return V * C + P * C + L * per_layer + 2 * C;
 }
 
+double train_flops_per_token(const ModelConfig & cfg, int seq) {
+    if (cfg.vocab_size <= 0) throw ConfigError(fmt::format("model '{}': FLOPs per token need vocab_size", cfg.name));
+    const int64_t lookup = cfg.llama() ? (cfg.tied_head ? 0 : int64_t(cfg.vocab_size) * cfg.n_embd)
+                                       : int64_t(cfg.max_seq) * cfg.n_embd;
+    return 6.0 * double(cfg.num_params() - lookup) + 12.0 * cfg.n_layer * double(cfg.n_embd) * seq;
+}
+
 void ModelConfig::validate() const {
     auto bad = [&](const std::string & what) {
         throw ConfigError(fmt::format("model '{}': {}", name, what));

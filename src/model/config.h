@@ -44,6 +44,12 @@ struct ModelConfig {
     void validate() const;
 };
 
+// Dense FLOPs per token of training (forward + backward): 6 N + 12 L H T, N the parameters that
+// multiply (not GPT-2's position table nor an untied LLaMA input embedding: lookups), H =
+// n_embd, T = seq (attention's QK^T and AV over the full T x T; PaLM, Chowdhery et al. 2022).
+// The MFU of `memfit bench` and `memfit plan`. ConfigError when vocab_size is 0.
+double train_flops_per_token(const ModelConfig & cfg, int seq);
+
 // Throws ConfigError listing the known presets.
 ModelConfig model_preset(const std::string & name);
 std::vector<std::string> preset_names();

@@ -14,7 +14,6 @@ namespace memfit {
 namespace {
 
 constexpr uint64_t kGemmWorkspace = 32ull << 20;   // cuBLASLt's recommended workspace on Hopper
-constexpr uint64_t kBucketBytes = 25'000'000;        // one gradient bucket (PyTorch DDP's default)
 
 uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
@@ -85,7 +84,7 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     const uint64_t gathered = uint64_t((ps.per_layer + L.tp - 1) / L.tp) * s * 2;
     uint64_t comm = 0;
     if (L.zero >= 3 || L.offload == Offload::optimizer_params) comm += gathered;
-    if (L.dp > 1 || L.offload != Offload::none) comm += 2 * kBucketBytes;   // two gradient buckets: one moving, one filling
+    if (L.dp > 1 || L.offload != Offload::none) comm += 2 * uint64_t(kBucketBytes);   // two gradient buckets: one moving, one filling
 
     // Activations of one micro-batch of one layer, by unit.
     const int b = c.micro_batch;

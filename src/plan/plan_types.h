@@ -33,6 +33,10 @@ struct Hardware {
     }
 };
 
+// One gradient bucket, bytes (PyTorch DDP's default): the memory model holds two (one moving,
+// one filling), the time model pays a collective's latency per bucket.
+constexpr double kBucketBytes = 25e6;
+
 enum class Offload { none, optimizer, optimizer_params };
 enum class Schedule { gpipe, one_f_one_b, interleaved };
 enum class Optimizer { adamw, sgd, adamw_8bit };

@@ -16,9 +16,6 @@
 
 namespace memfit {
 
-double model_flops_per_token(int64_t params_no_wpe, int L, int C, int T) {
-    return 6.0 * double(params_no_wpe) + 12.0 * L * double(C) * T;
-}
 
 nlohmann::json run_bench(const BenchOptions & opt) {
     if (opt.threads > 0) omp_set_num_threads(opt.threads);
@@ -70,10 +67,7 @@ nlohmann::json run_bench(const BenchOptions & opt) {
     std::sort(ms.begin(), ms.end());
     const double med = ms[ms.size() / 2];
     const double tps = double(BT) / (med / 1e3);
-    // Parameters that multiply: not the position table (GPT-2) nor an untied embedding table (LLaMA).
-    const int64_t lookup = cfg.llama() ? (cfg.tied_head ? 0 : int64_t(cfg.vocab_size) * cfg.n_embd)
-                                       : int64_t(cfg.max_seq) * cfg.n_embd;
-    const double fpt = model_flops_per_token(cfg.num_params() - lookup, cfg.n_layer, cfg.n_embd, opt.seq);
+    const double fpt = train_flops_per_token(cfg, opt.seq);
     const double achieved = fpt * tps / 1e9;
     nlohmann::json j = {
         {"model", cfg.name}, {"params", cfg.num_params()}, {"batch", eo.B}, {"seq", opt.seq},

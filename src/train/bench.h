@@ -19,9 +19,6 @@ struct BenchOptions : RunShape {
     bool timeline = false;  // also time steps that record the op timeline (alternating) and report the overhead
 };
 
-// Model FLOPs per token: 6N + 12*L*H*Q*T (N excludes the position embeddings, which do no
-// matmul work; H*Q = C).
-double model_flops_per_token(int64_t params_no_wpe, int L, int C, int T);
 
 nlohmann::json run_bench(const BenchOptions & opt);
 

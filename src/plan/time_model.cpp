@@ -1,0 +1,195 @@
+#include "plan/time_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "model/recompute.h"
+#include "plan/memory_model.h"
+
+namespace memfit {
+
+namespace {
+
+uint32_t keep_mask(const std::string & policy) {
+    if (policy == "none") return kKeepAll;
+    if (policy == "selective") return kKeepSelective;
+    if (policy == "full") return 0;
+    throw ConfigError(fmt::format("--recompute {}: the time model knows none, selective and full", policy));
+}
+
+bool keeps(uint32_t mask, Saved u) { return (mask >> int(u)) & 1u; }
+
+double need(double rate, const Hardware & hw, const char * what) {
+    if (!(rate > 0))
+        throw ConfigError(fmt::format("hardware '{}' has no {}: set it in the hardware catalog", hw.name, what));
+    return rate;
+}
+
+struct Link {
+    double bw = 0, latency = 0;
+    // One collective: `volume` bytes per device in `steps` sequential messages.
+    double time(double volume, double steps) const { return volume / (kLinkEfficiency * bw) + steps * latency; }
+};
+
+// Gradient collectives go in buckets, each paying its own latency.
+double buckets(double bytes) { return std::max(1.0, std::ceil(bytes / kBucketBytes)); }
+
+}  // namespace
+
+double ring_allreduce_bytes(double bytes, int n) { return n <= 1 ? 0.0 : 2.0 * (n - 1) / n * bytes; }
+double reduce_scatter_bytes(double bytes, int n) { return n <= 1 ? 0.0 : double(n - 1) / n * bytes; }
+double all_gather_bytes(double bytes, int n) { return n <= 1 ? 0.0 : double(n - 1) / n * bytes; }
+
+double bubble_fraction(Schedule s, int p, int m, int v) {
+    if (p <= 1) return 0.0;
+    MF_ASSERT(m >= 1);
+    const double chunks = s == Schedule::interleaved ? double(std::max(1, v)) * m : double(m);
+    return double(p - 1) / (chunks + p - 1);
+}
+
+StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const Candidate & c, int seq, int nodes) {
+    const Layout & L = c.layout;
+    MF_ASSERT(L.dp >= 1 && L.tp >= 1 && L.pp >= 1 && c.micro_batch >= 1 && c.accum >= 1 && seq >= 1);
+    MF_ASSERT(L.zero >= 0 && L.zero <= 3);
+    const uint32_t mask = keep_mask(c.recompute);
+    const double peak = need(hw.flops(c.compute), hw, "FLOP rate for the compute dtype");
+    const double mem_bw = need(hw.mem_bw, hw, "memory bandwidth (mem_bw)");
+
+    const double s = double(dtype_size(c.compute));
+    const double g = c.accum > 1 ? 4.0 : s;   // gradient bytes: fp32 accumulators across micro-batches
+    const double C = cfg.n_embd, T = seq, V = cfg.vocab_size, b = c.micro_batch, m = c.accum;
+    const double Q = cfg.qkv_dim(), F = cfg.fc_dim(), A = cfg.ffn_dim(), NH = cfg.n_head;
+    const double R = double(cfg.n_head + cfg.kv_heads()) * cfg.head_dim();   // elements RoPE rotates per token
+    const double tp = L.tp, dp = L.dp, tokens = b * T;                     // tokens per micro-batch per rank
+    const int v = L.schedule == Schedule::interleaved ? std::max(1, L.virtual_stages) : 1;
+    const double layers = double(v) * std::ceil(double(cfg.n_layer) / (double(L.pp) * v));
+
+    // --- math, per micro-batch on the busiest (last) stage
+    const double mm_eff = kMatmulEfficiency * peak;
+    const double attn_eff = (c.flash ? kAttentionEfficiency : kMatmulEfficiency) * peak;
+    const double mm_fwd = tokens * (layers * 2.0 * (C * Q + C * C + C * F + A * C) + 2.0 * C * V) / tp;
+    const double attn_fwd = layers * b * 2.0 * T * (T + 1) * C / tp;   // causal: 4 b T(T+1)/2 C
+    const double attn_bwd = attn_fwd * (c.flash ? 2.5 : 2.0);
+    const double fwd_mb = mm_fwd / mm_eff + attn_fwd / attn_eff;
+    const double bwd_nr_mb = 2.0 * mm_fwd / mm_eff + attn_bwd / attn_eff;   // backward without recompute
+    const uint32_t attn_bits = (1u << int(Saved::attn_out)) | (1u << int(Saved::attn_probs));
+    const double rc_all = layer_keep_cost(cfg, c.micro_batch, seq, c.flash, c.compute, mask).flops;
+    const double rc_other = layer_keep_cost(cfg, c.micro_batch, seq, c.flash, c.compute, mask | attn_bits).flops;
+    const double rc_mb = layers / tp * (rc_other / mm_eff + (rc_all - rc_other) / attn_eff);
+    const double bwd_mb = bwd_nr_mb + rc_mb;
+
+    StepTime t;
+    t.recompute = m * rc_mb;
+    t.compute = m * (fwd_mb + bwd_mb);
+
+    // --- memory-bound traffic, elements per token per layer
+    const double norm = 2.0 * C, norm_b = 3.0 * C, res = 3.0 * C, res_b = 3.0 * C;
+    const double act = cfg.llama() ? 3.0 * A : 2.0 * A, act_b = cfg.llama() ? 5.0 * A : 3.0 * A;
+    const double rope = cfg.llama() ? 2.0 * R : 0.0;
+    const double probs = c.flash ? 0.0 : NH * T, probs_b = c.flash ? 0.0 : NH * T;   // one pass over b NH T T
+    double replicated = 2 * (norm + norm_b) + 2 * (res + res_b);
+    double split = act + act_b + 2 * rope + 4 * probs + 5 * probs_b;
+    // Recomputed units run their forward traffic again.
+    if (!keeps(mask, Saved::ln1)) replicated += norm;
+    if (!keeps(mask, Saved::ln2)) replicated += norm;
+    if (!keeps(mask, Saved::res2)) replicated += res;
+    if (!keeps(mask, Saved::gelu)) split += act;
+    if (!keeps(mask, Saved::qkv)) split += rope;
+    if (!c.flash && (!keeps(mask, Saved::attn_out) || !keeps(mask, Saved::attn_probs))) split += 4 * probs;
+    const double layer_bytes = s * (split / tp + (L.sp ? replicated / tp : replicated));
+    const double bw = kBandwidthEfficiency * mem_bw;
+    const double mem_mb = tokens * (layers * layer_bytes + kLossBytesPerLogit * V / tp) / bw;
+
+    // --- parameters of this device and the optimizer update
+    const ParamSplit ps = param_split(cfg);
+    const double head = double(ps.head) + (cfg.tied_head && L.pp > 1 ? V * C : 0.0);
+    const double first = layers * double(ps.per_layer) + double(ps.embed) + (L.pp == 1 ? head : 0.0);
+    const double last = layers * double(ps.per_layer) + head;
+    const double psi = (L.pp == 1 ? first : std::max(first, last)) / tp;
+    const double shard = L.zero >= 1 ? psi / dp : psi;   // parameters this device's optimizer updates
+    const double state = c.optimizer == Optimizer::adamw ? 8.0 : c.optimizer == Optimizer::adamw_8bit ? 2.0 : 4.0;
+    const bool master = c.compute != DType::f32;
+    const double update_bytes = 2.0 * (state + 4.0) + g + (master ? s : 0.0);   // per parameter
+    t.memory_bound = m * mem_mb + (L.offload == Offload::none ? shard * update_bytes / bw : 0.0);
+
+    // --- placement and links
+    const int devices = L.devices();
+    const int per_node = hw.per_node > 0 ? hw.per_node : devices;
+    const int r = std::min((devices + std::max(1, nodes) - 1) / std::max(1, nodes), per_node);
+    auto link = [&](bool inter) {
+        return inter ? Link{need(hw.inter_bw, hw, "inter-node bandwidth (inter_bw)"), hw.inter_latency}
+                     : Link{need(hw.intra_bw, hw, "intra-node bandwidth (intra_bw)"), hw.intra_latency};
+    };
+
+    // tensor parallel: 4 collectives per layer per micro-batch (+2 for full recompute's forward)
+    double tp_comm = 0;
+    if (L.tp > 1) {
+        const Link lk = link(L.tp > r);
+        const double per_layer = 4.0 + (mask == 0 ? 2.0 : 0.0);
+        tp_comm = m * layers * per_layer * lk.time(ring_allreduce_bytes(tokens * C * s, L.tp), 2.0 * (L.tp - 1));
+    }
+    // pipeline point-to-point: activation forward, gradient backward, per micro-batch and chunk
+    double pp_comm = 0;
+    if (L.pp > 1) {
+        const Link lk = link(devices > r);
+        pp_comm = m * 2.0 * v * lk.time(tokens * C * s / (L.sp ? tp : 1.0), 1.0);
+    }
+    // data parallel
+    double dp_comm = 0, dp_exposed = 0;
+    if (L.dp > 1) {
+        const Link lk = link(L.tp * L.dp > r);
+        const int n = L.dp;
+        auto rs = [&](double bytes) { return lk.time(reduce_scatter_bytes(bytes, n), buckets(bytes) * (n - 1)); };
+        auto ag = [&](double bytes) { return lk.time(all_gather_bytes(bytes, n), buckets(bytes) * (n - 1)); };
+        auto hide = [](double comm, double window) { return std::max(0.0, comm - kOverlapFraction * window); };
+        switch (L.zero) {
+            case 0: {
+                const double ar = lk.time(ring_allreduce_bytes(psi * g, n), buckets(psi * g) * 2.0 * (n - 1));
+                dp_comm = ar;
+                dp_exposed = hide(ar, bwd_mb);
+                break;
+            }
+            case 1:
+                dp_comm = rs(psi * g) + ag(psi * s);
+                dp_exposed = hide(rs(psi * g), bwd_mb) + ag(psi * s);
+                break;
+            case 2:
+                dp_comm = m * rs(psi * s) + ag(psi * s);
+                dp_exposed = m * hide(rs(psi * s), bwd_mb) + ag(psi * s);
+                break;
+            default:   // 3
+                dp_comm = m * (2.0 * ag(psi * s) + rs(psi * s));
+                dp_exposed = m * (hide(ag(psi * s), fwd_mb) + hide(ag(psi * s) + rs(psi * s), bwd_mb));
+                break;
+        }
+    }
+    t.comm = tp_comm + pp_comm + dp_comm;
+    t.comm_exposed = tp_comm + pp_comm + dp_exposed;
+
+    // --- pipeline bubble: f of the step idle, f / (1 - f) of the stage's busy time
+    if (L.pp > 1) {
+        const double f = bubble_fraction(L.schedule, L.pp, c.accum, v);
+        t.bubble = f / (1.0 - f) * (t.compute + m * mem_mb + tp_comm + pp_comm);
+    }
+
+    // --- offload
+    if (L.offload != Offload::none) {
+        const double host = need(hw.host_bw, hw, "host link bandwidth (host_bw)");
+        t.offload = shard * (g + s) / host + shard * update_bytes * r / kHostMemoryBandwidth;
+        if (L.offload == Offload::optimizer_params) {
+            const double weights = (L.zero >= 3 ? psi / dp : psi) * s;
+            t.offload += m * 2.0 * weights / host;
+        }
+    }
+
+    t.total = t.compute + t.memory_bound + t.comm_exposed + t.bubble + t.offload;
+    const double step_tokens = T * dp * b * m;
+    t.tokens_per_s = step_tokens / t.total;
+    t.mfu = train_flops_per_token(cfg, seq) * step_tokens / (t.total * devices * peak);
+    return t;
+}
+
+}  // namespace memfit

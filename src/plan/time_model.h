@@ -1,0 +1,124 @@
+// The step-time model of `memfit plan`: seconds per optimizer step of one candidate on one kind of
+// device, from FLOPs, bytes and collective volumes. Pure and O(1) in the layer count (no program
+// is recorded), so that the search can evaluate tens of thousands of candidates per second.
+//
+// Everything is for the busiest device: the last pipeline stage, which holds ceil(L/pp) layers
+// (interleaved: v chunks of ceil(L/(pp v)) layers) plus the LM head and the loss (the first
+// stage's embedding lookup does no math). Tensor parallelism divides every matmul, the attention
+// core (by heads) and the head (vocabulary-parallel) by tp. b = micro_batch, T = seq, C = n_embd,
+// m = accum (micro-batches per step per rank; in flight for a pipeline), s = compute dtype bytes.
+//
+//   compute       forward matmuls 2 (C qkv_dim + C C + C fc_dim + ffn_dim C) FLOPs per token per
+//                 layer and 2 C V for the head, backward twice that, at kMatmulEfficiency of the
+//                 peak. The attention core does what the kernels do: causal, 2 (T+1) C FLOPs per
+//                 token forward (QK^T and AV over the lower triangle, as model/recompute.h counts
+//                 it), backward 2x (naive) or 2.5x (flash: 5 matmuls for the forward's 2, Dao
+//                 2023); flash at kAttentionEfficiency, naive at kMatmulEfficiency.
+//   recompute     layer_keep_cost's FLOPs for the policy's keep mask (none: all kept; selective:
+//                 kKeepSelective; full: only the layer input), per layer per micro-batch; its
+//                 attention part at the attention efficiency. memfit's full policy keeps the layer
+//                 output (the next layer's input), so it re-runs the forward except the MLP's down
+//                 projection: +2/9 of the matmul FLOPs for GPT-2, not Megatron's +1/3.
+//   memory_bound  elementwise traffic at kBandwidthEfficiency x mem_bw, in elements of s bytes
+//                 per token per layer: per norm 2C forward + 3C backward, per residual add 3C + 3C
+//                 (both replicated over tp unless sp), GELU 2A + 3A or SwiGLU 3A + 5A (A =
+//                 ffn_dim), RoPE 2R + 2R (R = (NH + KVH) head_dim), naive attention's T x T
+//                 probabilities NH T (4 + 5) (scores, softmax, AV; dprobs, softmax backward);
+//                 recomputed units add their forward traffic again; the loss reads and writes
+//                 fp32 logits, kLossBytesPerLogit per vocabulary entry per token (split by tp).
+//                 Plus the optimizer update on the device: per parameter of the shard, read and
+//                 write the fp32 weights (master or the parameter itself) and the states (AdamW
+//                 8, 8-bit AdamW 2, SGD momentum 4 bytes), read the gradient, write the s-byte
+//                 weight when there is a master copy: 28 bytes for bf16 AdamW.
+//   comm          ring collectives (Patarasuk & Yuan 2009): all-reduce moves 2 (n-1)/n of the
+//                 payload per device in 2 (n-1) steps, reduce-scatter and all-gather (n-1)/n in n-1
+//                 steps; time = volume / (kLinkEfficiency x link bandwidth) + steps x latency, per
+//                 collective (gradient collectives go in kBucketBytes buckets, each paying its
+//                 latency). Ranks are placed tp innermost, then dp, then pp, filling nodes of
+//                 r = min(ceil(devices / nodes), per_node) devices; a group uses the inter-node
+//                 link when it spans nodes (tp > r; tp dp > r; pp > 1 and devices > r).
+//     dp (ZeRO paper, Rajbhandari et al. 2020), payload Ψ = this device's parameters (the
+//        busiest stage's, / tp; param_split as the memory model), gradients in g bytes (4 when
+//        micro-batches accumulate in fp32, as the engine does, else s):
+//        ZeRO-0 one all-reduce of Ψ g per step; ZeRO-1 a reduce-scatter of Ψ g per step, and an
+//        all-gather of the updated Ψ s after the optimizer; ZeRO-2 a reduce-scatter of each
+//        micro-batch's Ψ s gradients, and the all-gather; ZeRO-3 per micro-batch an all-gather of
+//        Ψ s in forward and again in backward plus the reduce-scatter (1.5x ZeRO-0's volume).
+//     tp (Megatron, Shoeybi et al. 2019): per layer per micro-batch 2 all-reduces of b T C s in
+//        forward and 2 in backward, 2 more when full recompute re-runs the forward; with sp the
+//        same volume as reduce-scatter + all-gather pairs (Korthikanti et al. 2022). Not hidden.
+//     pp point-to-point: per micro-batch the stage's output activation forward and its input
+//        gradient backward, b T C s each (/ tp with sp), v times as many when interleaved
+//        (Narayanan et al. 2021). Not hidden.
+//   comm_exposed  tp + pp + what dp leaves uncovered: a gradient reduction overlaps the backward
+//                 it follows up to kOverlapFraction of that backward's math (ZeRO-0/1: once per
+//                 step, under the last micro-batch's backward; ZeRO-2/3: each micro-batch's under
+//                 its own backward); ZeRO-3's forward all-gather overlaps forward the same way;
+//                 ZeRO-1/2's all-gather after the optimizer is exposed.
+//   bubble        a pipeline step is m + p - 1 slots of which p - 1 idle (GPipe, Huang et al.
+//                 2019; 1F1B has the same bubble, Narayanan et al. 2021), or (p-1)/v slots of v m
+//                 chunk slots when interleaved: the bubble fraction f of the step is
+//                 (p-1)/(m+p-1), resp. (p-1)/(v m + p - 1), so bubble = f / (1 - f) x the stage's
+//                 busy time (compute + its memory-bound layer traffic + tp + pp communication):
+//                 (p-1)/m, resp. (p-1)/(v m), of it.
+//   offload       optimizer offload (ZeRO-Offload, Ren et al. 2021): the gradient shard (Ψ / dp
+//                 with ZeRO >= 1, else Ψ) goes down in g bytes and the updated weights come up in
+//                 s bytes over host_bw, and the host runs the optimizer update (the same bytes per
+//                 parameter as on the device) at kHostMemoryBandwidth, shared by the node's r
+//                 devices. optimizer_params also fetches the weight shard up for each micro-batch's
+//                 forward and backward. Not overlapped (no delayed parameter update).
+//   total         compute + memory_bound + comm_exposed + bubble + offload (recompute is inside
+//                 compute).
+//   mfu           train_flops_per_token x seq x global batch / (total x devices x peak), with
+//                 train_flops_per_token = 6 N + 12 L H T (H = n_embd, T = seq: attention's QK^T
+//                 and AV over the full T x T, forward and backward; PaLM, Chowdhery et al. 2022),
+//                 N = parameters that multiply (bench's rule: not GPT-2's position table nor an
+//                 untied LLaMA input embedding).
+//
+// The efficiencies and overlap fraction are assumptions, to be calibrated against measured steps.
+#pragma once
+
+#include "model/config.h"
+#include "plan/plan_types.h"
+
+namespace memfit {
+
+// Assumptions (fractions of the datasheet peaks), to calibrate.
+constexpr double kMatmulEfficiency = 0.70;      // large bf16 GEMMs on current GPUs
+constexpr double kAttentionEfficiency = 0.50;   // flash attention, on the FLOPs it performs
+constexpr double kBandwidthEfficiency = 0.80;   // elementwise kernels, of mem_bw
+constexpr double kLinkEfficiency = 0.80;        // NCCL bus bandwidth, of the link's line rate
+constexpr double kOverlapFraction = 0.80;       // share of a backward that gradient collectives can hide under
+constexpr double kLossBytesPerLogit = 12;       // fp32 logits: read for max/sum, read again, write the gradient
+constexpr double kHostMemoryBandwidth = 100e9;  // bytes/s of a node's host memory for the CPU optimizer
+
+// train_flops_per_token (6 N + 12 L H T) is in model/config.h.
+
+// Collective volumes: bytes each device sends (= receives) for a payload of `bytes` over n ranks.
+double ring_allreduce_bytes(double bytes, int n);   // 2 (n-1)/n bytes
+double reduce_scatter_bytes(double bytes, int n);   // (n-1)/n bytes
+double all_gather_bytes(double bytes, int n);       // (n-1)/n bytes
+
+// The pipeline bubble as a fraction of the step: (p-1)/(m+p-1) for GPipe and 1F1B,
+// (p-1)/(v m + p - 1) interleaved with v model chunks per device; 0 when p <= 1.
+double bubble_fraction(Schedule s, int p, int m, int v);
+
+struct StepTime {
+    double compute = 0;       // seconds of forward + backward math per step on the busiest device (incl. recompute)
+    double recompute = 0;     // of which recomputation
+    double memory_bound = 0;  // elementwise/norm/attention-softmax traffic and the optimizer update at memory bandwidth
+    double comm = 0;          // total communication time (before overlap)
+    double comm_exposed = 0;  // the part not hidden behind forward/backward
+    double bubble = 0;        // pipeline idle time
+    double offload = 0;       // host <-> device traffic and the host's optimizer update
+    double total = 0;         // the step's wall time
+    double tokens_per_s = 0;  // seq x global batch / total
+    double mfu = 0;           // train_flops_per_token x tokens / (total x devices x peak)
+};
+
+// seq: tokens per sequence; the global batch is dp x micro_batch x accum sequences; nodes: how
+// many nodes the layout spans. Throws ConfigError for a recompute policy other than none,
+// selective or full, or when the hardware lacks a rate the candidate needs.
+StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const Candidate & c, int seq, int nodes);
+
+}  // namespace memfit

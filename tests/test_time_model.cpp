@@ -1,0 +1,263 @@
+// The step-time model of `memfit plan`: the formulas the issue gives (model FLOPs per token,
+// ring collective volumes, pipeline bubbles) exactly, and the model's behaviour on whole
+// candidates: what data, tensor and pipeline parallelism, recomputation and ZeRO do to a step.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "model/config.h"
+#include "model/recompute.h"
+#include "plan/time_model.h"
+#include "test_util.h"
+
+using namespace memfit;
+
+namespace {
+
+
+Candidate candidate(int dp, int tp, int pp, int micro_batch, int accum) {
+    Candidate c;
+    c.layout.dp = dp;
+    c.layout.tp = tp;
+    c.layout.pp = pp;
+    c.micro_batch = micro_batch;
+    c.accum = accum;
+    return c;
+}
+
+}  // namespace
+
+TEST(TimeModel, TrainFlopsPerTokenGpt2) {
+    const ModelConfig cfg = model_preset("gpt2");
+    ASSERT_EQ(cfg.num_params(), 124'439'808);
+    // N excludes the position table (1024 x 768); 12 L H T with L = 12, H = 768, T = 1024.
+    EXPECT_EQ(train_flops_per_token(cfg, 1024), 6.0 * (124'439'808.0 - 1024.0 * 768) + 12.0 * 12 * 768 * 1024);
+}
+
+TEST(TimeModel, TrainFlopsPerTokenLlama2_7b) {
+    const ModelConfig cfg = model_preset("llama2-7b");
+    ASSERT_EQ(cfg.num_params(), 6'738'415'616);
+    // N excludes the untied input embedding (32000 x 4096); the head multiplies.
+    EXPECT_EQ(train_flops_per_token(cfg, 4096), 6.0 * (6'738'415'616.0 - 32000.0 * 4096) + 12.0 * 32 * 4096 * 4096);
+}
+
+TEST(TimeModel, CollectiveVolumes) {
+    EXPECT_EQ(ring_allreduce_bytes(1e9, 8), 1.75e9);
+    EXPECT_EQ(reduce_scatter_bytes(1e9, 8), 0.875e9);
+    EXPECT_EQ(all_gather_bytes(1e9, 8), 0.875e9);
+    EXPECT_DOUBLE_EQ(reduce_scatter_bytes(3e6, 3), 2e6);
+    EXPECT_DOUBLE_EQ(all_gather_bytes(3e6, 3), 2e6);
+    EXPECT_DOUBLE_EQ(ring_allreduce_bytes(3e6, 3), 4e6);
+    EXPECT_EQ(ring_allreduce_bytes(1e9, 1), 0.0);
+    EXPECT_EQ(reduce_scatter_bytes(1e9, 1), 0.0);
+    EXPECT_EQ(all_gather_bytes(1e9, 1), 0.0);
+}
+
+TEST(TimeModel, BubbleFraction) {
+    EXPECT_DOUBLE_EQ(bubble_fraction(Schedule::gpipe, 4, 8, 1), 3.0 / 11);
+    EXPECT_DOUBLE_EQ(bubble_fraction(Schedule::one_f_one_b, 4, 8, 1), 3.0 / 11);
+    EXPECT_DOUBLE_EQ(bubble_fraction(Schedule::interleaved, 4, 8, 2), 3.0 / 19);
+    EXPECT_DOUBLE_EQ(bubble_fraction(Schedule::interleaved, 4, 8, 1), 3.0 / 11);
+    EXPECT_DOUBLE_EQ(bubble_fraction(Schedule::gpipe, 4, 8, 2), 3.0 / 11);   // v only interleaves
+    EXPECT_EQ(bubble_fraction(Schedule::gpipe, 1, 8, 1), 0.0);
+    EXPECT_EQ(bubble_fraction(Schedule::interleaved, 1, 8, 4), 0.0);
+}
+
+// The same global batch on 8 data-parallel devices instead of 1 accumulating: a faster step, but
+// each device does less of what counts (the gradient collectives and the optimizer update weigh more).
+TEST(TimeModel, DataParallelRaisesThroughputLowersEfficiency) {
+    const ModelConfig cfg = model_preset("llama2-7b");
+    const Hardware hw = memfit::test::h100_like();
+    const StepTime one = predict_step_time(cfg, hw, candidate(1, 1, 1, 1, 8), 4096, 1);
+    const StepTime eight = predict_step_time(cfg, hw, candidate(8, 1, 1, 1, 1), 4096, 1);
+    EXPECT_EQ(one.comm, 0.0);
+    EXPECT_GT(eight.comm, 0.0);
+    EXPECT_GT(eight.tokens_per_s, one.tokens_per_s);
+    EXPECT_LT(eight.tokens_per_s, 8 * one.tokens_per_s);
+    EXPECT_LT(eight.mfu, one.mfu);
+    EXPECT_NEAR(eight.compute * 8, one.compute, 1e-12 * one.compute);   // the math splits evenly
+}
+
+// Tensor parallelism's collectives: 4 ring all-reduces of b T C s per layer per micro-batch, on the
+// intra-node link; a tp group forced across nodes is slower.
+TEST(TimeModel, TensorParallelLinks) {
+    const ModelConfig cfg = model_preset("gpt2");
+    const Hardware hw = memfit::test::h100_like();
+    Candidate c = candidate(1, 2, 1, 4, 2);
+    const StepTime intra = predict_step_time(cfg, hw, c, 1024, 1);
+    const double payload = 4.0 * 1024 * 768 * 2;   // b T C s
+    const double one = ring_allreduce_bytes(payload, 2) / (kLinkEfficiency * hw.intra_bw) + 2 * hw.intra_latency;
+    EXPECT_NEAR(intra.comm, 2 * 12 * 4 * one, 1e-12 * intra.comm);
+    EXPECT_EQ(intra.comm_exposed, intra.comm);   // tp collectives are not hidden
+    const StepTime inter = predict_step_time(cfg, hw, c, 1024, 2);   // one device per node
+    EXPECT_GT(inter.comm, 4 * intra.comm);
+    EXPECT_GT(inter.total, intra.total);
+    EXPECT_LT(inter.tokens_per_s, intra.tokens_per_s);
+    // Sequence parallelism: the same volume, and the norms and residuals split over tp.
+    c.layout.sp = true;
+    const StepTime sp = predict_step_time(cfg, hw, c, 1024, 1);
+    EXPECT_NEAR(sp.comm, intra.comm, 1e-12 * intra.comm);
+    EXPECT_LT(sp.memory_bound, intra.memory_bound);
+    // Full recompute re-runs the forward and its 2 all-reduces per layer.
+    c.layout.sp = false;
+    c.recompute = "full";
+    EXPECT_NEAR(predict_step_time(cfg, hw, c, 1024, 1).comm, 1.5 * intra.comm, 1e-12 * intra.comm);
+}
+
+// memfit's full recompute re-runs each layer's forward but the MLP's down projection (the layer
+// output is kept as the next layer's input): for GPT-2, 16 C^2 of the 72 C^2 matmul FLOPs per
+// token and layer, plus one attention forward. Megatron's full recompute would add 1/3.
+TEST(TimeModel, RecomputeAddsWhatTheEngineRecomputes) {
+    const ModelConfig cfg = model_preset("gpt2");
+    const Hardware hw = memfit::test::h100_like();
+    Candidate c = candidate(1, 1, 1, 8, 1);
+    c.flash = false;   // attention at the matmul efficiency: every FLOP at one rate
+    const StepTime none = predict_step_time(cfg, hw, c, 1024, 1);
+    EXPECT_EQ(none.recompute, 0.0);
+    c.recompute = "full";
+    const StepTime full = predict_step_time(cfg, hw, c, 1024, 1);
+    const double rate = kMatmulEfficiency * hw.bf16_flops;
+    EXPECT_NEAR(full.recompute, 12 * layer_keep_cost(cfg, 8, 1024, false, DType::bf16, 0).flops / rate,
+                1e-12 * full.recompute);
+    EXPECT_NEAR(full.compute - none.compute, full.recompute, 1e-9 * full.compute);
+    // Against the layers' matmuls (72 C^2 per token and layer, at the same rate): 2/9 of them
+    // plus attention forwards and elementwise work, under Megatron's 1/3.
+    const double matmul = 12 * 72.0 * 768 * 768 * 8 * 1024 / rate;
+    EXPECT_GT(full.recompute / matmul, 2.0 / 9);
+    EXPECT_LT(full.recompute / matmul, 1.0 / 3);
+    EXPECT_GT(full.memory_bound, none.memory_bound);   // recomputed norms and GELUs
+    // Selective (Korthikanti et al. 2022): with naive attention it recomputes the attention core
+    // and the elementwise ops, a few percent; with flash attention only norms and activations.
+    c.recompute = "selective";
+    const StepTime sel = predict_step_time(cfg, hw, c, 1024, 1);
+    EXPECT_GT(sel.recompute, 0.0);
+    EXPECT_LT(sel.recompute, 0.1 * none.compute);
+    c.flash = true;
+    const StepTime sel_flash = predict_step_time(cfg, hw, c, 1024, 1);
+    EXPECT_LT(sel_flash.recompute, 0.01 * sel_flash.compute);
+}
+
+// ZeRO-3 gathers the weights again in forward and backward: 1.5x the all-reduce's volume (ZeRO
+// paper) with one micro-batch, where gradients are exchanged in the compute dtype either way.
+TEST(TimeModel, ZeroStagesCommunication) {
+    const ModelConfig cfg = model_preset("llama2-7b");
+    const Hardware hw = memfit::test::h100_like();
+    Candidate c = candidate(8, 1, 1, 1, 1);
+    double comm[4];
+    for (int z = 0; z < 4; ++z) {
+        c.layout.zero = z;
+        const StepTime t = predict_step_time(cfg, hw, c, 4096, 1);
+        comm[z] = t.comm;
+        EXPECT_LE(t.comm_exposed, t.comm);
+        EXPECT_GT(t.comm, 0.0);
+    }
+    EXPECT_GT(comm[3], comm[0]);
+    EXPECT_NEAR(comm[3] / comm[0], 1.5, 1e-9);
+    EXPECT_NEAR(comm[1], comm[0], 1e-9 * comm[0]);   // reduce-scatter + all-gather = all-reduce
+    EXPECT_NEAR(comm[2], comm[0], 1e-9 * comm[0]);
+    // With accumulation ZeRO-2 and -3 exchange every micro-batch; ZeRO-0 once per step.
+    c.accum = 4;
+    c.layout.zero = 0;
+    const double z0 = predict_step_time(cfg, hw, c, 4096, 1).comm;
+    c.layout.zero = 2;
+    EXPECT_GT(predict_step_time(cfg, hw, c, 4096, 1).comm, z0);
+}
+
+// 4 stages, 4 micro-batches, 1F1B: 3 of 7 slots idle, so the bubble is 3/7 of the step's pipeline
+// time (its math, layer traffic and pipeline/tensor communication, plus the bubble itself).
+// Optimizer offload takes the optimizer update out of memory_bound, leaving only layer traffic.
+TEST(TimeModel, PipelineBubble) {
+    const ModelConfig cfg = model_preset("gpt2");
+    const Hardware hw = memfit::test::h100_like();
+    Candidate c = candidate(1, 1, 4, 2, 4);
+    c.layout.offload = Offload::optimizer;
+    const StepTime t = predict_step_time(cfg, hw, c, 1024, 1);
+    const double pipe = t.compute + t.memory_bound + t.comm + t.bubble;
+    EXPECT_NEAR(t.bubble / pipe, 3.0 / 7, 1e-12);
+    EXPECT_GT(t.offload, 0.0);
+    c.layout.schedule = Schedule::gpipe;
+    const StepTime gp = predict_step_time(cfg, hw, c, 1024, 1);
+    EXPECT_NEAR(gp.bubble, t.bubble, 1e-12 * t.bubble);
+    c.layout.schedule = Schedule::interleaved;
+    c.layout.virtual_stages = 3;   // 12 layers: 3 chunks of 1 layer per stage, as many as 1F1B's 3
+    const StepTime il = predict_step_time(cfg, hw, c, 1024, 1);
+    EXPECT_NEAR(il.bubble / (il.compute + il.memory_bound + il.comm + il.bubble), 3.0 / 15, 1e-12);
+    EXPECT_GT(il.comm, t.comm);   // v times the point-to-point messages
+    EXPECT_LT(il.total, t.total);
+}
+
+// Whatever the layout, the step is positive, its parts are consistent and MFU lies in (0, 1).
+TEST(TimeModel, MfuInUnitIntervalEverywhere) {
+    const Hardware hw = memfit::test::h100_like();
+    int checked = 0;
+    for (const char * model : {"llama2-70b", "gpt2"}) {
+        const ModelConfig cfg = model_preset(model);
+        const int seq = cfg.max_seq;
+        for (int tp : {1, 2, 4, 8})
+            for (int pp : {1, 2, 4, 8})
+                for (int zero = 0; zero < 4; ++zero)
+                    for (const char * rc : {"none", "selective", "full"})
+                        for (bool flash : {true, false})
+                            for (Schedule sch : {Schedule::one_f_one_b, Schedule::interleaved})
+                                for (Offload off : {Offload::none, Offload::optimizer, Offload::optimizer_params})
+                                    for (int accum : {1, 4, 16}) {
+                                        Candidate c = candidate(64 / (tp * pp), tp, pp, 2, accum);
+                                        c.layout.zero = zero;
+                                        c.layout.sp = tp > 1 && accum == 4;
+                                        c.layout.schedule = sch;
+                                        c.layout.virtual_stages = 2;
+                                        c.layout.offload = off;
+                                        c.recompute = rc;
+                                        c.flash = flash;
+                                        const StepTime t = predict_step_time(cfg, hw, c, seq, 8);
+                                        ASSERT_TRUE(std::isfinite(t.total));
+                                        ASSERT_GT(t.total, 0.0);
+                                        ASSERT_GT(t.tokens_per_s, 0.0);
+                                        ASSERT_GT(t.mfu, 0.0);
+                                        ASSERT_LT(t.mfu, 1.0);
+                                        ASSERT_LE(t.recompute, t.compute);
+                                        ASSERT_GE(t.comm_exposed, 0.0);
+                                        ASSERT_LE(t.comm_exposed, t.comm * (1 + 1e-12));
+                                        ASSERT_GE(t.bubble, 0.0);
+                                        ASSERT_EQ(t.bubble == 0.0, pp == 1);
+                                        ASSERT_EQ(t.offload == 0.0, off == Offload::none);
+                                        ASSERT_NEAR(t.total, t.compute + t.memory_bound + t.comm_exposed + t.bubble +
+                                                                 t.offload, 1e-12 * t.total);
+                                        ++checked;
+                                    }
+    }
+    EXPECT_EQ(checked, 2 * 4 * 4 * 4 * 3 * 2 * 2 * 3 * 3);
+}
+
+// A well-balanced 70B layout on 64 devices lands in a believable MFU range.
+TEST(TimeModel, Llama70bOn64Devices) {
+    const ModelConfig cfg = model_preset("llama2-70b");
+    Candidate c = candidate(2, 8, 4, 1, 16);   // tp 8 in a node, 4 stages, 2 replicas
+    c.layout.sp = true;
+    c.layout.zero = 1;
+    c.recompute = "selective";
+    const StepTime t = predict_step_time(cfg, memfit::test::h100_like(), c, 4096, 8);
+    EXPECT_GT(t.mfu, 0.3);
+    EXPECT_LT(t.mfu, 0.7);
+    EXPECT_NEAR(t.tokens_per_s, 4096.0 * 2 * 16 / t.total, 1e-9 * t.tokens_per_s);
+}
+
+TEST(TimeModel, RejectsWhatItCannotModel) {
+    const ModelConfig cfg = model_preset("gpt2");
+    Hardware hw = memfit::test::h100_like();
+    Candidate c = candidate(1, 1, 1, 1, 1);
+    c.recompute = "every:2";
+    EXPECT_THROW(predict_step_time(cfg, hw, c, 1024, 1), ConfigError);
+    c.recompute = "none";
+    c.compute = DType::f32;
+    hw.fp32_flops = 0;
+    EXPECT_THROW(predict_step_time(cfg, hw, c, 1024, 1), ConfigError);
+    c.compute = DType::bf16;
+    c.layout.tp = 2;
+    hw.intra_bw = 0;
+    EXPECT_THROW(predict_step_time(cfg, hw, c, 1024, 1), ConfigError);
+    ModelConfig novocab = cfg;
+    novocab.vocab_size = 0;
+    EXPECT_THROW(train_flops_per_token(novocab, 1024), ConfigError);
+}
