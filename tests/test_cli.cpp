@@ -327,3 +327,35 @@ TEST(Cli, LlamaTrainsExportsReimportsAndGenerates) {
     EXPECT_EQ(g.out.size(), std::string("ROMEO:").size() + 12 + 1) << g.out;
     EXPECT_NE(g.err.find("KV cache"), std::string::npos) << g.err;
 }
+
+// memfit plan: the example prints a ranked table; --json parses; and on one `cpu`
+// device the plan's bytes per category are what `memfit train` then measures.
+TEST(Cli, PlanRanksExplainsAndMatchesTraining) {
+    const CmdResult t = run_memfit("plan --model llama2-70b --hardware h100-80g --gpus 64 --seq 4096 "
+                                   "--global-batch 1024 --explain --top 3");
+    ASSERT_EQ(t.code, 0) << t.err;
+    EXPECT_NE(t.out.find("configurations evaluated"), std::string::npos) << t.out;
+    EXPECT_NE(t.out.find("  1   dp "), std::string::npos) << t.out;
+    EXPECT_NE(t.out.find("rejected (fastest first)"), std::string::npos) << t.out;
+    expect_clean_failure(run_memfit("plan --model llama2-70b --hardware h100-81g"), "unknown hardware");
+    expect_clean_failure(run_memfit("plan --model llama2-70b --hardware rtx4090 --gpus 1 --global-batch 1"),
+                         "nothing fits");
+
+    const fs::path text = small_text("plan.txt");
+    const fs::path data = scratch("plan_data"), run = scratch("plan_run");
+    ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    const std::string shape = " --seq 32 --precision fp32 --attention flash --recompute selective";
+    const CmdResult tr = run_memfit("train --quiet --model llama-nano --data " + data.string() + shape +
+                                    " --batch 2 --steps 1 --eval-every 0 --sample 0 --out " + run.string());
+    ASSERT_EQ(tr.code, 0) << tr.err;
+    const CmdResult p = run_memfit("plan --model llama-nano --hardware cpu --json --global-batch 2 --micro-batch 2" +
+                                   shape + " --calibration " + (run / "none.json").string());
+    ASSERT_EQ(p.code, 0) << p.err;
+    const nlohmann::json plan = nlohmann::json::parse(p.out);
+    std::ifstream sf(run / "summary.json");
+    const nlohmann::json summary = nlohmann::json::parse(sf);
+    const nlohmann::json & best = plan["best"][0];
+    EXPECT_TRUE(best["memory"]["exact"].get<bool>());
+    for (const char * cat : {"parameters", "optimizer_states", "gradients", "activations", "workspace"})
+        EXPECT_EQ(best["memory"]["per_device"][cat], summary["measured"]["peak_live"][cat]) << cat;
+}

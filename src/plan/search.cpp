@@ -99,6 +99,10 @@ SearchReport search_plans(const PlanRequest & r) {
     std::vector<int> tps;
     for (int t : fixed_or(r.tp, divisors(r.gpus, std::max(1, r.hw.per_node))))
         if (r.gpus % t == 0 && cfg.n_head % t == 0 && (cfg.kv_heads() % t == 0 || t % cfg.kv_heads() == 0)) tps.push_back(t);
+    // On the `cpu` hardware the host memory is the device memory: offloading gains nothing.
+    const std::vector<Offload> offloads = r.hw.name == "cpu" ? std::vector<Offload>{Offload::none}
+                                                             : std::vector<Offload>{Offload::none, Offload::optimizer,
+                                                                                    Offload::optimizer_params};
     bool any_layout = false;
     for (int tp : tps)
         for (int pp : fixed_or(r.pp, divisors(r.gpus / tp, cfg.n_layer))) {
@@ -108,7 +112,7 @@ SearchReport search_plans(const PlanRequest & r) {
             any_layout = true;
             const int per_rank = r.global_batch / dp;
             for (int zero : fixed_or(r.zero, dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0}))
-                for (Offload off : fixed_or(r.offload, {Offload::none, Offload::optimizer, Offload::optimizer_params})) {
+                for (Offload off : fixed_or(r.offload, offloads)) {
                     if (off == Offload::optimizer_params && zero < 3 && !r.offload) continue;
                     if (pp > 1 && zero >= 2 && !r.zero) continue;   // ZeRO-2/3 with pipelines: not searched
                     for (bool sp : fixed_or(r.sp, tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})) {
