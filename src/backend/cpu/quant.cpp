@@ -1,0 +1,271 @@
+// Frozen-weight quantization (int8 per-channel absmax, NF4 with optional double quantization)
+// and the dequantizing matmuls; see quant.h for the formats.
+#include "backend/cpu/quant.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace memfit::cpu {
+
+// Dettmers et al. 2023 (QLoRA), appendix E: the NF4 data type's values.
+const float kNf4Levels[16] = {
+    -1.0f,
+    -0.6961928009986877f,
+    -0.5250730514526367f,
+    -0.39491748809814453f,
+    -0.28444138169288635f,
+    -0.18477343022823334f,
+    -0.09105003625154495f,
+    0.0f,
+    0.07958029955625534f,
+    0.16093020141124725f,
+    0.24611230194568634f,
+    0.33791524171829224f,
+    0.44070982933044434f,
+    0.5626170039176941f,
+    0.7229568362236023f,
+    1.0f,
+};
+
+namespace {
+
+constexpr size_t kAlign = 64;
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+float load_f32(const uint8_t * p) {
+    float v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+void store_f32(uint8_t * p, float v) { std::memcpy(p, &v, sizeof v); }
+
+// Byte offsets of the NF4 regions.
+struct Nf4Layout {
+    int64_t n = 0, nb = 0, ns = 0;   // elements, 64-blocks, 256-blocks of absmaxes
+    size_t codes = 0, absmax = 0;    // absmax: fp32 (plain) or int8 (double quant)
+    size_t scale2 = 0, mean = 0;     // double quant only
+};
+
+Nf4Layout nf4_layout(int64_t n) {
+    MF_ASSERT(n > 0 && n % kNf4Block == 0);
+    Nf4Layout l;
+    l.n = n;
+    l.nb = n / kNf4Block;
+    l.ns = (l.nb + kNf4ScaleBlock - 1) / kNf4ScaleBlock;
+    l.codes = 0;
+    l.absmax = size_t(n / 2);
+    l.scale2 = l.absmax + size_t(l.nb);
+    l.mean = l.scale2 + size_t(l.ns) * sizeof(float);
+    return l;
+}
+
+// The absmax of block b as the dequantizer sees it.
+float nf4_absmax(const uint8_t * packed, const Nf4Layout & l, bool dq, int64_t b) {
+    if (!dq) return load_f32(packed + l.absmax + size_t(b) * sizeof(float));
+    const auto q = static_cast<int8_t>(packed[l.absmax + size_t(b)]);
+    const float s = load_f32(packed + l.scale2 + size_t(b / kNf4ScaleBlock) * sizeof(float));
+    return float(q) * s + load_f32(packed + l.mean);
+}
+
+float block_absmax(const float * x) {
+    float m = 0.0f;
+    for (int64_t i = 0; i < kNf4Block; ++i) m = std::max(m, std::fabs(x[i]));
+    return m;
+}
+
+}  // namespace
+
+size_t int8_bytes(int64_t out, int64_t in) {
+    MF_ASSERT(out > 0 && in > 0);
+    return size_t(out) * size_t(in) + size_t(out) * sizeof(float);
+}
+
+size_t nf4_bytes(int64_t n, bool double_quant) {
+    const Nf4Layout l = nf4_layout(n);
+    return double_quant ? l.mean + sizeof(float) : l.absmax + size_t(l.nb) * sizeof(float);
+}
+
+uint8_t nf4_code(float v) {
+    // Count the midpoints between consecutive levels that lie below v.
+    uint8_t c = 0;
+    for (int i = 0; i < 15; ++i)
+        if (v > 0.5f * (kNf4Levels[i] + kNf4Levels[i + 1])) c = uint8_t(i + 1);
+    return c;
+}
+
+// ---- int8 -------------------------------------------------------------------------------
+
+void Int8Quant::quantize(uint8_t * packed, const float * W) const {
+    uint8_t * scales = packed + size_t(out) * size_t(in);
+#pragma omp parallel for schedule(static)
+    for (int64_t o = 0; o < out; ++o) {
+        const float * w = W + o * in;
+        float m = 0.0f;
+        for (int64_t k = 0; k < in; ++k) m = std::max(m, std::fabs(w[k]));
+        const float scale = m / 127.0f;
+        store_f32(scales + size_t(o) * sizeof(float), scale);
+        int8_t * q = reinterpret_cast<int8_t *>(packed) + o * in;
+        for (int64_t k = 0; k < in; ++k) {
+            const float r = scale > 0.0f ? std::round(w[k] / scale) : 0.0f;
+            q[k] = static_cast<int8_t>(std::clamp(r, -127.0f, 127.0f));
+        }
+    }
+}
+
+void Int8Quant::dequantize_rows(float * dst, const uint8_t * packed, int64_t row0, int64_t nrows) const {
+    MF_ASSERT(row0 >= 0 && nrows >= 0 && row0 + nrows <= out);
+    const uint8_t * scales = packed + size_t(out) * size_t(in);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < nrows; ++r) {
+        const float scale = load_f32(scales + size_t(row0 + r) * sizeof(float));
+        const int8_t * q = reinterpret_cast<const int8_t *>(packed) + (row0 + r) * in;
+        float * d = dst + r * in;
+        for (int64_t k = 0; k < in; ++k) d[k] = float(q[k]) * scale;
+    }
+}
+
+// ---- NF4 --------------------------------------------------------------------------------
+
+void Nf4Quant::quantize(uint8_t * packed, const float * W) const {
+    const Nf4Layout l = nf4_layout(out * in);
+    if (!double_quant) {
+#pragma omp parallel for schedule(static)
+        for (int64_t b = 0; b < l.nb; ++b)
+            store_f32(packed + l.absmax + size_t(b) * sizeof(float), block_absmax(W + b * kNf4Block));
+    } else {
+        // The fp32 absmaxes are staged in the codes region (n/2 bytes >= n/16 needed) until
+        // they are quantized; the codes overwrite them afterwards.
+        uint8_t * stage = packed + l.codes;
+#pragma omp parallel for schedule(static)
+        for (int64_t b = 0; b < l.nb; ++b)
+            store_f32(stage + size_t(b) * sizeof(float), block_absmax(W + b * kNf4Block));
+        double sum = 0.0;  // serial: deterministic
+        for (int64_t b = 0; b < l.nb; ++b) sum += double(load_f32(stage + size_t(b) * sizeof(float)));
+        const float mean = float(sum / double(l.nb));
+        store_f32(packed + l.mean, mean);
+#pragma omp parallel for schedule(static)
+        for (int64_t s = 0; s < l.ns; ++s) {
+            const int64_t b0 = s * kNf4ScaleBlock, b1 = std::min(l.nb, b0 + kNf4ScaleBlock);
+            float m = 0.0f;
+            for (int64_t b = b0; b < b1; ++b)
+                m = std::max(m, std::fabs(load_f32(stage + size_t(b) * sizeof(float)) - mean));
+            const float scale = m / 127.0f;
+            store_f32(packed + l.scale2 + size_t(s) * sizeof(float), scale);
+            for (int64_t b = b0; b < b1; ++b) {
+                const float d = load_f32(stage + size_t(b) * sizeof(float)) - mean;
+                const float r = scale > 0.0f ? std::clamp(std::round(d / scale), -127.0f, 127.0f) : 0.0f;
+                packed[l.absmax + size_t(b)] = static_cast<uint8_t>(static_cast<int8_t>(r));
+            }
+        }
+    }
+    // Codes against the absmax the dequantizer will use.
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < l.nb; ++b) {
+        const float a = nf4_absmax(packed, l, double_quant, b);
+        const float * x = W + b * kNf4Block;
+        uint8_t * c = packed + l.codes + size_t(b * kNf4Block / 2);
+        for (int64_t j = 0; j < kNf4Block / 2; ++j) {
+            const uint8_t lo = nf4_code(a > 0.0f ? x[2 * j] / a : 0.0f);
+            const uint8_t hi = nf4_code(a > 0.0f ? x[2 * j + 1] / a : 0.0f);
+            c[j] = uint8_t(lo | hi << 4);
+        }
+    }
+}
+
+void Nf4Quant::dequantize_rows(float * dst, const uint8_t * packed, int64_t row0, int64_t nrows) const {
+    MF_ASSERT(row0 >= 0 && nrows >= 0 && row0 + nrows <= out);
+    if (nrows == 0) return;
+    const Nf4Layout l = nf4_layout(out * in);
+    const int64_t e0 = row0 * in, e1 = (row0 + nrows) * in;
+    const int64_t b0 = e0 / kNf4Block, b1 = (e1 - 1) / kNf4Block + 1;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = b0; b < b1; ++b) {
+        const float a = nf4_absmax(packed, l, double_quant, b);
+        const int64_t i0 = std::max(e0, b * kNf4Block), i1 = std::min(e1, (b + 1) * kNf4Block);
+        for (int64_t i = i0; i < i1; ++i) {
+            const uint8_t byte = packed[l.codes + size_t(i >> 1)];
+            const uint8_t code = (i & 1) ? uint8_t(byte >> 4) : uint8_t(byte & 15);
+            dst[i - e0] = kNf4Levels[code] * a;
+        }
+    }
+}
+
+// ---- dequantizing matmuls ---------------------------------------------------------------
+
+namespace {
+
+MatmulShape forward_shape(int64_t M, int64_t out, int64_t in, int64_t rows) {
+    MatmulShape s;  // Y[:, o0:o0+rows] = X[M,in] · tile[rows,in]^T
+    s.M = M, s.N = rows, s.K = in;
+    s.a_sm = in, s.a_sk = 1;
+    s.b_sk = 1, s.b_sn = in;
+    s.ldc = out;
+    return s;
+}
+
+MatmulShape backward_shape(int64_t M, int64_t out, int64_t in, int64_t rows, bool accumulate) {
+    MatmulShape s;  // dX[M,in] (+)= dY[:, o0:o0+rows] · tile[rows,in]
+    s.M = M, s.N = in, s.K = rows;
+    s.a_sm = out, s.a_sk = 1;
+    s.b_sk = in, s.b_sn = 1;
+    s.ldc = in;
+    s.accumulate = accumulate;
+    return s;
+}
+
+}  // namespace
+
+size_t gemm_dequant_workspace(DnnlGemm & gemm, int64_t M, int64_t out, int64_t in, int64_t tile_rows) {
+    MF_ASSERT(M > 0 && out > 0 && in > 0 && tile_rows > 0);
+    const int64_t t = std::min(tile_rows, out);
+    const int64_t last = out - (out - 1) / t * t;
+    size_t scratch = 0;
+    for (const int64_t rows : {t, last}) {
+        scratch = std::max(scratch, gemm.scratch_bytes(forward_shape(M, out, in, rows)));
+        for (const bool acc : {false, true})
+            scratch = std::max(scratch, gemm.scratch_bytes(backward_shape(M, out, in, rows, acc)));
+    }
+    return align_up(size_t(t) * size_t(in) * sizeof(float)) + scratch;
+}
+
+template <class Q>
+void gemm_dequant_forward(DnnlGemm & gemm, float * Y, const float * X, const Q & q, const uint8_t * packed,
+                          int64_t M, int64_t tile_rows, void * workspace) {
+    MF_ASSERT(Y != nullptr && X != nullptr && packed != nullptr && workspace != nullptr);
+    const int64_t t = std::min(tile_rows, q.out);
+    float * tile = static_cast<float *>(workspace);
+    void * scratch = static_cast<char *>(workspace) + align_up(size_t(t) * size_t(q.in) * sizeof(float));
+    for (int64_t o0 = 0; o0 < q.out; o0 += t) {
+        const int64_t rows = std::min(t, q.out - o0);
+        q.dequantize_rows(tile, packed, o0, rows);
+        gemm.run(forward_shape(M, q.out, q.in, rows), Y + o0, X, tile, nullptr, scratch);
+    }
+}
+
+template <class Q>
+void gemm_dequant_backward(DnnlGemm & gemm, float * dX, const float * dY, const Q & q, const uint8_t * packed,
+                           int64_t M, int64_t tile_rows, void * workspace, bool accumulate) {
+    MF_ASSERT(dX != nullptr && dY != nullptr && packed != nullptr && workspace != nullptr);
+    const int64_t t = std::min(tile_rows, q.out);
+    float * tile = static_cast<float *>(workspace);
+    void * scratch = static_cast<char *>(workspace) + align_up(size_t(t) * size_t(q.in) * sizeof(float));
+    for (int64_t o0 = 0; o0 < q.out; o0 += t) {
+        const int64_t rows = std::min(t, q.out - o0);
+        q.dequantize_rows(tile, packed, o0, rows);
+        gemm.run(backward_shape(M, q.out, q.in, rows, accumulate || o0 > 0), dX, dY + o0, tile, nullptr, scratch);
+    }
+}
+
+template void gemm_dequant_forward<Int8Quant>(DnnlGemm &, float *, const float *, const Int8Quant &,
+                                              const uint8_t *, int64_t, int64_t, void *);
+template void gemm_dequant_forward<Nf4Quant>(DnnlGemm &, float *, const float *, const Nf4Quant &,
+                                             const uint8_t *, int64_t, int64_t, void *);
+template void gemm_dequant_backward<Int8Quant>(DnnlGemm &, float *, const float *, const Int8Quant &,
+                                               const uint8_t *, int64_t, int64_t, void *, bool);
+template void gemm_dequant_backward<Nf4Quant>(DnnlGemm &, float *, const float *, const Nf4Quant &,
+                                              const uint8_t *, int64_t, int64_t, void *, bool);
+
+}  // namespace memfit::cpu
