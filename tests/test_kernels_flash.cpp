@@ -33,12 +33,7 @@ constexpr double kNaiveTol = 1e-5;  // norm-wise relative error against the naiv
 constexpr double kFdTol = 1e-2;     // norm-wise relative error of the finite-difference check
 constexpr float kFdEps = 1e-3f;
 
-std::vector<float> randn(size_t n, std::mt19937 & rng, float scale = 1.0f) {
-    std::normal_distribution<float> dist(0.0f, scale);
-    std::vector<float> v(n);
-    for (float & x : v) x = dist(rng);
-    return v;
-}
+using memfit::test::randn;
 
 // ||a - b|| / ||b|| in double; NaN (so every `< tol` check fails) when anything is NaN.
 double rel_err(const std::vector<float> & a, const std::vector<float> & b) {

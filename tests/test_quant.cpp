@@ -15,16 +15,14 @@
 
 #include "backend/cpu/dnnl_gemm.h"
 #include "backend/cpu/quant.h"
+#include "test_util.h"
 
 namespace memfit::cpu {
 namespace {
 
 std::vector<float> gaussian(size_t n, uint32_t seed) {
     std::mt19937 rng(seed);
-    std::normal_distribution<float> dist(0.0f, 1.0f);
-    std::vector<float> v(n);
-    for (float & x : v) x = dist(rng);
-    return v;
+    return memfit::test::randn(n, rng);
 }
 
 double rel_rms(const std::vector<float> & a, const std::vector<float> & b) {

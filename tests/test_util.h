@@ -43,6 +43,14 @@ inline Hardware h100_like() {
     return h;
 }
 
+// n draws of N(0, scale^2).
+inline std::vector<float> randn(size_t n, std::mt19937 & rng, float scale = 1.0f) {
+    std::normal_distribution<float> dist(0.0f, scale);
+    std::vector<float> v(n);
+    for (float & x : v) x = dist(rng);
+    return v;
+}
+
 // Uniform random tokens and targets; target 1 is ignored (-100).
 inline void random_batch(std::vector<int32_t> & in, std::vector<int32_t> & tg, int V, uint64_t seed) {
     std::mt19937 rng(static_cast<uint32_t>(seed));

@@ -231,32 +231,39 @@ size_t gemm_dequant_workspace(DnnlGemm & gemm, int64_t M, int64_t out, int64_t i
     return align_up(size_t(t) * size_t(in) * sizeof(float)) + scratch;
 }
 
-template <class Q>
-void gemm_dequant_forward(DnnlGemm & gemm, float * Y, const float * X, const Q & q, const uint8_t * packed,
-                          int64_t M, int64_t tile_rows, void * workspace) {
-    MF_ASSERT(Y != nullptr && X != nullptr && packed != nullptr && workspace != nullptr);
+namespace {
+// Dequantizes W tile by tile (tile_rows output rows) into the workspace's fp32 tile and hands
+// each to f(first row, rows, tile, oneDNN scratch after the tile).
+template <class Q, class F>
+void for_each_tile(const Q & q, const uint8_t * packed, int64_t tile_rows, void * workspace, F && f) {
+    MF_ASSERT(packed != nullptr && workspace != nullptr);
     const int64_t t = std::min(tile_rows, q.out);
     float * tile = static_cast<float *>(workspace);
     void * scratch = static_cast<char *>(workspace) + align_up(size_t(t) * size_t(q.in) * sizeof(float));
     for (int64_t o0 = 0; o0 < q.out; o0 += t) {
         const int64_t rows = std::min(t, q.out - o0);
         q.dequantize_rows(tile, packed, o0, rows);
-        gemm.run(forward_shape(M, q.out, q.in, rows), Y + o0, X, tile, nullptr, scratch);
+        f(o0, rows, tile, scratch);
     }
+}
+}  // namespace
+
+template <class Q>
+void gemm_dequant_forward(DnnlGemm & gemm, float * Y, const float * X, const Q & q, const uint8_t * packed,
+                          int64_t M, int64_t tile_rows, void * workspace) {
+    MF_ASSERT(Y != nullptr && X != nullptr);
+    for_each_tile(q, packed, tile_rows, workspace, [&](int64_t o0, int64_t rows, const float * tile, void * scratch) {
+        gemm.run(forward_shape(M, q.out, q.in, rows), Y + o0, X, tile, nullptr, scratch);
+    });
 }
 
 template <class Q>
 void gemm_dequant_backward(DnnlGemm & gemm, float * dX, const float * dY, const Q & q, const uint8_t * packed,
                            int64_t M, int64_t tile_rows, void * workspace, bool accumulate) {
-    MF_ASSERT(dX != nullptr && dY != nullptr && packed != nullptr && workspace != nullptr);
-    const int64_t t = std::min(tile_rows, q.out);
-    float * tile = static_cast<float *>(workspace);
-    void * scratch = static_cast<char *>(workspace) + align_up(size_t(t) * size_t(q.in) * sizeof(float));
-    for (int64_t o0 = 0; o0 < q.out; o0 += t) {
-        const int64_t rows = std::min(t, q.out - o0);
-        q.dequantize_rows(tile, packed, o0, rows);
+    MF_ASSERT(dX != nullptr && dY != nullptr);
+    for_each_tile(q, packed, tile_rows, workspace, [&](int64_t o0, int64_t rows, const float * tile, void * scratch) {
         gemm.run(backward_shape(M, q.out, q.in, rows, accumulate || o0 > 0), dX, dY + o0, tile, nullptr, scratch);
-    }
+    });
 }
 
 template void gemm_dequant_forward<Int8Quant>(DnnlGemm &, float *, const float *, const Int8Quant &,
