@@ -112,6 +112,10 @@ TEST(Llama, HuggingFaceConfigJson) {
     refused("attention_bias", true, "no biases");
     refused("head_dim", 64, "head_dim");
     refused("model_type", "mistral", "model_type 'mistral' is not supported");
+    // Found by the fuzzer: a float where an integer belongs must not be converted (UB).
+    refused("vocab_size", 3.2e52, "vocab_size = 3.2e+52 is not an integer in range");
+    refused("hidden_size", 64.5, "hidden_size = 64.5 is not an integer in range");
+    refused("rope_theta", 1e300, "rope_theta = 1e+300 is not a number in range");
     nlohmann::json missing = j;
     missing.erase("hidden_size");
     EXPECT_THROW(parse_hf_config(missing, "cfg"), ConfigError);

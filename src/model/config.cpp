@@ -1,6 +1,9 @@
 #include "model/config.h"
 
+#include <cmath>
+#include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -131,6 +134,32 @@ ModelConfig model_preset(const std::string & name) {
                                   name, fmt::join(preset_names(), ", ")));
 }
 
+namespace {
+// Numbers from JSON, checked before converting: nlohmann converts a float such as 3e52 to int
+// with undefined behaviour, so integers must be JSON integers within int's range, and floats
+// finite and within float's.
+int int_field(const nlohmann::json & j, const char * key, const std::string & name) {
+    const nlohmann::json & v = j.at(key);
+    if (v.is_number_integer()) {
+        const int64_t x = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX) ? INT64_MAX : v.get<int64_t>();
+        if (x >= INT32_MIN && x <= INT32_MAX) return int(x);
+    }
+    throw ConfigError(fmt::format("{}: {} = {} is not an integer in range", name, key, v.dump()));
+}
+int int_field(const nlohmann::json & j, const char * key, int fallback, const std::string & name) {
+    return j.contains(key) && !j[key].is_null() ? int_field(j, key, name) : fallback;
+}
+float float_field(const nlohmann::json & j, const char * key, float fallback, const std::string & name) {
+    if (!j.contains(key) || j[key].is_null()) return fallback;
+    const nlohmann::json & v = j[key];
+    if (v.is_number()) {
+        const double x = v.get<double>();
+        if (std::isfinite(x) && std::fabs(x) <= double(std::numeric_limits<float>::max())) return float(x);
+    }
+    throw ConfigError(fmt::format("{}: {} = {} is not a number in range", name, key, v.dump()));
+}
+}  // namespace
+
 ModelConfig parse_hf_config(const nlohmann::json & j, const std::string & name) {
     if (!j.is_object()) throw ConfigError(fmt::format("{}: expected a JSON object", name));
     ModelConfig c;
@@ -138,30 +167,29 @@ ModelConfig parse_hf_config(const nlohmann::json & j, const std::string & name) 
     try {
         const std::string type = j.value("model_type", "gpt2");
         if (type == "gpt2") {
-            c.vocab_size = j.at("vocab_size").get<int>();
-            c.max_seq = j.value("n_positions", j.value("n_ctx", 1024));
-            c.n_embd = j.at("n_embd").get<int>();
-            c.n_layer = j.at("n_layer").get<int>();
-            c.n_head = j.at("n_head").get<int>();
-            c.ln_eps = j.value("layer_norm_epsilon", 1e-5f);
+            c.vocab_size = int_field(j, "vocab_size", name);
+            c.max_seq = int_field(j, "n_positions", int_field(j, "n_ctx", 1024, name), name);
+            c.n_embd = int_field(j, "n_embd", name);
+            c.n_layer = int_field(j, "n_layer", name);
+            c.n_head = int_field(j, "n_head", name);
+            c.ln_eps = float_field(j, "layer_norm_epsilon", 1e-5f, name);
             c.tied_head = j.value("tie_word_embeddings", true);
-            if (j.contains("n_inner") && !j["n_inner"].is_null()) c.ffn = j["n_inner"].get<int>();
+            c.ffn = int_field(j, "n_inner", 0, name);
             if (j.contains("activation_function") && j["activation_function"] != "gelu_new")
                 throw ConfigError(fmt::format("{}: activation_function {} is not supported (supported: gelu_new)", name,
                                               j["activation_function"].dump()));
         } else if (type == "llama") {
             c.family = "llama";
             // Defaults are transformers' LlamaConfig defaults.
-            c.vocab_size = j.value("vocab_size", 32000);
-            c.max_seq = j.value("max_position_embeddings", 2048);
-            c.n_embd = j.at("hidden_size").get<int>();
-            c.ffn = j.at("intermediate_size").get<int>();
-            c.n_layer = j.at("num_hidden_layers").get<int>();
-            c.n_head = j.at("num_attention_heads").get<int>();
-            c.n_kv_head = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
-                              ? j["num_key_value_heads"].get<int>() : c.n_head;
-            c.ln_eps = j.value("rms_norm_eps", 1e-6f);
-            c.rope_theta = j.value("rope_theta", 10000.0f);
+            c.vocab_size = int_field(j, "vocab_size", 32000, name);
+            c.max_seq = int_field(j, "max_position_embeddings", 2048, name);
+            c.n_embd = int_field(j, "hidden_size", name);
+            c.ffn = int_field(j, "intermediate_size", name);
+            c.n_layer = int_field(j, "num_hidden_layers", name);
+            c.n_head = int_field(j, "num_attention_heads", name);
+            c.n_kv_head = int_field(j, "num_key_value_heads", c.n_head, name);
+            c.ln_eps = float_field(j, "rms_norm_eps", 1e-6f, name);
+            c.rope_theta = float_field(j, "rope_theta", 10000.0f, name);
             c.tied_head = j.value("tie_word_embeddings", false);
             auto refuse = [&](const char * key, const std::string & why) {
                 throw ConfigError(fmt::format("{}: {} = {} is not supported ({})", name, key, j[key].dump(), why));
@@ -172,7 +200,7 @@ ModelConfig parse_hf_config(const nlohmann::json & j, const std::string & name) 
             if (j.value("attention_bias", false)) refuse("attention_bias", "LLaMA projections have no biases");
             if (j.value("mlp_bias", false)) refuse("mlp_bias", "LLaMA projections have no biases");
             if (j.contains("head_dim") && !j["head_dim"].is_null() && c.n_head > 0 &&
-                j["head_dim"].get<int>() != c.n_embd / c.n_head)
+                int_field(j, "head_dim", name) != c.n_embd / c.n_head)
                 refuse("head_dim", fmt::format("must be hidden_size / num_attention_heads = {}", c.n_embd / c.n_head));
         } else {
             throw ConfigError(fmt::format("{}: model_type '{}' is not supported (supported: gpt2, llama)", name, type));
@@ -186,6 +214,7 @@ ModelConfig parse_hf_config(const nlohmann::json & j, const std::string & name) 
 }
 
 namespace {
+
 // A float as the decimal it was written as (1e-05, not 9.99999974737875e-06).
 double shortest(float f) { return std::stod(fmt::format("{}", f)); }
 }  // namespace
