@@ -2,6 +2,8 @@
 // checkpoint intact, clear errors for bad folders, and `--resume` continuing bit for bit.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -99,4 +101,16 @@ TEST(Checkpoint, BadFoldersGiveClearErrors) {
     const std::string dir2 = save_checkpoint(root.string(), make(4), 3);
     fs::resize_file(fs::path(dir2) / "state.safetensors", 40);   // truncated
     EXPECT_THROW(load_checkpoint(dir2), FormatError);
+    // A number out of range is refused before it is converted (a float-to-int overflow is UB).
+    const std::string dir3 = save_checkpoint(root.string(), make(5), 3);
+    nlohmann::json meta = nlohmann::json::parse(std::ifstream(fs::path(dir3) / "meta.json"));
+    meta["optimizer_step"] = 3.2e52;
+    std::ofstream(fs::path(dir3) / "meta.json") << meta.dump();
+    try {
+        load_checkpoint(dir3);
+        ADD_FAILURE();
+    } catch (const FormatError & e) {
+        EXPECT_NE(std::string(e.what()).find("\"optimizer_step\" = 3.2e+52 is not a number in range"), std::string::npos)
+            << e.what();
+    }
 }

@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "cli/validators.h"
 #include "core/error.h"
+#include "core/json_num.h"
 #include "core/paths.h"
 #include "core/units.h"
 #include "model/config.h"
@@ -42,7 +43,7 @@ void add_model_commands(CLI::App & app) {
                                           c.state.params.size(), layout.total));
         export_hf(export_out, cfg, layout, c.state.params.data());
         std::printf("wrote %s/config.json and %s/model.safetensors (step %d)\n", export_out.c_str(),
-                    export_out.c_str(), c.meta.at("step").get<int>());
+                    export_out.c_str(), json_get<int>(c.meta, "step", ckpt + "/meta.json"));
     });
 
     static std::string gen_model, gen_prompt = "\n", gen_tokenizer;

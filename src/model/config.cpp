@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_num.h"
 
 namespace memfit {
 
@@ -135,28 +136,18 @@ ModelConfig model_preset(const std::string & name) {
 }
 
 namespace {
-// Numbers from JSON, checked before converting: nlohmann converts a float such as 3e52 to int
-// with undefined behaviour, so integers must be JSON integers within int's range, and floats
-// finite and within float's.
+// Range-checked numbers (core/json_num.h), as ConfigError naming the field.
 int int_field(const nlohmann::json & j, const char * key, const std::string & name) {
-    const nlohmann::json & v = j.at(key);
-    if (v.is_number_integer()) {
-        const int64_t x = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX) ? INT64_MAX : v.get<int64_t>();
-        if (x >= INT32_MIN && x <= INT32_MAX) return int(x);
-    }
-    throw ConfigError(fmt::format("{}: {} = {} is not an integer in range", name, key, v.dump()));
+    if (const auto x = json_number<int>(j.at(key))) return *x;
+    throw ConfigError(fmt::format("{}: {} = {} is not an integer in range", name, key, j[key].dump()));
 }
 int int_field(const nlohmann::json & j, const char * key, int fallback, const std::string & name) {
     return j.contains(key) && !j[key].is_null() ? int_field(j, key, name) : fallback;
 }
 float float_field(const nlohmann::json & j, const char * key, float fallback, const std::string & name) {
     if (!j.contains(key) || j[key].is_null()) return fallback;
-    const nlohmann::json & v = j[key];
-    if (v.is_number()) {
-        const double x = v.get<double>();
-        if (std::isfinite(x) && std::fabs(x) <= double(std::numeric_limits<float>::max())) return float(x);
-    }
-    throw ConfigError(fmt::format("{}: {} = {} is not a number in range", name, key, v.dump()));
+    if (const auto x = json_number<float>(j[key])) return *x;
+    throw ConfigError(fmt::format("{}: {} = {} is not a number in range", name, key, j[key].dump()));
 }
 }  // namespace
 

@@ -9,6 +9,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/json_num.h"
 #include "model/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -105,11 +106,11 @@ Checkpoint load_checkpoint(const std::string & path) {
         throw FormatError(fmt::format("{}: params, adamw.m and adamw.v differ in size ({}, {}, {})", f.path(),
                                       c.state.params.size(), c.state.m.size(), c.state.v.size()));
     try {
-        c.state.t = c.meta.at("optimizer_step").get<int>();
+        c.state.t = json_get<int>(c.meta, "optimizer_step", meta_path);
         const auto & ls = c.meta.at("loss_scaler");
-        c.state.scaler.scale = ls.at("scale").get<float>();
-        c.state.scaler.clean = ls.at("clean").get<int>();
-        c.state.scaler.skipped = ls.at("skipped").get<long long>();
+        c.state.scaler.scale = json_get<float>(ls, "scale", meta_path);
+        c.state.scaler.clean = json_get<int>(ls, "clean", meta_path);
+        c.state.scaler.skipped = json_get<long long>(ls, "skipped", meta_path);
     } catch (const std::exception & e) {
         throw FormatError(fmt::format("{}: {}", meta_path, e.what()));
     }

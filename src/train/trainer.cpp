@@ -15,6 +15,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "core/json_num.h"
 #include "core/paths.h"
 #include "core/units.h"
 #include "memory/budget.h"
@@ -127,14 +128,15 @@ int resume_from(const std::string & path, const ModelConfig & cfg, const TrainOp
     if (c.state.params.size() != engine.step().layout().total)
         throw FormatError(fmt::format("--resume {}: {} parameters, the model has {}", path, c.state.params.size(),
                                       engine.step().layout().total));
-    const int step = m.at("step").get<int>();
+    const int step = json_get<int>(m, "step", path);
     if (step >= opt.steps)
         throw ConfigError(fmt::format("--resume {}: the checkpoint is at step {}; --steps {} must be larger", path,
                                       step, opt.steps));
     engine.import_state(c.state);
     const auto & d = m.at("data");
-    train.seek(d.at("train_epoch").get<uint64_t>(), d.at("train_cursor").get<size_t>());
-    if (val && d.contains("val_epoch")) val->seek(d.at("val_epoch").get<uint64_t>(), d.at("val_cursor").get<size_t>());
+    train.seek(json_get<uint64_t>(d, "train_epoch", path), json_get<size_t>(d, "train_cursor", path));
+    if (val && d.contains("val_epoch"))
+        val->seek(json_get<uint64_t>(d, "val_epoch", path), json_get<size_t>(d, "val_cursor", path));
     return step;
 }
 

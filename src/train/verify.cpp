@@ -7,6 +7,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "core/json_num.h"
 #include "model/safetensors.h"
 #include "train/engine.h"
 
@@ -70,11 +71,11 @@ VerifyReport verify_fixture(const std::string & path, double tolerance, bool che
     std::memset(engine.adam_v(), 0, layout.total * sizeof(float));
     AdamWHyper h;
     try {
-        h.lr = aj.at("lr").get<float>();
-        h.beta1 = aj.at("beta1").get<float>();
-        h.beta2 = aj.at("beta2").get<float>();
-        h.eps = aj.at("eps").get<float>();
-        h.weight_decay = aj.at("weight_decay").get<float>();
+        h.lr = json_get<float>(aj, "lr", path);
+        h.beta1 = json_get<float>(aj, "beta1", path);
+        h.beta2 = json_get<float>(aj, "beta2", path);
+        h.eps = json_get<float>(aj, "eps", path);
+        h.weight_decay = json_get<float>(aj, "weight_decay", path);
     } catch (const nlohmann::json::exception & e) {
         throw FormatError(fmt::format("{}: adamw metadata is missing a field ({})", path, e.what()));
     }

@@ -1,0 +1,49 @@
+// Numbers read from JSON, range-checked before converting: nlohmann converts a float such as
+// 3e52 to int (and a double beyond float's range to float) with undefined behaviour, and a
+// corrupt or hostile file must give a clear error instead.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <type_traits>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace memfit {
+
+// Integers: a JSON integer within T's range. Floats: a finite JSON number within T's range.
+template <class T>
+std::optional<T> json_number(const nlohmann::json & v) {
+    if constexpr (std::is_integral_v<T>) {
+        if (v.is_number_unsigned()) {
+            const uint64_t x = v.get<uint64_t>();
+            if (x <= uint64_t(std::numeric_limits<T>::max())) return T(x);
+        } else if (v.is_number_integer()) {
+            const int64_t x = v.get<int64_t>();
+            if (x >= int64_t(std::numeric_limits<T>::min()) && (x < 0 || uint64_t(x) <= uint64_t(std::numeric_limits<T>::max())))
+                return T(x);
+        }
+        return std::nullopt;
+    } else {
+        if (!v.is_number()) return std::nullopt;
+        const double x = v.get<double>();
+        if (!std::isfinite(x) || std::fabs(x) > double(std::numeric_limits<T>::max())) return std::nullopt;
+        return T(x);
+    }
+}
+
+// j[key] as T; FormatError naming `where` and the key when it is missing or out of range.
+template <class T>
+T json_get(const nlohmann::json & j, const char * key, const std::string & where) {
+    if (!j.is_object() || !j.contains(key)) throw FormatError(fmt::format("{}: no \"{}\"", where, key));
+    if (const auto x = json_number<T>(j[key])) return *x;
+    throw FormatError(fmt::format("{}: \"{}\" = {} is not a number in range", where, key, j[key].dump()));
+}
+
+}  // namespace memfit
