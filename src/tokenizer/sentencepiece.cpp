@@ -1,6 +1,7 @@
 #include "tokenizer/sentencepiece.h"
 
 #include "core/error.h"
+#include "core/paths.h"
 
 #include <fmt/format.h>
 #include <sentencepiece_processor.h>
@@ -24,22 +25,6 @@ std::string one_line(std::string s) {
     return s;
 }
 
-std::string read_model_file(const std::string & path) {
-    std::error_code ec;
-    if (!fs::exists(path, ec)) {
-        throw IoError(fmt::format("{}: no such file; pass the tokenizer.model of a SentencePiece (LLaMA-style) model",
-                                  path));
-    }
-    if (fs::is_directory(path, ec)) {
-        throw IoError(fmt::format("{}: is a folder, expected a SentencePiece tokenizer.model file", path));
-    }
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw IoError(fmt::format("{}: cannot open for reading; check its permissions", path));
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    if (in.bad()) throw IoError(fmt::format("{}: read failed", path));
-    return ss.str();
-}
 
 constexpr std::string_view kSpaceSymbol = "\xe2\x96\x81";   // U+2581, SentencePiece's "▁"
 
@@ -51,7 +36,7 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string & model_path)
     const fs::path abs = fs::absolute(model_path, ec);
     path_ = ec ? model_path : abs.lexically_normal().string();
 
-    const std::string bytes = read_model_file(path_);
+    const std::string bytes = read_whole_file(path_, "a SentencePiece tokenizer.model file", "pass the tokenizer.model of a SentencePiece (LLaMA-style) model");
     if (bytes.empty()) throw FormatError(fmt::format("{}: empty file, expected a SentencePiece model", path_));
     const auto st = sp_->LoadFromSerializedProto(bytes);
     if (!st.ok()) {

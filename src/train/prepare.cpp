@@ -24,19 +24,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string read_text(const std::string & path) {
-    std::error_code ec;
-    if (!fs::exists(path, ec)) {
-        throw IoError(fmt::format("{}: no such file; pass --input with a text file to tokenize", path));
-    }
-    if (fs::is_directory(path, ec)) throw IoError(fmt::format("{}: is a folder, expected a text file", path));
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw IoError(fmt::format("{}: cannot open for reading; check its permissions", path));
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    if (in.bad()) throw IoError(fmt::format("{}: read failed", path));
-    return ss.str();
-}
 
 void write_text_atomic(const std::string & path, const std::string & text) {
     const std::string tmp = path + ".tmp";
@@ -80,7 +67,7 @@ PreparedData prepare_dataset(const PrepareOptions & opts) {
     }
     auto tok = make_tokenizer(opts.tokenizer, tok_dir);     // before reading: fail fast on a bad kind
 
-    const std::string text = read_text(input);
+    const std::string text = read_whole_file(input, "a text file", "pass --input with a text file to tokenize");
     if (text.empty()) throw ConfigError(fmt::format("{} is empty: nothing to tokenize", input));
 
     const std::vector<int32_t> ids = tok->encode(text);
