@@ -49,6 +49,15 @@ inline float update_scale(const AdamWHyper & h, float norm_sq) {
     return norm > h.clip ? h.grad_scale * (h.clip / norm) : h.grad_scale;
 }
 
+// A frozen weight W [out, in] (row = output channel) stored packed, for LoRA's quantized base
+// (QLoRA). Formats and exact byte counts: backend/quant_format.h.
+enum class QuantFormat : uint8_t { int8, nf4, nf4_dq };
+struct QuantDesc {
+    QuantFormat format = QuantFormat::int8;
+    int64_t out = 0, in = 0;
+    bool operator==(const QuantDesc &) const = default;
+};
+
 class Backend {
 public:
     virtual ~Backend() = default;
@@ -121,6 +130,40 @@ public:
     // h / (NH/KVH).
     virtual void cached_attention_fwd(Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH,
                                       int KVH) = 0;
+
+    // Frozen quantized weights (QLoRA). x, y, dx, dy, bias: f32, bf16 or f16 (one dtype per
+    // call, the compute dtype); W' = the dequantized W, never materialised whole.
+    // Scratch bytes qgemm_fwd and qgemm_bwd need for M rows of activations of dtype `act`.
+    virtual size_t qgemm_workspace(const QuantDesc & q, int64_t M, DType act) const {
+        (void) q, (void) M, (void) act;
+        return 0;
+    }
+    // y[M,out] = x[M,in] . W'^T (+ bias[out]), written.
+    virtual void qgemm_fwd(const QuantDesc & q, Tensor y, Tensor x, Tensor packed, Tensor bias, Tensor workspace) {
+        (void) q, (void) y, (void) x, (void) packed, (void) bias, (void) workspace;
+        MF_ASSERT(false && "this backend has no quantized gemm");
+    }
+    // dx[M,in] = dy[M,out] . W' (accumulate: dx += ...).
+    virtual void qgemm_bwd(const QuantDesc & q, Tensor dx, Tensor dy, Tensor packed, bool accumulate,
+                           Tensor workspace) {
+        (void) q, (void) dx, (void) dy, (void) packed, (void) accumulate, (void) workspace;
+        MF_ASSERT(false && "this backend has no quantized gemm");
+    }
+    // Host memory: packed (quant_bytes(q) bytes) from W [out, in] fp32, and back.
+    virtual void quantize(const QuantDesc & q, void * packed, const float * W) const {
+        (void) q, (void) packed, (void) W;
+        MF_ASSERT(false && "this backend has no quantized gemm");
+    }
+    virtual void dequantize(const QuantDesc & q, float * W, const void * packed) const {
+        (void) q, (void) W, (void) packed;
+        MF_ASSERT(false && "this backend has no quantized gemm");
+    }
+
+    // LoRA adapters write into (and read from) a column slice of a fused projection's output.
+    // out[N, col0 + j] += scale * d[N, j] for j < d.cols (out and d: f32, bf16 or f16).
+    virtual void add_columns(Tensor out, Tensor d, int64_t col0, float scale) = 0;
+    // d[N, j] = scale * src[N, col0 + j], written.
+    virtual void take_columns(Tensor d, Tensor src, int64_t col0, float scale) = 0;
 
     // logits[N,V] are turned into probabilities in place; losses[N] = -log p[target]
     // (0 where target == -100).

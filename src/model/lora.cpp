@@ -1,0 +1,219 @@
+#include "model/lora.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "backend/quant_format.h"
+#include "core/error.h"
+
+namespace memfit {
+
+namespace {
+
+// One adaptable module of a layer: its target name, the fused matmul it belongs to and its
+// slice of that matmul's output.
+struct Module {
+    const char * target;
+    Proj         proj;
+    int64_t      col0, cols, in;
+    std::string  hf;   // module name without the layer prefix
+};
+
+std::vector<Module> family_modules(const ModelConfig & cfg) {
+    const int64_t C = cfg.n_embd, F = cfg.ffn_dim();
+    if (cfg.llama()) {
+        const int64_t Q = int64_t(cfg.n_head) * cfg.head_dim(), KV = int64_t(cfg.kv_heads()) * cfg.head_dim();
+        return {{"q", Proj::qkv, 0, Q, C, "self_attn.q_proj"},
+                {"k", Proj::qkv, Q, KV, C, "self_attn.k_proj"},
+                {"v", Proj::qkv, Q + KV, KV, C, "self_attn.v_proj"},
+                {"o", Proj::o, 0, C, Q, "self_attn.o_proj"},
+                {"gate", Proj::fc, 0, F, C, "mlp.gate_proj"},
+                {"up", Proj::fc, F, F, C, "mlp.up_proj"},
+                {"down", Proj::down, 0, C, F, "mlp.down_proj"}};
+    }
+    return {{"c_attn", Proj::qkv, 0, 3 * C, C, "attn.c_attn"},
+            {"attn.c_proj", Proj::o, 0, C, C, "attn.c_proj"},
+            {"c_fc", Proj::fc, 0, F, C, "mlp.c_fc"},
+            {"mlp.c_proj", Proj::down, 0, C, F, "mlp.c_proj"}};
+}
+
+std::string layer_prefix(const ModelConfig & cfg, int l) {
+    return cfg.llama() ? fmt::format("model.layers.{}.", l) : fmt::format("transformer.h.{}.", l);
+}
+
+// The family targets one user-given name selects.
+std::vector<std::string> expand_target(const ModelConfig & cfg, std::string t) {
+    if (t.size() > 5 && t.ends_with("_proj") && cfg.llama()) t.resize(t.size() - 5);   // q_proj -> q
+    if (cfg.llama()) {
+        for (const char * n : {"q", "k", "v", "o", "gate", "up", "down"})
+            if (t == n) return {t};
+        return {};
+    }
+    if (t == "q" || t == "k" || t == "v" || t == "c_attn") return {"c_attn"};
+    if (t == "o" || t == "attn.c_proj") return {"attn.c_proj"};
+    if (t == "gate" || t == "up" || t == "c_fc") return {"c_fc"};
+    if (t == "down" || t == "mlp.c_proj") return {"mlp.c_proj"};
+    if (t == "c_proj") return {"attn.c_proj", "mlp.c_proj"};
+    return {};
+}
+
+}  // namespace
+
+std::vector<std::string> parse_lora_targets(const ModelConfig & cfg, const std::string & csv) {
+    std::vector<std::string> chosen;
+    std::string list = csv.empty() ? (cfg.llama() ? "q,v" : "c_attn") : csv;
+    if (list == "all") list = cfg.llama() ? "q,k,v,o,gate,up,down" : "c_attn,c_proj,c_fc";
+    size_t pos = 0;
+    while (pos <= list.size()) {
+        const size_t comma = std::min(list.find(',', pos), list.size());
+        const std::string t = list.substr(pos, comma - pos);
+        pos = comma + 1;
+        if (t.empty()) continue;
+        const auto names = expand_target(cfg, t);
+        if (names.empty())
+            throw ConfigError(fmt::format("--lora-targets: '{}' is not a {} module; use {} (or all)", t,
+                                          cfg.llama() ? "LLaMA" : "GPT-2",
+                                          cfg.llama() ? "q,k,v,o,gate,up,down" : "q,k,v,o,gate,up,down or c_attn,c_proj,c_fc"));
+        chosen.insert(chosen.end(), names.begin(), names.end());
+    }
+    if (chosen.empty()) throw ConfigError("--lora-targets: no module named");
+    // Module order, each once.
+    std::vector<std::string> out;
+    for (const auto & m : family_modules(cfg))
+        if (std::find(chosen.begin(), chosen.end(), m.target) != chosen.end()) out.push_back(m.target);
+    return out;
+}
+
+BaseWeights parse_base_weights(const std::string & s) {
+    if (s == "compute" || s == "fp32" || s == "bf16" || s == "fp16") return BaseWeights::compute;
+    if (s == "int8") return BaseWeights::int8;
+    if (s == "nf4") return BaseWeights::nf4;
+    throw ConfigError(fmt::format("--base-weights {}: expected bf16, fp16, fp32, int8 or nf4", s));
+}
+
+const char * base_weights_name(BaseWeights b) {
+    switch (b) {
+        case BaseWeights::compute: return "compute";
+        case BaseWeights::int8: return "int8";
+        case BaseWeights::nf4: return "nf4";
+    }
+    return "?";
+}
+
+std::string peft_name(const std::string & module, bool b_matrix) {
+    return "base_model.model." + module + (b_matrix ? ".lora_B.weight" : ".lora_A.weight");
+}
+
+std::vector<LoraSite> lora_sites(const ModelConfig & cfg, const LoraOptions & lora) {
+    MF_ASSERT(lora.enabled());
+    const auto targets = lora.targets.empty() ? parse_lora_targets(cfg, "") : lora.targets;
+    std::vector<LoraSite> sites;
+    for (int l = 0; l < cfg.n_layer; ++l)
+        for (const auto & m : family_modules(cfg)) {
+            if (std::find(targets.begin(), targets.end(), m.target) == targets.end()) continue;
+            LoraSite s;
+            s.layer = l;
+            s.proj = m.proj;
+            s.col0 = m.col0;
+            s.cols = m.cols;
+            s.in = m.in;
+            s.module = layer_prefix(cfg, l) + m.hf;
+            s.a = 2 * sites.size();
+            s.b = s.a + 1;
+            sites.push_back(std::move(s));
+        }
+    return sites;
+}
+
+ParamLayout make_lora_layout(const ModelConfig & cfg, const LoraOptions & lora) {
+    ParamLayout l;
+    const int64_t r = lora.rank;
+    auto add = [&](std::string name, int64_t rows, int64_t cols) {
+        const size_t n = size_t(rows) * size_t(cols);
+        l.params.push_back(ParamInfo{std::move(name), {rows, cols}, l.total, n});
+        l.total += n;
+    };
+    for (const auto & s : lora_sites(cfg, lora)) {
+        add(peft_name(s.module, false), r, s.in);
+        add(peft_name(s.module, true), s.cols, r);
+    }
+    return l;
+}
+
+std::vector<std::string> peft_target_modules(const ModelConfig & cfg, const LoraOptions & lora) {
+    const auto targets = lora.targets.empty() ? parse_lora_targets(cfg, "") : lora.targets;
+    std::vector<std::string> out;
+    for (const auto & m : family_modules(cfg))
+        if (std::find(targets.begin(), targets.end(), m.target) != targets.end())
+            out.push_back(cfg.llama() ? m.hf.substr(m.hf.find('.') + 1) : m.hf);
+    return out;
+}
+
+const QuantEntry * QuantLayout::find(int layer, Proj p) const {
+    for (const auto & e : entries)
+        if (e.layer == layer && e.proj == p) return &e;
+    return nullptr;
+}
+
+QuantLayout make_quant_layout(const ModelConfig & cfg, QuantFormat format) {
+    QuantLayout q;
+    const ParamLayout full = make_param_layout(cfg);
+    for (int l = 0; l < cfg.n_layer; ++l) {
+        std::vector<std::pair<Proj, std::vector<std::string>>> groups;
+        if (cfg.llama()) {
+            const std::string h = fmt::format("model.layers.{}.", l);
+            groups = {{Proj::qkv, {h + "self_attn.q_proj.weight", h + "self_attn.k_proj.weight", h + "self_attn.v_proj.weight"}},
+                      {Proj::o, {h + "self_attn.o_proj.weight"}},
+                      {Proj::fc, {h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"}},
+                      {Proj::down, {h + "mlp.down_proj.weight"}}};
+        } else {
+            const std::string h = fmt::format("h.{}.", l);
+            groups = {{Proj::qkv, {h + "attn.c_attn.weight"}},
+                      {Proj::o, {h + "attn.c_proj.weight"}},
+                      {Proj::fc, {h + "mlp.c_fc.weight"}},
+                      {Proj::down, {h + "mlp.c_proj.weight"}}};
+        }
+        for (auto & [proj, names] : groups) {
+            QuantEntry e;
+            e.layer = l;
+            e.proj = proj;
+            e.q.format = format;
+            for (const auto & n : names) {
+                const ParamInfo & p = full.find(n);
+                // [out, in]: LLaMA's Linear as stored; GPT-2's Conv1D [in, out] transposed.
+                const int64_t out = cfg.llama() ? p.shape[0] : p.shape[1], in = cfg.llama() ? p.shape[1] : p.shape[0];
+                MF_ASSERT(e.q.in == 0 || e.q.in == in);
+                e.q.in = in;
+                e.q.out += out;
+            }
+            if (format != QuantFormat::int8 && (e.q.out * e.q.in) % 64 != 0)
+                throw ConfigError(fmt::format("--base-weights nf4: {} has {} x {} elements, not a multiple of the "
+                                              "64-element block; use int8", names.front(), e.q.out, e.q.in));
+            e.names = std::move(names);
+            e.offset = q.bytes;
+            q.bytes += (quant_bytes(e.q) + 63) / 64 * 64;   // each matrix 64-byte aligned
+            q.entries.push_back(std::move(e));
+        }
+    }
+    return q;
+}
+
+ParamLayout dense_layout(const ModelConfig & cfg, const QuantLayout & q) {
+    std::vector<std::string> held;
+    for (const auto & e : q.entries) held.insert(held.end(), e.names.begin(), e.names.end());
+    ParamLayout out;
+    for (auto p : make_param_layout(cfg).params) {
+        if (std::find(held.begin(), held.end(), p.name) != held.end()) continue;
+        p.offset = out.total;
+        out.total += p.numel;
+        out.params.push_back(std::move(p));
+    }
+    return out;
+}
+
+size_t lora_param_count(const ModelConfig & cfg, const LoraOptions & lora) {
+    return lora.enabled() ? make_lora_layout(cfg, lora).total : 0;
+}
+
+}  // namespace memfit

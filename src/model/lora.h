@@ -1,0 +1,101 @@
+// LoRA (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models") and the frozen,
+// optionally quantized base it adapts (Dettmers et al. 2023, QLoRA).
+//
+// A target projection W [out, in] gets a trainable pair A [r, in], B [out, r]; its output
+// becomes x W^T + (alpha / r) (x A^T) B^T. A starts Gaussian, B at zero, so the first forward is
+// the base model's. The adapters live in their own flat buffer, under PEFT's tensor names
+// ("base_model.model.<module>.lora_A.weight"), and are the only trainable parameters: the base
+// has no gradients, no master copy and no optimizer states.
+//
+// memfit fuses q|k|v (GPT-2's c_attn, LLaMA's q_proj|k_proj|v_proj) and GPT-2's c_fc or LLaMA's
+// gate_proj|up_proj into one matmul each; an adapter on one of them writes into its column
+// slice of the fused output (a LoraSite).
+//
+// Quantized base: the four block projections of every layer are stored packed
+// (backend/quant_format.h), always [out, in] (GPT-2's Conv1D [in, out] weights are transposed
+// when quantized); embeddings, norms, biases and the LM head stay in the compute dtype, as in
+// QLoRA.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/config.h"
+#include "model/param_layout.h"
+
+namespace memfit {
+
+// The base storage `--base-weights` names.
+enum class BaseWeights : uint8_t { compute, int8, nf4 };
+
+struct LoraOptions {
+    int   rank = 0;                  // 0: no LoRA (every parameter trains)
+    float alpha = 16;
+    // Target modules, family names: LLaMA q,k,v,o,gate,up,down; GPT-2 c_attn, attn.c_proj,
+    // c_fc, mlp.c_proj. Empty: the family's default (q,v | c_attn). parse_lora_targets makes them.
+    std::vector<std::string> targets;
+    BaseWeights base = BaseWeights::compute;
+    bool  double_quant = true;       // nf4: quantize the block absmaxes too (QLoRA's default)
+
+    bool enabled() const { return rank > 0; }
+    float scaling() const { return alpha / float(rank); }
+    bool quantized() const { return base != BaseWeights::compute; }
+    QuantFormat format() const {
+        return base == BaseWeights::int8 ? QuantFormat::int8 : double_quant ? QuantFormat::nf4_dq : QuantFormat::nf4;
+    }
+};
+
+// "q,v" | "all" | HF module names (q_proj, c_attn, ...) -> the family's target names, in module
+// order, deduplicated. GPT-2 maps q/k/v to c_attn, o to attn.c_proj, gate/up to c_fc, down to
+// mlp.c_proj, and c_proj to both c_proj modules. Empty csv: the default. ConfigError on unknown.
+std::vector<std::string> parse_lora_targets(const ModelConfig & cfg, const std::string & csv);
+// "bf16" | "fp16" | "fp32" | "compute" -> compute (they must match the run's precision: checked by
+// the caller), "int8", "nf4".
+BaseWeights parse_base_weights(const std::string & s);
+const char * base_weights_name(BaseWeights b);
+
+// The four matmuls of a block (model/transformer.h): fused qkv, attention output, the first MLP
+// matmul (c_fc | gate|up), the second (mlp c_proj | down_proj).
+enum class Proj : uint8_t { qkv, o, fc, down };
+
+struct LoraSite {
+    int         layer = 0;
+    Proj        proj = Proj::qkv;
+    int64_t     col0 = 0, cols = 0;   // the slice of the projection's output it adds to
+    int64_t     in = 0;               // the projection's input width
+    std::string module;               // Hugging Face module name, "model.layers.0.self_attn.q_proj"
+    size_t      a = 0, b = 0;         // indices of lora_A [r, in] and lora_B [cols, r] in the layout
+};
+
+// Adapters' layout: lora_A then lora_B of each site, sites in layer then module order.
+ParamLayout make_lora_layout(const ModelConfig & cfg, const LoraOptions & lora);
+std::vector<LoraSite> lora_sites(const ModelConfig & cfg, const LoraOptions & lora);
+// PEFT's tensor names: "base_model.model." + module + ".lora_A.weight" (".lora_B.weight").
+std::string peft_name(const std::string & module, bool b_matrix);
+// The module names target_modules lists in adapter_config.json ("q_proj", "attn.c_proj", ...).
+std::vector<std::string> peft_target_modules(const ModelConfig & cfg, const LoraOptions & lora);
+
+// Quantized base layout: one packed matrix per layer and projection, at a byte offset in one
+// buffer. `names` are the Hugging Face weights it holds, stacked by rows in order.
+struct QuantEntry {
+    int         layer = 0;
+    Proj        proj = Proj::qkv;
+    QuantDesc   q;
+    size_t      offset = 0;            // bytes
+    std::vector<std::string> names;
+};
+struct QuantLayout {
+    std::vector<QuantEntry> entries;   // layer-major, Proj order
+    size_t bytes = 0;
+    const QuantEntry * find(int layer, Proj p) const;
+};
+QuantLayout make_quant_layout(const ModelConfig & cfg, QuantFormat format);
+// Every parameter of make_param_layout(cfg) that `q` does not hold, in the same order (offsets
+// renumbered). With an empty q: the whole layout.
+ParamLayout dense_layout(const ModelConfig & cfg, const QuantLayout & q);
+
+// The unit of the LoRA numbers the planner and the report print.
+size_t lora_param_count(const ModelConfig & cfg, const LoraOptions & lora);
+
+}  // namespace memfit
