@@ -82,7 +82,7 @@ public:
 
     // out[N,C], mean[N], rstd[N] from inp[N,C]
     virtual void layernorm_fwd(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, float eps) = 0;
-    // dinp += ..., dw += ..., db += ...
+    // dinp += ..., dw += ..., db += ... (invalid dw and db: a frozen norm, dinp only)
     virtual void layernorm_bwd(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w,
                                Tensor mean, Tensor rstd) = 0;
 
@@ -106,7 +106,7 @@ public:
     // LLaMA family.
     // RMSNorm: rstd[N] (f32) = 1/sqrt(mean_c(inp^2) + eps); out[N,C] = inp * rstd * w.
     virtual void rmsnorm_fwd(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps) = 0;
-    // dinp += ..., dw += ...  (dinp has dout's dtype; dw f32 or the compute dtype)
+    // dinp += ..., dw += ...  (dinp has dout's dtype; dw f32 or the compute dtype; invalid: frozen)
     virtual void rmsnorm_bwd(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) = 0;
     // Rotary position embeddings (HF rotate_half), in place on the q and k heads of
     // qkv[B,T,(NH+2*KVH)*hd] (per row: NH q heads, KVH k heads, KVH v heads; v untouched).

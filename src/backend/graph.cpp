@@ -133,24 +133,64 @@ void Graph::matmul_fwd(Tensor out, Tensor inp, Tensor w, Tensor bias, WeightLayo
     end();
 }
 
-void Graph::matmul_bwd(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, WeightLayout layout) {
-    const int64_t M = inp.rows(), K = inp.cols(), N = dout.cols();
-    MF_ASSERT(dout.rows() == M && w.numel() == K * N && dw.numel() == K * N);
-    const GemmDesc dd = dinp.valid() ? bwd_data_desc(dinp, dout, w, layout) : GemmDesc{},
-                   dwd = bwd_weight_desc(dw, dout, inp, layout);
+void Graph::matmul_bwd(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, WeightLayout layout,
+                       bool acc_dinp) {
+    const int64_t M = dout.rows(), K = w.numel() / dout.cols(), N = dout.cols();
+    const bool frozen = !dw.valid();
+    MF_ASSERT(w.numel() == K * N && (frozen || (inp.rows() == M && dw.numel() == K * N)));
+    MF_ASSERT(!frozen || (dinp.valid() && !dbias.valid()));
+    GemmDesc dd = dinp.valid() ? bwd_data_desc(dinp, dout, w, layout) : GemmDesc{};
+    dd.accumulate = acc_dinp;
+    const GemmDesc dwd = frozen ? GemmDesc{} : bwd_weight_desc(dw, dout, inp, layout);
     if (recording_ && sizing_)
-        grow_workspace(std::max(dinp.valid() ? sizing_->gemm_workspace(dd) : 0, sizing_->gemm_workspace(dwd)));
-    const double flops = (dinp.valid() ? 2.0 : 0.0) * M * K * N + 2.0 * M * K * N;
-    if (begin("matmul_bwd", flops, {dinp, dw, dbias, dout, inp, w}, true)) {
-        Tensor rdout = resolve(dout), rinp = resolve(inp), rw = resolve(w);
+        grow_workspace(std::max(dinp.valid() ? sizing_->gemm_workspace(dd) : 0,
+                                frozen ? 0 : sizing_->gemm_workspace(dwd)));
+    const double flops = (dinp.valid() ? 2.0 : 0.0) * M * K * N + (frozen ? 0.0 : 2.0) * M * K * N;
+    if (begin("matmul_bwd", flops, {dinp, dw, dbias, dout, frozen ? Tensor{} : inp, w}, true)) {
+        Tensor rdout = resolve(dout), rw = resolve(w);
         if (dinp.valid())
             backend_->gemm(dd, resolve(dinp), rdout, rw, Tensor{}, workspace_tensor(backend_->gemm_workspace(dd)));
-        if (layout == WeightLayout::in_out)
-            backend_->gemm(dwd, resolve(dw), rinp, rdout, Tensor{}, workspace_tensor(backend_->gemm_workspace(dwd)));
-        else
-            backend_->gemm(dwd, resolve(dw), rdout, rinp, Tensor{}, workspace_tensor(backend_->gemm_workspace(dwd)));
+        if (!frozen) {
+            Tensor rinp = resolve(inp);
+            if (layout == WeightLayout::in_out)
+                backend_->gemm(dwd, resolve(dw), rinp, rdout, Tensor{}, workspace_tensor(backend_->gemm_workspace(dwd)));
+            else
+                backend_->gemm(dwd, resolve(dw), rdout, rinp, Tensor{}, workspace_tensor(backend_->gemm_workspace(dwd)));
+        }
         if (dbias.valid()) backend_->bias_grad(resolve(dbias), rdout);
     }
+    end();
+}
+
+void Graph::qmatmul_fwd(Tensor out, Tensor inp, const QWeight & w, Tensor bias) {
+    const int64_t M = inp.rows();
+    MF_ASSERT(inp.cols() == w.q.in && out.cols() == w.q.out && out.rows() == M);
+    if (recording_) grow_workspace(sizing_ ? sizing_->qgemm_workspace(w.q, M, inp.dtype) : 0);
+    if (begin("qmatmul_fwd", 2.0 * double(M) * double(w.q.in) * double(w.q.out), {out, inp, w.packed, bias}, true))
+        backend_->qgemm_fwd(w.q, resolve(out), resolve(inp), resolve(w.packed), resolve(bias),
+                            workspace_tensor(backend_->qgemm_workspace(w.q, M, inp.dtype)));
+    end();
+}
+
+void Graph::qmatmul_bwd(Tensor dinp, Tensor dout, const QWeight & w, bool acc_dinp) {
+    const int64_t M = dout.rows();
+    MF_ASSERT(dinp.cols() == w.q.in && dout.cols() == w.q.out && dinp.rows() == M);
+    if (recording_) grow_workspace(sizing_ ? sizing_->qgemm_workspace(w.q, M, dout.dtype) : 0);
+    if (begin("qmatmul_bwd", 2.0 * double(M) * double(w.q.in) * double(w.q.out), {dinp, dout, w.packed}, true))
+        backend_->qgemm_bwd(w.q, resolve(dinp), resolve(dout), resolve(w.packed), acc_dinp,
+                            workspace_tensor(backend_->qgemm_workspace(w.q, M, dout.dtype)));
+    end();
+}
+
+void Graph::add_columns(Tensor out, Tensor d, int64_t col0, float scale) {
+    MF_ASSERT(out.rows() == d.rows() && col0 >= 0 && col0 + d.cols() <= out.cols());
+    if (begin("add_columns", 2.0 * double(d.numel()), {out, d})) backend_->add_columns(resolve(out), resolve(d), col0, scale);
+    end();
+}
+
+void Graph::take_columns(Tensor d, Tensor src, int64_t col0, float scale) {
+    MF_ASSERT(src.rows() == d.rows() && col0 >= 0 && col0 + d.cols() <= src.cols());
+    if (begin("take_columns", double(d.numel()), {d, src})) backend_->take_columns(resolve(d), resolve(src), col0, scale);
     end();
 }
 

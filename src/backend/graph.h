@@ -25,6 +25,14 @@ struct Timeline;
 // reading wte [V, C]) keeps [out, in].
 enum class WeightLayout { in_out, out_in };
 
+// A frozen weight stored packed (LoRA's quantized base): the bytes, and what they hold (always
+// [out, in], whatever the family's layout).
+struct QWeight {
+    Tensor    packed;   // u8 [quant_bytes(q)]
+    QuantDesc q;
+    bool valid() const { return packed.valid(); }
+};
+
 class Graph {
 public:
     // Recording. `sizing` answers workspace queries (may be null: no library scratch).
@@ -42,8 +50,16 @@ public:
     void fill_zero(Tensor t);
     // out[M,Nout] = inp[M,K] . W (+ bias)
     void matmul_fwd(Tensor out, Tensor inp, Tensor w, Tensor bias, WeightLayout layout);
-    // dinp = dout . W^T (written; skipped if !dinp.valid()), dw += ..., dbias += ... (if valid)
-    void matmul_bwd(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, WeightLayout layout);
+    // dinp = dout . W^T (written, or added with acc_dinp; skipped if !dinp.valid()),
+    // dw += ..., dbias += ... (if valid; an invalid dw is a frozen weight, and inp is not read)
+    void matmul_bwd(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, WeightLayout layout,
+                    bool acc_dinp = false);
+    // The same through a quantized frozen weight: out = inp . W'^T (+ bias); dinp (+)= dout . W'.
+    void qmatmul_fwd(Tensor out, Tensor inp, const QWeight & w, Tensor bias);
+    void qmatmul_bwd(Tensor dinp, Tensor dout, const QWeight & w, bool acc_dinp = false);
+    // LoRA: out[:, col0 + j] += scale * d[:, j];  d[:, j] = scale * src[:, col0 + j].
+    void add_columns(Tensor out, Tensor d, int64_t col0, float scale);
+    void take_columns(Tensor d, Tensor src, int64_t col0, float scale);
     // wpe / dwpe may be invalid (Tensor{}): no position embedding.
     void encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe);
     void encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens);

@@ -6,6 +6,7 @@
 
 #include "backend/quant_format.h"
 #include "core/error.h"
+#include "core/json_num.h"
 
 namespace memfit {
 
@@ -210,6 +211,92 @@ ParamLayout dense_layout(const ModelConfig & cfg, const QuantLayout & q) {
         out.params.push_back(std::move(p));
     }
     return out;
+}
+
+std::vector<float> gather_quant_entry(const ModelConfig & cfg, const ParamLayout & all, const QuantEntry & e,
+                                      const float * full) {
+    std::vector<float> m(size_t(e.q.out) * size_t(e.q.in));
+    size_t row = 0;
+    for (const auto & n : e.names) {
+        const ParamInfo & p = all.find(n);
+        const float * src = full + p.offset;
+        if (cfg.llama()) {
+            std::copy(src, src + p.numel, m.data() + row * size_t(e.q.in));
+            row += size_t(p.shape[0]);
+        } else {
+            const size_t in = size_t(p.shape[0]), out = size_t(p.shape[1]);
+            for (size_t i = 0; i < in; ++i)
+                for (size_t o = 0; o < out; ++o) m[(row + o) * in + i] = src[i * out + o];
+            row += out;
+        }
+    }
+    return m;
+}
+
+void scatter_quant_entry(const ModelConfig & cfg, const ParamLayout & all, const QuantEntry & e, const float * m,
+                         float * full) {
+    size_t row = 0;
+    for (const auto & n : e.names) {
+        const ParamInfo & p = all.find(n);
+        float * dst = full + p.offset;
+        if (cfg.llama()) {
+            std::copy(m + row * size_t(e.q.in), m + row * size_t(e.q.in) + p.numel, dst);
+            row += size_t(p.shape[0]);
+        } else {
+            const size_t in = size_t(p.shape[0]), out = size_t(p.shape[1]);
+            for (size_t i = 0; i < in; ++i)
+                for (size_t o = 0; o < out; ++o) dst[i * out + o] = m[(row + o) * in + i];
+            row += out;
+        }
+    }
+}
+
+nlohmann::json lora_json(const LoraOptions & lora) {
+    return {{"r", lora.rank}, {"alpha", lora.alpha}, {"targets", lora.targets},
+            {"base_weights", base_weights_name(lora.base)}, {"double_quant", lora.double_quant}};
+}
+
+LoraOptions lora_from_json(const nlohmann::json & j, const ModelConfig & cfg, const std::string & what) {
+    try {
+        LoraOptions l;
+        l.rank = json_get<int>(j, "r", what);
+        l.alpha = json_get<float>(j, "alpha", what);
+        if (l.rank < 1 || l.rank > cfg.n_embd || !(l.alpha > 0))
+            throw FormatError(fmt::format("{}: LoRA rank {} / alpha {} out of range", what, l.rank, l.alpha));
+        std::string csv;
+        for (const auto & t : j.at("targets")) csv += t.get<std::string>() + ",";
+        l.targets = parse_lora_targets(cfg, csv);
+        l.base = parse_base_weights(j.at("base_weights").get<std::string>());
+        l.double_quant = j.at("double_quant").get<bool>();
+        return l;
+    } catch (const nlohmann::json::exception & e) {
+        throw FormatError(fmt::format("{}: malformed LoRA record ({})", what, e.what()));
+    } catch (const ConfigError & e) {
+        throw FormatError(fmt::format("{}: {}", what, e.what()));
+    }
+}
+
+void merge_lora(const ModelConfig & cfg, const LoraOptions & lora, float * w, const float * adapters) {
+    const ParamLayout full = make_param_layout(cfg), al = make_lora_layout(cfg, lora);
+    const int64_t r = lora.rank;
+    const float s = lora.scaling();
+    for (const auto & site : lora_sites(cfg, lora)) {
+        // Our names are Hugging Face's, without GPT2LMHeadModel's "transformer." prefix.
+        std::string name = site.module + ".weight";
+        if (!cfg.llama()) name = name.substr(std::string("transformer.").size());
+        const ParamInfo & p = full.find(name);
+        const float * A = adapters + al.params[site.a].offset;   // [r, in]
+        const float * B = adapters + al.params[site.b].offset;   // [cols, r]
+        float * W = w + p.offset;
+        const int64_t in = site.in;
+        for (int64_t o = 0; o < site.cols; ++o)
+            for (int64_t i = 0; i < in; ++i) {
+                double d = 0;
+                for (int64_t k = 0; k < r; ++k) d += double(B[o * r + k]) * double(A[k * in + i]);
+                float & x = cfg.llama() ? W[o * in + i] : W[i * site.cols + o];   // GPT-2: whole modules, col0 = 0
+                x += float(s * d);
+            }
+    }
 }
 
 size_t lora_param_count(const ModelConfig & cfg, const LoraOptions & lora) {

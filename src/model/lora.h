@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "backend/backend.h"
 #include "model/config.h"
 #include "model/param_layout.h"
@@ -94,8 +96,24 @@ QuantLayout make_quant_layout(const ModelConfig & cfg, QuantFormat format);
 // Every parameter of make_param_layout(cfg) that `q` does not hold, in the same order (offsets
 // renumbered). With an empty q: the whole layout.
 ParamLayout dense_layout(const ModelConfig & cfg, const QuantLayout & q);
+// The matrix a quantized entry holds, [out, in], gathered from the whole model's fp32 weights
+// `full` (`all` = make_param_layout(cfg)); GPT-2's Conv1D [in, out] weights are transposed. And
+// scatter_quant_entry: the way back, m [out, in] into `full`.
+std::vector<float> gather_quant_entry(const ModelConfig & cfg, const ParamLayout & all, const QuantEntry & e,
+                                      const float * full);
+void scatter_quant_entry(const ModelConfig & cfg, const ParamLayout & all, const QuantEntry & e, const float * m,
+                         float * full);
 
-// The unit of the LoRA numbers the planner and the report print.
+// {"r", "alpha", "targets", "base_weights", "double_quant"}: how checkpoints record the options;
+// lora_from_json reads it back (FormatError naming `what` on a malformed record).
+nlohmann::json lora_json(const LoraOptions & lora);
+LoraOptions lora_from_json(const nlohmann::json & j, const ModelConfig & cfg, const std::string & what);
+
+// Folds the adapters into the whole model's fp32 weights w (make_param_layout order): each
+// target W += (alpha / r) B A, in the family's storage ([out, in] LLaMA, [in, out] GPT-2).
+void merge_lora(const ModelConfig & cfg, const LoraOptions & lora, float * w, const float * adapters);
+
+// Trainable adapter parameters.
 size_t lora_param_count(const ModelConfig & cfg, const LoraOptions & lora);
 
 }  // namespace memfit

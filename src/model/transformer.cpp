@@ -1,5 +1,6 @@
 #include "model/transformer.h"
 
+#include "backend/quant_format.h"
 #include "core/error.h"
 
 #include <algorithm>
@@ -10,8 +11,11 @@
 namespace memfit {
 
 ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, BufferId flat, DType dtype) {
+    // A name the layout lacks (a quantized projection of a LoRA base) gives an invalid view.
     auto view = [&](const std::string & name) {
-        const ParamInfo & p = layout.find(name);
+        const ParamInfo * pp = layout.try_find(name);
+        if (!pp) return Tensor{};
+        const ParamInfo & p = *pp;
         Tensor t(flat, dtype, {int64_t(p.numel)}, p.offset * dtype_size(dtype));
         t.ndim = int(p.shape.size());
         for (int i = 0; i < t.ndim; ++i) t.shape[i] = p.shape[size_t(i)];
@@ -19,6 +23,7 @@ ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, 
     };
     // Adjacent [out, in] matrices as one [sum of outs, in] matrix.
     auto fused = [&](std::initializer_list<std::string> names) {
+        if (!layout.try_find(*names.begin())) return Tensor{};
         const ParamInfo & first = layout.find(*names.begin());
         size_t end = first.offset;
         int64_t rows = 0;
@@ -55,11 +60,43 @@ ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, 
     w.head = w.wte;
     for (int l = 0; l < cfg.n_layer; ++l) {
         const std::string h = fmt::format("h.{}.", l);
-        w.h.push_back(ModelWeights::Layer{
-            view(h + "ln_1.weight"), view(h + "ln_1.bias"), view(h + "attn.c_attn.weight"), view(h + "attn.c_attn.bias"),
-            view(h + "attn.c_proj.weight"), view(h + "attn.c_proj.bias"), view(h + "ln_2.weight"), view(h + "ln_2.bias"),
-            view(h + "mlp.c_fc.weight"), view(h + "mlp.c_fc.bias"), view(h + "mlp.c_proj.weight"),
-            view(h + "mlp.c_proj.bias")});
+        ModelWeights::Layer y;
+        y.ln1w = view(h + "ln_1.weight"), y.ln1b = view(h + "ln_1.bias");
+        y.qkvw = view(h + "attn.c_attn.weight"), y.qkvb = view(h + "attn.c_attn.bias");
+        y.projw = view(h + "attn.c_proj.weight"), y.projb = view(h + "attn.c_proj.bias");
+        y.ln2w = view(h + "ln_2.weight"), y.ln2b = view(h + "ln_2.bias");
+        y.fcw = view(h + "mlp.c_fc.weight"), y.fcb = view(h + "mlp.c_fc.bias");
+        y.fcprojw = view(h + "mlp.c_proj.weight"), y.fcprojb = view(h + "mlp.c_proj.bias");
+        w.h.push_back(y);
+    }
+    return w;
+}
+
+ModelWeights lora_model_weights(const ModelConfig & cfg, const LoraOptions & lora, BufferId flat, DType dtype,
+                                const QuantLayout & q, BufferId qflat, BufferId adapters, DType adtype) {
+    ModelWeights w;
+    if (flat >= 0) w = model_weights(cfg, dense_layout(cfg, q), flat, dtype);
+    else w.h.resize(size_t(cfg.n_layer));
+    if (flat >= 0)
+        for (const auto & e : q.entries) {
+            const QWeight qw{Tensor(qflat, DType::u8, {int64_t(quant_bytes(e.q))}, e.offset), e.q};
+            auto & y = w.h[size_t(e.layer)];
+            switch (e.proj) {
+                case Proj::qkv: y.qkvq = qw; break;
+                case Proj::o: y.projq = qw; break;
+                case Proj::fc: y.fcq = qw; break;
+                case Proj::down: y.fcprojq = qw; break;
+            }
+        }
+    const ParamLayout al = make_lora_layout(cfg, lora);
+    auto view = [&](const ParamInfo & p) {
+        return Tensor(adapters, adtype, {p.shape[0], p.shape[1]}, p.offset * dtype_size(adtype));
+    };
+    const auto sites = lora_sites(cfg, lora);
+    for (size_t i = 0; i < sites.size(); ++i) {
+        const LoraSite & s = sites[i];
+        w.h[size_t(s.layer)].adapters.push_back(
+            ModelWeights::Adapter{s.proj, int(i), view(al.params[s.a]), view(al.params[s.b])});
     }
     return w;
 }
@@ -79,6 +116,8 @@ Transformer::LayerActs Transformer::declare_layer(Program & program, const std::
         return this->act(program, h + name, dims, f32);
     };
     LayerActs a;
+    a.layer = std::stoi(h.substr(2));
+    a.rc = h.ends_with("rc.");
     a.ln1 = act("ln_1.out", {b, t, C});
     if (!llama_) a.ln1_mean = act("ln_1.mean", {b, t}, true);
     a.ln1_rstd = act("ln_1.rstd", {b, t}, true);
@@ -130,6 +169,25 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
         // The recomputed set; buffers a policy never touches have no lifetime and take no bytes.
         if (rc_plan_.recomputes()) rc_.push_back(declare_layer(program, h + "rc.", false));
     }
+    if (opt.lora.enabled()) {
+        sites_ = lora_sites(cfg, opt.lora);
+        lora_scale_ = opt.lora.scaling();
+        lowest_trained_layer_ = cfg.n_layer;
+        const int64_t r = opt.lora.rank;
+        for (const auto & s : sites_) {
+            const std::string n = s.module + ".lora.";
+            AdapterActs x;
+            x.u = act(n + "u", {b * t, r});
+            x.d = act(n + "d", {b * t, s.cols});
+            if (rc_plan_.recomputes()) x.d_rc = act(n + "rc.d", {b * t, s.cols});
+            if (opt.with_backward) {
+                x.dd = act(n + "d.grad", {b * t, s.cols});
+                x.du = act(n + "u.grad", {b * t, r});
+            }
+            adapter_acts_.push_back(x);
+            lowest_trained_layer_ = std::min(lowest_trained_layer_, s.layer);
+        }
+    }
     lnf_ = act("ln_f.out", {b, t, C});
     if (!llama_) lnf_mean_ = act("ln_f.mean", {b, t}, true);
     lnf_rstd_ = act("ln_f.rstd", {b, t}, true);
@@ -171,8 +229,8 @@ void Transformer::norm_bwd(Graph & g, Tensor dx, Tensor dw, Tensor db, Tensor do
     else g.layernorm_bwd(dx, dw, db, dout, x, w, mean, rstd);
 }
 
-void Transformer::qkv_fwd(Graph & g, Tensor qkv, Tensor ln1, const ModelWeights::Layer & p, int pos0) const {
-    g.matmul_fwd(qkv, ln1, p.qkvw, p.qkvb, wl_);
+void Transformer::qkv_fwd(Graph & g, Tensor qkv, Tensor ln1, const ModelWeights::Layer & p, int pos0, bool rc) const {
+    project(g, qkv, ln1, p, Proj::qkv, rc);
     if (llama_) g.rope_fwd(qkv, cfg_.n_head, cfg_.kv_heads(), cfg_.rope_theta, pos0);
 }
 
@@ -205,22 +263,77 @@ void Transformer::act_fwd(Graph & g, Tensor out, Tensor fc) const {
     else g.gelu_fwd(out, fc);
 }
 
+namespace {
+struct ProjWeights {
+    Tensor w, b;
+    const QWeight * q;
+};
+ProjWeights proj_weights(const ModelWeights::Layer & p, Proj proj) {
+    switch (proj) {
+        case Proj::qkv: return {p.qkvw, p.qkvb, &p.qkvq};
+        case Proj::o: return {p.projw, p.projb, &p.projq};
+        case Proj::fc: return {p.fcw, p.fcb, &p.fcq};
+        case Proj::down: return {p.fcprojw, p.fcprojb, &p.fcprojq};
+    }
+    return {};
+}
+}  // namespace
+
+void Transformer::project(Graph & g, Tensor out, Tensor inp, const ModelWeights::Layer & p, Proj proj, bool rc) const {
+    const ProjWeights pw = proj_weights(p, proj);
+    if (pw.q->valid()) g.qmatmul_fwd(out, inp, *pw.q, pw.b);
+    else g.matmul_fwd(out, inp, pw.w, pw.b, wl_);
+    const int64_t rows = inp.rows();
+    for (const auto & ad : p.adapters) {
+        if (ad.proj != proj) continue;
+        const LoraSite & s = sites_[size_t(ad.site)];
+        const AdapterActs & x = adapter_acts_[size_t(ad.site)];
+        // out[:, slice] += scale * (inp A^T) B^T
+        g.matmul_fwd(x.u, inp.view(0, {rows, inp.cols()}), ad.a, Tensor{}, WeightLayout::out_in);
+        const Tensor d = rc ? x.d_rc : x.d;
+        g.matmul_fwd(d, x.u, ad.b, Tensor{}, WeightLayout::out_in);
+        g.add_columns(out.view(0, {rows, out.cols()}), d, s.col0, lora_scale_);
+    }
+}
+
+void Transformer::project_bwd(Graph & g, Tensor dinp, Tensor dout, Tensor inp, const ModelWeights::Layer & p,
+                              const ModelWeights::Layer & dp, Proj proj) const {
+    const ProjWeights pw = proj_weights(p, proj), dpw = proj_weights(dp, proj);
+    if (pw.q->valid()) g.qmatmul_bwd(dinp, dout, *pw.q);
+    else g.matmul_bwd(dinp, dpw.w, dpw.b, dout, inp, pw.w, wl_);
+    const int64_t rows = inp.rows();
+    const Tensor in2 = inp.view(0, {rows, inp.cols()}), dout2 = dout.view(0, {rows, dout.cols()}),
+                 dinp2 = dinp.view(0, {rows, dinp.cols()});
+    for (size_t i = 0; i < p.adapters.size(); ++i) {
+        const auto & ad = p.adapters[i];
+        if (ad.proj != proj) continue;
+        const auto & dad = dp.adapters[i];
+        MF_ASSERT(dad.site == ad.site);
+        const LoraSite & s = sites_[size_t(ad.site)];
+        const AdapterActs & x = adapter_acts_[size_t(ad.site)];
+        // dd = scale * dout[:, slice];  du = dd B, dB += dd^T u;  dinp += du A, dA += du^T inp
+        g.take_columns(x.dd, dout2, s.col0, lora_scale_);
+        g.matmul_bwd(x.du, dad.b, Tensor{}, x.dd, x.u, ad.b, WeightLayout::out_in);
+        g.matmul_bwd(dinp2, dad.a, Tensor{}, x.du, in2, ad.a, WeightLayout::out_in, true);
+    }
+}
+
 void Transformer::layer_forward(Graph & g, const LayerActs & a, const ModelWeights::Layer & p, Tensor x,
                                 bool need_output, int cache, int pos0) const {
     norm_fwd(g, a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b);
-    qkv_fwd(g, a.qkv, a.ln1, p, pos0);
+    qkv_fwd(g, a.qkv, a.ln1, p, pos0, a.rc);
     if (cache >= 0)
         g.cached_attention_fwd(a.atty, a.qkv, kcache_[size_t(cache)], vcache_[size_t(cache)], pos0, cfg_.n_head,
                                cfg_.kv_heads());
     else
         attention_fwd(g, a.atty, a.lse, a.att, a.qkv_rep, a.qkv);
-    g.matmul_fwd(a.attproj, a.atty, p.projw, p.projb, wl_);
+    project(g, a.attproj, a.atty, p, Proj::o, a.rc);
     g.residual_fwd(a.res2, x, a.attproj);
     norm_fwd(g, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b);
-    g.matmul_fwd(a.fch, a.ln2, p.fcw, p.fcb, wl_);
+    project(g, a.fch, a.ln2, p, Proj::fc, a.rc);
     act_fwd(g, a.fch_gelu, a.fch);
     if (!need_output) return;
-    g.matmul_fwd(a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb, wl_);
+    project(g, a.fcproj, a.fch_gelu, p, Proj::down, a.rc);
     g.residual_fwd(a.res3, a.res2, a.fcproj);
 }
 
@@ -291,7 +404,7 @@ Transformer::LayerActs Transformer::recompute_dropped(Graph & g, int l, const Mo
         a.ln1 = r.ln1, a.ln1_mean = r.ln1_mean, a.ln1_rstd = r.ln1_rstd;
     }
     if (dropped(Saved::qkv)) {
-        qkv_fwd(g, r.qkv, a.ln1, p);
+        qkv_fwd(g, r.qkv, a.ln1, p, 0, true);
         a.qkv = r.qkv;
     }
     // One attention forward recomputes the output and the probabilities (or lse) together; a
@@ -303,7 +416,7 @@ Transformer::LayerActs Transformer::recompute_dropped(Graph & g, int l, const Mo
         attention_fwd(g, a.atty, a.lse, a.att, r.qkv_rep, a.qkv);
     }
     if (dropped(Saved::res2)) {
-        g.matmul_fwd(r.attproj, a.atty, p.projw, p.projb, wl_);
+        project(g, r.attproj, a.atty, p, Proj::o, true);
         g.residual_fwd(r.res2, x, r.attproj);
         a.res2 = r.res2;
     }
@@ -312,7 +425,7 @@ Transformer::LayerActs Transformer::recompute_dropped(Graph & g, int l, const Mo
         a.ln2 = r.ln2, a.ln2_mean = r.ln2_mean, a.ln2_rstd = r.ln2_rstd;
     }
     if (dropped(Saved::fc)) {
-        g.matmul_fwd(r.fch, a.ln2, p.fcw, p.fcb, wl_);
+        project(g, r.fch, a.ln2, p, Proj::fc, true);
         a.fch = r.fch;
     }
     if (dropped(Saved::gelu)) {
@@ -331,7 +444,8 @@ void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights
     // head_loss left d(final norm output) in dlnf_.
     g.fill_zero(dres_);
     norm_bwd(g, dres_, dw.lnfw, dw.lnfb, dlnf_, saved_input(L), w.lnfw, lnf_mean_, lnf_rstd_);
-    for (int l = L - 1; l >= 0; --l) {
+    // Below the lowest layer with trainable weights (LoRA on a frozen base) nothing needs a gradient.
+    for (int l = L - 1; l >= lowest_trained_layer_; --l) {
         const auto & p = w.h[size_t(l)];
         const auto & dp = dw.h[size_t(l)];
         Tensor x = saved_input(l);
@@ -363,16 +477,17 @@ void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights
         }
         g.layer(l);
         // dres holds d(residual_mlp); the MLP branch's output gradient is the same tensor.
-        g.matmul_bwd(a.dfch_gelu, dp.fcprojw, dp.fcprojb, dres_, a.fch_gelu, p.fcprojw, wl_);
+        project_bwd(g, a.dfch_gelu, dres_, a.fch_gelu, p, dp, Proj::down);
         if (llama_) g.swiglu_bwd(a.dfch, a.dfch_gelu, a.fch);
         else g.gelu_bwd(a.dfch, a.dfch_gelu, a.fch);
-        g.matmul_bwd(a.dln2, dp.fcw, dp.fcb, a.dfch, a.ln2, p.fcw, wl_);
+        project_bwd(g, a.dln2, a.dfch, a.ln2, p, dp, Proj::fc);
         norm_bwd(g, dres_, dp.ln2w, dp.ln2b, a.dln2, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd);
-        g.matmul_bwd(a.datty, dp.projw, dp.projb, dres_, a.atty, p.projw, wl_);
+        project_bwd(g, a.datty, dres_, a.atty, p, dp, Proj::o);
         attention_bwd(g, a);
-        g.matmul_bwd(a.dln1, dp.qkvw, dp.qkvb, a.dqkv, a.ln1, p.qkvw, wl_);
+        project_bwd(g, a.dln1, a.dqkv, a.ln1, p, dp, Proj::qkv);
         norm_bwd(g, dres_, dp.ln1w, dp.ln1b, a.dln1, x, p.ln1w, a.ln1_mean, a.ln1_rstd);
     }
+    if (!dw.wte.valid()) return;   // a frozen embedding
     g.layer(-1);
     g.encoder_bwd(dw.wte, dw.wpe, dres_, tokens);
 }

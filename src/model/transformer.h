@@ -17,6 +17,7 @@
 
 #include "backend/graph.h"
 #include "model/config.h"
+#include "model/lora.h"
 #include "model/param_layout.h"
 #include "model/recompute.h"
 
@@ -25,14 +26,28 @@ namespace memfit {
 // Views of every weight (or gradient) inside one flat buffer. Tensors a family lacks (GPT-2's
 // biases and wpe for LLaMA) are invalid; `head` is `wte` when the head is tied.
 struct ModelWeights {
+    // LoRA adapter `site` (model/lora.h) on one of the layer's projections: A [r, in], B [cols, r].
+    struct Adapter {
+        Proj proj = Proj::qkv;
+        int  site = 0;
+        Tensor a, b;
+    };
     struct Layer {
         Tensor ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
+        // A quantized base (LoRA): the projections' packed weights; the Tensor ones are invalid.
+        QWeight qkvq, projq, fcq, fcprojq;
+        std::vector<Adapter> adapters;
     };
     Tensor wte, wpe, lnfw, lnfb, head;
     std::vector<Layer> h;
 };
 // `dtype`: the storage of the flat buffer (element offsets scale with it).
 ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, BufferId flat, DType dtype = DType::f32);
+// LoRA: the base's views (a dense layout without the quantized projections, which come from `q`
+// in `qflat`, when q has entries) plus the adapters of `lora` from `adapters` (a make_lora_layout
+// buffer of dtype `adtype`). Gradients: pass flat = -1 for a frozen base (every base view invalid).
+ModelWeights lora_model_weights(const ModelConfig & cfg, const LoraOptions & lora, BufferId flat, DType dtype,
+                                const QuantLayout & q, BufferId qflat, BufferId adapters, DType adtype);
 
 struct ModelOptions {
     bool with_backward = false;  // declare the backward pass's gradient buffers
@@ -48,6 +63,8 @@ struct ModelOptions {
     // KV caches of this many positions ("kv_cache.<l>.k|v", activations), and only the last
     // token's logits are kept ("logits" [1, V]).
     int kv_capacity = 0;
+    // LoRA adapters on the projections (rank 0: none); the base may be frozen (train/step.h).
+    LoraOptions lora;
 };
 
 class Transformer {
@@ -81,6 +98,13 @@ private:
             fch_gelu, fcproj, res3;
         // backward (qkv_rep_b, dqkv_rep: the repeated heads, grouped-query attention only)
         Tensor dfch_gelu, dfch, dln2, datty, dqkv, dln1, qkv_rep_b, dqkv_rep;
+        int layer = 0;
+        bool rc = false;   // the recomputation's set
+    };
+    // LoRA activations of one site: u = x A^T [rows, r] is kept for backward; d = u B^T
+    // [rows, cols] is transient, and so are the backward's dd and du.
+    struct AdapterActs {
+        Tensor u, d, d_rc, dd, du;   // d_rc: recomputation's own transient (d's lifetime stays short)
     };
     // One layer's forward from input x into the buffers of `a`; the output projection and the
     // last residual are skipped when the output is not needed (the last layer of a recomputed segment).
@@ -91,11 +115,16 @@ private:
     void norm_fwd(Graph & g, Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, Tensor b) const;
     void norm_bwd(Graph & g, Tensor dx, Tensor dw, Tensor db, Tensor dout, Tensor x, Tensor w, Tensor mean,
                   Tensor rstd) const;
-    void qkv_fwd(Graph & g, Tensor qkv, Tensor ln1, const ModelWeights::Layer & p, int pos0 = 0) const;
+    void qkv_fwd(Graph & g, Tensor qkv, Tensor ln1, const ModelWeights::Layer & p, int pos0, bool rc) const;
     // Attention from qkv into out and lse | att; `rep` is the repeated-heads buffer (GQA).
     void attention_fwd(Graph & g, Tensor out, Tensor lse, Tensor att, Tensor rep, Tensor qkv) const;
     void attention_bwd(Graph & g, const LayerActs & a) const;
     void act_fwd(Graph & g, Tensor out, Tensor fc) const;
+    // One block projection: out = inp . W (+ b), dense or quantized, plus the layer's adapters on it.
+    void project(Graph & g, Tensor out, Tensor inp, const ModelWeights::Layer & p, Proj proj, bool rc) const;
+    // Its backward: dinp (written), and the weight, bias and adapter gradients that dp holds.
+    void project_bwd(Graph & g, Tensor dinp, Tensor dout, Tensor inp, const ModelWeights::Layer & p,
+                     const ModelWeights::Layer & dp, Proj proj) const;
     LayerActs declare_layer(Program & program, const std::string & prefix, bool with_backward) const;
     Tensor act(Program & program, const std::string & name, std::initializer_list<int64_t> dims, bool f32 = false) const;
     // Recomputes the units layer l's mask dropped into rc_[l]; returns the layer's activations
@@ -115,6 +144,10 @@ private:
     Tensor dres_, dlnf_;
     std::vector<LayerActs> layers_;
     std::vector<Tensor> kcache_, vcache_;   // decode programs
+    std::vector<LoraSite> sites_;           // LoRA
+    std::vector<AdapterActs> adapter_acts_; // by site
+    float lora_scale_ = 0;
+    int lowest_trained_layer_ = 0;          // backward stops below it (a frozen base below)
 };
 
 }  // namespace memfit

@@ -99,12 +99,14 @@ float * Engine::grads() {
 float * Engine::adam_m() { return static_cast<float *>(train_mem_->base(plans_.train->adam_m)); }
 float * Engine::adam_v() { return static_cast<float *>(train_mem_->base(plans_.train->adam_v)); }
 
-void Engine::init_params(uint64_t seed) {
+namespace {
+
+// GPT-2's initialisation of every weight of `layout` (the whole model) into p.
+void init_model(const ModelConfig & cfg, const ParamLayout & layout, float * p, uint64_t seed) {
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    float * p = params();
-    const float proj_std = 0.02f / std::sqrt(2.0f * float(cfg_.n_layer));
-    for (const auto & info : plans_.train->layout().params) {
+    const float proj_std = 0.02f / std::sqrt(2.0f * float(cfg.n_layer));
+    for (const auto & info : layout.params) {
         float * w = p + info.offset;
         const std::string & n = info.name;
         if (n.ends_with(".bias")) {
@@ -119,10 +121,146 @@ void Engine::init_params(uint64_t seed) {
             for (size_t i = 0; i < info.numel; ++i) w[i] = sd * normal(rng);
         }
     }
-    std::memset(adam_m(), 0, plans_.train->layout().total * sizeof(float));
-    std::memset(adam_v(), 0, plans_.train->layout().total * sizeof(float));
+}
+
+// LoRA's adapters: A Gaussian with variance 1/in (so x A^T keeps x's scale), B zero (Hu et al.).
+void init_adapters(const ParamLayout & layout, float * p, uint64_t seed) {
+    std::mt19937_64 rng(seed ^ 0x10a4a11ce5ull);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (const auto & info : layout.params) {
+        float * w = p + info.offset;
+        if (info.name.ends_with("lora_B.weight")) {
+            std::memset(w, 0, info.numel * sizeof(float));
+            continue;
+        }
+        const float sd = 1.0f / std::sqrt(float(info.shape[1]));
+        for (size_t i = 0; i < info.numel; ++i) w[i] = sd * normal(rng);
+    }
+}
+
+}  // namespace
+
+void Engine::init_params(uint64_t seed) {
+    const TrainStep & st = *plans_.train;
+    if (st.lora()) {
+        std::vector<float> full(size_t(cfg_.num_params()));
+        init_model(cfg_, make_param_layout(cfg_), full.data(), seed);
+        set_base(full.data());
+        init_adapters(st.layout(), params(), seed);
+    } else {
+        init_model(cfg_, st.layout(), params(), seed);
+    }
+    std::memset(adam_m(), 0, st.layout().total * sizeof(float));
+    std::memset(adam_v(), 0, st.layout().total * sizeof(float));
     params_changed();
     t_ = 0;
+}
+
+namespace {
+// The rows of a quantized entry, [out, in], gathered from the whole model's weights (GPT-2's
+// Conv1D [in, out] transposed).
+std::vector<float> entry_matrix(const ModelConfig & cfg, const ParamLayout & full, const QuantEntry & e,
+                                const float * w) {
+    std::vector<float> m(size_t(e.q.out) * size_t(e.q.in));
+    size_t row = 0;
+    for (const auto & n : e.names) {
+        const ParamInfo & p = full.find(n);
+        const float * src = w + p.offset;
+        if (cfg.llama()) {
+            std::memcpy(m.data() + row * size_t(e.q.in), src, p.numel * sizeof(float));
+            row += size_t(p.shape[0]);
+        } else {
+            const size_t in = size_t(p.shape[0]), out = size_t(p.shape[1]);
+            for (size_t i = 0; i < in; ++i)
+                for (size_t o = 0; o < out; ++o) m[(row + o) * in + i] = src[i * out + o];
+            row += out;
+        }
+    }
+    return m;
+}
+}  // namespace
+
+void Engine::set_base(const float * full) {
+    const TrainStep & st = *plans_.train;
+    MF_ASSERT(st.lora());
+    const ParamLayout all = make_param_layout(cfg_);
+    std::vector<float> dense(st.base_layout().total);
+    for (const auto & p : st.base_layout().params)
+        std::memcpy(dense.data() + p.offset, full + all.find(p.name).offset, p.numel * sizeof(float));
+    const int64_t n = int64_t(dense.size());
+    Tensor dst(st.base, st.compute(), {n}), src(-1, DType::f32, {n});
+    dst.data = train_mem_->base(st.base);
+    src.data = dense.data();
+    backend_.copy(dst, src);
+    uint8_t * q = static_cast<uint8_t *>(st.base_q >= 0 ? train_mem_->base(st.base_q) : nullptr);
+    for (const auto & e : st.quant_layout().entries)
+        backend_.quantize(e.q, q + e.offset, entry_matrix(cfg_, all, e, full).data());
+}
+
+std::vector<float> Engine::base_weights() const {
+    const TrainStep & st = *plans_.train;
+    MF_ASSERT(st.lora());
+    const ParamLayout all = make_param_layout(cfg_);
+    std::vector<float> full(all.total), dense(st.base_layout().total);
+    const int64_t n = int64_t(dense.size());
+    Tensor dst(-1, DType::f32, {n}), src(st.base, st.compute(), {n});
+    dst.data = dense.data();
+    src.data = train_mem_->base(st.base);
+    backend_.copy(dst, src);
+    for (const auto & p : st.base_layout().params)
+        std::memcpy(full.data() + all.find(p.name).offset, dense.data() + p.offset, p.numel * sizeof(float));
+    const uint8_t * q = static_cast<const uint8_t *>(st.base_q >= 0 ? train_mem_->base(st.base_q) : nullptr);
+    for (const auto & e : st.quant_layout().entries) {
+        std::vector<float> m(size_t(e.q.out) * size_t(e.q.in));
+        backend_.dequantize(e.q, m.data(), q + e.offset);
+        size_t row = 0;
+        for (const auto & name : e.names) {
+            const ParamInfo & p = all.find(name);
+            float * dstw = full.data() + p.offset;
+            if (cfg_.llama()) {
+                std::memcpy(dstw, m.data() + row * size_t(e.q.in), p.numel * sizeof(float));
+                row += size_t(p.shape[0]);
+            } else {
+                const size_t in = size_t(p.shape[0]), out = size_t(p.shape[1]);
+                for (size_t i = 0; i < in; ++i)
+                    for (size_t o = 0; o < out; ++o) dstw[i * out + o] = m[(row + o) * in + i];
+                row += out;
+            }
+        }
+    }
+    return full;
+}
+
+std::vector<float> Engine::merged_weights() {
+    const TrainStep & st = *plans_.train;
+    if (!st.lora()) return std::vector<float>(params(), params() + st.layout().total);
+    std::vector<float> w = base_weights();
+    merge_lora(cfg_, opt_.lora, w.data(), params());
+    return w;
+}
+
+std::vector<uint8_t> Engine::export_base() const {
+    const TrainStep & st = *plans_.train;
+    std::vector<uint8_t> out;
+    for (BufferId b : {st.base, st.base_q}) {
+        if (b < 0) continue;
+        const auto * p = static_cast<const uint8_t *>(train_mem_->base(b));
+        out.insert(out.end(), p, p + st.program().buffer(b).bytes);
+    }
+    return out;
+}
+
+void Engine::import_base(const std::vector<uint8_t> & bytes) {
+    const TrainStep & st = *plans_.train;
+    size_t off = 0;
+    for (BufferId b : {st.base, st.base_q}) {
+        if (b < 0) continue;
+        const size_t n = st.program().buffer(b).bytes;
+        MF_ASSERT(off + n <= bytes.size());
+        std::memcpy(train_mem_->base(b), bytes.data() + off, n);
+        off += n;
+    }
+    MF_ASSERT(off == bytes.size());
 }
 
 TrainState Engine::export_state() {

@@ -29,6 +29,8 @@ struct EngineOptions {
     // optimizer states, as in the ZeRO paper); gradients are stored in the compute dtype for one
     // micro-batch and in fp32 when accumulated over several.
     DType    compute = DType::f32;
+    // LoRA (model/lora.h): only the adapters train; the base is frozen, optionally quantized.
+    LoraOptions lora;
     DType grad_dtype() const { return grad_accum > 1 ? DType::f32 : compute; }
     ModelOptions model() const {
         ModelOptions m;
@@ -37,6 +39,7 @@ struct EngineOptions {
         m.recompute = recompute;
         m.compute = compute;
         m.grad = grad_dtype();
+        m.lora = lora;
         return m;
     }
 };
@@ -96,8 +99,20 @@ public:
     ~Engine();
 
     // GPT-2 initialisation: N(0, 0.02) weights, c_proj weights N(0, 0.02/sqrt(2L)), zero
-    // biases, unit LayerNorm weights. AdamW moments zeroed.
+    // biases, unit LayerNorm weights. AdamW moments zeroed. LoRA: the base gets these values
+    // (set_base), A ~ N(0, 1/in), B = 0.
     void init_params(uint64_t seed);
+    // LoRA: the frozen base from the whole model's fp32 weights (make_param_layout order),
+    // rounded to the compute dtype or quantized.
+    void set_base(const float * full);
+    // LoRA: the base as the step computes with it (rounded or dequantized), as fp32 in
+    // make_param_layout order; and its raw bytes (carried over when the run is re-planned).
+    std::vector<float> base_weights() const;
+    std::vector<uint8_t> export_base() const;
+    // The whole model's fp32 weights as the step computes with them: params(), or (LoRA) the
+    // base with the adapters folded in (merge_lora).
+    std::vector<float> merged_weights();
+    void import_base(const std::vector<uint8_t> & bytes);
     // Host views of persistent buffers (the CPU backend's memory is host memory). params() is
     // the fp32 truth (the master weights under mixed precision): after writing it, call
     // params_changed() to refresh the compute-precision copy. grads() needs fp32 gradients.

@@ -8,22 +8,34 @@ namespace memfit {
 
 TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const Backend * sizing,
                      const ModelOptions & model, StepParts parts)
-    : cfg_(cfg), layout_(make_param_layout(cfg)), mode_(mode), parts_(parts), B_(B), T_(T), compute_(model.compute),
+    : cfg_(cfg), lora_(model.lora.enabled()), mode_(mode), parts_(parts), B_(B), T_(T), compute_(model.compute),
       grad_dt_(model.grad) {
     if (B < 1 || T < 1) throw ConfigError(fmt::format("batch = {}, seq = {}: both must be at least 1", B, T));
     if (T > cfg.max_seq)
         throw ConfigError(fmt::format("seq = {} exceeds the model's context of {} positions; lower --seq", T,
                                       cfg.max_seq));
     const bool train = mode == StepMode::train;
+    layout_ = lora_ ? make_lora_layout(cfg, model.lora) : make_param_layout(cfg);
+    const char * trainable = "";
+    if (lora_) {
+        // The frozen base: no gradients, no master copy, no optimizer states.
+        trainable = "lora.";
+        if (model.lora.quantized()) quant_layout_ = make_quant_layout(cfg, model.lora.format());
+        base_layout_ = dense_layout(cfg, quant_layout_);
+        base = program_.declare("parameters", Category::parameters, base_layout_.total * dtype_size(compute_), true);
+        if (quant_layout_.bytes)
+            base_q = program_.declare("parameters.quantized", Category::parameters, quant_layout_.bytes, true);
+    }
+    const std::string pre = trainable;
     const size_t P = layout_.total * sizeof(float), BT = size_t(B) * size_t(T);
     const bool mixed = compute_ != DType::f32;
-    params = program_.declare("parameters", Category::parameters, layout_.total * dtype_size(compute_), true);
+    params = program_.declare(pre + "parameters", Category::parameters, layout_.total * dtype_size(compute_), true);
     // fp32 master weights: with the AdamW moments, the 12 bytes per parameter of optimizer state
     // in the ZeRO paper's count; reported in their own category.
-    master = train && mixed ? program_.declare("master_parameters", Category::master_weights, P, true) : -1;
-    grads = train ? program_.declare("gradients", Category::gradients, layout_.total * dtype_size(grad_dt_), true) : -1;
-    adam_m = train ? program_.declare("adamw.m", Category::optimizer_states, P, true) : -1;
-    adam_v = train ? program_.declare("adamw.v", Category::optimizer_states, P, true) : -1;
+    master = train && mixed ? program_.declare(pre + "master_parameters", Category::master_weights, P, true) : -1;
+    grads = train ? program_.declare(pre + "gradients", Category::gradients, layout_.total * dtype_size(grad_dt_), true) : -1;
+    adam_m = train ? program_.declare(pre + "adamw.m", Category::optimizer_states, P, true) : -1;
+    adam_v = train ? program_.declare(pre + "adamw.v", Category::optimizer_states, P, true) : -1;
     tokens = program_.declare("batch.tokens", Category::activations, BT * 4, true);
     targets = program_.declare("batch.targets", Category::activations, BT * 4, true);
     losses = program_.declare("batch.losses", Category::activations, BT * 4, true);
@@ -34,8 +46,13 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     mo.keep_logits = mode == StepMode::logits;
     if (mo.keep_logits) mo.loss_chunk = 0;
     model_ = std::make_unique<Transformer>(cfg_, B, T, program_, mo);
-    w_ = model_weights(cfg_, layout_, params, compute_);
-    if (train) dw_ = model_weights(cfg_, layout_, grads, grad_dt_);
+    if (lora_) {
+        w_ = lora_model_weights(cfg_, model.lora, base, compute_, quant_layout_, base_q, params, compute_);
+        if (train) dw_ = lora_model_weights(cfg_, model.lora, -1, compute_, quant_layout_, -1, grads, grad_dt_);
+    } else {
+        w_ = model_weights(cfg_, layout_, params, compute_);
+        if (train) dw_ = model_weights(cfg_, layout_, grads, grad_dt_);
+    }
 
     Graph rec(program_, sizing);
     run(rec, StepScalars{});

@@ -43,21 +43,29 @@ public:
 
     const Program & program() const { return program_; }
     const ModelConfig & config() const { return cfg_; }
+    // The trainable parameters: the whole model, or (LoRA) the adapters.
     const ParamLayout & layout() const { return layout_; }
+    bool lora() const { return lora_; }
+    // LoRA: the frozen base, dense part (`base`, compute dtype) and quantized projections (`base_q`).
+    const ParamLayout & base_layout() const { return base_layout_; }
+    const QuantLayout & quant_layout() const { return quant_layout_; }
     StepMode mode() const { return mode_; }
     int B() const { return B_; }
     int T() const { return T_; }
 
-    // Persistent buffers the host reads or writes between steps. params holds the weights in the
-    // compute dtype; under mixed precision `master` holds them in fp32 (else -1).
+    // Persistent buffers the host reads or writes between steps. params holds the trainable
+    // weights in the compute dtype; under mixed precision `master` holds them in fp32 (else -1).
     BufferId params, master, grads, adam_m, adam_v, tokens, targets, losses, grad_norm_sq;
+    BufferId base = -1, base_q = -1;   // LoRA's frozen base
     DType compute() const { return compute_; }
     DType grad_dtype() const { return grad_dt_; }
     Tensor logits() const { return model_->logits(); }
 
 private:
     ModelConfig cfg_;
-    ParamLayout layout_;
+    ParamLayout layout_, base_layout_;
+    QuantLayout quant_layout_;
+    bool lora_ = false;
     StepMode mode_;
     StepParts parts_;
     int B_, T_;

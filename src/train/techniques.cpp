@@ -4,6 +4,8 @@
 #include <optional>
 #include <string_view>
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "core/error.h"
@@ -42,6 +44,33 @@ double TimeModel::step_seconds(const StepPlans & plans, int grad_accum) const {
     };
     return seconds(plans.train.get()) + (grad_accum > 1 ? seconds(plans.first.get()) : 0) +
            (grad_accum > 2 ? double(grad_accum - 2) * seconds(plans.mid.get()) : 0);
+}
+
+LoraOptions lora_options(const RunShape & s, const ModelConfig & cfg, DType compute) {
+    LoraOptions l;
+    const BaseWeights base = parse_base_weights(s.base_weights);
+    if (s.lora_rank == 0) {
+        if (base != BaseWeights::compute)
+            throw ConfigError(fmt::format("--base-weights {} freezes and quantizes the base: it needs --lora-rank "
+                                          "(e.g. --lora-rank 8)", s.base_weights));
+        return l;
+    }
+    if (s.lora_rank < 0 || s.lora_rank > cfg.n_embd)
+        throw ConfigError(fmt::format("--lora-rank {}: must be between 1 and the model width {}", s.lora_rank,
+                                      cfg.n_embd));
+    if (!(s.lora_alpha > 0) || !std::isfinite(s.lora_alpha))
+        throw ConfigError(fmt::format("--lora-alpha {}: must be positive", s.lora_alpha));
+    if (base == BaseWeights::compute && s.base_weights != "compute" && s.precision != "auto" &&
+        parse_precision(s.base_weights) != compute)
+        throw ConfigError(fmt::format("--base-weights {} keeps the frozen base in the compute precision, which is {}; "
+                                      "add --precision {} (or use int8 / nf4)",
+                                      s.base_weights, precision_name(compute), s.base_weights));
+    l.rank = s.lora_rank;
+    l.alpha = s.lora_alpha;
+    l.targets = parse_lora_targets(cfg, s.lora_targets);
+    l.base = base;
+    if (l.quantized()) make_quant_layout(cfg, l.format());   // nf4 block alignment: a clear error now
+    return l;
 }
 
 namespace {
@@ -100,6 +129,7 @@ EngineOptions base_options(const RunShape & s, const ModelConfig & cfg, bool wit
         throw ConfigError("--precision auto needs --fit auto (it lets the search choose the precision)");
     eo.compute = s.precision == "auto" ? DType::f32 : parse_precision(s.precision);
     if (s.recompute != "budget") eo.recompute = parse_recompute(s.recompute, cfg.n_layer);
+    eo.lora = lora_options(s, cfg, s.precision == "auto" ? DType::f32 : eo.compute);
     return eo;
 }
 

@@ -29,7 +29,15 @@ struct RunShape {
     std::string fit = "off";           // off | auto
     float    clip = 0;               // global gradient-norm clipping (0: off)
     std::string memory_budget;       // "": the memory available to the process
+    // LoRA (model/lora.h): rank 0 trains every parameter.
+    int      lora_rank = 0;
+    float    lora_alpha = 16;
+    std::string lora_targets;        // "": the family's default (q,v | c_attn)
+    std::string base_weights = "compute";   // compute | fp32 | bf16 | fp16 | int8 | nf4
 };
+
+// The LoRA options the flags name, checked against the model and the compute precision.
+LoraOptions lora_options(const RunShape & s, const ModelConfig & cfg, DType compute);
 
 // "fp32" | "bf16" | "fp16" -> DType; ConfigError otherwise.
 DType parse_precision(const std::string & p);

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/quant_format.h"
 #include "core/error.h"
 #include "core/json_num.h"
 #include "core/paths.h"
@@ -100,13 +101,19 @@ nlohmann::json checkpoint_model(const ModelConfig & cfg) {
 
 // What a checkpoint records besides the training state: where the run is and what it is.
 nlohmann::json checkpoint_meta(int step, const ModelConfig & cfg, const TrainOptions & opt, const DataLoader & train,
-                               const DataLoader * val) {
+                               const DataLoader * val, const LoraOptions & lora) {
     nlohmann::json m = {{"step", step},
                         {"model", checkpoint_model(cfg)},
                         {"seq", opt.seq},
                         {"global_batch", opt.batch * opt.grad_accum},
                         {"seed", opt.seed},
                         {"data", {{"train_epoch", train.epoch()}, {"train_cursor", train.cursor()}}}};
+    // LoRA: the checkpoint holds the adapters; the base comes back from the model folder (or
+    // from the seed's initialisation when there is none).
+    if (lora.enabled()) {
+        m["lora"] = lora_json(lora);
+        m["lora"]["base_model"] = has_hf_weights(opt.model) ? fs::absolute(opt.model).string() : std::string();
+    }
     if (val) {
         m["data"]["val_epoch"] = val->epoch();
         m["data"]["val_cursor"] = val->cursor();
@@ -119,12 +126,12 @@ int resume_from(const std::string & path, const ModelConfig & cfg, const TrainOp
                 DataLoader & train, DataLoader * val) {
     const Checkpoint c = load_checkpoint(path);
     const nlohmann::json & m = c.meta;
-    const nlohmann::json want = checkpoint_meta(0, cfg, opt, train, val);
-    for (const char * k : {"model", "seq", "global_batch", "seed"})
-        if (m.value(k, nlohmann::json()) != want[k])
+    const nlohmann::json want = checkpoint_meta(0, cfg, opt, train, val, engine.options().lora);
+    for (const char * k : {"model", "seq", "global_batch", "seed", "lora"})
+        if (m.value(k, nlohmann::json()) != want.value(k, nlohmann::json()))
             throw ConfigError(fmt::format("--resume {}: the checkpoint's {} is {}, this run's is {}; resume with the "
-                                          "same model, --seq, global batch and --seed",
-                                          path, k, m.value(k, nlohmann::json()).dump(), want[k].dump()));
+                                          "same model, --seq, global batch, --seed and LoRA options",
+                                          path, k, m.value(k, nlohmann::json()).dump(), want.value(k, nlohmann::json()).dump()));
     if (c.state.params.size() != engine.step().layout().total)
         throw FormatError(fmt::format("--resume {}: {} parameters, the model has {}", path, c.state.params.size(),
                                       engine.step().layout().total));
@@ -193,6 +200,15 @@ void run_training(const TrainOptions & opt) {
                     data.tokenizer, batch, opt.seq,
                     accum > 1 ? fmt::format(" x {} accumulated micro-batches", accum) : "",
                     batch * opt.seq * accum, opt.steps, omp_get_max_threads()));
+    if (eo.lora.enabled()) {
+        const size_t A = lora_param_count(cfg, eo.lora);
+        say(fmt::format("  LoRA rank {} alpha {:g} on {}: {:.3f}M trainable parameters ({:.2f}% of the model); base "
+                        "frozen{}",
+                        eo.lora.rank, eo.lora.alpha, fmt::join(eo.lora.targets, ","), double(A) / 1e6,
+                        100.0 * double(A) / double(cfg.num_params()),
+                        eo.lora.quantized() ? fmt::format(", projections {}", quant_format_name(eo.lora.format()))
+                                            : fmt::format(" in {}", precision_name(eo.compute))));
+    }
     auto engine = std::make_unique<Engine>(cfg, backend, eo);
     CategoryBytes plan_live = engine->planned_peak_live(), plan_rsv = engine->planned_reserved();
     say(fmt::format("memory plan ({} ops, {}{}, peak at op {} '{}'):\n{}", engine->step().program().num_ops(),
@@ -207,8 +223,14 @@ void run_training(const TrainOptions & opt) {
                         opt.memory_budget.empty() ? "available memory" : "--memory-budget"));
     engine->init_params(opt.seed);
     if (has_hf_weights(opt.model)) {
-        load_hf_weights(opt.model, cfg, engine->step().layout(), engine->params());
-        engine->params_changed();
+        if (eo.lora.enabled()) {
+            std::vector<float> full(size_t(cfg.num_params()));
+            load_hf_weights(opt.model, cfg, make_param_layout(cfg), full.data());
+            engine->set_base(full.data());
+        } else {
+            load_hf_weights(opt.model, cfg, engine->step().layout(), engine->params());
+            engine->params_changed();
+        }
         say(fmt::format("  weights from {}", opt.model));
     }
     int first_step = 1;
@@ -296,7 +318,8 @@ void run_training(const TrainOptions & opt) {
             const std::string root = opt.checkpoint_dir.empty() ? (fs::path(opt.out) / "checkpoints").string()
                                                                  : opt.checkpoint_dir;
             const std::string dir = save_checkpoint(
-                root, Checkpoint{engine->export_state(), checkpoint_meta(step, cfg, opt, train_data, val_data.get())},
+                root, Checkpoint{engine->export_state(),
+                                 checkpoint_meta(step, cfg, opt, train_data, val_data.get(), eo.lora)},
                 opt.keep_checkpoints);
             if (log_point) say(fmt::format("  checkpoint {}", dir));
         }
@@ -340,7 +363,8 @@ void run_training(const TrainOptions & opt) {
                     {"recompute", eo.recompute.name}, {"loss_chunk", eo.loss_chunk},
                     {"seq", opt.seq}, {"steps", opt.steps}, {"lr", opt.lr}, {"weight_decay", opt.weight_decay},
                     {"seed", opt.seed}, {"threads", omp_get_max_threads()}, {"precision", precision_name(eo.compute)},
-                    {"data", data.train_path}, {"tokenizer", data.tokenizer}}},
+                    {"data", data.train_path}, {"tokenizer", data.tokenizer},
+                    {"trainable_params", engine->step().layout().total}}},
         {"planned", {{"peak_live", category_json(plan_live)}, {"reserved", category_json(plan_rsv)}}},
         {"measured", {{"peak_live", category_json(L.live_peak())}, {"reserved", category_json(L.reserved_peak())},
                       {"peak_live_total", L.live_total_peak()}}},
@@ -380,7 +404,7 @@ void run_training(const TrainOptions & opt) {
         so.max_new_tokens = opt.sample_tokens;
         so.seed = opt.seed;
         Decoder decoder(cfg, backend, std::min(cfg.max_seq, int(prompt.size()) + so.max_new_tokens));
-        decoder.set_weights(engine->params());
+        decoder.set_weights(engine->merged_weights().data());
         const auto ids = generate(decoder, prompt, so);
         const std::string text = tok->decode(ids);
         say("sample (temperature 0.8):\n" + text);

@@ -221,7 +221,7 @@ void CpuBackend::rmsnorm_fwd(Tensor out, Tensor rstd, Tensor inp, Tensor w, floa
 void CpuBackend::rmsnorm_bwd(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) {
     same_dtype(inp.dtype, {&dinp, &dout, &w});
     MF_ASSERT(dinp.numel() == inp.numel() && dout.numel() == inp.numel());
-    MF_ASSERT(w.numel() == inp.cols() && dw.numel() == inp.cols() && rstd.numel() == inp.rows());
+    MF_ASSERT(w.numel() == inp.cols() && (!dw.valid() || dw.numel() == inp.cols()) && rstd.numel() == inp.rows());
     dispatch_grad(inp.dtype, dw.dtype, [&](auto s, auto g) {
         using S = decltype(s);
         using G = decltype(g);
@@ -297,6 +297,31 @@ void CpuBackend::cached_attention_fwd(Tensor out, Tensor qkv, Tensor kcache, Ten
         using S = decltype(s);
         cpu::cached_attention_forward(ptr<S>(out), ptr<S>(kcache), ptr<S>(vcache), ptr<S>(qkv), B, T, pos0, cap, NH,
                                       KVH, hd);
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// LoRA column slices
+
+void CpuBackend::add_columns(Tensor out, Tensor d, int64_t col0, float scale) {
+    MF_ASSERT(out.rows() == d.rows() && col0 >= 0 && col0 + d.cols() <= out.cols());
+    dispatch(out.dtype, [&](auto o) {
+        dispatch(d.dtype, [&](auto s) {
+            using O = decltype(o);
+            using S = decltype(s);
+            cpu::add_columns(ptr<O>(out), ptr<S>(d), d.rows(), out.cols(), d.cols(), col0, scale);
+        });
+    });
+}
+
+void CpuBackend::take_columns(Tensor d, Tensor src, int64_t col0, float scale) {
+    MF_ASSERT(src.rows() == d.rows() && col0 >= 0 && col0 + d.cols() <= src.cols());
+    dispatch(d.dtype, [&](auto dz) {
+        dispatch(src.dtype, [&](auto s) {
+            using D = decltype(dz);
+            using S = decltype(s);
+            cpu::take_columns(ptr<D>(d), ptr<S>(src), d.rows(), src.cols(), d.cols(), col0, scale);
+        });
     });
 }
 

@@ -42,6 +42,15 @@ public:
     void repeat_kv_bwd(Tensor dqkv, Tensor dfull, int NH, int KVH) override;
     void cached_attention_fwd(Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH,
                               int KVH) override;
+    // Quantized frozen weights (qgemm.cpp) and LoRA's column slices (kernels_lora.cpp).
+    size_t qgemm_workspace(const QuantDesc & q, int64_t M, DType act) const override;
+    void qgemm_fwd(const QuantDesc & q, Tensor y, Tensor x, Tensor packed, Tensor bias, Tensor workspace) override;
+    void qgemm_bwd(const QuantDesc & q, Tensor dx, Tensor dy, Tensor packed, bool accumulate,
+                   Tensor workspace) override;
+    void quantize(const QuantDesc & q, void * packed, const float * W) const override;
+    void dequantize(const QuantDesc & q, float * W, const void * packed) const override;
+    void add_columns(Tensor out, Tensor d, int64_t col0, float scale) override;
+    void take_columns(Tensor d, Tensor src, int64_t col0, float scale) override;
     void xent_fwd(Tensor losses, Tensor logits, Tensor targets) override;
     void xent_bwd(Tensor probs, Tensor targets, float dloss) override;
     void sum_squares(Tensor out, Tensor x) override;

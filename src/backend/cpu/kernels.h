@@ -32,7 +32,7 @@ void encoder_backward(GE * dwte, GP * dwpe, const S * dout, const int32_t * toke
 template <class S>
 void layernorm_forward(S * out, float * mean, float * rstd, const S * inp, const S * weight, const S * bias,
                        int N, int C, float eps);
-// dinp += ..., dweight += ..., dbias += ...  (dinp has dout's type)
+// dinp += ..., dweight += ..., dbias += ...  (dinp has dout's type; null dweight and dbias: frozen)
 template <class G, class S>
 void layernorm_backward(S * dinp, G * dweight, G * dbias, const S * dout, const S * inp, const S * weight,
                         const float * mean, const float * rstd, int N, int C);
@@ -89,7 +89,7 @@ void adamw_update_mixed(float * param, P * param_copy, const G * grad, float * m
 // RMSNorm: rstd[i] = 1 / sqrt(mean_c(inp[i,c]^2) + eps); out[i,c] = inp[i,c] * rstd[i] * weight[c].
 template <class S>
 void rmsnorm_forward(S * out, float * rstd, const S * inp, const S * weight, int N, int C, float eps);
-// dinp += ..., dweight += ...  (dinp has dout's type; dweight float or S, summed over rows in
+// dinp += ..., dweight += ...  (null dweight: frozen; dinp has dout's type; dweight float or S, summed over rows in
 // fp32 per column block, one rounded add per element like layernorm_backward)
 template <class G, class S>
 void rmsnorm_backward(S * dinp, G * dweight, const S * dout, const S * inp, const S * weight, const float * rstd,
@@ -129,5 +129,16 @@ void repeat_kv_backward(S * dqkv, const S * dfull, int N, int NH, int KVH, int h
 template <class S>
 void cached_attention_forward(S * out, S * kcache, S * vcache, const S * qkv, int B, int Tn, int pos0, int cap,
                               int NH, int KVH, int hd);
+
+// ---------------------------------------------------------------------------------------------
+// LoRA column slices (kernels_lora.cpp). out and src have N rows of ldo / lds elements, d has N
+// rows of cols elements; col0 + cols <= ldo (lds). Each pointer has its own storage type.
+
+// out[i, col0 + j] = round(out[i, col0 + j] + scale * d[i, j])
+template <class O, class D>
+void add_columns(O * out, const D * d, int64_t N, int64_t ldo, int64_t cols, int64_t col0, float scale);
+// d[i, j] = round(scale * src[i, col0 + j])  (written)
+template <class D, class S>
+void take_columns(D * d, const S * src, int64_t N, int64_t lds, int64_t cols, int64_t col0, float scale);
 
 }  // namespace memfit::cpu

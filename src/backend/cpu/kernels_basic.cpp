@@ -247,7 +247,8 @@ void layernorm_backward(S * dinp, G * dweight, G * dbias, const S * dout, const 
             add_to(dx[c], r * (dn - mean_dn - n * mean_dnn));
         }
     }
-    // dweight, dbias: reductions over rows, parallel over column blocks.
+    // dweight, dbias: reductions over rows, parallel over column blocks (none for a frozen norm).
+    if (!dweight) return;
     const int nblk = col_blocks(C);
 #pragma omp parallel for schedule(static)
     for (int blk = 0; blk < nblk; ++blk) {

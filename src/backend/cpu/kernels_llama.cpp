@@ -128,7 +128,9 @@ void rmsnorm_backward(S * dinp, G * dweight, const S * dout, const S * inp, cons
             add_to(dx[c], r * (dn - n * mean_dnn));
         }
     }
-    // dweight: a reduction over rows, parallel over column blocks, each summing its rows in order.
+    // dweight: a reduction over rows, parallel over column blocks, each summing its rows in order
+    // (none for a frozen norm).
+    if (!dweight) return;
     const int nblk = (C + kColBlock - 1) / kColBlock;
 #pragma omp parallel for schedule(static)
     for (int blk = 0; blk < nblk; ++blk) {

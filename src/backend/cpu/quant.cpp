@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/quant_format.h"
 #include "core/error.h"
 
 namespace memfit::cpu {
@@ -78,14 +79,20 @@ float block_absmax(const float * x) {
 
 }  // namespace
 
+// The sizes are quant_bytes()'s (the formula the engine and the planner use); the layouts above
+// must end exactly there.
 size_t int8_bytes(int64_t out, int64_t in) {
     MF_ASSERT(out > 0 && in > 0);
-    return size_t(out) * size_t(in) + size_t(out) * sizeof(float);
+    const size_t bytes = quant_bytes(QuantDesc{QuantFormat::int8, out, in});
+    MF_ASSERT(bytes == size_t(out) * size_t(in) + size_t(out) * sizeof(float));
+    return bytes;
 }
 
 size_t nf4_bytes(int64_t n, bool double_quant) {
     const Nf4Layout l = nf4_layout(n);
-    return double_quant ? l.mean + sizeof(float) : l.absmax + size_t(l.nb) * sizeof(float);
+    const size_t bytes = quant_bytes(QuantDesc{double_quant ? QuantFormat::nf4_dq : QuantFormat::nf4, 1, n});
+    MF_ASSERT(bytes == (double_quant ? l.mean + sizeof(float) : l.absmax + size_t(l.nb) * sizeof(float)));
+    return bytes;
 }
 
 uint8_t nf4_code(float v) {

@@ -75,4 +75,10 @@ template <class Q>
 void gemm_dequant_backward(DnnlGemm & gemm, float * dX, const float * dY, const Q & q, const uint8_t * packed,
                            int64_t M, int64_t tile_rows, void * workspace, bool accumulate = false);
 
+// The tiling of the CPU backend's quantized gemms over activations (qgemm.cpp,
+// Backend::qgemm_fwd/bwd): bf16/f16 activations are processed kQgemmRowChunk rows at a time, and W
+// is dequantized qgemm_tile_rows(out, in) output rows per tile (a function of the shape alone).
+constexpr int64_t kQgemmRowChunk = 128;
+int64_t qgemm_tile_rows(int64_t out, int64_t in);
+
 }  // namespace memfit::cpu

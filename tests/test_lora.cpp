@@ -1,0 +1,342 @@
+// LoRA and QLoRA: target parsing and PEFT names, the frozen base (no gradients, no master copy,
+// no optimizer states in the step program), B = 0 starts at the base model, adapter gradients
+// against finite differences (dense and quantized bases, both families), planned == measured,
+// recomputation bitwise equal, and a fine-tune on a 4-bit base lowering the loss on the corpus.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <string>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/quant_format.h"
+#include "core/error.h"
+#include "model/lora.h"
+#include "model/recompute.h"
+#include "train/engine.h"
+#include "test_util.h"
+
+using namespace memfit;
+using memfit::test::random_batch;
+
+namespace {
+
+ModelConfig tiny(bool llama, int V = 37, int C = 16, int L = 2) {
+    ModelConfig c = test::small_config(V, C, L, 4, 64);
+    if (llama) {
+        c.family = "llama";
+        c.n_kv_head = 2;
+        c.ffn = 32;
+        c.tied_head = false;
+    }
+    c.validate();
+    return c;
+}
+
+LoraOptions lora_all(const ModelConfig & cfg, int rank, BaseWeights base = BaseWeights::compute) {
+    LoraOptions l;
+    l.rank = rank;
+    l.alpha = 2.0f * float(rank);
+    l.targets = parse_lora_targets(cfg, "all");
+    l.base = base;
+    return l;
+}
+
+EngineOptions opts(int B, int T, const LoraOptions & lora, DType dt = DType::f32, const RecomputePlan & rc = {}) {
+    EngineOptions eo;
+    eo.B = B;
+    eo.T = T;
+    eo.flash_attention = true;
+    eo.compute = dt;
+    eo.recompute = rc;
+    eo.lora = lora;
+    return eo;
+}
+
+size_t bytes_named(const Program & p, const std::string & name) {
+    for (const auto & b : p.buffers())
+        if (b.name == name) return b.bytes;
+    return 0;
+}
+
+}  // namespace
+
+TEST(Lora, TargetsFollowTheFamilyNames) {
+    const ModelConfig llama = tiny(true), gpt = tiny(false);
+    EXPECT_EQ(parse_lora_targets(llama, ""), (std::vector<std::string>{"q", "v"}));
+    EXPECT_EQ(parse_lora_targets(llama, "down,q_proj,q,up"), (std::vector<std::string>{"q", "up", "down"}));
+    EXPECT_EQ(parse_lora_targets(llama, "all").size(), 7u);
+    EXPECT_EQ(parse_lora_targets(gpt, ""), (std::vector<std::string>{"c_attn"}));
+    EXPECT_EQ(parse_lora_targets(gpt, "q,v,o"), (std::vector<std::string>{"c_attn", "attn.c_proj"}));
+    EXPECT_EQ(parse_lora_targets(gpt, "c_proj"), (std::vector<std::string>{"attn.c_proj", "mlp.c_proj"}));
+    EXPECT_EQ(parse_lora_targets(gpt, "gate,down"), (std::vector<std::string>{"c_fc", "mlp.c_proj"}));
+    EXPECT_THROW(parse_lora_targets(llama, "c_attn"), ConfigError);
+    EXPECT_THROW(parse_lora_targets(gpt, "qq"), ConfigError);
+    EXPECT_THROW(parse_lora_targets(gpt, ","), ConfigError);
+    EXPECT_THROW(parse_base_weights("int4"), ConfigError);
+}
+
+TEST(Lora, AdaptersHavePeftNamesAndShapes) {
+    const ModelConfig cfg = tiny(true);
+    LoraOptions l;
+    l.rank = 4;
+    l.targets = parse_lora_targets(cfg, "q,v,down");
+    const ParamLayout a = make_lora_layout(cfg, l);
+    ASSERT_EQ(a.params.size(), 2u * 3u * 2u);
+    EXPECT_EQ(a.params[0].name, "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
+    EXPECT_EQ(a.params[0].shape, (std::vector<int64_t>{4, 16}));
+    EXPECT_EQ(a.params[1].name, "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight");
+    EXPECT_EQ(a.params[1].shape, (std::vector<int64_t>{16, 4}));
+    EXPECT_EQ(a.params[3].shape, (std::vector<int64_t>{8, 4}));   // v: 2 KV heads of 4
+    EXPECT_EQ(a.params[4].shape, (std::vector<int64_t>{4, 32}));  // down: in = ffn
+    EXPECT_EQ(a.params[6].name, "base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight");
+    EXPECT_EQ(peft_target_modules(cfg, l), (std::vector<std::string>{"q_proj", "v_proj", "down_proj"}));
+    const auto sites = lora_sites(cfg, l);
+    EXPECT_EQ(sites[1].col0, 16 + 8);   // v's slice of the fused q|k|v
+    const ModelConfig gpt = tiny(false);
+    LoraOptions g;
+    g.rank = 2;
+    const ParamLayout ga = make_lora_layout(gpt, g);
+    EXPECT_EQ(ga.params[0].name, "base_model.model.transformer.h.0.attn.c_attn.lora_A.weight");
+    EXPECT_EQ(ga.params[1].shape, (std::vector<int64_t>{48, 2}));
+    EXPECT_EQ(lora_param_count(gpt, g), size_t(2 * (2 * 16 + 48 * 2)));
+}
+
+TEST(Lora, TheBaseIsFrozenInTheStepProgram) {
+    CpuBackend backend;
+    for (DType dt : {DType::f32, DType::bf16}) {
+        const ModelConfig cfg = tiny(true);
+        const LoraOptions l = lora_all(cfg, 4);
+        Engine e(cfg, backend, opts(2, 8, l, dt));
+        const Program & p = e.step().program();
+        const size_t A = lora_param_count(cfg, l), P = size_t(cfg.num_params());
+        EXPECT_EQ(bytes_named(p, "gradients"), 0u);
+        EXPECT_EQ(bytes_named(p, "adamw.m"), 0u);
+        EXPECT_EQ(bytes_named(p, "master_parameters"), 0u);
+        EXPECT_EQ(bytes_named(p, "parameters"), P * dtype_size(dt));
+        EXPECT_EQ(bytes_named(p, "lora.parameters"), A * dtype_size(dt));
+        EXPECT_EQ(bytes_named(p, "lora.adamw.m"), A * 4);
+        const CategoryBytes r = e.planned_reserved();
+        EXPECT_EQ(r[Category::gradients], A * dtype_size(dt));
+        EXPECT_EQ(r[Category::optimizer_states], 8 * A);
+        EXPECT_EQ(r[Category::master_weights], dt == DType::f32 ? 0 : 4 * A);
+        // Two persistent buffers, each placed 64-byte aligned.
+        EXPECT_GE(r[Category::parameters], (P + A) * dtype_size(dt));
+        EXPECT_LT(r[Category::parameters], (P + A) * dtype_size(dt) + 128);
+    }
+    // A quantized base: the four projections of every layer packed, the rest dense.
+    const ModelConfig cfg = tiny(true, 37, 64, 2);
+    for (BaseWeights b : {BaseWeights::int8, BaseWeights::nf4}) {
+        const LoraOptions l = lora_all(cfg, 4, b);
+        Engine e(cfg, backend, opts(2, 8, l));
+        const QuantLayout & q = e.step().quant_layout();
+        ASSERT_EQ(q.entries.size(), 8u);
+        size_t packed = 0, held = 0;
+        for (const auto & en : q.entries) packed += (quant_bytes(en.q) + 63) / 64 * 64, held += size_t(en.q.out * en.q.in);
+        EXPECT_EQ(bytes_named(e.step().program(), "parameters.quantized"), packed);
+        EXPECT_EQ(bytes_named(e.step().program(), "parameters"), (size_t(cfg.num_params()) - held) * 4);
+    }
+}
+
+TEST(Lora, ZeroBStartsAtTheBaseModel) {
+    CpuBackend backend;
+    for (bool llama : {true, false}) {
+        SCOPED_TRACE(llama ? "llama" : "gpt2");
+        const ModelConfig cfg = tiny(llama);
+        Engine full(cfg, backend, opts(2, 8, LoraOptions{}));
+        full.init_params(5);
+        Engine lora(cfg, backend, opts(2, 8, lora_all(cfg, 4)));
+        lora.init_params(5);
+        std::vector<int32_t> in(16), tg(16);
+        random_batch(in, tg, cfg.vocab_size, 1);
+        const auto a = full.logits(in.data(), 2), b = lora.logits(in.data(), 2);
+        ASSERT_EQ(a.size(), b.size());
+        for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << i;
+        // A nonzero B moves them.
+        const ParamLayout & al = lora.step().layout();
+        lora.params()[al.params[1].offset] = 0.5f;
+        lora.params_changed();
+        const auto c = lora.logits(in.data(), 2);
+        double diff = 0;
+        for (size_t i = 0; i < a.size(); ++i) diff += std::fabs(a[i] - c[i]);
+        EXPECT_GT(diff, 1e-3);
+    }
+}
+
+TEST(Lora, QuantizedBaseComputesWithTheDequantizedWeights) {
+    CpuBackend backend;
+    for (bool llama : {true, false})
+        for (BaseWeights bw : {BaseWeights::int8, BaseWeights::nf4}) {
+            SCOPED_TRACE(std::string(llama ? "llama " : "gpt2 ") + base_weights_name(bw));
+            const ModelConfig cfg = tiny(llama, 37, 32, 2);
+            Engine q(cfg, backend, opts(2, 8, lora_all(cfg, 4, bw)));
+            q.init_params(9);
+            const std::vector<float> w = q.base_weights();
+            Engine full(cfg, backend, opts(2, 8, LoraOptions{}));
+            full.init_params(9);
+            // Quantization moved the weights, but not far.
+            double err = 0, norm = 0;
+            for (size_t i = 0; i < w.size(); ++i) err += std::pow(w[i] - full.params()[i], 2), norm += std::pow(full.params()[i], 2);
+            EXPECT_GT(err, 0.0);
+            EXPECT_LT(std::sqrt(err / norm), bw == BaseWeights::int8 ? 0.01 : 0.12);
+            std::copy(w.begin(), w.end(), full.params());
+            full.params_changed();
+            std::vector<int32_t> in(16), tg(16);
+            random_batch(in, tg, cfg.vocab_size, 2);
+            const auto a = full.logits(in.data(), 2), b = q.logits(in.data(), 2);
+            for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-5f * (1 + std::fabs(a[i]))) << i;
+        }
+}
+
+TEST(Lora, AdapterGradientsMatchFiniteDifferences) {
+    CpuBackend backend;
+    const int B = 2, T = 9;
+    for (bool llama : {true, false})
+        for (BaseWeights bw : {BaseWeights::compute, BaseWeights::nf4}) {
+            SCOPED_TRACE(std::string(llama ? "llama " : "gpt2 ") + base_weights_name(bw));
+            const ModelConfig cfg = tiny(llama, 37, 32, 2);
+            LoraOptions l = lora_all(cfg, 3, bw);
+            Engine e(cfg, backend, opts(B, T, l));
+            e.init_params(1);
+            // B nonzero, so that A has gradients too.
+            std::mt19937 rng(7);
+            std::normal_distribution<float> nd(0.0f, 0.3f);
+            const ParamLayout & layout = e.step().layout();
+            for (size_t i = 0; i < layout.total; ++i) e.params()[i] = nd(rng);
+            e.params_changed();
+            std::vector<int32_t> in(size_t(B * T)), tg(in.size());
+            random_batch(in, tg, cfg.vocab_size, 3);
+            e.train_step(in.data(), tg.data(), AdamWHyper{0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 1});   // lr 0: grads only
+            const std::vector<float> g(e.grads(), e.grads() + layout.total);
+            for (const auto & p : layout.params) {
+                size_t best = p.offset;
+                for (size_t i = p.offset; i < p.offset + p.numel; ++i)
+                    if (std::fabs(g[i]) > std::fabs(g[best])) best = i;
+                const float x0 = e.params()[best], h = 2e-3f;   // q and k adapters are strongly curved: a small step
+                e.params()[best] = x0 + h;
+                e.params_changed();
+                const double up = e.eval_loss(in.data(), tg.data());
+                e.params()[best] = x0 - h;
+                e.params_changed();
+                const double down = e.eval_loss(in.data(), tg.data());
+                e.params()[best] = x0;
+                e.params_changed();
+                const double fd = (up - down) / (2.0 * h);
+                EXPECT_NEAR(fd, g[best], 0.02 * std::fabs(g[best]) + 2e-4) << p.name;
+                EXPECT_GT(std::fabs(g[best]), 1e-4) << p.name << ": a gradient this small proves nothing";
+            }
+        }
+}
+
+TEST(Lora, PlannedEqualsMeasuredAndRecomputationIsBitwiseEqual) {
+    CpuBackend backend;
+    const ModelConfig cfg = tiny(true, 61, 64, 3);
+    struct Case { const char * rc; DType dt; BaseWeights bw; };
+    std::vector<float> reference;
+    for (const Case & c : {Case{"none", DType::f32, BaseWeights::compute}, Case{"selective", DType::f32, BaseWeights::compute},
+                           Case{"full", DType::f32, BaseWeights::compute}, Case{"every:2", DType::f32, BaseWeights::compute},
+                           Case{"none", DType::bf16, BaseWeights::compute}, Case{"full", DType::bf16, BaseWeights::nf4},
+                           Case{"none", DType::f32, BaseWeights::int8}}) {
+        SCOPED_TRACE(std::string(c.rc) + " " + std::string(dtype_name(c.dt)) + " " + base_weights_name(c.bw));
+        LoraOptions l = lora_all(cfg, 4, c.bw);
+        Engine e(cfg, backend, opts(2, 16, l, c.dt, parse_recompute(c.rc, cfg.n_layer)));
+        e.init_params(1);
+        std::vector<int32_t> in(size_t(2 * 16)), tg(in.size());
+        for (int s = 0; s < 2; ++s) {
+            random_batch(in, tg, cfg.vocab_size, uint64_t(s));
+            e.train_step(in.data(), tg.data(), AdamWHyper{});
+            e.eval_loss(in.data(), tg.data());
+        }
+        const CategoryBytes plan = e.planned_peak_live(), rsv = e.planned_reserved();
+        for (size_t k = 0; k < kCategoryCount; ++k) {
+            EXPECT_EQ(plan.v[k], e.ledger().live_peak().v[k]) << kCategoryNames[k];
+            EXPECT_EQ(rsv.v[k], e.ledger().reserved_peak().v[k]) << kCategoryNames[k];
+        }
+        if (c.dt != DType::f32 || c.bw != BaseWeights::compute) continue;
+        const std::vector<float> after(e.params(), e.params() + e.step().layout().total);
+        if (reference.empty()) reference = after;
+        else EXPECT_EQ(after, reference) << "recomputation changed the adapters";
+    }
+}
+
+TEST(Lora, FineTuningA4BitBaseLowersTheLossOnTheCorpus) {
+    // Pre-train a small byte-level LLaMA briefly, quantize it to NF4, then train only the
+    // adapters: the held-out loss must fall below the quantized base's.
+    CpuBackend backend;
+    std::ifstream f(std::string(MEMFIT_DATA_DIR) + "/tinyshakespeare.txt", std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    ASSERT_GT(text.size(), 100000u);
+    const ModelConfig cfg = tiny(true, 256, 64, 2);
+    const int B = 4, T = 32;
+    std::uniform_int_distribution<size_t> pos(0, text.size() - size_t(T) - 2);
+    std::vector<int32_t> in(size_t(B * T)), tg(in.size());
+    auto batch = [&](std::mt19937 & r) {
+        for (int b = 0; b < B; ++b) {
+            const size_t p0 = pos(r);
+            for (int t = 0; t < T; ++t) {
+                in[size_t(b * T + t)] = uint8_t(text[p0 + size_t(t)]);
+                tg[size_t(b * T + t)] = uint8_t(text[p0 + size_t(t) + 1]);
+            }
+        }
+    };
+    auto held_out = [&](Engine & e) {
+        std::mt19937 r(99);
+        double s = 0;
+        for (int i = 0; i < 8; ++i) {
+            batch(r);
+            s += e.eval_loss(in.data(), tg.data());
+        }
+        return s / 8;
+    };
+    AdamWHyper h;
+    h.lr = 1e-2f;
+    std::mt19937 rng(11);
+    Engine full(cfg, backend, opts(B, T, LoraOptions{}));
+    full.init_params(3);
+    for (int s = 0; s < 60; ++s) {
+        batch(rng);
+        full.train_step(in.data(), tg.data(), h);
+    }
+    Engine q(cfg, backend, opts(B, T, lora_all(cfg, 8, BaseWeights::nf4)));
+    q.init_params(3);
+    q.set_base(full.params());
+    const double pretrained = held_out(full), before = held_out(q);
+    for (int s = 0; s < 60; ++s) {
+        batch(rng);
+        q.train_step(in.data(), tg.data(), h);
+    }
+    const double after = held_out(q);
+    std::printf("held-out loss: pre-trained %.4f, nf4 base %.4f, after 60 QLoRA steps %.4f\n", pretrained, before, after);
+    EXPECT_LT(after, before - 0.1);
+}
+
+TEST(Lora, MergedWeightsComputeWhatTheAdaptersDo) {
+    CpuBackend backend;
+    for (bool llama : {true, false}) {
+        SCOPED_TRACE(llama ? "llama" : "gpt2");
+        const ModelConfig cfg = tiny(llama, 37, 32, 2);
+        Engine lora(cfg, backend, opts(2, 8, lora_all(cfg, 4)));
+        lora.init_params(4);
+        std::mt19937 rng(3);
+        const auto r = test::randn(lora.step().layout().total, rng, 0.2f);
+        std::copy(r.begin(), r.end(), lora.params());
+        lora.params_changed();
+        Engine full(cfg, backend, opts(2, 8, LoraOptions{}));
+        const auto w = lora.merged_weights();
+        std::copy(w.begin(), w.end(), full.params());
+        full.params_changed();
+        std::vector<int32_t> in(16), tg(16);
+        random_batch(in, tg, cfg.vocab_size, 8);
+        const auto a = full.logits(in.data(), 2), b = lora.logits(in.data(), 2);
+        double diff = 0, base = 0;
+        full.init_params(4);
+        const auto c = full.logits(in.data(), 2);
+        for (size_t i = 0; i < a.size(); ++i) {
+            ASSERT_NEAR(a[i], b[i], 2e-5f * (1 + std::fabs(a[i]))) << i;
+            diff += std::fabs(c[i] - b[i]), base += std::fabs(c[i]);
+        }
+        EXPECT_GT(diff, 0.01 * base) << "the adapters should have changed the model";
+    }
+}
