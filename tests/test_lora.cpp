@@ -7,6 +7,7 @@
 #include <cmath>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <random>
 #include <string>
 
@@ -233,14 +234,18 @@ TEST(Lora, AdapterGradientsMatchFiniteDifferences) {
 TEST(Lora, PlannedEqualsMeasuredAndRecomputationIsBitwiseEqual) {
     CpuBackend backend;
     const ModelConfig cfg = tiny(true, 61, 64, 3);
-    struct Case { const char * rc; DType dt; BaseWeights bw; };
-    std::vector<float> reference;
+    struct Case { const char * rc; DType dt; BaseWeights bw; float dropout = 0; };
+    std::map<float, std::vector<float>> reference;   // by dropout
     for (const Case & c : {Case{"none", DType::f32, BaseWeights::compute}, Case{"selective", DType::f32, BaseWeights::compute},
                            Case{"full", DType::f32, BaseWeights::compute}, Case{"every:2", DType::f32, BaseWeights::compute},
                            Case{"none", DType::bf16, BaseWeights::compute}, Case{"full", DType::bf16, BaseWeights::nf4},
-                           Case{"none", DType::f32, BaseWeights::int8}}) {
-        SCOPED_TRACE(std::string(c.rc) + " " + std::string(dtype_name(c.dt)) + " " + base_weights_name(c.bw));
+                           Case{"none", DType::f32, BaseWeights::int8}, Case{"none", DType::f32, BaseWeights::compute, 0.2f},
+                           Case{"full", DType::f32, BaseWeights::compute, 0.2f},
+                           Case{"selective", DType::bf16, BaseWeights::nf4, 0.2f}}) {
+        SCOPED_TRACE(std::string(c.rc) + " " + std::string(dtype_name(c.dt)) + " " + base_weights_name(c.bw) +
+                     " dropout " + std::to_string(c.dropout));
         LoraOptions l = lora_all(cfg, 4, c.bw);
+        l.dropout = c.dropout;
         Engine e(cfg, backend, opts(2, 16, l, c.dt, parse_recompute(c.rc, cfg.n_layer)));
         e.init_params(1);
         std::vector<int32_t> in(size_t(2 * 16)), tg(in.size());
@@ -256,8 +261,9 @@ TEST(Lora, PlannedEqualsMeasuredAndRecomputationIsBitwiseEqual) {
         }
         if (c.dt != DType::f32 || c.bw != BaseWeights::compute) continue;
         const std::vector<float> after(e.params(), e.params() + e.step().layout().total);
-        if (reference.empty()) reference = after;
-        else EXPECT_EQ(after, reference) << "recomputation changed the adapters";
+        auto & ref = reference[c.dropout];
+        if (ref.empty()) ref = after;
+        else EXPECT_EQ(after, ref) << "recomputation changed the adapters";
     }
 }
 
@@ -338,5 +344,60 @@ TEST(Lora, MergedWeightsComputeWhatTheAdaptersDo) {
             diff += std::fabs(c[i] - b[i]), base += std::fabs(c[i]);
         }
         EXPECT_GT(diff, 0.01 * base) << "the adapters should have changed the model";
+    }
+}
+
+TEST(Lora, DropoutMasksTheAdapterInputAndItsGradientsMatchFiniteDifferences) {
+    CpuBackend backend;
+    // The mask: about p of the elements dropped, the rest scaled by 1/(1-p), reproducible.
+    std::vector<float> x(20000, 1.0f), y(x.size()), z(x.size());
+    Tensor tx(-1, DType::f32, {int64_t(x.size())}), ty = tx, tz = tx;
+    tx.data = x.data(), ty.data = y.data(), tz.data = z.data();
+    backend.dropout(ty, tx, 0.25f, 42);
+    backend.dropout(tz, tx, 0.25f, 42);
+    size_t dropped = 0;
+    for (size_t i = 0; i < y.size(); ++i) {
+        ASSERT_TRUE(y[i] == 0.0f || y[i] == 1.0f / 0.75f);
+        dropped += y[i] == 0.0f;
+    }
+    EXPECT_NEAR(double(dropped) / double(y.size()), 0.25, 0.01);
+    EXPECT_EQ(y, z);
+    backend.dropout(tz, tx, 0.25f, 43);
+    EXPECT_NE(y, z);
+
+    // A step's loss and adapter gradients with dropout, against finite differences of that
+    // step's loss (the mask follows the step count, which import_state restores).
+    const ModelConfig cfg = tiny(true, 37, 32, 2);
+    LoraOptions l = lora_all(cfg, 3);
+    l.dropout = 0.3f;
+    EngineOptions eo = opts(2, 9, l);
+    eo.seed = 5;
+    Engine e(cfg, backend, eo);
+    e.init_params(1);
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd(0.0f, 0.15f);   // milder curvature than 0.3: finite differences stay accurate
+    for (size_t i = 0; i < e.step().layout().total; ++i) e.params()[i] = nd(rng);
+    e.params_changed();
+    const TrainState s0 = e.export_state();
+    std::vector<int32_t> in(18), tg(18);
+    random_batch(in, tg, cfg.vocab_size, 3);
+    const AdamWHyper zero_lr{0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 1};
+    auto loss_at = [&](size_t idx, float dx) {
+        TrainState s = s0;
+        s.params[idx] += dx;
+        e.import_state(s);
+        return double(e.train_step(in.data(), tg.data(), zero_lr).loss);
+    };
+    const double l0 = loss_at(0, 0.0f);
+    const std::vector<float> g(e.grads(), e.grads() + s0.params.size());
+    EXPECT_NE(l0, double(e.eval_loss(in.data(), tg.data()))) << "evaluation runs without dropout";
+    for (const auto & p : e.step().layout().params) {
+        size_t best = p.offset;
+        for (size_t i = p.offset; i < p.offset + p.numel; ++i)
+            if (std::fabs(g[i]) > std::fabs(g[best])) best = i;
+        const float h = 1e-3f;
+        const double fd = (loss_at(best, h) - loss_at(best, -h)) / (2.0 * h);
+        EXPECT_NEAR(fd, g[best], 0.02 * std::fabs(g[best]) + 2e-4) << p.name;
+        EXPECT_GT(std::fabs(g[best]), 1e-4) << p.name;
     }
 }

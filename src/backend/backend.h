@@ -159,6 +159,10 @@ public:
         MF_ASSERT(false && "this backend has no quantized gemm");
     }
 
+    // Inverted dropout: out = in * keep / (1 - p), keep = a hash of (seed, element index) >= p,
+    // so the same seed gives the same mask (backward regenerates it). In place allowed.
+    virtual void dropout(Tensor out, Tensor in, float p, uint64_t seed) = 0;
+
     // LoRA adapters write into (and read from) a column slice of a fused projection's output.
     // out[N, col0 + j] += scale * d[N, j] for j < d.cols (out and d: f32, bf16 or f16).
     virtual void add_columns(Tensor out, Tensor d, int64_t col0, float scale) = 0;

@@ -188,6 +188,13 @@ void Graph::add_columns(Tensor out, Tensor d, int64_t col0, float scale) {
     end();
 }
 
+void Graph::dropout(Tensor out, Tensor in, float p, uint64_t salt) {
+    MF_ASSERT(out.numel() == in.numel());
+    if (begin("dropout", 2.0 * double(in.numel()), {out, in}))
+        backend_->dropout(resolve(out), resolve(in), p, seed_ ^ (salt * 0xd1342543de82ef95ull));
+    end();
+}
+
 void Graph::take_columns(Tensor d, Tensor src, int64_t col0, float scale) {
     MF_ASSERT(src.rows() == d.rows() && col0 >= 0 && col0 + d.cols() <= src.cols());
     if (begin("take_columns", double(d.numel()), {d, src})) backend_->take_columns(resolve(d), resolve(src), col0, scale);

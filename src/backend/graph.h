@@ -60,6 +60,11 @@ public:
     // LoRA: out[:, col0 + j] += scale * d[:, j];  d[:, j] = scale * src[:, col0 + j].
     void add_columns(Tensor out, Tensor d, int64_t col0, float scale);
     void take_columns(Tensor d, Tensor src, int64_t col0, float scale);
+    // Inverted dropout with the mask of (the step's seed, salt): the same salt within one step
+    // gives the same mask, so backward and recomputation regenerate it.
+    void dropout(Tensor out, Tensor in, float p, uint64_t salt);
+    // The step's random seed (executing; set before the step's ops).
+    void set_seed(uint64_t seed) { seed_ = seed; }
     // wpe / dwpe may be invalid (Tensor{}): no position embedding.
     void encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe);
     void encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens);
@@ -116,6 +121,7 @@ private:
     int next_op_ = 0;
     BufferId workspace_ = -1;
     Timeline * timeline_ = nullptr;
+    uint64_t seed_ = 0;
 };
 
 }  // namespace memfit

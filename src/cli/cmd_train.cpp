@@ -59,6 +59,9 @@ void add_shape_flags(CLI::App * c, RunShape & o) {
         ->capture_default_str();
     c->add_option("--lora-targets", o.lora_targets,
                   "LoRA: modules to adapt, q,k,v,o,gate,up,down or all (GPT-2: c_attn, c_proj, c_fc; default q,v | c_attn)");
+    c->add_option("--lora-dropout", o.lora_dropout,
+                  "LoRA: dropout probability on the adapters' input while training (0: none)")
+        ->capture_default_str();
     c->add_option("--base-weights", o.base_weights,
                   "LoRA: storage of the frozen base: the compute precision (bf16, fp16, fp32), int8 (per-channel) or "
                   "nf4 (4-bit NormalFloat, blocks of 64, double-quantized scales, as QLoRA)")

@@ -253,7 +253,8 @@ void scatter_quant_entry(const ModelConfig & cfg, const ParamLayout & all, const
 
 nlohmann::json lora_json(const LoraOptions & lora) {
     return {{"r", lora.rank}, {"alpha", lora.alpha}, {"targets", lora.targets},
-            {"base_weights", base_weights_name(lora.base)}, {"double_quant", lora.double_quant}};
+            {"base_weights", base_weights_name(lora.base)}, {"double_quant", lora.double_quant},
+            {"dropout", lora.dropout}};
 }
 
 LoraOptions lora_from_json(const nlohmann::json & j, const ModelConfig & cfg, const std::string & what) {
@@ -268,6 +269,8 @@ LoraOptions lora_from_json(const nlohmann::json & j, const ModelConfig & cfg, co
         l.targets = parse_lora_targets(cfg, csv);
         l.base = parse_base_weights(j.at("base_weights").get<std::string>());
         l.double_quant = j.at("double_quant").get<bool>();
+        l.dropout = j.contains("dropout") ? json_get<float>(j, "dropout", what) : 0.0f;
+        if (!(l.dropout >= 0 && l.dropout < 1)) throw FormatError(fmt::format("{}: LoRA dropout {} out of [0, 1)", what, l.dropout));
         return l;
     } catch (const nlohmann::json::exception & e) {
         throw FormatError(fmt::format("{}: malformed LoRA record ({})", what, e.what()));

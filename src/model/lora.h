@@ -39,6 +39,7 @@ struct LoraOptions {
     std::vector<std::string> targets;
     BaseWeights base = BaseWeights::compute;
     bool  double_quant = true;       // nf4: quantize the block absmaxes too (QLoRA's default)
+    float dropout = 0;               // on the adapters' input while training (not in evaluation)
 
     bool enabled() const { return rank > 0; }
     float scaling() const { return alpha / float(rank); }
@@ -104,7 +105,7 @@ std::vector<float> gather_quant_entry(const ModelConfig & cfg, const ParamLayout
 void scatter_quant_entry(const ModelConfig & cfg, const ParamLayout & all, const QuantEntry & e, const float * m,
                          float * full);
 
-// {"r", "alpha", "targets", "base_weights", "double_quant"}: how checkpoints record the options;
+// {"r", "alpha", "targets", "base_weights", "double_quant", "dropout"}: how checkpoints record the options;
 // lora_from_json reads it back (FormatError naming `what` on a malformed record).
 nlohmann::json lora_json(const LoraOptions & lora);
 LoraOptions lora_from_json(const nlohmann::json & j, const ModelConfig & cfg, const std::string & what);

@@ -172,6 +172,7 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
     if (opt.lora.enabled()) {
         sites_ = lora_sites(cfg, opt.lora);
         lora_scale_ = opt.lora.scaling();
+        lora_dropout_ = opt.with_backward ? opt.lora.dropout : 0.0f;
         lowest_trained_layer_ = cfg.n_layer;
         const int64_t r = opt.lora.rank;
         for (const auto & s : sites_) {
@@ -180,6 +181,11 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
             x.u = act(n + "u", {b * t, r});
             x.d = act(n + "d", {b * t, s.cols});
             if (rc_plan_.recomputes()) x.d_rc = act(n + "rc.d", {b * t, s.cols});
+            if (lora_dropout_ > 0) {
+                x.xd = act(n + "dropout", {b * t, s.in});
+                x.xd_b = act(n + "dropout.bwd", {b * t, s.in});
+                x.dxd = act(n + "dropout.grad", {b * t, s.in});
+            }
             if (opt.with_backward) {
                 x.dd = act(n + "d.grad", {b * t, s.cols});
                 x.du = act(n + "u.grad", {b * t, r});
@@ -288,8 +294,14 @@ void Transformer::project(Graph & g, Tensor out, Tensor inp, const ModelWeights:
         if (ad.proj != proj) continue;
         const LoraSite & s = sites_[size_t(ad.site)];
         const AdapterActs & x = adapter_acts_[size_t(ad.site)];
-        // out[:, slice] += scale * (inp A^T) B^T
-        g.matmul_fwd(x.u, inp.view(0, {rows, inp.cols()}), ad.a, Tensor{}, WeightLayout::out_in);
+        // out[:, slice] += scale * (dropout(inp) A^T) B^T
+        Tensor src = inp.view(0, {rows, inp.cols()});
+        if (lora_dropout_ > 0) {
+            const Tensor xd = rc ? x.xd_b : x.xd;
+            g.dropout(xd, src, lora_dropout_, uint64_t(ad.site));
+            src = xd;
+        }
+        g.matmul_fwd(x.u, src, ad.a, Tensor{}, WeightLayout::out_in);
         const Tensor d = rc ? x.d_rc : x.d;
         g.matmul_fwd(d, x.u, ad.b, Tensor{}, WeightLayout::out_in);
         g.add_columns(out.view(0, {rows, out.cols()}), d, s.col0, lora_scale_);
@@ -314,7 +326,15 @@ void Transformer::project_bwd(Graph & g, Tensor dinp, Tensor dout, Tensor inp, c
         // dd = scale * dout[:, slice];  du = dd B, dB += dd^T u;  dinp += du A, dA += du^T inp
         g.take_columns(x.dd, dout2, s.col0, lora_scale_);
         g.matmul_bwd(x.du, dad.b, Tensor{}, x.dd, x.u, ad.b, WeightLayout::out_in);
-        g.matmul_bwd(dinp2, dad.a, Tensor{}, x.du, in2, ad.a, WeightLayout::out_in, true);
+        if (lora_dropout_ > 0) {
+            // The same mask again: dA from the dropped input, and the input gradient through the mask.
+            g.dropout(x.xd_b, in2, lora_dropout_, uint64_t(ad.site));
+            g.matmul_bwd(x.dxd, dad.a, Tensor{}, x.du, x.xd_b, ad.a, WeightLayout::out_in);
+            g.dropout(x.dxd, x.dxd, lora_dropout_, uint64_t(ad.site));
+            g.residual_fwd(dinp2, dinp2, x.dxd);
+        } else {
+            g.matmul_bwd(dinp2, dad.a, Tensor{}, x.du, in2, ad.a, WeightLayout::out_in, true);
+        }
     }
 }
 

@@ -105,6 +105,9 @@ private:
     // [rows, cols] is transient, and so are the backward's dd and du.
     struct AdapterActs {
         Tensor u, d, d_rc, dd, du;   // d_rc: recomputation's own transient (d's lifetime stays short)
+        // Dropout on the adapter's input (training): the dropped input in forward, regenerated
+        // for backward (and recomputation), and its gradient.
+        Tensor xd, xd_b, dxd;
     };
     // One layer's forward from input x into the buffers of `a`; the output projection and the
     // last residual are skipped when the output is not needed (the last layer of a recomputed segment).
@@ -147,6 +150,7 @@ private:
     std::vector<LoraSite> sites_;           // LoRA
     std::vector<AdapterActs> adapter_acts_; // by site
     float lora_scale_ = 0;
+    float lora_dropout_ = 0;                // training programs only
     int lowest_trained_layer_ = 0;          // backward stops below it (a frozen base below)
 };
 

@@ -315,12 +315,13 @@ int Engine::count_targets(const int32_t * inputs, const int32_t * targets, size_
 }
 
 double Engine::run_batch(const TrainStep & step, StepMemory & mem, const int32_t * inputs, const int32_t * targets,
-                         float dloss, const AdamWHyper * h) {
+                         float dloss, const AdamWHyper * h, uint64_t seed) {
     const size_t BT = size_t(step.B()) * size_t(step.T());
     std::memcpy(mem.base(step.tokens), inputs, BT * 4);
     std::memcpy(mem.base(step.targets), targets, BT * 4);
     StepScalars s;
     s.dloss = dloss;
+    s.seed = seed;
     if (h) s.adamw = *h;
     execute(step, mem, s);
     const float * l = static_cast<const float *>(mem.base(step.losses));
@@ -347,9 +348,12 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
     for (int i = 0; i < k; ++i) {
         const int32_t * in = inputs + size_t(i) * BT;
         const int32_t * tg = targets + size_t(i) * BT;
-        if (i == k - 1) sum += run_batch(*plans_.train, *train_mem_, in, tg, dloss, &hh);
-        else if (i == 0) sum += run_batch(*plans_.first, *first_mem_, in, tg, dloss, nullptr);
-        else sum += run_batch(*plans_.mid, *mid_mem_, in, tg, dloss, nullptr);
+        // One stream per (run, step, micro-batch): a resumed or re-planned run draws the same masks
+        // (re-planning splits the global batch differently, so its micro-batch streams differ).
+        const uint64_t seed = opt_.seed * 0x9e3779b97f4a7c15ull + uint64_t(t_) * 1000003ull + uint64_t(i);
+        if (i == k - 1) sum += run_batch(*plans_.train, *train_mem_, in, tg, dloss, &hh, seed);
+        else if (i == 0) sum += run_batch(*plans_.first, *first_mem_, in, tg, dloss, nullptr, seed);
+        else sum += run_batch(*plans_.mid, *mid_mem_, in, tg, dloss, nullptr, seed);
     }
     r.loss = r.tokens > 0 ? float(sum / r.tokens) : 0.0f;
     const float norm_sq = *static_cast<const float *>(train_mem_->base(plans_.train->grad_norm_sq));

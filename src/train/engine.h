@@ -31,6 +31,7 @@ struct EngineOptions {
     DType    compute = DType::f32;
     // LoRA (model/lora.h): only the adapters train; the base is frozen, optionally quantized.
     LoraOptions lora;
+    uint64_t seed = 0;               // random streams of the steps (LoRA dropout): seed, step, micro-step
     DType grad_dtype() const { return grad_accum > 1 ? DType::f32 : compute; }
     ModelOptions model() const {
         ModelOptions m;
@@ -154,7 +155,7 @@ public:
 private:
     // Runs one program on one batch; returns the sum of its per-token losses.
     double run_batch(const TrainStep & step, StepMemory & mem, const int32_t * inputs, const int32_t * targets,
-                     float dloss, const AdamWHyper * h);
+                     float dloss, const AdamWHyper * h, uint64_t seed = 0);
     // Non-ignored targets in n tokens; checks ids against the vocabulary.
     int count_targets(const int32_t * inputs, const int32_t * targets, size_t n) const;
     void execute(const TrainStep & step, StepMemory & mem, const StepScalars & s);

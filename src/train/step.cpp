@@ -61,6 +61,7 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
 
 void TrainStep::run(Graph & g, const StepScalars & s) const {
     g.set_workspace(workspace_);
+    g.set_seed(s.seed);
     const int64_t b = B_, t = T_, P = int64_t(layout_.total);
     const Tensor tok(tokens, DType::i32, {b, t}), tgt(targets, DType::i32, {b, t});
     const Tensor loss(losses, DType::f32, {b, t});

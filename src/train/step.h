@@ -30,6 +30,7 @@ struct StepParts {
 struct StepScalars {
     float      dloss = 0;       // 1 / (number of non-ignored targets in the batch)
     AdamWHyper adamw;           // lr, betas, eps, weight decay (applied to >= 2-D tensors), t
+    uint64_t   seed = 0;        // this micro-step's random stream (LoRA dropout)
 };
 
 class TrainStep {

@@ -69,6 +69,9 @@ LoraOptions lora_options(const RunShape & s, const ModelConfig & cfg, DType comp
     l.alpha = s.lora_alpha;
     l.targets = parse_lora_targets(cfg, s.lora_targets);
     l.base = base;
+    if (!(s.lora_dropout >= 0 && s.lora_dropout < 1))
+        throw ConfigError(fmt::format("--lora-dropout {}: must be in [0, 1)", s.lora_dropout));
+    l.dropout = s.lora_dropout;
     if (l.quantized()) make_quant_layout(cfg, l.format());   // nf4 block alignment: a clear error now
     return l;
 }
@@ -130,6 +133,7 @@ EngineOptions base_options(const RunShape & s, const ModelConfig & cfg, bool wit
     eo.compute = s.precision == "auto" ? DType::f32 : parse_precision(s.precision);
     if (s.recompute != "budget") eo.recompute = parse_recompute(s.recompute, cfg.n_layer);
     eo.lora = lora_options(s, cfg, s.precision == "auto" ? DType::f32 : eo.compute);
+    eo.seed = s.seed;
     return eo;
 }
 

@@ -34,6 +34,7 @@ struct RunShape {
     float    lora_alpha = 16;
     std::string lora_targets;        // "": the family's default (q,v | c_attn)
     std::string base_weights = "compute";   // compute | fp32 | bf16 | fp16 | int8 | nf4
+    float    lora_dropout = 0;
 };
 
 // The LoRA options the flags name, checked against the model and the compute precision.

@@ -314,6 +314,14 @@ void CpuBackend::add_columns(Tensor out, Tensor d, int64_t col0, float scale) {
     });
 }
 
+void CpuBackend::dropout(Tensor out, Tensor in, float p, uint64_t seed) {
+    MF_ASSERT(out.numel() == in.numel() && out.dtype == in.dtype);
+    dispatch(in.dtype, [&](auto s) {
+        using S = decltype(s);
+        cpu::dropout(ptr<S>(out), ptr<S>(in), size_t(in.numel()), p, seed);
+    });
+}
+
 void CpuBackend::take_columns(Tensor d, Tensor src, int64_t col0, float scale) {
     MF_ASSERT(src.rows() == d.rows() && col0 >= 0 && col0 + d.cols() <= src.cols());
     dispatch(d.dtype, [&](auto dz) {

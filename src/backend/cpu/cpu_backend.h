@@ -50,6 +50,7 @@ public:
     void quantize(const QuantDesc & q, void * packed, const float * W) const override;
     void dequantize(const QuantDesc & q, float * W, const void * packed) const override;
     void add_columns(Tensor out, Tensor d, int64_t col0, float scale) override;
+    void dropout(Tensor out, Tensor in, float p, uint64_t seed) override;
     void take_columns(Tensor d, Tensor src, int64_t col0, float scale) override;
     void xent_fwd(Tensor losses, Tensor logits, Tensor targets) override;
     void xent_bwd(Tensor probs, Tensor targets, float dloss) override;

@@ -134,6 +134,18 @@ void cached_attention_forward(S * out, S * kcache, S * vcache, const S * qkv, in
 // LoRA column slices (kernels_lora.cpp). out and src have N rows of ldo / lds elements, d has N
 // rows of cols elements; col0 + cols <= ldo (lds). Each pointer has its own storage type.
 
+// out[i] = in[i] * keep_i / (1 - p), keep_i = dropout_keep(seed, i, p) (in place allowed).
+template <class S>
+void dropout(S * out, const S * in, size_t n, float p, uint64_t seed);
+// The mask: a splitmix64 hash of (seed, i) as a uniform in [0, 1), kept when >= p.
+inline bool dropout_keep(uint64_t seed, uint64_t i, float p) {
+    uint64_t z = seed + (i + 1) * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return float(z >> 40) * (1.0f / 16777216.0f) >= p;
+}
+
 // out[i, col0 + j] = round(out[i, col0 + j] + scale * d[i, j])
 template <class O, class D>
 void add_columns(O * out, const D * d, int64_t N, int64_t ldo, int64_t cols, int64_t col0, float scale);

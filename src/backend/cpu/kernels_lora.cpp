@@ -32,6 +32,18 @@ void take_columns(D * d, const S * src, int64_t N, int64_t lds, int64_t cols, in
     }
 }
 
+template <class S>
+void dropout(S * out, const S * in, size_t n, float p, uint64_t seed) {
+    MF_ASSERT(p >= 0.0f && p < 1.0f);
+    const float keep_scale = 1.0f / (1.0f - p);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; ++i)
+        out[i] = from_f32<S>(dropout_keep(seed, i, p) ? to_f32(in[i]) * keep_scale : 0.0f);
+}
+template void dropout<float>(float *, const float *, size_t, float, uint64_t);
+template void dropout<bf16_t>(bf16_t *, const bf16_t *, size_t, float, uint64_t);
+template void dropout<f16_t>(f16_t *, const f16_t *, size_t, float, uint64_t);
+
 #define MF_INST2(A, B)                                                                         \
     template void add_columns<A, B>(A *, const B *, int64_t, int64_t, int64_t, int64_t, float); \
     template void take_columns<A, B>(A *, const B *, int64_t, int64_t, int64_t, int64_t, float);
