@@ -4,11 +4,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
+#include <optional>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/quant_format.h"
 #include "cli/commands.h"
 #include "cli/validators.h"
 #include "core/error.h"
@@ -21,32 +24,62 @@
 #include "tokenizer/tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/decoder.h"
+#include "train/export.h"
 #include "train/generate.h"
+#include "train/techniques.h"
 
 namespace memfit::cli {
 
+namespace {
+
+// "generate: weights 1.23 MiB planned (int8 projections): ..." with the ratios to the same
+// model in bf16 and fp32, for the quantized projections alone and for the whole model (whose
+// embeddings, norms and head stay unquantized).
+std::string describe_weight_bytes(const Decoder & d) {
+    const uint64_t planned = d.planned_peak_live()[Category::parameters];
+    const double all = double(d.config().num_params());
+    auto ratios = [](double bytes, double elems) {
+        return fmt::format("{:.1f}% of bf16, {:.1f}% of fp32", 100.0 * bytes / (2 * elems), 100.0 * bytes / (4 * elems));
+    };
+    const QuantLayout & q = d.quant_layout();
+    if (q.entries.empty())
+        return fmt::format("generate: weights {} planned ({}) = {}", format_bytes(planned), precision_name(d.compute()),
+                           ratios(double(planned), all));
+    double proj = 0;
+    for (const auto & e : q.entries) proj += double(e.q.out) * double(e.q.in);
+    return fmt::format("generate: weights {} planned: {} projections {} = {}; whole model = {} (embeddings, norms "
+                       "and head in {})",
+                       format_bytes(planned), quant_format_name(q.entries.front().q.format), format_bytes(q.bytes),
+                       ratios(double(q.bytes), proj), ratios(double(planned), all), precision_name(d.compute()));
+}
+
+}  // namespace
+
 void add_model_commands(CLI::App & app) {
-    static std::string ckpt, export_out;
+    static std::string ckpt, export_out, export_base;
+    static bool merge_lora_flag = false, adapter_only = false;
     CLI::App * exp = app.add_subcommand(
         "export", "write a checkpoint's weights as a Hugging Face folder (config.json + model.safetensors)");
     exp->add_option("checkpoint", ckpt, "checkpoint folder, or a folder of them (the newest)")->required();
     exp->add_option("--out", export_out, "output folder")->required();
+    exp->add_flag("--merge-lora", merge_lora_flag,
+                  "LoRA checkpoint: fold the adapters into the base and write a plain Hugging Face folder");
+    exp->add_flag("--adapter-only", adapter_only,
+                  "LoRA checkpoint: write PEFT's adapter folder (adapter_config.json + adapter_model.safetensors)");
+    exp->add_option("--base-model", export_base,
+                    "LoRA checkpoint: the Hugging Face folder the run trained from, when it has moved (default: the "
+                    "path the checkpoint records)");
     exp->callback([] {
-        const Checkpoint c = load_checkpoint(ckpt);
-        if (!c.meta.contains("model") || !c.meta["model"].is_object())
-            throw FormatError(fmt::format("{}: the checkpoint's meta.json has no model", ckpt));
-        ModelConfig cfg = parse_hf_config(c.meta["model"], ckpt + "/meta.json");
-        cfg.name = c.meta["model"].value("name", cfg.name);
-        const ParamLayout layout = make_param_layout(cfg);
-        if (layout.total != c.state.params.size())
-            throw FormatError(fmt::format("{}: {} parameters, a model of that shape has {}", ckpt,
-                                          c.state.params.size(), layout.total));
-        export_hf(export_out, cfg, layout, c.state.params.data());
-        std::printf("wrote %s/config.json and %s/model.safetensors (step %d)\n", export_out.c_str(),
-                    export_out.c_str(), json_get<int>(c.meta, "step", ckpt + "/meta.json"));
+        if (merge_lora_flag && adapter_only)
+            throw ConfigError("--merge-lora and --adapter-only: pick one (a merged model folder, or PEFT's adapter "
+                              "folder)");
+        const ExportMode mode = merge_lora_flag ? ExportMode::merge_lora
+                                : adapter_only  ? ExportMode::adapter_only
+                                                : ExportMode::plain;
+        std::printf("%s\n", export_checkpoint(ckpt, export_out, mode, export_base).c_str());
     });
 
-    static std::string gen_model, gen_prompt = "\n", gen_tokenizer;
+    static std::string gen_model, gen_prompt = "\n", gen_tokenizer, gen_weights = "fp32";
     static int gen_seq = 0, gen_threads = 0;
     static SampleOptions gen;
     CLI::App * g = app.add_subcommand(
@@ -66,8 +99,19 @@ void add_model_commands(CLI::App & app) {
     g->add_option("--seed", gen.seed, "random seed")->capture_default_str();
     g->add_option("--seq", gen_seq, "KV cache positions (default: the prompt plus --max-new-tokens, at most the model's context); when full, the last half of the context is re-run")->check(kNonNegative);
     g->add_option("--threads", gen_threads, "CPU threads (0: all cores)")->check(kNonNegative);
+    g->add_option("--weights", gen_weights, "weight storage: fp32, bf16, or int8 | nf4 (the block projections "
+                  "quantized as a QLoRA base, nf4 with double-quantized scales; embeddings, norms and head fp32)")
+        ->capture_default_str();
     g->callback([] {
         if (gen_threads > 0) omp_set_num_threads(gen_threads);
+        // Flags first, before any file is read.
+        DType wdt = DType::f32;
+        std::optional<QuantFormat> quant;
+        if (gen_weights == "bf16") wdt = DType::bf16;
+        else if (gen_weights == "int8") quant = QuantFormat::int8;
+        else if (gen_weights == "nf4") quant = QuantFormat::nf4_dq;
+        else if (gen_weights != "fp32")
+            throw ConfigError(fmt::format("--weights {}: expected fp32, bf16, int8 or nf4", gen_weights));
         if (!has_hf_weights(gen_model))
             throw IoError(fmt::format("{}: no model.safetensors; pass a folder written by `memfit export`", gen_model));
         const ModelConfig cfg = resolve_model(gen_model + "/");
@@ -82,12 +126,23 @@ void add_model_commands(CLI::App & app) {
         // The KV cache holds the prompt and every new token unless --seq caps it (then the last
         // half of the context is re-run whenever it fills).
         const int want = std::max(1, int(prompt.size()) + gen.max_new_tokens);
-        Decoder decoder(cfg, backend, std::min(gen_seq > 0 ? gen_seq : want, cfg.max_seq));
+        std::unique_ptr<Decoder> made;
+        try {
+            made = std::make_unique<Decoder>(cfg, backend, std::min(gen_seq > 0 ? gen_seq : want, cfg.max_seq), wdt,
+                                             quant);
+        } catch (const ConfigError & e) {
+            // make_quant_layout speaks of training's --base-weights; here the flag is --weights.
+            std::string m = e.what();
+            if (m.starts_with("--base-weights")) m.replace(0, std::string("--base-weights").size(), "--weights");
+            throw ConfigError(m);
+        }
+        Decoder & decoder = *made;
         {
             std::vector<float> weights(decoder.layout().total);
             load_hf_weights(gen_model, cfg, decoder.layout(), weights.data());
             decoder.set_weights(weights.data());
         }
+        std::fprintf(stderr, "%s\n", describe_weight_bytes(decoder).c_str());
         std::printf("%s", gen_prompt.c_str());
         std::fflush(stdout);
         const auto t0 = std::chrono::steady_clock::now();

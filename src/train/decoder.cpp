@@ -5,29 +5,52 @@
 #include <fmt/format.h>
 
 #include "backend/graph.h"
+#include "backend/quant_format.h"
 #include "core/error.h"
 
 namespace memfit {
+
+namespace {
+
+// Views of the weights: the dense part's from `flat`, the packed projections' from `qflat`.
+ModelWeights decoder_weights(const ModelConfig & cfg, const ParamLayout & dense, BufferId flat, DType dt,
+                             const QuantLayout & q, BufferId qflat) {
+    ModelWeights w = model_weights(cfg, dense, flat, dt);
+    for (const auto & e : q.entries) {
+        const QWeight qw{Tensor(qflat, DType::u8, {int64_t(quant_bytes(e.q))}, e.offset), e.q};
+        auto & y = w.h[size_t(e.layer)];
+        switch (e.proj) {
+            case Proj::qkv: y.qkvq = qw; break;
+            case Proj::o: y.projq = qw; break;
+            case Proj::fc: y.fcq = qw; break;
+            case Proj::down: y.fcprojq = qw; break;
+        }
+    }
+    return w;
+}
+
+}  // namespace
 
 struct Decoder::Pass {
     memfit::Program program;
     std::unique_ptr<Transformer> model;
     ModelWeights w;
-    BufferId params = -1, tokens = -1, workspace = -1;
+    BufferId params = -1, qparams = -1, tokens = -1, workspace = -1;
     int n = 0;
     MemoryPlan plan;
     std::unique_ptr<StepMemory> memory;
 
-    Pass(const ModelConfig & cfg, const ParamLayout & layout, int n_tokens, int capacity, DType dt,
-            const Backend & sizing) : n(n_tokens) {
-        params = program.declare("parameters", Category::parameters, layout.total * dtype_size(dt), true);
+    Pass(const ModelConfig & cfg, const ParamLayout & dense, const QuantLayout & q, int n_tokens, int capacity,
+         DType dt, const Backend & sizing) : n(n_tokens) {
+        params = program.declare("parameters", Category::parameters, dense.total * dtype_size(dt), true);
+        if (q.bytes) qparams = program.declare("parameters.quantized", Category::parameters, q.bytes, true);
         tokens = program.declare("decode.tokens", Category::activations, size_t(capacity) * 4, true);
         workspace = program.declare("workspace", Category::workspace, 0);
         ModelOptions mo;
         mo.compute = dt;
         mo.kv_capacity = capacity;
         model = std::make_unique<Transformer>(cfg, 1, n, program, mo);
-        w = model_weights(cfg, layout, params, dt);
+        w = decoder_weights(cfg, dense, params, dt, q, qparams);
         Graph rec(program, &sizing);
         run(rec, 0);
         program.finalize();
@@ -40,30 +63,66 @@ struct Decoder::Pass {
     }
 };
 
-Decoder::Decoder(const ModelConfig & cfg, Backend & backend, int capacity, DType compute)
+Decoder::Decoder(const ModelConfig & cfg, Backend & backend, int capacity, DType compute,
+                 std::optional<QuantFormat> quant)
     : cfg_(cfg), backend_(backend), capacity_(capacity), compute_(compute), layout_(make_param_layout(cfg)) {
     if (capacity < 1 || capacity > cfg.max_seq)
         throw ConfigError(fmt::format("generation context of {} tokens: must be between 1 and the model's {} positions",
                                       capacity, cfg.max_seq));
-    step_ = std::make_unique<Pass>(cfg_, layout_, 1, capacity_, compute_, backend_);
+    if (quant) quant_ = make_quant_layout(cfg, *quant);
+    dense_ = quant ? memfit::dense_layout(cfg, quant_) : layout_;
+    step_ = std::make_unique<Pass>(cfg_, dense_, quant_, 1, capacity_, compute_, backend_);
     step_->memory = std::make_unique<StepMemory>(step_->program, step_->plan, ledger_, host_allocator());
 }
 
 Decoder::~Decoder() = default;
 
 void Decoder::set_weights(const float * params) {
-    const int64_t P = int64_t(layout_.total);
+    std::vector<float> gathered;
+    const float * dense = params;
+    if (!quant_.entries.empty()) {
+        gathered.resize(dense_.total);
+        for (const auto & p : dense_.params)
+            std::memcpy(gathered.data() + p.offset, params + layout_.find(p.name).offset, p.numel * sizeof(float));
+        dense = gathered.data();
+    }
+    const int64_t P = int64_t(dense_.total);
     Tensor src(-1, DType::f32, {P}), dst(step_->params, compute_, {P});
-    src.data = const_cast<float *>(params);
+    src.data = const_cast<float *>(dense);
     dst.data = step_->memory->base(step_->params);
     backend_.copy(dst, src);
+    if (quant_.entries.empty()) return;
+    auto * q = static_cast<uint8_t *>(step_->memory->base(step_->qparams));
+    for (const auto & e : quant_.entries)
+        backend_.quantize(e.q, q + e.offset, gather_quant_entry(cfg_, layout_, e, params).data());
 }
+
+std::vector<float> Decoder::weights() const {
+    std::vector<float> full(layout_.total), dense(dense_.total);
+    const int64_t P = int64_t(dense_.total);
+    Tensor src(step_->params, compute_, {P}), dst(-1, DType::f32, {P});
+    src.data = step_->memory->base(step_->params);
+    dst.data = dense.data();
+    backend_.copy(dst, src);
+    for (const auto & p : dense_.params)
+        std::memcpy(full.data() + layout_.find(p.name).offset, dense.data() + p.offset, p.numel * sizeof(float));
+    if (quant_.entries.empty()) return full;
+    const auto * q = static_cast<const uint8_t *>(step_->memory->base(step_->qparams));
+    for (const auto & e : quant_.entries) {
+        std::vector<float> m(size_t(e.q.out) * size_t(e.q.in));
+        backend_.dequantize(e.q, m.data(), q + e.offset);
+        scatter_quant_entry(cfg_, layout_, e, m.data(), full.data());
+    }
+    return full;
+}
+
+uint64_t Decoder::weight_bytes() const { return uint64_t(dense_.total * dtype_size(compute_) + quant_.bytes); }
 
 Decoder::Pass & Decoder::program_for(int n) {
     if (n == 1) return *step_;
     auto it = prefill_.find(n);
     if (it != prefill_.end()) return *it->second;
-    auto p = std::make_unique<Pass>(cfg_, layout_, n, capacity_, compute_, backend_);
+    auto p = std::make_unique<Pass>(cfg_, dense_, quant_, n, capacity_, compute_, backend_);
     p->memory = std::make_unique<StepMemory>(p->program, p->plan, ledger_, host_allocator(), false, step_->memory.get());
     return *prefill_.emplace(n, std::move(p)).first->second;
 }

@@ -7,17 +7,25 @@
 // appends its keys and values to the caches and attends over everything cached before it, so a
 // new token costs one token's forward instead of the whole window's. Programs for new prompt
 // lengths are recorded on first use and run inside the step program's arenas where they fit.
+//
+// Quantized weights (`memfit generate --weights int8|nf4`): the four block projections of every
+// layer are stored packed as a QLoRA base is (model/lora.h: make_quant_layout, always [out, in]),
+// in a second persistent buffer "parameters.quantized"; embeddings, norms, biases and the head
+// stay in the compute dtype in "parameters" (dense_layout). The step multiplies through the
+// packed bytes (qgemm) without materialising the dequantized matrices.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "backend/backend.h"
 #include "memory/ledger.h"
 #include "memory/step_memory.h"
 #include "model/config.h"
+#include "model/lora.h"
 #include "model/param_layout.h"
 #include "model/transformer.h"
 
@@ -25,13 +33,27 @@ namespace memfit {
 
 class Decoder {
 public:
-    // capacity: positions the caches hold (at most the model's max_seq).
-    Decoder(const ModelConfig & cfg, Backend & backend, int capacity, DType compute = DType::f32);
+    // capacity: positions the caches hold (at most the model's max_seq). quant: store the block
+    // projections packed in that format (the rest in `compute`).
+    Decoder(const ModelConfig & cfg, Backend & backend, int capacity, DType compute = DType::f32,
+            std::optional<QuantFormat> quant = std::nullopt);
     ~Decoder();
 
-    // Sets the weights from fp32 values in the layout's order (converted to the compute dtype).
+    // Sets the weights from the whole model's fp32 values in layout()'s order (converted to the
+    // compute dtype; the projections quantized when the decoder stores them packed).
     void set_weights(const float * params);
+    // The weights as the decoder computes with them (rounded to the compute dtype, dequantized),
+    // as fp32 in layout()'s order.
+    std::vector<float> weights() const;
+    // The whole model (make_param_layout), the order set_weights() reads.
     const ParamLayout & layout() const { return layout_; }
+    // What "parameters" holds (the whole model, or the part the quantized layout does not), and
+    // the packed projections (empty without quantization).
+    const ParamLayout & dense_layout() const { return dense_; }
+    const QuantLayout & quant_layout() const { return quant_; }
+    // Bytes of the weights: dense_layout().total in the compute dtype plus quant_layout().bytes.
+    uint64_t weight_bytes() const;
+    DType compute() const { return compute_; }
     const ModelConfig & config() const { return cfg_; }
 
     // Forgets the cache and runs `tokens` (1 .. capacity of them) from position 0; returns the
@@ -57,7 +79,8 @@ private:
     Backend & backend_;
     int capacity_;
     DType compute_;
-    ParamLayout layout_;
+    ParamLayout layout_, dense_;
+    QuantLayout quant_;
     Ledger ledger_;
     std::unique_ptr<Pass> step_;                    // n = 1; owns the persistent buffers
     std::map<int, std::unique_ptr<Pass>> prefill_; // by prompt length

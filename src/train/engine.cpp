@@ -156,30 +156,6 @@ void Engine::init_params(uint64_t seed) {
     t_ = 0;
 }
 
-namespace {
-// The rows of a quantized entry, [out, in], gathered from the whole model's weights (GPT-2's
-// Conv1D [in, out] transposed).
-std::vector<float> entry_matrix(const ModelConfig & cfg, const ParamLayout & full, const QuantEntry & e,
-                                const float * w) {
-    std::vector<float> m(size_t(e.q.out) * size_t(e.q.in));
-    size_t row = 0;
-    for (const auto & n : e.names) {
-        const ParamInfo & p = full.find(n);
-        const float * src = w + p.offset;
-        if (cfg.llama()) {
-            std::memcpy(m.data() + row * size_t(e.q.in), src, p.numel * sizeof(float));
-            row += size_t(p.shape[0]);
-        } else {
-            const size_t in = size_t(p.shape[0]), out = size_t(p.shape[1]);
-            for (size_t i = 0; i < in; ++i)
-                for (size_t o = 0; o < out; ++o) m[(row + o) * in + i] = src[i * out + o];
-            row += out;
-        }
-    }
-    return m;
-}
-}  // namespace
-
 void Engine::set_base(const float * full) {
     const TrainStep & st = *plans_.train;
     MF_ASSERT(st.lora());
@@ -194,7 +170,7 @@ void Engine::set_base(const float * full) {
     backend_.copy(dst, src);
     uint8_t * q = static_cast<uint8_t *>(st.base_q >= 0 ? train_mem_->base(st.base_q) : nullptr);
     for (const auto & e : st.quant_layout().entries)
-        backend_.quantize(e.q, q + e.offset, entry_matrix(cfg_, all, e, full).data());
+        backend_.quantize(e.q, q + e.offset, gather_quant_entry(cfg_, all, e, full).data());
 }
 
 std::vector<float> Engine::base_weights() const {
@@ -213,20 +189,7 @@ std::vector<float> Engine::base_weights() const {
     for (const auto & e : st.quant_layout().entries) {
         std::vector<float> m(size_t(e.q.out) * size_t(e.q.in));
         backend_.dequantize(e.q, m.data(), q + e.offset);
-        size_t row = 0;
-        for (const auto & name : e.names) {
-            const ParamInfo & p = all.find(name);
-            float * dstw = full.data() + p.offset;
-            if (cfg_.llama()) {
-                std::memcpy(dstw, m.data() + row * size_t(e.q.in), p.numel * sizeof(float));
-                row += size_t(p.shape[0]);
-            } else {
-                const size_t in = size_t(p.shape[0]), out = size_t(p.shape[1]);
-                for (size_t i = 0; i < in; ++i)
-                    for (size_t o = 0; o < out; ++o) dstw[i * out + o] = m[(row + o) * in + i];
-                row += out;
-            }
-        }
+        scatter_quant_entry(cfg_, all, e, m.data(), full.data());
     }
     return full;
 }

@@ -1,0 +1,63 @@
+// `memfit export`: a training checkpoint as a Hugging Face folder.
+//
+// A full checkpoint's state holds the whole model: it is written as config.json +
+// model.safetensors. A LoRA checkpoint's state holds only the adapters (make_lora_layout order);
+// its meta records the options (lora_json) and where the frozen base came from ("base_model": the
+// Hugging Face folder's absolute path, or "" for the seed's random initialisation). It exports in
+// one of two ways:
+//
+//   merge_lora    a plain folder with the adapters folded into the base (merge_lora), loadable
+//                 without PEFT. The base is rebuilt as training computed with it: an engine with
+//                 the checkpoint's LoRA options is initialised from the seed, given the base
+//                 folder's weights, and its base read back (Engine::base_weights). For an int8
+//                 or nf4 base that is the dequantized weights the adapters were trained against.
+//                 For a compute-dtype base it is the fp32 source weights: the meta does not record
+//                 the run's precision, and a bf16 run's bf16-rounded base differs from the source
+//                 by at most bf16 rounding, below what the adapters resolve.
+//   adapter_only  PEFT's adapter folder: adapter_config.json (LoraConfig's fields) and
+//                 adapter_model.safetensors with the adapters in fp32 under PEFT's names, which
+//                 PeftModel.from_pretrained loads onto the base folder.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model/config.h"
+#include "model/lora.h"
+#include "train/checkpoint.h"
+
+namespace memfit {
+
+enum class ExportMode : uint8_t { plain, merge_lora, adapter_only };
+
+// The model a checkpoint's meta records (FormatError naming `what` when it has none).
+ModelConfig checkpoint_model_config(const Checkpoint & c, const std::string & what);
+
+// What a LoRA checkpoint's meta records besides the model.
+struct LoraCheckpointMeta {
+    LoraOptions lora;
+    std::string base_model;   // "" : the base is init_params(seed)'s
+    uint64_t    seed = 0;
+};
+bool is_lora_checkpoint(const Checkpoint & c);
+// FormatError naming `what` on a malformed record or a state whose size is not the adapters'.
+LoraCheckpointMeta lora_checkpoint_meta(const Checkpoint & c, const ModelConfig & cfg, const std::string & what);
+
+// The whole model's fp32 weights (make_param_layout order) with the adapters folded in.
+// base_folder: where the base's weights are ("" = the recorded base_model). IoError naming the
+// folder when it holds no weights.
+std::vector<float> merged_lora_weights(const Checkpoint & c, const ModelConfig & cfg, const std::string & what,
+                                       const std::string & base_folder = "");
+
+// PEFT's adapter_config.json for these options.
+nlohmann::json peft_adapter_config(const ModelConfig & cfg, const LoraOptions & lora, const std::string & base_model);
+
+// Writes checkpoint `path` (a checkpoint folder, or a root holding several: the newest) into
+// folder `out` as `mode` says; base_model overrides a LoRA checkpoint's recorded base folder.
+// ConfigError when the mode does not suit the checkpoint. Returns one line saying what it wrote.
+std::string export_checkpoint(const std::string & path, const std::string & out, ExportMode mode,
+                              const std::string & base_model = "");
+
+}  // namespace memfit
