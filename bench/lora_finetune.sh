@@ -42,7 +42,7 @@ for name in ["full", "lora", "qlora"]:
     r = s["planned"]["reserved"]
     m = s["measured"]["reserved"]
     assert all(r.get(c, 0) == m.get(c, 0) for c in cats), f"{name}: planned != measured"
-    total = sum(r.get(c, 0) for c in r)
+    total = r["total"]
     print(f"| {name} | {s['config']['trainable_params']:,} | " + " | ".join(mib(r.get(c, 0)) for c in cats) +
           f" | {mib(total)} | {s['tokens_per_s']:.0f} | {s['final_loss']:.4f} | {s.get('final_val_loss', float('nan')):.4f} |")
 PY

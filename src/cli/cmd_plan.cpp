@@ -11,8 +11,10 @@
 #include "cli/validators.h"
 #include "core/error.h"
 #include "plan/hardware.h"
+#include "plan/lora_plan.h"
 #include "plan/plan_report.h"
 #include "plan/search.h"
+#include "train/techniques.h"
 
 namespace memfit::cli {
 
@@ -24,6 +26,10 @@ struct PlanFlags {
     int gpus = 0, nodes = 0, seq = 4096, global_batch = 0, zero = -1, tp = 0, pp = 0, micro_batch = 0, top = 5;
     int min_gpus_limit = 4096;
     bool sp = false, explain = false, json = false, min_gpus = false;
+    // LoRA, as `memfit train` takes it (RunShape).
+    int lora_rank = 0;
+    float lora_alpha = 16, lora_dropout = 0;
+    std::string lora_targets, base_weights = "compute";
 };
 
 template <class T>
@@ -48,6 +54,15 @@ PlanRequest make_request(const PlanFlags & f) {
     r.seq = f.seq;
     r.global_batch = f.global_batch > 0 ? f.global_batch : r.gpus;
     r.compute = pick<DType>("--precision", f.precision, {{"bf16", DType::bf16}, {"fp16", DType::f16}, {"fp32", DType::f32}});
+    // LoRA: the same flags and checks as `memfit train` (lora_options).
+    RunShape shape;
+    shape.precision = f.precision;
+    shape.lora_rank = f.lora_rank;
+    shape.lora_alpha = f.lora_alpha;
+    shape.lora_dropout = f.lora_dropout;
+    shape.lora_targets = f.lora_targets;
+    shape.base_weights = f.base_weights;
+    r.lora = make_lora_plan(r.cfg, lora_options(shape, r.cfg, r.compute));
     r.optimizer = pick<Optimizer>("--optimizer", f.optimizer,
                                   {{"adamw", Optimizer::adamw}, {"sgd", Optimizer::sgd}, {"adamw-8bit", Optimizer::adamw_8bit}});
     if (f.zero >= 0) r.zero = f.zero;
@@ -106,6 +121,20 @@ void add_plan_commands(CLI::App & app) {
         ->check(kPositive);
     p->add_option("--recompute", f.recompute, "fix recomputation: none|selective|full");
     p->add_option("--attention", f.attention, "fix attention: flash|naive");
+    p->add_option("--lora-rank", f.lora_rank,
+                  "LoRA: freeze the base and train rank-R adapters on --lora-targets (0: train every parameter)")
+        ->capture_default_str()->check(kNonNegative);
+    p->add_option("--lora-alpha", f.lora_alpha, "LoRA: the adapters' output is scaled by alpha / rank")
+        ->capture_default_str();
+    p->add_option("--lora-targets", f.lora_targets,
+                  "LoRA: modules to adapt, q,k,v,o,gate,up,down or all (GPT-2: c_attn, c_proj, c_fc; default q,v | c_attn)");
+    p->add_option("--lora-dropout", f.lora_dropout,
+                  "LoRA: dropout probability on the adapters' input while training (0: none)")
+        ->capture_default_str();
+    p->add_option("--base-weights", f.base_weights,
+                  "LoRA: storage of the frozen base: the compute precision (bf16, fp16, fp32), int8 (per-channel) or "
+                  "nf4 (4-bit NormalFloat, blocks of 64, double-quantized scales, as QLoRA)")
+        ->capture_default_str();
     p->add_option("--top", f.top, "configurations to list")->capture_default_str()->check(kPositive);
     p->add_flag("--explain", f.explain, "also list the fastest rejected configurations and what would make them fit");
     p->add_flag("--json", f.json, "print the result as JSON (docs/planner.md)");

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "model/recompute.h"
+#include "plan/lora_plan.h"
 #include "train/engine.h"
 
 namespace memfit {
@@ -53,9 +54,30 @@ CategoryBytes model_state_bytes(int64_t params, const Candidate & c) {
     return b;
 }
 
+CategoryBytes lora_state_bytes(uint64_t base, int64_t adapters, const Candidate & c) {
+    // The adapters' states as a full run's, then the frozen base joins the parameters.
+    CategoryBytes b = model_state_bytes(adapters, c);
+    b[Category::parameters] += c.layout.zero >= 3 ? ceil_div(base, uint64_t(c.layout.dp)) : base;
+    return b;
+}
+
+void check_lora_layout(const Candidate & c) {
+    if (!c.lora || !c.lora->quantized()) return;
+    if (c.layout.zero >= 3)
+        throw ConfigError(fmt::format("--base-weights {} with ZeRO-3: sharding a packed base is not modelled; use "
+                                      "--zero 0..2 (the packed base is replicated) or --base-weights bf16",
+                                      base_weights_name(c.lora->opts.base)));
+    if (c.layout.offload == Offload::optimizer_params)
+        throw ConfigError(fmt::format("--base-weights {} with --offload optimizer+params: offloading a packed base is "
+                                      "not modelled; use --offload optimizer or none",
+                                      base_weights_name(c.lora->opts.base)));
+}
+
 DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const Candidate & c, int seq) {
     const Layout & L = c.layout;
     MF_ASSERT(L.dp >= 1 && L.tp >= 1 && L.pp >= 1 && c.micro_batch >= 1 && c.accum >= 1);
+    check_lora_layout(c);
+    const LoraPlan * lp = c.lora.get();
     const ParamSplit ps = param_split(cfg);
     const int64_t layers = (cfg.n_layer + L.pp - 1) / L.pp;
     // The busiest stage: the first (embedding) or the last (head; a tied head keeps a copy).
@@ -64,10 +86,21 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     const int64_t last = layers * ps.per_layer + head;
     const int64_t stage = L.pp == 1 ? first : std::max(first, last);
     const int64_t params = (stage + L.tp - 1) / L.tp;
+    const uint64_t s = dtype_size(c.compute);
 
     DeviceMemory m;
-    m.device = model_state_bytes(params, c);
-    const uint64_t s = dtype_size(c.compute);
+    if (lp) {
+        // The same stages in bytes: a packed base makes a layer cheaper than its parameter count.
+        const uint64_t layer_base = lp->layer_base_bytes(ps.per_layer, s);
+        const uint64_t first_b = uint64_t(layers) * layer_base + uint64_t(ps.embed) * s + (L.pp == 1 ? uint64_t(head) * s : 0);
+        const uint64_t last_b = uint64_t(layers) * layer_base + uint64_t(head) * s;
+        const uint64_t base = ceil_div(L.pp == 1 ? first_b : std::max(first_b, last_b), uint64_t(L.tp));
+        const int64_t adapters = (layers * lp->adapters_per_layer + L.tp - 1) / L.tp;
+        m.device = lora_state_bytes(base, adapters, c);
+        m.frozen = L.zero >= 3 ? ceil_div(base, uint64_t(L.dp)) : base;
+    } else {
+        m.device = model_state_bytes(params, c);
+    }
     if (L.offload != Offload::none) {
         // ZeRO-Offload: the optimizer runs on the host, so gradients stream there bucket by
         // bucket (the buckets are counted in `communication`) and accumulate there.
@@ -78,21 +111,41 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
         if (L.offload == Offload::optimizer_params) {
             m.host += m.device[Category::parameters];
             m.device[Category::parameters] = 0;
+            m.frozen = 0;   // LoRA: the (dense) base lives on the host too
         }
     }
     // ZeRO-3 and parameter offload keep two layers' weights gathered on the device.
-    const uint64_t gathered = uint64_t((ps.per_layer + L.tp - 1) / L.tp) * s * 2;
+    const uint64_t layer_weights = lp ? lp->layer_base_bytes(ps.per_layer, s) + uint64_t(lp->adapters_per_layer) * s
+                                      : uint64_t(ps.per_layer) * s;
+    const uint64_t gathered = ceil_div(layer_weights, uint64_t(L.tp)) * 2;
     uint64_t comm = 0;
     if (L.zero >= 3 || L.offload == Offload::optimizer_params) comm += gathered;
-    if (L.dp > 1 || L.offload != Offload::none) comm += 2 * uint64_t(kBucketBytes);   // two gradient buckets: one moving, one filling
+    // Two gradient buckets: one moving, one filling (LoRA: at most the adapters' gradients).
+    const uint64_t bucket = lp ? std::min(uint64_t(kBucketBytes), uint64_t(lp->adapters) * (c.accum > 1 ? 4 : s))
+                               : uint64_t(kBucketBytes);
+    if (L.dp > 1 || L.offload != Offload::none) comm += 2 * bucket;
 
     // Activations of one micro-batch of one layer, by unit.
     const int b = c.micro_batch;
     const uint64_t BTC = uint64_t(b) * uint64_t(seq) * uint64_t(cfg.n_embd) * s;
     const uint32_t mask = keep_mask(c.recompute);
-    auto unit = [&](Saved u) { return layer_keep_cost(cfg, b, seq, c.flash, c.compute, 1u << int(u)).bytes; };
+    const uint64_t rows = uint64_t(b) * uint64_t(seq);
+    auto unit = [&](Saved u) -> uint64_t {
+        const uint64_t bytes = layer_keep_cost(cfg, b, seq, c.flash, c.compute, 1u << int(u)).bytes;
+        if (!lp) return bytes;
+        // LoRA: a frozen projection's input is kept only for its adapter's dA.
+        const uint64_t stats = (cfg.llama() ? 1 : 2) * rows * 4;
+        switch (u) {
+            case Saved::ln1: return lp->adapts(Proj::qkv) ? bytes : stats;
+            case Saved::ln2: return lp->adapts(Proj::fc) ? bytes : stats;
+            case Saved::gelu: return lp->adapts(Proj::down) ? bytes : 0;
+            case Saved::attn_out: return c.flash || lp->adapts(Proj::o) ? bytes : 0;
+            default: return bytes;
+        }
+    };
     const uint64_t tp = uint64_t(L.tp);
     uint64_t split = 0, replicated = BTC;   // the layer's input is always kept
+    if (lp) replicated += rows * uint64_t(lp->u_cols) * s;   // the adapters' u, kept under every policy
     for (int u = 0; u < int(Saved::count); ++u) {
         if (!((mask >> u) & 1u)) continue;
         const Saved su = Saved(u);
@@ -114,11 +167,17 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     const uint64_t rc = all - layer_keep_cost(cfg, b, seq, c.flash, c.compute, mask).bytes;
     const uint64_t grads = uint64_t(b) * uint64_t(seq) * uint64_t(cfg.fc_dim() + cfg.ffn_dim() + cfg.qkv_dim()) * s / tp +
                            3 * BTC;
+    // LoRA's backward transients: dd, du, and with dropout the regenerated dropped input and its
+    // gradient (the forward's dropped copy is gone by then).
+    const uint64_t lora_grads = !lp ? 0
+                              : rows * uint64_t(lp->max_site_cols + lp->opts.rank) * s +
+                                    (lp->opts.dropout > 0 ? 2 * rows * uint64_t(lp->max_site_in) * s : 0);
     const uint64_t logits = uint64_t(b) * uint64_t(seq) * uint64_t(cfg.vocab_size) * 4 / tp;
-    m.device[Category::activations] = kept + grads + rc / tp + logits + 2 * BTC;
+    m.device[Category::activations] = kept + grads + lora_grads + rc / tp + logits + 2 * BTC;
     if (L.pp > 1) comm += 2 * BTC / (L.sp ? tp : 1);
     m.device[Category::communication] = comm;
-    m.device[Category::workspace] = hw.name == "cpu" ? 0 : kGemmWorkspace;
+    const uint64_t dequant = lp && lp->quantized() ? ceil_div(uint64_t(lp->largest_projection) * s, tp) : 0;
+    m.device[Category::workspace] = hw.name == "cpu" ? 0 : kGemmWorkspace + dequant;
     m.device[Category::runtime] = hw.memory - hw.usable;
     m.loaded = L.pp == 1 ? (L.devices() == 1 ? "the only device" : "every device alike") : "the first pipeline stage";
     return m;
@@ -161,9 +220,13 @@ DeviceMemory exact_memory(const ModelConfig & cfg, const Hardware & hw, const Ca
     eo.flash_attention = c.flash;
     eo.compute = c.compute;
     eo.recompute = parse_recompute(c.recompute, cfg.n_layer);
+    if (c.lora) eo.lora = c.lora->opts;
     const StepPlans plans(cfg, sizing, eo);
     DeviceMemory m;
     m.device = plans.peak_live();
+    if (c.lora)
+        for (const auto & buf : plans.train->program().buffers())
+            if (buf.name == "parameters" || buf.name == "parameters.quantized") m.frozen += buf.bytes;
     m.device[Category::runtime] = hw.memory - hw.usable;
     m.loaded = "the only device";
     m.exact = true;

@@ -33,6 +33,31 @@
 //                 gathered layers; pipeline send/receive buffers of one micro-batch's boundary
 //                 activation each way.
 //   runtime       memory - usable (the hardware entry's context and handles).
+//
+// LoRA / QLoRA (Candidate::lora, plan/lora_plan.h), what the engine's step declares
+// (train/step.cpp):
+//   model states  parameters = the frozen base on the device (as above: the busiest stage, / tp,
+//                 / dp under ZeRO-3): per layer the dense part (norms, biases) in s bytes plus the
+//                 four projections in s bytes, or packed (int8: out*in + 4 out, nf4 with double
+//                 quantization: n/2 + n/64 + 4 ceil(n/16384) + 4, each matrix padded to 64 bytes);
+//                 embeddings and head in s bytes; plus the adapters Ψ_A (the stage's layers' share of
+//                 lora_param_count, / tp) in s bytes. Master weights (4, mixed precision), optimizer
+//                 states and gradients exist only for Ψ_A, with the same ZeRO divisions as above.
+//                 ZeRO-3 and optimizer+params offload of a packed (int8/nf4) base are not modelled
+//                 (ConfigError): memfit neither shards nor streams packed weights.
+//   activations   the frozen projections keep no input for a weight gradient: a kept unit that is
+//                 only a projection's input is not kept unless that projection has an adapter
+//                 (ln_1's and ln_2's outputs keep only their f32 statistics, the MLP activation
+//                 nothing, and the attention output nothing under naive attention; flash attention's
+//                 backward reads it anyway). Every adapter keeps u = x A^T [b T, r] (replicated over
+//                 tp); the backward working set adds one site's dd [b T, cols] and du [b T, r], and
+//                 with --lora-dropout the regenerated dropped input and its gradient [b T, in] (the
+//                 mask is a counter hash, regenerated: nothing extra is kept).
+//   workspace     a packed base on a GPU adds one (the largest, fused) projection dequantized in
+//                 the compute dtype (/ tp): what a kernel that dequantizes before a dense gemm
+//                 holds (bitsandbytes does); memfit's CPU kernels dequantize tiles (exact plan).
+//   communication gradient buckets only as large as the adapters' gradients; ZeRO-3 gathers two
+//                 layers of base + adapters.
 #pragma once
 
 #include <cstdint>
@@ -50,6 +75,7 @@ struct DeviceMemory {
     uint64_t host = 0;         // bytes offloaded to host memory, per device
     std::string loaded;        // which device that is ("the only device", "first pipeline stage", ...)
     bool exact = false;        // from the engine's own recorded program
+    uint64_t frozen = 0;       // LoRA: bytes of `parameters` that are the frozen base (packed part included)
     uint64_t total() const { return device.total(); }
 };
 
@@ -60,6 +86,9 @@ ParamSplit param_split(const ModelConfig & cfg);
 // Model-state bytes per device, [parameters, master_weights, optimizer_states, gradients].
 // `params` is Ψ, the parameters this device holds before ZeRO partitioning.
 CategoryBytes model_state_bytes(int64_t params, const Candidate & c);
+// LoRA: `base` bytes of frozen base and `adapters` trainable parameters on this device (before
+// ZeRO partitioning); master weights, optimizer states and gradients for the adapters only.
+CategoryBytes lora_state_bytes(uint64_t base, int64_t adapters, const Candidate & c);
 
 // Activation bytes one transformer layer keeps for backward under Korthikanti et al. 2022's
 // accounting (16-bit activations, naive attention, no norm statistics, and the dropout memfit's
@@ -71,6 +100,12 @@ CategoryBytes model_state_bytes(int64_t params, const Candidate & c);
 uint64_t megatron_layer_activation_bytes(const ModelConfig & cfg, int b, int s, int t, bool sp,
                                          const std::string & policy);
 
+// ConfigError for a LoRA candidate the model does not cover: a packed (int8/nf4) base with ZeRO-3
+// or with optimizer+params offload.
+void check_lora_layout(const Candidate & c);
+
+// ConfigError for what the model does not cover (a packed LoRA base with ZeRO-3 or parameter
+// offload, an unknown recompute policy).
 DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const Candidate & c, int seq);
 
 // The engine's own program for a one-device candidate (layout 1 x 1 x 1, ZeRO 0, no offload),

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/units.h"
+#include "plan/lora_plan.h"
 
 namespace memfit {
 
@@ -35,13 +36,31 @@ nlohmann::json result_json(const PlanResult & p) {
             {"micro_batch", p.c.micro_batch}, {"accumulation", p.c.accum}, {"recompute", p.c.recompute},
             {"attention", p.c.flash ? "flash" : "naive"},
             {"memory", {{"per_device", mem}, {"total", p.mem.total()}, {"host", p.mem.host},
-                        {"most_loaded", p.mem.loaded}, {"exact", p.mem.exact}}},
+                        {"most_loaded", p.mem.loaded}, {"exact", p.mem.exact}, {"frozen", p.mem.frozen}}},
             {"time", {{"step_s", p.time.total}, {"compute_s", p.time.compute}, {"recompute_s", p.time.recompute},
                       {"memory_bound_s", p.time.memory_bound}, {"comm_s", p.time.comm},
                       {"comm_exposed_s", p.time.comm_exposed}, {"bubble_s", p.time.bubble},
                       {"offload_s", p.time.offload}}},
             {"tokens_per_s", p.time.tokens_per_s}, {"mfu", p.time.mfu}, {"fits", p.fits},
             {"why", p.why}};
+}
+
+// 4194304 -> "4.19M" (and the exact count).
+std::string format_count(int64_t n) {
+    const double x = double(n);
+    const std::string short_form = x >= 1e9 ? fmt::format("{:.2f}B", x / 1e9)
+                                   : x >= 1e6 ? fmt::format("{:.2f}M", x / 1e6)
+                                   : x >= 1e3 ? fmt::format("{:.1f}K", x / 1e3) : fmt::format("{}", n);
+    return fmt::format("{} ({})", short_form, n);
+}
+
+nlohmann::json lora_json_of(const PlanRequest & r) {
+    if (!r.lora) return nullptr;
+    const LoraPlan & lp = *r.lora;
+    return {{"rank", lp.opts.rank}, {"alpha", lp.opts.alpha}, {"targets", lp.opts.targets},
+            {"base_weights", lp.quantized() ? base_weights_name(lp.opts.base) : dtype_name(r.compute)},
+            {"double_quant", lp.opts.base == BaseWeights::nf4 && lp.opts.double_quant}, {"dropout", lp.opts.dropout},
+            {"trainable_params", lp.adapters}};
 }
 
 }  // namespace
@@ -52,12 +71,20 @@ std::string format_plan(const PlanRequest & r, const SearchReport & rep, bool ex
         "memfit plan: {} ({:.2f}B parameters) on {} x {} ({} per device, {} usable), seq {}, global batch {}, {}\n",
         r.cfg.name, double(r.cfg.num_params()) / 1e9, r.gpus, r.hw.name, format_bytes(cap), format_bytes(r.hw.usable),
         r.seq, r.global_batch, dtype_name(r.compute));
+    if (r.lora)
+        out += fmt::format("  LoRA {}: {} trainable parameters ({:.3f}% of {:.2f}B), the base frozen\n",
+                           lora_description(*r.lora, r.compute), format_count(r.lora->adapters),
+                           100.0 * double(r.lora->adapters) / double(r.cfg.num_params()),
+                           double(r.cfg.num_params()) / 1e9);
     out += fmt::format("  {} configurations evaluated, {} fit, {} layouts pruned on model states alone, in {:.2f} s\n",
                        rep.evaluated, rep.fitting, rep.pruned_layouts, rep.seconds);
     if (rep.best.empty()) {
         out += "  nothing fits";
         if (!rep.rejected.empty()) out += ": closest, " + rep.rejected.front().why;
-        out += "\n  hint: more devices (--min-gpus), a smaller --global-batch or --seq, or --offload optimizer\n";
+        out += std::string("\n  hint: more devices (--min-gpus), a smaller --global-batch or --seq, or ") +
+               (!r.lora ? "--offload optimizer\n"
+                : r.lora->quantized() ? "a smaller --lora-rank or fewer --lora-targets\n"
+                                      : "a packed base (--base-weights nf4)\n");
     } else {
         out += fmt::format("\n  {:<3} {:<50} {:<48} {:>10} {:>9} {:>11} {:>5}  memory per device ({})\n", "#",
                            "layout", "micro-batch x accumulation", "per device", "step s", "tokens/s", "MFU",
@@ -73,6 +100,9 @@ std::string format_plan(const PlanRequest & r, const SearchReport & rep, bool ex
                            b.mem.host ? fmt::format("{} offloaded to host memory per device; ", format_bytes(b.mem.host))
                                       : std::string());
         out += fmt::format("headroom {}\n", format_bytes(cap - b.mem.total()));
+        if (r.lora)
+            out += fmt::format("  parameters on that device: frozen base {}, adapters {}\n", format_bytes(b.mem.frozen),
+                               format_bytes(b.mem.device[Category::parameters] - b.mem.frozen));
     }
     if (explain && !rep.rejected.empty()) {
         out += "\n  rejected (fastest first):\n";
@@ -88,7 +118,7 @@ nlohmann::json plan_json(const PlanRequest & r, const SearchReport & rep) {
     for (const auto & p : rep.rejected) rejected.push_back(result_json(p));
     return {{"model", r.cfg.name}, {"params", r.cfg.num_params()}, {"hardware", r.hw.name}, {"gpus", r.gpus},
             {"nodes", r.nodes}, {"seq", r.seq}, {"global_batch", r.global_batch},
-            {"precision", std::string(dtype_name(r.compute))}, {"device_memory", r.hw.memory},
+            {"precision", std::string(dtype_name(r.compute))}, {"lora", lora_json_of(r)}, {"device_memory", r.hw.memory},
             {"usable_memory", r.hw.usable}, {"evaluated", rep.evaluated}, {"fitting", rep.fitting},
             {"pruned_layouts", rep.pruned_layouts}, {"seconds", rep.seconds}, {"best", best},
             {"rejected", rejected}};

@@ -3,11 +3,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "core/dtype.h"
 
 namespace memfit {
+
+struct LoraPlan;   // plan/lora_plan.h
 
 // One device kind of the catalog (data/hardware.json). Rates are dense (no sparsity), per device.
 struct Hardware {
@@ -62,6 +65,10 @@ struct Candidate {
     bool flash = true;
     DType compute = DType::bf16;
     Optimizer optimizer = Optimizer::adamw;
+    // LoRA / QLoRA (plan/lora_plan.h): only the adapters train, the base is frozen (and maybe
+    // packed). Null: every parameter trains. The search copies the request's choice into every
+    // candidate and never changes it.
+    std::shared_ptr<const LoraPlan> lora;
 };
 
 }  // namespace memfit

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/units.h"
+#include "plan/lora_plan.h"
 
 namespace memfit {
 
@@ -93,6 +94,16 @@ SearchReport search_plans(const PlanRequest & r) {
     if (r.seq > cfg.max_seq)
         throw ConfigError(fmt::format("--seq {} exceeds the model's {} positions", r.seq, cfg.max_seq));
     const uint64_t capacity = r.hw.memory;
+    // A packed LoRA base is neither sharded (ZeRO-3) nor offloaded: fixed, that is an error;
+    // searched, those layouts are left out.
+    const bool packed = r.lora && r.lora->quantized();
+    if (packed) {
+        Candidate fixed;
+        fixed.lora = r.lora;
+        fixed.layout.zero = r.zero.value_or(0);
+        fixed.layout.offload = r.offload.value_or(Offload::none);
+        check_lora_layout(fixed);
+    }
     SearchReport rep;
     // Tensor parallelism stays inside a node and must split the heads (and the KV heads, or be
     // a multiple of them); pipeline stages must each get a layer.
@@ -115,6 +126,7 @@ SearchReport search_plans(const PlanRequest & r) {
                 for (Offload off : fixed_or(r.offload, offloads)) {
                     if (off == Offload::optimizer_params && zero < 3 && !r.offload) continue;
                     if (pp > 1 && zero >= 2 && !r.zero) continue;   // ZeRO-2/3 with pipelines: not searched
+                    if (packed && (zero >= 3 || off == Offload::optimizer_params)) continue;
                     for (bool sp : fixed_or(r.sp, tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})) {
                         Layout L;
                         L.dp = dp, L.tp = tp, L.pp = pp, L.zero = zero, L.offload = off, L.sp = sp && tp > 1;
@@ -127,6 +139,7 @@ SearchReport search_plans(const PlanRequest & r) {
                         probe.flash = true;
                         probe.compute = r.compute;
                         probe.optimizer = r.optimizer;
+                        probe.lora = r.lora;
                         if (pp > 1) probe.layout.schedule = Schedule::one_f_one_b;
                         const DeviceMemory floor = predict_memory(cfg, r.hw, probe, r.seq);
                         if (floor.total() > capacity) {
@@ -161,6 +174,7 @@ SearchReport search_plans(const PlanRequest & r) {
                                         pr.c.flash = flash;
                                         pr.c.compute = r.compute;
                                         pr.c.optimizer = r.optimizer;
+                                        pr.c.lora = r.lora;
                                         pr.mem = predict_memory(cfg, r.hw, pr.c, r.seq);
                                         pr.time = predict_step_time(cfg, r.hw, pr.c, r.seq, r.nodes);
                                         pr.fits = pr.mem.total() <= capacity && host_fits(r, pr.mem);
@@ -206,7 +220,8 @@ SearchReport search_plans(const PlanRequest & r) {
         if (pr.c.micro_batch > 1 && try_fix(a, "micro-batch 1")) continue;
         a = pr.c;
         a.layout.zero = std::min(3, a.layout.zero + 1);
-        if (pr.c.layout.dp > 1 && pr.c.layout.zero < 3) try_fix(a, fmt::format("ZeRO-{}", a.layout.zero));
+        if (pr.c.layout.dp > 1 && pr.c.layout.zero < 3 && !(packed && a.layout.zero >= 3))
+            try_fix(a, fmt::format("ZeRO-{}", a.layout.zero));
     }
     // One device the engine runs: the engine's own numbers for what is shown.
     for (PlanResult & pr : rep.best)

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,6 +32,9 @@ struct PlanRequest {
     int virtual_stages = 2;                  // interleaved:V
     std::optional<bool> sp, flash;
     std::optional<std::string> recompute;
+    // LoRA / QLoRA (make_lora_plan), fixed for every candidate: the search never turns it on or
+    // off. Null: full fine-tuning. A packed base excludes ZeRO-3 and optimizer+params offload.
+    std::shared_ptr<const LoraPlan> lora;
     size_t top = 5;
     // One device and engine-runnable candidates get the engine's exact numbers when set (the
     // backend whose workspace sizes apply: the CPU backend for the `cpu` hardware).

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "model/recompute.h"
+#include "plan/lora_plan.h"
 #include "plan/memory_model.h"
 
 namespace memfit {
@@ -55,6 +56,7 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     MF_ASSERT(L.dp >= 1 && L.tp >= 1 && L.pp >= 1 && c.micro_batch >= 1 && c.accum >= 1 && seq >= 1);
     MF_ASSERT(L.zero >= 0 && L.zero <= 3);
     const uint32_t mask = keep_mask(c.recompute);
+    check_lora_layout(c);
     const double peak = need(hw.flops(c.compute), hw, "FLOP rate for the compute dtype");
     const double mem_bw = need(hw.mem_bw, hw, "memory bandwidth (mem_bw)");
 
@@ -70,15 +72,30 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     // --- math, per micro-batch on the busiest (last) stage
     const double mm_eff = kMatmulEfficiency * peak;
     const double attn_eff = (c.flash ? kAttentionEfficiency : kMatmulEfficiency) * peak;
+    const LoraPlan * lp = c.lora.get();
     const double mm_fwd = tokens * (layers * 2.0 * (C * Q + C * C + C * F + A * C) + 2.0 * C * V) / tp;
+    // LoRA: the adapters' gemms, 2 FLOPs per adapter parameter per token forward, 4 backward
+    // (both the data and the weight gradient of A and B); the frozen base's backward is its data
+    // gradient only (as many FLOPs as its forward), the head's included.
+    const double ad_fwd = lp ? tokens * layers * 2.0 * double(lp->adapters_per_layer) / tp : 0.0;
     const double attn_fwd = layers * b * 2.0 * T * (T + 1) * C / tp;   // causal: 4 b T(T+1)/2 C
     const double attn_bwd = attn_fwd * (c.flash ? 2.5 : 2.0);
-    const double fwd_mb = mm_fwd / mm_eff + attn_fwd / attn_eff;
-    const double bwd_nr_mb = 2.0 * mm_fwd / mm_eff + attn_bwd / attn_eff;   // backward without recompute
+    const double fwd_mb = (mm_fwd + ad_fwd) / mm_eff + attn_fwd / attn_eff;
+    const double bwd_mm = lp ? mm_fwd + 2.0 * ad_fwd : 2.0 * mm_fwd;
+    const double bwd_nr_mb = bwd_mm / mm_eff + attn_bwd / attn_eff;   // backward without recompute
     const uint32_t attn_bits = (1u << int(Saved::attn_out)) | (1u << int(Saved::attn_probs));
     const double rc_all = layer_keep_cost(cfg, c.micro_batch, seq, c.flash, c.compute, mask).flops;
     const double rc_other = layer_keep_cost(cfg, c.micro_batch, seq, c.flash, c.compute, mask | attn_bits).flops;
-    const double rc_mb = layers / tp * (rc_other / mm_eff + (rc_all - rc_other) / attn_eff);
+    // Projections a recomputation re-runs (memfit keeps each layer's output: never the down
+    // projection), with their adapters and (packed base) their dequantization.
+    const bool rc_proj[4] = {!keeps(mask, Saved::qkv), !keeps(mask, Saved::res2), !keeps(mask, Saved::fc), false};
+    double rc_ad = 0, deq_layer = 0;   // adapter FLOPs per token recomputed; packed bytes read per layer
+    if (lp)
+        for (size_t p = 0; p < 4; ++p) {
+            rc_ad += rc_proj[p] ? 2.0 * double(lp->adapters_by_proj[p]) : 0.0;
+            deq_layer += double(lp->packed[p]) * (2.0 + (rc_proj[p] ? 1.0 : 0.0));   // forward, backward, recompute
+        }
+    const double rc_mb = layers / tp * (rc_other / mm_eff + (rc_all - rc_other) / attn_eff + tokens * rc_ad / mm_eff);
     const double bwd_mb = bwd_nr_mb + rc_mb;
 
     StepTime t;
@@ -92,6 +109,11 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     const double probs = c.flash ? 0.0 : NH * T, probs_b = c.flash ? 0.0 : NH * T;   // one pass over b NH T T
     double replicated = 2 * (norm + norm_b) + 2 * (res + res_b);
     double split = act + act_b + 2 * rope + 4 * probs + 5 * probs_b;
+    // LoRA: add_columns reads d and the output slice and writes it (3), take_columns 2.
+    if (lp) split += 5.0 * double(lp->site_cols);
+    // Dropout on the adapters' input: forward 2 (read, write); backward regenerates it (2), masks
+    // the gradient (2) and adds it to the input's gradient (3).
+    if (lp && lp->opts.dropout > 0) split += 9.0 * double(lp->site_in);
     // Recomputed units run their forward traffic again.
     if (!keeps(mask, Saved::ln1)) replicated += norm;
     if (!keeps(mask, Saved::ln2)) replicated += norm;
@@ -101,7 +123,9 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     if (!c.flash && (!keeps(mask, Saved::attn_out) || !keeps(mask, Saved::attn_probs))) split += 4 * probs;
     const double layer_bytes = s * (split / tp + (L.sp ? replicated / tp : replicated));
     const double bw = kBandwidthEfficiency * mem_bw;
-    const double mem_mb = tokens * (layers * layer_bytes + kLossBytesPerLogit * V / tp) / bw;
+    // A packed base is dequantized for every matmul that reads it: its packed bytes once each
+    // (forward, backward's data gradient, recomputation).
+    const double mem_mb = (tokens * (layers * layer_bytes + kLossBytesPerLogit * V / tp) + layers * deq_layer / tp) / bw;
 
     // --- parameters of this device and the optimizer update
     const ParamSplit ps = param_split(cfg);
@@ -109,7 +133,17 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     const double first = layers * double(ps.per_layer) + double(ps.embed) + (L.pp == 1 ? head : 0.0);
     const double last = layers * double(ps.per_layer) + head;
     const double psi = (L.pp == 1 ? first : std::max(first, last)) / tp;
-    const double shard = L.zero >= 1 ? psi / dp : psi;   // parameters this device's optimizer updates
+    // What trains (and is reduced, updated, offloaded) and what ZeRO-3 gathers, bytes: LoRA's
+    // adapters, and the frozen base (packed or not) with them.
+    const double train = lp ? layers * double(lp->adapters_per_layer) / tp : psi;
+    double weights = psi * s;
+    if (lp) {
+        const double layer_base = double(lp->layer_base_bytes(ps.per_layer, uint64_t(s)));
+        const double first_b = layers * layer_base + double(ps.embed) * s + (L.pp == 1 ? head * s : 0.0);
+        const double last_b = layers * layer_base + head * s;
+        weights = (L.pp == 1 ? first_b : std::max(first_b, last_b)) / tp + train * s;
+    }
+    const double shard = L.zero >= 1 ? train / dp : train;   // parameters this device's optimizer updates
     const double state = c.optimizer == Optimizer::adamw ? 8.0 : c.optimizer == Optimizer::adamw_8bit ? 2.0 : 4.0;
     const bool master = c.compute != DType::f32;
     const double update_bytes = 2.0 * (state + 4.0) + g + (master ? s : 0.0);   // per parameter
@@ -147,22 +181,22 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
         auto hide = [](double comm, double window) { return std::max(0.0, comm - kOverlapFraction * window); };
         switch (L.zero) {
             case 0: {
-                const double ar = lk.time(ring_allreduce_bytes(psi * g, n), buckets(psi * g) * 2.0 * (n - 1));
+                const double ar = lk.time(ring_allreduce_bytes(train * g, n), buckets(train * g) * 2.0 * (n - 1));
                 dp_comm = ar;
                 dp_exposed = hide(ar, bwd_mb);
                 break;
             }
             case 1:
-                dp_comm = rs(psi * g) + ag(psi * s);
-                dp_exposed = hide(rs(psi * g), bwd_mb) + ag(psi * s);
+                dp_comm = rs(train * g) + ag(train * s);
+                dp_exposed = hide(rs(train * g), bwd_mb) + ag(train * s);
                 break;
             case 2:
-                dp_comm = m * rs(psi * s) + ag(psi * s);
-                dp_exposed = m * hide(rs(psi * s), bwd_mb) + ag(psi * s);
+                dp_comm = m * rs(train * s) + ag(train * s);
+                dp_exposed = m * hide(rs(train * s), bwd_mb) + ag(train * s);
                 break;
             default:   // 3
-                dp_comm = m * (2.0 * ag(psi * s) + rs(psi * s));
-                dp_exposed = m * (hide(ag(psi * s), fwd_mb) + hide(ag(psi * s) + rs(psi * s), bwd_mb));
+                dp_comm = m * (2.0 * ag(weights) + rs(train * s));
+                dp_exposed = m * (hide(ag(weights), fwd_mb) + hide(ag(weights) + rs(train * s), bwd_mb));
                 break;
         }
     }
@@ -180,15 +214,18 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
         const double host = need(hw.host_bw, hw, "host link bandwidth (host_bw)");
         t.offload = shard * (g + s) / host + shard * update_bytes * r / kHostMemoryBandwidth;
         if (L.offload == Offload::optimizer_params) {
-            const double weights = (L.zero >= 3 ? psi / dp : psi) * s;
-            t.offload += m * 2.0 * weights / host;
+            t.offload += m * 2.0 * (L.zero >= 3 ? weights / dp : weights) / host;
         }
     }
 
     t.total = t.compute + t.memory_bound + t.comm_exposed + t.bubble + t.offload;
     const double step_tokens = T * dp * b * m;
     t.tokens_per_s = step_tokens / t.total;
-    t.mfu = train_flops_per_token(cfg, seq) * step_tokens / (t.total * devices * peak);
+    // LoRA's model FLOPs: no weight gradients for the N base parameters, 6 per adapter parameter.
+    const double full_flops = train_flops_per_token(cfg, seq);
+    const double n_mult = (full_flops - 12.0 * cfg.n_layer * C * T) / 6.0;
+    const double model_flops = lp ? full_flops - 2.0 * n_mult + 6.0 * double(lp->adapters) : full_flops;
+    t.mfu = model_flops * step_tokens / (t.total * devices * peak);
     return t;
 }
 

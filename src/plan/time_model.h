@@ -75,6 +75,18 @@
 //                 N = parameters that multiply (bench's rule: not GPT-2's position table nor an
 //                 untied LLaMA input embedding).
 //
+// LoRA / QLoRA (Candidate::lora): the frozen base does its forward (2 Ψ FLOPs per token) and, in
+// backward, only its data gradient (2 Ψ, none for the weights: a third less matmul work than a
+// full run's 6 Ψ); the adapters add 2 Ψ_A forward and 4 Ψ_A backward per token (their own small
+// gemms, counted at the same efficiency), and again for the projections a recomputation re-runs.
+// Their column adds (add_columns 3, take_columns 2 elements per output column of a site) join
+// the elementwise traffic, and with dropout 9 elements per input column of a site (forward 2,
+// backward's regeneration 2, masking 2, accumulation 3). A packed base is dequantized by every matmul that reads it: its packed
+// bytes at memory bandwidth per use (forward, backward, recomputation), as memory_bound. The
+// optimizer updates, data parallelism reduces and offload moves only the adapters (Ψ_A in place
+// of Ψ); ZeRO-3 gathers the base (as stored) and the adapters. MFU counts 4 N + 6 Ψ_A + 12 L H T
+// model FLOPs per token (no weight gradients for the base).
+//
 // The efficiencies and overlap fraction are assumptions, to be calibrated against measured steps.
 #pragma once
 

@@ -1,0 +1,56 @@
+#include "plan/lora_plan.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "backend/quant_format.h"
+#include "core/error.h"
+
+namespace memfit {
+
+std::shared_ptr<const LoraPlan> make_lora_plan(const ModelConfig & cfg, const LoraOptions & lora) {
+    if (!lora.enabled()) return nullptr;
+    auto lp = std::make_shared<LoraPlan>();
+    lp->opts = lora;
+    if (lp->opts.targets.empty()) lp->opts.targets = parse_lora_targets(cfg, "");
+    const int64_t r = lora.rank;
+    for (const LoraSite & s : lora_sites(cfg, lp->opts)) {
+        const int64_t n = r * (s.in + s.cols);
+        lp->adapters += n;
+        if (s.layer != 0) continue;   // every layer has the same sites
+        lp->adapters_per_layer += n;
+        lp->adapters_by_proj[size_t(s.proj)] += n;
+        lp->adapted |= 1u << int(s.proj);
+        lp->u_cols += r;
+        lp->site_cols += s.cols;
+        lp->max_site_cols = std::max(lp->max_site_cols, s.cols);
+        lp->site_in += s.in;
+        lp->max_site_in = std::max(lp->max_site_in, s.in);
+    }
+    MF_ASSERT(lp->adapters == lp->adapters_per_layer * cfg.n_layer);
+    MF_ASSERT(size_t(lp->adapters) == lora_param_count(cfg, lp->opts));
+    const int64_t C = cfg.n_embd;
+    lp->projection_params = C * (int64_t(cfg.qkv_dim()) + C + int64_t(cfg.fc_dim()) + int64_t(cfg.ffn_dim()));
+    lp->largest_projection = C * std::max<int64_t>({cfg.qkv_dim(), C, cfg.fc_dim(), cfg.ffn_dim()});
+    if (lora.quantized()) {
+        const QuantLayout q = make_quant_layout(cfg, lora.format());
+        for (const QuantEntry & e : q.entries)
+            if (e.layer == 0) lp->packed[size_t(e.proj)] = (quant_bytes(e.q) + 63) / 64 * 64;
+        for (uint64_t b : lp->packed) lp->packed_per_layer += b;
+        MF_ASSERT(q.bytes == lp->packed_per_layer * uint64_t(cfg.n_layer));
+    }
+    return lp;
+}
+
+std::string lora_description(const LoraPlan & lp, DType compute) {
+    std::string targets;
+    for (const auto & t : lp.opts.targets) targets += (targets.empty() ? "" : ",") + t;
+    std::string base = lp.quantized() ? base_weights_name(lp.opts.base) : std::string(dtype_name(compute));
+    if (lp.opts.base == BaseWeights::nf4 && lp.opts.double_quant) base += " (double-quantized)";
+    return fmt::format("rank {} (alpha {:g}{}), targets {}, base {}", lp.opts.rank, double(lp.opts.alpha),
+                       lp.opts.dropout > 0 ? fmt::format(", dropout {:g}", double(lp.opts.dropout)) : std::string(),
+                       targets, base);
+}
+
+}  // namespace memfit
