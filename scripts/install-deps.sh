@@ -16,6 +16,7 @@ PKGS=(
   libgtest-dev googletest # tests
   libpcre2-dev           # GPT-2 pre-tokenisation regex (Unicode classes)
   libsentencepiece-dev   # SentencePiece tokenizers (LLaMA folders)
+  libopenmpi-dev openmpi-bin  # MPI: data-parallel ranks (src/comm) and `mpirun -np N memfit train`
 )
 if [ "${1:-}" = "--test" ]; then
   PKGS+=(chromium fonts-dejavu-core)   # headless rendering of report.html in the tests

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "comm/communicator.h"
 #include "memory/step_memory.h"
 #include "memory/timeline.h"
 
@@ -47,6 +48,8 @@ Graph::Graph(Program & program, const Backend * sizing)
 
 Graph::Graph(const Program & program, StepMemory & memory, Backend & backend)
     : exec_program_(&program), memory_(&memory), backend_(&backend), recording_(false) {}
+
+Graph::~Graph() = default;
 
 bool Graph::begin(const char * name, double flops, std::initializer_list<Tensor> uses, bool workspace) {
     if (recording_) {
@@ -192,6 +195,25 @@ void Graph::dropout(Tensor out, Tensor in, float p, uint64_t salt) {
     MF_ASSERT(out.numel() == in.numel());
     if (begin("dropout", 2.0 * double(in.numel()), {out, in}))
         backend_->dropout(resolve(out), resolve(in), p, seed_ ^ (salt * 0xd1342543de82ef95ull));
+    end();
+}
+
+void Graph::all_reduce_start(Tensor t, int slot) {
+    if (begin("all_reduce_start", double(t.numel()), {t})) {
+        MF_ASSERT(comm_ && slot >= 0);
+        if (pending_.size() <= size_t(slot)) pending_.resize(size_t(slot) + 1);
+        const Tensor r = resolve(t);
+        pending_[size_t(slot)] = comm_->iall_reduce_sum(r.data, size_t(r.numel()), r.dtype);
+    }
+    end();
+}
+
+void Graph::all_reduce_wait(Tensor t, int slot) {
+    if (begin("all_reduce_wait", 0, {t})) {
+        MF_ASSERT(size_t(slot) < pending_.size() && pending_[size_t(slot)]);
+        pending_[size_t(slot)]->wait();
+        pending_[size_t(slot)].reset();
+    }
     end();
 }
 

@@ -12,6 +12,8 @@
 #pragma once
 
 #include <initializer_list>
+#include <memory>
+#include <vector>
 
 #include "backend/backend.h"
 #include "memory/program.h"
@@ -20,6 +22,8 @@ namespace memfit {
 
 class StepMemory;
 struct Timeline;
+class Communicator;
+class CommRequest;
 
 // How a weight matrix is stored: GPT-2 Conv1D keeps [in, out]; Linear (and the tied LM head
 // reading wte [V, C]) keeps [out, in].
@@ -39,6 +43,7 @@ public:
     Graph(Program & program, const Backend * sizing);
     // Executing a finalized program.
     Graph(const Program & program, StepMemory & memory, Backend & backend);
+    ~Graph();
 
     bool recording() const { return recording_; }
     void phase(Phase p) { phase_ = p; }
@@ -65,6 +70,12 @@ public:
     void dropout(Tensor out, Tensor in, float p, uint64_t salt);
     // The step's random seed (executing; set before the step's ops).
     void set_seed(uint64_t seed) { seed_ = seed; }
+
+    // Data parallel: t summed over the ranks of the communicator (set before executing),
+    // started here without blocking and completed by all_reduce_wait(slot).
+    void all_reduce_start(Tensor t, int slot);
+    void all_reduce_wait(Tensor t, int slot);
+    void set_communicator(Communicator * c) { comm_ = c; }
     // wpe / dwpe may be invalid (Tensor{}): no position embedding.
     void encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe);
     void encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens);
@@ -122,6 +133,8 @@ private:
     BufferId workspace_ = -1;
     Timeline * timeline_ = nullptr;
     uint64_t seed_ = 0;
+    Communicator * comm_ = nullptr;
+    std::vector<std::unique_ptr<CommRequest>> pending_;   // by slot
 };
 
 }  // namespace memfit

@@ -20,6 +20,7 @@ public:
 class ConfigError : public Error { using Error::Error; };  // bad flag, config, preset
 class IoError     : public Error { using Error::Error; };  // missing/unreadable/unwritable file
 class FormatError : public Error { using Error::Error; };  // corrupt or malformed file contents
+class CommError   : public Error { using Error::Error; };  // a collective failed: a peer rank died or the transport broke
 
 [[noreturn]] void abort_with(const char * file, int line, const char * what);
 

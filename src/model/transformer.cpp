@@ -455,7 +455,8 @@ Transformer::LayerActs Transformer::recompute_dropped(Graph & g, int l, const Mo
     return a;
 }
 
-void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights & dw, Tensor tokens) const {
+void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights & dw, Tensor tokens,
+                           const std::function<void(Graph &, int)> & layer_done) const {
     const int L = cfg_.n_layer, K = rc_plan_.segment;
     // The input of layer l as forward saved it.
     auto saved_input = [&](int l) { return l > 0 ? layers_[size_t(l) - 1].res3 : encoded_; };
@@ -506,10 +507,15 @@ void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights
         attention_bwd(g, a);
         project_bwd(g, a.dln1, a.dqkv, a.ln1, p, dp, Proj::qkv);
         norm_bwd(g, dres_, dp.ln1w, dp.ln1b, a.dln1, x, p.ln1w, a.ln1_mean, a.ln1_rstd);
+        if (layer_done) layer_done(g, l);
     }
-    if (!dw.wte.valid()) return;   // a frozen embedding
-    g.layer(-1);
-    g.encoder_bwd(dw.wte, dw.wpe, dres_, tokens);
+    // Layers below the lowest trained one have no gradients to hand over.
+    for (int l = lowest_trained_layer_ - 1; l >= 0 && layer_done; --l) layer_done(g, l);
+    if (dw.wte.valid()) {   // else a frozen embedding
+        g.layer(-1);
+        g.encoder_bwd(dw.wte, dw.wpe, dres_, tokens);
+    }
+    if (layer_done) layer_done(g, -1);
 }
 
 }  // namespace memfit

@@ -12,6 +12,7 @@
 // The fused W_qkv (and W_fc) of LLaMA are its adjacent q, k, v (gate, up) [out, in] matrices.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -84,7 +85,10 @@ public:
                    float dloss) const;
     // The blocks' backward, after head_loss with dw; accumulates parameter gradients into dw.
     // Recomputes what the recompute plan dropped just before each layer's (or segment's) backward.
-    void backward(Graph & g, const ModelWeights & w, const ModelWeights & dw, Tensor tokens) const;
+    // layer_done(g, l), when given, is called as soon as layer l's parameter gradients are final
+    // (l = -1: the rest, after the embedding's), so that data parallelism can start reducing them.
+    void backward(Graph & g, const ModelWeights & w, const ModelWeights & dw, Tensor tokens,
+                  const std::function<void(Graph &, int)> & layer_done = {}) const;
 
     // Decode program: the T tokens at positions pos0 .. pos0+T-1, their keys and values appended
     // to the caches, the last one's logits into logits().

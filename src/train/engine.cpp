@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/communicator.h"
 #include "memory/budget.h"
 
 namespace memfit {
@@ -17,7 +18,7 @@ StepPlans::StepPlans(const ModelConfig & cfg, const Backend & backend, const Eng
         step = std::make_unique<TrainStep>(cfg, opt.B, opt.T, mode, &backend, opt.model(), parts);
         plan = plan_memory(step->program());
     };
-    make(train, train_plan, StepMode::train, StepParts{k == 1, true});
+    make(train, train_plan, StepMode::train, StepParts{k == 1, true, opt.data_parallel > 1});
     if (k > 1) make(first, first_plan, StepMode::train, StepParts{true, false});
     if (k > 2) make(mid, mid_plan, StepMode::train, StepParts{false, false});
     if (opt.with_eval) make(eval, eval_plan, StepMode::eval, StepParts{});
@@ -61,6 +62,9 @@ bool LossScaler::update(bool finite) {
 
 Engine::Engine(const ModelConfig & cfg, Backend & backend, const EngineOptions & opt)
     : cfg_(cfg), backend_(backend), opt_(opt), plans_(cfg, backend, opt) {
+    if (opt.data_parallel > 1 && (!opt.comm || opt.comm->size() != opt.data_parallel))
+        throw ConfigError(fmt::format("data parallel over {} ranks needs a communicator of that size",
+                                      opt.data_parallel));
     if (opt.budget > 0)
         check_budget(planned_reserved(), opt.budget,
                      "lower --batch or --seq (activations grow with both), or pick a smaller --model");
@@ -252,6 +256,7 @@ void Engine::import_state(const TrainState & s) {
 
 void Engine::execute(const TrainStep & step, StepMemory & mem, const StepScalars & s) {
     Graph g(step.program(), mem, backend_);
+    g.set_communicator(opt_.comm);
     if (timeline_ && &step == plans_.train.get()) {
         timeline_->program = "train";
         timeline_->events.clear();
@@ -298,6 +303,7 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
     const size_t BT = size_t(opt_.B) * size_t(opt_.T);
     StepResult r;
     r.tokens = count_targets(inputs, targets, BT * size_t(k));
+    if (opt_.data_parallel > 1) r.tokens = int(opt_.comm->all_reduce_sum(double(r.tokens)));
     // Every micro-batch's loss gradient is scaled by the whole step's token count, so the
     // accumulated gradients are those of one batch of k*B sequences.
     // fp16: the loss gradient is multiplied by the loss scale and AdamW divides it back out.
@@ -318,6 +324,7 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
         else if (i == 0) sum += run_batch(*plans_.first, *first_mem_, in, tg, dloss, nullptr, seed);
         else sum += run_batch(*plans_.mid, *mid_mem_, in, tg, dloss, nullptr, seed);
     }
+    if (opt_.data_parallel > 1) sum = opt_.comm->all_reduce_sum(sum);
     r.loss = r.tokens > 0 ? float(sum / r.tokens) : 0.0f;
     const float norm_sq = *static_cast<const float *>(train_mem_->base(plans_.train->grad_norm_sq));
     r.grad_norm = std::sqrt(norm_sq) * hh.grad_scale;
@@ -329,8 +336,12 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
 float Engine::eval_loss(const int32_t * inputs, const int32_t * targets) {
     MF_ASSERT(plans_.eval && "engine built without the evaluation program");
     const size_t BT = size_t(opt_.B) * size_t(opt_.T);
-    const int valid = count_targets(inputs, targets, BT);
-    const double sum = run_batch(*plans_.eval, *eval_mem_, inputs, targets, 0.0f, nullptr);
+    int valid = count_targets(inputs, targets, BT);
+    double sum = run_batch(*plans_.eval, *eval_mem_, inputs, targets, 0.0f, nullptr);
+    if (opt_.data_parallel > 1) {
+        valid = int(opt_.comm->all_reduce_sum(double(valid)));
+        sum = opt_.comm->all_reduce_sum(sum);
+    }
     return valid > 0 ? float(sum / valid) : 0.0f;
 }
 

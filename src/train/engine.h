@@ -14,6 +14,8 @@
 #include "memory/timeline.h"
 #include "train/step.h"
 
+namespace memfit { class Communicator; }
+
 namespace memfit {
 
 struct EngineOptions {
@@ -32,6 +34,11 @@ struct EngineOptions {
     // LoRA (model/lora.h): only the adapters train; the base is frozen, optionally quantized.
     LoraOptions lora;
     uint64_t seed = 0;               // random streams of the steps (LoRA dropout): seed, step, micro-step
+    // Data parallel over `data_parallel` ranks (B is this rank's micro-batch): gradients are
+    // summed over `comm` before the optimizer, token counts and losses too. The plan needs only
+    // the count; the engine needs the communicator (null: single process).
+    int data_parallel = 1;
+    Communicator * comm = nullptr;
     DType grad_dtype() const { return grad_accum > 1 ? DType::f32 : compute; }
     ModelOptions model() const {
         ModelOptions m;

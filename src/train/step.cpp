@@ -1,10 +1,27 @@
 #include "train/step.h"
 
+#include <cctype>
+#include <cstdlib>
+#include <functional>
+
 #include <fmt/format.h>
 
 #include "core/error.h"
 
 namespace memfit {
+
+namespace {
+// The transformer block a parameter belongs to ("model.layers.3.", "h.3.", "...transformer.h.3."),
+// or -1.
+int param_layer(const std::string & name) {
+    size_t at = std::string::npos;
+    if (const size_t p = name.find("layers."); p != std::string::npos) at = p + 7;
+    else if (name.starts_with("h.")) at = 2;
+    else if (const size_t q = name.find(".h."); q != std::string::npos) at = q + 3;
+    if (at == std::string::npos || at >= name.size() || !std::isdigit(static_cast<unsigned char>(name[at]))) return -1;
+    return std::atoi(name.c_str() + at);
+}
+}  // namespace
 
 TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const Backend * sizing,
                      const ModelOptions & model, StepParts parts)
@@ -54,6 +71,12 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
         if (train) dw_ = model_weights(cfg_, layout_, grads, grad_dt_);
     }
 
+    if (train && parts_.optimizer && parts_.reduce_grads)
+        for (const auto & p : layout_.params) {
+            const int l = param_layer(p.name);
+            if (!buckets_.empty() && buckets_.back().layer == l) buckets_.back().numel += p.numel;
+            else buckets_.push_back(Bucket{l, p.offset, p.numel});
+        }
     Graph rec(program_, sizing);
     run(rec, StepScalars{});
     program_.finalize();
@@ -77,8 +100,22 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
     model_->head_loss(g, w_, mode_ == StepMode::train ? &dw_ : nullptr, tgt.view(0, {b * t}), loss.view(0, {b * t}),
                       s.dloss);
     if (mode_ == StepMode::eval) return;
-    model_->backward(g, w_, dw_, tok);
+    auto grad_view = [&](const Bucket & bucket) {
+        return Tensor(grads, grad_dt_, {int64_t(bucket.numel)}, bucket.offset * dtype_size(grad_dt_));
+    };
+    std::function<void(Graph &, int)> reduce;
+    if (!buckets_.empty())
+        reduce = [&](Graph & gg, int layer) {
+            gg.phase(Phase::communication);
+            for (size_t i = 0; i < buckets_.size(); ++i)
+                if (buckets_[i].layer == layer) gg.all_reduce_start(grad_view(buckets_[i]), int(i));
+            gg.phase(Phase::backward);
+        };
+    model_->backward(g, w_, dw_, tok, reduce);
     if (!parts_.optimizer) return;
+    g.phase(Phase::communication);
+    g.layer(-1);
+    for (size_t i = 0; i < buckets_.size(); ++i) g.all_reduce_wait(grad_view(buckets_[i]), int(i));
 
     g.phase(Phase::optimizer);
     g.layer(-1);

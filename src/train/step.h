@@ -25,6 +25,9 @@ enum class StepMode {
 struct StepParts {
     bool zero_grads = true;
     bool optimizer = true;
+    // Data parallel: sum the gradients over the ranks before the optimizer, bucket by bucket
+    // (one per layer) as soon as backward has finished each layer's.
+    bool reduce_grads = false;
 };
 
 struct StepScalars {
@@ -75,6 +78,9 @@ private:
     BufferId workspace_ = -1;
     std::unique_ptr<Transformer> model_;
     ModelWeights w_, dw_;
+    // Gradient buckets: runs of adjacent parameters of one layer (-1: outside the blocks).
+    struct Bucket { int layer; size_t offset, numel; };
+    std::vector<Bucket> buckets_;
 };
 
 }  // namespace memfit

@@ -1,0 +1,83 @@
+// Communicator: the collectives data-parallel training needs, over one process (every
+// collective is the identity) or over MPI ranks (OpenMPI from Debian; rank and world size come
+// from the launcher, `mpirun -np N memfit train ...`). NCCL joins behind the same interface on
+// GPUs.
+//
+// Buffers are host memory of f32, bf16 or f16 elements (DType); sums of 16-bit values are
+// accumulated in fp32 and rounded once, and every rank receives the same bits. Every rank must
+// call every collective in the same order with the same sizes (MPI's rule); communicators made
+// by separate make_communicator() calls do not interfere. Call from one thread at a time.
+//
+// Failures (MPI): a call that fails throws CommError naming the operation, the rank and the peer.
+// A process that exits with a non-zero status after starting MPI aborts the whole job
+// (MPI_Abort), so a rank that fails alone never leaves the others blocked. A rank that dies is
+// noticed by mpirun, which kills the rest and names it ("mpirun noticed that process rank N ...
+// exited on signal S"). There is no timeout: a live rank that skips a collective blocks the others.
+//
+// Memory (MPI): a blocking 16-bit sum converts through an fp32 scratch of at most 16 MiB;
+// iall_reduce_sum on 16-bit data holds an fp32 copy (4 bytes per element) until wait().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace memfit {
+
+// A non-blocking collective in flight; wait() completes it (idempotent).
+class CommRequest {
+public:
+    virtual ~CommRequest() = default;
+    virtual void wait() = 0;
+};
+
+class Communicator {
+public:
+    virtual ~Communicator() = default;
+    virtual int rank() const = 0;
+    virtual int size() const = 0;
+    virtual const char * name() const = 0;   // "single" | "mpi"
+
+    // data[n] = the element-wise sum over ranks (in place).
+    virtual void all_reduce_sum(void * data, size_t n, DType t) = 0;
+    // The same, started now and completed by wait(): backward keeps computing meanwhile. data
+    // must stay alive and untouched until wait(); destroying the request without wait() still
+    // blocks until MPI is done with the buffers, but leaves data undefined. MPI (OpenMPI 4.1,
+    // no progress thread) advances the transfer mostly inside MPI calls, so the overlap with
+    // computation is partial.
+    virtual std::unique_ptr<CommRequest> iall_reduce_sum(void * data, size_t n, DType t) = 0;
+    // in[size() * n] summed over ranks; this rank receives its n-element shard:
+    // out[i] = sum over ranks of in[rank() * n + i]. out is disjoint from in or is this rank's
+    // shard of it (out == in + rank() * n elements); in is never written.
+    virtual void reduce_scatter_sum(const void * in, void * out, size_t n, DType t) = 0;
+    // out[size() * bytes] = every rank's `bytes` bytes of in, in rank order. in is disjoint
+    // from out or is this rank's slot of it (in == out + rank() * bytes).
+    virtual void all_gather(const void * in, void * out, size_t bytes) = 0;
+    virtual void broadcast(void * data, size_t bytes, int root) = 0;
+    // Blocking point-to-point (tag >= 0); recv's size must equal the matching send's (else
+    // CommError). Messages between one pair of ranks with one tag arrive in order.
+    virtual void send(const void * data, size_t bytes, int dst, int tag) = 0;
+    virtual void recv(void * data, size_t bytes, int src, int tag) = 0;
+    virtual void barrier() = 0;
+
+    // Convenience: every rank's value, in rank order; the sum of every rank's value (gathered
+    // and added in rank order, so every rank gets the same bits).
+    std::vector<uint64_t> all_gather_u64(uint64_t v);
+    double all_reduce_sum(double v);
+};
+
+// Single process: size 1, collectives copy or do nothing; send to rank 0 queues the message
+// for a later recv with the same tag.
+std::unique_ptr<Communicator> make_single_communicator();
+// MPI when this process was started by an MPI launcher (mpirun sets OMPI_COMM_WORLD_SIZE /
+// PMIX_RANK), else single. MPI is initialised once per process and finalised at exit.
+std::unique_ptr<Communicator> make_communicator();
+// True when an MPI launcher started this process.
+bool launched_by_mpi();
+
+}  // namespace memfit

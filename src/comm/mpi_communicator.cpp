@@ -1,0 +1,377 @@
+// The MPI communicator (OpenMPI 4.1 from Debian, through MPI's C API). The only file that
+// includes mpi.h.
+//
+// Life cycle: the first make_mpi_communicator() calls MPI_Init_thread (MPI_THREAD_SERIALIZED;
+// memfit calls MPI from one thread at a time, in practice the main one) and registers an exit
+// handler. At exit with status 0 the handler calls MPI_Finalize; at exit with any other status
+// it calls MPI_Abort, so that a rank that fails alone (a bad file, a CommError caught by the
+// CLI) ends the whole job with mpirun's "MPI_ABORT was invoked on rank N" message instead of
+// leaving the other ranks blocked in a collective. Each communicator works on its own duplicate
+// of MPI_COMM_WORLD, whose error handler is MPI_ERRORS_RETURN: failed calls throw CommError
+// naming the operation, this rank, the peer where there is one, and MPI's error string.
+//
+// A rank that dies (killed, crashed, std::abort) is noticed by mpirun, which kills the others
+// and prints "mpirun noticed that process rank N ... exited on signal S"; OpenMPI 4.1 has no
+// fault tolerance, so the survivors do not get to throw. There is no timeout: a live rank that
+// never joins a collective blocks the others.
+//
+// Sums: f32 with MPI_FLOAT/MPI_SUM. bf16 and f16 are widened to an fp32 scratch, summed with
+// MPI_FLOAT/MPI_SUM and rounded back once (a user-defined MPI_Op on 16-bit values would round
+// after every pairwise combination, size()-1 roundings). Blocking sums convert at most
+// set_mpi_scratch_elems() elements at a time (16 MiB of fp32 by default); iall_reduce_sum holds
+// an fp32 copy of the whole buffer (4 bytes per element) until wait().
+//
+// Counts: MPI counts are int; messages longer than INT_MAX elements (sums) or bytes (the rest)
+// go in chunks.
+#include "comm/mpi_communicator.h"
+
+#include <mpi.h>
+#include <stdlib.h>   // on_exit (glibc)
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <cstdlib>
+#include <string>
+#include <utility>
+
+#include <fmt/format.h>
+
+namespace memfit {
+
+namespace {
+
+size_t g_max_count = INT_MAX;
+size_t g_scratch_elems = size_t(1) << 22;
+
+int world_rank() {
+    int r = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    return r;
+}
+
+// on_exit handler: status 0 finalises; anything else aborts the job (see the top of the file).
+void finish_mpi(int status, void *) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    if (status == 0) {
+        MPI_Finalize();
+        return;
+    }
+    std::fprintf(stderr, "memfit: rank %d is exiting with status %d; aborting the other ranks\n",
+                 world_rank(), status);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, status);
+}
+
+std::string mpi_error_string(int rc) {
+    char buf[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, buf, &len) != MPI_SUCCESS) return fmt::format("MPI error {}", rc);
+    return std::string(buf, static_cast<size_t>(len));
+}
+
+void init_mpi_once() {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (initialized) return;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) throw CommError("MPI was already finalised in this process; it cannot start again");
+    int provided = 0;
+    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+    if (rc != MPI_SUCCESS)
+        throw CommError(fmt::format("MPI_Init_thread failed: {}", mpi_error_string(rc)));
+    if (on_exit(finish_mpi, nullptr) != 0)   // only when glibc's handler table cannot grow
+        std::atexit([] { finish_mpi(0, nullptr); });
+    if (provided < MPI_THREAD_FUNNELED)
+        throw CommError(fmt::format("MPI provides thread level {}, memfit needs at least "
+                                    "MPI_THREAD_FUNNELED ({})", provided, MPI_THREAD_FUNNELED));
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+}
+
+bool mpi_finalized() {
+    int f = 0;
+    MPI_Finalized(&f);
+    return f != 0;
+}
+
+bool summable(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
+// 16-bit <-> fp32 for n elements.
+void widen(const void * src, float * dst, size_t n, DType t) {
+    if (t == DType::bf16) {
+        const auto * s = static_cast<const bf16_t *>(src);
+        for (size_t i = 0; i < n; ++i) dst[i] = to_f32(s[i]);
+    } else if (t == DType::f16) {
+        const auto * s = static_cast<const f16_t *>(src);
+        for (size_t i = 0; i < n; ++i) dst[i] = to_f32(s[i]);
+    } else {
+        std::memcpy(dst, src, n * sizeof(float));
+    }
+}
+void narrow(const float * src, void * dst, size_t n, DType t) {
+    if (t == DType::bf16) {
+        auto * d = static_cast<bf16_t *>(dst);
+        for (size_t i = 0; i < n; ++i) d[i] = from_f32<bf16_t>(src[i]);
+    } else if (t == DType::f16) {
+        auto * d = static_cast<f16_t *>(dst);
+        for (size_t i = 0; i < n; ++i) d[i] = from_f32<f16_t>(src[i]);
+    } else {
+        std::memcpy(dst, src, n * sizeof(float));
+    }
+}
+
+int as_int(size_t c) {
+    MF_ASSERT(c <= size_t(INT_MAX));
+    return static_cast<int>(c);
+}
+
+// Where a call failed: the operation, and the peer rank and tag of a point-to-point call.
+struct Site {
+    const char * op;
+    int peer = -1;
+    int tag = -1;
+};
+
+std::string comm_error_message(const Site & s, int rank, int size, int rc) {
+    std::string peer;
+    if (s.peer >= 0 && s.tag >= 0) peer = fmt::format(" (peer rank {}, tag {})", s.peer, s.tag);
+    else if (s.peer >= 0) peer = fmt::format(" (root rank {})", s.peer);
+    return fmt::format("MPI {} failed on rank {} of {}{}: {}; a peer rank may have died or the "
+                       "transport broke (see mpirun's messages)", s.op, rank, size, peer,
+                       mpi_error_string(rc));
+}
+
+class MpiRequest final : public CommRequest {
+public:
+    MpiRequest(int rank, int size, void * data, size_t n, DType t)
+        : rank_(rank), size_(size), data_(data), n_(n), t_(t) {}
+    ~MpiRequest() override {
+        // Not waited for: MPI may still write the buffers, so complete before freeing them.
+        if (!done_ && !reqs_.empty() && !mpi_finalized())
+            MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+    }
+    MpiRequest(const MpiRequest &) = delete;
+    MpiRequest & operator=(const MpiRequest &) = delete;
+
+    void wait() override {
+        if (done_) {
+            if (!error_.empty()) throw CommError(error_);
+            return;
+        }
+        done_ = true;
+        const int rc = reqs_.empty() ? MPI_SUCCESS
+            : MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS) {
+            error_ = comm_error_message({"Iallreduce (wait)"}, rank_, size_, rc);
+            throw CommError(error_);
+        }
+        if (!scratch_.empty()) {
+            narrow(scratch_.data(), data_, n_, t_);
+            scratch_ = {};
+        }
+    }
+
+    std::vector<MPI_Request> reqs_;
+    std::vector<float> scratch_;   // the fp32 copy of a 16-bit buffer
+
+private:
+    int rank_, size_;
+    void * data_;
+    size_t n_;
+    DType t_;
+    bool done_ = false;
+    std::string error_;
+};
+
+class MpiCommunicator final : public Communicator {
+public:
+    MpiCommunicator() {
+        init_mpi_once();
+        check(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), {"Comm_dup"});
+        MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+        check(MPI_Comm_rank(comm_, &rank_), {"Comm_rank"});
+        check(MPI_Comm_size(comm_, &size_), {"Comm_size"});
+    }
+    ~MpiCommunicator() override {
+        if (comm_ != MPI_COMM_NULL && !mpi_finalized()) MPI_Comm_free(&comm_);
+    }
+    MpiCommunicator(const MpiCommunicator &) = delete;
+    MpiCommunicator & operator=(const MpiCommunicator &) = delete;
+
+    int rank() const override { return rank_; }
+    int size() const override { return size_; }
+    const char * name() const override { return "mpi"; }
+
+    void all_reduce_sum(void * data, size_t n, DType t) override {
+        MF_ASSERT(summable(t) && (data || n == 0));
+        if (t == DType::f32) {
+            auto * p = static_cast<float *>(data);
+            for (size_t off = 0; off < n; off += g_max_count) {
+                const size_t c = std::min(g_max_count, n - off);
+                check(MPI_Allreduce(MPI_IN_PLACE, p + off, as_int(c), MPI_FLOAT, MPI_SUM, comm_),
+                      {"Allreduce"});
+            }
+            return;
+        }
+        const size_t chunk = std::min(g_max_count, g_scratch_elems);
+        std::vector<float> scratch(std::min(chunk, n));
+        auto * p = static_cast<unsigned char *>(data);
+        for (size_t off = 0; off < n; off += chunk) {
+            const size_t c = std::min(chunk, n - off);
+            widen(p + off * 2, scratch.data(), c, t);
+            check(MPI_Allreduce(MPI_IN_PLACE, scratch.data(), as_int(c), MPI_FLOAT, MPI_SUM, comm_),
+                  {"Allreduce"});
+            narrow(scratch.data(), p + off * 2, c, t);
+        }
+    }
+
+    std::unique_ptr<CommRequest> iall_reduce_sum(void * data, size_t n, DType t) override {
+        MF_ASSERT(summable(t) && (data || n == 0));
+        auto req = std::make_unique<MpiRequest>(rank_, size_, data, n, t);
+        float * p = static_cast<float *>(data);
+        if (t != DType::f32) {
+            req->scratch_.resize(n);
+            widen(data, req->scratch_.data(), n, t);
+            p = req->scratch_.data();
+        }
+        for (size_t off = 0; off < n; off += g_max_count) {
+            const size_t c = std::min(g_max_count, n - off);
+            MPI_Request r = MPI_REQUEST_NULL;
+            check(MPI_Iallreduce(MPI_IN_PLACE, p + off, as_int(c), MPI_FLOAT, MPI_SUM, comm_, &r),
+                  {"Iallreduce"});
+            req->reqs_.push_back(r);
+        }
+        return req;
+    }
+
+    void reduce_scatter_sum(const void * in, void * out, size_t n, DType t) override {
+        MF_ASSERT(summable(t));
+        if (n == 0) return;
+        const size_t es = dtype_size(t), R = static_cast<size_t>(size_);
+        const auto * pin = static_cast<const unsigned char *>(in);
+        auto * pout = static_cast<unsigned char *>(out);
+        const bool overlap = pout < pin + R * n * es && pin < pout + n * es;
+        MF_ASSERT(!overlap || pout == pin + static_cast<size_t>(rank_) * n * es);
+        if (t == DType::f32 && !overlap && n <= g_max_count) {
+            check(MPI_Reduce_scatter_block(in, out, as_int(n), MPI_FLOAT, MPI_SUM, comm_),
+                  {"Reduce_scatter_block"});
+            return;
+        }
+        // Packed: chunk c of every rank's block into an fp32 scratch[R * c], summed in place
+        // (MPI_IN_PLACE: the result lands in scratch[0, c)). Writing out chunk by chunk is safe
+        // when out is this rank's shard of in: later chunks read only later offsets.
+        const size_t chunk = std::max<size_t>(1, std::min(g_max_count, g_scratch_elems / R));
+        std::vector<float> scratch(R * std::min(chunk, n));
+        for (size_t off = 0; off < n; off += chunk) {
+            const size_t c = std::min(chunk, n - off);
+            for (size_t r = 0; r < R; ++r) widen(pin + (r * n + off) * es, scratch.data() + r * c, c, t);
+            check(MPI_Reduce_scatter_block(MPI_IN_PLACE, scratch.data(), as_int(c), MPI_FLOAT, MPI_SUM,
+                                           comm_),
+                  {"Reduce_scatter_block"});
+            narrow(scratch.data(), pout + off * es, c, t);
+        }
+    }
+
+    void all_gather(const void * in, void * out, size_t bytes) override {
+        if (bytes == 0) return;
+        const size_t R = static_cast<size_t>(size_);
+        const auto * pin = static_cast<const unsigned char *>(in);
+        auto * pout = static_cast<unsigned char *>(out);
+        const bool in_place = pin == pout + static_cast<size_t>(rank_) * bytes;
+        MF_ASSERT(in_place || pin + bytes <= pout || pout + R * bytes <= pin);
+        if (bytes <= g_max_count) {
+            check(MPI_Allgather(in_place ? MPI_IN_PLACE : in, as_int(bytes), MPI_BYTE, out, as_int(bytes),
+                                MPI_BYTE, comm_),
+                  {"Allgather"});
+            return;
+        }
+        // Chunk [off, off + c) of every rank: received as one element of a c-byte type whose
+        // extent is `bytes`, so rank r's piece lands at out + r * bytes + off.
+        for (size_t off = 0; off < bytes; off += g_max_count) {
+            const size_t c = std::min(g_max_count, bytes - off);
+            MPI_Datatype contig = MPI_DATATYPE_NULL, strided = MPI_DATATYPE_NULL;
+            check(MPI_Type_contiguous(as_int(c), MPI_BYTE, &contig), {"Type_contiguous"});
+            check(MPI_Type_create_resized(contig, 0, static_cast<MPI_Aint>(bytes), &strided),
+                  {"Type_create_resized"});
+            MPI_Type_free(&contig);
+            check(MPI_Type_commit(&strided), {"Type_commit"});
+            const int rc = MPI_Allgather(in_place ? MPI_IN_PLACE : pin + off, as_int(c), MPI_BYTE,
+                                         pout + off, 1, strided, comm_);
+            MPI_Type_free(&strided);
+            check(rc, {"Allgather"});
+        }
+    }
+
+    void broadcast(void * data, size_t bytes, int root) override {
+        MF_ASSERT(root >= 0 && root < size_);
+        auto * p = static_cast<unsigned char *>(data);
+        for (size_t off = 0; off < bytes; off += g_max_count) {
+            const size_t c = std::min(g_max_count, bytes - off);
+            check(MPI_Bcast(p + off, as_int(c), MPI_BYTE, root, comm_), {"Bcast", root, -1});
+        }
+    }
+
+    // A message longer than the chunk limit is several MPI messages with the same tag; MPI keeps
+    // them in order between one pair of ranks.
+    void send(const void * data, size_t bytes, int dst, int tag) override {
+        MF_ASSERT(dst >= 0 && dst < size_ && tag >= 0);
+        const auto * p = static_cast<const unsigned char *>(data);
+        size_t off = 0;
+        do {
+            const size_t c = std::min(g_max_count, bytes - off);
+            check(MPI_Send(p + off, as_int(c), MPI_BYTE, dst, tag, comm_), {"Send", dst, tag});
+            off += c;
+        } while (off < bytes);
+    }
+
+    void recv(void * data, size_t bytes, int src, int tag) override {
+        MF_ASSERT(src >= 0 && src < size_ && tag >= 0);
+        auto * p = static_cast<unsigned char *>(data);
+        size_t off = 0;
+        do {
+            const size_t c = std::min(g_max_count, bytes - off);
+            MPI_Status st;
+            check(MPI_Recv(p + off, as_int(c), MPI_BYTE, src, tag, comm_, &st), {"Recv", src, tag});
+            int got = 0;
+            MPI_Get_count(&st, MPI_BYTE, &got);
+            if (static_cast<size_t>(got) != c)
+                throw CommError(fmt::format("MPI Recv on rank {} of {} from rank {} (tag {}): expected {} "
+                                            "bytes, the message has {}; the sender's size differs",
+                                            rank_, size_, src, tag, c, got));
+            off += c;
+        } while (off < bytes);
+    }
+
+    void barrier() override { check(MPI_Barrier(comm_), {"Barrier"}); }
+
+private:
+    void check(int rc, const Site & s) const {
+        if (rc != MPI_SUCCESS) throw CommError(comm_error_message(s, rank_, size_, rc));
+    }
+
+    MPI_Comm comm_ = MPI_COMM_NULL;
+    int rank_ = -1, size_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator() {
+    return std::make_unique<MpiCommunicator>();
+}
+
+namespace detail {
+size_t set_mpi_max_count(size_t n) {
+    MF_ASSERT(n >= 1 && n <= size_t(INT_MAX));
+    return std::exchange(g_max_count, n);
+}
+size_t set_mpi_scratch_elems(size_t n) {
+    MF_ASSERT(n >= 1);
+    return std::exchange(g_scratch_elems, n);
+}
+}  // namespace detail
+
+}  // namespace memfit
