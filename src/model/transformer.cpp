@@ -72,22 +72,27 @@ ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, 
     return w;
 }
 
+ModelWeights quantized_model_weights(const ModelConfig & cfg, const QuantLayout & q, BufferId flat, DType dtype,
+                                     BufferId qflat) {
+    ModelWeights w = model_weights(cfg, dense_layout(cfg, q), flat, dtype);
+    for (const auto & e : q.entries) {
+        const QWeight qw{Tensor(qflat, DType::u8, {int64_t(quant_bytes(e.q))}, e.offset), e.q};
+        auto & y = w.h[size_t(e.layer)];
+        switch (e.proj) {
+            case Proj::qkv: y.qkvq = qw; break;
+            case Proj::o: y.projq = qw; break;
+            case Proj::fc: y.fcq = qw; break;
+            case Proj::down: y.fcprojq = qw; break;
+        }
+    }
+    return w;
+}
+
 ModelWeights lora_model_weights(const ModelConfig & cfg, const LoraOptions & lora, BufferId flat, DType dtype,
                                 const QuantLayout & q, BufferId qflat, BufferId adapters, DType adtype) {
     ModelWeights w;
-    if (flat >= 0) w = model_weights(cfg, dense_layout(cfg, q), flat, dtype);
+    if (flat >= 0) w = quantized_model_weights(cfg, q, flat, dtype, qflat);
     else w.h.resize(size_t(cfg.n_layer));
-    if (flat >= 0)
-        for (const auto & e : q.entries) {
-            const QWeight qw{Tensor(qflat, DType::u8, {int64_t(quant_bytes(e.q))}, e.offset), e.q};
-            auto & y = w.h[size_t(e.layer)];
-            switch (e.proj) {
-                case Proj::qkv: y.qkvq = qw; break;
-                case Proj::o: y.projq = qw; break;
-                case Proj::fc: y.fcq = qw; break;
-                case Proj::down: y.fcprojq = qw; break;
-            }
-        }
     const ParamLayout al = make_lora_layout(cfg, lora);
     auto view = [&](const ParamInfo & p) {
         return Tensor(adapters, adtype, {p.shape[0], p.shape[1]}, p.offset * dtype_size(adtype));

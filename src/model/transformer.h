@@ -44,6 +44,10 @@ struct ModelWeights {
 };
 // `dtype`: the storage of the flat buffer (element offsets scale with it).
 ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, BufferId flat, DType dtype = DType::f32);
+// Views of a base whose projections `q` holds packed in `qflat` (QWeight fields) and whose other
+// weights are dense_layout(cfg, q) in `flat`. With an empty q: model_weights of the whole layout.
+ModelWeights quantized_model_weights(const ModelConfig & cfg, const QuantLayout & q, BufferId flat, DType dtype,
+                                     BufferId qflat);
 // LoRA: the base's views (a dense layout without the quantized projections, which come from `q`
 // in `qflat`, when q has entries) plus the adapters of `lora` from `adapters` (a make_lora_layout
 // buffer of dtype `adtype`). Gradients: pass flat = -1 for a frozen base (every base view invalid).

@@ -10,26 +10,6 @@
 
 namespace memfit {
 
-namespace {
-
-// Views of the weights: the dense part's from `flat`, the packed projections' from `qflat`.
-ModelWeights decoder_weights(const ModelConfig & cfg, const ParamLayout & dense, BufferId flat, DType dt,
-                             const QuantLayout & q, BufferId qflat) {
-    ModelWeights w = model_weights(cfg, dense, flat, dt);
-    for (const auto & e : q.entries) {
-        const QWeight qw{Tensor(qflat, DType::u8, {int64_t(quant_bytes(e.q))}, e.offset), e.q};
-        auto & y = w.h[size_t(e.layer)];
-        switch (e.proj) {
-            case Proj::qkv: y.qkvq = qw; break;
-            case Proj::o: y.projq = qw; break;
-            case Proj::fc: y.fcq = qw; break;
-            case Proj::down: y.fcprojq = qw; break;
-        }
-    }
-    return w;
-}
-
-}  // namespace
 
 struct Decoder::Pass {
     memfit::Program program;
@@ -50,7 +30,7 @@ struct Decoder::Pass {
         mo.compute = dt;
         mo.kv_capacity = capacity;
         model = std::make_unique<Transformer>(cfg, 1, n, program, mo);
-        w = decoder_weights(cfg, dense, params, dt, q, qparams);
+        w = quantized_model_weights(cfg, q, params, dt, qparams);
         Graph rec(program, &sizing);
         run(rec, 0);
         program.finalize();
