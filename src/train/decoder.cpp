@@ -7,6 +7,7 @@
 #include "backend/graph.h"
 #include "backend/quant_format.h"
 #include "core/error.h"
+#include "train/split_weights.h"
 
 namespace memfit {
 
@@ -58,42 +59,19 @@ Decoder::Decoder(const ModelConfig & cfg, Backend & backend, int capacity, DType
 Decoder::~Decoder() = default;
 
 void Decoder::set_weights(const float * params) {
-    std::vector<float> gathered;
-    const float * dense = params;
-    if (!quant_.entries.empty()) {
-        gathered.resize(dense_.total);
-        for (const auto & p : dense_.params)
-            std::memcpy(gathered.data() + p.offset, params + layout_.find(p.name).offset, p.numel * sizeof(float));
-        dense = gathered.data();
-    }
-    const int64_t P = int64_t(dense_.total);
-    Tensor src(-1, DType::f32, {P}), dst(step_->params, compute_, {P});
-    src.data = const_cast<float *>(dense);
-    dst.data = step_->memory->base(step_->params);
-    backend_.copy(dst, src);
-    if (quant_.entries.empty()) return;
-    auto * q = static_cast<uint8_t *>(step_->memory->base(step_->qparams));
-    for (const auto & e : quant_.entries)
-        backend_.quantize(e.q, q + e.offset, gather_quant_entry(cfg_, layout_, e, params).data());
+    Tensor dense(step_->params, compute_, {int64_t(dense_.total)});
+    dense.data = step_->memory->base(step_->params);
+    store_split_weights(backend_, cfg_, quant_, dense,
+                        static_cast<uint8_t *>(step_->qparams >= 0 ? step_->memory->base(step_->qparams) : nullptr),
+                        params);
 }
 
 std::vector<float> Decoder::weights() const {
-    std::vector<float> full(layout_.total), dense(dense_.total);
-    const int64_t P = int64_t(dense_.total);
-    Tensor src(step_->params, compute_, {P}), dst(-1, DType::f32, {P});
-    src.data = step_->memory->base(step_->params);
-    dst.data = dense.data();
-    backend_.copy(dst, src);
-    for (const auto & p : dense_.params)
-        std::memcpy(full.data() + layout_.find(p.name).offset, dense.data() + p.offset, p.numel * sizeof(float));
-    if (quant_.entries.empty()) return full;
-    const auto * q = static_cast<const uint8_t *>(step_->memory->base(step_->qparams));
-    for (const auto & e : quant_.entries) {
-        std::vector<float> m(size_t(e.q.out) * size_t(e.q.in));
-        backend_.dequantize(e.q, m.data(), q + e.offset);
-        scatter_quant_entry(cfg_, layout_, e, m.data(), full.data());
-    }
-    return full;
+    Tensor dense(step_->params, compute_, {int64_t(dense_.total)});
+    dense.data = step_->memory->base(step_->params);
+    return load_split_weights(
+        backend_, cfg_, quant_, dense,
+        static_cast<const uint8_t *>(step_->qparams >= 0 ? step_->memory->base(step_->qparams) : nullptr));
 }
 
 uint64_t Decoder::weight_bytes() const { return uint64_t(dense_.total * dtype_size(compute_) + quant_.bytes); }

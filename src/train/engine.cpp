@@ -8,6 +8,7 @@
 
 #include "comm/communicator.h"
 #include "memory/budget.h"
+#include "train/split_weights.h"
 
 namespace memfit {
 
@@ -163,39 +164,19 @@ void Engine::init_params(uint64_t seed) {
 void Engine::set_base(const float * full) {
     const TrainStep & st = *plans_.train;
     MF_ASSERT(st.lora());
-    const ParamLayout all = make_param_layout(cfg_);
-    std::vector<float> dense(st.base_layout().total);
-    for (const auto & p : st.base_layout().params)
-        std::memcpy(dense.data() + p.offset, full + all.find(p.name).offset, p.numel * sizeof(float));
-    const int64_t n = int64_t(dense.size());
-    Tensor dst(st.base, st.compute(), {n}), src(-1, DType::f32, {n});
-    dst.data = train_mem_->base(st.base);
-    src.data = dense.data();
-    backend_.copy(dst, src);
-    uint8_t * q = static_cast<uint8_t *>(st.base_q >= 0 ? train_mem_->base(st.base_q) : nullptr);
-    for (const auto & e : st.quant_layout().entries)
-        backend_.quantize(e.q, q + e.offset, gather_quant_entry(cfg_, all, e, full).data());
+    Tensor dense(st.base, st.compute(), {int64_t(st.base_layout().total)});
+    dense.data = train_mem_->base(st.base);
+    store_split_weights(backend_, cfg_, st.quant_layout(), dense,
+                        static_cast<uint8_t *>(st.base_q >= 0 ? train_mem_->base(st.base_q) : nullptr), full);
 }
 
 std::vector<float> Engine::base_weights() const {
     const TrainStep & st = *plans_.train;
     MF_ASSERT(st.lora());
-    const ParamLayout all = make_param_layout(cfg_);
-    std::vector<float> full(all.total), dense(st.base_layout().total);
-    const int64_t n = int64_t(dense.size());
-    Tensor dst(-1, DType::f32, {n}), src(st.base, st.compute(), {n});
-    dst.data = dense.data();
-    src.data = train_mem_->base(st.base);
-    backend_.copy(dst, src);
-    for (const auto & p : st.base_layout().params)
-        std::memcpy(full.data() + all.find(p.name).offset, dense.data() + p.offset, p.numel * sizeof(float));
-    const uint8_t * q = static_cast<const uint8_t *>(st.base_q >= 0 ? train_mem_->base(st.base_q) : nullptr);
-    for (const auto & e : st.quant_layout().entries) {
-        std::vector<float> m(size_t(e.q.out) * size_t(e.q.in));
-        backend_.dequantize(e.q, m.data(), q + e.offset);
-        scatter_quant_entry(cfg_, all, e, m.data(), full.data());
-    }
-    return full;
+    Tensor dense(st.base, st.compute(), {int64_t(st.base_layout().total)});
+    dense.data = train_mem_->base(st.base);
+    return load_split_weights(backend_, cfg_, st.quant_layout(), dense,
+                              static_cast<const uint8_t *>(st.base_q >= 0 ? train_mem_->base(st.base_q) : nullptr));
 }
 
 std::vector<float> Engine::merged_weights() {
