@@ -8,6 +8,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
+#include "cli/lora_flags.h"
 #include "cli/validators.h"
 #include "core/error.h"
 #include "plan/hardware.h"
@@ -121,20 +122,7 @@ void add_plan_commands(CLI::App & app) {
         ->check(kPositive);
     p->add_option("--recompute", f.recompute, "fix recomputation: none|selective|full");
     p->add_option("--attention", f.attention, "fix attention: flash|naive");
-    p->add_option("--lora-rank", f.lora_rank,
-                  "LoRA: freeze the base and train rank-R adapters on --lora-targets (0: train every parameter)")
-        ->capture_default_str()->check(kNonNegative);
-    p->add_option("--lora-alpha", f.lora_alpha, "LoRA: the adapters' output is scaled by alpha / rank")
-        ->capture_default_str();
-    p->add_option("--lora-targets", f.lora_targets,
-                  "LoRA: modules to adapt, q,k,v,o,gate,up,down or all (GPT-2: c_attn, c_proj, c_fc; default q,v | c_attn)");
-    p->add_option("--lora-dropout", f.lora_dropout,
-                  "LoRA: dropout probability on the adapters' input while training (0: none)")
-        ->capture_default_str();
-    p->add_option("--base-weights", f.base_weights,
-                  "LoRA: storage of the frozen base: the compute precision (bf16, fp16, fp32), int8 (per-channel) or "
-                  "nf4 (4-bit NormalFloat, blocks of 64, double-quantized scales, as QLoRA)")
-        ->capture_default_str();
+    add_lora_flags(p, f);
     p->add_option("--top", f.top, "configurations to list")->capture_default_str()->check(kPositive);
     p->add_flag("--explain", f.explain, "also list the fastest rejected configurations and what would make them fit");
     p->add_flag("--json", f.json, "print the result as JSON (docs/planner.md)");

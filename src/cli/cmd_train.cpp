@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "cli/lora_flags.h"
 #include "cli/validators.h"
 #include "core/error.h"
 #include "model/config.h"
@@ -52,20 +53,7 @@ void add_shape_flags(CLI::App * c, RunShape & o) {
         ->capture_default_str()->check(kNonNegative);
     c->add_option("--memory-budget", o.memory_budget,
                   "refuse to start unless the plan fits in this many bytes (e.g. 512MiB, 2GiB; default: the memory available)");
-    c->add_option("--lora-rank", o.lora_rank,
-                  "LoRA: freeze the base and train rank-R adapters on --lora-targets (0: train every parameter)")
-        ->capture_default_str()->check(kNonNegative);
-    c->add_option("--lora-alpha", o.lora_alpha, "LoRA: the adapters' output is scaled by alpha / rank")
-        ->capture_default_str();
-    c->add_option("--lora-targets", o.lora_targets,
-                  "LoRA: modules to adapt, q,k,v,o,gate,up,down or all (GPT-2: c_attn, c_proj, c_fc; default q,v | c_attn)");
-    c->add_option("--lora-dropout", o.lora_dropout,
-                  "LoRA: dropout probability on the adapters' input while training (0: none)")
-        ->capture_default_str();
-    c->add_option("--base-weights", o.base_weights,
-                  "LoRA: storage of the frozen base: the compute precision (bf16, fp16, fp32), int8 (per-channel) or "
-                  "nf4 (4-bit NormalFloat, blocks of 64, double-quantized scales, as QLoRA)")
-        ->capture_default_str();
+    add_lora_flags(c, o);
 }
 
 
