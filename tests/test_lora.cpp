@@ -36,15 +36,6 @@ ModelConfig tiny(bool llama, int V = 37, int C = 16, int L = 2) {
     return c;
 }
 
-LoraOptions lora_all(const ModelConfig & cfg, int rank, BaseWeights base = BaseWeights::compute) {
-    LoraOptions l;
-    l.rank = rank;
-    l.alpha = 2.0f * float(rank);
-    l.targets = parse_lora_targets(cfg, "all");
-    l.base = base;
-    return l;
-}
-
 EngineOptions opts(int B, int T, const LoraOptions & lora, DType dt = DType::f32, const RecomputePlan & rc = {}) {
     EngineOptions eo;
     eo.B = B;
@@ -109,7 +100,7 @@ TEST(Lora, TheBaseIsFrozenInTheStepProgram) {
     CpuBackend backend;
     for (DType dt : {DType::f32, DType::bf16}) {
         const ModelConfig cfg = tiny(true);
-        const LoraOptions l = lora_all(cfg, 4);
+        const LoraOptions l = test::lora_options(cfg, 4);
         Engine e(cfg, backend, opts(2, 8, l, dt));
         const Program & p = e.step().program();
         const size_t A = lora_param_count(cfg, l), P = size_t(cfg.num_params());
@@ -130,7 +121,7 @@ TEST(Lora, TheBaseIsFrozenInTheStepProgram) {
     // A quantized base: the four projections of every layer packed, the rest dense.
     const ModelConfig cfg = tiny(true, 37, 64, 2);
     for (BaseWeights b : {BaseWeights::int8, BaseWeights::nf4}) {
-        const LoraOptions l = lora_all(cfg, 4, b);
+        const LoraOptions l = test::lora_options(cfg, 4, b);
         Engine e(cfg, backend, opts(2, 8, l));
         const QuantLayout & q = e.step().quant_layout();
         ASSERT_EQ(q.entries.size(), 8u);
@@ -148,7 +139,7 @@ TEST(Lora, ZeroBStartsAtTheBaseModel) {
         const ModelConfig cfg = tiny(llama);
         Engine full(cfg, backend, opts(2, 8, LoraOptions{}));
         full.init_params(5);
-        Engine lora(cfg, backend, opts(2, 8, lora_all(cfg, 4)));
+        Engine lora(cfg, backend, opts(2, 8, test::lora_options(cfg, 4)));
         lora.init_params(5);
         std::vector<int32_t> in(16), tg(16);
         random_batch(in, tg, cfg.vocab_size, 1);
@@ -172,7 +163,7 @@ TEST(Lora, QuantizedBaseComputesWithTheDequantizedWeights) {
         for (BaseWeights bw : {BaseWeights::int8, BaseWeights::nf4}) {
             SCOPED_TRACE(std::string(llama ? "llama " : "gpt2 ") + base_weights_name(bw));
             const ModelConfig cfg = tiny(llama, 37, 32, 2);
-            Engine q(cfg, backend, opts(2, 8, lora_all(cfg, 4, bw)));
+            Engine q(cfg, backend, opts(2, 8, test::lora_options(cfg, 4, bw)));
             q.init_params(9);
             const std::vector<float> w = q.base_weights();
             Engine full(cfg, backend, opts(2, 8, LoraOptions{}));
@@ -198,7 +189,7 @@ TEST(Lora, AdapterGradientsMatchFiniteDifferences) {
         for (BaseWeights bw : {BaseWeights::compute, BaseWeights::nf4}) {
             SCOPED_TRACE(std::string(llama ? "llama " : "gpt2 ") + base_weights_name(bw));
             const ModelConfig cfg = tiny(llama, 37, 32, 2);
-            LoraOptions l = lora_all(cfg, 3, bw);
+            LoraOptions l = test::lora_options(cfg, 3, bw);
             Engine e(cfg, backend, opts(B, T, l));
             e.init_params(1);
             // B nonzero, so that A has gradients too.
@@ -244,7 +235,7 @@ TEST(Lora, PlannedEqualsMeasuredAndRecomputationIsBitwiseEqual) {
                            Case{"selective", DType::bf16, BaseWeights::nf4, 0.2f}}) {
         SCOPED_TRACE(std::string(c.rc) + " " + std::string(dtype_name(c.dt)) + " " + base_weights_name(c.bw) +
                      " dropout " + std::to_string(c.dropout));
-        LoraOptions l = lora_all(cfg, 4, c.bw);
+        LoraOptions l = test::lora_options(cfg, 4, c.bw);
         l.dropout = c.dropout;
         Engine e(cfg, backend, opts(2, 16, l, c.dt, parse_recompute(c.rc, cfg.n_layer)));
         e.init_params(1);
@@ -305,7 +296,7 @@ TEST(Lora, FineTuningA4BitBaseLowersTheLossOnTheCorpus) {
         batch(rng);
         full.train_step(in.data(), tg.data(), h);
     }
-    Engine q(cfg, backend, opts(B, T, lora_all(cfg, 8, BaseWeights::nf4)));
+    Engine q(cfg, backend, opts(B, T, test::lora_options(cfg, 8, BaseWeights::nf4)));
     q.init_params(3);
     q.set_base(full.params());
     const double pretrained = held_out(full), before = held_out(q);
@@ -323,7 +314,7 @@ TEST(Lora, MergedWeightsComputeWhatTheAdaptersDo) {
     for (bool llama : {true, false}) {
         SCOPED_TRACE(llama ? "llama" : "gpt2");
         const ModelConfig cfg = tiny(llama, 37, 32, 2);
-        Engine lora(cfg, backend, opts(2, 8, lora_all(cfg, 4)));
+        Engine lora(cfg, backend, opts(2, 8, test::lora_options(cfg, 4)));
         lora.init_params(4);
         std::mt19937 rng(3);
         const auto r = test::randn(lora.step().layout().total, rng, 0.2f);
@@ -368,7 +359,7 @@ TEST(Lora, DropoutMasksTheAdapterInputAndItsGradientsMatchFiniteDifferences) {
     // A step's loss and adapter gradients with dropout, against finite differences of that
     // step's loss (the mask follows the step count, which import_state restores).
     const ModelConfig cfg = tiny(true, 37, 32, 2);
-    LoraOptions l = lora_all(cfg, 3);
+    LoraOptions l = test::lora_options(cfg, 3);
     l.dropout = 0.3f;
     EngineOptions eo = opts(2, 9, l);
     eo.seed = 5;

@@ -50,15 +50,6 @@ ModelConfig tiny(bool llama, int V = 37, int C = 32, int L = 2) {
     return c;
 }
 
-LoraOptions lora_opts(const ModelConfig & cfg, int rank, BaseWeights base, const std::string & targets = "all") {
-    LoraOptions l;
-    l.rank = rank;
-    l.alpha = 2.0f * float(rank);
-    l.targets = parse_lora_targets(cfg, targets);
-    l.base = base;
-    return l;
-}
-
 EngineOptions opts(int B, int T, const LoraOptions & lora) {
     EngineOptions eo;
     eo.B = B;
@@ -147,7 +138,7 @@ TEST(LoraExport, MergedFolderComputesWhatTheAdaptersDid) {
         SCOPED_TRACE(tag);
         const ModelConfig cfg = tiny(c.llama);
         const std::string base = c.folder ? fs::absolute(base_folder(cfg, tag + "_base")).string() : "";
-        LoraRun run = lora_run(cfg, lora_opts(cfg, 4, c.bw), base, tag + "_ckpt");
+        LoraRun run = lora_run(cfg, test::lora_options(cfg, 4, c.bw), base, tag + "_ckpt");
         const fs::path out = fresh(tag + "_merged");
         const std::string said = export_checkpoint(run.ckpt.string(), out.string(), ExportMode::merge_lora);
         EXPECT_NE(said.find("merged into the base from " + (c.folder ? base : std::string("the seed-77"))),
@@ -177,7 +168,7 @@ TEST(LoraExport, AdapterFolderIsPeftsLayout) {
         const ModelConfig cfg = tiny(llama);
         const std::string tag = llama ? "peft_llama" : "peft_gpt2";
         const std::string base = fs::absolute(base_folder(cfg, tag + "_base")).string();
-        LoraOptions lora = lora_opts(cfg, 4, BaseWeights::compute, llama ? "q,v,down" : "c_attn,mlp.c_proj");
+        LoraOptions lora = test::lora_options(cfg, 4, BaseWeights::compute, llama ? "q,v,down" : "c_attn,mlp.c_proj");
         if (llama) lora.dropout = 0.1f;
         LoraRun run = lora_run(cfg, lora, base, tag + "_ckpt");
         const fs::path out = fresh(tag + "_adapter");
@@ -223,7 +214,7 @@ TEST(LoraExport, AdapterFolderIsPeftsLayout) {
 TEST(LoraExport, MisuseIsAClearError) {
     const ModelConfig cfg = tiny(true);
     const fs::path base = fs::absolute(base_folder(cfg, "err_base"));
-    LoraRun run = lora_run(cfg, lora_opts(cfg, 2, BaseWeights::compute), base.string(), "err_ckpt");
+    LoraRun run = lora_run(cfg, test::lora_options(cfg, 2, BaseWeights::compute), base.string(), "err_ckpt");
     const std::string ck = run.ckpt.string(), out = fresh("err_out").string();
     auto message = [](auto && f) {
         try {
@@ -315,7 +306,7 @@ void expect_clean_failure(const CmdResult & r, const std::string & needle) {
 
 TEST(LoraExport, CommandLine) {
     const ModelConfig cfg = tiny(false);
-    LoraRun run = lora_run(cfg, lora_opts(cfg, 2, BaseWeights::int8), "", "cli_ckpt");
+    LoraRun run = lora_run(cfg, test::lora_options(cfg, 2, BaseWeights::int8), "", "cli_ckpt");
     const std::string ck = run.ckpt.string(), merged = fresh("cli_merged").string(), ad = fresh("cli_ad").string();
     expect_clean_failure(run_memfit("export " + ck + " --out " + merged), "--merge-lora");
     expect_clean_failure(run_memfit("export " + ck + " --out " + merged + " --merge-lora --adapter-only"), "pick one");

@@ -41,15 +41,6 @@ ModelConfig tiny(bool llama, int V, int C, int L) {
     return c;
 }
 
-LoraOptions lora_of(const ModelConfig & cfg, int rank, const std::string & targets, BaseWeights base) {
-    LoraOptions l;
-    l.rank = rank;
-    l.alpha = 2.0f * float(rank);
-    l.targets = parse_lora_targets(cfg, targets);
-    l.base = base;
-    return l;
-}
-
 Hardware cpu_like() {
     Hardware h = test::h100_like();
     h.name = "cpu";
@@ -91,7 +82,7 @@ TEST(PlanLora, ExactOnOneCpuDeviceForTheEngine) {
                            Case{false, DType::f32, BaseWeights::compute, "c_attn", "none", false, 1, 0.0f},
                            Case{false, DType::bf16, BaseWeights::int8, "all", "selective", true, 1, 0.05f}}) {
         const ModelConfig cfg = tiny(k.llama, 61, 64, 3);
-        LoraOptions lora = lora_of(cfg, 4, k.targets, k.base);
+        LoraOptions lora = test::lora_options(cfg, 4, k.base, k.targets);
         lora.dropout = k.dropout;
         SCOPED_TRACE(fmt::format("{} {} {} {} {} {} accum {} dropout {}", k.llama ? "llama" : "gpt2", dtype_name(k.dt),
                                  base_weights_name(k.base), k.targets, k.rc, k.flash ? "flash" : "naive", k.accum,
@@ -168,7 +159,7 @@ TEST(PlanLora, Llama7bOnAn80GBGpu) {
         PlanRequest r = one_device(cfg, hw, 1, 512, 1, DType::bf16);
         r.micro_batch.reset();
         r.offload = Offload::none;   // everything on the GPU
-        if (rank > 0) r.lora = make_lora_plan(cfg, lora_of(cfg, rank, "", base));
+        if (rank > 0) r.lora = make_lora_plan(cfg, test::lora_options(cfg, rank, base, ""));
         return r;
     };
     const PlanRequest full = request(0, BaseWeights::compute), lora = request(16, BaseWeights::compute),
@@ -242,7 +233,7 @@ TEST(PlanLora, SearchKeepsTheUsersChoice) {
     for (const auto * v : {&none.best, &none.rejected})
         for (const PlanResult & p : *v) EXPECT_FALSE(p.c.lora) << layout_name(p.c.layout);
 
-    r.lora = make_lora_plan(r.cfg, lora_of(r.cfg, 16, "all", BaseWeights::nf4));
+    r.lora = make_lora_plan(r.cfg, test::lora_options(r.cfg, 16, BaseWeights::nf4));
     const SearchReport q = search_plans(r);
     ASSERT_FALSE(q.best.empty());
     for (const auto * v : {&q.best, &q.rejected})
@@ -270,7 +261,7 @@ TEST(PlanLora, SearchKeepsTheUsersChoice) {
     // A bf16 base shards under ZeRO-3 like parameters; the adapters' states shard with it.
     r.offload.reset();
     r.zero = 3;
-    r.lora = make_lora_plan(r.cfg, lora_of(r.cfg, 16, "all", BaseWeights::compute));
+    r.lora = make_lora_plan(r.cfg, test::lora_options(r.cfg, 16));
     const SearchReport z3 = search_plans(r);
     ASSERT_FALSE(z3.best.empty());
     const PlanResult & b = z3.best.front();

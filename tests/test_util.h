@@ -5,9 +5,11 @@
 
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "model/config.h"
+#include "model/lora.h"
 #include "plan/plan_types.h"
 
 namespace memfit::test {
@@ -41,6 +43,17 @@ inline Hardware h100_like() {
     h.host_bw = 50e9;
     h.host_memory = 2ull << 40;
     return h;
+}
+
+// LoRA of the given rank on `targets` (parse_lora_targets names), alpha = 2 * rank.
+inline LoraOptions lora_options(const ModelConfig & cfg, int rank, BaseWeights base = BaseWeights::compute,
+                                const std::string & targets = "all") {
+    LoraOptions l;
+    l.rank = rank;
+    l.alpha = 2.0f * float(rank);
+    l.targets = parse_lora_targets(cfg, targets);
+    l.base = base;
+    return l;
 }
 
 // n draws of N(0, scale^2).
