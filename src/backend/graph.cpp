@@ -217,6 +217,37 @@ void Graph::all_reduce_wait(Tensor t, int slot) {
     end();
 }
 
+void Graph::reduce_scatter_start(Tensor in, Tensor out, const std::vector<size_t> & counts, int slot) {
+    if (begin("reduce_scatter_start", double(in.numel()), {in, out})) {
+        MF_ASSERT(comm_ && slot >= 0 && counts.size() == size_t(comm_->size()));
+        MF_ASSERT(size_t(out.valid() ? out.numel() : 0) == counts[size_t(comm_->rank())]);
+        if (pending_.size() <= size_t(slot)) pending_.resize(size_t(slot) + 1);
+        const Tensor i = resolve(in), o = out.valid() ? resolve(out) : Tensor{};
+        pending_[size_t(slot)] = comm_->ireduce_scatter_sum(i.data, o.data, counts, in.dtype);
+    }
+    end();
+}
+
+void Graph::all_gather_start(Tensor out, Tensor in, const std::vector<size_t> & counts, int slot) {
+    if (begin("all_gather_start", 0, {out, in})) {
+        MF_ASSERT(comm_ && slot >= 0 && counts.size() == size_t(comm_->size()));
+        MF_ASSERT(size_t(in.valid() ? in.numel() : 0) == counts[size_t(comm_->rank())]);
+        if (pending_.size() <= size_t(slot)) pending_.resize(size_t(slot) + 1);
+        const Tensor o = resolve(out), i = in.valid() ? resolve(in) : Tensor{};
+        pending_[size_t(slot)] = comm_->iall_gather(i.data, o.data, counts, dtype_size(out.dtype));
+    }
+    end();
+}
+
+void Graph::comm_wait(int slot, std::initializer_list<Tensor> uses) {
+    if (begin("comm_wait", 0, uses)) {
+        MF_ASSERT(size_t(slot) < pending_.size() && pending_[size_t(slot)]);
+        pending_[size_t(slot)]->wait();
+        pending_[size_t(slot)].reset();
+    }
+    end();
+}
+
 void Graph::take_columns(Tensor d, Tensor src, int64_t col0, float scale) {
     MF_ASSERT(src.rows() == d.rows() && col0 >= 0 && col0 + d.cols() <= src.cols());
     if (begin("take_columns", double(d.numel()), {d, src})) backend_->take_columns(resolve(d), resolve(src), col0, scale);

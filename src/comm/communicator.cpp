@@ -57,6 +57,18 @@ public:
     void all_gather(const void * in, void * out, size_t bytes) override {
         if (bytes > 0 && in != out) std::memmove(out, in, bytes);
     }
+    std::unique_ptr<CommRequest> ireduce_scatter_sum(const void * in, void * out, const std::vector<size_t> & counts,
+                                                     DType t) override {
+        MF_ASSERT(summable(t) && counts.size() == 1);
+        if (counts[0] > 0 && in != out) std::memmove(out, in, counts[0] * dtype_size(t));
+        return std::make_unique<DoneRequest>();
+    }
+    std::unique_ptr<CommRequest> iall_gather(const void * in, void * out, const std::vector<size_t> & counts,
+                                             size_t elem_bytes) override {
+        MF_ASSERT(counts.size() == 1);
+        all_gather(in, out, counts[0] * elem_bytes);
+        return std::make_unique<DoneRequest>();
+    }
     void broadcast(void *, size_t, int root) override { MF_ASSERT(root == 0); }
     // Messages to oneself queue per tag, first in first out (a blocking MPI send to oneself
     // could deadlock; here it cannot).

@@ -58,6 +58,17 @@ public:
     // out[size() * bytes] = every rank's `bytes` bytes of in, in rank order. in is disjoint
     // from out or is this rank's slot of it (in == out + rank() * bytes).
     virtual void all_gather(const void * in, void * out, size_t bytes) = 0;
+    // ZeRO's bucket collectives, non-blocking, with a count per rank (a bucket of the flat buffer
+    // cut by the shard boundaries; counts may be 0). ireduce_scatter_sum: in holds sum(counts)
+    // elements; this rank receives its counts[rank()] elements, the sum over ranks of
+    // in[sum(counts[0..rank())) ...], in out (disjoint from in). iall_gather: out receives every
+    // rank's counts[i] elements of `elem_bytes` bytes, in rank order; in holds this rank's (it may
+    // be its own place in out). Buffers stay untouched until wait(). MPI: at most INT_MAX bytes
+    // per rank (else CommError); 16-bit sums hold fp32 copies of in and out until wait().
+    virtual std::unique_ptr<CommRequest> ireduce_scatter_sum(const void * in, void * out,
+                                                             const std::vector<size_t> & counts, DType t) = 0;
+    virtual std::unique_ptr<CommRequest> iall_gather(const void * in, void * out, const std::vector<size_t> & counts,
+                                                     size_t elem_bytes) = 0;
     virtual void broadcast(void * data, size_t bytes, int root) = 0;
     // Blocking point-to-point (tag >= 0); recv's size must equal the matching send's (else
     // CommError). Messages between one pair of ranks with one tag arrive in order.

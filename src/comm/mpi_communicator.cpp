@@ -147,8 +147,8 @@ std::string comm_error_message(const Site & s, int rank, int size, int rc) {
 
 class MpiRequest final : public CommRequest {
 public:
-    MpiRequest(int rank, int size, void * data, size_t n, DType t)
-        : rank_(rank), size_(size), data_(data), n_(n), t_(t) {}
+    MpiRequest(int rank, int size, void * data, size_t n, DType t, const char * op = "Iallreduce")
+        : rank_(rank), size_(size), data_(data), n_(n), t_(t), op_(op) {}
     ~MpiRequest() override {
         // Not waited for: MPI may still write the buffers, so complete before freeing them.
         if (!done_ && !reqs_.empty() && !mpi_finalized())
@@ -166,23 +166,27 @@ public:
         const int rc = reqs_.empty() ? MPI_SUCCESS
             : MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
         if (rc != MPI_SUCCESS) {
-            error_ = comm_error_message({"Iallreduce (wait)"}, rank_, size_, rc);
+            error_ = comm_error_message({op_}, rank_, size_, rc);
             throw CommError(error_);
         }
         if (!scratch_.empty()) {
             narrow(scratch_.data(), data_, n_, t_);
             scratch_ = {};
         }
+        input_ = {};
     }
 
     std::vector<MPI_Request> reqs_;
-    std::vector<float> scratch_;   // the fp32 copy of a 16-bit buffer
+    std::vector<float> scratch_;   // the fp32 copy of a 16-bit result, rounded into data on wait()
+    std::vector<float> input_;     // the fp32 copy of a 16-bit input
+    std::vector<int> counts_, displs_;   // per-rank arrays MPI reads until completion
 
 private:
     int rank_, size_;
     void * data_;
     size_t n_;
     DType t_;
+    const char * op_;
     bool done_ = false;
     std::string error_;
 };
@@ -274,6 +278,56 @@ public:
                   {"Reduce_scatter_block"});
             narrow(scratch.data(), pout + off * es, c, t);
         }
+    }
+
+    std::unique_ptr<CommRequest> ireduce_scatter_sum(const void * in, void * out, const std::vector<size_t> & counts,
+                                                     DType t) override {
+        MF_ASSERT(summable(t) && counts.size() == size_t(size_));
+        const size_t mine = counts[size_t(rank_)];
+        auto req = std::make_unique<MpiRequest>(rank_, size_, out, mine, t, "Ireduce_scatter");
+        size_t total = 0;
+        for (size_t c : counts) {
+            if (c > size_t(INT_MAX)) throw CommError(fmt::format("MPI Ireduce_scatter: {} elements for one rank exceed MPI's int count", c));
+            req->counts_.push_back(int(c));
+            total += c;
+        }
+        const void * src = in;
+        void * dst = out;
+        if (t != DType::f32) {
+            req->input_.resize(total);
+            widen(in, req->input_.data(), total, t);
+            req->scratch_.resize(mine);
+            src = req->input_.data();
+            dst = req->scratch_.data();
+        }
+        MPI_Request r = MPI_REQUEST_NULL;
+        check(MPI_Ireduce_scatter(src, dst, req->counts_.data(), MPI_FLOAT, MPI_SUM, comm_, &r), {"Ireduce_scatter"});
+        req->reqs_.push_back(r);
+        return req;
+    }
+
+    std::unique_ptr<CommRequest> iall_gather(const void * in, void * out, const std::vector<size_t> & counts,
+                                             size_t elem_bytes) override {
+        MF_ASSERT(counts.size() == size_t(size_));
+        auto req = std::make_unique<MpiRequest>(rank_, size_, nullptr, 0, DType::f32, "Iallgatherv");
+        size_t off = 0;
+        for (size_t c : counts) {
+            const size_t b = c * elem_bytes;
+            if (b > size_t(INT_MAX) || off > size_t(INT_MAX))
+                throw CommError(fmt::format("MPI Iallgatherv: {} bytes at offset {} exceed MPI's int count", b, off));
+            req->counts_.push_back(int(b));
+            req->displs_.push_back(int(off));
+            off += b;
+        }
+        const auto * pin = static_cast<const unsigned char *>(in);
+        auto * pout = static_cast<unsigned char *>(out);
+        const bool in_place = pin == pout + req->displs_[size_t(rank_)];
+        MPI_Request r = MPI_REQUEST_NULL;
+        check(MPI_Iallgatherv(in_place ? MPI_IN_PLACE : in, req->counts_[size_t(rank_)], MPI_BYTE, out,
+                              req->counts_.data(), req->displs_.data(), MPI_BYTE, comm_, &r),
+              {"Iallgatherv"});
+        req->reqs_.push_back(r);
+        return req;
     }
 
     void all_gather(const void * in, void * out, size_t bytes) override {

@@ -362,7 +362,7 @@ void Transformer::layer_forward(Graph & g, const LayerActs & a, const ModelWeigh
     g.residual_fwd(a.res3, a.res2, a.fcproj);
 }
 
-void Transformer::forward(Graph & g, const ModelWeights & w, Tensor tokens) const {
+void Transformer::forward(Graph & g, const ModelWeights & w, Tensor tokens, const LayerHook & layer_begin) const {
     g.phase(Phase::forward);
     g.layer(-1);
     // wpe (GPT-2) holds max_seq rows; the step uses the first T. LLaMA has none.
@@ -370,6 +370,11 @@ void Transformer::forward(Graph & g, const ModelWeights & w, Tensor tokens) cons
     Tensor x = encoded_;
     for (int l = 0; l < cfg_.n_layer; ++l) {
         g.layer(l);
+        if (layer_begin) {
+            layer_begin(g, l);
+            g.phase(Phase::forward);
+            g.layer(l);
+        }
         layer_forward(g, layers_[size_t(l)], w.h[size_t(l)], x, true);
         x = layers_[size_t(l)].res3;
     }
@@ -461,7 +466,7 @@ Transformer::LayerActs Transformer::recompute_dropped(Graph & g, int l, const Mo
 }
 
 void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights & dw, Tensor tokens,
-                           const std::function<void(Graph &, int)> & layer_done) const {
+                           const LayerHook & layer_done, const LayerHook & layer_begin) const {
     const int L = cfg_.n_layer, K = rc_plan_.segment;
     // The input of layer l as forward saved it.
     auto saved_input = [&](int l) { return l > 0 ? layers_[size_t(l) - 1].res3 : encoded_; };
@@ -475,6 +480,11 @@ void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights
         const auto & p = w.h[size_t(l)];
         const auto & dp = dw.h[size_t(l)];
         Tensor x = saved_input(l);
+        if (layer_begin) {
+            g.layer(l);
+            layer_begin(g, l);
+            g.phase(Phase::backward);
+        }
         LayerActs a;
         if (K >= 2) {
             const int seg = l - l % K;   // first layer of l's segment: its input is the checkpoint

@@ -77,8 +77,12 @@ public:
     // Declares the activation buffers for batch B, sequence T.
     Transformer(const ModelConfig & cfg, int B, int T, Program & program, const ModelOptions & opt);
 
+    // A hook called with the layer's index (ZeRO: gather weights, reduce gradients).
+    using LayerHook = std::function<void(Graph &, int)>;
+
     // tokens [B,T] i32 -> the final norm's output (the blocks and the final norm).
-    void forward(Graph & g, const ModelWeights & w, Tensor tokens) const;
+    // layer_begin(g, l), when given, is called just before layer l's forward.
+    void forward(Graph & g, const ModelWeights & w, Tensor tokens, const LayerHook & layer_begin = {}) const;
     // The LM head, for the whole batch: logits [B,T,V] into the `logits` buffer.
     void head_logits(Graph & g, const ModelWeights & w) const;
     // The LM head and the cross-entropy (losses [B,T]); with dw, also their backward (dlogits
@@ -91,8 +95,14 @@ public:
     // Recomputes what the recompute plan dropped just before each layer's (or segment's) backward.
     // layer_done(g, l), when given, is called as soon as layer l's parameter gradients are final
     // (l = -1: the rest, after the embedding's), so that data parallelism can start reducing them.
+    // layer_begin(g, l) is called before layer l's backward and its recomputation (a segment's
+    // recomputation, every:K, reads the weights of the segment's lower layers before their
+    // layer_begin).
     void backward(Graph & g, const ModelWeights & w, const ModelWeights & dw, Tensor tokens,
-                  const std::function<void(Graph &, int)> & layer_done = {}) const;
+                  const LayerHook & layer_done = {}, const LayerHook & layer_begin = {}) const;
+    int segment() const { return rc_plan_.segment; }
+    // The lowest layer backward visits (LoRA on a frozen base: the lowest adapted one).
+    int lowest_trained_layer() const { return lowest_trained_layer_; }
 
     // Decode program: the T tokens at positions pos0 .. pos0+T-1, their keys and values appended
     // to the caches, the last one's logits into logits().

@@ -16,10 +16,10 @@ StepPlans::StepPlans(const ModelConfig & cfg, const Backend & backend, const Eng
     if (opt.grad_accum < 1) throw ConfigError(fmt::format("--grad-accum {}: must be at least 1", opt.grad_accum));
     const int k = opt.grad_accum;
     auto make = [&](std::unique_ptr<TrainStep> & step, MemoryPlan & plan, StepMode mode, StepParts parts) {
-        step = std::make_unique<TrainStep>(cfg, opt.B, opt.T, mode, &backend, opt.model(), parts);
+        step = std::make_unique<TrainStep>(cfg, opt.B, opt.T, mode, &backend, opt.model(), parts, opt.dp());
         plan = plan_memory(step->program());
     };
-    make(train, train_plan, StepMode::train, StepParts{k == 1, true, opt.data_parallel > 1});
+    make(train, train_plan, StepMode::train, StepParts{k == 1, true, opt.data_parallel > 1 || opt.zero > 0});
     if (k > 1) make(first, first_plan, StepMode::train, StepParts{true, false});
     if (k > 2) make(mid, mid_plan, StepMode::train, StepParts{false, false});
     if (opt.with_eval) make(eval, eval_plan, StepMode::eval, StepParts{});
@@ -61,11 +61,27 @@ bool LossScaler::update(bool finite) {
     return true;
 }
 
-Engine::Engine(const ModelConfig & cfg, Backend & backend, const EngineOptions & opt)
-    : cfg_(cfg), backend_(backend), opt_(opt), plans_(cfg, backend, opt) {
-    if (opt.data_parallel > 1 && (!opt.comm || opt.comm->size() != opt.data_parallel))
+namespace {
+// The options with this process's rank (the communicator's), checked against the world size.
+EngineOptions with_rank(EngineOptions o) {
+    if (o.data_parallel > 1 && (!o.comm || o.comm->size() != o.data_parallel))
         throw ConfigError(fmt::format("data parallel over {} ranks needs a communicator of that size",
-                                      opt.data_parallel));
+                                      o.data_parallel));
+    if (o.comm && o.comm->size() != o.data_parallel)
+        throw ConfigError(fmt::format("a communicator of {} ranks for data parallel over {}", o.comm->size(),
+                                      o.data_parallel));
+    o.rank = o.comm ? o.comm->rank() : 0;
+    return o;
+}
+}  // namespace
+
+Engine::Engine(const ModelConfig & cfg, Backend & backend, const EngineOptions & opt)
+    : cfg_(cfg), backend_(backend), opt_(with_rank(opt)), plans_(cfg, backend, opt_) {
+    comm_ = opt_.comm;
+    if (!comm_) {
+        own_comm_ = make_single_communicator();
+        comm_ = own_comm_.get();
+    }
     if (opt.budget > 0)
         check_budget(planned_reserved(), opt.budget,
                      "lower --batch or --seq (activations grow with both), or pick a smaller --model");
@@ -84,21 +100,57 @@ Engine::~Engine() = default;
 
 float * Engine::params() {
     const TrainStep & t = *plans_.train;
-    return static_cast<float *>(train_mem_->base(t.master >= 0 ? t.master : t.params));
+    if (t.master >= 0) return static_cast<float *>(train_mem_->base(t.master));
+    // fp32: the weights are the truth; whole under ZeRO 0-2, where this rank's shard starts at lo.
+    auto * p = static_cast<float *>(train_mem_->base(t.params));
+    return opt_.zero >= 3 ? p : p + t.shard_lo();
+}
+
+std::vector<size_t> Engine::shard_counts() const {
+    const TrainStep & t = *plans_.train;
+    std::vector<size_t> counts;
+    for (int r = 0; r < opt_.data_parallel; ++r) counts.push_back(t.in_shard(0, t.layout().total, r));
+    return counts;
+}
+
+Engine::Shard Engine::shard() const {
+    const TrainStep & t = *plans_.train;
+    return Shard{t.shard_lo(), t.shard_hi(), t.shard_size(), t.layout().total};
 }
 
 void Engine::params_changed() {
     const TrainStep & t = *plans_.train;
-    if (t.master < 0) return;
-    const int64_t P = int64_t(t.layout().total);
-    Tensor dst(t.params, t.compute(), {P}), src(t.master, DType::f32, {P});
+    const Shard sh = shard();
+    const size_t own = sh.hi - sh.lo, cs = dtype_size(t.compute());
+    auto * copy = static_cast<uint8_t *>(train_mem_->base(t.params)) + (opt_.zero >= 3 ? 0 : sh.lo * cs);
+    if (t.master >= 0 && own > 0) {
+        Tensor dst(t.params, t.compute(), {int64_t(own)}), src(t.master, DType::f32, {int64_t(own)});
+        dst.data = copy;
+        src.data = train_mem_->base(t.master);
+        backend_.copy(dst, src);
+    }
+    // ZeRO 1 and 2: every rank's shard into everyone's whole weights.
+    if ((opt_.zero == 1 || opt_.zero == 2) && opt_.data_parallel > 1)
+        comm_->iall_gather(copy, train_mem_->base(t.params), shard_counts(), cs)->wait();
+}
+
+void Engine::set_params(const float * full) {
+    const TrainStep & t = *plans_.train;
+    const Shard sh = shard();
+    std::memcpy(params(), full + sh.lo, (sh.hi - sh.lo) * sizeof(float));
+    if (opt_.zero >= 3) {
+        params_changed();
+        return;
+    }
+    // The whole compute-precision copy from the caller's weights: no communication.
+    Tensor dst(t.params, t.compute(), {int64_t(sh.total)}), src(-1, DType::f32, {int64_t(sh.total)});
     dst.data = train_mem_->base(t.params);
-    src.data = train_mem_->base(t.master);
+    src.data = const_cast<float *>(full);
     backend_.copy(dst, src);
 }
 
 float * Engine::grads() {
-    MF_ASSERT(plans_.train->grad_dtype() == DType::f32);
+    MF_ASSERT(plans_.train->grad_dtype() == DType::f32 && opt_.zero < 2);
     return static_cast<float *>(train_mem_->base(plans_.train->grads));
 }
 float * Engine::adam_m() { return static_cast<float *>(train_mem_->base(plans_.train->adam_m)); }
@@ -147,17 +199,16 @@ void init_adapters(const ParamLayout & layout, float * p, uint64_t seed) {
 
 void Engine::init_params(uint64_t seed) {
     const TrainStep & st = *plans_.train;
+    std::vector<float> full(size_t(cfg_.num_params()));
+    init_model(cfg_, make_param_layout(cfg_), full.data(), seed);
     if (st.lora()) {
-        std::vector<float> full(size_t(cfg_.num_params()));
-        init_model(cfg_, make_param_layout(cfg_), full.data(), seed);
         set_base(full.data());
-        init_adapters(st.layout(), params(), seed);
-    } else {
-        init_model(cfg_, st.layout(), params(), seed);
+        full.assign(st.layout().total, 0.0f);
+        init_adapters(st.layout(), full.data(), seed);
     }
-    std::memset(adam_m(), 0, st.layout().total * sizeof(float));
-    std::memset(adam_v(), 0, st.layout().total * sizeof(float));
-    params_changed();
+    set_params(full.data());
+    std::memset(adam_m(), 0, st.shard_size() * sizeof(float));
+    std::memset(adam_v(), 0, st.shard_size() * sizeof(float));
     t_ = 0;
 }
 
@@ -179,11 +230,20 @@ std::vector<float> Engine::base_weights() const {
                               static_cast<const uint8_t *>(st.base_q >= 0 ? train_mem_->base(st.base_q) : nullptr));
 }
 
+std::vector<float> Engine::full_params() {
+    const Shard sh = shard();
+    std::vector<float> out(sh.total);
+    if (opt_.zero == 0) std::memcpy(out.data(), params(), sh.total * sizeof(float));
+    else comm_->iall_gather(params(), out.data(), shard_counts(), sizeof(float))->wait();
+    return out;
+}
+
 std::vector<float> Engine::merged_weights() {
     const TrainStep & st = *plans_.train;
-    if (!st.lora()) return std::vector<float>(params(), params() + st.layout().total);
+    if (!st.lora()) return full_params();
+    const std::vector<float> adapters = full_params();
     std::vector<float> w = base_weights();
-    merge_lora(cfg_, opt_.lora, w.data(), params());
+    merge_lora(cfg_, opt_.lora, w.data(), adapters.data());
     return w;
 }
 
@@ -212,22 +272,32 @@ void Engine::import_base(const std::vector<uint8_t> & bytes) {
 }
 
 TrainState Engine::export_state() {
-    const size_t P = plans_.train->layout().total;
+    const Shard sh = shard();
+    const size_t n = sh.hi - sh.lo;
     TrainState s;
-    s.params.assign(params(), params() + P);
-    s.m.assign(adam_m(), adam_m() + P);
-    s.v.assign(adam_v(), adam_v() + P);
+    s.params.assign(params(), params() + n);
+    s.m.assign(adam_m(), adam_m() + n);
+    s.v.assign(adam_v(), adam_v() + n);
+    s.offset = sh.lo;
+    s.total = sh.total;
     s.t = t_;
     s.scaler = {scaler_.scale, scaler_.clean, scaler_.skipped};
     return s;
 }
 
 void Engine::import_state(const TrainState & s) {
-    const size_t P = plans_.train->layout().total;
-    MF_ASSERT(s.params.size() == P && s.m.size() == P && s.v.size() == P);
-    std::memcpy(params(), s.params.data(), P * 4);
-    std::memcpy(adam_m(), s.m.data(), P * 4);
-    std::memcpy(adam_v(), s.v.data(), P * 4);
+    const Shard sh = shard();
+    const size_t total = s.total ? s.total : s.params.size(), n = sh.hi - sh.lo;
+    if (total != sh.total || s.offset > sh.lo || s.offset + s.params.size() < sh.hi || s.m.size() != s.params.size() ||
+        s.v.size() != s.params.size())
+        throw FormatError(fmt::format("the training state holds elements [{}, {}) of {} (moments {}, {}); this rank "
+                                      "needs [{}, {}) of {}",
+                                      s.offset, s.offset + s.params.size(), total, s.m.size(), s.v.size(), sh.lo, sh.hi,
+                                      sh.total));
+    const size_t at = sh.lo - s.offset;
+    std::memcpy(params(), s.params.data() + at, n * 4);
+    std::memcpy(adam_m(), s.m.data() + at, n * 4);
+    std::memcpy(adam_v(), s.v.data() + at, n * 4);
     params_changed();
     t_ = s.t;
     scaler_.scale = s.scaler.scale;
@@ -237,7 +307,7 @@ void Engine::import_state(const TrainState & s) {
 
 void Engine::execute(const TrainStep & step, StepMemory & mem, const StepScalars & s) {
     Graph g(step.program(), mem, backend_);
-    g.set_communicator(opt_.comm);
+    g.set_communicator(comm_);
     if (timeline_ && &step == plans_.train.get()) {
         timeline_->program = "train";
         timeline_->events.clear();
@@ -284,7 +354,7 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
     const size_t BT = size_t(opt_.B) * size_t(opt_.T);
     StepResult r;
     r.tokens = count_targets(inputs, targets, BT * size_t(k));
-    if (opt_.data_parallel > 1) r.tokens = int(opt_.comm->all_reduce_sum(double(r.tokens)));
+    if (opt_.data_parallel > 1) r.tokens = int(comm_->all_reduce_sum(double(r.tokens)));
     // Every micro-batch's loss gradient is scaled by the whole step's token count, so the
     // accumulated gradients are those of one batch of k*B sequences.
     // fp16: the loss gradient is multiplied by the loss scale and AdamW divides it back out.
@@ -305,7 +375,7 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
         else if (i == 0) sum += run_batch(*plans_.first, *first_mem_, in, tg, dloss, nullptr, seed);
         else sum += run_batch(*plans_.mid, *mid_mem_, in, tg, dloss, nullptr, seed);
     }
-    if (opt_.data_parallel > 1) sum = opt_.comm->all_reduce_sum(sum);
+    if (opt_.data_parallel > 1) sum = comm_->all_reduce_sum(sum);
     r.loss = r.tokens > 0 ? float(sum / r.tokens) : 0.0f;
     const float norm_sq = *static_cast<const float *>(train_mem_->base(plans_.train->grad_norm_sq));
     r.grad_norm = std::sqrt(norm_sq) * hh.grad_scale;
@@ -320,8 +390,8 @@ float Engine::eval_loss(const int32_t * inputs, const int32_t * targets) {
     int valid = count_targets(inputs, targets, BT);
     double sum = run_batch(*plans_.eval, *eval_mem_, inputs, targets, 0.0f, nullptr);
     if (opt_.data_parallel > 1) {
-        valid = int(opt_.comm->all_reduce_sum(double(valid)));
-        sum = opt_.comm->all_reduce_sum(sum);
+        valid = int(comm_->all_reduce_sum(double(valid)));
+        sum = comm_->all_reduce_sum(sum);
     }
     return valid > 0 ? float(sum / valid) : 0.0f;
 }
@@ -330,7 +400,8 @@ std::vector<float> Engine::logits(const int32_t * inputs, int batch) {
     if (!fwd_ || fwd_batch_ != batch) {
         fwd_mem_.reset();
         fwd_batch_ = batch;
-        fwd_ = std::make_unique<TrainStep>(cfg_, batch, opt_.T, StepMode::logits, &backend_, opt_.model());
+        fwd_ = std::make_unique<TrainStep>(cfg_, batch, opt_.T, StepMode::logits, &backend_, opt_.model(), StepParts{},
+                                           opt_.dp());
         fwd_plan_ = plan_memory(fwd_->program());
         fwd_mem_ = std::make_unique<StepMemory>(fwd_->program(), fwd_plan_, ledger_, host_allocator(), opt_.checking,
                                                 train_mem_.get());

@@ -39,7 +39,20 @@ struct EngineOptions {
     // the count; the engine needs the communicator (null: single process).
     int data_parallel = 1;
     Communicator * comm = nullptr;
+    // ZeRO stage over the data-parallel ranks (docs/design.md): 1 shards the fp32 master weights
+    // and AdamW moments, 2 also the gradients (reduce-scattered bucket by bucket), 3 also the
+    // parameters (all-gathered per layer before its forward and again before its backward).
+    // Shards are contiguous, equal-size (padded) ranges of the flat trainable buffer.
+    int zero = 0;
+    // The rank whose program is built (the engine takes comm->rank(); the planner any rank:
+    // every rank's buffers have the same sizes).
+    int rank = 0;
+    // Gradient buckets: adjacent blocks' gradients are reduced together until a bucket holds at
+    // least this many bytes (0: one bucket per block). The parameters outside the blocks are
+    // their own buckets.
+    size_t bucket_bytes = 0;
     DType grad_dtype() const { return grad_accum > 1 ? DType::f32 : compute; }
+    DataParallel dp() const { return DataParallel{data_parallel, rank, zero, bucket_bytes}; }
     ModelOptions model() const {
         ModelOptions m;
         m.loss_chunk = loss_chunk;
@@ -76,8 +89,11 @@ public:
 // What an optimizer step carries forward: fp32 weights (master weights under mixed precision),
 // AdamW moments, the step count and the loss scaler. The same across engine configurations of
 // one model, so training can move between them (run-time re-planning; checkpoints).
+// Under ZeRO each rank holds a shard: elements [offset, offset + params.size()) of the flat
+// trainable buffer of `total` elements (total 0: the whole buffer, offset 0).
 struct TrainState {
     std::vector<float> params, m, v;
+    size_t offset = 0, total = 0;
     int t = 0;
     struct { float scale = 1; int clean = 0; long long skipped = 0; } scaler;
 };
@@ -122,13 +138,18 @@ public:
     std::vector<float> merged_weights();
     void import_base(const std::vector<uint8_t> & bytes);
     // Host views of persistent buffers (the CPU backend's memory is host memory). params() is
-    // the fp32 truth (the master weights under mixed precision): after writing it, call
-    // params_changed() to refresh the compute-precision copy. grads() needs fp32 gradients.
+    // the fp32 truth (the master weights under mixed precision) of this rank's shard: element
+    // shard().lo of the flat buffer first (without ZeRO: the whole model). After writing it, call
+    // params_changed() to refresh the compute-precision copy (collective under ZeRO 1 and 2).
+    // grads() needs fp32 gradients, whole (ZeRO 0 or 1); adam_m/adam_v are the shard's.
     float * params();
     void params_changed();
     float * grads();
     float * adam_m();
     float * adam_v();
+    // The whole trainable fp32 weights (make_param_layout / make_lora_layout order), the same
+    // on every rank: each takes its shard and the compute-precision copy (no communication).
+    void set_params(const float * full);
 
     // One optimizer step on grad_accum micro-batches laid end to end (grad_accum*B*T inputs and
     // targets; targets may hold -100). The loss is the mean over all their non-ignored targets,
@@ -140,8 +161,18 @@ public:
     // that batch size on first use; it runs on the training parameters).
     std::vector<float> logits(const int32_t * inputs, int batch);
 
+    // This rank's shard of the state (the whole of it without ZeRO); import_state takes any
+    // state whose range covers this rank's shard (a whole one, or a shard of the same range).
     TrainState export_state();
     void import_state(const TrainState & s);
+
+    // The range of the flat trainable buffer this rank updates: [lo, hi) of `total`; `size` is
+    // the padded shard length (every rank's). Without ZeRO: [0, total).
+    struct Shard { size_t lo = 0, hi = 0, size = 0, total = 0; };
+    Shard shard() const;
+    // The whole model's trainable fp32 weights, gathered over the ranks under ZeRO (collective:
+    // every rank must call it).
+    std::vector<float> full_params();
 
     // Record the ops of every following training step into `t` (cleared at each step's start);
     // null stops recording.
@@ -166,6 +197,8 @@ private:
     // Non-ignored targets in n tokens; checks ids against the vocabulary.
     int count_targets(const int32_t * inputs, const int32_t * targets, size_t n) const;
     void execute(const TrainStep & step, StepMemory & mem, const StepScalars & s);
+    // Every rank's count of the flat buffer's elements (the shards' real lengths).
+    std::vector<size_t> shard_counts() const;
 
     ModelConfig cfg_;
     Backend & backend_;
@@ -177,6 +210,8 @@ private:
     int fwd_batch_ = 0;
     std::unique_ptr<StepMemory> train_mem_, first_mem_, mid_mem_, eval_mem_, fwd_mem_;
     LossScaler scaler_;
+    std::unique_ptr<Communicator> own_comm_;   // single-process collectives when opt.comm is null
+    Communicator * comm_ = nullptr;
     int t_ = 0;
     Timeline * timeline_ = nullptr;
 };

@@ -1,8 +1,11 @@
 #include "train/step.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <functional>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -21,16 +24,59 @@ int param_layer(const std::string & name) {
     if (at == std::string::npos || at >= name.size() || !std::isdigit(static_cast<unsigned char>(name[at]))) return -1;
     return std::atoi(name.c_str() + at);
 }
+
+// Every dense view of w (weights, biases, adapters; not the packed quantized projections).
+template <class F>
+void for_each_view(ModelWeights & w, F f) {
+    for (Tensor * t : {&w.wte, &w.wpe, &w.lnfw, &w.lnfb, &w.head}) f(*t);
+    for (auto & y : w.h) {
+        for (Tensor * t : {&y.ln1w, &y.ln1b, &y.qkvw, &y.qkvb, &y.projw, &y.projb, &y.ln2w, &y.ln2b, &y.fcw, &y.fcb,
+                           &y.fcprojw, &y.fcprojb})
+            f(*t);
+        for (auto & ad : y.adapters) {
+            f(ad.a);
+            f(ad.b);
+        }
+    }
+}
+
+// Elements [a, b) of a flat buffer moved into their own buffer `to`.
+struct Range { size_t a, b; BufferId to; };
+
+// Moves every view of w into `flat` (dtype dt) to the range's buffer that holds it.
+void remap(ModelWeights & w, BufferId flat, DType dt, const std::vector<Range> & ranges) {
+    const size_t es = dtype_size(dt);
+    for_each_view(w, [&](Tensor & t) {
+        if (!t.valid() || t.buffer != flat) return;
+        const size_t e = t.offset / es;
+        for (const auto & r : ranges)
+            if (e >= r.a && e < r.b) {
+                MF_ASSERT(e + size_t(t.numel()) <= r.b && "a weight view spans two groups");
+                t.buffer = r.to;
+                t.offset = (e - r.a) * es;
+                return;
+            }
+        MF_ASSERT(false && "a weight view outside every group");
+    });
+}
+
+constexpr size_t kShardAlign = 32;   // elements: shard boundaries stay 64-byte aligned in fp32
 }  // namespace
 
 TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const Backend * sizing,
-                     const ModelOptions & model, StepParts parts)
+                     const ModelOptions & model, StepParts parts, const DataParallel & dp)
     : cfg_(cfg), lora_(model.lora.enabled()), mode_(mode), parts_(parts), B_(B), T_(T), compute_(model.compute),
-      grad_dt_(model.grad) {
+      grad_dt_(model.grad), dp_(dp) {
     if (B < 1 || T < 1) throw ConfigError(fmt::format("batch = {}, seq = {}: both must be at least 1", B, T));
     if (T > cfg.max_seq)
         throw ConfigError(fmt::format("seq = {} exceeds the model's context of {} positions; lower --seq", T,
                                       cfg.max_seq));
+    if (dp.zero < 0 || dp.zero > 3)
+        throw ConfigError(fmt::format("--zero {}: the ZeRO stage must be 0, 1, 2 or 3", dp.zero));
+    MF_ASSERT(dp.ranks >= 1 && dp.rank >= 0 && dp.rank < dp.ranks);
+    if (dp.zero >= 3 && model.recompute.segment >= 2)
+        throw ConfigError("--zero 3 gathers each layer's weights just before its backward, but --recompute every:K and "
+                          "sqrt recompute whole segments at once; use --recompute none, selective or full with it");
     const bool train = mode == StepMode::train;
     layout_ = lora_ ? make_lora_layout(cfg, model.lora) : make_param_layout(cfg);
     const char * trainable = "";
@@ -44,15 +90,20 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
             base_q = program_.declare("parameters.quantized", Category::parameters, quant_layout_.bytes, true);
     }
     const std::string pre = trainable;
-    const size_t P = layout_.total * sizeof(float), BT = size_t(B) * size_t(T);
+    const size_t P = layout_.total, BT = size_t(B) * size_t(T);
+    const size_t cs = dtype_size(compute_), gs = dtype_size(grad_dt_);
+    // Shards: ZeRO 0 keeps everything whole; 1..3 cut the flat buffer into equal, aligned ranges.
+    S_ = dp.zero == 0 ? P : (P + size_t(dp.ranks) * kShardAlign - 1) / (size_t(dp.ranks) * kShardAlign) * kShardAlign;
+    lo_ = dp.zero == 0 ? 0 : std::min(size_t(dp.rank) * S_, P);
+    hi_ = std::min(lo_ + S_, P);
     const bool mixed = compute_ != DType::f32;
-    params = program_.declare(pre + "parameters", Category::parameters, layout_.total * dtype_size(compute_), true);
+    params = program_.declare(pre + "parameters", Category::parameters, (dp.zero >= 3 ? S_ : P) * cs, true);
     // fp32 master weights: with the AdamW moments, the 12 bytes per parameter of optimizer state
     // in the ZeRO paper's count; reported in their own category.
-    master = train && mixed ? program_.declare(pre + "master_parameters", Category::master_weights, P, true) : -1;
-    grads = train ? program_.declare(pre + "gradients", Category::gradients, layout_.total * dtype_size(grad_dt_), true) : -1;
-    adam_m = train ? program_.declare(pre + "adamw.m", Category::optimizer_states, P, true) : -1;
-    adam_v = train ? program_.declare(pre + "adamw.v", Category::optimizer_states, P, true) : -1;
+    master = train && mixed ? program_.declare(pre + "master_parameters", Category::master_weights, S_ * 4, true) : -1;
+    grads = train ? program_.declare(pre + "gradients", Category::gradients, (dp.zero >= 2 ? S_ : P) * gs, true) : -1;
+    adam_m = train ? program_.declare(pre + "adamw.m", Category::optimizer_states, S_ * 4, true) : -1;
+    adam_v = train ? program_.declare(pre + "adamw.v", Category::optimizer_states, S_ * 4, true) : -1;
     tokens = program_.declare("batch.tokens", Category::activations, BT * 4, true);
     targets = program_.declare("batch.targets", Category::activations, BT * 4, true);
     losses = program_.declare("batch.losses", Category::activations, BT * 4, true);
@@ -71,15 +122,74 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
         if (train) dw_ = model_weights(cfg_, layout_, grads, grad_dt_);
     }
 
-    if (train && parts_.optimizer && parts_.reduce_grads)
-        for (const auto & p : layout_.params) {
-            const int l = param_layer(p.name);
-            if (!buckets_.empty() && buckets_.back().layer == l) buckets_.back().numel += p.numel;
-            else buckets_.push_back(Bucket{l, p.offset, p.numel});
+    // Groups (runs of one layer's parameters) and the gradient buckets over them, merged from the
+    // top layer down until a bucket holds bucket_bytes.
+    for (const auto & p : layout_.params) {
+        const int l = param_layer(p.name);
+        if (!groups_.empty() && groups_.back().layer == l) groups_.back().b += p.numel;
+        else groups_.push_back(Group{l, p.offset, p.offset + p.numel});
+    }
+    for (size_t j = groups_.size(); j-- > 0;) {
+        const Group & q = groups_[j];
+        Bucket * cur = buckets_.empty() ? nullptr : &buckets_.back();
+        if (cur && q.layer >= 0 && cur->bottom >= 0 && cur->a == q.b && (cur->b - cur->a) * gs < dp.bucket_bytes) {
+            cur->a = q.a;
+            cur->bottom = q.layer;
+        } else {
+            buckets_.push_back(Bucket{q.layer, q.layer, q.a, q.b});
         }
+    }
+    all_reduce_ = train && parts_.optimizer && parts_.reduce_grads && dp.zero < 2;
+    reduce_scatter_ = train && dp.zero >= 2;
+    std::vector<Range> grad_ranges, fwd_ranges, bwd_ranges;
+    for (size_t i = 0; reduce_scatter_ && i < buckets_.size(); ++i) {
+        Bucket & k = buckets_[i];
+        k.grad = program_.declare(fmt::format("{}gradients.bucket{}", pre, i), Category::gradients, (k.b - k.a) * gs);
+        const size_t mine = in_shard(k.a, k.b, dp.rank);
+        if (!parts_.zero_grads && mine > 0)
+            k.recv = program_.declare(fmt::format("{}gradients.recv{}", pre, i), Category::gradients, mine * gs);
+        grad_ranges.push_back(Range{k.a, k.b, k.grad});
+    }
+    if (reduce_scatter_) remap(dw_, grads, grad_dt_, grad_ranges);
+    wf_ = wb_ = w_;
+    if (dp.zero >= 3) {
+        for (auto & q : groups_) {
+            const size_t bytes = (q.b - q.a) * cs;
+            const std::string name = q.layer < 0 ? fmt::format("{}parameters.gathered.rest{}", pre, q.a)
+                                                 : fmt::format("{}parameters.gathered.layer{}", pre, q.layer);
+            q.fwd = program_.declare(name + (q.layer >= 0 ? ".fwd" : ""), Category::parameters, bytes);
+            q.bwd = q.layer >= 0 && train ? program_.declare(name + ".bwd", Category::parameters, bytes) : q.fwd;
+            fwd_ranges.push_back(Range{q.a, q.b, q.fwd});
+            bwd_ranges.push_back(Range{q.a, q.b, q.bwd});
+        }
+        remap(wf_, params, compute_, fwd_ranges);
+        remap(wb_, params, compute_, bwd_ranges);
+    }
     Graph rec(program_, sizing);
     run(rec, StepScalars{});
     program_.finalize();
+}
+
+size_t TrainStep::in_shard(size_t a, size_t b, int r) const {
+    const size_t P = layout_.total;
+    const size_t lo = dp_.zero == 0 ? 0 : std::min(size_t(r) * S_, P), hi = std::min(lo + S_, P);
+    const size_t x = std::max(a, lo), y = std::min(b, hi);
+    return y > x ? y - x : 0;
+}
+
+Tensor TrainStep::grad_view(const Bucket & k) const {
+    const int64_t n = int64_t(k.b - k.a);
+    return k.grad >= 0 ? Tensor(k.grad, grad_dt_, {n}) : Tensor(grads, grad_dt_, {n}, k.a * dtype_size(grad_dt_));
+}
+
+void TrainStep::zero3_gather(Graph & g, size_t j, bool backward, int slot) const {
+    const Group & q = groups_[j];
+    std::vector<size_t> counts;
+    for (int r = 0; r < dp_.ranks; ++r) counts.push_back(in_shard(q.a, q.b, r));
+    const size_t mine = counts[size_t(dp_.rank)];
+    const Tensor in = mine ? Tensor(params, compute_, {int64_t(mine)}, (std::max(q.a, lo_) - lo_) * dtype_size(compute_))
+                           : Tensor{};
+    g.all_gather_start(Tensor(backward ? q.bwd : q.fwd, compute_, {int64_t(q.b - q.a)}), in, counts, slot);
 }
 
 void TrainStep::run(Graph & g, const StepScalars & s) const {
@@ -88,51 +198,164 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
     const int64_t b = B_, t = T_, P = int64_t(layout_.total);
     const Tensor tok(tokens, DType::i32, {b, t}), tgt(targets, DType::i32, {b, t});
     const Tensor loss(losses, DType::f32, {b, t});
-    if (mode_ == StepMode::train && parts_.zero_grads) {
+    const bool train = mode_ == StepMode::train, zero3 = dp_.zero >= 3;
+    if (train && parts_.zero_grads && !reduce_scatter_) {
         g.phase(Phase::other);
         g.fill_zero(Tensor(grads, grad_dt_, {P}));
     }
-    model_->forward(g, w_, tok);
+    // Communication slots: bucket i uses i; group j's gathers nb + j (forward), nb + ng + j (backward).
+    const int nb = int(buckets_.size()), ng = int(groups_.size());
+    const int norm_slot = nb + 2 * ng, params_slot = norm_slot + 1;
+    // ZeRO 3: gathers in flight; each is waited for (once) before its weights are read.
+    std::vector<char> started(size_t(2 * ng), 0);
+    auto gather = [&](Graph & gg, int layer, bool backward) {
+        for (int j = 0; j < ng; ++j)
+            if (groups_[size_t(j)].layer == layer && !started[size_t(j + (backward ? ng : 0))]) {
+                started[size_t(j + (backward ? ng : 0))] = 1;
+                zero3_gather(gg, size_t(j), backward, nb + j + (backward ? ng : 0));
+            }
+    };
+    auto await = [&](Graph & gg, int layer, bool backward) {
+        gather(gg, layer, backward);
+        for (int j = 0; j < ng; ++j) {
+            const Group & q = groups_[size_t(j)];
+            if (q.layer == layer) gg.comm_wait(nb + j + (backward ? ng : 0), {Tensor(backward ? q.bwd : q.fwd, compute_, {1})});
+        }
+    };
+    Transformer::LayerHook forward_begin;
+    if (zero3) {
+        g.phase(Phase::communication);
+        g.layer(-1);
+        await(g, -1, false);
+        gather(g, 0, false);
+        forward_begin = [&](Graph & gg, int l) {
+            gg.phase(Phase::communication);
+            await(gg, l, false);
+            if (l + 1 < cfg_.n_layer) gather(gg, l + 1, false);
+        };
+    }
+    model_->forward(g, wf_, tok, forward_begin);
     if (mode_ == StepMode::logits) {
-        model_->head_logits(g, w_);
+        model_->head_logits(g, wf_);
         return;
     }
-    model_->head_loss(g, w_, mode_ == StepMode::train ? &dw_ : nullptr, tgt.view(0, {b * t}), loss.view(0, {b * t}),
-                      s.dloss);
-    if (mode_ == StepMode::eval) return;
-    auto grad_view = [&](const Bucket & bucket) {
-        return Tensor(grads, grad_dt_, {int64_t(bucket.numel)}, bucket.offset * dtype_size(grad_dt_));
+    if (train && zero3) {
+        g.phase(Phase::communication);
+        g.layer(-1);
+        gather(g, cfg_.n_layer - 1, true);   // the top layer's backward weights, during the loss
+    }
+    if (train && reduce_scatter_) {   // the rest's gradients start in the head's backward
+        g.phase(Phase::backward);
+        g.layer(-1);
+        for (const auto & k : buckets_)
+            if (k.top < 0) g.fill_zero(grad_view(k));
+    }
+    model_->head_loss(g, wf_, train ? &dw_ : nullptr, tgt.view(0, {b * t}), loss.view(0, {b * t}), s.dloss);
+    if (!train) return;
+
+    // ZeRO >= 2: reduce-scatters in flight, finished one bucket behind (so that bucket i's
+    // transfer overlaps the next layer's backward), into the shard or added to it.
+    std::vector<int> in_flight;
+    const size_t gs = dtype_size(grad_dt_);
+    auto shard_piece = [&](const Bucket & k) {
+        const size_t mine = in_shard(k.a, k.b, dp_.rank);
+        return mine ? Tensor(grads, grad_dt_, {int64_t(mine)}, (std::max(k.a, lo_) - lo_) * gs) : Tensor{};
     };
-    std::function<void(Graph &, int)> reduce;
-    if (!buckets_.empty())
-        reduce = [&](Graph & gg, int layer) {
+    auto finish = [&](Graph & gg, int i) {
+        const Bucket & k = buckets_[size_t(i)];
+        const Tensor mine = shard_piece(k);
+        const Tensor recv = k.recv >= 0 ? Tensor(k.recv, grad_dt_, {mine.numel()}) : Tensor{};
+        gg.comm_wait(i, {grad_view(k), recv.valid() ? recv : mine});
+        if (recv.valid()) gg.residual_fwd(mine, mine, recv);
+    };
+    Transformer::LayerHook begin, done;
+    if (reduce_scatter_ || zero3)
+        begin = [&](Graph & gg, int l) {
+            if (zero3) {
+                gg.phase(Phase::communication);
+                await(gg, l, true);
+                if (l - 1 >= model_->lowest_trained_layer()) gather(gg, l - 1, true);
+            }
+            gg.phase(Phase::backward);
+            for (const auto & k : buckets_)
+                if (reduce_scatter_ && k.top == l) gg.fill_zero(grad_view(k));
+        };
+    if (all_reduce_ || reduce_scatter_)
+        done = [&](Graph & gg, int l) {
             gg.phase(Phase::communication);
-            for (size_t i = 0; i < buckets_.size(); ++i)
-                if (buckets_[i].layer == layer) gg.all_reduce_start(grad_view(buckets_[i]), int(i));
+            std::vector<int> now;
+            for (int i = 0; i < nb; ++i) {
+                const Bucket & k = buckets_[size_t(i)];
+                if (k.bottom != l) continue;
+                if (all_reduce_) {
+                    gg.all_reduce_start(grad_view(k), i);
+                    continue;
+                }
+                std::vector<size_t> counts;
+                for (int r = 0; r < dp_.ranks; ++r) counts.push_back(in_shard(k.a, k.b, r));
+                const Tensor mine = shard_piece(k);
+                gg.reduce_scatter_start(grad_view(k), k.recv >= 0 ? Tensor(k.recv, grad_dt_, {mine.numel()}) : mine,
+                                        counts, i);
+                now.push_back(i);
+            }
+            for (int i : in_flight) finish(gg, i);
+            in_flight = now;
             gg.phase(Phase::backward);
         };
-    model_->backward(g, w_, dw_, tok, reduce);
-    if (!parts_.optimizer) return;
+    model_->backward(g, wb_, dw_, tok, done, begin);
     g.phase(Phase::communication);
     g.layer(-1);
-    for (size_t i = 0; i < buckets_.size(); ++i) g.all_reduce_wait(grad_view(buckets_[i]), int(i));
+    for (int i : in_flight) finish(g, i);
+    if (!parts_.optimizer) return;
+    for (int i = 0; all_reduce_ && i < nb; ++i) g.all_reduce_wait(grad_view(buckets_[size_t(i)]), i);
 
+    g.phase(Phase::optimizer);
+    const Tensor norm_sq(grad_norm_sq, DType::f32, {1});
+    const size_t own = hi_ - lo_;
+    if (dp_.zero >= 2) {   // the global norm: each rank's shard, summed
+        if (own) g.sum_squares(norm_sq, Tensor(grads, grad_dt_, {int64_t(own)}));
+        else g.fill_zero(norm_sq);
+        g.phase(Phase::communication);
+        g.all_reduce_start(norm_sq, norm_slot);
+        g.all_reduce_wait(norm_sq, norm_slot);
+        g.phase(Phase::optimizer);
+    } else {
+        g.sum_squares(norm_sq, Tensor(grads, grad_dt_, {P}));
+    }
+    optimizer(g, s);
+    if (dp_.zero == 1 || dp_.zero == 2) {   // every rank's updated shard into everyone's weights
+        std::vector<size_t> counts;
+        for (int r = 0; r < dp_.ranks; ++r) counts.push_back(in_shard(0, layout_.total, r));
+        const size_t cs = dtype_size(compute_);
+        const Tensor all(params, compute_, {P});
+        g.phase(Phase::communication);
+        g.all_gather_start(all, own ? Tensor(params, compute_, {int64_t(own)}, lo_ * cs) : Tensor{}, counts, params_slot);
+        g.comm_wait(params_slot, {all});
+    }
+}
+
+void TrainStep::optimizer(Graph & g, const StepScalars & s) const {
     g.phase(Phase::optimizer);
     g.layer(-1);
     const Tensor norm_sq(grad_norm_sq, DType::f32, {1});
-    g.sum_squares(norm_sq, Tensor(grads, grad_dt_, {P}));
     const bool mixed = master >= 0;
+    const size_t cs = dtype_size(compute_), gs = dtype_size(grad_dt_);
     for (const auto & p : layout_.params) {
+        // This rank's part of the parameter: [x, y) of the flat buffer.
+        const size_t x = std::max(p.offset, lo_), y = std::min(p.offset + p.numel, hi_);
+        if (x >= y) continue;
         AdamWHyper h = s.adamw;
         if (!p.decay()) h.weight_decay = 0;
-        const size_t off = p.offset * sizeof(float);
-        const int64_t n = int64_t(p.numel);
+        const int64_t n = int64_t(y - x);
+        const size_t own = (x - lo_) * 4;                        // in the shards (master, moments)
+        const size_t gx = dp_.zero >= 2 ? x - lo_ : x;          // in the gradients
+        const size_t px = dp_.zero >= 3 ? x - lo_ : x;          // in the compute-precision weights
         // Mixed precision: AdamW updates the fp32 master weights and rounds them into the
         // compute-precision copy the next step's matmuls read.
-        const Tensor copy = mixed ? Tensor(params, compute_, {n}, p.offset * dtype_size(compute_)) : Tensor{};
-        g.adamw(Tensor(mixed ? master : params, DType::f32, {n}, off),
-                Tensor(grads, grad_dt_, {n}, p.offset * dtype_size(grad_dt_)), Tensor(adam_m, DType::f32, {n}, off),
-                Tensor(adam_v, DType::f32, {n}, off), norm_sq, copy, h);
+        const Tensor copy = mixed ? Tensor(params, compute_, {n}, px * cs) : Tensor{};
+        g.adamw(mixed ? Tensor(master, DType::f32, {n}, own) : Tensor(params, DType::f32, {n}, px * 4),
+                Tensor(grads, grad_dt_, {n}, gx * gs), Tensor(adam_m, DType::f32, {n}, own),
+                Tensor(adam_v, DType::f32, {n}, own), norm_sq, copy, h);
     }
 }
 

@@ -30,6 +30,13 @@ struct StepParts {
     bool reduce_grads = false;
 };
 
+// Data parallelism as one rank's program sees it: ranks, this rank, the ZeRO stage (EngineOptions
+// has the meaning of each) and the gradient bucket size.
+struct DataParallel {
+    int ranks = 1, rank = 0, zero = 0;
+    size_t bucket_bytes = 0;
+};
+
 struct StepScalars {
     float      dloss = 0;       // 1 / (number of non-ignored targets in the batch)
     AdamWHyper adamw;           // lr, betas, eps, weight decay (applied to >= 2-D tensors), t
@@ -41,7 +48,7 @@ public:
     // `sizing` answers library-scratch queries while recording (the backend that will run it).
     // Model options (loss_chunk, flash_attention) come from `model`; the mode decides the rest.
     TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const Backend * sizing,
-              const ModelOptions & model = {}, StepParts parts = {});
+              const ModelOptions & model = {}, StepParts parts = {}, const DataParallel & dp = {});
 
     void run(Graph & g, const StepScalars & s) const;
 
@@ -57,8 +64,19 @@ public:
     int B() const { return B_; }
     int T() const { return T_; }
 
+    // This rank's shard of the flat trainable buffer: elements [lo, hi), padded length `size`
+    // (ZeRO 0: [0, total)). shard_lo(r) / shard_hi(r): rank r's.
+    size_t shard_lo() const { return lo_; }
+    size_t shard_hi() const { return hi_; }
+    size_t shard_size() const { return S_; }
+    const DataParallel & data_parallel() const { return dp_; }
+    // Elements of [a, b) in rank r's shard.
+    size_t in_shard(size_t a, size_t b, int r) const;
+
     // Persistent buffers the host reads or writes between steps. params holds the trainable
-    // weights in the compute dtype; under mixed precision `master` holds them in fp32 (else -1).
+    // weights in the compute dtype (ZeRO 3: this rank's shard); under mixed precision `master`
+    // holds them in fp32 (else -1; ZeRO >= 1: the shard). grads: the whole gradient (ZeRO >= 2:
+    // the shard), adam_m/adam_v: the shard.
     BufferId params, master, grads, adam_m, adam_v, tokens, targets, losses, grad_norm_sq;
     BufferId base = -1, base_q = -1;   // LoRA's frozen base
     DType compute() const { return compute_; }
@@ -78,9 +96,24 @@ private:
     BufferId workspace_ = -1;
     std::unique_ptr<Transformer> model_;
     ModelWeights w_, dw_;
-    // Gradient buckets: runs of adjacent parameters of one layer (-1: outside the blocks).
-    struct Bucket { int layer; size_t offset, numel; };
+    DataParallel dp_;
+    size_t lo_ = 0, hi_ = 0, S_ = 0;
+    // Groups: runs of adjacent parameters of one layer (-1: outside the blocks), [a, b) of the
+    // flat buffer. ZeRO 3 gathers each into `fwd` before its forward and `bwd` before its
+    // backward (the rest's groups: once, into fwd, for the whole step).
+    struct Group { int layer; size_t a, b; BufferId fwd = -1, bwd = -1; };
+    std::vector<Group> groups_;
+    // Gradient buckets: adjacent groups reduced together, from layer `top` down to `bottom`
+    // (-1: a rest group). ZeRO >= 2: the bucket's gradients live in `grad` from its top layer's
+    // backward until reduce-scattered into the shard (through `recv` when accumulating).
+    struct Bucket { int top, bottom; size_t a, b; BufferId grad = -1, recv = -1; };
     std::vector<Bucket> buckets_;
+    bool all_reduce_ = false, reduce_scatter_ = false;
+    ModelWeights wf_, wb_;   // ZeRO 3: the weights as forward and backward read them (gathered)
+
+    Tensor grad_view(const Bucket & k) const;
+    void zero3_gather(Graph & g, size_t group, bool backward, int slot) const;
+    void optimizer(Graph & g, const StepScalars & s) const;
 };
 
 }  // namespace memfit
