@@ -1,0 +1,153 @@
+// ZeRO in one process: with one rank every shard is the whole buffer and every collective a
+// copy, so stages 1-3 must train bit for bit like stage 0 while running the sharded program
+// (bucket gradients reduce-scattered into the shard, stage 3's per-layer gathered weights).
+// The multi-rank equivalence runs under mpirun (tests/mpi/test_data_parallel.cpp).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "model/recompute.h"
+#include "train/engine.h"
+#include "test_util.h"
+
+using namespace memfit;
+
+namespace {
+
+struct ZeroRun {
+    std::vector<float> losses, params;
+    TrainState state;
+};
+
+ZeroRun run(const ModelConfig & cfg, DType dt, int k, int zero, const std::string & recompute, bool checking) {
+    CpuBackend backend;
+    EngineOptions eo;
+    eo.B = 2;
+    eo.T = 8;
+    eo.grad_accum = k;
+    eo.compute = dt;
+    eo.zero = zero;
+    eo.checking = checking;
+    eo.recompute = parse_recompute(recompute, cfg.n_layer);
+    Engine e(cfg, backend, eo);
+    e.init_params(5);
+    AdamWHyper h;
+    h.lr = 1e-2f;
+    h.weight_decay = 0.1f;
+    ZeroRun r;
+    for (int s = 0; s < 3; ++s) {
+        std::vector<int32_t> in(size_t(eo.B * eo.T * k)), tg(in.size());
+        test::random_batch(in, tg, cfg.vocab_size, uint64_t(40 + s));
+        r.losses.push_back(e.train_step(in.data(), tg.data(), h).loss);
+    }
+    r.params = e.full_params();
+    r.state = e.export_state();
+    if (!checking)
+        for (size_t c = 0; c < kCategoryCount; ++c) {
+            EXPECT_EQ(e.planned_peak_live().v[c], e.ledger().live_peak().v[c]) << kCategoryNames[c];
+            EXPECT_EQ(e.planned_reserved().v[c], e.ledger().reserved_peak().v[c]) << kCategoryNames[c];
+        }
+    return r;
+}
+
+ModelConfig config(bool llama) {
+    ModelConfig c = test::small_config(41, 32, 3, 4, 32);
+    if (llama) {
+        c.family = "llama";
+        c.n_kv_head = 2;
+        c.ffn = 48;
+        c.tied_head = false;
+    }
+    c.validate();
+    return c;
+}
+
+}  // namespace
+
+TEST(ZeroOneProcess, EveryStageTrainsBitwiseLikeStageZero) {
+    for (bool llama : {false, true})
+        for (DType dt : {DType::f32, DType::bf16})
+            for (int k : {1, 2})
+                for (const char * rc : {"none", "selective"}) {
+                    const ModelConfig cfg = config(llama);
+                    const ZeroRun ref = run(cfg, dt, k, 0, rc, false);
+                    for (int zero : {1, 2, 3}) {
+                        SCOPED_TRACE(std::string(llama ? "llama " : "gpt2 ") + std::string(dtype_name(dt)) +
+                                     " accum " + std::to_string(k) + " recompute " + rc + " zero " +
+                                     std::to_string(zero));
+                        for (bool checking : {true, false}) {
+                            const ZeroRun z = run(cfg, dt, k, zero, rc, checking);
+                            ASSERT_EQ(ref.params.size(), z.params.size());
+                            if (k == 1 || zero < 2) {
+                                EXPECT_EQ(ref.losses, z.losses);
+                                EXPECT_EQ(0, std::memcmp(ref.params.data(), z.params.data(), ref.params.size() * 4));
+                            } else {
+                                // Accumulating, stage 0 adds each micro-batch's weight gradients into
+                                // one buffer, stages 2-3 sum a micro-batch's bucket and then add it to
+                                // the shard: the same sums, rounded in another order.
+                                for (size_t s = 0; s < ref.losses.size(); ++s)
+                                    EXPECT_NEAR(ref.losses[s], z.losses[s], 1e-5 * ref.losses[s]);
+                                double worst = 0;
+                                for (size_t i = 0; i < ref.params.size(); ++i)
+                                    worst = std::max(worst, double(std::fabs(ref.params[i] - z.params[i])));
+                                EXPECT_LT(worst, 1e-4);
+                            }
+                            EXPECT_EQ(z.state.offset, 0u);
+                            EXPECT_EQ(z.state.total, ref.params.size());
+                        }
+                    }
+                }
+}
+
+TEST(ZeroOneProcess, StateMovesBetweenStages) {
+    // A stage-0 state imported into a stage-3 engine continues exactly as stage 0 does.
+    const ModelConfig cfg = config(false);
+    CpuBackend backend;
+    EngineOptions eo;
+    eo.B = 2;
+    eo.T = 8;
+    Engine a(cfg, backend, eo);
+    a.init_params(9);
+    eo.zero = 3;
+    Engine b(cfg, backend, eo);
+    b.import_state(a.export_state());
+    std::vector<int32_t> in(16), tg(16);
+    test::random_batch(in, tg, cfg.vocab_size, 3);
+    AdamWHyper h;
+    EXPECT_EQ(a.train_step(in.data(), tg.data(), h).loss, b.train_step(in.data(), tg.data(), h).loss);
+    EXPECT_EQ(a.full_params(), b.full_params());
+    // A state that does not cover the shard is refused with the ranges.
+    TrainState bad = a.export_state();
+    bad.params.resize(10);
+    bad.m.resize(10);
+    bad.v.resize(10);
+    try {
+        b.import_state(bad);
+        FAIL() << "a short state was accepted";
+    } catch (const FormatError & e) {
+        EXPECT_NE(std::string(e.what()).find("[0, 10)"), std::string::npos) << e.what();
+    }
+}
+
+TEST(ZeroOneProcess, BadStageAndSegmentsAreClearErrors) {
+    const ModelConfig cfg = config(false);
+    CpuBackend backend;
+    EngineOptions eo;
+    eo.B = 2;
+    eo.T = 8;
+    eo.zero = 4;
+    EXPECT_THROW(Engine(cfg, backend, eo), ConfigError);
+    eo.zero = 3;
+    eo.recompute = parse_recompute("every:2", cfg.n_layer);
+    try {
+        Engine e(cfg, backend, eo);
+        FAIL() << "zero 3 with segment recomputation was accepted";
+    } catch (const ConfigError & e) {
+        EXPECT_NE(std::string(e.what()).find("--zero 3"), std::string::npos) << e.what();
+    }
+}
