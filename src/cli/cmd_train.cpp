@@ -21,7 +21,8 @@ namespace {
 void add_shape_flags(CLI::App * c, RunShape & o) {
     c->add_option("--model", o.model, "preset (" + fmt::format("{}", fmt::join(preset_names(), ", ")) +
                                           ") or a Hugging Face GPT-2 config.json")->capture_default_str();
-    c->add_option("--batch,--micro-batch", o.batch, "sequences per forward/backward (the micro-batch)")
+    c->add_option("--batch,--micro-batch", o.batch, "sequences per forward/backward (the micro-batch); under mpirun the global micro-batch, split evenly "
+                  "over the ranks")
         ->capture_default_str()->check(kPositive);
     c->add_option("--seq", o.seq, "tokens per sequence")->capture_default_str()->check(kPositive);
     c->add_option("--threads", o.threads, "CPU threads (0: all cores)")->check(kNonNegative);
@@ -60,6 +61,16 @@ void add_shape_flags(CLI::App * c, RunShape & o) {
 // Flags shared by `memfit train` and `memfit profile`.
 void add_train_flags(CLI::App * train, TrainOptions & t) {
     add_shape_flags(train, t);
+    // Checked by the trainer (one clear line before any work), not by CLI11.
+    train->add_option("--zero", t.zero,
+                      "data parallel (mpirun -np N memfit train ...): ZeRO stage 0 (every rank holds everything), 1 "
+                      "(shard fp32 master weights and AdamW moments over the ranks), 2 (also gradients), 3 (also "
+                      "the parameters); --batch is then the global micro-batch, split evenly over the N ranks")
+        ->capture_default_str();
+    train->add_option("--bucket-mb", t.bucket_mb,
+                      "data parallel: gradients are reduced in buckets of at least this many MiB of adjacent "
+                      "blocks (0: one bucket per transformer block)")
+        ->capture_default_str();
     train->add_option("--data", t.data, "folder with train.bin/val.bin from `memfit prepare` (default: the bundled corpus)");
     train->add_option("--tokenizer", t.tokenizer,
                       "tokenizer when preparing the bundled corpus: gpt2|bytes|PATH/tokenizer.model (SentencePiece)");

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/communicator.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/json_num.h"
@@ -19,8 +20,9 @@ namespace memfit {
 namespace {
 
 constexpr const char * kFormat = "memfit-checkpoint-1";
+constexpr const char * kStateFile = "state.safetensors";
 
-// The step of a complete checkpoint folder name "step-000123", or -1.
+// The step of a checkpoint folder name "step-000123", or -1.
 long folder_step(const fs::path & p) {
     const std::string n = p.filename().string();
     if (!n.starts_with("step-") || n.size() < 6) return -1;
@@ -29,15 +31,102 @@ long folder_step(const fs::path & p) {
     return std::stol(digits);
 }
 
+// Complete checkpoints under root, oldest first. A folder only gets its final name once every
+// file in it is written, so meta.json there means complete.
 std::vector<std::pair<long, fs::path>> complete_checkpoints(const fs::path & root) {
     std::vector<std::pair<long, fs::path>> out;
     std::error_code ec;
     for (const auto & e : fs::directory_iterator(root, ec)) {
         const long s = folder_step(e.path());
-        if (s >= 0 && fs::exists(e.path() / "meta.json") && fs::exists(e.path() / "state.safetensors"))
-            out.push_back({s, e.path()});
+        if (s >= 0 && fs::exists(e.path() / "meta.json")) out.push_back({s, e.path()});
     }
     std::sort(out.begin(), out.end());
+    return out;
+}
+
+fs::path tmp_folder(const std::string & root, long step) {
+    return fs::path(root) / fmt::format(".step-{:06d}.tmp", step);
+}
+
+// meta.json's own fields: the format, the optimizer step and the loss scaler of `s`.
+nlohmann::json with_state_fields(const nlohmann::json & meta, const TrainState & s) {
+    nlohmann::json m = meta;
+    m["format"] = kFormat;
+    m["optimizer_step"] = s.t;
+    m["loss_scaler"] = {{"scale", s.scaler.scale}, {"clean", s.scaler.clean}, {"skipped", s.scaler.skipped}};
+    return m;
+}
+
+// Moves tmp to ROOT/step-NNNNNN (replacing one of an earlier run), fsyncs ROOT, prunes.
+std::string install(const std::string & root, const fs::path & tmp, long step, int keep) {
+    const fs::path dir = fs::path(root) / fmt::format("step-{:06d}", step);
+    std::error_code ec;
+    fsync_dir(tmp.string());
+    fs::remove_all(dir, ec);   // a checkpoint of the same step from an earlier run
+    fs::rename(tmp, dir, ec);
+    if (ec) throw IoError(fmt::format("cannot rename {} to {}: {}", tmp.string(), dir.string(), ec.message()));
+    fsync_dir(root);
+    const auto all = complete_checkpoints(root);
+    for (size_t i = 0; i + size_t(std::max(keep, 1)) < all.size(); ++i) fs::remove_all(all[i].second, ec);
+    return dir.string();
+}
+
+void read_scaler(const nlohmann::json & meta, const std::string & meta_path, TrainState & s) {
+    try {
+        s.t = json_get<int>(meta, "optimizer_step", meta_path);
+        const auto & ls = meta.at("loss_scaler");
+        s.scaler.scale = json_get<float>(ls, "scale", meta_path);
+        s.scaler.clean = json_get<int>(ls, "clean", meta_path);
+        s.scaler.skipped = json_get<long long>(ls, "skipped", meta_path);
+    } catch (const Error &) {
+        throw;
+    } catch (const std::exception & e) {
+        throw FormatError(fmt::format("{}: {}", meta_path, e.what()));
+    }
+}
+
+// params, adamw.m, adamw.v of one file, checked to hold `count` elements each.
+struct StateTensors {
+    std::vector<float> params, m, v;
+};
+StateTensors read_state_tensors(const SafetensorsFile & f) {
+    StateTensors t;
+    t.params = f.read_f32("params");
+    t.m = f.read_f32("adamw.m");
+    t.v = f.read_f32("adamw.v");
+    if (t.m.size() != t.params.size() || t.v.size() != t.params.size())
+        throw FormatError(fmt::format("{}: params, adamw.m and adamw.v differ in size ({}, {}, {})", f.path(),
+                                      t.params.size(), t.m.size(), t.v.size()));
+    return t;
+}
+
+bool is_sharded(const nlohmann::json & meta) { return meta.contains("shards"); }
+
+// The shard table of a sharded meta.json, checked to tile [0, total).
+std::vector<std::pair<ShardRange, std::string>> shard_table(const nlohmann::json & meta, const std::string & meta_path,
+                                                            size_t total) {
+    std::vector<std::pair<ShardRange, std::string>> out;
+    const auto & sh = meta.at("shards");
+    if (!sh.is_array() || sh.empty()) throw FormatError(fmt::format("{}: \"shards\" is not a non-empty list", meta_path));
+    size_t next = 0;
+    for (const auto & e : sh) {
+        ShardRange r;
+        r.rank = json_get<int>(e, "rank", meta_path);
+        r.offset = json_get<size_t>(e, "offset", meta_path);
+        r.count = json_get<size_t>(e, "count", meta_path);
+        if (!e.contains("file") || !e["file"].is_string())
+            throw FormatError(fmt::format("{}: shard of rank {} has no \"file\"", meta_path, r.rank));
+        const std::string file = e["file"].get<std::string>();
+        if (file.find('/') != std::string::npos || file.starts_with("."))
+            throw FormatError(fmt::format("{}: shard file name '{}' is not a plain file name", meta_path, file));
+        if (r.offset != next)
+            throw FormatError(fmt::format("{}: the shards do not tile the state: rank {}'s starts at {}, expected {}",
+                                          meta_path, r.rank, r.offset, next));
+        next = r.offset + r.count;
+        out.push_back({r, file});
+    }
+    if (next != total)
+        throw FormatError(fmt::format("{}: the shards cover {} elements, total is {}", meta_path, next, total));
     return out;
 }
 
@@ -46,74 +135,207 @@ std::vector<std::pair<long, fs::path>> complete_checkpoints(const fs::path & roo
 std::string save_checkpoint(const std::string & root, const Checkpoint & ckpt, int keep,
                             const std::function<void()> & between_files) {
     const long step = ckpt.meta.at("step").get<long>();
-    const fs::path dir = fs::path(root) / fmt::format("step-{:06d}", step);
-    const fs::path tmp = fs::path(root) / fmt::format(".step-{:06d}.tmp", step);
-    std::error_code ec;
-    fs::create_directories(root, ec);
-    if (ec) throw IoError(fmt::format("cannot create checkpoint folder {}: {}", root, ec.message()));
-    fs::remove_all(tmp, ec);
-    fs::create_directories(tmp, ec);
-    if (ec) throw IoError(fmt::format("cannot create {}: {}", tmp.string(), ec.message()));
+    const fs::path tmp = begin_checkpoint(root, step);
 
     const TrainState & s = ckpt.state;
     const int64_t P = int64_t(s.params.size());
     auto tensor = [&](const char * name, const std::vector<float> & v) {
         return TensorToWrite{name, "F32", {P}, v.data(), v.size() * sizeof(float)};
     };
-    write_safetensors((tmp / "state.safetensors").string(),
+    write_safetensors((tmp / kStateFile).string(),
                       {tensor("params", s.params), tensor("adamw.m", s.m), tensor("adamw.v", s.v)});
     if (between_files) between_files();
-    nlohmann::json meta = ckpt.meta;
-    meta["format"] = kFormat;
-    meta["optimizer_step"] = s.t;
-    meta["loss_scaler"] = {{"scale", s.scaler.scale}, {"clean", s.scaler.clean}, {"skipped", s.scaler.skipped}};
-    write_file_atomic((tmp / "meta.json").string(), meta.dump(2) + "\n");
-    fsync_dir(tmp.string());
-    fs::remove_all(dir, ec);   // a checkpoint of the same step from an earlier run
-    fs::rename(tmp, dir, ec);
-    if (ec) throw IoError(fmt::format("cannot rename {} to {}: {}", tmp.string(), dir.string(), ec.message()));
-    fsync_dir(root);
-
-    const auto all = complete_checkpoints(root);
-    for (size_t i = 0; i + size_t(std::max(keep, 1)) < all.size(); ++i) fs::remove_all(all[i].second, ec);
-    return dir.string();
+    write_file_atomic((tmp / "meta.json").string(), with_state_fields(ckpt.meta, s).dump(2) + "\n");
+    return install(root, tmp, step, keep);
 }
 
-Checkpoint load_checkpoint(const std::string & path) {
-    fs::path dir = path;
-    if (!fs::is_directory(dir)) throw IoError(fmt::format("{}: no such checkpoint folder", path));
-    if (!fs::exists(dir / "meta.json")) {
-        const auto all = complete_checkpoints(dir);
-        if (all.empty())
-            throw IoError(fmt::format("{}: holds no complete checkpoint (step-NNNNNN/ with meta.json and "
-                                      "state.safetensors)", path));
-        dir = all.back().second;
+std::string state_shard_file(int rank, int world) {
+    return fmt::format("state-rank-{:05d}-of-{:05d}.safetensors", rank, world);
+}
+
+ShardRange even_shard(size_t total, int rank, int world) {
+    MF_ASSERT(world >= 1 && rank >= 0 && rank < world);
+    const size_t W = size_t(world), r = size_t(rank), base = total / W, extra = total % W;
+    ShardRange s;
+    s.rank = rank;
+    s.offset = r * base + std::min(r, extra);
+    s.count = base + (r < extra ? 1 : 0);
+    return s;
+}
+
+std::string begin_checkpoint(const std::string & root, long step) {
+    const fs::path tmp = tmp_folder(root, step);
+    std::error_code ec;
+    fs::create_directories(root, ec);
+    if (ec) throw IoError(fmt::format("cannot create checkpoint folder {}: {}", root, ec.message()));
+    fs::remove_all(tmp, ec);
+    fs::create_directories(tmp, ec);
+    if (ec) throw IoError(fmt::format("cannot create {}: {}", tmp.string(), ec.message()));
+    return tmp.string();
+}
+
+void write_state_shard(const std::string & tmp_dir, const TrainState & s, int rank, int world) {
+    const size_t n = s.params.size(), total = s.total ? s.total : n;
+    MF_ASSERT(s.m.size() == n && s.v.size() == n && s.offset + n <= total);
+    auto tensor = [&](const char * name, const std::vector<float> & v) {
+        return TensorToWrite{name, "F32", {int64_t(n)}, v.data(), n * sizeof(float)};
+    };
+    write_safetensors((fs::path(tmp_dir) / state_shard_file(rank, world)).string(),
+                      {tensor("params", s.params), tensor("adamw.m", s.m), tensor("adamw.v", s.v)},
+                      {{"format", kFormat},
+                       {"rank", std::to_string(rank)},
+                       {"world_size", std::to_string(world)},
+                       {"offset", std::to_string(s.offset)},
+                       {"total", std::to_string(total)}});
+}
+
+std::string commit_checkpoint(const std::string & root, const std::string & tmp_dir, const Checkpoint & ckpt,
+                              const std::vector<ShardRange> & shards, int world, int zero, int keep) {
+    const long step = ckpt.meta.at("step").get<long>();
+    const size_t total = ckpt.state.total ? ckpt.state.total : ckpt.state.params.size();
+    nlohmann::json table = nlohmann::json::array();
+    size_t next = 0;
+    for (const ShardRange & r : shards) {
+        if (r.offset != next)
+            throw Error(fmt::format("checkpoint {}: rank {}'s range starts at {}, expected {} (the ranks' ranges "
+                                    "must tile the state)", tmp_dir, r.rank, r.offset, next));
+        next = r.offset + r.count;
+        const std::string file = state_shard_file(r.rank, world);
+        if (!fs::exists(fs::path(tmp_dir) / file))
+            throw IoError(fmt::format("checkpoint {}: rank {} wrote no {}", tmp_dir, r.rank, file));
+        table.push_back({{"rank", r.rank}, {"offset", r.offset}, {"count", r.count}, {"file", file}});
     }
-    Checkpoint c;
-    const std::string meta_path = (dir / "meta.json").string();
+    if (next != total)
+        throw Error(fmt::format("checkpoint {}: the ranks' ranges cover {} of {} elements", tmp_dir, next, total));
+    nlohmann::json meta = with_state_fields(ckpt.meta, ckpt.state);
+    meta["world_size"] = world;
+    meta["zero"] = zero;
+    meta["total"] = total;
+    meta["shards"] = table;
+    write_file_atomic((fs::path(tmp_dir) / "meta.json").string(), meta.dump(2) + "\n");
+    return install(root, tmp_dir, step, keep);
+}
+
+std::string save_checkpoint_sharded(const std::string & root, const Checkpoint & ckpt, int keep, int zero,
+                                    Communicator & comm) {
+    const int rank = comm.rank(), world = comm.size();
+    const long step = ckpt.meta.at("step").get<long>();
+    const std::string tmp = tmp_folder(root, step).string();
+    if (rank == 0) begin_checkpoint(root, step);
+    comm.barrier();   // the folder exists
+    write_state_shard(tmp, ckpt.state, rank, world);
+    // Every rank's range; all_gather returns on rank 0 only after every rank wrote (and fsynced)
+    // its file.
+    const auto offsets = comm.all_gather_u64(ckpt.state.offset);
+    const auto counts = comm.all_gather_u64(ckpt.state.params.size());
+    std::string dir = (fs::path(root) / fmt::format("step-{:06d}", step)).string();
+    if (rank == 0) {
+        std::vector<ShardRange> shards;
+        for (int r = 0; r < world; ++r) shards.push_back({r, size_t(offsets[size_t(r)]), size_t(counts[size_t(r)])});
+        dir = commit_checkpoint(root, tmp, ckpt, shards, world, zero, keep);
+    }
+    comm.barrier();   // in place before any rank goes on (a later resume or save sees it)
+    return dir;
+}
+
+std::string find_checkpoint(const std::string & path) {
+    const fs::path dir = path;
+    if (!fs::is_directory(dir)) throw IoError(fmt::format("{}: no such checkpoint folder", path));
+    if (fs::exists(dir / "meta.json")) return dir.string();
+    const auto all = complete_checkpoints(dir);
+    if (all.empty())
+        throw IoError(fmt::format("{}: holds no complete checkpoint (step-NNNNNN/ with meta.json)", path));
+    return all.back().second.string();
+}
+
+nlohmann::json load_checkpoint_meta(const std::string & dir) {
+    const std::string meta_path = (fs::path(dir) / "meta.json").string();
+    nlohmann::json meta;
     try {
-        c.meta = nlohmann::json::parse(std::ifstream(meta_path));
+        meta = nlohmann::json::parse(std::ifstream(meta_path));
     } catch (const std::exception & e) {
         throw FormatError(fmt::format("{}: not valid JSON ({})", meta_path, e.what()));
     }
-    if (!c.meta.is_object() || c.meta.value("format", "") != kFormat || !c.meta.contains("step"))
+    if (!meta.is_object() || meta.value("format", "") != kFormat || !meta.contains("step"))
         throw FormatError(fmt::format("{}: not a {} file", meta_path, kFormat));
-    const SafetensorsFile f = SafetensorsFile::open((dir / "state.safetensors").string());
-    c.state.params = f.read_f32("params");
-    c.state.m = f.read_f32("adamw.m");
-    c.state.v = f.read_f32("adamw.v");
-    if (c.state.m.size() != c.state.params.size() || c.state.v.size() != c.state.params.size())
-        throw FormatError(fmt::format("{}: params, adamw.m and adamw.v differ in size ({}, {}, {})", f.path(),
-                                      c.state.params.size(), c.state.m.size(), c.state.v.size()));
-    try {
-        c.state.t = json_get<int>(c.meta, "optimizer_step", meta_path);
-        const auto & ls = c.meta.at("loss_scaler");
-        c.state.scaler.scale = json_get<float>(ls, "scale", meta_path);
-        c.state.scaler.clean = json_get<int>(ls, "clean", meta_path);
-        c.state.scaler.skipped = json_get<long long>(ls, "skipped", meta_path);
-    } catch (const std::exception & e) {
-        throw FormatError(fmt::format("{}: {}", meta_path, e.what()));
+    return meta;
+}
+
+size_t checkpoint_total(const std::string & dir, const nlohmann::json & meta) {
+    if (is_sharded(meta)) return json_get<size_t>(meta, "total", (fs::path(dir) / "meta.json").string());
+    const SafetensorsFile f = SafetensorsFile::open((fs::path(dir) / kStateFile).string());
+    const auto & shape = f.info("params").shape;
+    size_t n = 1;
+    for (int64_t d : shape) n *= size_t(d);
+    return n;
+}
+
+TrainState load_state_range(const std::string & dir, const nlohmann::json & meta, size_t lo, size_t hi) {
+    const std::string meta_path = (fs::path(dir) / "meta.json").string();
+    TrainState s;
+    read_scaler(meta, meta_path, s);
+    s.offset = lo;
+    if (!is_sharded(meta)) {
+        const SafetensorsFile f = SafetensorsFile::open((fs::path(dir) / kStateFile).string());
+        StateTensors t = read_state_tensors(f);
+        const size_t total = t.params.size();
+        if (lo > hi || hi > total)
+            throw FormatError(fmt::format("{}: holds {} parameters, elements [{}, {}) were asked for", f.path(), total,
+                                          lo, hi));
+        s.total = total;
+        if (lo == 0 && hi == total) {
+            s.params = std::move(t.params);
+            s.m = std::move(t.m);
+            s.v = std::move(t.v);
+        } else {
+            s.params.assign(t.params.begin() + long(lo), t.params.begin() + long(hi));
+            s.m.assign(t.m.begin() + long(lo), t.m.begin() + long(hi));
+            s.v.assign(t.v.begin() + long(lo), t.v.begin() + long(hi));
+        }
+        return s;
     }
+    const size_t total = json_get<size_t>(meta, "total", meta_path);
+    const int world = json_get<int>(meta, "world_size", meta_path);
+    if (lo > hi || hi > total)
+        throw FormatError(fmt::format("{}: holds {} parameters, elements [{}, {}) were asked for", meta_path, total,
+                                      lo, hi));
+    s.total = total;
+    s.params.resize(hi - lo);
+    s.m.resize(hi - lo);
+    s.v.resize(hi - lo);
+    for (const auto & [r, file] : shard_table(meta, meta_path, total)) {
+        const size_t a = std::max(lo, r.offset), b = std::min(hi, r.offset + r.count);
+        if (a >= b) continue;   // no overlap with the range
+        const std::string path = (fs::path(dir) / file).string();
+        if (!fs::exists(path))
+            throw IoError(fmt::format("{}: shard file of rank {} of {} is missing (the checkpoint is incomplete; "
+                                      "resume from an earlier one)", path, r.rank, world));
+        const SafetensorsFile f = SafetensorsFile::open(path);
+        auto md = [&](const char * k) -> std::string {
+            const auto it = f.metadata().find(k);
+            return it == f.metadata().end() ? std::string() : it->second;
+        };
+        if (md("offset") != std::to_string(r.offset) || md("total") != std::to_string(total))
+            throw FormatError(fmt::format("{}: holds elements from offset {} of {}, meta.json says offset {} of {} "
+                                          "(a shard of another checkpoint?)",
+                                          path, md("offset"), md("total"), r.offset, total));
+        const StateTensors t = read_state_tensors(f);
+        if (t.params.size() != r.count)
+            throw FormatError(fmt::format("{}: {} elements, meta.json says {}", path, t.params.size(), r.count));
+        const size_t n = b - a, src = a - r.offset, dst = a - lo;
+        std::copy_n(t.params.begin() + long(src), n, s.params.begin() + long(dst));
+        std::copy_n(t.m.begin() + long(src), n, s.m.begin() + long(dst));
+        std::copy_n(t.v.begin() + long(src), n, s.v.begin() + long(dst));
+    }
+    return s;
+}
+
+Checkpoint load_checkpoint(const std::string & path) {
+    const std::string dir = find_checkpoint(path);
+    Checkpoint c;
+    c.meta = load_checkpoint_meta(dir);
+    const size_t total = checkpoint_total(dir, c.meta);
+    c.state = load_state_range(dir, c.meta, 0, total);
     return c;
 }
 

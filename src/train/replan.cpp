@@ -67,6 +67,13 @@ StepResult resilient_step(std::unique_ptr<Engine> & engine, const ModelConfig & 
         try {
             return engine->train_step(inputs, targets, h);
         } catch (const OutOfMemory & e) {
+            // Data parallel: the other ranks are inside this step's collectives, and a re-plan
+            // would have to happen on every rank at once; this rank fails (and mpirun stops the rest).
+            if (engine->options().data_parallel > 1)
+                throw OutOfMemory(fmt::format("{}; rank {} of {}: a data-parallel run cannot re-plan mid-step; "
+                                              "restart with a smaller --batch, more --grad-accum, a higher --zero "
+                                              "or a larger --memory-budget",
+                                              e.what(), engine->options().rank, engine->options().data_parallel));
             const auto smaller = halve_micro_batch(engine->options());
             if (!smaller) throw;
             notes.push_back(fmt::format("{}; re-planned to micro-batch {} x {} accumulated and redid step {}",

@@ -76,6 +76,15 @@ LoraOptions lora_options(const RunShape & s, const ModelConfig & cfg, DType comp
     return l;
 }
 
+void check_data_parallel_flags(const RunShape & s) {
+    if (s.zero < 0 || s.zero > 3)
+        throw ConfigError(fmt::format("--zero {}: expected 0 (no sharding), 1 (optimizer states), 2 (+ gradients) or "
+                                      "3 (+ parameters)", s.zero));
+    if (!(s.bucket_mb >= 0) || !std::isfinite(s.bucket_mb) || s.bucket_mb > 1048576.0)
+        throw ConfigError(fmt::format("--bucket-mb {}: expected a size in MiB, 0 or more (0: one bucket per "
+                                      "transformer block)", s.bucket_mb));
+}
+
 namespace {
 
 std::string describe(const EngineOptions & eo) {
@@ -118,7 +127,12 @@ std::optional<RecomputePlan> fit_recompute(EngineOptions eo, const ModelConfig &
 }
 
 EngineOptions base_options(const RunShape & s, const ModelConfig & cfg, bool with_eval, uint64_t budget) {
+    check_data_parallel_flags(s);
     EngineOptions eo;
+    eo.data_parallel = s.data_parallel;
+    eo.rank = s.rank;
+    eo.zero = s.zero;
+    eo.bucket_bytes = size_t(std::llround(s.bucket_mb * 1048576.0));
     eo.B = s.batch;
     eo.T = s.seq;
     eo.grad_accum = s.grad_accum;

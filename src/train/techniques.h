@@ -35,7 +35,17 @@ struct RunShape {
     std::string lora_targets;        // "": the family's default (q,v | c_attn)
     std::string base_weights = "compute";   // compute | fp32 | bf16 | fp16 | int8 | nf4
     float    lora_dropout = 0;
+    // Data parallel: the ZeRO stage (0-3) and the gradient bucket size in MiB (0: one bucket per
+    // transformer block), flags; the ranks and this rank, set by the trainer from the
+    // communicator (batch is then the per-rank micro-batch).
+    int      zero = 0;
+    double   bucket_mb = 0;
+    int      data_parallel = 1;
+    int      rank = 0;
 };
+
+// ConfigError for a --zero outside 0..3 or a negative --bucket-mb.
+void check_data_parallel_flags(const RunShape & s);
 
 // The LoRA options the flags name, checked against the model and the compute precision.
 LoraOptions lora_options(const RunShape & s, const ModelConfig & cfg, DType compute);

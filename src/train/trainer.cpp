@@ -3,7 +3,9 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -15,6 +17,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/quant_format.h"
+#include "comm/communicator.h"
 #include "core/error.h"
 #include "core/json_num.h"
 #include "core/paths.h"
@@ -121,30 +124,151 @@ nlohmann::json checkpoint_meta(int step, const ModelConfig & cfg, const TrainOpt
     return m;
 }
 
-// Restores a checkpoint into the engine and the loaders; returns its step.
+// The range of the flat trainable buffer this rank's state covers: its ZeRO shard, or the whole.
+std::pair<size_t, size_t> state_range(const Engine & engine) {
+    if (engine.options().zero == 0) return {0, engine.step().layout().total};
+    const Engine::Shard sh = engine.shard();
+    return {sh.lo, sh.hi};
+}
+
+// Restores a checkpoint into the engine and the loaders; returns its step. Every rank reads the
+// shard files overlapping its own range (whatever the number of ranks that wrote them).
 int resume_from(const std::string & path, const ModelConfig & cfg, const TrainOptions & opt, Engine & engine,
                 DataLoader & train, DataLoader * val) {
-    const Checkpoint c = load_checkpoint(path);
-    const nlohmann::json & m = c.meta;
+    const std::string dir = find_checkpoint(path);
+    const nlohmann::json m = load_checkpoint_meta(dir);
     const nlohmann::json want = checkpoint_meta(0, cfg, opt, train, val, engine.options().lora);
     for (const char * k : {"model", "seq", "global_batch", "seed", "lora"})
         if (m.value(k, nlohmann::json()) != want.value(k, nlohmann::json()))
             throw ConfigError(fmt::format("--resume {}: the checkpoint's {} is {}, this run's is {}; resume with the "
                                           "same model, --seq, global batch, --seed and LoRA options",
                                           path, k, m.value(k, nlohmann::json()).dump(), want.value(k, nlohmann::json()).dump()));
-    if (c.state.params.size() != engine.step().layout().total)
-        throw FormatError(fmt::format("--resume {}: {} parameters, the model has {}", path, c.state.params.size(),
+    const size_t total = checkpoint_total(dir, m);
+    if (total != engine.step().layout().total)
+        throw FormatError(fmt::format("--resume {}: {} parameters, the model has {}", path, total,
                                       engine.step().layout().total));
     const int step = json_get<int>(m, "step", path);
     if (step >= opt.steps)
         throw ConfigError(fmt::format("--resume {}: the checkpoint is at step {}; --steps {} must be larger", path,
                                       step, opt.steps));
-    engine.import_state(c.state);
+    const auto [lo, hi] = state_range(engine);
+    engine.import_state(load_state_range(dir, m, lo, hi));
     const auto & d = m.at("data");
     train.seek(json_get<uint64_t>(d, "train_epoch", path), json_get<size_t>(d, "train_cursor", path));
     if (val && d.contains("val_epoch"))
         val->seek(json_get<uint64_t>(d, "val_epoch", path), json_get<size_t>(d, "val_cursor", path));
     return step;
+}
+
+// Writes a checkpoint: one file on one process; with N ranks every rank its range (its ZeRO
+// shard, or without ZeRO an even 1/N of the state it holds whole) and rank 0 the meta.
+std::string write_checkpoint(const std::string & root, Engine & engine, nlohmann::json meta, int keep,
+                             Communicator & comm) {
+    const EngineOptions & eo = engine.options();
+    meta["world_size"] = comm.size();
+    meta["zero"] = eo.zero;
+    TrainState s = engine.export_state();
+    const size_t total = engine.step().layout().total;
+    if (comm.size() == 1 && s.params.size() == total) {
+        s.offset = 0;
+        s.total = total;
+        return save_checkpoint(root, Checkpoint{std::move(s), std::move(meta)}, keep);
+    }
+    if (s.params.size() == total) {   // the whole state: this rank writes its even share
+        const ShardRange r = even_shard(total, comm.rank(), comm.size());
+        auto cut = [&](std::vector<float> & v) {
+            v.erase(v.begin() + long(r.offset + r.count), v.end());
+            v.erase(v.begin(), v.begin() + long(r.offset));
+        };
+        cut(s.params);
+        cut(s.m);
+        cut(s.v);
+        s.offset = r.offset;
+    } else {
+        s.offset = state_range(engine).first;
+    }
+    s.total = total;
+    return save_checkpoint_sharded(root, Checkpoint{std::move(s), std::move(meta)}, keep, eo.zero, comm);
+}
+
+// Per-rank memory, gathered: what each rank's ledger measured.
+struct RankMemory {
+    std::vector<CategoryBytes> reserved, live;   // [rank]
+    std::vector<uint64_t> rss;
+};
+
+RankMemory gather_memory(Communicator & comm, const Ledger & L, uint64_t rss) {
+    const size_t N = size_t(comm.size());
+    RankMemory r;
+    r.reserved.resize(N);
+    r.live.resize(N);
+    const CategoryBytes rsv = L.reserved_peak(), live = L.live_peak();
+    for (size_t c = 0; c < size_t(kCategoryCount); ++c) {
+        const auto a = comm.all_gather_u64(rsv.v[c]);
+        const auto b = comm.all_gather_u64(live.v[c]);
+        for (size_t k = 0; k < N; ++k) {
+            r.reserved[k].v[c] = a[k];
+            r.live[k].v[c] = b[k];
+        }
+    }
+    r.rss = comm.all_gather_u64(rss);
+    return r;
+}
+
+// min/max over ranks of f(rank) with the ranks that hold them.
+struct MinMax { uint64_t min = 0, max = 0; int min_rank = 0, max_rank = 0; };
+template <class F> MinMax min_max(size_t N, F f) {
+    MinMax m{f(0), f(0), 0, 0};
+    for (size_t k = 1; k < N; ++k) {
+        const uint64_t x = f(k);
+        if (x < m.min) m.min = x, m.min_rank = int(k);
+        if (x > m.max) m.max = x, m.max_rank = int(k);
+    }
+    return m;
+}
+nlohmann::json min_max_json(const MinMax & m) {
+    return {{"min", m.min}, {"min_rank", m.min_rank}, {"max", m.max}, {"max_rank", m.max_rank}};
+}
+
+// "memory per rank (4 ranks): reserved min .. (rank i) max .. (rank j); ..." and per category.
+std::string format_rank_memory(const RankMemory & r) {
+    const size_t N = r.reserved.size();
+    const MinMax rsv = min_max(N, [&](size_t k) { return r.reserved[k].total(); });
+    const MinMax live = min_max(N, [&](size_t k) { return r.live[k].total(); });
+    const MinMax rss = min_max(N, [&](size_t k) { return r.rss[k]; });
+    std::string out = fmt::format(
+        "memory per rank ({} ranks): reserved min {} (rank {}) max {} (rank {}); peak live min {} (rank {}) max {} "
+        "(rank {}); peak RSS min {} (rank {}) max {} (rank {})",
+        N, format_bytes(rsv.min), rsv.min_rank, format_bytes(rsv.max), rsv.max_rank, format_bytes(live.min),
+        live.min_rank, format_bytes(live.max), live.max_rank, format_bytes(rss.min), rss.min_rank,
+        format_bytes(rss.max), rss.max_rank);
+    for (size_t c = 0; c < size_t(kCategoryCount); ++c) {
+        const MinMax a = min_max(N, [&](size_t k) { return r.reserved[k].v[c]; });
+        const MinMax b = min_max(N, [&](size_t k) { return r.live[k].v[c]; });
+        if (a.max == 0 && b.max == 0) continue;
+        out += fmt::format("\n  {:<17} reserved {} .. {}, peak live {} .. {}", category_name(Category(c)),
+                           format_bytes(a.min), format_bytes(a.max), format_bytes(b.min), format_bytes(b.max));
+    }
+    return out;
+}
+
+nlohmann::json rank_memory_json(const RankMemory & r) {
+    const size_t N = r.reserved.size();
+    nlohmann::json j = {{"ranks", N},
+                        {"reserved_total", min_max_json(min_max(N, [&](size_t k) { return r.reserved[k].total(); }))},
+                        {"peak_live_total", min_max_json(min_max(N, [&](size_t k) { return r.live[k].total(); }))},
+                        {"peak_rss", min_max_json(min_max(N, [&](size_t k) { return r.rss[k]; }))},
+                        {"reserved", nlohmann::json::object()},
+                        {"peak_live", nlohmann::json::object()},
+                        {"by_rank", nlohmann::json::array()}};
+    for (size_t c = 0; c < size_t(kCategoryCount); ++c) {
+        j["reserved"][std::string(category_name(Category(c)))] = min_max_json(min_max(N, [&](size_t k) { return r.reserved[k].v[c]; }));
+        j["peak_live"][std::string(category_name(Category(c)))] = min_max_json(min_max(N, [&](size_t k) { return r.live[k].v[c]; }));
+    }
+    for (size_t k = 0; k < N; ++k)
+        j["by_rank"].push_back({{"rank", k}, {"reserved", category_json(r.reserved[k])},
+                                {"peak_live", category_json(r.live[k])}, {"peak_rss_bytes", r.rss[k]}});
+    return j;
 }
 
 }  // namespace
@@ -153,7 +277,21 @@ void run_training(const TrainOptions & opt) {
     if (opt.steps < 1) throw ConfigError(fmt::format("--steps {}: must be at least 1", opt.steps));
     if (opt.check_leaks && opt.steps < 4)
         throw ConfigError(fmt::format("--check-leaks compares steps 2 and 3: needs --steps 4 or more (got {})", opt.steps));
-    Progress progress(progress_mode(opt.progress));
+    check_data_parallel_flags(opt);
+    const ProgressMode mode = progress_mode(opt.progress);
+    // Data parallel (`mpirun -np N memfit train ...`): --batch is the global micro-batch; every
+    // rank runs B/N of its sequences. Rank 0 alone prints and writes outputs.
+    const std::unique_ptr<Communicator> comm = make_communicator();
+    const int ranks = comm->size(), rank = comm->rank();
+    const bool lead = rank == 0;
+    if (opt.batch % ranks)
+        throw ConfigError(fmt::format("--batch {} is not divisible by the {} ranks; --batch is the global micro-batch, "
+                                      "split evenly over the ranks: use a multiple of {} (e.g. --batch {})",
+                                      opt.batch, ranks, ranks, (opt.batch / ranks + 1) * ranks));
+    if (ranks > 1 && !opt.budget_file.empty())
+        throw ConfigError(fmt::format("--budget-file re-plans one process's run mid-training; it is not supported with "
+                                      "{} data-parallel ranks: set --memory-budget (per rank) instead", ranks));
+    Progress progress(lead ? mode : ProgressMode::quiet);
     // Everything but the status line goes through the progress display, so a terminal's live
     // line stays intact, --json keeps stdout JSON Lines and --quiet keeps it empty.
     auto say = [&](const std::string & text) {
@@ -172,7 +310,10 @@ void run_training(const TrainOptions & opt) {
     // A Hugging Face folder with a tokenizer.model tokenizes the corpus with it unless told otherwise.
     const std::string tokenizer =
         opt.tokenizer.empty() && fs::is_directory(opt.model) ? tokenizer_for_folder(opt.model) : opt.tokenizer;
+    // Rank 0 prepares the bundled corpus (if needed) before the others look for it.
+    if (!lead) comm->barrier();
     const DataSource data = resolve_data(opt.data, tokenizer, cfg.vocab_size);
+    if (lead && ranks > 1) comm->barrier();
     if (cfg.vocab_size == 0) cfg.vocab_size = data.vocab_size;
     if (data.vocab_size > cfg.vocab_size)
         throw ConfigError(fmt::format("the data's vocabulary ({} tokens, {}) is larger than the model's ({}); "
@@ -181,25 +322,47 @@ void run_training(const TrainOptions & opt) {
     cfg.validate();
 
     CpuBackend backend;
-    // Without --memory-budget the plan must still fit the memory this process can have.
-    const uint64_t budget = budget_flag ? budget_flag : available_memory();
-    const ResolvedRun run = resolve_run(opt, cfg, backend, !data.val_path.empty() && !opt.profile, budget);
+    // Without --memory-budget the plan must still fit the memory this process can have; ranks on
+    // one machine share it (and every rank plans with the same number: the smallest).
+    uint64_t budget = budget_flag;
+    if (!budget) {
+        const char * local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+        const uint64_t per_host = local ? std::max<uint64_t>(1, std::strtoull(local, nullptr, 10)) : 1;
+        budget = available_memory() / std::min<uint64_t>(per_host, uint64_t(ranks));
+        if (ranks > 1) {
+            const auto all = comm->all_gather_u64(budget);
+            budget = *std::min_element(all.begin(), all.end());
+        }
+    }
+    // The engine plans this rank's share: B/N sequences per micro-batch.
+    RunShape shape = opt;
+    shape.batch = opt.batch / ranks;
+    shape.data_parallel = ranks;
+    shape.rank = rank;
+    const ResolvedRun run = resolve_run(shape, cfg, backend, !data.val_path.empty() && !opt.profile, budget);
     EngineOptions eo = run.eo;
     eo.checking = opt.check_lifetimes;
+    eo.comm = comm.get();
     for (const auto & n : run.notes) say(n);
-    const int batch = eo.B, accum = eo.grad_accum;
+    // batch, accum: the global micro-batch and accumulation the engine runs (its B x ranks).
+    const int batch = eo.B * ranks, accum = eo.grad_accum;
     // The loader yields the whole global batch per step, so a run-time re-plan to a smaller
-    // micro-batch sees the same sequences.
+    // micro-batch sees the same sequences; every rank reads it and keeps its rows of each of the
+    // flags' micro-batches (rows r*B/N .. (r+1)*B/N-1 of each B).
     DataLoader train_data(data.train_path, batch * accum, opt.seq, opt.seed);
     std::unique_ptr<DataLoader> val_data;
     if (eo.with_eval) val_data = std::make_unique<DataLoader>(data.val_path, batch, opt.seq, opt.seed + 1);
 
     say(fmt::format("memfit {}: model {} ({}, vocab {}, {:.2f}M parameters)", opt.profile ? "profile" : "train",
                     cfg.name, cfg.describe(), cfg.vocab_size, double(cfg.num_params()) / 1e6));
-    say(fmt::format("  data {} ({}), batch {} x seq {}{} = {} tokens/step, {} steps, {} threads", data.train_path,
+    say(fmt::format("  data {} ({}), batch {} x seq {}{} = {} tokens/step, {} steps, {} threads{}", data.train_path,
                     data.tokenizer, batch, opt.seq,
                     accum > 1 ? fmt::format(" x {} accumulated micro-batches", accum) : "",
-                    batch * opt.seq * accum, opt.steps, omp_get_max_threads()));
+                    batch * opt.seq * accum, opt.steps, omp_get_max_threads(), ranks > 1 ? " per rank" : ""));
+    if (ranks > 1 || eo.zero > 0)
+        say(fmt::format("  data parallel: {} rank{} ({}), micro-batch {} per rank, ZeRO stage {}, gradient buckets {}",
+                        ranks, ranks > 1 ? "s" : "", comm->name(), eo.B, eo.zero,
+                        eo.bucket_bytes ? format_bytes(eo.bucket_bytes) : std::string("one per block")));
     if (eo.lora.enabled()) {
         const size_t A = lora_param_count(cfg, eo.lora);
         say(fmt::format("  LoRA rank {} alpha {:g} on {}: {:.3f}M trainable parameters ({:.2f}% of the model); base "
@@ -211,7 +374,7 @@ void run_training(const TrainOptions & opt) {
     }
     auto engine = std::make_unique<Engine>(cfg, backend, eo);
     CategoryBytes plan_live = engine->planned_peak_live(), plan_rsv = engine->planned_reserved();
-    say(fmt::format("memory plan ({} ops, {}{}, peak at op {} '{}'):\n{}", engine->step().program().num_ops(),
+    say(fmt::format("memory plan{} ({} ops, {}{}, peak at op {} '{}'):\n{}", ranks > 1 ? " per rank" : "", engine->step().program().num_ops(),
                     precision_name(eo.compute),
                     eo.compute == DType::f32 ? ""
                         : fmt::format(" with fp32 master weights, {} gradients{}", precision_name(eo.grad_dtype()),
@@ -236,23 +399,38 @@ void run_training(const TrainOptions & opt) {
     int first_step = 1;
     if (!opt.resume.empty()) first_step = resume_from(opt.resume, cfg, opt, *engine, train_data, val_data.get()) + 1;
 
-    fs::create_directories(opt.out);
     const std::string metrics_path = (fs::path(opt.out) / "metrics.jsonl").string();
-    std::FILE * metrics = std::fopen(metrics_path.c_str(), "w");
-    if (!metrics) throw IoError(fmt::format("{}: cannot write metrics", metrics_path));
+    std::FILE * metrics = nullptr;
+    if (lead) {
+        fs::create_directories(opt.out);
+        metrics = std::fopen(metrics_path.c_str(), "w");
+        if (!metrics) throw IoError(fmt::format("{}: cannot write metrics", metrics_path));
+    }
 
-    const int micro = batch * opt.seq, BT = micro * accum;   // tokens per micro-batch, per step
+    const int micro = batch * opt.seq, BT = micro * accum;   // tokens per global micro-batch, per step
     std::vector<int32_t> in(static_cast<size_t>(BT)), tg(static_cast<size_t>(BT));
+    // This rank's rows: of every `rows`-sequence group of the global batch, the r-th 1/N.
+    std::vector<int32_t> my_in(static_cast<size_t>(BT / ranks)), my_tg(static_cast<size_t>(BT / ranks));
+    auto take_rows = [&](int rows, int groups) {
+        const size_t mine = size_t(rows / ranks) * size_t(opt.seq), whole = size_t(rows) * size_t(opt.seq);
+        for (int g = 0; g < groups; ++g) {
+            const size_t src = size_t(g) * whole + size_t(rank) * mine, dst = size_t(g) * mine;
+            std::copy_n(in.begin() + long(src), mine, my_in.begin() + long(dst));
+            std::copy_n(tg.begin() + long(src), mine, my_tg.begin() + long(dst));
+        }
+    };
     LrSchedule sched{opt.lr, opt.warmup, opt.steps, opt.min_lr_ratio};
     auto evaluate = [&]() {
-        // Batches of the starting micro-batch, run in pieces of the engine's current one.
-        const int b = engine->options().B, pieces = batch / b;
+        // Batches of the starting micro-batch (this rank's rows), run in pieces of the engine's
+        // current one; eval_loss sums over the ranks.
+        const int b = engine->options().B, local = batch / ranks, pieces = local / b;
         double s = 0;
         for (int i = 0; i < opt.eval_batches; ++i) {
             val_data->next(in.data(), tg.data());
+            take_rows(batch, 1);
             for (int k = 0; k < pieces; ++k) {
                 const size_t off = size_t(k) * size_t(b) * size_t(opt.seq);
-                s += engine->eval_loss(in.data() + off, tg.data() + off);
+                s += engine->eval_loss(my_in.data() + off, my_tg.data() + off);
             }
         }
         return float(s / (opt.eval_batches * pieces));
@@ -269,13 +447,16 @@ void run_training(const TrainOptions & opt) {
     const auto t_start = Clock::now();
     for (int step = first_step; step <= opt.steps; ++step) {
         train_data.next(in.data(), tg.data());
+        // The flags' micro-batches (opt.batch sequences each) split over the ranks; --fit auto may
+        // regroup this rank's rows into other micro-batches (the same global batch).
+        take_rows(opt.batch, opt.grad_accum);
         if (const auto b = budget_file.poll()) shrink_to_budget(engine, cfg, backend, *b, replans);
         AdamWHyper h{sched.at(step), opt.beta1, opt.beta2, opt.eps, opt.weight_decay, step, opt.clip};
         if (step == opt.steps) engine->set_timeline(&timeline);
         else if (opt.check_leaks && step == 2) engine->set_timeline(&leak_a);
         else if (opt.check_leaks && step == 3) engine->set_timeline(&leak_b);
         const auto t0 = Clock::now();
-        const StepResult r = resilient_step(engine, cfg, backend, in.data(), tg.data(), h, replans);
+        const StepResult r = resilient_step(engine, cfg, backend, my_in.data(), my_tg.data(), h, replans);
         for (const auto & n : replans) say(n);
         replans.clear();
         const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -317,13 +498,12 @@ void run_training(const TrainOptions & opt) {
         if (opt.checkpoint_every > 0 && (step % opt.checkpoint_every == 0 || step == opt.steps)) {
             const std::string root = opt.checkpoint_dir.empty() ? (fs::path(opt.out) / "checkpoints").string()
                                                                  : opt.checkpoint_dir;
-            const std::string dir = save_checkpoint(
-                root, Checkpoint{engine->export_state(),
-                                 checkpoint_meta(step, cfg, opt, train_data, val_data.get(), eo.lora)},
-                opt.keep_checkpoints);
+            const std::string dir =
+                write_checkpoint(root, *engine, checkpoint_meta(step, cfg, opt, train_data, val_data.get(), eo.lora),
+                                 opt.keep_checkpoints, *comm);
             if (log_point) say(fmt::format("  checkpoint {}", dir));
         }
-        if (log_point) {
+        if (log_point && lead) {
             const double tps = double(BT) / dt;
             nlohmann::json m = {{"step", step}, {"loss", r.loss}, {"lr", h.lr}, {"grad_norm", r.grad_norm},
                                 {"tokens_per_s", tps}, {"ms", dt * 1e3}, {"live_bytes", L.live_total()},
@@ -337,7 +517,7 @@ void run_training(const TrainOptions & opt) {
             std::fflush(metrics);
         }
     }
-    std::fclose(metrics);
+    if (metrics) std::fclose(metrics);
     progress.finish();
     const double wall = std::chrono::duration<double>(Clock::now() - t_start).count();
 
@@ -346,12 +526,27 @@ void run_training(const TrainOptions & opt) {
     plan_rsv = engine->planned_reserved();
     const uint64_t rss = peak_rss_bytes();
     const double tps = double(total_tokens) / total_time;
+    // Every rank's measured memory, for the min/max over ranks (a collective: before rank 0 goes
+    // its own way).
+    const RankMemory rank_memory = gather_memory(*comm, L, rss);
+    // The whole model's weights for the sample (collective under ZeRO).
+    const bool want_sample = opt.sample_tokens > 0 && !data.tokenizer.empty() && !opt.profile;
+    std::vector<float> sample_weights;
+    if (want_sample) {
+        if (eo.zero == 0) {
+            if (lead) sample_weights = engine->merged_weights();
+        } else if (!eo.lora.enabled()) {
+            sample_weights = engine->full_params();
+        }
+    }
+    if (!lead) return;
     if (opt.check_lifetimes)
         say("  (--check-lifetimes: every buffer had its own allocation, so reserved bytes are not the plan's regions)");
     say(fmt::format("memory: planned vs measured (measured = bytes the engine acquired and obtained while running)\n{}",
                     format_plan_vs_measured(plan_live, L.live_peak(), plan_rsv, L.reserved_peak())));
     say(fmt::format("  peak RSS {} (planned reserved {} + code, libraries, data loader)", format_bytes(rss),
                     format_bytes(plan_rsv.total())));
+    if (ranks > 1) say(format_rank_memory(rank_memory));
     say(fmt::format("done: {} steps in {:.1f} s, {:.0f} tokens/s, final loss {:.4f}{}", opt.steps, wall, tps, last_loss,
                     std::isnan(last_val) ? std::string() : fmt::format(", validation loss {:.4f}", last_val)));
 
@@ -361,7 +556,8 @@ void run_training(const TrainOptions & opt) {
                     {"vocab_size", cfg.vocab_size}, {"params", cfg.num_params()}, {"batch", batch},
                     {"grad_accum", accum}, {"attention", eo.flash_attention ? "flash" : "naive"},
                     {"recompute", eo.recompute.name}, {"loss_chunk", eo.loss_chunk},
-                    {"seq", opt.seq}, {"steps", opt.steps}, {"lr", opt.lr}, {"weight_decay", opt.weight_decay},
+                    {"seq", opt.seq}, {"steps", opt.steps}, {"data_parallel", ranks}, {"zero", eo.zero},
+                    {"bucket_bytes", eo.bucket_bytes}, {"lr", opt.lr}, {"weight_decay", opt.weight_decay},
                     {"seed", opt.seed}, {"threads", omp_get_max_threads()}, {"precision", precision_name(eo.compute)},
                     {"data", data.train_path}, {"tokenizer", data.tokenizer},
                     {"trainable_params", engine->step().layout().total}}},
@@ -369,6 +565,7 @@ void run_training(const TrainOptions & opt) {
         {"measured", {{"peak_live", category_json(L.live_peak())}, {"reserved", category_json(L.reserved_peak())},
                       {"peak_live_total", L.live_total_peak()}}},
         {"peak_rss_bytes", rss},
+        {"per_rank", rank_memory_json(rank_memory)},
         {"tokens_per_s", tps},
         {"final_loss", last_loss},
         {"wall_s", wall}};
@@ -397,14 +594,16 @@ void run_training(const TrainOptions & opt) {
     write_chrome_trace(trace_path, rep);
     for (const auto & hnt : rep.hints) say("  hint: " + hnt);
 
-    if (opt.sample_tokens > 0 && !data.tokenizer.empty() && !opt.profile) {
+    if (want_sample && sample_weights.empty()) {
+        say("  (no sample: LoRA under ZeRO does not gather the merged weights)");
+    } else if (want_sample) {
         auto tok = make_tokenizer(data.tokenizer, data_dir());
         std::vector<int32_t> prompt = tok->encode("\n");
         SampleOptions so;
         so.max_new_tokens = opt.sample_tokens;
         so.seed = opt.seed;
         Decoder decoder(cfg, backend, std::min(cfg.max_seq, int(prompt.size()) + so.max_new_tokens));
-        decoder.set_weights(engine->merged_weights().data());
+        decoder.set_weights(sample_weights.data());
         const auto ids = generate(decoder, prompt, so);
         const std::string text = tok->decode(ids);
         say("sample (temperature 0.8):\n" + text);

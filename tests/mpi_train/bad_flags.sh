@@ -1,0 +1,17 @@
+# Data-parallel flag errors: one clear line before any work.
+# Usage: bash bad_flags.sh MEMFIT MPIEXEC SOURCE_DIR
+source "$(dirname "$0")/common.sh"
+cd "$WORK"
+ARGS=(train --model nano --data "$WORK/data" --seq 32 --steps 2 --sample 0 --progress quiet --threads 1)
+expect_error() {   # expect_error NEEDLE COMMAND...
+    local needle=$1; shift
+    if "$@" > out.log 2>&1; then cat out.log; fail "succeeded: $*"; fi
+    grep -q -- "$needle" out.log || { cat out.log; fail "no '$needle' in the output of: $*"; }
+    [ ! -e out ] || fail "wrote output before failing"
+}
+expect_error "memfit: error: --zero 4: expected 0" "$MEMFIT" "${ARGS[@]}" --zero 4 --out out
+expect_error "memfit: error: --bucket-mb -1: expected" "$MEMFIT" "${ARGS[@]}" --bucket-mb -1 --out out
+expect_error "memfit: error: --batch 3 is not divisible by the 2 ranks" mpi 2 "${ARGS[@]}" --batch 3 --out out
+expect_error "memfit: error: --budget-file .* not supported with 2 data-parallel ranks" \
+    mpi 2 "${ARGS[@]}" --batch 2 --budget-file budget.txt --out out
+echo PASS
