@@ -78,7 +78,7 @@ public:
     void set_communicator(Communicator * c) { comm_ = c; }
     // ZeRO, completed by comm_wait(slot, the tensors the transfer touches): reduce_scatter_start
     // sums `in` (a bucket of the whole gradient) over the ranks and leaves this rank's
-    // counts[rank] elements in `out`; all_gather_start fills `out` (a bucket of the whole weights)
+    // counts[rank] elements at the start of `out` (which may be longer); all_gather_start fills `out` (a bucket of the whole weights)
     // with every rank's counts[i] elements, this rank's from `in`. Invalid `out` / `in`: count 0.
     void reduce_scatter_start(Tensor in, Tensor out, const std::vector<size_t> & counts, int slot);
     void all_gather_start(Tensor out, Tensor in, const std::vector<size_t> & counts, int slot);

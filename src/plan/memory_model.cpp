@@ -210,9 +210,13 @@ uint64_t megatron_layer_activation_bytes(const ModelConfig & cfg, int b, int s, 
 DeviceMemory exact_memory(const ModelConfig & cfg, const Hardware & hw, const Candidate & c, int seq,
                           const Backend & sizing) {
     const Layout & L = c.layout;
-    if (L.devices() != 1 || L.zero != 0 || L.offload != Offload::none || c.optimizer != Optimizer::adamw)
-        throw ConfigError("the engine's exact plan covers one device with AdamW, no ZeRO and no offload");
+    if (L.tp != 1 || L.pp != 1 || L.sp || L.offload != Offload::none || c.optimizer != Optimizer::adamw)
+        throw ConfigError("the engine's exact plan covers data parallelism (any ZeRO stage) with AdamW, without "
+                          "tensor or pipeline parallelism or offload");
     EngineOptions eo;
+    // Rank 0's program: every rank's buffers have the same sizes (equal, padded shards).
+    eo.data_parallel = L.dp;
+    eo.zero = L.zero;
     eo.B = c.micro_batch;
     eo.T = seq;
     eo.grad_accum = c.accum;
@@ -228,7 +232,7 @@ DeviceMemory exact_memory(const ModelConfig & cfg, const Hardware & hw, const Ca
         for (const auto & buf : plans.train->program().buffers())
             if (buf.name == "parameters" || buf.name == "parameters.quantized") m.frozen += buf.bytes;
     m.device[Category::runtime] = hw.memory - hw.usable;
-    m.loaded = "the only device";
+    m.loaded = L.dp > 1 ? "every rank (equal shards)" : "the only device";
     m.exact = true;
     return m;
 }

@@ -1,7 +1,7 @@
 // The per-device memory model of `memfit plan`.
 //
-// Exact, for what memfit's engine runs (one device, no sharding or offload): the step program
-// is recorded symbolically and placed by the same arena planner as `memfit train`
+// Exact, for what memfit's engine runs (data parallelism with any ZeRO stage; no tensor or
+// pipeline parallelism, no offload): one rank's step program is recorded symbolically and placed by the same arena planner as `memfit train`
 // (exact_memory; the caller passes the backend whose workspace sizes apply). For every layout,
 // analytic (predict_memory, O(1) in the layer count, for the search), with the engine's own
 // sizing functions where they exist:
@@ -108,9 +108,10 @@ void check_lora_layout(const Candidate & c);
 // offload, an unknown recompute policy).
 DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const Candidate & c, int seq);
 
-// The engine's own program for a one-device candidate (layout 1 x 1 x 1, ZeRO 0, no offload),
-// recorded and placed, nothing allocated: the peak live bytes per category `memfit train`
-// measures, plus the hardware's runtime. `sizing` answers the backend's workspace queries.
+// The engine's own program for a data-parallel candidate (layout dp x 1 x 1, any ZeRO stage, no
+// offload), recorded and placed, nothing allocated: the peak live bytes per category each rank
+// of `mpirun -np dp memfit train` measures (the shards are equal, so every rank's are the
+// same), plus the hardware's runtime. `sizing` answers the backend's workspace queries.
 DeviceMemory exact_memory(const ModelConfig & cfg, const Hardware & hw, const Candidate & c, int seq,
                           const Backend & sizing);
 

@@ -61,8 +61,10 @@ bool host_fits(const PlanRequest & r, const DeviceMemory & m) {
 }
 
 bool engine_runs(const PlanRequest & r, const Candidate & c) {
-    return r.exact_sizing && c.layout.devices() == 1 && c.layout.zero == 0 && c.layout.offload == Offload::none &&
-           c.optimizer == Optimizer::adamw;
+    // Data parallelism and ZeRO are in the engine's step program; tensor and pipeline parallelism
+    // and offload are not.
+    return r.exact_sizing && c.layout.tp == 1 && c.layout.pp == 1 && !c.layout.sp &&
+           c.layout.offload == Offload::none && c.optimizer == Optimizer::adamw;
 }
 
 }  // namespace

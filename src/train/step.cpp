@@ -145,9 +145,11 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     for (size_t i = 0; reduce_scatter_ && i < buckets_.size(); ++i) {
         Bucket & k = buckets_[i];
         k.grad = program_.declare(fmt::format("{}gradients.bucket{}", pre, i), Category::gradients, (k.b - k.a) * gs);
-        const size_t mine = in_shard(k.a, k.b, dp.rank);
-        if (!parts_.zero_grads && mine > 0)
-            k.recv = program_.declare(fmt::format("{}gradients.recv{}", pre, i), Category::gradients, mine * gs);
+        // Sized for the rank with the most of the bucket, so that every rank's plan is the same.
+        size_t most = 0;
+        for (int r = 0; r < dp.ranks; ++r) most = std::max(most, in_shard(k.a, k.b, r));
+        if (!parts_.zero_grads && most > 0)
+            k.recv = program_.declare(fmt::format("{}gradients.recv{}", pre, i), Category::gradients, most * gs);
         grad_ranges.push_back(Range{k.a, k.b, k.grad});
     }
     if (reduce_scatter_) remap(dw_, grads, grad_dt_, grad_ranges);
@@ -261,12 +263,16 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
         const size_t mine = in_shard(k.a, k.b, dp_.rank);
         return mine ? Tensor(grads, grad_dt_, {int64_t(mine)}, (std::max(k.a, lo_) - lo_) * gs) : Tensor{};
     };
+    // Accumulating: received into the bucket's `recv` (every rank's program touches it, even with
+    // none of the bucket, so that all ranks' plans are the same), then added to the shard.
+    auto receive = [&](const Bucket & k) {
+        return k.recv >= 0 ? Tensor(k.recv, grad_dt_, {int64_t(program_.buffer(k.recv).bytes / gs)}) : Tensor{};
+    };
     auto finish = [&](Graph & gg, int i) {
         const Bucket & k = buckets_[size_t(i)];
         const Tensor mine = shard_piece(k);
-        const Tensor recv = k.recv >= 0 ? Tensor(k.recv, grad_dt_, {mine.numel()}) : Tensor{};
-        gg.comm_wait(i, {grad_view(k), recv.valid() ? recv : mine});
-        if (recv.valid()) gg.residual_fwd(mine, mine, recv);
+        gg.comm_wait(i, {grad_view(k), k.recv >= 0 ? receive(k) : mine});
+        if (k.recv >= 0 && mine.valid()) gg.residual_fwd(mine, mine, Tensor(k.recv, grad_dt_, {mine.numel()}));
     };
     Transformer::LayerHook begin, done;
     if (reduce_scatter_ || zero3)
@@ -294,8 +300,7 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
                 std::vector<size_t> counts;
                 for (int r = 0; r < dp_.ranks; ++r) counts.push_back(in_shard(k.a, k.b, r));
                 const Tensor mine = shard_piece(k);
-                gg.reduce_scatter_start(grad_view(k), k.recv >= 0 ? Tensor(k.recv, grad_dt_, {mine.numel()}) : mine,
-                                        counts, i);
+                gg.reduce_scatter_start(grad_view(k), k.recv >= 0 ? receive(k) : mine, counts, i);
                 now.push_back(i);
             }
             for (int i : in_flight) finish(gg, i);
