@@ -338,9 +338,12 @@ void run_training(const TrainOptions & opt) {
     RunShape shape = opt;
     shape.batch = opt.batch / ranks;
     shape.data_parallel = ranks;
-    shape.rank = rank;
+    // Every rank resolves the flags as rank 0 would (--fit auto and --recompute budget weigh the
+    // most loaded rank's bytes), so all make the same choice; then each builds its own program.
+    shape.rank = 0;
     const ResolvedRun run = resolve_run(shape, cfg, backend, !data.val_path.empty() && !opt.profile, budget);
     EngineOptions eo = run.eo;
+    eo.rank = rank;
     eo.checking = opt.check_lifetimes;
     eo.comm = comm.get();
     for (const auto & n : run.notes) say(n);

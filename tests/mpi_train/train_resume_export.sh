@@ -62,4 +62,9 @@ grep -q 'memfit: error: .*broken/state-rank-00001-of-00002.safetensors: shard fi
 [ "$(stat -c %s hf/model.safetensors)" = "$(stat -c %s hf_solo/model.safetensors)" ] || fail "exports differ in size"
 "$MEMFIT" train --model hf --data "$WORK/data" --batch 2 --seq 32 --steps 1 --eval-batches 1 --sample 0 \
     --progress quiet --threads 1 --out fromhf > fromhf.log 2>&1 || { cat fromhf.log; fail "training from the export"; }
+# --fit auto plans the per-rank shape (every rank the same choice, weighing the most loaded rank).
+mpi 2 train --model nano --data "$WORK/data" --batch 8 --seq 64 --steps 2 --eval-batches 1 --sample 0 \
+    --progress plain --threads 1 --zero "$ZERO" --fit auto --memory-budget 3MiB --out fit > fit.log 2>&1 ||
+    { cat fit.log; fail "--fit auto on 2 ranks"; }
+grep -q -- '--fit auto chose' fit.log || { cat fit.log; fail "--fit auto said nothing"; }
 echo "PASS (zero $ZERO)"
