@@ -46,7 +46,8 @@ std::vector<std::string> make_hints(const Engine & engine, const std::vector<Rep
     const EngineOptions & eo = engine.options();
     const double flops = step.program().total_flops();
     auto replan = [&](const std::string & flag, int B, const ModelOptions & mo, const std::string & why) {
-        TrainStep alt(step.config(), B, step.T(), StepMode::train, &engine.backend(), mo);
+        TrainStep alt(step.config(), B, step.T(), StepMode::train, &engine.backend(), mo,
+                      StepParts{true, true, eo.data_parallel > 1 || eo.zero > 0}, eo.dp());
         const MemoryPlan p2 = plan_memory(alt.program());
         if (double(p2.peak_live_total) > 0.99 * double(total)) return;   // under 1%: not worth a line
         const double extra = alt.program().total_flops() / flops - 1.0;
@@ -90,10 +91,14 @@ std::vector<std::string> make_hints(const Engine & engine, const std::vector<Rep
                " (the global batch halves unless two micro-batches are accumulated)");
 
     const uint64_t opt = plan.peak_live[Category::optimizer_states];
-    if (opt > 0)
+    if (opt > 0 && eo.zero == 0)
         hints.push_back(fmt::format("AdamW moments take {} (2 x 4 bytes per parameter, {:.0f}% of the peak); "
-                                    "sharding them over data-parallel ranks (ZeRO-1) divides them by the rank count.",
+                                    "sharding them over data-parallel ranks (mpirun -np N ... --zero 1) divides them "
+                                    "by the rank count.",
                                     format_bytes(opt), 100.0 * double(opt) / double(total)));
+    else if (eo.zero < 3 && eo.data_parallel > 1)
+        hints.push_back(fmt::format("--zero {} would also shard the {} over the {} ranks.", eo.zero + 1,
+                                    eo.zero == 1 ? "gradients" : "parameters", eo.data_parallel));
     return hints;
 }
 

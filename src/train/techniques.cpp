@@ -87,26 +87,6 @@ void check_data_parallel_flags(const RunShape & s) {
 
 namespace {
 
-// The bytes a configuration reserves on its most loaded rank (per category, the largest over the
-// ranks): under ZeRO the ranks' shards of the buckets differ, and every rank must make the same
-// choice (--fit auto, --recompute budget) that fits on all of them.
-CategoryBytes reserved_on_ranks(const ModelConfig & cfg, const Backend & backend, const EngineOptions & eo,
-                                const StepPlans & plans) {
-    CategoryBytes need = plans.reserved();
-    if (eo.data_parallel <= 1 || eo.zero == 0) return need;
-    for (int r = 0; r < eo.data_parallel; ++r) {
-        if (r == eo.rank) continue;
-        EngineOptions o = eo;
-        o.rank = r;
-        const CategoryBytes b = StepPlans(cfg, backend, o).reserved();
-        for (size_t c = 0; c < need.v.size(); ++c) need.v[c] = std::max(need.v[c], b.v[c]);
-    }
-    return need;
-}
-CategoryBytes reserved_on_ranks(const ModelConfig & cfg, const Backend & backend, const EngineOptions & eo) {
-    return reserved_on_ranks(cfg, backend, eo, StepPlans(cfg, backend, eo));
-}
-
 std::string describe(const EngineOptions & eo) {
     return fmt::format("micro-batch {} x {} accumulated, {}, {} attention, recompute {}, loss chunk {}", eo.B,
                        eo.grad_accum, precision_name(eo.compute), eo.flash_attention ? "flash" : "naive",
@@ -122,9 +102,9 @@ std::optional<RecomputePlan> fit_recompute(EngineOptions eo, const ModelConfig &
                                            uint64_t budget, CategoryBytes * smallest) {
     eo.budget = 0;
     eo.recompute = parse_recompute("none", cfg.n_layer);
-    if (reserved_on_ranks(cfg, backend, eo).total() <= budget) return eo.recompute;
+    if (StepPlans(cfg, backend, eo).reserved().total() <= budget) return eo.recompute;
     eo.recompute = parse_recompute("full", cfg.n_layer);
-    const CategoryBytes r0 = reserved_on_ranks(cfg, backend, eo);
+    const CategoryBytes r0 = StepPlans(cfg, backend, eo).reserved();
     if (smallest) *smallest = r0;
     if (r0.total() > budget) return std::nullopt;
     RecomputePlan best = eo.recompute;
@@ -133,7 +113,7 @@ std::optional<RecomputePlan> fit_recompute(EngineOptions eo, const ModelConfig &
     for (int i = 0; i < 8; ++i) {
         eo.recompute = recompute_for_budget(cfg, eo.B, eo.T, eo.flash_attention, eo.compute, room);
         const StepPlans plans(cfg, backend, eo);
-        const uint64_t need = reserved_on_ranks(cfg, backend, eo, plans).total();
+        const uint64_t need = plans.reserved().total();
         if (need <= budget) {
             const double flops = plans.train->program().phase_flops(Phase::recompute);
             if (flops < best_flops) best = eo.recompute, best_flops = flops;
@@ -183,7 +163,7 @@ ResolvedRun fit_auto(const RunShape & s, const ModelConfig & cfg, const Backend 
     int tried = 0, fitting = 0;
     auto consider = [&](const EngineOptions & eo, const StepPlans & plans) {
         ++tried;
-        const CategoryBytes need = reserved_on_ranks(cfg, backend, eo, plans);
+        const CategoryBytes need = plans.reserved();
         if (!smallest || need.total() < smallest->second.total()) smallest = {eo, need};
         if (need.total() > budget) return;
         ++fitting;
@@ -215,7 +195,7 @@ ResolvedRun fit_auto(const RunShape & s, const ModelConfig & cfg, const Backend 
                         eo.recompute = parse_recompute(rc, cfg.n_layer);
                         const StepPlans plans(cfg, backend, eo);
                         if (rc == std::string("none"))
-                            none_fits = reserved_on_ranks(cfg, backend, eo, plans).total() <= budget;
+                            none_fits = plans.reserved().total() <= budget;
                         consider(eo, plans);
                     }
                     if (none_fits) continue;   // the budget solver would keep everything

@@ -338,8 +338,8 @@ void run_training(const TrainOptions & opt) {
     RunShape shape = opt;
     shape.batch = opt.batch / ranks;
     shape.data_parallel = ranks;
-    // Every rank resolves the flags as rank 0 would (--fit auto and --recompute budget weigh the
-    // most loaded rank's bytes), so all make the same choice; then each builds its own program.
+    // Every rank resolves the flags as rank 0 would (every rank's program has the same buffers,
+    // so --fit auto and --recompute budget make the same choice on all); then each builds its own.
     shape.rank = 0;
     const ResolvedRun run = resolve_run(shape, cfg, backend, !data.val_path.empty() && !opt.profile, budget);
     EngineOptions eo = run.eo;

@@ -87,5 +87,8 @@ TEST(ZeroPlan, CpuPlanEqualsEveryRanksMeasuredMemory) {
             if (Category(cat) == Category::runtime) continue;
             EXPECT_EQ(plan.device.v[cat], e.ledger().live_peak().v[cat]) << kCategoryNames[cat];
         }
+        // Every rank reserves the same bytes, so every rank makes the same --fit auto choice.
+        const std::vector<uint64_t> rsv = c.all_gather_u64(e.ledger().reserved_peak().total());
+        for (int q = 1; q < N; ++q) EXPECT_EQ(rsv[0], rsv[size_t(q)]) << "rank " << q;
     }
 }
