@@ -1,5 +1,6 @@
 # 2 ranks train a tiny model on the global batch of one process and match its losses; a sharded
-# checkpoint resumes bit for bit on 2 ranks, re-shards onto 1 process, and exports as one folder.
+# checkpoint resumes bit for bit on 2 ranks, re-shards onto 1 process (and a 4-rank one onto 2),
+# and exports as one folder.
 # Usage: bash train_resume_export.sh MEMFIT MPIEXEC SOURCE_DIR ZERO
 source "$(dirname "$0")/common.sh"
 cd "$WORK"
@@ -47,6 +48,16 @@ done
 d=$(loss_diff two/metrics.jsonl solo/metrics.jsonl)
 echo "2 ranks vs resumed on 1 process: max relative loss difference $d"
 awk -v d="$d" 'BEGIN { exit !(d != "none" && d < 1e-4) }' || fail "re-sharded resume's losses differ by $d"
+
+# 4 ranks save, 2 ranks resume (each reads the two shard files its range overlaps): the 4-rank run
+# continued to fp32 rounding.
+mpi 4 "${ARGS[@]}" --steps 6 --checkpoint-every 3 --out four > four.log 2>&1 || { cat four.log; fail "4 ranks"; }
+[ -s four/checkpoints/step-000003/state-rank-00003-of-00004.safetensors ] || fail "no shard file of rank 3 of 4"
+mpi 2 "${ARGS[@]}" --steps 6 --resume four/checkpoints/step-000003 --out four2 > four2.log 2>&1 ||
+    { cat four2.log; fail "resume 4 -> 2 ranks"; }
+d=$(loss_diff four/metrics.jsonl four2/metrics.jsonl)
+echo "4 ranks vs resumed on 2 ranks: max relative loss difference $d"
+awk -v d="$d" 'BEGIN { exit !(d != "none" && d < 1e-4) }' || fail "4 -> 2 re-sharded losses differ by $d"
 
 # A shard file missing: one clear error naming it.
 cp -r $C3 broken
