@@ -535,13 +535,7 @@ void run_training(const TrainOptions & opt) {
     // The whole model's weights for the sample (collective under ZeRO).
     const bool want_sample = opt.sample_tokens > 0 && !data.tokenizer.empty() && !opt.profile;
     std::vector<float> sample_weights;
-    if (want_sample) {
-        if (eo.zero == 0) {
-            if (lead) sample_weights = engine->merged_weights();
-        } else if (!eo.lora.enabled()) {
-            sample_weights = engine->full_params();
-        }
-    }
+    if (want_sample && (lead || eo.zero > 0)) sample_weights = engine->merged_weights();
     if (!lead) return;
     if (opt.check_lifetimes)
         say("  (--check-lifetimes: every buffer had its own allocation, so reserved bytes are not the plan's regions)");
@@ -597,9 +591,7 @@ void run_training(const TrainOptions & opt) {
     write_chrome_trace(trace_path, rep);
     for (const auto & hnt : rep.hints) say("  hint: " + hnt);
 
-    if (want_sample && sample_weights.empty()) {
-        say("  (no sample: LoRA under ZeRO does not gather the merged weights)");
-    } else if (want_sample) {
+    if (want_sample) {
         auto tok = make_tokenizer(data.tokenizer, data_dir());
         std::vector<int32_t> prompt = tok->encode("\n");
         SampleOptions so;
