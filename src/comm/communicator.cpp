@@ -91,6 +91,10 @@ public:
         mailbox_.erase(it);
     }
     void barrier() override {}
+    std::unique_ptr<Communicator> split(int color, int) override {
+        MF_ASSERT(color >= 0);
+        return std::make_unique<SingleCommunicator>();
+    }
 
 private:
     std::multimap<int, std::vector<unsigned char>> mailbox_;

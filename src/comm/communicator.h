@@ -76,6 +76,13 @@ public:
     virtual void recv(void * data, size_t bytes, int src, int tag) = 0;
     virtual void barrier() = 0;
 
+    // A new communicator over the ranks of this one that pass the same color (>= 0), ranked by
+    // key (ties by rank here), like MPI_Comm_split. Collective: every rank of this communicator
+    // calls it, in the same order as its other collectives. The result is independent of this
+    // one (its own messages and collectives) and may outlive it; every rank gets one. Single:
+    // another single communicator (its own mailbox).
+    virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
     // Convenience: every rank's value, in rank order; the sum of every rank's value (gathered
     // and added in rank order, so every rank gets the same bits).
     std::vector<uint64_t> all_gather_u64(uint64_t v);

@@ -7,8 +7,9 @@
 // it calls MPI_Abort, so that a rank that fails alone (a bad file, a CommError caught by the
 // CLI) ends the whole job with mpirun's "MPI_ABORT was invoked on rank N" message instead of
 // leaving the other ranks blocked in a collective. Each communicator works on its own duplicate
-// of MPI_COMM_WORLD, whose error handler is MPI_ERRORS_RETURN: failed calls throw CommError
-// naming the operation, this rank, the peer where there is one, and MPI's error string.
+// of MPI_COMM_WORLD, or on the MPI_Comm_split of its parent (split()), whose error handler is
+// MPI_ERRORS_RETURN: failed calls throw CommError naming the operation, this rank (and its world
+// rank on a split communicator), the peer where there is one, and MPI's error string.
 //
 // A rank that dies (killed, crashed, std::abort) is noticed by mpirun, which kills the others
 // and prints "mpirun noticed that process rank N ... exited on signal S"; OpenMPI 4.1 has no
@@ -136,19 +137,26 @@ struct Site {
     int tag = -1;
 };
 
-std::string comm_error_message(const Site & s, int rank, int size, int rc) {
+// "rank R of N", and the world rank on a communicator made by split() (its ranks are the
+// group's; mpirun's messages name world ranks).
+std::string rank_label(int rank, int size, int world) {
+    if (world < 0 || world == rank) return fmt::format("rank {} of {}", rank, size);
+    return fmt::format("rank {} of {} (world rank {})", rank, size, world);
+}
+
+std::string comm_error_message(const Site & s, const std::string & who, int rc) {
     std::string peer;
     if (s.peer >= 0 && s.tag >= 0) peer = fmt::format(" (peer rank {}, tag {})", s.peer, s.tag);
     else if (s.peer >= 0) peer = fmt::format(" (root rank {})", s.peer);
-    return fmt::format("MPI {} failed on rank {} of {}{}: {}; a peer rank may have died or the "
-                       "transport broke (see mpirun's messages)", s.op, rank, size, peer,
+    return fmt::format("MPI {} failed on {}{}: {}; a peer rank may have died or the "
+                       "transport broke (see mpirun's messages)", s.op, who, peer,
                        mpi_error_string(rc));
 }
 
 class MpiRequest final : public CommRequest {
 public:
-    MpiRequest(int rank, int size, void * data, size_t n, DType t, const char * op = "Iallreduce")
-        : rank_(rank), size_(size), data_(data), n_(n), t_(t), op_(op) {}
+    MpiRequest(std::string who, void * data, size_t n, DType t, const char * op = "Iallreduce")
+        : who_(std::move(who)), data_(data), n_(n), t_(t), op_(op) {}
     ~MpiRequest() override {
         // Not waited for: MPI may still write the buffers, so complete before freeing them.
         if (!done_ && !reqs_.empty() && !mpi_finalized())
@@ -166,7 +174,7 @@ public:
         const int rc = reqs_.empty() ? MPI_SUCCESS
             : MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
         if (rc != MPI_SUCCESS) {
-            error_ = comm_error_message({op_}, rank_, size_, rc);
+            error_ = comm_error_message({op_}, who_, rc);
             throw CommError(error_);
         }
         if (!scratch_.empty()) {
@@ -182,7 +190,7 @@ public:
     std::vector<int> counts_, displs_;   // per-rank arrays MPI reads until completion
 
 private:
-    int rank_, size_;
+    std::string who_;   // rank_label() of the communicator
     void * data_;
     size_t n_;
     DType t_;
@@ -193,13 +201,15 @@ private:
 
 class MpiCommunicator final : public Communicator {
 public:
+    // Over a duplicate of MPI_COMM_WORLD.
     MpiCommunicator() {
         init_mpi_once();
+        world_ = world_rank();
         check(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), {"Comm_dup"});
-        MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
-        check(MPI_Comm_rank(comm_, &rank_), {"Comm_rank"});
-        check(MPI_Comm_size(comm_, &size_), {"Comm_size"});
+        adopt();
     }
+    // Takes ownership of comm (made by split()).
+    MpiCommunicator(MPI_Comm comm, int world) : comm_(comm), world_(world) { adopt(); }
     ~MpiCommunicator() override {
         if (comm_ != MPI_COMM_NULL && !mpi_finalized()) MPI_Comm_free(&comm_);
     }
@@ -235,7 +245,7 @@ public:
 
     std::unique_ptr<CommRequest> iall_reduce_sum(void * data, size_t n, DType t) override {
         MF_ASSERT(summable(t) && (data || n == 0));
-        auto req = std::make_unique<MpiRequest>(rank_, size_, data, n, t);
+        auto req = std::make_unique<MpiRequest>(who(), data, n, t);
         float * p = static_cast<float *>(data);
         if (t != DType::f32) {
             req->scratch_.resize(n);
@@ -284,7 +294,7 @@ public:
                                                      DType t) override {
         MF_ASSERT(summable(t) && counts.size() == size_t(size_));
         const size_t mine = counts[size_t(rank_)];
-        auto req = std::make_unique<MpiRequest>(rank_, size_, out, mine, t, "Ireduce_scatter");
+        auto req = std::make_unique<MpiRequest>(who(), out, mine, t, "Ireduce_scatter");
         size_t total = 0;
         for (size_t c : counts) {
             if (c > size_t(INT_MAX)) throw CommError(fmt::format("MPI Ireduce_scatter: {} elements for one rank exceed MPI's int count", c));
@@ -309,7 +319,7 @@ public:
     std::unique_ptr<CommRequest> iall_gather(const void * in, void * out, const std::vector<size_t> & counts,
                                              size_t elem_bytes) override {
         MF_ASSERT(counts.size() == size_t(size_));
-        auto req = std::make_unique<MpiRequest>(rank_, size_, nullptr, 0, DType::f32, "Iallgatherv");
+        auto req = std::make_unique<MpiRequest>(who(), nullptr, 0, DType::f32, "Iallgatherv");
         size_t off = 0;
         for (size_t c : counts) {
             const size_t b = c * elem_bytes;
@@ -393,22 +403,44 @@ public:
             int got = 0;
             MPI_Get_count(&st, MPI_BYTE, &got);
             if (static_cast<size_t>(got) != c)
-                throw CommError(fmt::format("MPI Recv on rank {} of {} from rank {} (tag {}): expected {} "
+                throw CommError(fmt::format("MPI Recv on {} from rank {} (tag {}): expected {} "
                                             "bytes, the message has {}; the sender's size differs",
-                                            rank_, size_, src, tag, c, got));
+                                            who(), src, tag, c, got));
             off += c;
         } while (off < bytes);
     }
 
     void barrier() override { check(MPI_Barrier(comm_), {"Barrier"}); }
 
+    std::unique_ptr<Communicator> split(int color, int key) override {
+        MF_ASSERT(color >= 0);   // MPI_UNDEFINED (negative) would leave this rank without one
+        MPI_Comm sub = MPI_COMM_NULL;
+        check(MPI_Comm_split(comm_, color, key, &sub), {"Comm_split"});
+        MF_ASSERT(sub != MPI_COMM_NULL);
+        return std::make_unique<MpiCommunicator>(sub, world_);
+    }
+
 private:
+    // Errors return (as CommError) on comm_, then rank and size. A constructor that throws runs
+    // no destructor, so comm_ is freed here on failure.
+    void adopt() {
+        try {
+            check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), {"Comm_set_errhandler"});
+            check(MPI_Comm_rank(comm_, &rank_), {"Comm_rank"});
+            check(MPI_Comm_size(comm_, &size_), {"Comm_size"});
+        } catch (...) {
+            MPI_Comm_free(&comm_);
+            throw;
+        }
+    }
+    std::string who() const { return rank_label(rank_, size_, world_); }
     void check(int rc, const Site & s) const {
-        if (rc != MPI_SUCCESS) throw CommError(comm_error_message(s, rank_, size_, rc));
+        if (rc != MPI_SUCCESS) throw CommError(comm_error_message(s, who(), rc));
     }
 
     MPI_Comm comm_ = MPI_COMM_NULL;
     int rank_ = -1, size_ = 0;
+    int world_ = -1;   // this process's rank in MPI_COMM_WORLD
 };
 
 }  // namespace
