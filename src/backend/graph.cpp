@@ -198,12 +198,23 @@ void Graph::dropout(Tensor out, Tensor in, float p, uint64_t salt) {
     end();
 }
 
-void Graph::all_reduce_start(Tensor t, int slot) {
-    if (begin("all_reduce_start", double(t.numel()), {t})) {
+namespace {
+// The fp32 scratch a 16-bit transfer needs, checked against what was declared (null: none).
+float * scratch_ptr(const Tensor & resolved, size_t need) {
+    if (need == 0 || !resolved.valid()) return nullptr;
+    MF_ASSERT(size_t(resolved.numel()) >= need && "communication scratch smaller than comm_scratch_elems");
+    return resolved.f32();
+}
+}  // namespace
+
+void Graph::all_reduce_start(Tensor t, int slot, Tensor scratch) {
+    if (begin("all_reduce_start", double(t.numel()), {t, scratch})) {
         MF_ASSERT(comm_ && slot >= 0);
         if (pending_.size() <= size_t(slot)) pending_.resize(size_t(slot) + 1);
         const Tensor r = resolve(t);
-        pending_[size_t(slot)] = comm_->iall_reduce_sum(r.data, size_t(r.numel()), r.dtype);
+        float * s = scratch_ptr(scratch.valid() ? resolve(scratch) : Tensor{},
+                                comm_scratch_elems(r.dtype, comm_->size(), size_t(r.numel())));
+        pending_[size_t(slot)] = comm_->iall_reduce_sum(r.data, size_t(r.numel()), r.dtype, s);
     }
     end();
 }
@@ -217,13 +228,16 @@ void Graph::all_reduce_wait(Tensor t, int slot) {
     end();
 }
 
-void Graph::reduce_scatter_start(Tensor in, Tensor out, const std::vector<size_t> & counts, int slot) {
-    if (begin("reduce_scatter_start", double(in.numel()), {in, out})) {
+void Graph::reduce_scatter_start(Tensor in, Tensor out, const std::vector<size_t> & counts, int slot, Tensor scratch) {
+    if (begin("reduce_scatter_start", double(in.numel()), {in, out, scratch})) {
         MF_ASSERT(comm_ && slot >= 0 && counts.size() == size_t(comm_->size()));
         MF_ASSERT(counts[size_t(comm_->rank())] == 0 || size_t(out.numel()) >= counts[size_t(comm_->rank())]);
         if (pending_.size() <= size_t(slot)) pending_.resize(size_t(slot) + 1);
         const Tensor i = resolve(in), o = out.valid() ? resolve(out) : Tensor{};
-        pending_[size_t(slot)] = comm_->ireduce_scatter_sum(i.data, o.data, counts, in.dtype);
+        float * s = scratch_ptr(scratch.valid() ? resolve(scratch) : Tensor{},
+                                comm_scratch_elems(in.dtype, comm_->size(), size_t(in.numel()),
+                                                   counts[size_t(comm_->rank())]));
+        pending_[size_t(slot)] = comm_->ireduce_scatter_sum(i.data, o.data, counts, in.dtype, s);
     }
     end();
 }

@@ -73,14 +73,17 @@ public:
 
     // Data parallel: t summed over the ranks of the communicator (set before executing),
     // started here without blocking and completed by all_reduce_wait(slot).
-    void all_reduce_start(Tensor t, int slot);
+    // `scratch` (f32, comm_scratch_elems): the fp32 copies of a 16-bit sum, declared in the
+    // program (its last use must be the wait).
+    void all_reduce_start(Tensor t, int slot, Tensor scratch = {});
     void all_reduce_wait(Tensor t, int slot);
     void set_communicator(Communicator * c) { comm_ = c; }
     // ZeRO, completed by comm_wait(slot, the tensors the transfer touches): reduce_scatter_start
     // sums `in` (a bucket of the whole gradient) over the ranks and leaves this rank's
     // counts[rank] elements at the start of `out` (which may be longer); all_gather_start fills `out` (a bucket of the whole weights)
     // with every rank's counts[i] elements, this rank's from `in`. Invalid `out` / `in`: count 0.
-    void reduce_scatter_start(Tensor in, Tensor out, const std::vector<size_t> & counts, int slot);
+    void reduce_scatter_start(Tensor in, Tensor out, const std::vector<size_t> & counts, int slot,
+                              Tensor scratch = {});
     void all_gather_start(Tensor out, Tensor in, const std::vector<size_t> & counts, int slot);
     void comm_wait(int slot, std::initializer_list<Tensor> uses);
     // wpe / dwpe may be invalid (Tensor{}): no position embedding.

@@ -46,7 +46,7 @@ public:
     void all_reduce_sum(void * data, size_t n, DType t) override {
         MF_ASSERT(summable(t) && (data || n == 0));
     }
-    std::unique_ptr<CommRequest> iall_reduce_sum(void * data, size_t n, DType t) override {
+    std::unique_ptr<CommRequest> iall_reduce_sum(void * data, size_t n, DType t, float *) override {
         all_reduce_sum(data, n, t);
         return std::make_unique<DoneRequest>();
     }
@@ -58,7 +58,7 @@ public:
         if (bytes > 0 && in != out) std::memmove(out, in, bytes);
     }
     std::unique_ptr<CommRequest> ireduce_scatter_sum(const void * in, void * out, const std::vector<size_t> & counts,
-                                                     DType t) override {
+                                                     DType t, float *) override {
         MF_ASSERT(summable(t) && counts.size() == 1);
         if (counts[0] > 0 && in != out) std::memmove(out, in, counts[0] * dtype_size(t));
         return std::make_unique<DoneRequest>();
@@ -101,6 +101,10 @@ private:
 };
 
 }  // namespace
+
+size_t comm_scratch_elems(DType t, int ranks, size_t n, size_t mine) {
+    return t == DType::f32 || ranks <= 1 ? 0 : n + mine;
+}
 
 std::unique_ptr<Communicator> make_single_communicator() {
     return std::make_unique<SingleCommunicator>();

@@ -15,7 +15,9 @@
 // exited on signal S"). There is no timeout: a live rank that skips a collective blocks the others.
 //
 // Memory (MPI): a blocking 16-bit sum converts through an fp32 scratch of at most 16 MiB;
-// iall_reduce_sum on 16-bit data holds an fp32 copy (4 bytes per element) until wait().
+// iall_reduce_sum and ireduce_scatter_sum on 16-bit data hold fp32 copies until wait(), in the
+// caller's `scratch` when given (comm_scratch_elems; the step program declares it, so the plan
+// counts it) or else allocated by the request.
 #pragma once
 
 #include <cstddef>
@@ -50,7 +52,8 @@ public:
     // blocks until MPI is done with the buffers, but leaves data undefined. MPI (OpenMPI 4.1,
     // no progress thread) advances the transfer mostly inside MPI calls, so the overlap with
     // computation is partial.
-    virtual std::unique_ptr<CommRequest> iall_reduce_sum(void * data, size_t n, DType t) = 0;
+    virtual std::unique_ptr<CommRequest> iall_reduce_sum(void * data, size_t n, DType t,
+                                                         float * scratch = nullptr) = 0;
     // in[size() * n] summed over ranks; this rank receives its n-element shard:
     // out[i] = sum over ranks of in[rank() * n + i]. out is disjoint from in or is this rank's
     // shard of it (out == in + rank() * n elements); in is never written.
@@ -66,7 +69,8 @@ public:
     // be its own place in out). Buffers stay untouched until wait(). MPI: at most INT_MAX bytes
     // per rank (else CommError); 16-bit sums hold fp32 copies of in and out until wait().
     virtual std::unique_ptr<CommRequest> ireduce_scatter_sum(const void * in, void * out,
-                                                             const std::vector<size_t> & counts, DType t) = 0;
+                                                             const std::vector<size_t> & counts, DType t,
+                                                             float * scratch = nullptr) = 0;
     virtual std::unique_ptr<CommRequest> iall_gather(const void * in, void * out, const std::vector<size_t> & counts,
                                                      size_t elem_bytes) = 0;
     virtual void broadcast(void * data, size_t bytes, int root) = 0;
@@ -92,6 +96,10 @@ public:
 // Single process: size 1, collectives copy or do nothing; send to rank 0 queues the message
 // for a later recv with the same tag.
 std::unique_ptr<Communicator> make_single_communicator();
+// fp32 elements of scratch a non-blocking 16-bit sum uses over `ranks` ranks (0 for f32 or one
+// rank): all-reduce of n elements (mine = 0), or reduce-scatter of n elements of which this rank
+// receives `mine`.
+size_t comm_scratch_elems(DType t, int ranks, size_t n, size_t mine = 0);
 // MPI when this process was started by an MPI launcher (mpirun sets OMPI_COMM_WORLD_SIZE /
 // PMIX_RANK), else single. MPI is initialised once per process and finalised at exit.
 std::unique_ptr<Communicator> make_communicator();

@@ -19,8 +19,9 @@
 // Sums: f32 with MPI_FLOAT/MPI_SUM. bf16 and f16 are widened to an fp32 scratch, summed with
 // MPI_FLOAT/MPI_SUM and rounded back once (a user-defined MPI_Op on 16-bit values would round
 // after every pairwise combination, size()-1 roundings). Blocking sums convert at most
-// set_mpi_scratch_elems() elements at a time (16 MiB of fp32 by default); iall_reduce_sum holds
-// an fp32 copy of the whole buffer (4 bytes per element) until wait().
+// set_mpi_scratch_elems() elements at a time (16 MiB of fp32 by default); iall_reduce_sum and
+// ireduce_scatter_sum hold fp32 copies (4 bytes per element) until wait(), in the caller's
+// scratch when given.
 //
 // Counts: MPI counts are int; messages longer than INT_MAX elements (sums) or bytes (the rest)
 // go in chunks.
@@ -177,16 +178,21 @@ public:
             error_ = comm_error_message({op_}, who_, rc);
             throw CommError(error_);
         }
-        if (!scratch_.empty()) {
-            narrow(scratch_.data(), data_, n_, t_);
-            scratch_ = {};
-        }
-        input_ = {};
+        if (wide_) narrow(wide_, data_, n_, t_);
+        wide_ = nullptr;
+        own_ = {};
+    }
+
+    // fp32 space for a 16-bit transfer: the caller's scratch, or owned (n elements).
+    float * space(float * scratch, size_t n) {
+        if (scratch) return scratch;
+        own_.resize(n);
+        return own_.data();
     }
 
     std::vector<MPI_Request> reqs_;
-    std::vector<float> scratch_;   // the fp32 copy of a 16-bit result, rounded into data on wait()
-    std::vector<float> input_;     // the fp32 copy of a 16-bit input
+    float * wide_ = nullptr;       // the fp32 result of a 16-bit sum, rounded into data on wait()
+    std::vector<float> own_;       // fp32 copies when the caller gave no scratch
     std::vector<int> counts_, displs_;   // per-rank arrays MPI reads until completion
 
 private:
@@ -243,14 +249,14 @@ public:
         }
     }
 
-    std::unique_ptr<CommRequest> iall_reduce_sum(void * data, size_t n, DType t) override {
+    std::unique_ptr<CommRequest> iall_reduce_sum(void * data, size_t n, DType t, float * scratch) override {
         MF_ASSERT(summable(t) && (data || n == 0));
         auto req = std::make_unique<MpiRequest>(who(), data, n, t);
         float * p = static_cast<float *>(data);
         if (t != DType::f32) {
-            req->scratch_.resize(n);
-            widen(data, req->scratch_.data(), n, t);
-            p = req->scratch_.data();
+            p = req->space(scratch, n);
+            widen(data, p, n, t);
+            req->wide_ = p;
         }
         for (size_t off = 0; off < n; off += g_max_count) {
             const size_t c = std::min(g_max_count, n - off);
@@ -291,7 +297,7 @@ public:
     }
 
     std::unique_ptr<CommRequest> ireduce_scatter_sum(const void * in, void * out, const std::vector<size_t> & counts,
-                                                     DType t) override {
+                                                     DType t, float * scratch) override {
         MF_ASSERT(summable(t) && counts.size() == size_t(size_));
         const size_t mine = counts[size_t(rank_)];
         auto req = std::make_unique<MpiRequest>(who(), out, mine, t, "Ireduce_scatter");
@@ -304,11 +310,10 @@ public:
         const void * src = in;
         void * dst = out;
         if (t != DType::f32) {
-            req->input_.resize(total);
-            widen(in, req->input_.data(), total, t);
-            req->scratch_.resize(mine);
-            src = req->input_.data();
-            dst = req->scratch_.data();
+            float * wide = req->space(scratch, total + mine);   // the input's copy, then the result
+            widen(in, wide, total, t);
+            src = wide;
+            dst = req->wide_ = wide + total;
         }
         MPI_Request r = MPI_REQUEST_NULL;
         check(MPI_Ireduce_scatter(src, dst, req->counts_.data(), MPI_FLOAT, MPI_SUM, comm_, &r), {"Ireduce_scatter"});

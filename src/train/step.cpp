@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/communicator.h"
 #include "core/error.h"
 
 namespace memfit {
@@ -142,12 +143,17 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     all_reduce_ = train && parts_.optimizer && parts_.reduce_grads && dp.zero < 2;
     reduce_scatter_ = train && dp.zero >= 2;
     std::vector<Range> grad_ranges, fwd_ranges, bwd_ranges;
-    for (size_t i = 0; reduce_scatter_ && i < buckets_.size(); ++i) {
+    for (size_t i = 0; (all_reduce_ || reduce_scatter_) && i < buckets_.size(); ++i) {
         Bucket & k = buckets_[i];
-        k.grad = program_.declare(fmt::format("{}gradients.bucket{}", pre, i), Category::gradients, (k.b - k.a) * gs);
         // Sized for the rank with the most of the bucket, so that every rank's plan is the same.
         size_t most = 0;
         for (int r = 0; r < dp.ranks; ++r) most = std::max(most, in_shard(k.a, k.b, r));
+        // A 16-bit sum's fp32 copies (MPI sums fp32), from the transfer's start to its wait.
+        const size_t wide = comm_scratch_elems(grad_dt_, dp.ranks, k.b - k.a, reduce_scatter_ ? most : 0);
+        if (wide) k.scratch = program_.declare(fmt::format("{}communication.bucket{}", pre, i), Category::communication,
+                                               wide * 4);
+        if (!reduce_scatter_) continue;
+        k.grad = program_.declare(fmt::format("{}gradients.bucket{}", pre, i), Category::gradients, (k.b - k.a) * gs);
         if (!parts_.zero_grads && most > 0)
             k.recv = program_.declare(fmt::format("{}gradients.recv{}", pre, i), Category::gradients, most * gs);
         grad_ranges.push_back(Range{k.a, k.b, k.grad});
@@ -255,8 +261,9 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
     model_->head_loss(g, wf_, train ? &dw_ : nullptr, tgt.view(0, {b * t}), loss.view(0, {b * t}), s.dloss);
     if (!train) return;
 
-    // ZeRO >= 2: reduce-scatters in flight, finished one bucket behind (so that bucket i's
-    // transfer overlaps the next layer's backward), into the shard or added to it.
+    // Reductions in flight (all-reduces, or ZeRO >= 2's reduce-scatters into the shard), finished
+    // one bucket behind, so that bucket i's transfer overlaps the next layer's backward and at
+    // most two buckets' transients (ZeRO >= 2's gradients, 16-bit sums' fp32 copies) are live.
     std::vector<int> in_flight;
     const size_t gs = dtype_size(grad_dt_);
     auto shard_piece = [&](const Bucket & k) {
@@ -268,10 +275,18 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
     auto receive = [&](const Bucket & k) {
         return k.recv >= 0 ? Tensor(k.recv, grad_dt_, {int64_t(program_.buffer(k.recv).bytes / gs)}) : Tensor{};
     };
+    auto scratch = [&](const Bucket & k) {
+        return k.scratch >= 0 ? Tensor(k.scratch, DType::f32, {int64_t(program_.buffer(k.scratch).bytes / 4)})
+                              : Tensor{};
+    };
     auto finish = [&](Graph & gg, int i) {
         const Bucket & k = buckets_[size_t(i)];
+        if (all_reduce_) {
+            gg.comm_wait(i, {grad_view(k), scratch(k)});
+            return;
+        }
         const Tensor mine = shard_piece(k);
-        gg.comm_wait(i, {grad_view(k), k.recv >= 0 ? receive(k) : mine});
+        gg.comm_wait(i, {grad_view(k), k.recv >= 0 ? receive(k) : mine, scratch(k)});
         if (k.recv >= 0 && mine.valid()) gg.residual_fwd(mine, mine, Tensor(k.recv, grad_dt_, {mine.numel()}));
     };
     Transformer::LayerHook begin, done;
@@ -293,15 +308,15 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
             for (int i = 0; i < nb; ++i) {
                 const Bucket & k = buckets_[size_t(i)];
                 if (k.bottom != l) continue;
+                now.push_back(i);
                 if (all_reduce_) {
-                    gg.all_reduce_start(grad_view(k), i);
+                    gg.all_reduce_start(grad_view(k), i, scratch(k));
                     continue;
                 }
                 std::vector<size_t> counts;
                 for (int r = 0; r < dp_.ranks; ++r) counts.push_back(in_shard(k.a, k.b, r));
                 const Tensor mine = shard_piece(k);
-                gg.reduce_scatter_start(grad_view(k), k.recv >= 0 ? receive(k) : mine, counts, i);
-                now.push_back(i);
+                gg.reduce_scatter_start(grad_view(k), k.recv >= 0 ? receive(k) : mine, counts, i, scratch(k));
             }
             for (int i : in_flight) finish(gg, i);
             in_flight = now;
@@ -312,7 +327,6 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
     g.layer(-1);
     for (int i : in_flight) finish(g, i);
     if (!parts_.optimizer) return;
-    for (int i = 0; all_reduce_ && i < nb; ++i) g.all_reduce_wait(grad_view(buckets_[size_t(i)]), i);
 
     g.phase(Phase::optimizer);
     const Tensor norm_sq(grad_norm_sq, DType::f32, {1});

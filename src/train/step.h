@@ -106,7 +106,8 @@ private:
     // Gradient buckets: adjacent groups reduced together, from layer `top` down to `bottom`
     // (-1: a rest group). ZeRO >= 2: the bucket's gradients live in `grad` from its top layer's
     // backward until reduce-scattered into the shard (through `recv` when accumulating).
-    struct Bucket { int top, bottom; size_t a, b; BufferId grad = -1, recv = -1; };
+    // `scratch` (category communication): a 16-bit sum's fp32 copies while it is in flight.
+    struct Bucket { int top, bottom; size_t a, b; BufferId grad = -1, recv = -1, scratch = -1; };
     std::vector<Bucket> buckets_;
     bool all_reduce_ = false, reduce_scatter_ = false;
     ModelWeights wf_, wb_;   // ZeRO 3: the weights as forward and backward read them (gathered)
