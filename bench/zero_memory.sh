@@ -17,8 +17,9 @@ BATCH=${BATCH:-4}
 SEQ=${SEQ:-64}
 STEPS=${STEPS:-1}
 RANKS=${RANKS:-"1 2 4"}
+PRECISIONS=${PRECISIONS:-"fp32 bf16"}
 mkdir -p "$OUT"
-for prec in fp32 bf16; do
+for prec in $PRECISIONS; do
   for n in $RANKS; do
     for zero in 0 1 2 3; do
       cell="$OUT/$prec-n$n-z$zero"
@@ -31,4 +32,4 @@ for prec in fp32 bf16; do
     done
   done
 done
-python3 bench/zero_table.py "$OUT" "$RANKS"
+python3 bench/zero_table.py "$OUT" "$RANKS" "$PRECISIONS"

@@ -4,8 +4,9 @@ import json
 import sys
 
 out, ranks = sys.argv[1], [int(n) for n in sys.argv[2].split()]
+precisions = sys.argv[3].split() if len(sys.argv) > 3 else ["fp32", "bf16"]
 STATES = ["parameters", "master_weights", "gradients", "optimizer_states"]
-CATS = STATES + ["activations", "workspace"]
+CATS = STATES + ["activations", "workspace", "communication"]
 
 
 def mib(b):
@@ -22,7 +23,7 @@ print("MiB per rank: measured peak live (max over ranks) / plan. states = P + M 
       "formula = ZeRO's model states; ratio = measured states / formula.")
 print("| precision | N | ZeRO | " + " | ".join(CATS) + " | states | formula | ratio | ranks min..max total |")
 print("|---" * (len(CATS) + 7) + "|")
-for prec in ["fp32", "bf16"]:
+for prec in precisions:
     for n in ranks:
         for zero in range(4):
             cell = f"{out}/{prec}-n{n}-z{zero}"
@@ -40,6 +41,6 @@ for prec in ["fp32", "bf16"]:
                 span = "-"
             states = sum(live[c] for c in STATES)
             f = formula(prec, n, zero, psi)
-            cells = [f"{mib(live[c])} / {mib(pdev[c])}" for c in CATS]
+            cells = [f"{mib(live[c])} / {mib(pdev.get(c, 0))}" for c in CATS]
             print(f"| {prec} | {n} | {zero} | " + " | ".join(cells) +
                   f" | {mib(states)} | {mib(f)} | {states / f:.3f} | {span} |")

@@ -235,8 +235,7 @@ void Graph::reduce_scatter_start(Tensor in, Tensor out, const std::vector<size_t
         if (pending_.size() <= size_t(slot)) pending_.resize(size_t(slot) + 1);
         const Tensor i = resolve(in), o = out.valid() ? resolve(out) : Tensor{};
         float * s = scratch_ptr(scratch.valid() ? resolve(scratch) : Tensor{},
-                                comm_scratch_elems(in.dtype, comm_->size(), size_t(in.numel()),
-                                                   counts[size_t(comm_->rank())]));
+                                comm_scratch_elems(in.dtype, comm_->size(), size_t(in.numel())));
         pending_[size_t(slot)] = comm_->ireduce_scatter_sum(i.data, o.data, counts, in.dtype, s);
     }
     end();

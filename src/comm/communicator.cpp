@@ -102,8 +102,8 @@ private:
 
 }  // namespace
 
-size_t comm_scratch_elems(DType t, int ranks, size_t n, size_t mine) {
-    return t == DType::f32 || ranks <= 1 ? 0 : n + mine;
+size_t comm_scratch_elems(DType t, int ranks, size_t n) {
+    return t == DType::f32 || ranks <= 1 ? 0 : n;
 }
 
 std::unique_ptr<Communicator> make_single_communicator() {

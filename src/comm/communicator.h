@@ -96,10 +96,10 @@ public:
 // Single process: size 1, collectives copy or do nothing; send to rank 0 queues the message
 // for a later recv with the same tag.
 std::unique_ptr<Communicator> make_single_communicator();
-// fp32 elements of scratch a non-blocking 16-bit sum uses over `ranks` ranks (0 for f32 or one
-// rank): all-reduce of n elements (mine = 0), or reduce-scatter of n elements of which this rank
-// receives `mine`.
-size_t comm_scratch_elems(DType t, int ranks, size_t n, size_t mine = 0);
+// fp32 elements of scratch a non-blocking 16-bit sum of n elements (all-reduce, or reduce-scatter
+// of n elements in all) uses over `ranks` ranks: n, or 0 for f32 or one rank. (MPI sums the fp32
+// copy in place.)
+size_t comm_scratch_elems(DType t, int ranks, size_t n);
 // MPI when this process was started by an MPI launcher (mpirun sets OMPI_COMM_WORLD_SIZE /
 // PMIX_RANK), else single. MPI is initialised once per process and finalised at exit.
 std::unique_ptr<Communicator> make_communicator();

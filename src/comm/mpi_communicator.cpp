@@ -310,10 +310,11 @@ public:
         const void * src = in;
         void * dst = out;
         if (t != DType::f32) {
-            float * wide = req->space(scratch, total + mine);   // the input's copy, then the result
+            // The input's fp32 copy, summed in place: this rank's result lands at its start.
+            float * wide = req->space(scratch, total);
             widen(in, wide, total, t);
-            src = wide;
-            dst = req->wide_ = wide + total;
+            src = MPI_IN_PLACE;
+            dst = req->wide_ = wide;
         }
         MPI_Request r = MPI_REQUEST_NULL;
         check(MPI_Ireduce_scatter(src, dst, req->counts_.data(), MPI_FLOAT, MPI_SUM, comm_, &r), {"Ireduce_scatter"});

@@ -149,7 +149,7 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
         size_t most = 0;
         for (int r = 0; r < dp.ranks; ++r) most = std::max(most, in_shard(k.a, k.b, r));
         // A 16-bit sum's fp32 copies (MPI sums fp32), from the transfer's start to its wait.
-        const size_t wide = comm_scratch_elems(grad_dt_, dp.ranks, k.b - k.a, reduce_scatter_ ? most : 0);
+        const size_t wide = comm_scratch_elems(grad_dt_, dp.ranks, k.b - k.a);
         if (wide) k.scratch = program_.declare(fmt::format("{}communication.bucket{}", pre, i), Category::communication,
                                                wide * 4);
         if (!reduce_scatter_) continue;

@@ -5,6 +5,7 @@
 // 16-bit sums are the exact sum rounded once.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -235,6 +236,43 @@ TEST_P(MpiCommT, ReduceScatterUnevenAndInPlace) {
                               [&](size_t i) { return expected_sum(me * n + i, t, c.size(), 7 + n); }))
             << "in place, n=" << n;
     }
+}
+
+// ZeRO's bucket collectives: counts per rank (some 0), with the request's own fp32 copies and
+// with the caller's scratch (comm_scratch_elems), which is what the step program declares.
+TEST_P(MpiCommT, VariableCountReduceScatterAndAllGather) {
+    Communicator & c = world();
+    const DType t = GetParam();
+    const size_t R = static_cast<size_t>(c.size()), me = static_cast<size_t>(c.rank()), es = dtype_size(t);
+    std::vector<size_t> counts;
+    for (size_t r = 0; r < R; ++r) counts.push_back(r == 1 ? 0 : 3 + 1000 * r);   // rank 1 gets none
+    size_t total = 0, first = 0;
+    for (size_t r = 0; r < R; ++r) {
+        if (r == me) first = total;
+        total += counts[r];
+    }
+    for (bool with_scratch : {false, true}) {
+        const Buf in = input(t, total, c.rank(), 11);
+        Buf copy = in, out(t, std::max<size_t>(counts[me], 1));
+        std::vector<float> scratch(comm_scratch_elems(t, c.size(), total) + 1, -7.0f);
+        auto req = c.ireduce_scatter_sum(copy.data(), out.data(), counts, t, with_scratch ? scratch.data() : nullptr);
+        req->wait();
+        EXPECT_TRUE(copy.bytes == in.bytes) << "input must not change";
+        EXPECT_TRUE(all_equal(out, 0, counts[me], [&](size_t i) { return expected_sum(first + i, t, c.size(), 11); }))
+            << (with_scratch ? "caller's scratch" : "own copies");
+        EXPECT_EQ(scratch.back(), -7.0f) << "scratch overrun";
+        // Every rank's piece gathered back, in place and not.
+        Buf all(t, total), again(t, total);
+        auto g1 = c.iall_gather(out.data(), all.data(), counts, es);
+        g1->wait();
+        EXPECT_TRUE(all_equal(all, 0, total, [&](size_t i) { return expected_sum(i, t, c.size(), 11); }));
+        std::memcpy(again.bytes.data() + first * es, out.data(), counts[me] * es);
+        c.iall_gather(again.bytes.data() + first * es, again.data(), counts, es)->wait();
+        EXPECT_TRUE(again.bytes == all.bytes) << "in place";
+    }
+    EXPECT_EQ(comm_scratch_elems(DType::f32, 4, 100), 0u);
+    EXPECT_EQ(comm_scratch_elems(DType::bf16, 1, 100), 0u);
+    EXPECT_EQ(comm_scratch_elems(DType::bf16, 2, 100), 100u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, MpiCommT, ::testing::Values(DType::f32, DType::bf16, DType::f16),
