@@ -74,6 +74,9 @@ bool Graph::begin(const char * name, double flops, std::initializer_list<Tensor>
     MF_ASSERT(std::strcmp(exec_program_->ops()[size_t(next_op_)].name, name) == 0 &&
               "step issued a different op than was recorded");
     memory_->begin_op(next_op_);
+    // Transfers in flight advance between ops (OpenMPI 4.1 has no progress thread).
+    for (auto & r : pending_)
+        if (r) r->poll();
     if (timeline_) {
         TimelineEvent e;
         e.op = next_op_;

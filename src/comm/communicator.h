@@ -36,6 +36,9 @@ class CommRequest {
 public:
     virtual ~CommRequest() = default;
     virtual void wait() = 0;
+    // Lets the transfer advance without blocking (MPI without a progress thread moves a
+    // non-blocking collective on only inside MPI calls); wait() is still required.
+    virtual void poll() {}
 };
 
 class Communicator {
@@ -50,8 +53,8 @@ public:
     // The same, started now and completed by wait(): backward keeps computing meanwhile. data
     // must stay alive and untouched until wait(); destroying the request without wait() still
     // blocks until MPI is done with the buffers, but leaves data undefined. MPI (OpenMPI 4.1,
-    // no progress thread) advances the transfer mostly inside MPI calls, so the overlap with
-    // computation is partial.
+    // no progress thread) advances the transfer only inside MPI calls: poll() between
+    // computations (the Graph does, before every op).
     virtual std::unique_ptr<CommRequest> iall_reduce_sum(void * data, size_t n, DType t,
                                                          float * scratch = nullptr) = 0;
     // in[size() * n] summed over ranks; this rank receives its n-element shard:

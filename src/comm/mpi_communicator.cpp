@@ -166,6 +166,14 @@ public:
     MpiRequest(const MpiRequest &) = delete;
     MpiRequest & operator=(const MpiRequest &) = delete;
 
+    // MPI_Testall: completed requests become MPI_REQUEST_NULL, which wait()'s Waitall accepts.
+    // An error here is left for wait() to report.
+    void poll() override {
+        if (done_ || reqs_.empty()) return;
+        int flag = 0;
+        MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag, MPI_STATUSES_IGNORE);
+    }
+
     void wait() override {
         if (done_) {
             if (!error_.empty()) throw CommError(error_);
