@@ -24,17 +24,7 @@ using memfit::test::random_batch;
 
 namespace {
 
-ModelConfig tiny(bool llama, int V = 37, int C = 16, int L = 2) {
-    ModelConfig c = test::small_config(V, C, L, 4, 64);
-    if (llama) {
-        c.family = "llama";
-        c.n_kv_head = 2;
-        c.ffn = 32;
-        c.tied_head = false;
-    }
-    c.validate();
-    return c;
-}
+ModelConfig tiny(bool llama, int V = 37, int C = 16, int L = 2) { return test::small_family(llama, V, C, L, 4, 32); }
 
 EngineOptions opts(int B, int T, const LoraOptions & lora, DType dt = DType::f32, const RecomputePlan & rc = {}) {
     EngineOptions eo;

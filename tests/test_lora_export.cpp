@@ -38,17 +38,7 @@ fs::path fresh(const std::string & name) {
     return p;
 }
 
-ModelConfig tiny(bool llama, int V = 37, int C = 32, int L = 2) {
-    ModelConfig c = test::small_config(V, C, L, 4, 64);
-    if (llama) {
-        c.family = "llama";
-        c.n_kv_head = 2;
-        c.ffn = 64;
-        c.tied_head = false;
-    }
-    c.validate();
-    return c;
-}
+ModelConfig tiny(bool llama, int V = 37, int C = 32, int L = 2) { return test::small_family(llama, V, C, L, 4, 64); }
 
 EngineOptions opts(int B, int T, const LoraOptions & lora) {
     EngineOptions eo;

@@ -25,6 +25,20 @@ inline ModelConfig small_config(int vocab, int C, int L, int NH, int ctx = 64) {
     return c;
 }
 
+// small_config as GPT-2 (llama false) or as a LLaMA: grouped-query attention with half the heads'
+// keys and values, a SwiGLU of width ffn, an untied head. Validated.
+inline ModelConfig small_family(bool llama, int vocab, int C, int L, int NH, int ffn, int ctx = 64) {
+    ModelConfig c = small_config(vocab, C, L, NH, ctx);
+    if (llama) {
+        c.family = "llama";
+        c.n_kv_head = NH / 2;
+        c.ffn = ffn;
+        c.tied_head = false;
+    }
+    c.validate();
+    return c;
+}
+
 // An H100-SXM-like device (the datasheet's rates, one 400 Gb/s NIC per GPU), written here so
 // that planner tests do not depend on the catalog file.
 inline Hardware h100_like() {

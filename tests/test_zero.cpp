@@ -24,14 +24,20 @@ struct ZeroRun {
     TrainState state;
 };
 
-ZeroRun run(const ModelConfig & cfg, DType dt, int k, int zero, const std::string & recompute, bool checking) {
-    CpuBackend backend;
+// Two sequences of 8 tokens at ZeRO stage `zero`.
+EngineOptions options(int zero) {
     EngineOptions eo;
     eo.B = 2;
     eo.T = 8;
+    eo.zero = zero;
+    return eo;
+}
+
+ZeroRun run(const ModelConfig & cfg, DType dt, int k, int zero, const std::string & recompute, bool checking) {
+    CpuBackend backend;
+    EngineOptions eo = options(zero);
     eo.grad_accum = k;
     eo.compute = dt;
-    eo.zero = zero;
     eo.checking = checking;
     eo.recompute = parse_recompute(recompute, cfg.n_layer);
     Engine e(cfg, backend, eo);
@@ -55,17 +61,7 @@ ZeroRun run(const ModelConfig & cfg, DType dt, int k, int zero, const std::strin
     return r;
 }
 
-ModelConfig config(bool llama) {
-    ModelConfig c = test::small_config(41, 32, 3, 4, 32);
-    if (llama) {
-        c.family = "llama";
-        c.n_kv_head = 2;
-        c.ffn = 48;
-        c.tied_head = false;
-    }
-    c.validate();
-    return c;
-}
+ModelConfig config(bool llama) { return test::small_family(llama, 41, 32, 3, 4, 48, 32); }
 
 }  // namespace
 
@@ -108,13 +104,9 @@ TEST(ZeroOneProcess, StateMovesBetweenStages) {
     // A stage-0 state imported into a stage-3 engine continues exactly as stage 0 does.
     const ModelConfig cfg = config(false);
     CpuBackend backend;
-    EngineOptions eo;
-    eo.B = 2;
-    eo.T = 8;
-    Engine a(cfg, backend, eo);
+    Engine a(cfg, backend, options(0));
     a.init_params(9);
-    eo.zero = 3;
-    Engine b(cfg, backend, eo);
+    Engine b(cfg, backend, options(3));
     b.import_state(a.export_state());
     std::vector<int32_t> in(16), tg(16);
     test::random_batch(in, tg, cfg.vocab_size, 3);
@@ -137,12 +129,8 @@ TEST(ZeroOneProcess, StateMovesBetweenStages) {
 TEST(ZeroOneProcess, BadStageAndSegmentsAreClearErrors) {
     const ModelConfig cfg = config(false);
     CpuBackend backend;
-    EngineOptions eo;
-    eo.B = 2;
-    eo.T = 8;
-    eo.zero = 4;
-    EXPECT_THROW(Engine(cfg, backend, eo), ConfigError);
-    eo.zero = 3;
+    EXPECT_THROW(Engine(cfg, backend, options(4)), ConfigError);
+    EngineOptions eo = options(3);
     eo.recompute = parse_recompute("every:2", cfg.n_layer);
     try {
         Engine e(cfg, backend, eo);

@@ -106,13 +106,6 @@ float * Engine::params() {
     return opt_.zero >= 3 ? p : p + t.shard_lo();
 }
 
-std::vector<size_t> Engine::shard_counts() const {
-    const TrainStep & t = *plans_.train;
-    std::vector<size_t> counts;
-    for (int r = 0; r < opt_.data_parallel; ++r) counts.push_back(t.in_shard(0, t.layout().total, r));
-    return counts;
-}
-
 Engine::Shard Engine::shard() const {
     const TrainStep & t = *plans_.train;
     return Shard{t.shard_lo(), t.shard_hi(), t.shard_size(), t.layout().total};
@@ -131,7 +124,7 @@ void Engine::params_changed() {
     }
     // ZeRO 1 and 2: every rank's shard into everyone's whole weights.
     if ((opt_.zero == 1 || opt_.zero == 2) && opt_.data_parallel > 1)
-        comm_->iall_gather(copy, train_mem_->base(t.params), shard_counts(), cs)->wait();
+        comm_->iall_gather(copy, train_mem_->base(t.params), t.shard_counts(0, sh.total), cs)->wait();
 }
 
 void Engine::set_params(const float * full) {
@@ -234,7 +227,7 @@ std::vector<float> Engine::full_params() {
     const Shard sh = shard();
     std::vector<float> out(sh.total);
     if (opt_.zero == 0) std::memcpy(out.data(), params(), sh.total * sizeof(float));
-    else comm_->iall_gather(params(), out.data(), shard_counts(), sizeof(float))->wait();
+    else comm_->iall_gather(params(), out.data(), plans_.train->shard_counts(0, sh.total), sizeof(float))->wait();
     return out;
 }
 

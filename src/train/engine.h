@@ -197,8 +197,6 @@ private:
     // Non-ignored targets in n tokens; checks ids against the vocabulary.
     int count_targets(const int32_t * inputs, const int32_t * targets, size_t n) const;
     void execute(const TrainStep & step, StepMemory & mem, const StepScalars & s);
-    // Every rank's count of the flat buffer's elements (the shards' real lengths).
-    std::vector<size_t> shard_counts() const;
 
     ModelConfig cfg_;
     Backend & backend_;

@@ -185,6 +185,12 @@ size_t TrainStep::in_shard(size_t a, size_t b, int r) const {
     return y > x ? y - x : 0;
 }
 
+std::vector<size_t> TrainStep::shard_counts(size_t a, size_t b) const {
+    std::vector<size_t> counts;
+    for (int r = 0; r < dp_.ranks; ++r) counts.push_back(in_shard(a, b, r));
+    return counts;
+}
+
 Tensor TrainStep::grad_view(const Bucket & k) const {
     const int64_t n = int64_t(k.b - k.a);
     return k.grad >= 0 ? Tensor(k.grad, grad_dt_, {n}) : Tensor(grads, grad_dt_, {n}, k.a * dtype_size(grad_dt_));
@@ -192,8 +198,7 @@ Tensor TrainStep::grad_view(const Bucket & k) const {
 
 void TrainStep::zero3_gather(Graph & g, size_t j, bool backward, int slot) const {
     const Group & q = groups_[j];
-    std::vector<size_t> counts;
-    for (int r = 0; r < dp_.ranks; ++r) counts.push_back(in_shard(q.a, q.b, r));
+    const std::vector<size_t> counts = shard_counts(q.a, q.b);
     const size_t mine = counts[size_t(dp_.rank)];
     const Tensor in = mine ? Tensor(params, compute_, {int64_t(mine)}, (std::max(q.a, lo_) - lo_) * dtype_size(compute_))
                            : Tensor{};
@@ -313,10 +318,8 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
                     gg.all_reduce_start(grad_view(k), i, scratch(k));
                     continue;
                 }
-                std::vector<size_t> counts;
-                for (int r = 0; r < dp_.ranks; ++r) counts.push_back(in_shard(k.a, k.b, r));
-                const Tensor mine = shard_piece(k);
-                gg.reduce_scatter_start(grad_view(k), k.recv >= 0 ? receive(k) : mine, counts, i, scratch(k));
+                gg.reduce_scatter_start(grad_view(k), k.recv >= 0 ? receive(k) : shard_piece(k), shard_counts(k.a, k.b), i,
+                                        scratch(k));
             }
             for (int i : in_flight) finish(gg, i);
             in_flight = now;
@@ -343,8 +346,7 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
     }
     optimizer(g, s);
     if (dp_.zero == 1 || dp_.zero == 2) {   // every rank's updated shard into everyone's weights
-        std::vector<size_t> counts;
-        for (int r = 0; r < dp_.ranks; ++r) counts.push_back(in_shard(0, layout_.total, r));
+        const std::vector<size_t> counts = shard_counts(0, layout_.total);
         const size_t cs = dtype_size(compute_);
         const Tensor all(params, compute_, {P});
         g.phase(Phase::communication);

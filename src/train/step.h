@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "backend/graph.h"
 #include "memory/program.h"
@@ -70,8 +71,9 @@ public:
     size_t shard_hi() const { return hi_; }
     size_t shard_size() const { return S_; }
     const DataParallel & data_parallel() const { return dp_; }
-    // Elements of [a, b) in rank r's shard.
+    // Elements of [a, b) in rank r's shard; and in every rank's, in rank order.
     size_t in_shard(size_t a, size_t b, int r) const;
+    std::vector<size_t> shard_counts(size_t a, size_t b) const;
 
     // Persistent buffers the host reads or writes between steps. params holds the trainable
     // weights in the compute dtype (ZeRO 3: this rank's shard); under mixed precision `master`

@@ -23,17 +23,7 @@ Communicator & world() {
     return *c;
 }
 
-ModelConfig tiny(bool llama, int layers = 2) {
-    ModelConfig c = test::small_config(37, 32, layers, 4, 64);
-    if (llama) {
-        c.family = "llama";
-        c.n_kv_head = 2;
-        c.ffn = 48;
-        c.tied_head = false;
-    }
-    c.validate();
-    return c;
-}
+ModelConfig tiny(bool llama, int layers = 2) { return test::small_family(llama, 37, 32, layers, 4, 48); }
 
 struct DpRun {
     std::vector<float> losses, params;
@@ -90,7 +80,8 @@ DpRun train(const ModelConfig & cfg, DType dt, int G, int T, int k, int steps, C
 }  // namespace
 
 // Parameters after training: fp32 within fp32 rounding of the one-process run; bf16 within
-// what per-rank rounding of 16-bit gradients can move AdamW by (2 lr per step at most).
+// what per-rank rounding of 16-bit gradients can move AdamW by: its normalised update can move a
+// parameter with a tiny gradient by up to 2 lr per step.
 void expect_same_params(const DpRun & dp, const DpRun & one, DType dt, int steps, float lr) {
     ASSERT_EQ(dp.params.size(), one.params.size());
     double worst = 0, diff2 = 0, norm2 = 0;
@@ -106,6 +97,16 @@ void expect_same_params(const DpRun & dp, const DpRun & one, DType dt, int steps
         EXPECT_LT(worst, 2.0 * lr * steps + 1e-3) << "largest parameter difference";
         EXPECT_LT(std::sqrt(diff2 / norm2), 1e-2) << "relative RMS parameter difference";
     }
+}
+
+// Every rank holds (or gathered) the same whole model, bit for bit.
+void expect_ranks_agree(Communicator & c, const std::vector<float> & params) {
+    const size_t bytes = params.size() * sizeof(float);
+    std::vector<float> all(params.size() * size_t(c.size()));
+    c.all_gather(params.data(), all.data(), bytes);
+    for (int q = 1; q < c.size(); ++q)
+        EXPECT_EQ(0, std::memcmp(all.data(), all.data() + size_t(q) * params.size(), bytes))
+            << "rank " << q << " holds different weights from rank 0";
 }
 
 TEST(DataParallel, EqualsOneProcessOnTheSameGlobalBatch) {
@@ -124,28 +125,8 @@ TEST(DataParallel, EqualsOneProcessOnTheSameGlobalBatch) {
                 const double tol = dt == DType::f32 ? 2e-5 : 2e-2;
                 for (size_t s = 0; s < one.losses.size(); ++s)
                     EXPECT_NEAR(dp.losses[s], one.losses[s], tol * std::fabs(one.losses[s])) << "step " << s;
-                double worst = 0, diff2 = 0, norm2 = 0;
-                for (size_t i = 0; i < one.params.size(); ++i) {
-                    const double d = double(dp.params[i]) - double(one.params[i]);
-                    worst = std::max(worst, std::fabs(d));
-                    diff2 += d * d;
-                    norm2 += double(one.params[i]) * double(one.params[i]);
-                }
-                if (dt == DType::f32) {
-                    EXPECT_LT(worst, 1e-4) << "largest parameter difference";
-                } else {
-                    // bf16 gradients are rounded per rank before the sum: AdamW's normalised
-                    // update can move a parameter with a tiny gradient by up to 2 lr per step.
-                    EXPECT_LT(worst, 2 * 1e-2 * 3 + 1e-3) << "largest parameter difference";
-                    EXPECT_LT(std::sqrt(diff2 / norm2), 1e-2) << "relative RMS parameter difference";
-                }
-                // Every rank holds the same parameters.
-                std::vector<float> all(one.params.size() * size_t(c.size()));
-                c.all_gather(dp.params.data(), all.data(), dp.params.size() * sizeof(float));
-                for (int q = 1; q < c.size(); ++q)
-                    EXPECT_EQ(0, std::memcmp(all.data(), all.data() + size_t(q) * dp.params.size(),
-                                             dp.params.size() * sizeof(float)))
-                        << "rank " << q << " diverged from rank 0";
+                expect_same_params(dp, one, dt, 3, 1e-2f);
+                expect_ranks_agree(c, dp.params);
             }
 }
 
@@ -189,13 +170,7 @@ TEST(Zero, EveryStageEqualsOneProcessAndShardsTheModelStates) {
                     for (size_t s = 0; s < one.losses.size(); ++s)
                         EXPECT_NEAR(dp.losses[s], one.losses[s], tol * std::fabs(one.losses[s])) << "step " << s;
                     expect_same_params(dp, one, dt, steps, 1e-2f);
-                    // Every rank gathers the same whole model.
-                    std::vector<float> all(dp.params.size() * size_t(N));
-                    c.all_gather(dp.params.data(), all.data(), dp.params.size() * sizeof(float));
-                    for (int q = 1; q < N; ++q)
-                        EXPECT_EQ(0, std::memcmp(all.data(), all.data() + size_t(q) * dp.params.size(),
-                                                 dp.params.size() * sizeof(float)))
-                            << "rank " << q << " gathered different weights from rank 0";
+                    expect_ranks_agree(c, dp.params);
                     // Measured = planned, in the arenas a real run uses (the run above checked lifetimes).
                     const DpRun mem = train(cfg, dt, G, T, k, 1, &c, zero, bucket, false);
                     for (size_t cat = 0; cat < kCategoryCount; ++cat) {

@@ -33,14 +33,7 @@ TEST(ZeroPlan, CpuPlanEqualsEveryRanksMeasuredMemory) {
     for (const Case & k : {Case{false, DType::f32, 0, 1, "none"}, Case{false, DType::bf16, 1, 2, "selective"},
                            Case{true, DType::bf16, 2, 1, "none"}, Case{true, DType::f32, 2, 2, "full"},
                            Case{false, DType::bf16, 3, 1, "none"}, Case{true, DType::f32, 3, 2, "selective"}}) {
-        ModelConfig cfg = test::small_config(53, 32, 4, 4, 32);
-        if (k.llama) {
-            cfg.family = "llama";
-            cfg.n_kv_head = 2;
-            cfg.ffn = 64;
-            cfg.tied_head = false;
-        }
-        cfg.validate();
+        const ModelConfig cfg = test::small_family(k.llama, 53, 32, 4, 4, 64, 32);
         SCOPED_TRACE(std::string(k.llama ? "llama " : "gpt2 ") + std::string(dtype_name(k.dt)) + " zero " +
                      std::to_string(k.zero) + " accum " + std::to_string(k.accum) + " recompute " + k.rc);
         const int B = 2, T = 16;   // per rank
