@@ -110,7 +110,16 @@ TEST(Llama, HuggingFaceConfigJson) {
     refused("hidden_act", "gelu", "hidden_act");
     refused("num_key_value_heads", 5, "not a multiple of num_key_value_heads = 5");
     refused("attention_bias", true, "no biases");
-    refused("head_dim", 64, "head_dim");
+    refused("head_dim", 63, "head_dim = 63 must be even");
+    {   // An explicit head dimension (q_proj [NH * head_dim, hidden]) is kept and written back.
+        nlohmann::json explicit_hd = j;
+        explicit_hd["head_dim"] = 64;
+        const ModelConfig e = parse_hf_config(explicit_hd, "cfg");
+        EXPECT_EQ(e.head_dim(), 64);
+        EXPECT_EQ(e.attn_dim(), 64 * e.n_head);
+        EXPECT_EQ(make_param_layout(e).find("model.layers.0.self_attn.o_proj.weight").shape[1], 64 * e.n_head);
+        EXPECT_EQ(parse_hf_config(hf_config_json(e), "again").num_params(), e.num_params());
+    }
     refused("model_type", "mistral", "model_type 'mistral' is not supported");
     // Found by the fuzzer: a float where an integer belongs must not be converted (UB).
     refused("vocab_size", 3.2e52, "vocab_size = 3.2e+52 is not an integer in range");

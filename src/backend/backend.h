@@ -79,6 +79,14 @@ public:
     virtual void encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) = 0;
     // dwte, dwpe += ...  (an invalid dwpe: only dwte)
     virtual void encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) = 0;
+    // Vocabulary-parallel embedding (tensor parallelism): wte [Vl, C] holds rows vocab_lo ..
+    // vocab_lo+Vl-1 of the full table. out[b,t,:] = (wte[tok - vocab_lo] if vocab_lo <= tok <
+    // vocab_lo+Vl, else 0) + wpe[t] (an invalid wpe adds nothing). Tokens outside the shard are
+    // legal (they get the zero row); summing every shard's out gives encoder_fwd's.
+    virtual void vocab_encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t vocab_lo) = 0;
+    // dwte[tok - vocab_lo] += dout[b,t] for the tokens in the shard; dwpe += dout summed over the
+    // batch, for every token. An invalid dwte (a frozen table) or dwpe is skipped.
+    virtual void vocab_encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t vocab_lo) = 0;
 
     // out[N,C], mean[N], rstd[N] from inp[N,C]
     virtual void layernorm_fwd(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, float eps) = 0;
@@ -174,6 +182,23 @@ public:
     virtual void xent_fwd(Tensor losses, Tensor logits, Tensor targets) = 0;
     // probs[N,V] become dlogits in place: (p - onehot(target)) * dloss; rows with target -100 -> 0.
     virtual void xent_bwd(Tensor probs, Tensor targets, float dloss) = 0;
+
+    // Vocabulary-parallel cross-entropy (tensor parallelism), never gathering the full logits.
+    // logits f32 [N, Vl] are this rank's columns vocab_lo .. vocab_lo+Vl-1 of a vocabulary of
+    // `vocab` entries; columns with vocab_lo + j >= vocab are padding and ignored. targets i32 [N]
+    // (-100: ignored). The three steps, with an all-gather of the stats between the first two:
+    // stats f32 [2, N] (written; logits untouched): stats[i] = log sum_j exp(logits[i][j]) over
+    // the valid columns (-inf when the shard has none); stats[N + i] = logits[i][target_i -
+    // vocab_lo] when the shard holds target_i, else 0 (0 for ignored rows).
+    virtual void xent_shard_stats(Tensor stats, Tensor logits, Tensor targets, int64_t vocab_lo, int64_t vocab) = 0;
+    // gathered f32 [R, 2, N]: every rank's stats, in rank order. lse [N] (written) = log sum_r
+    // exp(gathered[r][0][i]); losses [N] (written) = lse[i] - sum_r gathered[r][1][i], 0 where
+    // target == -100. Equals xent_fwd's losses on the concatenated logits.
+    virtual void xent_shard_loss(Tensor losses, Tensor lse, Tensor gathered, Tensor targets) = 0;
+    // In place: logits become dlogits, (exp(logits[i][j] - lse[i]) - [vocab_lo + j == target_i])
+    // * dloss; padding columns and rows with target -100 become 0. Equals xent_bwd's columns.
+    virtual void xent_shard_bwd(Tensor logits, Tensor targets, Tensor lse, int64_t vocab_lo, int64_t vocab,
+                                float dloss) = 0;
 
     // out[0] (f32) = sum of squares of x (any float dtype, accumulated in double); inf or NaN
     // if any element is.

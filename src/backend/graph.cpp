@@ -264,6 +264,39 @@ void Graph::comm_wait(int slot, std::initializer_list<Tensor> uses) {
     end();
 }
 
+void Graph::tp_all_reduce(Tensor t, Tensor scratch) {
+    if (begin("tp_all_reduce", double(t.numel()), {t, scratch})) {
+        MF_ASSERT(tp_comm_ && "set_tensor_communicator() before tensor-parallel collectives");
+        const Tensor r = resolve(t);
+        float * s = scratch_ptr(scratch.valid() ? resolve(scratch) : Tensor{},
+                                comm_scratch_elems(r.dtype, tp_comm_->size(), size_t(r.numel())));
+        tp_comm_->iall_reduce_sum(r.data, size_t(r.numel()), r.dtype, s)->wait();
+    }
+    end();
+}
+
+void Graph::tp_all_gather(Tensor out, Tensor in) {
+    if (begin("tp_all_gather", 0, {out, in})) {
+        MF_ASSERT(tp_comm_ && "set_tensor_communicator() before tensor-parallel collectives");
+        MF_ASSERT(out.dtype == in.dtype && out.numel() == int64_t(tp_comm_->size()) * in.numel());
+        tp_comm_->all_gather(resolve(in).data, resolve(out).data, in.nbytes());
+    }
+    end();
+}
+
+void Graph::tp_reduce_scatter(Tensor out, Tensor in, Tensor scratch) {
+    if (begin("tp_reduce_scatter", double(in.numel()), {out, in, scratch})) {
+        MF_ASSERT(tp_comm_ && "set_tensor_communicator() before tensor-parallel collectives");
+        const int R = tp_comm_->size();
+        MF_ASSERT(out.dtype == in.dtype && in.numel() == int64_t(R) * out.numel());
+        float * s = scratch_ptr(scratch.valid() ? resolve(scratch) : Tensor{},
+                                comm_scratch_elems(in.dtype, R, size_t(in.numel())));
+        const std::vector<size_t> counts(size_t(R), size_t(out.numel()));
+        tp_comm_->ireduce_scatter_sum(resolve(in).data, resolve(out).data, counts, in.dtype, s)->wait();
+    }
+    end();
+}
+
 void Graph::take_columns(Tensor d, Tensor src, int64_t col0, float scale) {
     MF_ASSERT(src.rows() == d.rows() && col0 >= 0 && col0 + d.cols() <= src.cols());
     if (begin("take_columns", double(d.numel()), {d, src})) backend_->take_columns(resolve(d), resolve(src), col0, scale);
@@ -279,6 +312,18 @@ void Graph::encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) {
 void Graph::encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) {
     if (begin("encoder_bwd", 2.0 * double(dout.numel()), {dwte, dwpe, dout, tokens}))
         backend_->encoder_bwd(resolve(dwte), resolve(dwpe), resolve(dout), resolve(tokens));
+    end();
+}
+
+void Graph::vocab_encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t vocab_lo) {
+    if (begin("vocab_encoder_fwd", double(out.numel()), {out, tokens, wte, wpe}))
+        backend_->vocab_encoder_fwd(resolve(out), resolve(tokens), resolve(wte), resolve(wpe), vocab_lo);
+    end();
+}
+
+void Graph::vocab_encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t vocab_lo) {
+    if (begin("vocab_encoder_bwd", 2.0 * double(dout.numel()), {dwte, dwpe, dout, tokens}))
+        backend_->vocab_encoder_bwd(resolve(dwte), resolve(dwpe), resolve(dout), resolve(tokens), vocab_lo);
     end();
 }
 
@@ -434,6 +479,26 @@ void Graph::xent_fwd(Tensor losses, Tensor logits, Tensor targets) {
 void Graph::xent_bwd(Tensor probs, Tensor targets, float dloss) {
     if (begin("xent_bwd", 2.0 * double(probs.numel()), {probs, targets}))
         backend_->xent_bwd(resolve(probs), resolve(targets), dloss);
+    end();
+}
+
+// Per logit: stats 4 flops (max, subtract, exp, add), backward 3 (subtract, exp, scale); the
+// loss combines 2 stats per rank and row with about 5 (max, subtract, exp, add, target add).
+void Graph::xent_shard_stats(Tensor stats, Tensor logits, Tensor targets, int64_t vocab_lo, int64_t vocab) {
+    if (begin("xent_shard_stats", 4.0 * double(logits.numel()), {stats, logits, targets}))
+        backend_->xent_shard_stats(resolve(stats), resolve(logits), resolve(targets), vocab_lo, vocab);
+    end();
+}
+
+void Graph::xent_shard_loss(Tensor losses, Tensor lse, Tensor gathered, Tensor targets) {
+    if (begin("xent_shard_loss", 2.5 * double(gathered.numel()), {losses, lse, gathered, targets}))
+        backend_->xent_shard_loss(resolve(losses), resolve(lse), resolve(gathered), resolve(targets));
+    end();
+}
+
+void Graph::xent_shard_bwd(Tensor logits, Tensor targets, Tensor lse, int64_t vocab_lo, int64_t vocab, float dloss) {
+    if (begin("xent_shard_bwd", 3.0 * double(logits.numel()), {logits, targets, lse}))
+        backend_->xent_shard_bwd(resolve(logits), resolve(targets), resolve(lse), vocab_lo, vocab, dloss);
     end();
 }
 

@@ -86,9 +86,29 @@ public:
                               Tensor scratch = {});
     void all_gather_start(Tensor out, Tensor in, const std::vector<size_t> & counts, int slot);
     void comm_wait(int slot, std::initializer_list<Tensor> uses);
+
+    // Tensor parallelism: collectives over the tensor-parallel group (a second communicator,
+    // set before executing; data parallelism keeps set_communicator's). Blocking: each is one op
+    // that starts and completes its transfer, since the next op needs the result (Megatron-LM's
+    // all-reduces sit on the critical path the same way). Executing without a tensor
+    // communicator aborts. `scratch` (f32, comm_scratch_elems(dtype, ranks, in's numel)): the
+    // fp32 copy of a 16-bit sum, declared in the program; may be invalid for f32 or one rank.
+    void set_tensor_communicator(Communicator * c) { tp_comm_ = c; }
+    // t (f32, bf16, f16) summed in place over the group's ranks.
+    void tp_all_reduce(Tensor t, Tensor scratch = {});
+    // out[R * in.numel()] = every rank's `in`, in rank order (any dtype; in disjoint from out or
+    // this rank's slot of it).
+    void tp_all_gather(Tensor out, Tensor in);
+    // in[R * out.numel()] summed element-wise over the ranks; out (disjoint from in) receives this
+    // rank's slot of the sum, in[rank * n .. (rank+1) * n).
+    void tp_reduce_scatter(Tensor out, Tensor in, Tensor scratch = {});
+
     // wpe / dwpe may be invalid (Tensor{}): no position embedding.
     void encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe);
     void encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens);
+    // Vocabulary-parallel embedding: wte holds rows vocab_lo .. of the table (see Backend).
+    void vocab_encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t vocab_lo);
+    void vocab_encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t vocab_lo);
     void layernorm_fwd(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, float eps);
     void layernorm_bwd(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean, Tensor rstd);
     void attention_fwd(Tensor out, Tensor att, Tensor qkv, int NH);
@@ -112,6 +132,11 @@ public:
     void cached_attention_fwd(Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH, int KVH);
     void xent_fwd(Tensor losses, Tensor logits, Tensor targets);
     void xent_bwd(Tensor probs, Tensor targets, float dloss);
+    // Vocabulary-parallel cross-entropy over logit columns vocab_lo .. of `vocab` (see Backend):
+    // stats, tp_all_gather of the stats, loss; then the backward in place on the logits.
+    void xent_shard_stats(Tensor stats, Tensor logits, Tensor targets, int64_t vocab_lo, int64_t vocab);
+    void xent_shard_loss(Tensor losses, Tensor lse, Tensor gathered, Tensor targets);
+    void xent_shard_bwd(Tensor logits, Tensor targets, Tensor lse, int64_t vocab_lo, int64_t vocab, float dloss);
     void sum_squares(Tensor out, Tensor x);
     // param_copy (optional): the compute-precision weights, rewritten from the updated param.
     void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy, const AdamWHyper & h);
@@ -144,6 +169,7 @@ private:
     Timeline * timeline_ = nullptr;
     uint64_t seed_ = 0;
     Communicator * comm_ = nullptr;
+    Communicator * tp_comm_ = nullptr;   // tensor-parallel group
     std::vector<std::unique_ptr<CommRequest>> pending_;   // by slot
 };
 

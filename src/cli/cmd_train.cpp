@@ -67,6 +67,11 @@ void add_train_flags(CLI::App * train, TrainOptions & t) {
                       "(shard fp32 master weights and AdamW moments over the ranks), 2 (also gradients), 3 (also "
                       "the parameters); --batch is then the global micro-batch, split evenly over the N ranks")
         ->capture_default_str();
+    train->add_option("--tp", t.tp,
+                      "tensor parallel (Megatron-LM): split every block's heads and MLP width, the embedding and "
+                      "the LM head over groups of this many consecutive ranks (mpirun -np N: data parallel over "
+                      "the N / tp groups); the heads, KV heads and MLP width must divide by it")
+        ->capture_default_str();
     train->add_option("--bucket-mb", t.bucket_mb,
                       "data parallel: gradients are reduced in buckets of at least this many MiB of adjacent "
                       "blocks (0: one bucket per transformer block)")

@@ -58,13 +58,13 @@ std::string ModelConfig::describe() const {
 }
 
 int64_t ModelConfig::num_params() const {
-    const int64_t C = n_embd, L = n_layer, V = vocab_size, P = max_seq, F = ffn_dim(), Q = qkv_dim();
+    const int64_t C = n_embd, L = n_layer, V = vocab_size, P = max_seq, F = ffn_dim(), Q = qkv_dim(), A = attn_dim();
     if (llama()) {
         // norms, q|k|v, o, gate|up|down; no biases
-        const int64_t per_layer = 2 * C + C * Q + C * C + 3 * C * F;
+        const int64_t per_layer = 2 * C + C * Q + C * A + 3 * C * F;
         return V * C + L * per_layer + C + (tied_head ? 0 : V * C);
     }
-    const int64_t per_layer = 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + 2 * C + (C * F + F) + (F * C + C);
+    const int64_t per_layer = 2 * C + (C * Q + Q) + (A * C + C) + 2 * C + (C * F + F) + (F * C + C);
     return V * C + P * C + L * per_layer + 2 * C;
 }
 
@@ -72,7 +72,7 @@ double train_flops_per_token(const ModelConfig & cfg, int seq) {
     if (cfg.vocab_size <= 0) throw ConfigError(fmt::format("model '{}': FLOPs per token need vocab_size", cfg.name));
     const int64_t lookup = cfg.llama() ? (cfg.tied_head ? 0 : int64_t(cfg.vocab_size) * cfg.n_embd)
                                        : int64_t(cfg.max_seq) * cfg.n_embd;
-    return 6.0 * double(cfg.num_params() - lookup) + 12.0 * cfg.n_layer * double(cfg.n_embd) * seq;
+    return 6.0 * double(cfg.num_params() - lookup) + 12.0 * cfg.n_layer * double(cfg.attn_dim()) * seq;
 }
 
 void ModelConfig::validate() const {
@@ -82,7 +82,8 @@ void ModelConfig::validate() const {
     if (family != "gpt2" && family != "llama") bad(fmt::format("family '{}' is not supported (supported: gpt2, llama)", family));
     if (n_layer < 1) bad(fmt::format("n_layer = {}, must be at least 1", n_layer));
     if (n_embd < 1 || n_head < 1) bad(fmt::format("n_embd = {}, n_head = {}: both must be positive", n_embd, n_head));
-    if (n_embd % n_head != 0)
+    if (head_size < 0) bad(fmt::format("head_dim = {}, must be positive", head_size));
+    if (head_size == 0 && n_embd % n_head != 0)
         bad(fmt::format("n_embd = {} is not divisible by n_head = {}", n_embd, n_head));
     if (max_seq < 1) bad(fmt::format("n_positions = {}, must be positive", max_seq));
     if (vocab_size < 0) bad(fmt::format("vocab_size = {}, must be positive", vocab_size));
@@ -191,8 +192,8 @@ ModelConfig parse_hf_config(const nlohmann::json & j, const std::string & name) 
             if (j.value("attention_bias", false)) refuse("attention_bias", "LLaMA projections have no biases");
             if (j.value("mlp_bias", false)) refuse("mlp_bias", "LLaMA projections have no biases");
             if (j.contains("head_dim") && !j["head_dim"].is_null() && c.n_head > 0 &&
-                int_field(j, "head_dim", name) != c.n_embd / c.n_head)
-                refuse("head_dim", fmt::format("must be hidden_size / num_attention_heads = {}", c.n_embd / c.n_head));
+                (c.n_embd % c.n_head != 0 || int_field(j, "head_dim", name) != c.n_embd / c.n_head))
+                c.head_size = int_field(j, "head_dim", name);
         } else {
             throw ConfigError(fmt::format("{}: model_type '{}' is not supported (supported: gpt2, llama)", name, type));
         }
@@ -221,6 +222,7 @@ nlohmann::json hf_config_json(const ModelConfig & cfg) {
                 {"num_hidden_layers", cfg.n_layer},
                 {"num_attention_heads", cfg.n_head},
                 {"num_key_value_heads", cfg.kv_heads()},
+                {"head_dim", cfg.head_dim()},
                 {"hidden_act", "silu"},
                 {"rms_norm_eps", shortest(cfg.ln_eps)},
                 {"rope_theta", shortest(cfg.rope_theta)},

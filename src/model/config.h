@@ -24,12 +24,16 @@ struct ModelConfig {
     int   n_head     = 12;       // NH
     int   n_kv_head  = 0;        // KVH (llama; 0: = n_head)
     int   ffn        = 0;        // MLP width (llama intermediate_size; 0: 4C)
+    int   head_size  = 0;        // head dimension (llama head_dim; 0: n_embd / n_head)
     float rope_theta = 10000.0f; // llama
     float ln_eps     = 1e-5f;    // layer_norm_epsilon / rms_norm_eps
     bool  tied_head  = true;     // LM head reads the token embedding
 
     bool llama() const { return family == "llama"; }
-    int head_dim() const { return n_embd / n_head; }
+    int head_dim() const { return head_size > 0 ? head_size : n_embd / n_head; }
+    // Width of the attention output (the input of the output projection): NH * head_dim; n_embd
+    // unless head_dim is explicit (a tensor-parallel rank's heads, or a config that sets it).
+    int attn_dim() const { return n_head * head_dim(); }
     int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
     int ffn_dim() const { return ffn > 0 ? ffn : 4 * n_embd; }
     // Width of the fused q|k|v projection: (NH + 2 KVH) * head_dim.

@@ -20,7 +20,8 @@ const ParamInfo & ParamLayout::find(const std::string & name) const {
 
 ParamLayout make_param_layout(const ModelConfig & cfg) {
     MF_ASSERT(cfg.vocab_size > 0);
-    const int64_t C = cfg.n_embd, V = cfg.vocab_size, P = cfg.max_seq, F = cfg.ffn_dim();
+    const int64_t C = cfg.n_embd, V = cfg.vocab_size, P = cfg.max_seq, F = cfg.ffn_dim(), Q = cfg.qkv_dim(),
+                  A = cfg.attn_dim();
     ParamLayout l;
     auto add = [&](std::string name, std::vector<int64_t> shape) {
         size_t n = 1;
@@ -31,15 +32,15 @@ ParamLayout make_param_layout(const ModelConfig & cfg) {
     if (cfg.llama()) {
         // q, k, v (and gate, up) are adjacent [out, in] matrices: together they are the fused
         // [(NH + 2 KVH) hd, C] (and [2F, C]) weight one matmul reads.
-        const int64_t hd = cfg.head_dim(), Q = int64_t(cfg.n_head) * hd, KV = int64_t(cfg.kv_heads()) * hd;
+        const int64_t KV = int64_t(cfg.kv_heads()) * cfg.head_dim();
         add("model.embed_tokens.weight", {V, C});
         for (int i = 0; i < cfg.n_layer; ++i) {
             const std::string h = fmt::format("model.layers.{}.", i);
             add(h + "input_layernorm.weight", {C});
-            add(h + "self_attn.q_proj.weight", {Q, C});
+            add(h + "self_attn.q_proj.weight", {A, C});
             add(h + "self_attn.k_proj.weight", {KV, C});
             add(h + "self_attn.v_proj.weight", {KV, C});
-            add(h + "self_attn.o_proj.weight", {C, Q});
+            add(h + "self_attn.o_proj.weight", {C, A});
             add(h + "post_attention_layernorm.weight", {C});
             add(h + "mlp.gate_proj.weight", {F, C});
             add(h + "mlp.up_proj.weight", {F, C});
@@ -54,9 +55,9 @@ ParamLayout make_param_layout(const ModelConfig & cfg) {
             const std::string h = fmt::format("h.{}.", i);
             add(h + "ln_1.weight", {C});
             add(h + "ln_1.bias", {C});
-            add(h + "attn.c_attn.weight", {C, 3 * C});
-            add(h + "attn.c_attn.bias", {3 * C});
-            add(h + "attn.c_proj.weight", {C, C});
+            add(h + "attn.c_attn.weight", {C, Q});
+            add(h + "attn.c_attn.bias", {Q});
+            add(h + "attn.c_proj.weight", {A, C});
             add(h + "attn.c_proj.bias", {C});
             add(h + "ln_2.weight", {C});
             add(h + "ln_2.bias", {C});

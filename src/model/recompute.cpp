@@ -50,7 +50,8 @@ RecomputePlan parse_recompute(const std::string & policy, int n_layer) {
 }
 
 KeepSet layer_keep_cost(const ModelConfig & cfg, int B, int T, bool flash, DType compute, uint32_t mask) {
-    const double bt = double(B) * T, C = cfg.n_embd, Q = cfg.qkv_dim(), F = cfg.fc_dim(), A = cfg.ffn_dim();
+    const double bt = double(B) * T, C = cfg.n_embd, Q = cfg.qkv_dim(), F = cfg.fc_dim(), A = cfg.ffn_dim(),
+                 H = cfg.attn_dim();
     const uint64_t s = dtype_size(compute), BT = uint64_t(B) * uint64_t(T), BTC = BT * uint64_t(cfg.n_embd);
     const uint64_t stats = (cfg.llama() ? 1 : 2) * BT * 4;   // (mean and) rstd, f32
     const bool llama = cfg.llama();
@@ -62,9 +63,9 @@ KeepSet layer_keep_cost(const ModelConfig & cfg, int B, int T, bool flash, DType
     const Unit units[int(Saved::count)] = {
         {BTC * s + stats, (llama ? 4.0 : 8.0) * bt * C},                                   // ln1
         {uint64_t(Q) * BT * s, 2.0 * bt * C * Q + (llama ? kRopeFlops * bt * R : 0)},  // qkv (+ RoPE)
-        {BTC * s + (flash ? uint64_t(B) * uint64_t(cfg.n_head) * uint64_t(T) * 4 : 0), 0},   // attn_out (+ lse)
+        {BT * uint64_t(H) * s + (flash ? uint64_t(B) * uint64_t(cfg.n_head) * uint64_t(T) * 4 : 0), 0},   // attn_out (+ lse)
         {flash ? 0 : uint64_t(B) * uint64_t(cfg.n_head) * uint64_t(T) * uint64_t(T) * s, 0},   // attn_probs
-        {BTC * s, 2.0 * bt * C * C + bt * C},                                 // res2: proj matmul + residual
+        {BTC * s, 2.0 * bt * H * C + bt * C},                                 // res2: proj matmul + residual
         {BTC * s + stats, (llama ? 4.0 : 8.0) * bt * C},                      // ln2
         {uint64_t(F) * BT * s, 2.0 * bt * C * F},                             // fc (gate | up)
         {uint64_t(A) * BT * s, (llama ? 6.0 : 10.0) * bt * A},                // gelu | swiglu
@@ -77,7 +78,7 @@ KeepSet layer_keep_cost(const ModelConfig & cfg, int B, int T, bool flash, DType
     }
     const bool probs_dropped = !flash && !((mask >> int(Saved::attn_probs)) & 1u);
     if (!((mask >> int(Saved::attn_out)) & 1u) || probs_dropped)
-        k.flops += 4.0 * B * (double(T) * (T + 1) / 2.0) * C;   // one attention forward
+        k.flops += 4.0 * B * (double(T) * (T + 1) / 2.0) * H;   // one attention forward
     return k;
 }
 

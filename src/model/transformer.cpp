@@ -116,7 +116,7 @@ Tensor Transformer::act(Program & program, const std::string & name, std::initia
 
 Transformer::LayerActs Transformer::declare_layer(Program & program, const std::string & h, bool with_backward) const {
     const int64_t b = B_, t = T_, C = cfg_.n_embd, NH = cfg_.n_head, Q = cfg_.qkv_dim(), F = cfg_.fc_dim(),
-                  A = cfg_.ffn_dim(), QR = 3 * C;
+                  A = cfg_.ffn_dim(), H = cfg_.attn_dim(), QR = 3 * H;
     auto act = [&](const std::string & name, std::initializer_list<int64_t> dims, bool f32 = false) {
         return this->act(program, h + name, dims, f32);
     };
@@ -130,7 +130,7 @@ Transformer::LayerActs Transformer::declare_layer(Program & program, const std::
     if (gqa_) a.qkv_rep = act("attn.qkv_rep", {b, t, QR});
     if (flash_) a.lse = act("attn.lse", {b, NH, t}, true);
     else a.att = act("attn.probs", {b, NH, t, t});
-    a.atty = act("attn.out", {b, t, C});
+    a.atty = act("attn.out", {b, t, H});
     a.attproj = act("attn.proj", {b, t, C});
     a.res2 = act("residual_attn", {b, t, C});
     a.ln2 = act("ln_2.out", {b, t, C});
@@ -140,11 +140,15 @@ Transformer::LayerActs Transformer::declare_layer(Program & program, const std::
     a.fch_gelu = act(llama_ ? "mlp.swiglu" : "mlp.gelu", {b, t, A});
     a.fcproj = act("mlp.proj", {b, t, C});
     a.res3 = act("residual_mlp", {b, t, C});
+    a.tp_attn = tp_scratch(program, h + "attn.proj.tp_sum", b * t * C);
+    a.tp_mlp = tp_scratch(program, h + "mlp.proj.tp_sum", b * t * C);
     if (with_backward) {
+        a.tp_dln1 = tp_scratch(program, h + "ln_1.out.grad.tp_sum", b * t * C);
+        a.tp_dln2 = tp_scratch(program, h + "ln_2.out.grad.tp_sum", b * t * C);
         a.dfch_gelu = act(llama_ ? "mlp.swiglu.grad" : "mlp.gelu.grad", {b, t, A});
         a.dfch = act("mlp.fc.grad", {b, t, F});
         a.dln2 = act("ln_2.out.grad", {b, t, C});
-        a.datty = act("attn.out.grad", {b, t, C});
+        a.datty = act("attn.out.grad", {b, t, H});
         a.dqkv = act("attn.qkv.grad", {b, t, Q});
         if (gqa_) {
             a.qkv_rep_b = act("attn.qkv_rep.bwd", {b, t, QR});
@@ -156,8 +160,9 @@ Transformer::LayerActs Transformer::declare_layer(Program & program, const std::
 }
 
 Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & program, const ModelOptions & opt)
-    : cfg_(cfg), B_(B), T_(T) {
+    : cfg_(cfg), B_(B), T_(T), tp_(opt.tp) {
     const int64_t b = B, t = T, C = cfg.n_embd, V = cfg.vocab_size;
+    MF_ASSERT(!tp_.enabled() || (!opt.lora.enabled() && opt.kv_capacity == 0 && !opt.keep_logits));
     llama_ = cfg.llama();
     gqa_ = llama_ && cfg.kv_heads() != cfg.n_head;
     wl_ = llama_ ? WeightLayout::out_in : WeightLayout::in_out;
@@ -168,6 +173,7 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
         return this->act(program, name, dims, f32);
     };
     encoded_ = act("encoded", {b, t, C});
+    tp_encoded_ = tp_scratch(program, "encoded.tp_sum", b * t * C);
     for (int l = 0; l < cfg.n_layer; ++l) {
         const std::string h = fmt::format("h.{}.", l);
         layers_.push_back(declare_layer(program, h, opt.with_backward));
@@ -226,7 +232,25 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
     if (opt.with_backward) {
         dlnf_ = act("ln_f.out.grad", {b, t, C});
         dres_ = act("residual.grad", {b, t, C});
+        tp_dlnf_ = tp_scratch(program, "ln_f.out.grad.tp_sum", b * t * C);
     }
+    if (tp_.enabled()) {   // per chunk: this rank's (lse, target logit), every rank's, the whole lse
+        xent_stats_ = act("loss.tp_stats", {2, int64_t(chunk_rows_)}, true);
+        xent_gathered_ = act("loss.tp_gathered", {int64_t(tp_.ranks), 2, int64_t(chunk_rows_)}, true);
+        xent_lse_ = act("loss.lse", {int64_t(chunk_rows_)}, true);
+    }
+}
+
+Tensor Transformer::tp_scratch(Program & program, const std::string & name, int64_t elems) const {
+    if (!tp_.enabled() || dt_ == DType::f32) return Tensor{};
+    return Tensor(program.declare(name, Category::communication, size_t(elems) * 4), DType::f32, {elems});
+}
+
+void Transformer::tp_sum(Graph & g, Tensor t, Tensor scratch, Phase resume) const {
+    if (!tp_.enabled()) return;
+    g.phase(Phase::communication);
+    g.tp_all_reduce(t, scratch);
+    g.phase(resume);
 }
 
 void Transformer::norm_fwd(Graph & g, Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, Tensor b) const {
@@ -292,8 +316,11 @@ ProjWeights proj_weights(const ModelWeights::Layer & p, Proj proj) {
 
 void Transformer::project(Graph & g, Tensor out, Tensor inp, const ModelWeights::Layer & p, Proj proj, bool rc) const {
     const ProjWeights pw = proj_weights(p, proj);
-    if (pw.q->valid()) g.qmatmul_fwd(out, inp, *pw.q, pw.b);
-    else g.matmul_fwd(out, inp, pw.w, pw.b, wl_);
+    // A row-parallel projection's outputs are partial sums: its bias is added by one rank.
+    const bool row_parallel = proj == Proj::o || proj == Proj::down;
+    const Tensor bias = tp_.enabled() && row_parallel && tp_.rank != 0 ? Tensor{} : pw.b;
+    if (pw.q->valid()) g.qmatmul_fwd(out, inp, *pw.q, bias);
+    else g.matmul_fwd(out, inp, pw.w, bias, wl_);
     const int64_t rows = inp.rows();
     for (const auto & ad : p.adapters) {
         if (ad.proj != proj) continue;
@@ -352,13 +379,16 @@ void Transformer::layer_forward(Graph & g, const LayerActs & a, const ModelWeigh
                                cfg_.kv_heads());
     else
         attention_fwd(g, a.atty, a.lse, a.att, a.qkv_rep, a.qkv);
+    const Phase phase = a.rc ? Phase::recompute : Phase::forward;
     project(g, a.attproj, a.atty, p, Proj::o, a.rc);
+    tp_sum(g, a.attproj, a.tp_attn, phase);
     g.residual_fwd(a.res2, x, a.attproj);
     norm_fwd(g, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b);
     project(g, a.fch, a.ln2, p, Proj::fc, a.rc);
     act_fwd(g, a.fch_gelu, a.fch);
     if (!need_output) return;
     project(g, a.fcproj, a.fch_gelu, p, Proj::down, a.rc);
+    tp_sum(g, a.fcproj, a.tp_mlp, phase);
     g.residual_fwd(a.res3, a.res2, a.fcproj);
 }
 
@@ -366,7 +396,12 @@ void Transformer::forward(Graph & g, const ModelWeights & w, Tensor tokens, cons
     g.phase(Phase::forward);
     g.layer(-1);
     // wpe (GPT-2) holds max_seq rows; the step uses the first T. LLaMA has none.
-    g.encoder_fwd(encoded_, tokens, w.wte, w.wpe);
+    if (tp_.enabled()) {   // each rank's vocabulary rows (and one rank's positions), summed
+        g.vocab_encoder_fwd(encoded_, tokens, w.wte, tp_.rank == 0 ? w.wpe : Tensor{}, tp_.vocab_lo(cfg_));
+        tp_sum(g, encoded_, tp_encoded_, Phase::forward);
+    } else {
+        g.encoder_fwd(encoded_, tokens, w.wte, w.wpe);
+    }
     Tensor x = encoded_;
     for (int l = 0; l < cfg_.n_layer; ++l) {
         g.layer(l);
@@ -412,6 +447,10 @@ void Transformer::head_loss(Graph & g, const ModelWeights & w, const ModelWeight
     g.layer(-1);
     for (int64_t r0 = 0; r0 < N; r0 += chunk_rows_) {
         const int64_t n = std::min<int64_t>(chunk_rows_, N - r0);
+        if (tp_.enabled()) {
+            head_loss_tp(g, w, dw, targets, losses, dloss, r0, n);
+            continue;
+        }
         const Tensor x = lnf_.view(r0 * C, {n, C});
         const Tensor logits = logits_.view(0, {n, V});
         const Tensor tgt = targets.view(r0, {n});
@@ -423,6 +462,28 @@ void Transformer::head_loss(Graph & g, const ModelWeights & w, const ModelWeight
         g.xent_bwd(logits, tgt, dloss);
         g.matmul_bwd(dlnf_.view(r0 * C, {n, C}), dw->head, Tensor{}, logits, x, w.head, WeightLayout::out_in);
     }
+}
+
+void Transformer::head_loss_tp(Graph & g, const ModelWeights & w, const ModelWeights * dw, Tensor targets,
+                               Tensor losses, float dloss, int64_t r0, int64_t n) const {
+    const int64_t C = cfg_.n_embd, V = cfg_.vocab_size, R = tp_.ranks, lo = tp_.vocab_lo(cfg_);
+    const Tensor x = lnf_.view(r0 * C, {n, C});
+    const Tensor logits = logits_.view(0, {n, V});
+    const Tensor tgt = targets.view(r0, {n});
+    const Tensor stats = xent_stats_.view(0, {2, n}), gathered = xent_gathered_.view(0, {R, 2, n});
+    const Tensor lse = xent_lse_.view(0, {n});
+    g.phase(Phase::forward);
+    g.matmul_fwd(logits, x, w.head, Tensor{}, WeightLayout::out_in);
+    g.xent_shard_stats(stats, logits, tgt, lo, tp_.vocab);
+    g.phase(Phase::communication);
+    g.tp_all_gather(gathered, stats);
+    g.phase(Phase::forward);
+    g.xent_shard_loss(losses.view(r0, {n}), lse, gathered, tgt);
+    if (!dw) return;
+    g.phase(Phase::backward);
+    g.xent_shard_bwd(logits, tgt, lse, lo, tp_.vocab, dloss);
+    // This rank's vocabulary rows' share of d(final norm output); summed over the group in backward().
+    g.matmul_bwd(dlnf_.view(r0 * C, {n, C}), dw->head, Tensor{}, logits, x, w.head, WeightLayout::out_in);
 }
 
 Transformer::LayerActs Transformer::recompute_dropped(Graph & g, int l, const ModelWeights::Layer & p, Tensor x) const {
@@ -447,6 +508,7 @@ Transformer::LayerActs Transformer::recompute_dropped(Graph & g, int l, const Mo
     }
     if (dropped(Saved::res2)) {
         project(g, r.attproj, a.atty, p, Proj::o, true);
+        tp_sum(g, r.attproj, r.tp_attn, Phase::recompute);
         g.residual_fwd(r.res2, x, r.attproj);
         a.res2 = r.res2;
     }
@@ -474,6 +536,7 @@ void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights
     g.layer(-1);
     // head_loss left d(final norm output) in dlnf_.
     g.fill_zero(dres_);
+    tp_sum(g, dlnf_, tp_dlnf_, Phase::backward);
     norm_bwd(g, dres_, dw.lnfw, dw.lnfb, dlnf_, saved_input(L), w.lnfw, lnf_mean_, lnf_rstd_);
     // Below the lowest layer with trainable weights (LoRA on a frozen base) nothing needs a gradient.
     for (int l = L - 1; l >= lowest_trained_layer_; --l) {
@@ -517,10 +580,12 @@ void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights
         if (llama_) g.swiglu_bwd(a.dfch, a.dfch_gelu, a.fch);
         else g.gelu_bwd(a.dfch, a.dfch_gelu, a.fch);
         project_bwd(g, a.dln2, a.dfch, a.ln2, p, dp, Proj::fc);
+        tp_sum(g, a.dln2, layers_[size_t(l)].tp_dln2, Phase::backward);
         norm_bwd(g, dres_, dp.ln2w, dp.ln2b, a.dln2, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd);
         project_bwd(g, a.datty, dres_, a.atty, p, dp, Proj::o);
         attention_bwd(g, a);
         project_bwd(g, a.dln1, a.dqkv, a.ln1, p, dp, Proj::qkv);
+        tp_sum(g, a.dln1, layers_[size_t(l)].tp_dln1, Phase::backward);
         norm_bwd(g, dres_, dp.ln1w, dp.ln1b, a.dln1, x, p.ln1w, a.ln1_mean, a.ln1_rstd);
         if (layer_done) layer_done(g, l);
     }
@@ -528,7 +593,8 @@ void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights
     for (int l = lowest_trained_layer_ - 1; l >= 0 && layer_done; --l) layer_done(g, l);
     if (dw.wte.valid()) {   // else a frozen embedding
         g.layer(-1);
-        g.encoder_bwd(dw.wte, dw.wpe, dres_, tokens);
+        if (tp_.enabled()) g.vocab_encoder_bwd(dw.wte, dw.wpe, dres_, tokens, tp_.vocab_lo(cfg_));
+        else g.encoder_bwd(dw.wte, dw.wpe, dres_, tokens);
     }
     if (layer_done) layer_done(g, -1);
 }

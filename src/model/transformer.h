@@ -21,6 +21,7 @@
 #include "model/lora.h"
 #include "model/param_layout.h"
 #include "model/recompute.h"
+#include "model/tensor_parallel.h"
 
 namespace memfit {
 
@@ -70,6 +71,12 @@ struct ModelOptions {
     int kv_capacity = 0;
     // LoRA adapters on the projections (rank 0: none); the base may be frozen (train/step.h).
     LoraOptions lora;
+    // Tensor parallel: the config is this rank's slice (tp_local_config). The row-parallel
+    // projections' outputs are summed over the tensor group in forward (the output projection,
+    // the MLP's second matmul) and the column-parallel ones' input gradients in backward (d ln_1,
+    // d ln_2); the embedding is a masked lookup summed over the group, and the loss a
+    // vocabulary-parallel cross-entropy that exchanges two floats per token, never the logits.
+    TensorParallel tp;
 };
 
 class Transformer {
@@ -116,6 +123,8 @@ private:
             fch_gelu, fcproj, res3;
         // backward (qkv_rep_b, dqkv_rep: the repeated heads, grouped-query attention only)
         Tensor dfch_gelu, dfch, dln2, datty, dqkv, dln1, qkv_rep_b, dqkv_rep;
+        // Tensor parallel, 16-bit: the fp32 copies of the four sums while in flight
+        Tensor tp_attn, tp_mlp, tp_dln1, tp_dln2;
         int layer = 0;
         bool rc = false;   // the recomputation's set
     };
@@ -147,6 +156,13 @@ private:
     void project_bwd(Graph & g, Tensor dinp, Tensor dout, Tensor inp, const ModelWeights::Layer & p,
                      const ModelWeights::Layer & dp, Proj proj) const;
     LayerActs declare_layer(Program & program, const std::string & prefix, bool with_backward) const;
+    // Tensor parallel: t summed over the tensor group (blocking; scratch: a 16-bit sum's fp32
+    // copy), then the pass goes on in phase `resume`. Nothing without tensor parallelism.
+    void tp_sum(Graph & g, Tensor t, Tensor scratch, Phase resume) const;
+    Tensor tp_scratch(Program & program, const std::string & name, int64_t elems) const;
+    // The vocabulary-parallel LM head and loss of rows [r0, r0 + n) (head_loss's chunk).
+    void head_loss_tp(Graph & g, const ModelWeights & w, const ModelWeights * dw, Tensor targets, Tensor losses,
+                      float dloss, int64_t r0, int64_t n) const;
     Tensor act(Program & program, const std::string & name, std::initializer_list<int64_t> dims, bool f32 = false) const;
     // Recomputes the units layer l's mask dropped into rc_[l]; returns the layer's activations
     // as backward reads them (kept ones from forward, the rest recomputed).
@@ -170,6 +186,9 @@ private:
     float lora_scale_ = 0;
     float lora_dropout_ = 0;                // training programs only
     int lowest_trained_layer_ = 0;          // backward stops below it (a frozen base below)
+    TensorParallel tp_;
+    Tensor tp_encoded_, tp_dlnf_;           // 16-bit sums' fp32 copies
+    Tensor xent_stats_, xent_gathered_, xent_lse_;   // vocabulary-parallel loss, per chunk
 };
 
 }  // namespace memfit

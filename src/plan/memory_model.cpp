@@ -210,12 +210,14 @@ uint64_t megatron_layer_activation_bytes(const ModelConfig & cfg, int b, int s, 
 DeviceMemory exact_memory(const ModelConfig & cfg, const Hardware & hw, const Candidate & c, int seq,
                           const Backend & sizing) {
     const Layout & L = c.layout;
-    if (L.tp != 1 || L.pp != 1 || L.sp || L.offload != Offload::none || c.optimizer != Optimizer::adamw)
-        throw ConfigError("the engine's exact plan covers data parallelism (any ZeRO stage) with AdamW, without "
-                          "tensor or pipeline parallelism or offload");
+    if (L.pp != 1 || L.sp || L.offload != Offload::none || c.optimizer != Optimizer::adamw)
+        throw ConfigError("the engine's exact plan covers data parallelism (any ZeRO stage) and tensor parallelism "
+                          "with AdamW, without sequence or pipeline parallelism or offload");
     EngineOptions eo;
-    // Rank 0's program: every rank's buffers have the same sizes (equal, padded shards).
+    // Rank 0's program: every rank's buffers have the same sizes (equal, padded shards; equal
+    // tensor-parallel slices, the vocabulary's padded).
     eo.data_parallel = L.dp;
+    eo.tensor_parallel = L.tp;
     eo.zero = L.zero;
     eo.B = c.micro_batch;
     eo.T = seq;
@@ -232,7 +234,7 @@ DeviceMemory exact_memory(const ModelConfig & cfg, const Hardware & hw, const Ca
         for (const auto & buf : plans.train->program().buffers())
             if (buf.name == "parameters" || buf.name == "parameters.quantized") m.frozen += buf.bytes;
     m.device[Category::runtime] = hw.memory - hw.usable;
-    m.loaded = L.dp > 1 ? "every rank (equal shards)" : "the only device";
+    m.loaded = L.dp * L.tp > 1 ? "every rank (equal shards)" : "the only device";
     m.exact = true;
     return m;
 }

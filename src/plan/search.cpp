@@ -60,10 +60,12 @@ bool host_fits(const PlanRequest & r, const DeviceMemory & m) {
     return m.host * uint64_t(std::min(r.gpus, std::max(1, r.hw.per_node))) <= r.hw.host_memory;
 }
 
-bool engine_runs(const PlanRequest & r, const Candidate & c) {
-    // Data parallelism and ZeRO are in the engine's step program; tensor and pipeline parallelism
-    // and offload are not.
-    return r.exact_sizing && c.layout.tp == 1 && c.layout.pp == 1 && !c.layout.sp &&
+bool engine_runs(const PlanRequest & r, const Candidate & c, const ModelConfig & cfg) {
+    // Data parallelism, ZeRO and tensor parallelism are in the engine's step program; sequence
+    // and pipeline parallelism and offload are not (yet).
+    const int T = c.layout.tp;
+    const bool splits = cfg.n_head % T == 0 && cfg.kv_heads() % T == 0 && cfg.ffn_dim() % T == 0;
+    return r.exact_sizing && splits && c.layout.pp == 1 && !c.layout.sp &&
            c.layout.offload == Offload::none && c.optimizer == Optimizer::adamw;
 }
 
@@ -227,7 +229,7 @@ SearchReport search_plans(const PlanRequest & r) {
     }
     // One device the engine runs: the engine's own numbers for what is shown.
     for (PlanResult & pr : rep.best)
-        if (engine_runs(r, pr.c)) pr.mem = exact_memory(cfg, r.hw, pr.c, r.seq, *r.exact_sizing);
+        if (engine_runs(r, pr.c, cfg)) pr.mem = exact_memory(cfg, r.hw, pr.c, r.seq, *r.exact_sizing);
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return rep;
 }

@@ -8,6 +8,7 @@
 
 #include "comm/communicator.h"
 #include "memory/budget.h"
+#include "model/tensor_parallel.h"
 #include "train/split_weights.h"
 
 namespace memfit {
@@ -71,6 +72,13 @@ EngineOptions with_rank(EngineOptions o) {
         throw ConfigError(fmt::format("a communicator of {} ranks for data parallel over {}", o.comm->size(),
                                       o.data_parallel));
     o.rank = o.comm ? o.comm->rank() : 0;
+    if (o.tp_comm && o.tp_comm->size() != o.tensor_parallel)
+        throw ConfigError(fmt::format("a communicator of {} ranks for tensor parallel over {}", o.tp_comm->size(),
+                                      o.tensor_parallel));
+    if (o.tensor_parallel > 1 && !o.tp_comm)
+        throw ConfigError(fmt::format("tensor parallel over {} ranks needs a communicator of that size",
+                                      o.tensor_parallel));
+    o.tp_rank = o.tp_comm ? o.tp_comm->rank() : 0;
     return o;
 }
 }  // namespace
@@ -81,6 +89,11 @@ Engine::Engine(const ModelConfig & cfg, Backend & backend, const EngineOptions &
     if (!comm_) {
         own_comm_ = make_single_communicator();
         comm_ = own_comm_.get();
+    }
+    tp_comm_ = opt_.tp_comm;
+    if (!tp_comm_) {
+        own_tp_comm_ = make_single_communicator();
+        tp_comm_ = own_tp_comm_.get();
     }
     if (opt.budget > 0)
         check_budget(planned_reserved(), opt.budget,
@@ -127,9 +140,12 @@ void Engine::params_changed() {
         comm_->iall_gather(copy, train_mem_->base(t.params), t.shard_counts(0, sh.total), cs)->wait();
 }
 
-void Engine::set_params(const float * full) {
+void Engine::set_params(const float * whole) {
     const TrainStep & t = *plans_.train;
     const Shard sh = shard();
+    std::vector<float> slice;
+    if (opt_.tensor_parallel > 1) slice = tp_slice(cfg_, opt_.tensor_parallel, opt_.tp_rank, whole);
+    const float * full = slice.empty() ? whole : slice.data();
     std::memcpy(params(), full + sh.lo, (sh.hi - sh.lo) * sizeof(float));
     if (opt_.zero >= 3) {
         params_changed();
@@ -228,7 +244,21 @@ std::vector<float> Engine::full_params() {
     std::vector<float> out(sh.total);
     if (opt_.zero == 0) std::memcpy(out.data(), params(), sh.total * sizeof(float));
     else comm_->iall_gather(params(), out.data(), plans_.train->shard_counts(0, sh.total), sizeof(float))->wait();
-    return out;
+    return opt_.tensor_parallel > 1 ? tp_gather(out) : out;
+}
+
+size_t Engine::total_params() const {
+    return opt_.tensor_parallel > 1 ? size_t(cfg_.num_params()) : plans_.train->layout().total;
+}
+
+std::vector<float> Engine::tp_gather(const std::vector<float> & local) {
+    const int T = opt_.tensor_parallel;
+    std::vector<float> all(local.size() * size_t(T)), whole(size_t(cfg_.num_params()));
+    tp_comm_->all_gather(local.data(), all.data(), local.size() * sizeof(float));
+    std::vector<const float *> slices;
+    for (int r = 0; r < T; ++r) slices.push_back(all.data() + size_t(r) * local.size());
+    tp_assemble(cfg_, T, slices, whole.data());
+    return whole;
 }
 
 std::vector<float> Engine::merged_weights() {
@@ -268,6 +298,21 @@ TrainState Engine::export_state() {
     const Shard sh = shard();
     const size_t n = sh.hi - sh.lo;
     TrainState s;
+    if (opt_.tensor_parallel > 1) {   // the whole model's: gathered over the data and tensor groups
+        auto whole = [&](const float * mine) {
+            std::vector<float> local(sh.total);
+            if (opt_.zero == 0) std::memcpy(local.data(), mine, sh.total * sizeof(float));
+            else comm_->iall_gather(mine, local.data(), plans_.train->shard_counts(0, sh.total), sizeof(float))->wait();
+            return tp_gather(local);
+        };
+        s.params = whole(params());
+        s.m = whole(adam_m());
+        s.v = whole(adam_v());
+        s.total = s.params.size();
+        s.t = t_;
+        s.scaler = {scaler_.scale, scaler_.clean, scaler_.skipped};
+        return s;
+    }
     s.params.assign(params(), params() + n);
     s.m.assign(adam_m(), adam_m() + n);
     s.v.assign(adam_v(), adam_v() + n);
@@ -278,8 +323,25 @@ TrainState Engine::export_state() {
     return s;
 }
 
-void Engine::import_state(const TrainState & s) {
+void Engine::import_state(const TrainState & state) {
     const Shard sh = shard();
+    TrainState sliced;
+    if (opt_.tensor_parallel > 1) {   // a whole state: this rank's slice of it
+        const size_t total = state.total ? state.total : state.params.size();
+        if (state.offset != 0 || total != total_params() || state.params.size() != total ||
+            state.m.size() != total || state.v.size() != total)
+            throw FormatError(fmt::format("tensor parallel needs the whole training state of {} elements; this one "
+                                          "holds [{}, {}) of {}", total_params(), state.offset,
+                                          state.offset + state.params.size(), total));
+        const int T = opt_.tensor_parallel, r = opt_.tp_rank;
+        sliced.params = tp_slice(cfg_, T, r, state.params.data());
+        sliced.m = tp_slice(cfg_, T, r, state.m.data());
+        sliced.v = tp_slice(cfg_, T, r, state.v.data());
+        sliced.total = sliced.params.size();
+        sliced.t = state.t;
+        sliced.scaler = {state.scaler.scale, state.scaler.clean, state.scaler.skipped};
+    }
+    const TrainState & s = opt_.tensor_parallel > 1 ? sliced : state;
     const size_t total = s.total ? s.total : s.params.size(), n = sh.hi - sh.lo;
     if (total != sh.total || s.offset > sh.lo || s.offset + s.params.size() < sh.hi || s.m.size() != s.params.size() ||
         s.v.size() != s.params.size())
@@ -301,6 +363,7 @@ void Engine::import_state(const TrainState & s) {
 void Engine::execute(const TrainStep & step, StepMemory & mem, const StepScalars & s) {
     Graph g(step.program(), mem, backend_);
     g.set_communicator(comm_);
+    g.set_tensor_communicator(tp_comm_);
     if (timeline_ && &step == plans_.train.get()) {
         timeline_->program = "train";
         timeline_->events.clear();

@@ -51,6 +51,12 @@ struct EngineOptions {
     // least this many bytes (0: one bucket per block). The parameters outside the blocks are
     // their own buckets.
     size_t bucket_bytes = 0;
+    // Tensor parallel over `tensor_parallel` ranks (model/tensor_parallel.h): this rank holds the
+    // tp_rank-th slice of every block, the embedding and the head. tp_comm: the tensor group
+    // (null: single process); `comm` is then the data-parallel group. The step's loss and
+    // gradients are those of the whole model: every rank of a tensor group reads the same batch.
+    int tensor_parallel = 1, tp_rank = 0;
+    Communicator * tp_comm = nullptr;
     DType grad_dtype() const { return grad_accum > 1 ? DType::f32 : compute; }
     DataParallel dp() const { return DataParallel{data_parallel, rank, zero, bucket_bytes}; }
     ModelOptions model() const {
@@ -61,6 +67,8 @@ struct EngineOptions {
         m.compute = compute;
         m.grad = grad_dtype();
         m.lora = lora;
+        m.tp.ranks = tensor_parallel;
+        m.tp.rank = tp_rank;
         return m;
     }
 };
@@ -148,7 +156,8 @@ public:
     float * adam_m();
     float * adam_v();
     // The whole trainable fp32 weights (make_param_layout / make_lora_layout order), the same
-    // on every rank: each takes its shard and the compute-precision copy (no communication).
+    // on every rank: each takes its shard (tensor parallel: of its slice) and the
+    // compute-precision copy (no communication).
     void set_params(const float * full);
 
     // One optimizer step on grad_accum micro-batches laid end to end (grad_accum*B*T inputs and
@@ -163,6 +172,8 @@ public:
 
     // This rank's shard of the state (the whole of it without ZeRO); import_state takes any
     // state whose range covers this rank's shard (a whole one, or a shard of the same range).
+    // Tensor parallel: the whole model's state, gathered over every rank (collective), and
+    // import_state takes a whole state.
     TrainState export_state();
     void import_state(const TrainState & s);
 
@@ -170,9 +181,11 @@ public:
     // the padded shard length (every rank's). Without ZeRO: [0, total).
     struct Shard { size_t lo = 0, hi = 0, size = 0, total = 0; };
     Shard shard() const;
-    // The whole model's trainable fp32 weights, gathered over the ranks under ZeRO (collective:
-    // every rank must call it).
+    // The whole model's trainable fp32 weights, gathered over the ranks under ZeRO and tensor
+    // parallelism (collective: every rank must call it).
     std::vector<float> full_params();
+    // Elements of the whole model's flat trainable buffer (tensor parallel: not this rank's slice).
+    size_t total_params() const;
 
     // Record the ops of every following training step into `t` (cleared at each step's start);
     // null stops recording.
@@ -208,8 +221,11 @@ private:
     int fwd_batch_ = 0;
     std::unique_ptr<StepMemory> train_mem_, first_mem_, mid_mem_, eval_mem_, fwd_mem_;
     LossScaler scaler_;
-    std::unique_ptr<Communicator> own_comm_;   // single-process collectives when opt.comm is null
-    Communicator * comm_ = nullptr;
+    std::unique_ptr<Communicator> own_comm_, own_tp_comm_;   // single-process collectives when not given
+    Communicator * comm_ = nullptr, * tp_comm_ = nullptr;
+    // Tensor parallel: this rank's slice of a whole-model vector, and the whole from the
+    // tensor group's slices of `local` (collective over the group).
+    std::vector<float> tp_gather(const std::vector<float> & local);
     int t_ = 0;
     Timeline * timeline_ = nullptr;
 };

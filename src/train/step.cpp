@@ -66,7 +66,7 @@ constexpr size_t kShardAlign = 32;   // elements: shard boundaries stay 64-byte 
 
 TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const Backend * sizing,
                      const ModelOptions & model, StepParts parts, const DataParallel & dp)
-    : cfg_(cfg), lora_(model.lora.enabled()), mode_(mode), parts_(parts), B_(B), T_(T), compute_(model.compute),
+    : cfg_(tp_local_config(cfg, model.tp.ranks)), lora_(model.lora.enabled()), mode_(mode), parts_(parts), B_(B), T_(T), compute_(model.compute),
       grad_dt_(model.grad), dp_(dp) {
     if (B < 1 || T < 1) throw ConfigError(fmt::format("batch = {}, seq = {}: both must be at least 1", B, T));
     if (T > cfg.max_seq)
@@ -79,13 +79,18 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
         throw ConfigError("--zero 3 gathers each layer's weights just before its backward, but --recompute every:K and "
                           "sqrt recompute whole segments at once; use --recompute none, selective or full with it");
     const bool train = mode == StepMode::train;
-    layout_ = lora_ ? make_lora_layout(cfg, model.lora) : make_param_layout(cfg);
+    if (model.tp.enabled() && lora_)
+        throw ConfigError("--tp with LoRA is not supported: the adapters would need their own split; train LoRA "
+                          "with data parallelism");
+    if (model.tp.enabled() && mode == StepMode::logits)
+        throw ConfigError("logits of a tensor-parallel model are not gathered; sample from the exported model");
+    layout_ = lora_ ? make_lora_layout(cfg_, model.lora) : make_param_layout(cfg_);
     const char * trainable = "";
     if (lora_) {
         // The frozen base: no gradients, no master copy, no optimizer states.
         trainable = "lora.";
-        if (model.lora.quantized()) quant_layout_ = make_quant_layout(cfg, model.lora.format());
-        base_layout_ = dense_layout(cfg, quant_layout_);
+        if (model.lora.quantized()) quant_layout_ = make_quant_layout(cfg_, model.lora.format());
+        base_layout_ = dense_layout(cfg_, quant_layout_);
         base = program_.declare("parameters", Category::parameters, base_layout_.total * dtype_size(compute_), true);
         if (quant_layout_.bytes)
             base_q = program_.declare("parameters.quantized", Category::parameters, quant_layout_.bytes, true);
@@ -111,6 +116,7 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     grad_norm_sq = train ? program_.declare("grad_norm_sq", Category::activations, 4, true) : -1;
     workspace_ = program_.declare("workspace", Category::workspace, 0);
     ModelOptions mo = model;
+    mo.tp.vocab = cfg.vocab_size;
     mo.with_backward = train;
     mo.keep_logits = mode == StepMode::logits;
     if (mo.keep_logits) mo.loss_chunk = 0;
@@ -172,6 +178,28 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
         }
         remap(wf_, params, compute_, fwd_ranges);
         remap(wb_, params, compute_, bwd_ranges);
+    }
+    // The gradient norm's ranges: [0, P) or (ZeRO >= 2) the shard, in the gradient buffer's
+    // coordinates; tensor ranks other than the first skip the replicated parameters, whose
+    // gradients every tensor rank holds alike.
+    if (train) {
+        std::vector<TpRange> counted{{0, P}};
+        if (model.tp.enabled() && model.tp.rank != 0) {
+            counted.clear();
+            size_t at = 0;
+            for (const auto & r : tp_replicated(cfg, model.tp.ranks)) {
+                if (r.a > at) counted.push_back({at, r.a});
+                at = r.b;
+            }
+            if (at < P) counted.push_back({at, P});
+        }
+        const size_t glo = dp.zero >= 2 ? lo_ : 0, ghi = dp.zero >= 2 ? hi_ : P;
+        for (const auto & r : counted) {
+            const size_t a = std::max(r.a, glo), b = std::min(r.b, ghi);
+            if (a < b) norm_ranges_.push_back({a - glo, b - glo});
+        }
+        tp_ = model.tp;
+        if (tp_.enabled()) norm_part_ = program_.declare("grad_norm_part", Category::activations, 4);
     }
     Graph rec(program_, sizing);
     run(rec, StepScalars{});
@@ -334,15 +362,12 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
     g.phase(Phase::optimizer);
     const Tensor norm_sq(grad_norm_sq, DType::f32, {1});
     const size_t own = hi_ - lo_;
+    grad_norm(g, norm_sq);
     if (dp_.zero >= 2) {   // the global norm: each rank's shard, summed
-        if (own) g.sum_squares(norm_sq, Tensor(grads, grad_dt_, {int64_t(own)}));
-        else g.fill_zero(norm_sq);
         g.phase(Phase::communication);
         g.all_reduce_start(norm_sq, norm_slot);
         g.all_reduce_wait(norm_sq, norm_slot);
         g.phase(Phase::optimizer);
-    } else {
-        g.sum_squares(norm_sq, Tensor(grads, grad_dt_, {P}));
     }
     optimizer(g, s);
     if (dp_.zero == 1 || dp_.zero == 2) {   // every rank's updated shard into everyone's weights
@@ -353,6 +378,25 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
         g.all_gather_start(all, own ? Tensor(params, compute_, {int64_t(own)}, lo_ * cs) : Tensor{}, counts, params_slot);
         g.comm_wait(params_slot, {all});
     }
+}
+
+void TrainStep::grad_norm(Graph & g, Tensor norm_sq) const {
+    const size_t gs = dtype_size(grad_dt_);
+    auto view = [&](const TpRange & r) { return Tensor(grads, grad_dt_, {int64_t(r.b - r.a)}, r.a * gs); };
+    if (norm_ranges_.size() == 1 && !tp_.enabled()) {
+        g.sum_squares(norm_sq, view(norm_ranges_[0]));
+        return;
+    }
+    g.fill_zero(norm_sq);
+    const Tensor part(norm_part_, DType::f32, {1});
+    for (const auto & r : norm_ranges_) {
+        g.sum_squares(part, view(r));
+        g.residual_fwd(norm_sq, norm_sq, part);
+    }
+    if (!tp_.enabled()) return;
+    g.phase(Phase::communication);
+    g.tp_all_reduce(norm_sq);
+    g.phase(Phase::optimizer);
 }
 
 void TrainStep::optimizer(Graph & g, const StepScalars & s) const {

@@ -113,10 +113,17 @@ private:
     std::vector<Bucket> buckets_;
     bool all_reduce_ = false, reduce_scatter_ = false;
     ModelWeights wf_, wb_;   // ZeRO 3: the weights as forward and backward read them (gathered)
+    TensorParallel tp_;
+    // The ranges of the gradient buffer whose squares this rank adds to the global norm, and
+    // (tensor parallel) the one-float buffer each range's sum passes through.
+    std::vector<TpRange> norm_ranges_;
+    BufferId norm_part_ = -1;
 
     Tensor grad_view(const Bucket & k) const;
     void zero3_gather(Graph & g, size_t group, bool backward, int slot) const;
     void optimizer(Graph & g, const StepScalars & s) const;
+    // norm_sq = this rank's share of the gradients' sum of squares, summed over the tensor group.
+    void grad_norm(Graph & g, Tensor norm_sq) const;
 };
 
 }  // namespace memfit

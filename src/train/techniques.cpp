@@ -83,6 +83,8 @@ void check_data_parallel_flags(const RunShape & s) {
     if (!(s.bucket_mb >= 0) || !std::isfinite(s.bucket_mb) || s.bucket_mb > 1048576.0)
         throw ConfigError(fmt::format("--bucket-mb {}: expected a size in MiB, 0 or more (0: one bucket per "
                                       "transformer block)", s.bucket_mb));
+    if (s.tp < 1 || s.tp > 4096)
+        throw ConfigError(fmt::format("--tp {}: expected the number of ranks of a tensor group, 1 or more", s.tp));
 }
 
 namespace {
@@ -131,6 +133,8 @@ EngineOptions base_options(const RunShape & s, const ModelConfig & cfg, bool wit
     EngineOptions eo;
     eo.data_parallel = s.data_parallel;
     eo.rank = s.rank;
+    eo.tensor_parallel = s.tp;
+    eo.tp_rank = s.tp_rank;
     eo.zero = s.zero;
     eo.bucket_bytes = size_t(std::llround(s.bucket_mb * 1048576.0));
     eo.B = s.batch;

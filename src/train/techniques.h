@@ -42,9 +42,13 @@ struct RunShape {
     double   bucket_mb = 0;
     int      data_parallel = 1;
     int      rank = 0;
+    // Tensor parallel (--tp T): the ranks of a tensor group (the world is T x data parallel), and
+    // this rank's place in it, set by the trainer.
+    int      tp = 1;
+    int      tp_rank = 0;
 };
 
-// ConfigError for a --zero outside 0..3 or a negative --bucket-mb.
+// ConfigError for a --zero outside 0..3, a negative --bucket-mb or a --tp below 1.
 void check_data_parallel_flags(const RunShape & s);
 
 // The LoRA options the flags name, checked against the model and the compute precision.

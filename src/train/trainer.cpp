@@ -18,6 +18,8 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/quant_format.h"
 #include "comm/communicator.h"
+#include "comm/groups.h"
+#include "model/tensor_parallel.h"
 #include "core/error.h"
 #include "core/json_num.h"
 #include "core/paths.h"
@@ -126,7 +128,8 @@ nlohmann::json checkpoint_meta(int step, const ModelConfig & cfg, const TrainOpt
 
 // The range of the flat trainable buffer this rank's state covers: its ZeRO shard, or the whole.
 std::pair<size_t, size_t> state_range(const Engine & engine) {
-    if (engine.options().zero == 0) return {0, engine.step().layout().total};
+    // Tensor parallel: export_state gathers the whole model's state.
+    if (engine.options().zero == 0 || engine.options().tensor_parallel > 1) return {0, engine.total_params()};
     const Engine::Shard sh = engine.shard();
     return {sh.lo, sh.hi};
 }
@@ -144,9 +147,9 @@ int resume_from(const std::string & path, const ModelConfig & cfg, const TrainOp
                                           "same model, --seq, global batch, --seed and LoRA options",
                                           path, k, m.value(k, nlohmann::json()).dump(), want.value(k, nlohmann::json()).dump()));
     const size_t total = checkpoint_total(dir, m);
-    if (total != engine.step().layout().total)
+    if (total != engine.total_params())
         throw FormatError(fmt::format("--resume {}: {} parameters, the model has {}", path, total,
-                                      engine.step().layout().total));
+                                      engine.total_params()));
     const int step = json_get<int>(m, "step", path);
     if (step >= opt.steps)
         throw ConfigError(fmt::format("--resume {}: the checkpoint is at step {}; --steps {} must be larger", path,
@@ -168,7 +171,7 @@ std::string write_checkpoint(const std::string & root, Engine & engine, nlohmann
     meta["world_size"] = comm.size();
     meta["zero"] = eo.zero;
     TrainState s = engine.export_state();
-    const size_t total = engine.step().layout().total;
+    const size_t total = engine.total_params();
     if (comm.size() == 1 && s.params.size() == total) {
         s.offset = 0;
         s.total = total;
@@ -281,16 +284,24 @@ void run_training(const TrainOptions & opt) {
     const ProgressMode mode = progress_mode(opt.progress);
     // Data parallel (`mpirun -np N memfit train ...`): --batch is the global micro-batch; every
     // rank runs B/N of its sequences. Rank 0 alone prints and writes outputs.
+    // Tensor parallel (--tp T): groups of T consecutive ranks share each micro-batch; data
+    // parallel runs over the N / T groups.
     const std::unique_ptr<Communicator> comm = make_communicator();
-    const int ranks = comm->size(), rank = comm->rank();
-    const bool lead = rank == 0;
+    const int world = comm->size();
+    const bool lead = comm->rank() == 0;
+    const ParallelLayout layout = derive_layout(world, opt.tp, 1);
+    std::unique_ptr<ProcessGroups> pgroups;
+    if (layout.tp > 1) pgroups = std::make_unique<ProcessGroups>(*comm, layout);
+    // `ranks` and `rank`: the data-parallel ones (the world without tensor parallelism).
+    const int ranks = layout.dp, rank = pgroups ? pgroups->coords.dp : comm->rank();
+    Communicator * data_comm = pgroups ? pgroups->dp.get() : comm.get();
     if (opt.batch % ranks)
-        throw ConfigError(fmt::format("--batch {} is not divisible by the {} ranks; --batch is the global micro-batch, "
-                                      "split evenly over the ranks: use a multiple of {} (e.g. --batch {})",
+        throw ConfigError(fmt::format("--batch {} is not divisible by the {} data-parallel ranks; --batch is the global "
+                                      "micro-batch, split evenly over them: use a multiple of {} (e.g. --batch {})",
                                       opt.batch, ranks, ranks, (opt.batch / ranks + 1) * ranks));
-    if (ranks > 1 && !opt.budget_file.empty())
+    if (world > 1 && !opt.budget_file.empty())
         throw ConfigError(fmt::format("--budget-file re-plans one process's run mid-training; it is not supported with "
-                                      "{} data-parallel ranks: set --memory-budget (per rank) instead", ranks));
+                                      "{} ranks: set --memory-budget (per rank) instead", world));
     Progress progress(lead ? mode : ProgressMode::quiet);
     // Everything but the status line goes through the progress display, so a terminal's live
     // line stays intact, --json keeps stdout JSON Lines and --quiet keeps it empty.
@@ -313,7 +324,7 @@ void run_training(const TrainOptions & opt) {
     // Rank 0 prepares the bundled corpus (if needed) before the others look for it.
     if (!lead) comm->barrier();
     const DataSource data = resolve_data(opt.data, tokenizer, cfg.vocab_size);
-    if (lead && ranks > 1) comm->barrier();
+    if (lead && world > 1) comm->barrier();
     if (cfg.vocab_size == 0) cfg.vocab_size = data.vocab_size;
     if (data.vocab_size > cfg.vocab_size)
         throw ConfigError(fmt::format("the data's vocabulary ({} tokens, {}) is larger than the model's ({}); "
@@ -328,8 +339,8 @@ void run_training(const TrainOptions & opt) {
     if (!budget) {
         const char * local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
         const uint64_t per_host = local ? std::max<uint64_t>(1, std::strtoull(local, nullptr, 10)) : 1;
-        budget = available_memory() / std::min<uint64_t>(per_host, uint64_t(ranks));
-        if (ranks > 1) {
+        budget = available_memory() / std::min<uint64_t>(per_host, uint64_t(world));
+        if (world > 1) {
             const auto all = comm->all_gather_u64(budget);
             budget = *std::min_element(all.begin(), all.end());
         }
@@ -338,6 +349,7 @@ void run_training(const TrainOptions & opt) {
     RunShape shape = opt;
     shape.batch = opt.batch / ranks;
     shape.data_parallel = ranks;
+    shape.tp_rank = 0;
     // Every rank resolves the flags as rank 0 would (every rank's program has the same buffers,
     // so --fit auto and --recompute budget make the same choice on all); then each builds its own.
     shape.rank = 0;
@@ -345,7 +357,9 @@ void run_training(const TrainOptions & opt) {
     EngineOptions eo = run.eo;
     eo.rank = rank;
     eo.checking = opt.check_lifetimes;
-    eo.comm = comm.get();
+    eo.comm = data_comm;
+    eo.tp_comm = pgroups ? pgroups->tp.get() : nullptr;
+    eo.tp_rank = pgroups ? pgroups->coords.tp : 0;
     for (const auto & n : run.notes) say(n);
     // batch, accum: the global micro-batch and accumulation the engine runs (its B x ranks).
     const int batch = eo.B * ranks, accum = eo.grad_accum;
@@ -366,6 +380,12 @@ void run_training(const TrainOptions & opt) {
         say(fmt::format("  data parallel: {} rank{} ({}), micro-batch {} per rank, ZeRO stage {}, gradient buckets {}",
                         ranks, ranks > 1 ? "s" : "", comm->name(), eo.B, eo.zero,
                         eo.bucket_bytes ? format_bytes(eo.bucket_bytes) : std::string("one per block")));
+    if (layout.tp > 1) {
+        const ModelConfig slice = tp_local_config(cfg, layout.tp);
+        say(fmt::format("  tensor parallel: {} ranks per group, each {} of {} heads ({} of {} KV), MLP {} of {}, "
+                        "vocabulary rows {} of {}", layout.tp, slice.n_head, cfg.n_head, slice.kv_heads(),
+                        cfg.kv_heads(), slice.ffn_dim(), cfg.ffn_dim(), slice.vocab_size, cfg.vocab_size));
+    }
     if (eo.lora.enabled()) {
         const size_t A = lora_param_count(cfg, eo.lora);
         say(fmt::format("  LoRA rank {} alpha {:g} on {}: {:.3f}M trainable parameters ({:.2f}% of the model); base "
@@ -377,7 +397,7 @@ void run_training(const TrainOptions & opt) {
     }
     auto engine = std::make_unique<Engine>(cfg, backend, eo);
     CategoryBytes plan_live = engine->planned_peak_live(), plan_rsv = engine->planned_reserved();
-    say(fmt::format("memory plan{} ({} ops, {}{}, peak at op {} '{}'):\n{}", ranks > 1 ? " per rank" : "", engine->step().program().num_ops(),
+    say(fmt::format("memory plan{} ({} ops, {}{}, peak at op {} '{}'):\n{}", world > 1 ? " per rank" : "", engine->step().program().num_ops(),
                     precision_name(eo.compute),
                     eo.compute == DType::f32 ? ""
                         : fmt::format(" with fp32 master weights, {} gradients{}", precision_name(eo.grad_dtype()),
@@ -393,6 +413,10 @@ void run_training(const TrainOptions & opt) {
             std::vector<float> full(size_t(cfg.num_params()));
             load_hf_weights(opt.model, cfg, make_param_layout(cfg), full.data());
             engine->set_base(full.data());
+        } else if (layout.tp > 1) {   // the whole model; each rank keeps its slice
+            std::vector<float> full(size_t(cfg.num_params()));
+            load_hf_weights(opt.model, cfg, make_param_layout(cfg), full.data());
+            engine->set_params(full.data());
         } else {
             load_hf_weights(opt.model, cfg, engine->step().layout(), engine->params());
             engine->params_changed();
@@ -535,7 +559,7 @@ void run_training(const TrainOptions & opt) {
     // The whole model's weights for the sample (collective under ZeRO).
     const bool want_sample = opt.sample_tokens > 0 && !data.tokenizer.empty() && !opt.profile;
     std::vector<float> sample_weights;
-    if (want_sample && (lead || eo.zero > 0)) sample_weights = engine->merged_weights();
+    if (want_sample && (lead || eo.zero > 0 || layout.tp > 1)) sample_weights = engine->merged_weights();
     if (!lead) return;
     if (opt.check_lifetimes)
         say("  (--check-lifetimes: every buffer had its own allocation, so reserved bytes are not the plan's regions)");
@@ -543,7 +567,7 @@ void run_training(const TrainOptions & opt) {
                     format_plan_vs_measured(plan_live, L.live_peak(), plan_rsv, L.reserved_peak())));
     say(fmt::format("  peak RSS {} (planned reserved {} + code, libraries, data loader)", format_bytes(rss),
                     format_bytes(plan_rsv.total())));
-    if (ranks > 1) say(format_rank_memory(rank_memory));
+    if (world > 1) say(format_rank_memory(rank_memory));
     say(fmt::format("done: {} steps in {:.1f} s, {:.0f} tokens/s, final loss {:.4f}{}", opt.steps, wall, tps, last_loss,
                     std::isnan(last_val) ? std::string() : fmt::format(", validation loss {:.4f}", last_val)));
 
@@ -553,7 +577,7 @@ void run_training(const TrainOptions & opt) {
                     {"vocab_size", cfg.vocab_size}, {"params", cfg.num_params()}, {"batch", batch},
                     {"grad_accum", accum}, {"attention", eo.flash_attention ? "flash" : "naive"},
                     {"recompute", eo.recompute.name}, {"loss_chunk", eo.loss_chunk},
-                    {"seq", opt.seq}, {"steps", opt.steps}, {"data_parallel", ranks}, {"zero", eo.zero},
+                    {"seq", opt.seq}, {"steps", opt.steps}, {"data_parallel", ranks}, {"tensor_parallel", layout.tp}, {"zero", eo.zero},
                     {"bucket_bytes", eo.bucket_bytes}, {"lr", opt.lr}, {"weight_decay", opt.weight_decay},
                     {"seed", opt.seed}, {"threads", omp_get_max_threads()}, {"precision", precision_name(eo.compute)},
                     {"data", data.train_path}, {"tokenizer", data.tokenizer},

@@ -88,28 +88,54 @@ void CpuBackend::bias_grad(Tensor dbias, Tensor dout) {
     });
 }
 
-void CpuBackend::encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) {
+namespace {
+// The embedding of tokens over the table rows [vocab_lo, vocab_lo + vocab_rows) (vocab_rows < 0:
+// the whole table), and its backward; invalid wpe, dwte or dwpe are skipped (kernels.h).
+void encode(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t vocab_lo, int64_t vocab_rows) {
     same_dtype(out.dtype, {&wte});
     if (wpe.valid()) same_dtype(out.dtype, {&wpe});
     dispatch(out.dtype, [&](auto s) {
         using S = decltype(s);
         cpu::encoder_forward(ptr<S>(out), tokens.i32(), ptr<S>(wte), wpe.valid() ? ptr<S>(wpe) : nullptr, B_of(out),
-                             T_of(out), int(out.cols()));
+                             T_of(out), int(out.cols()), vocab_lo, vocab_rows);
     });
 }
 
-void CpuBackend::encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) {
+void encode_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t vocab_lo, int64_t vocab_rows) {
     MF_ASSERT(!dwpe.valid() || dwpe.dtype == DType::f32 || dwpe.dtype == dout.dtype);
-    dispatch_grad(dout.dtype, dwte.dtype, [&](auto s, auto ge) {
+    dispatch_grad(dout.dtype, dwte.valid() ? dwte.dtype : DType::f32, [&](auto s, auto ge) {
         using S = decltype(s);
         using GE = decltype(ge);
         auto run = [&](auto gp) {
             using GP = decltype(gp);
-            cpu::encoder_backward(ptr<GE>(dwte), dwpe.valid() ? ptr<GP>(dwpe) : nullptr, ptr<S>(dout), tokens.i32(),
-                                  B_of(dout), T_of(dout), int(dout.cols()));
+            cpu::encoder_backward(dwte.valid() ? ptr<GE>(dwte) : nullptr, dwpe.valid() ? ptr<GP>(dwpe) : nullptr,
+                                  ptr<S>(dout), tokens.i32(), B_of(dout), T_of(dout), int(dout.cols()), vocab_lo,
+                                  vocab_rows);
         };
         if (!dwpe.valid() || dwpe.dtype == DType::f32) run(float{}); else run(S{});
     });
+}
+}  // namespace
+
+void CpuBackend::encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) {
+    encode(out, tokens, wte, wpe, 0, -1);
+}
+
+void CpuBackend::encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) {
+    encode_bwd(dwte, dwpe, dout, tokens, 0, -1);
+}
+
+void CpuBackend::vocab_encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t vocab_lo) {
+    // wte holds whole rows of C = out.cols() (any shape: [Vl, C] or flat).
+    MF_ASSERT(vocab_lo >= 0 && wte.numel() % out.cols() == 0 && tokens.numel() == out.rows());
+    encode(out, tokens, wte, wpe, vocab_lo, wte.numel() / out.cols());
+}
+
+void CpuBackend::vocab_encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t vocab_lo) {
+    MF_ASSERT(vocab_lo >= 0 && tokens.numel() == dout.rows());
+    MF_ASSERT(!dwte.valid() || dwte.numel() % dout.cols() == 0);
+    // A frozen table (invalid dwte): only dwpe, so the shard's size does not matter.
+    encode_bwd(dwte, dwpe, dout, tokens, vocab_lo, dwte.valid() ? dwte.numel() / dout.cols() : 0);
 }
 
 void CpuBackend::layernorm_fwd(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, float eps) {
@@ -341,6 +367,30 @@ void CpuBackend::xent_fwd(Tensor losses, Tensor logits, Tensor targets) {
 
 void CpuBackend::xent_bwd(Tensor probs, Tensor targets, float dloss) {
     cpu::crossentropy_backward(probs.f32(), targets.i32(), dloss, int(probs.rows()), int(probs.cols()));
+}
+
+void CpuBackend::xent_shard_stats(Tensor stats, Tensor logits, Tensor targets, int64_t vocab_lo, int64_t vocab) {
+    const int64_t N = logits.rows();
+    MF_ASSERT(stats.numel() == 2 * N && targets.numel() == N && vocab_lo >= 0);
+    cpu::crossentropy_shard_stats(stats.f32(), logits.f32(), targets.i32(), int(N), int(logits.cols()), vocab_lo,
+                                  vocab);
+}
+
+void CpuBackend::xent_shard_loss(Tensor losses, Tensor lse, Tensor gathered, Tensor targets) {
+    const int64_t N = losses.numel();
+    MF_ASSERT(lse.numel() == N && targets.numel() == N);
+    if (N == 0) return;
+    MF_ASSERT(gathered.numel() % (2 * N) == 0);
+    cpu::crossentropy_shard_loss(losses.f32(), lse.f32(), gathered.f32(), targets.i32(), int(N),
+                                 int(gathered.numel() / (2 * N)));
+}
+
+void CpuBackend::xent_shard_bwd(Tensor logits, Tensor targets, Tensor lse, int64_t vocab_lo, int64_t vocab,
+                                float dloss) {
+    const int64_t N = logits.rows();
+    MF_ASSERT(targets.numel() == N && lse.numel() == N && vocab_lo >= 0);
+    cpu::crossentropy_shard_backward(logits.f32(), targets.i32(), lse.f32(), dloss, int(N), int(logits.cols()),
+                                     vocab_lo, vocab);
 }
 
 void CpuBackend::sum_squares(Tensor out, Tensor x) {

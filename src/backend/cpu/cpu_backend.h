@@ -20,6 +20,8 @@ public:
     void bias_grad(Tensor dbias, Tensor dout) override;
     void encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) override;
     void encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) override;
+    void vocab_encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t vocab_lo) override;
+    void vocab_encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t vocab_lo) override;
     void layernorm_fwd(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, float eps) override;
     void layernorm_bwd(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean,
                        Tensor rstd) override;
@@ -54,6 +56,10 @@ public:
     void take_columns(Tensor d, Tensor src, int64_t col0, float scale) override;
     void xent_fwd(Tensor losses, Tensor logits, Tensor targets) override;
     void xent_bwd(Tensor probs, Tensor targets, float dloss) override;
+    void xent_shard_stats(Tensor stats, Tensor logits, Tensor targets, int64_t vocab_lo, int64_t vocab) override;
+    void xent_shard_loss(Tensor losses, Tensor lse, Tensor gathered, Tensor targets) override;
+    void xent_shard_bwd(Tensor logits, Tensor targets, Tensor lse, int64_t vocab_lo, int64_t vocab,
+                        float dloss) override;
     void sum_squares(Tensor out, Tensor x) override;
     void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy,
                const AdamWHyper & h) override;

@@ -21,12 +21,19 @@
 namespace memfit::cpu {
 
 // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]  (wpe may be null: no position embedding, out = wte rows)
+// A vocabulary shard (vocab_rows >= 0): wte holds the rows of tokens vocab_lo .. vocab_lo+vocab_rows-1
+// (token tok at row tok - vocab_lo), and a token outside them reads a zero row (out = wpe[t], or 0).
+// vocab_rows < 0: the whole table (vocab_lo 0), every token in it.
 template <class S>
-void encoder_forward(S * out, const int32_t * tokens, const S * wte, const S * wpe, int B, int T, int C);
+void encoder_forward(S * out, const int32_t * tokens, const S * wte, const S * wpe, int B, int T, int C,
+                     int64_t vocab_lo = 0, int64_t vocab_rows = -1);
 // dwte[tokens[b,t],:] += dout[b,t,:];  dwpe[t,:] += dout[b,t,:]
-// (dwte and dwpe each float or S, independently; dwpe may be null: only dwte is accumulated.)
+// (dwte and dwpe each float or S, independently; either may be null: that one is skipped.)
+// A vocabulary shard as above: dwte[tok - vocab_lo] receives only the tokens of the shard; dwpe
+// every token.
 template <class GE, class GP, class S>
-void encoder_backward(GE * dwte, GP * dwpe, const S * dout, const int32_t * tokens, int B, int T, int C);
+void encoder_backward(GE * dwte, GP * dwpe, const S * dout, const int32_t * tokens, int B, int T, int C,
+                      int64_t vocab_lo = 0, int64_t vocab_rows = -1);
 
 // out = (inp - mean) * rstd * weight + bias, per row of C; mean/rstd saved per row.
 template <class S>
@@ -63,6 +70,22 @@ void crossentropy_forward(float * losses, float * logits_to_probs, const int32_t
 // In place: probs -> (probs - onehot(target)) * dloss; rows whose target is -100 become 0.
 void crossentropy_backward(float * probs_to_dlogits, const int32_t * targets, float dloss,
                            int N, int V);
+
+// Vocabulary-parallel cross-entropy (tensor parallelism). logits[N,Vl] are the columns vocab_lo ..
+// vocab_lo+Vl-1 of a vocabulary of V entries; columns at or past V are padding, never read.
+// stats[i] = log sum_j exp(logits[i,j]) over the valid columns (-inf when there are none);
+// stats[N + i] = logits[i, target_i - vocab_lo] when the shard holds target_i, else 0 (also for
+// ignored rows). logits are not modified.
+void crossentropy_shard_stats(float * stats, const float * logits, const int32_t * targets, int N, int Vl,
+                              int64_t vocab_lo, int64_t V);
+// gathered[R,2,N]: every shard's stats. lse[i] = log sum_r exp(gathered[r,0,i]) (-inf terms add
+// nothing); losses[i] = lse[i] - sum_r gathered[r,1,i], 0 where targets[i] == -100.
+void crossentropy_shard_loss(float * losses, float * lse, const float * gathered, const int32_t * targets, int N,
+                             int R);
+// In place: logits -> (exp(logits - lse[i]) - onehot(target_i - vocab_lo)) * dloss; padding
+// columns and rows whose target is -100 become 0.
+void crossentropy_shard_backward(float * logits_to_dlogits, const int32_t * targets, const float * lse, float dloss,
+                                 int N, int Vl, int64_t vocab_lo, int64_t V);
 
 // dbias[j] += sum_i dout[i, j]
 template <class G, class S>

@@ -30,23 +30,38 @@ int col_blocks(int cols) { return (cols + kColBlock - 1) / kColBlock; }
 template <class G>
 inline void add_to(G & g, float acc) { g = from_f32<G>(to_f32(g) + acc); }
 
-// dwte += dout rows, for a low-precision dwte: rows are grouped by token (sorted by token, then
-// row), each token's rows are summed in fp32 in row order, and the sum is added once. Tokens
-// are independent rows of dwte, so they are the parallel tasks.
+// The rows of the embedding table a kernel holds: tokens lo .. lo+n-1 at rows 0 .. n-1, or, with
+// n < 0, the whole table (every token at its own row).
+struct VocabShard {
+    int64_t lo = 0, n = -1;
+    // The table row of token tok, or -1 when another shard holds it.
+    int64_t row(int32_t tok) const {
+        MF_ASSERT(tok >= 0);
+        const int64_t r = tok - lo;
+        return n < 0 || (r >= 0 && r < n) ? r : -1;
+    }
+};
+
+// dwte += dout rows, for a low-precision dwte: rows are grouped by table row (sorted by it, then
+// by row), each group's rows are summed in fp32 in row order, and the sum is added once. Table
+// rows are independent, so the groups are the parallel tasks. Tokens of other shards are skipped.
 template <class G, class S>
-void encoder_backward_wte_grouped(G * dwte, const S * dout, const int32_t * tokens, int rows, int C) {
-    std::vector<std::pair<int32_t, int>> order(static_cast<size_t>(rows));
+void encoder_backward_wte_grouped(G * dwte, const S * dout, const int32_t * tokens, int rows, int C,
+                                  VocabShard shard) {
+    std::vector<std::pair<int64_t, int>> order;
+    order.reserve(static_cast<size_t>(rows));
     for (int r = 0; r < rows; ++r) {
-        MF_ASSERT(tokens[r] >= 0);
-        order[static_cast<size_t>(r)] = {tokens[r], r};
+        const int64_t e = shard.row(tokens[r]);
+        if (e >= 0) order.emplace_back(e, r);
     }
     std::sort(order.begin(), order.end());
-    std::vector<int> starts;  // first index in `order` of each token's group, then `rows`
-    for (int i = 0; i < rows; ++i)
+    const int n = static_cast<int>(order.size());
+    std::vector<int> starts;  // first index in `order` of each table row's group, then `n`
+    for (int i = 0; i < n; ++i)
         if (i == 0 || order[static_cast<size_t>(i)].first != order[static_cast<size_t>(i - 1)].first)
             starts.push_back(i);
     const int groups = static_cast<int>(starts.size());
-    starts.push_back(rows);
+    starts.push_back(n);
 #pragma omp parallel
     {
         std::vector<float> acc(static_cast<size_t>(C));
@@ -69,9 +84,9 @@ void encoder_backward_wte_grouped(G * dwte, const S * dout, const int32_t * toke
 
 // dwte += dout rows alone. A float dwte: parallel over column blocks, each visiting the rows in
 // order (the same additions in the same order as encoder_backward's fused fp32 loop); a
-// low-precision one: grouped by token (above).
+// low-precision one: grouped by table row (above).
 template <class GE, class S>
-void encoder_backward_wte(GE * dwte, const S * dout, const int32_t * tokens, int rows, int C) {
+void encoder_backward_wte(GE * dwte, const S * dout, const int32_t * tokens, int rows, int C, VocabShard shard) {
     if constexpr (std::is_same_v<GE, float>) {
         const int nblk = col_blocks(C);
 #pragma omp parallel for schedule(static)
@@ -79,15 +94,80 @@ void encoder_backward_wte(GE * dwte, const S * dout, const int32_t * tokens, int
             const int c0 = blk * kColBlock;
             const int nc = std::min(kColBlock, C - c0);
             for (int r = 0; r < rows; ++r) {
-                MF_ASSERT(tokens[r] >= 0);
+                const int64_t e = shard.row(tokens[r]);
+                if (e < 0) continue;
                 const S * d = dout + static_cast<size_t>(r) * C + c0;
-                float * ge = dwte + static_cast<size_t>(tokens[r]) * C + c0;
+                float * ge = dwte + static_cast<size_t>(e) * C + c0;
 #pragma omp simd
                 for (int c = 0; c < nc; ++c) ge[c] += to_f32(d[c]);
             }
         }
     } else {
-        encoder_backward_wte_grouped(dwte, dout, tokens, rows, C);
+        encoder_backward_wte_grouped(dwte, dout, tokens, rows, C, shard);
+    }
+}
+
+// dwte and dwpe in fp32 in one pass. Tokens repeat, so rows of dwte collide: parallelise over
+// column blocks instead; each block visits the (b,t) rows in order, which also fixes the
+// summation order.
+template <class S>
+void encoder_backward_fused(float * dwte, float * dwpe, const S * dout, const int32_t * tokens, int B, int T, int C,
+                            VocabShard shard) {
+    const int nblk = col_blocks(C);
+#pragma omp parallel for schedule(static)
+    for (int blk = 0; blk < nblk; ++blk) {
+        const int c0 = blk * kColBlock;
+        const int nc = std::min(kColBlock, C - c0);
+        for (int b = 0; b < B; ++b) {
+            for (int t = 0; t < T; ++t) {
+                const size_t r = static_cast<size_t>(b) * T + t;
+                const int64_t e = shard.row(tokens[r]);
+                const S * d = dout + r * C + c0;
+                float * gp = dwpe + static_cast<size_t>(t) * C + c0;
+                if (e < 0) {
+#pragma omp simd
+                    for (int c = 0; c < nc; ++c) gp[c] += to_f32(d[c]);
+                    continue;
+                }
+                float * ge = dwte + static_cast<size_t>(e) * C + c0;
+#pragma omp simd
+                for (int c = 0; c < nc; ++c) {
+                    ge[c] += to_f32(d[c]);
+                    gp[c] += to_f32(d[c]);
+                }
+            }
+        }
+    }
+}
+
+// dwpe += dout summed over the batch: rows t are independent; each element sums b in order (for
+// a float dwpe, the same additions in the same order as the fused loop), a low-precision one gets
+// one rounded add.
+template <class GP, class S>
+void encoder_backward_wpe(GP * dwpe, const S * dout, int B, int T, int C) {
+#pragma omp parallel
+    {
+        std::vector<float> acc(std::is_same_v<GP, float> ? 0 : static_cast<size_t>(C));
+#pragma omp for schedule(static)
+        for (int t = 0; t < T; ++t) {
+            GP * gp = dwpe + static_cast<size_t>(t) * C;
+            float * a = nullptr;
+            if constexpr (std::is_same_v<GP, float>) {
+                a = gp;
+            } else {
+                a = acc.data();
+                std::fill(acc.begin(), acc.end(), 0.0f);
+            }
+            for (int b = 0; b < B; ++b) {
+                const S * d = dout + (static_cast<size_t>(b) * T + t) * C;
+#pragma omp simd
+                for (int c = 0; c < C; ++c) a[c] += to_f32(d[c]);
+            }
+            if constexpr (!std::is_same_v<GP, float>) {
+#pragma omp simd
+                for (int c = 0; c < C; ++c) add_to(gp[c], a[c]);
+            }
+        }
     }
 }
 
@@ -97,93 +177,44 @@ void encoder_backward_wte(GE * dwte, const S * dout, const int32_t * tokens, int
 // Encoder
 
 template <class S>
-void encoder_forward(S * out, const int32_t * tokens, const S * wte, const S * wpe, int B, int T, int C) {
+void encoder_forward(S * out, const int32_t * tokens, const S * wte, const S * wpe, int B, int T, int C,
+                     int64_t vocab_lo, int64_t vocab_rows) {
+    const VocabShard shard{vocab_lo, vocab_rows};
     const int rows = B * T;
-    if (wpe == nullptr) {
-        // No position embedding (LLaMA): a gather of token rows.
-#pragma omp parallel for schedule(static)
-        for (int r = 0; r < rows; ++r) {
-            const int32_t tok = tokens[r];
-            MF_ASSERT(tok >= 0);
-            S * o = out + static_cast<size_t>(r) * C;
-            const S * e = wte + static_cast<size_t>(tok) * C;
-#pragma omp simd
-            for (int c = 0; c < C; ++c) o[c] = e[c];
-        }
-        return;
-    }
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; ++r) {
-        const int t = r % T;
-        const int32_t tok = tokens[r];
-        MF_ASSERT(tok >= 0);
+        const int64_t e = shard.row(tokens[r]);
         S * o = out + static_cast<size_t>(r) * C;
-        const S * e = wte + static_cast<size_t>(tok) * C;
-        const S * p = wpe + static_cast<size_t>(t) * C;
+        const S * w = e < 0 ? nullptr : wte + static_cast<size_t>(e) * C;
+        const S * p = wpe == nullptr ? nullptr : wpe + static_cast<size_t>(r % T) * C;
+        if (w != nullptr && p != nullptr) {
 #pragma omp simd
-        for (int c = 0; c < C; ++c) o[c] = from_f32<S>(to_f32(e[c]) + to_f32(p[c]));
+            for (int c = 0; c < C; ++c) o[c] = from_f32<S>(to_f32(w[c]) + to_f32(p[c]));
+        } else if (w != nullptr || p != nullptr) {
+            // One term (a gather of token rows without position embedding, as in LLaMA, or the
+            // position row alone for a token of another shard): copied exactly.
+            const S * src = w != nullptr ? w : p;
+#pragma omp simd
+            for (int c = 0; c < C; ++c) o[c] = src[c];
+        } else {
+#pragma omp simd
+            for (int c = 0; c < C; ++c) o[c] = from_f32<S>(0.0f);
+        }
     }
 }
 
 template <class GE, class GP, class S>
-void encoder_backward(GE * dwte, GP * dwpe, const S * dout, const int32_t * tokens, int B, int T, int C) {
-    if (dwpe == nullptr) {  // no position embedding (LLaMA): only dwte
-        encoder_backward_wte(dwte, dout, tokens, B * T, C);
-        return;
-    }
+void encoder_backward(GE * dwte, GP * dwpe, const S * dout, const int32_t * tokens, int B, int T, int C,
+                      int64_t vocab_lo, int64_t vocab_rows) {
+    const VocabShard shard{vocab_lo, vocab_rows};
     if constexpr (std::is_same_v<GE, float> && std::is_same_v<GP, float>) {
-        // Tokens repeat, so rows of dwte collide: parallelise over column blocks instead; each
-        // block visits the (b,t) rows in order, which also fixes the summation order.
-        const int nblk = col_blocks(C);
-#pragma omp parallel for schedule(static)
-        for (int blk = 0; blk < nblk; ++blk) {
-            const int c0 = blk * kColBlock;
-            const int nc = std::min(kColBlock, C - c0);
-            for (int b = 0; b < B; ++b) {
-                for (int t = 0; t < T; ++t) {
-                    const size_t r = static_cast<size_t>(b) * T + t;
-                    const int32_t tok = tokens[r];
-                    MF_ASSERT(tok >= 0);
-                    const S * d = dout + r * C + c0;
-                    float * ge = dwte + static_cast<size_t>(tok) * C + c0;
-                    float * gp = dwpe + static_cast<size_t>(t) * C + c0;
-#pragma omp simd
-                    for (int c = 0; c < nc; ++c) {
-                        ge[c] += to_f32(d[c]);
-                        gp[c] += to_f32(d[c]);
-                    }
-                }
-            }
+        if (dwte != nullptr && dwpe != nullptr) {
+            encoder_backward_fused(dwte, dwpe, dout, tokens, B, T, C, shard);
+            return;
         }
-    } else {
-        // dwpe: rows t are independent; each element sums b in order (for a float dwpe, the same
-        // additions in the same order as above), a low-precision one gets one rounded add.
-#pragma omp parallel
-        {
-            std::vector<float> acc(std::is_same_v<GP, float> ? 0 : static_cast<size_t>(C));
-#pragma omp for schedule(static)
-            for (int t = 0; t < T; ++t) {
-                GP * gp = dwpe + static_cast<size_t>(t) * C;
-                float * a = nullptr;
-                if constexpr (std::is_same_v<GP, float>) {
-                    a = gp;
-                } else {
-                    a = acc.data();
-                    std::fill(acc.begin(), acc.end(), 0.0f);
-                }
-                for (int b = 0; b < B; ++b) {
-                    const S * d = dout + (static_cast<size_t>(b) * T + t) * C;
-#pragma omp simd
-                    for (int c = 0; c < C; ++c) a[c] += to_f32(d[c]);
-                }
-                if constexpr (!std::is_same_v<GP, float>) {
-#pragma omp simd
-                    for (int c = 0; c < C; ++c) add_to(gp[c], a[c]);
-                }
-            }
-        }
-        encoder_backward_wte(dwte, dout, tokens, B * T, C);
     }
+    if (dwpe != nullptr) encoder_backward_wpe(dwpe, dout, B, T, C);
+    if (dwte != nullptr) encoder_backward_wte(dwte, dout, tokens, B * T, C, shard);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -371,9 +402,10 @@ void adamw_update_mixed(float * param, P * param_copy, const G * grad, float * m
 // Instantiations: S in {float, bf16_t, f16_t}; parameter gradients float or S.
 
 #define MF_INST_ALL(S)                                                                                  \
-    template void encoder_forward<S>(S *, const int32_t *, const S *, const S *, int, int, int);        \
+    template void encoder_forward<S>(S *, const int32_t *, const S *, const S *, int, int, int, int64_t, \
+                                     int64_t);                                                          \
     template void encoder_backward<float, float, S>(float *, float *, const S *, const int32_t *, int,  \
-                                                    int, int);                                          \
+                                                    int, int, int64_t, int64_t);                        \
     template void layernorm_forward<S>(S *, float *, float *, const S *, const S *, const S *, int, int, \
                                        float);                                                          \
     template void layernorm_backward<float, S>(S *, float *, float *, const S *, const S *, const S *,  \
@@ -387,9 +419,12 @@ void adamw_update_mixed(float * param, P * param_copy, const G * grad, float * m
     template void adamw_update_mixed<S, f16_t>(float *, f16_t *, const S *, float *, float *, size_t,   \
                                                float, float, float, float, float, int, float);
 #define MF_INST_LOWP(S)                                                                                 \
-    template void encoder_backward<S, S, S>(S *, S *, const S *, const int32_t *, int, int, int);       \
-    template void encoder_backward<float, S, S>(float *, S *, const S *, const int32_t *, int, int, int); \
-    template void encoder_backward<S, float, S>(S *, float *, const S *, const int32_t *, int, int, int); \
+    template void encoder_backward<S, S, S>(S *, S *, const S *, const int32_t *, int, int, int, int64_t, \
+                                            int64_t);                                                   \
+    template void encoder_backward<float, S, S>(float *, S *, const S *, const int32_t *, int, int, int,  \
+                                                int64_t, int64_t);                                      \
+    template void encoder_backward<S, float, S>(S *, float *, const S *, const int32_t *, int, int, int,  \
+                                                int64_t, int64_t);                                      \
     template void layernorm_backward<S, S>(S *, S *, S *, const S *, const S *, const S *, const float *, \
                                            const float *, int, int);                                    \
     template void bias_backward<S, S>(S *, const S *, int, int);

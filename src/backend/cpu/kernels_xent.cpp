@@ -3,10 +3,16 @@
 // the ignore index (-100) still get their softmax in the forward (loss 0); the backward zeroes
 // them. The row sum of exponentials is accumulated in double (the loop is scalar anyway: glibc's
 // expf does not vectorise without -ffast-math).
+//
+// The vocabulary-parallel kernels split the same arithmetic over shards of columns: each shard's
+// log-sum-exp (its own max first), the shards' combined in double (max first again), then the
+// probabilities exp(logit - lse) directly, with no second normalisation.
 #include "backend/cpu/kernels.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <limits>
 
 #include "core/error.h"
 
@@ -14,6 +20,19 @@ namespace memfit::cpu {
 
 namespace {
 constexpr int32_t kIgnoreIndex = -100;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// The shard's valid columns: those below the vocabulary size (the rest pad the last shard).
+int valid_columns(int Vl, int64_t vocab_lo, int64_t V) {
+    return static_cast<int>(std::clamp<int64_t>(V - vocab_lo, 0, Vl));
+}
+
+// The column of target t in the shard, or -1 when the shard does not hold it (or it is ignored).
+int shard_column(int32_t t, int64_t vocab_lo, int valid) {
+    MF_ASSERT(t == kIgnoreIndex || t >= 0);
+    const int64_t j = int64_t(t) - vocab_lo;
+    return t != kIgnoreIndex && j >= 0 && j < valid ? static_cast<int>(j) : -1;
+}
 }  // namespace
 
 void crossentropy_forward(float * losses, float * logits_to_probs, const int32_t * targets,
@@ -61,6 +80,74 @@ void crossentropy_backward(float * probs_to_dlogits, const int32_t * targets, fl
 #pragma omp simd
         for (int j = 0; j < V; ++j) row[j] *= dloss;
         row[target] = (p_target - 1.0f) * dloss;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Vocabulary-parallel
+
+void crossentropy_shard_stats(float * stats, const float * logits, const int32_t * targets, int N, int Vl,
+                              int64_t vocab_lo, int64_t V) {
+    const int nv = valid_columns(Vl, vocab_lo, V);
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < N; ++r) {
+        const float * row = logits + static_cast<size_t>(r) * Vl;
+        MF_ASSERT(targets[r] == kIgnoreIndex || targets[r] < V);
+        const int col = shard_column(targets[r], vocab_lo, nv);
+        stats[static_cast<size_t>(N) + r] = col < 0 ? 0.0f : row[col];
+        if (nv == 0) {
+            stats[r] = kNegInf;
+            continue;
+        }
+        float maxv = row[0];
+#pragma omp simd reduction(max : maxv)
+        for (int j = 0; j < nv; ++j) maxv = row[j] > maxv ? row[j] : maxv;
+        double sum = 0.0;
+        for (int j = 0; j < nv; ++j) sum += std::exp(row[j] - maxv);
+        stats[r] = static_cast<float>(static_cast<double>(maxv) + std::log(sum));
+    }
+}
+
+void crossentropy_shard_loss(float * losses, float * lse, const float * gathered, const int32_t * targets, int N,
+                             int R) {
+    const size_t stride = 2 * static_cast<size_t>(N);   // one shard's stats
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; ++i) {
+        float maxv = kNegInf;
+        for (int r = 0; r < R; ++r) maxv = std::max(maxv, gathered[r * stride + i]);
+        double sum = 0.0, target_logit = 0.0;
+        for (int r = 0; r < R; ++r) {
+            const float s = gathered[r * stride + i];
+            if (s != kNegInf) sum += std::exp(static_cast<double>(s) - maxv);
+            target_logit += gathered[r * stride + static_cast<size_t>(N) + i];
+        }
+        const double l = maxv == kNegInf ? -std::numeric_limits<double>::infinity()
+                                         : static_cast<double>(maxv) + std::log(sum);
+        lse[i] = static_cast<float>(l);
+        losses[i] = targets[i] == kIgnoreIndex ? 0.0f : static_cast<float>(l - target_logit);
+    }
+}
+
+void crossentropy_shard_backward(float * logits_to_dlogits, const int32_t * targets, const float * lse, float dloss,
+                                 int N, int Vl, int64_t vocab_lo, int64_t V) {
+    const int nv = valid_columns(Vl, vocab_lo, V);
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < N; ++r) {
+        float * row = logits_to_dlogits + static_cast<size_t>(r) * Vl;
+        const int32_t target = targets[r];
+        if (target == kIgnoreIndex) {
+#pragma omp simd
+            for (int j = 0; j < Vl; ++j) row[j] = 0.0f;
+            continue;
+        }
+        MF_ASSERT(target >= 0 && target < V);
+        const int col = shard_column(target, vocab_lo, nv);
+        const float l = lse[r];
+        const float p_target = col < 0 ? 0.0f : std::exp(row[col] - l);
+        for (int j = 0; j < nv; ++j) row[j] = std::exp(row[j] - l) * dloss;
+#pragma omp simd
+        for (int j = nv; j < Vl; ++j) row[j] = 0.0f;
+        if (col >= 0) row[col] = (p_target - 1.0f) * dloss;
     }
 }
 

@@ -1,0 +1,122 @@
+#include "model/tensor_parallel.h"
+
+#include <algorithm>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "model/param_layout.h"
+
+namespace memfit {
+
+namespace {
+
+// How a parameter is split: replicated, by vocabulary rows, or along `dim` into T pieces inside
+// each of `parts` equal blocks (GPT-2's fused c_attn holds q|k|v as three column blocks).
+struct Split {
+    enum Kind { replicated, vocab, split } kind = replicated;
+    int dim = 0, parts = 1;
+};
+
+Split split_of(const std::string & name) {
+    auto ends = [&](const char * s) { return name.ends_with(s); };
+    if (ends("wte.weight") || ends("embed_tokens.weight") || ends("lm_head.weight")) return {Split::vocab, 0, 1};
+    // GPT-2 Conv1D weights are [in, out]: column-parallel splits dim 1, row-parallel dim 0.
+    if (ends("attn.c_attn.weight")) return {Split::split, 1, 3};
+    if (ends("attn.c_attn.bias")) return {Split::split, 0, 3};
+    if (ends("mlp.c_fc.weight")) return {Split::split, 1, 1};
+    if (ends("mlp.c_fc.bias")) return {Split::split, 0, 1};
+    if (ends("attn.c_proj.weight") || ends("mlp.c_proj.weight")) return {Split::split, 0, 1};
+    // LLaMA Linear weights are [out, in].
+    if (ends("q_proj.weight") || ends("k_proj.weight") || ends("v_proj.weight") || ends("gate_proj.weight") ||
+        ends("up_proj.weight"))
+        return {Split::split, 0, 1};
+    if (ends("o_proj.weight") || ends("down_proj.weight")) return {Split::split, 1, 1};
+    return {};   // norms, wpe, row-parallel biases
+}
+
+}  // namespace
+
+ModelConfig tp_local_config(const ModelConfig & cfg, int T) {
+    MF_ASSERT(T >= 1);
+    if (T == 1) return cfg;
+    auto refuse = [&](const char * what, int n) {
+        throw ConfigError(fmt::format("--tp {}: model '{}' has {} = {}, not divisible by {}; pick a --tp that divides it",
+                                      T, cfg.name, what, n, T));
+    };
+    if (cfg.n_head % T) refuse("n_head", cfg.n_head);
+    if (cfg.kv_heads() % T) refuse("n_kv_head", cfg.kv_heads());
+    if (cfg.ffn_dim() % T) refuse("ffn", cfg.ffn_dim());
+    MF_ASSERT(cfg.vocab_size > 0);
+    ModelConfig l = cfg;
+    l.head_size = cfg.head_dim();
+    l.n_head = cfg.n_head / T;
+    l.n_kv_head = cfg.n_kv_head > 0 ? cfg.n_kv_head / T : 0;
+    l.ffn = cfg.ffn_dim() / T;
+    l.vocab_size = (cfg.vocab_size + T - 1) / T;
+    return l;
+}
+
+std::vector<TpRun> tp_runs(const ModelConfig & cfg, int T, int r) {
+    MF_ASSERT(r >= 0 && r < T);
+    const ParamLayout full = make_param_layout(cfg), local = make_param_layout(tp_local_config(cfg, T));
+    MF_ASSERT(full.params.size() == local.params.size());
+    std::vector<TpRun> runs;
+    for (size_t i = 0; i < full.params.size(); ++i) {
+        const ParamInfo & f = full.params[i];
+        const ParamInfo & l = local.params[i];
+        MF_ASSERT(f.name == l.name);
+        const Split s = split_of(f.name);
+        const size_t R1 = f.shape.size() > 1 ? size_t(f.shape[1]) : 1;
+        if (s.kind == Split::replicated || T == 1) {
+            MF_ASSERT(f.numel == l.numel);
+            runs.push_back({f.offset, l.offset, f.numel});
+            continue;
+        }
+        if (s.kind == Split::vocab) {
+            const size_t rows = size_t(l.shape[0]), lo = size_t(r) * rows, V = size_t(f.shape[0]);
+            if (lo < V) runs.push_back({f.offset + lo * R1, l.offset, (std::min(V, lo + rows) - lo) * R1});
+            continue;
+        }
+        const size_t E = size_t(f.shape[size_t(s.dim)]), block = E / size_t(s.parts), piece = block / size_t(T);
+        MF_ASSERT(block * size_t(s.parts) == E && piece * size_t(T) == block);
+        MF_ASSERT(size_t(l.shape[size_t(s.dim)]) == piece * size_t(s.parts));
+        if (s.dim == 0) {
+            for (int p = 0; p < s.parts; ++p)
+                runs.push_back({f.offset + (size_t(p) * block + size_t(r) * piece) * R1,
+                                l.offset + size_t(p) * piece * R1, piece * R1});
+            continue;
+        }
+        const size_t rows = size_t(f.shape[0]), lcols = piece * size_t(s.parts);
+        for (size_t row = 0; row < rows; ++row)
+            for (int p = 0; p < s.parts; ++p)
+                runs.push_back({f.offset + row * R1 + size_t(p) * block + size_t(r) * piece,
+                                l.offset + row * lcols + size_t(p) * piece, piece});
+    }
+    return runs;
+}
+
+std::vector<TpRange> tp_replicated(const ModelConfig & cfg, int T) {
+    std::vector<TpRange> out;
+    for (const auto & p : make_param_layout(tp_local_config(cfg, T)).params) {
+        if (T > 1 && split_of(p.name).kind != Split::replicated) continue;
+        if (!out.empty() && out.back().b == p.offset) out.back().b += p.numel;
+        else out.push_back({p.offset, p.offset + p.numel});
+    }
+    return out;
+}
+
+std::vector<float> tp_slice(const ModelConfig & cfg, int T, int r, const float * full) {
+    std::vector<float> local(make_param_layout(tp_local_config(cfg, T)).total, 0.0f);
+    for (const auto & run : tp_runs(cfg, T, r)) std::copy_n(full + run.full, run.n, local.data() + run.local);
+    return local;
+}
+
+void tp_assemble(const ModelConfig & cfg, int T, const std::vector<const float *> & slices, float * full) {
+    MF_ASSERT(slices.size() == size_t(T));
+    for (int r = 0; r < T; ++r)
+        for (const auto & run : tp_runs(cfg, T, r)) std::copy_n(slices[size_t(r)] + run.local, run.n, full + run.full);
+}
+
+}  // namespace memfit

@@ -1,0 +1,50 @@
+// Tensor parallelism (Megatron-LM, Shoeybi et al. 2019): each of T ranks holds a slice of every
+// block. Attention is split by heads (q|k|v column-parallel, the output projection
+// row-parallel), the MLP by its hidden width (first matmul column-parallel, second
+// row-parallel), and the token embedding and LM head by vocabulary rows (the last rank's slice
+// padded to ceil(V/T) rows). Norms, GPT-2's position table and the row-parallel biases are
+// replicated: every rank holds and updates the same copy (their gradients come from activations
+// every rank has whole).
+//
+// A rank's slice is itself a model (tp_local_config): NH/T heads of the same head dimension,
+// KVH/T KV heads, MLP width F/T, ceil(V/T) vocabulary rows. Its flat buffer is
+// make_param_layout(local), and tp_runs maps it onto the whole model's.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "model/config.h"
+
+namespace memfit {
+
+struct TensorParallel {
+    int  ranks = 1, rank = 0;
+    int  vocab = 0;          // the whole vocabulary (the local config holds the padded slice)
+    bool sequence = false;   // sequence parallel (Korthikanti et al. 2022)
+    bool enabled() const { return ranks > 1; }
+    // The first vocabulary row this rank's embedding and head slice holds.
+    int vocab_lo(const ModelConfig & local) const { return rank * local.vocab_size; }
+};
+
+// The model one of T ranks holds. ConfigError (one line, with the numbers) when the heads, the
+// KV heads or the MLP width do not divide by T. T = 1: cfg itself.
+ModelConfig tp_local_config(const ModelConfig & cfg, int T);
+
+// Elements [local, local + n) of rank r's flat buffer are [full, full + n) of the whole
+// model's. Every local element is covered exactly once except the padding rows of the last
+// vocabulary slice (zero); replicated parameters are covered by every rank.
+struct TpRun { size_t full, local, n; };
+std::vector<TpRun> tp_runs(const ModelConfig & cfg, int T, int r);
+
+// The local parameter ranges whose gradients every rank holds identically (replicated
+// parameters), as [a, b) element ranges of the local flat buffer, merged; the rest is split.
+struct TpRange { size_t a, b; };
+std::vector<TpRange> tp_replicated(const ModelConfig & cfg, int T);
+
+// Rank r's slice taken from the whole model's weights (padding rows zero).
+std::vector<float> tp_slice(const ModelConfig & cfg, int T, int r, const float * full);
+// The whole model from every rank's slice, in rank order.
+void tp_assemble(const ModelConfig & cfg, int T, const std::vector<const float *> & slices, float * full);
+
+}  // namespace memfit
