@@ -57,13 +57,12 @@ TEST(TensorParallelSlices, ReplicatedParametersAreTheNormsBiasesAndPositions) {
     const ModelConfig cfg = test::small_family(false, 37, 32, 2, 4, 48);
     const ParamLayout local = make_param_layout(tp_local_config(cfg, 2));
     size_t replicated = 0;
-    for (const auto & r : tp_replicated(cfg, 2)) replicated += r.b - r.a;
+    for (const auto & r : tp_replicated(local, 2)) replicated += r.b - r.a;
     // wpe, and per block ln_1, ln_2 (weight, bias), attn.c_proj.bias, mlp.c_proj.bias; ln_f.
     const size_t C = size_t(cfg.n_embd);
     EXPECT_EQ(replicated, size_t(cfg.max_seq) * C + size_t(cfg.n_layer) * 6 * C + 2 * C);
-    EXPECT_EQ(tp_replicated(cfg, 1).size(), 1u);   // no split: everything, one range
-    EXPECT_EQ(tp_replicated(cfg, 1)[0].b, make_param_layout(cfg).total);
-    (void) local;
+    EXPECT_EQ(tp_replicated(make_param_layout(cfg), 1).size(), 1u);   // no split: everything, one range
+    EXPECT_EQ(tp_replicated(make_param_layout(cfg), 1)[0].b, make_param_layout(cfg).total);
 }
 
 TEST(TensorParallelSlices, HeadsThatDoNotDivideAreOneClearError) {

@@ -264,13 +264,44 @@ void Graph::comm_wait(int slot, std::initializer_list<Tensor> uses) {
     end();
 }
 
+void Graph::blocking_sum(Communicator * c, Tensor t, Tensor scratch) {
+    const Tensor r = resolve(t);
+    float * s = scratch_ptr(scratch.valid() ? resolve(scratch) : Tensor{},
+                            comm_scratch_elems(r.dtype, c->size(), size_t(r.numel())));
+    c->iall_reduce_sum(r.data, size_t(r.numel()), r.dtype, s)->wait();
+}
+
 void Graph::tp_all_reduce(Tensor t, Tensor scratch) {
     if (begin("tp_all_reduce", double(t.numel()), {t, scratch})) {
         MF_ASSERT(tp_comm_ && "set_tensor_communicator() before tensor-parallel collectives");
-        const Tensor r = resolve(t);
-        float * s = scratch_ptr(scratch.valid() ? resolve(scratch) : Tensor{},
-                                comm_scratch_elems(r.dtype, tp_comm_->size(), size_t(r.numel())));
-        tp_comm_->iall_reduce_sum(r.data, size_t(r.numel()), r.dtype, s)->wait();
+        blocking_sum(tp_comm_, t, scratch);
+    }
+    end();
+}
+
+void Graph::pp_all_reduce(Tensor t, Tensor scratch) {
+    if (begin("pp_all_reduce", double(t.numel()), {t, scratch})) {
+        MF_ASSERT(pp_comm_ && "set_pipeline_communicator() before pipeline collectives");
+        blocking_sum(pp_comm_, t, scratch);
+    }
+    end();
+}
+
+void Graph::emb_all_reduce(Tensor t, Tensor scratch) {
+    if (begin("emb_all_reduce", double(t.numel()), {t, scratch})) {
+        MF_ASSERT(emb_comm_ && "set_embedding_communicator() before summing a tied embedding");
+        blocking_sum(emb_comm_, t, scratch);
+    }
+    end();
+}
+
+void Graph::pp_exchange(Tensor send, int dst, int send_tag, Tensor recv, int src, int recv_tag) {
+    if (begin("pp_exchange", 0, {send, recv})) {
+        MF_ASSERT(pp_comm_ && "set_pipeline_communicator() before pipeline transfers");
+        MF_ASSERT(send.valid() == (dst >= 0) && recv.valid() == (src >= 0));
+        const Tensor a = send.valid() ? resolve(send) : Tensor{}, b = recv.valid() ? resolve(recv) : Tensor{};
+        pp_comm_->sendrecv(a.data, a.valid() ? a.nbytes() : 0, dst, send_tag, b.data, b.valid() ? b.nbytes() : 0,
+                           src, recv_tag);
     }
     end();
 }

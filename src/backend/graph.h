@@ -102,6 +102,16 @@ public:
     // in[R * out.numel()] summed element-wise over the ranks; out (disjoint from in) receives this
     // rank's slot of the sum, in[rank * n .. (rank+1) * n).
     void tp_reduce_scatter(Tensor out, Tensor in, Tensor scratch = {});
+    // Pipeline parallelism: the pipeline group (its rank s is stage s) and the embedding group
+    // (the first and last stages, which both hold a tied embedding; null when none is tied).
+    void set_pipeline_communicator(Communicator * c) { pp_comm_ = c; }
+    void set_embedding_communicator(Communicator * c) { emb_comm_ = c; }
+    // One op, both halves at once (Communicator::sendrecv): `send` to stage dst with send_tag and
+    // `recv` from stage src with recv_tag; an invalid tensor skips its half.
+    void pp_exchange(Tensor send, int dst, int send_tag, Tensor recv, int src, int recv_tag);
+    // t summed (blocking) over the pipeline group, or over the embedding group.
+    void pp_all_reduce(Tensor t, Tensor scratch = {});
+    void emb_all_reduce(Tensor t, Tensor scratch = {});
 
     // wpe / dwpe may be invalid (Tensor{}): no position embedding.
     void encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe);
@@ -170,6 +180,9 @@ private:
     uint64_t seed_ = 0;
     Communicator * comm_ = nullptr;
     Communicator * tp_comm_ = nullptr;   // tensor-parallel group
+    Communicator * pp_comm_ = nullptr, * emb_comm_ = nullptr;
+    // t summed in place over c (blocking; a 16-bit sum through scratch's fp32 copy).
+    void blocking_sum(Communicator * c, Tensor t, Tensor scratch);
     std::vector<std::unique_ptr<CommRequest>> pending_;   // by slot
 };
 

@@ -12,6 +12,12 @@
 
 namespace memfit {
 
+void Communicator::sendrecv(const void * send_data, size_t send_bytes, int dst, int send_tag, void * recv_data,
+                            size_t recv_bytes, int src, int recv_tag) {
+    if (dst >= 0) send(send_data, send_bytes, dst, send_tag);
+    if (src >= 0) recv(recv_data, recv_bytes, src, recv_tag);
+}
+
 std::vector<uint64_t> Communicator::all_gather_u64(uint64_t v) {
     std::vector<uint64_t> out(static_cast<size_t>(size()));
     all_gather(&v, out.data(), sizeof v);

@@ -82,6 +82,12 @@ public:
     virtual void send(const void * data, size_t bytes, int dst, int tag) = 0;
     virtual void recv(void * data, size_t bytes, int src, int tag) = 0;
     virtual void barrier() = 0;
+    // Both halves of a neighbour exchange at once: `send_bytes` of `send` to rank dst (tag
+    // send_tag) while `recv_bytes` arrive into `recv` from rank src (tag recv_tag); dst or src < 0
+    // skips that half. Neither half waits for the other, so pipeline stages passing activations
+    // one way and gradients the other cannot deadlock. The default: send, then recv (single).
+    virtual void sendrecv(const void * send, size_t send_bytes, int dst, int send_tag, void * recv,
+                          size_t recv_bytes, int src, int recv_tag);
 
     // A new communicator over the ranks of this one that pass the same color (>= 0), ranked by
     // key (ties by rank here), like MPI_Comm_split. Collective: every rank of this communicator

@@ -66,6 +66,9 @@ struct ProcessGroups {
     int world_rank = 0;
     RankCoords coords;
     std::unique_ptr<Communicator> tp, pp, dp;
+    // With pp > 1: the first and the last stage of this rank's pipeline (a tied embedding's two
+    // copies sum their gradients over it); null otherwise.
+    std::unique_ptr<Communicator> emb;
 
     // Throws ConfigError when world.size() != layout.world().
     ProcessGroups(Communicator & world, const ParallelLayout & l);

@@ -424,6 +424,39 @@ public:
         } while (off < bytes);
     }
 
+    void sendrecv(const void * send_data, size_t send_bytes, int dst, int send_tag, void * recv_data,
+                  size_t recv_bytes, int src, int recv_tag) override {
+        MF_ASSERT(dst < size_ && src < size_);
+        // Every chunk's receive and send posted first, then all completed together.
+        std::vector<MPI_Request> reqs;
+        std::vector<size_t> expect;
+        auto * in = static_cast<unsigned char *>(recv_data);
+        const auto * out = static_cast<const unsigned char *>(send_data);
+        for (size_t off = 0; src >= 0 && (off < recv_bytes || off == 0); off += g_max_count) {
+            const size_t c = std::min(g_max_count, recv_bytes - off);
+            reqs.push_back(MPI_REQUEST_NULL);
+            expect.push_back(c);
+            check(MPI_Irecv(in + off, as_int(c), MPI_BYTE, src, recv_tag, comm_, &reqs.back()), {"Irecv", src, recv_tag});
+            if (recv_bytes == 0) break;
+        }
+        const size_t nrecv = reqs.size();
+        for (size_t off = 0; dst >= 0 && (off < send_bytes || off == 0); off += g_max_count) {
+            const size_t c = std::min(g_max_count, send_bytes - off);
+            reqs.push_back(MPI_REQUEST_NULL);
+            check(MPI_Isend(out + off, as_int(c), MPI_BYTE, dst, send_tag, comm_, &reqs.back()), {"Isend", dst, send_tag});
+            if (send_bytes == 0) break;
+        }
+        std::vector<MPI_Status> st(reqs.size());
+        check(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), st.data()), {"Waitall", src >= 0 ? src : dst, -1});
+        for (size_t i = 0; i < nrecv; ++i) {
+            int got = 0;
+            MPI_Get_count(&st[i], MPI_BYTE, &got);
+            if (static_cast<size_t>(got) != expect[i])
+                throw CommError(fmt::format("MPI Irecv on {} from rank {} (tag {}): expected {} bytes, the message "
+                                            "has {}; the sender's size differs", who(), src, recv_tag, expect[i], got));
+        }
+    }
+
     void barrier() override { check(MPI_Barrier(comm_), {"Barrier"}); }
 
     std::unique_ptr<Communicator> split(int color, int key) override {

@@ -97,9 +97,9 @@ std::vector<TpRun> tp_runs(const ModelConfig & cfg, int T, int r) {
     return runs;
 }
 
-std::vector<TpRange> tp_replicated(const ModelConfig & cfg, int T) {
+std::vector<TpRange> tp_replicated(const ParamLayout & local, int T) {
     std::vector<TpRange> out;
-    for (const auto & p : make_param_layout(tp_local_config(cfg, T)).params) {
+    for (const auto & p : local.params) {
         if (T > 1 && split_of(p.name).kind != Split::replicated) continue;
         if (!out.empty() && out.back().b == p.offset) out.back().b += p.numel;
         else out.push_back({p.offset, p.offset + p.numel});

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/param_layout.h"
 
 namespace memfit {
 
@@ -37,10 +38,11 @@ ModelConfig tp_local_config(const ModelConfig & cfg, int T);
 struct TpRun { size_t full, local, n; };
 std::vector<TpRun> tp_runs(const ModelConfig & cfg, int T, int r);
 
-// The local parameter ranges whose gradients every rank holds identically (replicated
-// parameters), as [a, b) element ranges of the local flat buffer, merged; the rest is split.
+// The ranges of a local layout (make_param_layout of the slice, or a pipeline stage's part of
+// it) whose parameters every tensor rank holds whole and alike (replicated), as [a, b) element
+// ranges, merged; the rest is split. T = 1: the whole layout.
 struct TpRange { size_t a, b; };
-std::vector<TpRange> tp_replicated(const ModelConfig & cfg, int T);
+std::vector<TpRange> tp_replicated(const ParamLayout & local, int T);
 
 // Rank r's slice taken from the whole model's weights (padding rows zero).
 std::vector<float> tp_slice(const ModelConfig & cfg, int T, int r, const float * full);

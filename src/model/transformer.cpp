@@ -110,7 +110,7 @@ Tensor Transformer::act(Program & program, const std::string & name, std::initia
     int64_t n = 1;
     for (auto d : dims) n *= d;
     const DType dt = f32 ? DType::f32 : dt_;
-    BufferId id = program.declare(name, Category::activations, size_t(n) * dtype_size(dt));
+    BufferId id = program.declare(prefix_ + name, Category::activations, size_t(n) * dtype_size(dt));
     return Tensor(id, dt, dims);
 }
 
@@ -160,7 +160,10 @@ Transformer::LayerActs Transformer::declare_layer(Program & program, const std::
 }
 
 Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & program, const ModelOptions & opt)
-    : cfg_(cfg), B_(B), T_(T), tp_(opt.tp) {
+    : cfg_(cfg), B_(B), T_(T), lb_(opt.layer_begin), le_(opt.layer_end < 0 ? cfg.n_layer : opt.layer_end),
+      prefix_(opt.prefix), tp_(opt.tp) {
+    MF_ASSERT(lb_ >= 0 && lb_ < le_ && le_ <= cfg.n_layer);
+    MF_ASSERT((lb_ == 0 && le_ == cfg.n_layer) || (!opt.lora.enabled() && opt.kv_capacity == 0 && !opt.keep_logits));
     const int64_t b = B, t = T, C = cfg.n_embd, V = cfg.vocab_size;
     MF_ASSERT(!tp_.enabled() || (!opt.lora.enabled() && opt.kv_capacity == 0 && !opt.keep_logits));
     llama_ = cfg.llama();
@@ -172,9 +175,13 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
     auto act = [&](const std::string & name, std::initializer_list<int64_t> dims, bool f32 = false) {
         return this->act(program, name, dims, f32);
     };
-    encoded_ = act("encoded", {b, t, C});
-    tp_encoded_ = tp_scratch(program, "encoded.tp_sum", b * t * C);
-    for (int l = 0; l < cfg.n_layer; ++l) {
+    if (first_stage()) {
+        encoded_ = act("encoded", {b, t, C});
+        tp_encoded_ = tp_scratch(program, "encoded.tp_sum", b * t * C);
+    } else {
+        input_ = act("stage.input", {b, t, C});
+    }
+    for (int l = lb_; l < le_; ++l) {
         const std::string h = fmt::format("h.{}.", l);
         layers_.push_back(declare_layer(program, h, opt.with_backward));
         // The recomputed set; buffers a policy never touches have no lifetime and take no bytes.
@@ -205,6 +212,8 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
             lowest_trained_layer_ = std::min(lowest_trained_layer_, s.layer);
         }
     }
+    if (opt.with_backward) dres_ = act("residual.grad", {b, t, C});
+    if (!last_stage()) return;
     lnf_ = act("ln_f.out", {b, t, C});
     if (!llama_) lnf_mean_ = act("ln_f.mean", {b, t}, true);
     lnf_rstd_ = act("ln_f.rstd", {b, t}, true);
@@ -231,7 +240,6 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
         logits_ = act("logits", {b, t, V}, true);
     if (opt.with_backward) {
         dlnf_ = act("ln_f.out.grad", {b, t, C});
-        dres_ = act("residual.grad", {b, t, C});
         tp_dlnf_ = tp_scratch(program, "ln_f.out.grad.tp_sum", b * t * C);
     }
     if (tp_.enabled()) {   // per chunk: this rank's (lse, target logit), every rank's, the whole lse
@@ -243,7 +251,7 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
 
 Tensor Transformer::tp_scratch(Program & program, const std::string & name, int64_t elems) const {
     if (!tp_.enabled() || dt_ == DType::f32) return Tensor{};
-    return Tensor(program.declare(name, Category::communication, size_t(elems) * 4), DType::f32, {elems});
+    return Tensor(program.declare(prefix_ + name, Category::communication, size_t(elems) * 4), DType::f32, {elems});
 }
 
 void Transformer::tp_sum(Graph & g, Tensor t, Tensor scratch, Phase resume) const {
@@ -396,25 +404,27 @@ void Transformer::forward(Graph & g, const ModelWeights & w, Tensor tokens, cons
     g.phase(Phase::forward);
     g.layer(-1);
     // wpe (GPT-2) holds max_seq rows; the step uses the first T. LLaMA has none.
-    if (tp_.enabled()) {   // each rank's vocabulary rows (and one rank's positions), summed
+    if (!first_stage()) {
+        // a later pipeline stage: the input arrived in input_
+    } else if (tp_.enabled()) {   // each rank's vocabulary rows (and one rank's positions), summed
         g.vocab_encoder_fwd(encoded_, tokens, w.wte, tp_.rank == 0 ? w.wpe : Tensor{}, tp_.vocab_lo(cfg_));
         tp_sum(g, encoded_, tp_encoded_, Phase::forward);
     } else {
         g.encoder_fwd(encoded_, tokens, w.wte, w.wpe);
     }
-    Tensor x = encoded_;
-    for (int l = 0; l < cfg_.n_layer; ++l) {
+    Tensor x = first_stage() ? encoded_ : input_;
+    for (int l = lb_; l < le_; ++l) {
         g.layer(l);
         if (layer_begin) {
             layer_begin(g, l);
             g.phase(Phase::forward);
             g.layer(l);
         }
-        layer_forward(g, layers_[size_t(l)], w.h[size_t(l)], x, true);
-        x = layers_[size_t(l)].res3;
+        layer_forward(g, acts(l), w.h[size_t(l)], x, true);
+        x = acts(l).res3;
     }
     g.layer(-1);
-    norm_fwd(g, lnf_, lnf_mean_, lnf_rstd_, x, w.lnfw, w.lnfb);
+    if (last_stage()) norm_fwd(g, lnf_, lnf_mean_, lnf_rstd_, x, w.lnfw, w.lnfb);
 }
 
 void Transformer::decode(Graph & g, const ModelWeights & w, Tensor tokens, int pos0) const {
@@ -487,8 +497,8 @@ void Transformer::head_loss_tp(Graph & g, const ModelWeights & w, const ModelWei
 }
 
 Transformer::LayerActs Transformer::recompute_dropped(Graph & g, int l, const ModelWeights::Layer & p, Tensor x) const {
-    const LayerActs & r = rc_[size_t(l)];
-    LayerActs a = layers_[size_t(l)];
+    const LayerActs & r = rc(l);
+    LayerActs a = acts(l);
     auto dropped = [&](Saved u) { return !rc_plan_.keeps(l, u); };
     if (dropped(Saved::ln1)) {
         norm_fwd(g, r.ln1, r.ln1_mean, r.ln1_rstd, x, p.ln1w, p.ln1b);
@@ -529,17 +539,18 @@ Transformer::LayerActs Transformer::recompute_dropped(Graph & g, int l, const Mo
 
 void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights & dw, Tensor tokens,
                            const LayerHook & layer_done, const LayerHook & layer_begin) const {
-    const int L = cfg_.n_layer, K = rc_plan_.segment;
+    const int K = rc_plan_.segment;
     // The input of layer l as forward saved it.
-    auto saved_input = [&](int l) { return l > 0 ? layers_[size_t(l) - 1].res3 : encoded_; };
+    auto saved_input = [&](int l) { return l > lb_ ? acts(l - 1).res3 : first_stage() ? encoded_ : input_; };
     g.phase(Phase::backward);
     g.layer(-1);
-    // head_loss left d(final norm output) in dlnf_.
-    g.fill_zero(dres_);
-    tp_sum(g, dlnf_, tp_dlnf_, Phase::backward);
-    norm_bwd(g, dres_, dw.lnfw, dw.lnfb, dlnf_, saved_input(L), w.lnfw, lnf_mean_, lnf_rstd_);
+    if (last_stage()) {   // head_loss left d(final norm output) in dlnf_; else dres_ arrived
+        g.fill_zero(dres_);
+        tp_sum(g, dlnf_, tp_dlnf_, Phase::backward);
+        norm_bwd(g, dres_, dw.lnfw, dw.lnfb, dlnf_, saved_input(le_), w.lnfw, lnf_mean_, lnf_rstd_);
+    }
     // Below the lowest layer with trainable weights (LoRA on a frozen base) nothing needs a gradient.
-    for (int l = L - 1; l >= lowest_trained_layer_; --l) {
+    for (int l = le_ - 1; l >= std::max(lb_, lowest_trained_layer_); --l) {
         const auto & p = w.h[size_t(l)];
         const auto & dp = dw.h[size_t(l)];
         Tensor x = saved_input(l);
@@ -550,28 +561,28 @@ void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights
         }
         LayerActs a;
         if (K >= 2) {
-            const int seg = l - l % K;   // first layer of l's segment: its input is the checkpoint
-            if (l == std::min(seg + K, L) - 1) {
+            const int seg = l - (l - lb_) % K;   // first layer of l's segment: its input is the checkpoint
+            if (l == std::min(seg + K, le_) - 1) {
                 // Recompute the segment's forward, from the checkpoint, into the rc buffers.
                 g.phase(Phase::recompute);
                 Tensor in = saved_input(seg);
                 for (int r = seg; r <= l; ++r) {
                     g.layer(r);
-                    layer_forward(g, rc_[size_t(r)], w.h[size_t(r)], in, r < l);
-                    in = rc_[size_t(r)].res3;
+                    layer_forward(g, rc(r), w.h[size_t(r)], in, r < l);
+                    in = rc(r).res3;
                 }
                 g.phase(Phase::backward);
             }
-            if (l > seg) x = rc_[size_t(l) - 1].res3;
-            a = rc_[size_t(l)];
+            if (l > seg) x = rc(l - 1).res3;
+            a = rc(l);
             // The gradient buffers are the layer's own.
-            const LayerActs & f = layers_[size_t(l)];
+            const LayerActs & f = acts(l);
             a.dfch_gelu = f.dfch_gelu, a.dfch = f.dfch, a.dln2 = f.dln2, a.datty = f.datty, a.dqkv = f.dqkv;
             a.dln1 = f.dln1, a.qkv_rep_b = f.qkv_rep_b, a.dqkv_rep = f.dqkv_rep;
         } else {
             g.layer(l);
             g.phase(Phase::recompute);
-            a = rc_plan_.kept(l) == kKeepAll ? layers_[size_t(l)] : recompute_dropped(g, l, p, x);
+            a = rc_plan_.kept(l) == kKeepAll ? acts(l) : recompute_dropped(g, l, p, x);
             g.phase(Phase::backward);
         }
         g.layer(l);
@@ -580,18 +591,19 @@ void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights
         if (llama_) g.swiglu_bwd(a.dfch, a.dfch_gelu, a.fch);
         else g.gelu_bwd(a.dfch, a.dfch_gelu, a.fch);
         project_bwd(g, a.dln2, a.dfch, a.ln2, p, dp, Proj::fc);
-        tp_sum(g, a.dln2, layers_[size_t(l)].tp_dln2, Phase::backward);
+        tp_sum(g, a.dln2, acts(l).tp_dln2, Phase::backward);
         norm_bwd(g, dres_, dp.ln2w, dp.ln2b, a.dln2, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd);
         project_bwd(g, a.datty, dres_, a.atty, p, dp, Proj::o);
         attention_bwd(g, a);
         project_bwd(g, a.dln1, a.dqkv, a.ln1, p, dp, Proj::qkv);
-        tp_sum(g, a.dln1, layers_[size_t(l)].tp_dln1, Phase::backward);
+        tp_sum(g, a.dln1, acts(l).tp_dln1, Phase::backward);
         norm_bwd(g, dres_, dp.ln1w, dp.ln1b, a.dln1, x, p.ln1w, a.ln1_mean, a.ln1_rstd);
         if (layer_done) layer_done(g, l);
     }
     // Layers below the lowest trained one have no gradients to hand over.
-    for (int l = lowest_trained_layer_ - 1; l >= 0 && layer_done; --l) layer_done(g, l);
-    if (dw.wte.valid()) {   // else a frozen embedding
+    for (int l = std::min(lowest_trained_layer_, le_) - 1; l >= lb_ && layer_done; --l) layer_done(g, l);
+    // A later pipeline stage ends with d(its input) in dres_; the first embeds (else a frozen embedding).
+    if (first_stage() && dw.wte.valid()) {
         g.layer(-1);
         if (tp_.enabled()) g.vocab_encoder_bwd(dw.wte, dw.wpe, dres_, tokens, tp_.vocab_lo(cfg_));
         else g.encoder_bwd(dw.wte, dw.wpe, dres_, tokens);

@@ -77,6 +77,13 @@ struct ModelOptions {
     // d ln_2); the embedding is a masked lookup summed over the group, and the loss a
     // vocabulary-parallel cross-entropy that exchanges two floats per token, never the logits.
     TensorParallel tp;
+    // Pipeline parallel: this stage's blocks [layer_begin, layer_end) (-1: to the last). A stage
+    // that does not start at block 0 reads its input from input() (received) instead of
+    // embedding tokens; one that does not end at the last block has no final norm or head, and
+    // its backward starts from output_grad() (received).
+    int layer_begin = 0, layer_end = -1;
+    // Prepended to every activation's name: one micro-batch's own set ("mb3.").
+    std::string prefix;
 };
 
 class Transformer {
@@ -116,6 +123,14 @@ public:
     void decode(Graph & g, const ModelWeights & w, Tensor tokens, int pos0) const;
 
     Tensor logits() const { return logits_; }
+    // Pipeline stages: the received input and the output sent on (forward); the gradient of the
+    // output, received before backward(), and of the input, sent back after it (the same buffer).
+    Tensor input() const { return input_; }
+    Tensor output() const { return layers_.back().res3; }
+    Tensor output_grad() const { return dres_; }
+    Tensor input_grad() const { return dres_; }
+    bool first_stage() const { return lb_ == 0; }
+    bool last_stage() const { return le_ == cfg_.n_layer; }
 
 private:
     struct LayerActs {
@@ -186,7 +201,13 @@ private:
     float lora_scale_ = 0;
     float lora_dropout_ = 0;                // training programs only
     int lowest_trained_layer_ = 0;          // backward stops below it (a frozen base below)
+    int lb_ = 0, le_ = 0;                   // the blocks this program runs (pipeline stage)
+    std::string prefix_;
+    Tensor input_;                          // a later stage's received input
     TensorParallel tp_;
+    // Layer l's activations (by absolute index) and its recomputation set.
+    const LayerActs & acts(int l) const { return layers_[size_t(l - lb_)]; }
+    const LayerActs & rc(int l) const { return rc_[size_t(l - lb_)]; }
     Tensor tp_encoded_, tp_dlnf_;           // 16-bit sums' fp32 copies
     Tensor xent_stats_, xent_gathered_, xent_lse_;   // vocabulary-parallel loss, per chunk
 };

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
 
 #include <fmt/format.h>
@@ -17,10 +18,18 @@ StepPlans::StepPlans(const ModelConfig & cfg, const Backend & backend, const Eng
     if (opt.grad_accum < 1) throw ConfigError(fmt::format("--grad-accum {}: must be at least 1", opt.grad_accum));
     const int k = opt.grad_accum;
     auto make = [&](std::unique_ptr<TrainStep> & step, MemoryPlan & plan, StepMode mode, StepParts parts) {
-        step = std::make_unique<TrainStep>(cfg, opt.B, opt.T, mode, &backend, opt.model(), parts, opt.dp());
+        // A pipeline's step program holds all k micro-batches (evaluation: one).
+        const int m = opt.pipeline_parallel > 1 ? (mode == StepMode::train ? k : 1) : 1;
+        step = std::make_unique<TrainStep>(cfg, opt.B, opt.T, mode, &backend, opt.model(), parts, opt.dp(), opt.pp(m));
         plan = plan_memory(step->program());
     };
-    make(train, train_plan, StepMode::train, StepParts{k == 1, true, opt.data_parallel > 1 || opt.zero > 0});
+    const bool reduce = opt.data_parallel > 1 || opt.zero > 0;
+    if (opt.pipeline_parallel > 1) {
+        make(train, train_plan, StepMode::train, StepParts{true, true, reduce});
+        if (opt.with_eval) make(eval, eval_plan, StepMode::eval, StepParts{});
+        return;
+    }
+    make(train, train_plan, StepMode::train, StepParts{k == 1, true, reduce});
     if (k > 1) make(first, first_plan, StepMode::train, StepParts{true, false});
     if (k > 2) make(mid, mid_plan, StepMode::train, StepParts{false, false});
     if (opt.with_eval) make(eval, eval_plan, StepMode::eval, StepParts{});
@@ -79,6 +88,10 @@ EngineOptions with_rank(EngineOptions o) {
         throw ConfigError(fmt::format("tensor parallel over {} ranks needs a communicator of that size",
                                       o.tensor_parallel));
     o.tp_rank = o.tp_comm ? o.tp_comm->rank() : 0;
+    if ((o.pipeline_parallel > 1 && !o.pp_comm) || (o.pp_comm && o.pp_comm->size() != o.pipeline_parallel))
+        throw ConfigError(fmt::format("pipeline parallel over {} stages needs a communicator of that size",
+                                      o.pipeline_parallel));
+    o.pp_rank = o.pp_comm ? o.pp_comm->rank() : 0;
     return o;
 }
 }  // namespace
@@ -95,6 +108,13 @@ Engine::Engine(const ModelConfig & cfg, Backend & backend, const EngineOptions &
         own_tp_comm_ = make_single_communicator();
         tp_comm_ = own_tp_comm_.get();
     }
+    pp_comm_ = opt_.pp_comm;
+    if (!pp_comm_) {
+        own_pp_comm_ = make_single_communicator();
+        pp_comm_ = own_pp_comm_.get();
+    }
+    if (opt_.pipeline_parallel > 1 && cfg.tied_head && !opt_.emb_comm)
+        throw ConfigError("a pipeline with a tied LM head needs the embedding group (first and last stage)");
     if (opt.budget > 0)
         check_budget(planned_reserved(), opt.budget,
                      "lower --batch or --seq (activations grow with both), or pick a smaller --model");
@@ -144,7 +164,7 @@ void Engine::set_params(const float * whole) {
     const TrainStep & t = *plans_.train;
     const Shard sh = shard();
     std::vector<float> slice;
-    if (opt_.tensor_parallel > 1) slice = tp_slice(cfg_, opt_.tensor_parallel, opt_.tp_rank, whole);
+    if (split_model()) slice = my_part(whole);
     const float * full = slice.empty() ? whole : slice.data();
     std::memcpy(params(), full + sh.lo, (sh.hi - sh.lo) * sizeof(float));
     if (opt_.zero >= 3) {
@@ -244,11 +264,53 @@ std::vector<float> Engine::full_params() {
     std::vector<float> out(sh.total);
     if (opt_.zero == 0) std::memcpy(out.data(), params(), sh.total * sizeof(float));
     else comm_->iall_gather(params(), out.data(), plans_.train->shard_counts(0, sh.total), sizeof(float))->wait();
-    return opt_.tensor_parallel > 1 ? tp_gather(out) : out;
+    return split_model() ? gather_whole(params()) : out;
 }
 
 size_t Engine::total_params() const {
-    return opt_.tensor_parallel > 1 ? size_t(cfg_.num_params()) : plans_.train->layout().total;
+    return split_model() ? size_t(cfg_.num_params()) : plans_.train->layout().total;
+}
+
+std::vector<float> Engine::gather_whole(const float * mine) {
+    const TrainStep & st = *plans_.train;
+    const Shard sh = shard();
+    std::vector<float> stage(sh.total);
+    if (opt_.zero == 0) std::memcpy(stage.data(), mine, sh.total * sizeof(float));
+    else comm_->iall_gather(mine, stage.data(), st.shard_counts(0, sh.total), sizeof(float))->wait();
+    if (opt_.pipeline_parallel == 1) return opt_.tensor_parallel > 1 ? tp_gather(stage) : stage;
+    // Every stage's parameters, put back in the tensor slice's order by name.
+    const int P = opt_.pipeline_parallel;
+    const ModelConfig & local = st.config();
+    const ParamLayout whole = make_param_layout(local);
+    const std::vector<StageRange> ranges = pipeline_stages(local, P, opt_.T);
+    std::vector<ParamLayout> layouts;
+    std::vector<size_t> counts;
+    for (int s = 0; s < P; ++s) {
+        layouts.push_back(stage_layout(local, ranges[size_t(s)], s == 0, s == P - 1));
+        counts.push_back(layouts.back().total);
+    }
+    MF_ASSERT(counts[size_t(opt_.pp_rank)] == stage.size());
+    std::vector<float> all(std::accumulate(counts.begin(), counts.end(), size_t(0))), out(whole.total);
+    pp_comm_->iall_gather(stage.data(), all.data(), counts, sizeof(float))->wait();
+    size_t at = 0;
+    for (int s = 0; s < P; ++s) {
+        for (const auto & p : layouts[size_t(s)].params)
+            std::copy_n(all.data() + at + p.offset, p.numel, out.data() + whole.find(p.name).offset);
+        at += counts[size_t(s)];
+    }
+    return opt_.tensor_parallel > 1 ? tp_gather(out) : out;
+}
+
+std::vector<float> Engine::my_part(const float * whole) const {
+    std::vector<float> slice;
+    if (opt_.tensor_parallel > 1) slice = tp_slice(cfg_, opt_.tensor_parallel, opt_.tp_rank, whole);
+    const float * local = slice.empty() ? whole : slice.data();
+    if (opt_.pipeline_parallel == 1) return slice.empty() ? std::vector<float>(whole, whole + cfg_.num_params()) : slice;
+    const TrainStep & st = *plans_.train;
+    const ParamLayout full = make_param_layout(st.config());
+    std::vector<float> out(st.layout().total);
+    for (const auto & p : st.layout().params) std::copy_n(local + full.find(p.name).offset, p.numel, out.data() + p.offset);
+    return out;
 }
 
 std::vector<float> Engine::tp_gather(const std::vector<float> & local) {
@@ -298,16 +360,10 @@ TrainState Engine::export_state() {
     const Shard sh = shard();
     const size_t n = sh.hi - sh.lo;
     TrainState s;
-    if (opt_.tensor_parallel > 1) {   // the whole model's: gathered over the data and tensor groups
-        auto whole = [&](const float * mine) {
-            std::vector<float> local(sh.total);
-            if (opt_.zero == 0) std::memcpy(local.data(), mine, sh.total * sizeof(float));
-            else comm_->iall_gather(mine, local.data(), plans_.train->shard_counts(0, sh.total), sizeof(float))->wait();
-            return tp_gather(local);
-        };
-        s.params = whole(params());
-        s.m = whole(adam_m());
-        s.v = whole(adam_v());
+    if (split_model()) {   // the whole model's: gathered over the data, pipeline and tensor groups
+        s.params = gather_whole(params());
+        s.m = gather_whole(adam_m());
+        s.v = gather_whole(adam_v());
         s.total = s.params.size();
         s.t = t_;
         s.scaler = {scaler_.scale, scaler_.clean, scaler_.skipped};
@@ -326,22 +382,21 @@ TrainState Engine::export_state() {
 void Engine::import_state(const TrainState & state) {
     const Shard sh = shard();
     TrainState sliced;
-    if (opt_.tensor_parallel > 1) {   // a whole state: this rank's slice of it
+    if (split_model()) {   // a whole state: this rank's part of it
         const size_t total = state.total ? state.total : state.params.size();
         if (state.offset != 0 || total != total_params() || state.params.size() != total ||
             state.m.size() != total || state.v.size() != total)
             throw FormatError(fmt::format("tensor parallel needs the whole training state of {} elements; this one "
                                           "holds [{}, {}) of {}", total_params(), state.offset,
                                           state.offset + state.params.size(), total));
-        const int T = opt_.tensor_parallel, r = opt_.tp_rank;
-        sliced.params = tp_slice(cfg_, T, r, state.params.data());
-        sliced.m = tp_slice(cfg_, T, r, state.m.data());
-        sliced.v = tp_slice(cfg_, T, r, state.v.data());
+        sliced.params = my_part(state.params.data());
+        sliced.m = my_part(state.m.data());
+        sliced.v = my_part(state.v.data());
         sliced.total = sliced.params.size();
         sliced.t = state.t;
         sliced.scaler = {state.scaler.scale, state.scaler.clean, state.scaler.skipped};
     }
-    const TrainState & s = opt_.tensor_parallel > 1 ? sliced : state;
+    const TrainState & s = split_model() ? sliced : state;
     const size_t total = s.total ? s.total : s.params.size(), n = sh.hi - sh.lo;
     if (total != sh.total || s.offset > sh.lo || s.offset + s.params.size() < sh.hi || s.m.size() != s.params.size() ||
         s.v.size() != s.params.size())
@@ -364,6 +419,8 @@ void Engine::execute(const TrainStep & step, StepMemory & mem, const StepScalars
     Graph g(step.program(), mem, backend_);
     g.set_communicator(comm_);
     g.set_tensor_communicator(tp_comm_);
+    g.set_pipeline_communicator(pp_comm_);
+    g.set_embedding_communicator(opt_.emb_comm);
     if (timeline_ && &step == plans_.train.get()) {
         timeline_->program = "train";
         timeline_->events.clear();
@@ -391,7 +448,7 @@ int Engine::count_targets(const int32_t * inputs, const int32_t * targets, size_
 
 double Engine::run_batch(const TrainStep & step, StepMemory & mem, const int32_t * inputs, const int32_t * targets,
                          float dloss, const AdamWHyper * h, uint64_t seed) {
-    const size_t BT = size_t(step.B()) * size_t(step.T());
+    const size_t BT = size_t(step.B()) * size_t(step.T()) * size_t(step.micro_batches());
     std::memcpy(mem.base(step.tokens), inputs, BT * 4);
     std::memcpy(mem.base(step.targets), targets, BT * 4);
     StepScalars s;
@@ -421,7 +478,7 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
     hh.grad_scale = 1.0f / scaler_.scale;
     hh.skip_nonfinite = opt_.compute == DType::f16;
     double sum = 0;
-    for (int i = 0; i < k; ++i) {
+    for (int i = 0; i < k && opt_.pipeline_parallel == 1; ++i) {
         const int32_t * in = inputs + size_t(i) * BT;
         const int32_t * tg = targets + size_t(i) * BT;
         // One stream per (run, step, micro-batch): a resumed or re-planned run draws the same masks
@@ -430,6 +487,10 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
         if (i == k - 1) sum += run_batch(*plans_.train, *train_mem_, in, tg, dloss, &hh, seed);
         else if (i == 0) sum += run_batch(*plans_.first, *first_mem_, in, tg, dloss, nullptr, seed);
         else sum += run_batch(*plans_.mid, *mid_mem_, in, tg, dloss, nullptr, seed);
+    }
+    if (opt_.pipeline_parallel > 1) {   // all k micro-batches in one program; the last stage's losses
+        const uint64_t seed = opt_.seed * 0x9e3779b97f4a7c15ull + uint64_t(t_) * 1000003ull;
+        sum = pp_comm_->all_reduce_sum(run_batch(*plans_.train, *train_mem_, inputs, targets, dloss, &hh, seed));
     }
     if (opt_.data_parallel > 1) sum = comm_->all_reduce_sum(sum);
     r.loss = r.tokens > 0 ? float(sum / r.tokens) : 0.0f;
@@ -445,6 +506,7 @@ float Engine::eval_loss(const int32_t * inputs, const int32_t * targets) {
     const size_t BT = size_t(opt_.B) * size_t(opt_.T);
     int valid = count_targets(inputs, targets, BT);
     double sum = run_batch(*plans_.eval, *eval_mem_, inputs, targets, 0.0f, nullptr);
+    if (opt_.pipeline_parallel > 1) sum = pp_comm_->all_reduce_sum(sum);
     if (opt_.data_parallel > 1) {
         valid = int(comm_->all_reduce_sum(double(valid)));
         sum = comm_->all_reduce_sum(sum);

@@ -57,6 +57,16 @@ struct EngineOptions {
     // gradients are those of the whole model: every rank of a tensor group reads the same batch.
     int tensor_parallel = 1, tp_rank = 0;
     Communicator * tp_comm = nullptr;
+    // Pipeline parallel over `pipeline_parallel` stages (model/pipeline.h): this rank runs stage
+    // pp_rank, and the grad_accum micro-batches of a step are the schedule's, all in one step
+    // program. pp_comm: the pipeline group (its rank s is stage s); emb_comm: the first and the
+    // last stage, which sum a tied embedding's gradient (needed when the head is tied).
+    int pipeline_parallel = 1, pp_rank = 0;
+    PipeSchedule schedule = PipeSchedule::one_f_one_b;
+    Communicator * pp_comm = nullptr, * emb_comm = nullptr;
+    PipelineParallel pp(int micro_batches) const {
+        return PipelineParallel{pipeline_parallel, pp_rank, micro_batches, schedule};
+    }
     DType grad_dtype() const { return grad_accum > 1 ? DType::f32 : compute; }
     DataParallel dp() const { return DataParallel{data_parallel, rank, zero, bucket_bytes}; }
     ModelOptions model() const {
@@ -221,8 +231,14 @@ private:
     int fwd_batch_ = 0;
     std::unique_ptr<StepMemory> train_mem_, first_mem_, mid_mem_, eval_mem_, fwd_mem_;
     LossScaler scaler_;
-    std::unique_ptr<Communicator> own_comm_, own_tp_comm_;   // single-process collectives when not given
-    Communicator * comm_ = nullptr, * tp_comm_ = nullptr;
+    std::unique_ptr<Communicator> own_comm_, own_tp_comm_, own_pp_comm_;   // single-process when not given
+    Communicator * comm_ = nullptr, * tp_comm_ = nullptr, * pp_comm_ = nullptr;
+    bool split_model() const { return opt_.tensor_parallel > 1 || opt_.pipeline_parallel > 1; }
+    // Tensor and pipeline parallel: the whole model's vector from this rank's (a shard under ZeRO)
+    // of the same layout as params() (collective over every group), and this rank's stage of
+    // its tensor slice of a whole-model vector (before the ZeRO cut).
+    std::vector<float> gather_whole(const float * mine);
+    std::vector<float> my_part(const float * whole) const;
     // Tensor parallel: this rank's slice of a whole-model vector, and the whole from the
     // tensor group's slices of `local` (collective over the group).
     std::vector<float> tp_gather(const std::vector<float> & local);

@@ -65,9 +65,10 @@ constexpr size_t kShardAlign = 32;   // elements: shard boundaries stay 64-byte 
 }  // namespace
 
 TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const Backend * sizing,
-                     const ModelOptions & model, StepParts parts, const DataParallel & dp)
+                     const ModelOptions & model, StepParts parts, const DataParallel & dp,
+                     const PipelineParallel & pp)
     : cfg_(tp_local_config(cfg, model.tp.ranks)), lora_(model.lora.enabled()), mode_(mode), parts_(parts), B_(B), T_(T), compute_(model.compute),
-      grad_dt_(model.grad), dp_(dp) {
+      grad_dt_(model.grad), dp_(dp), pp_(pp) {
     if (B < 1 || T < 1) throw ConfigError(fmt::format("batch = {}, seq = {}: both must be at least 1", B, T));
     if (T > cfg.max_seq)
         throw ConfigError(fmt::format("seq = {} exceeds the model's context of {} positions; lower --seq", T,
@@ -84,7 +85,22 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
                           "with data parallelism");
     if (model.tp.enabled() && mode == StepMode::logits)
         throw ConfigError("logits of a tensor-parallel model are not gathered; sample from the exported model");
-    layout_ = lora_ ? make_lora_layout(cfg_, model.lora) : make_param_layout(cfg_);
+    if (pp.enabled()) {
+        if (lora_) throw ConfigError("--pp with LoRA is not supported; train LoRA with data parallelism");
+        if (mode == StepMode::logits)
+            throw ConfigError("logits of a pipeline-parallel model are not gathered; sample from the exported model");
+        if (dp.zero >= 2)
+            throw ConfigError(fmt::format("--zero {} with --pp: gradients and weights are sharded bucket by bucket "
+                                          "inside one backward, and a pipeline step runs many; use --zero 0 or 1",
+                                          dp.zero));
+        MF_ASSERT(pp.stage >= 0 && pp.stage < pp.stages && pp.micro_batches >= 1 && parts.zero_grads &&
+                  parts.optimizer);
+        range_ = pipeline_stages(cfg_, pp.stages, T)[size_t(pp.stage)];
+    } else {
+        range_ = {0, cfg_.n_layer};
+    }
+    layout_ = lora_ ? make_lora_layout(cfg_, model.lora)
+                    : pp.enabled() ? stage_layout(cfg_, range_, pp.first(), pp.last()) : make_param_layout(cfg_);
     const char * trainable = "";
     if (lora_) {
         // The frozen base: no gradients, no master copy, no optimizer states.
@@ -96,7 +112,7 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
             base_q = program_.declare("parameters.quantized", Category::parameters, quant_layout_.bytes, true);
     }
     const std::string pre = trainable;
-    const size_t P = layout_.total, BT = size_t(B) * size_t(T);
+    const size_t P = layout_.total, BT = size_t(B) * size_t(T) * size_t(micro_batches());
     const size_t cs = dtype_size(compute_), gs = dtype_size(grad_dt_);
     // Shards: ZeRO 0 keeps everything whole; 1..3 cut the flat buffer into equal, aligned ranges.
     S_ = dp.zero == 0 ? P : (P + size_t(dp.ranks) * kShardAlign - 1) / (size_t(dp.ranks) * kShardAlign) * kShardAlign;
@@ -120,7 +136,17 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     mo.with_backward = train;
     mo.keep_logits = mode == StepMode::logits;
     if (mo.keep_logits) mo.loss_chunk = 0;
-    model_ = std::make_unique<Transformer>(cfg_, B, T, program_, mo);
+    if (pp.enabled()) {
+        mo.layer_begin = range_.begin;
+        mo.layer_end = range_.end;
+        for (int i = 0; i < pp.micro_batches; ++i) {
+            mo.prefix = fmt::format("mb{}.", i);
+            models_.push_back(std::make_unique<Transformer>(cfg_, B, T, program_, mo));
+        }
+    } else {
+        models_.push_back(std::make_unique<Transformer>(cfg_, B, T, program_, mo));
+    }
+    model_ = models_[0].get();
     if (lora_) {
         w_ = lora_model_weights(cfg_, model.lora, base, compute_, quant_layout_, base_q, params, compute_);
         if (train) dw_ = lora_model_weights(cfg_, model.lora, -1, compute_, quant_layout_, -1, grads, grad_dt_);
@@ -183,15 +209,27 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     // coordinates; tensor ranks other than the first skip the replicated parameters, whose
     // gradients every tensor rank holds alike.
     if (train) {
-        std::vector<TpRange> counted{{0, P}};
-        if (model.tp.enabled() && model.tp.rank != 0) {
-            counted.clear();
-            size_t at = 0;
-            for (const auto & r : tp_replicated(cfg, model.tp.ranks)) {
-                if (r.a > at) counted.push_back({at, r.a});
-                at = r.b;
-            }
-            if (at < P) counted.push_back({at, P});
+        // Skipped: the replicated parameters (tensor ranks but the first), a tied embedding's
+        // second copy (the last pipeline stage).
+        std::vector<TpRange> skip;
+        if (model.tp.enabled() && model.tp.rank != 0) skip = tp_replicated(layout_, model.tp.ranks);
+        const ParamInfo * table = layout_.try_find(cfg_.llama() ? "model.embed_tokens.weight" : "wte.weight");
+        const bool tied = pp.enabled() && cfg_.tied_head && table;
+        if (tied && holds_tied_copy(cfg_, pp.first(), pp.last())) skip.push_back({table->offset, table->offset + table->numel});
+        std::sort(skip.begin(), skip.end(), [](const TpRange & x, const TpRange & y) { return x.a < y.a; });
+        std::vector<TpRange> counted;
+        size_t at = 0;
+        for (const auto & r : skip) {
+            if (r.a > at) counted.push_back({at, r.a});
+            at = std::max(at, r.b);
+        }
+        if (at < P) counted.push_back({at, P});
+        if (tied) {
+            tied_grad_ = Tensor(grads, grad_dt_, {int64_t(table->numel)}, table->offset * gs);
+            if (const size_t wide = comm_scratch_elems(grad_dt_, 2, table->numel))
+                tied_scratch_ = Tensor(program_.declare("communication.tied_embedding", Category::communication,
+                                                        wide * 4),
+                                       DType::f32, {int64_t(wide)});
         }
         const size_t glo = dp.zero >= 2 ? lo_ : 0, ghi = dp.zero >= 2 ? hi_ : P;
         for (const auto & r : counted) {
@@ -199,7 +237,7 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
             if (a < b) norm_ranges_.push_back({a - glo, b - glo});
         }
         tp_ = model.tp;
-        if (tp_.enabled()) norm_part_ = program_.declare("grad_norm_part", Category::activations, 4);
+        if (tp_.enabled() || pp.enabled()) norm_part_ = program_.declare("grad_norm_part", Category::activations, 4);
     }
     Graph rec(program_, sizing);
     run(rec, StepScalars{});
@@ -263,37 +301,6 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
             if (q.layer == layer) gg.comm_wait(nb + j + (backward ? ng : 0), {Tensor(backward ? q.bwd : q.fwd, compute_, {1})});
         }
     };
-    Transformer::LayerHook forward_begin;
-    if (zero3) {
-        g.phase(Phase::communication);
-        g.layer(-1);
-        await(g, -1, false);
-        gather(g, 0, false);
-        forward_begin = [&](Graph & gg, int l) {
-            gg.phase(Phase::communication);
-            await(gg, l, false);
-            if (l + 1 < cfg_.n_layer) gather(gg, l + 1, false);
-        };
-    }
-    model_->forward(g, wf_, tok, forward_begin);
-    if (mode_ == StepMode::logits) {
-        model_->head_logits(g, wf_);
-        return;
-    }
-    if (train && zero3) {
-        g.phase(Phase::communication);
-        g.layer(-1);
-        gather(g, cfg_.n_layer - 1, true);   // the top layer's backward weights, during the loss
-    }
-    if (train && reduce_scatter_) {   // the rest's gradients start in the head's backward
-        g.phase(Phase::backward);
-        g.layer(-1);
-        for (const auto & k : buckets_)
-            if (k.top < 0) g.fill_zero(grad_view(k));
-    }
-    model_->head_loss(g, wf_, train ? &dw_ : nullptr, tgt.view(0, {b * t}), loss.view(0, {b * t}), s.dloss);
-    if (!train) return;
-
     // Reductions in flight (all-reduces, or ZeRO >= 2's reduce-scatters into the shard), finished
     // one bucket behind, so that bucket i's transfer overlaps the next layer's backward and at
     // most two buckets' transients (ZeRO >= 2's gradients, 16-bit sums' fp32 copies) are live.
@@ -353,10 +360,46 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
             in_flight = now;
             gg.phase(Phase::backward);
         };
-    model_->backward(g, wb_, dw_, tok, done, begin);
+    if (pp_.enabled()) {
+        pipeline(g, s, done);
+        if (!train) return;
+    } else {
+        Transformer::LayerHook forward_begin;
+        if (zero3) {
+            g.phase(Phase::communication);
+            g.layer(-1);
+            await(g, -1, false);
+            gather(g, 0, false);
+            forward_begin = [&](Graph & gg, int l) {
+                gg.phase(Phase::communication);
+                await(gg, l, false);
+                if (l + 1 < cfg_.n_layer) gather(gg, l + 1, false);
+            };
+        }
+        model_->forward(g, wf_, tok, forward_begin);
+        if (mode_ == StepMode::logits) {
+            model_->head_logits(g, wf_);
+            return;
+        }
+        if (train && zero3) {
+            g.phase(Phase::communication);
+            g.layer(-1);
+            gather(g, cfg_.n_layer - 1, true);   // the top layer's backward weights, during the loss
+        }
+        if (train && reduce_scatter_) {   // the rest's gradients start in the head's backward
+            g.phase(Phase::backward);
+            g.layer(-1);
+            for (const auto & k : buckets_)
+                if (k.top < 0) g.fill_zero(grad_view(k));
+        }
+        model_->head_loss(g, wf_, train ? &dw_ : nullptr, tgt.view(0, {b * t}), loss.view(0, {b * t}), s.dloss);
+        if (!train) return;
+        model_->backward(g, wb_, dw_, tok, done, begin);
+    }
     g.phase(Phase::communication);
     g.layer(-1);
     for (int i : in_flight) finish(g, i);
+    if (tied_grad_.valid()) g.emb_all_reduce(tied_grad_, tied_scratch_);   // both ends' share of the tied table
     if (!parts_.optimizer) return;
 
     g.phase(Phase::optimizer);
@@ -380,10 +423,60 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
     }
 }
 
+void TrainStep::pipeline(Graph & g, const StepScalars & s, const Transformer::LayerHook & done) const {
+    const int64_t b = B_, t = T_, n = b * t;
+    const bool train = mode_ == StepMode::train;
+    auto rows = [&](BufferId id, DType dt, int i) { return Tensor(id, dt, {n}, size_t(i) * size_t(n) * 4); };
+    if (!pp_.last()) {   // the loss is the last stage's; the others report zeros
+        g.phase(Phase::other);
+        g.layer(-1);
+        g.fill_zero(Tensor(losses, DType::f32, {n * pp_.micro_batches}));
+    }
+    const int prev = pp_.first() ? -1 : pp_.stage - 1, next = pp_.last() ? -1 : pp_.stage + 1;
+    constexpr int kActivation = 0, kGradient = 1;   // message tags
+    // A send is held until the next receive, and both go in one exchange: with the neighbour's
+    // matching exchange, 1F1B's opposite-direction transfers cannot wait on each other.
+    struct Send { Tensor t; int peer = -1, tag = 0; } held;
+    auto exchange = [&](Tensor recv, int src, int tag) {
+        if (!held.t.valid() && !recv.valid()) return;
+        g.phase(Phase::communication);
+        g.layer(-1);
+        g.pp_exchange(held.t, held.t.valid() ? held.peer : -1, held.tag, recv, recv.valid() ? src : -1, tag);
+        held = {};
+    };
+    std::vector<PipeAction> order;
+    if (train) order = pipeline_schedule(pp_.schedule, pp_.stages, pp_.stage, pp_.micro_batches);
+    else
+        for (int i = 0; i < pp_.micro_batches; ++i) order.push_back({true, i});
+    int last_backward = -1;
+    for (size_t j = 0; j < order.size(); ++j)
+        if (!order[j].fwd) last_backward = int(j);
+    for (size_t j = 0; j < order.size(); ++j) {
+        const PipeAction a = order[j];
+        const Transformer & M = *models_[size_t(a.mb)];
+        const Tensor tok = rows(tokens, DType::i32, a.mb).view(0, {b, t});
+        if (a.fwd) {
+            exchange(pp_.first() ? Tensor{} : M.input(), prev, kActivation);
+            M.forward(g, w_, tok);
+            if (pp_.last()) {
+                M.head_loss(g, w_, train ? &dw_ : nullptr, rows(targets, DType::i32, a.mb), rows(losses, DType::f32, a.mb),
+                            s.dloss);
+            } else {
+                held = {M.output(), next, kActivation};
+            }
+            continue;
+        }
+        exchange(pp_.last() ? Tensor{} : M.output_grad(), next, kGradient);
+        M.backward(g, w_, dw_, tok, int(j) == last_backward ? done : Transformer::LayerHook{});
+        if (!pp_.first()) held = {M.input_grad(), prev, kGradient};
+    }
+    exchange(Tensor{}, -1, 0);
+}
+
 void TrainStep::grad_norm(Graph & g, Tensor norm_sq) const {
     const size_t gs = dtype_size(grad_dt_);
     auto view = [&](const TpRange & r) { return Tensor(grads, grad_dt_, {int64_t(r.b - r.a)}, r.a * gs); };
-    if (norm_ranges_.size() == 1 && !tp_.enabled()) {
+    if (norm_ranges_.size() == 1 && !tp_.enabled() && !pp_.enabled()) {
         g.sum_squares(norm_sq, view(norm_ranges_[0]));
         return;
     }
@@ -393,9 +486,9 @@ void TrainStep::grad_norm(Graph & g, Tensor norm_sq) const {
         g.sum_squares(part, view(r));
         g.residual_fwd(norm_sq, norm_sq, part);
     }
-    if (!tp_.enabled()) return;
     g.phase(Phase::communication);
-    g.tp_all_reduce(norm_sq);
+    if (tp_.enabled()) g.tp_all_reduce(norm_sq);
+    if (pp_.enabled()) g.pp_all_reduce(norm_sq);
     g.phase(Phase::optimizer);
 }
 

@@ -12,6 +12,7 @@
 #include "model/config.h"
 #include "model/transformer.h"
 #include "model/param_layout.h"
+#include "model/pipeline.h"
 
 namespace memfit {
 
@@ -48,8 +49,12 @@ class TrainStep {
 public:
     // `sizing` answers library-scratch queries while recording (the backend that will run it).
     // Model options (loss_chunk, flash_attention) come from `model`; the mode decides the rest.
+    // Pipeline parallel (pp.enabled()): the program is this stage's whole step, pp.micro_batches
+    // micro-batches of B sequences in the schedule's order, each with its own activations (what
+    // is in flight together is live together); parts must be the whole step.
     TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const Backend * sizing,
-              const ModelOptions & model = {}, StepParts parts = {}, const DataParallel & dp = {});
+              const ModelOptions & model = {}, StepParts parts = {}, const DataParallel & dp = {},
+              const PipelineParallel & pp = {});
 
     void run(Graph & g, const StepScalars & s) const;
 
@@ -63,6 +68,11 @@ public:
     const QuantLayout & quant_layout() const { return quant_layout_; }
     StepMode mode() const { return mode_; }
     int B() const { return B_; }
+    // Micro-batches of B x T tokens the program reads (pipeline: all of the step's; else 1).
+    int micro_batches() const { return pp_.enabled() ? pp_.micro_batches : 1; }
+    const PipelineParallel & pipeline() const { return pp_; }
+    // Pipeline: the stage's blocks; and the order of its work.
+    StageRange stage_range() const { return range_; }
     int T() const { return T_; }
 
     // This rank's shard of the flat trainable buffer: elements [lo, hi), padded length `size`
@@ -96,9 +106,15 @@ private:
     DType compute_, grad_dt_;
     Program program_;
     BufferId workspace_ = -1;
-    std::unique_ptr<Transformer> model_;
+    std::vector<std::unique_ptr<Transformer>> models_;   // one per micro-batch (pipeline), else one
+    Transformer * model_ = nullptr;
+    StageRange range_;
+    // Pipeline, tied embedding: the token table's gradient on this stage (summed with the other
+    // end's), and a 16-bit sum's fp32 copy.
+    Tensor tied_grad_, tied_scratch_;
     ModelWeights w_, dw_;
     DataParallel dp_;
+    PipelineParallel pp_;
     size_t lo_ = 0, hi_ = 0, S_ = 0;
     // Groups: runs of adjacent parameters of one layer (-1: outside the blocks), [a, b) of the
     // flat buffer. ZeRO 3 gathers each into `fwd` before its forward and `bwd` before its
@@ -122,6 +138,9 @@ private:
     Tensor grad_view(const Bucket & k) const;
     void zero3_gather(Graph & g, size_t group, bool backward, int slot) const;
     void optimizer(Graph & g, const StepScalars & s) const;
+    // Pipeline: the stage's forwards and backwards in schedule order, with the transfers between
+    // stages; `done` (data parallel) hooks the last micro-batch's backward.
+    void pipeline(Graph & g, const StepScalars & s, const Transformer::LayerHook & done) const;
     // norm_sq = this rank's share of the gradients' sum of squares, summed over the tensor group.
     void grad_norm(Graph & g, Tensor norm_sq) const;
 };

@@ -1,0 +1,105 @@
+#include "model/pipeline.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace memfit {
+
+PipeSchedule parse_schedule(const std::string & s) {
+    if (s == "gpipe") return PipeSchedule::gpipe;
+    if (s == "1f1b") return PipeSchedule::one_f_one_b;
+    if (s.starts_with("interleaved"))
+        throw ConfigError(fmt::format("--schedule {}: the interleaved schedule is not implemented; use gpipe or 1f1b",
+                                      s));
+    throw ConfigError(fmt::format("--schedule '{}': expected gpipe or 1f1b", s));
+}
+
+const char * schedule_name(PipeSchedule s) { return s == PipeSchedule::gpipe ? "gpipe" : "1f1b"; }
+
+std::vector<StageRange> pipeline_stages(const ModelConfig & cfg, int stages, int seq) {
+    const int L = cfg.n_layer;
+    if (stages < 1 || stages > L)
+        throw ConfigError(fmt::format("--pp {}: the model has {} blocks; every stage needs at least one (use --pp "
+                                      "between 1 and {})", stages, L, L));
+    // Per token: a block's matmuls (2 x 3 passes x weights) and attention; the head's matmul.
+    const double C = cfg.n_embd, block = 6.0 * (C * cfg.qkv_dim() + double(cfg.attn_dim()) * C +
+                                                C * cfg.fc_dim() + double(cfg.ffn_dim()) * C) +
+                                         12.0 * cfg.attn_dim() * double(seq) / 2.0;
+    const double head = 6.0 * C * cfg.vocab_size;
+    // Minimise the largest stage's cost over contiguous cuts (L and P are small: exhaustive DP).
+    // best[p][l]: the least largest cost of layers [0, l) in p stages.
+    const double inf = 1e300;
+    std::vector<std::vector<double>> best(size_t(stages) + 1, std::vector<double>(size_t(L) + 1, inf));
+    std::vector<std::vector<int>> cut(size_t(stages) + 1, std::vector<int>(size_t(L) + 1, 0));
+    best[0][0] = 0;
+    for (int p = 1; p <= stages; ++p)
+        for (int l = p; l <= L; ++l)
+            for (int k = p - 1; k < l; ++k) {
+                const double cost = (l - k) * block + (p == stages && l == L ? head : 0.0);
+                const double worst = std::max(best[size_t(p) - 1][size_t(k)], cost);
+                if (worst < best[size_t(p)][size_t(l)]) best[size_t(p)][size_t(l)] = worst, cut[size_t(p)][size_t(l)] = k;
+            }
+    std::vector<StageRange> out(static_cast<size_t>(stages));
+    for (int p = stages, l = L; p >= 1; --p) {
+        const int k = cut[size_t(p)][size_t(l)];
+        out[size_t(p) - 1] = {k, l};
+        l = k;
+    }
+    return out;
+}
+
+namespace {
+// The block a parameter belongs to, or -1 (embedding, final norm, head).
+int block_of(const std::string & name) {
+    size_t at = std::string::npos;
+    if (const size_t p = name.find("layers."); p != std::string::npos) at = p + 7;
+    else if (name.starts_with("h.")) at = 2;
+    if (at == std::string::npos || at >= name.size() || !std::isdigit(static_cast<unsigned char>(name[at]))) return -1;
+    return std::atoi(name.c_str() + at);
+}
+bool is_embedding(const std::string & n) { return n == "wte.weight" || n == "wpe.weight" || n == "model.embed_tokens.weight"; }
+}  // namespace
+
+bool holds_tied_copy(const ModelConfig & cfg, bool first, bool last) { return cfg.tied_head && last && !first; }
+
+ParamLayout stage_layout(const ModelConfig & cfg, StageRange r, bool first, bool last) {
+    ParamLayout out;
+    for (const auto & p : make_param_layout(cfg).params) {
+        const int l = block_of(p.name);
+        bool keep = l >= r.begin && l < r.end;
+        if (l < 0) {
+            const bool token_table = p.name == "wte.weight" || p.name == "model.embed_tokens.weight";
+            keep = is_embedding(p.name) ? first || (token_table && holds_tied_copy(cfg, first, last)) : last;
+        }
+        if (!keep) continue;
+        ParamInfo q = p;
+        q.offset = out.total;
+        out.total += q.numel;
+        out.params.push_back(std::move(q));
+    }
+    return out;
+}
+
+std::vector<PipeAction> pipeline_schedule(PipeSchedule kind, int stages, int stage, int m) {
+    std::vector<PipeAction> out;
+    if (kind == PipeSchedule::gpipe) {
+        for (int i = 0; i < m; ++i) out.push_back({true, i});
+        for (int i = 0; i < m; ++i) out.push_back({false, i});
+        return out;
+    }
+    const int warmup = std::min(stages - stage - 1, m);
+    for (int i = 0; i < warmup; ++i) out.push_back({true, i});
+    for (int i = 0; i < m - warmup; ++i) {
+        out.push_back({true, warmup + i});
+        out.push_back({false, i});
+    }
+    for (int i = m - warmup; i < m; ++i) out.push_back({false, i});
+    return out;
+}
+
+}  // namespace memfit
