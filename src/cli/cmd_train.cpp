@@ -72,6 +72,15 @@ void add_train_flags(CLI::App * train, TrainOptions & t) {
                       "the LM head over groups of this many consecutive ranks (mpirun -np N: data parallel over "
                       "the N / tp groups); the heads, KV heads and MLP width must divide by it")
         ->capture_default_str();
+    train->add_option("--pp", t.pp,
+                      "pipeline parallel: split the blocks into this many stages (embedding with the first, LM "
+                      "head with the last, balanced by cost); each step's --grad-accum micro-batches flow through "
+                      "them; mpirun -np N with N a multiple of tp x pp")
+        ->capture_default_str();
+    train->add_option("--schedule", t.schedule,
+                      "pipeline schedule: gpipe (every forward, then every backward: all micro-batches' activations "
+                      "live at once) or 1f1b (at most P - s micro-batches in flight on stage s)")
+        ->capture_default_str();
     train->add_option("--bucket-mb", t.bucket_mb,
                       "data parallel: gradients are reduced in buckets of at least this many MiB of adjacent "
                       "blocks (0: one bucket per transformer block)")

@@ -69,7 +69,8 @@ StepResult resilient_step(std::unique_ptr<Engine> & engine, const ModelConfig & 
         } catch (const OutOfMemory & e) {
             // Data parallel: the other ranks are inside this step's collectives, and a re-plan
             // would have to happen on every rank at once; this rank fails (and mpirun stops the rest).
-            if (engine->options().data_parallel > 1 || engine->options().tensor_parallel > 1)
+            if (engine->options().data_parallel > 1 || engine->options().tensor_parallel > 1 ||
+                engine->options().pipeline_parallel > 1)
                 throw OutOfMemory(fmt::format("{}; rank {} of {}: a data-parallel run cannot re-plan mid-step; "
                                               "restart with a smaller --batch, more --grad-accum, a higher --zero "
                                               "or a larger --memory-budget",

@@ -85,6 +85,12 @@ void check_data_parallel_flags(const RunShape & s) {
                                       "transformer block)", s.bucket_mb));
     if (s.tp < 1 || s.tp > 4096)
         throw ConfigError(fmt::format("--tp {}: expected the number of ranks of a tensor group, 1 or more", s.tp));
+    if (s.pp < 1 || s.pp > 4096)
+        throw ConfigError(fmt::format("--pp {}: expected the number of pipeline stages, 1 or more", s.pp));
+    parse_schedule(s.schedule);
+    if ((s.tp > 1 || s.pp > 1) && s.fit == "auto")
+        throw ConfigError("--fit auto searches one rank's micro-batch, precision and recomputation; with --tp or --pp "
+                          "set them yourself (memfit plan --tp T --pp P shows what fits)");
 }
 
 namespace {
@@ -135,6 +141,9 @@ EngineOptions base_options(const RunShape & s, const ModelConfig & cfg, bool wit
     eo.rank = s.rank;
     eo.tensor_parallel = s.tp;
     eo.tp_rank = s.tp_rank;
+    eo.pipeline_parallel = s.pp;
+    eo.pp_rank = s.pp_rank;
+    eo.schedule = parse_schedule(s.schedule);
     eo.zero = s.zero;
     eo.bucket_bytes = size_t(std::llround(s.bucket_mb * 1048576.0));
     eo.B = s.batch;

@@ -46,9 +46,15 @@ struct RunShape {
     // this rank's place in it, set by the trainer.
     int      tp = 1;
     int      tp_rank = 0;
+    // Pipeline parallel (--pp P, --schedule gpipe|1f1b): stages of consecutive blocks; each
+    // step's --grad-accum micro-batches flow through them. pp_rank: this rank's stage.
+    int      pp = 1;
+    int      pp_rank = 0;
+    std::string schedule = "1f1b";
 };
 
-// ConfigError for a --zero outside 0..3, a negative --bucket-mb or a --tp below 1.
+// ConfigError for a --zero outside 0..3, a negative --bucket-mb, a --tp or --pp below 1 or an
+// unknown --schedule.
 void check_data_parallel_flags(const RunShape & s);
 
 // The LoRA options the flags name, checked against the model and the compute precision.

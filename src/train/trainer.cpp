@@ -194,6 +194,28 @@ std::string write_checkpoint(const std::string & root, Engine & engine, nlohmann
     return save_checkpoint_sharded(root, Checkpoint{std::move(s), std::move(meta)}, keep, eo.zero, comm);
 }
 
+// Pipeline: each stage's time in transfers (pp_exchange: waiting for a neighbour, plus the copy)
+// over the last step, against the schedule's ideal bubble (P - 1) / (m + P - 1). Collective.
+std::string pipeline_idle(Communicator & comm, const ParallelLayout & l, const Timeline & t, int m) {
+    double idle = 0, begin = 0, end = 0;
+    uint64_t exchanges = 0;
+    for (const auto & e : t.events)
+        if (std::string_view(e.name) == "pp_exchange") idle += e.end_us - e.begin_us, ++exchanges;
+    if (!t.events.empty()) begin = t.events.front().begin_us, end = t.events.back().end_us;
+    const auto idle_ns = comm.all_gather_u64(uint64_t(idle * 1e3)), step_ns = comm.all_gather_u64(uint64_t((end - begin) * 1e3));
+    const auto counts = comm.all_gather_u64(exchanges);
+    std::string out = fmt::format("pipeline idle per stage (last step; time in transfers / step time; ideal bubble "
+                                  "(P-1)/(m+P-1) = {:.1f}% for P = {}, m = {}):", 100.0 * (l.pp - 1) / (m + l.pp - 1),
+                                  l.pp, m);
+    for (int s = 0; s < l.pp; ++s) {
+        const int r = world_rank_of(l, RankCoords{0, s, 0});
+        out += fmt::format("\n  stage {} (rank {}): idle {:.1f}% of {:.1f} ms, {} exchanges, {} forwards and {} "
+                           "backwards", s, r, 100.0 * double(idle_ns[size_t(r)]) / double(std::max<uint64_t>(1, step_ns[size_t(r)])),
+                           double(step_ns[size_t(r)]) / 1e6, counts[size_t(r)], m, m);
+    }
+    return out;
+}
+
 // Per-rank memory, gathered: what each rank's ledger measured.
 struct RankMemory {
     std::vector<CategoryBytes> reserved, live;   // [rank]
@@ -284,14 +306,14 @@ void run_training(const TrainOptions & opt) {
     const ProgressMode mode = progress_mode(opt.progress);
     // Data parallel (`mpirun -np N memfit train ...`): --batch is the global micro-batch; every
     // rank runs B/N of its sequences. Rank 0 alone prints and writes outputs.
-    // Tensor parallel (--tp T): groups of T consecutive ranks share each micro-batch; data
-    // parallel runs over the N / T groups.
+    // Tensor parallel (--tp T): groups of T consecutive ranks share each micro-batch; pipeline
+    // parallel (--pp P): P stages; data parallel runs over the N / (T P) copies of the model.
     const std::unique_ptr<Communicator> comm = make_communicator();
     const int world = comm->size();
     const bool lead = comm->rank() == 0;
-    const ParallelLayout layout = derive_layout(world, opt.tp, 1);
+    const ParallelLayout layout = derive_layout(world, opt.tp, opt.pp);
     std::unique_ptr<ProcessGroups> pgroups;
-    if (layout.tp > 1) pgroups = std::make_unique<ProcessGroups>(*comm, layout);
+    if (layout.tp > 1 || layout.pp > 1) pgroups = std::make_unique<ProcessGroups>(*comm, layout);
     // `ranks` and `rank`: the data-parallel ones (the world without tensor parallelism).
     const int ranks = layout.dp, rank = pgroups ? pgroups->coords.dp : comm->rank();
     Communicator * data_comm = pgroups ? pgroups->dp.get() : comm.get();
@@ -350,6 +372,7 @@ void run_training(const TrainOptions & opt) {
     shape.batch = opt.batch / ranks;
     shape.data_parallel = ranks;
     shape.tp_rank = 0;
+    shape.pp_rank = pgroups ? pgroups->coords.pp : 0;   // the stages' programs differ: each plans its own
     // Every rank resolves the flags as rank 0 would (every rank's program has the same buffers,
     // so --fit auto and --recompute budget make the same choice on all); then each builds its own.
     shape.rank = 0;
@@ -360,6 +383,8 @@ void run_training(const TrainOptions & opt) {
     eo.comm = data_comm;
     eo.tp_comm = pgroups ? pgroups->tp.get() : nullptr;
     eo.tp_rank = pgroups ? pgroups->coords.tp : 0;
+    eo.pp_comm = pgroups ? pgroups->pp.get() : nullptr;
+    eo.emb_comm = pgroups ? pgroups->emb.get() : nullptr;
     for (const auto & n : run.notes) say(n);
     // batch, accum: the global micro-batch and accumulation the engine runs (its B x ranks).
     const int batch = eo.B * ranks, accum = eo.grad_accum;
@@ -385,6 +410,13 @@ void run_training(const TrainOptions & opt) {
         say(fmt::format("  tensor parallel: {} ranks per group, each {} of {} heads ({} of {} KV), MLP {} of {}, "
                         "vocabulary rows {} of {}", layout.tp, slice.n_head, cfg.n_head, slice.kv_heads(),
                         cfg.kv_heads(), slice.ffn_dim(), cfg.ffn_dim(), slice.vocab_size, cfg.vocab_size));
+    }
+    if (layout.pp > 1) {
+        std::string stages;
+        for (const auto & r : pipeline_stages(tp_local_config(cfg, layout.tp), layout.pp, opt.seq))
+            stages += fmt::format("{}[{}, {})", stages.empty() ? "" : " ", r.begin, r.end);
+        say(fmt::format("  pipeline parallel: {} stages, blocks {}, schedule {}, {} micro-batches of {} per step",
+                        layout.pp, stages, schedule_name(eo.schedule), accum, eo.B));
     }
     if (eo.lora.enabled()) {
         const size_t A = lora_param_count(cfg, eo.lora);
@@ -413,7 +445,7 @@ void run_training(const TrainOptions & opt) {
             std::vector<float> full(size_t(cfg.num_params()));
             load_hf_weights(opt.model, cfg, make_param_layout(cfg), full.data());
             engine->set_base(full.data());
-        } else if (layout.tp > 1) {   // the whole model; each rank keeps its slice
+        } else if (layout.tp > 1 || layout.pp > 1) {   // the whole model; each rank keeps its part
             std::vector<float> full(size_t(cfg.num_params()));
             load_hf_weights(opt.model, cfg, make_param_layout(cfg), full.data());
             engine->set_params(full.data());
@@ -556,10 +588,11 @@ void run_training(const TrainOptions & opt) {
     // Every rank's measured memory, for the min/max over ranks (a collective: before rank 0 goes
     // its own way).
     const RankMemory rank_memory = gather_memory(*comm, L, rss);
+    const std::string bubble = layout.pp > 1 ? pipeline_idle(*comm, layout, timeline, accum) : std::string();
     // The whole model's weights for the sample (collective under ZeRO).
     const bool want_sample = opt.sample_tokens > 0 && !data.tokenizer.empty() && !opt.profile;
     std::vector<float> sample_weights;
-    if (want_sample && (lead || eo.zero > 0 || layout.tp > 1)) sample_weights = engine->merged_weights();
+    if (want_sample && (lead || eo.zero > 0 || layout.tp > 1 || layout.pp > 1)) sample_weights = engine->merged_weights();
     if (!lead) return;
     if (opt.check_lifetimes)
         say("  (--check-lifetimes: every buffer had its own allocation, so reserved bytes are not the plan's regions)");
@@ -568,6 +601,7 @@ void run_training(const TrainOptions & opt) {
     say(fmt::format("  peak RSS {} (planned reserved {} + code, libraries, data loader)", format_bytes(rss),
                     format_bytes(plan_rsv.total())));
     if (world > 1) say(format_rank_memory(rank_memory));
+    if (!bubble.empty()) say(bubble);
     say(fmt::format("done: {} steps in {:.1f} s, {:.0f} tokens/s, final loss {:.4f}{}", opt.steps, wall, tps, last_loss,
                     std::isnan(last_val) ? std::string() : fmt::format(", validation loss {:.4f}", last_val)));
 
@@ -577,7 +611,7 @@ void run_training(const TrainOptions & opt) {
                     {"vocab_size", cfg.vocab_size}, {"params", cfg.num_params()}, {"batch", batch},
                     {"grad_accum", accum}, {"attention", eo.flash_attention ? "flash" : "naive"},
                     {"recompute", eo.recompute.name}, {"loss_chunk", eo.loss_chunk},
-                    {"seq", opt.seq}, {"steps", opt.steps}, {"data_parallel", ranks}, {"tensor_parallel", layout.tp}, {"zero", eo.zero},
+                    {"seq", opt.seq}, {"steps", opt.steps}, {"data_parallel", ranks}, {"tensor_parallel", layout.tp}, {"pipeline_parallel", layout.pp}, {"zero", eo.zero},
                     {"bucket_bytes", eo.bucket_bytes}, {"lr", opt.lr}, {"weight_decay", opt.weight_decay},
                     {"seed", opt.seed}, {"threads", omp_get_max_threads()}, {"precision", precision_name(eo.compute)},
                     {"data", data.train_path}, {"tokenizer", data.tokenizer},
