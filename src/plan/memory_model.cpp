@@ -210,14 +210,17 @@ uint64_t megatron_layer_activation_bytes(const ModelConfig & cfg, int b, int s, 
 DeviceMemory exact_memory(const ModelConfig & cfg, const Hardware & hw, const Candidate & c, int seq,
                           const Backend & sizing) {
     const Layout & L = c.layout;
-    if (L.pp != 1 || L.sp || L.offload != Offload::none || c.optimizer != Optimizer::adamw)
-        throw ConfigError("the engine's exact plan covers data parallelism (any ZeRO stage) and tensor parallelism "
-                          "with AdamW, without sequence or pipeline parallelism or offload");
+    if (L.sp || L.offload != Offload::none || c.optimizer != Optimizer::adamw ||
+        (L.pp > 1 && (L.schedule == Schedule::interleaved || L.zero >= 2 || c.lora)))
+        throw ConfigError("the engine's exact plan covers data (any ZeRO stage), tensor and pipeline parallelism "
+                          "(gpipe or 1f1b, ZeRO 0-1) with AdamW, without sequence parallelism or offload");
     EngineOptions eo;
-    // Rank 0's program: every rank's buffers have the same sizes (equal, padded shards; equal
-    // tensor-parallel slices, the vocabulary's padded).
+    // Rank 0's program for each stage: every data and tensor rank's buffers have the same sizes
+    // (equal, padded shards and slices); the stages differ, and the largest is the device's.
     eo.data_parallel = L.dp;
     eo.tensor_parallel = L.tp;
+    eo.pipeline_parallel = L.pp;
+    eo.schedule = L.schedule == Schedule::gpipe ? PipeSchedule::gpipe : PipeSchedule::one_f_one_b;
     eo.zero = L.zero;
     eo.B = c.micro_batch;
     eo.T = seq;
@@ -227,14 +230,22 @@ DeviceMemory exact_memory(const ModelConfig & cfg, const Hardware & hw, const Ca
     eo.compute = c.compute;
     eo.recompute = parse_recompute(c.recompute, cfg.n_layer);
     if (c.lora) eo.lora = c.lora->opts;
-    const StepPlans plans(cfg, sizing, eo);
     DeviceMemory m;
-    m.device = plans.peak_live();
-    if (c.lora)
-        for (const auto & buf : plans.train->program().buffers())
-            if (buf.name == "parameters" || buf.name == "parameters.quantized") m.frozen += buf.bytes;
+    for (int stage = 0; stage < L.pp; ++stage) {
+        eo.pp_rank = stage;
+        const StepPlans plans(cfg, sizing, eo);
+        const CategoryBytes live = plans.peak_live();
+        if (L.pp > 1) m.stages.push_back(live);
+        if (stage > 0 && live.total() <= m.device.total()) continue;
+        m.device = live;
+        m.frozen = 0;
+        if (c.lora)
+            for (const auto & buf : plans.train->program().buffers())
+                if (buf.name == "parameters" || buf.name == "parameters.quantized") m.frozen += buf.bytes;
+        m.loaded = L.pp > 1 ? fmt::format("pipeline stage {} (the largest)", stage)
+                 : L.dp * L.tp > 1 ? "every rank (equal shards)" : "the only device";
+    }
     m.device[Category::runtime] = hw.memory - hw.usable;
-    m.loaded = L.dp * L.tp > 1 ? "every rank (equal shards)" : "the only device";
     m.exact = true;
     return m;
 }

@@ -62,6 +62,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "memory/category.h"
@@ -76,6 +77,8 @@ struct DeviceMemory {
     std::string loaded;        // which device that is ("the only device", "first pipeline stage", ...)
     bool exact = false;        // from the engine's own recorded program
     uint64_t frozen = 0;       // LoRA: bytes of `parameters` that are the frozen base (packed part included)
+    // Exact plans of a pipeline: every stage's peak live bytes (runtime not included), stage order.
+    std::vector<CategoryBytes> stages;
     uint64_t total() const { return device.total(); }
 };
 

@@ -25,6 +25,8 @@ std::string bar(const CategoryBytes & b, uint64_t capacity, int width) {
 nlohmann::json result_json(const PlanResult & p) {
     nlohmann::json mem = nlohmann::json::object();
     for (size_t c = 0; c < kCategoryCount; ++c) mem[std::string(kCategoryNames[c])] = p.mem.device.v[c];
+    nlohmann::json stages = nlohmann::json::array();
+    for (const auto & st : p.mem.stages) stages.push_back(st.total());
     const Layout & l = p.c.layout;
     return {{"layout", {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"zero", l.zero},
                         {"offload", l.offload == Offload::none ? "none"
@@ -36,7 +38,8 @@ nlohmann::json result_json(const PlanResult & p) {
             {"micro_batch", p.c.micro_batch}, {"accumulation", p.c.accum}, {"recompute", p.c.recompute},
             {"attention", p.c.flash ? "flash" : "naive"},
             {"memory", {{"per_device", mem}, {"total", p.mem.total()}, {"host", p.mem.host},
-                        {"most_loaded", p.mem.loaded}, {"exact", p.mem.exact}, {"frozen", p.mem.frozen}}},
+                        {"most_loaded", p.mem.loaded}, {"exact", p.mem.exact}, {"frozen", p.mem.frozen},
+                        {"stages", stages}}},
             {"time", {{"step_s", p.time.total}, {"compute_s", p.time.compute}, {"recompute_s", p.time.recompute},
                       {"memory_bound_s", p.time.memory_bound}, {"comm_s", p.time.comm},
                       {"comm_exposed_s", p.time.comm_exposed}, {"bubble_s", p.time.bubble},
@@ -100,6 +103,9 @@ std::string format_plan(const PlanRequest & r, const SearchReport & rep, bool ex
                            b.mem.host ? fmt::format("{} offloaded to host memory per device; ", format_bytes(b.mem.host))
                                       : std::string());
         out += fmt::format("headroom {}\n", format_bytes(cap - b.mem.total()));
+        for (size_t st = 0; st < b.mem.stages.size(); ++st)
+            out += fmt::format("    pipeline stage {}: {} peak live (without runtime)\n", st,
+                               format_bytes(b.mem.stages[st].total()));
         if (r.lora)
             out += fmt::format("  parameters on that device: frozen base {}, adapters {}\n", format_bytes(b.mem.frozen),
                                format_bytes(b.mem.device[Category::parameters] - b.mem.frozen));

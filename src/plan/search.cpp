@@ -61,11 +61,13 @@ bool host_fits(const PlanRequest & r, const DeviceMemory & m) {
 }
 
 bool engine_runs(const PlanRequest & r, const Candidate & c, const ModelConfig & cfg) {
-    // Data parallelism, ZeRO and tensor parallelism are in the engine's step program; sequence
-    // and pipeline parallelism and offload are not (yet).
+    // Data parallelism, ZeRO, tensor and pipeline parallelism are in the engine's step program;
+    // sequence parallelism, the interleaved schedule and offload are not.
     const int T = c.layout.tp;
     const bool splits = cfg.n_head % T == 0 && cfg.kv_heads() % T == 0 && cfg.ffn_dim() % T == 0;
-    return r.exact_sizing && splits && c.layout.pp == 1 && !c.layout.sp &&
+    const bool pipeline = c.layout.pp == 1 || (c.layout.pp <= cfg.n_layer && c.layout.zero < 2 && !c.lora &&
+                                               c.layout.schedule != Schedule::interleaved);
+    return r.exact_sizing && splits && pipeline && !c.layout.sp &&
            c.layout.offload == Offload::none && c.optimizer == Optimizer::adamw;
 }
 

@@ -589,6 +589,8 @@ void run_training(const TrainOptions & opt) {
     // its own way).
     const RankMemory rank_memory = gather_memory(*comm, L, rss);
     const std::string bubble = layout.pp > 1 ? pipeline_idle(*comm, layout, timeline, accum) : std::string();
+    // Tensor and pipeline ranks run different programs: each rank's plan beside its measurement.
+    const std::vector<uint64_t> planned_by_rank = comm->all_gather_u64(plan_live.total());
     // The whole model's weights for the sample (collective under ZeRO).
     const bool want_sample = opt.sample_tokens > 0 && !data.tokenizer.empty() && !opt.profile;
     std::vector<float> sample_weights;
@@ -601,6 +603,17 @@ void run_training(const TrainOptions & opt) {
     say(fmt::format("  peak RSS {} (planned reserved {} + code, libraries, data loader)", format_bytes(rss),
                     format_bytes(plan_rsv.total())));
     if (world > 1) say(format_rank_memory(rank_memory));
+    if (layout.tp > 1 || layout.pp > 1) {
+        std::string lines = "per rank: planned vs measured peak live";
+        for (int k = 0; k < world; ++k) {
+            const RankCoords rc = rank_coords(layout, k);
+            const uint64_t measured = rank_memory.live[size_t(k)].total();
+            lines += fmt::format("\n  rank {} (tp {}, pp {}, dp {}): planned {}, measured {}{}", k, rc.tp, rc.pp, rc.dp,
+                                 format_bytes(planned_by_rank[size_t(k)]), format_bytes(measured),
+                                 measured == planned_by_rank[size_t(k)] ? " (equal)" : "");
+        }
+        say(lines);
+    }
     if (!bubble.empty()) say(bubble);
     say(fmt::format("done: {} steps in {:.1f} s, {:.0f} tokens/s, final loss {:.4f}{}", opt.steps, wall, tps, last_loss,
                     std::isnan(last_val) ? std::string() : fmt::format(", validation loss {:.4f}", last_val)));

@@ -3,11 +3,15 @@
 // same), so every rank's measured peak live bytes equal the plan per category.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "backend/cpu/cpu_backend.h"
 #include "comm/communicator.h"
+#include "comm/groups.h"
 #include "model/recompute.h"
 #include "plan/hardware.h"
 #include "plan/search.h"
@@ -83,5 +87,93 @@ TEST(ZeroPlan, CpuPlanEqualsEveryRanksMeasuredMemory) {
         // Every rank reserves the same bytes, so every rank makes the same --fit auto choice.
         const std::vector<uint64_t> rsv = c.all_gather_u64(e.ledger().reserved_peak().total());
         for (int q = 1; q < N; ++q) EXPECT_EQ(rsv[0], rsv[size_t(q)]) << "rank " << q;
+    }
+}
+
+// `memfit plan --hardware cpu --gpus N --tp T --pp P --schedule S` against each rank's measured
+// peak: the plan records every stage's program (rank 0 of its tensor and data groups: the others'
+// buffers have the same sizes), and each rank's ledger equals its stage's plan per category.
+TEST(ParallelPlan, CpuPlanEqualsEveryRanksMeasuredMemoryUnderTensorAndPipeline) {
+    Communicator & c = comm();
+    const int N = c.size();
+    ASSERT_GE(N, 2);
+    CpuBackend backend;
+    const Hardware hw = find_hardware(default_hardware_catalog(""), "cpu");
+    struct Case { bool llama; DType dt; int tp, pp, zero; Schedule sch; const char * rc; };
+    std::vector<Case> cases = {{false, DType::f32, 2, 1, 0, Schedule::one_f_one_b, "none"},
+                               {true, DType::bf16, 1, 2, 0, Schedule::gpipe, "selective"},
+                               {false, DType::bf16, 1, 2, 0, Schedule::one_f_one_b, "full"}};
+    if (N == 4)
+        cases = {{false, DType::f32, 2, 2, 0, Schedule::one_f_one_b, "none"},
+                 {true, DType::bf16, 1, 4, 0, Schedule::gpipe, "selective"},
+                 {false, DType::bf16, 1, 2, 1, Schedule::one_f_one_b, "none"},
+                 {true, DType::f32, 2, 1, 1, Schedule::one_f_one_b, "full"}};
+    for (const Case & k : cases) {
+        const ModelConfig cfg = test::small_family(k.llama, 53, 32, 4, 4, 64, 32);
+        SCOPED_TRACE(fmt::format("{} {} tp {} pp {} zero {} {} recompute {}", k.llama ? "llama" : "gpt2",
+                                 dtype_name(k.dt), k.tp, k.pp, k.zero,
+                                 k.sch == Schedule::gpipe ? "gpipe" : "1f1b", k.rc));
+        const int B = 2, T = 16, m = 4;   // per data rank; micro-batches per step
+        const int D = N / (k.tp * k.pp);
+        PlanRequest r;
+        r.cfg = cfg;
+        r.hw = hw;
+        r.gpus = N;
+        r.seq = T;
+        r.global_batch = B * m * D;
+        r.micro_batch = B;
+        r.compute = k.dt;
+        r.zero = k.zero;
+        r.tp = k.tp;
+        r.pp = k.pp;
+        r.schedule = k.sch;
+        r.sp = false;   // sequence parallelism is not in the engine
+        r.offload = Offload::none;
+        r.flash = true;
+        r.recompute = k.rc;
+        r.exact_sizing = &backend;
+        const SearchReport rep = search_plans(r);
+        ASSERT_FALSE(rep.best.empty());
+        const PlanResult & best = rep.best[0];
+        ASSERT_TRUE(best.mem.exact);
+        ASSERT_EQ(best.c.layout.tp, k.tp);
+        ASSERT_EQ(best.c.layout.pp, k.pp);
+        ASSERT_EQ(best.c.accum, m);
+
+        const ProcessGroups pg(c, derive_layout(N, k.tp, k.pp));
+        EngineOptions eo;
+        eo.B = B;
+        eo.T = T;
+        eo.grad_accum = m;
+        eo.with_eval = false;
+        eo.flash_attention = true;
+        eo.compute = k.dt;
+        eo.recompute = parse_recompute(k.rc, cfg.n_layer);
+        eo.data_parallel = D;
+        eo.comm = pg.dp.get();
+        eo.zero = k.zero;
+        eo.tensor_parallel = k.tp;
+        eo.tp_comm = pg.tp.get();
+        eo.pipeline_parallel = k.pp;
+        eo.pp_comm = pg.pp.get();
+        eo.emb_comm = pg.emb.get();
+        eo.schedule = k.sch == Schedule::gpipe ? PipeSchedule::gpipe : PipeSchedule::one_f_one_b;
+        Engine e(cfg, backend, eo);
+        e.init_params(1);
+        std::vector<int32_t> in(size_t(B * T * m)), tg(in.size());
+        for (int s = 0; s < 2; ++s) {
+            test::random_batch(in, tg, cfg.vocab_size, uint64_t(s * N + pg.coords.dp));
+            e.train_step(in.data(), tg.data(), AdamWHyper{});
+        }
+        const CategoryBytes planned = k.pp > 1 ? best.mem.stages.at(size_t(pg.coords.pp)) : best.mem.device;
+        for (size_t cat = 0; cat < kCategoryCount; ++cat) {
+            if (Category(cat) == Category::runtime) continue;
+            EXPECT_EQ(planned.v[cat], e.ledger().live_peak().v[cat]) << kCategoryNames[cat];
+        }
+        if (k.pp > 1) {   // the device the plan reports is the largest stage
+            uint64_t most = 0;
+            for (const auto & st : best.mem.stages) most = std::max(most, st.total());
+            EXPECT_EQ(most + best.mem.device[Category::runtime], best.mem.total());
+        }
     }
 }
