@@ -72,6 +72,10 @@ void add_train_flags(CLI::App * train, TrainOptions & t) {
                       "the LM head over groups of this many consecutive ranks (mpirun -np N: data parallel over "
                       "the N / tp groups); the heads, KV heads and MLP width must divide by it")
         ->capture_default_str();
+    train->add_flag("--sp", t.sp,
+                    "sequence parallel (with --tp): norms and residual adds run on 1/tp of the tokens, with "
+                    "all-gathers and reduce-scatters in place of the all-reduces, so those activations divide by tp "
+                    "(Korthikanti et al. 2022)");
     train->add_option("--pp", t.pp,
                       "pipeline parallel: split the blocks into this many stages (embedding with the first, LM "
                       "head with the last, balanced by cost); each step's --grad-accum micro-batches flow through "

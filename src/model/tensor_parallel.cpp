@@ -107,6 +107,18 @@ std::vector<TpRange> tp_replicated(const ParamLayout & local, int T) {
     return out;
 }
 
+std::vector<TpRange> sp_partial(const ParamLayout & local) {
+    std::vector<TpRange> out;
+    for (const auto & p : local.params) {
+        const bool norm = split_of(p.name).kind == Split::replicated && !p.name.ends_with("c_proj.bias") &&
+                          !p.name.ends_with("wpe.weight");
+        if (!norm) continue;
+        if (!out.empty() && out.back().b == p.offset) out.back().b += p.numel;
+        else out.push_back({p.offset, p.offset + p.numel});
+    }
+    return out;
+}
+
 std::vector<float> tp_slice(const ModelConfig & cfg, int T, int r, const float * full) {
     std::vector<float> local(make_param_layout(tp_local_config(cfg, T)).total, 0.0f);
     for (const auto & run : tp_runs(cfg, T, r)) std::copy_n(full + run.full, run.n, local.data() + run.local);

@@ -44,6 +44,11 @@ std::vector<TpRun> tp_runs(const ModelConfig & cfg, int T, int r);
 struct TpRange { size_t a, b; };
 std::vector<TpRange> tp_replicated(const ParamLayout & local, int T);
 
+// Sequence parallel: the ranges of a local layout whose gradients each tensor rank computes from
+// its own rows only (the norms' gains and biases), to be summed over the group once per step.
+// The other replicated parameters' gradients come from whole gathered tensors.
+std::vector<TpRange> sp_partial(const ParamLayout & local);
+
 // Rank r's slice taken from the whole model's weights (padding rows zero).
 std::vector<float> tp_slice(const ModelConfig & cfg, int T, int r, const float * full);
 // The whole model from every rank's slice, in rank order.

@@ -120,26 +120,46 @@ Transformer::LayerActs Transformer::declare_layer(Program & program, const std::
     auto act = [&](const std::string & name, std::initializer_list<int64_t> dims, bool f32 = false) {
         return this->act(program, h + name, dims, f32);
     };
+    // The residual stream's buffers: [B, T, C], or this rank's rows of it (sequence parallel).
+    const int64_t n = rows_;
+    auto stream = [&](const std::string & name) {
+        return sp_ ? act(name, {n, C}) : act(name, {b, t, C});
+    };
+    auto stats = [&](const std::string & name) { return sp_ ? act(name, {n}, true) : act(name, {b, t}, true); };
     LayerActs a;
     a.layer = std::stoi(h.substr(2));
     a.rc = h.ends_with("rc.");
-    a.ln1 = act("ln_1.out", {b, t, C});
-    if (!llama_) a.ln1_mean = act("ln_1.mean", {b, t}, true);
-    a.ln1_rstd = act("ln_1.rstd", {b, t}, true);
+    a.ln1 = stream("ln_1.out");
+    if (!llama_) a.ln1_mean = stats("ln_1.mean");
+    a.ln1_rstd = stats("ln_1.rstd");
     a.qkv = act("attn.qkv", {b, t, Q});
     if (gqa_) a.qkv_rep = act("attn.qkv_rep", {b, t, QR});
     if (flash_) a.lse = act("attn.lse", {b, NH, t}, true);
     else a.att = act("attn.probs", {b, NH, t, t});
     a.atty = act("attn.out", {b, t, H});
     a.attproj = act("attn.proj", {b, t, C});
-    a.res2 = act("residual_attn", {b, t, C});
-    a.ln2 = act("ln_2.out", {b, t, C});
-    if (!llama_) a.ln2_mean = act("ln_2.mean", {b, t}, true);
-    a.ln2_rstd = act("ln_2.rstd", {b, t}, true);
+    a.res2 = stream("residual_attn");
+    a.ln2 = stream("ln_2.out");
+    if (!llama_) a.ln2_mean = stats("ln_2.mean");
+    a.ln2_rstd = stats("ln_2.rstd");
     a.fch = act("mlp.fc", {b, t, F});
     a.fch_gelu = act(llama_ ? "mlp.swiglu" : "mlp.gelu", {b, t, A});
     a.fcproj = act("mlp.proj", {b, t, C});
-    a.res3 = act("residual_mlp", {b, t, C});
+    a.res3 = stream("residual_mlp");
+    if (sp_) {
+        a.ln1g = act("ln_1.gathered", {b, t, C});
+        a.ln2g = act("ln_2.gathered", {b, t, C});
+        a.attproj_s = stream("attn.proj.rows");
+        a.fcproj_s = stream("mlp.proj.rows");
+        if (with_backward) {
+            a.ln1g_b = act("ln_1.gathered.bwd", {b, t, C});
+            a.ln2g_b = act("ln_2.gathered.bwd", {b, t, C});
+            a.dln1_s = stream("ln_1.out.grad.rows");
+            a.dln2_s = stream("ln_2.out.grad.rows");
+            a.dres_g1 = act("residual.grad.gathered.mlp", {b, t, C});
+            a.dres_g2 = act("residual.grad.gathered.attn", {b, t, C});
+        }
+    }
     a.tp_attn = tp_scratch(program, h + "attn.proj.tp_sum", b * t * C);
     a.tp_mlp = tp_scratch(program, h + "mlp.proj.tp_sum", b * t * C);
     if (with_backward) {
@@ -161,7 +181,9 @@ Transformer::LayerActs Transformer::declare_layer(Program & program, const std::
 
 Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & program, const ModelOptions & opt)
     : cfg_(cfg), B_(B), T_(T), lb_(opt.layer_begin), le_(opt.layer_end < 0 ? cfg.n_layer : opt.layer_end),
-      prefix_(opt.prefix), tp_(opt.tp) {
+      prefix_(opt.prefix), tp_(opt.tp), sp_(opt.tp.enabled() && opt.tp.sequence),
+      rows_(sp_ ? int64_t(B) * T / opt.tp.ranks : int64_t(B) * T) {
+    MF_ASSERT(!sp_ || rows_ * opt.tp.ranks == int64_t(B) * T);
     MF_ASSERT(lb_ >= 0 && lb_ < le_ && le_ <= cfg.n_layer);
     MF_ASSERT((lb_ == 0 && le_ == cfg.n_layer) || (!opt.lora.enabled() && opt.kv_capacity == 0 && !opt.keep_logits));
     const int64_t b = B, t = T, C = cfg.n_embd, V = cfg.vocab_size;
@@ -175,11 +197,13 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
     auto act = [&](const std::string & name, std::initializer_list<int64_t> dims, bool f32 = false) {
         return this->act(program, name, dims, f32);
     };
+    auto stream = [&](const std::string & name) { return sp_ ? act(name, {rows_, C}) : act(name, {b, t, C}); };
     if (first_stage()) {
-        encoded_ = act("encoded", {b, t, C});
+        encoded_ = stream("encoded");
+        if (sp_) encoded_full_ = act("encoded.whole", {b, t, C});
         tp_encoded_ = tp_scratch(program, "encoded.tp_sum", b * t * C);
     } else {
-        input_ = act("stage.input", {b, t, C});
+        input_ = stream("stage.input");
     }
     for (int l = lb_; l < le_; ++l) {
         const std::string h = fmt::format("h.{}.", l);
@@ -212,11 +236,13 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
             lowest_trained_layer_ = std::min(lowest_trained_layer_, s.layer);
         }
     }
-    if (opt.with_backward) dres_ = act("residual.grad", {b, t, C});
+    if (opt.with_backward) dres_ = stream("residual.grad");
+    if (opt.with_backward && sp_ && first_stage()) dres_embed_ = act("residual.grad.gathered.embed", {b, t, C});
     if (!last_stage()) return;
     lnf_ = act("ln_f.out", {b, t, C});
-    if (!llama_) lnf_mean_ = act("ln_f.mean", {b, t}, true);
-    lnf_rstd_ = act("ln_f.rstd", {b, t}, true);
+    lnf_s_ = sp_ ? stream("ln_f.out.rows") : lnf_;
+    if (!llama_) lnf_mean_ = sp_ ? act("ln_f.mean", {rows_}, true) : act("ln_f.mean", {b, t}, true);
+    lnf_rstd_ = sp_ ? act("ln_f.rstd", {rows_}, true) : act("ln_f.rstd", {b, t}, true);
     if (opt.kv_capacity > 0) {
         MF_ASSERT(B == 1 && !opt.with_backward && T <= opt.kv_capacity);
         const int64_t cap = opt.kv_capacity, KV = int64_t(cfg.kv_heads()) * cfg.head_dim();
@@ -240,6 +266,7 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
         logits_ = act("logits", {b, t, V}, true);
     if (opt.with_backward) {
         dlnf_ = act("ln_f.out.grad", {b, t, C});
+        if (sp_) dlnf_s_ = stream("ln_f.out.grad.rows");
         tp_dlnf_ = tp_scratch(program, "ln_f.out.grad.tp_sum", b * t * C);
     }
     if (tp_.enabled()) {   // per chunk: this rank's (lse, target logit), every rank's, the whole lse
@@ -252,6 +279,25 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
 Tensor Transformer::tp_scratch(Program & program, const std::string & name, int64_t elems) const {
     if (!tp_.enabled() || dt_ == DType::f32) return Tensor{};
     return Tensor(program.declare(prefix_ + name, Category::communication, size_t(elems) * 4), DType::f32, {elems});
+}
+
+Tensor Transformer::gather_rows(Graph & g, Tensor slice, Tensor full, Phase resume) const {
+    if (!sp_) return slice;
+    g.phase(Phase::communication);
+    g.tp_all_gather(full.view(0, {full.numel()}), slice.view(0, {slice.numel()}));
+    g.phase(resume);
+    return full;
+}
+
+Tensor Transformer::reduce_rows(Graph & g, Tensor partial, Tensor slice, Tensor scratch, Phase resume) const {
+    if (!sp_) {
+        tp_sum(g, partial, scratch, resume);
+        return partial;
+    }
+    g.phase(Phase::communication);
+    g.tp_reduce_scatter(slice.view(0, {slice.numel()}), partial.view(0, {partial.numel()}), scratch);
+    g.phase(resume);
+    return slice;
 }
 
 void Transformer::tp_sum(Graph & g, Tensor t, Tensor scratch, Phase resume) const {
@@ -380,24 +426,22 @@ void Transformer::project_bwd(Graph & g, Tensor dinp, Tensor dout, Tensor inp, c
 
 void Transformer::layer_forward(Graph & g, const LayerActs & a, const ModelWeights::Layer & p, Tensor x,
                                 bool need_output, int cache, int pos0) const {
+    const Phase phase = a.rc ? Phase::recompute : Phase::forward;
     norm_fwd(g, a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b);
-    qkv_fwd(g, a.qkv, a.ln1, p, pos0, a.rc);
+    qkv_fwd(g, a.qkv, gather_rows(g, a.ln1, a.ln1g, phase), p, pos0, a.rc);
     if (cache >= 0)
         g.cached_attention_fwd(a.atty, a.qkv, kcache_[size_t(cache)], vcache_[size_t(cache)], pos0, cfg_.n_head,
                                cfg_.kv_heads());
     else
         attention_fwd(g, a.atty, a.lse, a.att, a.qkv_rep, a.qkv);
-    const Phase phase = a.rc ? Phase::recompute : Phase::forward;
     project(g, a.attproj, a.atty, p, Proj::o, a.rc);
-    tp_sum(g, a.attproj, a.tp_attn, phase);
-    g.residual_fwd(a.res2, x, a.attproj);
+    g.residual_fwd(a.res2, x, reduce_rows(g, a.attproj, a.attproj_s, a.tp_attn, phase));
     norm_fwd(g, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b);
-    project(g, a.fch, a.ln2, p, Proj::fc, a.rc);
+    project(g, a.fch, gather_rows(g, a.ln2, a.ln2g, phase), p, Proj::fc, a.rc);
     act_fwd(g, a.fch_gelu, a.fch);
     if (!need_output) return;
     project(g, a.fcproj, a.fch_gelu, p, Proj::down, a.rc);
-    tp_sum(g, a.fcproj, a.tp_mlp, phase);
-    g.residual_fwd(a.res3, a.res2, a.fcproj);
+    g.residual_fwd(a.res3, a.res2, reduce_rows(g, a.fcproj, a.fcproj_s, a.tp_mlp, phase));
 }
 
 void Transformer::forward(Graph & g, const ModelWeights & w, Tensor tokens, const LayerHook & layer_begin) const {
@@ -407,8 +451,9 @@ void Transformer::forward(Graph & g, const ModelWeights & w, Tensor tokens, cons
     if (!first_stage()) {
         // a later pipeline stage: the input arrived in input_
     } else if (tp_.enabled()) {   // each rank's vocabulary rows (and one rank's positions), summed
-        g.vocab_encoder_fwd(encoded_, tokens, w.wte, tp_.rank == 0 ? w.wpe : Tensor{}, tp_.vocab_lo(cfg_));
-        tp_sum(g, encoded_, tp_encoded_, Phase::forward);
+        const Tensor whole = sp_ ? encoded_full_ : encoded_;
+        g.vocab_encoder_fwd(whole, tokens, w.wte, tp_.rank == 0 ? w.wpe : Tensor{}, tp_.vocab_lo(cfg_));
+        reduce_rows(g, whole, encoded_, tp_encoded_, Phase::forward);
     } else {
         g.encoder_fwd(encoded_, tokens, w.wte, w.wpe);
     }
@@ -424,7 +469,9 @@ void Transformer::forward(Graph & g, const ModelWeights & w, Tensor tokens, cons
         x = acts(l).res3;
     }
     g.layer(-1);
-    if (last_stage()) norm_fwd(g, lnf_, lnf_mean_, lnf_rstd_, x, w.lnfw, w.lnfb);
+    if (!last_stage()) return;
+    norm_fwd(g, lnf_s_, lnf_mean_, lnf_rstd_, x, w.lnfw, w.lnfb);
+    gather_rows(g, lnf_s_, lnf_, Phase::forward);   // the head reads every row
 }
 
 void Transformer::decode(Graph & g, const ModelWeights & w, Tensor tokens, int pos0) const {
@@ -505,7 +552,7 @@ Transformer::LayerActs Transformer::recompute_dropped(Graph & g, int l, const Mo
         a.ln1 = r.ln1, a.ln1_mean = r.ln1_mean, a.ln1_rstd = r.ln1_rstd;
     }
     if (dropped(Saved::qkv)) {
-        qkv_fwd(g, r.qkv, a.ln1, p, 0, true);
+        qkv_fwd(g, r.qkv, gather_rows(g, a.ln1, r.ln1g, Phase::recompute), p, 0, true);
         a.qkv = r.qkv;
     }
     // One attention forward recomputes the output and the probabilities (or lse) together; a
@@ -518,8 +565,7 @@ Transformer::LayerActs Transformer::recompute_dropped(Graph & g, int l, const Mo
     }
     if (dropped(Saved::res2)) {
         project(g, r.attproj, a.atty, p, Proj::o, true);
-        tp_sum(g, r.attproj, r.tp_attn, Phase::recompute);
-        g.residual_fwd(r.res2, x, r.attproj);
+        g.residual_fwd(r.res2, x, reduce_rows(g, r.attproj, r.attproj_s, r.tp_attn, Phase::recompute));
         a.res2 = r.res2;
     }
     if (dropped(Saved::ln2)) {
@@ -527,7 +573,7 @@ Transformer::LayerActs Transformer::recompute_dropped(Graph & g, int l, const Mo
         a.ln2 = r.ln2, a.ln2_mean = r.ln2_mean, a.ln2_rstd = r.ln2_rstd;
     }
     if (dropped(Saved::fc)) {
-        project(g, r.fch, a.ln2, p, Proj::fc, true);
+        project(g, r.fch, gather_rows(g, a.ln2, r.ln2g, Phase::recompute), p, Proj::fc, true);
         a.fch = r.fch;
     }
     if (dropped(Saved::gelu)) {
@@ -546,8 +592,8 @@ void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights
     g.layer(-1);
     if (last_stage()) {   // head_loss left d(final norm output) in dlnf_; else dres_ arrived
         g.fill_zero(dres_);
-        tp_sum(g, dlnf_, tp_dlnf_, Phase::backward);
-        norm_bwd(g, dres_, dw.lnfw, dw.lnfb, dlnf_, saved_input(le_), w.lnfw, lnf_mean_, lnf_rstd_);
+        const Tensor dlnf = reduce_rows(g, dlnf_, dlnf_s_, tp_dlnf_, Phase::backward);
+        norm_bwd(g, dres_, dw.lnfw, dw.lnfb, dlnf, saved_input(le_), w.lnfw, lnf_mean_, lnf_rstd_);
     }
     // Below the lowest layer with trainable weights (LoRA on a frozen base) nothing needs a gradient.
     for (int l = le_ - 1; l >= std::max(lb_, lowest_trained_layer_); --l) {
@@ -587,17 +633,18 @@ void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights
         }
         g.layer(l);
         // dres holds d(residual_mlp); the MLP branch's output gradient is the same tensor.
-        project_bwd(g, a.dfch_gelu, dres_, a.fch_gelu, p, dp, Proj::down);
+        const LayerActs & own = acts(l);   // the layer's own gradient and gather buffers
+        project_bwd(g, a.dfch_gelu, gather_rows(g, dres_, own.dres_g1, Phase::backward), a.fch_gelu, p, dp, Proj::down);
         if (llama_) g.swiglu_bwd(a.dfch, a.dfch_gelu, a.fch);
         else g.gelu_bwd(a.dfch, a.dfch_gelu, a.fch);
-        project_bwd(g, a.dln2, a.dfch, a.ln2, p, dp, Proj::fc);
-        tp_sum(g, a.dln2, acts(l).tp_dln2, Phase::backward);
-        norm_bwd(g, dres_, dp.ln2w, dp.ln2b, a.dln2, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd);
-        project_bwd(g, a.datty, dres_, a.atty, p, dp, Proj::o);
+        project_bwd(g, a.dln2, a.dfch, gather_rows(g, a.ln2, own.ln2g_b, Phase::backward), p, dp, Proj::fc);
+        const Tensor dln2 = reduce_rows(g, a.dln2, own.dln2_s, own.tp_dln2, Phase::backward);
+        norm_bwd(g, dres_, dp.ln2w, dp.ln2b, dln2, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd);
+        project_bwd(g, a.datty, gather_rows(g, dres_, own.dres_g2, Phase::backward), a.atty, p, dp, Proj::o);
         attention_bwd(g, a);
-        project_bwd(g, a.dln1, a.dqkv, a.ln1, p, dp, Proj::qkv);
-        tp_sum(g, a.dln1, acts(l).tp_dln1, Phase::backward);
-        norm_bwd(g, dres_, dp.ln1w, dp.ln1b, a.dln1, x, p.ln1w, a.ln1_mean, a.ln1_rstd);
+        project_bwd(g, a.dln1, a.dqkv, gather_rows(g, a.ln1, own.ln1g_b, Phase::backward), p, dp, Proj::qkv);
+        const Tensor dln1 = reduce_rows(g, a.dln1, own.dln1_s, own.tp_dln1, Phase::backward);
+        norm_bwd(g, dres_, dp.ln1w, dp.ln1b, dln1, x, p.ln1w, a.ln1_mean, a.ln1_rstd);
         if (layer_done) layer_done(g, l);
     }
     // Layers below the lowest trained one have no gradients to hand over.
@@ -605,7 +652,9 @@ void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights
     // A later pipeline stage ends with d(its input) in dres_; the first embeds (else a frozen embedding).
     if (first_stage() && dw.wte.valid()) {
         g.layer(-1);
-        if (tp_.enabled()) g.vocab_encoder_bwd(dw.wte, dw.wpe, dres_, tokens, tp_.vocab_lo(cfg_));
+        if (tp_.enabled())
+            g.vocab_encoder_bwd(dw.wte, dw.wpe, gather_rows(g, dres_, dres_embed_, Phase::backward), tokens,
+                                tp_.vocab_lo(cfg_));
         else g.encoder_bwd(dw.wte, dw.wpe, dres_, tokens);
     }
     if (layer_done) layer_done(g, -1);

@@ -140,6 +140,10 @@ private:
         Tensor dfch_gelu, dfch, dln2, datty, dqkv, dln1, qkv_rep_b, dqkv_rep;
         // Tensor parallel, 16-bit: the fp32 copies of the four sums while in flight
         Tensor tp_attn, tp_mlp, tp_dln1, tp_dln2;
+        // Sequence parallel: the norm outputs gathered whole (forward; again in backward), the
+        // row-parallel outputs' and the column-parallel input gradients' own rows, and the
+        // residual gradient gathered whole for the two row-parallel projections' backward.
+        Tensor ln1g, ln2g, ln1g_b, ln2g_b, attproj_s, fcproj_s, dln1_s, dln2_s, dres_g1, dres_g2;
         int layer = 0;
         bool rc = false;   // the recomputation's set
     };
@@ -174,6 +178,12 @@ private:
     // Tensor parallel: t summed over the tensor group (blocking; scratch: a 16-bit sum's fp32
     // copy), then the pass goes on in phase `resume`. Nothing without tensor parallelism.
     void tp_sum(Graph & g, Tensor t, Tensor scratch, Phase resume) const;
+    // Sequence parallel: this rank's rows `slice` gathered whole into `full` (returned); without
+    // it, the slice is the whole and is returned as is.
+    Tensor gather_rows(Graph & g, Tensor slice, Tensor full, Phase resume) const;
+    // A row-parallel result's partial sums over all rows: reduce-scattered into this rank's rows
+    // (sequence parallel; `slice` returned), else summed in place over the group (returned).
+    Tensor reduce_rows(Graph & g, Tensor partial, Tensor slice, Tensor scratch, Phase resume) const;
     Tensor tp_scratch(Program & program, const std::string & name, int64_t elems) const;
     // The vocabulary-parallel LM head and loss of rows [r0, r0 + n) (head_loss's chunk).
     void head_loss_tp(Graph & g, const ModelWeights & w, const ModelWeights * dw, Tensor targets, Tensor losses,
@@ -205,6 +215,9 @@ private:
     std::string prefix_;
     Tensor input_;                          // a later stage's received input
     TensorParallel tp_;
+    bool sp_ = false;                       // sequence parallel: the residual stream holds rows_ rows
+    int64_t rows_ = 0;                      // B*T, or B*T / tensor ranks
+    Tensor encoded_full_, lnf_s_, dlnf_s_, dres_embed_;   // sequence parallel (lnf_s_ = lnf_ without)
     // Layer l's activations (by absolute index) and its recomputation set.
     const LayerActs & acts(int l) const { return layers_[size_t(l - lb_)]; }
     const LayerActs & rc(int l) const { return rc_[size_t(l - lb_)]; }

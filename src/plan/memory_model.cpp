@@ -210,15 +210,16 @@ uint64_t megatron_layer_activation_bytes(const ModelConfig & cfg, int b, int s, 
 DeviceMemory exact_memory(const ModelConfig & cfg, const Hardware & hw, const Candidate & c, int seq,
                           const Backend & sizing) {
     const Layout & L = c.layout;
-    if (L.sp || L.offload != Offload::none || c.optimizer != Optimizer::adamw ||
+    if (L.offload != Offload::none || c.optimizer != Optimizer::adamw ||
         (L.pp > 1 && (L.schedule == Schedule::interleaved || L.zero >= 2 || c.lora)))
-        throw ConfigError("the engine's exact plan covers data (any ZeRO stage), tensor and pipeline parallelism "
-                          "(gpipe or 1f1b, ZeRO 0-1) with AdamW, without sequence parallelism or offload");
+        throw ConfigError("the engine's exact plan covers data (any ZeRO stage), tensor (and sequence) and pipeline "
+                          "parallelism (gpipe or 1f1b, ZeRO 0-1) with AdamW, without offload");
     EngineOptions eo;
     // Rank 0's program for each stage: every data and tensor rank's buffers have the same sizes
     // (equal, padded shards and slices); the stages differ, and the largest is the device's.
     eo.data_parallel = L.dp;
     eo.tensor_parallel = L.tp;
+    eo.sequence_parallel = L.sp;
     eo.pipeline_parallel = L.pp;
     eo.schedule = L.schedule == Schedule::gpipe ? PipeSchedule::gpipe : PipeSchedule::one_f_one_b;
     eo.zero = L.zero;

@@ -61,13 +61,15 @@ bool host_fits(const PlanRequest & r, const DeviceMemory & m) {
 }
 
 bool engine_runs(const PlanRequest & r, const Candidate & c, const ModelConfig & cfg) {
-    // Data parallelism, ZeRO, tensor and pipeline parallelism are in the engine's step program;
-    // sequence parallelism, the interleaved schedule and offload are not.
+    // Data parallelism, ZeRO, tensor (and sequence) and pipeline parallelism are in the engine's
+    // step program; the interleaved schedule and offload are not. ZeRO 2-3 with tensor or
+    // pipeline parallelism is refused by the engine.
     const int T = c.layout.tp;
-    const bool splits = cfg.n_head % T == 0 && cfg.kv_heads() % T == 0 && cfg.ffn_dim() % T == 0;
+    const bool splits = cfg.n_head % T == 0 && cfg.kv_heads() % T == 0 && cfg.ffn_dim() % T == 0 &&
+                        (T == 1 || c.layout.zero < 2) && (!c.layout.sp || (int64_t(c.micro_batch) * r.seq) % T == 0);
     const bool pipeline = c.layout.pp == 1 || (c.layout.pp <= cfg.n_layer && c.layout.zero < 2 && !c.lora &&
                                                c.layout.schedule != Schedule::interleaved);
-    return r.exact_sizing && splits && pipeline && !c.layout.sp &&
+    return r.exact_sizing && splits && pipeline &&
            c.layout.offload == Offload::none && c.optimizer == Optimizer::adamw;
 }
 

@@ -57,6 +57,9 @@ struct EngineOptions {
     // gradients are those of the whole model: every rank of a tensor group reads the same batch.
     int tensor_parallel = 1, tp_rank = 0;
     Communicator * tp_comm = nullptr;
+    // Sequence parallel (with tensor parallel): norms and residual adds on 1/tensor_parallel of
+    // the rows, all-gathers and reduce-scatters in place of the all-reduces.
+    bool sequence_parallel = false;
     // Pipeline parallel over `pipeline_parallel` stages (model/pipeline.h): this rank runs stage
     // pp_rank, and the grad_accum micro-batches of a step are the schedule's, all in one step
     // program. pp_comm: the pipeline group (its rank s is stage s); emb_comm: the first and the
@@ -79,6 +82,7 @@ struct EngineOptions {
         m.lora = lora;
         m.tp.ranks = tensor_parallel;
         m.tp.rank = tp_rank;
+        m.tp.sequence = sequence_parallel;
         return m;
     }
 };

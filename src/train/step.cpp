@@ -85,6 +85,15 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
                           "with data parallelism");
     if (model.tp.enabled() && mode == StepMode::logits)
         throw ConfigError("logits of a tensor-parallel model are not gathered; sample from the exported model");
+    if (model.tp.enabled() && dp.zero >= 2)
+        throw ConfigError(fmt::format("--zero {} with --tp: the tensor-parallel gradient norm and sequence-parallel sums "
+                                      "are over whole gradients; use --zero 0 or 1", dp.zero));
+    if (model.tp.sequence && !model.tp.enabled())
+        throw ConfigError("--sp splits the sequence over the tensor group: it needs --tp 2 or more");
+    if (model.tp.sequence && (int64_t(B) * T) % model.tp.ranks != 0)
+        throw ConfigError(fmt::format("--sp: the micro-batch's {} x {} = {} tokens do not divide over the {} tensor "
+                                      "ranks; pick --batch or --seq so that they do", B, T, int64_t(B) * T,
+                                      model.tp.ranks));
     if (pp.enabled()) {
         if (lora_) throw ConfigError("--pp with LoRA is not supported; train LoRA with data parallelism");
         if (mode == StepMode::logits)
@@ -237,6 +246,14 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
             if (a < b) norm_ranges_.push_back({a - glo, b - glo});
         }
         tp_ = model.tp;
+        if (tp_.enabled() && tp_.sequence && parts.optimizer) {
+            sp_ranges_ = sp_partial(layout_);
+            size_t widest = 0;
+            for (const auto & r : sp_ranges_) widest = std::max(widest, comm_scratch_elems(grad_dt_, tp_.ranks, r.b - r.a));
+            if (widest)
+                sp_scratch_ = Tensor(program_.declare("communication.sequence_parallel", Category::communication,
+                                                      widest * 4), DType::f32, {int64_t(widest)});
+        }
         if (tp_.enabled() || pp.enabled()) norm_part_ = program_.declare("grad_norm_part", Category::activations, 4);
     }
     Graph rec(program_, sizing);
@@ -400,6 +417,9 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
     g.layer(-1);
     for (int i : in_flight) finish(g, i);
     if (tied_grad_.valid()) g.emb_all_reduce(tied_grad_, tied_scratch_);   // both ends' share of the tied table
+    for (const auto & r : sp_ranges_)   // the norms' gradients: each tensor rank's rows' share
+        g.tp_all_reduce(Tensor(grads, grad_dt_, {int64_t(r.b - r.a)}, r.a * dtype_size(grad_dt_)),
+                        sp_scratch_.valid() ? sp_scratch_.view(0, {int64_t(r.b - r.a)}) : Tensor{});
     if (!parts_.optimizer) return;
 
     g.phase(Phase::optimizer);

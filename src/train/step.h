@@ -112,6 +112,10 @@ private:
     // Pipeline, tied embedding: the token table's gradient on this stage (summed with the other
     // end's), and a 16-bit sum's fp32 copy.
     Tensor tied_grad_, tied_scratch_;
+    // Sequence parallel: the norms' gradient ranges, summed over the tensor group once the step's
+    // backward is done, and a 16-bit sum's fp32 copy (the largest range's).
+    std::vector<TpRange> sp_ranges_;
+    Tensor sp_scratch_;
     ModelWeights w_, dw_;
     DataParallel dp_;
     PipelineParallel pp_;

@@ -141,6 +141,7 @@ EngineOptions base_options(const RunShape & s, const ModelConfig & cfg, bool wit
     eo.rank = s.rank;
     eo.tensor_parallel = s.tp;
     eo.tp_rank = s.tp_rank;
+    eo.sequence_parallel = s.sp;
     eo.pipeline_parallel = s.pp;
     eo.pp_rank = s.pp_rank;
     eo.schedule = parse_schedule(s.schedule);

@@ -46,6 +46,7 @@ struct RunShape {
     // this rank's place in it, set by the trainer.
     int      tp = 1;
     int      tp_rank = 0;
+    bool     sp = false;             // --sp: sequence parallel over the tensor group
     // Pipeline parallel (--pp P, --schedule gpipe|1f1b): stages of consecutive blocks; each
     // step's --grad-accum micro-batches flow through them. pp_rank: this rank's stage.
     int      pp = 1;

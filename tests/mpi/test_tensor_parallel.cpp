@@ -30,6 +30,7 @@ struct TpCase {
     DType dt = DType::f32;
     int tp = 2, k = 1, zero = 0;
     int pp = 1;
+    bool sp = false;   // sequence parallel
     PipeSchedule schedule = PipeSchedule::one_f_one_b;
     int layers = 2;
     std::string recompute = "none";
@@ -57,6 +58,7 @@ TpRun train(const ModelConfig & cfg, const TpCase & c, bool split, int G, int T,
         eo.data_parallel = D;
         eo.comm = D > 1 ? pg->dp.get() : nullptr;
         eo.tensor_parallel = c.tp;
+        eo.sequence_parallel = c.sp;
         eo.tp_comm = pg->tp.get();
         eo.pipeline_parallel = c.pp;
         eo.pp_comm = pg->pp.get();
@@ -102,8 +104,8 @@ TpRun train(const ModelConfig & cfg, const TpCase & c, bool split, int G, int T,
 }
 
 std::string describe(const TpCase & c, int N) {
-    return fmt::format("{} {} tp {} pp {} ({}) dp {} micro-batches {} zero {} recompute {} chunk {}{}",
-                       c.llama ? "llama" : "gpt2", dtype_name(c.dt), c.tp, c.pp, schedule_name(c.schedule),
+    return fmt::format("{} {} tp {}{} pp {} ({}) dp {} micro-batches {} zero {} recompute {} chunk {}{}",
+                       c.llama ? "llama" : "gpt2", dtype_name(c.dt), c.tp, c.sp ? " sp" : "", c.pp, schedule_name(c.schedule),
                        N / (c.tp * c.pp), c.k, c.zero, c.recompute, c.loss_chunk,
                        c.flash ? "" : " (probabilities kept)");
 }
@@ -238,4 +240,52 @@ TEST(PipelineParallel, RecomputationMixedPrecisionAndZeroOne) {
         c.checking = false;
         check(c);
     }
+}
+
+// Sequence parallel: the same results, with the residual stream's activations (norm outputs,
+// residual sums, their statistics) divided by the tensor ranks; under recomputation, mixed
+// precision, the chunked loss and a pipeline too.
+TEST(SequenceParallel, EqualsOneProcessAndDividesTheResidualStream) {
+    const int N = test::world().size();
+    ASSERT_GE(N, 2);
+    for (bool llama : {false, true})
+        for (const char * rc : {"none", "selective", "every:2"}) {
+            TpCase c;
+            c.llama = llama;
+            c.sp = true;
+            c.recompute = rc;
+            c.flash = std::string(rc) != "selective";
+            c.loss_chunk = std::string(rc) == "every:2" ? 12 : 0;
+            c.k = 2;
+            check(c);
+        }
+    TpCase bf;
+    bf.sp = true;
+    bf.dt = DType::bf16;
+    bf.checking = false;
+    check(bf);
+    if (N == 4) {   // with a pipeline: (2, 2, 1) and sp
+        TpCase p;
+        p.sp = true;
+        p.pp = 2;
+        p.k = 4;
+        p.layers = 4;
+        check(p);
+    }
+    // The residual stream's buffers hold 1/T of the rows: ln_1's output of block 0, for one.
+    const ModelConfig cfg = test::small_family(false, 37, 32, 2, 4, 48);
+    auto ln1_bytes = [&](bool sp) {
+        ModelOptions mo;
+        mo.with_backward = true;
+        mo.tp.ranks = 2;
+        mo.tp.rank = 0;
+        mo.tp.vocab = cfg.vocab_size;
+        mo.tp.sequence = sp;
+        Program prog;
+        Transformer t(tp_local_config(cfg, 2), 4, 8, prog, mo);
+        for (const auto & b : prog.buffers())
+            if (b.name == "h.0.ln_1.out") return b.bytes;
+        return size_t(0);
+    };
+    EXPECT_EQ(ln1_bytes(true) * 2, ln1_bytes(false));
 }

@@ -90,7 +90,7 @@ TEST(ZeroPlan, CpuPlanEqualsEveryRanksMeasuredMemory) {
     }
 }
 
-// `memfit plan --hardware cpu --gpus N --tp T --pp P --schedule S` against each rank's measured
+// `memfit plan --hardware cpu --gpus N --tp T [--sp] --pp P --schedule S` against each rank's measured
 // peak: the plan records every stage's program (rank 0 of its tensor and data groups: the others'
 // buffers have the same sizes), and each rank's ledger equals its stage's plan per category.
 TEST(ParallelPlan, CpuPlanEqualsEveryRanksMeasuredMemoryUnderTensorAndPipeline) {
@@ -99,19 +99,21 @@ TEST(ParallelPlan, CpuPlanEqualsEveryRanksMeasuredMemoryUnderTensorAndPipeline) 
     ASSERT_GE(N, 2);
     CpuBackend backend;
     const Hardware hw = find_hardware(default_hardware_catalog(""), "cpu");
-    struct Case { bool llama; DType dt; int tp, pp, zero; Schedule sch; const char * rc; };
+    struct Case { bool llama; DType dt; int tp, pp, zero; Schedule sch; const char * rc; bool sp = false; };
     std::vector<Case> cases = {{false, DType::f32, 2, 1, 0, Schedule::one_f_one_b, "none"},
+                               {true, DType::bf16, 2, 1, 0, Schedule::one_f_one_b, "selective", true},
                                {true, DType::bf16, 1, 2, 0, Schedule::gpipe, "selective"},
                                {false, DType::bf16, 1, 2, 0, Schedule::one_f_one_b, "full"}};
     if (N == 4)
         cases = {{false, DType::f32, 2, 2, 0, Schedule::one_f_one_b, "none"},
+                 {false, DType::bf16, 2, 2, 0, Schedule::one_f_one_b, "full", true},
                  {true, DType::bf16, 1, 4, 0, Schedule::gpipe, "selective"},
                  {false, DType::bf16, 1, 2, 1, Schedule::one_f_one_b, "none"},
                  {true, DType::f32, 2, 1, 1, Schedule::one_f_one_b, "full"}};
     for (const Case & k : cases) {
         const ModelConfig cfg = test::small_family(k.llama, 53, 32, 4, 4, 64, 32);
-        SCOPED_TRACE(fmt::format("{} {} tp {} pp {} zero {} {} recompute {}", k.llama ? "llama" : "gpt2",
-                                 dtype_name(k.dt), k.tp, k.pp, k.zero,
+        SCOPED_TRACE(fmt::format("{} {} tp {}{} pp {} zero {} {} recompute {}", k.llama ? "llama" : "gpt2",
+                                 dtype_name(k.dt), k.tp, k.sp ? " sp" : "", k.pp, k.zero,
                                  k.sch == Schedule::gpipe ? "gpipe" : "1f1b", k.rc));
         const int B = 2, T = 16, m = 4;   // per data rank; micro-batches per step
         const int D = N / (k.tp * k.pp);
@@ -127,7 +129,7 @@ TEST(ParallelPlan, CpuPlanEqualsEveryRanksMeasuredMemoryUnderTensorAndPipeline) 
         r.tp = k.tp;
         r.pp = k.pp;
         r.schedule = k.sch;
-        r.sp = false;   // sequence parallelism is not in the engine
+        r.sp = k.sp;
         r.offload = Offload::none;
         r.flash = true;
         r.recompute = k.rc;
@@ -138,6 +140,7 @@ TEST(ParallelPlan, CpuPlanEqualsEveryRanksMeasuredMemoryUnderTensorAndPipeline) 
         ASSERT_TRUE(best.mem.exact);
         ASSERT_EQ(best.c.layout.tp, k.tp);
         ASSERT_EQ(best.c.layout.pp, k.pp);
+        ASSERT_EQ(best.c.layout.sp, k.sp);
         ASSERT_EQ(best.c.accum, m);
 
         const ProcessGroups pg(c, derive_layout(N, k.tp, k.pp));
@@ -153,6 +156,7 @@ TEST(ParallelPlan, CpuPlanEqualsEveryRanksMeasuredMemoryUnderTensorAndPipeline) 
         eo.comm = pg.dp.get();
         eo.zero = k.zero;
         eo.tensor_parallel = k.tp;
+        eo.sequence_parallel = k.sp;
         eo.tp_comm = pg.tp.get();
         eo.pipeline_parallel = k.pp;
         eo.pp_comm = pg.pp.get();
