@@ -295,6 +295,16 @@ void Graph::emb_all_reduce(Tensor t, Tensor scratch) {
     end();
 }
 
+void Graph::pp_send_start(Tensor t, int dst, int tag, int slot) {
+    if (begin("pp_send_start", 0, {t})) {
+        MF_ASSERT(pp_comm_ && slot >= 0 && "set_pipeline_communicator() before pipeline transfers");
+        if (pending_.size() <= size_t(slot)) pending_.resize(size_t(slot) + 1);
+        const Tensor r = resolve(t);
+        pending_[size_t(slot)] = pp_comm_->isend(r.data, r.nbytes(), dst, tag);
+    }
+    end();
+}
+
 void Graph::pp_exchange(Tensor send, int dst, int send_tag, Tensor recv, int src, int recv_tag) {
     if (begin("pp_exchange", 0, {send, recv})) {
         MF_ASSERT(pp_comm_ && "set_pipeline_communicator() before pipeline transfers");

@@ -109,6 +109,8 @@ public:
     // One op, both halves at once (Communicator::sendrecv): `send` to stage dst with send_tag and
     // `recv` from stage src with recv_tag; an invalid tensor skips its half.
     void pp_exchange(Tensor send, int dst, int send_tag, Tensor recv, int src, int recv_tag);
+    // A send to stage dst started without waiting for the receiver, completed by comm_wait(slot).
+    void pp_send_start(Tensor t, int dst, int tag, int slot);
     // t summed (blocking) over the pipeline group, or over the embedding group.
     void pp_all_reduce(Tensor t, Tensor scratch = {});
     void emb_all_reduce(Tensor t, Tensor scratch = {});

@@ -128,4 +128,9 @@ std::unique_ptr<Communicator> make_communicator() {
     return launched_by_mpi() ? make_mpi_communicator() : make_single_communicator();
 }
 
+std::unique_ptr<CommRequest> Communicator::isend(const void * data, size_t bytes, int dst, int tag) {
+    send(data, bytes, dst, tag);
+    return std::make_unique<DoneRequest>();
+}
+
 }  // namespace memfit

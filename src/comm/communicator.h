@@ -88,6 +88,9 @@ public:
     // one way and gradients the other cannot deadlock. The default: send, then recv (single).
     virtual void sendrecv(const void * send, size_t send_bytes, int dst, int send_tag, void * recv,
                           size_t recv_bytes, int src, int recv_tag);
+    // A send started now and completed by wait() (data untouched until then): the sender goes on
+    // without waiting for the receiver. Single: queued at once, like send().
+    virtual std::unique_ptr<CommRequest> isend(const void * data, size_t bytes, int dst, int tag);
 
     // A new communicator over the ranks of this one that pass the same color (>= 0), ranked by
     // key (ties by rank here), like MPI_Comm_split. Collective: every rank of this communicator

@@ -457,6 +457,21 @@ public:
         }
     }
 
+    std::unique_ptr<CommRequest> isend(const void * data, size_t bytes, int dst, int tag) override {
+        MF_ASSERT(dst >= 0 && dst < size_ && tag >= 0);
+        auto req = std::make_unique<MpiRequest>(who(), nullptr, 0, DType::f32, "Isend");
+        const auto * p = static_cast<const unsigned char *>(data);
+        size_t off = 0;
+        do {
+            const size_t c = std::min(g_max_count, bytes - off);
+            MPI_Request r = MPI_REQUEST_NULL;
+            check(MPI_Isend(p + off, as_int(c), MPI_BYTE, dst, tag, comm_, &r), {"Isend", dst, tag});
+            req->reqs_.push_back(r);
+            off += c;
+        } while (off < bytes);
+        return req;
+    }
+
     void barrier() override { check(MPI_Barrier(comm_), {"Barrier"}); }
 
     std::unique_ptr<Communicator> split(int color, int key) override {

@@ -10,16 +10,24 @@
 
 namespace memfit {
 
-PipeSchedule parse_schedule(const std::string & s) {
+PipeSchedule parse_schedule(const std::string & s, int * virtual_stages) {
+    if (virtual_stages) *virtual_stages = 1;
     if (s == "gpipe") return PipeSchedule::gpipe;
     if (s == "1f1b") return PipeSchedule::one_f_one_b;
-    if (s.starts_with("interleaved"))
-        throw ConfigError(fmt::format("--schedule {}: the interleaved schedule is not implemented; use gpipe or 1f1b",
-                                      s));
-    throw ConfigError(fmt::format("--schedule '{}': expected gpipe or 1f1b", s));
+    if (s.starts_with("interleaved:")) {
+        const std::string v = s.substr(12);
+        if (!v.empty() && v.size() < 4 && std::all_of(v.begin(), v.end(), ::isdigit) && std::stoi(v) >= 2) {
+            if (virtual_stages) *virtual_stages = std::stoi(v);
+            return PipeSchedule::interleaved;
+        }
+    }
+    throw ConfigError(fmt::format("--schedule '{}': expected gpipe, 1f1b or interleaved:V (V >= 2 chunks per stage)",
+                                  s));
 }
 
-const char * schedule_name(PipeSchedule s) { return s == PipeSchedule::gpipe ? "gpipe" : "1f1b"; }
+const char * schedule_name(PipeSchedule s) {
+    return s == PipeSchedule::gpipe ? "gpipe" : s == PipeSchedule::one_f_one_b ? "1f1b" : "interleaved";
+}
 
 std::vector<StageRange> pipeline_stages(const ModelConfig & cfg, int stages, int seq) {
     const int L = cfg.n_layer;
@@ -67,11 +75,28 @@ bool is_embedding(const std::string & n) { return n == "wte.weight" || n == "wpe
 
 bool holds_tied_copy(const ModelConfig & cfg, bool first, bool last) { return cfg.tied_head && last && !first; }
 
-ParamLayout stage_layout(const ModelConfig & cfg, StageRange r, bool first, bool last) {
+void check_pipeline(const ModelConfig & cfg, int P, int V) {
+    if (V > 1 && P * V > cfg.n_layer)
+        throw ConfigError(fmt::format("--pp {} with --schedule interleaved:{} needs {} chunks of blocks, the model has "
+                                      "{} blocks; lower V or --pp", P, V, P * V, cfg.n_layer));
+    pipeline_stages(cfg, P * V, 1);
+}
+
+std::vector<StageRange> stage_chunks(const ModelConfig & cfg, const PipelineParallel & pp, int seq) {
+    const int P = pp.stages, V = pp.schedule == PipeSchedule::interleaved ? pp.virtual_stages : 1;
+    check_pipeline(cfg, P, V);
+    const std::vector<StageRange> all = pipeline_stages(cfg, P * V, seq);
+    std::vector<StageRange> out;
+    for (int j = 0; j < V; ++j) out.push_back(all[size_t(j * P + pp.stage)]);
+    return out;
+}
+
+ParamLayout stage_layout(const ModelConfig & cfg, const std::vector<StageRange> & chunks, bool first, bool last) {
     ParamLayout out;
     for (const auto & p : make_param_layout(cfg).params) {
         const int l = block_of(p.name);
-        bool keep = l >= r.begin && l < r.end;
+        bool keep = false;
+        for (const auto & r : chunks) keep = keep || (l >= r.begin && l < r.end);
         if (l < 0) {
             const bool token_table = p.name == "wte.weight" || p.name == "model.embed_tokens.weight";
             keep = is_embedding(p.name) ? first || (token_table && holds_tied_copy(cfg, first, last)) : last;
@@ -85,8 +110,24 @@ ParamLayout stage_layout(const ModelConfig & cfg, StageRange r, bool first, bool
     return out;
 }
 
-std::vector<PipeAction> pipeline_schedule(PipeSchedule kind, int stages, int stage, int m) {
+std::vector<PipeAction> pipeline_schedule(PipeSchedule kind, int stages, int stage, int m, int V) {
     std::vector<PipeAction> out;
+    if (kind == PipeSchedule::interleaved) {
+        MF_ASSERT(V >= 1 && m % stages == 0);
+        // Forward step k: micro-batch (k / PV) P + k % P through chunk (k / P) % V; backward
+        // step k the same micro-batch through chunk V - 1 - (k / P) % V.
+        const int P = stages, total = m * V;
+        auto mb = [&](int k) { return (k / (P * V)) * P + k % P; };
+        auto chunk = [&](int k) { return (k / P) % V; };
+        const int warmup = m == P ? total : std::min(total, 2 * (P - stage - 1) + (V - 1) * P);
+        for (int k = 0; k < warmup; ++k) out.push_back({true, mb(k), chunk(k)});
+        for (int k = 0; k < total - warmup; ++k) {
+            out.push_back({true, mb(warmup + k), chunk(warmup + k)});
+            out.push_back({false, mb(k), V - 1 - chunk(k)});
+        }
+        for (int k = total - warmup; k < total; ++k) out.push_back({false, mb(k), V - 1 - chunk(k)});
+        return out;
+    }
     if (kind == PipeSchedule::gpipe) {
         for (int i = 0; i < m; ++i) out.push_back({true, i});
         for (int i = 0; i < m; ++i) out.push_back({false, i});

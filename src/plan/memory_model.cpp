@@ -211,9 +211,9 @@ DeviceMemory exact_memory(const ModelConfig & cfg, const Hardware & hw, const Ca
                           const Backend & sizing) {
     const Layout & L = c.layout;
     if (L.offload != Offload::none || c.optimizer != Optimizer::adamw ||
-        (L.pp > 1 && (L.schedule == Schedule::interleaved || L.zero >= 2 || c.lora)))
+        (L.pp > 1 && (L.zero >= 2 || c.lora)))
         throw ConfigError("the engine's exact plan covers data (any ZeRO stage), tensor (and sequence) and pipeline "
-                          "parallelism (gpipe or 1f1b, ZeRO 0-1) with AdamW, without offload");
+                          "parallelism (ZeRO 0-1) with AdamW, without offload");
     EngineOptions eo;
     // Rank 0's program for each stage: every data and tensor rank's buffers have the same sizes
     // (equal, padded shards and slices); the stages differ, and the largest is the device's.
@@ -221,7 +221,10 @@ DeviceMemory exact_memory(const ModelConfig & cfg, const Hardware & hw, const Ca
     eo.tensor_parallel = L.tp;
     eo.sequence_parallel = L.sp;
     eo.pipeline_parallel = L.pp;
-    eo.schedule = L.schedule == Schedule::gpipe ? PipeSchedule::gpipe : PipeSchedule::one_f_one_b;
+    eo.schedule = L.schedule == Schedule::gpipe           ? PipeSchedule::gpipe
+                  : L.schedule == Schedule::one_f_one_b ? PipeSchedule::one_f_one_b
+                                                        : PipeSchedule::interleaved;
+    eo.virtual_stages = L.schedule == Schedule::interleaved ? L.virtual_stages : 1;
     eo.zero = L.zero;
     eo.B = c.micro_batch;
     eo.T = seq;

@@ -67,8 +67,10 @@ bool engine_runs(const PlanRequest & r, const Candidate & c, const ModelConfig &
     const int T = c.layout.tp;
     const bool splits = cfg.n_head % T == 0 && cfg.kv_heads() % T == 0 && cfg.ffn_dim() % T == 0 &&
                         (T == 1 || c.layout.zero < 2) && (!c.layout.sp || (int64_t(c.micro_batch) * r.seq) % T == 0);
-    const bool pipeline = c.layout.pp == 1 || (c.layout.pp <= cfg.n_layer && c.layout.zero < 2 && !c.lora &&
-                                               c.layout.schedule != Schedule::interleaved);
+    const bool interleaved = c.layout.schedule == Schedule::interleaved;
+    const int chunks = c.layout.pp * (interleaved ? c.layout.virtual_stages : 1);
+    const bool pipeline = c.layout.pp == 1 || (chunks <= cfg.n_layer && c.layout.zero < 2 && !c.lora &&
+                                               (!interleaved || c.accum % c.layout.pp == 0));
     return r.exact_sizing && splits && pipeline &&
            c.layout.offload == Offload::none && c.optimizer == Optimizer::adamw;
 }

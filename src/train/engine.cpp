@@ -282,11 +282,12 @@ std::vector<float> Engine::gather_whole(const float * mine) {
     const int P = opt_.pipeline_parallel;
     const ModelConfig & local = st.config();
     const ParamLayout whole = make_param_layout(local);
-    const std::vector<StageRange> ranges = pipeline_stages(local, P, opt_.T);
     std::vector<ParamLayout> layouts;
     std::vector<size_t> counts;
     for (int s = 0; s < P; ++s) {
-        layouts.push_back(stage_layout(local, ranges[size_t(s)], s == 0, s == P - 1));
+        PipelineParallel pp = st.pipeline();
+        pp.stage = s;
+        layouts.push_back(stage_layout(local, stage_chunks(local, pp, opt_.T), s == 0, s == P - 1));
         counts.push_back(layouts.back().total);
     }
     MF_ASSERT(counts[size_t(opt_.pp_rank)] == stage.size());

@@ -66,9 +66,10 @@ struct EngineOptions {
     // last stage, which sum a tied embedding's gradient (needed when the head is tied).
     int pipeline_parallel = 1, pp_rank = 0;
     PipeSchedule schedule = PipeSchedule::one_f_one_b;
+    int virtual_stages = 1;          // interleaved: chunks per stage
     Communicator * pp_comm = nullptr, * emb_comm = nullptr;
     PipelineParallel pp(int micro_batches) const {
-        return PipelineParallel{pipeline_parallel, pp_rank, micro_batches, schedule};
+        return PipelineParallel{pipeline_parallel, pp_rank, micro_batches, schedule, virtual_stages};
     }
     DType grad_dtype() const { return grad_accum > 1 ? DType::f32 : compute; }
     DataParallel dp() const { return DataParallel{data_parallel, rank, zero, bucket_bytes}; }

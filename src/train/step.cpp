@@ -104,12 +104,17 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
                                           dp.zero));
         MF_ASSERT(pp.stage >= 0 && pp.stage < pp.stages && pp.micro_batches >= 1 && parts.zero_grads &&
                   parts.optimizer);
-        range_ = pipeline_stages(cfg_, pp.stages, T)[size_t(pp.stage)];
+        if (train && pp.schedule == PipeSchedule::interleaved && pp.micro_batches % pp.stages != 0)
+            throw ConfigError(fmt::format("--schedule interleaved:{} sends micro-batches through the stages {} at a "
+                                          "time: --grad-accum {} must be a multiple of --pp {}", pp.virtual_stages,
+                                          pp.stages, pp.micro_batches, pp.stages));
+        chunks_ = stage_chunks(cfg_, pp, T);
     } else {
-        range_ = {0, cfg_.n_layer};
+        chunks_ = {{0, cfg_.n_layer}};
     }
+    range_ = {chunks_.front().begin, chunks_.back().end};
     layout_ = lora_ ? make_lora_layout(cfg_, model.lora)
-                    : pp.enabled() ? stage_layout(cfg_, range_, pp.first(), pp.last()) : make_param_layout(cfg_);
+                    : pp.enabled() ? stage_layout(cfg_, chunks_, pp.first(), pp.last()) : make_param_layout(cfg_);
     const char * trainable = "";
     if (lora_) {
         // The frozen base: no gradients, no master copy, no optimizer states.
@@ -145,13 +150,14 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     mo.with_backward = train;
     mo.keep_logits = mode == StepMode::logits;
     if (mo.keep_logits) mo.loss_chunk = 0;
-    if (pp.enabled()) {
-        mo.layer_begin = range_.begin;
-        mo.layer_end = range_.end;
-        for (int i = 0; i < pp.micro_batches; ++i) {
-            mo.prefix = fmt::format("mb{}.", i);
-            models_.push_back(std::make_unique<Transformer>(cfg_, B, T, program_, mo));
-        }
+    if (pp.enabled()) {   // micro-batch i's chunk j: models_[i * chunks + j]
+        for (int i = 0; i < pp.micro_batches; ++i)
+            for (size_t j = 0; j < chunks_.size(); ++j) {
+                mo.layer_begin = chunks_[j].begin;
+                mo.layer_end = chunks_[j].end;
+                mo.prefix = chunks_.size() > 1 ? fmt::format("mb{}.c{}.", i, j) : fmt::format("mb{}.", i);
+                models_.push_back(std::make_unique<Transformer>(cfg_, B, T, program_, mo));
+            }
     } else {
         models_.push_back(std::make_unique<Transformer>(cfg_, B, T, program_, mo));
     }
@@ -378,7 +384,7 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
             gg.phase(Phase::backward);
         };
     if (pp_.enabled()) {
-        pipeline(g, s, done);
+        pipeline(g, s, done, params_slot + 1);
         if (!train) return;
     } else {
         Transformer::LayerHook forward_begin;
@@ -443,7 +449,7 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
     }
 }
 
-void TrainStep::pipeline(Graph & g, const StepScalars & s, const Transformer::LayerHook & done) const {
+void TrainStep::pipeline(Graph & g, const StepScalars & s, const Transformer::LayerHook & done, int slot) const {
     const int64_t b = B_, t = T_, n = b * t;
     const bool train = mode_ == StepMode::train;
     auto rows = [&](BufferId id, DType dt, int i) { return Tensor(id, dt, {n}, size_t(i) * size_t(n) * 4); };
@@ -464,13 +470,27 @@ void TrainStep::pipeline(Graph & g, const StepScalars & s, const Transformer::La
         g.pp_exchange(held.t, held.t.valid() ? held.peer : -1, held.tag, recv, recv.valid() ? src : -1, tag);
         held = {};
     };
+    const int V = int(chunks_.size());
     std::vector<PipeAction> order;
-    if (train) order = pipeline_schedule(pp_.schedule, pp_.stages, pp_.stage, pp_.micro_batches);
+    if (train) order = pipeline_schedule(pp_.schedule, pp_.stages, pp_.stage, pp_.micro_batches, V);
     else
-        for (int i = 0; i < pp_.micro_batches; ++i) order.push_back({true, i});
+        for (int i = 0; i < pp_.micro_batches; ++i)
+            for (int c = 0; c < V; ++c) order.push_back({true, i, c});
+    // Data parallel: each chunk's gradients are final after its last backward, and the rest
+    // (embedding, head) after the step's last.
+    std::vector<int> last_of_chunk(size_t(V), -1);
     int last_backward = -1;
     for (size_t j = 0; j < order.size(); ++j)
-        if (!order[j].fwd) last_backward = int(j);
+        if (!order[j].fwd) last_of_chunk[size_t(order[j].chunk)] = last_backward = int(j);
+    auto hook = [&](int j) -> Transformer::LayerHook {
+        if (!done || last_of_chunk[size_t(order[size_t(j)].chunk)] != j) return {};
+        if (j == last_backward) return done;
+        return [&](Graph & gg, int l) { if (l >= 0) done(gg, l); };
+    };
+    if (V > 1) {
+        interleaved(g, s, order, hook, slot);
+        return;
+    }
     for (size_t j = 0; j < order.size(); ++j) {
         const PipeAction a = order[j];
         const Transformer & M = *models_[size_t(a.mb)];
@@ -487,10 +507,56 @@ void TrainStep::pipeline(Graph & g, const StepScalars & s, const Transformer::La
             continue;
         }
         exchange(pp_.last() ? Tensor{} : M.output_grad(), next, kGradient);
-        M.backward(g, w_, dw_, tok, int(j) == last_backward ? done : Transformer::LayerHook{});
+        M.backward(g, w_, dw_, tok, hook(int(j)));
         if (!pp_.first()) held = {M.input_grad(), prev, kGradient};
     }
     exchange(Tensor{}, -1, 0);
+}
+
+void TrainStep::interleaved(Graph & g, const StepScalars & s, const std::vector<PipeAction> & order,
+                            const std::function<Transformer::LayerHook(int)> & hook, int slot) const {
+    const int64_t b = B_, t = T_, n = b * t;
+    const int P = pp_.stages, V = int(chunks_.size()), last_v = P * V - 1;
+    const bool train = mode_ == StepMode::train;
+    auto rows = [&](BufferId id, DType dt, int i) { return Tensor(id, dt, {n}, size_t(i) * size_t(n) * 4); };
+    // Sends start at once and complete at the step's end; receives block. Each message's tag
+    // names its micro-batch, sending virtual stage and direction, so no two can be confused.
+    auto tag = [&](int dir, int mb, int v) { return (mb * (P * V) + v) * 2 + dir; };
+    const int up = (pp_.stage + 1) % P, down = (pp_.stage + P - 1) % P;
+    std::vector<std::pair<int, Tensor>> sent;
+    auto send = [&](Tensor x, int dst, int tg) {
+        g.phase(Phase::communication);
+        g.layer(-1);
+        g.pp_send_start(x, dst, tg, slot + int(sent.size()));
+        sent.push_back({slot + int(sent.size()), x});
+    };
+    auto recv = [&](Tensor x, int src, int tg) {
+        g.phase(Phase::communication);
+        g.layer(-1);
+        g.pp_exchange(Tensor{}, -1, 0, x, src, tg);
+    };
+    for (size_t j = 0; j < order.size(); ++j) {
+        const PipeAction a = order[j];
+        const int v = a.chunk * P + pp_.stage;   // the virtual stage
+        const Transformer & M = *models_[size_t(a.mb * V + a.chunk)];
+        const Tensor tok = rows(tokens, DType::i32, a.mb).view(0, {b, t});
+        if (a.fwd) {
+            if (v > 0) recv(M.input(), down, tag(0, a.mb, v - 1));
+            M.forward(g, w_, tok);
+            if (v == last_v)
+                M.head_loss(g, w_, train ? &dw_ : nullptr, rows(targets, DType::i32, a.mb), rows(losses, DType::f32, a.mb),
+                            s.dloss);
+            else
+                send(M.output(), up, tag(0, a.mb, v));
+            continue;
+        }
+        if (v < last_v) recv(M.output_grad(), up, tag(1, a.mb, v + 1));
+        M.backward(g, w_, dw_, tok, hook(int(j)));
+        if (v > 0) send(M.input_grad(), down, tag(1, a.mb, v));
+    }
+    g.phase(Phase::communication);
+    g.layer(-1);
+    for (const auto & [k, x] : sent) g.comm_wait(k, {x});
 }
 
 void TrainStep::grad_norm(Graph & g, Tensor norm_sq) const {

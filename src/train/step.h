@@ -109,6 +109,7 @@ private:
     std::vector<std::unique_ptr<Transformer>> models_;   // one per micro-batch (pipeline), else one
     Transformer * model_ = nullptr;
     StageRange range_;
+    std::vector<StageRange> chunks_;   // the stage's chunks of blocks (one unless interleaved)
     // Pipeline, tied embedding: the token table's gradient on this stage (summed with the other
     // end's), and a 16-bit sum's fp32 copy.
     Tensor tied_grad_, tied_scratch_;
@@ -144,7 +145,12 @@ private:
     void optimizer(Graph & g, const StepScalars & s) const;
     // Pipeline: the stage's forwards and backwards in schedule order, with the transfers between
     // stages; `done` (data parallel) hooks the last micro-batch's backward.
-    void pipeline(Graph & g, const StepScalars & s, const Transformer::LayerHook & done) const;
+    // Transfers that outlive their op (interleaved sends) take communication slots from `slot` on.
+    void pipeline(Graph & g, const StepScalars & s, const Transformer::LayerHook & done, int slot) const;
+    // The interleaved schedule: sends started at once (completed at the step's end), receives
+    // blocking; hook(j) is the data-parallel hook of action j.
+    void interleaved(Graph & g, const StepScalars & s, const std::vector<PipeAction> & order,
+                     const std::function<Transformer::LayerHook(int)> & hook, int slot) const;
     // norm_sq = this rank's share of the gradients' sum of squares, summed over the tensor group.
     void grad_norm(Graph & g, Tensor norm_sq) const;
 };

@@ -144,7 +144,8 @@ EngineOptions base_options(const RunShape & s, const ModelConfig & cfg, bool wit
     eo.sequence_parallel = s.sp;
     eo.pipeline_parallel = s.pp;
     eo.pp_rank = s.pp_rank;
-    eo.schedule = parse_schedule(s.schedule);
+    eo.schedule = parse_schedule(s.schedule, &eo.virtual_stages);
+    if (s.pp > 1) check_pipeline(cfg, s.pp, eo.virtual_stages);
     eo.zero = s.zero;
     eo.bucket_bytes = size_t(std::llround(s.bucket_mb * 1048576.0));
     eo.B = s.batch;

@@ -413,10 +413,12 @@ void run_training(const TrainOptions & opt) {
     }
     if (layout.pp > 1) {
         std::string stages;
-        for (const auto & r : pipeline_stages(tp_local_config(cfg, layout.tp), layout.pp, opt.seq))
+        const int V = eo.schedule == PipeSchedule::interleaved ? eo.virtual_stages : 1;
+        for (const auto & r : pipeline_stages(tp_local_config(cfg, layout.tp), layout.pp * V, opt.seq))
             stages += fmt::format("{}[{}, {})", stages.empty() ? "" : " ", r.begin, r.end);
-        say(fmt::format("  pipeline parallel: {} stages, blocks {}, schedule {}, {} micro-batches of {} per step",
-                        layout.pp, stages, schedule_name(eo.schedule), accum, eo.B));
+        say(fmt::format("  pipeline parallel: {} stages, blocks {}{}, schedule {}, {} micro-batches of {} per step",
+                        layout.pp, stages, V > 1 ? fmt::format(" (virtual stage v on stage v mod {})", layout.pp) : "",
+                        V > 1 ? opt.schedule : schedule_name(eo.schedule), accum, eo.B));
     }
     if (eo.lora.enabled()) {
         const size_t A = lora_param_count(cfg, eo.lora);

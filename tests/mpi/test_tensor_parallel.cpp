@@ -32,6 +32,7 @@ struct TpCase {
     int pp = 1;
     bool sp = false;   // sequence parallel
     PipeSchedule schedule = PipeSchedule::one_f_one_b;
+    int virtual_stages = 1;   // interleaved
     int layers = 2;
     std::string recompute = "none";
     int loss_chunk = 0;
@@ -64,6 +65,7 @@ TpRun train(const ModelConfig & cfg, const TpCase & c, bool split, int G, int T,
         eo.pp_comm = pg->pp.get();
         eo.emb_comm = pg->emb.get();
         eo.schedule = c.schedule;
+        eo.virtual_stages = c.virtual_stages;
         eo.zero = c.zero;
     }
     eo.B = G / D;
@@ -105,7 +107,9 @@ TpRun train(const ModelConfig & cfg, const TpCase & c, bool split, int G, int T,
 
 std::string describe(const TpCase & c, int N) {
     return fmt::format("{} {} tp {}{} pp {} ({}) dp {} micro-batches {} zero {} recompute {} chunk {}{}",
-                       c.llama ? "llama" : "gpt2", dtype_name(c.dt), c.tp, c.sp ? " sp" : "", c.pp, schedule_name(c.schedule),
+                       c.llama ? "llama" : "gpt2", dtype_name(c.dt), c.tp, c.sp ? " sp" : "", c.pp,
+                       c.schedule == PipeSchedule::interleaved ? fmt::format("interleaved:{}", c.virtual_stages)
+                                                               : std::string(schedule_name(c.schedule)),
                        N / (c.tp * c.pp), c.k, c.zero, c.recompute, c.loss_chunk,
                        c.flash ? "" : " (probabilities kept)");
 }
@@ -288,4 +292,27 @@ TEST(SequenceParallel, EqualsOneProcessAndDividesTheResidualStream) {
         return size_t(0);
     };
     EXPECT_EQ(ln1_bytes(true) * 2, ln1_bytes(false));
+}
+
+// Interleaved 1F1B: V chunks per stage (virtual stage v on stage v mod P), sends started at once
+// and completed at the step's end, receives blocking; (1,2,1) on 2 ranks, (2,2,1) and (1,4,1)
+// (8 blocks, two per stage) on 4.
+TEST(PipelineParallel, InterleavedEqualsOneProcess) {
+    const int N = test::world().size();
+    ASSERT_GE(N, 2);
+    struct L { int tp, pp, layers; };
+    std::vector<L> layouts = {{1, 2, 4}};
+    if (N == 4) layouts = {{2, 2, 4}, {1, 4, 8}};
+    for (const L & l : layouts)
+        for (bool llama : {false, true}) {
+            TpCase c;
+            c.llama = llama;
+            c.tp = l.tp;
+            c.pp = l.pp;
+            c.schedule = PipeSchedule::interleaved;
+            c.virtual_stages = 2;
+            c.k = 2 * l.pp;
+            c.layers = l.layers;
+            check(c);
+        }
 }

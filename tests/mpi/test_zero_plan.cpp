@@ -103,18 +103,21 @@ TEST(ParallelPlan, CpuPlanEqualsEveryRanksMeasuredMemoryUnderTensorAndPipeline) 
     std::vector<Case> cases = {{false, DType::f32, 2, 1, 0, Schedule::one_f_one_b, "none"},
                                {true, DType::bf16, 2, 1, 0, Schedule::one_f_one_b, "selective", true},
                                {true, DType::bf16, 1, 2, 0, Schedule::gpipe, "selective"},
-                               {false, DType::bf16, 1, 2, 0, Schedule::one_f_one_b, "full"}};
+                               {false, DType::bf16, 1, 2, 0, Schedule::one_f_one_b, "full"},
+                               {true, DType::f32, 1, 2, 0, Schedule::interleaved, "none"}};
     if (N == 4)
         cases = {{false, DType::f32, 2, 2, 0, Schedule::one_f_one_b, "none"},
                  {false, DType::bf16, 2, 2, 0, Schedule::one_f_one_b, "full", true},
                  {true, DType::bf16, 1, 4, 0, Schedule::gpipe, "selective"},
                  {false, DType::bf16, 1, 2, 1, Schedule::one_f_one_b, "none"},
-                 {true, DType::f32, 2, 1, 1, Schedule::one_f_one_b, "full"}};
+                 {true, DType::f32, 2, 1, 1, Schedule::one_f_one_b, "full"},
+                 {false, DType::f32, 2, 2, 0, Schedule::interleaved, "selective"}};
     for (const Case & k : cases) {
         const ModelConfig cfg = test::small_family(k.llama, 53, 32, 4, 4, 64, 32);
         SCOPED_TRACE(fmt::format("{} {} tp {}{} pp {} zero {} {} recompute {}", k.llama ? "llama" : "gpt2",
                                  dtype_name(k.dt), k.tp, k.sp ? " sp" : "", k.pp, k.zero,
-                                 k.sch == Schedule::gpipe ? "gpipe" : "1f1b", k.rc));
+                                 k.sch == Schedule::gpipe ? "gpipe" : k.sch == Schedule::one_f_one_b ? "1f1b" : "interleaved:2",
+                                 k.rc));
         const int B = 2, T = 16, m = 4;   // per data rank; micro-batches per step
         const int D = N / (k.tp * k.pp);
         PlanRequest r;
@@ -129,6 +132,7 @@ TEST(ParallelPlan, CpuPlanEqualsEveryRanksMeasuredMemoryUnderTensorAndPipeline) 
         r.tp = k.tp;
         r.pp = k.pp;
         r.schedule = k.sch;
+        r.virtual_stages = 2;   // interleaved: two chunks of the 4 blocks per stage
         r.sp = k.sp;
         r.offload = Offload::none;
         r.flash = true;
@@ -161,7 +165,10 @@ TEST(ParallelPlan, CpuPlanEqualsEveryRanksMeasuredMemoryUnderTensorAndPipeline) 
         eo.pipeline_parallel = k.pp;
         eo.pp_comm = pg.pp.get();
         eo.emb_comm = pg.emb.get();
-        eo.schedule = k.sch == Schedule::gpipe ? PipeSchedule::gpipe : PipeSchedule::one_f_one_b;
+        eo.schedule = k.sch == Schedule::gpipe           ? PipeSchedule::gpipe
+                      : k.sch == Schedule::one_f_one_b ? PipeSchedule::one_f_one_b
+                                                       : PipeSchedule::interleaved;
+        eo.virtual_stages = k.sch == Schedule::interleaved ? 2 : 1;
         Engine e(cfg, backend, eo);
         e.init_params(1);
         std::vector<int32_t> in(size_t(B * T * m)), tg(in.size());

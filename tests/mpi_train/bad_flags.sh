@@ -11,7 +11,7 @@ expect_error() {   # expect_error NEEDLE COMMAND...
 }
 expect_error "memfit: error: --zero 4: expected 0" "$MEMFIT" "${ARGS[@]}" --zero 4 --out out
 expect_error "memfit: error: --bucket-mb -1: expected" "$MEMFIT" "${ARGS[@]}" --bucket-mb -1 --out out
-expect_error "memfit: error: --batch 3 is not divisible by the 2 ranks" mpi 2 "${ARGS[@]}" --batch 3 --out out
-expect_error "memfit: error: --budget-file .* not supported with 2 data-parallel ranks" \
+expect_error "memfit: error: --batch 3 is not divisible by the 2 data-parallel ranks" mpi 2 "${ARGS[@]}" --batch 3 --out out
+expect_error "memfit: error: --budget-file .* not supported with 2 ranks" \
     mpi 2 "${ARGS[@]}" --batch 2 --budget-file budget.txt --out out
 echo PASS

@@ -1,4 +1,5 @@
-# Tensor and pipeline parallel training end to end: --tp 2, --pp 2 under GPipe and 1F1B, and
+# Tensor and pipeline parallel training end to end: --tp 2, --pp 2 under GPipe, 1F1B and
+# interleaved:2 (the 4-block micro model), and
 # --tp 2 --pp 2 (also x 2 data-parallel ranks with ZeRO 1) end with the one-process run's final and
 # validation losses; rank 0 prints one idle line per stage and summary.json names the layout; a
 # --tp 2 --pp 2 checkpoint resumes on 1 process and on --pp 2; bad layouts fail with one clear error
@@ -51,6 +52,16 @@ idle_lines() {
 mpi 2 "${ARGS[@]}" --grad-accum 2 --tp 2 --out tp2 > tp2.log 2>&1 || { cat tp2.log; fail "-np 2 --tp 2"; }
 grep -q '^  tensor parallel: 2 ranks per group' tp2.log || { cat tp2.log; fail "no tensor-parallel line"; }
 same_as one2.log tp2.log "-np 2 --tp 2"
+
+# Interleaved 1F1B: the 4-block micro model as 2 stages x 2 chunks, 4 micro-batches.
+M=(train --model micro --data "$WORK/data" --batch 2 --seq 32 --lr 1e-3 --warmup 2 --steps 4
+   --eval-every 2 --eval-batches 1 --sample 0 --progress plain --log-every 1 --threads 1 --seed 1337)
+"$MEMFIT" "${M[@]}" --grad-accum 4 --out micro1 > micro1.log 2>&1 || { cat micro1.log; fail "micro one process"; }
+mpi 2 "${M[@]}" --grad-accum 4 --pp 2 --schedule interleaved:2 --out inter > inter.log 2>&1 ||
+    { cat inter.log; fail "-np 2 --pp 2 --schedule interleaved:2"; }
+grep -q "^  pipeline parallel: 2 stages, blocks \[0, 1) \[1, 2) \[2, 3) \[3, 4) (virtual stage v on stage v mod 2), schedule interleaved:2" inter.log ||
+    { cat inter.log; fail "no interleaved pipeline line"; }
+same_as micro1.log inter.log "-np 2 --pp 2 --schedule interleaved:2 --grad-accum 4"
 
 # Pipeline parallel over 2 stages, 4 micro-batches, both schedules.
 for s in gpipe 1f1b; do
@@ -111,9 +122,11 @@ expect_error "memfit: error: 2 ranks cannot be laid out as --tp 3 x --pp 1: the 
     mpi 2 "${B[@]}" --tp 3 --out out
 expect_error "memfit: error: --pp 3: the model has 2 blocks; every stage needs at least one" \
     mpi 3 "${B[@]}" --batch 3 --pp 3 --out out
-expect_error "memfit: error: --schedule interleaved:2: the interleaved schedule is not implemented" \
+expect_error "memfit: error: --pp 2 with --schedule interleaved:2 needs 4 chunks of blocks, the model has 2 blocks" \
     mpi 2 "${B[@]}" --pp 2 --schedule interleaved:2 --out out
-expect_error "memfit: error: --schedule 'foo': expected gpipe or 1f1b" mpi 2 "${B[@]}" --pp 2 --schedule foo --out out
+expect_error "memfit: error: --schedule interleaved:2 sends micro-batches through the stages 2 at a time: --grad-accum 3" \
+    mpi 2 "${M[@]}" --pp 2 --schedule interleaved:2 --grad-accum 3 --out out
+expect_error "memfit: error: --schedule 'foo': expected gpipe, 1f1b or interleaved:V" mpi 2 "${B[@]}" --pp 2 --schedule foo --out out
 expect_error "memfit: error: --zero 2 with --pp: .*use --zero 0 or 1" mpi 2 "${B[@]}" --pp 2 --zero 2 --out out
 expect_error "memfit: error: --fit auto .*with --tp or --pp set them yourself" mpi 2 "${B[@]}" --tp 2 --fit auto --out out
 expect_error "memfit: error: 1 rank cannot be laid out as --tp 1 x --pp 2" "$MEMFIT" "${B[@]}" --pp 2 --out out
