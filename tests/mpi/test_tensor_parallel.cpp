@@ -268,12 +268,21 @@ TEST(SequenceParallel, EqualsOneProcessAndDividesTheResidualStream) {
     bf.dt = DType::bf16;
     bf.checking = false;
     check(bf);
-    if (N == 4) {   // with a pipeline: (2, 2, 1) and sp
+    if (N == 4) {   // with a pipeline: (2, 2, 1) and sp; then with bf16 and recomputation too
         TpCase p;
         p.sp = true;
         p.pp = 2;
         p.k = 4;
         p.layers = 4;
+        check(p);
+        p.dt = DType::bf16;
+        p.recompute = "selective";
+        p.flash = false;
+        p.checking = false;
+        check(p);
+        p.schedule = PipeSchedule::interleaved;
+        p.virtual_stages = 2;
+        p.recompute = "full";
         check(p);
     }
     // The residual stream's buffers hold 1/T of the rows: ln_1's output of block 0, for one.
