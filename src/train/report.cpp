@@ -1,9 +1,11 @@
 #include "train/report.h"
 
 #include <algorithm>
+#include <memory>
 
 #include <fmt/format.h>
 
+#include "core/error.h"
 #include "core/units.h"
 #include "report/memory_report.h"
 
@@ -46,11 +48,18 @@ std::vector<std::string> make_hints(const Engine & engine, const std::vector<Rep
     const EngineOptions & eo = engine.options();
     const double flops = step.program().total_flops();
     auto replan = [&](const std::string & flag, int B, const ModelOptions & mo, const std::string & why) {
-        TrainStep alt(step.config(), B, step.T(), StepMode::train, &engine.backend(), mo,
-                      StepParts{true, true, eo.data_parallel > 1 || eo.zero > 0}, eo.dp());
-        const MemoryPlan p2 = plan_memory(alt.program());
+        // The whole model's config: the step's is this rank's tensor slice, which the options split again.
+        std::unique_ptr<TrainStep> alt;
+        try {
+            alt = std::make_unique<TrainStep>(engine.config(), B, step.T(), StepMode::train, &engine.backend(), mo,
+                                              StepParts{true, true, eo.data_parallel > 1 || eo.zero > 0}, eo.dp(),
+                                              eo.pp(step.micro_batches()));
+        } catch (const ConfigError &) {
+            return;   // not a configuration this layout can run (sequence parallel rows, say)
+        }
+        const MemoryPlan p2 = plan_memory(alt->program());
         if (double(p2.peak_live_total) > 0.99 * double(total)) return;   // under 1%: not worth a line
-        const double extra = alt.program().total_flops() / flops - 1.0;
+        const double extra = alt->program().total_flops() / flops - 1.0;
         hints.push_back(fmt::format("{} would lower the planned peak from {} to {} (-{:.0f}%){}{}.", flag,
                                     format_bytes(total), format_bytes(p2.peak_live_total),
                                     100.0 * double(total - p2.peak_live_total) / double(total),

@@ -431,7 +431,8 @@ void run_training(const TrainOptions & opt) {
     }
     auto engine = std::make_unique<Engine>(cfg, backend, eo);
     CategoryBytes plan_live = engine->planned_peak_live(), plan_rsv = engine->planned_reserved();
-    say(fmt::format("memory plan{} ({} ops, {}{}, peak at op {} '{}'):\n{}", world > 1 ? " per rank" : "", engine->step().program().num_ops(),
+    say(fmt::format("memory plan{} ({} ops, {}{}, peak at op {} '{}'):\n{}",
+                    layout.tp * layout.pp > 1 ? " of rank 0 (every rank's: at the end)" : world > 1 ? " per rank" : "", engine->step().program().num_ops(),
                     precision_name(eo.compute),
                     eo.compute == DType::f32 ? ""
                         : fmt::format(" with fp32 master weights, {} gradients{}", precision_name(eo.grad_dtype()),

@@ -18,6 +18,8 @@
 #include "comm/communicator.h"
 #include "comm/groups.h"
 #include "train/engine.h"
+#include "core/units.h"
+#include "train/report.h"
 #include "mpi_test_env.h"
 #include "../test_util.h"
 
@@ -324,4 +326,52 @@ TEST(PipelineParallel, InterleavedEqualsOneProcess) {
             c.layers = l.layers;
             check(c);
         }
+}
+
+// The report's hints re-plan the step with one option changed: from the whole model (the step's
+// own config is this rank's slice, which the options would split again: 6 heads -> 3 -> refused),
+// so each hint's peak is this rank's (and pipeline stage's) plan with that option.
+TEST(TensorParallel, ReportHintsReplanThisRanksSlice) {
+    ASSERT_GE(test::world().size(), 2);
+    const int P = test::world().size() >= 4 ? 2 : 1;   // 4 ranks: tensor x pipeline, no data parallel
+    const ProcessGroups pg(test::world(), derive_layout(test::world().size(), 2, P));
+    ASSERT_EQ(pg.layout.dp, 1);
+    const ModelConfig cfg = test::small_family(false, 37, 48, 4, 6, 48);   // 6 heads of 8
+    CpuBackend backend;
+    EngineOptions eo;
+    eo.B = 4;
+    eo.T = 32;
+    eo.with_eval = false;
+    eo.tensor_parallel = 2;
+    eo.tp_comm = pg.tp.get();
+    eo.pipeline_parallel = P;
+    eo.pp_comm = pg.pp.get();
+    eo.emb_comm = pg.emb.get();
+    Engine e(cfg, backend, eo);
+    e.init_params(3);
+    Timeline tl;
+    e.set_timeline(&tl);
+    std::vector<int32_t> in(size_t(eo.B * eo.T)), tg(in.size());
+    test::random_batch(in, tg, cfg.vocab_size, 5);
+    e.train_step(in.data(), tg.data(), AdamWHyper{});
+    ReportData rep;
+    ASSERT_NO_THROW(rep = build_report(e, tl, "tp", nlohmann::json::object(), 0));
+    // This rank's plan with one option changed, built without communicators (planning only).
+    EngineOptions alt = eo;
+    alt.tp_comm = alt.pp_comm = alt.emb_comm = nullptr;
+    alt.tp_rank = pg.coords.tp;
+    alt.pp_rank = pg.coords.pp;
+    alt.recompute = parse_recompute("full", cfg.n_layer);
+    const uint64_t want = StepPlans(cfg, backend, alt).train_plan.peak_live_total;
+    // A hint is given when the option saves at least 1%.
+    const bool saves = double(want) < 0.99 * double(e.plan().peak_live_total);
+    bool found = false;
+    for (const auto & h : rep.hints)
+        if (h.starts_with("--recompute full")) {
+            found = true;
+            EXPECT_NE(h.find("to " + format_bytes(want) + " "), std::string::npos) << h << " (want "
+                                                                                 << format_bytes(want) << ")";
+        }
+    EXPECT_EQ(found, saves) << "the --recompute full hint; this rank's plan " << format_bytes(e.plan().peak_live_total)
+                            << ", with full recomputation " << format_bytes(want);
 }
