@@ -145,6 +145,8 @@ private:
     void optimizer(Graph & g, const StepScalars & s) const;
     // Pipeline: the stage's forwards and backwards in schedule order, with the transfers between
     // stages; `done` (data parallel) hooks the last micro-batch's backward.
+    // Micro-batch mb's B x T rows of the batch buffer `id` (tokens, targets, losses).
+    Tensor micro(BufferId id, DType dt, int mb) const;
     // Transfers that outlive their op (interleaved sends) take communication slots from `slot` on.
     void pipeline(Graph & g, const StepScalars & s, const Transformer::LayerHook & done, int slot) const;
     // The interleaved schedule: sends started at once (completed at the step's end), receives
