@@ -3,6 +3,7 @@
 // slice comes from one place (padding rows aside), and bad head counts are one clear error.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -17,7 +18,7 @@ using namespace memfit;
 TEST(TensorParallelSlices, AssembleInvertsSliceForBothFamilies) {
     for (bool llama : {false, true})
         for (int T : {1, 2, 4}) {
-            if (llama && T == 4) continue;   // 2 KV heads
+            // llama, T = 4: 2 KV heads, each held by 2 ranks
             SCOPED_TRACE(std::string(llama ? "llama" : "gpt2") + " T " + std::to_string(T));
             const ModelConfig cfg = test::small_family(llama, 37, 32, 2, 4, 48);
             const ModelConfig local = tp_local_config(cfg, T);
@@ -66,12 +67,30 @@ TEST(TensorParallelSlices, ReplicatedParametersAreTheNormsBiasesAndPositions) {
 }
 
 TEST(TensorParallelSlices, HeadsThatDoNotDivideAreOneClearError) {
-    const ModelConfig llama = test::small_family(true, 37, 32, 2, 4, 48);   // 4 heads, 2 KV heads
+    // 4 ranks over 2 KV heads: each KV head is held by the 2 ranks whose query heads read it.
+    const ModelConfig llama = test::small_family(true, 37, 32, 2, 4, 48);
+    EXPECT_EQ(tp_local_config(llama, 4).kv_heads(), 1);
+    EXPECT_EQ(tp_kv_replicas(llama, 4), 2);
+    EXPECT_EQ(tp_kv_replicas(llama, 2), 1);
+    const std::vector<float> whole = [&] {
+        std::vector<float> w(size_t(llama.num_params()));
+        for (size_t i = 0; i < w.size(); ++i) w[i] = float(i);
+        return w;
+    }();
+    // Ranks 2 and 3 hold KV head 1: the same k rows.
+    const ParamLayout local = make_param_layout(tp_local_config(llama, 4));
+    const ParamInfo & k = local.find("model.layers.0.self_attn.k_proj.weight");
+    const auto r2 = tp_slice(llama, 4, 2, whole.data()), r3 = tp_slice(llama, 4, 3, whole.data());
+    const auto r0 = tp_slice(llama, 4, 0, whole.data());
+    EXPECT_TRUE(std::equal(r2.begin() + long(k.offset), r2.begin() + long(k.offset + k.numel), r3.begin() + long(k.offset)));
+    EXPECT_FALSE(std::equal(r2.begin() + long(k.offset), r2.begin() + long(k.offset + k.numel), r0.begin() + long(k.offset)));
+    ModelConfig six = test::small_family(true, 37, 48, 2, 6, 48);   // 6 heads, 3 KV heads
     try {
-        tp_local_config(llama, 4);
-        ADD_FAILURE() << "4 tensor ranks over 2 KV heads accepted";
+        tp_local_config(six, 2);
+        ADD_FAILURE() << "2 tensor ranks over 3 KV heads accepted";
     } catch (const ConfigError & e) {
-        EXPECT_NE(std::string(e.what()).find("n_kv_head = 2, not divisible by 4"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("n_kv_head = 3, which neither divides by 2 nor divides it"),
+                  std::string::npos) << e.what();
     }
     EXPECT_THROW(tp_local_config(test::small_family(false, 37, 32, 2, 4, 48), 3), ConfigError);
 }

@@ -46,13 +46,16 @@ ModelConfig tp_local_config(const ModelConfig & cfg, int T) {
                                       T, cfg.name, what, n, T));
     };
     if (cfg.n_head % T) refuse("n_head", cfg.n_head);
-    if (cfg.kv_heads() % T) refuse("n_kv_head", cfg.kv_heads());
+    // Fewer KV heads than ranks: each rank holds the one its query heads read (replicated).
+    if (cfg.kv_heads() % T && T % cfg.kv_heads())
+        throw ConfigError(fmt::format("--tp {}: model '{}' has n_kv_head = {}, which neither divides by {} nor divides "
+                                      "it; pick a --tp that does", T, cfg.name, cfg.kv_heads(), T));
     if (cfg.ffn_dim() % T) refuse("ffn", cfg.ffn_dim());
     MF_ASSERT(cfg.vocab_size > 0);
     ModelConfig l = cfg;
     l.head_size = cfg.head_dim();
     l.n_head = cfg.n_head / T;
-    l.n_kv_head = cfg.n_kv_head > 0 ? cfg.n_kv_head / T : 0;
+    l.n_kv_head = cfg.n_kv_head > 0 ? std::max(1, cfg.n_kv_head / T) : 0;
     l.ffn = cfg.ffn_dim() / T;
     l.vocab_size = (cfg.vocab_size + T - 1) / T;
     return l;
@@ -72,6 +75,12 @@ std::vector<TpRun> tp_runs(const ModelConfig & cfg, int T, int r) {
         if (s.kind == Split::replicated || T == 1) {
             MF_ASSERT(f.numel == l.numel);
             runs.push_back({f.offset, l.offset, f.numel});
+            continue;
+        }
+        const bool kv = f.name.ends_with("k_proj.weight") || f.name.ends_with("v_proj.weight");
+        if (kv && tp_kv_replicas(cfg, T) > 1) {   // the KV head rank r's query heads read, whole
+            const size_t rows = size_t(l.shape[0]), head = size_t(r / tp_kv_replicas(cfg, T));
+            runs.push_back({f.offset + head * rows * R1, l.offset, rows * R1});
             continue;
         }
         if (s.kind == Split::vocab) {
@@ -101,6 +110,20 @@ std::vector<TpRange> tp_replicated(const ParamLayout & local, int T) {
     std::vector<TpRange> out;
     for (const auto & p : local.params) {
         if (T > 1 && split_of(p.name).kind != Split::replicated) continue;
+        if (!out.empty() && out.back().b == p.offset) out.back().b += p.numel;
+        else out.push_back({p.offset, p.offset + p.numel});
+    }
+    return out;
+}
+
+int tp_kv_replicas(const ModelConfig & cfg, int T) {
+    return T > cfg.kv_heads() ? T / cfg.kv_heads() : 1;
+}
+
+std::vector<TpRange> tp_kv_ranges(const ParamLayout & local) {
+    std::vector<TpRange> out;
+    for (const auto & p : local.params) {
+        if (!p.name.ends_with("k_proj.weight") && !p.name.ends_with("v_proj.weight")) continue;
         if (!out.empty() && out.back().b == p.offset) out.back().b += p.numel;
         else out.push_back({p.offset, p.offset + p.numel});
     }

@@ -44,6 +44,13 @@ std::vector<TpRun> tp_runs(const ModelConfig & cfg, int T, int r);
 struct TpRange { size_t a, b; };
 std::vector<TpRange> tp_replicated(const ParamLayout & local, int T);
 
+// Grouped-query attention with fewer KV heads than tensor ranks: each KV head is held whole by
+// this many consecutive ranks (the ones whose query heads read it), else 1. Their gradients are
+// each rank's own heads' share, summed over the replicas once per step.
+int tp_kv_replicas(const ModelConfig & cfg, int T);
+// The k and v projections' ranges of a local layout (merged; one per block).
+std::vector<TpRange> tp_kv_ranges(const ParamLayout & local);
+
 // Sequence parallel: the ranges of a local layout whose gradients each tensor rank computes from
 // its own rows only (the norms' gains and biases), to be summed over the group once per step.
 // The other replicated parameters' gradients come from whole gathered tensors.

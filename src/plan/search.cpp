@@ -65,7 +65,8 @@ bool engine_runs(const PlanRequest & r, const Candidate & c, const ModelConfig &
     // step program; the interleaved schedule and offload are not. ZeRO 2-3 with tensor or
     // pipeline parallelism is refused by the engine.
     const int T = c.layout.tp;
-    const bool splits = cfg.n_head % T == 0 && cfg.kv_heads() % T == 0 && cfg.ffn_dim() % T == 0 &&
+    const bool kv = cfg.kv_heads() % T == 0 || T % cfg.kv_heads() == 0;   // split, or replicated
+    const bool splits = cfg.n_head % T == 0 && kv && cfg.ffn_dim() % T == 0 &&
                         (T == 1 || c.layout.zero < 2) && (!c.layout.sp || (int64_t(c.micro_batch) * r.seq) % T == 0);
     const bool interleaved = c.layout.schedule == Schedule::interleaved;
     const int chunks = c.layout.pp * (interleaved ? c.layout.virtual_stages : 1);

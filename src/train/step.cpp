@@ -228,6 +228,10 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
         // second copy (the last pipeline stage).
         std::vector<TpRange> skip;
         if (model.tp.enabled() && model.tp.rank != 0) skip = tp_replicated(layout_, model.tp.ranks);
+        // KV heads held by several tensor ranks: counted by the first of them.
+        const int reps = model.tp.enabled() ? tp_kv_replicas(cfg, model.tp.ranks) : 1;
+        if (reps > 1 && model.tp.rank % reps != 0)
+            for (const auto & r : tp_kv_ranges(layout_)) skip.push_back(r);
         const ParamInfo * table = layout_.try_find(cfg_.llama() ? "model.embed_tokens.weight" : "wte.weight");
         const bool tied = pp.enabled() && cfg_.tied_head && table;
         if (tied && holds_tied_copy(cfg_, pp.first(), pp.last())) skip.push_back({table->offset, table->offset + table->numel});
@@ -252,6 +256,16 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
             if (a < b) norm_ranges_.push_back({a - glo, b - glo});
         }
         tp_ = model.tp;
+        if (reps > 1 && parts.optimizer) {   // a padded buffer: every KV head's slot, this rank's filled
+            kv_ranges_ = tp_kv_ranges(layout_);
+            kv_slot_ = model.tp.rank / reps;
+            const size_t len = kv_ranges_.front().b - kv_ranges_.front().a, all = len * size_t(cfg.kv_heads());
+            kv_buf_ = Tensor(program_.declare("gradients.kv_replicas", Category::gradients, all * gs), grad_dt_,
+                             {int64_t(all)});
+            if (const size_t wide = comm_scratch_elems(grad_dt_, tp_.ranks, all))
+                kv_scratch_ = Tensor(program_.declare("communication.kv_replicas", Category::communication, wide * 4),
+                                     DType::f32, {int64_t(wide)});
+        }
         if (tp_.enabled() && tp_.sequence && parts.optimizer) {
             sp_ranges_ = sp_partial(layout_);
             size_t widest = 0;
@@ -423,6 +437,15 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
     g.layer(-1);
     for (int i : in_flight) finish(g, i);
     if (tied_grad_.valid()) g.emb_all_reduce(tied_grad_, tied_scratch_);   // both ends' share of the tied table
+    for (const auto & r : kv_ranges_) {   // a replicated KV head's gradient: each replica's query heads' share
+        const int64_t len = int64_t(r.b - r.a);
+        const Tensor mine(grads, grad_dt_, {len}, r.a * dtype_size(grad_dt_)), slot = kv_buf_.view(kv_slot_ * len, {len});
+        g.fill_zero(kv_buf_);
+        g.residual_fwd(slot, slot, mine);
+        g.tp_all_reduce(kv_buf_, kv_scratch_);
+        g.fill_zero(mine);
+        g.residual_fwd(mine, mine, slot);
+    }
     for (const auto & r : sp_ranges_)   // the norms' gradients: each tensor rank's rows' share
         g.tp_all_reduce(Tensor(grads, grad_dt_, {int64_t(r.b - r.a)}, r.a * dtype_size(grad_dt_)),
                         sp_scratch_.valid() ? sp_scratch_.view(0, {int64_t(r.b - r.a)}) : Tensor{});

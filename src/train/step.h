@@ -117,6 +117,11 @@ private:
     // backward is done, and a 16-bit sum's fp32 copy (the largest range's).
     std::vector<TpRange> sp_ranges_;
     Tensor sp_scratch_;
+    // Tensor parallel with fewer KV heads than ranks: the k|v ranges, summed over the ranks that
+    // hold the same KV head through a buffer with one slot per KV head (this rank's: kv_slot_).
+    std::vector<TpRange> kv_ranges_;
+    Tensor kv_buf_, kv_scratch_;
+    int kv_slot_ = 0;
     ModelWeights w_, dw_;
     DataParallel dp_;
     PipelineParallel pp_;

@@ -36,6 +36,7 @@ struct TpCase {
     PipeSchedule schedule = PipeSchedule::one_f_one_b;
     int virtual_stages = 1;   // interleaved
     int layers = 2;
+    int kv_heads = 0;         // llama: override (0: test::small_family's 2)
     std::string recompute = "none";
     int loss_chunk = 0;
     bool flash = true;
@@ -120,7 +121,8 @@ void check(const TpCase & c) {
     const int N = test::world().size();
     SCOPED_TRACE(describe(c, N));
     // vocabulary 37: not a multiple of 2 or 4, so the last vocabulary slice is padded
-    const ModelConfig cfg = test::small_family(c.llama, 37, 32, c.layers, 4, 48);
+    ModelConfig cfg = test::small_family(c.llama, 37, 32, c.layers, 4, 48);
+    if (c.kv_heads > 0) cfg.n_kv_head = c.kv_heads;
     const int G = 4, T = 8, steps = 3;
     const TpRun par = train(cfg, c, true, G, T, steps);
     const TpRun one = train(cfg, c, false, G, T, steps);
@@ -175,6 +177,26 @@ TEST(TensorParallel, RecomputationChunkedLossAndKeptProbabilities) {
             c.flash = std::string(rc) != "selective";
             check(c);
         }
+}
+
+// Fewer KV heads than tensor ranks: each KV head is held by the ranks whose query heads read it,
+// its gradient summed over them. 2 ranks: one KV head (multi-query); 4 ranks: 2 KV heads.
+TEST(TensorParallel, ReplicatedKvHeads) {
+    const int N = test::world().size();
+    ASSERT_GE(N, 2);
+    for (DType dt : {DType::f32, DType::bf16}) {
+        TpCase c;
+        c.llama = true;
+        c.dt = dt;
+        c.checking = dt == DType::f32;
+        c.k = 2;
+        if (N == 4) c.tp = 4;
+        else c.kv_heads = 1;
+        check(c);
+        c.sp = true;   // and sequence parallel
+        c.recompute = "full";
+        check(c);
+    }
 }
 
 TEST(TensorParallel, MixedPrecision) {
