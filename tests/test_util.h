@@ -79,6 +79,16 @@ inline std::vector<float> randn(size_t n, std::mt19937 & rng, float scale = 1.0f
 }
 
 // Uniform random tokens and targets; target 1 is ignored (-100).
+// Data rank r's rows of every micro-batch: k micro-batches of G sequences of T tokens, rows
+// r*B .. r*B+B-1 of each, laid end to end.
+inline std::vector<int32_t> rank_rows(const std::vector<int32_t> & v, int k, int G, int T, int r, int B) {
+    std::vector<int32_t> out;
+    for (int m = 0; m < k; ++m)
+        for (int b = r * B; b < (r + 1) * B; ++b)
+            for (int t = 0; t < T; ++t) out.push_back(v[size_t((m * G + b) * T + t)]);
+    return out;
+}
+
 inline void random_batch(std::vector<int32_t> & in, std::vector<int32_t> & tg, int V, uint64_t seed) {
     std::mt19937 rng(static_cast<uint32_t>(seed));
     std::uniform_int_distribution<int> d(0, V - 1);

@@ -106,14 +106,22 @@ std::vector<TpRun> tp_runs(const ModelConfig & cfg, int T, int r) {
     return runs;
 }
 
-std::vector<TpRange> tp_replicated(const ParamLayout & local, int T) {
+namespace {
+// The element ranges of the parameters `keep` selects, adjacent ones merged.
+template <class F>
+std::vector<TpRange> ranges_where(const ParamLayout & local, F keep) {
     std::vector<TpRange> out;
     for (const auto & p : local.params) {
-        if (T > 1 && split_of(p.name).kind != Split::replicated) continue;
+        if (!keep(p.name)) continue;
         if (!out.empty() && out.back().b == p.offset) out.back().b += p.numel;
         else out.push_back({p.offset, p.offset + p.numel});
     }
     return out;
+}
+}  // namespace
+
+std::vector<TpRange> tp_replicated(const ParamLayout & local, int T) {
+    return ranges_where(local, [&](const std::string & n) { return T == 1 || split_of(n).kind == Split::replicated; });
 }
 
 int tp_kv_replicas(const ModelConfig & cfg, int T) {
@@ -121,25 +129,15 @@ int tp_kv_replicas(const ModelConfig & cfg, int T) {
 }
 
 std::vector<TpRange> tp_kv_ranges(const ParamLayout & local) {
-    std::vector<TpRange> out;
-    for (const auto & p : local.params) {
-        if (!p.name.ends_with("k_proj.weight") && !p.name.ends_with("v_proj.weight")) continue;
-        if (!out.empty() && out.back().b == p.offset) out.back().b += p.numel;
-        else out.push_back({p.offset, p.offset + p.numel});
-    }
-    return out;
+    return ranges_where(local, [](const std::string & n) {
+        return n.ends_with("k_proj.weight") || n.ends_with("v_proj.weight");
+    });
 }
 
 std::vector<TpRange> sp_partial(const ParamLayout & local) {
-    std::vector<TpRange> out;
-    for (const auto & p : local.params) {
-        const bool norm = split_of(p.name).kind == Split::replicated && !p.name.ends_with("c_proj.bias") &&
-                          !p.name.ends_with("wpe.weight");
-        if (!norm) continue;
-        if (!out.empty() && out.back().b == p.offset) out.back().b += p.numel;
-        else out.push_back({p.offset, p.offset + p.numel});
-    }
-    return out;
+    return ranges_where(local, [](const std::string & n) {   // the norms
+        return split_of(n).kind == Split::replicated && !n.ends_with("c_proj.bias") && !n.ends_with("wpe.weight");
+    });
 }
 
 std::vector<float> tp_slice(const ModelConfig & cfg, int T, int r, const float * full) {

@@ -58,14 +58,9 @@ DpRun train(const ModelConfig & cfg, DType dt, int G, int T, int k, int steps, C
         // The same global batch on every rank; this rank takes rows r*B .. r*B+B-1 of each micro-batch.
         std::vector<int32_t> in(size_t(G * T * k)), tg(in.size());
         test::random_batch(in, tg, cfg.vocab_size, uint64_t(100 + s));
-        std::vector<int32_t> my_in, my_tg;
-        for (int m = 0; m < k; ++m)
-            for (int b = r * eo.B; b < (r + 1) * eo.B; ++b)
-                for (int t = 0; t < T; ++t) {
-                    const size_t i = size_t((m * G + b) * T + t);
-                    my_in.push_back(in[i]);
-                    my_tg.push_back(tg[i]);
-                }
+        // This data rank's rows of every micro-batch.
+        const std::vector<int32_t> my_in = test::rank_rows(in, k, G, T, r, eo.B),
+                                   my_tg = test::rank_rows(tg, k, G, T, r, eo.B);
         run.losses.push_back(e.train_step(my_in.data(), my_tg.data(), h).loss);
     }
     run.params = e.full_params();

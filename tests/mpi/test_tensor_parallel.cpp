@@ -90,14 +90,9 @@ TpRun train(const ModelConfig & cfg, const TpCase & c, bool split, int G, int T,
     for (int s = 0; s < steps; ++s) {
         std::vector<int32_t> in(size_t(G * T * c.k)), tg(in.size());
         test::random_batch(in, tg, cfg.vocab_size, uint64_t(300 + s));
-        std::vector<int32_t> my_in, my_tg;   // this data rank's rows of every micro-batch
-        for (int m = 0; m < c.k; ++m)
-            for (int b = dp_rank * eo.B; b < (dp_rank + 1) * eo.B; ++b)
-                for (int t = 0; t < T; ++t) {
-                    const size_t i = size_t((m * G + b) * T + t);
-                    my_in.push_back(in[i]);
-                    my_tg.push_back(tg[i]);
-                }
+        // This data rank's rows of every micro-batch.
+        const std::vector<int32_t> my_in = test::rank_rows(in, c.k, G, T, dp_rank, eo.B),
+                                   my_tg = test::rank_rows(tg, c.k, G, T, dp_rank, eo.B);
         run.losses.push_back(e.train_step(my_in.data(), my_tg.data(), h).loss);
     }
     run.params = e.full_params();
