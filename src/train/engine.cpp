@@ -259,13 +259,7 @@ std::vector<float> Engine::base_weights() const {
                               static_cast<const uint8_t *>(st.base_q >= 0 ? train_mem_->base(st.base_q) : nullptr));
 }
 
-std::vector<float> Engine::full_params() {
-    const Shard sh = shard();
-    std::vector<float> out(sh.total);
-    if (opt_.zero == 0) std::memcpy(out.data(), params(), sh.total * sizeof(float));
-    else comm_->iall_gather(params(), out.data(), plans_.train->shard_counts(0, sh.total), sizeof(float))->wait();
-    return split_model() ? gather_whole(params()) : out;
-}
+std::vector<float> Engine::full_params() { return gather_whole(params()); }
 
 size_t Engine::total_params() const {
     return split_model() ? size_t(cfg_.num_params()) : plans_.train->layout().total;

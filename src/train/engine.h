@@ -239,9 +239,9 @@ private:
     std::unique_ptr<Communicator> own_comm_, own_tp_comm_, own_pp_comm_;   // single-process when not given
     Communicator * comm_ = nullptr, * tp_comm_ = nullptr, * pp_comm_ = nullptr;
     bool split_model() const { return opt_.tensor_parallel > 1 || opt_.pipeline_parallel > 1; }
-    // Tensor and pipeline parallel: the whole model's vector from this rank's (a shard under ZeRO)
-    // of the same layout as params() (collective over every group), and this rank's stage of
-    // its tensor slice of a whole-model vector (before the ZeRO cut).
+    // The whole model's vector from this rank's (a shard under ZeRO) of the same layout as
+    // params(), gathered over the data, pipeline and tensor groups (collective); and this rank's
+    // stage of its tensor slice of a whole-model vector (before the ZeRO cut).
     std::vector<float> gather_whole(const float * mine);
     std::vector<float> my_part(const float * whole) const;
     // Tensor parallel: this rank's slice of a whole-model vector, and the whole from the
