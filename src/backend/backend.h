@@ -13,8 +13,10 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "core/tensor.h"
+#include "memory/step_memory.h"
 
 namespace memfit {
 
@@ -62,6 +64,17 @@ class Backend {
 public:
     virtual ~Backend() = default;
     virtual const char * name() const = 0;
+
+    // Where this backend's tensors live. The CPU backend computes on host memory; a device
+    // backend (CUDA) obtains its regions from its own allocator, and the engine moves bytes
+    // between the host and those regions only through upload and download, which complete
+    // before they return (after every op issued before them).
+    virtual bool host_memory() const { return true; }
+    virtual RegionAllocator & allocator() { return host_allocator(); }
+    virtual void upload(void * dst, const void * host_src, size_t bytes) { std::memcpy(dst, host_src, bytes); }
+    virtual void download(void * host_dst, const void * src, size_t bytes) { std::memcpy(host_dst, src, bytes); }
+    // Waits for every op issued so far (the CPU backend's ops have finished when they return).
+    virtual void synchronize() {}
 
     // Scratch bytes gemm() needs for this shape; planned as `workspace` (0 if none).
     virtual size_t gemm_workspace(const GemmDesc & d) const { (void) d; return 0; }

@@ -31,6 +31,8 @@ public:
 
 }  // namespace
 
+void RegionAllocator::poison(void * p, size_t bytes) { std::memset(p, 0xff, bytes); }
+
 RegionAllocator & host_allocator() {
     static HostAllocator a;
     return a;
@@ -180,7 +182,7 @@ void StepMemory::begin_op(int i) {
         if (checking_ && b.bytes) {
             // A block of its own, filled with NaN bytes so a read before the first write shows.
             void * p = alloc_.allocate(b.bytes);
-            std::memset(p, 0xff, b.bytes);
+            alloc_.poison(p, b.bytes);
             base_[size_t(id)] = p;
         }
         ledger_.acquire(b.category, b.bytes);
@@ -193,7 +195,7 @@ void StepMemory::end_op(int i) {
         if (b.persistent) continue;
         ledger_.release(b.category, b.bytes);
         if (checking_ && base_[size_t(id)]) {
-            std::memset(base_[size_t(id)], 0xff, b.bytes);   // poison: later reads give NaN
+            alloc_.poison(base_[size_t(id)], b.bytes);   // poison: later reads give NaN
             quarantine_.push_back({base_[size_t(id)], b.bytes});
             base_[size_t(id)] = nullptr;
         }

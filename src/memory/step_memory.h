@@ -46,12 +46,16 @@ MemoryPlan plan_memory(const Program & program, size_t alignment = 64);
 CategoryBytes shared_reserved(const MemoryPlan & primary, const std::vector<const MemoryPlan *> & others);
 CategoryBytes shared_peak_live(const MemoryPlan & primary, const std::vector<const MemoryPlan *> & others);
 
-// Obtains and returns regions. The host allocator is the default; CUDA brings its own later.
+// Obtains and returns regions. The host allocator is the default; the CUDA backend brings its
+// own (one cudaMalloc per region).
 class RegionAllocator {
 public:
     virtual ~RegionAllocator() = default;
     virtual void * allocate(size_t bytes) = 0;   // throws memfit::Error when it cannot
     virtual void   release(void * p, size_t bytes) = 0;
+    // Checking mode: fills bytes with 0xff (NaN in every float type) so a read outside a
+    // buffer's lifetime shows.
+    virtual void   poison(void * p, size_t bytes);
 };
 RegionAllocator & host_allocator();
 

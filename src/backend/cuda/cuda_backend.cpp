@@ -1,0 +1,299 @@
+// CudaBackend: start-up (device, stream, cuBLASLt, runtime memory), the region allocator, host
+// transfers, and the ops, each forwarded to its launcher (kernels.h) or to cuBLASLt (gemm.cpp).
+#include "backend/cuda/cuda_backend.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+
+#include <fmt/format.h>
+
+#include "backend/cpu/quant.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda_sizing.h"
+#include "core/units.h"
+#include "memory/budget.h"
+
+namespace memfit {
+
+[[noreturn]] void cuda::fail(const char * file, int line, const char * library, const char * call, int code,
+                             const char * message) {
+    const std::string msg = fmt::format("{} call failed: {}: {} (status {})", library, call, message ? message : "?", code);
+    abort_with(file, line, msg.c_str());
+}
+
+int cuda_device_count(std::string * why) {
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        if (why) *why = e != cudaSuccess ? fmt::format("cudaGetDeviceCount: {}", cudaGetErrorString(e))
+                                         : std::string("cudaGetDeviceCount found no device");
+        return 0;
+    }
+    return n;
+}
+
+namespace {
+
+// One cudaMalloc per region (never managed memory); running out is an expected failure.
+class DeviceAllocator final : public RegionAllocator {
+public:
+    explicit DeviceAllocator(cudaStream_t s) : stream_(s) {}
+    void * allocate(size_t bytes) override {
+        if (bytes == 0) return nullptr;
+        void * p = nullptr;
+        const cudaError_t e = cudaMalloc(&p, bytes);
+        if (e == cudaErrorMemoryAllocation) {
+            (void) cudaGetLastError();   // clear it
+            size_t free_b = 0, total_b = 0;
+            MF_CUDA(cudaMemGetInfo(&free_b, &total_b));
+            throw OutOfMemory(fmt::format("out of GPU memory: cudaMalloc of {} failed with {} free of {}; lower "
+                                          "--batch or --seq, add --recompute, or pass --memory-budget to check the "
+                                          "plan first", format_bytes(bytes), format_bytes(free_b), format_bytes(total_b)));
+        }
+        MF_CUDA(e);
+        return p;
+    }
+    void release(void * p, size_t) override {
+        if (!p) return;
+        MF_CUDA(cudaStreamSynchronize(stream_));
+        MF_CUDA(cudaFree(p));
+    }
+    void poison(void * p, size_t bytes) override { MF_CUDA(cudaMemsetAsync(p, 0xff, bytes, stream_)); }
+
+private:
+    cudaStream_t stream_;
+};
+
+// Memory used on the device as NVML sees it, before this process creates a CUDA context there
+// (0 when NVML, part of the driver, cannot be loaded).
+uint64_t nvml_used(int device) {
+    char bus[32] = {};
+    if (cudaDeviceGetPCIBusId(bus, int(sizeof bus), device) != cudaSuccess) return 0;
+    void * lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return 0;
+    using init_t = int (*)();
+    using handle_t = int (*)(const char *, void **);
+    struct Mem { unsigned long long total, free, used; };
+    using info_t = int (*)(void *, Mem *);
+    auto init = reinterpret_cast<init_t>(dlsym(lib, "nvmlInit_v2"));
+    auto by_bus = reinterpret_cast<handle_t>(dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
+    auto info = reinterpret_cast<info_t>(dlsym(lib, "nvmlDeviceGetMemoryInfo"));
+    auto shutdown = reinterpret_cast<init_t>(dlsym(lib, "nvmlShutdown"));
+    uint64_t used = 0;
+    void * h = nullptr;
+    Mem m{};
+    if (init && by_bus && info && init() == 0) {
+        if (by_bus(bus, &h) == 0 && info(h, &m) == 0) used = m.used;
+        if (shutdown) shutdown();
+    }
+    dlclose(lib);
+    return used;
+}
+
+cudaStream_t as_stream(void * s) { return static_cast<cudaStream_t>(s); }
+
+}  // namespace
+
+struct CudaBackend::State {
+    cudaStream_t stream = nullptr;
+    std::unique_ptr<DeviceAllocator> alloc;
+    std::unique_ptr<cuda::Gemm> gemm;
+};
+
+CudaBackend::CudaBackend(int device) : device_(device), st_(std::make_unique<State>()) {
+    std::string why;
+    const int n = cuda_device_count(&why);
+    if (n == 0) throw ConfigError("--device cuda: no CUDA device (" + why + "); train on the CPU (the default)");
+    if (device < 0 || device >= n)
+        throw ConfigError(fmt::format("--device cuda: device {} does not exist ({} found)", device, n));
+    runtime_.used_before = nvml_used(device);
+    MF_CUDA(cudaSetDevice(device));
+    MF_CUDA(cudaFree(nullptr));   // creates the context
+    MF_CUDA(cudaStreamCreateWithFlags(&st_->stream, cudaStreamNonBlocking));
+    st_->alloc = std::make_unique<DeviceAllocator>(st_->stream);
+    st_->gemm = std::make_unique<cuda::Gemm>();
+    MF_CUDA(cudaDeviceSynchronize());
+    runtime_.used_after = device_used();
+    size_t free_b = 0, total_b = 0;
+    MF_CUDA(cudaMemGetInfo(&free_b, &total_b));
+    runtime_.total = total_b;
+}
+
+CudaBackend::~CudaBackend() {
+    if (st_->stream) {
+        (void) cudaStreamSynchronize(st_->stream);
+        st_->gemm.reset();
+        (void) cudaStreamDestroy(st_->stream);
+    }
+}
+
+RegionAllocator & CudaBackend::allocator() { return *st_->alloc; }
+
+void CudaBackend::upload(void * dst, const void * host_src, size_t bytes) {
+    if (bytes == 0) return;
+    MF_CUDA(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, st_->stream));
+    MF_CUDA(cudaStreamSynchronize(st_->stream));
+}
+
+void CudaBackend::download(void * host_dst, const void * src, size_t bytes) {
+    if (bytes == 0) return;
+    MF_CUDA(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, st_->stream));
+    MF_CUDA(cudaStreamSynchronize(st_->stream));
+}
+
+void CudaBackend::synchronize() { MF_CUDA(cudaStreamSynchronize(st_->stream)); }
+void * CudaBackend::stream() const { return st_->stream; }
+
+uint64_t CudaBackend::device_used() const {
+    size_t free_b = 0, total_b = 0;
+    MF_CUDA(cudaMemGetInfo(&free_b, &total_b));
+    return uint64_t(total_b - free_b);
+}
+
+std::string CudaBackend::device_name() const {
+    cudaDeviceProp p{};
+    MF_CUDA(cudaGetDeviceProperties(&p, device_));
+    return p.name;
+}
+
+size_t CudaBackend::gemm_workspace(const GemmDesc & d) const { return cuda_gemm_workspace(d); }
+size_t CudaBackend::flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH) const {
+    return cuda_flash_attention_workspace(B, T, C, NH);
+}
+size_t CudaBackend::qgemm_workspace(const QuantDesc & q, int64_t M, DType act) const {
+    return cuda_qgemm_workspace(q, M, act);
+}
+
+void CudaBackend::fill_zero(Tensor t) {
+    if (t.nbytes()) MF_CUDA(cudaMemsetAsync(t.data, 0, t.nbytes(), st_->stream));
+}
+
+void CudaBackend::gemm(const GemmDesc & d, Tensor c, Tensor a, Tensor b, Tensor bias, Tensor workspace) {
+    st_->gemm->run(st_->stream, d, c, a, b, bias, workspace);
+}
+
+// QLoRA's frozen base: W' dequantized whole into the workspace, then one gemm.
+void CudaBackend::qgemm_fwd(const QuantDesc & q, Tensor y, Tensor x, Tensor packed, Tensor bias, Tensor workspace) {
+    Tensor w(-1, x.dtype, {q.out, q.in});
+    w.data = workspace.data;
+    cuda::dequantize(st_->stream, q, w, packed);
+    GemmDesc d;
+    d.M = x.rows(), d.N = q.out, d.K = q.in, d.trans_b = true, d.bias = bias.valid();
+    d.a = x.dtype, d.b = x.dtype, d.c = y.dtype;
+    st_->gemm->run(st_->stream, d, y, x, w, bias, Tensor{});
+}
+
+void CudaBackend::qgemm_bwd(const QuantDesc & q, Tensor dx, Tensor dy, Tensor packed, bool accumulate,
+                            Tensor workspace) {
+    Tensor w(-1, dy.dtype, {q.out, q.in});
+    w.data = workspace.data;
+    cuda::dequantize(st_->stream, q, w, packed);
+    GemmDesc d;
+    d.M = dy.rows(), d.N = q.in, d.K = q.out, d.accumulate = accumulate;
+    d.a = dy.dtype, d.b = dy.dtype, d.c = dx.dtype;
+    st_->gemm->run(st_->stream, d, dx, dy, w, Tensor{}, Tensor{});
+}
+
+void CudaBackend::quantize(const QuantDesc & q, void * packed, const float * W) const {
+    auto * out = static_cast<uint8_t *>(packed);
+    if (q.format == QuantFormat::int8) cpu::Int8Quant{q.out, q.in}.quantize(out, W);
+    else cpu::Nf4Quant{q.out, q.in, q.format == QuantFormat::nf4_dq}.quantize(out, W);
+}
+
+void CudaBackend::dequantize(const QuantDesc & q, float * W, const void * packed) const {
+    const auto * in = static_cast<const uint8_t *>(packed);
+    if (q.format == QuantFormat::int8) cpu::Int8Quant{q.out, q.in}.dequantize_rows(W, in, 0, q.out);
+    else cpu::Nf4Quant{q.out, q.in, q.format == QuantFormat::nf4_dq}.dequantize_rows(W, in, 0, q.out);
+}
+
+// ---- the rest forward to their launchers ----
+#define MF_FWD(op, ...) cuda::op(as_stream(st_->stream), __VA_ARGS__)
+
+void CudaBackend::copy(Tensor dst, Tensor src) { MF_FWD(copy, dst, src); }
+void CudaBackend::bias_grad(Tensor dbias, Tensor dout) { MF_FWD(bias_grad, dbias, dout); }
+void CudaBackend::encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) {
+    MF_FWD(encoder_fwd, out, tokens, wte, wpe);
+}
+void CudaBackend::encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) {
+    MF_FWD(encoder_bwd, dwte, dwpe, dout, tokens);
+}
+void CudaBackend::vocab_encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t vocab_lo) {
+    MF_FWD(vocab_encoder_fwd, out, tokens, wte, wpe, vocab_lo);
+}
+void CudaBackend::vocab_encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t vocab_lo) {
+    MF_FWD(vocab_encoder_bwd, dwte, dwpe, dout, tokens, vocab_lo);
+}
+void CudaBackend::layernorm_fwd(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, float eps) {
+    MF_FWD(layernorm_fwd, out, mean, rstd, inp, w, b, eps);
+}
+void CudaBackend::layernorm_bwd(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean,
+                                Tensor rstd) {
+    MF_FWD(layernorm_bwd, dinp, dw, db, dout, inp, w, mean, rstd);
+}
+void CudaBackend::attention_fwd(Tensor out, Tensor att, Tensor qkv, int NH) { MF_FWD(attention_fwd, out, att, qkv, NH); }
+void CudaBackend::attention_bwd(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, int NH) {
+    MF_FWD(attention_bwd, dqkv, scratch, dout, qkv, att, NH);
+}
+void CudaBackend::flash_attention_fwd(Tensor out, Tensor lse, Tensor qkv, int NH) {
+    MF_FWD(flash_attention_fwd, out, lse, qkv, NH);
+}
+void CudaBackend::flash_attention_bwd(Tensor dqkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv, Tensor lse,
+                                      int NH) {
+    MF_FWD(flash_attention_bwd, dqkv, scratch, dout, out, qkv, lse, NH);
+}
+void CudaBackend::gelu_fwd(Tensor out, Tensor inp) { MF_FWD(gelu_fwd, out, inp); }
+void CudaBackend::gelu_bwd(Tensor dinp, Tensor dout, Tensor inp) { MF_FWD(gelu_bwd, dinp, dout, inp); }
+void CudaBackend::residual_fwd(Tensor out, Tensor a, Tensor b) { MF_FWD(residual_fwd, out, a, b); }
+void CudaBackend::rmsnorm_fwd(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps) {
+    MF_FWD(rmsnorm_fwd, out, rstd, inp, w, eps);
+}
+void CudaBackend::rmsnorm_bwd(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) {
+    MF_FWD(rmsnorm_bwd, dinp, dw, dout, inp, w, rstd);
+}
+void CudaBackend::rope_fwd(Tensor qkv, int NH, int KVH, float theta, int pos0) {
+    MF_FWD(rope_fwd, qkv, NH, KVH, theta, pos0);
+}
+void CudaBackend::rope_bwd(Tensor dqkv, int NH, int KVH, float theta, int pos0) {
+    MF_FWD(rope_bwd, dqkv, NH, KVH, theta, pos0);
+}
+void CudaBackend::swiglu_fwd(Tensor out, Tensor inp) { MF_FWD(swiglu_fwd, out, inp); }
+void CudaBackend::swiglu_bwd(Tensor dinp, Tensor dout, Tensor inp) { MF_FWD(swiglu_bwd, dinp, dout, inp); }
+void CudaBackend::repeat_kv_fwd(Tensor full, Tensor qkv, int NH, int KVH) { MF_FWD(repeat_kv_fwd, full, qkv, NH, KVH); }
+void CudaBackend::repeat_kv_bwd(Tensor dqkv, Tensor dfull, int NH, int KVH) {
+    MF_FWD(repeat_kv_bwd, dqkv, dfull, NH, KVH);
+}
+void CudaBackend::cached_attention_fwd(Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH,
+                                       int KVH) {
+    MF_FWD(cached_attention_fwd, out, qkv, kcache, vcache, pos0, NH, KVH);
+}
+void CudaBackend::dropout(Tensor out, Tensor in, float p, uint64_t seed) { MF_FWD(dropout, out, in, p, seed); }
+void CudaBackend::add_columns(Tensor out, Tensor d, int64_t col0, float scale) {
+    MF_FWD(add_columns, out, d, col0, scale);
+}
+void CudaBackend::take_columns(Tensor d, Tensor src, int64_t col0, float scale) {
+    MF_FWD(take_columns, d, src, col0, scale);
+}
+void CudaBackend::xent_fwd(Tensor losses, Tensor logits, Tensor targets) { MF_FWD(xent_fwd, losses, logits, targets); }
+void CudaBackend::xent_bwd(Tensor probs, Tensor targets, float dloss) { MF_FWD(xent_bwd, probs, targets, dloss); }
+void CudaBackend::xent_shard_stats(Tensor stats, Tensor logits, Tensor targets, int64_t vocab_lo, int64_t vocab) {
+    MF_FWD(xent_shard_stats, stats, logits, targets, vocab_lo, vocab);
+}
+void CudaBackend::xent_shard_loss(Tensor losses, Tensor lse, Tensor gathered, Tensor targets) {
+    MF_FWD(xent_shard_loss, losses, lse, gathered, targets);
+}
+void CudaBackend::xent_shard_bwd(Tensor logits, Tensor targets, Tensor lse, int64_t vocab_lo, int64_t vocab,
+                                 float dloss) {
+    MF_FWD(xent_shard_bwd, logits, targets, lse, vocab_lo, vocab, dloss);
+}
+void CudaBackend::sum_squares(Tensor out, Tensor x) { MF_FWD(sum_squares, out, x); }
+void CudaBackend::adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy,
+                        const AdamWHyper & h) {
+    MF_FWD(adamw, param, grad, m, v, norm_sq, param_copy, h);
+}
+
+#undef MF_FWD
+
+}  // namespace memfit

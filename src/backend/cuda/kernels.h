@@ -1,0 +1,71 @@
+// The CUDA kernels' launchers: each enqueues its kernels on stream `s` and returns at once.
+// Contracts (shapes, dtypes, `=` versus `+=`) are Backend's (backend/backend.h); every tensor's
+// data is device memory. Kernels compute in fp32 whatever the storage dtype.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "backend/backend.h"
+
+namespace memfit::cuda {
+
+// kernels_basic.cu
+void copy(cudaStream_t s, Tensor dst, Tensor src);
+void bias_grad(cudaStream_t s, Tensor dbias, Tensor dout);
+void encoder_fwd(cudaStream_t s, Tensor out, Tensor tokens, Tensor wte, Tensor wpe);
+void encoder_bwd(cudaStream_t s, Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens);
+void vocab_encoder_fwd(cudaStream_t s, Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t vocab_lo);
+void vocab_encoder_bwd(cudaStream_t s, Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t vocab_lo);
+void gelu_fwd(cudaStream_t s, Tensor out, Tensor inp);
+void gelu_bwd(cudaStream_t s, Tensor dinp, Tensor dout, Tensor inp);
+void residual_fwd(cudaStream_t s, Tensor out, Tensor a, Tensor b);
+void dropout(cudaStream_t s, Tensor out, Tensor in, float p, uint64_t seed);
+void add_columns(cudaStream_t s, Tensor out, Tensor d, int64_t col0, float scale);
+void take_columns(cudaStream_t s, Tensor d, Tensor src, int64_t col0, float scale);
+
+// kernels_norm.cu
+void layernorm_fwd(cudaStream_t s, Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, float eps);
+void layernorm_bwd(cudaStream_t s, Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean,
+                   Tensor rstd);
+void rmsnorm_fwd(cudaStream_t s, Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps);
+void rmsnorm_bwd(cudaStream_t s, Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd);
+
+// kernels_llama.cu
+void rope_fwd(cudaStream_t s, Tensor qkv, int NH, int KVH, float theta, int pos0);
+void rope_bwd(cudaStream_t s, Tensor dqkv, int NH, int KVH, float theta, int pos0);
+void swiglu_fwd(cudaStream_t s, Tensor out, Tensor inp);
+void swiglu_bwd(cudaStream_t s, Tensor dinp, Tensor dout, Tensor inp);
+void repeat_kv_fwd(cudaStream_t s, Tensor full, Tensor qkv, int NH, int KVH);
+void repeat_kv_bwd(cudaStream_t s, Tensor dqkv, Tensor dfull, int NH, int KVH);
+
+// kernels_xent.cu
+void xent_fwd(cudaStream_t s, Tensor losses, Tensor logits, Tensor targets);
+void xent_bwd(cudaStream_t s, Tensor probs, Tensor targets, float dloss);
+void xent_shard_stats(cudaStream_t s, Tensor stats, Tensor logits, Tensor targets, int64_t vocab_lo, int64_t vocab);
+void xent_shard_loss(cudaStream_t s, Tensor losses, Tensor lse, Tensor gathered, Tensor targets);
+void xent_shard_bwd(cudaStream_t s, Tensor logits, Tensor targets, Tensor lse, int64_t vocab_lo, int64_t vocab,
+                    float dloss);
+
+// kernels_optim.cu
+void sum_squares(cudaStream_t s, Tensor out, Tensor x);
+void adamw(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy,
+           const AdamWHyper & h);
+
+// kernels_quant.cu: W' [q.out, q.in] (dtype of `w`: f32, bf16 or f16), written, from the packed
+// bytes of backend/quant_format.h (device memory).
+void dequantize(cudaStream_t s, const QuantDesc & q, Tensor w, Tensor packed);
+
+// kernels_attention.cu: the naive (T x T probabilities saved) causal attention, and attention
+// over a KV cache.
+void attention_fwd(cudaStream_t s, Tensor out, Tensor att, Tensor qkv, int NH);
+void attention_bwd(cudaStream_t s, Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, int NH);
+void cached_attention_fwd(cudaStream_t s, Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH,
+                          int KVH);
+
+// kernels_flash.cu: tiled causal attention that never stores T x T.
+void flash_attention_fwd(cudaStream_t s, Tensor out, Tensor lse, Tensor qkv, int NH);
+void flash_attention_bwd(cudaStream_t s, Tensor dqkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv,
+                         Tensor lse, int NH);
+// Its scratch bytes: cuda_flash_attention_workspace (backend/cuda_sizing.h).
+
+}  // namespace memfit::cuda

@@ -1,0 +1,46 @@
+#include "backend/cuda_sizing.h"
+
+#include <algorithm>
+
+#include "backend/null_backend.h"
+#include "memory/arena.h"
+
+namespace memfit {
+
+size_t cuda_gemm_workspace(const GemmDesc & d) {
+    // cuBLASLt may split K and reduce through the workspace: room for an fp32 C, at least 1 MiB
+    // (its small-shape kernels) and at most the 32 MiB NVIDIA recommends for Hopper.
+    const size_t c_f32 = size_t(d.M) * size_t(d.N) * sizeof(float);
+    return align_up(std::clamp(c_f32, size_t(1) << 20, size_t(32) << 20), 256);
+}
+
+size_t cuda_flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH) {
+    // D = rowsum(dO * O) per query and head (fp32), and dq accumulated in fp32 across the
+    // key blocks that update it.
+    return size_t(B) * size_t(NH) * size_t(T) * sizeof(float) + size_t(B) * size_t(T) * size_t(C) * sizeof(float);
+}
+
+size_t cuda_qgemm_workspace(const QuantDesc & q, int64_t M, DType act) {
+    (void) M;
+    return size_t(q.out) * size_t(q.in) * dtype_size(act);
+}
+
+namespace {
+
+class CudaSizing final : public NullBackend {
+public:
+    const char * name() const override { return "cuda-sizing"; }
+    size_t gemm_workspace(const GemmDesc & d) const override { return cuda_gemm_workspace(d); }
+    size_t flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH) const override {
+        return cuda_flash_attention_workspace(B, T, C, NH);
+    }
+    size_t qgemm_workspace(const QuantDesc & q, int64_t M, DType act) const override {
+        return cuda_qgemm_workspace(q, M, act);
+    }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_sizing_backend() { return std::make_unique<CudaSizing>(); }
+
+}  // namespace memfit
