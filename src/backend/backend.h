@@ -75,6 +75,12 @@ public:
     virtual void download(void * host_dst, const void * src, size_t bytes) { std::memcpy(host_dst, src, bytes); }
     // Waits for every op issued so far (the CPU backend's ops have finished when they return).
     virtual void synchronize() {}
+    // A device backend's memory (0 on the host): free bytes now; the runtime's bytes (context,
+    // library handles) measured at start-up; and the bytes used on the device now beyond what
+    // was used before this process started there (the runtime plus every region obtained).
+    virtual uint64_t device_free() const { return 0; }
+    virtual uint64_t runtime_bytes() const { return 0; }
+    virtual uint64_t device_used_delta() const { return 0; }
 
     // Scratch bytes gemm() needs for this shape; planned as `workspace` (0 if none).
     virtual size_t gemm_workspace(const GemmDesc & d) const { (void) d; return 0; }

@@ -15,9 +15,10 @@ size_t cuda_gemm_workspace(const GemmDesc & d) {
 }
 
 size_t cuda_flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH) {
-    // D = rowsum(dO * O) per query and head (fp32), and dq accumulated in fp32 across the
-    // key blocks that update it.
-    return size_t(B) * size_t(NH) * size_t(T) * sizeof(float) + size_t(B) * size_t(T) * size_t(C) * sizeof(float);
+    // D = rowsum(dO * O) per query and head (fp32). The backward (kernels_flash.cu) computes dQ
+    // and dK/dV in two passes without atomics, so it needs no fp32 dQ accumulator.
+    (void) C;
+    return size_t(B) * size_t(NH) * size_t(T) * sizeof(float);
 }
 
 size_t cuda_qgemm_workspace(const QuantDesc & q, int64_t M, DType act) {

@@ -11,6 +11,7 @@
 #include "cli/lora_flags.h"
 #include "cli/validators.h"
 #include "core/error.h"
+#include "backend/cuda_sizing.h"
 #include "plan/hardware.h"
 #include "plan/lora_plan.h"
 #include "plan/plan_report.h"
@@ -131,8 +132,10 @@ void add_plan_commands(CLI::App & app) {
         ->capture_default_str();
     p->callback([] {
         PlanRequest r = make_request(f);
+        // The engine's own scratch sizes: oneDNN's on the CPU, the CUDA backend's on a GPU.
         CpuBackend cpu;
-        if (r.hw.name == "cpu") r.exact_sizing = &cpu;
+        const std::unique_ptr<Backend> cuda = make_cuda_sizing_backend();
+        r.exact_sizing = r.hw.name == "cpu" ? static_cast<const Backend *>(&cpu) : cuda.get();
         SearchReport rep;
         if (f.min_gpus) {
             const int n = min_gpus(r, f.min_gpus_limit, &rep);

@@ -26,6 +26,10 @@ void add_shape_flags(CLI::App * c, RunShape & o) {
         ->capture_default_str()->check(kPositive);
     c->add_option("--seq", o.seq, "tokens per sequence")->capture_default_str()->check(kPositive);
     c->add_option("--threads", o.threads, "CPU threads (0: all cores)")->check(kNonNegative);
+    c->add_option("--device", o.device,
+                  "cpu, or cuda (NVIDIA GPU; under mpirun each rank takes the GPU of its local rank, and gradients "
+                  "move over NCCL)")
+        ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
     c->add_option("--seed", o.seed, "random seed")->capture_default_str();
     c->add_option("--loss-chunk", o.loss_chunk,
                   "tokens per LM-head + cross-entropy chunk: the B*T*V logits are never stored whole (0: unchunked)")

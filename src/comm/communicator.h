@@ -100,9 +100,10 @@ public:
     virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
 
     // Convenience: every rank's value, in rank order; the sum of every rank's value (gathered
-    // and added in rank order, so every rank gets the same bits).
-    std::vector<uint64_t> all_gather_u64(uint64_t v);
-    double all_reduce_sum(double v);
+    // and added in rank order, so every rank gets the same bits). Host values: virtual so that a
+    // communicator of device buffers (NCCL) can pass them to its host communicator.
+    virtual std::vector<uint64_t> all_gather_u64(uint64_t v);
+    virtual double all_reduce_sum(double v);
 };
 
 // Single process: size 1, collectives copy or do nothing; send to rank 0 queues the message

@@ -48,4 +48,13 @@ nlohmann::json category_json(const CategoryBytes & b) {
     return j;
 }
 
+std::string format_device_memory(uint64_t planned_reserved, uint64_t runtime, uint64_t used_delta) {
+    const uint64_t predicted = planned_reserved + runtime;
+    const double diff = used_delta ? 100.0 * (double(predicted) - double(used_delta)) / double(used_delta) : 0.0;
+    return fmt::format("  device memory: planned reserved {} + runtime {} (context, cuBLASLt; measured at start-up) = "
+                       "{} predicted; used on the device by this process {} (cudaMemGetInfo), {:+.2f}%",
+                       format_bytes(planned_reserved), format_bytes(runtime), format_bytes(predicted),
+                       format_bytes(used_delta), diff);
+}
+
 }  // namespace memfit

@@ -15,6 +15,11 @@ std::string format_plan_table(const CategoryBytes & peak_live, const CategoryByt
 std::string format_plan_vs_measured(const CategoryBytes & plan_live, const CategoryBytes & meas_live,
                                     const CategoryBytes & plan_reserved, const CategoryBytes & meas_reserved);
 
+// A GPU's memory (--device cuda): the plan's reserved bytes plus the runtime (context and
+// library handles, measured at start-up), against the bytes used on the device beyond what was
+// used before this process started there (cudaMemGetInfo), with the relative difference.
+std::string format_device_memory(uint64_t planned_reserved, uint64_t runtime, uint64_t used_delta);
+
 // Peak resident set size of this process so far (bytes).
 uint64_t peak_rss_bytes();
 

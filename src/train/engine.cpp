@@ -115,13 +115,17 @@ Engine::Engine(const ModelConfig & cfg, Backend & backend, const EngineOptions &
     }
     if (opt_.pipeline_parallel > 1 && cfg.tied_head && !opt_.emb_comm)
         throw ConfigError("a pipeline with a tied LM head needs the embedding group (first and last stage)");
+    if (!backend.host_memory() && (split_model() || plans_.train->lora()))
+        throw ConfigError(fmt::format("--device {}: {} runs on the CPU only for now; drop --device or the flag",
+                                      backend.name(), plans_.train->lora() ? "LoRA (--lora)" : "--tp / --pp"));
     if (opt.budget > 0)
         check_budget(planned_reserved(), opt.budget,
                      "lower --batch or --seq (activations grow with both), or pick a smaller --model");
-    train_mem_ = std::make_unique<StepMemory>(plans_.train->program(), plans_.train_plan, ledger_, host_allocator(),
+    train_mem_ = std::make_unique<StepMemory>(plans_.train->program(), plans_.train_plan, ledger_, backend_.allocator(),
                                               opt.checking);
     auto shared = [&](const TrainStep & s, const MemoryPlan & p) {
-        return std::make_unique<StepMemory>(s.program(), p, ledger_, host_allocator(), opt.checking, train_mem_.get());
+        return std::make_unique<StepMemory>(s.program(), p, ledger_, backend_.allocator(), opt.checking,
+                                            train_mem_.get());
     };
     if (plans_.first) first_mem_ = shared(*plans_.first, plans_.first_plan);
     if (plans_.mid) mid_mem_ = shared(*plans_.mid, plans_.mid_plan);
@@ -131,12 +135,27 @@ Engine::Engine(const ModelConfig & cfg, Backend & backend, const EngineOptions &
 
 Engine::~Engine() = default;
 
+float * Engine::host_f32(BufferId id, size_t elem0, std::vector<float> & mirror) {
+    auto * p = static_cast<float *>(train_mem_->base(id)) + elem0;
+    if (backend_.host_memory()) return p;
+    mirror.resize(plans_.train->program().buffer(id).bytes / sizeof(float) - elem0);
+    backend_.download(mirror.data(), p, mirror.size() * sizeof(float));
+    return mirror.data();
+}
+
+void Engine::store_f32(BufferId id, size_t elem0, const float * src, size_t n) {
+    MF_ASSERT((elem0 + n) * sizeof(float) <= plans_.train->program().buffer(id).bytes);
+    auto * p = static_cast<float *>(train_mem_->base(id)) + elem0;
+    if (backend_.host_memory()) std::memcpy(p, src, n * sizeof(float));
+    else backend_.upload(p, src, n * sizeof(float));
+}
+
 float * Engine::params() {
     const TrainStep & t = *plans_.train;
-    if (t.master >= 0) return static_cast<float *>(train_mem_->base(t.master));
+    params_handed_ = true;
+    if (t.master >= 0) return host_f32(t.master, 0, mirror_params_);
     // fp32: the weights are the truth; whole under ZeRO 0-2, where this rank's shard starts at lo.
-    auto * p = static_cast<float *>(train_mem_->base(t.params));
-    return opt_.zero >= 3 ? p : p + t.shard_lo();
+    return host_f32(t.params, opt_.zero >= 3 ? 0 : t.shard_lo(), mirror_params_);
 }
 
 Engine::Shard Engine::shard() const {
@@ -147,6 +166,12 @@ Engine::Shard Engine::shard() const {
 void Engine::params_changed() {
     const TrainStep & t = *plans_.train;
     const Shard sh = shard();
+    // A device backend: what the caller wrote into params()'s host mirror goes up first.
+    if (!backend_.host_memory() && params_handed_) {
+        if (t.master >= 0) store_f32(t.master, 0, mirror_params_.data(), mirror_params_.size());
+        else store_f32(t.params, opt_.zero >= 3 ? 0 : sh.lo, mirror_params_.data(), mirror_params_.size());
+    }
+    params_handed_ = false;
     const size_t own = sh.hi - sh.lo, cs = dtype_size(t.compute());
     auto * copy = static_cast<uint8_t *>(train_mem_->base(t.params)) + (opt_.zero >= 3 ? 0 : sh.lo * cs);
     if (t.master >= 0 && own > 0) {
@@ -166,12 +191,26 @@ void Engine::set_params(const float * whole) {
     std::vector<float> slice;
     if (split_model()) slice = my_part(whole);
     const float * full = slice.empty() ? whole : slice.data();
-    std::memcpy(params(), full + sh.lo, (sh.hi - sh.lo) * sizeof(float));
+    if (t.master >= 0) store_f32(t.master, 0, full + sh.lo, sh.hi - sh.lo);
+    else store_f32(t.params, opt_.zero >= 3 ? 0 : sh.lo, full + sh.lo, sh.hi - sh.lo);
+    params_handed_ = false;
     if (opt_.zero >= 3) {
         params_changed();
         return;
     }
     // The whole compute-precision copy from the caller's weights: no communication.
+    if (!backend_.host_memory()) {   // rounded here, then uploaded
+        std::vector<uint8_t> bytes(sh.total * dtype_size(t.compute()));
+        for (size_t i = 0; i < sh.total; ++i) {
+            if (t.compute() == DType::f32) std::memcpy(bytes.data() + 4 * i, full + i, 4);
+            else {
+                const uint16_t h = t.compute() == DType::bf16 ? f32_to_bf16(full[i]) : f32_to_f16(full[i]);
+                std::memcpy(bytes.data() + 2 * i, &h, 2);
+            }
+        }
+        backend_.upload(train_mem_->base(t.params), bytes.data(), bytes.size());
+        return;
+    }
     Tensor dst(t.params, t.compute(), {int64_t(sh.total)}), src(-1, DType::f32, {int64_t(sh.total)});
     dst.data = train_mem_->base(t.params);
     src.data = const_cast<float *>(full);
@@ -180,10 +219,10 @@ void Engine::set_params(const float * whole) {
 
 float * Engine::grads() {
     MF_ASSERT(plans_.train->grad_dtype() == DType::f32 && opt_.zero < 2);
-    return static_cast<float *>(train_mem_->base(plans_.train->grads));
+    return host_f32(plans_.train->grads, 0, mirror_grads_);
 }
-float * Engine::adam_m() { return static_cast<float *>(train_mem_->base(plans_.train->adam_m)); }
-float * Engine::adam_v() { return static_cast<float *>(train_mem_->base(plans_.train->adam_v)); }
+float * Engine::adam_m() { return host_f32(plans_.train->adam_m, 0, mirror_m_); }
+float * Engine::adam_v() { return host_f32(plans_.train->adam_v, 0, mirror_v_); }
 
 namespace {
 
@@ -236,8 +275,9 @@ void Engine::init_params(uint64_t seed) {
         init_adapters(st.layout(), full.data(), seed);
     }
     set_params(full.data());
-    std::memset(adam_m(), 0, st.shard_size() * sizeof(float));
-    std::memset(adam_v(), 0, st.shard_size() * sizeof(float));
+    const std::vector<float> zeros(st.shard_size(), 0.0f);
+    store_f32(st.adam_m, 0, zeros.data(), zeros.size());
+    store_f32(st.adam_v, 0, zeros.data(), zeros.size());
     t_ = 0;
 }
 
@@ -400,9 +440,12 @@ void Engine::import_state(const TrainState & state) {
                                       s.offset, s.offset + s.params.size(), total, s.m.size(), s.v.size(), sh.lo, sh.hi,
                                       sh.total));
     const size_t at = sh.lo - s.offset;
-    std::memcpy(params(), s.params.data() + at, n * 4);
-    std::memcpy(adam_m(), s.m.data() + at, n * 4);
-    std::memcpy(adam_v(), s.v.data() + at, n * 4);
+    const TrainStep & st = *plans_.train;
+    if (st.master >= 0) store_f32(st.master, 0, s.params.data() + at, n);
+    else store_f32(st.params, opt_.zero >= 3 ? 0 : sh.lo, s.params.data() + at, n);
+    params_handed_ = false;
+    store_f32(st.adam_m, 0, s.m.data() + at, n);
+    store_f32(st.adam_v, 0, s.v.data() + at, n);
     params_changed();
     t_ = s.t;
     scaler_.scale = s.scaler.scale;
@@ -444,20 +487,22 @@ int Engine::count_targets(const int32_t * inputs, const int32_t * targets, size_
 double Engine::run_batch(const TrainStep & step, StepMemory & mem, const int32_t * inputs, const int32_t * targets,
                          float dloss, const AdamWHyper * h, uint64_t seed) {
     const size_t BT = size_t(step.B()) * size_t(step.T()) * size_t(step.micro_batches());
-    std::memcpy(mem.base(step.tokens), inputs, BT * 4);
-    std::memcpy(mem.base(step.targets), targets, BT * 4);
+    backend_.upload(mem.base(step.tokens), inputs, BT * 4);
+    backend_.upload(mem.base(step.targets), targets, BT * 4);
     StepScalars s;
     s.dloss = dloss;
     s.seed = seed;
     if (h) s.adamw = *h;
     execute(step, mem, s);
-    const float * l = static_cast<const float *>(mem.base(step.losses));
+    std::vector<float> l(BT);
+    backend_.download(l.data(), mem.base(step.losses), BT * sizeof(float));
     double sum = 0;
     for (size_t i = 0; i < BT; ++i) sum += l[i];
     return sum;
 }
 
 StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, const AdamWHyper & h) {
+    params_handed_ = false;   // a step changes the weights: a mirror handed out before is stale
     const int k = opt_.grad_accum;
     const size_t BT = size_t(opt_.B) * size_t(opt_.T);
     StepResult r;
@@ -489,7 +534,8 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
     }
     if (opt_.data_parallel > 1) sum = comm_->all_reduce_sum(sum);
     r.loss = r.tokens > 0 ? float(sum / r.tokens) : 0.0f;
-    const float norm_sq = *static_cast<const float *>(train_mem_->base(plans_.train->grad_norm_sq));
+    float norm_sq = 0;
+    backend_.download(&norm_sq, train_mem_->base(plans_.train->grad_norm_sq), sizeof norm_sq);
     r.grad_norm = std::sqrt(norm_sq) * hh.grad_scale;
     if (hh.skip_nonfinite) r.skipped = !scaler_.update(std::isfinite(norm_sq));
     if (!r.skipped) ++t_;
@@ -516,15 +562,16 @@ std::vector<float> Engine::logits(const int32_t * inputs, int batch) {
         fwd_ = std::make_unique<TrainStep>(cfg_, batch, opt_.T, StepMode::logits, &backend_, opt_.model(), StepParts{},
                                            opt_.dp());
         fwd_plan_ = plan_memory(fwd_->program());
-        fwd_mem_ = std::make_unique<StepMemory>(fwd_->program(), fwd_plan_, ledger_, host_allocator(), opt_.checking,
-                                                train_mem_.get());
+        fwd_mem_ = std::make_unique<StepMemory>(fwd_->program(), fwd_plan_, ledger_, backend_.allocator(),
+                                                opt_.checking, train_mem_.get());
     }
     const size_t BT = size_t(batch) * size_t(opt_.T);
     std::vector<int32_t> no_targets(BT, -100);
     count_targets(inputs, no_targets.data(), BT);
     run_batch(*fwd_, *fwd_mem_, inputs, no_targets.data(), 0.0f, nullptr);
-    const float * l = static_cast<const float *>(fwd_mem_->base(fwd_->logits().buffer));
-    return std::vector<float>(l, l + BT * size_t(cfg_.vocab_size));
+    std::vector<float> out(BT * size_t(cfg_.vocab_size));
+    backend_.download(out.data(), fwd_mem_->base(fwd_->logits().buffer), out.size() * sizeof(float));
+    return out;
 }
 
 }  // namespace memfit

@@ -160,7 +160,8 @@ public:
     // base with the adapters folded in (merge_lora).
     std::vector<float> merged_weights();
     void import_base(const std::vector<uint8_t> & bytes);
-    // Host views of persistent buffers (the CPU backend's memory is host memory). params() is
+    // Host views of persistent buffers (a device backend's are host copies, downloaded at each
+    // call, and params_changed() uploads what was written into params()'s). params() is
     // the fp32 truth (the master weights under mixed precision) of this rank's shard: element
     // shard().lo of the flat buffer first (without ZeRO: the whole model). After writing it, call
     // params_changed() to refresh the compute-precision copy (collective under ZeRO 1 and 2).
@@ -247,6 +248,12 @@ private:
     // Tensor parallel: this rank's slice of a whole-model vector, and the whole from the
     // tensor group's slices of `local` (collective over the group).
     std::vector<float> tp_gather(const std::vector<float> & local);
+    // Host access to a persistent f32 buffer of the training program from element elem0: the
+    // buffer itself on a host backend, else `mirror`, downloaded now. store_f32 writes n elements.
+    float * host_f32(BufferId id, size_t elem0, std::vector<float> & mirror);
+    void store_f32(BufferId id, size_t elem0, const float * src, size_t n);
+    std::vector<float> mirror_params_, mirror_grads_, mirror_m_, mirror_v_;
+    bool params_handed_ = false;   // params() gave out its mirror: params_changed() uploads it
     int t_ = 0;
     Timeline * timeline_ = nullptr;
 };

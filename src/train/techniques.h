@@ -21,6 +21,7 @@ struct RunShape {
     int      seq = 128;              // tokens per sequence
     int      grad_accum = 1;         // micro-batches per optimizer step
     int      threads = 0;            // 0: OpenMP's default
+    std::string device = "cpu";      // cpu | cuda (backend/make_backend.h)
     uint64_t seed = 1337;
     int      loss_chunk = 0;         // tokens per LM-head + loss chunk (0: all at once)
     std::string attention = "flash";   // flash | naive

@@ -15,9 +15,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "backend/cpu/cpu_backend.h"
+#include "backend/make_backend.h"
 #include "backend/quant_format.h"
 #include "comm/communicator.h"
+#include "comm/device_communicator.h"
 #include "comm/groups.h"
 #include "model/tensor_parallel.h"
 #include "core/error.h"
@@ -354,14 +355,24 @@ void run_training(const TrainOptions & opt) {
                                       data.vocab_size, data.tokenizer, cfg.vocab_size));
     cfg.validate();
 
-    CpuBackend backend;
+    // --device cuda: each rank takes the GPU of its local rank; gradients go over NCCL.
+    const char * local_rank = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    const std::unique_ptr<Backend> backend_owner =
+        make_backend(opt.device, local_rank ? std::atoi(local_rank) : 0);
+    Backend & backend = *backend_owner;
+    if (!backend.host_memory() && (opt.tp > 1 || opt.pp > 1))
+        throw ConfigError(fmt::format("--device {}: --tp and --pp run on the CPU only for now", opt.device));
+    const std::unique_ptr<Communicator> device_comm = make_device_communicator(*comm, backend);
+    if (device_comm) data_comm = device_comm.get();
     // Without --memory-budget the plan must still fit the memory this process can have; ranks on
-    // one machine share it (and every rank plans with the same number: the smallest).
+    // one machine share it (and every rank plans with the same number: the smallest). A GPU's:
+    // what is free on it once the runtime has started.
     uint64_t budget = budget_flag;
     if (!budget) {
         const char * local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
         const uint64_t per_host = local ? std::max<uint64_t>(1, std::strtoull(local, nullptr, 10)) : 1;
-        budget = available_memory() / std::min<uint64_t>(per_host, uint64_t(world));
+        budget = backend.host_memory() ? available_memory() / std::min<uint64_t>(per_host, uint64_t(world))
+                                       : backend.device_free();
         if (world > 1) {
             const auto all = comm->all_gather_u64(budget);
             budget = *std::min_element(all.begin(), all.end());
@@ -605,6 +616,8 @@ void run_training(const TrainOptions & opt) {
                     format_plan_vs_measured(plan_live, L.live_peak(), plan_rsv, L.reserved_peak())));
     say(fmt::format("  peak RSS {} (planned reserved {} + code, libraries, data loader)", format_bytes(rss),
                     format_bytes(plan_rsv.total())));
+    if (!backend.host_memory())
+        say(format_device_memory(plan_rsv.total(), backend.runtime_bytes(), backend.device_used_delta()));
     if (world > 1) say(format_rank_memory(rank_memory));
     if (layout.tp > 1 || layout.pp > 1) {
         std::string lines = "per rank: planned vs measured peak live";
@@ -636,6 +649,8 @@ void run_training(const TrainOptions & opt) {
         {"measured", {{"peak_live", category_json(L.live_peak())}, {"reserved", category_json(L.reserved_peak())},
                       {"peak_live_total", L.live_total_peak()}}},
         {"peak_rss_bytes", rss},
+        {"device", {{"name", backend.name()}, {"runtime_bytes", backend.runtime_bytes()},
+                    {"used_delta_bytes", backend.device_used_delta()}}},
         {"per_rank", rank_memory_json(rank_memory)},
         {"tokens_per_s", tps},
         {"final_loss", last_loss},

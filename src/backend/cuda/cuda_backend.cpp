@@ -93,7 +93,6 @@ uint64_t nvml_used(int device) {
     return used;
 }
 
-cudaStream_t as_stream(void * s) { return static_cast<cudaStream_t>(s); }
 
 }  // namespace
 
@@ -153,6 +152,22 @@ uint64_t CudaBackend::device_used() const {
     return uint64_t(total_b - free_b);
 }
 
+uint64_t CudaBackend::device_free() const {
+    size_t free_b = 0, total_b = 0;
+    MF_CUDA(cudaMemGetInfo(&free_b, &total_b));
+    return free_b;
+}
+
+uint64_t CudaBackend::device_used_delta() const {
+    const uint64_t used = device_used();
+    return used > runtime_.used_before ? used - runtime_.used_before : 0;
+}
+
+void CudaBackend::remeasure_runtime() {
+    MF_CUDA(cudaDeviceSynchronize());
+    runtime_.used_after = device_used();
+}
+
 std::string CudaBackend::device_name() const {
     cudaDeviceProp p{};
     MF_CUDA(cudaGetDeviceProperties(&p, device_));
@@ -210,7 +225,7 @@ void CudaBackend::dequantize(const QuantDesc & q, float * W, const void * packed
 }
 
 // ---- the rest forward to their launchers ----
-#define MF_FWD(op, ...) cuda::op(as_stream(st_->stream), __VA_ARGS__)
+#define MF_FWD(op, ...) cuda::op(st_->stream, __VA_ARGS__)
 
 void CudaBackend::copy(Tensor dst, Tensor src) { MF_FWD(copy, dst, src); }
 void CudaBackend::bias_grad(Tensor dbias, Tensor dout) { MF_FWD(bias_grad, dbias, dout); }

@@ -39,6 +39,12 @@ public:
     void download(void * host_dst, const void * src, size_t bytes) override;
     void synchronize() override;
 
+    uint64_t device_free() const override;
+    uint64_t runtime_bytes() const override { return runtime_.runtime(); }
+    uint64_t device_used_delta() const override;
+    // Measures the runtime memory again (after NCCL has set up its buffers, say).
+    void remeasure_runtime();
+
     // The stream every op is issued on (a cudaStream_t), for NCCL and the tests.
     void * stream() const;
     int device() const { return device_; }

@@ -11,7 +11,6 @@ namespace memfit::cuda {
 
 // kernels_basic.cu
 void copy(cudaStream_t s, Tensor dst, Tensor src);
-void bias_grad(cudaStream_t s, Tensor dbias, Tensor dout);
 void encoder_fwd(cudaStream_t s, Tensor out, Tensor tokens, Tensor wte, Tensor wpe);
 void encoder_bwd(cudaStream_t s, Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens);
 void vocab_encoder_fwd(cudaStream_t s, Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t vocab_lo);
@@ -23,7 +22,8 @@ void dropout(cudaStream_t s, Tensor out, Tensor in, float p, uint64_t seed);
 void add_columns(cudaStream_t s, Tensor out, Tensor d, int64_t col0, float scale);
 void take_columns(cudaStream_t s, Tensor d, Tensor src, int64_t col0, float scale);
 
-// kernels_norm.cu
+// kernels_norm.cu (bias_grad shares its column-sum kernel)
+void bias_grad(cudaStream_t s, Tensor dbias, Tensor dout);
 void layernorm_fwd(cudaStream_t s, Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, float eps);
 void layernorm_bwd(cudaStream_t s, Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean,
                    Tensor rstd);

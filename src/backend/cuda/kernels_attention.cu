@@ -1,0 +1,277 @@
+// CUDA kernels: the naive causal attention (T x T probabilities saved) and attention over a KV
+// cache. Contracts in backend/backend.h; reference: backend/cpu/kernels_attention.cpp and
+// kernels_decode.cpp. The simple path (tests, small T, generation): one block per row, plain
+// CUDA cores, every accumulation in fp32, each output element stored (rounded) once.
+//
+// Layout: qkv[b,t,:] = [q | k | v], each C = NH*hs wide, head h at columns h*hs..(h+1)*hs.
+// Row kernels use kThreads threads; a warp computes one dot product over hs at a time (lanes
+// over the head dimension, coalesced), and a weighted sum of rows (out = sum_j w_j row_j) is
+// split over ceil(kThreads/hs) groups of hs threads, reduced through shared memory.
+#include <cmath>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace memfit::cuda {
+
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+
+// q . row over hs elements by one warp (q in shared memory, fp32); every lane gets the sum.
+template <class S> __device__ __forceinline__ float warp_dot(const float * q, const S * row, int hs) {
+    float d = 0.0f;
+    for (int i = threadIdx.x % 32; i < hs; i += 32) d += q[i] * ld(row[i]);
+    return warp_sum(d);
+}
+
+// f(i, sum_{j<n} w[j] * base[j*stride + i]) for i < hs, called by some thread for each i.
+// w in shared memory; red: kThreads floats of shared memory. Call from every thread.
+template <class S, class F>
+__device__ __forceinline__ void weighted_rows(const float * w, int n, const S * base, size_t stride, int hs,
+                                              float * red, F && f) {
+    const int tid = threadIdx.x;
+    const int G = hs <= kThreads ? kThreads / hs : 1;  // groups of hs threads, each over keys j = g mod G
+    if (G == 1) {
+        for (int i = tid; i < hs; i += kThreads) {
+            float acc = 0.0f;
+            for (int j = 0; j < n; ++j) acc += w[j] * ld(base[size_t(j) * stride + i]);
+            f(i, acc);
+        }
+        return;
+    }
+    const int i = tid % hs, g = tid / hs;
+    float acc = 0.0f;
+    if (g < G)
+        for (int j = g; j < n; j += G) acc += w[j] * ld(base[size_t(j) * stride + i]);
+    red[tid] = acc;
+    __syncthreads();
+    if (tid < hs) {
+        float s = 0.0f;
+        for (int gg = 0; gg < G; ++gg) s += red[gg * hs + tid];
+        f(tid, s);
+    }
+    __syncthreads();
+}
+
+// One causal attention row per block: query t of head h of batch b (blockIdx.x = (b*NH+h)*Tq+t)
+// scores keys 0 .. pos0+t, softmax, and sums the values. Shared memory: q (hs floats), the
+// score row (pos0+Tq floats), the reduction buffer (kThreads floats). att (optional): the
+// probability row, T_att wide, zeros past the causal limit.
+struct RowArgs {
+    const void * q; const void * k; const void * v; void * out; void * att;
+    size_t q_b, q_t, kv_b, kv_t, o_b, o_t;  // element strides: per batch and per token
+    int NH, group, hs, Tq, pos0, att_T;
+};
+
+template <class S> __global__ void __launch_bounds__(kThreads) attention_row_kernel(RowArgs a) {
+    extern __shared__ float smem[];
+    float * qs = smem;
+    float * red = qs + a.hs;
+    float * sc = red + kThreads;
+    __shared__ float stat[32];
+    const int task = blockIdx.x;
+    const int t = task % a.Tq, h = (task / a.Tq) % a.NH, b = task / (a.Tq * a.NH);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const S * q = static_cast<const S *>(a.q) + b * a.q_b + t * a.q_t + size_t(h) * a.hs;
+    const size_t kvh = size_t(h / a.group) * a.hs;
+    const S * kb = static_cast<const S *>(a.k) + b * a.kv_b + kvh;
+    const S * vb = static_cast<const S *>(a.v) + b * a.kv_b + kvh;
+    const float scale = 1.0f / sqrtf(float(a.hs));
+    const int nk = a.pos0 + t + 1;
+
+    for (int i = threadIdx.x; i < a.hs; i += kThreads) qs[i] = ld(q[i]);
+    __syncthreads();
+    float mx = -INFINITY;
+    for (int j = warp; j < nk; j += kWarps) {
+        const float s = warp_dot(qs, kb + size_t(j) * a.kv_t, a.hs) * scale;
+        if (lane == 0) sc[j] = s;
+        mx = fmaxf(mx, s);
+    }
+    if (lane == 0) stat[warp] = mx;  // mx is uniform in a warp (warp_dot gives every lane the sum)
+    __syncthreads();                  // also publishes the scores
+    mx = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, stat[w]);
+    float part = 0.0f;
+    for (int j = threadIdx.x; j < nk; j += kThreads) {
+        const float e = expf(sc[j] - mx);
+        sc[j] = e;
+        part += e;
+    }
+    const float inv = 1.0f / block_sum(part, stat);
+    for (int j = threadIdx.x; j < nk; j += kThreads) sc[j] *= inv;
+    if (a.att) {
+        S * arow = static_cast<S *>(a.att) + size_t(task) * a.att_T;
+        for (int j = threadIdx.x; j < a.att_T; j += kThreads) arow[j] = st<S>(j < nk ? sc[j] : 0.0f);
+    }
+    __syncthreads();
+    S * o = static_cast<S *>(a.out) + b * a.o_b + t * a.o_t + size_t(h) * a.hs;
+    weighted_rows(sc, nk, vb, a.kv_t, a.hs, red, [&](int i, float x) { o[i] = st<S>(x); });
+}
+
+// Backward, query side: one block per (b,h,t) row. datt[j] = dout_t . v_j, s = sum_j att_j
+// datt_j (saved in scratch[(b*NH+h)*T+t]), dpre_j = att_j (datt_j - s) scale, dq_t = sum_j
+// dpre_j k_j. Shared: dout row (hs), reduction buffer (kThreads), dpre row (T).
+template <class S>
+__global__ void __launch_bounds__(kThreads)
+attention_bwd_q_kernel(S * dqkv, float * scratch, const S * dout, const S * qkv, const S * att, int T, int C, int NH) {
+    extern __shared__ float smem[];
+    float * go = smem;
+    const int hs = C / NH;
+    float * red = go + hs;
+    float * buf = red + kThreads;
+    __shared__ float stat[32];
+    const int task = blockIdx.x;
+    const int t = task % T, h = (task / T) % NH, b = task / (T * NH);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const size_t C3 = size_t(3) * C;
+    const S * base = qkv + size_t(b) * T * C3 + size_t(h) * hs;
+    const S * arow = att + size_t(task) * T;
+    const float scale = 1.0f / sqrtf(float(hs));
+    const int nk = t + 1;
+    for (int i = threadIdx.x; i < hs; i += kThreads) go[i] = ld(dout[(size_t(b) * T + t) * C + size_t(h) * hs + i]);
+    __syncthreads();
+    float part = 0.0f;
+    for (int j = warp; j < nk; j += kWarps) {
+        const float d = warp_dot(go, base + 2 * size_t(C) + size_t(j) * C3, hs);
+        if (lane == 0) {
+            buf[j] = d;
+            part += ld(arow[j]) * d;
+        }
+    }
+    const float s = block_sum(part, stat);
+    if (threadIdx.x == 0) scratch[task] = s;
+    for (int j = threadIdx.x; j < nk; j += kThreads) buf[j] = ld(arow[j]) * (buf[j] - s) * scale;
+    __syncthreads();
+    S * dq = dqkv + (size_t(b) * T + t) * C3 + size_t(h) * hs;
+    weighted_rows(buf, nk, base + C, C3, hs, red, [&](int i, float x) { dq[i] = st<S>(x); });
+}
+
+// Backward, key side: one block per (b,h,j) key row; queries t = j .. T-1.
+// dv_j = sum_t att[t,j] dout_t;  dk_j = sum_t att[t,j] (dout_t . v_j - s_t) scale q_t.
+// Shared: v row (hs), reduction buffer (kThreads), att column and dpre column (T each).
+template <class S>
+__global__ void __launch_bounds__(kThreads)
+attention_bwd_kv_kernel(S * dqkv, const float * scratch, const S * dout, const S * qkv, const S * att, int T, int C,
+                        int NH) {
+    extern __shared__ float smem[];
+    float * vs = smem;
+    const int hs = C / NH;
+    float * red = vs + hs;
+    float * pa = red + kThreads;
+    float * pd = pa + T;
+    const int task = blockIdx.x;
+    const int j = task % T, h = (task / T) % NH, b = task / (T * NH);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const size_t C3 = size_t(3) * C;
+    const S * base = qkv + size_t(b) * T * C3 + size_t(h) * hs;
+    const size_t bh = size_t(b) * NH + h;
+    const S * gbase = dout + size_t(b) * T * C + size_t(h) * hs;
+    const float scale = 1.0f / sqrtf(float(hs));
+    const int n = T - j;  // queries j .. T-1, at index t - j
+    for (int i = threadIdx.x; i < hs; i += kThreads) vs[i] = ld(base[2 * size_t(C) + size_t(j) * C3 + i]);
+    __syncthreads();
+    for (int r = warp; r < n; r += kWarps) {
+        const int t = j + r;
+        const float d = warp_dot(vs, gbase + size_t(t) * C, hs);
+        if (lane == 0) {
+            const float p = ld(att[(bh * T + t) * T + j]);
+            pa[r] = p;
+            pd[r] = p * (d - scratch[bh * T + t]) * scale;
+        }
+    }
+    __syncthreads();
+    S * drow = dqkv + (size_t(b) * T + j) * C3 + size_t(h) * hs;
+    weighted_rows(pa, n, gbase + size_t(j) * C, size_t(C), hs, red,
+                  [&](int i, float x) { drow[2 * size_t(C) + i] = st<S>(x); });
+    weighted_rows(pd, n, base + size_t(j) * C3, C3, hs, red, [&](int i, float x) { drow[C + i] = st<S>(x); });
+}
+
+// Appends the new tokens' k and v rows to the caches: one thread per element.
+template <class S>
+__global__ void append_kv_kernel(S * kc, S * vc, const S * qkv, int Tn, int pos0, int cap, size_t Q, size_t KV) {
+    const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= size_t(Tn) * KV) return;
+    const int b = blockIdx.y;  // gridDim.y = B
+    const size_t t = i / KV, c = i % KV;
+    const S * src = qkv + (size_t(b) * Tn + t) * (Q + 2 * KV);
+    const size_t dst = (size_t(b) * cap + pos0 + t) * KV + c;
+    kc[dst] = src[Q + c];
+    vc[dst] = src[Q + KV + c];
+}
+
+// Dynamic shared memory of a row kernel; opts in above the 48 KiB default.
+template <class K> size_t smem_for(K kernel, size_t bytes) {
+    MF_ASSERT(bytes <= size_t(200) << 10 && "attention row too long for the naive kernels (use flash attention)");
+    if (bytes > (size_t(48) << 10))
+        MF_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+    return bytes;
+}
+
+}  // namespace
+
+void attention_fwd(cudaStream_t s, Tensor out, Tensor att, Tensor qkv, int NH) {
+    MF_ASSERT(out.dtype == qkv.dtype && att.dtype == qkv.dtype);
+    const int B = int(qkv.dim(0)), T = int(qkv.dim(1)), C = int(out.cols());
+    MF_ASSERT(NH > 0 && C % NH == 0 && qkv.cols() == 3 * int64_t(C) && att.numel() == int64_t(B) * NH * T * T);
+    if (int64_t(B) * T == 0) return;
+    const int hs = C / NH;
+    const size_t C3 = size_t(3) * C;
+    dispatch_float(qkv.dtype, [&](auto z) {
+        using S = decltype(z);
+        const S * p = ptr<S>(qkv);
+        RowArgs a{p, p + C, p + 2 * size_t(C), out.data, att.data, size_t(T) * C3, C3, size_t(T) * C3, C3,
+                  size_t(T) * C, size_t(C), NH, 1, hs, T, 0, T};
+        const size_t sm = smem_for(attention_row_kernel<S>, (size_t(hs) + kThreads + T) * sizeof(float));
+        attention_row_kernel<S><<<unsigned(B * NH * T), kThreads, sm, s>>>(a);
+        MF_CUDA_LAUNCHED();
+    });
+}
+
+void attention_bwd(cudaStream_t s, Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, int NH) {
+    MF_ASSERT(dqkv.dtype == qkv.dtype && dout.dtype == qkv.dtype && att.dtype == qkv.dtype);
+    const int B = int(qkv.dim(0)), T = int(qkv.dim(1)), C = int(dout.cols());
+    MF_ASSERT(NH > 0 && C % NH == 0 && qkv.cols() == 3 * int64_t(C) && dqkv.numel() == qkv.numel());
+    MF_ASSERT(scratch.numel() >= int64_t(B) * NH * T);
+    if (int64_t(B) * T == 0) return;
+    const int hs = C / NH;
+    dispatch_float(qkv.dtype, [&](auto z) {
+        using S = decltype(z);
+        const unsigned rows = unsigned(B * NH * T);
+        const size_t smq = smem_for(attention_bwd_q_kernel<S>, (size_t(hs) + kThreads + T) * sizeof(float));
+        attention_bwd_q_kernel<S><<<rows, kThreads, smq, s>>>(ptr<S>(dqkv), scratch.f32(), ptr<S>(dout), ptr<S>(qkv),
+                                                              ptr<S>(att), T, C, NH);
+        MF_CUDA_LAUNCHED();
+        const size_t smk =
+            smem_for(attention_bwd_kv_kernel<S>, (size_t(hs) + kThreads + 2 * size_t(T)) * sizeof(float));
+        attention_bwd_kv_kernel<S><<<rows, kThreads, smk, s>>>(ptr<S>(dqkv), scratch.f32(), ptr<S>(dout), ptr<S>(qkv),
+                                                               ptr<S>(att), T, C, NH);
+        MF_CUDA_LAUNCHED();
+    });
+}
+
+void cached_attention_fwd(cudaStream_t s, Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH,
+                          int KVH) {
+    MF_ASSERT(out.dtype == qkv.dtype && kcache.dtype == qkv.dtype && vcache.dtype == qkv.dtype);
+    MF_ASSERT(NH > 0 && KVH > 0 && NH % KVH == 0 && qkv.cols() % (NH + 2 * KVH) == 0);
+    const int hd = int(qkv.cols() / (NH + 2 * KVH));
+    const int B = int(qkv.dim(0)), Tn = int(qkv.dim(1)), cap = int(kcache.dim(1));
+    MF_ASSERT(out.numel() == int64_t(B) * Tn * NH * hd && kcache.numel() == int64_t(B) * cap * KVH * hd);
+    MF_ASSERT(vcache.numel() == kcache.numel() && pos0 >= 0 && pos0 + Tn <= cap);
+    if (int64_t(B) * Tn == 0) return;
+    const size_t KV = size_t(KVH) * hd, Q = size_t(NH) * hd, row = Q + 2 * KV;
+    dispatch_float(qkv.dtype, [&](auto z) {
+        using S = decltype(z);
+        append_kv_kernel<S><<<dim3(grid_for(int64_t(Tn) * int64_t(KV), 256), unsigned(B)), 256, 0, s>>>(
+            ptr<S>(kcache), ptr<S>(vcache), ptr<S>(qkv), Tn, pos0, cap, Q, KV);
+        MF_CUDA_LAUNCHED();
+        RowArgs a{qkv.data, kcache.data, vcache.data, out.data, nullptr, size_t(Tn) * row, row, size_t(cap) * KV, KV,
+                  size_t(Tn) * Q, Q, NH, NH / KVH, hd, Tn, pos0, 0};
+        const size_t sm = smem_for(attention_row_kernel<S>, (size_t(hd) + kThreads + pos0 + Tn) * sizeof(float));
+        attention_row_kernel<S><<<unsigned(B * NH * Tn), kThreads, sm, s>>>(a);
+        MF_CUDA_LAUNCHED();
+    });
+}
+
+}  // namespace memfit::cuda

@@ -1,0 +1,239 @@
+// CUDA kernels of the LLaMA family: rotary position embeddings, SwiGLU and the grouped-query
+// repeat of K/V heads (RMSNorm is in kernels_norm.cu). Contracts: backend.h; the CPU backend is
+// the reference (backend/cpu/kernels_llama.cpp), followed operation for operation.
+//
+// SwiGLU and repeat_kv run through map_kernel: a grid-stride loop in which each thread handles a
+// pack of V elements, moved with one 16-byte access when the pointers are 16-byte aligned and
+// rows (heads) are whole packs, else V = 1.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace memfit::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+template <class T, int V> struct alignas(sizeof(T) * V) Pack { T v[V]; };
+template <int V, class T> __device__ __forceinline__ Pack<T, V> ldp(const T * p) {
+    return *reinterpret_cast<const Pack<T, V> *>(p);
+}
+template <int V, class T> __device__ __forceinline__ void stp(T * p, const Pack<T, V> & q) {
+    *reinterpret_cast<Pack<T, V> *>(p) = q;
+}
+
+bool aligned16(std::initializer_list<const void *> ps) {
+    for (const void * p : ps)
+        if (reinterpret_cast<uintptr_t>(p) & 15u) return false;
+    return true;
+}
+
+// f.run<V>(i) handles elements i .. i+V-1; the tail of n goes through run<1>.
+template <int V, class F> __global__ void map_kernel(int64_t n, F f) {
+    const int64_t stride = int64_t(gridDim.x) * blockDim.x * V;
+    for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * V; i < n; i += stride) {
+        if (i + V <= n) f.template run<V>(i);
+        else
+            for (int64_t k = i; k < n; ++k) f.template run<1>(k);
+    }
+}
+template <class T, class F> void launch_map(cudaStream_t s, int64_t n, bool vec, const F & f) {
+    if (n <= 0) return;
+    constexpr int V = int(16 / sizeof(T));
+    if (vec) map_kernel<V><<<grid_for((n + V - 1) / V, kThreads), kThreads, 0, s>>>(n, f);
+    else map_kernel<1><<<grid_for(n, kThreads), kThreads, 0, s>>>(n, f);
+    MF_CUDA_LAUNCHED();
+}
+
+// ---- RoPE: block (128 threads) per row (grid-stride over rows). The row's hd/2 angles
+// a = pos * inv_freq[i] are computed in double from the host's inv_freq (std::pow in double, as
+// the CPU), cos/sin in double then rounded to float, as the CPU does; then each (head, i) pair of
+// the NH + KVH rotated heads is turned by a (sign = -1: the inverse, for the backward). ----
+constexpr int kRopeThreads = 128, kMaxHalf = 128;
+struct RopeFreq { double f[kMaxHalf]; };
+
+template <class T>
+__global__ void __launch_bounds__(kRopeThreads)
+    rope_kernel(T * x, int64_t N, int64_t T_, int heads, int64_t width, int half, int pos0, float sign, RopeFreq fr) {
+    __shared__ float cosv[kMaxHalf], sinv[kMaxHalf];
+    for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
+        const double pos = double(pos0) + double(r % T_);
+        for (int i = threadIdx.x; i < half; i += blockDim.x) {
+            const double a = pos * fr.f[i];
+            cosv[i] = float(cos(a));
+            sinv[i] = sign * float(sin(a));
+        }
+        __syncthreads();
+        T * row = x + r * width;
+        for (int p = threadIdx.x; p < heads * half; p += blockDim.x) {
+            const int h = p / half, i = p - h * half;
+            T * lo = row + int64_t(h) * 2 * half + i;
+            T * hi = lo + half;
+            const float x0 = ld(*lo), x1 = ld(*hi);
+            *lo = st<T>(x0 * cosv[i] - x1 * sinv[i]);
+            *hi = st<T>(x1 * cosv[i] + x0 * sinv[i]);
+        }
+        __syncthreads();   // cosv/sinv are rewritten for the next row
+    }
+}
+
+void rope(cudaStream_t s, Tensor qkv, int NH, int KVH, float theta, int pos0, float sign) {
+    MF_ASSERT(qkv.ndim == 3 && NH > 0 && KVH > 0 && NH % KVH == 0);
+    const int64_t width = qkv.cols();
+    MF_ASSERT(width % (NH + 2 * KVH) == 0 && "qkv width is not (NH + 2*KVH) heads");
+    const int hd = int(width / (NH + 2 * KVH));
+    MF_ASSERT(hd > 0 && hd % 2 == 0 && hd / 2 <= kMaxHalf && "rope: head dim must be even and at most 256");
+    const int half = hd / 2;
+    const int64_t N = qkv.rows(), T = qkv.dim(1);
+    if (N == 0) return;
+    RopeFreq fr{};
+    for (int i = 0; i < half; ++i) fr.f[i] = std::pow(static_cast<double>(theta), -2.0 * i / hd);
+    dispatch_float(qkv.dtype, [&](auto z) {
+        using E = decltype(z);
+        rope_kernel<<<unsigned(std::min<int64_t>(N, 1 << 30)), kRopeThreads, 0, s>>>(ptr<E>(qkv), N, T, NH + KVH,
+                                                                                     width, half, pos0, sign, fr);
+        MF_CUDA_LAUNCHED();
+    });
+}
+
+// ---- SwiGLU over the N x I elements of out: g = inp[r, c], u = inp[r, I + c],
+// s = 1 / (1 + exp(-g)) with exp's argument clamped to [-87, 87] (the CPU's exp_clamped). ----
+__device__ __forceinline__ float exp_clamped(float y) { return expf(fminf(fmaxf(y, -87.0f), 87.0f)); }
+
+template <class T> struct SwigluFwdOp {
+    T * out; const T * inp; int64_t I;
+    template <int V> __device__ void run(int64_t i) const {
+        const int64_t r = i / I, c = i - r * I;
+        const Pack<T, V> pg = ldp<V>(inp + r * 2 * I + c), pu = ldp<V>(inp + r * 2 * I + I + c);
+        Pack<T, V> o;
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            const float g = ld(pg.v[k]);
+            const float sg = 1.0f / (1.0f + exp_clamped(-g));
+            o.v[k] = st<T>(g * sg * ld(pu.v[k]));
+        }
+        stp<V>(out + i, o);
+    }
+};
+// dgate = dy * u * (s + g * e s^2), dup = dy * g * s (e = exp(-g)).
+template <class T> struct SwigluBwdOp {
+    T * dinp; const T * dout; const T * inp; int64_t I;
+    template <int V> __device__ void run(int64_t i) const {
+        const int64_t r = i / I, c = i - r * I;
+        const Pack<T, V> pg = ldp<V>(inp + r * 2 * I + c), pu = ldp<V>(inp + r * 2 * I + I + c);
+        const Pack<T, V> pd = ldp<V>(dout + i);
+        Pack<T, V> dg, du;
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            const float g = ld(pg.v[k]), e = exp_clamped(-g);
+            const float sg = 1.0f / (1.0f + e);
+            const float dy = ld(pd.v[k]);
+            dg.v[k] = st<T>(dy * ld(pu.v[k]) * (sg + g * ((e * sg) * sg)));
+            du.v[k] = st<T>(dy * (g * sg));
+        }
+        stp<V>(dinp + r * 2 * I + c, dg);
+        stp<V>(dinp + r * 2 * I + I + c, du);
+    }
+};
+
+// ---- repeat_kv over the elements of full [N, 3*qw] (forward, exact copies) or of dqkv
+// [N, qw + 2*kvw] (backward: q copied; a KV head's element summed over its G query heads in
+// fp32, in head order, rounded once). qw = NH*hd, kvw = KVH*hd, G = NH/KVH. ----
+template <class T> struct RepeatKvFwdOp {
+    T * full; const T * qkv; int64_t hd, G, qw, kvw;
+    template <int V> __device__ void run(int64_t i) const {
+        const int64_t r = i / (3 * qw), c = i - r * 3 * qw;
+        const int64_t part = c / qw, cc = c - part * qw;
+        const int64_t src = part == 0 ? cc : qw + (part - 1) * kvw + (cc / hd / G) * hd + cc % hd;
+        stp<V>(full + i, ldp<V>(qkv + r * (qw + 2 * kvw) + src));
+    }
+};
+template <class T> struct RepeatKvBwdOp {
+    T * dqkv; const T * dfull; int64_t hd, G, qw, kvw;
+    template <int V> __device__ void run(int64_t i) const {
+        const int64_t w = qw + 2 * kvw, r = i / w, c = i - r * w;
+        const T * src = dfull + r * 3 * qw;
+        if (c < qw) {
+            stp<V>(dqkv + i, ldp<V>(src + c));
+            return;
+        }
+        const int64_t part = (c - qw) / kvw, cc = c - qw - part * kvw;   // part 0: k, 1: v
+        const int64_t j = cc / hd, e = cc % hd;
+        float acc[V];
+#pragma unroll
+        for (int k = 0; k < V; ++k) acc[k] = 0.0f;
+        for (int64_t g = 0; g < G; ++g) {
+            const Pack<T, V> p = ldp<V>(src + (part + 1) * qw + (j * G + g) * hd + e);
+#pragma unroll
+            for (int k = 0; k < V; ++k) acc[k] += ld(p.v[k]);
+        }
+        Pack<T, V> o;
+#pragma unroll
+        for (int k = 0; k < V; ++k) o.v[k] = st<T>(acc[k]);
+        stp<V>(dqkv + i, o);
+    }
+};
+
+// The head dim of qkv [N, (NH + 2*KVH) * hd], checked against full's [N, 3*NH*hd].
+int kv_head_dim(const Tensor & qkv, const Tensor & full, int NH, int KVH) {
+    MF_ASSERT(NH > 0 && KVH > 0 && NH % KVH == 0 && qkv.dtype == full.dtype);
+    MF_ASSERT(qkv.cols() % (NH + 2 * KVH) == 0 && "qkv width is not (NH + 2*KVH) heads");
+    const int hd = int(qkv.cols() / (NH + 2 * KVH));
+    MF_ASSERT(full.rows() == qkv.rows() && full.cols() == 3 * int64_t(NH) * hd);
+    return hd;
+}
+
+}  // namespace
+
+void rope_fwd(cudaStream_t s, Tensor qkv, int NH, int KVH, float theta, int pos0) {
+    rope(s, qkv, NH, KVH, theta, pos0, 1.0f);
+}
+void rope_bwd(cudaStream_t s, Tensor dqkv, int NH, int KVH, float theta, int pos0) {
+    rope(s, dqkv, NH, KVH, theta, pos0, -1.0f);
+}
+
+void swiglu_fwd(cudaStream_t s, Tensor out, Tensor inp) {
+    MF_ASSERT(out.dtype == inp.dtype && inp.cols() == 2 * out.cols() && inp.rows() == out.rows());
+    const int64_t I = out.cols();
+    dispatch_float(inp.dtype, [&](auto z) {
+        using T = decltype(z);
+        const bool vec = I % (16 / sizeof(T)) == 0 && aligned16({out.data, inp.data});
+        launch_map<T>(s, out.numel(), vec, SwigluFwdOp<T>{ptr<T>(out), ptr<T>(inp), I});
+    });
+}
+void swiglu_bwd(cudaStream_t s, Tensor dinp, Tensor dout, Tensor inp) {
+    MF_ASSERT(dinp.dtype == inp.dtype && dout.dtype == inp.dtype);
+    MF_ASSERT(inp.cols() == 2 * dout.cols() && inp.rows() == dout.rows() && dinp.numel() == inp.numel());
+    const int64_t I = dout.cols();
+    dispatch_float(inp.dtype, [&](auto z) {
+        using T = decltype(z);
+        const bool vec = I % (16 / sizeof(T)) == 0 && aligned16({dinp.data, dout.data, inp.data});
+        launch_map<T>(s, dout.numel(), vec, SwigluBwdOp<T>{ptr<T>(dinp), ptr<T>(dout), ptr<T>(inp), I});
+    });
+}
+
+void repeat_kv_fwd(cudaStream_t s, Tensor full, Tensor qkv, int NH, int KVH) {
+    const int64_t hd = kv_head_dim(qkv, full, NH, KVH);
+    dispatch_float(qkv.dtype, [&](auto z) {
+        using T = decltype(z);
+        const bool vec = hd % (16 / sizeof(T)) == 0 && aligned16({full.data, qkv.data});
+        launch_map<T>(s, full.numel(), vec,
+                      RepeatKvFwdOp<T>{ptr<T>(full), ptr<T>(qkv), hd, NH / KVH, NH * hd, KVH * hd});
+    });
+}
+void repeat_kv_bwd(cudaStream_t s, Tensor dqkv, Tensor dfull, int NH, int KVH) {
+    const int64_t hd = kv_head_dim(dqkv, dfull, NH, KVH);
+    dispatch_float(dqkv.dtype, [&](auto z) {
+        using T = decltype(z);
+        const bool vec = hd % (16 / sizeof(T)) == 0 && aligned16({dqkv.data, dfull.data});
+        launch_map<T>(s, dqkv.numel(), vec,
+                      RepeatKvBwdOp<T>{ptr<T>(dqkv), ptr<T>(dfull), hd, NH / KVH, NH * hd, KVH * hd});
+    });
+}
+
+}  // namespace memfit::cuda

@@ -1,0 +1,210 @@
+// CUDA kernels: the gradients' sum of squares and the fused AdamW update (contracts: backend.h;
+// the reference is backend/cpu/kernels_basic.cpp, sum_squares and adamw_impl).
+//
+// sum_squares is deterministic: a fixed grid (kSsqBlocks blocks, whatever the device) writes one
+// double partial per block into a static device array, then a single block adds the partials in
+// a fixed order. The partials are global state: two sum_squares on one stream are ordered and
+// safe; two on different streams of one device at the same time are not.
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace memfit::cuda {
+
+namespace {
+
+constexpr int kSsqBlocks = 1024, kSsqThreads = 256;
+__device__ double g_ssq_partials[kSsqBlocks];
+
+__device__ __forceinline__ double warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32); the result is valid in thread 0.
+__device__ double block_sum_d(double v) {
+    __shared__ double sh[32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    v = warp_sum_d(v);
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    if (warp == 0) v = warp_sum_d(lane < int(blockDim.x / 32) ? sh[lane] : 0.0);
+    return v;
+}
+
+// Grid kSsqBlocks, block kSsqThreads: 16-byte loads (a scalar head to the first 16-byte boundary
+// and a scalar tail), squares accumulated in double per thread; one partial per block.
+template <class T> __global__ void __launch_bounds__(kSsqThreads) ssq_partial_kernel(const T * x, int64_t n) {
+    constexpr int kPer = 16 / sizeof(T);
+    const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, nt = int64_t(gridDim.x) * blockDim.x;
+    const auto mis = unsigned(reinterpret_cast<uintptr_t>(x) & 15u);
+    const int64_t head = min(n, int64_t(((16u - mis) & 15u) / sizeof(T)));
+    const int64_t nvec = (n - head) / kPer;
+    const uint4 * v = reinterpret_cast<const uint4 *>(x + head);
+    double acc = 0.0;
+#pragma unroll 4
+    for (int64_t k = tid; k < nvec; k += nt) {
+        const uint4 u = v[k];
+        const T * e = reinterpret_cast<const T *>(&u);
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) {
+            const double d = double(ld(e[i]));
+            acc += d * d;
+        }
+    }
+    for (int64_t i = tid; i < head; i += nt) {
+        const double d = double(ld(x[i]));
+        acc += d * d;
+    }
+    for (int64_t i = head + nvec * kPer + tid; i < n; i += nt) {
+        const double d = double(ld(x[i]));
+        acc += d * d;
+    }
+    acc = block_sum_d(acc);
+    if (threadIdx.x == 0) g_ssq_partials[blockIdx.x] = acc;
+}
+
+// Grid 1, block kSsqBlocks: out[0] = the partials' sum, in a fixed order.
+__global__ void __launch_bounds__(kSsqBlocks) ssq_final_kernel(float * out) {
+    const double total = block_sum_d(g_ssq_partials[threadIdx.x]);
+    if (threadIdx.x == 0) out[0] = float(total);
+}
+
+// ---- AdamW ----------------------------------------------------------------------------------
+
+struct AdamArgs {
+    float lr, beta1, beta2, eps, inv_bc1, inv_bc2, decay, one_m_b1, one_m_b2;
+    float clip, grad_scale;
+    bool skip_nonfinite;
+};
+
+// update_scale() of backend.h, on the device.
+__device__ __forceinline__ float device_update_scale(const AdamArgs & a, float norm_sq) {
+    if (!(a.clip > 0)) return a.grad_scale;
+    const float norm = sqrtf(norm_sq) * a.grad_scale;
+    return norm > a.clip ? a.grad_scale * (a.clip / norm) : a.grad_scale;
+}
+
+// One element, in adamw_impl's order.
+__device__ __forceinline__ float adam_step(const AdamArgs & a, float & p, float & m, float & v, float graw,
+                                           float scale) {
+    const float g = graw * scale;
+    m = a.beta1 * m + a.one_m_b1 * g;
+    v = a.beta2 * v + a.one_m_b2 * g * g;
+    const float mhat = m * a.inv_bc1, vhat = v * a.inv_bc2;
+    p = p * a.decay - a.lr * mhat / (sqrtf(vhat) + a.eps);
+    return p;
+}
+
+// Four consecutive elements of T as float4 (8- or 16-byte aligned loads), and back.
+template <class T> __device__ __forceinline__ float4 load4(const T * p, int64_t k) {
+    if constexpr (std::is_same_v<T, float>) {
+        return reinterpret_cast<const float4 *>(p)[k];
+    } else {
+        const uint2 u = reinterpret_cast<const uint2 *>(p)[k];
+        const T * e = reinterpret_cast<const T *>(&u);
+        return make_float4(ld(e[0]), ld(e[1]), ld(e[2]), ld(e[3]));
+    }
+}
+template <class T> __device__ __forceinline__ void store4(T * p, int64_t k, float4 f) {
+    if constexpr (std::is_same_v<T, float>) {
+        reinterpret_cast<float4 *>(p)[k] = f;
+    } else {
+        uint2 u;
+        T * e = reinterpret_cast<T *>(&u);
+        e[0] = st<T>(f.x), e[1] = st<T>(f.y), e[2] = st<T>(f.z), e[3] = st<T>(f.w);
+        reinterpret_cast<uint2 *>(p)[k] = u;
+    }
+}
+
+// Grid-stride over groups of 4 elements when Vec (every pointer aligned to its 4 elements), then
+// the n % 4 tail; over single elements otherwise. norm_sq (device memory, or null: 0) is read by
+// every thread. P = float means no param_copy. Grid grid_for(n / 4 or n, 256), block 256.
+template <class G, class P, bool Vec>
+__global__ void __launch_bounds__(256) adamw_kernel(float * param, const G * grad, float * m, float * v, P * copy,
+                                                    int64_t n, const float * norm_sq, AdamArgs a) {
+    const float nsq = norm_sq ? *norm_sq : 0.0f;
+    if (a.skip_nonfinite && !isfinite(nsq)) return;
+    const float scale = device_update_scale(a, nsq);
+    const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, nt = int64_t(gridDim.x) * blockDim.x;
+    int64_t done = 0;
+    if constexpr (Vec) {
+        const int64_t nvec = n / 4;
+        for (int64_t k = tid; k < nvec; k += nt) {
+            float4 p = reinterpret_cast<float4 *>(param)[k], mm = reinterpret_cast<float4 *>(m)[k];
+            float4 vv = reinterpret_cast<float4 *>(v)[k];
+            const float4 g = load4(grad, k);
+            adam_step(a, p.x, mm.x, vv.x, g.x, scale);
+            adam_step(a, p.y, mm.y, vv.y, g.y, scale);
+            adam_step(a, p.z, mm.z, vv.z, g.z, scale);
+            adam_step(a, p.w, mm.w, vv.w, g.w, scale);
+            reinterpret_cast<float4 *>(param)[k] = p;
+            reinterpret_cast<float4 *>(m)[k] = mm;
+            reinterpret_cast<float4 *>(v)[k] = vv;
+            if constexpr (!std::is_same_v<P, float>) store4(copy, k, p);
+        }
+        done = nvec * 4;
+    }
+    for (int64_t i = done + tid; i < n; i += nt) {
+        float p = param[i], mi = m[i], vi = v[i];
+        adam_step(a, p, mi, vi, ld(grad[i]), scale);
+        param[i] = p, m[i] = mi, v[i] = vi;
+        if constexpr (!std::is_same_v<P, float>) copy[i] = st<P>(p);
+    }
+}
+
+bool aligned(const void * p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+}  // namespace
+
+void sum_squares(cudaStream_t s, Tensor out, Tensor x) {
+    MF_ASSERT(out.dtype == DType::f32 && out.numel() >= 1);
+    dispatch_float(x.dtype, [&](auto z) {
+        using T = decltype(z);
+        ssq_partial_kernel<T><<<kSsqBlocks, kSsqThreads, 0, s>>>(ptr<T>(x), x.numel());
+        MF_CUDA_LAUNCHED();
+    });
+    ssq_final_kernel<<<1, kSsqBlocks, 0, s>>>(out.f32());
+    MF_CUDA_LAUNCHED();
+}
+
+void adamw(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy,
+           const AdamWHyper & h) {
+    const int64_t n = param.numel();
+    MF_ASSERT(param.dtype == DType::f32 && m.dtype == DType::f32 && v.dtype == DType::f32);
+    MF_ASSERT(grad.numel() == n && m.numel() == n && v.numel() == n && h.t >= 1);
+    MF_ASSERT(!norm_sq.valid() || norm_sq.dtype == DType::f32);
+    if (param_copy.valid())
+        MF_ASSERT(param_copy.numel() == n && (param_copy.dtype == DType::bf16 || param_copy.dtype == DType::f16));
+    if (n == 0) return;
+    // The constants exactly as adamw_impl forms them on the host.
+    AdamArgs a;
+    a.lr = h.lr, a.beta1 = h.beta1, a.beta2 = h.beta2, a.eps = h.eps;
+    a.inv_bc1 = float(1.0 / (1.0 - std::pow(double(h.beta1), h.t)));
+    a.inv_bc2 = float(1.0 / (1.0 - std::pow(double(h.beta2), h.t)));
+    a.decay = float(1.0 - double(h.lr) * h.weight_decay);
+    a.one_m_b1 = 1.0f - h.beta1, a.one_m_b2 = 1.0f - h.beta2;
+    a.clip = h.clip, a.grad_scale = h.grad_scale, a.skip_nonfinite = h.skip_nonfinite;
+    const float * nsq = norm_sq.valid() ? norm_sq.f32() : nullptr;
+    dispatch_float(grad.dtype, [&](auto gz) {
+        using G = decltype(gz);
+        dispatch_float(param_copy.valid() ? param_copy.dtype : DType::f32, [&](auto pz) {
+            using P = decltype(pz);
+            P * copy = param_copy.valid() ? ptr<P>(param_copy) : nullptr;
+            const bool vec = aligned(param.data, 16) && aligned(m.data, 16) && aligned(v.data, 16) &&
+                             aligned(grad.data, 4 * sizeof(G)) && (!copy || aligned(copy, 4 * sizeof(P)));
+            if (vec)
+                adamw_kernel<G, P, true><<<grid_for(n / 4 > 0 ? n / 4 : n, 256), 256, 0, s>>>(
+                    param.f32(), ptr<G>(grad), m.f32(), v.f32(), copy, n, nsq, a);
+            else
+                adamw_kernel<G, P, false><<<grid_for(n, 256), 256, 0, s>>>(param.f32(), ptr<G>(grad), m.f32(),
+                                                                           v.f32(), copy, n, nsq, a);
+            MF_CUDA_LAUNCHED();
+        });
+    });
+}
+
+}  // namespace memfit::cuda

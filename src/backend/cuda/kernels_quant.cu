@@ -1,0 +1,149 @@
+// CUDA kernels: dequantization of the packed frozen-weight formats (backend/quant_format.h; the
+// layouts and the reference are backend/cpu/quant.h/.cpp, dequantize_rows). W' [out, in] is
+// written in w's dtype: the CPU's fp32 value of every element, rounded once.
+//   int8:   one block per output row; scale * q (4 codes per thread-step when in % 4 == 0).
+//   nf4(+dq): one thread per 8 elements (one 32-bit word of codes; 8 divides the 64-blocks, so
+//           all 8 share one absmax); level[code] * absmax, absmax = q * s + mean with double
+//           quantization (fmaf: the CPU build contracts that line to an FMA on x86 with FMA).
+#include <cstdint>
+#include <type_traits>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+#include "backend/quant_format.h"
+
+namespace memfit::cuda {
+
+namespace {
+
+constexpr int64_t kNf4Block = 64, kNf4ScaleBlock = 256;   // cpu::kNf4Block, cpu::kNf4ScaleBlock
+
+// cpu::kNf4Levels (QLoRA, appendix E), ascending; code = index.
+__constant__ float c_nf4_levels[16] = {
+    -1.0f,
+    -0.6961928009986877f,
+    -0.5250730514526367f,
+    -0.39491748809814453f,
+    -0.28444138169288635f,
+    -0.18477343022823334f,
+    -0.09105003625154495f,
+    0.0f,
+    0.07958029955625534f,
+    0.16093020141124725f,
+    0.24611230194568634f,
+    0.33791524171829224f,
+    0.44070982933044434f,
+    0.5626170039176941f,
+    0.7229568362236023f,
+    1.0f,
+};
+
+// A little-endian fp32 at any byte address (the packed formats store scales unaligned).
+__device__ __forceinline__ float load_f32(const uint8_t * p) {
+    if ((reinterpret_cast<uintptr_t>(p) & 3u) == 0) return *reinterpret_cast<const float *>(p);
+    const uint32_t u = uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
+    return __uint_as_float(u);
+}
+
+// Grid out, block 256: row o of W' = q[o, :] * scale[o]. Vec: in % 4 == 0 and w aligned to 4
+// elements, so 4 codes are one 32-bit load and 4 outputs one store.
+template <class T, bool Vec>
+__global__ void __launch_bounds__(256) int8_dequant_kernel(T * w, const uint8_t * packed, int64_t out, int64_t in) {
+    const int64_t o = blockIdx.x;
+    const float scale = load_f32(packed + size_t(out) * size_t(in) + size_t(o) * 4);
+    const int8_t * q = reinterpret_cast<const int8_t *>(packed) + o * in;
+    T * d = w + o * in;
+    if constexpr (Vec) {
+        for (int64_t k = threadIdx.x; k < in / 4; k += blockDim.x) {
+            const char4 c = reinterpret_cast<const char4 *>(q)[k];
+            if constexpr (std::is_same_v<T, float>) {
+                reinterpret_cast<float4 *>(d)[k] =
+                    make_float4(float(c.x) * scale, float(c.y) * scale, float(c.z) * scale, float(c.w) * scale);
+            } else {
+                uint2 u;
+                T * e = reinterpret_cast<T *>(&u);
+                e[0] = st<T>(float(c.x) * scale), e[1] = st<T>(float(c.y) * scale);
+                e[2] = st<T>(float(c.z) * scale), e[3] = st<T>(float(c.w) * scale);
+                reinterpret_cast<uint2 *>(d)[k] = u;
+            }
+        }
+    } else {
+        for (int64_t k = threadIdx.x; k < in; k += blockDim.x) d[k] = st<T>(float(q[k]) * scale);
+    }
+}
+
+// Grid ceil(n / 8 / 256), block 256: thread k writes elements 8k .. 8k+7 from code word k. Vec: w
+// aligned to 16 bytes, so the 8 outputs are one or two 16-byte stores.
+template <class T, bool DQ, bool Vec>
+__global__ void __launch_bounds__(256) nf4_dequant_kernel(T * w, const uint8_t * packed, int64_t n) {
+    __shared__ float levels[16];
+    if (threadIdx.x < 16) levels[threadIdx.x] = c_nf4_levels[threadIdx.x];
+    __syncthreads();
+    const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (k >= n / 8) return;
+    const int64_t b = k / (kNf4Block / 8), nb = n / kNf4Block;
+    const uint8_t * absmax = packed + n / 2;
+    float a;
+    if constexpr (DQ) {
+        const auto q = static_cast<int8_t>(absmax[b]);
+        const float s = load_f32(absmax + nb + (b / kNf4ScaleBlock) * 4);
+        const float mean = load_f32(absmax + nb + ((nb + kNf4ScaleBlock - 1) / kNf4ScaleBlock) * 4);
+        a = fmaf(float(q), s, mean);
+    } else {
+        a = load_f32(absmax + b * 4);
+    }
+    const uint32_t word = reinterpret_cast<const uint32_t *>(packed)[k];
+    float f[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) f[e] = levels[(word >> (4 * e)) & 15u] * a;
+    if constexpr (Vec && std::is_same_v<T, float>) {
+        reinterpret_cast<float4 *>(w)[2 * k] = make_float4(f[0], f[1], f[2], f[3]);
+        reinterpret_cast<float4 *>(w)[2 * k + 1] = make_float4(f[4], f[5], f[6], f[7]);
+    } else if constexpr (Vec) {
+        uint4 u;
+        T * e = reinterpret_cast<T *>(&u);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) e[i] = st<T>(f[i]);
+        reinterpret_cast<uint4 *>(w)[k] = u;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w[8 * k + i] = st<T>(f[i]);
+    }
+}
+
+bool aligned(const void * p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+}  // namespace
+
+void dequantize(cudaStream_t s, const QuantDesc & q, Tensor w, Tensor packed) {
+    const int64_t n = q.out * q.in;
+    MF_ASSERT(q.out > 0 && q.in > 0 && w.numel() == n && packed.data != nullptr);
+    MF_ASSERT(!packed.valid() || packed.nbytes() >= quant_bytes(q));
+    MF_ASSERT(aligned(packed.data, 4) && "packed weights must be 4-byte aligned");
+    const auto * pk = static_cast<const uint8_t *>(packed.data);
+    dispatch_float(w.dtype, [&](auto z) {
+        using T = decltype(z);
+        T * out = ptr<T>(w);
+        if (q.format == QuantFormat::int8) {
+            MF_ASSERT(q.out <= INT32_MAX);
+            if (q.in % 4 == 0 && aligned(out, 4 * sizeof(T)))
+                int8_dequant_kernel<T, true><<<unsigned(q.out), 256, 0, s>>>(out, pk, q.out, q.in);
+            else
+                int8_dequant_kernel<T, false><<<unsigned(q.out), 256, 0, s>>>(out, pk, q.out, q.in);
+        } else {
+            MF_ASSERT(n % kNf4Block == 0 && "NF4 needs out*in to be a multiple of 64");
+            const unsigned grid = grid_for(n / 8, 256);
+            const bool vec = aligned(out, 16);
+            if (q.format == QuantFormat::nf4_dq) {
+                if (vec) nf4_dequant_kernel<T, true, true><<<grid, 256, 0, s>>>(out, pk, n);
+                else nf4_dequant_kernel<T, true, false><<<grid, 256, 0, s>>>(out, pk, n);
+            } else {
+                if (vec) nf4_dequant_kernel<T, false, true><<<grid, 256, 0, s>>>(out, pk, n);
+                else nf4_dequant_kernel<T, false, false><<<grid, 256, 0, s>>>(out, pk, n);
+            }
+        }
+        MF_CUDA_LAUNCHED();
+    });
+}
+
+}  // namespace memfit::cuda

@@ -1,0 +1,335 @@
+// The CUDA backend's elementwise, embedding, norm and LLaMA ops against the CPU backend
+// (kernels_basic.cu, kernels_norm.cu, kernels_llama.cu): every output of every op, in f32, bf16
+// and f16, on shapes that are not multiples of 32 or of the vector width (the scalar paths) and
+// shapes that are (the vectorised paths). Accumulated outputs (`+=`) start from random values.
+// Ops whose GPU kernels do the CPU's operations in the CPU's order (copies, dropout, the encoder
+// and its backward, repeat_kv) are also checked bit for bit.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/dtype.h"
+#include "op_check.h"
+
+namespace memfit::test {
+namespace {
+
+using Ts = std::vector<Tensor>;
+constexpr DType kFloats[] = {DType::f32, DType::bf16, DType::f16};
+
+std::string name(DType t) { return std::string(dtype_name(t)); }
+
+// Elements of tensor i where the two backends' values differ (as floats; NaN never equal).
+int64_t mismatches(const OpCheck & chk, int i) {
+    const std::vector<float> a = chk.cpu(i), b = chk.gpu(i);
+    int64_t n = 0;
+    for (size_t k = 0; k < a.size(); ++k) n += !(a[k] == b[k]);
+    return n;
+}
+
+TEST(CudaBasicOps, Copy) {
+    MF_REQUIRE_GPU();
+    for (DType dd : kFloats)
+        for (DType sd : kFloats)
+            for (int64_t cols : {67, 64}) {
+                SCOPED_TRACE(name(dd) + " <- " + name(sd) + " cols " + std::to_string(cols));
+                OpCheck chk;
+                const int dst = chk.zeros(dd, {3, 37, cols});
+                const int src = chk.rand(sd, {3, 37, cols}, -70000.0f, 70000.0f);   // f16 overflows too
+                chk.run([&](Backend & be, const Ts & t) { be.copy(t[dst], t[src]); });
+                EXPECT_EQ(mismatches(chk, dst), 0);
+            }
+}
+
+TEST(CudaBasicOps, BiasGrad) {
+    MF_REQUIRE_GPU();
+    for (DType dt : kFloats)
+        for (DType gt : {DType::f32, dt})
+            for (auto [rows, oc] : {std::pair<int64_t, int64_t>{77, 45}, {300, 768}}) {
+                SCOPED_TRACE(name(dt) + " grad " + name(gt) + " oc " + std::to_string(oc));
+                OpCheck chk;
+                const int db = chk.rand(gt, {oc});
+                const int dout = chk.rand(dt, {rows, oc});
+                chk.run([&](Backend & be, const Ts & t) { be.bias_grad(t[db], t[dout]); });
+                EXPECT_LT(chk.rel_err(db), tol(gt));
+            }
+}
+
+TEST(CudaBasicOps, EncoderForward) {
+    MF_REQUIRE_GPU();
+    for (DType dt : kFloats)
+        for (int64_t C : {37, 40})
+            for (bool with_wpe : {true, false}) {
+                SCOPED_TRACE(name(dt) + " C " + std::to_string(C) + (with_wpe ? " wpe" : " no wpe"));
+                const int64_t B = 3, T = 17, V = 11;
+                OpCheck chk;
+                const int out = chk.zeros(dt, {B, T, C});
+                const int tok = chk.ints({B, T}, 0, int(V));
+                const int wte = chk.rand(dt, {V, C});
+                const int wpe = chk.rand(dt, {T, C});
+                chk.run([&](Backend & be, const Ts & t) {
+                    be.encoder_fwd(t[out], t[tok], t[wte], with_wpe ? t[wpe] : Tensor{});
+                });
+                EXPECT_EQ(mismatches(chk, out), 0);
+            }
+}
+
+// dwte and dwpe each f32, the compute dtype or absent; N = 5000 rows spans two scan chunks of the
+// dwte kernel, with every token repeated across them.
+TEST(CudaBasicOps, EncoderBackward) {
+    MF_REQUIRE_GPU();
+    for (DType dt : kFloats)
+        for (int ge = 0; ge < 3; ++ge)
+            for (int gp = 0; gp < 3; ++gp)
+                for (auto [B, T, C, V] : {std::array<int64_t, 4>{3, 17, 37, 11}, {2, 2500, 24, 50}}) {
+                    const DType gts[] = {DType::f32, dt, DType::f32};   // index 2: invalid
+                    SCOPED_TRACE(name(dt) + " dwte " + (ge == 2 ? "none" : name(gts[ge])) + " dwpe " +
+                                 (gp == 2 ? "none" : name(gts[gp])) + " N " + std::to_string(B * T));
+                    OpCheck chk;
+                    const int dwte = chk.rand(gts[ge], {V, C});
+                    const int dwpe = chk.rand(gts[gp], {T, C});
+                    const int dout = chk.rand(dt, {B, T, C});
+                    const int tok = chk.ints({B, T}, 0, int(V));
+                    chk.run([&](Backend & be, const Ts & t) {
+                        be.encoder_bwd(ge == 2 ? Tensor{} : t[dwte], gp == 2 ? Tensor{} : t[dwpe], t[dout], t[tok]);
+                    });
+                    EXPECT_EQ(mismatches(chk, dwte), 0);
+                    EXPECT_EQ(mismatches(chk, dwpe), 0);
+                }
+}
+
+// A shard of 5 table rows (tokens 4..8) of a vocabulary of 13: other tokens read zero rows and
+// give no table gradient.
+TEST(CudaBasicOps, VocabEncoder) {
+    MF_REQUIRE_GPU();
+    for (DType dt : kFloats)
+        for (DType gt : {DType::f32, dt})
+            for (bool with_wpe : {true, false}) {
+                SCOPED_TRACE(name(dt) + " grad " + name(gt) + (with_wpe ? " wpe" : " no wpe"));
+                const int64_t B = 2, T = 19, C = 24, Vl = 5, lo = 4;
+                OpCheck chk;
+                const int out = chk.zeros(dt, {B, T, C});
+                const int tok = chk.ints({B, T}, 0, 13);
+                const int wte = chk.rand(dt, {Vl, C});
+                const int wpe = chk.rand(dt, {T, C});
+                const int dwte = chk.rand(gt, {Vl, C});
+                const int dwpe = chk.rand(gt, {T, C});
+                const int dout = chk.rand(dt, {B, T, C});
+                chk.run([&](Backend & be, const Ts & t) {
+                    be.vocab_encoder_fwd(t[out], t[tok], t[wte], with_wpe ? t[wpe] : Tensor{}, lo);
+                    be.vocab_encoder_bwd(t[dwte], with_wpe ? t[dwpe] : Tensor{}, t[dout], t[tok], lo);
+                });
+                EXPECT_EQ(mismatches(chk, out), 0);
+                EXPECT_EQ(mismatches(chk, dwte), 0);
+                EXPECT_EQ(mismatches(chk, dwpe), 0);
+            }
+}
+
+// Forward then backward on each backend (the backward reads that backend's mean and rstd);
+// dinp, dw and db accumulate onto random values; a frozen norm (no dw/db) too.
+TEST(CudaBasicOps, LayerNorm) {
+    MF_REQUIRE_GPU();
+    for (DType dt : kFloats)
+        for (int g = 0; g < 3; ++g)   // dw/db: f32, the compute dtype, frozen
+            for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 67}, {70, 768}}) {
+                const DType gt = g == 1 ? dt : DType::f32;
+                SCOPED_TRACE(name(dt) + " grad " + (g == 2 ? "frozen" : name(gt)) + " C " + std::to_string(C));
+                OpCheck chk;
+                const int out = chk.zeros(dt, {N, C});
+                const int mean = chk.zeros(DType::f32, {N});
+                const int rstd = chk.zeros(DType::f32, {N});
+                const int inp = chk.rand(dt, {N, C}, -1.0f, 3.0f);
+                const int w = chk.rand(dt, {C});
+                const int b = chk.rand(dt, {C});
+                const int dinp = chk.rand(dt, {N, C});
+                const int dw = chk.rand(gt, {C});
+                const int db = chk.rand(gt, {C});
+                const int dout = chk.rand(dt, {N, C});
+                chk.run([&](Backend & be, const Ts & t) {
+                    be.layernorm_fwd(t[out], t[mean], t[rstd], t[inp], t[w], t[b], 1e-5f);
+                    be.layernorm_bwd(t[dinp], g == 2 ? Tensor{} : t[dw], g == 2 ? Tensor{} : t[db], t[dout], t[inp],
+                                     t[w], t[mean], t[rstd]);
+                });
+                EXPECT_LT(chk.rel_err(out), tol(dt));
+                EXPECT_LT(chk.rel_err(mean), kTolF32);
+                EXPECT_LT(chk.rel_err(rstd), kTolF32);
+                EXPECT_LT(chk.rel_err(dinp), tol(dt));
+                EXPECT_LT(chk.rel_err(dw), tol(gt));
+                EXPECT_LT(chk.rel_err(db), tol(gt));
+            }
+}
+
+TEST(CudaBasicOps, RmsNorm) {
+    MF_REQUIRE_GPU();
+    for (DType dt : kFloats)
+        for (int g = 0; g < 3; ++g)   // dw: f32, the compute dtype, frozen
+            for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 67}, {70, 512}}) {
+                const DType gt = g == 1 ? dt : DType::f32;
+                SCOPED_TRACE(name(dt) + " grad " + (g == 2 ? "frozen" : name(gt)) + " C " + std::to_string(C));
+                OpCheck chk;
+                const int out = chk.zeros(dt, {N, C});
+                const int rstd = chk.zeros(DType::f32, {N});
+                const int inp = chk.rand(dt, {N, C}, -1.0f, 2.0f);
+                const int w = chk.rand(dt, {C});
+                const int dinp = chk.rand(dt, {N, C});
+                const int dw = chk.rand(gt, {C});
+                const int dout = chk.rand(dt, {N, C});
+                chk.run([&](Backend & be, const Ts & t) {
+                    be.rmsnorm_fwd(t[out], t[rstd], t[inp], t[w], 1e-6f);
+                    be.rmsnorm_bwd(t[dinp], g == 2 ? Tensor{} : t[dw], t[dout], t[inp], t[w], t[rstd]);
+                });
+                EXPECT_LT(chk.rel_err(out), tol(dt));
+                EXPECT_LT(chk.rel_err(rstd), kTolF32);
+                EXPECT_LT(chk.rel_err(dinp), tol(dt));
+                EXPECT_LT(chk.rel_err(dw), tol(gt));
+            }
+}
+
+// Random inputs, plus the ends of the range where exp's argument is clamped.
+TEST(CudaBasicOps, Gelu) {
+    MF_REQUIRE_GPU();
+    for (DType dt : kFloats)
+        for (int64_t cols : {67, 64}) {
+            SCOPED_TRACE(name(dt) + " cols " + std::to_string(cols));
+            OpCheck chk;
+            const int out = chk.zeros(dt, {5, 13, cols});
+            const int dinp = chk.zeros(dt, {5, 13, cols});
+            const int inp = chk.rand(dt, {5, 13, cols}, -6.0f, 6.0f);
+            const int dout = chk.rand(dt, {5, 13, cols});
+            const int out2 = chk.zeros(dt, {9});
+            const int dinp2 = chk.zeros(dt, {9});
+            const int ext = chk.values(dt, {9}, {-60000.0f, -100.0f, -30.0f, -10.0f, 0.0f, 10.0f, 30.0f, 100.0f, 60000.0f});
+            const int dout2 = chk.values(dt, {9}, {1, -1, 1, -1, 1, -1, 1, -1, 1});
+            chk.run([&](Backend & be, const Ts & t) {
+                be.gelu_fwd(t[out], t[inp]);
+                be.gelu_bwd(t[dinp], t[dout], t[inp]);
+                be.gelu_fwd(t[out2], t[ext]);
+                be.gelu_bwd(t[dinp2], t[dout2], t[ext]);
+            });
+            for (int i : {out, dinp, out2, dinp2}) EXPECT_LT(chk.rel_err(i), tol(dt)) << "tensor " << i;
+        }
+}
+
+TEST(CudaBasicOps, Residual) {
+    MF_REQUIRE_GPU();
+    for (DType dt : kFloats)
+        for (int64_t cols : {67, 64}) {
+            SCOPED_TRACE(name(dt) + " cols " + std::to_string(cols));
+            OpCheck chk;
+            const int out = chk.zeros(dt, {7, cols});
+            const int a = chk.rand(dt, {7, cols});
+            const int b = chk.rand(dt, {7, cols});
+            chk.run([&](Backend & be, const Ts & t) { be.residual_fwd(t[out], t[a], t[b]); });
+            EXPECT_EQ(mismatches(chk, out), 0);
+        }
+}
+
+// The mask is the CPU's bit for bit: out of place, in place, and p = 0.
+TEST(CudaBasicOps, Dropout) {
+    MF_REQUIRE_GPU();
+    for (DType dt : kFloats)
+        for (int64_t cols : {67, 64}) {
+            SCOPED_TRACE(name(dt) + " cols " + std::to_string(cols));
+            OpCheck chk;
+            const int out = chk.zeros(dt, {31, cols});
+            const int in = chk.rand(dt, {31, cols});
+            const int inplace = chk.rand(dt, {31, cols});
+            const int out0 = chk.zeros(dt, {31, cols});
+            chk.run([&](Backend & be, const Ts & t) {
+                be.dropout(t[out], t[in], 0.3f, 0x1234567890abcdefull);
+                be.dropout(t[inplace], t[inplace], 0.1f, 42);
+                be.dropout(t[out0], t[in], 0.0f, 7);
+            });
+            for (int i : {out, inplace, out0}) EXPECT_EQ(mismatches(chk, i), 0) << "tensor " << i;
+        }
+}
+
+// Every dtype pair, on an unaligned slice (scalar path) and an aligned one (packs).
+TEST(CudaBasicOps, Columns) {
+    MF_REQUIRE_GPU();
+    for (DType ot : kFloats)
+        for (DType dt : kFloats)
+            for (auto [ld, col0, cols] : {std::array<int64_t, 3>{67, 5, 20}, {64, 24, 32}}) {
+                SCOPED_TRACE(name(ot) + " / " + name(dt) + " col0 " + std::to_string(col0));
+                const int64_t N = 37;
+                OpCheck chk;
+                const int out = chk.rand(ot, {N, ld});
+                const int d = chk.rand(dt, {N, cols});
+                const int taken = chk.zeros(dt, {N, cols});
+                const int src = chk.rand(ot, {N, ld});
+                chk.run([&](Backend & be, const Ts & t) {
+                    be.add_columns(t[out], t[d], col0, 0.37f);
+                    be.take_columns(t[taken], t[src], col0, -1.5f);
+                });
+                EXPECT_LT(chk.rel_err(out), tol(ot));
+                EXPECT_EQ(mismatches(chk, taken), 0);
+            }
+}
+
+// Small heads from position 0, and hd = 128 far along the sequence (angles up to ~4000 rad).
+TEST(CudaBasicOps, Rope) {
+    MF_REQUIRE_GPU();
+    for (DType dt : kFloats)
+        for (auto [T, NH, KVH, hd, pos0] : {std::array<int, 5>{13, 4, 2, 16, 0}, {5, 2, 1, 128, 4000}}) {
+            SCOPED_TRACE(name(dt) + " hd " + std::to_string(hd));
+            OpCheck chk;
+            const int64_t W = int64_t(NH + 2 * KVH) * hd;
+            const int qkv = chk.rand(dt, {2, T, W});
+            const int dqkv = chk.rand(dt, {2, T, W});
+            chk.run([&](Backend & be, const Ts & t) {
+                be.rope_fwd(t[qkv], NH, KVH, 10000.0f, pos0);
+                be.rope_bwd(t[dqkv], NH, KVH, 500000.0f, pos0);
+            });
+            EXPECT_LT(chk.rel_err(qkv), tol(dt));
+            EXPECT_LT(chk.rel_err(dqkv), tol(dt));
+        }
+}
+
+TEST(CudaBasicOps, Swiglu) {
+    MF_REQUIRE_GPU();
+    for (DType dt : kFloats)
+        for (int64_t I : {67, 64}) {
+            SCOPED_TRACE(name(dt) + " I " + std::to_string(I));
+            const int64_t N = 37;
+            OpCheck chk;
+            const int out = chk.zeros(dt, {N, I});
+            const int dinp = chk.zeros(dt, {N, 2 * I});
+            const int inp = chk.rand(dt, {N, 2 * I}, -8.0f, 8.0f);
+            const int dout = chk.rand(dt, {N, I});
+            chk.run([&](Backend & be, const Ts & t) {
+                be.swiglu_fwd(t[out], t[inp]);
+                be.swiglu_bwd(t[dinp], t[dout], t[inp]);
+            });
+            EXPECT_LT(chk.rel_err(out), tol(dt));
+            EXPECT_LT(chk.rel_err(dinp), tol(dt));
+        }
+}
+
+// G = 3 (hd 12: scalar path for 2-byte types) and G = 1, 4 (hd 16: packs).
+TEST(CudaBasicOps, RepeatKv) {
+    MF_REQUIRE_GPU();
+    for (DType dt : kFloats)
+        for (auto [NH, KVH, hd] : {std::array<int, 3>{6, 2, 12}, {4, 4, 16}, {8, 2, 16}}) {
+            SCOPED_TRACE(name(dt) + " NH " + std::to_string(NH) + " KVH " + std::to_string(KVH));
+            const int64_t B = 2, T = 7;
+            OpCheck chk;
+            const int full = chk.zeros(dt, {B, T, 3 * int64_t(NH) * hd});
+            const int qkv = chk.rand(dt, {B, T, int64_t(NH + 2 * KVH) * hd});
+            const int dqkv = chk.zeros(dt, {B, T, int64_t(NH + 2 * KVH) * hd});
+            const int dfull = chk.rand(dt, {B, T, 3 * int64_t(NH) * hd});
+            chk.run([&](Backend & be, const Ts & t) {
+                be.repeat_kv_fwd(t[full], t[qkv], NH, KVH);
+                be.repeat_kv_bwd(t[dqkv], t[dfull], NH, KVH);
+            });
+            EXPECT_EQ(mismatches(chk, full), 0);
+            EXPECT_EQ(mismatches(chk, dqkv), 0);
+        }
+}
+
+}  // namespace
+}  // namespace memfit::test
