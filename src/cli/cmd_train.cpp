@@ -184,12 +184,15 @@ void add_train_commands(CLI::App & app) {
     static std::string fixture;
     static double tolerance = 1e-4;
     static bool check = false;
+    static std::string verify_device = "cpu";
     CLI::App * verify = app.add_subcommand("verify", "replay a reference fixture; print max relative errors as JSON");
     verify->add_option("fixture", fixture, "fixture .safetensors (see DESIGN.md)")->required();
     verify->add_option("--tolerance", tolerance, "largest relative error accepted")->capture_default_str();
     verify->add_flag("--check-lifetimes", check, "run with per-buffer allocations poisoned after last use");
+    verify->add_option("--device", verify_device, "cpu or cuda (the GPU, in fp32)")
+        ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
     verify->callback([] {
-        const VerifyReport r = verify_fixture(fixture, tolerance, check);
+        const VerifyReport r = verify_fixture(fixture, tolerance, check, verify_device);
         std::printf("%s\n", r.json.dump(2).c_str());
         if (!r.ok) throw Error(fmt::format("verify: max relative error {:.3g} ({}) exceeds {:.1g}",
                                            r.json["max_error"].get<double>(), r.json["worst"].get<std::string>(),

@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "backend/cpu/cpu_backend.h"
+#include "backend/make_backend.h"
 #include "core/error.h"
 #include "core/json_num.h"
 #include "model/safetensors.h"
@@ -44,7 +44,7 @@ std::vector<float> expect(const SafetensorsFile & f, const std::string & name, s
 
 }  // namespace
 
-VerifyReport verify_fixture(const std::string & path, double tolerance, bool checking) {
+VerifyReport verify_fixture(const std::string & path, double tolerance, bool checking, const std::string & device) {
     SafetensorsFile f = SafetensorsFile::open(path);
     const nlohmann::json cj = parse_meta_json(f, "config");
     const nlohmann::json aj = parse_meta_json(f, "adamw");
@@ -55,7 +55,8 @@ VerifyReport verify_fixture(const std::string & path, double tolerance, bool che
         throw FormatError(fmt::format("{}: input_ids must be [B, T] and match targets", path));
     const int B = int(shape[0]), T = int(shape[1]);
 
-    CpuBackend backend;
+    const std::unique_ptr<Backend> backend_owner = make_backend(device);
+    Backend & backend = *backend_owner;
     EngineOptions eo;
     eo.B = B;
     eo.T = T;
@@ -63,12 +64,13 @@ VerifyReport verify_fixture(const std::string & path, double tolerance, bool che
     eo.checking = checking;
     Engine engine(cfg, backend, eo);
     const ParamLayout & layout = engine.step().layout();
+    engine.init_params(0);   // zero AdamW moments
+    std::vector<float> full(layout.total);
     for (const auto & p : layout.params) {
         const std::vector<float> v = expect(f, p.name, p.numel);
-        std::memcpy(engine.params() + p.offset, v.data(), p.numel * sizeof(float));
+        std::copy(v.begin(), v.end(), full.begin() + std::ptrdiff_t(p.offset));
     }
-    std::memset(engine.adam_m(), 0, layout.total * sizeof(float));
-    std::memset(engine.adam_v(), 0, layout.total * sizeof(float));
+    engine.set_params(full.data());
     AdamWHyper h;
     try {
         h.lr = json_get<float>(aj, "lr", path);
@@ -112,7 +114,7 @@ VerifyReport verify_fixture(const std::string & path, double tolerance, bool che
     VerifyReport rep;
     rep.ok = worst <= tolerance;
     rep.json = {{"fixture", path}, {"tolerance", tolerance}, {"max_error", worst}, {"worst", worst_name},
-                {"errors", errors}, {"ok", rep.ok}};
+                {"errors", errors}, {"ok", rep.ok}, {"device", backend.name()}};
     return rep;
 }
 

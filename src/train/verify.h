@@ -17,6 +17,8 @@ struct VerifyReport {
 // Relative error ||a - b|| / ||b|| (or ||a - b|| when b is all zeros).
 double relative_error(const float * a, const float * b, size_t n);
 
-VerifyReport verify_fixture(const std::string & path, double tolerance = 1e-4, bool checking = false);
+// device: the backend to replay it on (make_backend: "cpu" or "cuda", in fp32 either way).
+VerifyReport verify_fixture(const std::string & path, double tolerance = 1e-4, bool checking = false,
+                            const std::string & device = "cpu");
 
 }  // namespace memfit
