@@ -76,7 +76,10 @@ TEST(ZeroOneProcess, EveryStageTrainsBitwiseLikeStageZero) {
                         SCOPED_TRACE(std::string(llama ? "llama " : "gpt2 ") + std::string(dtype_name(dt)) +
                                      " accum " + std::to_string(k) + " recompute " + rc + " zero " +
                                      std::to_string(zero));
-                        for (bool checking : {true, false}) {
+                        // Checking mode (poisoned buffers) on one family and precision: the
+                        // lifetimes of every stage's buffers, accumulation and recomputation.
+                        for (bool checking : {false, true}) {
+                            if (checking && !(llama && dt == DType::bf16)) continue;
                             const ZeroRun z = run(cfg, dt, k, zero, rc, checking);
                             ASSERT_EQ(ref.params.size(), z.params.size());
                             if (k == 1 || zero < 2) {

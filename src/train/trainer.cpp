@@ -686,7 +686,10 @@ void run_training(const TrainOptions & opt) {
         SampleOptions so;
         so.max_new_tokens = opt.sample_tokens;
         so.seed = opt.seed;
-        Decoder decoder(cfg, backend, std::min(cfg.max_seq, int(prompt.size()) + so.max_new_tokens));
+        // The decoder computes on host memory: a device run samples from its weights on the CPU.
+        const std::unique_ptr<Backend> host_backend = backend.host_memory() ? nullptr : make_backend("cpu");
+        Decoder decoder(cfg, host_backend ? *host_backend : backend,
+                        std::min(cfg.max_seq, int(prompt.size()) + so.max_new_tokens));
         decoder.set_weights(sample_weights.data());
         const auto ids = generate(decoder, prompt, so);
         const std::string text = tok->decode(ids);
