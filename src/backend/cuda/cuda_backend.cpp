@@ -192,6 +192,7 @@ void CudaBackend::gemm(const GemmDesc & d, Tensor c, Tensor a, Tensor b, Tensor 
 
 // QLoRA's frozen base: W' dequantized whole into the workspace, then one gemm.
 void CudaBackend::qgemm_fwd(const QuantDesc & q, Tensor y, Tensor x, Tensor packed, Tensor bias, Tensor workspace) {
+    MF_ASSERT(workspace.data != nullptr && workspace.nbytes() >= cuda_qgemm_workspace(q, x.rows(), x.dtype));
     Tensor w(-1, x.dtype, {q.out, q.in});
     w.data = workspace.data;
     cuda::dequantize(st_->stream, q, w, packed);
@@ -203,6 +204,7 @@ void CudaBackend::qgemm_fwd(const QuantDesc & q, Tensor y, Tensor x, Tensor pack
 
 void CudaBackend::qgemm_bwd(const QuantDesc & q, Tensor dx, Tensor dy, Tensor packed, bool accumulate,
                             Tensor workspace) {
+    MF_ASSERT(workspace.data != nullptr && workspace.nbytes() >= cuda_qgemm_workspace(q, dy.rows(), dy.dtype));
     Tensor w(-1, dy.dtype, {q.out, q.in});
     w.data = workspace.data;
     cuda::dequantize(st_->stream, q, w, packed);

@@ -119,8 +119,11 @@ void Gemm::run(cudaStream_t s, const GemmDesc & d, Tensor c, Tensor a, Tensor b,
     MF_ASSERT(!(d.bias && d.accumulate));
     if (d.M == 0 || d.N == 0) return;
     // cuBLASLt takes A and B of one dtype and C of theirs or f32; the bias epilogue adds a
-    // vector of C's dtype here. Other mixes (and K = 0) take the plain kernel.
-    const bool lt = d.a == d.b && (d.c == d.a || d.c == DType::f32) && d.K > 0 && (!d.bias || d.b == d.c);
+    // vector of C's dtype here. Other mixes (and K = 0) take the plain kernel. The alignment
+    // preferences do not cover the bias pointer, and the epilogue kernels assume a 16-byte aligned
+    // bias (a misaligned one faults): such a bias (a view at an odd offset) also takes the plain kernel.
+    const bool lt = d.a == d.b && (d.c == d.a || d.c == DType::f32) && d.K > 0 &&
+                    (!d.bias || (d.b == d.c && alignment(bias.data) >= 16));
     if (!lt) {
         gemm_simple(s, d, c, a, b, bias);
         return;

@@ -289,7 +289,9 @@ void encode_bwd(cudaStream_t s, Tensor dwte, Tensor dwpe, Tensor dout, Tensor to
         auto run = [&](auto * g) {
             using G = std::remove_pointer_t<decltype(g)>;
             auto * k = enc_bwd_wte_kernel<G, S>;
-            if (smem > 48 * 1024) MF_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+            // The 48 KiB default covers static + dynamic shared memory (masks[] is static).
+            if (smem + sizeof(uint32_t) * kScanPer * kWarps > 48 * 1024)
+                MF_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
             k<<<unsigned(N), kThreads, smem, s>>>(g, ptr<S>(dout), ptr<int32_t>(tokens), N, C, lo, nrows);
             MF_CUDA_LAUNCHED();
         };

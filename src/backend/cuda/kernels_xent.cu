@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(kRowThreads) xent_shard_stats_kernel(float * s
 // Grid ceil(N / 256), block 256: one thread per row combines the R shards' stats (in double).
 __global__ void xent_shard_loss_kernel(float * losses, float * lse, const float * gathered, const int32_t * targets,
                                        int N, int R) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;   // int would wrap for N near 2^31
     if (i >= N) return;
     const size_t stride = 2 * size_t(N);
     float maxv = kNegInf;
