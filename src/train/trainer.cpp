@@ -414,7 +414,7 @@ void run_training(const TrainOptions & opt) {
                     batch * opt.seq * accum, opt.steps, omp_get_max_threads(), ranks > 1 ? " per rank" : ""));
     if (ranks > 1 || eo.zero > 0)
         say(fmt::format("  data parallel: {} rank{} ({}), micro-batch {} per rank, ZeRO stage {}, gradient buckets {}",
-                        ranks, ranks > 1 ? "s" : "", comm->name(), eo.B, eo.zero,
+                        ranks, ranks > 1 ? "s" : "", data_comm->name(), eo.B, eo.zero,
                         eo.bucket_bytes ? format_bytes(eo.bucket_bytes) : std::string("one per block")));
     if (layout.tp > 1) {
         const ModelConfig slice = tp_local_config(cfg, layout.tp);
