@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Build a Release CUDA memfit here and pack what the GPU machine needs into .gpu/ (ignored; carry it).
 #
-#   bash scripts/gpu-bundle.sh            # configure + build build-gpu/, then fill .gpu/
-#   bash scripts/gpu-bundle.sh --no-build # only re-pack .gpu/ from an existing build-gpu/
+#   bash scripts/gpu-bundle.sh      # configure + build build-gpu/ (incremental), then fill .gpu/
 #
 # .gpu/ afterwards:
 #   bin/memfit, bin/memfit_cuda_tests   stripped
@@ -24,13 +23,11 @@
 set -euo pipefail
 
 LIMIT_MIB=56
-BUILD=build-gpu
-DEST=.gpu
-build=1
+BUILD="build-gpu"
+DEST=".gpu"
 for a in "$@"; do
     case "$a" in
-        --no-build) build=0 ;;
-        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
         *) echo "gpu-bundle: unknown argument '$a' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -43,17 +40,21 @@ grep -q 'option(MEMFIT_NATIVE' CMakeLists.txt || die "CMakeLists.txt has no MEMF
 command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || die "nvcc not found: the CUDA build needs the CUDA toolkit"
 export PATH="$PATH:/usr/local/cuda/bin"
 
-# ---- build ----
-if [ "$build" = 1 ]; then
-    cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMEMFIT_NATIVE=OFF -DMEMFIT_WERROR=ON \
-          -DMEMFIT_CUDA=ON -DMEMFIT_TESTS=ON
-    grep -q '^MEMFIT_CUDA:BOOL=ON' "$BUILD/CMakeCache.txt" || die "$BUILD is not a CUDA build (MEMFIT_CUDA off)"
-    grep -q '^MEMFIT_NATIVE:BOOL=OFF' "$BUILD/CMakeCache.txt" || die "$BUILD: MEMFIT_NATIVE is not OFF"
-    cmake --build "$BUILD" --target memfit memfit_cuda_tests -j "$(nproc)"
-fi
+# The sources the binaries come from (gpu-check.sh compares it with the tree it runs in).
+fingerprint() { find src tests/cuda CMakeLists.txt -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16; }
+fp_before=$(fingerprint)
+
+# ---- build (incremental) ----
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMEMFIT_NATIVE=OFF -DMEMFIT_WERROR=ON \
+      -DMEMFIT_CUDA=ON -DMEMFIT_TESTS=ON
+grep -q '^MEMFIT_CUDA:BOOL=ON' "$BUILD/CMakeCache.txt" || die "$BUILD is not a CUDA build (MEMFIT_CUDA off)"
+grep -q '^MEMFIT_NATIVE:BOOL=OFF' "$BUILD/CMakeCache.txt" || die "$BUILD: MEMFIT_NATIVE is not OFF"
+cmake --build "$BUILD" --target memfit memfit_cuda_tests -j "$(nproc)"
 for b in memfit memfit_cuda_tests; do
-    [ -x "$BUILD/$b" ] || die "$BUILD/$b missing (run without --no-build)"
+    [ -x "$BUILD/$b" ] || die "$BUILD/$b missing after the build"
 done
+fp_after=$(fingerprint)
+[ "$fp_before" = "$fp_after" ] || die "sources under src/, tests/cuda or CMakeLists.txt changed during the build: run it again"
 
 # ---- the .gpu folder, ignored by git ----
 exclude=$(git rev-parse --git-path info/exclude)
@@ -92,19 +93,18 @@ raw=$(du -sb "$DEST" | cut -f1)
 find "$DEST/lib" -maxdepth 1 -name '*.so*' -size +4M -print0 | xargs -0 -r xz -T0 -6
 packed=$(du -sb "$DEST" | cut -f1)
 
-fingerprint=$(find src tests/cuda CMakeLists.txt -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
 {
     echo "built_at=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src tests CMakeLists.txt || echo '+dirty')"
-    echo "source_fingerprint=$fingerprint"
+    echo "source_fingerprint=$fp_after"
     echo "build_dir=$root/$BUILD"
     echo "nvcc=$(nvcc --version | grep -o 'release [0-9.]*' | head -1)"
     echo "glibc_needed=$need_glibc"
     echo "glibcxx_needed=$need_cxx"
     echo "raw_bytes=$raw"
     echo "bytes=$packed"
-    echo "libs=$(cd "$DEST/lib" && ls | grep -v '^cxx$' | tr '\n' ' ')"
-    echo "cxx_libs=$(ls "$DEST/lib/cxx" | tr '\n' ' ')"
+    echo "libs=$(find "$DEST/lib" -maxdepth 1 -type f -printf '%f ' | tr ' ' '\n' | sort | tr '\n' ' ')"
+    echo "cxx_libs=$(find "$DEST/lib/cxx" -maxdepth 1 -type f -printf '%f ' | tr ' ' '\n' | sort | tr '\n' ' ')"
 } >"$DEST/MANIFEST"
 
 echo
