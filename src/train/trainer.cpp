@@ -341,6 +341,16 @@ void run_training(const TrainOptions & opt) {
     // Validate every flag before doing any work.
     const uint64_t budget_flag = opt.memory_budget.empty() ? 0 : parse_bytes(opt.memory_budget);
     ModelConfig cfg = resolve_model(opt.model);
+    // --device cuda, before any work (no device: one error line): each rank takes the GPU of its
+    // local rank; gradients go over NCCL.
+    const char * local_rank = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    const std::unique_ptr<Backend> backend_owner =
+        make_backend(opt.device, local_rank ? std::atoi(local_rank) : 0);
+    Backend & backend = *backend_owner;
+    if (!backend.host_memory() && (opt.tp > 1 || opt.pp > 1))
+        throw ConfigError(fmt::format("--device {}: --tp and --pp run on the CPU only for now", opt.device));
+    const std::unique_ptr<Communicator> device_comm = make_device_communicator(*comm, backend);
+    if (device_comm) data_comm = device_comm.get();
     // A Hugging Face folder with a tokenizer.model tokenizes the corpus with it unless told otherwise.
     const std::string tokenizer =
         opt.tokenizer.empty() && fs::is_directory(opt.model) ? tokenizer_for_folder(opt.model) : opt.tokenizer;
@@ -355,15 +365,6 @@ void run_training(const TrainOptions & opt) {
                                       data.vocab_size, data.tokenizer, cfg.vocab_size));
     cfg.validate();
 
-    // --device cuda: each rank takes the GPU of its local rank; gradients go over NCCL.
-    const char * local_rank = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-    const std::unique_ptr<Backend> backend_owner =
-        make_backend(opt.device, local_rank ? std::atoi(local_rank) : 0);
-    Backend & backend = *backend_owner;
-    if (!backend.host_memory() && (opt.tp > 1 || opt.pp > 1))
-        throw ConfigError(fmt::format("--device {}: --tp and --pp run on the CPU only for now", opt.device));
-    const std::unique_ptr<Communicator> device_comm = make_device_communicator(*comm, backend);
-    if (device_comm) data_comm = device_comm.get();
     // Without --memory-budget the plan must still fit the memory this process can have; ranks on
     // one machine share it (and every rank plans with the same number: the smallest). A GPU's:
     // what is free on it once the runtime has started.
