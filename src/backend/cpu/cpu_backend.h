@@ -9,7 +9,7 @@
 
 namespace memfit {
 
-class CpuBackend final : public Backend {
+class CpuBackend : public Backend {
 public:
     const char * name() const override { return "cpu"; }
     size_t gemm_workspace(const GemmDesc & d) const override;
