@@ -20,10 +20,7 @@ std::unique_ptr<Backend> make_backend(const std::string & device, int index) {
     if (device == "cpu") return std::make_unique<CpuBackend>();
     if (device == "cuda") {
 #ifdef MEMFIT_HAVE_CUDA
-        std::string why;
-        const int n = cuda_device_count(&why);
-        if (n == 0) throw ConfigError("--device cuda: no CUDA device (" + why + "); train on the CPU (the default)");
-        return std::make_unique<CudaBackend>(index % n);
+        return std::make_unique<CudaBackend>(index);
 #else
         (void) index;
         throw ConfigError("--device cuda: this memfit was built without CUDA (nvcc was not found when it was "

@@ -16,6 +16,28 @@
 
 namespace memfit {
 
+// Dettmers et al. 2023 (QLoRA), appendix E: the NF4 data type's values, ascending; code = index.
+inline constexpr float kNf4Levels[16] = {
+    -1.0f,
+    -0.6961928009986877f,
+    -0.5250730514526367f,
+    -0.39491748809814453f,
+    -0.28444138169288635f,
+    -0.18477343022823334f,
+    -0.09105003625154495f,
+    0.0f,
+    0.07958029955625534f,
+    0.16093020141124725f,
+    0.24611230194568634f,
+    0.33791524171829224f,
+    0.44070982933044434f,
+    0.5626170039176941f,
+    0.7229568362236023f,
+    1.0f,
+};
+constexpr int64_t kNf4Block = 64;          // elements per absmax block
+constexpr int64_t kNf4ScaleBlock = 256;    // absmaxes per second-level block (double quant)
+
 constexpr size_t quant_bytes(const QuantDesc & q) {
     const size_t n = size_t(q.out) * size_t(q.in);
     switch (q.format) {

@@ -150,12 +150,23 @@ void Engine::store_f32(BufferId id, size_t elem0, const float * src, size_t n) {
     else backend_.upload(p, src, n * sizeof(float));
 }
 
-float * Engine::params() {
+std::pair<BufferId, size_t> Engine::own_params() const {
     const TrainStep & t = *plans_.train;
-    params_handed_ = true;
-    if (t.master >= 0) return host_f32(t.master, 0, mirror_params_);
+    if (t.master >= 0) return {t.master, 0};
     // fp32: the weights are the truth; whole under ZeRO 0-2, where this rank's shard starts at lo.
-    return host_f32(t.params, opt_.zero >= 3 ? 0 : t.shard_lo(), mirror_params_);
+    return {t.params, opt_.zero >= 3 ? 0 : t.shard_lo()};
+}
+
+void Engine::store_own_params(const float * src, size_t n) {
+    const auto [id, at] = own_params();
+    store_f32(id, at, src, n);
+    params_handed_ = false;
+}
+
+float * Engine::params() {
+    params_handed_ = true;
+    const auto [id, at] = own_params();
+    return host_f32(id, at, mirror_params_);
 }
 
 Engine::Shard Engine::shard() const {
@@ -167,10 +178,7 @@ void Engine::params_changed() {
     const TrainStep & t = *plans_.train;
     const Shard sh = shard();
     // A device backend: what the caller wrote into params()'s host mirror goes up first.
-    if (!backend_.host_memory() && params_handed_) {
-        if (t.master >= 0) store_f32(t.master, 0, mirror_params_.data(), mirror_params_.size());
-        else store_f32(t.params, opt_.zero >= 3 ? 0 : sh.lo, mirror_params_.data(), mirror_params_.size());
-    }
+    if (!backend_.host_memory() && params_handed_) store_own_params(mirror_params_.data(), mirror_params_.size());
     params_handed_ = false;
     const size_t own = sh.hi - sh.lo, cs = dtype_size(t.compute());
     auto * copy = static_cast<uint8_t *>(train_mem_->base(t.params)) + (opt_.zero >= 3 ? 0 : sh.lo * cs);
@@ -191,9 +199,7 @@ void Engine::set_params(const float * whole) {
     std::vector<float> slice;
     if (split_model()) slice = my_part(whole);
     const float * full = slice.empty() ? whole : slice.data();
-    if (t.master >= 0) store_f32(t.master, 0, full + sh.lo, sh.hi - sh.lo);
-    else store_f32(t.params, opt_.zero >= 3 ? 0 : sh.lo, full + sh.lo, sh.hi - sh.lo);
-    params_handed_ = false;
+    store_own_params(full + sh.lo, sh.hi - sh.lo);
     if (opt_.zero >= 3) {
         params_changed();
         return;
@@ -404,9 +410,10 @@ TrainState Engine::export_state() {
         s.scaler = {scaler_.scale, scaler_.clean, scaler_.skipped};
         return s;
     }
-    s.params.assign(params(), params() + n);
-    s.m.assign(adam_m(), adam_m() + n);
-    s.v.assign(adam_v(), adam_v() + n);
+    const float * p = params(), * m = adam_m(), * v = adam_v();   // one download each on a device
+    s.params.assign(p, p + n);
+    s.m.assign(m, m + n);
+    s.v.assign(v, v + n);
     s.offset = sh.lo;
     s.total = sh.total;
     s.t = t_;
@@ -441,9 +448,7 @@ void Engine::import_state(const TrainState & state) {
                                       sh.total));
     const size_t at = sh.lo - s.offset;
     const TrainStep & st = *plans_.train;
-    if (st.master >= 0) store_f32(st.master, 0, s.params.data() + at, n);
-    else store_f32(st.params, opt_.zero >= 3 ? 0 : sh.lo, s.params.data() + at, n);
-    params_handed_ = false;
+    store_own_params(s.params.data() + at, n);
     store_f32(st.adam_m, 0, s.m.data() + at, n);
     store_f32(st.adam_v, 0, s.v.data() + at, n);
     params_changed();

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -252,6 +253,10 @@ private:
     // buffer itself on a host backend, else `mirror`, downloaded now. store_f32 writes n elements.
     float * host_f32(BufferId id, size_t elem0, std::vector<float> & mirror);
     void store_f32(BufferId id, size_t elem0, const float * src, size_t n);
+    // Where params() lives (buffer, first element): the master weights under mixed precision,
+    // else the weights themselves; and n elements written there (the mirror is then stale).
+    std::pair<BufferId, size_t> own_params() const;
+    void store_own_params(const float * src, size_t n);
     std::vector<float> mirror_params_, mirror_grads_, mirror_m_, mirror_v_;
     bool params_handed_ = false;   // params() gave out its mirror: params_changed() uploads it
     int t_ = 0;

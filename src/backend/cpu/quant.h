@@ -25,14 +25,11 @@
 #include <cstdint>
 
 #include "backend/cpu/dnnl_gemm.h"
+#include "backend/quant_format.h"
 
 namespace memfit::cpu {
 
-// The NF4 levels as published with QLoRA (normalised to [-1, 1]), ascending; code = index.
-extern const float kNf4Levels[16];
-
-constexpr int64_t kNf4Block = 64;          // elements per absmax block
-constexpr int64_t kNf4ScaleBlock = 256;    // absmaxes per second-level block (double quant)
+// kNf4Levels, kNf4Block and kNf4ScaleBlock: backend/quant_format.h (shared with the CUDA backend).
 
 // Exact packed sizes in bytes.
 size_t int8_bytes(int64_t out, int64_t in);

@@ -106,8 +106,9 @@ CudaBackend::CudaBackend(int device) : device_(device), st_(std::make_unique<Sta
     std::string why;
     const int n = cuda_device_count(&why);
     if (n == 0) throw ConfigError("--device cuda: no CUDA device (" + why + "); train on the CPU (the default)");
-    if (device < 0 || device >= n)
-        throw ConfigError(fmt::format("--device cuda: device {} does not exist ({} found)", device, n));
+    if (device < 0) throw ConfigError(fmt::format("--device cuda: device {} does not exist ({} found)", device, n));
+    device %= n;
+    device_ = device;
     runtime_.used_before = nvml_used(device);
     MF_CUDA(cudaSetDevice(device));
     MF_CUDA(cudaFree(nullptr));   // creates the context

@@ -26,7 +26,8 @@ int cuda_device_count(std::string * why = nullptr);
 
 class CudaBackend final : public Backend {
 public:
-    // Starts CUDA on `device` (ConfigError if there is none); measures the runtime memory.
+    // Starts CUDA on device `device` modulo the devices present (ConfigError if there are none);
+    // measures the runtime memory.
     explicit CudaBackend(int device = 0);
     ~CudaBackend() override;
     CudaBackend(const CudaBackend &) = delete;

@@ -1,7 +1,8 @@
-// The checked macros for CUDA runtime, cuBLASLt and NCCL calls (error tier 2, core/error.h).
+// The checked macros for CUDA runtime and cuBLASLt calls (error tier 2, core/error.h; NCCL's,
+// MF_NCCL, is in comm/nccl_communicator.cpp, the only file that includes nccl.h).
 // A failed vendor call is a broken invariant (a bad argument, a kernel fault) and aborts with
 // file, line, the call and the library's message, except running out of device memory, which
-// is an expected failure: cudaMalloc goes through device_allocator.cpp, which throws OutOfMemory.
+// is an expected failure: cudaMalloc goes through cuda_backend.cpp's DeviceAllocator, which throws OutOfMemory.
 #pragma once
 
 #include <cuda_runtime_api.h>

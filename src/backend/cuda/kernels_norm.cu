@@ -16,26 +16,13 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pack.cuh"
 
 namespace memfit::cuda {
 
 namespace {
 
 constexpr int kRowsPerBlock = 8, kThreads = 32 * kRowsPerBlock;
-
-template <class T, int V> struct alignas(sizeof(T) * V) Pack { T v[V]; };
-template <int V, class T> __device__ __forceinline__ Pack<T, V> ldp(const T * p) {
-    return *reinterpret_cast<const Pack<T, V> *>(p);
-}
-template <int V, class T> __device__ __forceinline__ void stp(T * p, const Pack<T, V> & q) {
-    *reinterpret_cast<Pack<T, V> *>(p) = q;
-}
-
-bool aligned16(std::initializer_list<const void *> ps) {
-    for (const void * p : ps)
-        if (reinterpret_cast<uintptr_t>(p) & 15u) return false;
-    return true;
-}
 
 // ---- LayerNorm forward: warp per row. mean = sum / C; var = sum (x - mean)^2 / C;
 // rstd = 1 / sqrt(var + eps); out = (x - mean) * rstd * w + b. ----

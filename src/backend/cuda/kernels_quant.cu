@@ -16,27 +16,9 @@ namespace memfit::cuda {
 
 namespace {
 
-constexpr int64_t kNf4Block = 64, kNf4ScaleBlock = 256;   // cpu::kNf4Block, cpu::kNf4ScaleBlock
-
-// cpu::kNf4Levels (QLoRA, appendix E), ascending; code = index.
-__constant__ float c_nf4_levels[16] = {
-    -1.0f,
-    -0.6961928009986877f,
-    -0.5250730514526367f,
-    -0.39491748809814453f,
-    -0.28444138169288635f,
-    -0.18477343022823334f,
-    -0.09105003625154495f,
-    0.0f,
-    0.07958029955625534f,
-    0.16093020141124725f,
-    0.24611230194568634f,
-    0.33791524171829224f,
-    0.44070982933044434f,
-    0.5626170039176941f,
-    0.7229568362236023f,
-    1.0f,
-};
+// The NF4 levels (quant_format.h's kNf4Levels), passed by value: a host constant array cannot be
+// indexed on the device.
+struct Nf4Levels { float v[16]; };
 
 // A little-endian fp32 at any byte address (the packed formats store scales unaligned).
 __device__ __forceinline__ float load_f32(const uint8_t * p) {
@@ -75,9 +57,9 @@ __global__ void __launch_bounds__(256) int8_dequant_kernel(T * w, const uint8_t 
 // Grid ceil(n / 8 / 256), block 256: thread k writes elements 8k .. 8k+7 from code word k. Vec: w
 // aligned to 16 bytes, so the 8 outputs are one or two 16-byte stores.
 template <class T, bool DQ, bool Vec>
-__global__ void __launch_bounds__(256) nf4_dequant_kernel(T * w, const uint8_t * packed, int64_t n) {
+__global__ void __launch_bounds__(256) nf4_dequant_kernel(T * w, const uint8_t * packed, int64_t n, Nf4Levels lv) {
     __shared__ float levels[16];
-    if (threadIdx.x < 16) levels[threadIdx.x] = c_nf4_levels[threadIdx.x];
+    if (threadIdx.x < 16) levels[threadIdx.x] = lv.v[threadIdx.x];
     __syncthreads();
     const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (k >= n / 8) return;
@@ -134,12 +116,14 @@ void dequantize(cudaStream_t s, const QuantDesc & q, Tensor w, Tensor packed) {
             MF_ASSERT(n % kNf4Block == 0 && "NF4 needs out*in to be a multiple of 64");
             const unsigned grid = grid_for(n / 8, 256);
             const bool vec = aligned(out, 16);
+            Nf4Levels lv;
+            for (int i = 0; i < 16; ++i) lv.v[i] = kNf4Levels[i];
             if (q.format == QuantFormat::nf4_dq) {
-                if (vec) nf4_dequant_kernel<T, true, true><<<grid, 256, 0, s>>>(out, pk, n);
-                else nf4_dequant_kernel<T, true, false><<<grid, 256, 0, s>>>(out, pk, n);
+                if (vec) nf4_dequant_kernel<T, true, true><<<grid, 256, 0, s>>>(out, pk, n, lv);
+                else nf4_dequant_kernel<T, true, false><<<grid, 256, 0, s>>>(out, pk, n, lv);
             } else {
-                if (vec) nf4_dequant_kernel<T, false, true><<<grid, 256, 0, s>>>(out, pk, n);
-                else nf4_dequant_kernel<T, false, false><<<grid, 256, 0, s>>>(out, pk, n);
+                if (vec) nf4_dequant_kernel<T, false, true><<<grid, 256, 0, s>>>(out, pk, n, lv);
+                else nf4_dequant_kernel<T, false, false><<<grid, 256, 0, s>>>(out, pk, n, lv);
             }
         }
         MF_CUDA_LAUNCHED();
