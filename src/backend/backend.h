@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
 
 #include "core/tensor.h"
 #include "memory/step_memory.h"
@@ -125,6 +126,8 @@ public:
                                      int NH) = 0;
     // Scratch bytes flash_attention_bwd needs for this shape (planned as workspace).
     virtual size_t flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH) const = 0;
+    // Why the flash kernels cannot take this head dimension ("" when they can).
+    virtual std::string flash_attention_refusal(int head_dim) const { (void) head_dim; return {}; }
 
     virtual void gelu_fwd(Tensor out, Tensor inp) = 0;
     virtual void gelu_bwd(Tensor dinp, Tensor dout, Tensor inp) = 0;          // dinp = ...

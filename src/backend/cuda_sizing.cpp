@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "backend/null_backend.h"
 #include "memory/arena.h"
 
@@ -26,6 +28,11 @@ size_t cuda_qgemm_workspace(const QuantDesc & q, int64_t M, DType act) {
     return size_t(q.out) * size_t(q.in) * dtype_size(act);
 }
 
+std::string cuda_flash_attention_refusal(int head_dim) {
+    if (head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128) return {};
+    return fmt::format("the CUDA flash-attention kernels take head dimensions 32, 64, 96 and 128, not {}", head_dim);
+}
+
 namespace {
 
 class CudaSizing final : public NullBackend {
@@ -38,6 +45,7 @@ public:
     size_t qgemm_workspace(const QuantDesc & q, int64_t M, DType act) const override {
         return cuda_qgemm_workspace(q, M, act);
     }
+    std::string flash_attention_refusal(int head_dim) const override { return cuda_flash_attention_refusal(head_dim); }
 };
 
 }  // namespace

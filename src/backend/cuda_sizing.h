@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "backend/backend.h"
 
@@ -18,6 +19,8 @@ size_t cuda_gemm_workspace(const GemmDesc & d);
 size_t cuda_flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH);
 // qgemm's scratch: the dequantized weight W' [out, in] in the activations' dtype.
 size_t cuda_qgemm_workspace(const QuantDesc & q, int64_t M, DType act);
+// The flash kernels' head dimensions (kernels_flash.cu instantiates these): 32, 64, 96, 128.
+std::string cuda_flash_attention_refusal(int head_dim);
 
 // A backend that answers the workspace queries as CudaBackend does and computes nothing (its ops
 // abort): the planner's sizing for GPU hardware.

@@ -35,8 +35,10 @@ void add_shape_flags(CLI::App * c, RunShape & o) {
                   "tokens per LM-head + cross-entropy chunk: the B*T*V logits are never stored whole (0: unchunked)")
         ->capture_default_str()->check(kNonNegative);
     c->add_option("--attention", o.attention,
-                  "flash (tiled, saves one log-sum-exp per query) or naive (saves the T x T probabilities)")
-        ->capture_default_str()->check(CLI::IsMember({"naive", "flash"}));
+                  "flash (tiled, saves one log-sum-exp per query), naive (saves the T x T probabilities), or auto: "
+                  "flash where the device's kernels take the model's head dimension (the CUDA ones: 32, 64, 96, "
+                  "128), else naive")
+        ->capture_default_str()->check(CLI::IsMember({"auto", "naive", "flash"}));
     c->add_option("--recompute", o.recompute,
                   "activation recomputation: none, full (keep each layer's input), every:K (keep every K-th), sqrt, "
                   "selective (recompute norms, GELU, attention probabilities), budget (least recompute that fits "

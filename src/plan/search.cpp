@@ -72,7 +72,8 @@ bool engine_runs(const PlanRequest & r, const Candidate & c, const ModelConfig &
     const int chunks = c.layout.pp * (interleaved ? c.layout.virtual_stages : 1);
     const bool pipeline = c.layout.pp == 1 || (chunks <= cfg.n_layer && c.layout.zero < 2 && !c.lora &&
                                                (!interleaved || c.accum % c.layout.pp == 0));
-    return r.exact_sizing && splits && pipeline &&
+    const bool attention = !c.flash || (r.exact_sizing && r.exact_sizing->flash_attention_refusal(cfg.head_dim()).empty());
+    return r.exact_sizing && splits && pipeline && attention &&
            c.layout.offload == Offload::none && c.optimizer == Optimizer::adamw;
 }
 
@@ -116,6 +117,8 @@ SearchReport search_plans(const PlanRequest & r) {
         check_lora_layout(fixed);
     }
     SearchReport rep;
+    // Flash attention unless the device's kernels refuse this head dimension (then naive).
+    const bool flash_ok = !r.exact_sizing || r.exact_sizing->flash_attention_refusal(cfg.head_dim()).empty();
     // Tensor parallelism stays inside a node and must split the heads (and the KV heads, or be
     // a multiple of them); pipeline stages must each get a layer.
     std::vector<int> tps;
@@ -174,7 +177,7 @@ SearchReport search_plans(const PlanRequest & r) {
                             for (int mb : fixed_or(r.micro_batch, divisors(per_rank, 64))) {
                                 if (per_rank % mb) continue;
                                 for (const std::string & rc : fixed_or(r.recompute, {"none", "selective", "full"}))
-                                    for (bool flash : fixed_or(r.flash, {true})) {
+                                    for (bool flash : fixed_or(r.flash, {flash_ok})) {
                                         PlanResult pr;
                                         pr.c.layout = L;
                                         pr.c.layout.schedule = sch;

@@ -16,6 +16,10 @@ namespace memfit {
 
 StepPlans::StepPlans(const ModelConfig & cfg, const Backend & backend, const EngineOptions & opt) {
     if (opt.grad_accum < 1) throw ConfigError(fmt::format("--grad-accum {}: must be at least 1", opt.grad_accum));
+    if (opt.flash_attention) {
+        const std::string why = backend.flash_attention_refusal(cfg.head_dim());
+        if (!why.empty()) throw ConfigError(fmt::format("--attention flash: {}; use --attention naive", why));
+    }
     const int k = opt.grad_accum;
     auto make = [&](std::unique_ptr<TrainStep> & step, MemoryPlan & plan, StepMode mode, StepParts parts) {
         // A pipeline's step program holds all k micro-batches (evaluation: one).

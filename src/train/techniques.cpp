@@ -134,7 +134,8 @@ std::optional<RecomputePlan> fit_recompute(EngineOptions eo, const ModelConfig &
     return best;
 }
 
-EngineOptions base_options(const RunShape & s, const ModelConfig & cfg, bool with_eval, uint64_t budget) {
+EngineOptions base_options(const RunShape & s, const ModelConfig & cfg, const Backend & backend, bool with_eval,
+                           uint64_t budget) {
     check_data_parallel_flags(s);
     EngineOptions eo;
     eo.data_parallel = s.data_parallel;
@@ -154,9 +155,11 @@ EngineOptions base_options(const RunShape & s, const ModelConfig & cfg, bool wit
     eo.loss_chunk = s.loss_chunk;
     eo.with_eval = with_eval;
     eo.budget = budget;
-    if (s.attention != "flash" && s.attention != "naive")
-        throw ConfigError(fmt::format("--attention '{}': expected flash or naive", s.attention));
-    eo.flash_attention = s.attention == "flash";
+    if (s.attention != "auto" && s.attention != "flash" && s.attention != "naive")
+        throw ConfigError(fmt::format("--attention '{}': expected auto, flash or naive", s.attention));
+    // auto: flash where the backend's kernels take the model's head dimension.
+    eo.flash_attention = s.attention == "flash" ||
+                         (s.attention == "auto" && backend.flash_attention_refusal(cfg.head_dim()).empty());
     if (s.precision == "auto" && s.fit != "auto")
         throw ConfigError("--precision auto needs --fit auto (it lets the search choose the precision)");
     eo.compute = s.precision == "auto" ? DType::f32 : parse_precision(s.precision);
@@ -199,7 +202,8 @@ ResolvedRun fit_auto(const RunShape & s, const ModelConfig & cfg, const Backend 
             for (bool flash : {true, false})
                 for (int chunk : {0, std::max(1, b * s.seq / 8)}) {
                     if (chunk > 0 && b * s.seq < 16) continue;
-                    EngineOptions eo = base_options(s, cfg, with_eval, budget);
+                    if (flash && !backend.flash_attention_refusal(cfg.head_dim()).empty()) continue;
+                    EngineOptions eo = base_options(s, cfg, backend, with_eval, budget);
                     eo.B = b;
                     eo.grad_accum = G / b;
                     eo.compute = p;
@@ -253,7 +257,9 @@ ResolvedRun resolve_run(const RunShape & s, const ModelConfig & cfg, const Backe
         return fit_auto(s, cfg, backend, with_eval, budget);
     }
     ResolvedRun r;
-    r.eo = base_options(s, cfg, with_eval, budget);
+    r.eo = base_options(s, cfg, backend, with_eval, budget);
+    if (s.attention == "auto" && !r.eo.flash_attention)
+        r.notes.push_back(fmt::format("attention: naive ({})", backend.flash_attention_refusal(cfg.head_dim())));
     if (s.recompute == "budget") {
         if (budget == 0) throw ConfigError("--recompute budget needs a memory budget");
         CategoryBytes smallest;

@@ -24,7 +24,7 @@ struct RunShape {
     std::string device = "cpu";      // cpu | cuda (backend/make_backend.h)
     uint64_t seed = 1337;
     int      loss_chunk = 0;         // tokens per LM-head + loss chunk (0: all at once)
-    std::string attention = "flash";   // flash | naive
+    std::string attention = "auto";    // auto (flash where the backend takes the head dim) | flash | naive
     std::string recompute = "none";    // none | full | every:K | sqrt | selective | budget
     std::string precision = "fp32";    // fp32 | bf16 | fp16 | auto (with --fit auto)
     std::string fit = "off";           // off | auto

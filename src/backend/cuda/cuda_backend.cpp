@@ -179,6 +179,7 @@ size_t CudaBackend::gemm_workspace(const GemmDesc & d) const { return cuda_gemm_
 size_t CudaBackend::flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH) const {
     return cuda_flash_attention_workspace(B, T, C, NH);
 }
+std::string CudaBackend::flash_attention_refusal(int head_dim) const { return cuda_flash_attention_refusal(head_dim); }
 size_t CudaBackend::qgemm_workspace(const QuantDesc & q, int64_t M, DType act) const {
     return cuda_qgemm_workspace(q, M, act);
 }

@@ -72,6 +72,7 @@ public:
     void flash_attention_bwd(Tensor dqkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv, Tensor lse,
                              int NH) override;
     size_t flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH) const override;
+    std::string flash_attention_refusal(int head_dim) const override;
     void gelu_fwd(Tensor out, Tensor inp) override;
     void gelu_bwd(Tensor dinp, Tensor dout, Tensor inp) override;
     void residual_fwd(Tensor out, Tensor a, Tensor b) override;

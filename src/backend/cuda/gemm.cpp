@@ -102,6 +102,9 @@ struct Gemm::Impl {
         const cublasStatus_t st =
             cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &result, &found);
         cublasLtMatmulPreferenceDestroy(pref);
+        // No algorithm for this case (NOT_SUPPORTED, or none found): the plain kernel. Any other
+        // failure (INVALID_VALUE: descriptors that disagree) is a bug here, not a missing kernel.
+        if (st != CUBLAS_STATUS_NOT_SUPPORTED) MF_CUBLAS(st);
         p->usable = st == CUBLAS_STATUS_SUCCESS && found > 0;
         if (p->usable) p->algo = result.algo;
         return *plans.emplace(key, std::move(p)).first->second;

@@ -19,6 +19,9 @@ constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 template <class S>
 __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#ifdef MEMFIT_CUDA_EMU   // the CPU emulator of tests/cuda_emu
+    ::emu::mma_m16n8k16(std::is_same_v<S, __nv_bfloat16>, d, a, b0, b1);
+#else
     if constexpr (std::is_same_v<S, __nv_bfloat16>)
         asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                      "{%0,%1,%2,%3};\n"
@@ -29,6 +32,7 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
                      "{%0,%1,%2,%3};\n"
                      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 
 template <class S> __device__ __forceinline__ uint32_t pack(float lo, float hi) {

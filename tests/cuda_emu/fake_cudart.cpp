@@ -1,0 +1,337 @@
+// The CUDA emulator's host side: the CUDA runtime and cuBLASLt calls memfit makes, on host
+// memory. One device; device memory is host memory (cudaMalloc counts it against a fixed
+// capacity, so cudaMemGetInfo is exact and running out is reproducible); streams are synchronous.
+// cuBLASLt's matmul is computed from its descriptors (column-major, transposes, bias epilogue)
+// as the library documents them, so gemm.cpp's mapping of row-major gemms onto it is checked.
+// NCCL is not emulated: make_nccl_communicator refuses.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <new>
+#include <string>
+
+#include "comm/nccl_communicator.h"
+#include "core/error.h"
+
+namespace {
+
+// Capacity and the context's share: MEMFIT_EMU_DEVICE_MIB (default 81920) and a fixed 500 MiB
+// taken when the context is created (cudaFree(nullptr) or the first allocation).
+constexpr size_t kContextBytes = size_t(500) << 20;
+
+struct Device {
+    std::mutex mu;
+    std::map<uintptr_t, size_t> allocs;   // base -> bytes
+    size_t used = 0;
+    bool context = false;
+    size_t capacity() const {
+        const char * e = std::getenv("MEMFIT_EMU_DEVICE_MIB");
+        return size_t(e ? std::strtoull(e, nullptr, 10) : 81920) << 20;
+    }
+    void ensure_context() {
+        if (!context) {
+            context = true;
+            used += kContextBytes;
+        }
+    }
+};
+Device & dev() {
+    static Device d;
+    return d;
+}
+int g_stream_tag;
+
+}  // namespace
+
+extern "C" {
+
+cudaError_t cudaGetDeviceCount(int * n) {
+    *n = 1;
+    return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+cudaError_t cudaGetDevice(int * d) {
+    *d = 0;
+    return cudaSuccess;
+}
+cudaError_t cudaGetLastError() { return cudaSuccess; }
+cudaError_t cudaPeekAtLastError() { return cudaSuccess; }
+const char * cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+        case cudaSuccess: return "no error";
+        case cudaErrorMemoryAllocation: return "out of memory";
+        case cudaErrorInvalidValue: return "invalid argument";
+        case cudaErrorInvalidDevice: return "invalid device ordinal";
+        default: return "emulated error";
+    }
+}
+const char * cudaGetErrorName(cudaError_t) { return "cudaErrorEmulated"; }
+
+cudaError_t cudaMalloc(void ** p, size_t bytes) {
+    Device & d = dev();
+    std::lock_guard<std::mutex> lock(d.mu);
+    d.ensure_context();
+    *p = nullptr;
+    if (bytes == 0) return cudaSuccess;
+    if (d.used + bytes > d.capacity()) return cudaErrorMemoryAllocation;
+    void * q = nullptr;
+    if (posix_memalign(&q, 256, (bytes + 255) / 256 * 256) != 0) return cudaErrorMemoryAllocation;
+    std::memset(q, 0xa5, bytes);   // not zero: code that relies on fresh memory being zero shows
+    d.allocs[reinterpret_cast<uintptr_t>(q)] = bytes;
+    d.used += bytes;
+    *p = q;
+    return cudaSuccess;
+}
+cudaError_t cudaFree(void * p) {
+    Device & d = dev();
+    std::lock_guard<std::mutex> lock(d.mu);
+    d.ensure_context();
+    if (!p) return cudaSuccess;
+    auto it = d.allocs.find(reinterpret_cast<uintptr_t>(p));
+    if (it == d.allocs.end()) return cudaErrorInvalidValue;
+    d.used -= it->second;
+    d.allocs.erase(it);
+    std::free(p);
+    return cudaSuccess;
+}
+cudaError_t cudaMemGetInfo(size_t * free_b, size_t * total_b) {
+    Device & d = dev();
+    std::lock_guard<std::mutex> lock(d.mu);
+    d.ensure_context();
+    *total_b = d.capacity();
+    *free_b = d.capacity() - d.used;
+    return cudaSuccess;
+}
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes * a, const void * p) {
+    Device & d = dev();
+    std::lock_guard<std::mutex> lock(d.mu);
+    std::memset(a, 0, sizeof *a);
+    const auto u = reinterpret_cast<uintptr_t>(p);
+    auto it = d.allocs.upper_bound(u);
+    if (it != d.allocs.begin() && u < std::prev(it)->first + std::prev(it)->second) {
+        a->type = cudaMemoryTypeDevice;
+        a->devicePointer = const_cast<void *>(p);
+    } else {
+        a->type = cudaMemoryTypeUnregistered;
+        a->hostPointer = const_cast<void *>(p);
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void * dst, const void * src, size_t n, cudaMemcpyKind, cudaStream_t) {
+    if (n) std::memmove(dst, src, n);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void * dst, const void * src, size_t n, cudaMemcpyKind k) { return cudaMemcpyAsync(dst, src, n, k, nullptr); }
+cudaError_t cudaMemsetAsync(void * p, int v, size_t n, cudaStream_t) {
+    if (n) std::memset(p, v, n);
+    return cudaSuccess;
+}
+cudaError_t cudaMemset(void * p, int v, size_t n) { return cudaMemsetAsync(p, v, n, nullptr); }
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t * s, unsigned) {
+    *s = reinterpret_cast<cudaStream_t>(&g_stream_tag);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamCreate(cudaStream_t * s) { return cudaStreamCreateWithFlags(s, 0); }
+cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamGetDevice(cudaStream_t, int * d) {
+    *d = 0;
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaFuncSetAttribute(const void *, cudaFuncAttribute attr, int value) {
+    if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize && value > 232448) return cudaErrorInvalidValue;
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceGetPCIBusId(char * bus, int len, int) {
+    std::snprintf(bus, size_t(len), "0000:00:00.0");
+    return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp * p, int) {
+    std::memset(p, 0, sizeof *p);
+    std::snprintf(p->name, sizeof p->name, "memfit CUDA emulator");
+    p->totalGlobalMem = dev().capacity();
+    p->sharedMemPerBlock = 48 << 10;
+    p->sharedMemPerBlockOptin = 232448;
+    p->multiProcessorCount = 132;
+    p->warpSize = 32;
+    p->maxThreadsPerBlock = 1024;
+    p->major = 9;
+    return cudaSuccess;
+}
+
+}  // extern "C"
+
+// ---- cuBLASLt ----
+namespace {
+
+struct Desc {
+    cublasComputeType_t compute;
+    cudaDataType_t scale;
+    cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    const void * bias = nullptr;
+    cudaDataType_t bias_type = CUDA_R_32F;
+};
+struct Layout {
+    cudaDataType_t type;
+    uint64_t rows, cols;
+    int64_t ld;
+};
+static_assert(sizeof(Desc) <= sizeof(cublasLtMatmulDescOpaque_t));
+static_assert(sizeof(Layout) <= sizeof(cublasLtMatrixLayoutOpaque_t));
+
+int g_handle_tag;
+
+double load(cudaDataType_t t, const void * p, size_t i) {
+    switch (t) {
+        case CUDA_R_32F: return static_cast<const float *>(p)[i];
+        case CUDA_R_16BF: return double(__bfloat162float(static_cast<const __nv_bfloat16 *>(p)[i]));
+        case CUDA_R_16F: return double(__half2float(static_cast<const __half *>(p)[i]));
+        default: std::fprintf(stderr, "cuda emulator: cuBLASLt type %d not emulated\n", int(t)); std::abort();
+    }
+}
+void store(cudaDataType_t t, void * p, size_t i, double v) {
+    switch (t) {
+        case CUDA_R_32F: static_cast<float *>(p)[i] = float(v); return;
+        case CUDA_R_16BF: static_cast<__nv_bfloat16 *>(p)[i] = __float2bfloat16_rn(float(v)); return;
+        case CUDA_R_16F: static_cast<__half *>(p)[i] = __float2half_rn(float(v)); return;
+        default: std::fprintf(stderr, "cuda emulator: cuBLASLt type %d not emulated\n", int(t)); std::abort();
+    }
+}
+bool float_type(cudaDataType_t t) { return t == CUDA_R_32F || t == CUDA_R_16BF || t == CUDA_R_16F; }
+
+}  // namespace
+
+extern "C" {
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t * h) {
+    *h = reinterpret_cast<cublasLtHandle_t>(&g_handle_tag);
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t) { return CUBLAS_STATUS_SUCCESS; }
+const char * cublasLtGetStatusString(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS ? "success" : "emulated failure"; }
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t * d, cublasComputeType_t c, cudaDataType_t s) {
+    auto * o = new cublasLtMatmulDescOpaque_t{};
+    new (o->data) Desc{c, s};
+    *d = o;
+    return c == CUBLAS_COMPUTE_32F && s == CUDA_R_32F ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+    delete d;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void * v,
+                                              size_t n) {
+    Desc & x = *reinterpret_cast<Desc *>(d->data);
+    auto take = [&](auto & field) {
+        if (n != sizeof field) return CUBLAS_STATUS_INVALID_VALUE;
+        std::memcpy(&field, v, n);
+        return CUBLAS_STATUS_SUCCESS;
+    };
+    switch (a) {
+        case CUBLASLT_MATMUL_DESC_TRANSA: return take(x.ta);
+        case CUBLASLT_MATMUL_DESC_TRANSB: return take(x.tb);
+        case CUBLASLT_MATMUL_DESC_EPILOGUE: return take(x.epilogue);
+        case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return take(x.bias);
+        case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: return take(x.bias_type);
+        default: return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+}
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t * l, cudaDataType t, uint64_t rows, uint64_t cols,
+                                          int64_t ld) {
+    auto * o = new cublasLtMatrixLayoutOpaque_t{};
+    new (o->data) Layout{t, rows, cols, ld};
+    *l = o;
+    return ld >= int64_t(rows) || cols <= 1 ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
+    delete l;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t * p) {
+    *p = new cublasLtMatmulPreferenceOpaque_t{};
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
+    delete p;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t, cublasLtMatmulPreferenceAttributes_t,
+                                                    const void *, size_t) {
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// Checks the shapes as cuBLASLt would: D (m x n) = op(A) (m x k) op(B) (k x n).
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a,
+                                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                                              cublasLtMatrixLayout_t dl, cublasLtMatmulPreference_t, int requested,
+                                              cublasLtMatmulHeuristicResult_t * result, int * found) {
+    const Desc & x = *reinterpret_cast<const Desc *>(d->data);
+    const Layout & A = *reinterpret_cast<const Layout *>(a->data);
+    const Layout & B = *reinterpret_cast<const Layout *>(b->data);
+    const Layout & C = *reinterpret_cast<const Layout *>(c->data);
+    const Layout & D = *reinterpret_cast<const Layout *>(dl->data);
+    *found = 0;
+    const uint64_t m = x.ta == CUBLAS_OP_N ? A.rows : A.cols, k = x.ta == CUBLAS_OP_N ? A.cols : A.rows;
+    const uint64_t kb = x.tb == CUBLAS_OP_N ? B.rows : B.cols, n = x.tb == CUBLAS_OP_N ? B.cols : B.rows;
+    if (k != kb || C.rows != m || C.cols != n || D.rows != m || D.cols != n || A.type != B.type || C.type != D.type ||
+        !float_type(A.type) || !float_type(C.type))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
+    std::memset(result, 0, sizeof *result);
+    result->state = CUBLAS_STATUS_SUCCESS;
+    result->wavesCount = 1.0f;
+    *found = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void * alpha, const void * a,
+                              cublasLtMatrixLayout_t al, const void * b, cublasLtMatrixLayout_t bl, const void * beta,
+                              const void * c, cublasLtMatrixLayout_t cl, void * out, cublasLtMatrixLayout_t dl,
+                              const cublasLtMatmulAlgo_t *, void *, size_t, cudaStream_t) {
+    const Desc & x = *reinterpret_cast<const Desc *>(d->data);
+    const Layout & A = *reinterpret_cast<const Layout *>(al->data);
+    const Layout & B = *reinterpret_cast<const Layout *>(bl->data);
+    const Layout & C = *reinterpret_cast<const Layout *>(cl->data);
+    const Layout & D = *reinterpret_cast<const Layout *>(dl->data);
+    const uint64_t m = D.rows, n = D.cols, k = x.ta == CUBLAS_OP_N ? A.cols : A.rows;
+    const bool bias = x.epilogue == CUBLASLT_EPILOGUE_BIAS;
+    if (x.epilogue != CUBLASLT_EPILOGUE_DEFAULT && !bias) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (bias && (!x.bias || x.bias_type != D.type)) return CUBLAS_STATUS_INVALID_VALUE;
+    const double al_v = *static_cast<const float *>(alpha), be_v = *static_cast<const float *>(beta);
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < int64_t(n); ++j) {
+        for (uint64_t i = 0; i < m; ++i) {
+            double s = 0.0;
+            for (uint64_t p = 0; p < k; ++p) {
+                const size_t ia = x.ta == CUBLAS_OP_N ? i + p * uint64_t(A.ld) : p + i * uint64_t(A.ld);
+                const size_t ib = x.tb == CUBLAS_OP_N ? p + uint64_t(j) * uint64_t(B.ld) : uint64_t(j) + p * uint64_t(B.ld);
+                s += load(A.type, a, ia) * load(B.type, b, ib);
+            }
+            double v = al_v * s;
+            if (be_v != 0.0) v += be_v * load(C.type, c, i + uint64_t(j) * uint64_t(C.ld));
+            if (bias) v += load(x.bias_type, x.bias, i);
+            store(D.type, out, i + uint64_t(j) * uint64_t(D.ld), v);
+        }
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // extern "C"
+
+namespace memfit {
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator &, void *) {
+    throw ConfigError("the CUDA emulator has no NCCL: run data parallel on a real GPU machine");
+}
+}  // namespace memfit

@@ -1,0 +1,74 @@
+// --attention auto | flash | naive, resolved against the backend: the CUDA flash kernels take
+// head dimensions 32, 64, 96 and 128 (cuda_sizing.h answers for them in every build), the CPU's
+// any. auto picks flash where it runs and says so where it does not; an explicit flash the
+// backend cannot run is one clear error, before any memory is reserved; --fit auto searches
+// only what runs.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda_sizing.h"
+#include "core/error.h"
+#include "train/engine.h"
+#include "train/techniques.h"
+#include "test_util.h"
+
+namespace memfit {
+namespace {
+
+RunShape shape(const std::string & attention) {
+    RunShape s;
+    s.batch = 2;
+    s.seq = 32;
+    s.attention = attention;
+    return s;
+}
+
+TEST(AttentionChoice, AutoIsFlashWhereTheBackendRunsItAndNaiveWithANoteElsewhere) {
+    const ModelConfig hd16 = test::small_config(96, 64, 2, 4), hd32 = test::small_config(96, 128, 2, 4);
+    ASSERT_EQ(hd16.head_dim(), 16);
+    ASSERT_EQ(hd32.head_dim(), 32);
+    CpuBackend cpu;
+    const auto gpu = make_cuda_sizing_backend();
+    EXPECT_TRUE(resolve_run(shape("auto"), hd16, cpu, false, 0).eo.flash_attention);
+    EXPECT_TRUE(resolve_run(shape("auto"), hd32, *gpu, false, 0).eo.flash_attention);
+    const ResolvedRun r = resolve_run(shape("auto"), hd16, *gpu, false, 0);
+    EXPECT_FALSE(r.eo.flash_attention);
+    ASSERT_FALSE(r.notes.empty());
+    EXPECT_EQ(r.notes.back(),
+              "attention: naive (the CUDA flash-attention kernels take head dimensions 32, 64, 96 and 128, not 16)");
+    EXPECT_FALSE(resolve_run(shape("naive"), hd32, *gpu, false, 0).eo.flash_attention);
+}
+
+TEST(AttentionChoice, ExplicitFlashTheBackendCannotRunIsOneClearError) {
+    const ModelConfig hd16 = test::small_config(96, 64, 2, 4);
+    const auto gpu = make_cuda_sizing_backend();
+    const EngineOptions eo = resolve_run(shape("flash"), hd16, *gpu, false, 0).eo;
+    ASSERT_TRUE(eo.flash_attention);
+    try {
+        const StepPlans plans(hd16, *gpu, eo);
+        FAIL() << "flash attention with head dim 16 was planned for the CUDA backend";
+    } catch (const ConfigError & e) {
+        EXPECT_STREQ(e.what(), "--attention flash: the CUDA flash-attention kernels take head dimensions 32, 64, 96 "
+                               "and 128, not 16; use --attention naive");
+    }
+    EXPECT_NO_THROW(StepPlans(hd16, CpuBackend(), eo));
+    EXPECT_THROW(resolve_run(shape("tiled"), hd16, *gpu, false, 0), ConfigError);
+}
+
+TEST(AttentionChoice, FitAutoSearchesOnlyAttentionTheBackendRuns) {
+    const ModelConfig hd16 = test::small_config(96, 64, 2, 4);
+    RunShape s = shape("auto");
+    s.fit = "auto";
+    s.precision = "auto";
+    const auto gpu = make_cuda_sizing_backend();
+    const uint64_t budget = uint64_t(1) << 30;
+    EXPECT_FALSE(resolve_run(s, hd16, *gpu, false, budget).eo.flash_attention);
+    CpuBackend cpu;
+    EXPECT_TRUE(resolve_run(s, hd16, cpu, false, budget).eo.flash_attention);   // the time model rates it faster
+}
+
+}  // namespace
+}  // namespace memfit
