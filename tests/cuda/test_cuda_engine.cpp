@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -184,6 +185,25 @@ TEST(CudaCli, TrainMatchesTheCpuAndReportsDeviceMemory) {
     const double pct = std::stod(gpu_log.substr(at + 18));
     EXPECT_LE(std::fabs(pct), 2.0) << gpu_log;
     std::system(("rm -rf " + dir).c_str());
+}
+
+// `memfit verify --device cuda`: both PyTorch reference fixtures replayed on the GPU in fp32,
+// every loss, logit, gradient and updated weight within the default 1e-4.
+TEST(CudaCli, VerifyReplaysBothFixturesOnTheGpu) {
+    MF_REQUIRE_GPU();
+    for (const char * fixture : {"gpt2_tiny", "llama_tiny"}) {
+        SCOPED_TRACE(fixture);
+        const std::string out = std::string(::testing::TempDir()) + "memfit_cuda_verify." + std::to_string(getpid());
+        const std::string cmd = std::string(MEMFIT_BINARY) + " verify --device cuda " + MEMFIT_TEST_DATA + "/" +
+                                fixture + ".safetensors > " + out + " 2>&1";
+        const int status = std::system(cmd.c_str());
+        std::ifstream f(out);
+        const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+        EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << text;
+        EXPECT_NE(text.find("\"device\": \"cuda\""), std::string::npos) << text;
+        EXPECT_NE(text.find("\"ok\": true"), std::string::npos) << text;
+        std::remove(out.c_str());
+    }
 }
 
 }  // namespace

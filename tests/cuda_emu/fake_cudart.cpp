@@ -3,7 +3,7 @@
 // capacity, so cudaMemGetInfo is exact and running out is reproducible); streams are synchronous.
 // cuBLASLt's matmul is computed from its descriptors (column-major, transposes, bias epilogue)
 // as the library documents them, so gemm.cpp's mapping of row-major gemms onto it is checked.
-// NCCL is not emulated: make_nccl_communicator refuses.
+// NCCL: fake_nccl.cpp.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -17,8 +17,6 @@
 #include <new>
 #include <string>
 
-#include "comm/nccl_communicator.h"
-#include "core/error.h"
 
 namespace {
 
@@ -329,9 +327,3 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const vo
 }
 
 }  // extern "C"
-
-namespace memfit {
-std::unique_ptr<Communicator> make_nccl_communicator(Communicator &, void *) {
-    throw ConfigError("the CUDA emulator has no NCCL: run data parallel on a real GPU machine");
-}
-}  // namespace memfit

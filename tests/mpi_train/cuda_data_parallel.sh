@@ -1,8 +1,10 @@
 # `mpirun -np 2 memfit train --device cuda --zero K` (NCCL) against one GPU process on the same
 # global batch: the same losses to fp32 rounding, every ZeRO stage, and the device-memory line.
-# Needs 2 GPUs: exits 77 (CTest: skipped) with the reason otherwise.
+# Needs 2 GPUs: exits 77 (CTest: skipped) with the reason otherwise. With MEMFIT_CUDA_EMU=1 and
+# MEMFIT the emulator's build (memfit_emu), each rank has an emulated GPU of its own.
 # Usage: bash cuda_data_parallel.sh MEMFIT MPIEXEC SOURCE_DIR
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+[ "${MEMFIT_CUDA_EMU:-0}" = 1 ] && gpus=2
 if [ "${gpus:-0}" -lt 2 ]; then
     echo "SKIP: needs 2 CUDA GPUs, nvidia-smi lists ${gpus:-0}"
     exit 77
