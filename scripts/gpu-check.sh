@@ -152,7 +152,7 @@ if [ -n "$missing" ]; then
     exit 1
 fi
 MF=(env "LD_LIBRARY_PATH=$MF_LD" "MEMFIT_DATA_DIR=$ROOT/data" "$ROOT/$G/bin/memfit")
-MFT=(env "LD_LIBRARY_PATH=$MF_LD" "MEMFIT_DATA_DIR=$ROOT/data" "$ROOT/$G/bin/memfit_cuda_tests")
+MFT=(env "LD_LIBRARY_PATH=$MF_LD" "MEMFIT_DATA_DIR=$ROOT/data" "MEMFIT_TEST_DATA=$ROOT/tests/data" "$ROOT/$G/bin/memfit_cuda_tests")
 echo "  memfit runs as: env LD_LIBRARY_PATH=<above> MEMFIT_DATA_DIR=$ROOT/data $G/bin/memfit (data/ of this tree, not the build machine's path)"
 STATUS[a]=ran
 

@@ -211,6 +211,8 @@ TEST(Recompute, BudgetPolicyFitsTheMemoryBudgetWithTheLeastRecompute) {
         EXPECT_FALSE(r.notes.empty());
     }
     EXPECT_EQ(last_flops, 0.0);   // with none's bytes, nothing is recomputed
+    const std::string note = resolve_run(s, cfg, backend, false, none).notes.back();
+    EXPECT_NE(note.find("(100%), recomputing 0 GFLOP"), std::string::npos) << note;
     try {
         resolve_run(s, cfg, backend, false, full - 1);
         ADD_FAILURE() << "expected OutOfMemory";

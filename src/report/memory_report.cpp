@@ -52,7 +52,7 @@ std::string format_device_memory(uint64_t planned_reserved, uint64_t runtime, ui
     const uint64_t predicted = planned_reserved + runtime;
     const double diff = used_delta ? 100.0 * (double(predicted) - double(used_delta)) / double(used_delta) : 0.0;
     return fmt::format("  device memory: planned reserved {} + runtime {} (context, cuBLASLt; measured at start-up) = "
-                       "{} predicted; used on the device by this process {} (cudaMemGetInfo), {:+.2f}%",
+                       "{} predicted; used on the device by this process {} (cudaMemGetInfo); prediction off by {:+.2f}%",
                        format_bytes(planned_reserved), format_bytes(runtime), format_bytes(predicted),
                        format_bytes(used_delta), diff);
 }

@@ -6,8 +6,8 @@
 #include <chrono>
 #include <random>
 
-#include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/matmul_probe.h"
+#include "backend/make_backend.h"
 #include "core/units.h"
 #include "memory/budget.h"
 #include "report/memory_report.h"
@@ -23,11 +23,13 @@ nlohmann::json run_bench(const BenchOptions & opt) {
     ModelConfig cfg = resolve_model(opt.model);
     if (cfg.vocab_size == 0) cfg.vocab_size = 256;   // small presets: byte vocabulary
     cfg.validate();
-    // The matmul peak is probed before and after the timed steps and the higher kept: a shared
-    // machine's momentary load lowers a probe, and a low peak would inflate the MFU.
-    double peak = opt.probe ? cpu::measure_matmul_peak_gflops() : 0.0;
-
-    CpuBackend backend;
+    const std::unique_ptr<Backend> owned = make_backend(opt.device);
+    Backend & backend = *owned;
+    // On the CPU, the matmul peak is probed before and after the timed steps and the higher kept:
+    // a shared machine's momentary load lowers a probe, and a low peak would inflate the MFU. A
+    // GPU's peak is not probed (mfu 0): scripts/gpu-check.sh rates it against the datasheet.
+    const bool probe = opt.probe && opt.device == "cpu";
+    double peak = probe ? cpu::measure_matmul_peak_gflops() : 0.0;
     const uint64_t budget = opt.memory_budget.empty() ? available_memory() : parse_bytes(opt.memory_budget);
     const EngineOptions eo = resolve_run(opt, cfg, backend, false, budget).eo;
     Engine engine(cfg, backend, eo);
@@ -59,18 +61,18 @@ nlohmann::json run_bench(const BenchOptions & opt) {
         std::sort(v.begin(), v.end());
         return v[v.size() / 2];
     };
-    if (opt.probe) peak = std::max(peak, cpu::measure_matmul_peak_gflops());
+    if (probe) peak = std::max(peak, cpu::measure_matmul_peak_gflops());
     // The bf16 paths on the same shapes: oneDNN's own bf16 matmul (where the CPU has one) and the
     // bf16-storage path memfit uses (fp32 compute on converted tiles).
-    const double bf16_onednn = opt.probe && eo.compute != DType::f32 ? cpu::measure_onednn_bf16_gflops() : 0.0;
-    const double bf16_storage = opt.probe && eo.compute != DType::f32 ? cpu::measure_bf16_storage_gflops() : 0.0;
+    const double bf16_onednn = probe && eo.compute != DType::f32 ? cpu::measure_onednn_bf16_gflops() : 0.0;
+    const double bf16_storage = probe && eo.compute != DType::f32 ? cpu::measure_bf16_storage_gflops() : 0.0;
     std::sort(ms.begin(), ms.end());
     const double med = ms[ms.size() / 2];
     const double tps = double(BT) / (med / 1e3);
     const double fpt = train_flops_per_token(cfg, opt.seq);
     const double achieved = fpt * tps / 1e9;
     nlohmann::json j = {
-        {"model", cfg.name}, {"params", cfg.num_params()}, {"batch", eo.B}, {"seq", opt.seq},
+        {"model", cfg.name}, {"device", opt.device}, {"params", cfg.num_params()}, {"batch", eo.B}, {"seq", opt.seq},
         {"threads", omp_get_max_threads()}, {"precision", precision_name(eo.compute)}, {"steps", opt.steps},
         {"loss_chunk", eo.loss_chunk}, {"attention", eo.flash_attention ? "flash" : "naive"},
         {"recompute", eo.recompute.name}, {"grad_accum", eo.grad_accum},
@@ -83,6 +85,10 @@ nlohmann::json run_bench(const BenchOptions & opt) {
         {"planned_reserved_bytes", engine.planned_reserved().total()},
         {"measured_peak_bytes", engine.ledger().live_total_peak()},
         {"peak_rss_bytes", peak_rss_bytes()}};
+    if (!backend.host_memory()) {   // the device's memory: the plan's regions + the runtime vs in use
+        j["device_runtime_bytes"] = backend.runtime_bytes();
+        j["device_used_bytes"] = backend.device_used_delta();
+    }
     if (opt.timeline) {
         j["ms_per_step_with_timeline"] = median(ms_timeline);
         j["timeline_overhead"] = median(ms_timeline) / med - 1.0;

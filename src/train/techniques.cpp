@@ -270,8 +270,8 @@ ResolvedRun resolve_run(const RunShape & s, const ModelConfig & cfg, const Backe
         r.eo.recompute = *rc;
         const double all = layer_keep_cost(cfg, r.eo.B, r.eo.T, r.eo.flash_attention, r.eo.compute, kKeepAll).bytes;
         double kept = 0, flops = 0;
-        for (uint32_t m : rc->keep) {
-            const KeepSet k = layer_keep_cost(cfg, r.eo.B, r.eo.T, r.eo.flash_attention, r.eo.compute, m);
+        for (int layer = 0; layer < cfg.n_layer; ++layer) {   // rc->kept: every unit where keep is empty
+            const KeepSet k = layer_keep_cost(cfg, r.eo.B, r.eo.T, r.eo.flash_attention, r.eo.compute, rc->kept(layer));
             kept += double(k.bytes);
             flops += k.flops;
         }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <random>
 
@@ -120,6 +121,11 @@ void OpCheck::run(const std::function<void(Backend &, const std::vector<Tensor> 
         b.gpu_after.resize(b.bytes.size());
         g->download(b.gpu_after.data(), b.dev.data, b.bytes.size());
     }
+}
+
+std::string env_or(const char * name, const char * built_in) {
+    const char * v = std::getenv(name);
+    return v && *v ? v : built_in;
 }
 
 std::vector<float> OpCheck::cpu(int i) const { return as_f32(bufs_[size_t(i)].host.dtype, bufs_[size_t(i)].cpu_after); }

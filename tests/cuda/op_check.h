@@ -18,6 +18,11 @@ namespace memfit::test {
 // The process's CUDA backend (device 0), or null when there is none (`why` says why).
 CudaBackend * gpu(std::string * why = nullptr);
 
+// The environment variable `name` where set, else `built_in` (a path compiled in on the build
+// machine, which a GPU machine running a carried build does not have: scripts/gpu-check.sh sets
+// MEMFIT_DATA_DIR and MEMFIT_TEST_DATA to its own tree).
+std::string env_or(const char * name, const char * built_in);
+
 // Bounds on rel_err(): fp32 results differ by summation order only; bf16/f16 stores round once
 // more or less where the order differs.
 constexpr double kTolF32 = 1e-5, kTolBf16 = 2e-2, kTolF16 = 4e-3;

@@ -153,7 +153,8 @@ TEST(CudaCli, DeviceCudaWithoutAGpuIsOneClearError) {
 TEST(CudaCli, TrainMatchesTheCpuAndReportsDeviceMemory) {
     MF_REQUIRE_GPU();
     const std::string dir = std::string(::testing::TempDir()) + "memfit_cuda_cli." + std::to_string(getpid());
-    const std::string prep = "mkdir -p " + dir + " && head -c 60000 " + MEMFIT_DATA_DIR + "/tinyshakespeare.txt > " +
+    const std::string prep = "mkdir -p " + dir + " && head -c 60000 " + test::env_or("MEMFIT_DATA_DIR", MEMFIT_DATA_DIR) +
+                             "/tinyshakespeare.txt > " +
                              dir + "/text.txt && " + MEMFIT_BINARY + " prepare --tokenizer bytes --input " + dir +
                              "/text.txt --out " + dir + "/data > /dev/null";
     ASSERT_EQ(std::system(prep.c_str()), 0) << prep;
@@ -180,9 +181,10 @@ TEST(CudaCli, TrainMatchesTheCpuAndReportsDeviceMemory) {
     for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(gpu_losses[i], cpu_losses[i], 1e-4 * cpu_losses[i]) << "step " << i + 1;
     EXPECT_NE(gpu_log.find("attention: naive (the CUDA flash-attention kernels take head dimensions"), std::string::npos)
         << gpu_log;
-    const size_t at = gpu_log.find("(cudaMemGetInfo), ");
+    const std::string mark = "(cudaMemGetInfo); prediction off by ";
+    const size_t at = gpu_log.find(mark);
     ASSERT_NE(at, std::string::npos) << gpu_log;
-    const double pct = std::stod(gpu_log.substr(at + 18));
+    const double pct = std::stod(gpu_log.substr(at + mark.size()));
     EXPECT_LE(std::fabs(pct), 2.0) << gpu_log;
     std::system(("rm -rf " + dir).c_str());
 }
@@ -194,8 +196,9 @@ TEST(CudaCli, VerifyReplaysBothFixturesOnTheGpu) {
     for (const char * fixture : {"gpt2_tiny", "llama_tiny"}) {
         SCOPED_TRACE(fixture);
         const std::string out = std::string(::testing::TempDir()) + "memfit_cuda_verify." + std::to_string(getpid());
-        const std::string cmd = std::string(MEMFIT_BINARY) + " verify --device cuda " + MEMFIT_TEST_DATA + "/" +
-                                fixture + ".safetensors > " + out + " 2>&1";
+        const std::string cmd = std::string(MEMFIT_BINARY) + " verify --device cuda " +
+                                test::env_or("MEMFIT_TEST_DATA", MEMFIT_TEST_DATA) + "/" + fixture + ".safetensors > " +
+                                out + " 2>&1";
         const int status = std::system(cmd.c_str());
         std::ifstream f(out);
         const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
@@ -204,6 +207,22 @@ TEST(CudaCli, VerifyReplaysBothFixturesOnTheGpu) {
         EXPECT_NE(text.find("\"ok\": true"), std::string::npos) << text;
         std::remove(out.c_str());
     }
+}
+
+// `memfit bench --device cuda` times the GPU (it once timed the CPU whatever --device said).
+TEST(CudaCli, BenchTimesTheGpu) {
+    MF_REQUIRE_GPU();
+    const std::string out = std::string(::testing::TempDir()) + "memfit_cuda_bench." + std::to_string(getpid());
+    const std::string cmd = std::string(MEMFIT_BINARY) +
+                            " bench --model nano --batch 2 --seq 32 --steps 1 --warmup 0 --device cuda > " + out + " 2>&1";
+    const int status = std::system(cmd.c_str());
+    std::ifstream f(out);
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << text;
+    EXPECT_NE(text.find("\"device\":\"cuda\""), std::string::npos) << text;
+    EXPECT_NE(text.find("\"attention\":\"naive\""), std::string::npos) << text;   // head dim 16 on the GPU
+    EXPECT_NE(text.find("\"device_used_bytes\":"), std::string::npos) << text;
+    std::remove(out.c_str());
 }
 
 }  // namespace

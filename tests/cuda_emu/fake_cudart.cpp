@@ -9,6 +9,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -20,8 +21,9 @@
 
 namespace {
 
-// Capacity and the context's share: MEMFIT_EMU_DEVICE_MIB (default 81920) and a fixed 500 MiB
-// taken when the context is created (cudaFree(nullptr) or the first allocation).
+// Capacity and the context's share: MEMFIT_EMU_DEVICE_MIB (default 81920), of which 500 MiB (a
+// quarter of a smaller device) are taken when the context is created (cudaFree(nullptr) or the
+// first allocation).
 constexpr size_t kContextBytes = size_t(500) << 20;
 
 struct Device {
@@ -36,7 +38,7 @@ struct Device {
     void ensure_context() {
         if (!context) {
             context = true;
-            used += kContextBytes;
+            used += std::min(kContextBytes, capacity() / 4);
         }
     }
 };
