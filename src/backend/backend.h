@@ -128,6 +128,7 @@ public:
     virtual size_t flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH) const = 0;
     // Why the flash kernels cannot take this head dimension ("" when they can).
     virtual std::string flash_attention_refusal(int head_dim) const { (void) head_dim; return {}; }
+    bool runs_flash_attention(int head_dim) const { return flash_attention_refusal(head_dim).empty(); }
 
     virtual void gelu_fwd(Tensor out, Tensor inp) = 0;
     virtual void gelu_bwd(Tensor dinp, Tensor dout, Tensor inp) = 0;          // dinp = ...

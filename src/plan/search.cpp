@@ -72,7 +72,7 @@ bool engine_runs(const PlanRequest & r, const Candidate & c, const ModelConfig &
     const int chunks = c.layout.pp * (interleaved ? c.layout.virtual_stages : 1);
     const bool pipeline = c.layout.pp == 1 || (chunks <= cfg.n_layer && c.layout.zero < 2 && !c.lora &&
                                                (!interleaved || c.accum % c.layout.pp == 0));
-    const bool attention = !c.flash || (r.exact_sizing && r.exact_sizing->flash_attention_refusal(cfg.head_dim()).empty());
+    const bool attention = !c.flash || (r.exact_sizing && r.exact_sizing->runs_flash_attention(cfg.head_dim()));
     return r.exact_sizing && splits && pipeline && attention &&
            c.layout.offload == Offload::none && c.optimizer == Optimizer::adamw;
 }
@@ -118,7 +118,7 @@ SearchReport search_plans(const PlanRequest & r) {
     }
     SearchReport rep;
     // Flash attention unless the device's kernels refuse this head dimension (then naive).
-    const bool flash_ok = !r.exact_sizing || r.exact_sizing->flash_attention_refusal(cfg.head_dim()).empty();
+    const bool flash_ok = !r.exact_sizing || r.exact_sizing->runs_flash_attention(cfg.head_dim());
     // Tensor parallelism stays inside a node and must split the heads (and the KV heads, or be
     // a multiple of them); pipeline stages must each get a layer.
     std::vector<int> tps;

@@ -28,7 +28,7 @@ nlohmann::json run_bench(const BenchOptions & opt) {
     // On the CPU, the matmul peak is probed before and after the timed steps and the higher kept:
     // a shared machine's momentary load lowers a probe, and a low peak would inflate the MFU. A
     // GPU's peak is not probed (mfu 0): scripts/gpu-check.sh rates it against the datasheet.
-    const bool probe = opt.probe && opt.device == "cpu";
+    const bool probe = opt.probe && backend.host_memory();
     double peak = probe ? cpu::measure_matmul_peak_gflops() : 0.0;
     const uint64_t budget = opt.memory_budget.empty() ? available_memory() : parse_bytes(opt.memory_budget);
     const EngineOptions eo = resolve_run(opt, cfg, backend, false, budget).eo;

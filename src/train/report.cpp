@@ -71,7 +71,7 @@ std::vector<std::string> make_hints(const Engine & engine, const std::vector<Rep
         replan("--precision bf16", step.B(), mo,
                ": weights, gradients and activations in 16 bits, with fp32 master weights and moments");
     }
-    if (!eo.flash_attention && engine.backend().flash_attention_refusal(engine.config().head_dim()).empty()) {
+    if (!eo.flash_attention && engine.backend().runs_flash_attention(engine.config().head_dim())) {
         ModelOptions mo = eo.model();
         mo.flash_attention = true;
         replan("--attention flash", step.B(), mo, ": it keeps one log-sum-exp per query instead of the T x T probabilities");

@@ -158,8 +158,7 @@ EngineOptions base_options(const RunShape & s, const ModelConfig & cfg, const Ba
     if (s.attention != "auto" && s.attention != "flash" && s.attention != "naive")
         throw ConfigError(fmt::format("--attention '{}': expected auto, flash or naive", s.attention));
     // auto: flash where the backend's kernels take the model's head dimension.
-    eo.flash_attention = s.attention == "flash" ||
-                         (s.attention == "auto" && backend.flash_attention_refusal(cfg.head_dim()).empty());
+    eo.flash_attention = s.attention == "flash" || (s.attention == "auto" && backend.runs_flash_attention(cfg.head_dim()));
     if (s.precision == "auto" && s.fit != "auto")
         throw ConfigError("--precision auto needs --fit auto (it lets the search choose the precision)");
     eo.compute = s.precision == "auto" ? DType::f32 : parse_precision(s.precision);
@@ -196,13 +195,14 @@ ResolvedRun fit_auto(const RunShape & s, const ModelConfig & cfg, const Backend 
             second = f;
         }
     };
+    const bool flash_runs = backend.runs_flash_attention(cfg.head_dim());
     for (int b = 1; b <= G; ++b) {
         if (G % b) continue;
         for (DType p : precisions)
             for (bool flash : {true, false})
                 for (int chunk : {0, std::max(1, b * s.seq / 8)}) {
                     if (chunk > 0 && b * s.seq < 16) continue;
-                    if (flash && !backend.flash_attention_refusal(cfg.head_dim()).empty()) continue;
+                    if (flash && !flash_runs) continue;
                     EngineOptions eo = base_options(s, cfg, backend, with_eval, budget);
                     eo.B = b;
                     eo.grad_accum = G / b;

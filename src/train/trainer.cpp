@@ -617,11 +617,11 @@ void run_training(const TrainOptions & opt) {
                     format_plan_vs_measured(plan_live, L.live_peak(), plan_rsv, L.reserved_peak())));
     say(fmt::format("  peak RSS {} (planned reserved {} + code, libraries, data loader)", format_bytes(rss),
                     format_bytes(plan_rsv.total())));
-    if (!backend.host_memory() && opt.check_lifetimes)
-        say("  device memory: not compared with the plan under --check-lifetimes (per-buffer allocations, freed "
-            "after last use)");
-    else if (!backend.host_memory())
-        say(format_device_memory(plan_rsv.total(), backend.runtime_bytes(), backend.device_used_delta()));
+    if (!backend.host_memory())
+        say(opt.check_lifetimes ? "  device memory: not compared with the plan under --check-lifetimes (per-buffer "
+                                  "allocations, freed after last use)"
+                                : format_device_memory(plan_rsv.total(), backend.runtime_bytes(),
+                                                       backend.device_used_delta()));
     if (world > 1) say(format_rank_memory(rank_memory));
     if (layout.tp > 1 || layout.pp > 1) {
         std::string lines = "per rank: planned vs measured peak live";

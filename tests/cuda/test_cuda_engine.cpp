@@ -61,6 +61,21 @@ double rel_diff(const std::vector<float> & a, const std::vector<float> & b) {
     return num / (den > 0 ? den : 1);
 }
 
+// `memfit ARGS` with stdout and stderr captured: exit code (-1: killed by a signal) and output.
+struct CliRun {
+    int code;
+    std::string text;
+};
+CliRun run_memfit(const std::string & args) {
+    const std::string out = std::string(::testing::TempDir()) + "memfit_cuda_cli." + std::to_string(getpid()) + ".txt";
+    const int status = std::system((std::string(MEMFIT_BINARY) + " " + args + " > " + out + " 2>&1").c_str());
+    std::ifstream f(out);
+    CliRun r{WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+             std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>())};
+    std::remove(out.c_str());
+    return r;
+}
+
 struct Case { bool llama; DType dt; bool flash; const char * recompute; int accum; };
 
 TEST(CudaEngine, TrainingStepsMatchTheCpuBackend) {
@@ -135,16 +150,11 @@ TEST(CudaEngine, PlannedReservedPlusRuntimeMatchesCudaMemGetInfo) {
 TEST(CudaCli, DeviceCudaWithoutAGpuIsOneClearError) {
     std::string why;
     if (test::gpu(&why)) GTEST_SKIP() << "a GPU is present: the error path cannot be reached";
-    const std::string out = std::string(::testing::TempDir()) + "memfit_cuda_cli.txt";
-    const std::string cmd = std::string(MEMFIT_BINARY) + " train --device cuda --steps 1 --out " +
-                            ::testing::TempDir() + "memfit_cuda_run >" + out + " 2>&1";
-    const int status = std::system(cmd.c_str());
-    ASSERT_TRUE(WIFEXITED(status));
-    EXPECT_NE(WEXITSTATUS(status), 0);
-    std::ifstream f(out);
-    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    EXPECT_NE(text.find("--device cuda: no CUDA device"), std::string::npos) << text;
-    EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
+    const CliRun r = run_memfit("train --device cuda --steps 1 --out " + ::testing::TempDir() + "memfit_cuda_run");
+    ASSERT_NE(r.code, -1);
+    EXPECT_NE(r.code, 0);
+    EXPECT_NE(r.text.find("--device cuda: no CUDA device"), std::string::npos) << r.text;
+    EXPECT_EQ(std::count(r.text.begin(), r.text.end(), '\n'), 1) << r.text;
 }
 
 // `memfit train --device cuda` end to end: the same losses as on the CPU (fp32, naive attention,
@@ -160,19 +170,17 @@ TEST(CudaCli, TrainMatchesTheCpuAndReportsDeviceMemory) {
     ASSERT_EQ(std::system(prep.c_str()), 0) << prep;
     auto train = [&](const std::string & device) {
         const std::string out = dir + "/" + device;
-        const std::string cmd = std::string(MEMFIT_BINARY) + " train --model nano --data " + dir +
-                                "/data --batch 4 --seq 32 --steps 4 --lr 1e-3 --warmup 1 --log-every 1 --sample 0 "
-                                "--progress plain --device " + device + " --out " + out + " > " + out + ".log 2>&1";
-        const int status = std::system(cmd.c_str());
-        EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << cmd;
-        std::ifstream log(out + ".log"), metrics(out + "/metrics.jsonl");
-        const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+        const CliRun r = run_memfit("train --model nano --data " + dir +
+                                    "/data --batch 4 --seq 32 --steps 4 --lr 1e-3 --warmup 1 --log-every 1 --sample 0 "
+                                    "--progress plain --device " + device + " --out " + out);
+        EXPECT_EQ(r.code, 0) << r.text;
+        std::ifstream metrics(out + "/metrics.jsonl");
         std::vector<double> losses;
         for (std::string line; std::getline(metrics, line);) {
             const size_t at = line.find("\"loss\":");
             if (at != std::string::npos) losses.push_back(std::stod(line.substr(at + 7)));
         }
-        return std::make_pair(text, losses);
+        return std::make_pair(r.text, losses);
     };
     const auto [gpu_log, gpu_losses] = train("cuda");
     const auto [cpu_log, cpu_losses] = train("cpu");
@@ -195,34 +203,22 @@ TEST(CudaCli, VerifyReplaysBothFixturesOnTheGpu) {
     MF_REQUIRE_GPU();
     for (const char * fixture : {"gpt2_tiny", "llama_tiny"}) {
         SCOPED_TRACE(fixture);
-        const std::string out = std::string(::testing::TempDir()) + "memfit_cuda_verify." + std::to_string(getpid());
-        const std::string cmd = std::string(MEMFIT_BINARY) + " verify --device cuda " +
-                                test::env_or("MEMFIT_TEST_DATA", MEMFIT_TEST_DATA) + "/" + fixture + ".safetensors > " +
-                                out + " 2>&1";
-        const int status = std::system(cmd.c_str());
-        std::ifstream f(out);
-        const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-        EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << text;
-        EXPECT_NE(text.find("\"device\": \"cuda\""), std::string::npos) << text;
-        EXPECT_NE(text.find("\"ok\": true"), std::string::npos) << text;
-        std::remove(out.c_str());
+        const CliRun r = run_memfit("verify --device cuda " + test::env_or("MEMFIT_TEST_DATA", MEMFIT_TEST_DATA) + "/" +
+                                    fixture + ".safetensors");
+        EXPECT_EQ(r.code, 0) << r.text;
+        EXPECT_NE(r.text.find("\"device\": \"cuda\""), std::string::npos) << r.text;
+        EXPECT_NE(r.text.find("\"ok\": true"), std::string::npos) << r.text;
     }
 }
 
 // `memfit bench --device cuda` times the GPU (it once timed the CPU whatever --device said).
 TEST(CudaCli, BenchTimesTheGpu) {
     MF_REQUIRE_GPU();
-    const std::string out = std::string(::testing::TempDir()) + "memfit_cuda_bench." + std::to_string(getpid());
-    const std::string cmd = std::string(MEMFIT_BINARY) +
-                            " bench --model nano --batch 2 --seq 32 --steps 1 --warmup 0 --device cuda > " + out + " 2>&1";
-    const int status = std::system(cmd.c_str());
-    std::ifstream f(out);
-    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << text;
-    EXPECT_NE(text.find("\"device\":\"cuda\""), std::string::npos) << text;
-    EXPECT_NE(text.find("\"attention\":\"naive\""), std::string::npos) << text;   // head dim 16 on the GPU
-    EXPECT_NE(text.find("\"device_used_bytes\":"), std::string::npos) << text;
-    std::remove(out.c_str());
+    const CliRun r = run_memfit("bench --model nano --batch 2 --seq 32 --steps 1 --warmup 0 --device cuda");
+    EXPECT_EQ(r.code, 0) << r.text;
+    EXPECT_NE(r.text.find("\"device\":\"cuda\""), std::string::npos) << r.text;
+    EXPECT_NE(r.text.find("\"attention\":\"naive\""), std::string::npos) << r.text;   // head dim 16 on the GPU
+    EXPECT_NE(r.text.find("\"device_used_bytes\":"), std::string::npos) << r.text;
 }
 
 }  // namespace

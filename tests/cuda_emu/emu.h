@@ -26,11 +26,6 @@
 
 namespace emu {
 
-struct Lane;
-struct BlockState;
-extern thread_local Lane * tl_lane;
-extern thread_local BlockState * tl_block;
-
 const uint3 & thread_idx();
 const uint3 & block_idx();
 const dim3 & block_dim();
@@ -42,10 +37,10 @@ template <class F> void launch(F && body, dim3 grid, dim3 block, size_t smem = 0
     launch_fn(std::function<void()>(std::ref(body)), grid, block, smem, stream);
 }
 
-// Block barrier; returns the OR (or the count) of `pred` over the block's live threads.
-int block_barrier(int pred, bool count);
+// Block barrier; returns the OR of `pred` over the block's live threads.
+int block_barrier(int pred);
 // Warp exchange: every lane of the full mask gives v and gets lane src's v (src out of
-// range: its own). Also the warp barrier and the ballot (bit per lane of pred != 0).
+// range: its own). Also the warp barrier; the ballot gives a bit per lane of pred != 0.
 uint64_t warp_exchange(unsigned mask, uint64_t v, int src);
 unsigned warp_ballot(unsigned mask, int pred);
 int lane_id();
@@ -74,36 +69,17 @@ template <class T> T from_bits(uint64_t u) {
 #define blockDim (::emu::block_dim())
 #define gridDim (::emu::grid_dim())
 
-inline void __syncthreads() { (void) ::emu::block_barrier(0, false); }
-inline int __syncthreads_or(int p) { return ::emu::block_barrier(p != 0, false); }
-inline int __syncthreads_count(int p) { return ::emu::block_barrier(p != 0, true); }
+// The device functions the kernels use (and only those).
+inline void __syncthreads() { (void) ::emu::block_barrier(0); }
+inline int __syncthreads_or(int p) { return ::emu::block_barrier(p != 0); }
 inline void __syncwarp(unsigned mask = 0xffffffffu) { (void) ::emu::warp_exchange(mask, 0, 0); }
 inline unsigned __ballot_sync(unsigned mask, int p) { return ::emu::warp_ballot(mask, p); }
-template <class T> T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
-    const int lane = ::emu::lane_id();
-    const int src = (lane ^ lane_mask) < ((lane / width + 1) * width) ? (lane ^ lane_mask) : lane;
-    return ::emu::from_bits<T>(::emu::warp_exchange(mask, ::emu::to_bits(v), src));
-}
-template <class T> T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
-    const int lane = ::emu::lane_id();
-    return ::emu::from_bits<T>(::emu::warp_exchange(mask, ::emu::to_bits(v), lane / width * width + src_lane % width));
-}
-template <class T> T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
-    const int lane = ::emu::lane_id();
-    const int src = lane % width + int(delta) < width ? lane + int(delta) : lane;
-    return ::emu::from_bits<T>(::emu::warp_exchange(mask, ::emu::to_bits(v), src));
+template <class T> T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+    return ::emu::from_bits<T>(::emu::warp_exchange(mask, ::emu::to_bits(v), ::emu::lane_id() ^ lane_mask));
 }
 inline int __ffs(int x) { return __builtin_ffs(x); }
-inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline float __int_as_float(int x) { return ::emu::from_bits<float>(uint32_t(x)); }
 inline float __uint_as_float(unsigned x) { return ::emu::from_bits<float>(x); }
-inline int __float_as_int(float x) { return int(uint32_t(::emu::to_bits(x))); }
-inline unsigned __float_as_uint(float x) { return uint32_t(::emu::to_bits(x)); }
-inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
-inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
-inline float __expf(float x) { return std::exp(x); }
-inline float __logf(float x) { return std::log(x); }
-inline float __fdividef(float a, float b) { return a / b; }
 // CUDA's device overloads of min/max (mixed integer types take their common type).
 template <class A, class B> inline std::common_type_t<A, B> min(A a, B b) {
     return b < a ? std::common_type_t<A, B>(b) : std::common_type_t<A, B>(a);
@@ -112,8 +88,6 @@ template <class A, class B> inline std::common_type_t<A, B> max(A a, B b) {
     return a < b ? std::common_type_t<A, B>(b) : std::common_type_t<A, B>(a);
 }
 using std::isfinite;
-using std::isinf;
-using std::isnan;
 // The runtime's kernel-attribute call takes the kernel itself.
 template <class... A> cudaError_t cudaFuncSetAttribute(void (*kernel)(A...), cudaFuncAttribute attr, int value) {
     return cudaFuncSetAttribute(reinterpret_cast<const void *>(kernel), attr, value);

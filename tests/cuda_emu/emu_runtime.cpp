@@ -74,7 +74,7 @@ struct Lane {
 };
 
 struct Warp {
-    int size = 0, live = 0, arrived = 0;
+    int live = 0, arrived = 0;
     uint64_t gen = 0;
     WarpOp op = WarpOp::kNone;
     uint64_t val[32], snap[32];
@@ -90,7 +90,7 @@ struct BlockState {
     const std::function<void()> * body = nullptr;
     std::vector<Lane> lanes;
     std::vector<Warp> warps;
-    int live = 0, arrived = 0, acc_or = 0, acc_count = 0, snap_or = 0, snap_count = 0;
+    int live = 0, arrived = 0, acc_or = 0, snap_or = 0;
     uint64_t gen = 0;
     unsigned char * shared = nullptr;
     void * sched_sp = nullptr;
@@ -137,8 +137,7 @@ void wait_for(Wait w, uint64_t gen) {
 
 void release_block(BlockState & b) {
     b.snap_or = b.acc_or;
-    b.snap_count = b.acc_count;
-    b.acc_or = b.acc_count = b.arrived = 0;
+    b.acc_or = b.arrived = 0;
     ++b.gen;
 }
 
@@ -249,9 +248,9 @@ void run_block(ThreadRes & r, const std::function<void()> & body, uint3 bid, dim
     b.body = &body;
     b.lanes.resize(size_t(n));
     b.warps.assign(size_t((n + 31) / 32), Warp{});
-    for (int i = 0; i < n; i += 32) b.warps[size_t(i / 32)].size = b.warps[size_t(i / 32)].live = std::min(32, n - i);
+    for (int i = 0; i < n; i += 32) b.warps[size_t(i / 32)].live = std::min(32, n - i);
     b.live = n;
-    b.arrived = b.acc_or = b.acc_count = 0;
+    b.arrived = b.acc_or = 0;
     b.gen = 0;
     b.shared = r.shared;
     if (smem) std::memset(r.shared, 0xff, smem);   // NaN in every float type: reading unwritten memory shows
@@ -303,13 +302,12 @@ const dim3 & grid_dim() { return tl_block->gdim; }
 void * dynamic_shared() { return tl_block->shared; }
 int lane_id() { return tl_lane->index % 32; }
 
-int block_barrier(int pred, bool count) {
+int block_barrier(int pred) {
     BlockState & b = *tl_block;
     b.acc_or |= pred;
-    b.acc_count += pred;
     if (++b.arrived == b.live) release_block(b);
     else wait_for(Wait::kBlock, b.gen);
-    return count ? b.snap_count : b.snap_or;
+    return b.snap_or;
 }
 
 uint64_t warp_exchange(unsigned mask, uint64_t v, int src) {
@@ -323,7 +321,6 @@ uint64_t warp_exchange(unsigned mask, uint64_t v, int src) {
 unsigned warp_ballot(unsigned mask, int pred) {
     Warp & w = my_warp();
     if (pred) w.ballot |= 1u << lane_id();
-    w.val[lane_id()] = 0;
     warp_join(mask, WarpOp::kExchange);
     return w.ballot_snap;
 }

@@ -57,12 +57,7 @@ cudaError_t cudaGetDeviceCount(int * n) {
     return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
-cudaError_t cudaGetDevice(int * d) {
-    *d = 0;
-    return cudaSuccess;
-}
 cudaError_t cudaGetLastError() { return cudaSuccess; }
-cudaError_t cudaPeekAtLastError() { return cudaSuccess; }
 const char * cudaGetErrorString(cudaError_t e) {
     switch (e) {
         case cudaSuccess: return "no error";
@@ -72,7 +67,6 @@ const char * cudaGetErrorString(cudaError_t e) {
         default: return "emulated error";
     }
 }
-const char * cudaGetErrorName(cudaError_t) { return "cudaErrorEmulated"; }
 
 cudaError_t cudaMalloc(void ** p, size_t bytes) {
     Device & d = dev();
@@ -129,18 +123,15 @@ cudaError_t cudaMemcpyAsync(void * dst, const void * src, size_t n, cudaMemcpyKi
     if (n) std::memmove(dst, src, n);
     return cudaSuccess;
 }
-cudaError_t cudaMemcpy(void * dst, const void * src, size_t n, cudaMemcpyKind k) { return cudaMemcpyAsync(dst, src, n, k, nullptr); }
 cudaError_t cudaMemsetAsync(void * p, int v, size_t n, cudaStream_t) {
     if (n) std::memset(p, v, n);
     return cudaSuccess;
 }
-cudaError_t cudaMemset(void * p, int v, size_t n) { return cudaMemsetAsync(p, v, n, nullptr); }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t * s, unsigned) {
     *s = reinterpret_cast<cudaStream_t>(&g_stream_tag);
     return cudaSuccess;
 }
-cudaError_t cudaStreamCreate(cudaStream_t * s) { return cudaStreamCreateWithFlags(s, 0); }
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamGetDevice(cudaStream_t, int * d) {
