@@ -17,7 +17,8 @@
 # (/usr/local/cuda/lib64 and python3's site-packages/nvidia/*/lib).
 #
 # Then, with the device tool: carry [".gpu"], command `bash scripts/gpu-check.sh`.
-# MEMFIT_NATIVE=OFF: the GPU machine's CPU may lack this one's instruction set extensions.
+# MEMFIT_ARCH=x86-64-v3 (any AVX2 CPU): a portable target, since the GPU machine's CPU may lack
+# this one's extensions (AVX-512 here); gpu-check.sh checks the host has AVX2 before running.
 # The binaries embed this checkout's absolute path for data/ (MEMFIT_SOURCE_DIR); on the GPU machine
 # gpu-check.sh sets MEMFIT_DATA_DIR=$PWD/data (src/core/paths.cpp reads it first).
 set -euo pipefail
@@ -36,7 +37,8 @@ cd "$(dirname "$0")/.."
 root=$PWD
 die() { echo "gpu-bundle: $*" >&2; exit 1; }
 
-grep -q 'option(MEMFIT_NATIVE' CMakeLists.txt || die "CMakeLists.txt has no MEMFIT_NATIVE option"
+ARCH="x86-64-v3"
+grep -q 'MEMFIT_ARCH' CMakeLists.txt || die "CMakeLists.txt has no MEMFIT_ARCH setting"
 command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || die "nvcc not found: the CUDA build needs the CUDA toolkit"
 export PATH="$PATH:/usr/local/cuda/bin"
 
@@ -45,10 +47,10 @@ fingerprint() { find src tests/cuda CMakeLists.txt -type f -print0 | LC_ALL=C so
 fp_before=$(fingerprint)
 
 # ---- build (incremental) ----
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMEMFIT_NATIVE=OFF -DMEMFIT_WERROR=ON \
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMEMFIT_ARCH="$ARCH" -DMEMFIT_WERROR=ON \
       -DMEMFIT_CUDA=ON -DMEMFIT_TESTS=ON
 grep -q '^MEMFIT_CUDA:BOOL=ON' "$BUILD/CMakeCache.txt" || die "$BUILD is not a CUDA build (MEMFIT_CUDA off)"
-grep -q '^MEMFIT_NATIVE:BOOL=OFF' "$BUILD/CMakeCache.txt" || die "$BUILD: MEMFIT_NATIVE is not OFF"
+grep -q "^MEMFIT_ARCH:STRING=$ARCH\$" "$BUILD/CMakeCache.txt" || die "$BUILD: MEMFIT_ARCH is not $ARCH"
 cmake --build "$BUILD" --target memfit memfit_cuda_tests -j "$(nproc)"
 for b in memfit memfit_cuda_tests; do
     [ -x "$BUILD/$b" ] || die "$BUILD/$b missing after the build"
@@ -98,6 +100,7 @@ packed=$(du -sb "$DEST" | cut -f1)
     echo "commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src tests CMakeLists.txt || echo '+dirty')"
     echo "source_fingerprint=$fp_after"
     echo "build_dir=$root/$BUILD"
+    echo "march=$ARCH"
     echo "nvcc=$(nvcc --version | grep -o 'release [0-9.]*' | head -1)"
     echo "glibc_needed=$need_glibc"
     echo "glibcxx_needed=$need_cxx"

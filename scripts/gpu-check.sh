@@ -94,6 +94,14 @@ if [ -f "$G/MANIFEST" ]; then
     [ "$want" = "$have" ] || say "WARNING: the bundle was built from other sources than this tree (fingerprint $want, tree $have): rerun scripts/gpu-bundle.sh"
 fi
 echo "  system: $(uname -m), $(ldd --version 2>/dev/null | head -1)"
+# The bundle targets x86-64-v3 (MANIFEST march=): every AVX2 CPU. Anything less would die on an
+# illegal instruction somewhere in the middle; say so first.
+march=$(sed -n 's/^march=//p' "$G/MANIFEST" 2>/dev/null)
+if [ "$march" = "x86-64-v3" ]; then
+    for flag in avx2 fma bmi2 f16c movbe; do
+        grep -qw "$flag" /proc/cpuinfo || { echo "gpu-check: this CPU lacks $flag, which the bundle's target $march needs; rebuild it with MEMFIT_ARCH= (the compiler's default) in scripts/gpu-bundle.sh" >&2; exit 2; }
+    done
+fi
 
 # Libraries stored compressed (NAME.xz) are unpacked into scratch, leaving .gpu as it came.
 LIBX=$SCR/lib

@@ -8,12 +8,20 @@
 // bias broadcast over rows. The scratchpad is user-managed so that its size can be planned as
 // the gemm's workspace and handed back on every call.
 //
+// oneDNN asks for a scratchpad on some CPUs and not on others (none for these shapes on AVX2,
+// some on AVX-512), so a caller that forgets the workspace can pass every test on one machine.
+// MEMFIT_TEST_GEMM_SCRATCH=N (tests only) adds N bytes to every primitive's request and fills
+// them on every call: each caller must then plan and pass the workspace on any CPU, and one that
+// passes too little overwrites its neighbours (which the bitwise tests see).
+//
 // Not thread-safe: one DnnlGemm per thread that issues gemms (each call is itself parallel
 // through OpenMP).
 #include "backend/cpu/dnnl_gemm.h"
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <unordered_map>
 #include <vector>
 
@@ -42,7 +50,8 @@ struct ShapeHash {
 // A cached primitive and the memory objects (handles swapped per call) it executes on.
 struct Entry {
     dnnl::matmul prim;
-    size_t       scratch_bytes = 0;
+    size_t       scratch_bytes = 0;   // what callers are told: oneDNN's, plus the test padding
+    size_t       dnnl_scratch = 0;    // oneDNN's own request
     dnnl::memory a, b, c, bias, scratch;
     std::unordered_map<int, dnnl::memory> args;
 };
@@ -53,10 +62,13 @@ struct DnnlGemm::Impl {
     dnnl::engine engine;
     dnnl::stream stream;
     std::unordered_map<MatmulShape, Entry, ShapeHash> cache;
+    size_t test_pad = 0;   // MEMFIT_TEST_GEMM_SCRATCH
 
     Impl()
         : engine(MF_DNNL(dnnl::engine(dnnl::engine::kind::cpu, 0))),
-          stream(MF_DNNL(dnnl::stream(engine))) {}
+          stream(MF_DNNL(dnnl::stream(engine))) {
+        if (const char * v = std::getenv("MEMFIT_TEST_GEMM_SCRATCH")) test_pad = size_t(std::strtoull(v, nullptr, 10));
+    }
 
     Entry & get(const MatmulShape & d) {
         auto it = cache.find(d);
@@ -85,7 +97,8 @@ struct DnnlGemm::Impl {
 
         Entry e;
         e.prim          = MF_DNNL(dnnl::matmul(pd));
-        e.scratch_bytes = MF_DNNL(pd.scratchpad_desc().get_size());
+        e.dnnl_scratch  = MF_DNNL(pd.scratchpad_desc().get_size());
+        e.scratch_bytes = e.dnnl_scratch + test_pad;
         e.a             = MF_DNNL(dnnl::memory(a_md, engine, DNNL_MEMORY_NONE));
         e.b             = MF_DNNL(dnnl::memory(b_md, engine, DNNL_MEMORY_NONE));
         e.c             = MF_DNNL(dnnl::memory(c_md, engine, DNNL_MEMORY_NONE));
@@ -94,7 +107,7 @@ struct DnnlGemm::Impl {
             e.bias = MF_DNNL(dnnl::memory(bias_md, engine, DNNL_MEMORY_NONE));
             e.args.emplace(DNNL_ARG_BIAS, e.bias);
         }
-        if (e.scratch_bytes > 0) {
+        if (e.dnnl_scratch > 0) {
             e.scratch = MF_DNNL(dnnl::memory(pd.scratchpad_desc(), engine, DNNL_MEMORY_NONE));
             e.args.emplace(DNNL_ARG_SCRATCHPAD, e.scratch);
         }
@@ -142,7 +155,8 @@ void DnnlGemm::run(const MatmulShape & d, float * c, const float * a, const floa
     MF_DNNL(e.b.set_data_handle(const_cast<float *>(b)));
     MF_DNNL(e.c.set_data_handle(c));
     if (d.bias) MF_DNNL(e.bias.set_data_handle(const_cast<float *>(bias)));
-    if (e.scratch_bytes > 0) MF_DNNL(e.scratch.set_data_handle(workspace));
+    if (e.dnnl_scratch > 0) MF_DNNL(e.scratch.set_data_handle(workspace));
+    if (impl_->test_pad > 0) std::memset(static_cast<std::byte *>(workspace) + e.dnnl_scratch, 0xA5, impl_->test_pad);
 
     MF_DNNL(e.prim.execute(impl_->stream, e.args));
     MF_DNNL(impl_->stream.wait());
