@@ -1,6 +1,8 @@
 // Presets, Hugging Face config.json, and the parameter layout.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
 #include <fstream>
 
@@ -35,6 +37,32 @@ TEST(ModelConfig, ValidateNamesTheBadField) {
     EXPECT_THROW(c.validate(), ConfigError);
     try { c.validate(); } catch (const ConfigError & e) {
         EXPECT_NE(std::string(e.what()).find("not divisible by n_head = 7"), std::string::npos);
+    }
+}
+
+// Sizes whose products would overflow an int (n_head * head_dim, q|k|v) are refused by name
+// before any is formed: plan, train and export used to abort or report 16 EiB on them.
+TEST(ModelConfig, SizesThatWouldOverflowAreRefused) {
+    const nlohmann::json base = {{"model_type", "llama"},       {"vocab_size", 256},        {"hidden_size", 64},
+                                 {"intermediate_size", 176},    {"num_hidden_layers", 2},   {"num_attention_heads", 4},
+                                 {"num_key_value_heads", 2},    {"max_position_embeddings", 128}};
+    EXPECT_EQ(parse_hf_config(base, "ok").attn_dim(), 64);
+    nlohmann::json wide = base;
+    wide["head_dim"] = 65536 / 4;   // 4 heads x 16384 = 65536: within the bound
+    EXPECT_EQ(parse_hf_config(wide, "wide").attn_dim(), 65536);
+    struct Case { const char * field; nlohmann::json patch; };
+    for (const Case & k : {Case{"head_dim", {{"head_dim", 2000000000}}},
+                           Case{"num_attention_heads x head_dim",   // 32 x 65536 = 2^21
+                                {{"head_dim", 65536}, {"num_attention_heads", 32}}},
+                           Case{"num_attention_heads", {{"num_attention_heads", 2000000000}, {"num_key_value_heads", 2000000000}}}}) {
+        nlohmann::json j = base;
+        j.update(k.patch);
+        try {
+            parse_hf_config(j, "big");
+            ADD_FAILURE() << k.patch.dump() << " was accepted";
+        } catch (const ConfigError & e) {
+            EXPECT_NE(std::string(e.what()).find(std::string(k.field) + " = "), std::string::npos) << e.what();
+        }
     }
 }
 

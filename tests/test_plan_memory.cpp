@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "backend/cpu/cpu_backend.h"
 #include "plan/memory_model.h"
 #include "train/engine.h"
@@ -134,4 +136,56 @@ TEST(PlanMemory, LayoutsDivideWhatTheyShouldAndOffloadMovesToTheHost) {
     pp.layout.schedule = Schedule::one_f_one_b;
     const uint64_t f1b = predict_memory(cfg, hw, pp, 4096).device[Category::activations];
     EXPECT_GT(gpipe, 3 * f1b);
+}
+
+// A pipeline's exact plan past a few micro-batches is extrapolated from two recordings
+// (exact_memory, pipeline_samples): equal, stage by stage and category by category, to the
+// recording of every micro-batch, for each schedule, over models, layouts and techniques.
+TEST(PlanMemory, PipelineExtrapolationEqualsTheFullRecording) {
+    CpuBackend backend;
+    Hardware cpu = memfit::test::h100_like();
+    cpu.name = "cpu";
+    struct Case { const char * model; int tp, pp, dp, zero; bool sp; const char * sched; int V; const char * rc; DType dt; };
+    const Case cases[] = {
+        {"nano", 1, 2, 1, 0, false, "1f1b", 1, "none", DType::f32},
+        {"nano", 1, 3, 2, 1, false, "1f1b", 1, "selective", DType::bf16},
+        {"llama-nano", 2, 2, 1, 0, true, "1f1b", 1, "full", DType::bf16},
+        {"micro", 1, 4, 1, 1, false, "1f1b", 1, "none", DType::bf16},
+        {"nano", 1, 2, 2, 0, false, "gpipe", 1, "none", DType::bf16},
+        {"llama-nano", 1, 4, 1, 1, false, "gpipe", 1, "selective", DType::f32},
+        {"nano", 1, 2, 1, 0, false, "interleaved", 2, "none", DType::f32},
+        {"llama-nano", 2, 2, 2, 1, true, "interleaved", 2, "selective", DType::bf16},
+        {"micro", 1, 2, 1, 0, false, "interleaved", 3, "full", DType::f16},
+        {"llama-nano", 1, 3, 1, 0, false, "interleaved", 2, "none", DType::bf16},
+    };
+    for (const Case & k : cases) {
+        ModelConfig cfg = model_preset(k.model);
+        cfg.vocab_size = 256;
+        cfg.n_layer = 6;
+        Candidate c;
+        c.layout.tp = k.tp, c.layout.pp = k.pp, c.layout.dp = k.dp, c.layout.zero = k.zero, c.layout.sp = k.sp;
+        c.layout.schedule = std::string(k.sched) == "gpipe" ? Schedule::gpipe
+                            : std::string(k.sched) == "1f1b" ? Schedule::one_f_one_b : Schedule::interleaved;
+        c.layout.virtual_stages = k.V;
+        c.micro_batch = 2;
+        c.recompute = k.rc;
+        c.compute = k.dt;
+        const PipelineSamples at = pipeline_samples(c.layout);
+        for (int m = 1; m <= at.from + 6 * at.step; ++m) {
+            if (c.layout.schedule == Schedule::interleaved && m % k.pp) continue;
+            SCOPED_TRACE(fmt::format("{} tp {} pp {} dp {} ZeRO-{} sp {} {}:{} {} m {}", k.model, k.tp, k.pp, k.dp, k.zero,
+                                     k.sp, k.sched, k.V, k.rc, m));
+            c.accum = m;
+            const DeviceMemory full = exact_memory(cfg, cpu, c, 32, backend, 1 << 30);
+            const DeviceMemory fast = exact_memory(cfg, cpu, c, 32, backend);
+            ASSERT_EQ(full.stages.size(), size_t(k.pp));
+            ASSERT_EQ(fast.stages.size(), size_t(k.pp));
+            for (int st = 0; st < k.pp; ++st)
+                for (size_t cat = 0; cat < kCategoryCount; ++cat)
+                    EXPECT_EQ(fast.stages[size_t(st)].v[cat], full.stages[size_t(st)].v[cat])
+                        << "stage " << st << " " << kCategoryNames[cat];
+            EXPECT_EQ(fast.total(), full.total());
+            EXPECT_EQ(fast.loaded, full.loaded);
+        }
+    }
 }

@@ -3,8 +3,17 @@
 // the `cpu` hardware carrying the engine's exact numbers.
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <regex>
+#include <sstream>
+
+#include <fmt/format.h>
+
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cuda_sizing.h"
 #include "core/error.h"
+#include "plan/hardware.h"
+#include "plan/lora_plan.h"
 #include "plan/plan_report.h"
 #include "plan/search.h"
 #include "test_util.h"
@@ -125,4 +134,85 @@ TEST(PlanSearch, OneCpuDeviceCarriesTheEnginesExactNumbers) {
         const DeviceMemory e = exact_memory(r.cfg, r.hw, p.c, r.seq, backend);
         EXPECT_EQ(p.mem.total(), e.total());
     }
+}
+
+// Every configuration the search lists as fitting fits by the bytes it carries and prints, over
+// models, device kinds and layouts (searched and fixed): the exact plans are the engine's own
+// program (recorded again here), and the table and the JSON show those same bytes.
+TEST(PlanSearch, ListedConfigurationsFitByTheBytesTheyPrint) {
+    const std::vector<Hardware> catalog = default_hardware_catalog("/nonexistent/calibration.json");
+    const std::unique_ptr<Backend> cuda = make_cuda_sizing_backend();
+    struct Case {
+        const char * model, * hw;
+        int gpus, seq, global_batch;
+        size_t top;
+        std::function<void(PlanRequest &)> fix;
+    };
+    const std::vector<Case> cases = {
+        {"llama2-70b", "h100-80g", 64, 4096, 1024, 50, {}},
+        {"llama2-70b", "h100-80g", 1024, 4096, 1024, 5, {}},
+        {"llama3-8b", "h100-80g", 8, 8192, 16, 5,
+         [](PlanRequest & r) { r.zero = 3, r.micro_batch = 2, r.recompute = "selective", r.tp = 1, r.pp = 1; }},
+        {"llama2-7b", "a100-40g", 16, 2048, 64, 10, {}},
+        {"gpt2-xl", "rtx4090", 4, 1024, 32, 10, {}},
+        {"llama2-13b", "mi300x", 8, 4096, 128, 10, [](PlanRequest & r) { r.zero = 1; }},
+        {"llama3-70b", "h200", 32, 8192, 256, 10, [](PlanRequest & r) { r.pp = 4, r.schedule = Schedule::interleaved; }},
+        {"llama2-7b", "l40s", 16, 4096, 32, 10, [](PlanRequest & r) { r.tp = 2, r.sp = true; }},
+        {"llama2-70b", "h100-80g", 1, 512, 1, 5,
+         [](PlanRequest & r) { r.lora = make_lora_plan(r.cfg, memfit::test::lora_options(r.cfg, 16, BaseWeights::nf4, "q,v")); }},
+    };
+    size_t listed = 0, exact = 0;
+    for (const Case & k : cases) {
+        PlanRequest r;
+        r.cfg = model_preset(k.model);
+        r.hw = find_hardware(catalog, k.hw);
+        r.gpus = k.gpus;
+        r.nodes = (k.gpus + r.hw.per_node - 1) / r.hw.per_node;
+        r.seq = k.seq;
+        r.global_batch = k.global_batch;
+        r.top = k.top;
+        r.explain = true;
+        r.exact_sizing = cuda.get();
+        if (k.fix) k.fix(r);
+        SCOPED_TRACE(fmt::format("{} on {} x {}, seq {}, global batch {}", k.model, k.gpus, k.hw, k.seq, k.global_batch));
+        const SearchReport rep = search_plans(r);
+        ASSERT_FALSE(rep.best.empty());
+        for (const PlanResult & p : rep.best) {
+            SCOPED_TRACE(layout_name(p.c.layout) + ", " + technique_name(p.c));
+            ++listed;
+            EXPECT_TRUE(p.fits);
+            EXPECT_LE(p.mem.total(), r.hw.memory);
+            EXPECT_LE(p.mem.host * uint64_t(std::min(r.gpus, r.hw.per_node)), r.hw.host_memory);
+            if (p.mem.exact) {
+                ++exact;
+                const DeviceMemory again = exact_memory(r.cfg, r.hw, p.c, r.seq, *cuda);
+                for (size_t c = 0; c < kCategoryCount; ++c) EXPECT_EQ(p.mem.device.v[c], again.device.v[c]) << c;
+            }
+        }
+        for (const PlanResult & p : rep.rejected) EXPECT_FALSE(p.fits);
+        // The table: each listed row's bytes per device at most the device's memory, no wrapped
+        // headroom.
+        const std::string table = format_plan(r, rep, true);
+        EXPECT_EQ(table.find("EiB"), std::string::npos) << table;
+        std::istringstream lines(table);
+        std::string line;
+        size_t rows = 0;
+        const std::regex row(R"(^  \d+ .*  (\d+\.\d\d) (B|KiB|MiB|GiB|TiB) .*\|)");
+        std::smatch m;
+        while (std::getline(lines, line)) {
+            if (!std::regex_search(line, m, row)) continue;
+            ++rows;
+            const double unit = m[2] == "GiB" ? 0x1p30 : m[2] == "MiB" ? 0x1p20 : m[2] == "TiB" ? 0x1p40 : m[2] == "KiB" ? 1024 : 1;
+            EXPECT_LE(std::stod(m[1]) * unit, double(r.hw.memory) + 0.005 * unit) << line;
+        }
+        EXPECT_EQ(rows, rep.best.size()) << table;
+        const nlohmann::json j = plan_json(r, rep);
+        for (const auto & b : j["best"]) {
+            EXPECT_TRUE(b["fits"].get<bool>());
+            EXPECT_LE(b["memory"]["total"].get<uint64_t>(), j["device_memory"].get<uint64_t>());
+        }
+    }
+    // The grid exercises both kinds of numbers.
+    EXPECT_GT(exact, 20u);
+    EXPECT_GT(listed, exact);
 }

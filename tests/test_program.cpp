@@ -33,8 +33,9 @@ TEST(Program, LifetimesFromRecordedUses) {
     EXPECT_EQ(p.buffer(1).first_op, 0);
     EXPECT_EQ(p.buffer(1).last_op, 1);
     EXPECT_EQ(p.buffer(3).first_op, 2);
-    EXPECT_EQ(p.starts_at(2), (std::vector<BufferId>{3}));
-    EXPECT_EQ(p.ends_at(1), (std::vector<BufferId>{1}));
+    auto ids = [](std::span<const BufferId> r) { return std::vector<BufferId>(r.begin(), r.end()); };
+    EXPECT_EQ(ids(p.starts_at(2)), (std::vector<BufferId>{3}));
+    EXPECT_EQ(ids(p.ends_at(1)), (std::vector<BufferId>{1}));
 }
 
 TEST(Program, PlanPeakAndPlacement) {

@@ -59,6 +59,7 @@ bool Graph::begin(const char * name, double flops, std::initializer_list<Tensor>
         op.layer = layer_;
         op.flops = flops;
         op.bytes = bytes_of(uses);
+        op.uses.reserve(uses.size() + (workspace ? 1 : 0));
         for (const auto & t : uses) {
             if (!t.valid() || t.buffer < 0) continue;
             if (std::find(op.uses.begin(), op.uses.end(), t.buffer) == op.uses.end()) op.uses.push_back(t.buffer);

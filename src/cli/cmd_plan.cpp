@@ -95,6 +95,7 @@ PlanRequest make_request(const PlanFlags & f) {
     }
     if (!f.attention.empty()) r.flash = pick<bool>("--attention", f.attention, {{"flash", true}, {"naive", false}});
     r.top = size_t(f.top);
+    r.explain = f.explain;
     return r;
 }
 

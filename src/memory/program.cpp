@@ -41,14 +41,19 @@ int Program::record(OpRecord op) {
 }
 
 void Program::finalize() {
-    starts_.assign(ops_.size(), {});
-    ends_.assign(ops_.size(), {});
-    for (size_t i = 0; i < buffers_.size(); ++i) {
-        const auto & b = buffers_[i];
-        if (b.first_op < 0) continue;
-        starts_[size_t(b.first_op)].push_back(BufferId(i));
-        ends_[size_t(b.last_op)].push_back(BufferId(i));
-    }
+    // Counting sort of the buffers by first and by last op: ids stay in declaration order.
+    auto index = [&](Rows & rows, auto op_of) {
+        rows.begin.assign(ops_.size() + 1, 0);
+        for (const auto & b : buffers_)
+            if (b.first_op >= 0) ++rows.begin[size_t(op_of(b)) + 1];
+        for (size_t i = 0; i < ops_.size(); ++i) rows.begin[i + 1] += rows.begin[i];
+        rows.ids.resize(rows.begin.back());
+        std::vector<size_t> at(rows.begin.begin(), rows.begin.end() - 1);
+        for (size_t i = 0; i < buffers_.size(); ++i)
+            if (buffers_[i].first_op >= 0) rows.ids[at[size_t(op_of(buffers_[i]))]++] = BufferId(i);
+    };
+    index(starts_, [](const BufferDecl & b) { return b.first_op; });
+    index(ends_, [](const BufferDecl & b) { return b.last_op; });
 }
 
 double Program::total_flops() const {

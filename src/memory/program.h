@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -49,8 +50,8 @@ public:
     int num_ops() const { return int(ops_.size()); }
 
     // Buffers whose first (last) use is op i, in declaration order. Valid after finalize().
-    const std::vector<BufferId> & starts_at(int op) const { return starts_[size_t(op)]; }
-    const std::vector<BufferId> & ends_at(int op) const { return ends_[size_t(op)]; }
+    std::span<const BufferId> starts_at(int op) const { return starts_.row(op); }
+    std::span<const BufferId> ends_at(int op) const { return ends_.row(op); }
     // Indexes start/end lists; call once recording is complete.
     void finalize();
 
@@ -60,7 +61,15 @@ public:
 private:
     std::vector<BufferDecl> buffers_;
     std::vector<OpRecord> ops_;
-    std::vector<std::vector<BufferId>> starts_, ends_;
+    // Per op, a list of buffer ids, stored as one array (rows by op) and row offsets.
+    struct Rows {
+        std::vector<BufferId> ids;
+        std::vector<size_t> begin;   // ops + 1 offsets into ids
+        std::span<const BufferId> row(int op) const {
+            return {ids.data() + begin[size_t(op)], begin[size_t(op) + 1] - begin[size_t(op)]};
+        }
+    };
+    Rows starts_, ends_;
 };
 
 }  // namespace memfit

@@ -38,14 +38,15 @@ RegionAllocator & host_allocator() {
     return a;
 }
 
-MemoryPlan plan_memory(const Program & program, size_t alignment) {
+MemoryPlan plan_memory(const Program & program, size_t alignment, bool place) {
     MemoryPlan plan;
     plan.alignment = alignment;
+    plan.placed = place;
     const auto & bufs = program.buffers();
     const int n_ops = program.num_ops();
-    plan.offsets.assign(bufs.size(), 0);
+    if (place) plan.offsets.assign(bufs.size(), 0);
 
-    for (int c = 0; c < kCategoryCount; ++c) {
+    for (int c = 0; place && c < kCategoryCount; ++c) {
         std::vector<ArenaRequest> reqs;
         std::vector<size_t> ids;
         size_t end = 0;
@@ -207,6 +208,7 @@ void StepMemory::end_op(int i) {
 }
 
 CategoryBytes shared_reserved(const MemoryPlan & primary, const std::vector<const MemoryPlan *> & others) {
+    MF_ASSERT(primary.placed);
     CategoryBytes r = primary.reserved;
     for (const MemoryPlan * p : others)
         for (size_t c = 0; c < kCategoryCount; ++c)

@@ -36,9 +36,12 @@ struct MemoryPlan {
     uint64_t peak_live_total = 0; // max over ops of the sum of all categories
     int      peak_op = -1;        // op at which the total peaks
     size_t   alignment = 64;
+    bool     placed = true;       // false: the live bytes only (no offsets, transient or reserved)
 };
 
-MemoryPlan plan_memory(const Program & program, size_t alignment = 64);
+// Places every buffer and sums the live bytes per op. place = false computes the live bytes only
+// (what `memfit plan` needs of the engine's programs; the placement is most of the cost).
+MemoryPlan plan_memory(const Program & program, size_t alignment = 64, bool place = true);
 
 // Programs that run on a primary program's persistent buffers (bound by name, as StepMemory's
 // `share` does) and inside its transient arenas where they fit: what all of them obtain

@@ -83,12 +83,6 @@ void ModelConfig::validate() const {
     if (n_layer < 1) bad(fmt::format("n_layer = {}, must be at least 1", n_layer));
     if (n_embd < 1 || n_head < 1) bad(fmt::format("n_embd = {}, n_head = {}: both must be positive", n_embd, n_head));
     if (head_size < 0) bad(fmt::format("head_dim = {}, must be positive", head_size));
-    if (head_size == 0 && n_embd % n_head != 0)
-        bad(fmt::format("n_embd = {} is not divisible by n_head = {}", n_embd, n_head));
-    if (max_seq < 1) bad(fmt::format("n_positions = {}, must be positive", max_seq));
-    if (vocab_size < 0) bad(fmt::format("vocab_size = {}, must be positive", vocab_size));
-    if (!(ln_eps > 0)) bad(fmt::format("norm epsilon = {}, must be positive", ln_eps));
-    if (ffn < 0) bad(fmt::format("intermediate_size = {}, must be positive", ffn));
     // Bounds far beyond any real model, so that parameter counts cannot overflow 64 bits.
     auto at_most = [&](const char * what, int64_t v, int64_t cap) {
         if (v > cap) bad(fmt::format("{} = {} exceeds the supported {}", what, v, cap));
@@ -98,6 +92,16 @@ void ModelConfig::validate() const {
     at_most("n_layer", n_layer, 1 << 14);
     at_most("vocab_size", vocab_size, 1 << 24);
     at_most("n_positions", max_seq, 1 << 24);
+    at_most("num_attention_heads", n_head, 1 << 16);
+    at_most("head_dim", head_size, 1 << 16);
+    // The attention width and q|k|v are int products: bounded like n_embd, before any is formed.
+    at_most("num_attention_heads x head_dim", int64_t(n_head) * (head_size > 0 ? head_size : n_embd / n_head), 1 << 20);
+    if (head_size == 0 && n_embd % n_head != 0)
+        bad(fmt::format("n_embd = {} is not divisible by n_head = {}", n_embd, n_head));
+    if (max_seq < 1) bad(fmt::format("n_positions = {}, must be positive", max_seq));
+    if (vocab_size < 0) bad(fmt::format("vocab_size = {}, must be positive", vocab_size));
+    if (!(ln_eps > 0)) bad(fmt::format("norm epsilon = {}, must be positive", ln_eps));
+    if (ffn < 0) bad(fmt::format("intermediate_size = {}, must be positive", ffn));
     if (!llama()) {
         if (n_kv_head != 0 && n_kv_head != n_head) bad("grouped-query attention is a llama option");
         if (!tied_head) bad("untied GPT-2 heads are not supported");

@@ -173,7 +173,13 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
                               : rows * uint64_t(lp->max_site_cols + lp->opts.rank) * s +
                                     (lp->opts.dropout > 0 ? 2 * rows * uint64_t(lp->max_site_in) * s : 0);
     const uint64_t logits = uint64_t(b) * uint64_t(seq) * uint64_t(cfg.vocab_size) * 4 / tp;
-    m.device[Category::activations] = kept + grads + lora_grads + rc / tp + logits + 2 * BTC;
+    // memfit's interleaved schedule completes its sends at the step's end: every chunk output
+    // and input gradient a stage sends stays live until then (the first stage's V m outputs and
+    // (V - 1) m gradients), one boundary activation each.
+    const uint64_t sent = L.pp > 1 && L.schedule == Schedule::interleaved
+                              ? uint64_t(2 * L.virtual_stages - 1) * uint64_t(c.accum) * (BTC / (L.sp ? tp : 1))
+                              : 0;
+    m.device[Category::activations] = kept + grads + lora_grads + rc / tp + logits + 2 * BTC + sent;
     if (L.pp > 1) comm += 2 * BTC / (L.sp ? tp : 1);
     m.device[Category::communication] = comm;
     const uint64_t dequant = lp && lp->quantized() ? ceil_div(uint64_t(lp->largest_projection) * s, tp) : 0;
@@ -207,13 +213,17 @@ uint64_t megatron_layer_activation_bytes(const ModelConfig & cfg, int b, int s, 
     return split / T + (sp ? rest / T : rest);
 }
 
-DeviceMemory exact_memory(const ModelConfig & cfg, const Hardware & hw, const Candidate & c, int seq,
-                          const Backend & sizing) {
+namespace {
+
+// The engine's program of every stage with m micro-batches (per step and data-parallel rank),
+// recorded and placed: each stage's peak live bytes, and the bytes of the frozen LoRA base.
+struct Recorded {
+    std::vector<CategoryBytes> live;
+    uint64_t frozen = 0;
+};
+
+Recorded record_stages(const ModelConfig & cfg, const Candidate & c, int seq, const Backend & sizing, int m) {
     const Layout & L = c.layout;
-    if (L.offload != Offload::none || c.optimizer != Optimizer::adamw ||
-        (L.pp > 1 && (L.zero >= 2 || c.lora)))
-        throw ConfigError("the engine's exact plan covers data (any ZeRO stage), tensor (and sequence) and pipeline "
-                          "parallelism (ZeRO 0-1) with AdamW, without offload");
     EngineOptions eo;
     // Rank 0's program for each stage: every data and tensor rank's buffers have the same sizes
     // (equal, padded shards and slices); the stages differ, and the largest is the device's.
@@ -228,30 +238,76 @@ DeviceMemory exact_memory(const ModelConfig & cfg, const Hardware & hw, const Ca
     eo.zero = L.zero;
     eo.B = c.micro_batch;
     eo.T = seq;
-    eo.grad_accum = c.accum;
+    eo.grad_accum = m;
     eo.with_eval = false;
     eo.flash_attention = c.flash;
     eo.compute = c.compute;
     eo.recompute = parse_recompute(c.recompute, cfg.n_layer);
     if (c.lora) eo.lora = c.lora->opts;
-    DeviceMemory m;
+    Recorded r;
     for (int stage = 0; stage < L.pp; ++stage) {
         eo.pp_rank = stage;
-        const StepPlans plans(cfg, sizing, eo);
-        const CategoryBytes live = plans.peak_live();
-        if (L.pp > 1) m.stages.push_back(live);
-        if (stage > 0 && live.total() <= m.device.total()) continue;
-        m.device = live;
-        m.frozen = 0;
-        if (c.lora)
+        const StepPlans plans(cfg, sizing, eo, /*place=*/false);
+        r.live.push_back(plans.peak_live());
+        if (c.lora && stage == 0)
             for (const auto & buf : plans.train->program().buffers())
-                if (buf.name == "parameters" || buf.name == "parameters.quantized") m.frozen += buf.bytes;
-        m.loaded = L.pp > 1 ? fmt::format("pipeline stage {} (the largest)", stage)
-                 : L.dp * L.tp > 1 ? "every rank (equal shards)" : "the only device";
+                if (buf.name == "parameters" || buf.name == "parameters.quantized") r.frozen += buf.bytes;
     }
-    m.device[Category::runtime] = hw.memory - hw.usable;
-    m.exact = true;
-    return m;
+    return r;
+}
+
+}  // namespace
+
+PipelineSamples pipeline_samples(const Layout & L) {
+    // Where a pipeline's peak live bytes become affine in m (tests/test_plan_memory.cpp checks
+    // the extrapolation against full recordings): GPipe from 2 micro-batches (accumulation makes
+    // the gradients fp32), 1F1B once every stage reaches its steady state (m >= P), interleaving
+    // once its warm-up of (P - s - 1) * 2 + (V - 1) * P chunk forwards fits twice (m >= 2P),
+    // stepping by P there (m is a multiple of P).
+    const int P = L.pp;
+    if (L.schedule == Schedule::interleaved) return {2 * P, P};
+    if (L.schedule == Schedule::one_f_one_b) return {std::max(2, P), 1};
+    return {2, 1};
+}
+
+DeviceMemory exact_memory(const ModelConfig & cfg, const Hardware & hw, const Candidate & c, int seq,
+                          const Backend & sizing, int max_recorded) {
+    const Layout & L = c.layout;
+    if (L.offload != Offload::none || c.optimizer != Optimizer::adamw ||
+        (L.pp > 1 && (L.zero >= 2 || c.lora)))
+        throw ConfigError("the engine's exact plan covers data (any ZeRO stage), tensor (and sequence) and pipeline "
+                          "parallelism (ZeRO 0-1) with AdamW, without offload");
+    const int m = c.accum;
+    Recorded rec;
+    const PipelineSamples at = pipeline_samples(L);
+    if (L.pp > 1 && m > at.from + at.step && m > max_recorded) {
+        // A pipeline's program holds all m micro-batches, so its recording costs O(m); its peak
+        // live bytes are affine in m past `from`: two recordings give every stage's line.
+        const Recorded a = record_stages(cfg, c, seq, sizing, at.from);
+        const Recorded b = record_stages(cfg, c, seq, sizing, at.from + at.step);
+        const uint64_t steps = uint64_t((m - at.from) / at.step);
+        rec.live = a.live;
+        for (size_t st = 0; st < a.live.size(); ++st)
+            for (size_t k = 0; k < kCategoryCount; ++k) {
+                MF_ASSERT(b.live[st].v[k] >= a.live[st].v[k]);
+                rec.live[st].v[k] += (b.live[st].v[k] - a.live[st].v[k]) * steps;
+            }
+    } else {
+        rec = record_stages(cfg, c, seq, sizing, m);
+    }
+    DeviceMemory mem;
+    for (size_t stage = 0; stage < rec.live.size(); ++stage) {
+        const CategoryBytes & live = rec.live[stage];
+        if (L.pp > 1) mem.stages.push_back(live);
+        if (stage > 0 && live.total() <= mem.device.total()) continue;
+        mem.device = live;
+        mem.loaded = L.pp > 1 ? fmt::format("pipeline stage {} (the largest)", stage)
+                   : L.dp * L.tp > 1 ? "every rank (equal shards)" : "the only device";
+    }
+    mem.frozen = rec.frozen;
+    mem.device[Category::runtime] = hw.memory - hw.usable;
+    mem.exact = true;
+    return mem;
 }
 
 }  // namespace memfit

@@ -111,11 +111,20 @@ void check_lora_layout(const Candidate & c);
 // offload, an unknown recompute policy).
 DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const Candidate & c, int seq);
 
-// The engine's own program for a data-parallel candidate (layout dp x 1 x 1, any ZeRO stage, no
-// offload), recorded and placed, nothing allocated: the peak live bytes per category each rank
-// of `mpirun -np dp memfit train` measures (the shards are equal, so every rank's are the
-// same), plus the hardware's runtime. `sizing` answers the backend's workspace queries.
+// The engine's own program for a candidate it runs (data parallelism with any ZeRO stage, tensor
+// and sequence parallelism, pipelines with ZeRO 0-1; AdamW, no offload), recorded and placed,
+// nothing allocated: the peak live bytes per category each rank of `mpirun -np N memfit train`
+// measures on the most loaded device (every data and tensor rank's shards and slices are
+// equal; pipeline stages differ: all are in `stages`), plus the hardware's runtime. `sizing`
+// answers the backend's workspace queries. A pipeline of more than max_recorded micro-batches
+// is recorded at the two counts pipeline_samples() names and extrapolated along their line
+// (exact: the program is periodic in m there; checked against full recordings by the tests).
+constexpr int kMaxRecordedMicroBatches = 0;
 DeviceMemory exact_memory(const ModelConfig & cfg, const Hardware & hw, const Candidate & c, int seq,
-                          const Backend & sizing);
+                          const Backend & sizing, int max_recorded = kMaxRecordedMicroBatches);
+
+// The micro-batch counts a pipeline's recording is extrapolated from: `from` and `from + step`.
+struct PipelineSamples { int from = 2, step = 1; };
+PipelineSamples pipeline_samples(const Layout & L);
 
 }  // namespace memfit

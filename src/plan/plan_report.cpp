@@ -1,5 +1,7 @@
 #include "plan/plan_report.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "core/units.h"
@@ -71,16 +73,18 @@ nlohmann::json lora_json_of(const PlanRequest & r) {
 std::string format_plan(const PlanRequest & r, const SearchReport & rep, bool explain) {
     const uint64_t cap = r.hw.memory;
     std::string out = fmt::format(
-        "memfit plan: {} ({:.2f}B parameters) on {} x {} ({} per device, {} usable), seq {}, global batch {}, {}\n",
+        "memfit plan: {} ({:.2f}B parameters) on {} x {} ({} per device: {} usable + {} runtime), seq {}, global batch "
+        "{}, {}\n",
         r.cfg.name, double(r.cfg.num_params()) / 1e9, r.gpus, r.hw.name, format_bytes(cap), format_bytes(r.hw.usable),
-        r.seq, r.global_batch, dtype_name(r.compute));
+        format_bytes(cap - std::min(cap, r.hw.usable)), r.seq, r.global_batch, dtype_name(r.compute));
     if (r.lora)
         out += fmt::format("  LoRA {}: {} trainable parameters ({:.3f}% of {:.2f}B), the base frozen\n",
                            lora_description(*r.lora, r.compute), format_count(r.lora->adapters),
                            100.0 * double(r.lora->adapters) / double(r.cfg.num_params()),
                            double(r.cfg.num_params()) / 1e9);
-    out += fmt::format("  {} configurations evaluated, {} fit, {} layouts pruned on model states alone, in {:.2f} s\n",
-                       rep.evaluated, rep.fitting, rep.pruned_layouts, rep.seconds);
+    out += fmt::format("  {} configurations evaluated, {} fit, {} layouts pruned on model states alone, {} engine "
+                       "programs recorded, in {:.2f} s\n",
+                       rep.evaluated, rep.fitting, rep.pruned_layouts, rep.exact_recorded, rep.seconds);
     if (rep.best.empty()) {
         out += "  nothing fits";
         if (!rep.rejected.empty()) out += ": closest, " + rep.rejected.front().why;
@@ -102,7 +106,7 @@ std::string format_plan(const PlanRequest & r, const SearchReport & rep, bool ex
         out += fmt::format("  best: most loaded device is {}; {}", b.mem.loaded,
                            b.mem.host ? fmt::format("{} offloaded to host memory per device; ", format_bytes(b.mem.host))
                                       : std::string());
-        out += fmt::format("headroom {}\n", format_bytes(cap - b.mem.total()));
+        out += fmt::format("headroom {}\n", format_bytes(cap - std::min(cap, b.mem.total())));
         for (size_t st = 0; st < b.mem.stages.size(); ++st)
             out += fmt::format("    pipeline stage {}: {} peak live (without runtime)\n", st,
                                format_bytes(b.mem.stages[st].total()));
@@ -126,7 +130,8 @@ nlohmann::json plan_json(const PlanRequest & r, const SearchReport & rep) {
             {"nodes", r.nodes}, {"seq", r.seq}, {"global_batch", r.global_batch},
             {"precision", std::string(dtype_name(r.compute))}, {"lora", lora_json_of(r)}, {"device_memory", r.hw.memory},
             {"usable_memory", r.hw.usable}, {"evaluated", rep.evaluated}, {"fitting", rep.fitting},
-            {"pruned_layouts", rep.pruned_layouts}, {"seconds", rep.seconds}, {"best", best},
+            {"pruned_layouts", rep.pruned_layouts}, {"exact_recorded", rep.exact_recorded},
+            {"seconds", rep.seconds}, {"best", best},
             {"rejected", rejected}};
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -97,12 +98,32 @@ std::string technique_name(const Candidate & c) {
                        c.flash ? "flash" : "naive");
 }
 
+namespace {
+
+// A bound, in double, on every byte count the memory models form for a candidate (the largest
+// buffers of a layer times the layers and the micro-batches in flight, the logits, the model
+// states): a candidate beyond it is rejected before the integer models could overflow.
+double bytes_bound(const ModelConfig & cfg, const Candidate & c, int seq) {
+    const double tokens = double(c.micro_batch) * seq, C = cfg.n_embd, L = cfg.n_layer;
+    const double scores = c.flash ? 0.0 : double(cfg.n_head) * seq;   // naive attention's probabilities
+    const double per_layer = tokens * (scores + 16 * C + 3.0 * cfg.fc_dim() + 2.0 * cfg.qkv_dim()) * 4;
+    const double in_flight = c.layout.pp > 1 ? double(c.accum) * c.layout.virtual_stages + 2 : 2;
+    return (L + 4) * per_layer * in_flight + tokens * cfg.vocab_size * 4 + 20.0 * double(cfg.num_params());
+}
+
+constexpr double kBytesBound = 0x1p60;   // 1 EiB: no device holds it, and sums of it cannot overflow
+
+}  // namespace
+
 SearchReport search_plans(const PlanRequest & r) {
     const auto t0 = std::chrono::steady_clock::now();
     const ModelConfig & cfg = r.cfg;
     if (r.gpus < 1 || r.seq < 1 || r.global_batch < 1)
         throw ConfigError(fmt::format("--gpus {}, --seq {}, --global-batch {}: each must be at least 1", r.gpus, r.seq,
                                       r.global_batch));
+    if (r.gpus > kMaxPlannedDevices)
+        throw ConfigError(fmt::format("--gpus {}: the planner models at most {} devices (the largest clusters have "
+                                      "about 100,000)", r.gpus, kMaxPlannedDevices));
     if (r.seq > cfg.max_seq)
         throw ConfigError(fmt::format("--seq {} exceeds the model's {} positions", r.seq, cfg.max_seq));
     const uint64_t capacity = r.hw.memory;
@@ -117,6 +138,29 @@ SearchReport search_plans(const PlanRequest & r) {
         check_lora_layout(fixed);
     }
     SearchReport rep;
+    // What decides fit and is shown: the engine's own program where it runs the candidate
+    // (exact), else the analytic model. Exact plans are recorded only for the candidates that
+    // could be listed, in speed order, and each at most once.
+    std::map<std::string, DeviceMemory> exact_cache;
+    auto memory_of = [&](const Candidate & c, const DeviceMemory * analytic) -> DeviceMemory {
+        if (!engine_runs(r, c, cfg)) return analytic ? *analytic : predict_memory(cfg, r.hw, c, r.seq);
+        const std::string key = fmt::format("{}|{}|{}|{}|{}|{}", layout_name(c.layout), technique_name(c),
+                                            dtype_name(c.compute), int(c.layout.schedule), c.layout.virtual_stages,
+                                            static_cast<const void *>(c.lora.get()));
+        auto it = exact_cache.find(key);
+        if (it == exact_cache.end()) {
+            it = exact_cache.emplace(key, exact_memory(cfg, r.hw, c, r.seq, *r.exact_sizing)).first;
+            ++rep.exact_recorded;
+        }
+        return it->second;
+    };
+    auto fits = [&](const DeviceMemory & m) { return m.total() <= capacity && host_fits(r, m); };
+    auto why_not = [&](const DeviceMemory & m) {
+        return m.total() > capacity
+                   ? fmt::format("needs {} of {}: {}", format_bytes(m.total()), format_bytes(capacity), biggest(m.device))
+                   : fmt::format("offloads {} per device: more than the node's {} of host memory holds",
+                                 format_bytes(m.host), format_bytes(r.hw.host_memory));
+    };
     // Flash attention unless the device's kernels refuse this head dimension (then naive).
     const bool flash_ok = !r.exact_sizing || r.exact_sizing->runs_flash_attention(cfg.head_dim());
     // Tensor parallelism stays inside a node and must split the heads (and the KV heads, or be
@@ -128,6 +172,7 @@ SearchReport search_plans(const PlanRequest & r) {
     const std::vector<Offload> offloads = r.hw.name == "cpu" ? std::vector<Offload>{Offload::none}
                                                              : std::vector<Offload>{Offload::none, Offload::optimizer,
                                                                                     Offload::optimizer_params};
+    std::vector<PlanResult> pool;   // fitting by the analytic model
     bool any_layout = false;
     for (int tp : tps)
         for (int pp : fixed_or(r.pp, divisors(r.gpus / tp, cfg.n_layer))) {
@@ -155,16 +200,20 @@ SearchReport search_plans(const PlanRequest & r) {
                         probe.optimizer = r.optimizer;
                         probe.lora = r.lora;
                         if (pp > 1) probe.layout.schedule = Schedule::one_f_one_b;
-                        const DeviceMemory floor = predict_memory(cfg, r.hw, probe, r.seq);
-                        if (floor.total() > capacity) {
+                        const double probe_bound = bytes_bound(cfg, probe, r.seq);
+                        const DeviceMemory floor = probe_bound < kBytesBound ? predict_memory(cfg, r.hw, probe, r.seq)
+                                                                             : DeviceMemory{};
+                        if (probe_bound >= kBytesBound || floor.total() > capacity) {
                             ++rep.pruned_layouts;
                             PlanResult pr;
                             pr.c = probe;
                             pr.mem = floor;
                             pr.time = predict_step_time(cfg, r.hw, probe, r.seq, r.nodes);
                             pr.why = fmt::format("needs {} of {} even at micro-batch 1 with full recomputation: {}",
-                                                 format_bytes(floor.total()), format_bytes(capacity),
-                                                 biggest(floor.device));
+                                                 probe_bound >= kBytesBound ? "more than 1 EiB" : format_bytes(floor.total()),
+                                                 format_bytes(capacity),
+                                                 probe_bound >= kBytesBound ? "everything" : biggest(floor.device));
+                            pr.hinted = true;
                             keep_best(rep.rejected, std::move(pr), r.top);
                             continue;
                         }
@@ -189,21 +238,19 @@ SearchReport search_plans(const PlanRequest & r) {
                                         pr.c.compute = r.compute;
                                         pr.c.optimizer = r.optimizer;
                                         pr.c.lora = r.lora;
-                                        pr.mem = predict_memory(cfg, r.hw, pr.c, r.seq);
-                                        pr.time = predict_step_time(cfg, r.hw, pr.c, r.seq, r.nodes);
-                                        pr.fits = pr.mem.total() <= capacity && host_fits(r, pr.mem);
                                         ++rep.evaluated;
-                                        if (pr.fits) {
-                                            ++rep.fitting;
-                                            keep_best(rep.best, std::move(pr), r.top);
+                                        pr.time = predict_step_time(cfg, r.hw, pr.c, r.seq, r.nodes);
+                                        if (bytes_bound(cfg, pr.c, r.seq) >= kBytesBound) {
+                                            pr.why = fmt::format("needs more than 1 EiB of {}", format_bytes(capacity));
+                                            pr.hinted = true;
+                                            keep_best(rep.rejected, std::move(pr), r.top);
+                                            continue;
+                                        }
+                                        pr.mem = predict_memory(cfg, r.hw, pr.c, r.seq);
+                                        if (fits(pr.mem)) {
+                                            pool.push_back(std::move(pr));
                                         } else {
-                                            pr.why = pr.mem.total() > capacity
-                                                         ? fmt::format("needs {} of {}: {}", format_bytes(pr.mem.total()),
-                                                                       format_bytes(capacity), biggest(pr.mem.device))
-                                                         : fmt::format("offloads {} per device: more than the node's "
-                                                                       "{} of host memory holds",
-                                                                       format_bytes(pr.mem.host),
-                                                                       format_bytes(r.hw.host_memory));
+                                            pr.why = why_not(pr.mem);
                                             keep_best(rep.rejected, std::move(pr), r.top);
                                         }
                                     }
@@ -215,11 +262,29 @@ SearchReport search_plans(const PlanRequest & r) {
         throw ConfigError(fmt::format("no layout of {} devices divides the global batch of {} (data-parallel size must "
                                       "divide it); pick --global-batch a multiple of the data-parallel size",
                                       r.gpus, r.global_batch));
-    // What would make a rejected candidate fit: the first of these that does.
-    for (PlanResult & pr : rep.rejected) {
-        if (pr.why.find("even at micro-batch 1") != std::string::npos) continue;
+    // Fastest first; the exact plan decides for what the engine runs, so walk until `top` fit.
+    std::sort(pool.begin(), pool.end(), faster);
+    rep.fitting = pool.size();
+    for (PlanResult & pr : pool) {
+        if (rep.best.size() >= r.top) break;
+        pr.mem = memory_of(pr.c, &pr.mem);
+        pr.fits = fits(pr.mem);
+        if (pr.fits) {
+            rep.best.push_back(std::move(pr));
+        } else {
+            --rep.fitting;
+            pr.why = why_not(pr.mem);
+            keep_best(rep.rejected, std::move(pr), r.top);
+        }
+    }
+    // What would make a rejected candidate fit: the first of these that does, judged as the
+    // listing is (exact where the engine runs it). For every rejected one when explaining, else
+    // for the closest only (the one line printed when nothing fits).
+    for (size_t i = 0; i < rep.rejected.size() && (r.explain || i == 0); ++i) {
+        PlanResult & pr = rep.rejected[i];
+        if (pr.hinted) continue;
         auto try_fix = [&](Candidate alt, const std::string & what) {
-            if (predict_memory(cfg, r.hw, alt, r.seq).total() > capacity) return false;
+            if (bytes_bound(cfg, alt, r.seq) >= kBytesBound || !fits(memory_of(alt, nullptr))) return false;
             pr.why += "; " + what + " would fit";
             return true;
         };
@@ -237,9 +302,6 @@ SearchReport search_plans(const PlanRequest & r) {
         if (pr.c.layout.dp > 1 && pr.c.layout.zero < 3 && !(packed && a.layout.zero >= 3))
             try_fix(a, fmt::format("ZeRO-{}", a.layout.zero));
     }
-    // One device the engine runs: the engine's own numbers for what is shown.
-    for (PlanResult & pr : rep.best)
-        if (engine_runs(r, pr.c, cfg)) pr.mem = exact_memory(cfg, r.hw, pr.c, r.seq, *r.exact_sizing);
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return rep;
 }

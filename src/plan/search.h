@@ -36,6 +36,8 @@ struct PlanRequest {
     // off. Null: full fine-tuning. A packed base excludes ZeRO-3 and optimizer+params offload.
     std::shared_ptr<const LoraPlan> lora;
     size_t top = 5;
+    // Say what would make each rejected candidate fit (else only the closest one).
+    bool explain = false;
     // One device and engine-runnable candidates get the engine's exact numbers when set (the
     // backend whose workspace sizes apply: the CPU backend for the `cpu` hardware).
     const Backend * exact_sizing = nullptr;
@@ -43,21 +45,28 @@ struct PlanRequest {
 
 struct PlanResult {
     Candidate c;
-    DeviceMemory mem;
+    DeviceMemory mem;    // what decided `fits`: exact where the engine runs it, else analytic
     StepTime time;
     bool fits = false;
-    std::string why;   // rejected: what does not fit, and what would
+    std::string why;     // rejected: what does not fit, and what would
+    bool hinted = false; // `why` is final (no change of technique can help)
 };
 
 struct SearchReport {
     std::vector<PlanResult> best;       // fitting, fastest first (at most `top`)
     std::vector<PlanResult> rejected;   // the fastest candidates that did not fit (at most `top`)
-    size_t evaluated = 0, fitting = 0, pruned_layouts = 0;
+    // fitting: by the analytic model, less those whose exact plan (recorded for the fastest,
+    // until `top` fit) does not fit. exact_recorded: the engine programs recorded for that.
+    size_t evaluated = 0, fitting = 0, pruned_layouts = 0, exact_recorded = 0;
     double seconds = 0;
 };
 
-// Throws ConfigError for a request no layout can satisfy (e.g. a global batch the data-parallel
-// size cannot divide, with the sizes that would).
+// The most devices a search takes (--gpus): far past any cluster, and a bound on its work.
+constexpr int kMaxPlannedDevices = 1 << 20;
+
+// Every configuration listed as fitting fits by the bytes it carries (`mem`, exact where the
+// engine runs it). Throws ConfigError for a request no layout can satisfy (e.g. a global batch
+// the data-parallel size cannot divide, with the sizes that would).
 SearchReport search_plans(const PlanRequest & r);
 
 // The fewest devices (multiples of one, then of a node) on which some configuration fits, up to

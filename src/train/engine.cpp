@@ -14,7 +14,7 @@
 
 namespace memfit {
 
-StepPlans::StepPlans(const ModelConfig & cfg, const Backend & backend, const EngineOptions & opt) {
+StepPlans::StepPlans(const ModelConfig & cfg, const Backend & backend, const EngineOptions & opt, bool place) {
     if (opt.grad_accum < 1) throw ConfigError(fmt::format("--grad-accum {}: must be at least 1", opt.grad_accum));
     if (opt.flash_attention) {
         const std::string why = backend.flash_attention_refusal(cfg.head_dim());
@@ -25,7 +25,7 @@ StepPlans::StepPlans(const ModelConfig & cfg, const Backend & backend, const Eng
         // A pipeline's step program holds all k micro-batches (evaluation: one).
         const int m = opt.pipeline_parallel > 1 ? (mode == StepMode::train ? k : 1) : 1;
         step = std::make_unique<TrainStep>(cfg, opt.B, opt.T, mode, &backend, opt.model(), parts, opt.dp(), opt.pp(m));
-        plan = plan_memory(step->program());
+        plan = plan_memory(step->program(), 64, place);
     };
     const bool reduce = opt.data_parallel > 1 || opt.zero > 0;
     if (opt.pipeline_parallel > 1) {

@@ -93,7 +93,8 @@ struct EngineOptions {
 // the engine runs, and what `--fit auto`, `--recompute budget` and the hints evaluate.
 class StepPlans {
 public:
-    StepPlans(const ModelConfig & cfg, const Backend & backend, const EngineOptions & opt);
+    // place = false: the programs' live bytes only (peak_live(); reserved() is then refused).
+    StepPlans(const ModelConfig & cfg, const Backend & backend, const EngineOptions & opt, bool place = true);
     ~StepPlans();
 
     // Bytes every region of the run needs: the training plan plus any secondary arena that

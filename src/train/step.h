@@ -84,6 +84,8 @@ public:
     // Elements of [a, b) in rank r's shard; and in every rank's, in rank order.
     size_t in_shard(size_t a, size_t b, int r) const;
     std::vector<size_t> shard_counts(size_t a, size_t b) const;
+    // The most of [a, b) any one rank's shard holds (the rank with the most of a bucket).
+    size_t most_in_shard(size_t a, size_t b) const;
 
     // Persistent buffers the host reads or writes between steps. params holds the trainable
     // weights in the compute dtype (ZeRO 3: this rank's shard); under mixed precision `master`
