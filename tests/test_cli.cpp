@@ -340,6 +340,17 @@ TEST(Cli, PlanRanksExplainsAndMatchesTraining) {
     expect_clean_failure(run_memfit("plan --model llama2-70b --hardware h100-81g"), "unknown hardware");
     expect_clean_failure(run_memfit("plan --model llama2-70b --hardware rtx4090 --gpus 1 --global-batch 1"),
                          "nothing fits");
+    // Extreme inputs: one line and a bound (2^31 - 1 devices used to run for minutes), or a
+    // plan (a global batch of 2^31 - 1 used to grow to 24 GB recording its pipelines).
+    expect_clean_failure(run_memfit("plan --gpus 2147483647"), "at most 1048576 devices");
+    const CmdResult huge = run_memfit("plan --global-batch 2147483647 --gpus 8 --json");
+    ASSERT_EQ(huge.code, 0) << huge.err;
+    for (const auto & b : nlohmann::json::parse(huge.out)["best"])
+        EXPECT_LE(b["memory"]["total"].get<uint64_t>(), 80ull << 30);
+    const fs::path wide = scratch("wide_config.json");
+    std::ofstream(wide) << R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 176,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 2000000000, "max_position_embeddings": 128})";
+    expect_clean_failure(run_memfit("plan --model " + wide.string()), "head_dim = 2000000000");
 
     const fs::path text = small_text("plan.txt");
     const fs::path data = scratch("plan_data"), run = scratch("plan_run");
