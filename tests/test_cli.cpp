@@ -278,10 +278,19 @@ TEST(Cli, GenerateFromAnExportedFolder) {
     const fs::path text = small_text("gen.txt");
     const fs::path data = scratch("gen_data"), run = scratch("gen_run"), hf = scratch("gen_hf");
     ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    // nano has 256 positions; trained at --seq 32, the sample stays within 32 of them.
     ASSERT_EQ(run_memfit("train --quiet --model nano --data " + data.string() + " --batch 2 --seq 32 --steps 2 "
-                         "--eval-every 0 --eval-batches 1 --sample 0 --checkpoint-every 2 --out " + run.string()).code,
+                         "--eval-every 0 --eval-batches 1 --sample 80 --checkpoint-every 2 --out " + run.string()).code,
               0);
+    std::ifstream sf(run / "summary.json");
+    const nlohmann::json summary = nlohmann::json::parse(sf);
+    EXPECT_EQ(summary["sample_positions"], 32);
+    EXPECT_FALSE(summary["sample"].get<std::string>().empty());
     ASSERT_EQ(run_memfit("export " + (run / "checkpoints").string() + " --out " + hf.string()).code, 0);
+    std::ifstream cf(hf / "config.json");
+    const nlohmann::json config = nlohmann::json::parse(cf);
+    EXPECT_EQ(config["n_positions"], 256);
+    EXPECT_EQ(config["memfit_trained_context"], 32);
     const std::string gen = "generate --model " + hf.string() + " --prompt ROMEO: --max-new-tokens 24 ";
     const CmdResult a = run_memfit(gen + "--seed 3 --top-k 5 --top-p 0.9");
     ASSERT_EQ(a.code, 0) << a.err;
@@ -293,6 +302,19 @@ TEST(Cli, GenerateFromAnExportedFolder) {
     const CmdResult greedy = run_memfit(gen + "--seed 3 --temperature 0");
     ASSERT_EQ(greedy.code, 0) << greedy.err;
     EXPECT_EQ(run_memfit(gen + "--temperature 0 --seed 99").out, greedy.out);   // greedy ignores the seed
+    // Past the trained context the window slides (32 positions), unless --seq asks for more:
+    // then a warning.
+    const std::string longer = "generate --model " + hf.string() + " --prompt ROMEO: --max-new-tokens 100 ";
+    const CmdResult slide = run_memfit(longer);
+    ASSERT_EQ(slide.code, 0) << slide.err;
+    EXPECT_EQ(slide.out.size(), std::string("ROMEO:").size() + 100 + 1) << slide.out;
+    EXPECT_NE(slide.err.find("(32 positions x 2 layers)"), std::string::npos) << slide.err;
+    EXPECT_EQ(slide.err.find("warning"), std::string::npos) << slide.err;
+    const CmdResult asked = run_memfit(longer + "--seq 64");
+    ASSERT_EQ(asked.code, 0) << asked.err;
+    EXPECT_NE(asked.err.find("(64 positions x 2 layers)"), std::string::npos) << asked.err;
+    EXPECT_NE(asked.err.find("warning: --seq 64 goes past the 32 positions this model was trained on (of 256)"),
+              std::string::npos) << asked.err;
     expect_clean_failure(run_memfit("generate --model " + run.string() + " --prompt x"), "no model.safetensors");
 }
 

@@ -66,6 +66,25 @@ TEST(ModelConfig, SizesThatWouldOverflowAreRefused) {
     }
 }
 
+// The trained context travels in config.json (memfit_trained_context); a config without it (a
+// pretrained Hub model) was trained on every position.
+TEST(ModelConfig, TrainedContextRoundTrips) {
+    ModelConfig c = model_preset("micro");
+    c.vocab_size = 256;
+    EXPECT_EQ(c.trained_context(), 256);
+    EXPECT_FALSE(hf_config_json(c).contains(kTrainedContextKey));
+    c.trained_seq = 128;
+    const nlohmann::json j = hf_config_json(c);
+    EXPECT_EQ(j[kTrainedContextKey], 128);
+    const ModelConfig back = parse_hf_config(j, "micro.json");
+    EXPECT_EQ(back.trained_seq, 128);
+    EXPECT_EQ(back.trained_context(), 128);
+    EXPECT_EQ(back.max_seq, 256);
+    nlohmann::json bad = j;
+    bad[kTrainedContextKey] = -3;
+    EXPECT_THROW(parse_hf_config(bad, "bad.json"), ConfigError);
+}
+
 TEST(ModelConfig, HuggingFaceConfigJson) {
     const fs::path dir = fs::temp_directory_path() / ("memfit_cfg." + std::to_string(::getpid()));
     fs::create_directories(dir);

@@ -1,10 +1,10 @@
-// The op interface every backend implements (CPU now; CUDA later; the null backend computes
-// nothing). Ops take resolved Tensor views; dimensions come from the tensors' shapes:
+// The op interface every backend implements (CPU, CUDA in src/backend/cuda; the null backend
+// computes nothing). Ops take resolved Tensor views; dimensions come from the tensors' shapes:
 //   B = batch, T = sequence, C = channels, NH = heads, V = vocabulary, N = rows (B*T).
-// Conventions (DESIGN.md): outputs first, then saved-for-backward buffers, then inputs and
+// Conventions: outputs first, then saved-for-backward buffers, then inputs and
 // weights. Forward outputs are written with `=`; parameter gradients accumulate with `+=`;
 // activation gradients are written with `=` except where an op says it accumulates.
-// The dtype rides in each Tensor. Mixed precision (DESIGN.md): activations and weights are
+// The dtype rides in each Tensor. Mixed precision (docs/design.md): activations and weights are
 // stored in the compute dtype (f32, bf16 or f16) and every kernel computes in f32, converting
 // as it loads and rounding as it stores; mean/rstd/lse, losses, logits and norm_sq stay f32;
 // parameter gradients are f32 or the compute dtype.

@@ -1,4 +1,4 @@
-// The null backend (DESIGN.md): every op does nothing and no query needs scratch. Plans and
+// The null backend: every op does nothing and no query needs scratch. Plans and
 // dry runs record programs against it; backends that only answer sizing queries derive from it.
 #pragma once
 

@@ -97,7 +97,7 @@ void add_model_commands(CLI::App & app) {
     g->add_option("--top-p", gen.top_p, "sample from the smallest set with this much probability")
         ->capture_default_str()->check(CLI::Range(0.0, 1.0));
     g->add_option("--seed", gen.seed, "random seed")->capture_default_str();
-    g->add_option("--seq", gen_seq, "KV cache positions (default: the prompt plus --max-new-tokens, at most the model's context); when full, the last half of the context is re-run")->check(kNonNegative);
+    g->add_option("--seq", gen_seq, "KV cache positions (default: the prompt plus --max-new-tokens, at most the context the model was trained on, config.json's memfit_trained_context; more warns); when full, the last half of the context is re-run")->check(kNonNegative);
     g->add_option("--threads", gen_threads, "CPU threads (0: all cores)")->check(kNonNegative);
     g->add_option("--weights", gen_weights, "weight storage: fp32, bf16, or int8 | nf4 (the block projections "
                   "quantized as a QLoRA base, nf4 with double-quantized scales; embeddings, norms and head fp32)")
@@ -123,13 +123,20 @@ void add_model_commands(CLI::App & app) {
         const auto tok = make_tokenizer(kind, data_dir());
         CpuBackend backend;
         const std::vector<int32_t> prompt = tok->encode(gen_prompt);
-        // The KV cache holds the prompt and every new token unless --seq caps it (then the last
-        // half of the context is re-run whenever it fills).
+        // The KV cache holds the prompt and every new token, within the positions the model was
+        // trained on (config.json's memfit_trained_context) unless --seq asks for more; when it
+        // fills, the last half of the context is re-run (a sliding window).
         const int want = std::max(1, int(prompt.size()) + gen.max_new_tokens);
+        const int trained = cfg.trained_context();
+        if (gen_seq > trained)
+            std::fprintf(stderr,
+                         "generate: warning: --seq %d goes past the %d positions this model was trained on (of %d); "
+                         "text there may be garbage\n",
+                         gen_seq, trained, cfg.max_seq);
+        const int capacity = std::min(gen_seq > 0 ? gen_seq : std::min(want, trained), cfg.max_seq);
         std::unique_ptr<Decoder> made;
         try {
-            made = std::make_unique<Decoder>(cfg, backend, std::min(gen_seq > 0 ? gen_seq : want, cfg.max_seq), wdt,
-                                             quant);
+            made = std::make_unique<Decoder>(cfg, backend, capacity, wdt, quant);
         } catch (const ConfigError & e) {
             // make_quant_layout speaks of training's --base-weights; here the flag is --weights.
             std::string m = e.what();

@@ -20,7 +20,7 @@ namespace {
 
 void add_shape_flags(CLI::App * c, RunShape & o) {
     c->add_option("--model", o.model, "preset (" + fmt::format("{}", fmt::join(preset_names(), ", ")) +
-                                          ") or a Hugging Face GPT-2 config.json")->capture_default_str();
+                                          "), a Hugging Face config.json (GPT-2 or LLaMA), or a folder holding one and its weights")->capture_default_str();
     c->add_option("--batch,--micro-batch", o.batch, "sequences per forward/backward (the micro-batch); under mpirun the global micro-batch, split evenly "
                   "over the ranks")
         ->capture_default_str()->check(kPositive);
@@ -89,7 +89,8 @@ void add_train_flags(CLI::App * train, TrainOptions & t) {
         ->capture_default_str();
     train->add_option("--schedule", t.schedule,
                       "pipeline schedule: gpipe (every forward, then every backward: all micro-batches' activations "
-                      "live at once) or 1f1b (at most P - s micro-batches in flight on stage s)")
+                      "live at once), 1f1b (at most P - s micro-batches in flight on stage s) or interleaved:V (V "
+                      "model chunks per stage, a smaller bubble; --grad-accum a multiple of --pp)")
         ->capture_default_str();
     train->add_option("--bucket-mb", t.bucket_mb,
                       "data parallel: gradients are reduced in buckets of at least this many MiB of adjacent "
@@ -188,7 +189,7 @@ void add_train_commands(CLI::App & app) {
     static bool check = false;
     static std::string verify_device = "cpu";
     CLI::App * verify = app.add_subcommand("verify", "replay a reference fixture; print max relative errors as JSON");
-    verify->add_option("fixture", fixture, "fixture .safetensors (see DESIGN.md)")->required();
+    verify->add_option("fixture", fixture, "fixture .safetensors (tests/data/*.safetensors; the format is in src/train/verify.h)")->required();
     verify->add_option("--tolerance", tolerance, "largest relative error accepted")->capture_default_str();
     verify->add_flag("--check-lifetimes", check, "run with per-buffer allocations poisoned after last use");
     verify->add_option("--device", verify_device, "cpu or cuda (the GPU, in fp32)")

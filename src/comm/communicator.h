@@ -1,12 +1,13 @@
 // Communicator: the collectives data-parallel training needs, over one process (every
 // collective is the identity) or over MPI ranks (OpenMPI from Debian; rank and world size come
-// from the launcher, `mpirun -np N memfit train ...`). NCCL joins behind the same interface on
-// GPUs.
+// from the launcher, `mpirun -np N memfit train ...`), and over NCCL on GPUs
+// (nccl_communicator.h, device buffers on the backend's stream; device_communicator.h picks it).
 //
-// Buffers are host memory of f32, bf16 or f16 elements (DType); sums of 16-bit values are
-// accumulated in fp32 and rounded once, and every rank receives the same bits. Every rank must
-// call every collective in the same order with the same sizes (MPI's rule); communicators made
-// by separate make_communicator() calls do not interfere. Call from one thread at a time.
+// Buffers are host memory (NCCL: device memory) of f32, bf16 or f16 elements (DType); sums of
+// 16-bit values are accumulated in fp32 and rounded once, and every rank receives the same bits.
+// Every rank must call every collective in the same order with the same sizes (MPI's rule);
+// communicators made by separate make_communicator() calls do not interfere. Call from one
+// thread at a time.
 //
 // Failures (MPI): a call that fails throws CommError naming the operation, the rank and the peer.
 // A process that exits with a non-zero status after starting MPI aborts the whole job
@@ -46,7 +47,7 @@ public:
     virtual ~Communicator() = default;
     virtual int rank() const = 0;
     virtual int size() const = 0;
-    virtual const char * name() const = 0;   // "single" | "mpi"
+    virtual const char * name() const = 0;   // "single" | "mpi" | "nccl"
 
     // data[n] = the element-wise sum over ranks (in place).
     virtual void all_reduce_sum(void * data, size_t n, DType t) = 0;

@@ -1,4 +1,4 @@
-// Errors, in three tiers (DESIGN.md):
+// Errors, in three tiers:
 //   1. broken invariants abort with file and line:      MF_ASSERT(cond), MF_UNREACHABLE()
 //   2. vendor calls go through one checked macro per library (see backend/cpu/dnnl_check.h)
 //   3. expected failures (bad config, missing file, corrupt data, a plan that does not fit)

@@ -1,4 +1,4 @@
-// Memory categories (DESIGN.md): every byte memfit places belongs to exactly one.
+// Memory categories: every byte memfit places belongs to exactly one.
 #pragma once
 
 #include <array>

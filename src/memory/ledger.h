@@ -1,4 +1,4 @@
-// Ledger: current and peak bytes per category, for two quantities (DESIGN.md "measured"):
+// Ledger: current and peak bytes per category, for two quantities (docs/design.md, "Placement and measurement"):
 //   live     - bytes of buffers acquired and not yet released by the executing step;
 //   reserved - bytes of regions actually obtained from the system (arena allocations).
 // The peak of the total is tracked separately from the per-category peaks (they need not

@@ -1,7 +1,7 @@
 // The step program: an ordered list of operations and the buffers they touch. Every buffer is
 // declared up front (name, category, bytes); recording the ops fills in each buffer's first and
 // last use. From this one description the engine places and executes, the planner predicts,
-// and the profiler draws (DESIGN.md, "the one idea").
+// and the profiler draws (docs/design.md, "One step, two runs").
 #pragma once
 
 #include <cstdint>

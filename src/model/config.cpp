@@ -102,6 +102,7 @@ void ModelConfig::validate() const {
     if (vocab_size < 0) bad(fmt::format("vocab_size = {}, must be positive", vocab_size));
     if (!(ln_eps > 0)) bad(fmt::format("norm epsilon = {}, must be positive", ln_eps));
     if (ffn < 0) bad(fmt::format("intermediate_size = {}, must be positive", ffn));
+    if (trained_seq < 0) bad(fmt::format("{} = {}, must be positive", kTrainedContextKey, trained_seq));
     if (!llama()) {
         if (n_kv_head != 0 && n_kv_head != n_head) bad("grouped-query attention is a llama option");
         if (!tied_head) bad("untied GPT-2 heads are not supported");
@@ -205,6 +206,7 @@ ModelConfig parse_hf_config(const nlohmann::json & j, const std::string & name) 
         throw ConfigError(fmt::format("{}: missing or malformed field ({})", name, e.what()));
     }
     if (c.vocab_size < 1) throw ConfigError(fmt::format("{}: vocab_size = {}, must be positive", name, c.vocab_size));
+    c.trained_seq = int_field(j, kTrainedContextKey, 0, name);
     c.validate();
     return c;
 }
@@ -215,7 +217,8 @@ namespace {
 double shortest(float f) { return std::stod(fmt::format("{}", f)); }
 }  // namespace
 
-nlohmann::json hf_config_json(const ModelConfig & cfg) {
+namespace {
+nlohmann::json hf_config_fields(const ModelConfig & cfg) {
     if (cfg.llama())
         return {{"architectures", {"LlamaForCausalLM"}},
                 {"model_type", "llama"},
@@ -251,6 +254,13 @@ nlohmann::json hf_config_json(const ModelConfig & cfg) {
             {"layer_norm_epsilon", shortest(cfg.ln_eps)},
             {"tie_word_embeddings", true},
             {"torch_dtype", "float32"}};
+}
+}  // namespace
+
+nlohmann::json hf_config_json(const ModelConfig & cfg) {
+    nlohmann::json j = hf_config_fields(cfg);
+    if (cfg.trained_seq > 0) j[kTrainedContextKey] = cfg.trained_seq;
+    return j;
 }
 
 ModelConfig load_hf_config(const std::string & path) {

@@ -6,6 +6,7 @@
 //          ffn_dim, grouped-query attention (n_kv_head <= n_head), LM head tied or not
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -28,6 +29,10 @@ struct ModelConfig {
     float rope_theta = 10000.0f; // llama
     float ln_eps     = 1e-5f;    // layer_norm_epsilon / rms_norm_eps
     bool  tied_head  = true;     // LM head reads the token embedding
+    // Positions training has covered (config.json's memfit_trained_context): a model trained at
+    // --seq 128 with 256 positions never trained 128-255. 0: unknown, taken as all of max_seq (a
+    // pretrained Hub model). Generation stays inside it unless asked for more.
+    int   trained_seq = 0;
 
     bool llama() const { return family == "llama"; }
     int head_dim() const { return head_size > 0 ? head_size : n_embd / n_head; }
@@ -40,6 +45,8 @@ struct ModelConfig {
     int qkv_dim() const { return (n_head + 2 * kv_heads()) * head_dim(); }
     // Width of the first MLP matmul's output: 4C (gpt2) or [gate | up] = 2 ffn (llama).
     int fc_dim() const { return llama() ? 2 * ffn_dim() : ffn_dim(); }
+    // The positions generation may use without walking into untrained ones.
+    int trained_context() const { return trained_seq > 0 ? std::min(trained_seq, max_seq) : max_seq; }
 
     // "llama, 2 layers, 64 channels, 4 heads (2 KV), MLP 176"
     std::string describe() const;
@@ -60,12 +67,15 @@ std::vector<std::string> preset_names();
 // A Hugging Face config.json: model_type gpt2 (n_embd, n_layer, n_head, n_positions, vocab_size,
 // layer_norm_epsilon) or llama (hidden_size, intermediate_size, num_hidden_layers,
 // num_attention_heads, num_key_value_heads, max_position_embeddings, rms_norm_eps, rope_theta,
-// tie_word_embeddings). Throws IoError / ConfigError.
+// tie_word_embeddings), both with memfit's kTrainedContextKey (ModelConfig::trained_seq) when
+// present. Throws IoError / ConfigError.
 ModelConfig load_hf_config(const std::string & path);
 // The same from parsed JSON; `name` names the source in errors.
 ModelConfig parse_hf_config(const nlohmann::json & j, const std::string & name);
-// The config.json transformers loads (GPT2LMHeadModel or LlamaForCausalLM).
+// The config.json transformers loads (GPT2LMHeadModel or LlamaForCausalLM), plus the trained
+// context when known (transformers keeps unknown keys as config attributes).
 nlohmann::json hf_config_json(const ModelConfig & cfg);
+constexpr const char * kTrainedContextKey = "memfit_trained_context";
 // A preset name, or a path to a config.json or a folder holding one.
 ModelConfig resolve_model(const std::string & name_or_path);
 

@@ -142,8 +142,14 @@ int resume_from(const std::string & path, const ModelConfig & cfg, const TrainOp
     const std::string dir = find_checkpoint(path);
     const nlohmann::json m = load_checkpoint_meta(dir);
     const nlohmann::json want = checkpoint_meta(0, cfg, opt, train, val, engine.options().lora);
+    // The trained context is compared through "seq" (checkpoints before it was recorded lack it).
+    auto field = [](nlohmann::json j, const char * k) {
+        nlohmann::json v = j.value(k, nlohmann::json());
+        if (v.is_object()) v.erase(kTrainedContextKey);
+        return v;
+    };
     for (const char * k : {"model", "seq", "global_batch", "seed", "lora"})
-        if (m.value(k, nlohmann::json()) != want.value(k, nlohmann::json()))
+        if (field(m, k) != field(want, k))
             throw ConfigError(fmt::format("--resume {}: the checkpoint's {} is {}, this run's is {}; resume with the "
                                           "same model, --seq, global batch, --seed and LoRA options",
                                           path, k, m.value(k, nlohmann::json()).dump(), want.value(k, nlohmann::json()).dump()));
@@ -341,6 +347,11 @@ void run_training(const TrainOptions & opt) {
     // Validate every flag before doing any work.
     const uint64_t budget_flag = opt.memory_budget.empty() ? 0 : parse_bytes(opt.memory_budget);
     ModelConfig cfg = resolve_model(opt.model);
+    // The positions this run trains (checkpoints and exports record them; generation stays
+    // inside): a fresh model's are --seq's, a pre-trained folder's what it records plus --seq's
+    // (a folder that records none, from the Hub, was trained on all of them).
+    if (!has_hf_weights(opt.model)) cfg.trained_seq = opt.seq;
+    else if (cfg.trained_seq > 0) cfg.trained_seq = std::max(cfg.trained_seq, opt.seq);
     // --device cuda, before any work (no device: one error line): each rank takes the GPU of its
     // local rank; gradients go over NCCL.
     const char * local_rank = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
@@ -692,13 +703,15 @@ void run_training(const TrainOptions & opt) {
         so.seed = opt.seed;
         // The decoder computes on host memory: a device run samples from its weights on the CPU.
         const std::unique_ptr<Backend> host_backend = backend.host_memory() ? nullptr : make_backend("cpu");
+        // Inside the trained context: when the cache fills, the last half is re-run (generate.h).
         Decoder decoder(cfg, host_backend ? *host_backend : backend,
-                        std::min(cfg.max_seq, int(prompt.size()) + so.max_new_tokens));
+                        std::min(cfg.trained_context(), int(prompt.size()) + so.max_new_tokens));
         decoder.set_weights(sample_weights.data());
         const auto ids = generate(decoder, prompt, so);
         const std::string text = tok->decode(ids);
         say("sample (temperature 0.8):\n" + text);
         summary["sample"] = text;
+        summary["sample_positions"] = decoder.capacity();   // at most the trained context
     }
     const std::string summary_path = (fs::path(opt.out) / "summary.json").string();
     std::ofstream so(summary_path);

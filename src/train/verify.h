@@ -1,4 +1,4 @@
-// `memfit verify`: replay a reference fixture (DESIGN.md's format: parameters under Hugging Face
+// `memfit verify`: replay a reference fixture (format: parameters under Hugging Face
 // names, input_ids, targets, expected.* tensors, config and AdamW hyperparameters in the
 // metadata) through the engine and measure the relative error of everything it checks.
 #pragma once
