@@ -28,5 +28,7 @@ for r in rows:
     if r["precision"] == "bf16":
         print(f"\nmatmul probe (same process as the first bf16 row): fp32 {r['matmul_peak_gflops']:.1f} GFLOP/s, "
               f"bf16 storage (fp32 compute on converted tiles) {r['matmul_bf16_storage_gflops']:.1f}, "
-              f"oneDNN native bf16 {r['matmul_bf16_onednn_gflops']:.1f} (0: oneDNN has no bf16 matmul for this CPU)")
+              f"oneDNN native bf16 {r['matmul_bf16_onednn_gflops']:.1f}"
+              + (" (0: oneDNN has no bf16 matmul for this CPU)" if r['matmul_bf16_onednn_gflops'] == 0 else
+                 " (this CPU has bf16 arithmetic; memfit's gemms do not use it yet)"))
         break

@@ -69,6 +69,14 @@ fs::path small_text(const std::string & name) {
 
 }  // namespace
 
+// The help says what the flags take: --model LLaMA configs and folders too, --schedule all three.
+TEST(Cli, TrainHelpNamesEveryChoice) {
+    const CmdResult h = run_memfit("train --help");
+    ASSERT_EQ(h.code, 0) << h.err;
+    EXPECT_NE(h.out.find("a Hugging Face config.json (GPT-2 or LLaMA)"), std::string::npos) << h.out;
+    EXPECT_NE(h.out.find("interleaved:V"), std::string::npos) << h.out;
+}
+
 TEST(Cli, MissingDataFolder) {
     expect_clean_failure(run_memfit("train --data /nonexistent/memfit --steps 1"), "/nonexistent/memfit");
 }
