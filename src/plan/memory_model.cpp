@@ -179,7 +179,10 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     const uint64_t sent = L.pp > 1 && L.schedule == Schedule::interleaved
                               ? uint64_t(2 * L.virtual_stages - 1) * uint64_t(c.accum) * (BTC / (L.sp ? tp : 1))
                               : 0;
-    m.device[Category::activations] = kept + grads + lora_grads + rc / tp + logits + 2 * BTC + sent;
+    // The step's token ids, targets and losses (4 bytes each per token): a pipeline's program
+    // holds all m micro-batches' (a huge m is memory too).
+    const uint64_t batch = 12 * rows * uint64_t(L.pp > 1 ? c.accum : 1);
+    m.device[Category::activations] = kept + grads + lora_grads + rc / tp + logits + 2 * BTC + sent + batch;
     if (L.pp > 1) comm += 2 * BTC / (L.sp ? tp : 1);
     m.device[Category::communication] = comm;
     const uint64_t dequant = lp && lp->quantized() ? ceil_div(uint64_t(lp->largest_projection) * s, tp) : 0;

@@ -27,7 +27,10 @@
 //                 pipeline stage holds m micro-batches in flight under GPipe, min(m, pp) under
 //                 1F1B, and min(m, pp) (1 + (pp-1)/(pp v)) under interleaving (Narayanan et al.
 //                 2021). On top: one layer's backward working set, the recomputed units of one
-//                 layer, and the fp32 logits of one micro-batch (split by tp: vocabulary-parallel).
+//                 layer, the fp32 logits of one micro-batch (split by tp: vocabulary-parallel),
+//                 the token ids, targets and losses (12 bytes a token; a pipeline holds all m
+//                 micro-batches'), and under interleaving the (2v - 1) m boundary activations
+//                 the first stage sends, which memfit's schedule keeps until the step's end.
 //   workspace     32 MiB of GEMM workspace (cuBLASLt's recommendation for Hopper) on GPUs.
 //   communication gradient buckets: two of 25 MB (compute dtype) when dp > 1, plus ZeRO-3's
 //                 gathered layers; pipeline send/receive buffers of one micro-batch's boundary

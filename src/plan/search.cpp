@@ -104,11 +104,17 @@ namespace {
 // buffers of a layer times the layers and the micro-batches in flight, the logits, the model
 // states): a candidate beyond it is rejected before the integer models could overflow.
 double bytes_bound(const ModelConfig & cfg, const Candidate & c, int seq) {
-    const double tokens = double(c.micro_batch) * seq, C = cfg.n_embd, L = cfg.n_layer;
+    const Layout & L = c.layout;
+    const double tokens = double(c.micro_batch) * seq, C = cfg.n_embd, m = c.accum, P = L.pp;
     const double scores = c.flash ? 0.0 : double(cfg.n_head) * seq;   // naive attention's probabilities
     const double per_layer = tokens * (scores + 16 * C + 3.0 * cfg.fc_dim() + 2.0 * cfg.qkv_dim()) * 4;
-    const double in_flight = c.layout.pp > 1 ? double(c.accum) * c.layout.virtual_stages + 2 : 2;
-    return (L + 4) * per_layer * in_flight + tokens * cfg.vocab_size * 4 + 20.0 * double(cfg.num_params());
+    // Micro-batches whose layers' activations are live at once (GPipe: all; 1F1B: at most P;
+    // interleaved: at most 2P), the interleaved schedule's sends (a boundary activation each,
+    // live until the step's end), and a pipeline's token, target and loss buffers (m of each).
+    const double in_flight = P == 1 ? 1 : L.schedule == Schedule::gpipe ? m : std::min(m, 2 * P);
+    const double sends = L.schedule == Schedule::interleaved ? 2.0 * L.virtual_stages * m * tokens * C * 4 : 0;
+    return (cfg.n_layer + 4) * per_layer * (in_flight + 2) + sends + 12 * tokens * m + tokens * cfg.vocab_size * 4 +
+           20.0 * double(cfg.num_params());
 }
 
 constexpr double kBytesBound = 0x1p60;   // 1 EiB: no device holds it, and sums of it cannot overflow
