@@ -377,6 +377,10 @@ TEST(Cli, PlanRanksExplainsAndMatchesTraining) {
     ASSERT_EQ(huge.code, 0) << huge.err;
     for (const auto & b : nlohmann::json::parse(huge.out)["best"])
         EXPECT_LE(b["memory"]["total"].get<uint64_t>(), 80ull << 30);
+    // A pipeline holds the whole step's token ids, targets and losses: 96 TiB here, so nothing
+    // fits (the analytic model once listed the offloaded layouts).
+    expect_clean_failure(run_memfit("plan --model llama2-7b --global-batch 2147483647 --gpus 2 --pp 2 --schedule 1f1b"),
+                         "nothing fits");
     const fs::path wide = scratch("wide_config.json");
     std::ofstream(wide) << R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 176,
         "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 2000000000, "max_position_embeddings": 128})";
