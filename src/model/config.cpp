@@ -215,9 +215,7 @@ namespace {
 
 // A float as the decimal it was written as (1e-05, not 9.99999974737875e-06).
 double shortest(float f) { return std::stod(fmt::format("{}", f)); }
-}  // namespace
 
-namespace {
 nlohmann::json hf_config_fields(const ModelConfig & cfg) {
     if (cfg.llama())
         return {{"architectures", {"LlamaForCausalLM"}},

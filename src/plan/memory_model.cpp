@@ -274,7 +274,7 @@ PipelineSamples pipeline_samples(const Layout & L) {
 }
 
 DeviceMemory exact_memory(const ModelConfig & cfg, const Hardware & hw, const Candidate & c, int seq,
-                          const Backend & sizing, int max_recorded) {
+                          const Backend & sizing, bool extrapolate) {
     const Layout & L = c.layout;
     if (L.offload != Offload::none || c.optimizer != Optimizer::adamw ||
         (L.pp > 1 && (L.zero >= 2 || c.lora)))
@@ -283,7 +283,7 @@ DeviceMemory exact_memory(const ModelConfig & cfg, const Hardware & hw, const Ca
     const int m = c.accum;
     Recorded rec;
     const PipelineSamples at = pipeline_samples(L);
-    if (L.pp > 1 && m > at.from + at.step && m > max_recorded) {
+    if (extrapolate && L.pp > 1 && m > at.from + at.step) {
         // A pipeline's program holds all m micro-batches, so its recording costs O(m); its peak
         // live bytes are affine in m past `from`: two recordings give every stage's line.
         const Recorded a = record_stages(cfg, c, seq, sizing, at.from);

@@ -119,12 +119,12 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
 // nothing allocated: the peak live bytes per category each rank of `mpirun -np N memfit train`
 // measures on the most loaded device (every data and tensor rank's shards and slices are
 // equal; pipeline stages differ: all are in `stages`), plus the hardware's runtime. `sizing`
-// answers the backend's workspace queries. A pipeline of more than max_recorded micro-batches
-// is recorded at the two counts pipeline_samples() names and extrapolated along their line
-// (exact: the program is periodic in m there; checked against full recordings by the tests).
-constexpr int kMaxRecordedMicroBatches = 0;
+// answers the backend's workspace queries. With `extrapolate`, a pipeline of more micro-batches
+// than pipeline_samples() names is recorded at those two counts and extrapolated along their
+// line (exact: the program is periodic in m there; the tests check it against full recordings,
+// which extrapolate = false gives).
 DeviceMemory exact_memory(const ModelConfig & cfg, const Hardware & hw, const Candidate & c, int seq,
-                          const Backend & sizing, int max_recorded = kMaxRecordedMicroBatches);
+                          const Backend & sizing, bool extrapolate = true);
 
 // The micro-batch counts a pipeline's recording is extrapolated from: `from` and `from + step`.
 struct PipelineSamples { int from = 2, step = 1; };
