@@ -12,17 +12,19 @@
 #include "backend/cuda_sizing.h"
 #include "core/error.h"
 #include "train/engine.h"
-#include "train/techniques.h"
+#include "plan/fit.h"
 #include "test_util.h"
 
 namespace memfit {
 namespace {
 
-RunShape shape(const std::string & attention) {
-    RunShape s;
-    s.batch = 2;
+RunConfig shape(const std::string & attention, uint64_t budget = 0) {
+    RunConfig s;
+    s.micro_batch = 2;
+    s.grad_accum = 1;
     s.seq = 32;
-    s.attention = attention;
+    s.attention = parse_attention(attention);
+    s.budget = budget;
     return s;
 }
 
@@ -32,20 +34,20 @@ TEST(AttentionChoice, AutoIsFlashWhereTheBackendRunsItAndNaiveWithANoteElsewhere
     ASSERT_EQ(hd32.head_dim(), 32);
     CpuBackend cpu;
     const auto gpu = make_cuda_sizing_backend();
-    EXPECT_TRUE(resolve_run(shape("auto"), hd16, cpu, false, 0).eo.flash_attention);
-    EXPECT_TRUE(resolve_run(shape("auto"), hd32, *gpu, false, 0).eo.flash_attention);
-    const ResolvedRun r = resolve_run(shape("auto"), hd16, *gpu, false, 0);
+    EXPECT_TRUE(resolve_run(shape("auto"), hd16, cpu, false).eo.flash_attention);
+    EXPECT_TRUE(resolve_run(shape("auto"), hd32, *gpu, false).eo.flash_attention);
+    const ResolvedRun r = resolve_run(shape("auto"), hd16, *gpu, false);
     EXPECT_FALSE(r.eo.flash_attention);
     ASSERT_FALSE(r.notes.empty());
     EXPECT_EQ(r.notes.back(),
               "attention: naive (the CUDA flash-attention kernels take head dimensions 32, 64, 96 and 128, not 16)");
-    EXPECT_FALSE(resolve_run(shape("naive"), hd32, *gpu, false, 0).eo.flash_attention);
+    EXPECT_FALSE(resolve_run(shape("naive"), hd32, *gpu, false).eo.flash_attention);
 }
 
 TEST(AttentionChoice, ExplicitFlashTheBackendCannotRunIsOneClearError) {
     const ModelConfig hd16 = test::small_config(96, 64, 2, 4);
     const auto gpu = make_cuda_sizing_backend();
-    const EngineOptions eo = resolve_run(shape("flash"), hd16, *gpu, false, 0).eo;
+    const EngineOptions eo = resolve_run(shape("flash"), hd16, *gpu, false).eo;
     ASSERT_TRUE(eo.flash_attention);
     try {
         const StepPlans plans(hd16, *gpu, eo);
@@ -55,19 +57,18 @@ TEST(AttentionChoice, ExplicitFlashTheBackendCannotRunIsOneClearError) {
                                "and 128, not 16; use --attention naive");
     }
     EXPECT_NO_THROW(StepPlans(hd16, CpuBackend(), eo));
-    EXPECT_THROW(resolve_run(shape("tiled"), hd16, *gpu, false, 0), ConfigError);
+    EXPECT_THROW(resolve_run(shape("tiled"), hd16, *gpu, false), ConfigError);
 }
 
 TEST(AttentionChoice, FitAutoSearchesOnlyAttentionTheBackendRuns) {
     const ModelConfig hd16 = test::small_config(96, 64, 2, 4);
-    RunShape s = shape("auto");
-    s.fit = "auto";
-    s.precision = "auto";
+    RunConfig s = shape("auto", uint64_t(1) << 30);
+    s.fit_auto = true;
+    s.precision_auto = true;
     const auto gpu = make_cuda_sizing_backend();
-    const uint64_t budget = uint64_t(1) << 30;
-    EXPECT_FALSE(resolve_run(s, hd16, *gpu, false, budget).eo.flash_attention);
+    EXPECT_FALSE(resolve_run(s, hd16, *gpu, false).eo.flash_attention);
     CpuBackend cpu;
-    EXPECT_TRUE(resolve_run(s, hd16, cpu, false, budget).eo.flash_attention);   // the time model rates it faster
+    EXPECT_TRUE(resolve_run(s, hd16, cpu, false).eo.flash_attention);   // the time model rates it faster
 }
 
 }  // namespace

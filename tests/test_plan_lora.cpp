@@ -22,7 +22,7 @@
 #include "plan/plan_report.h"
 #include "plan/search.h"
 #include "train/engine.h"
-#include "train/techniques.h"
+#include "plan/fit.h"
 #include "test_util.h"
 
 using namespace memfit;
@@ -97,7 +97,7 @@ TEST(PlanLora, ExactOnOneCpuDeviceForTheEngine) {
         ASSERT_EQ(rep.best.size(), 1u);
         const DeviceMemory & plan = rep.best[0].mem;
         EXPECT_TRUE(plan.exact);
-        ASSERT_TRUE(rep.best[0].c.lora);
+        ASSERT_TRUE(rep.best[0].c.lora_plan);
 
         EngineOptions eo;
         eo.B = B;
@@ -177,9 +177,9 @@ TEST(PlanLora, Llama7bOnAn80GBGpu) {
     c.micro_batch = 1;
     c.recompute = "none";
     const DeviceMemory mf = predict_memory(cfg, hw, c, 512);
-    c.lora = lora.lora;
+    c.lora_plan = lora.lora;
     const DeviceMemory ml = predict_memory(cfg, hw, c, 512);
-    c.lora = qlora.lora;
+    c.lora_plan = qlora.lora;
     const DeviceMemory mq = predict_memory(cfg, hw, c, 512);
     const double P = double(cfg.num_params());
     EXPECT_NEAR(double(model_states(mf.device)) / P, 16.0, 0.01);
@@ -206,8 +206,8 @@ TEST(PlanLora, Llama7bOnAn80GBGpu) {
     const StepTime tf = predict_step_time(cfg, hw, rf.rejected.front().c, 512, 1);
     Candidate cf = rf.rejected.front().c;
     Candidate cl = cf, cq = cf;
-    cl.lora = lora.lora;
-    cq.lora = qlora.lora;
+    cl.lora_plan = lora.lora;
+    cq.lora_plan = qlora.lora;
     const StepTime tl = predict_step_time(cfg, hw, cl, 512, 1), tq = predict_step_time(cfg, hw, cq, 512, 1);
     EXPECT_GT(tl.compute / tf.compute, 0.62);
     EXPECT_LT(tl.compute / tf.compute, 0.75);
@@ -231,14 +231,14 @@ TEST(PlanLora, SearchKeepsTheUsersChoice) {
     const SearchReport none = search_plans(r);
     ASSERT_FALSE(none.best.empty());
     for (const auto * v : {&none.best, &none.rejected})
-        for (const PlanResult & p : *v) EXPECT_FALSE(p.c.lora) << layout_name(p.c.layout);
+        for (const PlanResult & p : *v) EXPECT_FALSE(p.c.lora_plan) << layout_name(p.c.layout);
 
     r.lora = make_lora_plan(r.cfg, test::lora_options(r.cfg, 16, BaseWeights::nf4));
     const SearchReport q = search_plans(r);
     ASSERT_FALSE(q.best.empty());
     for (const auto * v : {&q.best, &q.rejected})
         for (const PlanResult & p : *v) {
-            EXPECT_EQ(p.c.lora, r.lora) << layout_name(p.c.layout);
+            EXPECT_EQ(p.c.lora_plan, r.lora) << layout_name(p.c.layout);
             EXPECT_LT(p.c.layout.zero, 3);
             EXPECT_NE(p.c.layout.offload, Offload::optimizer_params);
         }
@@ -273,11 +273,11 @@ TEST(PlanLora, SearchKeepsTheUsersChoice) {
 TEST(PlanLora, BadFlagsAreConfigErrors) {
     const ModelConfig cfg = model_preset("llama2-7b");
     auto options = [&](int rank, const std::string & base, const std::string & targets, const std::string & precision) {
-        RunShape s;
-        s.precision = precision;
-        s.lora_rank = rank;
-        s.base_weights = base;
-        s.lora_targets = targets;
+        RunConfig s;
+        s.compute = parse_precision(precision);
+        s.lora.rank = rank;
+        s.lora.base_weights = base;
+        s.lora.targets = targets;
         return lora_options(s, cfg, parse_precision(precision));
     };
     EXPECT_THROW(options(0, "nf4", "", "bf16"), ConfigError);

@@ -69,9 +69,9 @@ TEST(PlanMemory, ExactForTheEngineGrid) {
         cfg.vocab_size = 256;
         Candidate c;
         c.micro_batch = k.B;
-        c.accum = k.accum;
+        c.grad_accum = k.accum;
         c.recompute = k.rc;
-        c.flash = k.flash;
+        c.set_flash(k.flash);
         c.compute = k.dt;
         const DeviceMemory plan = exact_memory(cfg, cpu, c, k.T, backend);
         EXPECT_TRUE(plan.exact);
@@ -130,10 +130,10 @@ TEST(PlanMemory, LayoutsDivideWhatTheyShouldAndOffloadMovesToTheHost) {
     // Pipeline: GPipe keeps all m micro-batches in flight on the first stage, 1F1B at most pp.
     Candidate pp = base;
     pp.layout.pp = 4;
-    pp.accum = 16;
-    pp.layout.schedule = Schedule::gpipe;
+    pp.grad_accum = 16;
+    pp.layout.schedule = PipeSchedule::gpipe;
     const uint64_t gpipe = predict_memory(cfg, hw, pp, 4096).device[Category::activations];
-    pp.layout.schedule = Schedule::one_f_one_b;
+    pp.layout.schedule = PipeSchedule::one_f_one_b;
     const uint64_t f1b = predict_memory(cfg, hw, pp, 4096).device[Category::activations];
     EXPECT_GT(gpipe, 3 * f1b);
 }
@@ -164,18 +164,18 @@ TEST(PlanMemory, PipelineExtrapolationEqualsTheFullRecording) {
         cfg.n_layer = 6;
         Candidate c;
         c.layout.tp = k.tp, c.layout.pp = k.pp, c.layout.dp = k.dp, c.layout.zero = k.zero, c.layout.sp = k.sp;
-        c.layout.schedule = std::string(k.sched) == "gpipe" ? Schedule::gpipe
-                            : std::string(k.sched) == "1f1b" ? Schedule::one_f_one_b : Schedule::interleaved;
+        c.layout.schedule = std::string(k.sched) == "gpipe" ? PipeSchedule::gpipe
+                            : std::string(k.sched) == "1f1b" ? PipeSchedule::one_f_one_b : PipeSchedule::interleaved;
         c.layout.virtual_stages = k.V;
         c.micro_batch = 2;
         c.recompute = k.rc;
         c.compute = k.dt;
         const PipelineSamples at = pipeline_samples(c.layout);
         for (int m = 1; m <= at.from + 6 * at.step; ++m) {
-            if (c.layout.schedule == Schedule::interleaved && m % k.pp) continue;
+            if (c.layout.schedule == PipeSchedule::interleaved && m % k.pp) continue;
             SCOPED_TRACE(fmt::format("{} tp {} pp {} dp {} ZeRO-{} sp {} {}:{} {} m {}", k.model, k.tp, k.pp, k.dp, k.zero,
                                      k.sp, k.sched, k.V, k.rc, m));
-            c.accum = m;
+            c.grad_accum = m;
             const DeviceMemory full = exact_memory(cfg, cpu, c, 32, backend, /*extrapolate=*/false);
             const DeviceMemory fast = exact_memory(cfg, cpu, c, 32, backend);
             ASSERT_EQ(full.stages.size(), size_t(k.pp));

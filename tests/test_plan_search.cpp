@@ -46,7 +46,7 @@ TEST(PlanSearch, RanksFittingConfigurationsFastestFirst) {
         EXPECT_TRUE(p.fits);
         EXPECT_LE(p.mem.total(), r.hw.memory);
         EXPECT_EQ(p.c.layout.devices(), 64);
-        EXPECT_EQ(p.c.layout.dp * p.c.micro_batch * p.c.accum, 1024);   // the global batch is kept
+        EXPECT_EQ(p.c.layout.dp * p.c.micro_batch * p.c.grad_accum, 1024);   // the global batch is kept
         EXPECT_GT(p.time.mfu, 0.0);
         EXPECT_LT(p.time.mfu, 1.0);
         if (i) {
@@ -156,7 +156,7 @@ TEST(PlanSearch, ListedConfigurationsFitByTheBytesTheyPrint) {
         {"llama2-7b", "a100-40g", 16, 2048, 64, 10, {}},
         {"gpt2-xl", "rtx4090", 4, 1024, 32, 10, {}},
         {"llama2-13b", "mi300x", 8, 4096, 128, 10, [](PlanRequest & r) { r.zero = 1; }},
-        {"llama3-70b", "h200", 32, 8192, 256, 10, [](PlanRequest & r) { r.pp = 4, r.schedule = Schedule::interleaved; }},
+        {"llama3-70b", "h200", 32, 8192, 256, 10, [](PlanRequest & r) { r.pp = 4, r.schedule = PipeSchedule::interleaved; }},
         {"llama2-7b", "l40s", 16, 4096, 32, 10, [](PlanRequest & r) { r.tp = 2, r.sp = true; }},
         {"llama2-70b", "h100-80g", 1, 512, 1, 5,
          [](PlanRequest & r) { r.lora = make_lora_plan(r.cfg, memfit::test::lora_options(r.cfg, 16, BaseWeights::nf4, "q,v")); }},

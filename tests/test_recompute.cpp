@@ -10,7 +10,7 @@
 #include "memory/budget.h"
 #include "model/recompute.h"
 #include "train/engine.h"
-#include "train/techniques.h"
+#include "plan/fit.h"
 #include "test_util.h"
 
 using namespace memfit;
@@ -190,19 +190,25 @@ TEST(Recompute, BudgetMatchesBruteForceOverAllMasks) {
 TEST(Recompute, BudgetPolicyFitsTheMemoryBudgetWithTheLeastRecompute) {
     CpuBackend backend;
     const ModelConfig cfg = small_config(V, C, L, NH);
-    RunShape s;
-    s.batch = B;
+    RunConfig s;
+    s.micro_batch = B;
+    s.grad_accum = 1;
     s.seq = T;
     s.recompute = "full";
-    const uint64_t full = StepPlans(cfg, backend, resolve_run(s, cfg, backend, false, 0).eo).reserved().total();
+    auto resolve = [&](uint64_t budget) {
+        RunConfig r = s;
+        r.budget = budget;
+        return resolve_run(r, cfg, backend, false);
+    };
+    const uint64_t full = StepPlans(cfg, backend, resolve(0).eo).reserved().total();
     s.recompute = "none";
-    const uint64_t none = StepPlans(cfg, backend, resolve_run(s, cfg, backend, false, 0).eo).reserved().total();
+    const uint64_t none = StepPlans(cfg, backend, resolve(0).eo).reserved().total();
     ASSERT_LT(full, none);
     s.recompute = "budget";
     double last_flops = 1e300;
     for (int i = 0; i <= 4; ++i) {
         const uint64_t budget = full + (none - full) * uint64_t(i) / 4;
-        const ResolvedRun r = resolve_run(s, cfg, backend, false, budget);
+        const ResolvedRun r = resolve(budget);
         const StepPlans plans(cfg, backend, r.eo);
         EXPECT_LE(plans.reserved().total(), budget) << i;
         const double f = recompute_flops(plans.train->program());
@@ -211,10 +217,10 @@ TEST(Recompute, BudgetPolicyFitsTheMemoryBudgetWithTheLeastRecompute) {
         EXPECT_FALSE(r.notes.empty());
     }
     EXPECT_EQ(last_flops, 0.0);   // with none's bytes, nothing is recomputed
-    const std::string note = resolve_run(s, cfg, backend, false, none).notes.back();
+    const std::string note = resolve(none).notes.back();
     EXPECT_NE(note.find("(100%), recomputing 0 GFLOP"), std::string::npos) << note;
     try {
-        resolve_run(s, cfg, backend, false, full - 1);
+        resolve(full - 1);
         ADD_FAILURE() << "expected OutOfMemory";
     } catch (const OutOfMemory & e) {
         EXPECT_NE(std::string(e.what()).find("even full recomputation"), std::string::npos) << e.what();

@@ -22,7 +22,7 @@ Candidate candidate(int dp, int tp, int pp, int micro_batch, int accum) {
     c.layout.tp = tp;
     c.layout.pp = pp;
     c.micro_batch = micro_batch;
-    c.accum = accum;
+    c.grad_accum = accum;
     return c;
 }
 
@@ -55,13 +55,13 @@ TEST(TimeModel, CollectiveVolumes) {
 }
 
 TEST(TimeModel, BubbleFraction) {
-    EXPECT_DOUBLE_EQ(bubble_fraction(Schedule::gpipe, 4, 8, 1), 3.0 / 11);
-    EXPECT_DOUBLE_EQ(bubble_fraction(Schedule::one_f_one_b, 4, 8, 1), 3.0 / 11);
-    EXPECT_DOUBLE_EQ(bubble_fraction(Schedule::interleaved, 4, 8, 2), 3.0 / 19);
-    EXPECT_DOUBLE_EQ(bubble_fraction(Schedule::interleaved, 4, 8, 1), 3.0 / 11);
-    EXPECT_DOUBLE_EQ(bubble_fraction(Schedule::gpipe, 4, 8, 2), 3.0 / 11);   // v only interleaves
-    EXPECT_EQ(bubble_fraction(Schedule::gpipe, 1, 8, 1), 0.0);
-    EXPECT_EQ(bubble_fraction(Schedule::interleaved, 1, 8, 4), 0.0);
+    EXPECT_DOUBLE_EQ(bubble_fraction(PipeSchedule::gpipe, 4, 8, 1), 3.0 / 11);
+    EXPECT_DOUBLE_EQ(bubble_fraction(PipeSchedule::one_f_one_b, 4, 8, 1), 3.0 / 11);
+    EXPECT_DOUBLE_EQ(bubble_fraction(PipeSchedule::interleaved, 4, 8, 2), 3.0 / 19);
+    EXPECT_DOUBLE_EQ(bubble_fraction(PipeSchedule::interleaved, 4, 8, 1), 3.0 / 11);
+    EXPECT_DOUBLE_EQ(bubble_fraction(PipeSchedule::gpipe, 4, 8, 2), 3.0 / 11);   // v only interleaves
+    EXPECT_EQ(bubble_fraction(PipeSchedule::gpipe, 1, 8, 1), 0.0);
+    EXPECT_EQ(bubble_fraction(PipeSchedule::interleaved, 1, 8, 4), 0.0);
 }
 
 // The same global batch on 8 data-parallel devices instead of 1 accumulating: a faster step, but
@@ -112,7 +112,7 @@ TEST(TimeModel, RecomputeAddsWhatTheEngineRecomputes) {
     const ModelConfig cfg = model_preset("gpt2");
     const Hardware hw = memfit::test::h100_like();
     Candidate c = candidate(1, 1, 1, 8, 1);
-    c.flash = false;   // attention at the matmul efficiency: every FLOP at one rate
+    c.set_flash(false);   // attention at the matmul efficiency: every FLOP at one rate
     const StepTime none = predict_step_time(cfg, hw, c, 1024, 1);
     EXPECT_EQ(none.recompute, 0.0);
     c.recompute = "full";
@@ -133,7 +133,7 @@ TEST(TimeModel, RecomputeAddsWhatTheEngineRecomputes) {
     const StepTime sel = predict_step_time(cfg, hw, c, 1024, 1);
     EXPECT_GT(sel.recompute, 0.0);
     EXPECT_LT(sel.recompute, 0.1 * none.compute);
-    c.flash = true;
+    c.set_flash(true);
     const StepTime sel_flash = predict_step_time(cfg, hw, c, 1024, 1);
     EXPECT_LT(sel_flash.recompute, 0.01 * sel_flash.compute);
 }
@@ -157,7 +157,7 @@ TEST(TimeModel, ZeroStagesCommunication) {
     EXPECT_NEAR(comm[1], comm[0], 1e-9 * comm[0]);   // reduce-scatter + all-gather = all-reduce
     EXPECT_NEAR(comm[2], comm[0], 1e-9 * comm[0]);
     // With accumulation ZeRO-2 and -3 exchange every micro-batch; ZeRO-0 once per step.
-    c.accum = 4;
+    c.grad_accum = 4;
     c.layout.zero = 0;
     const double z0 = predict_step_time(cfg, hw, c, 4096, 1).comm;
     c.layout.zero = 2;
@@ -176,10 +176,10 @@ TEST(TimeModel, PipelineBubble) {
     const double pipe = t.compute + t.memory_bound + t.comm + t.bubble;
     EXPECT_NEAR(t.bubble / pipe, 3.0 / 7, 1e-12);
     EXPECT_GT(t.offload, 0.0);
-    c.layout.schedule = Schedule::gpipe;
+    c.layout.schedule = PipeSchedule::gpipe;
     const StepTime gp = predict_step_time(cfg, hw, c, 1024, 1);
     EXPECT_NEAR(gp.bubble, t.bubble, 1e-12 * t.bubble);
-    c.layout.schedule = Schedule::interleaved;
+    c.layout.schedule = PipeSchedule::interleaved;
     c.layout.virtual_stages = 3;   // 12 layers: 3 chunks of 1 layer per stage, as many as 1F1B's 3
     const StepTime il = predict_step_time(cfg, hw, c, 1024, 1);
     EXPECT_NEAR(il.bubble / (il.compute + il.memory_bound + il.comm + il.bubble), 3.0 / 15, 1e-12);
@@ -199,7 +199,7 @@ TEST(TimeModel, MfuInUnitIntervalEverywhere) {
                 for (int zero = 0; zero < 4; ++zero)
                     for (const char * rc : {"none", "selective", "full"})
                         for (bool flash : {true, false})
-                            for (Schedule sch : {Schedule::one_f_one_b, Schedule::interleaved})
+                            for (PipeSchedule sch : {PipeSchedule::one_f_one_b, PipeSchedule::interleaved})
                                 for (Offload off : {Offload::none, Offload::optimizer, Offload::optimizer_params})
                                     for (int accum : {1, 4, 16}) {
                                         Candidate c = candidate(64 / (tp * pp), tp, pp, 2, accum);
@@ -209,7 +209,7 @@ TEST(TimeModel, MfuInUnitIntervalEverywhere) {
                                         c.layout.virtual_stages = 2;
                                         c.layout.offload = off;
                                         c.recompute = rc;
-                                        c.flash = flash;
+                                        c.set_flash(flash);
                                         const StepTime t = predict_step_time(cfg, hw, c, seq, 8);
                                         ASSERT_TRUE(std::isfinite(t.total));
                                         ASSERT_GT(t.total, 0.0);

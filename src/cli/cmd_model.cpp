@@ -26,7 +26,7 @@
 #include "train/decoder.h"
 #include "train/export.h"
 #include "train/generate.h"
-#include "train/techniques.h"
+#include "run/run_config.h"
 
 namespace memfit::cli {
 

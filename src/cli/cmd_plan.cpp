@@ -8,7 +8,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
-#include "cli/lora_flags.h"
+#include "cli/run_flags.h"
 #include "cli/validators.h"
 #include "core/error.h"
 #include "backend/cuda_sizing.h"
@@ -16,84 +16,72 @@
 #include "plan/lora_plan.h"
 #include "plan/plan_report.h"
 #include "plan/search.h"
-#include "train/techniques.h"
+#include "plan/fit.h"
+#include "run/compat.h"
 
 namespace memfit::cli {
 
 namespace {
 
+// What `memfit plan` takes besides the RunConfig: the cluster and the output.
 struct PlanFlags {
-    std::string model = "llama2-7b", hardware = "h100-80g", precision = "bf16", optimizer = "adamw";
-    std::string offload, schedule, recompute, attention, calibration = "runs/calibration.json";
-    int gpus = 0, nodes = 0, seq = 4096, global_batch = 0, zero = -1, tp = 0, pp = 0, micro_batch = 0, top = 5;
+    std::string hardware = "h100-80g", calibration = "runs/calibration.json";
+    int gpus = 0, nodes = 0, top = 5;
     int min_gpus_limit = 4096;
-    bool sp = false, explain = false, json = false, min_gpus = false;
-    // LoRA, as `memfit train` takes it (RunShape).
-    int lora_rank = 0;
-    float lora_alpha = 16, lora_dropout = 0;
-    std::string lora_targets, base_weights = "compute";
+    bool explain = false, json = false, min_gpus = false;
 };
 
-template <class T>
-T pick(const std::string & flag, const std::string & v, std::initializer_list<std::pair<const char *, T>> choices) {
-    std::string names;
-    for (const auto & [n, t] : choices) {
-        if (v == n) return t;
-        names += names.empty() ? n : std::string(", ") + n;
-    }
-    throw ConfigError(fmt::format("{} '{}': expected one of {}", flag, v, names));
+// The run's defaults for planning: a 7B model at 4k tokens in bf16.
+RunConfig plan_defaults() {
+    RunConfig r;
+    r.model = "llama2-7b";
+    r.seq = 4096;
+    r.compute = DType::bf16;
+    return r;
 }
 
-PlanRequest make_request(const PlanFlags & f) {
+// The request: what the flags (or the config file) fix; the rest is searched.
+PlanRequest make_request(const PlanFlags & f, const RunConfig & run, const RunFlags & given) {
     PlanRequest r;
-    r.cfg = resolve_model(f.model);
+    r.cfg = resolve_model(run.model);
     if (r.cfg.vocab_size == 0) r.cfg.vocab_size = 256;   // the small presets: a byte vocabulary
     r.cfg.validate();
     r.hw = find_hardware(default_hardware_catalog(f.calibration), f.hardware);
     const int node = std::max(1, r.hw.per_node);
     r.gpus = f.gpus > 0 ? f.gpus : f.nodes > 0 ? f.nodes * node : 1;
     r.nodes = f.nodes > 0 ? f.nodes : (r.gpus + node - 1) / node;
-    r.seq = f.seq;
-    r.global_batch = f.global_batch > 0 ? f.global_batch : r.gpus;
-    r.compute = pick<DType>("--precision", f.precision, {{"bf16", DType::bf16}, {"fp16", DType::f16}, {"fp32", DType::f32}});
+    r.seq = run.seq;
+    r.global_batch = run.global_batch > 0 ? run.global_batch : r.gpus;
+    if (run.precision_auto) throw ConfigError("--precision auto: memfit plan plans one precision; name it");
+    r.compute = run.compute;
     // LoRA: the same flags and checks as `memfit train` (lora_options).
-    RunShape shape;
-    shape.precision = f.precision;
-    shape.lora_rank = f.lora_rank;
-    shape.lora_alpha = f.lora_alpha;
-    shape.lora_dropout = f.lora_dropout;
-    shape.lora_targets = f.lora_targets;
-    shape.base_weights = f.base_weights;
-    r.lora = make_lora_plan(r.cfg, lora_options(shape, r.cfg, r.compute));
-    r.optimizer = pick<Optimizer>("--optimizer", f.optimizer,
-                                  {{"adamw", Optimizer::adamw}, {"sgd", Optimizer::sgd}, {"adamw-8bit", Optimizer::adamw_8bit}});
-    if (f.zero >= 0) r.zero = f.zero;
-    if (f.tp > 0) r.tp = f.tp;
-    if (f.pp > 0) r.pp = f.pp;
-    if (f.micro_batch > 0) r.micro_batch = f.micro_batch;
-    if (!f.offload.empty())
-        r.offload = pick<Offload>("--offload", f.offload, {{"none", Offload::none}, {"optimizer", Offload::optimizer},
-                                                           {"optimizer+params", Offload::optimizer_params}});
-    if (!f.schedule.empty()) {
-        if (f.schedule.starts_with("interleaved:")) {
-            r.schedule = Schedule::interleaved;
-            try {
-                r.virtual_stages = std::stoi(f.schedule.substr(12));
-            } catch (const std::exception &) {
-                r.virtual_stages = 0;
-            }
-            if (r.virtual_stages < 2)
-                throw ConfigError(fmt::format("--schedule {}: interleaved:V needs V >= 2 model chunks per device", f.schedule));
-        } else {
-            r.schedule = pick<Schedule>("--schedule", f.schedule, {{"gpipe", Schedule::gpipe}, {"1f1b", Schedule::one_f_one_b}});
-        }
+    r.lora = make_lora_plan(r.cfg, lora_options(run, r.cfg, r.compute));
+    r.optimizer = run.optimizer;
+    if (auto why = out_of_range(run)) throw ConfigError(*why);
+    if (given.given("zero")) r.zero = run.layout.zero;
+    if (given.given("tp")) r.tp = run.layout.tp;
+    if (given.given("pp")) r.pp = run.layout.pp;
+    if (given.given("micro-batch")) r.micro_batch = run.micro_batch;
+    if (given.given("batch"))
+        throw ConfigError("--batch: memfit plan takes --micro-batch (per data-parallel rank) and --global-batch");
+    if (given.given("grad-accum")) {
+        if (given.given("global-batch") || given.given("micro-batch"))
+            throw ConfigError("memfit plan: give --global-batch (searched over layouts) with --micro-batch; "
+                              "--grad-accum follows from them per layout");
+        throw ConfigError("memfit plan: --grad-accum depends on the layout it searches; give --global-batch "
+                          "(and --micro-batch)");
     }
-    if (f.sp) r.sp = true;
-    if (!f.recompute.empty()) {
-        pick<int>("--recompute", f.recompute, {{"none", 0}, {"selective", 0}, {"full", 0}});
-        r.recompute = f.recompute;
+    if (given.given("offload")) r.offload = run.layout.offload;
+    if (given.given("schedule")) {
+        r.schedule = run.layout.schedule;
+        if (run.layout.schedule == PipeSchedule::interleaved) r.virtual_stages = run.layout.virtual_stages;
     }
-    if (!f.attention.empty()) r.flash = pick<bool>("--attention", f.attention, {{"flash", true}, {"naive", false}});
+    if (run.layout.sp) r.sp = true;
+    if (given.given("recompute")) {
+        run.recompute.uniform_mask("memfit plan");   // the planner models the uniform policies
+        r.recompute = run.recompute.name();
+    }
+    if (given.given("attention") && run.attention != Attention::auto_) r.flash = run.attention == Attention::flash;
     r.top = size_t(f.top);
     r.explain = f.explain;
     return r;
@@ -103,28 +91,14 @@ PlanRequest make_request(const PlanFlags & f) {
 
 void add_plan_commands(CLI::App & app) {
     static PlanFlags f;
+    static RunConfig run = plan_defaults();
     CLI::App * p = app.add_subcommand(
         "plan", "predict per-device memory and step time for a model on a cluster; search the fastest configuration that fits");
-    p->add_option("--model", f.model, "preset or Hugging Face config.json")->capture_default_str();
+    // The run's flags as train takes them; those given are fixed, the rest searched.
+    static const RunFlags given = add_run_flags(p, run, RunFlagSet{.execution = false, .layout = true});
     p->add_option("--hardware", f.hardware, "device kind from data/hardware.json (cpu: this machine)")->capture_default_str();
     p->add_option("--gpus", f.gpus, "devices in all (default: --nodes x devices per node, else 1)")->check(kPositive);
     p->add_option("--nodes", f.nodes, "nodes (default: as many as --gpus needs)")->check(kPositive);
-    p->add_option("--seq", f.seq, "tokens per sequence")->capture_default_str()->check(kPositive);
-    p->add_option("--global-batch", f.global_batch, "sequences per optimizer step (default: one per device)")
-        ->check(kPositive);
-    p->add_option("--precision", f.precision, "bf16|fp16|fp32")->capture_default_str();
-    p->add_option("--optimizer", f.optimizer, "adamw|sgd|adamw-8bit")->capture_default_str();
-    p->add_option("--zero", f.zero, "fix the ZeRO stage 0..3")->check(CLI::Range(0, 3));
-    p->add_option("--offload", f.offload, "fix offload: none|optimizer|optimizer+params");
-    p->add_option("--tp", f.tp, "fix the tensor-parallel size")->check(kPositive);
-    p->add_option("--pp", f.pp, "fix the pipeline-parallel size")->check(kPositive);
-    p->add_option("--schedule", f.schedule, "fix the pipeline schedule: gpipe|1f1b|interleaved:V");
-    p->add_flag("--sp", f.sp, "fix sequence parallelism on (with --tp > 1)");
-    p->add_option("--micro-batch", f.micro_batch, "fix the micro-batch (sequences per data-parallel rank)")
-        ->check(kPositive);
-    p->add_option("--recompute", f.recompute, "fix recomputation: none|selective|full");
-    p->add_option("--attention", f.attention, "fix attention: flash|naive");
-    add_lora_flags(p, f);
     p->add_option("--top", f.top, "configurations to list")->capture_default_str()->check(kPositive);
     p->add_flag("--explain", f.explain, "also list the fastest rejected configurations and what would make them fit");
     p->add_flag("--json", f.json, "print the result as JSON (docs/planner.md)");
@@ -132,7 +106,7 @@ void add_plan_commands(CLI::App & app) {
     p->add_option("--calibration", f.calibration, "the cpu entry's measurements (memfit bench --calibrate)")
         ->capture_default_str();
     p->callback([] {
-        PlanRequest r = make_request(f);
+        PlanRequest r = make_request(f, run, given);
         // The engine's own scratch sizes: oneDNN's on the CPU, the CUDA backend's on a GPU.
         CpuBackend cpu;
         const std::unique_ptr<Backend> cuda = make_cuda_sizing_backend();

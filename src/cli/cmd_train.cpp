@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
-#include "cli/lora_flags.h"
+#include "cli/run_flags.h"
 #include "cli/validators.h"
 #include "core/error.h"
 #include "model/config.h"
@@ -18,94 +18,35 @@ namespace memfit::cli {
 
 namespace {
 
-void add_shape_flags(CLI::App * c, RunShape & o) {
-    c->add_option("--model", o.model, "preset (" + fmt::format("{}", fmt::join(preset_names(), ", ")) +
-                                          "), a Hugging Face config.json (GPT-2 or LLaMA), or a folder holding one and its weights")->capture_default_str();
-    c->add_option("--batch,--micro-batch", o.batch, "sequences per forward/backward (the micro-batch); under mpirun the global micro-batch, split evenly "
-                  "over the ranks")
-        ->capture_default_str()->check(kPositive);
-    c->add_option("--seq", o.seq, "tokens per sequence")->capture_default_str()->check(kPositive);
-    c->add_option("--threads", o.threads, "CPU threads (0: all cores)")->check(kNonNegative);
-    c->add_option("--device", o.device,
-                  "cpu, or cuda (NVIDIA GPU; under mpirun each rank takes the GPU of its local rank, and gradients "
-                  "move over NCCL)")
-        ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
-    c->add_option("--seed", o.seed, "random seed")->capture_default_str();
-    c->add_option("--loss-chunk", o.loss_chunk,
-                  "tokens per LM-head + cross-entropy chunk: the B*T*V logits are never stored whole (0: unchunked)")
-        ->capture_default_str()->check(kNonNegative);
-    c->add_option("--attention", o.attention,
-                  "flash (tiled, saves one log-sum-exp per query), naive (saves the T x T probabilities), or auto: "
-                  "flash where the device's kernels take the model's head dimension (the CUDA ones: 32, 64, 96, "
-                  "128), else naive")
-        ->capture_default_str()->check(CLI::IsMember({"auto", "naive", "flash"}));
-    c->add_option("--recompute", o.recompute,
-                  "activation recomputation: none, full (keep each layer's input), every:K (keep every K-th), sqrt, "
-                  "selective (recompute norms, GELU, attention probabilities), budget (least recompute that fits "
-                  "--memory-budget)")
-        ->capture_default_str();
-    c->add_option("--grad-accum", o.grad_accum,
-                  "micro-batches accumulated per optimizer step (the step's batch is their sum)")
-        ->capture_default_str()->check(kPositive);
-    c->add_option("--precision", o.precision,
-                  "fp32, bf16 or fp16 (16-bit weights and activations, fp32 master weights and AdamW moments; fp16 "
-                  "adds dynamic loss scaling); auto lets --fit auto choose")
-        ->capture_default_str()->check(CLI::IsMember({"fp32", "bf16", "fp16", "auto"}));
-    c->add_option("--fit", o.fit,
-                  "auto: choose micro-batch, accumulation (keeping the global batch), attention, recomputation, "
-                  "loss chunk and (with --precision auto) precision for the highest predicted throughput that fits "
-                  "--memory-budget")
-        ->capture_default_str()->check(CLI::IsMember({"off", "auto"}));
-    c->add_option("--clip", o.clip, "clip gradients to this global L2 norm before AdamW (0: off)")
-        ->capture_default_str()->check(kNonNegative);
-    c->add_option("--memory-budget", o.memory_budget,
-                  "refuse to start unless the plan fits in this many bytes (e.g. 512MiB, 2GiB; default: the memory available)");
-    add_lora_flags(c, o);
-}
-
-
 // Flags shared by `memfit train` and `memfit profile`.
 void add_train_flags(CLI::App * train, TrainOptions & t) {
-    add_shape_flags(train, t);
-    // Checked by the trainer (one clear line before any work), not by CLI11.
-    train->add_option("--zero", t.zero,
-                      "data parallel (mpirun -np N memfit train ...): ZeRO stage 0 (every rank holds everything), 1 "
-                      "(shard fp32 master weights and AdamW moments over the ranks), 2 (also gradients), 3 (also "
-                      "the parameters); --batch is then the global micro-batch, split evenly over the N ranks")
-        ->capture_default_str();
-    train->add_option("--tp", t.tp,
-                      "tensor parallel (Megatron-LM): split every block's heads and MLP width, the embedding and "
-                      "the LM head over groups of this many consecutive ranks (mpirun -np N: data parallel over "
-                      "the N / tp groups); the heads, KV heads and MLP width must divide by it")
-        ->capture_default_str();
-    train->add_flag("--sp", t.sp,
-                    "sequence parallel (with --tp): norms and residual adds run on 1/tp of the tokens, with "
-                    "all-gathers and reduce-scatters in place of the all-reduces, so those activations divide by tp "
-                    "(Korthikanti et al. 2022)");
-    train->add_option("--pp", t.pp,
-                      "pipeline parallel: split the blocks into this many stages (embedding with the first, LM "
-                      "head with the last, balanced by cost); each step's --grad-accum micro-batches flow through "
-                      "them; mpirun -np N with N a multiple of tp x pp")
-        ->capture_default_str();
-    train->add_option("--schedule", t.schedule,
-                      "pipeline schedule: gpipe (every forward, then every backward: all micro-batches' activations "
-                      "live at once), 1f1b (at most P - s micro-batches in flight on stage s) or interleaved:V (V "
-                      "model chunks per stage, a smaller bubble; --grad-accum a multiple of --pp)")
-        ->capture_default_str();
-    train->add_option("--bucket-mb", t.bucket_mb,
-                      "data parallel: gradients are reduced in buckets of at least this many MiB of adjacent "
-                      "blocks (0: one bucket per transformer block)")
-        ->capture_default_str();
+    add_run_flags(train, t);
     train->add_option("--data", t.data, "folder with train.bin/val.bin from `memfit prepare` (default: the bundled corpus)");
     train->add_option("--tokenizer", t.tokenizer,
                       "tokenizer when preparing the bundled corpus: gpt2|bytes|PATH/tokenizer.model (SentencePiece)");
     train->add_option("--steps", t.steps, "optimizer steps")->capture_default_str()->check(kPositive);
     train->add_option("--lr", t.lr, "peak learning rate")->capture_default_str()->check(kPositive);
     train->add_option("--warmup", t.warmup, "linear warmup steps")->capture_default_str()->check(kNonNegative);
-    train->add_option("--min-lr-ratio", t.min_lr_ratio, "cosine decay floor as a fraction of --lr")
+    train->add_option("--min-lr-ratio", t.min_lr_ratio, "the decay's floor at the last step, as a fraction of --lr")
         ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+    train->add_option_function<std::string>(
+              "--lr-scheduler",
+              [&t](const std::string & v) {
+                  if (v == "cosine") t.lr_decay = LrDecay::cosine;
+                  else if (v == "linear") t.lr_decay = LrDecay::linear;
+                  else if (v == "constant") t.lr_decay = LrDecay::constant;
+                  else throw ConfigError(fmt::format("--lr-scheduler '{}': expected cosine, linear or constant", v));
+              },
+              "after the linear warmup: cosine or linear decay to --lr x --min-lr-ratio at the last step, or "
+              "constant (--lr)")
+        ->default_str(lr_decay_name(t.lr_decay));
     train->add_option("--weight-decay", t.weight_decay, "AdamW decoupled weight decay (tensors with >= 2 dims)")
         ->capture_default_str()->check(kNonNegative);
+    train->add_option("--adam-beta1", t.beta1, "AdamW's first-moment decay")->capture_default_str()
+        ->check(CLI::Range(0.0, 0.999999));
+    train->add_option("--adam-beta2", t.beta2, "AdamW's second-moment decay")->capture_default_str()
+        ->check(CLI::Range(0.0, 0.999999));
+    train->add_option("--adam-epsilon", t.eps, "AdamW's epsilon")->capture_default_str()->check(kPositive);
     train->add_option("--eval-every", t.eval_every, "validation interval in steps (0: at the end only)")
         ->capture_default_str()->check(kNonNegative);
     train->add_option("--eval-batches", t.eval_batches, "validation batches per evaluation")
@@ -160,7 +101,7 @@ void add_train_commands(CLI::App & app) {
 
     static BenchOptions b;
     CLI::App * bench = app.add_subcommand("bench", "time training steps; print one JSON line (tokens/s, MFU, memory)");
-    add_shape_flags(bench, b);
+    add_run_flags(bench, b, RunFlagSet{.execution = true, .layout = false});
     bench->add_option("--steps", b.steps, "timed steps (median reported)")->capture_default_str()
         ->check(kPositive);
     bench->add_option("--warmup", b.warmup, "untimed steps first")->capture_default_str()

@@ -1,10 +1,14 @@
 // memfit: train, plan and profile transformer language models inside a memory budget.
+#include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
+#include "cli/config_file.h"
 #include "core/error.h"
 
 int main(int argc, char ** argv) {
@@ -16,7 +20,11 @@ int main(int argc, char ** argv) {
     memfit::cli::add_model_commands(app);
     memfit::cli::add_plan_commands(app);
     try {
-        app.parse(argc, argv);
+        // --config FILE: the file's flags join the command line's (cli/config_file.h).
+        std::vector<std::string> args = memfit::cli::expand_config(app, std::vector<std::string>(argv, argv + argc));
+        args.erase(args.begin());
+        std::reverse(args.begin(), args.end());   // CLI11 takes a vector last argument first
+        app.parse(args);
     } catch (const CLI::CallForHelp & e) {
         return app.exit(e);
     } catch (const CLI::CallForAllHelp & e) {

@@ -35,18 +35,82 @@ RecomputePlan segments(int n_layer, int K, const std::string & name) {
 
 }  // namespace
 
-RecomputePlan parse_recompute(const std::string & policy, int n_layer) {
-    if (policy == "none") return uniform(n_layer, kKeepAll, policy);
-    if (policy == "full") return uniform(n_layer, 0, policy);
-    if (policy == "selective") return uniform(n_layer, kKeepSelective, policy);
-    if (policy == "sqrt") return segments(n_layer, std::max(1, int(std::ceil(std::sqrt(double(n_layer))))), policy);
-    if (policy.starts_with("every:")) {
-        const std::string k = policy.substr(6);
-        if (!k.empty() && k.size() < 6 && std::all_of(k.begin(), k.end(), ::isdigit) && std::stoi(k) >= 1)
-            return segments(n_layer, std::stoi(k), policy);
+const std::vector<RecomputePolicy> & recompute_policies() {
+    static const std::vector<RecomputePolicy> table = {
+        {"none", "keep every activation", RecomputePolicy::uniform, kKeepAll, true},
+        {"full", "keep each layer's input", RecomputePolicy::uniform, 0, true},
+        {"every", "every:K, keep every K-th layer's input", RecomputePolicy::segments},
+        {"sqrt", "segments of sqrt(layers)", RecomputePolicy::sqrt_segments},
+        {"selective", "recompute norms, GELU, attention probabilities", RecomputePolicy::uniform, kKeepSelective,
+         true},
+        {"budget", "least recompute that fits --memory-budget", RecomputePolicy::budget},
+    };
+    return table;
+}
+
+std::string recompute_help() {
+    std::string s;
+    for (const RecomputePolicy & p : recompute_policies())
+        s += fmt::format("{}{} ({})", s.empty() ? "" : ", ", p.kind == RecomputePolicy::segments ? "every:K" : p.name,
+                         p.help);
+    return s;
+}
+
+std::vector<std::string> searched_recompute_policies() {
+    std::vector<std::string> v;
+    for (const RecomputePolicy & p : recompute_policies())
+        if (p.searched) v.push_back(p.name);
+    return v;
+}
+
+Recompute::Recompute(std::string_view spelled) {
+    const size_t colon = spelled.find(':');
+    const std::string_view head = spelled.substr(0, colon);
+    for (const RecomputePolicy & p : recompute_policies()) {
+        if (head != p.name) continue;
+        const bool takes_k = p.kind == RecomputePolicy::segments;
+        if (!takes_k && colon == std::string_view::npos) {
+            policy = p.name;
+            return;
+        }
+        const std::string_view k_text = colon == std::string_view::npos ? "" : spelled.substr(colon + 1);
+        if (takes_k && !k_text.empty() && k_text.size() < 6 && std::all_of(k_text.begin(), k_text.end(), ::isdigit) &&
+            std::stoi(std::string(k_text)) >= 1) {
+            policy = p.name;
+            k = std::stoi(std::string(k_text));
+            return;
+        }
     }
-    throw ConfigError(fmt::format(
-        "--recompute '{}': expected none, full, every:K (K >= 1), sqrt, selective or budget", policy));
+    std::string names;
+    for (const RecomputePolicy & p : recompute_policies())
+        names += fmt::format("{}{}", names.empty() ? "" : ", ",
+                             p.kind == RecomputePolicy::segments ? "every:K (K >= 1)" : p.name);
+    throw ConfigError(fmt::format("--recompute '{}': expected {}", spelled, names));
+}
+
+const RecomputePolicy & Recompute::info() const {
+    for (const RecomputePolicy & p : recompute_policies())
+        if (policy == p.name) return p;
+    MF_ASSERT(false && "a Recompute outside the table");
+    return recompute_policies().front();
+}
+
+uint32_t Recompute::uniform_mask(const char * who) const {
+    if (info().kind == RecomputePolicy::uniform) return info().mask;
+    throw ConfigError(fmt::format("--recompute {}: {} models {}", name(), who,
+                                  fmt::join(searched_recompute_policies(), ", ")));
+}
+
+RecomputePlan recompute_plan(const Recompute & r, int n_layer) {
+    const RecomputePolicy & p = r.info();
+    switch (p.kind) {
+    case RecomputePolicy::uniform: return uniform(n_layer, p.mask, r.name());
+    case RecomputePolicy::segments: return segments(n_layer, r.k, r.name());
+    case RecomputePolicy::sqrt_segments:
+        return segments(n_layer, std::max(1, int(std::ceil(std::sqrt(double(n_layer))))), r.name());
+    case RecomputePolicy::budget: break;
+    }
+    throw ConfigError("--recompute budget is solved against the memory budget (recompute_for_budget)");
 }
 
 KeepSet layer_keep_cost(const ModelConfig & cfg, int B, int T, bool flash, DType compute, uint32_t mask) {

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/dtype.h"
@@ -43,9 +44,44 @@ struct RecomputePlan {
     bool recomputes() const;
 };
 
-// none | full | every:K | sqrt | selective for an L-layer model. "budget" needs the budget:
-// see recompute_for_budget. Throws ConfigError on anything else.
-RecomputePlan parse_recompute(const std::string & policy, int n_layer);
+// The policies, one row each (kRecomputePolicies in recompute.cpp): every command's flag, help
+// text, config key, the planner's models and searches read this table, so a new policy is a row.
+struct RecomputePolicy {
+    const char * name;      // as users write it ("every" is written every:K)
+    const char * help;      // for --help
+    enum Kind { uniform, segments, sqrt_segments, budget } kind;
+    uint32_t mask = 0;      // uniform: the units every layer keeps
+    bool searched = false;  // --fit auto and `memfit plan` try it (uniform policies only)
+};
+const std::vector<RecomputePolicy> & recompute_policies();
+// "none (every unit kept), full (...), ...": the flag's help, from the table.
+std::string recompute_help();
+// The uniform policies the searches try (none, selective, full).
+std::vector<std::string> searched_recompute_policies();
+
+// A policy as the user spelled it, checked against the table (ConfigError naming the choices).
+struct Recompute {
+    std::string policy = "none";
+    int k = 0;                       // every:K
+    Recompute() = default;
+    Recompute(std::string_view spelled);   // NOLINT: "selective" converts, checked
+    Recompute(const char * spelled) : Recompute(std::string_view(spelled)) {}
+    Recompute(const std::string & spelled) : Recompute(std::string_view(spelled)) {}
+    std::string name() const { return policy == "every" ? "every:" + std::to_string(k) : policy; }
+    const RecomputePolicy & info() const;
+    // Uniform policies' kept units (the planner's analytic models know only these); ConfigError otherwise.
+    uint32_t uniform_mask(const char * who) const;
+    bool operator==(const Recompute & o) const { return policy == o.policy && k == o.k; }
+    bool operator==(std::string_view s) const { return name() == s; }
+    bool operator==(const char * s) const { return name() == s; }
+};
+
+// The per-layer plan of a policy for an L-layer model. "budget" needs the budget: see
+// recompute_for_budget.
+RecomputePlan recompute_plan(const Recompute & r, int n_layer);
+inline RecomputePlan parse_recompute(const std::string & policy, int n_layer) {
+    return recompute_plan(Recompute(policy), n_layer);
+}
 
 // Bytes kept and FLOPs recomputed by one layer under keep mask `mask` (B sequences of T tokens,
 // activations stored in `compute`). FLOPs use the same formulas as Graph's op records.

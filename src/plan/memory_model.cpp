@@ -7,7 +7,9 @@
 
 #include "core/error.h"
 #include "model/recompute.h"
+#include "plan/fit.h"
 #include "plan/lora_plan.h"
+#include "run/compat.h"
 #include "train/engine.h"
 
 namespace memfit {
@@ -18,14 +20,15 @@ constexpr uint64_t kGemmWorkspace = 32ull << 20;   // cuBLASLt's recommended wor
 
 uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
-uint32_t keep_mask(const std::string & policy) {
-    if (policy == "none") return kKeepAll;
-    if (policy == "selective") return kKeepSelective;
-    if (policy == "full") return 0;
-    throw ConfigError(fmt::format("--recompute {}: the planner models none, selective and full", policy));
-}
 
 }  // namespace
+
+RunConfig candidate_run(const Candidate & c, int seq) {
+    RunConfig r = c;
+    r.seq = seq;
+    r.lora.rank = c.lora_plan ? c.lora_plan->opts.rank : 0;
+    return r;
+}
 
 ParamSplit param_split(const ModelConfig & cfg) {
     ModelConfig none = cfg, one = cfg;
@@ -45,7 +48,7 @@ CategoryBytes model_state_bytes(int64_t params, const Candidate & c) {
     const int zero = c.layout.zero;
     const uint64_t master = c.compute == DType::f32 ? 0 : 4;
     const uint64_t opt = c.optimizer == Optimizer::adamw ? 8 : c.optimizer == Optimizer::adamw_8bit ? 2 : 4;
-    const uint64_t grad = c.accum > 1 ? 4 : s;
+    const uint64_t grad = c.grad_accum > 1 ? 4 : s;
     CategoryBytes b;
     b[Category::parameters] = zero >= 3 ? ceil_div(P * s, dp) : P * s;
     b[Category::master_weights] = zero >= 1 ? ceil_div(P * master, dp) : P * master;
@@ -62,22 +65,22 @@ CategoryBytes lora_state_bytes(uint64_t base, int64_t adapters, const Candidate 
 }
 
 void check_lora_layout(const Candidate & c) {
-    if (!c.lora || !c.lora->quantized()) return;
+    if (!c.lora_plan || !c.lora_plan->quantized()) return;
     if (c.layout.zero >= 3)
         throw ConfigError(fmt::format("--base-weights {} with ZeRO-3: sharding a packed base is not modelled; use "
                                       "--zero 0..2 (the packed base is replicated) or --base-weights bf16",
-                                      base_weights_name(c.lora->opts.base)));
+                                      base_weights_name(c.lora_plan->opts.base)));
     if (c.layout.offload == Offload::optimizer_params)
         throw ConfigError(fmt::format("--base-weights {} with --offload optimizer+params: offloading a packed base is "
                                       "not modelled; use --offload optimizer or none",
-                                      base_weights_name(c.lora->opts.base)));
+                                      base_weights_name(c.lora_plan->opts.base)));
 }
 
 DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const Candidate & c, int seq) {
     const Layout & L = c.layout;
-    MF_ASSERT(L.dp >= 1 && L.tp >= 1 && L.pp >= 1 && c.micro_batch >= 1 && c.accum >= 1);
+    MF_ASSERT(L.dp >= 1 && L.tp >= 1 && L.pp >= 1 && c.micro_batch >= 1 && c.grad_accum >= 1);
     check_lora_layout(c);
-    const LoraPlan * lp = c.lora.get();
+    const LoraPlan * lp = c.lora_plan.get();
     const ParamSplit ps = param_split(cfg);
     const int64_t layers = (cfg.n_layer + L.pp - 1) / L.pp;
     // The busiest stage: the first (embedding) or the last (head; a tied head keeps a copy).
@@ -121,17 +124,17 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     uint64_t comm = 0;
     if (L.zero >= 3 || L.offload == Offload::optimizer_params) comm += gathered;
     // Two gradient buckets: one moving, one filling (LoRA: at most the adapters' gradients).
-    const uint64_t bucket = lp ? std::min(uint64_t(kBucketBytes), uint64_t(lp->adapters) * (c.accum > 1 ? 4 : s))
+    const uint64_t bucket = lp ? std::min(uint64_t(kBucketBytes), uint64_t(lp->adapters) * (c.grad_accum > 1 ? 4 : s))
                                : uint64_t(kBucketBytes);
     if (L.dp > 1 || L.offload != Offload::none) comm += 2 * bucket;
 
     // Activations of one micro-batch of one layer, by unit.
     const int b = c.micro_batch;
     const uint64_t BTC = uint64_t(b) * uint64_t(seq) * uint64_t(cfg.n_embd) * s;
-    const uint32_t mask = keep_mask(c.recompute);
+    const uint32_t mask = c.recompute.uniform_mask("the planner");
     const uint64_t rows = uint64_t(b) * uint64_t(seq);
     auto unit = [&](Saved u) -> uint64_t {
-        const uint64_t bytes = layer_keep_cost(cfg, b, seq, c.flash, c.compute, 1u << int(u)).bytes;
+        const uint64_t bytes = layer_keep_cost(cfg, b, seq, c.flash(), c.compute, 1u << int(u)).bytes;
         if (!lp) return bytes;
         // LoRA: a frozen projection's input is kept only for its adapter's dA.
         const uint64_t stats = (cfg.llama() ? 1 : 2) * rows * 4;
@@ -139,7 +142,7 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
             case Saved::ln1: return lp->adapts(Proj::qkv) ? bytes : stats;
             case Saved::ln2: return lp->adapts(Proj::fc) ? bytes : stats;
             case Saved::gelu: return lp->adapts(Proj::down) ? bytes : 0;
-            case Saved::attn_out: return c.flash || lp->adapts(Proj::o) ? bytes : 0;
+            case Saved::attn_out: return c.flash() || lp->adapts(Proj::o) ? bytes : 0;
             default: return bytes;
         }
     };
@@ -156,15 +159,15 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     const uint64_t per_layer = split / tp + (L.sp ? replicated / tp : replicated);
     double in_flight = 1;
     if (L.pp > 1) {
-        const double mb = double(c.accum), p = double(L.pp);
-        in_flight = L.schedule == Schedule::gpipe ? mb
-                  : L.schedule == Schedule::one_f_one_b ? std::min(mb, p)
+        const double mb = double(c.grad_accum), p = double(L.pp);
+        in_flight = L.schedule == PipeSchedule::gpipe ? mb
+                  : L.schedule == PipeSchedule::one_f_one_b ? std::min(mb, p)
                   : std::min(mb, p) * (1.0 + (p - 1.0) / (p * double(L.virtual_stages)));
     }
     const uint64_t kept = uint64_t(std::ceil(double(per_layer * uint64_t(layers)) * in_flight));
     // One layer's backward working set (its activation gradients) and what it recomputes.
-    const uint64_t all = layer_keep_cost(cfg, b, seq, c.flash, c.compute, kKeepAll).bytes;
-    const uint64_t rc = all - layer_keep_cost(cfg, b, seq, c.flash, c.compute, mask).bytes;
+    const uint64_t all = layer_keep_cost(cfg, b, seq, c.flash(), c.compute, kKeepAll).bytes;
+    const uint64_t rc = all - layer_keep_cost(cfg, b, seq, c.flash(), c.compute, mask).bytes;
     const uint64_t grads = uint64_t(b) * uint64_t(seq) * uint64_t(cfg.fc_dim() + cfg.ffn_dim() + cfg.qkv_dim()) * s / tp +
                            3 * BTC;
     // LoRA's backward transients: dd, du, and with dropout the regenerated dropped input and its
@@ -176,12 +179,12 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     // memfit's interleaved schedule completes its sends at the step's end: every chunk output
     // and input gradient a stage sends stays live until then (the first stage's V m outputs and
     // (V - 1) m gradients), one boundary activation each.
-    const uint64_t sent = L.pp > 1 && L.schedule == Schedule::interleaved
-                              ? uint64_t(2 * L.virtual_stages - 1) * uint64_t(c.accum) * (BTC / (L.sp ? tp : 1))
+    const uint64_t sent = L.pp > 1 && L.schedule == PipeSchedule::interleaved
+                              ? uint64_t(2 * L.virtual_stages - 1) * uint64_t(c.grad_accum) * (BTC / (L.sp ? tp : 1))
                               : 0;
     // The step's token ids, targets and losses (4 bytes each per token): a pipeline's program
     // holds all m micro-batches' (a huge m is memory too).
-    const uint64_t batch = 12 * rows * uint64_t(L.pp > 1 ? c.accum : 1);
+    const uint64_t batch = 12 * rows * uint64_t(L.pp > 1 ? c.grad_accum : 1);
     m.device[Category::activations] = kept + grads + lora_grads + rc / tp + logits + 2 * BTC + sent + batch;
     if (L.pp > 1) comm += 2 * BTC / (L.sp ? tp : 1);
     m.device[Category::communication] = comm;
@@ -227,32 +230,18 @@ struct Recorded {
 
 Recorded record_stages(const ModelConfig & cfg, const Candidate & c, int seq, const Backend & sizing, int m) {
     const Layout & L = c.layout;
-    EngineOptions eo;
     // Rank 0's program for each stage: every data and tensor rank's buffers have the same sizes
     // (equal, padded shards and slices); the stages differ, and the largest is the device's.
-    eo.data_parallel = L.dp;
-    eo.tensor_parallel = L.tp;
-    eo.sequence_parallel = L.sp;
-    eo.pipeline_parallel = L.pp;
-    eo.schedule = L.schedule == Schedule::gpipe           ? PipeSchedule::gpipe
-                  : L.schedule == Schedule::one_f_one_b ? PipeSchedule::one_f_one_b
-                                                        : PipeSchedule::interleaved;
-    eo.virtual_stages = L.schedule == Schedule::interleaved ? L.virtual_stages : 1;
-    eo.zero = L.zero;
-    eo.B = c.micro_batch;
-    eo.T = seq;
-    eo.grad_accum = m;
-    eo.with_eval = false;
-    eo.flash_attention = c.flash;
-    eo.compute = c.compute;
-    eo.recompute = parse_recompute(c.recompute, cfg.n_layer);
-    if (c.lora) eo.lora = c.lora->opts;
+    RunConfig run = candidate_run(c, seq);
+    run.grad_accum = m;
+    EngineOptions eo = engine_options(run, cfg, sizing, /*with_eval=*/false);
+    if (c.lora_plan) eo.lora = c.lora_plan->opts;
     Recorded r;
     for (int stage = 0; stage < L.pp; ++stage) {
         eo.pp_rank = stage;
         const StepPlans plans(cfg, sizing, eo, /*place=*/false);
         r.live.push_back(plans.peak_live());
-        if (c.lora && stage == 0)
+        if (c.lora_plan && stage == 0)
             for (const auto & buf : plans.train->program().buffers())
                 if (buf.name == "parameters" || buf.name == "parameters.quantized") r.frozen += buf.bytes;
     }
@@ -268,19 +257,16 @@ PipelineSamples pipeline_samples(const Layout & L) {
     // once its warm-up of (P - s - 1) * 2 + (V - 1) * P chunk forwards fits twice (m >= 2P),
     // stepping by P there (m is a multiple of P).
     const int P = L.pp;
-    if (L.schedule == Schedule::interleaved) return {2 * P, P};
-    if (L.schedule == Schedule::one_f_one_b) return {std::max(2, P), 1};
+    if (L.schedule == PipeSchedule::interleaved) return {2 * P, P};
+    if (L.schedule == PipeSchedule::one_f_one_b) return {std::max(2, P), 1};
     return {2, 1};
 }
 
 DeviceMemory exact_memory(const ModelConfig & cfg, const Hardware & hw, const Candidate & c, int seq,
                           const Backend & sizing, bool extrapolate) {
     const Layout & L = c.layout;
-    if (L.offload != Offload::none || c.optimizer != Optimizer::adamw ||
-        (L.pp > 1 && (L.zero >= 2 || c.lora)))
-        throw ConfigError("the engine's exact plan covers data (any ZeRO stage), tensor (and sequence) and pipeline "
-                          "parallelism (ZeRO 0-1) with AdamW, without offload");
-    const int m = c.accum;
+    check_supported(candidate_run(c, seq), cfg, &sizing);
+    const int m = c.grad_accum;
     Recorded rec;
     const PipelineSamples at = pipeline_samples(L);
     if (extrapolate && L.pp > 1 && m > at.from + at.step) {

@@ -89,6 +89,9 @@ struct DeviceMemory {
 struct ParamSplit { int64_t per_layer = 0, embed = 0, head = 0; };
 ParamSplit param_split(const ModelConfig & cfg);
 
+// The run a candidate is, as run/compat.h judges it: at `seq` tokens, LoRA from its plan.
+RunConfig candidate_run(const Candidate & c, int seq);
+
 // Model-state bytes per device, [parameters, master_weights, optimizer_states, gradients].
 // `params` is Ψ, the parameters this device holds before ZeRO partitioning.
 CategoryBytes model_state_bytes(int64_t params, const Candidate & c);

@@ -34,11 +34,11 @@ nlohmann::json result_json(const PlanResult & p) {
                         {"offload", l.offload == Offload::none ? "none"
                                     : l.offload == Offload::optimizer ? "optimizer" : "optimizer+params"},
                         {"sp", l.sp},
-                        {"schedule", l.schedule == Schedule::gpipe ? "gpipe"
-                                     : l.schedule == Schedule::one_f_one_b ? "1f1b"
+                        {"schedule", l.schedule == PipeSchedule::gpipe ? "gpipe"
+                                     : l.schedule == PipeSchedule::one_f_one_b ? "1f1b"
                                      : fmt::format("interleaved:{}", l.virtual_stages)}}},
-            {"micro_batch", p.c.micro_batch}, {"accumulation", p.c.accum}, {"recompute", p.c.recompute},
-            {"attention", p.c.flash ? "flash" : "naive"},
+            {"micro_batch", p.c.micro_batch}, {"accumulation", p.c.grad_accum}, {"recompute", p.c.recompute.name()},
+            {"attention", p.c.flash() ? "flash" : "naive"},
             {"memory", {{"per_device", mem}, {"total", p.mem.total()}, {"host", p.mem.host},
                         {"most_loaded", p.mem.loaded}, {"exact", p.mem.exact}, {"frozen", p.mem.frozen},
                         {"stages", stages}}},

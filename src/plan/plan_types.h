@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "run/run_config.h"
 
 namespace memfit {
 
@@ -40,35 +41,24 @@ struct Hardware {
 // one filling), the time model pays a collective's latency per bucket.
 constexpr double kBucketBytes = 25e6;
 
-enum class Offload { none, optimizer, optimizer_params };
-enum class Schedule { gpipe, one_f_one_b, interleaved };
-enum class Optimizer { adamw, sgd, adamw_8bit };
-
-// How N = dp * tp * pp devices split the run (tensor parallel innermost: the ranks of one node
-// share a tensor group).
-struct Layout {
-    int dp = 1, tp = 1, pp = 1;
-    int zero = 0;                  // 0..3: what is partitioned over the data-parallel group
-    Offload offload = Offload::none;
-    bool sp = false;               // sequence parallel (with tp > 1)
-    Schedule schedule = Schedule::one_f_one_b;
-    int virtual_stages = 1;        // interleaved: model chunks per device
-    int devices() const { return dp * tp * pp; }
-};
-
-// One configuration the search considers.
-struct Candidate {
-    Layout layout;
-    int micro_batch = 1;           // sequences per micro-batch per data-parallel rank
-    int accum = 1;                 // micro-batches per optimizer step per rank (pipeline: in flight)
-    std::string recompute = "none";// none | selective | full (the engine's policies)
-    bool flash = true;
-    DType compute = DType::bf16;
-    Optimizer optimizer = Optimizer::adamw;
+// Layout, Offload and Optimizer: run/run_config.h.
+// One configuration the search considers: a run (per data-parallel rank: micro_batch,
+// grad_accum in flight for a pipeline) with the planner's LoRA sizes. device is empty: a plan
+// is for the hardware entry, not a device this process has.
+struct Candidate : RunConfig {
+    Candidate() {
+        device.clear();
+        micro_batch = 1;
+        grad_accum = 1;
+        compute = DType::bf16;
+        attention = Attention::flash;
+    }
+    bool flash() const { return attention != Attention::naive; }
+    void set_flash(bool f) { attention = f ? Attention::flash : Attention::naive; }
     // LoRA / QLoRA (plan/lora_plan.h): only the adapters train, the base is frozen (and maybe
     // packed). Null: every parameter trains. The search copies the request's choice into every
     // candidate and never changes it.
-    std::shared_ptr<const LoraPlan> lora;
+    std::shared_ptr<const LoraPlan> lora_plan;
 };
 
 }  // namespace memfit

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "plan/lora_plan.h"
+#include "run/compat.h"
 
 namespace memfit {
 
@@ -28,7 +29,7 @@ std::vector<T> fixed_or(const std::optional<T> & fixed, std::vector<T> all) {
 }
 
 const char * schedule_name(const Layout & l) {
-    return l.schedule == Schedule::gpipe ? "GPipe" : l.schedule == Schedule::one_f_one_b ? "1F1B" : "interleaved";
+    return l.schedule == PipeSchedule::gpipe ? "GPipe" : l.schedule == PipeSchedule::one_f_one_b ? "1F1B" : "interleaved";
 }
 
 bool faster(const PlanResult & a, const PlanResult & b) {
@@ -61,21 +62,10 @@ bool host_fits(const PlanRequest & r, const DeviceMemory & m) {
     return m.host * uint64_t(std::min(r.gpus, std::max(1, r.hw.per_node))) <= r.hw.host_memory;
 }
 
+// Whether the engine's exact plan decides: the engine runs it (run/compat.h) and a sizing
+// backend is known.
 bool engine_runs(const PlanRequest & r, const Candidate & c, const ModelConfig & cfg) {
-    // Data parallelism, ZeRO, tensor (and sequence) and pipeline parallelism are in the engine's
-    // step program; the interleaved schedule and offload are not. ZeRO 2-3 with tensor or
-    // pipeline parallelism is refused by the engine.
-    const int T = c.layout.tp;
-    const bool kv = cfg.kv_heads() % T == 0 || T % cfg.kv_heads() == 0;   // split, or replicated
-    const bool splits = cfg.n_head % T == 0 && kv && cfg.ffn_dim() % T == 0 &&
-                        (T == 1 || c.layout.zero < 2) && (!c.layout.sp || (int64_t(c.micro_batch) * r.seq) % T == 0);
-    const bool interleaved = c.layout.schedule == Schedule::interleaved;
-    const int chunks = c.layout.pp * (interleaved ? c.layout.virtual_stages : 1);
-    const bool pipeline = c.layout.pp == 1 || (chunks <= cfg.n_layer && c.layout.zero < 2 && !c.lora &&
-                                               (!interleaved || c.accum % c.layout.pp == 0));
-    const bool attention = !c.flash || (r.exact_sizing && r.exact_sizing->runs_flash_attention(cfg.head_dim()));
-    return r.exact_sizing && splits && pipeline && attention &&
-           c.layout.offload == Offload::none && c.optimizer == Optimizer::adamw;
+    return r.exact_sizing && !unsupported(candidate_run(c, r.seq), cfg, r.exact_sizing);
 }
 
 }  // namespace
@@ -88,14 +78,14 @@ std::string layout_name(const Layout & l) {
     if (l.sp) s += ", sp";
     if (l.pp > 1) {
         s += fmt::format(", {}", schedule_name(l));
-        if (l.schedule == Schedule::interleaved) s += fmt::format(":{}", l.virtual_stages);
+        if (l.schedule == PipeSchedule::interleaved) s += fmt::format(":{}", l.virtual_stages);
     }
     return s;
 }
 
 std::string technique_name(const Candidate & c) {
-    return fmt::format("micro-batch {} x {}, recompute {}, {}", c.micro_batch, c.accum, c.recompute,
-                       c.flash ? "flash" : "naive");
+    return fmt::format("micro-batch {} x {}, recompute {}, {}", c.micro_batch, c.grad_accum, c.recompute.name(),
+                       c.flash() ? "flash" : "naive");
 }
 
 namespace {
@@ -105,14 +95,14 @@ namespace {
 // states): a candidate beyond it is rejected before the integer models could overflow.
 double bytes_bound(const ModelConfig & cfg, const Candidate & c, int seq) {
     const Layout & L = c.layout;
-    const double tokens = double(c.micro_batch) * seq, C = cfg.n_embd, m = c.accum, P = L.pp;
-    const double scores = c.flash ? 0.0 : double(cfg.n_head) * seq;   // naive attention's probabilities
+    const double tokens = double(c.micro_batch) * seq, C = cfg.n_embd, m = c.grad_accum, P = L.pp;
+    const double scores = c.flash() ? 0.0 : double(cfg.n_head) * seq;   // naive attention's probabilities
     const double per_layer = tokens * (scores + 16 * C + 3.0 * cfg.fc_dim() + 2.0 * cfg.qkv_dim()) * 4;
     // Micro-batches whose layers' activations are live at once (GPipe: all; 1F1B: at most P;
     // interleaved: at most 2P), the interleaved schedule's sends (a boundary activation each,
     // live until the step's end), and a pipeline's token, target and loss buffers (m of each).
-    const double in_flight = P == 1 ? 1 : L.schedule == Schedule::gpipe ? m : std::min(m, 2 * P);
-    const double sends = L.schedule == Schedule::interleaved ? 2.0 * L.virtual_stages * m * tokens * C * 4 : 0;
+    const double in_flight = P == 1 ? 1 : L.schedule == PipeSchedule::gpipe ? m : std::min(m, 2 * P);
+    const double sends = L.schedule == PipeSchedule::interleaved ? 2.0 * L.virtual_stages * m * tokens * C * 4 : 0;
     return (cfg.n_layer + 4) * per_layer * (in_flight + 2) + sends + 12 * tokens * m + tokens * cfg.vocab_size * 4 +
            20.0 * double(cfg.num_params());
 }
@@ -138,7 +128,7 @@ SearchReport search_plans(const PlanRequest & r) {
     const bool packed = r.lora && r.lora->quantized();
     if (packed) {
         Candidate fixed;
-        fixed.lora = r.lora;
+        fixed.lora_plan = r.lora;
         fixed.layout.zero = r.zero.value_or(0);
         fixed.layout.offload = r.offload.value_or(Offload::none);
         check_lora_layout(fixed);
@@ -152,7 +142,7 @@ SearchReport search_plans(const PlanRequest & r) {
         if (!engine_runs(r, c, cfg)) return analytic ? *analytic : predict_memory(cfg, r.hw, c, r.seq);
         const std::string key = fmt::format("{}|{}|{}|{}|{}|{}", layout_name(c.layout), technique_name(c),
                                             dtype_name(c.compute), int(c.layout.schedule), c.layout.virtual_stages,
-                                            static_cast<const void *>(c.lora.get()));
+                                            static_cast<const void *>(c.lora_plan.get()));
         auto it = exact_cache.find(key);
         if (it == exact_cache.end()) {
             it = exact_cache.emplace(key, exact_memory(cfg, r.hw, c, r.seq, *r.exact_sizing)).first;
@@ -199,13 +189,13 @@ SearchReport search_plans(const PlanRequest & r) {
                         Candidate probe;
                         probe.layout = L;
                         probe.micro_batch = 1;
-                        probe.accum = per_rank;
+                        probe.grad_accum = per_rank;
                         probe.recompute = "full";
-                        probe.flash = true;
+                        probe.set_flash(true);
                         probe.compute = r.compute;
                         probe.optimizer = r.optimizer;
-                        probe.lora = r.lora;
-                        if (pp > 1) probe.layout.schedule = Schedule::one_f_one_b;
+                        probe.lora_plan = r.lora;
+                        if (pp > 1) probe.layout.schedule = PipeSchedule::one_f_one_b;
                         const double probe_bound = bytes_bound(cfg, probe, r.seq);
                         const DeviceMemory floor = probe_bound < kBytesBound ? predict_memory(cfg, r.hw, probe, r.seq)
                                                                              : DeviceMemory{};
@@ -223,27 +213,27 @@ SearchReport search_plans(const PlanRequest & r) {
                             keep_best(rep.rejected, std::move(pr), r.top);
                             continue;
                         }
-                        std::vector<Schedule> scheds = {Schedule::one_f_one_b};
+                        std::vector<PipeSchedule> scheds = {PipeSchedule::one_f_one_b};
                         if (pp > 1) {
                             if (r.schedule) scheds = {*r.schedule};
-                            else if (cfg.n_layer % (pp * r.virtual_stages) == 0) scheds.push_back(Schedule::interleaved);
+                            else if (cfg.n_layer % (pp * r.virtual_stages) == 0) scheds.push_back(PipeSchedule::interleaved);
                         }
-                        for (Schedule sch : scheds)
+                        for (PipeSchedule sch : scheds)
                             for (int mb : fixed_or(r.micro_batch, divisors(per_rank, 64))) {
                                 if (per_rank % mb) continue;
-                                for (const std::string & rc : fixed_or(r.recompute, {"none", "selective", "full"}))
+                                for (const std::string & rc : fixed_or(r.recompute, searched_recompute_policies()))
                                     for (bool flash : fixed_or(r.flash, {flash_ok})) {
                                         PlanResult pr;
                                         pr.c.layout = L;
                                         pr.c.layout.schedule = sch;
-                                        pr.c.layout.virtual_stages = sch == Schedule::interleaved ? r.virtual_stages : 1;
+                                        pr.c.layout.virtual_stages = sch == PipeSchedule::interleaved ? r.virtual_stages : 1;
                                         pr.c.micro_batch = mb;
-                                        pr.c.accum = per_rank / mb;
+                                        pr.c.grad_accum = per_rank / mb;
                                         pr.c.recompute = rc;
-                                        pr.c.flash = flash;
+                                        pr.c.set_flash(flash);
                                         pr.c.compute = r.compute;
                                         pr.c.optimizer = r.optimizer;
-                                        pr.c.lora = r.lora;
+                                        pr.c.lora_plan = r.lora;
                                         ++rep.evaluated;
                                         pr.time = predict_step_time(cfg, r.hw, pr.c, r.seq, r.nodes);
                                         if (bytes_bound(cfg, pr.c, r.seq) >= kBytesBound) {
@@ -298,10 +288,10 @@ SearchReport search_plans(const PlanRequest & r) {
         a.recompute = "selective";
         if (pr.c.recompute == "none" && try_fix(a, "selective recomputation")) continue;
         a.recompute = "full";
-        if (pr.c.recompute != "full" && try_fix(a, "full recomputation")) continue;
+        if (!(pr.c.recompute == "full") && try_fix(a, "full recomputation")) continue;
         a = pr.c;
         a.micro_batch = 1;
-        a.accum = pr.c.micro_batch * pr.c.accum;
+        a.grad_accum = pr.c.micro_batch * pr.c.grad_accum;
         if (pr.c.micro_batch > 1 && try_fix(a, "micro-batch 1")) continue;
         a = pr.c;
         a.layout.zero = std::min(3, a.layout.zero + 1);

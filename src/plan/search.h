@@ -28,7 +28,7 @@ struct PlanRequest {
     // Fixed choices; what is unset is searched.
     std::optional<int> zero, tp, pp, micro_batch;
     std::optional<Offload> offload;
-    std::optional<Schedule> schedule;
+    std::optional<PipeSchedule> schedule;
     int virtual_stages = 2;                  // interleaved:V
     std::optional<bool> sp, flash;
     std::optional<std::string> recompute;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -14,12 +15,6 @@ namespace memfit {
 
 namespace {
 
-uint32_t keep_mask(const std::string & policy) {
-    if (policy == "none") return kKeepAll;
-    if (policy == "selective") return kKeepSelective;
-    if (policy == "full") return 0;
-    throw ConfigError(fmt::format("--recompute {}: the time model knows none, selective and full", policy));
-}
 
 bool keeps(uint32_t mask, Saved u) { return (mask >> int(u)) & 1u; }
 
@@ -44,48 +39,48 @@ double ring_allreduce_bytes(double bytes, int n) { return n <= 1 ? 0.0 : 2.0 * (
 double reduce_scatter_bytes(double bytes, int n) { return n <= 1 ? 0.0 : double(n - 1) / n * bytes; }
 double all_gather_bytes(double bytes, int n) { return n <= 1 ? 0.0 : double(n - 1) / n * bytes; }
 
-double bubble_fraction(Schedule s, int p, int m, int v) {
+double bubble_fraction(PipeSchedule s, int p, int m, int v) {
     if (p <= 1) return 0.0;
     MF_ASSERT(m >= 1);
-    const double chunks = s == Schedule::interleaved ? double(std::max(1, v)) * m : double(m);
+    const double chunks = s == PipeSchedule::interleaved ? double(std::max(1, v)) * m : double(m);
     return double(p - 1) / (chunks + p - 1);
 }
 
 StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const Candidate & c, int seq, int nodes) {
     const Layout & L = c.layout;
-    MF_ASSERT(L.dp >= 1 && L.tp >= 1 && L.pp >= 1 && c.micro_batch >= 1 && c.accum >= 1 && seq >= 1);
+    MF_ASSERT(L.dp >= 1 && L.tp >= 1 && L.pp >= 1 && c.micro_batch >= 1 && c.grad_accum >= 1 && seq >= 1);
     MF_ASSERT(L.zero >= 0 && L.zero <= 3);
-    const uint32_t mask = keep_mask(c.recompute);
+    const uint32_t mask = c.recompute.uniform_mask("the time model");
     check_lora_layout(c);
     const double peak = need(hw.flops(c.compute), hw, "FLOP rate for the compute dtype");
     const double mem_bw = need(hw.mem_bw, hw, "memory bandwidth (mem_bw)");
 
     const double s = double(dtype_size(c.compute));
-    const double g = c.accum > 1 ? 4.0 : s;   // gradient bytes: fp32 accumulators across micro-batches
-    const double C = cfg.n_embd, T = seq, V = cfg.vocab_size, b = c.micro_batch, m = c.accum;
+    const double g = c.grad_accum > 1 ? 4.0 : s;   // gradient bytes: fp32 accumulators across micro-batches
+    const double C = cfg.n_embd, T = seq, V = cfg.vocab_size, b = c.micro_batch, m = c.grad_accum;
     const double Q = cfg.qkv_dim(), F = cfg.fc_dim(), A = cfg.ffn_dim(), NH = cfg.n_head;
     const double R = double(cfg.n_head + cfg.kv_heads()) * cfg.head_dim();   // elements RoPE rotates per token
     const double tp = L.tp, dp = L.dp, tokens = b * T;                     // tokens per micro-batch per rank
-    const int v = L.schedule == Schedule::interleaved ? std::max(1, L.virtual_stages) : 1;
+    const int v = L.schedule == PipeSchedule::interleaved ? std::max(1, L.virtual_stages) : 1;
     const double layers = double(v) * std::ceil(double(cfg.n_layer) / (double(L.pp) * v));
 
     // --- math, per micro-batch on the busiest (last) stage
     const double mm_eff = kMatmulEfficiency * peak;
-    const double attn_eff = (c.flash ? kAttentionEfficiency : kMatmulEfficiency) * peak;
-    const LoraPlan * lp = c.lora.get();
+    const double attn_eff = (c.flash() ? kAttentionEfficiency : kMatmulEfficiency) * peak;
+    const LoraPlan * lp = c.lora_plan.get();
     const double mm_fwd = tokens * (layers * 2.0 * (C * Q + C * C + C * F + A * C) + 2.0 * C * V) / tp;
     // LoRA: the adapters' gemms, 2 FLOPs per adapter parameter per token forward, 4 backward
     // (both the data and the weight gradient of A and B); the frozen base's backward is its data
     // gradient only (as many FLOPs as its forward), the head's included.
     const double ad_fwd = lp ? tokens * layers * 2.0 * double(lp->adapters_per_layer) / tp : 0.0;
     const double attn_fwd = layers * b * 2.0 * T * (T + 1) * C / tp;   // causal: 4 b T(T+1)/2 C
-    const double attn_bwd = attn_fwd * (c.flash ? 2.5 : 2.0);
+    const double attn_bwd = attn_fwd * (c.flash() ? 2.5 : 2.0);
     const double fwd_mb = (mm_fwd + ad_fwd) / mm_eff + attn_fwd / attn_eff;
     const double bwd_mm = lp ? mm_fwd + 2.0 * ad_fwd : 2.0 * mm_fwd;
     const double bwd_nr_mb = bwd_mm / mm_eff + attn_bwd / attn_eff;   // backward without recompute
     const uint32_t attn_bits = (1u << int(Saved::attn_out)) | (1u << int(Saved::attn_probs));
-    const double rc_all = layer_keep_cost(cfg, c.micro_batch, seq, c.flash, c.compute, mask).flops;
-    const double rc_other = layer_keep_cost(cfg, c.micro_batch, seq, c.flash, c.compute, mask | attn_bits).flops;
+    const double rc_all = layer_keep_cost(cfg, c.micro_batch, seq, c.flash(), c.compute, mask).flops;
+    const double rc_other = layer_keep_cost(cfg, c.micro_batch, seq, c.flash(), c.compute, mask | attn_bits).flops;
     // Projections a recomputation re-runs (memfit keeps each layer's output: never the down
     // projection), with their adapters and (packed base) their dequantization.
     const bool rc_proj[4] = {!keeps(mask, Saved::qkv), !keeps(mask, Saved::res2), !keeps(mask, Saved::fc), false};
@@ -106,7 +101,7 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     const double norm = 2.0 * C, norm_b = 3.0 * C, res = 3.0 * C, res_b = 3.0 * C;
     const double act = cfg.llama() ? 3.0 * A : 2.0 * A, act_b = cfg.llama() ? 5.0 * A : 3.0 * A;
     const double rope = cfg.llama() ? 2.0 * R : 0.0;
-    const double probs = c.flash ? 0.0 : NH * T, probs_b = c.flash ? 0.0 : NH * T;   // one pass over b NH T T
+    const double probs = c.flash() ? 0.0 : NH * T, probs_b = c.flash() ? 0.0 : NH * T;   // one pass over b NH T T
     double replicated = 2 * (norm + norm_b) + 2 * (res + res_b);
     double split = act + act_b + 2 * rope + 4 * probs + 5 * probs_b;
     // LoRA: add_columns reads d and the output slice and writes it (3), take_columns 2.
@@ -120,7 +115,7 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     if (!keeps(mask, Saved::res2)) replicated += res;
     if (!keeps(mask, Saved::gelu)) split += act;
     if (!keeps(mask, Saved::qkv)) split += rope;
-    if (!c.flash && (!keeps(mask, Saved::attn_out) || !keeps(mask, Saved::attn_probs))) split += 4 * probs;
+    if (!c.flash() && (!keeps(mask, Saved::attn_out) || !keeps(mask, Saved::attn_probs))) split += 4 * probs;
     const double layer_bytes = s * (split / tp + (L.sp ? replicated / tp : replicated));
     const double bw = kBandwidthEfficiency * mem_bw;
     // A packed base is dequantized for every matmul that reads it: its packed bytes once each
@@ -205,7 +200,7 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
 
     // --- pipeline bubble: f of the step idle, f / (1 - f) of the stage's busy time
     if (L.pp > 1) {
-        const double f = bubble_fraction(L.schedule, L.pp, c.accum, v);
+        const double f = bubble_fraction(L.schedule, L.pp, c.grad_accum, v);
         t.bubble = f / (1.0 - f) * (t.compute + m * mem_mb + tp_comm + pp_comm);
     }
 
@@ -227,6 +222,27 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     const double model_flops = lp ? full_flops - 2.0 * n_mult + 6.0 * double(lp->adapters) : full_flops;
     t.mfu = model_flops * step_tokens / (t.total * devices * peak);
     return t;
+}
+
+double TimeModel::op_seconds(const OpRecord & op, bool lowp) const {
+    const std::string_view n = op.name;
+    const double eff = n.starts_with("matmul")            ? (lowp ? lowp_gemm : 1.0)
+                       : n.starts_with("flash_attention") ? 0.8
+                       : n.starts_with("attention")       ? 0.2
+                       : n.starts_with("xent")            ? 0.015
+                                                          : 0.15;
+    return op_overhead + std::max(op.flops / (flops_rate * eff), op.bytes / byte_rate);
+}
+
+double TimeModel::step_seconds(const StepPlans & plans, int grad_accum) const {
+    auto seconds = [&](const TrainStep * s) {
+        double t = 0;
+        if (s)
+            for (const OpRecord & op : s->program().ops()) t += op_seconds(op, s->compute() != DType::f32);
+        return t;
+    };
+    return seconds(plans.train.get()) + (grad_accum > 1 ? seconds(plans.first.get()) : 0) +
+           (grad_accum > 2 ? double(grad_accum - 2) * seconds(plans.mid.get()) : 0);
 }
 
 }  // namespace memfit

@@ -92,6 +92,7 @@
 
 #include "model/config.h"
 #include "plan/plan_types.h"
+#include "train/engine.h"
 
 namespace memfit {
 
@@ -113,7 +114,7 @@ double all_gather_bytes(double bytes, int n);       // (n-1)/n bytes
 
 // The pipeline bubble as a fraction of the step: (p-1)/(m+p-1) for GPipe and 1F1B,
 // (p-1)/(v m + p - 1) interleaved with v model chunks per device; 0 when p <= 1.
-double bubble_fraction(Schedule s, int p, int m, int v);
+double bubble_fraction(PipeSchedule s, int p, int m, int v);
 
 struct StepTime {
     double compute = 0;       // seconds of forward + backward math per step on the busiest device (incl. recompute)
@@ -132,5 +133,21 @@ struct StepTime {
 // many nodes the layout spans. Throws ConfigError for a recompute policy other than none,
 // selective or full, or when the hardware lacks a rate the candidate needs.
 StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const Candidate & c, int seq, int nodes);
+
+// The op-level time model of one device's recorded programs (`--fit auto` ranks its
+// configurations with it; the analytic model above ranks a cluster's): each op costs max(FLOPs / (flops_rate x the op
+// kind's efficiency), bytes / byte_rate) plus a fixed overhead; a step is the sum over its micro-steps' programs.
+// The efficiencies are this CPU's, measured with `memfit profile` (gpt2-6l, B=2, T=512, per-op
+// times in trace.json): gemms ~100 GFLOP/s, flash attention 0.8 of that, naive attention 0.2,
+// the exp-bound cross-entropy 0.015, other elementwise kernels 0.15; gemms on bf16/fp16 storage
+// run at 0.9 of the fp32 rate (the bench's matmul probe: tiles are converted to fp32).
+struct TimeModel {
+    double flops_rate = 100e9;   // FLOP/s of the gemms
+    double byte_rate = 20e9;     // bytes/s of memory traffic
+    double lowp_gemm = 0.9;      // gemm rate factor when weights and activations are 16-bit
+    double op_overhead = 20e-6;  // seconds per op (dispatch, threads' fork/join): favours fewer micro-steps
+    double op_seconds(const OpRecord & op, bool lowp) const;
+    double step_seconds(const StepPlans & plans, int grad_accum) const;
+};
 
 }  // namespace memfit

@@ -12,6 +12,7 @@
 #include "memory/budget.h"
 #include "report/memory_report.h"
 #include "memory/timeline.h"
+#include "plan/fit.h"
 #include "train/engine.h"
 
 namespace memfit {
@@ -30,8 +31,10 @@ nlohmann::json run_bench(const BenchOptions & opt) {
     // GPU's peak is not probed (mfu 0): scripts/gpu-check.sh rates it against the datasheet.
     const bool probe = opt.probe && backend.host_memory();
     double peak = probe ? cpu::measure_matmul_peak_gflops() : 0.0;
-    const uint64_t budget = opt.memory_budget.empty() ? available_memory() : parse_bytes(opt.memory_budget);
-    const EngineOptions eo = resolve_run(opt, cfg, backend, false, budget).eo;
+    RunConfig run = opt;
+    resolve_batch(run, 1);
+    run.budget = opt.budget ? opt.budget : available_memory();
+    const EngineOptions eo = resolve_run(run, cfg, backend, false).eo;
     Engine engine(cfg, backend, eo);
     engine.init_params(opt.seed);
     const size_t BT = size_t(eo.B) * size_t(opt.seq) * size_t(eo.grad_accum);   // tokens per step

@@ -6,12 +6,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "train/techniques.h"
+#include "run/run_config.h"
 
 namespace memfit {
 
-// Model, shape and memory techniques come from RunShape (train/techniques.h).
-struct BenchOptions : RunShape {
+// What runs is the RunConfig (run/run_config.h), in one process.
+struct BenchOptions : RunConfig {
     BenchOptions() { model = "gpt2-6l"; seq = 256; }
     int steps = 8;          // timed steps
     int warmup = 2;         // untimed steps first

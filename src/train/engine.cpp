@@ -10,15 +10,17 @@
 #include "comm/communicator.h"
 #include "memory/budget.h"
 #include "model/tensor_parallel.h"
+#include "run/compat.h"
 #include "train/split_weights.h"
 
 namespace memfit {
 
 StepPlans::StepPlans(const ModelConfig & cfg, const Backend & backend, const EngineOptions & opt, bool place) {
     if (opt.grad_accum < 1) throw ConfigError(fmt::format("--grad-accum {}: must be at least 1", opt.grad_accum));
-    if (opt.flash_attention) {
-        const std::string why = backend.flash_attention_refusal(cfg.head_dim());
-        if (!why.empty()) throw ConfigError(fmt::format("--attention flash: {}; use --attention naive", why));
+    if (opt.flash_attention) {   // the kernels' part of run/compat.h (the steps ask for the rest)
+        RunConfig flash;
+        flash.attention = Attention::flash;
+        check_supported(flash, cfg, &backend);
     }
     const int k = opt.grad_accum;
     auto make = [&](std::unique_ptr<TrainStep> & step, MemoryPlan & plan, StepMode mode, StepParts parts) {
@@ -63,12 +65,12 @@ CategoryBytes StepPlans::peak_live() const {
 
 bool LossScaler::update(bool finite) {
     if (!finite) {
-        scale = std::max(scale / 2, 1.0f);
+        if (dynamic) scale = std::max(scale / 2, min_scale);
         clean = 0;
         ++skipped;
         return false;
     }
-    if (++clean >= growth_interval) {
+    if (dynamic && ++clean >= growth_interval) {
         scale *= 2;
         clean = 0;
     }
@@ -134,6 +136,7 @@ Engine::Engine(const ModelConfig & cfg, Backend & backend, const EngineOptions &
     if (plans_.first) first_mem_ = shared(*plans_.first, plans_.first_plan);
     if (plans_.mid) mid_mem_ = shared(*plans_.mid, plans_.mid_plan);
     if (plans_.eval) eval_mem_ = shared(*plans_.eval, plans_.eval_plan);
+    scaler_ = opt.loss_scaling;
     if (opt.compute != DType::f16) scaler_.scale = 1.0f;
 }
 

@@ -19,6 +19,19 @@ namespace memfit { class Communicator; }
 
 namespace memfit {
 
+// fp16 dynamic loss scaling: start at 2^16, halve and skip the step on inf/NaN gradients,
+// double after `growth_interval` clean steps.
+struct LossScaler {
+    float scale = 65536.0f;
+    int   clean = 0;              // clean steps since the last change
+    int   growth_interval = 2000; // clean steps before the scale doubles
+    float min_scale = 1.0f;       // never halved below this
+    bool  dynamic = true;         // false: a static scale (an overflowing step is still skipped)
+    long long skipped = 0;        // steps skipped so far
+    // Records one step's outcome; returns whether the step's update was applied.
+    bool update(bool finite);
+};
+
 struct EngineOptions {
     int      B = 8, T = 256;
     bool     with_eval = true;       // also build the forward+loss program for validation
@@ -34,6 +47,7 @@ struct EngineOptions {
     DType    compute = DType::f32;
     // LoRA (model/lora.h): only the adapters train; the base is frozen, optionally quantized.
     LoraOptions lora;
+    LossScaler loss_scaling;         // fp16: the loss scaler's settings and starting scale
     uint64_t seed = 0;               // random streams of the steps (LoRA dropout): seed, step, micro-step
     // Data parallel over `data_parallel` ranks (B is this rank's micro-batch): gradients are
     // summed over `comm` before the optimizer, token counts and losses too. The plan needs only
@@ -131,16 +145,6 @@ struct StepResult {
     float  loss_scale = 1;    // the scale this step's loss gradient was multiplied by
 };
 
-// fp16 dynamic loss scaling: start at 2^16, halve and skip the step on inf/NaN gradients,
-// double after `growth_interval` clean steps.
-struct LossScaler {
-    float scale = 65536.0f;
-    int   clean = 0;              // clean steps since the last change
-    int   growth_interval = 2000;
-    long long skipped = 0;        // steps skipped so far
-    // Records one step's outcome; returns whether the step's update was applied.
-    bool update(bool finite);
-};
 
 class Engine {
 public:

@@ -11,6 +11,7 @@
 
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "run/compat.h"
 
 namespace memfit {
 
@@ -73,41 +74,27 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     if (T > cfg.max_seq)
         throw ConfigError(fmt::format("seq = {} exceeds the model's context of {} positions; lower --seq", T,
                                       cfg.max_seq));
-    if (dp.zero < 0 || dp.zero > 3)
-        throw ConfigError(fmt::format("--zero {}: the ZeRO stage must be 0, 1, 2 or 3", dp.zero));
     MF_ASSERT(dp.ranks >= 1 && dp.rank >= 0 && dp.rank < dp.ranks);
-    if (dp.zero >= 3 && model.recompute.segment >= 2)
-        throw ConfigError("--zero 3 gathers each layer's weights just before its backward, but --recompute every:K and "
-                          "sqrt recompute whole segments at once; use --recompute none, selective or full with it");
+    // What combines is run/compat.h's to say; the step's own shape was checked above.
+    RunConfig as_run;
+    as_run.seq = T;
+    as_run.micro_batch = B;
     const bool train = mode == StepMode::train;
-    if (model.tp.enabled() && lora_)
-        throw ConfigError("--tp with LoRA is not supported: the adapters would need their own split; train LoRA "
-                          "with data parallelism");
+    as_run.grad_accum = train ? pp.micro_batches : pp.stages;   // evaluation: micro-batches as they come
+    as_run.device.clear();
+    as_run.layout = Layout{dp.ranks, model.tp.ranks, pp.stages, dp.zero, Offload::none, model.tp.sequence, pp.schedule,
+                        pp.virtual_stages};
+    as_run.lora.rank = model.lora.rank;
+    as_run.recompute = model.recompute.segment >= 2 ? Recompute("every:" + std::to_string(model.recompute.segment))
+                                                 : Recompute();
+    check_supported(as_run, cfg, nullptr);
     if (model.tp.enabled() && mode == StepMode::logits)
         throw ConfigError("logits of a tensor-parallel model are not gathered; sample from the exported model");
-    if (model.tp.enabled() && dp.zero >= 2)
-        throw ConfigError(fmt::format("--zero {} with --tp: the tensor-parallel gradient norm and sequence-parallel sums "
-                                      "are over whole gradients; use --zero 0 or 1", dp.zero));
-    if (model.tp.sequence && !model.tp.enabled())
-        throw ConfigError("--sp splits the sequence over the tensor group: it needs --tp 2 or more");
-    if (model.tp.sequence && (int64_t(B) * T) % model.tp.ranks != 0)
-        throw ConfigError(fmt::format("--sp: the micro-batch's {} x {} = {} tokens do not divide over the {} tensor "
-                                      "ranks; pick --batch or --seq so that they do", B, T, int64_t(B) * T,
-                                      model.tp.ranks));
     if (pp.enabled()) {
-        if (lora_) throw ConfigError("--pp with LoRA is not supported; train LoRA with data parallelism");
         if (mode == StepMode::logits)
             throw ConfigError("logits of a pipeline-parallel model are not gathered; sample from the exported model");
-        if (dp.zero >= 2)
-            throw ConfigError(fmt::format("--zero {} with --pp: gradients and weights are sharded bucket by bucket "
-                                          "inside one backward, and a pipeline step runs many; use --zero 0 or 1",
-                                          dp.zero));
         MF_ASSERT(pp.stage >= 0 && pp.stage < pp.stages && pp.micro_batches >= 1 && parts.zero_grads &&
                   parts.optimizer);
-        if (train && pp.schedule == PipeSchedule::interleaved && pp.micro_batches % pp.stages != 0)
-            throw ConfigError(fmt::format("--schedule interleaved:{} sends micro-batches through the stages {} at a "
-                                          "time: --grad-accum {} must be a multiple of --pp {}", pp.virtual_stages,
-                                          pp.stages, pp.micro_batches, pp.stages));
         chunks_ = stage_chunks(cfg_, pp, T);
     } else {
         chunks_ = {{0, cfg_.n_layer}};

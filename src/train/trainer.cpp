@@ -30,6 +30,8 @@
 #include "report/progress.h"
 #include "tokenizer/tokenizer.h"
 #include "train/data_loader.h"
+#include "plan/fit.h"
+#include "run/compat.h"
 #include "train/engine.h"
 #include "train/replan.h"
 #include "train/checkpoint.h"
@@ -106,12 +108,12 @@ nlohmann::json checkpoint_model(const ModelConfig & cfg) {
 }
 
 // What a checkpoint records besides the training state: where the run is and what it is.
-nlohmann::json checkpoint_meta(int step, const ModelConfig & cfg, const TrainOptions & opt, const DataLoader & train,
-                               const DataLoader * val, const LoraOptions & lora) {
+nlohmann::json checkpoint_meta(int step, const ModelConfig & cfg, const TrainOptions & opt, int global_batch,
+                               const DataLoader & train, const DataLoader * val, const LoraOptions & lora) {
     nlohmann::json m = {{"step", step},
                         {"model", checkpoint_model(cfg)},
                         {"seq", opt.seq},
-                        {"global_batch", opt.batch * opt.grad_accum},
+                        {"global_batch", global_batch},
                         {"seed", opt.seed},
                         {"data", {{"train_epoch", train.epoch()}, {"train_cursor", train.cursor()}}}};
     // LoRA: the checkpoint holds the adapters; the base comes back from the model folder (or
@@ -137,11 +139,11 @@ std::pair<size_t, size_t> state_range(const Engine & engine) {
 
 // Restores a checkpoint into the engine and the loaders; returns its step. Every rank reads the
 // shard files overlapping its own range (whatever the number of ranks that wrote them).
-int resume_from(const std::string & path, const ModelConfig & cfg, const TrainOptions & opt, Engine & engine,
-                DataLoader & train, DataLoader * val) {
+int resume_from(const std::string & path, const ModelConfig & cfg, const TrainOptions & opt, int global_batch,
+                Engine & engine, DataLoader & train, DataLoader * val) {
     const std::string dir = find_checkpoint(path);
     const nlohmann::json m = load_checkpoint_meta(dir);
-    const nlohmann::json want = checkpoint_meta(0, cfg, opt, train, val, engine.options().lora);
+    const nlohmann::json want = checkpoint_meta(0, cfg, opt, global_batch, train, val, engine.options().lora);
     // The trained context is compared through "seq" (checkpoints before it was recorded lack it).
     auto field = [](nlohmann::json j, const char * k) {
         nlohmann::json v = j.value(k, nlohmann::json());
@@ -303,13 +305,49 @@ nlohmann::json rank_memory_json(const RankMemory & r) {
     return j;
 }
 
+// The run as flags, resolved (what --fit auto, the batch arithmetic and the memory budget
+// came to), so that `memfit train --config summary.json` runs it again. The job's own flags
+// join the RunConfig's; where its outputs go (--out, checkpoints, --resume) is not the run's.
+nlohmann::json resolved_config(const TrainOptions & opt, RunConfig run, const EngineOptions & eo, int ranks) {
+    run.micro_batch = eo.B;
+    run.grad_accum = eo.grad_accum;
+    run.global_batch = eo.B * eo.grad_accum * ranks;
+    run.batch = 0;
+    run.compute = eo.compute;
+    run.precision_auto = run.fit_auto = false;
+    run.attention = eo.flash_attention ? Attention::flash : Attention::naive;
+    run.recompute = Recompute(eo.recompute.name);   // budget: the same budget solves to the same plan
+    run.loss_chunk = eo.loss_chunk;
+    run.threads = omp_get_max_threads();
+    // The budget decided the run only when something was fitted to it (else it was a check).
+    if (opt.budget == 0 && !opt.fit_auto && opt.recompute.info().kind != RecomputePolicy::budget) run.budget = 0;
+    nlohmann::json j = run_config_json(run);
+    if (!opt.data.empty()) j["data"] = opt.data;
+    if (!opt.tokenizer.empty()) j["tokenizer"] = opt.tokenizer;
+    j["steps"] = opt.steps;
+    j["lr"] = opt.lr;
+    j["warmup"] = opt.warmup;
+    j["min-lr-ratio"] = opt.min_lr_ratio;
+    j["lr-scheduler"] = lr_decay_name(opt.lr_decay);
+    j["weight-decay"] = opt.weight_decay;
+    j["adam-beta1"] = opt.beta1;
+    j["adam-beta2"] = opt.beta2;
+    j["adam-epsilon"] = opt.eps;
+    j["eval-every"] = opt.eval_every;
+    j["eval-batches"] = opt.eval_batches;
+    j["log-every"] = opt.log_every;
+    j["sample"] = opt.sample_tokens;
+    j["checkpoint-every"] = opt.checkpoint_every;
+    j["keep-checkpoints"] = opt.keep_checkpoints;
+    return j;
+}
+
 }  // namespace
 
 void run_training(const TrainOptions & opt) {
     if (opt.steps < 1) throw ConfigError(fmt::format("--steps {}: must be at least 1", opt.steps));
     if (opt.check_leaks && opt.steps < 4)
         throw ConfigError(fmt::format("--check-leaks compares steps 2 and 3: needs --steps 4 or more (got {})", opt.steps));
-    check_data_parallel_flags(opt);
     const ProgressMode mode = progress_mode(opt.progress);
     // Data parallel (`mpirun -np N memfit train ...`): --batch is the global micro-batch; every
     // rank runs B/N of its sequences. Rank 0 alone prints and writes outputs.
@@ -318,16 +356,18 @@ void run_training(const TrainOptions & opt) {
     const std::unique_ptr<Communicator> comm = make_communicator();
     const int world = comm->size();
     const bool lead = comm->rank() == 0;
-    const ParallelLayout layout = derive_layout(world, opt.tp, opt.pp);
+    // What combines, before any work (the batch and the data-parallel size come next).
+    check_supported(opt, resolve_model(opt.model), nullptr);
+    const ParallelLayout layout = derive_layout(world, opt.layout.tp, opt.layout.pp);
     std::unique_ptr<ProcessGroups> pgroups;
     if (layout.tp > 1 || layout.pp > 1) pgroups = std::make_unique<ProcessGroups>(*comm, layout);
     // `ranks` and `rank`: the data-parallel ones (the world without tensor parallelism).
     const int ranks = layout.dp, rank = pgroups ? pgroups->coords.dp : comm->rank();
     Communicator * data_comm = pgroups ? pgroups->dp.get() : comm.get();
-    if (opt.batch % ranks)
-        throw ConfigError(fmt::format("--batch {} is not divisible by the {} data-parallel ranks; --batch is the global "
-                                      "micro-batch, split evenly over them: use a multiple of {} (e.g. --batch {})",
-                                      opt.batch, ranks, ranks, (opt.batch / ranks + 1) * ranks));
+    // The batch: --micro-batch is per data-parallel rank; the loader reads the global batch.
+    RunConfig run = opt;
+    run.layout.dp = ranks;
+    resolve_batch(run, ranks);
     if (world > 1 && !opt.budget_file.empty())
         throw ConfigError(fmt::format("--budget-file re-plans one process's run mid-training; it is not supported with "
                                       "{} ranks: set --memory-budget (per rank) instead", world));
@@ -345,7 +385,7 @@ void run_training(const TrainOptions & opt) {
     };
     if (opt.threads > 0) omp_set_num_threads(opt.threads);
     // Validate every flag before doing any work.
-    const uint64_t budget_flag = opt.memory_budget.empty() ? 0 : parse_bytes(opt.memory_budget);
+    const uint64_t budget_flag = opt.budget;
     ModelConfig cfg = resolve_model(opt.model);
     // The positions this run trains (checkpoints and exports record them; generation stays
     // inside): a fresh model's are --seq's, a pre-trained folder's what it records plus --seq's
@@ -358,8 +398,6 @@ void run_training(const TrainOptions & opt) {
     const std::unique_ptr<Backend> backend_owner =
         make_backend(opt.device, local_rank ? std::atoi(local_rank) : 0);
     Backend & backend = *backend_owner;
-    if (!backend.host_memory() && (opt.tp > 1 || opt.pp > 1))
-        throw ConfigError(fmt::format("--device {}: --tp and --pp run on the CPU only for now", opt.device));
     const std::unique_ptr<Communicator> device_comm = make_device_communicator(*comm, backend);
     if (device_comm) data_comm = device_comm.get();
     // A Hugging Face folder with a tokenizer.model tokenizes the corpus with it unless told otherwise.
@@ -390,17 +428,13 @@ void run_training(const TrainOptions & opt) {
             budget = *std::min_element(all.begin(), all.end());
         }
     }
-    // The engine plans this rank's share: B/N sequences per micro-batch.
-    RunShape shape = opt;
-    shape.batch = opt.batch / ranks;
-    shape.data_parallel = ranks;
-    shape.tp_rank = 0;
-    shape.pp_rank = pgroups ? pgroups->coords.pp : 0;   // the stages' programs differ: each plans its own
-    // Every rank resolves the flags as rank 0 would (every rank's program has the same buffers,
-    // so --fit auto and --recompute budget make the same choice on all); then each builds its own.
-    shape.rank = 0;
-    const ResolvedRun run = resolve_run(shape, cfg, backend, !data.val_path.empty() && !opt.profile, budget);
-    EngineOptions eo = run.eo;
+    // The engine plans this rank's share. Every rank resolves the configuration as rank 0 would
+    // (every rank's program has the same buffers, so --fit auto and --recompute budget make the
+    // same choice on all); then each builds its own (the stages' programs differ: each plans its own).
+    run.budget = budget;
+    const ResolvedRun resolved = resolve_run(run, cfg, backend, !data.val_path.empty() && !opt.profile,
+                                             pgroups ? pgroups->coords.pp : 0);
+    EngineOptions eo = resolved.eo;
     eo.rank = rank;
     eo.checking = opt.check_lifetimes;
     eo.comm = data_comm;
@@ -408,7 +442,7 @@ void run_training(const TrainOptions & opt) {
     eo.tp_rank = pgroups ? pgroups->coords.tp : 0;
     eo.pp_comm = pgroups ? pgroups->pp.get() : nullptr;
     eo.emb_comm = pgroups ? pgroups->emb.get() : nullptr;
-    for (const auto & n : run.notes) say(n);
+    for (const auto & n : resolved.notes) say(n);
     // batch, accum: the global micro-batch and accumulation the engine runs (its B x ranks).
     const int batch = eo.B * ranks, accum = eo.grad_accum;
     // The loader yields the whole global batch per step, so a run-time re-plan to a smaller
@@ -441,7 +475,7 @@ void run_training(const TrainOptions & opt) {
             stages += fmt::format("{}[{}, {})", stages.empty() ? "" : " ", r.begin, r.end);
         say(fmt::format("  pipeline parallel: {} stages, blocks {}{}, schedule {}, {} micro-batches of {} per step",
                         layout.pp, stages, V > 1 ? fmt::format(" (virtual stage v on stage v mod {})", layout.pp) : "",
-                        V > 1 ? opt.schedule : schedule_name(eo.schedule), accum, eo.B));
+                        V > 1 ? schedule_spelling(run.layout) : schedule_name(eo.schedule), accum, eo.B));
     }
     if (eo.lora.enabled()) {
         const size_t A = lora_param_count(cfg, eo.lora);
@@ -464,7 +498,7 @@ void run_training(const TrainOptions & opt) {
                     format_plan_table(plan_live, plan_rsv)));
     if (eo.budget)
         say(fmt::format("  budget {} ({}): fits", format_bytes(eo.budget),
-                        opt.memory_budget.empty() ? "available memory" : "--memory-budget"));
+                        budget_flag == 0 ? "available memory" : "--memory-budget"));
     engine->init_params(opt.seed);
     if (has_hf_weights(opt.model)) {
         if (eo.lora.enabled()) {
@@ -482,7 +516,7 @@ void run_training(const TrainOptions & opt) {
         say(fmt::format("  weights from {}", opt.model));
     }
     int first_step = 1;
-    if (!opt.resume.empty()) first_step = resume_from(opt.resume, cfg, opt, *engine, train_data, val_data.get()) + 1;
+    if (!opt.resume.empty()) first_step = resume_from(opt.resume, cfg, opt, run.global_batch, *engine, train_data, val_data.get()) + 1;
 
     const std::string metrics_path = (fs::path(opt.out) / "metrics.jsonl").string();
     std::FILE * metrics = nullptr;
@@ -504,7 +538,7 @@ void run_training(const TrainOptions & opt) {
             std::copy_n(tg.begin() + long(src), mine, my_tg.begin() + long(dst));
         }
     };
-    LrSchedule sched{opt.lr, opt.warmup, opt.steps, opt.min_lr_ratio};
+    LrSchedule sched{opt.lr, opt.warmup, opt.steps, opt.min_lr_ratio, opt.lr_decay};
     auto evaluate = [&]() {
         // Batches of the starting micro-batch (this rank's rows), run in pieces of the engine's
         // current one; eval_loss sums over the ranks.
@@ -532,9 +566,9 @@ void run_training(const TrainOptions & opt) {
     const auto t_start = Clock::now();
     for (int step = first_step; step <= opt.steps; ++step) {
         train_data.next(in.data(), tg.data());
-        // The flags' micro-batches (opt.batch sequences each) split over the ranks; --fit auto may
+        // The configuration's micro-batches (run.batch sequences each over all ranks) split over the ranks; --fit auto may
         // regroup this rank's rows into other micro-batches (the same global batch).
-        take_rows(opt.batch, opt.grad_accum);
+        take_rows(run.batch, run.grad_accum);
         if (const auto b = budget_file.poll()) shrink_to_budget(engine, cfg, backend, *b, replans);
         AdamWHyper h{sched.at(step), opt.beta1, opt.beta2, opt.eps, opt.weight_decay, step, opt.clip};
         if (step == opt.steps) engine->set_timeline(&timeline);
@@ -584,7 +618,7 @@ void run_training(const TrainOptions & opt) {
             const std::string root = opt.checkpoint_dir.empty() ? (fs::path(opt.out) / "checkpoints").string()
                                                                  : opt.checkpoint_dir;
             const std::string dir =
-                write_checkpoint(root, *engine, checkpoint_meta(step, cfg, opt, train_data, val_data.get(), eo.lora),
+                write_checkpoint(root, *engine, checkpoint_meta(step, cfg, opt, run.global_batch, train_data, val_data.get(), eo.lora),
                                  opt.keep_checkpoints, *comm);
             if (log_point) say(fmt::format("  checkpoint {}", dir));
         }
@@ -671,6 +705,7 @@ void run_training(const TrainOptions & opt) {
         {"final_loss", last_loss},
         {"wall_s", wall}};
     if (!std::isnan(last_val)) summary["final_val_loss"] = last_val;
+    summary[kRunConfigKey] = resolved_config(opt, run, eo, ranks);
     if (eo.compute == DType::f16) {
         summary["loss_scale"] = engine->loss_scaler().scale;
         summary["skipped_steps"] = engine->loss_scaler().skipped;

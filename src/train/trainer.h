@@ -4,18 +4,21 @@
 #include <cstdint>
 #include <string>
 
-#include "train/techniques.h"
+#include "run/run_config.h"
+#include "train/schedule.h"
 
 namespace memfit {
 
-// Model, shape and memory techniques come from RunShape (train/techniques.h).
-struct TrainOptions : RunShape {
+// What runs (model, batch, techniques, layout) is the RunConfig (run/run_config.h); the rest
+// is the training job: data, optimizer hyperparameters, schedule, outputs.
+struct TrainOptions : RunConfig {
     std::string data;              // folder with train.bin/val.bin; empty: the bundled corpus
     std::string tokenizer;         // for preparing the bundled corpus; empty: bytes for small presets, else gpt2
     int      steps = 1500;
     float    lr = 3e-3f;
     int      warmup = 100;
     float    min_lr_ratio = 0.1f;
+    LrDecay  lr_decay = LrDecay::cosine;   // after the warmup, down to lr x min_lr_ratio at the last step
     float    weight_decay = 0.1f;
     float    beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
     int      eval_every = 250;     // 0: only at the end

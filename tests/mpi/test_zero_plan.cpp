@@ -99,24 +99,24 @@ TEST(ParallelPlan, CpuPlanEqualsEveryRanksMeasuredMemoryUnderTensorAndPipeline) 
     ASSERT_GE(N, 2);
     CpuBackend backend;
     const Hardware hw = find_hardware(default_hardware_catalog(""), "cpu");
-    struct Case { bool llama; DType dt; int tp, pp, zero; Schedule sch; const char * rc; bool sp = false; };
-    std::vector<Case> cases = {{false, DType::f32, 2, 1, 0, Schedule::one_f_one_b, "none"},
-                               {true, DType::bf16, 2, 1, 0, Schedule::one_f_one_b, "selective", true},
-                               {true, DType::bf16, 1, 2, 0, Schedule::gpipe, "selective"},
-                               {false, DType::bf16, 1, 2, 0, Schedule::one_f_one_b, "full"},
-                               {true, DType::f32, 1, 2, 0, Schedule::interleaved, "none"}};
+    struct Case { bool llama; DType dt; int tp, pp, zero; PipeSchedule sch; const char * rc; bool sp = false; };
+    std::vector<Case> cases = {{false, DType::f32, 2, 1, 0, PipeSchedule::one_f_one_b, "none"},
+                               {true, DType::bf16, 2, 1, 0, PipeSchedule::one_f_one_b, "selective", true},
+                               {true, DType::bf16, 1, 2, 0, PipeSchedule::gpipe, "selective"},
+                               {false, DType::bf16, 1, 2, 0, PipeSchedule::one_f_one_b, "full"},
+                               {true, DType::f32, 1, 2, 0, PipeSchedule::interleaved, "none"}};
     if (N == 4)
-        cases = {{false, DType::f32, 2, 2, 0, Schedule::one_f_one_b, "none"},
-                 {false, DType::bf16, 2, 2, 0, Schedule::one_f_one_b, "full", true},
-                 {true, DType::bf16, 1, 4, 0, Schedule::gpipe, "selective"},
-                 {false, DType::bf16, 1, 2, 1, Schedule::one_f_one_b, "none"},
-                 {true, DType::f32, 2, 1, 1, Schedule::one_f_one_b, "full"},
-                 {false, DType::f32, 2, 2, 0, Schedule::interleaved, "selective"}};
+        cases = {{false, DType::f32, 2, 2, 0, PipeSchedule::one_f_one_b, "none"},
+                 {false, DType::bf16, 2, 2, 0, PipeSchedule::one_f_one_b, "full", true},
+                 {true, DType::bf16, 1, 4, 0, PipeSchedule::gpipe, "selective"},
+                 {false, DType::bf16, 1, 2, 1, PipeSchedule::one_f_one_b, "none"},
+                 {true, DType::f32, 2, 1, 1, PipeSchedule::one_f_one_b, "full"},
+                 {false, DType::f32, 2, 2, 0, PipeSchedule::interleaved, "selective"}};
     for (const Case & k : cases) {
         const ModelConfig cfg = test::small_family(k.llama, 53, 32, 4, 4, 64, 32);
         SCOPED_TRACE(fmt::format("{} {} tp {}{} pp {} zero {} {} recompute {}", k.llama ? "llama" : "gpt2",
                                  dtype_name(k.dt), k.tp, k.sp ? " sp" : "", k.pp, k.zero,
-                                 k.sch == Schedule::gpipe ? "gpipe" : k.sch == Schedule::one_f_one_b ? "1f1b" : "interleaved:2",
+                                 k.sch == PipeSchedule::gpipe ? "gpipe" : k.sch == PipeSchedule::one_f_one_b ? "1f1b" : "interleaved:2",
                                  k.rc));
         const int B = 2, T = 16, m = 4;   // per data rank; micro-batches per step
         const int D = N / (k.tp * k.pp);
@@ -145,7 +145,7 @@ TEST(ParallelPlan, CpuPlanEqualsEveryRanksMeasuredMemoryUnderTensorAndPipeline) 
         ASSERT_EQ(best.c.layout.tp, k.tp);
         ASSERT_EQ(best.c.layout.pp, k.pp);
         ASSERT_EQ(best.c.layout.sp, k.sp);
-        ASSERT_EQ(best.c.accum, m);
+        ASSERT_EQ(best.c.grad_accum, m);
 
         const ProcessGroups pg(c, derive_layout(N, k.tp, k.pp));
         EngineOptions eo;
@@ -165,10 +165,10 @@ TEST(ParallelPlan, CpuPlanEqualsEveryRanksMeasuredMemoryUnderTensorAndPipeline) 
         eo.pipeline_parallel = k.pp;
         eo.pp_comm = pg.pp.get();
         eo.emb_comm = pg.emb.get();
-        eo.schedule = k.sch == Schedule::gpipe           ? PipeSchedule::gpipe
-                      : k.sch == Schedule::one_f_one_b ? PipeSchedule::one_f_one_b
+        eo.schedule = k.sch == PipeSchedule::gpipe           ? PipeSchedule::gpipe
+                      : k.sch == PipeSchedule::one_f_one_b ? PipeSchedule::one_f_one_b
                                                        : PipeSchedule::interleaved;
-        eo.virtual_stages = k.sch == Schedule::interleaved ? 2 : 1;
+        eo.virtual_stages = k.sch == PipeSchedule::interleaved ? 2 : 1;
         Engine e(cfg, backend, eo);
         e.init_params(1);
         std::vector<int32_t> in(size_t(B * T * m)), tg(in.size());

@@ -1,4 +1,4 @@
-#include "train/techniques.h"
+#include "plan/fit.h"
 
 #include <algorithm>
 #include <optional>
@@ -11,86 +11,74 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "memory/budget.h"
+#include "plan/time_model.h"
+#include "run/compat.h"
 
 namespace memfit {
 
-DType parse_precision(const std::string & p) {
-    if (p == "fp32") return DType::f32;
-    if (p == "bf16") return DType::bf16;
-    if (p == "fp16") return DType::f16;
-    throw ConfigError(fmt::format("--precision '{}': expected fp32, bf16 or fp16 (auto only with --fit auto)", p));
-}
-
-std::string precision_name(DType compute) {
-    return compute == DType::f32 ? "fp32" : compute == DType::bf16 ? "bf16" : "fp16";
-}
-
-double TimeModel::op_seconds(const OpRecord & op, bool lowp) const {
-    const std::string_view n = op.name;
-    const double eff = n.starts_with("matmul")            ? (lowp ? lowp_gemm : 1.0)
-                       : n.starts_with("flash_attention") ? 0.8
-                       : n.starts_with("attention")       ? 0.2
-                       : n.starts_with("xent")            ? 0.015
-                                                          : 0.15;
-    return op_overhead + std::max(op.flops / (flops_rate * eff), op.bytes / byte_rate);
-}
-
-double TimeModel::step_seconds(const StepPlans & plans, int grad_accum) const {
-    auto seconds = [&](const TrainStep * s) {
-        double t = 0;
-        if (s)
-            for (const OpRecord & op : s->program().ops()) t += op_seconds(op, s->compute() != DType::f32);
-        return t;
-    };
-    return seconds(plans.train.get()) + (grad_accum > 1 ? seconds(plans.first.get()) : 0) +
-           (grad_accum > 2 ? double(grad_accum - 2) * seconds(plans.mid.get()) : 0);
-}
-
-LoraOptions lora_options(const RunShape & s, const ModelConfig & cfg, DType compute) {
+LoraOptions lora_options(const RunConfig & r, const ModelConfig & cfg, DType compute) {
+    const LoraConfig & s = r.lora;
     LoraOptions l;
     const BaseWeights base = parse_base_weights(s.base_weights);
-    if (s.lora_rank == 0) {
+    if (s.rank == 0) {
         if (base != BaseWeights::compute)
             throw ConfigError(fmt::format("--base-weights {} freezes and quantizes the base: it needs --lora-rank "
                                           "(e.g. --lora-rank 8)", s.base_weights));
         return l;
     }
-    if (s.lora_rank < 0 || s.lora_rank > cfg.n_embd)
-        throw ConfigError(fmt::format("--lora-rank {}: must be between 1 and the model width {}", s.lora_rank,
+    if (s.rank < 0 || s.rank > cfg.n_embd)
+        throw ConfigError(fmt::format("--lora-rank {}: must be between 1 and the model width {}", s.rank,
                                       cfg.n_embd));
-    if (!(s.lora_alpha > 0) || !std::isfinite(s.lora_alpha))
-        throw ConfigError(fmt::format("--lora-alpha {}: must be positive", s.lora_alpha));
-    if (base == BaseWeights::compute && s.base_weights != "compute" && s.precision != "auto" &&
+    if (!(s.alpha > 0) || !std::isfinite(s.alpha))
+        throw ConfigError(fmt::format("--lora-alpha {}: must be positive", s.alpha));
+    if (base == BaseWeights::compute && s.base_weights != "compute" && !r.precision_auto &&
         parse_precision(s.base_weights) != compute)
         throw ConfigError(fmt::format("--base-weights {} keeps the frozen base in the compute precision, which is {}; "
                                       "add --precision {} (or use int8 / nf4)",
                                       s.base_weights, precision_name(compute), s.base_weights));
-    l.rank = s.lora_rank;
-    l.alpha = s.lora_alpha;
-    l.targets = parse_lora_targets(cfg, s.lora_targets);
+    l.rank = s.rank;
+    l.alpha = s.alpha;
+    l.targets = parse_lora_targets(cfg, s.targets);
     l.base = base;
-    if (!(s.lora_dropout >= 0 && s.lora_dropout < 1))
-        throw ConfigError(fmt::format("--lora-dropout {}: must be in [0, 1)", s.lora_dropout));
-    l.dropout = s.lora_dropout;
+    if (!(s.dropout >= 0 && s.dropout < 1))
+        throw ConfigError(fmt::format("--lora-dropout {}: must be in [0, 1)", s.dropout));
+    l.dropout = s.dropout;
     if (l.quantized()) make_quant_layout(cfg, l.format());   // nf4 block alignment: a clear error now
     return l;
 }
 
-void check_data_parallel_flags(const RunShape & s) {
-    if (s.zero < 0 || s.zero > 3)
-        throw ConfigError(fmt::format("--zero {}: expected 0 (no sharding), 1 (optimizer states), 2 (+ gradients) or "
-                                      "3 (+ parameters)", s.zero));
-    if (!(s.bucket_mb >= 0) || !std::isfinite(s.bucket_mb) || s.bucket_mb > 1048576.0)
-        throw ConfigError(fmt::format("--bucket-mb {}: expected a size in MiB, 0 or more (0: one bucket per "
-                                      "transformer block)", s.bucket_mb));
-    if (s.tp < 1 || s.tp > 4096)
-        throw ConfigError(fmt::format("--tp {}: expected the number of ranks of a tensor group, 1 or more", s.tp));
-    if (s.pp < 1 || s.pp > 4096)
-        throw ConfigError(fmt::format("--pp {}: expected the number of pipeline stages, 1 or more", s.pp));
-    parse_schedule(s.schedule);
-    if ((s.tp > 1 || s.pp > 1) && s.fit == "auto")
-        throw ConfigError("--fit auto searches one rank's micro-batch, precision and recomputation; with --tp or --pp "
-                          "set them yourself (memfit plan --tp T --pp P shows what fits)");
+EngineOptions engine_options(const RunConfig & r, const ModelConfig & cfg, const Backend & backend, bool with_eval,
+                             int pp_stage) {
+    check_supported(r, cfg, nullptr);   // the backend's kernels: when the steps are planned (StepPlans)
+    const Layout & L = r.layout;
+    EngineOptions eo;
+    eo.data_parallel = L.dp;
+    eo.tensor_parallel = L.tp;
+    eo.sequence_parallel = L.sp;
+    eo.pipeline_parallel = L.pp;
+    eo.pp_rank = pp_stage;
+    eo.schedule = L.schedule;
+    eo.virtual_stages = L.schedule == PipeSchedule::interleaved ? L.virtual_stages : 1;
+    eo.zero = L.zero;
+    eo.bucket_bytes = size_t(std::llround(r.bucket_mb * 1048576.0));
+    eo.B = r.micro_batch;
+    eo.T = r.seq;
+    eo.grad_accum = r.grad_accum;
+    eo.loss_chunk = r.loss_chunk;
+    eo.with_eval = with_eval;
+    eo.budget = r.budget;
+    // auto: flash where the backend's kernels take the model's head dimension.
+    eo.flash_attention = r.attention == Attention::flash ||
+                         (r.attention == Attention::auto_ && backend.runs_flash_attention(cfg.head_dim()));
+    eo.compute = r.precision_auto ? DType::f32 : r.compute;
+    if (r.recompute.info().kind != RecomputePolicy::budget) eo.recompute = recompute_plan(r.recompute, cfg.n_layer);
+    eo.lora = lora_options(r, cfg, eo.compute);
+    eo.loss_scaling.dynamic = r.loss_scale == 0;
+    eo.loss_scaling.scale = r.loss_scale > 0 ? r.loss_scale : r.initial_loss_scale;
+    eo.loss_scaling.growth_interval = r.loss_scale_window;
+    eo.loss_scaling.min_scale = r.min_loss_scale;
+    eo.seed = r.seed;
+    return eo;
 }
 
 namespace {
@@ -134,45 +122,12 @@ std::optional<RecomputePlan> fit_recompute(EngineOptions eo, const ModelConfig &
     return best;
 }
 
-EngineOptions base_options(const RunShape & s, const ModelConfig & cfg, const Backend & backend, bool with_eval,
-                           uint64_t budget) {
-    check_data_parallel_flags(s);
-    EngineOptions eo;
-    eo.data_parallel = s.data_parallel;
-    eo.rank = s.rank;
-    eo.tensor_parallel = s.tp;
-    eo.tp_rank = s.tp_rank;
-    eo.sequence_parallel = s.sp;
-    eo.pipeline_parallel = s.pp;
-    eo.pp_rank = s.pp_rank;
-    eo.schedule = parse_schedule(s.schedule, &eo.virtual_stages);
-    if (s.pp > 1) check_pipeline(cfg, s.pp, eo.virtual_stages);
-    eo.zero = s.zero;
-    eo.bucket_bytes = size_t(std::llround(s.bucket_mb * 1048576.0));
-    eo.B = s.batch;
-    eo.T = s.seq;
-    eo.grad_accum = s.grad_accum;
-    eo.loss_chunk = s.loss_chunk;
-    eo.with_eval = with_eval;
-    eo.budget = budget;
-    if (s.attention != "auto" && s.attention != "flash" && s.attention != "naive")
-        throw ConfigError(fmt::format("--attention '{}': expected auto, flash or naive", s.attention));
-    // auto: flash where the backend's kernels take the model's head dimension.
-    eo.flash_attention = s.attention == "flash" || (s.attention == "auto" && backend.runs_flash_attention(cfg.head_dim()));
-    if (s.precision == "auto" && s.fit != "auto")
-        throw ConfigError("--precision auto needs --fit auto (it lets the search choose the precision)");
-    eo.compute = s.precision == "auto" ? DType::f32 : parse_precision(s.precision);
-    if (s.recompute != "budget") eo.recompute = parse_recompute(s.recompute, cfg.n_layer);
-    eo.lora = lora_options(s, cfg, s.precision == "auto" ? DType::f32 : eo.compute);
-    eo.seed = s.seed;
-    return eo;
-}
-
-ResolvedRun fit_auto(const RunShape & s, const ModelConfig & cfg, const Backend & backend, bool with_eval,
-                     uint64_t budget) {
-    const int G = s.batch * s.grad_accum;   // the global batch the user asked for
+ResolvedRun fit_auto(const RunConfig & s, const ModelConfig & cfg, const Backend & backend, bool with_eval,
+                     int pp_stage) {
+    const uint64_t budget = s.budget;
+    const int G = s.micro_batch * s.grad_accum;   // this rank's sequences per step, as asked
     std::vector<DType> precisions = {DType::f32, DType::bf16};
-    if (s.precision != "auto") precisions = {parse_precision(s.precision)};
+    if (!s.precision_auto) precisions = {s.compute};
     const TimeModel model;
     struct Found { EngineOptions eo; double seconds = 0; uint64_t bytes = 0; };
     std::optional<Found> best, second;
@@ -195,26 +150,27 @@ ResolvedRun fit_auto(const RunShape & s, const ModelConfig & cfg, const Backend 
             second = f;
         }
     };
-    const bool flash_runs = backend.runs_flash_attention(cfg.head_dim());
     for (int b = 1; b <= G; ++b) {
         if (G % b) continue;
         for (DType p : precisions)
             for (bool flash : {true, false})
                 for (int chunk : {0, std::max(1, b * s.seq / 8)}) {
                     if (chunk > 0 && b * s.seq < 16) continue;
-                    if (flash && !flash_runs) continue;
-                    EngineOptions eo = base_options(s, cfg, backend, with_eval, budget);
-                    eo.B = b;
-                    eo.grad_accum = G / b;
-                    eo.compute = p;
-                    eo.flash_attention = flash;
-                    eo.loss_chunk = chunk;
+                    RunConfig c = s;
+                    c.micro_batch = b;
+                    c.grad_accum = G / b;
+                    c.compute = p;
+                    c.precision_auto = false;
+                    c.fit_auto = false;
+                    c.attention = flash ? Attention::flash : Attention::naive;
+                    c.loss_chunk = chunk;
+                    if (unsupported(c, cfg, &backend)) continue;
+                    EngineOptions eo = engine_options(c, cfg, backend, with_eval, pp_stage);
                     bool none_fits = false;
-                    for (const char * rc : {"none", "selective", "full"}) {
+                    for (const std::string & rc : searched_recompute_policies()) {
                         eo.recompute = parse_recompute(rc, cfg.n_layer);
                         const StepPlans plans(cfg, backend, eo);
-                        if (rc == std::string("none"))
-                            none_fits = plans.reserved().total() <= budget;
+                        if (rc == "none") none_fits = plans.reserved().total() <= budget;
                         consider(eo, plans);
                     }
                     if (none_fits) continue;   // the budget solver would keep everything
@@ -249,18 +205,19 @@ ResolvedRun fit_auto(const RunShape & s, const ModelConfig & cfg, const Backend 
 
 }  // namespace
 
-ResolvedRun resolve_run(const RunShape & s, const ModelConfig & cfg, const Backend & backend, bool with_eval,
-                        uint64_t budget) {
-    if (s.fit != "off" && s.fit != "auto") throw ConfigError(fmt::format("--fit '{}': expected off or auto", s.fit));
-    if (s.fit == "auto") {
+ResolvedRun resolve_run(const RunConfig & s, const ModelConfig & cfg, const Backend & backend, bool with_eval,
+                        int pp_stage) {
+    const uint64_t budget = s.budget;
+    if (s.fit_auto) {
+        check_supported(s, cfg, &backend);
         if (budget == 0) throw ConfigError("--fit auto needs a memory budget");
-        return fit_auto(s, cfg, backend, with_eval, budget);
+        return fit_auto(s, cfg, backend, with_eval, pp_stage);
     }
     ResolvedRun r;
-    r.eo = base_options(s, cfg, backend, with_eval, budget);
-    if (s.attention == "auto" && !r.eo.flash_attention)
+    r.eo = engine_options(s, cfg, backend, with_eval, pp_stage);
+    if (s.attention == Attention::auto_ && !r.eo.flash_attention)
         r.notes.push_back(fmt::format("attention: naive ({})", backend.flash_attention_refusal(cfg.head_dim())));
-    if (s.recompute == "budget") {
+    if (s.recompute.info().kind == RecomputePolicy::budget) {
         if (budget == 0) throw ConfigError("--recompute budget needs a memory budget");
         CategoryBytes smallest;
         const auto rc = fit_recompute(r.eo, cfg, backend, budget, &smallest);

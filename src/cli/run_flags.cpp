@@ -1,0 +1,172 @@
+#include "cli/run_flags.h"
+
+#include <fmt/format.h>
+
+#include "cli/config_file.h"
+#include "cli/validators.h"
+#include "core/error.h"
+#include "core/units.h"
+#include "model/config.h"
+
+namespace memfit::cli {
+
+bool RunFlags::given(const std::string & name) const {
+    const auto it = options.find(name);
+    return it != options.end() && it->second->count() > 0;
+}
+
+namespace {
+
+// A typed flag: the text goes through `parse` (one of run_config.h's) into the field.
+template <class F>
+CLI::Option * typed(CLI::App * c, const std::string & flag, F parse, const std::string & shown,
+                    const std::string & help) {
+    return c->add_option_function<std::string>(flag, parse, help)->default_str(shown)->type_name("TEXT");
+}
+
+}  // namespace
+
+RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
+    RunFlags f;
+    add_config_flag(c);
+    auto keep = [&](CLI::Option * o) {
+        f.options[o->get_name(false, true).substr(2)] = o;
+        return o;
+    };
+    keep(c->add_option("--model", r.model,
+                       "preset (" + fmt::format("{}", fmt::join(preset_names(), ", ")) +
+                           "), a Hugging Face config.json (GPT-2 or LLaMA), or a folder holding one and its weights")
+             ->capture_default_str());
+    keep(c->add_option("--seq", r.seq, "tokens per sequence (activations grow with it; naive attention's with its "
+                                       "square)")
+             ->capture_default_str()->check(kPositive));
+    // The batch: any two of the three give the third.
+    keep(c->add_option("--micro-batch", r.micro_batch,
+                       "sequences per forward/backward on each data-parallel rank (DeepSpeed's "
+                       "train_micro_batch_size_per_gpu); activations grow with it")
+             ->default_str("8")->check(kPositive));
+    keep(c->add_option("--grad-accum", r.grad_accum,
+                       "micro-batches accumulated per optimizer step (gradients in fp32 when > 1, no extra "
+                       "activations)")
+             ->default_str("1")->check(kPositive));
+    keep(c->add_option("--global-batch", r.global_batch,
+                       "sequences per optimizer step: micro-batch x grad-accum x data-parallel ranks (give any two of "
+                       "the three)")
+             ->check(kPositive));
+    keep(c->add_option("--batch", r.batch,
+                       "sequences per micro-step over all data-parallel ranks, split evenly (the same as "
+                       "--micro-batch in one process)")
+             ->check(kPositive));
+    keep(typed(c, "--precision",
+               [&r](const std::string & v) {
+                   r.precision_auto = v == "auto";
+                   if (!r.precision_auto) r.compute = parse_precision(v);
+               },
+               precision_name(r.compute),
+               "fp32, bf16 or fp16 (16-bit weights and activations, fp32 master weights and AdamW moments; fp16 adds "
+               "dynamic loss scaling); auto lets --fit auto choose"));
+    keep(typed(c, "--attention", [&r](const std::string & v) { r.attention = parse_attention(v); },
+               attention_name(r.attention),
+               "flash (tiled, saves one log-sum-exp per query), naive (saves the T x T probabilities), or auto: flash "
+               "where the device's kernels take the model's head dimension (the CUDA ones: 32, 64, 96, 128)"));
+    keep(typed(c, "--recompute", [&r](const std::string & v) { r.recompute = Recompute(v); }, r.recompute.name(),
+               "activation recomputation: " + recompute_help()));
+    keep(typed(c, "--optimizer", [&r](const std::string & v) { r.optimizer = parse_optimizer(v); },
+               optimizer_name(r.optimizer),
+               "adamw (8 bytes of moments per trainable parameter); memfit plan also models sgd (momentum, 4 bytes) "
+               "and adamw-8bit (2 bytes)"));
+    // LoRA (model/lora.h).
+    keep(c->add_option("--lora-rank", r.lora.rank,
+                       "LoRA: freeze the base and train rank-R adapters on --lora-targets (0: train every parameter)")
+             ->capture_default_str()->check(kNonNegative));
+    keep(c->add_option("--lora-alpha", r.lora.alpha, "LoRA: the adapters' output is scaled by alpha / rank")
+             ->capture_default_str());
+    keep(c->add_option("--lora-targets", r.lora.targets,
+                       "LoRA: modules to adapt, q,k,v,o,gate,up,down or all (GPT-2: c_attn, c_proj, c_fc; default "
+                       "q,v | c_attn)"));
+    keep(c->add_option("--lora-dropout", r.lora.dropout,
+                       "LoRA: dropout probability on the adapters' input while training (0: none)")
+             ->capture_default_str());
+    keep(c->add_option("--base-weights", r.lora.base_weights,
+                       "LoRA: storage of the frozen base: the compute precision (bf16, fp16, fp32), int8 "
+                       "(per-channel) or nf4 (4-bit NormalFloat, blocks of 64, double-quantized scales, as QLoRA)")
+             ->capture_default_str());
+    if (which.layout) {
+        keep(c->add_option("--zero", r.layout.zero,
+                           "data parallel (mpirun -np N): ZeRO stage 0 (every rank holds everything), 1 (shard fp32 "
+                           "master weights and optimizer states over the ranks), 2 (also gradients), 3 (also the "
+                           "parameters)")
+                 ->capture_default_str());
+        keep(c->add_option("--tp", r.layout.tp,
+                           "tensor parallel (Megatron-LM): split every block's heads and MLP width, the embedding "
+                           "and the LM head over groups of this many consecutive ranks; the heads, KV heads and MLP "
+                           "width must divide by it")
+                 ->capture_default_str());
+        keep(c->add_flag("--sp", r.layout.sp,
+                         "sequence parallel (with --tp): norms and residual adds run on 1/tp of the tokens, with "
+                         "all-gathers and reduce-scatters in place of the all-reduces (Korthikanti et al. 2022)"));
+        keep(c->add_option("--pp", r.layout.pp,
+                           "pipeline parallel: split the blocks into this many stages (embedding with the first, LM "
+                           "head with the last, balanced by cost); each step's --grad-accum micro-batches flow "
+                           "through them")
+                 ->capture_default_str());
+        keep(typed(c, "--schedule",
+                   [&r](const std::string & v) { r.layout.schedule = parse_schedule(v, &r.layout.virtual_stages); },
+                   schedule_spelling(r.layout),
+                   "pipeline schedule: gpipe (every forward, then every backward: all micro-batches' activations "
+                   "live at once), 1f1b (at most P - s micro-batches in flight on stage s) or interleaved:V (V model "
+                   "chunks per stage, a smaller bubble; --grad-accum a multiple of --pp)"));
+        keep(typed(c, "--offload", [&r](const std::string & v) { r.layout.offload = parse_offload(v); },
+                   offload_name(r.layout.offload),
+                   "none, optimizer (fp32 master weights and optimizer states in host memory) or optimizer+params "
+                   "(also the weights, with ZeRO-3): memfit plan models it; memfit train keeps every state on the "
+                   "device"));
+    }
+    if (which.execution) {
+        keep(c->add_option("--device", r.device,
+                           "cpu, or cuda (NVIDIA GPU; under mpirun each rank takes the GPU of its local rank, and "
+                           "gradients move over NCCL)")
+                 ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"})));
+        keep(typed(c, "--memory-budget", [&r](const std::string & v) { r.budget = parse_bytes(v); }, "",
+                   "refuse to start unless the plan fits in this many bytes (e.g. 512MiB, 2GiB; default: the memory "
+                   "available)"));
+        keep(typed(c, "--fit",
+                   [&r](const std::string & v) {
+                       if (v != "off" && v != "auto")
+                           throw ConfigError(fmt::format("--fit '{}': expected off or auto", v));
+                       r.fit_auto = v == "auto";
+                   },
+                   r.fit_auto ? "auto" : "off",
+                   "auto: choose micro-batch, accumulation (keeping the global batch), attention, recomputation, "
+                   "loss chunk and (with --precision auto) precision for the highest predicted throughput that fits "
+                   "--memory-budget"));
+        keep(c->add_option("--loss-chunk", r.loss_chunk,
+                           "tokens per LM-head + cross-entropy chunk: the B*T*V logits are never stored whole (0: "
+                           "unchunked)")
+                 ->capture_default_str()->check(kNonNegative));
+        keep(c->add_option("--loss-scale", r.loss_scale,
+                           "fp16: a static loss scale (0: dynamic, halved on overflow and doubled after "
+                           "--loss-scale-window clean steps; DeepSpeed's fp16.loss_scale)")
+                 ->capture_default_str()->check(kNonNegative));
+        keep(c->add_option("--initial-loss-scale", r.initial_loss_scale,
+                           "fp16: the dynamic scale's start (DeepSpeed: 2^initial_scale_power)")
+                 ->capture_default_str()->check(kPositive));
+        keep(c->add_option("--loss-scale-window", r.loss_scale_window,
+                           "fp16: clean steps before the dynamic scale doubles")
+                 ->capture_default_str()->check(kPositive));
+        keep(c->add_option("--min-loss-scale", r.min_loss_scale, "fp16: the dynamic scale is never halved below this")
+                 ->capture_default_str()->check(kPositive));
+        keep(c->add_option("--clip", r.clip, "clip gradients to this global L2 norm before the update (0: off)")
+                 ->capture_default_str()->check(kNonNegative));
+        keep(c->add_option("--seed", r.seed, "random seed")->capture_default_str());
+        keep(c->add_option("--threads", r.threads, "CPU threads (0: all cores)")->check(kNonNegative));
+        if (which.layout)
+            keep(c->add_option("--bucket-mb", r.bucket_mb,
+                               "data parallel: gradients are reduced in buckets of at least this many MiB of "
+                               "adjacent blocks (0: one bucket per transformer block)")
+                     ->capture_default_str());
+    }
+    return f;
+}
+
+}  // namespace memfit::cli

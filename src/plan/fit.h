@@ -1,0 +1,38 @@
+// One device's run (RunConfig) resolved into EngineOptions: precision, attention, loss chunking,
+// recompute policy (including `budget`, solved against the memory budget) and `--fit auto`,
+// which searches micro-batch x accumulation x precision x attention x recomputation x loss
+// chunk for the highest predicted throughput whose exact plan fits.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/config.h"
+#include "run/run_config.h"
+#include "train/engine.h"
+
+namespace memfit {
+
+// The LoRA options of the run, checked against the model and the compute precision.
+LoraOptions lora_options(const RunConfig & r, const ModelConfig & cfg, DType compute);
+
+// The engine's options for one rank's program of `r` (micro_batch per rank, layout.dp the
+// data-parallel ranks; pp_stage: the stage whose program it is): the one place they are built.
+// Asks run/compat.h whether the engine runs it (ConfigError otherwise).
+EngineOptions engine_options(const RunConfig & r, const ModelConfig & cfg, const Backend & backend, bool with_eval,
+                             int pp_stage = 0);
+
+struct ResolvedRun {
+    EngineOptions eo;
+    std::vector<std::string> notes;   // what --fit auto / --recompute budget chose and why
+};
+
+// Resolves `r` for `cfg` within r.budget bytes (0: no budget). Throws ConfigError for what the
+// engine does not run and OutOfMemory when --fit auto or --recompute budget finds nothing that
+// fits (the message gives the smallest configuration's needs per category).
+ResolvedRun resolve_run(const RunConfig & r, const ModelConfig & cfg, const Backend & backend, bool with_eval,
+                        int pp_stage = 0);
+
+}  // namespace memfit

@@ -1,0 +1,93 @@
+#include "run/compat.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "model/tensor_parallel.h"
+
+namespace memfit {
+
+std::optional<std::string> out_of_range(const RunConfig & r) {
+    const Layout & L = r.layout;
+    if (L.zero < 0 || L.zero > 3)
+        return fmt::format("--zero {}: expected 0 (no sharding), 1 (optimizer states), 2 (+ gradients) or 3 (+ "
+                           "parameters)", L.zero);
+    if (!(r.bucket_mb >= 0) || !std::isfinite(r.bucket_mb) || r.bucket_mb > 1048576.0)
+        return fmt::format("--bucket-mb {}: expected a size in MiB, 0 or more (0: one bucket per transformer block)",
+                           r.bucket_mb);
+    if (L.tp < 1 || L.tp > 4096)
+        return fmt::format("--tp {}: expected the number of ranks of a tensor group, 1 or more", L.tp);
+    if (L.pp < 1 || L.pp > 4096) return fmt::format("--pp {}: expected the number of pipeline stages, 1 or more", L.pp);
+    return std::nullopt;
+}
+
+std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & cfg, const Backend * backend) {
+    const Layout & L = r.layout;
+    if (auto why = out_of_range(r)) return why;
+    // What the engine has.
+    if (r.optimizer != Optimizer::adamw)
+        return fmt::format("--optimizer {}: the engine trains with AdamW only (memfit plan models sgd and adamw-8bit); "
+                           "use --optimizer adamw", optimizer_name(r.optimizer));
+    if (L.offload != Offload::none)
+        return fmt::format("--offload {}: the engine keeps every state in device memory (memfit plan models "
+                           "offload); use --offload none, or --zero to shard the states", offload_name(L.offload));
+    if (r.precision_auto && !r.fit_auto)
+        return std::string("--precision auto needs --fit auto (it lets the search choose the precision)");
+    if ((L.tp > 1 || L.pp > 1) && r.fit_auto)
+        return std::string("--fit auto searches one rank's micro-batch, precision and recomputation; with --tp or "
+                           "--pp set them yourself (memfit plan --tp T --pp P shows what fits)");
+    if (r.device == "cuda" && (L.tp > 1 || L.pp > 1))
+        return fmt::format("--device {}: --tp and --pp run on the CPU only for now", r.device);
+    if (r.attention == Attention::flash && backend && !backend->runs_flash_attention(cfg.head_dim()))
+        return fmt::format("--attention flash: {}; use --attention naive", backend->flash_attention_refusal(cfg.head_dim()));
+    // ZeRO-3 gathers one layer's weights at a time.
+    const RecomputePolicy::Kind kind = r.recompute.info().kind;
+    if (L.zero >= 3 && (kind == RecomputePolicy::segments || kind == RecomputePolicy::sqrt_segments) &&
+        recompute_plan(r.recompute, cfg.n_layer).segment >= 2)
+        return std::string("--zero 3 gathers each layer's weights just before its backward, but --recompute every:K "
+                           "and sqrt recompute whole segments at once; use --recompute none, selective or full with it");
+    // Tensor (and sequence) parallelism.
+    if (L.tp > 1) {
+        if (r.lora.rank > 0)
+            return std::string("--tp with LoRA is not supported: the adapters would need their own split; train LoRA "
+                               "with data parallelism");
+        if (L.zero >= 2)
+            return fmt::format("--zero {} with --tp: the tensor-parallel gradient norm and sequence-parallel sums are "
+                               "over whole gradients; use --zero 0 or 1", L.zero);
+        try {
+            tp_local_config(cfg, L.tp);
+        } catch (const ConfigError & e) {
+            return std::string(e.what());
+        }
+    }
+    if (L.sp && L.tp <= 1) return std::string("--sp splits the sequence over the tensor group: it needs --tp 2 or more");
+    if (L.sp && (int64_t(r.micro_batch) * r.seq) % L.tp != 0)
+        return fmt::format("--sp: the micro-batch's {} x {} = {} tokens do not divide over the {} tensor ranks; pick "
+                           "--batch or --seq so that they do", r.micro_batch, r.seq, int64_t(r.micro_batch) * r.seq,
+                           L.tp);
+    // Pipeline parallelism.
+    if (L.pp > 1) {
+        if (r.lora.rank > 0) return std::string("--pp with LoRA is not supported; train LoRA with data parallelism");
+        if (L.zero >= 2)
+            return fmt::format("--zero {} with --pp: gradients and weights are sharded bucket by bucket inside one "
+                               "backward, and a pipeline step runs many; use --zero 0 or 1", L.zero);
+        if (L.schedule == PipeSchedule::interleaved && r.grad_accum % L.pp != 0)
+            return fmt::format("--schedule interleaved:{} sends micro-batches through the stages {} at a time: "
+                               "--grad-accum {} must be a multiple of --pp {}", L.virtual_stages, L.pp, r.grad_accum,
+                               L.pp);
+        try {
+            check_pipeline(cfg, L.pp, L.schedule == PipeSchedule::interleaved ? L.virtual_stages : 1);
+        } catch (const ConfigError & e) {
+            return std::string(e.what());
+        }
+    }
+    return std::nullopt;
+}
+
+void check_supported(const RunConfig & r, const ModelConfig & cfg, const Backend * backend) {
+    if (auto why = unsupported(r, cfg, backend)) throw ConfigError(*why);
+}
+
+}  // namespace memfit

@@ -1,0 +1,101 @@
+// The run's configuration, one typed vocabulary for `memfit train`, `profile`, `bench` and
+// `plan` (and `--config FILE`): what runs, on how many devices, with which memory techniques.
+// Every field has its default and one line of what it costs in memory. The flags and config
+// keys are the fields' names (cli/run_flags.cpp); compat.h says which combinations run.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "core/dtype.h"
+#include "model/pipeline.h"
+#include "model/recompute.h"
+
+namespace memfit {
+
+enum class Attention { auto_, flash, naive };
+enum class Optimizer { adamw, sgd, adamw_8bit };
+enum class Offload { none, optimizer, optimizer_params };
+
+// How N = dp x tp x pp devices split the run (tensor parallel innermost: the ranks of one node
+// share a tensor group).
+struct Layout {
+    int dp = 1;                    // data-parallel copies: activations / dp per device at a fixed global batch
+    int tp = 1;                    // tensor parallel: weights, gradients, states and most activations / tp
+    int pp = 1;                    // pipeline stages: model states / pp; in-flight micro-batches' activations
+    int zero = 0;                  // 0..3: 1 shards master weights + optimizer states / dp, 2 + gradients, 3 + weights
+    Offload offload = Offload::none;  // optimizer (+ params): those bytes move to host memory
+    bool sp = false;               // sequence parallel (with tp > 1): norm and residual activations / tp
+    PipeSchedule schedule = PipeSchedule::one_f_one_b;  // gpipe holds all m micro-batches, 1F1B at most pp
+    int virtual_stages = 1;        // interleaved: model chunks per device (smaller bubble, more sends)
+    int devices() const { return dp * tp * pp; }
+};
+
+// LoRA / QLoRA (model/lora.h): only rank-r adapters train.
+struct LoraConfig {
+    int rank = 0;                       // 0: every parameter trains (states for all of them)
+    float alpha = 16;
+    std::string targets;                // "": the family's default (q,v | c_attn)
+    std::string base_weights = "compute";  // frozen base storage: compute | fp32 | bf16 | fp16 | int8 | nf4 (1/8 of fp32)
+    float dropout = 0;
+};
+
+struct RunConfig {
+    std::string model = "micro";   // preset, Hugging Face config.json, or a folder with weights
+    std::string device = "cpu";    // cpu | cuda
+    int seq = 128;                 // tokens per sequence: activations grow with it (naive attention: squared)
+    // The batch: any two of micro_batch, grad_accum and global_batch (0: unset) give the third
+    // (resolve_batch). batch: the older --batch, sequences per micro-step over all data-parallel ranks.
+    int micro_batch = 0;           // sequences per forward/backward per data-parallel rank: activations grow with it
+    int grad_accum = 0;            // micro-batches per optimizer step: fp32 gradients when > 1, no activations
+    int global_batch = 0;          // sequences per optimizer step = micro_batch x grad_accum x dp
+    int batch = 0;
+    DType compute = DType::f32;    // fp32 | bf16 | fp16: 16-bit halves weights and activations, adds fp32 masters
+    bool precision_auto = false;   // --precision auto: --fit auto chooses
+    Attention attention = Attention::auto_;  // flash: no T x T probabilities kept (one log-sum-exp per query)
+    Recompute recompute;           // what the layers keep for backward (model/recompute.h)
+    int loss_chunk = 0;            // tokens per LM-head + loss chunk: the B x T x V logits never whole (0: off)
+    Optimizer optimizer = Optimizer::adamw;  // adamw: 8 bytes of moments per trainable parameter
+    float clip = 0;                // global gradient-norm clipping (0: off): no memory
+    // fp16 loss scaling (no memory): a static scale, or dynamic from initial_loss_scale, halved on
+    // overflow (not below min_loss_scale) and doubled after loss_scale_window clean steps.
+    float loss_scale = 0;          // 0: dynamic
+    float initial_loss_scale = 65536;
+    int loss_scale_window = 2000;
+    float min_loss_scale = 1;
+    Layout layout;                 // dp comes from the world size (mpirun -np N / (tp x pp))
+    double bucket_mb = 0;          // data parallel: gradient bucket size, MiB (0: one per block)
+    uint64_t budget = 0;           // bytes the plan must fit (0: the memory available)
+    bool fit_auto = false;         // --fit auto: search micro-batch x accumulation x techniques within the budget
+    LoraConfig lora;
+    uint64_t seed = 1337;
+    int threads = 0;               // 0: OpenMP's default
+};
+
+// Fills micro_batch, grad_accum and global_batch from the ones given for `dp` data-parallel
+// ranks (defaults: micro-batch 8, accumulation 1). ConfigError (one line, the numbers and what
+// would divide) when they disagree or do not divide.
+void resolve_batch(RunConfig & r, int dp);
+
+// The configuration as flags: {flag name without dashes: value}, what `--config` reads back
+// (summary.json holds it under kRunConfigKey, resolved). Unset batch sizes are left out.
+nlohmann::json run_config_json(const RunConfig & r);
+inline constexpr const char * kRunConfigKey = "run_config";
+
+// The names users write, one table each, for the flags, the config files and the reports.
+// parse_*: ConfigError naming the choices.
+DType parse_precision(std::string_view p);
+std::string precision_name(DType compute);
+Attention parse_attention(std::string_view a);
+const char * attention_name(Attention a);
+Optimizer parse_optimizer(std::string_view o);
+const char * optimizer_name(Optimizer o);
+Offload parse_offload(std::string_view o);
+const char * offload_name(Offload o);
+// "gpipe" | "1f1b" | "interleaved:V", as --schedule takes it (model/pipeline.h parses it).
+std::string schedule_spelling(const Layout & l);
+
+}  // namespace memfit
