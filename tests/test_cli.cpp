@@ -404,3 +404,102 @@ TEST(Cli, PlanRanksExplainsAndMatchesTraining) {
     for (const char * cat : {"parameters", "optimizer_states", "gradients", "activations", "workspace"})
         EXPECT_EQ(best["memory"]["per_device"][cat], summary["measured"]["peak_live"][cat]) << cat;
 }
+
+namespace memfit {
+namespace {
+
+// A DeepSpeed config trains as it says: batch sizes, precision, ZeRO stage, clipping, AdamW and
+// the cosine schedule are what the run used; keys memfit does not implement are one warning line.
+TEST(Cli, ConfigFileDeepSpeedTrainsAsItSays) {
+    const fs::path text = small_text("ds.txt");
+    const fs::path data = scratch("ds_data"), out = scratch("ds_run"), ds = scratch("ds.json");
+    ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    std::ofstream(ds) << R"({
+      "train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
+      "gradient_clipping": 0.5, "steps_per_print": 2, "bf16": {"enabled": true},
+      "zero_optimization": {"stage": 1, "overlap_comm": true},
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.002, "betas": [0.8, 0.99], "eps": 1e-7, "weight_decay": 0.05}},
+      "scheduler": {"type": "WarmupCosineLR",
+                    "params": {"total_num_steps": 6, "warmup_num_steps": 2, "cos_min_ratio": 0.2, "warmup_type": "linear"}},
+      "activation_checkpointing": {"partition_activations": false},
+      "wall_clock_breakdown": false})";
+    const CmdResult r = run_memfit("train --model nano --seq 32 --data " + data.string() + " --config " + ds.string() +
+                                   " --eval-every 0 --eval-batches 1 --sample 0 --progress plain --out " + out.string());
+    ASSERT_EQ(r.code, 0) << r.err << r.out;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find("ignored: zero_optimization.overlap_comm, activation_checkpointing.partition_activations, "
+                         "wall_clock_breakdown"), std::string::npos) << r.err;
+    EXPECT_NE(r.out.find("batch 2 x seq 32 x 4 accumulated micro-batches"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("ZeRO stage 1"), std::string::npos) << r.out;
+    const nlohmann::json s = nlohmann::json::parse(std::ifstream(out / "summary.json"));
+    const nlohmann::json & c = s["run_config"];
+    EXPECT_EQ(c["micro-batch"], 2);
+    EXPECT_EQ(c["grad-accum"], 4);
+    EXPECT_EQ(c["global-batch"], 8);
+    EXPECT_EQ(c["precision"], "bf16");
+    EXPECT_EQ(c["zero"], 1);
+    EXPECT_EQ(c["recompute"], "full");
+    EXPECT_EQ(c["steps"], 6);
+    EXPECT_EQ(c["warmup"], 2);
+    EXPECT_FLOAT_EQ(c["clip"].get<float>(), 0.5f);
+    EXPECT_FLOAT_EQ(c["adam-beta1"].get<float>(), 0.8f);
+    EXPECT_FLOAT_EQ(c["adam-beta2"].get<float>(), 0.99f);
+    EXPECT_FLOAT_EQ(c["weight-decay"].get<float>(), 0.05f);
+    // The schedule the run took: linear warmup to 0.002 over 2 steps, cosine to 0.2 x 0.002 at step 6.
+    std::vector<double> lr;
+    std::ifstream m(out / "metrics.jsonl");
+    for (std::string line; std::getline(m, line);) lr.push_back(nlohmann::json::parse(line)["lr"].get<double>());
+    ASSERT_EQ(lr.size(), 4u);   // steps 1, 2, 4, 6 (steps_per_print 2)
+    EXPECT_NEAR(lr[0], 0.001, 1e-7);
+    EXPECT_NEAR(lr[1], 0.002, 1e-7);
+    EXPECT_NEAR(lr[3], 0.0004, 1e-7);
+    // Values memfit cannot honour and keys that are no flag: one clear line each.
+    std::ofstream(ds) << R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}})";
+    expect_clean_failure(run_memfit("train --model nano --config " + ds.string()), "nvme");
+    std::ofstream(ds) << R"({"train_micro_batch_size_per_gpu": 2, "mirco-batch": 4})";
+    expect_clean_failure(run_memfit("train --model nano --config " + ds.string()), "\"mirco-batch\" is not a flag");
+    std::ofstream(ds) << R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}})";
+    expect_clean_failure(run_memfit("train --model nano --steps 1 --config " + ds.string()), "--offload optimizer");
+    expect_clean_failure(run_memfit("train --config /nonexistent/ds.json"), "/nonexistent/ds.json");
+    std::ofstream(ds) << "{ not json";
+    expect_clean_failure(run_memfit("train --config " + ds.string()), "not valid JSON");
+}
+
+// summary.json's run_config reruns the run: the same losses step by step; flags override the file.
+TEST(Cli, ConfigFileSummaryRerunsTheRun) {
+    const fs::path text = small_text("rerun.txt");
+    const fs::path data = scratch("rerun_data"), a = scratch("rerun_a"), b = scratch("rerun_b"), c = scratch("rerun_c");
+    ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    const CmdResult first = run_memfit("train --model nano --data " + data.string() + " --seq 32 --batch 4 --steps 6 "
+                                       "--log-every 1 --lr 0.01 --warmup 2 --lr-scheduler linear --fit auto "
+                                       "--precision auto --memory-budget 8MiB --eval-every 3 --eval-batches 1 "
+                                       "--sample 0 --progress quiet --out " + a.string());
+    ASSERT_EQ(first.code, 0) << first.err;
+    const CmdResult again = run_memfit("train --config " + (a / "summary.json").string() + " --progress quiet --out " +
+                                       b.string());
+    ASSERT_EQ(again.code, 0) << again.err;
+    auto losses = [](const fs::path & dir) {
+        std::vector<double> v;
+        std::ifstream m(dir / "metrics.jsonl");
+        for (std::string line; std::getline(m, line);) v.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+        return v;
+    };
+    EXPECT_EQ(losses(a).size(), 6u);
+    EXPECT_EQ(losses(a), losses(b));
+    const nlohmann::json sa = nlohmann::json::parse(std::ifstream(a / "summary.json"));
+    const nlohmann::json sb = nlohmann::json::parse(std::ifstream(b / "summary.json"));
+    EXPECT_EQ(sa["run_config"], sb["run_config"]);
+    EXPECT_EQ(sa["run_config"]["fit"], "off");   // resolved: what --fit auto chose
+    EXPECT_EQ(sa["final_val_loss"], sb["final_val_loss"]);
+    const CmdResult shorter = run_memfit("train --config " + (a / "summary.json").string() + " --steps 3 --progress "
+                                         "quiet --out " + c.string());
+    ASSERT_EQ(shorter.code, 0) << shorter.err;
+    EXPECT_EQ(nlohmann::json::parse(std::ifstream(c / "summary.json"))["run_config"]["steps"], 3);
+    // Another command takes the flags it has and names the ones it does not use.
+    const CmdResult plan = run_memfit("plan --hardware cpu --config " + (a / "summary.json").string());
+    EXPECT_EQ(plan.code, 0) << plan.err << plan.out;
+    EXPECT_NE(plan.err.find("memfit plan does not use"), std::string::npos) << plan.err;
+}
+
+}  // namespace
+}  // namespace memfit

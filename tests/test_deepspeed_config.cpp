@@ -327,8 +327,6 @@ TEST(DeepSpeedConfig, MemfitKeysPassThroughUnchanged) {
 TEST(DeepSpeedConfig, ConflictsBetweenDeepSpeedAndMemfitKeys) {
     expect_error(R"({"micro-batch": 8, "train_micro_batch_size_per_gpu": 4})",
                  {"\"micro-batch\" = 8", "\"train_micro_batch_size_per_gpu\" = 4", "keep one of them"});
-    expect_error(R"({"batch": 8, "train_micro_batch_size_per_gpu": 4})",
-                 {"\"batch\" = 8", "train_micro_batch_size_per_gpu"});
     expect_error(R"({"precision": "fp32", "bf16": {"enabled": true}})",
                  {"\"precision\" = \"fp32\"", "\"bf16.enabled\" = true"});
     expect_error(R"({"lr": 0.01, "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.001}}})",
@@ -343,8 +341,9 @@ TEST(DeepSpeedConfig, ConflictsBetweenDeepSpeedAndMemfitKeys) {
     DeepSpeedTranslation t = translate(R"({"micro-batch": 4, "train_micro_batch_size_per_gpu": 4.0, "lr": 3e-4,
                                            "optimizer": {"type": "AdamW", "params": {"lr": 0.0003}}})");
     EXPECT_EQ(t.flags, json({{"micro-batch", 4}, {"lr", 3e-4}, {"optimizer", "adamw"}}));
-    t = translate(R"({"batch": 4, "train_micro_batch_size_per_gpu": 4})");
-    EXPECT_EQ(t.flags, json({{"batch", 4}}));
+    // --batch counts every data-parallel rank's sequences: both go through, resolve_batch judges them.
+    t = translate(R"({"batch": 8, "train_micro_batch_size_per_gpu": 4})");
+    EXPECT_EQ(t.flags, json({{"batch", 8}, {"micro-batch", 4}}));
 }
 
 TEST(DeepSpeedConfig, TrainBatchSizeIsAMultipleOfMicroBatchTimesAccumulation) {

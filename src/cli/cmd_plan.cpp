@@ -64,13 +64,7 @@ PlanRequest make_request(const PlanFlags & f, const RunConfig & run, const RunFl
     if (given.given("micro-batch")) r.micro_batch = run.micro_batch;
     if (given.given("batch"))
         throw ConfigError("--batch: memfit plan takes --micro-batch (per data-parallel rank) and --global-batch");
-    if (given.given("grad-accum")) {
-        if (given.given("global-batch") || given.given("micro-batch"))
-            throw ConfigError("memfit plan: give --global-batch (searched over layouts) with --micro-batch; "
-                              "--grad-accum follows from them per layout");
-        throw ConfigError("memfit plan: --grad-accum depends on the layout it searches; give --global-batch "
-                          "(and --micro-batch)");
-    }
+    if (given.given("grad-accum")) r.grad_accum = run.grad_accum;
     if (given.given("offload")) r.offload = run.layout.offload;
     if (given.given("schedule")) {
         r.schedule = run.layout.schedule;

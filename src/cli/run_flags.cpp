@@ -73,8 +73,9 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                "activation recomputation: " + recompute_help()));
     keep(typed(c, "--optimizer", [&r](const std::string & v) { r.optimizer = parse_optimizer(v); },
                optimizer_name(r.optimizer),
-               "adamw (8 bytes of moments per trainable parameter); memfit plan also models sgd (momentum, 4 bytes) "
-               "and adamw-8bit (2 bytes)"));
+               "the optimizer, one of " + optimizer_choices() +
+                   " (memfit train runs adamw: 8 bytes of moments per trainable parameter; memfit plan models every one "
+                   "by its state bytes)"));
     // LoRA (model/lora.h).
     keep(c->add_option("--lora-rank", r.lora.rank,
                        "LoRA: freeze the base and train rank-R adapters on --lora-targets (0: train every parameter)")

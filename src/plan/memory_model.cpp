@@ -47,7 +47,7 @@ CategoryBytes model_state_bytes(int64_t params, const Candidate & c) {
     const uint64_t P = uint64_t(params), s = dtype_size(c.compute), dp = uint64_t(c.layout.dp);
     const int zero = c.layout.zero;
     const uint64_t master = c.compute == DType::f32 ? 0 : 4;
-    const uint64_t opt = c.optimizer == Optimizer::adamw ? 8 : c.optimizer == Optimizer::adamw_8bit ? 2 : 4;
+    const uint64_t opt = uint64_t(optimizer_state_bytes(c.optimizer));
     const uint64_t grad = c.grad_accum > 1 ? 4 : s;
     CategoryBytes b;
     b[Category::parameters] = zero >= 3 ? ceil_div(P * s, dp) : P * s;

@@ -220,7 +220,7 @@ SearchReport search_plans(const PlanRequest & r) {
                         }
                         for (PipeSchedule sch : scheds)
                             for (int mb : fixed_or(r.micro_batch, divisors(per_rank, 64))) {
-                                if (per_rank % mb) continue;
+                                if (per_rank % mb || (r.grad_accum && per_rank / mb != *r.grad_accum)) continue;
                                 for (const std::string & rc : fixed_or(r.recompute, searched_recompute_policies()))
                                     for (bool flash : fixed_or(r.flash, {flash_ok})) {
                                         PlanResult pr;

@@ -26,7 +26,7 @@ struct PlanRequest {
     DType compute = DType::bf16;
     Optimizer optimizer = Optimizer::adamw;
     // Fixed choices; what is unset is searched.
-    std::optional<int> zero, tp, pp, micro_batch;
+    std::optional<int> zero, tp, pp, micro_batch, grad_accum;   // grad_accum: per data-parallel rank
     std::optional<Offload> offload;
     std::optional<PipeSchedule> schedule;
     int virtual_stages = 2;                  // interleaved:V

@@ -139,7 +139,7 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
         weights = (L.pp == 1 ? first_b : std::max(first_b, last_b)) / tp + train * s;
     }
     const double shard = L.zero >= 1 ? train / dp : train;   // parameters this device's optimizer updates
-    const double state = c.optimizer == Optimizer::adamw ? 8.0 : c.optimizer == Optimizer::adamw_8bit ? 2.0 : 4.0;
+    const double state = optimizer_state_bytes(c.optimizer);
     const bool master = c.compute != DType::f32;
     const double update_bytes = 2.0 * (state + 4.0) + g + (master ? s : 0.0);   // per parameter
     t.memory_bound = m * mem_mb + (L.offload == Offload::none ? shard * update_bytes / bw : 0.0);

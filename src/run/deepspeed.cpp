@@ -72,8 +72,9 @@ std::string brief(const Json & v) {
     return s;
 }
 
-// Aliases of memfit's flags, so a conflict through one is still seen.
-std::string canonical_flag(const std::string & key) { return key == "batch" ? "micro-batch" : key; }
+// memfit's flags as the conflict check compares them (--batch is not an alias of --micro-batch:
+// it counts every data-parallel rank's sequences, and resolve_batch checks the two agree).
+std::string canonical_flag(const std::string & key) { return key; }
 
 template <class Json>
 class Translator {

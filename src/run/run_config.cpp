@@ -49,6 +49,19 @@ Attention parse_attention(std::string_view a) { return parse_name("--attention",
 const char * attention_name(Attention a) { return name_of(a, kAttentions); }
 Optimizer parse_optimizer(std::string_view o) { return parse_name("--optimizer", o, kOptimizers); }
 const char * optimizer_name(Optimizer o) { return name_of(o, kOptimizers); }
+std::string optimizer_choices() {
+    std::string s;
+    for (const auto & n : kOptimizers) s += fmt::format("{}{}", s.empty() ? "" : ", ", n.text);
+    return s;
+}
+double optimizer_state_bytes(Optimizer o) {
+    switch (o) {
+    case Optimizer::adamw: return 8;        // two fp32 moments
+    case Optimizer::sgd: return 4;          // fp32 momentum
+    case Optimizer::adamw_8bit: return 2;   // two 8-bit moments (block scales not counted)
+    }
+    return 8;
+}
 Offload parse_offload(std::string_view o) { return parse_name("--offload", o, kOffloads); }
 const char * offload_name(Offload o) { return name_of(o, kOffloads); }
 

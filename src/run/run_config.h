@@ -93,6 +93,8 @@ Attention parse_attention(std::string_view a);
 const char * attention_name(Attention a);
 Optimizer parse_optimizer(std::string_view o);
 const char * optimizer_name(Optimizer o);
+std::string optimizer_choices();                 // "adamw, sgd, adamw-8bit"
+double optimizer_state_bytes(Optimizer o);       // per trainable parameter (the planner's models)
 Offload parse_offload(std::string_view o);
 const char * offload_name(Offload o);
 // "gpipe" | "1f1b" | "interleaved:V", as --schedule takes it (model/pipeline.h parses it).

@@ -96,7 +96,7 @@ std::vector<std::string> make_hints(const Engine & engine, const std::vector<Rep
         replan("--recompute full", step.B(), mo, ": only each layer's input is kept for backward");
     }
     if (step.B() > 1)
-        replan(fmt::format("--batch {}", step.B() / 2), step.B() / 2, eo.model(),
+        replan(fmt::format("--micro-batch {}", step.B() / 2), step.B() / 2, eo.model(),
                " (the global batch halves unless two micro-batches are accumulated)");
 
     const uint64_t opt = plan.peak_live[Category::optimizer_states];
