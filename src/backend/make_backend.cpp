@@ -1,10 +1,13 @@
 #include "backend/make_backend.h"
 
+#include <algorithm>
+
 #include "backend/cpu/cpu_backend.h"
 #ifdef MEMFIT_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
 #include "core/error.h"
+#include "memory/budget.h"
 
 namespace memfit {
 
@@ -28,6 +31,10 @@ std::unique_ptr<Backend> make_backend(const std::string & device, int index) {
 #endif
     }
     throw ConfigError("--device " + device + ": unknown device; use cpu or cuda");
+}
+
+uint64_t default_budget(const Backend & backend, uint64_t processes) {
+    return backend.host_memory() ? available_memory() / std::max<uint64_t>(1, processes) : backend.device_free();
 }
 
 }  // namespace memfit

@@ -39,7 +39,7 @@ const std::vector<RecomputePolicy> & recompute_policies() {
     static const std::vector<RecomputePolicy> table = {
         {"none", "keep every activation", RecomputePolicy::uniform, kKeepAll, true},
         {"full", "keep each layer's input", RecomputePolicy::uniform, 0, true},
-        {"every", "every:K, keep every K-th layer's input", RecomputePolicy::segments},
+        {"every", "keep every K-th layer's input", RecomputePolicy::segments},
         {"sqrt", "segments of sqrt(layers)", RecomputePolicy::sqrt_segments},
         {"selective", "recompute norms, GELU, attention probabilities", RecomputePolicy::uniform, kKeepSelective,
          true},

@@ -57,7 +57,9 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
             return fmt::format("--zero {} with --tp: the tensor-parallel gradient norm and sequence-parallel sums are "
                                "over whole gradients; use --zero 0 or 1", L.zero);
         try {
-            tp_local_config(cfg, L.tp);
+            ModelConfig sized = cfg;   // a small preset learns its vocabulary from the data, later
+            if (sized.vocab_size == 0) sized.vocab_size = L.tp;
+            tp_local_config(sized, L.tp);
         } catch (const ConfigError & e) {
             return std::string(e.what());
         }

@@ -33,7 +33,7 @@ nlohmann::json run_bench(const BenchOptions & opt) {
     double peak = probe ? cpu::measure_matmul_peak_gflops() : 0.0;
     RunConfig run = opt;
     resolve_batch(run, 1);
-    run.budget = opt.budget ? opt.budget : available_memory();
+    run.budget = opt.budget ? opt.budget : default_budget(backend);
     const EngineOptions eo = resolve_run(run, cfg, backend, false).eo;
     Engine engine(cfg, backend, eo);
     engine.init_params(opt.seed);

@@ -344,334 +344,388 @@ nlohmann::json resolved_config(const TrainOptions & opt, RunConfig run, const En
 
 }  // namespace
 
-void run_training(const TrainOptions & opt) {
+namespace {
+
+// One training job, phase by phase (run_training calls them in order): every flag is checked and
+// every configuration resolved before the first output is written.
+class TrainingRun {
+public:
+    explicit TrainingRun(const TrainOptions & opt);
+    void load();           // the model, the device, the data, the memory budget
+    void resolve();        // the configuration this rank runs, and the data loaders
+    void announce();       // what will run
+    void build();          // the engine, its plan, the weights (pre-trained, resumed)
+    void train();          // the steps
+    void finish();         // planned vs measured, summary.json, report.html, trace.json, the sample
+
+private:
+    void say(const std::string & text);
+    void take_rows(int rows, int groups);
+    float evaluate();
+    void step(int step);
+    void checkpoint(int step, bool log_point);
+    void report_memory(const RankMemory & rank_memory, const std::vector<uint64_t> & planned_by_rank, uint64_t rss);
+    std::pair<std::string, int> sample(const std::vector<float> & weights);
+
+    const TrainOptions & opt_;
+    std::unique_ptr<Communicator> comm_;
+    int world_ = 1;
+    bool lead_ = true;
+    ParallelLayout layout_;
+    std::unique_ptr<ProcessGroups> groups_;
+    int ranks_ = 1, rank_ = 0;   // the data-parallel ones (the world without tensor and pipeline parallelism)
+    Communicator * data_comm_ = nullptr;
+    RunConfig run_;              // the batch resolved for the data-parallel ranks; the budget
+    Progress progress_;
+    ModelConfig cfg_;
+    std::unique_ptr<Backend> backend_;
+    std::unique_ptr<Communicator> device_comm_;
+    DataSource data_;
+    EngineOptions eo_;
+    std::vector<std::string> notes_;   // what --fit auto / --recompute budget chose
+    int batch_ = 0, accum_ = 0;  // the global micro-batch and accumulation the engine runs (its B x ranks)
+    std::unique_ptr<DataLoader> train_data_, val_data_;
+    std::unique_ptr<Engine> engine_;
+    int first_step_ = 1;
+    std::string metrics_path_;
+    std::FILE * metrics_ = nullptr;
+    std::vector<int32_t> in_, tg_, my_in_, my_tg_;   // the global batch; this rank's rows of it
+    LrSchedule sched_;
+    BudgetFile budget_file_;
+    std::vector<std::string> replans_;
+    double total_time_ = 0, wall_ = 0;
+    long long total_tokens_ = 0;
+    float last_loss_ = 0, last_val_ = NAN;
+    Timeline timeline_;          // the last step, op by op, for the report
+    Timeline leak_a_, leak_b_;   // --check-leaks: steps 2 and 3
+    std::vector<CurvePoint> loss_curve_, val_curve_, tps_curve_;
+};
+
+// The world: ranks, the parallel layout and its process groups; what combines and the batch,
+// checked before any work. Data parallel (`mpirun -np N memfit train ...`): every rank runs its
+// --micro-batch sequences; rank 0 alone prints and writes outputs. Tensor parallel (--tp T):
+// groups of T consecutive ranks share each micro-batch; pipeline parallel (--pp P): P stages;
+// data parallel runs over the N / (T P) copies of the model.
+TrainingRun::TrainingRun(const TrainOptions & opt)
+    : opt_(opt), progress_(ProgressMode::quiet), budget_file_(opt.budget_file) {
     if (opt.steps < 1) throw ConfigError(fmt::format("--steps {}: must be at least 1", opt.steps));
     if (opt.check_leaks && opt.steps < 4)
         throw ConfigError(fmt::format("--check-leaks compares steps 2 and 3: needs --steps 4 or more (got {})", opt.steps));
     const ProgressMode mode = progress_mode(opt.progress);
-    // Data parallel (`mpirun -np N memfit train ...`): --batch is the global micro-batch; every
-    // rank runs B/N of its sequences. Rank 0 alone prints and writes outputs.
-    // Tensor parallel (--tp T): groups of T consecutive ranks share each micro-batch; pipeline
-    // parallel (--pp P): P stages; data parallel runs over the N / (T P) copies of the model.
-    const std::unique_ptr<Communicator> comm = make_communicator();
-    const int world = comm->size();
-    const bool lead = comm->rank() == 0;
-    // What combines, before any work (the batch and the data-parallel size come next).
+    comm_ = make_communicator();
+    world_ = comm_->size();
+    lead_ = comm_->rank() == 0;
+    // What combines (run/compat.h), before any work: the numbers, the world's layout, the rest.
+    if (auto why = out_of_range(opt)) throw ConfigError(*why);
+    layout_ = derive_layout(world_, opt.layout.tp, opt.layout.pp);
     check_supported(opt, resolve_model(opt.model), nullptr);
-    const ParallelLayout layout = derive_layout(world, opt.layout.tp, opt.layout.pp);
-    std::unique_ptr<ProcessGroups> pgroups;
-    if (layout.tp > 1 || layout.pp > 1) pgroups = std::make_unique<ProcessGroups>(*comm, layout);
-    // `ranks` and `rank`: the data-parallel ones (the world without tensor parallelism).
-    const int ranks = layout.dp, rank = pgroups ? pgroups->coords.dp : comm->rank();
-    Communicator * data_comm = pgroups ? pgroups->dp.get() : comm.get();
+    if (layout_.tp > 1 || layout_.pp > 1) groups_ = std::make_unique<ProcessGroups>(*comm_, layout_);
+    ranks_ = layout_.dp;
+    rank_ = groups_ ? groups_->coords.dp : comm_->rank();
+    data_comm_ = groups_ ? groups_->dp.get() : comm_.get();
     // The batch: --micro-batch is per data-parallel rank; the loader reads the global batch.
-    RunConfig run = opt;
-    run.layout.dp = ranks;
-    resolve_batch(run, ranks);
-    if (world > 1 && !opt.budget_file.empty())
+    run_ = opt;
+    run_.layout.dp = ranks_;
+    resolve_batch(run_, ranks_);
+    if (world_ > 1 && !opt.budget_file.empty())
         throw ConfigError(fmt::format("--budget-file re-plans one process's run mid-training; it is not supported with "
-                                      "{} ranks: set --memory-budget (per rank) instead", world));
-    Progress progress(lead ? mode : ProgressMode::quiet);
-    // Everything but the status line goes through the progress display, so a terminal's live
-    // line stays intact, --json keeps stdout JSON Lines and --quiet keeps it empty.
-    auto say = [&](const std::string & text) {
-        size_t start = 0;
-        while (start < text.size()) {
-            size_t end = text.find('\n', start);
-            if (end == std::string::npos) end = text.size();
-            progress.message(text.substr(start, end - start));
-            start = end + 1;
-        }
-    };
+                                      "{} ranks: set --memory-budget (per rank) instead", world_));
+    progress_ = Progress(lead_ ? mode : ProgressMode::quiet);
     if (opt.threads > 0) omp_set_num_threads(opt.threads);
-    // Validate every flag before doing any work.
-    const uint64_t budget_flag = opt.budget;
-    ModelConfig cfg = resolve_model(opt.model);
+}
+
+// Everything but the status line goes through the progress display, so a terminal's live line
+// stays intact, --json keeps stdout JSON Lines and --quiet keeps it empty.
+void TrainingRun::say(const std::string & text) {
+    size_t start = 0;
+    while (start < text.size()) {
+        size_t end = text.find('\n', start);
+        if (end == std::string::npos) end = text.size();
+        progress_.message(text.substr(start, end - start));
+        start = end + 1;
+    }
+}
+
+void TrainingRun::load() {
+    cfg_ = resolve_model(opt_.model);
     // The positions this run trains (checkpoints and exports record them; generation stays
     // inside): a fresh model's are --seq's, a pre-trained folder's what it records plus --seq's
     // (a folder that records none, from the Hub, was trained on all of them).
-    if (!has_hf_weights(opt.model)) cfg.trained_seq = opt.seq;
-    else if (cfg.trained_seq > 0) cfg.trained_seq = std::max(cfg.trained_seq, opt.seq);
+    if (!has_hf_weights(opt_.model)) cfg_.trained_seq = opt_.seq;
+    else if (cfg_.trained_seq > 0) cfg_.trained_seq = std::max(cfg_.trained_seq, opt_.seq);
     // --device cuda, before any work (no device: one error line): each rank takes the GPU of its
     // local rank; gradients go over NCCL.
     const char * local_rank = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-    const std::unique_ptr<Backend> backend_owner =
-        make_backend(opt.device, local_rank ? std::atoi(local_rank) : 0);
-    Backend & backend = *backend_owner;
-    const std::unique_ptr<Communicator> device_comm = make_device_communicator(*comm, backend);
-    if (device_comm) data_comm = device_comm.get();
+    backend_ = make_backend(opt_.device, local_rank ? std::atoi(local_rank) : 0);
+    device_comm_ = make_device_communicator(*comm_, *backend_);
+    if (device_comm_) data_comm_ = device_comm_.get();
     // A Hugging Face folder with a tokenizer.model tokenizes the corpus with it unless told otherwise.
     const std::string tokenizer =
-        opt.tokenizer.empty() && fs::is_directory(opt.model) ? tokenizer_for_folder(opt.model) : opt.tokenizer;
+        opt_.tokenizer.empty() && fs::is_directory(opt_.model) ? tokenizer_for_folder(opt_.model) : opt_.tokenizer;
     // Rank 0 prepares the bundled corpus (if needed) before the others look for it.
-    if (!lead) comm->barrier();
-    const DataSource data = resolve_data(opt.data, tokenizer, cfg.vocab_size);
-    if (lead && world > 1) comm->barrier();
-    if (cfg.vocab_size == 0) cfg.vocab_size = data.vocab_size;
-    if (data.vocab_size > cfg.vocab_size)
+    if (!lead_) comm_->barrier();
+    data_ = resolve_data(opt_.data, tokenizer, cfg_.vocab_size);
+    if (lead_ && world_ > 1) comm_->barrier();
+    if (cfg_.vocab_size == 0) cfg_.vocab_size = data_.vocab_size;
+    if (data_.vocab_size > cfg_.vocab_size)
         throw ConfigError(fmt::format("the data's vocabulary ({} tokens, {}) is larger than the model's ({}); "
                                       "use a model with a larger vocab_size or other data",
-                                      data.vocab_size, data.tokenizer, cfg.vocab_size));
-    cfg.validate();
-
+                                      data_.vocab_size, data_.tokenizer, cfg_.vocab_size));
+    cfg_.validate();
     // Without --memory-budget the plan must still fit the memory this process can have; ranks on
-    // one machine share it (and every rank plans with the same number: the smallest). A GPU's:
-    // what is free on it once the runtime has started.
-    uint64_t budget = budget_flag;
-    if (!budget) {
+    // one machine share it (and every rank plans with the same number: the smallest).
+    if (!run_.budget) {
         const char * local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
         const uint64_t per_host = local ? std::max<uint64_t>(1, std::strtoull(local, nullptr, 10)) : 1;
-        budget = backend.host_memory() ? available_memory() / std::min<uint64_t>(per_host, uint64_t(world))
-                                       : backend.device_free();
-        if (world > 1) {
-            const auto all = comm->all_gather_u64(budget);
-            budget = *std::min_element(all.begin(), all.end());
+        run_.budget = default_budget(*backend_, std::min<uint64_t>(per_host, uint64_t(world_)));
+        if (world_ > 1) {
+            const auto all = comm_->all_gather_u64(run_.budget);
+            run_.budget = *std::min_element(all.begin(), all.end());
         }
     }
-    // The engine plans this rank's share. Every rank resolves the configuration as rank 0 would
-    // (every rank's program has the same buffers, so --fit auto and --recompute budget make the
-    // same choice on all); then each builds its own (the stages' programs differ: each plans its own).
-    run.budget = budget;
-    const ResolvedRun resolved = resolve_run(run, cfg, backend, !data.val_path.empty() && !opt.profile,
-                                             pgroups ? pgroups->coords.pp : 0);
-    EngineOptions eo = resolved.eo;
-    eo.rank = rank;
-    eo.checking = opt.check_lifetimes;
-    eo.comm = data_comm;
-    eo.tp_comm = pgroups ? pgroups->tp.get() : nullptr;
-    eo.tp_rank = pgroups ? pgroups->coords.tp : 0;
-    eo.pp_comm = pgroups ? pgroups->pp.get() : nullptr;
-    eo.emb_comm = pgroups ? pgroups->emb.get() : nullptr;
-    for (const auto & n : resolved.notes) say(n);
-    // batch, accum: the global micro-batch and accumulation the engine runs (its B x ranks).
-    const int batch = eo.B * ranks, accum = eo.grad_accum;
+}
+
+// Every rank resolves the configuration as rank 0 would (every rank's program has the same
+// buffers, so --fit auto and --recompute budget make the same choice on all); then each builds
+// its own (a stage's program is its own).
+void TrainingRun::resolve() {
+    const ResolvedRun resolved = resolve_run(run_, cfg_, *backend_, !data_.val_path.empty() && !opt_.profile,
+                                             groups_ ? groups_->coords.pp : 0);
+    eo_ = resolved.eo;
+    notes_ = resolved.notes;
+    eo_.rank = rank_;
+    eo_.checking = opt_.check_lifetimes;
+    eo_.comm = data_comm_;
+    eo_.tp_comm = groups_ ? groups_->tp.get() : nullptr;
+    eo_.tp_rank = groups_ ? groups_->coords.tp : 0;
+    eo_.pp_comm = groups_ ? groups_->pp.get() : nullptr;
+    eo_.emb_comm = groups_ ? groups_->emb.get() : nullptr;
+    batch_ = eo_.B * ranks_;
+    accum_ = eo_.grad_accum;
     // The loader yields the whole global batch per step, so a run-time re-plan to a smaller
     // micro-batch sees the same sequences; every rank reads it and keeps its rows of each of the
-    // flags' micro-batches (rows r*B/N .. (r+1)*B/N-1 of each B).
-    DataLoader train_data(data.train_path, batch * accum, opt.seq, opt.seed);
-    std::unique_ptr<DataLoader> val_data;
-    if (eo.with_eval) val_data = std::make_unique<DataLoader>(data.val_path, batch, opt.seq, opt.seed + 1);
+    // configuration's micro-batches (rows r*B/N .. (r+1)*B/N-1 of each B).
+    train_data_ = std::make_unique<DataLoader>(data_.train_path, batch_ * accum_, opt_.seq, opt_.seed);
+    if (eo_.with_eval) val_data_ = std::make_unique<DataLoader>(data_.val_path, batch_, opt_.seq, opt_.seed + 1);
+}
 
-    say(fmt::format("memfit {}: model {} ({}, vocab {}, {:.2f}M parameters)", opt.profile ? "profile" : "train",
+void TrainingRun::announce() {
+    for (const auto & n : notes_) say(n);
+    const ModelConfig & cfg = cfg_;
+    say(fmt::format("memfit {}: model {} ({}, vocab {}, {:.2f}M parameters)", opt_.profile ? "profile" : "train",
                     cfg.name, cfg.describe(), cfg.vocab_size, double(cfg.num_params()) / 1e6));
-    say(fmt::format("  data {} ({}), batch {} x seq {}{} = {} tokens/step, {} steps, {} threads{}", data.train_path,
-                    data.tokenizer, batch, opt.seq,
-                    accum > 1 ? fmt::format(" x {} accumulated micro-batches", accum) : "",
-                    batch * opt.seq * accum, opt.steps, omp_get_max_threads(), ranks > 1 ? " per rank" : ""));
-    if (ranks > 1 || eo.zero > 0)
+    say(fmt::format("  data {} ({}), batch {} x seq {}{} = {} tokens/step, {} steps, {} threads{}", data_.train_path,
+                    data_.tokenizer, batch_, opt_.seq,
+                    accum_ > 1 ? fmt::format(" x {} accumulated micro-batches", accum_) : "",
+                    batch_ * opt_.seq * accum_, opt_.steps, omp_get_max_threads(), ranks_ > 1 ? " per rank" : ""));
+    if (ranks_ > 1 || eo_.zero > 0)
         say(fmt::format("  data parallel: {} rank{} ({}), micro-batch {} per rank, ZeRO stage {}, gradient buckets {}",
-                        ranks, ranks > 1 ? "s" : "", data_comm->name(), eo.B, eo.zero,
-                        eo.bucket_bytes ? format_bytes(eo.bucket_bytes) : std::string("one per block")));
-    if (layout.tp > 1) {
-        const ModelConfig slice = tp_local_config(cfg, layout.tp);
+                        ranks_, ranks_ > 1 ? "s" : "", data_comm_->name(), eo_.B, eo_.zero,
+                        eo_.bucket_bytes ? format_bytes(eo_.bucket_bytes) : std::string("one per block")));
+    if (layout_.tp > 1) {
+        const ModelConfig slice = tp_local_config(cfg, layout_.tp);
         say(fmt::format("  tensor parallel: {} ranks per group, each {} of {} heads ({} of {} KV), MLP {} of {}, "
-                        "vocabulary rows {} of {}", layout.tp, slice.n_head, cfg.n_head, slice.kv_heads(),
+                        "vocabulary rows {} of {}", layout_.tp, slice.n_head, cfg.n_head, slice.kv_heads(),
                         cfg.kv_heads(), slice.ffn_dim(), cfg.ffn_dim(), slice.vocab_size, cfg.vocab_size));
     }
-    if (layout.pp > 1) {
+    if (layout_.pp > 1) {
         std::string stages;
-        const int V = eo.schedule == PipeSchedule::interleaved ? eo.virtual_stages : 1;
-        for (const auto & r : pipeline_stages(tp_local_config(cfg, layout.tp), layout.pp * V, opt.seq))
+        const int V = eo_.schedule == PipeSchedule::interleaved ? eo_.virtual_stages : 1;
+        for (const auto & r : pipeline_stages(tp_local_config(cfg, layout_.tp), layout_.pp * V, opt_.seq))
             stages += fmt::format("{}[{}, {})", stages.empty() ? "" : " ", r.begin, r.end);
         say(fmt::format("  pipeline parallel: {} stages, blocks {}{}, schedule {}, {} micro-batches of {} per step",
-                        layout.pp, stages, V > 1 ? fmt::format(" (virtual stage v on stage v mod {})", layout.pp) : "",
-                        V > 1 ? schedule_spelling(run.layout) : schedule_name(eo.schedule), accum, eo.B));
+                        layout_.pp, stages, V > 1 ? fmt::format(" (virtual stage v on stage v mod {})", layout_.pp) : "",
+                        V > 1 ? schedule_spelling(run_.layout) : schedule_name(eo_.schedule), accum_, eo_.B));
     }
-    if (eo.lora.enabled()) {
-        const size_t A = lora_param_count(cfg, eo.lora);
+    if (eo_.lora.enabled()) {
+        const size_t A = lora_param_count(cfg, eo_.lora);
         say(fmt::format("  LoRA rank {} alpha {:g} on {}: {:.3f}M trainable parameters ({:.2f}% of the model); base "
                         "frozen{}",
-                        eo.lora.rank, eo.lora.alpha, fmt::join(eo.lora.targets, ","), double(A) / 1e6,
+                        eo_.lora.rank, eo_.lora.alpha, fmt::join(eo_.lora.targets, ","), double(A) / 1e6,
                         100.0 * double(A) / double(cfg.num_params()),
-                        eo.lora.quantized() ? fmt::format(", projections {}", quant_format_name(eo.lora.format()))
-                                            : fmt::format(" in {}", precision_name(eo.compute))));
+                        eo_.lora.quantized() ? fmt::format(", projections {}", quant_format_name(eo_.lora.format()))
+                                             : fmt::format(" in {}", precision_name(eo_.compute))));
     }
-    auto engine = std::make_unique<Engine>(cfg, backend, eo);
-    CategoryBytes plan_live = engine->planned_peak_live(), plan_rsv = engine->planned_reserved();
+}
+
+void TrainingRun::build() {
+    engine_ = std::make_unique<Engine>(cfg_, *backend_, eo_);
+    Engine & engine = *engine_;
+    const CategoryBytes plan_live = engine.planned_peak_live(), plan_rsv = engine.planned_reserved();
     say(fmt::format("memory plan{} ({} ops, {}{}, peak at op {} '{}'):\n{}",
-                    layout.tp * layout.pp > 1 ? " of rank 0 (every rank's: at the end)" : world > 1 ? " per rank" : "", engine->step().program().num_ops(),
-                    precision_name(eo.compute),
-                    eo.compute == DType::f32 ? ""
-                        : fmt::format(" with fp32 master weights, {} gradients{}", precision_name(eo.grad_dtype()),
-                                      accum > 1 ? " (accumulated over micro-batches)" : ""),
-                    engine->plan().peak_op, engine->step().program().ops()[size_t(engine->plan().peak_op)].name,
+                    layout_.tp * layout_.pp > 1 ? " of rank 0 (every rank's: at the end)" : world_ > 1 ? " per rank" : "",
+                    engine.step().program().num_ops(), precision_name(eo_.compute),
+                    eo_.compute == DType::f32 ? ""
+                        : fmt::format(" with fp32 master weights, {} gradients{}", precision_name(eo_.grad_dtype()),
+                                      accum_ > 1 ? " (accumulated over micro-batches)" : ""),
+                    engine.plan().peak_op, engine.step().program().ops()[size_t(engine.plan().peak_op)].name,
                     format_plan_table(plan_live, plan_rsv)));
-    if (eo.budget)
-        say(fmt::format("  budget {} ({}): fits", format_bytes(eo.budget),
-                        budget_flag == 0 ? "available memory" : "--memory-budget"));
-    engine->init_params(opt.seed);
-    if (has_hf_weights(opt.model)) {
-        if (eo.lora.enabled()) {
-            std::vector<float> full(size_t(cfg.num_params()));
-            load_hf_weights(opt.model, cfg, make_param_layout(cfg), full.data());
-            engine->set_base(full.data());
-        } else if (layout.tp > 1 || layout.pp > 1) {   // the whole model; each rank keeps its part
-            std::vector<float> full(size_t(cfg.num_params()));
-            load_hf_weights(opt.model, cfg, make_param_layout(cfg), full.data());
-            engine->set_params(full.data());
+    if (eo_.budget)
+        say(fmt::format("  budget {} ({}): fits", format_bytes(eo_.budget),
+                        opt_.budget == 0 ? "available memory" : "--memory-budget"));
+    engine.init_params(opt_.seed);
+    if (has_hf_weights(opt_.model)) {
+        if (eo_.lora.enabled()) {
+            std::vector<float> full(size_t(cfg_.num_params()));
+            load_hf_weights(opt_.model, cfg_, make_param_layout(cfg_), full.data());
+            engine.set_base(full.data());
+        } else if (layout_.tp > 1 || layout_.pp > 1) {   // the whole model; each rank keeps its part
+            std::vector<float> full(size_t(cfg_.num_params()));
+            load_hf_weights(opt_.model, cfg_, make_param_layout(cfg_), full.data());
+            engine.set_params(full.data());
         } else {
-            load_hf_weights(opt.model, cfg, engine->step().layout(), engine->params());
-            engine->params_changed();
+            load_hf_weights(opt_.model, cfg_, engine.step().layout(), engine.params());
+            engine.params_changed();
         }
-        say(fmt::format("  weights from {}", opt.model));
+        say(fmt::format("  weights from {}", opt_.model));
     }
-    int first_step = 1;
-    if (!opt.resume.empty()) first_step = resume_from(opt.resume, cfg, opt, run.global_batch, *engine, train_data, val_data.get()) + 1;
-
-    const std::string metrics_path = (fs::path(opt.out) / "metrics.jsonl").string();
-    std::FILE * metrics = nullptr;
-    if (lead) {
-        fs::create_directories(opt.out);
-        metrics = std::fopen(metrics_path.c_str(), "w");
-        if (!metrics) throw IoError(fmt::format("{}: cannot write metrics", metrics_path));
+    if (!opt_.resume.empty())
+        first_step_ = resume_from(opt_.resume, cfg_, opt_, run_.global_batch, engine, *train_data_, val_data_.get()) + 1;
+    metrics_path_ = (fs::path(opt_.out) / "metrics.jsonl").string();
+    if (lead_) {
+        fs::create_directories(opt_.out);
+        metrics_ = std::fopen(metrics_path_.c_str(), "w");
+        if (!metrics_) throw IoError(fmt::format("{}: cannot write metrics", metrics_path_));
     }
+    const size_t BT = size_t(batch_) * size_t(opt_.seq) * size_t(accum_);   // tokens per step
+    in_.resize(BT);
+    tg_.resize(BT);
+    my_in_.resize(BT / size_t(ranks_));
+    my_tg_.resize(BT / size_t(ranks_));
+    sched_ = LrSchedule{opt_.lr, opt_.warmup, opt_.steps, opt_.min_lr_ratio, opt_.lr_decay};
+}
 
-    const int micro = batch * opt.seq, BT = micro * accum;   // tokens per global micro-batch, per step
-    std::vector<int32_t> in(static_cast<size_t>(BT)), tg(static_cast<size_t>(BT));
-    // This rank's rows: of every `rows`-sequence group of the global batch, the r-th 1/N.
-    std::vector<int32_t> my_in(static_cast<size_t>(BT / ranks)), my_tg(static_cast<size_t>(BT / ranks));
-    auto take_rows = [&](int rows, int groups) {
-        const size_t mine = size_t(rows / ranks) * size_t(opt.seq), whole = size_t(rows) * size_t(opt.seq);
-        for (int g = 0; g < groups; ++g) {
-            const size_t src = size_t(g) * whole + size_t(rank) * mine, dst = size_t(g) * mine;
-            std::copy_n(in.begin() + long(src), mine, my_in.begin() + long(dst));
-            std::copy_n(tg.begin() + long(src), mine, my_tg.begin() + long(dst));
+// This rank's rows: of every `rows`-sequence group of the global batch, the r-th 1/N.
+void TrainingRun::take_rows(int rows, int groups) {
+    const size_t mine = size_t(rows / ranks_) * size_t(opt_.seq), whole = size_t(rows) * size_t(opt_.seq);
+    for (int g = 0; g < groups; ++g) {
+        const size_t src = size_t(g) * whole + size_t(rank_) * mine, dst = size_t(g) * mine;
+        std::copy_n(in_.begin() + long(src), mine, my_in_.begin() + long(dst));
+        std::copy_n(tg_.begin() + long(src), mine, my_tg_.begin() + long(dst));
+    }
+}
+
+// Batches of the starting micro-batch (this rank's rows), run in pieces of the engine's current
+// one; eval_loss sums over the ranks.
+float TrainingRun::evaluate() {
+    const int b = engine_->options().B, local = batch_ / ranks_, pieces = local / b;
+    double s = 0;
+    for (int i = 0; i < opt_.eval_batches; ++i) {
+        val_data_->next(in_.data(), tg_.data());
+        take_rows(batch_, 1);
+        for (int k = 0; k < pieces; ++k) {
+            const size_t off = size_t(k) * size_t(b) * size_t(opt_.seq);
+            s += engine_->eval_loss(my_in_.data() + off, my_tg_.data() + off);
         }
-    };
-    LrSchedule sched{opt.lr, opt.warmup, opt.steps, opt.min_lr_ratio, opt.lr_decay};
-    auto evaluate = [&]() {
-        // Batches of the starting micro-batch (this rank's rows), run in pieces of the engine's
-        // current one; eval_loss sums over the ranks.
-        const int b = engine->options().B, local = batch / ranks, pieces = local / b;
-        double s = 0;
-        for (int i = 0; i < opt.eval_batches; ++i) {
-            val_data->next(in.data(), tg.data());
-            take_rows(batch, 1);
-            for (int k = 0; k < pieces; ++k) {
-                const size_t off = size_t(k) * size_t(b) * size_t(opt.seq);
-                s += engine->eval_loss(my_in.data() + off, my_tg.data() + off);
-            }
-        }
-        return float(s / (opt.eval_batches * pieces));
-    };
-    std::vector<std::string> replans;
-    BudgetFile budget_file(opt.budget_file);
-    double total_time = 0;
-    long long total_tokens = 0;
-    float last_loss = 0, last_val = NAN;
-    std::vector<double> step_ms;
-    Timeline timeline;   // the last step, op by op, for the report
-    Timeline leak_a, leak_b;   // --check-leaks: steps 2 and 3
-    std::vector<CurvePoint> loss_curve, val_curve, tps_curve;
+    }
+    return float(s / (opt_.eval_batches * pieces));
+}
+
+void TrainingRun::train() {
     const auto t_start = Clock::now();
-    for (int step = first_step; step <= opt.steps; ++step) {
-        train_data.next(in.data(), tg.data());
-        // The configuration's micro-batches (run.batch sequences each over all ranks) split over the ranks; --fit auto may
-        // regroup this rank's rows into other micro-batches (the same global batch).
-        take_rows(run.batch, run.grad_accum);
-        if (const auto b = budget_file.poll()) shrink_to_budget(engine, cfg, backend, *b, replans);
-        AdamWHyper h{sched.at(step), opt.beta1, opt.beta2, opt.eps, opt.weight_decay, step, opt.clip};
-        if (step == opt.steps) engine->set_timeline(&timeline);
-        else if (opt.check_leaks && step == 2) engine->set_timeline(&leak_a);
-        else if (opt.check_leaks && step == 3) engine->set_timeline(&leak_b);
-        const auto t0 = Clock::now();
-        const StepResult r = resilient_step(engine, cfg, backend, my_in.data(), my_tg.data(), h, replans);
-        for (const auto & n : replans) say(n);
-        replans.clear();
-        const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-        engine->set_timeline(nullptr);
-        if (opt.check_leaks && step == 3) {
-            const std::string diff = compare_live_bytes(leak_a, leak_b);
-            if (!diff.empty()) throw Error("leak check failed: " + diff);
-            say(fmt::format("leak check: live bytes identical at all {} ops of steps 2 and 3", leak_b.events.size()));
-        }
-        loss_curve.push_back({step, r.loss});
-        tps_curve.push_back({step, double(BT) / dt});
-        if (!std::isfinite(r.loss))
-            throw Error(fmt::format("loss became {} at step {}; hint: lower --lr (now {})", r.loss, step, opt.lr));
-        total_time += dt;
-        total_tokens += BT;
-        step_ms.push_back(dt * 1e3);
-        last_loss = r.loss;
-        const bool do_eval = eo.with_eval && ((opt.eval_every > 0 && step % opt.eval_every == 0) || step == opt.steps);
-        if (do_eval) {
-            last_val = evaluate();
-            val_curve.push_back({step, last_val});
-        }
-        const auto & L = engine->ledger();
-        const bool log_point = step % opt.log_every == 0 || step == 1 || step == opt.steps || do_eval;
-        ProgressLine pl;
-        pl.step = step;
-        pl.total_steps = opt.steps;
-        pl.loss = r.loss;
-        pl.val_loss = do_eval ? double(last_val) : NAN;
-        pl.lr = h.lr;
-        pl.grad_norm = r.grad_norm;
-        pl.tokens_per_s = double(BT) / dt;
-        pl.ms_per_step = dt * 1e3;
-        pl.eta_s = total_time / step * (opt.steps - step);
-        pl.live = L.live_total();
-        pl.peak = L.live_total_peak();
-        pl.budget = eo.budget;
-        progress.update(pl, log_point);
-        if (opt.checkpoint_every > 0 && (step % opt.checkpoint_every == 0 || step == opt.steps)) {
-            const std::string root = opt.checkpoint_dir.empty() ? (fs::path(opt.out) / "checkpoints").string()
-                                                                 : opt.checkpoint_dir;
-            const std::string dir =
-                write_checkpoint(root, *engine, checkpoint_meta(step, cfg, opt, run.global_batch, train_data, val_data.get(), eo.lora),
-                                 opt.keep_checkpoints, *comm);
-            if (log_point) say(fmt::format("  checkpoint {}", dir));
-        }
-        if (log_point && lead) {
-            const double tps = double(BT) / dt;
-            nlohmann::json m = {{"step", step}, {"loss", r.loss}, {"lr", h.lr}, {"grad_norm", r.grad_norm},
-                                {"tokens_per_s", tps}, {"ms", dt * 1e3}, {"live_bytes", L.live_total()},
-                                {"peak_bytes", L.live_total_peak()}};
-            if (do_eval) m["val_loss"] = last_val;
-            if (eo.compute == DType::f16) {
-                m["loss_scale"] = r.loss_scale;
-                m["skipped_steps"] = engine->loss_scaler().skipped;
-            }
-            std::fprintf(metrics, "%s\n", m.dump().c_str());
-            std::fflush(metrics);
-        }
-    }
-    if (metrics) std::fclose(metrics);
-    progress.finish();
-    const double wall = std::chrono::duration<double>(Clock::now() - t_start).count();
+    for (int s = first_step_; s <= opt_.steps; ++s) step(s);
+    if (metrics_) std::fclose(metrics_);
+    metrics_ = nullptr;
+    progress_.finish();
+    wall_ = std::chrono::duration<double>(Clock::now() - t_start).count();
+}
 
-    const Ledger & L = engine->ledger();
-    plan_live = engine->planned_peak_live();
-    plan_rsv = engine->planned_reserved();
-    const uint64_t rss = peak_rss_bytes();
-    const double tps = double(total_tokens) / total_time;
-    // Every rank's measured memory, for the min/max over ranks (a collective: before rank 0 goes
-    // its own way).
-    const RankMemory rank_memory = gather_memory(*comm, L, rss);
-    const std::string bubble = layout.pp > 1 ? pipeline_idle(*comm, layout, timeline, accum) : std::string();
-    // Tensor and pipeline ranks run different programs: each rank's plan beside its measurement.
-    const std::vector<uint64_t> planned_by_rank = comm->all_gather_u64(plan_live.total());
-    // The whole model's weights for the sample (collective under ZeRO).
-    const bool want_sample = opt.sample_tokens > 0 && !data.tokenizer.empty() && !opt.profile;
-    std::vector<float> sample_weights;
-    if (want_sample && (lead || eo.zero > 0 || layout.tp > 1 || layout.pp > 1)) sample_weights = engine->merged_weights();
-    if (!lead) return;
-    if (opt.check_lifetimes)
+void TrainingRun::step(int step) {
+    const TrainOptions & opt = opt_;
+    const int BT = batch_ * opt.seq * accum_;
+    train_data_->next(in_.data(), tg_.data());
+    // The configuration's micro-batches (run.batch sequences each over all ranks) split over the
+    // ranks; --fit auto may regroup this rank's rows into other micro-batches (the same global batch).
+    take_rows(run_.batch, run_.grad_accum);
+    if (const auto b = budget_file_.poll()) shrink_to_budget(engine_, cfg_, *backend_, *b, replans_);
+    AdamWHyper h{sched_.at(step), opt.beta1, opt.beta2, opt.eps, opt.weight_decay, step, opt.clip};
+    if (step == opt.steps) engine_->set_timeline(&timeline_);
+    else if (opt.check_leaks && step == 2) engine_->set_timeline(&leak_a_);
+    else if (opt.check_leaks && step == 3) engine_->set_timeline(&leak_b_);
+    const auto t0 = Clock::now();
+    const StepResult r = resilient_step(engine_, cfg_, *backend_, my_in_.data(), my_tg_.data(), h, replans_);
+    for (const auto & n : replans_) say(n);
+    replans_.clear();
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    engine_->set_timeline(nullptr);
+    if (opt.check_leaks && step == 3) {
+        const std::string diff = compare_live_bytes(leak_a_, leak_b_);
+        if (!diff.empty()) throw Error("leak check failed: " + diff);
+        say(fmt::format("leak check: live bytes identical at all {} ops of steps 2 and 3", leak_b_.events.size()));
+    }
+    loss_curve_.push_back({step, r.loss});
+    tps_curve_.push_back({step, double(BT) / dt});
+    if (!std::isfinite(r.loss))
+        throw Error(fmt::format("loss became {} at step {}; hint: lower --lr (now {})", r.loss, step, opt.lr));
+    total_time_ += dt;
+    total_tokens_ += BT;
+    last_loss_ = r.loss;
+    const bool do_eval = eo_.with_eval && ((opt.eval_every > 0 && step % opt.eval_every == 0) || step == opt.steps);
+    if (do_eval) {
+        last_val_ = evaluate();
+        val_curve_.push_back({step, last_val_});
+    }
+    const auto & L = engine_->ledger();
+    const bool log_point = step % opt.log_every == 0 || step == 1 || step == opt.steps || do_eval;
+    ProgressLine pl;
+    pl.step = step;
+    pl.total_steps = opt.steps;
+    pl.loss = r.loss;
+    pl.val_loss = do_eval ? double(last_val_) : NAN;
+    pl.lr = h.lr;
+    pl.grad_norm = r.grad_norm;
+    pl.tokens_per_s = double(BT) / dt;
+    pl.ms_per_step = dt * 1e3;
+    pl.eta_s = total_time_ / step * (opt.steps - step);
+    pl.live = L.live_total();
+    pl.peak = L.live_total_peak();
+    pl.budget = eo_.budget;
+    progress_.update(pl, log_point);
+    if (opt.checkpoint_every > 0 && (step % opt.checkpoint_every == 0 || step == opt.steps)) checkpoint(step, log_point);
+    if (log_point && lead_) {
+        nlohmann::json m = {{"step", step}, {"loss", r.loss}, {"lr", h.lr}, {"grad_norm", r.grad_norm},
+                            {"tokens_per_s", double(BT) / dt}, {"ms", dt * 1e3}, {"live_bytes", L.live_total()},
+                            {"peak_bytes", L.live_total_peak()}};
+        if (do_eval) m["val_loss"] = last_val_;
+        if (eo_.compute == DType::f16) {
+            m["loss_scale"] = r.loss_scale;
+            m["skipped_steps"] = engine_->loss_scaler().skipped;
+        }
+        std::fprintf(metrics_, "%s\n", m.dump().c_str());
+        std::fflush(metrics_);
+    }
+}
+
+void TrainingRun::checkpoint(int step, bool log_point) {
+    const std::string root =
+        opt_.checkpoint_dir.empty() ? (fs::path(opt_.out) / "checkpoints").string() : opt_.checkpoint_dir;
+    const nlohmann::json meta = checkpoint_meta(step, cfg_, opt_, run_.global_batch, *train_data_, val_data_.get(),
+                                                eo_.lora);
+    const std::string dir = write_checkpoint(root, *engine_, meta, opt_.keep_checkpoints, *comm_);
+    if (log_point) say(fmt::format("  checkpoint {}", dir));
+}
+
+// Planned against measured: this rank's categories, RSS, the device, every rank's.
+void TrainingRun::report_memory(const RankMemory & rank_memory, const std::vector<uint64_t> & planned_by_rank,
+                                uint64_t rss) {
+    const Ledger & L = engine_->ledger();
+    const CategoryBytes plan_live = engine_->planned_peak_live(), plan_rsv = engine_->planned_reserved();
+    if (opt_.check_lifetimes)
         say("  (--check-lifetimes: every buffer had its own allocation, so reserved bytes are not the plan's regions)");
     say(fmt::format("memory: planned vs measured (measured = bytes the engine acquired and obtained while running)\n{}",
                     format_plan_vs_measured(plan_live, L.live_peak(), plan_rsv, L.reserved_peak())));
     say(fmt::format("  peak RSS {} (planned reserved {} + code, libraries, data loader)", format_bytes(rss),
                     format_bytes(plan_rsv.total())));
-    if (!backend.host_memory())
-        say(opt.check_lifetimes ? "  device memory: not compared with the plan under --check-lifetimes (per-buffer "
+    if (!backend_->host_memory())
+        say(opt_.check_lifetimes ? "  device memory: not compared with the plan under --check-lifetimes (per-buffer "
                                   "allocations, freed after last use)"
-                                : format_device_memory(plan_rsv.total(), backend.runtime_bytes(),
-                                                       backend.device_used_delta()));
-    if (world > 1) say(format_rank_memory(rank_memory));
-    if (layout.tp > 1 || layout.pp > 1) {
+                                : format_device_memory(plan_rsv.total(), backend_->runtime_bytes(),
+                                                       backend_->device_used_delta()));
+    if (world_ > 1) say(format_rank_memory(rank_memory));
+    if (layout_.tp > 1 || layout_.pp > 1) {
         std::string lines = "per rank: planned vs measured peak live";
-        for (int k = 0; k < world; ++k) {
-            const RankCoords rc = rank_coords(layout, k);
+        for (int k = 0; k < world_; ++k) {
+            const RankCoords rc = rank_coords(layout_, k);
             const uint64_t measured = rank_memory.live[size_t(k)].total();
             lines += fmt::format("\n  rank {} (tp {}, pp {}, dp {}): planned {}, measured {}{}", k, rc.tp, rc.pp, rc.dp,
                                  format_bytes(planned_by_rank[size_t(k)]), format_bytes(measured),
@@ -679,80 +733,117 @@ void run_training(const TrainOptions & opt) {
         }
         say(lines);
     }
+}
+
+// A text sample from the trained weights (the whole model's), with the positions it used.
+std::pair<std::string, int> TrainingRun::sample(const std::vector<float> & weights) {
+    auto tok = make_tokenizer(data_.tokenizer, data_dir());
+    std::vector<int32_t> prompt = tok->encode("\n");
+    SampleOptions so;
+    so.max_new_tokens = opt_.sample_tokens;
+    so.seed = opt_.seed;
+    // The decoder computes on host memory: a device run samples from its weights on the CPU.
+    const std::unique_ptr<Backend> host_backend = backend_->host_memory() ? nullptr : make_backend("cpu");
+    // Inside the trained context: when the cache fills, the last half is re-run (generate.h).
+    Decoder decoder(cfg_, host_backend ? *host_backend : *backend_,
+                    std::min(cfg_.trained_context(), int(prompt.size()) + so.max_new_tokens));
+    decoder.set_weights(weights.data());
+    const auto ids = generate(decoder, prompt, so);
+    const std::string text = tok->decode(ids);
+    say("sample (temperature 0.8):\n" + text);
+    return {text, decoder.capacity()};
+}
+
+void TrainingRun::finish() {
+    const Ledger & L = engine_->ledger();
+    const CategoryBytes plan_live = engine_->planned_peak_live(), plan_rsv = engine_->planned_reserved();
+    const uint64_t rss = peak_rss_bytes();
+    const double tps = double(total_tokens_) / total_time_;
+    // Every rank's measured memory, for the min/max over ranks (a collective: before rank 0 goes
+    // its own way).
+    const RankMemory rank_memory = gather_memory(*comm_, L, rss);
+    const std::string bubble = layout_.pp > 1 ? pipeline_idle(*comm_, layout_, timeline_, accum_) : std::string();
+    // Tensor and pipeline ranks run different programs: each rank's plan beside its measurement.
+    const std::vector<uint64_t> planned_by_rank = comm_->all_gather_u64(plan_live.total());
+    // The whole model's weights for the sample (collective under ZeRO).
+    const bool want_sample = opt_.sample_tokens > 0 && !data_.tokenizer.empty() && !opt_.profile;
+    std::vector<float> sample_weights;
+    if (want_sample && (lead_ || eo_.zero > 0 || layout_.tp > 1 || layout_.pp > 1)) sample_weights = engine_->merged_weights();
+    if (!lead_) return;
+    report_memory(rank_memory, planned_by_rank, rss);
     if (!bubble.empty()) say(bubble);
-    say(fmt::format("done: {} steps in {:.1f} s, {:.0f} tokens/s, final loss {:.4f}{}", opt.steps, wall, tps, last_loss,
-                    std::isnan(last_val) ? std::string() : fmt::format(", validation loss {:.4f}", last_val)));
+    say(fmt::format("done: {} steps in {:.1f} s, {:.0f} tokens/s, final loss {:.4f}{}", opt_.steps, wall_, tps, last_loss_,
+                    std::isnan(last_val_) ? std::string() : fmt::format(", validation loss {:.4f}", last_val_)));
 
     nlohmann::json summary = {
-        {"config", {{"model", cfg.name}, {"family", cfg.family}, {"n_layer", cfg.n_layer}, {"n_embd", cfg.n_embd},
-                    {"n_head", cfg.n_head}, {"n_kv_head", cfg.kv_heads()}, {"ffn", cfg.ffn_dim()},
-                    {"vocab_size", cfg.vocab_size}, {"params", cfg.num_params()}, {"batch", batch},
-                    {"grad_accum", accum}, {"attention", eo.flash_attention ? "flash" : "naive"},
-                    {"recompute", eo.recompute.name}, {"loss_chunk", eo.loss_chunk},
-                    {"seq", opt.seq}, {"steps", opt.steps}, {"data_parallel", ranks}, {"tensor_parallel", layout.tp}, {"pipeline_parallel", layout.pp}, {"zero", eo.zero},
-                    {"bucket_bytes", eo.bucket_bytes}, {"lr", opt.lr}, {"weight_decay", opt.weight_decay},
-                    {"seed", opt.seed}, {"threads", omp_get_max_threads()}, {"precision", precision_name(eo.compute)},
-                    {"data", data.train_path}, {"tokenizer", data.tokenizer},
-                    {"trainable_params", engine->total_params()}}},
+        {"config", {{"model", cfg_.name}, {"family", cfg_.family}, {"n_layer", cfg_.n_layer}, {"n_embd", cfg_.n_embd},
+                    {"n_head", cfg_.n_head}, {"n_kv_head", cfg_.kv_heads()}, {"ffn", cfg_.ffn_dim()},
+                    {"vocab_size", cfg_.vocab_size}, {"params", cfg_.num_params()}, {"batch", batch_},
+                    {"grad_accum", accum_}, {"attention", eo_.flash_attention ? "flash" : "naive"},
+                    {"recompute", eo_.recompute.name}, {"loss_chunk", eo_.loss_chunk},
+                    {"seq", opt_.seq}, {"steps", opt_.steps}, {"data_parallel", ranks_}, {"tensor_parallel", layout_.tp}, {"pipeline_parallel", layout_.pp}, {"zero", eo_.zero},
+                    {"bucket_bytes", eo_.bucket_bytes}, {"lr", opt_.lr}, {"weight_decay", opt_.weight_decay},
+                    {"seed", opt_.seed}, {"threads", omp_get_max_threads()}, {"precision", precision_name(eo_.compute)},
+                    {"data", data_.train_path}, {"tokenizer", data_.tokenizer},
+                    {"trainable_params", engine_->total_params()}}},
         {"planned", {{"peak_live", category_json(plan_live)}, {"reserved", category_json(plan_rsv)}}},
         {"measured", {{"peak_live", category_json(L.live_peak())}, {"reserved", category_json(L.reserved_peak())},
                       {"peak_live_total", L.live_total_peak()}}},
         {"peak_rss_bytes", rss},
-        {"device", {{"name", backend.name()}, {"runtime_bytes", backend.runtime_bytes()},
-                    {"used_delta_bytes", backend.device_used_delta()}}},
+        {"device", {{"name", backend_->name()}, {"runtime_bytes", backend_->runtime_bytes()},
+                    {"used_delta_bytes", backend_->device_used_delta()}}},
         {"per_rank", rank_memory_json(rank_memory)},
         {"tokens_per_s", tps},
-        {"final_loss", last_loss},
-        {"wall_s", wall}};
-    if (!std::isnan(last_val)) summary["final_val_loss"] = last_val;
-    summary[kRunConfigKey] = resolved_config(opt, run, eo, ranks);
-    if (eo.compute == DType::f16) {
-        summary["loss_scale"] = engine->loss_scaler().scale;
-        summary["skipped_steps"] = engine->loss_scaler().skipped;
-        say(fmt::format("  fp16 loss scaling: {} skipped steps, scale now {:g}", engine->loss_scaler().skipped,
-                        engine->loss_scaler().scale));
+        {"final_loss", last_loss_},
+        {"wall_s", wall_}};
+    if (!std::isnan(last_val_)) summary["final_val_loss"] = last_val_;
+    summary[kRunConfigKey] = resolved_config(opt_, run_, eo_, ranks_);
+    if (eo_.compute == DType::f16) {
+        summary["loss_scale"] = engine_->loss_scaler().scale;
+        summary["skipped_steps"] = engine_->loss_scaler().skipped;
+        say(fmt::format("  fp16 loss scaling: {} skipped steps, scale now {:g}", engine_->loss_scaler().skipped,
+                        engine_->loss_scaler().scale));
     }
 
     // The memory report of the last step (and the training curves).
     nlohmann::json flat = summary["config"];
     flat["tokens_per_s"] = std::round(tps);
-    const std::string title = fmt::format("memfit {}: {}, batch {} x seq {}", opt.profile ? "profile" : "train",
-                                          cfg.name, batch, opt.seq);
-    ReportData rep = build_report(*engine, timeline, title, flat, eo.budget);
-    if (!opt.profile) {
-        rep.loss = loss_curve;
-        rep.val_loss = val_curve;
-        rep.tokens_per_s = tps_curve;
+    const std::string title = fmt::format("memfit {}: {}, batch {} x seq {}", opt_.profile ? "profile" : "train",
+                                          cfg_.name, batch_, opt_.seq);
+    ReportData rep = build_report(*engine_, timeline_, title, flat, eo_.budget);
+    if (!opt_.profile) {
+        rep.loss = loss_curve_;
+        rep.val_loss = val_curve_;
+        rep.tokens_per_s = tps_curve_;
     }
-    const std::string html_path = (fs::path(opt.out) / "report.html").string();
-    const std::string trace_path = (fs::path(opt.out) / "trace.json").string();
+    const std::string html_path = (fs::path(opt_.out) / "report.html").string();
+    const std::string trace_path = (fs::path(opt_.out) / "trace.json").string();
     write_html_report(html_path, rep);
     write_chrome_trace(trace_path, rep);
     for (const auto & hnt : rep.hints) say("  hint: " + hnt);
 
     if (want_sample) {
-        auto tok = make_tokenizer(data.tokenizer, data_dir());
-        std::vector<int32_t> prompt = tok->encode("\n");
-        SampleOptions so;
-        so.max_new_tokens = opt.sample_tokens;
-        so.seed = opt.seed;
-        // The decoder computes on host memory: a device run samples from its weights on the CPU.
-        const std::unique_ptr<Backend> host_backend = backend.host_memory() ? nullptr : make_backend("cpu");
-        // Inside the trained context: when the cache fills, the last half is re-run (generate.h).
-        Decoder decoder(cfg, host_backend ? *host_backend : backend,
-                        std::min(cfg.trained_context(), int(prompt.size()) + so.max_new_tokens));
-        decoder.set_weights(sample_weights.data());
-        const auto ids = generate(decoder, prompt, so);
-        const std::string text = tok->decode(ids);
-        say("sample (temperature 0.8):\n" + text);
+        const auto [text, positions] = sample(sample_weights);
         summary["sample"] = text;
-        summary["sample_positions"] = decoder.capacity();   // at most the trained context
+        summary["sample_positions"] = positions;   // at most the trained context
     }
-    const std::string summary_path = (fs::path(opt.out) / "summary.json").string();
+    const std::string summary_path = (fs::path(opt_.out) / "summary.json").string();
     std::ofstream so(summary_path);
     so << summary.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     if (!so) throw IoError(fmt::format("{}: cannot write summary", summary_path));
-    say(fmt::format("wrote {}, {}, {} and {}", html_path, trace_path, metrics_path, summary_path));
+    say(fmt::format("wrote {}, {}, {} and {}", html_path, trace_path, metrics_path_, summary_path));
+}
+
+}  // namespace
+
+void run_training(const TrainOptions & opt) {
+    TrainingRun run(opt);
+    run.load();
+    run.resolve();
+    run.announce();
+    run.build();
+    run.train();
+    run.finish();
 }
 
 }  // namespace memfit
