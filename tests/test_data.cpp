@@ -1,8 +1,8 @@
 // Token files, the data loader and dataset preparation.
 #include "core/error.h"
-#include "train/data_loader.h"
-#include "train/prepare.h"
-#include "train/token_file.h"
+#include "data/data_loader.h"
+#include "data/prepare.h"
+#include "data/token_file.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

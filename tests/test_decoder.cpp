@@ -10,9 +10,9 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/quant_format.h"
 #include "core/error.h"
-#include "train/decoder.h"
+#include "infer/decoder.h"
 #include "train/engine.h"
-#include "train/generate.h"
+#include "infer/generate.h"
 #include "test_util.h"
 
 using namespace memfit;

@@ -10,7 +10,7 @@
 #include "memory/budget.h"
 #include "memory/timeline.h"
 #include "train/engine.h"
-#include "train/verify.h"
+#include "app/verify.h"
 #include "test_util.h"
 
 using namespace memfit;

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <map>
 
-#include "train/generate.h"
+#include "infer/generate.h"
 
 using namespace memfit;
 

@@ -17,7 +17,7 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "plan/hardware.h"
-#include "train/calibrate.h"
+#include "app/calibrate.h"
 
 namespace fs = std::filesystem;
 using memfit::Hardware;

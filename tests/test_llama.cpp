@@ -18,7 +18,7 @@
 #include "model/param_layout.h"
 #include "model/recompute.h"
 #include "train/engine.h"
-#include "train/verify.h"
+#include "app/verify.h"
 #include "test_util.h"
 
 using namespace memfit;

@@ -23,7 +23,7 @@
 #include "model/safetensors.h"
 #include "train/checkpoint.h"
 #include "train/engine.h"
-#include "train/export.h"
+#include "app/export.h"
 #include "test_util.h"
 
 using namespace memfit;
@@ -49,7 +49,7 @@ EngineOptions opts(int B, int T, const LoraOptions & lora) {
     return eo;
 }
 
-// The meta the trainer writes (train/trainer.cpp checkpoint_meta) for a LoRA run.
+// The meta the trainer writes (app/trainer.cpp checkpoint_meta) for a LoRA run.
 nlohmann::json lora_meta(int step, const ModelConfig & cfg, const LoraOptions & lora, uint64_t seed,
                          const std::string & base_model) {
     nlohmann::json model = hf_config_json(cfg);

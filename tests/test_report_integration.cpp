@@ -8,7 +8,7 @@
 #include "report/chrome_trace.h"
 #include "report/html_report.h"
 #include "train/engine.h"
-#include "train/report.h"
+#include "app/report.h"
 
 using namespace memfit;
 

@@ -4,9 +4,9 @@
 #include "core/error.h"
 #include "tokenizer/sentencepiece.h"
 #include "tokenizer/tokenizer.h"
-#include "train/prepare.h"
-#include "train/token_file.h"
-#include "train/trainer.h"
+#include "data/prepare.h"
+#include "data/token_file.h"
+#include "app/trainer.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

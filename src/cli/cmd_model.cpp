@@ -23,9 +23,9 @@
 #include "model/param_layout.h"
 #include "tokenizer/tokenizer.h"
 #include "train/checkpoint.h"
-#include "train/decoder.h"
-#include "train/export.h"
-#include "train/generate.h"
+#include "infer/decoder.h"
+#include "app/export.h"
+#include "infer/generate.h"
 #include "train/techniques.h"
 
 namespace memfit::cli {

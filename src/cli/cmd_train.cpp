@@ -9,10 +9,10 @@
 #include "cli/validators.h"
 #include "core/error.h"
 #include "model/config.h"
-#include "train/bench.h"
-#include "train/calibrate.h"
-#include "train/trainer.h"
-#include "train/verify.h"
+#include "app/bench.h"
+#include "app/calibrate.h"
+#include "app/trainer.h"
+#include "app/verify.h"
 
 namespace memfit::cli {
 

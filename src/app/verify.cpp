@@ -1,4 +1,4 @@
-#include "train/verify.h"
+#include "app/verify.h"
 
 #include <cmath>
 #include <cstring>

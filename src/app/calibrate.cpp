@@ -1,4 +1,4 @@
-#include "train/calibrate.h"
+#include "app/calibrate.h"
 
 #include <omp.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "train/trainer.h"
+#include "app/trainer.h"
 
 #include <omp.h>
 #include <unistd.h>
@@ -29,14 +29,14 @@
 #include "report/memory_report.h"
 #include "report/progress.h"
 #include "tokenizer/tokenizer.h"
-#include "train/data_loader.h"
+#include "data/data_loader.h"
 #include "train/engine.h"
 #include "train/replan.h"
 #include "train/checkpoint.h"
-#include "train/generate.h"
+#include "infer/generate.h"
 #include "model/hf_weights.h"
-#include "train/prepare.h"
-#include "train/report.h"
+#include "data/prepare.h"
+#include "app/report.h"
 #include "report/chrome_trace.h"
 #include "report/html_report.h"
 #include "train/schedule.h"

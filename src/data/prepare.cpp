@@ -1,9 +1,9 @@
-#include "train/prepare.h"
+#include "data/prepare.h"
 
 #include "core/error.h"
 #include "core/paths.h"
 #include "tokenizer/tokenizer.h"
-#include "train/token_file.h"
+#include "data/token_file.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>

@@ -1,4 +1,4 @@
-#include "train/bench.h"
+#include "app/bench.h"
 
 #include <omp.h>
 

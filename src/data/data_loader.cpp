@@ -1,4 +1,4 @@
-#include "train/data_loader.h"
+#include "data/data_loader.h"
 
 #include "core/error.h"
 

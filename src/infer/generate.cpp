@@ -1,4 +1,4 @@
-#include "train/generate.h"
+#include "infer/generate.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "train/export.h"
+#include "app/export.h"
 
 #include <cmath>
 #include <filesystem>

@@ -1,4 +1,4 @@
-#include "train/report.h"
+#include "app/report.h"
 
 #include <algorithm>
 #include <memory>

@@ -1,4 +1,4 @@
-#include "train/decoder.h"
+#include "infer/decoder.h"
 
 #include <cstring>
 

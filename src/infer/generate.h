@@ -1,5 +1,5 @@
 // Text generation from a trained model: temperature, top-k and top-p (nucleus) sampling with a
-// seeded generator, over a Decoder's KV cache (train/decoder.h): the prompt runs once, then each
+// seeded generator, over a Decoder's KV cache (infer/decoder.h): the prompt runs once, then each
 // new token runs one token's forward. When the cache is full, the last half of the context is
 // run again from position 0 and generation goes on from there.
 #pragma once
@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "train/decoder.h"
+#include "infer/decoder.h"
 
 namespace memfit {
 

@@ -11,7 +11,7 @@
 // seek(epoch, cursor) restores it exactly, for resuming a run.
 #pragma once
 
-#include "train/token_file.h"
+#include "data/token_file.h"
 
 #include <cstddef>
 #include <cstdint>
