@@ -4,8 +4,8 @@
 // f32, bf16 and f16 activations, on shapes whose rows are not a multiple of the row chunk and whose
 // output channels are not a multiple of the tile; every call runs in a workspace of exactly
 // qgemm_workspace bytes, poisoned with NaN, with guard bytes after it; results are bitwise
-// repeatable; quantize / dequantize are quant.h's formats of exactly quant_bytes bytes, and an
-// identity gemm reads back exactly the dequantized weights.
+// repeatable; quantize / dequantize are quant_format.h's formats of exactly quant_bytes bytes, and
+// an identity gemm reads back exactly the dequantized weights.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -251,12 +251,12 @@ TEST(QGemm, QuantizeRoundTripMatchesGemm) {
         std::vector<float> Wd(size_t(out * in), std::nanf("")), Wr(size_t(out * in));
         be.dequantize(q, Wd.data(), packed.data());
         if (f == QuantFormat::int8) {
-            const cpu::Int8Quant Q{out, in};
+            const Int8Quant Q{out, in};
             ASSERT_EQ(Q.bytes(), n);
             Q.quantize(ref.data(), W.data());
             Q.dequantize_rows(Wr.data(), ref.data(), 0, out);
         } else {
-            const cpu::Nf4Quant Q{out, in, f == QuantFormat::nf4_dq};
+            const Nf4Quant Q{out, in, f == QuantFormat::nf4_dq};
             ASSERT_EQ(Q.bytes(), n);
             Q.quantize(ref.data(), W.data());
             Q.dequantize_rows(Wr.data(), ref.data(), 0, out);
@@ -299,14 +299,14 @@ TEST(QGemm, QuantizeRoundTripMatchesGemm) {
     }
 }
 
-// One formula for the packed sizes: quant.h's int8_bytes / nf4_bytes are quant_bytes().
+// One formula for the packed sizes: quant_format.h's int8_bytes / nf4_bytes are quant_bytes().
 TEST(QGemm, PackedSizes) {
     for (const int64_t out : {1, 3, 64, 200, 4096})
         for (const int64_t in : {64, 100, 1056, 4096}) {
-            EXPECT_EQ(cpu::int8_bytes(out, in), quant_bytes(QuantDesc{QuantFormat::int8, out, in}));
+            EXPECT_EQ(int8_bytes(out, in), quant_bytes(QuantDesc{QuantFormat::int8, out, in}));
             if (out * in % 64 != 0) continue;
-            EXPECT_EQ(cpu::nf4_bytes(out * in, false), quant_bytes(QuantDesc{QuantFormat::nf4, out, in}));
-            EXPECT_EQ(cpu::nf4_bytes(out * in, true), quant_bytes(QuantDesc{QuantFormat::nf4_dq, out, in}));
+            EXPECT_EQ(nf4_bytes(out * in, false), quant_bytes(QuantDesc{QuantFormat::nf4, out, in}));
+            EXPECT_EQ(nf4_bytes(out * in, true), quant_bytes(QuantDesc{QuantFormat::nf4_dq, out, in}));
         }
     EXPECT_EQ(quant_bytes(QuantDesc{QuantFormat::nf4_dq, 64, 257}), size_t(64 * 257 / 2 + 257 + 2 * 4 + 4));
 }

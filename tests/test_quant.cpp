@@ -1,7 +1,8 @@
-// Frozen-weight quantization (backend/cpu/quant.h): round-trip error statistics on Gaussian
-// weights against the expectations for int8 per-channel absmax and NF4 (QLoRA), exact packing,
-// zero blocks, exact sizes, and the dequantizing matmuls (forward and dX) against a double
-// reference over X · dequantize(W)^T with several tile sizes and an exact-size workspace.
+// Frozen-weight quantization (backend/quant_format.h, backend/cpu/quant.h): round-trip error
+// statistics on Gaussian weights against the expectations for int8 per-channel absmax and NF4
+// (QLoRA), exact packing, zero blocks, exact sizes, and the dequantizing matmuls (forward and dX)
+// against a double reference over X · dequantize(W)^T with several tile sizes and an exact-size
+// workspace.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

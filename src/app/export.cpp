@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "backend/cpu/cpu_backend.h"
+#include "backend/make_backend.h"
 #include "backend/quant_format.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -57,7 +57,8 @@ std::vector<float> merged_lora_weights(const Checkpoint & c, const ModelConfig &
                                   what, base));
     // The engine the run trained with, minus the activations: its base storage (rounded or
     // quantized) is what the adapters were trained against.
-    CpuBackend backend;
+    const std::unique_ptr<Backend> owned = make_backend("cpu");
+    Backend & backend = *owned;
     EngineOptions eo;
     eo.B = 1;
     eo.T = 1;
