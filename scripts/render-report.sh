@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Renders an HTML page (report.html) to a PNG with headless Chromium: a fresh throw-away profile,
-# no GPU, no network services, killed after 60 s. Used by tests/test_html_report.cpp and handy
+# no GPU, no network services, killed after 60 s. Used by tests/report/test_html_report.cpp and handy
 # for looking at a report without a browser window.
 #   usage: scripts/render-report.sh PAGE.html OUT.png [WIDTH,HEIGHT]   (default 1200,1600)
 # CHROMIUM=/path/to/chromium overrides the browser. Exits non-zero when no PNG was written.

@@ -4,7 +4,7 @@
 #include <chrono>
 #include <cstring>
 
-#include "comm/communicator.h"
+#include "backend/collectives.h"
 #include "memory/step_memory.h"
 #include "memory/timeline.h"
 
@@ -265,7 +265,7 @@ void Graph::comm_wait(int slot, std::initializer_list<Tensor> uses) {
     end();
 }
 
-void Graph::blocking_sum(Communicator * c, Tensor t, Tensor scratch) {
+void Graph::blocking_sum(Collectives * c, Tensor t, Tensor scratch) {
     const Tensor r = resolve(t);
     float * s = scratch_ptr(scratch.valid() ? resolve(scratch) : Tensor{},
                             comm_scratch_elems(r.dtype, c->size(), size_t(r.numel())));

@@ -22,7 +22,7 @@ namespace memfit {
 
 class StepMemory;
 struct Timeline;
-class Communicator;
+class Collectives;   // backend/collectives.h (comm/communicator.h's Communicator is one)
 class CommRequest;
 
 // How a weight matrix is stored: GPT-2 Conv1D keeps [in, out]; Linear (and the tied LM head
@@ -77,7 +77,7 @@ public:
     // program (its last use must be the wait).
     void all_reduce_start(Tensor t, int slot, Tensor scratch = {});
     void all_reduce_wait(Tensor t, int slot);
-    void set_communicator(Communicator * c) { comm_ = c; }
+    void set_communicator(Collectives * c) { comm_ = c; }
     // ZeRO, completed by comm_wait(slot, the tensors the transfer touches): reduce_scatter_start
     // sums `in` (a bucket of the whole gradient) over the ranks and leaves this rank's
     // counts[rank] elements at the start of `out` (which may be longer); all_gather_start fills `out` (a bucket of the whole weights)
@@ -93,7 +93,7 @@ public:
     // all-reduces sit on the critical path the same way). Executing without a tensor
     // communicator aborts. `scratch` (f32, comm_scratch_elems(dtype, ranks, in's numel)): the
     // fp32 copy of a 16-bit sum, declared in the program; may be invalid for f32 or one rank.
-    void set_tensor_communicator(Communicator * c) { tp_comm_ = c; }
+    void set_tensor_communicator(Collectives * c) { tp_comm_ = c; }
     // t (f32, bf16, f16) summed in place over the group's ranks.
     void tp_all_reduce(Tensor t, Tensor scratch = {});
     // out[R * in.numel()] = every rank's `in`, in rank order (any dtype; in disjoint from out or
@@ -104,9 +104,9 @@ public:
     void tp_reduce_scatter(Tensor out, Tensor in, Tensor scratch = {});
     // Pipeline parallelism: the pipeline group (its rank s is stage s) and the embedding group
     // (the first and last stages, which both hold a tied embedding; null when none is tied).
-    void set_pipeline_communicator(Communicator * c) { pp_comm_ = c; }
-    void set_embedding_communicator(Communicator * c) { emb_comm_ = c; }
-    // One op, both halves at once (Communicator::sendrecv): `send` to stage dst with send_tag and
+    void set_pipeline_communicator(Collectives * c) { pp_comm_ = c; }
+    void set_embedding_communicator(Collectives * c) { emb_comm_ = c; }
+    // One op, both halves at once (Collectives::sendrecv): `send` to stage dst with send_tag and
     // `recv` from stage src with recv_tag; an invalid tensor skips its half.
     void pp_exchange(Tensor send, int dst, int send_tag, Tensor recv, int src, int recv_tag);
     // A send to stage dst started without waiting for the receiver, completed by comm_wait(slot).
@@ -180,11 +180,11 @@ private:
     BufferId workspace_ = -1;
     Timeline * timeline_ = nullptr;
     uint64_t seed_ = 0;
-    Communicator * comm_ = nullptr;
-    Communicator * tp_comm_ = nullptr;   // tensor-parallel group
-    Communicator * pp_comm_ = nullptr, * emb_comm_ = nullptr;
+    Collectives * comm_ = nullptr;
+    Collectives * tp_comm_ = nullptr;   // tensor-parallel group
+    Collectives * pp_comm_ = nullptr, * emb_comm_ = nullptr;
     // t summed in place over c (blocking; a 16-bit sum through scratch's fp32 copy).
-    void blocking_sum(Communicator * c, Tensor t, Tensor scratch);
+    void blocking_sum(Collectives * c, Tensor t, Tensor scratch);
     std::vector<std::unique_ptr<CommRequest>> pending_;   // by slot
 };
 

@@ -4,7 +4,7 @@
 #include "core/error.h"
 #include "core/paths.h"
 #include "tokenizer/tokenizer.h"
-#include "train/prepare.h"
+#include "data/prepare.h"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>

@@ -10,7 +10,8 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "backend/cpu/cpu_backend.h"
+#include "app/export.h"
+#include "backend/make_backend.h"
 #include "backend/quant_format.h"
 #include "cli/commands.h"
 #include "cli/validators.h"
@@ -18,15 +19,14 @@
 #include "core/json_num.h"
 #include "core/paths.h"
 #include "core/units.h"
+#include "infer/decoder.h"
+#include "infer/generate.h"
 #include "model/config.h"
 #include "model/hf_weights.h"
 #include "model/param_layout.h"
+#include "run/run_config.h"
 #include "tokenizer/tokenizer.h"
 #include "train/checkpoint.h"
-#include "train/decoder.h"
-#include "train/export.h"
-#include "train/generate.h"
-#include "run/run_config.h"
 
 namespace memfit::cli {
 
@@ -121,7 +121,8 @@ void add_model_commands(CLI::App & app) {
                                           "nor gpt2 (50257); pass --tokenizer", gen_model, cfg.vocab_size));
         if (kind.empty()) kind = cfg.vocab_size == 256 ? "bytes" : "gpt2";
         const auto tok = make_tokenizer(kind, data_dir());
-        CpuBackend backend;
+        const std::unique_ptr<Backend> owned = make_backend("cpu");
+        Backend & backend = *owned;
         const std::vector<int32_t> prompt = tok->encode(gen_prompt);
         // The KV cache holds the prompt and every new token, within the positions the model was
         // trained on (config.json's memfit_trained_context) unless --seq asks for more; when it

@@ -6,7 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "backend/cpu/cpu_backend.h"
+#include "backend/make_backend.h"
 #include "cli/commands.h"
 #include "cli/run_flags.h"
 #include "cli/validators.h"
@@ -102,7 +102,8 @@ void add_plan_commands(CLI::App & app) {
     p->callback([] {
         PlanRequest r = make_request(f, run, given);
         // The engine's own scratch sizes: oneDNN's on the CPU, the CUDA backend's on a GPU.
-        CpuBackend cpu;
+        const std::unique_ptr<Backend> cpu_owned = make_backend("cpu");
+        const Backend & cpu = *cpu_owned;
         const std::unique_ptr<Backend> cuda = make_cuda_sizing_backend();
         r.exact_sizing = r.hw.name == "cpu" ? static_cast<const Backend *>(&cpu) : cuda.get();
         SearchReport rep;

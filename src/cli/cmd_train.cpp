@@ -9,10 +9,10 @@
 #include "cli/validators.h"
 #include "core/error.h"
 #include "model/config.h"
-#include "train/bench.h"
-#include "train/calibrate.h"
-#include "train/trainer.h"
-#include "train/verify.h"
+#include "app/bench.h"
+#include "app/calibrate.h"
+#include "app/trainer.h"
+#include "app/verify.h"
 
 namespace memfit::cli {
 
@@ -130,7 +130,7 @@ void add_train_commands(CLI::App & app) {
     static bool check = false;
     static std::string verify_device = "cpu";
     CLI::App * verify = app.add_subcommand("verify", "replay a reference fixture; print max relative errors as JSON");
-    verify->add_option("fixture", fixture, "fixture .safetensors (tests/data/*.safetensors; the format is in src/train/verify.h)")->required();
+    verify->add_option("fixture", fixture, "fixture .safetensors (tests/data/*.safetensors; the format is in src/app/verify.h)")->required();
     verify->add_option("--tolerance", tolerance, "largest relative error accepted")->capture_default_str();
     verify->add_flag("--check-lifetimes", check, "run with per-buffer allocations poisoned after last use");
     verify->add_option("--device", verify_device, "cpu or cuda (the GPU, in fp32)")

@@ -108,10 +108,6 @@ private:
 
 }  // namespace
 
-size_t comm_scratch_elems(DType t, int ranks, size_t n) {
-    return t == DType::f32 || ranks <= 1 ? 0 : n;
-}
-
 std::unique_ptr<Communicator> make_single_communicator() {
     return std::make_unique<SingleCommunicator>();
 }

@@ -27,71 +27,36 @@
 #include <string>
 #include <vector>
 
+#include "backend/collectives.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
 namespace memfit {
 
-// A non-blocking collective in flight; wait() completes it (idempotent).
-class CommRequest {
+// CommRequest, and the collectives the step's Graph issues (rank, size, iall_reduce_sum,
+// all_gather, ireduce_scatter_sum, iall_gather, sendrecv, isend), are declared by
+// backend/collectives.h (Collectives, which Communicator extends: the Graph is below comm/).
+class Communicator : public Collectives {
 public:
-    virtual ~CommRequest() = default;
-    virtual void wait() = 0;
-    // Lets the transfer advance without blocking (MPI without a progress thread moves a
-    // non-blocking collective on only inside MPI calls); wait() is still required.
-    virtual void poll() {}
-};
-
-class Communicator {
-public:
-    virtual ~Communicator() = default;
-    virtual int rank() const = 0;
-    virtual int size() const = 0;
     virtual const char * name() const = 0;   // "single" | "mpi" | "nccl"
 
-    // data[n] = the element-wise sum over ranks (in place).
+    // data[n] = the element-wise sum over ranks (in place). (iall_reduce_sum: Collectives.)
     virtual void all_reduce_sum(void * data, size_t n, DType t) = 0;
-    // The same, started now and completed by wait(): backward keeps computing meanwhile. data
-    // must stay alive and untouched until wait(); destroying the request without wait() still
-    // blocks until MPI is done with the buffers, but leaves data undefined. MPI (OpenMPI 4.1,
-    // no progress thread) advances the transfer only inside MPI calls: poll() between
-    // computations (the Graph does, before every op).
-    virtual std::unique_ptr<CommRequest> iall_reduce_sum(void * data, size_t n, DType t,
-                                                         float * scratch = nullptr) = 0;
     // in[size() * n] summed over ranks; this rank receives its n-element shard:
     // out[i] = sum over ranks of in[rank() * n + i]. out is disjoint from in or is this rank's
     // shard of it (out == in + rank() * n elements); in is never written.
     virtual void reduce_scatter_sum(const void * in, void * out, size_t n, DType t) = 0;
-    // out[size() * bytes] = every rank's `bytes` bytes of in, in rank order. in is disjoint
-    // from out or is this rank's slot of it (in == out + rank() * bytes).
-    virtual void all_gather(const void * in, void * out, size_t bytes) = 0;
-    // ZeRO's bucket collectives, non-blocking, with a count per rank (a bucket of the flat buffer
-    // cut by the shard boundaries; counts may be 0). ireduce_scatter_sum: in holds sum(counts)
-    // elements; this rank receives its counts[rank()] elements, the sum over ranks of
-    // in[sum(counts[0..rank())) ...], in out (disjoint from in). iall_gather: out receives every
-    // rank's counts[i] elements of `elem_bytes` bytes, in rank order; in holds this rank's (it may
-    // be its own place in out). Buffers stay untouched until wait(). MPI: at most INT_MAX bytes
-    // per rank (else CommError); 16-bit sums hold fp32 copies of in and out until wait().
-    virtual std::unique_ptr<CommRequest> ireduce_scatter_sum(const void * in, void * out,
-                                                             const std::vector<size_t> & counts, DType t,
-                                                             float * scratch = nullptr) = 0;
-    virtual std::unique_ptr<CommRequest> iall_gather(const void * in, void * out, const std::vector<size_t> & counts,
-                                                     size_t elem_bytes) = 0;
     virtual void broadcast(void * data, size_t bytes, int root) = 0;
     // Blocking point-to-point (tag >= 0); recv's size must equal the matching send's (else
     // CommError). Messages between one pair of ranks with one tag arrive in order.
     virtual void send(const void * data, size_t bytes, int dst, int tag) = 0;
     virtual void recv(void * data, size_t bytes, int src, int tag) = 0;
     virtual void barrier() = 0;
-    // Both halves of a neighbour exchange at once: `send_bytes` of `send` to rank dst (tag
-    // send_tag) while `recv_bytes` arrive into `recv` from rank src (tag recv_tag); dst or src < 0
-    // skips that half. Neither half waits for the other, so pipeline stages passing activations
-    // one way and gradients the other cannot deadlock. The default: send, then recv (single).
-    virtual void sendrecv(const void * send, size_t send_bytes, int dst, int send_tag, void * recv,
-                          size_t recv_bytes, int src, int recv_tag);
-    // A send started now and completed by wait() (data untouched until then): the sender goes on
-    // without waiting for the receiver. Single: queued at once, like send().
-    virtual std::unique_ptr<CommRequest> isend(const void * data, size_t bytes, int dst, int tag);
+    // The defaults of Collectives' point-to-point pair: send, then recv; a blocking send
+    // (single: queued at once, like send()).
+    void sendrecv(const void * send, size_t send_bytes, int dst, int send_tag, void * recv, size_t recv_bytes,
+                  int src, int recv_tag) override;
+    std::unique_ptr<CommRequest> isend(const void * data, size_t bytes, int dst, int tag) override;
 
     // A new communicator over the ranks of this one that pass the same color (>= 0), ranked by
     // key (ties by rank here), like MPI_Comm_split. Collective: every rank of this communicator
@@ -110,10 +75,7 @@ public:
 // Single process: size 1, collectives copy or do nothing; send to rank 0 queues the message
 // for a later recv with the same tag.
 std::unique_ptr<Communicator> make_single_communicator();
-// fp32 elements of scratch a non-blocking 16-bit sum of n elements (all-reduce, or reduce-scatter
-// of n elements in all) uses over `ranks` ranks: n, or 0 for f32 or one rank. (MPI sums the fp32
-// copy in place.)
-size_t comm_scratch_elems(DType t, int ranks, size_t n);
+// comm_scratch_elems (the fp32 scratch of a non-blocking 16-bit sum): backend/collectives.h.
 // MPI when this process was started by an MPI launcher (mpirun sets OMPI_COMM_WORLD_SIZE /
 // PMIX_RANK), else single. MPI is initialised once per process and finalised at exit.
 std::unique_ptr<Communicator> make_communicator();

@@ -30,7 +30,7 @@
 //
 // Size. A frontier has at most one point per distinct byte sum <= budget. Identical layers give
 // few types and few distinct sums: 80 GPT-style layers of 8 units take well under a millisecond
-// (tests/test_keep_choice.cpp prints it). Layers of unrelated sizes make every unit its own type
+// (tests/memory/test_keep_choice.cpp prints it). Layers of unrelated sizes make every unit its own type
 // and the frontier can grow like a knapsack table, bounded by the distinct reachable sums.
 #pragma once
 

@@ -251,7 +251,7 @@ Recorded record_stages(const ModelConfig & cfg, const Candidate & c, int seq, co
 }  // namespace
 
 PipelineSamples pipeline_samples(const Layout & L) {
-    // Where a pipeline's peak live bytes become affine in m (tests/test_plan_memory.cpp checks
+    // Where a pipeline's peak live bytes become affine in m (tests/plan/test_plan_memory.cpp checks
     // the extrapolation against full recordings): GPipe from 2 micro-batches (accumulation makes
     // the gradients fp32), 1F1B once every stage reaches its steady state (m >= P), interleaving
     // once its warm-up of (P - s - 1) * 2 + (V - 1) * P chunk forwards fits twice (m >= 2P),

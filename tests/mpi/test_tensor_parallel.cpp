@@ -19,7 +19,7 @@
 #include "comm/groups.h"
 #include "train/engine.h"
 #include "core/units.h"
-#include "train/report.h"
+#include "app/report.h"
 #include "mpi_test_env.h"
 #include "../test_util.h"
 

@@ -1,5 +1,6 @@
 // The CPU backend's quantized gemms (QLoRA's frozen base, Backend::qgemm_*): the packed formats
-// and the fp32 dequantizing matmuls are quant.h's; this file adapts them to the activation dtypes.
+// are quant_format.h's and the fp32 dequantizing matmuls quant.h's; this file adapts them to the
+// activation dtypes.
 //
 //   f32 activations:      quant.h's fp32 gemms run on the caller's buffers (all M rows at once).
 //   bf16/f16 activations: M is processed kQgemmRowChunk rows at a time: the chunk of x (dy) is
@@ -32,14 +33,14 @@ size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 bool is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
 
-// f(Q) with Q the quant.h format struct of q.
+// f(Q) with Q the quant_format.h format struct of q.
 template <class F>
 void with_quant(const QuantDesc & q, F && f) {
     MF_ASSERT(q.out > 0 && q.in > 0);
     switch (q.format) {
-        case QuantFormat::int8: f(cpu::Int8Quant{q.out, q.in}); return;
-        case QuantFormat::nf4: f(cpu::Nf4Quant{q.out, q.in, false}); return;
-        case QuantFormat::nf4_dq: f(cpu::Nf4Quant{q.out, q.in, true}); return;
+        case QuantFormat::int8: f(Int8Quant{q.out, q.in}); return;
+        case QuantFormat::nf4: f(Nf4Quant{q.out, q.in, false}); return;
+        case QuantFormat::nf4_dq: f(Nf4Quant{q.out, q.in, true}); return;
     }
     MF_ASSERT(!"unknown QuantFormat");
 }

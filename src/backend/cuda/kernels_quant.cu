@@ -1,5 +1,5 @@
-// CUDA kernels: dequantization of the packed frozen-weight formats (backend/quant_format.h; the
-// layouts and the reference are backend/cpu/quant.h/.cpp, dequantize_rows). W' [out, in] is
+// CUDA kernels: dequantization of the packed frozen-weight formats (backend/quant_format.h: the
+// layouts, and the host reference, quant_format.cpp's dequantize_rows). W' [out, in] is
 // written in w's dtype: the CPU's fp32 value of every element, rounded once.
 //   int8:   one block per output row; scale * q (4 codes per thread-step when in % 4 == 0).
 //   nf4(+dq): one thread per 8 elements (one 32-bit word of codes; 8 divides the 64-blocks, so

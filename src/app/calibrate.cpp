@@ -1,0 +1,133 @@
+#include "app/calibrate.h"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "backend/cpu/matmul_probe.h"
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/units.h"
+#include "memory/budget.h"
+
+namespace memfit {
+
+namespace {
+
+std::string cpu_model() {
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line)) {
+        if (!line.starts_with("model name")) continue;
+        const size_t colon = line.find(':');
+        if (colon == std::string::npos) break;
+        const size_t start = line.find_first_not_of(" \t", colon + 1);
+        return start == std::string::npos ? "" : line.substr(start);
+    }
+    return "";
+}
+
+std::string utc_now() {
+    const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+    std::tm tm{};
+    gmtime_r(&t, &tm);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return buf;
+}
+
+// Large enough that the caches hold a small part of it (4 x the L3 the C library reports, at least
+// 384 MiB), small enough to stay quick (at most 1 GiB and a quarter of the available memory).
+uint64_t default_stream_bytes() {
+    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    uint64_t bytes = std::clamp<uint64_t>(l3 > 0 ? 4 * uint64_t(l3) : 0, 384 * MiB, GiB);
+    if (const uint64_t avail = available_memory(); avail > 0) bytes = std::min(bytes, avail / 4);
+    return std::max<uint64_t>(bytes, 3 * MiB);
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+}  // namespace
+
+double measure_stream_bandwidth(uint64_t bytes, int repeats) {
+    const int64_t n = int64_t(bytes / (3 * sizeof(double)));
+    if (n < 1024) throw ConfigError(fmt::format("bandwidth probe: {} bytes is too small (need at least 72 KiB)", bytes));
+    // Not value-initialised: the first touch happens below, in parallel, with the same static
+    // partition as the timed loop (pages land near the threads that use them).
+    std::unique_ptr<double[]> a(new double[size_t(n)]), b(new double[size_t(n)]), c(new double[size_t(n)]);
+    double * pa = a.get();
+    const double * pb = b.get();
+    const double * pc = c.get();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+        a[size_t(i)] = 0.0;
+        b[size_t(i)] = 1.0;
+        c[size_t(i)] = 2.0;
+    }
+    const double s = 0.5;
+    auto triad = [&] {
+        const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; ++i) pa[i] = pb[i] + s * pc[i];
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    triad();   // warm-up
+    std::vector<double> secs;
+    for (int r = 0; r < std::max(repeats, 1); ++r) secs.push_back(triad());
+    MF_ASSERT(pa[n / 2] == 2.0);   // 1 + 0.5 * 2: the loop ran, and was not optimised away
+    return 3.0 * sizeof(double) * double(n) / median(secs);
+}
+
+nlohmann::json run_calibration(const CalibrateOptions & opt) {
+    if (opt.threads > 0) omp_set_num_threads(opt.threads);
+    const auto t0 = std::chrono::steady_clock::now();
+    const uint64_t stream_bytes = opt.stream_bytes > 0 ? opt.stream_bytes : default_stream_bytes();
+    const double gflops = cpu::measure_matmul_peak_gflops(opt.matmul_repeats);
+    const double bw = measure_stream_bandwidth(stream_bytes, opt.stream_repeats);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!(gflops > 0) || !(bw > 0))
+        throw Error(fmt::format("calibration measured nothing (matmul {} GFLOP/s, bandwidth {} B/s)", gflops, bw));
+
+    nlohmann::json j = {
+        {"format", "memfit-calibration"},
+        {"version", 1},
+        {"fp32_gflops", gflops},
+        {"mem_bw_gbs", bw / 1e9},
+        {"threads", omp_get_max_threads()},
+        {"cpu", cpu_model()},
+        {"created", utc_now()},
+        {"matmul", fmt::format("oneDNN fp32 gemm on model-shaped gemms (M x K x N 2048x384x1536, 2048x1536x384, "
+                               "2048x384x1152): the best shape's median of {} runs",
+                               std::max(opt.matmul_repeats, 1))},
+        {"bandwidth", fmt::format("triad a = b + s*c over 3 arrays of doubles, {} in all; bytes counted: 2 reads + 1 "
+                                  "write per element; median of {} runs",
+                                  format_bytes(stream_bytes), std::max(opt.stream_repeats, 1))},
+        {"stream_bytes", stream_bytes},
+        {"seconds", seconds},
+    };
+    const std::filesystem::path parent = std::filesystem::path(opt.path).parent_path();
+    if (!parent.empty()) {
+        std::error_code ec;
+        std::filesystem::create_directories(parent, ec);
+        if (ec)
+            throw IoError(fmt::format("{}: cannot create the folder ({}); hint: pass --calibration PATH",
+                                      parent.string(), ec.message()));
+    }
+    write_file_atomic(opt.path, j.dump(2) + "\n");
+    j["path"] = opt.path;
+    return j;
+}
+
+}  // namespace memfit

@@ -1,0 +1,167 @@
+#include "app/export.h"
+
+#include <cmath>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "backend/make_backend.h"
+#include "backend/quant_format.h"
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/json_num.h"
+#include "model/hf_weights.h"
+#include "model/safetensors.h"
+#include "train/engine.h"
+
+namespace fs = std::filesystem;
+
+namespace memfit {
+
+ModelConfig checkpoint_model_config(const Checkpoint & c, const std::string & what) {
+    if (!c.meta.contains("model") || !c.meta["model"].is_object())
+        throw FormatError(fmt::format("{}: the checkpoint's meta.json has no model", what));
+    ModelConfig cfg = parse_hf_config(c.meta["model"], what + "/meta.json");
+    cfg.name = c.meta["model"].value("name", cfg.name);
+    return cfg;
+}
+
+bool is_lora_checkpoint(const Checkpoint & c) { return c.meta.is_object() && c.meta.contains("lora"); }
+
+LoraCheckpointMeta lora_checkpoint_meta(const Checkpoint & c, const ModelConfig & cfg, const std::string & what) {
+    const std::string where = what + "/meta.json";
+    const nlohmann::json & j = c.meta.at("lora");
+    if (!j.is_object()) throw FormatError(fmt::format("{}: \"lora\" is not an object", where));
+    LoraCheckpointMeta m;
+    m.lora = lora_from_json(j, cfg, where);
+    if (!j.contains("base_model") || !j["base_model"].is_string())
+        throw FormatError(fmt::format("{}: the LoRA record has no \"base_model\" string", where));
+    m.base_model = j["base_model"].get<std::string>();
+    if (m.base_model.empty()) m.seed = json_get<uint64_t>(c.meta, "seed", where);
+    const size_t A = lora_param_count(cfg, m.lora);
+    if (c.state.params.size() != A || c.state.m.size() != A || c.state.v.size() != A)
+        throw FormatError(fmt::format("{}: {} parameters in the state, LoRA rank {} on {} of this model has {} "
+                                      "adapter parameters",
+                                      what, c.state.params.size(), m.lora.rank, fmt::join(m.lora.targets, ","), A));
+    return m;
+}
+
+std::vector<float> merged_lora_weights(const Checkpoint & c, const ModelConfig & cfg, const std::string & what,
+                                       const std::string & base_folder) {
+    const LoraCheckpointMeta m = lora_checkpoint_meta(c, cfg, what);
+    const std::string base = base_folder.empty() ? m.base_model : base_folder;
+    if (!base.empty() && !has_hf_weights(base))
+        throw IoError(fmt::format("{}: the LoRA base model folder {} holds no model.safetensors (moved or deleted?); "
+                                  "pass --base-model DIR with the folder the run trained from",
+                                  what, base));
+    // The engine the run trained with, minus the activations: its base storage (rounded or
+    // quantized) is what the adapters were trained against.
+    const std::unique_ptr<Backend> owned = make_backend("cpu");
+    Backend & backend = *owned;
+    EngineOptions eo;
+    eo.B = 1;
+    eo.T = 1;
+    eo.with_eval = false;
+    eo.lora = m.lora;
+    Engine engine(cfg, backend, eo);
+    if (base.empty()) {
+        engine.init_params(m.seed);
+    } else {
+        std::vector<float> full(size_t(cfg.num_params()));
+        load_hf_weights(base, cfg, make_param_layout(cfg), full.data());
+        engine.set_base(full.data());
+    }
+    engine.import_state(c.state);
+    return engine.merged_weights();
+}
+
+nlohmann::json peft_adapter_config(const ModelConfig & cfg, const LoraOptions & lora, const std::string & base_model) {
+    // lora_alpha as an integer when it is one (PEFT's type), else as given.
+    nlohmann::json alpha = lora.alpha;
+    if (lora.alpha < 1e9f && float(int64_t(lora.alpha)) == lora.alpha) alpha = int64_t(lora.alpha);
+    // Only fields every PEFT version since 0.3 accepts (newer ones default the rest).
+    return {{"peft_type", "LORA"},
+            {"task_type", "CAUSAL_LM"},
+            {"r", lora.rank},
+            {"lora_alpha", alpha},
+            // Training's dropout on the adapters' input (as PEFT's); inference ignores it.
+            {"lora_dropout", std::round(double(lora.dropout) * 1e6) / 1e6},
+            {"target_modules", peft_target_modules(cfg, lora)},
+            {"bias", "none"},
+            // GPT-2's projections are Conv1D ([in, out] weights): PEFT needs fan_in_fan_out to merge them.
+            {"fan_in_fan_out", !cfg.llama()},
+            {"base_model_name_or_path", base_model.empty() ? nlohmann::json() : nlohmann::json(base_model)},
+            {"inference_mode", true},
+            {"init_lora_weights", true},
+            {"layers_to_transform", nullptr},
+            {"layers_pattern", nullptr},
+            {"modules_to_save", nullptr},
+            {"revision", nullptr}};
+}
+
+namespace {
+
+void make_dir(const std::string & dir) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) throw IoError(fmt::format("cannot create {}: {}", dir, ec.message()));
+}
+
+}  // namespace
+
+std::string export_checkpoint(const std::string & path, const std::string & out, ExportMode mode,
+                              const std::string & base_model) {
+    const Checkpoint c = load_checkpoint(path);
+    const ModelConfig cfg = checkpoint_model_config(c, path);
+    const int step = json_get<int>(c.meta, "step", path + "/meta.json");
+    if (!is_lora_checkpoint(c)) {
+        if (mode != ExportMode::plain)
+            throw ConfigError(fmt::format("{}: {} applies to LoRA checkpoints; this one holds the whole model: drop "
+                                          "the flag",
+                                          path, mode == ExportMode::merge_lora ? "--merge-lora" : "--adapter-only"));
+        if (!base_model.empty())
+            throw ConfigError(fmt::format("{}: --base-model applies to LoRA checkpoints; this one holds the whole "
+                                          "model: drop the flag", path));
+        const ParamLayout layout = make_param_layout(cfg);
+        if (layout.total != c.state.params.size())
+            throw FormatError(fmt::format("{}: {} parameters, a model of that shape has {}", path,
+                                          c.state.params.size(), layout.total));
+        export_hf(out, cfg, layout, c.state.params.data());
+        return fmt::format("wrote {}/config.json and {}/model.safetensors (step {})", out, out, step);
+    }
+    const LoraCheckpointMeta m = lora_checkpoint_meta(c, cfg, path);
+    const std::string what_lora = fmt::format("LoRA rank {} on {}", m.lora.rank, fmt::join(m.lora.targets, ","));
+    const std::string quant = m.lora.quantized() ? quant_format_name(m.lora.format()) : "";
+    if (mode == ExportMode::plain)
+        throw ConfigError(fmt::format("{} is a LoRA checkpoint ({}; its state holds only the adapters): pass "
+                                      "--merge-lora for a plain Hugging Face folder with the adapters folded in, or "
+                                      "--adapter-only for a PEFT adapter folder",
+                                      path, what_lora));
+    if (!base_model.empty() && m.base_model.empty())
+        throw ConfigError(fmt::format("{}: --base-model {}: this run's base was the seed's initialisation, not a "
+                                      "folder; drop --base-model",
+                                      path, base_model));
+    const std::string base = base_model.empty() ? m.base_model : fs::absolute(base_model).string();
+    const std::string from = base.empty() ? fmt::format("the seed-{} initialisation", m.seed) : base;
+    if (mode == ExportMode::merge_lora) {
+        const std::vector<float> w = merged_lora_weights(c, cfg, path, base);
+        export_hf(out, cfg, make_param_layout(cfg), w.data());
+        return fmt::format("wrote {}/config.json and {}/model.safetensors (step {}): {} merged into the base from {}{}",
+                           out, out, step, what_lora, from,
+                           quant.empty() ? "" : fmt::format(", {}-dequantized as in training", quant));
+    }
+    make_dir(out);
+    const ParamLayout al = make_lora_layout(cfg, m.lora);
+    std::vector<TensorToWrite> tensors;
+    for (const ParamInfo & p : al.params)
+        tensors.push_back(TensorToWrite{p.name, "F32", p.shape, c.state.params.data() + p.offset, p.numel * sizeof(float)});
+    write_safetensors((fs::path(out) / "adapter_model.safetensors").string(), tensors,
+                      {{"format", "pt"}, {"memfit.base_weights", base_weights_name(m.lora.base)}});
+    write_file_atomic((fs::path(out) / "adapter_config.json").string(),
+                      peft_adapter_config(cfg, m.lora, base).dump(2) + "\n");
+    return fmt::format("wrote {}/adapter_config.json and {}/adapter_model.safetensors (step {}): {}, base {}{}", out,
+                       out, step, what_lora, from, quant.empty() ? "" : fmt::format(" ({} in training)", quant));
+}
+
+}  // namespace memfit

@@ -1,0 +1,151 @@
+#include "app/report.h"
+
+#include <algorithm>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "core/units.h"
+#include "report/memory_report.h"
+
+namespace memfit {
+
+namespace {
+
+ReportBuffer to_report(const BufferDecl & b, int num_ops) {
+    ReportBuffer r;
+    r.name = b.name;
+    r.category = b.category;
+    r.bytes = b.bytes;
+    r.persistent = b.persistent;
+    r.first_op = b.persistent ? 0 : b.first_op;
+    r.last_op = b.persistent ? num_ops - 1 : b.last_op;
+    return r;
+}
+
+// Sentences about where the bytes go, each with numbers the planner computed.
+std::vector<std::string> make_hints(const Engine & engine, const std::vector<ReportBuffer> & at_peak) {
+    std::vector<std::string> hints;
+    const MemoryPlan & plan = engine.plan();
+    const TrainStep & step = engine.step();
+    const uint64_t total = plan.peak_live_total;
+    if (total == 0) return hints;
+
+    // The category that dominates the peak.
+    uint64_t live_at_peak[kCategoryCount] = {};
+    for (const auto & b : at_peak) live_at_peak[size_t(b.category)] += b.bytes;
+    size_t top = 0;
+    for (size_t c = 1; c < kCategoryCount; ++c)
+        if (live_at_peak[c] > live_at_peak[top]) top = c;
+    const auto & peak_op = step.program().ops()[size_t(plan.peak_op)];
+    hints.push_back(fmt::format("{} are {:.0f}% of the {} peak, reached at op {} ({}{}, {}).", kCategoryNames[top],
+                                100.0 * double(live_at_peak[top]) / double(total), format_bytes(total), plan.peak_op,
+                                peak_op.name, peak_op.layer >= 0 ? fmt::format(", layer {}", peak_op.layer) : "",
+                                phase_name(peak_op.phase)));
+
+    // Alternatives, each re-planned exactly: same model and batch, one option changed.
+    const EngineOptions & eo = engine.options();
+    const double flops = step.program().total_flops();
+    auto replan = [&](const std::string & flag, int B, const ModelOptions & mo, const std::string & why) {
+        // The whole model's config: the step's is this rank's tensor slice, which the options split again.
+        std::unique_ptr<TrainStep> alt;
+        try {
+            alt = std::make_unique<TrainStep>(engine.config(), B, step.T(), StepMode::train, &engine.backend(), mo,
+                                              StepParts{true, true, eo.data_parallel > 1 || eo.zero > 0}, eo.dp(),
+                                              eo.pp(step.micro_batches()));
+        } catch (const ConfigError &) {
+            return;   // not a configuration this layout can run (sequence parallel rows, say)
+        }
+        const MemoryPlan p2 = plan_memory(alt->program());
+        if (double(p2.peak_live_total) > 0.99 * double(total)) return;   // under 1%: not worth a line
+        const double extra = alt->program().total_flops() / flops - 1.0;
+        hints.push_back(fmt::format("{} would lower the planned peak from {} to {} (-{:.0f}%){}{}.", flag,
+                                    format_bytes(total), format_bytes(p2.peak_live_total),
+                                    100.0 * double(total - p2.peak_live_total) / double(total),
+                                    extra > 0.005 ? fmt::format(" for {:.0f}% more compute", 100.0 * extra) : "", why));
+    };
+    if (eo.compute == DType::f32) {
+        ModelOptions mo = eo.model();
+        mo.compute = mo.grad = DType::bf16;
+        replan("--precision bf16", step.B(), mo,
+               ": weights, gradients and activations in 16 bits, with fp32 master weights and moments");
+    }
+    if (!eo.flash_attention && engine.backend().runs_flash_attention(engine.config().head_dim())) {
+        ModelOptions mo = eo.model();
+        mo.flash_attention = true;
+        replan("--attention flash", step.B(), mo, ": it keeps one log-sum-exp per query instead of the T x T probabilities");
+    }
+    const int BT = step.B() * step.T();
+    if (eo.loss_chunk == 0 && BT >= 16) {
+        ModelOptions mo = eo.model();
+        mo.loss_chunk = BT / 8;
+        replan(fmt::format("--loss-chunk {}", BT / 8), step.B(), mo, ": the B*T*V logits are never stored whole");
+    }
+    const int L = step.config().n_layer;
+    if (!eo.recompute.recomputes()) {
+        ModelOptions mo = eo.model();
+        mo.recompute = parse_recompute("selective", L);
+        replan("--recompute selective", step.B(), mo,
+               fmt::format(": norm outputs, {} outputs and attention probabilities are recomputed, matmul outputs kept",
+                           step.config().llama() ? "SwiGLU" : "GELU"));
+    }
+    if (eo.recompute.name != "full" && L > 1) {
+        ModelOptions mo = eo.model();
+        mo.recompute = parse_recompute("full", L);
+        replan("--recompute full", step.B(), mo, ": only each layer's input is kept for backward");
+    }
+    if (step.B() > 1)
+        replan(fmt::format("--micro-batch {}", step.B() / 2), step.B() / 2, eo.model(),
+               " (the global batch halves unless two micro-batches are accumulated)");
+
+    const uint64_t opt = plan.peak_live[Category::optimizer_states];
+    if (opt > 0 && eo.zero == 0)
+        hints.push_back(fmt::format("AdamW moments take {} (2 x 4 bytes per parameter, {:.0f}% of the peak); "
+                                    "sharding them over data-parallel ranks (mpirun -np N ... --zero 1) divides them "
+                                    "by the rank count.",
+                                    format_bytes(opt), 100.0 * double(opt) / double(total)));
+    else if (eo.zero < 3 && eo.data_parallel > 1)
+        hints.push_back(fmt::format("--zero {} would also shard the {} over the {} ranks.", eo.zero + 1,
+                                    eo.zero == 1 ? "gradients" : "parameters", eo.data_parallel));
+    return hints;
+}
+
+}  // namespace
+
+ReportData build_report(const Engine & engine, const Timeline & timeline, const std::string & title,
+                        const nlohmann::json & config, uint64_t budget) {
+    ReportData r;
+    const Program & p = engine.step().program();
+    const MemoryPlan & plan = engine.plan();
+    r.title = title;
+    r.config = config;
+    r.timeline = timeline;
+    r.num_ops = p.num_ops();
+    r.planned_peak = engine.planned_peak_live();
+    r.planned_reserved = engine.planned_reserved();
+    r.measured_peak = engine.ledger().live_peak();
+    r.measured_reserved = engine.ledger().reserved_peak();
+    r.budget = budget;
+    r.peak_rss = peak_rss_bytes();
+    r.peak_op = plan.peak_op;
+
+    std::vector<ReportBuffer> all;
+    for (const auto & b : p.buffers()) {
+        if (!b.persistent && b.first_op < 0) continue;
+        all.push_back(to_report(b, r.num_ops));
+    }
+    auto by_size = [](const ReportBuffer & a, const ReportBuffer & b) {
+        return a.bytes != b.bytes ? a.bytes > b.bytes : a.name < b.name;
+    };
+    for (const auto & b : all)
+        if (b.first_op <= r.peak_op && r.peak_op <= b.last_op && b.bytes > 0) r.live_at_peak.push_back(b);
+    std::sort(r.live_at_peak.begin(), r.live_at_peak.end(), by_size);
+    r.largest = all;
+    std::sort(r.largest.begin(), r.largest.end(), by_size);
+    if (r.largest.size() > 10) r.largest.resize(10);
+    r.hints = make_hints(engine, r.live_at_peak);
+    return r;
+}
+
+}  // namespace memfit

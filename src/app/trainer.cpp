@@ -1,0 +1,849 @@
+#include "app/trainer.h"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "app/report.h"
+#include "backend/make_backend.h"
+#include "backend/quant_format.h"
+#include "comm/communicator.h"
+#include "comm/device_communicator.h"
+#include "comm/groups.h"
+#include "core/error.h"
+#include "core/json_num.h"
+#include "core/paths.h"
+#include "core/units.h"
+#include "data/data_loader.h"
+#include "data/prepare.h"
+#include "infer/generate.h"
+#include "memory/budget.h"
+#include "model/hf_weights.h"
+#include "model/tensor_parallel.h"
+#include "plan/fit.h"
+#include "report/chrome_trace.h"
+#include "report/html_report.h"
+#include "report/memory_report.h"
+#include "report/progress.h"
+#include "run/compat.h"
+#include "tokenizer/tokenizer.h"
+#include "train/checkpoint.h"
+#include "train/engine.h"
+#include "train/replan.h"
+#include "train/schedule.h"
+
+namespace memfit {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+DataSource resolve_data(const std::string & folder, const std::string & tokenizer, int model_vocab) {
+    std::string tok = tokenizer.empty() ? (model_vocab > 0 && model_vocab != 256 ? "gpt2" : "bytes") : tokenizer;
+    std::string dir = folder;
+    if (dir.empty()) {
+        dir = default_prepared_dir(tok);
+        if (!fs::exists(fs::path(dir) / "train.bin")) {
+            PrepareOptions p;
+            p.input = data_dir() + "/tinyshakespeare.txt";
+            p.out_dir = dir;
+            p.tokenizer = tok;
+            const PreparedData d = prepare_dataset(p);
+            std::fprintf(stderr, "prepared %s: %llu train + %llu validation tokens (%s)\n", dir.c_str(), (unsigned long long) d.train_tokens,
+                        (unsigned long long) d.val_tokens, tok.c_str());
+        }
+    }
+    DataSource src;
+    src.train_path = (fs::path(dir) / "train.bin").string();
+    src.val_path = (fs::path(dir) / "val.bin").string();
+    if (!fs::exists(src.train_path))
+        throw IoError(fmt::format("{}: no train.bin here; run `memfit prepare --out {}` first", dir, dir));
+    std::ifstream meta(fs::path(dir) / "meta.json");
+    if (meta) {
+        try {
+            nlohmann::json j;
+            meta >> j;
+            src.tokenizer = j.value("tokenizer", "");
+        } catch (const std::exception & e) {
+            throw FormatError(fmt::format("{}/meta.json: not valid JSON ({})", dir, e.what()));
+        }
+    }
+    TokenFile f(src.train_path);
+    src.vocab_size = int(f.vocab_size());
+    if (!fs::exists(src.val_path)) src.val_path.clear();
+    return src;
+}
+
+namespace {
+
+
+ProgressMode progress_mode(const std::string & m) {
+    if (m == "tty") return ProgressMode::tty;
+    if (m == "plain") return ProgressMode::plain;
+    if (m == "json") return ProgressMode::json;
+    if (m == "quiet") return ProgressMode::quiet;
+    if (m == "auto") return ProgressMode::auto_detect;
+    throw ConfigError(fmt::format("--progress {}: expected auto, tty, plain, json or quiet", m));
+}
+
+}  // namespace
+
+namespace {
+
+// The model as a checkpoint records it: its Hugging Face config plus the name.
+nlohmann::json checkpoint_model(const ModelConfig & cfg) {
+    nlohmann::json j = hf_config_json(cfg);
+    j["name"] = cfg.name;
+    return j;
+}
+
+// What a checkpoint records besides the training state: where the run is and what it is.
+nlohmann::json checkpoint_meta(int step, const ModelConfig & cfg, const TrainOptions & opt, int global_batch,
+                               const DataLoader & train, const DataLoader * val, const LoraOptions & lora) {
+    nlohmann::json m = {{"step", step},
+                        {"model", checkpoint_model(cfg)},
+                        {"seq", opt.seq},
+                        {"global_batch", global_batch},
+                        {"seed", opt.seed},
+                        {"data", {{"train_epoch", train.epoch()}, {"train_cursor", train.cursor()}}}};
+    // LoRA: the checkpoint holds the adapters; the base comes back from the model folder (or
+    // from the seed's initialisation when there is none).
+    if (lora.enabled()) {
+        m["lora"] = lora_json(lora);
+        m["lora"]["base_model"] = has_hf_weights(opt.model) ? fs::absolute(opt.model).string() : std::string();
+    }
+    if (val) {
+        m["data"]["val_epoch"] = val->epoch();
+        m["data"]["val_cursor"] = val->cursor();
+    }
+    return m;
+}
+
+// The range of the flat trainable buffer this rank's state covers: its ZeRO shard, or the whole.
+std::pair<size_t, size_t> state_range(const Engine & engine) {
+    // Tensor parallel: export_state gathers the whole model's state.
+    if (engine.options().zero == 0 || engine.options().tensor_parallel > 1) return {0, engine.total_params()};
+    const Engine::Shard sh = engine.shard();
+    return {sh.lo, sh.hi};
+}
+
+// Restores a checkpoint into the engine and the loaders; returns its step. Every rank reads the
+// shard files overlapping its own range (whatever the number of ranks that wrote them).
+int resume_from(const std::string & path, const ModelConfig & cfg, const TrainOptions & opt, int global_batch,
+                Engine & engine, DataLoader & train, DataLoader * val) {
+    const std::string dir = find_checkpoint(path);
+    const nlohmann::json m = load_checkpoint_meta(dir);
+    const nlohmann::json want = checkpoint_meta(0, cfg, opt, global_batch, train, val, engine.options().lora);
+    // The trained context is compared through "seq" (checkpoints before it was recorded lack it).
+    auto field = [](nlohmann::json j, const char * k) {
+        nlohmann::json v = j.value(k, nlohmann::json());
+        if (v.is_object()) v.erase(kTrainedContextKey);
+        return v;
+    };
+    for (const char * k : {"model", "seq", "global_batch", "seed", "lora"})
+        if (field(m, k) != field(want, k))
+            throw ConfigError(fmt::format("--resume {}: the checkpoint's {} is {}, this run's is {}; resume with the "
+                                          "same model, --seq, global batch, --seed and LoRA options",
+                                          path, k, m.value(k, nlohmann::json()).dump(), want.value(k, nlohmann::json()).dump()));
+    const size_t total = checkpoint_total(dir, m);
+    if (total != engine.total_params())
+        throw FormatError(fmt::format("--resume {}: {} parameters, the model has {}", path, total,
+                                      engine.total_params()));
+    const int step = json_get<int>(m, "step", path);
+    if (step >= opt.steps)
+        throw ConfigError(fmt::format("--resume {}: the checkpoint is at step {}; --steps {} must be larger", path,
+                                      step, opt.steps));
+    const auto [lo, hi] = state_range(engine);
+    engine.import_state(load_state_range(dir, m, lo, hi));
+    const auto & d = m.at("data");
+    train.seek(json_get<uint64_t>(d, "train_epoch", path), json_get<size_t>(d, "train_cursor", path));
+    if (val && d.contains("val_epoch"))
+        val->seek(json_get<uint64_t>(d, "val_epoch", path), json_get<size_t>(d, "val_cursor", path));
+    return step;
+}
+
+// Writes a checkpoint: one file on one process; with N ranks every rank its range (its ZeRO
+// shard, or without ZeRO an even 1/N of the state it holds whole) and rank 0 the meta.
+std::string write_checkpoint(const std::string & root, Engine & engine, nlohmann::json meta, int keep,
+                             Communicator & comm) {
+    const EngineOptions & eo = engine.options();
+    meta["world_size"] = comm.size();
+    meta["zero"] = eo.zero;
+    TrainState s = engine.export_state();
+    const size_t total = engine.total_params();
+    if (comm.size() == 1 && s.params.size() == total) {
+        s.offset = 0;
+        s.total = total;
+        return save_checkpoint(root, Checkpoint{std::move(s), std::move(meta)}, keep);
+    }
+    if (s.params.size() == total) {   // the whole state: this rank writes its even share
+        const ShardRange r = even_shard(total, comm.rank(), comm.size());
+        auto cut = [&](std::vector<float> & v) {
+            v.erase(v.begin() + long(r.offset + r.count), v.end());
+            v.erase(v.begin(), v.begin() + long(r.offset));
+        };
+        cut(s.params);
+        cut(s.m);
+        cut(s.v);
+        s.offset = r.offset;
+    } else {
+        s.offset = state_range(engine).first;
+    }
+    s.total = total;
+    return save_checkpoint_sharded(root, Checkpoint{std::move(s), std::move(meta)}, keep, eo.zero, comm);
+}
+
+// Pipeline: each stage's time in transfers (pp_exchange: waiting for a neighbour, plus the copy)
+// over the last step, against the schedule's ideal bubble (P - 1) / (m + P - 1). Collective.
+std::string pipeline_idle(Communicator & comm, const ParallelLayout & l, const Timeline & t, int m) {
+    double idle = 0, begin = 0, end = 0;
+    uint64_t exchanges = 0;
+    for (const auto & e : t.events)
+        if (std::string_view(e.name) == "pp_exchange") idle += e.end_us - e.begin_us, ++exchanges;
+    if (!t.events.empty()) begin = t.events.front().begin_us, end = t.events.back().end_us;
+    const auto idle_ns = comm.all_gather_u64(uint64_t(idle * 1e3)), step_ns = comm.all_gather_u64(uint64_t((end - begin) * 1e3));
+    const auto counts = comm.all_gather_u64(exchanges);
+    std::string out = fmt::format("pipeline idle per stage (last step; time in transfers / step time; ideal bubble "
+                                  "(P-1)/(m+P-1) = {:.1f}% for P = {}, m = {}):", 100.0 * (l.pp - 1) / (m + l.pp - 1),
+                                  l.pp, m);
+    for (int s = 0; s < l.pp; ++s) {
+        const int r = world_rank_of(l, RankCoords{0, s, 0});
+        out += fmt::format("\n  stage {} (rank {}): idle {:.1f}% of {:.1f} ms, {} exchanges, {} forwards and {} "
+                           "backwards", s, r, 100.0 * double(idle_ns[size_t(r)]) / double(std::max<uint64_t>(1, step_ns[size_t(r)])),
+                           double(step_ns[size_t(r)]) / 1e6, counts[size_t(r)], m, m);
+    }
+    return out;
+}
+
+// Per-rank memory, gathered: what each rank's ledger measured.
+struct RankMemory {
+    std::vector<CategoryBytes> reserved, live;   // [rank]
+    std::vector<uint64_t> rss;
+};
+
+RankMemory gather_memory(Communicator & comm, const Ledger & L, uint64_t rss) {
+    const size_t N = size_t(comm.size());
+    RankMemory r;
+    r.reserved.resize(N);
+    r.live.resize(N);
+    const CategoryBytes rsv = L.reserved_peak(), live = L.live_peak();
+    for (size_t c = 0; c < size_t(kCategoryCount); ++c) {
+        const auto a = comm.all_gather_u64(rsv.v[c]);
+        const auto b = comm.all_gather_u64(live.v[c]);
+        for (size_t k = 0; k < N; ++k) {
+            r.reserved[k].v[c] = a[k];
+            r.live[k].v[c] = b[k];
+        }
+    }
+    r.rss = comm.all_gather_u64(rss);
+    return r;
+}
+
+// min/max over ranks of f(rank) with the ranks that hold them.
+struct MinMax { uint64_t min = 0, max = 0; int min_rank = 0, max_rank = 0; };
+template <class F> MinMax min_max(size_t N, F f) {
+    MinMax m{f(0), f(0), 0, 0};
+    for (size_t k = 1; k < N; ++k) {
+        const uint64_t x = f(k);
+        if (x < m.min) m.min = x, m.min_rank = int(k);
+        if (x > m.max) m.max = x, m.max_rank = int(k);
+    }
+    return m;
+}
+nlohmann::json min_max_json(const MinMax & m) {
+    return {{"min", m.min}, {"min_rank", m.min_rank}, {"max", m.max}, {"max_rank", m.max_rank}};
+}
+
+// "memory per rank (4 ranks): reserved min .. (rank i) max .. (rank j); ..." and per category.
+std::string format_rank_memory(const RankMemory & r) {
+    const size_t N = r.reserved.size();
+    const MinMax rsv = min_max(N, [&](size_t k) { return r.reserved[k].total(); });
+    const MinMax live = min_max(N, [&](size_t k) { return r.live[k].total(); });
+    const MinMax rss = min_max(N, [&](size_t k) { return r.rss[k]; });
+    std::string out = fmt::format(
+        "memory per rank ({} ranks): reserved min {} (rank {}) max {} (rank {}); peak live min {} (rank {}) max {} "
+        "(rank {}); peak RSS min {} (rank {}) max {} (rank {})",
+        N, format_bytes(rsv.min), rsv.min_rank, format_bytes(rsv.max), rsv.max_rank, format_bytes(live.min),
+        live.min_rank, format_bytes(live.max), live.max_rank, format_bytes(rss.min), rss.min_rank,
+        format_bytes(rss.max), rss.max_rank);
+    for (size_t c = 0; c < size_t(kCategoryCount); ++c) {
+        const MinMax a = min_max(N, [&](size_t k) { return r.reserved[k].v[c]; });
+        const MinMax b = min_max(N, [&](size_t k) { return r.live[k].v[c]; });
+        if (a.max == 0 && b.max == 0) continue;
+        out += fmt::format("\n  {:<17} reserved {} .. {}, peak live {} .. {}", category_name(Category(c)),
+                           format_bytes(a.min), format_bytes(a.max), format_bytes(b.min), format_bytes(b.max));
+    }
+    return out;
+}
+
+nlohmann::json rank_memory_json(const RankMemory & r) {
+    const size_t N = r.reserved.size();
+    nlohmann::json j = {{"ranks", N},
+                        {"reserved_total", min_max_json(min_max(N, [&](size_t k) { return r.reserved[k].total(); }))},
+                        {"peak_live_total", min_max_json(min_max(N, [&](size_t k) { return r.live[k].total(); }))},
+                        {"peak_rss", min_max_json(min_max(N, [&](size_t k) { return r.rss[k]; }))},
+                        {"reserved", nlohmann::json::object()},
+                        {"peak_live", nlohmann::json::object()},
+                        {"by_rank", nlohmann::json::array()}};
+    for (size_t c = 0; c < size_t(kCategoryCount); ++c) {
+        j["reserved"][std::string(category_name(Category(c)))] = min_max_json(min_max(N, [&](size_t k) { return r.reserved[k].v[c]; }));
+        j["peak_live"][std::string(category_name(Category(c)))] = min_max_json(min_max(N, [&](size_t k) { return r.live[k].v[c]; }));
+    }
+    for (size_t k = 0; k < N; ++k)
+        j["by_rank"].push_back({{"rank", k}, {"reserved", category_json(r.reserved[k])},
+                                {"peak_live", category_json(r.live[k])}, {"peak_rss_bytes", r.rss[k]}});
+    return j;
+}
+
+// The run as flags, resolved (what --fit auto, the batch arithmetic and the memory budget
+// came to), so that `memfit train --config summary.json` runs it again. The job's own flags
+// join the RunConfig's; where its outputs go (--out, checkpoints, --resume) is not the run's.
+nlohmann::json resolved_config(const TrainOptions & opt, RunConfig run, const EngineOptions & eo, int ranks) {
+    run.micro_batch = eo.B;
+    run.grad_accum = eo.grad_accum;
+    run.global_batch = eo.B * eo.grad_accum * ranks;
+    run.batch = 0;
+    run.compute = eo.compute;
+    run.precision_auto = run.fit_auto = false;
+    run.attention = eo.flash_attention ? Attention::flash : Attention::naive;
+    run.recompute = Recompute(eo.recompute.name);   // budget: the same budget solves to the same plan
+    run.loss_chunk = eo.loss_chunk;
+    run.threads = omp_get_max_threads();
+    // The budget decided the run only when something was fitted to it (else it was a check).
+    if (opt.budget == 0 && !opt.fit_auto && opt.recompute.info().kind != RecomputePolicy::budget) run.budget = 0;
+    nlohmann::json j = run_config_json(run);
+    if (!opt.data.empty()) j["data"] = opt.data;
+    if (!opt.tokenizer.empty()) j["tokenizer"] = opt.tokenizer;
+    j["steps"] = opt.steps;
+    j["lr"] = opt.lr;
+    j["warmup"] = opt.warmup;
+    j["min-lr-ratio"] = opt.min_lr_ratio;
+    j["lr-scheduler"] = lr_decay_name(opt.lr_decay);
+    j["weight-decay"] = opt.weight_decay;
+    j["adam-beta1"] = opt.beta1;
+    j["adam-beta2"] = opt.beta2;
+    j["adam-epsilon"] = opt.eps;
+    j["eval-every"] = opt.eval_every;
+    j["eval-batches"] = opt.eval_batches;
+    j["log-every"] = opt.log_every;
+    j["sample"] = opt.sample_tokens;
+    j["checkpoint-every"] = opt.checkpoint_every;
+    j["keep-checkpoints"] = opt.keep_checkpoints;
+    return j;
+}
+
+}  // namespace
+
+namespace {
+
+// One training job, phase by phase (run_training calls them in order): every flag is checked and
+// every configuration resolved before the first output is written.
+class TrainingRun {
+public:
+    explicit TrainingRun(const TrainOptions & opt);
+    void load();           // the model, the device, the data, the memory budget
+    void resolve();        // the configuration this rank runs, and the data loaders
+    void announce();       // what will run
+    void build();          // the engine, its plan, the weights (pre-trained, resumed)
+    void train();          // the steps
+    void finish();         // planned vs measured, summary.json, report.html, trace.json, the sample
+
+private:
+    void say(const std::string & text);
+    void take_rows(int rows, int groups);
+    float evaluate();
+    void step(int step);
+    void checkpoint(int step, bool log_point);
+    void report_memory(const RankMemory & rank_memory, const std::vector<uint64_t> & planned_by_rank, uint64_t rss);
+    std::pair<std::string, int> sample(const std::vector<float> & weights);
+
+    const TrainOptions & opt_;
+    std::unique_ptr<Communicator> comm_;
+    int world_ = 1;
+    bool lead_ = true;
+    ParallelLayout layout_;
+    std::unique_ptr<ProcessGroups> groups_;
+    int ranks_ = 1, rank_ = 0;   // the data-parallel ones (the world without tensor and pipeline parallelism)
+    Communicator * data_comm_ = nullptr;
+    RunConfig run_;              // the batch resolved for the data-parallel ranks; the budget
+    Progress progress_;
+    ModelConfig cfg_;
+    std::unique_ptr<Backend> backend_;
+    std::unique_ptr<Communicator> device_comm_;
+    DataSource data_;
+    EngineOptions eo_;
+    std::vector<std::string> notes_;   // what --fit auto / --recompute budget chose
+    int batch_ = 0, accum_ = 0;  // the global micro-batch and accumulation the engine runs (its B x ranks)
+    std::unique_ptr<DataLoader> train_data_, val_data_;
+    std::unique_ptr<Engine> engine_;
+    int first_step_ = 1;
+    std::string metrics_path_;
+    std::FILE * metrics_ = nullptr;
+    std::vector<int32_t> in_, tg_, my_in_, my_tg_;   // the global batch; this rank's rows of it
+    LrSchedule sched_;
+    BudgetFile budget_file_;
+    std::vector<std::string> replans_;
+    double total_time_ = 0, wall_ = 0;
+    long long total_tokens_ = 0;
+    float last_loss_ = 0, last_val_ = NAN;
+    Timeline timeline_;          // the last step, op by op, for the report
+    Timeline leak_a_, leak_b_;   // --check-leaks: steps 2 and 3
+    std::vector<CurvePoint> loss_curve_, val_curve_, tps_curve_;
+};
+
+// The world: ranks, the parallel layout and its process groups; what combines and the batch,
+// checked before any work. Data parallel (`mpirun -np N memfit train ...`): every rank runs its
+// --micro-batch sequences; rank 0 alone prints and writes outputs. Tensor parallel (--tp T):
+// groups of T consecutive ranks share each micro-batch; pipeline parallel (--pp P): P stages;
+// data parallel runs over the N / (T P) copies of the model.
+TrainingRun::TrainingRun(const TrainOptions & opt)
+    : opt_(opt), progress_(ProgressMode::quiet), budget_file_(opt.budget_file) {
+    if (opt.steps < 1) throw ConfigError(fmt::format("--steps {}: must be at least 1", opt.steps));
+    if (opt.check_leaks && opt.steps < 4)
+        throw ConfigError(fmt::format("--check-leaks compares steps 2 and 3: needs --steps 4 or more (got {})", opt.steps));
+    const ProgressMode mode = progress_mode(opt.progress);
+    comm_ = make_communicator();
+    world_ = comm_->size();
+    lead_ = comm_->rank() == 0;
+    // What combines (run/compat.h), before any work: the numbers, the world's layout, the rest.
+    if (auto why = out_of_range(opt)) throw ConfigError(*why);
+    layout_ = derive_layout(world_, opt.layout.tp, opt.layout.pp);
+    check_supported(opt, resolve_model(opt.model), nullptr);
+    if (layout_.tp > 1 || layout_.pp > 1) groups_ = std::make_unique<ProcessGroups>(*comm_, layout_);
+    ranks_ = layout_.dp;
+    rank_ = groups_ ? groups_->coords.dp : comm_->rank();
+    data_comm_ = groups_ ? groups_->dp.get() : comm_.get();
+    // The batch: --micro-batch is per data-parallel rank; the loader reads the global batch.
+    run_ = opt;
+    run_.layout.dp = ranks_;
+    resolve_batch(run_, ranks_);
+    if (world_ > 1 && !opt.budget_file.empty())
+        throw ConfigError(fmt::format("--budget-file re-plans one process's run mid-training; it is not supported with "
+                                      "{} ranks: set --memory-budget (per rank) instead", world_));
+    progress_ = Progress(lead_ ? mode : ProgressMode::quiet);
+    if (opt.threads > 0) omp_set_num_threads(opt.threads);
+}
+
+// Everything but the status line goes through the progress display, so a terminal's live line
+// stays intact, --json keeps stdout JSON Lines and --quiet keeps it empty.
+void TrainingRun::say(const std::string & text) {
+    size_t start = 0;
+    while (start < text.size()) {
+        size_t end = text.find('\n', start);
+        if (end == std::string::npos) end = text.size();
+        progress_.message(text.substr(start, end - start));
+        start = end + 1;
+    }
+}
+
+void TrainingRun::load() {
+    cfg_ = resolve_model(opt_.model);
+    // The positions this run trains (checkpoints and exports record them; generation stays
+    // inside): a fresh model's are --seq's, a pre-trained folder's what it records plus --seq's
+    // (a folder that records none, from the Hub, was trained on all of them).
+    if (!has_hf_weights(opt_.model)) cfg_.trained_seq = opt_.seq;
+    else if (cfg_.trained_seq > 0) cfg_.trained_seq = std::max(cfg_.trained_seq, opt_.seq);
+    // --device cuda, before any work (no device: one error line): each rank takes the GPU of its
+    // local rank; gradients go over NCCL.
+    const char * local_rank = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    backend_ = make_backend(opt_.device, local_rank ? std::atoi(local_rank) : 0);
+    device_comm_ = make_device_communicator(*comm_, *backend_);
+    if (device_comm_) data_comm_ = device_comm_.get();
+    // A Hugging Face folder with a tokenizer.model tokenizes the corpus with it unless told otherwise.
+    const std::string tokenizer =
+        opt_.tokenizer.empty() && fs::is_directory(opt_.model) ? tokenizer_for_folder(opt_.model) : opt_.tokenizer;
+    // Rank 0 prepares the bundled corpus (if needed) before the others look for it.
+    if (!lead_) comm_->barrier();
+    data_ = resolve_data(opt_.data, tokenizer, cfg_.vocab_size);
+    if (lead_ && world_ > 1) comm_->barrier();
+    if (cfg_.vocab_size == 0) cfg_.vocab_size = data_.vocab_size;
+    if (data_.vocab_size > cfg_.vocab_size)
+        throw ConfigError(fmt::format("the data's vocabulary ({} tokens, {}) is larger than the model's ({}); "
+                                      "use a model with a larger vocab_size or other data",
+                                      data_.vocab_size, data_.tokenizer, cfg_.vocab_size));
+    cfg_.validate();
+    // Without --memory-budget the plan must still fit the memory this process can have; ranks on
+    // one machine share it (and every rank plans with the same number: the smallest).
+    if (!run_.budget) {
+        const char * local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+        const uint64_t per_host = local ? std::max<uint64_t>(1, std::strtoull(local, nullptr, 10)) : 1;
+        run_.budget = default_budget(*backend_, std::min<uint64_t>(per_host, uint64_t(world_)));
+        if (world_ > 1) {
+            const auto all = comm_->all_gather_u64(run_.budget);
+            run_.budget = *std::min_element(all.begin(), all.end());
+        }
+    }
+}
+
+// Every rank resolves the configuration as rank 0 would (every rank's program has the same
+// buffers, so --fit auto and --recompute budget make the same choice on all); then each builds
+// its own (a stage's program is its own).
+void TrainingRun::resolve() {
+    const ResolvedRun resolved = resolve_run(run_, cfg_, *backend_, !data_.val_path.empty() && !opt_.profile,
+                                             groups_ ? groups_->coords.pp : 0);
+    eo_ = resolved.eo;
+    notes_ = resolved.notes;
+    eo_.rank = rank_;
+    eo_.checking = opt_.check_lifetimes;
+    eo_.comm = data_comm_;
+    eo_.tp_comm = groups_ ? groups_->tp.get() : nullptr;
+    eo_.tp_rank = groups_ ? groups_->coords.tp : 0;
+    eo_.pp_comm = groups_ ? groups_->pp.get() : nullptr;
+    eo_.emb_comm = groups_ ? groups_->emb.get() : nullptr;
+    batch_ = eo_.B * ranks_;
+    accum_ = eo_.grad_accum;
+    // The loader yields the whole global batch per step, so a run-time re-plan to a smaller
+    // micro-batch sees the same sequences; every rank reads it and keeps its rows of each of the
+    // configuration's micro-batches (rows r*B/N .. (r+1)*B/N-1 of each B).
+    train_data_ = std::make_unique<DataLoader>(data_.train_path, batch_ * accum_, opt_.seq, opt_.seed);
+    if (eo_.with_eval) val_data_ = std::make_unique<DataLoader>(data_.val_path, batch_, opt_.seq, opt_.seed + 1);
+}
+
+void TrainingRun::announce() {
+    for (const auto & n : notes_) say(n);
+    const ModelConfig & cfg = cfg_;
+    say(fmt::format("memfit {}: model {} ({}, vocab {}, {:.2f}M parameters)", opt_.profile ? "profile" : "train",
+                    cfg.name, cfg.describe(), cfg.vocab_size, double(cfg.num_params()) / 1e6));
+    say(fmt::format("  data {} ({}), batch {} x seq {}{} = {} tokens/step, {} steps, {} threads{}", data_.train_path,
+                    data_.tokenizer, batch_, opt_.seq,
+                    accum_ > 1 ? fmt::format(" x {} accumulated micro-batches", accum_) : "",
+                    batch_ * opt_.seq * accum_, opt_.steps, omp_get_max_threads(), ranks_ > 1 ? " per rank" : ""));
+    if (ranks_ > 1 || eo_.zero > 0)
+        say(fmt::format("  data parallel: {} rank{} ({}), micro-batch {} per rank, ZeRO stage {}, gradient buckets {}",
+                        ranks_, ranks_ > 1 ? "s" : "", data_comm_->name(), eo_.B, eo_.zero,
+                        eo_.bucket_bytes ? format_bytes(eo_.bucket_bytes) : std::string("one per block")));
+    if (layout_.tp > 1) {
+        const ModelConfig slice = tp_local_config(cfg, layout_.tp);
+        say(fmt::format("  tensor parallel: {} ranks per group, each {} of {} heads ({} of {} KV), MLP {} of {}, "
+                        "vocabulary rows {} of {}", layout_.tp, slice.n_head, cfg.n_head, slice.kv_heads(),
+                        cfg.kv_heads(), slice.ffn_dim(), cfg.ffn_dim(), slice.vocab_size, cfg.vocab_size));
+    }
+    if (layout_.pp > 1) {
+        std::string stages;
+        const int V = eo_.schedule == PipeSchedule::interleaved ? eo_.virtual_stages : 1;
+        for (const auto & r : pipeline_stages(tp_local_config(cfg, layout_.tp), layout_.pp * V, opt_.seq))
+            stages += fmt::format("{}[{}, {})", stages.empty() ? "" : " ", r.begin, r.end);
+        say(fmt::format("  pipeline parallel: {} stages, blocks {}{}, schedule {}, {} micro-batches of {} per step",
+                        layout_.pp, stages, V > 1 ? fmt::format(" (virtual stage v on stage v mod {})", layout_.pp) : "",
+                        V > 1 ? schedule_spelling(run_.layout) : schedule_name(eo_.schedule), accum_, eo_.B));
+    }
+    if (eo_.lora.enabled()) {
+        const size_t A = lora_param_count(cfg, eo_.lora);
+        say(fmt::format("  LoRA rank {} alpha {:g} on {}: {:.3f}M trainable parameters ({:.2f}% of the model); base "
+                        "frozen{}",
+                        eo_.lora.rank, eo_.lora.alpha, fmt::join(eo_.lora.targets, ","), double(A) / 1e6,
+                        100.0 * double(A) / double(cfg.num_params()),
+                        eo_.lora.quantized() ? fmt::format(", projections {}", quant_format_name(eo_.lora.format()))
+                                             : fmt::format(" in {}", precision_name(eo_.compute))));
+    }
+}
+
+void TrainingRun::build() {
+    engine_ = std::make_unique<Engine>(cfg_, *backend_, eo_);
+    Engine & engine = *engine_;
+    const CategoryBytes plan_live = engine.planned_peak_live(), plan_rsv = engine.planned_reserved();
+    say(fmt::format("memory plan{} ({} ops, {}{}, peak at op {} '{}'):\n{}",
+                    layout_.tp * layout_.pp > 1 ? " of rank 0 (every rank's: at the end)" : world_ > 1 ? " per rank" : "",
+                    engine.step().program().num_ops(), precision_name(eo_.compute),
+                    eo_.compute == DType::f32 ? ""
+                        : fmt::format(" with fp32 master weights, {} gradients{}", precision_name(eo_.grad_dtype()),
+                                      accum_ > 1 ? " (accumulated over micro-batches)" : ""),
+                    engine.plan().peak_op, engine.step().program().ops()[size_t(engine.plan().peak_op)].name,
+                    format_plan_table(plan_live, plan_rsv)));
+    if (eo_.budget)
+        say(fmt::format("  budget {} ({}): fits", format_bytes(eo_.budget),
+                        opt_.budget == 0 ? "available memory" : "--memory-budget"));
+    engine.init_params(opt_.seed);
+    if (has_hf_weights(opt_.model)) {
+        if (eo_.lora.enabled()) {
+            std::vector<float> full(size_t(cfg_.num_params()));
+            load_hf_weights(opt_.model, cfg_, make_param_layout(cfg_), full.data());
+            engine.set_base(full.data());
+        } else if (layout_.tp > 1 || layout_.pp > 1) {   // the whole model; each rank keeps its part
+            std::vector<float> full(size_t(cfg_.num_params()));
+            load_hf_weights(opt_.model, cfg_, make_param_layout(cfg_), full.data());
+            engine.set_params(full.data());
+        } else {
+            load_hf_weights(opt_.model, cfg_, engine.step().layout(), engine.params());
+            engine.params_changed();
+        }
+        say(fmt::format("  weights from {}", opt_.model));
+    }
+    if (!opt_.resume.empty())
+        first_step_ = resume_from(opt_.resume, cfg_, opt_, run_.global_batch, engine, *train_data_, val_data_.get()) + 1;
+    metrics_path_ = (fs::path(opt_.out) / "metrics.jsonl").string();
+    if (lead_) {
+        fs::create_directories(opt_.out);
+        metrics_ = std::fopen(metrics_path_.c_str(), "w");
+        if (!metrics_) throw IoError(fmt::format("{}: cannot write metrics", metrics_path_));
+    }
+    const size_t BT = size_t(batch_) * size_t(opt_.seq) * size_t(accum_);   // tokens per step
+    in_.resize(BT);
+    tg_.resize(BT);
+    my_in_.resize(BT / size_t(ranks_));
+    my_tg_.resize(BT / size_t(ranks_));
+    sched_ = LrSchedule{opt_.lr, opt_.warmup, opt_.steps, opt_.min_lr_ratio, opt_.lr_decay};
+}
+
+// This rank's rows: of every `rows`-sequence group of the global batch, the r-th 1/N.
+void TrainingRun::take_rows(int rows, int groups) {
+    const size_t mine = size_t(rows / ranks_) * size_t(opt_.seq), whole = size_t(rows) * size_t(opt_.seq);
+    for (int g = 0; g < groups; ++g) {
+        const size_t src = size_t(g) * whole + size_t(rank_) * mine, dst = size_t(g) * mine;
+        std::copy_n(in_.begin() + long(src), mine, my_in_.begin() + long(dst));
+        std::copy_n(tg_.begin() + long(src), mine, my_tg_.begin() + long(dst));
+    }
+}
+
+// Batches of the starting micro-batch (this rank's rows), run in pieces of the engine's current
+// one; eval_loss sums over the ranks.
+float TrainingRun::evaluate() {
+    const int b = engine_->options().B, local = batch_ / ranks_, pieces = local / b;
+    double s = 0;
+    for (int i = 0; i < opt_.eval_batches; ++i) {
+        val_data_->next(in_.data(), tg_.data());
+        take_rows(batch_, 1);
+        for (int k = 0; k < pieces; ++k) {
+            const size_t off = size_t(k) * size_t(b) * size_t(opt_.seq);
+            s += engine_->eval_loss(my_in_.data() + off, my_tg_.data() + off);
+        }
+    }
+    return float(s / (opt_.eval_batches * pieces));
+}
+
+void TrainingRun::train() {
+    const auto t_start = Clock::now();
+    for (int s = first_step_; s <= opt_.steps; ++s) step(s);
+    if (metrics_) std::fclose(metrics_);
+    metrics_ = nullptr;
+    progress_.finish();
+    wall_ = std::chrono::duration<double>(Clock::now() - t_start).count();
+}
+
+void TrainingRun::step(int step) {
+    const TrainOptions & opt = opt_;
+    const int BT = batch_ * opt.seq * accum_;
+    train_data_->next(in_.data(), tg_.data());
+    // The configuration's micro-batches (run.batch sequences each over all ranks) split over the
+    // ranks; --fit auto may regroup this rank's rows into other micro-batches (the same global batch).
+    take_rows(run_.batch, run_.grad_accum);
+    if (const auto b = budget_file_.poll()) shrink_to_budget(engine_, cfg_, *backend_, *b, replans_);
+    AdamWHyper h{sched_.at(step), opt.beta1, opt.beta2, opt.eps, opt.weight_decay, step, opt.clip};
+    if (step == opt.steps) engine_->set_timeline(&timeline_);
+    else if (opt.check_leaks && step == 2) engine_->set_timeline(&leak_a_);
+    else if (opt.check_leaks && step == 3) engine_->set_timeline(&leak_b_);
+    const auto t0 = Clock::now();
+    const StepResult r = resilient_step(engine_, cfg_, *backend_, my_in_.data(), my_tg_.data(), h, replans_);
+    for (const auto & n : replans_) say(n);
+    replans_.clear();
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    engine_->set_timeline(nullptr);
+    if (opt.check_leaks && step == 3) {
+        const std::string diff = compare_live_bytes(leak_a_, leak_b_);
+        if (!diff.empty()) throw Error("leak check failed: " + diff);
+        say(fmt::format("leak check: live bytes identical at all {} ops of steps 2 and 3", leak_b_.events.size()));
+    }
+    loss_curve_.push_back({step, r.loss});
+    tps_curve_.push_back({step, double(BT) / dt});
+    if (!std::isfinite(r.loss))
+        throw Error(fmt::format("loss became {} at step {}; hint: lower --lr (now {})", r.loss, step, opt.lr));
+    total_time_ += dt;
+    total_tokens_ += BT;
+    last_loss_ = r.loss;
+    const bool do_eval = eo_.with_eval && ((opt.eval_every > 0 && step % opt.eval_every == 0) || step == opt.steps);
+    if (do_eval) {
+        last_val_ = evaluate();
+        val_curve_.push_back({step, last_val_});
+    }
+    const auto & L = engine_->ledger();
+    const bool log_point = step % opt.log_every == 0 || step == 1 || step == opt.steps || do_eval;
+    ProgressLine pl;
+    pl.step = step;
+    pl.total_steps = opt.steps;
+    pl.loss = r.loss;
+    pl.val_loss = do_eval ? double(last_val_) : NAN;
+    pl.lr = h.lr;
+    pl.grad_norm = r.grad_norm;
+    pl.tokens_per_s = double(BT) / dt;
+    pl.ms_per_step = dt * 1e3;
+    pl.eta_s = total_time_ / step * (opt.steps - step);
+    pl.live = L.live_total();
+    pl.peak = L.live_total_peak();
+    pl.budget = eo_.budget;
+    progress_.update(pl, log_point);
+    if (opt.checkpoint_every > 0 && (step % opt.checkpoint_every == 0 || step == opt.steps)) checkpoint(step, log_point);
+    if (log_point && lead_) {
+        nlohmann::json m = {{"step", step}, {"loss", r.loss}, {"lr", h.lr}, {"grad_norm", r.grad_norm},
+                            {"tokens_per_s", double(BT) / dt}, {"ms", dt * 1e3}, {"live_bytes", L.live_total()},
+                            {"peak_bytes", L.live_total_peak()}};
+        if (do_eval) m["val_loss"] = last_val_;
+        if (eo_.compute == DType::f16) {
+            m["loss_scale"] = r.loss_scale;
+            m["skipped_steps"] = engine_->loss_scaler().skipped;
+        }
+        std::fprintf(metrics_, "%s\n", m.dump().c_str());
+        std::fflush(metrics_);
+    }
+}
+
+void TrainingRun::checkpoint(int step, bool log_point) {
+    const std::string root =
+        opt_.checkpoint_dir.empty() ? (fs::path(opt_.out) / "checkpoints").string() : opt_.checkpoint_dir;
+    const nlohmann::json meta = checkpoint_meta(step, cfg_, opt_, run_.global_batch, *train_data_, val_data_.get(),
+                                                eo_.lora);
+    const std::string dir = write_checkpoint(root, *engine_, meta, opt_.keep_checkpoints, *comm_);
+    if (log_point) say(fmt::format("  checkpoint {}", dir));
+}
+
+// Planned against measured: this rank's categories, RSS, the device, every rank's.
+void TrainingRun::report_memory(const RankMemory & rank_memory, const std::vector<uint64_t> & planned_by_rank,
+                                uint64_t rss) {
+    const Ledger & L = engine_->ledger();
+    const CategoryBytes plan_live = engine_->planned_peak_live(), plan_rsv = engine_->planned_reserved();
+    if (opt_.check_lifetimes)
+        say("  (--check-lifetimes: every buffer had its own allocation, so reserved bytes are not the plan's regions)");
+    say(fmt::format("memory: planned vs measured (measured = bytes the engine acquired and obtained while running)\n{}",
+                    format_plan_vs_measured(plan_live, L.live_peak(), plan_rsv, L.reserved_peak())));
+    say(fmt::format("  peak RSS {} (planned reserved {} + code, libraries, data loader)", format_bytes(rss),
+                    format_bytes(plan_rsv.total())));
+    if (!backend_->host_memory())
+        say(opt_.check_lifetimes ? "  device memory: not compared with the plan under --check-lifetimes (per-buffer "
+                                  "allocations, freed after last use)"
+                                : format_device_memory(plan_rsv.total(), backend_->runtime_bytes(),
+                                                       backend_->device_used_delta()));
+    if (world_ > 1) say(format_rank_memory(rank_memory));
+    if (layout_.tp > 1 || layout_.pp > 1) {
+        std::string lines = "per rank: planned vs measured peak live";
+        for (int k = 0; k < world_; ++k) {
+            const RankCoords rc = rank_coords(layout_, k);
+            const uint64_t measured = rank_memory.live[size_t(k)].total();
+            lines += fmt::format("\n  rank {} (tp {}, pp {}, dp {}): planned {}, measured {}{}", k, rc.tp, rc.pp, rc.dp,
+                                 format_bytes(planned_by_rank[size_t(k)]), format_bytes(measured),
+                                 measured == planned_by_rank[size_t(k)] ? " (equal)" : "");
+        }
+        say(lines);
+    }
+}
+
+// A text sample from the trained weights (the whole model's), with the positions it used.
+std::pair<std::string, int> TrainingRun::sample(const std::vector<float> & weights) {
+    auto tok = make_tokenizer(data_.tokenizer, data_dir());
+    std::vector<int32_t> prompt = tok->encode("\n");
+    SampleOptions so;
+    so.max_new_tokens = opt_.sample_tokens;
+    so.seed = opt_.seed;
+    // The decoder computes on host memory: a device run samples from its weights on the CPU.
+    const std::unique_ptr<Backend> host_backend = backend_->host_memory() ? nullptr : make_backend("cpu");
+    // Inside the trained context: when the cache fills, the last half is re-run (generate.h).
+    Decoder decoder(cfg_, host_backend ? *host_backend : *backend_,
+                    std::min(cfg_.trained_context(), int(prompt.size()) + so.max_new_tokens));
+    decoder.set_weights(weights.data());
+    const auto ids = generate(decoder, prompt, so);
+    const std::string text = tok->decode(ids);
+    say("sample (temperature 0.8):\n" + text);
+    return {text, decoder.capacity()};
+}
+
+void TrainingRun::finish() {
+    const Ledger & L = engine_->ledger();
+    const CategoryBytes plan_live = engine_->planned_peak_live(), plan_rsv = engine_->planned_reserved();
+    const uint64_t rss = peak_rss_bytes();
+    const double tps = double(total_tokens_) / total_time_;
+    // Every rank's measured memory, for the min/max over ranks (a collective: before rank 0 goes
+    // its own way).
+    const RankMemory rank_memory = gather_memory(*comm_, L, rss);
+    const std::string bubble = layout_.pp > 1 ? pipeline_idle(*comm_, layout_, timeline_, accum_) : std::string();
+    // Tensor and pipeline ranks run different programs: each rank's plan beside its measurement.
+    const std::vector<uint64_t> planned_by_rank = comm_->all_gather_u64(plan_live.total());
+    // The whole model's weights for the sample (collective under ZeRO).
+    const bool want_sample = opt_.sample_tokens > 0 && !data_.tokenizer.empty() && !opt_.profile;
+    std::vector<float> sample_weights;
+    if (want_sample && (lead_ || eo_.zero > 0 || layout_.tp > 1 || layout_.pp > 1)) sample_weights = engine_->merged_weights();
+    if (!lead_) return;
+    report_memory(rank_memory, planned_by_rank, rss);
+    if (!bubble.empty()) say(bubble);
+    say(fmt::format("done: {} steps in {:.1f} s, {:.0f} tokens/s, final loss {:.4f}{}", opt_.steps, wall_, tps, last_loss_,
+                    std::isnan(last_val_) ? std::string() : fmt::format(", validation loss {:.4f}", last_val_)));
+
+    nlohmann::json summary = {
+        {"config", {{"model", cfg_.name}, {"family", cfg_.family}, {"n_layer", cfg_.n_layer}, {"n_embd", cfg_.n_embd},
+                    {"n_head", cfg_.n_head}, {"n_kv_head", cfg_.kv_heads()}, {"ffn", cfg_.ffn_dim()},
+                    {"vocab_size", cfg_.vocab_size}, {"params", cfg_.num_params()}, {"batch", batch_},
+                    {"grad_accum", accum_}, {"attention", eo_.flash_attention ? "flash" : "naive"},
+                    {"recompute", eo_.recompute.name}, {"loss_chunk", eo_.loss_chunk},
+                    {"seq", opt_.seq}, {"steps", opt_.steps}, {"data_parallel", ranks_}, {"tensor_parallel", layout_.tp}, {"pipeline_parallel", layout_.pp}, {"zero", eo_.zero},
+                    {"bucket_bytes", eo_.bucket_bytes}, {"lr", opt_.lr}, {"weight_decay", opt_.weight_decay},
+                    {"seed", opt_.seed}, {"threads", omp_get_max_threads()}, {"precision", precision_name(eo_.compute)},
+                    {"data", data_.train_path}, {"tokenizer", data_.tokenizer},
+                    {"trainable_params", engine_->total_params()}}},
+        {"planned", {{"peak_live", category_json(plan_live)}, {"reserved", category_json(plan_rsv)}}},
+        {"measured", {{"peak_live", category_json(L.live_peak())}, {"reserved", category_json(L.reserved_peak())},
+                      {"peak_live_total", L.live_total_peak()}}},
+        {"peak_rss_bytes", rss},
+        {"device", {{"name", backend_->name()}, {"runtime_bytes", backend_->runtime_bytes()},
+                    {"used_delta_bytes", backend_->device_used_delta()}}},
+        {"per_rank", rank_memory_json(rank_memory)},
+        {"tokens_per_s", tps},
+        {"final_loss", last_loss_},
+        {"wall_s", wall_}};
+    if (!std::isnan(last_val_)) summary["final_val_loss"] = last_val_;
+    summary[kRunConfigKey] = resolved_config(opt_, run_, eo_, ranks_);
+    if (eo_.compute == DType::f16) {
+        summary["loss_scale"] = engine_->loss_scaler().scale;
+        summary["skipped_steps"] = engine_->loss_scaler().skipped;
+        say(fmt::format("  fp16 loss scaling: {} skipped steps, scale now {:g}", engine_->loss_scaler().skipped,
+                        engine_->loss_scaler().scale));
+    }
+
+    // The memory report of the last step (and the training curves).
+    nlohmann::json flat = summary["config"];
+    flat["tokens_per_s"] = std::round(tps);
+    const std::string title = fmt::format("memfit {}: {}, batch {} x seq {}", opt_.profile ? "profile" : "train",
+                                          cfg_.name, batch_, opt_.seq);
+    ReportData rep = build_report(*engine_, timeline_, title, flat, eo_.budget);
+    if (!opt_.profile) {
+        rep.loss = loss_curve_;
+        rep.val_loss = val_curve_;
+        rep.tokens_per_s = tps_curve_;
+    }
+    const std::string html_path = (fs::path(opt_.out) / "report.html").string();
+    const std::string trace_path = (fs::path(opt_.out) / "trace.json").string();
+    write_html_report(html_path, rep);
+    write_chrome_trace(trace_path, rep);
+    for (const auto & hnt : rep.hints) say("  hint: " + hnt);
+
+    if (want_sample) {
+        const auto [text, positions] = sample(sample_weights);
+        summary["sample"] = text;
+        summary["sample_positions"] = positions;   // at most the trained context
+    }
+    const std::string summary_path = (fs::path(opt_.out) / "summary.json").string();
+    std::ofstream so(summary_path);
+    so << summary.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    if (!so) throw IoError(fmt::format("{}: cannot write summary", summary_path));
+    say(fmt::format("wrote {}, {}, {} and {}", html_path, trace_path, metrics_path_, summary_path));
+}
+
+}  // namespace
+
+void run_training(const TrainOptions & opt) {
+    TrainingRun run(opt);
+    run.load();
+    run.resolve();
+    run.announce();
+    run.build();
+    run.train();
+    run.finish();
+}
+
+}  // namespace memfit

@@ -1,0 +1,61 @@
+// Batches of training windows from a token file.
+//
+// The file's n tokens are cut into W = (n-1)/T windows of T+1 tokens, window k starting at token
+// k*T (consecutive windows share one token: the last target of one is the first input of the
+// next). Epoch e visits all W windows once, in the order of a Fisher-Yates shuffle driven by
+// std::mt19937_64(seed + e) (the shuffle and the bounded draws are our own, so the order is the
+// same on every platform and standard library). next() takes the next B windows; a batch that
+// reaches the end of an epoch continues with the next epoch's order.
+//
+// The state is (epoch, cursor): cursor is how many windows of the current epoch were used.
+// seek(epoch, cursor) restores it exactly, for resuming a run.
+#pragma once
+
+#include "data/token_file.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace memfit {
+
+class DataLoader {
+public:
+    // Maps path (FormatError / IoError as TokenFile). ConfigError when the file has fewer than
+    // T+1 tokens or fewer than B windows, or when B or T is not positive.
+    DataLoader(const std::string & path, int B, int T, uint64_t seed);
+
+    // Fills inputs[B*T] and targets[B*T], row b being window b of the batch: inputs = its first T
+    // tokens, targets = its last T (inputs shifted by one). FormatError (naming the file and the
+    // token position) if a token is >= the file's vocab_size.
+    void next(int32_t * inputs, int32_t * targets);
+
+    size_t num_windows() const { return num_windows_; }
+    uint64_t epoch() const { return epoch_; }                // epoch of the next window
+    size_t cursor() const { return cursor_; }                // windows of that epoch already used
+    // Continue as if next() had been called until epoch() == epoch and cursor() == cursor.
+    // ConfigError if cursor > num_windows() (cursor == num_windows() means the start of epoch+1).
+    void seek(uint64_t epoch, size_t cursor);
+
+    int batch_size() const { return B_; }
+    int seq_len() const { return T_; }
+    uint64_t seed() const { return seed_; }
+    const TokenFile & file() const { return file_; }
+
+    // The window order of one epoch (exposed for tests): a permutation of [0, num_windows).
+    static std::vector<uint64_t> epoch_order(uint64_t num_windows, uint64_t seed, uint64_t epoch);
+
+private:
+    void start_epoch(uint64_t epoch);
+
+    TokenFile file_;
+    int B_, T_;
+    uint64_t seed_;
+    size_t num_windows_ = 0;
+    uint64_t epoch_ = 0;
+    size_t cursor_ = 0;
+    std::vector<uint64_t> order_;                            // the current epoch's window order
+};
+
+}  // namespace memfit

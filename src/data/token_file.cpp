@@ -1,0 +1,231 @@
+#include "data/token_file.h"
+
+#include "core/error.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace memfit {
+
+namespace {
+
+constexpr char kMagic[8] = {'M', 'F', 'T', 'O', 'K', 'E', 'N', 'S'};
+constexpr const char * kHint = "run `memfit prepare` to make one";
+
+void put_u32(unsigned char * p, uint32_t v) {
+    for (int i = 0; i < 4; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+void put_u64(unsigned char * p, uint64_t v) {
+    for (int i = 0; i < 8; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+uint32_t get_u32(const unsigned char * p) {
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
+    return v;
+}
+uint64_t get_u64(const unsigned char * p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+    return v;
+}
+
+// The magic as printable text, non-printable bytes as \xNN.
+std::string show_magic(const unsigned char * p) {
+    std::string s;
+    for (int i = 0; i < 8; ++i) {
+        if (p[i] >= 0x20 && p[i] < 0x7F && p[i] != '\'' && p[i] != '\\') s.push_back(static_cast<char>(p[i]));
+        else s += fmt::format("\\x{:02x}", p[i]);
+    }
+    return s;
+}
+
+// Closes fd on scope exit unless released.
+struct Fd {
+    int fd = -1;
+    ~Fd() { if (fd >= 0) ::close(fd); }
+};
+
+void write_all(int fd, const unsigned char * data, size_t n, const std::string & path) {
+    while (n > 0) {
+        const ssize_t w = ::write(fd, data, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            throw IoError(fmt::format("{}: write failed: {}; check free disk space", path, std::strerror(errno)));
+        }
+        data += w;
+        n -= static_cast<size_t>(w);
+    }
+}
+
+}  // namespace
+
+void write_token_file(const std::string & path, std::span<const int32_t> tokens, uint32_t vocab_size) {
+    if (vocab_size == 0) throw FormatError(fmt::format("{}: cannot write a token file with vocab_size 0", path));
+    const uint32_t bpt = vocab_size <= 65536 ? 2 : 4;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        if (tokens[i] < 0 || static_cast<uint32_t>(tokens[i]) >= vocab_size) {
+            throw FormatError(fmt::format("{}: token {} at position {} is outside the vocabulary [0, {}); "
+                                          "nothing written", path, tokens[i], i, vocab_size));
+        }
+    }
+
+    const std::string tmp = path + ".tmp";
+    Fd f;
+    f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (f.fd < 0) {
+        throw IoError(fmt::format("{}: cannot create: {}; check the folder exists and is writable",
+                                  tmp, std::strerror(errno)));
+    }
+    try {
+        unsigned char header[kTokenFileHeaderBytes] = {};
+        std::memcpy(header, kMagic, 8);
+        put_u32(header + 8, kTokenFileVersion);
+        put_u32(header + 12, bpt);
+        put_u32(header + 16, vocab_size);
+        put_u32(header + 20, 0);
+        put_u64(header + 24, tokens.size());
+        write_all(f.fd, header, sizeof header, tmp);
+
+        constexpr size_t kChunk = size_t{1} << 16;        // tokens per write
+        std::vector<unsigned char> buf(kChunk * bpt);
+        for (size_t start = 0; start < tokens.size(); start += kChunk) {
+            const size_t n = std::min(kChunk, tokens.size() - start);
+            unsigned char * p = buf.data();
+            for (size_t i = 0; i < n; ++i) {
+                const auto v = static_cast<uint32_t>(tokens[start + i]);
+                for (uint32_t b = 0; b < bpt; ++b) *p++ = static_cast<unsigned char>(v >> (8 * b));
+            }
+            write_all(f.fd, buf.data(), n * bpt, tmp);
+        }
+        if (::fsync(f.fd) != 0) throw IoError(fmt::format("{}: fsync failed: {}", tmp, std::strerror(errno)));
+        const int fd = f.fd;
+        f.fd = -1;
+        if (::close(fd) != 0) throw IoError(fmt::format("{}: close failed: {}", tmp, std::strerror(errno)));
+        if (::rename(tmp.c_str(), path.c_str()) != 0) {
+            throw IoError(fmt::format("cannot rename {} to {}: {}", tmp, path, std::strerror(errno)));
+        }
+    } catch (...) {
+        ::unlink(tmp.c_str());
+        throw;
+    }
+    // Make the rename itself durable (best effort: some file systems refuse to fsync a folder).
+    const size_t slash = path.find_last_of('/');
+    const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+    Fd d;
+    d.fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (d.fd >= 0) ::fsync(d.fd);
+}
+
+TokenFile::TokenFile(const std::string & path) : path_(path) {
+    Fd f;
+    f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (f.fd < 0) {
+        throw IoError(fmt::format("{}: cannot open token file: {}; {}", path, std::strerror(errno), kHint));
+    }
+    struct stat st {};
+    if (::fstat(f.fd, &st) != 0) throw IoError(fmt::format("{}: cannot stat: {}", path, std::strerror(errno)));
+    if (!S_ISREG(st.st_mode)) throw IoError(fmt::format("{}: not a regular file", path));
+    const auto file_bytes = static_cast<uint64_t>(st.st_size);
+    if (file_bytes < kTokenFileHeaderBytes) {
+        throw FormatError(fmt::format("{}: {} bytes, shorter than the {}-byte token file header; {}",
+                                      path, file_bytes, kTokenFileHeaderBytes, kHint));
+    }
+
+    map_ = ::mmap(nullptr, static_cast<size_t>(file_bytes), PROT_READ, MAP_PRIVATE, f.fd, 0);
+    if (map_ == MAP_FAILED) {
+        map_ = nullptr;
+        throw IoError(fmt::format("{}: mmap of {} bytes failed: {}", path, file_bytes, std::strerror(errno)));
+    }
+    map_bytes_ = static_cast<size_t>(file_bytes);
+    try {
+        const auto * h = static_cast<const unsigned char *>(map_);
+        if (std::memcmp(h, kMagic, 8) != 0) {
+            throw FormatError(fmt::format("{}: not a memfit token file (magic '{}', expected 'MFTOKENS'); {}",
+                                          path, show_magic(h), kHint));
+        }
+        const uint32_t version = get_u32(h + 8);
+        if (version != kTokenFileVersion) {
+            throw FormatError(fmt::format("{}: token file version {}, this memfit reads version {}; "
+                                          "re-run `memfit prepare`", path, version, kTokenFileVersion));
+        }
+        bytes_per_token_ = get_u32(h + 12);
+        vocab_size_ = get_u32(h + 16);
+        const uint32_t reserved = get_u32(h + 20);
+        num_tokens_ = get_u64(h + 24);
+        if (bytes_per_token_ != 2 && bytes_per_token_ != 4) {
+            throw FormatError(fmt::format("{}: bytes_per_token is {}, must be 2 or 4; the file is corrupt, {}",
+                                          path, bytes_per_token_, kHint));
+        }
+        if (vocab_size_ == 0 || (bytes_per_token_ == 2 && vocab_size_ > 65536)) {
+            throw FormatError(fmt::format("{}: vocab_size {} does not fit bytes_per_token {}; the file is corrupt, {}",
+                                          path, vocab_size_, bytes_per_token_, kHint));
+        }
+        if (reserved != 0) {
+            throw FormatError(fmt::format("{}: reserved header field is {}, must be 0; the file is corrupt, {}",
+                                          path, reserved, kHint));
+        }
+        const uint64_t body = file_bytes - kTokenFileHeaderBytes;
+        if (num_tokens_ > body / bytes_per_token_ || body != num_tokens_ * bytes_per_token_) {
+            const std::string expected = num_tokens_ <= UINT64_MAX / bytes_per_token_
+                ? fmt::format("{}", num_tokens_ * bytes_per_token_) : std::string("over 2^64");
+            throw FormatError(fmt::format("{}: header says {} tokens x {} bytes = {} bytes after the header, "
+                                          "the file has {} (truncated or corrupt); {}",
+                                          path, num_tokens_, bytes_per_token_, expected, body, kHint));
+        }
+    } catch (...) {
+        release();
+        throw;
+    }
+    body_ = static_cast<const unsigned char *>(map_) + kTokenFileHeaderBytes;
+    // Training reads windows in random order: tell the kernel not to read ahead much.
+    ::madvise(map_, map_bytes_, MADV_RANDOM);
+}
+
+void TokenFile::release() noexcept {
+    if (map_) ::munmap(map_, map_bytes_);
+    map_ = nullptr;
+    map_bytes_ = 0;
+    body_ = nullptr;
+}
+
+TokenFile::~TokenFile() { release(); }
+
+TokenFile::TokenFile(TokenFile && o) noexcept
+    : path_(std::move(o.path_)), map_(o.map_), map_bytes_(o.map_bytes_), body_(o.body_),
+      num_tokens_(o.num_tokens_), vocab_size_(o.vocab_size_), bytes_per_token_(o.bytes_per_token_) {
+    o.map_ = nullptr;
+    o.map_bytes_ = 0;
+    o.body_ = nullptr;
+    o.num_tokens_ = 0;
+}
+
+TokenFile & TokenFile::operator=(TokenFile && o) noexcept {
+    if (this != &o) {
+        release();
+        path_ = std::move(o.path_);
+        map_ = o.map_;
+        map_bytes_ = o.map_bytes_;
+        body_ = o.body_;
+        num_tokens_ = o.num_tokens_;
+        vocab_size_ = o.vocab_size_;
+        bytes_per_token_ = o.bytes_per_token_;
+        o.map_ = nullptr;
+        o.map_bytes_ = 0;
+        o.body_ = nullptr;
+        o.num_tokens_ = 0;
+    }
+    return *this;
+}
+
+}  // namespace memfit

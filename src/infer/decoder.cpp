@@ -1,0 +1,134 @@
+#include "infer/decoder.h"
+
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "backend/graph.h"
+#include "backend/quant_format.h"
+#include "core/error.h"
+#include "train/split_weights.h"
+
+namespace memfit {
+
+
+struct Decoder::Pass {
+    memfit::Program program;
+    std::unique_ptr<Transformer> model;
+    ModelWeights w;
+    BufferId params = -1, qparams = -1, tokens = -1, workspace = -1;
+    int n = 0;
+    MemoryPlan plan;
+    std::unique_ptr<StepMemory> memory;
+
+    Pass(const ModelConfig & cfg, const ParamLayout & dense, const QuantLayout & q, int n_tokens, int capacity,
+         DType dt, const Backend & sizing) : n(n_tokens) {
+        params = program.declare("parameters", Category::parameters, dense.total * dtype_size(dt), true);
+        if (q.bytes) qparams = program.declare("parameters.quantized", Category::parameters, q.bytes, true);
+        tokens = program.declare("decode.tokens", Category::activations, size_t(capacity) * 4, true);
+        workspace = program.declare("workspace", Category::workspace, 0);
+        ModelOptions mo;
+        mo.compute = dt;
+        mo.kv_capacity = capacity;
+        model = std::make_unique<Transformer>(cfg, 1, n, program, mo);
+        w = quantized_model_weights(cfg, q, params, dt, qparams);
+        Graph rec(program, &sizing);
+        run(rec, 0);
+        program.finalize();
+        plan = plan_memory(program);
+    }
+
+    void run(Graph & g, int pos0) const {
+        g.set_workspace(workspace);
+        model->decode(g, w, Tensor(tokens, DType::i32, {1, int64_t(n)}), pos0);
+    }
+};
+
+Decoder::Decoder(const ModelConfig & cfg, Backend & backend, int capacity, DType compute,
+                 std::optional<QuantFormat> quant)
+    : cfg_(cfg), backend_(backend), capacity_(capacity), compute_(compute), layout_(make_param_layout(cfg)) {
+    if (capacity < 1 || capacity > cfg.max_seq)
+        throw ConfigError(fmt::format("generation context of {} tokens: must be between 1 and the model's {} positions",
+                                      capacity, cfg.max_seq));
+    if (quant) quant_ = make_quant_layout(cfg, *quant);
+    dense_ = quant ? memfit::dense_layout(cfg, quant_) : layout_;
+    step_ = std::make_unique<Pass>(cfg_, dense_, quant_, 1, capacity_, compute_, backend_);
+    step_->memory = std::make_unique<StepMemory>(step_->program, step_->plan, ledger_, host_allocator());
+}
+
+Decoder::~Decoder() = default;
+
+void Decoder::set_weights(const float * params) {
+    Tensor dense(step_->params, compute_, {int64_t(dense_.total)});
+    dense.data = step_->memory->base(step_->params);
+    store_split_weights(backend_, cfg_, quant_, dense,
+                        static_cast<uint8_t *>(step_->qparams >= 0 ? step_->memory->base(step_->qparams) : nullptr),
+                        params);
+}
+
+std::vector<float> Decoder::weights() const {
+    Tensor dense(step_->params, compute_, {int64_t(dense_.total)});
+    dense.data = step_->memory->base(step_->params);
+    return load_split_weights(
+        backend_, cfg_, quant_, dense,
+        static_cast<const uint8_t *>(step_->qparams >= 0 ? step_->memory->base(step_->qparams) : nullptr));
+}
+
+uint64_t Decoder::weight_bytes() const { return uint64_t(dense_.total * dtype_size(compute_) + quant_.bytes); }
+
+Decoder::Pass & Decoder::program_for(int n) {
+    if (n == 1) return *step_;
+    auto it = prefill_.find(n);
+    if (it != prefill_.end()) return *it->second;
+    auto p = std::make_unique<Pass>(cfg_, dense_, quant_, n, capacity_, compute_, backend_);
+    p->memory = std::make_unique<StepMemory>(p->program, p->plan, ledger_, host_allocator(), false, step_->memory.get());
+    return *prefill_.emplace(n, std::move(p)).first->second;
+}
+
+const float * Decoder::run(Pass & p, const int32_t * tokens, int pos0) {
+    for (int i = 0; i < p.n; ++i)
+        if (tokens[i] < 0 || tokens[i] >= cfg_.vocab_size)
+            throw FormatError(fmt::format("token {} is outside the vocabulary of {}", tokens[i], cfg_.vocab_size));
+    std::memcpy(p.memory->base(p.tokens), tokens, size_t(p.n) * 4);
+    Graph g(p.program, *p.memory, backend_);
+    p.run(g, pos0);
+    MF_ASSERT(g.ops_issued() == p.program.num_ops());
+    return static_cast<const float *>(p.memory->base(p.model->logits().buffer));
+}
+
+const float * Decoder::prefill(const std::vector<int32_t> & tokens) {
+    const int n = int(tokens.size());
+    if (n < 1 || n > capacity_)
+        throw ConfigError(fmt::format("a prompt of {} tokens: the generation context holds 1 to {}", n, capacity_));
+    const float * l = run(program_for(n), tokens.data(), 0);
+    pos_ = n;
+    return l;
+}
+
+const float * Decoder::step(int32_t token) {
+    MF_ASSERT(pos_ < capacity_ && "the KV cache is full: prefill again");
+    const float * l = run(*step_, &token, pos_);
+    ++pos_;
+    return l;
+}
+
+CategoryBytes Decoder::planned_reserved() const {
+    std::vector<const MemoryPlan *> others;
+    for (const auto & [n, p] : prefill_) others.push_back(&p->plan);
+    return shared_reserved(step_->plan, others);
+}
+
+CategoryBytes Decoder::planned_peak_live() const {
+    std::vector<const MemoryPlan *> others;
+    for (const auto & [n, p] : prefill_) others.push_back(&p->plan);
+    return shared_peak_live(step_->plan, others);
+}
+
+uint64_t Decoder::kv_cache_bytes() const {
+    uint64_t b = 0;
+    for (const BufferDecl & d : step_->program.buffers())
+        if (d.name.starts_with("kv_cache.")) b += d.bytes;
+    return b;
+}
+
+}  // namespace memfit

@@ -1,0 +1,255 @@
+// The LLaMA family: presets (published parameter counts), Hugging Face config.json, the
+// parameter layout, the whole model's gradients against finite differences (grouped-query
+// attention, tied and untied heads, naive and flash attention), the float64 PyTorch fixture,
+// planned == measured bytes, and recomputation bitwise equal to keeping everything.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "model/config.h"
+#include "model/param_layout.h"
+#include "model/recompute.h"
+#include "train/engine.h"
+#include "app/verify.h"
+#include "test_util.h"
+
+using namespace memfit;
+using memfit::test::random_batch;
+namespace fs = std::filesystem;
+
+namespace {
+
+ModelConfig tiny_llama(int V = 61, int C = 32, int L = 2, int NH = 4, int KVH = 2, int ffn = 48, bool tied = false) {
+    ModelConfig c;
+    c.name = "tiny-llama";
+    c.family = "llama";
+    c.vocab_size = V;
+    c.n_embd = C;
+    c.n_layer = L;
+    c.n_head = NH;
+    c.n_kv_head = KVH;
+    c.ffn = ffn;
+    c.max_seq = 64;
+    c.tied_head = tied;
+    c.validate();
+    return c;
+}
+
+EngineOptions opts(int B, int T, bool flash, const RecomputePlan & rc = {}, DType dt = DType::f32) {
+    EngineOptions eo;
+    eo.B = B;
+    eo.T = T;
+    eo.flash_attention = flash;
+    eo.recompute = rc;
+    eo.compute = dt;
+    return eo;
+}
+
+}  // namespace
+
+TEST(Llama, PresetsHaveThePublishedParameterCounts) {
+    // Hugging Face's counts for meta-llama/Llama-2-{7,13,70}b-hf and Meta-Llama-3-{8,70}B.
+    EXPECT_EQ(model_preset("llama2-7b").num_params(), 6738415616);
+    EXPECT_EQ(model_preset("llama2-13b").num_params(), 13015864320);
+    EXPECT_EQ(model_preset("llama2-70b").num_params(), 68976648192);
+    EXPECT_EQ(model_preset("llama3-8b").num_params(), 8030261248);
+    EXPECT_EQ(model_preset("llama3-70b").num_params(), 70553706496);
+    const ModelConfig c = model_preset("llama2-70b");
+    EXPECT_EQ(c.kv_heads(), 8);
+    EXPECT_EQ(c.qkv_dim(), (64 + 16) * 128);
+    EXPECT_EQ(model_preset("llama3-8b").rope_theta, 500000.0f);
+    for (const char * small : {"llama-nano", "llama-micro", "llama-mini"}) {
+        ModelConfig s = model_preset(small);
+        s.vocab_size = 256;
+        EXPECT_NO_THROW(s.validate()) << small;
+        EXPECT_EQ(int64_t(make_param_layout(s).total), s.num_params()) << small;
+    }
+}
+
+TEST(Llama, HuggingFaceConfigJson) {
+    const fs::path dir = fs::temp_directory_path() / ("memfit_llama_cfg." + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    nlohmann::json j = {{"model_type", "llama"}, {"vocab_size", 32000}, {"hidden_size", 4096},
+                        {"intermediate_size", 14336}, {"num_hidden_layers", 32}, {"num_attention_heads", 32},
+                        {"num_key_value_heads", 8}, {"max_position_embeddings", 8192}, {"rms_norm_eps", 1e-5},
+                        {"rope_theta", 500000.0}, {"hidden_act", "silu"}, {"tie_word_embeddings", false},
+                        {"rope_scaling", nullptr}};
+    std::ofstream(dir / "config.json") << j.dump();
+    const ModelConfig c = resolve_model(dir.string());
+    EXPECT_TRUE(c.llama());
+    EXPECT_EQ(c.kv_heads(), 8);
+    EXPECT_EQ(c.ffn_dim(), 14336);
+    EXPECT_EQ(c.max_seq, 8192);
+    EXPECT_EQ(c.rope_theta, 500000.0f);
+    EXPECT_FALSE(c.tied_head);
+    // It writes back what it read.
+    const ModelConfig again = parse_hf_config(hf_config_json(c), "again");
+    EXPECT_EQ(again.num_params(), c.num_params());
+    EXPECT_EQ(again.rope_theta, c.rope_theta);
+    EXPECT_EQ(again.n_kv_head, c.n_kv_head);
+
+    auto refused = [&](const char * key, const nlohmann::json & value, const std::string & words) {
+        nlohmann::json bad = j;
+        bad[key] = value;
+        try {
+            parse_hf_config(bad, "cfg");
+            ADD_FAILURE() << key << " accepted";
+        } catch (const ConfigError & e) {
+            EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+        }
+    };
+    refused("rope_scaling", {{"type", "llama3"}, {"factor", 8.0}}, "rope_scaling");
+    refused("hidden_act", "gelu", "hidden_act");
+    refused("num_key_value_heads", 5, "not a multiple of num_key_value_heads = 5");
+    refused("attention_bias", true, "no biases");
+    refused("head_dim", 63, "head_dim = 63 must be even");
+    {   // An explicit head dimension (q_proj [NH * head_dim, hidden]) is kept and written back.
+        nlohmann::json explicit_hd = j;
+        explicit_hd["head_dim"] = 64;
+        const ModelConfig e = parse_hf_config(explicit_hd, "cfg");
+        EXPECT_EQ(e.head_dim(), 64);
+        EXPECT_EQ(e.attn_dim(), 64 * e.n_head);
+        EXPECT_EQ(make_param_layout(e).find("model.layers.0.self_attn.o_proj.weight").shape[1], 64 * e.n_head);
+        EXPECT_EQ(parse_hf_config(hf_config_json(e), "again").num_params(), e.num_params());
+    }
+    refused("model_type", "mistral", "model_type 'mistral' is not supported");
+    // Found by the fuzzer: a float where an integer belongs must not be converted (UB).
+    refused("vocab_size", 3.2e52, "vocab_size = 3.2e+52 is not an integer in range");
+    refused("hidden_size", 64.5, "hidden_size = 64.5 is not an integer in range");
+    refused("rope_theta", 1e300, "rope_theta = 1e+300 is not a number in range");
+    nlohmann::json missing = j;
+    missing.erase("hidden_size");
+    EXPECT_THROW(parse_hf_config(missing, "cfg"), ConfigError);
+    fs::remove_all(dir);
+}
+
+TEST(Llama, ParamLayoutHasHuggingFaceNamesAndFusedNeighbours) {
+    const ModelConfig c = tiny_llama();
+    const ParamLayout l = make_param_layout(c);
+    EXPECT_EQ(int64_t(l.total), c.num_params());
+    EXPECT_EQ(l.params.front().name, "model.embed_tokens.weight");
+    EXPECT_EQ(l.params.back().name, "lm_head.weight");
+    EXPECT_EQ(l.find("model.layers.1.self_attn.k_proj.weight").shape, (std::vector<int64_t>{16, 32}));  // [out, in]
+    EXPECT_EQ(l.find("model.layers.1.mlp.down_proj.weight").shape, (std::vector<int64_t>{32, 48}));
+    // q, k, v and gate, up are adjacent: one fused matmul each.
+    const auto & q = l.find("model.layers.0.self_attn.q_proj.weight");
+    EXPECT_EQ(l.find("model.layers.0.self_attn.k_proj.weight").offset, q.offset + q.numel);
+    const auto & gate = l.find("model.layers.0.mlp.gate_proj.weight");
+    EXPECT_EQ(l.find("model.layers.0.mlp.up_proj.weight").offset, gate.offset + gate.numel);
+    EXPECT_FALSE(l.find("model.norm.weight").decay());
+    // Tied: no lm_head.
+    EXPECT_EQ(make_param_layout(tiny_llama(61, 32, 2, 4, 2, 48, true)).try_find("lm_head.weight"), nullptr);
+}
+
+TEST(Llama, SharedFixtureWithin1e4) {
+    const VerifyReport r = verify_fixture(std::string(MEMFIT_TEST_DATA) + "/llama_tiny.safetensors");
+    EXPECT_TRUE(r.ok) << r.json.dump(2);
+    EXPECT_LE(r.json["max_error"].get<double>(), 1e-4);
+    EXPECT_GE(r.json["errors"].size(), 60u);   // logits, 2 losses, 3 x 20 tensors
+    const VerifyReport checked = verify_fixture(std::string(MEMFIT_TEST_DATA) + "/llama_tiny.safetensors", 1e-4, true);
+    EXPECT_TRUE(checked.ok) << checked.json.dump(2);
+}
+
+// Analytic gradients against central differences of the mean loss, at the largest-gradient
+// element of every tensor, with weights drawn large enough that every layer matters.
+TEST(Llama, GradientsMatchFiniteDifferences) {
+    CpuBackend backend;
+    const int B = 2, T = 9;
+    for (bool tied : {false, true})
+        for (bool flash : {false, true}) {
+            SCOPED_TRACE(std::string(tied ? "tied" : "untied") + (flash ? " flash" : " naive"));
+            const ModelConfig cfg = tiny_llama(37, 16, 2, 4, 2, 24, tied);
+            Engine e(cfg, backend, opts(B, T, flash));
+            e.init_params(1);   // zeroes the AdamW moments too
+            std::mt19937 rng(7);
+            std::normal_distribution<float> nd(0.0f, 0.3f);
+            const ParamLayout & layout = e.step().layout();
+            for (const auto & p : layout.params)
+                for (size_t i = 0; i < p.numel; ++i)
+                    e.params()[p.offset + i] = p.shape.size() == 1 ? 1.0f + 0.2f * nd(rng) : nd(rng);
+            e.params_changed();
+            std::vector<int32_t> in(size_t(B * T)), tg(in.size());
+            random_batch(in, tg, cfg.vocab_size, 3);
+            e.train_step(in.data(), tg.data(), AdamWHyper{0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 1});   // lr 0: grads only
+            const std::vector<float> g(e.grads(), e.grads() + layout.total);
+            for (const auto & p : layout.params) {
+                size_t best = p.offset;
+                for (size_t i = p.offset; i < p.offset + p.numel; ++i)
+                    if (std::fabs(g[i]) > std::fabs(g[best])) best = i;
+                const float x0 = e.params()[best], h = 1e-2f;
+                e.params()[best] = x0 + h;
+                e.params_changed();
+                const double up = e.eval_loss(in.data(), tg.data());
+                e.params()[best] = x0 - h;
+                e.params_changed();
+                const double down = e.eval_loss(in.data(), tg.data());
+                e.params()[best] = x0;
+                e.params_changed();
+                const double fd = (up - down) / (2.0 * h);
+                EXPECT_NEAR(fd, g[best], 0.02 * std::fabs(g[best]) + 2e-4) << p.name;
+                EXPECT_GT(std::fabs(g[best]), 1e-4) << p.name << ": a gradient this small proves nothing";
+            }
+        }
+}
+
+TEST(Llama, PlannedEqualsMeasuredForEveryTechnique) {
+    CpuBackend backend;
+    const ModelConfig cfg = tiny_llama(61, 32, 3, 4, 2, 48);
+    struct Case { bool flash; const char * rc; DType dt; int chunk; };
+    for (const Case & c : {Case{false, "none", DType::f32, 0}, Case{true, "none", DType::f32, 7},
+                           Case{true, "selective", DType::bf16, 0}, Case{false, "full", DType::f32, 0},
+                           Case{true, "every:2", DType::f16, 5}}) {
+        SCOPED_TRACE(std::string(c.rc) + (c.flash ? " flash " : " naive ") + std::string(dtype_name(c.dt)));
+        EngineOptions eo = opts(2, 16, c.flash, parse_recompute(c.rc, cfg.n_layer), c.dt);
+        eo.loss_chunk = c.chunk;
+        Engine e(cfg, backend, eo);
+        e.init_params(1);
+        std::vector<int32_t> in(size_t(2 * 16)), tg(in.size());
+        for (int s = 0; s < 2; ++s) {
+            random_batch(in, tg, cfg.vocab_size, uint64_t(s));
+            e.train_step(in.data(), tg.data(), AdamWHyper{});
+            e.eval_loss(in.data(), tg.data());
+        }
+        const CategoryBytes plan = e.planned_peak_live(), rsv = e.planned_reserved();
+        for (size_t k = 0; k < kCategoryCount; ++k) {
+            EXPECT_EQ(plan.v[k], e.ledger().live_peak().v[k]) << kCategoryNames[k];
+            EXPECT_EQ(rsv.v[k], e.ledger().reserved_peak().v[k]) << kCategoryNames[k];
+        }
+    }
+}
+
+TEST(Llama, RecomputationIsBitwiseEqualAndCostsWhatTheModelSays) {
+    CpuBackend backend;
+    const ModelConfig cfg = tiny_llama(61, 32, 4, 4, 2, 48);
+    const int B = 2, T = 12;
+    for (bool flash : {false, true}) {
+        std::vector<float> ref;
+        for (const char * pol : {"none", "full", "selective", "every:2", "sqrt"}) {
+            SCOPED_TRACE(std::string(pol) + (flash ? " flash" : " naive"));
+            const RecomputePlan rc = parse_recompute(pol, cfg.n_layer);
+            Engine e(cfg, backend, opts(B, T, flash, rc));
+            e.init_params(5);
+            std::vector<int32_t> in(size_t(B * T)), tg(in.size());
+            for (int s = 0; s < 2; ++s) {
+                random_batch(in, tg, cfg.vocab_size, uint64_t(s));
+                e.train_step(in.data(), tg.data(), AdamWHyper{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1});
+            }
+            const size_t P = e.step().layout().total;
+            if (ref.empty()) ref.assign(e.params(), e.params() + P);
+            else EXPECT_EQ(0, std::memcmp(ref.data(), e.params(), P * 4));
+            if (rc.segment == 0) {
+                double want = 0;
+                for (int l = 0; l < cfg.n_layer; ++l) want += layer_keep_cost(cfg, B, T, flash, DType::f32, rc.kept(l)).flops;
+                EXPECT_DOUBLE_EQ(e.step().program().phase_flops(Phase::recompute), want);
+            }
+        }
+    }
+}
