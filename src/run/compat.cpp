@@ -28,8 +28,8 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
     if (auto why = out_of_range(r)) return why;
     // What the engine has.
     if (r.optimizer != Optimizer::adamw)
-        return fmt::format("--optimizer {}: the engine trains with AdamW only (memfit plan models sgd and adamw-8bit); "
-                           "use --optimizer adamw", optimizer_name(r.optimizer));
+        return fmt::format("--optimizer {}: the engine trains with AdamW only (memfit plan models each of {} by its "
+                           "state bytes); use --optimizer adamw", optimizer_name(r.optimizer), optimizer_choices());
     if (L.offload != Offload::none)
         return fmt::format("--offload {}: the engine keeps every state in device memory (memfit plan models "
                            "offload); use --offload none, or --zero to shard the states", offload_name(L.offload));
