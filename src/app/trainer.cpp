@@ -15,7 +15,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "app/rank_report.h"
 #include "app/report.h"
+#include "app/run_checkpoints.h"
 #include "backend/make_backend.h"
 #include "backend/quant_format.h"
 #include "comm/communicator.h"
@@ -96,215 +98,6 @@ ProgressMode progress_mode(const std::string & m) {
     throw ConfigError(fmt::format("--progress {}: expected auto, tty, plain, json or quiet", m));
 }
 
-}  // namespace
-
-namespace {
-
-// The model as a checkpoint records it: its Hugging Face config plus the name.
-nlohmann::json checkpoint_model(const ModelConfig & cfg) {
-    nlohmann::json j = hf_config_json(cfg);
-    j["name"] = cfg.name;
-    return j;
-}
-
-// What a checkpoint records besides the training state: where the run is and what it is.
-nlohmann::json checkpoint_meta(int step, const ModelConfig & cfg, const TrainOptions & opt, int global_batch,
-                               const DataLoader & train, const DataLoader * val, const LoraOptions & lora) {
-    nlohmann::json m = {{"step", step},
-                        {"model", checkpoint_model(cfg)},
-                        {"seq", opt.seq},
-                        {"global_batch", global_batch},
-                        {"seed", opt.seed},
-                        {"data", {{"train_epoch", train.epoch()}, {"train_cursor", train.cursor()}}}};
-    // LoRA: the checkpoint holds the adapters; the base comes back from the model folder (or
-    // from the seed's initialisation when there is none).
-    if (lora.enabled()) {
-        m["lora"] = lora_json(lora);
-        m["lora"]["base_model"] = has_hf_weights(opt.model) ? fs::absolute(opt.model).string() : std::string();
-    }
-    if (val) {
-        m["data"]["val_epoch"] = val->epoch();
-        m["data"]["val_cursor"] = val->cursor();
-    }
-    return m;
-}
-
-// The range of the flat trainable buffer this rank's state covers: its ZeRO shard, or the whole.
-std::pair<size_t, size_t> state_range(const Engine & engine) {
-    // Tensor parallel: export_state gathers the whole model's state.
-    if (engine.options().zero == 0 || engine.options().tensor_parallel > 1) return {0, engine.total_params()};
-    const Engine::Shard sh = engine.shard();
-    return {sh.lo, sh.hi};
-}
-
-// Restores a checkpoint into the engine and the loaders; returns its step. Every rank reads the
-// shard files overlapping its own range (whatever the number of ranks that wrote them).
-int resume_from(const std::string & path, const ModelConfig & cfg, const TrainOptions & opt, int global_batch,
-                Engine & engine, DataLoader & train, DataLoader * val) {
-    const std::string dir = find_checkpoint(path);
-    const nlohmann::json m = load_checkpoint_meta(dir);
-    const nlohmann::json want = checkpoint_meta(0, cfg, opt, global_batch, train, val, engine.options().lora);
-    // The trained context is compared through "seq" (checkpoints before it was recorded lack it).
-    auto field = [](nlohmann::json j, const char * k) {
-        nlohmann::json v = j.value(k, nlohmann::json());
-        if (v.is_object()) v.erase(kTrainedContextKey);
-        return v;
-    };
-    for (const char * k : {"model", "seq", "global_batch", "seed", "lora"})
-        if (field(m, k) != field(want, k))
-            throw ConfigError(fmt::format("--resume {}: the checkpoint's {} is {}, this run's is {}; resume with the "
-                                          "same model, --seq, global batch, --seed and LoRA options",
-                                          path, k, m.value(k, nlohmann::json()).dump(), want.value(k, nlohmann::json()).dump()));
-    const size_t total = checkpoint_total(dir, m);
-    if (total != engine.total_params())
-        throw FormatError(fmt::format("--resume {}: {} parameters, the model has {}", path, total,
-                                      engine.total_params()));
-    const int step = json_get<int>(m, "step", path);
-    if (step >= opt.steps)
-        throw ConfigError(fmt::format("--resume {}: the checkpoint is at step {}; --steps {} must be larger", path,
-                                      step, opt.steps));
-    const auto [lo, hi] = state_range(engine);
-    engine.import_state(load_state_range(dir, m, lo, hi));
-    const auto & d = m.at("data");
-    train.seek(json_get<uint64_t>(d, "train_epoch", path), json_get<size_t>(d, "train_cursor", path));
-    if (val && d.contains("val_epoch"))
-        val->seek(json_get<uint64_t>(d, "val_epoch", path), json_get<size_t>(d, "val_cursor", path));
-    return step;
-}
-
-// Writes a checkpoint: one file on one process; with N ranks every rank its range (its ZeRO
-// shard, or without ZeRO an even 1/N of the state it holds whole) and rank 0 the meta.
-std::string write_checkpoint(const std::string & root, Engine & engine, nlohmann::json meta, int keep,
-                             Communicator & comm) {
-    const EngineOptions & eo = engine.options();
-    meta["world_size"] = comm.size();
-    meta["zero"] = eo.zero;
-    TrainState s = engine.export_state();
-    const size_t total = engine.total_params();
-    if (comm.size() == 1 && s.params.size() == total) {
-        s.offset = 0;
-        s.total = total;
-        return save_checkpoint(root, Checkpoint{std::move(s), std::move(meta)}, keep);
-    }
-    if (s.params.size() == total) {   // the whole state: this rank writes its even share
-        const ShardRange r = even_shard(total, comm.rank(), comm.size());
-        auto cut = [&](std::vector<float> & v) {
-            v.erase(v.begin() + long(r.offset + r.count), v.end());
-            v.erase(v.begin(), v.begin() + long(r.offset));
-        };
-        cut(s.params);
-        cut(s.m);
-        cut(s.v);
-        s.offset = r.offset;
-    } else {
-        s.offset = state_range(engine).first;
-    }
-    s.total = total;
-    return save_checkpoint_sharded(root, Checkpoint{std::move(s), std::move(meta)}, keep, eo.zero, comm);
-}
-
-// Pipeline: each stage's time in transfers (pp_exchange: waiting for a neighbour, plus the copy)
-// over the last step, against the schedule's ideal bubble (P - 1) / (m + P - 1). Collective.
-std::string pipeline_idle(Communicator & comm, const ParallelLayout & l, const Timeline & t, int m) {
-    double idle = 0, begin = 0, end = 0;
-    uint64_t exchanges = 0;
-    for (const auto & e : t.events)
-        if (std::string_view(e.name) == "pp_exchange") idle += e.end_us - e.begin_us, ++exchanges;
-    if (!t.events.empty()) begin = t.events.front().begin_us, end = t.events.back().end_us;
-    const auto idle_ns = comm.all_gather_u64(uint64_t(idle * 1e3)), step_ns = comm.all_gather_u64(uint64_t((end - begin) * 1e3));
-    const auto counts = comm.all_gather_u64(exchanges);
-    std::string out = fmt::format("pipeline idle per stage (last step; time in transfers / step time; ideal bubble "
-                                  "(P-1)/(m+P-1) = {:.1f}% for P = {}, m = {}):", 100.0 * (l.pp - 1) / (m + l.pp - 1),
-                                  l.pp, m);
-    for (int s = 0; s < l.pp; ++s) {
-        const int r = world_rank_of(l, RankCoords{0, s, 0});
-        out += fmt::format("\n  stage {} (rank {}): idle {:.1f}% of {:.1f} ms, {} exchanges, {} forwards and {} "
-                           "backwards", s, r, 100.0 * double(idle_ns[size_t(r)]) / double(std::max<uint64_t>(1, step_ns[size_t(r)])),
-                           double(step_ns[size_t(r)]) / 1e6, counts[size_t(r)], m, m);
-    }
-    return out;
-}
-
-// Per-rank memory, gathered: what each rank's ledger measured.
-struct RankMemory {
-    std::vector<CategoryBytes> reserved, live;   // [rank]
-    std::vector<uint64_t> rss;
-};
-
-RankMemory gather_memory(Communicator & comm, const Ledger & L, uint64_t rss) {
-    const size_t N = size_t(comm.size());
-    RankMemory r;
-    r.reserved.resize(N);
-    r.live.resize(N);
-    const CategoryBytes rsv = L.reserved_peak(), live = L.live_peak();
-    for (size_t c = 0; c < size_t(kCategoryCount); ++c) {
-        const auto a = comm.all_gather_u64(rsv.v[c]);
-        const auto b = comm.all_gather_u64(live.v[c]);
-        for (size_t k = 0; k < N; ++k) {
-            r.reserved[k].v[c] = a[k];
-            r.live[k].v[c] = b[k];
-        }
-    }
-    r.rss = comm.all_gather_u64(rss);
-    return r;
-}
-
-// min/max over ranks of f(rank) with the ranks that hold them.
-struct MinMax { uint64_t min = 0, max = 0; int min_rank = 0, max_rank = 0; };
-template <class F> MinMax min_max(size_t N, F f) {
-    MinMax m{f(0), f(0), 0, 0};
-    for (size_t k = 1; k < N; ++k) {
-        const uint64_t x = f(k);
-        if (x < m.min) m.min = x, m.min_rank = int(k);
-        if (x > m.max) m.max = x, m.max_rank = int(k);
-    }
-    return m;
-}
-nlohmann::json min_max_json(const MinMax & m) {
-    return {{"min", m.min}, {"min_rank", m.min_rank}, {"max", m.max}, {"max_rank", m.max_rank}};
-}
-
-// "memory per rank (4 ranks): reserved min .. (rank i) max .. (rank j); ..." and per category.
-std::string format_rank_memory(const RankMemory & r) {
-    const size_t N = r.reserved.size();
-    const MinMax rsv = min_max(N, [&](size_t k) { return r.reserved[k].total(); });
-    const MinMax live = min_max(N, [&](size_t k) { return r.live[k].total(); });
-    const MinMax rss = min_max(N, [&](size_t k) { return r.rss[k]; });
-    std::string out = fmt::format(
-        "memory per rank ({} ranks): reserved min {} (rank {}) max {} (rank {}); peak live min {} (rank {}) max {} "
-        "(rank {}); peak RSS min {} (rank {}) max {} (rank {})",
-        N, format_bytes(rsv.min), rsv.min_rank, format_bytes(rsv.max), rsv.max_rank, format_bytes(live.min),
-        live.min_rank, format_bytes(live.max), live.max_rank, format_bytes(rss.min), rss.min_rank,
-        format_bytes(rss.max), rss.max_rank);
-    for (size_t c = 0; c < size_t(kCategoryCount); ++c) {
-        const MinMax a = min_max(N, [&](size_t k) { return r.reserved[k].v[c]; });
-        const MinMax b = min_max(N, [&](size_t k) { return r.live[k].v[c]; });
-        if (a.max == 0 && b.max == 0) continue;
-        out += fmt::format("\n  {:<17} reserved {} .. {}, peak live {} .. {}", category_name(Category(c)),
-                           format_bytes(a.min), format_bytes(a.max), format_bytes(b.min), format_bytes(b.max));
-    }
-    return out;
-}
-
-nlohmann::json rank_memory_json(const RankMemory & r) {
-    const size_t N = r.reserved.size();
-    nlohmann::json j = {{"ranks", N},
-                        {"reserved_total", min_max_json(min_max(N, [&](size_t k) { return r.reserved[k].total(); }))},
-                        {"peak_live_total", min_max_json(min_max(N, [&](size_t k) { return r.live[k].total(); }))},
-                        {"peak_rss", min_max_json(min_max(N, [&](size_t k) { return r.rss[k]; }))},
-                        {"reserved", nlohmann::json::object()},
-                        {"peak_live", nlohmann::json::object()},
-                        {"by_rank", nlohmann::json::array()}};
-    for (size_t c = 0; c < size_t(kCategoryCount); ++c) {
-        j["reserved"][std::string(category_name(Category(c)))] = min_max_json(min_max(N, [&](size_t k) { return r.reserved[k].v[c]; }));
-        j["peak_live"][std::string(category_name(Category(c)))] = min_max_json(min_max(N, [&](size_t k) { return r.live[k].v[c]; }));
-    }
-    for (size_t k = 0; k < N; ++k)
-        j["by_rank"].push_back({{"rank", k}, {"reserved", category_json(r.reserved[k])},
-                                {"peak_live", category_json(r.live[k])}, {"peak_rss_bytes", r.rss[k]}});
-    return j;
-}
-
 // The run as flags, resolved (what --fit auto, the batch arithmetic and the memory budget
 // came to), so that `memfit train --config summary.json` runs it again. The job's own flags
 // join the RunConfig's; where its outputs go (--out, checkpoints, --resume) is not the run's.
@@ -341,10 +134,6 @@ nlohmann::json resolved_config(const TrainOptions & opt, RunConfig run, const En
     j["keep-checkpoints"] = opt.keep_checkpoints;
     return j;
 }
-
-}  // namespace
-
-namespace {
 
 // One training job, phase by phase (run_training calls them in order): every flag is checked and
 // every configuration resolved before the first output is written.

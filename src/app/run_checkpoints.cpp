@@ -1,0 +1,122 @@
+#include "app/run_checkpoints.h"
+
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "core/json_num.h"
+#include "model/hf_weights.h"
+#include "train/checkpoint.h"
+
+namespace memfit {
+
+namespace fs = std::filesystem;
+
+namespace {
+// The model as a checkpoint records it: its Hugging Face config plus the name.
+nlohmann::json checkpoint_model(const ModelConfig & cfg) {
+    nlohmann::json j = hf_config_json(cfg);
+    j["name"] = cfg.name;
+    return j;
+}
+
+// The range of the flat trainable buffer this rank's state covers: its ZeRO shard, or the whole.
+std::pair<size_t, size_t> state_range(const Engine & engine) {
+    // Tensor parallel: export_state gathers the whole model's state.
+    if (engine.options().zero == 0 || engine.options().tensor_parallel > 1) return {0, engine.total_params()};
+    const Engine::Shard sh = engine.shard();
+    return {sh.lo, sh.hi};
+}
+
+}  // namespace
+
+// What a checkpoint records besides the training state: where the run is and what it is.
+nlohmann::json checkpoint_meta(int step, const ModelConfig & cfg, const TrainOptions & opt, int global_batch,
+                               const DataLoader & train, const DataLoader * val, const LoraOptions & lora) {
+    nlohmann::json m = {{"step", step},
+                        {"model", checkpoint_model(cfg)},
+                        {"seq", opt.seq},
+                        {"global_batch", global_batch},
+                        {"seed", opt.seed},
+                        {"data", {{"train_epoch", train.epoch()}, {"train_cursor", train.cursor()}}}};
+    // LoRA: the checkpoint holds the adapters; the base comes back from the model folder (or
+    // from the seed's initialisation when there is none).
+    if (lora.enabled()) {
+        m["lora"] = lora_json(lora);
+        m["lora"]["base_model"] = has_hf_weights(opt.model) ? fs::absolute(opt.model).string() : std::string();
+    }
+    if (val) {
+        m["data"]["val_epoch"] = val->epoch();
+        m["data"]["val_cursor"] = val->cursor();
+    }
+    return m;
+}
+
+// Restores a checkpoint into the engine and the loaders; returns its step. Every rank reads the
+// shard files overlapping its own range (whatever the number of ranks that wrote them).
+int resume_from(const std::string & path, const ModelConfig & cfg, const TrainOptions & opt, int global_batch,
+                Engine & engine, DataLoader & train, DataLoader * val) {
+    const std::string dir = find_checkpoint(path);
+    const nlohmann::json m = load_checkpoint_meta(dir);
+    const nlohmann::json want = checkpoint_meta(0, cfg, opt, global_batch, train, val, engine.options().lora);
+    // The trained context is compared through "seq" (checkpoints before it was recorded lack it).
+    auto field = [](nlohmann::json j, const char * k) {
+        nlohmann::json v = j.value(k, nlohmann::json());
+        if (v.is_object()) v.erase(kTrainedContextKey);
+        return v;
+    };
+    for (const char * k : {"model", "seq", "global_batch", "seed", "lora"})
+        if (field(m, k) != field(want, k))
+            throw ConfigError(fmt::format("--resume {}: the checkpoint's {} is {}, this run's is {}; resume with the "
+                                          "same model, --seq, global batch, --seed and LoRA options",
+                                          path, k, m.value(k, nlohmann::json()).dump(), want.value(k, nlohmann::json()).dump()));
+    const size_t total = checkpoint_total(dir, m);
+    if (total != engine.total_params())
+        throw FormatError(fmt::format("--resume {}: {} parameters, the model has {}", path, total,
+                                      engine.total_params()));
+    const int step = json_get<int>(m, "step", path);
+    if (step >= opt.steps)
+        throw ConfigError(fmt::format("--resume {}: the checkpoint is at step {}; --steps {} must be larger", path,
+                                      step, opt.steps));
+    const auto [lo, hi] = state_range(engine);
+    engine.import_state(load_state_range(dir, m, lo, hi));
+    const auto & d = m.at("data");
+    train.seek(json_get<uint64_t>(d, "train_epoch", path), json_get<size_t>(d, "train_cursor", path));
+    if (val && d.contains("val_epoch"))
+        val->seek(json_get<uint64_t>(d, "val_epoch", path), json_get<size_t>(d, "val_cursor", path));
+    return step;
+}
+
+// Writes a checkpoint: one file on one process; with N ranks every rank its range (its ZeRO
+// shard, or without ZeRO an even 1/N of the state it holds whole) and rank 0 the meta.
+std::string write_checkpoint(const std::string & root, Engine & engine, nlohmann::json meta, int keep,
+                             Communicator & comm) {
+    const EngineOptions & eo = engine.options();
+    meta["world_size"] = comm.size();
+    meta["zero"] = eo.zero;
+    TrainState s = engine.export_state();
+    const size_t total = engine.total_params();
+    if (comm.size() == 1 && s.params.size() == total) {
+        s.offset = 0;
+        s.total = total;
+        return save_checkpoint(root, Checkpoint{std::move(s), std::move(meta)}, keep);
+    }
+    if (s.params.size() == total) {   // the whole state: this rank writes its even share
+        const ShardRange r = even_shard(total, comm.rank(), comm.size());
+        auto cut = [&](std::vector<float> & v) {
+            v.erase(v.begin() + long(r.offset + r.count), v.end());
+            v.erase(v.begin(), v.begin() + long(r.offset));
+        };
+        cut(s.params);
+        cut(s.m);
+        cut(s.v);
+        s.offset = r.offset;
+    } else {
+        s.offset = state_range(engine).first;
+    }
+    s.total = total;
+    return save_checkpoint_sharded(root, Checkpoint{std::move(s), std::move(meta)}, keep, eo.zero, comm);
+}
+
+}  // namespace memfit
