@@ -75,7 +75,7 @@ int resume_from(const std::string & path, const ModelConfig & cfg, const TrainOp
     if (total != engine.total_params())
         throw FormatError(fmt::format("--resume {}: {} parameters, the model has {}", path, total,
                                       engine.total_params()));
-    const int step = json_get<int>(m, "step", path);
+    const int step = json_get_in<int>(m, "step", path, 1, (1 << 30));
     if (step >= opt.steps)
         throw ConfigError(fmt::format("--resume {}: the checkpoint is at step {}; --steps {} must be larger", path,
                                       step, opt.steps));

@@ -373,8 +373,18 @@ void TrainingRun::build() {
     metrics_path_ = (fs::path(opt_.out) / "metrics.jsonl").string();
     if (lead_) {
         fs::create_directories(opt_.out);
+        // A resumed run keeps the lines of the steps it continues from and appends its own.
+        std::string kept;
+        if (first_step_ > 1) {
+            std::ifstream in(metrics_path_);
+            for (std::string line; std::getline(in, line);) {
+                const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+                if (!j.is_discarded() && j.is_object() && j.value("step", 0) < first_step_) kept += line + "\n";
+            }
+        }
         metrics_ = std::fopen(metrics_path_.c_str(), "w");
         if (!metrics_) throw IoError(fmt::format("{}: cannot write metrics", metrics_path_));
+        if (std::fputs(kept.c_str(), metrics_) < 0) throw IoError(fmt::format("{}: cannot write metrics", metrics_path_));
     }
     const size_t BT = size_t(batch_) * size_t(opt_.seq) * size_t(accum_);   // tokens per step
     in_.resize(BT);
@@ -480,8 +490,8 @@ void TrainingRun::step(int step) {
             m["loss_scale"] = r.loss_scale;
             m["skipped_steps"] = engine_->loss_scaler().skipped;
         }
-        std::fprintf(metrics_, "%s\n", m.dump().c_str());
-        std::fflush(metrics_);
+        if (std::fprintf(metrics_, "%s\n", m.dump().c_str()) < 0 || std::fflush(metrics_) != 0)
+            throw IoError(fmt::format("{}: cannot write metrics at step {} (is the disk full?)", metrics_path_, step));
     }
 }
 

@@ -1,5 +1,6 @@
 // memfit: train, plan and profile transformer language models inside a memory budget.
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -12,6 +13,8 @@
 #include "core/error.h"
 
 int main(int argc, char ** argv) {
+    // A closed pipe (`memfit train | head`) makes writes fail instead of killing the run.
+    std::signal(SIGPIPE, SIG_IGN);
     CLI::App app{"memfit: train transformer language models inside a memory budget"};
     app.require_subcommand(1);
     app.set_help_all_flag("--help-all", "help for every command");

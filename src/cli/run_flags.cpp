@@ -128,7 +128,14 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                            "cpu, or cuda (NVIDIA GPU; under mpirun each rank takes the GPU of its local rank, and "
                            "gradients move over NCCL)")
                  ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"})));
-        keep(typed(c, "--memory-budget", [&r](const std::string & v) { r.budget = parse_bytes(v); }, "",
+        keep(typed(c, "--memory-budget",
+                   [&r](const std::string & v) {
+                       r.budget = parse_bytes(v);
+                       if (r.budget == 0)
+                           throw ConfigError(fmt::format("--memory-budget {}: must be more than 0 bytes (leave it out "
+                                                         "for the memory available)", v));
+                   },
+                   "",
                    "refuse to start unless the plan fits in this many bytes (e.g. 512MiB, 2GiB; default: the memory "
                    "available)"));
         keep(typed(c, "--fit",
@@ -159,7 +166,16 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                  ->capture_default_str()->check(kPositive));
         keep(c->add_option("--clip", r.clip, "clip gradients to this global L2 norm before the update (0: off)")
                  ->capture_default_str()->check(kNonNegative));
-        keep(c->add_option("--seed", r.seed, "random seed")->capture_default_str());
+        keep(typed(c, "--seed",
+                   [&r](const std::string & v) {
+                       const bool digits = !v.empty() && v.size() <= 19 &&
+                                           v.find_first_not_of("0123456789") == std::string::npos;
+                       if (!digits)
+                           throw ConfigError(fmt::format("--seed {}: expected a whole number from 0 to "
+                                                         "9999999999999999999", v));
+                       r.seed = std::stoull(v);
+                   },
+                   std::to_string(r.seed), "random seed"));
         keep(c->add_option("--threads", r.threads, "CPU threads (0: all cores)")->check(kNonNegative));
         if (which.layout)
             keep(c->add_option("--bucket-mb", r.bucket_mb,

@@ -46,4 +46,13 @@ T json_get(const nlohmann::json & j, const char * key, const std::string & where
     throw FormatError(fmt::format("{}: \"{}\" = {} is not a number in range", where, key, j[key].dump()));
 }
 
+// j[key] as T within [lo, hi]; FormatError naming `where`, the key, the value and the range.
+template <class T>
+T json_get_in(const nlohmann::json & j, const char * key, const std::string & where, T lo, T hi) {
+    const T x = json_get<T>(j, key, where);
+    if (!(x >= lo && x <= hi))
+        throw FormatError(fmt::format("{}: \"{}\" = {} is outside {}..{}", where, key, j[key].dump(), lo, hi));
+    return x;
+}
+
 }  // namespace memfit

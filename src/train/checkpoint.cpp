@@ -73,11 +73,12 @@ std::string install(const std::string & root, const fs::path & tmp, long step, i
 
 void read_scaler(const nlohmann::json & meta, const std::string & meta_path, TrainState & s) {
     try {
-        s.t = json_get<int>(meta, "optimizer_step", meta_path);
+        // Ranges a real run can reach (the next update is step t + 1; a scale is a positive float).
+        s.t = json_get_in<int>(meta, "optimizer_step", meta_path, 0, (1 << 30));
         const auto & ls = meta.at("loss_scaler");
-        s.scaler.scale = json_get<float>(ls, "scale", meta_path);
-        s.scaler.clean = json_get<int>(ls, "clean", meta_path);
-        s.scaler.skipped = json_get<long long>(ls, "skipped", meta_path);
+        s.scaler.scale = json_get_in<float>(ls, "scale", meta_path, 1e-30f, 3e38f);
+        s.scaler.clean = json_get_in<int>(ls, "clean", meta_path, 0, (1 << 30));
+        s.scaler.skipped = json_get_in<long long>(ls, "skipped", meta_path, 0, (1ll << 40));
     } catch (const Error &) {
         throw;
     } catch (const std::exception & e) {

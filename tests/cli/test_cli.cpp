@@ -503,3 +503,61 @@ TEST(Cli, ConfigFileSummaryRerunsTheRun) {
 
 }  // namespace
 }  // namespace memfit
+
+namespace memfit {
+namespace {
+
+// Issue 22's findings, the groups fixed so far: a resumed run keeps its metrics; corrupt
+// checkpoint numbers are errors, not aborts; a closed pipe does not kill the run; a zero budget
+// and an out-of-range seed are refused.
+TEST(Cli, ResumeKeepsTheMetricsAndRefusesCorruptNumbers) {
+    const fs::path text = small_text("r22.txt");
+    const fs::path data = scratch("r22_data"), a = scratch("r22_a"), b = scratch("r22_b");
+    ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    const std::string base = "train --model nano --data " + data.string() + " --micro-batch 2 --seq 32 --eval-every 0 "
+                             "--eval-batches 1 --sample 0 --progress quiet --log-every 2 --checkpoint-every 4 ";
+    ASSERT_EQ(run_memfit(base + "--steps 8 --out " + a.string()).code, 0);
+    ASSERT_EQ(run_memfit(base + "--steps 4 --out " + b.string()).code, 0);
+    ASSERT_EQ(run_memfit(base + "--steps 8 --resume " + (b / "checkpoints").string() + " --out " + b.string()).code, 0);
+    auto steps = [](const fs::path & dir) {
+        std::vector<std::pair<int, double>> v;
+        std::ifstream m(dir / "metrics.jsonl");
+        for (std::string line; std::getline(m, line);) {
+            const nlohmann::json j = nlohmann::json::parse(line);
+            v.emplace_back(j["step"].get<int>(), j["loss"].get<double>());
+        }
+        return v;
+    };
+    EXPECT_EQ(steps(a).size(), 5u);   // steps 1, 2, 4, 6, 8
+    EXPECT_EQ(steps(a), steps(b)) << "the resumed run's metrics are the uninterrupted run's";
+
+    const fs::path meta = b / "checkpoints/step-000008/meta.json";
+    const nlohmann::json good = nlohmann::json::parse(std::ifstream(meta));
+    for (const auto & [key, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+             {"optimizer_step", -100}, {"optimizer_step", 2147483647}, {"step", -5}}) {
+        nlohmann::json bad = good;
+        bad[key] = value;
+        std::ofstream(meta) << bad.dump();
+        expect_clean_failure(run_memfit(base + "--steps 12 --resume " + (b / "checkpoints").string()),
+                             "\"" + key + "\" = " + value.dump());
+    }
+    std::ofstream(meta) << good.dump();
+
+    // A closed pipe: the run goes on and writes its outputs.
+    const fs::path piped = scratch("r22_pipe"), code = scratch("r22_code.txt");
+    const std::string cmd = "sh -c '" + std::string(MEMFIT_BINARY) + " train --model nano --data " + data.string() +
+                            " --seq 32 --sample 0 --progress plain --steps 6 --log-every 1 --out " + piped.string() + " 2>/dev/null; echo $? > " + code.string() +
+                            "' | head -1 > /dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0);
+    std::string rc;
+    std::ifstream(code) >> rc;
+    EXPECT_EQ(rc, "0");
+    EXPECT_TRUE(fs::exists(piped / "summary.json"));
+
+    expect_clean_failure(run_memfit("train --model nano --memory-budget 0B --steps 1"), "--memory-budget 0B");
+    expect_clean_failure(run_memfit("train --model nano --seed -1 --steps 1"), "--seed -1");
+    expect_clean_failure(run_memfit("train --model nano --seed 99999999999999999999 --steps 1"), "--seed 9999");
+}
+
+}  // namespace
+}  // namespace memfit
