@@ -29,6 +29,7 @@
 #include "core/units.h"
 #include "data/data_loader.h"
 #include "data/prepare.h"
+#include "data/token_file.h"
 #include "infer/generate.h"
 #include "memory/budget.h"
 #include "model/hf_weights.h"
@@ -83,11 +84,25 @@ DataSource resolve_data(const std::string & folder, const std::string & tokenize
     TokenFile f(src.train_path);
     src.vocab_size = int(f.vocab_size());
     if (!fs::exists(src.val_path)) src.val_path.clear();
+    else src.val_vocab_size = int(TokenFile(src.val_path).vocab_size());
     return src;
 }
 
 namespace {
 
+
+// Preflight: the folder exists (or is made) and takes a file, before the first step, so that a
+// run does not fail at its first checkpoint.
+void check_writable(const std::string & dir, const char * flag) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    const fs::path probe = fs::path(dir) / ".memfit-write-test";
+    std::FILE * f = ec ? nullptr : std::fopen(probe.c_str(), "w");
+    if (!f) throw IoError(fmt::format("{} {}: cannot write there ({})", flag, dir,
+                                      ec ? ec.message() : std::string("permission denied or not a folder")));
+    std::fclose(f);
+    fs::remove(probe, ec);
+}
 
 ProgressMode progress_mode(const std::string & m) {
     if (m == "tty") return ProgressMode::tty;
@@ -153,6 +168,7 @@ private:
     float evaluate();
     void step(int step);
     void checkpoint(int step, bool log_point);
+    std::string checkpoint_root() const;
     void report_memory(const RankMemory & rank_memory, const std::vector<uint64_t> & planned_by_rank, uint64_t rss);
     std::pair<std::string, int> sample(const std::vector<float> & weights);
 
@@ -260,6 +276,10 @@ void TrainingRun::load() {
         throw ConfigError(fmt::format("the data's vocabulary ({} tokens, {}) is larger than the model's ({}); "
                                       "use a model with a larger vocab_size or other data",
                                       data_.vocab_size, data_.tokenizer, cfg_.vocab_size));
+    if (data_.val_vocab_size > cfg_.vocab_size)
+        throw ConfigError(fmt::format("{}: its vocabulary ({} tokens) is larger than the model's ({}); prepare the "
+                                      "validation data with the training data's tokenizer", data_.val_path,
+                                      data_.val_vocab_size, cfg_.vocab_size));
     cfg_.validate();
     // Without --memory-budget the plan must still fit the memory this process can have; ranks on
     // one machine share it (and every rank plans with the same number: the smallest).
@@ -370,6 +390,7 @@ void TrainingRun::build() {
     }
     if (!opt_.resume.empty())
         first_step_ = resume_from(opt_.resume, cfg_, opt_, run_.global_batch, engine, *train_data_, val_data_.get()) + 1;
+    if (opt_.checkpoint_every > 0 && lead_) check_writable(checkpoint_root(), "--checkpoint-dir");
     metrics_path_ = (fs::path(opt_.out) / "metrics.jsonl").string();
     if (lead_) {
         fs::create_directories(opt_.out);
@@ -436,7 +457,9 @@ void TrainingRun::step(int step) {
     // The configuration's micro-batches (run.batch sequences each over all ranks) split over the
     // ranks; --fit auto may regroup this rank's rows into other micro-batches (the same global batch).
     take_rows(run_.batch, run_.grad_accum);
-    if (const auto b = budget_file_.poll()) shrink_to_budget(engine_, cfg_, *backend_, *b, replans_);
+    std::string budget_warning;
+    if (const auto b = budget_file_.poll(&budget_warning)) shrink_to_budget(engine_, cfg_, *backend_, *b, replans_);
+    if (!budget_warning.empty()) say("warning: " + budget_warning);
     AdamWHyper h{sched_.at(step), opt.beta1, opt.beta2, opt.eps, opt.weight_decay, step, opt.clip};
     if (step == opt.steps) engine_->set_timeline(&timeline_);
     else if (opt.check_leaks && step == 2) engine_->set_timeline(&leak_a_);
@@ -495,9 +518,12 @@ void TrainingRun::step(int step) {
     }
 }
 
+std::string TrainingRun::checkpoint_root() const {
+    return opt_.checkpoint_dir.empty() ? (fs::path(opt_.out) / "checkpoints").string() : opt_.checkpoint_dir;
+}
+
 void TrainingRun::checkpoint(int step, bool log_point) {
-    const std::string root =
-        opt_.checkpoint_dir.empty() ? (fs::path(opt_.out) / "checkpoints").string() : opt_.checkpoint_dir;
+    const std::string root = checkpoint_root();
     const nlohmann::json meta = checkpoint_meta(step, cfg_, opt_, run_.global_batch, *train_data_, val_data_.get(),
                                                 eo_.lora);
     const std::string dir = write_checkpoint(root, *engine_, meta, opt_.keep_checkpoints, *comm_);

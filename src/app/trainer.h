@@ -44,6 +44,7 @@ void run_training(const TrainOptions & opt);
 struct DataSource {
     std::string train_path, val_path, tokenizer;
     int vocab_size = 0;
+    int val_vocab_size = 0;   // val.bin's header (0: no val.bin)
 };
 // Finds (or, for the bundled corpus, prepares) the data for `model_vocab` (0: any).
 DataSource resolve_data(const std::string & folder, const std::string & tokenizer, int model_vocab);

@@ -84,7 +84,7 @@ StepResult resilient_step(std::unique_ptr<Engine> & engine, const ModelConfig & 
     }
 }
 
-std::optional<uint64_t> BudgetFile::poll() {
+std::optional<uint64_t> BudgetFile::poll(std::string * warning) {
     if (path_.empty()) return std::nullopt;
     std::ifstream f(path_);
     if (!f) return std::nullopt;
@@ -95,7 +95,10 @@ std::optional<uint64_t> BudgetFile::poll() {
     try {
         return parse_bytes(text);
     } catch (const Error & e) {
-        throw ConfigError(fmt::format("--budget-file {}: {}", path_, e.what()));
+        const std::string why = fmt::format("--budget-file {}: {}; the budget stays as it was", path_, e.what());
+        if (!warning) throw ConfigError(why);
+        *warning = why;
+        return std::nullopt;
     }
 }
 

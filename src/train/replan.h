@@ -41,7 +41,9 @@ StepResult resilient_step(std::unique_ptr<Engine> & engine, const ModelConfig & 
 class BudgetFile {
 public:
     explicit BudgetFile(std::string path) : path_(std::move(path)) {}
-    std::optional<uint64_t> poll();
+    // The new budget when the file changed. A value that is no size leaves the budget as it was
+    // and says why in *warning.
+    std::optional<uint64_t> poll(std::string * warning = nullptr);
 
 private:
     std::string path_, last_;

@@ -554,6 +554,30 @@ TEST(Cli, ResumeKeepsTheMetricsAndRefusesCorruptNumbers) {
     EXPECT_EQ(rc, "0");
     EXPECT_TRUE(fs::exists(piped / "summary.json"));
 
+    // Preflight: an unwritable checkpoint folder and a validation file of another vocabulary fail
+    // before the first step; a bad value in the budget file is a warning, not the end of the run.
+    const fs::path blocker = scratch("r22_file");
+    std::ofstream(blocker) << "a file, not a folder";
+    const fs::path no_out = scratch("r22_no_out");
+    const CmdResult cd = run_memfit(base + "--steps 4 --checkpoint-dir " + (blocker / "ck").string() + " --out " +
+                                    no_out.string());
+    expect_clean_failure(cd, "--checkpoint-dir " + (blocker / "ck").string());
+    EXPECT_FALSE(fs::exists(no_out / "metrics.jsonl"));
+    const fs::path gdata = scratch("r22_gpt2"), mixed = scratch("r22_mixed");
+    ASSERT_EQ(run_memfit("prepare --tokenizer gpt2 --input " + text.string() + " --out " + gdata.string()).code, 0);
+    fs::create_directories(mixed);
+    fs::copy_file(data / "train.bin", mixed / "train.bin");
+    fs::copy_file(gdata / "val.bin", mixed / "val.bin");
+    expect_clean_failure(run_memfit("train --model nano --steps 2 --data " + mixed.string()),
+                         (mixed / "val.bin").string() + ": its vocabulary (50257 tokens)");
+    const fs::path ctl = scratch("r22_budget.txt"), ctl_out = scratch("r22_ctl");
+    std::ofstream(ctl) << "lots\n";
+    const CmdResult bf = run_memfit("train --model nano --data " + data.string() + " --seq 32 --steps 3 --sample 0 "
+                                    "--progress plain --budget-file " + ctl.string() + " --out " + ctl_out.string());
+    ASSERT_EQ(bf.code, 0) << bf.err << bf.out;
+    EXPECT_NE(bf.out.find("warning: --budget-file " + ctl.string()), std::string::npos) << bf.out;
+    EXPECT_TRUE(fs::exists(ctl_out / "summary.json"));
+
     expect_clean_failure(run_memfit("train --model nano --memory-budget 0B --steps 1"), "--memory-budget 0B");
     expect_clean_failure(run_memfit("train --model nano --seed -1 --steps 1"), "--seed -1");
     expect_clean_failure(run_memfit("train --model nano --seed 99999999999999999999 --steps 1"), "--seed 9999");
