@@ -1,6 +1,8 @@
 #include "app/trainer.h"
 
+#include <fcntl.h>
 #include <omp.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -104,6 +106,44 @@ void check_writable(const std::string & dir, const char * flag) {
     fs::remove(probe, ec);
 }
 
+// A new run's identity: random, so that two runs never share one.
+std::string new_run_id() {
+    std::random_device rd;
+    return fmt::format("{:08x}{:08x}", rd(), rd());
+}
+
+// One run at a time writes a folder: an exclusive lock on <dir>/.memfit.lock, held (the returned
+// descriptor open) until the run ends; the operating system drops it if the process dies.
+int lock_folder(const std::string & dir) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    const std::string path = (fs::path(dir) / ".memfit.lock").string();
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) throw IoError(fmt::format("--out {}: cannot create {}", dir, path));
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        ::close(fd);
+        throw IoError(fmt::format("--out {}: another memfit run is writing there; wait for it to end or choose "
+                                  "another --out", dir));
+    }
+    return fd;
+}
+
+// Checkpoints of another run in the folder would be pruned by this one's (the newest step
+// numbers are kept, whichever run wrote them): refuse before the first step.
+void check_own_checkpoints(const std::string & root, const std::string & run_id) {
+    std::string newest;
+    try {
+        newest = find_checkpoint(root);
+    } catch (const IoError &) {
+        return;   // none yet
+    }
+    const std::string theirs = load_checkpoint_meta(newest).value("run_id", "");
+    if (theirs != run_id)
+        throw ConfigError(fmt::format("{} holds the checkpoints of another run (newest {}): --resume {} continues it; "
+                                      "a new run needs another --out or --checkpoint-dir (or remove them)",
+                                      root, fs::path(newest).filename().string(), root));
+}
+
 ProgressMode progress_mode(const std::string & m) {
     if (m == "tty") return ProgressMode::tty;
     if (m == "plain") return ProgressMode::plain;
@@ -155,6 +195,12 @@ nlohmann::json resolved_config(const TrainOptions & opt, RunConfig run, const En
 class TrainingRun {
 public:
     explicit TrainingRun(const TrainOptions & opt);
+    ~TrainingRun() {
+        if (metrics_) std::fclose(metrics_);
+        if (lock_fd_ >= 0) ::close(lock_fd_);
+    }
+    TrainingRun(const TrainingRun &) = delete;
+    TrainingRun & operator=(const TrainingRun &) = delete;
     void load();           // the model, the device, the data, the memory budget
     void resolve();        // the configuration this rank runs, and the data loaders
     void announce();       // what will run
@@ -194,6 +240,8 @@ private:
     int first_step_ = 1;
     std::string metrics_path_;
     std::FILE * metrics_ = nullptr;
+    std::string run_id_;         // this run's identity, recorded in its checkpoints (resumed: theirs)
+    int lock_fd_ = -1;           // the lock on --out, held until the run ends
     std::vector<int32_t> in_, tg_, my_in_, my_tg_;   // the global batch; this rank's rows of it
     LrSchedule sched_;
     BudgetFile budget_file_;
@@ -390,7 +438,15 @@ void TrainingRun::build() {
     }
     if (!opt_.resume.empty())
         first_step_ = resume_from(opt_.resume, cfg_, opt_, run_.global_batch, engine, *train_data_, val_data_.get()) + 1;
-    if (opt_.checkpoint_every > 0 && lead_) check_writable(checkpoint_root(), "--checkpoint-dir");
+    // The run's identity: a resumed run's is its checkpoint's, a new run's its own.
+    run_id_ = opt_.resume.empty() ? new_run_id() : load_checkpoint_meta(find_checkpoint(opt_.resume)).value("run_id", "");
+    if (lead_) {
+        lock_fd_ = lock_folder(opt_.out);
+        if (opt_.checkpoint_every > 0) {
+            check_writable(checkpoint_root(), "--checkpoint-dir");
+            check_own_checkpoints(checkpoint_root(), run_id_);
+        }
+    }
     metrics_path_ = (fs::path(opt_.out) / "metrics.jsonl").string();
     if (lead_) {
         fs::create_directories(opt_.out);
@@ -524,8 +580,8 @@ std::string TrainingRun::checkpoint_root() const {
 
 void TrainingRun::checkpoint(int step, bool log_point) {
     const std::string root = checkpoint_root();
-    const nlohmann::json meta = checkpoint_meta(step, cfg_, opt_, run_.global_batch, *train_data_, val_data_.get(),
-                                                eo_.lora);
+    nlohmann::json meta = checkpoint_meta(step, cfg_, opt_, run_.global_batch, *train_data_, val_data_.get(), eo_.lora);
+    meta["run_id"] = run_id_;
     const std::string dir = write_checkpoint(root, *engine_, meta, opt_.keep_checkpoints, *comm_);
     if (log_point) say(fmt::format("  checkpoint {}", dir));
 }

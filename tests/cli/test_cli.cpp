@@ -2,6 +2,8 @@
 // and a short happy path through prepare and train.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -577,6 +579,23 @@ TEST(Cli, ResumeKeepsTheMetricsAndRefusesCorruptNumbers) {
     ASSERT_EQ(bf.code, 0) << bf.err << bf.out;
     EXPECT_NE(bf.out.find("warning: --budget-file " + ctl.string()), std::string::npos) << bf.out;
     EXPECT_TRUE(fs::exists(ctl_out / "summary.json"));
+
+    // A new run does not prune another run's checkpoints: it refuses the folder; the run that
+    // wrote them resumes there.
+    const CmdResult other = run_memfit(base + "--steps 8 --lr 1e-4 --out " + b.string());
+    expect_clean_failure(other, "holds the checkpoints of another run (newest step-000008)");
+    EXPECT_TRUE(fs::exists(b / "checkpoints/step-000008/meta.json"));
+    ASSERT_EQ(run_memfit(base + "--steps 12 --resume " + (b / "checkpoints").string() + " --out " + b.string()).code, 0);
+    EXPECT_TRUE(fs::exists(b / "checkpoints/step-000012/meta.json"));
+    // One run at a time on an --out: a second one (here: this test holding the lock) is refused.
+    const fs::path busy = scratch("r22_busy");
+    fs::create_directories(busy);
+    const int fd = ::open((busy / ".memfit.lock").c_str(), O_RDWR | O_CREAT, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+    expect_clean_failure(run_memfit(base + "--steps 2 --out " + busy.string()), "another memfit run is writing there");
+    ::close(fd);
+    EXPECT_EQ(run_memfit(base + "--steps 2 --out " + busy.string()).code, 0);
 
     expect_clean_failure(run_memfit("train --model nano --memory-budget 0B --steps 1"), "--memory-budget 0B");
     expect_clean_failure(run_memfit("train --model nano --seed -1 --steps 1"), "--seed -1");
