@@ -156,6 +156,9 @@ ProgressMode progress_mode(const std::string & m) {
 // The run as flags, resolved (what --fit auto, the batch arithmetic and the memory budget
 // came to), so that `memfit train --config summary.json` runs it again. The job's own flags
 // join the RunConfig's; where its outputs go (--out, checkpoints, --resume) is not the run's.
+// A job as flags: the run's and the trainer's own.
+nlohmann::json job_json(const TrainOptions & opt, const RunConfig & run);
+
 nlohmann::json resolved_config(const TrainOptions & opt, RunConfig run, const EngineOptions & eo, int ranks) {
     run.micro_batch = eo.B;
     run.grad_accum = eo.grad_accum;
@@ -169,6 +172,29 @@ nlohmann::json resolved_config(const TrainOptions & opt, RunConfig run, const En
     run.threads = omp_get_max_threads();
     // The budget decided the run only when something was fitted to it (else it was a check).
     if (opt.budget == 0 && !opt.fit_auto && opt.recompute.info().kind != RecomputePolicy::budget) run.budget = 0;
+    return job_json(opt, run);
+}
+
+// Every rank must run the same job: the ranks compare each flag's value (a hash of it, gathered)
+// before the first collective of the run, and all stop with the first flag that differs.
+void check_ranks_agree(Communicator & comm, const TrainOptions & opt) {
+    if (comm.size() == 1) return;
+    nlohmann::json j = job_json(opt, opt);
+    j["out"] = opt.out;
+    j["resume"] = opt.resume;
+    j["checkpoint-dir"] = opt.checkpoint_dir;
+    j["budget-file"] = opt.budget_file;
+    for (const auto & [key, value] : j.items()) {
+        const uint64_t mine = std::hash<std::string>{}(value.dump());
+        const std::vector<uint64_t> all = comm.all_gather_u64(mine);
+        for (size_t r = 1; r < all.size(); ++r)
+            if (all[r] != all[0])
+                throw ConfigError(fmt::format("the ranks disagree on --{}: rank 0 and rank {} differ (this rank, {}, has "
+                                              "{}); give every rank the same flags", key, r, comm.rank(), value.dump()));
+    }
+}
+
+nlohmann::json job_json(const TrainOptions & opt, const RunConfig & run) {
     nlohmann::json j = run_config_json(run);
     if (!opt.data.empty()) j["data"] = opt.data;
     if (!opt.tokenizer.empty()) j["tokenizer"] = opt.tokenizer;
@@ -268,6 +294,7 @@ TrainingRun::TrainingRun(const TrainOptions & opt)
     comm_ = make_communicator();
     world_ = comm_->size();
     lead_ = comm_->rank() == 0;
+    check_ranks_agree(*comm_, opt);
     // What combines (run/compat.h), before any work: the numbers, the world's layout, the rest.
     if (auto why = out_of_range(opt)) throw ConfigError(*why);
     layout_ = derive_layout(world_, opt.layout.tp, opt.layout.pp);

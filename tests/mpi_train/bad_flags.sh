@@ -14,4 +14,14 @@ expect_error "memfit: error: --bucket-mb -1: expected" "$MEMFIT" "${ARGS[@]}" --
 expect_error "memfit: error: --batch 3 is not divisible by the 2 data-parallel ranks" mpi 2 "${ARGS[@]}" --batch 3 --out out
 expect_error "memfit: error: --budget-file .* not supported with 2 ranks" \
     mpi 2 "${ARGS[@]}" --batch 2 --budget-file budget.txt --out out
+# Ranks given different flags stop before the first collective, naming the flag (they hung or
+# diverged before).
+mpmd() {   # mpmd "RANK0 FLAGS" "RANK1 FLAGS"
+    "$MPIEXEC" --oversubscribe --allow-run-as-root --bind-to none -x OMP_NUM_THREADS=1 \
+        -n 1 "$MEMFIT" "${ARGS[@]}" $1 --out out : -n 1 "$MEMFIT" "${ARGS[@]}" $2 --out out
+}
+expect_error "memfit: error: the ranks disagree on --checkpoint-every" mpmd "--checkpoint-every 1" "--checkpoint-every 2"
+expect_error "memfit: error: the ranks disagree on --lr" mpmd "--lr 0.001" "--lr 0.002"
+expect_error "memfit: error: the ranks disagree on --zero" mpmd "--zero 1" "--zero 2"
+expect_error "memfit: error: the ranks disagree on --seed" mpmd "--seed 1" "--seed 2"
 echo PASS
