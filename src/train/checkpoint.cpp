@@ -9,6 +9,7 @@
 
 #include "comm/communicator.h"
 #include "core/atomic_file.h"
+#include "core/file_digest.h"
 #include "core/error.h"
 #include "core/json_num.h"
 #include "model/safetensors.h"
@@ -146,7 +147,9 @@ std::string save_checkpoint(const std::string & root, const Checkpoint & ckpt, i
     write_safetensors((tmp / kStateFile).string(),
                       {tensor("params", s.params), tensor("adamw.m", s.m), tensor("adamw.v", s.v)});
     if (between_files) between_files();
-    write_file_atomic((tmp / "meta.json").string(), with_state_fields(ckpt.meta, s).dump(2) + "\n");
+    nlohmann::json meta = with_state_fields(ckpt.meta, s);
+    meta["checksums"][kStateFile] = file_digest((tmp / kStateFile).string());
+    write_file_atomic((tmp / "meta.json").string(), meta.dump(2) + "\n");
     return install(root, tmp, step, keep);
 }
 
@@ -194,7 +197,7 @@ std::string commit_checkpoint(const std::string & root, const std::string & tmp_
                               const std::vector<ShardRange> & shards, int world, int zero, int keep) {
     const long step = ckpt.meta.at("step").get<long>();
     const size_t total = ckpt.state.total ? ckpt.state.total : ckpt.state.params.size();
-    nlohmann::json table = nlohmann::json::array();
+    nlohmann::json table = nlohmann::json::array(), checksums = nlohmann::json::object();
     size_t next = 0;
     for (const ShardRange & r : shards) {
         if (r.offset != next)
@@ -205,6 +208,7 @@ std::string commit_checkpoint(const std::string & root, const std::string & tmp_
         if (!fs::exists(fs::path(tmp_dir) / file))
             throw IoError(fmt::format("checkpoint {}: rank {} wrote no {}", tmp_dir, r.rank, file));
         table.push_back({{"rank", r.rank}, {"offset", r.offset}, {"count", r.count}, {"file", file}});
+        checksums[file] = file_digest((fs::path(tmp_dir) / file).string());
     }
     if (next != total)
         throw Error(fmt::format("checkpoint {}: the ranks' ranges cover {} of {} elements", tmp_dir, next, total));
@@ -213,6 +217,7 @@ std::string commit_checkpoint(const std::string & root, const std::string & tmp_
     meta["zero"] = zero;
     meta["total"] = total;
     meta["shards"] = table;
+    meta["checksums"] = checksums;
     write_file_atomic((fs::path(tmp_dir) / "meta.json").string(), meta.dump(2) + "\n");
     return install(root, tmp_dir, step, keep);
 }
@@ -271,12 +276,26 @@ size_t checkpoint_total(const std::string & dir, const nlohmann::json & meta) {
     return n;
 }
 
+// The file's digest against the one meta.json recorded when it was written (checkpoints from
+// before digests were recorded have none).
+void check_digest(const nlohmann::json & meta, const std::string & dir, const std::string & file) {
+    if (!meta.contains("checksums") || !meta["checksums"].is_object() || !meta["checksums"].contains(file)) return;
+    const std::string path = (fs::path(dir) / file).string();
+    const nlohmann::json & recorded = meta["checksums"][file];
+    const std::string got = file_digest(path), want = recorded.is_string() ? recorded.get<std::string>() : recorded.dump();
+    if (got != want)
+        throw FormatError(fmt::format("{}: its content digest is {}, meta.json recorded {}: the file changed after "
+                                      "the checkpoint was written; resume from an earlier checkpoint", path, got,
+                                      want));
+}
+
 TrainState load_state_range(const std::string & dir, const nlohmann::json & meta, size_t lo, size_t hi) {
     const std::string meta_path = (fs::path(dir) / "meta.json").string();
     TrainState s;
     read_scaler(meta, meta_path, s);
     s.offset = lo;
     if (!is_sharded(meta)) {
+        check_digest(meta, dir, kStateFile);
         const SafetensorsFile f = SafetensorsFile::open((fs::path(dir) / kStateFile).string());
         StateTensors t = read_state_tensors(f);
         const size_t total = t.params.size();
@@ -320,6 +339,7 @@ TrainState load_state_range(const std::string & dir, const nlohmann::json & meta
             throw FormatError(fmt::format("{}: holds elements from offset {} of {}, meta.json says offset {} of {} "
                                           "(a shard of another checkpoint?)",
                                           path, md("offset"), md("total"), r.offset, total));
+        check_digest(meta, dir, file);
         const StateTensors t = read_state_tensors(f);
         if (t.params.size() != r.count)
             throw FormatError(fmt::format("{}: {} elements, meta.json says {}", path, t.params.size(), r.count));

@@ -597,6 +597,18 @@ TEST(Cli, ResumeKeepsTheMetricsAndRefusesCorruptNumbers) {
     ::close(fd);
     EXPECT_EQ(run_memfit(base + "--steps 2 --out " + busy.string()).code, 0);
 
+    // Changed bytes in a checkpoint's state: its digest no longer matches, on resume and on export.
+    const fs::path state = b / "checkpoints/step-000012/state.safetensors";
+    {
+        std::fstream f(state, std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(2000);
+        f.write(std::string(64, '\x5a').data(), 64);
+    }
+    expect_clean_failure(run_memfit(base + "--steps 16 --resume " + (b / "checkpoints").string() + " --out " +
+                                    b.string()), "content digest");
+    expect_clean_failure(run_memfit("export " + (b / "checkpoints").string() + " --out " + scratch("r22_x").string()),
+                         "content digest");
+
     expect_clean_failure(run_memfit("train --model nano --memory-budget 0B --steps 1"), "--memory-budget 0B");
     expect_clean_failure(run_memfit("train --model nano --seed -1 --steps 1"), "--seed -1");
     expect_clean_failure(run_memfit("train --model nano --seed 99999999999999999999 --steps 1"), "--seed 9999");
