@@ -726,8 +726,14 @@ void TrainingRun::finish() {
     }
     const std::string html_path = (fs::path(opt_.out) / "report.html").string();
     const std::string trace_path = (fs::path(opt_.out) / "trace.json").string();
-    write_html_report(html_path, rep);
-    write_chrome_trace(trace_path, rep);
+    // A report that cannot be written does not cost the summary: it is written first, then the error.
+    std::string report_error;
+    try {
+        write_html_report(html_path, rep);
+        write_chrome_trace(trace_path, rep);
+    } catch (const Error & e) {
+        report_error = e.what();
+    }
     for (const auto & hnt : rep.hints) say("  hint: " + hnt);
 
     if (want_sample) {
@@ -739,6 +745,7 @@ void TrainingRun::finish() {
     std::ofstream so(summary_path);
     so << summary.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     if (!so) throw IoError(fmt::format("{}: cannot write summary", summary_path));
+    if (!report_error.empty()) throw IoError(fmt::format("{} ({} was written)", report_error, summary_path));
     say(fmt::format("wrote {}, {}, {} and {}", html_path, trace_path, metrics_path_, summary_path));
 }
 

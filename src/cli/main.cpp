@@ -1,4 +1,6 @@
 // memfit: train, plan and profile transformer language models inside a memory budget.
+#include <fcntl.h>
+
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
@@ -15,6 +17,10 @@
 int main(int argc, char ** argv) {
     // A closed pipe (`memfit train | head`) makes writes fail instead of killing the run.
     std::signal(SIGPIPE, SIG_IGN);
+    // A closed standard stream (`memfit train >&-`) would be the next file opened (metrics.jsonl
+    // taking fd 1 and filling with progress text): point it at /dev/null first.
+    for (int fd = 0; fd <= 2; ++fd)
+        if (::fcntl(fd, F_GETFD) == -1 && ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY) != fd) return 1;
     CLI::App app{"memfit: train transformer language models inside a memory budget"};
     app.require_subcommand(1);
     app.set_help_all_flag("--help-all", "help for every command");

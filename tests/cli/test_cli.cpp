@@ -609,6 +609,25 @@ TEST(Cli, ResumeKeepsTheMetricsAndRefusesCorruptNumbers) {
     expect_clean_failure(run_memfit("export " + (b / "checkpoints").string() + " --out " + scratch("r22_x").string()),
                          "content digest");
 
+    // stdout closed: metrics.jsonl stays JSON Lines. A report that cannot be written (a folder in
+    // its place) leaves summary.json written and says so.
+    const fs::path closed = scratch("r22_closed");
+    const std::string short_run = std::string(MEMFIT_BINARY) + " train --model nano --data " + data.string() +
+                                  " --seq 32 --sample 0 --steps 3 --log-every 1 --progress plain --out ";
+    ASSERT_EQ(std::system(("sh -c '" + short_run + closed.string() + " >&- 2>/dev/null'").c_str()), 0);
+    std::ifstream mj(closed / "metrics.jsonl");
+    int json_lines = 0;
+    for (std::string line; std::getline(mj, line); ++json_lines)
+        EXPECT_FALSE(nlohmann::json::parse(line, nullptr, false).is_discarded()) << line;
+    EXPECT_EQ(json_lines, 3);
+    const fs::path blocked = scratch("r22_blocked");
+    fs::create_directories(blocked / "report.html");
+    const CmdResult rb = run_memfit("train --model nano --data " + data.string() + " --seq 32 --sample 0 --steps 2 "
+                                    "--progress quiet --out " + blocked.string());
+    EXPECT_NE(rb.code, 0);
+    EXPECT_NE(rb.err.find("summary.json was written"), std::string::npos) << rb.err;
+    EXPECT_TRUE(fs::exists(blocked / "summary.json"));
+
     expect_clean_failure(run_memfit("train --model nano --memory-budget 0B --steps 1"), "--memory-budget 0B");
     expect_clean_failure(run_memfit("train --model nano --seed -1 --steps 1"), "--seed -1");
     expect_clean_failure(run_memfit("train --model nano --seed 99999999999999999999 --steps 1"), "--seed 9999");
