@@ -55,8 +55,10 @@ nlohmann::json checkpoint_meta(int step, const ModelConfig & cfg, const TrainOpt
 
 // Restores a checkpoint into the engine and the loaders; returns its step. Every rank reads the
 // shard files overlapping its own range (whatever the number of ranks that wrote them).
-int resume_from(const std::string & path, const ModelConfig & cfg, const TrainOptions & opt, int global_batch,
-                Engine & engine, DataLoader & train, DataLoader * val) {
+namespace {
+
+int resume_checked(const std::string & path, const ModelConfig & cfg, const TrainOptions & opt, int global_batch,
+                   Engine & engine, DataLoader & train, DataLoader * val) {
     const std::string dir = find_checkpoint(path);
     const nlohmann::json m = load_checkpoint_meta(dir);
     const nlohmann::json want = checkpoint_meta(0, cfg, opt, global_batch, train, val, engine.options().lora);
@@ -86,6 +88,17 @@ int resume_from(const std::string & path, const ModelConfig & cfg, const TrainOp
     if (val && d.contains("val_epoch"))
         val->seek(json_get<uint64_t>(d, "val_epoch", path), json_get<size_t>(d, "val_cursor", path));
     return step;
+}
+
+}  // namespace
+
+int resume_from(const std::string & path, const ModelConfig & cfg, const TrainOptions & opt, int global_batch,
+                Engine & engine, DataLoader & train, DataLoader * val) {
+    try {
+        return resume_checked(path, cfg, opt, global_batch, engine, train, val);
+    } catch (const nlohmann::json::exception & e) {   // a field of the wrong kind, or missing
+        throw FormatError(fmt::format("--resume {}: meta.json is not a checkpoint's ({})", path, e.what()));
+    }
 }
 
 // Writes a checkpoint: one file on one process; with N ranks every rank its range (its ZeRO

@@ -543,6 +543,11 @@ TEST(Cli, ResumeKeepsTheMetricsAndRefusesCorruptNumbers) {
         expect_clean_failure(run_memfit(base + "--steps 12 --resume " + (b / "checkpoints").string()),
                              "\"" + key + "\" = " + value.dump());
     }
+    nlohmann::json no_data = good;
+    no_data.erase("data");
+    std::ofstream(meta) << no_data.dump();
+    expect_clean_failure(run_memfit(base + "--steps 12 --resume " + (b / "checkpoints").string()),
+                         "meta.json is not a checkpoint's");
     std::ofstream(meta) << good.dump();
 
     // A closed pipe: the run goes on and writes its outputs.
