@@ -298,7 +298,8 @@ TrainingRun::TrainingRun(const TrainOptions & opt)
     // What combines (run/compat.h), before any work: the numbers, the world's layout, the rest.
     if (auto why = out_of_range(opt)) throw ConfigError(*why);
     layout_ = derive_layout(world_, opt.layout.tp, opt.layout.pp);
-    check_supported(opt, resolve_model(opt.model), nullptr);
+    cfg_ = resolve_model(opt.model);   // read once: load() completes it (vocabulary, trained context)
+    check_supported(opt, cfg_, nullptr);
     if (layout_.tp > 1 || layout_.pp > 1) groups_ = std::make_unique<ProcessGroups>(*comm_, layout_);
     ranks_ = layout_.dp;
     rank_ = groups_ ? groups_->coords.dp : comm_->rank();
@@ -327,7 +328,6 @@ void TrainingRun::say(const std::string & text) {
 }
 
 void TrainingRun::load() {
-    cfg_ = resolve_model(opt_.model);
     // The positions this run trains (checkpoints and exports record them; generation stays
     // inside): a fresh model's are --seq's, a pre-trained folder's what it records plus --seq's
     // (a folder that records none, from the Hub, was trained on all of them).

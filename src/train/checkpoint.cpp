@@ -278,7 +278,7 @@ size_t checkpoint_total(const std::string & dir, const nlohmann::json & meta) {
 
 // The file's digest against the one meta.json recorded when it was written (checkpoints from
 // before digests were recorded have none).
-void check_digest(const nlohmann::json & meta, const std::string & dir, const std::string & file) {
+static void check_digest(const nlohmann::json & meta, const std::string & dir, const std::string & file) {
     if (!meta.contains("checksums") || !meta["checksums"].is_object() || !meta["checksums"].contains(file)) return;
     const std::string path = (fs::path(dir) / file).string();
     const nlohmann::json & recorded = meta["checksums"][file];
