@@ -10,6 +10,7 @@
 #include "backend/quant_format.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/file_digest.h"
 #include "core/json_num.h"
 #include "model/hf_weights.h"
 #include "model/safetensors.h"
@@ -38,6 +39,11 @@ LoraCheckpointMeta lora_checkpoint_meta(const Checkpoint & c, const ModelConfig 
     if (!j.contains("base_model") || !j["base_model"].is_string())
         throw FormatError(fmt::format("{}: the LoRA record has no \"base_model\" string", where));
     m.base_model = j["base_model"].get<std::string>();
+    if (j.contains(kBaseDigestKey)) {
+        if (!j[kBaseDigestKey].is_string())
+            throw FormatError(fmt::format("{}: the LoRA record's \"{}\" is not a string", where, kBaseDigestKey));
+        m.base_digest = j[kBaseDigestKey].get<std::string>();
+    }
     if (m.base_model.empty()) m.seed = json_get<uint64_t>(c.meta, "seed", where);
     const size_t A = lora_param_count(cfg, m.lora);
     if (c.state.params.size() != A || c.state.m.size() != A || c.state.v.size() != A)
@@ -70,6 +76,12 @@ std::vector<float> merged_lora_weights(const Checkpoint & c, const ModelConfig &
     } else {
         std::vector<float> full(size_t(cfg.num_params()));
         load_hf_weights(base, cfg, make_param_layout(cfg), full.data());
+        const std::string want = m.base_digest, got = bytes_digest(full.data(), full.size() * sizeof(float));
+        if (!want.empty() && got != want)
+            throw ConfigError(fmt::format("{}: the adapters were trained on the base {} (weights digest {}); {} holds "
+                                          "other weights (digest {}): pass --base-model with the folder the run "
+                                          "trained from",
+                                          what, m.base_model, want, base, got));
         engine.set_base(full.data());
     }
     engine.import_state(c.state);

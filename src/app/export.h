@@ -39,6 +39,7 @@ ModelConfig checkpoint_model_config(const Checkpoint & c, const std::string & wh
 struct LoraCheckpointMeta {
     LoraOptions lora;
     std::string base_model;   // "" : the base is init_params(seed)'s
+    std::string base_digest;  // its weights' digest as the run loaded them ("": not recorded)
     uint64_t    seed = 0;
 };
 bool is_lora_checkpoint(const Checkpoint & c);

@@ -1,6 +1,7 @@
 #include "app/run_checkpoints.h"
 
 #include <filesystem>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -33,7 +34,8 @@ std::pair<size_t, size_t> state_range(const Engine & engine) {
 
 // What a checkpoint records besides the training state: where the run is and what it is.
 nlohmann::json checkpoint_meta(int step, const ModelConfig & cfg, const TrainOptions & opt, int global_batch,
-                               const DataLoader & train, const DataLoader * val, const LoraOptions & lora) {
+                               const DataLoader & train, const DataLoader * val, const LoraOptions & lora,
+                               const std::string & base_digest) {
     nlohmann::json m = {{"step", step},
                         {"model", checkpoint_model(cfg)},
                         {"seq", opt.seq},
@@ -45,6 +47,7 @@ nlohmann::json checkpoint_meta(int step, const ModelConfig & cfg, const TrainOpt
     if (lora.enabled()) {
         m["lora"] = lora_json(lora);
         m["lora"]["base_model"] = has_hf_weights(opt.model) ? fs::absolute(opt.model).string() : std::string();
+        if (!base_digest.empty()) m["lora"][kBaseDigestKey] = base_digest;
     }
     if (val) {
         m["data"]["val_epoch"] = val->epoch();
@@ -57,22 +60,68 @@ nlohmann::json checkpoint_meta(int step, const ModelConfig & cfg, const TrainOpt
 // shard files overlapping its own range (whatever the number of ranks that wrote them).
 namespace {
 
+// Where a checkpoint's record and this run's differ: "n_layer 4 in the checkpoint, 6 in this
+// run; ..." for objects (key by key), "512 in the checkpoint, 1024 in this run" otherwise.
+std::string json_differences(const nlohmann::json & theirs, const nlohmann::json & ours) {
+    auto show = [](const nlohmann::json & j, const std::string & k) {
+        if (k.empty()) return j.dump();
+        return j.contains(k) ? j[k].dump() : std::string("absent");
+    };
+    std::vector<std::string> keys;
+    if (theirs.is_object() && ours.is_object()) {
+        for (const auto & kv : theirs.items())
+            if (!ours.contains(kv.key()) || ours[kv.key()] != kv.value()) keys.push_back(kv.key());
+        for (const auto & kv : ours.items())
+            if (!theirs.contains(kv.key())) keys.push_back(kv.key());
+    } else {
+        keys.push_back("");
+    }
+    std::string out;
+    for (const auto & k : keys)
+        out += fmt::format("{}{}{}{} in the checkpoint, {} in this run", out.empty() ? "" : "; ", k, k.empty() ? "" : " ",
+                           show(theirs, k), show(ours, k));
+    return out;
+}
+
+// The LoRA base a checkpoint's adapters were trained on and this run's: the same weights (by
+// digest; checkpoints from before digests, by folder), or both the seed's initialisation.
+void check_same_base(const std::string & path, const nlohmann::json & theirs, const nlohmann::json & ours) {
+    const std::string their_dir = theirs.value("base_model", ""), our_dir = ours.value("base_model", "");
+    const std::string their_digest = theirs.value(kBaseDigestKey, ""), our_digest = ours.value(kBaseDigestKey, "");
+    auto name = [](const std::string & dir) { return dir.empty() ? std::string("the seed's initialisation") : dir; };
+    const bool same = their_dir.empty() || our_dir.empty() ? their_dir == our_dir
+                      : !their_digest.empty() && !our_digest.empty() ? their_digest == our_digest
+                                                                     : their_dir == our_dir;
+    if (!same)
+        throw ConfigError(fmt::format("--resume {}: the checkpoint's adapters were trained on the base {}{}; this "
+                                      "run's is {}{}: resume with --model set to the base the run trained on",
+                                      path, name(their_dir),
+                                      their_digest.empty() ? "" : fmt::format(" (weights digest {})", their_digest),
+                                      name(our_dir),
+                                      our_digest.empty() ? "" : fmt::format(" (weights digest {})", our_digest)));
+}
+
 int resume_checked(const std::string & path, const ModelConfig & cfg, const TrainOptions & opt, int global_batch,
-                   Engine & engine, DataLoader & train, DataLoader * val) {
+                   Engine & engine, DataLoader & train, DataLoader * val, const std::string & base_digest) {
     const std::string dir = find_checkpoint(path);
     const nlohmann::json m = load_checkpoint_meta(dir);
-    const nlohmann::json want = checkpoint_meta(0, cfg, opt, global_batch, train, val, engine.options().lora);
-    // The trained context is compared through "seq" (checkpoints before it was recorded lack it).
-    auto field = [](nlohmann::json j, const char * k) {
+    const nlohmann::json want =
+        checkpoint_meta(0, cfg, opt, global_batch, train, val, engine.options().lora, base_digest);
+    // What must agree. Not the model's name (the same model by another path), nor the trained
+    // context (compared through "seq"; older checkpoints lack it), nor where the LoRA base lies
+    // (check_same_base compares its weights).
+    auto field = [](const nlohmann::json & j, const char * k) {
         nlohmann::json v = j.value(k, nlohmann::json());
-        if (v.is_object()) v.erase(kTrainedContextKey);
+        if (v.is_object())
+            for (const char * drop : {kTrainedContextKey, "name", "base_model", kBaseDigestKey}) v.erase(drop);
         return v;
     };
     for (const char * k : {"model", "seq", "global_batch", "seed", "lora"})
         if (field(m, k) != field(want, k))
-            throw ConfigError(fmt::format("--resume {}: the checkpoint's {} is {}, this run's is {}; resume with the "
-                                          "same model, --seq, global batch, --seed and LoRA options",
-                                          path, k, m.value(k, nlohmann::json()).dump(), want.value(k, nlohmann::json()).dump()));
+            throw ConfigError(fmt::format("--resume {}: the checkpoint's {} differs from this run's ({}); resume "
+                                          "with the same model, --seq, global batch, --seed and LoRA options",
+                                          path, k, json_differences(field(m, k), field(want, k))));
+    if (m.contains("lora")) check_same_base(path, m["lora"], want["lora"]);
     const size_t total = checkpoint_total(dir, m);
     if (total != engine.total_params())
         throw FormatError(fmt::format("--resume {}: {} parameters, the model has {}", path, total,
@@ -93,9 +142,9 @@ int resume_checked(const std::string & path, const ModelConfig & cfg, const Trai
 }  // namespace
 
 int resume_from(const std::string & path, const ModelConfig & cfg, const TrainOptions & opt, int global_batch,
-                Engine & engine, DataLoader & train, DataLoader * val) {
+                Engine & engine, DataLoader & train, DataLoader * val, const std::string & base_digest) {
     try {
-        return resume_checked(path, cfg, opt, global_batch, engine, train, val);
+        return resume_checked(path, cfg, opt, global_batch, engine, train, val, base_digest);
     } catch (const nlohmann::json::exception & e) {   // a field of the wrong kind, or missing
         throw FormatError(fmt::format("--resume {}: meta.json is not a checkpoint's ({})", path, e.what()));
     }

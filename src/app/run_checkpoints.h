@@ -15,14 +15,17 @@
 
 namespace memfit {
 
+// `base_digest`: LoRA's base weights as loaded (bytes_digest of their fp32 values; "" when the
+// base is the seed's initialisation), so a resume or a merge with another base is refused.
 nlohmann::json checkpoint_meta(int step, const ModelConfig & cfg, const TrainOptions & opt, int global_batch,
-                               const DataLoader & train, const DataLoader * val, const LoraOptions & lora);
+                               const DataLoader & train, const DataLoader * val, const LoraOptions & lora,
+                               const std::string & base_digest);
 
 // Restores a checkpoint into the engine and the loaders; returns its step. Every rank reads the
 // shard files overlapping its own range (whatever the number of ranks that wrote them).
-// ConfigError when the checkpoint is of another model, --seq, global batch, --seed or LoRA.
+// ConfigError when the checkpoint is of another model, --seq, global batch, --seed, LoRA or base.
 int resume_from(const std::string & path, const ModelConfig & cfg, const TrainOptions & opt, int global_batch,
-                Engine & engine, DataLoader & train, DataLoader * val);
+                Engine & engine, DataLoader & train, DataLoader * val, const std::string & base_digest);
 
 // Writes a checkpoint under `root` (keeping the newest `keep`); returns its folder. Collective.
 std::string write_checkpoint(const std::string & root, Engine & engine, nlohmann::json meta, int keep,

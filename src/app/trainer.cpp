@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "app/divergence.h"
 #include "app/rank_report.h"
 #include "app/report.h"
 #include "app/run_checkpoints.h"
@@ -26,6 +27,7 @@
 #include "comm/device_communicator.h"
 #include "comm/groups.h"
 #include "core/error.h"
+#include "core/file_digest.h"
 #include "core/json_num.h"
 #include "core/paths.h"
 #include "core/units.h"
@@ -175,8 +177,19 @@ nlohmann::json resolved_config(const TrainOptions & opt, RunConfig run, const En
     return job_json(opt, run);
 }
 
-// Every rank must run the same job: the ranks compare each flag's value (a hash of it, gathered)
-// before the first collective of the run, and all stop with the first flag that differs.
+// A value every rank must share, by hash (gathered): all ranks stop with the same line naming
+// `what` when one differs.
+void check_same_on_ranks(Communicator & comm, const std::string & mine, const std::string & what,
+                         const std::string & hint) {
+    const std::vector<uint64_t> all = comm.all_gather_u64(std::hash<std::string>{}(mine));
+    for (size_t r = 1; r < all.size(); ++r)
+        if (all[r] != all[0])
+            throw ConfigError(fmt::format("the ranks disagree on {}: rank 0 and rank {} differ (this rank, {}, has "
+                                          "{}); {}", what, r, comm.rank(), mine, hint));
+}
+
+// Every rank must run the same job: the ranks compare each flag's value before the first
+// collective of the run, and all stop with the first flag that differs.
 void check_ranks_agree(Communicator & comm, const TrainOptions & opt) {
     if (comm.size() == 1) return;
     nlohmann::json j = job_json(opt, opt);
@@ -184,14 +197,8 @@ void check_ranks_agree(Communicator & comm, const TrainOptions & opt) {
     j["resume"] = opt.resume;
     j["checkpoint-dir"] = opt.checkpoint_dir;
     j["budget-file"] = opt.budget_file;
-    for (const auto & [key, value] : j.items()) {
-        const uint64_t mine = std::hash<std::string>{}(value.dump());
-        const std::vector<uint64_t> all = comm.all_gather_u64(mine);
-        for (size_t r = 1; r < all.size(); ++r)
-            if (all[r] != all[0])
-                throw ConfigError(fmt::format("the ranks disagree on --{}: rank 0 and rank {} differ (this rank, {}, has "
-                                              "{}); give every rank the same flags", key, r, comm.rank(), value.dump()));
-    }
+    for (const auto & [key, value] : j.items())
+        check_same_on_ranks(comm, value.dump(), "--" + key, "give every rank the same flags");
 }
 
 nlohmann::json job_json(const TrainOptions & opt, const RunConfig & run) {
@@ -266,6 +273,7 @@ private:
     int first_step_ = 1;
     std::string metrics_path_;
     std::FILE * metrics_ = nullptr;
+    std::string base_digest_;    // LoRA: the base weights' digest (a model folder's; "" when initialised)
     std::string run_id_;         // this run's identity, recorded in its checkpoints (resumed: theirs)
     int lock_fd_ = -1;           // the lock on --out, held until the run ends
     std::vector<int32_t> in_, tg_, my_in_, my_tg_;   // the global batch; this rank's rows of it
@@ -275,6 +283,7 @@ private:
     double total_time_ = 0, wall_ = 0;
     long long total_tokens_ = 0;
     float last_loss_ = 0, last_val_ = NAN;
+    double last_grad_norm_ = 0;
     Timeline timeline_;          // the last step, op by op, for the report
     Timeline leak_a_, leak_b_;   // --check-leaks: steps 2 and 3
     std::vector<CurvePoint> loss_curve_, val_curve_, tps_curve_;
@@ -346,6 +355,11 @@ void TrainingRun::load() {
     if (!lead_) comm_->barrier();
     data_ = resolve_data(opt_.data, tokenizer, cfg_.vocab_size);
     if (lead_ && world_ > 1) comm_->barrier();
+    // The same path can hold other files on another node.
+    for (const std::string & path : {data_.train_path, data_.val_path})
+        if (world_ > 1 && !path.empty())
+            check_same_on_ranks(*comm_, fmt::format("{} (fingerprint {})", path, file_fingerprint(path)), path,
+                                "give every rank the same data files");
     if (cfg_.vocab_size == 0) cfg_.vocab_size = data_.vocab_size;
     if (data_.vocab_size > cfg_.vocab_size)
         throw ConfigError(fmt::format("the data's vocabulary ({} tokens, {}) is larger than the model's ({}); "
@@ -452,6 +466,7 @@ void TrainingRun::build() {
         if (eo_.lora.enabled()) {
             std::vector<float> full(size_t(cfg_.num_params()));
             load_hf_weights(opt_.model, cfg_, make_param_layout(cfg_), full.data());
+            base_digest_ = bytes_digest(full.data(), full.size() * sizeof(float));
             engine.set_base(full.data());
         } else if (layout_.tp > 1 || layout_.pp > 1) {   // the whole model; each rank keeps its part
             std::vector<float> full(size_t(cfg_.num_params()));
@@ -464,7 +479,8 @@ void TrainingRun::build() {
         say(fmt::format("  weights from {}", opt_.model));
     }
     if (!opt_.resume.empty())
-        first_step_ = resume_from(opt_.resume, cfg_, opt_, run_.global_batch, engine, *train_data_, val_data_.get()) + 1;
+        first_step_ = resume_from(opt_.resume, cfg_, opt_, run_.global_batch, engine, *train_data_, val_data_.get(),
+                                  base_digest_) + 1;
     // The run's identity: a resumed run's is its checkpoint's, a new run's its own.
     run_id_ = opt_.resume.empty() ? new_run_id() : load_checkpoint_meta(find_checkpoint(opt_.resume)).value("run_id", "");
     if (lead_) {
@@ -560,8 +576,27 @@ void TrainingRun::step(int step) {
     }
     loss_curve_.push_back({step, r.loss});
     tps_curve_.push_back({step, double(BT) / dt});
-    if (!std::isfinite(r.loss))
-        throw Error(fmt::format("loss became {} at step {}; hint: lower --lr (now {})", r.loss, step, opt.lr));
+    // Diverged: stop before the checkpoint (fp16's non-finite gradients are the loss scaler's:
+    // it skips those updates).
+    const bool bad_grads = !std::isfinite(r.grad_norm) && eo_.compute != DType::f16;
+    if (!std::isfinite(r.loss) || bad_grads) {
+        DivergenceFacts f;
+        f.step = step;
+        f.first_step = first_step_;
+        f.lr = h.lr;
+        f.peak_lr = opt.lr;
+        f.warmup = opt.warmup;
+        f.clip = opt.clip;
+        f.last_grad_norm = last_grad_norm_;
+        f.compute = eo_.compute;
+        f.lora_scale = eo_.lora.enabled() ? eo_.lora.scaling() : 0.0f;
+        f.weights_from = !opt.resume.empty()         ? "--resume " + opt.resume
+                         : has_hf_weights(opt.model) ? opt.model
+                                                     : fmt::format("initialised from --seed {}", opt.seed);
+        throw Error(std::isfinite(r.loss) ? divergence_message("gradient norm", r.grad_norm, f)
+                                          : divergence_message("loss", r.loss, f));
+    }
+    last_grad_norm_ = r.grad_norm;
     total_time_ += dt;
     total_tokens_ += BT;
     last_loss_ = r.loss;
@@ -607,7 +642,8 @@ std::string TrainingRun::checkpoint_root() const {
 
 void TrainingRun::checkpoint(int step, bool log_point) {
     const std::string root = checkpoint_root();
-    nlohmann::json meta = checkpoint_meta(step, cfg_, opt_, run_.global_batch, *train_data_, val_data_.get(), eo_.lora);
+    nlohmann::json meta = checkpoint_meta(step, cfg_, opt_, run_.global_batch, *train_data_, val_data_.get(), eo_.lora,
+                                          base_digest_);
     meta["run_id"] = run_id_;
     const std::string dir = write_checkpoint(root, *engine_, meta, opt_.keep_checkpoints, *comm_);
     if (log_point) say(fmt::format("  checkpoint {}", dir));

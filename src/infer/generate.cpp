@@ -4,7 +4,10 @@
 #include <cmath>
 #include <numeric>
 
+#include <fmt/format.h>
+
 #include "core/error.h"
+#include "core/finite.h"
 
 namespace memfit {
 
@@ -58,6 +61,10 @@ std::vector<int32_t> generate(Decoder & decoder, std::vector<int32_t> context, c
     };
     const float * logits = refill(size_t(cap));
     for (int i = 0; i < o.max_new_tokens; ++i) {
+        // Finite weights can still overflow (or a quantized storage lose them): no garbage text.
+        if (const NonFinite bad = find_non_finite(logits, size_t(V)))
+            throw Error(fmt::format("generate: the logits after {} tokens hold {} of {}; the model overflows in "
+                                    "this weight storage (try --weights fp32)", context.size(), bad.describe(), V));
         const int32_t next = sample_token(logits, V, o, rng);
         context.push_back(next);
         out.push_back(next);

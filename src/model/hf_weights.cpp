@@ -11,6 +11,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/finite.h"
 #include "model/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -99,6 +100,9 @@ void load_hf_weights(const std::string & dir, const ModelConfig & cfg, const Par
     for (const ParamInfo & p : layout.params) {
         const auto & [file, name] = found.at(p.name);
         const std::vector<float> v = file->read_f32(name);
+        if (const NonFinite bad = find_non_finite(v.data(), v.size()))
+            throw FormatError(fmt::format("{}: tensor '{}' holds {}; the weights are corrupt (or were saved from a "
+                                          "diverged run)", file->path(), name, bad.describe()));
         std::copy(v.begin(), v.end(), params + p.offset);
     }
 }

@@ -108,6 +108,8 @@ void scatter_quant_entry(const ModelConfig & cfg, const ParamLayout & all, const
 // {"r", "alpha", "targets", "base_weights", "double_quant", "dropout"}: how checkpoints record the options;
 // lora_from_json reads it back (FormatError naming `what` on a malformed record).
 nlohmann::json lora_json(const LoraOptions & lora);
+// A LoRA checkpoint's record of its base weights: bytes_digest of their fp32 values as loaded.
+inline constexpr const char * kBaseDigestKey = "base_digest";
 LoraOptions lora_from_json(const nlohmann::json & j, const ModelConfig & cfg, const std::string & what);
 
 // Folds the adapters into the whole model's fp32 weights w (make_param_layout order): each

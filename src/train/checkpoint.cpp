@@ -11,6 +11,7 @@
 #include "core/atomic_file.h"
 #include "core/file_digest.h"
 #include "core/error.h"
+#include "core/finite.h"
 #include "core/json_num.h"
 #include "model/safetensors.h"
 
@@ -289,7 +290,9 @@ static void check_digest(const nlohmann::json & meta, const std::string & dir, c
                                       want));
 }
 
-TrainState load_state_range(const std::string & dir, const nlohmann::json & meta, size_t lo, size_t hi) {
+namespace {
+
+TrainState read_state_range(const std::string & dir, const nlohmann::json & meta, size_t lo, size_t hi) {
     const std::string meta_path = (fs::path(dir) / "meta.json").string();
     TrainState s;
     read_scaler(meta, meta_path, s);
@@ -347,6 +350,26 @@ TrainState load_state_range(const std::string & dir, const nlohmann::json & meta
         std::copy_n(t.params.begin() + long(src), n, s.params.begin() + long(dst));
         std::copy_n(t.m.begin() + long(src), n, s.m.begin() + long(dst));
         std::copy_n(t.v.begin() + long(src), n, s.v.begin() + long(dst));
+    }
+    return s;
+}
+
+}  // namespace
+
+TrainState load_state_range(const std::string & dir, const nlohmann::json & meta, size_t lo, size_t hi) {
+    TrainState s = read_state_range(dir, meta, lo, hi);
+    // A state its digests vouch for can still hold what a diverged run wrote (or come from before
+    // digests): AdamW would turn it into NaN weights at the first update.
+    const std::pair<const char *, const std::vector<float> *> parts[] = {
+        {"parameters", &s.params}, {"first moments", &s.m}, {"second moments", &s.v}};
+    for (const auto & [what, v] : parts) {
+        const bool second = v == &s.v;
+        NonFinite bad = find_non_finite(v->data(), v->size(), second);
+        bad.first += lo;   // an element of the whole state
+        if (bad)
+            throw FormatError(fmt::format("{}: the {} hold {}; the run had diverged when it was written, or it is "
+                                          "corrupt: resume from an earlier checkpoint",
+                                          dir, what, bad.describe(second ? "non-finite or negative" : "non-finite")));
     }
     return s;
 }

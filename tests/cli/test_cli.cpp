@@ -7,6 +7,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -636,6 +638,67 @@ TEST(Cli, ResumeKeepsTheMetricsAndRefusesCorruptNumbers) {
     expect_clean_failure(run_memfit("train --model nano --memory-budget 0B --steps 1"), "--memory-budget 0B");
     expect_clean_failure(run_memfit("train --model nano --seed -1 --steps 1"), "--seed -1");
     expect_clean_failure(run_memfit("train --model nano --seed 99999999999999999999 --steps 1"), "--seed 9999");
+}
+
+// The messages of issue 22's group 8 name the real cause: a resume of the same model by another
+// path goes on, another model's names the fields that differ; a LoRA run's base is its weights
+// (another base is refused on resume and on export); a diverging LoRA scale, NaN weights in a
+// folder (train and generate) each get their own line.
+TEST(Cli, MessagesNameTheCause) {
+    const fs::path text = small_text("m22.txt");
+    const fs::path data = scratch("m22_data"), a = scratch("m22_a"), b = scratch("m22_b");
+    ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    const std::string common = " --data " + data.string() + " --micro-batch 2 --seq 32 --eval-every 0 --sample 0 "
+                               "--progress quiet --checkpoint-every 4 ";
+    ASSERT_EQ(run_memfit("train --model nano --steps 4 --out " + a.string() + common).code, 0);
+    ASSERT_EQ(run_memfit("train --model nano --steps 4 --seed 9 --out " + b.string() + common).code, 0);
+    const fs::path base1 = scratch("m22_base1"), base2 = scratch("m22_base2"), copy1 = scratch("m22_copy1");
+    ASSERT_EQ(run_memfit("export " + (a / "checkpoints").string() + " --out " + base1.string()).code, 0);
+    ASSERT_EQ(run_memfit("export " + (b / "checkpoints").string() + " --out " + base2.string()).code, 0);
+    fs::copy(base1, copy1);
+
+    // The same model by another path (its exported folder) resumes; another model is refused
+    // with the fields that differ, not two dumps of the whole config.
+    const CmdResult other = run_memfit("train --model micro --steps 8 --resume " + (a / "checkpoints").string() +
+                                       common + "--out " + a.string());
+    expect_clean_failure(other, "the checkpoint's model differs from this run's (");
+    EXPECT_NE(other.err.find("n_layer 2 in the checkpoint, 4 in this run"), std::string::npos) << other.err;
+    EXPECT_LT(other.err.size(), 400u) << other.err;
+    ASSERT_EQ(run_memfit("train --model " + base1.string() + " --steps 8 --resume " + (a / "checkpoints").string() +
+                         common + "--out " + a.string()).code, 0);
+
+    // LoRA: the base is recorded by its weights. The same weights elsewhere merge and resume;
+    // a same-shaped other base is refused on export and on resume.
+    const fs::path l = scratch("m22_lora");
+    const std::string lora = " --lora-rank 4" + common + "--out " + l.string();
+    ASSERT_EQ(run_memfit("train --model " + base1.string() + " --steps 4" + lora).code, 0);
+    const std::string ck = (l / "checkpoints").string();
+    expect_clean_failure(run_memfit("export " + ck + " --merge-lora --base-model " + base2.string() + " --out " +
+                                    scratch("m22_x").string()), "holds other weights");
+    ASSERT_EQ(run_memfit("export " + ck + " --merge-lora --base-model " + copy1.string() + " --out " +
+                         scratch("m22_y").string()).code, 0);
+    expect_clean_failure(run_memfit("train --model " + base2.string() + " --steps 8 --resume " + ck + lora),
+                         "the checkpoint's adapters were trained on the base " + fs::absolute(base1).string());
+    ASSERT_EQ(run_memfit("train --model " + copy1.string() + " --steps 8 --resume " + ck + lora).code, 0);
+
+    // A LoRA scale that makes the gradients overflow: one line naming it, a non-zero exit.
+    expect_clean_failure(run_memfit("train --model " + base1.string() + " --steps 3 --lora-rank 4 --lora-alpha 1e30" +
+                                    common + "--out " + scratch("m22_alpha").string()),
+                         "the LoRA scale alpha / rank is 2.5e+29");
+
+    // NaN weights in a folder: refused where they are read, naming the tensor.
+    {
+        std::fstream f(copy1 / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+        uint64_t header = 0;
+        f.read(reinterpret_cast<char *>(&header), 8);
+        const float nan = NAN;
+        f.seekp(std::streamoff(8 + header + 16));   // a value of the first tensor
+        f.write(reinterpret_cast<const char *>(&nan), 4);
+    }
+    expect_clean_failure(run_memfit("generate --model " + copy1.string() + " --prompt hi --max-new-tokens 4"),
+                         "non-finite value");
+    expect_clean_failure(run_memfit("train --model " + copy1.string() + " --steps 2" + common + "--out " +
+                                    scratch("m22_nan").string()), "non-finite value");
 }
 
 }  // namespace

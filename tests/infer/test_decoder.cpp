@@ -209,3 +209,23 @@ TEST(Decoder, QuantizedWeightsWithBf16Activations) {
     const float * l = q.prefill(tokens);
     EXPECT_LT(max_rel(l, full.data() + size_t(7) * size_t(cfg.vocab_size), cfg.vocab_size), 0.05);
 }
+
+// Logits that are not finite (weights that overflow, here one inf in the head's input norm) stop
+// generation with an error instead of text sampled from NaNs.
+TEST(Decoder, NonFiniteLogitsStopGeneration) {
+    const ModelConfig cfg = gpt2_small();
+    CpuBackend backend;
+    Decoder d(cfg, backend, 8);
+    const ParamLayout & L = d.layout();
+    std::vector<float> w(L.total, 0.01f);
+    w[L.find("ln_f.weight").offset] = INFINITY;
+    d.set_weights(w.data());
+    SampleOptions o;
+    o.max_new_tokens = 3;
+    try {
+        generate(d, {1, 2}, o, nullptr);
+        ADD_FAILURE() << "generated from non-finite logits";
+    } catch (const Error & e) {
+        EXPECT_NE(std::string(e.what()).find("the logits after 2 tokens hold"), std::string::npos) << e.what();
+    }
+}

@@ -1,12 +1,15 @@
 // Hugging Face GPT-2 and LLaMA folders: export then load is bitwise, 16-bit weights convert, the
-// "transformer." prefix and shards are accepted, and a wrong tensor set is refused by name.
+// "transformer." prefix and shards are accepted, and a wrong tensor set or a non-finite value is
+// refused by name.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/dtype.h"
@@ -184,4 +187,25 @@ TEST(HfWeights, LlamaFoldersRoundTripAndRefuseWrongTensors) {
     Model g;
     write_folder(dir, g, "F32");
     EXPECT_THROW(load_hf_weights(dir.string(), m.cfg, m.layout, got.data()), FormatError);
+}
+
+// A NaN or inf in a folder's weights is refused where it is read, naming the tensor (it used
+// to train into a "loss became nan" at step 1, or print garbage in `generate`).
+TEST(HfWeights, NonFiniteWeightsAreRefusedByName) {
+    for (const float bad : {NAN, INFINITY, -INFINITY}) {
+        Model m;
+        const ParamInfo & p = m.layout.params[3];
+        m.params[p.offset + 5] = bad;
+        const fs::path dir = fresh_dir("nonfinite");
+        write_folder(dir, m, "BF16");
+        std::vector<float> got(m.layout.total);
+        try {
+            load_hf_weights(dir.string(), m.cfg, m.layout, got.data());
+            ADD_FAILURE() << "loaded a " << bad;
+        } catch (const FormatError & e) {
+            EXPECT_NE(std::string(e.what()).find("tensor '" + p.name + "' holds 1 non-finite value (the first, element "
+                                                 "5, is " + fmt::format("{}", bad) + ")"),
+                      std::string::npos) << e.what();
+        }
+    }
 }

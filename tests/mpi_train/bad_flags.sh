@@ -24,4 +24,14 @@ expect_error "memfit: error: the ranks disagree on --checkpoint-every" mpmd "--c
 expect_error "memfit: error: the ranks disagree on --lr" mpmd "--lr 0.001" "--lr 0.002"
 expect_error "memfit: error: the ranks disagree on --zero" mpmd "--zero 1" "--zero 2"
 expect_error "memfit: error: the ranks disagree on --seed" mpmd "--seed 1" "--seed 2"
+# The same --data path holding other token files on another node (here: another working folder).
+mkdir -p a b
+cp -r "$WORK/data" a/data
+head -c 100000 "$SRC/data/tinyshakespeare.txt" > short.txt
+"$MEMFIT" prepare --tokenizer bytes --input short.txt --out b/data > /dev/null
+REL=(train --model nano --data data --seq 32 --steps 2 --sample 0 --progress quiet --threads 1 --out out)
+expect_error "memfit: error: the ranks disagree on data/train.bin" \
+    "$MPIEXEC" --oversubscribe --allow-run-as-root --bind-to none -x OMP_NUM_THREADS=1 \
+    -n 1 -wdir "$WORK/a" "$MEMFIT" "${REL[@]}" : -n 1 -wdir "$WORK/b" "$MEMFIT" "${REL[@]}"
+[ ! -e a/out ] && [ ! -e b/out ] || fail "wrote output before failing on different data"
 echo PASS

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -112,5 +113,37 @@ TEST(Checkpoint, BadFoldersGiveClearErrors) {
     } catch (const FormatError & e) {
         EXPECT_NE(std::string(e.what()).find("\"optimizer_step\" = 3.2e+52 is not a number in range"), std::string::npos)
             << e.what();
+    }
+}
+
+// A state that a diverged run wrote (its digests vouch for it) or an older checkpoint without
+// digests: a NaN or inf parameter or moment, or a negative second moment, is refused on load
+// (AdamW would have made NaN weights of it at the first update).
+TEST(Checkpoint, NonFiniteStateIsRefusedOnLoad) {
+    const fs::path root = fresh_dir("nonfinite");
+    struct Case {
+        const char * part;
+        float value;
+        const char * needle;
+    };
+    for (const Case & c : {Case{"params", NAN, "the parameters hold 1 non-finite value (the first, element 9, is nan)"},
+                           Case{"m", INFINITY, "the first moments hold 1 non-finite value (the first, element 9"},
+                           Case{"v", -1.0f, "the second moments hold 1 non-finite or negative value (the first, "
+                                            "element 9, is -1)"}}) {
+        fs::remove_all(root);
+        Checkpoint ck = make(3);
+        std::vector<float> & v = std::string(c.part) == "params" ? ck.state.params
+                                 : std::string(c.part) == "m"    ? ck.state.m
+                                                                 : ck.state.v;
+        v[9] = c.value;
+        const std::string dir = save_checkpoint(root.string(), ck, 3);
+        try {
+            load_checkpoint(dir);
+            ADD_FAILURE() << c.part;
+        } catch (const FormatError & e) {
+            EXPECT_NE(std::string(e.what()).find(c.needle), std::string::npos) << e.what();
+        }
+        // A range that leaves the bad element out loads (a ZeRO shard is only its own elements).
+        EXPECT_EQ(load_state_range(dir, load_checkpoint_meta(dir), 10, 37).params.size(), 27u);
     }
 }
