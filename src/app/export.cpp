@@ -126,7 +126,7 @@ std::string export_checkpoint(const std::string & path, const std::string & out,
                               const std::string & base_model) {
     const Checkpoint c = load_checkpoint(path);
     const ModelConfig cfg = checkpoint_model_config(c, path);
-    const int step = json_get<int>(c.meta, "step", path + "/meta.json");
+    const int step = json_get_in<int>(c.meta, "step", path + "/meta.json", 1, (1 << 30));
     if (!is_lora_checkpoint(c)) {
         if (mode != ExportMode::plain)
             throw ConfigError(fmt::format("{}: {} applies to LoRA checkpoints; this one holds the whole model: drop "

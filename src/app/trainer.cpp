@@ -354,6 +354,13 @@ void TrainingRun::load() {
     // Rank 0 prepares the bundled corpus (if needed) before the others look for it.
     if (!lead_) comm_->barrier();
     data_ = resolve_data(opt_.data, tokenizer, cfg_.vocab_size);
+    // --tokenizer tokenizes the bundled corpus; prepared data must have been made with it.
+    if (!opt_.tokenizer.empty() && !opt_.data.empty()) {
+        const std::string named = make_tokenizer(opt_.tokenizer, data_dir())->name();
+        if (!data_.tokenizer.empty() && named != data_.tokenizer)
+            throw ConfigError(fmt::format("--tokenizer {}: {} was prepared with {}; drop --tokenizer or prepare the "
+                                          "data with it", opt_.tokenizer, opt_.data, data_.tokenizer));
+    }
     if (lead_ && world_ > 1) comm_->barrier();
     // The same path can hold other files on another node.
     for (const std::string & path : {data_.train_path, data_.val_path})

@@ -95,8 +95,8 @@ void add_model_commands(CLI::App & app) {
     g->add_option("--top-k", gen.top_k, "sample from the k most likely tokens (0: all)")->capture_default_str()
         ->check(kNonNegative);
     g->add_option("--top-p", gen.top_p, "sample from the smallest set with this much probability")
-        ->capture_default_str()->check(CLI::Range(0.0, 1.0));
-    g->add_option("--seed", gen.seed, "random seed")->capture_default_str();
+        ->capture_default_str()->check(kFraction);
+    g->add_option("--seed", gen.seed, "random seed")->capture_default_str()->check(kSeed);
     g->add_option("--seq", gen_seq, "KV cache positions (default: the prompt plus --max-new-tokens, at most the context the model was trained on, config.json's memfit_trained_context; more warns); when full, the last half of the context is re-run")->check(kNonNegative);
     g->add_option("--threads", gen_threads, "CPU threads (0: all cores)")->check(kNonNegative);
     g->add_option("--weights", gen_weights, "weight storage: fp32, bf16, or int8 | nf4 (the block projections "

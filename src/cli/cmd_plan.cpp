@@ -1,6 +1,7 @@
 // memfit plan: predict memory and step time on a cluster and search the fastest configuration
 // that fits (src/plan/).
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include <CLI/CLI.hpp>
@@ -97,9 +98,14 @@ void add_plan_commands(CLI::App & app) {
     p->add_flag("--explain", f.explain, "also list the fastest rejected configurations and what would make them fit");
     p->add_flag("--json", f.json, "print the result as JSON (docs/planner.md)");
     p->add_flag("--min-gpus", f.min_gpus, "find the fewest devices of this kind that fit the run, and its best layout");
-    p->add_option("--calibration", f.calibration, "the cpu entry's measurements (memfit bench --calibrate)")
-        ->capture_default_str();
-    p->callback([] {
+    CLI::Option * calibration =
+        p->add_option("--calibration", f.calibration, "the cpu entry's measurements (memfit bench --calibrate)")
+            ->capture_default_str();
+    p->callback([calibration] {
+        // The default file is optional (no calibration yet); one named on the command line is not.
+        if (calibration->count() > 0 && !std::filesystem::is_regular_file(f.calibration))
+            throw IoError(fmt::format("--calibration {}: no such file; write one with `memfit bench --calibrate`",
+                                      f.calibration));
         PlanRequest r = make_request(f, run, given);
         // The engine's own scratch sizes: oneDNN's on the CPU, the CUDA backend's on a GPU.
         const std::unique_ptr<Backend> cpu_owned = make_backend("cpu");

@@ -28,7 +28,7 @@ void add_train_flags(CLI::App * train, TrainOptions & t) {
     train->add_option("--lr", t.lr, "peak learning rate")->capture_default_str()->check(kPositive);
     train->add_option("--warmup", t.warmup, "linear warmup steps")->capture_default_str()->check(kNonNegative);
     train->add_option("--min-lr-ratio", t.min_lr_ratio, "the decay's floor at the last step, as a fraction of --lr")
-        ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+        ->capture_default_str()->check(kFraction);
     train->add_option_function<std::string>(
               "--lr-scheduler",
               [&t](const std::string & v) {
@@ -43,9 +43,9 @@ void add_train_flags(CLI::App * train, TrainOptions & t) {
     train->add_option("--weight-decay", t.weight_decay, "AdamW decoupled weight decay (tensors with >= 2 dims)")
         ->capture_default_str()->check(kNonNegative);
     train->add_option("--adam-beta1", t.beta1, "AdamW's first-moment decay")->capture_default_str()
-        ->check(CLI::Range(0.0, 0.999999));
+        ->check(finite_range(0.0, 0.999999));
     train->add_option("--adam-beta2", t.beta2, "AdamW's second-moment decay")->capture_default_str()
-        ->check(CLI::Range(0.0, 0.999999));
+        ->check(finite_range(0.0, 0.999999));
     train->add_option("--adam-epsilon", t.eps, "AdamW's epsilon")->capture_default_str()->check(kPositive);
     train->add_option("--eval-every", t.eval_every, "validation interval in steps (0: at the end only)")
         ->capture_default_str()->check(kNonNegative);

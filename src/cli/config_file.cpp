@@ -18,8 +18,22 @@ namespace {
 nlohmann::ordered_json read_json(const std::string & path) {
     std::ifstream in(path);
     if (!in) throw IoError(fmt::format("--config {}: cannot read the file", path));
+    // A key twice in one object is refused (the parser would keep the last one silently).
+    std::vector<std::set<std::string>> keys;
+    std::string twice;
+    auto callback = [&](int, nlohmann::ordered_json::parse_event_t event, nlohmann::ordered_json & parsed) {
+        using E = nlohmann::ordered_json::parse_event_t;
+        if (event == E::object_start) keys.emplace_back();
+        else if (event == E::object_end && !keys.empty()) keys.pop_back();
+        else if (event == E::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
+                 twice.empty())
+            twice = parsed.get<std::string>();
+        return true;
+    };
     try {
-        nlohmann::ordered_json j = nlohmann::ordered_json::parse(in);
+        nlohmann::ordered_json j = nlohmann::ordered_json::parse(in, callback);
+        if (!twice.empty())
+            throw FormatError(fmt::format("--config {}: \"{}\" appears twice in one object; keep one", path, twice));
         if (!j.is_object()) throw FormatError(fmt::format("--config {}: expected a JSON object of flags", path));
         return j;
     } catch (const nlohmann::json::exception & e) {
@@ -107,6 +121,9 @@ std::vector<std::string> expand_config(CLI::App & app, const std::vector<std::st
         for (char & ch : key)
             if (ch == '_') ch = '-';
         if (value.is_null()) continue;
+        if (key == "config")
+            throw ConfigError(fmt::format("--config {}: a config file cannot name another (\"{}\"); merge them into "
+                                          "one", path, raw));
         const CLI::Option * op = sub->get_option_no_throw("--" + key);
         if (!op) {
             if (sub != train && train && train->get_option_no_throw("--" + key)) {

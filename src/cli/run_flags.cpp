@@ -81,13 +81,13 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                        "LoRA: freeze the base and train rank-R adapters on --lora-targets (0: train every parameter)")
              ->capture_default_str()->check(kNonNegative));
     keep(c->add_option("--lora-alpha", r.lora.alpha, "LoRA: the adapters' output is scaled by alpha / rank")
-             ->capture_default_str());
+             ->capture_default_str()->check(kPositive));
     keep(c->add_option("--lora-targets", r.lora.targets,
                        "LoRA: modules to adapt, q,k,v,o,gate,up,down or all (GPT-2: c_attn, c_proj, c_fc; default "
                        "q,v | c_attn)"));
     keep(c->add_option("--lora-dropout", r.lora.dropout,
                        "LoRA: dropout probability on the adapters' input while training (0: none)")
-             ->capture_default_str());
+             ->capture_default_str()->check(finite_range(0, 0.999999)));
     keep(c->add_option("--base-weights", r.lora.base_weights,
                        "LoRA: storage of the frozen base: the compute precision (bf16, fp16, fp32), int8 "
                        "(per-channel) or nf4 (4-bit NormalFloat, blocks of 64, double-quantized scales, as QLoRA)")
@@ -97,7 +97,7 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                            "data parallel (mpirun -np N): ZeRO stage 0 (every rank holds everything), 1 (shard fp32 "
                            "master weights and optimizer states over the ranks), 2 (also gradients), 3 (also the "
                            "parameters)")
-                 ->capture_default_str());
+                 ->capture_default_str()->check(kNonNegative));
         keep(c->add_option("--tp", r.layout.tp,
                            "tensor parallel (Megatron-LM): split every block's heads and MLP width, the embedding "
                            "and the LM head over groups of this many consecutive ranks; the heads, KV heads and MLP "
@@ -168,9 +168,7 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                  ->capture_default_str()->check(kNonNegative));
         keep(typed(c, "--seed",
                    [&r](const std::string & v) {
-                       const bool digits = !v.empty() && v.size() <= 19 &&
-                                           v.find_first_not_of("0123456789") == std::string::npos;
-                       if (!digits)
+                       if (!is_seed(v))
                            throw ConfigError(fmt::format("--seed {}: expected a whole number from 0 to "
                                                          "9999999999999999999", v));
                        r.seed = std::stoull(v);
@@ -181,7 +179,7 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
             keep(c->add_option("--bucket-mb", r.bucket_mb,
                                "data parallel: gradients are reduced in buckets of at least this many MiB of "
                                "adjacent blocks (0: one bucket per transformer block)")
-                     ->capture_default_str());
+                     ->capture_default_str()->check(kNonNegative));
     }
     return f;
 }

@@ -20,6 +20,8 @@ LoraOptions lora_options(const RunConfig & r, const ModelConfig & cfg, DType com
     const LoraConfig & s = r.lora;
     LoraOptions l;
     const BaseWeights base = parse_base_weights(s.base_weights);
+    // The modules are checked with LoRA off too: a misspelt one is an error, not ignored.
+    if (s.rank == 0 && !s.targets.empty()) parse_lora_targets(cfg, s.targets);
     if (s.rank == 0) {
         if (base != BaseWeights::compute)
             throw ConfigError(fmt::format("--base-weights {} freezes and quantizes the base: it needs --lora-rank "

@@ -278,12 +278,15 @@ size_t checkpoint_total(const std::string & dir, const nlohmann::json & meta) {
 }
 
 // The file's digest against the one meta.json recorded when it was written (checkpoints from
-// before digests were recorded have none).
+// before digests were recorded have no "checksums"; one that has them has every file's).
 static void check_digest(const nlohmann::json & meta, const std::string & dir, const std::string & file) {
-    if (!meta.contains("checksums") || !meta["checksums"].is_object() || !meta["checksums"].contains(file)) return;
+    if (!meta.contains("checksums")) return;
     const std::string path = (fs::path(dir) / file).string();
-    const nlohmann::json & recorded = meta["checksums"][file];
-    const std::string got = file_digest(path), want = recorded.is_string() ? recorded.get<std::string>() : recorded.dump();
+    const nlohmann::json & sums = meta["checksums"];
+    if (!sums.is_object() || !sums.contains(file) || !sums[file].is_string())
+        throw FormatError(fmt::format("{}/meta.json: \"checksums\" records no digest string for {}: the checkpoint's "
+                                      "record is damaged; resume from an earlier checkpoint", dir, file));
+    const std::string got = file_digest(path), want = sums[file].get<std::string>();
     if (got != want)
         throw FormatError(fmt::format("{}: its content digest is {}, meta.json recorded {}: the file changed after "
                                       "the checkpoint was written; resume from an earlier checkpoint", path, got,

@@ -115,6 +115,31 @@ TEST(Cli, MalformedFlag) {
     expect_clean_failure(r2, "no-such-flag");
 }
 
+// What the adversarial pass (scripts/adversarial.sh) found accepted: NaN and inf through the
+// numeric checks (CLI11's Range lets NaN by), LoRA values with LoRA off, empty numbers, a
+// wrapped generate seed, a missing calibration file, a config key given twice or naming
+// another config, and a --tokenizer other than the one the --data was prepared with.
+TEST(Cli, ValuesNoRunTakesAreRefused) {
+    for (const char * flags : {"--lr nan", "--lr inf", "--min-lr-ratio nan", "--adam-beta1 nan", "--adam-epsilon inf",
+                               "--lora-alpha -1", "--lora-dropout nan", "--zero ''", "--bucket-mb ''"})
+        expect_clean_failure(run_memfit(std::string("train --model nano --steps 1 ") + flags),
+                             std::string(flags).substr(0, std::string(flags).find(' ')));
+    expect_clean_failure(run_memfit("generate --model /nonexistent --top-p nan"), "--top-p");
+    expect_clean_failure(run_memfit("generate --model /nonexistent --seed -1"), "--seed");
+    expect_clean_failure(run_memfit("plan --calibration /nonexistent/cal.json"), "--calibration /nonexistent/cal.json");
+    const fs::path twice = scratch("v22_twice.json"), nested = scratch("v22_nested.json");
+    std::ofstream(twice) << R"({"model": "nano", "zero_optimization": {"stage": 1, "stage": 2}})";
+    std::ofstream(nested) << R"({"config": "other.json"})";
+    expect_clean_failure(run_memfit("train --steps 1 --config " + twice.string()), "\"stage\" appears twice");
+    expect_clean_failure(run_memfit("train --steps 1 --config " + nested.string()), "cannot name another");
+    const fs::path text = small_text("v22.txt"), data = scratch("v22_data");
+    ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    expect_clean_failure(run_memfit("train --model nano --steps 1 --tokenizer gpt2 --data " + data.string() +
+                                    " --out " + scratch("v22_o").string()), "was prepared with bytes");
+    expect_clean_failure(run_memfit("train --model nano --steps 1 --lora-targets nope --data " + data.string() +
+                                    " --out " + scratch("v22_t").string()), "'nope' is not a GPT-2 module");
+}
+
 TEST(Cli, MalformedBudget) {
     expect_clean_failure(run_memfit("train --model nano --memory-budget 12xyz --steps 1"), "12xyz");
 }

@@ -147,3 +147,29 @@ TEST(Checkpoint, NonFiniteStateIsRefusedOnLoad) {
         EXPECT_EQ(load_state_range(dir, load_checkpoint_meta(dir), 10, 37).params.size(), 27u);
     }
 }
+
+// A checkpoint that records digests records every file's: a damaged "checksums" is refused, not
+// skipped (an absent one is a checkpoint from before digests).
+TEST(Checkpoint, DamagedChecksumRecordIsRefused) {
+    const fs::path root = fresh_dir("checksums");
+    const std::string dir = save_checkpoint(root.string(), make(3), 3);
+    const fs::path meta_path = fs::path(dir) / "meta.json";
+    const nlohmann::json good = nlohmann::json::parse(std::ifstream(meta_path));
+    for (const nlohmann::json & bad : {nlohmann::json("x"), nlohmann::json::object(), nlohmann::json(-1),
+                                       nlohmann::json{{"state.safetensors", 7}}}) {
+        nlohmann::json m = good;
+        m["checksums"] = bad;
+        std::ofstream(meta_path) << m.dump();
+        try {
+            load_checkpoint(dir);
+            ADD_FAILURE() << bad.dump();
+        } catch (const FormatError & e) {
+            EXPECT_NE(std::string(e.what()).find("\"checksums\" records no digest string"), std::string::npos)
+                << e.what();
+        }
+    }
+    nlohmann::json old = good;
+    old.erase("checksums");
+    std::ofstream(meta_path) << old.dump();
+    EXPECT_EQ(load_checkpoint(dir).state.params.size(), 37u);
+}
