@@ -284,6 +284,8 @@ private:
     long long total_tokens_ = 0;
     float last_loss_ = 0, last_val_ = NAN;
     double last_grad_norm_ = 0;
+    int skipped_in_a_row_ = 0;   // fp16 steps the loss scaler skipped, consecutively
+    static constexpr int kMaxSkippedInARow = 10;
     Timeline timeline_;          // the last step, op by op, for the report
     Timeline leak_a_, leak_b_;   // --check-leaks: steps 2 and 3
     std::vector<CurvePoint> loss_curve_, val_curve_, tps_curve_;
@@ -604,6 +606,17 @@ void TrainingRun::step(int step) {
                                           : divergence_message("loss", r.loss, f));
     }
     last_grad_norm_ = r.grad_norm;
+    // fp16: overflowing steps are skipped while the scale comes down; once it cannot (a static
+    // scale, or the dynamic one at its minimum) more of them would be a run that does nothing.
+    const LossScaler & ls = engine_->loss_scaler();
+    skipped_in_a_row_ = r.skipped ? skipped_in_a_row_ + 1 : 0;
+    if (skipped_in_a_row_ >= kMaxSkippedInARow && (!ls.dynamic || ls.scale <= ls.min_scale))
+        throw Error(fmt::format("fp16: the last {} steps overflowed at loss scale {:g}, which {}; hint: {}",
+                                skipped_in_a_row_, ls.scale,
+                                ls.dynamic ? "is --min-loss-scale" : "is static (--loss-scale)",
+                                ls.dynamic ? "lower --min-loss-scale or use --precision bf16"
+                                           : "lower --loss-scale, use the dynamic scale (--loss-scale 0) or "
+                                             "--precision bf16"));
     total_time_ += dt;
     total_tokens_ += BT;
     last_loss_ = r.loss;

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <exception>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -11,12 +12,13 @@
 
 namespace memfit::cli {
 
-// The whole of `v` as a finite number (NaN and inf are not numbers a flag takes).
+// The whole of `v` as a finite number within float's range (the flags are floats: 1e300 would
+// become inf; NaN and inf are not numbers a flag takes).
 inline std::optional<double> finite_number(const std::string & v) {
     try {
         size_t used = 0;
         const double x = std::stod(v, &used);
-        if (used == v.size() && std::isfinite(x)) return x;
+        if (used == v.size() && std::isfinite(x) && std::fabs(x) <= double(std::numeric_limits<float>::max())) return x;
     } catch (const std::exception &) {}
     return std::nullopt;
 }
@@ -24,13 +26,14 @@ inline std::optional<double> finite_number(const std::string & v) {
 inline const CLI::Validator kPositive(
     [](std::string & v) {
         const auto x = finite_number(v);
-        return x && *x > 0 ? std::string() : "must be a number greater than 0, got '" + v + "'";
+        return x && *x > 0 ? std::string()
+                           : "must be a number greater than 0 and at most 3.4e38, got '" + v + "'";
     },
     "> 0");
 inline const CLI::Validator kNonNegative(
     [](std::string & v) {
         const auto x = finite_number(v);
-        return x && *x >= 0 ? std::string() : "must be a number >= 0, got '" + v + "'";
+        return x && *x >= 0 ? std::string() : "must be a number from 0 to 3.4e38, got '" + v + "'";
     },
     ">= 0");
 // A finite number in [lo, hi] (CLI::Range lets NaN through).

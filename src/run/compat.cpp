@@ -20,6 +20,20 @@ std::optional<std::string> out_of_range(const RunConfig & r) {
     if (L.tp < 1 || L.tp > 4096)
         return fmt::format("--tp {}: expected the number of ranks of a tensor group, 1 or more", L.tp);
     if (L.pp < 1 || L.pp > 4096) return fmt::format("--pp {}: expected the number of pipeline stages, 1 or more", L.pp);
+    // fp16's loss scales: the gradients are unscaled by 1 / scale, so a scale outside these
+    // bounds turns a step into zeros times infinity; 2^32 is DeepSpeed's largest customary
+    // initial_scale_power, and above 2^24 every fp16 gradient of a unit loss overflows anyway.
+    constexpr float kMinScale = 1.0f / (1 << 24), kMaxScale = 4294967296.0f;
+    auto scale_ok = [&](float s) { return s >= kMinScale && s <= kMaxScale; };
+    if (r.loss_scale != 0 && !scale_ok(r.loss_scale))
+        return fmt::format("--loss-scale {:g}: expected 0 (dynamic) or a static scale from 2^-24 to 2^32", r.loss_scale);
+    if (!scale_ok(r.initial_loss_scale) || !scale_ok(r.min_loss_scale))
+        return fmt::format("--initial-loss-scale {:g} / --min-loss-scale {:g}: expected scales from 2^-24 to 2^32",
+                           r.initial_loss_scale, r.min_loss_scale);
+    if (r.min_loss_scale > r.initial_loss_scale)
+        return fmt::format("--min-loss-scale {:g} is above --initial-loss-scale {:g}: the dynamic scale starts at the "
+                           "initial one and is never halved below the minimum", r.min_loss_scale,
+                           r.initial_loss_scale);
     return std::nullopt;
 }
 

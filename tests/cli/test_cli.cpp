@@ -121,7 +121,7 @@ TEST(Cli, MalformedFlag) {
 // another config, and a --tokenizer other than the one the --data was prepared with.
 TEST(Cli, ValuesNoRunTakesAreRefused) {
     for (const char * flags : {"--lr nan", "--lr inf", "--min-lr-ratio nan", "--adam-beta1 nan", "--adam-epsilon inf",
-                               "--lora-alpha -1", "--lora-dropout nan", "--zero ''", "--bucket-mb ''"})
+                               "--lora-alpha -1", "--lora-dropout nan", "--zero ''", "--bucket-mb ''", "--clip 1e300"})
         expect_clean_failure(run_memfit(std::string("train --model nano --steps 1 ") + flags),
                              std::string(flags).substr(0, std::string(flags).find(' ')));
     expect_clean_failure(run_memfit("generate --model /nonexistent --top-p nan"), "--top-p");
@@ -710,6 +710,16 @@ TEST(Cli, MessagesNameTheCause) {
     expect_clean_failure(run_memfit("train --model " + base1.string() + " --steps 3 --lora-rank 4 --lora-alpha 1e30" +
                                     common + "--out " + scratch("m22_alpha").string()),
                          "the LoRA scale alpha / rank is 2.5e+29");
+
+    // fp16 loss scales: 1 / scale must be a number; a static scale that overflows every step
+    // ends the run (it used to skip every update and exit 0).
+    expect_clean_failure(run_memfit("train --model nano --steps 3 --precision fp16 --loss-scale 1e-45" + common +
+                                    "--out " + scratch("m22_ls").string()), "--loss-scale 1.4013e-45: expected 0");
+    expect_clean_failure(run_memfit("train --model nano --steps 3 --precision fp16 --min-loss-scale 1e6" + common +
+                                    "--out " + scratch("m22_ls").string()), "is above --initial-loss-scale 65536");
+    const CmdResult stuck = run_memfit("train --model nano --steps 30 --precision fp16 --loss-scale 4294967296" +
+                                       common + "--out " + scratch("m22_stuck").string());
+    expect_clean_failure(stuck, "fp16: the last 10 steps overflowed at loss scale 4.29497e+09, which is static");
 
     // NaN weights in a folder: refused where they are read, naming the tensor.
     {
