@@ -99,11 +99,12 @@ void add_plan_commands(CLI::App & app) {
     p->add_flag("--json", f.json, "print the result as JSON (docs/planner.md)");
     p->add_flag("--min-gpus", f.min_gpus, "find the fewest devices of this kind that fit the run, and its best layout");
     CLI::Option * calibration =
-        p->add_option("--calibration", f.calibration, "the cpu entry's measurements (memfit bench --calibrate)")
+        p->add_option("--calibration", f.calibration,
+                      "the cpu entry's measurements (memfit bench --calibrate; \"\": none)")
             ->capture_default_str();
     p->callback([calibration] {
         // The default file is optional (no calibration yet); one named on the command line is not.
-        if (calibration->count() > 0 && !std::filesystem::is_regular_file(f.calibration))
+        if (calibration->count() > 0 && !f.calibration.empty() && !std::filesystem::is_regular_file(f.calibration))
             throw IoError(fmt::format("--calibration {}: no such file; write one with `memfit bench --calibrate`",
                                       f.calibration));
         PlanRequest r = make_request(f, run, given);

@@ -10,7 +10,7 @@ expect_error() {   # expect_error NEEDLE COMMAND...
     [ ! -e out ] || fail "wrote output before failing"
 }
 expect_error "memfit: error: --zero 4: expected 0" "$MEMFIT" "${ARGS[@]}" --zero 4 --out out
-expect_error "memfit: error: --bucket-mb -1: expected" "$MEMFIT" "${ARGS[@]}" --bucket-mb -1 --out out
+expect_error "memfit: error: --bucket-mb: must be a number from 0" "$MEMFIT" "${ARGS[@]}" --bucket-mb -1 --out out
 expect_error "memfit: error: --batch 3 is not divisible by the 2 data-parallel ranks" mpi 2 "${ARGS[@]}" --batch 3 --out out
 expect_error "memfit: error: --budget-file .* not supported with 2 ranks" \
     mpi 2 "${ARGS[@]}" --batch 2 --budget-file budget.txt --out out
