@@ -1,11 +1,15 @@
 #include "app/run_checkpoints.h"
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/file_digest.h"
 #include "core/json_num.h"
 #include "model/hf_weights.h"
 #include "train/checkpoint.h"
@@ -148,6 +152,35 @@ int resume_from(const std::string & path, const ModelConfig & cfg, const TrainOp
     } catch (const nlohmann::json::exception & e) {   // a field of the wrong kind, or missing
         throw FormatError(fmt::format("--resume {}: meta.json is not a checkpoint's ({})", path, e.what()));
     }
+}
+
+uint64_t checkpoint_bytes(const Engine & engine, int world) {
+    const auto [lo, hi] = state_range(engine);
+    // The whole state on every rank: each writes an even share of it (write_checkpoint).
+    const size_t n = hi - lo == engine.total_params() ? (hi - lo) / size_t(std::max(world, 1)) : hi - lo;
+    return uint64_t(n) * 3 * sizeof(float) + 4096;   // the tensors and the safetensors header
+}
+
+CheckpointCost predict_checkpoint_cost(const std::string & dir, uint64_t bytes) {
+    // Up to 16 MiB: long enough to leave the page cache's first burst, short next to a run.
+    const size_t n = size_t(std::clamp<uint64_t>(bytes, 1 << 20, 16 << 20));
+    const std::string probe = (fs::path(dir) / ".memfit.probe").string();
+    std::vector<char> data(n);
+    for (size_t i = 0; i < n; ++i) data[i] = char(i * 2654435761u >> 24);
+    using Clock = std::chrono::steady_clock;
+    const auto t0 = Clock::now();
+    write_file_atomic(probe, std::string_view(data.data(), n));
+    const auto t1 = Clock::now();
+    file_digest(probe);
+    const auto t2 = Clock::now();
+    std::error_code ec;
+    fs::remove(probe, ec);
+    CheckpointCost c;
+    c.bytes = bytes;
+    c.write_bytes_per_s = double(n) / std::max(1e-6, std::chrono::duration<double>(t1 - t0).count());
+    c.digest_bytes_per_s = double(n) / std::max(1e-6, std::chrono::duration<double>(t2 - t1).count());
+    c.seconds = double(bytes) / c.write_bytes_per_s + double(bytes) / c.digest_bytes_per_s;
+    return c;
 }
 
 // Writes a checkpoint: one file on one process; with N ranks every rank its range (its ZeRO

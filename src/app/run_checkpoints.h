@@ -27,6 +27,16 @@ nlohmann::json checkpoint_meta(int step, const ModelConfig & cfg, const TrainOpt
 int resume_from(const std::string & path, const ModelConfig & cfg, const TrainOptions & opt, int global_batch,
                 Engine & engine, DataLoader & train, DataLoader * val, const std::string & base_digest);
 
+// What a checkpoint of `bytes` costs in wall time, predicted from a probe file written (and
+// fsynced) into `dir`, then digested: the write and digest rates it measured.
+struct CheckpointCost {
+    uint64_t bytes = 0;
+    double seconds = 0, write_bytes_per_s = 0, digest_bytes_per_s = 0;
+};
+CheckpointCost predict_checkpoint_cost(const std::string & dir, uint64_t bytes);
+// The bytes this rank writes into a checkpoint: its range of the weights and both moments, fp32.
+uint64_t checkpoint_bytes(const Engine & engine, int world);
+
 // Writes a checkpoint under `root` (keeping the newest `keep`); returns its folder. Collective.
 std::string write_checkpoint(const std::string & root, Engine & engine, nlohmann::json meta, int keep,
                              Communicator & comm);

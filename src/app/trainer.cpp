@@ -19,6 +19,7 @@
 
 #include "app/divergence.h"
 #include "app/rank_report.h"
+#include "app/stop_request.h"
 #include "app/report.h"
 #include "app/run_checkpoints.h"
 #include "backend/make_backend.h"
@@ -238,14 +239,19 @@ public:
     void resolve();        // the configuration this rank runs, and the data loaders
     void announce();       // what will run
     void build();          // the engine, its plan, the weights (pre-trained, resumed)
-    void train();          // the steps
+    void train();          // the steps (until the last, or a stop signal)
     void finish();         // planned vs measured, summary.json, report.html, trace.json, the sample
+    // --resume auto found the run's last step already checkpointed: nothing to do.
+    bool complete() const { return complete_; }
 
 private:
     void say(const std::string & text);
     void take_rows(int rows, int groups);
     float evaluate();
     void step(int step);
+    bool stop_now();
+    bool abandon_step() const;
+    void stopped(int last_done);
     void checkpoint(int step, bool log_point);
     std::string checkpoint_root() const;
     void report_memory(const RankMemory & rank_memory, const std::vector<uint64_t> & planned_by_rank, uint64_t rss);
@@ -271,6 +277,13 @@ private:
     std::unique_ptr<DataLoader> train_data_, val_data_;
     std::unique_ptr<Engine> engine_;
     int first_step_ = 1;
+    int last_step_ = 0;          // the last step completed (0: none yet in this process)
+    std::string resume_;         // the checkpoint --resume names (auto: the newest in the folder, or none)
+    bool complete_ = false;
+    bool abandoned_ = false;     // a stop signal abandoned the step in flight
+    Clock::time_point step_t0_;
+    double step_seconds_ = 0;    // the last step's wall time, and a checkpoint's (predicted, then measured)
+    double checkpoint_seconds_ = 0;
     std::string metrics_path_;
     std::FILE * metrics_ = nullptr;
     std::string base_digest_;    // LoRA: the base weights' digest (a model folder's; "" when initialised)
@@ -324,6 +337,20 @@ TrainingRun::TrainingRun(const TrainOptions & opt)
                                       "{} ranks: set --memory-budget (per rank) instead", world_));
     progress_ = Progress(lead_ ? mode : ProgressMode::quiet);
     if (opt.threads > 0) omp_set_num_threads(opt.threads);
+    install_stop_handlers(parse_stop_signals(opt.stop_signals));
+    // --resume auto: the newest complete checkpoint of the folder, or a fresh start, so that a
+    // scheduler can rerun the same command line after a preemption.
+    resume_ = opt.resume;
+    if (opt.resume == "auto") {
+        resume_ = newest_checkpoint(checkpoint_root());
+        if (!resume_.empty()) {
+            const int at = json_get_in<int>(load_checkpoint_meta(resume_), "step", resume_, 1, (1 << 30));
+            complete_ = at >= opt.steps;
+            if (complete_ && lead_)
+                std::printf("--resume auto: %s is at step %d of --steps %d: the run is complete\n", resume_.c_str(),
+                            at, opt.steps);
+        }
+    }
 }
 
 // Everything but the status line goes through the progress display, so a terminal's live line
@@ -487,17 +514,29 @@ void TrainingRun::build() {
         }
         say(fmt::format("  weights from {}", opt_.model));
     }
-    if (!opt_.resume.empty())
-        first_step_ = resume_from(opt_.resume, cfg_, opt_, run_.global_batch, engine, *train_data_, val_data_.get(),
+    if (!resume_.empty())
+        first_step_ = resume_from(resume_, cfg_, opt_, run_.global_batch, engine, *train_data_, val_data_.get(),
                                   base_digest_) + 1;
     // The run's identity: a resumed run's is its checkpoint's, a new run's its own.
-    run_id_ = opt_.resume.empty() ? new_run_id() : load_checkpoint_meta(find_checkpoint(opt_.resume)).value("run_id", "");
+    run_id_ = resume_.empty() ? new_run_id() : load_checkpoint_meta(find_checkpoint(resume_)).value("run_id", "");
     if (lead_) {
         lock_fd_ = lock_folder(opt_.out);
         if (opt_.checkpoint_every > 0) {
             check_writable(checkpoint_root(), "--checkpoint-dir");
             check_own_checkpoints(checkpoint_root(), run_id_);
         }
+    }
+    // What a checkpoint costs (this rank's part of the state: weights and both moments in fp32),
+    // so that --stop-grace can be set to cover it.
+    if (lead_) {
+        const CheckpointCost cost = predict_checkpoint_cost(opt_.out, checkpoint_bytes(engine, world_));
+        checkpoint_seconds_ = cost.seconds;
+        say(fmt::format("  a checkpoint: {}{}, about {:.2g} s to write ({:.0f} MB/s write, {:.0f} MB/s digest "
+                        "measured in {}); {} stop the run at a step boundary with one, within --stop-grace {:g} s",
+                        format_bytes(cost.bytes), world_ > 1 ? " per rank" : "", cost.seconds,
+                        cost.write_bytes_per_s / 1e6, cost.digest_bytes_per_s / 1e6, opt_.out,
+                        opt_.stop_signals == "none" ? std::string("no signals") : stop_signal_list(opt_.stop_signals),
+                        opt_.stop_grace));
     }
     metrics_path_ = (fs::path(opt_.out) / "metrics.jsonl").string();
     if (lead_) {
@@ -551,7 +590,24 @@ float TrainingRun::evaluate() {
 
 void TrainingRun::train() {
     const auto t_start = Clock::now();
-    for (int s = first_step_; s <= opt_.steps; ++s) step(s);
+    // One process can abandon the step in flight when the grace time left would not let it end.
+    if (world_ == 1) engine_->set_cancel([this] { return stop_requested() && abandon_step(); });
+    last_step_ = first_step_ - 1;
+    for (int s = first_step_; s <= opt_.steps; ++s) {
+        if (stop_now()) break;
+        const uint64_t epoch = train_data_->epoch();
+        const size_t cursor = train_data_->cursor();
+        try {
+            step(s);
+        } catch (const StepAbandoned &) {
+            train_data_->seek(epoch, cursor);   // the step did not happen: nor did its batch
+            abandoned_ = true;
+            break;
+        }
+        last_step_ = s;
+    }
+    engine_->set_cancel(nullptr);
+    if (last_step_ < opt_.steps) stopped(last_step_);
     if (metrics_) std::fclose(metrics_);
     metrics_ = nullptr;
     progress_.finish();
@@ -573,10 +629,12 @@ void TrainingRun::step(int step) {
     else if (opt.check_leaks && step == 2) engine_->set_timeline(&leak_a_);
     else if (opt.check_leaks && step == 3) engine_->set_timeline(&leak_b_);
     const auto t0 = Clock::now();
+    step_t0_ = t0;
     const StepResult r = resilient_step(engine_, cfg_, *backend_, my_in_.data(), my_tg_.data(), h, replans_);
     for (const auto & n : replans_) say(n);
     replans_.clear();
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    step_seconds_ = dt;
     engine_->set_timeline(nullptr);
     if (opt.check_leaks && step == 3) {
         const std::string diff = compare_live_bytes(leak_a_, leak_b_);
@@ -599,7 +657,7 @@ void TrainingRun::step(int step) {
         f.last_grad_norm = last_grad_norm_;
         f.compute = eo_.compute;
         f.lora_scale = eo_.lora.enabled() ? eo_.lora.scaling() : 0.0f;
-        f.weights_from = !opt.resume.empty()         ? "--resume " + opt.resume
+        f.weights_from = !resume_.empty()            ? "--resume " + resume_
                          : has_hf_weights(opt.model) ? opt.model
                                                      : fmt::format("initialised from --seed {}", opt.seed);
         throw Error(std::isfinite(r.loss) ? divergence_message("gradient norm", r.grad_norm, f)
@@ -656,6 +714,59 @@ void TrainingRun::step(int step) {
     }
 }
 
+// A stop signal is acted on at a step boundary, by every rank at the same one: a rank that got
+// it tells the others (mpirun forwards SIGUSR1 to each rank, not necessarily between the same
+// two steps).
+bool TrainingRun::stop_now() {
+    if (world_ == 1) return stop_requested();
+    return comm_->all_reduce_sum(stop_requested() ? 1.0 : 0.0) > 0;
+}
+
+// Whether the step in flight would end, and its checkpoint be written, within the grace time
+// left; if not, it is abandoned (its update has not begun) and the previous step checkpointed.
+bool TrainingRun::abandon_step() const {
+    const double left = opt_.stop_grace - seconds_since_stop_request();
+    const double in_step = std::chrono::duration<double>(Clock::now() - step_t0_).count();
+    return std::max(0.0, step_seconds_ - in_step) + checkpoint_seconds_ > left;
+}
+
+// After a stop signal: the last completed step's checkpoint (unless it was just written), then
+// finish() writes the summary and the report as for a whole run.
+void TrainingRun::stopped(int last_done) {
+    std::string where = "no step ran in this process: the checkpoint it resumed from stands";
+    if (last_done >= first_step_) {
+        const bool written = opt_.checkpoint_every > 0 && last_done % opt_.checkpoint_every == 0;
+        if (!written) {
+            // Without --checkpoint-every the folder was not checked before the first step: rank 0
+            // checks it now and every rank learns the outcome (the checkpoint is collective).
+            std::string problem;
+            if (lead_ && opt_.checkpoint_every == 0) {
+                try {
+                    check_writable(checkpoint_root(), "--checkpoint-dir");
+                    check_own_checkpoints(checkpoint_root(), run_id_);
+                } catch (const Error & e) {
+                    problem = e.what();
+                }
+            }
+            const bool refused = world_ > 1 ? comm_->all_reduce_sum(problem.empty() ? 0.0 : 1.0) > 0 : !problem.empty();
+            if (refused)
+                throw Error(fmt::format("stopped by {} at step {}, but no checkpoint was written: {}",
+                                        stop_signal_name(), last_done, lead_ ? problem : "rank 0 could not"));
+            checkpoint(last_done, false);
+        }
+        where = fmt::format("checkpoint {}/step-{:06d}", checkpoint_root(), last_done);
+    }
+    // On stderr whatever --progress says, as an error would be: a scheduler's log shows it.
+    progress_.finish();
+    if (lead_)
+        std::fprintf(stderr, "memfit: stopped by %s at step %d of %d (%s; %s); rerun with --resume auto to continue\n",
+                     stop_signal_name().c_str(), last_done, opt_.steps,
+                     abandoned_ ? fmt::format("step {} was abandoned to fit --stop-grace {:g} s", last_done + 1,
+                                              opt_.stop_grace).c_str()
+                                : "at a step boundary",
+                     where.c_str());
+}
+
 std::string TrainingRun::checkpoint_root() const {
     return opt_.checkpoint_dir.empty() ? (fs::path(opt_.out) / "checkpoints").string() : opt_.checkpoint_dir;
 }
@@ -665,8 +776,10 @@ void TrainingRun::checkpoint(int step, bool log_point) {
     nlohmann::json meta = checkpoint_meta(step, cfg_, opt_, run_.global_batch, *train_data_, val_data_.get(), eo_.lora,
                                           base_digest_);
     meta["run_id"] = run_id_;
+    const auto t0 = Clock::now();
     const std::string dir = write_checkpoint(root, *engine_, meta, opt_.keep_checkpoints, *comm_);
-    if (log_point) say(fmt::format("  checkpoint {}", dir));
+    checkpoint_seconds_ = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (log_point) say(fmt::format("  checkpoint {} ({:.2f} s)", dir, checkpoint_seconds_));
 }
 
 // Planned against measured: this rank's categories, RSS, the device, every rank's.
@@ -722,7 +835,7 @@ void TrainingRun::finish() {
     const Ledger & L = engine_->ledger();
     const CategoryBytes plan_live = engine_->planned_peak_live(), plan_rsv = engine_->planned_reserved();
     const uint64_t rss = peak_rss_bytes();
-    const double tps = double(total_tokens_) / total_time_;
+    const double tps = total_time_ > 0 ? double(total_tokens_) / total_time_ : 0.0;
     // Every rank's measured memory, for the min/max over ranks (a collective: before rank 0 goes
     // its own way).
     const RankMemory rank_memory = gather_memory(*comm_, L, rss);
@@ -736,7 +849,7 @@ void TrainingRun::finish() {
     if (!lead_) return;
     report_memory(rank_memory, planned_by_rank, rss);
     if (!bubble.empty()) say(bubble);
-    say(fmt::format("done: {} steps in {:.1f} s, {:.0f} tokens/s, final loss {:.4f}{}", opt_.steps, wall_, tps, last_loss_,
+    say(fmt::format("done: {} steps in {:.1f} s, {:.0f} tokens/s, final loss {:.4f}{}", last_step_, wall_, tps, last_loss_,
                     std::isnan(last_val_) ? std::string() : fmt::format(", validation loss {:.4f}", last_val_)));
 
     nlohmann::json summary = {
@@ -759,7 +872,9 @@ void TrainingRun::finish() {
         {"per_rank", rank_memory_json(rank_memory)},
         {"tokens_per_s", tps},
         {"final_loss", last_loss_},
+        {"steps_done", last_step_},
         {"wall_s", wall_}};
+    if (last_step_ < opt_.steps) summary["stopped_by"] = stop_signal_name();
     if (!std::isnan(last_val_)) summary["final_val_loss"] = last_val_;
     summary[kRunConfigKey] = resolved_config(opt_, run_, eo_, ranks_);
     if (eo_.compute == DType::f16) {
@@ -809,6 +924,7 @@ void TrainingRun::finish() {
 
 void run_training(const TrainOptions & opt) {
     TrainingRun run(opt);
+    if (run.complete()) return;
     run.load();
     run.resolve();
     run.announce();

@@ -34,7 +34,10 @@ struct TrainOptions : RunConfig {
     int      checkpoint_every = 0; // write a checkpoint every N steps (and at the end); 0: never
     std::string checkpoint_dir;    // "": <out>/checkpoints
     int      keep_checkpoints = 3; // newest checkpoints kept
-    std::string resume;            // checkpoint folder (or a folder of them: the newest) to continue from
+    std::string resume;            // checkpoint folder (or a folder of them: the newest) to continue from;
+                                   // "auto": the newest in the checkpoint folder, or a fresh start
+    std::string stop_signals = "TERM,INT,USR1";   // each asks the run to stop with a checkpoint ("none")
+    double   stop_grace = 30;      // seconds from a stop signal to the SIGKILL expected after it
 };
 
 // Runs a whole training job; throws memfit::Error on expected failures.

@@ -74,6 +74,8 @@ bool Graph::begin(const char * name, double flops, std::initializer_list<Tensor>
     MF_ASSERT(next_op_ < exec_program_->num_ops() && "step issued more ops than were recorded");
     MF_ASSERT(std::strcmp(exec_program_->ops()[size_t(next_op_)].name, name) == 0 &&
               "step issued a different op than was recorded");
+    updating_ = updating_ || phase_ == Phase::optimizer;   // from the first update on, the step completes
+    if (cancel_ && !updating_ && (*cancel_)()) throw StepAbandoned{};
     memory_->begin_op(next_op_);
     // Transfers in flight advance between ops (OpenMPI 4.1 has no progress thread).
     for (auto & r : pending_)

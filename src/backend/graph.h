@@ -11,6 +11,7 @@
 // The planner is the recording; the engine is the execution of the same calls.
 #pragma once
 
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <vector>
@@ -36,6 +37,10 @@ struct QWeight {
     QuantDesc q;
     bool valid() const { return packed.valid(); }
 };
+
+// Thrown by an executing Graph whose cancel predicate said so (a run stopping within its grace
+// time): the step did not happen.
+struct StepAbandoned {};
 
 class Graph {
 public:
@@ -155,6 +160,9 @@ public:
 
     // Executing: record every op (phase, layer, live bytes per category, wall time) into `t`.
     void attach_timeline(Timeline * t) { timeline_ = t; }
+    // Executing: asked before every op until the first of the optimizer phase; true abandons the
+    // program there (StepAbandoned is thrown): the weights and optimizer states are those before it.
+    void set_cancel(const std::function<bool()> * cancel) { cancel_ = cancel; }
 
     // Number of ops issued so far (while executing: must end equal to the program's count).
     int ops_issued() const { return next_op_; }
@@ -179,6 +187,8 @@ private:
     int next_op_ = 0;
     BufferId workspace_ = -1;
     Timeline * timeline_ = nullptr;
+    const std::function<bool()> * cancel_ = nullptr;
+    bool updating_ = false;   // an optimizer op has begun
     uint64_t seed_ = 0;
     Collectives * comm_ = nullptr;
     Collectives * tp_comm_ = nullptr;   // tensor-parallel group

@@ -69,7 +69,17 @@ void add_train_flags(CLI::App * train, TrainOptions & t) {
     train->add_option("--keep-checkpoints", t.keep_checkpoints, "newest checkpoints kept")->capture_default_str()
         ->check(kPositive);
     train->add_option("--resume", t.resume,
-                      "continue from a checkpoint folder (or the newest in a checkpoints folder), bit for bit");
+                      "continue from a checkpoint folder (or the newest in a checkpoints folder), bit for bit; auto: "
+                      "the newest in the checkpoint folder, or a fresh start when there is none (a restarted job)");
+    train->add_option("--stop-signals", t.stop_signals,
+                      "signals that stop the run at a step boundary with a checkpoint, summary and report, exit 0 "
+                      "(a second one exits at once): TERM, INT, USR1, USR2, HUP, QUIT, XCPU, comma-separated, or "
+                      "none; under mpirun send USR1 (mpirun forwards it)")
+        ->capture_default_str();
+    train->add_option("--stop-grace", t.stop_grace,
+                      "seconds between a stop signal and the kill that follows (a spot VM's notice): one process "
+                      "abandons the step in flight when finishing it and checkpointing would not fit")
+        ->capture_default_str()->check(kNonNegative);
     train->add_flag("--check-leaks", t.check_leaks,
                     "compare live bytes per category at every op of steps 2 and 3; fail if any differ");
     train->add_option("--progress", t.progress, "status display: auto (a live line on a terminal), tty, plain, json, quiet")

@@ -255,6 +255,11 @@ std::string find_checkpoint(const std::string & path) {
     return all.back().second.string();
 }
 
+std::string newest_checkpoint(const std::string & root) {
+    const auto all = complete_checkpoints(root);
+    return all.empty() ? std::string() : all.back().second.string();
+}
+
 nlohmann::json load_checkpoint_meta(const std::string & dir) {
     const std::string meta_path = (fs::path(dir) / "meta.json").string();
     nlohmann::json meta;

@@ -85,6 +85,8 @@ std::string save_checkpoint_sharded(const std::string & root, const Checkpoint &
 // The checkpoint folder `path` names: itself when it holds meta.json, else the newest complete
 // checkpoint under it (IoError when there is none).
 std::string find_checkpoint(const std::string & path);
+// The newest complete checkpoint under `root` ("" when there is none, or no such folder).
+std::string newest_checkpoint(const std::string & root);
 // A checkpoint folder's meta.json, checked for the format (FormatError naming the file).
 nlohmann::json load_checkpoint_meta(const std::string & dir);
 // The trainable elements the checkpoint holds (sharded: meta's total; one file: its size).

@@ -471,6 +471,7 @@ void Engine::execute(const TrainStep & step, StepMemory & mem, const StepScalars
     g.set_tensor_communicator(tp_comm_);
     g.set_pipeline_communicator(pp_comm_);
     g.set_embedding_communicator(opt_.emb_comm);
+    if (cancel_) g.set_cancel(&cancel_);
     if (timeline_ && &step == plans_.train.get()) {
         timeline_->program = "train";
         timeline_->events.clear();

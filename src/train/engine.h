@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -212,6 +213,10 @@ public:
     // Record the ops of every following training step into `t` (cleared at each step's start);
     // null stops recording.
     void set_timeline(Timeline * t) { timeline_ = t; }
+    // Asked between the ops of a step, until its first update: true abandons the step
+    // (StepAbandoned; the state is the previous step's). One process only: ranks abandon together
+    // at step boundaries instead.
+    void set_cancel(std::function<bool()> cancel) { cancel_ = std::move(cancel); }
 
     const TrainStep & step() const { return *plans_.train; }
     const MemoryPlan & plan() const { return plans_.train_plan; }
@@ -266,6 +271,7 @@ private:
     bool params_handed_ = false;   // params() gave out its mirror: params_changed() uploads it
     int t_ = 0;
     Timeline * timeline_ = nullptr;
+    std::function<bool()> cancel_;
 };
 
 }  // namespace memfit

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <string>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 namespace fs = std::filesystem;
@@ -734,6 +735,58 @@ TEST(Cli, MessagesNameTheCause) {
                          "non-finite value");
     expect_clean_failure(run_memfit("train --model " + copy1.string() + " --steps 2" + common + "--out " +
                                     scratch("m22_nan").string()), "non-finite value");
+}
+
+// Preemption: a SIGTERM in the middle of a run stops it with a checkpoint, a summary and exit 0;
+// the same command with --resume auto continues (and starts fresh when there is nothing to
+// continue), and the final state equals an uninterrupted run's bit for bit. With --stop-grace 0
+// the step in flight is abandoned instead of finished, and the result is the same.
+TEST(Cli, StopSignalsCheckpointAndResumeAutoIsBitwise) {
+    const fs::path text = small_text("s23.txt"), data = scratch("s23_data");
+    ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    // Runs ARGS in the background and sends SIGTERM once metrics.jsonl logged step `at`.
+    auto interrupted = [&](const std::string & args, const fs::path & out, int at, const std::string & log) {
+        const std::string script = std::string(MEMFIT_BINARY) + " " + args + " --log-every 1 --out " + out.string() +
+                                   " > " + log + " 2>&1 & P=$!; while ! grep -q '\"step\":" + std::to_string(at) +
+                                   ",' " + (out / "metrics.jsonl").string() + " 2>/dev/null; do sleep 0.005; "
+                                   "kill -0 $P 2>/dev/null || break; done; kill -TERM $P; wait $P";
+        const int status = std::system(script.c_str());
+        std::ifstream in(log);
+        const std::string said((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        return std::make_pair(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), said);
+    };
+    auto bytes = [](const fs::path & p) {
+        std::ifstream in(p, std::ios::binary);
+        return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    };
+    for (const bool abandon : {false, true}) {
+        // Abandoning needs steps long enough to be caught in flight: the larger model.
+        const int steps = abandon ? 12 : 400;
+        const std::string args = std::string("train --data ") + data.string() + " --sample 0 --eval-every 0 "
+                                 "--progress quiet --threads 1 --checkpoint-every " + (abandon ? "6" : "100") +
+                                 " --steps " + std::to_string(steps) + " " +
+                                 (abandon ? "--model micro --seq 128 --micro-batch 8 --stop-grace 0"
+                                          : "--model nano --seq 32 --micro-batch 2");
+        const fs::path ref = scratch(abandon ? "s23_ref_a" : "s23_ref"), out = scratch(abandon ? "s23_a" : "s23");
+        ASSERT_EQ(run_memfit(args + " --out " + ref.string()).code, 0);
+        const std::string log = scratch("s23.log").string();
+        for (const int at : {steps / 6, steps * 2 / 3}) {
+            const auto [code, msg] = interrupted(args + " --resume auto", out, at, log);
+            ASSERT_EQ(code, 0) << msg;
+            EXPECT_NE(msg.find("memfit: stopped by SIGTERM at step "), std::string::npos) << msg;
+            EXPECT_EQ(msg.find("abandoned") != std::string::npos, abandon) << msg;
+            EXPECT_TRUE(fs::exists(out / "summary.json"));
+            const nlohmann::json summary = nlohmann::json::parse(std::ifstream(out / "summary.json"));
+            EXPECT_EQ(summary.value("stopped_by", ""), "SIGTERM");
+            EXPECT_LT(summary.value("steps_done", steps), steps);
+        }
+        ASSERT_EQ(run_memfit(args + " --resume auto --out " + out.string()).code, 0);
+        const std::string state = fmt::format("checkpoints/step-{:06d}/state.safetensors", steps);
+        EXPECT_EQ(bytes(out / state), bytes(ref / state)) << "the interrupted run's final state differs";
+        const CmdResult again = run_memfit(args + " --resume auto --out " + out.string());
+        EXPECT_EQ(again.code, 0) << again.err;
+        EXPECT_NE(again.out.find("the run is complete"), std::string::npos) << again.out;
+    }
 }
 
 }  // namespace
