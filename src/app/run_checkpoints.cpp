@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/file_digest.h"
 #include "core/json_num.h"
+#include "core/units.h"
 #include "model/hf_weights.h"
 #include "train/checkpoint.h"
 
@@ -161,6 +162,26 @@ uint64_t checkpoint_bytes(const Engine & engine, int world) {
     return uint64_t(n) * 3 * sizeof(float) + 4096;   // the tensors and the safetensors header
 }
 
+void check_free_space(const std::string & root, uint64_t bytes, int keep,
+                      const std::function<void(const std::string &)> & warn) {
+    std::error_code ec;
+    const fs::space_info sp = fs::space(root, ec);
+    if (ec) return;   // unknown (not every filesystem says): the write itself will tell
+    const uint64_t need_all = bytes * uint64_t(std::max(keep, 1) + 1);
+    // The checkpoints already there are part of what keep + 1 needs.
+    uint64_t have = 0;
+    for (const auto & e : fs::recursive_directory_iterator(root, ec))
+        if (e.is_regular_file(ec)) have += e.file_size(ec);
+    if (sp.available < bytes)
+        throw ConfigError(fmt::format("--checkpoint-dir {}: {} free, a checkpoint needs {}; free space there or "
+                                      "choose another folder", root, format_bytes(sp.available),
+                                      format_bytes(bytes)));
+    if (sp.available + have < need_all)
+        warn(fmt::format("--checkpoint-dir {}: {} free; --keep-checkpoints {} needs room for {} checkpoints of {} "
+                         "({}): a later one may fail", root, format_bytes(sp.available), keep, keep + 1,
+                         format_bytes(bytes), format_bytes(need_all)));
+}
+
 CheckpointCost predict_checkpoint_cost(const std::string & dir, uint64_t bytes) {
     // Up to 16 MiB: long enough to leave the page cache's first burst, short next to a run.
     const size_t n = size_t(std::clamp<uint64_t>(bytes, 1 << 20, 16 << 20));
@@ -168,15 +189,20 @@ CheckpointCost predict_checkpoint_cost(const std::string & dir, uint64_t bytes) 
     std::vector<char> data(n);
     for (size_t i = 0; i < n; ++i) data[i] = char(i * 2654435761u >> 24);
     using Clock = std::chrono::steady_clock;
+    CheckpointCost c;
+    c.bytes = bytes;
     const auto t0 = Clock::now();
-    write_file_atomic(probe, std::string_view(data.data(), n));
+    try {
+        write_file_atomic(probe, std::string_view(data.data(), n));
+    } catch (const Error & e) {   // the first checkpoint would fail the same way: say so now
+        c.error = e.what();
+        return c;
+    }
     const auto t1 = Clock::now();
     file_digest(probe);
     const auto t2 = Clock::now();
     std::error_code ec;
     fs::remove(probe, ec);
-    CheckpointCost c;
-    c.bytes = bytes;
     c.write_bytes_per_s = double(n) / std::max(1e-6, std::chrono::duration<double>(t1 - t0).count());
     c.digest_bytes_per_s = double(n) / std::max(1e-6, std::chrono::duration<double>(t2 - t1).count());
     c.seconds = double(bytes) / c.write_bytes_per_s + double(bytes) / c.digest_bytes_per_s;

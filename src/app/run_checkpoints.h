@@ -2,6 +2,7 @@
 // it is), restoring one into the engine and the loaders, writing one (sharded over the ranks).
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -32,10 +33,16 @@ int resume_from(const std::string & path, const ModelConfig & cfg, const TrainOp
 struct CheckpointCost {
     uint64_t bytes = 0;
     double seconds = 0, write_bytes_per_s = 0, digest_bytes_per_s = 0;
+    std::string error;   // the probe could not be written (then the rest is 0)
 };
 CheckpointCost predict_checkpoint_cost(const std::string & dir, uint64_t bytes);
 // The bytes this rank writes into a checkpoint: its range of the weights and both moments, fp32.
 uint64_t checkpoint_bytes(const Engine & engine, int world);
+
+// Preflight: `root`'s filesystem must have room for one checkpoint of `bytes` (ConfigError with
+// the numbers), and should for keep + 1 (the new one is written before the oldest goes: `warn`).
+void check_free_space(const std::string & root, uint64_t bytes, int keep,
+                      const std::function<void(const std::string &)> & warn);
 
 // Writes a checkpoint under `root` (keeping the newest `keep`); returns its folder. Collective.
 std::string write_checkpoint(const std::string & root, Engine & engine, nlohmann::json meta, int keep,

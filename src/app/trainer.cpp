@@ -284,6 +284,7 @@ private:
     Clock::time_point step_t0_;
     double step_seconds_ = 0;    // the last step's wall time, and a checkpoint's (predicted, then measured)
     double checkpoint_seconds_ = 0;
+    int checkpoint_errors_ = 0;  // --on-checkpoint-error continue: the checkpoints that failed
     std::string metrics_path_;
     std::FILE * metrics_ = nullptr;
     std::string base_digest_;    // LoRA: the base weights' digest (a model folder's; "" when initialised)
@@ -524,6 +525,9 @@ void TrainingRun::build() {
         if (opt_.checkpoint_every > 0) {
             check_writable(checkpoint_root(), "--checkpoint-dir");
             check_own_checkpoints(checkpoint_root(), run_id_);
+            check_free_space(checkpoint_root(), uint64_t(engine.total_params()) * 12 + 4096 * uint64_t(world_),
+                             opt_.keep_checkpoints,
+                             [this](const std::string & w) { say("warning: " + w); });
         }
     }
     // What a checkpoint costs (this rank's part of the state: weights and both moments in fp32),
@@ -531,12 +535,16 @@ void TrainingRun::build() {
     if (lead_) {
         const CheckpointCost cost = predict_checkpoint_cost(opt_.out, checkpoint_bytes(engine, world_));
         checkpoint_seconds_ = cost.seconds;
-        say(fmt::format("  a checkpoint: {}{}, about {:.2g} s to write ({:.0f} MB/s write, {:.0f} MB/s digest "
-                        "measured in {}); {} stop the run at a step boundary with one, within --stop-grace {:g} s",
-                        format_bytes(cost.bytes), world_ > 1 ? " per rank" : "", cost.seconds,
-                        cost.write_bytes_per_s / 1e6, cost.digest_bytes_per_s / 1e6, opt_.out,
-                        opt_.stop_signals == "none" ? std::string("no signals") : stop_signal_list(opt_.stop_signals),
-                        opt_.stop_grace));
+        if (!cost.error.empty())
+            say(fmt::format("warning: a checkpoint ({}) may fail: a probe of its write failed: {}",
+                            format_bytes(cost.bytes), cost.error));
+        else
+            say(fmt::format("  a checkpoint: {}{}, about {:.2g} s to write ({:.0f} MB/s write, {:.0f} MB/s digest "
+                            "measured in {}); {} stop the run at a step boundary with one, within --stop-grace {:g} s",
+                            format_bytes(cost.bytes), world_ > 1 ? " per rank" : "", cost.seconds,
+                            cost.write_bytes_per_s / 1e6, cost.digest_bytes_per_s / 1e6, opt_.out,
+                            opt_.stop_signals == "none" ? std::string("no signals") : stop_signal_list(opt_.stop_signals),
+                            opt_.stop_grace));
     }
     metrics_path_ = (fs::path(opt_.out) / "metrics.jsonl").string();
     if (lead_) {
@@ -777,7 +785,22 @@ void TrainingRun::checkpoint(int step, bool log_point) {
                                           base_digest_);
     meta["run_id"] = run_id_;
     const auto t0 = Clock::now();
-    const std::string dir = write_checkpoint(root, *engine_, meta, opt_.keep_checkpoints, *comm_);
+    std::string dir;
+    try {
+        dir = write_checkpoint(root, *engine_, meta, opt_.keep_checkpoints, *comm_);
+    } catch (const Error & e) {   // every rank sees it (a sharded write agrees on failure)
+        const std::string previous = newest_checkpoint(root);
+        const std::string kept = previous.empty() ? std::string("there is no earlier one")
+                                                  : fmt::format("{} is intact", previous);
+        if (opt_.on_checkpoint_error != "continue")
+            throw IoError(fmt::format("the checkpoint of step {} failed ({}): {}; hint: free space, or "
+                                      "--on-checkpoint-error continue to train on", step, kept, e.what()));
+        ++checkpoint_errors_;
+        if (lead_)
+            std::fprintf(stderr, "memfit: warning: the checkpoint of step %d failed (%s): %s; training goes on "
+                         "(--on-checkpoint-error continue)\n", step, kept.c_str(), e.what());
+        return;
+    }
     checkpoint_seconds_ = std::chrono::duration<double>(Clock::now() - t0).count();
     if (log_point) say(fmt::format("  checkpoint {} ({:.2f} s)", dir, checkpoint_seconds_));
 }
@@ -875,6 +898,7 @@ void TrainingRun::finish() {
         {"steps_done", last_step_},
         {"wall_s", wall_}};
     if (last_step_ < opt_.steps) summary["stopped_by"] = stop_signal_name();
+    if (checkpoint_errors_ > 0) summary["checkpoint_errors"] = checkpoint_errors_;
     if (!std::isnan(last_val_)) summary["final_val_loss"] = last_val_;
     summary[kRunConfigKey] = resolved_config(opt_, run_, eo_, ranks_);
     if (eo_.compute == DType::f16) {

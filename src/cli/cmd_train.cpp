@@ -71,6 +71,11 @@ void add_train_flags(CLI::App * train, TrainOptions & t) {
     train->add_option("--resume", t.resume,
                       "continue from a checkpoint folder (or the newest in a checkpoints folder), bit for bit; auto: "
                       "the newest in the checkpoint folder, or a fresh start when there is none (a restarted job)");
+    train->add_option("--on-checkpoint-error", t.on_checkpoint_error,
+                      "a checkpoint that cannot be written (full disk, I/O error) leaves the previous one intact and "
+                      "removes its partial folder; then stop: end the run with one line; continue: train on and try "
+                      "again at the next interval")
+        ->capture_default_str()->check(CLI::IsMember({"stop", "continue"}));
     train->add_option("--stop-signals", t.stop_signals,
                       "signals that stop the run at a step boundary with a checkpoint, summary and report, exit 0 "
                       "(a second one exits at once): TERM, INT, USR1, USR2, HUP, QUIT, XCPU, comma-separated, or "

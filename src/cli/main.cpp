@@ -17,6 +17,8 @@
 int main(int argc, char ** argv) {
     // A closed pipe (`memfit train | head`) makes writes fail instead of killing the run.
     std::signal(SIGPIPE, SIG_IGN);
+    // So does a file-size limit (ulimit -f): an error line instead of a killed run.
+    std::signal(SIGXFSZ, SIG_IGN);
     // A closed standard stream (`memfit train >&-`) would be the next file opened (metrics.jsonl
     // taking fd 1 and filling with progress text): point it at /dev/null first.
     for (int fd = 0; fd <= 2; ++fd)

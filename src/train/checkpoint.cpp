@@ -133,13 +133,10 @@ std::vector<std::pair<ShardRange, std::string>> shard_table(const nlohmann::json
     return out;
 }
 
-}  // namespace
-
-std::string save_checkpoint(const std::string & root, const Checkpoint & ckpt, int keep,
-                            const std::function<void()> & between_files) {
+// One file with the whole state, its meta, moved into place.
+std::string write_whole(const std::string & root, const fs::path & tmp, const Checkpoint & ckpt, int keep,
+                        const std::function<void()> & between_files) {
     const long step = ckpt.meta.at("step").get<long>();
-    const fs::path tmp = begin_checkpoint(root, step);
-
     const TrainState & s = ckpt.state;
     const int64_t P = int64_t(s.params.size());
     auto tensor = [&](const char * name, const std::vector<float> & v) {
@@ -152,6 +149,21 @@ std::string save_checkpoint(const std::string & root, const Checkpoint & ckpt, i
     meta["checksums"][kStateFile] = file_digest((tmp / kStateFile).string());
     write_file_atomic((tmp / "meta.json").string(), meta.dump(2) + "\n");
     return install(root, tmp, step, keep);
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string & root, const Checkpoint & ckpt, int keep,
+                            const std::function<void()> & between_files) {
+    const long step = ckpt.meta.at("step").get<long>();
+    const fs::path tmp = begin_checkpoint(root, step);
+    try {
+        return write_whole(root, tmp, ckpt, keep, between_files);
+    } catch (...) {   // a full disk, an I/O error: no partial folder stays behind
+        std::error_code ec;
+        fs::remove_all(tmp, ec);
+        throw;
+    }
 }
 
 std::string state_shard_file(int rank, int world) {
@@ -223,25 +235,53 @@ std::string commit_checkpoint(const std::string & root, const std::string & tmp_
     return install(root, tmp_dir, step, keep);
 }
 
+namespace {
+
+// Every rank learns whether any failed at a phase of a sharded checkpoint (else those that did
+// not would wait forever for those that did); on a failure rank 0 removes the partial folder.
+void agree(Communicator & comm, const std::string & error, const std::string & tmp) {
+    const auto failed = comm.all_gather_u64(error.empty() ? 0 : 1);
+    for (size_t r = 0; r < failed.size(); ++r) {
+        if (!failed[r]) continue;
+        if (comm.rank() == 0) {
+            std::error_code ec;
+            fs::remove_all(tmp, ec);
+        }
+        throw IoError(!error.empty() ? error
+                                     : fmt::format("checkpoint {}: rank {} could not write its part (its own error "
+                                                   "says why)", tmp, r));
+    }
+}
+
+}  // namespace
+
 std::string save_checkpoint_sharded(const std::string & root, const Checkpoint & ckpt, int keep, int zero,
                                     Communicator & comm) {
     const int rank = comm.rank(), world = comm.size();
     const long step = ckpt.meta.at("step").get<long>();
     const std::string tmp = tmp_folder(root, step).string();
-    if (rank == 0) begin_checkpoint(root, step);
-    comm.barrier();   // the folder exists
-    write_state_shard(tmp, ckpt.state, rank, world);
+    auto attempt = [](const std::function<void()> & f) {
+        try {
+            f();
+        } catch (const Error & e) {
+            return std::string(e.what());
+        }
+        return std::string();
+    };
+    agree(comm, rank == 0 ? attempt([&] { begin_checkpoint(root, step); }) : std::string(), tmp);   // the folder
+    agree(comm, attempt([&] { write_state_shard(tmp, ckpt.state, rank, world); }), tmp);
     // Every rank's range; all_gather returns on rank 0 only after every rank wrote (and fsynced)
     // its file.
     const auto offsets = comm.all_gather_u64(ckpt.state.offset);
     const auto counts = comm.all_gather_u64(ckpt.state.params.size());
     std::string dir = (fs::path(root) / fmt::format("step-{:06d}", step)).string();
+    std::string committed;
     if (rank == 0) {
         std::vector<ShardRange> shards;
         for (int r = 0; r < world; ++r) shards.push_back({r, size_t(offsets[size_t(r)]), size_t(counts[size_t(r)])});
-        dir = commit_checkpoint(root, tmp, ckpt, shards, world, zero, keep);
+        committed = attempt([&] { dir = commit_checkpoint(root, tmp, ckpt, shards, world, zero, keep); });
     }
-    comm.barrier();   // in place before any rank goes on (a later resume or save sees it)
+    agree(comm, committed, tmp);   // in place before any rank goes on (a later resume or save sees it)
     return dir;
 }
 

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -787,6 +788,48 @@ TEST(Cli, StopSignalsCheckpointAndResumeAutoIsBitwise) {
         EXPECT_EQ(again.code, 0) << again.err;
         EXPECT_NE(again.out.find("the run is complete"), std::string::npos) << again.out;
     }
+}
+
+// A checkpoint that cannot be written (a real write error: a file-size limit, as a full disk
+// would give) leaves the previous checkpoint intact and no partial folder; the run stops with one
+// line, or with --on-checkpoint-error continue trains on and counts the failures; the intact
+// checkpoint resumes.
+TEST(Cli, CheckpointWriteFailureKeepsThePrevious) {
+    const fs::path text = small_text("d23.txt"), data = scratch("d23_data"), out = scratch("d23");
+    ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    const std::string args = "train --model nano --data " + data.string() + " --seq 32 --micro-batch 2 --sample 0 "
+                             "--eval-every 0 --progress quiet --threads 1 --checkpoint-every 5 --out " + out.string();
+    ASSERT_EQ(run_memfit(args + " --steps 5").code, 0);
+    // nano's state is 1.5 MiB: a limit of 1000 KiB fails its write with EFBIG.
+    const std::string err_path = scratch("d23.err").string();
+    auto limited = [&](const std::string & more) {
+        const std::string cmd = "bash -c 'ulimit -f 1000; " + std::string(MEMFIT_BINARY) + " " + args + more +
+                                "' > /dev/null 2> " + err_path;
+        const int status = std::system(cmd.c_str());
+        std::ifstream in(err_path);
+        CmdResult r;
+        r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        r.err.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+        return r;
+    };
+    auto folders = [&] {
+        std::vector<std::string> v;
+        for (const auto & e : fs::directory_iterator(out / "checkpoints")) v.push_back(e.path().filename().string());
+        std::sort(v.begin(), v.end());
+        return v;
+    };
+    const CmdResult stop = limited(" --steps 10 --resume auto");
+    expect_clean_failure(stop, "the checkpoint of step 10 failed (" + (out / "checkpoints/step-000005").string() +
+                                   " is intact)");
+    EXPECT_EQ(folders(), std::vector<std::string>{"step-000005"}) << "a partial folder stayed";
+    const CmdResult go_on = limited(" --steps 12 --resume auto --on-checkpoint-error continue");
+    EXPECT_EQ(go_on.code, 0) << go_on.err;
+    EXPECT_NE(go_on.err.find("memfit: warning: the checkpoint of step 12 failed"), std::string::npos) << go_on.err;
+    EXPECT_EQ(folders(), std::vector<std::string>{"step-000005"});
+    const nlohmann::json summary = nlohmann::json::parse(std::ifstream(out / "summary.json"));
+    EXPECT_EQ(summary.value("checkpoint_errors", 0), 2);
+    ASSERT_EQ(run_memfit(args + " --steps 12 --resume auto").code, 0);
+    EXPECT_EQ(folders(), (std::vector<std::string>{"step-000005", "step-000010", "step-000012"}));
 }
 
 }  // namespace
