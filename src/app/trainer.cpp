@@ -316,6 +316,7 @@ TrainingRun::TrainingRun(const TrainOptions & opt)
     if (opt.check_leaks && opt.steps < 4)
         throw ConfigError(fmt::format("--check-leaks compares steps 2 and 3: needs --steps 4 or more (got {})", opt.steps));
     const ProgressMode mode = progress_mode(opt.progress);
+    set_comm_timeout(opt.comm_timeout);
     comm_ = make_communicator();
     world_ = comm_->size();
     lead_ = comm_->rank() == 0;
@@ -601,7 +602,11 @@ void TrainingRun::train() {
     // One process can abandon the step in flight when the grace time left would not let it end.
     if (world_ == 1) engine_->set_cancel([this] { return stop_requested() && abandon_step(); });
     last_step_ = first_step_ - 1;
+    // Tests only: this process leaves at that step, as a rank that ends early would (the watchdog's test).
+    const char * exit_at = std::getenv("MEMFIT_TEST_EXIT_AT_STEP");
     for (int s = first_step_; s <= opt_.steps; ++s) {
+        if (exit_at && s == std::atoi(exit_at)) std::exit(0);
+        set_comm_step(s);
         if (stop_now()) break;
         const uint64_t epoch = train_data_->epoch();
         const size_t cursor = train_data_->cursor();

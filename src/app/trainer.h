@@ -38,6 +38,7 @@ struct TrainOptions : RunConfig {
                                    // "auto": the newest in the checkpoint folder, or a fresh start
     std::string stop_signals = "TERM,INT,USR1";   // each asks the run to stop with a checkpoint ("none")
     double   stop_grace = 30;      // seconds from a stop signal to the SIGKILL expected after it
+    double   comm_timeout = 600;   // seconds a collective may wait before every rank is ended (0: forever)
     std::string on_checkpoint_error = "stop";   // stop | continue (train on, retry at the next interval)
 };
 

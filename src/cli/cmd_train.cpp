@@ -71,6 +71,11 @@ void add_train_flags(CLI::App * train, TrainOptions & t) {
     train->add_option("--resume", t.resume,
                       "continue from a checkpoint folder (or the newest in a checkpoints folder), bit for bit; auto: "
                       "the newest in the checkpoint folder, or a fresh start when there is none (a restarted job)");
+    train->add_option("--comm-timeout", t.comm_timeout,
+                      "mpirun: a collective or pipeline exchange that has not completed after this many seconds "
+                      "ends every rank with one line naming it, the step and the ranks that did not arrive (0: "
+                      "wait forever)")
+        ->capture_default_str()->check(kNonNegative);
     train->add_option("--on-checkpoint-error", t.on_checkpoint_error,
                       "a checkpoint that cannot be written (full disk, I/O error) leaves the previous one intact and "
                       "removes its partial folder; then stop: end the run with one line; continue: train on and try "

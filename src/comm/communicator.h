@@ -82,4 +82,12 @@ std::unique_ptr<Communicator> make_communicator();
 // True when an MPI launcher started this process.
 bool launched_by_mpi();
 
+// The watchdog (MPI): a collective or exchange that has not completed within `seconds` ends
+// every rank (MPI_Abort) with one line naming the operation, the step, and the ranks that did not
+// arrive (those that do not answer a census from the ranks waiting: computing elsewhere, hung or
+// exited). 0: wait forever. Default 600.
+void set_comm_timeout(double seconds);
+// The training step the next collectives belong to (named in the watchdog's message; -1: none).
+void set_comm_step(long step);
+
 }  // namespace memfit

@@ -13,8 +13,11 @@
 //
 // A rank that dies (killed, crashed, std::abort) is noticed by mpirun, which kills the others
 // and prints "mpirun noticed that process rank N ... exited on signal S"; OpenMPI 4.1 has no
-// fault tolerance, so the survivors do not get to throw. There is no timeout: a live rank that
-// never joins a collective blocks the others.
+// fault tolerance, so the survivors do not get to throw. A live rank that never joins a
+// collective (it hangs, skips it, or exits 0 early) would block the others forever: every wait
+// here is a test loop with a timeout (set_comm_timeout, --comm-timeout). A rank that times out
+// asks every rank for its state on a census communicator of its own (each waiting rank answers
+// from its test loop), names the ones that did not answer, and aborts the job.
 //
 // Sums: f32 with MPI_FLOAT/MPI_SUM. bf16 and f16 are widened to an fp32 scratch, summed with
 // MPI_FLOAT/MPI_SUM and rounded back once (a user-defined MPI_Op on 16-bit values would round
@@ -30,7 +33,11 @@
 #include <mpi.h>
 #include <stdlib.h>   // on_exit (glibc)
 
+#include <sched.h>
+
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -46,6 +53,8 @@ namespace {
 
 size_t g_max_count = INT_MAX;
 size_t g_scratch_elems = size_t(1) << 22;
+double g_timeout_s = 600;
+std::atomic<long> g_step{-1};
 
 int world_rank() {
     int r = -1;
@@ -54,11 +63,15 @@ int world_rank() {
 }
 
 // on_exit handler: status 0 finalises; anything else aborts the job (see the top of the file).
+void open_census();
+void close_census();
+
 void finish_mpi(int status, void *) {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
     if (status == 0) {
+        close_census();
         MPI_Finalize();
         return;
     }
@@ -92,12 +105,138 @@ void init_mpi_once() {
         throw CommError(fmt::format("MPI provides thread level {}, memfit needs at least "
                                     "MPI_THREAD_FUNNELED ({})", provided, MPI_THREAD_FUNNELED));
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    open_census();
 }
 
 bool mpi_finalized() {
     int f = 0;
     MPI_Finalized(&f);
     return f != 0;
+}
+
+// ---- the watchdog's census ----
+// Every rank keeps one receive posted on its own duplicate of MPI_COMM_WORLD for a question
+// ("what are you waiting for?"); a rank in a wait answers from its test loop.
+MPI_Comm g_census = MPI_COMM_NULL;
+MPI_Request g_ask = MPI_REQUEST_NULL;
+int g_ask_from = 0;
+constexpr int kAskTag = 7001, kReplyTag = 7002;
+const char * g_waiting_op = nullptr;   // the wait this rank is in (nullptr: none)
+struct CensusReply {
+    long step;
+    double waiting_s;
+    char op[32];
+};
+using WatchClock = std::chrono::steady_clock;
+WatchClock::time_point g_waiting_since;
+
+void post_ask() { MPI_Irecv(&g_ask_from, 1, MPI_INT, MPI_ANY_SOURCE, kAskTag, g_census, &g_ask); }
+
+void open_census() {
+    if (MPI_Comm_dup(MPI_COMM_WORLD, &g_census) != MPI_SUCCESS) {
+        g_census = MPI_COMM_NULL;
+        return;
+    }
+    MPI_Comm_set_errhandler(g_census, MPI_ERRORS_RETURN);
+    post_ask();
+}
+
+void close_census() {
+    if (g_census == MPI_COMM_NULL) return;
+    if (g_ask != MPI_REQUEST_NULL) {
+        MPI_Cancel(&g_ask);
+        MPI_Wait(&g_ask, MPI_STATUS_IGNORE);
+    }
+    MPI_Comm_free(&g_census);
+}
+
+double seconds_since(WatchClock::time_point t) { return std::chrono::duration<double>(WatchClock::now() - t).count(); }
+
+// Answers the questions that arrived (this rank is in a wait).
+void answer_census() {
+    if (g_census == MPI_COMM_NULL) return;
+    for (;;) {
+        int flag = 0;
+        MPI_Status st;
+        if (MPI_Test(&g_ask, &flag, &st) != MPI_SUCCESS || !flag) return;
+        CensusReply r{g_step.load(), seconds_since(g_waiting_since), {}};
+        std::snprintf(r.op, sizeof r.op, "%s", g_waiting_op ? g_waiting_op : "-");
+        MPI_Request q = MPI_REQUEST_NULL;
+        MPI_Isend(&r, int(sizeof r), MPI_BYTE, st.MPI_SOURCE, kReplyTag, g_census, &q);
+        MPI_Request_free(&q);   // small and eager: it completes on its own
+        post_ask();
+    }
+}
+
+// The wait of `op` timed out: ask every rank, name those that did not answer, end the job.
+[[noreturn]] void time_out(const char * op, const std::string & who) {
+    const int me = world_rank();
+    int world = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    std::vector<int> answered(size_t(world), 0);
+    std::vector<CensusReply> replies(static_cast<size_t>(world));
+    answered[size_t(me)] = 1;
+    if (g_census != MPI_COMM_NULL) {
+        for (int r = 0; r < world; ++r) {
+            if (r == me) continue;
+            MPI_Request q = MPI_REQUEST_NULL;
+            MPI_Isend(&me, 1, MPI_INT, r, kAskTag, g_census, &q);
+            MPI_Request_free(&q);
+        }
+        const auto t0 = WatchClock::now();
+        while (seconds_since(t0) < 2.0) {   // the ranks in a wait answer within their test loop
+            answer_census();
+            int flag = 0;
+            MPI_Status st;
+            MPI_Iprobe(MPI_ANY_SOURCE, kReplyTag, g_census, &flag, &st);
+            if (flag) {
+                CensusReply r{};
+                MPI_Recv(&r, int(sizeof r), MPI_BYTE, st.MPI_SOURCE, kReplyTag, g_census, MPI_STATUS_IGNORE);
+                answered[size_t(st.MPI_SOURCE)] = 1;
+                replies[size_t(st.MPI_SOURCE)] = r;
+            } else {
+                sched_yield();
+            }
+        }
+    }
+    std::string missing, waiting;
+    for (int r = 0; r < world; ++r) {
+        if (!answered[size_t(r)]) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", r);
+        else if (r != me)
+            waiting += fmt::format("{}{} ({} for {:.0f} s)", waiting.empty() ? "" : ", ", r, replies[size_t(r)].op,
+                                   replies[size_t(r)].waiting_s);
+    }
+    const long step = g_step.load();
+    std::fprintf(stderr,
+                 "memfit: error: MPI %s on %s%s has not completed in %g s (--comm-timeout); world ranks that did "
+                 "not arrive: %s; waiting too: %s; ending every rank\n",
+                 op, who.c_str(), step >= 0 ? fmt::format(" at step {}", step).c_str() : "", g_timeout_s,
+                 missing.empty() ? "none found (all answered: a collective mismatch?)"
+                                 : (missing + " (no answer: computing elsewhere, hung or exited)").c_str(),
+                 waiting.empty() ? "none" : waiting.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::_Exit(1);
+}
+
+// Waits for `n` requests like MPI_Waitall, answering census questions, within the timeout.
+int timed_wait(int n, MPI_Request * reqs, MPI_Status * st, const char * op, const std::string & who) {
+    if (g_timeout_s <= 0) return MPI_Waitall(n, reqs, st);
+    g_waiting_op = op;
+    g_waiting_since = WatchClock::now();
+    for (unsigned spins = 0;; ++spins) {
+        int flag = 0;
+        const int rc = MPI_Testall(n, reqs, &flag, st);
+        if (rc != MPI_SUCCESS || flag) {
+            g_waiting_op = nullptr;
+            return rc;
+        }
+        if (spins % 256 == 0) {
+            answer_census();
+            if (seconds_since(g_waiting_since) > g_timeout_s) time_out(op, who);
+        }
+        if (spins % 64 == 63) sched_yield();   // oversubscribed ranks share the cores
+    }
 }
 
 bool summable(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
@@ -181,7 +320,7 @@ public:
         }
         done_ = true;
         const int rc = reqs_.empty() ? MPI_SUCCESS
-            : MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+            : timed_wait(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE, op_, who_);
         if (rc != MPI_SUCCESS) {
             error_ = comm_error_message({op_}, who_, rc);
             throw CommError(error_);
@@ -240,8 +379,9 @@ public:
             auto * p = static_cast<float *>(data);
             for (size_t off = 0; off < n; off += g_max_count) {
                 const size_t c = std::min(g_max_count, n - off);
-                check(MPI_Allreduce(MPI_IN_PLACE, p + off, as_int(c), MPI_FLOAT, MPI_SUM, comm_),
-                      {"Allreduce"});
+                run({"Allreduce"}, [&](MPI_Request * r) {
+                    return MPI_Iallreduce(MPI_IN_PLACE, p + off, as_int(c), MPI_FLOAT, MPI_SUM, comm_, r);
+                });
             }
             return;
         }
@@ -251,8 +391,9 @@ public:
         for (size_t off = 0; off < n; off += chunk) {
             const size_t c = std::min(chunk, n - off);
             widen(p + off * 2, scratch.data(), c, t);
-            check(MPI_Allreduce(MPI_IN_PLACE, scratch.data(), as_int(c), MPI_FLOAT, MPI_SUM, comm_),
-                  {"Allreduce"});
+            run({"Allreduce"}, [&](MPI_Request * r) {
+                return MPI_Iallreduce(MPI_IN_PLACE, scratch.data(), as_int(c), MPI_FLOAT, MPI_SUM, comm_, r);
+            });
             narrow(scratch.data(), p + off * 2, c, t);
         }
     }
@@ -285,8 +426,9 @@ public:
         const bool overlap = pout < pin + R * n * es && pin < pout + n * es;
         MF_ASSERT(!overlap || pout == pin + static_cast<size_t>(rank_) * n * es);
         if (t == DType::f32 && !overlap && n <= g_max_count) {
-            check(MPI_Reduce_scatter_block(in, out, as_int(n), MPI_FLOAT, MPI_SUM, comm_),
-                  {"Reduce_scatter_block"});
+            run({"Reduce_scatter_block"}, [&](MPI_Request * r) {
+                return MPI_Ireduce_scatter_block(in, out, as_int(n), MPI_FLOAT, MPI_SUM, comm_, r);
+            });
             return;
         }
         // Packed: chunk c of every rank's block into an fp32 scratch[R * c], summed in place
@@ -297,9 +439,9 @@ public:
         for (size_t off = 0; off < n; off += chunk) {
             const size_t c = std::min(chunk, n - off);
             for (size_t r = 0; r < R; ++r) widen(pin + (r * n + off) * es, scratch.data() + r * c, c, t);
-            check(MPI_Reduce_scatter_block(MPI_IN_PLACE, scratch.data(), as_int(c), MPI_FLOAT, MPI_SUM,
-                                           comm_),
-                  {"Reduce_scatter_block"});
+            run({"Reduce_scatter_block"}, [&](MPI_Request * r) {
+                return MPI_Ireduce_scatter_block(MPI_IN_PLACE, scratch.data(), as_int(c), MPI_FLOAT, MPI_SUM, comm_, r);
+            });
             narrow(scratch.data(), pout + off * es, c, t);
         }
     }
@@ -362,9 +504,10 @@ public:
         const bool in_place = pin == pout + static_cast<size_t>(rank_) * bytes;
         MF_ASSERT(in_place || pin + bytes <= pout || pout + R * bytes <= pin);
         if (bytes <= g_max_count) {
-            check(MPI_Allgather(in_place ? MPI_IN_PLACE : in, as_int(bytes), MPI_BYTE, out, as_int(bytes),
-                                MPI_BYTE, comm_),
-                  {"Allgather"});
+            run({"Allgather"}, [&](MPI_Request * r) {
+                return MPI_Iallgather(in_place ? MPI_IN_PLACE : in, as_int(bytes), MPI_BYTE, out, as_int(bytes),
+                                      MPI_BYTE, comm_, r);
+            });
             return;
         }
         // Chunk [off, off + c) of every rank: received as one element of a c-byte type whose
@@ -377,8 +520,10 @@ public:
                   {"Type_create_resized"});
             MPI_Type_free(&contig);
             check(MPI_Type_commit(&strided), {"Type_commit"});
-            const int rc = MPI_Allgather(in_place ? MPI_IN_PLACE : pin + off, as_int(c), MPI_BYTE,
-                                         pout + off, 1, strided, comm_);
+            MPI_Request r = MPI_REQUEST_NULL;
+            int rc = MPI_Iallgather(in_place ? MPI_IN_PLACE : pin + off, as_int(c), MPI_BYTE, pout + off, 1,
+                                    strided, comm_, &r);
+            if (rc == MPI_SUCCESS) rc = timed_wait(1, &r, MPI_STATUS_IGNORE, "Allgather", who());
             MPI_Type_free(&strided);
             check(rc, {"Allgather"});
         }
@@ -389,7 +534,8 @@ public:
         auto * p = static_cast<unsigned char *>(data);
         for (size_t off = 0; off < bytes; off += g_max_count) {
             const size_t c = std::min(g_max_count, bytes - off);
-            check(MPI_Bcast(p + off, as_int(c), MPI_BYTE, root, comm_), {"Bcast", root, -1});
+            run({"Bcast", root, -1},
+                [&](MPI_Request * r) { return MPI_Ibcast(p + off, as_int(c), MPI_BYTE, root, comm_, r); });
         }
     }
 
@@ -401,7 +547,8 @@ public:
         size_t off = 0;
         do {
             const size_t c = std::min(g_max_count, bytes - off);
-            check(MPI_Send(p + off, as_int(c), MPI_BYTE, dst, tag, comm_), {"Send", dst, tag});
+            run({"Send", dst, tag},
+                [&](MPI_Request * r) { return MPI_Isend(p + off, as_int(c), MPI_BYTE, dst, tag, comm_, r); });
             off += c;
         } while (off < bytes);
     }
@@ -413,7 +560,8 @@ public:
         do {
             const size_t c = std::min(g_max_count, bytes - off);
             MPI_Status st;
-            check(MPI_Recv(p + off, as_int(c), MPI_BYTE, src, tag, comm_, &st), {"Recv", src, tag});
+            run({"Recv", src, tag},
+                [&](MPI_Request * r) { return MPI_Irecv(p + off, as_int(c), MPI_BYTE, src, tag, comm_, r); }, &st);
             int got = 0;
             MPI_Get_count(&st, MPI_BYTE, &got);
             if (static_cast<size_t>(got) != c)
@@ -447,7 +595,8 @@ public:
             if (send_bytes == 0) break;
         }
         std::vector<MPI_Status> st(reqs.size());
-        check(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), st.data()), {"Waitall", src >= 0 ? src : dst, -1});
+        check(timed_wait(static_cast<int>(reqs.size()), reqs.data(), st.data(), "Sendrecv", who()),
+              {"Waitall", src >= 0 ? src : dst, -1});
         for (size_t i = 0; i < nrecv; ++i) {
             int got = 0;
             MPI_Get_count(&st[i], MPI_BYTE, &got);
@@ -472,7 +621,9 @@ public:
         return req;
     }
 
-    void barrier() override { check(MPI_Barrier(comm_), {"Barrier"}); }
+    void barrier() override {
+        run({"Barrier"}, [&](MPI_Request * r) { return MPI_Ibarrier(comm_, r); });
+    }
 
     std::unique_ptr<Communicator> split(int color, int key) override {
         MF_ASSERT(color >= 0);   // MPI_UNDEFINED (negative) would leave this rank without one
@@ -496,6 +647,13 @@ private:
         }
     }
     std::string who() const { return rank_label(rank_, size_, world_); }
+    // A blocking call as its nonblocking form and a timed wait (the watchdog's).
+    template <class Start>
+    void run(const Site & s, Start start, MPI_Status * st = MPI_STATUS_IGNORE) const {
+        MPI_Request r = MPI_REQUEST_NULL;
+        check(start(&r), s);
+        check(timed_wait(1, &r, st, s.op, who()), s);
+    }
     void check(int rc, const Site & s) const {
         if (rc != MPI_SUCCESS) throw CommError(comm_error_message(s, who(), rc));
     }
@@ -506,6 +664,9 @@ private:
 };
 
 }  // namespace
+
+void set_comm_timeout(double seconds) { g_timeout_s = seconds; }
+void set_comm_step(long step) { g_step.store(step); }
 
 std::unique_ptr<Communicator> make_mpi_communicator() {
     return std::make_unique<MpiCommunicator>();
