@@ -155,6 +155,23 @@ int resume_from(const std::string & path, const ModelConfig & cfg, const TrainOp
     }
 }
 
+std::set<std::pair<uint64_t, size_t>> read_skipped_batches(const std::string & dir) {
+    const nlohmann::json m = load_checkpoint_meta(dir);
+    std::set<std::pair<uint64_t, size_t>> out;
+    if (!m.contains("skipped_batches")) return out;
+    const std::string where = (fs::path(dir) / "meta.json").string();
+    const nlohmann::json & list = m["skipped_batches"];
+    if (!list.is_array()) throw FormatError(fmt::format("{}: \"skipped_batches\" is not a list", where));
+    for (const auto & b : list) {
+        const auto epoch = b.is_array() && b.size() == 2 ? json_number<uint64_t>(b[0]) : std::nullopt;
+        const auto cursor = b.is_array() && b.size() == 2 ? json_number<size_t>(b[1]) : std::nullopt;
+        if (!epoch || !cursor)
+            throw FormatError(fmt::format("{}: \"skipped_batches\" holds {}, not [epoch, cursor]", where, b.dump()));
+        out.insert({*epoch, *cursor});
+    }
+    return out;
+}
+
 uint64_t checkpoint_bytes(const Engine & engine, int world) {
     const auto [lo, hi] = state_range(engine);
     // The whole state on every rank: each writes an even share of it (write_checkpoint).

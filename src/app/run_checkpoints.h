@@ -2,7 +2,9 @@
 // it is), restoring one into the engine and the loaders, writing one (sharded over the ranks).
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -43,6 +45,9 @@ uint64_t checkpoint_bytes(const Engine & engine, int world);
 // the numbers), and should for keep + 1 (the new one is written before the oldest goes: `warn`).
 void check_free_space(const std::string & root, uint64_t bytes, int keep,
                       const std::function<void(const std::string &)> & warn);
+
+// The batches a --spike-rollback left out, as a checkpoint records them ([[epoch, cursor], ...]).
+std::set<std::pair<uint64_t, size_t>> read_skipped_batches(const std::string & dir);
 
 // Writes a checkpoint under `root` (keeping the newest `keep`); returns its folder. Collective.
 std::string write_checkpoint(const std::string & root, Engine & engine, nlohmann::json meta, int keep,

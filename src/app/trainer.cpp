@@ -12,13 +12,16 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
+#include <set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "app/divergence.h"
 #include "app/rank_report.h"
+#include "app/spike_detector.h"
 #include "app/stop_request.h"
 #include "app/report.h"
 #include "app/run_checkpoints.h"
@@ -250,6 +253,7 @@ private:
     float evaluate();
     void step(int step);
     bool stop_now();
+    int roll_back();
     bool abandon_step() const;
     void stopped(int last_done);
     void checkpoint(int step, bool log_point);
@@ -285,6 +289,16 @@ private:
     double step_seconds_ = 0;    // the last step's wall time, and a checkpoint's (predicted, then measured)
     double checkpoint_seconds_ = 0;
     int checkpoint_errors_ = 0;  // --on-checkpoint-error continue: the checkpoints that failed
+    // --skip-spikes: the detector, the bad steps in a row (with their batches' positions), the
+    // batches never to train on again (after a roll-back), counts for the summary.
+    SpikeDetector spikes_;
+    std::vector<std::pair<int, std::pair<uint64_t, size_t>>> bad_streak_;
+    std::set<std::pair<uint64_t, size_t>> skip_batches_;
+    std::pair<uint64_t, size_t> batch_at_{0, 0};
+    int spikes_skipped_ = 0, spikes_loss_ = 0, rollbacks_ = 0;
+    bool roll_back_now_ = false;
+    bool streak_applied_ = false;     // the bad steps in a row include an applied one
+    std::map<int, float> injected_;   // MEMFIT_TEST_GRAD_SPIKES (tests): step -> loss-gradient factor
     std::string metrics_path_;
     std::FILE * metrics_ = nullptr;
     std::string base_digest_;    // LoRA: the base weights' digest (a model folder's; "" when initialised)
@@ -340,6 +354,17 @@ TrainingRun::TrainingRun(const TrainOptions & opt)
     progress_ = Progress(lead_ ? mode : ProgressMode::quiet);
     if (opt.threads > 0) omp_set_num_threads(opt.threads);
     install_stop_handlers(parse_stop_signals(opt.stop_signals));
+    spikes_ = SpikeDetector(opt.skip_spikes);
+    // Tests only: "STEP:FACTOR,..." multiplies those steps' loss gradients (a spike; nan: NaN).
+    if (const char * v = std::getenv("MEMFIT_TEST_GRAD_SPIKES")) {
+        std::string list = v;
+        for (size_t at = 0; at < list.size();) {
+            const size_t end = std::min(list.find(',', at), list.size());
+            const std::string item = list.substr(at, end - at);
+            injected_[std::atoi(item.c_str())] = std::strtof(item.substr(item.find(':') + 1).c_str(), nullptr);
+            at = end + 1;
+        }
+    }
     // --resume auto: the newest complete checkpoint of the folder, or a fresh start, so that a
     // scheduler can rerun the same command line after a preemption.
     resume_ = opt.resume;
@@ -521,6 +546,7 @@ void TrainingRun::build() {
                                   base_digest_) + 1;
     // The run's identity: a resumed run's is its checkpoint's, a new run's its own.
     run_id_ = resume_.empty() ? new_run_id() : load_checkpoint_meta(find_checkpoint(resume_)).value("run_id", "");
+    if (!resume_.empty()) skip_batches_ = read_skipped_batches(find_checkpoint(resume_));
     if (lead_) {
         lock_fd_ = lock_folder(opt_.out);
         if (opt_.checkpoint_every > 0) {
@@ -618,6 +644,7 @@ void TrainingRun::train() {
             break;
         }
         last_step_ = s;
+        if (roll_back_now_) s = last_step_ = roll_back();   // the loop goes on from the checkpoint's next step
     }
     engine_->set_cancel(nullptr);
     if (last_step_ < opt_.steps) stopped(last_step_);
@@ -630,6 +657,9 @@ void TrainingRun::train() {
 void TrainingRun::step(int step) {
     const TrainOptions & opt = opt_;
     const int BT = batch_ * opt.seq * accum_;
+    // Batches a roll-back left out (--spike-rollback) are passed over.
+    while (skip_batches_.count({train_data_->epoch(), train_data_->cursor()})) train_data_->next(in_.data(), tg_.data());
+    batch_at_ = {train_data_->epoch(), train_data_->cursor()};
     train_data_->next(in_.data(), tg_.data());
     // The configuration's micro-batches (run.batch sequences each over all ranks) split over the
     // ranks; --fit auto may regroup this rank's rows into other micro-batches (the same global batch).
@@ -638,6 +668,12 @@ void TrainingRun::step(int step) {
     if (const auto b = budget_file_.poll(&budget_warning)) shrink_to_budget(engine_, cfg_, *backend_, *b, replans_);
     if (!budget_warning.empty()) say("warning: " + budget_warning);
     AdamWHyper h{sched_.at(step), opt.beta1, opt.beta2, opt.eps, opt.weight_decay, step, opt.clip};
+    const double norm_limit = spikes_.norm_threshold();
+    if (spikes_.enabled()) {
+        h.skip_nonfinite = true;
+        if (norm_limit > 0) h.skip_above_norm_sq = float(norm_limit * norm_limit);
+    }
+    if (const auto it = injected_.find(step); it != injected_.end()) h.loss_grad_factor = it->second;
     if (step == opt.steps) engine_->set_timeline(&timeline_);
     else if (opt.check_leaks && step == 2) engine_->set_timeline(&leak_a_);
     else if (opt.check_leaks && step == 3) engine_->set_timeline(&leak_b_);
@@ -656,10 +692,36 @@ void TrainingRun::step(int step) {
     }
     loss_curve_.push_back({step, r.loss});
     tps_curve_.push_back({step, double(BT) / dt});
+    // --skip-spikes: a skipped update (its norm above the limit, or not finite) or an outlying
+    // loss is a bad step; enough of them in a row roll the run back (train()).
+    std::string spike;
+    if (spikes_.enabled()) {
+        const bool fp16_overflow = eo_.compute == DType::f16 && !std::isfinite(r.grad_norm);
+        if (r.skipped && !fp16_overflow)
+            spike = std::isfinite(r.grad_norm)
+                        ? fmt::format("gradient norm {:.4g} above {:.4g} (z > {:g}): not applied", r.grad_norm,
+                                      norm_limit, opt.skip_spikes)
+                        : fmt::format("gradient norm {}: not applied", r.grad_norm);
+        else if (!r.skipped && spikes_.loss_outlier(r.loss))
+            spike = fmt::format("loss {:.4g} is an outlier (z > {:g}); applied (the fused step had)", r.loss,
+                                opt.skip_spikes);
+        if (spike.empty() && !r.skipped) {
+            spikes_.accept(r.loss, r.grad_norm);
+            bad_streak_.clear();
+            streak_applied_ = false;
+        } else if (!spike.empty()) {
+            streak_applied_ = streak_applied_ || !r.skipped;
+            (r.skipped ? spikes_skipped_ : spikes_loss_) += 1;
+            bad_streak_.push_back({step, batch_at_});
+            say(fmt::format("  spike at step {}: {}", step, spike));
+            roll_back_now_ = opt.spike_rollback > 0 && int(bad_streak_.size()) >= opt.spike_rollback;
+        }
+    }
     // Diverged: stop before the checkpoint (fp16's non-finite gradients are the loss scaler's:
-    // it skips those updates).
-    const bool bad_grads = !std::isfinite(r.grad_norm) && eo_.compute != DType::f16;
-    if (!std::isfinite(r.loss) || bad_grads) {
+    // it skips those updates, as --skip-spikes does).
+    const bool spike_skipped = spikes_.enabled() && r.skipped;
+    const bool bad_grads = !std::isfinite(r.grad_norm) && eo_.compute != DType::f16 && !spike_skipped;
+    if ((!std::isfinite(r.loss) && !spike_skipped) || bad_grads) {
         DivergenceFacts f;
         f.step = step;
         f.first_step = first_step_;
@@ -697,7 +759,7 @@ void TrainingRun::step(int step) {
         val_curve_.push_back({step, last_val_});
     }
     const auto & L = engine_->ledger();
-    const bool log_point = step % opt.log_every == 0 || step == 1 || step == opt.steps || do_eval;
+    const bool log_point = step % opt.log_every == 0 || step == 1 || step == opt.steps || do_eval || !spike.empty();
     ProgressLine pl;
     pl.step = step;
     pl.total_steps = opt.steps;
@@ -712,12 +774,16 @@ void TrainingRun::step(int step) {
     pl.peak = L.live_total_peak();
     pl.budget = eo_.budget;
     progress_.update(pl, log_point);
-    if (opt.checkpoint_every > 0 && (step % opt.checkpoint_every == 0 || step == opt.steps)) checkpoint(step, log_point);
+    // Not after an applied bad step (a loss outlier) of the current run of bad steps: a roll-back
+    // goes to a state before it. A skipped step left the state as it was.
+    if (opt.checkpoint_every > 0 && (step % opt.checkpoint_every == 0 || step == opt.steps) && !streak_applied_)
+        checkpoint(step, log_point);
     if (log_point && lead_) {
         nlohmann::json m = {{"step", step}, {"loss", r.loss}, {"lr", h.lr}, {"grad_norm", r.grad_norm},
                             {"tokens_per_s", double(BT) / dt}, {"ms", dt * 1e3}, {"live_bytes", L.live_total()},
                             {"peak_bytes", L.live_total_peak()}};
         if (do_eval) m["val_loss"] = last_val_;
+        if (!spike.empty()) m["spike"] = spike;
         if (eo_.compute == DType::f16) {
             m["loss_scale"] = r.loss_scale;
             m["skipped_steps"] = engine_->loss_scaler().skipped;
@@ -780,6 +846,32 @@ void TrainingRun::stopped(int last_done) {
                      where.c_str());
 }
 
+// --spike-rollback: back to the newest checkpoint (written before the bad steps began), with
+// the bad steps' batches left out from now on. Returns the checkpoint's step.
+int TrainingRun::roll_back() {
+    roll_back_now_ = false;
+    const std::string dir = newest_checkpoint(checkpoint_root());
+    const int first = bad_streak_.front().first, last = bad_streak_.back().first;
+    if (dir.empty())
+        throw Error(fmt::format("--skip-spikes: steps {} to {} were all bad ({} in a row) and there is no checkpoint "
+                                "to roll back to; hint: --checkpoint-every N", first, last, bad_streak_.size()));
+    for (const auto & b : bad_streak_) skip_batches_.insert(b.second);
+    const int at = resume_from(dir, cfg_, opt_, run_.global_batch, *engine_, *train_data_, val_data_.get(),
+                               base_digest_);
+    ++rollbacks_;
+    say(fmt::format("  roll-back: steps {} to {} were bad; back to {} (step {}), their {} batches left out", first,
+                    last, dir, at, bad_streak_.size()));
+    if (lead_) {
+        const nlohmann::json m = {{"step", last}, {"event", "rollback"}, {"to_step", at}, {"skipped_batches",
+                                  bad_streak_.size()}};
+        if (std::fprintf(metrics_, "%s\n", m.dump().c_str()) < 0 || std::fflush(metrics_) != 0)
+            throw IoError(fmt::format("{}: cannot write metrics at step {}", metrics_path_, last));
+    }
+    bad_streak_.clear();
+    streak_applied_ = false;
+    return at;
+}
+
 std::string TrainingRun::checkpoint_root() const {
     return opt_.checkpoint_dir.empty() ? (fs::path(opt_.out) / "checkpoints").string() : opt_.checkpoint_dir;
 }
@@ -789,6 +881,7 @@ void TrainingRun::checkpoint(int step, bool log_point) {
     nlohmann::json meta = checkpoint_meta(step, cfg_, opt_, run_.global_batch, *train_data_, val_data_.get(), eo_.lora,
                                           base_digest_);
     meta["run_id"] = run_id_;
+    if (!skip_batches_.empty()) meta["skipped_batches"] = skip_batches_;
     const auto t0 = Clock::now();
     std::string dir;
     try {
@@ -904,6 +997,9 @@ void TrainingRun::finish() {
         {"wall_s", wall_}};
     if (last_step_ < opt_.steps) summary["stopped_by"] = stop_signal_name();
     if (checkpoint_errors_ > 0) summary["checkpoint_errors"] = checkpoint_errors_;
+    if (spikes_.enabled())
+        summary["spikes"] = {{"skipped", spikes_skipped_}, {"loss_outliers", spikes_loss_}, {"rollbacks", rollbacks_},
+                             {"batches_left_out", skip_batches_.size()}};
     if (!std::isnan(last_val_)) summary["final_val_loss"] = last_val_;
     summary[kRunConfigKey] = resolved_config(opt_, run_, eo_, ranks_);
     if (eo_.compute == DType::f16) {

@@ -43,7 +43,18 @@ struct AdamWHyper {
     float grad_scale = 1.0f;
     // Loss scaling: leave every tensor unchanged when norm_sq is inf or NaN (a skipped step).
     bool skip_nonfinite = false;
+    // > 0: leave them unchanged too when norm_sq is above this (a gradient spike, --skip-spikes).
+    // Same units as norm_sq (the scaled gradients').
+    float skip_above_norm_sq = 0;
+    // Tests: the loss gradient is multiplied by this (an injected gradient spike, or NaN).
+    float loss_grad_factor = 1.0f;
 };
+
+// Whether the optimizer leaves the step out (the kernels and the engine decide alike).
+inline bool skips_update(const AdamWHyper & h, float norm_sq) {
+    if (h.skip_nonfinite && !std::isfinite(norm_sq)) return true;
+    return h.skip_above_norm_sq > 0 && norm_sq > h.skip_above_norm_sq;
+}
 
 // The factor applied to every stored gradient: grad_scale, times min(1, clip / true norm).
 inline float update_scale(const AdamWHyper & h, float norm_sq) {

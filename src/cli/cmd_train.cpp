@@ -81,6 +81,16 @@ void add_train_flags(CLI::App * train, TrainOptions & t) {
                       "removes its partial folder; then stop: end the run with one line; continue: train on and try "
                       "again at the next interval")
         ->capture_default_str()->check(CLI::IsMember({"stop", "continue"}));
+    train->add_option("--skip-spikes", t.skip_spikes,
+                      "Z: a step whose gradient norm is more than Z standard deviations above the last 128 "
+                      "accepted steps' (or is not finite) is not applied; a loss that far above is logged (the "
+                      "fused step has applied it); both count as bad steps (0: off; llm.c's outlier detector)")
+        ->capture_default_str()->check(kNonNegative);
+    train->add_option("--spike-rollback", t.spike_rollback,
+                      "with --skip-spikes: this many bad steps in a row roll the run back to its last checkpoint "
+                      "and skip those steps' batches from then on (recorded in checkpoints, so a resume skips "
+                      "them too; 0: never)")
+        ->capture_default_str()->check(kNonNegative);
     train->add_option("--stop-signals", t.stop_signals,
                       "signals that stop the run at a step boundary with a checkpoint, summary and report, exit 0 "
                       "(a second one exits at once): TERM, INT, USR1, USR2, HUP, QUIT, XCPU, comma-separated, or "

@@ -524,12 +524,14 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
     // Every micro-batch's loss gradient is scaled by the whole step's token count, so the
     // accumulated gradients are those of one batch of k*B sequences.
     // fp16: the loss gradient is multiplied by the loss scale and AdamW divides it back out.
-    const float dloss = r.tokens > 0 ? scaler_.scale / float(r.tokens) : 0.0f;
+    const float dloss = r.tokens > 0 ? scaler_.scale / float(r.tokens) * h.loss_grad_factor : 0.0f;
     r.loss_scale = scaler_.scale;
     AdamWHyper hh = h;
     hh.t = t_ + 1;
     hh.grad_scale = 1.0f / scaler_.scale;
-    hh.skip_nonfinite = opt_.compute == DType::f16;
+    hh.skip_nonfinite = h.skip_nonfinite || opt_.compute == DType::f16;
+    // The caller's threshold is on the true norm; the kernels compare the scaled gradients'.
+    if (h.skip_above_norm_sq > 0) hh.skip_above_norm_sq = h.skip_above_norm_sq / (hh.grad_scale * hh.grad_scale);
     double sum = 0;
     for (int i = 0; i < k && opt_.pipeline_parallel == 1; ++i) {
         const int32_t * in = inputs + size_t(i) * BT;
@@ -550,7 +552,8 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
     float norm_sq = 0;
     backend_.download(&norm_sq, train_mem_->base(plans_.train->grad_norm_sq), sizeof norm_sq);
     r.grad_norm = std::sqrt(norm_sq) * hh.grad_scale;
-    if (hh.skip_nonfinite) r.skipped = !scaler_.update(std::isfinite(norm_sq));
+    if (opt_.compute == DType::f16) scaler_.update(std::isfinite(norm_sq));
+    r.skipped = skips_update(hh, norm_sq);
     if (!r.skipped) ++t_;
     return r;
 }

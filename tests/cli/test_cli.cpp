@@ -832,5 +832,69 @@ TEST(Cli, CheckpointWriteFailureKeepsThePrevious) {
     EXPECT_EQ(folders(), (std::vector<std::string>{"step-000005", "step-000010", "step-000012"}));
 }
 
+// --skip-spikes: an injected gradient spike and an injected NaN gradient are not applied (the
+// state after the step is the state before it, byte for byte) and the run goes on; three bad
+// steps in a row roll the run back to its last checkpoint with their batches left out, and a
+// resume from a later checkpoint leaves them out too (it ends equal to the run that did not stop).
+TEST(Cli, SpikesAreSkippedAndRollBack) {
+    const fs::path text = small_text("k23.txt"), data = scratch("k23_data");
+    ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    const std::string args = "train --model nano --data " + data.string() + " --seq 32 --micro-batch 2 --sample 0 "
+                             "--eval-every 0 --progress quiet --threads 1 --log-every 1 --skip-spikes 6 "
+                             "--checkpoint-every 1 --keep-checkpoints 100 --steps 40";
+    auto bytes = [](const fs::path & p) {
+        std::ifstream in(p, std::ios::binary);
+        return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    };
+    auto state = [](const fs::path & out, int step) {
+        return out / fmt::format("checkpoints/step-{:06d}/state.safetensors", step);
+    };
+    // The injected spikes (MEMFIT_TEST_GRAD_SPIKES, read by the trainer) reach the child run.
+    auto with_spikes = [](const char * spec, const std::string & cmd) {
+        setenv("MEMFIT_TEST_GRAD_SPIKES", spec, 1);
+        const CmdResult r = run_memfit(cmd);
+        unsetenv("MEMFIT_TEST_GRAD_SPIKES");
+        return r;
+    };
+    const fs::path a = scratch("k23_a");
+    const CmdResult ra = with_spikes("25:1e4,32:nan", args + " --out " + a.string());
+    ASSERT_EQ(ra.code, 0) << ra.err;
+    EXPECT_EQ(bytes(state(a, 24)), bytes(state(a, 25))) << "the spike at step 25 was applied";
+    EXPECT_EQ(bytes(state(a, 31)), bytes(state(a, 32))) << "the NaN gradient at step 32 was applied";
+    EXPECT_NE(bytes(state(a, 25)), bytes(state(a, 26)));
+    const nlohmann::json sa = nlohmann::json::parse(std::ifstream(a / "summary.json"));
+    EXPECT_EQ(sa["spikes"]["skipped"].get<int>(), 2) << sa["spikes"].dump();
+    EXPECT_EQ(sa["spikes"]["rollbacks"].get<int>(), 0);
+    EXPECT_TRUE(std::isfinite(sa["final_loss"].get<double>()));
+    // Without --skip-spikes the NaN ends the run.
+    expect_clean_failure(with_spikes("32:nan", "train --model nano --data " + data.string() + " --seq 32 --micro-batch 2 "
+                                    "--sample 0 --eval-every 0 --progress quiet --threads 1 --steps 40 --out " +
+                                    scratch("k23_nan").string()),
+                         "gradient norm became nan at step 32");
+
+    // Three in a row: back to the newest checkpoint (step 22's: skipped steps leave the state as
+    // it was, so it holds the state before the spikes), the three batches left out from then on.
+    const char * spikes = "20:1e4,21:1e4,22:1e4";
+    const fs::path b = scratch("k23_b");
+    const CmdResult rb = with_spikes(spikes, args + " --out " + b.string());
+    ASSERT_EQ(rb.code, 0) << rb.err;
+    const nlohmann::json sb = nlohmann::json::parse(std::ifstream(b / "summary.json"));
+    EXPECT_EQ(sb["spikes"]["rollbacks"].get<int>(), 1) << sb["spikes"].dump();
+    EXPECT_EQ(sb["spikes"]["batches_left_out"].get<int>(), 3);
+    std::ifstream mb(b / "metrics.jsonl");
+    int rollback_lines = 0;
+    for (std::string line; std::getline(mb, line);)
+        if (nlohmann::json::parse(line).value("event", "") == "rollback") ++rollback_lines;
+    EXPECT_EQ(rollback_lines, 1);
+    const nlohmann::json meta = nlohmann::json::parse(std::ifstream(b / "checkpoints/step-000030/meta.json"));
+    EXPECT_EQ(meta["skipped_batches"].size(), 3u);
+    // Resumed from step 30, the same batches stay out: the end is the uninterrupted run's.
+    const fs::path c = scratch("k23_c");
+    fs::create_directories(c / "checkpoints");
+    fs::copy(b / "checkpoints/step-000030", c / "checkpoints/step-000030", fs::copy_options::recursive);
+    ASSERT_EQ(with_spikes(spikes, args + " --resume " + (c / "checkpoints").string() + " --out " + c.string()).code, 0);
+    EXPECT_EQ(bytes(state(c, 40)), bytes(state(b, 40)));
+}
+
 }  // namespace
 }  // namespace memfit

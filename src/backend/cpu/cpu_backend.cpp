@@ -404,7 +404,7 @@ void CpuBackend::adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor nor
                        const AdamWHyper & h) {
     MF_ASSERT(grad.numel() == param.numel() && m.numel() == param.numel() && v.numel() == param.numel());
     const float nsq = norm_sq.valid() ? norm_sq.f32()[0] : 0.0f;
-    if (h.skip_nonfinite && !std::isfinite(nsq)) return;
+    if (skips_update(h, nsq)) return;
     const float scale = update_scale(h, nsq);
     const size_t n = size_t(param.numel());
     if (grad.dtype == DType::f32 && !param_copy.valid()) {

@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kSsqBlocks) ssq_final_kernel(float * out) {
 
 struct AdamArgs {
     float lr, beta1, beta2, eps, inv_bc1, inv_bc2, decay, one_m_b1, one_m_b2;
-    float clip, grad_scale;
+    float clip, grad_scale, skip_above_norm_sq;
     bool skip_nonfinite;
 };
 
@@ -127,7 +127,8 @@ template <class G, class P, bool Vec>
 __global__ void __launch_bounds__(256) adamw_kernel(float * param, const G * grad, float * m, float * v, P * copy,
                                                     int64_t n, const float * norm_sq, AdamArgs a) {
     const float nsq = norm_sq ? *norm_sq : 0.0f;
-    if (a.skip_nonfinite && !isfinite(nsq)) return;
+    if (a.skip_nonfinite && !isfinite(nsq)) return;   // skips_update() of backend.h
+    if (a.skip_above_norm_sq > 0 && nsq > a.skip_above_norm_sq) return;
     const float scale = device_update_scale(a, nsq);
     const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, nt = int64_t(gridDim.x) * blockDim.x;
     int64_t done = 0;
@@ -188,6 +189,7 @@ void adamw(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor
     a.decay = float(1.0 - double(h.lr) * h.weight_decay);
     a.one_m_b1 = 1.0f - h.beta1, a.one_m_b2 = 1.0f - h.beta2;
     a.clip = h.clip, a.grad_scale = h.grad_scale, a.skip_nonfinite = h.skip_nonfinite;
+    a.skip_above_norm_sq = h.skip_above_norm_sq;
     const float * nsq = norm_sq.valid() ? norm_sq.f32() : nullptr;
     dispatch_float(grad.dtype, [&](auto gz) {
         using G = decltype(gz);
