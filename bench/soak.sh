@@ -44,7 +44,7 @@ while :; do
     if kill -0 $pid 2> /dev/null && [ $((term + killed)) -lt "$WANT" ]; then
         if [ $((RANDOM % 2)) = 0 ]; then kill -TERM $pid; term=$((term + 1)); else kill -KILL $pid; killed=$((killed + 1)); fi
     fi
-    wait $pid
+    { wait $pid; } 2> /dev/null   # no "Killed" line from the shell
     rc=$?
     done_steps=$(python3 -c "import json; print(json.load(open('soak/summary.json')).get('steps_done', 0))" 2> /dev/null || echo 0)
     if [ $rc -eq 0 ] && [ "$done_steps" = "$STEPS" ] && [ -d "soak/checkpoints/$(printf 'step-%06d' "$STEPS")" ]; then break; fi
