@@ -172,6 +172,35 @@ std::set<std::pair<uint64_t, size_t>> read_skipped_batches(const std::string & d
     return out;
 }
 
+// Preflight: the folder exists (or is made) and takes a file, before the first step, so that a
+// run does not fail at its first checkpoint.
+void check_writable(const std::string & dir, const char * flag) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    const fs::path probe = fs::path(dir) / ".memfit-write-test";
+    std::FILE * f = ec ? nullptr : std::fopen(probe.c_str(), "w");
+    if (!f) throw IoError(fmt::format("{} {}: cannot write there ({})", flag, dir,
+                                      ec ? ec.message() : std::string("permission denied or not a folder")));
+    std::fclose(f);
+    fs::remove(probe, ec);
+}
+
+// Checkpoints of another run in the folder would be pruned by this one's (the newest step
+// numbers are kept, whichever run wrote them): refuse before the first step.
+void check_own_checkpoints(const std::string & root, const std::string & run_id) {
+    std::string newest;
+    try {
+        newest = find_checkpoint(root);
+    } catch (const IoError &) {
+        return;   // none yet
+    }
+    const std::string theirs = load_checkpoint_meta(newest).value("run_id", "");
+    if (theirs != run_id)
+        throw ConfigError(fmt::format("{} holds the checkpoints of another run (newest {}): --resume {} continues it; "
+                                      "a new run needs another --out or --checkpoint-dir (or remove them)",
+                                      root, fs::path(newest).filename().string(), root));
+}
+
 uint64_t checkpoint_bytes(const Engine & engine, int world) {
     const auto [lo, hi] = state_range(engine);
     // The whole state on every rank: each writes an even share of it (write_checkpoint).

@@ -46,6 +46,12 @@ uint64_t checkpoint_bytes(const Engine & engine, int world);
 void check_free_space(const std::string & root, uint64_t bytes, int keep,
                       const std::function<void(const std::string &)> & warn);
 
+// Preflight of a checkpoint folder before the first step: it exists (or is made) and takes a
+// file (IoError naming `flag`), and it holds no other run's checkpoints, which this run's
+// pruning would delete (ConfigError saying how to continue that run).
+void check_writable(const std::string & dir, const char * flag);
+void check_own_checkpoints(const std::string & root, const std::string & run_id);
+
 // The batches a --spike-rollback left out, as a checkpoint records them ([[epoch, cursor], ...]).
 std::set<std::pair<uint64_t, size_t>> read_skipped_batches(const std::string & dir);
 

@@ -1,4 +1,5 @@
 #include "app/trainer.h"
+#include "app/training_run.h"
 
 #include <fcntl.h>
 #include <omp.h>
@@ -57,7 +58,6 @@
 namespace memfit {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 
 DataSource resolve_data(const std::string & folder, const std::string & tokenizer, int model_vocab) {
     std::string tok = tokenizer.empty() ? (model_vocab > 0 && model_vocab != 256 ? "gpt2" : "bytes") : tokenizer;
@@ -99,18 +99,6 @@ DataSource resolve_data(const std::string & folder, const std::string & tokenize
 namespace {
 
 
-// Preflight: the folder exists (or is made) and takes a file, before the first step, so that a
-// run does not fail at its first checkpoint.
-void check_writable(const std::string & dir, const char * flag) {
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    const fs::path probe = fs::path(dir) / ".memfit-write-test";
-    std::FILE * f = ec ? nullptr : std::fopen(probe.c_str(), "w");
-    if (!f) throw IoError(fmt::format("{} {}: cannot write there ({})", flag, dir,
-                                      ec ? ec.message() : std::string("permission denied or not a folder")));
-    std::fclose(f);
-    fs::remove(probe, ec);
-}
 
 // A new run's identity: random, so that two runs never share one.
 std::string new_run_id() {
@@ -134,21 +122,6 @@ int lock_folder(const std::string & dir) {
     return fd;
 }
 
-// Checkpoints of another run in the folder would be pruned by this one's (the newest step
-// numbers are kept, whichever run wrote them): refuse before the first step.
-void check_own_checkpoints(const std::string & root, const std::string & run_id) {
-    std::string newest;
-    try {
-        newest = find_checkpoint(root);
-    } catch (const IoError &) {
-        return;   // none yet
-    }
-    const std::string theirs = load_checkpoint_meta(newest).value("run_id", "");
-    if (theirs != run_id)
-        throw ConfigError(fmt::format("{} holds the checkpoints of another run (newest {}): --resume {} continues it; "
-                                      "a new run needs another --out or --checkpoint-dir (or remove them)",
-                                      root, fs::path(newest).filename().string(), root));
-}
 
 ProgressMode progress_mode(const std::string & m) {
     if (m == "tty") return ProgressMode::tty;
@@ -227,97 +200,8 @@ nlohmann::json job_json(const TrainOptions & opt, const RunConfig & run) {
     return j;
 }
 
-// One training job, phase by phase (run_training calls them in order): every flag is checked and
-// every configuration resolved before the first output is written.
-class TrainingRun {
-public:
-    explicit TrainingRun(const TrainOptions & opt);
-    ~TrainingRun() {
-        if (metrics_) std::fclose(metrics_);
-        if (lock_fd_ >= 0) ::close(lock_fd_);
-    }
-    TrainingRun(const TrainingRun &) = delete;
-    TrainingRun & operator=(const TrainingRun &) = delete;
-    void load();           // the model, the device, the data, the memory budget
-    void resolve();        // the configuration this rank runs, and the data loaders
-    void announce();       // what will run
-    void build();          // the engine, its plan, the weights (pre-trained, resumed)
-    void train();          // the steps (until the last, or a stop signal)
-    void finish();         // planned vs measured, summary.json, report.html, trace.json, the sample
-    // --resume auto found the run's last step already checkpointed: nothing to do.
-    bool complete() const { return complete_; }
 
-private:
-    void say(const std::string & text);
-    void take_rows(int rows, int groups);
-    float evaluate();
-    void step(int step);
-    bool stop_now();
-    int roll_back();
-    bool abandon_step() const;
-    void stopped(int last_done);
-    void checkpoint(int step, bool log_point);
-    std::string checkpoint_root() const;
-    void report_memory(const RankMemory & rank_memory, const std::vector<uint64_t> & planned_by_rank, uint64_t rss);
-    std::pair<std::string, int> sample(const std::vector<float> & weights);
-
-    const TrainOptions & opt_;
-    std::unique_ptr<Communicator> comm_;
-    int world_ = 1;
-    bool lead_ = true;
-    ParallelLayout layout_;
-    std::unique_ptr<ProcessGroups> groups_;
-    int ranks_ = 1, rank_ = 0;   // the data-parallel ones (the world without tensor and pipeline parallelism)
-    Communicator * data_comm_ = nullptr;
-    RunConfig run_;              // the batch resolved for the data-parallel ranks; the budget
-    Progress progress_;
-    ModelConfig cfg_;
-    std::unique_ptr<Backend> backend_;
-    std::unique_ptr<Communicator> device_comm_;
-    DataSource data_;
-    EngineOptions eo_;
-    std::vector<std::string> notes_;   // what --fit auto / --recompute budget chose
-    int batch_ = 0, accum_ = 0;  // the global micro-batch and accumulation the engine runs (its B x ranks)
-    std::unique_ptr<DataLoader> train_data_, val_data_;
-    std::unique_ptr<Engine> engine_;
-    int first_step_ = 1;
-    int last_step_ = 0;          // the last step completed (0: none yet in this process)
-    std::string resume_;         // the checkpoint --resume names (auto: the newest in the folder, or none)
-    bool complete_ = false;
-    bool abandoned_ = false;     // a stop signal abandoned the step in flight
-    Clock::time_point step_t0_;
-    double step_seconds_ = 0;    // the last step's wall time, and a checkpoint's (predicted, then measured)
-    double checkpoint_seconds_ = 0;
-    int checkpoint_errors_ = 0;  // --on-checkpoint-error continue: the checkpoints that failed
-    // --skip-spikes: the detector, the bad steps in a row (with their batches' positions), the
-    // batches never to train on again (after a roll-back), counts for the summary.
-    SpikeDetector spikes_;
-    std::vector<std::pair<int, std::pair<uint64_t, size_t>>> bad_streak_;
-    std::set<std::pair<uint64_t, size_t>> skip_batches_;
-    std::pair<uint64_t, size_t> batch_at_{0, 0};
-    int spikes_skipped_ = 0, spikes_loss_ = 0, rollbacks_ = 0;
-    bool roll_back_now_ = false;
-    bool streak_applied_ = false;     // the bad steps in a row include an applied one
-    std::map<int, float> injected_;   // MEMFIT_TEST_GRAD_SPIKES (tests): step -> loss-gradient factor
-    std::string metrics_path_;
-    std::FILE * metrics_ = nullptr;
-    std::string base_digest_;    // LoRA: the base weights' digest (a model folder's; "" when initialised)
-    std::string run_id_;         // this run's identity, recorded in its checkpoints (resumed: theirs)
-    int lock_fd_ = -1;           // the lock on --out, held until the run ends
-    std::vector<int32_t> in_, tg_, my_in_, my_tg_;   // the global batch; this rank's rows of it
-    LrSchedule sched_;
-    BudgetFile budget_file_;
-    std::vector<std::string> replans_;
-    double total_time_ = 0, wall_ = 0;
-    long long total_tokens_ = 0;
-    float last_loss_ = 0, last_val_ = NAN;
-    double last_grad_norm_ = 0;
-    int skipped_in_a_row_ = 0;   // fp16 steps the loss scaler skipped, consecutively
-    static constexpr int kMaxSkippedInARow = 10;
-    Timeline timeline_;          // the last step, op by op, for the report
-    Timeline leak_a_, leak_b_;   // --check-leaks: steps 2 and 3
-    std::vector<CurvePoint> loss_curve_, val_curve_, tps_curve_;
-};
+}  // namespace
 
 // The world: ranks, the parallel layout and its process groups; what combines and the batch,
 // checked before any work. Data parallel (`mpirun -np N memfit train ...`): every rank runs its
@@ -692,31 +576,7 @@ void TrainingRun::step(int step) {
     }
     loss_curve_.push_back({step, r.loss});
     tps_curve_.push_back({step, double(BT) / dt});
-    // --skip-spikes: a skipped update (its norm above the limit, or not finite) or an outlying
-    // loss is a bad step; enough of them in a row roll the run back (train()).
-    std::string spike;
-    if (spikes_.enabled()) {
-        const bool fp16_overflow = eo_.compute == DType::f16 && !std::isfinite(r.grad_norm);
-        if (r.skipped && !fp16_overflow)
-            spike = std::isfinite(r.grad_norm)
-                        ? fmt::format("gradient norm {:.4g} above {:.4g} (z > {:g}): not applied", r.grad_norm,
-                                      norm_limit, opt.skip_spikes)
-                        : fmt::format("gradient norm {}: not applied", r.grad_norm);
-        else if (!r.skipped && spikes_.loss_outlier(r.loss))
-            spike = fmt::format("loss {:.4g} is an outlier (z > {:g}); applied (the fused step had)", r.loss,
-                                opt.skip_spikes);
-        if (spike.empty() && !r.skipped) {
-            spikes_.accept(r.loss, r.grad_norm);
-            bad_streak_.clear();
-            streak_applied_ = false;
-        } else if (!spike.empty()) {
-            streak_applied_ = streak_applied_ || !r.skipped;
-            (r.skipped ? spikes_skipped_ : spikes_loss_) += 1;
-            bad_streak_.push_back({step, batch_at_});
-            say(fmt::format("  spike at step {}: {}", step, spike));
-            roll_back_now_ = opt.spike_rollback > 0 && int(bad_streak_.size()) >= opt.spike_rollback;
-        }
-    }
+    const std::string spike = note_spike(r, step, norm_limit);
     // Diverged: stop before the checkpoint (fp16's non-finite gradients are the loss scaler's:
     // it skips those updates, as --skip-spikes does).
     const bool spike_skipped = spikes_.enabled() && r.skipped;
@@ -793,115 +653,11 @@ void TrainingRun::step(int step) {
     }
 }
 
-// A stop signal is acted on at a step boundary, by every rank at the same one: a rank that got
-// it tells the others (mpirun forwards SIGUSR1 to each rank, not necessarily between the same
-// two steps).
-bool TrainingRun::stop_now() {
-    if (world_ == 1) return stop_requested();
-    return comm_->all_reduce_sum(stop_requested() ? 1.0 : 0.0) > 0;
-}
 
-// Whether the step in flight would end, and its checkpoint be written, within the grace time
-// left; if not, it is abandoned (its update has not begun) and the previous step checkpointed.
-bool TrainingRun::abandon_step() const {
-    const double left = opt_.stop_grace - seconds_since_stop_request();
-    const double in_step = std::chrono::duration<double>(Clock::now() - step_t0_).count();
-    return std::max(0.0, step_seconds_ - in_step) + checkpoint_seconds_ > left;
-}
 
-// After a stop signal: the last completed step's checkpoint (unless it was just written), then
-// finish() writes the summary and the report as for a whole run.
-void TrainingRun::stopped(int last_done) {
-    std::string where = "no step ran in this process: the checkpoint it resumed from stands";
-    if (last_done >= first_step_) {
-        const bool written = opt_.checkpoint_every > 0 && last_done % opt_.checkpoint_every == 0;
-        if (!written) {
-            // Without --checkpoint-every the folder was not checked before the first step: rank 0
-            // checks it now and every rank learns the outcome (the checkpoint is collective).
-            std::string problem;
-            if (lead_ && opt_.checkpoint_every == 0) {
-                try {
-                    check_writable(checkpoint_root(), "--checkpoint-dir");
-                    check_own_checkpoints(checkpoint_root(), run_id_);
-                } catch (const Error & e) {
-                    problem = e.what();
-                }
-            }
-            const bool refused = world_ > 1 ? comm_->all_reduce_sum(problem.empty() ? 0.0 : 1.0) > 0 : !problem.empty();
-            if (refused)
-                throw Error(fmt::format("stopped by {} at step {}, but no checkpoint was written: {}",
-                                        stop_signal_name(), last_done, lead_ ? problem : "rank 0 could not"));
-            checkpoint(last_done, false);
-        }
-        where = fmt::format("checkpoint {}/step-{:06d}", checkpoint_root(), last_done);
-    }
-    // On stderr whatever --progress says, as an error would be: a scheduler's log shows it.
-    progress_.finish();
-    if (lead_)
-        std::fprintf(stderr, "memfit: stopped by %s at step %d of %d (%s; %s); rerun with --resume auto to continue\n",
-                     stop_signal_name().c_str(), last_done, opt_.steps,
-                     abandoned_ ? fmt::format("step {} was abandoned to fit --stop-grace {:g} s", last_done + 1,
-                                              opt_.stop_grace).c_str()
-                                : "at a step boundary",
-                     where.c_str());
-}
 
-// --spike-rollback: back to the newest checkpoint (written before the bad steps began), with
-// the bad steps' batches left out from now on. Returns the checkpoint's step.
-int TrainingRun::roll_back() {
-    roll_back_now_ = false;
-    const std::string dir = newest_checkpoint(checkpoint_root());
-    const int first = bad_streak_.front().first, last = bad_streak_.back().first;
-    if (dir.empty())
-        throw Error(fmt::format("--skip-spikes: steps {} to {} were all bad ({} in a row) and there is no checkpoint "
-                                "to roll back to; hint: --checkpoint-every N", first, last, bad_streak_.size()));
-    for (const auto & b : bad_streak_) skip_batches_.insert(b.second);
-    const int at = resume_from(dir, cfg_, opt_, run_.global_batch, *engine_, *train_data_, val_data_.get(),
-                               base_digest_);
-    ++rollbacks_;
-    say(fmt::format("  roll-back: steps {} to {} were bad; back to {} (step {}), their {} batches left out", first,
-                    last, dir, at, bad_streak_.size()));
-    if (lead_) {
-        const nlohmann::json m = {{"step", last}, {"event", "rollback"}, {"to_step", at}, {"skipped_batches",
-                                  bad_streak_.size()}};
-        if (std::fprintf(metrics_, "%s\n", m.dump().c_str()) < 0 || std::fflush(metrics_) != 0)
-            throw IoError(fmt::format("{}: cannot write metrics at step {}", metrics_path_, last));
-    }
-    bad_streak_.clear();
-    streak_applied_ = false;
-    return at;
-}
 
-std::string TrainingRun::checkpoint_root() const {
-    return opt_.checkpoint_dir.empty() ? (fs::path(opt_.out) / "checkpoints").string() : opt_.checkpoint_dir;
-}
 
-void TrainingRun::checkpoint(int step, bool log_point) {
-    const std::string root = checkpoint_root();
-    nlohmann::json meta = checkpoint_meta(step, cfg_, opt_, run_.global_batch, *train_data_, val_data_.get(), eo_.lora,
-                                          base_digest_);
-    meta["run_id"] = run_id_;
-    if (!skip_batches_.empty()) meta["skipped_batches"] = skip_batches_;
-    const auto t0 = Clock::now();
-    std::string dir;
-    try {
-        dir = write_checkpoint(root, *engine_, meta, opt_.keep_checkpoints, *comm_);
-    } catch (const Error & e) {   // every rank sees it (a sharded write agrees on failure)
-        const std::string previous = newest_checkpoint(root);
-        const std::string kept = previous.empty() ? std::string("there is no earlier one")
-                                                  : fmt::format("{} is intact", previous);
-        if (opt_.on_checkpoint_error != "continue")
-            throw IoError(fmt::format("the checkpoint of step {} failed ({}): {}; hint: free space, or "
-                                      "--on-checkpoint-error continue to train on", step, kept, e.what()));
-        ++checkpoint_errors_;
-        if (lead_)
-            std::fprintf(stderr, "memfit: warning: the checkpoint of step %d failed (%s): %s; training goes on "
-                         "(--on-checkpoint-error continue)\n", step, kept.c_str(), e.what());
-        return;
-    }
-    checkpoint_seconds_ = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (log_point) say(fmt::format("  checkpoint {} ({:.2f} s)", dir, checkpoint_seconds_));
-}
 
 // Planned against measured: this rank's categories, RSS, the device, every rank's.
 void TrainingRun::report_memory(const RankMemory & rank_memory, const std::vector<uint64_t> & planned_by_rank,
@@ -1044,8 +800,6 @@ void TrainingRun::finish() {
     if (!report_error.empty()) throw IoError(fmt::format("{} ({} was written)", report_error, summary_path));
     say(fmt::format("wrote {}, {}, {} and {}", html_path, trace_path, metrics_path_, summary_path));
 }
-
-}  // namespace
 
 void run_training(const TrainOptions & opt) {
     TrainingRun run(opt);

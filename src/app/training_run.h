@@ -1,0 +1,128 @@
+// Internal to src/app: the training job behind run_training() as a class, its phases in
+// trainer.cpp, its stops (signals, roll-backs after spikes) and checkpoints in training_stops.cpp.
+#pragma once
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "app/rank_report.h"
+#include "app/spike_detector.h"
+#include "app/trainer.h"
+#include "comm/communicator.h"
+#include "comm/groups.h"
+#include "data/data_loader.h"
+#include "memory/timeline.h"
+#include "model/config.h"
+#include "report/html_report.h"
+#include "report/progress.h"
+#include "train/engine.h"
+#include "train/replan.h"
+#include "train/schedule.h"
+
+namespace memfit {
+
+using Clock = std::chrono::steady_clock;
+
+// One training job, phase by phase (run_training calls them in order): every flag is checked and
+// every configuration resolved before the first output is written.
+class TrainingRun {
+public:
+    explicit TrainingRun(const TrainOptions & opt);
+    ~TrainingRun() {
+        if (metrics_) std::fclose(metrics_);
+        if (lock_fd_ >= 0) ::close(lock_fd_);
+    }
+    TrainingRun(const TrainingRun &) = delete;
+    TrainingRun & operator=(const TrainingRun &) = delete;
+    void load();           // the model, the device, the data, the memory budget
+    void resolve();        // the configuration this rank runs, and the data loaders
+    void announce();       // what will run
+    void build();          // the engine, its plan, the weights (pre-trained, resumed)
+    void train();          // the steps (until the last, or a stop signal)
+    void finish();         // planned vs measured, summary.json, report.html, trace.json, the sample
+    // --resume auto found the run's last step already checkpointed: nothing to do.
+    bool complete() const { return complete_; }
+
+private:
+    void say(const std::string & text);
+    void take_rows(int rows, int groups);
+    float evaluate();
+    void step(int step);
+    bool stop_now();
+    std::string note_spike(const StepResult & r, int step, double norm_limit);
+    int roll_back();
+    bool abandon_step() const;
+    void stopped(int last_done);
+    void checkpoint(int step, bool log_point);
+    std::string checkpoint_root() const;
+    void report_memory(const RankMemory & rank_memory, const std::vector<uint64_t> & planned_by_rank, uint64_t rss);
+    std::pair<std::string, int> sample(const std::vector<float> & weights);
+
+    const TrainOptions & opt_;
+    std::unique_ptr<Communicator> comm_;
+    int world_ = 1;
+    bool lead_ = true;
+    ParallelLayout layout_;
+    std::unique_ptr<ProcessGroups> groups_;
+    int ranks_ = 1, rank_ = 0;   // the data-parallel ones (the world without tensor and pipeline parallelism)
+    Communicator * data_comm_ = nullptr;
+    RunConfig run_;              // the batch resolved for the data-parallel ranks; the budget
+    Progress progress_;
+    ModelConfig cfg_;
+    std::unique_ptr<Backend> backend_;
+    std::unique_ptr<Communicator> device_comm_;
+    DataSource data_;
+    EngineOptions eo_;
+    std::vector<std::string> notes_;   // what --fit auto / --recompute budget chose
+    int batch_ = 0, accum_ = 0;  // the global micro-batch and accumulation the engine runs (its B x ranks)
+    std::unique_ptr<DataLoader> train_data_, val_data_;
+    std::unique_ptr<Engine> engine_;
+    int first_step_ = 1;
+    int last_step_ = 0;          // the last step completed (0: none yet in this process)
+    std::string resume_;         // the checkpoint --resume names (auto: the newest in the folder, or none)
+    bool complete_ = false;
+    bool abandoned_ = false;     // a stop signal abandoned the step in flight
+    Clock::time_point step_t0_;
+    double step_seconds_ = 0;    // the last step's wall time, and a checkpoint's (predicted, then measured)
+    double checkpoint_seconds_ = 0;
+    int checkpoint_errors_ = 0;  // --on-checkpoint-error continue: the checkpoints that failed
+    // --skip-spikes: the detector, the bad steps in a row (with their batches' positions), the
+    // batches never to train on again (after a roll-back), counts for the summary.
+    SpikeDetector spikes_;
+    std::vector<std::pair<int, std::pair<uint64_t, size_t>>> bad_streak_;
+    std::set<std::pair<uint64_t, size_t>> skip_batches_;
+    std::pair<uint64_t, size_t> batch_at_{0, 0};
+    int spikes_skipped_ = 0, spikes_loss_ = 0, rollbacks_ = 0;
+    bool roll_back_now_ = false;
+    bool streak_applied_ = false;     // the bad steps in a row include an applied one
+    std::map<int, float> injected_;   // MEMFIT_TEST_GRAD_SPIKES (tests): step -> loss-gradient factor
+    std::string metrics_path_;
+    std::FILE * metrics_ = nullptr;
+    std::string base_digest_;    // LoRA: the base weights' digest (a model folder's; "" when initialised)
+    std::string run_id_;         // this run's identity, recorded in its checkpoints (resumed: theirs)
+    int lock_fd_ = -1;           // the lock on --out, held until the run ends
+    std::vector<int32_t> in_, tg_, my_in_, my_tg_;   // the global batch; this rank's rows of it
+    LrSchedule sched_;
+    BudgetFile budget_file_;
+    std::vector<std::string> replans_;
+    double total_time_ = 0, wall_ = 0;
+    long long total_tokens_ = 0;
+    float last_loss_ = 0, last_val_ = NAN;
+    double last_grad_norm_ = 0;
+    int skipped_in_a_row_ = 0;   // fp16 steps the loss scaler skipped, consecutively
+    static constexpr int kMaxSkippedInARow = 10;
+    Timeline timeline_;          // the last step, op by op, for the report
+    Timeline leak_a_, leak_b_;   // --check-leaks: steps 2 and 3
+    std::vector<CurvePoint> loss_curve_, val_curve_, tps_curve_;
+};
+
+}  // namespace memfit
