@@ -39,7 +39,7 @@ while :; do
     if [ $((term + killed)) -lt "$WANT" ]; then
         wait_s=$(python3 -c "import random; print(round(random.uniform(0.3, 1.7) * $mean, 2))")
         end=$(python3 -c "import time; print(time.time() + $wait_s)")
-        while kill -0 $pid 2> /dev/null && python3 -c "import time,sys; sys.exit(time.time() < $end)"; do sleep 0.2; done
+        while kill -0 $pid 2> /dev/null && python3 -c "import time,sys; sys.exit(time.time() >= $end)"; do sleep 0.2; done
     fi
     if kill -0 $pid 2> /dev/null && [ $((term + killed)) -lt "$WANT" ]; then
         if [ $((RANDOM % 2)) = 0 ]; then kill -TERM $pid; term=$((term + 1)); else kill -KILL $pid; killed=$((killed + 1)); fi
