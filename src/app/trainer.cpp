@@ -138,6 +138,8 @@ ProgressMode progress_mode(const std::string & m) {
 // A job as flags: the run's and the trainer's own.
 nlohmann::json job_json(const TrainOptions & opt, const RunConfig & run);
 
+}  // namespace
+
 nlohmann::json resolved_config(const TrainOptions & opt, RunConfig run, const EngineOptions & eo, int ranks) {
     run.micro_batch = eo.B;
     run.grad_accum = eo.grad_accum;
@@ -153,6 +155,9 @@ nlohmann::json resolved_config(const TrainOptions & opt, RunConfig run, const En
     if (opt.budget == 0 && !opt.fit_auto && opt.recompute.info().kind != RecomputePolicy::budget) run.budget = 0;
     return job_json(opt, run);
 }
+
+namespace {
+
 
 // A value every rank must share, by hash (gathered): all ranks stop with the same line naming
 // `what` when one differs.
@@ -659,147 +664,8 @@ void TrainingRun::step(int step) {
 
 
 
-// Planned against measured: this rank's categories, RSS, the device, every rank's.
-void TrainingRun::report_memory(const RankMemory & rank_memory, const std::vector<uint64_t> & planned_by_rank,
-                                uint64_t rss) {
-    const Ledger & L = engine_->ledger();
-    const CategoryBytes plan_live = engine_->planned_peak_live(), plan_rsv = engine_->planned_reserved();
-    if (opt_.check_lifetimes)
-        say("  (--check-lifetimes: every buffer had its own allocation, so reserved bytes are not the plan's regions)");
-    say(fmt::format("memory: planned vs measured (measured = bytes the engine acquired and obtained while running)\n{}",
-                    format_plan_vs_measured(plan_live, L.live_peak(), plan_rsv, L.reserved_peak())));
-    say(fmt::format("  peak RSS {} (planned reserved {} + code, libraries, data loader)", format_bytes(rss),
-                    format_bytes(plan_rsv.total())));
-    if (!backend_->host_memory())
-        say(opt_.check_lifetimes ? "  device memory: not compared with the plan under --check-lifetimes (per-buffer "
-                                  "allocations, freed after last use)"
-                                : format_device_memory(plan_rsv.total(), backend_->runtime_bytes(),
-                                                       backend_->device_used_delta()));
-    if (world_ > 1) say(format_rank_memory(rank_memory));
-    if (layout_.tp > 1 || layout_.pp > 1) {
-        std::string lines = "per rank: planned vs measured peak live";
-        for (int k = 0; k < world_; ++k) {
-            const RankCoords rc = rank_coords(layout_, k);
-            const uint64_t measured = rank_memory.live[size_t(k)].total();
-            lines += fmt::format("\n  rank {} (tp {}, pp {}, dp {}): planned {}, measured {}{}", k, rc.tp, rc.pp, rc.dp,
-                                 format_bytes(planned_by_rank[size_t(k)]), format_bytes(measured),
-                                 measured == planned_by_rank[size_t(k)] ? " (equal)" : "");
-        }
-        say(lines);
-    }
-}
 
-// A text sample from the trained weights (the whole model's), with the positions it used.
-std::pair<std::string, int> TrainingRun::sample(const std::vector<float> & weights) {
-    auto tok = make_tokenizer(data_.tokenizer, data_dir());
-    std::vector<int32_t> prompt = tok->encode("\n");
-    SampleOptions so;
-    so.max_new_tokens = opt_.sample_tokens;
-    so.seed = opt_.seed;
-    // The decoder computes on host memory: a device run samples from its weights on the CPU.
-    const std::unique_ptr<Backend> host_backend = backend_->host_memory() ? nullptr : make_backend("cpu");
-    // Inside the trained context: when the cache fills, the last half is re-run (generate.h).
-    Decoder decoder(cfg_, host_backend ? *host_backend : *backend_,
-                    std::min(cfg_.trained_context(), int(prompt.size()) + so.max_new_tokens));
-    decoder.set_weights(weights.data());
-    const auto ids = generate(decoder, prompt, so);
-    const std::string text = tok->decode(ids);
-    say("sample (temperature 0.8):\n" + text);
-    return {text, decoder.capacity()};
-}
 
-void TrainingRun::finish() {
-    const Ledger & L = engine_->ledger();
-    const CategoryBytes plan_live = engine_->planned_peak_live(), plan_rsv = engine_->planned_reserved();
-    const uint64_t rss = peak_rss_bytes();
-    const double tps = total_time_ > 0 ? double(total_tokens_) / total_time_ : 0.0;
-    // Every rank's measured memory, for the min/max over ranks (a collective: before rank 0 goes
-    // its own way).
-    const RankMemory rank_memory = gather_memory(*comm_, L, rss);
-    const std::string bubble = layout_.pp > 1 ? pipeline_idle(*comm_, layout_, timeline_, accum_) : std::string();
-    // Tensor and pipeline ranks run different programs: each rank's plan beside its measurement.
-    const std::vector<uint64_t> planned_by_rank = comm_->all_gather_u64(plan_live.total());
-    // The whole model's weights for the sample (collective under ZeRO).
-    const bool want_sample = opt_.sample_tokens > 0 && !data_.tokenizer.empty() && !opt_.profile;
-    std::vector<float> sample_weights;
-    if (want_sample && (lead_ || eo_.zero > 0 || layout_.tp > 1 || layout_.pp > 1)) sample_weights = engine_->merged_weights();
-    if (!lead_) return;
-    report_memory(rank_memory, planned_by_rank, rss);
-    if (!bubble.empty()) say(bubble);
-    say(fmt::format("done: {} steps in {:.1f} s, {:.0f} tokens/s, final loss {:.4f}{}", last_step_, wall_, tps, last_loss_,
-                    std::isnan(last_val_) ? std::string() : fmt::format(", validation loss {:.4f}", last_val_)));
-
-    nlohmann::json summary = {
-        {"config", {{"model", cfg_.name}, {"family", cfg_.family}, {"n_layer", cfg_.n_layer}, {"n_embd", cfg_.n_embd},
-                    {"n_head", cfg_.n_head}, {"n_kv_head", cfg_.kv_heads()}, {"ffn", cfg_.ffn_dim()},
-                    {"vocab_size", cfg_.vocab_size}, {"params", cfg_.num_params()}, {"batch", batch_},
-                    {"grad_accum", accum_}, {"attention", eo_.flash_attention ? "flash" : "naive"},
-                    {"recompute", eo_.recompute.name}, {"loss_chunk", eo_.loss_chunk},
-                    {"seq", opt_.seq}, {"steps", opt_.steps}, {"data_parallel", ranks_}, {"tensor_parallel", layout_.tp}, {"pipeline_parallel", layout_.pp}, {"zero", eo_.zero},
-                    {"bucket_bytes", eo_.bucket_bytes}, {"lr", opt_.lr}, {"weight_decay", opt_.weight_decay},
-                    {"seed", opt_.seed}, {"threads", omp_get_max_threads()}, {"precision", precision_name(eo_.compute)},
-                    {"data", data_.train_path}, {"tokenizer", data_.tokenizer},
-                    {"trainable_params", engine_->total_params()}}},
-        {"planned", {{"peak_live", category_json(plan_live)}, {"reserved", category_json(plan_rsv)}}},
-        {"measured", {{"peak_live", category_json(L.live_peak())}, {"reserved", category_json(L.reserved_peak())},
-                      {"peak_live_total", L.live_total_peak()}}},
-        {"peak_rss_bytes", rss},
-        {"device", {{"name", backend_->name()}, {"runtime_bytes", backend_->runtime_bytes()},
-                    {"used_delta_bytes", backend_->device_used_delta()}}},
-        {"per_rank", rank_memory_json(rank_memory)},
-        {"tokens_per_s", tps},
-        {"final_loss", last_loss_},
-        {"steps_done", last_step_},
-        {"wall_s", wall_}};
-    if (last_step_ < opt_.steps) summary["stopped_by"] = stop_signal_name();
-    if (checkpoint_errors_ > 0) summary["checkpoint_errors"] = checkpoint_errors_;
-    if (spikes_.enabled())
-        summary["spikes"] = {{"skipped", spikes_skipped_}, {"loss_outliers", spikes_loss_}, {"rollbacks", rollbacks_},
-                             {"batches_left_out", skip_batches_.size()}};
-    if (!std::isnan(last_val_)) summary["final_val_loss"] = last_val_;
-    summary[kRunConfigKey] = resolved_config(opt_, run_, eo_, ranks_);
-    if (eo_.compute == DType::f16) {
-        summary["loss_scale"] = engine_->loss_scaler().scale;
-        summary["skipped_steps"] = engine_->loss_scaler().skipped;
-        say(fmt::format("  fp16 loss scaling: {} skipped steps, scale now {:g}", engine_->loss_scaler().skipped,
-                        engine_->loss_scaler().scale));
-    }
-
-    // The memory report of the last step (and the training curves).
-    nlohmann::json flat = summary["config"];
-    flat["tokens_per_s"] = std::round(tps);
-    const std::string title = fmt::format("memfit {}: {}, batch {} x seq {}", opt_.profile ? "profile" : "train",
-                                          cfg_.name, batch_, opt_.seq);
-    ReportData rep = build_report(*engine_, timeline_, title, flat, eo_.budget);
-    if (!opt_.profile) {
-        rep.loss = loss_curve_;
-        rep.val_loss = val_curve_;
-        rep.tokens_per_s = tps_curve_;
-    }
-    const std::string html_path = (fs::path(opt_.out) / "report.html").string();
-    const std::string trace_path = (fs::path(opt_.out) / "trace.json").string();
-    // A report that cannot be written does not cost the summary: it is written first, then the error.
-    std::string report_error;
-    try {
-        write_html_report(html_path, rep);
-        write_chrome_trace(trace_path, rep);
-    } catch (const Error & e) {
-        report_error = e.what();
-    }
-    for (const auto & hnt : rep.hints) say("  hint: " + hnt);
-
-    if (want_sample) {
-        const auto [text, positions] = sample(sample_weights);
-        summary["sample"] = text;
-        summary["sample_positions"] = positions;   // at most the trained context
-    }
-    const std::string summary_path = (fs::path(opt_.out) / "summary.json").string();
-    std::ofstream so(summary_path);
-    so << summary.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-    if (!so) throw IoError(fmt::format("{}: cannot write summary", summary_path));
-    if (!report_error.empty()) throw IoError(fmt::format("{} ({} was written)", report_error, summary_path));
-    say(fmt::format("wrote {}, {}, {} and {}", html_path, trace_path, metrics_path_, summary_path));
-}
 
 void run_training(const TrainOptions & opt) {
     TrainingRun run(opt);

@@ -1,5 +1,6 @@
 // Internal to src/app: the training job behind run_training() as a class, its phases in
-// trainer.cpp, its stops (signals, roll-backs after spikes) and checkpoints in training_stops.cpp.
+// trainer.cpp, its stops (signals, roll-backs after spikes) and checkpoints in training_stops.cpp,
+// its end (memory report, summary, report, sample) in training_finish.cpp.
 #pragma once
 
 #include <unistd.h>
@@ -13,6 +14,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "app/rank_report.h"
 #include "app/spike_detector.h"
@@ -31,6 +34,9 @@
 namespace memfit {
 
 using Clock = std::chrono::steady_clock;
+
+// The run as flags, resolved (summary.json's run_config: `--config` of it runs the run again).
+nlohmann::json resolved_config(const TrainOptions & opt, RunConfig run, const EngineOptions & eo, int ranks);
 
 // One training job, phase by phase (run_training calls them in order): every flag is checked and
 // every configuration resolved before the first output is written.
