@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace memfit {
 
@@ -23,12 +24,11 @@ double SpikeDetector::norm_threshold() const {
     return s.mean + z_ * s.sd;
 }
 
-bool SpikeDetector::loss_outlier(double loss) const {
-    if (!enabled()) return false;
-    if (!std::isfinite(loss)) return true;
-    if (losses_.size() < kWarm) return false;
+double SpikeDetector::loss_threshold() const {
+    if (!enabled()) return 0;
+    if (losses_.size() < kWarm) return std::numeric_limits<double>::infinity();
     const Stats s = stats(losses_);
-    return loss > s.mean + z_ * s.sd;
+    return s.mean + z_ * s.sd;
 }
 
 void SpikeDetector::accept(double loss, double grad_norm) {

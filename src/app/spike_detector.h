@@ -1,9 +1,9 @@
 // --skip-spikes Z: a step whose gradient norm or loss is an outlier against the recent steps
 // (its z-score over a running window of accepted steps above Z, as llm.c's outlier detector) is
-// a bad step. A gradient-norm outlier (or a non-finite one) is not applied: the optimizer kernels
-// compare the step's norm with threshold() before they update anything. A loss outlier is only
-// known once the fused step has updated the weights: it is logged and counted, as the skipped
-// ones are, towards --spike-rollback's K consecutive bad steps.
+// a bad step, and is not applied: the engine compares the step's loss with loss_threshold() once
+// its backward is done, the optimizer kernels its gradient norm with norm_threshold(), both
+// before anything is updated. Bad steps are logged and counted towards --spike-rollback's K
+// consecutive ones.
 #pragma once
 
 #include <cstddef>
@@ -20,8 +20,9 @@ public:
     bool enabled() const { return z_ > 0; }
     // The gradient norm above which the next step is not applied (0: no threshold yet).
     double norm_threshold() const;
-    // Whether a loss this high is an outlier.
-    bool loss_outlier(double loss) const;
+    // The loss above which the next step is not applied: infinity before the window is warm
+    // (only a non-finite loss is left out then); 0 when disabled.
+    double loss_threshold() const;
     // A step that was applied and was no outlier joins the window.
     void accept(double loss, double grad_norm);
 

@@ -244,13 +244,15 @@ TrainingRun::TrainingRun(const TrainOptions & opt)
     if (opt.threads > 0) omp_set_num_threads(opt.threads);
     install_stop_handlers(parse_stop_signals(opt.stop_signals));
     spikes_ = SpikeDetector(opt.skip_spikes);
-    // Tests only: "STEP:FACTOR,..." multiplies those steps' loss gradients (a spike; nan: NaN).
+    // Tests only: "STEP:FACTOR,..." multiplies those steps' loss gradients (a spike; nan: NaN);
+    // "STEP:batch" spoils data-parallel rank 0's rows of that step's batch (spoil_rows: a loss spike).
     if (const char * v = std::getenv("MEMFIT_TEST_GRAD_SPIKES")) {
         std::string list = v;
         for (size_t at = 0; at < list.size();) {
             const size_t end = std::min(list.find(',', at), list.size());
-            const std::string item = list.substr(at, end - at);
-            injected_[std::atoi(item.c_str())] = std::strtof(item.substr(item.find(':') + 1).c_str(), nullptr);
+            const std::string item = list.substr(at, end - at), what = item.substr(item.find(':') + 1);
+            if (what == "batch") bad_batches_.insert(std::atoi(item.c_str()));
+            else injected_[std::atoi(item.c_str())] = std::strtof(what.c_str(), nullptr);
             at = end + 1;
         }
     }
@@ -496,6 +498,15 @@ void TrainingRun::take_rows(int rows, int groups) {
     }
 }
 
+// Tests: the rows of the global batch that data-parallel rank 0 takes get the vocabulary's last
+// id as every target (the bytes tokenizer's 255, which text never has): a loss spike.
+void TrainingRun::spoil_rows(int rows, int groups) {
+    const size_t mine = size_t(rows / ranks_) * size_t(opt_.seq), whole = size_t(rows) * size_t(opt_.seq);
+    for (int g = 0; g < groups; ++g)
+        for (size_t i = 0; i < mine; ++i)
+            if (int32_t & t = tg_[size_t(g) * whole + i]; t >= 0) t = cfg_.vocab_size - 1;
+}
+
 // Batches of the starting micro-batch (this rank's rows), run in pieces of the engine's current
 // one; eval_loss sums over the ranks.
 float TrainingRun::evaluate() {
@@ -552,15 +563,17 @@ void TrainingRun::step(int step) {
     train_data_->next(in_.data(), tg_.data());
     // The configuration's micro-batches (run.batch sequences each over all ranks) split over the
     // ranks; --fit auto may regroup this rank's rows into other micro-batches (the same global batch).
+    if (bad_batches_.count(step)) spoil_rows(run_.batch, run_.grad_accum);
     take_rows(run_.batch, run_.grad_accum);
     std::string budget_warning;
     if (const auto b = budget_file_.poll(&budget_warning)) shrink_to_budget(engine_, cfg_, *backend_, *b, replans_);
     if (!budget_warning.empty()) say("warning: " + budget_warning);
     AdamWHyper h{sched_.at(step), opt.beta1, opt.beta2, opt.eps, opt.weight_decay, step, opt.clip};
-    const double norm_limit = spikes_.norm_threshold();
     if (spikes_.enabled()) {
+        const double norm_limit = spikes_.norm_threshold();
         h.skip_nonfinite = true;
         if (norm_limit > 0) h.skip_above_norm_sq = float(norm_limit * norm_limit);
+        h.skip_above_loss = float(spikes_.loss_threshold());
     }
     if (const auto it = injected_.find(step); it != injected_.end()) h.loss_grad_factor = it->second;
     if (step == opt.steps) engine_->set_timeline(&timeline_);
@@ -581,7 +594,7 @@ void TrainingRun::step(int step) {
     }
     loss_curve_.push_back({step, r.loss});
     tps_curve_.push_back({step, double(BT) / dt});
-    const std::string spike = note_spike(r, step, norm_limit);
+    const std::string spike = note_spike(r, step, h);
     // Diverged: stop before the checkpoint (fp16's non-finite gradients are the loss scaler's:
     // it skips those updates, as --skip-spikes does).
     const bool spike_skipped = spikes_.enabled() && r.skipped;
@@ -639,9 +652,9 @@ void TrainingRun::step(int step) {
     pl.peak = L.live_total_peak();
     pl.budget = eo_.budget;
     progress_.update(pl, log_point);
-    // Not after an applied bad step (a loss outlier) of the current run of bad steps: a roll-back
-    // goes to a state before it. A skipped step left the state as it was.
-    if (opt.checkpoint_every > 0 && (step % opt.checkpoint_every == 0 || step == opt.steps) && !streak_applied_)
+    // A bad step was not applied: the checkpoint after it holds the state before it, which is
+    // where a roll-back returns.
+    if (opt.checkpoint_every > 0 && (step % opt.checkpoint_every == 0 || step == opt.steps))
         checkpoint(step, log_point);
     if (log_point && lead_) {
         nlohmann::json m = {{"step", step}, {"loss", r.loss}, {"lr", h.lr}, {"grad_norm", r.grad_norm},

@@ -39,9 +39,9 @@ struct TrainOptions : RunConfig {
     std::string stop_signals = "TERM,INT,USR1";   // each asks the run to stop with a checkpoint ("none")
     double   stop_grace = 30;      // seconds from a stop signal to the SIGKILL expected after it
     double   comm_timeout = 600;   // seconds a collective may wait before every rank is ended (0: forever)
-    std::string on_checkpoint_error = "stop";
+    std::string on_checkpoint_error = "stop";   // stop | continue (train on, retry at the next interval)
     double   skip_spikes = 0;      // z-score above which a step's loss or gradient norm is a spike (0: off)
-    int      spike_rollback = 3;   // that many bad steps in a row: back to the last checkpoint (0: never)   // stop | continue (train on, retry at the next interval)
+    int      spike_rollback = 3;   // that many bad steps in a row: back to the last checkpoint (0: never)
 };
 
 // Runs a whole training job; throws memfit::Error on expected failures.

@@ -61,10 +61,11 @@ public:
 private:
     void say(const std::string & text);
     void take_rows(int rows, int groups);
+    void spoil_rows(int rows, int groups);   // MEMFIT_TEST_GRAD_SPIKES "STEP:batch"
     float evaluate();
     void step(int step);
     bool stop_now();
-    std::string note_spike(const StepResult & r, int step, double norm_limit);
+    std::string note_spike(const StepResult & r, int step, const AdamWHyper & h);
     int roll_back();
     bool abandon_step() const;
     void stopped(int last_done);
@@ -109,8 +110,8 @@ private:
     std::pair<uint64_t, size_t> batch_at_{0, 0};
     int spikes_skipped_ = 0, spikes_loss_ = 0, rollbacks_ = 0;
     bool roll_back_now_ = false;
-    bool streak_applied_ = false;     // the bad steps in a row include an applied one
     std::map<int, float> injected_;   // MEMFIT_TEST_GRAD_SPIKES (tests): step -> loss-gradient factor
+    std::set<int> bad_batches_;       // and the steps whose batch it spoils
     std::string metrics_path_;
     std::FILE * metrics_ = nullptr;
     std::string base_digest_;    // LoRA: the base weights' digest (a model folder's; "" when initialised)

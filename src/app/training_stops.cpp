@@ -95,7 +95,6 @@ int TrainingRun::roll_back() {
             throw IoError(fmt::format("{}: cannot write metrics at step {}", metrics_path_, last));
     }
     bad_streak_.clear();
-    streak_applied_ = false;
     return at;
 }
 
@@ -130,34 +129,34 @@ void TrainingRun::checkpoint(int step, bool log_point) {
     if (log_point) say(fmt::format("  checkpoint {} ({:.2f} s)", dir, checkpoint_seconds_));
 }
 
-// --skip-spikes: a skipped update (its norm above the limit, or not finite) or an outlying loss
-// is a bad step; enough of them in a row roll the run back (train()). Returns what the step's
+// --skip-spikes: a step left out (its loss or gradient norm above the limit, or not finite) is
+// a bad step; enough of them in a row roll the run back (train()). Returns what the step's
 // metrics line says of it ("" for a good step).
-std::string TrainingRun::note_spike(const StepResult & r, int step, double norm_limit) {
+std::string TrainingRun::note_spike(const StepResult & r, int step, const AdamWHyper & h) {
+    if (!spikes_.enabled()) return "";
     const TrainOptions & opt = opt_;
-    std::string spike;
-    if (spikes_.enabled()) {
-        const bool fp16_overflow = eo_.compute == DType::f16 && !std::isfinite(r.grad_norm);
-        if (r.skipped && !fp16_overflow)
-            spike = std::isfinite(r.grad_norm)
-                        ? fmt::format("gradient norm {:.4g} above {:.4g} (z > {:g}): not applied", r.grad_norm,
-                                      norm_limit, opt.skip_spikes)
-                        : fmt::format("gradient norm {}: not applied", r.grad_norm);
-        else if (!r.skipped && spikes_.loss_outlier(r.loss))
-            spike = fmt::format("loss {:.4g} is an outlier (z > {:g}); applied (the fused step had)", r.loss,
-                                opt.skip_spikes);
-        if (spike.empty() && !r.skipped) {
-            spikes_.accept(r.loss, r.grad_norm);
-            bad_streak_.clear();
-            streak_applied_ = false;
-        } else if (!spike.empty()) {
-            streak_applied_ = streak_applied_ || !r.skipped;
-            (r.skipped ? spikes_skipped_ : spikes_loss_) += 1;
-            bad_streak_.push_back({step, batch_at_});
-            say(fmt::format("  spike at step {}: {}", step, spike));
-            roll_back_now_ = opt.spike_rollback > 0 && int(bad_streak_.size()) >= opt.spike_rollback;
-        }
+    const bool fp16_overflow = eo_.compute == DType::f16 && !std::isfinite(r.grad_norm) && !r.loss_outlier;
+    if (fp16_overflow) return "";   // the loss scaler's: neither a bad step nor a good one
+    if (!r.skipped) {
+        spikes_.accept(r.loss, r.grad_norm);
+        bad_streak_.clear();
+        return "";
     }
+    const double norm_limit = std::sqrt(double(h.skip_above_norm_sq));
+    std::string spike;
+    if (r.loss_outlier)
+        spike = std::isfinite(r.loss) ? fmt::format("loss {:.4g} above {:.4g} (z > {:g}): not applied", r.loss,
+                                                    h.skip_above_loss, opt.skip_spikes)
+                                      : fmt::format("loss {}: not applied", r.loss);
+    else
+        spike = std::isfinite(r.grad_norm) ? fmt::format("gradient norm {:.4g} above {:.4g} (z > {:g}): not applied",
+                                                         r.grad_norm, norm_limit, opt.skip_spikes)
+                                           : fmt::format("gradient norm {}: not applied", r.grad_norm);
+    ++spikes_skipped_;
+    if (r.loss_outlier) ++spikes_loss_;
+    bad_streak_.push_back({step, batch_at_});
+    say(fmt::format("  spike at step {}: {}", step, spike));
+    roll_back_now_ = opt.spike_rollback > 0 && int(bad_streak_.size()) >= opt.spike_rollback;
     return spike;
 }
 

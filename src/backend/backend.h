@@ -46,6 +46,10 @@ struct AdamWHyper {
     // > 0: leave them unchanged too when norm_sq is above this (a gradient spike, --skip-spikes).
     // Same units as norm_sq (the scaled gradients').
     float skip_above_norm_sq = 0;
+    // > 0: the engine leaves the step out when its mean loss (over the whole step: every
+    // micro-batch and rank) is above this or not finite, deciding before the update begins
+    // (--skip-spikes). The kernels never read it.
+    float skip_above_loss = 0;
     // Tests: the loss gradient is multiplied by this (an injected gradient spike, or NaN).
     float loss_grad_factor = 1.0f;
 };

@@ -74,7 +74,10 @@ bool Graph::begin(const char * name, double flops, std::initializer_list<Tensor>
     MF_ASSERT(next_op_ < exec_program_->num_ops() && "step issued more ops than were recorded");
     MF_ASSERT(std::strcmp(exec_program_->ops()[size_t(next_op_)].name, name) == 0 &&
               "step issued a different op than was recorded");
-    updating_ = updating_ || phase_ == Phase::optimizer;   // from the first update on, the step completes
+    if (!updating_ && phase_ == Phase::optimizer) {   // from the first update on, the step completes
+        updating_ = true;
+        skip_update_ = skip_ask_ && (*skip_ask_)();
+    }
     if (cancel_ && !updating_ && (*cancel_)()) throw StepAbandoned{};
     memory_->begin_op(next_op_);
     // Transfers in flight advance between ops (OpenMPI 4.1 has no progress thread).
@@ -553,7 +556,7 @@ void Graph::sum_squares(Tensor out, Tensor x) {
 
 void Graph::adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy,
                   const AdamWHyper & h) {
-    if (begin("adamw", 16.0 * double(param.numel()), {param, grad, m, v, norm_sq, param_copy}))
+    if (begin("adamw", 16.0 * double(param.numel()), {param, grad, m, v, norm_sq, param_copy}) && !skip_update_)
         backend_->adamw(resolve(param), resolve(grad), resolve(m), resolve(v), resolve(norm_sq), resolve(param_copy), h);
     end();
 }

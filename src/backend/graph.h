@@ -163,6 +163,10 @@ public:
     // Executing: asked before every op until the first of the optimizer phase; true abandons the
     // program there (StepAbandoned is thrown): the weights and optimizer states are those before it.
     void set_cancel(const std::function<bool()> * cancel) { cancel_ = cancel; }
+    // Executing: asked once, just before the first op of the optimizer phase (every forward and
+    // backward op has run); true leaves the step's weights and optimizer states as they were:
+    // the adamw ops are issued (the program's order holds) but update nothing.
+    void set_skip_update(const std::function<bool()> * ask) { skip_ask_ = ask; }
 
     // Number of ops issued so far (while executing: must end equal to the program's count).
     int ops_issued() const { return next_op_; }
@@ -189,6 +193,8 @@ private:
     Timeline * timeline_ = nullptr;
     const std::function<bool()> * cancel_ = nullptr;
     bool updating_ = false;   // an optimizer op has begun
+    const std::function<bool()> * skip_ask_ = nullptr;
+    bool skip_update_ = false;   // skip_ask_ said so
     uint64_t seed_ = 0;
     Collectives * comm_ = nullptr;
     Collectives * tp_comm_ = nullptr;   // tensor-parallel group

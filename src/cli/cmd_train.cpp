@@ -82,9 +82,9 @@ void add_train_flags(CLI::App * train, TrainOptions & t) {
                       "again at the next interval")
         ->capture_default_str()->check(CLI::IsMember({"stop", "continue"}));
     train->add_option("--skip-spikes", t.skip_spikes,
-                      "Z: a step whose gradient norm is more than Z standard deviations above the last 128 "
-                      "accepted steps' (or is not finite) is not applied; a loss that far above is logged (the "
-                      "fused step has applied it); both count as bad steps (0: off; llm.c's outlier detector)")
+                      "Z: a step whose loss or gradient norm is more than Z standard deviations above the last "
+                      "128 accepted steps' (or is not finite) is not applied, and is logged as a bad step (0: "
+                      "off; llm.c's outlier detector)")
         ->capture_default_str()->check(kNonNegative);
     train->add_option("--spike-rollback", t.spike_rollback,
                       "with --skip-spikes: this many bad steps in a row roll the run back to its last checkpoint "

@@ -472,6 +472,7 @@ void Engine::execute(const TrainStep & step, StepMemory & mem, const StepScalars
     g.set_pipeline_communicator(pp_comm_);
     g.set_embedding_communicator(opt_.emb_comm);
     if (cancel_) g.set_cancel(&cancel_);
+    if (skip_ask_ && &step == plans_.train.get()) g.set_skip_update(&skip_ask_);
     if (timeline_ && &step == plans_.train.get()) {
         timeline_->program = "train";
         timeline_->events.clear();
@@ -507,6 +508,11 @@ double Engine::run_batch(const TrainStep & step, StepMemory & mem, const int32_t
     s.seed = seed;
     if (h) s.adamw = *h;
     execute(step, mem, s);
+    return losses_sum(step, mem);
+}
+
+double Engine::losses_sum(const TrainStep & step, StepMemory & mem) const {
+    const size_t BT = size_t(step.B()) * size_t(step.T()) * size_t(step.micro_batches());
     std::vector<float> l(BT);
     backend_.download(l.data(), mem.base(step.losses), BT * sizeof(float));
     double sum = 0;
@@ -533,6 +539,22 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
     // The caller's threshold is on the true norm; the kernels compare the scaled gradients'.
     if (h.skip_above_norm_sq > 0) hh.skip_above_norm_sq = h.skip_above_norm_sq / (hh.grad_scale * hh.grad_scale);
     double sum = 0;
+    // --skip-spikes: the whole step's loss is known once the update program's backward is done
+    // (the earlier micro-batches' sum, this program's losses, every rank's); the graph asks
+    // before the first update and leaves the step out if it is above the limit.
+    struct Forget {   // the question refers to this call's locals: gone with them, thrown or not
+        std::function<bool()> & f;
+        ~Forget() { f = nullptr; }
+    } forget{skip_ask_};
+    if (h.skip_above_loss > 0)
+        skip_ask_ = [&] {
+            double all = sum + losses_sum(*plans_.train, *train_mem_);
+            if (opt_.pipeline_parallel > 1) all = pp_comm_->all_reduce_sum(all);
+            if (opt_.data_parallel > 1) all = comm_->all_reduce_sum(all);
+            const double loss = r.tokens > 0 ? all / r.tokens : 0.0;
+            r.loss_outlier = !(loss <= double(h.skip_above_loss));
+            return r.loss_outlier;
+        };
     for (int i = 0; i < k && opt_.pipeline_parallel == 1; ++i) {
         const int32_t * in = inputs + size_t(i) * BT;
         const int32_t * tg = targets + size_t(i) * BT;
@@ -553,7 +575,7 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
     backend_.download(&norm_sq, train_mem_->base(plans_.train->grad_norm_sq), sizeof norm_sq);
     r.grad_norm = std::sqrt(norm_sq) * hh.grad_scale;
     if (opt_.compute == DType::f16) scaler_.update(std::isfinite(norm_sq));
-    r.skipped = skips_update(hh, norm_sq);
+    r.skipped = r.loss_outlier || skips_update(hh, norm_sq);
     if (!r.skipped) ++t_;
     return r;
 }

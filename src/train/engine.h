@@ -142,7 +142,8 @@ struct StepResult {
     float  loss = 0;          // mean over non-ignored targets
     float  grad_norm = 0;     // global L2 norm of the gradients (before the update; inf/NaN if skipped)
     int    tokens = 0;        // non-ignored targets
-    bool   skipped = false;   // fp16: the gradients overflowed; nothing was updated
+    bool   skipped = false;   // nothing was updated (fp16's overflow, or a --skip-spikes limit)
+    bool   loss_outlier = false;   // skipped for its loss (AdamWHyper::skip_above_loss)
     float  loss_scale = 1;    // the scale this step's loss gradient was multiplied by
 };
 
@@ -234,6 +235,8 @@ private:
     // Runs one program on one batch; returns the sum of its per-token losses.
     double run_batch(const TrainStep & step, StepMemory & mem, const int32_t * inputs, const int32_t * targets,
                      float dloss, const AdamWHyper * h, uint64_t seed = 0);
+    // The sum of the per-token losses the program's last run left.
+    double losses_sum(const TrainStep & step, StepMemory & mem) const;
     // Non-ignored targets in n tokens; checks ids against the vocabulary.
     int count_targets(const int32_t * inputs, const int32_t * targets, size_t n) const;
     void execute(const TrainStep & step, StepMemory & mem, const StepScalars & s);
@@ -272,6 +275,7 @@ private:
     int t_ = 0;
     Timeline * timeline_ = nullptr;
     std::function<bool()> cancel_;
+    std::function<bool()> skip_ask_;   // train_step's loss limit, asked by the update program's graph
 };
 
 }  // namespace memfit

@@ -339,6 +339,54 @@ TEST(Engine, AccumulatingMicroBatchesEqualsOneBatch) {
     }
 }
 
+// --skip-spikes' loss limit (AdamWHyper::skip_above_loss): decided on the whole step's loss
+// (every micro-batch's, not only the last one's, which runs the update) before the update
+// begins; a step above it leaves the weights bitwise as they were and is not counted.
+TEST(Engine, LossLimitLeavesTheWholeStepOut) {
+    CpuBackend backend;
+    EngineOptions eo;
+    eo.B = 2;
+    eo.T = 16;
+    eo.grad_accum = 2;
+    Engine e(small_config(64, 32, 2, 2), backend, eo);
+    e.init_params(5);
+    const size_t BT = 32;
+    std::vector<int32_t> x_in(BT), x_tg(BT), y_in(BT), y_tg(BT);
+    random_batch(x_in, x_tg, 64, 11);
+    random_batch(y_in, y_tg, 64, 12);
+    auto step_of = [&](const std::vector<int32_t> & a, const std::vector<int32_t> & b, std::vector<int32_t> & out) {
+        out = a;
+        out.insert(out.end(), b.begin(), b.end());
+    };
+    std::vector<int32_t> in, tg;
+    step_of(x_in, x_in, in);
+    step_of(x_tg, x_tg, tg);
+    const AdamWHyper base{1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f, 1};
+    for (int s = 0; s < 20; ++s) e.train_step(in.data(), tg.data(), base);   // X is learnt, Y is not
+    const double lx = e.eval_loss(x_in.data(), x_tg.data()), ly = e.eval_loss(y_in.data(), y_tg.data());
+    ASSERT_GT(ly, 2 * lx);
+    const double whole = (lx + ly) / 2;   // both micro-batches have 31 targets
+    step_of(y_in, x_in, in);   // X last: its own loss is below the step's
+    step_of(y_tg, x_tg, tg);
+    const size_t P = e.step().layout().total;
+    const std::vector<float> before(e.params(), e.params() + P);
+    const int done = e.steps_done();
+
+    AdamWHyper h = base;
+    h.skip_above_loss = float((whole + lx) / 2);
+    const StepResult out = e.train_step(in.data(), tg.data(), h);
+    EXPECT_TRUE(out.skipped && out.loss_outlier);
+    EXPECT_NEAR(out.loss, whole, 1e-4 * whole);
+    EXPECT_EQ(0, std::memcmp(before.data(), e.params(), P * 4)) << "a step above the limit changed the weights";
+    EXPECT_EQ(e.steps_done(), done);
+
+    h.skip_above_loss = float(whole * 1.01);
+    const StepResult in_limit = e.train_step(in.data(), tg.data(), h);
+    EXPECT_FALSE(in_limit.skipped || in_limit.loss_outlier);
+    EXPECT_NE(0, std::memcmp(before.data(), e.params(), P * 4));
+    EXPECT_EQ(e.steps_done(), done + 1);
+}
+
 TEST(Engine, ClippingScalesTheGradientsByClipOverNorm) {
     CpuBackend backend;
     const ModelConfig cfg = small_config(61, 32, 1, 2);
