@@ -273,6 +273,12 @@ TrainingRun::TrainingRun(const TrainOptions & opt)
 
 // Everything but the status line goes through the progress display, so a terminal's live line
 // stays intact, --json keeps stdout JSON Lines and --quiet keeps it empty.
+// A warning reaches the log whatever --progress says (quiet leaves out status lines, not this).
+void TrainingRun::warn(const std::string & text) {
+    if (progress_.mode() != ProgressMode::quiet) say("warning: " + text);
+    else if (lead_) std::fprintf(stderr, "memfit: warning: %s\n", text.c_str());
+}
+
 void TrainingRun::say(const std::string & text) {
     size_t start = 0;
     while (start < text.size()) {
@@ -445,7 +451,7 @@ void TrainingRun::build() {
             check_own_checkpoints(checkpoint_root(), run_id_);
             check_free_space(checkpoint_root(), uint64_t(engine.total_params()) * 12 + 4096 * uint64_t(world_),
                              opt_.keep_checkpoints,
-                             [this](const std::string & w) { say("warning: " + w); });
+                             [this](const std::string & w) { warn(w); });
         }
     }
     // What a checkpoint costs (this rank's part of the state: weights and both moments in fp32),
@@ -454,8 +460,8 @@ void TrainingRun::build() {
         const CheckpointCost cost = predict_checkpoint_cost(opt_.out, checkpoint_bytes(engine, world_));
         checkpoint_seconds_ = cost.seconds;
         if (!cost.error.empty())
-            say(fmt::format("warning: a checkpoint ({}) may fail: a probe of its write failed: {}",
-                            format_bytes(cost.bytes), cost.error));
+            warn(fmt::format("a checkpoint ({}) may fail: a probe of its write failed: {}",
+                             format_bytes(cost.bytes), cost.error));
         else
             say(fmt::format("  a checkpoint: {}{}, about {:.2g} s to write ({:.0f} MB/s write, {:.0f} MB/s digest "
                             "measured in {}); {} stop the run at a step boundary with one, within --stop-grace {:g} s",
@@ -567,7 +573,7 @@ void TrainingRun::step(int step) {
     take_rows(run_.batch, run_.grad_accum);
     std::string budget_warning;
     if (const auto b = budget_file_.poll(&budget_warning)) shrink_to_budget(engine_, cfg_, *backend_, *b, replans_);
-    if (!budget_warning.empty()) say("warning: " + budget_warning);
+    if (!budget_warning.empty()) warn(budget_warning);
     AdamWHyper h{sched_.at(step), opt.beta1, opt.beta2, opt.eps, opt.weight_decay, step, opt.clip};
     if (spikes_.enabled()) {
         const double norm_limit = spikes_.norm_threshold();

@@ -60,6 +60,7 @@ public:
 
 private:
     void say(const std::string & text);
+    void warn(const std::string & text);   // on stderr under --progress quiet
     void take_rows(int rows, int groups);
     void spoil_rows(int rows, int groups);   // MEMFIT_TEST_GRAD_SPIKES "STEP:batch"
     float evaluate();
