@@ -10,7 +10,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <cmath>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -31,6 +33,7 @@
 #include "comm/communicator.h"
 #include "comm/device_communicator.h"
 #include "comm/groups.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/file_digest.h"
 #include "core/json_num.h"
@@ -482,9 +485,11 @@ void TrainingRun::build() {
                 if (!j.is_discarded() && j.is_object() && j.value("step", 0) < first_step_) kept += line + "\n";
             }
         }
-        metrics_ = std::fopen(metrics_path_.c_str(), "w");
-        if (!metrics_) throw IoError(fmt::format("{}: cannot write metrics", metrics_path_));
-        if (std::fputs(kept.c_str(), metrics_) < 0) throw IoError(fmt::format("{}: cannot write metrics", metrics_path_));
+        // Rewritten whole (or left as it was, if that fails), then appended to.
+        write_file_atomic(metrics_path_, kept);
+        metrics_ = std::fopen(metrics_path_.c_str(), "a");
+        if (!metrics_)
+            throw IoError(fmt::format("{}: cannot open for appending ({})", metrics_path_, std::strerror(errno)));
     }
     const size_t BT = size_t(batch_) * size_t(opt_.seq) * size_t(accum_);   // tokens per step
     in_.resize(BT);
@@ -672,19 +677,20 @@ void TrainingRun::step(int step) {
             m["loss_scale"] = r.loss_scale;
             m["skipped_steps"] = engine_->loss_scaler().skipped;
         }
-        if (std::fprintf(metrics_, "%s\n", m.dump().c_str()) < 0 || std::fflush(metrics_) != 0)
-            throw IoError(fmt::format("{}: cannot write metrics at step {} (is the disk full?)", metrics_path_, step));
+        write_metrics(m);
     }
 }
 
-
-
-
-
-
-
-
-
+// A metrics line that cannot be written (a full disk) is lost, not the run: one warning, the
+// count in summary.json, and the next line tried again.
+void TrainingRun::write_metrics(const nlohmann::json & m) {
+    if (std::fprintf(metrics_, "%s\n", m.dump().c_str()) >= 0 && std::fflush(metrics_) == 0) return;
+    const int err = errno;
+    std::clearerr(metrics_);
+    if (metrics_lost_++ == 0)
+        warn(fmt::format("{}: cannot write the line of step {} ({}); training goes on, and lines that cannot be "
+                         "written are counted in summary.json", metrics_path_, m.value("step", 0), std::strerror(err)));
+}
 
 void run_training(const TrainOptions & opt) {
     TrainingRun run(opt);

@@ -29,6 +29,7 @@
 #include "comm/communicator.h"
 #include "comm/device_communicator.h"
 #include "comm/groups.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/file_digest.h"
 #include "core/json_num.h"
@@ -176,7 +177,7 @@ void TrainingRun::finish() {
     }
     const std::string html_path = (fs::path(opt_.out) / "report.html").string();
     const std::string trace_path = (fs::path(opt_.out) / "trace.json").string();
-    // A report that cannot be written does not cost the summary: it is written first, then the error.
+    // A report that cannot be written costs neither the summary nor the run's exit status: a warning.
     std::string report_error;
     try {
         write_html_report(html_path, rep);
@@ -192,10 +193,13 @@ void TrainingRun::finish() {
         summary["sample_positions"] = positions;   // at most the trained context
     }
     const std::string summary_path = (fs::path(opt_.out) / "summary.json").string();
-    std::ofstream so(summary_path);
-    so << summary.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-    if (!so) throw IoError(fmt::format("{}: cannot write summary", summary_path));
-    if (!report_error.empty()) throw IoError(fmt::format("{} ({} was written)", report_error, summary_path));
+    if (metrics_lost_ > 0) summary["metrics_lines_lost"] = metrics_lost_;
+    // Atomic: a resumed run's summary that cannot be written leaves the earlier one whole.
+    write_file_atomic(summary_path, summary.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+    if (!report_error.empty()) {
+        warn(fmt::format("{}; {} and {} were written", report_error, metrics_path_, summary_path));
+        return;
+    }
     say(fmt::format("wrote {}, {}, {} and {}", html_path, trace_path, metrics_path_, summary_path));
 }
 

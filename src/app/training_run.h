@@ -61,6 +61,7 @@ public:
 private:
     void say(const std::string & text);
     void warn(const std::string & text);   // on stderr under --progress quiet
+    void write_metrics(const nlohmann::json & line);
     void take_rows(int rows, int groups);
     void spoil_rows(int rows, int groups);   // MEMFIT_TEST_GRAD_SPIKES "STEP:batch"
     float evaluate();
@@ -114,6 +115,7 @@ private:
     std::map<int, float> injected_;   // MEMFIT_TEST_GRAD_SPIKES (tests): step -> loss-gradient factor
     std::set<int> bad_batches_;       // and the steps whose batch it spoils
     std::string metrics_path_;
+    int metrics_lost_ = 0;            // lines that could not be written
     std::FILE * metrics_ = nullptr;
     std::string base_digest_;    // LoRA: the base weights' digest (a model folder's; "" when initialised)
     std::string run_id_;         // this run's identity, recorded in its checkpoints (resumed: theirs)

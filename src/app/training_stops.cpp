@@ -91,8 +91,7 @@ int TrainingRun::roll_back() {
     if (lead_) {
         const nlohmann::json m = {{"step", last}, {"event", "rollback"}, {"to_step", at}, {"skipped_batches",
                                   bad_streak_.size()}};
-        if (std::fprintf(metrics_, "%s\n", m.dump().c_str()) < 0 || std::fflush(metrics_) != 0)
-            throw IoError(fmt::format("{}: cannot write metrics at step {}", metrics_path_, last));
+        write_metrics(m);
     }
     bad_streak_.clear();
     return at;

@@ -836,6 +836,32 @@ TEST(Cli, CheckpointWriteFailureKeepsThePrevious) {
     EXPECT_EQ(folders(), (std::vector<std::string>{"step-000005", "step-000010", "step-000012"}));
 }
 
+// Metrics that cannot be written (metrics.jsonl past a 50 KiB file-size limit after ~270 steps)
+// are lost, not the run: one warning, the count in summary.json, every step trained, exit 0. A
+// report that cannot be written (report.html is ~65 KiB) is a warning too.
+TEST(Cli, MetricsWriteFailureDoesNotStopTheRun) {
+    const fs::path text = small_text("m23.txt"), data = scratch("m23_data"), out = scratch("m23");
+    ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    const std::string err_path = scratch("m23.err").string();
+    const std::string cmd = "bash -c 'ulimit -f 50; " + std::string(MEMFIT_BINARY) + " train --model nano --data " +
+                            data.string() + " --seq 32 --micro-batch 2 --sample 0 --eval-every 0 --progress quiet "
+                            "--threads 1 --log-every 1 --steps 700 --out " + out.string() + "' > /dev/null 2> " +
+                            err_path;
+    const int status = std::system(cmd.c_str());
+    std::ifstream in(err_path);
+    const std::string err((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << err;
+    EXPECT_NE(err.find("metrics.jsonl: cannot write the line of step"), std::string::npos) << err;
+    EXPECT_NE(err.find("memfit: warning: " + (out / "report.html").string()), std::string::npos) << err;
+    EXPECT_EQ(err.find("memfit: error"), std::string::npos) << err;
+    const nlohmann::json summary = nlohmann::json::parse(std::ifstream(out / "summary.json"));
+    EXPECT_EQ(summary["steps_done"].get<int>(), 700);
+    const int lost = summary.value("metrics_lines_lost", 0);
+    EXPECT_GT(lost, 300);
+    EXPECT_LT(lost, 600);
+    EXPECT_EQ(fs::file_size(out / "metrics.jsonl"), 50u * 1024u);
+}
+
 // --skip-spikes: an injected gradient spike, a bad batch (a loss spike) and an injected NaN
 // gradient are not applied (the state after the step is the state before it, byte for byte) and
 // the run goes on; three bad
