@@ -89,9 +89,10 @@ int TrainingRun::roll_back() {
     say(fmt::format("  roll-back: steps {} to {} were bad; back to {} (step {}), their {} batches left out", first,
                     last, dir, at, bad_streak_.size()));
     if (lead_) {
-        const nlohmann::json m = {{"step", last}, {"event", "rollback"}, {"to_step", at}, {"skipped_batches",
-                                  bad_streak_.size()}};
-        write_metrics(m);
+        // The batches' positions in the data ([epoch, first token]), as the checkpoints record them.
+        nlohmann::json left_out = nlohmann::json::array();
+        for (const auto & b : bad_streak_) left_out.push_back({b.second.first, b.second.second});
+        write_metrics({{"step", last}, {"event", "rollback"}, {"to_step", at}, {"skipped_batches", left_out}});
     }
     bad_streak_.clear();
     return at;

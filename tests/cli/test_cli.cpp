@@ -931,12 +931,13 @@ TEST(Cli, SpikesAreSkippedAndRollBack) {
     EXPECT_EQ(sb["spikes"]["rollbacks"].get<int>(), 1) << sb["spikes"].dump();
     EXPECT_EQ(sb["spikes"]["batches_left_out"].get<int>(), 3);
     std::ifstream mb(b / "metrics.jsonl");
-    int rollback_lines = 0;
+    std::vector<nlohmann::json> rollback_lines;
     for (std::string line; std::getline(mb, line);)
-        if (nlohmann::json::parse(line).value("event", "") == "rollback") ++rollback_lines;
-    EXPECT_EQ(rollback_lines, 1);
+        if (const auto m = nlohmann::json::parse(line); m.value("event", "") == "rollback") rollback_lines.push_back(m);
+    ASSERT_EQ(rollback_lines.size(), 1u);
     const nlohmann::json meta = nlohmann::json::parse(std::ifstream(b / "checkpoints/step-000030/meta.json"));
     EXPECT_EQ(meta["skipped_batches"].size(), 3u);
+    EXPECT_EQ(rollback_lines[0]["skipped_batches"], meta["skipped_batches"]) << "metrics and checkpoint disagree";
     // Resumed from step 30, the same batches stay out: the end is the uninterrupted run's.
     const fs::path c = scratch("k23_c");
     fs::create_directories(c / "checkpoints");
