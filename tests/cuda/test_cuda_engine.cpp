@@ -114,6 +114,34 @@ TEST(CudaEngine, CheckingModeGivesBitwiseEqualResults) {
     EXPECT_EQ(a.params, b.params);
 }
 
+// --skip-spikes' loss limit on the device: the engine reads the step's losses back before the
+// first optimizer op (a synchronization mid-program) and leaves the update out; the weights are
+// bitwise those before the step. Within the limit, the same step is applied.
+TEST(CudaEngine, LossLimitLeavesTheStepOut) {
+    MF_REQUIRE_GPU();
+    const ModelConfig cfg = test::small_family(false, 64, 64, 2, 2, 128, 16);
+    EngineOptions eo;
+    eo.B = 2, eo.T = 16, eo.with_eval = false, eo.grad_accum = 2, eo.compute = DType::bf16;
+    Engine engine(cfg, *test::gpu(), eo);
+    engine.init_params(3);
+    std::vector<int32_t> in(64), tg(64);
+    test::random_batch(in, tg, cfg.vocab_size, 5);
+    AdamWHyper h;
+    h.lr = 1e-3f;
+    const float loss = engine.train_step(in.data(), tg.data(), h).loss;
+    const std::vector<float> before = engine.full_params();
+    h.skip_above_loss = 0.5f * loss;   // the next step's loss is near the first's
+    const StepResult out = engine.train_step(in.data(), tg.data(), h);
+    EXPECT_TRUE(out.skipped && out.loss_outlier);
+    EXPECT_EQ(engine.full_params(), before);
+    EXPECT_EQ(engine.steps_done(), 1);
+    h.skip_above_loss = 2.0f * loss;
+    const StepResult in_limit = engine.train_step(in.data(), tg.data(), h);
+    EXPECT_FALSE(in_limit.skipped);
+    EXPECT_NE(engine.full_params(), before);
+    EXPECT_EQ(engine.steps_done(), 2);
+}
+
 // GPT-2 124M in bf16: the regions the plan reserves plus the runtime measured at start-up equal
 // the device memory this process uses (cudaMemGetInfo) within 2%. On the CUDA emulator, whose
 // device memory has no allocation granularity, a small model and to the byte.
