@@ -65,6 +65,8 @@ struct ModelOptions {
     // logits stay f32. Parameter gradients are stored as `grad`.
     DType compute = DType::f32;
     DType grad = DType::f32;
+    // Storage of AdamW's two moments (train/step.h declares them): f32, or bf16 (adamw-bf16).
+    DType moments = DType::f32;
     // > 0: a decode program instead (forward only, B = 1): T new tokens attend over persistent
     // KV caches of this many positions ("kv_cache.<l>.k|v", activations), and only the last
     // token's logits are kept ("logits" [1, V]).

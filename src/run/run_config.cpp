@@ -33,7 +33,8 @@ constexpr Name<DType> kPrecisions[] = {{"fp32", DType::f32}, {"bf16", DType::bf1
 constexpr Name<Attention> kAttentions[] = {
     {"auto", Attention::auto_}, {"flash", Attention::flash}, {"naive", Attention::naive}};
 constexpr Name<Optimizer> kOptimizers[] = {
-    {"adamw", Optimizer::adamw}, {"sgd", Optimizer::sgd}, {"adamw-8bit", Optimizer::adamw_8bit}};
+    {"adamw", Optimizer::adamw}, {"adamw-bf16", Optimizer::adamw_bf16}, {"sgd", Optimizer::sgd},
+    {"adamw-8bit", Optimizer::adamw_8bit}};
 constexpr Name<Offload> kOffloads[] = {
     {"none", Offload::none}, {"optimizer", Offload::optimizer}, {"optimizer+params", Offload::optimizer_params}};
 
@@ -57,6 +58,7 @@ std::string optimizer_choices() {
 double optimizer_state_bytes(Optimizer o) {
     switch (o) {
     case Optimizer::adamw: return 8;        // two fp32 moments
+    case Optimizer::adamw_bf16: return 4;   // two bf16 moments
     case Optimizer::sgd: return 4;          // fp32 momentum
     case Optimizer::adamw_8bit: return 2;   // two 8-bit moments (block scales not counted)
     }

@@ -17,7 +17,7 @@
 namespace memfit {
 
 enum class Attention { auto_, flash, naive };
-enum class Optimizer { adamw, sgd, adamw_8bit };
+enum class Optimizer { adamw, adamw_bf16, sgd, adamw_8bit };
 enum class Offload { none, optimizer, optimizer_params };
 
 // How N = dp x tp x pp devices split the run (tensor parallel innermost: the ranks of one node
@@ -93,7 +93,7 @@ Attention parse_attention(std::string_view a);
 const char * attention_name(Attention a);
 Optimizer parse_optimizer(std::string_view o);
 const char * optimizer_name(Optimizer o);
-std::string optimizer_choices();                 // "adamw, sgd, adamw-8bit"
+std::string optimizer_choices();                 // "adamw, adamw-bf16, sgd, adamw-8bit"
 double optimizer_state_bytes(Optimizer o);       // per trainable parameter (the planner's models)
 Offload parse_offload(std::string_view o);
 const char * offload_name(Offload o);

@@ -234,8 +234,26 @@ float * Engine::grads() {
     MF_ASSERT(plans_.train->grad_dtype() == DType::f32 && opt_.zero < 2);
     return host_f32(plans_.train->grads, 0, mirror_grads_);
 }
-float * Engine::adam_m() { return host_f32(plans_.train->adam_m, 0, mirror_m_); }
-float * Engine::adam_v() { return host_f32(plans_.train->adam_v, 0, mirror_v_); }
+const float * Engine::adam_m() { return host_moments(plans_.train->adam_m, mirror_m_); }
+const float * Engine::adam_v() { return host_moments(plans_.train->adam_v, mirror_v_); }
+
+const float * Engine::host_moments(BufferId id, std::vector<float> & mirror) {
+    if (plans_.train->moments_dtype() == DType::f32) return host_f32(id, 0, mirror);
+    const size_t n = plans_.train->program().buffer(id).bytes / sizeof(bf16_t);
+    std::vector<bf16_t> raw(n);
+    backend_.download(raw.data(), train_mem_->base(id), n * sizeof(bf16_t));
+    mirror.resize(n);
+    for (size_t i = 0; i < n; ++i) mirror[i] = to_f32(raw[i]);
+    return mirror.data();
+}
+
+void Engine::store_moments(BufferId id, const float * src, size_t n) {
+    if (plans_.train->moments_dtype() == DType::f32) return store_f32(id, 0, src, n);
+    MF_ASSERT(n * sizeof(bf16_t) <= plans_.train->program().buffer(id).bytes);
+    std::vector<bf16_t> raw(n);
+    for (size_t i = 0; i < n; ++i) raw[i] = from_f32<bf16_t>(src[i]);
+    backend_.upload(train_mem_->base(id), raw.data(), n * sizeof(bf16_t));
+}
 
 namespace {
 
@@ -289,8 +307,8 @@ void Engine::init_params(uint64_t seed) {
     }
     set_params(full.data());
     const std::vector<float> zeros(st.shard_size(), 0.0f);
-    store_f32(st.adam_m, 0, zeros.data(), zeros.size());
-    store_f32(st.adam_v, 0, zeros.data(), zeros.size());
+    store_moments(st.adam_m, zeros.data(), zeros.size());
+    store_moments(st.adam_v, zeros.data(), zeros.size());
     t_ = 0;
 }
 
@@ -456,8 +474,8 @@ void Engine::import_state(const TrainState & state) {
     const size_t at = sh.lo - s.offset;
     const TrainStep & st = *plans_.train;
     store_own_params(s.params.data() + at, n);
-    store_f32(st.adam_m, 0, s.m.data() + at, n);
-    store_f32(st.adam_v, 0, s.v.data() + at, n);
+    store_moments(st.adam_m, s.m.data() + at, n);
+    store_moments(st.adam_v, s.v.data() + at, n);
     params_changed();
     t_ = s.t;
     scaler_.scale = s.scaler.scale;

@@ -46,6 +46,9 @@ struct EngineOptions {
     // optimizer states, as in the ZeRO paper); gradients are stored in the compute dtype for one
     // micro-batch and in fp32 when accumulated over several.
     DType    compute = DType::f32;
+    // AdamW's moments: f32, or bf16 (--optimizer adamw-bf16: 4 bytes per parameter, not 8). The
+    // kernels update them in f32 and round to nearest; the host sees them as f32 (exactly).
+    DType    moments = DType::f32;
     // LoRA (model/lora.h): only the adapters train; the base is frozen, optionally quantized.
     LoraOptions lora;
     LossScaler loss_scaling;         // fp16: the loss scaler's settings and starting scale
@@ -96,6 +99,7 @@ struct EngineOptions {
         m.recompute = recompute;
         m.compute = compute;
         m.grad = grad_dtype();
+        m.moments = moments;
         m.lora = lora;
         m.tp.ranks = tensor_parallel;
         m.tp.rank = tp_rank;
@@ -173,12 +177,13 @@ public:
     // the fp32 truth (the master weights under mixed precision) of this rank's shard: element
     // shard().lo of the flat buffer first (without ZeRO: the whole model). After writing it, call
     // params_changed() to refresh the compute-precision copy (collective under ZeRO 1 and 2).
-    // grads() needs fp32 gradients, whole (ZeRO 0 or 1); adam_m/adam_v are the shard's.
+    // grads() needs fp32 gradients, whole (ZeRO 0 or 1); adam_m/adam_v are the shard's, as f32
+    // (bf16 moments widened exactly), to read.
     float * params();
     void params_changed();
     float * grads();
-    float * adam_m();
-    float * adam_v();
+    const float * adam_m();
+    const float * adam_v();
     // The whole trainable fp32 weights (make_param_layout / make_lora_layout order), the same
     // on every rank: each takes its shard (tensor parallel: of its slice) and the
     // compute-precision copy (no communication).
@@ -258,6 +263,9 @@ private:
     // params(), gathered over the data, pipeline and tensor groups (collective); and this rank's
     // stage of its tensor slice of a whole-model vector (before the ZeRO cut).
     std::vector<float> gather_whole(const float * mine);
+    // A moment buffer as f32 on the host, and n f32 values stored into one (rounded when bf16).
+    const float * host_moments(BufferId id, std::vector<float> & mirror);
+    void store_moments(BufferId id, const float * src, size_t n);
     std::vector<float> my_part(const float * whole) const;
     // Tensor parallel: this rank's slice of a whole-model vector, and the whole from the
     // tensor group's slices of `local` (collective over the group).

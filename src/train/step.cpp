@@ -69,7 +69,7 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
                      const ModelOptions & model, StepParts parts, const DataParallel & dp,
                      const PipelineParallel & pp)
     : cfg_(tp_local_config(cfg, model.tp.ranks)), lora_(model.lora.enabled()), mode_(mode), parts_(parts), B_(B), T_(T), compute_(model.compute),
-      grad_dt_(model.grad), dp_(dp), pp_(pp) {
+      grad_dt_(model.grad), moments_(model.moments), dp_(dp), pp_(pp) {
     if (B < 1 || T < 1) throw ConfigError(fmt::format("batch = {}, seq = {}: both must be at least 1", B, T));
     if (T > cfg.max_seq)
         throw ConfigError(fmt::format("seq = {} exceeds the model's context of {} positions; lower --seq", T,
@@ -125,8 +125,10 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     // in the ZeRO paper's count; reported in their own category.
     master = train && mixed ? program_.declare(pre + "master_parameters", Category::master_weights, S_ * 4, true) : -1;
     grads = train ? program_.declare(pre + "gradients", Category::gradients, (dp.zero >= 2 ? S_ : P) * gs, true) : -1;
-    adam_m = train ? program_.declare(pre + "adamw.m", Category::optimizer_states, S_ * 4, true) : -1;
-    adam_v = train ? program_.declare(pre + "adamw.v", Category::optimizer_states, S_ * 4, true) : -1;
+    MF_ASSERT(moments_ == DType::f32 || moments_ == DType::bf16);
+    const size_t ms = dtype_size(moments_);
+    adam_m = train ? program_.declare(pre + "adamw.m", Category::optimizer_states, S_ * ms, true) : -1;
+    adam_v = train ? program_.declare(pre + "adamw.v", Category::optimizer_states, S_ * ms, true) : -1;
     tokens = program_.declare("batch.tokens", Category::activations, BT * 4, true);
     targets = program_.declare("batch.targets", Category::activations, BT * 4, true);
     losses = program_.declare("batch.losses", Category::activations, BT * 4, true);
@@ -500,15 +502,15 @@ void TrainStep::optimizer(Graph & g, const StepScalars & s) const {
         AdamWHyper h = s.adamw;
         if (!p.decay()) h.weight_decay = 0;
         const int64_t n = int64_t(y - x);
-        const size_t own = (x - lo_) * 4;                        // in the shards (master, moments)
+        const size_t own = (x - lo_) * 4, mown = (x - lo_) * dtype_size(moments_);   // in the shards
         const size_t gx = dp_.zero >= 2 ? x - lo_ : x;          // in the gradients
         const size_t px = dp_.zero >= 3 ? x - lo_ : x;          // in the compute-precision weights
         // Mixed precision: AdamW updates the fp32 master weights and rounds them into the
         // compute-precision copy the next step's matmuls read.
         const Tensor copy = mixed ? Tensor(params, compute_, {n}, px * cs) : Tensor{};
         g.adamw(mixed ? Tensor(master, DType::f32, {n}, own) : Tensor(params, DType::f32, {n}, px * 4),
-                Tensor(grads, grad_dt_, {n}, gx * gs), Tensor(adam_m, DType::f32, {n}, own),
-                Tensor(adam_v, DType::f32, {n}, own), norm_sq, copy, h);
+                Tensor(grads, grad_dt_, {n}, gx * gs), Tensor(adam_m, moments_, {n}, mown),
+                Tensor(adam_v, moments_, {n}, mown), norm_sq, copy, h);
     }
 }
 

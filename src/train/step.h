@@ -95,6 +95,7 @@ public:
     BufferId base = -1, base_q = -1;   // LoRA's frozen base
     DType compute() const { return compute_; }
     DType grad_dtype() const { return grad_dt_; }
+    DType moments_dtype() const { return moments_; }   // adam_m, adam_v
     Tensor logits() const { return model_->logits(); }
 
 private:
@@ -105,7 +106,7 @@ private:
     StepMode mode_;
     StepParts parts_;
     int B_, T_;
-    DType compute_, grad_dt_;
+    DType compute_, grad_dt_, moments_;
     Program program_;
     BufferId workspace_ = -1;
     std::vector<std::unique_ptr<Transformer>> models_;   // one per micro-batch (pipeline), else one

@@ -450,6 +450,40 @@ TEST_P(LowpKernels, AdamWSkipsNonFiniteSteps) {
     EXPECT_NE(p.bytes, p0);
 }
 
+// --optimizer adamw-bf16: the moments stored in bf16. Over three steps against a float64
+// reference that rounds its moments to bf16 after each step as the kernel does: the weights
+// within float rounding, each stored moment the reference's rounded to nearest (within one bf16
+// ulp: the kernel forms the moment in f32, the reference in double, and a tie may round apart).
+TEST(LowpAdamW, Bf16MomentsMatchDoubleReference) {
+    CpuBackend be;
+    const int n = 2053;
+    std::mt19937 rng(23);
+    std::vector<float> p0 = randn(n, rng);
+    AdamWHyper h;
+    h.lr = 1e-2f, h.weight_decay = 0.1f;
+    Arr p(DType::f32, {n}), m(DType::bf16, {n}), v(DType::bf16, {n}), g(DType::f32, {n});
+    p.set(p0), m.set(std::vector<float>(size_t(n), 0.0f)), v.set(std::vector<float>(size_t(n), 0.0f));
+    std::vector<double> rp(p0.begin(), p0.end()), rm(size_t(n), 0.0), rv(size_t(n), 0.0);
+    for (int t = 1; t <= 3; ++t) {
+        const std::vector<float> gv = randn(n, rng, 0.5f);
+        g.set(gv);
+        h.t = t;
+        be.adamw(p.t, g.t, m.t, v.t, Tensor{}, Tensor{}, h);
+        const double bc1 = 1 - std::pow(double(h.beta1), t), bc2 = 1 - std::pow(double(h.beta2), t);
+        const std::vector<float> pm = p.get(), mm = m.get(), vm = v.get();
+        for (size_t i = 0; i < size_t(n); ++i) {
+            const double gi = gv[i];
+            const double mi = h.beta1 * rm[i] + (1 - double(h.beta1)) * gi;
+            const double vi = h.beta2 * rv[i] + (1 - double(h.beta2)) * gi * gi;
+            rp[i] = rp[i] * (1 - double(h.lr) * h.weight_decay) - h.lr * (mi / bc1) / (std::sqrt(vi / bc2) + h.eps);
+            ASSERT_LE(std::fabs(double(mm[i]) - mi), std::ldexp(std::fabs(mi), -8) + 1e-30) << "m, step " << t << " " << i;
+            ASSERT_LE(std::fabs(double(vm[i]) - vi), std::ldexp(std::fabs(vi), -8) + 1e-30) << "v, step " << t << " " << i;
+            ASSERT_NEAR(pm[i], rp[i], 1e-5 * (1 + std::fabs(rp[i]))) << "p, step " << t << " " << i;
+            rm[i] = mm[i], rv[i] = vm[i];   // the next step starts from the stored (rounded) moments
+        }
+    }
+}
+
 TEST(LowpAdamW, Fp32PathIsBitwiseUnchanged) {
     // The backend's all-f32 AdamW with grad_scale 1 against the previous kernel's arithmetic.
     const int n = 4099;

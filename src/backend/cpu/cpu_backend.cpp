@@ -407,7 +407,8 @@ void CpuBackend::adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor nor
     if (skips_update(h, nsq)) return;
     const float scale = update_scale(h, nsq);
     const size_t n = size_t(param.numel());
-    if (grad.dtype == DType::f32 && !param_copy.valid()) {
+    MF_ASSERT(m.dtype == v.dtype && (m.dtype == DType::f32 || m.dtype == DType::bf16));
+    if (grad.dtype == DType::f32 && !param_copy.valid() && m.dtype == DType::f32) {
         cpu::adamw_update(param.f32(), grad.f32(), m.f32(), v.f32(), n, h.lr, h.beta1, h.beta2, h.eps,
                           h.weight_decay, h.t, scale);
         return;
@@ -422,8 +423,12 @@ void CpuBackend::adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor nor
             using P = decltype(pz);
             P * copy = nullptr;
             if constexpr (!std::is_same_v<P, float>) copy = ptr<P>(param_copy);
-            cpu::adamw_update_mixed(param.f32(), copy, ptr<G>(grad), m.f32(), v.f32(), n, h.lr, h.beta1, h.beta2,
-                                    h.eps, h.weight_decay, h.t, scale);
+            auto update = [&](auto * mm, auto * vv) {
+                cpu::adamw_update_mixed(param.f32(), copy, ptr<G>(grad), mm, vv, n, h.lr, h.beta1, h.beta2, h.eps,
+                                        h.weight_decay, h.t, scale);
+            };
+            if (m.dtype == DType::bf16) update(ptr<bf16_t>(m), ptr<bf16_t>(v));
+            else update(m.f32(), v.f32());
         });
     });
 }

@@ -100,10 +100,11 @@ double sum_squares(const S * x, size_t n);
 // grad_scale first (global-norm clipping; 1 leaves it bitwise unchanged).
 void adamw_update(float * param, const float * grad, float * m, float * v, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale = 1.0f);
-// The same update with the gradient stored as G (float, bf16_t, f16_t); when param_copy is not
+// The same update with the gradient stored as G (float, bf16_t, f16_t) and the moments as M
+// (float, or bf16_t: read into f32, updated, rounded to nearest even); when param_copy is not
 // null, it receives the updated param rounded to P (bf16_t or f16_t) in the same pass.
-template <class G, class P>
-void adamw_update_mixed(float * param, P * param_copy, const G * grad, float * m, float * v, size_t n, float lr,
+template <class G, class P, class M>
+void adamw_update_mixed(float * param, P * param_copy, const G * grad, M * m, M * v, size_t n, float lr,
                         float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale);
 
 // ---------------------------------------------------------------------------------------------

@@ -357,10 +357,10 @@ double sum_squares(const S * x, size_t n) {
 
 namespace {
 
-template <class G, class P>
-void adamw_impl(float * param, [[maybe_unused]] P * param_copy, const G * grad, float * m, float * v, size_t n,
-                float lr, float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale) {
-    MF_ASSERT(t >= 1);
+template <class G, class P, class M>
+void adamw_impl(float * param, [[maybe_unused]] P * param_copy, const G * grad, M * m, M * v, size_t n, float lr,
+                float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale) {
+    MF_ASSERT(t >= 1);   // M: float, or bf16_t moments (updated in f32, rounded to nearest even)
     const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), t);
     const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), t);
     const float inv_bc1 = static_cast<float>(1.0 / bc1);
@@ -371,10 +371,15 @@ void adamw_impl(float * param, [[maybe_unused]] P * param_copy, const G * grad, 
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; ++i) {
         const float g = to_f32(grad[i]) * grad_scale;
-        const float mi = beta1 * m[i] + one_m_b1 * g;
-        const float vi = beta2 * v[i] + one_m_b2 * g * g;
-        m[i] = mi;
-        v[i] = vi;
+        const float mi = beta1 * to_f32(m[i]) + one_m_b1 * g;
+        const float vi = beta2 * to_f32(v[i]) + one_m_b2 * g * g;
+        if constexpr (std::is_same_v<M, float>) {
+            m[i] = mi;
+            v[i] = vi;
+        } else {
+            m[i] = from_f32<M>(mi);
+            v[i] = from_f32<M>(vi);
+        }
         const float mhat = mi * inv_bc1;
         const float vhat = vi * inv_bc2;
         const float p = param[i] * decay - lr * mhat / (std::sqrt(vhat) + eps);
@@ -387,19 +392,29 @@ void adamw_impl(float * param, [[maybe_unused]] P * param_copy, const G * grad, 
 
 void adamw_update(float * param, const float * grad, float * m, float * v, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale) {
-    adamw_impl<float, float>(param, nullptr, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale);
+    adamw_impl<float, float, float>(param, nullptr, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t,
+                                    grad_scale);
 }
 
-template <class G, class P>
-void adamw_update_mixed(float * param, P * param_copy, const G * grad, float * m, float * v, size_t n, float lr,
+template <class G, class P, class M>
+void adamw_update_mixed(float * param, P * param_copy, const G * grad, M * m, M * v, size_t n, float lr,
                         float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale) {
     if constexpr (std::is_same_v<P, float>) MF_ASSERT(param_copy == nullptr);
     else MF_ASSERT(param_copy != nullptr);
-    adamw_impl<G, P>(param, param_copy, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale);
+    adamw_impl<G, P, M>(param, param_copy, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Instantiations: S in {float, bf16_t, f16_t}; parameter gradients float or S.
+
+// AdamW: gradients S, the compute copy none, bf16 or f16, the moments M.
+#define MF_INST_ADAMW(S, M)                                                                             \
+    template void adamw_update_mixed<S, float, M>(float *, float *, const S *, M *, M *, size_t, float,  \
+                                                  float, float, float, float, int, float);              \
+    template void adamw_update_mixed<S, bf16_t, M>(float *, bf16_t *, const S *, M *, M *, size_t,       \
+                                                   float, float, float, float, float, int, float);       \
+    template void adamw_update_mixed<S, f16_t, M>(float *, f16_t *, const S *, M *, M *, size_t, float,  \
+                                                  float, float, float, float, int, float);
 
 #define MF_INST_ALL(S)                                                                                  \
     template void encoder_forward<S>(S *, const int32_t *, const S *, const S *, int, int, int, int64_t, \
@@ -412,12 +427,8 @@ void adamw_update_mixed(float * param, P * param_copy, const G * grad, float * m
                                                const float *, const float *, int, int);                 \
     template void bias_backward<float, S>(float *, const S *, int, int);                                \
     template double sum_squares<S>(const S *, size_t);                                                  \
-    template void adamw_update_mixed<S, float>(float *, float *, const S *, float *, float *, size_t,   \
-                                               float, float, float, float, float, int, float);          \
-    template void adamw_update_mixed<S, bf16_t>(float *, bf16_t *, const S *, float *, float *, size_t, \
-                                                float, float, float, float, float, int, float);         \
-    template void adamw_update_mixed<S, f16_t>(float *, f16_t *, const S *, float *, float *, size_t,   \
-                                               float, float, float, float, float, int, float);
+    MF_INST_ADAMW(S, float)                                                                             \
+    MF_INST_ADAMW(S, bf16_t)
 #define MF_INST_LOWP(S)                                                                                 \
     template void encoder_backward<S, S, S>(S *, S *, const S *, const int32_t *, int, int, int, int64_t, \
                                             int64_t);                                                   \
@@ -435,6 +446,7 @@ MF_INST_ALL(f16_t)
 MF_INST_LOWP(bf16_t)
 MF_INST_LOWP(f16_t)
 #undef MF_INST_ALL
+#undef MF_INST_ADAMW
 #undef MF_INST_LOWP
 
 }  // namespace memfit::cpu

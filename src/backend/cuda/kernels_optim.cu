@@ -122,9 +122,10 @@ template <class T> __device__ __forceinline__ void store4(T * p, int64_t k, floa
 
 // Grid-stride over groups of 4 elements when Vec (every pointer aligned to its 4 elements), then
 // the n % 4 tail; over single elements otherwise. norm_sq (device memory, or null: 0) is read by
-// every thread. P = float means no param_copy. Grid grid_for(n / 4 or n, 256), block 256.
-template <class G, class P, bool Vec>
-__global__ void __launch_bounds__(256) adamw_kernel(float * param, const G * grad, float * m, float * v, P * copy,
+// every thread. P = float means no param_copy; M: the moments' storage (float, or bf16 rounded
+// to nearest even as the host's from_f32). Grid grid_for(n / 4 or n, 256), block 256.
+template <class G, class P, class M, bool Vec>
+__global__ void __launch_bounds__(256) adamw_kernel(float * param, const G * grad, M * m, M * v, P * copy,
                                                     int64_t n, const float * norm_sq, AdamArgs a) {
     const float nsq = norm_sq ? *norm_sq : 0.0f;
     if (a.skip_nonfinite && !isfinite(nsq)) return;   // skips_update() of backend.h
@@ -135,24 +136,23 @@ __global__ void __launch_bounds__(256) adamw_kernel(float * param, const G * gra
     if constexpr (Vec) {
         const int64_t nvec = n / 4;
         for (int64_t k = tid; k < nvec; k += nt) {
-            float4 p = reinterpret_cast<float4 *>(param)[k], mm = reinterpret_cast<float4 *>(m)[k];
-            float4 vv = reinterpret_cast<float4 *>(v)[k];
+            float4 p = reinterpret_cast<float4 *>(param)[k], mm = load4(m, k), vv = load4(v, k);
             const float4 g = load4(grad, k);
             adam_step(a, p.x, mm.x, vv.x, g.x, scale);
             adam_step(a, p.y, mm.y, vv.y, g.y, scale);
             adam_step(a, p.z, mm.z, vv.z, g.z, scale);
             adam_step(a, p.w, mm.w, vv.w, g.w, scale);
             reinterpret_cast<float4 *>(param)[k] = p;
-            reinterpret_cast<float4 *>(m)[k] = mm;
-            reinterpret_cast<float4 *>(v)[k] = vv;
+            store4(m, k, mm);
+            store4(v, k, vv);
             if constexpr (!std::is_same_v<P, float>) store4(copy, k, p);
         }
         done = nvec * 4;
     }
     for (int64_t i = done + tid; i < n; i += nt) {
-        float p = param[i], mi = m[i], vi = v[i];
+        float p = param[i], mi = ld(m[i]), vi = ld(v[i]);
         adam_step(a, p, mi, vi, ld(grad[i]), scale);
-        param[i] = p, m[i] = mi, v[i] = vi;
+        param[i] = p, m[i] = st<M>(mi), v[i] = st<M>(vi);
         if constexpr (!std::is_same_v<P, float>) copy[i] = st<P>(p);
     }
 }
@@ -175,7 +175,7 @@ void sum_squares(cudaStream_t s, Tensor out, Tensor x) {
 void adamw(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy,
            const AdamWHyper & h) {
     const int64_t n = param.numel();
-    MF_ASSERT(param.dtype == DType::f32 && m.dtype == DType::f32 && v.dtype == DType::f32);
+    MF_ASSERT(param.dtype == DType::f32 && m.dtype == v.dtype && (m.dtype == DType::f32 || m.dtype == DType::bf16));
     MF_ASSERT(grad.numel() == n && m.numel() == n && v.numel() == n && h.t >= 1);
     MF_ASSERT(!norm_sq.valid() || norm_sq.dtype == DType::f32);
     if (param_copy.valid())
@@ -196,15 +196,20 @@ void adamw(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor
         dispatch_float(param_copy.valid() ? param_copy.dtype : DType::f32, [&](auto pz) {
             using P = decltype(pz);
             P * copy = param_copy.valid() ? ptr<P>(param_copy) : nullptr;
-            const bool vec = aligned(param.data, 16) && aligned(m.data, 16) && aligned(v.data, 16) &&
-                             aligned(grad.data, 4 * sizeof(G)) && (!copy || aligned(copy, 4 * sizeof(P)));
-            if (vec)
-                adamw_kernel<G, P, true><<<grid_for(n / 4 > 0 ? n / 4 : n, 256), 256, 0, s>>>(
-                    param.f32(), ptr<G>(grad), m.f32(), v.f32(), copy, n, nsq, a);
-            else
-                adamw_kernel<G, P, false><<<grid_for(n, 256), 256, 0, s>>>(param.f32(), ptr<G>(grad), m.f32(),
-                                                                           v.f32(), copy, n, nsq, a);
-            MF_CUDA_LAUNCHED();
+            auto launch = [&](auto * mm, auto * vv) {
+                using M = std::remove_pointer_t<decltype(mm)>;
+                const bool vec = aligned(param.data, 16) && aligned(mm, 4 * sizeof(M)) && aligned(vv, 4 * sizeof(M)) &&
+                                 aligned(grad.data, 4 * sizeof(G)) && (!copy || aligned(copy, 4 * sizeof(P)));
+                if (vec)
+                    adamw_kernel<G, P, M, true><<<grid_for(n / 4 > 0 ? n / 4 : n, 256), 256, 0, s>>>(
+                        param.f32(), ptr<G>(grad), mm, vv, copy, n, nsq, a);
+                else
+                    adamw_kernel<G, P, M, false><<<grid_for(n, 256), 256, 0, s>>>(param.f32(), ptr<G>(grad), mm, vv,
+                                                                                  copy, n, nsq, a);
+                MF_CUDA_LAUNCHED();
+            };
+            if (m.dtype == DType::bf16) launch(ptr<__nv_bfloat16>(m), ptr<__nv_bfloat16>(v));
+            else launch(m.f32(), v.f32());
         });
     });
 }
