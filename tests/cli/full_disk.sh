@@ -19,11 +19,12 @@ ARGS=(train --model nano --data "$WORK/data" --seq 32 --micro-batch 2 --sample 0
       --threads 1 --checkpoint-every 5)
 "$MEMFIT" "${ARGS[@]}" --steps 10 --out alone > /dev/null
 
-# Inside the namespace (root: unshare -m; otherwise an unprivileged user namespace, unshare -rm).
+# Inside a mount namespace (root: unshare -m; otherwise an unprivileged user namespace, -rm).
 cat > on_tmpfs.sh <<INNER
 set -euo pipefail
 mkdir -p disk
 mount -t tmpfs -o size=2560k tmpfs disk
+trap 'umount disk 2> /dev/null || true' EXIT   # where the namespace shares its mounts (below)
 MEMFIT=$MEMFIT
 ARGS=(${ARGS[*]@Q})
 if "\$MEMFIT" "\${ARGS[@]}" --steps 10 --checkpoint-dir disk/ck --out job > job.log 2>&1; then exit 12; fi
@@ -34,6 +35,9 @@ cp -r disk/ck/step-000005 kept
 grep -v 'memfit: warning' job.log; cat again.log
 INNER
 if [ "$(id -u)" = 0 ]; then ns=(unshare -m); else ns=(unshare -rm); fi
+# In a chroot, / is no mount point and unshare cannot make it private: keep the propagation (the
+# script unmounts its tmpfs itself).
+"${ns[@]}" true 2> /dev/null || ns+=(--propagation unchanged)
 "${ns[@]}" bash on_tmpfs.sh > inner.log 2>&1 || {
     cat inner.log
     fail "on the tmpfs (${ns[*]}): exit 11: no free-space warning, 12: the full disk's checkpoint succeeded," \
