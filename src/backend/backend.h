@@ -16,6 +16,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/error.h"
 #include "core/tensor.h"
 #include "memory/step_memory.h"
 
@@ -246,6 +247,12 @@ public:
     // compute weights of mixed precision) it receives the updated param, rounded.
     virtual void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy,
                        const AdamWHyper & h) = 0;
+    // The same update with 8-bit moments (backend/moments8.h): m and v u8 [n], m_scale and
+    // v_scale f32 [moments8_blocks(n)], blocks from element 0 of the view. Each block is decoded,
+    // updated in f32, and encoded again with its new scale. Backends without it refuse.
+    virtual void adamw_8bit(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, const AdamWHyper &) {
+        throw Error(std::string("the ") + name() + " backend has no 8-bit AdamW; use --optimizer adamw-bf16");
+    }
 };
 
 }  // namespace memfit

@@ -561,4 +561,13 @@ void Graph::adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq,
     end();
 }
 
+void Graph::adamw_8bit(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor m_scale, Tensor v_scale, Tensor norm_sq,
+                       Tensor param_copy, const AdamWHyper & h) {
+    if (begin("adamw_8bit", 20.0 * double(param.numel()), {param, grad, m, v, m_scale, v_scale, norm_sq, param_copy}) &&
+        !skip_update_)
+        backend_->adamw_8bit(resolve(param), resolve(grad), resolve(m), resolve(v), resolve(m_scale), resolve(v_scale),
+                             resolve(norm_sq), resolve(param_copy), h);
+    end();
+}
+
 }  // namespace memfit

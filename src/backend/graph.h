@@ -157,6 +157,8 @@ public:
     void sum_squares(Tensor out, Tensor x);
     // param_copy (optional): the compute-precision weights, rewritten from the updated param.
     void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy, const AdamWHyper & h);
+    void adamw_8bit(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor m_scale, Tensor v_scale, Tensor norm_sq,
+                    Tensor param_copy, const AdamWHyper & h);
 
     // Executing: record every op (phase, layer, live bytes per category, wall time) into `t`.
     void attach_timeline(Timeline * t) { timeline_ = t; }

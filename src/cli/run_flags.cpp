@@ -74,8 +74,10 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
     keep(typed(c, "--optimizer", [&r](const std::string & v) { r.optimizer = parse_optimizer(v); },
                optimizer_name(r.optimizer),
                "the optimizer, one of " + optimizer_choices() +
-                   " (memfit train runs adamw, 8 bytes of moments per trainable parameter, and adamw-bf16, 4: the "
-                   "moments stored in bf16, updated in fp32; memfit plan models every one by its state bytes)"));
+                   " (memfit train runs adamw, 8 bytes of moments per trainable parameter; adamw-bf16, 4: the "
+                   "moments stored in bf16; and, on the CPU, adamw-8bit, 2.03: one byte per moment in blocks of 256 "
+                   "with a scale each; the moments are updated in fp32; memfit plan models every one by its state "
+                   "bytes)"));
     // LoRA (model/lora.h).
     keep(c->add_option("--lora-rank", r.lora.rank,
                        "LoRA: freeze the base and train rank-R adapters on --lora-targets (0: train every parameter)")

@@ -73,7 +73,9 @@ EngineOptions engine_options(const RunConfig & r, const ModelConfig & cfg, const
     eo.flash_attention = r.attention == Attention::flash ||
                          (r.attention == Attention::auto_ && backend.runs_flash_attention(cfg.head_dim()));
     eo.compute = r.precision_auto ? DType::f32 : r.compute;
-    eo.moments = r.optimizer == Optimizer::adamw_bf16 ? DType::bf16 : DType::f32;
+    eo.moments = r.optimizer == Optimizer::adamw_bf16   ? DType::bf16
+                 : r.optimizer == Optimizer::adamw_8bit ? DType::u8
+                                                        : DType::f32;
     if (r.recompute.info().kind != RecomputePolicy::budget) eo.recompute = recompute_plan(r.recompute, cfg.n_layer);
     eo.lora = lora_options(r, cfg, eo.compute);
     eo.loss_scaling.dynamic = r.loss_scale == 0;

@@ -47,12 +47,13 @@ CategoryBytes model_state_bytes(int64_t params, const Candidate & c) {
     const uint64_t P = uint64_t(params), s = dtype_size(c.compute), dp = uint64_t(c.layout.dp);
     const int zero = c.layout.zero;
     const uint64_t master = c.compute == DType::f32 ? 0 : 4;
-    const uint64_t opt = uint64_t(optimizer_state_bytes(c.optimizer));
+    // Per parameter; 8-bit AdamW's block scales make it fractional (rounded up over the tensor).
+    const uint64_t opt_all = uint64_t(std::ceil(double(P) * optimizer_state_bytes(c.optimizer)));
     const uint64_t grad = c.grad_accum > 1 ? 4 : s;
     CategoryBytes b;
     b[Category::parameters] = zero >= 3 ? ceil_div(P * s, dp) : P * s;
     b[Category::master_weights] = zero >= 1 ? ceil_div(P * master, dp) : P * master;
-    b[Category::optimizer_states] = zero >= 1 ? ceil_div(P * opt, dp) : P * opt;
+    b[Category::optimizer_states] = zero >= 1 ? ceil_div(opt_all, dp) : opt_all;
     b[Category::gradients] = zero >= 2 ? ceil_div(P * grad, dp) : P * grad;
     return b;
 }

@@ -34,7 +34,7 @@ constexpr Name<Attention> kAttentions[] = {
     {"auto", Attention::auto_}, {"flash", Attention::flash}, {"naive", Attention::naive}};
 constexpr Name<Optimizer> kOptimizers[] = {
     {"adamw", Optimizer::adamw}, {"adamw-bf16", Optimizer::adamw_bf16}, {"sgd", Optimizer::sgd},
-    {"adamw-8bit", Optimizer::adamw_8bit}};
+    {"adamw-8bit", Optimizer::adamw_8bit}, {"adamw8bit", Optimizer::adamw_8bit}};
 constexpr Name<Offload> kOffloads[] = {
     {"none", Offload::none}, {"optimizer", Offload::optimizer}, {"optimizer+params", Offload::optimizer_params}};
 
@@ -52,7 +52,9 @@ Optimizer parse_optimizer(std::string_view o) { return parse_name("--optimizer",
 const char * optimizer_name(Optimizer o) { return name_of(o, kOptimizers); }
 std::string optimizer_choices() {
     std::string s;
-    for (const auto & n : kOptimizers) s += fmt::format("{}{}", s.empty() ? "" : ", ", n.text);
+    for (const auto & n : kOptimizers)   // not the aliases (adamw8bit)
+        if (std::string_view(name_of(n.value, kOptimizers)) == n.text)
+            s += fmt::format("{}{}", s.empty() ? "" : ", ", n.text);
     return s;
 }
 double optimizer_state_bytes(Optimizer o) {
@@ -60,7 +62,7 @@ double optimizer_state_bytes(Optimizer o) {
     case Optimizer::adamw: return 8;        // two fp32 moments
     case Optimizer::adamw_bf16: return 4;   // two bf16 moments
     case Optimizer::sgd: return 4;          // fp32 momentum
-    case Optimizer::adamw_8bit: return 2;   // two 8-bit moments (block scales not counted)
+    case Optimizer::adamw_8bit: return 2 + 8.0 / 256;   // two 8-bit moments and their f32 block scales
     }
     return 8;
 }

@@ -1,5 +1,6 @@
 #include "train/engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -7,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "backend/moments8.h"
 #include "comm/communicator.h"
 #include "memory/budget.h"
 #include "model/tensor_parallel.h"
@@ -239,6 +241,7 @@ const float * Engine::adam_v() { return host_moments(plans_.train->adam_v, mirro
 
 const float * Engine::host_moments(BufferId id, std::vector<float> & mirror) {
     if (plans_.train->moments_dtype() == DType::f32) return host_f32(id, 0, mirror);
+    if (plans_.train->moments_dtype() == DType::u8) return host_moments_8bit(id, mirror);
     const size_t n = plans_.train->program().buffer(id).bytes / sizeof(bf16_t);
     std::vector<bf16_t> raw(n);
     backend_.download(raw.data(), train_mem_->base(id), n * sizeof(bf16_t));
@@ -249,10 +252,50 @@ const float * Engine::host_moments(BufferId id, std::vector<float> & mirror) {
 
 void Engine::store_moments(BufferId id, const float * src, size_t n) {
     if (plans_.train->moments_dtype() == DType::f32) return store_f32(id, 0, src, n);
+    if (plans_.train->moments_dtype() == DType::u8) return store_moments_8bit(id, src, n);
     MF_ASSERT(n * sizeof(bf16_t) <= plans_.train->program().buffer(id).bytes);
     std::vector<bf16_t> raw(n);
     for (size_t i = 0; i < n; ++i) raw[i] = from_f32<bf16_t>(src[i]);
     backend_.upload(train_mem_->base(id), raw.data(), n * sizeof(bf16_t));
+}
+
+// 8-bit moments (backend/moments8.h): the codes and their blocks' scales, decoded piece by piece.
+const float * Engine::host_moments_8bit(BufferId id, std::vector<float> & mirror) {
+    const TrainStep & st = *plans_.train;
+    const bool first = id == st.adam_m;
+    const BufferId sid = first ? st.adam_m_scale : st.adam_v_scale;
+    std::vector<uint8_t> codes(st.program().buffer(id).bytes);
+    std::vector<float> scales(st.program().buffer(sid).bytes / 4);
+    backend_.download(codes.data(), train_mem_->base(id), codes.size());
+    backend_.download(scales.data(), train_mem_->base(sid), scales.size() * 4);
+    mirror.assign(codes.size(), 0.0f);
+    for (const auto & p : st.moment_pieces())
+        for (size_t i = 0; i < p.n; ++i) {
+            const float s = scales[p.block + i / kMoments8Block];
+            mirror[p.at + i] = first ? decode_m8(codes[p.at + i], s) : decode_v8(codes[p.at + i], s);
+        }
+    return mirror.data();
+}
+
+void Engine::store_moments_8bit(BufferId id, const float * src, size_t n) {
+    const TrainStep & st = *plans_.train;
+    const bool first = id == st.adam_m;
+    const BufferId sid = first ? st.adam_m_scale : st.adam_v_scale;
+    std::vector<uint8_t> codes(st.program().buffer(id).bytes, 0);
+    std::vector<float> scales(st.program().buffer(sid).bytes / 4, 0.0f);
+    for (const auto & p : st.moment_pieces()) {
+        MF_ASSERT(p.at + p.n <= n);
+        for (size_t lo = 0; lo < p.n; lo += kMoments8Block) {
+            const size_t hi = std::min(p.n, lo + kMoments8Block);
+            float s = 0;
+            for (size_t i = lo; i < hi; ++i) s = std::max(s, first ? std::fabs(src[p.at + i]) : src[p.at + i]);
+            scales[p.block + lo / kMoments8Block] = s;
+            for (size_t i = lo; i < hi; ++i)
+                codes[p.at + i] = first ? encode_m8(src[p.at + i], s) : encode_v8(src[p.at + i], s);
+        }
+    }
+    backend_.upload(train_mem_->base(id), codes.data(), codes.size());
+    backend_.upload(train_mem_->base(sid), scales.data(), scales.size() * 4);
 }
 
 namespace {

@@ -46,8 +46,9 @@ struct EngineOptions {
     // optimizer states, as in the ZeRO paper); gradients are stored in the compute dtype for one
     // micro-batch and in fp32 when accumulated over several.
     DType    compute = DType::f32;
-    // AdamW's moments: f32, or bf16 (--optimizer adamw-bf16: 4 bytes per parameter, not 8). The
-    // kernels update them in f32 and round to nearest; the host sees them as f32 (exactly).
+    // AdamW's moments: f32, bf16 (--optimizer adamw-bf16: 4 bytes per parameter, not 8) or u8
+    // (adamw-8bit: 8-bit codes and block scales, backend/moments8.h). The kernels update them in
+    // f32; the host sees them as f32, the values they hold exactly.
     DType    moments = DType::f32;
     // LoRA (model/lora.h): only the adapters train; the base is frozen, optionally quantized.
     LoraOptions lora;
@@ -266,6 +267,8 @@ private:
     // A moment buffer as f32 on the host, and n f32 values stored into one (rounded when bf16).
     const float * host_moments(BufferId id, std::vector<float> & mirror);
     void store_moments(BufferId id, const float * src, size_t n);
+    const float * host_moments_8bit(BufferId id, std::vector<float> & mirror);
+    void store_moments_8bit(BufferId id, const float * src, size_t n);
     std::vector<float> my_part(const float * whole) const;
     // Tensor parallel: this rank's slice of a whole-model vector, and the whole from the
     // tensor group's slices of `local` (collective over the group).

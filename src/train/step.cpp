@@ -1,5 +1,7 @@
 #include "train/step.h"
 
+#include "backend/moments8.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
@@ -125,10 +127,21 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     // in the ZeRO paper's count; reported in their own category.
     master = train && mixed ? program_.declare(pre + "master_parameters", Category::master_weights, S_ * 4, true) : -1;
     grads = train ? program_.declare(pre + "gradients", Category::gradients, (dp.zero >= 2 ? S_ : P) * gs, true) : -1;
-    MF_ASSERT(moments_ == DType::f32 || moments_ == DType::bf16);
+    MF_ASSERT(moments_ == DType::f32 || moments_ == DType::bf16 || moments_ == DType::u8);
+    size_t blocks = 0;
+    for (const auto & p : layout_.params) {
+        const size_t x = std::max(p.offset, lo_), y = std::min(p.offset + p.numel, hi_);
+        if (x >= y) continue;
+        pieces_.push_back({x - lo_, y - x, blocks});
+        blocks += moments8_blocks(y - x);
+    }
     const size_t ms = dtype_size(moments_);
     adam_m = train ? program_.declare(pre + "adamw.m", Category::optimizer_states, S_ * ms, true) : -1;
     adam_v = train ? program_.declare(pre + "adamw.v", Category::optimizer_states, S_ * ms, true) : -1;
+    if (train && moments_ == DType::u8) {
+        adam_m_scale = program_.declare(pre + "adamw.m_scale", Category::optimizer_states, blocks * 4, true);
+        adam_v_scale = program_.declare(pre + "adamw.v_scale", Category::optimizer_states, blocks * 4, true);
+    }
     tokens = program_.declare("batch.tokens", Category::activations, BT * 4, true);
     targets = program_.declare("batch.targets", Category::activations, BT * 4, true);
     losses = program_.declare("batch.losses", Category::activations, BT * 4, true);
@@ -495,10 +508,12 @@ void TrainStep::optimizer(Graph & g, const StepScalars & s) const {
     const Tensor norm_sq(grad_norm_sq, DType::f32, {1});
     const bool mixed = master >= 0;
     const size_t cs = dtype_size(compute_), gs = dtype_size(grad_dt_);
+    size_t piece = 0;
     for (const auto & p : layout_.params) {
         // This rank's part of the parameter: [x, y) of the flat buffer.
         const size_t x = std::max(p.offset, lo_), y = std::min(p.offset + p.numel, hi_);
         if (x >= y) continue;
+        const MomentPiece & mp = pieces_[piece++];
         AdamWHyper h = s.adamw;
         if (!p.decay()) h.weight_decay = 0;
         const int64_t n = int64_t(y - x);
@@ -508,9 +523,15 @@ void TrainStep::optimizer(Graph & g, const StepScalars & s) const {
         // Mixed precision: AdamW updates the fp32 master weights and rounds them into the
         // compute-precision copy the next step's matmuls read.
         const Tensor copy = mixed ? Tensor(params, compute_, {n}, px * cs) : Tensor{};
-        g.adamw(mixed ? Tensor(master, DType::f32, {n}, own) : Tensor(params, DType::f32, {n}, px * 4),
-                Tensor(grads, grad_dt_, {n}, gx * gs), Tensor(adam_m, moments_, {n}, mown),
-                Tensor(adam_v, moments_, {n}, mown), norm_sq, copy, h);
+        const Tensor param = mixed ? Tensor(master, DType::f32, {n}, own) : Tensor(params, DType::f32, {n}, px * 4);
+        const Tensor grad(grads, grad_dt_, {n}, gx * gs), m(adam_m, moments_, {n}, mown), v(adam_v, moments_, {n}, mown);
+        if (moments_ != DType::u8) {
+            g.adamw(param, grad, m, v, norm_sq, copy, h);
+            continue;
+        }
+        const int64_t nb = int64_t(moments8_blocks(mp.n));
+        g.adamw_8bit(param, grad, m, v, Tensor(adam_m_scale, DType::f32, {nb}, mp.block * 4),
+                     Tensor(adam_v_scale, DType::f32, {nb}, mp.block * 4), norm_sq, copy, h);
     }
 }
 

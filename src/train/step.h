@@ -93,9 +93,18 @@ public:
     // the shard), adam_m/adam_v: the shard.
     BufferId params, master, grads, adam_m, adam_v, tokens, targets, losses, grad_norm_sq;
     BufferId base = -1, base_q = -1;   // LoRA's frozen base
+    // 8-bit moments (moments u8, backend/moments8.h): the blocks' f32 scales of adam_m, adam_v.
+    BufferId adam_m_scale = -1, adam_v_scale = -1;
     DType compute() const { return compute_; }
     DType grad_dtype() const { return grad_dt_; }
-    DType moments_dtype() const { return moments_; }   // adam_m, adam_v
+    DType moments_dtype() const { return moments_; }   // adam_m, adam_v: f32, bf16 or u8 (8-bit)
+    // This rank's part of each trainable tensor, as the optimizer updates it: n elements from
+    // element `at` of the shard; 8-bit moments: their scales from block `block` (blocks never
+    // straddle two tensors).
+    struct MomentPiece {
+        size_t at, n, block;
+    };
+    const std::vector<MomentPiece> & moment_pieces() const { return pieces_; }
     Tensor logits() const { return model_->logits(); }
 
 private:
@@ -107,6 +116,7 @@ private:
     StepParts parts_;
     int B_, T_;
     DType compute_, grad_dt_, moments_;
+    std::vector<MomentPiece> pieces_;
     Program program_;
     BufferId workspace_ = -1;
     std::vector<std::unique_ptr<Transformer>> models_;   // one per micro-batch (pipeline), else one

@@ -33,6 +33,7 @@
 #include "backend/cpu/dnnl_gemm.h"
 #include "backend/cpu/gemm_mixed.h"
 #include "backend/cpu/kernels.h"
+#include "backend/moments8.h"
 #include "core/dtype.h"
 #include "test_util.h"
 
@@ -481,6 +482,73 @@ TEST(LowpAdamW, Bf16MomentsMatchDoubleReference) {
             ASSERT_NEAR(pm[i], rp[i], 1e-5 * (1 + std::fabs(rp[i]))) << "p, step " << t << " " << i;
             rm[i] = mm[i], rv[i] = vm[i];   // the next step starts from the stored (rounded) moments
         }
+    }
+}
+
+// --optimizer adamw-8bit (backend/moments8.h). The codes: decoding then encoding gives the same
+// codes back (so the host's f32 view of the moments round-trips, and a checkpoint resumes bit for
+// bit); every code decodes within half a level of what it encodes; a nonzero v never becomes 0.
+TEST(Moments8, CodesRoundTripAndStayNearTheirValues) {
+    for (int c = -127; c <= 127; ++c) {
+        const uint8_t code = uint8_t(int8_t(c));
+        EXPECT_EQ(encode_m8(decode_m8(code, 0.37f), 0.37f), code) << c;
+    }
+    for (int c = 0; c <= 255; ++c) EXPECT_EQ(encode_v8(decode_v8(uint8_t(c), 2.5e-3f), 2.5e-3f), uint8_t(c)) << c;
+    EXPECT_EQ(decode_m8(encode_m8(-0.37f, 0.37f), 0.37f), -0.37f);   // the block's largest: exact
+    EXPECT_EQ(decode_v8(encode_v8(2.5e-3f, 2.5e-3f), 2.5e-3f), 2.5e-3f);
+    EXPECT_EQ(encode_v8(1e-30f, 1.0f), 1) << "a nonzero second moment stays nonzero";
+    EXPECT_EQ(encode_m8(0.0f, 0.0f), 0);
+    std::mt19937 rng(29);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (int i = 0; i < 10000; ++i) {
+        const float x = u(rng), y = std::fabs(x);
+        // In the maps' own coordinates (sqrt for m, fourth root for v) the error is half a level.
+        EXPECT_LE(std::fabs(std::sqrt(std::fabs(decode_m8(encode_m8(x, 1.0f), 1.0f))) - std::sqrt(y)), 0.5f / 127 + 1e-6f);
+        EXPECT_LE(std::fabs(std::sqrt(std::sqrt(decode_v8(encode_v8(y, 1.0f), 1.0f))) - std::sqrt(std::sqrt(y))),
+                  0.5f / 255 + 1e-6f);
+    }
+}
+
+// The 8-bit update against float64: three steps on blocks of every length (a partial last one),
+// the reference decoding the kernel's stored codes before each step (so both start from the same
+// moments), the weights within float rounding of the reference's update from the unrounded new
+// moments, and each stored code within one level of the reference's new moment.
+TEST(LowpAdamW, EightBitMomentsMatchDoubleReference) {
+    CpuBackend be;
+    const int n = 2 * int(kMoments8Block) + 77;
+    const int64_t nb = int64_t(moments8_blocks(size_t(n)));
+    std::mt19937 rng(31);
+    AdamWHyper h;
+    h.lr = 1e-2f, h.weight_decay = 0.1f;
+    Arr p(DType::f32, {n}), g(DType::f32, {n}), m(DType::u8, {n}), v(DType::u8, {n}), ms(DType::f32, {nb}),
+        vs(DType::f32, {nb});
+    p.set(randn(size_t(n), rng));
+    std::fill(m.bytes.begin(), m.bytes.end(), std::byte{0});
+    std::fill(v.bytes.begin(), v.bytes.end(), std::byte{0});
+    ms.set(std::vector<float>(size_t(nb), 0.0f)), vs.set(std::vector<float>(size_t(nb), 0.0f));
+    for (int t = 1; t <= 3; ++t) {
+        const std::vector<float> gv = randn(size_t(n), rng, 0.5f), p0 = p.get(), ms0 = ms.get(), vs0 = vs.get();
+        std::vector<double> m0(static_cast<size_t>(n)), v0(static_cast<size_t>(n));
+        for (size_t i = 0; i < size_t(n); ++i) {
+            m0[i] = decode_m8(uint8_t(m.bytes[i]), ms0[i / kMoments8Block]);
+            v0[i] = decode_v8(uint8_t(v.bytes[i]), vs0[i / kMoments8Block]);
+        }
+        g.set(gv);
+        h.t = t;
+        be.adamw_8bit(p.t, g.t, m.t, v.t, ms.t, vs.t, Tensor{}, Tensor{}, h);
+        const double bc1 = 1 - std::pow(double(h.beta1), t), bc2 = 1 - std::pow(double(h.beta2), t);
+        const std::vector<float> pv = p.get(), ms1 = ms.get(), vs1 = vs.get();
+        for (size_t i = 0; i < size_t(n); ++i) {
+            const double mi = h.beta1 * m0[i] + (1 - double(h.beta1)) * gv[i];
+            const double vi = h.beta2 * v0[i] + (1 - double(h.beta2)) * double(gv[i]) * gv[i];
+            const double rp = p0[i] * (1 - double(h.lr) * h.weight_decay) - h.lr * (mi / bc1) / (std::sqrt(vi / bc2) + h.eps);
+            ASSERT_NEAR(pv[i], rp, 1e-5 * (1 + std::fabs(rp))) << "p, step " << t << " " << i;
+            const size_t b = i / kMoments8Block;
+            const double qm = 127 * std::sqrt(std::fabs(mi) / ms1[b]), qv = 255 * std::sqrt(std::sqrt(vi / vs1[b]));
+            ASSERT_LE(std::fabs(std::abs(int(int8_t(m.bytes[i]))) - qm), 1.0) << "m, step " << t << " " << i;
+            ASSERT_LE(std::fabs(int(uint8_t(v.bytes[i])) - qv), 1.0) << "v, step " << t << " " << i;
+        }
+        for (int64_t b = 0; b < nb; ++b) EXPECT_GT(vs1[size_t(b)], 0.0f);
     }
 }
 

@@ -85,7 +85,9 @@ TEST(RunConfig, OneFunctionSaysWhatCombines) {
         {run([](RunConfig & r) { r.layout.tp = 0; }), "--tp 0"},
         {run([](RunConfig & r) { r.layout.pp = 5000; }), "--pp 5000"},
         {run([](RunConfig & r) { r.bucket_mb = -1; }), "--bucket-mb -1"},
-        {run([](RunConfig & r) { r.optimizer = Optimizer::sgd; }), "--optimizer sgd: the engine trains with AdamW (fp32 or bf16 moments) only"},
+        {run([](RunConfig & r) { r.optimizer = Optimizer::sgd; }), "--optimizer sgd: the engine trains with AdamW (fp32, bf16 or 8-bit moments) only"},
+        {run([](RunConfig & r) { r.optimizer = Optimizer::adamw_8bit, r.device = "cuda"; }),
+         "--optimizer adamw-8bit: 8-bit moments run on the CPU only for now"},
         {run([](RunConfig & r) { r.layout.offload = Offload::optimizer; }), "--offload optimizer"},
         {run([](RunConfig & r) { r.precision_auto = true; }), "--precision auto needs --fit auto"},
         {run([](RunConfig & r) { r.fit_auto = true, r.layout.tp = 2; }), "--fit auto searches one rank's"},
@@ -180,6 +182,7 @@ TEST(RunConfig, ConfigJsonNamesEveryFieldByItsFlag) {
     EXPECT_EQ(j["precision"], "fp32");
     for (const char * n : {"fp32", "bf16", "fp16"}) EXPECT_EQ(precision_name(parse_precision(n)), n);
     for (const char * n : {"adamw", "adamw-bf16", "sgd", "adamw-8bit"}) EXPECT_STREQ(optimizer_name(parse_optimizer(n)), n);
+    EXPECT_EQ(parse_optimizer("adamw8bit"), Optimizer::adamw_8bit);   // the spelling, bitsandbytes' too
     for (const char * n : {"auto", "flash", "naive"}) EXPECT_STREQ(attention_name(parse_attention(n)), n);
     EXPECT_THROW(parse_offload("nvme"), ConfigError);
 }

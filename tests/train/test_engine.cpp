@@ -7,6 +7,7 @@
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/moments8.h"
 #include "memory/budget.h"
 #include "memory/timeline.h"
 #include "train/engine.h"
@@ -387,17 +388,19 @@ TEST(Engine, LossLimitLeavesTheWholeStepOut) {
     EXPECT_EQ(e.steps_done(), done + 1);
 }
 
-// --optimizer adamw-bf16: the moments take 4 bytes per parameter, not 8, planned and measured
-// alike; the run trains (its loss after a few steps near the fp32 moments' run's), and the host
-// sees the moments as f32 values that bf16 holds exactly.
-TEST(Engine, Bf16MomentsHalveTheOptimizerStates) {
+// --optimizer adamw-bf16 and adamw-8bit: the moments take 4 bytes per parameter, and 2 plus
+// their block scales, instead of 8, planned and measured alike; the run trains (its loss after a
+// few steps near the fp32 moments' run's), and the host's f32 view of the moments holds values
+// the storage represents exactly (storing it back changes nothing).
+TEST(Engine, SmallerMomentsShrinkTheOptimizerStates) {
     CpuBackend backend;
     const ModelConfig cfg = small_config(64, 32, 2, 2);
     std::vector<int32_t> in(32), tg(32);
     random_batch(in, tg, 64, 21);
     std::vector<uint64_t> states;
     std::vector<float> losses;
-    for (DType moments : {DType::f32, DType::bf16}) {
+    for (DType moments : {DType::f32, DType::bf16, DType::u8}) {
+        SCOPED_TRACE(std::string(dtype_name(moments)));
         EngineOptions eo;
         eo.B = 2, eo.T = 16, eo.with_eval = false, eo.moments = moments;
         Engine e(cfg, backend, eo);
@@ -406,21 +409,28 @@ TEST(Engine, Bf16MomentsHalveTheOptimizerStates) {
         for (int s = 0; s < 8; ++s) r = e.train_step(in.data(), tg.data(), AdamWHyper{1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f, 1});
         losses.push_back(r.loss);
         const auto planned = e.planned_peak_live(), measured = e.ledger().live_peak();
-        EXPECT_EQ(planned.total(), measured.total()) << dtype_name(moments);
+        EXPECT_EQ(planned.total(), measured.total());
         states.push_back(planned.v[size_t(Category::optimizer_states)]);
-        EXPECT_EQ(states.back(), 2 * e.step().layout().total * dtype_size(moments));
+        const size_t P = e.step().layout().total;
+        size_t blocks = 0;
+        for (const auto & p : e.step().moment_pieces()) blocks += moments8_blocks(p.n);
+        EXPECT_EQ(states.back(), moments == DType::u8 ? 2 * P + 8 * blocks : 2 * P * dtype_size(moments));
+        const TrainState before = e.export_state();
+        size_t nonzero = 0;
+        for (float x : before.v) nonzero += x != 0;
+        EXPECT_GT(nonzero, P / 2);
         if (moments == DType::bf16) {
-            const float * m = e.adam_m();
-            size_t nonzero = 0;
-            for (size_t i = 0; i < e.step().layout().total; ++i) {
-                ASSERT_EQ(m[i], bf16_to_f32(f32_to_bf16(m[i]))) << i;
-                nonzero += m[i] != 0;
-            }
-            EXPECT_GT(nonzero, e.step().layout().total / 2);
+            for (size_t i = 0; i < P; ++i) ASSERT_EQ(before.m[i], bf16_to_f32(f32_to_bf16(before.m[i]))) << i;
         }
+        e.import_state(before);
+        const TrainState after = e.export_state();
+        EXPECT_EQ(after.m, before.m);
+        EXPECT_EQ(after.v, before.v);
     }
     EXPECT_EQ(states[1] * 2, states[0]);
+    EXPECT_LE(double(states[2]), 0.27 * double(states[0]));
     EXPECT_NEAR(losses[1], losses[0], 0.02 * losses[0]);
+    EXPECT_NEAR(losses[2], losses[0], 0.05 * losses[0]);
 }
 
 TEST(Engine, ClippingScalesTheGradientsByClipOverNorm) {

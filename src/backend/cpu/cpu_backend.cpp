@@ -1,5 +1,7 @@
 #include "backend/cpu/cpu_backend.h"
 
+#include "backend/moments8.h"
+
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -429,6 +431,27 @@ void CpuBackend::adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor nor
             };
             if (m.dtype == DType::bf16) update(ptr<bf16_t>(m), ptr<bf16_t>(v));
             else update(m.f32(), v.f32());
+        });
+    });
+}
+
+void CpuBackend::adamw_8bit(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor m_scale, Tensor v_scale,
+                            Tensor norm_sq, Tensor param_copy, const AdamWHyper & h) {
+    const size_t n = size_t(param.numel());
+    MF_ASSERT(param.dtype == DType::f32 && grad.numel() == param.numel());
+    MF_ASSERT(m.dtype == DType::u8 && v.dtype == DType::u8 && size_t(m.numel()) == n && size_t(v.numel()) == n);
+    MF_ASSERT(size_t(m_scale.numel()) == moments8_blocks(n) && size_t(v_scale.numel()) == moments8_blocks(n));
+    const float nsq = norm_sq.valid() ? norm_sq.f32()[0] : 0.0f;
+    if (skips_update(h, nsq)) return;
+    const float scale = update_scale(h, nsq);
+    dispatch(grad.dtype, [&](auto gz) {
+        using G = decltype(gz);
+        dispatch(param_copy.valid() ? param_copy.dtype : DType::f32, [&](auto pz) {
+            using P = decltype(pz);
+            P * copy = nullptr;
+            if constexpr (!std::is_same_v<P, float>) copy = ptr<P>(param_copy);
+            cpu::adamw_update_8bit(param.f32(), copy, ptr<G>(grad), static_cast<uint8_t *>(m.data), static_cast<uint8_t *>(v.data), m_scale.f32(),
+                                   v_scale.f32(), n, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.t, scale);
         });
     });
 }

@@ -107,6 +107,13 @@ template <class G, class P, class M>
 void adamw_update_mixed(float * param, P * param_copy, const G * grad, M * m, M * v, size_t n, float lr,
                         float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale);
 
+// The update with 8-bit moments (backend/moments8.h; kernels_adamw8.cpp): m, v one code per
+// element, m_scale, v_scale one per block of the n elements; param_copy as above.
+template <class G, class P>
+void adamw_update_8bit(float * param, P * param_copy, const G * grad, uint8_t * m, uint8_t * v, float * m_scale,
+                       float * v_scale, size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+                       int t, float grad_scale);
+
 // ---------------------------------------------------------------------------------------------
 // LLaMA family (kernels_llama.cpp). Rows are parallel tasks; every reduction has a fixed order.
 

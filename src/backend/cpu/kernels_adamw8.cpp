@@ -1,0 +1,59 @@
+// AdamW with 8-bit moments (backend/moments8.h): each block of kMoments8Block elements is decoded,
+// updated in f32 exactly as adamw_impl does (kernels_basic.cpp), and encoded with its new scales.
+// Blocks are parallel tasks; within one, the order is fixed.
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#include "backend/cpu/kernels.h"
+#include "backend/moments8.h"
+#include "core/error.h"
+
+namespace memfit::cpu {
+
+template <class G, class P>
+void adamw_update_8bit(float * param, P * param_copy, const G * grad, uint8_t * m, uint8_t * v, float * m_scale,
+                       float * v_scale, size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+                       int t, float grad_scale) {
+    MF_ASSERT(t >= 1);
+    if constexpr (std::is_same_v<P, float>) MF_ASSERT(param_copy == nullptr);
+    const float inv_bc1 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta1), t)));
+    const float inv_bc2 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta2), t)));
+    const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay);
+    const float one_m_b1 = 1.0f - beta1, one_m_b2 = 1.0f - beta2;
+    const size_t blocks = moments8_blocks(n);
+#pragma omp parallel for schedule(static)
+    for (size_t b = 0; b < blocks; ++b) {
+        const size_t lo = b * kMoments8Block, hi = std::min(n, lo + kMoments8Block);
+        float mf[kMoments8Block], vf[kMoments8Block];
+        float m_max = 0, v_max = 0;
+        for (size_t i = lo; i < hi; ++i) {
+            const float g = to_f32(grad[i]) * grad_scale;
+            const float mi = beta1 * decode_m8(m[i], m_scale[b]) + one_m_b1 * g;
+            const float vi = beta2 * decode_v8(v[i], v_scale[b]) + one_m_b2 * g * g;
+            mf[i - lo] = mi, vf[i - lo] = vi;
+            m_max = std::max(m_max, std::fabs(mi));
+            v_max = std::max(v_max, vi);
+            const float p = param[i] * decay - lr * (mi * inv_bc1) / (std::sqrt(vi * inv_bc2) + eps);
+            param[i] = p;
+            if constexpr (!std::is_same_v<P, float>) param_copy[i] = from_f32<P>(p);
+        }
+        m_scale[b] = m_max, v_scale[b] = v_max;
+        for (size_t i = lo; i < hi; ++i) {
+            m[i] = encode_m8(mf[i - lo], m_max);
+            v[i] = encode_v8(vf[i - lo], v_max);
+        }
+    }
+}
+
+#define MF_INST_ADAMW8(G, P)                                                                              \
+    template void adamw_update_8bit<G, P>(float *, P *, const G *, uint8_t *, uint8_t *, float *, float *, \
+                                          size_t, float, float, float, float, float, int, float);
+#define MF_INST_ADAMW8_G(G) MF_INST_ADAMW8(G, float) MF_INST_ADAMW8(G, bf16_t) MF_INST_ADAMW8(G, f16_t)
+MF_INST_ADAMW8_G(float)
+MF_INST_ADAMW8_G(bf16_t)
+MF_INST_ADAMW8_G(f16_t)
+#undef MF_INST_ADAMW8_G
+#undef MF_INST_ADAMW8
+
+}  // namespace memfit::cpu
