@@ -75,7 +75,7 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                optimizer_name(r.optimizer),
                "the optimizer, one of " + optimizer_choices() +
                    " (memfit train runs adamw, 8 bytes of moments per trainable parameter; adamw-bf16, 4: the "
-                   "moments stored in bf16; and, on the CPU, adamw-8bit, 2.03: one byte per moment in blocks of 256 "
+                   "moments stored in bf16; and adamw-8bit, 2.03: one byte per moment in blocks of 256 "
                    "with a scale each; the moments are updated in fp32; memfit plan models every one by its state "
                    "bytes)"));
     // LoRA (model/lora.h).

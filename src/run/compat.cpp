@@ -45,9 +45,6 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
         return fmt::format("--optimizer {}: the engine trains with AdamW (fp32, bf16 or 8-bit moments) only (memfit "
                            "plan models each of {} by its state bytes); use --optimizer adamw",
                            optimizer_name(r.optimizer), optimizer_choices());
-    if (r.optimizer == Optimizer::adamw_8bit && r.device == "cuda")
-        return fmt::format("--optimizer {}: 8-bit moments run on the CPU only for now; use --optimizer adamw-bf16 on "
-                           "--device cuda", optimizer_name(r.optimizer));
     if (L.offload != Offload::none)
         return fmt::format("--offload {}: the engine keeps every state in device memory (memfit plan models "
                            "offload); use --offload none, or --zero to shard the states", offload_name(L.offload));

@@ -13,6 +13,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/kernels.h"
+#include "backend/moments8.h"
 #include "backend/quant_format.h"
 #include "core/dtype.h"
 #include "op_check.h"
@@ -272,6 +273,54 @@ TEST(CudaOptim, AdamWBf16MomentsMatchCpu) {
     check_adamw(k);
     k.offset = 1;     // unaligned: the scalar path
     check_adamw(k);
+}
+
+// --optimizer adamw-8bit on the device (backend/moments8.h): from random codes and scales, the
+// weights and the new scales within float rounding of the CPU's, every code within one level
+// (the two may contract multiply-adds differently, and a value at a level's edge rounds apart).
+void check_adamw_8bit(DType grad_dt, DType copy_dt, float clip) {
+    const int64_t n = 3 * int64_t(kMoments8Block) + 77, nb = int64_t(moments8_blocks(size_t(n)));
+    std::mt19937 rng(41);
+    std::uniform_int_distribution<int> code(0, 255);
+    std::uniform_real_distribution<float> u(0.01f, 0.2f);
+    std::vector<float> mc(static_cast<size_t>(n)), vc(static_cast<size_t>(n)), msc(static_cast<size_t>(nb)),
+        vsc(static_cast<size_t>(nb));
+    for (auto & x : mc) x = float(code(rng));
+    for (auto & x : vc) x = float(code(rng));
+    for (auto & x : msc) x = u(rng);
+    for (auto & x : vsc) x = u(rng) * u(rng);
+    OpCheck c;
+    const int param = c.rand(DType::f32, {n}, -1.0f, 1.0f);
+    const int grad = c.rand(grad_dt, {n}, -0.5f, 0.5f);
+    const int m = c.values(DType::u8, {n}, mc), v = c.values(DType::u8, {n}, vc);
+    const int ms = c.values(DType::f32, {nb}, msc), vs = c.values(DType::f32, {nb}, vsc);
+    const int copy = c.zeros(copy_dt == DType::f32 ? DType::bf16 : copy_dt, {n});
+    const int nsq = c.zeros(DType::f32, {1});
+    AdamWHyper h;
+    h.lr = 1e-2f, h.weight_decay = 0.1f, h.t = 3, h.eps = 1e-6f, h.clip = clip;
+    c.run([&](Backend & b, const std::vector<Tensor> & t) {
+        auto at = [&](int i) { return t[size_t(i)]; };
+        b.sum_squares(at(nsq), at(grad));
+        b.adamw_8bit(at(param), at(grad), at(m), at(v), at(ms), at(vs), at(nsq),
+                     copy_dt == DType::f32 ? Tensor{} : at(copy), h);
+    });
+    EXPECT_LE(c.rel_err(param), 1e-5);
+    EXPECT_LE(c.rel_err(ms), 1e-5);
+    EXPECT_LE(c.rel_err(vs), 1e-5);
+    const std::vector<float> mcpu = c.cpu(m), mgpu = c.gpu(m), vcpu = c.cpu(v), vgpu = c.gpu(v);
+    int moved = 0;
+    for (size_t i = 0; i < size_t(n); ++i) {
+        ASSERT_LE(std::abs(int(int8_t(uint8_t(mcpu[i]))) - int(int8_t(uint8_t(mgpu[i])))), 1) << i;
+        ASSERT_LE(std::fabs(vcpu[i] - vgpu[i]), 1.0f) << i;
+        moved += mcpu[i] != mc[i];
+    }
+    EXPECT_GT(moved, int(n / 2)) << "the step re-encoded the moments";
+}
+
+TEST(CudaOptim, AdamW8BitMomentsMatchCpu) {
+    MF_REQUIRE_GPU();
+    check_adamw_8bit(DType::f32, DType::f32, 0.0f);
+    check_adamw_8bit(DType::bf16, DType::bf16, 1.0f);
 }
 
 TEST(CudaOptim, AdamWUnalignedViewsMatchCpu) {

@@ -86,8 +86,6 @@ TEST(RunConfig, OneFunctionSaysWhatCombines) {
         {run([](RunConfig & r) { r.layout.pp = 5000; }), "--pp 5000"},
         {run([](RunConfig & r) { r.bucket_mb = -1; }), "--bucket-mb -1"},
         {run([](RunConfig & r) { r.optimizer = Optimizer::sgd; }), "--optimizer sgd: the engine trains with AdamW (fp32, bf16 or 8-bit moments) only"},
-        {run([](RunConfig & r) { r.optimizer = Optimizer::adamw_8bit, r.device = "cuda"; }),
-         "--optimizer adamw-8bit: 8-bit moments run on the CPU only for now"},
         {run([](RunConfig & r) { r.layout.offload = Offload::optimizer; }), "--offload optimizer"},
         {run([](RunConfig & r) { r.precision_auto = true; }), "--precision auto needs --fit auto"},
         {run([](RunConfig & r) { r.fit_auto = true, r.layout.tp = 2; }), "--fit auto searches one rank's"},

@@ -50,6 +50,8 @@ void xent_shard_bwd(cudaStream_t s, Tensor logits, Tensor targets, Tensor lse, i
 void sum_squares(cudaStream_t s, Tensor out, Tensor x);
 void adamw(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy,
            const AdamWHyper & h);
+void adamw_8bit(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor m_scale, Tensor v_scale,
+                Tensor norm_sq, Tensor param_copy, const AdamWHyper & h);
 
 // kernels_quant.cu: W' [q.out, q.in] (dtype of `w`: f32, bf16 or f16), written, from the packed
 // bytes of backend/quant_format.h (device memory).

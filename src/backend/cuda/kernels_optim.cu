@@ -11,6 +11,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/moments8.h"
 
 namespace memfit::cuda {
 
@@ -159,6 +160,77 @@ __global__ void __launch_bounds__(256) adamw_kernel(float * param, const G * gra
 
 bool aligned(const void * p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
+// backend/moments8.h's codes, on the device (the same arithmetic, in the same order).
+__device__ __forceinline__ float dec_m8(uint8_t code, float scale) {
+    const int c = int(int8_t(code));
+    const float r = float(c < 0 ? -c : c) / 127.0f;
+    return (c < 0 ? -scale : scale) * r * r;
+}
+__device__ __forceinline__ uint8_t enc_m8(float m, float scale) {
+    if (!(scale > 0)) return 0;
+    const int c = int(rintf(127.0f * sqrtf(fminf(1.0f, fabsf(m) / scale))));
+    return uint8_t(int8_t(m < 0 ? -c : c));
+}
+__device__ __forceinline__ float dec_v8(uint8_t code, float scale) {
+    const float r = float(code) / 255.0f, r2 = r * r;
+    return scale * r2 * r2;
+}
+__device__ __forceinline__ uint8_t enc_v8(float v, float scale) {
+    if (!(scale > 0) || !(v > 0)) return 0;
+    const int c = int(rintf(255.0f * sqrtf(sqrtf(fminf(1.0f, v / scale)))));
+    return uint8_t(c < 1 ? 1 : c);
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// 8-bit moments: grid = the view's blocks of kMoments8Block, block kMoments8Block threads, one
+// element each. Every thread decodes with the old scales, updates, and the block's new scales
+// (the largest |m| and v) are reduced before any thread encodes or thread 0 stores them.
+template <class G, class P>
+__global__ void __launch_bounds__(kMoments8Block) adamw8_kernel(float * param, const G * grad, uint8_t * m,
+                                                                uint8_t * v, float * m_scale, float * v_scale,
+                                                                P * copy, int64_t n, const float * norm_sq,
+                                                                AdamArgs a) {
+    const float nsq = norm_sq ? *norm_sq : 0.0f;
+    if (a.skip_nonfinite && !isfinite(nsq)) return;   // skips_update() of backend.h
+    if (a.skip_above_norm_sq > 0 && nsq > a.skip_above_norm_sq) return;
+    const float scale = device_update_scale(a, nsq);
+    const int64_t b = blockIdx.x, i = b * int64_t(kMoments8Block) + threadIdx.x;
+    float mi = 0, vi = 0;
+    if (i < n) {
+        float p = param[i];
+        mi = dec_m8(m[i], m_scale[b]), vi = dec_v8(v[i], v_scale[b]);
+        adam_step(a, p, mi, vi, ld(grad[i]), scale);
+        param[i] = p;
+        if constexpr (!std::is_same_v<P, float>) copy[i] = st<P>(p);
+    }
+    __shared__ float sm[kMoments8Block / 32], sv[kMoments8Block / 32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const float wm = warp_max(fabsf(mi)), wv = warp_max(vi);
+    if (lane == 0) sm[warp] = wm, sv[warp] = wv;
+    __syncthreads();
+    float bm = 0, bv = 0;
+    for (int w = 0; w < int(kMoments8Block / 32); ++w) bm = fmaxf(bm, sm[w]), bv = fmaxf(bv, sv[w]);
+    if (threadIdx.x == 0) m_scale[b] = bm, v_scale[b] = bv;
+    if (i < n) m[i] = enc_m8(mi, bm), v[i] = enc_v8(vi, bv);
+}
+
+// The constants exactly as adamw_impl forms them on the host.
+AdamArgs adam_args(const AdamWHyper & h) {
+    AdamArgs a;
+    a.lr = h.lr, a.beta1 = h.beta1, a.beta2 = h.beta2, a.eps = h.eps;
+    a.inv_bc1 = float(1.0 / (1.0 - std::pow(double(h.beta1), h.t)));
+    a.inv_bc2 = float(1.0 / (1.0 - std::pow(double(h.beta2), h.t)));
+    a.decay = float(1.0 - double(h.lr) * h.weight_decay);
+    a.one_m_b1 = 1.0f - h.beta1, a.one_m_b2 = 1.0f - h.beta2;
+    a.clip = h.clip, a.grad_scale = h.grad_scale, a.skip_nonfinite = h.skip_nonfinite;
+    a.skip_above_norm_sq = h.skip_above_norm_sq;
+    return a;
+}
+
 }  // namespace
 
 void sum_squares(cudaStream_t s, Tensor out, Tensor x) {
@@ -181,15 +253,7 @@ void adamw(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor
     if (param_copy.valid())
         MF_ASSERT(param_copy.numel() == n && (param_copy.dtype == DType::bf16 || param_copy.dtype == DType::f16));
     if (n == 0) return;
-    // The constants exactly as adamw_impl forms them on the host.
-    AdamArgs a;
-    a.lr = h.lr, a.beta1 = h.beta1, a.beta2 = h.beta2, a.eps = h.eps;
-    a.inv_bc1 = float(1.0 / (1.0 - std::pow(double(h.beta1), h.t)));
-    a.inv_bc2 = float(1.0 / (1.0 - std::pow(double(h.beta2), h.t)));
-    a.decay = float(1.0 - double(h.lr) * h.weight_decay);
-    a.one_m_b1 = 1.0f - h.beta1, a.one_m_b2 = 1.0f - h.beta2;
-    a.clip = h.clip, a.grad_scale = h.grad_scale, a.skip_nonfinite = h.skip_nonfinite;
-    a.skip_above_norm_sq = h.skip_above_norm_sq;
+    const AdamArgs a = adam_args(h);
     const float * nsq = norm_sq.valid() ? norm_sq.f32() : nullptr;
     dispatch_float(grad.dtype, [&](auto gz) {
         using G = decltype(gz);
@@ -210,6 +274,28 @@ void adamw(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor
             };
             if (m.dtype == DType::bf16) launch(ptr<__nv_bfloat16>(m), ptr<__nv_bfloat16>(v));
             else launch(m.f32(), v.f32());
+        });
+    });
+}
+
+void adamw_8bit(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor m_scale, Tensor v_scale,
+                Tensor norm_sq, Tensor param_copy, const AdamWHyper & h) {
+    const int64_t n = param.numel(), blocks = int64_t(moments8_blocks(size_t(n)));
+    MF_ASSERT(param.dtype == DType::f32 && m.dtype == DType::u8 && v.dtype == DType::u8);
+    MF_ASSERT(grad.numel() == n && m.numel() == n && v.numel() == n && h.t >= 1);
+    MF_ASSERT(m_scale.numel() == blocks && v_scale.numel() == blocks);
+    if (n == 0) return;
+    const AdamArgs a = adam_args(h);
+    const float * nsq = norm_sq.valid() ? norm_sq.f32() : nullptr;
+    dispatch_float(grad.dtype, [&](auto gz) {
+        using G = decltype(gz);
+        dispatch_float(param_copy.valid() ? param_copy.dtype : DType::f32, [&](auto pz) {
+            using P = decltype(pz);
+            P * copy = param_copy.valid() ? ptr<P>(param_copy) : nullptr;
+            adamw8_kernel<G, P><<<unsigned(blocks), unsigned(kMoments8Block), 0, s>>>(
+                param.f32(), ptr<G>(grad), ptr<uint8_t>(m), ptr<uint8_t>(v), m_scale.f32(), v_scale.f32(), copy, n,
+                nsq, a);
+            MF_CUDA_LAUNCHED();
         });
     });
 }
