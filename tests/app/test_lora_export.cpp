@@ -24,6 +24,7 @@
 #include "train/checkpoint.h"
 #include "train/engine.h"
 #include "app/export.h"
+#include "cli/cli_util.h"
 #include "test_util.h"
 
 using namespace memfit;
@@ -263,34 +264,9 @@ TEST(LoraExport, MisuseIsAClearError) {
 
 namespace {
 
-struct CmdResult {
-    int code = -1;
-    std::string err, out;
-};
-
-CmdResult run_memfit(const std::string & args) {
-    const fs::path dir = fresh("cli");
-    fs::create_directories(dir);
-    const std::string err_file = (dir / "stderr.txt").string(), out_file = (dir / "stdout.txt").string();
-    const int status = std::system((std::string(MEMFIT_BINARY) + " " + args + " >" + out_file + " 2>" + err_file).c_str());
-    CmdResult r;
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    auto slurp = [](const std::string & p) {
-        std::ifstream in(p);
-        return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    };
-    r.err = slurp(err_file);
-    r.out = slurp(out_file);
-    return r;
-}
-
-void expect_clean_failure(const CmdResult & r, const std::string & needle) {
-    EXPECT_NE(r.code, 0) << r.err;
-    EXPECT_LT(r.code, 128) << "killed by a signal: " << r.err;
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-    EXPECT_NE(r.err.find("memfit: error:"), std::string::npos) << r.err;
-    EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
-}
+using cli_test::CmdResult;
+using cli_test::expect_clean_failure;
+using cli_test::run_memfit;
 
 }  // namespace
 

@@ -402,6 +402,29 @@ void CpuBackend::sum_squares(Tensor out, Tensor x) {
     });
 }
 
+namespace {
+
+// AdamW's two storage choices beside the moments: f(G * grad, P * param_copy), P = float and a
+// null copy when there is none (else bf16 or f16, of param's length).
+template <class F>
+void with_grad_and_copy(Tensor grad, Tensor param_copy, F && f) {
+    if (param_copy.valid()) {
+        MF_ASSERT(param_copy.numel() == grad.numel());
+        MF_ASSERT(param_copy.dtype == DType::bf16 || param_copy.dtype == DType::f16);
+    }
+    dispatch(grad.dtype, [&](auto gz) {
+        using G = decltype(gz);
+        dispatch(param_copy.valid() ? param_copy.dtype : DType::f32, [&](auto pz) {
+            using P = decltype(pz);
+            P * copy = nullptr;
+            if constexpr (!std::is_same_v<P, float>) copy = ptr<P>(param_copy);
+            f(ptr<G>(grad), copy);
+        });
+    });
+}
+
+}  // namespace
+
 void CpuBackend::adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy,
                        const AdamWHyper & h) {
     MF_ASSERT(grad.numel() == param.numel() && m.numel() == param.numel() && v.numel() == param.numel());
@@ -415,23 +438,13 @@ void CpuBackend::adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor nor
                           h.weight_decay, h.t, scale);
         return;
     }
-    if (param_copy.valid()) {
-        MF_ASSERT(param_copy.numel() == param.numel());
-        MF_ASSERT(param_copy.dtype == DType::bf16 || param_copy.dtype == DType::f16);
-    }
-    dispatch(grad.dtype, [&](auto gz) {
-        using G = decltype(gz);
-        dispatch(param_copy.valid() ? param_copy.dtype : DType::f32, [&](auto pz) {
-            using P = decltype(pz);
-            P * copy = nullptr;
-            if constexpr (!std::is_same_v<P, float>) copy = ptr<P>(param_copy);
-            auto update = [&](auto * mm, auto * vv) {
-                cpu::adamw_update_mixed(param.f32(), copy, ptr<G>(grad), mm, vv, n, h.lr, h.beta1, h.beta2, h.eps,
-                                        h.weight_decay, h.t, scale);
-            };
-            if (m.dtype == DType::bf16) update(ptr<bf16_t>(m), ptr<bf16_t>(v));
-            else update(m.f32(), v.f32());
-        });
+    with_grad_and_copy(grad, param_copy, [&](auto * g, auto * copy) {
+        auto update = [&](auto * mm, auto * vv) {
+            cpu::adamw_update_mixed(param.f32(), copy, g, mm, vv, n, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay,
+                                    h.t, scale);
+        };
+        if (m.dtype == DType::bf16) update(ptr<bf16_t>(m), ptr<bf16_t>(v));
+        else update(m.f32(), v.f32());
     });
 }
 
@@ -444,15 +457,10 @@ void CpuBackend::adamw_8bit(Tensor param, Tensor grad, Tensor m, Tensor v, Tenso
     const float nsq = norm_sq.valid() ? norm_sq.f32()[0] : 0.0f;
     if (skips_update(h, nsq)) return;
     const float scale = update_scale(h, nsq);
-    dispatch(grad.dtype, [&](auto gz) {
-        using G = decltype(gz);
-        dispatch(param_copy.valid() ? param_copy.dtype : DType::f32, [&](auto pz) {
-            using P = decltype(pz);
-            P * copy = nullptr;
-            if constexpr (!std::is_same_v<P, float>) copy = ptr<P>(param_copy);
-            cpu::adamw_update_8bit(param.f32(), copy, ptr<G>(grad), static_cast<uint8_t *>(m.data), static_cast<uint8_t *>(v.data), m_scale.f32(),
-                                   v_scale.f32(), n, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.t, scale);
-        });
+    with_grad_and_copy(grad, param_copy, [&](auto * g, auto * copy) {
+        cpu::adamw_update_8bit(param.f32(), copy, g, static_cast<uint8_t *>(m.data), static_cast<uint8_t *>(v.data),
+                               m_scale.f32(), v_scale.f32(), n, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.t,
+                               scale);
     });
 }
 

@@ -233,6 +233,23 @@ AdamArgs adam_args(const AdamWHyper & h) {
 
 }  // namespace
 
+namespace {
+
+// f(G * grad, P * param_copy) for the gradients' and the compute copy's storage (P = float and a
+// null copy when there is none).
+template <class F>
+void with_grad_and_copy(Tensor grad, Tensor param_copy, F && f) {
+    dispatch_float(grad.dtype, [&](auto gz) {
+        using G = decltype(gz);
+        dispatch_float(param_copy.valid() ? param_copy.dtype : DType::f32, [&](auto pz) {
+            using P = decltype(pz);
+            f(ptr<G>(grad), param_copy.valid() ? ptr<P>(param_copy) : static_cast<P *>(nullptr));
+        });
+    });
+}
+
+}  // namespace
+
 void sum_squares(cudaStream_t s, Tensor out, Tensor x) {
     MF_ASSERT(out.dtype == DType::f32 && out.numel() >= 1);
     dispatch_float(x.dtype, [&](auto z) {
@@ -255,26 +272,22 @@ void adamw(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor
     if (n == 0) return;
     const AdamArgs a = adam_args(h);
     const float * nsq = norm_sq.valid() ? norm_sq.f32() : nullptr;
-    dispatch_float(grad.dtype, [&](auto gz) {
-        using G = decltype(gz);
-        dispatch_float(param_copy.valid() ? param_copy.dtype : DType::f32, [&](auto pz) {
-            using P = decltype(pz);
-            P * copy = param_copy.valid() ? ptr<P>(param_copy) : nullptr;
-            auto launch = [&](auto * mm, auto * vv) {
-                using M = std::remove_pointer_t<decltype(mm)>;
-                const bool vec = aligned(param.data, 16) && aligned(mm, 4 * sizeof(M)) && aligned(vv, 4 * sizeof(M)) &&
-                                 aligned(grad.data, 4 * sizeof(G)) && (!copy || aligned(copy, 4 * sizeof(P)));
-                if (vec)
-                    adamw_kernel<G, P, M, true><<<grid_for(n / 4 > 0 ? n / 4 : n, 256), 256, 0, s>>>(
-                        param.f32(), ptr<G>(grad), mm, vv, copy, n, nsq, a);
-                else
-                    adamw_kernel<G, P, M, false><<<grid_for(n, 256), 256, 0, s>>>(param.f32(), ptr<G>(grad), mm, vv,
-                                                                                  copy, n, nsq, a);
-                MF_CUDA_LAUNCHED();
-            };
-            if (m.dtype == DType::bf16) launch(ptr<__nv_bfloat16>(m), ptr<__nv_bfloat16>(v));
-            else launch(m.f32(), v.f32());
-        });
+    with_grad_and_copy(grad, param_copy, [&](auto * g, auto * copy) {
+        using G = std::remove_pointer_t<decltype(g)>;
+        using P = std::remove_pointer_t<decltype(copy)>;
+        auto launch = [&](auto * mm, auto * vv) {
+            using M = std::remove_pointer_t<decltype(mm)>;
+            const bool vec = aligned(param.data, 16) && aligned(mm, 4 * sizeof(M)) && aligned(vv, 4 * sizeof(M)) &&
+                             aligned(g, 4 * sizeof(G)) && (!copy || aligned(copy, 4 * sizeof(P)));
+            if (vec)
+                adamw_kernel<G, P, M, true><<<grid_for(n / 4 > 0 ? n / 4 : n, 256), 256, 0, s>>>(param.f32(), g, mm,
+                                                                                               vv, copy, n, nsq, a);
+            else
+                adamw_kernel<G, P, M, false><<<grid_for(n, 256), 256, 0, s>>>(param.f32(), g, mm, vv, copy, n, nsq, a);
+            MF_CUDA_LAUNCHED();
+        };
+        if (m.dtype == DType::bf16) launch(ptr<__nv_bfloat16>(m), ptr<__nv_bfloat16>(v));
+        else launch(m.f32(), v.f32());
     });
 }
 
@@ -287,16 +300,12 @@ void adamw_8bit(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, T
     if (n == 0) return;
     const AdamArgs a = adam_args(h);
     const float * nsq = norm_sq.valid() ? norm_sq.f32() : nullptr;
-    dispatch_float(grad.dtype, [&](auto gz) {
-        using G = decltype(gz);
-        dispatch_float(param_copy.valid() ? param_copy.dtype : DType::f32, [&](auto pz) {
-            using P = decltype(pz);
-            P * copy = param_copy.valid() ? ptr<P>(param_copy) : nullptr;
-            adamw8_kernel<G, P><<<unsigned(blocks), unsigned(kMoments8Block), 0, s>>>(
-                param.f32(), ptr<G>(grad), ptr<uint8_t>(m), ptr<uint8_t>(v), m_scale.f32(), v_scale.f32(), copy, n,
-                nsq, a);
-            MF_CUDA_LAUNCHED();
-        });
+    with_grad_and_copy(grad, param_copy, [&](auto * g, auto * copy) {
+        using G = std::remove_pointer_t<decltype(g)>;
+        using P = std::remove_pointer_t<decltype(copy)>;
+        adamw8_kernel<G, P><<<unsigned(blocks), unsigned(kMoments8Block), 0, s>>>(
+            param.f32(), g, ptr<uint8_t>(m), ptr<uint8_t>(v), m_scale.f32(), v_scale.f32(), copy, n, nsq, a);
+        MF_CUDA_LAUNCHED();
     });
 }
 
