@@ -161,7 +161,6 @@ nlohmann::json resolved_config(const TrainOptions & opt, RunConfig run, const En
 
 namespace {
 
-
 // A value every rank must share, by hash (gathered): all ranks stop with the same line naming
 // `what` when one differs.
 void check_same_on_ranks(Communicator & comm, const std::string & mine, const std::string & what,
