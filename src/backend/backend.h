@@ -90,6 +90,12 @@ public:
     virtual RegionAllocator & allocator() { return host_allocator(); }
     virtual void upload(void * dst, const void * host_src, size_t bytes) { std::memcpy(dst, host_src, bytes); }
     virtual void download(void * host_dst, const void * src, size_t bytes) { std::memcpy(host_dst, src, bytes); }
+    // --offload optimizer (backend/host_store.h): host memory for the offloaded states (pinned
+    // on a device, for full-rate copies), and copies between it and device memory issued in op
+    // order without waiting (synchronize() completes them).
+    virtual RegionAllocator & offload_allocator() { return host_allocator(); }
+    virtual void upload_async(void * dst, const void * host_src, size_t bytes) { upload(dst, host_src, bytes); }
+    virtual void download_async(void * host_dst, const void * src, size_t bytes) { download(host_dst, src, bytes); }
     // Waits for every op issued so far (the CPU backend's ops have finished when they return).
     virtual void synchronize() {}
     // A device backend's memory (0 on the host): free bytes now; the runtime's bytes (context,

@@ -570,4 +570,29 @@ void Graph::adamw_8bit(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor m_s
     end();
 }
 
+void Graph::offload_read(Tensor staging, Tensor stored, int slot) {
+    MF_ASSERT(staging.nbytes() == stored.nbytes());
+    if (begin("offload_read", 0, {staging, stored})) {
+        MF_ASSERT(memory_->store() && "offload ops need the memory's store");
+        const Tensor r = resolve(staging);
+        memory_->store()->read_start(slot, r.data, memory_->offloaded_at(stored.buffer) + stored.offset, r.nbytes());
+    }
+    end();
+}
+
+void Graph::offload_write(Tensor stored, Tensor staging, int slot) {
+    MF_ASSERT(staging.nbytes() == stored.nbytes());
+    if (begin("offload_write", 0, {stored, staging})) {
+        MF_ASSERT(memory_->store() && "offload ops need the memory's store");
+        const Tensor r = resolve(staging);
+        memory_->store()->write_start(slot, memory_->offloaded_at(stored.buffer) + stored.offset, r.data, r.nbytes());
+    }
+    end();
+}
+
+void Graph::offload_wait(int slot, std::initializer_list<Tensor> uses) {
+    if (begin("offload_wait", 0, uses)) memory_->store()->wait(slot);
+    end();
+}
+
 }  // namespace memfit

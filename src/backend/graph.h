@@ -160,6 +160,13 @@ public:
     void adamw_8bit(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor m_scale, Tensor v_scale, Tensor norm_sq,
                     Tensor param_copy, const AdamWHyper & h);
 
+    // --offload optimizer: copies between an offloaded buffer's view (`stored`, category
+    // offloaded, in the executing memory's store) and a staging buffer the kernels read, started
+    // here and completed by offload_wait(slot, the staging tensors the slot's copies touch).
+    void offload_read(Tensor staging, Tensor stored, int slot);
+    void offload_write(Tensor stored, Tensor staging, int slot);
+    void offload_wait(int slot, std::initializer_list<Tensor> uses);
+
     // Executing: record every op (phase, layer, live bytes per category, wall time) into `t`.
     void attach_timeline(Timeline * t) { timeline_ = t; }
     // Executing: asked before every op until the first of the optimizer phase; true abandons the

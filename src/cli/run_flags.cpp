@@ -121,9 +121,18 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                    "chunks per stage, a smaller bubble; --grad-accum a multiple of --pp)"));
         keep(typed(c, "--offload", [&r](const std::string & v) { r.layout.offload = parse_offload(v); },
                    offload_name(r.layout.offload),
-                   "none, optimizer (fp32 master weights and optimizer states in host memory) or optimizer+params "
-                   "(also the weights, with ZeRO-3): memfit plan models it; memfit train keeps every state on the "
-                   "device"));
+                   "none, optimizer (fp32 master weights and optimizer states off the device: pinned host "
+                   "memory on a GPU, files under --offload-dir; staged through the device for the update) or "
+                   "optimizer+params (also the weights, with ZeRO-3; memfit plan only)"));
+        keep(c->add_option("--offload-fraction", r.offload_fraction,
+                           "with --offload optimizer: the share of each rank's master weights and moments offloaded, "
+                           "from the first parameter on in units of 2^20 elements (Megatron's "
+                           "--optimizer-offload-fraction)")
+                 ->capture_default_str());
+        keep(c->add_option("--offload-dir", r.offload_dir,
+                           "with --offload optimizer: keep the offloaded states in a file under this directory "
+                           "(created there, unlinked at once, its blocks allocated at start), read and written unit "
+                           "by unit by an I/O thread: ZeRO-Infinity's NVMe offload; the CPU backend's only place"));
     }
     if (which.execution) {
         keep(c->add_option("--device", r.device,

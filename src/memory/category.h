@@ -16,12 +16,16 @@ enum class Category : uint8_t {
     workspace,         // library / kernel scratch
     communication,     // collective buffers
     runtime,           // CUDA context, handles: measured, not planned
+    // Master weights and optimizer states kept off the device (--offload optimizer): pinned host
+    // memory, or files under --offload-dir. Planned and measured like the others, but not
+    // device memory: total() leaves them out.
+    offloaded,
 };
-constexpr int kCategoryCount = 8;
+constexpr int kCategoryCount = 9;
 
 constexpr std::array<std::string_view, kCategoryCount> kCategoryNames = {
     "parameters", "master_weights", "optimizer_states", "gradients",
-    "activations", "workspace", "communication", "runtime"};
+    "activations", "workspace", "communication", "runtime", "offloaded"};
 
 constexpr std::string_view category_name(Category c) { return kCategoryNames[size_t(c)]; }
 
@@ -30,7 +34,12 @@ struct CategoryBytes {
     std::array<uint64_t, kCategoryCount> v{};
     uint64_t & operator[](Category c) { return v[size_t(c)]; }
     uint64_t   operator[](Category c) const { return v[size_t(c)]; }
-    uint64_t   total() const { uint64_t s = 0; for (auto x : v) s += x; return s; }
+    // The device's bytes: every category but `offloaded`.
+    uint64_t   total() const {
+        uint64_t s = 0;
+        for (size_t c = 0; c < v.size(); ++c) s += c == size_t(Category::offloaded) ? 0 : v[c];
+        return s;
+    }
 };
 
 }  // namespace memfit

@@ -8,7 +8,7 @@ namespace memfit {
 
 void Ledger::acquire(Category c, uint64_t bytes) {
     live_[c] += bytes;
-    live_total_ += bytes;
+    if (c != Category::offloaded) live_total_ += bytes;   // the device's bytes
     live_peak_[c] = std::max(live_peak_[c], live_[c]);
     live_total_peak_ = std::max(live_total_peak_, live_total_);
 }
@@ -16,7 +16,7 @@ void Ledger::acquire(Category c, uint64_t bytes) {
 void Ledger::release(Category c, uint64_t bytes) {
     MF_ASSERT(live_[c] >= bytes && "ledger live bytes would go negative (likely logic error)");
     live_[c] -= bytes;
-    live_total_ -= bytes;
+    if (c != Category::offloaded) live_total_ -= bytes;
 }
 
 void Ledger::reserve(Category c, uint64_t bytes) {

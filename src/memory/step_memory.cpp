@@ -103,16 +103,18 @@ void * StepMemory::obtain(Category c, size_t bytes) {
 }
 
 StepMemory::StepMemory(const Program & program, const MemoryPlan & plan, Ledger & ledger,
-                       RegionAllocator & alloc, bool checking, const StepMemory * share)
-    : program_(program), plan_(plan), ledger_(ledger), alloc_(alloc), checking_(checking) {
+                       RegionAllocator & alloc, bool checking, const StepMemory * share, OffloadStore * store)
+    : program_(program), plan_(plan), ledger_(ledger), alloc_(alloc), checking_(checking), store_(store) {
     const auto & bufs = program.buffers();
     MF_ASSERT(plan.offsets.size() == bufs.size());
     base_.assign(bufs.size(), nullptr);
+    offloaded_at_.assign(bufs.size(), 0);
+    const size_t off = size_t(Category::offloaded);
 
     try {
         // Persistent buffers: bound by name to the sharer's when it has them; the rest are laid
         // end to end in regions of our own (exactly the plan's layout when nothing is shared).
-        auto bound = [&](const BufferDecl & b) { return share && share->persistent_base(b.name); };
+        auto bound = [&](const BufferDecl & b) { return share && share->persistent_index(b.name) >= 0; };
         size_t own[kCategoryCount] = {};
         std::vector<size_t> own_offset(bufs.size(), 0);
         for (size_t i = 0; i < bufs.size(); ++i) {
@@ -124,7 +126,15 @@ StepMemory::StepMemory(const Program & program, const MemoryPlan & plan, Ledger 
         void * persistent_region[kCategoryCount] = {};
         for (size_t c = 0; c < kCategoryCount; ++c) {
             const Category cat = Category(c);
-            if (own[c] > 0) persistent_region[c] = obtain(cat, own[c]);
+            if (c == off && own[c] > 0) {   // offloaded: the store, not a region
+                if (share && share->store_) store_ = share->store_;
+                if (!store_) throw Error("offloaded optimizer states need a store (--offload-dir, or a device's host memory)");
+                store_reserved_ = store_->open(own[c]);
+                ledger_.reserve(cat, store_reserved_);
+            } else if (own[c] > 0) {
+                persistent_region[c] = obtain(cat, own[c]);
+            }
+            if (c == off) continue;
             const size_t need = plan.transient.v[c];
             if (need == 0 || checking_) continue;   // checking mode: one block per buffer instead
             if (share && share->plan_.transient.v[c] >= need && share->transient_region_[c])
@@ -136,7 +146,14 @@ StepMemory::StepMemory(const Program & program, const MemoryPlan & plan, Ledger 
             const auto & b = bufs[i];
             const size_t c = size_t(b.category);
             if (b.persistent && bound(b)) {
-                base_[i] = share->persistent_base(b.name);
+                const int j = share->persistent_index(b.name);
+                base_[i] = share->base_[size_t(j)];
+                offloaded_at_[i] = share->offloaded_at_[size_t(j)];
+                if (c == off) store_ = share->store_;
+            } else if (b.persistent && c == off) {
+                offloaded_at_[i] = own_offset[i];
+                ledger_.acquire(b.category, b.bytes);
+                acquired_.push_back({b.category, b.bytes});
             } else if (b.persistent) {
                 base_[i] = static_cast<char *>(persistent_region[c]) + own_offset[i];
                 ledger_.acquire(b.category, b.bytes);
@@ -148,6 +165,7 @@ StepMemory::StepMemory(const Program & program, const MemoryPlan & plan, Ledger 
     } catch (...) {
         for (auto & r : owned_) { alloc_.release(r.ptr, r.bytes); ledger_.unreserve(r.category, r.bytes); }
         for (auto & a : acquired_) ledger_.release(a.first, a.second);
+        if (store_reserved_) ledger_.unreserve(Category::offloaded, store_reserved_);
         throw;
     }
 }
@@ -159,13 +177,19 @@ StepMemory::~StepMemory() {
         alloc_.release(r.ptr, r.bytes);
         ledger_.unreserve(r.category, r.bytes);
     }
+    if (store_reserved_) ledger_.unreserve(Category::offloaded, store_reserved_);
+}
+
+int StepMemory::persistent_index(const std::string & name) const {
+    const auto & bufs = program_.buffers();
+    for (size_t i = 0; i < bufs.size(); ++i)
+        if (bufs[i].persistent && bufs[i].name == name) return int(i);
+    return -1;
 }
 
 void * StepMemory::persistent_base(const std::string & name) const {
-    const auto & bufs = program_.buffers();
-    for (size_t i = 0; i < bufs.size(); ++i)
-        if (bufs[i].persistent && bufs[i].name == name) return base_[i];
-    return nullptr;
+    const int i = persistent_index(name);
+    return i < 0 ? nullptr : base_[size_t(i)];
 }
 
 namespace {

@@ -20,6 +20,7 @@
 
 #include "memory/category.h"
 #include "memory/ledger.h"
+#include "memory/offload_store.h"
 #include "memory/program.h"
 
 namespace memfit {
@@ -67,8 +68,12 @@ public:
     // Obtains the regions of `plan` for `program`. If `share` is given, persistent buffers that
     // `share` also holds are bound to its (by name), and the transient arenas reuse `share`'s
     // when they are large enough (an evaluation program running in the training one's memory).
+    // The `offloaded` category's persistent buffers are placed in `store` (opened here with the
+    // plan's region size; a sharer's store when bound by name) instead of a region: they have
+    // no address, only an offset in the store.
     StepMemory(const Program & program, const MemoryPlan & plan, Ledger & ledger,
-               RegionAllocator & alloc, bool checking = false, const StepMemory * share = nullptr);
+               RegionAllocator & alloc, bool checking = false, const StepMemory * share = nullptr,
+               OffloadStore * store = nullptr);
     ~StepMemory();
     StepMemory(const StepMemory &) = delete;
     StepMemory & operator=(const StepMemory &) = delete;
@@ -80,6 +85,9 @@ public:
     void * base(BufferId id) const { return base_[size_t(id)]; }
     // The persistent buffer of this name, or null.
     void * persistent_base(const std::string & name) const;
+    // An offloaded buffer's byte offset in store().
+    uint64_t offloaded_at(BufferId id) const { return offloaded_at_[size_t(id)]; }
+    OffloadStore * store() const { return store_; }
 
     const Program & program() const { return program_; }
     const Ledger & ledger() const { return ledger_; }
@@ -93,6 +101,10 @@ private:
     bool checking_;
     struct Region { void * ptr; size_t bytes; Category category; };
     std::vector<void *> base_;
+    std::vector<uint64_t> offloaded_at_;
+    OffloadStore * store_ = nullptr;
+    uint64_t store_reserved_ = 0;                        // what this memory opened store_ with
+    int persistent_index(const std::string & name) const;   // -1: none of that name
     std::vector<Region> owned_;                          // obtained here, released in the destructor
     std::vector<std::pair<Category, size_t>> acquired_;  // persistent live bytes we hold
     std::vector<std::pair<void *, size_t>> quarantine_;  // checking mode: poisoned, freed at end

@@ -67,6 +67,11 @@ struct ModelOptions {
     DType grad = DType::f32;
     // Storage of AdamW's two moments (train/step.h declares them): f32, or bf16 (adamw-bf16).
     DType moments = DType::f32;
+    // --offload optimizer: the share (0..1] of this rank's optimizer state (fp32 master weights,
+    // moments) kept in the `offloaded` category and staged through device memory chunk by chunk
+    // for the update (train/step.h); 0: every state resident.
+    double offload = 0;
+    size_t offload_unit = size_t(1) << 18;   // elements per staged unit (a multiple of 256; tests use small ones)
     // > 0: a decode program instead (forward only, B = 1): T new tokens attend over persistent
     // KV caches of this many positions ("kv_cache.<l>.k|v", activations), and only the last
     // token's logits are kept ("logits" [1, V]).

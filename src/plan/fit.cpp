@@ -76,6 +76,8 @@ EngineOptions engine_options(const RunConfig & r, const ModelConfig & cfg, const
     eo.moments = r.optimizer == Optimizer::adamw_bf16   ? DType::bf16
                  : r.optimizer == Optimizer::adamw_8bit ? DType::u8
                                                         : DType::f32;
+    eo.offload = L.offload == Offload::optimizer ? r.offload_fraction : 0.0;
+    eo.offload_dir = r.offload_dir;
     if (r.recompute.info().kind != RecomputePolicy::budget) eo.recompute = recompute_plan(r.recompute, cfg.n_layer);
     eo.lora = lora_options(r, cfg, eo.compute);
     eo.loss_scaling.dynamic = r.loss_scale == 0;

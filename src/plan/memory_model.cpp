@@ -296,6 +296,8 @@ DeviceMemory exact_memory(const ModelConfig & cfg, const Hardware & hw, const Ca
     }
     mem.frozen = rec.frozen;
     mem.device[Category::runtime] = hw.memory - hw.usable;
+    mem.host = mem.device[Category::offloaded];   // off the device: the node's host memory
+    mem.device[Category::offloaded] = 0;
     mem.exact = true;
     return mem;
 }

@@ -10,12 +10,15 @@ namespace memfit {
 
 std::string format_plan_table(const CategoryBytes & peak_live, const CategoryBytes & reserved) {
     std::string s = fmt::format("  {:<18} {:>14} {:>14}\n", "category", "peak live", "reserved");
-    for (size_t c = 0; c < kCategoryCount; ++c) {
-        if (peak_live.v[c] == 0 && reserved.v[c] == 0) continue;
-        s += fmt::format("  {:<18} {:>14} {:>14}\n", kCategoryNames[c], format_bytes(peak_live.v[c]),
-                         format_bytes(reserved.v[c]));
-    }
-    s += fmt::format("  {:<18} {:>14} {:>14}\n", "total", format_bytes(peak_live.total()), format_bytes(reserved.total()));
+    auto row = [&](std::string_view name, uint64_t a, uint64_t b) {
+        s += fmt::format("  {:<18} {:>14} {:>14}\n", name, format_bytes(a), format_bytes(b));
+    };
+    const size_t off = size_t(Category::offloaded);
+    for (size_t c = 0; c < kCategoryCount; ++c)
+        if (c != off && (peak_live.v[c] != 0 || reserved.v[c] != 0)) row(kCategoryNames[c], peak_live.v[c], reserved.v[c]);
+    row("total", peak_live.total(), reserved.total());
+    // Off the device, after the device's total (which leaves them out).
+    if (peak_live.v[off] != 0 || reserved.v[off] != 0) row("+ offloaded", peak_live.v[off], reserved.v[off]);
     return s;
 }
 
@@ -27,11 +30,15 @@ std::string format_plan_vs_measured(const CategoryBytes & plan_live, const Categ
         s += fmt::format("  {:<18} {:>14} {:>14} {:>14} {:>14}{}\n", name, format_bytes(a), format_bytes(b),
                          format_bytes(c), format_bytes(d), (a == b && c == d) ? "" : "  <- differs");
     };
-    for (size_t c = 0; c < kCategoryCount; ++c) {
-        if (plan_live.v[c] == 0 && meas_live.v[c] == 0 && plan_reserved.v[c] == 0 && meas_reserved.v[c] == 0) continue;
-        row(kCategoryNames[c], plan_live.v[c], meas_live.v[c], plan_reserved.v[c], meas_reserved.v[c]);
-    }
+    const size_t off = size_t(Category::offloaded);
+    auto any = [&](size_t c) {
+        return plan_live.v[c] != 0 || meas_live.v[c] != 0 || plan_reserved.v[c] != 0 || meas_reserved.v[c] != 0;
+    };
+    for (size_t c = 0; c < kCategoryCount; ++c)
+        if (c != off && any(c)) row(kCategoryNames[c], plan_live.v[c], meas_live.v[c], plan_reserved.v[c], meas_reserved.v[c]);
     row("total (sum)", plan_live.total(), meas_live.total(), plan_reserved.total(), meas_reserved.total());
+    // Off the device (pinned host memory or --offload-dir's files), after the device's total.
+    if (any(off)) row("+ offloaded", plan_live.v[off], meas_live.v[off], plan_reserved.v[off], meas_reserved.v[off]);
     return s;
 }
 

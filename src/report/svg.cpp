@@ -92,6 +92,7 @@ std::string_view category_color(Category c) {
         "#edc948",  // workspace: yellow
         "#b07aa1",  // communication: purple
         "#9c755f",  // runtime: brown
+        "#bab0ac",  // offloaded: grey
     };
     return colors[size_t(c)];
 }

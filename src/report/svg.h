@@ -29,7 +29,8 @@ std::string_view phase_fill(Phase p);
 
 // Stacking order, bottom to top: what lives for the whole step first, the step's transient
 // bytes (workspace, activations) on top where their rise and fall is visible.
-inline constexpr std::array<Category, kCategoryCount> kStackOrder = {
+// The device's categories (not `offloaded`, which lives in host memory or files).
+inline constexpr std::array<Category, kCategoryCount - 1> kStackOrder = {
     Category::runtime,   Category::parameters,    Category::master_weights, Category::optimizer_states,
     Category::gradients, Category::communication, Category::workspace,      Category::activations};
 

@@ -34,6 +34,9 @@ std::optional<std::string> out_of_range(const RunConfig & r) {
         return fmt::format("--min-loss-scale {:g} is above --initial-loss-scale {:g}: the dynamic scale starts at the "
                            "initial one and is never halved below the minimum", r.min_loss_scale,
                            r.initial_loss_scale);
+    if (!(r.offload_fraction > 0 && r.offload_fraction <= 1))
+        return fmt::format("--offload-fraction {:g}: expected the share of the optimizer state to offload, above 0 "
+                           "and at most 1", r.offload_fraction);
     return std::nullopt;
 }
 
@@ -45,9 +48,19 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
         return fmt::format("--optimizer {}: the engine trains with AdamW (fp32, bf16 or 8-bit moments) only (memfit "
                            "plan models each of {} by its state bytes); use --optimizer adamw",
                            optimizer_name(r.optimizer), optimizer_choices());
-    if (L.offload != Offload::none)
-        return fmt::format("--offload {}: the engine keeps every state in device memory (memfit plan models "
-                           "offload); use --offload none, or --zero to shard the states", offload_name(L.offload));
+    if (L.offload == Offload::optimizer_params)
+        return fmt::format("--offload {}: the engine offloads the master weights and optimizer states, not the "
+                           "weights (memfit plan models it); use --offload optimizer, or --zero 3 to shard the "
+                           "weights", offload_name(L.offload));
+    if (L.offload == Offload::none && (!r.offload_dir.empty() || r.offload_fraction != 1))
+        return std::string("--offload-dir and --offload-fraction say where and how much --offload optimizer moves; "
+                           "add --offload optimizer");
+    if (L.offload == Offload::optimizer && backend && backend->host_memory() && r.offload_dir.empty())
+        return std::string("--offload optimizer on the CPU backend: its device memory is the host's, so the states "
+                           "can only go to files; add --offload-dir DIR (a fast local disk)");
+    if (L.offload == Offload::optimizer && backend && !backend->host_memory() && !r.offload_dir.empty())
+        return fmt::format("--offload-dir {} with --device cuda: the states go to pinned host memory on a GPU (files "
+                           "are for the CPU backend for now); drop --offload-dir", r.offload_dir);
     if (r.precision_auto && !r.fit_auto)
         return std::string("--precision auto needs --fit auto (it lets the search choose the precision)");
     if ((L.tp > 1 || L.pp > 1) && r.fit_auto)

@@ -94,6 +94,8 @@ nlohmann::json run_config_json(const RunConfig & r) {
                         {"sp", r.layout.sp},
                         {"schedule", schedule_spelling(r.layout)},
                         {"offload", offload_name(r.layout.offload)},
+                        {"offload-fraction", r.offload_fraction},
+                        {"offload-dir", r.offload_dir},
                         {"bucket-mb", r.bucket_mb},
                         {"fit", r.fit_auto ? "auto" : "off"},
                         {"lora-rank", r.lora.rank},

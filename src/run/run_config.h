@@ -67,6 +67,12 @@ struct RunConfig {
     int loss_scale_window = 2000;
     float min_loss_scale = 1;
     Layout layout;                 // dp comes from the world size (mpirun -np N / (tp x pp))
+    // --offload optimizer: the share of each rank's master weights and moments that leaves the
+    // device (Megatron's --optimizer-offload-fraction), and where it goes: files under
+    // offload_dir (ZeRO-Infinity's NVMe offload; the only place on the CPU backend), else pinned
+    // host memory (CUDA).
+    double offload_fraction = 1;
+    std::string offload_dir;
     double bucket_mb = 0;          // data parallel: gradient bucket size, MiB (0: one per block)
     uint64_t budget = 0;           // bytes the plan must fit (0: the memory available)
     bool fit_auto = false;         // --fit auto: search micro-batch x accumulation x techniques within the budget

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "backend/host_store.h"
 #include "backend/moments8.h"
 #include "comm/communicator.h"
 #include "memory/budget.h"
@@ -129,8 +130,19 @@ Engine::Engine(const ModelConfig & cfg, Backend & backend, const EngineOptions &
     if (opt.budget > 0)
         check_budget(planned_reserved(), opt.budget,
                      "lower --batch or --seq (activations grow with both), or pick a smaller --model");
+    if (plans_.train->offloaded.m >= 0) {   // --offload optimizer: where the offloaded states live
+        if (!opt_.offload_dir.empty() && !backend.host_memory())
+            throw ConfigError(fmt::format("--offload-dir with --device {}: the states go to pinned host memory on a "
+                                          "GPU; drop --offload-dir", backend.name()));
+        if (opt_.offload_dir.empty() && backend.host_memory())
+            throw ConfigError("--offload optimizer on the CPU backend needs --offload-dir DIR: its device memory is "
+                              "the host's");
+        const int rank = (opt_.pp_rank * opt_.data_parallel + opt_.rank) * opt_.tensor_parallel + opt_.tp_rank;
+        store_ = opt_.offload_dir.empty() ? make_host_store(backend_)
+                                          : make_file_store(opt_.offload_dir, fmt::format("rank{}", rank));
+    }
     train_mem_ = std::make_unique<StepMemory>(plans_.train->program(), plans_.train_plan, ledger_, backend_.allocator(),
-                                              opt.checking);
+                                              opt.checking, nullptr, store_.get());
     auto shared = [&](const TrainStep & s, const MemoryPlan & p) {
         return std::make_unique<StepMemory>(s.program(), p, ledger_, backend_.allocator(), opt.checking,
                                             train_mem_.get());
@@ -159,6 +171,38 @@ void Engine::store_f32(BufferId id, size_t elem0, const float * src, size_t n) {
     else backend_.upload(p, src, n * sizeof(float));
 }
 
+void Engine::read_state(BufferId res, BufferId off, void * dst, size_t bytes) {
+    const Program & p = plans_.train->program();
+    const size_t a = off >= 0 ? p.buffer(off).bytes : 0, b = res >= 0 ? p.buffer(res).bytes : 0;
+    MF_ASSERT(bytes == a + b);
+    if (a) train_mem_->store()->read(dst, train_mem_->offloaded_at(off), a);
+    if (b) backend_.download(static_cast<uint8_t *>(dst) + a, train_mem_->base(res), b);
+}
+
+size_t Engine::state_size(BufferId res, BufferId off) const {
+    const Program & p = plans_.train->program();
+    return (off >= 0 ? p.buffer(off).bytes : 0) + (res >= 0 ? p.buffer(res).bytes : 0);
+}
+
+std::vector<uint8_t> Engine::state_bytes(BufferId res, BufferId off) {
+    std::vector<uint8_t> out(state_size(res, off));
+    read_state(res, off, out.data(), out.size());
+    return out;
+}
+
+void Engine::state_f32(BufferId res, BufferId off, std::vector<float> & out) {
+    out.resize(state_size(res, off) / 4);
+    read_state(res, off, out.data(), out.size() * 4);
+}
+
+void Engine::set_state_bytes(BufferId res, BufferId off, const void * src, size_t n) {
+    const Program & p = plans_.train->program();
+    const size_t a = std::min(n, off >= 0 ? p.buffer(off).bytes : 0);
+    MF_ASSERT(n - a <= (res >= 0 ? p.buffer(res).bytes : 0));
+    if (a) train_mem_->store()->write(train_mem_->offloaded_at(off), src, a);
+    if (n > a) backend_.upload(train_mem_->base(res), static_cast<const uint8_t *>(src) + a, n - a);
+}
+
 std::pair<BufferId, size_t> Engine::own_params() const {
     const TrainStep & t = *plans_.train;
     if (t.master >= 0) return {t.master, 0};
@@ -167,13 +211,19 @@ std::pair<BufferId, size_t> Engine::own_params() const {
 }
 
 void Engine::store_own_params(const float * src, size_t n) {
-    const auto [id, at] = own_params();
-    store_f32(id, at, src, n);
+    const TrainStep & t = *plans_.train;
+    if (t.offloaded.master >= 0) set_state_bytes(t.master, t.offloaded.master, src, n * 4);
+    else store_f32(own_params().first, own_params().second, src, n);
     params_handed_ = false;
 }
 
 float * Engine::params() {
     params_handed_ = true;
+    const TrainStep & t = *plans_.train;
+    if (t.offloaded.master >= 0) {   // offloaded master weights: a host copy
+        state_f32(t.master, t.offloaded.master, mirror_params_);
+        return mirror_params_.data();
+    }
     const auto [id, at] = own_params();
     return host_f32(id, at, mirror_params_);
 }
@@ -186,12 +236,24 @@ Engine::Shard Engine::shard() const {
 void Engine::params_changed() {
     const TrainStep & t = *plans_.train;
     const Shard sh = shard();
-    // A device backend: what the caller wrote into params()'s host mirror goes up first.
-    if (!backend_.host_memory() && params_handed_) store_own_params(mirror_params_.data(), mirror_params_.size());
+    // A device backend or offloaded master weights: what the caller wrote into params()'s host
+    // mirror goes back first.
+    const bool offl = t.offloaded.master >= 0;
+    if ((!backend_.host_memory() || offl) && params_handed_) store_own_params(mirror_params_.data(), mirror_params_.size());
     params_handed_ = false;
     const size_t own = sh.hi - sh.lo, cs = dtype_size(t.compute());
     auto * copy = static_cast<uint8_t *>(train_mem_->base(t.params)) + (opt_.zero >= 3 ? 0 : sh.lo * cs);
-    if (t.master >= 0 && own > 0) {
+    if (offl && own > 0) {   // the compute-precision copy from the master weights, rounded on the host
+        const std::vector<uint8_t> raw = state_bytes(t.master, t.offloaded.master);
+        std::vector<uint8_t> bytes(own * cs);
+        for (size_t i = 0; i < own; ++i) {
+            float f;
+            std::memcpy(&f, raw.data() + 4 * i, 4);
+            const uint16_t h = t.compute() == DType::bf16 ? f32_to_bf16(f) : f32_to_f16(f);
+            std::memcpy(bytes.data() + 2 * i, &h, 2);
+        }
+        backend_.upload(copy, bytes.data(), bytes.size());
+    } else if (t.master >= 0 && own > 0) {
         Tensor dst(t.params, t.compute(), {int64_t(own)}), src(t.master, DType::f32, {int64_t(own)});
         dst.data = copy;
         src.data = train_mem_->base(t.master);
@@ -239,35 +301,46 @@ float * Engine::grads() {
 const float * Engine::adam_m() { return host_moments(plans_.train->adam_m, mirror_m_); }
 const float * Engine::adam_v() { return host_moments(plans_.train->adam_v, mirror_v_); }
 
+// A moment of the shard: its offloaded part (if any) then its resident one, widened to f32.
 const float * Engine::host_moments(BufferId id, std::vector<float> & mirror) {
-    if (plans_.train->moments_dtype() == DType::f32) return host_f32(id, 0, mirror);
-    if (plans_.train->moments_dtype() == DType::u8) return host_moments_8bit(id, mirror);
-    const size_t n = plans_.train->program().buffer(id).bytes / sizeof(bf16_t);
-    std::vector<bf16_t> raw(n);
-    backend_.download(raw.data(), train_mem_->base(id), n * sizeof(bf16_t));
+    const TrainStep & st = *plans_.train;
+    if (st.moments_dtype() == DType::u8) return host_moments_8bit(id, mirror);
+    const BufferId off = id == st.adam_m ? st.offloaded.m : st.offloaded.v;
+    if (st.moments_dtype() == DType::f32 && off < 0) return host_f32(id, 0, mirror);
+    if (st.moments_dtype() == DType::f32) {
+        state_f32(id, off, mirror);
+        return mirror.data();
+    }
+    const std::vector<uint8_t> raw = state_bytes(id, off);
+    const size_t n = raw.size() / dtype_size(st.moments_dtype());
     mirror.resize(n);
-    for (size_t i = 0; i < n; ++i) mirror[i] = to_f32(raw[i]);
+    for (size_t i = 0; i < n; ++i) {
+        bf16_t b;
+        std::memcpy(&b, raw.data() + 2 * i, 2);
+        mirror[i] = to_f32(b);
+    }
     return mirror.data();
 }
 
 void Engine::store_moments(BufferId id, const float * src, size_t n) {
-    if (plans_.train->moments_dtype() == DType::f32) return store_f32(id, 0, src, n);
-    if (plans_.train->moments_dtype() == DType::u8) return store_moments_8bit(id, src, n);
-    MF_ASSERT(n * sizeof(bf16_t) <= plans_.train->program().buffer(id).bytes);
+    const TrainStep & st = *plans_.train;
+    if (st.moments_dtype() == DType::u8) return store_moments_8bit(id, src, n);
+    const BufferId off = id == st.adam_m ? st.offloaded.m : st.offloaded.v;
+    if (st.moments_dtype() == DType::f32) return set_state_bytes(id, off, src, n * 4);
     std::vector<bf16_t> raw(n);
     for (size_t i = 0; i < n; ++i) raw[i] = from_f32<bf16_t>(src[i]);
-    backend_.upload(train_mem_->base(id), raw.data(), n * sizeof(bf16_t));
+    set_state_bytes(id, off, raw.data(), n * sizeof(bf16_t));
 }
 
 // 8-bit moments (backend/moments8.h): the codes and their blocks' scales, decoded piece by piece.
 const float * Engine::host_moments_8bit(BufferId id, std::vector<float> & mirror) {
     const TrainStep & st = *plans_.train;
     const bool first = id == st.adam_m;
-    const BufferId sid = first ? st.adam_m_scale : st.adam_v_scale;
-    std::vector<uint8_t> codes(st.program().buffer(id).bytes);
-    std::vector<float> scales(st.program().buffer(sid).bytes / 4);
-    backend_.download(codes.data(), train_mem_->base(id), codes.size());
-    backend_.download(scales.data(), train_mem_->base(sid), scales.size() * 4);
+    const std::vector<uint8_t> codes = state_bytes(id, first ? st.offloaded.m : st.offloaded.v);
+    const std::vector<uint8_t> sraw = state_bytes(first ? st.adam_m_scale : st.adam_v_scale,
+                                                  first ? st.offloaded.m_scale : st.offloaded.v_scale);
+    std::vector<float> scales(sraw.size() / 4);
+    std::memcpy(scales.data(), sraw.data(), sraw.size());
     mirror.assign(codes.size(), 0.0f);
     for (const auto & p : st.moment_pieces())
         for (size_t i = 0; i < p.n; ++i) {
@@ -281,8 +354,10 @@ void Engine::store_moments_8bit(BufferId id, const float * src, size_t n) {
     const TrainStep & st = *plans_.train;
     const bool first = id == st.adam_m;
     const BufferId sid = first ? st.adam_m_scale : st.adam_v_scale;
-    std::vector<uint8_t> codes(st.program().buffer(id).bytes, 0);
-    std::vector<float> scales(st.program().buffer(sid).bytes / 4, 0.0f);
+    const BufferId off = first ? st.offloaded.m : st.offloaded.v, soff = first ? st.offloaded.m_scale : st.offloaded.v_scale;
+    auto bytes = [&](BufferId b) { return b >= 0 ? st.program().buffer(b).bytes : 0; };
+    std::vector<uint8_t> codes(bytes(id) + bytes(off), 0);
+    std::vector<float> scales((bytes(sid) + bytes(soff)) / 4, 0.0f);
     for (const auto & p : st.moment_pieces()) {
         MF_ASSERT(p.at + p.n <= n);
         for (size_t lo = 0; lo < p.n; lo += kMoments8Block) {
@@ -294,8 +369,8 @@ void Engine::store_moments_8bit(BufferId id, const float * src, size_t n) {
                 codes[p.at + i] = first ? encode_m8(src[p.at + i], s) : encode_v8(src[p.at + i], s);
         }
     }
-    backend_.upload(train_mem_->base(id), codes.data(), codes.size());
-    backend_.upload(train_mem_->base(sid), scales.data(), scales.size() * 4);
+    set_state_bytes(id, off, codes.data(), codes.size());
+    set_state_bytes(sid, soff, scales.data(), scales.size() * 4);
 }
 
 namespace {
@@ -478,10 +553,21 @@ TrainState Engine::export_state() {
         s.scaler = {scaler_.scale, scaler_.clean, scaler_.skipped};
         return s;
     }
-    const float * p = params(), * m = adam_m(), * v = adam_v();   // one download each on a device
-    s.params.assign(p, p + n);
-    s.m.assign(m, m + n);
-    s.v.assign(v, v + n);
+    // One download each on a device. Offloaded states: their host copies move into the state
+    // (none is kept between checkpoints, and none is copied twice).
+    auto take = [&](const float * p, std::vector<float> & mirror, std::vector<float> & into) {
+        if (store_ && p == mirror.data()) {
+            into = std::move(mirror);
+            mirror = {};
+            into.resize(n);
+        } else {
+            into.assign(p, p + n);
+        }
+    };
+    take(params(), mirror_params_, s.params);
+    params_handed_ = false;
+    take(adam_m(), mirror_m_, s.m);
+    take(adam_v(), mirror_v_, s.v);
     s.offset = sh.lo;
     s.total = sh.total;
     s.t = t_;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -50,6 +51,14 @@ struct EngineOptions {
     // (adamw-8bit: 8-bit codes and block scales, backend/moments8.h). The kernels update them in
     // f32; the host sees them as f32, the values they hold exactly.
     DType    moments = DType::f32;
+    // --offload optimizer: the share (0..1] of this rank's master weights and moments kept off
+    // the device (0: none), in a file under offload_dir when given (any backend whose kernels read
+    // host memory), else in the backend's host memory (pinned on CUDA). The update stages them
+    // through device memory unit by unit (train/step.h), with the same kernels: bit for bit the
+    // in-memory run's.
+    double   offload = 0;
+    std::string offload_dir;
+    size_t   offload_unit = size_t(1) << 18;   // elements per staged unit (ModelOptions::offload_unit)
     // LoRA (model/lora.h): only the adapters train; the base is frozen, optionally quantized.
     LoraOptions lora;
     LossScaler loss_scaling;         // fp16: the loss scaler's settings and starting scale
@@ -101,6 +110,8 @@ struct EngineOptions {
         m.compute = compute;
         m.grad = grad_dtype();
         m.moments = moments;
+        m.offload = offload;
+        m.offload_unit = offload_unit;
         m.lora = lora;
         m.tp.ranks = tensor_parallel;
         m.tp.rank = tp_rank;
@@ -255,6 +266,7 @@ private:
     std::unique_ptr<TrainStep> fwd_;   // logits program, built on first use
     MemoryPlan fwd_plan_;
     int fwd_batch_ = 0;
+    std::unique_ptr<OffloadStore> store_;   // --offload optimizer: the offloaded states (before the memories)
     std::unique_ptr<StepMemory> train_mem_, first_mem_, mid_mem_, eval_mem_, fwd_mem_;
     LossScaler scaler_;
     std::unique_ptr<Communicator> own_comm_, own_tp_comm_, own_pp_comm_;   // single-process when not given
@@ -269,6 +281,13 @@ private:
     void store_moments(BufferId id, const float * src, size_t n);
     const float * host_moments_8bit(BufferId id, std::vector<float> & mirror);
     void store_moments_8bit(BufferId id, const float * src, size_t n);
+    // One state of the shard (master weights, a moment, its scales) as bytes: its offloaded part
+    // `off` (-1: none) then its resident part `res`; and n bytes written from the start.
+    std::vector<uint8_t> state_bytes(BufferId res, BufferId off);
+    size_t state_size(BufferId res, BufferId off) const;
+    void read_state(BufferId res, BufferId off, void * dst, size_t bytes);
+    void state_f32(BufferId res, BufferId off, std::vector<float> & out);   // an f32 state, into out
+    void set_state_bytes(BufferId res, BufferId off, const void * src, size_t n);
     std::vector<float> my_part(const float * whole) const;
     // Tensor parallel: this rank's slice of a whole-model vector, and the whole from the
     // tensor group's slices of `local` (collective over the group).

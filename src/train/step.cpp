@@ -65,6 +65,7 @@ void remap(ModelWeights & w, BufferId flat, DType dt, const std::vector<Range> &
 }
 
 constexpr size_t kShardAlign = 32;   // elements: shard boundaries stay 64-byte aligned in fp32
+
 }  // namespace
 
 TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const Backend * sizing,
@@ -122,25 +123,59 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     lo_ = dp.zero == 0 ? 0 : std::min(size_t(dp.rank) * S_, P);
     hi_ = std::min(lo_ + S_, P);
     const bool mixed = compute_ != DType::f32;
-    params = program_.declare(pre + "parameters", Category::parameters, (dp.zero >= 3 ? S_ : P) * cs, true);
-    // fp32 master weights: with the AdamW moments, the 12 bytes per parameter of optimizer state
-    // in the ZeRO paper's count; reported in their own category.
-    master = train && mixed ? program_.declare(pre + "master_parameters", Category::master_weights, S_ * 4, true) : -1;
-    grads = train ? program_.declare(pre + "gradients", Category::gradients, (dp.zero >= 2 ? S_ : P) * gs, true) : -1;
     MF_ASSERT(moments_ == DType::f32 || moments_ == DType::bf16 || moments_ == DType::u8);
     size_t blocks = 0;
+    std::vector<bool> decays;
     for (const auto & p : layout_.params) {
         const size_t x = std::max(p.offset, lo_), y = std::min(p.offset + p.numel, hi_);
         if (x >= y) continue;
         pieces_.push_back({x - lo_, y - x, blocks});
+        decays.push_back(p.decay());
         blocks += moments8_blocks(y - x);
     }
-    const size_t ms = dtype_size(moments_);
-    adam_m = train ? program_.declare(pre + "adamw.m", Category::optimizer_states, S_ * ms, true) : -1;
-    adam_v = train ? program_.declare(pre + "adamw.v", Category::optimizer_states, S_ * ms, true) : -1;
+    // Offload: whole units from the shard's start until `offload` of it is covered. A unit of 2^18
+    // elements is 3 MiB of fp32 master weights and moments, three units are live at once, and
+    // each copy (1 MiB per state) is large enough for a disk's or a link's streaming rate.
+    const double want = train ? model.offload * double(hi_ - lo_) : 0.0;
+    const size_t unit = model.offload_unit;
+    MF_ASSERT(unit > 0 && unit % kMoments8Block == 0);
+    for (size_t i = 0; i < pieces_.size() && double(off_elems_) < want; ++i) {
+        const MomentPiece & p = pieces_[i];
+        for (size_t a = 0; a < p.n && double(off_elems_) < want; a += unit) {
+            const size_t n = std::min(unit, p.n - a);
+            units_.push_back(Unit{p.at + a, n, p.block + a / kMoments8Block, decays[i], {}});
+            off_elems_ = p.at + a + n;
+            off_blocks_ = p.block + moments8_blocks(a + n);
+        }
+    }
+    const size_t rest = S_ - off_elems_, ms = dtype_size(moments_);
+    params = program_.declare(pre + "parameters", Category::parameters, (dp.zero >= 3 ? S_ : P) * cs, true);
+    // fp32 master weights: with the AdamW moments, the 12 bytes per parameter of optimizer state
+    // in the ZeRO paper's count; reported in their own category.
+    master = train && mixed ? program_.declare(pre + "master_parameters", Category::master_weights, rest * 4, true) : -1;
+    grads = train ? program_.declare(pre + "gradients", Category::gradients, (dp.zero >= 2 ? S_ : P) * gs, true) : -1;
+    adam_m = train ? program_.declare(pre + "adamw.m", Category::optimizer_states, rest * ms, true) : -1;
+    adam_v = train ? program_.declare(pre + "adamw.v", Category::optimizer_states, rest * ms, true) : -1;
     if (train && moments_ == DType::u8) {
-        adam_m_scale = program_.declare(pre + "adamw.m_scale", Category::optimizer_states, blocks * 4, true);
-        adam_v_scale = program_.declare(pre + "adamw.v_scale", Category::optimizer_states, blocks * 4, true);
+        adam_m_scale = program_.declare(pre + "adamw.m_scale", Category::optimizer_states, (blocks - off_blocks_) * 4, true);
+        adam_v_scale = program_.declare(pre + "adamw.v_scale", Category::optimizer_states, (blocks - off_blocks_) * 4, true);
+    }
+    if (off_elems_ > 0) {   // the offloaded states, and (the update's program) each unit's staging
+        auto states = [&](const std::string & at, bool persistent, size_t n, size_t nb, bool offl) {
+            auto cat = [&](Category c) { return offl ? Category::offloaded : c; };
+            States st;
+            if (mixed) st.master = program_.declare(at + "master_parameters", cat(Category::master_weights), n * 4, persistent);
+            st.m = program_.declare(at + "adamw.m", cat(Category::optimizer_states), n * ms, persistent);
+            st.v = program_.declare(at + "adamw.v", cat(Category::optimizer_states), n * ms, persistent);
+            if (moments_ == DType::u8) {
+                st.m_scale = program_.declare(at + "adamw.m_scale", cat(Category::optimizer_states), nb * 4, persistent);
+                st.v_scale = program_.declare(at + "adamw.v_scale", cat(Category::optimizer_states), nb * 4, persistent);
+            }
+            return st;
+        };
+        offloaded = states(pre + "offloaded.", true, off_elems_, off_blocks_, true);
+        for (size_t u = 0; parts.optimizer && u < units_.size(); ++u)
+            units_[u].stage = states(fmt::format("{}offload.{}.", pre, u), false, units_[u].n, moments8_blocks(units_[u].n), false);
     }
     tokens = program_.declare("batch.tokens", Category::activations, BT * 4, true);
     targets = program_.declare("batch.targets", Category::activations, BT * 4, true);
@@ -508,18 +543,23 @@ void TrainStep::optimizer(Graph & g, const StepScalars & s) const {
     const Tensor norm_sq(grad_norm_sq, DType::f32, {1});
     const bool mixed = master >= 0;
     const size_t cs = dtype_size(compute_), gs = dtype_size(grad_dt_);
+    if (!units_.empty()) offloaded_update(g, s);
     size_t piece = 0;
     for (const auto & p : layout_.params) {
-        // This rank's part of the parameter: [x, y) of the flat buffer.
+        // This rank's part of the parameter: [x0, y) of the flat buffer, x0 past what is offloaded.
         const size_t x = std::max(p.offset, lo_), y = std::min(p.offset + p.numel, hi_);
         if (x >= y) continue;
         const MomentPiece & mp = pieces_[piece++];
+        const size_t x0 = std::max(x, lo_ + off_elems_);
+        if (x0 >= y) continue;
         AdamWHyper h = s.adamw;
         if (!p.decay()) h.weight_decay = 0;
-        const int64_t n = int64_t(y - x);
-        const size_t own = (x - lo_) * 4, mown = (x - lo_) * dtype_size(moments_);   // in the shards
-        const size_t gx = dp_.zero >= 2 ? x - lo_ : x;          // in the gradients
-        const size_t px = dp_.zero >= 3 ? x - lo_ : x;          // in the compute-precision weights
+        const int64_t n = int64_t(y - x0);
+        // In the resident states, which start at shard element off_elems_ (block off_blocks_).
+        const size_t own = (x0 - lo_ - off_elems_) * 4, mown = (x0 - lo_ - off_elems_) * dtype_size(moments_);
+        const size_t block = mp.block + (x0 - x) / kMoments8Block - off_blocks_;
+        const size_t gx = dp_.zero >= 2 ? x0 - lo_ : x0;        // in the gradients
+        const size_t px = dp_.zero >= 3 ? x0 - lo_ : x0;        // in the compute-precision weights
         // Mixed precision: AdamW updates the fp32 master weights and rounds them into the
         // compute-precision copy the next step's matmuls read.
         const Tensor copy = mixed ? Tensor(params, compute_, {n}, px * cs) : Tensor{};
@@ -529,10 +569,61 @@ void TrainStep::optimizer(Graph & g, const StepScalars & s) const {
             g.adamw(param, grad, m, v, norm_sq, copy, h);
             continue;
         }
-        const int64_t nb = int64_t(moments8_blocks(mp.n));
-        g.adamw_8bit(param, grad, m, v, Tensor(adam_m_scale, DType::f32, {nb}, mp.block * 4),
-                     Tensor(adam_v_scale, DType::f32, {nb}, mp.block * 4), norm_sq, copy, h);
+        const int64_t nb = int64_t(moments8_blocks(size_t(n)));
+        g.adamw_8bit(param, grad, m, v, Tensor(adam_m_scale, DType::f32, {nb}, block * 4),
+                     Tensor(adam_v_scale, DType::f32, {nb}, block * 4), norm_sq, copy, h);
     }
+}
+
+// Unit i's states are read into its staging buffers one unit ahead (slot 2(i%2)), updated there
+// and written back (slot 2(i%2)+1), waited for one unit behind: three units' staging at most are
+// live, and the store's copies overlap the update in between.
+void TrainStep::offloaded_update(Graph & g, const StepScalars & s) const {
+    const Tensor norm_sq(grad_norm_sq, DType::f32, {1});
+    const bool mixed = master >= 0;
+    const size_t cs = dtype_size(compute_), gs = dtype_size(grad_dt_), ms = dtype_size(moments_);
+    struct Pair { Tensor staged, stored; };
+    auto pairs = [&](const Unit & u) {
+        const int64_t n = int64_t(u.n), nb = int64_t(moments8_blocks(u.n));
+        std::vector<Pair> p;
+        if (mixed) p.push_back({Tensor(u.stage.master, DType::f32, {n}), Tensor(offloaded.master, DType::f32, {n}, u.at * 4)});
+        p.push_back({Tensor(u.stage.m, moments_, {n}), Tensor(offloaded.m, moments_, {n}, u.at * ms)});
+        p.push_back({Tensor(u.stage.v, moments_, {n}), Tensor(offloaded.v, moments_, {n}, u.at * ms)});
+        if (moments_ == DType::u8) {
+            p.push_back({Tensor(u.stage.m_scale, DType::f32, {nb}), Tensor(offloaded.m_scale, DType::f32, {nb}, u.block * 4)});
+            p.push_back({Tensor(u.stage.v_scale, DType::f32, {nb}), Tensor(offloaded.v_scale, DType::f32, {nb}, u.block * 4)});
+        }
+        return p;
+    };
+    auto read = [&](size_t i) {
+        for (const Pair & q : pairs(units_[i])) g.offload_read(q.staged, q.stored, int(2 * (i % 2)));
+    };
+    auto wait = [&](size_t i, int slot) {
+        const std::vector<Pair> p = pairs(units_[i]);
+        auto at = [&](size_t k) { return k < p.size() ? p[k].staged : Tensor{}; };
+        g.offload_wait(slot, {at(0), at(1), at(2), at(3), at(4)});
+    };
+    read(0);
+    for (size_t i = 0; i < units_.size(); ++i) {
+        const Unit & u = units_[i];
+        if (i + 1 < units_.size()) read(i + 1);
+        wait(i, int(2 * (i % 2)));
+        AdamWHyper h = s.adamw;
+        if (!u.decay) h.weight_decay = 0;
+        const int64_t n = int64_t(u.n);
+        const size_t x = lo_ + u.at, gx = dp_.zero >= 2 ? u.at : x, px = dp_.zero >= 3 ? u.at : x;
+        const Tensor copy = mixed ? Tensor(params, compute_, {n}, px * cs) : Tensor{};
+        const Tensor param = mixed ? Tensor(u.stage.master, DType::f32, {n}) : Tensor(params, DType::f32, {n}, px * 4);
+        const Tensor grad(grads, grad_dt_, {n}, gx * gs), m(u.stage.m, moments_, {n}), v(u.stage.v, moments_, {n});
+        if (moments_ != DType::u8)
+            g.adamw(param, grad, m, v, norm_sq, copy, h);
+        else
+            g.adamw_8bit(param, grad, m, v, Tensor(u.stage.m_scale, DType::f32, {int64_t(moments8_blocks(u.n))}),
+                         Tensor(u.stage.v_scale, DType::f32, {int64_t(moments8_blocks(u.n))}), norm_sq, copy, h);
+        for (const Pair & q : pairs(u)) g.offload_write(q.stored, q.staged, int(2 * (i % 2) + 1));
+        if (i >= 1) wait(i - 1, int(2 * ((i - 1) % 2) + 1));
+    }
+    wait(units_.size() - 1, int(2 * ((units_.size() - 1) % 2) + 1));
 }
 
 }  // namespace memfit

@@ -95,6 +95,13 @@ public:
     BufferId base = -1, base_q = -1;   // LoRA's frozen base
     // 8-bit moments (moments u8, backend/moments8.h): the blocks' f32 scales of adam_m, adam_v.
     BufferId adam_m_scale = -1, adam_v_scale = -1;
+    // --offload optimizer: the states of the shard's first offloaded_elems() elements (8-bit
+    // moments: their first offloaded_blocks() scales) live in these buffers, category offloaded
+    // (-1: none); the resident buffers above hold the rest, from that element (block) on.
+    struct States { BufferId master = -1, m = -1, v = -1, m_scale = -1, v_scale = -1; };
+    States offloaded;
+    size_t offloaded_elems() const { return off_elems_; }
+    size_t offloaded_blocks() const { return off_blocks_; }
     DType compute() const { return compute_; }
     DType grad_dtype() const { return grad_dt_; }
     DType moments_dtype() const { return moments_; }   // adam_m, adam_v: f32, bf16 or u8 (8-bit)
@@ -117,6 +124,13 @@ private:
     int B_, T_;
     DType compute_, grad_dt_, moments_;
     std::vector<MomentPiece> pieces_;
+    // Offload: the update of the offloaded states goes unit by unit (at most offload_unit elements
+    // of one parameter, from shard element `at`; its 8-bit scales from block `block`), each
+    // staged through transient buffers (`stage`) in device memory.
+    struct Unit { size_t at, n, block; bool decay; States stage; };
+    std::vector<Unit> units_;
+    size_t off_elems_ = 0, off_blocks_ = 0;
+    void offloaded_update(Graph & g, const StepScalars & s) const;
     Program program_;
     BufferId workspace_ = -1;
     std::vector<std::unique_ptr<Transformer>> models_;   // one per micro-batch (pipeline), else one

@@ -95,6 +95,17 @@ cudaError_t cudaFree(void * p) {
     std::free(p);
     return cudaSuccess;
 }
+// Pinned host memory: host memory, not counted against the device's capacity.
+cudaError_t cudaMallocHost(void ** p, size_t bytes) {
+    *p = nullptr;
+    if (bytes == 0) return cudaSuccess;
+    if (posix_memalign(p, 4096, (bytes + 4095) / 4096 * 4096) != 0) return cudaErrorMemoryAllocation;
+    return cudaSuccess;
+}
+cudaError_t cudaFreeHost(void * p) {
+    std::free(p);
+    return cudaSuccess;
+}
 cudaError_t cudaMemGetInfo(size_t * free_b, size_t * total_b) {
     Device & d = dev();
     std::lock_guard<std::mutex> lock(d.mu);

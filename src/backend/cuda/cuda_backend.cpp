@@ -67,6 +67,33 @@ private:
     cudaStream_t stream_;
 };
 
+// Pinned host memory for the offloaded optimizer states: DMA at the link's full rate.
+class PinnedAllocator final : public RegionAllocator {
+public:
+    explicit PinnedAllocator(cudaStream_t s) : stream_(s) {}
+    void * allocate(size_t bytes) override {
+        if (bytes == 0) return nullptr;
+        void * p = nullptr;
+        const cudaError_t e = cudaMallocHost(&p, bytes);
+        if (e == cudaErrorMemoryAllocation) {
+            (void) cudaGetLastError();
+            throw OutOfMemory(fmt::format("out of pinned host memory: cudaMallocHost of {} failed for --offload "
+                                          "optimizer; lower --offload-fraction, or free host memory",
+                                          format_bytes(bytes)));
+        }
+        MF_CUDA(e);
+        return p;
+    }
+    void release(void * p, size_t) override {
+        if (!p) return;
+        MF_CUDA(cudaStreamSynchronize(stream_));
+        MF_CUDA(cudaFreeHost(p));
+    }
+
+private:
+    cudaStream_t stream_;
+};
+
 // Memory used on the device as NVML sees it, before this process creates a CUDA context there
 // (0 when NVML, part of the driver, cannot be loaded).
 uint64_t nvml_used(int device) {
@@ -99,6 +126,7 @@ uint64_t nvml_used(int device) {
 struct CudaBackend::State {
     cudaStream_t stream = nullptr;
     std::unique_ptr<DeviceAllocator> alloc;
+    std::unique_ptr<PinnedAllocator> pinned;
     std::unique_ptr<cuda::Gemm> gemm;
 };
 
@@ -114,6 +142,7 @@ CudaBackend::CudaBackend(int device) : device_(device), st_(std::make_unique<Sta
     MF_CUDA(cudaFree(nullptr));   // creates the context
     MF_CUDA(cudaStreamCreateWithFlags(&st_->stream, cudaStreamNonBlocking));
     st_->alloc = std::make_unique<DeviceAllocator>(st_->stream);
+    st_->pinned = std::make_unique<PinnedAllocator>(st_->stream);
     st_->gemm = std::make_unique<cuda::Gemm>();
     MF_CUDA(cudaDeviceSynchronize());
     runtime_.used_after = device_used();
@@ -142,6 +171,16 @@ void CudaBackend::download(void * host_dst, const void * src, size_t bytes) {
     if (bytes == 0) return;
     MF_CUDA(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, st_->stream));
     MF_CUDA(cudaStreamSynchronize(st_->stream));
+}
+
+RegionAllocator & CudaBackend::offload_allocator() { return *st_->pinned; }
+
+void CudaBackend::upload_async(void * dst, const void * host_src, size_t bytes) {
+    if (bytes) MF_CUDA(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, st_->stream));
+}
+
+void CudaBackend::download_async(void * host_dst, const void * src, size_t bytes) {
+    if (bytes) MF_CUDA(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, st_->stream));
 }
 
 void CudaBackend::synchronize() { MF_CUDA(cudaStreamSynchronize(st_->stream)); }

@@ -38,6 +38,9 @@ public:
     RegionAllocator & allocator() override;
     void upload(void * dst, const void * host_src, size_t bytes) override;
     void download(void * host_dst, const void * src, size_t bytes) override;
+    RegionAllocator & offload_allocator() override;   // pinned host memory (cudaMallocHost)
+    void upload_async(void * dst, const void * host_src, size_t bytes) override;
+    void download_async(void * host_dst, const void * src, size_t bytes) override;
     void synchronize() override;
 
     uint64_t device_free() const override;
