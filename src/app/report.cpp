@@ -36,8 +36,8 @@ std::vector<std::string> make_hints(const Engine & engine, const std::vector<Rep
     uint64_t live_at_peak[kCategoryCount] = {};
     for (const auto & b : at_peak) live_at_peak[size_t(b.category)] += b.bytes;
     size_t top = 0;
-    for (size_t c = 1; c < kCategoryCount; ++c)
-        if (live_at_peak[c] > live_at_peak[top]) top = c;
+    for (size_t c = 1; c < kCategoryCount; ++c)   // of the device's (offloaded bytes are not in its peak)
+        if (c != size_t(Category::offloaded) && live_at_peak[c] > live_at_peak[top]) top = c;
     const auto & peak_op = step.program().ops()[size_t(plan.peak_op)];
     hints.push_back(fmt::format("{} are {:.0f}% of the {} peak, reached at op {} ({}{}, {}).", kCategoryNames[top],
                                 100.0 * double(live_at_peak[top]) / double(total), format_bytes(total), plan.peak_op,
@@ -139,7 +139,8 @@ ReportData build_report(const Engine & engine, const Timeline & timeline, const 
         return a.bytes != b.bytes ? a.bytes > b.bytes : a.name < b.name;
     };
     for (const auto & b : all)
-        if (b.first_op <= r.peak_op && r.peak_op <= b.last_op && b.bytes > 0) r.live_at_peak.push_back(b);
+        if (b.first_op <= r.peak_op && r.peak_op <= b.last_op && b.bytes > 0 && b.category != Category::offloaded)
+            r.live_at_peak.push_back(b);   // the device's peak
     std::sort(r.live_at_peak.begin(), r.live_at_peak.end(), by_size);
     r.largest = all;
     std::sort(r.largest.begin(), r.largest.end(), by_size);

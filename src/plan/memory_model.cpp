@@ -105,18 +105,24 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     } else {
         m.device = model_state_bytes(params, c);
     }
-    if (L.offload != Offload::none) {
+    if (L.offload == Offload::optimizer) {
+        // memfit's engine (train/step.h): master weights and moments in host memory, staged
+        // through the device three units of 2^18 elements at a time; the gradients stay.
+        const double per = optimizer_state_bytes(c.optimizer) + (c.compute == DType::f32 ? 0.0 : 4.0);
+        m.host = m.device[Category::master_weights] + m.device[Category::optimizer_states];
+        m.device[Category::master_weights] = 0;
+        m.device[Category::optimizer_states] = std::min(m.host, uint64_t(std::ceil(3.0 * double(1 << 18) * per)));
+    }
+    if (L.offload == Offload::optimizer_params) {
         // ZeRO-Offload: the optimizer runs on the host, so gradients stream there bucket by
         // bucket (the buckets are counted in `communication`) and accumulate there.
         m.host = m.device[Category::master_weights] + m.device[Category::optimizer_states] +
                  m.device[Category::gradients];
         m.device[Category::master_weights] = m.device[Category::optimizer_states] = 0;
         m.device[Category::gradients] = 0;
-        if (L.offload == Offload::optimizer_params) {
-            m.host += m.device[Category::parameters];
-            m.device[Category::parameters] = 0;
-            m.frozen = 0;   // LoRA: the (dense) base lives on the host too
-        }
+        m.host += m.device[Category::parameters];
+        m.device[Category::parameters] = 0;
+        m.frozen = 0;   // LoRA: the (dense) base lives on the host too
     }
     // ZeRO-3 and parameter offload keep two layers' weights gathered on the device.
     const uint64_t layer_weights = lp ? lp->layer_base_bytes(ps.per_layer, s) + uint64_t(lp->adapters_per_layer) * s
@@ -127,7 +133,7 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     // Two gradient buckets: one moving, one filling (LoRA: at most the adapters' gradients).
     const uint64_t bucket = lp ? std::min(uint64_t(kBucketBytes), uint64_t(lp->adapters) * (c.grad_accum > 1 ? 4 : s))
                                : uint64_t(kBucketBytes);
-    if (L.dp > 1 || L.offload != Offload::none) comm += 2 * bucket;
+    if (L.dp > 1 || L.offload == Offload::optimizer_params) comm += 2 * bucket;
 
     // Activations of one micro-batch of one layer, by unit.
     const int b = c.micro_batch;

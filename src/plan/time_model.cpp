@@ -142,7 +142,9 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     const double state = optimizer_state_bytes(c.optimizer);
     const bool master = c.compute != DType::f32;
     const double update_bytes = 2.0 * (state + 4.0) + g + (master ? s : 0.0);   // per parameter
-    t.memory_bound = m * mem_mb + (L.offload == Offload::none ? shard * update_bytes / bw : 0.0);
+    // The device runs the update unless ZeRO-Offload's host does (optimizer_params, modelled only).
+    const bool host_update = L.offload == Offload::optimizer_params;
+    t.memory_bound = m * mem_mb + (host_update ? 0.0 : shard * update_bytes / bw);
 
     // --- placement and links
     const int devices = L.devices();
@@ -207,8 +209,12 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     // --- offload
     if (L.offload != Offload::none) {
         const double host = need(hw.host_bw, hw, "host link bandwidth (host_bw)");
-        t.offload = shard * (g + s) / host + shard * update_bytes * r / kHostMemoryBandwidth;
-        if (L.offload == Offload::optimizer_params) {
+        if (L.offload == Offload::optimizer) {
+            // memfit's engine (train/step.h): the offloaded master weights and moments are read to
+            // the device and written back, unit by unit; the device updates them.
+            t.offload = shard * 2.0 * (state + (master ? 4.0 : 0.0)) / host;
+        } else {
+            t.offload = shard * (g + s) / host + shard * update_bytes * r / kHostMemoryBandwidth;
             t.offload += m * 2.0 * (L.zero >= 3 ? weights / dp : weights) / host;
         }
     }

@@ -61,12 +61,15 @@
 //                 (p-1)/(m+p-1), resp. (p-1)/(v m + p - 1), so bubble = f / (1 - f) x the stage's
 //                 busy time (compute + its memory-bound layer traffic + tp + pp communication):
 //                 (p-1)/m, resp. (p-1)/(v m), of it.
-//   offload       optimizer offload (ZeRO-Offload, Ren et al. 2021): the gradient shard (Ψ / dp
-//                 with ZeRO >= 1, else Ψ) goes down in g bytes and the updated weights come up in
-//                 s bytes over host_bw, and the host runs the optimizer update (the same bytes per
-//                 parameter as on the device) at kHostMemoryBandwidth, shared by the node's r
-//                 devices. optimizer_params also fetches the weight shard up for each micro-batch's
-//                 forward and backward. Not overlapped (no delayed parameter update).
+//   offload       optimizer: what memfit's engine runs (train/step.h): the offloaded fp32 master
+//                 weights (mixed precision) and moments of the shard (Ψ / dp with ZeRO >= 1, else
+//                 Ψ) go up to the device and back over host_bw, unit by unit, and the device
+//                 updates them (the update stays in memory_bound). optimizer_params (memfit plan
+//                 only): ZeRO-Offload (Ren et al. 2021): the gradient shard goes down in g bytes
+//                 and the updated weights come up in s bytes over host_bw, the host runs the
+//                 update (the same bytes per parameter as on the device) at kHostMemoryBandwidth,
+//                 shared by the node's r devices, and the weight shard comes up for each
+//                 micro-batch's forward and backward. Not overlapped (no delayed parameter update).
 //   total         compute + memory_bound + comm_exposed + bubble + offload (recompute is inside
 //                 compute).
 //   mfu           train_flops_per_token x seq x global batch / (total x devices x peak), with

@@ -51,7 +51,7 @@ View make_view(const ReportData & r) {
         for (size_t c = 0; c < kCategoryCount; ++c) v.used[c] = v.used[c] || e.live.v[c] != 0;
     v.at_peak = v.peak >= 0 ? r.timeline.events[size_t(v.peak)].live : r.measured_peak;
     for (size_t c = 0; c < kCategoryCount; ++c)
-        if (v.at_peak.v[c] > v.at_peak[v.dominant]) v.dominant = Category(c);
+        if (Category(c) != Category::offloaded && v.at_peak.v[c] > v.at_peak[v.dominant]) v.dominant = Category(c);
     return v;
 }
 

@@ -238,7 +238,9 @@ private:
     // default). Its other keys (pin_memory, buffer_count, ...) are reported only when it does.
     // `effective` false: DeepSpeed does not use the block at the given stage, so neither does
     // memfit (one report for the whole block).
-    bool offload(const std::string & key, const Json & b, bool effective) {
+    // The optimizer's block may also say "nvme" with an "nvme_path" (ZeRO-Infinity): memfit's
+    // --offload-dir, returned in *nvme_dir (null: the parameters' block, host memory only).
+    bool offload(const std::string & key, const Json & b, bool effective, std::string * nvme_dir = nullptr) {
         expect_object(key, b, "{\"device\": \"cpu\"}");
         if (!effective) {
             ignore(key);
@@ -248,10 +250,19 @@ private:
         const std::string dk = key + ".device";
         const std::string device = dv ? lower(*text(dk, *dv, "expected \"cpu\" or \"none\"")) : "none";
         if (device == "none") return false;  // DeepSpeed's default
-        if (device == "nvme") fail(dk, *dv, "memfit offloads to host memory only: write \"device\": \"cpu\"");
-        if (device != "cpu") fail(dk, *dv, "expected \"cpu\" or \"none\"");
+        if (device == "nvme" && !nvme_dir)
+            fail(dk, *dv, "memfit offloads the parameters to host memory only: write \"device\": \"cpu\"");
+        if (device == "nvme") {
+            const Json * path = member(b, "nvme_path");
+            const std::optional<std::string> dir = path ? text(key + ".nvme_path", *path, "expected a directory")
+                                                        : std::nullopt;
+            if (!dir) fail(dk, *dv, "\"device\": \"nvme\" needs \"nvme_path\": the directory for the states' file");
+            *nvme_dir = *dir;
+        } else if (device != "cpu") {
+            fail(dk, *dv, "expected \"cpu\", \"nvme\" or \"none\"");
+        }
         for (const auto & [name, v] : b.items())
-            if (name != "device" && !is_auto(v)) ignore(key + "." + name);
+            if (name != "device" && name != "nvme_path" && !is_auto(v)) ignore(key + "." + name);
         return true;
     }
 
@@ -265,10 +276,11 @@ private:
         if (stage) set("zero", *stage, source(key + ".stage", b.at("stage")));
 
         bool opt_cpu = false, param_cpu = false;
+        std::string nvme;
         for (const auto & [name, v] : b.items()) {
             const std::string k = key + "." + name;
             if (name == "stage" || is_auto(v)) continue;
-            if (name == "offload_optimizer") opt_cpu = offload(k, v, !stage || *stage >= 1);
+            if (name == "offload_optimizer") opt_cpu = offload(k, v, !stage || *stage >= 1, &nvme);
             else if (name == "offload_param") param_cpu = offload(k, v, !stage || *stage == 3);
             else ignore(k);  // overlap_comm, contiguous_gradients, bucket sizes, stage3_*, ...
         }
@@ -279,6 +291,8 @@ private:
                  "\"offload_optimizer\": {\"device\": \"cpu\"} too");
         if (param_cpu) set("offload", "optimizer+params", source(pk, b.at("offload_param").at("device")));
         else if (opt_cpu) set("offload", "optimizer", source(ok, b.at("offload_optimizer").at("device")));
+        if (!nvme.empty())
+            set("offload-dir", nvme, source(key + ".offload_optimizer.nvme_path", b.at("offload_optimizer").at("nvme_path")));
     }
 
     void optimizer(const std::string & key, const Json & b) {

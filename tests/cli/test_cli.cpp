@@ -435,11 +435,23 @@ TEST(Cli, ConfigFileDeepSpeedTrainsAsItSays) {
     EXPECT_NEAR(lr[3], 0.0004, 1e-7);
     // Values memfit cannot honour and keys that are no flag: one clear line each.
     std::ofstream(ds) << R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}})";
-    expect_clean_failure(run_memfit("train --model nano --config " + ds.string()), "nvme");
+    expect_clean_failure(run_memfit("train --model nano --config " + ds.string()), "needs \"nvme_path\"");
     std::ofstream(ds) << R"({"train_micro_batch_size_per_gpu": 2, "mirco-batch": 4})";
     expect_clean_failure(run_memfit("train --model nano --config " + ds.string()), "\"mirco-batch\" is not a flag");
     std::ofstream(ds) << R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}})";
     expect_clean_failure(run_memfit("train --model nano --steps 1 --config " + ds.string()), "--offload optimizer");
+    // ZeRO-Infinity's NVMe offload of the optimizer: memfit's --offload-dir.
+    const fs::path nvme = scratch("ds_nvme");
+    fs::create_directories(nvme);
+    std::ofstream(ds) << R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme", "nvme_path": ")"
+                      << nvme.string() << R"("}}})";
+    const fs::path nvme_run = scratch("ds_nvme_run");
+    const CmdResult nv = run_memfit("train --model nano --steps 2 --seq 32 --micro-batch 2 --sample 0 --eval-every 0 "
+                                    "--progress quiet --config " + ds.string() + " --out " + nvme_run.string());
+    ASSERT_EQ(nv.code, 0) << nv.err;
+    const nlohmann::json nvs = nlohmann::json::parse(std::ifstream(nvme_run / "summary.json"));
+    EXPECT_EQ(nvs["run_config"]["offload-dir"], nvme.string());
+    EXPECT_GT(nvs["measured"]["peak_live"]["offloaded"].get<uint64_t>(), 0u);
     expect_clean_failure(run_memfit("train --config /nonexistent/ds.json"), "/nonexistent/ds.json");
     std::ofstream(ds) << "{ not json";
     expect_clean_failure(run_memfit("train --config " + ds.string()), "not valid JSON");

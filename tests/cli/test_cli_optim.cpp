@@ -1,6 +1,7 @@
 // The optimizer choices from the command line: --optimizer adamw-bf16 halves the planned and
 // measured optimizer states, adamw-8bit takes them to at most 0.27x; both train and resume bit
-// for bit; an optimizer the engine does not run is one clear line.
+// for bit; an optimizer the engine does not run is one clear line. --offload optimizer moves the
+// states into a file and changes nothing else.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -53,6 +54,55 @@ TEST(Cli, SmallerMomentsShrinkTheStatesAndResumeBitwise) {
 
     expect_clean_failure(run_memfit(args + "--steps 2 --optimizer sgd --out " + scratch("o24_sgd").string()),
                          "--optimizer sgd: the engine trains with AdamW (fp32, bf16 or 8-bit moments) only");
+}
+
+// --offload optimizer --offload-dir DIR: the master weights and moments in a file, the same run
+// bit for bit (and resumed from a checkpoint), the offloaded bytes planned and measured and the
+// device's total lower by them (less three units' staging); where they cannot go, one line.
+TEST(Cli, OffloadedOptimizerStatesTrainBitForBit) {
+    const fs::path text = small_text("off24.txt"), data = scratch("off24_data"), dir = scratch("off24_dir");
+    fs::create_directories(dir);
+    ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    const std::string args = "train --model nano --data " + data.string() + " --seq 32 --micro-batch 2 --sample 0 "
+                             "--eval-every 0 --progress quiet --threads 1 --checkpoint-every 10 --precision bf16 ";
+    const std::string off = "--offload optimizer --offload-dir " + dir.string() + " ";
+    auto state = [](const fs::path & out, int step) {
+        std::ifstream in(out / ("checkpoints/step-0000" + std::to_string(step) + "/state.safetensors"), std::ios::binary);
+        return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    };
+    auto summary = [](const fs::path & out) { return nlohmann::json::parse(std::ifstream(out / "summary.json")); };
+    const fs::path mem = scratch("off24_mem"), a = scratch("off24_off"), b = scratch("off24_resumed");
+    ASSERT_EQ(run_memfit(args + "--steps 20 --out " + mem.string()).code, 0);
+    const CmdResult r = run_memfit(args + off + "--steps 20 --out " + a.string());
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_FALSE(state(a, 20).empty());
+    EXPECT_TRUE(state(a, 20) == state(mem, 20)) << "the offloaded run ended elsewhere";
+    ASSERT_EQ(run_memfit(args + off + "--steps 10 --out " + b.string()).code, 0);
+    ASSERT_EQ(run_memfit(args + off + "--steps 20 --resume auto --out " + b.string()).code, 0);
+    EXPECT_TRUE(state(b, 20) == state(mem, 20)) << "the resumed offloaded run ended elsewhere";
+    EXPECT_TRUE(fs::is_empty(dir)) << "the offload file was left behind";
+    const nlohmann::json sm = summary(mem), so = summary(a);
+    EXPECT_EQ(so["run_config"]["offload"], "optimizer");
+    const uint64_t moved = so["measured"]["peak_live"]["offloaded"].get<uint64_t>();
+    EXPECT_EQ(moved, so["planned"]["peak_live"]["offloaded"].get<uint64_t>());
+    EXPECT_EQ(moved, sm["measured"]["peak_live"]["master_weights"].get<uint64_t>() +
+                         sm["measured"]["peak_live"]["optimizer_states"].get<uint64_t>());
+    const uint64_t staging = 3 * (uint64_t(1) << 18) * 12;
+    const uint64_t total_mem = sm["measured"]["peak_live"]["total"].get<uint64_t>(),
+                   total_off = so["measured"]["peak_live"]["total"].get<uint64_t>();
+    EXPECT_LE(total_off + moved, total_mem + staging);
+    EXPECT_LT(total_off, total_mem);
+    EXPECT_EQ(so["measured"]["peak_live"]["total"], so["planned"]["peak_live"]["total"]);
+
+    expect_clean_failure(run_memfit(args + "--steps 2 --offload optimizer --out " + scratch("off24_x").string()),
+                         "--offload-dir DIR");
+    expect_clean_failure(run_memfit(args + "--steps 2 --offload-dir " + dir.string() + " --out " + scratch("off24_y").string()),
+                         "add --offload optimizer");
+    expect_clean_failure(run_memfit(args + off + "--offload-fraction 0 --steps 2 --out " + scratch("off24_z").string()),
+                         "--offload-fraction 0");
+    expect_clean_failure(run_memfit(args + "--steps 2 --offload optimizer --offload-dir " + (dir / "none").string() +
+                                    " --out " + scratch("off24_w").string()),
+                         "not a directory");
 }
 
 }  // namespace

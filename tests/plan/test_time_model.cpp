@@ -166,12 +166,13 @@ TEST(TimeModel, ZeroStagesCommunication) {
 
 // 4 stages, 4 micro-batches, 1F1B: 3 of 7 slots idle, so the bubble is 3/7 of the step's pipeline
 // time (its math, layer traffic and pipeline/tensor communication, plus the bubble itself).
-// Optimizer offload takes the optimizer update out of memory_bound, leaving only layer traffic.
+// ZeRO-Offload's host update (optimizer_params) takes the optimizer update out of memory_bound,
+// leaving only layer traffic.
 TEST(TimeModel, PipelineBubble) {
     const ModelConfig cfg = model_preset("gpt2");
     const Hardware hw = memfit::test::h100_like();
     Candidate c = candidate(1, 1, 4, 2, 4);
-    c.layout.offload = Offload::optimizer;
+    c.layout.offload = Offload::optimizer_params;
     const StepTime t = predict_step_time(cfg, hw, c, 1024, 1);
     const double pipe = t.compute + t.memory_bound + t.comm + t.bubble;
     EXPECT_NEAR(t.bubble / pipe, 3.0 / 7, 1e-12);
@@ -185,6 +186,25 @@ TEST(TimeModel, PipelineBubble) {
     EXPECT_NEAR(il.bubble / (il.compute + il.memory_bound + il.comm + il.bubble), 3.0 / 15, 1e-12);
     EXPECT_GT(il.comm, t.comm);   // v times the point-to-point messages
     EXPECT_LT(il.total, t.total);
+}
+
+// memfit's optimizer offload: the device still updates (memory_bound unchanged) and the offloaded
+// fp32 master weights and moments go up and back over the host link: 2 x 12 bytes per parameter
+// in bf16, 2 x 8 in fp32 (the weights are the master there).
+TEST(TimeModel, OffloadStreamsTheStatesUpAndBack) {
+    const ModelConfig cfg = model_preset("gpt2");
+    const Hardware hw = memfit::test::h100_like();
+    for (DType dt : {DType::bf16, DType::f32}) {
+        Candidate c = candidate(1, 1, 1, 4, 1);
+        c.compute = dt;
+        const StepTime none = predict_step_time(cfg, hw, c, 1024, 1);
+        c.layout.offload = Offload::optimizer;
+        const StepTime off = predict_step_time(cfg, hw, c, 1024, 1);
+        EXPECT_DOUBLE_EQ(off.memory_bound, none.memory_bound);
+        const double per = dt == DType::bf16 ? 24.0 : 16.0;
+        EXPECT_NEAR(off.offload, double(cfg.num_params()) * per / hw.host_bw, 1e-9 * off.offload);
+        EXPECT_NEAR(off.total, none.total + off.offload, 1e-12 * off.total);
+    }
 }
 
 // Whatever the layout, the step is positive, its parts are consistent and MFU lies in (0, 1).

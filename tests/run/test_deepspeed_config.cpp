@@ -166,9 +166,13 @@ TEST(DeepSpeedConfig, OffloadCpuNoneNvme) {
     EXPECT_EQ(t.flags, json({{"zero", 2}, {"offload", "optimizer"}}));
     EXPECT_EQ(t.ignored, Strings{"zero_optimization.offload_param"});
 
-    expect_error(R"({"zero_optimization": {"stage": 3,
-                                           "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"}}})",
-                 {"\"zero_optimization.offload_optimizer.device\" = \"nvme\"", "host memory", "\"device\": \"cpu\""});
+    // ZeRO-Infinity's NVMe offload of the optimizer: --offload-dir; without a path, one error.
+    t = translate(R"({"zero_optimization": {"stage": 1,
+                                            "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme", "pin_memory": true}}})");
+    EXPECT_EQ(t.flags, json({{"zero", 1}, {"offload", "optimizer"}, {"offload-dir", "/nvme"}}));
+    EXPECT_EQ(t.ignored, Strings{"zero_optimization.offload_optimizer.pin_memory"});
+    expect_error(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}})",
+                 {"\"zero_optimization.offload_optimizer.device\" = \"nvme\"", "needs \"nvme_path\""});
     expect_error(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
                                            "offload_param": {"device": "nvme"}}})",
                  {"\"zero_optimization.offload_param.device\" = \"nvme\"", "\"device\": \"cpu\""});
@@ -178,7 +182,7 @@ TEST(DeepSpeedConfig, OffloadCpuNoneNvme) {
                                            "offload_optimizer": {"device": "none"}}})",
                  {"zero_optimization.offload_param.device", "offload_optimizer"});
     expect_error(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "gpu"}}})",
-                 {"\"zero_optimization.offload_optimizer.device\" = \"gpu\"", "\"cpu\" or \"none\""});
+                 {"\"zero_optimization.offload_optimizer.device\" = \"gpu\"", "\"cpu\", \"nvme\" or \"none\""});
     expect_error(R"({"zero_optimization": {"stage": 4}})", {"\"zero_optimization.stage\" = 4", "0, 1, 2 and 3"});
     expect_error(R"({"zero_optimization": {"stage": 2, "offload_optimizer": true}})",
                  {"\"zero_optimization.offload_optimizer\" = true", "expected an object"});

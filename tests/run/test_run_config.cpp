@@ -86,7 +86,9 @@ TEST(RunConfig, OneFunctionSaysWhatCombines) {
         {run([](RunConfig & r) { r.layout.pp = 5000; }), "--pp 5000"},
         {run([](RunConfig & r) { r.bucket_mb = -1; }), "--bucket-mb -1"},
         {run([](RunConfig & r) { r.optimizer = Optimizer::sgd; }), "--optimizer sgd: the engine trains with AdamW (fp32, bf16 or 8-bit moments) only"},
-        {run([](RunConfig & r) { r.layout.offload = Offload::optimizer; }), "--offload optimizer"},
+        {run([](RunConfig & r) { r.layout.offload = Offload::optimizer_params; }), "--offload optimizer+params: the engine offloads"},
+        {run([](RunConfig & r) { r.offload_dir = "/tmp"; }), "add --offload optimizer"},
+        {run([](RunConfig & r) { r.layout.offload = Offload::optimizer, r.offload_fraction = 0; }), "--offload-fraction 0"},
         {run([](RunConfig & r) { r.precision_auto = true; }), "--precision auto needs --fit auto"},
         {run([](RunConfig & r) { r.fit_auto = true, r.layout.tp = 2; }), "--fit auto searches one rank's"},
         {run([](RunConfig & r) { r.device = "cuda", r.layout.pp = 2; }), "--tp and --pp run on the CPU only"},
@@ -110,8 +112,18 @@ TEST(RunConfig, OneFunctionSaysWhatCombines) {
     EXPECT_FALSE(unsupported(run([](RunConfig &) {}), cfg, nullptr));
     EXPECT_FALSE(unsupported(run([](RunConfig & r) { r.layout.tp = 2, r.layout.pp = 2, r.layout.zero = 1; }), cfg,
                              nullptr));
-    // The kernels: flash attention the CUDA kernels cannot run (head dimension 16).
+    // Where the offloaded states go: files on the CPU backend, pinned host memory on a GPU.
     const auto gpu = make_cuda_sizing_backend();
+    CpuBackend host;
+    const RunConfig off = run([](RunConfig & r) { r.layout.offload = Offload::optimizer; });
+    RunConfig off_dir = off;
+    off_dir.offload_dir = "/tmp";
+    EXPECT_FALSE(unsupported(off, cfg, nullptr));
+    EXPECT_FALSE(unsupported(off, cfg, gpu.get()));
+    EXPECT_FALSE(unsupported(off_dir, cfg, &host));
+    EXPECT_NE(unsupported(off, cfg, &host).value_or("").find("add --offload-dir DIR"), std::string::npos);
+    EXPECT_NE(unsupported(off_dir, cfg, gpu.get()).value_or("").find("drop --offload-dir"), std::string::npos);
+    // The kernels: flash attention the CUDA kernels cannot run (head dimension 16).
     const auto flash = unsupported(run([](RunConfig & r) { r.attention = Attention::flash; }), cfg, gpu.get());
     ASSERT_TRUE(flash);
     EXPECT_NE(flash->find("not 16; use --attention naive"), std::string::npos) << *flash;

@@ -1,0 +1,78 @@
+// --offload optimizer on the device: the fp32 master weights and both moments live in pinned host
+// memory and are staged through device memory unit by unit for the same kernels, so the run is
+// the in-memory one's bit for bit; what the device holds (cudaMemGetInfo) is the plan's device
+// regions plus the runtime, without the 12 bytes per parameter: to the byte on the emulator.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "cuda/op_check.h"
+#include "test_util.h"
+#include "train/engine.h"
+
+namespace memfit {
+namespace {
+
+struct Trained {
+    std::vector<float> params, m, v;
+    CategoryBytes planned_live, measured_live, planned_reserved;
+    uint64_t device_used = 0;
+};
+
+Trained train(const ModelConfig & cfg, const EngineOptions & eo) {
+    CudaBackend & g = *test::gpu();
+    Engine engine(cfg, g, eo);
+    engine.init_params(4);
+    AdamWHyper h;
+    h.lr = 1e-3f, h.weight_decay = 0.1f, h.clip = 1.0f;
+    std::vector<int32_t> in(size_t(eo.B) * size_t(eo.T)), tg(in.size());
+    for (int s = 0; s < 3; ++s) {
+        test::random_batch(in, tg, cfg.vocab_size, 60 + uint64_t(s));
+        h.t = s + 1;
+        engine.train_step(in.data(), tg.data(), h);
+    }
+    g.synchronize();
+    Trained r;
+    r.device_used = g.device_used_delta();
+    const TrainState st = engine.export_state();
+    r.params = st.params, r.m = st.m, r.v = st.v;
+    r.planned_live = engine.planned_peak_live();
+    r.measured_live = engine.ledger().live_peak();
+    r.planned_reserved = engine.planned_reserved();
+    return r;
+}
+
+TEST(CudaOffload, StatesInPinnedHostMemoryLeaveTheDevice) {
+    MF_REQUIRE_GPU();
+    const ModelConfig cfg = test::small_family(false, 96, 128, 2, 4, 256, 64);
+    EngineOptions eo;
+    eo.B = 2, eo.T = 64, eo.with_eval = false, eo.compute = DType::bf16, eo.flash_attention = true;
+    const Trained mem = train(cfg, eo);
+    eo.offload = 1, eo.offload_unit = 4096;
+    const Trained off = train(cfg, eo);
+    EXPECT_EQ(off.params, mem.params);
+    EXPECT_EQ(off.m, mem.m);
+    EXPECT_EQ(off.v, mem.v);
+    for (int k = 0; k < kCategoryCount; ++k)
+        EXPECT_EQ(off.planned_live.v[size_t(k)], off.measured_live.v[size_t(k)]) << category_name(Category(k));
+    // Off the device: 12 bytes per parameter (fp32 master weights and moments).
+    const uint64_t P = mem.params.size();
+    EXPECT_EQ(off.planned_live.v[size_t(Category::offloaded)], 12 * P);
+    // On it: the plan's regions and the runtime; the states' 12 bytes per parameter are gone but
+    // for the units' staging.
+    const uint64_t runtime = test::gpu()->runtime_bytes();
+#ifdef MEMFIT_CUDA_EMU
+    EXPECT_EQ(off.device_used, off.planned_reserved.total() + runtime);
+    EXPECT_EQ(mem.device_used, mem.planned_reserved.total() + runtime);
+#else
+    EXPECT_LT(std::fabs(double(off.device_used) - double(off.planned_reserved.total() + runtime)) / double(off.device_used),
+              0.02);
+#endif
+    // Three units are live at once; the arena places units of unequal sizes in under four.
+    EXPECT_GE(mem.planned_reserved.total() - off.planned_reserved.total(), 12 * P - 4 * 4096 * 12);
+    EXPECT_GE(mem.device_used - off.device_used, 12 * P - 4 * 4096 * 12);
+}
+
+}  // namespace
+}  // namespace memfit
