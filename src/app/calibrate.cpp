@@ -1,5 +1,7 @@
 #include "app/calibrate.h"
 
+#include "memory/offload_store.h"
+
 #include <omp.h>
 #include <unistd.h>
 
@@ -90,12 +92,39 @@ double measure_stream_bandwidth(uint64_t bytes, int repeats) {
     return 3.0 * sizeof(double) * double(n) / median(secs);
 }
 
+double measure_offload_bandwidth(const std::string & dir, uint64_t bytes, int repeats) {
+    constexpr size_t kCopy = size_t(1) << 20;
+    bytes = std::max<uint64_t>(kCopy, bytes / kCopy * kCopy);
+    const std::unique_ptr<OffloadStore> store = make_file_store(dir, "calibrate");
+    store->open(bytes);
+    std::vector<char> mem(bytes, 1);   // host memory, as the staging buffers are on the CPU backend
+    std::vector<double> secs;
+    for (int r = 0; r < std::max(repeats, 1) + 1; ++r) {   // the first run is a warm-up
+        const auto t0 = std::chrono::steady_clock::now();
+        for (uint64_t at = 0; at < bytes; at += kCopy) store->write_start(0, at, mem.data() + at, kCopy);
+        store->wait(0);
+        for (uint64_t at = 0; at < bytes; at += kCopy) store->read_start(0, mem.data() + at, at, kCopy);
+        store->wait(0);
+        if (r > 0) secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return 2.0 * double(bytes) / median(secs);
+}
+
 nlohmann::json run_calibration(const CalibrateOptions & opt) {
     if (opt.threads > 0) omp_set_num_threads(opt.threads);
     const auto t0 = std::chrono::steady_clock::now();
     const uint64_t stream_bytes = opt.stream_bytes > 0 ? opt.stream_bytes : default_stream_bytes();
     const double gflops = cpu::measure_matmul_peak_gflops(opt.matmul_repeats);
     const double bw = measure_stream_bandwidth(stream_bytes, opt.stream_repeats);
+    std::filesystem::path dir = opt.offload_dir.empty() ? std::filesystem::path(opt.path).parent_path()
+                                                        : std::filesystem::path(opt.offload_dir);
+    if (dir.empty()) dir = std::filesystem::current_path();
+    if (opt.offload_dir.empty()) {   // the calibration's folder, made now rather than at the write
+        std::error_code ec;
+        std::filesystem::create_directories(dir, ec);
+    }
+    const std::string offload_dir = dir.string();
+    const double offload = measure_offload_bandwidth(offload_dir, opt.offload_bytes, 3);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!(gflops > 0) || !(bw > 0))
         throw Error(fmt::format("calibration measured nothing (matmul {} GFLOP/s, bandwidth {} B/s)", gflops, bw));
@@ -115,6 +144,10 @@ nlohmann::json run_calibration(const CalibrateOptions & opt) {
                                   "write per element; median of {} runs",
                                   format_bytes(stream_bytes), std::max(opt.stream_repeats, 1))},
         {"stream_bytes", stream_bytes},
+        {"offload_gbs", offload / 1e9},
+        {"offload", fmt::format("--offload-dir {}: {} written and read back in 1 MiB copies by the offload store's I/O "
+                                "thread (buffered, through the page cache), both directions counted; median of 3 runs",
+                                offload_dir, format_bytes(opt.offload_bytes))},
         {"seconds", seconds},
     };
     const std::filesystem::path parent = std::filesystem::path(opt.path).parent_path();

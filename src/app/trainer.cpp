@@ -196,6 +196,7 @@ nlohmann::json job_json(const TrainOptions & opt, const RunConfig & run) {
     j["lr-scheduler"] = lr_decay_name(opt.lr_decay);
     j["weight-decay"] = opt.weight_decay;
     j["adam-beta1"] = opt.beta1;
+    j["momentum"] = opt.momentum;
     j["adam-beta2"] = opt.beta2;
     j["adam-epsilon"] = opt.eps;
     j["eval-every"] = opt.eval_every;
@@ -579,6 +580,7 @@ void TrainingRun::step(int step) {
     if (const auto b = budget_file_.poll(&budget_warning)) shrink_to_budget(engine_, cfg_, *backend_, *b, replans_);
     if (!budget_warning.empty()) warn(budget_warning);
     AdamWHyper h{sched_.at(step), opt.beta1, opt.beta2, opt.eps, opt.weight_decay, step, opt.clip};
+    h.momentum = opt.momentum;
     if (spikes_.enabled()) {
         const double norm_limit = spikes_.norm_threshold();
         h.skip_nonfinite = true;

@@ -21,6 +21,7 @@ struct TrainOptions : RunConfig {
     LrDecay  lr_decay = LrDecay::cosine;   // after the warmup, down to lr x min_lr_ratio at the last step
     float    weight_decay = 0.1f;
     float    beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+    float    momentum = 0.9f;      // --optimizer sgd
     int      eval_every = 250;     // 0: only at the end
     int      eval_batches = 8;
     int      log_every = 50;

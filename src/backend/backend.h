@@ -53,6 +53,13 @@ struct AdamWHyper {
     float skip_above_loss = 0;
     // Tests: the loss gradient is multiplied by this (an injected gradient spike, or NaN).
     float loss_grad_factor = 1.0f;
+    // --master-weights bf16-sr: `param` is the bf16 weights themselves (no fp32 master, no
+    // param_copy), updated in place and rounded stochastically (backend/stochastic_round.h) with
+    // the draws of (sr_seed, sr_at + i): sr_at is the view's first element in the flat buffer.
+    uint64_t sr_seed = 0, sr_at = 0;
+    // --optimizer sgd (Backend::sgd): PyTorch's SGD with momentum (no dampening or Nesterov) and
+    // L2 weight decay: g' = g + weight_decay * p, buf = momentum * buf + g', p -= lr * buf.
+    float momentum = 0.9f;
 };
 
 // Whether the optimizer leaves the step out (the kernels and the engine decide alike).
@@ -256,6 +263,11 @@ public:
     // The same update with 8-bit moments (backend/moments8.h): m and v u8 [n], m_scale and
     // v_scale f32 [moments8_blocks(n)], blocks from element 0 of the view. Each block is decoded,
     // updated in f32, and encoded again with its new scale. Backends without it refuse.
+    // --optimizer sgd: buf (f32) is the momentum; param, param_copy, norm_sq and the bf16-sr
+    // weights as in adamw (AdamWHyper has the update).
+    virtual void sgd(Tensor param, Tensor grad, Tensor buf, Tensor norm_sq, Tensor param_copy, const AdamWHyper & h) {
+        throw Error(std::string("the ") + name() + " backend has no SGD; use --optimizer adamw");
+    }
     virtual void adamw_8bit(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, const AdamWHyper &) {
         throw Error(std::string("the ") + name() + " backend has no 8-bit AdamW; use --optimizer adamw-bf16");
     }

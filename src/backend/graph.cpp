@@ -570,6 +570,12 @@ void Graph::adamw_8bit(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor m_s
     end();
 }
 
+void Graph::sgd(Tensor param, Tensor grad, Tensor buf, Tensor norm_sq, Tensor param_copy, const AdamWHyper & h) {
+    if (begin("sgd", 6.0 * double(param.numel()), {param, grad, buf, norm_sq, param_copy}) && !skip_update_)
+        backend_->sgd(resolve(param), resolve(grad), resolve(buf), resolve(norm_sq), resolve(param_copy), h);
+    end();
+}
+
 void Graph::offload_read(Tensor staging, Tensor stored, int slot) {
     MF_ASSERT(staging.nbytes() == stored.nbytes());
     if (begin("offload_read", 0, {staging, stored})) {

@@ -159,6 +159,7 @@ public:
     void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy, const AdamWHyper & h);
     void adamw_8bit(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor m_scale, Tensor v_scale, Tensor norm_sq,
                     Tensor param_copy, const AdamWHyper & h);
+    void sgd(Tensor param, Tensor grad, Tensor buf, Tensor norm_sq, Tensor param_copy, const AdamWHyper & h);
 
     // --offload optimizer: copies between an offloaded buffer's view (`stored`, category
     // offloaded, in the executing memory's store) and a staging buffer the kernels read, started

@@ -46,6 +46,7 @@ public:
     void xent_shard_bwd(Tensor logits, Tensor targets, Tensor lse, int64_t vocab_lo, int64_t vocab, float dloss) override {}
     void sum_squares(Tensor out, Tensor x) override {}
     void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy, const AdamWHyper & h) override {}
+    void sgd(Tensor, Tensor, Tensor, Tensor, Tensor, const AdamWHyper &) override {}
 };
 
 }  // namespace memfit

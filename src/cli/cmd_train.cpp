@@ -41,7 +41,11 @@ void add_train_flags(CLI::App * train, TrainOptions & t) {
               "after the linear warmup: cosine or linear decay to --lr x --min-lr-ratio at the last step, or "
               "constant (--lr)")
         ->default_str(lr_decay_name(t.lr_decay));
-    train->add_option("--weight-decay", t.weight_decay, "AdamW decoupled weight decay (tensors with >= 2 dims)")
+    train->add_option("--momentum", t.momentum, "--optimizer sgd: the momentum (PyTorch's SGD: no dampening, "
+                                                "weight decay added to the gradient)")
+        ->capture_default_str()->check(finite_range(0.0, 0.999999));
+    train->add_option("--weight-decay", t.weight_decay, "AdamW's decoupled weight decay, SGD's L2 term (tensors "
+                                                        "with >= 2 dims)")
         ->capture_default_str()->check(kNonNegative);
     train->add_option("--adam-beta1", t.beta1, "AdamW's first-moment decay")->capture_default_str()
         ->check(finite_range(0.0, 0.999999));
@@ -143,7 +147,8 @@ void add_train_commands(CLI::App & app) {
     static bool calibrate = false;
     CLI::Option * calibrate_flag = bench->add_flag(
         "--calibrate", calibrate,
-        "instead of timing steps, measure this machine's fp32 matmul rate and memory bandwidth (a few seconds) and "
+        "instead of timing steps, measure this machine's fp32 matmul rate, memory bandwidth and the round trip of "
+        "--offload optimizer's files (under --offload-dir, default the calibration's folder; a few seconds) and "
         "save them for `memfit plan`'s cpu entry");
     bench->add_option("--calibration", cal.path, "the file --calibrate writes")->capture_default_str()
         ->needs(calibrate_flag);
@@ -153,6 +158,7 @@ void add_train_commands(CLI::App & app) {
             return;
         }
         cal.threads = b.threads;
+        cal.offload_dir = b.offload_dir;
         std::printf("%s\n", run_calibration(cal).dump().c_str());
     });
 

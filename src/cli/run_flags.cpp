@@ -74,10 +74,9 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
     keep(typed(c, "--optimizer", [&r](const std::string & v) { r.optimizer = parse_optimizer(v); },
                optimizer_name(r.optimizer),
                "the optimizer, one of " + optimizer_choices() +
-                   " (memfit train runs adamw, 8 bytes of moments per trainable parameter; adamw-bf16, 4: the "
-                   "moments stored in bf16; and adamw-8bit, 2.03: one byte per moment in blocks of 256 "
-                   "with a scale each; the moments are updated in fp32; memfit plan models every one by its state "
-                   "bytes)"));
+                   ": adamw, 8 bytes of moments per trainable parameter; adamw-bf16, 4: the moments stored in "
+                   "bf16; adamw-8bit, 2.03: one byte per moment in blocks of 256 with a scale each (the moments "
+                   "are updated in fp32); sgd, 4: PyTorch's SGD with --momentum"));
     // LoRA (model/lora.h).
     keep(c->add_option("--lora-rank", r.lora.rank,
                        "LoRA: freeze the base and train rank-R adapters on --lora-targets (0: train every parameter)")
@@ -124,6 +123,11 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                    "none, optimizer (fp32 master weights and optimizer states off the device: pinned host "
                    "memory on a GPU, files under --offload-dir; staged through the device for the update) or "
                    "optimizer+params (also the weights, with ZeRO-3; memfit plan only)"));
+        keep(typed(c, "--master-weights", [&r](const std::string & v) { r.master_weights = parse_master_weights(v); },
+                   master_weights_name(r.master_weights),
+                   "with --precision bf16: fp32 (an fp32 master copy of the weights, 4 bytes per parameter) or "
+                   "bf16-sr (none: AdamW updates the bf16 weights in place with stochastic rounding, so small "
+                   "updates are kept in expectation)"));
         keep(c->add_option("--offload-fraction", r.offload_fraction,
                            "with --offload optimizer: the share of each rank's master weights and moments offloaded, "
                            "from the first parameter on in units of 2^20 elements (Megatron's "

@@ -71,6 +71,10 @@ struct ModelOptions {
     // moments) kept in the `offloaded` category and staged through device memory chunk by chunk
     // for the update (train/step.h); 0: every state resident.
     double offload = 0;
+    // --master-weights bf16-sr: no fp32 master weights; AdamW rounds the bf16 weights stochastically.
+    bool sr_master = false;
+    // --optimizer sgd: one fp32 momentum buffer ("sgd.momentum") in place of AdamW's two moments.
+    bool sgd = false;
     size_t offload_unit = size_t(1) << 18;   // elements per staged unit (a multiple of 256; tests use small ones)
     // > 0: a decode program instead (forward only, B = 1): T new tokens attend over persistent
     // KV caches of this many positions ("kv_cache.<l>.k|v", activations), and only the last

@@ -77,6 +77,8 @@ EngineOptions engine_options(const RunConfig & r, const ModelConfig & cfg, const
                  : r.optimizer == Optimizer::adamw_8bit ? DType::u8
                                                         : DType::f32;
     eo.offload = L.offload == Offload::optimizer ? r.offload_fraction : 0.0;
+    eo.sr_master = r.master_weights == MasterWeights::bf16_sr;
+    eo.sgd = r.optimizer == Optimizer::sgd;
     eo.offload_dir = r.offload_dir;
     if (r.recompute.info().kind != RecomputePolicy::budget) eo.recompute = recompute_plan(r.recompute, cfg.n_layer);
     eo.lora = lora_options(r, cfg, eo.compute);

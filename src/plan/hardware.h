@@ -29,6 +29,7 @@ const Hardware & find_hardware(const std::vector<Hardware> & catalog, const std:
 struct Calibration {
     double fp32_flops = 0;   // FLOP/s, oneDNN fp32 matmul on model-shaped gemms
     double mem_bw = 0;       // bytes/s, streaming triad (reads + writes counted)
+    double offload_bw = 0;   // bytes/s, --offload-dir's round trip (0: not measured; then mem_bw)
     int threads = 0;         // OpenMP threads it ran with (0: not recorded)
     std::string cpu;         // the CPU's model name, if recorded
     std::string created;     // UTC time of the measurement, if recorded

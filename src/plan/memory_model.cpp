@@ -46,7 +46,7 @@ ParamSplit param_split(const ModelConfig & cfg) {
 CategoryBytes model_state_bytes(int64_t params, const Candidate & c) {
     const uint64_t P = uint64_t(params), s = dtype_size(c.compute), dp = uint64_t(c.layout.dp);
     const int zero = c.layout.zero;
-    const uint64_t master = c.compute == DType::f32 ? 0 : 4;
+    const uint64_t master = c.compute == DType::f32 || c.master_weights == MasterWeights::bf16_sr ? 0 : 4;
     // Per parameter; 8-bit AdamW's block scales make it fractional (rounded up over the tensor).
     const uint64_t opt_all = uint64_t(std::ceil(double(P) * optimizer_state_bytes(c.optimizer)));
     const uint64_t grad = c.grad_accum > 1 ? 4 : s;
@@ -108,7 +108,8 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     if (L.offload == Offload::optimizer) {
         // memfit's engine (train/step.h): master weights and moments in host memory, staged
         // through the device three units of 2^18 elements at a time; the gradients stay.
-        const double per = optimizer_state_bytes(c.optimizer) + (c.compute == DType::f32 ? 0.0 : 4.0);
+        const double per = optimizer_state_bytes(c.optimizer) +
+                           (c.compute == DType::f32 || c.master_weights == MasterWeights::bf16_sr ? 0.0 : 4.0);
         m.host = m.device[Category::master_weights] + m.device[Category::optimizer_states];
         m.device[Category::master_weights] = 0;
         m.device[Category::optimizer_states] = std::min(m.host, uint64_t(std::ceil(3.0 * double(1 << 18) * per)));

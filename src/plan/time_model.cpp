@@ -140,7 +140,7 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     }
     const double shard = L.zero >= 1 ? train / dp : train;   // parameters this device's optimizer updates
     const double state = optimizer_state_bytes(c.optimizer);
-    const bool master = c.compute != DType::f32;
+    const bool master = c.compute != DType::f32 && c.master_weights != MasterWeights::bf16_sr;
     const double update_bytes = 2.0 * (state + 4.0) + g + (master ? s : 0.0);   // per parameter
     // The device runs the update unless ZeRO-Offload's host does (optimizer_params, modelled only).
     const bool host_update = L.offload == Offload::optimizer_params;

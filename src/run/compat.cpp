@@ -44,10 +44,6 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
     const Layout & L = r.layout;
     if (auto why = out_of_range(r)) return why;
     // What the engine has.
-    if (r.optimizer == Optimizer::sgd)
-        return fmt::format("--optimizer {}: the engine trains with AdamW (fp32, bf16 or 8-bit moments) only (memfit "
-                           "plan models each of {} by its state bytes); use --optimizer adamw",
-                           optimizer_name(r.optimizer), optimizer_choices());
     if (L.offload == Offload::optimizer_params)
         return fmt::format("--offload {}: the engine offloads the master weights and optimizer states, not the "
                            "weights (memfit plan models it); use --offload optimizer, or --zero 3 to shard the "
@@ -61,6 +57,12 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
     if (L.offload == Offload::optimizer && backend && !backend->host_memory() && !r.offload_dir.empty())
         return fmt::format("--offload-dir {} with --device cuda: the states go to pinned host memory on a GPU (files "
                            "are for the CPU backend for now); drop --offload-dir", r.offload_dir);
+    if (r.master_weights == MasterWeights::bf16_sr && (r.compute != DType::bf16 || r.precision_auto))
+        return fmt::format("--master-weights bf16-sr rounds the weights to bf16 stochastically: it needs --precision "
+                           "bf16 (this run computes in {})", r.precision_auto ? "auto" : precision_name(r.compute));
+    if (r.master_weights == MasterWeights::bf16_sr && r.lora.rank > 0)
+        return std::string("--master-weights bf16-sr with LoRA: the adapters are small, keep their fp32 master "
+                           "weights (--master-weights fp32)");
     if (r.precision_auto && !r.fit_auto)
         return std::string("--precision auto needs --fit auto (it lets the search choose the precision)");
     if ((L.tp > 1 || L.pp > 1) && r.fit_auto)

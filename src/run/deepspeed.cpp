@@ -332,6 +332,8 @@ private:
                     betas(k, pv);
                 } else if (adam && pname == "eps") {
                     set("adam-epsilon", *number(k, pv, 0), source(k, pv));
+                } else if (!adam && pname == "momentum") {
+                    set("momentum", *number(k, pv, 0, 0.999999), source(k, pv));
                 } else if (adam && pname == "adam_w_mode") {
                     adam_w_mode = boolean(k, pv);
                     awm = &pv;

@@ -35,6 +35,7 @@ constexpr Name<Attention> kAttentions[] = {
 constexpr Name<Optimizer> kOptimizers[] = {
     {"adamw", Optimizer::adamw}, {"adamw-bf16", Optimizer::adamw_bf16}, {"sgd", Optimizer::sgd},
     {"adamw-8bit", Optimizer::adamw_8bit}, {"adamw8bit", Optimizer::adamw_8bit}};
+constexpr Name<MasterWeights> kMasterWeights[] = {{"fp32", MasterWeights::fp32}, {"bf16-sr", MasterWeights::bf16_sr}};
 constexpr Name<Offload> kOffloads[] = {
     {"none", Offload::none}, {"optimizer", Offload::optimizer}, {"optimizer+params", Offload::optimizer_params}};
 
@@ -68,6 +69,8 @@ double optimizer_state_bytes(Optimizer o) {
 }
 Offload parse_offload(std::string_view o) { return parse_name("--offload", o, kOffloads); }
 const char * offload_name(Offload o) { return name_of(o, kOffloads); }
+MasterWeights parse_master_weights(std::string_view m) { return parse_name("--master-weights", m, kMasterWeights); }
+const char * master_weights_name(MasterWeights m) { return name_of(m, kMasterWeights); }
 
 std::string schedule_spelling(const Layout & l) {
     return l.schedule == PipeSchedule::interleaved ? fmt::format("interleaved:{}", l.virtual_stages)
@@ -83,6 +86,7 @@ nlohmann::json run_config_json(const RunConfig & r) {
                         {"recompute", r.recompute.name()},
                         {"loss-chunk", r.loss_chunk},
                         {"optimizer", optimizer_name(r.optimizer)},
+                        {"master-weights", master_weights_name(r.master_weights)},
                         {"clip", r.clip},
                         {"loss-scale", r.loss_scale},
                         {"initial-loss-scale", r.initial_loss_scale},

@@ -19,6 +19,7 @@ namespace memfit {
 enum class Attention { auto_, flash, naive };
 enum class Optimizer { adamw, adamw_bf16, sgd, adamw_8bit };
 enum class Offload { none, optimizer, optimizer_params };
+enum class MasterWeights { fp32, bf16_sr };
 
 // How N = dp x tp x pp devices split the run (tensor parallel innermost: the ranks of one node
 // share a tensor group).
@@ -59,6 +60,9 @@ struct RunConfig {
     Recompute recompute;           // what the layers keep for backward (model/recompute.h)
     int loss_chunk = 0;            // tokens per LM-head + loss chunk: the B x T x V logits never whole (0: off)
     Optimizer optimizer = Optimizer::adamw;  // adamw: 8 bytes of moments per trainable parameter
+    // bf16 compute: fp32 master weights (4 bytes per parameter), or none: the bf16 weights updated
+    // with stochastic rounding (bf16-sr)
+    MasterWeights master_weights = MasterWeights::fp32;
     float clip = 0;                // global gradient-norm clipping (0: off): no memory
     // fp16 loss scaling (no memory): a static scale, or dynamic from initial_loss_scale, halved on
     // overflow (not below min_loss_scale) and doubled after loss_scale_window clean steps.
@@ -102,6 +106,8 @@ const char * optimizer_name(Optimizer o);
 std::string optimizer_choices();                 // "adamw, adamw-bf16, sgd, adamw-8bit"
 double optimizer_state_bytes(Optimizer o);       // per trainable parameter (the planner's models)
 Offload parse_offload(std::string_view o);
+MasterWeights parse_master_weights(std::string_view m);
+const char * master_weights_name(MasterWeights m);
 const char * offload_name(Offload o);
 // "gpipe" | "1f1b" | "interleaved:V", as --schedule takes it (model/pipeline.h parses it).
 std::string schedule_spelling(const Layout & l);

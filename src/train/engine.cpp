@@ -212,8 +212,16 @@ std::pair<BufferId, size_t> Engine::own_params() const {
 
 void Engine::store_own_params(const float * src, size_t n) {
     const TrainStep & t = *plans_.train;
-    if (t.offloaded.master >= 0) set_state_bytes(t.master, t.offloaded.master, src, n * 4);
-    else store_f32(own_params().first, own_params().second, src, n);
+    if (t.offloaded.master >= 0) {
+        set_state_bytes(t.master, t.offloaded.master, src, n * 4);
+    } else if (t.sr_master()) {   // bf16-sr: rounded to nearest (exact for values a checkpoint holds)
+        std::vector<uint16_t> raw(n);
+        for (size_t i = 0; i < n; ++i) raw[i] = f32_to_bf16(src[i]);
+        auto * p = static_cast<uint8_t *>(train_mem_->base(t.params)) + (opt_.zero >= 3 ? 0 : t.shard_lo()) * 2;
+        backend_.upload(p, raw.data(), n * 2);
+    } else {
+        store_f32(own_params().first, own_params().second, src, n);
+    }
     params_handed_ = false;
 }
 
@@ -222,6 +230,15 @@ float * Engine::params() {
     const TrainStep & t = *plans_.train;
     if (t.offloaded.master >= 0) {   // offloaded master weights: a host copy
         state_f32(t.master, t.offloaded.master, mirror_params_);
+        return mirror_params_.data();
+    }
+    if (t.sr_master()) {   // bf16-sr: the bf16 weights are the truth, widened exactly
+        const Shard sh = shard();
+        std::vector<uint16_t> raw(sh.size);
+        const size_t at = opt_.zero >= 3 ? 0 : sh.lo, have = std::min(sh.size, sh.total - std::min(sh.total, at));
+        backend_.download(raw.data(), static_cast<const uint8_t *>(train_mem_->base(t.params)) + at * 2, have * 2);
+        mirror_params_.assign(sh.size, 0.0f);
+        for (size_t i = 0; i < have; ++i) mirror_params_[i] = bf16_to_f32(raw[i]);
         return mirror_params_.data();
     }
     const auto [id, at] = own_params();
@@ -239,7 +256,8 @@ void Engine::params_changed() {
     // A device backend or offloaded master weights: what the caller wrote into params()'s host
     // mirror goes back first.
     const bool offl = t.offloaded.master >= 0;
-    if ((!backend_.host_memory() || offl) && params_handed_) store_own_params(mirror_params_.data(), mirror_params_.size());
+    if ((!backend_.host_memory() || offl || t.sr_master()) && params_handed_)
+        store_own_params(mirror_params_.data(), std::min(mirror_params_.size(), sh.hi - sh.lo));
     params_handed_ = false;
     const size_t own = sh.hi - sh.lo, cs = dtype_size(t.compute());
     auto * copy = static_cast<uint8_t *>(train_mem_->base(t.params)) + (opt_.zero >= 3 ? 0 : sh.lo * cs);
@@ -304,6 +322,10 @@ const float * Engine::adam_v() { return host_moments(plans_.train->adam_v, mirro
 // A moment of the shard: its offloaded part (if any) then its resident one, widened to f32.
 const float * Engine::host_moments(BufferId id, std::vector<float> & mirror) {
     const TrainStep & st = *plans_.train;
+    if (id < 0) {   // SGD's second moment: none (the state's is zeros)
+        std::vector<float>().swap(mirror);
+        return mirror.data();
+    }
     if (st.moments_dtype() == DType::u8) return host_moments_8bit(id, mirror);
     const BufferId off = id == st.adam_m ? st.offloaded.m : st.offloaded.v;
     if (st.moments_dtype() == DType::f32 && off < 0) return host_f32(id, 0, mirror);
@@ -324,6 +346,7 @@ const float * Engine::host_moments(BufferId id, std::vector<float> & mirror) {
 
 void Engine::store_moments(BufferId id, const float * src, size_t n) {
     const TrainStep & st = *plans_.train;
+    if (id < 0) return;   // SGD's second moment: none
     if (st.moments_dtype() == DType::u8) return store_moments_8bit(id, src, n);
     const BufferId off = id == st.adam_m ? st.offloaded.m : st.offloaded.v;
     if (st.moments_dtype() == DType::f32) return set_state_bytes(id, off, src, n * 4);
@@ -553,10 +576,10 @@ TrainState Engine::export_state() {
         s.scaler = {scaler_.scale, scaler_.clean, scaler_.skipped};
         return s;
     }
-    // One download each on a device. Offloaded states: their host copies move into the state
-    // (none is kept between checkpoints, and none is copied twice).
+    // One download each on a device. Where a host copy was made (a device, offloaded or 16-bit
+    // states), it moves into the state: none is kept between checkpoints, none copied twice.
     auto take = [&](const float * p, std::vector<float> & mirror, std::vector<float> & into) {
-        if (store_ && p == mirror.data()) {
+        if (p == mirror.data()) {
             into = std::move(mirror);
             mirror = {};
             into.resize(n);
@@ -685,6 +708,8 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
     hh.skip_nonfinite = h.skip_nonfinite || opt_.compute == DType::f16;
     // The caller's threshold is on the true norm; the kernels compare the scaled gradients'.
     if (h.skip_above_norm_sq > 0) hh.skip_above_norm_sq = h.skip_above_norm_sq / (hh.grad_scale * hh.grad_scale);
+    // bf16-sr: one stream of rounding draws per (run, step), whatever the micro-batches (never 0).
+    if (plans_.train->sr_master()) hh.sr_seed = (opt_.seed * 0xd1342543de82ef95ull + uint64_t(hh.t) * 0x9e3779b97f4a7c15ull) | 1;
     double sum = 0;
     // --skip-spikes: the whole step's loss is known once the update program's backward is done
     // (the earlier micro-batches' sum, this program's losses, every rank's); the graph asks

@@ -58,6 +58,13 @@ struct EngineOptions {
     // in-memory run's.
     double   offload = 0;
     std::string offload_dir;
+    // --master-weights bf16-sr (bf16 compute): no fp32 master weights; AdamW updates the bf16
+    // weights in place with stochastic rounding (backend/stochastic_round.h), its draws seeded by
+    // (seed, step), so a resumed run draws the same.
+    bool     sr_master = false;
+    // --optimizer sgd: SGD with momentum (AdamWHyper::momentum), one fp32 buffer (adam_m's place;
+    // adam_v() is then all zeros, and so is a checkpoint's second moment).
+    bool     sgd = false;
     size_t   offload_unit = size_t(1) << 18;   // elements per staged unit (ModelOptions::offload_unit)
     // LoRA (model/lora.h): only the adapters train; the base is frozen, optionally quantized.
     LoraOptions lora;
@@ -112,6 +119,8 @@ struct EngineOptions {
         m.moments = moments;
         m.offload = offload;
         m.offload_unit = offload_unit;
+        m.sr_master = sr_master;
+        m.sgd = sgd;
         m.lora = lora;
         m.tp.ranks = tensor_parallel;
         m.tp.rank = tp_rank;

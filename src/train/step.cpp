@@ -122,8 +122,15 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     S_ = dp.zero == 0 ? P : (P + size_t(dp.ranks) * kShardAlign - 1) / (size_t(dp.ranks) * kShardAlign) * kShardAlign;
     lo_ = dp.zero == 0 ? 0 : std::min(size_t(dp.rank) * S_, P);
     hi_ = std::min(lo_ + S_, P);
-    const bool mixed = compute_ != DType::f32;
+    // bf16-sr: the bf16 weights are the truth, updated with stochastic rounding; no master copy.
+    sr_ = train && model.sr_master;
+    if (sr_ && compute_ != DType::bf16)
+        throw ConfigError("--master-weights bf16-sr rounds the weights to bf16: it needs --precision bf16");
+    const bool mixed = compute_ != DType::f32 && !sr_;
+    sgd_ = model.sgd;
     MF_ASSERT(moments_ == DType::f32 || moments_ == DType::bf16 || moments_ == DType::u8);
+    MF_ASSERT(!sgd_ || moments_ == DType::f32);
+    const std::string m_name = sgd_ ? "sgd.momentum" : "adamw.m";
     size_t blocks = 0;
     std::vector<bool> decays;
     for (const auto & p : layout_.params) {
@@ -154,8 +161,8 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     // in the ZeRO paper's count; reported in their own category.
     master = train && mixed ? program_.declare(pre + "master_parameters", Category::master_weights, rest * 4, true) : -1;
     grads = train ? program_.declare(pre + "gradients", Category::gradients, (dp.zero >= 2 ? S_ : P) * gs, true) : -1;
-    adam_m = train ? program_.declare(pre + "adamw.m", Category::optimizer_states, rest * ms, true) : -1;
-    adam_v = train ? program_.declare(pre + "adamw.v", Category::optimizer_states, rest * ms, true) : -1;
+    adam_m = train ? program_.declare(pre + m_name, Category::optimizer_states, rest * ms, true) : -1;
+    adam_v = train && !sgd_ ? program_.declare(pre + "adamw.v", Category::optimizer_states, rest * ms, true) : -1;
     if (train && moments_ == DType::u8) {
         adam_m_scale = program_.declare(pre + "adamw.m_scale", Category::optimizer_states, (blocks - off_blocks_) * 4, true);
         adam_v_scale = program_.declare(pre + "adamw.v_scale", Category::optimizer_states, (blocks - off_blocks_) * 4, true);
@@ -165,8 +172,8 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
             auto cat = [&](Category c) { return offl ? Category::offloaded : c; };
             States st;
             if (mixed) st.master = program_.declare(at + "master_parameters", cat(Category::master_weights), n * 4, persistent);
-            st.m = program_.declare(at + "adamw.m", cat(Category::optimizer_states), n * ms, persistent);
-            st.v = program_.declare(at + "adamw.v", cat(Category::optimizer_states), n * ms, persistent);
+            st.m = program_.declare(at + m_name, cat(Category::optimizer_states), n * ms, persistent);
+            if (!sgd_) st.v = program_.declare(at + "adamw.v", cat(Category::optimizer_states), n * ms, persistent);
             if (moments_ == DType::u8) {
                 st.m_scale = program_.declare(at + "adamw.m_scale", cat(Category::optimizer_states), nb * 4, persistent);
                 st.v_scale = program_.declare(at + "adamw.v_scale", cat(Category::optimizer_states), nb * 4, persistent);
@@ -561,10 +568,15 @@ void TrainStep::optimizer(Graph & g, const StepScalars & s) const {
         const size_t gx = dp_.zero >= 2 ? x0 - lo_ : x0;        // in the gradients
         const size_t px = dp_.zero >= 3 ? x0 - lo_ : x0;        // in the compute-precision weights
         // Mixed precision: AdamW updates the fp32 master weights and rounds them into the
-        // compute-precision copy the next step's matmuls read.
+        // compute-precision copy the next step's matmuls read (bf16-sr: the bf16 weights).
         const Tensor copy = mixed ? Tensor(params, compute_, {n}, px * cs) : Tensor{};
-        const Tensor param = mixed ? Tensor(master, DType::f32, {n}, own) : Tensor(params, DType::f32, {n}, px * 4);
+        const Tensor param = mixed ? Tensor(master, DType::f32, {n}, own) : weights(px, n);
+        h.sr_at = x0;
         const Tensor grad(grads, grad_dt_, {n}, gx * gs), m(adam_m, moments_, {n}, mown), v(adam_v, moments_, {n}, mown);
+        if (sgd_) {
+            g.sgd(param, grad, m, norm_sq, copy, h);
+            continue;
+        }
         if (moments_ != DType::u8) {
             g.adamw(param, grad, m, v, norm_sq, copy, h);
             continue;
@@ -573,6 +585,12 @@ void TrainStep::optimizer(Graph & g, const StepScalars & s) const {
         g.adamw_8bit(param, grad, m, v, Tensor(adam_m_scale, DType::f32, {nb}, block * 4),
                      Tensor(adam_v_scale, DType::f32, {nb}, block * 4), norm_sq, copy, h);
     }
+}
+
+// The weights as the optimizer updates them in place: fp32, or bf16 (bf16-sr), from element px.
+Tensor TrainStep::weights(size_t px, int64_t n) const {
+    const DType dt = sr_ ? compute_ : DType::f32;
+    return Tensor(params, dt, {n}, px * dtype_size(dt));
 }
 
 // Unit i's states are read into its staging buffers one unit ahead (slot 2(i%2)), updated there
@@ -588,7 +606,7 @@ void TrainStep::offloaded_update(Graph & g, const StepScalars & s) const {
         std::vector<Pair> p;
         if (mixed) p.push_back({Tensor(u.stage.master, DType::f32, {n}), Tensor(offloaded.master, DType::f32, {n}, u.at * 4)});
         p.push_back({Tensor(u.stage.m, moments_, {n}), Tensor(offloaded.m, moments_, {n}, u.at * ms)});
-        p.push_back({Tensor(u.stage.v, moments_, {n}), Tensor(offloaded.v, moments_, {n}, u.at * ms)});
+        if (!sgd_) p.push_back({Tensor(u.stage.v, moments_, {n}), Tensor(offloaded.v, moments_, {n}, u.at * ms)});
         if (moments_ == DType::u8) {
             p.push_back({Tensor(u.stage.m_scale, DType::f32, {nb}), Tensor(offloaded.m_scale, DType::f32, {nb}, u.block * 4)});
             p.push_back({Tensor(u.stage.v_scale, DType::f32, {nb}), Tensor(offloaded.v_scale, DType::f32, {nb}, u.block * 4)});
@@ -613,9 +631,12 @@ void TrainStep::offloaded_update(Graph & g, const StepScalars & s) const {
         const int64_t n = int64_t(u.n);
         const size_t x = lo_ + u.at, gx = dp_.zero >= 2 ? u.at : x, px = dp_.zero >= 3 ? u.at : x;
         const Tensor copy = mixed ? Tensor(params, compute_, {n}, px * cs) : Tensor{};
-        const Tensor param = mixed ? Tensor(u.stage.master, DType::f32, {n}) : Tensor(params, DType::f32, {n}, px * 4);
+        const Tensor param = mixed ? Tensor(u.stage.master, DType::f32, {n}) : weights(px, n);
+        h.sr_at = x;
         const Tensor grad(grads, grad_dt_, {n}, gx * gs), m(u.stage.m, moments_, {n}), v(u.stage.v, moments_, {n});
-        if (moments_ != DType::u8)
+        if (sgd_)
+            g.sgd(param, grad, m, norm_sq, copy, h);
+        else if (moments_ != DType::u8)
             g.adamw(param, grad, m, v, norm_sq, copy, h);
         else
             g.adamw_8bit(param, grad, m, v, Tensor(u.stage.m_scale, DType::f32, {int64_t(moments8_blocks(u.n))}),

@@ -103,6 +103,7 @@ public:
     size_t offloaded_elems() const { return off_elems_; }
     size_t offloaded_blocks() const { return off_blocks_; }
     DType compute() const { return compute_; }
+    bool sr_master() const { return sr_; }   // bf16 weights updated with stochastic rounding, no master
     DType grad_dtype() const { return grad_dt_; }
     DType moments_dtype() const { return moments_; }   // adam_m, adam_v: f32, bf16 or u8 (8-bit)
     // This rank's part of each trainable tensor, as the optimizer updates it: n elements from
@@ -131,6 +132,9 @@ private:
     std::vector<Unit> units_;
     size_t off_elems_ = 0, off_blocks_ = 0;
     void offloaded_update(Graph & g, const StepScalars & s) const;
+    bool sr_ = false;   // --master-weights bf16-sr
+    bool sgd_ = false;  // --optimizer sgd: adam_m is the momentum, no adam_v
+    Tensor weights(size_t px, int64_t n) const;
     Program program_;
     BufferId workspace_ = -1;
     std::vector<std::unique_ptr<Transformer>> models_;   // one per micro-batch (pipeline), else one

@@ -52,8 +52,52 @@ TEST(Cli, SmallerMomentsShrinkTheStatesAndResumeBitwise) {
         EXPECT_TRUE(state(out, 40) != state(f32, 40));
     }
 
-    expect_clean_failure(run_memfit(args + "--steps 2 --optimizer sgd --out " + scratch("o24_sgd").string()),
-                         "--optimizer sgd: the engine trains with AdamW (fp32, bf16 or 8-bit moments) only");
+    // SGD with momentum: one fp32 buffer, half of AdamW's states; it trains, and resumes bit for bit.
+    const fs::path sgd = scratch("o24_sgd"), sgd_resumed = scratch("o24_sgd_resumed");
+    const std::string sgd_args = args + "--optimizer sgd --momentum 0.9 --lr 0.05 ";
+    ASSERT_EQ(run_memfit(sgd_args + "--steps 40 --out " + sgd.string()).code, 0);
+    ASSERT_EQ(run_memfit(sgd_args + "--steps 20 --out " + sgd_resumed.string()).code, 0);
+    ASSERT_EQ(run_memfit(sgd_args + "--steps 40 --resume auto --out " + sgd_resumed.string()).code, 0);
+    EXPECT_TRUE(state(sgd_resumed, 40) == state(sgd, 40));
+    const nlohmann::json s = summary(sgd);
+    EXPECT_EQ(s["run_config"]["optimizer"], "sgd");
+    for (const char * kind : {"planned", "measured"})
+        EXPECT_EQ(2 * s[kind]["peak_live"]["optimizer_states"].get<uint64_t>(),
+                  a[kind]["peak_live"]["optimizer_states"].get<uint64_t>()) << kind;
+    std::ifstream metrics(sgd / "metrics.jsonl");
+    std::string first;
+    std::getline(metrics, first);
+    EXPECT_LT(s["final_loss"].get<double>(), 0.9 * nlohmann::json::parse(first)["loss"].get<double>()) << "SGD did not train";
+}
+
+// --master-weights bf16-sr: no master weights planned or measured, the run trains near the fp32
+// master weights' loss and resumes bit for bit; without bf16 compute it is one clear line.
+TEST(Cli, Bf16SrMasterWeightsTrainAndResume) {
+    const fs::path text = small_text("sr24.txt"), data = scratch("sr24_data");
+    ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    const std::string args = "train --model nano --data " + data.string() + " --seq 32 --micro-batch 2 --sample 0 "
+                             "--eval-every 0 --progress quiet --threads 1 --checkpoint-every 10 --precision bf16 ";
+    auto summary = [](const fs::path & out) { return nlohmann::json::parse(std::ifstream(out / "summary.json")); };
+    auto state = [](const fs::path & out) {
+        std::ifstream in(out / "checkpoints/step-000020/state.safetensors", std::ios::binary);
+        return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    };
+    const fs::path fp32 = scratch("sr24_master"), sr = scratch("sr24_sr"), resumed = scratch("sr24_resumed");
+    ASSERT_EQ(run_memfit(args + "--steps 20 --out " + fp32.string()).code, 0);
+    const std::string flag = "--master-weights bf16-sr ";
+    ASSERT_EQ(run_memfit(args + flag + "--steps 20 --out " + sr.string()).code, 0);
+    ASSERT_EQ(run_memfit(args + flag + "--steps 10 --out " + resumed.string()).code, 0);
+    ASSERT_EQ(run_memfit(args + flag + "--steps 20 --resume auto --out " + resumed.string()).code, 0);
+    EXPECT_FALSE(state(sr).empty());
+    EXPECT_TRUE(state(resumed) == state(sr)) << "the resumed bf16-sr run ended elsewhere";
+    const nlohmann::json a = summary(fp32), b = summary(sr);
+    EXPECT_EQ(b["run_config"]["master-weights"], "bf16-sr");
+    EXPECT_GT(a["planned"]["peak_live"]["master_weights"].get<uint64_t>(), 0u);
+    for (const char * kind : {"planned", "measured"}) EXPECT_EQ(b[kind]["peak_live"]["master_weights"], 0) << kind;
+    EXPECT_NEAR(b["final_loss"].get<double>(), a["final_loss"].get<double>(), 0.03 * a["final_loss"].get<double>());
+    expect_clean_failure(run_memfit("train --model nano --data " + data.string() + " --steps 2 " + flag + "--out " +
+                                    scratch("sr24_fp32").string()),
+                         "--master-weights bf16-sr rounds the weights to bf16 stochastically: it needs --precision bf16");
 }
 
 // --offload optimizer --offload-dir DIR: the master weights and moments in a file, the same run

@@ -323,6 +323,64 @@ TEST(CudaOptim, AdamW8BitMomentsMatchCpu) {
     check_adamw_8bit(DType::bf16, DType::bf16, 1.0f);
 }
 
+// --master-weights bf16-sr: bf16 weights rounded stochastically with the same draws as the CPU's
+// (the flat index sr_at + i). The f32 value before rounding may differ in its last bit where the
+// two contract multiply-adds differently, so a weight may land one bf16 step apart, rarely.
+void check_adamw_sr(bool eight) {
+    const int64_t n = 3 * int64_t(kMoments8Block) + 77, nb = int64_t(moments8_blocks(size_t(n)));
+    OpCheck c;
+    const int param = c.rand(DType::bf16, {n}, -1.0f, 1.0f);
+    const int grad = c.rand(DType::f32, {n}, -0.5f, 0.5f);
+    const int m = eight ? c.zeros(DType::u8, {n}) : c.zeros(DType::f32, {n});
+    const int v = eight ? c.zeros(DType::u8, {n}) : c.zeros(DType::f32, {n});
+    const int ms = c.zeros(DType::f32, {nb}), vs = c.zeros(DType::f32, {nb});
+    AdamWHyper h;
+    h.lr = 1e-3f, h.weight_decay = 0.1f, h.sr_seed = 99, h.sr_at = 12345;
+    c.run([&](Backend & b, const std::vector<Tensor> & t) {
+        auto at = [&](int i) { return t[size_t(i)]; };
+        if (eight) b.adamw_8bit(at(param), at(grad), at(m), at(v), at(ms), at(vs), Tensor{}, Tensor{}, h);
+        else b.adamw(at(param), at(grad), at(m), at(v), Tensor{}, Tensor{}, h);
+    });
+    const std::vector<float> a = c.cpu(param), b = c.gpu(param);
+    int differ = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+        if (a[i] == b[i]) continue;
+        ++differ;
+        EXPECT_LE(std::fabs(a[i] - b[i]), std::ldexp(std::fabs(a[i]), -7)) << i;
+    }
+    EXPECT_LE(differ, int(n / 100)) << "the draws differ";
+}
+
+TEST(CudaOptim, AdamWBf16SrMatchesCpu) {
+    MF_REQUIRE_GPU();
+    check_adamw_sr(false);
+    check_adamw_sr(true);
+}
+
+// --optimizer sgd on the device: the CPU's update (fp32 weights with a bf16 copy, clipped), and
+// bf16-sr weights with the same draws.
+TEST(CudaOptim, SgdMatchesCpu) {
+    MF_REQUIRE_GPU();
+    const int64_t n = 3001;
+    OpCheck c;
+    const int param = c.rand(DType::f32, {n}), grad = c.rand(DType::bf16, {n}, -0.5f, 0.5f);
+    const int buf = c.rand(DType::f32, {n}, -0.1f, 0.1f), copy = c.zeros(DType::bf16, {n}), nsq = c.zeros(DType::f32, {1});
+    const int w16 = c.rand(DType::bf16, {n}), buf16 = c.zeros(DType::f32, {n});
+    AdamWHyper h;
+    h.lr = 0.05f, h.momentum = 0.9f, h.weight_decay = 0.01f, h.clip = 1.0f;
+    c.run([&](Backend & b, const std::vector<Tensor> & t) {
+        auto at = [&](int i) { return t[size_t(i)]; };
+        b.sum_squares(at(nsq), at(grad));
+        b.sgd(at(param), at(grad), at(buf), at(nsq), at(copy), h);
+        AdamWHyper sr = h;
+        sr.sr_seed = 5;
+        b.sgd(at(w16), at(grad), at(buf16), at(nsq), Tensor{}, sr);
+    });
+    for (int i : {param, buf}) EXPECT_LE(c.rel_err(i), 1e-5);
+    EXPECT_LE(c.rel_err(copy), tol(DType::bf16));
+    EXPECT_LE(c.rel_err(w16), tol(DType::bf16));
+}
+
 TEST(CudaOptim, AdamWUnalignedViewsMatchCpu) {
     MF_REQUIRE_GPU();
     check_adamw({DType::f32, DType::f32, 1.0f, 1.0f, 1, 0});

@@ -297,6 +297,8 @@ TEST(Hardware, StreamBandwidthProbeIsPositive) {
     EXPECT_GT(bw, 1e8);    // 100 MB/s: anything slower is a broken probe
     EXPECT_LT(bw, 1e13);
     EXPECT_THROW(memfit::measure_stream_bandwidth(1000, 1), memfit::ConfigError);
+    EXPECT_GT(memfit::measure_offload_bandwidth(::testing::TempDir(), 8 * memfit::MiB, 2), 1e7);
+    EXPECT_THROW(memfit::measure_offload_bandwidth("/nonexistent/dir", memfit::MiB, 1), memfit::IoError);
 }
 
 TEST(Hardware, BenchCalibrateWritesTheFileThePlannerReads) {
@@ -319,6 +321,10 @@ TEST(Hardware, BenchCalibrateWritesTheFileThePlannerReads) {
     const Hardware & cpu = memfit::find_hardware(memfit::default_hardware_catalog(file.string()), "cpu");
     EXPECT_DOUBLE_EQ(cpu.fp32_flops, j["fp32_gflops"].get<double>() * 1e9);
     EXPECT_DOUBLE_EQ(cpu.mem_bw, j["mem_bw_gbs"].get<double>() * 1e9);
+    // The offload files' round trip (under the calibration's folder): the cpu entry's host link.
+    EXPECT_GT(j.at("offload_gbs").get<double>(), 0.01) << j.dump();
+    EXPECT_DOUBLE_EQ(cpu.host_bw, j["offload_gbs"].get<double>() * 1e9);
+    EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator{}), 1) << "the probe's file was left";
 
     // --calibration without --calibrate is refused.
     EXPECT_NE(run_memfit("bench --calibration " + file.string(), &out), 0) << out;

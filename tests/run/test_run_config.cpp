@@ -85,7 +85,6 @@ TEST(RunConfig, OneFunctionSaysWhatCombines) {
         {run([](RunConfig & r) { r.layout.tp = 0; }), "--tp 0"},
         {run([](RunConfig & r) { r.layout.pp = 5000; }), "--pp 5000"},
         {run([](RunConfig & r) { r.bucket_mb = -1; }), "--bucket-mb -1"},
-        {run([](RunConfig & r) { r.optimizer = Optimizer::sgd; }), "--optimizer sgd: the engine trains with AdamW (fp32, bf16 or 8-bit moments) only"},
         {run([](RunConfig & r) { r.layout.offload = Offload::optimizer_params; }), "--offload optimizer+params: the engine offloads"},
         {run([](RunConfig & r) { r.offload_dir = "/tmp"; }), "add --offload optimizer"},
         {run([](RunConfig & r) { r.layout.offload = Offload::optimizer, r.offload_fraction = 0; }), "--offload-fraction 0"},

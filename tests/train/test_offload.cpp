@@ -64,19 +64,20 @@ Trained train(const ModelConfig & cfg, const EngineOptions & eo, int steps, int 
     return r;
 }
 
-struct Case { DType compute, moments; int accum; double fraction; bool checking; };
+struct Case { DType compute, moments; int accum; double fraction; bool checking; bool sgd = false; };
 
 TEST(Offload, StatesInAFileTrainBitForBitLikeInMemory) {
     const ModelConfig cfg = small_config(64, 32, 2, 2);
     const Case cases[] = {{DType::f32, DType::f32, 1, 1.0, false},  {DType::bf16, DType::f32, 1, 1.0, true},
                           {DType::bf16, DType::u8, 2, 0.5, false},  {DType::f32, DType::bf16, 2, 0.3, false},
-                          {DType::bf16, DType::bf16, 1, 1.0, false}};
+                          {DType::bf16, DType::bf16, 1, 1.0, false}, {DType::bf16, DType::f32, 2, 1.0, false, true}};
     for (const Case & c : cases) {
         SCOPED_TRACE(std::string(dtype_name(c.compute)) + " moments " + std::string(dtype_name(c.moments)) +
-                     " accum " + std::to_string(c.accum) + " fraction " + std::to_string(c.fraction));
+                     " accum " + std::to_string(c.accum) + " fraction " + std::to_string(c.fraction) +
+                     (c.sgd ? " sgd" : ""));
         EngineOptions eo;
         eo.B = 2, eo.T = 16, eo.with_eval = false, eo.compute = c.compute, eo.moments = c.moments;
-        eo.grad_accum = c.accum, eo.checking = c.checking;
+        eo.grad_accum = c.accum, eo.checking = c.checking, eo.sgd = c.sgd;
         const Trained mem = train(cfg, eo, 4);
         eo.offload = c.fraction, eo.offload_dir = offload_dir(), eo.offload_unit = 512;   // several units per tensor
         const Trained off = train(cfg, eo, 4), resumed = train(cfg, eo, 4, 2);
@@ -95,7 +96,7 @@ TEST(Offload, StatesInAFileTrainBitForBitLikeInMemory) {
         // What left the device: the offloaded share of master weights and moments, in the file.
         const auto off_cat = size_t(Category::offloaded);
         const size_t P = mem.state.params.size();
-        const double per = (c.compute == DType::f32 ? 0.0 : 4.0) + 2.0 * double(dtype_size(c.moments));
+        const double per = (c.compute == DType::f32 ? 0.0 : 4.0) + (c.sgd ? 1.0 : 2.0) * double(dtype_size(c.moments));
         const double offloaded = double(off.measured_live.v[off_cat]);
         EXPECT_GE(offloaded, per * c.fraction * double(P) * 0.99);
         if (c.fraction == 1.0 && c.moments != DType::u8) {

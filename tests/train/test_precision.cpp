@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "train/engine.h"
@@ -160,4 +162,54 @@ TEST(Precision, Fp16SkipsOverflowingStepsWithoutTouchingTheWeights) {
     EXPECT_EQ(e.steps_done() + e.loss_scaler().skipped, 30);
     EXPECT_LE(e.loss_scaler().skipped, 3);
     EXPECT_LT(last, first);
+}
+
+// --master-weights bf16-sr: no fp32 master weights (planned and measured: 0 bytes), the bf16
+// weights updated with stochastic rounding; the loss tracks the fp32 master weights' run, a
+// state exported mid-run and imported resumes bit for bit, and offloading the moments too
+// changes nothing.
+TEST(Precision, Bf16SrDropsTheMasterWeights) {
+    CpuBackend backend;
+    const ModelConfig cfg = small_config(64, 32, 2, 2);
+    const int B = 4, T = 16, steps = 12;
+    std::vector<int32_t> in(size_t(B * T)), tg(in.size());
+    auto run = [&](EngineOptions eo, int resume_at, CategoryBytes * live) {
+        auto e = std::make_unique<Engine>(cfg, backend, eo);
+        e->init_params(2);
+        AdamWHyper h;
+        h.lr = 3e-3f;
+        std::vector<float> losses;
+        for (int s = 0; s < steps; ++s) {
+            if (s == resume_at) {
+                const TrainState mid = e->export_state();
+                e = std::make_unique<Engine>(cfg, backend, eo);
+                e->import_state(mid);
+            }
+            pattern_batch(in, tg, cfg.vocab_size, T, uint64_t(s));
+            losses.push_back(e->train_step(in.data(), tg.data(), h).loss);
+        }
+        if (live) {
+            *live = e->planned_peak_live();
+            EXPECT_EQ(e->planned_peak_live().total(), e->ledger().live_peak().total());
+        }
+        losses.push_back(0);
+        const std::vector<float> p = e->export_state().params;
+        losses.insert(losses.end(), p.begin(), p.end());
+        return losses;
+    };
+    EngineOptions eo = options(DType::bf16, B, T);
+    eo.with_eval = false;
+    CategoryBytes master_live, sr_live;
+    const std::vector<float> master = run(eo, -1, &master_live);
+    eo.sr_master = true;
+    const std::vector<float> sr = run(eo, -1, &sr_live), resumed = run(eo, 5, nullptr);
+    EXPECT_GT(master_live[Category::master_weights], 0u);
+    EXPECT_EQ(sr_live[Category::master_weights], 0u);
+    EXPECT_EQ(master_live.total() - sr_live.total(), master_live[Category::master_weights]);
+    for (int s = 0; s < steps; ++s) EXPECT_NEAR(sr[size_t(s)], master[size_t(s)], 0.03 * master[size_t(s)]) << s;
+    EXPECT_LT(sr[steps - 1], sr[0]);
+    EXPECT_NE(sr, master);
+    EXPECT_EQ(resumed, sr);
+    eo.offload = 1, eo.offload_dir = ::testing::TempDir(), eo.offload_unit = 512;
+    EXPECT_EQ(run(eo, -1, nullptr), sr);
 }

@@ -63,6 +63,7 @@ public:
     void sum_squares(Tensor out, Tensor x) override;
     void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy,
                const AdamWHyper & h) override;
+    void sgd(Tensor param, Tensor grad, Tensor buf, Tensor norm_sq, Tensor param_copy, const AdamWHyper & h) override;
     void adamw_8bit(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor m_scale, Tensor v_scale, Tensor norm_sq,
                     Tensor param_copy, const AdamWHyper & h) override;
 

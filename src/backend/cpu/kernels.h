@@ -107,12 +107,25 @@ template <class G, class P, class M>
 void adamw_update_mixed(float * param, P * param_copy, const G * grad, M * m, M * v, size_t n, float lr,
                         float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale);
 
+// --master-weights bf16-sr: the bf16 weights updated in place, rounded stochastically with the
+// draws of (sr_seed, sr_at + i) (backend/stochastic_round.h); no master copy, no param_copy.
+template <class G, class M>
+void adamw_update_sr(bf16_t * param, const G * grad, M * m, M * v, size_t n, float lr, float beta1, float beta2,
+                     float eps, float weight_decay, int t, float grad_scale, uint64_t sr_seed, uint64_t sr_at);
+
+// --optimizer sgd (AdamWHyper::momentum has the update): buf the fp32 momentum; W and P as above
+// (W = bf16_t: rounded stochastically, P = float then).
+template <class W, class G, class P>
+void sgd_update(W * param, P * param_copy, const G * grad, float * buf, size_t n, float lr, float momentum,
+                float weight_decay, float grad_scale, uint64_t sr_seed, uint64_t sr_at);
+
 // The update with 8-bit moments (backend/moments8.h; kernels_adamw8.cpp): m, v one code per
-// element, m_scale, v_scale one per block of the n elements; param_copy as above.
-template <class G, class P>
-void adamw_update_8bit(float * param, P * param_copy, const G * grad, uint8_t * m, uint8_t * v, float * m_scale,
+// element, m_scale, v_scale one per block of the n elements; param_copy as above. W: the weights'
+// storage, float or (bf16-sr) bf16_t rounded stochastically as adamw_update_sr (P = float then).
+template <class G, class P, class W = float>
+void adamw_update_8bit(W * param, P * param_copy, const G * grad, uint8_t * m, uint8_t * v, float * m_scale,
                        float * v_scale, size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
-                       int t, float grad_scale);
+                       int t, float grad_scale, uint64_t sr_seed = 0, uint64_t sr_at = 0);
 
 // ---------------------------------------------------------------------------------------------
 // LLaMA family (kernels_llama.cpp). Rows are parallel tasks; every reduction has a fixed order.

@@ -7,6 +7,7 @@
 // Templated on the storage types (kernels.h): loads go through to_f32 and stores through
 // from_f32, which are the identity for float, so the float instantiations are the fp32 kernels.
 #include "backend/cpu/kernels.h"
+#include "backend/stochastic_round.h"
 
 #include <algorithm>
 #include <cmath>
@@ -357,9 +358,12 @@ double sum_squares(const S * x, size_t n) {
 
 namespace {
 
-template <class G, class P, class M>
-void adamw_impl(float * param, [[maybe_unused]] P * param_copy, const G * grad, M * m, M * v, size_t n, float lr,
-                float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale) {
+// W: the weights' storage: float (fp32, or fp32 master weights with a copy P), or bf16_t rounded
+// stochastically with the draws of (sr_seed, sr_at + i).
+template <class W, class G, class P, class M>
+void adamw_impl(W * param, [[maybe_unused]] P * param_copy, const G * grad, M * m, M * v, size_t n, float lr,
+                float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale,
+                [[maybe_unused]] uint64_t sr_seed = 0, [[maybe_unused]] uint64_t sr_at = 0) {
     MF_ASSERT(t >= 1);   // M: float, or bf16_t moments (updated in f32, rounded to nearest even)
     const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), t);
     const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), t);
@@ -382,8 +386,9 @@ void adamw_impl(float * param, [[maybe_unused]] P * param_copy, const G * grad, 
         }
         const float mhat = mi * inv_bc1;
         const float vhat = vi * inv_bc2;
-        const float p = param[i] * decay - lr * mhat / (std::sqrt(vhat) + eps);
-        param[i] = p;
+        const float p = to_f32(param[i]) * decay - lr * mhat / (std::sqrt(vhat) + eps);
+        if constexpr (std::is_same_v<W, float>) param[i] = p;
+        else param[i] = bf16_t{sr_bf16_bits(p, sr_seed, sr_at + i)};
         if constexpr (!std::is_same_v<P, float>) param_copy[i] = from_f32<P>(p);
     }
 }
@@ -392,8 +397,8 @@ void adamw_impl(float * param, [[maybe_unused]] P * param_copy, const G * grad, 
 
 void adamw_update(float * param, const float * grad, float * m, float * v, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale) {
-    adamw_impl<float, float, float>(param, nullptr, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t,
-                                    grad_scale);
+    adamw_impl<float, float, float, float>(param, nullptr, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t,
+                                           grad_scale);
 }
 
 template <class G, class P, class M>
@@ -401,7 +406,31 @@ void adamw_update_mixed(float * param, P * param_copy, const G * grad, M * m, M 
                         float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale) {
     if constexpr (std::is_same_v<P, float>) MF_ASSERT(param_copy == nullptr);
     else MF_ASSERT(param_copy != nullptr);
-    adamw_impl<G, P, M>(param, param_copy, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale);
+    adamw_impl<float, G, P, M>(param, param_copy, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale);
+}
+
+template <class G, class M>
+void adamw_update_sr(bf16_t * param, const G * grad, M * m, M * v, size_t n, float lr, float beta1, float beta2,
+                     float eps, float weight_decay, int t, float grad_scale, uint64_t sr_seed, uint64_t sr_at) {
+    adamw_impl<bf16_t, G, float, M>(param, nullptr, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale,
+                                    sr_seed, sr_at);
+}
+
+template <class W, class G, class P>
+void sgd_update(W * param, [[maybe_unused]] P * param_copy, const G * grad, float * buf, size_t n, float lr,
+                float momentum, float weight_decay, float grad_scale, [[maybe_unused]] uint64_t sr_seed,
+                [[maybe_unused]] uint64_t sr_at) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; ++i) {
+        const float w = to_f32(param[i]);
+        const float g = to_f32(grad[i]) * grad_scale + weight_decay * w;
+        const float b = momentum * buf[i] + g;
+        buf[i] = b;
+        const float p = w - lr * b;
+        if constexpr (std::is_same_v<W, float>) param[i] = p;
+        else param[i] = bf16_t{sr_bf16_bits(p, sr_seed, sr_at + i)};
+        if constexpr (!std::is_same_v<P, float>) param_copy[i] = from_f32<P>(p);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -414,7 +443,18 @@ void adamw_update_mixed(float * param, P * param_copy, const G * grad, M * m, M 
     template void adamw_update_mixed<S, bf16_t, M>(float *, bf16_t *, const S *, M *, M *, size_t,       \
                                                    float, float, float, float, float, int, float);       \
     template void adamw_update_mixed<S, f16_t, M>(float *, f16_t *, const S *, M *, M *, size_t, float,  \
-                                                  float, float, float, float, int, float);
+                                                  float, float, float, float, int, float);              \
+    template void adamw_update_sr<S, M>(bf16_t *, const S *, M *, M *, size_t, float, float, float, float, \
+                                        float, int, float, uint64_t, uint64_t);
+#define MF_INST_SGD(S)                                                                                   \
+    template void sgd_update<float, S, float>(float *, float *, const S *, float *, size_t, float, float, \
+                                              float, float, uint64_t, uint64_t);                          \
+    template void sgd_update<float, S, bf16_t>(float *, bf16_t *, const S *, float *, size_t, float, float, \
+                                               float, float, uint64_t, uint64_t);                           \
+    template void sgd_update<float, S, f16_t>(float *, f16_t *, const S *, float *, size_t, float, float,  \
+                                              float, float, uint64_t, uint64_t);                           \
+    template void sgd_update<bf16_t, S, float>(bf16_t *, float *, const S *, float *, size_t, float, float, \
+                                               float, float, uint64_t, uint64_t);
 
 #define MF_INST_ALL(S)                                                                                  \
     template void encoder_forward<S>(S *, const int32_t *, const S *, const S *, int, int, int, int64_t, \
@@ -428,7 +468,8 @@ void adamw_update_mixed(float * param, P * param_copy, const G * grad, M * m, M 
     template void bias_backward<float, S>(float *, const S *, int, int);                                \
     template double sum_squares<S>(const S *, size_t);                                                  \
     MF_INST_ADAMW(S, float)                                                                             \
-    MF_INST_ADAMW(S, bf16_t)
+    MF_INST_ADAMW(S, bf16_t)                                                                            \
+    MF_INST_SGD(S)
 #define MF_INST_LOWP(S)                                                                                 \
     template void encoder_backward<S, S, S>(S *, S *, const S *, const int32_t *, int, int, int, int64_t, \
                                             int64_t);                                                   \
@@ -447,6 +488,7 @@ MF_INST_LOWP(bf16_t)
 MF_INST_LOWP(f16_t)
 #undef MF_INST_ALL
 #undef MF_INST_ADAMW
+#undef MF_INST_SGD
 #undef MF_INST_LOWP
 
 }  // namespace memfit::cpu

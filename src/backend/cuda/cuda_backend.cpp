@@ -351,6 +351,9 @@ void CudaBackend::adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor no
                         const AdamWHyper & h) {
     MF_FWD(adamw, param, grad, m, v, norm_sq, param_copy, h);
 }
+void CudaBackend::sgd(Tensor param, Tensor grad, Tensor buf, Tensor norm_sq, Tensor param_copy, const AdamWHyper & h) {
+    MF_FWD(sgd, param, grad, buf, norm_sq, param_copy, h);
+}
 void CudaBackend::adamw_8bit(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor m_scale, Tensor v_scale,
                              Tensor norm_sq, Tensor param_copy, const AdamWHyper & h) {
     MF_FWD(adamw_8bit, param, grad, m, v, m_scale, v_scale, norm_sq, param_copy, h);

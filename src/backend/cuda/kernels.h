@@ -52,6 +52,7 @@ void adamw(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor
            const AdamWHyper & h);
 void adamw_8bit(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor m_scale, Tensor v_scale,
                 Tensor norm_sq, Tensor param_copy, const AdamWHyper & h);
+void sgd(cudaStream_t s, Tensor param, Tensor grad, Tensor buf, Tensor norm_sq, Tensor param_copy, const AdamWHyper & h);
 
 // kernels_quant.cu: W' [q.out, q.in] (dtype of `w`: f32, bf16 or f16), written, from the packed
 // bytes of backend/quant_format.h (device memory).

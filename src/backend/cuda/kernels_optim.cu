@@ -12,6 +12,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/moments8.h"
+#include "backend/stochastic_round.h"
 
 namespace memfit::cuda {
 
@@ -80,7 +81,16 @@ struct AdamArgs {
     float lr, beta1, beta2, eps, inv_bc1, inv_bc2, decay, one_m_b1, one_m_b2;
     float clip, grad_scale, skip_above_norm_sq;
     bool skip_nonfinite;
+    uint64_t sr_seed, sr_at;   // bf16-sr weights (W = uint16_t): backend/stochastic_round.h's draws
 };
+
+// The weights' storage W: float, or (bf16-sr) bf16 bits rounded stochastically.
+__device__ __forceinline__ float ldw(float p) { return p; }
+__device__ __forceinline__ float ldw(uint16_t p) { return bf16_bits_to_f32(p); }
+__device__ __forceinline__ void stw(float & w, float p, const AdamArgs &, int64_t) { w = p; }
+__device__ __forceinline__ void stw(uint16_t & w, float p, const AdamArgs & a, int64_t i) {
+    w = sr_bf16_bits(p, a.sr_seed, a.sr_at + uint64_t(i));
+}
 
 // update_scale() of backend.h, on the device.
 __device__ __forceinline__ float device_update_scale(const AdamArgs & a, float norm_sq) {
@@ -125,9 +135,10 @@ template <class T> __device__ __forceinline__ void store4(T * p, int64_t k, floa
 // the n % 4 tail; over single elements otherwise. norm_sq (device memory, or null: 0) is read by
 // every thread. P = float means no param_copy; M: the moments' storage (float, or bf16 rounded
 // to nearest even as the host's from_f32). Grid grid_for(n / 4 or n, 256), block 256.
-template <class G, class P, class M, bool Vec>
-__global__ void __launch_bounds__(256) adamw_kernel(float * param, const G * grad, M * m, M * v, P * copy,
+template <class G, class P, class M, bool Vec, class W = float>
+__global__ void __launch_bounds__(256) adamw_kernel(W * param, const G * grad, M * m, M * v, P * copy,
                                                     int64_t n, const float * norm_sq, AdamArgs a) {
+    static_assert(!Vec || std::is_same_v<W, float>, "the vector path takes fp32 weights");
     const float nsq = norm_sq ? *norm_sq : 0.0f;
     if (a.skip_nonfinite && !isfinite(nsq)) return;   // skips_update() of backend.h
     if (a.skip_above_norm_sq > 0 && nsq > a.skip_above_norm_sq) return;
@@ -151,9 +162,29 @@ __global__ void __launch_bounds__(256) adamw_kernel(float * param, const G * gra
         done = nvec * 4;
     }
     for (int64_t i = done + tid; i < n; i += nt) {
-        float p = param[i], mi = ld(m[i]), vi = ld(v[i]);
+        float p = ldw(param[i]), mi = ld(m[i]), vi = ld(v[i]);
         adam_step(a, p, mi, vi, ld(grad[i]), scale);
-        param[i] = p, m[i] = st<M>(mi), v[i] = st<M>(vi);
+        stw(param[i], p, a, i), m[i] = st<M>(mi), v[i] = st<M>(vi);
+        if constexpr (!std::is_same_v<P, float>) copy[i] = st<P>(p);
+    }
+}
+
+// --optimizer sgd, in sgd_update's order (backend/cpu/kernels_basic.cpp). Grid grid_for(n, 256).
+template <class G, class P, class W>
+__global__ void __launch_bounds__(256) sgd_kernel(W * param, const G * grad, float * buf, P * copy, int64_t n,
+                                                  const float * norm_sq, AdamArgs a, float momentum, float wd) {
+    const float nsq = norm_sq ? *norm_sq : 0.0f;
+    if (a.skip_nonfinite && !isfinite(nsq)) return;   // skips_update() of backend.h
+    if (a.skip_above_norm_sq > 0 && nsq > a.skip_above_norm_sq) return;
+    const float scale = device_update_scale(a, nsq);
+    const int64_t nt = int64_t(gridDim.x) * blockDim.x;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += nt) {
+        const float w = ldw(param[i]);
+        const float g = ld(grad[i]) * scale + wd * w;
+        const float b = momentum * buf[i] + g;
+        buf[i] = b;
+        const float p = w - a.lr * b;
+        stw(param[i], p, a, i);
         if constexpr (!std::is_same_v<P, float>) copy[i] = st<P>(p);
     }
 }
@@ -189,8 +220,8 @@ __device__ __forceinline__ float warp_max(float v) {
 // 8-bit moments: grid = the view's blocks of kMoments8Block, block kMoments8Block threads, one
 // element each. Every thread decodes with the old scales, updates, and the block's new scales
 // (the largest |m| and v) are reduced before any thread encodes or thread 0 stores them.
-template <class G, class P>
-__global__ void __launch_bounds__(kMoments8Block) adamw8_kernel(float * param, const G * grad, uint8_t * m,
+template <class G, class P, class W = float>
+__global__ void __launch_bounds__(kMoments8Block) adamw8_kernel(W * param, const G * grad, uint8_t * m,
                                                                 uint8_t * v, float * m_scale, float * v_scale,
                                                                 P * copy, int64_t n, const float * norm_sq,
                                                                 AdamArgs a) {
@@ -201,10 +232,10 @@ __global__ void __launch_bounds__(kMoments8Block) adamw8_kernel(float * param, c
     const int64_t b = blockIdx.x, i = b * int64_t(kMoments8Block) + threadIdx.x;
     float mi = 0, vi = 0;
     if (i < n) {
-        float p = param[i];
+        float p = ldw(param[i]);
         mi = dec_m8(m[i], m_scale[b]), vi = dec_v8(v[i], v_scale[b]);
         adam_step(a, p, mi, vi, ld(grad[i]), scale);
-        param[i] = p;
+        stw(param[i], p, a, i);
         if constexpr (!std::is_same_v<P, float>) copy[i] = st<P>(p);
     }
     __shared__ float sm[kMoments8Block / 32], sv[kMoments8Block / 32];
@@ -228,6 +259,7 @@ AdamArgs adam_args(const AdamWHyper & h) {
     a.one_m_b1 = 1.0f - h.beta1, a.one_m_b2 = 1.0f - h.beta2;
     a.clip = h.clip, a.grad_scale = h.grad_scale, a.skip_nonfinite = h.skip_nonfinite;
     a.skip_above_norm_sq = h.skip_above_norm_sq;
+    a.sr_seed = h.sr_seed, a.sr_at = h.sr_at;
     return a;
 }
 
@@ -264,7 +296,8 @@ void sum_squares(cudaStream_t s, Tensor out, Tensor x) {
 void adamw(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy,
            const AdamWHyper & h) {
     const int64_t n = param.numel();
-    MF_ASSERT(param.dtype == DType::f32 && m.dtype == v.dtype && (m.dtype == DType::f32 || m.dtype == DType::bf16));
+    MF_ASSERT(m.dtype == v.dtype && (m.dtype == DType::f32 || m.dtype == DType::bf16));
+    MF_ASSERT(param.dtype == DType::f32 || (param.dtype == DType::bf16 && h.sr_seed != 0 && !param_copy.valid()));
     MF_ASSERT(grad.numel() == n && m.numel() == n && v.numel() == n && h.t >= 1);
     MF_ASSERT(!norm_sq.valid() || norm_sq.dtype == DType::f32);
     if (param_copy.valid())
@@ -279,7 +312,10 @@ void adamw(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor
             using M = std::remove_pointer_t<decltype(mm)>;
             const bool vec = aligned(param.data, 16) && aligned(mm, 4 * sizeof(M)) && aligned(vv, 4 * sizeof(M)) &&
                              aligned(g, 4 * sizeof(G)) && (!copy || aligned(copy, 4 * sizeof(P)));
-            if (vec)
+            if (param.dtype == DType::bf16)   // bf16-sr: one element per thread
+                adamw_kernel<G, P, M, false, uint16_t><<<grid_for(n, 256), 256, 0, s>>>(ptr<uint16_t>(param), g, mm,
+                                                                                        vv, copy, n, nsq, a);
+            else if (vec)
                 adamw_kernel<G, P, M, true><<<grid_for(n / 4 > 0 ? n / 4 : n, 256), 256, 0, s>>>(param.f32(), g, mm,
                                                                                                vv, copy, n, nsq, a);
             else
@@ -291,10 +327,31 @@ void adamw(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor
     });
 }
 
+void sgd(cudaStream_t s, Tensor param, Tensor grad, Tensor buf, Tensor norm_sq, Tensor param_copy, const AdamWHyper & h) {
+    const int64_t n = param.numel();
+    MF_ASSERT(buf.dtype == DType::f32 && grad.numel() == n && buf.numel() == n);
+    MF_ASSERT(param.dtype == DType::f32 || (param.dtype == DType::bf16 && h.sr_seed != 0 && !param_copy.valid()));
+    if (n == 0) return;
+    const AdamArgs a = adam_args(h);
+    const float * nsq = norm_sq.valid() ? norm_sq.f32() : nullptr;
+    with_grad_and_copy(grad, param_copy, [&](auto * g, auto * copy) {
+        using G = std::remove_pointer_t<decltype(g)>;
+        using P = std::remove_pointer_t<decltype(copy)>;
+        if (param.dtype == DType::bf16)
+            sgd_kernel<G, P, uint16_t><<<grid_for(n, 256), 256, 0, s>>>(ptr<uint16_t>(param), g, buf.f32(), copy, n, nsq,
+                                                                        a, h.momentum, h.weight_decay);
+        else
+            sgd_kernel<G, P, float><<<grid_for(n, 256), 256, 0, s>>>(param.f32(), g, buf.f32(), copy, n, nsq, a,
+                                                                     h.momentum, h.weight_decay);
+        MF_CUDA_LAUNCHED();
+    });
+}
+
 void adamw_8bit(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor m_scale, Tensor v_scale,
                 Tensor norm_sq, Tensor param_copy, const AdamWHyper & h) {
     const int64_t n = param.numel(), blocks = int64_t(moments8_blocks(size_t(n)));
-    MF_ASSERT(param.dtype == DType::f32 && m.dtype == DType::u8 && v.dtype == DType::u8);
+    MF_ASSERT(m.dtype == DType::u8 && v.dtype == DType::u8);
+    MF_ASSERT(param.dtype == DType::f32 || (param.dtype == DType::bf16 && h.sr_seed != 0 && !param_copy.valid()));
     MF_ASSERT(grad.numel() == n && m.numel() == n && v.numel() == n && h.t >= 1);
     MF_ASSERT(m_scale.numel() == blocks && v_scale.numel() == blocks);
     if (n == 0) return;
@@ -303,8 +360,12 @@ void adamw_8bit(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, T
     with_grad_and_copy(grad, param_copy, [&](auto * g, auto * copy) {
         using G = std::remove_pointer_t<decltype(g)>;
         using P = std::remove_pointer_t<decltype(copy)>;
-        adamw8_kernel<G, P><<<unsigned(blocks), unsigned(kMoments8Block), 0, s>>>(
-            param.f32(), g, ptr<uint8_t>(m), ptr<uint8_t>(v), m_scale.f32(), v_scale.f32(), copy, n, nsq, a);
+        if (param.dtype == DType::bf16)   // bf16-sr
+            adamw8_kernel<G, P, uint16_t><<<unsigned(blocks), unsigned(kMoments8Block), 0, s>>>(
+                ptr<uint16_t>(param), g, ptr<uint8_t>(m), ptr<uint8_t>(v), m_scale.f32(), v_scale.f32(), copy, n, nsq, a);
+        else
+            adamw8_kernel<G, P><<<unsigned(blocks), unsigned(kMoments8Block), 0, s>>>(
+                param.f32(), g, ptr<uint8_t>(m), ptr<uint8_t>(v), m_scale.f32(), v_scale.f32(), copy, n, nsq, a);
         MF_CUDA_LAUNCHED();
     });
 }
