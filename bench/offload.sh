@@ -5,8 +5,8 @@
 # Per run: the peak RSS (getrusage), the device's planned = measured peak live bytes, the
 # offloaded bytes (the file), tokens/s, and whether the two runs' final states are equal byte for
 # byte. The two runs of a pair go one after another: compare tokens/s as ratios within a pair.
-# EMU=1 adds the same pair on the CUDA emulator (build/memfit_emu --device cuda, nano): device
-# bytes planned and measured, without the offloaded 12 bytes per parameter.
+# EMU=1 adds the same pair on the CUDA emulator (build/memfit_emu --device cuda, EMU_MODEL, default
+# micro, in bf16): device bytes planned and measured, without the offloaded 12 bytes per parameter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MEMFIT=${MEMFIT:-build/memfit}
@@ -35,10 +35,10 @@ for model in $MODELS; do
   done
 done
 if [ "${EMU:-0}" = 1 ]; then
-  MEMFIT=build/memfit_emu PRECISION=bf16
-  run "emu-nano-adamw-mem" nano --device cuda
-  run "emu-nano-adamw-off" nano --device cuda --offload optimizer
-  cells="$cells emu-nano-adamw"
+  MEMFIT=build/memfit_emu PRECISION=bf16 EMU_MODEL=${EMU_MODEL:-micro}
+  run "emu-$EMU_MODEL-adamw-mem" "$EMU_MODEL" --device cuda
+  run "emu-$EMU_MODEL-adamw-off" "$EMU_MODEL" --device cuda --offload optimizer
+  cells="$cells emu-$EMU_MODEL-adamw"
 fi
 python3 - "$OUT" "$STEPS" $cells <<'PY'
 import json, sys, filecmp

@@ -67,6 +67,9 @@ PlanRequest make_request(const PlanFlags & f, const RunConfig & run, const RunFl
         throw ConfigError("--batch: memfit plan takes --micro-batch (per data-parallel rank) and --global-batch");
     if (given.given("grad-accum")) r.grad_accum = run.grad_accum;
     if (given.given("offload")) r.offload = run.layout.offload;
+    r.offload_fraction = run.offload_fraction;
+    r.offload_dir = run.offload_dir;
+    r.master_weights = run.master_weights;
     if (given.given("schedule")) {
         r.schedule = run.layout.schedule;
         if (run.layout.schedule == PipeSchedule::interleaved) r.virtual_stages = run.layout.virtual_stages;

@@ -108,11 +108,15 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     if (L.offload == Offload::optimizer) {
         // memfit's engine (train/step.h): master weights and moments in host memory, staged
         // through the device three units of 2^18 elements at a time; the gradients stay.
+        // --offload-fraction F: that share of both (whole units of the shard, here to the byte).
         const double per = optimizer_state_bytes(c.optimizer) +
                            (c.compute == DType::f32 || c.master_weights == MasterWeights::bf16_sr ? 0.0 : 4.0);
-        m.host = m.device[Category::master_weights] + m.device[Category::optimizer_states];
-        m.device[Category::master_weights] = 0;
-        m.device[Category::optimizer_states] = std::min(m.host, uint64_t(std::ceil(3.0 * double(1 << 18) * per)));
+        const double F = c.offload_fraction;
+        const uint64_t mw = m.device[Category::master_weights], os = m.device[Category::optimizer_states];
+        m.host = uint64_t(std::ceil(F * double(mw + os)));
+        m.device[Category::master_weights] = mw - uint64_t(std::ceil(F * double(mw)));
+        m.device[Category::optimizer_states] = os - uint64_t(std::ceil(F * double(os))) +
+                                               std::min(m.host, uint64_t(std::ceil(3.0 * double(1 << 18) * per)));
     }
     if (L.offload == Offload::optimizer_params) {
         // ZeRO-Offload: the optimizer runs on the host, so gradients stream there bucket by

@@ -233,6 +233,11 @@ SearchReport search_plans(const PlanRequest & r) {
                                         pr.c.set_flash(flash);
                                         pr.c.compute = r.compute;
                                         pr.c.optimizer = r.optimizer;
+                                        pr.c.master_weights = r.master_weights;
+                                        if (L.offload == Offload::optimizer) {
+                                            pr.c.offload_fraction = r.offload_fraction;
+                                            pr.c.offload_dir = r.offload_dir;
+                                        }
                                         pr.c.lora_plan = r.lora;
                                         ++rep.evaluated;
                                         pr.time = predict_step_time(cfg, r.hw, pr.c, r.seq, r.nodes);

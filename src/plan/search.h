@@ -28,6 +28,11 @@ struct PlanRequest {
     // Fixed choices; what is unset is searched.
     std::optional<int> zero, tp, pp, micro_batch, grad_accum;   // grad_accum: per data-parallel rank
     std::optional<Offload> offload;
+    // --offload optimizer's share and folder (the cpu hardware's engine offloads to files only),
+    // and --master-weights, as memfit train takes them.
+    double offload_fraction = 1;
+    std::string offload_dir;
+    MasterWeights master_weights = MasterWeights::fp32;
     std::optional<PipeSchedule> schedule;
     int virtual_stages = 2;                  // interleaved:V
     std::optional<bool> sp, flash;

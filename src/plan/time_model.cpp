@@ -212,7 +212,7 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
         if (L.offload == Offload::optimizer) {
             // memfit's engine (train/step.h): the offloaded master weights and moments are read to
             // the device and written back, unit by unit; the device updates them.
-            t.offload = shard * 2.0 * (state + (master ? 4.0 : 0.0)) / host;
+            t.offload = c.offload_fraction * shard * 2.0 * (state + (master ? 4.0 : 0.0)) / host;
         } else {
             t.offload = shard * (g + s) / host + shard * update_bytes * r / kHostMemoryBandwidth;
             t.offload += m * 2.0 * (L.zero >= 3 ? weights / dp : weights) / host;

@@ -62,8 +62,9 @@
 //                 busy time (compute + its memory-bound layer traffic + tp + pp communication):
 //                 (p-1)/m, resp. (p-1)/(v m), of it.
 //   offload       optimizer: what memfit's engine runs (train/step.h): the offloaded fp32 master
-//                 weights (mixed precision) and moments of the shard (Ψ / dp with ZeRO >= 1, else
-//                 Ψ) go up to the device and back over host_bw, unit by unit, and the device
+//                 weights (mixed precision) and moments of --offload-fraction of the shard (Ψ / dp
+//                 with ZeRO >= 1, else Ψ) go up to the device and back over host_bw, unit by unit
+//                 (the cpu entry's host_bw: the calibrated --offload-dir round trip), and the device
 //                 updates them (the update stays in memory_bound). optimizer_params (memfit plan
 //                 only): ZeRO-Offload (Ren et al. 2021): the gradient shard goes down in g bytes
 //                 and the updated weights come up in s bytes over host_bw, the host runs the

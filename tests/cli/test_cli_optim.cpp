@@ -138,6 +138,15 @@ TEST(Cli, OffloadedOptimizerStatesTrainBitForBit) {
     EXPECT_LT(total_off, total_mem);
     EXPECT_EQ(so["measured"]["peak_live"]["total"], so["planned"]["peak_live"]["total"]);
 
+    // memfit plan on this machine records the engine's offloaded program: exact, the moved bytes host memory.
+    const CmdResult plan = run_memfit("plan --model nano --hardware cpu --gpus 1 --seq 32 --global-batch 2 --precision "
+                                      "bf16 --micro-batch 2 --recompute none --attention flash --json " + off);
+    ASSERT_EQ(plan.code, 0) << plan.err;
+    const nlohmann::json best = nlohmann::json::parse(plan.out)["best"][0]["memory"];
+    EXPECT_TRUE(best["exact"].get<bool>());
+    EXPECT_EQ(best["host"].get<uint64_t>(), moved);
+    EXPECT_EQ(best["per_device"]["offloaded"].get<uint64_t>(), 0u);   // not the device's
+
     expect_clean_failure(run_memfit(args + "--steps 2 --offload optimizer --out " + scratch("off24_x").string()),
                          "--offload-dir DIR");
     expect_clean_failure(run_memfit(args + "--steps 2 --offload-dir " + dir.string() + " --out " + scratch("off24_y").string()),

@@ -1,0 +1,257 @@
+// The engine's host views of its persistent state (engine.h): the fp32 weights (params(),
+// master weights or the bf16-sr weights), the gradients and the moments of this rank's shard,
+// read and written whether they are resident, offloaded (--offload optimizer: the offloaded
+// part first, then the resident one) or on a device (through upload / download).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "backend/moments8.h"
+#include "comm/communicator.h"
+#include "train/engine.h"
+
+namespace memfit {
+
+float * Engine::host_f32(BufferId id, size_t elem0, std::vector<float> & mirror) {
+    auto * p = static_cast<float *>(train_mem_->base(id)) + elem0;
+    if (backend_.host_memory()) return p;
+    mirror.resize(plans_.train->program().buffer(id).bytes / sizeof(float) - elem0);
+    backend_.download(mirror.data(), p, mirror.size() * sizeof(float));
+    return mirror.data();
+}
+
+void Engine::store_f32(BufferId id, size_t elem0, const float * src, size_t n) {
+    MF_ASSERT((elem0 + n) * sizeof(float) <= plans_.train->program().buffer(id).bytes);
+    auto * p = static_cast<float *>(train_mem_->base(id)) + elem0;
+    if (backend_.host_memory()) std::memcpy(p, src, n * sizeof(float));
+    else backend_.upload(p, src, n * sizeof(float));
+}
+
+void Engine::read_state(BufferId res, BufferId off, void * dst, size_t bytes) {
+    const Program & p = plans_.train->program();
+    const size_t a = off >= 0 ? p.buffer(off).bytes : 0, b = res >= 0 ? p.buffer(res).bytes : 0;
+    MF_ASSERT(bytes == a + b);
+    if (a) train_mem_->store()->read(dst, train_mem_->offloaded_at(off), a);
+    if (b) backend_.download(static_cast<uint8_t *>(dst) + a, train_mem_->base(res), b);
+}
+
+size_t Engine::state_size(BufferId res, BufferId off) const {
+    const Program & p = plans_.train->program();
+    return (off >= 0 ? p.buffer(off).bytes : 0) + (res >= 0 ? p.buffer(res).bytes : 0);
+}
+
+std::vector<uint8_t> Engine::state_bytes(BufferId res, BufferId off) {
+    std::vector<uint8_t> out(state_size(res, off));
+    read_state(res, off, out.data(), out.size());
+    return out;
+}
+
+void Engine::state_f32(BufferId res, BufferId off, std::vector<float> & out) {
+    out.resize(state_size(res, off) / 4);
+    read_state(res, off, out.data(), out.size() * 4);
+}
+
+void Engine::set_state_bytes(BufferId res, BufferId off, const void * src, size_t n) {
+    const Program & p = plans_.train->program();
+    const size_t a = std::min(n, off >= 0 ? p.buffer(off).bytes : 0);
+    MF_ASSERT(n - a <= (res >= 0 ? p.buffer(res).bytes : 0));
+    if (a) train_mem_->store()->write(train_mem_->offloaded_at(off), src, a);
+    if (n > a) backend_.upload(train_mem_->base(res), static_cast<const uint8_t *>(src) + a, n - a);
+}
+
+std::pair<BufferId, size_t> Engine::own_params() const {
+    const TrainStep & t = *plans_.train;
+    if (t.master >= 0) return {t.master, 0};
+    // fp32: the weights are the truth; whole under ZeRO 0-2, where this rank's shard starts at lo.
+    return {t.params, opt_.zero >= 3 ? 0 : t.shard_lo()};
+}
+
+void Engine::store_own_params(const float * src, size_t n) {
+    const TrainStep & t = *plans_.train;
+    if (t.offloaded.master >= 0) {
+        set_state_bytes(t.master, t.offloaded.master, src, n * 4);
+    } else if (t.sr_master()) {   // bf16-sr: rounded to nearest (exact for values a checkpoint holds)
+        std::vector<uint16_t> raw(n);
+        for (size_t i = 0; i < n; ++i) raw[i] = f32_to_bf16(src[i]);
+        auto * p = static_cast<uint8_t *>(train_mem_->base(t.params)) + (opt_.zero >= 3 ? 0 : t.shard_lo()) * 2;
+        backend_.upload(p, raw.data(), n * 2);
+    } else {
+        store_f32(own_params().first, own_params().second, src, n);
+    }
+    params_handed_ = false;
+}
+
+float * Engine::params() {
+    params_handed_ = true;
+    const TrainStep & t = *plans_.train;
+    if (t.offloaded.master >= 0) {   // offloaded master weights: a host copy
+        state_f32(t.master, t.offloaded.master, mirror_params_);
+        return mirror_params_.data();
+    }
+    if (t.sr_master()) {   // bf16-sr: the bf16 weights are the truth, widened exactly
+        const Shard sh = shard();
+        std::vector<uint16_t> raw(sh.size);
+        const size_t at = opt_.zero >= 3 ? 0 : sh.lo, have = std::min(sh.size, sh.total - std::min(sh.total, at));
+        backend_.download(raw.data(), static_cast<const uint8_t *>(train_mem_->base(t.params)) + at * 2, have * 2);
+        mirror_params_.assign(sh.size, 0.0f);
+        for (size_t i = 0; i < have; ++i) mirror_params_[i] = bf16_to_f32(raw[i]);
+        return mirror_params_.data();
+    }
+    const auto [id, at] = own_params();
+    return host_f32(id, at, mirror_params_);
+}
+
+Engine::Shard Engine::shard() const {
+    const TrainStep & t = *plans_.train;
+    return Shard{t.shard_lo(), t.shard_hi(), t.shard_size(), t.layout().total};
+}
+
+void Engine::params_changed() {
+    const TrainStep & t = *plans_.train;
+    const Shard sh = shard();
+    // A device backend or offloaded master weights: what the caller wrote into params()'s host
+    // mirror goes back first.
+    const bool offl = t.offloaded.master >= 0;
+    if ((!backend_.host_memory() || offl || t.sr_master()) && params_handed_)
+        store_own_params(mirror_params_.data(), std::min(mirror_params_.size(), sh.hi - sh.lo));
+    params_handed_ = false;
+    const size_t own = sh.hi - sh.lo, cs = dtype_size(t.compute());
+    auto * copy = static_cast<uint8_t *>(train_mem_->base(t.params)) + (opt_.zero >= 3 ? 0 : sh.lo * cs);
+    if (offl && own > 0) {   // the compute-precision copy from the master weights, rounded on the host
+        const std::vector<uint8_t> raw = state_bytes(t.master, t.offloaded.master);
+        std::vector<uint8_t> bytes(own * cs);
+        for (size_t i = 0; i < own; ++i) {
+            float f;
+            std::memcpy(&f, raw.data() + 4 * i, 4);
+            const uint16_t h = t.compute() == DType::bf16 ? f32_to_bf16(f) : f32_to_f16(f);
+            std::memcpy(bytes.data() + 2 * i, &h, 2);
+        }
+        backend_.upload(copy, bytes.data(), bytes.size());
+    } else if (t.master >= 0 && own > 0) {
+        Tensor dst(t.params, t.compute(), {int64_t(own)}), src(t.master, DType::f32, {int64_t(own)});
+        dst.data = copy;
+        src.data = train_mem_->base(t.master);
+        backend_.copy(dst, src);
+    }
+    // ZeRO 1 and 2: every rank's shard into everyone's whole weights.
+    if ((opt_.zero == 1 || opt_.zero == 2) && opt_.data_parallel > 1)
+        comm_->iall_gather(copy, train_mem_->base(t.params), t.shard_counts(0, sh.total), cs)->wait();
+}
+
+void Engine::set_params(const float * whole) {
+    const TrainStep & t = *plans_.train;
+    const Shard sh = shard();
+    std::vector<float> slice;
+    if (split_model()) slice = my_part(whole);
+    const float * full = slice.empty() ? whole : slice.data();
+    store_own_params(full + sh.lo, sh.hi - sh.lo);
+    if (opt_.zero >= 3) {
+        params_changed();
+        return;
+    }
+    // The whole compute-precision copy from the caller's weights: no communication.
+    if (!backend_.host_memory()) {   // rounded here, then uploaded
+        std::vector<uint8_t> bytes(sh.total * dtype_size(t.compute()));
+        for (size_t i = 0; i < sh.total; ++i) {
+            if (t.compute() == DType::f32) std::memcpy(bytes.data() + 4 * i, full + i, 4);
+            else {
+                const uint16_t h = t.compute() == DType::bf16 ? f32_to_bf16(full[i]) : f32_to_f16(full[i]);
+                std::memcpy(bytes.data() + 2 * i, &h, 2);
+            }
+        }
+        backend_.upload(train_mem_->base(t.params), bytes.data(), bytes.size());
+        return;
+    }
+    Tensor dst(t.params, t.compute(), {int64_t(sh.total)}), src(-1, DType::f32, {int64_t(sh.total)});
+    dst.data = train_mem_->base(t.params);
+    src.data = const_cast<float *>(full);
+    backend_.copy(dst, src);
+}
+
+float * Engine::grads() {
+    MF_ASSERT(plans_.train->grad_dtype() == DType::f32 && opt_.zero < 2);
+    return host_f32(plans_.train->grads, 0, mirror_grads_);
+}
+const float * Engine::adam_m() { return host_moments(plans_.train->adam_m, mirror_m_); }
+const float * Engine::adam_v() { return host_moments(plans_.train->adam_v, mirror_v_); }
+
+// A moment of the shard: its offloaded part (if any) then its resident one, widened to f32.
+const float * Engine::host_moments(BufferId id, std::vector<float> & mirror) {
+    const TrainStep & st = *plans_.train;
+    if (id < 0) {   // SGD's second moment: none (the state's is zeros)
+        std::vector<float>().swap(mirror);
+        return mirror.data();
+    }
+    if (st.moments_dtype() == DType::u8) return host_moments_8bit(id, mirror);
+    const BufferId off = id == st.adam_m ? st.offloaded.m : st.offloaded.v;
+    if (st.moments_dtype() == DType::f32 && off < 0) return host_f32(id, 0, mirror);
+    if (st.moments_dtype() == DType::f32) {
+        state_f32(id, off, mirror);
+        return mirror.data();
+    }
+    const std::vector<uint8_t> raw = state_bytes(id, off);
+    const size_t n = raw.size() / dtype_size(st.moments_dtype());
+    mirror.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+        bf16_t b;
+        std::memcpy(&b, raw.data() + 2 * i, 2);
+        mirror[i] = to_f32(b);
+    }
+    return mirror.data();
+}
+
+void Engine::store_moments(BufferId id, const float * src, size_t n) {
+    const TrainStep & st = *plans_.train;
+    if (id < 0) return;   // SGD's second moment: none
+    if (st.moments_dtype() == DType::u8) return store_moments_8bit(id, src, n);
+    const BufferId off = id == st.adam_m ? st.offloaded.m : st.offloaded.v;
+    if (st.moments_dtype() == DType::f32) return set_state_bytes(id, off, src, n * 4);
+    std::vector<bf16_t> raw(n);
+    for (size_t i = 0; i < n; ++i) raw[i] = from_f32<bf16_t>(src[i]);
+    set_state_bytes(id, off, raw.data(), n * sizeof(bf16_t));
+}
+
+// 8-bit moments (backend/moments8.h): the codes and their blocks' scales, decoded piece by piece.
+const float * Engine::host_moments_8bit(BufferId id, std::vector<float> & mirror) {
+    const TrainStep & st = *plans_.train;
+    const bool first = id == st.adam_m;
+    const std::vector<uint8_t> codes = state_bytes(id, first ? st.offloaded.m : st.offloaded.v);
+    const std::vector<uint8_t> sraw = state_bytes(first ? st.adam_m_scale : st.adam_v_scale,
+                                                  first ? st.offloaded.m_scale : st.offloaded.v_scale);
+    std::vector<float> scales(sraw.size() / 4);
+    std::memcpy(scales.data(), sraw.data(), sraw.size());
+    mirror.assign(codes.size(), 0.0f);
+    for (const auto & p : st.moment_pieces())
+        for (size_t i = 0; i < p.n; ++i) {
+            const float s = scales[p.block + i / kMoments8Block];
+            mirror[p.at + i] = first ? decode_m8(codes[p.at + i], s) : decode_v8(codes[p.at + i], s);
+        }
+    return mirror.data();
+}
+
+void Engine::store_moments_8bit(BufferId id, const float * src, size_t n) {
+    const TrainStep & st = *plans_.train;
+    const bool first = id == st.adam_m;
+    const BufferId sid = first ? st.adam_m_scale : st.adam_v_scale;
+    const BufferId off = first ? st.offloaded.m : st.offloaded.v, soff = first ? st.offloaded.m_scale : st.offloaded.v_scale;
+    auto bytes = [&](BufferId b) { return b >= 0 ? st.program().buffer(b).bytes : 0; };
+    std::vector<uint8_t> codes(bytes(id) + bytes(off), 0);
+    std::vector<float> scales((bytes(sid) + bytes(soff)) / 4, 0.0f);
+    for (const auto & p : st.moment_pieces()) {
+        MF_ASSERT(p.at + p.n <= n);
+        for (size_t lo = 0; lo < p.n; lo += kMoments8Block) {
+            const size_t hi = std::min(p.n, lo + kMoments8Block);
+            float s = 0;
+            for (size_t i = lo; i < hi; ++i) s = std::max(s, first ? std::fabs(src[p.at + i]) : src[p.at + i]);
+            scales[p.block + lo / kMoments8Block] = s;
+            for (size_t i = lo; i < hi; ++i)
+                codes[p.at + i] = first ? encode_m8(src[p.at + i], s) : encode_v8(src[p.at + i], s);
+        }
+    }
+    set_state_bytes(id, off, codes.data(), codes.size());
+    set_state_bytes(sid, soff, scales.data(), scales.size() * 4);
+}
+
+}  // namespace memfit
