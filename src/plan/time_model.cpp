@@ -232,6 +232,7 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
 
 double TimeModel::op_seconds(const OpRecord & op, bool lowp) const {
     const std::string_view n = op.name;
+    if (n == "offload_read" || n == "offload_write") return op_overhead + op.bytes / 2 / offload_rate;
     const double eff = n.starts_with("matmul")            ? (lowp ? lowp_gemm : 1.0)
                        : n.starts_with("flash_attention") ? 0.8
                        : n.starts_with("attention")       ? 0.2

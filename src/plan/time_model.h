@@ -150,6 +150,10 @@ struct TimeModel {
     double byte_rate = 20e9;     // bytes/s of memory traffic
     double lowp_gemm = 0.9;      // gemm rate factor when weights and activations are 16-bit
     double op_overhead = 20e-6;  // seconds per op (dispatch, threads' fork/join): favours fewer micro-steps
+    // --offload optimizer's copies (offload_read / offload_write: half their bytes are the store's
+    // side) move at the store's rate: 3.7 GB/s is `memfit bench --calibrate`'s offload_gbs for a
+    // file under the page cache on the 2-core Zen 4 VM.
+    double offload_rate = 3.7e9;
     double op_seconds(const OpRecord & op, bool lowp) const;
     double step_seconds(const StepPlans & plans, int grad_accum) const;
 };

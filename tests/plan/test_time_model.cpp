@@ -5,11 +5,13 @@
 
 #include <cmath>
 
+#include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "model/config.h"
 #include "model/recompute.h"
 #include "plan/time_model.h"
 #include "test_util.h"
+#include "train/engine.h"
 
 using namespace memfit;
 
@@ -205,6 +207,29 @@ TEST(TimeModel, OffloadStreamsTheStatesUpAndBack) {
         EXPECT_NEAR(off.offload, double(cfg.num_params()) * per / hw.host_bw, 1e-9 * off.offload);
         EXPECT_NEAR(off.total, none.total + off.offload, 1e-12 * off.total);
     }
+}
+
+// The op-level model (--fit auto's) of an offloaded program: its copies move the staged states at
+// offload_rate, up and back, on top of the in-memory program's time.
+TEST(TimeModel, OffloadCopiesCostTheStoresRate) {
+    const ModelConfig cfg = memfit::test::small_config(64, 32, 2, 2);
+    CpuBackend cpu;
+    EngineOptions eo;
+    eo.B = 2, eo.T = 16, eo.with_eval = false;
+    const StepPlans mem(cfg, cpu, eo, false);
+    eo.offload = 1, eo.offload_dir = "/tmp", eo.offload_unit = 512;
+    const StepPlans off(cfg, cpu, eo, false);
+    TimeModel tm;
+    tm.offload_rate = 1e6;   // slow enough to dominate
+    uint64_t moved = 0, copies = 0;
+    for (const auto & b : off.train->program().buffers())
+        if (b.category == Category::offloaded) moved += b.bytes;
+    for (const auto & op : off.train->program().ops())
+        copies += std::string_view(op.name).starts_with("offload_read") || std::string_view(op.name) == "offload_write";
+    const double extra = tm.step_seconds(off, 1) - tm.step_seconds(mem, 1);
+    const double expected = 2.0 * double(moved) / tm.offload_rate;   // fp32: m and v, read and written
+    EXPECT_GT(copies, 0u);
+    EXPECT_NEAR(extra, expected, 0.05 * expected);
 }
 
 // Whatever the layout, the step is positive, its parts are consistent and MFU lies in (0, 1).
