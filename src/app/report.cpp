@@ -100,11 +100,12 @@ std::vector<std::string> make_hints(const Engine & engine, const std::vector<Rep
                " (the global batch halves unless two micro-batches are accumulated)");
 
     const uint64_t opt = plan.peak_live[Category::optimizer_states];
-    if (opt > 0 && eo.zero == 0)
-        hints.push_back(fmt::format("AdamW moments take {} (2 x 4 bytes per parameter, {:.0f}% of the peak); "
+    if (opt > 0 && eo.zero == 0 && eo.offload == 0)
+        hints.push_back(fmt::format("the optimizer states take {} ({:.2f} bytes per parameter, {:.0f}% of the peak); "
                                     "sharding them over data-parallel ranks (mpirun -np N ... --zero 1) divides them "
-                                    "by the rank count.",
-                                    format_bytes(opt), 100.0 * double(opt) / double(total)));
+                                    "by the rank count, and --offload optimizer moves them off the device.",
+                                    format_bytes(opt), double(opt) / double(std::max<size_t>(1, step.layout().total)),
+                                    100.0 * double(opt) / double(total)));
     else if (eo.zero < 3 && eo.data_parallel > 1)
         hints.push_back(fmt::format("--zero {} would also shard the {} over the {} ranks.", eo.zero + 1,
                                     eo.zero == 1 ? "gradients" : "parameters", eo.data_parallel));

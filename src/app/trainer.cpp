@@ -302,6 +302,7 @@ void TrainingRun::load() {
     // local rank; gradients go over NCCL.
     const char * local_rank = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
     backend_ = make_backend(opt_.device, local_rank ? std::atoi(local_rank) : 0);
+    check_supported(opt_, cfg_, backend_.get());   // what the backend refuses (offload's place), before the data
     device_comm_ = make_device_communicator(*comm_, *backend_);
     if (device_comm_) data_comm_ = device_comm_.get();
     // A Hugging Face folder with a tokenizer.model tokenizes the corpus with it unless told otherwise.
