@@ -152,13 +152,16 @@ void add_train_commands(CLI::App & app) {
         "save them for `memfit plan`'s cpu entry");
     bench->add_option("--calibration", cal.path, "the file --calibrate writes")->capture_default_str()
         ->needs(calibrate_flag);
+    bench->add_option("--offload-dir", cal.offload_dir,
+                      "with --calibrate: the folder whose file round trip is measured, as --offload optimizer "
+                      "--offload-dir would use it (default: the calibration file's folder)")
+        ->needs(calibrate_flag);
     bench->callback([] {
         if (!calibrate) {
             std::printf("%s\n", run_bench(b).dump().c_str());
             return;
         }
         cal.threads = b.threads;
-        cal.offload_dir = b.offload_dir;
         std::printf("%s\n", run_calibration(cal).dump().c_str());
     });
 

@@ -326,6 +326,15 @@ TEST(Hardware, BenchCalibrateWritesTheFileThePlannerReads) {
     EXPECT_DOUBLE_EQ(cpu.host_bw, j["offload_gbs"].get<double>() * 1e9);
     EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator{}), 1) << "the probe's file was left";
 
+    // --offload-dir names the folder the round trip is measured in.
+    const fs::path there = dir / "states";
+    fs::create_directories(there);
+    ASSERT_EQ(run_memfit("bench --calibrate --calibration " + file.string() + " --threads 1 --offload-dir " +
+                         there.string(), &out), 0) << out;
+    EXPECT_NE(nlohmann::json::parse(std::ifstream(file))["offload"].get<std::string>().find(there.string()),
+              std::string::npos);
+    EXPECT_TRUE(fs::is_empty(there));
+
     // --calibration without --calibrate is refused.
     EXPECT_NE(run_memfit("bench --calibration " + file.string(), &out), 0) << out;
 }
