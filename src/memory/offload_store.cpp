@@ -49,9 +49,10 @@ public:
     uint64_t open(uint64_t bytes) override {
         MF_ASSERT(fd_ < 0 && "an offload store is opened once");
         struct stat st {};
-        if (::stat(dir_.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+        const int found = ::stat(dir_.c_str(), &st) == 0 ? 0 : errno;
+        if (found != 0 || !S_ISDIR(st.st_mode))
             throw IoError(fmt::format("--offload-dir {}: not a directory ({}); create it, or point it at one",
-                                      dir_, std::strerror(errno ? errno : ENOTDIR)));
+                                      dir_, std::strerror(found != 0 ? found : ENOTDIR)));
         std::string path = fmt::format("{}/memfit-offload-{}-XXXXXX", dir_, tag_);
         std::vector<char> name(path.begin(), path.end());
         name.push_back('\0');
