@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
 #include "model/config.h"
 #include "model/lora.h"
 #include "plan/plan_types.h"
@@ -71,6 +72,13 @@ inline LoraOptions lora_options(const ModelConfig & cfg, int rank, BaseWeights b
 }
 
 // n draws of N(0, scale^2).
+// A Tensor over a host vector's elements [at, at + n) (n = -1: to the end), as dtype dt.
+template <class T> Tensor host_view(std::vector<T> & v, DType dt, size_t at = 0, int64_t n = -1) {
+    Tensor t(-1, dt, {n < 0 ? int64_t(v.size() - at) : n});
+    t.data = reinterpret_cast<uint8_t *>(v.data()) + at * dtype_size(dt);
+    return t;
+}
+
 inline std::vector<float> randn(size_t n, std::mt19937 & rng, float scale = 1.0f) {
     std::normal_distribution<float> dist(0.0f, scale);
     std::vector<float> v(n);

@@ -62,6 +62,13 @@ struct AdamWHyper {
     float momentum = 0.9f;
 };
 
+// Whether an optimizer op's `param` is bf16-sr's bf16 weights (true: a seed and no copy, checked)
+// or fp32 (false); the kernels of every backend ask it.
+inline bool sr_weights(const Tensor & param, const Tensor & param_copy, const AdamWHyper & h) {
+    MF_ASSERT(param.dtype == DType::f32 || (param.dtype == DType::bf16 && h.sr_seed != 0 && !param_copy.valid()));
+    return param.dtype == DType::bf16;
+}
+
 // Whether the optimizer leaves the step out (the kernels and the engine decide alike).
 inline bool skips_update(const AdamWHyper & h, float norm_sq) {
     if (h.skip_nonfinite && !std::isfinite(norm_sq)) return true;

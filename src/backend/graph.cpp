@@ -576,24 +576,22 @@ void Graph::sgd(Tensor param, Tensor grad, Tensor buf, Tensor norm_sq, Tensor pa
     end();
 }
 
-void Graph::offload_read(Tensor staging, Tensor stored, int slot) {
+void Graph::offload_copy(const char * name, Tensor staging, Tensor stored, int slot, bool read) {
     MF_ASSERT(staging.nbytes() == stored.nbytes());
-    if (begin("offload_read", 0, {staging, stored})) {
-        MF_ASSERT(memory_->store() && "offload ops need the memory's store");
+    if (begin(name, 0, {staging, stored})) {
+        OffloadStore * store = memory_->store();
+        MF_ASSERT(store && "offload ops need the memory's store");
         const Tensor r = resolve(staging);
-        memory_->store()->read_start(slot, r.data, memory_->offloaded_at(stored.buffer) + stored.offset, r.nbytes());
+        const uint64_t at = memory_->offloaded_at(stored.buffer) + stored.offset;
+        if (read) store->read_start(slot, r.data, at, r.nbytes());
+        else store->write_start(slot, at, r.data, r.nbytes());
     }
     end();
 }
 
+void Graph::offload_read(Tensor staging, Tensor stored, int slot) { offload_copy("offload_read", staging, stored, slot, true); }
 void Graph::offload_write(Tensor stored, Tensor staging, int slot) {
-    MF_ASSERT(staging.nbytes() == stored.nbytes());
-    if (begin("offload_write", 0, {stored, staging})) {
-        MF_ASSERT(memory_->store() && "offload ops need the memory's store");
-        const Tensor r = resolve(staging);
-        memory_->store()->write_start(slot, memory_->offloaded_at(stored.buffer) + stored.offset, r.data, r.nbytes());
-    }
-    end();
+    offload_copy("offload_write", staging, stored, slot, false);
 }
 
 void Graph::offload_wait(int slot, std::initializer_list<Tensor> uses) {

@@ -182,6 +182,8 @@ public:
     int ops_issued() const { return next_op_; }
 
 private:
+    // offload_read (read) and offload_write: one copy between staging and the store.
+    void offload_copy(const char * name, Tensor staging, Tensor stored, int slot, bool read);
     // Records or begins op `name`; returns false while recording (the caller computes nothing).
     bool begin(const char * name, double flops, std::initializer_list<Tensor> uses, bool workspace = false);
     void end();

@@ -55,6 +55,10 @@ ModelWeights quantized_model_weights(const ModelConfig & cfg, const QuantLayout 
 ModelWeights lora_model_weights(const ModelConfig & cfg, const LoraOptions & lora, BufferId flat, DType dtype,
                                 const QuantLayout & q, BufferId qflat, BufferId adapters, DType adtype);
 
+// --offload optimizer's staged unit, elements (a multiple of the 8-bit moments' block of 256):
+// 3 MiB of fp32 master weights and moments, three units live at once (train/step.h).
+constexpr size_t kOffloadUnit = size_t(1) << 18;
+
 struct ModelOptions {
     bool with_backward = false;  // declare the backward pass's gradient buffers
     bool keep_logits = false;    // logits persistent, so the host can read them after the step
@@ -75,7 +79,7 @@ struct ModelOptions {
     bool sr_master = false;
     // --optimizer sgd: one fp32 momentum buffer ("sgd.momentum") in place of AdamW's two moments.
     bool sgd = false;
-    size_t offload_unit = size_t(1) << 18;   // elements per staged unit (a multiple of 256; tests use small ones)
+    size_t offload_unit = kOffloadUnit;   // elements per staged unit (tests use small ones)
     // > 0: a decode program instead (forward only, B = 1): T new tokens attend over persistent
     // KV caches of this many positions ("kv_cache.<l>.k|v", activations), and only the last
     // token's logits are kept ("logits" [1, V]).

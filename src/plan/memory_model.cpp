@@ -116,7 +116,7 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
         m.host = uint64_t(std::ceil(F * double(mw + os)));
         m.device[Category::master_weights] = mw - uint64_t(std::ceil(F * double(mw)));
         m.device[Category::optimizer_states] = os - uint64_t(std::ceil(F * double(os))) +
-                                               std::min(m.host, uint64_t(std::ceil(3.0 * double(1 << 18) * per)));
+                                               std::min(m.host, uint64_t(std::ceil(3.0 * double(kOffloadUnit) * per)));
     }
     if (L.offload == Offload::optimizer_params) {
         // ZeRO-Offload: the optimizer runs on the host, so gradients stream there bucket by

@@ -65,7 +65,7 @@ struct EngineOptions {
     // --optimizer sgd: SGD with momentum (AdamWHyper::momentum), one fp32 buffer (adam_m's place;
     // adam_v() is then all zeros, and so is a checkpoint's second moment).
     bool     sgd = false;
-    size_t   offload_unit = size_t(1) << 18;   // elements per staged unit (ModelOptions::offload_unit)
+    size_t   offload_unit = kOffloadUnit;   // elements per staged unit (ModelOptions::offload_unit)
     // LoRA (model/lora.h): only the adapters train; the base is frozen, optionally quantized.
     LoraOptions lora;
     LossScaler loss_scaling;         // fp16: the loss scaler's settings and starting scale

@@ -15,9 +15,12 @@
 #include "backend/moments8.h"
 #include "backend/stochastic_round.h"
 #include "core/dtype.h"
+#include "test_util.h"
 
 namespace memfit {
 namespace {
+
+using test::host_view;
 
 // The bf16 values just below and above x (equal when x is one).
 std::pair<double, double> bf16_around(double x) {
@@ -27,12 +30,6 @@ std::pair<double, double> bf16_around(double x) {
     const float lo = bf16_to_f32(uint16_t(u >> 16)), hi = bf16_to_f32(uint16_t((u >> 16) + 1));
     if (double(lo) == x) return {lo, lo};
     return f >= 0 ? std::pair<double, double>{lo, hi} : std::pair<double, double>{hi, lo};
-}
-
-template <class T> Tensor view(std::vector<T> & v, DType dt) {
-    Tensor t(-1, dt, {int64_t(v.size())});
-    t.data = v.data();
-    return t;
 }
 
 TEST(AdamWSr, Bf16WeightsStayBetweenTheNeighboursOfTheDoubleReference) {
@@ -49,7 +46,7 @@ TEST(AdamWSr, Bf16WeightsStayBetweenTheNeighboursOfTheDoubleReference) {
         for (auto & x : g) x = 0.5f * nd(rng);
         const std::vector<uint16_t> before = p;
         h.t = t;
-        be.adamw(view(p, DType::bf16), view(g, DType::f32), view(m, DType::f32), view(v, DType::f32), Tensor{},
+        be.adamw(host_view(p, DType::bf16), host_view(g, DType::f32), host_view(m, DType::f32), host_view(v, DType::f32), Tensor{},
                  Tensor{}, h);
         const double bc1 = 1 - std::pow(double(h.beta1), t), bc2 = 1 - std::pow(double(h.beta2), t);
         size_t up = 0, moved = 0;
@@ -79,7 +76,7 @@ TEST(AdamWSr, TinyUpdatesAreKeptInExpectation) {
     std::vector<float> m(n, 0.0f), v(n, 0.0f), g(n, 1.0f);
     AdamWHyper h;   // the first step of Adam moves every weight by lr (m/sqrt(v) = 1)
     h.lr = step / 10, h.eps = 0, h.sr_seed = 3;
-    be.adamw(view(p, DType::bf16), view(g, DType::f32), view(m, DType::f32), view(v, DType::f32), Tensor{}, Tensor{}, h);
+    be.adamw(host_view(p, DType::bf16), host_view(g, DType::f32), host_view(m, DType::f32), host_view(v, DType::f32), Tensor{}, Tensor{}, h);
     double mean = 0;
     for (uint16_t x : p) mean += double(bf16_to_f32(x)) - w;
     mean /= double(n);
@@ -108,9 +105,7 @@ TEST(AdamWSr, PiecesAndSeedsDrawByTheFlatIndex) {
             h.lr = 1e-3f, h.sr_seed = seed;
             auto part = [&](size_t a, size_t b) {
                 auto sub = [&](auto & vec, DType dt, size_t x, size_t y) {
-                    Tensor t(-1, dt, {int64_t(y - x)});
-                    t.data = reinterpret_cast<uint8_t *>(vec.data()) + x * dtype_size(dt);
-                    return t;
+                    return host_view(vec, dt, x, int64_t(y - x));
                 };
                 h.sr_at = a;
                 if (eight)

@@ -9,15 +9,12 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/dtype.h"
+#include "test_util.h"
 
 namespace memfit {
 namespace {
 
-template <class T> Tensor view(std::vector<T> & v, DType dt) {
-    Tensor t(-1, dt, {int64_t(v.size())});
-    t.data = v.data();
-    return t;
-}
+using test::host_view;
 
 TEST(Sgd, MatchesTheDoubleReference) {
     CpuBackend be;
@@ -34,8 +31,8 @@ TEST(Sgd, MatchesTheDoubleReference) {
         double ss = 0;
         for (auto & x : g) x = nd(rng), ss += double(x) * double(x);
         norm[0] = float(ss);
-        be.sgd(view(p, DType::f32), view(g, DType::f32), view(buf, DType::f32), view(norm, DType::f32),
-               view(copy, DType::bf16), h);
+        be.sgd(host_view(p, DType::f32), host_view(g, DType::f32), host_view(buf, DType::f32), host_view(norm, DType::f32),
+               host_view(copy, DType::bf16), h);
         const double scale = std::min(1.0, double(h.clip) / std::sqrt(double(norm[0])));
         for (size_t i = 0; i < n; ++i) {
             const double gi = double(g[i]) * scale + double(h.weight_decay) * rp[i];
@@ -49,7 +46,7 @@ TEST(Sgd, MatchesTheDoubleReference) {
     const std::vector<float> before = p;
     norm[0] = NAN;
     h.skip_nonfinite = true;
-    be.sgd(view(p, DType::f32), view(g, DType::f32), view(buf, DType::f32), view(norm, DType::f32), Tensor{}, h);
+    be.sgd(host_view(p, DType::f32), host_view(g, DType::f32), host_view(buf, DType::f32), host_view(norm, DType::f32), Tensor{}, h);
     EXPECT_EQ(p, before);
 }
 

@@ -11,22 +11,26 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_util.h"
+#include "model/transformer.h"
 
 namespace memfit {
 namespace {
 
 using namespace cli_test;
 
+nlohmann::json summary(const fs::path & out) { return nlohmann::json::parse(std::ifstream(out / "summary.json")); }
+
+// The bytes of a run's checkpoint state at `step` (two-digit steps: step-0000NN).
+std::string state(const fs::path & out, int step) {
+    std::ifstream in(out / ("checkpoints/step-0000" + std::to_string(step) + "/state.safetensors"), std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
 TEST(Cli, SmallerMomentsShrinkTheStatesAndResumeBitwise) {
     const fs::path text = small_text("o24.txt"), data = scratch("o24_data");
     ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
     const std::string args = "train --model nano --data " + data.string() + " --seq 32 --micro-batch 2 --sample 0 "
                              "--eval-every 0 --progress quiet --threads 1 --checkpoint-every 20 ";
-    auto summary = [](const fs::path & out) { return nlohmann::json::parse(std::ifstream(out / "summary.json")); };
-    auto state = [](const fs::path & out, int step) {
-        std::ifstream in(out / ("checkpoints/step-0000" + std::to_string(step) + "/state.safetensors"), std::ios::binary);
-        return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    };
     const fs::path f32 = scratch("o24_f32");
     ASSERT_EQ(run_memfit(args + "--steps 40 --out " + f32.string()).code, 0);
     const nlohmann::json a = summary(f32);
@@ -77,19 +81,14 @@ TEST(Cli, Bf16SrMasterWeightsTrainAndResume) {
     ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
     const std::string args = "train --model nano --data " + data.string() + " --seq 32 --micro-batch 2 --sample 0 "
                              "--eval-every 0 --progress quiet --threads 1 --checkpoint-every 10 --precision bf16 ";
-    auto summary = [](const fs::path & out) { return nlohmann::json::parse(std::ifstream(out / "summary.json")); };
-    auto state = [](const fs::path & out) {
-        std::ifstream in(out / "checkpoints/step-000020/state.safetensors", std::ios::binary);
-        return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    };
     const fs::path fp32 = scratch("sr24_master"), sr = scratch("sr24_sr"), resumed = scratch("sr24_resumed");
     ASSERT_EQ(run_memfit(args + "--steps 20 --out " + fp32.string()).code, 0);
     const std::string flag = "--master-weights bf16-sr ";
     ASSERT_EQ(run_memfit(args + flag + "--steps 20 --out " + sr.string()).code, 0);
     ASSERT_EQ(run_memfit(args + flag + "--steps 10 --out " + resumed.string()).code, 0);
     ASSERT_EQ(run_memfit(args + flag + "--steps 20 --resume auto --out " + resumed.string()).code, 0);
-    EXPECT_FALSE(state(sr).empty());
-    EXPECT_TRUE(state(resumed) == state(sr)) << "the resumed bf16-sr run ended elsewhere";
+    EXPECT_FALSE(state(sr, 20).empty());
+    EXPECT_TRUE(state(resumed, 20) == state(sr, 20)) << "the resumed bf16-sr run ended elsewhere";
     const nlohmann::json a = summary(fp32), b = summary(sr);
     EXPECT_EQ(b["run_config"]["master-weights"], "bf16-sr");
     EXPECT_GT(a["planned"]["peak_live"]["master_weights"].get<uint64_t>(), 0u);
@@ -110,11 +109,6 @@ TEST(Cli, OffloadedOptimizerStatesTrainBitForBit) {
     const std::string args = "train --model nano --data " + data.string() + " --seq 32 --micro-batch 2 --sample 0 "
                              "--eval-every 0 --progress quiet --threads 1 --checkpoint-every 10 --precision bf16 ";
     const std::string off = "--offload optimizer --offload-dir " + dir.string() + " ";
-    auto state = [](const fs::path & out, int step) {
-        std::ifstream in(out / ("checkpoints/step-0000" + std::to_string(step) + "/state.safetensors"), std::ios::binary);
-        return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    };
-    auto summary = [](const fs::path & out) { return nlohmann::json::parse(std::ifstream(out / "summary.json")); };
     const fs::path mem = scratch("off24_mem"), a = scratch("off24_off"), b = scratch("off24_resumed");
     ASSERT_EQ(run_memfit(args + "--steps 20 --out " + mem.string()).code, 0);
     const CmdResult r = run_memfit(args + off + "--steps 20 --out " + a.string());
@@ -131,7 +125,7 @@ TEST(Cli, OffloadedOptimizerStatesTrainBitForBit) {
     EXPECT_EQ(moved, so["planned"]["peak_live"]["offloaded"].get<uint64_t>());
     EXPECT_EQ(moved, sm["measured"]["peak_live"]["master_weights"].get<uint64_t>() +
                          sm["measured"]["peak_live"]["optimizer_states"].get<uint64_t>());
-    const uint64_t staging = 3 * (uint64_t(1) << 18) * 12;
+    const uint64_t staging = 3 * uint64_t(kOffloadUnit) * 12;
     const uint64_t total_mem = sm["measured"]["peak_live"]["total"].get<uint64_t>(),
                    total_off = so["measured"]["peak_live"]["total"].get<uint64_t>();
     EXPECT_LE(total_off + moved, total_mem + staging);

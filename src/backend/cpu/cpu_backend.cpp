@@ -433,8 +433,7 @@ void CpuBackend::adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor nor
     const float scale = update_scale(h, nsq);
     const size_t n = size_t(param.numel());
     MF_ASSERT(m.dtype == v.dtype && (m.dtype == DType::f32 || m.dtype == DType::bf16));
-    if (param.dtype == DType::bf16) {   // --master-weights bf16-sr
-        MF_ASSERT(h.sr_seed != 0 && !param_copy.valid());
+    if (sr_weights(param, param_copy, h)) {   // --master-weights bf16-sr
         dispatch(grad.dtype, [&](auto gz) {
             using G = decltype(gz);
             auto update = [&](auto * mm, auto * vv) {
@@ -446,7 +445,6 @@ void CpuBackend::adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor nor
         });
         return;
     }
-    MF_ASSERT(param.dtype == DType::f32);
     if (grad.dtype == DType::f32 && !param_copy.valid() && m.dtype == DType::f32) {
         cpu::adamw_update(param.f32(), grad.f32(), m.f32(), v.f32(), n, h.lr, h.beta1, h.beta2, h.eps,
                           h.weight_decay, h.t, scale);
@@ -468,8 +466,7 @@ void CpuBackend::sgd(Tensor param, Tensor grad, Tensor buf, Tensor norm_sq, Tens
     if (skips_update(h, nsq)) return;
     const float scale = update_scale(h, nsq);
     const size_t n = size_t(param.numel());
-    if (param.dtype == DType::bf16) {   // --master-weights bf16-sr
-        MF_ASSERT(h.sr_seed != 0 && !param_copy.valid());
+    if (sr_weights(param, param_copy, h)) {   // --master-weights bf16-sr
         dispatch(grad.dtype, [&](auto gz) {
             using G = decltype(gz);
             cpu::sgd_update<bf16_t, G, float>(ptr<bf16_t>(param), nullptr, ptr<G>(grad), buf.f32(), n, h.lr, h.momentum,
@@ -477,7 +474,6 @@ void CpuBackend::sgd(Tensor param, Tensor grad, Tensor buf, Tensor norm_sq, Tens
         });
         return;
     }
-    MF_ASSERT(param.dtype == DType::f32);
     with_grad_and_copy(grad, param_copy, [&](auto * g, auto * copy) {
         cpu::sgd_update(param.f32(), copy, g, buf.f32(), n, h.lr, h.momentum, h.weight_decay, scale, 0, 0);
     });
@@ -486,14 +482,13 @@ void CpuBackend::sgd(Tensor param, Tensor grad, Tensor buf, Tensor norm_sq, Tens
 void CpuBackend::adamw_8bit(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor m_scale, Tensor v_scale,
                             Tensor norm_sq, Tensor param_copy, const AdamWHyper & h) {
     const size_t n = size_t(param.numel());
-    MF_ASSERT((param.dtype == DType::f32 || param.dtype == DType::bf16) && grad.numel() == param.numel());
+    MF_ASSERT(grad.numel() == param.numel());
     MF_ASSERT(m.dtype == DType::u8 && v.dtype == DType::u8 && size_t(m.numel()) == n && size_t(v.numel()) == n);
     MF_ASSERT(size_t(m_scale.numel()) == moments8_blocks(n) && size_t(v_scale.numel()) == moments8_blocks(n));
     const float nsq = norm_sq.valid() ? norm_sq.f32()[0] : 0.0f;
     if (skips_update(h, nsq)) return;
     const float scale = update_scale(h, nsq);
-    if (param.dtype == DType::bf16) {   // --master-weights bf16-sr
-        MF_ASSERT(h.sr_seed != 0 && !param_copy.valid());
+    if (sr_weights(param, param_copy, h)) {   // --master-weights bf16-sr
         dispatch(grad.dtype, [&](auto gz) {
             using G = decltype(gz);
             cpu::adamw_update_8bit<G, float, bf16_t>(ptr<bf16_t>(param), nullptr, ptr<G>(grad), static_cast<uint8_t *>(m.data),

@@ -297,7 +297,7 @@ void adamw(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor
            const AdamWHyper & h) {
     const int64_t n = param.numel();
     MF_ASSERT(m.dtype == v.dtype && (m.dtype == DType::f32 || m.dtype == DType::bf16));
-    MF_ASSERT(param.dtype == DType::f32 || (param.dtype == DType::bf16 && h.sr_seed != 0 && !param_copy.valid()));
+    const bool sr = sr_weights(param, param_copy, h);
     MF_ASSERT(grad.numel() == n && m.numel() == n && v.numel() == n && h.t >= 1);
     MF_ASSERT(!norm_sq.valid() || norm_sq.dtype == DType::f32);
     if (param_copy.valid())
@@ -312,7 +312,7 @@ void adamw(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor
             using M = std::remove_pointer_t<decltype(mm)>;
             const bool vec = aligned(param.data, 16) && aligned(mm, 4 * sizeof(M)) && aligned(vv, 4 * sizeof(M)) &&
                              aligned(g, 4 * sizeof(G)) && (!copy || aligned(copy, 4 * sizeof(P)));
-            if (param.dtype == DType::bf16)   // bf16-sr: one element per thread
+            if (sr)   // bf16-sr: one element per thread
                 adamw_kernel<G, P, M, false, uint16_t><<<grid_for(n, 256), 256, 0, s>>>(ptr<uint16_t>(param), g, mm,
                                                                                         vv, copy, n, nsq, a);
             else if (vec)
@@ -330,14 +330,14 @@ void adamw(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor
 void sgd(cudaStream_t s, Tensor param, Tensor grad, Tensor buf, Tensor norm_sq, Tensor param_copy, const AdamWHyper & h) {
     const int64_t n = param.numel();
     MF_ASSERT(buf.dtype == DType::f32 && grad.numel() == n && buf.numel() == n);
-    MF_ASSERT(param.dtype == DType::f32 || (param.dtype == DType::bf16 && h.sr_seed != 0 && !param_copy.valid()));
+    const bool sr = sr_weights(param, param_copy, h);
     if (n == 0) return;
     const AdamArgs a = adam_args(h);
     const float * nsq = norm_sq.valid() ? norm_sq.f32() : nullptr;
     with_grad_and_copy(grad, param_copy, [&](auto * g, auto * copy) {
         using G = std::remove_pointer_t<decltype(g)>;
         using P = std::remove_pointer_t<decltype(copy)>;
-        if (param.dtype == DType::bf16)
+        if (sr)
             sgd_kernel<G, P, uint16_t><<<grid_for(n, 256), 256, 0, s>>>(ptr<uint16_t>(param), g, buf.f32(), copy, n, nsq,
                                                                         a, h.momentum, h.weight_decay);
         else
@@ -351,7 +351,7 @@ void adamw_8bit(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, T
                 Tensor norm_sq, Tensor param_copy, const AdamWHyper & h) {
     const int64_t n = param.numel(), blocks = int64_t(moments8_blocks(size_t(n)));
     MF_ASSERT(m.dtype == DType::u8 && v.dtype == DType::u8);
-    MF_ASSERT(param.dtype == DType::f32 || (param.dtype == DType::bf16 && h.sr_seed != 0 && !param_copy.valid()));
+    const bool sr = sr_weights(param, param_copy, h);
     MF_ASSERT(grad.numel() == n && m.numel() == n && v.numel() == n && h.t >= 1);
     MF_ASSERT(m_scale.numel() == blocks && v_scale.numel() == blocks);
     if (n == 0) return;
@@ -360,7 +360,7 @@ void adamw_8bit(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, T
     with_grad_and_copy(grad, param_copy, [&](auto * g, auto * copy) {
         using G = std::remove_pointer_t<decltype(g)>;
         using P = std::remove_pointer_t<decltype(copy)>;
-        if (param.dtype == DType::bf16)   // bf16-sr
+        if (sr)   // bf16-sr
             adamw8_kernel<G, P, uint16_t><<<unsigned(blocks), unsigned(kMoments8Block), 0, s>>>(
                 ptr<uint16_t>(param), g, ptr<uint8_t>(m), ptr<uint8_t>(v), m_scale.f32(), v_scale.f32(), copy, n, nsq, a);
         else
