@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything memfit needs from Debian 12 packages. Idempotent; run as root (or with sudo).
 # --test also installs what only the tests need (Chromium, to render the HTML report headless;
-# clang and its libFuzzer runtime, for the fuzz targets' regression run; procps, for pgrep).
+# clang and its libFuzzer runtime, for the fuzz targets' regression run; procps, for pgrep; tmux,
+# for the monitor's terminal test).
 set -euo pipefail
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
@@ -22,6 +23,7 @@ if [ "${1:-}" = "--test" ]; then
   PKGS+=(chromium fonts-dejavu-core)   # headless rendering of report.html in the tests
   PKGS+=(clang libclang-rt-14-dev)     # scripts/fuzz.sh
   PKGS+=(procps)                       # pgrep: tests/mpi_train/rank_killed.sh finds a rank's process
+  PKGS+=(tmux)                         # tests/mpi_train/monitor.sh: `memfit monitor` in a terminal
 fi
 missing=()
 for p in "${PKGS[@]}"; do

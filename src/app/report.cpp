@@ -112,6 +112,28 @@ std::vector<std::string> make_hints(const Engine & engine, const std::vector<Rep
     return hints;
 }
 
+bool by_size(const ReportBuffer & a, const ReportBuffer & b) {
+    return a.bytes != b.bytes ? a.bytes > b.bytes : a.name < b.name;
+}
+
+// The buffers of the device live at op `op`, largest first.
+std::vector<ReportBuffer> live_at(const std::vector<ReportBuffer> & all, int op) {
+    std::vector<ReportBuffer> live;
+    for (const auto & b : all)
+        if (b.first_op <= op && op <= b.last_op && b.bytes > 0 && b.category != Category::offloaded) live.push_back(b);
+    std::sort(live.begin(), live.end(), by_size);
+    return live;
+}
+
+std::vector<ReportBuffer> report_buffers(const Program & p) {
+    std::vector<ReportBuffer> all;
+    for (const auto & b : p.buffers()) {
+        if (!b.persistent && b.first_op < 0) continue;
+        all.push_back(to_report(b, p.num_ops()));
+    }
+    return all;
+}
+
 }  // namespace
 
 ReportData build_report(const Engine & engine, const Timeline & timeline, const std::string & title,
@@ -131,22 +153,23 @@ ReportData build_report(const Engine & engine, const Timeline & timeline, const 
     r.peak_rss = peak_rss_bytes();
     r.peak_op = plan.peak_op;
 
-    std::vector<ReportBuffer> all;
-    for (const auto & b : p.buffers()) {
-        if (!b.persistent && b.first_op < 0) continue;
-        all.push_back(to_report(b, r.num_ops));
-    }
-    auto by_size = [](const ReportBuffer & a, const ReportBuffer & b) {
-        return a.bytes != b.bytes ? a.bytes > b.bytes : a.name < b.name;
-    };
-    for (const auto & b : all)
-        if (b.first_op <= r.peak_op && r.peak_op <= b.last_op && b.bytes > 0 && b.category != Category::offloaded)
-            r.live_at_peak.push_back(b);   // the device's peak
-    std::sort(r.live_at_peak.begin(), r.live_at_peak.end(), by_size);
+    const std::vector<ReportBuffer> all = report_buffers(p);
+    r.live_at_peak = live_at(all, r.peak_op);
     r.largest = all;
     std::sort(r.largest.begin(), r.largest.end(), by_size);
     if (r.largest.size() > 10) r.largest.resize(10);
     r.hints = make_hints(engine, r.live_at_peak);
+    return r;
+}
+
+ReportData build_failure_report(const Engine & engine, const Timeline & timeline, const std::string & title,
+                                const nlohmann::json & config, uint64_t budget, const std::string & failure) {
+    ReportData r = build_report(engine, timeline, title, config, budget);
+    r.failure = failure;
+    if (timeline.failed_op >= 0) {
+        r.peak_op = timeline.failed_op;
+        r.live_at_peak = live_at(report_buffers(engine.step().program()), r.peak_op);
+    }
     return r;
 }
 

@@ -15,4 +15,9 @@ namespace memfit {
 ReportData build_report(const Engine & engine, const Timeline & timeline, const std::string & title,
                         const nlohmann::json & config, uint64_t budget);
 
+// The report of a step that failed out of memory: `timeline` ends at the op that failed
+// (Timeline::failed_op); the report's peak is that op, its buffers those the plan has live there.
+ReportData build_failure_report(const Engine & engine, const Timeline & timeline, const std::string & title,
+                                const nlohmann::json & config, uint64_t budget, const std::string & failure);
+
 }  // namespace memfit

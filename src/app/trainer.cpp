@@ -44,6 +44,7 @@
 #include "data/token_file.h"
 #include "infer/generate.h"
 #include "memory/budget.h"
+#include "memory/step_memory.h"
 #include "model/hf_weights.h"
 #include "model/tensor_parallel.h"
 #include "plan/fit.h"
@@ -492,6 +493,7 @@ void TrainingRun::build() {
         if (!metrics_)
             throw IoError(fmt::format("{}: cannot open for appending ({})", metrics_path_, std::strerror(errno)));
     }
+    start_watch();
     const size_t BT = size_t(batch_) * size_t(opt_.seq) * size_t(accum_);   // tokens per step
     in_.resize(BT);
     tg_.resize(BT);
@@ -542,6 +544,8 @@ void TrainingRun::train() {
     last_step_ = first_step_ - 1;
     // Tests only: this process leaves at that step, as a rank that ends early would (the watchdog's test).
     const char * exit_at = std::getenv("MEMFIT_TEST_EXIT_AT_STEP");
+    // Tests only: the N-th transient buffer the steps acquire fails, as an allocation would.
+    if (const char * n = std::getenv("MEMFIT_TEST_FAIL_ACQUIRE")) inject_acquire_failure(std::atol(n));
     for (int s = first_step_; s <= opt_.steps; ++s) {
         if (exit_at && s == std::atoi(exit_at)) std::exit(0);
         set_comm_step(s);
@@ -589,12 +593,20 @@ void TrainingRun::step(int step) {
         h.skip_above_loss = float(spikes_.loss_threshold());
     }
     if (const auto it = injected_.find(step); it != injected_.end()) h.loss_grad_factor = it->second;
-    if (step == opt.steps) engine_->set_timeline(&timeline_);
-    else if (opt.check_leaks && step == 2) engine_->set_timeline(&leak_a_);
-    else if (opt.check_leaks && step == 3) engine_->set_timeline(&leak_b_);
+    // Every step is recorded op by op: the last for the report, the others in case one fails.
+    Timeline * recording = step == opt.steps                   ? &timeline_
+                           : opt.check_leaks && step == 2 ? &leak_a_
+                           : opt.check_leaks && step == 3 ? &leak_b_
+                                                          : &flight_;
+    engine_->set_timeline(recording);
     const auto t0 = Clock::now();
     step_t0_ = t0;
-    const StepResult r = resilient_step(engine_, cfg_, *backend_, my_in_.data(), my_tg_.data(), h, replans_);
+    StepResult r;
+    try {
+        r = resilient_step(engine_, cfg_, *backend_, my_in_.data(), my_tg_.data(), h, replans_);
+    } catch (const OutOfMemory & e) {
+        fail_out_of_memory(e, step, *recording);
+    }
     for (const auto & n : replans_) say(n);
     replans_.clear();
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -646,11 +658,17 @@ void TrainingRun::step(int step) {
     last_loss_ = r.loss;
     const bool do_eval = eo_.with_eval && ((opt.eval_every > 0 && step % opt.eval_every == 0) || step == opt.steps);
     if (do_eval) {
-        last_val_ = evaluate();
+        try {
+            last_val_ = evaluate();
+        } catch (const OutOfMemory & e) {
+            fail_out_of_memory(e, step, *recording);   // evaluation's program is not recorded: the step's is shown
+        }
         val_curve_.push_back({step, last_val_});
     }
     const auto & L = engine_->ledger();
-    const bool log_point = step % opt.log_every == 0 || step == 1 || step == opt.steps || do_eval || !spike.empty();
+    // Every rank's memory is gathered at the log points every rank knows of (a spike's is rank 0's).
+    const bool watch_point = step % opt.log_every == 0 || step == 1 || step == opt.steps || do_eval;
+    const bool log_point = watch_point || !spike.empty();
     ProgressLine pl;
     pl.step = step;
     pl.total_steps = opt.steps;
@@ -665,6 +683,7 @@ void TrainingRun::step(int step) {
     pl.peak = L.live_total_peak();
     pl.budget = eo_.budget;
     progress_.update(pl, log_point);
+    if (watch_point) ranks_memory_ = watch(step, pl, r);
     // A bad step was not applied: the checkpoint after it holds the state before it, which is
     // where a roll-back returns.
     if (opt.checkpoint_every > 0 && (step % opt.checkpoint_every == 0 || step == opt.steps))
@@ -675,6 +694,7 @@ void TrainingRun::step(int step) {
                             {"peak_bytes", L.live_total_peak()}};
         if (do_eval) m["val_loss"] = last_val_;
         if (!spike.empty()) m["spike"] = spike;
+        m["ranks"] = ranks_memory_;
         if (eo_.compute == DType::f16) {
             m["loss_scale"] = r.loss_scale;
             m["skipped_steps"] = engine_->loss_scaler().skipped;

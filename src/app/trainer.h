@@ -26,6 +26,7 @@ struct TrainOptions : RunConfig {
     int      eval_batches = 8;
     int      log_every = 50;
     std::string out = "runs/train";
+    std::string tensorboard;       // TensorBoard event files, one folder per rank (DIR/rank0, ...); "": none
     int      sample_tokens = 400;  // text sample at the end (0: none)
     bool     check_lifetimes = false;
     bool     check_leaks = false;  // compare live bytes op by op between steps 2 and 3; fail if they differ

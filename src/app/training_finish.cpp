@@ -122,6 +122,8 @@ void TrainingRun::finish() {
     const bool want_sample = opt_.sample_tokens > 0 && !data_.tokenizer.empty() && !opt_.profile;
     std::vector<float> sample_weights;
     if (want_sample && (lead_ || eo_.zero > 0 || layout_.tp > 1 || layout_.pp > 1)) sample_weights = engine_->merged_weights();
+    std::vector<RankView> rank_views;
+    if (world_ > 1) rank_views = gather_rank_views();
     if (!lead_) return;
     report_memory(rank_memory, planned_by_rank, rss);
     if (!bubble.empty()) say(bubble);
@@ -170,6 +172,7 @@ void TrainingRun::finish() {
     const std::string title = fmt::format("memfit {}: {}, batch {} x seq {}", opt_.profile ? "profile" : "train",
                                           cfg_.name, batch_, opt_.seq);
     ReportData rep = build_report(*engine_, timeline_, title, flat, eo_.budget);
+    rep.ranks = std::move(rank_views);
     if (!opt_.profile) {
         rep.loss = loss_curve_;
         rep.val_loss = val_curve_;

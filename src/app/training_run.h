@@ -23,10 +23,13 @@
 #include "comm/communicator.h"
 #include "comm/groups.h"
 #include "data/data_loader.h"
+#include "memory/budget.h"
 #include "memory/timeline.h"
 #include "model/config.h"
 #include "report/html_report.h"
 #include "report/progress.h"
+#include "report/report_data.h"
+#include "report/tensorboard.h"
 #include "train/engine.h"
 #include "train/replan.h"
 #include "train/schedule.h"
@@ -75,6 +78,15 @@ private:
     std::string checkpoint_root() const;
     void report_memory(const RankMemory & rank_memory, const std::vector<uint64_t> & planned_by_rank, uint64_t rss);
     std::pair<std::string, int> sample(const std::vector<float> & weights);
+    // Watching the run (training_watch.cpp). Collective: run.json (each rank's plan) and the
+    // TensorBoard files; every rank's memory at a log point, to TensorBoard and (rank 0's
+    // return) metrics.jsonl's "ranks"; every rank's last step for the report.
+    void start_watch();
+    nlohmann::json watch(int step, const ProgressLine & pl, const StepResult & r);
+    std::vector<RankView> gather_rank_views();
+    // A step that failed out of memory: the report of `recorded` (up to the op that failed, when
+    // that op was the training step's), then the error again, naming where the report is.
+    [[noreturn]] void fail_out_of_memory(const OutOfMemory & e, int step, const Timeline & recorded);
 
     const TrainOptions & opt_;
     std::unique_ptr<Communicator> comm_;
@@ -132,6 +144,10 @@ private:
     static constexpr int kMaxSkippedInARow = 10;
     Timeline timeline_;          // the last step, op by op, for the report
     Timeline leak_a_, leak_b_;   // --check-leaks: steps 2 and 3
+    Timeline flight_;            // every other step, for the report of a step that fails
+    std::unique_ptr<TensorBoardWriter> tensorboard_;   // --tensorboard: this rank's files
+    nlohmann::json ranks_memory_;      // every rank's memory at the last log point (metrics.jsonl)
+    std::set<std::string> op_names_;   // names of the ops other ranks' timelines hold (gather_rank_views)
     std::vector<CurvePoint> loss_curve_, val_curve_, tps_curve_;
 };
 

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "backend/collectives.h"
+#include "memory/budget.h"
 #include "memory/step_memory.h"
 #include "memory/timeline.h"
 
@@ -79,21 +80,33 @@ bool Graph::begin(const char * name, double flops, std::initializer_list<Tensor>
         skip_update_ = skip_ask_ && (*skip_ask_)();
     }
     if (cancel_ && !updating_ && (*cancel_)()) throw StepAbandoned{};
-    memory_->begin_op(next_op_);
+    try {
+        memory_->begin_op(next_op_);
+    } catch (const OutOfMemory &) {
+        // The picture at the failure: the op that could not start, with the bytes held then.
+        if (timeline_) {
+            record_event(name);
+            timeline_->events.back().end_us = timeline_->events.back().begin_us;
+            timeline_->failed_op = next_op_;
+        }
+        throw;
+    }
     // Transfers in flight advance between ops (OpenMPI 4.1 has no progress thread).
     for (auto & r : pending_)
         if (r) r->poll();
-    if (timeline_) {
-        TimelineEvent e;
-        e.op = next_op_;
-        e.name = name;
-        e.phase = phase_;
-        e.layer = layer_;
-        e.live = memory_->ledger().live();
-        e.begin_us = now_us();
-        timeline_->events.push_back(e);
-    }
+    if (timeline_) record_event(name);
     return true;
+}
+
+void Graph::record_event(const char * name) {
+    TimelineEvent e;
+    e.op = next_op_;
+    e.name = name;
+    e.phase = phase_;
+    e.layer = layer_;
+    e.live = memory_->ledger().live();
+    e.begin_us = now_us();
+    timeline_->events.push_back(e);
 }
 
 double Graph::now_us() const {

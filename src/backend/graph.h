@@ -188,6 +188,7 @@ private:
     bool begin(const char * name, double flops, std::initializer_list<Tensor> uses, bool workspace = false);
     void end();
     double now_us() const;
+    void record_event(const char * name);   // the timeline event of op next_op_, begun now
     Tensor resolve(Tensor t) const;
     void grow_workspace(size_t bytes);
     Tensor workspace_tensor(size_t bytes) const;

@@ -1,5 +1,6 @@
-// memfit train, bench, verify.
+// memfit train, profile, monitor, bench, verify.
 #include <cstdio>
+#include <cstdlib>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -11,6 +12,7 @@
 #include "model/config.h"
 #include "app/bench.h"
 #include "app/calibrate.h"
+#include "app/monitor.h"
 #include "app/trainer.h"
 #include "app/verify.h"
 
@@ -58,7 +60,12 @@ void add_train_flags(CLI::App * train, TrainOptions & t) {
         ->capture_default_str()->check(kPositive);
     train->add_option("--log-every", t.log_every, "status line interval in steps")->capture_default_str()
         ->check(kPositive);
-    train->add_option("--out", t.out, "output folder (metrics.jsonl, summary.json)")->capture_default_str();
+    train->add_option("--out", t.out, "output folder (metrics.jsonl, summary.json, run.json; `memfit monitor` "
+                                      "watches it)")->capture_default_str();
+    train->add_option("--tensorboard", t.tensorboard,
+                      "also write TensorBoard event files, one run folder per rank (DIR/rank0, DIR/rank1, ...): loss, "
+                      "validation loss, learning rate, gradient norm, tokens/s, loss scale, and live and peak bytes "
+                      "per memory category at every log step (tensorboard --logdir DIR)");
     train->add_option("--sample", t.sample_tokens, "tokens of text to sample at the end (0: none)")
         ->capture_default_str()->check(kNonNegative);
     train->add_flag("--check-lifetimes", t.check_lifetimes,
@@ -133,6 +140,18 @@ void add_train_commands(CLI::App & app) {
         "profile", "run a few steps and write report.html (memory over the step, by category) and trace.json");
     add_train_flags(profile, prof);
     profile->callback([] { run_training(prof); });
+
+    static MonitorOptions mon;
+    CLI::App * monitor = app.add_subcommand(
+        "monitor", "watch a running `memfit train` (its --out folder): step, loss, tokens/s, and per rank the live and "
+                   "peak bytes by category against the plan and the budget; exits when the run ends");
+    monitor->add_option("run_dir", mon.run_dir, "the run's --out folder")->required();
+    monitor->add_option("--interval", mon.interval, "seconds between looks at the run's files")->capture_default_str()
+        ->check(kPositive);
+    monitor->add_option("--wait", mon.wait, "seconds to wait for the run to start (its run.json; 0: forever)")
+        ->capture_default_str()->check(kNonNegative);
+    monitor->add_flag("--once", mon.once, "print the view once and exit");
+    monitor->callback([] { std::exit(run_monitor(mon)); });
 
     static BenchOptions b;
     CLI::App * bench = app.add_subcommand("bench", "time training steps; print one JSON line (tokens/s, MFU, memory)");

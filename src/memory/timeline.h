@@ -26,6 +26,9 @@ struct Timeline {
     std::string                program;   // "train", "eval", ...
     std::vector<TimelineEvent> events;
     double                     origin_s = 0;   // steady-clock seconds of the first event's origin
+    // The op whose buffers could not be acquired (out of memory): its event is the last, with
+    // the live bytes held when the acquisition failed and end_us = begin_us. -1: none failed.
+    int                        failed_op = -1;
 };
 
 }  // namespace memfit

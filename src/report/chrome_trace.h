@@ -3,6 +3,14 @@
 // phase, memory is a stacked counter track per category ("C" "memory") plus a total
 // ("memory.total"), and the peak is a global instant event. otherData carries the planned vs
 // measured peaks per category and the run's configuration.
+//
+// One process (pid 1, "memfit step") for one process's run. With ReportData::ranks (more than
+// one), one process per rank instead: pid rank + 1 named by the rank's label, its ops and
+// counters from its own timeline, shifted by the difference of its origin from rank 0's so the
+// ranks of one host line up (not shifted when that exceeds 60 s: another host's clock); the peak
+// stays on rank 0's process and otherData.ranks lists each rank's pid, shift and peaks. A step
+// that failed out of memory (ReportData::failure) adds a global instant event "out of memory:
+// <failure>" at the failed op, and otherData.failure / otherData.failed_op.
 #pragma once
 
 #include <string>

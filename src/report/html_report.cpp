@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "memory/program.h"
+#include "report/rank_view.h"
 #include "report/svg.h"
 
 namespace memfit {
@@ -36,17 +37,27 @@ std::string pct(uint64_t part, uint64_t whole) {
     return fmt::format("{:.0f}%", p);
 }
 
+// Index in tl.events of the failed op's event (the last one), -1 when none failed.
+int failed_event(const Timeline & tl) {
+    if (tl.failed_op < 0) return -1;
+    for (size_t i = tl.events.size(); i-- > 0;)
+        if (tl.events[i].op == tl.failed_op) return int(i);
+    return -1;
+}
+
 struct View {
     const ReportData & r;
-    int peak = -1;                              // index into events
+    int peak = -1;                              // index into events (the failed op's when one failed)
+    bool failed = false;                        // r.failure: the "peak" is where the allocation failed
     CategoryBytes at_peak;                      // live bytes per category at the peak
     std::array<bool, kCategoryCount> used{};    // non-zero at some op
     Category dominant = Category::activations;
 };
 
 View make_view(const ReportData & r) {
-    View v{r, -1, {}, {}, Category::activations};
+    View v{r, -1, !r.failure.empty(), {}, {}, Category::activations};
     v.peak = peak_event(r);
+    if (const int f = failed_event(r.timeline); v.failed && f >= 0) v.peak = f;
     for (const auto & e : r.timeline.events)
         for (size_t c = 0; c < kCategoryCount; ++c) v.used[c] = v.used[c] || e.live.v[c] != 0;
     v.at_peak = v.peak >= 0 ? r.timeline.events[size_t(v.peak)].live : r.measured_peak;
@@ -58,9 +69,11 @@ View make_view(const ReportData & r) {
 // Legend with each category's bytes at the peak (top of the stack first), and the buffers
 // live at the peak.
 std::string legend_and_live(const View & v) {
-    std::string s = "<div class=\"row\"><div class=\"col\"><h3>At the peak, by category</h3>\n"
-                    "<table class=\"legend\"><tr><th>category</th><th class=\"n\">live at peak</th>"
-                    "<th class=\"n\">share</th><th class=\"n\">max over the step</th></tr>\n";
+    std::string s = fmt::format("<div class=\"row\"><div class=\"col\"><h3>{}, by category</h3>\n"
+                                "<table class=\"legend\"><tr><th>category</th><th class=\"n\">{}</th>"
+                                "<th class=\"n\">share</th><th class=\"n\">max over the step</th></tr>\n",
+                                v.failed ? "When the allocation failed" : "At the peak",
+                                v.failed ? "live at the failure" : "live at peak");
     const uint64_t total = v.at_peak.total();
     for (auto it = kStackOrder.rbegin(); it != kStackOrder.rend(); ++it) {
         const Category c = *it;
@@ -79,9 +92,10 @@ std::string legend_and_live(const View & v) {
     const auto & live = v.r.live_at_peak;
     uint64_t live_sum = 0;
     for (const auto & b : live) live_sum += b.bytes;
-    s += fmt::format("<div class=\"col\"><h3>Buffers live at the peak ({}, {})</h3>\n<table class=\"live\">"
+    s += fmt::format("<div class=\"col\"><h3>Buffers live {} ({}, {})</h3>\n<table class=\"live\">"
                      "<tr><th>buffer</th><th>category</th><th class=\"n\">bytes</th></tr>\n",
-                     live.size(), escape(format_bytes(live_sum)));
+                     v.failed ? "when the allocation failed" : "at the peak", live.size(),
+                     escape(format_bytes(live_sum)));
     const size_t shown = std::min<size_t>(live.size(), 12);
     for (size_t i = 0; i < shown; ++i) {
         s += fmt::format("<tr><td class=\"name\">{}</td><td>{}{}</td><td class=\"n\">{}</td></tr>\n",
@@ -202,18 +216,33 @@ std::string headline(const View & v) {
         const auto & e = r.timeline.events[size_t(v.peak)];
         where = fmt::format("op {} ({})", e.op, escape(svg::op_label(e)));
     }
+    const std::string_view dominates = v.failed ? "dominates at the failure" : "dominates the peak";
     if (total == 0)
-        s += card("dominates the peak", "no bytes recorded", "", "wide");
+        s += card(dominates, "no bytes recorded", "", "wide");
     else
-        s += card("dominates the peak",
-                  fmt::format("{}{}: {} of the peak", swatch(v.dominant), cat(v.dominant),
-                              escape(pct(v.at_peak[v.dominant], total))),
+        s += card(dominates,
+                  fmt::format("{}{}: {} of {}", swatch(v.dominant), cat(v.dominant),
+                              escape(pct(v.at_peak[v.dominant], total)), v.failed ? "the live bytes" : "the peak"),
                   fmt::format("{} of {} at {}", escape(format_bytes(v.at_peak[v.dominant])),
                               escape(format_bytes(total)), where),
                   "wide");
     s += "</div>\n";
     s += share_bar(v.at_peak);
     return s;
+}
+
+// The red banner of a step that failed out of memory: what failed and at which op.
+std::string failure_banner(const ReportData & r) {
+    const int f = failed_event(r.timeline);
+    std::string at;
+    if (f >= 0) {
+        const auto & e = r.timeline.events[size_t(f)];
+        at = fmt::format(" at op {} ({})", e.op, escape(svg::op_label(e)));
+    } else if (r.timeline.failed_op >= 0) {
+        at = fmt::format(" at op {}", r.timeline.failed_op);
+    }
+    return fmt::format("<div class=\"failure\" data-failed-op=\"{}\">This step failed: {}{}</div>\n",
+                       r.timeline.failed_op, escape(r.failure), at);
 }
 
 std::string config_table(const nlohmann::json & config) {
@@ -232,8 +261,10 @@ std::string largest_buffers(const View & v) {
     const ReportData & r = v.r;
     const int nops = r.num_ops > 0 ? r.num_ops : int(r.timeline.events.size());
     const int peak_op = v.peak >= 0 ? r.timeline.events[size_t(v.peak)].op : r.peak_op;
-    std::string s = "<table class=\"largest\"><tr><th class=\"n\">#</th><th>buffer</th><th>category</th>"
-                    "<th class=\"n\">bytes</th><th>lifetime (ops)</th><th>over the step (red: the peak)</th></tr>\n";
+    std::string s = fmt::format("<table class=\"largest\"><tr><th class=\"n\">#</th><th>buffer</th><th>category</th>"
+                                "<th class=\"n\">bytes</th><th>lifetime (ops)</th><th>over the step (red: {})</th>"
+                                "</tr>\n",
+                                v.failed ? "the failed op" : "the peak");
     for (size_t i = 0; i < r.largest.size() && i < 10; ++i) {
         const auto & b = r.largest[i];
         const int first = b.persistent ? 0 : b.first_op, last = b.persistent ? nops - 1 : b.last_op;
@@ -300,6 +331,10 @@ svg .peak-dot { fill: #c62828; stroke: #ffffff; stroke-width: 1.5; }
 svg .peak-label { fill: #c62828; font-weight: 700; font-size: 13.5px; }
 svg .budget { stroke: #6a1b9a; stroke-width: 1.5; stroke-dasharray: 8 4; } svg .budget-label { fill: #6a1b9a; }
 svg .differs { fill: #b42318; font-weight: 700; }
+.failure { background: #fdecea; border: 1px solid #d93025; border-left: 6px solid #c62828; border-radius: 6px;
+  color: #8a1c12; padding: 10px 14px; margin: 12px 0 4px; font-size: 15px; }
+svg.ranks, svg.rank-timeline { width: 100%; height: auto; display: block; }
+svg .planned-tick { stroke: #1f2328; stroke-width: 2.5; } svg .legend-text { fill: #444c56; }
 ul.hints li { margin: 4px 0; } .note { color: #57606a; font-size: 12.5px; margin: 6px 0 0; }
 footer { color: #8b949e; font-size: 12px; margin-top: 16px; }
 )";
@@ -312,6 +347,7 @@ std::string render_html_report(const ReportData & r) {
     std::string s = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n"
                     "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"/>\n";
     s += "<title>" + escape(title) + "</title>\n<style>" + kStyle + "</style>\n</head>\n<body>\n<div class=\"wrap\">\n";
+    if (!r.failure.empty()) s += failure_banner(r);
     s += "<h1>" + escape(title) + "</h1>\n";
     s += fmt::format("<p class=\"subtitle\">Where the bytes of one {} step go: {} ops, memory per category as the "
                      "ledger measured it.</p>\n",
@@ -323,10 +359,15 @@ std::string render_html_report(const ReportData & r) {
 
     s += "<section><h2>Live memory over the step</h2>\n";
     if (v.peak >= 0) {
-        s += svg::area_chart(r.timeline.events, v.peak, r.budget, r.timeline.program);
+        s += svg::area_chart(r.timeline.events, v.peak, r.budget, r.timeline.program,
+                             v.failed ? "allocation failed with" : "peak");
         if (r.budget > 0 && double(r.budget) > 1.3 * double(r.timeline.events[size_t(v.peak)].live.total()))
             s += fmt::format("<p class=\"note\">The budget ({}) is above the chart's range.</p>\n",
                              escape(format_bytes(r.budget)));
+        if (v.failed)
+            s += fmt::format("<p class=\"note\">The step ended at op {}, where an allocation failed: the marker is that "
+                             "op, with the bytes held when it failed.</p>\n",
+                             r.timeline.events[size_t(v.peak)].op);
         s += legend_and_live(v);
     } else {
         s += "<p class=\"note\">No timeline was recorded for this report.</p>\n";
@@ -340,6 +381,8 @@ std::string render_html_report(const ReportData & r) {
                      escape(format_bytes(r.planned_peak.total())), escape(format_bytes(r.measured_peak.total())),
                      escape(format_bytes(r.planned_reserved.total())), escape(format_bytes(r.measured_reserved.total()))) +
          "</section>\n";
+
+    s += rank_view_section(r);
 
     if (!r.largest.empty())
         s += "<section><h2>The largest buffers</h2>\n" + largest_buffers(v) + "</section>\n";

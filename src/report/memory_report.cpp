@@ -1,6 +1,9 @@
 #include "report/memory_report.h"
 
 #include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdio>
 
 #include <fmt/format.h>
 
@@ -46,6 +49,15 @@ uint64_t peak_rss_bytes() {
     struct rusage ru {};
     getrusage(RUSAGE_SELF, &ru);
     return uint64_t(ru.ru_maxrss) * 1024;
+}
+
+uint64_t current_rss_bytes() {
+    std::FILE * f = std::fopen("/proc/self/statm", "r");
+    if (!f) return 0;
+    unsigned long long size = 0, resident = 0;
+    const int n = std::fscanf(f, "%llu %llu", &size, &resident);
+    std::fclose(f);
+    return n == 2 ? uint64_t(resident) * uint64_t(::sysconf(_SC_PAGESIZE)) : 0;
 }
 
 nlohmann::json category_json(const CategoryBytes & b) {

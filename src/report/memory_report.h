@@ -22,6 +22,8 @@ std::string format_device_memory(uint64_t planned_reserved, uint64_t runtime, ui
 
 // Peak resident set size of this process so far (bytes).
 uint64_t peak_rss_bytes();
+// Resident set size now (bytes): /proc/self/statm's resident pages; 0 where unreadable.
+uint64_t current_rss_bytes();
 
 // {"parameters": bytes, ..., "total": bytes}
 nlohmann::json category_json(const CategoryBytes & b);

@@ -28,6 +28,15 @@ struct CurvePoint {
     double value = 0;
 };
 
+// One rank of a multi-process run, as rank 0 gathered it.
+struct RankView {
+    int           rank = 0;
+    std::string   label;                        // "rank 1" or "rank 1 (tp 0, pp 1, dp 0)"
+    CategoryBytes planned_peak, measured_peak;  // live bytes per category over the run
+    uint64_t      peak_rss = 0;
+    Timeline      timeline;                     // that rank's last step; no events when not gathered
+};
+
 struct ReportData {
     std::string    title;                 // "memfit profile: gpt2-6l, batch 8 x seq 256"
     nlohmann::json config;                // flat object of configuration fields, shown as a table
@@ -40,6 +49,14 @@ struct ReportData {
     std::vector<ReportBuffer> live_at_peak;   // buffers alive at peak_op, largest first
     std::vector<ReportBuffer> largest;        // the ten largest buffers, largest first
     std::vector<std::string>  hints;          // sentences computed by the planner
+    // A multi-process run: every rank (rank 0 first), for the per-rank view and one trace
+    // process per rank. Empty for one process.
+    std::vector<RankView> ranks;
+    // A step that failed out of memory: what failed ("allocation of h.3.attn.probs (1.50 MiB)
+    // failed"). The timeline then ends at the op that failed (timeline.failed_op, the last event:
+    // its live bytes are those held when the allocation failed), peak_op is that op and
+    // live_at_peak the buffers the plan has live at it. Empty when the step completed.
+    std::string failure;
     // Training curves (empty for `memfit profile`).
     std::vector<CurvePoint> loss, val_loss, tokens_per_s;
 };

@@ -147,7 +147,8 @@ std::string op_label(const TimelineEvent & e) {
     return s + ", " + phase_name(e.phase);
 }
 
-std::string area_chart(const std::vector<TimelineEvent> & ev, int peak, uint64_t budget, std::string_view program) {
+std::string area_chart(const std::vector<TimelineEvent> & ev, int peak, uint64_t budget, std::string_view program,
+                       std::string_view mark) {
     const size_t n = ev.size();
     const double W = 1060, H = 470, left = 78, right = 18, top = 60, bottom = 48;
     const double pw = W - left - right, ph = H - top - bottom, slot = pw / double(n);
@@ -275,9 +276,9 @@ std::string area_chart(const std::vector<TimelineEvent> & ev, int peak, uint64_t
     const bool flip = px > left + pw * 0.62;
     s += fmt::format("<g class=\"peak\"><line x1=\"{0}\" y1=\"22\" x2=\"{0}\" y2=\"{1}\" class=\"peak-line\"/>"
                      "<circle cx=\"{0}\" cy=\"{2}\" r=\"5\" class=\"peak-dot\"/><text x=\"{3}\" y=\"18\" "
-                     "class=\"peak-label\" text-anchor=\"{4}\">peak {5} at op {6} ({7})</text></g>\n",
+                     "class=\"peak-label\" text-anchor=\"{4}\">{8} {5} at op {6} ({7})</text></g>\n",
                      num(px), num(top + ph), num(Y(double(peak_total))), num(flip ? px - 6 : px + 6),
-                     flip ? "end" : "start", escape(format_bytes(peak_total)), pe.op, escape(op_label(pe)));
+                     flip ? "end" : "start", escape(format_bytes(peak_total)), pe.op, escape(op_label(pe)), escape(mark));
     s += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#999999\"/>\n",
                      num(left), num(top), num(pw), num(ph));
     return s + "</svg>\n";

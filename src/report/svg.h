@@ -53,9 +53,10 @@ std::string op_label(const TimelineEvent & e);
 // and labelled, the budget drawn when it is within 1.3x of the top. The <svg class="chart"> has
 // data-peak-total / data-peak-op; each category with bytes is a <g class="series"
 // data-category=".." data-values="v0,v1,..."> holding its <path data-category="..">.
-// Requires a non-empty `events` and 0 <= peak < events.size().
+// The marker's label reads "<mark> 1.5 GiB at op 7 (...)". Requires a non-empty `events` and
+// 0 <= peak < events.size().
 std::string area_chart(const std::vector<TimelineEvent> & events, int peak, uint64_t budget,
-                       std::string_view program);
+                       std::string_view program, std::string_view mark = "peak");
 
 struct LinePoint { double x = 0, y = 0; };
 struct LineSeries {

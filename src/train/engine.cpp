@@ -407,6 +407,7 @@ void Engine::execute(const TrainStep & step, StepMemory & mem, const StepScalars
         timeline_->program = "train";
         timeline_->events.clear();
         timeline_->origin_s = 0;
+        timeline_->failed_op = -1;
         g.attach_timeline(timeline_);
     }
     step.run(g, s);

@@ -240,6 +240,7 @@ public:
     // Record the ops of every following training step into `t` (cleared at each step's start);
     // null stops recording.
     void set_timeline(Timeline * t) { timeline_ = t; }
+    Timeline * timeline() const { return timeline_; }
     // Asked between the ops of a step, until its first update: true abandons the step
     // (StepAbandoned; the state is the previous step's). One process only: ranks abandon together
     // at step boundaries instead.

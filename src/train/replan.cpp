@@ -79,7 +79,9 @@ StepResult resilient_step(std::unique_ptr<Engine> & engine, const ModelConfig & 
             if (!smaller) throw;
             notes.push_back(fmt::format("{}; re-planned to micro-batch {} x {} accumulated and redid step {}",
                                         e.what(), smaller->B, smaller->grad_accum, engine->steps_done() + 1));
+            Timeline * recording = engine->timeline();   // the redone step is recorded as the failed one was
             rebuild_engine(engine, cfg, backend, *smaller);
+            engine->set_timeline(recording);
         }
     }
 }

@@ -230,5 +230,139 @@ TEST(ChromeTrace, WriteFailureThrowsIoError) {
     EXPECT_THROW(write_chrome_trace("/nonexistent-memfit-dir/sub/trace.json", r), IoError);
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Multi-process runs and failed steps.
+
+constexpr int kRank1Ops = 12;
+
+// Two ranks: rank 0's timeline is the synthetic one, rank 1's its first 12 ops with more
+// activations, its origin `rank1_offset_s` after rank 0's.
+ReportData two_rank_report(double rank1_offset_s) {
+    ReportData r = synthetic_report();
+    r.timeline.origin_s = 5000.0;
+    for (int k = 0; k < 2; ++k) {
+        RankView rv;
+        rv.rank = k;
+        rv.label = fmt::format("rank {}", k);
+        rv.timeline = r.timeline;
+        if (k == 1) {
+            rv.timeline.events.resize(kRank1Ops);
+            for (auto & e : rv.timeline.events) e.live[Category::activations] += 1 * MiB;
+            rv.timeline.origin_s += rank1_offset_s;
+        }
+        rv.planned_peak = rv.measured_peak = rv.timeline.events.back().live;
+        rv.peak_rss = uint64_t(k + 1) * GiB;
+        r.ranks.push_back(rv);
+    }
+    return r;
+}
+
+std::vector<json> of_pid(const std::vector<json> & events, int pid) {
+    std::vector<json> out;
+    for (const auto & e : events)
+        if (e["pid"] == pid) out.push_back(e);
+    return out;
+}
+
+TEST(ChromeTrace, OneProcessPerRank) {
+    const ReportData r = two_rank_report(0.25);
+    const json trace = json::parse(chrome_trace(r).dump());
+
+    std::map<int, std::string> process, thread;
+    for (const auto & m : events_with_ph(trace, "M")) {
+        auto & names = m["name"] == "process_name" ? process : thread;
+        EXPECT_TRUE(names.emplace(m["pid"].get<int>(), m["args"]["name"]).second) << m.dump();
+    }
+    EXPECT_EQ(process, (std::map<int, std::string>{{1, "rank 0"}, {2, "rank 1"}}));
+    EXPECT_EQ(thread, (std::map<int, std::string>{{1, "ops"}, {2, "ops"}}));
+    std::set<int> pids;
+    for (const auto & e : trace["traceEvents"]) pids.insert(e["pid"].get<int>());
+    EXPECT_EQ(pids, (std::set<int>{1, 2}));
+
+    const auto xs = events_with_ph(trace, "X"), cs = events_with_ph(trace, "C");
+    const double shift[2] = {0.0, 250000.0};   // rank 1 started 0.25 s after rank 0
+    for (int k = 0; k < 2; ++k) {
+        const auto & ev = r.ranks[size_t(k)].timeline.events;
+        const auto x = of_pid(xs, k + 1);
+        ASSERT_EQ(x.size(), ev.size()) << "rank " << k;
+        std::vector<json> mem, total;
+        for (const auto & c : of_pid(cs, k + 1)) (c["name"] == "memory" ? mem : total).push_back(c);
+        ASSERT_EQ(mem.size(), ev.size());
+        ASSERT_EQ(total.size(), ev.size());
+        for (size_t i = 0; i < ev.size(); ++i) {
+            EXPECT_EQ(x[i]["args"]["op"], ev[i].op);
+            EXPECT_NEAR(x[i]["ts"].get<double>(), ev[i].begin_us + shift[k], 1e-3) << "rank " << k << " op " << i;
+            EXPECT_NEAR(mem[i]["ts"].get<double>(), ev[i].begin_us + shift[k], 1e-3);
+            EXPECT_EQ(mem[i]["args"]["activations"].get<uint64_t>(), ev[i].live[Category::activations]);
+            EXPECT_EQ(total[i]["name"], "memory.total");
+            EXPECT_EQ(total[i]["args"]["total"].get<uint64_t>(), ev[i].live.total());
+        }
+    }
+    // The peak stays on rank 0's process, at rank 0's time.
+    const auto inst = events_with_ph(trace, "i");
+    ASSERT_EQ(inst.size(), 1u);
+    EXPECT_EQ(inst[0]["pid"], 1);
+    EXPECT_DOUBLE_EQ(inst[0]["ts"].get<double>(), r.timeline.events[kPeakOp].begin_us);
+
+    const json & ranks = trace["otherData"]["ranks"];
+    ASSERT_EQ(ranks.size(), 2u);
+    EXPECT_EQ(ranks[1]["pid"], 2);
+    EXPECT_NEAR(ranks[1]["shift_us"].get<double>(), 250000.0, 1e-3);
+    EXPECT_EQ(ranks[1]["peak_rss"].get<uint64_t>(), 2 * GiB);
+}
+
+TEST(ChromeTrace, RankClocksOfOtherHostsAreNotShifted) {
+    for (double offset : {-0.5, 3600.0, -61.0}) {
+        const ReportData r = two_rank_report(offset);
+        const auto x = of_pid(events_with_ph(chrome_trace(r), "X"), 2);
+        ASSERT_EQ(x.size(), size_t(kRank1Ops));
+        const double shift = std::abs(offset) <= 60 ? offset * 1e6 : 0.0;
+        for (size_t i = 0; i < x.size(); ++i)
+            EXPECT_NEAR(x[i]["ts"].get<double>(), r.ranks[1].timeline.events[i].begin_us + shift, 1e-3) << offset;
+    }
+}
+
+TEST(ChromeTrace, SingleProcessTraceIsUnchanged) {
+    const ReportData r = synthetic_report();
+    const json trace = chrome_trace(r);
+    for (const auto & e : trace["traceEvents"]) EXPECT_EQ(e["pid"], 1) << e.dump();
+    EXPECT_EQ(trace["traceEvents"].size(), size_t(2 + 3 * kOps + 1));
+    EXPECT_FALSE(trace["otherData"].contains("ranks"));
+    EXPECT_FALSE(trace["otherData"].contains("failure"));
+    // One RankView is one process: the same trace as none.
+    ReportData one = r;
+    one.ranks.push_back({0, "rank 0", r.planned_peak, r.measured_peak, 1, r.timeline});
+    one.ranks[0].timeline.origin_s = 99;
+    EXPECT_EQ(chrome_trace(one), trace);
+}
+
+TEST(ChromeTrace, FailureAddsAnOutOfMemoryEvent) {
+    constexpr int kFailed = 20;
+    ReportData r = synthetic_report();
+    r.timeline.events.resize(kFailed + 1);
+    r.timeline.events.back().end_us = r.timeline.events.back().begin_us;
+    r.timeline.failed_op = kFailed;
+    r.peak_op = kFailed;
+    r.failure = "allocation of h.3.attn.probs (1.50 MiB) failed";
+    const json trace = json::parse(chrome_trace(r).dump());
+
+    const auto & failed = r.timeline.events.back();
+    std::vector<json> oom;
+    for (const auto & e : events_with_ph(trace, "i"))
+        if (e["name"].get<std::string>().starts_with("out of memory")) oom.push_back(e);
+    ASSERT_EQ(oom.size(), 1u);
+    EXPECT_EQ(oom[0]["name"], "out of memory: " + r.failure);
+    EXPECT_EQ(oom[0]["s"], "g");
+    EXPECT_DOUBLE_EQ(oom[0]["ts"].get<double>(), failed.begin_us);
+    EXPECT_EQ(oom[0]["args"]["op"], kFailed);
+    EXPECT_EQ(oom[0]["args"]["name"], failed.name);
+    EXPECT_EQ(oom[0]["args"]["live"]["total"].get<uint64_t>(), failed.live.total());
+    EXPECT_EQ(oom[0]["args"]["live"]["activations"].get<uint64_t>(), failed.live[Category::activations]);
+    EXPECT_EQ(trace["otherData"]["failure"], r.failure);
+    EXPECT_EQ(trace["otherData"]["failed_op"], kFailed);
+    EXPECT_EQ(events_with_ph(trace, "X").size(), size_t(kFailed + 1));
+}
+
 }  // namespace
 }  // namespace memfit

@@ -627,5 +627,150 @@ TEST(HtmlReport, ChromiumRendersAChart) {
     fs::remove_all(dir);
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// A multi-process run: three ranks with different peaks (rank 1 also offloads), timelines
+// gathered for ranks 0 and 1 only.
+
+ReportData three_rank_report() {
+    ReportData r = synthetic_report();
+    const char * labels[] = {"rank 0 (tp 0, pp 0, dp 0)", "rank 1 (tp 0, pp 1, dp 0)", "rank 2 <dp & 1>"};
+    for (int k = 0; k < 3; ++k) {
+        RankView rv;
+        rv.rank = k;
+        rv.label = labels[k];
+        rv.measured_peak = r.measured_peak;
+        rv.measured_peak[Category::activations] = uint64_t(100 + 50 * k) * MiB + uint64_t(k);
+        rv.measured_peak[Category::workspace] = k == 2 ? 3 * MiB + 1 : 0;
+        rv.planned_peak = rv.measured_peak;
+        rv.planned_peak[Category::activations] -= uint64_t(k) * MiB;   // rank 0 matches its plan
+        rv.peak_rss = uint64_t(2 + k) * GiB;
+        if (k < 2) {
+            rv.timeline = r.timeline;
+            for (auto & e : rv.timeline.events) e.live[Category::activations] += uint64_t(k) * 10 * MiB;
+            if (k == 1) rv.timeline.events.resize(30);
+        }
+        r.ranks.push_back(rv);
+    }
+    r.ranks[1].measured_peak[Category::offloaded] = 600 * MiB;   // host memory: not in the bar
+    return r;
+}
+
+TEST(HtmlReport, PerRankSectionShowsEachRank) {
+    const ReportData r = three_rank_report();
+    const std::string page = render_html_report(r);
+    EXPECT_EQ(XmlChecker::check(body_of(page)), "");
+    EXPECT_EQ(count(page, "<h2>Memory per rank</h2>"), 1u);
+
+    // One group per rank with its numbers; device bytes only (offloaded left out).
+    const std::regex re(R"re(<g class="rank" data-rank="([0-9]+)" data-total="([0-9]+)" data-planned="([0-9]+)"[^>]*>(.*?)</g>)re");
+    std::vector<std::smatch> groups;
+    for (std::sregex_iterator it(page.begin(), page.end(), re), end; it != end; ++it) groups.push_back(*it);
+    ASSERT_EQ(groups.size(), 3u);
+    for (size_t k = 0; k < 3; ++k) {
+        const RankView & rv = r.ranks[k];
+        const std::string g = groups[k][4].str();
+        EXPECT_EQ(groups[k][1].str(), std::to_string(rv.rank));
+        EXPECT_EQ(groups[k][2].str(), std::to_string(rv.measured_peak.total())) << "rank " << k;
+        EXPECT_EQ(groups[k][3].str(), std::to_string(rv.planned_peak.total())) << "rank " << k;
+        EXPECT_NE(g.find("class=\"row-label\">" + svg::escape(rv.label) + "</text>"), std::string::npos) << g;
+        EXPECT_NE(g.find("RSS " + svg::short_bytes(rv.peak_rss)), std::string::npos) << g;
+        EXPECT_NE(g.find(svg::short_bytes(rv.measured_peak.total()) + " \u00b7 plan " +
+                         svg::short_bytes(rv.planned_peak.total())), std::string::npos) << g;
+        // The stack: every device category with bytes, in kStackOrder, nothing else.
+        std::vector<std::string> cats, expected;
+        const std::regex rect_re("<rect data-category=\"([a-z_]+)\"");
+        for (std::sregex_iterator it(g.begin(), g.end(), rect_re), end; it != end; ++it) cats.push_back((*it)[1]);
+        for (Category c : svg::kStackOrder)
+            if (rv.measured_peak[c] != 0) expected.emplace_back(category_name(c));
+        EXPECT_EQ(cats, expected) << "rank " << k;
+        EXPECT_EQ(count(g, "class=\"planned-tick\""), 1u);
+    }
+    EXPECT_NE(groups[1][2].str(), std::to_string(r.ranks[1].measured_peak.total() + 600 * MiB));
+    EXPECT_NE(groups[1][4].str().find("+600 MiB offloaded"), std::string::npos);
+    EXPECT_EQ(page.find("rank 2 <dp"), std::string::npos);   // escaped everywhere
+
+    // Two ranks have timelines: one line each, with their op counts.
+    EXPECT_EQ(count(page, "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"rank-timeline\""), 1u);
+    const std::regex line_re(R"re(<g class="rank-line" data-rank="([0-9]+)" data-points="([0-9]+)" data-max="([0-9]+)")re");
+    std::vector<std::string> lines;
+    for (std::sregex_iterator it(page.begin(), page.end(), line_re), end; it != end; ++it) {
+        const size_t k = std::stoul((*it)[1]);
+        ASSERT_LT(k, 2u);
+        uint64_t mx = 0;
+        for (const auto & e : r.ranks[k].timeline.events) mx = std::max(mx, e.live.total());
+        EXPECT_EQ((*it)[2].str(), std::to_string(r.ranks[k].timeline.events.size()));
+        EXPECT_EQ((*it)[3].str(), std::to_string(mx));
+        lines.push_back((*it)[1]);
+    }
+    EXPECT_EQ(lines, (std::vector<std::string>{"0", "1"}));
+}
+
+TEST(HtmlReport, PerRankSectionOnlyForSeveralRanks) {
+    ReportData r = three_rank_report();
+    r.ranks[1].timeline.events.clear();   // one rank with a timeline: bars, no line chart
+    std::string page = render_html_report(r);
+    EXPECT_EQ(XmlChecker::check(body_of(page)), "");
+    EXPECT_EQ(count(page, "<g class=\"rank\" "), 3u);
+    EXPECT_EQ(page.find("class=\"rank-timeline\""), std::string::npos);
+
+    r.ranks.resize(1);                    // one process: no section
+    page = render_html_report(r);
+    EXPECT_EQ(page.find("Memory per rank"), std::string::npos);
+    EXPECT_EQ(page.find("<g class=\"rank\""), std::string::npos);
+    EXPECT_EQ(page, render_html_report(synthetic_report()));
+}
+
+// A step that failed out of memory at op 20: the timeline ends there.
+constexpr int kFailedOp = 20;
+
+ReportData failed_report() {
+    ReportData r = synthetic_report();
+    r.timeline.events.resize(kFailedOp + 1);
+    r.timeline.events.back().end_us = r.timeline.events.back().begin_us;
+    r.timeline.failed_op = kFailedOp;
+    r.failure = "allocation of h.3.attn.<probs> (1.50 MiB) failed";
+    r.peak_op = kFailedOp;
+    return r;
+}
+
+TEST(HtmlReport, FailureBannerAndWording) {
+    ReportData r = failed_report();
+    std::string page = render_html_report(r);
+    EXPECT_EQ(XmlChecker::check(body_of(page)), "");
+    const std::string banner = fmt::format("<div class=\"failure\" data-failed-op=\"{}\">This step failed: {} at op {} ({})</div>",
+                                           kFailedOp, svg::escape(r.failure), kFailedOp,
+                                           svg::escape(svg::op_label(r.timeline.events.back())));
+    const size_t at = page.find(banner);
+    ASSERT_NE(at, std::string::npos) << banner;
+    EXPECT_EQ(count(page, "class=\"failure\""), 1u);
+    EXPECT_LT(at, page.find("<h1>"));   // at the top
+    EXPECT_NE(page.find("<title>" + svg::escape(r.title) + "</title>"), std::string::npos);
+    EXPECT_NE(page.find("<h1>" + svg::escape(r.title) + "</h1>"), std::string::npos);
+
+    // The chart's marker is the failed op; the lists say when the allocation failed.
+    EXPECT_NE(page.find("data-peak-op=\"20\""), std::string::npos);
+    EXPECT_NE(page.find(fmt::format(">allocation failed with {} at op 20 (",
+                                    format_bytes(r.timeline.events.back().live.total()))), std::string::npos);
+    EXPECT_FALSE(std::regex_search(page, std::regex("class=\"peak-label\"[^>]*>peak ")));
+    EXPECT_NE(page.find("<h3>Buffers live when the allocation failed (12, "), std::string::npos);
+    EXPECT_NE(page.find("<h3>When the allocation failed, by category</h3>"), std::string::npos);
+    EXPECT_NE(page.find("(red: the failed op)"), std::string::npos);
+    EXPECT_NE(page.find("dominates at the failure"), std::string::npos);
+    EXPECT_EQ(page.find("Buffers live at the peak"), std::string::npos);
+    EXPECT_EQ(page.find("At the peak, by category"), std::string::npos);
+
+    // The marker follows the failed op even when peak_op points elsewhere.
+    r.peak_op = 5;
+    page = render_html_report(r);
+    EXPECT_NE(page.find("data-peak-op=\"20\""), std::string::npos);
+
+    // A completed step has neither banner nor failure wording.
+    page = render_html_report(synthetic_report());
+    EXPECT_EQ(page.find("class=\"failure\""), std::string::npos);
+    EXPECT_EQ(page.find("allocation failed"), std::string::npos);
+    EXPECT_NE(page.find("<h3>Buffers live at the peak (12, "), std::string::npos);
+}
+
 }  // namespace
 }  // namespace memfit
