@@ -64,7 +64,14 @@ std::string rank_block(const nlohmann::json & plan, const nlohmann::json & now, 
     return s;
 }
 
-bool process_alive(long pid) { return pid > 0 && (::kill(pid_t(pid), 0) == 0 || errno == EPERM); }
+// The run's process exists and is no zombie (killed, not yet reaped).
+bool process_alive(long pid) {
+    if (pid <= 0 || (::kill(pid_t(pid), 0) != 0 && errno != EPERM)) return false;
+    std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const size_t paren = text.rfind(')');   // "pid (comm) S ...": the state follows the name
+    return paren == std::string::npos || paren + 2 >= text.size() || (text[paren + 2] != 'Z' && text[paren + 2] != 'X');
+}
 
 nlohmann::json read_json(const fs::path & p) {
     std::ifstream in(p);

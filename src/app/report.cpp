@@ -173,4 +173,62 @@ ReportData build_failure_report(const Engine & engine, const Timeline & timeline
     return r;
 }
 
+// The plan's own picture of its step: op i's event holds the bytes the plan has live there,
+// over [i, i + 1) microseconds (a plan has no times).
+Timeline planned_timeline(const Program & p) {
+    Timeline t;
+    t.program = "train (planned)";
+    CategoryBytes live;
+    for (const auto & b : p.buffers())
+        if (b.persistent) live[b.category] += b.bytes;
+    for (int i = 0; i < p.num_ops(); ++i) {
+        for (BufferId id : p.starts_at(i))
+            if (!p.buffer(id).persistent) live[p.buffer(id).category] += p.buffer(id).bytes;
+        const auto & op = p.ops()[size_t(i)];
+        TimelineEvent e;
+        e.op = i;
+        e.name = op.name;
+        e.phase = op.phase;
+        e.layer = op.layer;
+        e.live = live;
+        e.begin_us = i;
+        e.end_us = i + 1;
+        t.events.push_back(e);
+        for (BufferId id : p.ends_at(i))
+            if (!p.buffer(id).persistent) live[p.buffer(id).category] -= p.buffer(id).bytes;
+    }
+    return t;
+}
+
+ReportData build_refused_plan_report(const StepPlans & plans, const std::string & title, const nlohmann::json & config,
+                                     uint64_t budget, const std::string & failure) {
+    const Program & p = plans.train->program();
+    ReportData r;
+    r.title = title;
+    r.config = config;
+    r.timeline = planned_timeline(p);
+    r.num_ops = p.num_ops();
+    r.planned_peak = plans.peak_live();
+    r.planned_reserved = plans.reserved();
+    r.budget = budget;
+    r.peak_rss = peak_rss_bytes();
+    r.failure = failure;
+    // Where the step would stop: the first op whose live bytes pass the budget, else (the
+    // regions, with their alignment, are what passed it) the plan's peak.
+    r.peak_op = plans.train_plan.peak_op;
+    for (const auto & e : r.timeline.events)
+        if (budget > 0 && e.live.total() > budget) {
+            r.peak_op = e.op;
+            break;
+        }
+    r.timeline.events.resize(size_t(r.peak_op) + 1);
+    r.timeline.failed_op = r.peak_op;
+    const std::vector<ReportBuffer> all = report_buffers(p);
+    r.live_at_peak = live_at(all, r.peak_op);
+    r.largest = all;
+    std::sort(r.largest.begin(), r.largest.end(), by_size);
+    if (r.largest.size() > 10) r.largest.resize(10);
+    return r;
+}
+
 }  // namespace memfit

@@ -20,4 +20,10 @@ ReportData build_report(const Engine & engine, const Timeline & timeline, const 
 ReportData build_failure_report(const Engine & engine, const Timeline & timeline, const std::string & title,
                                 const nlohmann::json & config, uint64_t budget, const std::string & failure);
 
+// The report of a plan refused before it ran (it does not fit the budget, or the device could
+// not reserve it): the plan's own per-op bytes of the training step, up to the first op whose
+// live bytes pass the budget (else the plan's peak), and the buffers live there.
+ReportData build_refused_plan_report(const StepPlans & plans, const std::string & title, const nlohmann::json & config,
+                                     uint64_t budget, const std::string & failure);
+
 }  // namespace memfit

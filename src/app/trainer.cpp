@@ -412,7 +412,11 @@ void TrainingRun::announce() {
 }
 
 void TrainingRun::build() {
-    engine_ = std::make_unique<Engine>(cfg_, *backend_, eo_);
+    try {
+        engine_ = std::make_unique<Engine>(cfg_, *backend_, eo_);
+    } catch (const OutOfMemory & e) {
+        fail_refused_plan(e);
+    }
     Engine & engine = *engine_;
     const CategoryBytes plan_live = engine.planned_peak_live(), plan_rsv = engine.planned_reserved();
     say(fmt::format("memory plan{} ({} ops, {}{}, peak at op {} '{}'):\n{}",

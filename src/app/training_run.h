@@ -87,6 +87,10 @@ private:
     // A step that failed out of memory: the report of `recorded` (up to the op that failed, when
     // that op was the training step's), then the error again, naming where the report is.
     [[noreturn]] void fail_out_of_memory(const OutOfMemory & e, int step, const Timeline & recorded);
+    // A plan the engine refused (the budget, or the device's reservation): the plan's report.
+    [[noreturn]] void fail_refused_plan(const OutOfMemory & e);
+    std::string failure_path(const std::string & stem, const std::string & ext) const;   // report[-rankN].html
+    nlohmann::json failure_config(int step) const;
 
     const TrainOptions & opt_;
     std::unique_ptr<Communicator> comm_;

@@ -209,27 +209,58 @@ std::vector<RankView> TrainingRun::gather_rank_views() {
     return views;
 }
 
+// A failing rank's report: rank 0's where the run's report goes, another rank's beside it.
+std::string TrainingRun::failure_path(const std::string & stem, const std::string & ext) const {
+    return (fs::path(opt_.out) / (stem + (lead_ ? std::string() : fmt::format("-rank{}", comm_->rank())) + ext)).string();
+}
+
+nlohmann::json TrainingRun::failure_config(int step) const {
+    nlohmann::json c = {{"model", cfg_.name}, {"micro_batch", eo_.B}, {"grad_accum", eo_.grad_accum},
+                        {"seq", opt_.seq}, {"rank", comm_->rank()}, {"precision", precision_name(eo_.compute)},
+                        {"recompute", eo_.recompute.name}, {"zero", eo_.zero}};
+    if (step > 0) c["step"] = step;
+    return c;
+}
+
 void TrainingRun::fail_out_of_memory(const OutOfMemory & e, int step, const Timeline & recorded) {
-    const std::string tag = lead_ ? std::string() : fmt::format("-rank{}", comm_->rank());
-    const std::string html = (fs::path(opt_.out) / ("report" + tag + ".html")).string();
-    const std::string trace = (fs::path(opt_.out) / ("trace" + tag + ".json")).string();
+    const std::string html = failure_path("report", ".html"), trace = failure_path("trace", ".json");
     std::string where;
     try {
-        const nlohmann::json config = {{"model", cfg_.name}, {"batch", batch_}, {"seq", opt_.seq}, {"step", step},
-                                       {"rank", comm_->rank()}, {"precision", precision_name(eo_.compute)},
-                                       {"recompute", eo_.recompute.name}};
         const ReportData rep = build_failure_report(
             *engine_, recorded, fmt::format("memfit train: {} out of memory at step {}{}", cfg_.name, step,
                                             world_ > 1 ? fmt::format(", rank {}", comm_->rank()) : ""),
-            config, eo_.budget, e.what());
+            failure_config(step), eo_.budget, e.what());
         write_html_report(html, rep);
         write_chrome_trace(trace, rep);
         where = recorded.failed_op >= 0 && !recorded.events.empty()
-                    ? fmt::format(" at step {}; its memory up to op {} ({}): {} and {}", step, recorded.failed_op,
-                                  recorded.events.back().name, html, trace)
-                    : fmt::format(" after step {} (in its evaluation); the step's memory: {} and {}", step, html, trace);
+                    ? fmt::format("; step {}'s memory up to op {} ({}), where it failed: {} and {}", step,
+                                  recorded.failed_op, recorded.events.back().name, html, trace)
+                    : fmt::format("; step {}'s memory (the failure came in its evaluation): {} and {}", step, html,
+                                  trace);
     } catch (const Error & report_error) {
         where = fmt::format(" (the report of the failing step could not be written: {})", report_error.what());
+    }
+    throw OutOfMemory(e.what() + where);
+}
+
+void TrainingRun::fail_refused_plan(const OutOfMemory & e) {
+    const std::string html = failure_path("report", ".html"), trace = failure_path("trace", ".json");
+    std::string where;
+    try {
+        fs::create_directories(opt_.out);
+        const StepPlans plans(cfg_, *backend_, eo_);
+        const ReportData rep = build_refused_plan_report(
+            plans, fmt::format("memfit train: {}, the plan that was refused{}", cfg_.name,
+                               world_ > 1 ? fmt::format(" (rank {})", comm_->rank()) : ""),
+            failure_config(0), eo_.budget, e.what());
+        write_html_report(html, rep);
+        write_chrome_trace(trace, rep);
+        const TimelineEvent & at = rep.timeline.events.back();
+        where = fmt::format("; the plan's step up to op {} ({}), where {}: {} and {}", at.op, at.name,
+                            eo_.budget && at.live.total() > eo_.budget ? "its live bytes pass the budget" : "it peaks",
+                            html, trace);
+    } catch (const std::exception & report_error) {
+        where = fmt::format(" (the plan's report could not be written: {})", report_error.what());
     }
     throw OutOfMemory(e.what() + where);
 }

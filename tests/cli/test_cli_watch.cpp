@@ -124,7 +124,7 @@ TEST(CliWatch, AnAllocationThatFailsLeavesTheReportOfItsStep) {
     setenv("MEMFIT_TEST_FAIL_ACQUIRE", "50", 1);
     const NanoRun run = nano_run("w_oom", "", 1);
     unsetenv("MEMFIT_TEST_FAIL_ACQUIRE");
-    expect_clean_failure(run.result, "failed (injected) at step ");
+    expect_clean_failure(run.result, "failed (injected); step ");
     EXPECT_NE(run.result.err.find((run.out / "report.html").string()), std::string::npos) << run.result.err;
     const std::string html = slurp(run.out / "report.html");
     const size_t banner = html.find("class=\"failure\"");
@@ -133,7 +133,7 @@ TEST(CliWatch, AnAllocationThatFailsLeavesTheReportOfItsStep) {
     const nlohmann::json trace = read_json(run.out / "trace.json");
     const int failed = trace["otherData"]["failed_op"].get<int>();
     EXPECT_GE(failed, 0);
-    EXPECT_NE(run.result.err.find("up to op " + std::to_string(failed) + " "), std::string::npos) << run.result.err;
+    EXPECT_NE(run.result.err.find("memory up to op " + std::to_string(failed) + " "), std::string::npos) << run.result.err;
     EXPECT_NE(trace["otherData"]["failure"].get<std::string>().find("failed (injected)"), std::string::npos);
     // The last op in the trace is the one that failed; nothing after it ran.
     int last_op = -1;
@@ -141,6 +141,26 @@ TEST(CliWatch, AnAllocationThatFailsLeavesTheReportOfItsStep) {
         if (e["ph"] == "X") last_op = e["args"]["op"].get<int>();
     EXPECT_EQ(last_op, failed);
     EXPECT_FALSE(fs::exists(run.out / "summary.json"));
+}
+
+TEST(CliWatch, ARefusedPlanLeavesThePlansPictureUpToWhereItPassesTheBudget) {
+    const NanoRun run = nano_run("w_refused", "--memory-budget 2500000");
+    expect_clean_failure(run.result, "does not fit: the plan needs ");
+    EXPECT_NE(run.result.err.find("where its live bytes pass the budget: " + (run.out / "report.html").string()),
+              std::string::npos) << run.result.err;
+    const nlohmann::json trace = read_json(run.out / "trace.json");
+    const int failed = trace["otherData"]["failed_op"].get<int>();
+    EXPECT_NE(run.result.err.find("up to op " + std::to_string(failed) + " "), std::string::npos) << run.result.err;
+    // The planned bytes rise to the budget at that op and not before.
+    std::vector<uint64_t> totals;
+    for (const auto & e : trace["traceEvents"])
+        if (e["ph"] == "C" && e["name"] == "memory.total") totals.push_back(e["args"]["total"].get<uint64_t>());
+    ASSERT_GT(failed, 0);   // the weights fit: the step's activations pass the budget
+    ASSERT_EQ(totals.size(), size_t(failed) + 1);
+    EXPECT_GT(totals.back(), 2500000u);
+    for (size_t i = 0; i + 1 < totals.size(); ++i) EXPECT_LE(totals[i], 2500000u) << i;
+    EXPECT_NE(slurp(run.out / "report.html").find("class=\"failure\""), std::string::npos);
+    EXPECT_FALSE(fs::exists(run.out / "run.json"));   // the run never started
 }
 
 }  // namespace

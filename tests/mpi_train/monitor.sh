@@ -32,4 +32,11 @@ for _ in $(seq 100); do [ -f mon.rc ] && break; sleep 0.1; done
 [ "$(cat mon.rc 2> /dev/null)" = "monitor exited 0" ] || { screen; fail "the monitor did not exit 0 when the job ended"; }
 screen | grep -q "done (summary.json written)" || { screen; fail "the monitor's last view does not say the run is done"; }
 screen | grep -qE "^step 3000/3000" || { screen; fail "the monitor's last view is not the last step"; }
-echo "ok: memfit monitor showed both ranks of the running job and exited 0 at its end"
+# The job's report: each rank's peak by category and its memory over the step; the trace: a process per rank.
+[ "$(grep -o '<g class="rank" data-rank="[01]"' job/report.html | wc -l)" -eq 2 ] || fail "report.html has no bar per rank"
+[ "$(grep -o '<g class="rank-line" data-rank="[01]"' job/report.html | wc -l)" -eq 2 ] ||
+    fail "report.html has no memory curve per rank"
+for k in 0 1; do
+    grep -q "\"name\":\"rank $k\"" job/trace.json || fail "trace.json has no process for rank $k"
+done
+echo "ok: memfit monitor showed both ranks of the running job and exited 0 at its end; the report shows both ranks"
