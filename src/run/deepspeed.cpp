@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <optional>
@@ -24,7 +25,7 @@ constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();  // memfit's co
 constexpr std::string_view kTranslated[] = {
     "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
     "steps_per_print", "fp16", "bf16", "bfloat16", "zero_optimization", "optimizer", "scheduler",
-    "activation_checkpointing",
+    "activation_checkpointing", "tensorboard",
 };
 
 // DeepSpeed's other top-level keys: monitors, profilers, communication tuning, compression,
@@ -32,7 +33,7 @@ constexpr std::string_view kTranslated[] = {
 constexpr std::string_view kUnimplemented[] = {
     "wall_clock_breakdown", "memory_breakdown", "dump_state", "prescale_gradients", "gradient_predivide_factor",
     "sparse_gradients", "communication_data_type", "seq_parallel_communication_data_type",
-    "seq_parallel_comm_data_type", "disable_allgather", "amp", "torch_autocast", "flops_profiler", "tensorboard",
+    "seq_parallel_comm_data_type", "disable_allgather", "amp", "torch_autocast", "flops_profiler",
     "wandb", "csv_monitor", "comet", "comms_logger", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
     "elasticity", "compression_training", "quantize_training", "data_efficiency", "curriculum_learning",
     "checkpoint", "aio", "nebula", "autotuning", "sparse_attention", "pipeline", "data_types",
@@ -98,6 +99,7 @@ public:
             else if (key == "optimizer") optimizer(key, v);
             else if (key == "scheduler") scheduler(key, v);
             else if (key == "activation_checkpointing") activation_checkpointing(key, v);
+            else if (key == "tensorboard") tensorboard(key, v);
             else ignore(key);
         }
         finish();
@@ -198,6 +200,30 @@ private:
     }
 
     // --- blocks ---------------------------------------------------------------------------
+
+    // DeepSpeed's TensorBoard monitor writes to output_path/job_name (output_path "" is
+    // ~/tensorboard, job_name "" is DeepSpeedJobName); --tensorboard puts a folder per rank there.
+    void tensorboard(const std::string & key, const Json & b) {
+        expect_object(key, b, "{\"enabled\": true, \"output_path\": \"logs/\", \"job_name\": \"run1\"}");
+        const Json * en = member(b, "enabled");
+        if (!en || !*boolean(key + ".enabled", *en)) return;
+        std::string path, job = "DeepSpeedJobName";
+        for (const auto & [name, v] : b.items()) {
+            const std::string k = key + "." + name;
+            if (name == "enabled") continue;
+            const std::optional<std::string> t = name == "output_path" || name == "job_name"
+                                                     ? text(k, v, "expected a string") : std::nullopt;
+            if (name == "output_path") path = t.value_or(path);
+            else if (name == "job_name") job = t.value_or(job);
+            else ignore(k);
+        }
+        if (path.empty()) {
+            const char * home = std::getenv("HOME");
+            path = std::string(home && *home ? home : ".") + "/tensorboard";
+        }
+        if (path.back() != '/') path += '/';
+        set("tensorboard", path + job, fmt::format("\"{}\"", key));
+    }
 
     void fp16(const std::string & key, const Json & b) {
         expect_object(key, b, "{\"enabled\": true, \"loss_scale\": 0}");

@@ -109,6 +109,24 @@ TEST(DeepSpeedConfig, Fp16LossScaleBlock) {
     expect_error(R"({"fp16": {"enabled": true, "loss_scale": -1}})", {"\"fp16.loss_scale\" = -1", ">= 0"});
 }
 
+// DeepSpeed's TensorBoard monitor writes to output_path/job_name; --tensorboard puts its
+// per-rank folders there. Disabled, it sets and reports nothing.
+TEST(DeepSpeedConfig, TensorBoardBlock) {
+    EXPECT_EQ(translate(R"({"tensorboard": {"enabled": true, "output_path": "out/ds_logs/", "job_name": "bert"}})").flags,
+              json({{"tensorboard", "out/ds_logs/bert"}}));
+    EXPECT_EQ(translate(R"({"tensorboard": {"enabled": true, "output_path": "logs", "job_name": "auto"}})").flags,
+              json({{"tensorboard", "logs/DeepSpeedJobName"}}));
+    setenv("HOME", "/home/someone", 1);
+    EXPECT_EQ(translate(R"({"tensorboard": {"enabled": true}})").flags,
+              json({{"tensorboard", "/home/someone/tensorboard/DeepSpeedJobName"}}));
+    const DeepSpeedTranslation off = translate(R"({"tensorboard": {"enabled": false, "output_path": "x"}})");
+    EXPECT_EQ(off.flags, json::object());
+    EXPECT_TRUE(off.ignored.empty());
+    EXPECT_EQ(translate(R"({"tensorboard": {"enabled": true, "output_path": "x", "flush": 1}})").ignored,
+              (Strings{"tensorboard.flush"}));
+    expect_error(R"({"tensorboard": {"enabled": true, "output_path": 3}})", {"\"tensorboard.output_path\" = 3"});
+}
+
 TEST(DeepSpeedConfig, DisabledPrecisionBlocksSetAndReportNothing) {
     for (const char * text : {R"({"fp16": {"enabled": false, "loss_scale": 128, "hysteresis": 2}})",
                               R"({"fp16": {"loss_scale": 128, "hysteresis": 2}})",
@@ -323,9 +341,9 @@ TEST(DeepSpeedConfig, MemfitKeysPassThroughUnchanged) {
 
     // A mix: memfit's keys next to DeepSpeed's.
     const DeepSpeedTranslation mix = translate(R"({"model": "llama-nano", "seq": 128,
-        "train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true}, "tensorboard": {"enabled": true}})");
+        "train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true}, "wandb": {"enabled": true}})");
     EXPECT_EQ(mix.flags, json({{"model", "llama-nano"}, {"seq", 128}, {"micro-batch", 2}, {"precision", "bf16"}}));
-    EXPECT_EQ(mix.ignored, Strings{"tensorboard"});
+    EXPECT_EQ(mix.ignored, Strings{"wandb"});
 }
 
 TEST(DeepSpeedConfig, ConflictsBetweenDeepSpeedAndMemfitKeys) {
