@@ -19,7 +19,9 @@
 #      with accumulation 1 (64 is a cap for time, not memory); 32 if the planner cannot answer.
 #   e. memfit train --device cuda, GPT-2 124M, bf16, T=1024, flash attention, no recomputation, on the
 #      bundled Shakespeare tokenized for GPT-2 with no validation split (no evaluation, as PyTorch);
-#      tokens/s: median of the per-step rates of steps 3.. (metrics.jsonl); memory from summary.json.
+#      tokens/s: median of the per-step rates of steps 3.. (metrics.jsonl); memory from summary.json;
+#      its --tensorboard files read back by TensorBoard's EventAccumulator (the loss at every step,
+#      the bytes of parameters, gradients, optimizer states, activations).
 #   f. python3 bench/pytorch_gpt2.py --batches B --steps 20 (5 warm-up steps; median).
 #   g. the table: tokens/s, MFU (bench/pytorch_gpt2.py's formula, against 989 TFLOP/s), predicted vs
 #      measured device memory, memfit/PyTorch ratios, and PASS/FAIL for the issue's targets.
@@ -308,7 +310,7 @@ RUN=$SCR/memfit_run
 show "memfit prepare --tokenizer gpt2 --out $DATA && rm $DATA/val.bin   # no validation split: no evaluation"
 train_args=(train --device cuda --model gpt2 --precision bf16 --seq 1024 --batch "$B" --steps "$STEPS"
             --attention flash --recompute none --data "$DATA" --eval-every 0 --sample 0 --log-every 1
-            --progress plain --out "$RUN")
+            --progress plain --out "$RUN" --tensorboard "$SCR/tb")
 t=$(budget 180 100)
 show "timeout $t memfit ${train_args[*]} > $OUTD/memfit_train.log"
 if ! $DRY; then
@@ -323,6 +325,23 @@ if ! $DRY; then
             step_failed e "memfit train exit $rc$([ "$rc" -ge 124 ] && echo ' (timed out or killed)'); see memfit_train.log"
         else
             STATUS[e]=ran
+            # --tensorboard's files through TensorBoard's own reader (the GPU machine has it).
+            py "$SCR/tb/rank0" "$STEPS" <<'PYEOF' 2>&1 | tee -a "$OUTD/memfit_train.log"
+import sys
+try:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+except ImportError as e:
+    print(f"tensorboard EventAccumulator: not run ({e})"); sys.exit(0)
+acc = EventAccumulator(sys.argv[1]); acc.Reload()
+tags = acc.Tags()["scalars"]
+need = ["train/loss", "memory/peak/parameters", "memory/peak/gradients", "memory/peak/optimizer_states",
+        "memory/peak/activations"]
+missing = [t for t in need if t not in tags]
+steps = [e.step for e in acc.Scalars("train/loss")] if "train/loss" in tags else []
+ok = not missing and len(steps) == int(sys.argv[2])
+print(f"tensorboard EventAccumulator: {len(tags)} scalar tags, train/loss at {len(steps)} steps, "
+      f"missing {missing}: {'OK' if ok else 'FAIL'}")
+PYEOF
         fi
     else
         cat "$SCR/prepare.log"

@@ -269,5 +269,30 @@ TEST(CudaCli, BenchTimesTheGpu) {
     EXPECT_NE(r.text.find("\"device_used_bytes\":"), std::string::npos) << r.text;
 }
 
+// A device that cannot hold the plan (Llama 2 70B in bf16 on one GPU; the budget check passed
+// by a huge --memory-budget): the cudaMalloc that fails ends the run with one line, and the
+// plan's own picture of the step stays in report.html and trace.json, named in that line.
+TEST(CudaCli, DeviceOutOfMemoryLeavesThePlansReport) {
+    MF_REQUIRE_GPU();
+    const std::string dir = std::string(::testing::TempDir()) + "memfit_cuda_oom." + std::to_string(getpid());
+    const std::string prep = "rm -rf " + dir + " && mkdir -p " + dir + " && head -c 20000 " +
+                             test::env_or("MEMFIT_DATA_DIR", MEMFIT_DATA_DIR) + "/tinyshakespeare.txt > " + dir +
+                             "/text.txt && " + MEMFIT_BINARY + " prepare --tokenizer bytes --input " + dir +
+                             "/text.txt --out " + dir + "/data > /dev/null";
+    ASSERT_EQ(std::system(prep.c_str()), 0) << prep;
+    const CliRun r = run_memfit("train --model llama2-70b --data " + dir + "/data --device cuda --precision bf16 "
+                                "--seq 128 --micro-batch 1 --steps 1 --sample 0 --progress quiet --memory-budget 100TiB "
+                                "--out " + dir + "/run");
+    EXPECT_EQ(r.code, 1) << r.text;
+    EXPECT_EQ(std::count(r.text.begin(), r.text.end(), '\n'), 1) << r.text;
+    EXPECT_NE(r.text.find("memfit: error: out of GPU memory: cudaMalloc of "), std::string::npos) << r.text;
+    EXPECT_NE(r.text.find("where it peaks: " + dir + "/run/report.html and " + dir + "/run/trace.json"),
+              std::string::npos) << r.text;
+    std::ifstream html(dir + "/run/report.html");
+    const std::string page((std::istreambuf_iterator<char>(html)), std::istreambuf_iterator<char>());
+    EXPECT_NE(page.find("<div class=\"failure\""), std::string::npos);
+    EXPECT_NE(page.find("out of GPU memory"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace memfit
