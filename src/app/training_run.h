@@ -150,6 +150,7 @@ private:
     Timeline leak_a_, leak_b_;   // --check-leaks: steps 2 and 3
     Timeline flight_;            // every other step, for the report of a step that fails
     std::unique_ptr<TensorBoardWriter> tensorboard_;   // --tensorboard: this rank's files
+    bool tensorboard_warned_ = false;  // a write failed (warned once)
     nlohmann::json ranks_memory_;      // every rank's memory at the last log point (metrics.jsonl)
     std::set<std::string> op_names_;   // names of the ops other ranks' timelines hold (gather_rank_views)
     std::vector<CurvePoint> loss_curve_, val_curve_, tps_curve_;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -157,9 +158,14 @@ nlohmann::json TrainingRun::watch(int step, const ProgressLine & pl, const StepR
         s.push_back({"memory/live_total", double(L.live_total())});
         s.push_back({"memory/peak_total", double(L.live_total_peak())});
         s.push_back({"memory/rss", double(mine[2 * kCategoryCount])});
-        if (!tensorboard_->write(step, s) && lead_)
-            warn(fmt::format("{}: cannot write step {} ({}); training goes on", tensorboard_->path(), step,
-                             tensorboard_->error()));
+        // A file that cannot be written (a full disk) costs its lines, not the run: one warning per rank.
+        if (!tensorboard_->write(step, s) && !tensorboard_warned_) {
+            tensorboard_warned_ = true;
+            const std::string w = fmt::format("{}: cannot write step {} ({}); training goes on, and later steps are "
+                                              "tried again", tensorboard_->path(), step, tensorboard_->error());
+            if (lead_) warn(w);
+            else std::fprintf(stderr, "memfit: warning: rank %d: %s\n", comm_->rank(), w.c_str());
+        }
     }
     nlohmann::json ranks = nlohmann::json::array();
     if (!lead_) return ranks;
@@ -226,6 +232,7 @@ void TrainingRun::fail_out_of_memory(const OutOfMemory & e, int step, const Time
     const std::string html = failure_path("report", ".html"), trace = failure_path("trace", ".json");
     std::string where;
     try {
+        fs::create_directories(opt_.out);   // another host's rank may not have the folder yet
         const ReportData rep = build_failure_report(
             *engine_, recorded, fmt::format("memfit train: {} out of memory at step {}{}", cfg_.name, step,
                                             world_ > 1 ? fmt::format(", rank {}", comm_->rank()) : ""),
@@ -237,7 +244,7 @@ void TrainingRun::fail_out_of_memory(const OutOfMemory & e, int step, const Time
                                   recorded.failed_op, recorded.events.back().name, html, trace)
                     : fmt::format("; step {}'s memory (the failure came in its evaluation): {} and {}", step, html,
                                   trace);
-    } catch (const Error & report_error) {
+    } catch (const std::exception & report_error) {
         where = fmt::format(" (the report of the failing step could not be written: {})", report_error.what());
     }
     throw OutOfMemory(e.what() + where);

@@ -89,6 +89,11 @@ TEST(CliWatch, TensorBoardFilesHoldTheLossAndEveryCategoryAtEveryLogStep) {
         // Weights, gradients and moments live between steps: their live bytes are their peaks.
         EXPECT_EQ(v["memory/live/parameters"], v["memory/peak/parameters"]);
     }
+    // A folder that cannot be made is one line before the first step.
+    const CmdResult bad = run_memfit("train --model nano --data " + run.data.string() + " --seq 32 --steps 2 "
+                                     "--sample 0 --progress quiet --out " + scratch("w_tb_bad").string() +
+                                     " --tensorboard /dev/null/tb");
+    expect_clean_failure(bad, "cannot create the TensorBoard folder /dev/null/tb/rank0");
 }
 
 TEST(CliWatch, MetricsCarryEachRanksMemoryAndTheMonitorShowsIt) {
