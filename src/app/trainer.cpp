@@ -352,8 +352,13 @@ void TrainingRun::load() {
 // buffers, so --fit auto and --recompute budget make the same choice on all); then each builds
 // its own (a stage's program is its own).
 void TrainingRun::resolve() {
-    const ResolvedRun resolved = resolve_run(run_, cfg_, *backend_, !data_.val_path.empty() && !opt_.profile,
-                                             groups_ ? groups_->coords.pp : 0);
+    ResolvedRun resolved;
+    try {
+        resolved = resolve_run(run_, cfg_, *backend_, !data_.val_path.empty() && !opt_.profile,
+                               groups_ ? groups_->coords.pp : 0);
+    } catch (const PlanRefused & e) {
+        fail_refused_plan(e, e.smallest);   // the smallest configuration tried
+    }
     eo_ = resolved.eo;
     notes_ = resolved.notes;
     eo_.rank = rank_;
@@ -415,7 +420,7 @@ void TrainingRun::build() {
     try {
         engine_ = std::make_unique<Engine>(cfg_, *backend_, eo_);
     } catch (const OutOfMemory & e) {
-        fail_refused_plan(e);
+        fail_refused_plan(e, eo_);
     }
     Engine & engine = *engine_;
     const CategoryBytes plan_live = engine.planned_peak_live(), plan_rsv = engine.planned_reserved();

@@ -26,6 +26,7 @@
 #include "memory/budget.h"
 #include "memory/timeline.h"
 #include "model/config.h"
+#include "plan/fit.h"
 #include "report/html_report.h"
 #include "report/progress.h"
 #include "report/report_data.h"
@@ -87,10 +88,11 @@ private:
     // A step that failed out of memory: the report of `recorded` (up to the op that failed, when
     // that op was the training step's), then the error again, naming where the report is.
     [[noreturn]] void fail_out_of_memory(const OutOfMemory & e, int step, const Timeline & recorded);
-    // A plan the engine refused (the budget, or the device's reservation): the plan's report.
-    [[noreturn]] void fail_refused_plan(const OutOfMemory & e);
+    // A plan refused before it ran (the budget, the device's reservation, or nothing --fit auto
+    // or --recompute budget tried fits): the report of the plan of `eo`.
+    [[noreturn]] void fail_refused_plan(const OutOfMemory & e, const EngineOptions & eo);
     std::string failure_path(const std::string & stem, const std::string & ext) const;   // report[-rankN].html
-    nlohmann::json failure_config(int step) const;
+    nlohmann::json failure_config(int step, const EngineOptions & eo) const;
 
     const TrainOptions & opt_;
     std::unique_ptr<Communicator> comm_;

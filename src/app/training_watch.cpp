@@ -220,10 +220,10 @@ std::string TrainingRun::failure_path(const std::string & stem, const std::strin
     return (fs::path(opt_.out) / (stem + (lead_ ? std::string() : fmt::format("-rank{}", comm_->rank())) + ext)).string();
 }
 
-nlohmann::json TrainingRun::failure_config(int step) const {
-    nlohmann::json c = {{"model", cfg_.name}, {"micro_batch", eo_.B}, {"grad_accum", eo_.grad_accum},
-                        {"seq", opt_.seq}, {"rank", comm_->rank()}, {"precision", precision_name(eo_.compute)},
-                        {"recompute", eo_.recompute.name}, {"zero", eo_.zero}};
+nlohmann::json TrainingRun::failure_config(int step, const EngineOptions & eo) const {
+    nlohmann::json c = {{"model", cfg_.name}, {"micro_batch", eo.B}, {"grad_accum", eo.grad_accum},
+                        {"seq", opt_.seq}, {"rank", comm_->rank()}, {"precision", precision_name(eo.compute)},
+                        {"recompute", eo.recompute.name}, {"zero", eo.zero}};
     if (step > 0) c["step"] = step;
     return c;
 }
@@ -236,7 +236,7 @@ void TrainingRun::fail_out_of_memory(const OutOfMemory & e, int step, const Time
         const ReportData rep = build_failure_report(
             *engine_, recorded, fmt::format("memfit train: {} out of memory at step {}{}", cfg_.name, step,
                                             world_ > 1 ? fmt::format(", rank {}", comm_->rank()) : ""),
-            failure_config(step), eo_.budget, e.what());
+            failure_config(step, eo_), eo_.budget, e.what());
         write_html_report(html, rep);
         write_chrome_trace(trace, rep);
         where = recorded.failed_op >= 0 && !recorded.events.empty()
@@ -250,21 +250,21 @@ void TrainingRun::fail_out_of_memory(const OutOfMemory & e, int step, const Time
     throw OutOfMemory(e.what() + where);
 }
 
-void TrainingRun::fail_refused_plan(const OutOfMemory & e) {
+void TrainingRun::fail_refused_plan(const OutOfMemory & e, const EngineOptions & eo) {
     const std::string html = failure_path("report", ".html"), trace = failure_path("trace", ".json");
     std::string where;
     try {
         fs::create_directories(opt_.out);
-        const StepPlans plans(cfg_, *backend_, eo_);
+        const StepPlans plans(cfg_, *backend_, eo);
         const ReportData rep = build_refused_plan_report(
             plans, fmt::format("memfit train: {}, the plan that was refused{}", cfg_.name,
                                world_ > 1 ? fmt::format(" (rank {})", comm_->rank()) : ""),
-            failure_config(0), eo_.budget, e.what());
+            failure_config(0, eo), run_.budget, e.what());
         write_html_report(html, rep);
         write_chrome_trace(trace, rep);
         const TimelineEvent & at = rep.timeline.events.back();
         where = fmt::format("; the plan's step up to op {} ({}), where {}: {} and {}", at.op, at.name,
-                            eo_.budget && at.live.total() > eo_.budget ? "its live bytes pass the budget" : "it peaks",
+                            run_.budget && at.live.total() > run_.budget ? "its live bytes pass the budget" : "it peaks",
                             html, trace);
     } catch (const std::exception & report_error) {
         where = fmt::format(" (the plan's report could not be written: {})", report_error.what());

@@ -190,10 +190,14 @@ ResolvedRun fit_auto(const RunConfig & s, const ModelConfig & cfg, const Backend
                 }
     }
     if (!best) {
-        check_budget(smallest->second, budget,
-                     fmt::format("even the smallest configuration ({}) does not fit; lower --seq, pick a smaller "
-                                 "--model or raise --memory-budget",
-                                 describe(smallest->first)));
+        try {
+            check_budget(smallest->second, budget,
+                         fmt::format("even the smallest configuration ({}) does not fit; lower --seq, pick a smaller "
+                                     "--model or raise --memory-budget",
+                                     describe(smallest->first)));
+        } catch (const OutOfMemory & e) {
+            throw PlanRefused(e.what(), smallest->first);
+        }
         MF_ASSERT(false);
     }
     ResolvedRun r;
@@ -230,9 +234,16 @@ ResolvedRun resolve_run(const RunConfig & s, const ModelConfig & cfg, const Back
         if (budget == 0) throw ConfigError("--recompute budget needs a memory budget");
         CategoryBytes smallest;
         const auto rc = fit_recompute(r.eo, cfg, backend, budget, &smallest);
-        if (!rc)
-            check_budget(smallest, budget,
-                         "even full recomputation does not fit; lower --batch or --seq, or use --fit auto");
+        if (!rc) {
+            EngineOptions full = r.eo;
+            full.recompute = parse_recompute("full", cfg.n_layer);
+            try {
+                check_budget(smallest, budget,
+                             "even full recomputation does not fit; lower --batch or --seq, or use --fit auto");
+            } catch (const OutOfMemory & e) {
+                throw PlanRefused(e.what(), full);
+            }
+        }
         r.eo.recompute = *rc;
         const double all = layer_keep_cost(cfg, r.eo.B, r.eo.T, r.eo.flash_attention, r.eo.compute, kKeepAll).bytes;
         double kept = 0, flops = 0;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "memory/budget.h"
 #include "model/config.h"
 #include "run/run_config.h"
 #include "train/engine.h"
@@ -29,8 +30,17 @@ struct ResolvedRun {
     std::vector<std::string> notes;   // what --fit auto / --recompute budget chose and why
 };
 
+// What resolve_run throws when --fit auto or --recompute budget finds nothing that fits: the
+// smallest configuration it tried, whose plan the trainer draws.
+class PlanRefused : public OutOfMemory {
+public:
+    PlanRefused(const std::string & what, const EngineOptions & smallest_tried)
+        : OutOfMemory(what), smallest(smallest_tried) {}
+    EngineOptions smallest;
+};
+
 // Resolves `r` for `cfg` within r.budget bytes (0: no budget). Throws ConfigError for what the
-// engine does not run and OutOfMemory when --fit auto or --recompute budget finds nothing that
+// engine does not run and PlanRefused when --fit auto or --recompute budget finds nothing that
 // fits (the message gives the smallest configuration's needs per category).
 ResolvedRun resolve_run(const RunConfig & r, const ModelConfig & cfg, const Backend & backend, bool with_eval,
                         int pp_stage = 0);

@@ -148,24 +148,29 @@ TEST(CliWatch, AnAllocationThatFailsLeavesTheReportOfItsStep) {
     EXPECT_FALSE(fs::exists(run.out / "summary.json"));
 }
 
+// A plan refused before it runs: a fixed configuration over --memory-budget, and --fit auto
+// when even its smallest configuration does not fit (whose plan the report then draws).
 TEST(CliWatch, ARefusedPlanLeavesThePlansPictureUpToWhereItPassesTheBudget) {
-    const NanoRun run = nano_run("w_refused", "--memory-budget 2500000");
-    expect_clean_failure(run.result, "does not fit: the plan needs ");
-    EXPECT_NE(run.result.err.find("where its live bytes pass the budget: " + (run.out / "report.html").string()),
-              std::string::npos) << run.result.err;
-    const nlohmann::json trace = read_json(run.out / "trace.json");
-    const int failed = trace["otherData"]["failed_op"].get<int>();
-    EXPECT_NE(run.result.err.find("up to op " + std::to_string(failed) + " "), std::string::npos) << run.result.err;
-    // The planned bytes rise to the budget at that op and not before.
-    std::vector<uint64_t> totals;
-    for (const auto & e : trace["traceEvents"])
-        if (e["ph"] == "C" && e["name"] == "memory.total") totals.push_back(e["args"]["total"].get<uint64_t>());
-    ASSERT_GT(failed, 0);   // the weights fit: the step's activations pass the budget
-    ASSERT_EQ(totals.size(), size_t(failed) + 1);
-    EXPECT_GT(totals.back(), 2500000u);
-    for (size_t i = 0; i + 1 < totals.size(); ++i) EXPECT_LE(totals[i], 2500000u) << i;
-    EXPECT_NE(slurp(run.out / "report.html").find("class=\"failure\""), std::string::npos);
-    EXPECT_FALSE(fs::exists(run.out / "run.json"));   // the run never started
+    for (const auto & [extra, budget] : {std::pair<std::string, uint64_t>{"", 2500000}, {"--fit auto ", 2300000}}) {
+        SCOPED_TRACE(extra);
+        const NanoRun run = nano_run("w_refused", extra + "--memory-budget " + std::to_string(budget));
+        expect_clean_failure(run.result, "does not fit: the plan needs ");
+        EXPECT_NE(run.result.err.find("where its live bytes pass the budget: " + (run.out / "report.html").string()),
+                  std::string::npos) << run.result.err;
+        const nlohmann::json trace = read_json(run.out / "trace.json");
+        const int failed = trace["otherData"]["failed_op"].get<int>();
+        EXPECT_NE(run.result.err.find("up to op " + std::to_string(failed) + " "), std::string::npos) << run.result.err;
+        // The planned bytes rise past the budget at that op and not before.
+        std::vector<uint64_t> totals;
+        for (const auto & e : trace["traceEvents"])
+            if (e["ph"] == "C" && e["name"] == "memory.total") totals.push_back(e["args"]["total"].get<uint64_t>());
+        ASSERT_GT(failed, 0);   // the weights fit: the step's activations pass the budget
+        ASSERT_EQ(totals.size(), size_t(failed) + 1);
+        EXPECT_GT(totals.back(), budget);
+        for (size_t i = 0; i + 1 < totals.size(); ++i) EXPECT_LE(totals[i], budget) << i;
+        EXPECT_NE(slurp(run.out / "report.html").find("class=\"failure\""), std::string::npos);
+        EXPECT_FALSE(fs::exists(run.out / "run.json"));   // the run never started
+    }
 }
 
 }  // namespace
