@@ -17,6 +17,7 @@ PKGS=(
   libgtest-dev googletest # tests
   libpcre2-dev           # GPT-2 pre-tokenisation regex (Unicode classes)
   libsentencepiece-dev   # SentencePiece tokenizers (LLaMA folders)
+  libicu-dev             # NFC normalisation of Hugging Face tokenizer.json files
   libopenmpi-dev openmpi-bin  # MPI: data-parallel ranks (src/comm) and `mpirun -np N memfit train`
 )
 if [ "${1:-}" = "--test" ]; then

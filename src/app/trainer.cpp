@@ -306,7 +306,8 @@ void TrainingRun::load() {
     check_supported(opt_, cfg_, backend_.get());   // what the backend refuses (offload's place), before the data
     device_comm_ = make_device_communicator(*comm_, *backend_);
     if (device_comm_) data_comm_ = device_comm_.get();
-    // A Hugging Face folder with a tokenizer.model tokenizes the corpus with it unless told otherwise.
+    // A Hugging Face folder with a tokenizer.json (or tokenizer.model) tokenizes the corpus with it
+    // unless told otherwise.
     const std::string tokenizer =
         opt_.tokenizer.empty() && fs::is_directory(opt_.model) ? tokenizer_for_folder(opt_.model) : opt_.tokenizer;
     // Rank 0 prepares the bundled corpus (if needed) before the others look for it.

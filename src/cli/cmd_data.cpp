@@ -25,7 +25,8 @@ void add_data_commands(CLI::App & app) {
             "prepare", "Tokenize a text file into train.bin, val.bin and meta.json for `memfit train`");
         sub->add_option("--input", opts->input, "Text file to tokenize (default: the bundled tinyshakespeare.txt)");
         sub->add_option("--out", opts->out_dir,
-                        "Output folder (default: runs/data-<tokenizer>, or runs/data-sp-<hash> for SentencePiece)");
+                        "Output folder (default: runs/data-<tokenizer>, or runs/data-sp-<hash> for SentencePiece, "
+                        "runs/data-hf-<hash> for a tokenizer.json)");
         sub->add_option("--tokenizer", opts->tokenizer, std::string("Tokenizer: ") + tokenizer_kinds())
             ->capture_default_str();
         sub->add_option("--val-fraction", opts->val_fraction,

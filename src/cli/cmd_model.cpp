@@ -86,8 +86,9 @@ void add_model_commands(CLI::App & app) {
         "generate", "continue a prompt with a model folder from `memfit export` (streams the text)");
     g->add_option("--model", gen_model, "folder with config.json and model.safetensors")->required();
     g->add_option("--prompt", gen_prompt, "text to continue")->capture_default_str();
-    g->add_option("--tokenizer", gen_tokenizer, "gpt2, bytes or PATH/tokenizer.model (default: the folder's "
-                  "tokenizer.model, else bytes for a vocabulary of 256, gpt2 for 50257)");
+    g->add_option("--tokenizer", gen_tokenizer, "gpt2, bytes, PATH/tokenizer.json or PATH/tokenizer.model (default: "
+                  "the folder's tokenizer.json, else its tokenizer.model, else bytes for a vocabulary of 256, gpt2 "
+                  "for 50257)");
     g->add_option("--max-new-tokens", gen.max_new_tokens, "tokens to generate")->capture_default_str()
         ->check(kPositive);
     g->add_option("--temperature", gen.temperature, "softmax temperature (0: greedy)")->capture_default_str()
@@ -117,7 +118,7 @@ void add_model_commands(CLI::App & app) {
         const ModelConfig cfg = resolve_model(gen_model + "/");
         std::string kind = !gen_tokenizer.empty() ? gen_tokenizer : tokenizer_for_folder(gen_model);
         if (kind.empty() && cfg.vocab_size != 256 && cfg.vocab_size != 50257)
-            throw ConfigError(fmt::format("{} has no tokenizer.model and its vocabulary ({}) matches neither bytes (256) "
+            throw ConfigError(fmt::format("{} has no tokenizer.json or tokenizer.model and its vocabulary ({}) matches neither bytes (256) "
                                           "nor gpt2 (50257); pass --tokenizer", gen_model, cfg.vocab_size));
         if (kind.empty()) kind = cfg.vocab_size == 256 ? "bytes" : "gpt2";
         const auto tok = make_tokenizer(kind, data_dir());

@@ -25,7 +25,8 @@ void add_train_flags(CLI::App * train, TrainOptions & t) {
     add_run_flags(train, t);
     train->add_option("--data", t.data, "folder with train.bin/val.bin from `memfit prepare` (default: the bundled corpus)");
     train->add_option("--tokenizer", t.tokenizer,
-                      "tokenizer when preparing the bundled corpus: gpt2|bytes|PATH/tokenizer.model (SentencePiece); "
+                      "tokenizer when preparing the bundled corpus: gpt2|bytes|PATH/tokenizer.json (Hugging Face)|"
+                      "PATH/tokenizer.model (SentencePiece); "
                       "with --data, it must be the one the data was prepared with");
     train->add_option("--steps", t.steps, "optimizer steps")->capture_default_str()->check(kPositive);
     train->add_option("--lr", t.lr, "peak learning rate")->capture_default_str()->check(kPositive);

@@ -49,10 +49,12 @@ void write_text_atomic(const std::string & path, const std::string & text) {
 
 std::string default_prepared_dir(const std::string & tokenizer) {
     const std::string sp = sentencepiece_model_path(tokenizer);
-    if (sp.empty()) return "runs/data-" + tokenizer;
+    const bool hf = sp.empty() && tokenizer.size() > 5 && tokenizer.ends_with(".json");   // tokenizer.json
+    if (sp.empty() && !hf) return "runs/data-" + tokenizer;
+    const std::string file = hf ? fs::absolute(tokenizer).lexically_normal().string() : sp;
     uint32_t h = 2166136261u;                                // FNV-1a: stable across runs and builds
-    for (const char c : sp) h = (h ^ static_cast<unsigned char>(c)) * 16777619u;
-    return fmt::format("runs/data-sp-{:08x}", h);
+    for (const char c : file) h = (h ^ static_cast<unsigned char>(c)) * 16777619u;
+    return fmt::format("runs/data-{}-{:08x}", hf ? "hf" : "sp", h);
 }
 
 PreparedData prepare_dataset(const PrepareOptions & opts) {

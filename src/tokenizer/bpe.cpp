@@ -1,6 +1,7 @@
 #include "tokenizer/bpe.h"
 
 #include "core/error.h"
+#include "tokenizer/unicode_norm.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -16,19 +17,28 @@
 
 namespace memfit {
 
-namespace {
+const char * const kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
-// GPT-2's pre-tokenisation: contractions, letters, numbers, other symbols (each optionally after
-// one space), whitespace not followed by a non-space, remaining whitespace.
-constexpr const char * kPattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+namespace {
 
 // Words longer than this are encoded but not cached (they rarely repeat); the cache is dropped
 // when it holds this many words, to bound its memory on huge inputs.
 constexpr size_t kMaxCachedWordBytes = 128;
 constexpr size_t kMaxCacheEntries = size_t{1} << 20;
 
-std::string read_whole_file(const std::string & path) {
+// Code point of GPT-2's byte alphabet -> byte (-1: not in the alphabet).
+const std::vector<int> & codepoint_to_byte() {
+    static const std::vector<int> table = [] {
+        std::vector<int> t(512, -1);
+        for (int b = 0; b < 256; ++b) t[ByteLevelBpe::byte_to_codepoint()[size_t(b)]] = b;
+        return t;
+    }();
+    return table;
+}
+
+}  // namespace
+
+std::string read_tokenizer_file(const std::string & path) {
     std::ifstream in(path, std::ios::binary);
     if (!in) {
         throw IoError(fmt::format("{}: cannot open tokenizer file; set MEMFIT_DATA_DIR to memfit's data folder",
@@ -40,9 +50,8 @@ std::string read_whole_file(const std::string & path) {
     return ss.str();
 }
 
-// Decodes s (UTF-8, code points of GPT-2's byte alphabet) into raw bytes; false if s is not in
-// that alphabet.
-bool alphabet_to_bytes(std::string_view s, const std::vector<int> & cp_to_byte, std::string & out) {
+bool byte_alphabet_to_bytes(std::string_view s, std::string & out) {
+    const std::vector<int> & cp_to_byte = codepoint_to_byte();
     out.clear();
     size_t i = 0;
     while (i < s.size()) {
@@ -66,14 +75,12 @@ bool alphabet_to_bytes(std::string_view s, const std::vector<int> & cp_to_byte, 
     return true;
 }
 
-}  // namespace
-
-struct Gpt2Bpe::Regex {
+struct ByteLevelBpe::Regex {
     pcre2_code * code = nullptr;
     ~Regex() { if (code) pcre2_code_free(code); }
 };
 
-const std::vector<uint32_t> & Gpt2Bpe::byte_to_codepoint() {
+const std::vector<uint32_t> & ByteLevelBpe::byte_to_codepoint() {
     static const std::vector<uint32_t> table = [] {
         std::vector<uint32_t> t(256);
         uint32_t next_extra = 256;
@@ -86,13 +93,14 @@ const std::vector<uint32_t> & Gpt2Bpe::byte_to_codepoint() {
     return table;
 }
 
-Gpt2Bpe::Gpt2Bpe(const std::string & encoder_json, const std::string & vocab_bpe) {
-    std::vector<int> cp_to_byte(512, -1);
-    for (int b = 0; b < 256; ++b) cp_to_byte[byte_to_codepoint()[b]] = b;
-
+BpeParts read_gpt2_files(const std::string & encoder_json, const std::string & vocab_bpe) {
+    BpeParts parts;
+    parts.name = "gpt2";
+    parts.source = encoder_json;
+    parts.patterns = {kGpt2Pattern};
     // encoder.json: {"token in byte alphabet": id, ...}, ids 0..n-1.
     {
-        const std::string text = read_whole_file(encoder_json);
+        const std::string text = read_tokenizer_file(encoder_json);
         nlohmann::json j;
         try {
             j = nlohmann::json::parse(text);
@@ -104,9 +112,9 @@ Gpt2Bpe::Gpt2Bpe(const std::string & encoder_json, const std::string & vocab_bpe
             throw FormatError(fmt::format("{}: expected a JSON object mapping token strings to ids", encoder_json));
         }
         const size_t n = j.size();
-        id_to_bytes_.assign(n, std::string());
+        parts.id_to_bytes.assign(n, std::string());
         std::vector<bool> seen(n, false);
-        bytes_to_id_.reserve(n);
+        std::unordered_map<std::string, int64_t> ids;
         std::string bytes;
         for (const auto & [key, value] : j.items()) {
             if (!value.is_number_integer()) {
@@ -117,36 +125,25 @@ Gpt2Bpe::Gpt2Bpe(const std::string & encoder_json, const std::string & vocab_bpe
                 throw FormatError(fmt::format("{}: token '{}' has id {}; ids must be unique and in [0, {})",
                                               encoder_json, key, id, n));
             }
-            if (!alphabet_to_bytes(key, cp_to_byte, bytes) || bytes.empty()) {
+            if (!byte_alphabet_to_bytes(key, bytes) || bytes.empty()) {
                 throw FormatError(fmt::format("{}: token '{}' (id {}) is not written in GPT-2's byte alphabet",
                                               encoder_json, key, id));
             }
-            seen[static_cast<size_t>(id)] = true;
-            id_to_bytes_[static_cast<size_t>(id)] = bytes;
-            if (!bytes_to_id_.emplace(bytes, static_cast<int32_t>(id)).second) {
+            if (!ids.emplace(bytes, id).second) {
                 throw FormatError(fmt::format("{}: two tokens decode to the same bytes (second: '{}', id {})",
                                               encoder_json, key, id));
             }
+            seen[static_cast<size_t>(id)] = true;
+            parts.id_to_bytes[static_cast<size_t>(id)] = bytes;
         }
-        for (int b = 0; b < 256; ++b) {
-            auto it = bytes_to_id_.find(std::string(1, static_cast<char>(b)));
-            if (it == bytes_to_id_.end()) {
-                throw FormatError(fmt::format("{}: no token for the single byte {}; byte-level BPE needs all 256",
-                                              encoder_json, b));
-            }
-            byte_id_[b] = it->second;
-        }
-        if (auto it = bytes_to_id_.find("<|endoftext|>"); it != bytes_to_id_.end()) eot_id_ = it->second;
+        if (auto it = ids.find("<|endoftext|>"); it != ids.end()) parts.eot_id = int32_t(it->second);
     }
-
     // vocab.bpe: "#version: ..." then one merge "left right" per line, in rank order.
     {
-        const std::string text = read_whole_file(vocab_bpe);
+        const std::string text = read_tokenizer_file(vocab_bpe);
         std::istringstream lines(text);
         std::string line, left, right;
         int line_no = 0;
-        int32_t rank = 0;
-        merges_.reserve(id_to_bytes_.size());
         while (std::getline(lines, line)) {
             ++line_no;
             if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -156,49 +153,77 @@ Gpt2Bpe::Gpt2Bpe(const std::string & encoder_json, const std::string & vocab_bpe
                 line.find(' ', sp + 1) != std::string::npos) {
                 throw FormatError(fmt::format("{}:{}: expected 'left right', got '{}'", vocab_bpe, line_no, line));
             }
-            if (!alphabet_to_bytes(std::string_view(line).substr(0, sp), cp_to_byte, left) ||
-                !alphabet_to_bytes(std::string_view(line).substr(sp + 1), cp_to_byte, right)) {
+            if (!byte_alphabet_to_bytes(std::string_view(line).substr(0, sp), left) ||
+                !byte_alphabet_to_bytes(std::string_view(line).substr(sp + 1), right)) {
                 throw FormatError(fmt::format("{}:{}: merge '{}' is not written in GPT-2's byte alphabet",
                                               vocab_bpe, line_no, line));
             }
-            const auto l = bytes_to_id_.find(left);
-            const auto r = bytes_to_id_.find(right);
-            const auto m = bytes_to_id_.find(left + right);
-            if (l == bytes_to_id_.end() || r == bytes_to_id_.end() || m == bytes_to_id_.end()) {
-                throw FormatError(fmt::format("{}:{}: merge '{}' uses or makes a token missing from {}; "
-                                              "the two files do not belong together",
-                                              vocab_bpe, line_no, line, encoder_json));
-            }
-            const uint64_t key = (static_cast<uint64_t>(l->second) << 32) | static_cast<uint32_t>(r->second);
-            merges_.emplace(key, Merge{rank, m->second});    // a repeated pair keeps its first rank
-            ++rank;
+            parts.merges.emplace_back(left, right);
         }
-        if (rank == 0) throw FormatError(fmt::format("{}: no merges found", vocab_bpe));
+        if (parts.merges.empty()) throw FormatError(fmt::format("{}: no merges found", vocab_bpe));
     }
-
-    re_ = std::make_unique<Regex>();
-    int err = 0;
-    PCRE2_SIZE err_off = 0;
-    re_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kPattern), PCRE2_ZERO_TERMINATED,
-                              PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &err_off, nullptr);
-    if (!re_->code) {
-        PCRE2_UCHAR msg[256];
-        pcre2_get_error_message(err, msg, sizeof msg);
-        throw Error(fmt::format("PCRE2 cannot compile the GPT-2 pattern at offset {}: {}; "
-                                "libpcre2-8 must be built with Unicode support",
-                                err_off, reinterpret_cast<const char *>(msg)));
-    }
-    pcre2_jit_compile(re_->code, PCRE2_JIT_COMPLETE);      // optional speed-up; interpreter otherwise
+    return parts;
 }
 
-Gpt2Bpe::~Gpt2Bpe() = default;
+ByteLevelBpe::ByteLevelBpe(BpeParts parts)
+    : name_(std::move(parts.name)), id_to_bytes_(std::move(parts.id_to_bytes)), added_(std::move(parts.added)),
+      ignore_merges_(parts.ignore_merges), nfc_(parts.nfc), eot_id_(parts.eot_id) {
+    const std::string & src = parts.source;
+    bytes_to_id_.reserve(id_to_bytes_.size());
+    std::vector<bool> is_added(id_to_bytes_.size(), false);
+    for (const auto & [text, id] : added_) {
+        if (id < 0 || size_t(id) >= id_to_bytes_.size() || text.empty())
+            throw FormatError(fmt::format("{}: added token '{}' has id {} outside [0, {})", src, text, id,
+                                          id_to_bytes_.size()));
+        is_added[size_t(id)] = true;
+        starts_added_[static_cast<unsigned char>(text[0])] = true;
+    }
+    for (size_t id = 0; id < id_to_bytes_.size(); ++id)
+        if (!is_added[id] && !id_to_bytes_[id].empty()) bytes_to_id_.emplace(id_to_bytes_[id], int32_t(id));
+    for (int b = 0; b < 256; ++b) {
+        const auto it = bytes_to_id_.find(std::string(1, static_cast<char>(b)));
+        if (it == bytes_to_id_.end())
+            throw FormatError(fmt::format("{}: no token for the single byte {}; byte-level BPE needs all 256", src, b));
+        byte_id_[b] = it->second;
+    }
+    merges_.reserve(parts.merges.size());
+    for (size_t rank = 0; rank < parts.merges.size(); ++rank) {
+        const auto & [left, right] = parts.merges[rank];
+        const auto l = bytes_to_id_.find(left), r = bytes_to_id_.find(right), m = bytes_to_id_.find(left + right);
+        if (l == bytes_to_id_.end() || r == bytes_to_id_.end() || m == bytes_to_id_.end())
+            throw FormatError(fmt::format("{}: merge {} of '{}' and '{}' uses or makes a token missing from the "
+                                          "vocabulary; the merges and the vocabulary do not belong together",
+                                          src, rank, left, right));
+        const uint64_t key = (static_cast<uint64_t>(l->second) << 32) | static_cast<uint32_t>(r->second);
+        merges_.emplace(key, Merge{int32_t(rank), m->second});   // a repeated pair keeps its first rank
+    }
+    std::stable_sort(added_.begin(), added_.end(),
+                     [](const auto & a, const auto & b) { return a.first.size() > b.first.size(); });
+    for (const std::string & pattern : parts.patterns) {
+        auto re = std::make_unique<Regex>();
+        int err = 0;
+        PCRE2_SIZE err_off = 0;
+        re->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
+                                 PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &err_off, nullptr);
+        if (!re->code) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(err, msg, sizeof msg);
+            throw FormatError(fmt::format("{}: PCRE2 cannot compile the pre-tokenisation pattern '{}' at offset {}: {}",
+                                          src, pattern, err_off, reinterpret_cast<const char *>(msg)));
+        }
+        pcre2_jit_compile(re->code, PCRE2_JIT_COMPLETE);   // optional speed-up; interpreter otherwise
+        res_.push_back(std::move(re));
+    }
+}
+
+ByteLevelBpe::~ByteLevelBpe() = default;
 
 // Byte-pair merging of one word, exactly as GPT-2: take the lowest-ranked adjacent pair, merge all
 // its occurrences left to right, repeat. Symbols form a linked list; every adjacent pair that has a
 // rank sits in a min-heap keyed (rank, position). A round pops all entries of the lowest rank
 // (all the same pair, in position order) and applies those still valid, so the whole thing is
 // O(n log n) even for very long words.
-void Gpt2Bpe::bpe(std::string_view word, std::vector<int32_t> & out) const {
+void ByteLevelBpe::bpe(std::string_view word, std::vector<int32_t> & out) const {
     const int n = static_cast<int>(word.size());
     if (n == 1) { out.push_back(byte_id_[static_cast<unsigned char>(word[0])]); return; }
 
@@ -241,7 +266,13 @@ void Gpt2Bpe::bpe(std::string_view word, std::vector<int32_t> & out) const {
     for (int32_t i = 0; i >= 0; i = nodes[i].next) out.push_back(nodes[i].id);
 }
 
-void Gpt2Bpe::encode_word(std::string_view word, std::vector<int32_t> & out) const {
+void ByteLevelBpe::encode_word(std::string_view word, std::vector<int32_t> & out) const {
+    if (ignore_merges_) {
+        if (const auto it = bytes_to_id_.find(std::string(word)); it != bytes_to_id_.end()) {
+            out.push_back(it->second);
+            return;
+        }
+    }
     if (word.size() > kMaxCachedWordBytes) { bpe(word, out); return; }
     const std::string key(word);
     {
@@ -258,54 +289,82 @@ void Gpt2Bpe::encode_word(std::string_view word, std::vector<int32_t> & out) con
     cache_.emplace(key, std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(start), out.end()));
 }
 
-std::vector<int32_t> Gpt2Bpe::encode(std::string_view text) const {
+std::vector<int32_t> ByteLevelBpe::encode(std::string_view text) const {
     std::vector<int32_t> out;
-    if (text.empty()) return out;
     out.reserve(text.size() / 3 + 16);
-
-    std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(
-        pcre2_match_data_create_from_pattern(re_->code, nullptr), &pcre2_match_data_free);
-    if (!md) throw Error("out of memory creating a PCRE2 match block");
-
-    const auto * subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-    const size_t len = text.size();
-    size_t pos = 0;
-    while (pos < len) {
-        const int rc = pcre2_match(re_->code, subject, len, pos, 0, md.get(), nullptr);
-        if (rc == PCRE2_ERROR_NOMATCH) {                   // only invalid UTF-8 is left
-            encode_word(text.substr(pos), out);
-            break;
-        }
-        if (rc < 0) {
-            PCRE2_UCHAR msg[256];
-            pcre2_get_error_message(rc, msg, sizeof msg);
-            throw Error(fmt::format("GPT-2 pre-tokenisation failed at byte {} of {}: {}",
-                                    pos, len, reinterpret_cast<const char *>(msg)));
-        }
-        const PCRE2_SIZE * ov = pcre2_get_ovector_pointer(md.get());
-        const size_t begin = ov[0], end = ov[1];
-        if (begin > pos) encode_word(text.substr(pos, begin - pos), out);  // bytes that are not UTF-8
-        if (end == begin) {                                // cannot happen with this pattern; be safe
-            if (begin >= len) break;
-            encode_word(text.substr(begin, 1), out);
-            pos = begin + 1;
+    size_t from = 0;   // the text since the last added token
+    for (size_t pos = 0; pos < text.size() && !added_.empty();) {
+        if (!starts_added_[static_cast<unsigned char>(text[pos])]) {
+            ++pos;
             continue;
         }
-        encode_word(text.substr(begin, end - begin), out);
-        pos = end;
+        const auto hit = std::find_if(added_.begin(), added_.end(), [&](const auto & a) {
+            return text.compare(pos, a.first.size(), a.first) == 0;
+        });
+        if (hit == added_.end()) {
+            ++pos;
+            continue;
+        }
+        encode_text(text.substr(from, pos - from), out);
+        out.push_back(hit->second);
+        pos += hit->first.size();
+        from = pos;
     }
+    encode_text(text.substr(from), out);
     return out;
 }
 
-std::string Gpt2Bpe::decode(const std::vector<int32_t> & ids) const {
+void ByteLevelBpe::encode_text(std::string_view text, std::vector<int32_t> & out) const {
+    if (text.empty()) return;
+    if (!nfc_) return split(text, 0, out);
+    const std::string normal = nfc(text);
+    split(normal, 0, out);
+}
+
+// Pieces of `text` by pattern `level` ("Isolated": each match, and each stretch between matches,
+// is a piece), each split further by the next pattern; past the last, BPE.
+void ByteLevelBpe::split(std::string_view text, size_t level, std::vector<int32_t> & out) const {
+    if (text.empty()) return;
+    if (level == res_.size()) return encode_word(text, out);
+    pcre2_code * code = res_[level]->code;
+    std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(
+        pcre2_match_data_create_from_pattern(code, nullptr), &pcre2_match_data_free);
+    if (!md) throw Error("out of memory creating a PCRE2 match block");
+    const auto * subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+    const size_t len = text.size();
+    size_t pos = 0, gap = 0;   // the next search, and the start of the text no match took
+    while (pos < len) {
+        const int rc = pcre2_match(code, subject, len, pos, 0, md.get(), nullptr);
+        if (rc == PCRE2_ERROR_NOMATCH) break;
+        if (rc < 0) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(rc, msg, sizeof msg);
+            throw Error(fmt::format("{}: pre-tokenisation failed at byte {} of {}: {}", name_, pos, len,
+                                    reinterpret_cast<const char *>(msg)));
+        }
+        const PCRE2_SIZE * ov = pcre2_get_ovector_pointer(md.get());
+        const size_t begin = ov[0], end = ov[1];
+        if (end == begin) {   // an empty match takes nothing: search on from the next character
+            pos = begin + 1;
+            while (pos < len && (static_cast<unsigned char>(text[pos]) & 0xC0) == 0x80) ++pos;
+            continue;
+        }
+        split(text.substr(gap, begin - gap), level + 1, out);   // bytes no match took (not UTF-8, say)
+        split(text.substr(begin, end - begin), level + 1, out);
+        pos = gap = end;
+    }
+    split(text.substr(gap), level + 1, out);
+}
+
+std::string ByteLevelBpe::decode(const std::vector<int32_t> & ids) const {
     std::string out;
     out.reserve(ids.size() * 4);
     const int vocab = vocab_size();
     for (size_t i = 0; i < ids.size(); ++i) {
         const int32_t id = ids[i];
         if (id < 0 || id >= vocab) {
-            throw FormatError(fmt::format("token id {} at position {} is outside the gpt2 vocabulary [0, {})",
-                                          id, i, vocab));
+            throw FormatError(fmt::format("token id {} at position {} is outside the {} vocabulary [0, {})",
+                                          id, i, name_, vocab));
         }
         out += id_to_bytes_[static_cast<size_t>(id)];
     }

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "tokenizer/bpe.h"
+#include "tokenizer/hf_tokenizer.h"
 #include "tokenizer/sentencepiece.h"
 
 #include <fmt/format.h>
@@ -32,7 +33,7 @@ std::string ByteTokenizer::decode(const std::vector<int32_t> & ids) const {
     return out;
 }
 
-const char * tokenizer_kinds() { return "gpt2|bytes|PATH/tokenizer.model"; }
+const char * tokenizer_kinds() { return "gpt2|bytes|PATH/tokenizer.json|PATH/tokenizer.model"; }
 
 namespace {
 
@@ -57,18 +58,23 @@ std::string sentencepiece_model_path(const std::string & kind) {
 
 std::string tokenizer_for_folder(const std::string & model_dir) {
     std::error_code ec;
+    if (const fs::path json = fs::path(model_dir) / "tokenizer.json"; fs::is_regular_file(json, ec))
+        return absolute_normal(json.string());
     const fs::path file = fs::path(model_dir) / "tokenizer.model";
     if (!fs::is_regular_file(file, ec)) return {};
     return std::string(kSentencePiecePrefix) + absolute_normal(file.string());
 }
 
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string & kind, const std::string & dir) {
-    if (kind == "gpt2") return std::make_unique<Gpt2Bpe>(dir + "/gpt2-bpe/encoder.json", dir + "/gpt2-bpe/vocab.bpe");
+    if (kind == "gpt2")
+        return std::make_unique<ByteLevelBpe>(read_gpt2_files(dir + "/gpt2-bpe/encoder.json", dir + "/gpt2-bpe/vocab.bpe"));
+    if (is_tokenizer_json(kind)) return std::make_unique<ByteLevelBpe>(read_tokenizer_json(kind));
     if (kind == "bytes") return std::make_unique<ByteTokenizer>();
     if (const std::string sp = sentencepiece_model_path(kind); !sp.empty())
         return std::make_unique<SentencePieceTokenizer>(sp);
-    throw ConfigError(fmt::format("unknown tokenizer '{}'; valid tokenizers: gpt2, bytes, sentencepiece:PATH or a "
-                                  "SentencePiece PATH/tokenizer.model", kind));
+    throw ConfigError(fmt::format("unknown tokenizer '{}'; valid tokenizers: gpt2, bytes, a Hugging Face "
+                                  "PATH/tokenizer.json, sentencepiece:PATH or a SentencePiece PATH/tokenizer.model",
+                                  kind));
 }
 
 }  // namespace memfit

@@ -3,10 +3,14 @@
 //   gpt2   GPT-2's byte-level BPE (50257 ids, <|endoftext|> = 50256), read from
 //          <dir>/gpt2-bpe/encoder.json and <dir>/gpt2-bpe/vocab.bpe        (bpe.h)
 //   bytes  one id per byte, 256 ids, no end-of-text id
+//   PATH/tokenizer.json (any PATH ending in .json)
+//          a Hugging Face tokenizer.json of byte-level BPE (Llama 3, Qwen, GPT-NeoX, DeepSeek)
+//          (hf_tokenizer.h); its name is the file's absolute path
 //   sentencepiece:PATH (or a plain PATH ending in .model)
 //          a SentencePiece model file, the tokenizer.model of LLaMA-style folders (sentencepiece.h)
 //
-// gpt2 and bytes are lossless on arbitrary bytes: decode(encode(s)) == s, even for text that is
+// gpt2, tokenizer.json and bytes are lossless on arbitrary bytes (tokenizer.json's NFC leaves
+// text that is not UTF-8 as it is, and changes only what NFC changes): decode(encode(s)) == s, even for text that is
 // not valid UTF-8. SentencePiece is not (see sentencepiece.h). encode/decode are const and safe to
 // call from several threads.
 #pragma once
@@ -47,8 +51,9 @@ public:
     int32_t eot_id() const override { return -1; }
 };
 
-// kind: "gpt2", "bytes", "sentencepiece:PATH" or a PATH ending in ".model" (a relative PATH is
-// taken from the current folder); dir: the data folder holding gpt2-bpe/ (normally data_dir()).
+// kind: "gpt2", "bytes", a PATH ending in ".json" (tokenizer.json), "sentencepiece:PATH" or a
+// PATH ending in ".model" (a relative PATH is taken from the current folder); dir: the data
+// folder holding gpt2-bpe/ (normally data_dir()).
 // Unknown kind -> ConfigError; missing or corrupt tokenizer files -> IoError / FormatError.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string & kind, const std::string & dir);
 
@@ -59,11 +64,9 @@ const char * tokenizer_kinds();
 // model file's absolute, normalised path (the file need not exist). Otherwise empty.
 std::string sentencepiece_model_path(const std::string & kind);
 
-// The tokenizer kind for a Hugging Face model folder: "sentencepiece:<abs folder>/tokenizer.model"
-// if the folder has that file (LLaMA-style folders), else empty. Only SentencePiece models are
-// recognised: a folder with just tokenizer.json (the Hugging Face `tokenizers` format, e.g. LLaMA-3
-// or Mistral's newer releases) gives empty; memfit cannot read that format, so such a model needs a
-// --tokenizer that matches its vocabulary.
+// The tokenizer kind for a Hugging Face model folder: "<abs folder>/tokenizer.json" if the folder
+// has that file, else "sentencepiece:<abs folder>/tokenizer.model" if it has that one (older
+// LLaMA-style folders), else empty.
 std::string tokenizer_for_folder(const std::string & model_dir);
 
 }  // namespace memfit

@@ -53,7 +53,7 @@ TEST(Gpt2Bpe, VocabularyAndSpecialToken) {
 }
 
 TEST(Gpt2Bpe, ByteAlphabetIsABijectionOntoPrintableCodePoints) {
-    const auto & table = memfit::Gpt2Bpe::byte_to_codepoint();
+    const auto & table = memfit::ByteLevelBpe::byte_to_codepoint();
     ASSERT_EQ(table.size(), 256u);
     std::set<uint32_t> seen(table.begin(), table.end());
     EXPECT_EQ(seen.size(), 256u);
