@@ -120,9 +120,13 @@ void TrainingRun::start_watch() {
     const CategoryBytes plan = engine_->planned_peak_live();
     const std::vector<uint64_t> planned = gather(*comm_, std::vector<uint64_t>(plan.v.begin(), plan.v.end()));
     const std::vector<uint64_t> reserved = comm_->all_gather_u64(engine_->planned_reserved().total());
-    if (!opt_.tensorboard.empty())
+    if (!opt_.tensorboard.empty()) {
         tensorboard_ = std::make_unique<TensorBoardWriter>(
             (fs::path(opt_.tensorboard) / fmt::format("rank{}", comm_->rank())).string());
+        // A resumed run: its steps replace those an earlier process logged from there on.
+        if (first_step_ > 1 && !tensorboard_->session_start(first_step_))
+            throw IoError(fmt::format("{}: cannot write ({})", tensorboard_->path(), tensorboard_->error()));
+    }
     if (!lead_) return;
     nlohmann::json j = {{"pid", ::getpid()}, {"started", std::time(nullptr)}, {"model", cfg_.name},
                         {"steps", opt_.steps}, {"first_step", first_step_}, {"world", world_},

@@ -65,7 +65,9 @@ void put_bytes(std::string & out, uint8_t tag, const std::string & s) {   // wir
 }
 
 // Event fields.
-constexpr uint8_t kWallTime = 0x09, kStep = 0x10, kFileVersion = 0x1a, kSummary = 0x2a;
+constexpr uint8_t kWallTime = 0x09, kStep = 0x10, kFileVersion = 0x1a, kSummary = 0x2a, kSessionLog = 0x32;
+// SessionLog.status, and its START value.
+constexpr uint8_t kStatus = 0x08, kStart = 1;
 // Summary.value, and Summary.Value's tag and simple_value.
 constexpr uint8_t kValue = 0x0a, kTag = 0x0a, kSimpleValue = 0x15;
 
@@ -136,6 +138,15 @@ bool TensorBoardWriter::write(int64_t step, const std::vector<std::pair<std::str
     event.push_back(char(kStep));
     put_varint(event, static_cast<uint64_t>(step));
     put_bytes(event, kSummary, summary);
+    return append_record(event);
+}
+
+bool TensorBoardWriter::session_start(int64_t step) {
+    std::string event;
+    put_double(event, kWallTime, now_seconds());
+    event.push_back(char(kStep));
+    put_varint(event, static_cast<uint64_t>(step));
+    put_bytes(event, kSessionLog, std::string{char(kStatus), char(kStart)});
     return append_record(event);
 }
 

@@ -42,6 +42,11 @@ public:
     // are written as they are (TensorBoard shows NaN).
     bool write(int64_t step, const std::vector<std::pair<std::string, double>> & scalars);
 
+    // Event {wall_time, step, session_log {status: START}}: TensorBoard then drops the events of
+    // the folder's earlier files from `step` on (a resumed run's steps replace the old ones).
+    // Returns false like write().
+    bool session_start(int64_t step);
+
     const std::string & path() const { return path_; }
     const std::string & error() const { return error_; }
 

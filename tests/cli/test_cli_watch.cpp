@@ -89,6 +89,28 @@ TEST(CliWatch, TensorBoardFilesHoldTheLossAndEveryCategoryAtEveryLogStep) {
         // Weights, gradients and moments live between steps: their live bytes are their peaks.
         EXPECT_EQ(v["memory/live/parameters"], v["memory/peak/parameters"]);
     }
+    // Resumed from step 4's checkpoint into the same folder: a second file whose first event after
+    // its file_version is a SessionLog START at step 5 (TensorBoard drops the old steps 5.. then),
+    // then step 6 (the next log step).
+    const fs::path tb = scratch("w_tb_r");
+    const NanoRun first = nano_run("w_tb_resume", "--checkpoint-every 4 --tensorboard " + tb.string());
+    ASSERT_EQ(first.result.code, 0) << first.result.err;
+    const CmdResult again = run_memfit("train --model nano --data " + first.data.string() + " --seq 32 --micro-batch 2 "
+                                       "--sample 0 --eval-every 4 --eval-batches 1 --log-every 2 --progress quiet "
+                                       "--threads 1 --steps 6 --out " + first.out.string() + " --resume " +
+                                       (first.out / "checkpoints/step-000004").string() + " --tensorboard " +
+                                       tb.string());
+    ASSERT_EQ(again.code, 0) << again.err;
+    const std::vector<std::string> both = tfevents_files((tb / "rank0").string());
+    ASSERT_EQ(both.size(), 2u);
+    const std::vector<TfEvent> resumed = read_tfevents(both[1], &error);
+    ASSERT_EQ(error, "");
+    ASSERT_EQ(resumed.size(), 3u);   // file_version, START at 5, step 6
+    EXPECT_EQ(resumed[0].session_status, 0);
+    EXPECT_EQ(resumed[1].session_status, 1);
+    EXPECT_EQ(resumed[1].step, 5);
+    EXPECT_EQ(resumed[2].step, 6);
+    EXPECT_EQ(resumed[2].session_status, 0);
     // A folder that cannot be made is one line before the first step.
     const CmdResult bad = run_memfit("train --model nano --data " + run.data.string() + " --seq 32 --steps 2 "
                                      "--sample 0 --progress quiet --out " + scratch("w_tb_bad").string() +

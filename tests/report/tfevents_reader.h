@@ -25,6 +25,7 @@ struct TfEvent {
     int64_t     step = 0;
     std::string file_version;
     std::vector<std::pair<std::string, float>> values;
+    int session_status = 0;   // SessionLog.status (1: START); 0 when the event has none
 };
 
 // CRC-32C, one bit at a time (reflected polynomial 0x82F63B78).
@@ -133,6 +134,18 @@ inline bool parse_event(Cursor c, TfEvent & e, std::string & bad) {
         } else if (key == 0x1a) {
             if (!c.bytes(sub)) break;
             e.file_version = sub.str();
+        } else if (key == 0x32) {   // session_log: its status (field 1)
+            if (!c.bytes(sub)) break;
+            uint64_t skey = 0, status = 0;
+            while (sub.p != sub.end && sub.varint(skey)) {
+                if (skey == 0x08) {
+                    if (!sub.varint(status)) break;
+                    e.session_status = int(status);
+                } else if (!sub.skip(skey & 7)) {
+                    break;
+                }
+            }
+            if (!sub.bad.empty()) c.bad = "session_log: " + sub.bad;
         } else if (key == 0x2a) {
             if (!c.bytes(sub)) break;
             while (sub.p != sub.end) {   // Summary: only field 1, Value, is read
