@@ -48,6 +48,12 @@ std::string pipeline_idle(Communicator & comm, const ParallelLayout & l, const T
     return out;
 }
 
+std::string rank_label(const ParallelLayout & l, int rank) {
+    if (l.tp == 1 && l.pp == 1) return fmt::format("rank {}", rank);
+    const RankCoords c = rank_coords(l, rank);
+    return fmt::format("rank {} (tp {}, pp {}, dp {})", rank, c.tp, c.pp, c.dp);
+}
+
 RankMemory gather_memory(Communicator & comm, const Ledger & L, uint64_t rss) {
     const size_t N = size_t(comm.size());
     RankMemory r;

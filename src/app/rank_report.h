@@ -19,6 +19,9 @@ namespace memfit {
 // bubble. Collective.
 std::string pipeline_idle(Communicator & comm, const ParallelLayout & l, const Timeline & t, int m);
 
+// "rank 3", or with tensor or pipeline parallelism "rank 3 (tp 1, pp 1, dp 0)".
+std::string rank_label(const ParallelLayout & l, int rank);
+
 // Per-rank memory, gathered (collective): what each rank's ledger measured.
 struct RankMemory {
     std::vector<CategoryBytes> reserved, live;   // [rank]

@@ -78,9 +78,8 @@ void TrainingRun::report_memory(const RankMemory & rank_memory, const std::vecto
     if (layout_.tp > 1 || layout_.pp > 1) {
         std::string lines = "per rank: planned vs measured peak live";
         for (int k = 0; k < world_; ++k) {
-            const RankCoords rc = rank_coords(layout_, k);
             const uint64_t measured = rank_memory.live[size_t(k)].total();
-            lines += fmt::format("\n  rank {} (tp {}, pp {}, dp {}): planned {}, measured {}{}", k, rc.tp, rc.pp, rc.dp,
+            lines += fmt::format("\n  {}: planned {}, measured {}{}", rank_label(layout_, k),
                                  format_bytes(planned_by_rank[size_t(k)]), format_bytes(measured),
                                  measured == planned_by_rank[size_t(k)] ? " (equal)" : "");
         }

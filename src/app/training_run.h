@@ -91,7 +91,8 @@ private:
     // A plan refused before it ran (the budget, the device's reservation, or nothing --fit auto
     // or --recompute budget tried fits): the report of the plan of `eo`.
     [[noreturn]] void fail_refused_plan(const OutOfMemory & e, const EngineOptions & eo);
-    std::string failure_path(const std::string & stem, const std::string & ext) const;   // report[-rankN].html
+    // report.html and trace.json (another rank: report-rankN.html, trace-rankN.json); "A and B".
+    std::string write_failure_report(const ReportData & rep) const;
     nlohmann::json failure_config(int step, const EngineOptions & eo) const;
 
     const TrainOptions & opt_;

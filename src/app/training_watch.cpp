@@ -11,6 +11,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <initializer_list>
 #include <set>
 
 #include <fmt/format.h>
@@ -38,14 +39,13 @@ nlohmann::json nonzero_json(const CategoryBytes & b) {
     return j;
 }
 
-std::string rank_label(const ParallelLayout & l, int rank) {
-    if (l.tp == 1 && l.pp == 1) return fmt::format("rank {}", rank);
-    const RankCoords c = rank_coords(l, rank);
-    return fmt::format("rank {} (tp {}, pp {}, dp {})", rank, c.tp, c.pp, c.dp);
-}
-
-// Every rank's `n` values, rank after rank (host values over the world communicator).
-std::vector<uint64_t> gather(Communicator & comm, const std::vector<uint64_t> & mine) {
+// Every rank's categories of each of `parts` then its `extra` values, rank after rank (host
+// values over the world communicator): one all-gather.
+std::vector<uint64_t> gather(Communicator & comm, std::initializer_list<CategoryBytes> parts,
+                             std::initializer_list<uint64_t> extra) {
+    std::vector<uint64_t> mine;
+    for (const CategoryBytes & b : parts) mine.insert(mine.end(), b.v.begin(), b.v.end());
+    mine.insert(mine.end(), extra);
     std::vector<uint64_t> all(mine.size() * size_t(comm.size()));
     comm.all_gather(mine.data(), all.data(), mine.size() * sizeof(uint64_t));
     return all;
@@ -117,8 +117,7 @@ constexpr int kTimelineTag = 7301;
 }  // namespace
 
 void TrainingRun::start_watch() {
-    const CategoryBytes plan = engine_->planned_peak_live();
-    const std::vector<uint64_t> planned = gather(*comm_, std::vector<uint64_t>(plan.v.begin(), plan.v.end()));
+    const std::vector<uint64_t> planned = gather(*comm_, {engine_->planned_peak_live()}, {});
     const std::vector<uint64_t> reserved = comm_->all_gather_u64(engine_->planned_reserved().total());
     if (!opt_.tensorboard.empty()) {
         tensorboard_ = std::make_unique<TensorBoardWriter>(
@@ -144,11 +143,8 @@ void TrainingRun::start_watch() {
 // gets every rank's for metrics.jsonl.
 nlohmann::json TrainingRun::watch(int step, const ProgressLine & pl, const StepResult & r) {
     const Ledger & L = engine_->ledger();
-    std::vector<uint64_t> mine(L.live().v.begin(), L.live().v.end());
-    mine.insert(mine.end(), L.live_peak().v.begin(), L.live_peak().v.end());
-    mine.push_back(current_rss_bytes());
-    mine.push_back(peak_rss_bytes());
-    const std::vector<uint64_t> all = gather(*comm_, mine);
+    const uint64_t rss = current_rss_bytes();
+    const std::vector<uint64_t> all = gather(*comm_, {L.live(), L.live_peak()}, {rss, peak_rss_bytes()});
     if (tensorboard_) {
         std::vector<std::pair<std::string, double>> s = {
             {"train/loss", pl.loss}, {"train/lr", pl.lr}, {"train/grad_norm", pl.grad_norm},
@@ -161,7 +157,7 @@ nlohmann::json TrainingRun::watch(int step, const ProgressLine & pl, const StepR
         }
         s.push_back({"memory/live_total", double(L.live_total())});
         s.push_back({"memory/peak_total", double(L.live_total_peak())});
-        s.push_back({"memory/rss", double(mine[2 * kCategoryCount])});
+        s.push_back({"memory/rss", double(rss)});
         // A file that cannot be written (a full disk) costs its lines, not the run: one warning per rank.
         if (!tensorboard_->write(step, s) && !tensorboard_warned_) {
             tensorboard_warned_ = true;
@@ -173,7 +169,7 @@ nlohmann::json TrainingRun::watch(int step, const ProgressLine & pl, const StepR
     }
     nlohmann::json ranks = nlohmann::json::array();
     if (!lead_) return ranks;
-    const size_t n = mine.size();
+    const size_t n = all.size() / size_t(world_);
     for (int k = 0; k < world_; ++k) {
         const size_t at = size_t(k) * n;
         ranks.push_back({{"rank", k}, {"live", nonzero_json(slice(all, at))},
@@ -187,11 +183,7 @@ nlohmann::json TrainingRun::watch(int step, const ProgressLine & pl, const StepR
 // result only).
 std::vector<RankView> TrainingRun::gather_rank_views() {
     const Ledger & L = engine_->ledger();
-    const CategoryBytes plan = engine_->planned_peak_live();
-    std::vector<uint64_t> mine(plan.v.begin(), plan.v.end());
-    mine.insert(mine.end(), L.live_peak().v.begin(), L.live_peak().v.end());
-    mine.push_back(peak_rss_bytes());
-    const std::vector<uint64_t> all = gather(*comm_, mine);
+    const std::vector<uint64_t> all = gather(*comm_, {engine_->planned_peak_live(), L.live_peak()}, {peak_rss_bytes()});
     const std::vector<uint8_t> packed = pack(timeline_);
     const std::vector<uint64_t> sizes = comm_->all_gather_u64(packed.size());
     std::vector<RankView> views;
@@ -200,7 +192,7 @@ std::vector<RankView> TrainingRun::gather_rank_views() {
         return views;
     }
     for (int k = 0; k < world_; ++k) {
-        const size_t at = size_t(k) * mine.size();
+        const size_t at = size_t(k) * (all.size() / size_t(world_));
         RankView v;
         v.rank = k;
         v.label = rank_label(layout_, k);
@@ -220,8 +212,14 @@ std::vector<RankView> TrainingRun::gather_rank_views() {
 }
 
 // A failing rank's report: rank 0's where the run's report goes, another rank's beside it.
-std::string TrainingRun::failure_path(const std::string & stem, const std::string & ext) const {
-    return (fs::path(opt_.out) / (stem + (lead_ ? std::string() : fmt::format("-rank{}", comm_->rank())) + ext)).string();
+std::string TrainingRun::write_failure_report(const ReportData & rep) const {
+    const std::string tag = lead_ ? std::string() : fmt::format("-rank{}", comm_->rank());
+    const std::string html = (fs::path(opt_.out) / ("report" + tag + ".html")).string();
+    const std::string trace = (fs::path(opt_.out) / ("trace" + tag + ".json")).string();
+    fs::create_directories(opt_.out);   // another host's rank may not have the folder yet
+    write_html_report(html, rep);
+    write_chrome_trace(trace, rep);
+    return html + " and " + trace;
 }
 
 nlohmann::json TrainingRun::failure_config(int step, const EngineOptions & eo) const {
@@ -233,21 +231,16 @@ nlohmann::json TrainingRun::failure_config(int step, const EngineOptions & eo) c
 }
 
 void TrainingRun::fail_out_of_memory(const OutOfMemory & e, int step, const Timeline & recorded) {
-    const std::string html = failure_path("report", ".html"), trace = failure_path("trace", ".json");
     std::string where;
     try {
-        fs::create_directories(opt_.out);   // another host's rank may not have the folder yet
-        const ReportData rep = build_failure_report(
+        const std::string files = write_failure_report(build_failure_report(
             *engine_, recorded, fmt::format("memfit train: {} out of memory at step {}{}", cfg_.name, step,
                                             world_ > 1 ? fmt::format(", rank {}", comm_->rank()) : ""),
-            failure_config(step, eo_), eo_.budget, e.what());
-        write_html_report(html, rep);
-        write_chrome_trace(trace, rep);
+            failure_config(step, eo_), eo_.budget, e.what()));
         where = recorded.failed_op >= 0 && !recorded.events.empty()
-                    ? fmt::format("; step {}'s memory up to op {} ({}), where it failed: {} and {}", step,
-                                  recorded.failed_op, recorded.events.back().name, html, trace)
-                    : fmt::format("; step {}'s memory (the failure came in its evaluation): {} and {}", step, html,
-                                  trace);
+                    ? fmt::format("; step {}'s memory up to op {} ({}), where it failed: {}", step,
+                                  recorded.failed_op, recorded.events.back().name, files)
+                    : fmt::format("; step {}'s memory (the failure came in its evaluation): {}", step, files);
     } catch (const std::exception & report_error) {
         where = fmt::format(" (the report of the failing step could not be written: {})", report_error.what());
     }
@@ -255,21 +248,18 @@ void TrainingRun::fail_out_of_memory(const OutOfMemory & e, int step, const Time
 }
 
 void TrainingRun::fail_refused_plan(const OutOfMemory & e, const EngineOptions & eo) {
-    const std::string html = failure_path("report", ".html"), trace = failure_path("trace", ".json");
     std::string where;
     try {
-        fs::create_directories(opt_.out);
         const StepPlans plans(cfg_, *backend_, eo);
         const ReportData rep = build_refused_plan_report(
             plans, fmt::format("memfit train: {}, the plan that was refused{}", cfg_.name,
                                world_ > 1 ? fmt::format(" (rank {})", comm_->rank()) : ""),
             failure_config(0, eo), run_.budget, e.what());
-        write_html_report(html, rep);
-        write_chrome_trace(trace, rep);
+        const std::string files = write_failure_report(rep);
         const TimelineEvent & at = rep.timeline.events.back();
-        where = fmt::format("; the plan's step up to op {} ({}), where {}: {} and {}", at.op, at.name,
+        where = fmt::format("; the plan's step up to op {} ({}), where {}: {}", at.op, at.name,
                             run_.budget && at.live.total() > run_.budget ? "its live bytes pass the budget" : "it peaks",
-                            html, trace);
+                            files);
     } catch (const std::exception & report_error) {
         where = fmt::format(" (the plan's report could not be written: {})", report_error.what());
     }
