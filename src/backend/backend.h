@@ -130,11 +130,17 @@ public:
     // dbias[N] += column sums of dout[rows, N]
     virtual void bias_grad(Tensor dbias, Tensor dout) = 0;
 
-    // out[B,T,C] = wte[tokens] + wpe[t]; an invalid wpe (Tensor{}) means no position embedding
-    // (LLaMA): out = wte[tokens].
-    virtual void encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) = 0;
+    // Packed documents. doc_start i32 [B,T], where an op takes it: the index, within its row, of
+    // the first token of the document token t belongs to (0 <= doc_start[b,t] <= t, and
+    // non-decreasing along a row). Token t's position is then t - doc_start[b,t], and it attends
+    // to keys doc_start[b,t] .. t only (a block-diagonal causal mask). An invalid doc_start
+    // (Tensor{}) is one document per row: positions t, keys 0 .. t.
+
+    // out[B,T,C] = wte[tokens] + wpe[position]; an invalid wpe (Tensor{}) means no position
+    // embedding (LLaMA): out = wte[tokens].
+    virtual void encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, Tensor doc_start = {}) = 0;
     // dwte, dwpe += ...  (an invalid dwpe: only dwte)
-    virtual void encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) = 0;
+    virtual void encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor doc_start = {}) = 0;
     // Vocabulary-parallel embedding (tensor parallelism): wte [Vl, C] holds rows vocab_lo ..
     // vocab_lo+Vl-1 of the full table. out[b,t,:] = (wte[tok - vocab_lo] if vocab_lo <= tok <
     // vocab_lo+Vl, else 0) + wpe[t] (an invalid wpe adds nothing). Tokens outside the shard are
@@ -150,16 +156,19 @@ public:
     virtual void layernorm_bwd(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w,
                                Tensor mean, Tensor rstd) = 0;
 
-    // Causal self-attention. qkv[B,T,3C] -> out[B,T,C]; att[B,NH,T,T] softmax probs saved.
-    virtual void attention_fwd(Tensor out, Tensor att, Tensor qkv, int NH) = 0;
+    // Causal self-attention (within documents when doc_start is valid). qkv[B,T,3C] ->
+    // out[B,T,C]; att[B,NH,T,T] softmax probs saved (0 where masked).
+    virtual void attention_fwd(Tensor out, Tensor att, Tensor qkv, int NH, Tensor doc_start = {}) = 0;
     // dqkv = ... (written); scratch holds >= B*NH*T floats.
-    virtual void attention_bwd(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, int NH) = 0;
+    virtual void attention_bwd(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, int NH,
+                               Tensor doc_start = {}) = 0;
 
     // Memory-efficient causal attention: never stores the T x T scores. lse[B,NH,T] keeps one
-    // log-sum-exp per query; backward recomputes the scores tile by tile.
-    virtual void flash_attention_fwd(Tensor out, Tensor lse, Tensor qkv, int NH) = 0;
+    // log-sum-exp per query; backward recomputes the scores tile by tile. Tiles wholly before a
+    // query tile's documents are skipped.
+    virtual void flash_attention_fwd(Tensor out, Tensor lse, Tensor qkv, int NH, Tensor doc_start = {}) = 0;
     virtual void flash_attention_bwd(Tensor dqkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv, Tensor lse,
-                                     int NH) = 0;
+                                     int NH, Tensor doc_start = {}) = 0;
     // Scratch bytes flash_attention_bwd needs for this shape (planned as workspace).
     virtual size_t flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH) const = 0;
     // Why the flash kernels cannot take this head dimension ("" when they can).
@@ -177,10 +186,11 @@ public:
     virtual void rmsnorm_bwd(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) = 0;
     // Rotary position embeddings (HF rotate_half), in place on the q and k heads of
     // qkv[B,T,(NH+2*KVH)*hd] (per row: NH q heads, KVH k heads, KVH v heads; v untouched).
-    // Row t has position pos0 + t; head pair (i, i+hd/2) turns by (pos0+t) * theta^(-2i/hd).
-    virtual void rope_fwd(Tensor qkv, int NH, int KVH, float theta, int pos0) = 0;
+    // Row t has position p = pos0 + t (t - doc_start[b,t] with packed documents, pos0 0 then);
+    // head pair (i, i+hd/2) turns by p * theta^(-2i/hd).
+    virtual void rope_fwd(Tensor qkv, int NH, int KVH, float theta, int pos0, Tensor doc_start = {}) = 0;
     // Its backward, in place on dqkv: the inverse rotation.
-    virtual void rope_bwd(Tensor dqkv, int NH, int KVH, float theta, int pos0) = 0;
+    virtual void rope_bwd(Tensor dqkv, int NH, int KVH, float theta, int pos0, Tensor doc_start = {}) = 0;
     // inp[N,2I] = [gate | up] per row; out[N,I] = silu(gate) * up.
     virtual void swiglu_fwd(Tensor out, Tensor inp) = 0;
     virtual void swiglu_bwd(Tensor dinp, Tensor dout, Tensor inp) = 0;       // dinp[N,2I] = ...

@@ -363,15 +363,15 @@ void Graph::take_columns(Tensor d, Tensor src, int64_t col0, float scale) {
     end();
 }
 
-void Graph::encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) {
-    if (begin("encoder_fwd", double(out.numel()), {out, tokens, wte, wpe}))
-        backend_->encoder_fwd(resolve(out), resolve(tokens), resolve(wte), resolve(wpe));
+void Graph::encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, Tensor doc_start) {
+    if (begin("encoder_fwd", double(out.numel()), {out, tokens, wte, wpe, doc_start}))
+        backend_->encoder_fwd(resolve(out), resolve(tokens), resolve(wte), resolve(wpe), resolve(doc_start));
     end();
 }
 
-void Graph::encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) {
-    if (begin("encoder_bwd", 2.0 * double(dout.numel()), {dwte, dwpe, dout, tokens}))
-        backend_->encoder_bwd(resolve(dwte), resolve(dwpe), resolve(dout), resolve(tokens));
+void Graph::encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor doc_start) {
+    if (begin("encoder_bwd", 2.0 * double(dout.numel()), {dwte, dwpe, dout, tokens, doc_start}))
+        backend_->encoder_bwd(resolve(dwte), resolve(dwpe), resolve(dout), resolve(tokens), resolve(doc_start));
     end();
 }
 
@@ -406,36 +406,38 @@ static double attention_flops(const Tensor & qkv) {
     return 4.0 * B * (T * (T + 1) / 2.0) * C;
 }
 
-void Graph::attention_fwd(Tensor out, Tensor att, Tensor qkv, int NH) {
-    if (begin("attention_fwd", attention_flops(qkv), {out, att, qkv}))
-        backend_->attention_fwd(resolve(out), resolve(att), resolve(qkv), NH);
+void Graph::attention_fwd(Tensor out, Tensor att, Tensor qkv, int NH, Tensor doc_start) {
+    if (begin("attention_fwd", attention_flops(qkv), {out, att, qkv, doc_start}))
+        backend_->attention_fwd(resolve(out), resolve(att), resolve(qkv), NH, resolve(doc_start));
     end();
 }
 
-void Graph::attention_bwd(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int NH) {
+void Graph::attention_bwd(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int NH, Tensor doc_start) {
     const size_t scratch = size_t(qkv.dim(0)) * size_t(NH) * size_t(qkv.dim(1)) * sizeof(float);
     if (recording_) grow_workspace(scratch);
-    if (begin("attention_bwd", 2.0 * attention_flops(qkv), {dqkv, dout, qkv, att}, true)) {
+    if (begin("attention_bwd", 2.0 * attention_flops(qkv), {dqkv, dout, qkv, att, doc_start}, true)) {
         Tensor ws = resolve(Tensor(workspace_, DType::f32, {int64_t(scratch / sizeof(float))}));
-        backend_->attention_bwd(resolve(dqkv), ws, resolve(dout), resolve(qkv), resolve(att), NH);
+        backend_->attention_bwd(resolve(dqkv), ws, resolve(dout), resolve(qkv), resolve(att), NH, resolve(doc_start));
     }
     end();
 }
 
-void Graph::flash_attention_fwd(Tensor out, Tensor lse, Tensor qkv, int NH) {
-    if (begin("flash_attention_fwd", attention_flops(qkv), {out, lse, qkv}))
-        backend_->flash_attention_fwd(resolve(out), resolve(lse), resolve(qkv), NH);
+void Graph::flash_attention_fwd(Tensor out, Tensor lse, Tensor qkv, int NH, Tensor doc_start) {
+    if (begin("flash_attention_fwd", attention_flops(qkv), {out, lse, qkv, doc_start}))
+        backend_->flash_attention_fwd(resolve(out), resolve(lse), resolve(qkv), NH, resolve(doc_start));
     end();
 }
 
-void Graph::flash_attention_bwd(Tensor dqkv, Tensor dout, Tensor out, Tensor qkv, Tensor lse, int NH) {
+void Graph::flash_attention_bwd(Tensor dqkv, Tensor dout, Tensor out, Tensor qkv, Tensor lse, int NH,
+                                Tensor doc_start) {
     // Backward recomputes the scores: forward's work again plus the gradient products.
     if (recording_ && sizing_)
         grow_workspace(sizing_->flash_attention_workspace(qkv.dim(0), qkv.dim(1), out.cols(), NH));
-    if (begin("flash_attention_bwd", 2.5 * attention_flops(qkv), {dqkv, dout, out, qkv, lse}, true)) {
+    if (begin("flash_attention_bwd", 2.5 * attention_flops(qkv), {dqkv, dout, out, qkv, lse, doc_start}, true)) {
         const size_t bytes = backend_->flash_attention_workspace(qkv.dim(0), qkv.dim(1), out.cols(), NH);
         Tensor ws = bytes ? resolve(Tensor(workspace_, DType::f32, {int64_t(bytes / sizeof(float))})) : Tensor{};
-        backend_->flash_attention_bwd(resolve(dqkv), ws, resolve(dout), resolve(out), resolve(qkv), resolve(lse), NH);
+        backend_->flash_attention_bwd(resolve(dqkv), ws, resolve(dout), resolve(out), resolve(qkv), resolve(lse), NH,
+                                      resolve(doc_start));
     }
     end();
 }
@@ -483,15 +485,15 @@ void Graph::rmsnorm_bwd(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor 
     end();
 }
 
-void Graph::rope_fwd(Tensor qkv, int NH, int KVH, float theta, int pos0) {
-    if (begin("rope_fwd", 6.0 * rope_pairs(qkv, NH, KVH), {qkv}))
-        backend_->rope_fwd(resolve(qkv), NH, KVH, theta, pos0);
+void Graph::rope_fwd(Tensor qkv, int NH, int KVH, float theta, int pos0, Tensor doc_start) {
+    if (begin("rope_fwd", 6.0 * rope_pairs(qkv, NH, KVH), {qkv, doc_start}))
+        backend_->rope_fwd(resolve(qkv), NH, KVH, theta, pos0, resolve(doc_start));
     end();
 }
 
-void Graph::rope_bwd(Tensor dqkv, int NH, int KVH, float theta, int pos0) {
-    if (begin("rope_bwd", 6.0 * rope_pairs(dqkv, NH, KVH), {dqkv}))
-        backend_->rope_bwd(resolve(dqkv), NH, KVH, theta, pos0);
+void Graph::rope_bwd(Tensor dqkv, int NH, int KVH, float theta, int pos0, Tensor doc_start) {
+    if (begin("rope_bwd", 6.0 * rope_pairs(dqkv, NH, KVH), {dqkv, doc_start}))
+        backend_->rope_bwd(resolve(dqkv), NH, KVH, theta, pos0, resolve(doc_start));
     end();
 }
 

@@ -120,26 +120,29 @@ public:
     void pp_all_reduce(Tensor t, Tensor scratch = {});
     void emb_all_reduce(Tensor t, Tensor scratch = {});
 
-    // wpe / dwpe may be invalid (Tensor{}): no position embedding.
-    void encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe);
-    void encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens);
+    // wpe / dwpe may be invalid (Tensor{}): no position embedding. doc_start (i32 [B,T]; invalid:
+    // one document per row): packed documents, for the ops that take it (see Backend). Their
+    // FLOPs are recorded as for one document per row (the most a batch can need).
+    void encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, Tensor doc_start = {});
+    void encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor doc_start = {});
     // Vocabulary-parallel embedding: wte holds rows vocab_lo .. of the table (see Backend).
     void vocab_encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t vocab_lo);
     void vocab_encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t vocab_lo);
     void layernorm_fwd(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, float eps);
     void layernorm_bwd(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean, Tensor rstd);
-    void attention_fwd(Tensor out, Tensor att, Tensor qkv, int NH);
-    void attention_bwd(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int NH);
-    void flash_attention_fwd(Tensor out, Tensor lse, Tensor qkv, int NH);
-    void flash_attention_bwd(Tensor dqkv, Tensor dout, Tensor out, Tensor qkv, Tensor lse, int NH);
+    void attention_fwd(Tensor out, Tensor att, Tensor qkv, int NH, Tensor doc_start = {});
+    void attention_bwd(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int NH, Tensor doc_start = {});
+    void flash_attention_fwd(Tensor out, Tensor lse, Tensor qkv, int NH, Tensor doc_start = {});
+    void flash_attention_bwd(Tensor dqkv, Tensor dout, Tensor out, Tensor qkv, Tensor lse, int NH,
+                             Tensor doc_start = {});
     void gelu_fwd(Tensor out, Tensor inp);
     void gelu_bwd(Tensor dinp, Tensor dout, Tensor inp);
     void residual_fwd(Tensor out, Tensor a, Tensor b);
     // LLaMA family (Backend has the contracts).
     void rmsnorm_fwd(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps);
     void rmsnorm_bwd(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd);
-    void rope_fwd(Tensor qkv, int NH, int KVH, float theta, int pos0);      // in place
-    void rope_bwd(Tensor dqkv, int NH, int KVH, float theta, int pos0);     // in place
+    void rope_fwd(Tensor qkv, int NH, int KVH, float theta, int pos0, Tensor doc_start = {});    // in place
+    void rope_bwd(Tensor dqkv, int NH, int KVH, float theta, int pos0, Tensor doc_start = {});   // in place
     void swiglu_fwd(Tensor out, Tensor inp);
     void swiglu_bwd(Tensor dinp, Tensor dout, Tensor inp);
     void repeat_kv_fwd(Tensor full, Tensor qkv, int NH, int KVH);

@@ -50,6 +50,13 @@ S * ptr(const Tensor & t) {
 void same_dtype(DType t, std::initializer_list<const Tensor *> ts) {
     for (const Tensor * x : ts) MF_ASSERT(x->dtype == t);
 }
+
+// Packed documents: doc_start's rows (i32, one per token of the B x T batch of `like`), or null.
+const int32_t * docs(const Tensor & doc_start, const Tensor & like) {
+    if (!doc_start.valid()) return nullptr;
+    MF_ASSERT(doc_start.dtype == DType::i32 && doc_start.numel() == like.dim(0) * like.dim(1));
+    return doc_start.i32();
+}
 }  // namespace
 
 size_t CpuBackend::gemm_workspace(const GemmDesc & d) const {
@@ -93,17 +100,19 @@ void CpuBackend::bias_grad(Tensor dbias, Tensor dout) {
 namespace {
 // The embedding of tokens over the table rows [vocab_lo, vocab_lo + vocab_rows) (vocab_rows < 0:
 // the whole table), and its backward; invalid wpe, dwte or dwpe are skipped (kernels.h).
-void encode(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t vocab_lo, int64_t vocab_rows) {
+void encode(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t vocab_lo, int64_t vocab_rows,
+            Tensor doc_start = {}) {
     same_dtype(out.dtype, {&wte});
     if (wpe.valid()) same_dtype(out.dtype, {&wpe});
     dispatch(out.dtype, [&](auto s) {
         using S = decltype(s);
         cpu::encoder_forward(ptr<S>(out), tokens.i32(), ptr<S>(wte), wpe.valid() ? ptr<S>(wpe) : nullptr, B_of(out),
-                             T_of(out), int(out.cols()), vocab_lo, vocab_rows);
+                             T_of(out), int(out.cols()), vocab_lo, vocab_rows, docs(doc_start, out));
     });
 }
 
-void encode_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t vocab_lo, int64_t vocab_rows) {
+void encode_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t vocab_lo, int64_t vocab_rows,
+                Tensor doc_start = {}) {
     MF_ASSERT(!dwpe.valid() || dwpe.dtype == DType::f32 || dwpe.dtype == dout.dtype);
     dispatch_grad(dout.dtype, dwte.valid() ? dwte.dtype : DType::f32, [&](auto s, auto ge) {
         using S = decltype(s);
@@ -112,19 +121,19 @@ void encode_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t vo
             using GP = decltype(gp);
             cpu::encoder_backward(dwte.valid() ? ptr<GE>(dwte) : nullptr, dwpe.valid() ? ptr<GP>(dwpe) : nullptr,
                                   ptr<S>(dout), tokens.i32(), B_of(dout), T_of(dout), int(dout.cols()), vocab_lo,
-                                  vocab_rows);
+                                  vocab_rows, docs(doc_start, dout));
         };
         if (!dwpe.valid() || dwpe.dtype == DType::f32) run(float{}); else run(S{});
     });
 }
 }  // namespace
 
-void CpuBackend::encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) {
-    encode(out, tokens, wte, wpe, 0, -1);
+void CpuBackend::encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, Tensor doc_start) {
+    encode(out, tokens, wte, wpe, 0, -1, doc_start);
 }
 
-void CpuBackend::encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) {
-    encode_bwd(dwte, dwpe, dout, tokens, 0, -1);
+void CpuBackend::encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor doc_start) {
+    encode_bwd(dwte, dwpe, dout, tokens, 0, -1, doc_start);
 }
 
 void CpuBackend::vocab_encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t vocab_lo) {
@@ -161,38 +170,41 @@ void CpuBackend::layernorm_bwd(Tensor dinp, Tensor dw, Tensor db, Tensor dout, T
     });
 }
 
-void CpuBackend::attention_fwd(Tensor out, Tensor att, Tensor qkv, int NH) {
+void CpuBackend::attention_fwd(Tensor out, Tensor att, Tensor qkv, int NH, Tensor doc_start) {
     same_dtype(qkv.dtype, {&out, &att});
     dispatch(qkv.dtype, [&](auto s) {
         using S = decltype(s);
-        cpu::attention_forward(ptr<S>(out), ptr<S>(att), ptr<S>(qkv), B_of(qkv), T_of(qkv), int(out.cols()), NH);
+        cpu::attention_forward(ptr<S>(out), ptr<S>(att), ptr<S>(qkv), B_of(qkv), T_of(qkv), int(out.cols()), NH,
+                               docs(doc_start, qkv));
     });
 }
 
-void CpuBackend::attention_bwd(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, int NH) {
+void CpuBackend::attention_bwd(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, int NH,
+                               Tensor doc_start) {
     same_dtype(qkv.dtype, {&dqkv, &dout, &att});
     dispatch(qkv.dtype, [&](auto s) {
         using S = decltype(s);
         cpu::attention_backward(ptr<S>(dqkv), scratch.f32(), ptr<S>(dout), ptr<S>(qkv), ptr<S>(att), B_of(qkv),
-                                T_of(qkv), int(dout.cols()), NH);
+                                T_of(qkv), int(dout.cols()), NH, docs(doc_start, qkv));
     });
 }
 
-void CpuBackend::flash_attention_fwd(Tensor out, Tensor lse, Tensor qkv, int NH) {
+void CpuBackend::flash_attention_fwd(Tensor out, Tensor lse, Tensor qkv, int NH, Tensor doc_start) {
     same_dtype(qkv.dtype, {&out});
     dispatch(qkv.dtype, [&](auto s) {
         using S = decltype(s);
-        cpu::flash_attention_forward(ptr<S>(out), lse.f32(), ptr<S>(qkv), B_of(qkv), T_of(qkv), int(out.cols()), NH);
+        cpu::flash_attention_forward(ptr<S>(out), lse.f32(), ptr<S>(qkv), B_of(qkv), T_of(qkv), int(out.cols()), NH,
+                                     docs(doc_start, qkv));
     });
 }
 
 void CpuBackend::flash_attention_bwd(Tensor dqkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv, Tensor lse,
-                                     int NH) {
+                                     int NH, Tensor doc_start) {
     same_dtype(qkv.dtype, {&dqkv, &dout, &out});
     dispatch(qkv.dtype, [&](auto s) {
         using S = decltype(s);
         cpu::flash_attention_backward(ptr<S>(dqkv), scratch.f32(), ptr<S>(dout), ptr<S>(out), ptr<S>(qkv), lse.f32(),
-                                      B_of(qkv), T_of(qkv), int(dout.cols()), NH);
+                                      B_of(qkv), T_of(qkv), int(dout.cols()), NH, docs(doc_start, qkv));
     });
 }
 
@@ -258,21 +270,21 @@ void CpuBackend::rmsnorm_bwd(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Te
     });
 }
 
-void CpuBackend::rope_fwd(Tensor qkv, int NH, int KVH, float theta, int pos0) {
+void CpuBackend::rope_fwd(Tensor qkv, int NH, int KVH, float theta, int pos0, Tensor doc_start) {
     MF_ASSERT(qkv.ndim == 3);
     const int hd = head_dim(qkv, NH, KVH);
     dispatch(qkv.dtype, [&](auto s) {
         using S = decltype(s);
-        cpu::rope_forward(ptr<S>(qkv), B_of(qkv), T_of(qkv), NH, KVH, hd, theta, pos0);
+        cpu::rope_forward(ptr<S>(qkv), B_of(qkv), T_of(qkv), NH, KVH, hd, theta, pos0, docs(doc_start, qkv));
     });
 }
 
-void CpuBackend::rope_bwd(Tensor dqkv, int NH, int KVH, float theta, int pos0) {
+void CpuBackend::rope_bwd(Tensor dqkv, int NH, int KVH, float theta, int pos0, Tensor doc_start) {
     MF_ASSERT(dqkv.ndim == 3);
     const int hd = head_dim(dqkv, NH, KVH);
     dispatch(dqkv.dtype, [&](auto s) {
         using S = decltype(s);
-        cpu::rope_backward(ptr<S>(dqkv), B_of(dqkv), T_of(dqkv), NH, KVH, hd, theta, pos0);
+        cpu::rope_backward(ptr<S>(dqkv), B_of(dqkv), T_of(dqkv), NH, KVH, hd, theta, pos0, docs(doc_start, dqkv));
     });
 }
 

@@ -18,26 +18,27 @@ public:
     void copy(Tensor dst, Tensor src) override;
     void gemm(const GemmDesc & d, Tensor c, Tensor a, Tensor b, Tensor bias, Tensor workspace) override;
     void bias_grad(Tensor dbias, Tensor dout) override;
-    void encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) override;
-    void encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) override;
+    void encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, Tensor doc_start = {}) override;
+    void encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor doc_start = {}) override;
     void vocab_encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t vocab_lo) override;
     void vocab_encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t vocab_lo) override;
     void layernorm_fwd(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, float eps) override;
     void layernorm_bwd(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean,
                        Tensor rstd) override;
-    void attention_fwd(Tensor out, Tensor att, Tensor qkv, int NH) override;
-    void attention_bwd(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, int NH) override;
-    void flash_attention_fwd(Tensor out, Tensor lse, Tensor qkv, int NH) override;
+    void attention_fwd(Tensor out, Tensor att, Tensor qkv, int NH, Tensor doc_start = {}) override;
+    void attention_bwd(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, int NH,
+                       Tensor doc_start = {}) override;
+    void flash_attention_fwd(Tensor out, Tensor lse, Tensor qkv, int NH, Tensor doc_start = {}) override;
     void flash_attention_bwd(Tensor dqkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv, Tensor lse,
-                             int NH) override;
+                             int NH, Tensor doc_start = {}) override;
     size_t flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH) const override;
     void gelu_fwd(Tensor out, Tensor inp) override;
     void gelu_bwd(Tensor dinp, Tensor dout, Tensor inp) override;
     void residual_fwd(Tensor out, Tensor a, Tensor b) override;
     void rmsnorm_fwd(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps) override;
     void rmsnorm_bwd(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) override;
-    void rope_fwd(Tensor qkv, int NH, int KVH, float theta, int pos0) override;
-    void rope_bwd(Tensor dqkv, int NH, int KVH, float theta, int pos0) override;
+    void rope_fwd(Tensor qkv, int NH, int KVH, float theta, int pos0, Tensor doc_start = {}) override;
+    void rope_bwd(Tensor dqkv, int NH, int KVH, float theta, int pos0, Tensor doc_start = {}) override;
     void swiglu_fwd(Tensor out, Tensor inp) override;
     void swiglu_bwd(Tensor dinp, Tensor dout, Tensor inp) override;
     void repeat_kv_fwd(Tensor full, Tensor qkv, int NH, int KVH) override;

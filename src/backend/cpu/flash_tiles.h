@@ -252,19 +252,38 @@ inline void copy_tile(float * dst, size_t ldd, const S * src, size_t lds, int ro
     }
 }
 
+// Packed documents (doc_start, kernels.h): the first key column of a tile pair each query row
+// sees, first[r] = clamp(doc_start[q0 + r] - k0, 0, bc); all 0 without documents. doc_start is
+// non-decreasing along a row, so a query tile's earliest key is its first row's document start.
+inline void first_keys(int * first, const int32_t * doc_start, int q0, int br, int k0, int bc) {
+    for (int r = 0; r < br; ++r) first[r] = doc_start ? std::clamp(doc_start[q0 + r] - k0, 0, bc) : 0;
+}
+// The first key tile any query of the tile at q0 attends to, and whether key tile kj is wholly
+// before every query's document (skipped).
+inline int first_key_tile(const int32_t * doc_start, int q0) { return doc_start ? doc_start[q0] / kTile : 0; }
+inline bool tile_before_documents(const int32_t * doc_start, int q0, int k0, int bc) {
+    return doc_start && doc_start[q0] >= k0 + bc;
+}
+
 // The elementwise step of the backward, for one tile pair (rows = queries, columns = keys):
 // P = exp(S * scale - lse) over S in P, dS = P (dP - D) * scale over dP in dS, zero where masked
-// (on the diagonal tile, keys after the query). lse and D are the tile's query rows.
+// (on the diagonal tile, keys after the query; with documents, keys before first[r]). lse and D
+// are the tile's query rows.
 inline void softmax_backward_tile(float * P, float * dS, int br, int bc, bool diag, const float * lse,
-                                  const float * D, float scale) {
+                                  const float * D, float scale, const int * first) {
     for (int r = 0; r < br; ++r) {
         float * prow = P + r * kTile;
         float * dsrow = dS + r * kTile;
         const int nv = diag ? r + 1 : bc;
+        const int c0 = std::min(first[r], nv);
         const float l = lse[r];
         const float Dr = D[r];
+        for (int c = 0; c < c0; ++c) {
+            prow[c] = 0.0f;
+            dsrow[c] = 0.0f;
+        }
 #pragma omp simd
-        for (int c = 0; c < nv; ++c) {
+        for (int c = c0; c < nv; ++c) {
             const float p = fast_exp(prow[c] * scale - l);
             prow[c] = p;
             dsrow[c] = p * (dsrow[c] - Dr) * scale;

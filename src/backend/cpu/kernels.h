@@ -20,20 +20,25 @@
 
 namespace memfit::cpu {
 
-// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]  (wpe may be null: no position embedding, out = wte rows)
+// Packed documents (Backend's doc_start): doc_start, where a kernel takes it, is null (one
+// document per row) or i32 [B,T], the row index of the first token of each token's document.
+// Row r = b*T + t of the flattened batch has position t - doc_start[r].
+inline int token_position(const int32_t * doc_start, int r, int T) { return r % T - (doc_start ? doc_start[r] : 0); }
+
+// out[b,t,:] = wte[tokens[b,t],:] + wpe[position,:]  (wpe may be null: no position embedding, out = wte rows)
 // A vocabulary shard (vocab_rows >= 0): wte holds the rows of tokens vocab_lo .. vocab_lo+vocab_rows-1
 // (token tok at row tok - vocab_lo), and a token outside them reads a zero row (out = wpe[t], or 0).
 // vocab_rows < 0: the whole table (vocab_lo 0), every token in it.
 template <class S>
 void encoder_forward(S * out, const int32_t * tokens, const S * wte, const S * wpe, int B, int T, int C,
-                     int64_t vocab_lo = 0, int64_t vocab_rows = -1);
-// dwte[tokens[b,t],:] += dout[b,t,:];  dwpe[t,:] += dout[b,t,:]
+                     int64_t vocab_lo = 0, int64_t vocab_rows = -1, const int32_t * doc_start = nullptr);
+// dwte[tokens[b,t],:] += dout[b,t,:];  dwpe[position,:] += dout[b,t,:]
 // (dwte and dwpe each float or S, independently; either may be null: that one is skipped.)
 // A vocabulary shard as above: dwte[tok - vocab_lo] receives only the tokens of the shard; dwpe
 // every token.
 template <class GE, class GP, class S>
 void encoder_backward(GE * dwte, GP * dwpe, const S * dout, const int32_t * tokens, int B, int T, int C,
-                      int64_t vocab_lo = 0, int64_t vocab_rows = -1);
+                      int64_t vocab_lo = 0, int64_t vocab_rows = -1, const int32_t * doc_start = nullptr);
 
 // out = (inp - mean) * rstd * weight + bias, per row of C; mean/rstd saved per row.
 template <class S>
@@ -46,13 +51,15 @@ void layernorm_backward(S * dinp, G * dweight, G * dbias, const S * dout, const 
 
 // Causal multi-head attention. qkv is [B,T,3C] laid out as [q | k | v], each C = NH*hs with
 // head h at columns h*hs..(h+1)*hs. att[B,NH,T,T] receives the softmax probabilities (row t
-// uses columns 0..t; columns > t are written as 0). out[B,T,C]. Scale 1/sqrt(hs).
+// uses columns lo..t, lo = doc_start[b,t] or 0; the others are written as 0). out[B,T,C].
+// Scale 1/sqrt(hs).
 template <class S>
-void attention_forward(S * out, S * att, const S * qkv, int B, int T, int C, int NH);
+void attention_forward(S * out, S * att, const S * qkv, int B, int T, int C, int NH,
+                       const int32_t * doc_start = nullptr);
 // dqkv = gradient w.r.t. qkv (written, not accumulated). scratch: B*NH*T floats.
 template <class S>
 void attention_backward(S * dqkv, float * scratch, const S * dout, const S * qkv, const S * att, int B, int T,
-                        int C, int NH);
+                        int C, int NH, const int32_t * doc_start = nullptr);
 
 // GELU, tanh approximation ("gelu_new"): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 template <class S>
@@ -141,14 +148,16 @@ void rmsnorm_backward(S * dinp, G * dweight, const S * dout, const S * inp, cons
 
 // Rotary position embeddings (Hugging Face "rotate_half"), in place on the q and k heads of
 // qkv[B,T,(NH+2*KVH)*hd], each row laid out [q: NH heads | k: KVH heads | v: KVH heads] of hd
-// (even) elements; v is untouched. Row t has position pos = pos0 + t. For i < hd/2, with
+// (even) elements; v is untouched. Row t has position pos = pos0 + token_position(...). For i < hd/2, with
 // a = pos * theta^(-2i/hd) (computed in double, cos/sin then used as float):
 //   y[i] = x[i] cos a - x[i+hd/2] sin a;   y[i+hd/2] = x[i+hd/2] cos a + x[i] sin a.
 template <class S>
-void rope_forward(S * qkv, int B, int T, int NH, int KVH, int hd, float theta, int pos0);
+void rope_forward(S * qkv, int B, int T, int NH, int KVH, int hd, float theta, int pos0,
+                  const int32_t * doc_start = nullptr);
 // The backward, in place on dqkv: the transpose of the rotation, i.e. the rotation by -a.
 template <class S>
-void rope_backward(S * dqkv, int B, int T, int NH, int KVH, int hd, float theta, int pos0);
+void rope_backward(S * dqkv, int B, int T, int NH, int KVH, int hd, float theta, int pos0,
+                   const int32_t * doc_start = nullptr);
 
 // SwiGLU: inp[N, 2I] holds per row [gate (I) | up (I)]; out[N, I] = silu(gate) * up with
 // silu(g) = g / (1 + exp(-g)).

@@ -31,7 +31,7 @@ constexpr int kKeyBlock = 4;  // keys per inner step; the code below is written 
 }  // namespace
 
 template <class S>
-void attention_forward(S * out, S * att, const S * qkv, int B, int T, int C, int NH) {
+void attention_forward(S * out, S * att, const S * qkv, int B, int T, int C, int NH, const int32_t * doc_start) {
     constexpr bool kF32 = std::is_same_v<S, float>;
     MF_ASSERT(NH > 0 && C % NH == 0);
     const int hs = C / NH;
@@ -54,16 +54,22 @@ void attention_forward(S * out, S * att, const S * qkv, int B, int T, int C, int
             const S * vbase = base + 2 * static_cast<size_t>(C);
             S * att_row = att + static_cast<size_t>(task) * T;  // task == (b*NH + h)*T + t
             S * out_row = out + (static_cast<size_t>(b) * T + t) * C + static_cast<size_t>(h) * hs;
-            float * arow = nullptr;
+            float * row_all = nullptr;
             float * o = nullptr;
             if constexpr (kF32) {
-                arow = att_row;
+                row_all = att_row;
                 o = out_row;
             } else {
-                arow = abuf.data();
+                row_all = abuf.data();
                 o = obuf.data();
             }
-            const int nk = t + 1;                                  // causal: keys 0..t
+            // Keys lo..t (causal, within the document): the row and the keys from lo on.
+            const int lo = doc_start ? doc_start[static_cast<size_t>(b) * T + t] : 0;
+            for (int t2 = 0; t2 < lo; ++t2) row_all[t2] = 0.0f;
+            float * arow = row_all + lo;
+            kbase += static_cast<size_t>(lo) * C3;
+            vbase += static_cast<size_t>(lo) * C3;
+            const int nk = t + 1 - lo;
             const int nk4 = nk - nk % kKeyBlock;
 
             // Scaled scores q . k[t2].
@@ -107,7 +113,7 @@ void attention_forward(S * out, S * att, const S * qkv, int B, int T, int C, int
             const float inv = 1.0f / sum;
 #pragma omp simd
             for (int t2 = 0; t2 < nk; ++t2) arow[t2] *= inv;
-            for (int t2 = nk; t2 < T; ++t2) arow[t2] = 0.0f;
+            for (int t2 = nk; t2 < T - lo; ++t2) arow[t2] = 0.0f;
 
             // out = att @ v, as row-wise axpys over hs, four value rows per load/store of out.
 #pragma omp simd
@@ -129,7 +135,7 @@ void attention_forward(S * out, S * att, const S * qkv, int B, int T, int C, int
                 for (int i = 0; i < hs; ++i) o[i] += a * to_f32(v[i]);
             }
             if constexpr (!kF32) {
-                from_f32_row(att_row, arow, static_cast<size_t>(T));
+                from_f32_row(att_row, row_all, static_cast<size_t>(T));
                 from_f32_row(out_row, o, static_cast<size_t>(hs));
             }
         }
@@ -138,7 +144,7 @@ void attention_forward(S * out, S * att, const S * qkv, int B, int T, int C, int
 
 template <class S>
 void attention_backward(S * dqkv, float * scratch, const S * dout, const S * qkv, const S * att, int B, int T,
-                        int C, int NH) {
+                        int C, int NH, const int32_t * doc_start) {
     constexpr bool kF32 = std::is_same_v<S, float>;
     MF_ASSERT(NH > 0 && C % NH == 0);
     const int hs = C / NH;
@@ -156,24 +162,24 @@ void attention_backward(S * dqkv, float * scratch, const S * dout, const S * qkv
             const int b = task / NH;
             const size_t head_off = static_cast<size_t>(b) * T * C3 + static_cast<size_t>(h) * hs;
             const S * base = qkv + head_off;
-            const S * kbase = base + C;
-            const S * vbase = base + 2 * static_cast<size_t>(C);
+            const S * kbase_all = base + C;
+            const S * vbase_all = base + 2 * static_cast<size_t>(C);
             S * dbase = dqkv + head_off;
             float * buf = scratch + static_cast<size_t>(task) * T;  // datt, then dpreatt, of row t
             // Where the gradients accumulate: dqkv itself for float (row stride 3C), else the fp32
             // buffers (row stride hs; one dq row, rounded into dqkv when the row is done).
-            float * dkbase = nullptr;
-            float * dvbase = nullptr;
+            float * dkbase_all = nullptr;
+            float * dvbase_all = nullptr;
             float * dqrow = nullptr;
             size_t ld = 0;
             if constexpr (kF32) {
-                dkbase = dbase + C;
-                dvbase = dbase + 2 * static_cast<size_t>(C);
+                dkbase_all = dbase + C;
+                dvbase_all = dbase + 2 * static_cast<size_t>(C);
                 ld = C3;
             } else {
-                dkbase = acc.data();
-                dvbase = dkbase + static_cast<size_t>(T) * hs;
-                dqrow = dvbase + static_cast<size_t>(T) * hs;
+                dkbase_all = acc.data();
+                dvbase_all = dkbase_all + static_cast<size_t>(T) * hs;
+                dqrow = dvbase_all + static_cast<size_t>(T) * hs;
                 ld = static_cast<size_t>(hs);
             }
 
@@ -187,15 +193,21 @@ void attention_backward(S * dqkv, float * scratch, const S * dout, const S * qkv
                         for (int i = 0; i < hs; ++i) dp[i] = 0.0f;
                     }
                 } else {
-                    float * dk = dkbase + static_cast<size_t>(t) * ld;
-                    float * dv = dvbase + static_cast<size_t>(t) * ld;
+                    float * dk = dkbase_all + static_cast<size_t>(t) * ld;
+                    float * dv = dvbase_all + static_cast<size_t>(t) * ld;
 #pragma omp simd
                     for (int i = 0; i < hs; ++i) dk[i] = dv[i] = 0.0f;
                 }
             }
 
             for (int t = 0; t < T; ++t) {
-                const S * arow = att + (static_cast<size_t>(task) * T + t) * T;
+                // Keys lo..t: the probabilities, keys, values and their gradients from lo on.
+                const int lo = doc_start ? doc_start[static_cast<size_t>(b) * T + t] : 0;
+                const S * arow = att + (static_cast<size_t>(task) * T + t) * T + lo;
+                const S * kbase = kbase_all + static_cast<size_t>(lo) * C3;
+                const S * vbase = vbase_all + static_cast<size_t>(lo) * C3;
+                float * dkbase = dkbase_all + static_cast<size_t>(lo) * ld;
+                float * dvbase = dvbase_all + static_cast<size_t>(lo) * ld;
                 const S * go = dout + (static_cast<size_t>(b) * T + t) * C + static_cast<size_t>(h) * hs;
                 const S * q = base + static_cast<size_t>(t) * C3;
                 float * dq = nullptr;
@@ -206,7 +218,7 @@ void attention_backward(S * dqkv, float * scratch, const S * dout, const S * qkv
 #pragma omp simd
                     for (int i = 0; i < hs; ++i) dq[i] = 0.0f;
                 }
-                const int nk = t + 1;
+                const int nk = t + 1 - lo;
                 const int nk4 = nk - nk % kKeyBlock;
 
                 // datt[t2] = dout_t . v[t2];  dv[t2] += att[t,t2] * dout_t
@@ -298,8 +310,8 @@ void attention_backward(S * dqkv, float * scratch, const S * dout, const S * qkv
             if constexpr (!kF32) {
                 for (int t = 0; t < T; ++t) {
                     S * d = dbase + static_cast<size_t>(t) * C3;
-                    from_f32_row(d + C, dkbase + static_cast<size_t>(t) * ld, static_cast<size_t>(hs));
-                    from_f32_row(d + 2 * static_cast<size_t>(C), dvbase + static_cast<size_t>(t) * ld,
+                    from_f32_row(d + C, dkbase_all + static_cast<size_t>(t) * ld, static_cast<size_t>(hs));
+                    from_f32_row(d + 2 * static_cast<size_t>(C), dvbase_all + static_cast<size_t>(t) * ld,
                                  static_cast<size_t>(hs));
                 }
             }
@@ -308,8 +320,9 @@ void attention_backward(S * dqkv, float * scratch, const S * dout, const S * qkv
 }
 
 #define MF_INST(S)                                                                                 \
-    template void attention_forward<S>(S *, S *, const S *, int, int, int, int);                   \
-    template void attention_backward<S>(S *, float *, const S *, const S *, const S *, int, int, int, int);
+    template void attention_forward<S>(S *, S *, const S *, int, int, int, int, const int32_t *);  \
+    template void attention_backward<S>(S *, float *, const S *, const S *, const S *, int, int, int, int, \
+                                        const int32_t *);
 MF_INST(float)
 MF_INST(bf16_t)
 MF_INST(f16_t)

@@ -179,7 +179,7 @@ void encoder_backward_wpe(GP * dwpe, const S * dout, int B, int T, int C) {
 
 template <class S>
 void encoder_forward(S * out, const int32_t * tokens, const S * wte, const S * wpe, int B, int T, int C,
-                     int64_t vocab_lo, int64_t vocab_rows) {
+                     int64_t vocab_lo, int64_t vocab_rows, const int32_t * doc_start) {
     const VocabShard shard{vocab_lo, vocab_rows};
     const int rows = B * T;
 #pragma omp parallel for schedule(static)
@@ -187,7 +187,7 @@ void encoder_forward(S * out, const int32_t * tokens, const S * wte, const S * w
         const int64_t e = shard.row(tokens[r]);
         S * o = out + static_cast<size_t>(r) * C;
         const S * w = e < 0 ? nullptr : wte + static_cast<size_t>(e) * C;
-        const S * p = wpe == nullptr ? nullptr : wpe + static_cast<size_t>(r % T) * C;
+        const S * p = wpe == nullptr ? nullptr : wpe + static_cast<size_t>(token_position(doc_start, r, T)) * C;
         if (w != nullptr && p != nullptr) {
 #pragma omp simd
             for (int c = 0; c < C; ++c) o[c] = from_f32<S>(to_f32(w[c]) + to_f32(p[c]));
@@ -206,8 +206,17 @@ void encoder_forward(S * out, const int32_t * tokens, const S * wte, const S * w
 
 template <class GE, class GP, class S>
 void encoder_backward(GE * dwte, GP * dwpe, const S * dout, const int32_t * tokens, int B, int T, int C,
-                      int64_t vocab_lo, int64_t vocab_rows) {
+                      int64_t vocab_lo, int64_t vocab_rows, const int32_t * doc_start) {
     const VocabShard shard{vocab_lo, vocab_rows};
+    if (doc_start != nullptr && dwpe != nullptr) {
+        // Packed documents: positions repeat within a row, so dwpe's rows collide like dwte's;
+        // they are summed as the table's are, with the positions for tokens.
+        std::vector<int32_t> pos(static_cast<size_t>(B) * T);
+        for (int r = 0; r < B * T; ++r) pos[static_cast<size_t>(r)] = token_position(doc_start, r, T);
+        encoder_backward_wte(dwpe, dout, pos.data(), B * T, C, VocabShard{});
+        if (dwte != nullptr) encoder_backward_wte(dwte, dout, tokens, B * T, C, shard);
+        return;
+    }
     if constexpr (std::is_same_v<GE, float> && std::is_same_v<GP, float>) {
         if (dwte != nullptr && dwpe != nullptr) {
             encoder_backward_fused(dwte, dwpe, dout, tokens, B, T, C, shard);
@@ -458,9 +467,9 @@ void sgd_update(W * param, [[maybe_unused]] P * param_copy, const G * grad, floa
 
 #define MF_INST_ALL(S)                                                                                  \
     template void encoder_forward<S>(S *, const int32_t *, const S *, const S *, int, int, int, int64_t, \
-                                     int64_t);                                                          \
+                                     int64_t, const int32_t *);                                         \
     template void encoder_backward<float, float, S>(float *, float *, const S *, const int32_t *, int,  \
-                                                    int, int, int64_t, int64_t);                        \
+                                                    int, int, int64_t, int64_t, const int32_t *);       \
     template void layernorm_forward<S>(S *, float *, float *, const S *, const S *, const S *, int, int, \
                                        float);                                                          \
     template void layernorm_backward<float, S>(S *, float *, float *, const S *, const S *, const S *,  \
@@ -472,11 +481,11 @@ void sgd_update(W * param, [[maybe_unused]] P * param_copy, const G * grad, floa
     MF_INST_SGD(S)
 #define MF_INST_LOWP(S)                                                                                 \
     template void encoder_backward<S, S, S>(S *, S *, const S *, const int32_t *, int, int, int, int64_t, \
-                                            int64_t);                                                   \
+                                            int64_t, const int32_t *);                                  \
     template void encoder_backward<float, S, S>(float *, S *, const S *, const int32_t *, int, int, int,  \
-                                                int64_t, int64_t);                                      \
+                                                int64_t, int64_t, const int32_t *);                     \
     template void encoder_backward<S, float, S>(S *, float *, const S *, const int32_t *, int, int, int,  \
-                                                int64_t, int64_t);                                      \
+                                                int64_t, int64_t, const int32_t *);                     \
     template void layernorm_backward<S, S>(S *, S *, S *, const S *, const S *, const S *, const float *, \
                                            const float *, int, int);                                    \
     template void bias_backward<S, S>(S *, const S *, int, int);

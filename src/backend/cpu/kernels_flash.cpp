@@ -48,7 +48,8 @@ size_t flash_attention_scratch_floats(int B, int T, int C, int NH) {
 }
 
 template <class S>
-void flash_attention_forward(S * out, float * lse, const S * qkv, int B, int T, int C, int NH) {
+void flash_attention_forward(S * out, float * lse, const S * qkv, int B, int T, int C, int NH,
+                             const int32_t * doc_start) {
     constexpr bool kF32 = std::is_same_v<S, float>;
     MF_ASSERT(NH > 0 && C % NH == 0);
     const int hs = C / NH;
@@ -96,11 +97,17 @@ void flash_attention_forward(S * out, float * lse, const S * qkv, int B, int T, 
             alignas(64) float kt[kTile * kTile];  // K tile transposed: [head column][key]
             alignas(64) float vp[kTile * kTile];  // V tile packed: [key][head column]
             float mrow[kTile], lsum[kTile];       // running max and sum per query
+            int first[kTile];                     // per query: its first key column in the tile
+            // Packed documents: key tiles before the query tile's first document are skipped; a
+            // query that has seen no key yet has m = -inf and l = 0.
+            const int32_t * ds = doc_start ? doc_start + static_cast<size_t>(b) * T : nullptr;
+            const int kj0 = first_key_tile(ds, q0);
 
-            for (int kj = 0; kj <= qi; ++kj) {
+            for (int kj = kj0; kj <= qi; ++kj) {
                 const int k0 = kj * kTile;
                 const int bc = std::min(kTile, T - k0);
                 const bool diag = kj == qi;
+                first_keys(first, ds, q0, br, k0, bc);
                 const S * k = base + C + k0 * C3;
                 const S * v = base + 2 * static_cast<size_t>(C) + k0 * C3;
 
@@ -116,20 +123,28 @@ void flash_attention_forward(S * out, float * lse, const S * qkv, int B, int T, 
                 for (int r = 0; r < br; ++r) {
                     float * srow = s + r * kTile;
                     const int nv = diag ? r + 1 : bc;
+                    const int c0 = std::min(first[r], nv);
                     float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
-                    for (int c = 0; c < nv; ++c) mx = srow[c] > mx ? srow[c] : mx;
+                    for (int c = c0; c < nv; ++c) mx = srow[c] > mx ? srow[c] : mx;
                     mx *= scale;  // = the max of the scaled scores: rounding is monotonic
-                    const float mnew = kj == 0 ? mx : std::max(mrow[r], mx);
+                    const float mnew = kj == kj0 ? mx : std::max(mrow[r], mx);
+                    if (mnew == -std::numeric_limits<float>::infinity()) {   // no key of its document yet
+                        for (int c = 0; c < bc; ++c) srow[c] = 0.0f;
+                        if (kj == kj0) lsum[r] = 0.0f;
+                        mrow[r] = mnew;
+                        continue;
+                    }
                     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-                    for (int c = 0; c < nv; ++c) {
+                    for (int c = c0; c < nv; ++c) {
                         const float e = fast_exp(srow[c] * scale - mnew);
                         srow[c] = e;
                         sum += e;
                     }
+                    for (int c = 0; c < c0; ++c) srow[c] = 0.0f;
                     for (int c = nv; c < bc; ++c) srow[c] = 0.0f;
-                    if (kj == 0) {
+                    if (kj == kj0) {
                         lsum[r] = sum;
                     } else {
                         const float alpha = fast_exp(mrow[r] - mnew);
@@ -147,7 +162,7 @@ void flash_attention_forward(S * out, float * lse, const S * qkv, int B, int T, 
                 for (int d0 = 0; d0 < hs; d0 += kTile) {
                     const int dc = std::min(kTile, hs - d0);
                     copy_tile(vp, kTile, v + d0, C3, bc, dc);
-                    tile_gemm(o + d0, ldo, s, kTile, 1, vp, kTile, br, dc, bc, kj > 0,
+                    tile_gemm(o + d0, ldo, s, kTile, 1, vp, kTile, br, dc, bc, kj > kj0,
                               diag ? Causal::kKUpTo : Causal::kNone);
                 }
             }
@@ -164,12 +179,14 @@ void flash_attention_forward(S * out, float * lse, const S * qkv, int B, int T, 
     }
 }
 
-template void flash_attention_forward<float>(float *, float *, const float *, int, int, int, int);
-template void flash_attention_forward<bf16_t>(bf16_t *, float *, const bf16_t *, int, int, int, int);
-template void flash_attention_forward<f16_t>(f16_t *, float *, const f16_t *, int, int, int, int);
+template void flash_attention_forward<float>(float *, float *, const float *, int, int, int, int, const int32_t *);
+template void flash_attention_forward<bf16_t>(bf16_t *, float *, const bf16_t *, int, int, int, int,
+                                              const int32_t *);
+template void flash_attention_forward<f16_t>(f16_t *, float *, const f16_t *, int, int, int, int, const int32_t *);
 
 void flash_attention_backward(float * dqkv, float * scratch, const float * dout, const float * out,
-                              const float * qkv, const float * lse, int B, int T, int C, int NH) {
+                              const float * qkv, const float * lse, int B, int T, int C, int NH,
+                              const int32_t * doc_start) {
     MF_ASSERT(NH > 0 && C % NH == 0);
     const int hs = C / NH;
     const size_t C3 = static_cast<size_t>(3) * C;
@@ -198,6 +215,8 @@ void flash_attention_backward(float * dqkv, float * scratch, const float * dout,
         float * kp = pair.slot[2];
         float * qp = pair.slot[3];
         float * gp = pair.slot[4];
+        int first[kTile];
+        const int32_t * ds = doc_start ? doc_start + static_cast<size_t>(task / NH) * T : nullptr;
 
         // D_t = dout_t . out_t; zero this head's q, k, v gradient columns.
         for (int t = 0; t < T; ++t) {
@@ -227,7 +246,9 @@ void flash_attention_backward(float * dqkv, float * scratch, const float * dout,
             for (int qi = kj; qi < nt; ++qi) {
                 const int q0 = qi * kTile;
                 const int br = std::min(kTile, T - q0);
+                if (tile_before_documents(ds, q0, k0, bc)) break;   // and every later query tile
                 const bool diag = qi == kj;
+                first_keys(first, ds, q0, br, k0, bc);
                 float * dq = dqbase + q0 * C3;
                 copy_tile(qp, hs, qbase + q0 * C3, C3, br, hs);
                 copy_tile(gp, hs, gobase + static_cast<size_t>(q0) * C, C, br, hs);
@@ -239,7 +260,7 @@ void flash_attention_backward(float * dqkv, float * scratch, const float * dout,
                 tile_gemm(dS, kTile, gp, hs, 1, vt, kTile, br, bc, hs, false, nmask);
 
                 // P = exp(S * scale - lse); dS = P (dP - D) * scale; zero where masked.
-                softmax_backward_tile(P, dS, br, bc, diag, lrow + q0, D + q0, scale);
+                softmax_backward_tile(P, dS, br, bc, diag, lrow + q0, D + q0, scale, first);
 
                 // dV_j += P^T dO_i;  dK_j += dS^T Q_i;  dQ_i += dS K_j
                 const Causal kfrom = diag ? Causal::kKFrom : Causal::kNone;

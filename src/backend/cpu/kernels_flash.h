@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "core/dtype.h"
 
@@ -17,8 +18,11 @@ namespace memfit::cpu {
 // qkv [B,T,3C] as for attention_forward; out [B,T,C] written; lse [B,NH,T] receives the
 // log-sum-exp of each query's scaled scores (saved for backward). S: float, bf16_t or f16_t
 // (qkv and out); lse is always float.
+// doc_start (null, or i32 [B,T], kernels.h): packed documents; key tiles before a query tile's
+// documents are skipped, and keys before a query's document start are masked.
 template <class S>
-void flash_attention_forward(S * out, float * lse, const S * qkv, int B, int T, int C, int NH);
+void flash_attention_forward(S * out, float * lse, const S * qkv, int B, int T, int C, int NH,
+                             const int32_t * doc_start = nullptr);
 
 // dqkv [B,T,3C] written (not accumulated). Recomputes scores tile by tile from q, k and lse.
 // out is the forward's out. scratch: flash_attention_scratch_floats(B, T, C, NH) floats.
@@ -26,11 +30,14 @@ void flash_attention_forward(S * out, float * lse, const S * qkv, int B, int T, 
 // passes (dK and dV with key tiles outermost, then dQ with query tiles outermost), so they
 // recompute the scores once more than the fp32 version.
 void flash_attention_backward(float * dqkv, float * scratch, const float * dout, const float * out,
-                              const float * qkv, const float * lse, int B, int T, int C, int NH);
+                              const float * qkv, const float * lse, int B, int T, int C, int NH,
+                              const int32_t * doc_start = nullptr);
 void flash_attention_backward(bf16_t * dqkv, float * scratch, const bf16_t * dout, const bf16_t * out,
-                              const bf16_t * qkv, const float * lse, int B, int T, int C, int NH);
+                              const bf16_t * qkv, const float * lse, int B, int T, int C, int NH,
+                              const int32_t * doc_start = nullptr);
 void flash_attention_backward(f16_t * dqkv, float * scratch, const f16_t * dout, const f16_t * out,
-                              const f16_t * qkv, const float * lse, int B, int T, int C, int NH);
+                              const f16_t * qkv, const float * lse, int B, int T, int C, int NH,
+                              const int32_t * doc_start = nullptr);
 
 // Scratch of flash_attention_backward, in floats; a function of the shape only (not of the
 // thread count or the dtype), linear in T:

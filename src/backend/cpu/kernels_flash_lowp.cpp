@@ -31,7 +31,7 @@ namespace {
 
 template <class S>
 void flash_backward_lowp(S * dqkv, float * scratch, const S * dout, const S * out, const S * qkv,
-                         const float * lse, int B, int T, int C, int NH) {
+                         const float * lse, int B, int T, int C, int NH, const int32_t * doc_start) {
     MF_ASSERT(NH > 0 && C % NH == 0);
     const int hs = C / NH;
     const size_t C3 = static_cast<size_t>(3) * C;
@@ -62,6 +62,8 @@ void flash_backward_lowp(S * dqkv, float * scratch, const S * dout, const S * ou
         float * gp = pair.slot[3];
         float * acc0 = pair.slot[4];  // pass A: dK_j; pass B: K_j
         float * acc1 = pair.slot[5];  // pass A: dV_j; pass B: dQ_i
+        int first[kTile];
+        const int32_t * ds = doc_start ? doc_start + static_cast<size_t>(task / NH) * T : nullptr;
 
         // D_t = dout_t . out_t
         for (int t = 0; t < T; ++t) {
@@ -74,11 +76,12 @@ void flash_backward_lowp(S * dqkv, float * scratch, const S * dout, const S * ou
         }
 
         // S = Q K^T into P, dP = dO V^T into dS, then P and dS (qp, gp, kt, vt loaded).
-        auto scores = [&](int q0, int br, int bc, bool diag) {
+        auto scores = [&](int q0, int br, int k0, int bc, bool diag) {
             const Causal nmask = diag ? Causal::kNUpTo : Causal::kNone;
             tile_gemm(P, kTile, qp, hs, 1, kt, kTile, br, bc, hs, false, nmask);
             tile_gemm(dS, kTile, gp, hs, 1, vt, kTile, br, bc, hs, false, nmask);
-            softmax_backward_tile(P, dS, br, bc, diag, lrow + q0, D + q0, scale);
+            first_keys(first, ds, q0, br, k0, bc);
+            softmax_backward_tile(P, dS, br, bc, diag, lrow + q0, D + q0, scale, first);
         };
         auto load_q = [&](int q0, int br) {
             copy_tile(qp, hs, qbase + q0 * C3, C3, br, hs);
@@ -103,9 +106,10 @@ void flash_backward_lowp(S * dqkv, float * scratch, const S * dout, const S * ou
             for (int qi = kj; qi < nt; ++qi) {
                 const int q0 = qi * kTile;
                 const int br = std::min(kTile, T - q0);
+                if (tile_before_documents(ds, q0, k0, bc)) break;   // and every later query tile
                 const bool diag = qi == kj;
                 load_q(q0, br);
-                scores(q0, br, bc, diag);
+                scores(q0, br, k0, bc, diag);
                 const Causal kfrom = diag ? Causal::kKFrom : Causal::kNone;
                 tile_gemm(acc1, hs, P, 1, kTile, gp, hs, bc, hs, br, true, kfrom);
                 tile_gemm(acc0, hs, dS, 1, kTile, qp, hs, bc, hs, br, true, kfrom);
@@ -120,13 +124,13 @@ void flash_backward_lowp(S * dqkv, float * scratch, const S * dout, const S * ou
             const int br = std::min(kTile, T - q0);
             load_q(q0, br);
             std::fill(acc1, acc1 + static_cast<size_t>(br) * hs, 0.0f);
-            for (int kj = 0; kj <= qi; ++kj) {
+            for (int kj = first_key_tile(ds, q0); kj <= qi; ++kj) {
                 const int k0 = kj * kTile;
                 const int bc = std::min(kTile, T - k0);
                 const bool diag = qi == kj;
                 load_kv(k0, bc);
                 copy_tile(acc0, hs, kbase + k0 * C3, C3, bc, hs);
-                scores(q0, br, bc, diag);
+                scores(q0, br, k0, bc, diag);
                 tile_gemm(acc1, hs, dS, kTile, 1, acc0, hs, br, hs, bc, true,
                           diag ? Causal::kKUpTo : Causal::kNone);
             }
@@ -138,13 +142,15 @@ void flash_backward_lowp(S * dqkv, float * scratch, const S * dout, const S * ou
 }  // namespace
 
 void flash_attention_backward(bf16_t * dqkv, float * scratch, const bf16_t * dout, const bf16_t * out,
-                              const bf16_t * qkv, const float * lse, int B, int T, int C, int NH) {
-    flash_backward_lowp(dqkv, scratch, dout, out, qkv, lse, B, T, C, NH);
+                              const bf16_t * qkv, const float * lse, int B, int T, int C, int NH,
+                              const int32_t * doc_start) {
+    flash_backward_lowp(dqkv, scratch, dout, out, qkv, lse, B, T, C, NH, doc_start);
 }
 
 void flash_attention_backward(f16_t * dqkv, float * scratch, const f16_t * dout, const f16_t * out,
-                              const f16_t * qkv, const float * lse, int B, int T, int C, int NH) {
-    flash_backward_lowp(dqkv, scratch, dout, out, qkv, lse, B, T, C, NH);
+                              const f16_t * qkv, const float * lse, int B, int T, int C, int NH,
+                              const int32_t * doc_start) {
+    flash_backward_lowp(dqkv, scratch, dout, out, qkv, lse, B, T, C, NH, doc_start);
 }
 
 }  // namespace memfit::cpu

@@ -272,11 +272,11 @@ void CudaBackend::dequantize(const QuantDesc & q, float * W, const void * packed
 
 void CudaBackend::copy(Tensor dst, Tensor src) { MF_FWD(copy, dst, src); }
 void CudaBackend::bias_grad(Tensor dbias, Tensor dout) { MF_FWD(bias_grad, dbias, dout); }
-void CudaBackend::encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) {
-    MF_FWD(encoder_fwd, out, tokens, wte, wpe);
+void CudaBackend::encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, Tensor doc_start) {
+    MF_FWD(encoder_fwd, out, tokens, wte, wpe, doc_start);
 }
-void CudaBackend::encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) {
-    MF_FWD(encoder_bwd, dwte, dwpe, dout, tokens);
+void CudaBackend::encoder_bwd(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor doc_start) {
+    MF_FWD(encoder_bwd, dwte, dwpe, dout, tokens, doc_start);
 }
 void CudaBackend::vocab_encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t vocab_lo) {
     MF_FWD(vocab_encoder_fwd, out, tokens, wte, wpe, vocab_lo);
@@ -291,16 +291,19 @@ void CudaBackend::layernorm_bwd(Tensor dinp, Tensor dw, Tensor db, Tensor dout, 
                                 Tensor rstd) {
     MF_FWD(layernorm_bwd, dinp, dw, db, dout, inp, w, mean, rstd);
 }
-void CudaBackend::attention_fwd(Tensor out, Tensor att, Tensor qkv, int NH) { MF_FWD(attention_fwd, out, att, qkv, NH); }
-void CudaBackend::attention_bwd(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, int NH) {
-    MF_FWD(attention_bwd, dqkv, scratch, dout, qkv, att, NH);
+void CudaBackend::attention_fwd(Tensor out, Tensor att, Tensor qkv, int NH, Tensor doc_start) {
+    MF_FWD(attention_fwd, out, att, qkv, NH, doc_start);
 }
-void CudaBackend::flash_attention_fwd(Tensor out, Tensor lse, Tensor qkv, int NH) {
-    MF_FWD(flash_attention_fwd, out, lse, qkv, NH);
+void CudaBackend::attention_bwd(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, int NH,
+                                Tensor doc_start) {
+    MF_FWD(attention_bwd, dqkv, scratch, dout, qkv, att, NH, doc_start);
+}
+void CudaBackend::flash_attention_fwd(Tensor out, Tensor lse, Tensor qkv, int NH, Tensor doc_start) {
+    MF_FWD(flash_attention_fwd, out, lse, qkv, NH, doc_start);
 }
 void CudaBackend::flash_attention_bwd(Tensor dqkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv, Tensor lse,
-                                      int NH) {
-    MF_FWD(flash_attention_bwd, dqkv, scratch, dout, out, qkv, lse, NH);
+                                      int NH, Tensor doc_start) {
+    MF_FWD(flash_attention_bwd, dqkv, scratch, dout, out, qkv, lse, NH, doc_start);
 }
 void CudaBackend::gelu_fwd(Tensor out, Tensor inp) { MF_FWD(gelu_fwd, out, inp); }
 void CudaBackend::gelu_bwd(Tensor dinp, Tensor dout, Tensor inp) { MF_FWD(gelu_bwd, dinp, dout, inp); }
@@ -311,11 +314,11 @@ void CudaBackend::rmsnorm_fwd(Tensor out, Tensor rstd, Tensor inp, Tensor w, flo
 void CudaBackend::rmsnorm_bwd(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) {
     MF_FWD(rmsnorm_bwd, dinp, dw, dout, inp, w, rstd);
 }
-void CudaBackend::rope_fwd(Tensor qkv, int NH, int KVH, float theta, int pos0) {
-    MF_FWD(rope_fwd, qkv, NH, KVH, theta, pos0);
+void CudaBackend::rope_fwd(Tensor qkv, int NH, int KVH, float theta, int pos0, Tensor doc_start) {
+    MF_FWD(rope_fwd, qkv, NH, KVH, theta, pos0, doc_start);
 }
-void CudaBackend::rope_bwd(Tensor dqkv, int NH, int KVH, float theta, int pos0) {
-    MF_FWD(rope_bwd, dqkv, NH, KVH, theta, pos0);
+void CudaBackend::rope_bwd(Tensor dqkv, int NH, int KVH, float theta, int pos0, Tensor doc_start) {
+    MF_FWD(rope_bwd, dqkv, NH, KVH, theta, pos0, doc_start);
 }
 void CudaBackend::swiglu_fwd(Tensor out, Tensor inp) { MF_FWD(swiglu_fwd, out, inp); }
 void CudaBackend::swiglu_bwd(Tensor dinp, Tensor dout, Tensor inp) { MF_FWD(swiglu_bwd, dinp, dout, inp); }

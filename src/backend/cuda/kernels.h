@@ -9,10 +9,12 @@
 
 namespace memfit::cuda {
 
+// doc_start (i32 [B,T] or invalid): packed documents, as Backend's (backend/backend.h).
+
 // kernels_basic.cu
 void copy(cudaStream_t s, Tensor dst, Tensor src);
-void encoder_fwd(cudaStream_t s, Tensor out, Tensor tokens, Tensor wte, Tensor wpe);
-void encoder_bwd(cudaStream_t s, Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens);
+void encoder_fwd(cudaStream_t s, Tensor out, Tensor tokens, Tensor wte, Tensor wpe, Tensor doc_start);
+void encoder_bwd(cudaStream_t s, Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor doc_start);
 void vocab_encoder_fwd(cudaStream_t s, Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t vocab_lo);
 void vocab_encoder_bwd(cudaStream_t s, Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t vocab_lo);
 void gelu_fwd(cudaStream_t s, Tensor out, Tensor inp);
@@ -31,8 +33,8 @@ void rmsnorm_fwd(cudaStream_t s, Tensor out, Tensor rstd, Tensor inp, Tensor w, 
 void rmsnorm_bwd(cudaStream_t s, Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd);
 
 // kernels_llama.cu
-void rope_fwd(cudaStream_t s, Tensor qkv, int NH, int KVH, float theta, int pos0);
-void rope_bwd(cudaStream_t s, Tensor dqkv, int NH, int KVH, float theta, int pos0);
+void rope_fwd(cudaStream_t s, Tensor qkv, int NH, int KVH, float theta, int pos0, Tensor doc_start);
+void rope_bwd(cudaStream_t s, Tensor dqkv, int NH, int KVH, float theta, int pos0, Tensor doc_start);
 void swiglu_fwd(cudaStream_t s, Tensor out, Tensor inp);
 void swiglu_bwd(cudaStream_t s, Tensor dinp, Tensor dout, Tensor inp);
 void repeat_kv_fwd(cudaStream_t s, Tensor full, Tensor qkv, int NH, int KVH);
@@ -60,15 +62,16 @@ void dequantize(cudaStream_t s, const QuantDesc & q, Tensor w, Tensor packed);
 
 // kernels_attention.cu: the naive (T x T probabilities saved) causal attention, and attention
 // over a KV cache.
-void attention_fwd(cudaStream_t s, Tensor out, Tensor att, Tensor qkv, int NH);
-void attention_bwd(cudaStream_t s, Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, int NH);
+void attention_fwd(cudaStream_t s, Tensor out, Tensor att, Tensor qkv, int NH, Tensor doc_start);
+void attention_bwd(cudaStream_t s, Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, int NH,
+                   Tensor doc_start);
 void cached_attention_fwd(cudaStream_t s, Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH,
                           int KVH);
 
 // kernels_flash.cu: tiled causal attention that never stores T x T.
-void flash_attention_fwd(cudaStream_t s, Tensor out, Tensor lse, Tensor qkv, int NH);
+void flash_attention_fwd(cudaStream_t s, Tensor out, Tensor lse, Tensor qkv, int NH, Tensor doc_start);
 void flash_attention_bwd(cudaStream_t s, Tensor dqkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv,
-                         Tensor lse, int NH);
+                         Tensor lse, int NH, Tensor doc_start);
 // Its scratch bytes: cuda_flash_attention_workspace (backend/cuda_sizing.h).
 
 }  // namespace memfit::cuda

@@ -211,7 +211,8 @@ template <class K> size_t smem_for(K kernel, size_t bytes) {
 
 }  // namespace
 
-void attention_fwd(cudaStream_t s, Tensor out, Tensor att, Tensor qkv, int NH) {
+void attention_fwd(cudaStream_t s, Tensor out, Tensor att, Tensor qkv, int NH, Tensor doc_start) {
+    MF_ASSERT(!doc_start.valid() && "packed documents: not yet on CUDA");
     MF_ASSERT(out.dtype == qkv.dtype && att.dtype == qkv.dtype);
     const int B = int(qkv.dim(0)), T = int(qkv.dim(1)), C = int(out.cols());
     MF_ASSERT(NH > 0 && C % NH == 0 && qkv.cols() == 3 * int64_t(C) && att.numel() == int64_t(B) * NH * T * T);
@@ -229,7 +230,9 @@ void attention_fwd(cudaStream_t s, Tensor out, Tensor att, Tensor qkv, int NH) {
     });
 }
 
-void attention_bwd(cudaStream_t s, Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, int NH) {
+void attention_bwd(cudaStream_t s, Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, int NH,
+                   Tensor doc_start) {
+    MF_ASSERT(!doc_start.valid() && "packed documents: not yet on CUDA");
     MF_ASSERT(dqkv.dtype == qkv.dtype && dout.dtype == qkv.dtype && att.dtype == qkv.dtype);
     const int B = int(qkv.dim(0)), T = int(qkv.dim(1)), C = int(dout.cols());
     MF_ASSERT(NH > 0 && C % NH == 0 && qkv.cols() == 3 * int64_t(C) && dqkv.numel() == qkv.numel());

@@ -285,10 +285,12 @@ void copy(cudaStream_t s, Tensor dst, Tensor src) {
     });
 }
 
-void encoder_fwd(cudaStream_t s, Tensor out, Tensor tokens, Tensor wte, Tensor wpe) {
+void encoder_fwd(cudaStream_t s, Tensor out, Tensor tokens, Tensor wte, Tensor wpe, Tensor doc_start) {
+    MF_ASSERT(!doc_start.valid() && "packed documents: not yet on CUDA");
     encode(s, out, tokens, wte, wpe, 0, wte.numel() / out.cols());
 }
-void encoder_bwd(cudaStream_t s, Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) {
+void encoder_bwd(cudaStream_t s, Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor doc_start) {
+    MF_ASSERT(!doc_start.valid() && "packed documents: not yet on CUDA");
     encode_bwd(s, dwte, dwpe, dout, tokens, 0, dwte.valid() ? dwte.numel() / dout.cols() : 0);
 }
 void vocab_encoder_fwd(cudaStream_t s, Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t vocab_lo) {

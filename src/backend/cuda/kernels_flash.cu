@@ -282,7 +282,8 @@ int tiles(int T, int n) { return (T + n - 1) / n; }
 
 }  // namespace
 
-void flash_attention_fwd(cudaStream_t s, Tensor out, Tensor lse, Tensor qkv, int NH) {
+void flash_attention_fwd(cudaStream_t s, Tensor out, Tensor lse, Tensor qkv, int NH, Tensor doc_start) {
+    MF_ASSERT(!doc_start.valid() && "packed documents: not yet on CUDA");
     MF_ASSERT(out.dtype == qkv.dtype && lse.dtype == DType::f32);
     const int B = int(qkv.dim(0)), T = int(qkv.dim(1)), C = int(out.cols());
     MF_ASSERT(NH > 0 && C % NH == 0 && qkv.cols() == 3 * int64_t(C) && lse.numel() == int64_t(B) * NH * T);
@@ -311,7 +312,8 @@ void flash_attention_fwd(cudaStream_t s, Tensor out, Tensor lse, Tensor qkv, int
 }
 
 void flash_attention_bwd(cudaStream_t s, Tensor dqkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv,
-                         Tensor lse, int NH) {
+                         Tensor lse, int NH, Tensor doc_start) {
+    MF_ASSERT(!doc_start.valid() && "packed documents: not yet on CUDA");
     MF_ASSERT(dqkv.dtype == qkv.dtype && dout.dtype == qkv.dtype && out.dtype == qkv.dtype && lse.dtype == DType::f32);
     const int B = int(qkv.dim(0)), T = int(qkv.dim(1)), C = int(dout.cols());
     MF_ASSERT(NH > 0 && C % NH == 0 && qkv.cols() == 3 * int64_t(C) && dqkv.numel() == qkv.numel());

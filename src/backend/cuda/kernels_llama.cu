@@ -158,10 +158,12 @@ int kv_head_dim(const Tensor & qkv, const Tensor & full, int NH, int KVH) {
 
 }  // namespace
 
-void rope_fwd(cudaStream_t s, Tensor qkv, int NH, int KVH, float theta, int pos0) {
+void rope_fwd(cudaStream_t s, Tensor qkv, int NH, int KVH, float theta, int pos0, Tensor doc_start) {
+    MF_ASSERT(!doc_start.valid() && "packed documents: not yet on CUDA");
     rope(s, qkv, NH, KVH, theta, pos0, 1.0f);
 }
-void rope_bwd(cudaStream_t s, Tensor dqkv, int NH, int KVH, float theta, int pos0) {
+void rope_bwd(cudaStream_t s, Tensor dqkv, int NH, int KVH, float theta, int pos0, Tensor doc_start) {
+    MF_ASSERT(!doc_start.valid() && "packed documents: not yet on CUDA");
     rope(s, dqkv, NH, KVH, theta, pos0, -1.0f);
 }
 
