@@ -40,6 +40,10 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
     keep(c->add_option("--seq", r.seq, "tokens per sequence (activations grow with it; naive attention's with its "
                                        "square)")
              ->capture_default_str()->check(kPositive));
+    keep(c->add_flag("--packing", r.packing,
+                     "instruction data (memfit prepare --format jsonl): pack several conversations into each --seq "
+                     "row, none attending to another and each with positions from 0 (TRL's packing; 4 bytes per "
+                     "token of document starts); default: one conversation per row, padded"));
     // The batch: any two of the three give the third.
     keep(c->add_option("--micro-batch", r.micro_batch,
                        "sequences per forward/backward on each data-parallel rank (DeepSpeed's "

@@ -4,7 +4,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <random>
+#include <set>
 #include <utility>
 
 namespace memfit {
@@ -35,10 +37,18 @@ std::vector<uint64_t> DataLoader::epoch_order(uint64_t num_windows, uint64_t see
     return order;
 }
 
-DataLoader::DataLoader(const std::string & path, int B, int T, uint64_t seed)
-    : file_(path), B_(B), T_(T), seed_(seed) {
+DataLoader::DataLoader(const std::string & path, int B, int T, uint64_t seed, bool packing)
+    : file_(path), B_(B), T_(T), seed_(seed), packing_(packing) {
     if (B <= 0 || T <= 0) {
         throw ConfigError(fmt::format("batch size {} and sequence length {} must both be positive", B, T));
+    }
+    if (packing && !file_.documents())
+        throw ConfigError(fmt::format("--packing: {} holds text, which trains in windows of one stream already; "
+                                      "packing is for instruction data (memfit prepare --format jsonl)", path));
+    if (file_.documents()) {
+        lay_out_documents(T);
+        start_epoch(0);
+        return;
     }
     const uint64_t n = file_.size();
     if (n < static_cast<uint64_t>(T) + 1) {
@@ -52,6 +62,107 @@ DataLoader::DataLoader(const std::string & path, int B, int T, uint64_t seed)
                                       path, n, num_windows_, T, B));
     }
     start_epoch(0);
+}
+
+void DataLoader::lay_out_documents(int T) {
+    const auto cap = static_cast<uint64_t>(T);
+    std::vector<std::pair<uint64_t, uint64_t>> kept;   // (pairs, document)
+    stats_.documents = file_.num_docs();
+    for (uint64_t d = 0; d < file_.num_docs(); ++d) {
+        const uint64_t b = file_.doc_begin(d), len = file_.doc_end(d) - b;
+        const uint64_t pairs = len < 2 ? 0 : std::min(len - 1, cap);
+        if (len > cap + 1) ++stats_.truncated;
+        uint64_t trained = 0;
+        for (uint64_t p = 0; p < pairs; ++p) trained += file_.trained(b + p + 1) ? 1 : 0;
+        if (trained == 0) {
+            ++stats_.dropped;
+            continue;
+        }
+        kept.emplace_back(pairs, d);
+        stats_.pairs += pairs;
+        stats_.trained += trained;
+    }
+    if (kept.empty())
+        throw ConfigError(fmt::format("{}: none of its {} documents has a trained token within --seq {} + 1 tokens; "
+                                      "check the data's responses, or raise --seq", file_.path(), stats_.documents, T));
+    if (!packing_) {
+        for (const auto & [pairs, d] : kept) {
+            row_at_.push_back(row_docs_.size());
+            row_docs_.push_back(d);
+        }
+    } else {
+        // Best fit decreasing: each document, longest first, into the open row with the least room
+        // that takes it (the earliest such row), else a new row.
+        std::stable_sort(kept.begin(), kept.end(), [](const auto & a, const auto & b) { return a.first > b.first; });
+        std::vector<std::vector<uint64_t>> rows;
+        std::set<std::pair<uint64_t, uint64_t>> room;     // (free pairs, row)
+        for (const auto & [pairs, d] : kept) {
+            auto it = room.lower_bound({pairs, 0});
+            uint64_t r = rows.size();
+            uint64_t left = cap;
+            if (it != room.end()) {
+                r = it->second;
+                left = it->first;
+                room.erase(it);
+            } else {
+                rows.emplace_back();
+            }
+            rows[r].push_back(d);
+            if (left - pairs > 0) room.insert({left - pairs, r});
+        }
+        for (const auto & r : rows) {
+            row_at_.push_back(row_docs_.size());
+            row_docs_.insert(row_docs_.end(), r.begin(), r.end());
+        }
+    }
+    row_at_.push_back(row_docs_.size());
+    num_windows_ = row_at_.size() - 1;
+    if (num_windows_ < static_cast<size_t>(B_)) {
+        throw ConfigError(fmt::format("{}: {} documents make {} rows of {} tokens{}, fewer than the batch size {}; use a "
+                                      "smaller --batch, or more data", file_.path(), kept.size(), num_windows_, T,
+                                      packing_ ? " packed" : "", B_));
+    }
+}
+
+int32_t DataLoader::checked(uint64_t i) const {
+    const int32_t tok = file_.token(i);
+    if (tok < 0 || static_cast<uint32_t>(tok) >= file_.vocab_size()) {
+        throw FormatError(fmt::format("{}: token {} at position {} is >= vocab_size {}; the file is corrupt, re-run "
+                                      "`memfit prepare`", file_.path(), static_cast<uint32_t>(tok), i,
+                                      file_.vocab_size()));
+    }
+    return tok;
+}
+
+// Window w into one row: text, its T+1 tokens; documents, each document's pairs in turn, then padding.
+void DataLoader::fill_window(size_t w, int32_t * in, int32_t * tg, int32_t * ds) const {
+    const auto T = static_cast<uint64_t>(T_);
+    if (!file_.documents()) {
+        const uint64_t start = uint64_t(w) * T;
+        for (uint64_t t = 0; t <= T; ++t) {
+            const int32_t tok = checked(start + t);
+            if (t < T) in[t] = tok;
+            if (t > 0) tg[t - 1] = tok;
+        }
+        if (ds) std::fill(ds, ds + T, 0);
+        return;
+    }
+    uint64_t at = 0;
+    for (uint64_t k = row_at_[w]; k < row_at_[w + 1]; ++k) {
+        const uint64_t d = row_docs_[k], b = file_.doc_begin(d);
+        const uint64_t pairs = std::min(file_.doc_end(d) - b - 1, T);
+        for (uint64_t p = 0; p < pairs; ++p) {
+            in[at + p] = checked(b + p);
+            tg[at + p] = file_.trained(b + p + 1) ? checked(b + p + 1) : -100;
+            if (ds) ds[at + p] = static_cast<int32_t>(at);
+        }
+        at += pairs;
+    }
+    for (uint64_t t = at; t < T; ++t) {   // padding: a document of its own, never trained
+        in[t] = file_.pad_id();
+        tg[t] = -100;
+        if (ds) ds[t] = static_cast<int32_t>(at);
+    }
 }
 
 void DataLoader::start_epoch(uint64_t epoch) {
@@ -71,24 +182,12 @@ void DataLoader::seek(uint64_t epoch, size_t cursor) {
     cursor_ = cursor;
 }
 
-void DataLoader::next(int32_t * inputs, int32_t * targets) {
-    const auto T = static_cast<uint64_t>(T_);
-    const uint32_t vocab = file_.vocab_size();
+void DataLoader::next(int32_t * inputs, int32_t * targets, int32_t * doc_start) {
+    const auto T = static_cast<size_t>(T_);
     for (int b = 0; b < B_; ++b) {
         if (cursor_ == num_windows_) start_epoch(epoch_ + 1);
-        const uint64_t start = order_[cursor_++] * T;
-        int32_t * in = inputs + static_cast<size_t>(b) * T;
-        int32_t * tg = targets + static_cast<size_t>(b) * T;
-        for (uint64_t t = 0; t <= T; ++t) {
-            const int32_t tok = file_.token(start + t);
-            if (tok < 0 || static_cast<uint32_t>(tok) >= vocab) {
-                throw FormatError(fmt::format("{}: token {} at position {} is >= vocab_size {}; the file is "
-                                              "corrupt, re-run `memfit prepare`",
-                                              file_.path(), static_cast<uint32_t>(tok), start + t, vocab));
-            }
-            if (t < T) in[t] = tok;
-            if (t > 0) tg[t - 1] = tok;
-        }
+        const size_t row = static_cast<size_t>(b) * T;
+        fill_window(order_[cursor_++], inputs + row, targets + row, doc_start ? doc_start + row : nullptr);
     }
     if (cursor_ == num_windows_) start_epoch(epoch_ + 1);  // so epoch()/cursor() name the next window
 }

@@ -1,8 +1,16 @@
 // Batches of training windows from a token file.
 //
-// The file's n tokens are cut into W = (n-1)/T windows of T+1 tokens, window k starting at token
-// k*T (consecutive windows share one token: the last target of one is the first input of the
-// next). Epoch e visits all W windows once, in the order of a Fisher-Yates shuffle driven by
+// Text (version 1): the file's n tokens are cut into W = (n-1)/T windows of T+1 tokens, window k
+// starting at token k*T (consecutive windows share one token: the last target of one is the
+// first input of the next).
+// Documents (version 2): a document of L tokens is min(L-1, T) (input, target) pairs, its first
+// T+1 tokens (longer ones are truncated, as Hugging Face truncates to max_length); a target the
+// mask does not train is -100, and a document left without any trained target is dropped. Without
+// packing each document is a row of its own, padded (pad_id inputs, -100 targets); with packing
+// the documents are placed into rows of T pairs by best fit, longest first (ties: file order),
+// each row's rest padded. Each row is a window; doc_start gives every token its document's first
+// position in the row (the padding after the last document is a document of its own).
+// Epoch e visits all W windows once, in the order of a Fisher-Yates shuffle driven by
 // std::mt19937_64(seed + e) (the shuffle and the bounded draws are our own, so the order is the
 // same on every platform and standard library). next() takes the next B windows; a batch that
 // reaches the end of an epoch continues with the next epoch's order.
@@ -23,13 +31,27 @@ namespace memfit {
 class DataLoader {
 public:
     // Maps path (FormatError / IoError as TokenFile). ConfigError when the file has fewer than
-    // T+1 tokens or fewer than B windows, or when B or T is not positive.
-    DataLoader(const std::string & path, int B, int T, uint64_t seed);
+    // T+1 tokens or fewer than B windows, or when B or T is not positive; `packing` with a text
+    // file is a ConfigError (text is windows of one stream already).
+    DataLoader(const std::string & path, int B, int T, uint64_t seed, bool packing = false);
 
     // Fills inputs[B*T] and targets[B*T], row b being window b of the batch: inputs = its first T
-    // tokens, targets = its last T (inputs shifted by one). FormatError (naming the file and the
-    // token position) if a token is >= the file's vocab_size.
-    void next(int32_t * inputs, int32_t * targets);
+    // tokens, targets = its last T (inputs shifted by one); and, when given, doc_start[B*T]
+    // (text: 0). FormatError (naming the file and the token position) if a token is >= the
+    // file's vocab_size.
+    void next(int32_t * inputs, int32_t * targets, int32_t * doc_start = nullptr);
+
+    // Documents: how they were laid out.
+    struct DocumentStats {
+        uint64_t documents = 0;   // in the file
+        uint64_t truncated = 0;   // longer than T+1 tokens: cut to their first T+1
+        uint64_t dropped = 0;     // no trained target (within the first T+1 tokens)
+        uint64_t pairs = 0;       // (input, target) pairs in all rows
+        uint64_t trained = 0;     // of those, the trained targets
+    };
+    bool documents() const { return file_.documents(); }
+    bool packing() const { return packing_; }
+    const DocumentStats & document_stats() const { return stats_; }
 
     size_t num_windows() const { return num_windows_; }
     uint64_t epoch() const { return epoch_; }                // epoch of the next window
@@ -48,6 +70,9 @@ public:
 
 private:
     void start_epoch(uint64_t epoch);
+    void lay_out_documents(int T);
+    void fill_window(size_t w, int32_t * in, int32_t * tg, int32_t * ds) const;
+    int32_t checked(uint64_t i) const;   // token i, FormatError when outside the vocabulary
 
     TokenFile file_;
     int B_, T_;
@@ -56,6 +81,10 @@ private:
     uint64_t epoch_ = 0;
     size_t cursor_ = 0;
     std::vector<uint64_t> order_;                            // the current epoch's window order
+    bool packing_ = false;
+    // Documents: window w holds documents row_docs_[row_at_[w] .. row_at_[w+1]), in that order.
+    std::vector<uint64_t> row_docs_, row_at_;
+    DocumentStats stats_;
 };
 
 }  // namespace memfit

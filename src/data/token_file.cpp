@@ -70,16 +70,25 @@ void write_all(int fd, const unsigned char * data, size_t n, const std::string &
 
 }  // namespace
 
-void write_token_file(const std::string & path, std::span<const int32_t> tokens, uint32_t vocab_size) {
+namespace {
+
+// The tokens as bytes_per_token little-endian integers, after checking them against the vocabulary.
+void check_tokens(const std::string & path, std::span<const int32_t> tokens, uint32_t vocab_size) {
     if (vocab_size == 0) throw FormatError(fmt::format("{}: cannot write a token file with vocab_size 0", path));
-    const uint32_t bpt = vocab_size <= 65536 ? 2 : 4;
     for (size_t i = 0; i < tokens.size(); ++i) {
         if (tokens[i] < 0 || static_cast<uint32_t>(tokens[i]) >= vocab_size) {
             throw FormatError(fmt::format("{}: token {} at position {} is outside the vocabulary [0, {}); "
                                           "nothing written", path, tokens[i], i, vocab_size));
         }
     }
+}
 
+// Writes the header and the tokens to path + ".tmp", then `more(fd, tmp)` (version 2's sections),
+// fsyncs and renames it over path; the temporary file is removed on any failure.
+template <class More>
+void write_file(const std::string & path, uint32_t version, uint32_t field20, std::span<const int32_t> tokens,
+                uint32_t vocab_size, More more) {
+    const uint32_t bpt = vocab_size <= 65536 ? 2 : 4;
     const std::string tmp = path + ".tmp";
     Fd f;
     f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -90,10 +99,10 @@ void write_token_file(const std::string & path, std::span<const int32_t> tokens,
     try {
         unsigned char header[kTokenFileHeaderBytes] = {};
         std::memcpy(header, kMagic, 8);
-        put_u32(header + 8, kTokenFileVersion);
+        put_u32(header + 8, version);
         put_u32(header + 12, bpt);
         put_u32(header + 16, vocab_size);
-        put_u32(header + 20, 0);
+        put_u32(header + 20, field20);
         put_u64(header + 24, tokens.size());
         write_all(f.fd, header, sizeof header, tmp);
 
@@ -108,6 +117,7 @@ void write_token_file(const std::string & path, std::span<const int32_t> tokens,
             }
             write_all(f.fd, buf.data(), n * bpt, tmp);
         }
+        more(f.fd, tmp, kTokenFileHeaderBytes + tokens.size() * bpt);
         if (::fsync(f.fd) != 0) throw IoError(fmt::format("{}: fsync failed: {}", tmp, std::strerror(errno)));
         const int fd = f.fd;
         f.fd = -1;
@@ -125,6 +135,43 @@ void write_token_file(const std::string & path, std::span<const int32_t> tokens,
     Fd d;
     d.fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (d.fd >= 0) ::fsync(d.fd);
+}
+
+uint64_t round8(uint64_t n) { return (n + 7) / 8 * 8; }
+
+}  // namespace
+
+void write_token_file(const std::string & path, std::span<const int32_t> tokens, uint32_t vocab_size) {
+    check_tokens(path, tokens, vocab_size);
+    write_file(path, kTokenFileVersion, 0, tokens, vocab_size, [](int, const std::string &, uint64_t) {});
+}
+
+void write_document_file(const std::string & path, std::span<const int32_t> tokens,
+                         std::span<const uint64_t> doc_offsets, std::span<const uint8_t> trained, uint32_t vocab_size,
+                         int32_t pad_id) {
+    check_tokens(path, tokens, vocab_size);
+    if (pad_id < 0 || static_cast<uint32_t>(pad_id) >= vocab_size)
+        throw FormatError(fmt::format("{}: pad id {} is outside the vocabulary [0, {}); nothing written", path, pad_id,
+                                      vocab_size));
+    if (trained.size() != tokens.size())
+        throw FormatError(fmt::format("{}: {} mask bytes for {} tokens; nothing written", path, trained.size(),
+                                      tokens.size()));
+    const bool cut = !doc_offsets.empty() && doc_offsets.front() == 0 && doc_offsets.back() == tokens.size() &&
+                     std::is_sorted(doc_offsets.begin(), doc_offsets.end());
+    if (!cut)
+        throw FormatError(fmt::format("{}: document offsets do not cut the {} tokens (from 0, non-decreasing, to the "
+                                      "end); nothing written", path, tokens.size()));
+    write_file(path, kDocumentFileVersion, static_cast<uint32_t>(pad_id), tokens, vocab_size,
+               [&](int fd, const std::string & tmp, uint64_t written) {
+                   std::vector<unsigned char> buf(round8(written) - written + 8 * (doc_offsets.size() + 1));
+                   unsigned char * p = buf.data() + (round8(written) - written);
+                   put_u64(p, doc_offsets.size() - 1);
+                   for (size_t d = 0; d < doc_offsets.size(); ++d) put_u64(p + 8 * (d + 1), doc_offsets[d]);
+                   write_all(fd, buf.data(), buf.size(), tmp);
+                   std::vector<unsigned char> mask(trained.size());
+                   for (size_t i = 0; i < trained.size(); ++i) mask[i] = trained[i] ? 1 : 0;
+                   write_all(fd, mask.data(), mask.size(), tmp);
+               });
 }
 
 TokenFile::TokenFile(const std::string & path) : path_(path) {
@@ -155,9 +202,10 @@ TokenFile::TokenFile(const std::string & path) : path_(path) {
                                           path, show_magic(h), kHint));
         }
         const uint32_t version = get_u32(h + 8);
-        if (version != kTokenFileVersion) {
-            throw FormatError(fmt::format("{}: token file version {}, this memfit reads version {}; "
-                                          "re-run `memfit prepare`", path, version, kTokenFileVersion));
+        if (version != kTokenFileVersion && version != kDocumentFileVersion) {
+            throw FormatError(fmt::format("{}: token file version {}, this memfit reads versions {} and {}; "
+                                          "re-run `memfit prepare`", path, version, kTokenFileVersion,
+                                          kDocumentFileVersion));
         }
         bytes_per_token_ = get_u32(h + 12);
         vocab_size_ = get_u32(h + 16);
@@ -171,12 +219,19 @@ TokenFile::TokenFile(const std::string & path) : path_(path) {
             throw FormatError(fmt::format("{}: vocab_size {} does not fit bytes_per_token {}; the file is corrupt, {}",
                                           path, vocab_size_, bytes_per_token_, kHint));
         }
-        if (reserved != 0) {
+        if (version == kTokenFileVersion && reserved != 0) {
             throw FormatError(fmt::format("{}: reserved header field is {}, must be 0; the file is corrupt, {}",
                                           path, reserved, kHint));
         }
+        if (version == kDocumentFileVersion && reserved >= vocab_size_) {
+            throw FormatError(fmt::format("{}: pad id {} is outside the vocabulary of {}; the file is corrupt, {}",
+                                          path, reserved, vocab_size_, kHint));
+        }
+        pad_id_ = version == kDocumentFileVersion ? static_cast<int32_t>(reserved) : 0;
         const uint64_t body = file_bytes - kTokenFileHeaderBytes;
-        if (num_tokens_ > body / bytes_per_token_ || body != num_tokens_ * bytes_per_token_) {
+        if (version == kDocumentFileVersion) {
+            open_documents(file_bytes);
+        } else if (num_tokens_ > body / bytes_per_token_ || body != num_tokens_ * bytes_per_token_) {
             const std::string expected = num_tokens_ <= UINT64_MAX / bytes_per_token_
                 ? fmt::format("{}", num_tokens_ * bytes_per_token_) : std::string("over 2^64");
             throw FormatError(fmt::format("{}: header says {} tokens x {} bytes = {} bytes after the header, "
@@ -192,18 +247,49 @@ TokenFile::TokenFile(const std::string & path) : path_(path) {
     ::madvise(map_, map_bytes_, MADV_RANDOM);
 }
 
+void TokenFile::open_documents(uint64_t file_bytes) {
+    const auto * h = static_cast<const unsigned char *>(map_);
+    auto corrupt = [&](const std::string & what) {
+        return FormatError(fmt::format("{}: {} (truncated or corrupt); {}", path_, what, kHint));
+    };
+    const uint64_t body = file_bytes - kTokenFileHeaderBytes;
+    if (num_tokens_ > body / bytes_per_token_)
+        throw corrupt(fmt::format("header says {} tokens, {} bytes follow it", num_tokens_, body));
+    const uint64_t docs_at = round8(kTokenFileHeaderBytes + num_tokens_ * bytes_per_token_);
+    if (docs_at + 8 > file_bytes) throw corrupt("no document count after the tokens");
+    num_docs_ = get_u64(h + docs_at);
+    const uint64_t room = (file_bytes - docs_at - 8) / 8;
+    if (num_docs_ >= room) throw corrupt(fmt::format("{} documents' offsets do not fit the file", num_docs_));
+    const uint64_t mask_at = docs_at + 8 + 8 * (num_docs_ + 1);
+    if (file_bytes - mask_at != num_tokens_)
+        throw corrupt(fmt::format("{} bytes of loss mask for {} tokens", file_bytes - mask_at, num_tokens_));
+    offsets_ = h + docs_at + 8;
+    mask_ = h + mask_at;
+    uint64_t prev = 0;
+    for (uint64_t d = 0; d <= num_docs_; ++d) {
+        const uint64_t o = read_u64(offsets_ + 8 * d);
+        if ((d == 0 && o != 0) || o < prev || o > num_tokens_ || (d == num_docs_ && o != num_tokens_))
+            throw corrupt(fmt::format("document offset {} is {}: offsets run from 0 up to the {} tokens", d, o,
+                                      num_tokens_));
+        prev = o;
+    }
+}
+
 void TokenFile::release() noexcept {
     if (map_) ::munmap(map_, map_bytes_);
     map_ = nullptr;
     map_bytes_ = 0;
     body_ = nullptr;
+    offsets_ = mask_ = nullptr;
 }
 
 TokenFile::~TokenFile() { release(); }
 
 TokenFile::TokenFile(TokenFile && o) noexcept
     : path_(std::move(o.path_)), map_(o.map_), map_bytes_(o.map_bytes_), body_(o.body_),
-      num_tokens_(o.num_tokens_), vocab_size_(o.vocab_size_), bytes_per_token_(o.bytes_per_token_) {
+      num_tokens_(o.num_tokens_), vocab_size_(o.vocab_size_), bytes_per_token_(o.bytes_per_token_),
+      offsets_(o.offsets_), mask_(o.mask_), num_docs_(o.num_docs_), pad_id_(o.pad_id_) {
+    o.offsets_ = o.mask_ = nullptr;
     o.map_ = nullptr;
     o.map_bytes_ = 0;
     o.body_ = nullptr;
@@ -220,6 +306,11 @@ TokenFile & TokenFile::operator=(TokenFile && o) noexcept {
         num_tokens_ = o.num_tokens_;
         vocab_size_ = o.vocab_size_;
         bytes_per_token_ = o.bytes_per_token_;
+        offsets_ = o.offsets_;
+        mask_ = o.mask_;
+        num_docs_ = o.num_docs_;
+        pad_id_ = o.pad_id_;
+        o.offsets_ = o.mask_ = nullptr;
         o.map_ = nullptr;
         o.map_bytes_ = 0;
         o.body_ = nullptr;

@@ -320,7 +320,7 @@ void Transformer::norm_bwd(Graph & g, Tensor dx, Tensor dw, Tensor db, Tensor do
 
 void Transformer::qkv_fwd(Graph & g, Tensor qkv, Tensor ln1, const ModelWeights::Layer & p, int pos0, bool rc) const {
     project(g, qkv, ln1, p, Proj::qkv, rc);
-    if (llama_) g.rope_fwd(qkv, cfg_.n_head, cfg_.kv_heads(), cfg_.rope_theta, pos0);
+    if (llama_) g.rope_fwd(qkv, cfg_.n_head, cfg_.kv_heads(), cfg_.rope_theta, pos0, docs_);
 }
 
 void Transformer::attention_fwd(Graph & g, Tensor out, Tensor lse, Tensor att, Tensor rep, Tensor qkv) const {
@@ -329,8 +329,8 @@ void Transformer::attention_fwd(Graph & g, Tensor out, Tensor lse, Tensor att, T
         g.repeat_kv_fwd(rep, qkv, NH, cfg_.kv_heads());
         qkv = rep;
     }
-    if (flash_) g.flash_attention_fwd(out, lse, qkv, NH);
-    else g.attention_fwd(out, att, qkv, NH);
+    if (flash_) g.flash_attention_fwd(out, lse, qkv, NH, docs_);
+    else g.attention_fwd(out, att, qkv, NH, docs_);
 }
 
 void Transformer::attention_bwd(Graph & g, const LayerActs & a) const {
@@ -341,10 +341,10 @@ void Transformer::attention_bwd(Graph & g, const LayerActs & a) const {
         qkv = a.qkv_rep_b;
         dqkv = a.dqkv_rep;
     }
-    if (flash_) g.flash_attention_bwd(dqkv, a.datty, a.atty, qkv, a.lse, NH);
-    else g.attention_bwd(dqkv, a.datty, qkv, a.att, NH);
+    if (flash_) g.flash_attention_bwd(dqkv, a.datty, a.atty, qkv, a.lse, NH, docs_);
+    else g.attention_bwd(dqkv, a.datty, qkv, a.att, NH, docs_);
     if (gqa_) g.repeat_kv_bwd(a.dqkv, a.dqkv_rep, NH, KVH);
-    if (llama_) g.rope_bwd(a.dqkv, NH, KVH, cfg_.rope_theta, 0);
+    if (llama_) g.rope_bwd(a.dqkv, NH, KVH, cfg_.rope_theta, 0, docs_);
 }
 
 void Transformer::act_fwd(Graph & g, Tensor out, Tensor fc) const {
@@ -455,7 +455,7 @@ void Transformer::forward(Graph & g, const ModelWeights & w, Tensor tokens, cons
         g.vocab_encoder_fwd(whole, tokens, w.wte, tp_.rank == 0 ? w.wpe : Tensor{}, tp_.vocab_lo(cfg_));
         reduce_rows(g, whole, encoded_, tp_encoded_, Phase::forward);
     } else {
-        g.encoder_fwd(encoded_, tokens, w.wte, w.wpe);
+        g.encoder_fwd(encoded_, tokens, w.wte, w.wpe, docs_);
     }
     Tensor x = first_stage() ? encoded_ : input_;
     for (int l = lb_; l < le_; ++l) {
@@ -655,7 +655,7 @@ void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights
         if (tp_.enabled())
             g.vocab_encoder_bwd(dw.wte, dw.wpe, gather_rows(g, dres_, dres_embed_, Phase::backward), tokens,
                                 tp_.vocab_lo(cfg_));
-        else g.encoder_bwd(dw.wte, dw.wpe, dres_, tokens);
+        else g.encoder_bwd(dw.wte, dw.wpe, dres_, tokens, docs_);
     }
     if (layer_done) layer_done(g, -1);
 }

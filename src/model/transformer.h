@@ -64,6 +64,9 @@ struct ModelOptions {
     bool keep_logits = false;    // logits persistent, so the host can read them after the step
     int  loss_chunk = 0;         // rows (tokens) per LM-head + loss chunk; 0: the whole batch at once
     bool flash_attention = false;// tiled attention: saves one log-sum-exp per query, not the T x T probabilities
+    // Packed documents: the step declares each token's document start (Backend's doc_start) and
+    // hands it to set_doc_start(); the embedding, RoPE and attention then keep to documents.
+    bool documents = false;
     RecomputePlan recompute;     // what each layer keeps for backward (model/recompute.h)
     // Storage of weights and activations (kernels compute in f32 from it); mean/rstd/lse and
     // logits stay f32. Parameter gradients are stored as `grad`.
@@ -105,6 +108,10 @@ class Transformer {
 public:
     // Declares the activation buffers for batch B, sequence T.
     Transformer(const ModelConfig & cfg, int B, int T, Program & program, const ModelOptions & opt);
+
+    // Packed documents (ModelOptions::documents): doc_start [B,T] i32, the batch's document starts,
+    // read by the embedding, RoPE and attention of every pass.
+    void set_doc_start(Tensor doc_start) { docs_ = doc_start; }
 
     // A hook called with the layer's index (ZeRO: gather weights, reduce gradients).
     using LayerHook = std::function<void(Graph &, int)>;
@@ -217,6 +224,7 @@ private:
     std::vector<LayerActs> rc_;   // recomputed activations (used by backward) when recomputing
     int chunk_rows_ = 0;   // rows per head chunk (B*T when unchunked)
     bool flash_ = false;
+    Tensor docs_;                 // packed documents' starts (invalid: one document per row)
     Tensor encoded_, lnf_, lnf_mean_, lnf_rstd_, logits_;
     Tensor dres_, dlnf_;
     std::vector<LayerActs> layers_;

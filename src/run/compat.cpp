@@ -94,6 +94,10 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
             return std::string(e.what());
         }
     }
+    if (r.packing && (L.tp > 1 || L.pp > 1))
+        return fmt::format("--packing with --{} {}: packed documents run with data parallelism (and ZeRO) only for "
+                           "now; drop --packing (one conversation per row) or the {}", L.tp > 1 ? "tp" : "pp",
+                           L.tp > 1 ? L.tp : L.pp, L.tp > 1 ? "tensor parallelism" : "pipeline");
     if (L.sp && L.tp <= 1) return std::string("--sp splits the sequence over the tensor group: it needs --tp 2 or more");
     if (L.sp && (int64_t(r.micro_batch) * r.seq) % L.tp != 0)
         return fmt::format("--sp: the micro-batch's {} x {} = {} tokens do not divide over the {} tensor ranks; pick "

@@ -81,6 +81,7 @@ nlohmann::json run_config_json(const RunConfig & r) {
     nlohmann::json j = {{"model", r.model},
                         {"device", r.device},
                         {"seq", r.seq},
+                        {"packing", r.packing},
                         {"precision", r.precision_auto ? std::string("auto") : precision_name(r.compute)},
                         {"attention", attention_name(r.attention)},
                         {"recompute", r.recompute.name()},

@@ -48,6 +48,10 @@ struct RunConfig {
     std::string model = "micro";   // preset, Hugging Face config.json, or a folder with weights
     std::string device = "cpu";    // cpu | cuda
     int seq = 128;                 // tokens per sequence: activations grow with it (naive attention: squared)
+    // Instruction data (documents with loss masks): several documents packed into each row, each
+    // attending only within itself and with its own positions (a doc_start index per token, 4
+    // bytes); false: one document per row, padded.
+    bool packing = false;
     // The batch: any two of micro_batch, grad_accum and global_batch (0: unset) give the third
     // (resolve_batch). batch: the older --batch, sequences per micro-step over all data-parallel ranks.
     int micro_batch = 0;           // sequences per forward/backward per data-parallel rank: activations grow with it

@@ -429,11 +429,28 @@ int Engine::count_targets(const int32_t * inputs, const int32_t * targets, size_
     return valid;
 }
 
+void Engine::check_doc_starts(const int32_t * doc_start, size_t rows) const {
+    const int T = opt_.T;
+    for (size_t r = 0; r < rows; ++r)
+        for (int t = 0; t < T; ++t) {
+            const int32_t s = doc_start[r * size_t(T) + size_t(t)];
+            const bool ok = t == 0 ? s == 0 : s == t || s == doc_start[r * size_t(T) + size_t(t) - 1];
+            if (!ok)
+                throw FormatError(fmt::format("document start {} at token {} of row {}: a token's document starts at "
+                                              "itself or where the previous token's does (and the first at 0)",
+                                              s, t, r));
+        }
+}
+
 double Engine::run_batch(const TrainStep & step, StepMemory & mem, const int32_t * inputs, const int32_t * targets,
-                         float dloss, const AdamWHyper * h, uint64_t seed) {
+                         const int32_t * doc_start, float dloss, const AdamWHyper * h, uint64_t seed) {
     const size_t BT = size_t(step.B()) * size_t(step.T()) * size_t(step.micro_batches());
     backend_.upload(mem.base(step.tokens), inputs, BT * 4);
     backend_.upload(mem.base(step.targets), targets, BT * 4);
+    if (step.doc_start >= 0) {
+        MF_ASSERT(doc_start && "packed documents: the batch's document starts are missing");
+        backend_.upload(mem.base(step.doc_start), doc_start, BT * 4);
+    }
     StepScalars s;
     s.dloss = dloss;
     s.seed = seed;
@@ -451,12 +468,14 @@ double Engine::losses_sum(const TrainStep & step, StepMemory & mem) const {
     return sum;
 }
 
-StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, const AdamWHyper & h) {
+StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, const AdamWHyper & h,
+                              const int32_t * doc_start) {
     params_handed_ = false;   // a step changes the weights: a mirror handed out before is stale
     const int k = opt_.grad_accum;
     const size_t BT = size_t(opt_.B) * size_t(opt_.T);
     StepResult r;
     r.tokens = count_targets(inputs, targets, BT * size_t(k));
+    if (opt_.documents) check_doc_starts(doc_start, size_t(opt_.B) * size_t(k));
     if (opt_.data_parallel > 1) r.tokens = int(comm_->all_reduce_sum(double(r.tokens)));
     // Every micro-batch's loss gradient is scaled by the whole step's token count, so the
     // accumulated gradients are those of one batch of k*B sequences.
@@ -491,16 +510,18 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
     for (int i = 0; i < k && opt_.pipeline_parallel == 1; ++i) {
         const int32_t * in = inputs + size_t(i) * BT;
         const int32_t * tg = targets + size_t(i) * BT;
+        const int32_t * ds = doc_start ? doc_start + size_t(i) * BT : nullptr;
         // One stream per (run, step, micro-batch): a resumed or re-planned run draws the same masks
         // (re-planning splits the global batch differently, so its micro-batch streams differ).
         const uint64_t seed = opt_.seed * 0x9e3779b97f4a7c15ull + uint64_t(t_) * 1000003ull + uint64_t(i);
-        if (i == k - 1) sum += run_batch(*plans_.train, *train_mem_, in, tg, dloss, &hh, seed);
-        else if (i == 0) sum += run_batch(*plans_.first, *first_mem_, in, tg, dloss, nullptr, seed);
-        else sum += run_batch(*plans_.mid, *mid_mem_, in, tg, dloss, nullptr, seed);
+        if (i == k - 1) sum += run_batch(*plans_.train, *train_mem_, in, tg, ds, dloss, &hh, seed);
+        else if (i == 0) sum += run_batch(*plans_.first, *first_mem_, in, tg, ds, dloss, nullptr, seed);
+        else sum += run_batch(*plans_.mid, *mid_mem_, in, tg, ds, dloss, nullptr, seed);
     }
     if (opt_.pipeline_parallel > 1) {   // all k micro-batches in one program; the last stage's losses
         const uint64_t seed = opt_.seed * 0x9e3779b97f4a7c15ull + uint64_t(t_) * 1000003ull;
-        sum = pp_comm_->all_reduce_sum(run_batch(*plans_.train, *train_mem_, inputs, targets, dloss, &hh, seed));
+        sum = pp_comm_->all_reduce_sum(run_batch(*plans_.train, *train_mem_, inputs, targets, doc_start, dloss, &hh,
+                                                 seed));
     }
     if (opt_.data_parallel > 1) sum = comm_->all_reduce_sum(sum);
     r.loss = r.tokens > 0 ? float(sum / r.tokens) : 0.0f;
@@ -513,11 +534,12 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
     return r;
 }
 
-float Engine::eval_loss(const int32_t * inputs, const int32_t * targets) {
+float Engine::eval_loss(const int32_t * inputs, const int32_t * targets, const int32_t * doc_start) {
     MF_ASSERT(plans_.eval && "engine built without the evaluation program");
     const size_t BT = size_t(opt_.B) * size_t(opt_.T);
     int valid = count_targets(inputs, targets, BT);
-    double sum = run_batch(*plans_.eval, *eval_mem_, inputs, targets, 0.0f, nullptr);
+    if (opt_.documents) check_doc_starts(doc_start, size_t(opt_.B));
+    double sum = run_batch(*plans_.eval, *eval_mem_, inputs, targets, doc_start, 0.0f, nullptr);
     if (opt_.pipeline_parallel > 1) sum = pp_comm_->all_reduce_sum(sum);
     if (opt_.data_parallel > 1) {
         valid = int(comm_->all_reduce_sum(double(valid)));
@@ -530,7 +552,9 @@ std::vector<float> Engine::logits(const int32_t * inputs, int batch) {
     if (!fwd_ || fwd_batch_ != batch) {
         fwd_mem_.reset();
         fwd_batch_ = batch;
-        fwd_ = std::make_unique<TrainStep>(cfg_, batch, opt_.T, StepMode::logits, &backend_, opt_.model(), StepParts{},
+        ModelOptions mo = opt_.model();
+        mo.documents = false;   // sampling: one sequence per row
+        fwd_ = std::make_unique<TrainStep>(cfg_, batch, opt_.T, StepMode::logits, &backend_, mo, StepParts{},
                                            opt_.dp());
         fwd_plan_ = plan_memory(fwd_->program());
         fwd_mem_ = std::make_unique<StepMemory>(fwd_->program(), fwd_plan_, ledger_, backend_.allocator(),
@@ -539,7 +563,7 @@ std::vector<float> Engine::logits(const int32_t * inputs, int batch) {
     const size_t BT = size_t(batch) * size_t(opt_.T);
     std::vector<int32_t> no_targets(BT, -100);
     count_targets(inputs, no_targets.data(), BT);
-    run_batch(*fwd_, *fwd_mem_, inputs, no_targets.data(), 0.0f, nullptr);
+    run_batch(*fwd_, *fwd_mem_, inputs, no_targets.data(), nullptr, 0.0f, nullptr);
     std::vector<float> out(BT * size_t(cfg_.vocab_size));
     backend_.download(out.data(), fwd_mem_->base(fwd_->logits().buffer), out.size() * sizeof(float));
     return out;

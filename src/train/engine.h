@@ -41,6 +41,9 @@ struct EngineOptions {
     uint64_t budget = 0;             // bytes; 0 = no budget check
     int      loss_chunk = 0;         // tokens per LM-head + loss chunk; 0 = the whole batch at once
     bool     flash_attention = false;// tiled attention (no T x T buffer)
+    // Packed documents (--packing): the batch carries each token's document start (B*T i32,
+    // "batch.doc_start"); train_step and eval_loss then take it.
+    bool     documents = false;
     RecomputePlan recompute;         // what each layer keeps for backward (model/recompute.h)
     int      grad_accum = 1;         // micro-batches of B sequences per optimizer step
     // Storage of weights and activations. bf16/f16 add fp32 master weights (counted with the
@@ -113,6 +116,7 @@ struct EngineOptions {
         ModelOptions m;
         m.loss_chunk = loss_chunk;
         m.flash_attention = flash_attention;
+        m.documents = documents;
         m.recompute = recompute;
         m.compute = compute;
         m.grad = grad_dtype();
@@ -212,10 +216,13 @@ public:
 
     // One optimizer step on grad_accum micro-batches laid end to end (grad_accum*B*T inputs and
     // targets; targets may hold -100). The loss is the mean over all their non-ignored targets,
-    // as if they were one batch.
-    StepResult train_step(const int32_t * inputs, const int32_t * targets, const AdamWHyper & h);
+    // as if they were one batch. doc_start: packed documents (EngineOptions::documents), each
+    // token's document start in its row, laid out like the inputs (FormatError when a row's are
+    // not starts: 0 <= s[t] <= t, each either t or the previous token's).
+    StepResult train_step(const int32_t * inputs, const int32_t * targets, const AdamWHyper & h,
+                          const int32_t * doc_start = nullptr);
     // Mean loss of a batch without updating anything (needs with_eval).
-    float eval_loss(const int32_t * inputs, const int32_t * targets);
+    float eval_loss(const int32_t * inputs, const int32_t * targets, const int32_t * doc_start = nullptr);
     // Logits [batch,T,V] of `batch` sequences of T tokens (builds a forward-only program for
     // that batch size on first use; it runs on the training parameters).
     std::vector<float> logits(const int32_t * inputs, int batch);
@@ -261,11 +268,13 @@ public:
 private:
     // Runs one program on one batch; returns the sum of its per-token losses.
     double run_batch(const TrainStep & step, StepMemory & mem, const int32_t * inputs, const int32_t * targets,
-                     float dloss, const AdamWHyper * h, uint64_t seed = 0);
+                     const int32_t * doc_start, float dloss, const AdamWHyper * h, uint64_t seed = 0);
     // The sum of the per-token losses the program's last run left.
     double losses_sum(const TrainStep & step, StepMemory & mem) const;
     // Non-ignored targets in n tokens; checks ids against the vocabulary.
     int count_targets(const int32_t * inputs, const int32_t * targets, size_t n) const;
+    // Packed documents: `rows` rows of T starts checked (FormatError naming the row and token).
+    void check_doc_starts(const int32_t * doc_start, size_t rows) const;
     void execute(const TrainStep & step, StepMemory & mem, const StepScalars & s);
 
     ModelConfig cfg_;

@@ -62,10 +62,10 @@ void shrink_to_budget(std::unique_ptr<Engine> & engine, const ModelConfig & cfg,
 
 StepResult resilient_step(std::unique_ptr<Engine> & engine, const ModelConfig & cfg, Backend & backend,
                           const int32_t * inputs, const int32_t * targets, const AdamWHyper & h,
-                          std::vector<std::string> & notes) {
+                          std::vector<std::string> & notes, const int32_t * doc_start) {
     for (;;) {
         try {
-            return engine->train_step(inputs, targets, h);
+            return engine->train_step(inputs, targets, h, doc_start);
         } catch (const OutOfMemory & e) {
             // Data parallel: the other ranks are inside this step's collectives, and a re-plan
             // would have to happen on every rank at once; this rank fails (and mpirun stops the rest).

@@ -28,12 +28,12 @@ void rebuild_engine(std::unique_ptr<Engine> & engine, const ModelConfig & cfg, B
 void shrink_to_budget(std::unique_ptr<Engine> & engine, const ModelConfig & cfg, Backend & backend,
                       uint64_t budget, std::vector<std::string> & notes);
 
-// One optimizer step on global-batch inputs (B*grad_accum sequences end to end) that survives
-// OutOfMemory: re-plans with a smaller micro-batch and redoes the step. Each re-plan adds a line
-// to `notes`.
+// One optimizer step on global-batch inputs (B*grad_accum sequences end to end, and their
+// document starts with packed documents) that survives OutOfMemory: re-plans with a smaller
+// micro-batch and redoes the step. Each re-plan adds a line to `notes`.
 StepResult resilient_step(std::unique_ptr<Engine> & engine, const ModelConfig & cfg, Backend & backend,
                           const int32_t * inputs, const int32_t * targets, const AdamWHyper & h,
-                          std::vector<std::string> & notes);
+                          std::vector<std::string> & notes, const int32_t * doc_start = nullptr);
 
 // `--budget-file PATH`: a control file holding a size ("512MiB"), polled before every step.
 // poll() returns the budget when the file's text changed since the last poll (nothing while the

@@ -82,6 +82,7 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     RunConfig as_run;
     as_run.seq = T;
     as_run.micro_batch = B;
+    as_run.packing = model.documents;
     const bool train = mode == StepMode::train;
     as_run.grad_accum = train ? pp.micro_batches : pp.stages;   // evaluation: micro-batches as they come
     as_run.device.clear();
@@ -187,6 +188,10 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     tokens = program_.declare("batch.tokens", Category::activations, BT * 4, true);
     targets = program_.declare("batch.targets", Category::activations, BT * 4, true);
     losses = program_.declare("batch.losses", Category::activations, BT * 4, true);
+    if (model.documents) {
+        MF_ASSERT(!pp.enabled() && !model.tp.enabled() && model.kv_capacity == 0);   // compat.h refuses them
+        doc_start = program_.declare("batch.doc_start", Category::activations, BT * 4, true);
+    }
     grad_norm_sq = train ? program_.declare("grad_norm_sq", Category::activations, 4, true) : -1;
     workspace_ = program_.declare("workspace", Category::workspace, 0);
     ModelOptions mo = model;
@@ -206,6 +211,7 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
         models_.push_back(std::make_unique<Transformer>(cfg_, B, T, program_, mo));
     }
     model_ = models_[0].get();
+    if (doc_start >= 0) model_->set_doc_start(Tensor(doc_start, DType::i32, {int64_t(B), int64_t(T)}));
     if (lora_) {
         w_ = lora_model_weights(cfg_, model.lora, base, compute_, quant_layout_, base_q, params, compute_);
         if (train) dw_ = lora_model_weights(cfg_, model.lora, -1, compute_, quant_layout_, -1, grads, grad_dt_);

@@ -93,6 +93,9 @@ public:
     // the shard), adam_m/adam_v: the shard.
     BufferId params, master, grads, adam_m, adam_v, tokens, targets, losses, grad_norm_sq;
     BufferId base = -1, base_q = -1;   // LoRA's frozen base
+    // Packed documents (ModelOptions::documents): each token's document start in its row, i32
+    // [B,T] beside tokens and targets (-1: one document per row).
+    BufferId doc_start = -1;
     // 8-bit moments (moments u8, backend/moments8.h): the blocks' f32 scales of adam_m, adam_v.
     BufferId adam_m_scale = -1, adam_v_scale = -1;
     // --offload optimizer: the states of the shard's first offloaded_elems() elements (8-bit
