@@ -374,8 +374,9 @@ void TrainingRun::resolve() {
     // The loader yields the whole global batch per step, so a run-time re-plan to a smaller
     // micro-batch sees the same sequences; every rank reads it and keeps its rows of each of the
     // configuration's micro-batches (rows r*B/N .. (r+1)*B/N-1 of each B).
-    train_data_ = std::make_unique<DataLoader>(data_.train_path, batch_ * accum_, opt_.seq, opt_.seed);
-    if (eo_.with_eval) val_data_ = std::make_unique<DataLoader>(data_.val_path, batch_, opt_.seq, opt_.seed + 1);
+    train_data_ = std::make_unique<DataLoader>(data_.train_path, batch_ * accum_, opt_.seq, opt_.seed, run_.packing);
+    if (eo_.with_eval)
+        val_data_ = std::make_unique<DataLoader>(data_.val_path, batch_, opt_.seq, opt_.seed + 1, run_.packing);
 }
 
 void TrainingRun::announce() {
@@ -387,6 +388,16 @@ void TrainingRun::announce() {
                     data_.tokenizer, batch_, opt_.seq,
                     accum_ > 1 ? fmt::format(" x {} accumulated micro-batches", accum_) : "",
                     batch_ * opt_.seq * accum_, opt_.steps, omp_get_max_threads(), ranks_ > 1 ? " per rank" : ""));
+    if (train_data_->documents()) {
+        const auto & s = train_data_->document_stats();
+        say(fmt::format("  instruction data: {} documents{}{}, {} in {} rows of {} ({}), {:.1f}% of the token slots "
+                        "trained",
+                        s.documents, s.truncated ? fmt::format(", {} truncated to --seq + 1 tokens", s.truncated) : "",
+                        s.dropped ? fmt::format(", {} without a trained token left out", s.dropped) : "",
+                        run_.packing ? "packed" : "one per row", train_data_->num_windows(), opt_.seq,
+                        run_.packing ? "no document sees another" : "padded",
+                        100.0 * double(s.trained) / (double(train_data_->num_windows()) * opt_.seq)));
+    }
     if (ranks_ > 1 || eo_.zero > 0)
         say(fmt::format("  data parallel: {} rank{} ({}), micro-batch {} per rank, ZeRO stage {}, gradient buckets {}",
                         ranks_, ranks_ > 1 ? "s" : "", data_comm_->name(), eo_.B, eo_.zero,
@@ -509,6 +520,8 @@ void TrainingRun::build() {
     tg_.resize(BT);
     my_in_.resize(BT / size_t(ranks_));
     my_tg_.resize(BT / size_t(ranks_));
+    ds_.resize(BT);
+    my_ds_.resize(BT / size_t(ranks_));
     sched_ = LrSchedule{opt_.lr, opt_.warmup, opt_.steps, opt_.min_lr_ratio, opt_.lr_decay};
 }
 
@@ -519,6 +532,7 @@ void TrainingRun::take_rows(int rows, int groups) {
         const size_t src = size_t(g) * whole + size_t(rank_) * mine, dst = size_t(g) * mine;
         std::copy_n(in_.begin() + long(src), mine, my_in_.begin() + long(dst));
         std::copy_n(tg_.begin() + long(src), mine, my_tg_.begin() + long(dst));
+        std::copy_n(ds_.begin() + long(src), mine, my_ds_.begin() + long(dst));
     }
 }
 
@@ -537,11 +551,11 @@ float TrainingRun::evaluate() {
     const int b = engine_->options().B, local = batch_ / ranks_, pieces = local / b;
     double s = 0;
     for (int i = 0; i < opt_.eval_batches; ++i) {
-        val_data_->next(in_.data(), tg_.data());
+        val_data_->next(in_.data(), tg_.data(), ds_.data());
         take_rows(batch_, 1);
         for (int k = 0; k < pieces; ++k) {
             const size_t off = size_t(k) * size_t(b) * size_t(opt_.seq);
-            s += engine_->eval_loss(my_in_.data() + off, my_tg_.data() + off);
+            s += engine_->eval_loss(my_in_.data() + off, my_tg_.data() + off, my_starts() ? my_starts() + off : nullptr);
         }
     }
     return float(s / (opt_.eval_batches * pieces));
@@ -584,9 +598,10 @@ void TrainingRun::step(int step) {
     const TrainOptions & opt = opt_;
     const int BT = batch_ * opt.seq * accum_;
     // Batches a roll-back left out (--spike-rollback) are passed over.
-    while (skip_batches_.count({train_data_->epoch(), train_data_->cursor()})) train_data_->next(in_.data(), tg_.data());
+    while (skip_batches_.count({train_data_->epoch(), train_data_->cursor()}))
+        train_data_->next(in_.data(), tg_.data(), ds_.data());
     batch_at_ = {train_data_->epoch(), train_data_->cursor()};
-    train_data_->next(in_.data(), tg_.data());
+    train_data_->next(in_.data(), tg_.data(), ds_.data());
     // The configuration's micro-batches (run.batch sequences each over all ranks) split over the
     // ranks; --fit auto may regroup this rank's rows into other micro-batches (the same global batch).
     if (bad_batches_.count(step)) spoil_rows(run_.batch, run_.grad_accum);
@@ -613,7 +628,7 @@ void TrainingRun::step(int step) {
     step_t0_ = t0;
     StepResult r;
     try {
-        r = resilient_step(engine_, cfg_, *backend_, my_in_.data(), my_tg_.data(), h, replans_);
+        r = resilient_step(engine_, cfg_, *backend_, my_in_.data(), my_tg_.data(), h, replans_, my_starts());
     } catch (const OutOfMemory & e) {
         fail_out_of_memory(e, step, *recording);
     }
@@ -665,6 +680,7 @@ void TrainingRun::step(int step) {
                                              "--precision bf16"));
     total_time_ += dt;
     total_tokens_ += BT;
+    trained_tokens_ += r.tokens;
     last_loss_ = r.loss;
     const bool do_eval = eo_.with_eval && ((opt.eval_every > 0 && step % opt.eval_every == 0) || step == opt.steps);
     if (do_eval) {
@@ -687,6 +703,7 @@ void TrainingRun::step(int step) {
     pl.lr = h.lr;
     pl.grad_norm = r.grad_norm;
     pl.tokens_per_s = double(BT) / dt;
+    if (train_data_->documents()) pl.trained_per_s = double(r.tokens) / dt;
     pl.ms_per_step = dt * 1e3;
     pl.eta_s = total_time_ / step * (opt.steps - step);
     pl.live = L.live_total();
@@ -700,7 +717,8 @@ void TrainingRun::step(int step) {
         checkpoint(step, log_point);
     if (log_point && lead_) {
         nlohmann::json m = {{"step", step}, {"loss", r.loss}, {"lr", h.lr}, {"grad_norm", r.grad_norm},
-                            {"tokens_per_s", double(BT) / dt}, {"ms", dt * 1e3}, {"live_bytes", L.live_total()},
+                            {"tokens_per_s", double(BT) / dt}, {"trained_tokens", r.tokens},
+                            {"trained_tokens_per_s", double(r.tokens) / dt}, {"ms", dt * 1e3}, {"live_bytes", L.live_total()},
                             {"peak_bytes", L.live_total_peak()}};
         if (do_eval) m["val_loss"] = last_val_;
         if (!spike.empty()) m["spike"] = spike;

@@ -148,6 +148,8 @@ void TrainingRun::finish() {
                     {"used_delta_bytes", backend_->device_used_delta()}}},
         {"per_rank", rank_memory_json(rank_memory)},
         {"tokens_per_s", tps},
+        {"trained_tokens", trained_tokens_},
+        {"trained_tokens_per_s", total_time_ > 0 ? double(trained_tokens_) / total_time_ : 0.0},
         {"final_loss", last_loss_},
         {"steps_done", last_step_},
         {"wall_s", wall_}};
@@ -168,6 +170,7 @@ void TrainingRun::finish() {
     // The memory report of the last step (and the training curves).
     nlohmann::json flat = summary["config"];
     flat["tokens_per_s"] = std::round(tps);
+    flat["trained_tokens"] = trained_tokens_;
     const std::string title = fmt::format("memfit {}: {}, batch {} x seq {}", opt_.profile ? "profile" : "train",
                                           cfg_.name, batch_, opt_.seq);
     ReportData rep = build_report(*engine_, timeline_, title, flat, eo_.budget);

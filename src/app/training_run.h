@@ -140,11 +140,14 @@ private:
     std::string run_id_;         // this run's identity, recorded in its checkpoints (resumed: theirs)
     int lock_fd_ = -1;           // the lock on --out, held until the run ends
     std::vector<int32_t> in_, tg_, my_in_, my_tg_;   // the global batch; this rank's rows of it
+    std::vector<int32_t> ds_, my_ds_;                // packed documents: each token's document start
+    const int32_t * my_starts() const { return eo_.documents ? my_ds_.data() : nullptr; }
     LrSchedule sched_;
     BudgetFile budget_file_;
     std::vector<std::string> replans_;
     double total_time_ = 0, wall_ = 0;
     long long total_tokens_ = 0;
+    long long trained_tokens_ = 0;   // the targets the loss counted (all ranks)
     float last_loss_ = 0, last_val_ = NAN;
     double last_grad_norm_ = 0;
     int skipped_in_a_row_ = 0;   // fp16 steps the loss scaler skipped, consecutively

@@ -22,8 +22,20 @@ void add_data_commands(CLI::App & app) {
     {
         auto opts = std::make_shared<PrepareOptions>();
         CLI::App * sub = app.add_subcommand(
-            "prepare", "Tokenize a text file into train.bin, val.bin and meta.json for `memfit train`");
-        sub->add_option("--input", opts->input, "Text file to tokenize (default: the bundled tinyshakespeare.txt)");
+            "prepare", "Tokenize a text file, or JSON lines of instruction data, into train.bin, val.bin and "
+                       "meta.json for `memfit train`");
+        sub->add_option("--input", opts->input,
+                        "Text or JSON lines file to tokenize (default: the bundled tinyshakespeare.txt)");
+        sub->add_option("--format", opts->format,
+                        "text, jsonl (one record per line: {\"messages\": [{\"role\", \"content\"}, ...]}, "
+                        "{\"prompt\", \"completion\"}, ShareGPT's conversations or Alpaca's instruction/input/"
+                        "output; the loss counts only the assistant's turns or the completion), or auto (jsonl for "
+                        ".jsonl and .json inputs)")
+            ->capture_default_str()->check(CLI::IsMember({"auto", "text", "jsonl"}));
+        sub->add_option("--chat-template", opts->chat_template,
+                        "jsonl: how conversations become text: auto (the chat_template of the tokenizer_config.json "
+                        "beside --tokenizer), chatml, llama3, mistral (memfit's own), a Jinja file, or none")
+            ->capture_default_str();
         sub->add_option("--out", opts->out_dir,
                         "Output folder (default: runs/data-<tokenizer>, or runs/data-sp-<hash> for SentencePiece, "
                         "runs/data-hf-<hash> for a tokenizer.json)");
@@ -34,8 +46,15 @@ void add_data_commands(CLI::App & app) {
             ->capture_default_str();
         sub->callback([opts] {
             const PreparedData r = prepare_dataset(*opts);
-            fmt::print("prepared {} tokens ({} train + {} val) from {} bytes, {} vocab {}, in {:.2f} s: {}, {}, {}\n",
-                       r.train_tokens + r.val_tokens, r.train_tokens, r.val_tokens, r.input_bytes, r.tokenizer,
+            if (r.documents)
+                fmt::print("prepared {} records ({} left out: no trained token) with chat template {}: {} tokens "
+                           "({} train + {} val), {} of them trained, ",
+                           r.records, r.skipped, r.chat_template, r.train_tokens + r.val_tokens, r.train_tokens,
+                           r.val_tokens, r.trained_tokens);
+            else
+                fmt::print("prepared {} tokens ({} train + {} val) ", r.train_tokens + r.val_tokens, r.train_tokens,
+                           r.val_tokens);
+            fmt::print("from {} bytes, {} vocab {}, in {:.2f} s: {}, {}, {}\n", r.input_bytes, r.tokenizer,
                        r.vocab_size, r.seconds, r.train_path, r.val_path, r.meta_path);
         });
     }

@@ -116,12 +116,7 @@ void DataLoader::lay_out_documents(int T) {
         }
     }
     row_at_.push_back(row_docs_.size());
-    num_windows_ = row_at_.size() - 1;
-    if (num_windows_ < static_cast<size_t>(B_)) {
-        throw ConfigError(fmt::format("{}: {} documents make {} rows of {} tokens{}, fewer than the batch size {}; use a "
-                                      "smaller --batch, or more data", file_.path(), kept.size(), num_windows_, T,
-                                      packing_ ? " packed" : "", B_));
-    }
+    num_windows_ = row_at_.size() - 1;   // fewer rows than B: a batch runs into the next epoch's
 }
 
 int32_t DataLoader::checked(uint64_t i) const {

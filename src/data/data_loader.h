@@ -30,9 +30,11 @@ namespace memfit {
 
 class DataLoader {
 public:
-    // Maps path (FormatError / IoError as TokenFile). ConfigError when the file has fewer than
-    // T+1 tokens or fewer than B windows, or when B or T is not positive; `packing` with a text
-    // file is a ConfigError (text is windows of one stream already).
+    // Maps path (FormatError / IoError as TokenFile). ConfigError when a text file has fewer than
+    // T+1 tokens or fewer than B windows (documents: no document with a trained target), or when
+    // B or T is not positive; `packing` with a text file is a ConfigError (text is windows of one
+    // stream already). A document file with fewer rows than B gives batches that run on into the
+    // next epoch's order.
     DataLoader(const std::string & path, int B, int T, uint64_t seed, bool packing = false);
 
     // Fills inputs[B*T] and targets[B*T], row b being window b of the batch: inputs = its first T

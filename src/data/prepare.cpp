@@ -2,8 +2,9 @@
 
 #include "core/error.h"
 #include "core/paths.h"
-#include "tokenizer/tokenizer.h"
+#include "data/instruct.h"
 #include "data/token_file.h"
+#include "tokenizer/tokenizer.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -45,6 +46,87 @@ void write_text_atomic(const std::string & path, const std::string & text) {
     }
 }
 
+void make_out_dir(const std::string & out_dir) {
+    std::error_code ec;
+    fs::create_directories(out_dir, ec);
+    if (ec || !fs::is_directory(out_dir)) {
+        throw IoError(fmt::format("{}: cannot create output folder: {}; pass a writable --out", out_dir,
+                                  ec ? ec.message() : std::string("exists and is not a folder")));
+    }
+}
+
+std::string absolute_source(const std::string & input) {
+    std::error_code ec;
+    if (auto abs = fs::absolute(input, ec); !ec) return abs.lexically_normal().string();
+    return input;
+}
+
+bool is_jsonl(const PrepareOptions & opts, const std::string & input) {
+    if (opts.format == "jsonl") return true;
+    if (opts.format == "text") return false;
+    if (opts.format != "auto")
+        throw ConfigError(fmt::format("--format '{}': expected text, jsonl or auto", opts.format));
+    return input.ends_with(".jsonl") || input.ends_with(".json");
+}
+
+// Instruction data: one document per record (data/instruct.h), written as document files.
+void prepare_jsonl(const PrepareOptions & opts, const std::string & input, const std::string & out_dir,
+                   const Tokenizer & tok, PreparedData & r) {
+    const ChatFormat fmt_ = load_chat_format(opts.tokenizer, tok, opts.chat_template);
+    const std::string text = read_whole_file(input, "a JSON lines file", "pass --input with one JSON object per line");
+    r.input_bytes = text.size();
+    struct Split { std::vector<int32_t> tokens; std::vector<uint64_t> offsets{0}; std::vector<uint8_t> mask; };
+    std::vector<std::pair<size_t, std::string_view>> lines;   // (line number, text) of the non-blank lines
+    size_t at = 0, line = 0;
+    while (at < text.size()) {
+        size_t end = text.find('\n', at);
+        if (end == std::string::npos) end = text.size();
+        ++line;
+        const std::string_view l(text.data() + at, end - at);
+        if (l.find_first_not_of(" \t\r") != std::string_view::npos) lines.emplace_back(line, l);
+        at = end + 1;
+    }
+    const size_t n = lines.size();
+    const auto n_val = static_cast<size_t>(std::max<long long>(1, std::llround(double(n) * opts.val_fraction)));
+    if (n < 2 || n_val >= n)
+        throw ConfigError(fmt::format("{}: {} records with --val-fraction {} leave {} for training and {} for "
+                                      "validation; both need at least one: use more records or another "
+                                      "--val-fraction", input, n, opts.val_fraction, n - std::min(n_val, n), n_val));
+    Split train, val;
+    for (size_t i = 0; i < n; ++i) {
+        const std::string where = fmt::format("{} line {}", input, lines[i].first);
+        nlohmann::ordered_json rec;
+        try {
+            rec = nlohmann::ordered_json::parse(lines[i].second);
+        } catch (const nlohmann::json::exception & e) {
+            throw ConfigError(fmt::format("{}: not JSON ({}); expected one JSON object per line", where, e.what()));
+        }
+        const Example ex = encode_record(rec, fmt_, tok, where);
+        const uint64_t trained = uint64_t(std::count(ex.trained.begin(), ex.trained.end(), uint8_t{1}));
+        if (trained == 0) {
+            ++r.skipped;
+            continue;
+        }
+        Split & s = i + n_val < n ? train : val;
+        s.tokens.insert(s.tokens.end(), ex.tokens.begin(), ex.tokens.end());
+        s.mask.insert(s.mask.end(), ex.trained.begin(), ex.trained.end());
+        s.offsets.push_back(s.tokens.size());
+        r.trained_tokens += trained;
+        ++r.records;
+    }
+    if (train.offsets.size() < 2 || val.offsets.size() < 2)
+        throw ConfigError(fmt::format("{}: after leaving out the {} records without a trained token, the {} "
+                                      "split is empty; check the records' assistant turns or completions",
+                                      input, r.skipped, train.offsets.size() < 2 ? "training" : "validation"));
+    make_out_dir(out_dir);
+    write_document_file(r.train_path, train.tokens, train.offsets, train.mask, r.vocab_size, fmt_.pad_id);
+    write_document_file(r.val_path, val.tokens, val.offsets, val.mask, r.vocab_size, fmt_.pad_id);
+    r.train_tokens = train.tokens.size();
+    r.val_tokens = val.tokens.size();
+    r.documents = true;
+    r.chat_template = fmt_.chat ? fmt_.name : "none";
+}
+
 }  // namespace
 
 std::string default_prepared_dir(const std::string & tokenizer) {
@@ -68,6 +150,24 @@ PreparedData prepare_dataset(const PrepareOptions & opts) {
                                       "(e.g. 0.1)", opts.val_fraction));
     }
     auto tok = make_tokenizer(opts.tokenizer, tok_dir);     // before reading: fail fast on a bad kind
+    PreparedData r;
+    r.train_path = out_dir + "/train.bin";
+    r.val_path = out_dir + "/val.bin";
+    r.meta_path = out_dir + "/meta.json";
+    r.tokenizer = tok->name();
+    r.vocab_size = static_cast<uint32_t>(tok->vocab_size());
+    if (is_jsonl(opts, input)) {
+        prepare_jsonl(opts, input, out_dir, *tok, r);
+        const nlohmann::json meta = {
+            {"tokenizer", r.tokenizer},   {"vocab_size", r.vocab_size},     {"source", absolute_source(input)},
+            {"format", "jsonl"},          {"chat_template", r.chat_template}, {"records", r.records},
+            {"skipped", r.skipped},       {"trained_tokens", r.trained_tokens}, {"train_tokens", r.train_tokens},
+            {"val_tokens", r.val_tokens},
+        };
+        write_text_atomic(r.meta_path, meta.dump(2) + "\n");
+        r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        return r;
+    }
 
     const std::string text = read_whole_file(input, "a text file", "pass --input with a text file to tokenize");
     if (text.empty()) throw ConfigError(fmt::format("{} is empty: nothing to tokenize", input));
@@ -81,20 +181,7 @@ PreparedData prepare_dataset(const PrepareOptions & opts) {
                                       input, n, opts.val_fraction, n - std::min(n_val, n), n_val));
     }
     const uint64_t n_train = n - n_val;
-
-    std::error_code ec;
-    fs::create_directories(out_dir, ec);
-    if (ec || !fs::is_directory(out_dir)) {
-        throw IoError(fmt::format("{}: cannot create output folder: {}; pass a writable --out", out_dir,
-                                  ec ? ec.message() : std::string("exists and is not a folder")));
-    }
-
-    PreparedData r;
-    r.train_path = out_dir + "/train.bin";
-    r.val_path = out_dir + "/val.bin";
-    r.meta_path = out_dir + "/meta.json";
-    r.tokenizer = tok->name();
-    r.vocab_size = static_cast<uint32_t>(tok->vocab_size());
+    make_out_dir(out_dir);
     r.train_tokens = n_train;
     r.val_tokens = n_val;
     r.input_bytes = text.size();
@@ -103,12 +190,11 @@ PreparedData prepare_dataset(const PrepareOptions & opts) {
     write_token_file(r.train_path, all.first(n_train), r.vocab_size);
     write_token_file(r.val_path, all.subspan(n_train), r.vocab_size);
 
-    std::string source = input;
-    if (auto abs = fs::absolute(input, ec); !ec) source = abs.lexically_normal().string();
     const nlohmann::json meta = {
         {"tokenizer", r.tokenizer},
         {"vocab_size", r.vocab_size},
-        {"source", source},
+        {"source", absolute_source(input)},
+        {"format", "text"},
         {"train_tokens", r.train_tokens},
         {"val_tokens", r.val_tokens},
     };

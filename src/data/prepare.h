@@ -1,5 +1,6 @@
-// `memfit prepare` as a library call: tokenize a text file into <out_dir>/train.bin, val.bin and
-// meta.json. `memfit train` calls it when its data folder is missing.
+// `memfit prepare` as a library call: tokenize a text file, or JSON lines of instruction data
+// (data/instruct.h), into <out_dir>/train.bin, val.bin and meta.json. `memfit train` calls it
+// when its data folder is missing.
 #pragma once
 
 #include <cstdint>
@@ -11,8 +12,13 @@ struct PrepareOptions {
     std::string input;               // text file; empty = data_dir() + "/tinyshakespeare.txt"
     std::string out_dir;             // empty = default_prepared_dir(tokenizer)
     std::string tokenizer = "gpt2";  // gpt2 | bytes | sentencepiece:PATH | PATH/tokenizer.model
-    double val_fraction = 0.1;       // the last this-fraction of the tokens is validation, in (0, 1)
+    double val_fraction = 0.1;       // the last this-fraction of the tokens (records) is validation, in (0, 1)
     std::string tokenizer_dir;       // folder holding gpt2-bpe/; empty = data_dir()
+    // text | jsonl | auto (jsonl for an input ending in .jsonl or .json). jsonl writes document
+    // files (token file version 2), one document per record, the last val_fraction of the
+    // records (at least one) for validation.
+    std::string format = "auto";
+    std::string chat_template = "auto";   // load_chat_format's choice (data/instruct.h)
 };
 
 struct PreparedData {
@@ -22,6 +28,11 @@ struct PreparedData {
     uint64_t train_tokens = 0, val_tokens = 0;
     uint64_t input_bytes = 0;
     double seconds = 0;              // wall time of the whole preparation
+    // jsonl: records written (train + val), records without a trained token (left out), the
+    // trained tokens (train + val) and the template used ("none" when none).
+    bool documents = false;
+    uint64_t records = 0, skipped = 0, trained_tokens = 0;
+    std::string chat_template;
 };
 
 // "runs/data-<tokenizer>" for gpt2 and bytes; for a SentencePiece model "runs/data-sp-<8 hex digits>",

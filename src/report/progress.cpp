@@ -36,11 +36,16 @@ std::string format_eta(double seconds) {
     return fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
 }
 
+// " (812 trained)" with instruction data, else nothing.
+std::string trained_text(const ProgressLine & p) {
+    return std::isnan(p.trained_per_s) ? std::string() : fmt::format(" ({:.0f} trained)", p.trained_per_s);
+}
+
 std::string format_progress_plain(const ProgressLine & p) {
     std::string s = fmt::format("step {}/{} | loss {:.4f}", p.step, p.total_steps, p.loss);
     if (!std::isnan(p.val_loss)) s += fmt::format(" | val {:.4f}", p.val_loss);
-    s += fmt::format(" | lr {:.2e} | norm {:.3f} | {:.0f} tok/s | {:.1f} ms | ETA {} | {}", p.lr, p.grad_norm,
-                     p.tokens_per_s, p.ms_per_step, format_eta(p.eta_s), memory_text(p));
+    s += fmt::format(" | lr {:.2e} | norm {:.3f} | {:.0f} tok/s{} | {:.1f} ms | ETA {} | {}", p.lr, p.grad_norm,
+                     p.tokens_per_s, trained_text(p), p.ms_per_step, format_eta(p.eta_s), memory_text(p));
     return s;
 }
 
@@ -53,6 +58,7 @@ std::string format_progress_json(const ProgressLine & p) {
     j["lr"] = p.lr;
     j["grad_norm"] = p.grad_norm;
     j["tokens_per_s"] = p.tokens_per_s;
+    if (!std::isnan(p.trained_per_s)) j["trained_tokens_per_s"] = p.trained_per_s;
     j["ms_per_step"] = p.ms_per_step;
     j["eta_s"] = p.eta_s;
     j["live_bytes"] = p.live;
@@ -71,8 +77,8 @@ std::string format_progress_status(const ProgressLine & p, bool bar) {
         }
         s += fmt::format(" {:.1f}%", frac * 100.0);
     }
-    s += fmt::format(" | loss {:.4f} | {:.0f} tok/s | ETA {} | mem {}/{}", p.loss, p.tokens_per_s, format_eta(p.eta_s),
-                     format_bytes(p.live), format_bytes(p.peak));
+    s += fmt::format(" | loss {:.4f} | {:.0f} tok/s{} | ETA {} | mem {}/{}", p.loss, p.tokens_per_s, trained_text(p),
+                     format_eta(p.eta_s), format_bytes(p.live), format_bytes(p.peak));
     if (p.budget != 0) s += fmt::format("/{}", format_bytes(p.budget));
     return s;
 }

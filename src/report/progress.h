@@ -8,6 +8,7 @@
 #pragma once
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -19,6 +20,7 @@ struct ProgressLine {
     double   loss = 0;
     double   val_loss = 0;      // NaN if none at this step
     double   lr = 0, grad_norm = 0, tokens_per_s = 0, ms_per_step = 0, eta_s = 0;
+    double   trained_per_s = NAN;   // instruction data: the trained (unmasked) targets per second
     uint64_t live = 0, peak = 0, budget = 0;   // bytes; budget 0: none
 };
 

@@ -1,0 +1,275 @@
+#include "data/instruct.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <system_error>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "core/paths.h"
+#include "tokenizer/hf_tokenizer.h"
+#include "tokenizer/tokenizer_config.h"
+
+namespace memfit {
+
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+// The tokenizer_config.json beside a tokenizer.json or tokenizer.model ("" for gpt2 and bytes).
+std::string config_beside(const std::string & kind) {
+    std::string file = is_tokenizer_json(kind) ? kind : sentencepiece_model_path(kind);
+    if (file.empty()) return {};
+    return (fs::path(file).parent_path() / "tokenizer_config.json").string();
+}
+
+// The id of a special token's text, when it is exactly one token (-1 otherwise).
+int32_t single_id(const Tokenizer & tok, const std::string & text) {
+    if (text.empty()) return -1;
+    const auto ids = tok.encode(text);
+    return ids.size() == 1 ? ids[0] : -1;
+}
+
+ojson chat_vars(const ChatFormat & f, const ojson & messages, const ojson & tools, bool generation_prompt) {
+    ojson v = ojson::object();
+    v["messages"] = messages;
+    v["add_generation_prompt"] = generation_prompt;
+    if (!f.bos_token.empty()) v["bos_token"] = f.bos_token;
+    if (!f.eos_token.empty()) v["eos_token"] = f.eos_token;
+    if (!tools.is_null()) v["tools"] = tools;
+    return v;
+}
+
+ojson first(const ojson & messages, size_t n) {
+    ojson out = ojson::array();
+    for (size_t i = 0; i < n; ++i) out.push_back(messages[i]);
+    return out;
+}
+
+// The text after the assistant's content in a one-turn probe: what closes a turn.
+std::string probe_end_of_turn(const ChatFormat & f) {
+    constexpr const char * kProbe = "memfit-probe";
+    const ojson user = ojson::array({ojson{{"role", "user"}, {"content", "Hi"}}});
+    ojson both = user;
+    both.push_back(ojson{{"role", "assistant"}, {"content", kProbe}});
+    try {
+        const std::string p = f.chat->render(chat_vars(f, user, nullptr, true));
+        const std::string whole = f.chat->render(chat_vars(f, both, nullptr, false));
+        const size_t at = whole.find(kProbe, whole.starts_with(p) ? p.size() : 0);
+        if (at == std::string::npos) return {};
+        std::string after = whole.substr(at + std::char_traits<char>::length(kProbe));
+        if (!f.eos_token.empty() && after.starts_with(f.eos_token)) return f.eos_token;
+        while (!after.empty() && std::isspace(static_cast<unsigned char>(after.back()))) after.pop_back();
+        return after;
+    } catch (const ConfigError &) {
+        return {};   // a template that refuses the probe (it wants a system turn, say): no marker
+    }
+}
+
+// Stanford Alpaca's prompt (the published format), with or without an input.
+std::string alpaca_prompt(const std::string & instruction, const std::string & input) {
+    if (input.empty())
+        return "Below is an instruction that describes a task. Write a response that appropriately completes the "
+               "request.\n\n### Instruction:\n" + instruction + "\n\n### Response:\n";
+    return "Below is an instruction that describes a task, paired with an input that provides further context. "
+           "Write a response that appropriately completes the request.\n\n### Instruction:\n" + instruction +
+           "\n\n### Input:\n" + input + "\n\n### Response:\n";
+}
+
+// A list of messages as the template takes them: objects with a string role; ShareGPT's
+// {"from", "value"} turned into {"role", "content"}.
+ojson checked_messages(const ojson & list, const std::string & where, const char * field) {
+    if (!list.is_array() || list.empty())
+        throw ConfigError(fmt::format("{}: \"{}\" must be a non-empty list of messages", where, field));
+    ojson out = ojson::array();
+    for (size_t i = 0; i < list.size(); ++i) {
+        const ojson & m = list[i];
+        if (!m.is_object()) throw ConfigError(fmt::format("{}: {}[{}] is not an object", where, field, i));
+        if (m.contains("from") && !m.contains("role")) {   // ShareGPT
+            const std::string from = m["from"].is_string() ? m["from"].get<std::string>() : "";
+            const std::string role = from == "human" || from == "user" ? "user"
+                                     : from == "gpt" || from == "assistant" ? "assistant"
+                                     : from == "system" ? "system" : "";
+            if (role.empty())
+                throw ConfigError(fmt::format("{}: {}[{}] is from '{}'; ShareGPT turns are from human, gpt or system",
+                                              where, field, i, from));
+            out.push_back(ojson{{"role", role}, {"content", m.value("value", ojson())}});
+            continue;
+        }
+        if (!m.contains("role") || !m["role"].is_string())
+            throw ConfigError(fmt::format("{}: {}[{}] has no \"role\" string", where, field, i));
+        out.push_back(m);
+    }
+    return out;
+}
+
+std::string text_field(const ojson & r, const char * key, const std::string & where, bool required = true) {
+    if (!r.contains(key) || r[key].is_null()) {
+        if (required) throw ConfigError(fmt::format("{}: \"{}\" is missing", where, key));
+        return {};
+    }
+    if (!r[key].is_string()) throw ConfigError(fmt::format("{}: \"{}\" must be a string", where, key));
+    return r[key].get<std::string>();
+}
+
+// A plain prompt and completion: [bos] prompt completion [eos], the completion and eos trained.
+Example encode_pair(const std::string & prompt, const std::string & completion, const ChatFormat & f,
+                    const Tokenizer & tok) {
+    const std::string text = prompt + completion;
+    Example e = tokenize_spans(tok, text, {{prompt.size(), text.size()}});
+    if (f.add_bos && f.bos_id >= 0) {
+        e.tokens.insert(e.tokens.begin(), f.bos_id);
+        e.trained.insert(e.trained.begin(), 0);
+    }
+    if (f.eos_id >= 0) {
+        e.tokens.push_back(f.eos_id);
+        e.trained.push_back(1);
+    }
+    return e;
+}
+
+}  // namespace
+
+ChatFormat load_chat_format(const std::string & kind, const Tokenizer & tok, const std::string & choice) {
+    ChatFormat f;
+    const std::string config = config_beside(kind);
+    std::error_code ec;
+    TokenizerConfig tc;
+    if (!config.empty() && fs::is_regular_file(config, ec)) tc = read_tokenizer_config(config);
+    else if (tok.eot_id() >= 0) tc.eos_token = tok.decode({tok.eot_id()});
+    f.bos_token = tc.bos_token;
+    f.eos_token = tc.eos_token;
+    f.add_bos = tc.add_bos_token;
+    std::string source;
+    if (choice == "auto") {
+        source = tc.chat_template;
+        f.name = source.empty() ? "none" : config;
+    } else if (choice != "none") {
+        source = builtin_chat_template(choice);
+        f.name = choice;
+        if (source.empty()) {
+            if (!fs::is_regular_file(choice, ec))
+                throw ConfigError(fmt::format("--chat-template '{}': expected auto, none, chatml, llama3, mistral or a "
+                                              "Jinja file", choice));
+            source = read_whole_file(choice, "a chat template", "pass a Jinja file, or chatml, llama3 or mistral");
+        }
+    }
+    if (!source.empty()) f.chat = std::make_shared<const ChatTemplate>(source);
+    f.bos_id = single_id(tok, f.bos_token);
+    f.eos_id = f.eos_token.empty() ? tok.eot_id() : single_id(tok, f.eos_token);
+    const int32_t pad = single_id(tok, tc.pad_token);
+    f.pad_id = pad >= 0 ? pad : std::max(f.eos_id, 0);
+    if (f.chat) {
+        f.end_of_turn = probe_end_of_turn(f);
+        f.end_of_turn_id = single_id(tok, f.end_of_turn);
+    }
+    return f;
+}
+
+RenderedChat render_chat(const ChatFormat & f, const ojson & messages, const ojson & tools, size_t train_from) {
+    MF_ASSERT(f.chat);
+    RenderedChat rc;
+    rc.text = f.chat->render(chat_vars(f, messages, tools, false));
+    size_t done = 0;   // the end of the last span
+    for (size_t k = train_from; k < messages.size(); ++k) {
+        if (messages[k].value("role", "") != "assistant") continue;
+        const std::string before = f.chat->render(chat_vars(f, first(messages, k), tools, true));
+        if (!rc.text.starts_with(before))
+            throw ConfigError(fmt::format("the chat template renders the conversation up to message {} (with the "
+                                          "generation prompt) differently from the whole conversation, so the "
+                                          "assistant's turn cannot be found in it",
+                                          k));
+        const size_t begin = std::max(before.size(), done);
+        size_t end = rc.text.size();
+        if (!f.end_of_turn.empty()) {
+            const size_t at = rc.text.find(f.end_of_turn, begin);
+            if (at != std::string::npos) end = at + f.end_of_turn.size();
+        } else {
+            // No marker: the turn ends where the conversation up to it ends.
+            const std::string upto = f.chat->render(chat_vars(f, first(messages, k + 1), tools, false));
+            end = begin;
+            while (end < upto.size() && end < rc.text.size() && upto[end] == rc.text[end]) ++end;
+        }
+        if (end > begin) rc.spans.emplace_back(begin, end);
+        done = end;
+    }
+    return rc;
+}
+
+Example tokenize_spans(const Tokenizer & tok, const std::string & text,
+                       const std::vector<std::pair<size_t, size_t>> & spans) {
+    auto trained_at = [&](size_t byte) {
+        for (const auto & [a, b] : spans)
+            if (byte >= a && byte < b) return true;
+        return false;
+    };
+    Example e;
+    e.tokens = tok.encode(text);
+    // Each token's first byte, from the bytes it decodes to; exact when they add up to the text.
+    std::string joined;
+    std::vector<size_t> starts;
+    for (const int32_t id : e.tokens) {
+        starts.push_back(joined.size());
+        joined += tok.decode_token(id);
+    }
+    if (joined == text) {
+        for (const size_t s : starts) e.trained.push_back(trained_at(s) ? 1 : 0);
+        return e;
+    }
+    // A tokenizer whose tokens do not give the bytes back one by one (SentencePiece, or text that
+    // normalisation changes): the pieces between span edges tokenized one by one.
+    std::vector<size_t> cuts{0, text.size()};
+    for (const auto & [a, b] : spans) cuts.insert(cuts.end(), {a, b});
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    e.tokens.clear();
+    for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+        const auto ids = tok.encode(std::string_view(text).substr(cuts[i], cuts[i + 1] - cuts[i]));
+        e.tokens.insert(e.tokens.end(), ids.begin(), ids.end());
+        e.trained.insert(e.trained.end(), ids.size(), trained_at(cuts[i]) ? 1 : 0);
+    }
+    return e;
+}
+
+Example encode_record(const ojson & r, const ChatFormat & f, const Tokenizer & tok, const std::string & where) {
+    if (!r.is_object()) throw ConfigError(fmt::format("{}: expected a JSON object", where));
+    auto need_template = [&] {
+        if (!f.chat)
+            throw ConfigError(fmt::format("{}: a conversation needs a chat template and the tokenizer has none; pass "
+                                          "--chat-template chatml, llama3, mistral or a Jinja file", where));
+    };
+    auto chat = [&](const ojson & messages, size_t train_from) {
+        need_template();
+        try {
+            const RenderedChat rc = render_chat(f, messages, r.value("tools", ojson()), train_from);
+            return tokenize_spans(tok, rc.text, rc.spans);
+        } catch (const ConfigError & e) {
+            throw ConfigError(fmt::format("{}: {}", where, e.what()));
+        }
+    };
+    if (r.contains("messages") || r.contains("conversations")) {
+        const char * key = r.contains("messages") ? "messages" : "conversations";
+        return chat(checked_messages(r[key], where, key), 0);
+    }
+    if (r.contains("prompt") && r.contains("completion")) {
+        if (r["prompt"].is_array() && r["completion"].is_array()) {   // TRL's conversational prompt-completion
+            ojson messages = checked_messages(r["prompt"], where, "prompt");
+            const size_t from = messages.size();
+            for (const auto & m : checked_messages(r["completion"], where, "completion")) messages.push_back(m);
+            return chat(messages, from);
+        }
+        return encode_pair(text_field(r, "prompt", where), text_field(r, "completion", where), f, tok);
+    }
+    if (r.contains("instruction") && r.contains("output"))
+        return encode_pair(alpaca_prompt(text_field(r, "instruction", where), text_field(r, "input", where, false)),
+                           text_field(r, "output", where), f, tok);
+    std::string keys;
+    for (const auto & [k, v] : r.items()) keys += (keys.empty() ? "" : ", ") + k;
+    throw ConfigError(fmt::format("{}: expected \"messages\", \"conversations\", \"prompt\" and \"completion\", or "
+                                  "\"instruction\" and \"output\"; the record has {}",
+                                  where, keys.empty() ? std::string("no keys") : keys));
+}
+
+}  // namespace memfit

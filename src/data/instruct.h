@@ -1,0 +1,80 @@
+// Instruction data: JSON lines of conversations or prompt/completion pairs, turned into tokens
+// and a loss mask (token file version 2, data/token_file.h), so that the loss counts only what
+// the model should learn to write: the assistant's turns, or the completion.
+//
+// Records (one JSON object per line; blank lines are skipped):
+//   {"messages": [{"role", "content"}, ...]}     conversations (OpenAI / TRL); "tools" passed on
+//   {"conversations": [{"from", "value"}, ...]}  ShareGPT (human -> user, gpt -> assistant)
+//   {"prompt": "...", "completion": "..."}        TRL's prompt-completion; prompt and completion
+//                                                 may instead be lists of messages (TRL's
+//                                                 conversational form: the completion's turns train)
+//   {"instruction", "input", "output"}            Alpaca: the Stanford Alpaca prompt, then output
+// A conversation is rendered with the chat template (tokenizer/chat_template.h) and tokenized
+// whole (the tokens `apply_chat_template(..., tokenize=True)` gives); an assistant turn trains
+// from the end of the generation prompt that the template renders before it (so a template's
+// own scaffolding there, such as Qwen3's empty <think></think>, trains too) up to and including
+// its end-of-turn marker. A plain prompt-completion pair is [bos if add_bos_token] prompt
+// completion [eos], tokenized together; the completion and eos train.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace memfit {
+
+// How records become text: the chat template (null: conversations are refused), the special
+// tokens' text and ids, and what ends an assistant turn.
+struct ChatFormat {
+    std::shared_ptr<const ChatTemplate> chat;
+    std::string name;                 // where the template came from: tokenizer_config.json, chatml, a file
+    std::string bos_token, eos_token; // as the template sees them ("": undefined there)
+    bool add_bos = false;             // prompt-completion pairs start with bos
+    int32_t bos_id = -1, eos_id = -1, pad_id = 0;
+    std::string end_of_turn;          // the text that closes an assistant turn ("" when the template has none)
+    int32_t end_of_turn_id = -1;      // its id when it is one token (generation stops there)
+};
+
+// The format for tokenizer `kind` (make_tokenizer's kinds) and `choice`:
+//   auto     the chat_template of the tokenizer_config.json beside a tokenizer.json or
+//            tokenizer.model, if it has one; else none
+//   none     no template (prompt-completion and Alpaca records only)
+//   chatml | llama3 | mistral   memfit's own (builtin_chat_template)
+//   PATH     a Jinja file
+// The special tokens come from that tokenizer_config.json when there is one. ConfigError for an
+// unknown name; IoError / FormatError for unreadable or malformed files.
+ChatFormat load_chat_format(const std::string & kind, const Tokenizer & tok, const std::string & choice);
+
+// One record's tokens and which of them train (the loss counts predicting token i when trained[i]).
+struct Example {
+    std::vector<int32_t> tokens;
+    std::vector<uint8_t> trained;
+};
+
+// The text a conversation renders to, and the [begin, end) byte spans of it that train.
+struct RenderedChat {
+    std::string text;
+    std::vector<std::pair<size_t, size_t>> spans;
+};
+// messages: a JSON array; turns from message `train_from` on train (0: every assistant turn).
+// ConfigError when the template fails or renders a turn's generation prompt differently from the
+// conversation (then no turn boundary can be found).
+RenderedChat render_chat(const ChatFormat & fmt, const nlohmann::ordered_json & messages,
+                         const nlohmann::ordered_json & tools, size_t train_from = 0);
+
+// A record (the parsed line) -> tokens and mask. ConfigError naming what is wrong (`where`:
+// "data.jsonl line 7" for messages).
+Example encode_record(const nlohmann::ordered_json & record, const ChatFormat & fmt, const Tokenizer & tok,
+                      const std::string & where);
+
+// `text`'s tokens, each trained when its first byte lies in one of `spans` (sorted, disjoint).
+Example tokenize_spans(const Tokenizer & tok, const std::string & text,
+                       const std::vector<std::pair<size_t, size_t>> & spans);
+
+}  // namespace memfit
