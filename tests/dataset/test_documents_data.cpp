@@ -183,10 +183,10 @@ TEST_F(DocumentData, SeekResumesSmallFilesWrapAndNoTrainedTokensIsAConfigError) 
     EXPECT_EQ(x.tg, y.tg);
     EXPECT_EQ(x.ds, y.ds);
     // More rows in a batch than the file has: the batch runs on into the next epochs.
-    DataLoader c(p, 16, 8, 1, true);
-    ASSERT_LT(c.num_windows(), 16u);
-    next(c);
-    EXPECT_GE(c.epoch(), 1u);
+    DataLoader big(p, 16, 8, 1, true);
+    ASSERT_LT(big.num_windows(), 16u);
+    next(big);
+    EXPECT_GE(big.epoch(), 1u);
     const std::string none = write("n.bin", make_docs({3, 4}, 10));   // every target is prompt
     EXPECT_NE(error_of<memfit::ConfigError>([&] { DataLoader c(none, 1, 8, 1); }).find("trained token"),
               std::string::npos);
