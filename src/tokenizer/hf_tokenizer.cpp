@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "tokenizer/tokenizer_config.h"
 
 namespace memfit {
 
@@ -175,11 +176,9 @@ BpeParts read_tokenizer_json(const std::string & path) {
     std::string eos;
     const fs::path config = abs.parent_path() / "tokenizer_config.json";
     if (fs::is_regular_file(config, ec)) {
-        const json c = json::parse(read_tokenizer_file(config.string()), nullptr, false);
-        if (c.is_object() && c.contains("eos_token")) {
-            const json & e = c["eos_token"];
-            if (e.is_string()) eos = e.get<std::string>();
-            else if (e.is_object() && e.contains("content") && e["content"].is_string()) eos = e["content"].get<std::string>();
+        try {
+            eos = read_tokenizer_config(config.string()).eos_token;
+        } catch (const FormatError &) {   // a config memfit cannot parse leaves the usual names
         }
     }
     for (const std::string & name : {eos, std::string("<|endoftext|>"), std::string("<|end_of_text|>")})
