@@ -20,6 +20,7 @@
 #include "core/paths.h"
 #include "core/units.h"
 #include "infer/decoder.h"
+#include "data/instruct.h"
 #include "infer/generate.h"
 #include "model/config.h"
 #include "model/hf_weights.h"
@@ -79,7 +80,9 @@ void add_model_commands(CLI::App & app) {
         std::printf("%s\n", export_checkpoint(ckpt, export_out, mode, export_base).c_str());
     });
 
-    static std::string gen_model, gen_prompt = "\n", gen_tokenizer, gen_weights = "fp32";
+    static std::string gen_model, gen_prompt = "\n", gen_tokenizer, gen_weights = "fp32", gen_template = "auto",
+                       gen_system;
+    static bool gen_chat = false;
     static int gen_seq = 0, gen_threads = 0;
     static SampleOptions gen;
     CLI::App * g = app.add_subcommand(
@@ -100,6 +103,11 @@ void add_model_commands(CLI::App & app) {
     g->add_option("--seed", gen.seed, "random seed")->capture_default_str()->check(kSeed);
     g->add_option("--seq", gen_seq, "KV cache positions (default: the prompt plus --max-new-tokens, at most the context the model was trained on, config.json's memfit_trained_context; more warns); when full, the last half of the context is re-run")->check(kNonNegative);
     g->add_option("--threads", gen_threads, "CPU threads (0: all cores)")->check(kNonNegative);
+    g->add_flag("--chat", gen_chat, "the prompt is a user turn: rendered with the chat template (and --system), the "
+                "reply generated until the template's end-of-turn token");
+    g->add_option("--chat-template", gen_template, "with --chat: auto (the tokenizer_config.json beside the "
+                  "tokenizer), chatml, llama3, mistral or a Jinja file")->capture_default_str();
+    g->add_option("--system", gen_system, "with --chat: a system message before the prompt");
     g->add_option("--weights", gen_weights, "weight storage: fp32, bf16, or int8 | nf4 (the block projections "
                   "quantized as a QLoRA base, nf4 with double-quantized scales; embeddings, norms and head fp32)")
         ->capture_default_str();
@@ -124,7 +132,19 @@ void add_model_commands(CLI::App & app) {
         const auto tok = make_tokenizer(kind, data_dir());
         const std::unique_ptr<Backend> owned = make_backend("cpu");
         Backend & backend = *owned;
-        const std::vector<int32_t> prompt = tok->encode(gen_prompt);
+        std::string text = gen_prompt;
+        if (gen_chat) {
+            const ChatFormat chat = load_chat_format(kind, *tok, gen_template);
+            if (!chat.chat)
+                throw ConfigError(fmt::format("--chat: the tokenizer {} has no chat template beside it; pass "
+                                              "--chat-template chatml, llama3, mistral or a Jinja file", kind));
+            text = chat_prompt(chat, gen_system, gen_prompt);
+            for (const int32_t id : {chat.end_of_turn_id, chat.eos_id})
+                if (id >= 0) gen.stop.push_back(id);
+        } else if (!gen_system.empty()) {
+            throw ConfigError("--system is a chat's system message: add --chat");
+        }
+        const std::vector<int32_t> prompt = tok->encode(text);
         // The KV cache holds the prompt and every new token, within the positions the model was
         // trained on (config.json's memfit_trained_context) unless --seq asks for more; when it
         // fills, the last half of the context is re-run (a sliding window).
@@ -152,10 +172,10 @@ void add_model_commands(CLI::App & app) {
             decoder.set_weights(weights.data());
         }
         std::fprintf(stderr, "%s\n", describe_weight_bytes(decoder).c_str());
-        std::printf("%s", gen_prompt.c_str());
+        if (!gen_chat) std::printf("%s", gen_prompt.c_str());   // a chat prints the reply alone
         std::fflush(stdout);
         const auto t0 = std::chrono::steady_clock::now();
-        generate(decoder, prompt, gen, [&](int32_t id) {
+        const auto out = generate(decoder, prompt, gen, [&](int32_t id) {
             std::printf("%s", tok->decode_token(id).c_str());
             std::fflush(stdout);
         });
@@ -165,7 +185,7 @@ void add_model_commands(CLI::App & app) {
         std::fprintf(stderr,
                      "generate: %d tokens in %.2f s (%.1f tokens/s); memory planned %s, measured %s: weights %s, "
                      "KV cache %s (%d positions x %d layers), other activations %s, workspace %s\n",
-                     gen.max_new_tokens, s, gen.max_new_tokens / std::max(s, 1e-9), format_bytes(plan.total()).c_str(),
+                     int(out.size()), s, double(out.size()) / std::max(s, 1e-9), format_bytes(plan.total()).c_str(),
                      format_bytes(decoder.ledger().live_peak().total()).c_str(),
                      format_bytes(plan[Category::parameters]).c_str(), format_bytes(decoder.kv_cache_bytes()).c_str(),
                      decoder.capacity(), cfg.n_layer,

@@ -48,6 +48,26 @@ ojson first(const ojson & messages, size_t n) {
     return out;
 }
 
+// Where assistant turn k starts in `text` (the whole conversation): after the generation prompt
+// the template renders for messages[0, k). A template that renders earlier turns differently
+// once later ones follow (Mistral's puts the system message into the last user turn) fails that
+// test; the turn then starts where a marker in place of its content lands, when the text before
+// the marker is the conversation's own.
+size_t turn_start(const ChatFormat & f, const ojson & messages, const ojson & tools, size_t k,
+                  const std::string & text) {
+    const std::string before = f.chat->render(chat_vars(f, first(messages, k), tools, true));
+    if (text.starts_with(before)) return before.size();
+    constexpr const char * kMarker = "<<memfit turn start>>";
+    ojson marked = messages;
+    marked[k]["content"] = kMarker;
+    const std::string m = f.chat->render(chat_vars(f, marked, tools, false));
+    const size_t at = m.find(kMarker);
+    if (at != std::string::npos && text.compare(0, at, m, 0, at) == 0) return at;
+    throw ConfigError(fmt::format("the chat template renders the conversation before assistant message {} differently "
+                                  "when more messages follow, so the turn cannot be found in it",
+                                  k));
+}
+
 // The text after the assistant's content in a one-turn probe: what closes a turn.
 std::string probe_end_of_turn(const ChatFormat & f) {
     constexpr const char * kProbe = "memfit-probe";
@@ -133,22 +153,18 @@ Example encode_pair(const std::string & prompt, const std::string & completion, 
 }  // namespace
 
 ChatFormat load_chat_format(const std::string & kind, const Tokenizer & tok, const std::string & choice) {
-    ChatFormat f;
     const std::string config = config_beside(kind);
     std::error_code ec;
     TokenizerConfig tc;
     if (!config.empty() && fs::is_regular_file(config, ec)) tc = read_tokenizer_config(config);
     else if (tok.eot_id() >= 0) tc.eos_token = tok.decode({tok.eot_id()});
-    f.bos_token = tc.bos_token;
-    f.eos_token = tc.eos_token;
-    f.add_bos = tc.add_bos_token;
-    std::string source;
+    std::string source, name = "none";
     if (choice == "auto") {
         source = tc.chat_template;
-        f.name = source.empty() ? "none" : config;
+        if (!source.empty()) name = config;
     } else if (choice != "none") {
         source = builtin_chat_template(choice);
-        f.name = choice;
+        name = choice;
         if (source.empty()) {
             if (!fs::is_regular_file(choice, ec))
                 throw ConfigError(fmt::format("--chat-template '{}': expected auto, none, chatml, llama3, mistral or a "
@@ -156,6 +172,16 @@ ChatFormat load_chat_format(const std::string & kind, const Tokenizer & tok, con
             source = read_whole_file(choice, "a chat template", "pass a Jinja file, or chatml, llama3 or mistral");
         }
     }
+    return make_chat_format(source, name, tc, tok);
+}
+
+ChatFormat make_chat_format(const std::string & source, const std::string & name, const TokenizerConfig & tc,
+                            const Tokenizer & tok) {
+    ChatFormat f;
+    f.name = name;
+    f.bos_token = tc.bos_token;
+    f.eos_token = tc.eos_token;
+    f.add_bos = tc.add_bos_token;
     if (!source.empty()) f.chat = std::make_shared<const ChatTemplate>(source);
     f.bos_id = single_id(tok, f.bos_token);
     f.eos_id = f.eos_token.empty() ? tok.eot_id() : single_id(tok, f.eos_token);
@@ -175,13 +201,7 @@ RenderedChat render_chat(const ChatFormat & f, const ojson & messages, const ojs
     size_t done = 0;   // the end of the last span
     for (size_t k = train_from; k < messages.size(); ++k) {
         if (messages[k].value("role", "") != "assistant") continue;
-        const std::string before = f.chat->render(chat_vars(f, first(messages, k), tools, true));
-        if (!rc.text.starts_with(before))
-            throw ConfigError(fmt::format("the chat template renders the conversation up to message {} (with the "
-                                          "generation prompt) differently from the whole conversation, so the "
-                                          "assistant's turn cannot be found in it",
-                                          k));
-        const size_t begin = std::max(before.size(), done);
+        const size_t begin = std::max(turn_start(f, messages, tools, k, rc.text), done);
         size_t end = rc.text.size();
         if (!f.end_of_turn.empty()) {
             const size_t at = rc.text.find(f.end_of_turn, begin);
@@ -196,6 +216,14 @@ RenderedChat render_chat(const ChatFormat & f, const ojson & messages, const ojs
         done = end;
     }
     return rc;
+}
+
+std::string chat_prompt(const ChatFormat & f, const std::string & system, const std::string & user) {
+    MF_ASSERT(f.chat);
+    ojson messages = ojson::array();
+    if (!system.empty()) messages.push_back(ojson{{"role", "system"}, {"content", system}});
+    messages.push_back(ojson{{"role", "user"}, {"content", user}});
+    return f.chat->render(chat_vars(f, messages, nullptr, true));
 }
 
 Example tokenize_spans(const Tokenizer & tok, const std::string & text,

@@ -26,6 +26,7 @@
 
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_config.h"
 
 namespace memfit {
 
@@ -50,6 +51,10 @@ struct ChatFormat {
 // The special tokens come from that tokenizer_config.json when there is one. ConfigError for an
 // unknown name; IoError / FormatError for unreadable or malformed files.
 ChatFormat load_chat_format(const std::string & kind, const Tokenizer & tok, const std::string & choice);
+// The format of template `source` ("": none; FormatError when it does not compile) with the
+// special tokens of `tc` (its chat_template is not read), named `name`.
+ChatFormat make_chat_format(const std::string & source, const std::string & name, const TokenizerConfig & tc,
+                            const Tokenizer & tok);
 
 // One record's tokens and which of them train (the loss counts predicting token i when trained[i]).
 struct Example {
@@ -67,6 +72,10 @@ struct RenderedChat {
 // conversation (then no turn boundary can be found).
 RenderedChat render_chat(const ChatFormat & fmt, const nlohmann::ordered_json & messages,
                          const nlohmann::ordered_json & tools, size_t train_from = 0);
+
+// The text a model is prompted with for one user turn (after an optional system message),
+// generation prompt included. ConfigError when the template refuses it.
+std::string chat_prompt(const ChatFormat & fmt, const std::string & system, const std::string & user);
 
 // A record (the parsed line) -> tokens and mask. ConfigError naming what is wrong (`where`:
 // "data.jsonl line 7" for messages).

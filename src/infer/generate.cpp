@@ -66,6 +66,7 @@ std::vector<int32_t> generate(Decoder & decoder, std::vector<int32_t> context, c
             throw Error(fmt::format("generate: the logits after {} tokens hold {} of {}; the model overflows in "
                                     "this weight storage (try --weights fp32)", context.size(), bad.describe(), V));
         const int32_t next = sample_token(logits, V, o, rng);
+        if (std::find(o.stop.begin(), o.stop.end(), next) != o.stop.end()) break;
         context.push_back(next);
         out.push_back(next);
         if (on_token) on_token(next);

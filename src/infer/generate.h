@@ -19,12 +19,14 @@ struct SampleOptions {
     float    top_p = 1.0f;        // keep the smallest set whose probability reaches p (1: all)
     uint64_t seed = 1337;
     int      max_new_tokens = 200;
+    std::vector<int32_t> stop;    // generation ends when one of these is chosen (it is not returned)
 };
 
 // The next token from one row of V logits.
 int32_t sample_token(const float * logits, int V, const SampleOptions & o, std::mt19937_64 & rng);
 
-// Continues `context` by max_new_tokens tokens; on_token (if set) sees each as it is chosen.
+// Continues `context` by max_new_tokens tokens, or until a stop token; on_token (if set) sees each
+// returned token as it is chosen.
 std::vector<int32_t> generate(Decoder & decoder, std::vector<int32_t> context, const SampleOptions & o,
                               const std::function<void(int32_t)> & on_token = {});
 
