@@ -310,6 +310,9 @@ void TrainingRun::load() {
     // unless told otherwise.
     const std::string tokenizer =
         opt_.tokenizer.empty() && fs::is_directory(opt_.model) ? tokenizer_for_folder(opt_.model) : opt_.tokenizer;
+    if (run_.packing && opt_.data.empty())
+        throw ConfigError("--packing packs instruction data (memfit prepare --format jsonl, then --data DIR); the "
+                          "bundled corpus is text, which trains in windows of one stream already");
     // Rank 0 prepares the bundled corpus (if needed) before the others look for it.
     if (!lead_) comm_->barrier();
     data_ = resolve_data(opt_.data, tokenizer, cfg_.vocab_size);

@@ -70,6 +70,7 @@ PlanRequest make_request(const PlanFlags & f, const RunConfig & run, const RunFl
     r.offload_fraction = run.offload_fraction;
     r.offload_dir = run.offload_dir;
     r.master_weights = run.master_weights;
+    r.packing = run.packing;
     if (given.given("schedule")) {
         r.schedule = run.layout.schedule;
         if (run.layout.schedule == PipeSchedule::interleaved) r.virtual_stages = run.layout.virtual_stages;

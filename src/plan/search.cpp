@@ -122,6 +122,11 @@ SearchReport search_plans(const PlanRequest & r) {
                                       "about 100,000)", r.gpus, kMaxPlannedDevices));
     if (r.seq > cfg.max_seq)
         throw ConfigError(fmt::format("--seq {} exceeds the model's {} positions", r.seq, cfg.max_seq));
+    if (r.packing && (r.tp.value_or(1) > 1 || r.pp.value_or(1) > 1))
+        throw ConfigError(fmt::format("--packing with --{} {}: packed documents run with data parallelism (and ZeRO) "
+                                      "only for now; drop --packing or the {}",
+                                      r.tp.value_or(1) > 1 ? "tp" : "pp", std::max(r.tp.value_or(1), r.pp.value_or(1)),
+                                      r.tp.value_or(1) > 1 ? "tensor parallelism" : "pipeline"));
     const uint64_t capacity = r.hw.memory;
     // A packed LoRA base is neither sharded (ZeRO-3) nor offloaded: fixed, that is an error;
     // searched, those layouts are left out.
@@ -173,6 +178,7 @@ SearchReport search_plans(const PlanRequest & r) {
     for (int tp : tps)
         for (int pp : fixed_or(r.pp, divisors(r.gpus / tp, cfg.n_layer))) {
             if ((r.gpus / tp) % pp) continue;
+            if (r.packing && (tp > 1 || pp > 1)) continue;
             const int dp = r.gpus / (tp * pp);
             if (r.global_batch % dp) continue;
             any_layout = true;
@@ -195,6 +201,7 @@ SearchReport search_plans(const PlanRequest & r) {
                         probe.compute = r.compute;
                         probe.optimizer = r.optimizer;
                         probe.lora_plan = r.lora;
+                        probe.packing = r.packing;
                         if (pp > 1) probe.layout.schedule = PipeSchedule::one_f_one_b;
                         const double probe_bound = bytes_bound(cfg, probe, r.seq);
                         const DeviceMemory floor = probe_bound < kBytesBound ? predict_memory(cfg, r.hw, probe, r.seq)
@@ -234,6 +241,7 @@ SearchReport search_plans(const PlanRequest & r) {
                                         pr.c.compute = r.compute;
                                         pr.c.optimizer = r.optimizer;
                                         pr.c.master_weights = r.master_weights;
+                                        pr.c.packing = r.packing;
                                         if (L.offload == Offload::optimizer) {
                                             pr.c.offload_fraction = r.offload_fraction;
                                             pr.c.offload_dir = r.offload_dir;

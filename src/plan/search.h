@@ -33,6 +33,9 @@ struct PlanRequest {
     double offload_fraction = 1;
     std::string offload_dir;
     MasterWeights master_weights = MasterWeights::fp32;
+    // --packing (instruction data): each token's document start is one more buffer, and the
+    // engine runs it with data parallelism only: tensor and pipeline layouts are left out.
+    bool packing = false;
     std::optional<PipeSchedule> schedule;
     int virtual_stages = 2;                  // interleaved:V
     std::optional<bool> sp, flash;

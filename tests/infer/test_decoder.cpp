@@ -4,6 +4,7 @@
 // that fills is refilled from the last half of the context.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -125,6 +126,12 @@ TEST(Decoder, GenerationRefillsAFullCacheAndMatchesAnUnboundedOne) {
     EXPECT_THROW(Decoder(cfg, backend, 25), ConfigError);   // beyond the model's 24 positions
     EXPECT_THROW(small.prefill(std::vector<int32_t>(11, 1)), ConfigError);
     EXPECT_THROW(small.prefill({1, 99}), FormatError);       // outside the vocabulary
+    // A stop token (a chat's end of turn) ends generation before it, and is not returned.
+    o.stop = {a[5]};
+    const auto stopped = generate(big, prompt, o);
+    const size_t first = size_t(std::find(a.begin(), a.end(), a[5]) - a.begin());
+    ASSERT_EQ(stopped.size(), first);
+    EXPECT_TRUE(std::equal(stopped.begin(), stopped.end(), a.begin()));
 }
 
 // Quantized weights (`memfit generate --weights int8|nf4`): the block projections packed as a
