@@ -42,6 +42,29 @@ inline unsigned grid_for(int64_t n, int threads) {
     return unsigned(g < 1 ? 1 : (g > 2147483647 ? 2147483647 : g));
 }
 
+// Packed documents: doc_start's data (i32, one per token of the B x T batch: `tokens` = B*T), or
+// null for an invalid doc_start (one document per row).
+inline const int32_t * docs(const Tensor & doc_start, int64_t tokens) {
+    if (!doc_start.valid()) return nullptr;
+    MF_ASSERT(doc_start.dtype == DType::i32 && doc_start.numel() == tokens);
+    return static_cast<const int32_t *>(doc_start.data);
+}
+
+// Packed documents (doc: i32 [B, T], each token's document start in its row; null: one document
+// per row): the end of key `key`'s document in row b, i.e. the first query t > key with
+// doc[b*T+t] > key, or T. doc_start is non-decreasing along a row, so the queries that see the
+// key are exactly key .. end-1 (binary search). T when doc is null or key >= T.
+__device__ __forceinline__ int doc_end(const int32_t * doc, int b, int T, int key) {
+    if (!doc || key >= T) return T;
+    const int32_t * row = doc + size_t(b) * T;
+    int lo = key + 1, hi = T;
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (row[mid] > key) hi = mid; else lo = mid + 1;
+    }
+    return lo;
+}
+
 // Sum over the 32 lanes of a warp (every lane gets it).
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

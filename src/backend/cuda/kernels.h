@@ -9,7 +9,10 @@
 
 namespace memfit::cuda {
 
-// doc_start (i32 [B,T] or invalid): packed documents, as Backend's (backend/backend.h).
+// doc_start (i32 [B,T] device memory, or invalid): packed documents, as Backend's
+// (backend/backend.h): positions restart at each document (encoder, RoPE) and attention is
+// block-diagonal causal (naive and flash). An invalid one computes exactly what the kernels
+// computed before documents existed.
 
 // kernels_basic.cu
 void copy(cudaStream_t s, Tensor dst, Tensor src);
@@ -60,15 +63,16 @@ void sgd(cudaStream_t s, Tensor param, Tensor grad, Tensor buf, Tensor norm_sq, 
 // bytes of backend/quant_format.h (device memory).
 void dequantize(cudaStream_t s, const QuantDesc & q, Tensor w, Tensor packed);
 
-// kernels_attention.cu: the naive (T x T probabilities saved) causal attention, and attention
-// over a KV cache.
+// kernels_attention.cu: the naive (T x T probabilities saved) causal attention (within
+// documents: the probabilities are 0 outside), and attention over a KV cache.
 void attention_fwd(cudaStream_t s, Tensor out, Tensor att, Tensor qkv, int NH, Tensor doc_start);
 void attention_bwd(cudaStream_t s, Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, int NH,
                    Tensor doc_start);
 void cached_attention_fwd(cudaStream_t s, Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH,
                           int KVH);
 
-// kernels_flash.cu: tiled causal attention that never stores T x T.
+// kernels_flash.cu: tiled causal attention that never stores T x T (with documents, tile pairs
+// wholly outside them are skipped).
 void flash_attention_fwd(cudaStream_t s, Tensor out, Tensor lse, Tensor qkv, int NH, Tensor doc_start);
 void flash_attention_bwd(cudaStream_t s, Tensor dqkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv,
                          Tensor lse, int NH, Tensor doc_start);

@@ -56,13 +56,15 @@ __device__ __forceinline__ void weighted_rows(const float * w, int n, const S * 
 }
 
 // One causal attention row per block: query t of head h of batch b (blockIdx.x = (b*NH+h)*Tq+t)
-// scores keys 0 .. pos0+t, softmax, and sums the values. Shared memory: q (hs floats), the
-// score row (pos0+Tq floats), the reduction buffer (kThreads floats). att (optional): the
-// probability row, T_att wide, zeros past the causal limit.
+// scores keys lo .. pos0+t, softmax, and sums the values; lo = doc[b*Tq+t] (packed documents:
+// the query's document start) or 0. Shared memory: q (hs floats), the score row (pos0+Tq
+// floats), the reduction buffer (kThreads floats). att (optional): the probability row, T_att
+// wide, zeros outside keys lo .. pos0+t.
 struct RowArgs {
     const void * q; const void * k; const void * v; void * out; void * att;
     size_t q_b, q_t, kv_b, kv_t, o_b, o_t;  // element strides: per batch and per token
     int NH, group, hs, Tq, pos0, att_T;
+    const int32_t * doc;                    // [B, Tq] or null
 };
 
 template <class S> __global__ void __launch_bounds__(kThreads) attention_row_kernel(RowArgs a) {
@@ -76,10 +78,11 @@ template <class S> __global__ void __launch_bounds__(kThreads) attention_row_ker
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const S * q = static_cast<const S *>(a.q) + b * a.q_b + t * a.q_t + size_t(h) * a.hs;
     const size_t kvh = size_t(h / a.group) * a.hs;
-    const S * kb = static_cast<const S *>(a.k) + b * a.kv_b + kvh;
-    const S * vb = static_cast<const S *>(a.v) + b * a.kv_b + kvh;
+    const int lo = a.doc ? a.doc[size_t(b) * a.Tq + t] : 0;   // keys lo .. pos0+t, at sc[j - lo]
+    const S * kb = static_cast<const S *>(a.k) + b * a.kv_b + kvh + size_t(lo) * a.kv_t;
+    const S * vb = static_cast<const S *>(a.v) + b * a.kv_b + kvh + size_t(lo) * a.kv_t;
     const float scale = 1.0f / sqrtf(float(a.hs));
-    const int nk = a.pos0 + t + 1;
+    const int nk = a.pos0 + t + 1 - lo;
 
     for (int i = threadIdx.x; i < a.hs; i += kThreads) qs[i] = ld(q[i]);
     __syncthreads();
@@ -103,19 +106,24 @@ template <class S> __global__ void __launch_bounds__(kThreads) attention_row_ker
     for (int j = threadIdx.x; j < nk; j += kThreads) sc[j] *= inv;
     if (a.att) {
         S * arow = static_cast<S *>(a.att) + size_t(task) * a.att_T;
-        for (int j = threadIdx.x; j < a.att_T; j += kThreads) arow[j] = st<S>(j < nk ? sc[j] : 0.0f);
+        // Each thread stores the scores it normalized (sc[j] at key lo + j: no barrier needed).
+        for (int j = threadIdx.x; j < nk; j += kThreads) arow[lo + j] = st<S>(sc[j]);
+        for (int j = threadIdx.x; j < a.att_T; j += kThreads)
+            if (j < lo || j - lo >= nk) arow[j] = st<S>(0.0f);
     }
     __syncthreads();
     S * o = static_cast<S *>(a.out) + b * a.o_b + t * a.o_t + size_t(h) * a.hs;
     weighted_rows(sc, nk, vb, a.kv_t, a.hs, red, [&](int i, float x) { o[i] = st<S>(x); });
 }
 
-// Backward, query side: one block per (b,h,t) row. datt[j] = dout_t . v_j, s = sum_j att_j
-// datt_j (saved in scratch[(b*NH+h)*T+t]), dpre_j = att_j (datt_j - s) scale, dq_t = sum_j
-// dpre_j k_j. Shared: dout row (hs), reduction buffer (kThreads), dpre row (T).
+// Backward, query side: one block per (b,h,t) row, over keys j = lo .. t (lo: doc[b*T+t] or 0).
+// datt[j] = dout_t . v_j, s = sum_j att_j datt_j (saved in scratch[(b*NH+h)*T+t]), dpre_j = att_j
+// (datt_j - s) scale, dq_t = sum_j dpre_j k_j. Shared: dout row (hs), reduction buffer
+// (kThreads), dpre row (T).
 template <class S>
 __global__ void __launch_bounds__(kThreads)
-attention_bwd_q_kernel(S * dqkv, float * scratch, const S * dout, const S * qkv, const S * att, int T, int C, int NH) {
+attention_bwd_q_kernel(S * dqkv, float * scratch, const S * dout, const S * qkv, const S * att, int T, int C, int NH,
+                       const int32_t * doc) {
     extern __shared__ float smem[];
     float * go = smem;
     const int hs = C / NH;
@@ -126,15 +134,17 @@ attention_bwd_q_kernel(S * dqkv, float * scratch, const S * dout, const S * qkv,
     const int t = task % T, h = (task / T) % NH, b = task / (T * NH);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const size_t C3 = size_t(3) * C;
+    const int lo = doc ? doc[size_t(b) * T + t] : 0;   // keys lo .. t, at index j - lo
     const S * base = qkv + size_t(b) * T * C3 + size_t(h) * hs;
-    const S * arow = att + size_t(task) * T;
+    const S * kv = base + size_t(lo) * C3;
+    const S * arow = att + size_t(task) * T + lo;
     const float scale = 1.0f / sqrtf(float(hs));
-    const int nk = t + 1;
+    const int nk = t + 1 - lo;
     for (int i = threadIdx.x; i < hs; i += kThreads) go[i] = ld(dout[(size_t(b) * T + t) * C + size_t(h) * hs + i]);
     __syncthreads();
     float part = 0.0f;
     for (int j = warp; j < nk; j += kWarps) {
-        const float d = warp_dot(go, base + 2 * size_t(C) + size_t(j) * C3, hs);
+        const float d = warp_dot(go, kv + 2 * size_t(C) + size_t(j) * C3, hs);
         if (lane == 0) {
             buf[j] = d;
             part += ld(arow[j]) * d;
@@ -145,16 +155,18 @@ attention_bwd_q_kernel(S * dqkv, float * scratch, const S * dout, const S * qkv,
     for (int j = threadIdx.x; j < nk; j += kThreads) buf[j] = ld(arow[j]) * (buf[j] - s) * scale;
     __syncthreads();
     S * dq = dqkv + (size_t(b) * T + t) * C3 + size_t(h) * hs;
-    weighted_rows(buf, nk, base + C, C3, hs, red, [&](int i, float x) { dq[i] = st<S>(x); });
+    weighted_rows(buf, nk, kv + C, C3, hs, red, [&](int i, float x) { dq[i] = st<S>(x); });
 }
 
-// Backward, key side: one block per (b,h,j) key row; queries t = j .. T-1.
+// Backward, key side: one block per (b,h,j) key row; queries t = j .. e-1, e = T or, with packed
+// documents, the end of key j's document (the first t with doc[b*T+t] > j: doc_start is
+// non-decreasing along a row, so the queries that see key j are contiguous from j).
 // dv_j = sum_t att[t,j] dout_t;  dk_j = sum_t att[t,j] (dout_t . v_j - s_t) scale q_t.
 // Shared: v row (hs), reduction buffer (kThreads), att column and dpre column (T each).
 template <class S>
 __global__ void __launch_bounds__(kThreads)
 attention_bwd_kv_kernel(S * dqkv, const float * scratch, const S * dout, const S * qkv, const S * att, int T, int C,
-                        int NH) {
+                        int NH, const int32_t * doc) {
     extern __shared__ float smem[];
     float * vs = smem;
     const int hs = C / NH;
@@ -169,7 +181,7 @@ attention_bwd_kv_kernel(S * dqkv, const float * scratch, const S * dout, const S
     const size_t bh = size_t(b) * NH + h;
     const S * gbase = dout + size_t(b) * T * C + size_t(h) * hs;
     const float scale = 1.0f / sqrtf(float(hs));
-    const int n = T - j;  // queries j .. T-1, at index t - j
+    const int n = doc_end(doc, b, T, j) - j;  // queries j .. end-1, at index t - j
     for (int i = threadIdx.x; i < hs; i += kThreads) vs[i] = ld(base[2 * size_t(C) + size_t(j) * C3 + i]);
     __syncthreads();
     for (int r = warp; r < n; r += kWarps) {
@@ -212,10 +224,10 @@ template <class K> size_t smem_for(K kernel, size_t bytes) {
 }  // namespace
 
 void attention_fwd(cudaStream_t s, Tensor out, Tensor att, Tensor qkv, int NH, Tensor doc_start) {
-    MF_ASSERT(!doc_start.valid() && "packed documents: not yet on CUDA");
     MF_ASSERT(out.dtype == qkv.dtype && att.dtype == qkv.dtype);
     const int B = int(qkv.dim(0)), T = int(qkv.dim(1)), C = int(out.cols());
     MF_ASSERT(NH > 0 && C % NH == 0 && qkv.cols() == 3 * int64_t(C) && att.numel() == int64_t(B) * NH * T * T);
+    const int32_t * doc = docs(doc_start, int64_t(B) * T);
     if (int64_t(B) * T == 0) return;
     const int hs = C / NH;
     const size_t C3 = size_t(3) * C;
@@ -223,7 +235,7 @@ void attention_fwd(cudaStream_t s, Tensor out, Tensor att, Tensor qkv, int NH, T
         using S = decltype(z);
         const S * p = ptr<S>(qkv);
         RowArgs a{p, p + C, p + 2 * size_t(C), out.data, att.data, size_t(T) * C3, C3, size_t(T) * C3, C3,
-                  size_t(T) * C, size_t(C), NH, 1, hs, T, 0, T};
+                  size_t(T) * C, size_t(C), NH, 1, hs, T, 0, T, doc};
         const size_t sm = smem_for(attention_row_kernel<S>, (size_t(hs) + kThreads + T) * sizeof(float));
         attention_row_kernel<S><<<unsigned(B * NH * T), kThreads, sm, s>>>(a);
         MF_CUDA_LAUNCHED();
@@ -232,11 +244,11 @@ void attention_fwd(cudaStream_t s, Tensor out, Tensor att, Tensor qkv, int NH, T
 
 void attention_bwd(cudaStream_t s, Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, int NH,
                    Tensor doc_start) {
-    MF_ASSERT(!doc_start.valid() && "packed documents: not yet on CUDA");
     MF_ASSERT(dqkv.dtype == qkv.dtype && dout.dtype == qkv.dtype && att.dtype == qkv.dtype);
     const int B = int(qkv.dim(0)), T = int(qkv.dim(1)), C = int(dout.cols());
     MF_ASSERT(NH > 0 && C % NH == 0 && qkv.cols() == 3 * int64_t(C) && dqkv.numel() == qkv.numel());
     MF_ASSERT(scratch.numel() >= int64_t(B) * NH * T);
+    const int32_t * doc = docs(doc_start, int64_t(B) * T);
     if (int64_t(B) * T == 0) return;
     const int hs = C / NH;
     dispatch_float(qkv.dtype, [&](auto z) {
@@ -244,12 +256,12 @@ void attention_bwd(cudaStream_t s, Tensor dqkv, Tensor scratch, Tensor dout, Ten
         const unsigned rows = unsigned(B * NH * T);
         const size_t smq = smem_for(attention_bwd_q_kernel<S>, (size_t(hs) + kThreads + T) * sizeof(float));
         attention_bwd_q_kernel<S><<<rows, kThreads, smq, s>>>(ptr<S>(dqkv), scratch.f32(), ptr<S>(dout), ptr<S>(qkv),
-                                                              ptr<S>(att), T, C, NH);
+                                                              ptr<S>(att), T, C, NH, doc);
         MF_CUDA_LAUNCHED();
         const size_t smk =
             smem_for(attention_bwd_kv_kernel<S>, (size_t(hs) + kThreads + 2 * size_t(T)) * sizeof(float));
         attention_bwd_kv_kernel<S><<<rows, kThreads, smk, s>>>(ptr<S>(dqkv), scratch.f32(), ptr<S>(dout), ptr<S>(qkv),
-                                                               ptr<S>(att), T, C, NH);
+                                                               ptr<S>(att), T, C, NH, doc);
         MF_CUDA_LAUNCHED();
     });
 }
@@ -270,7 +282,7 @@ void cached_attention_fwd(cudaStream_t s, Tensor out, Tensor qkv, Tensor kcache,
             ptr<S>(kcache), ptr<S>(vcache), ptr<S>(qkv), Tn, pos0, cap, Q, KV);
         MF_CUDA_LAUNCHED();
         RowArgs a{qkv.data, kcache.data, vcache.data, out.data, nullptr, size_t(Tn) * row, row, size_t(cap) * KV, KV,
-                  size_t(Tn) * Q, Q, NH, NH / KVH, hd, Tn, pos0, 0};
+                  size_t(Tn) * Q, Q, NH, NH / KVH, hd, Tn, pos0, 0, nullptr};
         const size_t sm = smem_for(attention_row_kernel<S>, (size_t(hd) + kThreads + pos0 + Tn) * sizeof(float));
         attention_row_kernel<S><<<unsigned(B * NH * Tn), kThreads, sm, s>>>(a);
         MF_CUDA_LAUNCHED();

@@ -37,21 +37,23 @@ template <class D, class S> struct CopyOp {
     }
 };
 
-// ---- encoder forward: out[r, c] = wte[tok - lo, c] + wpe[r % T, c]; a token outside rows
+// ---- encoder forward: out[r, c] = wte[tok - lo, c] + wpe[pos, c], pos = r % T (minus
+// doc[r], the token's document start, with packed documents); a token outside rows
 // [lo, lo + nrows) reads a zero row; a single term is copied exactly (as the CPU does). ----
 template <class T> struct EncodeOp {
-    T * out; const int32_t * tokens; const T * wte; const T * wpe; int64_t seq, C, lo, nrows;
+    T * out; const int32_t * tokens; const T * wte; const T * wpe; const int32_t * doc; int64_t seq, C, lo, nrows;
     template <int V> __device__ void run(int64_t i) const {
         const int64_t r = i / C, c = i - r * C;
         const int64_t e = int64_t(tokens[r]) - lo;
         const bool has_w = tokens[r] >= 0 && e >= 0 && e < nrows;
+        const int64_t pos = r % seq - (doc ? int64_t(doc[r]) : 0);
         Pack<T, V> o;
         if (has_w && wpe) {
-            const Pack<T, V> w = ldp<V>(wte + e * C + c), p = ldp<V>(wpe + (r % seq) * C + c);
+            const Pack<T, V> w = ldp<V>(wte + e * C + c), p = ldp<V>(wpe + pos * C + c);
 #pragma unroll
             for (int k = 0; k < V; ++k) o.v[k] = st<T>(ld(w.v[k]) + ld(p.v[k]));
         } else if (has_w || wpe) {
-            o = has_w ? ldp<V>(wte + e * C + c) : ldp<V>(wpe + (r % seq) * C + c);
+            o = has_w ? ldp<V>(wte + e * C + c) : ldp<V>(wpe + pos * C + c);
         } else {
 #pragma unroll
             for (int k = 0; k < V; ++k) o.v[k] = st<T>(0.0f);
@@ -65,12 +67,17 @@ template <class T> struct EncodeOp {
 // owns that table row and this one exits; otherwise it sums its rows (r, then each later match,
 // in row order) per column in fp32 shared memory and writes the table row once. The order of the
 // additions is the CPU's: a float dwte starts from its value and adds row after row; a
-// low-precision one gets the fp32 sum in one rounded add. Bitwise equal to the CPU backend. ----
+// low-precision one gets the fp32 sum in one rounded add. Bitwise equal to the CPU backend.
+// With packed documents, dwpe's rows collide too and are summed the same way (as the CPU does):
+// K gives each row's table row: the tokens (an i32 array) or Positions (j % T - doc[j]). ----
+struct Positions {
+    const int32_t * doc; int64_t T;
+    __device__ __forceinline__ int32_t operator[](int64_t j) const { return int32_t(j % T) - doc[j]; }
+};
 constexpr int kScanPer = 16, kScanChunk = kScanPer * kThreads, kWarps = kThreads / 32;
-template <class GE, class S>
+template <class GE, class S, class K>
 __global__ void __launch_bounds__(kThreads)
-    enc_bwd_wte_kernel(GE * dwte, const S * dout, const int32_t * tokens, int64_t N, int64_t C, int64_t lo,
-                       int64_t nrows) {
+    enc_bwd_wte_kernel(GE * dwte, const S * dout, K tokens, int64_t N, int64_t C, int64_t lo, int64_t nrows) {
     extern __shared__ float acc[];   // C floats; thread t owns columns t, t + 256, ...
     __shared__ uint32_t masks[kScanPer * kWarps];
     const int64_t r = blockIdx.x;
@@ -223,7 +230,8 @@ template <class D, class S> struct TakeColumnsOp {
 };
 
 // The embedding over table rows [lo, lo + nrows) and its backward (invalid wpe/dwte/dwpe skipped).
-void encode(cudaStream_t s, Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t lo, int64_t nrows) {
+void encode(cudaStream_t s, Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t lo, int64_t nrows,
+            const int32_t * doc = nullptr) {
     MF_ASSERT(out.ndim == 3 && tokens.dtype == DType::i32 && tokens.numel() == out.rows());
     MF_ASSERT(wte.dtype == out.dtype && (!wpe.valid() || wpe.dtype == out.dtype));
     const int64_t T = out.dim(1), C = out.cols();
@@ -233,11 +241,29 @@ void encode(cudaStream_t s, Tensor out, Tensor tokens, Tensor wte, Tensor wpe, i
         const bool vec = C % V == 0 && aligned16({out.data, wte.data, wpe.valid() ? wpe.data : nullptr});
         launch_map<E>(s, out.numel(), vec,
                        EncodeOp<E>{ptr<E>(out), ptr<int32_t>(tokens), ptr<E>(wte),
-                                    wpe.valid() ? ptr<E>(wpe) : nullptr, T, C, lo, nrows});
+                                    wpe.valid() ? ptr<E>(wpe) : nullptr, doc, T, C, lo, nrows});
     });
 }
 
-void encode_bwd(cudaStream_t s, Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t lo, int64_t nrows) {
+// The table gradient kernel over N rows keyed by `keys` into table rows [lo, lo + nrows); g is
+// f32 or S (checked by the caller).
+template <class S, class K>
+void table_grad(cudaStream_t s, Tensor g, const S * dout, K keys, int64_t N, int64_t C, int64_t lo, int64_t nrows) {
+    const size_t smem = size_t(C) * sizeof(float);
+    auto run = [&](auto * gp) {
+        using G = std::remove_pointer_t<decltype(gp)>;
+        auto * k = enc_bwd_wte_kernel<G, S, K>;
+        // The 48 KiB default covers static + dynamic shared memory (masks[] is static).
+        if (smem + sizeof(uint32_t) * kScanPer * kWarps > 48 * 1024)
+            MF_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        k<<<unsigned(N), kThreads, smem, s>>>(gp, dout, keys, N, C, lo, nrows);
+        MF_CUDA_LAUNCHED();
+    };
+    if (g.dtype == DType::f32) run(ptr<float>(g)); else run(ptr<S>(g));
+}
+
+void encode_bwd(cudaStream_t s, Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t lo, int64_t nrows,
+                const int32_t * doc = nullptr) {
     MF_ASSERT(dout.ndim == 3 && tokens.dtype == DType::i32 && tokens.numel() == dout.rows());
     const int64_t B = dout.dim(0), T = dout.dim(1), C = dout.cols(), N = B * T;
     if (N == 0 || C == 0) return;
@@ -245,25 +271,19 @@ void encode_bwd(cudaStream_t s, Tensor dwte, Tensor dwpe, Tensor dout, Tensor to
         using S = decltype(z);
         if (dwpe.valid()) {
             MF_ASSERT(dwpe.dtype == DType::f32 || dwpe.dtype == dout.dtype);
-            const dim3 grid(grid_for(C, kThreads), unsigned(std::min<int64_t>(T, 65535)));
-            if (dwpe.dtype == DType::f32)
-                enc_bwd_wpe_kernel<<<grid, kThreads, 0, s>>>(ptr<float>(dwpe), ptr<S>(dout), B, T, C);
-            else enc_bwd_wpe_kernel<<<grid, kThreads, 0, s>>>(ptr<S>(dwpe), ptr<S>(dout), B, T, C);
-            MF_CUDA_LAUNCHED();
+            if (doc) {   // positions repeat within a row: dwpe's rows collide like dwte's
+                table_grad(s, dwpe, ptr<S>(dout), Positions{doc, T}, N, C, 0, T);
+            } else {
+                const dim3 grid(grid_for(C, kThreads), unsigned(std::min<int64_t>(T, 65535)));
+                if (dwpe.dtype == DType::f32)
+                    enc_bwd_wpe_kernel<<<grid, kThreads, 0, s>>>(ptr<float>(dwpe), ptr<S>(dout), B, T, C);
+                else enc_bwd_wpe_kernel<<<grid, kThreads, 0, s>>>(ptr<S>(dwpe), ptr<S>(dout), B, T, C);
+                MF_CUDA_LAUNCHED();
+            }
         }
         if (!dwte.valid() || nrows == 0) return;
         MF_ASSERT(dwte.dtype == DType::f32 || dwte.dtype == dout.dtype);
-        const size_t smem = size_t(C) * sizeof(float);
-        auto run = [&](auto * g) {
-            using G = std::remove_pointer_t<decltype(g)>;
-            auto * k = enc_bwd_wte_kernel<G, S>;
-            // The 48 KiB default covers static + dynamic shared memory (masks[] is static).
-            if (smem + sizeof(uint32_t) * kScanPer * kWarps > 48 * 1024)
-                MF_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-            k<<<unsigned(N), kThreads, smem, s>>>(g, ptr<S>(dout), ptr<int32_t>(tokens), N, C, lo, nrows);
-            MF_CUDA_LAUNCHED();
-        };
-        if (dwte.dtype == DType::f32) run(ptr<float>(dwte)); else run(ptr<S>(dwte));
+        table_grad(s, dwte, ptr<S>(dout), ptr<int32_t>(tokens), N, C, lo, nrows);
     });
 }
 
@@ -286,12 +306,11 @@ void copy(cudaStream_t s, Tensor dst, Tensor src) {
 }
 
 void encoder_fwd(cudaStream_t s, Tensor out, Tensor tokens, Tensor wte, Tensor wpe, Tensor doc_start) {
-    MF_ASSERT(!doc_start.valid() && "packed documents: not yet on CUDA");
-    encode(s, out, tokens, wte, wpe, 0, wte.numel() / out.cols());
+    encode(s, out, tokens, wte, wpe, 0, wte.numel() / out.cols(), docs(doc_start, out.rows()));
 }
 void encoder_bwd(cudaStream_t s, Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor doc_start) {
-    MF_ASSERT(!doc_start.valid() && "packed documents: not yet on CUDA");
-    encode_bwd(s, dwte, dwpe, dout, tokens, 0, dwte.valid() ? dwte.numel() / dout.cols() : 0);
+    encode_bwd(s, dwte, dwpe, dout, tokens, 0, dwte.valid() ? dwte.numel() / dout.cols() : 0,
+               docs(doc_start, dout.rows()));
 }
 void vocab_encoder_fwd(cudaStream_t s, Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t vocab_lo) {
     MF_ASSERT(vocab_lo >= 0 && wte.numel() % out.cols() == 0);

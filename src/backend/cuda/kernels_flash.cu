@@ -12,6 +12,15 @@
 // The backward thus computes S and dP twice (7 tile products per pair instead of FA2's 5) and
 // needs only D = rowsum(dO * O) in its scratch (cuda_flash_attention_workspace).
 //
+// Packed documents (doc_start, i32 [B,T]; null: one document per row): query q sees keys
+// doc[q] .. q. doc_start is non-decreasing along a row, so a query tile's earliest key is its
+// first query's document start: the forward and dQ start their key loop at that key's tile, and
+// dKdV stops at the first query tile whose first query's document starts after the block's last
+// key. Within the tile pairs left, keys before a query's document start are masked (in dKdV:
+// queries after the end of the key's document, doc_end in common.cuh); a forward
+// row that has seen no key yet (running max -inf) takes a tile as a no-op (no NaN). The
+// no-document path computes exactly what it did before (the masks add nothing, the skips none).
+//
 // * mma: bf16/f16 with head dim 64 or 128 and 16-byte aligned tensors. 4 warps; each warp owns
 //   16 rows of its block's 64 and multiplies with mma.sync.m16n8k16 (bf16/f16 in, fp32
 //   accumulators); softmax statistics in fp32 registers (exp2 with log2(e) folded into the
@@ -71,7 +80,8 @@ __device__ __forceinline__ void load_f32(float * dst, int ldd, const S * src, si
 
 // Forward. Shared: Q [16][HD], K [32][HD+1], V [32][HD], P [16][32]: 43 KiB at HD = 128.
 template <class S, int HD>
-__global__ void __launch_bounds__(kThreads) flash_fwd_simt(S * out, float * lse, const S * qkv, int T, int C, int NH) {
+__global__ void __launch_bounds__(kThreads)
+    flash_fwd_simt(S * out, float * lse, const S * qkv, int T, int C, int NH, const int32_t * doc) {
     constexpr int NC = HD / 32;
     extern __shared__ __align__(16) unsigned char flash_smem[];
     float * Qs = reinterpret_cast<float *>(flash_smem);
@@ -85,9 +95,10 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_simt(S * out, float * lse,
     const float scale = 1.0f / sqrtf(float(HD));
     load_f32<S, HD>(Qs, HD, base + q0 * C3, C3, kRows, T - q0);
     float o[kR][NC] = {}, m[kR], l[kR] = {};
-    for (int i = 0; i < kR; ++i) m[i] = -INFINITY;
+    int lo[kR];   // each row's first key (its document start)
+    for (int i = 0; i < kR; ++i) m[i] = -INFINITY, lo[i] = doc_of(doc, b, T, q0 + w * kR + i);
     const int qlast = min(q0 + kRows - 1, T - 1);
-    for (int k0 = 0; k0 <= qlast; k0 += kCols) {
+    for (int k0 = doc_of(doc, b, T, q0) / kCols * kCols; k0 <= qlast; k0 += kCols) {
         __syncthreads();
         load_f32<S, HD>(Ks, HD + 1, base + C + k0 * C3, C3, kCols, T - k0);
         load_f32<S, HD>(Vs, HD, base + 2 * size_t(C) + k0 * C3, C3, kCols, T - k0);
@@ -99,9 +110,12 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_simt(S * out, float * lse,
             for (int i = 0; i < kR; ++i) s[i] += Qs[(w * kR + i) * HD + d] * kd;
         }
         for (int i = 0; i < kR; ++i) {
-            const float x = k0 + lane <= q0 + w * kR + i ? s[i] * scale : -INFINITY;
-            const float mnew = fmaxf(m[i], warp_max(x));  // finite: key 0 is in every row's first tile
-            const float p = expf(x - mnew), alpha = expf(m[i] - mnew);
+            const int key = k0 + lane;
+            const float x = key <= q0 + w * kR + i && key >= lo[i] ? s[i] * scale : -INFINITY;
+            // -inf only for a row with no key of its document yet (never without documents: key 0
+            // is in every row's first tile): subtract 0 instead, so p = 0 and alpha = 0.
+            const float mnew = fmaxf(m[i], warp_max(x)), u = mnew == -INFINITY ? 0.0f : mnew;
+            const float p = expf(x - u), alpha = expf(m[i] - u);
             l[i] = l[i] * alpha + warp_sum(p);
             m[i] = mnew;
             Ps[(w * kR + i) * kCols + lane] = p;
@@ -127,7 +141,8 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_simt(S * out, float * lse,
 // Backward dQ. Shared: Q, dO [16][HD]; K, V [32][HD+1]; dS [16][32]: 51 KiB at HD = 128.
 template <class S, int HD>
 __global__ void __launch_bounds__(kThreads)
-flash_dq_simt(S * dqkv, const float * D, const S * dout, const S * qkv, const float * lse, int T, int C, int NH) {
+flash_dq_simt(S * dqkv, const float * D, const S * dout, const S * qkv, const float * lse, int T, int C, int NH,
+              const int32_t * doc) {
     constexpr int NC = HD / 32;
     extern __shared__ __align__(16) unsigned char flash_smem[];
     float * Qs = reinterpret_cast<float *>(flash_smem);
@@ -143,13 +158,15 @@ flash_dq_simt(S * dqkv, const float * D, const S * dout, const S * qkv, const fl
     load_f32<S, HD>(Qs, HD, base + q0 * C3, C3, kRows, T - q0);
     load_f32<S, HD>(Gs, HD, dout + (size_t(b) * T + q0) * C + size_t(h) * HD, size_t(C), kRows, T - q0);
     float lr[kR], dr[kR], dq[kR][NC] = {};
+    int lo[kR];
     for (int i = 0; i < kR; ++i) {
         const int q = q0 + w * kR + i;
         lr[i] = q < T ? lse[bh * T + q] : 0.0f;
         dr[i] = q < T ? D[bh * T + q] : 0.0f;
+        lo[i] = doc_of(doc, b, T, q);
     }
     const int qlast = min(q0 + kRows - 1, T - 1);
-    for (int k0 = 0; k0 <= qlast; k0 += kCols) {
+    for (int k0 = doc_of(doc, b, T, q0) / kCols * kCols; k0 <= qlast; k0 += kCols) {
         __syncthreads();
         load_f32<S, HD>(Ks, HD + 1, base + C + k0 * C3, C3, kCols, T - k0);
         load_f32<S, HD>(Vs, HD + 1, base + 2 * size_t(C) + k0 * C3, C3, kCols, T - k0);
@@ -164,7 +181,8 @@ flash_dq_simt(S * dqkv, const float * D, const S * dout, const S * qkv, const fl
             }
         }
         for (int i = 0; i < kR; ++i) {
-            const float p = k0 + lane <= q0 + w * kR + i ? expf(s[i] * scale - lr[i]) : 0.0f;
+            const int key = k0 + lane;
+            const float p = key <= q0 + w * kR + i && key >= lo[i] ? expf(s[i] * scale - lr[i]) : 0.0f;
             Ps[(w * kR + i) * kCols + lane] = p * (dp[i] - dr[i]) * scale;
         }
         __syncwarp();
@@ -186,7 +204,8 @@ flash_dq_simt(S * dqkv, const float * D, const S * dout, const S * qkv, const fl
 // lse, D [32]; P, dS [16][32]: 54 KiB at HD = 128.
 template <class S, int HD>
 __global__ void __launch_bounds__(kThreads)
-flash_dkdv_simt(S * dqkv, const float * D, const S * dout, const S * qkv, const float * lse, int T, int C, int NH) {
+flash_dkdv_simt(S * dqkv, const float * D, const S * dout, const S * qkv, const float * lse, int T, int C, int NH,
+                const int32_t * doc) {
     constexpr int NC = HD / 32;
     extern __shared__ __align__(16) unsigned char flash_smem[];
     float * Ks = reinterpret_cast<float *>(flash_smem);
@@ -206,7 +225,11 @@ flash_dkdv_simt(S * dqkv, const float * D, const S * dout, const S * qkv, const 
     load_f32<S, HD>(Ks, HD, base + C + k0 * C3, C3, kRows, T - k0);
     load_f32<S, HD>(Vs, HD, base + 2 * size_t(C) + k0 * C3, C3, kRows, T - k0);
     float dk[kR][NC] = {}, dv[kR][NC] = {};
+    int end[kR];   // each key's queries end at its document's end (T without documents)
+    for (int i = 0; i < kR; ++i) end[i] = doc_end(doc, b, T, k0 + w * kR + i);
+    const int klast = min(k0 + kRows, T) - 1;
     for (int q0 = k0 / kCols * kCols; q0 < T; q0 += kCols) {
+        if (doc_of(doc, b, T, q0) > klast) break;   // uniform over the block
         __syncthreads();
         load_f32<S, HD>(Qs, HD + 1, base + q0 * C3, C3, kCols, T - q0);
         load_f32<S, HD>(Gs, HD + 1, gbase + size_t(q0) * C, size_t(C), kCols, T - q0);
@@ -227,7 +250,7 @@ flash_dkdv_simt(S * dqkv, const float * D, const S * dout, const S * qkv, const 
         }
         const int q = q0 + lane;
         for (int i = 0; i < kR; ++i) {
-            const bool on = q >= k0 + w * kR + i && q < T;
+            const bool on = q >= k0 + w * kR + i && q < end[i];
             const float p = on ? expf(s[i] * scale - Ls[lane]) : 0.0f;
             Ps[(w * kR + i) * kCols + lane] = p;
             Ss[(w * kR + i) * kCols + lane] = p * (dp[i] - Ds[lane]) * scale;
@@ -283,10 +306,10 @@ int tiles(int T, int n) { return (T + n - 1) / n; }
 }  // namespace
 
 void flash_attention_fwd(cudaStream_t s, Tensor out, Tensor lse, Tensor qkv, int NH, Tensor doc_start) {
-    MF_ASSERT(!doc_start.valid() && "packed documents: not yet on CUDA");
     MF_ASSERT(out.dtype == qkv.dtype && lse.dtype == DType::f32);
     const int B = int(qkv.dim(0)), T = int(qkv.dim(1)), C = int(out.cols());
     MF_ASSERT(NH > 0 && C % NH == 0 && qkv.cols() == 3 * int64_t(C) && lse.numel() == int64_t(B) * NH * T);
+    const int32_t * doc = docs(doc_start, int64_t(B) * T);
     if (int64_t(B) * T == 0) return;
     dispatch_float(qkv.dtype, [&](auto z) {
         using S = decltype(z);
@@ -297,7 +320,7 @@ void flash_attention_fwd(cudaStream_t s, Tensor out, Tensor lse, Tensor qkv, int
                     const size_t sm = size_t(3) * kBlk * (HD + 8) * sizeof(S);
                     allow_smem(flash_fwd_mma<S, HD>, sm);
                     flash_fwd_mma<S, HD><<<dim3(tiles(T, kBlk), NH, B), kThreads, sm, s>>>(ptr<S>(out), lse.f32(),
-                                                                                           ptr<S>(qkv), T, C, NH);
+                                                                                           ptr<S>(qkv), T, C, NH, doc);
                     MF_CUDA_LAUNCHED();
                     return;
                 }
@@ -305,7 +328,7 @@ void flash_attention_fwd(cudaStream_t s, Tensor out, Tensor lse, Tensor qkv, int
             const size_t sm = simt_smem(0, HD);
             allow_smem(flash_fwd_simt<S, HD>, sm);
             flash_fwd_simt<S, HD><<<dim3(tiles(T, kRows), NH, B), kThreads, sm, s>>>(ptr<S>(out), lse.f32(),
-                                                                                     ptr<S>(qkv), T, C, NH);
+                                                                                     ptr<S>(qkv), T, C, NH, doc);
             MF_CUDA_LAUNCHED();
         });
     });
@@ -313,12 +336,12 @@ void flash_attention_fwd(cudaStream_t s, Tensor out, Tensor lse, Tensor qkv, int
 
 void flash_attention_bwd(cudaStream_t s, Tensor dqkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv,
                          Tensor lse, int NH, Tensor doc_start) {
-    MF_ASSERT(!doc_start.valid() && "packed documents: not yet on CUDA");
     MF_ASSERT(dqkv.dtype == qkv.dtype && dout.dtype == qkv.dtype && out.dtype == qkv.dtype && lse.dtype == DType::f32);
     const int B = int(qkv.dim(0)), T = int(qkv.dim(1)), C = int(dout.cols());
     MF_ASSERT(NH > 0 && C % NH == 0 && qkv.cols() == 3 * int64_t(C) && dqkv.numel() == qkv.numel());
     MF_ASSERT(lse.numel() == int64_t(B) * NH * T && out.numel() == dout.numel());
     MF_ASSERT(scratch.nbytes() >= cuda_flash_attention_workspace(B, T, C, NH));
+    const int32_t * doc = docs(doc_start, int64_t(B) * T);
     if (int64_t(B) * T == 0) return;
     float * D = static_cast<float *>(scratch.data);  // [B, NH, T]
     dispatch_float(qkv.dtype, [&](auto z) {
@@ -331,7 +354,7 @@ void flash_attention_bwd(cudaStream_t s, Tensor dqkv, Tensor scratch, Tensor dou
             const auto args = [&](auto kernel, int rows, size_t sm) {
                 allow_smem(kernel, sm);
                 kernel<<<dim3(tiles(T, rows), NH, B), kThreads, sm, s>>>(ptr<S>(dqkv), D, ptr<S>(dout), ptr<S>(qkv),
-                                                                         lse.f32(), T, C, NH);
+                                                                         lse.f32(), T, C, NH, doc);
                 MF_CUDA_LAUNCHED();
             };
             if constexpr (kMma<S, HD>) {

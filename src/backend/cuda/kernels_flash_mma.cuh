@@ -107,10 +107,19 @@ template <class S, int N> __device__ __forceinline__ void acc_to_a(uint32_t (&f)
 
 constexpr int kBlk = 64;  // rows per block (4 warps x 16)
 
+// The document start of query row q of batch b's row (doc: [B, T] or null: 0), 0 past T.
+__device__ __forceinline__ int doc_of(const int32_t * doc, int b, int T, int q) {
+    return doc && q < T ? doc[size_t(b) * T + q] : 0;
+}
+
 // Forward: 64 queries per block, key tiles of 64. Shared: Q, K, V [64][HD+8] (27 KiB at HD 64,
-// 51 KiB at 128). Q fragments stay in registers; S, P and O in fp32 accumulators.
+// 51 KiB at 128). Q fragments stay in registers; S, P and O in fp32 accumulators. Packed
+// documents: key tiles from the one holding the first query's document start (the earliest of
+// the block's: doc_start is non-decreasing); keys before a row's document start are masked, and a
+// row that has seen no key yet (running max -inf) takes the tile as a no-op.
 template <class S, int HD>
-__global__ void __launch_bounds__(kThreads) flash_fwd_mma(S * out, float * lse, const S * qkv, int T, int C, int NH) {
+__global__ void __launch_bounds__(kThreads)
+    flash_fwd_mma(S * out, float * lse, const S * qkv, int T, int C, int NH, const int32_t * doc) {
     constexpr int LD = HD + 8, KS = HD / 16, NT = kBlk / 8, OT = HD / 8;
     extern __shared__ __align__(16) unsigned char flash_smem[];
     S * Qs = reinterpret_cast<S *>(flash_smem);
@@ -128,12 +137,18 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_mma(S * out, float * lse, 
     for (int kk = 0; kk < KS; ++kk) fr.a(qf[kk], Qs, w * 16, kk * 16);
     float o[OT][4] = {}, m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
     const int row0 = q0 + w * 16 + fr.g;
-    for (int kt = 0; kt <= qt; ++kt) {
+    for (int kt = doc_of(doc, b, T, q0) / kBlk; kt <= qt; ++kt) {
         const int k0 = kt * kBlk;
         __syncthreads();
         load_tile<HD, LD, kBlk>(Ks, base + C + k0 * C3, C3, T - k0);
         load_tile<HD, LD, kBlk>(Vs, base + 2 * size_t(C) + k0 * C3, C3, T - k0);
         __syncthreads();
+        // This lane's columns (of 64) nt * 8 + (e & 1) that rows g and g+8 see: from f0, f1 (their
+        // documents' starts) to z0, z1 (the diagonal on the last tile). Read per tile, in this
+        // form, the document starts keep the registers of the kernel without them.
+        const int c0 = k0 + 2 * fr.c;
+        const int f0 = doc_of(doc, b, T, row0) - c0, f1 = doc_of(doc, b, T, row0 + 8) - c0;
+        const int z0 = kt == qt ? row0 - c0 : kBlk, z1 = kt == qt ? row0 + 8 - c0 : kBlk;
         float s[NT][4] = {};
         for (int kk = 0; kk < KS; ++kk)
             for (int nt = 0; nt < NT; ++nt) {
@@ -144,8 +159,9 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_mma(S * out, float * lse, 
         float mx0 = -INFINITY, mx1 = -INFINITY;
         for (int nt = 0; nt < NT; ++nt)
             for (int e = 0; e < 4; ++e) {
+                const int col = nt * 8 + (e & 1);
                 float x = s[nt][e] * sl2;
-                if (kt == qt && k0 + nt * 8 + 2 * fr.c + (e & 1) > row0 + (e >> 1) * 8) x = -INFINITY;
+                if (col > (e < 2 ? z0 : z1) || col < (e < 2 ? f0 : f1)) x = -INFINITY;
                 s[nt][e] = x;
                 if (e < 2) mx0 = fmaxf(mx0, x); else mx1 = fmaxf(mx1, x);
             }
@@ -153,13 +169,16 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_mma(S * out, float * lse, 
             mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
             mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
         }
-        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);  // finite: key 0 is in tile 0
-        const float a0 = exp2f(m0 - n0), a1 = exp2f(m1 - n1);
+        // -inf only for a row with no key of its document yet (never without documents: key 0
+        // is in tile 0); it subtracts 0 instead, so that p = 0, alpha = 0 (o and l are 0).
+        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+        const float u0 = n0 == -INFINITY ? 0.0f : n0, u1 = n1 == -INFINITY ? 0.0f : n1;
+        const float a0 = exp2f(m0 - u0), a1 = exp2f(m1 - u1);
         m0 = n0, m1 = n1;
         float sum0 = 0.0f, sum1 = 0.0f;
         for (int nt = 0; nt < NT; ++nt)
             for (int e = 0; e < 4; ++e) {
-                const float p = exp2f(s[nt][e] - (e < 2 ? n0 : n1));
+                const float p = exp2f(s[nt][e] - (e < 2 ? u0 : u1));
                 s[nt][e] = p;
                 if (e < 2) sum0 += p; else sum1 += p;
             }
@@ -187,10 +206,12 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_mma(S * out, float * lse, 
 }
 
 // Backward dQ: 64 queries per block, key tiles of BC (64, or 32 at HD 128 to bound registers).
-// Shared: Q, dO [64][HD+8]; K, V [BC][HD+8] (36 KiB at HD 64, 51 KiB at 128).
+// Shared: Q, dO [64][HD+8]; K, V [BC][HD+8] (36 KiB at HD 64, 51 KiB at 128). Packed documents:
+// key tiles from the first query's document start's, keys before a row's document masked.
 template <class S, int HD>
 __global__ void __launch_bounds__(kThreads)
-flash_dq_mma(S * dqkv, const float * D, const S * dout, const S * qkv, const float * lse, int T, int C, int NH) {
+flash_dq_mma(S * dqkv, const float * D, const S * dout, const S * qkv, const float * lse, int T, int C, int NH,
+             const int32_t * doc) {
     constexpr int LD = HD + 8, KS = HD / 16, BC = HD == 128 ? 32 : 64, NT = BC / 8, OT = HD / 8;
     extern __shared__ __align__(16) unsigned char flash_smem[];
     S * Qs = reinterpret_cast<S *>(flash_smem);
@@ -209,9 +230,10 @@ flash_dq_mma(S * dqkv, const float * D, const S * dout, const S * qkv, const flo
     const float L0 = row0 < T ? lse[bh * T + row0] * kLog2e : 0.0f, D0 = row0 < T ? D[bh * T + row0] : 0.0f;
     const float L1 = row0 + 8 < T ? lse[bh * T + row0 + 8] * kLog2e : 0.0f;
     const float D1 = row0 + 8 < T ? D[bh * T + row0 + 8] : 0.0f;
+    const int lo0 = doc_of(doc, b, T, row0), lo1 = doc_of(doc, b, T, row0 + 8);
     float dq[OT][4] = {};
     const int qlast = min(q0 + kBlk - 1, T - 1);
-    for (int k0 = 0; k0 <= qlast; k0 += BC) {
+    for (int k0 = doc_of(doc, b, T, q0) / BC * BC; k0 <= qlast; k0 += BC) {
         __syncthreads();
         load_tile<HD, LD, BC>(Ks, base + C + k0 * C3, C3, T - k0);
         load_tile<HD, LD, BC>(Vs, base + 2 * size_t(C) + k0 * C3, C3, T - k0);
@@ -232,7 +254,8 @@ flash_dq_mma(S * dqkv, const float * D, const S * dout, const S * qkv, const flo
         for (int nt = 0; nt < NT; ++nt)
             for (int e = 0; e < 4; ++e) {
                 float p = exp2f(s[nt][e] * sl2 - (e < 2 ? L0 : L1));
-                if (diag && k0 + nt * 8 + 2 * fr.c + (e & 1) > row0 + (e >> 1) * 8) p = 0.0f;
+                const int key = k0 + nt * 8 + 2 * fr.c + (e & 1);
+                if ((diag && key > row0 + (e >> 1) * 8) || key < (e < 2 ? lo0 : lo1)) p = 0.0f;
                 s[nt][e] = p * (dp[nt][e] - (e < 2 ? D0 : D1)) * scale;  // dS
             }
         for (int kk = 0; kk < BC / 16; ++kk) {
@@ -248,10 +271,14 @@ flash_dq_mma(S * dqkv, const float * D, const S * dout, const S * qkv, const flo
 }
 
 // Backward dK, dV: 64 keys per block, query tiles of BQ (64, or 32 at HD 128) from the
-// diagonal on. Shared: K, V [64][HD+8]; Q, dO [BQ][HD+8]; lse, D [BQ] fp32.
+// diagonal on. Shared: K, V [64][HD+8]; Q, dO [BQ][HD+8]; lse, D [BQ] fp32. Packed documents: a
+// key is seen by the queries from it to its document's end (doc_end); the query tiles stop at the
+// first whose first query's document starts after the block's last key (it and every later one
+// see none: doc_start is non-decreasing).
 template <class S, int HD>
 __global__ void __launch_bounds__(kThreads)
-flash_dkdv_mma(S * dqkv, const float * D, const S * dout, const S * qkv, const float * lse, int T, int C, int NH) {
+flash_dkdv_mma(S * dqkv, const float * D, const S * dout, const S * qkv, const float * lse, int T, int C, int NH,
+               const int32_t * doc) {
     constexpr int LD = HD + 8, KS = HD / 16, BQ = HD == 128 ? 32 : 64, NT = BQ / 8, OT = HD / 8;
     extern __shared__ __align__(16) unsigned char flash_smem[];
     S * Ks = reinterpret_cast<S *>(flash_smem);
@@ -269,8 +296,11 @@ flash_dkdv_mma(S * dqkv, const float * D, const S * dout, const S * qkv, const f
     load_tile<HD, LD, kBlk>(Ks, base + C + k0 * C3, C3, T - k0);
     load_tile<HD, LD, kBlk>(Vs, base + 2 * size_t(C) + k0 * C3, C3, T - k0);
     const int key0 = k0 + w * 16 + fr.g;
+    const int end0 = doc_end(doc, b, T, key0), end1 = doc_end(doc, b, T, key0 + 8);   // T without documents
     float dk[OT][4] = {}, dv[OT][4] = {};
+    const int klast = min(k0 + kBlk, T) - 1;
     for (int q0 = k0; q0 < T; q0 += BQ) {
+        if (doc_of(doc, b, T, q0) > klast) break;   // uniform over the block
         __syncthreads();
         load_tile<HD, LD, BQ>(Qs, base + q0 * C3, C3, T - q0);
         load_tile<HD, LD, BQ>(Gs, dout + (size_t(b) * T + q0) * C + size_t(h) * HD, size_t(C), T - q0);
@@ -295,7 +325,7 @@ flash_dkdv_mma(S * dqkv, const float * D, const S * dout, const S * qkv, const f
         for (int nt = 0; nt < NT; ++nt)
             for (int e = 0; e < 4; ++e) {  // rows: keys; columns: queries
                 const int qi = nt * 8 + 2 * fr.c + (e & 1), q = q0 + qi;
-                const bool on = q >= key0 + (e >> 1) * 8 && q < T;
+                const bool on = q >= key0 + (e >> 1) * 8 && q < (e < 2 ? end0 : end1);
                 const float p = on ? exp2f(s[nt][e] * sl2 - Ls[qi]) : 0.0f;
                 s[nt][e] = p;
                 dp[nt][e] = p * (dp[nt][e] - Ds[qi]) * scale;  // dS^T

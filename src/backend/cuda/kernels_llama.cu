@@ -18,19 +18,23 @@ namespace memfit::cuda {
 
 namespace {
 
-// ---- RoPE: block (128 threads) per row (grid-stride over rows). The row's hd/2 angles
-// a = pos * inv_freq[i] are computed in double from the host's inv_freq (std::pow in double, as
-// the CPU), cos/sin in double then rounded to float, as the CPU does; then each (head, i) pair of
-// the NH + KVH rotated heads is turned by a (sign = -1: the inverse, for the backward). ----
+// ---- RoPE: block (128 threads) per row (grid-stride over rows). Row r has position
+// pos = pos0 + r % T (minus doc[r], its document's start, with packed documents). The row's
+// hd/2 angles a = pos * inv_freq[i] are computed in double from the host's inv_freq (std::pow in
+// double, as the CPU), cos/sin in double then rounded to float, as the CPU does; then each
+// (head, i) pair of the NH + KVH rotated heads is turned by a (sign = -1: the inverse, for the
+// backward). ----
 constexpr int kRopeThreads = 128, kMaxHalf = 128;
 struct RopeFreq { double f[kMaxHalf]; };
 
 template <class T>
 __global__ void __launch_bounds__(kRopeThreads)
-    rope_kernel(T * x, int64_t N, int64_t T_, int heads, int64_t width, int half, int pos0, float sign, RopeFreq fr) {
+    rope_kernel(T * x, int64_t N, int64_t T_, int heads, int64_t width, int half, int pos0, float sign, RopeFreq fr,
+                const int32_t * doc) {
     __shared__ float cosv[kMaxHalf], sinv[kMaxHalf];
     for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
-        const double pos = double(pos0) + double(r % T_);
+        const int64_t t = r % T_;
+        const double pos = double(pos0) + double(doc ? t - doc[r] : t);
         for (int i = threadIdx.x; i < half; i += blockDim.x) {
             const double a = pos * fr.f[i];
             cosv[i] = float(cos(a));
@@ -50,7 +54,7 @@ __global__ void __launch_bounds__(kRopeThreads)
     }
 }
 
-void rope(cudaStream_t s, Tensor qkv, int NH, int KVH, float theta, int pos0, float sign) {
+void rope(cudaStream_t s, Tensor qkv, int NH, int KVH, float theta, int pos0, float sign, Tensor doc_start) {
     MF_ASSERT(qkv.ndim == 3 && NH > 0 && KVH > 0 && NH % KVH == 0);
     const int64_t width = qkv.cols();
     MF_ASSERT(width % (NH + 2 * KVH) == 0 && "qkv width is not (NH + 2*KVH) heads");
@@ -58,13 +62,14 @@ void rope(cudaStream_t s, Tensor qkv, int NH, int KVH, float theta, int pos0, fl
     MF_ASSERT(hd > 0 && hd % 2 == 0 && hd / 2 <= kMaxHalf && "rope: head dim must be even and at most 256");
     const int half = hd / 2;
     const int64_t N = qkv.rows(), T = qkv.dim(1);
+    const int32_t * doc = docs(doc_start, N);
     if (N == 0) return;
     RopeFreq fr{};
     for (int i = 0; i < half; ++i) fr.f[i] = std::pow(static_cast<double>(theta), -2.0 * i / hd);
     dispatch_float(qkv.dtype, [&](auto z) {
         using E = decltype(z);
         rope_kernel<<<unsigned(std::min<int64_t>(N, 1 << 30)), kRopeThreads, 0, s>>>(ptr<E>(qkv), N, T, NH + KVH,
-                                                                                     width, half, pos0, sign, fr);
+                                                                                     width, half, pos0, sign, fr, doc);
         MF_CUDA_LAUNCHED();
     });
 }
@@ -159,12 +164,10 @@ int kv_head_dim(const Tensor & qkv, const Tensor & full, int NH, int KVH) {
 }  // namespace
 
 void rope_fwd(cudaStream_t s, Tensor qkv, int NH, int KVH, float theta, int pos0, Tensor doc_start) {
-    MF_ASSERT(!doc_start.valid() && "packed documents: not yet on CUDA");
-    rope(s, qkv, NH, KVH, theta, pos0, 1.0f);
+    rope(s, qkv, NH, KVH, theta, pos0, 1.0f, doc_start);
 }
 void rope_bwd(cudaStream_t s, Tensor dqkv, int NH, int KVH, float theta, int pos0, Tensor doc_start) {
-    MF_ASSERT(!doc_start.valid() && "packed documents: not yet on CUDA");
-    rope(s, dqkv, NH, KVH, theta, pos0, -1.0f);
+    rope(s, dqkv, NH, KVH, theta, pos0, -1.0f, doc_start);
 }
 
 void swiglu_fwd(cudaStream_t s, Tensor out, Tensor inp) {
