@@ -4,7 +4,9 @@
 #include <omp.h>
 
 #include <cstdint>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -69,6 +71,14 @@ inline LoraOptions lora_options(const ModelConfig & cfg, int rank, BaseWeights b
     l.targets = parse_lora_targets(cfg, targets);
     l.base = base;
     return l;
+}
+
+// A file's bytes ("" when it cannot be read: the test's checks then fail on its contents).
+inline std::string read_text(const std::string & path) {
+    std::ifstream in(path, std::ios::binary);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
 }
 
 // n draws of N(0, scale^2).

@@ -9,21 +9,13 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/paths.h"
 
 namespace memfit {
 
 namespace {
 
 using nlohmann::json;
-
-std::string read_file(const std::string & path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw IoError(fmt::format("{}: cannot open the file", path));
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    if (in.bad()) throw IoError(fmt::format("{}: read failed", path));
-    return ss.str();
-}
 
 [[noreturn]] void bad(const std::string & name, const std::string & what) {
     throw FormatError(fmt::format("{}: {}; the file is not a tokenizer_config.json memfit can read", name, what));
@@ -79,10 +71,10 @@ TokenizerConfig parse_tokenizer_config(const std::string & text, const std::stri
 }
 
 TokenizerConfig read_tokenizer_config(const std::string & path) {
-    TokenizerConfig c = parse_tokenizer_config(read_file(path), path);
+    TokenizerConfig c = parse_tokenizer_config(read_whole_file(path, "a tokenizer_config.json", "pass a model folder or tokenizer that has one"), path);
     std::error_code ec;
     const std::filesystem::path jinja = std::filesystem::path(path).parent_path() / "chat_template.jinja";
-    if (std::filesystem::is_regular_file(jinja, ec)) c.chat_template = read_file(jinja.string());
+    if (std::filesystem::is_regular_file(jinja, ec)) c.chat_template = read_whole_file(jinja.string(), "a chat template", "");
     return c;
 }
 

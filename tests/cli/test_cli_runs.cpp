@@ -121,7 +121,7 @@ TEST(Cli, CheckpointWriteFailureKeepsThePrevious) {
     EXPECT_EQ(folders(), (std::vector<std::string>{"step-000005", "step-000010", "step-000012"}));
 }
 
-// Metrics that cannot be written (metrics.jsonl past a 50 KiB file-size limit after ~270 steps)
+// Metrics that cannot be written (metrics.jsonl past a 50 KiB file-size limit after ~100 steps)
 // are lost, not the run: one warning, the count in summary.json, every step trained, exit 0. A
 // report that cannot be written (report.html is ~65 KiB) is a warning too.
 TEST(Cli, MetricsWriteFailureDoesNotStopTheRun) {
@@ -143,7 +143,7 @@ TEST(Cli, MetricsWriteFailureDoesNotStopTheRun) {
     EXPECT_EQ(summary["steps_done"].get<int>(), 700);
     const int lost = summary.value("metrics_lines_lost", 0);
     EXPECT_GT(lost, 300);
-    EXPECT_LT(lost, 600);
+    EXPECT_LT(lost, 650);   // lines of about 500 bytes: about 100 written before the limit
     EXPECT_EQ(fs::file_size(out / "metrics.jsonl"), 50u * 1024u);
 }
 

@@ -41,10 +41,14 @@ Trained train(Backend & backend, const ModelConfig & cfg, EngineOptions eo, int 
     h.clip = 1.0f;
     Trained r;
     const size_t n = size_t(eo.B) * size_t(eo.T) * size_t(eo.grad_accum);
+    // Packed documents: each row of T cut into documents of 20, 1, 30 and the rest of the tokens.
+    std::vector<int32_t> starts;
+    for (size_t row = 0; eo.documents && row < n / size_t(eo.T); ++row)
+        for (int t = 0; t < eo.T; ++t) starts.push_back(t < 20 ? 0 : t < 21 ? 20 : t < 51 ? 21 : 51);
     for (int s = 0; s < steps; ++s) {
         std::vector<int32_t> in(n), tg(n);
         test::random_batch(in, tg, cfg.vocab_size, 100 + uint64_t(s));
-        r.losses.push_back(engine.train_step(in.data(), tg.data(), h).loss);
+        r.losses.push_back(engine.train_step(in.data(), tg.data(), h, eo.documents ? starts.data() : nullptr).loss);
     }
     r.params = engine.full_params();
     r.planned_live = engine.planned_peak_live();
@@ -99,6 +103,33 @@ TEST(CudaEngine, TrainingStepsMatchTheCpuBackend) {
         EXPECT_LT(rel_diff(a.params, b.params), tol_params);
         for (int k = 0; k < kCategoryCount; ++k)
             EXPECT_EQ(b.planned_live.v[size_t(k)], b.measured_live.v[size_t(k)]) << category_name(Category(k));
+    }
+}
+
+// Packed documents (--packing) on the device: the CPU's steps, the plan the bytes acquired.
+TEST(CudaEngine, PackedDocumentsMatchTheCpuBackend) {
+    MF_REQUIRE_GPU();
+    const Case cases[] = {{true, DType::f32, true, "none", 1}, {false, DType::f32, false, "full", 2},
+                          {true, DType::bf16, true, "none", 1}};
+    for (const Case & c : cases) {
+        SCOPED_TRACE(std::string(c.llama ? "llama" : "gpt2") + " " + std::string(dtype_name(c.dt)) +
+                     (c.flash ? " flash" : " naive"));
+        const ModelConfig cfg = test::small_family(c.llama, 96, 128, 2, 4, 256, 64);
+        EngineOptions eo;
+        eo.B = 2, eo.T = 64, eo.with_eval = false, eo.compute = c.dt, eo.flash_attention = c.flash;
+        eo.grad_accum = c.accum, eo.documents = true;
+        eo.recompute = parse_recompute(c.recompute, cfg.n_layer);
+        CpuBackend cpu;
+        const Trained a = train(cpu, cfg, eo, 3), b = train(*test::gpu(), cfg, eo, 3);
+        const double tol = c.dt == DType::f32 ? 1e-4 : 2e-2;
+        for (size_t s = 0; s < a.losses.size(); ++s)
+            EXPECT_LT(std::fabs(a.losses[s] - b.losses[s]) / std::fabs(a.losses[s]), tol) << "step " << s;
+        EXPECT_LT(rel_diff(a.params, b.params), tol);
+        for (int k = 0; k < kCategoryCount; ++k)
+            EXPECT_EQ(b.planned_live.v[size_t(k)], b.measured_live.v[size_t(k)]) << category_name(Category(k));
+        // Without the document starts the same batch trains otherwise.
+        eo.documents = false;
+        EXPECT_GT(std::fabs(train(cpu, cfg, eo, 1).losses[0] - a.losses[0]), 1e-4 * std::fabs(a.losses[0]));
     }
 }
 

@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "data/instruct.h"
 #include "tokenizer/tokenizer.h"
+#include "test_util.h"
 
 using namespace memfit;
 using ojson = nlohmann::ordered_json;
@@ -27,12 +28,7 @@ namespace {
 const std::string kTemplates = std::string(MEMFIT_TEST_DATA) + "/chat-templates/";
 const std::string kQwen3 = std::string(MEMFIT_TEST_DATA) + "/hf-tokenizers/qwen3/tokenizer.json";
 
-ojson read_json(const std::string & path) {
-    std::ifstream in(path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ojson::parse(ss.str());
-}
+ojson read_json(const std::string & path) { return ojson::parse(memfit::test::read_text(path)); }
 
 // A fixture template with the bytes tokenizer (byte-exact, so spans are the text's own bytes).
 ChatFormat fixture_format(const std::string & name, const Tokenizer & tok) {

@@ -5,6 +5,7 @@
 // Undefined, syntax errors as one line, key order, threads) and TokenizerConfig on real files.
 // The fixtures are written by tests/data/chat-templates/make_cases.py.
 #include "core/error.h"
+#include "test_util.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer_config.h"
 
@@ -30,14 +31,6 @@ using memfit::FormatError;
 using nlohmann::ordered_json;
 
 const std::string kDir = std::string(MEMFIT_TEST_DATA) + "/chat-templates";
-
-std::string slurp(const std::string & path) {
-    std::ifstream in(path, std::ios::binary);
-    EXPECT_TRUE(in) << "cannot open " << path;
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
 
 // The template fixture `name`, read as memfit reads a tokenizer_config.json.
 const memfit::TokenizerConfig & fixture(const std::string & name) {
@@ -71,7 +64,7 @@ std::string syntax_error(const std::string & source) {
 }
 
 TEST(ChatTemplate, RendersEveryCaseAsJinja2) {
-    const ordered_json cases = ordered_json::parse(slurp(kDir + "/cases.json"));
+    const ordered_json cases = ordered_json::parse(memfit::test::read_text(kDir + "/cases.json"));
     ASSERT_GE(cases.size(), 60u);
     std::map<std::string, std::unique_ptr<ChatTemplate>> compiled;
     size_t errors = 0;
@@ -92,7 +85,7 @@ TEST(ChatTemplate, RendersEveryCaseAsJinja2) {
 }
 
 TEST(ChatTemplate, SnippetsAsJinja2) {
-    const ordered_json doc = ordered_json::parse(slurp(kDir + "/snippets.json"));
+    const ordered_json doc = ordered_json::parse(memfit::test::read_text(kDir + "/snippets.json"));
     const ordered_json & vars = doc["vars"];
     ASSERT_GE(doc["snippets"].size(), 150u);
     for (const auto & s : doc["snippets"]) {
@@ -215,7 +208,7 @@ TEST(ChatTemplate, StrftimeNowIsLocalTime) {
 
 TEST(ChatTemplate, RendersFromSeveralThreads) {
     const ChatTemplate t(fixture("qwen3").chat_template);
-    const ordered_json cases = ordered_json::parse(slurp(kDir + "/cases.json"));
+    const ordered_json cases = ordered_json::parse(memfit::test::read_text(kDir + "/cases.json"));
     std::vector<std::pair<ordered_json, std::string>> work;
     for (const auto & c : cases)
         if (c["template"] == "qwen3" && c.contains("expected")) work.emplace_back(c["vars"], c["expected"].get<std::string>());

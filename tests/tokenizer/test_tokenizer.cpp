@@ -1,5 +1,6 @@
 // Tokenizers: GPT-2 BPE against reference ids, byte tokenizer, make_tokenizer errors.
 #include "core/error.h"
+#include "test_util.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/tokenizer.h"
 
@@ -18,14 +19,6 @@ namespace {
 
 using memfit::Tokenizer;
 
-std::string slurp(const std::string & path) {
-    std::ifstream in(path, std::ios::binary);
-    EXPECT_TRUE(in) << "cannot open " << path;
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
-
 // Loading the GPT-2 files takes a moment; share one tokenizer across the tests.
 const Tokenizer & gpt2() {
     static const std::unique_ptr<Tokenizer> tok = memfit::make_tokenizer("gpt2", MEMFIT_DATA_DIR);
@@ -33,7 +26,7 @@ const Tokenizer & gpt2() {
 }
 
 TEST(Gpt2Bpe, MatchesReferenceIdsAndRoundTrips) {
-    const auto cases = nlohmann::json::parse(slurp(std::string(MEMFIT_TEST_DATA) + "/gpt2_bpe_cases.json"));
+    const auto cases = nlohmann::json::parse(memfit::test::read_text(std::string(MEMFIT_TEST_DATA) + "/gpt2_bpe_cases.json"));
     ASSERT_GE(cases["cases"].size(), 10u);
     for (const auto & c : cases["cases"]) {
         const auto text = c["text"].get<std::string>();
@@ -63,7 +56,7 @@ TEST(Gpt2Bpe, ByteAlphabetIsABijectionOntoPrintableCodePoints) {
 }
 
 TEST(Gpt2Bpe, EncodesTheShakespeareCorpusLosslessly) {
-    const std::string text = slurp(std::string(MEMFIT_DATA_DIR) + "/tinyshakespeare.txt");
+    const std::string text = memfit::test::read_text(std::string(MEMFIT_DATA_DIR) + "/tinyshakespeare.txt");
     const auto ids = gpt2().encode(text);
     EXPECT_EQ(ids.size(), 338025u);                      // same count as tiktoken's gpt2 encoding
     EXPECT_EQ(gpt2().decode(ids), text);
@@ -91,7 +84,7 @@ TEST(Gpt2Bpe, LongWordsAreFastAndLossless) {
 }
 
 TEST(Gpt2Bpe, ConcurrentEncodesAgree) {
-    const std::string text = slurp(std::string(MEMFIT_DATA_DIR) + "/tinyshakespeare.txt").substr(0, 200000);
+    const std::string text = memfit::test::read_text(std::string(MEMFIT_DATA_DIR) + "/tinyshakespeare.txt").substr(0, 200000);
     const auto expected = gpt2().encode(text);
     std::vector<std::vector<int32_t>> got(4);
     std::vector<std::thread> threads;
