@@ -5,8 +5,9 @@
 # small LLaMA at Qwen3's vocabulary, STEPS steps of BATCH x SEQ tokens, once padded (one
 # conversation per row) and once packed (--packing). Prints per run: the rows the data makes, the
 # share of token slots that train, tokens/s and trained tokens/s (the targets the loss counts),
-# the validation loss, and planned = measured peak bytes. The two runs go one after the other:
-# compare them as ratios. RECORDS conversations (default 1500), SEQ (256), BATCH (8), STEPS (30).
+# the validation loss, and planned = measured peak bytes. The runs alternate, padded then packed,
+# PAIRS times (default 2): compare them as ratios of the medians. RECORDS conversations (default
+# 1500), SEQ (256), BATCH (8), STEPS (20).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MEMFIT=${MEMFIT:-build/memfit}
@@ -14,7 +15,8 @@ OUT=${OUT:-runs/instruct-bench}
 RECORDS=${RECORDS:-1500}
 SEQ=${SEQ:-256}
 BATCH=${BATCH:-8}
-STEPS=${STEPS:-30}
+STEPS=${STEPS:-20}
+PAIRS=${PAIRS:-2}
 TOKENIZER=tests/data/hf-tokenizers/qwen3/tokenizer.json
 rm -rf "$OUT"
 mkdir -p "$OUT"
@@ -39,26 +41,30 @@ cat > "$OUT/model.json" <<'EOF'
 EOF
 "$MEMFIT" prepare --format jsonl --input "$OUT/chat.jsonl" --tokenizer "$TOKENIZER" --out "$OUT/data" \
   | tee "$OUT/prepare.log"
-for mode in padded packed; do
-  flag=""
-  [ "$mode" = packed ] && flag="--packing"
-  "$MEMFIT" train --model "$OUT/model.json" --data "$OUT/data" --seq "$SEQ" --micro-batch "$BATCH" --steps "$STEPS" \
-    --lora-rank 8 --lora-targets all --lr 2e-3 --warmup 5 --loss-chunk 256 --eval-every 0 --eval-batches 8 \
-    --sample 0 --progress plain --log-every "$STEPS" --out "$OUT/$mode" $flag > "$OUT/$mode.log" 2>&1
+for pair in $(seq 1 "$PAIRS"); do
+  for mode in padded packed; do
+    flag=""
+    [ "$mode" = packed ] && flag="--packing"
+    "$MEMFIT" train --model "$OUT/model.json" --data "$OUT/data" --seq "$SEQ" --micro-batch "$BATCH" --steps "$STEPS" \
+      --lora-rank 8 --lora-targets all --lr 2e-3 --warmup 5 --loss-chunk 256 --eval-every 0 --eval-batches 8 \
+      --sample 0 --progress plain --log-every "$STEPS" --out "$OUT/$mode$pair" $flag > "$OUT/$mode$pair.log" 2>&1
+  done
 done
-python3 - "$OUT" <<'EOF'
-import json, re, sys
-out = sys.argv[1]
+python3 - "$OUT" "$PAIRS" <<'EOF'
+import json, re, statistics, sys
+out, pairs = sys.argv[1], int(sys.argv[2])
 print(f"| run | rows | trained share of slots | tokens/s | trained tokens/s | validation loss | peak planned = measured |")
 print("|---|---|---|---|---|---|---|")
-rate = {}
-for mode in ("padded", "packed"):
-    s = json.load(open(f"{out}/{mode}/summary.json"))
-    log = open(f"{out}/{mode}.log").read()
-    m = re.search(r"in (\d+) rows of \d+ \([^)]*\), ([\d.]+)% of the token slots trained", log)
-    same = s["planned"]["peak_live"] == s["measured"]["peak_live"]
-    rate[mode] = s["trained_tokens_per_s"]
-    print(f"| {mode} | {m.group(1)} | {m.group(2)}% | {s['tokens_per_s']:.0f} | {s['trained_tokens_per_s']:.0f} | "
-          f"{s['final_val_loss']:.4f} | {s['measured']['peak_live']['total'] / 2**20:.2f} MiB, {same} |")
-print(f"packed / padded trained tokens/s: {rate['packed'] / rate['padded']:.2f}x")
+rate = {"padded": [], "packed": []}
+for pair in range(1, pairs + 1):
+    for mode in ("padded", "packed"):
+        s = json.load(open(f"{out}/{mode}{pair}/summary.json"))
+        log = open(f"{out}/{mode}{pair}.log").read()
+        m = re.search(r"in (\d+) rows of \d+ \([^)]*\), ([\d.]+)% of the token slots trained", log)
+        same = s["planned"]["peak_live"] == s["measured"]["peak_live"]
+        rate[mode].append(s["trained_tokens_per_s"])
+        print(f"| {mode} | {m.group(1)} | {m.group(2)}% | {s['tokens_per_s']:.0f} | {s['trained_tokens_per_s']:.0f} | "
+              f"{s['final_val_loss']:.4f} | {s['measured']['peak_live']['total'] / 2**20:.2f} MiB, {same} |")
+ratio = statistics.median(rate["packed"]) / statistics.median(rate["padded"])
+print(f"packed / padded trained tokens/s (medians): {ratio:.2f}x")
 EOF
