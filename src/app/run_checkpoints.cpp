@@ -54,6 +54,7 @@ nlohmann::json checkpoint_meta(int step, const ModelConfig & cfg, const TrainOpt
         m["lora"]["base_model"] = has_hf_weights(opt.model) ? fs::absolute(opt.model).string() : std::string();
         if (!base_digest.empty()) m["lora"][kBaseDigestKey] = base_digest;
     }
+    if (opt.packing) m["packing"] = true;   // the rows (and so the data position) depend on it
     if (val) {
         m["data"]["val_epoch"] = val->epoch();
         m["data"]["val_cursor"] = val->cursor();
@@ -121,10 +122,11 @@ int resume_checked(const std::string & path, const ModelConfig & cfg, const Trai
             for (const char * drop : {kTrainedContextKey, "name", "base_model", kBaseDigestKey}) v.erase(drop);
         return v;
     };
-    for (const char * k : {"model", "seq", "global_batch", "seed", "lora"})
+    for (const char * k : {"model", "seq", "global_batch", "seed", "lora", "packing"})
         if (field(m, k) != field(want, k))
             throw ConfigError(fmt::format("--resume {}: the checkpoint's {} differs from this run's ({}); resume "
-                                          "with the same model, --seq, global batch, --seed and LoRA options",
+                                          "with the same model, --seq, global batch, --seed, --packing and LoRA "
+                                          "options",
                                           path, k, json_differences(field(m, k), field(want, k))));
     if (m.contains("lora")) check_same_base(path, m["lora"], want["lora"]);
     const size_t total = checkpoint_total(dir, m);

@@ -136,8 +136,9 @@ void add_model_commands(CLI::App & app) {
         if (gen_chat) {
             const ChatFormat chat = load_chat_format(kind, *tok, gen_template);
             if (!chat.chat)
-                throw ConfigError(fmt::format("--chat: the tokenizer {} has no chat template beside it; pass "
-                                              "--chat-template chatml, llama3, mistral or a Jinja file", kind));
+                throw ConfigError(fmt::format("--chat: the tokenizer {} has no chat template beside it; {}", kind,
+                                              chat.why_none.empty() ? "pass --chat-template chatml, llama3, mistral "
+                                                                      "or a Jinja file" : chat.why_none));
             text = chat_prompt(chat, gen_system, gen_prompt);
             for (const int32_t id : {chat.end_of_turn_id, chat.eos_id})
                 if (id >= 0) gen.stop.push_back(id);

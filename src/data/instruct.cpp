@@ -159,6 +159,14 @@ ChatFormat load_chat_format(const std::string & kind, const Tokenizer & tok, con
     if (!config.empty() && fs::is_regular_file(config, ec)) tc = read_tokenizer_config(config);
     else if (tok.eot_id() >= 0) tc.eos_token = tok.decode({tok.eot_id()});
     std::string source, name = "none";
+    if (!sentencepiece_model_path(kind).empty()) {   // its special tokens are ids, never text
+        const std::string why = "a SentencePiece tokenizer.model does not encode a chat template's special tokens "
+                                "from their text; use the model's tokenizer.json";
+        if (choice != "auto" && choice != "none") throw ConfigError(fmt::format("--chat-template {}: {}", choice, why));
+        ChatFormat f = make_chat_format("", name, tc, tok);
+        f.why_none = why;
+        return f;
+    }
     if (choice == "auto") {
         source = tc.chat_template;
         if (!source.empty()) name = config;
@@ -265,8 +273,9 @@ Example encode_record(const ojson & r, const ChatFormat & f, const Tokenizer & t
     if (!r.is_object()) throw ConfigError(fmt::format("{}: expected a JSON object", where));
     auto need_template = [&] {
         if (!f.chat)
-            throw ConfigError(fmt::format("{}: a conversation needs a chat template and the tokenizer has none; pass "
-                                          "--chat-template chatml, llama3, mistral or a Jinja file", where));
+            throw ConfigError(fmt::format("{}: a conversation needs a chat template and the tokenizer has none; {}",
+                                          where, f.why_none.empty() ? "pass --chat-template chatml, llama3, mistral or "
+                                                                      "a Jinja file" : f.why_none));
     };
     auto chat = [&](const ojson & messages, size_t train_from) {
         need_template();

@@ -40,6 +40,7 @@ struct ChatFormat {
     int32_t bos_id = -1, eos_id = -1, pad_id = 0;
     std::string end_of_turn;          // the text that closes an assistant turn ("" when the template has none)
     int32_t end_of_turn_id = -1;      // its id when it is one token (generation stops there)
+    std::string why_none;             // no template: why ("" when there is just none)
 };
 
 // The format for tokenizer `kind` (make_tokenizer's kinds) and `choice`:
@@ -49,7 +50,9 @@ struct ChatFormat {
 //   chatml | llama3 | mistral   memfit's own (builtin_chat_template)
 //   PATH     a Jinja file
 // The special tokens come from that tokenizer_config.json when there is one. ConfigError for an
-// unknown name; IoError / FormatError for unreadable or malformed files.
+// unknown name, or for a template with a SentencePiece tokenizer.model (it does not encode the
+// template's special tokens from their text: auto leaves such a tokenizer without a template);
+// IoError / FormatError for unreadable or malformed files.
 ChatFormat load_chat_format(const std::string & kind, const Tokenizer & tok, const std::string & choice);
 // The format of template `source` ("": none; FormatError when it does not compile) with the
 // special tokens of `tc` (its chat_template is not read), named `name`.

@@ -75,11 +75,12 @@ TEST(CliInstruct, LoraFineTunesOnConversationsPaddedAndPackedAsPlanned) {
     for (const bool packing : {false, true}) {
         SCOPED_TRACE(packing ? "packed" : "padded");
         const fs::path run = scratch(packing ? "chat_run_packed" : "chat_run_padded");
-        const CmdResult t = run_memfit(
-            "train --model " + model.string() + " --data " + data.string() + " --seq " + std::to_string(T) +
-            " --micro-batch " + std::to_string(B) + " --steps " + std::to_string(steps) + " --lora-rank 4 "
-            "--lora-targets q,k,v,o --loss-chunk 64 --lr 1e-3 --warmup 0 --eval-every 0 --eval-batches 2 --sample 0 "
-            "--log-every 1 --progress plain --checkpoint-every 3 --out " + run.string() + (packing ? " --packing" : ""));
+        const std::string args = "train --model " + model.string() + " --data " + data.string() + " --seq " +
+                                 std::to_string(T) + " --micro-batch " + std::to_string(B) + " --lora-rank 4 "
+                                 "--lora-targets q,k,v,o --loss-chunk 64 --lr 1e-3 --warmup 0 --eval-every 0 "
+                                 "--eval-batches 2 --sample 0 --log-every 1 --progress plain --checkpoint-every 3 ";
+        const CmdResult t = run_memfit(args + "--steps " + std::to_string(steps) + " --out " + run.string() +
+                                       (packing ? " --packing" : ""));
         ASSERT_EQ(t.code, 0) << t.err << t.out;
         EXPECT_NE(t.out.find(packing ? "(no document sees another)" : "one per row in 24 rows of 64 (padded)"),
                   std::string::npos) << t.out;
@@ -117,6 +118,12 @@ TEST(CliInstruct, LoraFineTunesOnConversationsPaddedAndPackedAsPlanned) {
         EXPECT_NE(g.err.find("generate: "), std::string::npos) << g.err;
         expect_clean_failure(run_memfit("generate --model " + hf.string() + " --chat --prompt hi --tokenizer bytes"),
                              "no chat template");
+        // The rows depend on packing: a resume keeps it.
+        const std::string resume = "--steps 4 --resume " + (run / "checkpoints").string() + " --out " +
+                                   scratch("chat_resumed").string();
+        expect_clean_failure(run_memfit(args + resume), "packing");
+        const CmdResult r = run_memfit(args + resume + " --packing");
+        EXPECT_EQ(r.code, 0) << r.err;
     }
     // --packing needs documents, and stays off tensor parallelism.
     expect_clean_failure(run_memfit("train --model nano --seq 32 --steps 1 --packing --out " +

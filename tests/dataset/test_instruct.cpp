@@ -206,6 +206,17 @@ TEST(Instruct, BadRecordsAreOneLineNamingTheLine) {
         EXPECT_NE(std::string(e.what()).find("--chat-template"), std::string::npos);
     }
     EXPECT_THROW(load_chat_format("bytes", bytes, "no-such-template"), ConfigError);
+    // A SentencePiece model encodes special tokens as ids only, never from text: no template.
+    const std::string sp = "sentencepiece:/nowhere/tokenizer.model";
+    EXPECT_THROW(load_chat_format(sp, bytes, "chatml"), ConfigError);
+    const ChatFormat spf = load_chat_format(sp, bytes, "auto");
+    EXPECT_FALSE(spf.chat);
+    try {
+        encode_record({{"messages", conversation()}}, spf, bytes, "d.jsonl line 2");
+        ADD_FAILURE() << "a conversation with a SentencePiece tokenizer";
+    } catch (const ConfigError & e) {
+        EXPECT_NE(std::string(e.what()).find("tokenizer.json"), std::string::npos) << e.what();
+    }
     // memfit's own ChatML with the bytes tokenizer: the marker comes from the template.
     const ChatFormat chatml = load_chat_format("bytes", bytes, "chatml");
     EXPECT_EQ(chatml.end_of_turn, "<|im_end|>");
