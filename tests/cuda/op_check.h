@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -27,6 +29,21 @@ std::string env_or(const char * name, const char * built_in);
 // more or less where the order differs.
 constexpr double kTolF32 = 1e-5, kTolBf16 = 2e-2, kTolF16 = 4e-3;
 inline double tol(DType t) { return t == DType::bf16 ? kTolBf16 : t == DType::f16 ? kTolF16 : kTolF32; }
+
+// Attention's bounds: low-precision backward, the log-sum-exp, fp16 outputs; and the relative
+// difference they bound, max |a - b| / max |a| (1 when that is 0; +inf on a non-finite value).
+constexpr double kTolLowBwd = 3e-2, kTolLse = 1e-4, kTolF16Out = 1e-2;
+inline double out_tol(DType dt) { return dt == DType::f16 ? kTolF16Out : tol(dt); }
+inline double bwd_tol(DType dt) { return dt == DType::f32 ? tol(dt) : std::max(kTolLowBwd, tol(dt)); }
+inline double rel(const std::vector<float> & a, const std::vector<float> & b) {
+    double ref = 0, diff = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+        if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return INFINITY;
+        ref = std::max(ref, double(std::fabs(a[i])));
+        diff = std::max(diff, double(std::fabs(a[i] - b[i])));
+    }
+    return diff / (ref > 0 ? ref : 1.0);
+}
 
 // Tensors are made first (host contents), then run() executes the op on the CPU backend over
 // host copies and on the CUDA backend over device copies of every tensor, in order of creation.

@@ -29,28 +29,11 @@
 namespace memfit::test {
 namespace {
 
-constexpr double kTolLowBwd = 3e-2, kTolLse = 1e-4, kTolF16Out = 1e-2;
-
-double out_tol(DType dt) { return dt == DType::f16 ? kTolF16Out : tol(dt); }
-double bwd_tol(DType dt) { return dt == DType::f32 ? tol(dt) : std::max(kTolLowBwd, tol(dt)); }
-
-// max |a - b| / max |a| (1 if that is 0).
-double rel(const std::vector<float> & a, const std::vector<float> & b) {
-    double ref = 0, diff = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-        if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return INFINITY;
-        ref = std::max(ref, double(std::fabs(a[i])));
-        diff = std::max(diff, double(std::fabs(a[i] - b[i])));
-    }
-    return diff / (ref > 0 ? ref : 1.0);
-}
-
 struct Shape {
     int64_t B, T, NH, hd;
     int64_t C() const { return NH * hd; }
 };
 
-const char * name(DType dt) { return dt == DType::f32 ? "f32" : dt == DType::bf16 ? "bf16" : "f16"; }
 
 // Flash scratch large enough for both backends (each uses its own layout within it).
 int64_t flash_scratch_floats(const Shape & s) {
@@ -64,7 +47,7 @@ TEST(CudaAttention, NaiveForwardBackward) {
     MF_REQUIRE_GPU();
     for (DType dt : {DType::f32, DType::bf16})
         for (Shape s : {Shape{2, 100, 3, 64}, Shape{2, 37, 4, 128}, Shape{1, 5, 2, 32}}) {
-            SCOPED_TRACE(testing::Message() << name(dt) << " B=" << s.B << " T=" << s.T << " NH=" << s.NH
+            SCOPED_TRACE(testing::Message() << dtype_name(dt) << " B=" << s.B << " T=" << s.T << " NH=" << s.NH
                                             << " hd=" << s.hd);
             const int64_t B = s.B, T = s.T, C = s.C();
             OpCheck op;
@@ -87,7 +70,7 @@ TEST(CudaAttention, NaiveForwardBackward) {
 // Flash forward then backward on both backends; offset > 0 views every tensor one element into
 // its allocation (unaligned: the CUDA-core path for bf16/f16 too).
 void check_flash(DType dt, const Shape & s, int64_t offset = 0) {
-    SCOPED_TRACE(testing::Message() << name(dt) << " B=" << s.B << " T=" << s.T << " NH=" << s.NH << " hd=" << s.hd
+    SCOPED_TRACE(testing::Message() << dtype_name(dt) << " B=" << s.B << " T=" << s.T << " NH=" << s.NH << " hd=" << s.hd
                                     << " offset=" << offset);
     const int64_t B = s.B, T = s.T, C = s.C(), NH = s.NH;
     OpCheck op;
@@ -135,7 +118,7 @@ TEST(CudaAttention, FlashMatchesNaiveAndIsDeterministic) {
     MF_REQUIRE_GPU();
     for (DType dt : {DType::f32, DType::bf16})
         for (Shape s : {Shape{2, 100, 3, 64}, Shape{2, 130, 2, 128}}) {
-            SCOPED_TRACE(testing::Message() << name(dt) << " T=" << s.T << " hd=" << s.hd);
+            SCOPED_TRACE(testing::Message() << dtype_name(dt) << " T=" << s.T << " hd=" << s.hd);
             const int64_t B = s.B, T = s.T, C = s.C(), NH = s.NH;
             OpCheck op;
             const int qkv = op.rand(dt, {B, T, 3 * C});
@@ -164,7 +147,7 @@ TEST(CudaAttention, CachedGroupedQuery) {
     for (DType dt : {DType::f32, DType::bf16})
         for (Case c : {Case{2, 5, 17, 40, 4, 2, 64}, Case{2, 1, 30, 32, 6, 2, 128}, Case{1, 8, 0, 8, 4, 1, 64},
                        Case{2, 3, 9, 16, 3, 3, 32}}) {
-            SCOPED_TRACE(testing::Message() << name(dt) << " Tn=" << c.Tn << " pos0=" << c.pos0 << " NH=" << c.NH
+            SCOPED_TRACE(testing::Message() << dtype_name(dt) << " Tn=" << c.Tn << " pos0=" << c.pos0 << " NH=" << c.NH
                                             << " KVH=" << c.KVH << " hd=" << c.hd);
             OpCheck op;
             const int qkv = op.rand(dt, {c.B, c.Tn, (c.NH + 2 * c.KVH) * c.hd});

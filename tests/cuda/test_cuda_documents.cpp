@@ -32,24 +32,9 @@ namespace memfit::test {
 namespace {
 
 using Ts = std::vector<Tensor>;
-constexpr double kTolLowBwd = 3e-2, kTolLse = 1e-4, kTolF16Out = 1e-2;
 // What ignoring doc_start must at least change (relative, as rel()): well above every bound.
 constexpr double kIgnored = 0.1;
 
-double out_tol(DType dt) { return dt == DType::f16 ? kTolF16Out : tol(dt); }
-double bwd_tol(DType dt) { return dt == DType::f32 ? tol(dt) : std::max(kTolLowBwd, tol(dt)); }
-const char * name(DType dt) { return dt == DType::f32 ? "f32" : dt == DType::bf16 ? "bf16" : "f16"; }
-
-// max |a - b| / max |a| (1 if that is 0); +inf on a non-finite value.
-double rel(const std::vector<float> & a, const std::vector<float> & b) {
-    double ref = 0, diff = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-        if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return INFINITY;
-        ref = std::max(ref, double(std::fabs(a[i])));
-        diff = std::max(diff, double(std::fabs(a[i] - b[i])));
-    }
-    return diff / (ref > 0 ? ref : 1.0);
-}
 
 bool on_cpu(Backend & be) { return dynamic_cast<CpuBackend *>(&be) != nullptr; }
 
@@ -117,7 +102,7 @@ int64_t flash_scratch_floats(int64_t B, int64_t T, int64_t C, int64_t NH) {
 // against the CPU's naive attention; offset > 0 views every tensor one element into its
 // allocation (unaligned: the CUDA-core path for bf16/f16 too).
 void check_flash(DType dt, const Layout & L, int64_t NH, int64_t hd, int64_t offset = 0) {
-    SCOPED_TRACE(testing::Message() << name(dt) << " " << L.str() << " NH=" << NH << " hd=" << hd
+    SCOPED_TRACE(testing::Message() << dtype_name(dt) << " " << L.str() << " NH=" << NH << " hd=" << hd
                                     << " offset=" << offset);
     const int64_t B = L.B(), T = L.T, C = NH * hd;
     OpCheck op;
@@ -196,7 +181,7 @@ TEST(CudaDocuments, NaiveAttention) {
             for (int64_t hd : {64, 32}) {
                 if (hd == 32 && dt != DType::f32) continue;
                 const int64_t NH = hd == 64 ? 2 : 3, B = L.B(), T = L.T, C = NH * hd;
-                SCOPED_TRACE(testing::Message() << name(dt) << " " << L.str() << " NH=" << NH << " hd=" << hd);
+                SCOPED_TRACE(testing::Message() << dtype_name(dt) << " " << L.str() << " NH=" << NH << " hd=" << hd);
                 OpCheck op;
                 const int qkv = op.rand(dt, {B, T, 3 * C}, -2.0f, 2.0f);
                 const int out = op.zeros(dt, {B, T, C});
@@ -235,7 +220,7 @@ TEST(CudaDocuments, Rope) {
     for (DType dt : {DType::f32, DType::bf16, DType::f16})
         for (const Layout & L : kLayouts)
             for (auto [NH, KVH, hd] : {std::array<int, 3>{4, 2, 16}, {2, 1, 128}}) {
-                SCOPED_TRACE(testing::Message() << name(dt) << " " << L.str() << " hd=" << hd);
+                SCOPED_TRACE(testing::Message() << dtype_name(dt) << " " << L.str() << " hd=" << hd);
                 const int64_t B = L.B(), T = L.T, W = int64_t(NH + 2 * KVH) * hd;
                 OpCheck op;
                 const int qkv = op.rand(dt, {B, T, W});
@@ -272,7 +257,7 @@ TEST(CudaDocuments, EncoderForward) {
     for (DType dt : {DType::f32, DType::bf16, DType::f16})
         for (const Layout & L : kLayouts)
             for (int64_t C : {37, 40}) {
-                SCOPED_TRACE(testing::Message() << name(dt) << " " << L.str() << " C=" << C);
+                SCOPED_TRACE(testing::Message() << dtype_name(dt) << " " << L.str() << " C=" << C);
                 const int64_t B = L.B(), T = L.T, V = 11;
                 OpCheck op;
                 const int out = op.zeros(dt, {B, T, C});
@@ -302,8 +287,9 @@ TEST(CudaDocuments, EncoderBackward) {
             for (int gp = 0; gp < 3; ++gp)
                 for (const Layout & L : layouts) {
                     const DType gts[] = {DType::f32, dt, DType::f32};   // index 2: invalid
-                    SCOPED_TRACE(testing::Message() << name(dt) << " dwte " << (ge == 2 ? "none" : name(gts[ge]))
-                                                    << " dwpe " << (gp == 2 ? "none" : name(gts[gp])) << " "
+                    SCOPED_TRACE(testing::Message() << dtype_name(dt) << " dwte "
+                                                    << (ge == 2 ? "none" : dtype_name(gts[ge])) << " dwpe "
+                                                    << (gp == 2 ? "none" : dtype_name(gts[gp])) << " "
                                                     << (L.T > 1000 ? "long" : L.str()));
                     if (L.T > 1000 && ge != 2) continue;   // dwte's kernel is the one without documents
                     const int64_t B = L.B(), T = L.T, C = 24, V = 11;
@@ -340,7 +326,7 @@ TEST(CudaDocuments, ZeroDocStartIsBitwiseNoDocuments) {
     MF_REQUIRE_GPU();
     struct Case { DType dt; int64_t hd; };
     for (Case c : {Case{DType::f32, 32}, Case{DType::bf16, 64}, Case{DType::f16, 128}, Case{DType::bf16, 96}}) {
-        SCOPED_TRACE(testing::Message() << name(c.dt) << " hd=" << c.hd);
+        SCOPED_TRACE(testing::Message() << dtype_name(c.dt) << " hd=" << c.hd);
         const DType dt = c.dt;
         const int64_t B = 2, T = 150, NH = 2, C = NH * c.hd, W = 3 * C, V = 11;
         OpCheck op;
