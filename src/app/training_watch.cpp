@@ -150,6 +150,7 @@ nlohmann::json TrainingRun::watch(int step, const ProgressLine & pl, const StepR
             {"train/loss", pl.loss}, {"train/lr", pl.lr}, {"train/grad_norm", pl.grad_norm},
             {"train/tokens_per_s", pl.tokens_per_s}, {"train/ms_per_step", pl.ms_per_step}};
         if (!std::isnan(pl.val_loss)) s.push_back({"train/val_loss", pl.val_loss});
+        if (!std::isnan(pl.trained_per_s)) s.push_back({"train/trained_tokens_per_s", pl.trained_per_s});
         if (eo_.compute == DType::f16) s.push_back({"train/loss_scale", r.loss_scale});
         for (size_t c = 0; c < kCategoryCount; ++c) {
             s.push_back({fmt::format("memory/live/{}", kCategoryNames[c]), double(L.live().v[c])});

@@ -9,6 +9,7 @@
 //                                                 may instead be lists of messages (TRL's
 //                                                 conversational form: the completion's turns train)
 //   {"instruction", "input", "output"}            Alpaca: the Stanford Alpaca prompt, then output
+// A record without any trained token (no assistant turn) is left out by `memfit prepare`.
 // A conversation is rendered with the chat template (tokenizer/chat_template.h) and tokenized
 // whole (the tokens `apply_chat_template(..., tokenize=True)` gives); an assistant turn trains
 // from the end of the generation prompt that the template renders before it (so a template's
