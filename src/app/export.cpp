@@ -12,8 +12,11 @@
 #include "core/error.h"
 #include "core/file_digest.h"
 #include "core/json_num.h"
+#include "core/paths.h"
 #include "model/hf_weights.h"
 #include "model/safetensors.h"
+#include "tokenizer/hf_tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "train/engine.h"
 
 namespace fs = std::filesystem;
@@ -120,6 +123,27 @@ void make_dir(const std::string & dir) {
     if (ec) throw IoError(fmt::format("cannot create {}: {}", dir, ec.message()));
 }
 
+// The run's tokenizer files beside the model, as save_pretrained writes them: a tokenizer.json
+// (or SentencePiece tokenizer.model) with the tokenizer_config.json and chat_template.jinja next to
+// it. Returns what it did, for the export's line ("" for gpt2 and bytes, which need no files).
+std::string copy_tokenizer(const nlohmann::json & meta, const std::string & out) {
+    const std::string kind = meta.value("tokenizer", "");
+    const std::string sp = sentencepiece_model_path(kind);
+    const std::string file = is_tokenizer_json(kind) ? kind : sp;
+    if (file.empty()) return "";
+    std::error_code ec;
+    if (!fs::is_regular_file(file, ec))
+        return fmt::format("; the run's tokenizer {} is gone: pass --tokenizer to memfit generate", file);
+    const fs::path from = fs::path(file).parent_path();
+    const std::string own = sp.empty() ? "tokenizer.json" : "tokenizer.model";
+    for (const std::string & name : {own, std::string("tokenizer_config.json"), std::string("chat_template.jinja")}) {
+        const fs::path src = name == own ? fs::path(file) : from / name;
+        if (fs::is_regular_file(src, ec))
+            write_file_atomic((fs::path(out) / name).string(), read_whole_file(src.string(), "a tokenizer file", ""));
+    }
+    return fmt::format("; the tokenizer files from {}", from.string());
+}
+
 }  // namespace
 
 std::string export_checkpoint(const std::string & path, const std::string & out, ExportMode mode,
@@ -140,7 +164,8 @@ std::string export_checkpoint(const std::string & path, const std::string & out,
             throw FormatError(fmt::format("{}: {} parameters, a model of that shape has {}", path,
                                           c.state.params.size(), layout.total));
         export_hf(out, cfg, layout, c.state.params.data());
-        return fmt::format("wrote {}/config.json and {}/model.safetensors (step {})", out, out, step);
+        return fmt::format("wrote {}/config.json and {}/model.safetensors (step {}){}", out, out, step,
+                           copy_tokenizer(c.meta, out));
     }
     const LoraCheckpointMeta m = lora_checkpoint_meta(c, cfg, path);
     const std::string what_lora = fmt::format("LoRA rank {} on {}", m.lora.rank, fmt::join(m.lora.targets, ","));
@@ -159,9 +184,10 @@ std::string export_checkpoint(const std::string & path, const std::string & out,
     if (mode == ExportMode::merge_lora) {
         const std::vector<float> w = merged_lora_weights(c, cfg, path, base);
         export_hf(out, cfg, make_param_layout(cfg), w.data());
-        return fmt::format("wrote {}/config.json and {}/model.safetensors (step {}): {} merged into the base from {}{}",
+        return fmt::format("wrote {}/config.json and {}/model.safetensors (step {}): {} merged into the base from {}{}{}",
                            out, out, step, what_lora, from,
-                           quant.empty() ? "" : fmt::format(", {}-dequantized as in training", quant));
+                           quant.empty() ? "" : fmt::format(", {}-dequantized as in training", quant),
+                           copy_tokenizer(c.meta, out));
     }
     make_dir(out);
     const ParamLayout al = make_lora_layout(cfg, m.lora);

@@ -56,7 +56,9 @@ std::vector<float> merged_lora_weights(const Checkpoint & c, const ModelConfig &
 nlohmann::json peft_adapter_config(const ModelConfig & cfg, const LoraOptions & lora, const std::string & base_model);
 
 // Writes checkpoint `path` (a checkpoint folder, or a root holding several: the newest) into
-// folder `out` as `mode` says; base_model overrides a LoRA checkpoint's recorded base folder.
+// folder `out` as `mode` says (a model folder also gets the run's tokenizer.json or
+// tokenizer.model, with its tokenizer_config.json and chat_template.jinja, when the checkpoint
+// names one that still exists); base_model overrides a LoRA checkpoint's recorded base folder.
 // ConfigError when the mode does not suit the checkpoint. Returns one line saying what it wrote.
 std::string export_checkpoint(const std::string & path, const std::string & out, ExportMode mode,
                               const std::string & base_model = "");

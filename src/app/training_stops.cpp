@@ -107,6 +107,7 @@ void TrainingRun::checkpoint(int step, bool log_point) {
     nlohmann::json meta = checkpoint_meta(step, cfg_, opt_, run_.global_batch, *train_data_, val_data_.get(), eo_.lora,
                                           base_digest_);
     meta["run_id"] = run_id_;
+    if (!data_.tokenizer.empty()) meta["tokenizer"] = data_.tokenizer;   // memfit export copies its files
     if (!skip_batches_.empty()) meta["skipped_batches"] = skip_batches_;
     const auto t0 = Clock::now();
     std::string dir;

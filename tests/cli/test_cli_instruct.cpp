@@ -110,7 +110,9 @@ TEST(CliInstruct, LoraFineTunesOnConversationsPaddedAndPackedAsPlanned) {
         // The fine-tuned model answers a chat turn (reply only, up to the end-of-turn token).
         const fs::path hf = scratch("chat_hf");
         ASSERT_EQ(run_memfit("export " + (run / "checkpoints").string() + " --merge-lora --out " + hf.string()).code, 0);
-        const CmdResult g = run_memfit("generate --model " + hf.string() + " --tokenizer " + kQwen3 +
+        // The export carries the run's tokenizer.json and tokenizer_config.json (its chat template).
+        EXPECT_TRUE(fs::exists(hf / "tokenizer.json") && fs::exists(hf / "tokenizer_config.json"));
+        const CmdResult g = run_memfit("generate --model " + hf.string() +
                                        " --chat --system 'Be brief.' --prompt 'What is 2 plus 3?' --max-new-tokens 6 "
                                        "--temperature 0");
         ASSERT_EQ(g.code, 0) << g.err;
