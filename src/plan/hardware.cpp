@@ -25,6 +25,8 @@ constexpr const char * kFields[] = {"name",        "description",  "source",    
                                     "reserved_gib", "bf16_tflops", "fp16_tflops",     "fp32_tflops",
                                     "mem_bw_gbs",  "per_node",     "intra_bw_gbs",    "intra_latency_us",
                                     "inter_bw_gbs", "inter_latency_us", "host_bw_gbs", "host_memory_gib"};
+// Optional: the time model's efficiencies (fractions in (0, 1]); the defaults of plan_types.h otherwise.
+constexpr const char * kOptional[] = {"notes", "matmul_efficiency", "attention_efficiency", "bandwidth_efficiency"};
 constexpr const char * kTopLevel[] = {"format", "version", "units", "notes", "devices"};
 
 std::string known_list(const auto & names) {
@@ -52,9 +54,11 @@ public:
         if (!e_.is_object()) throw ConfigError(fmt::format("hardware catalog {}: {} is {}, expected an object", path_,
                                                            who_, e_.type_name()));
         for (const auto & [key, value] : e_.items()) {
-            bool known = key == "notes";
+            bool known = false;
             for (const char * f : kFields) known = known || key == f;
-            if (!known) fail(key, fmt::format("unknown field (known: {}, notes)", known_list(kFields)));
+            for (const char * f : kOptional) known = known || key == f;
+            if (!known)
+                fail(key, fmt::format("unknown field (known: {}, {})", known_list(kFields), known_list(kOptional)));
         }
         if (e_.contains("notes")) {
             const json & n = e_["notes"];
@@ -91,6 +95,15 @@ public:
         return int(v.get<int64_t>());
     }
 
+    // An optional fraction in (0, 1]: `fallback` when absent.
+    double fraction(const char * field, double fallback) const {
+        if (!e_.contains(field)) return fallback;
+        const json & v = e_[field];
+        if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() <= 0 || v.get<double>() > 1)
+            fail(field, fmt::format("must be a fraction in (0, 1], got {}", v.dump()));
+        return v.get<double>();
+    }
+
 private:
     const std::string & path_;
     const json & e_;
@@ -124,6 +137,9 @@ Hardware parse_entry(const std::string & path, const json & e, size_t index) {
     h.inter_latency = r.positive("inter_latency_us", "microseconds") * kMicro;
     h.host_bw = r.positive("host_bw_gbs", "GB/s") * kGiga;
     h.host_memory = gib_to_bytes(r.positive("host_memory_gib", "GiB"));
+    h.matmul_eff = r.fraction("matmul_efficiency", kDefaultMatmulEfficiency);
+    h.attention_eff = r.fraction("attention_efficiency", kDefaultAttentionEfficiency);
+    h.bandwidth_eff = r.fraction("bandwidth_efficiency", kDefaultBandwidthEfficiency);
     return h;
 }
 

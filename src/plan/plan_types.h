@@ -13,6 +13,12 @@ namespace memfit {
 
 struct LoraPlan;   // plan/lora_plan.h
 
+// The time model's efficiencies where a catalog entry does not state its own: H100's, fitted
+// on the published runs of docs/planner.md (hardware.json's notes say where each comes from).
+constexpr double kDefaultMatmulEfficiency = 0.53;
+constexpr double kDefaultAttentionEfficiency = 0.16;
+constexpr double kDefaultBandwidthEfficiency = 0.40;
+
 // One device kind of the catalog (data/hardware.json). Rates are dense (no sparsity), per device.
 struct Hardware {
     std::string name;            // "h100-80g"
@@ -31,6 +37,10 @@ struct Hardware {
     double   inter_latency = 0;
     double   host_bw = 0;        // bytes/s between device and host memory (offload)
     uint64_t host_memory = 0;    // bytes of host memory per node (offload targets)
+    // The fractions of the peaks training reaches on this kind (calibrated: time_model.h).
+    double   matmul_eff = kDefaultMatmulEfficiency;        // gemms, of the dense peak
+    double   attention_eff = kDefaultAttentionEfficiency;  // flash attention, on the FLOPs it performs
+    double   bandwidth_eff = kDefaultBandwidthEfficiency;  // elementwise kernels, of mem_bw
 
     double flops(DType compute) const {
         return compute == DType::bf16 ? bf16_flops : compute == DType::f16 ? fp16_flops : fp32_flops;

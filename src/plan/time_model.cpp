@@ -65,8 +65,8 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     const double layers = double(v) * std::ceil(double(cfg.n_layer) / (double(L.pp) * v));
 
     // --- math, per micro-batch on the busiest (last) stage
-    const double mm_eff = kMatmulEfficiency * peak;
-    const double attn_eff = (c.flash() ? kAttentionEfficiency : kMatmulEfficiency) * peak;
+    const double mm_eff = hw.matmul_eff * peak;
+    const double attn_eff = (c.flash() ? hw.attention_eff : hw.matmul_eff) * peak;
     const LoraPlan * lp = c.lora_plan.get();
     const double mm_fwd = tokens * (layers * 2.0 * (C * Q + C * C + C * F + A * C) + 2.0 * C * V) / tp;
     // LoRA: the adapters' gemms, 2 FLOPs per adapter parameter per token forward, 4 backward
@@ -117,7 +117,7 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     if (!keeps(mask, Saved::qkv)) split += rope;
     if (!c.flash() && (!keeps(mask, Saved::attn_out) || !keeps(mask, Saved::attn_probs))) split += 4 * probs;
     const double layer_bytes = s * (split / tp + (L.sp ? replicated / tp : replicated));
-    const double bw = kBandwidthEfficiency * mem_bw;
+    const double bw = hw.bandwidth_eff * mem_bw;
     // A packed base is dequantized for every matmul that reads it: its packed bytes once each
     // (forward, backward's data gradient, recomputation).
     const double mem_mb = (tokens * (layers * layer_bytes + kLossBytesPerLogit * V / tp) + layers * deq_layer / tp) / bw;
@@ -150,28 +150,32 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     const int devices = L.devices();
     const int per_node = hw.per_node > 0 ? hw.per_node : devices;
     const int r = std::min((devices + std::max(1, nodes) - 1) / std::max(1, nodes), per_node);
-    auto link = [&](bool inter) {
-        return inter ? Link{need(hw.inter_bw, hw, "inter-node bandwidth (inter_bw)"), hw.inter_latency}
-                     : Link{need(hw.intra_bw, hw, "intra-node bandwidth (intra_bw)"), hw.intra_latency};
+    // A group spanning nodes: each node's k members send over their own NICs at once (NCCL runs
+    // one ring per NIC), so a ring's flow crosses nodes at k x inter_bw, capped by the links inside.
+    auto link = [&](bool inter, int k) {
+        const double intra = need(hw.intra_bw, hw, "intra-node bandwidth (intra_bw)");
+        if (!inter) return Link{intra, hw.intra_latency};
+        const double across = double(std::max(1, k)) * need(hw.inter_bw, hw, "inter-node bandwidth (inter_bw)");
+        return Link{std::min(intra, across), hw.inter_latency};
     };
 
     // tensor parallel: 4 collectives per layer per micro-batch (+2 for full recompute's forward)
     double tp_comm = 0;
     if (L.tp > 1) {
-        const Link lk = link(L.tp > r);
+        const Link lk = link(L.tp > r, r);
         const double per_layer = 4.0 + (mask == 0 ? 2.0 : 0.0);
         tp_comm = m * layers * per_layer * lk.time(ring_allreduce_bytes(tokens * C * s, L.tp), 2.0 * (L.tp - 1));
     }
     // pipeline point-to-point: activation forward, gradient backward, per micro-batch and chunk
     double pp_comm = 0;
     if (L.pp > 1) {
-        const Link lk = link(devices > r);
+        const Link lk = link(devices > r, 1);
         pp_comm = m * 2.0 * v * lk.time(tokens * C * s / (L.sp ? tp : 1.0), 1.0);
     }
     // data parallel
     double dp_comm = 0, dp_exposed = 0;
     if (L.dp > 1) {
-        const Link lk = link(L.tp * L.dp > r);
+        const Link lk = link(L.tp * L.dp > r, r / std::min(L.tp, r));
         const int n = L.dp;
         auto rs = [&](double bytes) { return lk.time(reduce_scatter_bytes(bytes, n), buckets(bytes) * (n - 1)); };
         auto ag = [&](double bytes) { return lk.time(all_gather_bytes(bytes, n), buckets(bytes) * (n - 1)); };
@@ -191,10 +195,14 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
                 dp_comm = m * rs(train * s) + ag(train * s);
                 dp_exposed = m * hide(rs(train * s), bwd_mb) + ag(train * s);
                 break;
-            default:   // 3
-                dp_comm = m * (2.0 * ag(weights) + rs(train * s));
-                dp_exposed = m * (hide(ag(weights), fwd_mb) + hide(ag(weights) + rs(train * s), bwd_mb));
+            default: {   // 3: one gather and one reduce-scatter per layer (FSDP's unit) and one for the rest
+                const double units = layers + 1;
+                const double gather = lk.time(all_gather_bytes(weights, n), units * (n - 1));
+                const double scatter = lk.time(reduce_scatter_bytes(train * s, n), units * (n - 1));
+                dp_comm = m * (2.0 * gather + scatter);
+                dp_exposed = m * (hide(gather, fwd_mb) + hide(gather + scatter, bwd_mb));
                 break;
+            }
         }
     }
     t.comm = tp_comm + pp_comm + dp_comm;

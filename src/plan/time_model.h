@@ -9,17 +9,17 @@
 // m = accum (micro-batches per step per rank; in flight for a pipeline), s = compute dtype bytes.
 //
 //   compute       forward matmuls 2 (C qkv_dim + C C + C fc_dim + ffn_dim C) FLOPs per token per
-//                 layer and 2 C V for the head, backward twice that, at kMatmulEfficiency of the
-//                 peak. The attention core does what the kernels do: causal, 2 (T+1) C FLOPs per
+//                 layer and 2 C V for the head, backward twice that, at the hardware's matmul_eff of
+//                 the peak. The attention core does what the kernels do: causal, 2 (T+1) C FLOPs per
 //                 token forward (QK^T and AV over the lower triangle, as model/recompute.h counts
 //                 it), backward 2x (naive) or 2.5x (flash: 5 matmuls for the forward's 2, Dao
-//                 2023); flash at kAttentionEfficiency, naive at kMatmulEfficiency.
+//                 2023); flash at attention_eff, naive at matmul_eff.
 //   recompute     layer_keep_cost's FLOPs for the policy's keep mask (none: all kept; selective:
 //                 kKeepSelective; full: only the layer input), per layer per micro-batch; its
 //                 attention part at the attention efficiency. memfit's full policy keeps the layer
 //                 output (the next layer's input), so it re-runs the forward except the MLP's down
 //                 projection: +2/9 of the matmul FLOPs for GPT-2, not Megatron's +1/3.
-//   memory_bound  elementwise traffic at kBandwidthEfficiency x mem_bw, in elements of s bytes
+//   memory_bound  elementwise traffic at bandwidth_eff x mem_bw, in elements of s bytes
 //                 per token per layer: per norm 2C forward + 3C backward, per residual add 3C + 3C
 //                 (both replicated over tp unless sp), GELU 2A + 3A or SwiGLU 3A + 5A (A =
 //                 ffn_dim), RoPE 2R + 2R (R = (NH + KVH) head_dim), naive attention's T x T
@@ -36,14 +36,19 @@
 //                 collective (gradient collectives go in kBucketBytes buckets, each paying its
 //                 latency). Ranks are placed tp innermost, then dp, then pp, filling nodes of
 //                 r = min(ceil(devices / nodes), per_node) devices; a group uses the inter-node
-//                 link when it spans nodes (tp > r; tp dp > r; pp > 1 and devices > r).
+//                 link when it spans nodes (tp > r; tp dp > r; pp > 1 and devices > r). A group spanning
+//                 nodes with k members per node crosses them at min(intra_bw, k inter_bw): NCCL
+//                 runs one ring per NIC, so the node's k NICs carry the ring's flow in parallel
+//                 (k = r for tp, r / tp for dp; 1 for a pipeline's point-to-point).
 //     dp (ZeRO paper, Rajbhandari et al. 2020), payload Ψ = this device's parameters (the
 //        busiest stage's, / tp; param_split as the memory model), gradients in g bytes (4 when
 //        micro-batches accumulate in fp32, as the engine does, else s):
 //        ZeRO-0 one all-reduce of Ψ g per step; ZeRO-1 a reduce-scatter of Ψ g per step, and an
 //        all-gather of the updated Ψ s after the optimizer; ZeRO-2 a reduce-scatter of each
 //        micro-batch's Ψ s gradients, and the all-gather; ZeRO-3 per micro-batch an all-gather of
-//        Ψ s in forward and again in backward plus the reduce-scatter (1.5x ZeRO-0's volume).
+//        Ψ s in forward and again in backward plus the reduce-scatter (1.5x ZeRO-0's volume). ZeRO-3
+//        collectives go per layer (FSDP's unit) plus one for the embeddings and head, each paying
+//        its latency per ring step.
 //     tp (Megatron, Shoeybi et al. 2019): per layer per micro-batch 2 all-reduces of b T C s in
 //        forward and 2 in backward, 2 more when full recompute re-runs the forward; with sp the
 //        same volume as reduce-scatter + all-gather pairs (Korthikanti et al. 2022). Not hidden.
@@ -91,7 +96,14 @@
 // of Ψ); ZeRO-3 gathers the base (as stored) and the adapters. MFU counts 4 N + 6 Ψ_A + 12 L H T
 // model FLOPs per token (no weight gradients for the base).
 //
-// The efficiencies and overlap fraction are assumptions, to be calibrated against measured steps.
+// Calibration (docs/planner.md): each hardware entry states the fractions of its peaks that
+// training reaches: matmul_eff, attention_eff (flash, on the causal FLOPs it performs) and
+// bandwidth_eff. They were fitted, minimizing the worst ratio, on the published runs of
+// tests/data/published_runs.json (llm-foundry's MPT table under FSDP, torchtitan's Llama 3.1 8B):
+// H100 0.53 / 0.16 / 0.40, A100 0.64 (its runs do not pin attention, 6% of their step; it keeps
+// H100's attention-to-matmul ratio: 0.19) / 0.40; every run predicted within 0.86x-1.16x
+// (TimeCalibration.*). Kinds without published runs take H100's. The cpu entry's are this
+// machine's, measured against `memfit train` (bench/plan_vs_train.sh).
 #pragma once
 
 #include "model/config.h"
@@ -100,10 +112,9 @@
 
 namespace memfit {
 
-// Assumptions (fractions of the datasheet peaks), to calibrate.
-constexpr double kMatmulEfficiency = 0.70;      // large bf16 GEMMs on current GPUs
-constexpr double kAttentionEfficiency = 0.50;   // flash attention, on the FLOPs it performs
-constexpr double kBandwidthEfficiency = 0.80;   // elementwise kernels, of mem_bw
+// The per-kind efficiencies (Hardware::matmul_eff, attention_eff, bandwidth_eff) are fitted on
+// published runs (above). These are assumptions the published runs do not pin down (their
+// collectives hide under compute at any value near these):
 constexpr double kLinkEfficiency = 0.80;        // NCCL bus bandwidth, of the link's line rate
 constexpr double kOverlapFraction = 0.80;       // share of a backward that gradient collectives can hide under
 constexpr double kLossBytesPerLogit = 12;       // fp32 logits: read for max/sum, read again, write the gradient

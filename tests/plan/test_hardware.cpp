@@ -176,6 +176,19 @@ TEST(Hardware, ValidCatalogLoadsWithUnitsConverted) {
     EXPECT_DOUBLE_EQ(cat[0].host_bw, 64e9);
     EXPECT_DOUBLE_EQ(cat[0].inter_latency, 10e-6);
     EXPECT_EQ(cat[0].host_memory, 2048 * memfit::GiB);
+    // The time model's efficiencies are optional: the defaults (H100's fit) when absent.
+    EXPECT_EQ(cat[0].matmul_eff, memfit::kDefaultMatmulEfficiency);
+    EXPECT_EQ(cat[0].attention_eff, memfit::kDefaultAttentionEfficiency);
+    EXPECT_EQ(cat[0].bandwidth_eff, memfit::kDefaultBandwidthEfficiency);
+    nlohmann::json j = good_catalog();
+    j["devices"][0]["matmul_efficiency"] = 0.6;
+    j["devices"][0]["attention_efficiency"] = 0.25;
+    j["devices"][0]["bandwidth_efficiency"] = 1;
+    write(p, j.dump());
+    const Hardware h = memfit::load_hardware_catalog(p.string())[0];
+    EXPECT_EQ(h.matmul_eff, 0.6);
+    EXPECT_EQ(h.attention_eff, 0.25);
+    EXPECT_EQ(h.bandwidth_eff, 1.0);
 }
 
 TEST(Hardware, MalformedCatalogNamesTheEntryAndField) {
@@ -208,6 +221,15 @@ TEST(Hardware, MalformedCatalogNamesTheEntryAndField) {
         expect_names(msg, "gpu-x", "bf16_tflop");
         EXPECT_NE(msg.find("unknown"), std::string::npos) << msg;
     }
+    for (const char * f : {"matmul_efficiency", "attention_efficiency", "bandwidth_efficiency"})
+        for (const nlohmann::json & bad : {nlohmann::json(0), nlohmann::json(1.5), nlohmann::json("0.5")}) {
+            // an efficiency outside (0, 1]
+            nlohmann::json j = good_catalog();
+            j["devices"][0][f] = bad;
+            const std::string msg = load_error(j.dump());
+            expect_names(msg, "gpu-x", f);
+            EXPECT_NE(msg.find("fraction"), std::string::npos) << msg;
+        }
     {   // per_node must be a whole number
         nlohmann::json j = good_catalog();
         j["devices"][0]["per_node"] = 7.5;
