@@ -115,6 +115,7 @@ nlohmann::json run_calibration(const CalibrateOptions & opt) {
     const auto t0 = std::chrono::steady_clock::now();
     const uint64_t stream_bytes = opt.stream_bytes > 0 ? opt.stream_bytes : default_stream_bytes();
     const double gflops = cpu::measure_matmul_peak_gflops(opt.matmul_repeats);
+    const double bf16_gflops = cpu::measure_bf16_storage_gflops(opt.matmul_repeats);
     const double bw = measure_stream_bandwidth(stream_bytes, opt.stream_repeats);
     std::filesystem::path dir = opt.offload_dir.empty() ? std::filesystem::path(opt.path).parent_path()
                                                         : std::filesystem::path(opt.offload_dir);
@@ -133,6 +134,7 @@ nlohmann::json run_calibration(const CalibrateOptions & opt) {
         {"format", "memfit-calibration"},
         {"version", 1},
         {"fp32_gflops", gflops},
+        {"bf16_gflops", bf16_gflops},
         {"mem_bw_gbs", bw / 1e9},
         {"threads", omp_get_max_threads()},
         {"cpu", cpu_model()},
@@ -140,6 +142,8 @@ nlohmann::json run_calibration(const CalibrateOptions & opt) {
         {"matmul", fmt::format("oneDNN fp32 gemm on model-shaped gemms (M x K x N 2048x384x1536, 2048x1536x384, "
                                "2048x384x1152): the best shape's median of {} runs",
                                std::max(opt.matmul_repeats, 1))},
+        {"bf16_matmul", "memfit's bf16/fp16 storage path on the same gemms (16-bit tiles converted to fp32 for "
+                        "oneDNN): the rate --precision bf16 and fp16 run at"},
         {"bandwidth", fmt::format("triad a = b + s*c over 3 arrays of doubles, {} in all; bytes counted: 2 reads + 1 "
                                   "write per element; median of {} runs",
                                   format_bytes(stream_bytes), std::max(opt.stream_repeats, 1))},

@@ -239,6 +239,7 @@ std::optional<Calibration> read_calibration(const std::string & path) {
     c.fp32_flops = rate("fp32_gflops") * kGiga;
     c.mem_bw = rate("mem_bw_gbs") * kGiga;
     if (j.contains("offload_gbs")) c.offload_bw = rate("offload_gbs") * kGiga;
+    if (j.contains("bf16_gflops")) c.bf16_flops = rate("bf16_gflops") * kGiga;
     if (j.contains("threads") && j["threads"].is_number_integer()) c.threads = j["threads"].get<int>();
     if (j.contains("cpu") && j["cpu"].is_string()) c.cpu = j["cpu"].get<std::string>();
     if (j.contains("created") && j["created"].is_string()) c.created = j["created"].get<std::string>();
@@ -246,7 +247,8 @@ std::optional<Calibration> read_calibration(const std::string & path) {
 }
 
 void apply_calibration(Hardware & cpu, const Calibration & c, const std::string & path) {
-    cpu.fp32_flops = cpu.bf16_flops = cpu.fp16_flops = c.fp32_flops;
+    cpu.fp32_flops = c.fp32_flops;
+    cpu.bf16_flops = cpu.fp16_flops = c.bf16_flops > 0 ? c.bf16_flops : c.fp32_flops;
     cpu.mem_bw = cpu.host_bw = c.mem_bw;
     if (c.offload_bw > 0) cpu.host_bw = c.offload_bw;   // the cpu entry's host link: its offload files
     cpu.description = fmt::format("this machine ({}{}calibrated)", c.cpu.empty() ? "" : c.cpu + ", ",

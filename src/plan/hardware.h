@@ -28,6 +28,7 @@ const Hardware & find_hardware(const std::vector<Hardware> & catalog, const std:
 // What `memfit bench --calibrate` measured on this machine.
 struct Calibration {
     double fp32_flops = 0;   // FLOP/s, oneDNN fp32 matmul on model-shaped gemms
+    double bf16_flops = 0;   // FLOP/s, memfit's 16-bit storage path on the same gemms (0: not measured)
     double mem_bw = 0;       // bytes/s, streaming triad (reads + writes counted)
     double offload_bw = 0;   // bytes/s, --offload-dir's round trip (0: not measured; then mem_bw)
     int threads = 0;         // OpenMP threads it ran with (0: not recorded)
@@ -39,8 +40,9 @@ struct Calibration {
 // but lacks positive "fp32_gflops" and "mem_bw_gbs" numbers.
 std::optional<Calibration> read_calibration(const std::string & path);
 
-// The calibrated rates replace a `cpu` entry's defaults: bf16 and fp16 get the fp32 rate (the
-// CPU kernels compute in fp32), device and host bandwidth the measured bandwidth.
+// The calibrated rates replace a `cpu` entry's defaults: fp32 the fp32 rate, bf16 and fp16 the
+// 16-bit storage path's rate (the fp32 rate for a file without one), device and host bandwidth
+// the measured bandwidth. The entry's efficiencies (hardware.json) stay: they are fractions of these.
 void apply_calibration(Hardware & cpu, const Calibration & c, const std::string & path);
 
 // data_dir()/hardware.json with the `cpu` entry fitted to this machine: memory and host memory

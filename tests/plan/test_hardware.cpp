@@ -291,6 +291,13 @@ TEST(Hardware, CpuEntryIsThisMachineAndTakesTheCalibration) {
     EXPECT_NE(cpu.description.find("Test CPU"), std::string::npos) << cpu.description;
     EXPECT_NE(cpu.source.find(cal.string()), std::string::npos) << cpu.source;
     EXPECT_EQ(cpu.memory, cpu0.memory);
+    // A file with memfit's 16-bit storage rate gives it to bf16 and fp16; the efficiencies stay.
+    write(cal, R"({"fp32_gflops": 123.5, "bf16_gflops": 99.0, "mem_bw_gbs": 17.25})");
+    const Hardware & cpu16 = memfit::find_hardware(memfit::default_hardware_catalog(cal.string()), "cpu");
+    EXPECT_DOUBLE_EQ(cpu16.fp32_flops, 123.5e9);
+    EXPECT_DOUBLE_EQ(cpu16.bf16_flops, 99e9);
+    EXPECT_DOUBLE_EQ(cpu16.fp16_flops, 99e9);
+    EXPECT_EQ(cpu16.matmul_eff, cpu0.matmul_eff);
     // The other entries are untouched.
     EXPECT_DOUBLE_EQ(memfit::find_hardware(cat, "h100-80g").bf16_flops,
                      memfit::find_hardware(plain, "h100-80g").bf16_flops);
@@ -342,6 +349,8 @@ TEST(Hardware, BenchCalibrateWritesTheFileThePlannerReads) {
 
     const Hardware & cpu = memfit::find_hardware(memfit::default_hardware_catalog(file.string()), "cpu");
     EXPECT_DOUBLE_EQ(cpu.fp32_flops, j["fp32_gflops"].get<double>() * 1e9);
+    EXPECT_DOUBLE_EQ(cpu.bf16_flops, j["bf16_gflops"].get<double>() * 1e9);
+    EXPECT_GT(cpu.bf16_flops, 0.0);
     EXPECT_DOUBLE_EQ(cpu.mem_bw, j["mem_bw_gbs"].get<double>() * 1e9);
     // The offload files' round trip (under the calibration's folder): the cpu entry's host link.
     EXPECT_GT(j.at("offload_gbs").get<double>(), 0.01) << j.dump();
