@@ -17,6 +17,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "backend/rope.h"
 #include "core/tensor.h"
 #include "memory/step_memory.h"
 
@@ -187,10 +188,10 @@ public:
     // Rotary position embeddings (HF rotate_half), in place on the q and k heads of
     // qkv[B,T,(NH+2*KVH)*hd] (per row: NH q heads, KVH k heads, KVH v heads; v untouched).
     // Row t has position p = pos0 + t (t - doc_start[b,t] with packed documents, pos0 0 then);
-    // head pair (i, i+hd/2) turns by p * theta^(-2i/hd).
-    virtual void rope_fwd(Tensor qkv, int NH, int KVH, float theta, int pos0, Tensor doc_start = {}) = 0;
+    // head pair (i, i+hd/2) turns by p * rope.inv_freq(i, hd) (theta^(-2i/hd), or rope_scaling's).
+    virtual void rope_fwd(Tensor qkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start = {}) = 0;
     // Its backward, in place on dqkv: the inverse rotation.
-    virtual void rope_bwd(Tensor dqkv, int NH, int KVH, float theta, int pos0, Tensor doc_start = {}) = 0;
+    virtual void rope_bwd(Tensor dqkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start = {}) = 0;
     // inp[N,2I] = [gate | up] per row; out[N,I] = silu(gate) * up.
     virtual void swiglu_fwd(Tensor out, Tensor inp) = 0;
     virtual void swiglu_bwd(Tensor dinp, Tensor dout, Tensor inp) = 0;       // dinp[N,2I] = ...

@@ -485,15 +485,15 @@ void Graph::rmsnorm_bwd(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor 
     end();
 }
 
-void Graph::rope_fwd(Tensor qkv, int NH, int KVH, float theta, int pos0, Tensor doc_start) {
+void Graph::rope_fwd(Tensor qkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start) {
     if (begin("rope_fwd", 6.0 * rope_pairs(qkv, NH, KVH), {qkv, doc_start}))
-        backend_->rope_fwd(resolve(qkv), NH, KVH, theta, pos0, resolve(doc_start));
+        backend_->rope_fwd(resolve(qkv), NH, KVH, rope, pos0, resolve(doc_start));
     end();
 }
 
-void Graph::rope_bwd(Tensor dqkv, int NH, int KVH, float theta, int pos0, Tensor doc_start) {
+void Graph::rope_bwd(Tensor dqkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start) {
     if (begin("rope_bwd", 6.0 * rope_pairs(dqkv, NH, KVH), {dqkv, doc_start}))
-        backend_->rope_bwd(resolve(dqkv), NH, KVH, theta, pos0, resolve(doc_start));
+        backend_->rope_bwd(resolve(dqkv), NH, KVH, rope, pos0, resolve(doc_start));
     end();
 }
 

@@ -141,8 +141,8 @@ public:
     // LLaMA family (Backend has the contracts).
     void rmsnorm_fwd(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps);
     void rmsnorm_bwd(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd);
-    void rope_fwd(Tensor qkv, int NH, int KVH, float theta, int pos0, Tensor doc_start = {});    // in place
-    void rope_bwd(Tensor dqkv, int NH, int KVH, float theta, int pos0, Tensor doc_start = {});   // in place
+    void rope_fwd(Tensor qkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start = {});    // in place
+    void rope_bwd(Tensor dqkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start = {});   // in place
     void swiglu_fwd(Tensor out, Tensor inp);
     void swiglu_bwd(Tensor dinp, Tensor dout, Tensor inp);
     void repeat_kv_fwd(Tensor full, Tensor qkv, int NH, int KVH);

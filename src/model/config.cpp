@@ -46,7 +46,18 @@ constexpr Preset kPresets[] = {
     {"llama2-70b",  "llama", 32000,  4096, 8192, 80, 64, 8, 28672, 10000.f,  false, "Llama 2 70B (GQA, 8 KV heads)"},
     {"llama3-8b",   "llama", 128256, 8192, 4096, 32, 32, 8, 14336, 500000.f, false, "Llama 3 8B (GQA, 8 KV heads)"},
     {"llama3-70b",  "llama", 128256, 8192, 8192, 80, 64, 8, 28672, 500000.f, false, "Llama 3 70B (GQA, 8 KV heads)"},
+    {"llama3.1-8b", "llama", 128256, 131072, 4096, 32, 32, 8, 14336, 500000.f, false, "Llama 3.1 8B (rope_scaling llama3, factor 8)"},
+    {"llama3.2-1b", "llama", 128256, 131072, 2048, 16, 32, 8, 8192, 500000.f, true,  "Llama 3.2 1B (rope_scaling llama3, factor 32, tied)"},
+    {"llama3.2-3b", "llama", 128256, 131072, 3072, 28, 24, 8, 8192, 500000.f, true,  "Llama 3.2 3B (rope_scaling llama3, factor 32, tied)"},
 };
+
+// The presets with Llama 3.1's rope_scaling (their config.json files): rope_type llama3, low and
+// high frequency factors 1 and 4, original_max_position_embeddings 8192.
+struct RopePreset {
+    const char * name;
+    float factor;
+};
+constexpr RopePreset kRopePresets[] = {{"llama3.1-8b", 8.0f}, {"llama3.2-1b", 32.0f}, {"llama3.2-3b", 32.0f}};
 
 }  // namespace
 
@@ -112,6 +123,16 @@ void ModelConfig::validate() const {
         bad(fmt::format("num_attention_heads = {} is not a multiple of num_key_value_heads = {}", n_head, n_kv_head));
     if (head_dim() % 2 != 0) bad(fmt::format("head_dim = {} must be even for rotary embeddings", head_dim()));
     if (!(rope_theta > 0)) bad(fmt::format("rope_theta = {}, must be positive", rope_theta));
+    const Rope & r = rope_scaling;
+    if (r.scaling != RopeScaling::none && !(r.factor >= 1))
+        bad(fmt::format("rope_scaling factor = {}, must be at least 1", r.factor));
+    if (r.scaling == RopeScaling::llama3) {
+        if (!(r.low_freq_factor > 0) || !(r.high_freq_factor > r.low_freq_factor))
+            bad(fmt::format("rope_scaling low_freq_factor = {} and high_freq_factor = {}: need 0 < low < high",
+                            r.low_freq_factor, r.high_freq_factor));
+        if (r.original_context < 1)
+            bad(fmt::format("rope_scaling original_max_position_embeddings = {}, must be positive", r.original_context));
+    }
 }
 
 std::vector<std::string> preset_names() {
@@ -135,6 +156,14 @@ ModelConfig model_preset(const std::string & name) {
         c.ffn = p.ffn;
         if (p.theta > 0) c.rope_theta = p.theta;
         c.tied_head = p.tied;
+        for (const RopePreset & r : kRopePresets)
+            if (name == r.name) {
+                c.rope_scaling.scaling = RopeScaling::llama3;
+                c.rope_scaling.factor = r.factor;
+                c.rope_scaling.low_freq_factor = 1.0f;
+                c.rope_scaling.high_freq_factor = 4.0f;
+                c.rope_scaling.original_context = 8192;
+            }
         return c;
     }
     throw ConfigError(fmt::format("unknown model '{}': use a preset ({}) or a path to a Hugging Face config.json",
@@ -154,6 +183,44 @@ float float_field(const nlohmann::json & j, const char * key, float fallback, co
     if (!j.contains(key) || j[key].is_null()) return fallback;
     if (const auto x = json_number<float>(j[key])) return *x;
     throw ConfigError(fmt::format("{}: {} = {} is not a number in range", name, key, j[key].dump()));
+}
+// config.json's rope_scaling: {"rope_type" (or the older "type"): "llama3", "factor",
+// "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"} or {"rope_type":
+// "linear", "factor"}; "default" is plain RoPE. Other types (dynamic, yarn, longrope) are refused.
+Rope parse_rope_scaling(const nlohmann::json & j, const std::string & name) {
+    const nlohmann::json & rs = j["rope_scaling"];
+    if (!rs.is_object())
+        throw ConfigError(fmt::format("{}: rope_scaling = {} must be an object", name, rs.dump()));
+    const char * key = rs.contains("rope_type") ? "rope_type" : "type";
+    const std::string type = rs.contains(key) && rs[key].is_string() ? rs[key].get<std::string>() : "";
+    Rope r;
+    if (type == "default") return r;
+    if (type != "llama3" && type != "linear")
+        throw ConfigError(fmt::format("{}: rope_scaling {} = {} is not supported (supported: llama3, linear); hint: "
+                                      "remove rope_scaling to train at the base context",
+                                      name, key, rs.contains(key) ? rs[key].dump() : "nothing"));
+    auto number = [&](const char * field, float fallback) {
+        if (!rs.contains(field)) {
+            if (fallback > 0) return fallback;
+            throw ConfigError(fmt::format("{}: rope_scaling of type {} needs '{}'", name, type, field));
+        }
+        if (const auto x = json_number<float>(rs[field])) return *x;
+        throw ConfigError(fmt::format("{}: rope_scaling {} = {} is not a number in range", name, field, rs[field].dump()));
+    };
+    r.factor = number("factor", 0);
+    if (type == "linear") {
+        r.scaling = RopeScaling::linear;
+        return r;
+    }
+    r.scaling = RopeScaling::llama3;
+    r.low_freq_factor = number("low_freq_factor", 0);
+    r.high_freq_factor = number("high_freq_factor", 0);
+    const float original = number("original_max_position_embeddings", 0);
+    if (!(original >= 1 && original <= 1e9f) || original != std::floor(original))
+        throw ConfigError(fmt::format("{}: rope_scaling original_max_position_embeddings = {} must be a positive integer",
+                                      name, rs["original_max_position_embeddings"].dump()));
+    r.original_context = int(original);
+    return r;
 }
 }  // namespace
 
@@ -192,8 +259,7 @@ ModelConfig parse_hf_config(const nlohmann::json & j, const std::string & name) 
                 throw ConfigError(fmt::format("{}: {} = {} is not supported ({})", name, key, j[key].dump(), why));
             };
             if (j.contains("hidden_act") && j["hidden_act"] != "silu") refuse("hidden_act", "supported: silu");
-            if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
-                refuse("rope_scaling", "only plain rotary embeddings; remove it to train at the base context");
+            if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) c.rope_scaling = parse_rope_scaling(j, name);
             if (j.value("attention_bias", false)) refuse("attention_bias", "LLaMA projections have no biases");
             if (j.value("mlp_bias", false)) refuse("mlp_bias", "LLaMA projections have no biases");
             if (j.contains("head_dim") && !j["head_dim"].is_null() && c.n_head > 0 &&
@@ -216,6 +282,17 @@ namespace {
 // A float as the decimal it was written as (1e-05, not 9.99999974737875e-06).
 double shortest(float f) { return std::stod(fmt::format("{}", f)); }
 
+nlohmann::json rope_scaling_json(const Rope & r) {
+    if (r.scaling == RopeScaling::linear) return {{"rope_type", "linear"}, {"factor", shortest(r.factor)}};
+    if (r.scaling == RopeScaling::llama3)
+        return {{"rope_type", "llama3"},
+                {"factor", shortest(r.factor)},
+                {"low_freq_factor", shortest(r.low_freq_factor)},
+                {"high_freq_factor", shortest(r.high_freq_factor)},
+                {"original_max_position_embeddings", r.original_context}};
+    return nullptr;
+}
+
 nlohmann::json hf_config_fields(const ModelConfig & cfg) {
     if (cfg.llama())
         return {{"architectures", {"LlamaForCausalLM"}},
@@ -231,7 +308,7 @@ nlohmann::json hf_config_fields(const ModelConfig & cfg) {
                 {"hidden_act", "silu"},
                 {"rms_norm_eps", shortest(cfg.ln_eps)},
                 {"rope_theta", shortest(cfg.rope_theta)},
-                {"rope_scaling", nullptr},
+                {"rope_scaling", rope_scaling_json(cfg.rope_scaling)},
                 {"attention_bias", false},
                 {"mlp_bias", false},
                 {"tie_word_embeddings", cfg.tied_head},

@@ -13,6 +13,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "backend/rope.h"
+
 namespace memfit {
 
 struct ModelConfig {
@@ -27,6 +29,9 @@ struct ModelConfig {
     int   ffn        = 0;        // MLP width (llama intermediate_size; 0: 4C)
     int   head_size  = 0;        // head dimension (llama head_dim; 0: n_embd / n_head)
     float rope_theta = 10000.0f; // llama
+    // llama: config.json's rope_scaling (backend/rope.h): none, linear (factor) or llama3
+    // (Llama 3.1/3.2: factor, low/high frequency factors, original_max_position_embeddings).
+    Rope  rope_scaling;          // its theta is unused: rope() takes rope_theta
     float ln_eps     = 1e-5f;    // layer_norm_epsilon / rms_norm_eps
     bool  tied_head  = true;     // LM head reads the token embedding
     // Positions training has covered (config.json's memfit_trained_context): a model trained at
@@ -35,6 +40,11 @@ struct ModelConfig {
     int   trained_seq = 0;
 
     bool llama() const { return family == "llama"; }
+    Rope rope() const {
+        Rope r = rope_scaling;
+        r.theta = rope_theta;
+        return r;
+    }
     int head_dim() const { return head_size > 0 ? head_size : n_embd / n_head; }
     // Width of the attention output (the input of the output projection): NH * head_dim; n_embd
     // unless head_dim is explicit (a tensor-parallel rank's heads, or a config that sets it).
@@ -67,7 +77,7 @@ std::vector<std::string> preset_names();
 // A Hugging Face config.json: model_type gpt2 (n_embd, n_layer, n_head, n_positions, vocab_size,
 // layer_norm_epsilon) or llama (hidden_size, intermediate_size, num_hidden_layers,
 // num_attention_heads, num_key_value_heads, max_position_embeddings, rms_norm_eps, rope_theta,
-// tie_word_embeddings), both with memfit's kTrainedContextKey (ModelConfig::trained_seq) when
+// rope_scaling of rope_type llama3 or linear, tie_word_embeddings), both with memfit's kTrainedContextKey (ModelConfig::trained_seq) when
 // present. Throws IoError / ConfigError.
 ModelConfig load_hf_config(const std::string & path);
 // The same from parsed JSON; `name` names the source in errors.

@@ -320,7 +320,7 @@ void Transformer::norm_bwd(Graph & g, Tensor dx, Tensor dw, Tensor db, Tensor do
 
 void Transformer::qkv_fwd(Graph & g, Tensor qkv, Tensor ln1, const ModelWeights::Layer & p, int pos0, bool rc) const {
     project(g, qkv, ln1, p, Proj::qkv, rc);
-    if (llama_) g.rope_fwd(qkv, cfg_.n_head, cfg_.kv_heads(), cfg_.rope_theta, pos0, docs_);
+    if (llama_) g.rope_fwd(qkv, cfg_.n_head, cfg_.kv_heads(), cfg_.rope(), pos0, docs_);
 }
 
 void Transformer::attention_fwd(Graph & g, Tensor out, Tensor lse, Tensor att, Tensor rep, Tensor qkv) const {
@@ -344,7 +344,7 @@ void Transformer::attention_bwd(Graph & g, const LayerActs & a) const {
     if (flash_) g.flash_attention_bwd(dqkv, a.datty, a.atty, qkv, a.lse, NH, docs_);
     else g.attention_bwd(dqkv, a.datty, qkv, a.att, NH, docs_);
     if (gqa_) g.repeat_kv_bwd(a.dqkv, a.dqkv_rep, NH, KVH);
-    if (llama_) g.rope_bwd(a.dqkv, NH, KVH, cfg_.rope_theta, 0, docs_);
+    if (llama_) g.rope_bwd(a.dqkv, NH, KVH, cfg_.rope(), 0, docs_);
 }
 
 void Transformer::act_fwd(Graph & g, Tensor out, Tensor fc) const {

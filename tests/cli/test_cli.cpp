@@ -338,6 +338,41 @@ TEST(Cli, LlamaTrainsExportsReimportsAndGenerates) {
     EXPECT_NE(g.err.find("KV cache"), std::string::npos) << g.err;
 }
 
+// A Llama-3.1-style config.json (rope_scaling of rope_type llama3) trains from the CLI, its loss
+// falls, the export writes the rope_scaling back, and the folder generates with its KV cache.
+TEST(Cli, LlamaWithRopeScalingTrainsAndExports) {
+    const fs::path text = small_text("llama31.txt");
+    const fs::path data = scratch("llama31_data"), run = scratch("llama31_run"), hf = scratch("llama31_hf");
+    const fs::path config = scratch("llama31_config.json");
+    const nlohmann::json rope = {{"rope_type", "llama3"}, {"factor", 4.0}, {"low_freq_factor", 1.0},
+                                 {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 16}};
+    std::ofstream(config) << nlohmann::json{{"model_type", "llama"}, {"vocab_size", 256}, {"hidden_size", 64},
+                                            {"intermediate_size", 176}, {"num_hidden_layers", 2},
+                                            {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                                            {"max_position_embeddings", 64}, {"rope_theta", 10000.0},
+                                            {"rope_scaling", rope}}
+                                 .dump();
+    ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    const CmdResult t = run_memfit("train --model " + config.string() + " --data " + data.string() +
+                                   " --batch 4 --seq 48 --steps 30 --lr 3e-3 --log-every 1 --eval-every 0 --sample 0 "
+                                   "--checkpoint-every 30 --progress plain --out " + run.string());
+    ASSERT_EQ(t.code, 0) << t.err << t.out;
+    std::ifstream metrics(run / "metrics.jsonl");
+    std::vector<double> losses;
+    for (std::string line; std::getline(metrics, line);) {
+        const nlohmann::json m = nlohmann::json::parse(line);
+        if (m.contains("loss") && m.contains("step")) losses.push_back(m["loss"].get<double>());
+    }
+    ASSERT_GE(losses.size(), 30u);
+    EXPECT_LT(losses.back(), 0.8 * losses.front()) << losses.front() << " -> " << losses.back();
+    ASSERT_EQ(run_memfit("export " + (run / "checkpoints").string() + " --out " + hf.string()).code, 0);
+    std::ifstream cfg(hf / "config.json");
+    EXPECT_EQ(nlohmann::json::parse(cfg)["rope_scaling"], rope);
+    const CmdResult g = run_memfit("generate --model " + hf.string() + " --prompt ROMEO: --max-new-tokens 40 --seed 1");
+    ASSERT_EQ(g.code, 0) << g.err;
+    EXPECT_EQ(g.out.size(), std::string("ROMEO:").size() + 40 + 1) << g.out;
+}
+
 // memfit plan: the example prints a ranked table; --json parses; and on one `cpu`
 // device the plan's bytes per category are what `memfit train` then measures.
 TEST(Cli, PlanRanksExplainsAndMatchesTraining) {

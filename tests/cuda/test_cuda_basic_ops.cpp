@@ -290,6 +290,34 @@ TEST(CudaBasicOps, Rope) {
         }
 }
 
+// Llama 3.1's rope_scaling (all three frequency bands at hd 16 with a 32-token original context;
+// Llama 3.2's own numbers at hd 128) and linear scaling: the same frequencies as the CPU.
+TEST(CudaBasicOps, RopeScaling) {
+    MF_REQUIRE_GPU();
+    Rope llama3(10000.0f), meta(500000.0f), linear(10000.0f);
+    llama3.scaling = meta.scaling = RopeScaling::llama3;
+    llama3.factor = 4;
+    llama3.original_context = 32;
+    meta.factor = 32;
+    linear.scaling = RopeScaling::linear;
+    linear.factor = 2.5f;
+    for (DType dt : kFloats)
+        for (auto [T, hd, pos0] : {std::array<int, 3>{24, 16, 0}, {5, 128, 9000}}) {
+            SCOPED_TRACE(name(dt) + " hd " + std::to_string(hd));
+            OpCheck chk;
+            const int64_t W = int64_t(4 + 2 * 2) * hd;
+            const int qkv = chk.rand(dt, {2, T, W}), dqkv = chk.rand(dt, {2, T, W}), lin = chk.rand(dt, {2, T, W});
+            chk.run([&](Backend & be, const Ts & t) {
+                be.rope_fwd(t[qkv], 4, 2, hd == 16 ? llama3 : meta, pos0);
+                be.rope_bwd(t[dqkv], 4, 2, hd == 16 ? llama3 : meta, pos0);
+                be.rope_fwd(t[lin], 4, 2, linear, pos0);
+            });
+            EXPECT_LT(chk.rel_err(qkv), tol(dt));
+            EXPECT_LT(chk.rel_err(dqkv), tol(dt));
+            EXPECT_LT(chk.rel_err(lin), tol(dt));
+        }
+}
+
 TEST(CudaBasicOps, Swiglu) {
     MF_REQUIRE_GPU();
     for (DType dt : kFloats)

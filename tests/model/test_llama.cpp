@@ -66,6 +66,22 @@ TEST(Llama, PresetsHaveThePublishedParameterCounts) {
     EXPECT_EQ(c.kv_heads(), 8);
     EXPECT_EQ(c.qkv_dim(), (64 + 16) * 128);
     EXPECT_EQ(model_preset("llama3-8b").rope_theta, 500000.0f);
+    // meta-llama/Llama-3.1-8B, Llama-3.2-1B and -3B (tied) as Hugging Face counts them.
+    EXPECT_EQ(model_preset("llama3.1-8b").num_params(), 8030261248);
+    EXPECT_EQ(model_preset("llama3.2-1b").num_params(), 1235814400);
+    EXPECT_EQ(model_preset("llama3.2-3b").num_params(), 3212749824);
+    for (const char * p : {"llama3.1-8b", "llama3.2-1b", "llama3.2-3b"}) {
+        const ModelConfig r = model_preset(p);
+        EXPECT_EQ(r.rope_scaling.scaling, RopeScaling::llama3) << p;
+        EXPECT_EQ(r.rope().original_context, 8192) << p;
+        EXPECT_EQ(r.rope().theta, 500000.0f) << p;
+        EXPECT_EQ(r.max_seq, 131072) << p;
+        EXPECT_NO_THROW(r.validate()) << p;
+    }
+    EXPECT_EQ(model_preset("llama3.1-8b").rope_scaling.factor, 8.0f);
+    EXPECT_EQ(model_preset("llama3.2-1b").rope_scaling.factor, 32.0f);
+    EXPECT_EQ(model_preset("llama3.2-1b").head_dim(), 64);
+    EXPECT_TRUE(model_preset("llama3.2-3b").tied_head);
     for (const char * small : {"llama-nano", "llama-micro", "llama-mini"}) {
         ModelConfig s = model_preset(small);
         s.vocab_size = 256;
@@ -106,7 +122,40 @@ TEST(Llama, HuggingFaceConfigJson) {
             EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
         }
     };
-    refused("rope_scaling", {{"type", "llama3"}, {"factor", 8.0}}, "rope_scaling");
+    refused("rope_scaling", {{"type", "llama3"}, {"factor", 8.0}}, "needs 'low_freq_factor'");
+    refused("rope_scaling", {{"rope_type", "dynamic"}, {"factor", 2.0}}, "rope_scaling rope_type = \"dynamic\" is not supported");
+    refused("rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}, "supported: llama3, linear");
+    refused("rope_scaling", {{"rope_type", "linear"}, {"factor", 0.5}}, "factor = 0.5, must be at least 1");
+    refused("rope_scaling", {{"rope_type", "linear"}, {"factor", "2"}}, "factor = \"2\" is not a number");
+    refused("rope_scaling", "llama3", "must be an object");
+    refused("rope_scaling",
+            {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 4.0}, {"high_freq_factor", 1.0},
+             {"original_max_position_embeddings", 8192}},
+            "need 0 < low < high");
+    refused("rope_scaling",
+            {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+             {"original_max_position_embeddings", 81.5}},
+            "must be a positive integer");
+    {   // Llama 3.1's rope_scaling and linear scaling are read, and written back as read.
+        nlohmann::json l31 = j;
+        l31["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                               {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+        const ModelConfig r = parse_hf_config(l31, "cfg");
+        EXPECT_EQ(r.rope_scaling.scaling, RopeScaling::llama3);
+        EXPECT_EQ(r.rope_scaling.factor, 8.0f);
+        EXPECT_EQ(r.rope_scaling.high_freq_factor, 4.0f);
+        EXPECT_EQ(r.rope_scaling.original_context, 8192);
+        EXPECT_EQ(hf_config_json(r)["rope_scaling"], l31["rope_scaling"]);
+        const ModelConfig back = parse_hf_config(hf_config_json(r), "again");
+        EXPECT_EQ(back.rope().inv_freq(40, 128), r.rope().inv_freq(40, 128));
+        nlohmann::json lin = j;
+        lin["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};   // the older key
+        const ModelConfig rl = parse_hf_config(lin, "cfg");
+        EXPECT_EQ(rl.rope_scaling.scaling, RopeScaling::linear);
+        EXPECT_EQ(hf_config_json(rl)["rope_scaling"]["rope_type"], "linear");
+        lin["rope_scaling"] = {{"rope_type", "default"}};
+        EXPECT_EQ(parse_hf_config(lin, "cfg").rope_scaling.scaling, RopeScaling::none);
+    }
     refused("hidden_act", "gelu", "hidden_act");
     refused("num_key_value_heads", 5, "not a multiple of num_key_value_heads = 5");
     refused("attention_bias", true, "no biases");
@@ -147,6 +196,48 @@ TEST(Llama, ParamLayoutHasHuggingFaceNamesAndFusedNeighbours) {
     EXPECT_FALSE(l.find("model.norm.weight").decay());
     // Tied: no lm_head.
     EXPECT_EQ(make_param_layout(tiny_llama(61, 32, 2, 4, 2, 48, true)).try_find("lm_head.weight"), nullptr);
+}
+
+// Rope::inv_freq against the llama3 rule restated: theta 500000, hd 128, factor 8, low 1, high
+// 4, original context 8192 (Llama 3.1 8B): wavelengths under 2048 keep their frequency, over
+// 8192 divide it by 8, between blend linearly in 8192 / wavelength.
+TEST(Llama, RopeScalingFrequencies) {
+    Rope r = model_preset("llama3.1-8b").rope();
+    int kept = 0, divided = 0, blended = 0;
+    for (int i = 0; i < 64; ++i) {
+        const double f = std::pow(500000.0, -2.0 * i / 128), w = 2 * M_PI / f;
+        const double got = r.inv_freq(i, 128);
+        if (w < 2048) {
+            EXPECT_EQ(got, f) << i;
+            ++kept;
+        } else if (w > 8192) {
+            EXPECT_DOUBLE_EQ(got, f / 8) << i;
+            ++divided;
+        } else {
+            const double s = (8192 / w - 1) / 3;
+            EXPECT_DOUBLE_EQ(got, (1 - s) * f / 8 + s * f) << i;
+            EXPECT_LT(got, f);
+            EXPECT_GT(got, f / 8);
+            ++blended;
+        }
+    }
+    EXPECT_GT(kept, 0);
+    EXPECT_GT(divided, 0);
+    EXPECT_GT(blended, 0);
+    r.scaling = RopeScaling::linear;
+    r.factor = 4;
+    EXPECT_DOUBLE_EQ(r.inv_freq(3, 64), std::pow(500000.0, -6.0 / 64) / 4);
+    EXPECT_EQ(Rope(10000.0f).inv_freq(3, 64), std::pow(10000.0, -6.0 / 64));
+}
+
+// A tiny LLaMA with Llama 3.1's rope_scaling (tests/data/make_llama31_tiny.py: float64 PyTorch):
+// logits, losses, gradients and two AdamW steps within 1e-4. Read as plain RoPE (its rope_scaling
+// removed from the metadata) it fails, max error 0.47: the frequencies are what it checks.
+TEST(Llama, RopeScalingFixtureWithin1e4) {
+    const VerifyReport r = verify_fixture(std::string(MEMFIT_TEST_DATA) + "/llama31_tiny.safetensors");
+    EXPECT_TRUE(r.ok) << r.json.dump(2);
+    EXPECT_LE(r.json["max_error"].get<double>(), 1e-4);
+    EXPECT_GE(r.json["errors"].size(), 60u);
 }
 
 TEST(Llama, SharedFixtureWithin1e4) {

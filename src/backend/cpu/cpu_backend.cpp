@@ -270,21 +270,21 @@ void CpuBackend::rmsnorm_bwd(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Te
     });
 }
 
-void CpuBackend::rope_fwd(Tensor qkv, int NH, int KVH, float theta, int pos0, Tensor doc_start) {
+void CpuBackend::rope_fwd(Tensor qkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start) {
     MF_ASSERT(qkv.ndim == 3);
     const int hd = head_dim(qkv, NH, KVH);
     dispatch(qkv.dtype, [&](auto s) {
         using S = decltype(s);
-        cpu::rope_forward(ptr<S>(qkv), B_of(qkv), T_of(qkv), NH, KVH, hd, theta, pos0, docs(doc_start, qkv));
+        cpu::rope_forward(ptr<S>(qkv), B_of(qkv), T_of(qkv), NH, KVH, hd, rope, pos0, docs(doc_start, qkv));
     });
 }
 
-void CpuBackend::rope_bwd(Tensor dqkv, int NH, int KVH, float theta, int pos0, Tensor doc_start) {
+void CpuBackend::rope_bwd(Tensor dqkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start) {
     MF_ASSERT(dqkv.ndim == 3);
     const int hd = head_dim(dqkv, NH, KVH);
     dispatch(dqkv.dtype, [&](auto s) {
         using S = decltype(s);
-        cpu::rope_backward(ptr<S>(dqkv), B_of(dqkv), T_of(dqkv), NH, KVH, hd, theta, pos0, docs(doc_start, dqkv));
+        cpu::rope_backward(ptr<S>(dqkv), B_of(dqkv), T_of(dqkv), NH, KVH, hd, rope, pos0, docs(doc_start, dqkv));
     });
 }
 

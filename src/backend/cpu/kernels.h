@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/rope.h"
 #include "core/dtype.h"
 
 namespace memfit::cpu {
@@ -149,14 +150,14 @@ void rmsnorm_backward(S * dinp, G * dweight, const S * dout, const S * inp, cons
 // Rotary position embeddings (Hugging Face "rotate_half"), in place on the q and k heads of
 // qkv[B,T,(NH+2*KVH)*hd], each row laid out [q: NH heads | k: KVH heads | v: KVH heads] of hd
 // (even) elements; v is untouched. Row t has position pos = pos0 + token_position(...). For i < hd/2, with
-// a = pos * theta^(-2i/hd) (computed in double, cos/sin then used as float):
+// a = pos * rope.inv_freq(i, hd) (backend/rope.h; in double, cos/sin then used as float):
 //   y[i] = x[i] cos a - x[i+hd/2] sin a;   y[i+hd/2] = x[i+hd/2] cos a + x[i] sin a.
 template <class S>
-void rope_forward(S * qkv, int B, int T, int NH, int KVH, int hd, float theta, int pos0,
+void rope_forward(S * qkv, int B, int T, int NH, int KVH, int hd, const Rope & rope, int pos0,
                   const int32_t * doc_start = nullptr);
 // The backward, in place on dqkv: the transpose of the rotation, i.e. the rotation by -a.
 template <class S>
-void rope_backward(S * dqkv, int B, int T, int NH, int KVH, int hd, float theta, int pos0,
+void rope_backward(S * dqkv, int B, int T, int NH, int KVH, int hd, const Rope & rope, int pos0,
                    const int32_t * doc_start = nullptr);
 
 // SwiGLU: inp[N, 2I] holds per row [gate (I) | up (I)]; out[N, I] = silu(gate) * up with

@@ -42,7 +42,7 @@ inline float exp_clamped(float y) {
 // the inverse rotation (the backward). inv_freq (hd/2 doubles) is shared; each thread keeps the
 // hd/2 cos/sin pairs of its current row.
 template <class S>
-void rope_apply(S * x, int B, int T, int NH, int KVH, int hd, float theta, int pos0, float sign,
+void rope_apply(S * x, int B, int T, int NH, int KVH, int hd, const Rope & rope, int pos0, float sign,
                 const int32_t * doc_start) {
     MF_ASSERT(hd > 0 && hd % 2 == 0 && NH > 0 && KVH > 0);
     const int half = hd / 2;
@@ -50,7 +50,7 @@ void rope_apply(S * x, int B, int T, int NH, int KVH, int hd, float theta, int p
     const int heads = NH + KVH;  // rotated heads per row: q then k, contiguous
     std::vector<double> inv_freq(static_cast<size_t>(half));
     for (int i = 0; i < half; ++i)
-        inv_freq[static_cast<size_t>(i)] = std::pow(static_cast<double>(theta), -2.0 * i / hd);
+        inv_freq[static_cast<size_t>(i)] = rope.inv_freq(i, hd);
     const int rows = B * T;
 #pragma omp parallel
     {
@@ -154,14 +154,14 @@ void rmsnorm_backward(S * dinp, G * dweight, const S * dout, const S * inp, cons
 // Rotary position embeddings
 
 template <class S>
-void rope_forward(S * qkv, int B, int T, int NH, int KVH, int hd, float theta, int pos0, const int32_t * doc_start) {
-    rope_apply(qkv, B, T, NH, KVH, hd, theta, pos0, 1.0f, doc_start);
+void rope_forward(S * qkv, int B, int T, int NH, int KVH, int hd, const Rope & rope, int pos0, const int32_t * doc_start) {
+    rope_apply(qkv, B, T, NH, KVH, hd, rope, pos0, 1.0f, doc_start);
 }
 
 template <class S>
-void rope_backward(S * dqkv, int B, int T, int NH, int KVH, int hd, float theta, int pos0,
+void rope_backward(S * dqkv, int B, int T, int NH, int KVH, int hd, const Rope & rope, int pos0,
                    const int32_t * doc_start) {
-    rope_apply(dqkv, B, T, NH, KVH, hd, theta, pos0, -1.0f, doc_start);
+    rope_apply(dqkv, B, T, NH, KVH, hd, rope, pos0, -1.0f, doc_start);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -271,8 +271,8 @@ void repeat_kv_backward(S * dqkv, const S * dfull, int N, int NH, int KVH, int h
     template void rmsnorm_forward<S>(S *, float *, const S *, const S *, int, int, float);                \
     template void rmsnorm_backward<float, S>(S *, float *, const S *, const S *, const S *, const float *, \
                                              int, int);                                                   \
-    template void rope_forward<S>(S *, int, int, int, int, int, float, int, const int32_t *);             \
-    template void rope_backward<S>(S *, int, int, int, int, int, float, int, const int32_t *);            \
+    template void rope_forward<S>(S *, int, int, int, int, int, const Rope &, int, const int32_t *);            \
+    template void rope_backward<S>(S *, int, int, int, int, int, const Rope &, int, const int32_t *);            \
     template void swiglu_forward<S>(S *, const S *, int, int);                                            \
     template void swiglu_backward<S>(S *, const S *, const S *, int, int);                                \
     template void repeat_kv_forward<S>(S *, const S *, int, int, int, int);                               \

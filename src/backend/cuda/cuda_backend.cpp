@@ -314,11 +314,11 @@ void CudaBackend::rmsnorm_fwd(Tensor out, Tensor rstd, Tensor inp, Tensor w, flo
 void CudaBackend::rmsnorm_bwd(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) {
     MF_FWD(rmsnorm_bwd, dinp, dw, dout, inp, w, rstd);
 }
-void CudaBackend::rope_fwd(Tensor qkv, int NH, int KVH, float theta, int pos0, Tensor doc_start) {
-    MF_FWD(rope_fwd, qkv, NH, KVH, theta, pos0, doc_start);
+void CudaBackend::rope_fwd(Tensor qkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start) {
+    MF_FWD(rope_fwd, qkv, NH, KVH, rope, pos0, doc_start);
 }
-void CudaBackend::rope_bwd(Tensor dqkv, int NH, int KVH, float theta, int pos0, Tensor doc_start) {
-    MF_FWD(rope_bwd, dqkv, NH, KVH, theta, pos0, doc_start);
+void CudaBackend::rope_bwd(Tensor dqkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start) {
+    MF_FWD(rope_bwd, dqkv, NH, KVH, rope, pos0, doc_start);
 }
 void CudaBackend::swiglu_fwd(Tensor out, Tensor inp) { MF_FWD(swiglu_fwd, out, inp); }
 void CudaBackend::swiglu_bwd(Tensor dinp, Tensor dout, Tensor inp) { MF_FWD(swiglu_bwd, dinp, dout, inp); }

@@ -82,8 +82,8 @@ public:
     void residual_fwd(Tensor out, Tensor a, Tensor b) override;
     void rmsnorm_fwd(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps) override;
     void rmsnorm_bwd(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) override;
-    void rope_fwd(Tensor qkv, int NH, int KVH, float theta, int pos0, Tensor doc_start = {}) override;
-    void rope_bwd(Tensor dqkv, int NH, int KVH, float theta, int pos0, Tensor doc_start = {}) override;
+    void rope_fwd(Tensor qkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start = {}) override;
+    void rope_bwd(Tensor dqkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start = {}) override;
     void swiglu_fwd(Tensor out, Tensor inp) override;
     void swiglu_bwd(Tensor dinp, Tensor dout, Tensor inp) override;
     void repeat_kv_fwd(Tensor full, Tensor qkv, int NH, int KVH) override;

@@ -36,8 +36,8 @@ void rmsnorm_fwd(cudaStream_t s, Tensor out, Tensor rstd, Tensor inp, Tensor w, 
 void rmsnorm_bwd(cudaStream_t s, Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd);
 
 // kernels_llama.cu
-void rope_fwd(cudaStream_t s, Tensor qkv, int NH, int KVH, float theta, int pos0, Tensor doc_start);
-void rope_bwd(cudaStream_t s, Tensor dqkv, int NH, int KVH, float theta, int pos0, Tensor doc_start);
+void rope_fwd(cudaStream_t s, Tensor qkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start);
+void rope_bwd(cudaStream_t s, Tensor dqkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start);
 void swiglu_fwd(cudaStream_t s, Tensor out, Tensor inp);
 void swiglu_bwd(cudaStream_t s, Tensor dinp, Tensor dout, Tensor inp);
 void repeat_kv_fwd(cudaStream_t s, Tensor full, Tensor qkv, int NH, int KVH);

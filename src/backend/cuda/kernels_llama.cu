@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(kRopeThreads)
     }
 }
 
-void rope(cudaStream_t s, Tensor qkv, int NH, int KVH, float theta, int pos0, float sign, Tensor doc_start) {
+void rope_rotate(cudaStream_t s, Tensor qkv, int NH, int KVH, const Rope & rope, int pos0, float sign, Tensor doc_start) {
     MF_ASSERT(qkv.ndim == 3 && NH > 0 && KVH > 0 && NH % KVH == 0);
     const int64_t width = qkv.cols();
     MF_ASSERT(width % (NH + 2 * KVH) == 0 && "qkv width is not (NH + 2*KVH) heads");
@@ -65,7 +65,7 @@ void rope(cudaStream_t s, Tensor qkv, int NH, int KVH, float theta, int pos0, fl
     const int32_t * doc = docs(doc_start, N);
     if (N == 0) return;
     RopeFreq fr{};
-    for (int i = 0; i < half; ++i) fr.f[i] = std::pow(static_cast<double>(theta), -2.0 * i / hd);
+    for (int i = 0; i < half; ++i) fr.f[i] = rope.inv_freq(i, hd);
     dispatch_float(qkv.dtype, [&](auto z) {
         using E = decltype(z);
         rope_kernel<<<unsigned(std::min<int64_t>(N, 1 << 30)), kRopeThreads, 0, s>>>(ptr<E>(qkv), N, T, NH + KVH,
@@ -163,11 +163,11 @@ int kv_head_dim(const Tensor & qkv, const Tensor & full, int NH, int KVH) {
 
 }  // namespace
 
-void rope_fwd(cudaStream_t s, Tensor qkv, int NH, int KVH, float theta, int pos0, Tensor doc_start) {
-    rope(s, qkv, NH, KVH, theta, pos0, 1.0f, doc_start);
+void rope_fwd(cudaStream_t s, Tensor qkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start) {
+    rope_rotate(s, qkv, NH, KVH, rope, pos0, 1.0f, doc_start);
 }
-void rope_bwd(cudaStream_t s, Tensor dqkv, int NH, int KVH, float theta, int pos0, Tensor doc_start) {
-    rope(s, dqkv, NH, KVH, theta, pos0, -1.0f, doc_start);
+void rope_bwd(cudaStream_t s, Tensor dqkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start) {
+    rope_rotate(s, dqkv, NH, KVH, rope, pos0, -1.0f, doc_start);
 }
 
 void swiglu_fwd(cudaStream_t s, Tensor out, Tensor inp) {

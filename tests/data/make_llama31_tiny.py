@@ -1,0 +1,151 @@
+"""Writes tests/data/llama31_tiny.safetensors: a reference fixture for `memfit verify` of a tiny
+LLaMA with Llama 3.1's rope_scaling (rope_type llama3), computed in float64 by the LLaMA written
+out below after transformers' modeling_llama.py and modeling_rope_utils.py (RMSNorm, rotate-half
+RoPE with the llama3 frequencies, grouped-query attention, SwiGLU, untied head, cross-entropy
+with ignore_index -100) and torch.optim.AdamW for two steps.
+
+The fixture stores the parameters under their Hugging Face names, input_ids, targets, and
+expected.logits / loss / grad.* / step1.* / loss_step2 / step2.*, in float32, with the config and
+the AdamW hyperparameters in the metadata (the format of llama_tiny.safetensors).
+
+Run with Debian's python3-torch:  /usr/bin/python3 tests/data/make_llama31_tiny.py
+"""
+import json
+import math
+import os
+import struct
+
+import torch
+
+torch.manual_seed(31)
+DT = torch.float64
+CONFIG = {
+    "model_type": "llama", "vocab_size": 101, "hidden_size": 64, "intermediate_size": 176,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "max_position_embeddings": 128, "hidden_act": "silu", "tie_word_embeddings": False,
+    # head_dim 16: wavelengths 6.3 (kept: < 32 / 4), 19.9 (smoothed), 62.8 and longer (divided by 4).
+    "rope_scaling": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 32},
+}
+ADAMW = {"lr": 0.01, "beta1": 0.9, "beta2": 0.95, "eps": 1e-5, "weight_decay": 0.1}
+B, T = 2, 24
+C, F, L = CONFIG["hidden_size"], CONFIG["intermediate_size"], CONFIG["num_hidden_layers"]
+NH, KVH, V = CONFIG["num_attention_heads"], CONFIG["num_key_value_heads"], CONFIG["vocab_size"]
+HD = C // NH
+
+
+def llama3_inv_freq():
+    rs = CONFIG["rope_scaling"]
+    inv = 1.0 / (CONFIG["rope_theta"] ** (torch.arange(0, HD, 2, dtype=DT) / HD))
+    low_wavelen = rs["original_max_position_embeddings"] / rs["low_freq_factor"]
+    high_wavelen = rs["original_max_position_embeddings"] / rs["high_freq_factor"]
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / rs["factor"], inv)
+    smooth = (rs["original_max_position_embeddings"] / wavelen - rs["low_freq_factor"]) / (
+        rs["high_freq_factor"] - rs["low_freq_factor"])
+    smoothed = (1 - smooth) * scaled / rs["factor"] + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rotate_half(x):
+    return torch.cat((-x[..., HD // 2:], x[..., :HD // 2]), dim=-1)
+
+
+def rms_norm(x, w):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + CONFIG["rms_norm_eps"]))
+
+
+def forward(p, ids):
+    x = p["model.embed_tokens.weight"][ids]
+    freqs = torch.outer(torch.arange(T, dtype=DT), llama3_inv_freq())
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+    mask = torch.full((T, T), float("-inf"), dtype=DT).triu(1)
+    for l in range(L):
+        h = f"model.layers.{l}."
+        a = rms_norm(x, p[h + "input_layernorm.weight"])
+        q = (a @ p[h + "self_attn.q_proj.weight"].T).view(B, T, NH, HD).transpose(1, 2)
+        k = (a @ p[h + "self_attn.k_proj.weight"].T).view(B, T, KVH, HD).transpose(1, 2)
+        v = (a @ p[h + "self_attn.v_proj.weight"].T).view(B, T, KVH, HD).transpose(1, 2)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k, v = k.repeat_interleave(NH // KVH, dim=1), v.repeat_interleave(NH // KVH, dim=1)
+        att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(HD) + mask, dim=-1)
+        o = (att @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + o @ p[h + "self_attn.o_proj.weight"].T
+        m = rms_norm(x, p[h + "post_attention_layernorm.weight"])
+        gate, up = m @ p[h + "mlp.gate_proj.weight"].T, m @ p[h + "mlp.up_proj.weight"].T
+        x = x + (torch.nn.functional.silu(gate) * up) @ p[h + "mlp.down_proj.weight"].T
+    return rms_norm(x, p["model.norm.weight"]) @ p["lm_head.weight"].T
+
+
+def parameters():
+    shapes = [("model.embed_tokens.weight", (V, C))]
+    for l in range(L):
+        h = f"model.layers.{l}."
+        shapes += [(h + "input_layernorm.weight", (C,)), (h + "self_attn.q_proj.weight", (NH * HD, C)),
+                   (h + "self_attn.k_proj.weight", (KVH * HD, C)), (h + "self_attn.v_proj.weight", (KVH * HD, C)),
+                   (h + "self_attn.o_proj.weight", (C, NH * HD)), (h + "post_attention_layernorm.weight", (C,)),
+                   (h + "mlp.gate_proj.weight", (F, C)), (h + "mlp.up_proj.weight", (F, C)),
+                   (h + "mlp.down_proj.weight", (C, F))]
+    shapes += [("model.norm.weight", (C,)), ("lm_head.weight", (V, C))]
+    p = {}
+    for name, shape in shapes:
+        t = 1.0 + 0.1 * torch.randn(shape, dtype=DT) if len(shape) == 1 else 0.02 * torch.randn(shape, dtype=DT)
+        p[name] = t.requires_grad_()
+    return p
+
+
+def write_safetensors(path, tensors, metadata):
+    header, blobs, offset = {"__metadata__": metadata}, [], 0
+    for name, t in tensors.items():
+        t = t.detach().contiguous()
+        data = t.to(torch.int32 if t.dtype in (torch.int32, torch.int64) else torch.float32).numpy().tobytes()
+        header[name] = {"dtype": "I32" if t.dtype in (torch.int32, torch.int64) else "F32",
+                        "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def main():
+    p = parameters()
+    ids = torch.randint(0, V, (B, T))
+    targets = torch.roll(ids, -1, dims=1)
+    targets[0, 5] = targets[1, -1] = -100   # ignored positions
+    out = {name: t.detach().clone() for name, t in p.items()}
+    out["input_ids"], out["targets"] = ids.to(torch.int32), targets.to(torch.int32)
+    names = list(p)
+    decay = [p[n] for n in names if p[n].dim() >= 2]
+    no_decay = [p[n] for n in names if p[n].dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": ADAMW["weight_decay"]},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=ADAMW["lr"], betas=(ADAMW["beta1"], ADAMW["beta2"]), eps=ADAMW["eps"])
+    for step in (1, 2):
+        logits = forward(p, ids)
+        loss = torch.nn.functional.cross_entropy(logits.view(-1, V), targets.view(-1), ignore_index=-100)
+        opt.zero_grad()
+        loss.backward()
+        if step == 1:
+            out["expected.logits"] = logits.detach().clone()
+            out["expected.loss"] = loss.detach().clone()
+            for n in names:
+                out["expected.grad." + n] = p[n].grad.detach().clone()
+        else:
+            out["expected.loss_step2"] = loss.detach().clone()
+        opt.step()
+        for n in names:
+            out[f"expected.step{step}." + n] = p[n].detach().clone()
+    meta = {"family": "llama", "config": json.dumps(CONFIG), "batch": str(B), "seq": str(T),
+            "adamw": json.dumps(ADAMW), "decay": "parameters with 2 or more dimensions", "ignore_index": "-100",
+            "reference": f"float64 PyTorch {torch.__version__}"}
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llama31_tiny.safetensors")
+    write_safetensors(path, out, meta)
+    print(f"wrote {path}: loss {out['expected.loss'].item():.6f}, step 2 {out['expected.loss_step2'].item():.6f}")
+
+
+if __name__ == "__main__":
+    main()
