@@ -13,7 +13,7 @@
 #      PyTorch runs with the environment it came with.
 #   b. nvidia-smi -L, then .gpu/bin/memfit_cuda_tests (all tests; counts passed/failed/skipped).
 #      Stops here, exit 3, when no GPU is usable (the tests skip saying 'no CUDA device').
-#   c. memfit verify --device cuda on tests/data/gpt2_tiny.safetensors and llama_tiny.safetensors (fp32).
+#   c. memfit verify --device cuda on tests/data/{gpt2,llama,llama31,qwen2}_tiny.safetensors (fp32).
 #   d. the micro-batch B: the largest of 64, 32, 16, 8 for which `memfit plan --hardware h200 --model
 #      gpt2 --precision bf16 --seq 1024 --gpus 1 --global-batch B --micro-batch B` has a fitting plan
 #      with accumulation 1 (64 is a cap for time, not memory); 32 if the planner cannot answer.
@@ -238,7 +238,7 @@ VERIFY_OK=0 VERIFY_N=0 VERIFY_DESC=""
 if ! $DRY && ! "${MF[@]}" verify --help 2>&1 | grep -q -- '--device'; then
     step_failed c "this memfit has no 'verify --device' (rebuild the bundle from sources that have it)"
 else
-    for fx in tests/data/gpt2_tiny.safetensors tests/data/llama_tiny.safetensors; do
+    for fx in tests/data/gpt2_tiny.safetensors tests/data/llama_tiny.safetensors tests/data/llama31_tiny.safetensors tests/data/qwen2_tiny.safetensors; do
         t=$(budget 45 180)
         show "timeout $t memfit verify --device cuda $fx >> $OUTD/verify.log"
         $DRY && continue

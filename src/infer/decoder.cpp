@@ -50,6 +50,7 @@ Decoder::Decoder(const ModelConfig & cfg, Backend & backend, int capacity, DType
     if (capacity < 1 || capacity > cfg.max_seq)
         throw ConfigError(fmt::format("generation context of {} tokens: must be between 1 and the model's {} positions",
                                       capacity, cfg.max_seq));
+    cfg.check_window(capacity, "a generation context (prompt + --max-new-tokens)");
     if (quant) quant_ = make_quant_layout(cfg, *quant);
     dense_ = quant ? memfit::dense_layout(cfg, quant_) : layout_;
     step_ = std::make_unique<Pass>(cfg_, dense_, quant_, 1, capacity_, compute_, backend_);

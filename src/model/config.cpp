@@ -49,6 +49,10 @@ constexpr Preset kPresets[] = {
     {"llama3.1-8b", "llama", 128256, 131072, 4096, 32, 32, 8, 14336, 500000.f, false, "Llama 3.1 8B (rope_scaling llama3, factor 8)"},
     {"llama3.2-1b", "llama", 128256, 131072, 2048, 16, 32, 8, 8192, 500000.f, true,  "Llama 3.2 1B (rope_scaling llama3, factor 32, tied)"},
     {"llama3.2-3b", "llama", 128256, 131072, 3072, 28, 24, 8, 8192, 500000.f, true,  "Llama 3.2 3B (rope_scaling llama3, factor 32, tied)"},
+    // Qwen2.5 (Qwen's config.json files): LLaMA blocks with biases on q, k and v.
+    {"qwen2.5-0.5b", "qwen2", 151936, 32768, 896, 24, 14, 2, 4864, 1000000.f, true,  "Qwen2.5 0.5B (q/k/v biases, tied)"},
+    {"qwen2.5-1.5b", "qwen2", 151936, 32768, 1536, 28, 12, 2, 8960, 1000000.f, true,  "Qwen2.5 1.5B (q/k/v biases, tied)"},
+    {"qwen2.5-7b",   "qwen2", 152064, 32768, 3584, 28, 28, 4, 18944, 1000000.f, false, "Qwen2.5 7B (q/k/v biases)"},
 };
 
 // The presets with Llama 3.1's rope_scaling (their config.json files): rope_type llama3, low and
@@ -71,8 +75,8 @@ std::string ModelConfig::describe() const {
 int64_t ModelConfig::num_params() const {
     const int64_t C = n_embd, L = n_layer, V = vocab_size, P = max_seq, F = ffn_dim(), Q = qkv_dim(), A = attn_dim();
     if (llama()) {
-        // norms, q|k|v, o, gate|up|down; no biases
-        const int64_t per_layer = 2 * C + C * Q + C * A + 3 * C * F;
+        // norms, q|k|v (and their biases: Qwen2), o, gate|up|down
+        const int64_t per_layer = 2 * C + C * Q + (qkv_bias ? Q : 0) + C * A + 3 * C * F;
         return V * C + L * per_layer + C + (tied_head ? 0 : V * C);
     }
     const int64_t per_layer = 2 * C + (C * Q + Q) + (A * C + C) + 2 * C + (C * F + F) + (F * C + C);
@@ -90,6 +94,10 @@ void ModelConfig::validate() const {
     auto bad = [&](const std::string & what) {
         throw ConfigError(fmt::format("model '{}': {}", name, what));
     };
+    if (llama() && model_type != "llama" && model_type != "qwen2" && model_type != "mistral")
+        bad(fmt::format("model_type '{}' is not a LLaMA-family type (llama, qwen2, mistral)", model_type));
+    if (llama() && qkv_bias != (model_type == "qwen2")) bad("q, k and v biases belong to qwen2 (model_type)");
+    if (sliding_window < 0) bad(fmt::format("sliding_window = {}, must be positive", sliding_window));
     if (family != "gpt2" && family != "llama") bad(fmt::format("family '{}' is not supported (supported: gpt2, llama)", family));
     if (n_layer < 1) bad(fmt::format("n_layer = {}, must be at least 1", n_layer));
     if (n_embd < 1 || n_head < 1) bad(fmt::format("n_embd = {}, n_head = {}: both must be positive", n_embd, n_head));
@@ -135,6 +143,14 @@ void ModelConfig::validate() const {
     }
 }
 
+void ModelConfig::check_window(int tokens, const char * what) const {
+    if (sliding_window > 0 && tokens > sliding_window)
+        throw ConfigError(fmt::format("model '{}' attends within sliding_window = {} tokens and memfit has no "
+                                      "sliding-window attention yet: {} of {} tokens is too long; use {} or fewer, "
+                                      "where it is plain causal attention",
+                                      name, sliding_window, what, tokens, sliding_window));
+}
+
 std::vector<std::string> preset_names() {
     std::vector<std::string> out;
     for (const auto & p : kPresets) out.push_back(p.name);
@@ -147,6 +163,12 @@ ModelConfig model_preset(const std::string & name) {
         ModelConfig c;
         c.name = p.name;
         c.family = p.family;
+        if (c.family == "qwen2") {
+            c.family = "llama";
+            c.model_type = "qwen2";
+            c.qkv_bias = true;
+            c.ln_eps = 1e-6f;
+        }
         c.vocab_size = p.vocab;
         c.max_seq = p.max_seq;
         c.n_embd = p.C;
@@ -242,11 +264,15 @@ ModelConfig parse_hf_config(const nlohmann::json & j, const std::string & name) 
             if (j.contains("activation_function") && j["activation_function"] != "gelu_new")
                 throw ConfigError(fmt::format("{}: activation_function {} is not supported (supported: gelu_new)", name,
                                               j["activation_function"].dump()));
-        } else if (type == "llama") {
+        } else if (type == "llama" || type == "qwen2" || type == "mistral") {
+            // LLaMA blocks. Defaults are transformers' LlamaConfig, Qwen2Config and MistralConfig
+            // defaults.
             c.family = "llama";
-            // Defaults are transformers' LlamaConfig defaults.
-            c.vocab_size = int_field(j, "vocab_size", 32000, name);
-            c.max_seq = int_field(j, "max_position_embeddings", 2048, name);
+            c.model_type = type;
+            const bool qwen2 = type == "qwen2", mistral = type == "mistral";
+            c.qkv_bias = qwen2;   // Qwen2's q, k and v projections always have biases
+            c.vocab_size = int_field(j, "vocab_size", qwen2 ? 151936 : 32000, name);
+            c.max_seq = int_field(j, "max_position_embeddings", qwen2 ? 32768 : mistral ? 131072 : 2048, name);
             c.n_embd = int_field(j, "hidden_size", name);
             c.ffn = int_field(j, "intermediate_size", name);
             c.n_layer = int_field(j, "num_hidden_layers", name);
@@ -255,18 +281,22 @@ ModelConfig parse_hf_config(const nlohmann::json & j, const std::string & name) 
             c.ln_eps = float_field(j, "rms_norm_eps", 1e-6f, name);
             c.rope_theta = float_field(j, "rope_theta", 10000.0f, name);
             c.tied_head = j.value("tie_word_embeddings", false);
+            if (mistral)   // absent: MistralConfig's 4096; null: none (Mistral 7B v0.2 and later)
+                c.sliding_window = !j.contains("sliding_window") ? 4096 : int_field(j, "sliding_window", 0, name);
             auto refuse = [&](const char * key, const std::string & why) {
                 throw ConfigError(fmt::format("{}: {} = {} is not supported ({})", name, key, j[key].dump(), why));
             };
             if (j.contains("hidden_act") && j["hidden_act"] != "silu") refuse("hidden_act", "supported: silu");
             if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) c.rope_scaling = parse_rope_scaling(j, name);
-            if (j.value("attention_bias", false)) refuse("attention_bias", "LLaMA projections have no biases");
+            if (qwen2 && j.value("use_sliding_window", false))
+                refuse("use_sliding_window", "sliding-window attention is not implemented yet; set it to false");
+            if (!qwen2 && j.value("attention_bias", false)) refuse("attention_bias", "LLaMA projections have no biases");
             if (j.value("mlp_bias", false)) refuse("mlp_bias", "LLaMA projections have no biases");
             if (j.contains("head_dim") && !j["head_dim"].is_null() && c.n_head > 0 &&
                 (c.n_embd % c.n_head != 0 || int_field(j, "head_dim", name) != c.n_embd / c.n_head))
                 c.head_size = int_field(j, "head_dim", name);
         } else {
-            throw ConfigError(fmt::format("{}: model_type '{}' is not supported (supported: gpt2, llama)", name, type));
+            throw ConfigError(fmt::format("{}: model_type '{}' is not supported (supported: gpt2, llama, qwen2, mistral)", name, type));
         }
     } catch (const nlohmann::json::exception & e) {
         throw ConfigError(fmt::format("{}: missing or malformed field ({})", name, e.what()));
@@ -294,9 +324,12 @@ nlohmann::json rope_scaling_json(const Rope & r) {
 }
 
 nlohmann::json hf_config_fields(const ModelConfig & cfg) {
-    if (cfg.llama())
-        return {{"architectures", {"LlamaForCausalLM"}},
-                {"model_type", "llama"},
+    if (cfg.llama()) {
+        const std::string type = cfg.model_type;
+        const char * arch = type == "qwen2" ? "Qwen2ForCausalLM" : type == "mistral" ? "MistralForCausalLM"
+                                                                                      : "LlamaForCausalLM";
+        nlohmann::json j = {{"architectures", {arch}},
+                {"model_type", type},
                 {"vocab_size", cfg.vocab_size},
                 {"max_position_embeddings", cfg.max_seq},
                 {"hidden_size", cfg.n_embd},
@@ -309,10 +342,14 @@ nlohmann::json hf_config_fields(const ModelConfig & cfg) {
                 {"rms_norm_eps", shortest(cfg.ln_eps)},
                 {"rope_theta", shortest(cfg.rope_theta)},
                 {"rope_scaling", rope_scaling_json(cfg.rope_scaling)},
-                {"attention_bias", false},
-                {"mlp_bias", false},
                 {"tie_word_embeddings", cfg.tied_head},
                 {"torch_dtype", "float32"}};
+        if (type == "llama") j["attention_bias"] = j["mlp_bias"] = false;
+        if (type == "qwen2") j["use_sliding_window"] = false;
+        if (type == "mistral")
+            j["sliding_window"] = cfg.sliding_window > 0 ? nlohmann::json(cfg.sliding_window) : nlohmann::json(nullptr);
+        return j;
+    }
     return {{"architectures", {"GPT2LMHeadModel"}},
             {"model_type", "gpt2"},
             {"vocab_size", cfg.vocab_size},

@@ -34,6 +34,11 @@ struct ModelConfig {
     Rope  rope_scaling;          // its theta is unused: rope() takes rope_theta
     float ln_eps     = 1e-5f;    // layer_norm_epsilon / rms_norm_eps
     bool  tied_head  = true;     // LM head reads the token embedding
+    // The llama family's config.json model_type: llama, qwen2 (biases on q, k and v) or mistral
+    // (sliding_window). Export writes it back with its architecture class.
+    std::string model_type = "llama";
+    bool  qkv_bias   = false;    // llama family: q, k and v have biases (Qwen2)
+    int   sliding_window = 0;    // mistral: each query attends to at most this many keys (0: all)
     // Positions training has covered (config.json's memfit_trained_context): a model trained at
     // --seq 128 with 256 positions never trained 128-255. 0: unknown, taken as all of max_seq (a
     // pretrained Hub model). Generation stays inside it unless asked for more.
@@ -63,6 +68,9 @@ struct ModelConfig {
     int64_t num_params() const;  // requires vocab_size > 0
     // Throws ConfigError naming the first bad field and why.
     void validate() const;
+    // Throws ConfigError unless sequences of `tokens` fit sliding_window (memfit has no
+    // sliding-window attention yet: within the window it is plain causal attention).
+    void check_window(int tokens, const char * what) const;
 };
 
 // Dense FLOPs per token of training (forward + backward): 6 N + 12 L H T, N the parameters that

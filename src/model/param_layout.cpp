@@ -40,6 +40,11 @@ ParamLayout make_param_layout(const ModelConfig & cfg) {
             add(h + "self_attn.q_proj.weight", {A, C});
             add(h + "self_attn.k_proj.weight", {KV, C});
             add(h + "self_attn.v_proj.weight", {KV, C});
+            if (cfg.qkv_bias) {   // Qwen2: adjacent too, the fused q|k|v bias
+                add(h + "self_attn.q_proj.bias", {A});
+                add(h + "self_attn.k_proj.bias", {KV});
+                add(h + "self_attn.v_proj.bias", {KV});
+            }
             add(h + "self_attn.o_proj.weight", {C, A});
             add(h + "post_attention_layernorm.weight", {C});
             add(h + "mlp.gate_proj.weight", {F, C});

@@ -35,6 +35,18 @@ ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, 
         }
         return Tensor(flat, dtype, {rows, first.shape[1]}, first.offset * dtype_size(dtype));
     };
+    // Adjacent vectors as one (Qwen2's q, k and v biases: the fused q|k|v bias).
+    auto fused_bias = [&](std::initializer_list<std::string> names) {
+        if (!layout.try_find(*names.begin())) return Tensor{};
+        const ParamInfo & first = layout.find(*names.begin());
+        size_t end = first.offset;
+        for (const auto & n : names) {
+            const ParamInfo & p = layout.find(n);
+            MF_ASSERT(p.offset == end && p.shape.size() == 1);
+            end += p.numel;
+        }
+        return Tensor(flat, dtype, {int64_t(end - first.offset)}, first.offset * dtype_size(dtype));
+    };
     ModelWeights w;
     if (cfg.llama()) {
         w.wte = view("model.embed_tokens.weight");
@@ -45,6 +57,8 @@ ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, 
             ModelWeights::Layer y;
             y.ln1w = view(h + "input_layernorm.weight");
             y.qkvw = fused({h + "self_attn.q_proj.weight", h + "self_attn.k_proj.weight", h + "self_attn.v_proj.weight"});
+            if (cfg.qkv_bias) y.qkvb = fused_bias({h + "self_attn.q_proj.bias", h + "self_attn.k_proj.bias",
+                                                   h + "self_attn.v_proj.bias"});
             y.projw = view(h + "self_attn.o_proj.weight");
             y.ln2w = view(h + "post_attention_layernorm.weight");
             y.fcw = fused({h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"});
@@ -183,6 +197,7 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
     : cfg_(cfg), B_(B), T_(T), lb_(opt.layer_begin), le_(opt.layer_end < 0 ? cfg.n_layer : opt.layer_end),
       prefix_(opt.prefix), tp_(opt.tp), sp_(opt.tp.enabled() && opt.tp.sequence),
       rows_(sp_ ? int64_t(B) * T / opt.tp.ranks : int64_t(B) * T) {
+    cfg.check_window(std::max(T, opt.kv_capacity), "a sequence (--seq)");
     MF_ASSERT(!sp_ || rows_ * opt.tp.ranks == int64_t(B) * T);
     MF_ASSERT(lb_ >= 0 && lb_ < le_ && le_ <= cfg.n_layer);
     MF_ASSERT((lb_ == 0 && le_ == cfg.n_layer) || (!opt.lora.enabled() && opt.kv_capacity == 0 && !opt.keep_logits));

@@ -373,6 +373,48 @@ TEST(Cli, LlamaWithRopeScalingTrainsAndExports) {
     EXPECT_EQ(g.out.size(), std::string("ROMEO:").size() + 40 + 1) << g.out;
 }
 
+// Qwen2 and Mistral config.json files train as LLaMA blocks: Qwen2 with its q, k and v biases,
+// exported as Qwen2ForCausalLM with them; Mistral within its sliding window (a longer --seq is
+// refused in one line until sliding-window attention exists).
+TEST(Cli, Qwen2AndMistralTrainFromTheirConfigs) {
+    const fs::path text = small_text("qwen.txt");
+    const fs::path data = scratch("qwen_data"), run = scratch("qwen_run"), hf = scratch("qwen_hf");
+    ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    const nlohmann::json shape = {{"vocab_size", 256}, {"hidden_size", 64}, {"intermediate_size", 160},
+                                  {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+                                  {"num_key_value_heads", 2}, {"max_position_embeddings", 64}};
+    auto config = [&](const char * file, nlohmann::json j) {
+        j.update(shape);
+        const fs::path p = scratch(file);
+        std::ofstream(p) << j.dump();
+        return p.string();
+    };
+    const std::string qwen = config("qwen2_config.json", {{"model_type", "qwen2"}, {"tie_word_embeddings", true}});
+    const CmdResult t = run_memfit("train --model " + qwen + " --data " + data.string() +
+                                   " --batch 2 --seq 32 --steps 4 --eval-every 0 --sample 0 --checkpoint-every 4 "
+                                   "--progress plain --out " + run.string());
+    ASSERT_EQ(t.code, 0) << t.err << t.out;
+    ASSERT_EQ(run_memfit("export " + (run / "checkpoints").string() + " --out " + hf.string()).code, 0);
+    std::ifstream cfg(hf / "config.json");
+    EXPECT_EQ(nlohmann::json::parse(cfg)["architectures"][0], "Qwen2ForCausalLM");
+    std::ifstream wf(hf / "model.safetensors", std::ios::binary);
+    const std::string weights((std::istreambuf_iterator<char>(wf)), std::istreambuf_iterator<char>());
+    EXPECT_NE(weights.find("model.layers.1.self_attn.v_proj.bias"), std::string::npos);
+    const CmdResult again = run_memfit("train --model " + hf.string() + " --data " + data.string() +
+                                       " --batch 2 --seq 32 --steps 1 --eval-every 0 --sample 0 --progress plain "
+                                       "--out " + scratch("qwen_again").string());
+    ASSERT_EQ(again.code, 0) << again.err << again.out;
+
+    const std::string mistral = config("mistral_config.json", {{"model_type", "mistral"}, {"sliding_window", 16}});
+    expect_clean_failure(run_memfit("train --model " + mistral + " --data " + data.string() +
+                                    " --batch 2 --seq 32 --steps 1 --out " + scratch("mistral_long").string()),
+                         "sliding_window = 16 tokens");
+    const CmdResult m = run_memfit("train --model " + mistral + " --data " + data.string() +
+                                   " --batch 2 --seq 16 --steps 2 --eval-every 0 --sample 0 --progress plain --out " +
+                                   scratch("mistral_run").string());
+    EXPECT_EQ(m.code, 0) << m.err << m.out;
+}
+
 // memfit plan: the example prints a ranked table; --json parses; and on one `cpu`
 // device the plan's bytes per category are what `memfit train` then measures.
 TEST(Cli, PlanRanksExplainsAndMatchesTraining) {

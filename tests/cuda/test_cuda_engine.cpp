@@ -276,11 +276,12 @@ TEST(CudaCli, TrainMatchesTheCpuAndReportsDeviceMemory) {
     std::system(("rm -rf " + dir).c_str());
 }
 
-// `memfit verify --device cuda`: both PyTorch reference fixtures replayed on the GPU in fp32,
-// every loss, logit, gradient and updated weight within the default 1e-4.
+// `memfit verify --device cuda`: the PyTorch reference fixtures (GPT-2, LLaMA, Llama 3.1's
+// rope_scaling, Qwen2) replayed on the GPU in fp32, every loss, logit, gradient and updated weight
+// within the default 1e-4.
 TEST(CudaCli, VerifyReplaysBothFixturesOnTheGpu) {
     MF_REQUIRE_GPU();
-    for (const char * fixture : {"gpt2_tiny", "llama_tiny"}) {
+    for (const char * fixture : {"gpt2_tiny", "llama_tiny", "llama31_tiny", "qwen2_tiny"}) {
         SCOPED_TRACE(fixture);
         const CliRun r = run_memfit("verify --device cuda " + test::env_or("MEMFIT_TEST_DATA", MEMFIT_TEST_DATA) + "/" +
                                     fixture + ".safetensors");

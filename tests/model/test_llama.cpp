@@ -15,6 +15,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "model/config.h"
+#include "model/tensor_parallel.h"
 #include "model/param_layout.h"
 #include "model/recompute.h"
 #include "train/engine.h"
@@ -169,7 +170,7 @@ TEST(Llama, HuggingFaceConfigJson) {
         EXPECT_EQ(make_param_layout(e).find("model.layers.0.self_attn.o_proj.weight").shape[1], 64 * e.n_head);
         EXPECT_EQ(parse_hf_config(hf_config_json(e), "again").num_params(), e.num_params());
     }
-    refused("model_type", "mistral", "model_type 'mistral' is not supported");
+    refused("model_type", "qwen3", "model_type 'qwen3' is not supported");
     // Found by the fuzzer: a float where an integer belongs must not be converted (UB).
     refused("vocab_size", 3.2e52, "vocab_size = 3.2e+52 is not an integer in range");
     refused("hidden_size", 64.5, "hidden_size = 64.5 is not an integer in range");
@@ -238,6 +239,65 @@ TEST(Llama, RopeScalingFixtureWithin1e4) {
     EXPECT_TRUE(r.ok) << r.json.dump(2);
     EXPECT_LE(r.json["max_error"].get<double>(), 1e-4);
     EXPECT_GE(r.json["errors"].size(), 60u);
+}
+
+// Qwen2 (tests/data/make_llama_family_fixtures.py: float64 PyTorch): LLaMA blocks with biases on
+// q, k and v, a tied head and rope_theta 1e6; the bias gradients and updates are checked too.
+TEST(Llama, Qwen2FixtureWithin1e4) {
+    const VerifyReport r = verify_fixture(std::string(MEMFIT_TEST_DATA) + "/qwen2_tiny.safetensors");
+    EXPECT_TRUE(r.ok) << r.json.dump(2);
+    EXPECT_LE(r.json["max_error"].get<double>(), 1e-4);
+    EXPECT_TRUE(r.json["errors"].contains("grad.model.layers.1.self_attn.k_proj.bias")) << r.json.dump(2);
+}
+
+// Qwen2.5 presets at the Hub's counts (Qwen/Qwen2.5-0.5B, -1.5B, -7B); qwen2 and mistral configs
+// are LLaMA blocks read with their own defaults and written back under their own classes.
+TEST(Llama, Qwen2AndMistralConfigs) {
+    EXPECT_EQ(model_preset("qwen2.5-0.5b").num_params(), 494032768);
+    EXPECT_EQ(model_preset("qwen2.5-1.5b").num_params(), 1543714304);
+    EXPECT_EQ(model_preset("qwen2.5-7b").num_params(), 7615616512);
+    const ModelConfig q = model_preset("qwen2.5-0.5b");
+    EXPECT_TRUE(q.llama());
+    EXPECT_TRUE(q.qkv_bias);
+    EXPECT_EQ(q.model_type, "qwen2");
+    EXPECT_EQ(make_param_layout(q).find("model.layers.3.self_attn.k_proj.bias").numel, 128u);
+    EXPECT_EQ(int64_t(make_param_layout(q).total), q.num_params());
+
+    const nlohmann::json qj = {{"model_type", "qwen2"}, {"hidden_size", 64}, {"intermediate_size", 160},
+                               {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                               {"tie_word_embeddings", true}, {"use_sliding_window", false}};
+    const ModelConfig qc = parse_hf_config(qj, "qwen");
+    EXPECT_EQ(qc.vocab_size, 151936);   // Qwen2Config's defaults
+    EXPECT_EQ(qc.max_seq, 32768);
+    EXPECT_TRUE(qc.qkv_bias);
+    const nlohmann::json back = hf_config_json(qc);
+    EXPECT_EQ(back["architectures"][0], "Qwen2ForCausalLM");
+    EXPECT_EQ(back["model_type"], "qwen2");
+    EXPECT_FALSE(back.contains("attention_bias"));
+    EXPECT_EQ(parse_hf_config(back, "again").num_params(), qc.num_params());
+    nlohmann::json window = qj;
+    window["use_sliding_window"] = true;
+    EXPECT_THROW(parse_hf_config(window, "qwen"), ConfigError);
+    try {
+        tp_local_config(qc, 2);
+        ADD_FAILURE() << "tp accepted";
+    } catch (const ConfigError & e) {
+        EXPECT_NE(std::string(e.what()).find("q, k and v biases"), std::string::npos) << e.what();
+    }
+
+    nlohmann::json mj = {{"model_type", "mistral"}, {"hidden_size", 64}, {"intermediate_size", 176},
+                         {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2}};
+    const ModelConfig m = parse_hf_config(mj, "mistral");
+    EXPECT_EQ(m.sliding_window, 4096);   // MistralConfig's default
+    EXPECT_FALSE(m.qkv_bias);
+    EXPECT_EQ(hf_config_json(m)["architectures"][0], "MistralForCausalLM");
+    EXPECT_EQ(hf_config_json(m)["sliding_window"], 4096);
+    EXPECT_EQ(parse_hf_config(hf_config_json(m), "again").sliding_window, 4096);
+    mj["sliding_window"] = nullptr;   // Mistral 7B v0.2 and later
+    EXPECT_EQ(parse_hf_config(mj, "mistral").sliding_window, 0);
+    EXPECT_TRUE(hf_config_json(parse_hf_config(mj, "mistral"))["sliding_window"].is_null());
+    mj["sliding_window"] = -4;
+    EXPECT_THROW(parse_hf_config(mj, "mistral"), ConfigError);
 }
 
 TEST(Llama, SharedFixtureWithin1e4) {

@@ -1,14 +1,15 @@
-"""Writes tests/data/llama31_tiny.safetensors: a reference fixture for `memfit verify` of a tiny
-LLaMA with Llama 3.1's rope_scaling (rope_type llama3), computed in float64 by the LLaMA written
-out below after transformers' modeling_llama.py and modeling_rope_utils.py (RMSNorm, rotate-half
-RoPE with the llama3 frequencies, grouped-query attention, SwiGLU, untied head, cross-entropy
-with ignore_index -100) and torch.optim.AdamW for two steps.
+"""Writes reference fixtures for `memfit verify` of tiny LLaMA-family models, computed in float64
+by the model written out below after transformers' modeling_llama.py, modeling_qwen2.py and
+modeling_rope_utils.py (RMSNorm, rotate-half RoPE, grouped-query attention, SwiGLU, cross-entropy
+with ignore_index -100) and torch.optim.AdamW for two steps:
+  tests/data/llama31_tiny.safetensors  Llama 3.1's rope_scaling (rope_type llama3), untied head;
+  tests/data/qwen2_tiny.safetensors    Qwen2: biases on q, k and v, rope_theta 1e6, tied head.
 
 The fixture stores the parameters under their Hugging Face names, input_ids, targets, and
 expected.logits / loss / grad.* / step1.* / loss_step2 / step2.*, in float32, with the config and
 the AdamW hyperparameters in the metadata (the format of llama_tiny.safetensors).
 
-Run with Debian's python3-torch:  /usr/bin/python3 tests/data/make_llama31_tiny.py
+Run with Debian's python3-torch:  /usr/bin/python3 tests/data/make_llama_family_fixtures.py
 """
 import json
 import math
@@ -17,9 +18,8 @@ import struct
 
 import torch
 
-torch.manual_seed(31)
 DT = torch.float64
-CONFIG = {
+LLAMA31 = {
     "model_type": "llama", "vocab_size": 101, "hidden_size": 64, "intermediate_size": 176,
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
     "rope_theta": 10000.0, "max_position_embeddings": 128, "hidden_act": "silu", "tie_word_embeddings": False,
@@ -27,16 +27,31 @@ CONFIG = {
     "rope_scaling": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                      "original_max_position_embeddings": 32},
 }
+QWEN2 = {
+    "model_type": "qwen2", "vocab_size": 97, "hidden_size": 64, "intermediate_size": 160,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0, "max_position_embeddings": 128, "hidden_act": "silu", "tie_word_embeddings": True,
+    "use_sliding_window": False,
+}
 ADAMW = {"lr": 0.01, "beta1": 0.9, "beta2": 0.95, "eps": 1e-5, "weight_decay": 0.1}
 B, T = 2, 24
-C, F, L = CONFIG["hidden_size"], CONFIG["intermediate_size"], CONFIG["num_hidden_layers"]
-NH, KVH, V = CONFIG["num_attention_heads"], CONFIG["num_key_value_heads"], CONFIG["vocab_size"]
-HD = C // NH
+CONFIG = None
+C = F = L = NH = KVH = V = HD = 0
 
 
-def llama3_inv_freq():
-    rs = CONFIG["rope_scaling"]
+def configure(cfg):
+    global CONFIG, C, F, L, NH, KVH, V, HD
+    CONFIG = cfg
+    C, F, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    NH, KVH, V = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["vocab_size"]
+    HD = C // NH
+
+
+def inv_freq():
     inv = 1.0 / (CONFIG["rope_theta"] ** (torch.arange(0, HD, 2, dtype=DT) / HD))
+    rs = CONFIG.get("rope_scaling")
+    if rs is None:
+        return inv
     low_wavelen = rs["original_max_position_embeddings"] / rs["low_freq_factor"]
     high_wavelen = rs["original_max_position_embeddings"] / rs["high_freq_factor"]
     wavelen = 2 * math.pi / inv
@@ -58,16 +73,18 @@ def rms_norm(x, w):
 
 def forward(p, ids):
     x = p["model.embed_tokens.weight"][ids]
-    freqs = torch.outer(torch.arange(T, dtype=DT), llama3_inv_freq())
+    freqs = torch.outer(torch.arange(T, dtype=DT), inv_freq())
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos()[None, None], emb.sin()[None, None]
     mask = torch.full((T, T), float("-inf"), dtype=DT).triu(1)
     for l in range(L):
         h = f"model.layers.{l}."
         a = rms_norm(x, p[h + "input_layernorm.weight"])
-        q = (a @ p[h + "self_attn.q_proj.weight"].T).view(B, T, NH, HD).transpose(1, 2)
-        k = (a @ p[h + "self_attn.k_proj.weight"].T).view(B, T, KVH, HD).transpose(1, 2)
-        v = (a @ p[h + "self_attn.v_proj.weight"].T).view(B, T, KVH, HD).transpose(1, 2)
+        q, k, v = (a @ p[h + f"self_attn.{n}_proj.weight"].T + p.get(h + f"self_attn.{n}_proj.bias", 0.0)
+                   for n in "qkv")
+        q = q.view(B, T, NH, HD).transpose(1, 2)
+        k = k.view(B, T, KVH, HD).transpose(1, 2)
+        v = v.view(B, T, KVH, HD).transpose(1, 2)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         k, v = k.repeat_interleave(NH // KVH, dim=1), v.repeat_interleave(NH // KVH, dim=1)
         att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(HD) + mask, dim=-1)
@@ -76,7 +93,8 @@ def forward(p, ids):
         m = rms_norm(x, p[h + "post_attention_layernorm.weight"])
         gate, up = m @ p[h + "mlp.gate_proj.weight"].T, m @ p[h + "mlp.up_proj.weight"].T
         x = x + (torch.nn.functional.silu(gate) * up) @ p[h + "mlp.down_proj.weight"].T
-    return rms_norm(x, p["model.norm.weight"]) @ p["lm_head.weight"].T
+    head = p["model.embed_tokens.weight"] if CONFIG["tie_word_embeddings"] else p["lm_head.weight"]
+    return rms_norm(x, p["model.norm.weight"]) @ head.T
 
 
 def parameters():
@@ -84,14 +102,19 @@ def parameters():
     for l in range(L):
         h = f"model.layers.{l}."
         shapes += [(h + "input_layernorm.weight", (C,)), (h + "self_attn.q_proj.weight", (NH * HD, C)),
-                   (h + "self_attn.k_proj.weight", (KVH * HD, C)), (h + "self_attn.v_proj.weight", (KVH * HD, C)),
-                   (h + "self_attn.o_proj.weight", (C, NH * HD)), (h + "post_attention_layernorm.weight", (C,)),
+                   (h + "self_attn.k_proj.weight", (KVH * HD, C)), (h + "self_attn.v_proj.weight", (KVH * HD, C))]
+        if CONFIG["model_type"] == "qwen2":
+            shapes += [(h + "self_attn.q_proj.bias", (NH * HD,)), (h + "self_attn.k_proj.bias", (KVH * HD,)),
+                       (h + "self_attn.v_proj.bias", (KVH * HD,))]
+        shapes += [(h + "self_attn.o_proj.weight", (C, NH * HD)), (h + "post_attention_layernorm.weight", (C,)),
                    (h + "mlp.gate_proj.weight", (F, C)), (h + "mlp.up_proj.weight", (F, C)),
                    (h + "mlp.down_proj.weight", (C, F))]
-    shapes += [("model.norm.weight", (C,)), ("lm_head.weight", (V, C))]
+    shapes += [("model.norm.weight", (C,))] + ([] if CONFIG["tie_word_embeddings"] else [("lm_head.weight", (V, C))])
     p = {}
     for name, shape in shapes:
         t = 1.0 + 0.1 * torch.randn(shape, dtype=DT) if len(shape) == 1 else 0.02 * torch.randn(shape, dtype=DT)
+        if name.endswith(".bias"):
+            t = 0.1 * torch.randn(shape, dtype=DT)
         p[name] = t.requires_grad_()
     return p
 
@@ -111,7 +134,9 @@ def write_safetensors(path, tensors, metadata):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
-def main():
+def fixture(config, file, seed):
+    configure(config)
+    torch.manual_seed(seed)
     p = parameters()
     ids = torch.randint(0, V, (B, T))
     targets = torch.roll(ids, -1, dims=1)
@@ -142,10 +167,11 @@ def main():
     meta = {"family": "llama", "config": json.dumps(CONFIG), "batch": str(B), "seq": str(T),
             "adamw": json.dumps(ADAMW), "decay": "parameters with 2 or more dimensions", "ignore_index": "-100",
             "reference": f"float64 PyTorch {torch.__version__}"}
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llama31_tiny.safetensors")
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), file)
     write_safetensors(path, out, meta)
     print(f"wrote {path}: loss {out['expected.loss'].item():.6f}, step 2 {out['expected.loss_step2'].item():.6f}")
 
 
 if __name__ == "__main__":
-    main()
+    fixture(LLAMA31, "llama31_tiny.safetensors", 31)
+    fixture(QWEN2, "qwen2_tiny.safetensors", 2)
