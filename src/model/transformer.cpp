@@ -197,7 +197,7 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
     : cfg_(cfg), B_(B), T_(T), lb_(opt.layer_begin), le_(opt.layer_end < 0 ? cfg.n_layer : opt.layer_end),
       prefix_(opt.prefix), tp_(opt.tp), sp_(opt.tp.enabled() && opt.tp.sequence),
       rows_(sp_ ? int64_t(B) * T / opt.tp.ranks : int64_t(B) * T) {
-    cfg.check_window(std::max(T, opt.kv_capacity), "a sequence (--seq)");
+    if (opt.kv_capacity > 0) cfg.check_window(opt.kv_capacity, "a generation context (prompt + --max-new-tokens)");
     MF_ASSERT(!sp_ || rows_ * opt.tp.ranks == int64_t(B) * T);
     MF_ASSERT(lb_ >= 0 && lb_ < le_ && le_ <= cfg.n_layer);
     MF_ASSERT((lb_ == 0 && le_ == cfg.n_layer) || (!opt.lora.enabled() && opt.kv_capacity == 0 && !opt.keep_logits));
@@ -344,8 +344,8 @@ void Transformer::attention_fwd(Graph & g, Tensor out, Tensor lse, Tensor att, T
         g.repeat_kv_fwd(rep, qkv, NH, cfg_.kv_heads());
         qkv = rep;
     }
-    if (flash_) g.flash_attention_fwd(out, lse, qkv, NH, docs_);
-    else g.attention_fwd(out, att, qkv, NH, docs_);
+    if (flash_) g.flash_attention_fwd(out, lse, qkv, NH, attention_start());
+    else g.attention_fwd(out, att, qkv, NH, attention_start());
 }
 
 void Transformer::attention_bwd(Graph & g, const LayerActs & a) const {
@@ -356,8 +356,8 @@ void Transformer::attention_bwd(Graph & g, const LayerActs & a) const {
         qkv = a.qkv_rep_b;
         dqkv = a.dqkv_rep;
     }
-    if (flash_) g.flash_attention_bwd(dqkv, a.datty, a.atty, qkv, a.lse, NH, docs_);
-    else g.attention_bwd(dqkv, a.datty, qkv, a.att, NH, docs_);
+    if (flash_) g.flash_attention_bwd(dqkv, a.datty, a.atty, qkv, a.lse, NH, attention_start());
+    else g.attention_bwd(dqkv, a.datty, qkv, a.att, NH, attention_start());
     if (gqa_) g.repeat_kv_bwd(a.dqkv, a.dqkv_rep, NH, KVH);
     if (llama_) g.rope_bwd(a.dqkv, NH, KVH, cfg_.rope(), 0, docs_);
 }

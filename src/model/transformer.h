@@ -112,6 +112,10 @@ public:
     // Packed documents (ModelOptions::documents): doc_start [B,T] i32, the batch's document starts,
     // read by the embedding, RoPE and attention of every pass.
     void set_doc_start(Tensor doc_start) { docs_ = doc_start; }
+    // Sliding-window attention (ModelConfig::sliding_window below T): start [B,T] i32, the first
+    // key each query attends to, max(t - W + 1, its document's start); read by attention only
+    // (positions stay the documents'). The kernels take it where they take document starts.
+    void set_attention_start(Tensor start) { attn_lo_ = start; }
 
     // A hook called with the layer's index (ZeRO: gather weights, reduce gradients).
     using LayerHook = std::function<void(Graph &, int)>;
@@ -225,6 +229,12 @@ private:
     int chunk_rows_ = 0;   // rows per head chunk (B*T when unchunked)
     bool flash_ = false;
     Tensor docs_;                 // packed documents' starts (invalid: one document per row)
+    Tensor attn_lo_;              // sliding window: each query's first key (invalid: docs_ bounds attention)
+    Tensor attention_start() const {
+        MF_ASSERT((cfg_.sliding_window <= 0 || T_ <= cfg_.sliding_window || attn_lo_.valid()) &&
+                  "sliding window below T: the step must set the attention start");
+        return attn_lo_.valid() ? attn_lo_ : docs_;
+    }
     Tensor encoded_, lnf_, lnf_mean_, lnf_rstd_, logits_;
     Tensor dres_, dlnf_;
     std::vector<LayerActs> layers_;

@@ -451,6 +451,15 @@ double Engine::run_batch(const TrainStep & step, StepMemory & mem, const int32_t
         MF_ASSERT(doc_start && "packed documents: the batch's document starts are missing");
         backend_.upload(mem.base(step.doc_start), doc_start, BT * 4);
     }
+    if (step.attn_start >= 0) {   // sliding window: each query's first key, within its document
+        const int B = step.B(), T = step.T(), W = cfg_.sliding_window;
+        std::vector<int32_t> lo(size_t(B) * size_t(T));
+        for (size_t i = 0; i < lo.size(); ++i) {
+            const int t = int(i % size_t(T));
+            lo[i] = std::max(t - W + 1, step.doc_start >= 0 ? doc_start[i] : 0);
+        }
+        backend_.upload(mem.base(step.attn_start), lo.data(), lo.size() * 4);
+    }
     StepScalars s;
     s.dloss = dloss;
     s.seed = seed;

@@ -192,6 +192,8 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
         MF_ASSERT(!pp.enabled() && !model.tp.enabled() && model.kv_capacity == 0);   // compat.h refuses them
         doc_start = program_.declare("batch.doc_start", Category::activations, BT * 4, true);
     }
+    if (cfg.sliding_window > 0 && T > cfg.sliding_window)
+        attn_start = program_.declare("batch.attention_start", Category::activations, int64_t(B) * T * 4, true);
     grad_norm_sq = train ? program_.declare("grad_norm_sq", Category::activations, 4, true) : -1;
     workspace_ = program_.declare("workspace", Category::workspace, 0);
     ModelOptions mo = model;
@@ -212,6 +214,8 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     }
     model_ = models_[0].get();
     if (doc_start >= 0) model_->set_doc_start(Tensor(doc_start, DType::i32, {int64_t(B), int64_t(T)}));
+    if (attn_start >= 0)
+        for (auto & m : models_) m->set_attention_start(Tensor(attn_start, DType::i32, {int64_t(B), int64_t(T)}));
     if (lora_) {
         w_ = lora_model_weights(cfg_, model.lora, base, compute_, quant_layout_, base_q, params, compute_);
         if (train) dw_ = lora_model_weights(cfg_, model.lora, -1, compute_, quant_layout_, -1, grads, grad_dt_);

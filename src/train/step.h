@@ -96,6 +96,9 @@ public:
     // Packed documents (ModelOptions::documents): each token's document start in its row, i32
     // [B,T] beside tokens and targets (-1: one document per row).
     BufferId doc_start = -1;
+    // Sliding-window attention (sliding_window below T): each query's first key, [B,T] i32, filled
+    // by the engine before each run (Engine::run_batch; Transformer::set_attention_start).
+    BufferId attn_start = -1;
     // 8-bit moments (moments u8, backend/moments8.h): the blocks' f32 scales of adam_m, adam_v.
     BufferId adam_m_scale = -1, adam_v_scale = -1;
     // --offload optimizer: the states of the shard's first offloaded_elems() elements (8-bit

@@ -27,16 +27,19 @@ using memfit::test::randn;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // Documents of the given lengths, one after the other in each row (the lengths of a row sum to T).
+// With a sliding window W, the attention start of token t instead: max(t - W + 1, its document's).
 struct Layout {
     int T = 0;
     std::vector<std::vector<int>> rows;   // per row: document lengths
+    int window = 0;                       // sliding window (0: none)
     int B() const { return int(rows.size()); }
     std::vector<int32_t> doc_start() const {
         std::vector<int32_t> s;
         for (const auto & r : rows) {
             int at = 0;
             for (const int len : r) {
-                for (int i = 0; i < len; ++i) s.push_back(at);
+                for (int i = 0; i < len; ++i)
+                    s.push_back(window > 0 ? std::max(at, int(s.size() % size_t(T)) - window + 1) : at);
                 at += len;
             }
             EXPECT_EQ(at, T);
@@ -116,10 +119,19 @@ TEST(DocumentKernels, NaiveAttentionOfEachDocumentIsItsAttentionAlone) {
     }
 }
 
+// Sliding windows (each query's first key t - W + 1, and its document's start where later): of
+// one key, inside a tile, a whole tile, crossing tiles, with documents.
+const Layout kWindows[] = {
+    {130, {{130}, {64, 66}}, 1},
+    {130, {{130}, {1, 70, 1, 58}}, 5},
+    {200, {{200}, {10, 54, 64, 1, 71}}, 64},
+    {97, {{97}, {33, 33, 31}}, 40},
+};
+
 // Flash against naive, both with the documents, in storage type S (inputs rounded to S first).
 template <class S>
-void flash_matches_naive(double tol) {
-    for (const Layout & L : kLayouts)
+void flash_matches_naive(double tol, const auto & layouts) {
+    for (const Layout & L : layouts)
         for (const int C : {32, 80, 160}) {   // head sizes 8, 20 (with 4 heads) and 80 (2 heads)
             const int NH = C == 160 ? 2 : 4, B = L.B(), T = L.T;
             std::mt19937 rng(9);
@@ -146,7 +158,7 @@ void flash_matches_naive(double tol) {
                 to_f32_row(f.data(), v.data(), v.size());
                 return f;
             };
-            const std::string at = "T=" + std::to_string(T) + " C=" + std::to_string(C);
+            const std::string at = "T=" + std::to_string(T) + " C=" + std::to_string(C) + " W=" + std::to_string(L.window);
             EXPECT_LT(rel_err(f32(out), f32(ref)), tol) << at;
             EXPECT_LT(rel_err(f32(dq), f32(dref)), tol) << at;
             for (const float x : lse) ASSERT_TRUE(std::isfinite(x)) << at;
@@ -154,9 +166,54 @@ void flash_matches_naive(double tol) {
 }
 
 TEST(DocumentKernels, FlashAttentionMatchesNaiveWithTheSameDocuments) {
-    flash_matches_naive<float>(1e-5);
-    flash_matches_naive<bf16_t>(2e-2);
-    flash_matches_naive<f16_t>(4e-3);
+    flash_matches_naive<float>(1e-5, kLayouts);
+    flash_matches_naive<bf16_t>(2e-2, kLayouts);
+    flash_matches_naive<f16_t>(4e-3, kLayouts);
+}
+
+// Sliding-window attention: the naive kernels with each query's first key (the window's start or
+// its document's) give a softmax over exactly those keys (a float64 reference), zero probability
+// elsewhere; flash equals naive with the same starts, forward and backward.
+TEST(DocumentKernels, SlidingWindowAttention) {
+    for (const Layout & L : kWindows) {
+        const int C = 32, NH = 4, hd = 8, B = L.B(), T = L.T;
+        std::mt19937 rng(5);
+        const auto qkv = randn(size_t(B) * T * 3 * C, rng, 2.0f);
+        const auto starts = L.doc_start();
+        std::vector<float> out(size_t(B) * T * C), att(size_t(B) * NH * T * T);
+        attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, starts.data());
+        double worst = 0;
+        for (int b = 0; b < B; ++b)
+            for (int h = 0; h < NH; ++h)
+                for (int t = 0; t < T; ++t) {
+                    const int lo = starts[size_t(b) * T + t];
+                    ASSERT_GE(lo, std::max(0, t - L.window + 1));
+                    const float * q = qkv.data() + (size_t(b) * T + t) * 3 * C + h * hd;
+                    std::vector<double> w;
+                    double mx = -1e300, sum = 0;
+                    for (int k = lo; k <= t; ++k) {
+                        const float * kk = qkv.data() + (size_t(b) * T + k) * 3 * C + C + h * hd;
+                        double d = 0;
+                        for (int i = 0; i < hd; ++i) d += double(q[i]) * kk[i];
+                        w.push_back(d / std::sqrt(double(hd)));
+                        mx = std::max(mx, w.back());
+                    }
+                    for (double & x : w) sum += (x = std::exp(x - mx));
+                    for (int i = 0; i < hd; ++i) {
+                        double o = 0;
+                        for (int k = lo; k <= t; ++k)
+                            o += w[size_t(k - lo)] / sum * qkv[(size_t(b) * T + k) * 3 * C + 2 * C + h * hd + i];
+                        worst = std::max(worst, std::fabs(o - out[(size_t(b) * T + t) * C + h * hd + i]));
+                    }
+                    for (int k = 0; k < T; ++k) {
+                        if (k >= lo && k <= t) continue;
+                        ASSERT_EQ(att[((size_t(b) * NH + h) * T + t) * T + k], 0.0f) << t << " " << k;
+                    }
+                }
+        EXPECT_LT(worst, 1e-5) << "T=" << T << " W=" << L.window;
+    }
+    flash_matches_naive<float>(1e-5, kWindows);
+    flash_matches_naive<bf16_t>(2e-2, kWindows);
 }
 
 TEST(DocumentKernels, RopeAndPositionEmbeddingRestartAtEachDocument) {

@@ -39,16 +39,21 @@ constexpr double kIgnored = 0.1;
 bool on_cpu(Backend & be) { return dynamic_cast<CpuBackend *>(&be) != nullptr; }
 
 // Documents of the given lengths, one after the other in each row (a row's lengths sum to T).
+// With a sliding window W, each token's attention start instead: max(t - W + 1, its document's).
 struct Layout {
     int64_t T = 0;
     std::vector<std::vector<int>> rows;   // per row: document lengths
+    int window = 0;                       // sliding window (0: none)
     int64_t B() const { return int64_t(rows.size()); }
     std::vector<float> starts() const {   // doc_start, as OpCheck::values takes it
         std::vector<float> s;
         for (const auto & r : rows) {
             int at = 0;
             for (const int len : r) {
-                for (int i = 0; i < len; ++i) s.push_back(float(at));
+                for (int i = 0; i < len; ++i) {
+                    const int t = int(s.size() % size_t(T));
+                    s.push_back(float(window > 0 ? std::max(at, t - window + 1) : at));
+                }
                 at += len;
             }
             EXPECT_EQ(at, T);
@@ -56,7 +61,7 @@ struct Layout {
         return s;
     }
     std::string str() const {
-        std::string s = "T=" + std::to_string(T) + " {";
+        std::string s = "T=" + std::to_string(T) + " W=" + std::to_string(window) + " {";
         for (const auto & r : rows) {
             s += "{";
             for (const int len : r) s += std::to_string(len) + ",";
@@ -163,6 +168,19 @@ TEST(CudaDocuments, FlashBf16) {
     for (const Layout & L : kLayouts) {
         check_flash(DType::bf16, L, 2, 32);       // CUDA-core path: head dim without mma
         check_flash(DType::bf16, L, 2, 64, 1);    // CUDA-core path: unaligned tensors
+    }
+}
+
+// Sliding-window attention: the kernels take each query's first key where they take document
+// starts (max(t - W + 1, the document's)): windows of one key, inside a 64-key tile, of a whole
+// tile, crossing tiles, with documents; every head dimension the flash kernels take.
+TEST(CudaDocuments, SlidingWindowFlash) {
+    MF_REQUIRE_GPU();
+    const Layout windows[] = {{130, {{130}, {64, 66}}, 1}, {130, {{130}, {1, 70, 1, 58}}, 5},
+                              {200, {{200}, {10, 54, 64, 1, 71}}, 64}, {97, {{97}, {33, 33, 31}}, 40}};
+    for (const Layout & L : windows) {
+        for (int64_t hd : {32, 64, 96, 128}) check_flash(DType::f32, L, 2, hd);
+        for (int64_t hd : {64, 128}) check_flash(DType::bf16, L, 2, hd);
     }
 }
 

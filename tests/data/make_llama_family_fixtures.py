@@ -3,7 +3,9 @@ by the model written out below after transformers' modeling_llama.py, modeling_q
 modeling_rope_utils.py (RMSNorm, rotate-half RoPE, grouped-query attention, SwiGLU, cross-entropy
 with ignore_index -100) and torch.optim.AdamW for two steps:
   tests/data/llama31_tiny.safetensors  Llama 3.1's rope_scaling (rope_type llama3), untied head;
-  tests/data/qwen2_tiny.safetensors    Qwen2: biases on q, k and v, rope_theta 1e6, tied head.
+  tests/data/qwen2_tiny.safetensors    Qwen2: biases on q, k and v, rope_theta 1e6, tied head;
+  tests/data/mistral_tiny.safetensors  Mistral: sliding_window 7 < T = 24 (query t sees keys t-6..t,
+                                       transformers' sliding-window causal mask: key > t - window).
 
 The fixture stores the parameters under their Hugging Face names, input_ids, targets, and
 expected.logits / loss / grad.* / step1.* / loss_step2 / step2.*, in float32, with the config and
@@ -32,6 +34,12 @@ QWEN2 = {
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
     "rope_theta": 1000000.0, "max_position_embeddings": 128, "hidden_act": "silu", "tie_word_embeddings": True,
     "use_sliding_window": False,
+}
+MISTRAL = {
+    "model_type": "mistral", "vocab_size": 89, "hidden_size": 64, "intermediate_size": 176,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "max_position_embeddings": 128, "hidden_act": "silu", "tie_word_embeddings": False,
+    "sliding_window": 7,
 }
 ADAMW = {"lr": 0.01, "beta1": 0.9, "beta2": 0.95, "eps": 1e-5, "weight_decay": 0.1}
 B, T = 2, 24
@@ -77,6 +85,8 @@ def forward(p, ids):
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos()[None, None], emb.sin()[None, None]
     mask = torch.full((T, T), float("-inf"), dtype=DT).triu(1)
+    if CONFIG.get("sliding_window"):   # keys at or before t - window are out of reach
+        mask = mask + torch.full((T, T), float("-inf"), dtype=DT).tril(-CONFIG["sliding_window"])
     for l in range(L):
         h = f"model.layers.{l}."
         a = rms_norm(x, p[h + "input_layernorm.weight"])
@@ -175,3 +185,4 @@ def fixture(config, file, seed):
 if __name__ == "__main__":
     fixture(LLAMA31, "llama31_tiny.safetensors", 31)
     fixture(QWEN2, "qwen2_tiny.safetensors", 2)
+    fixture(MISTRAL, "mistral_tiny.safetensors", 7)

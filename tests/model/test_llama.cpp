@@ -250,6 +250,14 @@ TEST(Llama, Qwen2FixtureWithin1e4) {
     EXPECT_TRUE(r.json["errors"].contains("grad.model.layers.1.self_attn.k_proj.bias")) << r.json.dump(2);
 }
 
+// Mistral with sliding_window 7 below T = 24 (same generator): each query attends to its last 7
+// keys; read without the window it fails (max error 0.70).
+TEST(Llama, MistralSlidingWindowFixtureWithin1e4) {
+    const VerifyReport r = verify_fixture(std::string(MEMFIT_TEST_DATA) + "/mistral_tiny.safetensors");
+    EXPECT_TRUE(r.ok) << r.json.dump(2);
+    EXPECT_LE(r.json["max_error"].get<double>(), 1e-4);
+}
+
 // Qwen2.5 presets at the Hub's counts (Qwen/Qwen2.5-0.5B, -1.5B, -7B); qwen2 and mistral configs
 // are LLaMA blocks read with their own defaults and written back under their own classes.
 TEST(Llama, Qwen2AndMistralConfigs) {
