@@ -73,7 +73,11 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     // (both the data and the weight gradient of A and B); the frozen base's backward is its data
     // gradient only (as many FLOPs as its forward), the head's included.
     const double ad_fwd = lp ? tokens * layers * 2.0 * double(lp->adapters_per_layer) / tp : 0.0;
-    const double attn_fwd = layers * b * 2.0 * T * (T + 1) * C / tp;   // causal: 4 b T(T+1)/2 C
+    // Keys the queries of a sequence attend to: causal, T(T+1)/2; within a sliding window W < T,
+    // W(W+1)/2 + (T - W) W (linear in T).
+    const double W = cfg.sliding_window > 0 && cfg.sliding_window < seq ? double(cfg.sliding_window) : T;
+    const double pairs = W * (W + 1) / 2 + (T - W) * W;
+    const double attn_fwd = layers * b * 4.0 * pairs * C / tp;   // QK^T and AV: 2 FLOPs x 2 per pair per channel
     const double attn_bwd = attn_fwd * (c.flash() ? 2.5 : 2.0);
     const double fwd_mb = (mm_fwd + ad_fwd) / mm_eff + attn_fwd / attn_eff;
     const double bwd_mm = lp ? mm_fwd + 2.0 * ad_fwd : 2.0 * mm_fwd;

@@ -12,7 +12,7 @@
 //                 layer and 2 C V for the head, backward twice that, at the hardware's matmul_eff of
 //                 the peak. The attention core does what the kernels do: causal, 2 (T+1) C FLOPs per
 //                 token forward (QK^T and AV over the lower triangle, as model/recompute.h counts
-//                 it), backward 2x (naive) or 2.5x (flash: 5 matmuls for the forward's 2, Dao
+//                 it; with a sliding window W < T, 4 (W(W+1)/2 + (T-W) W) C per sequence: O(T W)), backward 2x (naive) or 2.5x (flash: 5 matmuls for the forward's 2, Dao
 //                 2023); flash at attention_eff, naive at matmul_eff.
 //   recompute     layer_keep_cost's FLOPs for the policy's keep mask (none: all kept; selective:
 //                 kKeepSelective; full: only the layer input), per layer per micro-batch; its

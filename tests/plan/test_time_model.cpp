@@ -167,6 +167,30 @@ TEST(TimeModel, ZeroStagesCommunication) {
     EXPECT_GT(predict_step_time(cfg, hw, c, 4096, 1).comm, z0);
 }
 
+// A sliding window W makes the attention FLOPs linear in T: doubling T past W doubles them
+// (plus the first W's triangle), where the causal attention's quadruple.
+TEST(TimeModel, SlidingWindowAttentionIsLinearInT) {
+    ModelConfig cfg = model_preset("llama2-7b");
+    cfg.max_seq = 32768;
+    const Hardware hw = memfit::test::h100_like();
+    Candidate c = candidate(1, 1, 1, 1, 1);
+    auto attention = [&](int seq) {   // the attention part of compute: total minus the matmul-only run
+        Hardware no_attn = hw;
+        no_attn.attention_eff = 1e-9;   // attention dominates: compute ~ attention FLOPs / (1e-9 peak)
+        return predict_step_time(cfg, no_attn, c, seq, 1).compute * 1e-9 * hw.bf16_flops;
+    };
+    const double causal8 = attention(8192), causal16 = attention(16384);
+    EXPECT_NEAR(causal16 / causal8, 2.0 * 2.0, 0.01);   // per sequence: T^2 (the batch is sequences)
+    cfg.sliding_window = 4096;
+    const double w8 = attention(8192), w16 = attention(16384);
+    // 4 (W(W+1)/2 + (T - W) W) C per layer per sequence.
+    auto pairs = [](double T, double W) { return W * (W + 1) / 2 + (T - W) * W; };
+    EXPECT_NEAR(w16 / w8, pairs(16384, 4096) / pairs(8192, 4096), 1e-3);
+    EXPECT_LT(w16 / w8, 2.4);   // against the causal 4
+    EXPECT_NEAR(w8 / causal8, pairs(8192, 4096) / (8192.0 * 8193 / 2), 1e-3);
+    EXPECT_EQ(attention(4096), [&] { cfg.sliding_window = 0; return attention(4096); }());   // W >= T: causal
+}
+
 // A data-parallel group spanning nodes crosses them over every member's NIC at once (one NCCL
 // ring per NIC): 8 per node at 50 GB/s each are 400 GB/s, under NVLink's 450. With one device per
 // node the ring runs at one NIC's 50 GB/s.
