@@ -21,31 +21,23 @@ ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, 
         for (int i = 0; i < t.ndim; ++i) t.shape[i] = p.shape[size_t(i)];
         return t;
     };
-    // Adjacent [out, in] matrices as one [sum of outs, in] matrix.
+    // Adjacent [out, in] matrices as one [sum of outs, in] matrix; adjacent vectors as one
+    // vector (Qwen2's q, k and v biases: the fused q|k|v bias).
     auto fused = [&](std::initializer_list<std::string> names) {
         if (!layout.try_find(*names.begin())) return Tensor{};
         const ParamInfo & first = layout.find(*names.begin());
+        const bool matrix = first.shape.size() == 2;
         size_t end = first.offset;
         int64_t rows = 0;
         for (const auto & n : names) {
             const ParamInfo & p = layout.find(n);
-            MF_ASSERT(p.offset == end && p.shape.size() == 2 && p.shape[1] == first.shape[1]);
+            MF_ASSERT(p.offset == end && p.shape.size() == first.shape.size() &&
+                      (!matrix || p.shape[1] == first.shape[1]));
             end += p.numel;
             rows += p.shape[0];
         }
+        if (!matrix) return Tensor(flat, dtype, {rows}, first.offset * dtype_size(dtype));
         return Tensor(flat, dtype, {rows, first.shape[1]}, first.offset * dtype_size(dtype));
-    };
-    // Adjacent vectors as one (Qwen2's q, k and v biases: the fused q|k|v bias).
-    auto fused_bias = [&](std::initializer_list<std::string> names) {
-        if (!layout.try_find(*names.begin())) return Tensor{};
-        const ParamInfo & first = layout.find(*names.begin());
-        size_t end = first.offset;
-        for (const auto & n : names) {
-            const ParamInfo & p = layout.find(n);
-            MF_ASSERT(p.offset == end && p.shape.size() == 1);
-            end += p.numel;
-        }
-        return Tensor(flat, dtype, {int64_t(end - first.offset)}, first.offset * dtype_size(dtype));
     };
     ModelWeights w;
     if (cfg.llama()) {
@@ -57,7 +49,7 @@ ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, 
             ModelWeights::Layer y;
             y.ln1w = view(h + "input_layernorm.weight");
             y.qkvw = fused({h + "self_attn.q_proj.weight", h + "self_attn.k_proj.weight", h + "self_attn.v_proj.weight"});
-            if (cfg.qkv_bias) y.qkvb = fused_bias({h + "self_attn.q_proj.bias", h + "self_attn.k_proj.bias",
+            if (cfg.qkv_bias) y.qkvb = fused({h + "self_attn.q_proj.bias", h + "self_attn.k_proj.bias",
                                                    h + "self_attn.v_proj.bias"});
             y.projw = view(h + "self_attn.o_proj.weight");
             y.ln2w = view(h + "post_attention_layernorm.weight");

@@ -82,6 +82,14 @@ private:
     int add(DType dt, std::initializer_list<int64_t> dims, std::vector<uint8_t> bytes);
 };
 
+// Elements of tensor i where the two backends' values differ (as floats; NaN never equal).
+inline int64_t mismatches(const OpCheck & chk, int i) {
+    const std::vector<float> a = chk.cpu(i), b = chk.gpu(i);
+    int64_t n = 0;
+    for (size_t k = 0; k < a.size(); ++k) n += !(a[k] == b[k]);
+    return n;
+}
+
 }  // namespace memfit::test
 
 // First statement of every GPU test: skips it, with the reason, when there is no device.

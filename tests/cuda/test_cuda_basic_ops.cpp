@@ -24,14 +24,6 @@ constexpr DType kFloats[] = {DType::f32, DType::bf16, DType::f16};
 
 std::string name(DType t) { return std::string(dtype_name(t)); }
 
-// Elements of tensor i where the two backends' values differ (as floats; NaN never equal).
-int64_t mismatches(const OpCheck & chk, int i) {
-    const std::vector<float> a = chk.cpu(i), b = chk.gpu(i);
-    int64_t n = 0;
-    for (size_t k = 0; k < a.size(); ++k) n += !(a[k] == b[k]);
-    return n;
-}
-
 TEST(CudaBasicOps, Copy) {
     MF_REQUIRE_GPU();
     for (DType dd : kFloats)

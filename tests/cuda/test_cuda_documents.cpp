@@ -262,13 +262,6 @@ TEST(CudaDocuments, Rope) {
             }
 }
 
-int64_t mismatches(const OpCheck & chk, int i) {
-    const std::vector<float> a = chk.cpu(i), b = chk.gpu(i);
-    int64_t n = 0;
-    for (size_t k = 0; k < a.size(); ++k) n += !(a[k] == b[k]);
-    return n;
-}
-
 // Positions restart at each document: the same bits as the CPU.
 TEST(CudaDocuments, EncoderForward) {
     MF_REQUIRE_GPU();
