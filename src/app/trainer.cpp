@@ -231,7 +231,7 @@ TrainingRun::TrainingRun(const TrainOptions & opt)
     // What combines (run/compat.h), before any work: the numbers, the world's layout, the rest.
     if (auto why = out_of_range(opt)) throw ConfigError(*why);
     layout_ = derive_layout(world_, opt.layout.tp, opt.layout.pp);
-    cfg_ = resolve_model(opt.model);   // read once: load() completes it (vocabulary, trained context)
+    cfg_ = run_model(opt);   // read once: load() completes it (vocabulary, trained context)
     check_supported(opt, cfg_, nullptr);
     if (layout_.tp > 1 || layout_.pp > 1) groups_ = std::make_unique<ProcessGroups>(*comm_, layout_);
     ranks_ = layout_.dp;

@@ -185,6 +185,15 @@ public:
     virtual void rmsnorm_fwd(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps) = 0;
     // dinp += ..., dw += ...  (dinp has dout's dtype; dw f32 or the compute dtype; invalid: frozen)
     virtual void rmsnorm_bwd(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) = 0;
+    // Qwen3's q and k norms, in place on qkv[B,T,(NH+2*KVH)*hd]: each q head row becomes
+    // RMSNorm(row) * wq, each k head row RMSNorm(row) * wk (wq, wk [hd]); v untouched. The rows
+    // before are saved to raw[B,T,(NH+KVH)*hd] and their rstd to rstd[B,T,NH+KVH] (f32).
+    virtual void qk_norm_fwd(Tensor qkv, Tensor raw, Tensor rstd, Tensor wq, Tensor wk, int NH, int KVH,
+                             float eps) = 0;
+    // Its backward, in place on dqkv's q and k heads (d(normed) -> d(raw)); dwq, dwk += (f32 or
+    // the compute dtype; both invalid: frozen).
+    virtual void qk_norm_bwd(Tensor dqkv, Tensor dwq, Tensor dwk, Tensor raw, Tensor wq, Tensor wk, Tensor rstd,
+                             int NH, int KVH) = 0;
     // Rotary position embeddings (HF rotate_half), in place on the q and k heads of
     // qkv[B,T,(NH+2*KVH)*hd] (per row: NH q heads, KVH k heads, KVH v heads; v untouched).
     // Row t has position p = pos0 + t (t - doc_start[b,t] with packed documents, pos0 0 then);
@@ -205,9 +214,11 @@ public:
     // new tokens' q|k|v (after RoPE); their k and v rows are written into kcache and vcache
     // [B,cap,KVH*hd] at rows pos0 .. pos0+T-1, then out[B,T,NH*hd] = causal attention of each
     // new token (position pos0+t) over cache rows 0 .. pos0+t; query head h reads KV head
-    // h / (NH/KVH).
+    // h / (NH/KVH). With window W > 0 (sliding-window attention) the cache is a ring: position
+    // p lives in row p % cap, and token pos0+t attends to positions max(0, pos0+t-W+1) .. pos0+t
+    // (then T + W - 1 <= cap, or pos0 + T <= cap).
     virtual void cached_attention_fwd(Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH,
-                                      int KVH) = 0;
+                                      int KVH, int window = 0) = 0;
 
     // Frozen quantized weights (QLoRA). x, y, dx, dy, bias: f32, bf16 or f16 (one dtype per
     // call, the compute dtype); W' = the dequantized W, never materialised whole.

@@ -485,6 +485,20 @@ void Graph::rmsnorm_bwd(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor 
     end();
 }
 
+void Graph::qk_norm_fwd(Tensor qkv, Tensor raw, Tensor rstd, Tensor wq, Tensor wk, int NH, int KVH, float eps) {
+    if (begin("qk_norm_fwd", 4.0 * double(raw.numel()), {qkv, raw, rstd, wq, wk}))
+        backend_->qk_norm_fwd(resolve(qkv), resolve(raw), resolve(rstd), resolve(wq), resolve(wk), NH, KVH, eps);
+    end();
+}
+
+void Graph::qk_norm_bwd(Tensor dqkv, Tensor dwq, Tensor dwk, Tensor raw, Tensor wq, Tensor wk, Tensor rstd, int NH,
+                        int KVH) {
+    if (begin("qk_norm_bwd", 8.0 * double(raw.numel()), {dqkv, dwq, dwk, raw, wq, wk, rstd}))
+        backend_->qk_norm_bwd(resolve(dqkv), resolve(dwq), resolve(dwk), resolve(raw), resolve(wq), resolve(wk),
+                              resolve(rstd), NH, KVH);
+    end();
+}
+
 void Graph::rope_fwd(Tensor qkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start) {
     if (begin("rope_fwd", 6.0 * rope_pairs(qkv, NH, KVH), {qkv, doc_start}))
         backend_->rope_fwd(resolve(qkv), NH, KVH, rope, pos0, resolve(doc_start));
@@ -521,12 +535,16 @@ void Graph::repeat_kv_bwd(Tensor dqkv, Tensor dfull, int NH, int KVH) {
     end();
 }
 
-void Graph::cached_attention_fwd(Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH, int KVH) {
-    // Each new token t scores and sums pos0 + t + 1 cached keys and values: 4 hd flops each.
-    const double T = double(qkv.dim(1)), hd = double(out.dim(2)) / NH;
-    const double flops = 4.0 * double(qkv.dim(0)) * NH * hd * (T * pos0 + T * (T + 1) / 2);
+void Graph::cached_attention_fwd(Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH, int KVH,
+                                 int window) {
+    // Each new token t scores and sums min(pos0 + t + 1, window) cached keys and values: 4 hd flops each.
+    const int64_t T = qkv.dim(1);
+    double keys = 0;
+    for (int64_t t = 0; t < T; ++t) keys += double(window > 0 ? std::min<int64_t>(pos0 + t + 1, window) : pos0 + t + 1);
+    const double flops = 4.0 * double(qkv.dim(0)) * NH * (double(out.dim(2)) / NH) * keys;
     if (begin("cached_attention_fwd", flops, {out, qkv, kcache, vcache}))
-        backend_->cached_attention_fwd(resolve(out), resolve(qkv), resolve(kcache), resolve(vcache), pos0, NH, KVH);
+        backend_->cached_attention_fwd(resolve(out), resolve(qkv), resolve(kcache), resolve(vcache), pos0, NH, KVH,
+                                       window);
     end();
 }
 

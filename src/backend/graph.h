@@ -141,6 +141,9 @@ public:
     // LLaMA family (Backend has the contracts).
     void rmsnorm_fwd(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps);
     void rmsnorm_bwd(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd);
+    void qk_norm_fwd(Tensor qkv, Tensor raw, Tensor rstd, Tensor wq, Tensor wk, int NH, int KVH, float eps);   // in place
+    void qk_norm_bwd(Tensor dqkv, Tensor dwq, Tensor dwk, Tensor raw, Tensor wq, Tensor wk, Tensor rstd, int NH,
+                     int KVH);   // in place
     void rope_fwd(Tensor qkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start = {});    // in place
     void rope_bwd(Tensor dqkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start = {});   // in place
     void swiglu_fwd(Tensor out, Tensor inp);
@@ -148,8 +151,9 @@ public:
     void repeat_kv_fwd(Tensor full, Tensor qkv, int NH, int KVH);
     void repeat_kv_bwd(Tensor dqkv, Tensor dfull, int NH, int KVH);
     // Generation: appends qkv's new keys and values to the KV caches at pos0 and attends over
-    // the cache (see Backend::cached_attention_fwd).
-    void cached_attention_fwd(Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH, int KVH);
+    // the cache (see Backend::cached_attention_fwd; window > 0: a ring of sliding-window positions).
+    void cached_attention_fwd(Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH, int KVH,
+                              int window = 0);
     void xent_fwd(Tensor losses, Tensor logits, Tensor targets);
     void xent_bwd(Tensor probs, Tensor targets, float dloss);
     // Vocabulary-parallel cross-entropy over logit columns vocab_lo .. of `vocab` (see Backend):

@@ -29,13 +29,17 @@ public:
     void residual_fwd(Tensor out, Tensor a, Tensor b) override {}
     void rmsnorm_fwd(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps) override {}
     void rmsnorm_bwd(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) override {}
+    void qk_norm_fwd(Tensor qkv, Tensor raw, Tensor rstd, Tensor wq, Tensor wk, int NH, int KVH, float eps) override {}
+    void qk_norm_bwd(Tensor dqkv, Tensor dwq, Tensor dwk, Tensor raw, Tensor wq, Tensor wk, Tensor rstd, int NH,
+                     int KVH) override {}
     void rope_fwd(Tensor qkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start = {}) override {}
     void rope_bwd(Tensor dqkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start = {}) override {}
     void swiglu_fwd(Tensor out, Tensor inp) override {}
     void swiglu_bwd(Tensor dinp, Tensor dout, Tensor inp) override {}
     void repeat_kv_fwd(Tensor full, Tensor qkv, int NH, int KVH) override {}
     void repeat_kv_bwd(Tensor dqkv, Tensor dfull, int NH, int KVH) override {}
-    void cached_attention_fwd(Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH, int KVH) override {}
+    void cached_attention_fwd(Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH, int KVH,
+                              int window = 0) override {}
     void dropout(Tensor out, Tensor in, float p, uint64_t seed) override {}
     void add_columns(Tensor out, Tensor d, int64_t col0, float scale) override {}
     void take_columns(Tensor d, Tensor src, int64_t col0, float scale) override {}

@@ -44,7 +44,7 @@ RunConfig plan_defaults() {
 // The request: what the flags (or the config file) fix; the rest is searched.
 PlanRequest make_request(const PlanFlags & f, const RunConfig & run, const RunFlags & given) {
     PlanRequest r;
-    r.cfg = resolve_model(run.model);
+    r.cfg = run_model(run);
     if (r.cfg.vocab_size == 0) r.cfg.vocab_size = 256;   // the small presets: a byte vocabulary
     r.cfg.validate();
     r.hw = find_hardware(default_hardware_catalog(f.calibration), f.hardware);
@@ -71,6 +71,8 @@ PlanRequest make_request(const PlanFlags & f, const RunConfig & run, const RunFl
     r.offload_dir = run.offload_dir;
     r.master_weights = run.master_weights;
     r.packing = run.packing;
+    r.loss_chunk = run.loss_chunk;
+    r.mlp_chunk = run.mlp_chunk;
     if (given.given("schedule")) {
         r.schedule = run.layout.schedule;
         if (run.layout.schedule == PipeSchedule::interleaved) r.virtual_stages = run.layout.virtual_stages;

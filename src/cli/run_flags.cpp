@@ -73,6 +73,20 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                attention_name(r.attention),
                "flash (tiled, saves one log-sum-exp per query), naive (saves the T x T probabilities), or auto: flash "
                "where the device's kernels take the model's head dimension (the CUDA ones: 32, 64, 96, 128)"));
+    keep(c->add_option("--attention-window", r.attention_window,
+                       "sliding-window attention: each query attends to its last W keys (Mistral's sliding_window; "
+                       "flash skips the tiles outside it, attention FLOPs grow as T x W); a llama model trained with "
+                       "it exports as MistralForCausalLM (0: the model's own)")
+             ->capture_default_str()->check(kNonNegative));
+    keep(c->add_option("--loss-chunk", r.loss_chunk,
+                       "tokens per LM-head + cross-entropy chunk: the B*T*V logits are never stored whole (0: "
+                       "unchunked)")
+             ->capture_default_str()->check(kNonNegative));
+    keep(c->add_option("--mlp-chunk", r.mlp_chunk,
+                       "TiledMLP: tokens per MLP chunk; the MLP's [B*T, 4C] intermediates exist one chunk at a time "
+                       "and are recomputed in backward (one more MLP up-projection and activation per step; for long "
+                       "sequences: pair with --attention flash, --recompute full and --loss-chunk) (0: untiled)")
+             ->capture_default_str()->check(kNonNegative));
     keep(typed(c, "--recompute", [&r](const std::string & v) { r.recompute = Recompute(v); }, r.recompute.name(),
                "activation recomputation: " + recompute_help()));
     keep(typed(c, "--optimizer", [&r](const std::string & v) { r.optimizer = parse_optimizer(v); },
@@ -167,10 +181,6 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                    "auto: choose micro-batch, accumulation (keeping the global batch), attention, recomputation, "
                    "loss chunk and (with --precision auto) precision for the highest predicted throughput that fits "
                    "--memory-budget"));
-        keep(c->add_option("--loss-chunk", r.loss_chunk,
-                           "tokens per LM-head + cross-entropy chunk: the B*T*V logits are never stored whole (0: "
-                           "unchunked)")
-                 ->capture_default_str()->check(kNonNegative));
         keep(c->add_option("--loss-scale", r.loss_scale,
                            "fp16: a static loss scale (0: dynamic, halved on overflow and doubled after "
                            "--loss-scale-window clean steps; DeepSpeed's fp16.loss_scale)")

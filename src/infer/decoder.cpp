@@ -1,5 +1,6 @@
 #include "infer/decoder.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -22,14 +23,14 @@ struct Decoder::Pass {
     std::unique_ptr<StepMemory> memory;
 
     Pass(const ModelConfig & cfg, const ParamLayout & dense, const QuantLayout & q, int n_tokens, int capacity,
-         DType dt, const Backend & sizing) : n(n_tokens) {
+         int cache_rows, DType dt, const Backend & sizing) : n(n_tokens) {
         params = program.declare("parameters", Category::parameters, dense.total * dtype_size(dt), true);
         if (q.bytes) qparams = program.declare("parameters.quantized", Category::parameters, q.bytes, true);
         tokens = program.declare("decode.tokens", Category::activations, size_t(capacity) * 4, true);
         workspace = program.declare("workspace", Category::workspace, 0);
         ModelOptions mo;
         mo.compute = dt;
-        mo.kv_capacity = capacity;
+        mo.kv_capacity = cache_rows;
         model = std::make_unique<Transformer>(cfg, 1, n, program, mo);
         w = quantized_model_weights(cfg, q, params, dt, qparams);
         Graph rec(program, &sizing);
@@ -50,10 +51,11 @@ Decoder::Decoder(const ModelConfig & cfg, Backend & backend, int capacity, DType
     if (capacity < 1 || capacity > cfg.max_seq)
         throw ConfigError(fmt::format("generation context of {} tokens: must be between 1 and the model's {} positions",
                                       capacity, cfg.max_seq));
-    cfg.check_window(capacity, "a generation context (prompt + --max-new-tokens)");
+    const int W = cfg.sliding_window;
+    rows_ = W > 0 && capacity > W ? std::min(capacity, W + kPrefillChunk - 1) : capacity;
     if (quant) quant_ = make_quant_layout(cfg, *quant);
     dense_ = quant ? memfit::dense_layout(cfg, quant_) : layout_;
-    step_ = std::make_unique<Pass>(cfg_, dense_, quant_, 1, capacity_, compute_, backend_);
+    step_ = std::make_unique<Pass>(cfg_, dense_, quant_, 1, capacity_, rows_, compute_, backend_);
     step_->memory = std::make_unique<StepMemory>(step_->program, step_->plan, ledger_, host_allocator());
 }
 
@@ -81,7 +83,7 @@ Decoder::Pass & Decoder::program_for(int n) {
     if (n == 1) return *step_;
     auto it = prefill_.find(n);
     if (it != prefill_.end()) return *it->second;
-    auto p = std::make_unique<Pass>(cfg_, dense_, quant_, n, capacity_, compute_, backend_);
+    auto p = std::make_unique<Pass>(cfg_, dense_, quant_, n, capacity_, rows_, compute_, backend_);
     p->memory = std::make_unique<StepMemory>(p->program, p->plan, ledger_, host_allocator(), false, step_->memory.get());
     return *prefill_.emplace(n, std::move(p)).first->second;
 }
@@ -101,7 +103,13 @@ const float * Decoder::prefill(const std::vector<int32_t> & tokens) {
     const int n = int(tokens.size());
     if (n < 1 || n > capacity_)
         throw ConfigError(fmt::format("a prompt of {} tokens: the generation context holds 1 to {}", n, capacity_));
-    const float * l = run(program_for(n), tokens.data(), 0);
+    // A rolling cache takes the prompt in chunks that fit it beside the window (decoder.h).
+    const int chunk = rows_ < capacity_ ? kPrefillChunk : n;
+    const float * l = nullptr;
+    for (int p0 = 0; p0 < n; p0 += chunk) {
+        const int len = std::min(chunk, n - p0);
+        l = run(program_for(len), tokens.data() + p0, p0);
+    }
     pos_ = n;
     return l;
 }

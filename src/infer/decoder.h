@@ -8,6 +8,12 @@
 // new token costs one token's forward instead of the whole window's. Programs for new prompt
 // lengths are recorded on first use and run inside the step program's arenas where they fit.
 //
+// Sliding-window models (Mistral's sliding_window W, --attention-window) whose context exceeds
+// W keep a rolling cache: ring_rows() = W + kPrefillChunk - 1 rows (at most the context), position
+// p in row p % rows, each token attending to its last W positions; prompts are prefilled in
+// chunks of at most kPrefillChunk tokens, so that a chunk's new keys never overwrite one the
+// chunk still reads. The caches' bytes are planned for those rows, whatever the context.
+//
 // Quantized weights (`memfit generate --weights int8|nf4`): the four block projections of every
 // layer are stored packed as a QLoRA base is (model/lora.h: make_quant_layout, always [out, in]),
 // in a second persistent buffer "parameters.quantized"; embeddings, norms, biases and the head
@@ -63,6 +69,9 @@ public:
     const float * step(int32_t token);
     int position() const { return pos_; }
     int capacity() const { return capacity_; }
+    // Rows of each layer's KV cache: the capacity, or the rolling cache's W + kPrefillChunk - 1.
+    int cache_rows() const { return rows_; }
+    static constexpr int kPrefillChunk = 64;   // prompt tokens per prefill under a rolling cache
 
     // Planned bytes over every program recorded so far (step plus prefills), and the KV cache's.
     CategoryBytes planned_peak_live() const;
@@ -78,6 +87,7 @@ private:
     ModelConfig cfg_;
     Backend & backend_;
     int capacity_;
+    int rows_ = 0;      // KV cache rows (cache_rows())
     DType compute_;
     ParamLayout layout_, dense_;
     QuantLayout quant_;

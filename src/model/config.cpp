@@ -53,6 +53,13 @@ constexpr Preset kPresets[] = {
     {"qwen2.5-0.5b", "qwen2", 151936, 32768, 896, 24, 14, 2, 4864, 1000000.f, true,  "Qwen2.5 0.5B (q/k/v biases, tied)"},
     {"qwen2.5-1.5b", "qwen2", 151936, 32768, 1536, 28, 12, 2, 8960, 1000000.f, true,  "Qwen2.5 1.5B (q/k/v biases, tied)"},
     {"qwen2.5-7b",   "qwen2", 152064, 32768, 3584, 28, 28, 4, 18944, 1000000.f, false, "Qwen2.5 7B (q/k/v biases)"},
+    // Qwen3 (Qwen's config.json files): q and k RMSNorm per head, head_dim 128 whatever C / NH.
+    {"qwen3-0.6b",   "qwen3", 151936, 40960, 1024, 28, 16, 8, 3072,  1000000.f, true,  "Qwen3 0.6B (q/k norms, head_dim 128, tied)"},
+    {"qwen3-1.7b",   "qwen3", 151936, 40960, 2048, 28, 16, 8, 6144,  1000000.f, true,  "Qwen3 1.7B (q/k norms, tied)"},
+    {"qwen3-4b",     "qwen3", 151936, 40960, 2560, 36, 32, 8, 9728,  1000000.f, true,  "Qwen3 4B (q/k norms, head_dim 128, tied)"},
+    {"qwen3-8b",     "qwen3", 151936, 40960, 4096, 36, 32, 8, 12288, 1000000.f, false, "Qwen3 8B (q/k norms)"},
+    // Mistral 7B v0.1 (its config.json): LLaMA blocks, attention within a 4096-token window.
+    {"mistral-7b",   "mistral", 32000, 32768, 4096, 32, 32, 8, 14336, 10000.f,  false, "Mistral 7B v0.1 (sliding window 4096)"},
 };
 
 // The presets with Llama 3.1's rope_scaling (their config.json files): rope_type llama3, low and
@@ -75,8 +82,9 @@ std::string ModelConfig::describe() const {
 int64_t ModelConfig::num_params() const {
     const int64_t C = n_embd, L = n_layer, V = vocab_size, P = max_seq, F = ffn_dim(), Q = qkv_dim(), A = attn_dim();
     if (llama()) {
-        // norms, q|k|v (and their biases: Qwen2), o, gate|up|down
-        const int64_t per_layer = 2 * C + C * Q + (qkv_bias ? Q : 0) + C * A + 3 * C * F;
+        // norms, q|k|v (and their biases: Qwen2; q and k norms: Qwen3), o, gate|up|down
+        const int64_t per_layer =
+            2 * C + C * Q + (qkv_bias ? Q : 0) + (qk_norm ? 2 * head_dim() : 0) + C * A + 3 * C * F;
         return V * C + L * per_layer + C + (tied_head ? 0 : V * C);
     }
     const int64_t per_layer = 2 * C + (C * Q + Q) + (A * C + C) + 2 * C + (C * F + F) + (F * C + C);
@@ -94,9 +102,10 @@ void ModelConfig::validate() const {
     auto bad = [&](const std::string & what) {
         throw ConfigError(fmt::format("model '{}': {}", name, what));
     };
-    if (llama() && model_type != "llama" && model_type != "qwen2" && model_type != "mistral")
-        bad(fmt::format("model_type '{}' is not a LLaMA-family type (llama, qwen2, mistral)", model_type));
+    if (llama() && model_type != "llama" && model_type != "qwen2" && model_type != "qwen3" && model_type != "mistral")
+        bad(fmt::format("model_type '{}' is not a LLaMA-family type (llama, qwen2, qwen3, mistral)", model_type));
     if (llama() && qkv_bias != (model_type == "qwen2")) bad("q, k and v biases belong to qwen2 (model_type)");
+    if (qk_norm != (llama() && model_type == "qwen3")) bad("q and k norms belong to qwen3 (model_type)");
     if (sliding_window < 0) bad(fmt::format("sliding_window = {}, must be positive", sliding_window));
     if (family != "gpt2" && family != "llama") bad(fmt::format("family '{}' is not supported (supported: gpt2, llama)", family));
     if (n_layer < 1) bad(fmt::format("n_layer = {}, must be at least 1", n_layer));
@@ -143,14 +152,6 @@ void ModelConfig::validate() const {
     }
 }
 
-void ModelConfig::check_window(int tokens, const char * what) const {
-    if (sliding_window > 0 && tokens > sliding_window)
-        throw ConfigError(fmt::format("model '{}' attends within sliding_window = {} tokens and memfit has no "
-                                      "sliding-window attention yet: {} of {} tokens is too long; use {} or fewer, "
-                                      "where it is plain causal attention",
-                                      name, sliding_window, what, tokens, sliding_window));
-}
-
 std::vector<std::string> preset_names() {
     std::vector<std::string> out;
     for (const auto & p : kPresets) out.push_back(p.name);
@@ -163,11 +164,14 @@ ModelConfig model_preset(const std::string & name) {
         ModelConfig c;
         c.name = p.name;
         c.family = p.family;
-        if (c.family == "qwen2") {
+        if (c.family == "qwen2" || c.family == "qwen3" || c.family == "mistral") {
+            c.model_type = c.family;
             c.family = "llama";
-            c.model_type = "qwen2";
-            c.qkv_bias = true;
-            c.ln_eps = 1e-6f;
+            c.qkv_bias = c.model_type == "qwen2";
+            c.qk_norm = c.model_type == "qwen3";
+            if (c.model_type != "mistral") c.ln_eps = 1e-6f;
+            if (c.qk_norm) c.head_size = 128;
+            if (c.model_type == "mistral") c.sliding_window = 4096;
         }
         c.vocab_size = p.vocab;
         c.max_seq = p.max_seq;
@@ -264,15 +268,16 @@ ModelConfig parse_hf_config(const nlohmann::json & j, const std::string & name) 
             if (j.contains("activation_function") && j["activation_function"] != "gelu_new")
                 throw ConfigError(fmt::format("{}: activation_function {} is not supported (supported: gelu_new)", name,
                                               j["activation_function"].dump()));
-        } else if (type == "llama" || type == "qwen2" || type == "mistral") {
-            // LLaMA blocks. Defaults are transformers' LlamaConfig, Qwen2Config and MistralConfig
-            // defaults.
+        } else if (type == "llama" || type == "qwen2" || type == "qwen3" || type == "mistral") {
+            // LLaMA blocks. Defaults are transformers' LlamaConfig, Qwen2Config, Qwen3Config and
+            // MistralConfig defaults.
             c.family = "llama";
             c.model_type = type;
-            const bool qwen2 = type == "qwen2", mistral = type == "mistral";
+            const bool qwen2 = type == "qwen2", qwen3 = type == "qwen3", mistral = type == "mistral";
             c.qkv_bias = qwen2;   // Qwen2's q, k and v projections always have biases
-            c.vocab_size = int_field(j, "vocab_size", qwen2 ? 151936 : 32000, name);
-            c.max_seq = int_field(j, "max_position_embeddings", qwen2 ? 32768 : mistral ? 131072 : 2048, name);
+            c.qk_norm = qwen3;    // Qwen3's q and k always have their norms
+            c.vocab_size = int_field(j, "vocab_size", qwen2 || qwen3 ? 151936 : 32000, name);
+            c.max_seq = int_field(j, "max_position_embeddings", qwen2 || qwen3 ? 32768 : mistral ? 131072 : 2048, name);
             c.n_embd = int_field(j, "hidden_size", name);
             c.ffn = int_field(j, "intermediate_size", name);
             c.n_layer = int_field(j, "num_hidden_layers", name);
@@ -288,15 +293,18 @@ ModelConfig parse_hf_config(const nlohmann::json & j, const std::string & name) 
             };
             if (j.contains("hidden_act") && j["hidden_act"] != "silu") refuse("hidden_act", "supported: silu");
             if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) c.rope_scaling = parse_rope_scaling(j, name);
-            if (qwen2 && j.value("use_sliding_window", false))
+            if ((qwen2 || qwen3) && j.value("use_sliding_window", false))
                 refuse("use_sliding_window", "sliding-window attention is not implemented yet; set it to false");
             if (!qwen2 && j.value("attention_bias", false)) refuse("attention_bias", "LLaMA projections have no biases");
             if (j.value("mlp_bias", false)) refuse("mlp_bias", "LLaMA projections have no biases");
-            if (j.contains("head_dim") && !j["head_dim"].is_null() && c.n_head > 0 &&
-                (c.n_embd % c.n_head != 0 || int_field(j, "head_dim", name) != c.n_embd / c.n_head))
-                c.head_size = int_field(j, "head_dim", name);
+            // Explicit when it differs from C / NH; Qwen3Config's default is 128.
+            const int hd = j.contains("head_dim") && !j["head_dim"].is_null() ? int_field(j, "head_dim", name)
+                           : qwen3                                              ? 128
+                                                                                : 0;
+            if (hd != 0 && c.n_head > 0 && (c.n_embd % c.n_head != 0 || hd != c.n_embd / c.n_head)) c.head_size = hd;
         } else {
-            throw ConfigError(fmt::format("{}: model_type '{}' is not supported (supported: gpt2, llama, qwen2, mistral)", name, type));
+            throw ConfigError(fmt::format("{}: model_type '{}' is not supported (supported: gpt2, llama, qwen2, qwen3, mistral)",
+                                          name, type));
         }
     } catch (const nlohmann::json::exception & e) {
         throw ConfigError(fmt::format("{}: missing or malformed field ({})", name, e.what()));
@@ -326,8 +334,10 @@ nlohmann::json rope_scaling_json(const Rope & r) {
 nlohmann::json hf_config_fields(const ModelConfig & cfg) {
     if (cfg.llama()) {
         const std::string type = cfg.model_type;
-        const char * arch = type == "qwen2" ? "Qwen2ForCausalLM" : type == "mistral" ? "MistralForCausalLM"
-                                                                                      : "LlamaForCausalLM";
+        const char * arch = type == "qwen2"     ? "Qwen2ForCausalLM"
+                            : type == "qwen3"   ? "Qwen3ForCausalLM"
+                            : type == "mistral" ? "MistralForCausalLM"
+                                                : "LlamaForCausalLM";
         nlohmann::json j = {{"architectures", {arch}},
                 {"model_type", type},
                 {"vocab_size", cfg.vocab_size},
@@ -345,7 +355,8 @@ nlohmann::json hf_config_fields(const ModelConfig & cfg) {
                 {"tie_word_embeddings", cfg.tied_head},
                 {"torch_dtype", "float32"}};
         if (type == "llama") j["attention_bias"] = j["mlp_bias"] = false;
-        if (type == "qwen2") j["use_sliding_window"] = false;
+        if (type == "qwen2" || type == "qwen3") j["use_sliding_window"] = false;
+        if (type == "qwen3") j["attention_bias"] = false;
         if (type == "mistral")
             j["sliding_window"] = cfg.sliding_window > 0 ? nlohmann::json(cfg.sliding_window) : nlohmann::json(nullptr);
         return j;

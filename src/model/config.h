@@ -3,7 +3,8 @@
 //   gpt2   learned positions, LayerNorm with bias, biased Conv1D projections, GELU MLP of 4C,
 //          LM head tied to the token embedding
 //   llama  rotary positions (rotate-half, rope_theta), RMSNorm, no biases, SwiGLU MLP of
-//          ffn_dim, grouped-query attention (n_kv_head <= n_head), LM head tied or not
+//          ffn_dim, grouped-query attention (n_kv_head <= n_head), LM head tied or not; its
+//          model_types qwen2 (q/k/v biases), qwen3 (q/k norms) and mistral (sliding window)
 #pragma once
 
 #include <algorithm>
@@ -34,10 +35,12 @@ struct ModelConfig {
     Rope  rope_scaling;          // its theta is unused: rope() takes rope_theta
     float ln_eps     = 1e-5f;    // layer_norm_epsilon / rms_norm_eps
     bool  tied_head  = true;     // LM head reads the token embedding
-    // The llama family's config.json model_type: llama, qwen2 (biases on q, k and v) or mistral
-    // (sliding_window). Export writes it back with its architecture class.
+    // The llama family's config.json model_type: llama, qwen2 (biases on q, k and v), qwen3
+    // (per-head RMSNorm on q and k before RoPE) or mistral (sliding_window). Export writes it back
+    // with its architecture class.
     std::string model_type = "llama";
     bool  qkv_bias   = false;    // llama family: q, k and v have biases (Qwen2)
+    bool  qk_norm    = false;    // llama family: q_norm and k_norm, RMSNorm over each head (Qwen3)
     int   sliding_window = 0;    // mistral: each query attends to at most this many keys (0: all)
     // Positions training has covered (config.json's memfit_trained_context): a model trained at
     // --seq 128 with 256 positions never trained 128-255. 0: unknown, taken as all of max_seq (a
@@ -68,9 +71,6 @@ struct ModelConfig {
     int64_t num_params() const;  // requires vocab_size > 0
     // Throws ConfigError naming the first bad field and why.
     void validate() const;
-    // Throws ConfigError unless sequences of `tokens` fit sliding_window (memfit has no
-    // sliding-window attention yet: within the window it is plain causal attention).
-    void check_window(int tokens, const char * what) const;
 };
 
 // Dense FLOPs per token of training (forward + backward): 6 N + 12 L H T, N the parameters that
@@ -83,14 +83,15 @@ double train_flops_per_token(const ModelConfig & cfg, int seq);
 ModelConfig model_preset(const std::string & name);
 std::vector<std::string> preset_names();
 // A Hugging Face config.json: model_type gpt2 (n_embd, n_layer, n_head, n_positions, vocab_size,
-// layer_norm_epsilon) or llama (hidden_size, intermediate_size, num_hidden_layers,
+// layer_norm_epsilon) or llama, qwen2, qwen3, mistral (hidden_size, intermediate_size, num_hidden_layers,
 // num_attention_heads, num_key_value_heads, max_position_embeddings, rms_norm_eps, rope_theta,
-// rope_scaling of rope_type llama3 or linear, tie_word_embeddings), both with memfit's kTrainedContextKey (ModelConfig::trained_seq) when
+// rope_scaling of rope_type llama3 or linear, tie_word_embeddings, head_dim, sliding_window), both with memfit's kTrainedContextKey (ModelConfig::trained_seq) when
 // present. Throws IoError / ConfigError.
 ModelConfig load_hf_config(const std::string & path);
 // The same from parsed JSON; `name` names the source in errors.
 ModelConfig parse_hf_config(const nlohmann::json & j, const std::string & name);
-// The config.json transformers loads (GPT2LMHeadModel or LlamaForCausalLM), plus the trained
+// The config.json transformers loads (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM,
+// Qwen3ForCausalLM or MistralForCausalLM), plus the trained
 // context when known (transformers keeps unknown keys as config attributes).
 nlohmann::json hf_config_json(const ModelConfig & cfg);
 constexpr const char * kTrainedContextKey = "memfit_trained_context";

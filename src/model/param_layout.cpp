@@ -45,6 +45,10 @@ ParamLayout make_param_layout(const ModelConfig & cfg) {
                 add(h + "self_attn.k_proj.bias", {KV});
                 add(h + "self_attn.v_proj.bias", {KV});
             }
+            if (cfg.qk_norm) {   // Qwen3: RMSNorm over each head of q and of k
+                add(h + "self_attn.q_norm.weight", {cfg.head_dim()});
+                add(h + "self_attn.k_norm.weight", {cfg.head_dim()});
+            }
             add(h + "self_attn.o_proj.weight", {C, A});
             add(h + "post_attention_layernorm.weight", {C});
             add(h + "mlp.gate_proj.weight", {F, C});

@@ -120,13 +120,17 @@ KeepSet layer_keep_cost(const ModelConfig & cfg, int B, int T, bool flash, DType
     const uint64_t stats = (cfg.llama() ? 1 : 2) * BT * 4;   // (mean and) rstd, f32
     const bool llama = cfg.llama();
     const double R = double(cfg.n_head + cfg.kv_heads()) * cfg.head_dim();   // elements RoPE rotates per row
+    const uint64_t QKH = cfg.qk_norm ? uint64_t(cfg.n_head + cfg.kv_heads()) : 0;
+    const uint64_t qk_norm_bytes = BT * QKH * (uint64_t(cfg.head_dim()) * s + 4);
+    const double qk_norm_flops = 4.0 * bt * double(QKH) * cfg.head_dim();
     struct Unit { uint64_t bytes; double flops; };
     // Bytes kept and FLOPs to recompute, per unit (attention's FLOPs are counted once below), as
     // Graph records them: norms 8 (LayerNorm) or 4 (RMSNorm) per element, RoPE 3 per rotated
     // element (kRopeFlops), GELU 10 and SwiGLU 6 per output element.
     const Unit units[int(Saved::count)] = {
         {BTC * s + stats, (llama ? 4.0 : 8.0) * bt * C},                                   // ln1
-        {uint64_t(Q) * BT * s, 2.0 * bt * C * Q + (llama ? kRopeFlops * bt * R : 0)},  // qkv (+ RoPE)
+        // qkv (+ RoPE; + Qwen3's q/k norms: their inputs and rstd kept, 4 FLOPs per element)
+        {uint64_t(Q) * BT * s + qk_norm_bytes, 2.0 * bt * C * Q + (llama ? kRopeFlops * bt * R : 0) + qk_norm_flops},
         {BT * uint64_t(H) * s + (flash ? uint64_t(B) * uint64_t(cfg.n_head) * uint64_t(T) * 4 : 0), 0},   // attn_out (+ lse)
         {flash ? 0 : uint64_t(B) * uint64_t(cfg.n_head) * uint64_t(T) * uint64_t(T) * s, 0},   // attn_probs
         {BTC * s, 2.0 * bt * H * C + bt * C},                                 // res2: proj matmul + residual

@@ -45,9 +45,10 @@ ModelConfig tp_local_config(const ModelConfig & cfg, int T) {
         throw ConfigError(fmt::format("--tp {}: model '{}' has {} = {}, not divisible by {}; pick a --tp that divides it",
                                       T, cfg.name, what, n, T));
     };
-    if (cfg.qkv_bias)
-        throw ConfigError(fmt::format("--tp {}: model '{}' ({}) has q, k and v biases, which tensor parallelism does not "
-                                      "split yet; train it with data parallelism (--zero)", T, cfg.name, cfg.model_type));
+    if (cfg.qkv_bias || cfg.qk_norm)
+        throw ConfigError(fmt::format("--tp {}: model '{}' ({}) has {}, which tensor parallelism does not split yet; "
+                                      "train it with data parallelism (--zero)",
+                                      T, cfg.name, cfg.model_type, cfg.qkv_bias ? "q, k and v biases" : "q and k norms"));
     if (cfg.n_head % T) refuse("n_head", cfg.n_head);
     // Fewer KV heads than ranks: each rank holds the one its query heads read (replicated).
     if (cfg.kv_heads() % T && T % cfg.kv_heads())

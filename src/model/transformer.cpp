@@ -51,6 +51,8 @@ ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, 
             y.qkvw = fused({h + "self_attn.q_proj.weight", h + "self_attn.k_proj.weight", h + "self_attn.v_proj.weight"});
             if (cfg.qkv_bias) y.qkvb = fused({h + "self_attn.q_proj.bias", h + "self_attn.k_proj.bias",
                                                    h + "self_attn.v_proj.bias"});
+            y.qnw = view(h + "self_attn.q_norm.weight");
+            y.knw = view(h + "self_attn.k_norm.weight");
             y.projw = view(h + "self_attn.o_proj.weight");
             y.ln2w = view(h + "post_attention_layernorm.weight");
             y.fcw = fused({h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"});
@@ -139,6 +141,11 @@ Transformer::LayerActs Transformer::declare_layer(Program & program, const std::
     if (!llama_) a.ln1_mean = stats("ln_1.mean");
     a.ln1_rstd = stats("ln_1.rstd");
     a.qkv = act("attn.qkv", {b, t, Q});
+    if (cfg_.qk_norm) {
+        const int64_t heads = NH + cfg_.kv_heads();
+        a.qk_raw = act("attn.qk_norm.in", {b, t, heads * cfg_.head_dim()});
+        a.qk_rstd = act("attn.qk_norm.rstd", {b, t, heads}, true);
+    }
     if (gqa_) a.qkv_rep = act("attn.qkv_rep", {b, t, QR});
     if (flash_) a.lse = act("attn.lse", {b, NH, t}, true);
     else a.att = act("attn.probs", {b, NH, t, t});
@@ -148,8 +155,14 @@ Transformer::LayerActs Transformer::declare_layer(Program & program, const std::
     a.ln2 = stream("ln_2.out");
     if (!llama_) a.ln2_mean = stats("ln_2.mean");
     a.ln2_rstd = stats("ln_2.rstd");
-    a.fch = act("mlp.fc", {b, t, F});
-    a.fch_gelu = act(llama_ ? "mlp.swiglu" : "mlp.gelu", {b, t, A});
+    // TiledMLP: one chunk of rows (M) of the MLP's intermediates at a time, kept by nothing.
+    const int64_t M = mlp_rows_;
+    auto mlp = [&](const std::string & name, int64_t width) {
+        return M > 0 ? act(name + ".chunk", {M, width}) : act(name, {b, t, width});
+    };
+    const std::string actname = llama_ ? "mlp.swiglu" : "mlp.gelu";
+    a.fch = mlp("mlp.fc", F);
+    a.fch_gelu = mlp(actname, A);
     a.fcproj = act("mlp.proj", {b, t, C});
     a.res3 = stream("residual_mlp");
     if (sp_) {
@@ -171,8 +184,12 @@ Transformer::LayerActs Transformer::declare_layer(Program & program, const std::
     if (with_backward) {
         a.tp_dln1 = tp_scratch(program, h + "ln_1.out.grad.tp_sum", b * t * C);
         a.tp_dln2 = tp_scratch(program, h + "ln_2.out.grad.tp_sum", b * t * C);
-        a.dfch_gelu = act(llama_ ? "mlp.swiglu.grad" : "mlp.gelu.grad", {b, t, A});
-        a.dfch = act("mlp.fc.grad", {b, t, F});
+        a.dfch_gelu = mlp(actname + ".grad", A);
+        a.dfch = mlp("mlp.fc.grad", F);
+        if (M > 0) {
+            a.fch_b = act("mlp.fc.chunk.bwd", {M, F});
+            a.fch_gelu_b = act(actname + ".chunk.bwd", {M, A});
+        }
         a.dln2 = act("ln_2.out.grad", {b, t, C});
         a.datty = act("attn.out.grad", {b, t, H});
         a.dqkv = act("attn.qkv.grad", {b, t, Q});
@@ -189,7 +206,6 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
     : cfg_(cfg), B_(B), T_(T), lb_(opt.layer_begin), le_(opt.layer_end < 0 ? cfg.n_layer : opt.layer_end),
       prefix_(opt.prefix), tp_(opt.tp), sp_(opt.tp.enabled() && opt.tp.sequence),
       rows_(sp_ ? int64_t(B) * T / opt.tp.ranks : int64_t(B) * T) {
-    if (opt.kv_capacity > 0) cfg.check_window(opt.kv_capacity, "a generation context (prompt + --max-new-tokens)");
     MF_ASSERT(!sp_ || rows_ * opt.tp.ranks == int64_t(B) * T);
     MF_ASSERT(lb_ >= 0 && lb_ < le_ && le_ <= cfg.n_layer);
     MF_ASSERT((lb_ == 0 && le_ == cfg.n_layer) || (!opt.lora.enabled() && opt.kv_capacity == 0 && !opt.keep_logits));
@@ -200,6 +216,10 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
     wl_ = llama_ ? WeightLayout::out_in : WeightLayout::in_out;
     flash_ = opt.flash_attention;
     dt_ = opt.compute;
+    if (opt.mlp_chunk > 0 && opt.mlp_chunk < int64_t(B) * T && opt.kv_capacity == 0) {
+        MF_ASSERT(!opt.lora.enabled() && !tp_.enabled() && "TiledMLP: no LoRA or tensor parallelism (run/compat.cpp)");
+        mlp_rows_ = opt.mlp_chunk;
+    }
     if (opt.with_backward) rc_plan_ = opt.recompute;
     auto act = [&](const std::string & name, std::initializer_list<int64_t> dims, bool f32 = false) {
         return this->act(program, name, dims, f32);
@@ -325,9 +345,10 @@ void Transformer::norm_bwd(Graph & g, Tensor dx, Tensor dw, Tensor db, Tensor do
     else g.layernorm_bwd(dx, dw, db, dout, x, w, mean, rstd);
 }
 
-void Transformer::qkv_fwd(Graph & g, Tensor qkv, Tensor ln1, const ModelWeights::Layer & p, int pos0, bool rc) const {
-    project(g, qkv, ln1, p, Proj::qkv, rc);
-    if (llama_) g.rope_fwd(qkv, cfg_.n_head, cfg_.kv_heads(), cfg_.rope(), pos0, docs_);
+void Transformer::qkv_fwd(Graph & g, const LayerActs & a, Tensor ln1, const ModelWeights::Layer & p, int pos0) const {
+    project(g, a.qkv, ln1, p, Proj::qkv, a.rc);
+    if (cfg_.qk_norm) g.qk_norm_fwd(a.qkv, a.qk_raw, a.qk_rstd, p.qnw, p.knw, cfg_.n_head, cfg_.kv_heads(), cfg_.ln_eps);
+    if (llama_) g.rope_fwd(a.qkv, cfg_.n_head, cfg_.kv_heads(), cfg_.rope(), pos0, docs_);
 }
 
 void Transformer::attention_fwd(Graph & g, Tensor out, Tensor lse, Tensor att, Tensor rep, Tensor qkv) const {
@@ -340,7 +361,8 @@ void Transformer::attention_fwd(Graph & g, Tensor out, Tensor lse, Tensor att, T
     else g.attention_fwd(out, att, qkv, NH, attention_start());
 }
 
-void Transformer::attention_bwd(Graph & g, const LayerActs & a) const {
+void Transformer::attention_bwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p,
+                                const ModelWeights::Layer & dp) const {
     const int NH = cfg_.n_head, KVH = cfg_.kv_heads();
     Tensor qkv = a.qkv, dqkv = a.dqkv;
     if (gqa_) {
@@ -352,11 +374,46 @@ void Transformer::attention_bwd(Graph & g, const LayerActs & a) const {
     else g.attention_bwd(dqkv, a.datty, qkv, a.att, NH, attention_start());
     if (gqa_) g.repeat_kv_bwd(a.dqkv, a.dqkv_rep, NH, KVH);
     if (llama_) g.rope_bwd(a.dqkv, NH, KVH, cfg_.rope(), 0, docs_);
+    if (cfg_.qk_norm) g.qk_norm_bwd(a.dqkv, dp.qnw, dp.knw, a.qk_raw, p.qnw, p.knw, a.qk_rstd, NH, KVH);
 }
 
 void Transformer::act_fwd(Graph & g, Tensor out, Tensor fc) const {
     if (llama_) g.swiglu_fwd(out, fc);
     else g.gelu_fwd(out, fc);
+}
+
+void Transformer::act_bwd(Graph & g, Tensor dfc, Tensor dout, Tensor fc) const {
+    if (llama_) g.swiglu_bwd(dfc, dout, fc);
+    else g.gelu_bwd(dfc, dout, fc);
+}
+
+void Transformer::mlp_tiled_fwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p) const {
+    const int64_t C = cfg_.n_embd, F = cfg_.fc_dim(), A = cfg_.ffn_dim(), N = rows_;
+    for (int64_t r0 = 0; r0 < N; r0 += mlp_rows_) {
+        const int64_t n = std::min<int64_t>(mlp_rows_, N - r0);
+        const Tensor fc = a.fch.view(0, {n, F}), h = a.fch_gelu.view(0, {n, A});
+        project(g, fc, a.ln2.view(r0 * C, {n, C}), p, Proj::fc, a.rc);
+        act_fwd(g, h, fc);
+        project(g, a.fcproj.view(r0 * C, {n, C}), h, p, Proj::down, a.rc);
+    }
+}
+
+void Transformer::mlp_tiled_bwd(Graph & g, const LayerActs & a, const LayerActs & own, const ModelWeights::Layer & p,
+                                const ModelWeights::Layer & dp) const {
+    const int64_t C = cfg_.n_embd, F = cfg_.fc_dim(), A = cfg_.ffn_dim(), N = rows_;
+    for (int64_t r0 = 0; r0 < N; r0 += mlp_rows_) {
+        const int64_t n = std::min<int64_t>(mlp_rows_, N - r0);
+        const Tensor x = a.ln2.view(r0 * C, {n, C});
+        const Tensor fc = own.fch_b.view(0, {n, F}), h = own.fch_gelu_b.view(0, {n, A});
+        g.phase(Phase::recompute);
+        project(g, fc, x, p, Proj::fc, true);
+        act_fwd(g, h, fc);
+        g.phase(Phase::backward);
+        const Tensor dh = own.dfch_gelu.view(0, {n, A}), dfc = own.dfch.view(0, {n, F});
+        project_bwd(g, dh, dres_.view(r0 * C, {n, C}), h, p, dp, Proj::down);
+        act_bwd(g, dfc, dh, fc);
+        project_bwd(g, a.dln2.view(r0 * C, {n, C}), dfc, x, p, dp, Proj::fc);
+    }
 }
 
 namespace {
@@ -435,15 +492,21 @@ void Transformer::layer_forward(Graph & g, const LayerActs & a, const ModelWeigh
                                 bool need_output, int cache, int pos0) const {
     const Phase phase = a.rc ? Phase::recompute : Phase::forward;
     norm_fwd(g, a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b);
-    qkv_fwd(g, a.qkv, gather_rows(g, a.ln1, a.ln1g, phase), p, pos0, a.rc);
+    qkv_fwd(g, a, gather_rows(g, a.ln1, a.ln1g, phase), p, pos0);
     if (cache >= 0)
         g.cached_attention_fwd(a.atty, a.qkv, kcache_[size_t(cache)], vcache_[size_t(cache)], pos0, cfg_.n_head,
-                               cfg_.kv_heads());
+                               cfg_.kv_heads(), cfg_.sliding_window);
     else
         attention_fwd(g, a.atty, a.lse, a.att, a.qkv_rep, a.qkv);
     project(g, a.attproj, a.atty, p, Proj::o, a.rc);
     g.residual_fwd(a.res2, x, reduce_rows(g, a.attproj, a.attproj_s, a.tp_attn, phase));
     norm_fwd(g, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b);
+    if (mlp_rows_ > 0) {   // TiledMLP (the last layer of a recomputed segment needs none of it)
+        if (!need_output) return;
+        mlp_tiled_fwd(g, a, p);
+        g.residual_fwd(a.res3, a.res2, a.fcproj);
+        return;
+    }
     project(g, a.fch, gather_rows(g, a.ln2, a.ln2g, phase), p, Proj::fc, a.rc);
     act_fwd(g, a.fch_gelu, a.fch);
     if (!need_output) return;
@@ -483,7 +546,10 @@ void Transformer::forward(Graph & g, const ModelWeights & w, Tensor tokens, cons
 
 void Transformer::decode(Graph & g, const ModelWeights & w, Tensor tokens, int pos0) const {
     const int64_t C = cfg_.n_embd;
-    MF_ASSERT(!kcache_.empty() && pos0 >= 0 && pos0 + T_ <= kcache_[0].dim(1) && pos0 + T_ <= cfg_.max_seq);
+    // A sliding window's rolling cache takes T new rows beside the window's W - 1 older ones.
+    const int64_t rows = kcache_.empty() ? 0 : kcache_[0].dim(1), W = cfg_.sliding_window;
+    MF_ASSERT(rows > 0 && pos0 >= 0 && pos0 + T_ <= cfg_.max_seq &&
+              (pos0 + T_ <= rows || (W > 0 && T_ + W - 1 <= rows)));
     g.phase(Phase::forward);
     g.layer(-1);
     g.encoder_fwd(encoded_, tokens, w.wte, llama_ ? Tensor{} : w.wpe.view(pos0 * C, {int64_t(T_), C}));
@@ -559,8 +625,8 @@ Transformer::LayerActs Transformer::recompute_dropped(Graph & g, int l, const Mo
         a.ln1 = r.ln1, a.ln1_mean = r.ln1_mean, a.ln1_rstd = r.ln1_rstd;
     }
     if (dropped(Saved::qkv)) {
-        qkv_fwd(g, r.qkv, gather_rows(g, a.ln1, r.ln1g, Phase::recompute), p, 0, true);
-        a.qkv = r.qkv;
+        qkv_fwd(g, r, gather_rows(g, a.ln1, r.ln1g, Phase::recompute), p, 0);
+        a.qkv = r.qkv, a.qk_raw = r.qk_raw, a.qk_rstd = r.qk_rstd;
     }
     // One attention forward recomputes the output and the probabilities (or lse) together; a
     // kept one of the pair is rewritten with the identical values it holds.
@@ -579,11 +645,11 @@ Transformer::LayerActs Transformer::recompute_dropped(Graph & g, int l, const Mo
         norm_fwd(g, r.ln2, r.ln2_mean, r.ln2_rstd, a.res2, p.ln2w, p.ln2b);
         a.ln2 = r.ln2, a.ln2_mean = r.ln2_mean, a.ln2_rstd = r.ln2_rstd;
     }
-    if (dropped(Saved::fc)) {
+    if (dropped(Saved::fc) && mlp_rows_ == 0) {   // TiledMLP: backward recomputes chunk by chunk
         project(g, r.fch, gather_rows(g, a.ln2, r.ln2g, Phase::recompute), p, Proj::fc, true);
         a.fch = r.fch;
     }
-    if (dropped(Saved::gelu)) {
+    if (dropped(Saved::gelu) && mlp_rows_ == 0) {
         act_fwd(g, r.fch_gelu, a.fch);
         a.fch_gelu = r.fch_gelu;
     }
@@ -641,14 +707,18 @@ void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights
         g.layer(l);
         // dres holds d(residual_mlp); the MLP branch's output gradient is the same tensor.
         const LayerActs & own = acts(l);   // the layer's own gradient and gather buffers
-        project_bwd(g, a.dfch_gelu, gather_rows(g, dres_, own.dres_g1, Phase::backward), a.fch_gelu, p, dp, Proj::down);
-        if (llama_) g.swiglu_bwd(a.dfch, a.dfch_gelu, a.fch);
-        else g.gelu_bwd(a.dfch, a.dfch_gelu, a.fch);
-        project_bwd(g, a.dln2, a.dfch, gather_rows(g, a.ln2, own.ln2g_b, Phase::backward), p, dp, Proj::fc);
+        if (mlp_rows_ > 0) {
+            mlp_tiled_bwd(g, a, own, p, dp);
+        } else {
+            project_bwd(g, a.dfch_gelu, gather_rows(g, dres_, own.dres_g1, Phase::backward), a.fch_gelu, p, dp,
+                        Proj::down);
+            act_bwd(g, a.dfch, a.dfch_gelu, a.fch);
+            project_bwd(g, a.dln2, a.dfch, gather_rows(g, a.ln2, own.ln2g_b, Phase::backward), p, dp, Proj::fc);
+        }
         const Tensor dln2 = reduce_rows(g, a.dln2, own.dln2_s, own.tp_dln2, Phase::backward);
         norm_bwd(g, dres_, dp.ln2w, dp.ln2b, dln2, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd);
         project_bwd(g, a.datty, gather_rows(g, dres_, own.dres_g2, Phase::backward), a.atty, p, dp, Proj::o);
-        attention_bwd(g, a);
+        attention_bwd(g, a, p, dp);
         project_bwd(g, a.dln1, a.dqkv, gather_rows(g, a.ln1, own.ln1g_b, Phase::backward), p, dp, Proj::qkv);
         const Tensor dln1 = reduce_rows(g, a.dln1, own.dln1_s, own.tp_dln1, Phase::backward);
         norm_bwd(g, dres_, dp.ln1w, dp.ln1b, dln1, x, p.ln1w, a.ln1_mean, a.ln1_rstd);

@@ -6,6 +6,7 @@
 //
 // One layer, GPT-2 | LLaMA where they differ:
 //   ln_1 = LayerNorm | RMSNorm (x);  qkv = ln_1 . W_qkv (+ b) | then RoPE on q and k, in place
+//     (Qwen3 first normalizes each q and k head, keeping the inputs: qk_raw, qk_rstd)
 //   attention (causal; LLaMA's grouped KV heads are repeated into a transient full q|k|v first)
 //   res2 = x + attn . W_o (+ b);  ln_2 = norm (res2);  fc = ln_2 . W_fc (+ b)   [4C | gate|up 2F]
 //   act = GELU (fc) | silu(gate) * up;  res3 = res2 + act . W_down (+ b)
@@ -36,6 +37,7 @@ struct ModelWeights {
     };
     struct Layer {
         Tensor ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
+        Tensor qnw, knw;   // Qwen3's q and k norms [head_dim]
         // A quantized base (LoRA): the projections' packed weights; the Tensor ones are invalid.
         QWeight qkvq, projq, fcq, fcprojq;
         std::vector<Adapter> adapters;
@@ -63,6 +65,10 @@ struct ModelOptions {
     bool with_backward = false;  // declare the backward pass's gradient buffers
     bool keep_logits = false;    // logits persistent, so the host can read them after the step
     int  loss_chunk = 0;         // rows (tokens) per LM-head + loss chunk; 0: the whole batch at once
+    // TiledMLP: rows (tokens) per MLP chunk. Forward runs fc, activation and the second matmul
+    // one chunk at a time, keeping none of the [rows, 4C] (2F) intermediates; backward recomputes
+    // each chunk's and takes its gradient before the next. 0 (or >= B*T): untiled.
+    int  mlp_chunk = 0;
     bool flash_attention = false;// tiled attention: saves one log-sum-exp per query, not the T x T probabilities
     // Packed documents: the step declares each token's document start (Backend's doc_start) and
     // hands it to set_doc_start(); the embedding, RoPE and attention then keep to documents.
@@ -84,8 +90,8 @@ struct ModelOptions {
     bool sgd = false;
     size_t offload_unit = kOffloadUnit;   // elements per staged unit (tests use small ones)
     // > 0: a decode program instead (forward only, B = 1): T new tokens attend over persistent
-    // KV caches of this many positions ("kv_cache.<l>.k|v", activations), and only the last
-    // token's logits are kept ("logits" [1, V]).
+    // KV caches of this many rows ("kv_cache.<l>.k|v", activations; a ring under a sliding
+    // window, infer/decoder.h), and only the last token's logits are kept ("logits" [1, V]).
     int kv_capacity = 0;
     // LoRA adapters on the projections (rank 0: none); the base may be frozen (train/step.h).
     LoraOptions lora;
@@ -160,10 +166,12 @@ public:
 
 private:
     struct LayerActs {
-        Tensor ln1, ln1_mean, ln1_rstd, qkv, qkv_rep, att, lse, atty, attproj, res2, ln2, ln2_mean, ln2_rstd, fch,
+        Tensor ln1, ln1_mean, ln1_rstd, qkv, qk_raw, qk_rstd, qkv_rep, att, lse, atty, attproj, res2, ln2, ln2_mean, ln2_rstd, fch,
             fch_gelu, fcproj, res3;
         // backward (qkv_rep_b, dqkv_rep: the repeated heads, grouped-query attention only)
         Tensor dfch_gelu, dfch, dln2, datty, dqkv, dln1, qkv_rep_b, dqkv_rep;
+        // TiledMLP: backward's recomputed chunk (fch, fch_gelu and their gradients are chunks too)
+        Tensor fch_b, fch_gelu_b;
         // Tensor parallel, 16-bit: the fp32 copies of the four sums while in flight
         Tensor tp_attn, tp_mlp, tp_dln1, tp_dln2;
         // Sequence parallel: the norm outputs gathered whole (forward; again in backward), the
@@ -190,11 +198,19 @@ private:
     void norm_fwd(Graph & g, Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, Tensor b) const;
     void norm_bwd(Graph & g, Tensor dx, Tensor dw, Tensor db, Tensor dout, Tensor x, Tensor w, Tensor mean,
                   Tensor rstd) const;
-    void qkv_fwd(Graph & g, Tensor qkv, Tensor ln1, const ModelWeights::Layer & p, int pos0, bool rc) const;
+    // q|k|v of `a` (its qkv, and qk_raw/qk_rstd with Qwen3's norms) from ln1.
+    void qkv_fwd(Graph & g, const LayerActs & a, Tensor ln1, const ModelWeights::Layer & p, int pos0) const;
     // Attention from qkv into out and lse | att; `rep` is the repeated-heads buffer (GQA).
     void attention_fwd(Graph & g, Tensor out, Tensor lse, Tensor att, Tensor rep, Tensor qkv) const;
-    void attention_bwd(Graph & g, const LayerActs & a) const;
+    void attention_bwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p,
+                       const ModelWeights::Layer & dp) const;
     void act_fwd(Graph & g, Tensor out, Tensor fc) const;
+    void act_bwd(Graph & g, Tensor dfc, Tensor dout, Tensor fc) const;
+    // TiledMLP: the MLP of `a` chunk by chunk, from a.ln2 into a.fcproj; and its backward from
+    // d(residual_mlp) = dres_, each chunk recomputed into own's backward chunk buffers, into a.dln2.
+    void mlp_tiled_fwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p) const;
+    void mlp_tiled_bwd(Graph & g, const LayerActs & a, const LayerActs & own, const ModelWeights::Layer & p,
+                       const ModelWeights::Layer & dp) const;
     // One block projection: out = inp . W (+ b), dense or quantized, plus the layer's adapters on it.
     void project(Graph & g, Tensor out, Tensor inp, const ModelWeights::Layer & p, Proj proj, bool rc) const;
     // Its backward: dinp (written), and the weight, bias and adapter gradients that dp holds.
@@ -227,6 +243,7 @@ private:
     DType dt_ = DType::f32;
     std::vector<LayerActs> rc_;   // recomputed activations (used by backward) when recomputing
     int chunk_rows_ = 0;   // rows per head chunk (B*T when unchunked)
+    int mlp_rows_ = 0;     // rows per MLP chunk (TiledMLP); 0: untiled
     bool flash_ = false;
     Tensor docs_;                 // packed documents' starts (invalid: one document per row)
     Tensor attn_lo_;              // sliding window: each query's first key (invalid: docs_ bounds attention)

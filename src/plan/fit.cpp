@@ -67,6 +67,7 @@ EngineOptions engine_options(const RunConfig & r, const ModelConfig & cfg, const
     eo.T = r.seq;
     eo.grad_accum = r.grad_accum;
     eo.loss_chunk = r.loss_chunk;
+    eo.mlp_chunk = r.mlp_chunk;
     eo.documents = r.packing;
     eo.with_eval = with_eval;
     eo.budget = r.budget;

@@ -145,7 +145,10 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     const uint64_t BTC = uint64_t(b) * uint64_t(seq) * uint64_t(cfg.n_embd) * s;
     const uint32_t mask = c.recompute.uniform_mask("the planner");
     const uint64_t rows = uint64_t(b) * uint64_t(seq);
+    // TiledMLP: the MLP's intermediates are never kept; its working set is chunks of M rows.
+    const uint64_t M = c.mlp_chunk > 0 && uint64_t(c.mlp_chunk) < rows ? uint64_t(c.mlp_chunk) : 0;
     auto unit = [&](Saved u) -> uint64_t {
+        if (M > 0 && (u == Saved::fc || u == Saved::gelu)) return 0;
         const uint64_t bytes = layer_keep_cost(cfg, b, seq, c.flash(), c.compute, 1u << int(u)).bytes;
         if (!lp) return bytes;
         // LoRA: a frozen projection's input is kept only for its adapter's dA.
@@ -178,16 +181,22 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     }
     const uint64_t kept = uint64_t(std::ceil(double(per_layer * uint64_t(layers)) * in_flight));
     // One layer's backward working set (its activation gradients) and what it recomputes.
+    const uint32_t mlp_units = (1u << int(Saved::fc)) | (1u << int(Saved::gelu));
+    const uint32_t rc_mask = M > 0 ? mask | mlp_units : mask;   // tiled: the MLP is recomputed per chunk
     const uint64_t all = layer_keep_cost(cfg, b, seq, c.flash(), c.compute, kKeepAll).bytes;
-    const uint64_t rc = all - layer_keep_cost(cfg, b, seq, c.flash(), c.compute, mask).bytes;
-    const uint64_t grads = uint64_t(b) * uint64_t(seq) * uint64_t(cfg.fc_dim() + cfg.ffn_dim() + cfg.qkv_dim()) * s / tp +
-                           3 * BTC;
+    const uint64_t rc = all - layer_keep_cost(cfg, b, seq, c.flash(), c.compute, rc_mask).bytes;
+    // Tiled: one chunk's recomputed intermediates and their gradients, 2 M (F + A).
+    const uint64_t mlp_work = M > 0 ? 2 * M * uint64_t(cfg.fc_dim() + cfg.ffn_dim()) * s / tp
+                                    : rows * uint64_t(cfg.fc_dim() + cfg.ffn_dim()) * s / tp;
+    const uint64_t grads = mlp_work + rows * uint64_t(cfg.qkv_dim()) * s / tp + 3 * BTC;
     // LoRA's backward transients: dd, du, and with dropout the regenerated dropped input and its
     // gradient (the forward's dropped copy is gone by then).
     const uint64_t lora_grads = !lp ? 0
                               : rows * uint64_t(lp->max_site_cols + lp->opts.rank) * s +
                                     (lp->opts.dropout > 0 ? 2 * rows * uint64_t(lp->max_site_in) * s : 0);
-    const uint64_t logits = uint64_t(b) * uint64_t(seq) * uint64_t(cfg.vocab_size) * 4 / tp;
+    // One loss chunk's fp32 logits (the whole micro-batch's unchunked), as the engine declares.
+    const uint64_t logit_rows = c.loss_chunk > 0 ? std::min<uint64_t>(uint64_t(c.loss_chunk), rows) : rows;
+    const uint64_t logits = logit_rows * uint64_t(cfg.vocab_size) * 4 / tp;
     // memfit's interleaved schedule completes its sends at the step's end: every chunk output
     // and input gradient a stage sends stays live until then (the first stage's V m outputs and
     // (V - 1) m gradients), one boundary activation each.

@@ -27,7 +27,9 @@
 //                 pipeline stage holds m micro-batches in flight under GPipe, min(m, pp) under
 //                 1F1B, and min(m, pp) (1 + (pp-1)/(pp v)) under interleaving (Narayanan et al.
 //                 2021). On top: one layer's backward working set, the recomputed units of one
-//                 layer, the fp32 logits of one micro-batch (split by tp: vocabulary-parallel),
+//                 layer, the fp32 logits of one micro-batch or of one --loss-chunk (split by tp:
+//                 vocabulary-parallel); with --mlp-chunk (TiledMLP) the MLP keeps nothing and its
+//                 working set is one chunk's intermediates and their gradients,
 //                 the token ids, targets and losses (12 bytes a token; a pipeline holds all m
 //                 micro-batches'), and under interleaving the (2v - 1) m boundary activations
 //                 the first stage sends, which memfit's schedule keeps until the step's end.

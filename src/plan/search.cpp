@@ -202,6 +202,8 @@ SearchReport search_plans(const PlanRequest & r) {
                         probe.optimizer = r.optimizer;
                         probe.lora_plan = r.lora;
                         probe.packing = r.packing;
+                        probe.loss_chunk = r.loss_chunk;
+                        probe.mlp_chunk = r.mlp_chunk;
                         if (pp > 1) probe.layout.schedule = PipeSchedule::one_f_one_b;
                         const double probe_bound = bytes_bound(cfg, probe, r.seq);
                         const DeviceMemory floor = probe_bound < kBytesBound ? predict_memory(cfg, r.hw, probe, r.seq)
@@ -242,6 +244,8 @@ SearchReport search_plans(const PlanRequest & r) {
                                         pr.c.optimizer = r.optimizer;
                                         pr.c.master_weights = r.master_weights;
                                         pr.c.packing = r.packing;
+                                        pr.c.loss_chunk = r.loss_chunk;
+                                        pr.c.mlp_chunk = r.mlp_chunk;
                                         if (L.offload == Offload::optimizer) {
                                             pr.c.offload_fraction = r.offload_fraction;
                                             pr.c.offload_dir = r.offload_dir;

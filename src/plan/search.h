@@ -36,6 +36,8 @@ struct PlanRequest {
     // --packing (instruction data): each token's document start is one more buffer, and the
     // engine runs it with data parallelism only: tensor and pipeline layouts are left out.
     bool packing = false;
+    // --loss-chunk and --mlp-chunk (TiledMLP), tokens per chunk (0: off), fixed for every candidate.
+    int loss_chunk = 0, mlp_chunk = 0;
     std::optional<PipeSchedule> schedule;
     int virtual_stages = 2;                  // interleaved:V
     std::optional<bool> sp, flash;

@@ -50,7 +50,10 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     const Layout & L = c.layout;
     MF_ASSERT(L.dp >= 1 && L.tp >= 1 && L.pp >= 1 && c.micro_batch >= 1 && c.grad_accum >= 1 && seq >= 1);
     MF_ASSERT(L.zero >= 0 && L.zero <= 3);
-    const uint32_t mask = c.recompute.uniform_mask("the time model");
+    // TiledMLP recomputes the MLP's up-projection and activation in backward, whatever the policy.
+    const uint32_t mlp_units = (1u << int(Saved::fc)) | (1u << int(Saved::gelu));
+    const uint32_t mask = c.recompute.uniform_mask("the time model") &
+                          (c.mlp_chunk > 0 && c.mlp_chunk < int64_t(c.micro_batch) * seq ? ~mlp_units : ~0u);
     check_lora_layout(c);
     const double peak = need(hw.flops(c.compute), hw, "FLOP rate for the compute dtype");
     const double mem_bw = need(hw.mem_bw, hw, "memory bandwidth (mem_bw)");

@@ -94,6 +94,10 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
             return std::string(e.what());
         }
     }
+    if (r.mlp_chunk > 0 && (r.lora.rank > 0 || L.tp > 1))
+        return fmt::format("--mlp-chunk {} with {}: the tiled MLP runs dense, untensor-parallel projections only; drop "
+                           "--mlp-chunk (or use --recompute to save the MLP's activations)",
+                           r.mlp_chunk, L.tp > 1 ? fmt::format("--tp {}", L.tp) : std::string("LoRA"));
     if (r.packing && (L.tp > 1 || L.pp > 1))
         return fmt::format("--packing with --{} {}: packed documents run with data parallelism (and ZeRO) only for "
                            "now; drop --packing (one conversation per row) or the {}", L.tp > 1 ? "tp" : "pp",
@@ -120,6 +124,20 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
         }
     }
     return std::nullopt;
+}
+
+ModelConfig run_model(const RunConfig & r) {
+    ModelConfig cfg = resolve_model(r.model);
+    if (r.attention_window == 0) return cfg;
+    if (r.attention_window < 0)
+        throw ConfigError(fmt::format("--attention-window {}: must be positive (0: the model's own)", r.attention_window));
+    if (!cfg.llama() || (cfg.model_type != "llama" && cfg.model_type != "mistral"))
+        throw ConfigError(fmt::format("--attention-window {}: model '{}' ({}) has no sliding-window form that Hugging "
+                                      "Face loads; use a llama or mistral model",
+                                      r.attention_window, cfg.name, cfg.llama() ? cfg.model_type : cfg.family));
+    cfg.model_type = "mistral";
+    cfg.sliding_window = r.attention_window;
+    return cfg;
 }
 
 void check_supported(const RunConfig & r, const ModelConfig & cfg, const Backend * backend) {

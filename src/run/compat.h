@@ -23,6 +23,11 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
 // runs, also asks.
 std::optional<std::string> out_of_range(const RunConfig & r);
 
+// The model a run trains: resolve_model(r.model) with --attention-window applied. A llama
+// model with a window becomes a mistral one (Mistral is LLaMA plus sliding_window, and exports
+// as MistralForCausalLM); GPT-2, Qwen2 and Qwen3 models are refused in one line.
+ModelConfig run_model(const RunConfig & r);
+
 // Throws ConfigError with unsupported()'s reason.
 void check_supported(const RunConfig & r, const ModelConfig & cfg, const Backend * backend);
 

@@ -86,6 +86,8 @@ nlohmann::json run_config_json(const RunConfig & r) {
                         {"attention", attention_name(r.attention)},
                         {"recompute", r.recompute.name()},
                         {"loss-chunk", r.loss_chunk},
+                        {"attention-window", r.attention_window},
+                        {"mlp-chunk", r.mlp_chunk},
                         {"optimizer", optimizer_name(r.optimizer)},
                         {"master-weights", master_weights_name(r.master_weights)},
                         {"clip", r.clip},

@@ -63,6 +63,12 @@ struct RunConfig {
     Attention attention = Attention::auto_;  // flash: no T x T probabilities kept (one log-sum-exp per query)
     Recompute recompute;           // what the layers keep for backward (model/recompute.h)
     int loss_chunk = 0;            // tokens per LM-head + loss chunk: the B x T x V logits never whole (0: off)
+    // Sliding-window attention: each query attends to its last W keys (Mistral's sliding_window;
+    // 0: the model's own). A llama model trained with it is a mistral one (run_model).
+    int attention_window = 0;
+    // TiledMLP: tokens per MLP chunk; the [tokens, 4C] intermediates exist one chunk at a time and
+    // are recomputed in backward (0: untiled).
+    int mlp_chunk = 0;
     Optimizer optimizer = Optimizer::adamw;  // adamw: 8 bytes of moments per trainable parameter
     // bf16 compute: fp32 master weights (4 bytes per parameter), or none: the bf16 weights updated
     // with stochastic rounding (bf16-sr)

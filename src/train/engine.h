@@ -40,6 +40,7 @@ struct EngineOptions {
     bool     checking = false;       // own allocation per buffer, poisoned after last use
     uint64_t budget = 0;             // bytes; 0 = no budget check
     int      loss_chunk = 0;         // tokens per LM-head + loss chunk; 0 = the whole batch at once
+    int      mlp_chunk = 0;          // TiledMLP: tokens per MLP chunk (ModelOptions::mlp_chunk); 0 = untiled
     bool     flash_attention = false;// tiled attention (no T x T buffer)
     // Packed documents (--packing): the batch carries each token's document start (B*T i32,
     // "batch.doc_start"); train_step and eval_loss then take it.
@@ -115,6 +116,7 @@ struct EngineOptions {
     ModelOptions model() const {
         ModelOptions m;
         m.loss_chunk = loss_chunk;
+        m.mlp_chunk = mlp_chunk;
         m.flash_attention = flash_attention;
         m.documents = documents;
         m.recompute = recompute;

@@ -143,19 +143,22 @@ TEST(CudaAttention, FlashMatchesNaiveAndIsDeterministic) {
 
 TEST(CudaAttention, CachedGroupedQuery) {
     MF_REQUIRE_GPU();
-    struct Case { int64_t B, Tn, pos0, cap, NH, KVH, hd; };
+    // window > 0: a sliding window's rolling cache (position p in row p % cap), wrapping or not.
+    struct Case { int64_t B, Tn, pos0, cap, NH, KVH, hd, window = 0; };
     for (DType dt : {DType::f32, DType::bf16})
         for (Case c : {Case{2, 5, 17, 40, 4, 2, 64}, Case{2, 1, 30, 32, 6, 2, 128}, Case{1, 8, 0, 8, 4, 1, 64},
-                       Case{2, 3, 9, 16, 3, 3, 32}}) {
+                       Case{2, 3, 9, 16, 3, 3, 32}, Case{2, 4, 37, 12, 4, 2, 64, 9}, Case{1, 1, 100, 7, 2, 1, 32, 7},
+                       Case{2, 6, 3, 16, 4, 2, 64, 5}}) {
             SCOPED_TRACE(testing::Message() << dtype_name(dt) << " Tn=" << c.Tn << " pos0=" << c.pos0 << " NH=" << c.NH
-                                            << " KVH=" << c.KVH << " hd=" << c.hd);
+                                            << " KVH=" << c.KVH << " hd=" << c.hd << " window=" << c.window);
             OpCheck op;
             const int qkv = op.rand(dt, {c.B, c.Tn, (c.NH + 2 * c.KVH) * c.hd});
             const int kc = op.rand(dt, {c.B, c.cap, c.KVH * c.hd});
             const int vc = op.rand(dt, {c.B, c.cap, c.KVH * c.hd});
             const int out = op.zeros(dt, {c.B, c.Tn, c.NH * c.hd});
             op.run([&](Backend & be, const std::vector<Tensor> & t) {
-                be.cached_attention_fwd(t[out], t[qkv], t[kc], t[vc], int(c.pos0), int(c.NH), int(c.KVH));
+                be.cached_attention_fwd(t[out], t[qkv], t[kc], t[vc], int(c.pos0), int(c.NH), int(c.KVH),
+                                        int(c.window));
             });
             EXPECT_LT(op.rel_err(out), out_tol(dt));
             EXPECT_EQ(op.rel_err(kc), 0.0);

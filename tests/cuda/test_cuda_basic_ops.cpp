@@ -310,6 +310,32 @@ TEST(CudaBasicOps, RopeScaling) {
         }
 }
 
+// Qwen3's q and k norms, in place on q|k|v with the inputs kept: forward, then backward with fp32
+// and with 16-bit gain gradients, against the CPU; head dims 24 (a partial column block) and 128.
+TEST(CudaBasicOps, QkNorm) {
+    MF_REQUIRE_GPU();
+    const int NH = 4, KVH = 2;
+    for (DType dt : kFloats)
+        for (int64_t hd : {24, 128}) {
+            SCOPED_TRACE(name(dt) + " hd " + std::to_string(hd));
+            OpCheck chk;
+            const int64_t W = (NH + 2 * KVH) * hd;
+            const int qkv = chk.rand(dt, {2, 9, W}, -3.0f, 3.0f), dqkv = chk.rand(dt, {2, 9, W}),
+                      dqkv2 = chk.rand(dt, {2, 9, W});
+            const int raw = chk.zeros(dt, {2, 9, (NH + KVH) * hd}), rstd = chk.zeros(DType::f32, {2, 9, NH + KVH});
+            const int wq = chk.rand(dt, {hd}, 0.5f, 1.5f), wk = chk.rand(dt, {hd}, 0.5f, 1.5f);
+            const int dwq = chk.rand(DType::f32, {hd}), dwk = chk.rand(DType::f32, {hd});
+            const int dwq2 = chk.rand(dt, {hd}), dwk2 = chk.rand(dt, {hd});
+            chk.run([&](Backend & be, const Ts & t) {
+                be.qk_norm_fwd(t[qkv], t[raw], t[rstd], t[wq], t[wk], NH, KVH, 1e-6f);
+                be.qk_norm_bwd(t[dqkv], t[dwq], t[dwk], t[raw], t[wq], t[wk], t[rstd], NH, KVH);
+                be.qk_norm_bwd(t[dqkv2], t[dwq2], t[dwk2], t[raw], t[wq], t[wk], t[rstd], NH, KVH);
+            });
+            for (int i : {qkv, raw, rstd}) EXPECT_LT(chk.rel_err(i), tol(dt)) << i;
+            for (int i : {dqkv, dqkv2, dwq, dwk, dwq2, dwk2}) EXPECT_LT(chk.rel_err(i), bwd_tol(dt)) << i;
+        }
+}
+
 TEST(CudaBasicOps, Swiglu) {
     MF_REQUIRE_GPU();
     for (DType dt : kFloats)

@@ -1,9 +1,11 @@
 """Writes reference fixtures for `memfit verify` of tiny LLaMA-family models, computed in float64
-by the model written out below after transformers' modeling_llama.py, modeling_qwen2.py and
-modeling_rope_utils.py (RMSNorm, rotate-half RoPE, grouped-query attention, SwiGLU, cross-entropy
+by the model written out below after transformers' modeling_llama.py, modeling_qwen2.py,
+modeling_qwen3.py and modeling_rope_utils.py (RMSNorm, rotate-half RoPE, grouped-query attention, SwiGLU, cross-entropy
 with ignore_index -100) and torch.optim.AdamW for two steps:
   tests/data/llama31_tiny.safetensors  Llama 3.1's rope_scaling (rope_type llama3), untied head;
   tests/data/qwen2_tiny.safetensors    Qwen2: biases on q, k and v, rope_theta 1e6, tied head;
+  tests/data/qwen3_tiny.safetensors    Qwen3: RMSNorm over each q and k head before RoPE (q_norm,
+                                       k_norm), explicit head_dim 32 != hidden_size / heads, tied head;
   tests/data/mistral_tiny.safetensors  Mistral: sliding_window 7 < T = 24 (query t sees keys t-6..t,
                                        transformers' sliding-window causal mask: key > t - window).
 
@@ -35,6 +37,12 @@ QWEN2 = {
     "rope_theta": 1000000.0, "max_position_embeddings": 128, "hidden_act": "silu", "tie_word_embeddings": True,
     "use_sliding_window": False,
 }
+QWEN3 = {
+    "model_type": "qwen3", "vocab_size": 83, "hidden_size": 64, "intermediate_size": 160,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 128, "hidden_act": "silu",
+    "tie_word_embeddings": True, "attention_bias": False, "use_sliding_window": False,
+}
 MISTRAL = {
     "model_type": "mistral", "vocab_size": 89, "hidden_size": 64, "intermediate_size": 176,
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "rms_norm_eps": 1e-5,
@@ -52,7 +60,7 @@ def configure(cfg):
     CONFIG = cfg
     C, F, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
     NH, KVH, V = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["vocab_size"]
-    HD = C // NH
+    HD = cfg.get("head_dim", C // NH)
 
 
 def inv_freq():
@@ -92,13 +100,15 @@ def forward(p, ids):
         a = rms_norm(x, p[h + "input_layernorm.weight"])
         q, k, v = (a @ p[h + f"self_attn.{n}_proj.weight"].T + p.get(h + f"self_attn.{n}_proj.bias", 0.0)
                    for n in "qkv")
-        q = q.view(B, T, NH, HD).transpose(1, 2)
-        k = k.view(B, T, KVH, HD).transpose(1, 2)
+        q, k = q.view(B, T, NH, HD), k.view(B, T, KVH, HD)
+        if CONFIG["model_type"] == "qwen3":   # each head normalized over head_dim, before RoPE
+            q, k = rms_norm(q, p[h + "self_attn.q_norm.weight"]), rms_norm(k, p[h + "self_attn.k_norm.weight"])
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.view(B, T, KVH, HD).transpose(1, 2)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         k, v = k.repeat_interleave(NH // KVH, dim=1), v.repeat_interleave(NH // KVH, dim=1)
         att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(HD) + mask, dim=-1)
-        o = (att @ v).transpose(1, 2).reshape(B, T, C)
+        o = (att @ v).transpose(1, 2).reshape(B, T, NH * HD)
         x = x + o @ p[h + "self_attn.o_proj.weight"].T
         m = rms_norm(x, p[h + "post_attention_layernorm.weight"])
         gate, up = m @ p[h + "mlp.gate_proj.weight"].T, m @ p[h + "mlp.up_proj.weight"].T
@@ -116,6 +126,8 @@ def parameters():
         if CONFIG["model_type"] == "qwen2":
             shapes += [(h + "self_attn.q_proj.bias", (NH * HD,)), (h + "self_attn.k_proj.bias", (KVH * HD,)),
                        (h + "self_attn.v_proj.bias", (KVH * HD,))]
+        if CONFIG["model_type"] == "qwen3":
+            shapes += [(h + "self_attn.q_norm.weight", (HD,)), (h + "self_attn.k_norm.weight", (HD,))]
         shapes += [(h + "self_attn.o_proj.weight", (C, NH * HD)), (h + "post_attention_layernorm.weight", (C,)),
                    (h + "mlp.gate_proj.weight", (F, C)), (h + "mlp.up_proj.weight", (F, C)),
                    (h + "mlp.down_proj.weight", (C, F))]
@@ -186,3 +198,4 @@ if __name__ == "__main__":
     fixture(LLAMA31, "llama31_tiny.safetensors", 31)
     fixture(QWEN2, "qwen2_tiny.safetensors", 2)
     fixture(MISTRAL, "mistral_tiny.safetensors", 7)
+    fixture(QWEN3, "qwen3_tiny.safetensors", 3)

@@ -79,6 +79,48 @@ TEST(Decoder, CachedLogitsEqualTheFullForward) {
     }
 }
 
+// A sliding window (Mistral's) past its width: the rolling cache holds W + 63 rows, the prompt is
+// prefilled in chunks of 64, and every position's logits are the windowed full forward's (which
+// differ from unwindowed attention's: the window matters).
+TEST(Decoder, RollingCacheOfASlidingWindowEqualsTheFullForward) {
+    ModelConfig cfg = llama_small();
+    cfg.model_type = "mistral";
+    cfg.max_seq = 160;
+    cfg.sliding_window = 5;
+    CpuBackend backend;
+    const int T = 150, V = cfg.vocab_size;
+    EngineOptions eo;
+    eo.B = 1;
+    eo.T = T;
+    eo.with_eval = false;
+    Engine e(cfg, backend, eo);
+    e.init_params(7);
+    std::vector<int32_t> tokens(T);
+    for (int i = 0; i < T; ++i) tokens[size_t(i)] = (i * 29 + 3) % V;
+    const std::vector<float> full = e.logits(tokens.data(), 1);
+
+    Decoder d(cfg, backend, T);
+    EXPECT_EQ(d.cache_rows(), 5 + Decoder::kPrefillChunk - 1);
+    EXPECT_EQ(d.kv_cache_bytes(), uint64_t(2) * cfg.n_layer * uint64_t(d.cache_rows()) * cfg.kv_heads() * cfg.head_dim() * 4);
+    d.set_weights(e.params());
+    const float * l = d.prefill(std::vector<int32_t>(tokens.begin(), tokens.begin() + 100));   // chunks 64 + 36
+    EXPECT_LT(max_rel(l, full.data() + 99 * size_t(V), V), 1e-5);
+    for (int t = 100; t < T; ++t) {
+        l = d.step(tokens[size_t(t)]);
+        ASSERT_LT(max_rel(l, full.data() + size_t(t) * V, V), 1e-5) << "position " << t;
+    }
+    const CategoryBytes plan = d.planned_peak_live();
+    for (size_t c = 0; c < kCategoryCount; ++c) EXPECT_EQ(plan.v[c], d.ledger().live_peak().v[c]) << kCategoryNames[c];
+
+    ModelConfig plain = cfg;
+    plain.sliding_window = 0;
+    plain.model_type = "llama";
+    Engine u(plain, backend, eo);
+    u.init_params(7);
+    const std::vector<float> unwindowed = u.logits(tokens.data(), 1);
+    EXPECT_GT(max_rel(unwindowed.data() + size_t(T - 1) * V, full.data() + size_t(T - 1) * V, V), 1e-3);
+}
+
 TEST(Decoder, PlannedEqualsMeasuredAndTheCacheIsWhatItShouldBe) {
     CpuBackend backend;
     const ModelConfig cfg = llama_small();

@@ -308,6 +308,58 @@ TEST(Llama, Qwen2AndMistralConfigs) {
     EXPECT_THROW(parse_hf_config(mj, "mistral"), ConfigError);
 }
 
+// Qwen3 (same generator): each q and k head RMS-normalized (q_norm, k_norm) before RoPE, an
+// explicit head_dim 32 != 64 / 4 heads, a tied head; the norms' gradients and updates checked too.
+TEST(Llama, Qwen3FixtureWithin1e4) {
+    const VerifyReport r = verify_fixture(std::string(MEMFIT_TEST_DATA) + "/qwen3_tiny.safetensors");
+    EXPECT_TRUE(r.ok) << r.json.dump(2);
+    EXPECT_LE(r.json["max_error"].get<double>(), 1e-4);
+    EXPECT_TRUE(r.json["errors"].contains("grad.model.layers.0.self_attn.q_norm.weight")) << r.json.dump(2);
+    EXPECT_TRUE(r.json["errors"].contains("step2.model.layers.1.self_attn.k_norm.weight")) << r.json.dump(2);
+}
+
+// Qwen3 and Mistral 7B presets, counted from their config.json shapes; the model cards' rounded
+// totals (non-embedding): Qwen3 0.6B (0.44B), 1.7B (1.4B), 4.0B (3.6B), 8.2B (6.95B); Mistral
+// 7B v0.1 7,241,732,096. A qwen3 config takes Qwen3Config's head_dim 128 when it has none.
+TEST(Llama, Qwen3AndMistral7bConfigs) {
+    EXPECT_EQ(model_preset("qwen3-0.6b").num_params(), 596049920);
+    EXPECT_EQ(model_preset("qwen3-1.7b").num_params(), 1720574976);
+    EXPECT_EQ(model_preset("qwen3-4b").num_params(), 4022468096);
+    EXPECT_EQ(model_preset("qwen3-8b").num_params(), 8190735360);
+    EXPECT_EQ(model_preset("mistral-7b").num_params(), 7241732096);
+    EXPECT_EQ(model_preset("mistral-7b").sliding_window, 4096);
+    EXPECT_EQ(model_preset("mistral-7b").model_type, "mistral");
+    const ModelConfig q = model_preset("qwen3-0.6b");
+    EXPECT_TRUE(q.qk_norm);
+    EXPECT_FALSE(q.qkv_bias);
+    EXPECT_EQ(q.head_dim(), 128);
+    EXPECT_EQ(q.attn_dim(), 2048);   // 16 heads of 128 over 1024 channels
+    EXPECT_EQ(make_param_layout(q).find("model.layers.27.self_attn.k_norm.weight").numel, 128u);
+    EXPECT_EQ(int64_t(make_param_layout(q).total), q.num_params());
+
+    nlohmann::json qj = {{"model_type", "qwen3"}, {"hidden_size", 64}, {"intermediate_size", 160},
+                         {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2}};
+    const ModelConfig qc = parse_hf_config(qj, "qwen3");
+    EXPECT_TRUE(qc.qk_norm);
+    EXPECT_EQ(qc.head_dim(), 128);
+    EXPECT_EQ(qc.vocab_size, 151936);
+    const nlohmann::json back = hf_config_json(qc);
+    EXPECT_EQ(back["architectures"][0], "Qwen3ForCausalLM");
+    EXPECT_EQ(back["head_dim"], 128);
+    EXPECT_EQ(parse_hf_config(back, "again").num_params(), qc.num_params());
+    qj["head_dim"] = 16;   // = 64 / 4: implicit
+    EXPECT_EQ(parse_hf_config(qj, "qwen3").head_size, 0);
+    EXPECT_EQ(parse_hf_config(qj, "qwen3").head_dim(), 16);
+    qj["attention_bias"] = true;
+    EXPECT_THROW(parse_hf_config(qj, "qwen3"), ConfigError);
+    try {
+        tp_local_config(qc, 2);
+        ADD_FAILURE() << "tp accepted";
+    } catch (const ConfigError & e) {
+        EXPECT_NE(std::string(e.what()).find("q and k norms"), std::string::npos) << e.what();
+    }
+}
+
 TEST(Llama, SharedFixtureWithin1e4) {
     const VerifyReport r = verify_fixture(std::string(MEMFIT_TEST_DATA) + "/llama_tiny.safetensors");
     EXPECT_TRUE(r.ok) << r.json.dump(2);

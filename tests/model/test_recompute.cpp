@@ -6,8 +6,11 @@
 #include <cstring>
 #include <random>
 
+#include <nlohmann/json.hpp>
+
 #include "backend/cpu/cpu_backend.h"
 #include "memory/budget.h"
+#include "model/config.h"
 #include "model/recompute.h"
 #include "train/engine.h"
 #include "plan/fit.h"
@@ -224,5 +227,47 @@ TEST(Recompute, BudgetPolicyFitsTheMemoryBudgetWithTheLeastRecompute) {
         ADD_FAILURE() << "expected OutOfMemory";
     } catch (const OutOfMemory & e) {
         EXPECT_NE(std::string(e.what()).find("even full recomputation"), std::string::npos) << e.what();
+    }
+}
+
+// Qwen3's q/k norms belong to the qkv unit: their inputs and rstd are kept with it or recomputed
+// with it (bytes and FLOPs as layer_keep_cost counts them), and every policy trains bitwise equal.
+TEST(Recompute, Qwen3QkNormsRecomputeWithQkv) {
+    CpuBackend backend;
+    const nlohmann::json j = {{"model_type", "qwen3"}, {"vocab_size", V}, {"hidden_size", C},
+                              {"intermediate_size", 64}, {"num_hidden_layers", 3}, {"num_attention_heads", 4},
+                              {"num_key_value_heads", 2}, {"head_dim", 16}, {"max_position_embeddings", T}};
+    const ModelConfig cfg = parse_hf_config(j, "qwen3");
+    const int layers = cfg.n_layer;
+    for (bool flash : {false, true}) {
+        SCOPED_TRACE(flash ? "flash" : "naive");
+        auto program = [&](const RecomputePlan & rc) { return StepPlans(cfg, backend, options(rc, flash)); };
+        const StepPlans full = program(parse_recompute("full", layers));
+        const uint64_t base = live_at_backward_start(full.train->program());
+        EXPECT_EQ(live_at_backward_start(program(parse_recompute("none", layers)).train->program()),
+                  base + layers * layer_keep_cost(cfg, B, T, flash, DType::f32, kKeepAll).bytes);
+        EXPECT_DOUBLE_EQ(recompute_flops(full.train->program()),
+                         layers * layer_keep_cost(cfg, B, T, flash, DType::f32, 0).flops);
+        std::vector<float> ref;
+        float ref_loss = 0;
+        for (const char * pol : {"none", "full", "selective", "every:2"}) {
+            SCOPED_TRACE(pol);
+            Engine e(cfg, backend, options(parse_recompute(pol, layers), flash));
+            e.init_params(5);
+            std::vector<int32_t> in(size_t(B * T)), tg(in.size());
+            float loss = 0;
+            for (int s = 0; s < 2; ++s) {
+                random_batch(in, tg, V, uint64_t(s));
+                loss = e.train_step(in.data(), tg.data(), AdamWHyper{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1}).loss;
+            }
+            const size_t P = e.step().layout().total;
+            if (ref.empty()) {
+                ref.assign(e.params(), e.params() + P);
+                ref_loss = loss;
+                continue;
+            }
+            EXPECT_EQ(loss, ref_loss);
+            EXPECT_EQ(0, std::memcmp(ref.data(), e.params(), P * 4));
+        }
     }
 }

@@ -59,11 +59,13 @@ TEST(PlanMemory, ExactForTheEngineGrid) {
     Hardware cpu = memfit::test::h100_like();
     cpu.name = "cpu";
     cpu.usable = cpu.memory;
-    struct Case { const char * model; int B, T; const char * rc; bool flash; DType dt; int accum; };
+    struct Case { const char * model; int B, T; const char * rc; bool flash; DType dt; int accum; int loss_chunk = 0, mlp_chunk = 0; };
     for (const Case & k : {Case{"nano", 2, 64, "none", true, DType::f32, 1}, Case{"nano", 4, 32, "full", false, DType::f32, 2},
                            Case{"llama-nano", 2, 64, "selective", true, DType::bf16, 1},
                            Case{"llama-nano", 1, 128, "none", false, DType::f32, 3},
-                           Case{"micro", 2, 64, "selective", true, DType::f16, 1}}) {
+                           Case{"micro", 2, 64, "selective", true, DType::f16, 1},
+                           Case{"llama-nano", 2, 64, "full", true, DType::f32, 1, 32, 24},   // TiledMLP
+                           Case{"nano", 2, 64, "none", false, DType::bf16, 2, 0, 40}}) {
         SCOPED_TRACE(std::string(k.model) + " " + k.rc);
         ModelConfig cfg = model_preset(k.model);
         cfg.vocab_size = 256;
@@ -73,6 +75,8 @@ TEST(PlanMemory, ExactForTheEngineGrid) {
         c.recompute = k.rc;
         c.set_flash(k.flash);
         c.compute = k.dt;
+        c.loss_chunk = k.loss_chunk;
+        c.mlp_chunk = k.mlp_chunk;
         const DeviceMemory plan = exact_memory(cfg, cpu, c, k.T, backend);
         EXPECT_TRUE(plan.exact);
         EngineOptions eo;
@@ -83,6 +87,8 @@ TEST(PlanMemory, ExactForTheEngineGrid) {
         eo.flash_attention = k.flash;
         eo.compute = k.dt;
         eo.recompute = parse_recompute(k.rc, cfg.n_layer);
+        eo.loss_chunk = k.loss_chunk;
+        eo.mlp_chunk = k.mlp_chunk;
         Engine e(cfg, backend, eo);
         e.init_params(1);
         std::vector<int32_t> in(size_t(k.B * k.T * k.accum)), tg(in.size());

@@ -270,6 +270,40 @@ void CpuBackend::rmsnorm_bwd(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Te
     });
 }
 
+namespace {
+// Qwen3's q/k norm operands, checked; returns the head dim.
+int qk_norm_dim(const Tensor & qkv, const Tensor & raw, const Tensor & rstd, const Tensor & wq, const Tensor & wk,
+                int NH, int KVH) {
+    const int hd = head_dim(qkv, NH, KVH);
+    MF_ASSERT(raw.dtype == qkv.dtype && wq.dtype == qkv.dtype && wk.dtype == qkv.dtype && rstd.dtype == DType::f32);
+    MF_ASSERT(raw.numel() == qkv.rows() * (NH + KVH) * hd && rstd.numel() == qkv.rows() * (NH + KVH));
+    MF_ASSERT(wq.numel() == hd && wk.numel() == hd);
+    return hd;
+}
+}  // namespace
+
+void CpuBackend::qk_norm_fwd(Tensor qkv, Tensor raw, Tensor rstd, Tensor wq, Tensor wk, int NH, int KVH, float eps) {
+    const int hd = qk_norm_dim(qkv, raw, rstd, wq, wk, NH, KVH);
+    dispatch(qkv.dtype, [&](auto s) {
+        using S = decltype(s);
+        cpu::qk_norm_forward(ptr<S>(qkv), ptr<S>(raw), rstd.f32(), ptr<S>(wq), ptr<S>(wk), int(qkv.rows()), NH, KVH,
+                             hd, eps);
+    });
+}
+
+void CpuBackend::qk_norm_bwd(Tensor dqkv, Tensor dwq, Tensor dwk, Tensor raw, Tensor wq, Tensor wk, Tensor rstd,
+                             int NH, int KVH) {
+    const int hd = qk_norm_dim(dqkv, raw, rstd, wq, wk, NH, KVH);
+    MF_ASSERT(dwq.valid() == dwk.valid() && (!dwq.valid() || (dwq.numel() == hd && dwk.numel() == hd &&
+                                                              dwk.dtype == dwq.dtype)));
+    dispatch_grad(dqkv.dtype, dwq.valid() ? dwq.dtype : DType::f32, [&](auto s, auto g) {
+        using S = decltype(s);
+        using G = decltype(g);
+        cpu::qk_norm_backward(ptr<S>(dqkv), ptr<G>(dwq), ptr<G>(dwk), ptr<S>(raw), ptr<S>(wq), ptr<S>(wk), rstd.f32(),
+                              int(dqkv.rows()), NH, KVH, hd);
+    });
+}
+
 void CpuBackend::rope_fwd(Tensor qkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start) {
     MF_ASSERT(qkv.ndim == 3);
     const int hd = head_dim(qkv, NH, KVH);
@@ -327,16 +361,17 @@ void CpuBackend::repeat_kv_bwd(Tensor dqkv, Tensor dfull, int NH, int KVH) {
 }
 
 void CpuBackend::cached_attention_fwd(Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH,
-                                      int KVH) {
+                                      int KVH, int window) {
     same_dtype(out.dtype, {&qkv, &kcache, &vcache});
     const int hd = head_dim(qkv, NH, KVH);
     const int B = int(qkv.dim(0)), T = int(qkv.dim(1)), cap = int(kcache.dim(1));
     MF_ASSERT(out.numel() == int64_t(B) * T * NH * hd && kcache.numel() == int64_t(B) * cap * KVH * hd);
-    MF_ASSERT(vcache.numel() == kcache.numel() && pos0 >= 0 && pos0 + T <= cap);
+    MF_ASSERT(vcache.numel() == kcache.numel() && pos0 >= 0 && window >= 0);
+    MF_ASSERT((pos0 + T <= cap || (window > 0 && T + window - 1 <= cap)) && "the KV cache cannot hold the window");
     dispatch(out.dtype, [&](auto s) {
         using S = decltype(s);
         cpu::cached_attention_forward(ptr<S>(out), ptr<S>(kcache), ptr<S>(vcache), ptr<S>(qkv), B, T, pos0, cap, NH,
-                                      KVH, hd);
+                                      KVH, hd, window);
     });
 }
 

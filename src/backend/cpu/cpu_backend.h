@@ -37,6 +37,9 @@ public:
     void residual_fwd(Tensor out, Tensor a, Tensor b) override;
     void rmsnorm_fwd(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps) override;
     void rmsnorm_bwd(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) override;
+    void qk_norm_fwd(Tensor qkv, Tensor raw, Tensor rstd, Tensor wq, Tensor wk, int NH, int KVH, float eps) override;
+    void qk_norm_bwd(Tensor dqkv, Tensor dwq, Tensor dwk, Tensor raw, Tensor wq, Tensor wk, Tensor rstd, int NH,
+                     int KVH) override;
     void rope_fwd(Tensor qkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start = {}) override;
     void rope_bwd(Tensor dqkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start = {}) override;
     void swiglu_fwd(Tensor out, Tensor inp) override;
@@ -44,7 +47,7 @@ public:
     void repeat_kv_fwd(Tensor full, Tensor qkv, int NH, int KVH) override;
     void repeat_kv_bwd(Tensor dqkv, Tensor dfull, int NH, int KVH) override;
     void cached_attention_fwd(Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH,
-                              int KVH) override;
+                              int KVH, int window = 0) override;
     // Quantized frozen weights (qgemm.cpp) and LoRA's column slices (kernels_lora.cpp).
     size_t qgemm_workspace(const QuantDesc & q, int64_t M, DType act) const override;
     void qgemm_fwd(const QuantDesc & q, Tensor y, Tensor x, Tensor packed, Tensor bias, Tensor workspace) override;

@@ -147,6 +147,18 @@ template <class G, class S>
 void rmsnorm_backward(S * dinp, G * dweight, const S * dout, const S * inp, const S * weight, const float * rstd,
                       int N, int C);
 
+// Qwen3's q and k norms, in place on qkv [N, (NH + 2 KVH) hd]: head row h of token n (q heads
+// h < NH with wq, then KVH k heads with wk) becomes RMSNorm(row) * w; v untouched. The rows before
+// it are copied to raw [N, NH + KVH, hd], their rstd to rstd [N, NH + KVH].
+template <class S>
+void qk_norm_forward(S * qkv, S * raw, float * rstd, const S * wq, const S * wk, int N, int NH, int KVH, int hd,
+                     float eps);
+// Its backward, in place: dqkv's q and k heads, d(normed), become d(raw); dwq, dwk += (null:
+// frozen), each column summed over its rows in fp32, one rounded add per element.
+template <class G, class S>
+void qk_norm_backward(S * dqkv, G * dwq, G * dwk, const S * raw, const S * wq, const S * wk, const float * rstd, int N,
+                      int NH, int KVH, int hd);
+
 // Rotary position embeddings (Hugging Face "rotate_half"), in place on the q and k heads of
 // qkv[B,T,(NH+2*KVH)*hd], each row laid out [q: NH heads | k: KVH heads | v: KVH heads] of hd
 // (even) elements; v is untouched. Row t has position pos = pos0 + token_position(...). For i < hd/2, with
@@ -182,7 +194,7 @@ void repeat_kv_backward(S * dqkv, const S * dfull, int N, int NH, int KVH, int h
 // (query head h reads KV head h / (NH/KVH)). Scale 1/sqrt(hd).
 template <class S>
 void cached_attention_forward(S * out, S * kcache, S * vcache, const S * qkv, int B, int Tn, int pos0, int cap,
-                              int NH, int KVH, int hd);
+                              int NH, int KVH, int hd, int window = 0);
 
 // ---------------------------------------------------------------------------------------------
 // LoRA column slices (kernels_lora.cpp). out and src have N rows of ldo / lds elements, d has N

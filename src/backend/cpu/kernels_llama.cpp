@@ -265,12 +265,89 @@ void repeat_kv_backward(S * dqkv, const S * dfull, int N, int NH, int KVH, int h
 }
 
 // ---------------------------------------------------------------------------------------------
+// Qwen3's q and k norms: RMSNorm over each head row (rmsnorm_forward's formulas, C = hd).
+
+template <class S>
+void qk_norm_forward(S * qkv, S * raw, float * rstd, const S * wq, const S * wk, int N, int NH, int KVH, int hd,
+                     float eps) {
+    const int H = NH + KVH;
+    const size_t width = size_t(NH + 2 * KVH) * hd;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < int64_t(N) * H; ++i) {
+        const int64_t n = i / H;
+        const int h = int(i % H);
+        S * x = qkv + size_t(n) * width + size_t(h) * hd;
+        S * keep = raw + size_t(i) * hd;
+        const S * w = h < NH ? wq : wk;
+        float ss = 0.0f;
+        for (int c = 0; c < hd; ++c) {
+            const float v = to_f32(x[c]);
+            ss += v * v;
+            keep[c] = x[c];
+        }
+        const float r = 1.0f / std::sqrt(ss / static_cast<float>(hd) + eps);
+        for (int c = 0; c < hd; ++c) x[c] = from_f32<S>(to_f32(keep[c]) * r * to_f32(w[c]));
+        rstd[i] = r;
+    }
+}
+
+template <class G, class S>
+void qk_norm_backward(S * dqkv, G * dwq, G * dwk, const S * raw, const S * wq, const S * wk, const float * rstd, int N,
+                      int NH, int KVH, int hd) {
+    const int H = NH + KVH;
+    const size_t width = size_t(NH + 2 * KVH) * hd;
+    // The gains' gradients first (they read d(normed), which the rows then overwrite): sum over
+    // rows of dy * x * rstd, per (norm, column block), rows in order.
+    if (dwq) {
+        const int nblk = (hd + kColBlock - 1) / kColBlock;
+#pragma omp parallel for schedule(static)
+        for (int job = 0; job < 2 * nblk; ++job) {
+            const bool k = job >= nblk;
+            const int c0 = (job % nblk) * kColBlock, nc = std::min(kColBlock, hd - c0);
+            const int h0 = k ? NH : 0, h1 = k ? H : NH;
+            float dw[kColBlock] = {};
+            for (int64_t n = 0; n < N; ++n)
+                for (int h = h0; h < h1; ++h) {
+                    const int64_t i = n * H + h;
+                    const S * g = dqkv + size_t(n) * width + size_t(h) * hd + c0;
+                    const S * x = raw + size_t(i) * hd + c0;
+                    const float r = rstd[i];
+                    for (int c = 0; c < nc; ++c) dw[c] += to_f32(g[c]) * (to_f32(x[c]) * r);
+                }
+            G * out = (k ? dwk : dwq) + c0;
+            for (int c = 0; c < nc; ++c) add_to(out[c], dw[c]);
+        }
+    }
+    const float inv_c = 1.0f / static_cast<float>(hd);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < int64_t(N) * H; ++i) {
+        const int64_t n = i / H;
+        const int h = int(i % H);
+        S * g = dqkv + size_t(n) * width + size_t(h) * hd;
+        const S * x = raw + size_t(i) * hd;
+        const S * w = h < NH ? wq : wk;
+        const float r = rstd[i];
+        float sum_dnn = 0.0f;
+        for (int c = 0; c < hd; ++c) sum_dnn += to_f32(w[c]) * to_f32(g[c]) * (to_f32(x[c]) * r);
+        const float mean_dnn = sum_dnn * inv_c;
+        for (int c = 0; c < hd; ++c) {
+            const float nv = to_f32(x[c]) * r;
+            const float dn = to_f32(w[c]) * to_f32(g[c]);
+            g[c] = from_f32<S>(r * (dn - nv * mean_dnn));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Instantiations: S in {float, bf16_t, f16_t}; the RMSNorm weight gradient float or S.
 
 #define MF_INST(S)                                                                                        \
     template void rmsnorm_forward<S>(S *, float *, const S *, const S *, int, int, float);                \
     template void rmsnorm_backward<float, S>(S *, float *, const S *, const S *, const S *, const float *, \
                                              int, int);                                                   \
+    template void qk_norm_forward<S>(S *, S *, float *, const S *, const S *, int, int, int, int, float); \
+    template void qk_norm_backward<float, S>(S *, float *, float *, const S *, const S *, const S *,      \
+                                             const float *, int, int, int, int);                          \
     template void rope_forward<S>(S *, int, int, int, int, int, const Rope &, int, const int32_t *);            \
     template void rope_backward<S>(S *, int, int, int, int, int, const Rope &, int, const int32_t *);            \
     template void swiglu_forward<S>(S *, const S *, int, int);                                            \
@@ -278,7 +355,9 @@ void repeat_kv_backward(S * dqkv, const S * dfull, int N, int NH, int KVH, int h
     template void repeat_kv_forward<S>(S *, const S *, int, int, int, int);                               \
     template void repeat_kv_backward<S>(S *, const S *, int, int, int, int);
 #define MF_INST_LOWP(S)                                                                                   \
-    template void rmsnorm_backward<S, S>(S *, S *, const S *, const S *, const S *, const float *, int, int);
+    template void rmsnorm_backward<S, S>(S *, S *, const S *, const S *, const S *, const float *, int, int); \
+    template void qk_norm_backward<S, S>(S *, S *, S *, const S *, const S *, const S *, const float *, int, int, \
+                                         int, int);
 
 MF_INST(float)
 MF_INST(bf16_t)

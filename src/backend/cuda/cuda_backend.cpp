@@ -314,6 +314,13 @@ void CudaBackend::rmsnorm_fwd(Tensor out, Tensor rstd, Tensor inp, Tensor w, flo
 void CudaBackend::rmsnorm_bwd(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) {
     MF_FWD(rmsnorm_bwd, dinp, dw, dout, inp, w, rstd);
 }
+void CudaBackend::qk_norm_fwd(Tensor qkv, Tensor raw, Tensor rstd, Tensor wq, Tensor wk, int NH, int KVH, float eps) {
+    MF_FWD(qk_norm_fwd, qkv, raw, rstd, wq, wk, NH, KVH, eps);
+}
+void CudaBackend::qk_norm_bwd(Tensor dqkv, Tensor dwq, Tensor dwk, Tensor raw, Tensor wq, Tensor wk, Tensor rstd,
+                              int NH, int KVH) {
+    MF_FWD(qk_norm_bwd, dqkv, dwq, dwk, raw, wq, wk, rstd, NH, KVH);
+}
 void CudaBackend::rope_fwd(Tensor qkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start) {
     MF_FWD(rope_fwd, qkv, NH, KVH, rope, pos0, doc_start);
 }
@@ -327,8 +334,8 @@ void CudaBackend::repeat_kv_bwd(Tensor dqkv, Tensor dfull, int NH, int KVH) {
     MF_FWD(repeat_kv_bwd, dqkv, dfull, NH, KVH);
 }
 void CudaBackend::cached_attention_fwd(Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH,
-                                       int KVH) {
-    MF_FWD(cached_attention_fwd, out, qkv, kcache, vcache, pos0, NH, KVH);
+                                       int KVH, int window) {
+    MF_FWD(cached_attention_fwd, out, qkv, kcache, vcache, pos0, NH, KVH, window);
 }
 void CudaBackend::dropout(Tensor out, Tensor in, float p, uint64_t seed) { MF_FWD(dropout, out, in, p, seed); }
 void CudaBackend::add_columns(Tensor out, Tensor d, int64_t col0, float scale) {

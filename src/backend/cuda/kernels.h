@@ -36,6 +36,9 @@ void rmsnorm_fwd(cudaStream_t s, Tensor out, Tensor rstd, Tensor inp, Tensor w, 
 void rmsnorm_bwd(cudaStream_t s, Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd);
 
 // kernels_llama.cu
+void qk_norm_fwd(cudaStream_t s, Tensor qkv, Tensor raw, Tensor rstd, Tensor wq, Tensor wk, int NH, int KVH, float eps);
+void qk_norm_bwd(cudaStream_t s, Tensor dqkv, Tensor dwq, Tensor dwk, Tensor raw, Tensor wq, Tensor wk, Tensor rstd,
+                 int NH, int KVH);
 void rope_fwd(cudaStream_t s, Tensor qkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start);
 void rope_bwd(cudaStream_t s, Tensor dqkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start);
 void swiglu_fwd(cudaStream_t s, Tensor out, Tensor inp);
@@ -69,7 +72,7 @@ void attention_fwd(cudaStream_t s, Tensor out, Tensor att, Tensor qkv, int NH, T
 void attention_bwd(cudaStream_t s, Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, int NH,
                    Tensor doc_start);
 void cached_attention_fwd(cudaStream_t s, Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH,
-                          int KVH);
+                          int KVH, int window);
 
 // kernels_flash.cu: tiled causal attention that never stores T x T (with documents, tile pairs
 // wholly outside them are skipped).

@@ -7,6 +7,7 @@
 // Row kernels use kThreads threads; a warp computes one dot product over hs at a time (lanes
 // over the head dimension, coalesced), and a weighted sum of rows (out = sum_j w_j row_j) is
 // split over ceil(kThreads/hs) groups of hs threads, reduced through shared memory.
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/common.cuh"
@@ -26,17 +27,19 @@ template <class S> __device__ __forceinline__ float warp_dot(const float * q, co
     return warp_sum(d);
 }
 
-// f(i, sum_{j<n} w[j] * base[j*stride + i]) for i < hs, called by some thread for each i.
+// f(i, sum_{j<n} w[j] * base[row(j)*stride + i]) for i < hs, called by some thread for each i;
+// row(j) = j, or (first + j) % ring for a ring of rows (ring > 0: a sliding window's KV cache).
 // w in shared memory; red: kThreads floats of shared memory. Call from every thread.
 template <class S, class F>
 __device__ __forceinline__ void weighted_rows(const float * w, int n, const S * base, size_t stride, int hs,
-                                              float * red, F && f) {
+                                              float * red, F && f, int first = 0, int ring = 0) {
+    auto at = [&](int j) { return ring > 0 ? size_t((first + j) % ring) * stride : size_t(j) * stride; };
     const int tid = threadIdx.x;
     const int G = hs <= kThreads ? kThreads / hs : 1;  // groups of hs threads, each over keys j = g mod G
     if (G == 1) {
         for (int i = tid; i < hs; i += kThreads) {
             float acc = 0.0f;
-            for (int j = 0; j < n; ++j) acc += w[j] * ld(base[size_t(j) * stride + i]);
+            for (int j = 0; j < n; ++j) acc += w[j] * ld(base[at(j) + i]);
             f(i, acc);
         }
         return;
@@ -44,7 +47,7 @@ __device__ __forceinline__ void weighted_rows(const float * w, int n, const S * 
     const int i = tid % hs, g = tid / hs;
     float acc = 0.0f;
     if (g < G)
-        for (int j = g; j < n; j += G) acc += w[j] * ld(base[size_t(j) * stride + i]);
+        for (int j = g; j < n; j += G) acc += w[j] * ld(base[at(j) + i]);
     red[tid] = acc;
     __syncthreads();
     if (tid < hs) {
@@ -65,6 +68,9 @@ struct RowArgs {
     size_t q_b, q_t, kv_b, kv_t, o_b, o_t;  // element strides: per batch and per token
     int NH, group, hs, Tq, pos0, att_T;
     const int32_t * doc;                    // [B, Tq] or null
+    // Generation under a sliding window: keys from pos0 + t - window + 1, key position p in cache
+    // row p % ring (ring 0: row p).
+    int window, ring;
 };
 
 template <class S> __global__ void __launch_bounds__(kThreads) attention_row_kernel(RowArgs a) {
@@ -78,9 +84,12 @@ template <class S> __global__ void __launch_bounds__(kThreads) attention_row_ker
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const S * q = static_cast<const S *>(a.q) + b * a.q_b + t * a.q_t + size_t(h) * a.hs;
     const size_t kvh = size_t(h / a.group) * a.hs;
-    const int lo = a.doc ? a.doc[size_t(b) * a.Tq + t] : 0;   // keys lo .. pos0+t, at sc[j - lo]
-    const S * kb = static_cast<const S *>(a.k) + b * a.kv_b + kvh + size_t(lo) * a.kv_t;
-    const S * vb = static_cast<const S *>(a.v) + b * a.kv_b + kvh + size_t(lo) * a.kv_t;
+    // keys lo .. pos0+t, at sc[j - lo]
+    const int lo = a.window > 0 ? max(0, a.pos0 + t - a.window + 1) : a.doc ? a.doc[size_t(b) * a.Tq + t] : 0;
+    const size_t first = a.ring > 0 ? 0 : size_t(lo);   // a ring's rows are found per key (weighted_rows)
+    const S * kb = static_cast<const S *>(a.k) + b * a.kv_b + kvh + first * a.kv_t;
+    const S * vb = static_cast<const S *>(a.v) + b * a.kv_b + kvh + first * a.kv_t;
+    auto krow = [&](int j) { return a.ring > 0 ? size_t((lo + j) % a.ring) * a.kv_t : size_t(j) * a.kv_t; };
     const float scale = 1.0f / sqrtf(float(a.hs));
     const int nk = a.pos0 + t + 1 - lo;
 
@@ -88,7 +97,7 @@ template <class S> __global__ void __launch_bounds__(kThreads) attention_row_ker
     __syncthreads();
     float mx = -INFINITY;
     for (int j = warp; j < nk; j += kWarps) {
-        const float s = warp_dot(qs, kb + size_t(j) * a.kv_t, a.hs) * scale;
+        const float s = warp_dot(qs, kb + krow(j), a.hs) * scale;
         if (lane == 0) sc[j] = s;
         mx = fmaxf(mx, s);
     }
@@ -113,7 +122,7 @@ template <class S> __global__ void __launch_bounds__(kThreads) attention_row_ker
     }
     __syncthreads();
     S * o = static_cast<S *>(a.out) + b * a.o_b + t * a.o_t + size_t(h) * a.hs;
-    weighted_rows(sc, nk, vb, a.kv_t, a.hs, red, [&](int i, float x) { o[i] = st<S>(x); });
+    weighted_rows(sc, nk, vb, a.kv_t, a.hs, red, [&](int i, float x) { o[i] = st<S>(x); }, lo, a.ring);
 }
 
 // Backward, query side: one block per (b,h,t) row, over keys j = lo .. t (lo: doc[b*T+t] or 0).
@@ -208,7 +217,7 @@ __global__ void append_kv_kernel(S * kc, S * vc, const S * qkv, int Tn, int pos0
     const int b = blockIdx.y;  // gridDim.y = B
     const size_t t = i / KV, c = i % KV;
     const S * src = qkv + (size_t(b) * Tn + t) * (Q + 2 * KV);
-    const size_t dst = (size_t(b) * cap + pos0 + t) * KV + c;
+    const size_t dst = (size_t(b) * cap + (pos0 + t) % cap) * KV + c;
     kc[dst] = src[Q + c];
     vc[dst] = src[Q + KV + c];
 }
@@ -235,7 +244,7 @@ void attention_fwd(cudaStream_t s, Tensor out, Tensor att, Tensor qkv, int NH, T
         using S = decltype(z);
         const S * p = ptr<S>(qkv);
         RowArgs a{p, p + C, p + 2 * size_t(C), out.data, att.data, size_t(T) * C3, C3, size_t(T) * C3, C3,
-                  size_t(T) * C, size_t(C), NH, 1, hs, T, 0, T, doc};
+                  size_t(T) * C, size_t(C), NH, 1, hs, T, 0, T, doc, 0, 0};
         const size_t sm = smem_for(attention_row_kernel<S>, (size_t(hs) + kThreads + T) * sizeof(float));
         attention_row_kernel<S><<<unsigned(B * NH * T), kThreads, sm, s>>>(a);
         MF_CUDA_LAUNCHED();
@@ -267,13 +276,15 @@ void attention_bwd(cudaStream_t s, Tensor dqkv, Tensor scratch, Tensor dout, Ten
 }
 
 void cached_attention_fwd(cudaStream_t s, Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH,
-                          int KVH) {
+                          int KVH, int window) {
     MF_ASSERT(out.dtype == qkv.dtype && kcache.dtype == qkv.dtype && vcache.dtype == qkv.dtype);
     MF_ASSERT(NH > 0 && KVH > 0 && NH % KVH == 0 && qkv.cols() % (NH + 2 * KVH) == 0);
     const int hd = int(qkv.cols() / (NH + 2 * KVH));
     const int B = int(qkv.dim(0)), Tn = int(qkv.dim(1)), cap = int(kcache.dim(1));
     MF_ASSERT(out.numel() == int64_t(B) * Tn * NH * hd && kcache.numel() == int64_t(B) * cap * KVH * hd);
-    MF_ASSERT(vcache.numel() == kcache.numel() && pos0 >= 0 && pos0 + Tn <= cap);
+    MF_ASSERT(vcache.numel() == kcache.numel() && pos0 >= 0 && window >= 0);
+    MF_ASSERT((pos0 + Tn <= cap || (window > 0 && Tn + window - 1 <= cap)) && "the KV cache cannot hold the window");
+    const bool ring = window > 0 && pos0 + Tn > cap;
     if (int64_t(B) * Tn == 0) return;
     const size_t KV = size_t(KVH) * hd, Q = size_t(NH) * hd, row = Q + 2 * KV;
     dispatch_float(qkv.dtype, [&](auto z) {
@@ -282,8 +293,9 @@ void cached_attention_fwd(cudaStream_t s, Tensor out, Tensor qkv, Tensor kcache,
             ptr<S>(kcache), ptr<S>(vcache), ptr<S>(qkv), Tn, pos0, cap, Q, KV);
         MF_CUDA_LAUNCHED();
         RowArgs a{qkv.data, kcache.data, vcache.data, out.data, nullptr, size_t(Tn) * row, row, size_t(cap) * KV, KV,
-                  size_t(Tn) * Q, Q, NH, NH / KVH, hd, Tn, pos0, 0, nullptr};
-        const size_t sm = smem_for(attention_row_kernel<S>, (size_t(hd) + kThreads + pos0 + Tn) * sizeof(float));
+                  size_t(Tn) * Q, Q, NH, NH / KVH, hd, Tn, pos0, 0, nullptr, window, ring ? cap : 0};
+        const int keys = window > 0 ? std::min(pos0 + Tn, window) : pos0 + Tn;
+        const size_t sm = smem_for(attention_row_kernel<S>, (size_t(hd) + kThreads + size_t(keys)) * sizeof(float));
         attention_row_kernel<S><<<unsigned(B * NH * Tn), kThreads, sm, s>>>(a);
         MF_CUDA_LAUNCHED();
     });

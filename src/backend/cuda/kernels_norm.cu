@@ -247,7 +247,130 @@ void norm_bwd(cudaStream_t s, Tensor dinp, Tensor dw, Tensor db, Tensor dout, Te
     });
 }
 
+// ---- Qwen3's q/k norms: warp per head row i (token i / H, head i % H of H = NH + KVH; q heads
+// take wq, k heads wk), the row at qkv + (i / H) * width + (i % H) * hd; RMSNorm's formulas with
+// C = hd, in place. Forward saves the row to raw [i, hd] and its rstd; backward overwrites
+// d(normed) with d(raw). ----
+struct HeadRows {
+    int64_t rows;   // N * H
+    int H, NH, hd;
+    int64_t width;  // (NH + 2 KVH) * hd
+    __device__ int64_t at(int64_t i) const { return (i / H) * width + (i % H) * hd; }
+};
+
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    qk_norm_fwd_kernel(T * qkv, T * raw, float * rstd, const T * wq, const T * wk, HeadRows hr, float eps) {
+    const int64_t i = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+    if (i >= hr.rows) return;
+    const int lane = threadIdx.x % 32;
+    T * x = qkv + hr.at(i);
+    T * keep = raw + i * hr.hd;
+    const T * w = i % hr.H < hr.NH ? wq : wk;
+    float ss = 0.0f;
+    for (int c = lane; c < hr.hd; c += 32) {
+        const float v = ld(x[c]);
+        ss += v * v;
+        keep[c] = x[c];
+    }
+    const float r = 1.0f / sqrtf(warp_sum(ss) / float(hr.hd) + eps);
+    for (int c = lane; c < hr.hd; c += 32) x[c] = st<T>(ld(keep[c]) * r * ld(w[c]));
+    if (lane == 0) rstd[i] = r;
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    qk_norm_dinp_kernel(T * dqkv, const T * raw, const float * rstd, const T * wq, const T * wk, HeadRows hr) {
+    const int64_t i = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+    if (i >= hr.rows) return;
+    const int lane = threadIdx.x % 32;
+    T * g = dqkv + hr.at(i);
+    const T * x = raw + i * hr.hd;
+    const T * w = i % hr.H < hr.NH ? wq : wk;
+    const float r = rstd[i];
+    float sum_dnn = 0.0f;
+    for (int c = lane; c < hr.hd; c += 32) sum_dnn += ld(w[c]) * ld(g[c]) * (ld(x[c]) * r);
+    const float mean_dnn = warp_sum(sum_dnn) / float(hr.hd);
+    for (int c = lane; c < hr.hd; c += 32) {
+        const float n = ld(x[c]) * r, dn = ld(w[c]) * ld(g[c]);
+        g[c] = st<T>(r * (dn - n * mean_dnn));
+    }
+}
+
+// dwq (blockIdx.y 0) or dwk (1) += sum over the norm's head rows of dy * x * rstd: a block per 32
+// columns, 8 row lanes each summing rows lane, lane + 8, ... in fp32, combined in a fixed order;
+// one rounded add per element. Runs before qk_norm_dinp_kernel overwrites dy.
+template <class G, class T>
+__global__ void __launch_bounds__(kThreads)
+    qk_norm_dw_kernel(G * dwq, G * dwk, const T * dqkv, const T * raw, const float * rstd, HeadRows hr) {
+    __shared__ float part[kRowsPerBlock][33];
+    const int col = threadIdx.x % 32, lane = threadIdx.x / 32;
+    const int c = int(blockIdx.x) * 32 + col;
+    const bool k = blockIdx.y == 1;
+    const int h0 = k ? hr.NH : 0, nh = k ? hr.H - hr.NH : hr.NH;
+    const int64_t n_rows = hr.rows / hr.H * nh;
+    float acc = 0.0f;
+    if (c < hr.hd)
+        for (int64_t j = lane; j < n_rows; j += kRowsPerBlock) {
+            const int64_t i = (j / nh) * hr.H + h0 + j % nh;
+            acc += ld(dqkv[hr.at(i) + c]) * (ld(raw[i * hr.hd + c]) * rstd[i]);
+        }
+    part[lane][col] = acc;
+    __syncthreads();
+    if (lane != 0 || c >= hr.hd) return;
+    float sum = 0.0f;
+    for (int l = 0; l < kRowsPerBlock; ++l) sum += part[l][col];
+    G * dw = k ? dwk : dwq;
+    dw[c] = st<G>(ld(dw[c]) + sum);
+}
+
+HeadRows head_rows(const Tensor & qkv, const Tensor & raw, const Tensor & rstd, const Tensor & wq, const Tensor & wk,
+                   int NH, int KVH) {
+    MF_ASSERT(NH > 0 && KVH > 0 && NH % KVH == 0 && qkv.cols() % (NH + 2 * KVH) == 0);
+    const int hd = int(qkv.cols() / (NH + 2 * KVH));
+    MF_ASSERT(raw.dtype == qkv.dtype && wq.dtype == qkv.dtype && wk.dtype == qkv.dtype && rstd.dtype == DType::f32);
+    MF_ASSERT(raw.numel() == qkv.rows() * (NH + KVH) * hd && rstd.numel() == qkv.rows() * (NH + KVH));
+    MF_ASSERT(wq.numel() == hd && wk.numel() == hd);
+    return HeadRows{qkv.rows() * (NH + KVH), NH + KVH, NH, hd, qkv.cols()};
+}
+
 }  // namespace
+
+void qk_norm_fwd(cudaStream_t s, Tensor qkv, Tensor raw, Tensor rstd, Tensor wq, Tensor wk, int NH, int KVH, float eps) {
+    const HeadRows hr = head_rows(qkv, raw, rstd, wq, wk, NH, KVH);
+    if (hr.rows == 0) return;
+    dispatch_float(qkv.dtype, [&](auto z) {
+        using T = decltype(z);
+        qk_norm_fwd_kernel<<<row_blocks(hr.rows), kThreads, 0, s>>>(ptr<T>(qkv), ptr<T>(raw), ptr<float>(rstd),
+                                                                   ptr<T>(wq), ptr<T>(wk), hr, eps);
+        MF_CUDA_LAUNCHED();
+    });
+}
+
+void qk_norm_bwd(cudaStream_t s, Tensor dqkv, Tensor dwq, Tensor dwk, Tensor raw, Tensor wq, Tensor wk, Tensor rstd,
+                 int NH, int KVH) {
+    const HeadRows hr = head_rows(dqkv, raw, rstd, wq, wk, NH, KVH);
+    MF_ASSERT(dwq.valid() == dwk.valid());
+    if (hr.rows == 0) return;
+    dispatch_float(dqkv.dtype, [&](auto z) {
+        using T = decltype(z);
+        if (dwq.valid()) {
+            MF_ASSERT(dwq.numel() == hr.hd && dwk.numel() == hr.hd && dwk.dtype == dwq.dtype &&
+                      (dwq.dtype == DType::f32 || dwq.dtype == dqkv.dtype));
+            const dim3 grid(unsigned((hr.hd + 31) / 32), 2);
+            auto run = [&](auto g) {
+                using G = decltype(g);
+                qk_norm_dw_kernel<<<grid, kThreads, 0, s>>>(ptr<G>(dwq), ptr<G>(dwk), ptr<T>(dqkv), ptr<T>(raw),
+                                                            ptr<float>(rstd), hr);
+                MF_CUDA_LAUNCHED();
+            };
+            if (dwq.dtype == DType::f32) run(float{}); else run(T{});
+        }
+        qk_norm_dinp_kernel<<<row_blocks(hr.rows), kThreads, 0, s>>>(ptr<T>(dqkv), ptr<T>(raw), ptr<float>(rstd),
+                                                                    ptr<T>(wq), ptr<T>(wk), hr);
+        MF_CUDA_LAUNCHED();
+    });
+}
 
 void bias_grad(cudaStream_t s, Tensor dbias, Tensor dout) {
     const int64_t N = dout.rows(), OC = dout.cols();
