@@ -428,6 +428,62 @@ TEST(Cli, Qwen2AndMistralTrainFromTheirConfigs) {
     EXPECT_NEAR(first_losses[0], first_losses[1], 1e-4 * first_losses[0]);
 }
 
+// Qwen3 from its config.json trains with TiledMLP under full recomputation (the loss falls) and
+// exports as Qwen3ForCausalLM with its q/k norms; --attention-window turns a llama preset into a
+// Mistral that exports its window and generates past it; what does not combine is one line.
+TEST(Cli, Qwen3TiledMlpAndAttentionWindow) {
+    const fs::path text = small_text("qwen3.txt");
+    const fs::path data = scratch("qwen3_data"), run = scratch("qwen3_run"), hf = scratch("qwen3_hf");
+    ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    const fs::path config = scratch("qwen3_config.json");
+    std::ofstream(config) << nlohmann::json{{"model_type", "qwen3"}, {"vocab_size", 256}, {"hidden_size", 64},
+                                            {"intermediate_size", 160}, {"num_hidden_layers", 2},
+                                            {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 32},
+                                            {"max_position_embeddings", 64}, {"tie_word_embeddings", true}}
+                                 .dump();
+    const CmdResult t = run_memfit("train --model " + config.string() + " --data " + data.string() +
+                                   " --batch 4 --seq 48 --steps 20 --lr 3e-3 --log-every 1 --eval-every 0 --sample 0 "
+                                   "--mlp-chunk 40 --recompute full --checkpoint-every 20 --progress plain --out " +
+                                   run.string());
+    ASSERT_EQ(t.code, 0) << t.err << t.out;
+    std::ifstream metrics(run / "metrics.jsonl");
+    std::vector<double> losses;
+    for (std::string line; std::getline(metrics, line);) {
+        const nlohmann::json m = nlohmann::json::parse(line);
+        if (m.contains("loss") && m.contains("step")) losses.push_back(m["loss"].get<double>());
+    }
+    ASSERT_GE(losses.size(), 20u);
+    EXPECT_LT(losses.back(), 0.9 * losses.front()) << losses.front() << " -> " << losses.back();
+    ASSERT_EQ(run_memfit("export " + (run / "checkpoints").string() + " --out " + hf.string()).code, 0);
+    std::ifstream cfg(hf / "config.json");
+    const nlohmann::json exported = nlohmann::json::parse(cfg);
+    EXPECT_EQ(exported["architectures"][0], "Qwen3ForCausalLM");
+    EXPECT_EQ(exported["head_dim"], 32);
+    std::ifstream wf(hf / "model.safetensors", std::ios::binary);
+    const std::string weights((std::istreambuf_iterator<char>(wf)), std::istreambuf_iterator<char>());
+    EXPECT_NE(weights.find("model.layers.1.self_attn.k_norm.weight"), std::string::npos);
+
+    const fs::path win = scratch("window_run"), whf = scratch("window_hf");
+    const CmdResult w = run_memfit("train --model llama-nano --data " + data.string() +
+                                   " --attention-window 8 --batch 2 --seq 32 --steps 2 --eval-every 0 --sample 0 "
+                                   "--checkpoint-every 2 --progress plain --out " + win.string());
+    ASSERT_EQ(w.code, 0) << w.err << w.out;
+    ASSERT_EQ(run_memfit("export " + (win / "checkpoints").string() + " --out " + whf.string()).code, 0);
+    std::ifstream wcfg(whf / "config.json");
+    const nlohmann::json wj = nlohmann::json::parse(wcfg);
+    EXPECT_EQ(wj["architectures"][0], "MistralForCausalLM");
+    EXPECT_EQ(wj["sliding_window"], 8);
+    const CmdResult g = run_memfit("generate --model " + whf.string() + " --prompt ROMEO: --max-new-tokens 24");
+    ASSERT_EQ(g.code, 0) << g.err;   // 30 positions over a rolling cache of 8 + 63 rows
+    EXPECT_EQ(g.out.size(), std::string("ROMEO:").size() + 24 + 1) << g.out;
+
+    expect_clean_failure(run_memfit("train --model nano --data " + data.string() + " --attention-window 8 --steps 1"),
+                         "no sliding-window form");
+    expect_clean_failure(run_memfit("train --model llama-nano --data " + data.string() +
+                                    " --mlp-chunk 16 --lora-rank 4 --steps 1"),
+                         "--mlp-chunk 16 with LoRA");
+}
+
 // memfit plan: the example prints a ranked table; --json parses; and on one `cpu`
 // device the plan's bytes per category are what `memfit train` then measures.
 TEST(Cli, PlanRanksExplainsAndMatchesTraining) {

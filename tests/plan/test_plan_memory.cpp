@@ -9,6 +9,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "plan/memory_model.h"
+#include "plan/time_model.h"
 #include "train/engine.h"
 #include "test_util.h"
 
@@ -104,6 +105,30 @@ TEST(PlanMemory, ExactForTheEngineGrid) {
         EXPECT_GT(ratio, 0.8);
         EXPECT_LT(ratio, 1.5);
     }
+}
+
+// Long sequences: --loss-chunk keeps one chunk's fp32 logits, --mlp-chunk (TiledMLP) one chunk's
+// MLP intermediates and their gradients instead of the whole micro-batch's (Llama 3.1 8B at 128K).
+TEST(PlanMemory, LossAndMlpChunksShrinkLongSequences) {
+    const ModelConfig cfg = model_preset("llama3.1-8b");
+    const Hardware hw = memfit::test::h100_like();
+    const uint64_t rows = 131072, chunk = 4096, s = 2;
+    Candidate c;
+    c.recompute = "full";
+    const uint64_t base = predict_memory(cfg, hw, c, int(rows)).device[Category::activations];
+    c.loss_chunk = int(chunk);
+    const uint64_t loss = predict_memory(cfg, hw, c, int(rows)).device[Category::activations];
+    EXPECT_EQ(base - loss, (rows - chunk) * uint64_t(cfg.vocab_size) * 4);
+    c.mlp_chunk = int(chunk);
+    const uint64_t tiled = predict_memory(cfg, hw, c, int(rows)).device[Category::activations];
+    // One layer's backward held fc, activation and their gradients for every row (2 rows (F + A),
+    // half of them recomputed); tiled, for one chunk's rows.
+    EXPECT_EQ(loss - tiled, 2 * (rows - chunk) * uint64_t(cfg.fc_dim() + cfg.ffn_dim()) * s);
+    // The time model pays the tiles' recomputation only where full recomputation did not already.
+    c.recompute = "none";
+    const double kept = predict_step_time(cfg, hw, c, int(rows), 1).recompute;
+    c.mlp_chunk = 0;
+    EXPECT_GT(kept, predict_step_time(cfg, hw, c, int(rows), 1).recompute);
 }
 
 TEST(PlanMemory, LayoutsDivideWhatTheyShouldAndOffloadMovesToTheHost) {
