@@ -41,7 +41,9 @@ def planned(model, flags, T):
            "--json"] + flags
     r = subprocess.run(cmd, capture_output=True, text=True)
     plan = json.loads(r.stdout)
-    p = (plan["best"] or plan["rejected"])[0]
+    if not plan["best"]:   # not even this machine's memory (rejected by the analytic model)
+        return float("inf"), float("inf")
+    p = plan["best"][0]
     assert p["memory"]["exact"], f"not an exact plan: {' '.join(cmd)}"
     mem = p["memory"]["per_device"]
     return sum(v for k, v in mem.items() if k != "runtime"), mem["activations"]
