@@ -78,10 +78,11 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                        "flash skips the tiles outside it, attention FLOPs grow as T x W); a llama model trained with "
                        "it exports as MistralForCausalLM (0: the model's own)")
              ->capture_default_str()->check(kNonNegative));
-    keep(c->add_option("--loss-chunk", r.loss_chunk,
-                       "tokens per LM-head + cross-entropy chunk: the B*T*V logits are never stored whole (0: "
-                       "unchunked)")
-             ->capture_default_str()->check(kNonNegative));
+    keep(typed(c, "--loss-chunk", [&r](const std::string & v) { r.loss_chunk = parse_loss_chunk(v); },
+               r.loss_chunk < 0 ? "auto" : std::to_string(r.loss_chunk),
+               "tokens per LM-head + cross-entropy chunk: the B*T*V logits are never stored whole; 0: unchunked; "
+               "auto: chunked (an eighth of the tokens, at least 512) when the fp32 logits would take 64 MiB and a "
+               "quarter of the step's planned peak, the choice printed"));
     keep(c->add_option("--mlp-chunk", r.mlp_chunk,
                        "TiledMLP: tokens per MLP chunk; the MLP's [B*T, 4C] intermediates exist one chunk at a time "
                        "and are recomputed in backward (one more MLP up-projection and activation per step; for long "

@@ -49,6 +49,31 @@ LoraOptions lora_options(const RunConfig & r, const ModelConfig & cfg, DType com
     return l;
 }
 
+int auto_chunk_rows(int64_t rows) {
+    const int64_t share = (rows / kAutoChunkShare + 63) / 64 * 64;
+    return int(std::min<int64_t>(rows, std::max<int64_t>(kAutoChunkMinRows, share)));
+}
+
+int auto_loss_chunk(const ModelConfig & cfg, const Backend & backend, EngineOptions eo) {
+    const uint64_t whole = uint64_t(eo.B) * uint64_t(eo.T) * uint64_t(std::max(0, cfg.vocab_size)) * 4;
+    if (whole < kAutoChunkMinBytes) return 0;   // too small to be worth a plan (a tensor rank's are smaller still)
+    eo.loss_chunk = 0;
+    eo.budget = 0;
+    std::optional<StepPlans> planned;
+    try {
+        planned.emplace(cfg, backend, eo);
+    } catch (const ConfigError &) {
+        return 0;   // what cannot be planned is reported where the run is planned
+    }
+    const StepPlans & plans = *planned;
+    uint64_t logits = 0;
+    for (const BufferDecl & b : plans.train->program().buffers())
+        if (b.name.ends_with("logits")) logits = std::max<uint64_t>(logits, b.bytes);
+    const int rows = auto_chunk_rows(int64_t(eo.B) * eo.T);
+    if (logits < kAutoChunkMinBytes || 4 * logits < plans.reserved().total() || rows >= eo.B * eo.T) return 0;
+    return rows;
+}
+
 EngineOptions engine_options(const RunConfig & r, const ModelConfig & cfg, const Backend & backend, bool with_eval,
                              int pp_stage) {
     check_supported(r, cfg, nullptr);   // the backend's kernels: when the steps are planned (StepPlans)
@@ -89,6 +114,7 @@ EngineOptions engine_options(const RunConfig & r, const ModelConfig & cfg, const
     eo.loss_scaling.growth_interval = r.loss_scale_window;
     eo.loss_scaling.min_scale = r.min_loss_scale;
     eo.seed = r.seed;
+    if (r.loss_chunk < 0) eo.loss_chunk = auto_loss_chunk(cfg, backend, eo);
     return eo;
 }
 
@@ -230,6 +256,12 @@ ResolvedRun resolve_run(const RunConfig & s, const ModelConfig & cfg, const Back
     }
     ResolvedRun r;
     r.eo = engine_options(s, cfg, backend, with_eval, pp_stage);
+    if (s.loss_chunk < 0 && r.eo.loss_chunk > 0)
+        r.notes.push_back(fmt::format("loss chunk: auto chose {} tokens per chunk: the {} of fp32 logits of {} x {} tokens "
+                                      "would be a quarter or more of the step's memory (--loss-chunk 0: unchunked)",
+                                      r.eo.loss_chunk,
+                                      format_bytes(uint64_t(r.eo.B) * uint64_t(r.eo.T) * uint64_t(cfg.vocab_size) * 4),
+                                      r.eo.B, r.eo.T));
     if (s.attention == Attention::auto_ && !r.eo.flash_attention)
         r.notes.push_back(fmt::format("attention: naive ({})", backend.flash_attention_refusal(cfg.head_dim())));
     if (s.recompute.info().kind == RecomputePolicy::budget) {

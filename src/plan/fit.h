@@ -19,6 +19,15 @@ namespace memfit {
 // The LoRA options of the run, checked against the model and the compute precision.
 LoraOptions lora_options(const RunConfig & r, const ModelConfig & cfg, DType compute);
 
+// --loss-chunk auto (RunConfig::loss_chunk < 0): rows per LM-head + loss chunk when the whole
+// fp32 logits would be at least kAutoChunkMinBytes and a quarter of the step's unchunked peak
+// (planned exactly for `eo`), else 0: the rows of kAutoChunkShare of the logits, a multiple of
+// 64 and at least kAutoChunkMinRows. The analytic planner applies the same rule (memory_model.h).
+constexpr uint64_t kAutoChunkMinBytes = uint64_t(64) << 20;
+constexpr int kAutoChunkMinRows = 512, kAutoChunkShare = 8;
+int auto_chunk_rows(int64_t rows);   // the chunk for `rows` tokens when chunking
+int auto_loss_chunk(const ModelConfig & cfg, const Backend & backend, EngineOptions eo);
+
 // The engine's options for one rank's program of `r` (micro_batch per rank, layout.dp the
 // data-parallel ranks; pp_stage: the stage whose program it is): the one place they are built.
 // Asks run/compat.h whether the engine runs it (ConfigError otherwise).

@@ -211,6 +211,12 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     m.device[Category::communication] = comm;
     const uint64_t dequant = lp && lp->quantized() ? ceil_div(uint64_t(lp->largest_projection) * s, tp) : 0;
     m.device[Category::workspace] = hw.name == "cpu" ? 0 : kGemmWorkspace + dequant;
+    // --loss-chunk auto: the engine's rule (plan/fit.h) on these numbers.
+    if (c.loss_chunk < 0 && L.pp == 1) {
+        const uint64_t chunked = uint64_t(auto_chunk_rows(int64_t(rows))) * uint64_t(cfg.vocab_size) * 4 / tp;
+        if (logits >= kAutoChunkMinBytes && 4 * logits >= m.device.total() && chunked < logits)
+            m.device[Category::activations] -= logits - chunked;
+    }
     m.device[Category::runtime] = hw.memory - hw.usable;
     m.loaded = L.pp == 1 ? (L.devices() == 1 ? "the only device" : "every device alike") : "the first pipeline stage";
     return m;

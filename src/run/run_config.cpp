@@ -1,5 +1,7 @@
 #include "run/run_config.h"
 
+#include <charconv>
+
 #include <fmt/format.h>
 
 #include "core/error.h"
@@ -50,6 +52,15 @@ std::string precision_name(DType compute) { return name_of(compute, kPrecisions)
 Attention parse_attention(std::string_view a) { return parse_name("--attention", a, kAttentions); }
 const char * attention_name(Attention a) { return name_of(a, kAttentions); }
 Optimizer parse_optimizer(std::string_view o) { return parse_name("--optimizer", o, kOptimizers); }
+
+int parse_loss_chunk(std::string_view v) {
+    if (v == "auto") return -1;
+    int n = 0;
+    const auto [end, err] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (v.empty() || err != std::errc() || end != v.data() + v.size() || n < 0)
+        throw ConfigError(fmt::format("--loss-chunk '{}': expected auto, 0 (unchunked) or a number of tokens", v));
+    return n;
+}
 const char * optimizer_name(Optimizer o) { return name_of(o, kOptimizers); }
 std::string optimizer_choices() {
     std::string s;
@@ -85,7 +96,7 @@ nlohmann::json run_config_json(const RunConfig & r) {
                         {"precision", r.precision_auto ? std::string("auto") : precision_name(r.compute)},
                         {"attention", attention_name(r.attention)},
                         {"recompute", r.recompute.name()},
-                        {"loss-chunk", r.loss_chunk},
+                        {"loss-chunk", r.loss_chunk < 0 ? nlohmann::json("auto") : nlohmann::json(r.loss_chunk)},
                         {"attention-window", r.attention_window},
                         {"mlp-chunk", r.mlp_chunk},
                         {"optimizer", optimizer_name(r.optimizer)},

@@ -62,7 +62,9 @@ struct RunConfig {
     bool precision_auto = false;   // --precision auto: --fit auto chooses
     Attention attention = Attention::auto_;  // flash: no T x T probabilities kept (one log-sum-exp per query)
     Recompute recompute;           // what the layers keep for backward (model/recompute.h)
-    int loss_chunk = 0;            // tokens per LM-head + loss chunk: the B x T x V logits never whole (0: off)
+    // Tokens per LM-head + loss chunk: the B x T x V logits never whole (0: off; -1: auto, chunked
+    // when the logits would be a large share of the step's memory, plan/fit.h).
+    int loss_chunk = -1;
     // Sliding-window attention: each query attends to its last W keys (Mistral's sliding_window;
     // 0: the model's own). A llama model trained with it is a mistral one (run_model).
     int attention_window = 0;
@@ -112,6 +114,7 @@ std::string precision_name(DType compute);
 Attention parse_attention(std::string_view a);
 const char * attention_name(Attention a);
 Optimizer parse_optimizer(std::string_view o);
+int parse_loss_chunk(std::string_view v);        // "auto" -> -1, else a count of tokens, 0 or more
 const char * optimizer_name(Optimizer o);
 std::string optimizer_choices();                 // "adamw, adamw-bf16, sgd, adamw-8bit"
 double optimizer_state_bytes(Optimizer o);       // per trainable parameter (the planner's models)

@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 
 #include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "plan/fit.h"
 #include "plan/memory_model.h"
 #include "plan/time_model.h"
 #include "train/engine.h"
@@ -115,6 +117,7 @@ TEST(PlanMemory, LossAndMlpChunksShrinkLongSequences) {
     const uint64_t rows = 131072, chunk = 4096, s = 2;
     Candidate c;
     c.recompute = "full";
+    c.loss_chunk = 0;   // not auto: the logits whole
     const uint64_t base = predict_memory(cfg, hw, c, int(rows)).device[Category::activations];
     c.loss_chunk = int(chunk);
     const uint64_t loss = predict_memory(cfg, hw, c, int(rows)).device[Category::activations];
@@ -224,4 +227,51 @@ TEST(PlanMemory, PipelineExtrapolationEqualsTheFullRecording) {
             EXPECT_EQ(fast.loaded, full.loaded);
         }
     }
+}
+
+// --loss-chunk auto (the default): gpt2-6l at 8 x 256 tokens would keep 411 MB of fp32 logits,
+// about a third of its step: chunked by 512 tokens, the note says so, and the analytic model
+// agrees; a byte vocabulary's logits are left whole; 0 keeps them whole; bad values are one line.
+TEST(PlanMemory, AutoLossChunkWhenTheLogitsDominate) {
+    EXPECT_EQ(parse_loss_chunk("auto"), -1);
+    EXPECT_EQ(parse_loss_chunk("0"), 0);
+    EXPECT_EQ(parse_loss_chunk("384"), 384);
+    for (const char * bad : {"", "-3", "12x", "many"}) EXPECT_THROW(parse_loss_chunk(bad), ConfigError) << bad;
+    EXPECT_EQ(auto_chunk_rows(2048), 512);
+    EXPECT_EQ(auto_chunk_rows(65536), 8192);
+    EXPECT_EQ(auto_chunk_rows(300), 300);
+
+    CpuBackend backend;
+    const ModelConfig cfg = model_preset("gpt2-6l");
+    RunConfig r;
+    r.micro_batch = 8;
+    r.grad_accum = 1;
+    r.seq = 256;
+    ASSERT_EQ(r.loss_chunk, -1);
+    const ResolvedRun chosen = resolve_run(r, cfg, backend, false);
+    EXPECT_EQ(chosen.eo.loss_chunk, 512);
+    ASSERT_FALSE(chosen.notes.empty());
+    EXPECT_NE(chosen.notes[0].find("auto chose 512 tokens"), std::string::npos) << chosen.notes[0];
+    r.loss_chunk = 0;
+    const EngineOptions whole = engine_options(r, cfg, backend, false);
+    EXPECT_EQ(whole.loss_chunk, 0);
+    EXPECT_LT(StepPlans(cfg, backend, chosen.eo).reserved().total(),
+              StepPlans(cfg, backend, whole).reserved().total() - 300'000'000);
+
+    ModelConfig micro = model_preset("micro");
+    micro.vocab_size = 256;
+    r.loss_chunk = -1;
+    EXPECT_EQ(engine_options(r, micro, backend, false).loss_chunk, 0);
+
+    Hardware cpu = memfit::test::h100_like();
+    cpu.name = "cpu";
+    Candidate c;
+    c.micro_batch = 8;
+    c.compute = DType::f32;
+    c.recompute = "none";
+    c.loss_chunk = -1;
+    const uint64_t auto_act = predict_memory(cfg, cpu, c, 256).device[Category::activations];
+    c.loss_chunk = 0;
+    EXPECT_EQ(predict_memory(cfg, cpu, c, 256).device[Category::activations] - auto_act,
+              uint64_t(2048 - 512) * 50257 * 4);
 }
