@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -732,8 +733,60 @@ TEST(LowpGemm, AllF32WorkspaceIsOnlyTheScratchpad) {
             EXPECT_EQ(be.gemm_workspace(d), fresh.workspace_bytes(d));
             GemmDesc lo = d;
             lo.a = lo.b = lo.c = DType::bf16;
-            EXPECT_GE(be.gemm_workspace(lo), size_t(d.M * d.K + d.K * d.N + d.M * d.N) * 4);
+            // Native bf16 (a CPU with bf16 instructions): the scratchpad only; else fp32 tiles.
+            if (fresh.native(lo)) EXPECT_EQ(be.gemm_workspace(lo), fresh.native_workspace_bytes(lo));
+            else EXPECT_GE(be.gemm_workspace(lo), size_t(d.M * d.K + d.K * d.N + d.M * d.N) * 4);
         }
+}
+
+// bf16 gemms run on oneDNN's native bf16 matmul where the CPU has one, else through fp32 tiles
+// (gemm_mixed.h); both sum the same bf16 products in fp32, so C agrees to summation order (fp32
+// C) or one bf16 rounding (bf16 C), with bias and accumulation, every transpose. With
+// MEMFIT_CPU_NATIVE_BF16=0 no shape is native, and the backend plans the tiles' workspace.
+TEST(LowpGemm, NativeBf16AgreesWithTheConvertPath) {
+    CpuBackend be;
+    cpu::DnnlGemm tiles_gemm;
+    cpu::MixedGemm tiles(tiles_gemm);
+    std::mt19937 rng(77);
+    int native = 0, cases = 0;
+    for (const bool ta : {false, true})
+        for (const bool tb : {false, true})
+            for (const DType cdt : {DType::bf16, DType::f32})
+                for (const int mode : {0, 1, 2}) {   // plain, + bias, accumulate
+                    GemmDesc d;
+                    d.M = 130, d.N = 300, d.K = 257, d.trans_a = ta, d.trans_b = tb;
+                    d.a = d.b = DType::bf16, d.c = cdt, d.bias = mode == 1, d.accumulate = mode == 2;
+                    SCOPED_TRACE(testing::Message() << "ta " << ta << " tb " << tb << " c " << dtype_name(cdt)
+                                                    << " mode " << mode);
+                    Arr a(d.a, {d.M * d.K}), b(d.b, {d.K * d.N}), bias(d.b, {d.N}), c1(d.c, {d.M * d.N}),
+                        c2(d.c, {d.M * d.N});
+                    a.set(randn(a.n(), rng)), b.set(randn(b.n(), rng)), bias.set(randn(bias.n(), rng));
+                    const std::vector<float> c0 = randn(c1.n(), rng);
+                    c1.set(c0), c2.set(c0);
+                    Workspace w1(be.gemm_workspace(d)), w2(tiles.workspace_bytes(d));
+                    be.gemm(d, c1.t, a.t, b.t, d.bias ? bias.t : Tensor{}, w1.tensor());
+                    tiles.run(d, c2.t.data, a.t.data, b.t.data, d.bias ? bias.t.data : nullptr, w2.tensor().data);
+                    EXPECT_TRUE(w1.guard_intact());
+                    const std::vector<float> x = c1.get(), y = c2.get();
+                    double worst = 0, scale = 0;
+                    for (size_t i = 0; i < x.size(); ++i) {
+                        worst = std::max(worst, double(std::fabs(x[i] - y[i])));
+                        scale = std::max(scale, double(std::fabs(y[i])));
+                    }
+                    EXPECT_LE(worst, (cdt == DType::f32 ? 1e-5 : 1.0 / 128) * scale);
+                    native += tiles_gemm.native(d) && be.gemm_workspace(d) == tiles_gemm.native_workspace_bytes(d);
+                    ++cases;
+                }
+    RecordProperty("native_bf16_cases", native);
+    std::printf("native bf16 matmul on this CPU: %d of %d cases\n", native, cases);
+    setenv("MEMFIT_CPU_NATIVE_BF16", "0", 1);
+    CpuBackend off;
+    cpu::DnnlGemm off_gemm;
+    unsetenv("MEMFIT_CPU_NATIVE_BF16");
+    GemmDesc d;
+    d.M = 130, d.N = 300, d.K = 257, d.a = d.b = d.c = DType::bf16;
+    EXPECT_FALSE(off_gemm.native(d));
+    EXPECT_EQ(off.gemm_workspace(d), tiles.workspace_bytes(d));
 }
 
 TEST(LowpGemm, RepeatsBitwise) {

@@ -61,6 +61,7 @@ const int32_t * docs(const Tensor & doc_start, const Tensor & like) {
 
 size_t CpuBackend::gemm_workspace(const GemmDesc & d) const {
     if (d.a == DType::f32 && d.b == DType::f32 && d.c == DType::f32) return gemm_.workspace_bytes(d);
+    if (gemm_.native(d)) return gemm_.native_workspace_bytes(d);   // bf16 where oneDNN has it
     return mixed_.workspace_bytes(d);
 }
 
@@ -85,6 +86,11 @@ void CpuBackend::gemm(const GemmDesc & d, Tensor c, Tensor a, Tensor b, Tensor b
         return;
     }
     MF_ASSERT(is_float(d.a) && is_float(d.b) && is_float(d.c));
+    if (gemm_.native(d)) {
+        MF_ASSERT((workspace.valid() ? workspace.nbytes() : 0) >= gemm_.native_workspace_bytes(d));
+        gemm_.run_native(d, c.data, a.data, b.data, d.bias ? bias.data : nullptr, workspace.data);
+        return;
+    }
     MF_ASSERT((workspace.valid() ? workspace.nbytes() : 0) >= mixed_.workspace_bytes(d));
     mixed_.run(d, c.data, a.data, b.data, d.bias ? bias.data : nullptr, workspace.data);
 }

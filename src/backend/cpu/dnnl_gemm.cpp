@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -42,7 +43,7 @@ struct ShapeHash {
             h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
         };
         for (int64_t v : {s.M, s.N, s.K, s.a_sm, s.a_sk, s.b_sk, s.b_sn, s.ldc}) mix(uint64_t(v));
-        mix(uint64_t(s.accumulate) | uint64_t(s.bias) << 1);
+        mix(uint64_t(s.accumulate) | uint64_t(s.bias) << 1 | uint64_t(s.ab) << 8 | uint64_t(s.c) << 16);
         return size_t(h);
     }
 };
@@ -62,12 +63,52 @@ struct DnnlGemm::Impl {
     dnnl::engine engine;
     dnnl::stream stream;
     std::unordered_map<MatmulShape, Entry, ShapeHash> cache;
+    std::unordered_map<MatmulShape, bool, ShapeHash> native;   // bf16 shapes: optimized primitive or not
     size_t test_pad = 0;   // MEMFIT_TEST_GEMM_SCRATCH
+    bool native_off = false;   // MEMFIT_CPU_NATIVE_BF16=0
 
     Impl()
         : engine(MF_DNNL(dnnl::engine(dnnl::engine::kind::cpu, 0))),
           stream(MF_DNNL(dnnl::stream(engine))) {
         if (const char * v = std::getenv("MEMFIT_TEST_GEMM_SCRATCH")) test_pad = size_t(std::strtoull(v, nullptr, 10));
+        if (const char * v = std::getenv("MEMFIT_CPU_NATIVE_BF16")) native_off = std::string(v) == "0";
+    }
+
+    static dt dnnl_type(DType t) { return t == DType::bf16 ? dt::bf16 : dt::f32; }
+
+    // A bf16 shape: true when oneDNN creates an optimized primitive for it (a reference
+    // implementation, which oneDNN falls back to on CPUs without bf16 instructions, is slower
+    // than the convert path: no).
+    bool has_native(const MatmulShape & d) {
+        if (native_off) return false;
+        auto it = native.find(d);
+        if (it != native.end()) return it->second;
+        bool ok = false;
+        try {
+            const auto pd = primitive_desc(d);
+            ok = std::string(pd.impl_info_str()).rfind("ref", 0) != 0;
+        } catch (const dnnl::error &) {
+            ok = false;
+        }
+        return native.emplace(d, ok).first->second;
+    }
+
+    dnnl::matmul::primitive_desc primitive_desc(const MatmulShape & d) {
+        // Logical shapes with the strides of the caller's storage.
+        const dnnl::memory::desc a_md({d.M, d.K}, dnnl_type(d.ab), dims{d.a_sm, d.a_sk});
+        const dnnl::memory::desc b_md({d.K, d.N}, dnnl_type(d.ab), dims{d.b_sk, d.b_sn});
+        const dnnl::memory::desc c_md({d.M, d.N}, dnnl_type(d.c), dims{d.ldc, 1});
+        const dnnl::memory::desc bias_md({1, d.N}, dnnl_type(d.ab), dims{d.N, 1});
+        dnnl::primitive_attr attr;
+        attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+        if (d.accumulate) {
+            dnnl::post_ops po;
+            po.append_sum(1.0f);
+            attr.set_post_ops(po);
+        }
+        const dnnl::matmul::desc desc = d.bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md)
+                                               : dnnl::matmul::desc(a_md, b_md, c_md);
+        return dnnl::matmul::primitive_desc(desc, attr, engine);
     }
 
     Entry & get(const MatmulShape & d) {
@@ -76,24 +117,10 @@ struct DnnlGemm::Impl {
 
         MF_ASSERT(d.M > 0 && d.N > 0 && d.K > 0);
         MF_ASSERT(!(d.bias && d.accumulate));
-
-        // Logical shapes with the strides of the caller's storage.
-        const dnnl::memory::desc a_md({d.M, d.K}, dt::f32, dims{d.a_sm, d.a_sk});
-        const dnnl::memory::desc b_md({d.K, d.N}, dt::f32, dims{d.b_sk, d.b_sn});
-        const dnnl::memory::desc c_md({d.M, d.N}, dt::f32, dims{d.ldc, 1});
-        const dnnl::memory::desc bias_md({1, d.N}, dt::f32, dims{d.N, 1});
-
-        dnnl::primitive_attr attr;
-        MF_DNNL(attr.set_scratchpad_mode(dnnl::scratchpad_mode::user));
-        if (d.accumulate) {
-            dnnl::post_ops po;
-            MF_DNNL(po.append_sum(1.0f));
-            MF_DNNL(attr.set_post_ops(po));
-        }
-
-        const dnnl::matmul::desc desc = d.bias ? MF_DNNL(dnnl::matmul::desc(a_md, b_md, bias_md, c_md))
-                                               : MF_DNNL(dnnl::matmul::desc(a_md, b_md, c_md));
-        const auto pd = MF_DNNL(dnnl::matmul::primitive_desc(desc, attr, engine));
+        MF_ASSERT((d.ab == DType::f32 && d.c == DType::f32) || (d.ab == DType::bf16 && has_native(d)));
+        const auto pd = MF_DNNL(primitive_desc(d));
+        const dnnl::memory::desc a_md = pd.src_desc(), b_md = pd.weights_desc(), c_md = pd.dst_desc();
+        const dnnl::memory::desc bias_md({1, d.N}, dnnl_type(d.ab), dims{d.N, 1});
 
         Entry e;
         e.prim          = MF_DNNL(dnnl::matmul(pd));
@@ -116,7 +143,7 @@ struct DnnlGemm::Impl {
 };
 
 MatmulShape matmul_shape(const GemmDesc & d) {
-    MF_ASSERT(d.a == DType::f32 && d.b == DType::f32 && d.c == DType::f32);
+    MF_ASSERT((d.a == DType::f32 && d.b == DType::f32 && d.c == DType::f32) || bf16_operands(d));
     MatmulShape s;
     s.M = d.M, s.N = d.N, s.K = d.K;
     // Row-major storage: A is [M,K] ([K,M] when trans_a), B is [K,N] ([N,K] when trans_b).
@@ -127,6 +154,8 @@ MatmulShape matmul_shape(const GemmDesc & d) {
     s.ldc = d.N;
     s.accumulate = d.accumulate;
     s.bias = d.bias;
+    s.ab = d.a;
+    s.c = d.c;
     return s;
 }
 
@@ -142,8 +171,27 @@ void DnnlGemm::run(const GemmDesc & d, float * c, const float * a, const float *
 
 size_t DnnlGemm::scratch_bytes(const MatmulShape & s) { return impl_->get(s).scratch_bytes; }
 
+bool DnnlGemm::native(const GemmDesc & d) { return bf16_operands(d) && impl_->has_native(matmul_shape(d)); }
+
+size_t DnnlGemm::native_workspace_bytes(const GemmDesc & d) {
+    MF_ASSERT(native(d));
+    return scratch_bytes(matmul_shape(d));
+}
+
+void DnnlGemm::run_native(const GemmDesc & d, void * c, const void * a, const void * b, const void * bias,
+                          void * workspace) {
+    MF_ASSERT(native(d));
+    execute(matmul_shape(d), c, a, b, bias, workspace);
+}
+
 void DnnlGemm::run(const MatmulShape & d, float * c, const float * a, const float * b, const float * bias,
                    void * workspace) {
+    MF_ASSERT(d.ab == DType::f32 && d.c == DType::f32);
+    execute(d, c, a, b, bias, workspace);
+}
+
+void DnnlGemm::execute(const MatmulShape & d, void * c, const void * a, const void * b, const void * bias,
+                       void * workspace) {
     Entry & e = impl_->get(d);
     MF_ASSERT(c != nullptr && a != nullptr && b != nullptr);
     MF_ASSERT(!d.bias || bias != nullptr);
@@ -151,10 +199,10 @@ void DnnlGemm::run(const MatmulShape & d, float * c, const float * a, const floa
 
     // The memory objects were created without buffers; point them at the caller's (inputs are
     // only read, oneDNN's handle type is just not const).
-    MF_DNNL(e.a.set_data_handle(const_cast<float *>(a)));
-    MF_DNNL(e.b.set_data_handle(const_cast<float *>(b)));
+    MF_DNNL(e.a.set_data_handle(const_cast<void *>(a)));
+    MF_DNNL(e.b.set_data_handle(const_cast<void *>(b)));
     MF_DNNL(e.c.set_data_handle(c));
-    if (d.bias) MF_DNNL(e.bias.set_data_handle(const_cast<float *>(bias)));
+    if (d.bias) MF_DNNL(e.bias.set_data_handle(const_cast<void *>(bias)));
     if (e.dnnl_scratch > 0) MF_DNNL(e.scratch.set_data_handle(workspace));
     if (impl_->test_pad > 0) std::memset(static_cast<std::byte *>(workspace) + e.dnnl_scratch, 0xA5, impl_->test_pad);
 

@@ -10,17 +10,25 @@
 
 namespace memfit::cpu {
 
-// One fp32 matmul with explicit element strides: C[M,N] (+)= A[M,K] B[K,N] (+ bias[N]) with
-// A(m,k) = a[m*a_sm + k*a_sk], B(k,n) = b[k*b_sk + n*b_sn], C(m,n) = c[m*ldc + n].
+// One matmul with explicit element strides: C[M,N] (+)= A[M,K] B[K,N] (+ bias[N]) with
+// A(m,k) = a[m*a_sm + k*a_sk], B(k,n) = b[k*b_sk + n*b_sn], C(m,n) = c[m*ldc + n]. All f32, or
+// native bf16: A and B bf16, C bf16 or f32, bias bf16 (oneDNN accumulates in fp32 and rounds C
+// once, after the sum post-op when accumulating).
 struct MatmulShape {
     int64_t M = 0, N = 0, K = 0;
     int64_t a_sm = 0, a_sk = 0, b_sk = 0, b_sn = 0, ldc = 0;
     bool accumulate = false, bias = false;
+    DType ab = DType::f32, c = DType::f32;   // A's and B's (and bias') dtype; C's
     bool operator==(const MatmulShape &) const = default;
 };
 
-// The shape of an all-f32 GemmDesc over the caller's row-major buffers.
+// The shape of a GemmDesc over the caller's row-major buffers (all f32, or bf16 A and B).
 MatmulShape matmul_shape(const GemmDesc & d);
+
+// Whether a GemmDesc's dtypes are a native bf16 matmul's (A and B bf16, C bf16 or f32).
+inline bool bf16_operands(const GemmDesc & d) {
+    return d.a == DType::bf16 && d.b == DType::bf16 && (d.c == DType::bf16 || d.c == DType::f32);
+}
 
 class DnnlGemm {
 public:
@@ -31,6 +39,13 @@ public:
 
     // Scratchpad bytes the primitive for `d` (all f32) needs (creates and caches it).
     size_t workspace_bytes(const GemmDesc & d);
+    // Native bf16 (bf16_operands(d)): whether oneDNN has an optimized (not reference) bf16 matmul
+    // for d on this CPU, decided by creating it (cached; MEMFIT_CPU_NATIVE_BF16=0 says no, so
+    // the tests reach the convert path on any CPU). When true, workspace_bytes and run_native
+    // take d.
+    bool native(const GemmDesc & d);
+    size_t native_workspace_bytes(const GemmDesc & d);
+    void run_native(const GemmDesc & d, void * c, const void * a, const void * b, const void * bias, void * workspace);
     // C (+)= op(A) op(B) (+ bias), all f32. workspace must hold workspace_bytes(d) bytes (may be
     // null if 0).
     void run(const GemmDesc & d, float * c, const float * a, const float * b, const float * bias,
@@ -42,6 +57,7 @@ public:
              void * scratch);
 
 private:
+    void execute(const MatmulShape & s, void * c, const void * a, const void * b, const void * bias, void * scratch);
     struct Impl;
     std::unique_ptr<Impl> impl_;
 };
