@@ -338,6 +338,19 @@ TEST(Cli, LlamaTrainsExportsReimportsAndGenerates) {
     EXPECT_NE(g.err.find("KV cache"), std::string::npos) << g.err;
 }
 
+namespace {
+// The training losses a run logged (metrics.jsonl's step lines), in order.
+std::vector<double> step_losses(const fs::path & run) {
+    std::ifstream metrics(run / "metrics.jsonl");
+    std::vector<double> losses;
+    for (std::string line; std::getline(metrics, line);) {
+        const nlohmann::json m = nlohmann::json::parse(line);
+        if (m.contains("loss") && m.contains("step")) losses.push_back(m["loss"].get<double>());
+    }
+    return losses;
+}
+}  // namespace
+
 // A Llama-3.1-style config.json (rope_scaling of rope_type llama3) trains from the CLI, its loss
 // falls, the export writes the rope_scaling back, and the folder generates with its KV cache.
 TEST(Cli, LlamaWithRopeScalingTrainsAndExports) {
@@ -357,12 +370,7 @@ TEST(Cli, LlamaWithRopeScalingTrainsAndExports) {
                                    " --batch 4 --seq 48 --steps 30 --lr 3e-3 --log-every 1 --eval-every 0 --sample 0 "
                                    "--checkpoint-every 30 --progress plain --out " + run.string());
     ASSERT_EQ(t.code, 0) << t.err << t.out;
-    std::ifstream metrics(run / "metrics.jsonl");
-    std::vector<double> losses;
-    for (std::string line; std::getline(metrics, line);) {
-        const nlohmann::json m = nlohmann::json::parse(line);
-        if (m.contains("loss") && m.contains("step")) losses.push_back(m["loss"].get<double>());
-    }
+    const std::vector<double> losses = step_losses(run);
     ASSERT_GE(losses.size(), 30u);
     EXPECT_LT(losses.back(), 0.8 * losses.front()) << losses.front() << " -> " << losses.back();
     ASSERT_EQ(run_memfit("export " + (run / "checkpoints").string() + " --out " + hf.string()).code, 0);
@@ -446,12 +454,7 @@ TEST(Cli, Qwen3TiledMlpAndAttentionWindow) {
                                    "--mlp-chunk 40 --recompute full --checkpoint-every 20 --progress plain --out " +
                                    run.string());
     ASSERT_EQ(t.code, 0) << t.err << t.out;
-    std::ifstream metrics(run / "metrics.jsonl");
-    std::vector<double> losses;
-    for (std::string line; std::getline(metrics, line);) {
-        const nlohmann::json m = nlohmann::json::parse(line);
-        if (m.contains("loss") && m.contains("step")) losses.push_back(m["loss"].get<double>());
-    }
+    const std::vector<double> losses = step_losses(run);
     ASSERT_GE(losses.size(), 20u);
     EXPECT_LT(losses.back(), 0.9 * losses.front()) << losses.front() << " -> " << losses.back();
     ASSERT_EQ(run_memfit("export " + (run / "checkpoints").string() + " --out " + hf.string()).code, 0);

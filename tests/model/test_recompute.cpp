@@ -72,6 +72,32 @@ RecomputePlan random_masks(std::mt19937 & rng, const char * name = "random") {
     return p;
 }
 
+// Two AdamW steps under each policy: the same loss and the same weights, bit for bit.
+void expect_bitwise_equal(const ModelConfig & cfg, CpuBackend & backend, const std::vector<RecomputePlan> & policies,
+                          bool flash) {
+    std::vector<float> ref;
+    float ref_loss = 0;
+    for (const RecomputePlan & rc : policies) {
+        SCOPED_TRACE(rc.name + (flash ? " flash" : " naive"));
+        Engine e(cfg, backend, options(rc, flash));
+        e.init_params(5);
+        std::vector<int32_t> in(size_t(B * T)), tg(in.size());
+        float loss = 0;
+        for (int s = 0; s < 2; ++s) {
+            random_batch(in, tg, V, uint64_t(s));
+            loss = e.train_step(in.data(), tg.data(), AdamWHyper{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1}).loss;
+        }
+        const size_t P = e.step().layout().total;
+        if (ref.empty()) {
+            ref.assign(e.params(), e.params() + P);
+            ref_loss = loss;
+            continue;
+        }
+        EXPECT_EQ(loss, ref_loss);
+        EXPECT_EQ(0, std::memcmp(ref.data(), e.params(), P * 4));
+    }
+}
+
 }  // namespace
 
 TEST(Recompute, KeptBytesMatchFormulasPerPolicy) {
@@ -139,29 +165,7 @@ TEST(Recompute, EveryPolicyIsBitwiseEqualToKeepingEverything) {
     for (const char * p : {"none", "full", "every:2", "every:3", "sqrt", "selective"})
         policies.push_back(parse_recompute(p, L));
     for (int i = 0; i < 3; ++i) policies.push_back(random_masks(rng));
-    for (bool flash : {false, true}) {
-        std::vector<float> ref;
-        float ref_loss = 0;
-        for (const RecomputePlan & rc : policies) {
-            SCOPED_TRACE(rc.name + (flash ? " flash" : " naive"));
-            Engine e(cfg, backend, options(rc, flash));
-            e.init_params(5);
-            std::vector<int32_t> in(size_t(B * T)), tg(in.size());
-            float loss = 0;
-            for (int s = 0; s < 2; ++s) {
-                random_batch(in, tg, V, uint64_t(s));
-                loss = e.train_step(in.data(), tg.data(), AdamWHyper{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1}).loss;
-            }
-            const size_t P = e.step().layout().total;
-            if (ref.empty()) {
-                ref.assign(e.params(), e.params() + P);
-                ref_loss = loss;
-                continue;
-            }
-            EXPECT_EQ(loss, ref_loss);
-            EXPECT_EQ(0, std::memcmp(ref.data(), e.params(), P * 4));
-        }
-    }
+    for (bool flash : {false, true}) expect_bitwise_equal(cfg, backend, policies, flash);
 }
 
 TEST(Recompute, BudgetMatchesBruteForceOverAllMasks) {
@@ -248,26 +252,8 @@ TEST(Recompute, Qwen3QkNormsRecomputeWithQkv) {
                   base + layers * layer_keep_cost(cfg, B, T, flash, DType::f32, kKeepAll).bytes);
         EXPECT_DOUBLE_EQ(recompute_flops(full.train->program()),
                          layers * layer_keep_cost(cfg, B, T, flash, DType::f32, 0).flops);
-        std::vector<float> ref;
-        float ref_loss = 0;
-        for (const char * pol : {"none", "full", "selective", "every:2"}) {
-            SCOPED_TRACE(pol);
-            Engine e(cfg, backend, options(parse_recompute(pol, layers), flash));
-            e.init_params(5);
-            std::vector<int32_t> in(size_t(B * T)), tg(in.size());
-            float loss = 0;
-            for (int s = 0; s < 2; ++s) {
-                random_batch(in, tg, V, uint64_t(s));
-                loss = e.train_step(in.data(), tg.data(), AdamWHyper{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1}).loss;
-            }
-            const size_t P = e.step().layout().total;
-            if (ref.empty()) {
-                ref.assign(e.params(), e.params() + P);
-                ref_loss = loss;
-                continue;
-            }
-            EXPECT_EQ(loss, ref_loss);
-            EXPECT_EQ(0, std::memcmp(ref.data(), e.params(), P * 4));
-        }
+        std::vector<RecomputePlan> policies;
+        for (const char * pol : {"none", "full", "selective", "every:2"}) policies.push_back(parse_recompute(pol, layers));
+        expect_bitwise_equal(cfg, backend, policies, flash);
     }
 }

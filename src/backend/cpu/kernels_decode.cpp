@@ -32,7 +32,8 @@ void cached_attention_forward(S * out, S * kcache, S * vcache, const S * qkv, in
     const float scale = 1.0f / std::sqrt(float(hd));
 #pragma omp parallel
     {
-        std::vector<float> score(static_cast<size_t>(pos0 + Tn)), acc(static_cast<size_t>(hd));   // (at most)
+        const int most = window > 0 ? std::min(pos0 + Tn, window) : pos0 + Tn;   // keys one task reads
+        std::vector<float> score(static_cast<size_t>(most)), acc(static_cast<size_t>(hd));
 #pragma omp for schedule(static)
         for (int task = 0; task < tasks; ++task) {
             const int t = task % Tn, h = (task / Tn) % NH, b = task / (Tn * NH);
