@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <random>
 
 #include "backend/cpu/matmul_probe.h"
@@ -16,6 +17,28 @@
 #include "train/engine.h"
 
 namespace memfit {
+
+namespace {
+
+// Per op name, per timeline step: wall ms, share of the step, GFLOP/s and MFU against the
+// matmul peak; the costliest first.
+template <class Map>
+nlohmann::json op_class_json(const Map & by_op, double steps, double peak_gflops) {
+    double total = 0;
+    for (const auto & [name, c] : by_op) total += c.ms;
+    std::vector<std::pair<std::string, typename Map::mapped_type>> v(by_op.begin(), by_op.end());
+    std::sort(v.begin(), v.end(), [](const auto & a, const auto & b) { return a.second.ms > b.second.ms; });
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto & [name, c] : v) {
+        const double gflops = c.ms > 0 ? c.flops / (c.ms * 1e6) : 0.0;
+        out.push_back({{"op", name}, {"calls", c.count / int(steps)}, {"ms", c.ms / steps},
+                       {"share", total > 0 ? c.ms / total : 0.0}, {"gflops", gflops},
+                       {"mfu", peak_gflops > 0 ? gflops / peak_gflops : 0.0}});
+    }
+    return out;
+}
+
+}  // namespace
 
 
 nlohmann::json run_bench(const BenchOptions & opt) {
@@ -45,6 +68,10 @@ nlohmann::json run_bench(const BenchOptions & opt) {
     AdamWHyper h;
     h.clip = opt.clip;
     Timeline tl;
+    // --timeline: wall time and FLOPs per op name, summed over the timeline steps.
+    struct OpClass { double ms = 0, flops = 0; int count = 0; };
+    std::map<std::string, OpClass> by_op;
+    const Program & prog = engine.step().program();
     auto timed_step = [&] {
         for (size_t k = 0; k < BT; ++k) { in[k] = tok(rng); tg[k] = tok(rng); }
         const auto t0 = std::chrono::steady_clock::now();
@@ -58,6 +85,13 @@ nlohmann::json run_bench(const BenchOptions & opt) {
             engine.set_timeline(&tl);
             ms_timeline.push_back(timed_step());
             engine.set_timeline(nullptr);
+            for (const TimelineEvent & e : tl.events) {
+                // The LM head's and embedding's ops apart from the blocks' (outside any layer).
+                OpClass & c = by_op[std::string(e.name) + (e.layer < 0 ? " (head)" : "")];
+                c.ms += (e.end_us - e.begin_us) / 1e3;
+                c.flops += prog.ops()[size_t(e.op)].flops;
+                ++c.count;
+            }
         }
     }
     auto median = [](std::vector<double> v) {
@@ -95,6 +129,7 @@ nlohmann::json run_bench(const BenchOptions & opt) {
     if (opt.timeline) {
         j["ms_per_step_with_timeline"] = median(ms_timeline);
         j["timeline_overhead"] = median(ms_timeline) / med - 1.0;
+        j["op_classes"] = op_class_json(by_op, double(ms_timeline.size()), peak);
     }
     return j;
 }

@@ -33,6 +33,10 @@ struct GemmDesc {
     // Storage of A, B and C (bias has B's dtype). Kernels compute in f32; a backend without
     // native low-precision kernels converts tiles through the workspace gemm_workspace() sizes.
     DType a = DType::f32, b = DType::f32, c = DType::f32;
+    // A is stored in f32 and B in bf16, and A may be rounded to bf16 before the multiply: the LM
+    // head's logit gradient, which autocast also takes in bf16. It lets a backend with native
+    // bf16 matmuls use them; one that ignores it multiplies A's fp32 values, as without it.
+    bool round_a = false;
     bool operator==(const GemmDesc &) const = default;
 };
 

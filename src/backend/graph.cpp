@@ -159,14 +159,16 @@ void Graph::matmul_fwd(Tensor out, Tensor inp, Tensor w, Tensor bias, WeightLayo
 }
 
 void Graph::matmul_bwd(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, WeightLayout layout,
-                       bool acc_dinp) {
+                       bool acc_dinp, bool round_dout) {
     const int64_t M = dout.rows(), K = w.numel() / dout.cols(), N = dout.cols();
     const bool frozen = !dw.valid();
     MF_ASSERT(w.numel() == K * N && (frozen || (inp.rows() == M && dw.numel() == K * N)));
     MF_ASSERT(!frozen || (dinp.valid() && !dbias.valid()));
     GemmDesc dd = dinp.valid() ? bwd_data_desc(dinp, dout, w, layout) : GemmDesc{};
     dd.accumulate = acc_dinp;
-    const GemmDesc dwd = frozen ? GemmDesc{} : bwd_weight_desc(dw, dout, inp, layout);
+    dd.round_a = round_dout;
+    GemmDesc dwd = frozen ? GemmDesc{} : bwd_weight_desc(dw, dout, inp, layout);
+    dwd.round_a = round_dout && layout == WeightLayout::out_in;
     if (recording_ && sizing_)
         grow_workspace(std::max(dinp.valid() ? sizing_->gemm_workspace(dd) : 0,
                                 frozen ? 0 : sizing_->gemm_workspace(dwd)));

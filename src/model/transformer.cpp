@@ -590,7 +590,8 @@ void Transformer::head_loss(Graph & g, const ModelWeights & w, const ModelWeight
         if (!dw) continue;
         g.phase(Phase::backward);
         g.xent_bwd(logits, tgt, dloss);
-        g.matmul_bwd(dlnf_.view(r0 * C, {n, C}), dw->head, Tensor{}, logits, x, w.head, WeightLayout::out_in);
+        g.matmul_bwd(dlnf_.view(r0 * C, {n, C}), dw->head, Tensor{}, logits, x, w.head, WeightLayout::out_in, false,
+                     round_logit_grads(w));
     }
 }
 
@@ -613,7 +614,8 @@ void Transformer::head_loss_tp(Graph & g, const ModelWeights & w, const ModelWei
     g.phase(Phase::backward);
     g.xent_shard_bwd(logits, tgt, lse, lo, tp_.vocab, dloss);
     // This rank's vocabulary rows' share of d(final norm output); summed over the group in backward().
-    g.matmul_bwd(dlnf_.view(r0 * C, {n, C}), dw->head, Tensor{}, logits, x, w.head, WeightLayout::out_in);
+    g.matmul_bwd(dlnf_.view(r0 * C, {n, C}), dw->head, Tensor{}, logits, x, w.head, WeightLayout::out_in, false,
+                 round_logit_grads(w));
 }
 
 Transformer::LayerActs Transformer::recompute_dropped(Graph & g, int l, const ModelWeights::Layer & p, Tensor x) const {

@@ -402,6 +402,46 @@ TEST(CpuKernels, CrossEntropyForwardMatchesDouble) {
     }
 }
 
+// GPT-2's vocabulary width (odd: rows start unaligned), where the vectorised exp does the work,
+// and rows holding an infinity or a NaN, which must come out as the libm exp gives them: a NaN
+// or +inf logit makes the loss non-finite (what the loss scaler sees); -inf is a zero probability.
+TEST(CpuKernels, CrossEntropyWideAndNonFiniteRows) {
+    const int N = 6, V = 50257;
+    std::mt19937 rng(21);
+    std::vector<float> logits = randn(size_t(N) * V, rng, 4.0f);
+    logits[size_t(3) * V + 777] = kNaN;
+    logits[size_t(4) * V + 12345] = std::numeric_limits<float>::infinity();
+    logits[size_t(5) * V + 5] = -std::numeric_limits<float>::infinity();
+    const std::vector<int32_t> targets = {50256, 0, -100, 1, 2, 3};
+    const std::vector<float> logits0 = logits;
+    std::vector<float> losses(N, -1.0f);
+    crossentropy_forward(losses.data(), logits.data(), targets.data(), N, V);
+    EXPECT_TRUE(std::isnan(losses[3]));
+    EXPECT_FALSE(std::isfinite(losses[4]));
+    for (const int i : {0, 1, 2, 5}) {
+        const float * z = &logits0[size_t(i) * V];
+        double mx = -1e300, sum = 0.0, psum = 0.0, maxerr = 0.0;
+        for (int j = 0; j < V; ++j) mx = std::max(mx, double(z[j]));
+        for (int j = 0; j < V; ++j) sum += std::exp(double(z[j]) - mx);
+        for (int j = 0; j < V; ++j) {
+            const double p = std::exp(double(z[j]) - mx) / sum, got = logits[size_t(i) * V + j];
+            maxerr = std::max(maxerr, std::fabs(got - p) / std::max(p, 1e-30));
+            psum += got;
+        }
+        // Relative, every probability: the fp32 difference z - max (down to about -40 here) is
+        // rounded before exp, which alone costs up to |z - max| * 2^-24 = 2.4e-6.
+        EXPECT_LT(maxerr, 4e-6) << "row " << i;
+        EXPECT_NEAR(psum, 1.0, 1e-5) << "row " << i;
+        if (targets[i] == -100) {
+            EXPECT_EQ(losses[i], 0.0f);
+        } else {
+            const double nll = mx + std::log(sum) - z[targets[i]];
+            EXPECT_NEAR(losses[i], nll, 1e-6 * (1.0 + nll)) << "row " << i;
+        }
+    }
+    EXPECT_EQ(logits[size_t(5) * V + 5], 0.0f);
+}
+
 TEST(CpuKernels, CrossEntropyBackwardMatchesFiniteDifferences) {
     const int B = 2, T = 5, N = B * T, V = 11;
     std::mt19937 rng(12);

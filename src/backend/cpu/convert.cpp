@@ -68,6 +68,15 @@ void load_rows(float * dst, const void * src, DType st, size_t lds, int64_t rows
     });
 }
 
+void round_rows(void * dst, DType dt, const float * src, size_t lds, int64_t rows, int64_t cols) {
+    with_type(dt, [&](auto dz) {
+        using D = decltype(dz);
+        D * d = static_cast<D *>(dst);
+#pragma omp parallel for schedule(static) if (size_t(rows * cols) >= kSerialBelow)
+        for (int64_t r = 0; r < rows; ++r) from_f32_row(d + r * cols, src + size_t(r) * lds, size_t(cols));
+    });
+}
+
 void store_rows(void * dst, DType dt, size_t ldd, const float * src, int64_t rows, int64_t cols, bool accumulate) {
     with_type(dt, [&](auto dz) {
         using D = decltype(dz);

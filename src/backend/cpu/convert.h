@@ -59,6 +59,10 @@ void convert(void * dst, DType dt, const void * src, DType st, size_t n);
 // dst[r * cols + c] = float(src[r * lds + c]) for r < rows, c < cols (src elements of dtype st).
 void load_rows(float * dst, const void * src, DType st, size_t lds, int64_t rows, int64_t cols);
 
+// dst[r * cols + c] = round(src[r * lds + c]) for r < rows, c < cols, dst of dtype dt: the
+// rounding twin of load_rows.
+void round_rows(void * dst, DType dt, const float * src, size_t lds, int64_t rows, int64_t cols);
+
 // dst[r * ldd + c] = round((accumulate ? dst[r * ldd + c] : 0) + src[r * cols + c]), dst of
 // dtype dt (for f32 and accumulate: one fp32 add, like the gemm's sum post-op).
 void store_rows(void * dst, DType dt, size_t ldd, const float * src, int64_t rows, int64_t cols, bool accumulate);

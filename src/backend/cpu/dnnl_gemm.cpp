@@ -184,6 +184,14 @@ void DnnlGemm::run_native(const GemmDesc & d, void * c, const void * a, const vo
     execute(matmul_shape(d), c, a, b, bias, workspace);
 }
 
+bool DnnlGemm::native(const MatmulShape & s) { return s.ab == DType::bf16 && impl_->has_native(s); }
+
+void DnnlGemm::run_native(const MatmulShape & s, void * c, const void * a, const void * b, const void * bias,
+                          void * scratch) {
+    MF_ASSERT(native(s));
+    execute(s, c, a, b, bias, scratch);
+}
+
 void DnnlGemm::run(const MatmulShape & d, float * c, const float * a, const float * b, const float * bias,
                    void * workspace) {
     MF_ASSERT(d.ab == DType::f32 && d.c == DType::f32);

@@ -55,6 +55,11 @@ public:
     size_t scratch_bytes(const MatmulShape & s);
     void run(const MatmulShape & s, float * c, const float * a, const float * b, const float * bias,
              void * scratch);
+    // An explicit bf16 shape (s.ab bf16): whether it is native, as native(GemmDesc); and its run
+    // (s native; the dtypes of s).
+    bool native(const MatmulShape & s);
+    void run_native(const MatmulShape & s, void * c, const void * a, const void * b, const void * bias,
+                    void * scratch);
 
 private:
     void execute(const MatmulShape & s, void * c, const void * a, const void * b, const void * bias, void * scratch);

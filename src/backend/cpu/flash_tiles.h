@@ -80,26 +80,6 @@ struct BackwardPair {
     }
 };
 
-// exp(x), for x <= 88 (the largest argument here is a rounding error above 0), with relative
-// error < 1e-7. Cephes-style: x = n ln2 + r with |r| <= ln2/2, exp(r) by a polynomial, 2^n put
-// in the exponent bits.
-// Arguments below -87 (results near FLT_MIN and below, and -inf) give 0: the value computed for
-// them is garbage and is masked off with integer operations. Free of branches and of float
-// comparisons in selects (which GCC does not if-convert under -ftrapping-math), so that
-// `omp simd` loops calling it vectorise.
-inline float fast_exp(float x) {
-    const float t = x * kExpLog2e + kExpRound;
-    const float n = t - kExpRound;
-    float r = x - n * kExpLn2Hi;
-    r = r - n * kExpLn2Lo;
-    const float y = exp_reduced(r);
-    // bits(t) = bits(kExpRound) + n; 2^n has exponent field n + 127 (>= 1 for x >= -87).
-    const uint32_t pow2n = (std::bit_cast<uint32_t>(t) - 0x4B400000u + 127u) << 23;
-    const float res = y * std::bit_cast<float>(pow2n);
-    const uint32_t keep = 0u - static_cast<uint32_t>(x >= -87.0f);  // all ones, or 0 to flush
-    return std::bit_cast<float>(std::bit_cast<uint32_t>(res) & keep);
-}
-
 // Which part of a diagonal (causal) tile a product needs, with rows m and the reduction index
 // k (or the columns n) counted from the same origin.
 enum class Causal {

@@ -1,8 +1,10 @@
 // CPU kernels: softmax cross-entropy, forward and backward (in place). Contracts are in
 // kernels.h. Rows are independent, so both kernels parallelise over rows. Rows whose target is
 // the ignore index (-100) still get their softmax in the forward (loss 0); the backward zeroes
-// them. The row sum of exponentials is accumulated in double (the loop is scalar anyway: glibc's
-// expf does not vectorise without -ffast-math).
+// them. The row sum of exponentials is accumulated in double. exp is the vectorised polynomial
+// (fast_exp, relative error < 1e-7; glibc's expf does not vectorise without -ffast-math) on rows
+// whose logits are all finite; a row holding an infinity or a NaN takes glibc's exp, so that it
+// gives the same inf/NaN loss as before (what the loss scaler and the divergence checks see).
 //
 // The vocabulary-parallel kernels split the same arithmetic over shards of columns: each shard's
 // log-sum-exp (its own max first), the shards' combined in double (max first again), then the
@@ -14,6 +16,7 @@
 #include <cstddef>
 #include <limits>
 
+#include "backend/cpu/exp_poly.h"
 #include "core/error.h"
 
 namespace memfit::cpu {
@@ -33,6 +36,43 @@ int shard_column(int32_t t, int64_t vocab_lo, int valid) {
     const int64_t j = int64_t(t) - vocab_lo;
     return t != kIgnoreIndex && j >= 0 && j < valid ? static_cast<int>(j) : -1;
 }
+
+// The largest of row[0, n) (n >= 1); `finite` false when any value is an infinity or a NaN
+// (x * 0 is 0 exactly for finite x and NaN otherwise).
+float row_max(const float * row, int n, bool & finite) {
+    float maxv = row[0], zero = 0.0f;
+#pragma omp simd reduction(max : maxv) reduction(+ : zero)
+    for (int j = 0; j < n; ++j) {
+        maxv = row[j] > maxv ? row[j] : maxv;
+        zero += row[j] * 0.0f;
+    }
+    finite = zero == 0.0f;
+    return maxv;
+}
+
+// sum_j exp(row[j] - maxv) in double over row[0, n); with `out`, also out[j] = exp(row[j] - maxv)
+// (out may be row).
+double exp_sum(const float * row, float * out, int n, float maxv, bool finite) {
+    double sum = 0.0;
+    if (!finite) {
+        for (int j = 0; j < n; ++j) {
+            const float e = std::exp(row[j] - maxv);
+            if (out) out[j] = e;
+            sum += e;
+        }
+    } else if (out) {
+#pragma omp simd reduction(+ : sum)
+        for (int j = 0; j < n; ++j) {
+            const float e = fast_exp(row[j] - maxv);
+            out[j] = e;
+            sum += e;
+        }
+    } else {
+#pragma omp simd reduction(+ : sum)
+        for (int j = 0; j < n; ++j) sum += fast_exp(row[j] - maxv);
+    }
+    return sum;
+}
 }  // namespace
 
 void crossentropy_forward(float * losses, float * logits_to_probs, const int32_t * targets,
@@ -43,18 +83,11 @@ void crossentropy_forward(float * losses, float * logits_to_probs, const int32_t
         const int32_t target = targets[r];
         MF_ASSERT(target == kIgnoreIndex || (target >= 0 && target < V));
 
-        float maxv = row[0];
-#pragma omp simd reduction(max : maxv)
-        for (int j = 0; j < V; ++j) maxv = row[j] > maxv ? row[j] : maxv;
-
+        bool finite = true;
+        const float maxv = row_max(row, V, finite);
         // Read the target logit before the row is overwritten with probabilities.
         const float target_logit = target == kIgnoreIndex ? 0.0f : row[target];
-        double sum = 0.0;
-        for (int j = 0; j < V; ++j) {
-            const float e = std::exp(row[j] - maxv);
-            row[j] = e;
-            sum += e;
-        }
+        const double sum = exp_sum(row, row, V, maxv, finite);
         const double lse = static_cast<double>(maxv) + std::log(sum);
         losses[r] = target == kIgnoreIndex ? 0.0f
                                            : static_cast<float>(lse - static_cast<double>(target_logit));
@@ -99,11 +132,9 @@ void crossentropy_shard_stats(float * stats, const float * logits, const int32_t
             stats[r] = kNegInf;
             continue;
         }
-        float maxv = row[0];
-#pragma omp simd reduction(max : maxv)
-        for (int j = 0; j < nv; ++j) maxv = row[j] > maxv ? row[j] : maxv;
-        double sum = 0.0;
-        for (int j = 0; j < nv; ++j) sum += std::exp(row[j] - maxv);
+        bool finite = true;
+        const float maxv = row_max(row, nv, finite);
+        const double sum = exp_sum(row, nullptr, nv, maxv, finite);
         stats[r] = static_cast<float>(static_cast<double>(maxv) + std::log(sum));
     }
 }
@@ -144,7 +175,14 @@ void crossentropy_shard_backward(float * logits_to_dlogits, const int32_t * targ
         const int col = shard_column(target, vocab_lo, nv);
         const float l = lse[r];
         const float p_target = col < 0 ? 0.0f : std::exp(row[col] - l);
-        for (int j = 0; j < nv; ++j) row[j] = std::exp(row[j] - l) * dloss;
+        bool finite = std::isfinite(l);
+        if (nv > 0 && finite) row_max(row, nv, finite);
+        if (finite) {
+#pragma omp simd
+            for (int j = 0; j < nv; ++j) row[j] = fast_exp(row[j] - l) * dloss;
+        } else {
+            for (int j = 0; j < nv; ++j) row[j] = std::exp(row[j] - l) * dloss;
+        }
 #pragma omp simd
         for (int j = nv; j < Vl; ++j) row[j] = 0.0f;
         if (col >= 0) row[col] = (p_target - 1.0f) * dloss;
