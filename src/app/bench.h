@@ -16,7 +16,7 @@ struct BenchOptions : RunConfig {
     int steps = 8;          // timed steps
     int warmup = 2;         // untimed steps first
     bool probe = true;      // measure the matmul peak for MFU
-    bool timeline = false;  // also time steps that record the op timeline (alternating) and report the overhead
+    bool timeline = false;  // also time steps that record the op timeline (alternating): its overhead, per-op times
 };
 
 

@@ -76,7 +76,10 @@ DpRun train(const ModelConfig & cfg, DType dt, int G, int T, int k, int steps, C
 
 // Parameters after training: fp32 within fp32 rounding of the one-process run; bf16 within
 // what per-rank rounding of 16-bit gradients can move AdamW by: its normalised update can move a
-// parameter with a tiny gradient by up to 2 lr per step.
+// parameter with a tiny gradient by up to 2 lr per step. The relative RMS difference of the
+// tiny GPT-2 in bf16 measured 0.0089-0.0104 at 2 and 4 ranks (0.0104 since the LM head's
+// backward takes the logit gradients in bf16 on CPUs with native bf16 matmuls); bound 2e-2,
+// the losses' tolerance.
 void expect_same_params(const DpRun & dp, const DpRun & one, DType dt, int steps, float lr) {
     ASSERT_EQ(dp.params.size(), one.params.size());
     double worst = 0, diff2 = 0, norm2 = 0;
@@ -90,7 +93,7 @@ void expect_same_params(const DpRun & dp, const DpRun & one, DType dt, int steps
         EXPECT_LT(worst, 1e-4) << "largest parameter difference";
     } else {
         EXPECT_LT(worst, 2.0 * lr * steps + 1e-3) << "largest parameter difference";
-        EXPECT_LT(std::sqrt(diff2 / norm2), 1e-2) << "relative RMS parameter difference";
+        EXPECT_LT(std::sqrt(diff2 / norm2), 2e-2) << "relative RMS parameter difference";
     }
 }
 

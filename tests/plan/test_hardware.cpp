@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <string>
 
@@ -328,6 +329,36 @@ TEST(Hardware, StreamBandwidthProbeIsPositive) {
     EXPECT_THROW(memfit::measure_stream_bandwidth(1000, 1), memfit::ConfigError);
     EXPECT_GT(memfit::measure_offload_bandwidth(::testing::TempDir(), 8 * memfit::MiB, 2), 1e7);
     EXPECT_THROW(memfit::measure_offload_bandwidth("/nonexistent/dir", memfit::MiB, 1), memfit::IoError);
+}
+
+// `memfit bench --timeline`: the step broken down by op, the LM head's gemms apart, shares of the
+// ops' time summing to one and within the timed step; a bf16 step's MFU against the bf16 peak.
+TEST(Hardware, BenchTimelineBreaksTheStepDownByOp) {
+    std::string out;
+    ASSERT_EQ(run_memfit("bench --model nano --batch 2 --seq 32 --steps 2 --warmup 1 --threads 1 --timeline "
+                         "--precision bf16", &out), 0) << out;
+    const nlohmann::json j = nlohmann::json::parse(out.substr(0, out.find('\n')));
+    const double bf16_peak = j.at("matmul_bf16_onednn_gflops").get<double>() > 0
+                                 ? j["matmul_bf16_onednn_gflops"].get<double>()
+                                 : j.at("matmul_bf16_storage_gflops").get<double>();
+    EXPECT_GT(bf16_peak, 0) << j.dump();
+    EXPECT_DOUBLE_EQ(j.at("mfu_peak_gflops").get<double>(), bf16_peak);
+    EXPECT_NEAR(j.at("mfu").get<double>(), j.at("achieved_gflops").get<double>() / bf16_peak, 1e-12);
+    std::map<std::string, nlohmann::json> ops;
+    double share = 0, ms = 0;
+    for (const auto & o : j.at("op_classes")) {
+        ops[o.at("op").get<std::string>()] = o;
+        share += o.at("share").get<double>();
+        ms += o.at("ms").get<double>();
+        EXPECT_GE(o.at("gflops").get<double>(), 0.0) << o.dump();
+    }
+    EXPECT_NEAR(share, 1.0, 1e-9);
+    EXPECT_LE(ms, j.at("ms_per_step_with_timeline").get<double>() * 1.05);   // rounding of the median
+    for (const char * name : {"matmul_fwd", "matmul_bwd", "matmul_fwd (lm head)", "matmul_bwd (lm head)", "xent_fwd",
+                              "adamw"})
+        ASSERT_TRUE(ops.count(name)) << name << " missing: " << j.dump();
+    EXPECT_EQ(ops["matmul_fwd"].at("calls").get<int>() % 4, 0);   // qkv, proj, fc, fc_proj per block
+    EXPECT_GT(ops["matmul_fwd"].at("gflops").get<double>(), 0.0);
 }
 
 TEST(Hardware, BenchCalibrateWritesTheFileThePlannerReads) {
