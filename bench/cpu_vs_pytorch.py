@@ -8,10 +8,12 @@ autocast (the same model written below in plain PyTorch, with fp32 master weight
 its own process; the table gives per run the median tokens/s over the rounds (min-max), the
 median ms/step and the peak RSS, then the ratios the issue asks about.
 
-PyTorch's setup is its fastest on these machines: Debian's python3-torch (1.13, OpenBLAS's
-OpenMP build) with OPENBLAS_CORETYPE=SkylakeX where the CPU has AVX-512 (Haswell otherwise),
-OMP_NUM_THREADS and torch.set_num_threads at the thread count. Torch 1.13 has no
-scaled_dot_product_attention: attention is the explicit masked softmax.
+PyTorch's setup is its fastest on these machines: Debian's python3-torch (1.13) on OpenBLAS's
+OpenMP build, OPENBLAS_CORETYPE=SkylakeX where the CPU has AVX-512 (Haswell otherwise),
+OMP_NUM_THREADS and torch.set_num_threads at the thread count. Debian's torch calls whatever
+libblas.so.3 is installed: `apt-get install python3-torch libopenblas0-openmp` (with only the
+reference BLAS, libblas3, its fp32 matmuls run at about 3 GFLOP/s; the script refuses). Torch
+1.13 has no scaled_dot_product_attention: attention is the explicit masked softmax.
 
 usage: python3 bench/cpu_vs_pytorch.py [--memfit build/memfit] [--rounds 3] [--steps 5]
 (run with /usr/bin/python3, which has Debian's torch)
@@ -123,6 +125,11 @@ def main():
     if (a.layers, a.embd, a.heads, a.vocab) != (6, 384, 6, 50257):
         sys.exit("memfit's side is the gpt2-6l preset: keep --layers 6 --embd 384 --heads 6 --vocab 50257")
 
+    blas = subprocess.run(["update-alternatives", "--query", "libblas.so.3-x86_64-linux-gnu"],
+                          capture_output=True, text=True).stdout
+    if "openblas" not in blas.split("Value:", 1)[-1].split("\n", 1)[0]:
+        sys.exit("libblas.so.3 is not OpenBLAS: apt-get install libopenblas0-openmp (Debian's torch would run its "
+                 "matmuls on the reference BLAS)")
     name, flags = cpu_facts()
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), OPENBLAS_NUM_THREADS=str(a.threads),
                OPENBLAS_CORETYPE="SkylakeX" if "avx512f" in flags else "Haswell")
