@@ -20,13 +20,15 @@ namespace memfit {
 
 namespace {
 
+// --timeline: wall time and FLOPs of one op name, summed over the timeline steps.
+struct OpClass { double ms = 0, flops = 0; int count = 0; };
+
 // Per op name, per timeline step: wall ms, share of the step, GFLOP/s and MFU against the
 // matmul peak; the costliest first.
-template <class Map>
-nlohmann::json op_class_json(const Map & by_op, double steps, double peak_gflops) {
+nlohmann::json op_class_json(const std::map<std::string, OpClass> & by_op, double steps, double peak_gflops) {
     double total = 0;
     for (const auto & [name, c] : by_op) total += c.ms;
-    std::vector<std::pair<std::string, typename Map::mapped_type>> v(by_op.begin(), by_op.end());
+    std::vector<std::pair<std::string, OpClass>> v(by_op.begin(), by_op.end());
     std::sort(v.begin(), v.end(), [](const auto & a, const auto & b) { return a.second.ms > b.second.ms; });
     nlohmann::json out = nlohmann::json::array();
     for (const auto & [name, c] : v) {
@@ -68,9 +70,7 @@ nlohmann::json run_bench(const BenchOptions & opt) {
     AdamWHyper h;
     h.clip = opt.clip;
     Timeline tl;
-    // --timeline: wall time and FLOPs per op name, summed over the timeline steps.
-    struct OpClass { double ms = 0, flops = 0; int count = 0; };
-    std::map<std::string, OpClass> by_op;
+    std::map<std::string, OpClass> by_op;   // --timeline
     const Program & prog = engine.step().program();
     auto timed_step = [&] {
         for (size_t k = 0; k < BT; ++k) { in[k] = tok(rng); tg[k] = tok(rng); }

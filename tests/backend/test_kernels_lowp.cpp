@@ -740,6 +740,35 @@ TEST(LowpGemm, AllF32WorkspaceIsOnlyTheScratchpad) {
         }
 }
 
+// The 24 gemm cases of the bf16 tests: every transpose, C bf16 or f32, plain, + bias or
+// accumulate; f(d) under a trace naming the case.
+template <class F>
+void for_each_bf16_gemm(int64_t M, int64_t N, int64_t K, DType a, F && f) {
+    for (const bool ta : {false, true})
+        for (const bool tb : {false, true})
+            for (const DType cdt : {DType::bf16, DType::f32})
+                for (const int mode : {0, 1, 2}) {   // plain, + bias, accumulate
+                    GemmDesc d;
+                    d.M = M, d.N = N, d.K = K, d.trans_a = ta, d.trans_b = tb;
+                    d.a = a, d.b = DType::bf16, d.c = cdt, d.bias = mode == 1, d.accumulate = mode == 2;
+                    SCOPED_TRACE(testing::Message() << "ta " << ta << " tb " << tb << " c " << dtype_name(cdt)
+                                                    << " mode " << mode);
+                    f(d);
+                }
+}
+
+// Two gemms summing the same bf16 products in fp32: equal to summation order (f32 C) or one
+// bf16 rounding (bf16 C), relative to the largest element.
+void expect_same_products(const std::vector<float> & got, const std::vector<float> & want, DType c) {
+    ASSERT_EQ(got.size(), want.size());
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        worst = std::max(worst, double(std::fabs(got[i] - want[i])));
+        scale = std::max(scale, double(std::fabs(want[i])));
+    }
+    EXPECT_LE(worst, (c == DType::f32 ? 1e-5 : 1.0 / 128) * scale);
+}
+
 // bf16 gemms run on oneDNN's native bf16 matmul where the CPU has one, else through fp32 tiles
 // (gemm_mixed.h); both sum the same bf16 products in fp32, so C agrees to summation order (fp32
 // C) or one bf16 rounding (bf16 C), with bias and accumulation, every transpose. With
@@ -750,34 +779,19 @@ TEST(LowpGemm, NativeBf16AgreesWithTheConvertPath) {
     cpu::MixedGemm tiles(tiles_gemm);
     std::mt19937 rng(77);
     int native = 0, cases = 0;
-    for (const bool ta : {false, true})
-        for (const bool tb : {false, true})
-            for (const DType cdt : {DType::bf16, DType::f32})
-                for (const int mode : {0, 1, 2}) {   // plain, + bias, accumulate
-                    GemmDesc d;
-                    d.M = 130, d.N = 300, d.K = 257, d.trans_a = ta, d.trans_b = tb;
-                    d.a = d.b = DType::bf16, d.c = cdt, d.bias = mode == 1, d.accumulate = mode == 2;
-                    SCOPED_TRACE(testing::Message() << "ta " << ta << " tb " << tb << " c " << dtype_name(cdt)
-                                                    << " mode " << mode);
-                    Arr a(d.a, {d.M * d.K}), b(d.b, {d.K * d.N}), bias(d.b, {d.N}), c1(d.c, {d.M * d.N}),
-                        c2(d.c, {d.M * d.N});
-                    a.set(randn(a.n(), rng)), b.set(randn(b.n(), rng)), bias.set(randn(bias.n(), rng));
-                    const std::vector<float> c0 = randn(c1.n(), rng);
-                    c1.set(c0), c2.set(c0);
-                    Workspace w1(be.gemm_workspace(d)), w2(tiles.workspace_bytes(d));
-                    be.gemm(d, c1.t, a.t, b.t, d.bias ? bias.t : Tensor{}, w1.tensor());
-                    tiles.run(d, c2.t.data, a.t.data, b.t.data, d.bias ? bias.t.data : nullptr, w2.tensor().data);
-                    EXPECT_TRUE(w1.guard_intact());
-                    const std::vector<float> x = c1.get(), y = c2.get();
-                    double worst = 0, scale = 0;
-                    for (size_t i = 0; i < x.size(); ++i) {
-                        worst = std::max(worst, double(std::fabs(x[i] - y[i])));
-                        scale = std::max(scale, double(std::fabs(y[i])));
-                    }
-                    EXPECT_LE(worst, (cdt == DType::f32 ? 1e-5 : 1.0 / 128) * scale);
-                    native += tiles_gemm.native(d) && be.gemm_workspace(d) == tiles_gemm.native_workspace_bytes(d);
-                    ++cases;
-                }
+    for_each_bf16_gemm(130, 300, 257, DType::bf16, [&](const GemmDesc & d) {
+        Arr a(d.a, {d.M * d.K}), b(d.b, {d.K * d.N}), bias(d.b, {d.N}), c1(d.c, {d.M * d.N}), c2(d.c, {d.M * d.N});
+        a.set(randn(a.n(), rng)), b.set(randn(b.n(), rng)), bias.set(randn(bias.n(), rng));
+        const std::vector<float> c0 = randn(c1.n(), rng);
+        c1.set(c0), c2.set(c0);
+        Workspace w1(be.gemm_workspace(d)), w2(tiles.workspace_bytes(d));
+        be.gemm(d, c1.t, a.t, b.t, d.bias ? bias.t : Tensor{}, w1.tensor());
+        tiles.run(d, c2.t.data, a.t.data, b.t.data, d.bias ? bias.t.data : nullptr, w2.tensor().data);
+        EXPECT_TRUE(w1.guard_intact());
+        expect_same_products(c1.get(), c2.get(), d.c);
+        native += tiles_gemm.native(d) && be.gemm_workspace(d) == tiles_gemm.native_workspace_bytes(d);
+        ++cases;
+    });
     RecordProperty("native_bf16_cases", native);
     std::printf("native bf16 matmul on this CPU: %d of %d cases\n", native, cases);
     setenv("MEMFIT_CPU_NATIVE_BF16", "0", 1);
@@ -802,61 +816,46 @@ TEST(LowpGemm, RoundedLeftOperandIsTheGemmOfItsBf16Rounding) {
     cpu::MixedGemm small(small_gemm, {size_t{48} << 10, 16});
     std::mt19937 rng(78);
     int rounded = 0;
-    for (const bool ta : {false, true})
-        for (const bool tb : {false, true})
-            for (const DType cdt : {DType::bf16, DType::f32})
-                for (const int mode : {0, 1, 2}) {   // plain, + bias, accumulate
-                    GemmDesc d;
-                    d.M = 130, d.N = 100, d.K = 257, d.trans_a = ta, d.trans_b = tb;
-                    d.a = DType::f32, d.b = DType::bf16, d.c = cdt, d.bias = mode == 1, d.accumulate = mode == 2;
-                    d.round_a = true;
-                    GemmDesc exact = d, ref = d;
-                    exact.round_a = false;
-                    ref.round_a = false, ref.a = DType::bf16;
-                    SCOPED_TRACE(testing::Message() << "ta " << ta << " tb " << tb << " c " << dtype_name(cdt)
-                                                    << " mode " << mode);
-                    Arr a(d.a, {d.M * d.K}), a16(ref.a, {d.M * d.K}), b(d.b, {d.K * d.N}), bias(d.b, {d.N});
-                    a.set(randn(a.n(), rng)), b.set(randn(b.n(), rng)), bias.set(randn(bias.n(), rng));
-                    a16.set(a.get());   // A's bf16 rounding
-                    const std::vector<float> c0 = randn(size_t(d.M * d.N), rng);
-                    auto gemm = [&](const GemmDesc & g, const Arr & lhs, bool small_tiles) {
-                        Arr c(g.c, {g.M * g.N});
-                        c.set(c0);
-                        const Tensor bt = g.bias ? bias.t : Tensor{};
-                        if (small_tiles) {
-                            Workspace w(small.workspace_bytes(g));
-                            small.run(g, c.t.data, lhs.t.data, b.t.data, g.bias ? bias.t.data : nullptr, w.tensor().data);
-                            EXPECT_TRUE(w.guard_intact());
-                        } else {
-                            Workspace w(be.gemm_workspace(g));
-                            be.gemm(g, c.t, lhs.t, b.t, bt, w.tensor());
-                            EXPECT_TRUE(w.guard_intact());
-                        }
-                        return c.get();
-                    };
-                    const std::vector<float> want = gemm(ref, a16, false);
-                    const bool native = small_gemm.native(ref);
-                    for (const bool small_tiles : {false, true}) {
-                        const std::vector<float> got = gemm(d, a, small_tiles);
-                        if (!native) {   // the same tiles as without the flag
-                            EXPECT_EQ(got, gemm(exact, a, small_tiles));
-                            continue;
-                        }
-                        double worst = 0, scale = 0;
-                        for (size_t i = 0; i < got.size(); ++i) {
-                            worst = std::max(worst, double(std::fabs(got[i] - want[i])));
-                            scale = std::max(scale, double(std::fabs(want[i])));
-                        }
-                        EXPECT_LE(worst, (cdt == DType::f32 ? 1e-5 : 1.0 / 128) * scale);
-                    }
-                    if (native) {
-                        const cpu::GemmTilePlan & p = small.plan(d);
-                        EXPECT_TRUE(p.round_a);
-                        EXPECT_GT(p.m_tiles * p.n_tiles, 1);
-                        EXPECT_EQ(p.bytes, p.off_scratch + p.scratch_bytes);
-                        ++rounded;
-                    }
-                }
+    for_each_bf16_gemm(130, 100, 257, DType::f32, [&](GemmDesc d) {
+        d.round_a = true;
+        GemmDesc exact = d, ref = d;
+        exact.round_a = false;
+        ref.round_a = false, ref.a = DType::bf16;
+        Arr a(d.a, {d.M * d.K}), a16(ref.a, {d.M * d.K}), b(d.b, {d.K * d.N}), bias(d.b, {d.N});
+        a.set(randn(a.n(), rng)), b.set(randn(b.n(), rng)), bias.set(randn(bias.n(), rng));
+        a16.set(a.get());   // A's bf16 rounding
+        const std::vector<float> c0 = randn(size_t(d.M * d.N), rng);
+        auto gemm = [&](const GemmDesc & g, const Arr & lhs, bool small_tiles) {
+            Arr c(g.c, {g.M * g.N});
+            c.set(c0);
+            if (small_tiles) {
+                Workspace w(small.workspace_bytes(g));
+                small.run(g, c.t.data, lhs.t.data, b.t.data, g.bias ? bias.t.data : nullptr, w.tensor().data);
+                EXPECT_TRUE(w.guard_intact());
+            } else {
+                Workspace w(be.gemm_workspace(g));
+                be.gemm(g, c.t, lhs.t, b.t, g.bias ? bias.t : Tensor{}, w.tensor());
+                EXPECT_TRUE(w.guard_intact());
+            }
+            return c.get();
+        };
+        const std::vector<float> want = gemm(ref, a16, false);
+        const bool native = small_gemm.native(ref);
+        for (const bool small_tiles : {false, true}) {
+            const std::vector<float> got = gemm(d, a, small_tiles);
+            if (native)
+                expect_same_products(got, want, d.c);
+            else   // the same tiles as without the flag
+                EXPECT_EQ(got, gemm(exact, a, small_tiles));
+        }
+        if (native) {
+            const cpu::GemmTilePlan & p = small.plan(d);
+            EXPECT_TRUE(p.round_a);
+            EXPECT_GT(p.m_tiles * p.n_tiles, 1);
+            EXPECT_EQ(p.bytes, p.off_scratch + p.scratch_bytes);
+            ++rounded;
+        }
+    });
     std::printf("rounded-A native bf16 gemms on this CPU: %d of 24 cases\n", rounded);
     setenv("MEMFIT_CPU_NATIVE_BF16", "0", 1);
     cpu::DnnlGemm off_gemm;

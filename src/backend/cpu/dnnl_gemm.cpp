@@ -171,7 +171,7 @@ void DnnlGemm::run(const GemmDesc & d, float * c, const float * a, const float *
 
 size_t DnnlGemm::scratch_bytes(const MatmulShape & s) { return impl_->get(s).scratch_bytes; }
 
-bool DnnlGemm::native(const GemmDesc & d) { return bf16_operands(d) && impl_->has_native(matmul_shape(d)); }
+bool DnnlGemm::native(const GemmDesc & d) { return bf16_operands(d) && native(matmul_shape(d)); }
 
 size_t DnnlGemm::native_workspace_bytes(const GemmDesc & d) {
     MF_ASSERT(native(d));
@@ -180,8 +180,7 @@ size_t DnnlGemm::native_workspace_bytes(const GemmDesc & d) {
 
 void DnnlGemm::run_native(const GemmDesc & d, void * c, const void * a, const void * b, const void * bias,
                           void * workspace) {
-    MF_ASSERT(native(d));
-    execute(matmul_shape(d), c, a, b, bias, workspace);
+    run_native(matmul_shape(d), c, a, b, bias, workspace);
 }
 
 bool DnnlGemm::native(const MatmulShape & s) { return s.ab == DType::bf16 && impl_->has_native(s); }

@@ -176,7 +176,7 @@ void crossentropy_shard_backward(float * logits_to_dlogits, const int32_t * targ
         const float l = lse[r];
         const float p_target = col < 0 ? 0.0f : std::exp(row[col] - l);
         bool finite = std::isfinite(l);
-        if (nv > 0 && finite) row_max(row, nv, finite);
+        if (nv > 0 && finite) row_max(row, nv, finite);   // for its finiteness only
         if (finite) {
 #pragma omp simd
             for (int j = 0; j < nv; ++j) row[j] = fast_exp(row[j] - l) * dloss;
