@@ -33,12 +33,15 @@ struct GemmDesc {
     // Storage of A, B and C (bias has B's dtype). Kernels compute in f32; a backend without
     // native low-precision kernels converts tiles through the workspace gemm_workspace() sizes.
     DType a = DType::f32, b = DType::f32, c = DType::f32;
-    // A is stored in f32 and B in bf16, and A may be rounded to bf16 before the multiply: the LM
-    // head's logit gradient, which autocast also takes in bf16. It lets a backend with native
-    // bf16 matmuls use them; one that ignores it multiplies A's fp32 values, as without it.
-    bool round_a = false;
+    // A's row stride in elements as stored (0: packed, i.e. K, or M when trans_a): the LM head's
+    // logit gradients rounded to bf16 in place (Backend::round_bf16_rows) are read with 2 * V.
+    int64_t lda = 0;
     bool operator==(const GemmDesc &) const = default;
 };
+
+// A's row stride and the elements its storage spans.
+inline int64_t gemm_lda(const GemmDesc & d) { return d.lda ? d.lda : d.trans_a ? d.M : d.K; }
+inline int64_t gemm_a_elems(const GemmDesc & d) { return (d.trans_a ? d.K : d.M) * gemm_lda(d); }
 
 struct AdamWHyper {
     float lr = 3e-4f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
@@ -126,6 +129,13 @@ public:
 
     // Scratch bytes gemm() needs for this shape; planned as `workspace` (0 if none).
     virtual size_t gemm_workspace(const GemmDesc & d) const { (void) d; return 0; }
+    // Whether gemm() multiplies d's bf16 operands natively (no fp32 copies of them): then
+    // Graph::matmul_bwd may round the LM head's fp32 logit gradients to bf16 in place
+    // (round_bf16_rows) and read them strided (GemmDesc::lda), as autocast takes them in bf16.
+    virtual bool native_gemm(const GemmDesc & d) const { (void) d; return false; }
+    // x f32 [R, N]: each row rounded to bf16 into its own first 2N bytes, leaving a bf16 matrix of
+    // row stride 2N. Called only where native_gemm said yes.
+    virtual void round_bf16_rows(Tensor x) { (void) x; MF_UNREACHABLE(); }
 
     virtual void fill_zero(Tensor t) = 0;
     // dst = src, converting between f32, bf16 and f16 when the dtypes differ (same numel).

@@ -166,15 +166,29 @@ void Graph::matmul_bwd(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor
     MF_ASSERT(!frozen || (dinp.valid() && !dbias.valid()));
     GemmDesc dd = dinp.valid() ? bwd_data_desc(dinp, dout, w, layout) : GemmDesc{};
     dd.accumulate = acc_dinp;
-    dd.round_a = round_dout;
     GemmDesc dwd = frozen ? GemmDesc{} : bwd_weight_desc(dw, dout, inp, layout);
-    dwd.round_a = round_dout && layout == WeightLayout::out_in;
+    // round_dout: dout's rows rounded to bf16 in place and read strided by both products, where
+    // the backend multiplies them natively (the same answer recording and executing).
+    bool rounded = false;
+    const Backend * be = recording_ ? sizing_ : backend_;
+    if (round_dout && be && layout == WeightLayout::out_in && dout.dtype == DType::f32 && !dbias.valid()) {
+        GemmDesc rd = dd, rw = dwd;
+        rd.a = rw.a = DType::bf16;
+        rd.lda = rw.lda = 2 * N;
+        rounded = (!dinp.valid() || be->native_gemm(rd)) && (frozen || be->native_gemm(rw));
+        if (rounded) dd = rd, dwd = rw;
+    }
     if (recording_ && sizing_)
         grow_workspace(std::max(dinp.valid() ? sizing_->gemm_workspace(dd) : 0,
                                 frozen ? 0 : sizing_->gemm_workspace(dwd)));
     const double flops = (dinp.valid() ? 2.0 : 0.0) * M * K * N + (frozen ? 0.0 : 2.0) * M * K * N;
     if (begin("matmul_bwd", flops, {dinp, dw, dbias, dout, frozen ? Tensor{} : inp, w}, true)) {
         Tensor rdout = resolve(dout), rw = resolve(w);
+        if (rounded) {
+            backend_->round_bf16_rows(rdout);
+            rdout.dtype = DType::bf16;   // the same bytes: [M, 2N] bf16, the first N columns read
+            rdout.ndim = 2, rdout.shape[0] = M, rdout.shape[1] = 2 * N;
+        }
         if (dinp.valid())
             backend_->gemm(dd, resolve(dinp), rdout, rw, Tensor{}, workspace_tensor(backend_->gemm_workspace(dd)));
         if (!frozen) {

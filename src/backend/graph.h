@@ -62,8 +62,9 @@ public:
     void matmul_fwd(Tensor out, Tensor inp, Tensor w, Tensor bias, WeightLayout layout);
     // dinp = dout . W^T (written, or added with acc_dinp; skipped if !dinp.valid()),
     // dw += ..., dbias += ... (if valid; an invalid dw is a frozen weight, and inp is not read).
-    // round_dout: an f32 dout may be rounded to W's bf16 in both products (GemmDesc::round_a;
-    // the out_in layout's weight gradient, where dout is the left operand).
+    // round_dout (out_in layout, no dbias): an f32 dout may be rounded to bf16 in place and both
+    // products read it so, where the backend multiplies bf16 natively (Backend::native_gemm);
+    // dout's values are gone afterwards. Elsewhere the flag changes nothing.
     void matmul_bwd(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, WeightLayout layout,
                     bool acc_dinp = false, bool round_dout = false);
     // The same through a quantized frozen weight: out = inp . W'^T (+ bias); dinp (+)= dout . W'.

@@ -231,8 +231,8 @@ private:
     void head_loss_tp(Graph & g, const ModelWeights & w, const ModelWeights * dw, Tensor targets, Tensor losses,
                       float dloss, int64_t r0, int64_t n) const;
     // bf16 weights: the head's backward may round the fp32 logit gradients to bf16 (autocast's
-    // precision for them), so that both of its gemms run as native bf16 matmuls where the CPU has
-    // them (GemmDesc::round_a). The loss and the probabilities stay fp32.
+    // precision for them), in place, so that both of its gemms run as native bf16 matmuls where the
+    // backend has them (Graph::matmul_bwd's round_dout). The loss and the probabilities stay fp32.
     static bool round_logit_grads(const ModelWeights & w) { return w.head.dtype == DType::bf16; }
     Tensor act(Program & program, const std::string & name, std::initializer_list<int64_t> dims, bool f32 = false) const;
     // Recomputes the units layer l's mask dropped into rc_[l]; returns the layer's activations

@@ -804,68 +804,6 @@ TEST(LowpGemm, NativeBf16AgreesWithTheConvertPath) {
     EXPECT_EQ(off.gemm_workspace(d), tiles.workspace_bytes(d));
 }
 
-// GemmDesc::round_a (the LM head's backward: fp32 logit gradients times bf16 weights): where the
-// CPU has native bf16 matmuls, A's tiles are rounded to bf16 and multiplied natively, so C is the
-// native gemm of A's bf16 rounding (to summation order, or one bf16 rounding of C), through the
-// backend's own tiles and through small ones (several tiles both ways), every transpose, with
-// bias and accumulation, in exactly the planned workspace. Elsewhere the flag changes nothing:
-// C is bitwise the fp32 convert path's.
-TEST(LowpGemm, RoundedLeftOperandIsTheGemmOfItsBf16Rounding) {
-    CpuBackend be;
-    cpu::DnnlGemm small_gemm;
-    cpu::MixedGemm small(small_gemm, {size_t{48} << 10, 16});
-    std::mt19937 rng(78);
-    int rounded = 0;
-    for_each_bf16_gemm(130, 100, 257, DType::f32, [&](GemmDesc d) {
-        d.round_a = true;
-        GemmDesc exact = d, ref = d;
-        exact.round_a = false;
-        ref.round_a = false, ref.a = DType::bf16;
-        Arr a(d.a, {d.M * d.K}), a16(ref.a, {d.M * d.K}), b(d.b, {d.K * d.N}), bias(d.b, {d.N});
-        a.set(randn(a.n(), rng)), b.set(randn(b.n(), rng)), bias.set(randn(bias.n(), rng));
-        a16.set(a.get());   // A's bf16 rounding
-        const std::vector<float> c0 = randn(size_t(d.M * d.N), rng);
-        auto gemm = [&](const GemmDesc & g, const Arr & lhs, bool small_tiles) {
-            Arr c(g.c, {g.M * g.N});
-            c.set(c0);
-            if (small_tiles) {
-                Workspace w(small.workspace_bytes(g));
-                small.run(g, c.t.data, lhs.t.data, b.t.data, g.bias ? bias.t.data : nullptr, w.tensor().data);
-                EXPECT_TRUE(w.guard_intact());
-            } else {
-                Workspace w(be.gemm_workspace(g));
-                be.gemm(g, c.t, lhs.t, b.t, g.bias ? bias.t : Tensor{}, w.tensor());
-                EXPECT_TRUE(w.guard_intact());
-            }
-            return c.get();
-        };
-        const std::vector<float> want = gemm(ref, a16, false);
-        const bool native = small_gemm.native(ref);
-        for (const bool small_tiles : {false, true}) {
-            const std::vector<float> got = gemm(d, a, small_tiles);
-            if (native)
-                expect_same_products(got, want, d.c);
-            else   // the same tiles as without the flag
-                EXPECT_EQ(got, gemm(exact, a, small_tiles));
-        }
-        if (native) {
-            const cpu::GemmTilePlan & p = small.plan(d);
-            EXPECT_TRUE(p.round_a);
-            EXPECT_GT(p.m_tiles * p.n_tiles, 1);
-            EXPECT_EQ(p.bytes, p.off_scratch + p.scratch_bytes);
-            ++rounded;
-        }
-    });
-    std::printf("rounded-A native bf16 gemms on this CPU: %d of 24 cases\n", rounded);
-    setenv("MEMFIT_CPU_NATIVE_BF16", "0", 1);
-    cpu::DnnlGemm off_gemm;
-    unsetenv("MEMFIT_CPU_NATIVE_BF16");
-    cpu::MixedGemm off(off_gemm);
-    GemmDesc d;
-    d.M = 130, d.N = 100, d.K = 257, d.b = DType::bf16, d.round_a = true;
-    EXPECT_FALSE(off.plan(d).round_a);
-}
-
 TEST(LowpGemm, RepeatsBitwise) {
     CpuBackend be;
     GemmDesc d;

@@ -59,9 +59,10 @@ void convert(void * dst, DType dt, const void * src, DType st, size_t n);
 // dst[r * cols + c] = float(src[r * lds + c]) for r < rows, c < cols (src elements of dtype st).
 void load_rows(float * dst, const void * src, DType st, size_t lds, int64_t rows, int64_t cols);
 
-// dst[r * cols + c] = round(src[r * lds + c]) for r < rows, c < cols, dst of dtype dt: the
-// rounding twin of load_rows.
-void round_rows(void * dst, DType dt, const float * src, size_t lds, int64_t rows, int64_t cols);
+// Each row of the f32 matrix x[rows, cols] rounded to bf16 in place, into the row's own first
+// 2 * cols bytes: afterwards x's bytes are a bf16 matrix of row stride 2 * cols whose first cols
+// columns hold the values (the LM head's logit gradients, Backend::round_bf16_rows).
+void round_bf16_rows_in_place(float * x, int64_t rows, int64_t cols);
 
 // dst[r * ldd + c] = round((accumulate ? dst[r * ldd + c] : 0) + src[r * cols + c]), dst of
 // dtype dt (for f32 and accumulate: one fp32 add, like the gemm's sum post-op).

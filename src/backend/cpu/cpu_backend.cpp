@@ -65,6 +65,10 @@ size_t CpuBackend::gemm_workspace(const GemmDesc & d) const {
     return mixed_.workspace_bytes(d);
 }
 
+bool CpuBackend::native_gemm(const GemmDesc & d) const { return gemm_.native(d); }
+
+void CpuBackend::round_bf16_rows(Tensor x) { cpu::round_bf16_rows_in_place(x.f32(), x.rows(), x.cols()); }
+
 void CpuBackend::fill_zero(Tensor t) { std::memset(t.data, 0, t.nbytes()); }
 
 void CpuBackend::copy(Tensor dst, Tensor src) {
@@ -78,7 +82,7 @@ void CpuBackend::copy(Tensor dst, Tensor src) {
 }
 
 void CpuBackend::gemm(const GemmDesc & d, Tensor c, Tensor a, Tensor b, Tensor bias, Tensor workspace) {
-    MF_ASSERT(c.numel() == d.M * d.N && a.numel() == d.M * d.K && b.numel() == d.K * d.N);
+    MF_ASSERT(c.numel() == d.M * d.N && a.numel() == gemm_a_elems(d) && b.numel() == d.K * d.N);
     MF_ASSERT(c.dtype == d.c && a.dtype == d.a && b.dtype == d.b);
     MF_ASSERT(!d.bias || (bias.valid() && bias.dtype == d.b && bias.numel() == d.N));
     if (d.a == DType::f32 && d.b == DType::f32 && d.c == DType::f32) {

@@ -13,6 +13,8 @@ class CpuBackend : public Backend {
 public:
     const char * name() const override { return "cpu"; }
     size_t gemm_workspace(const GemmDesc & d) const override;
+    bool native_gemm(const GemmDesc & d) const override;
+    void round_bf16_rows(Tensor x) override;
 
     void fill_zero(Tensor t) override;
     void copy(Tensor dst, Tensor src) override;

@@ -18,6 +18,7 @@
 // through OpenMP).
 #include "backend/cpu/dnnl_gemm.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -147,8 +148,8 @@ MatmulShape matmul_shape(const GemmDesc & d) {
     MatmulShape s;
     s.M = d.M, s.N = d.N, s.K = d.K;
     // Row-major storage: A is [M,K] ([K,M] when trans_a), B is [K,N] ([N,K] when trans_b).
-    s.a_sm = d.trans_a ? 1 : d.K;
-    s.a_sk = d.trans_a ? d.M : 1;
+    s.a_sm = d.trans_a ? 1 : gemm_lda(d);
+    s.a_sk = d.trans_a ? gemm_lda(d) : 1;
     s.b_sk = d.trans_b ? 1 : d.N;
     s.b_sn = d.trans_b ? d.K : 1;
     s.ldc = d.N;
@@ -171,16 +172,49 @@ void DnnlGemm::run(const GemmDesc & d, float * c, const float * a, const float *
 
 size_t DnnlGemm::scratch_bytes(const MatmulShape & s) { return impl_->get(s).scratch_bytes; }
 
-bool DnnlGemm::native(const GemmDesc & d) { return bf16_operands(d) && native(matmul_shape(d)); }
+// A native gemm runs in tiles of M (rows of A and C, each over the whole K) when oneDNN's
+// scratchpad for one call would pass kNativeScratch: for a strided or transposed A it copies A's
+// panels, and for the LM head's dW (M = vocabulary) that asked for 147 MiB. Tiles of 64-row
+// multiples, equal but the last; the planned workspace is the larger of the two tiles' scratchpads.
+namespace {
+constexpr size_t kNativeScratch = size_t{8} << 20;
+
+MatmulShape rows_of(MatmulShape s, int64_t rows) {
+    s.M = rows;
+    return s;
+}
+}  // namespace
+
+int64_t DnnlGemm::native_tile_rows(const MatmulShape & s) {
+    const size_t whole = scratch_bytes(s);
+    if (whole <= kNativeScratch || s.M <= 64) return s.M;
+    const int64_t tiles = int64_t((whole + kNativeScratch - 1) / kNativeScratch);
+    return std::min(s.M, ((s.M + tiles - 1) / tiles + 63) / 64 * 64);
+}
+
+bool DnnlGemm::native(const GemmDesc & d) {
+    if (!bf16_operands(d)) return false;
+    const MatmulShape s = matmul_shape(d);
+    if (!native(s)) return false;
+    const int64_t mt = native_tile_rows(s);
+    return native(rows_of(s, mt)) && native(rows_of(s, d.M - (d.M - 1) / mt * mt));
+}
 
 size_t DnnlGemm::native_workspace_bytes(const GemmDesc & d) {
     MF_ASSERT(native(d));
-    return scratch_bytes(matmul_shape(d));
+    const MatmulShape s = matmul_shape(d);
+    const int64_t mt = native_tile_rows(s);
+    return std::max(scratch_bytes(rows_of(s, mt)), scratch_bytes(rows_of(s, d.M - (d.M - 1) / mt * mt)));
 }
 
 void DnnlGemm::run_native(const GemmDesc & d, void * c, const void * a, const void * b, const void * bias,
                           void * workspace) {
-    run_native(matmul_shape(d), c, a, b, bias, workspace);
+    const MatmulShape s = matmul_shape(d);
+    const int64_t mt = native_tile_rows(s);
+    const size_t ea = dtype_size(s.ab), ec = dtype_size(s.c);
+    for (int64_t m0 = 0; m0 < s.M; m0 += mt)
+        run_native(rows_of(s, std::min(mt, s.M - m0)), static_cast<char *>(c) + size_t(m0 * s.ldc) * ec,
+                   static_cast<const char *>(a) + size_t(m0 * s.a_sm) * ea, b, bias, workspace);
 }
 
 bool DnnlGemm::native(const MatmulShape & s) { return s.ab == DType::bf16 && impl_->has_native(s); }

@@ -41,8 +41,8 @@ public:
     size_t workspace_bytes(const GemmDesc & d);
     // Native bf16 (bf16_operands(d)): whether oneDNN has an optimized (not reference) bf16 matmul
     // for d on this CPU, decided by creating it (cached; MEMFIT_CPU_NATIVE_BF16=0 says no, so
-    // the tests reach the convert path on any CPU). When true, workspace_bytes and run_native
-    // take d.
+    // the tests reach the convert path on any CPU). When true, native_workspace_bytes and
+    // run_native take d (in tiles of M where one call's scratchpad would be large: dnnl_gemm.cpp).
     bool native(const GemmDesc & d);
     size_t native_workspace_bytes(const GemmDesc & d);
     void run_native(const GemmDesc & d, void * c, const void * a, const void * b, const void * bias, void * workspace);
@@ -62,6 +62,7 @@ public:
                     void * scratch);
 
 private:
+    int64_t native_tile_rows(const MatmulShape & s);   // rows per call of a native GemmDesc
     void execute(const MatmulShape & s, void * c, const void * a, const void * b, const void * bias, void * scratch);
     struct Impl;
     std::unique_ptr<Impl> impl_;

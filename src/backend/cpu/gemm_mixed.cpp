@@ -19,14 +19,9 @@
 // whole inner dimension, and for each the largest outer tile within the budget. When not even
 // min_tile x min_tile tiles fit (very long K: e.g. the LM head's dX with K = vocabulary), the
 // plan with the smallest workspace wins. Tile sizes are balanced (equal tiles, multiples of 16).
-//
-// round_a (GemmDesc::round_a: A f32, B bf16, C f32 or bf16): the same plan with A's tiles rounded
-// to bf16 (2 bytes an element) and B, bias and C used in place by oneDNN's bf16 matmul, when it
-// has an optimized one for every tile shape; otherwise the fp32 plan above.
 #include "backend/cpu/gemm_mixed.h"
 
 #include <algorithm>
-#include <optional>
 #include <unordered_map>
 
 #include "backend/cpu/convert.h"
@@ -60,7 +55,6 @@ struct GemmDescHash {
         mix(uint64_t(d.N));
         mix(uint64_t(d.K));
         mix(uint64_t(d.trans_a) | uint64_t(d.trans_b) << 1 | uint64_t(d.accumulate) << 2 | uint64_t(d.bias) << 3 |
-            uint64_t(d.round_a) << 4 |
             uint64_t(d.a) << 8 | uint64_t(d.b) << 16 | uint64_t(d.c) << 24);
         return size_t(h);
     }
@@ -70,7 +64,7 @@ struct GemmDescHash {
 size_t tile_bytes(const GemmDesc & d, const GemmTilePlan & p, int64_t mt, int64_t nt) {
     const size_t f = sizeof(float);
     size_t s = 0;
-    if (p.conv_a) s += align_up((p.round_a ? 2 : f) * size_t(mt) * size_t(d.K));
+    if (p.conv_a) s += align_up(f * size_t(mt) * size_t(d.K));
     if (p.conv_b) s += align_up(f * size_t(d.K) * size_t(nt));
     if (p.conv_bias) s += align_up(f * size_t(nt));
     if (p.conv_c) s += align_up(f * size_t(mt) * size_t(nt));
@@ -90,7 +84,6 @@ MatmulShape tile_shape(const GemmDesc & d, const GemmTilePlan & p, int64_t mc, i
     s.ldc = p.conv_c ? ncc : d.N;
     s.accumulate = d.accumulate && !p.conv_c;
     s.bias = d.bias;
-    if (p.round_a) s.ab = DType::bf16, s.c = d.c;
     return s;
 }
 
@@ -101,16 +94,14 @@ void for_tile_shapes(const GemmDesc & d, const GemmTilePlan & p, F && f) {
         for (const int64_t ncc : {p.nt, d.N - (p.n_tiles - 1) * p.nt}) f(tile_shape(d, p, mc, ncc));
 }
 
-// round_a: none when a tile shape has no native bf16 matmul.
-std::optional<GemmTilePlan> make_plan(const GemmDesc & d, const GemmTileLimits & lim, DnnlGemm & gemm, bool round_a) {
+GemmTilePlan make_plan(const GemmDesc & d, const GemmTileLimits & lim, DnnlGemm & gemm) {
     MF_ASSERT(d.M > 0 && d.N > 0 && d.K > 0);
-    MF_ASSERT(!(d.bias && d.accumulate));
+    MF_ASSERT(!(d.bias && d.accumulate) && d.lda == 0);
     GemmTilePlan p;
-    p.round_a = round_a;
-    p.conv_a = d.a != DType::f32 || round_a;
-    p.conv_b = d.b != DType::f32 && !round_a;
+    p.conv_a = d.a != DType::f32;
+    p.conv_b = d.b != DType::f32;
     p.conv_bias = d.bias && p.conv_b;
-    p.conv_c = d.c != DType::f32 && !round_a;
+    p.conv_c = d.c != DType::f32;
     MF_ASSERT(p.conv_a || p.conv_b || p.conv_c);
 
     struct Best {
@@ -157,14 +148,11 @@ std::optional<GemmTilePlan> make_plan(const GemmDesc & d, const GemmTileLimits &
     p.nt = best.nt;
     p.m_tiles = count(d.M, p.mt);
     p.n_tiles = count(d.N, p.nt);
-    bool native = true;
-    if (round_a) for_tile_shapes(d, p, [&](const MatmulShape & s) { native = native && gemm.native(s); });
-    if (!native) return std::nullopt;
 
     // Workspace layout, and the largest scratchpad of the (up to four) tile shapes.
     size_t off = 0;
     const size_t f = sizeof(float);
-    if (p.conv_a) { p.off_a = off; off += align_up((round_a ? 2 : f) * size_t(p.mt) * size_t(d.K)); }
+    if (p.conv_a) { p.off_a = off; off += align_up(f * size_t(p.mt) * size_t(d.K)); }
     if (p.conv_b) { p.off_b = off; off += align_up(f * size_t(d.K) * size_t(p.nt)); }
     if (p.conv_bias) { p.off_bias = off; off += align_up(f * size_t(p.nt)); }
     if (p.conv_c) { p.off_c = off; off += align_up(f * size_t(p.mt) * size_t(p.nt)); }
@@ -172,14 +160,6 @@ std::optional<GemmTilePlan> make_plan(const GemmDesc & d, const GemmTileLimits &
     for_tile_shapes(d, p, [&](const MatmulShape & s) { p.scratch_bytes = std::max(p.scratch_bytes, gemm.scratch_bytes(s)); });
     p.bytes = off + p.scratch_bytes;
     return p;
-}
-
-// round_a's plan where every tile shape has a native bf16 matmul, else the fp32 one.
-GemmTilePlan make_plan(const GemmDesc & d, const GemmTileLimits & lim, DnnlGemm & gemm) {
-    const bool round = d.round_a && d.a == DType::f32 && d.b == DType::bf16 && (d.c == DType::f32 || d.c == DType::bf16);
-    if (round)
-        if (auto p = make_plan(d, lim, gemm, true)) return *p;
-    return *make_plan(d, lim, gemm, false);
 }
 
 }  // namespace
@@ -219,13 +199,7 @@ void MixedGemm::run(const GemmDesc & d, void * c, const void * a, const void * b
     const size_t ea = dtype_size(d.a), eb = dtype_size(d.b), ec = dtype_size(d.c);
 
     auto load_a = [&](int64_t m0, int64_t mc) {
-        if (p.round_a) {   // A f32, rounded into a bf16 tile in A's layout
-            const float * fa = static_cast<const float *>(a);
-            if (d.trans_a)
-                round_rows(wa, DType::bf16, fa + m0, size_t(d.M), d.K, mc);
-            else
-                round_rows(wa, DType::bf16, fa + m0 * d.K, size_t(d.K), mc, d.K);
-        } else if (d.trans_a)  // A^T stored [K,M]: K rows of mc columns
+        if (d.trans_a)  // A^T stored [K,M]: K rows of mc columns
             load_rows(wa, ca + size_t(m0) * ea, d.a, size_t(d.M), d.K, mc);
         else
             load_rows(wa, ca + size_t(m0 * d.K) * ea, d.a, size_t(d.K), mc, d.K);
@@ -238,12 +212,6 @@ void MixedGemm::run(const GemmDesc & d, void * c, const void * a, const void * b
         if (p.conv_bias) load_rows(wbias, cbias + size_t(n0) * eb, d.b, size_t(ncc), 1, ncc);
     };
     auto tile = [&](int64_t m0, int64_t mc, int64_t n0, int64_t ncc) {
-        if (p.round_a) {   // bf16 A tile; B, bias and C in place, in their own dtypes
-            const void * bp = cb + size_t(d.trans_b ? n0 * d.K : n0) * eb;
-            const void * biasp = d.bias ? cbias + size_t(n0) * eb : nullptr;
-            impl_->gemm.run_native(tile_shape(d, p, mc, ncc), cc + size_t(m0 * d.N + n0) * ec, wa, bp, biasp, scratch);
-            return;
-        }
         const float * ap = p.conv_a ? wa : static_cast<const float *>(a) + (d.trans_a ? m0 : m0 * d.K);
         const float * bp = p.conv_b ? wb : static_cast<const float *>(b) + (d.trans_b ? n0 * d.K : n0);
         const float * biasp = !d.bias ? nullptr : p.conv_bias ? wbias : static_cast<const float *>(bias) + n0;

@@ -1,8 +1,6 @@
 // Gemms whose A, B or C are stored in bf16/f16, on a CPU without native low-precision matmul
 // kernels: tiles of M and N (never of K) are converted to fp32 in the workspace, multiplied by
 // the fp32 oneDNN matmul, and rounded into C. See gemm_mixed.cpp for the plan and its cost model.
-// The other direction, for GemmDesc::round_a where the CPU has native bf16 matmuls: tiles of the
-// f32 A are rounded to bf16 and multiplied by oneDNN's bf16 matmul with B and C in place.
 #pragma once
 
 #include <cstddef>
@@ -28,7 +26,6 @@ struct GemmTilePlan {
     int64_t mt = 0, nt = 0;        // tile sizes (the last tile of each dimension may be smaller)
     int64_t m_tiles = 0, n_tiles = 0;
     bool    conv_a = false, conv_b = false, conv_bias = false, conv_c = false;
-    bool    round_a = false;       // A's tiles rounded to bf16, native bf16 matmuls (GemmDesc::round_a)
     size_t  off_a = 0, off_b = 0, off_bias = 0, off_c = 0, off_scratch = 0;
     size_t  scratch_bytes = 0;     // the largest oneDNN scratchpad of the tile shapes
     size_t  bytes = 0;             // total workspace
@@ -45,8 +42,7 @@ public:
     const GemmTilePlan & plan(const GemmDesc & d);
     // With the plan's tiles mt x nt (f = 4 bytes, each term rounded up to 64 bytes):
     //   f*mt*K [A not f32] + f*K*nt [B not f32] + f*nt [bias, B not f32] + f*mt*nt [C not f32]
-    //   + the largest oneDNN scratchpad of the (up to four) tile shapes;
-    // with round_a: 2*mt*K + the largest scratchpad.
+    //   + the largest oneDNN scratchpad of the (up to four) tile shapes.
     size_t workspace_bytes(const GemmDesc & d) { return plan(d).bytes; }
     // C (+)= op(A) op(B) (+ bias) with the dtypes of d (bias has d.b's dtype); workspace holds
     // workspace_bytes(d) bytes.

@@ -228,6 +228,7 @@ void CudaBackend::fill_zero(Tensor t) {
 }
 
 void CudaBackend::gemm(const GemmDesc & d, Tensor c, Tensor a, Tensor b, Tensor bias, Tensor workspace) {
+    MF_ASSERT(d.lda == 0);   // packed A only (native_gemm says no: no strided bf16 logit gradients)
     st_->gemm->run(st_->stream, d, c, a, b, bias, workspace);
 }
 
