@@ -78,6 +78,11 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                        "flash skips the tiles outside it, attention FLOPs grow as T x W); a llama model trained with "
                        "it exports as MistralForCausalLM (0: the model's own)")
              ->capture_default_str()->check(kNonNegative));
+    keep(c->add_option("--share-layers", r.share_layers,
+                       "cross-layer parameter sharing (ALBERT): groups of G consecutive blocks share one set of "
+                       "weights, dividing the blocks' parameters, gradients and optimizer states by G (compute is "
+                       "unchanged); export writes the blocks expanded (0: none)")
+             ->capture_default_str()->check(kNonNegative));
     keep(typed(c, "--loss-chunk", [&r](const std::string & v) { r.loss_chunk = parse_loss_chunk(v); },
                r.loss_chunk < 0 ? "auto" : std::to_string(r.loss_chunk),
                "tokens per LM-head + cross-entropy chunk: the B*T*V logits are never stored whole; 0: unchunked; "

@@ -76,26 +76,33 @@ std::string ModelConfig::describe() const {
     std::string s = fmt::format("{}, {} layers, {} channels, {} heads", family, n_layer, n_embd, n_head);
     if (llama()) s += fmt::format("{}, MLP {}{}", kv_heads() != n_head ? fmt::format(" ({} KV)", kv_heads()) : "",
                                   ffn_dim(), tied_head ? ", tied head" : "");
+    if (share_layers > 1) s += fmt::format(", {} blocks shared {} ways", stored_layers(), share_layers);
     return s;
 }
 
-int64_t ModelConfig::num_params() const {
-    const int64_t C = n_embd, L = n_layer, V = vocab_size, P = max_seq, F = ffn_dim(), Q = qkv_dim(), A = attn_dim();
-    if (llama()) {
+namespace {
+// Parameters with `blocks` transformer blocks.
+int64_t params_with(const ModelConfig & m, int64_t blocks) {
+    const int64_t C = m.n_embd, V = m.vocab_size, P = m.max_seq, F = m.ffn_dim(), Q = m.qkv_dim(), A = m.attn_dim();
+    if (m.llama()) {
         // norms, q|k|v (and their biases: Qwen2; q and k norms: Qwen3), o, gate|up|down
         const int64_t per_layer =
-            2 * C + C * Q + (qkv_bias ? Q : 0) + (qk_norm ? 2 * head_dim() : 0) + C * A + 3 * C * F;
-        return V * C + L * per_layer + C + (tied_head ? 0 : V * C);
+            2 * C + C * Q + (m.qkv_bias ? Q : 0) + (m.qk_norm ? 2 * m.head_dim() : 0) + C * A + 3 * C * F;
+        return V * C + blocks * per_layer + C + (m.tied_head ? 0 : V * C);
     }
     const int64_t per_layer = 2 * C + (C * Q + Q) + (A * C + C) + 2 * C + (C * F + F) + (F * C + C);
-    return V * C + P * C + L * per_layer + 2 * C;
+    return V * C + P * C + blocks * per_layer + 2 * C;
 }
+}  // namespace
+
+int64_t ModelConfig::num_params() const { return params_with(*this, stored_layers()); }
+int64_t ModelConfig::compute_params() const { return params_with(*this, n_layer); }
 
 double train_flops_per_token(const ModelConfig & cfg, int seq) {
     if (cfg.vocab_size <= 0) throw ConfigError(fmt::format("model '{}': FLOPs per token need vocab_size", cfg.name));
     const int64_t lookup = cfg.llama() ? (cfg.tied_head ? 0 : int64_t(cfg.vocab_size) * cfg.n_embd)
                                        : int64_t(cfg.max_seq) * cfg.n_embd;
-    return 6.0 * double(cfg.num_params() - lookup) + 12.0 * cfg.n_layer * double(cfg.attn_dim()) * seq;
+    return 6.0 * double(cfg.compute_params() - lookup) + 12.0 * cfg.n_layer * double(cfg.attn_dim()) * seq;
 }
 
 void ModelConfig::validate() const {
@@ -109,6 +116,9 @@ void ModelConfig::validate() const {
     if (sliding_window < 0) bad(fmt::format("sliding_window = {}, must be positive", sliding_window));
     if (family != "gpt2" && family != "llama") bad(fmt::format("family '{}' is not supported (supported: gpt2, llama)", family));
     if (n_layer < 1) bad(fmt::format("n_layer = {}, must be at least 1", n_layer));
+    if (share_layers < 1 || share_layers > n_layer)
+        bad(fmt::format("{} = {}: blocks per shared group, from 1 to n_layer = {}", kShareLayersKey, share_layers,
+                        n_layer));
     if (n_embd < 1 || n_head < 1) bad(fmt::format("n_embd = {}, n_head = {}: both must be positive", n_embd, n_head));
     if (head_size < 0) bad(fmt::format("head_dim = {}, must be positive", head_size));
     // Bounds far beyond any real model, so that parameter counts cannot overflow 64 bits.
@@ -311,6 +321,7 @@ ModelConfig parse_hf_config(const nlohmann::json & j, const std::string & name) 
     }
     if (c.vocab_size < 1) throw ConfigError(fmt::format("{}: vocab_size = {}, must be positive", name, c.vocab_size));
     c.trained_seq = int_field(j, kTrainedContextKey, 0, name);
+    c.share_layers = int_field(j, kShareLayersKey, 1, name);
     c.validate();
     return c;
 }
@@ -383,6 +394,7 @@ nlohmann::json hf_config_fields(const ModelConfig & cfg) {
 nlohmann::json hf_config_json(const ModelConfig & cfg) {
     nlohmann::json j = hf_config_fields(cfg);
     if (cfg.trained_seq > 0) j[kTrainedContextKey] = cfg.trained_seq;
+    if (cfg.share_layers > 1) j[kShareLayersKey] = cfg.share_layers;
     return j;
 }
 

@@ -42,6 +42,9 @@ struct ModelConfig {
     bool  qkv_bias   = false;    // llama family: q, k and v have biases (Qwen2)
     bool  qk_norm    = false;    // llama family: q_norm and k_norm, RMSNorm over each head (Qwen3)
     int   sliding_window = 0;    // mistral: each query attends to at most this many keys (0: all)
+    // ALBERT's cross-layer sharing: groups of this many consecutive blocks use one stored block's
+    // weights (block l reads stored block l / share_layers), memfit's key kShareLayersKey.
+    int   share_layers = 1;
     // Positions training has covered (config.json's memfit_trained_context): a model trained at
     // --seq 128 with 256 positions never trained 128-255. 0: unknown, taken as all of max_seq (a
     // pretrained Hub model). Generation stays inside it unless asked for more.
@@ -68,7 +71,11 @@ struct ModelConfig {
 
     // "llama, 2 layers, 64 channels, 4 heads (2 KV), MLP 176"
     std::string describe() const;
-    int64_t num_params() const;  // requires vocab_size > 0
+    // Stored blocks, and the one block l reads (share_layers).
+    int stored_layers() const { return (n_layer + share_layers - 1) / share_layers; }
+    int stored_block(int l) const { return l / share_layers; }
+    int64_t num_params() const;      // stored (shared blocks once); requires vocab_size > 0
+    int64_t compute_params() const;  // as if unshared: the weights a token's matmuls read
     // Throws ConfigError naming the first bad field and why.
     void validate() const;
 };
@@ -95,6 +102,9 @@ ModelConfig parse_hf_config(const nlohmann::json & j, const std::string & name);
 // context when known (transformers keeps unknown keys as config attributes).
 nlohmann::json hf_config_json(const ModelConfig & cfg);
 constexpr const char * kTrainedContextKey = "memfit_trained_context";
+// ModelConfig::share_layers in a checkpoint's config (memfit's own reload; export expands the
+// blocks and leaves it out, so that transformers loads a plain model).
+constexpr const char * kShareLayersKey = "memfit_share_layers";
 // A preset name, or a path to a config.json or a folder holding one.
 ModelConfig resolve_model(const std::string & name_or_path);
 

@@ -67,8 +67,13 @@ void load_hf_weights(const std::string & dir, const ModelConfig & cfg, const Par
         files.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(path)));
         const SafetensorsFile & f = *files.back();
         for (const auto & n : f.names()) {
-            const std::string ours = n.starts_with("transformer.") ? n.substr(12) : n;
+            std::string ours = n.starts_with("transformer.") ? n.substr(12) : n;
             if (ignorable(ours)) continue;
+            // Shared blocks (--share-layers G): each group takes its first layer's weights.
+            if (const int b = param_block(ours); cfg.share_layers > 1 && b >= 0 && b < cfg.n_layer) {
+                if (b % cfg.share_layers != 0) continue;
+                ours = in_block(ours, cfg.stored_block(b));
+            }
             if (ours == "lm_head.weight" && cfg.tied_head) {
                 // A tied head may be saved anyway; it must be the embedding's shape.
                 const ParamInfo & wte = layout.params.front();
@@ -108,6 +113,14 @@ void load_hf_weights(const std::string & dir, const ModelConfig & cfg, const Par
 }
 
 void export_hf(const std::string & dir, const ModelConfig & cfg, const ParamLayout & layout, const float * params) {
+    if (cfg.share_layers > 1) {   // a plain model for transformers: every block written out
+        MF_ASSERT(layout.total == make_param_layout(cfg).total);
+        ModelConfig one = cfg;
+        one.share_layers = 1;
+        const std::vector<float> all = unshared_params(cfg, params);
+        export_hf(dir, one, make_param_layout(one), all.data());
+        return;
+    }
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) throw IoError(fmt::format("cannot create {}: {}", dir, ec.message()));

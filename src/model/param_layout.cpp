@@ -1,5 +1,9 @@
 #include "model/param_layout.h"
 
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+
 #include <fmt/format.h>
 
 #include "core/error.h"
@@ -34,7 +38,7 @@ ParamLayout make_param_layout(const ModelConfig & cfg) {
         // [(NH + 2 KVH) hd, C] (and [2F, C]) weight one matmul reads.
         const int64_t KV = int64_t(cfg.kv_heads()) * cfg.head_dim();
         add("model.embed_tokens.weight", {V, C});
-        for (int i = 0; i < cfg.n_layer; ++i) {
+        for (int i = 0; i < cfg.stored_layers(); ++i) {   // shared blocks once
             const std::string h = fmt::format("model.layers.{}.", i);
             add(h + "input_layernorm.weight", {C});
             add(h + "self_attn.q_proj.weight", {A, C});
@@ -60,7 +64,7 @@ ParamLayout make_param_layout(const ModelConfig & cfg) {
     } else {
         add("wte.weight", {V, C});
         add("wpe.weight", {P, C});
-        for (int i = 0; i < cfg.n_layer; ++i) {
+        for (int i = 0; i < cfg.stored_layers(); ++i) {   // shared blocks once
             const std::string h = fmt::format("h.{}.", i);
             add(h + "ln_1.weight", {C});
             add(h + "ln_1.bias", {C});
@@ -80,6 +84,46 @@ ParamLayout make_param_layout(const ModelConfig & cfg) {
     }
     MF_ASSERT(int64_t(l.total) == cfg.num_params());
     return l;
+}
+
+namespace {
+// Where a name's block number starts, or npos.
+size_t block_at(const std::string & name) {
+    size_t at = std::string::npos;
+    if (const size_t p = name.find("layers."); p != std::string::npos) at = p + 7;
+    else if (name.starts_with("h.")) at = 2;
+    else if (const size_t q = name.find(".h."); q != std::string::npos) at = q + 3;
+    if (at == std::string::npos || at >= name.size() || !std::isdigit(static_cast<unsigned char>(name[at])))
+        return std::string::npos;
+    return at;
+}
+}  // namespace
+
+int param_block(const std::string & name) {
+    const size_t at = block_at(name);
+    return at == std::string::npos ? -1 : std::atoi(name.c_str() + at);
+}
+
+std::string in_block(const std::string & name, int block) {
+    const size_t at = block_at(name);
+    MF_ASSERT(at != std::string::npos);
+    size_t end = at;
+    while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
+    return name.substr(0, at) + std::to_string(block) + name.substr(end);
+}
+
+std::vector<float> unshared_params(const ModelConfig & cfg, const float * params) {
+    ModelConfig one = cfg;
+    one.share_layers = 1;
+    const ParamLayout shared = make_param_layout(cfg), plain = make_param_layout(one);
+    std::vector<float> out(plain.total);
+    for (const ParamInfo & p : plain.params) {
+        const int b = param_block(p.name);
+        const ParamInfo & from = shared.find(b < 0 ? p.name : in_block(p.name, cfg.stored_block(b)));
+        MF_ASSERT(from.numel == p.numel);
+        std::copy(params + from.offset, params + from.offset + from.numel, out.begin() + std::ptrdiff_t(p.offset));
+    }
+    return out;
 }
 
 }  // namespace memfit

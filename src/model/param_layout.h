@@ -26,6 +26,17 @@ struct ParamLayout {
     const ParamInfo * try_find(const std::string & name) const;
 };
 
+// Stored blocks only: with cfg.share_layers = G, block g's names ("h.g.", "model.layers.g.")
+// hold the weights of layers gG .. gG + G - 1.
 ParamLayout make_param_layout(const ModelConfig & cfg);
+
+// The transformer block a parameter name belongs to ("model.layers.3.", "h.3.",
+// "...transformer.h.3."), or -1; and the same name in block `block` (a name with a block).
+int param_block(const std::string & name);
+std::string in_block(const std::string & name, int block);
+
+// Shared blocks (cfg.share_layers > 1) written out one per layer: the unshared twin's flat
+// parameters (its layout: make_param_layout of the config with share_layers = 1).
+std::vector<float> unshared_params(const ModelConfig & cfg, const float * params);
 
 }  // namespace memfit

@@ -45,7 +45,7 @@ ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, 
         w.lnfw = view("model.norm.weight");
         w.head = cfg.tied_head ? w.wte : view("lm_head.weight");
         for (int l = 0; l < cfg.n_layer; ++l) {
-            const std::string h = fmt::format("model.layers.{}.", l);
+            const std::string h = fmt::format("model.layers.{}.", cfg.stored_block(l));   // shared: one per group
             ModelWeights::Layer y;
             y.ln1w = view(h + "input_layernorm.weight");
             y.qkvw = fused({h + "self_attn.q_proj.weight", h + "self_attn.k_proj.weight", h + "self_attn.v_proj.weight"});
@@ -67,7 +67,7 @@ ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, 
     w.lnfb = view("ln_f.bias");
     w.head = w.wte;
     for (int l = 0; l < cfg.n_layer; ++l) {
-        const std::string h = fmt::format("h.{}.", l);
+        const std::string h = fmt::format("h.{}.", cfg.stored_block(l));   // shared: one per group
         ModelWeights::Layer y;
         y.ln1w = view(h + "ln_1.weight"), y.ln1b = view(h + "ln_1.bias");
         y.qkvw = view(h + "attn.c_attn.weight"), y.qkvb = view(h + "attn.c_attn.bias");

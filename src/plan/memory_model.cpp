@@ -83,7 +83,8 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     check_lora_layout(c);
     const LoraPlan * lp = c.lora_plan.get();
     const ParamSplit ps = param_split(cfg);
-    const int64_t layers = (cfg.n_layer + L.pp - 1) / L.pp;
+    // Stored blocks (shared ones once: --share-layers); the layers each stage runs hold them.
+    const int64_t layers = (cfg.stored_layers() + L.pp - 1) / L.pp;
     // The busiest stage: the first (embedding) or the last (head; a tied head keeps a copy).
     const int64_t head = ps.head + (cfg.tied_head && L.pp > 1 ? int64_t(cfg.vocab_size) * cfg.n_embd : 0);
     const int64_t first = layers * ps.per_layer + ps.embed + (L.pp == 1 ? head : 0);

@@ -78,6 +78,18 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
         recompute_plan(r.recompute, cfg.n_layer).segment >= 2)
         return std::string("--zero 3 gathers each layer's weights just before its backward, but --recompute every:K "
                            "and sqrt recompute whole segments at once; use --recompute none, selective or full with it");
+    // Cross-layer sharing: one stored block serves G layers.
+    if (cfg.share_layers > 1) {
+        const std::string with = L.tp > 1 ? "--tp"
+                                 : L.pp > 1 ? "--pp"
+                                 : L.zero >= 2 ? fmt::format("--zero {}", L.zero)
+                                 : r.lora.rank > 0 ? "LoRA"
+                                                   : "";
+        if (!with.empty())
+            return fmt::format("--share-layers {} with {}: shared blocks train with data parallelism and ZeRO 0 or 1 "
+                               "for now (their gradients sum over the group's layers before any is sharded or "
+                               "split); drop one of the two", cfg.share_layers, with);
+    }
     // Tensor (and sequence) parallelism.
     if (L.tp > 1) {
         if (r.lora.rank > 0)
@@ -128,6 +140,12 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
 
 ModelConfig run_model(const RunConfig & r) {
     ModelConfig cfg = resolve_model(r.model);
+    if (r.share_layers > 1) {
+        if (r.share_layers > cfg.n_layer)
+            throw ConfigError(fmt::format("--share-layers {}: model '{}' has {} blocks; a group holds at most all of "
+                                          "them", r.share_layers, cfg.name, cfg.n_layer));
+        cfg.share_layers = r.share_layers;
+    }
     if (r.attention_window == 0) return cfg;
     if (r.attention_window < 0)
         throw ConfigError(fmt::format("--attention-window {}: must be positive (0: the model's own)", r.attention_window));

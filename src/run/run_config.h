@@ -68,6 +68,10 @@ struct RunConfig {
     // Sliding-window attention: each query attends to its last W keys (Mistral's sliding_window;
     // 0: the model's own). A llama model trained with it is a mistral one (run_model).
     int attention_window = 0;
+    // ALBERT's cross-layer sharing: groups of this many consecutive blocks share one set of
+    // weights, so the blocks' parameters, gradients and optimizer states divide by it (0 or 1:
+    // none; the model's own when it was trained shared). A run_model change, like the window.
+    int share_layers = 0;
     // TiledMLP: tokens per MLP chunk; the [tokens, 4C] intermediates exist one chunk at a time and
     // are recomputed in backward (0: untiled).
     int mlp_chunk = 0;

@@ -18,17 +18,6 @@
 namespace memfit {
 
 namespace {
-// The transformer block a parameter belongs to ("model.layers.3.", "h.3.", "...transformer.h.3."),
-// or -1.
-int param_layer(const std::string & name) {
-    size_t at = std::string::npos;
-    if (const size_t p = name.find("layers."); p != std::string::npos) at = p + 7;
-    else if (name.starts_with("h.")) at = 2;
-    else if (const size_t q = name.find(".h."); q != std::string::npos) at = q + 3;
-    if (at == std::string::npos || at >= name.size() || !std::isdigit(static_cast<unsigned char>(name[at]))) return -1;
-    return std::atoi(name.c_str() + at);
-}
-
 // Every dense view of w (weights, biases, adapters; not the packed quantized projections).
 template <class F>
 void for_each_view(ModelWeights & w, F f) {
@@ -227,7 +216,8 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     // Groups (runs of one layer's parameters) and the gradient buckets over them, merged from the
     // top layer down until a bucket holds bucket_bytes.
     for (const auto & p : layout_.params) {
-        const int l = param_layer(p.name);
+        // A shared block's gradients are whole after the backward of its group's lowest layer.
+        const int b = param_block(p.name), l = b < 0 ? -1 : b * cfg_.share_layers;
         if (!groups_.empty() && groups_.back().layer == l) groups_.back().b += p.numel;
         else groups_.push_back(Group{l, p.offset, p.offset + p.numel});
     }
