@@ -14,6 +14,7 @@
 #include "report/memory_report.h"
 #include "memory/timeline.h"
 #include "plan/fit.h"
+#include "run/compat.h"
 #include "train/engine.h"
 
 namespace memfit {
@@ -46,7 +47,7 @@ nlohmann::json op_class_json(const std::map<std::string, OpClass> & by_op, doubl
 nlohmann::json run_bench(const BenchOptions & opt) {
     if (opt.threads > 0) omp_set_num_threads(opt.threads);
     if (opt.steps < 1) throw ConfigError("--steps must be at least 1");
-    ModelConfig cfg = resolve_model(opt.model);
+    ModelConfig cfg = run_model(opt);   // with the run's model changes (--share-layers, --attention-window)
     if (cfg.vocab_size == 0) cfg.vocab_size = 256;   // small presets: byte vocabulary
     cfg.validate();
     const std::unique_ptr<Backend> owned = make_backend(opt.device);

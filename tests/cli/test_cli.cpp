@@ -262,6 +262,41 @@ TEST(Cli, ExportAndTrainFromTheFolder) {
                          "no such checkpoint");
 }
 
+// --share-layers through the commands: the run's report names the sharing and its parameters, the
+// checkpoint resumes, export writes a plain model (every block; no sharing key) that trains
+// unshared, and bench (a run configuration too) plans the divided parameters.
+TEST(Cli, ShareLayersTrainResumeExportAndBench) {
+    const fs::path text = small_text("share.txt");
+    const fs::path data = scratch("share_data"), run = scratch("share_run"), hf = scratch("share_hf"),
+                   again = scratch("share_again");
+    ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    const std::string base = "train --data " + data.string() + " --batch 2 --seq 32 --eval-every 0 "
+                             "--eval-batches 1 --sample 0 --model nano ";
+    const CmdResult t = run_memfit(base + "--progress plain --share-layers 2 --steps 3 --checkpoint-every 3 --out " +
+                                   run.string());
+    ASSERT_EQ(t.code, 0) << t.err << t.out;
+    EXPECT_NE(t.out.find("1 blocks shared 2 ways"), std::string::npos) << t.out;
+    const CmdResult r = run_memfit(base + "--quiet --share-layers 2 --steps 5 --resume " + (run / "checkpoints").string() +
+                                   " --out " + run.string());
+    EXPECT_EQ(r.code, 0) << r.err;
+    ASSERT_EQ(run_memfit("export " + (run / "checkpoints").string() + " --out " + hf.string()).code, 0);
+    std::ifstream cf(hf / "config.json");
+    const nlohmann::json cfg = nlohmann::json::parse(cf);
+    EXPECT_EQ(cfg.at("n_layer"), 2);
+    EXPECT_FALSE(cfg.contains("memfit_share_layers")) << cfg.dump();
+    const CmdResult u = run_memfit(base.substr(0, base.find("--model")) + "--progress plain --model " + hf.string() +
+                                   " --steps 1 --out " + again.string());
+    ASSERT_EQ(u.code, 0) << u.err << u.out;
+    EXPECT_EQ(u.out.find("shared"), std::string::npos) << u.out;
+    auto bench_params = [&](int g) {
+        const CmdResult b = run_memfit("bench --model nano --batch 2 --seq 32 --steps 1 --warmup 0 --threads 1 "
+                                       "--share-layers " + std::to_string(g));
+        EXPECT_EQ(b.code, 0) << b.err;
+        return nlohmann::json::parse(b.out.substr(0, b.out.find('\n'))).at("params").get<int64_t>();
+    };
+    EXPECT_LT(bench_params(2), bench_params(0));
+}
+
 TEST(Cli, GenerateFromAnExportedFolder) {
     const fs::path text = small_text("gen.txt");
     const fs::path data = scratch("gen_data"), run = scratch("gen_run"), hf = scratch("gen_hf");
