@@ -82,13 +82,13 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
     if (cfg.share_layers > 1) {
         const std::string with = L.tp > 1 ? "--tp"
                                  : L.pp > 1 ? "--pp"
-                                 : L.zero >= 2 ? fmt::format("--zero {}", L.zero)
+                                 : L.zero >= 3 ? fmt::format("--zero {}", L.zero)
                                  : r.lora.rank > 0 ? "LoRA"
                                                    : "";
         if (!with.empty())
-            return fmt::format("--share-layers {} with {}: shared blocks train with data parallelism and ZeRO 0 or 1 "
-                               "for now (their gradients sum over the group's layers before any is sharded or "
-                               "split); drop one of the two", cfg.share_layers, with);
+            return fmt::format("--share-layers {} with {}: shared blocks train with data parallelism and ZeRO 0 to 2 "
+                               "for now (ZeRO-3 gathers weights layer by layer, tensor and pipeline parallelism "
+                               "split them); drop one of the two", cfg.share_layers, with);
     }
     // Tensor (and sequence) parallelism.
     if (L.tp > 1) {

@@ -227,8 +227,9 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
         if (cur && q.layer >= 0 && cur->bottom >= 0 && cur->a == q.b && (cur->b - cur->a) * gs < dp.bucket_bytes) {
             cur->a = q.a;
             cur->bottom = q.layer;
-        } else {
-            buckets_.push_back(Bucket{q.layer, q.layer, q.a, q.b});
+        } else {   // a shared block's gradients start at its group's highest layer's backward
+            const int top = q.layer < 0 ? -1 : std::min(q.layer + cfg_.share_layers - 1, cfg_.n_layer - 1);
+            buckets_.push_back(Bucket{top, q.layer, q.a, q.b});
         }
     }
     all_reduce_ = train && parts_.optimizer && parts_.reduce_grads && dp.zero < 2;

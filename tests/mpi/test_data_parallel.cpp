@@ -206,3 +206,31 @@ TEST(Zero, EveryStageEqualsOneProcessAndShardsTheModelStates) {
                 }
             }
 }
+
+// Cross-layer sharing (--share-layers 2, six layers in three stored blocks) under data parallel
+// at ZeRO 0, 1 and 2 against one process: the same losses and parameters. A shared block's
+// gradient bucket opens at its group's highest layer (ZeRO-2 zeroes it there) and is reduced
+// after its lowest, so every use's gradient is in the sum.
+TEST(DataParallel, SharedBlocksEqualOneProcessAtZeroZeroToTwo) {
+    Communicator & c = world();
+    ASSERT_GE(c.size(), 2) << "run under mpirun -np 2 or more";
+    const int G = std::max(4, c.size()), T = 8, steps = 3;
+    for (bool llama : {false, true})
+        for (int k : {1, 2}) {
+            ModelConfig cfg = tiny(llama, 6);
+            cfg.share_layers = 2;
+            const DpRun one = train(cfg, DType::f32, G, T, k, steps, nullptr);
+            ASSERT_EQ(one.params.size(), size_t(cfg.num_params()));
+            for (int zero : {0, 1, 2}) {
+                SCOPED_TRACE(std::string(llama ? "llama" : "gpt2") + " accum " + std::to_string(k) + " zero " +
+                             std::to_string(zero));
+                const DpRun dp = train(cfg, DType::f32, G, T, k, steps, &c, zero);
+                for (size_t s = 0; s < one.losses.size(); ++s)
+                    EXPECT_NEAR(dp.losses[s], one.losses[s], 2e-5 * std::fabs(one.losses[s])) << "step " << s;
+                expect_same_params(dp, one, DType::f32, steps, 1e-2f);
+                expect_ranks_agree(c, dp.params);
+                for (size_t cat = 0; cat < kCategoryCount; ++cat)
+                    EXPECT_EQ(dp.planned_live.v[cat], dp.live_peak.v[cat]) << "live " << kCategoryNames[cat];
+            }
+        }
+}
