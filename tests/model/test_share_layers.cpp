@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -94,15 +95,23 @@ struct Grads {
     std::vector<float> g;
 };
 
+// An engine on `backend` holding `params`, for B x T batches.
+std::unique_ptr<Engine> engine_with(CpuBackend & backend, const ModelConfig & cfg, const std::vector<float> & params,
+                                    int B, int T) {
+    EngineOptions eo;
+    eo.B = B, eo.T = T;
+    auto e = std::make_unique<Engine>(cfg, backend, eo);
+    e->init_params(1);
+    std::copy(params.begin(), params.end(), e->params());
+    e->params_changed();
+    return e;
+}
+
 Grads gradients(const ModelConfig & cfg, const std::vector<float> & params, const std::vector<int32_t> & in,
                 const std::vector<int32_t> & tg, int B, int T) {
     CpuBackend backend;
-    EngineOptions eo;
-    eo.B = B, eo.T = T;
-    Engine e(cfg, backend, eo);
-    e.init_params(1);
-    std::copy(params.begin(), params.end(), e.params());
-    e.params_changed();
+    const std::unique_ptr<Engine> owned = engine_with(backend, cfg, params, B, T);
+    Engine & e = *owned;
     Grads r;
     r.loss = e.train_step(in.data(), tg.data(), AdamWHyper{0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 1}).loss;   // lr 0
     r.g.assign(e.grads(), e.grads() + e.step().layout().total);
@@ -142,12 +151,8 @@ TEST(ShareLayers, GradientIsTheSumOfTheUsesOfAnUnsharedTwin) {
 
         // Finite differences on the shared block 0 (layers 0 and 1): its largest gradients.
         CpuBackend backend;
-        EngineOptions eo;
-        eo.B = B, eo.T = T;
-        Engine e(c, backend, eo);
-        e.init_params(1);
-        std::copy(w.begin(), w.end(), e.params());
-        e.params_changed();
+        const std::unique_ptr<Engine> owned = engine_with(backend, c, w, B, T);
+        Engine & e = *owned;
         for (const ParamInfo & p : sl.params) {
             if (param_block(p.name) != 0 || p.shape.size() != 2) continue;
             size_t best = p.offset;

@@ -183,6 +183,9 @@ MatmulShape rows_of(MatmulShape s, int64_t rows) {
     s.M = rows;
     return s;
 }
+
+// The rows of the last of the tiles of mt rows over M.
+int64_t last_tile_rows(int64_t M, int64_t mt) { return M - (M - 1) / mt * mt; }
 }  // namespace
 
 int64_t DnnlGemm::native_tile_rows(const MatmulShape & s) {
@@ -197,14 +200,14 @@ bool DnnlGemm::native(const GemmDesc & d) {
     const MatmulShape s = matmul_shape(d);
     if (!native(s)) return false;
     const int64_t mt = native_tile_rows(s);
-    return native(rows_of(s, mt)) && native(rows_of(s, d.M - (d.M - 1) / mt * mt));
+    return native(rows_of(s, mt)) && native(rows_of(s, last_tile_rows(d.M, mt)));
 }
 
 size_t DnnlGemm::native_workspace_bytes(const GemmDesc & d) {
     MF_ASSERT(native(d));
     const MatmulShape s = matmul_shape(d);
     const int64_t mt = native_tile_rows(s);
-    return std::max(scratch_bytes(rows_of(s, mt)), scratch_bytes(rows_of(s, d.M - (d.M - 1) / mt * mt)));
+    return std::max(scratch_bytes(rows_of(s, mt)), scratch_bytes(rows_of(s, last_tile_rows(d.M, mt))));
 }
 
 void DnnlGemm::run_native(const GemmDesc & d, void * c, const void * a, const void * b, const void * bias,

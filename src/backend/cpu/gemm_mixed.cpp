@@ -87,13 +87,6 @@ MatmulShape tile_shape(const GemmDesc & d, const GemmTilePlan & p, int64_t mc, i
     return s;
 }
 
-// The shapes of a plan's tiles: whole ones and the last of each dimension.
-template <class F>
-void for_tile_shapes(const GemmDesc & d, const GemmTilePlan & p, F && f) {
-    for (const int64_t mc : {p.mt, d.M - (p.m_tiles - 1) * p.mt})
-        for (const int64_t ncc : {p.nt, d.N - (p.n_tiles - 1) * p.nt}) f(tile_shape(d, p, mc, ncc));
-}
-
 GemmTilePlan make_plan(const GemmDesc & d, const GemmTileLimits & lim, DnnlGemm & gemm) {
     MF_ASSERT(d.M > 0 && d.N > 0 && d.K > 0);
     MF_ASSERT(!(d.bias && d.accumulate) && d.lda == 0);
@@ -157,7 +150,9 @@ GemmTilePlan make_plan(const GemmDesc & d, const GemmTileLimits & lim, DnnlGemm 
     if (p.conv_bias) { p.off_bias = off; off += align_up(f * size_t(p.nt)); }
     if (p.conv_c) { p.off_c = off; off += align_up(f * size_t(p.mt) * size_t(p.nt)); }
     p.off_scratch = off;
-    for_tile_shapes(d, p, [&](const MatmulShape & s) { p.scratch_bytes = std::max(p.scratch_bytes, gemm.scratch_bytes(s)); });
+    for (const int64_t mc : {p.mt, d.M - (p.m_tiles - 1) * p.mt})
+        for (const int64_t ncc : {p.nt, d.N - (p.n_tiles - 1) * p.nt})
+            p.scratch_bytes = std::max(p.scratch_bytes, gemm.scratch_bytes(tile_shape(d, p, mc, ncc)));
     p.bytes = off + p.scratch_bytes;
     return p;
 }
