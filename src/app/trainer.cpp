@@ -467,6 +467,21 @@ void TrainingRun::build() {
         }
         say(fmt::format("  weights from {}", opt_.model));
     }
+    if (eo_.distill.enabled()) {   // the frozen teacher (model/distill.h)
+        const ModelConfig & tc = *eo_.distill.teacher;
+        if (!has_hf_weights(opt_.distill.teacher))
+            throw ConfigError(fmt::format("--teacher {}: no weights there (model.safetensors); a teacher must be a "
+                                          "trained model: a Hugging Face folder or `memfit export`'s output",
+                                          opt_.distill.teacher));
+        std::vector<float> full(size_t(tc.num_params()));
+        load_hf_weights(opt_.distill.teacher, tc, make_param_layout(tc), full.data());
+        engine.set_teacher(full.data());
+        say(fmt::format("  teacher {} ({:.2f}M parameters, {} weights): loss (1 - {:g}) x cross-entropy + {:g} x T^2 x "
+                        "KL at T = {:g}; validation reports the cross-entropy",
+                        opt_.distill.teacher, double(tc.num_params()) / 1e6,
+                        eo_.distill.quantized() ? base_weights_name(eo_.distill.weights) : precision_name(eo_.compute),
+                        eo_.distill.alpha, eo_.distill.alpha, eo_.distill.temperature));
+    }
     if (!resume_.empty())
         first_step_ = resume_from(resume_, cfg_, opt_, run_.global_batch, engine, *train_data_, val_data_.get(),
                                   base_digest_) + 1;

@@ -295,6 +295,20 @@ public:
     virtual void xent_shard_bwd(Tensor logits, Tensor targets, Tensor lse, int64_t vocab_lo, int64_t vocab,
                                 float dloss) = 0;
 
+    // Knowledge distillation's loss (Hinton et al. 2015), row by row, for the student's logits z
+    // and a teacher's logits t, both f32 [N, V] over one vocabulary, at temperature T > 0 with
+    // weight alpha in [0, 1]: losses[i] (written) = (1 - alpha) * CE(z_i, target_i) + alpha * T^2
+    // * KL(q_i || p_i), q = softmax(t_i / T), p = softmax(z_i / T); 0 where target == -100.
+    // stats f32 [2, N] (written): the log-sum-exp of z_i, then of z_i / T, for the backward. The
+    // logits stay as they are; the teacher's become q in place.
+    virtual void distill_fwd(Tensor losses, Tensor stats, Tensor logits, Tensor teacher, Tensor targets, float alpha,
+                             float temperature) = 0;
+    // In place: logits become dlogits = dloss * ((1 - alpha) * (softmax(z) - onehot(target)) +
+    // alpha * T * (p - q)), from distill_fwd's stats and q (the gradient of its loss times dloss);
+    // rows with target -100 become 0.
+    virtual void distill_bwd(Tensor logits, Tensor stats, Tensor teacher_probs, Tensor targets, float alpha,
+                             float temperature, float dloss) = 0;
+
     // out[0] (f32) = sum of squares of x (any float dtype, accumulated in double); inf or NaN
     // if any element is.
     virtual void sum_squares(Tensor out, Tensor x) = 0;

@@ -598,6 +598,24 @@ void Graph::xent_shard_bwd(Tensor logits, Tensor targets, Tensor lse, int64_t vo
     end();
 }
 
+// Per logit pair: forward about 12 flops (two maxima, three exps, the sums, q's scaling),
+// backward 8 (two exps, the weighted difference).
+void Graph::distill_fwd(Tensor losses, Tensor stats, Tensor logits, Tensor teacher, Tensor targets, float alpha,
+                        float temperature) {
+    if (begin("distill_fwd", 12.0 * double(logits.numel()), {losses, stats, logits, teacher, targets}))
+        backend_->distill_fwd(resolve(losses), resolve(stats), resolve(logits), resolve(teacher), resolve(targets), alpha,
+                              temperature);
+    end();
+}
+
+void Graph::distill_bwd(Tensor logits, Tensor stats, Tensor teacher_probs, Tensor targets, float alpha,
+                        float temperature, float dloss) {
+    if (begin("distill_bwd", 8.0 * double(logits.numel()), {logits, stats, teacher_probs, targets}))
+        backend_->distill_bwd(resolve(logits), resolve(stats), resolve(teacher_probs), resolve(targets), alpha,
+                              temperature, dloss);
+    end();
+}
+
 void Graph::sum_squares(Tensor out, Tensor x) {
     if (begin("sum_squares", 2.0 * double(x.numel()), {out, x})) backend_->sum_squares(resolve(out), resolve(x));
     end();

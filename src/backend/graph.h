@@ -164,6 +164,10 @@ public:
     void xent_shard_stats(Tensor stats, Tensor logits, Tensor targets, int64_t vocab_lo, int64_t vocab);
     void xent_shard_loss(Tensor losses, Tensor lse, Tensor gathered, Tensor targets);
     void xent_shard_bwd(Tensor logits, Tensor targets, Tensor lse, int64_t vocab_lo, int64_t vocab, float dloss);
+    void distill_fwd(Tensor losses, Tensor stats, Tensor logits, Tensor teacher, Tensor targets, float alpha,
+                     float temperature);
+    void distill_bwd(Tensor logits, Tensor stats, Tensor teacher_probs, Tensor targets, float alpha, float temperature,
+                     float dloss);
     void sum_squares(Tensor out, Tensor x);
     // param_copy (optional): the compute-precision weights, rewritten from the updated param.
     void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy, const AdamWHyper & h);

@@ -48,6 +48,8 @@ public:
     void xent_shard_stats(Tensor stats, Tensor logits, Tensor targets, int64_t vocab_lo, int64_t vocab) override {}
     void xent_shard_loss(Tensor losses, Tensor lse, Tensor gathered, Tensor targets) override {}
     void xent_shard_bwd(Tensor logits, Tensor targets, Tensor lse, int64_t vocab_lo, int64_t vocab, float dloss) override {}
+    void distill_fwd(Tensor, Tensor, Tensor, Tensor, Tensor, float, float) override {}
+    void distill_bwd(Tensor, Tensor, Tensor, Tensor, float, float, float) override {}
     void sum_squares(Tensor out, Tensor x) override {}
     void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy, const AdamWHyper & h) override {}
     void sgd(Tensor, Tensor, Tensor, Tensor, Tensor, const AdamWHyper &) override {}

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "backend/cuda_sizing.h"
 #include "plan/hardware.h"
+#include "plan/distill_plan.h"
 #include "plan/lora_plan.h"
 #include "plan/plan_report.h"
 #include "plan/search.h"
@@ -57,6 +58,7 @@ PlanRequest make_request(const PlanFlags & f, const RunConfig & run, const RunFl
     r.compute = run.compute;
     // LoRA: the same flags and checks as `memfit train` (lora_options).
     r.lora = make_lora_plan(r.cfg, lora_options(run, r.cfg, r.compute));
+    r.distill = make_distill_plan(run, distill_options(run, r.cfg, r.compute));
     r.optimizer = run.optimizer;
     if (auto why = out_of_range(run)) throw ConfigError(*why);
     if (given.given("zero")) r.zero = run.layout.zero;

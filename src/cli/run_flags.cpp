@@ -117,6 +117,21 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                        "LoRA: storage of the frozen base: the compute precision (bf16, fp16, fp32), int8 "
                        "(per-channel) or nf4 (4-bit NormalFloat, blocks of 64, double-quantized scales, as QLoRA)")
              ->capture_default_str());
+    // Knowledge distillation (model/distill.h).
+    keep(c->add_option("--teacher", r.distill.teacher,
+                       "knowledge distillation: a frozen teacher (a folder with weights, as --model takes, with the "
+                       "student's vocabulary) runs forward on every batch; the loss becomes (1 - alpha) * "
+                       "cross-entropy + alpha * T^2 * KL(teacher || student) at temperature T, chunked with the LM "
+                       "head; validation reports the plain cross-entropy"));
+    keep(c->add_option("--distill-alpha", r.distill.alpha, "distillation: the KL term's weight alpha, 0 to 1")
+             ->capture_default_str()->check(kFraction));
+    keep(c->add_option("--distill-temperature", r.distill.temperature,
+                       "distillation: the temperature T that softens both models' distributions (> 0)")
+             ->capture_default_str()->check(kPositive));
+    keep(c->add_option("--teacher-weights", r.distill.weights,
+                       "distillation: storage of the teacher's weights: the compute precision, int8 (per-channel) or "
+                       "nf4 (4-bit NormalFloat, as a QLoRA base)")
+             ->capture_default_str());
     if (which.layout) {
         keep(c->add_option("--zero", r.layout.zero,
                            "data parallel (mpirun -np N): ZeRO stage 0 (every rank holds everything), 1 (shard fp32 "

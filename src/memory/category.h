@@ -20,12 +20,13 @@ enum class Category : uint8_t {
     // memory, or files under --offload-dir. Planned and measured like the others, but not
     // device memory: total() leaves them out.
     offloaded,
+    teacher,           // a distillation teacher's frozen weights (model/distill.h)
 };
-constexpr int kCategoryCount = 9;
+constexpr int kCategoryCount = 10;
 
 constexpr std::array<std::string_view, kCategoryCount> kCategoryNames = {
     "parameters", "master_weights", "optimizer_states", "gradients",
-    "activations", "workspace", "communication", "runtime", "offloaded"};
+    "activations", "workspace", "communication", "runtime", "offloaded", "teacher"};
 
 constexpr std::string_view category_name(Category c) { return kCategoryNames[size_t(c)]; }
 

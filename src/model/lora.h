@@ -31,6 +31,11 @@ namespace memfit {
 // The base storage `--base-weights` names.
 enum class BaseWeights : uint8_t { compute, int8, nf4 };
 
+// The packed format of a quantized base storage (not `compute`).
+inline QuantFormat quant_format(BaseWeights b, bool double_quant) {
+    return b == BaseWeights::int8 ? QuantFormat::int8 : double_quant ? QuantFormat::nf4_dq : QuantFormat::nf4;
+}
+
 struct LoraOptions {
     int   rank = 0;                  // 0: no LoRA (every parameter trains)
     float alpha = 16;
@@ -44,9 +49,7 @@ struct LoraOptions {
     bool enabled() const { return rank > 0; }
     float scaling() const { return alpha / float(rank); }
     bool quantized() const { return base != BaseWeights::compute; }
-    QuantFormat format() const {
-        return base == BaseWeights::int8 ? QuantFormat::int8 : double_quant ? QuantFormat::nf4_dq : QuantFormat::nf4;
-    }
+    QuantFormat format() const { return quant_format(base, double_quant); }
 };
 
 // "q,v" | "all" | HF module names (q_proj, c_attn, ...) -> the family's target names, in module

@@ -571,9 +571,20 @@ void Transformer::head_logits(Graph & g, const ModelWeights & w) const {
     g.matmul_fwd(logits_, lnf_, w.head, Tensor{}, WeightLayout::out_in);
 }
 
+Tensor Transformer::head_chunk(Graph & g, const ModelWeights & w, int64_t r0, int64_t n) const {
+    const int64_t C = cfg_.n_embd, V = cfg_.vocab_size;
+    MF_ASSERT(!tp_.enabled() && n <= chunk_rows_ && r0 + n <= int64_t(B_) * T_);
+    const Tensor logits = logits_.view(0, {n, V});
+    g.phase(Phase::forward);
+    g.layer(-1);
+    g.matmul_fwd(logits, lnf_.view(r0 * C, {n, C}), w.head, Tensor{}, WeightLayout::out_in);
+    return logits;
+}
+
 void Transformer::head_loss(Graph & g, const ModelWeights & w, const ModelWeights * dw, Tensor targets, Tensor losses,
-                            float dloss) const {
+                            float dloss, const DistillHead * distill) const {
     const int64_t N = int64_t(B_) * T_, C = cfg_.n_embd, V = cfg_.vocab_size;
+    MF_ASSERT(!distill || !tp_.enabled());
     g.layer(-1);
     for (int64_t r0 = 0; r0 < N; r0 += chunk_rows_) {
         const int64_t n = std::min<int64_t>(chunk_rows_, N - r0);
@@ -584,12 +595,16 @@ void Transformer::head_loss(Graph & g, const ModelWeights & w, const ModelWeight
         const Tensor x = lnf_.view(r0 * C, {n, C});
         const Tensor logits = logits_.view(0, {n, V});
         const Tensor tgt = targets.view(r0, {n});
+        const Tensor teacher = distill ? distill->teacher->head_chunk(g, *distill->weights, r0, n) : Tensor{};
+        const Tensor stats = distill ? distill->stats.view(0, {2, n}) : Tensor{};
         g.phase(Phase::forward);
         g.matmul_fwd(logits, x, w.head, Tensor{}, WeightLayout::out_in);
-        g.xent_fwd(losses.view(r0, {n}), logits, tgt);
+        if (distill) g.distill_fwd(losses.view(r0, {n}), stats, logits, teacher, tgt, distill->alpha, distill->temperature);
+        else g.xent_fwd(losses.view(r0, {n}), logits, tgt);
         if (!dw) continue;
         g.phase(Phase::backward);
-        g.xent_bwd(logits, tgt, dloss);
+        if (distill) g.distill_bwd(logits, stats, teacher, tgt, distill->alpha, distill->temperature, dloss);
+        else g.xent_bwd(logits, tgt, dloss);
         g.matmul_bwd(dlnf_.view(r0 * C, {n, C}), dw->head, Tensor{}, logits, x, w.head, WeightLayout::out_in, false,
                      round_logit_grads(w));
     }

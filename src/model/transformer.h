@@ -19,6 +19,7 @@
 
 #include "backend/graph.h"
 #include "model/config.h"
+#include "model/distill.h"
 #include "model/lora.h"
 #include "model/param_layout.h"
 #include "model/recompute.h"
@@ -95,6 +96,9 @@ struct ModelOptions {
     int kv_capacity = 0;
     // LoRA adapters on the projections (rank 0: none); the base may be frozen (train/step.h).
     LoraOptions lora;
+    // Knowledge distillation (model/distill.h): the training step's teacher; the Transformer itself
+    // only takes a DistillHead in head_loss.
+    DistillOptions distill;
     // Tensor parallel: the config is this rank's slice (tp_local_config). The row-parallel
     // projections' outputs are summed over the tensor group in forward (the output projection,
     // the MLP's second matmul) and the column-parallel ones' input gradients in backward (d ln_1,
@@ -108,6 +112,18 @@ struct ModelOptions {
     int layer_begin = 0, layer_end = -1;
     // Prepended to every activation's name: one micro-batch's own set ("mb3.").
     std::string prefix;
+};
+
+class Transformer;
+
+// Knowledge distillation in head_loss (train/step.h): a frozen teacher whose forward ran on the
+// same tokens gives each loss chunk's logits (Transformer::head_chunk), and the loss becomes
+// (1 - alpha) * cross-entropy + alpha * T^2 * KL(teacher_T || student_T) (Backend::distill_fwd).
+struct DistillHead {
+    const Transformer * teacher = nullptr;
+    const ModelWeights * weights = nullptr;   // the teacher's
+    Tensor stats;                             // f32 [2, chunk rows]: distill_fwd's per-row lse pair
+    float alpha = 0.5f, temperature = 2.0f;
 };
 
 class Transformer {
@@ -135,8 +151,12 @@ public:
     // scaled by dloss, dhead accumulated, d(final norm output) written). Chunked by loss_chunk
     // rows, so that with chunks the B*T*V logits never exist whole: each chunk's logits are
     // turned into gradients and consumed before the next chunk's are computed.
+    // With `distill`, the distillation loss on every chunk instead (not with tensor parallelism).
     void head_loss(Graph & g, const ModelWeights & w, const ModelWeights * dw, Tensor targets, Tensor losses,
-                   float dloss) const;
+                   float dloss, const DistillHead * distill = nullptr) const;
+    // The LM head on rows [r0, r0 + n) of the final norm's output (n at most a loss chunk's rows),
+    // into the logits buffer's first n rows (returned): a distillation teacher's, after forward().
+    Tensor head_chunk(Graph & g, const ModelWeights & w, int64_t r0, int64_t n) const;
     // The blocks' backward, after head_loss with dw; accumulates parameter gradients into dw.
     // Recomputes what the recompute plan dropped just before each layer's (or segment's) backward.
     // layer_done(g, l), when given, is called as soon as layer l's parameter gradients are final

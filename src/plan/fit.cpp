@@ -49,6 +49,35 @@ LoraOptions lora_options(const RunConfig & r, const ModelConfig & cfg, DType com
     return l;
 }
 
+DistillOptions distill_options(const RunConfig & r, const ModelConfig & cfg, DType compute) {
+    const DistillConfig & s = r.distill;
+    DistillOptions d;
+    const BaseWeights weights = parse_base_weights(s.weights);
+    if (s.teacher.empty()) {
+        if (s.weights != "compute")
+            throw ConfigError(fmt::format("--teacher-weights {} stores a distillation teacher: it needs --teacher DIR",
+                                          s.weights));
+        return d;
+    }
+    if (!(s.alpha >= 0 && s.alpha <= 1))
+        throw ConfigError(fmt::format("--distill-alpha {}: must be from 0 to 1", s.alpha));
+    if (!(s.temperature > 0) || !std::isfinite(s.temperature))
+        throw ConfigError(fmt::format("--distill-temperature {}: must be a positive number", s.temperature));
+    if (weights == BaseWeights::compute && s.weights != "compute" && !r.precision_auto &&
+        parse_precision(s.weights) != compute)
+        throw ConfigError(fmt::format("--teacher-weights {} keeps the teacher in the compute precision, which is {}; "
+                                      "add --precision {} (or use int8 / nf4)",
+                                      s.weights, precision_name(compute), s.weights));
+    d.teacher = resolve_model(s.teacher);
+    if (d.teacher->vocab_size == 0) d.teacher->vocab_size = cfg.vocab_size;   // a preset learns it from the data
+    d.alpha = s.alpha;
+    d.temperature = s.temperature;
+    d.weights = weights;
+    check_teacher(*d.teacher, cfg, r.seq);
+    if (d.quantized()) make_quant_layout(*d.teacher, d.format());   // nf4 block alignment: a clear error now
+    return d;
+}
+
 int auto_chunk_rows(int64_t rows) {
     const int64_t share = (rows / kAutoChunkShare + 63) / 64 * 64;
     return int(std::min<int64_t>(rows, std::max<int64_t>(kAutoChunkMinRows, share)));
@@ -109,6 +138,7 @@ EngineOptions engine_options(const RunConfig & r, const ModelConfig & cfg, const
     eo.offload_dir = r.offload_dir;
     if (r.recompute.info().kind != RecomputePolicy::budget) eo.recompute = recompute_plan(r.recompute, cfg.n_layer);
     eo.lora = lora_options(r, cfg, eo.compute);
+    eo.distill = distill_options(r, cfg, eo.compute);
     eo.loss_scaling.dynamic = r.loss_scale == 0;
     eo.loss_scaling.scale = r.loss_scale > 0 ? r.loss_scale : r.initial_loss_scale;
     eo.loss_scaling.growth_interval = r.loss_scale_window;

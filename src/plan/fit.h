@@ -18,6 +18,9 @@ namespace memfit {
 
 // The LoRA options of the run, checked against the model and the compute precision.
 LoraOptions lora_options(const RunConfig & r, const ModelConfig & cfg, DType compute);
+// The distillation options of the run: the teacher's configuration (resolve_model of --teacher),
+// checked against the student `cfg` (vocabulary, context) and the compute precision.
+DistillOptions distill_options(const RunConfig & r, const ModelConfig & cfg, DType compute);
 
 // --loss-chunk auto (RunConfig::loss_chunk < 0): rows per LM-head + loss chunk when the whole
 // fp32 logits would be at least kAutoChunkMinBytes and a quarter of the step's unchunked peak

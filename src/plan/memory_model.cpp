@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "model/recompute.h"
 #include "plan/fit.h"
+#include "plan/distill_plan.h"
 #include "plan/lora_plan.h"
 #include "run/compat.h"
 #include "train/engine.h"
@@ -27,6 +28,7 @@ RunConfig candidate_run(const Candidate & c, int seq) {
     RunConfig r = c;
     r.seq = seq;
     r.lora.rank = c.lora_plan ? c.lora_plan->opts.rank : 0;
+    r.distill = c.distill_plan ? c.distill_plan->config : DistillConfig{};
     return r;
 }
 
@@ -208,6 +210,14 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     // holds all m micro-batches' (a huge m is memory too).
     const uint64_t batch = 12 * rows * uint64_t(L.pp > 1 ? c.grad_accum : 1);
     m.device[Category::activations] = kept + grads + lora_grads + rc / tp + logits + 2 * BTC + sent + batch;
+    if (const DistillPlan * dp = c.distill_plan.get()) {
+        // The teacher's weights; and live with the student's kept activations through the loss,
+        // its final norm's output, its logits chunk and the loss's two floats per row.
+        const ModelConfig & t = *dp->opts.teacher;
+        m.device[Category::teacher] = dp->weight_bytes(c.compute);
+        m.device[Category::activations] += rows * uint64_t(t.n_embd) * s + logit_rows * uint64_t(t.vocab_size) * 4 +
+                                           2 * logit_rows * 4;
+    }
     if (L.pp > 1) comm += 2 * BTC / (L.sp ? tp : 1);
     m.device[Category::communication] = comm;
     const uint64_t dequant = lp && lp->quantized() ? ceil_div(uint64_t(lp->largest_projection) * s, tp) : 0;
@@ -264,6 +274,7 @@ Recorded record_stages(const ModelConfig & cfg, const Candidate & c, int seq, co
     run.grad_accum = m;
     EngineOptions eo = engine_options(run, cfg, sizing, /*with_eval=*/false);
     if (c.lora_plan) eo.lora = c.lora_plan->opts;
+    if (c.distill_plan) eo.distill = c.distill_plan->opts;
     Recorded r;
     for (int stage = 0; stage < L.pp; ++stage) {
         eo.pp_rank = stage;

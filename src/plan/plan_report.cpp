@@ -1,6 +1,7 @@
 #include "plan/plan_report.h"
 
 #include <algorithm>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -12,7 +13,10 @@ namespace memfit {
 namespace {
 
 // One letter per category, in bar order.
-constexpr const char * kBarLetters = "PMOGAWCR";   // parameters, master, optimizer, gradients, activations, workspace, comm, runtime
+// parameters, master, optimizer, gradients, activations, workspace, comm, runtime, offloaded (host:
+// never in a device's bar), teacher.
+constexpr std::string_view kBarLetters = "PMOGAWCRHT";
+static_assert(kBarLetters.size() == kCategoryCount);
 
 std::string bar(const CategoryBytes & b, uint64_t capacity, int width) {
     std::string s;
@@ -95,7 +99,7 @@ std::string format_plan(const PlanRequest & r, const SearchReport & rep, bool ex
     } else {
         out += fmt::format("\n  {:<3} {:<50} {:<48} {:>10} {:>9} {:>11} {:>5}  memory per device ({})\n", "#",
                            "layout", "micro-batch x accumulation", "per device", "step s", "tokens/s", "MFU",
-                           "P params, M master, O optimizer, G grads, A activations, W workspace, C comm, R runtime");
+                           "P params, M master, O optimizer, G grads, A activations, W workspace, C comm, R runtime, T teacher");
         int i = 0;
         for (const PlanResult & p : rep.best)
             out += fmt::format("  {:<3} {:<50} {:<48} {:>10} {:>9.3f} {:>11.0f} {:>4.0f}%  |{}|{}\n", ++i,

@@ -11,7 +11,8 @@
 
 namespace memfit {
 
-struct LoraPlan;   // plan/lora_plan.h
+struct LoraPlan;      // plan/lora_plan.h
+struct DistillPlan;   // plan/distill_plan.h
 
 // The time model's efficiencies where a catalog entry does not state its own: H100's, fitted
 // on the published runs of docs/planner.md (hardware.json's notes say where each comes from).
@@ -69,6 +70,8 @@ struct Candidate : RunConfig {
     // packed). Null: every parameter trains. The search copies the request's choice into every
     // candidate and never changes it.
     std::shared_ptr<const LoraPlan> lora_plan;
+    // Distillation (plan/distill_plan.h): the frozen teacher, fixed like lora_plan. Null: none.
+    std::shared_ptr<const DistillPlan> distill_plan;
 };
 
 }  // namespace memfit

@@ -134,6 +134,7 @@ SearchReport search_plans(const PlanRequest & r) {
     if (packed) {
         Candidate fixed;
         fixed.lora_plan = r.lora;
+        fixed.distill_plan = r.distill;
         fixed.layout.zero = r.zero.value_or(0);
         fixed.layout.offload = r.offload.value_or(Offload::none);
         check_lora_layout(fixed);
@@ -203,6 +204,7 @@ SearchReport search_plans(const PlanRequest & r) {
                         probe.compute = r.compute;
                         probe.optimizer = r.optimizer;
                         probe.lora_plan = r.lora;
+                        probe.distill_plan = r.distill;
                         probe.packing = r.packing;
                         probe.loss_chunk = r.loss_chunk;
                         probe.mlp_chunk = r.mlp_chunk;
@@ -253,6 +255,7 @@ SearchReport search_plans(const PlanRequest & r) {
                                             pr.c.offload_dir = r.offload_dir;
                                         }
                                         pr.c.lora_plan = r.lora;
+                                        pr.c.distill_plan = r.distill;
                                         ++rep.evaluated;
                                         pr.time = predict_step_time(cfg, r.hw, pr.c, r.seq, r.nodes);
                                         if (bytes_bound(cfg, pr.c, r.seq) >= kBytesBound) {

@@ -45,6 +45,8 @@ struct PlanRequest {
     // LoRA / QLoRA (make_lora_plan), fixed for every candidate: the search never turns it on or
     // off. Null: full fine-tuning. A packed base excludes ZeRO-3 and optimizer+params offload.
     std::shared_ptr<const LoraPlan> lora;
+    // Distillation (make_distill_plan), fixed for every candidate. Null: none.
+    std::shared_ptr<const DistillPlan> distill;
     size_t top = 5;
     // Say what would make each rejected candidate fit (else only the closest one).
     bool explain = false;

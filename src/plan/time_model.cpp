@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "model/recompute.h"
+#include "plan/distill_plan.h"
 #include "plan/lora_plan.h"
 #include "plan/memory_model.h"
 
@@ -17,6 +18,19 @@ namespace {
 
 
 bool keeps(uint32_t mask, Saved u) { return (mask >> int(u)) & 1u; }
+
+// The matmul FLOPs of `layers` blocks and the LM head over `tokens` tokens, forward.
+double matmul_forward_flops(const ModelConfig & cfg, double tokens, double layers) {
+    const double C = cfg.n_embd, Q = cfg.qkv_dim(), F = cfg.fc_dim(), A = cfg.ffn_dim(), V = cfg.vocab_size;
+    return tokens * (layers * 2.0 * (C * Q + C * C + C * F + A * C) + 2.0 * C * V);
+}
+
+// Query-key pairs of one causal sequence of T tokens: T(T+1)/2; within a sliding window W < T,
+// W(W+1)/2 + (T - W) W (linear in T).
+double attention_pairs(const ModelConfig & cfg, double T) {
+    const double W = cfg.sliding_window > 0 && cfg.sliding_window < T ? double(cfg.sliding_window) : T;
+    return W * (W + 1) / 2 + (T - W) * W;
+}
 
 double need(double rate, const Hardware & hw, const char * what) {
     if (!(rate > 0))
@@ -61,7 +75,7 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     const double s = double(dtype_size(c.compute));
     const double g = c.grad_accum > 1 ? 4.0 : s;   // gradient bytes: fp32 accumulators across micro-batches
     const double C = cfg.n_embd, T = seq, V = cfg.vocab_size, b = c.micro_batch, m = c.grad_accum;
-    const double Q = cfg.qkv_dim(), F = cfg.fc_dim(), A = cfg.ffn_dim(), NH = cfg.n_head;
+    const double A = cfg.ffn_dim(), NH = cfg.n_head;
     const double R = double(cfg.n_head + cfg.kv_heads()) * cfg.head_dim();   // elements RoPE rotates per token
     const double tp = L.tp, dp = L.dp, tokens = b * T;                     // tokens per micro-batch per rank
     const int v = L.schedule == PipeSchedule::interleaved ? std::max(1, L.virtual_stages) : 1;
@@ -71,18 +85,22 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     const double mm_eff = hw.matmul_eff * peak;
     const double attn_eff = (c.flash() ? hw.attention_eff : hw.matmul_eff) * peak;
     const LoraPlan * lp = c.lora_plan.get();
-    const double mm_fwd = tokens * (layers * 2.0 * (C * Q + C * C + C * F + A * C) + 2.0 * C * V) / tp;
+    const double mm_fwd = matmul_forward_flops(cfg, tokens, layers) / tp;
     // LoRA: the adapters' gemms, 2 FLOPs per adapter parameter per token forward, 4 backward
     // (both the data and the weight gradient of A and B); the frozen base's backward is its data
     // gradient only (as many FLOPs as its forward), the head's included.
     const double ad_fwd = lp ? tokens * layers * 2.0 * double(lp->adapters_per_layer) / tp : 0.0;
-    // Keys the queries of a sequence attend to: causal, T(T+1)/2; within a sliding window W < T,
-    // W(W+1)/2 + (T - W) W (linear in T).
-    const double W = cfg.sliding_window > 0 && cfg.sliding_window < seq ? double(cfg.sliding_window) : T;
-    const double pairs = W * (W + 1) / 2 + (T - W) * W;
-    const double attn_fwd = layers * b * 4.0 * pairs * C / tp;   // QK^T and AV: 2 FLOPs x 2 per pair per channel
+    // QK^T and AV: 2 FLOPs x 2 per query-key pair per channel.
+    const double attn_fwd = layers * b * 4.0 * attention_pairs(cfg, T) * C / tp;
     const double attn_bwd = attn_fwd * (c.flash() ? 2.5 : 2.0);
-    const double fwd_mb = (mm_fwd + ad_fwd) / mm_eff + attn_fwd / attn_eff;
+    // Distillation: the frozen teacher's forward on the same tokens, whole on every rank.
+    double teacher_mb = 0;
+    if (const DistillPlan * dist = c.distill_plan.get()) {
+        const ModelConfig & t = *dist->opts.teacher;
+        teacher_mb = matmul_forward_flops(t, tokens, t.n_layer) / mm_eff +
+                     double(t.n_layer) * b * 4.0 * attention_pairs(t, T) * t.n_embd / attn_eff;
+    }
+    const double fwd_mb = (mm_fwd + ad_fwd) / mm_eff + attn_fwd / attn_eff + teacher_mb;
     const double bwd_mm = lp ? mm_fwd + 2.0 * ad_fwd : 2.0 * mm_fwd;
     const double bwd_nr_mb = bwd_mm / mm_eff + attn_bwd / attn_eff;   // backward without recompute
     const uint32_t attn_bits = (1u << int(Saved::attn_out)) | (1u << int(Saved::attn_probs));

@@ -93,6 +93,7 @@ std::string_view category_color(Category c) {
         "#b07aa1",  // communication: purple
         "#9c755f",  // runtime: brown
         "#bab0ac",  // offloaded: grey
+        "#ff9da7",  // teacher: pink
     };
     return colors[size_t(c)];
 }

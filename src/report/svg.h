@@ -31,8 +31,9 @@ std::string_view phase_fill(Phase p);
 // bytes (workspace, activations) on top where their rise and fall is visible.
 // The device's categories (not `offloaded`, which lives in host memory or files).
 inline constexpr std::array<Category, kCategoryCount - 1> kStackOrder = {
-    Category::runtime,   Category::parameters,    Category::master_weights, Category::optimizer_states,
-    Category::gradients, Category::communication, Category::workspace,      Category::activations};
+    Category::runtime,   Category::parameters,    Category::teacher,   Category::master_weights,
+    Category::optimizer_states, Category::gradients, Category::communication, Category::workspace,
+    Category::activations};
 
 // format_bytes without trailing zero decimals: "2 GiB", "1.5 GiB", "768 MiB", "12 B".
 std::string short_bytes(uint64_t bytes);

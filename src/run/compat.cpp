@@ -90,6 +90,11 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
                                "for now (ZeRO-3 gathers weights layer by layer, tensor and pipeline parallelism "
                                "split them); drop one of the two", cfg.share_layers, with);
     }
+    // Distillation: the teacher runs whole beside each rank's student.
+    if (!r.distill.teacher.empty() && (L.tp > 1 || L.pp > 1))
+        return fmt::format("--teacher with --{} {}: the teacher runs whole on every rank and its logits meet the "
+                           "student's whole vocabulary; distill with data parallelism (and ZeRO)",
+                           L.tp > 1 ? "tp" : "pp", L.tp > 1 ? L.tp : L.pp);
     // Tensor (and sequence) parallelism.
     if (L.tp > 1) {
         if (r.lora.rank > 0)

@@ -122,6 +122,10 @@ nlohmann::json run_config_json(const RunConfig & r) {
                         {"lora-targets", r.lora.targets},
                         {"lora-dropout", r.lora.dropout},
                         {"base-weights", r.lora.base_weights},
+                        {"teacher", r.distill.teacher},
+                        {"distill-alpha", r.distill.alpha},
+                        {"distill-temperature", r.distill.temperature},
+                        {"teacher-weights", r.distill.weights},
                         {"seed", r.seed},
                         {"threads", r.threads}};
     if (r.micro_batch > 0) j["micro-batch"] = r.micro_batch;

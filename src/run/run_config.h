@@ -44,6 +44,15 @@ struct LoraConfig {
     float dropout = 0;
 };
 
+// Knowledge distillation (model/distill.h): a frozen teacher's softened predictions as a second
+// target, loss (1 - alpha) * CE + alpha * T^2 * KL.
+struct DistillConfig {
+    std::string teacher;                     // a --model folder with weights; "": no distillation
+    float alpha = 0.5f;                      // the KL term's weight, [0, 1]
+    float temperature = 2.0f;                // softens both distributions, > 0
+    std::string weights = "compute";         // teacher storage: compute | fp32 | bf16 | fp16 | int8 | nf4
+};
+
 struct RunConfig {
     std::string model = "micro";   // preset, Hugging Face config.json, or a folder with weights
     std::string device = "cpu";    // cpu | cuda
@@ -97,6 +106,7 @@ struct RunConfig {
     uint64_t budget = 0;           // bytes the plan must fit (0: the memory available)
     bool fit_auto = false;         // --fit auto: search micro-batch x accumulation x techniques within the budget
     LoraConfig lora;
+    DistillConfig distill;
     uint64_t seed = 1337;
     int threads = 0;               // 0: OpenMP's default
 };

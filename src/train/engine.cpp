@@ -207,6 +207,11 @@ void Engine::init_params(uint64_t seed) {
         init_adapters(st.layout(), full.data(), seed);
     }
     set_params(full.data());
+    if (const ModelConfig * tc = st.teacher_config()) {   // a placeholder until set_teacher (bench runs it)
+        std::vector<float> teacher(size_t(tc->num_params()));
+        init_model(*tc, make_param_layout(*tc), teacher.data(), seed + 1);
+        set_teacher(teacher.data());
+    }
     const std::vector<float> zeros(st.shard_size(), 0.0f);
     store_moments(st.adam_m, zeros.data(), zeros.size());
     store_moments(st.adam_v, zeros.data(), zeros.size());
@@ -220,6 +225,15 @@ void Engine::set_base(const float * full) {
     dense.data = train_mem_->base(st.base);
     store_split_weights(backend_, cfg_, st.quant_layout(), dense,
                         static_cast<uint8_t *>(st.base_q >= 0 ? train_mem_->base(st.base_q) : nullptr), full);
+}
+
+void Engine::set_teacher(const float * full) {
+    const TrainStep & st = *plans_.train;
+    MF_ASSERT(st.teacher_config());
+    Tensor dense(st.teacher, st.compute(), {int64_t(st.teacher_layout().total)});
+    dense.data = train_mem_->base(st.teacher);
+    store_split_weights(backend_, *st.teacher_config(), st.teacher_quant(), dense,
+                        static_cast<uint8_t *>(st.teacher_q >= 0 ? train_mem_->base(st.teacher_q) : nullptr), full);
 }
 
 std::vector<float> Engine::base_weights() const {
@@ -299,10 +313,10 @@ std::vector<float> Engine::merged_weights() {
     return w;
 }
 
-std::vector<uint8_t> Engine::export_base() const {
+std::vector<uint8_t> Engine::export_frozen() const {
     const TrainStep & st = *plans_.train;
     std::vector<uint8_t> out;
-    for (BufferId b : {st.base, st.base_q}) {
+    for (BufferId b : {st.base, st.base_q, st.teacher, st.teacher_q}) {
         if (b < 0) continue;
         const auto * p = static_cast<const uint8_t *>(train_mem_->base(b));
         out.insert(out.end(), p, p + st.program().buffer(b).bytes);
@@ -310,10 +324,10 @@ std::vector<uint8_t> Engine::export_base() const {
     return out;
 }
 
-void Engine::import_base(const std::vector<uint8_t> & bytes) {
+void Engine::import_frozen(const std::vector<uint8_t> & bytes) {
     const TrainStep & st = *plans_.train;
     size_t off = 0;
-    for (BufferId b : {st.base, st.base_q}) {
+    for (BufferId b : {st.base, st.base_q, st.teacher, st.teacher_q}) {
         if (b < 0) continue;
         const size_t n = st.program().buffer(b).bytes;
         MF_ASSERT(off + n <= bytes.size());

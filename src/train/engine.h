@@ -72,6 +72,8 @@ struct EngineOptions {
     size_t   offload_unit = kOffloadUnit;   // elements per staged unit (ModelOptions::offload_unit)
     // LoRA (model/lora.h): only the adapters train; the base is frozen, optionally quantized.
     LoraOptions lora;
+    // Knowledge distillation (model/distill.h): a frozen teacher in the training programs.
+    DistillOptions distill;
     LossScaler loss_scaling;         // fp16: the loss scaler's settings and starting scale
     uint64_t seed = 0;               // random streams of the steps (LoRA dropout): seed, step, micro-step
     // Data parallel over `data_parallel` ranks (B is this rank's micro-batch): gradients are
@@ -128,6 +130,7 @@ struct EngineOptions {
         m.sr_master = sr_master;
         m.sgd = sgd;
         m.lora = lora;
+        m.distill = distill;
         m.tp.ranks = tensor_parallel;
         m.tp.rank = tp_rank;
         m.tp.sequence = sequence_parallel;
@@ -186,19 +189,25 @@ public:
 
     // GPT-2 initialisation: N(0, 0.02) weights, c_proj weights N(0, 0.02/sqrt(2L)), zero
     // biases, unit LayerNorm weights. AdamW moments zeroed. LoRA: the base gets these values
-    // (set_base), A ~ N(0, 1/in), B = 0.
+    // (set_base), A ~ N(0, 1/in), B = 0. A distillation teacher gets such weights too (seed + 1),
+    // until set_teacher.
     void init_params(uint64_t seed);
     // LoRA: the frozen base from the whole model's fp32 weights (make_param_layout order),
     // rounded to the compute dtype or quantized.
     void set_base(const float * full);
     // LoRA: the base as the step computes with it (rounded or dequantized), as fp32 in
-    // make_param_layout order; and its raw bytes (carried over when the run is re-planned).
+    // make_param_layout order.
     std::vector<float> base_weights() const;
-    std::vector<uint8_t> export_base() const;
+    // Distillation: the teacher's weights from its whole model's fp32 weights (make_param_layout
+    // order of its config), rounded to the compute dtype or packed.
+    void set_teacher(const float * full);
+    // The frozen weights' raw bytes (LoRA's base, a distillation teacher; empty when neither),
+    // carried over when the run is re-planned.
+    std::vector<uint8_t> export_frozen() const;
+    void import_frozen(const std::vector<uint8_t> & bytes);
     // The whole model's fp32 weights as the step computes with them: params(), or (LoRA) the
     // base with the adapters folded in (merge_lora).
     std::vector<float> merged_weights();
-    void import_base(const std::vector<uint8_t> & bytes);
     // Host views of persistent buffers (a device backend's are host copies, downloaded at each
     // call, and params_changed() uploads what was written into params()'s). params() is
     // the fp32 truth (the master weights under mixed precision) of this rank's shard: element

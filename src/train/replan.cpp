@@ -22,7 +22,7 @@ std::optional<EngineOptions> halve_micro_batch(const EngineOptions & eo) {
 void rebuild_engine(std::unique_ptr<Engine> & engine, const ModelConfig & cfg, Backend & backend,
                     const EngineOptions & eo) {
     const TrainState state = engine->export_state();
-    const std::vector<uint8_t> base = engine->step().lora() ? engine->export_base() : std::vector<uint8_t>{};
+    const std::vector<uint8_t> frozen = engine->export_frozen();
     engine.reset();
     EngineOptions o = eo;
     for (;;) {
@@ -36,7 +36,7 @@ void rebuild_engine(std::unique_ptr<Engine> & engine, const ModelConfig & cfg, B
         }
     }
     engine->import_state(state);
-    if (engine->step().lora()) engine->import_base(base);
+    engine->import_frozen(frozen);
 }
 
 void shrink_to_budget(std::unique_ptr<Engine> & engine, const ModelConfig & cfg, Backend & backend,

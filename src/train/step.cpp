@@ -13,6 +13,7 @@
 
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "model/distill.h"
 #include "run/compat.h"
 
 namespace memfit {
@@ -203,6 +204,7 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     }
     model_ = models_[0].get();
     if (doc_start >= 0) model_->set_doc_start(Tensor(doc_start, DType::i32, {int64_t(B), int64_t(T)}));
+    if (train && model.distill.enabled()) declare_teacher(mo, doc_start);
     if (attn_start >= 0)
         for (auto & m : models_) m->set_attention_start(Tensor(attn_start, DType::i32, {int64_t(B), int64_t(T)}));
     if (lora_) {
@@ -323,6 +325,34 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     Graph rec(program_, sizing);
     run(rec, StepScalars{});
     program_.finalize();
+}
+
+void TrainStep::declare_teacher(const ModelOptions & student, BufferId doc_start_id) {
+    const DistillOptions & d = student.distill;
+    teacher_cfg_ = *d.teacher;
+    check_teacher(teacher_cfg_, cfg_, T_);
+    MF_ASSERT(!pp_.enabled() && !student.tp.enabled());   // compat.h refuses them
+    if (d.quantized()) teacher_quant_ = make_quant_layout(teacher_cfg_, d.format());
+    teacher_layout_ = dense_layout(teacher_cfg_, teacher_quant_);
+    teacher = program_.declare("teacher.parameters", Category::teacher, teacher_layout_.total * dtype_size(compute_), true);
+    if (teacher_quant_.bytes)
+        teacher_q = program_.declare("teacher.parameters.quantized", Category::teacher, teacher_quant_.bytes, true);
+    // The teacher's forward keeps nothing for a backward: only its final norm's output outlives it,
+    // until the last loss chunk has read it.
+    ModelOptions tm;
+    tm.loss_chunk = student.loss_chunk;
+    tm.mlp_chunk = student.mlp_chunk;
+    tm.flash_attention = student.flash_attention;
+    tm.documents = student.documents;
+    tm.compute = tm.grad = compute_;
+    tm.prefix = "teacher.";
+    teacher_ = std::make_unique<Transformer>(teacher_cfg_, B_, T_, program_, tm);
+    if (doc_start_id >= 0) teacher_->set_doc_start(Tensor(doc_start_id, DType::i32, {int64_t(B_), int64_t(T_)}));
+    tw_ = quantized_model_weights(teacher_cfg_, teacher_quant_, teacher, compute_, teacher_q);
+    const int64_t rows = int64_t(B_) * T_;
+    const int64_t chunk = student.loss_chunk > 0 && student.loss_chunk < rows ? student.loss_chunk : rows;
+    const BufferId stats = program_.declare("loss.distill_stats", Category::activations, size_t(2 * chunk) * 4);
+    distill_ = DistillHead{teacher_.get(), &tw_, Tensor(stats, DType::f32, {2, chunk}), d.alpha, d.temperature};
 }
 
 size_t TrainStep::in_shard(size_t a, size_t b, int r) const {
@@ -467,6 +497,8 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
                 if (l + 1 < cfg_.n_layer) gather(gg, l + 1, false);
             };
         }
+        // The teacher first: while it runs, none of the student's activations are live yet.
+        if (teacher_) teacher_->forward(g, tw_, tok);
         model_->forward(g, wf_, tok, forward_begin);
         if (mode_ == StepMode::logits) {
             model_->head_logits(g, wf_);
@@ -483,7 +515,8 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
             for (const auto & k : buckets_)
                 if (k.top < 0) g.fill_zero(grad_view(k));
         }
-        model_->head_loss(g, wf_, train ? &dw_ : nullptr, tgt.view(0, {b * t}), loss.view(0, {b * t}), s.dloss);
+        model_->head_loss(g, wf_, train ? &dw_ : nullptr, tgt.view(0, {b * t}), loss.view(0, {b * t}), s.dloss,
+                          teacher_ ? &distill_ : nullptr);
         if (!train) return;
         model_->backward(g, wb_, dw_, tok, done, begin);
     }

@@ -66,6 +66,10 @@ public:
     // LoRA: the frozen base, dense part (`base`, compute dtype) and quantized projections (`base_q`).
     const ParamLayout & base_layout() const { return base_layout_; }
     const QuantLayout & quant_layout() const { return quant_layout_; }
+    // Distillation: the teacher's configuration (null: none), dense layout and packed projections.
+    const ModelConfig * teacher_config() const { return teacher_ ? &teacher_cfg_ : nullptr; }
+    const ParamLayout & teacher_layout() const { return teacher_layout_; }
+    const QuantLayout & teacher_quant() const { return teacher_quant_; }
     StepMode mode() const { return mode_; }
     int B() const { return B_; }
     // Micro-batches of B x T tokens the program reads (pipeline: all of the step's; else 1).
@@ -93,6 +97,9 @@ public:
     // the shard), adam_m/adam_v: the shard.
     BufferId params, master, grads, adam_m, adam_v, tokens, targets, losses, grad_norm_sq;
     BufferId base = -1, base_q = -1;   // LoRA's frozen base
+    // Knowledge distillation (model/distill.h, training programs only): the teacher's weights, a
+    // dense part (teacher_layout(), compute dtype) and its packed projections (teacher_quant()).
+    BufferId teacher = -1, teacher_q = -1;
     // Packed documents (ModelOptions::documents): each token's document start in its row, i32
     // [B,T] beside tokens and targets (-1: one document per row).
     BufferId doc_start = -1;
@@ -160,6 +167,14 @@ private:
     Tensor kv_buf_, kv_scratch_;
     int kv_slot_ = 0;
     ModelWeights w_, dw_;
+    // Distillation: the teacher's forward-only model, its weights and the loss's settings.
+    std::unique_ptr<Transformer> teacher_;
+    ModelConfig teacher_cfg_;
+    ParamLayout teacher_layout_;
+    QuantLayout teacher_quant_;
+    ModelWeights tw_;
+    DistillHead distill_;
+    void declare_teacher(const ModelOptions & student, BufferId doc_start_id);
     DataParallel dp_;
     PipelineParallel pp_;
     size_t lo_ = 0, hi_ = 0, S_ = 0;

@@ -65,6 +65,48 @@ TEST(CudaLoss, CrossEntropyMatchesCpu) {
     check_xent(3, 5, {4, -100, 2});                               // V smaller than a vector
 }
 
+// Distillation: forward (losses, stats, the teacher's row -> q) and backward against the CPU.
+void check_distill(int64_t N, int64_t V, const std::vector<float> & targets, float alpha, float temperature) {
+    OpCheck c;
+    const int logits = c.rand(DType::f32, {N, V}, -8.0f, 8.0f);
+    const int teacher = c.rand(DType::f32, {N, V}, -6.0f, 6.0f);
+    const int tg = c.values(DType::i32, {N}, targets);
+    const int losses = c.rand(DType::f32, {N});   // written, whatever they held
+    const int stats = c.rand(DType::f32, {2, N});
+    c.run([&](Backend & b, const std::vector<Tensor> & t) {
+        b.distill_fwd(t[size_t(losses)], t[size_t(stats)], t[size_t(logits)], t[size_t(teacher)], t[size_t(tg)], alpha,
+                      temperature);
+    });
+    EXPECT_LE(c.rel_err(losses), 1e-5) << "V " << V << " alpha " << alpha << " T " << temperature;
+    EXPECT_LE(c.rel_err(stats), 1e-5);
+    EXPECT_LE(c.rel_err(teacher), 1e-5);
+    EXPECT_LE(c.rel_err(logits), 0.0);   // untouched
+    OpCheck d;
+    const int z = d.rand(DType::f32, {N, V}, -8.0f, 8.0f);
+    const int q = d.rand(DType::f32, {N, V}, -6.0f, 6.0f);
+    const int tg2 = d.values(DType::i32, {N}, targets);
+    const int l2 = d.zeros(DType::f32, {N});
+    const int s2 = d.zeros(DType::f32, {2, N});
+    d.run([&](Backend & b, const std::vector<Tensor> & t) {
+        b.distill_fwd(t[size_t(l2)], t[size_t(s2)], t[size_t(z)], t[size_t(q)], t[size_t(tg2)], alpha, temperature);
+        b.distill_bwd(t[size_t(z)], t[size_t(s2)], t[size_t(q)], t[size_t(tg2)], alpha, temperature, 1.0f / float(N));
+    });
+    EXPECT_LE(d.rel_err(z), 1e-5) << "V " << V << " alpha " << alpha << " T " << temperature;
+    const std::vector<float> g = d.gpu(z);
+    for (int64_t i = 0; i < N; ++i) {
+        if (targets[size_t(i)] != -100) continue;
+        for (int64_t j = 0; j < V; ++j) ASSERT_EQ(g[size_t(i * V + j)], 0.0f) << "ignored row " << i;
+    }
+}
+
+TEST(CudaLoss, DistillationMatchesCpu) {
+    MF_REQUIRE_GPU();
+    check_distill(5, 1000, {3, -100, 0, 999, 512}, 0.5f, 2.0f);
+    check_distill(4, 50257, {50256, 0, -100, 17}, 0.9f, 4.0f);   // odd V: unaligned row starts
+    check_distill(3, 5, {4, -100, 2}, 1.0f, 0.5f);
+    check_distill(3, 77, {4, 1, 2}, 0.0f, 1.0f);
+}
+
 TEST(CudaLoss, CrossEntropyLargeVocabulary) {
     MF_REQUIRE_GPU();
     check_xent(4, 128256, {128255, -100, 7, 64000});

@@ -452,6 +452,23 @@ void CpuBackend::xent_shard_bwd(Tensor logits, Tensor targets, Tensor lse, int64
                                      vocab_lo, vocab);
 }
 
+void CpuBackend::distill_fwd(Tensor losses, Tensor stats, Tensor logits, Tensor teacher, Tensor targets, float alpha,
+                             float temperature) {
+    const int64_t N = logits.rows(), V = logits.cols();
+    MF_ASSERT(teacher.rows() == N && teacher.cols() == V && stats.numel() == 2 * N && losses.numel() == N &&
+              targets.numel() == N);
+    cpu::distill_forward(losses.f32(), stats.f32(), logits.f32(), teacher.f32(), targets.i32(), int(N), int(V), alpha,
+                         temperature);
+}
+
+void CpuBackend::distill_bwd(Tensor logits, Tensor stats, Tensor teacher_probs, Tensor targets, float alpha,
+                             float temperature, float dloss) {
+    const int64_t N = logits.rows(), V = logits.cols();
+    MF_ASSERT(teacher_probs.rows() == N && teacher_probs.cols() == V && stats.numel() == 2 * N && targets.numel() == N);
+    cpu::distill_backward(logits.f32(), stats.f32(), teacher_probs.f32(), targets.i32(), int(N), int(V), alpha,
+                          temperature, dloss);
+}
+
 void CpuBackend::sum_squares(Tensor out, Tensor x) {
     dispatch(x.dtype, [&](auto s) {
         using S = decltype(s);

@@ -95,6 +95,13 @@ void crossentropy_shard_loss(float * losses, float * lse, const float * gathered
 void crossentropy_shard_backward(float * logits_to_dlogits, const int32_t * targets, const float * lse, float dloss,
                                  int N, int Vl, int64_t vocab_lo, int64_t V);
 
+// Distillation (Backend::distill_fwd / distill_bwd): the student's logits stay; the teacher's
+// become q = softmax(t / T) in place; stats [2, N] = (lse(z), lse(z / T)) per row.
+void distill_forward(float * losses, float * stats, const float * logits, float * teacher_to_probs,
+                     const int32_t * targets, int N, int V, float alpha, float temperature);
+void distill_backward(float * logits_to_dlogits, const float * stats, const float * teacher_probs,
+                      const int32_t * targets, int N, int V, float alpha, float temperature, float dloss);
+
 // dbias[j] += sum_i dout[i, j]
 template <class G, class S>
 void bias_backward(G * dbias, const S * dout, int N, int OC);

@@ -9,6 +9,10 @@
 // The vocabulary-parallel kernels split the same arithmetic over shards of columns: each shard's
 // log-sum-exp (its own max first), the shards' combined in double (max first again), then the
 // probabilities exp(logit - lse) directly, with no second normalisation.
+//
+// Distillation's kernels reuse the row helpers: per row, the student's lse at temperature 1 and T
+// (kept for the backward), the teacher's softmax at T written over its logits, and the KL term
+// from one cross sum, KL(q || p) = sum_j q_j (t_j - z_j) / T - lse(t / T) + lse(z / T).
 #include "backend/cpu/kernels.h"
 
 #include <algorithm>
@@ -73,6 +77,20 @@ double exp_sum(const float * row, float * out, int n, float maxv, bool finite) {
     }
     return sum;
 }
+
+// sum_j exp((row[j] - maxv) * inv_t) in double over row[0, n) (maxv: the row's largest).
+double exp_sum_scaled(const float * row, int n, float maxv, float inv_t, bool finite) {
+    double sum = 0.0;
+    if (!finite) {
+        for (int j = 0; j < n; ++j) sum += std::exp((row[j] - maxv) * inv_t);
+        return sum;
+    }
+#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j < n; ++j) sum += fast_exp((row[j] - maxv) * inv_t);
+    return sum;
+}
+
+float exp_any(float x, bool finite) { return finite ? fast_exp(x) : std::exp(x); }
 }  // namespace
 
 void crossentropy_forward(float * losses, float * logits_to_probs, const int32_t * targets,
@@ -186,6 +204,85 @@ void crossentropy_shard_backward(float * logits_to_dlogits, const int32_t * targ
 #pragma omp simd
         for (int j = nv; j < Vl; ++j) row[j] = 0.0f;
         if (col >= 0) row[col] = (p_target - 1.0f) * dloss;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Distillation
+
+void distill_forward(float * losses, float * stats, const float * logits, float * teacher_to_probs,
+                     const int32_t * targets, int N, int V, float alpha, float temperature) {
+    MF_ASSERT(temperature > 0.0f && alpha >= 0.0f && alpha <= 1.0f);
+    const float inv_t = 1.0f / temperature;
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < N; ++r) {
+        const float * z = logits + static_cast<size_t>(r) * V;
+        float * t = teacher_to_probs + static_cast<size_t>(r) * V;
+        const int32_t target = targets[r];
+        MF_ASSERT(target == kIgnoreIndex || (target >= 0 && target < V));
+        bool zf = true, tf = true;
+        const float zmax = row_max(z, V, zf), tmax = row_max(t, V, tf);
+        const double lse = double(zmax) + std::log(exp_sum(z, nullptr, V, zmax, zf));
+        const double lse_t = double(zmax) * inv_t + std::log(exp_sum_scaled(z, V, zmax, inv_t, zf));
+        // The teacher's row: e_j = exp((t_j - tmax) / T), their sum, and sum_j e_j (t_j - z_j),
+        // before the row is overwritten with q = e / sum.
+        double esum = 0.0, cross = 0.0;
+        if (tf && zf) {
+#pragma omp simd reduction(+ : esum, cross)
+            for (int j = 0; j < V; ++j) {
+                const float e = fast_exp((t[j] - tmax) * inv_t);
+                esum += e;
+                cross += e * (t[j] - z[j]);
+                t[j] = e;
+            }
+        } else {
+            for (int j = 0; j < V; ++j) {
+                const float e = exp_any((t[j] - tmax) * inv_t, tf);
+                esum += e;
+                cross += double(e) * (double(t[j]) - double(z[j]));
+                t[j] = e;
+            }
+        }
+        const float inv = static_cast<float>(1.0 / esum);
+#pragma omp simd
+        for (int j = 0; j < V; ++j) t[j] *= inv;
+        const double lse_q = double(tmax) * inv_t + std::log(esum);
+        const double kl = cross / esum * inv_t - lse_q + lse_t;
+        stats[r] = static_cast<float>(lse);
+        stats[N + r] = static_cast<float>(lse_t);
+        const double ce = target == kIgnoreIndex ? 0.0 : lse - double(z[target]);
+        losses[r] = target == kIgnoreIndex
+                        ? 0.0f
+                        : static_cast<float>((1.0 - alpha) * ce + double(alpha) * temperature * temperature * kl);
+    }
+}
+
+void distill_backward(float * logits_to_dlogits, const float * stats, const float * teacher_probs,
+                      const int32_t * targets, int N, int V, float alpha, float temperature, float dloss) {
+    MF_ASSERT(temperature > 0.0f && alpha >= 0.0f && alpha <= 1.0f);
+    const float inv_t = 1.0f / temperature, w_ce = (1.0f - alpha) * dloss, w_kl = alpha * temperature * dloss;
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < N; ++r) {
+        float * row = logits_to_dlogits + static_cast<size_t>(r) * V;
+        const float * q = teacher_probs + static_cast<size_t>(r) * V;
+        const int32_t target = targets[r];
+        if (target == kIgnoreIndex) {
+#pragma omp simd
+            for (int j = 0; j < V; ++j) row[j] = 0.0f;
+            continue;
+        }
+        MF_ASSERT(target >= 0 && target < V);
+        const float lse = stats[r], lse_t = stats[N + r];
+        const bool finite = std::isfinite(lse) && std::isfinite(lse_t);
+        if (finite) {
+#pragma omp simd
+            for (int j = 0; j < V; ++j)
+                row[j] = w_ce * fast_exp(row[j] - lse) + w_kl * (fast_exp(row[j] * inv_t - lse_t) - q[j]);
+        } else {
+            for (int j = 0; j < V; ++j)
+                row[j] = w_ce * std::exp(row[j] - lse) + w_kl * (std::exp(row[j] * inv_t - lse_t) - q[j]);
+        }
+        row[target] -= w_ce;
     }
 }
 

@@ -357,6 +357,14 @@ void CudaBackend::xent_shard_bwd(Tensor logits, Tensor targets, Tensor lse, int6
                                  float dloss) {
     MF_FWD(xent_shard_bwd, logits, targets, lse, vocab_lo, vocab, dloss);
 }
+void CudaBackend::distill_fwd(Tensor losses, Tensor stats, Tensor logits, Tensor teacher, Tensor targets, float alpha,
+                              float temperature) {
+    MF_FWD(distill_fwd, losses, stats, logits, teacher, targets, alpha, temperature);
+}
+void CudaBackend::distill_bwd(Tensor logits, Tensor stats, Tensor teacher_probs, Tensor targets, float alpha,
+                              float temperature, float dloss) {
+    MF_FWD(distill_bwd, logits, stats, teacher_probs, targets, alpha, temperature, dloss);
+}
 void CudaBackend::sum_squares(Tensor out, Tensor x) { MF_FWD(sum_squares, out, x); }
 void CudaBackend::adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy,
                         const AdamWHyper & h) {

@@ -108,6 +108,10 @@ public:
     void xent_shard_loss(Tensor losses, Tensor lse, Tensor gathered, Tensor targets) override;
     void xent_shard_bwd(Tensor logits, Tensor targets, Tensor lse, int64_t vocab_lo, int64_t vocab,
                         float dloss) override;
+    void distill_fwd(Tensor losses, Tensor stats, Tensor logits, Tensor teacher, Tensor targets, float alpha,
+                     float temperature) override;
+    void distill_bwd(Tensor logits, Tensor stats, Tensor teacher_probs, Tensor targets, float alpha, float temperature,
+                     float dloss) override;
     void sum_squares(Tensor out, Tensor x) override;
     void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy,
                const AdamWHyper & h) override;

@@ -53,6 +53,10 @@ void xent_shard_stats(cudaStream_t s, Tensor stats, Tensor logits, Tensor target
 void xent_shard_loss(cudaStream_t s, Tensor losses, Tensor lse, Tensor gathered, Tensor targets);
 void xent_shard_bwd(cudaStream_t s, Tensor logits, Tensor targets, Tensor lse, int64_t vocab_lo, int64_t vocab,
                     float dloss);
+void distill_fwd(cudaStream_t s, Tensor losses, Tensor stats, Tensor logits, Tensor teacher, Tensor targets, float alpha,
+                 float temperature);
+void distill_bwd(cudaStream_t s, Tensor logits, Tensor stats, Tensor teacher_probs, Tensor targets, float alpha,
+                 float temperature, float dloss);
 
 // kernels_optim.cu
 void sum_squares(cudaStream_t s, Tensor out, Tensor x);

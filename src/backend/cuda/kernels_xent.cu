@@ -202,6 +202,69 @@ __global__ void __launch_bounds__(kRowThreads) xent_shard_bwd_kernel(float * log
     });
 }
 
+// Distillation. Grid N, block kRowThreads: the student's (max, sum) at temperature 1, the
+// teacher's max, then one pass of the three sums at temperature T (student's, teacher's, and the
+// teacher-weighted difference that gives KL), then the teacher's row becomes q in place.
+__global__ void __launch_bounds__(kRowThreads) distill_fwd_kernel(float * losses, float * stats, const float * z,
+                                                                  float * t, const int32_t * targets, int N, int V,
+                                                                  float alpha, float temperature) {
+    __shared__ float sh[32], shm[32];
+    const int64_t r = blockIdx.x;
+    const float * zr = z + r * V;
+    float * tr = t + r * V;
+    const int32_t tgt = targets[r];
+    const float inv_t = 1.0f / temperature;
+    const MaxSum ms = row_max_sum(zr, V);
+    float tm = kNegInf;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) tm = fmaxf(tm, tr[j]);
+    tm = warp_max(tm);
+    if (threadIdx.x % 32 == 0) shm[threadIdx.x / 32] = tm;
+    __syncthreads();
+    tm = threadIdx.x % 32 < blockDim.x / 32 ? shm[threadIdx.x % 32] : kNegInf;
+    tm = warp_max(tm);
+    float sz = 0.0f, se = 0.0f, cross = 0.0f;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        const float zj = zr[j], tj = tr[j], e = expf((tj - tm) * inv_t);
+        sz += expf((zj - ms.m) * inv_t);
+        se += e;
+        cross += e * (tj - zj);
+    }
+    sz = block_sum(sz, sh);
+    se = block_sum(se, sh);
+    cross = block_sum(cross, sh);
+    if (threadIdx.x == 0) {
+        const double lse = double(ms.m) + log(double(ms.s)), lse_t = double(ms.m) * inv_t + log(double(sz));
+        const double kl = double(cross) / double(se) * inv_t - (double(tm) * inv_t + log(double(se))) + lse_t;
+        stats[r] = float(lse);
+        stats[N + r] = float(lse_t);
+        const double ce = tgt == kIgnoreIndex ? 0.0 : lse - double(zr[tgt]);
+        losses[r] = tgt == kIgnoreIndex ? 0.0f
+                                        : float((1.0 - alpha) * ce + double(alpha) * temperature * temperature * kl);
+    }
+    const float inv = 1.0f / se;
+    row_map(tr, V, [=](int, float x) { return expf((x - tm) * inv_t) * inv; });
+}
+
+// Grid N, block kRowThreads: logits -> dlogits in place (distill_fwd's stats and q).
+__global__ void __launch_bounds__(kRowThreads) distill_bwd_kernel(float * z, const float * stats, const float * q,
+                                                                  const int32_t * targets, int N, int V, float alpha,
+                                                                  float temperature, float dloss) {
+    const int64_t r = blockIdx.x;
+    float * row = z + r * V;
+    const float * qr = q + r * V;
+    const int32_t tgt = targets[r];
+    if (tgt == kIgnoreIndex) {
+        row_map(row, V, [](int, float) { return 0.0f; });
+        return;
+    }
+    const float lse = stats[r], lse_t = stats[N + r], inv_t = 1.0f / temperature;
+    const float w_ce = (1.0f - alpha) * dloss, w_kl = alpha * temperature * dloss;
+    row_map(row, V, [=](int j, float x) {
+        const float d = w_ce * expf(x - lse) + w_kl * (expf(x * inv_t - lse_t) - qr[j]);
+        return j == tgt ? d - w_ce : d;
+    });
+}
+
 int valid_columns(int64_t Vl, int64_t vocab_lo, int64_t vocab) {
     const int64_t nv = vocab - vocab_lo;
     return int(nv < 0 ? 0 : nv > Vl ? Vl : nv);
@@ -259,6 +322,33 @@ void xent_shard_bwd(cudaStream_t s, Tensor logits, Tensor targets, Tensor lse, i
     if (N == 0) return;
     xent_shard_bwd_kernel<<<unsigned(N), kRowThreads, 0, s>>>(logits.f32(), targets.i32(), lse.f32(), int(Vl),
                                                               vocab_lo, valid_columns(Vl, vocab_lo, vocab), dloss);
+    MF_CUDA_LAUNCHED();
+}
+
+void distill_fwd(cudaStream_t s, Tensor losses, Tensor stats, Tensor logits, Tensor teacher, Tensor targets, float alpha,
+                 float temperature) {
+    const int64_t N = logits.rows(), V = logits.cols();
+    MF_ASSERT(logits.dtype == DType::f32 && teacher.dtype == DType::f32 && losses.dtype == DType::f32 &&
+              stats.dtype == DType::f32 && targets.dtype == DType::i32);
+    MF_ASSERT(teacher.rows() == N && teacher.cols() == V && stats.numel() == 2 * N && losses.numel() == N &&
+              targets.numel() == N && V > 0 && V <= INT32_MAX && 2 * N <= INT32_MAX);
+    MF_ASSERT(temperature > 0.0f && alpha >= 0.0f && alpha <= 1.0f);
+    if (N == 0) return;
+    distill_fwd_kernel<<<unsigned(N), kRowThreads, 0, s>>>(losses.f32(), stats.f32(), logits.f32(), teacher.f32(),
+                                                           targets.i32(), int(N), int(V), alpha, temperature);
+    MF_CUDA_LAUNCHED();
+}
+
+void distill_bwd(cudaStream_t s, Tensor logits, Tensor stats, Tensor teacher_probs, Tensor targets, float alpha,
+                 float temperature, float dloss) {
+    const int64_t N = logits.rows(), V = logits.cols();
+    MF_ASSERT(logits.dtype == DType::f32 && teacher_probs.dtype == DType::f32 && stats.dtype == DType::f32 &&
+              targets.dtype == DType::i32);
+    MF_ASSERT(teacher_probs.rows() == N && teacher_probs.cols() == V && stats.numel() == 2 * N && targets.numel() == N &&
+              V > 0 && V <= INT32_MAX && 2 * N <= INT32_MAX);
+    if (N == 0) return;
+    distill_bwd_kernel<<<unsigned(N), kRowThreads, 0, s>>>(logits.f32(), stats.f32(), teacher_probs.f32(),
+                                                           targets.i32(), int(N), int(V), alpha, temperature, dloss);
     MF_CUDA_LAUNCHED();
 }
 
