@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MEMFIT=${MEMFIT:-build/memfit}
 OUT=${OUT:-runs/distill-bench}
-TEACHER_STEPS=${TEACHER_STEPS:-1500}
+TEACHER_STEPS=${TEACHER_STEPS:-1000}
 STEPS=${STEPS:-400}
 ALPHA=${ALPHA:-0.5}
 TEMP=${TEMP:-2}

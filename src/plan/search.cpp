@@ -127,6 +127,10 @@ SearchReport search_plans(const PlanRequest & r) {
                                       "only for now; drop --packing or the {}",
                                       r.tp.value_or(1) > 1 ? "tp" : "pp", std::max(r.tp.value_or(1), r.pp.value_or(1)),
                                       r.tp.value_or(1) > 1 ? "tensor parallelism" : "pipeline"));
+    if (r.distill && (r.tp.value_or(1) > 1 || r.pp.value_or(1) > 1))
+        throw ConfigError(fmt::format("--teacher with --{} {}: the teacher runs whole beside each data-parallel rank; "
+                                      "plan distillation with data parallelism (and ZeRO)",
+                                      r.tp.value_or(1) > 1 ? "tp" : "pp", std::max(r.tp.value_or(1), r.pp.value_or(1))));
     const uint64_t capacity = r.hw.memory;
     // A packed LoRA base is neither sharded (ZeRO-3) nor offloaded: fixed, that is an error;
     // searched, those layouts are left out.
@@ -181,6 +185,7 @@ SearchReport search_plans(const PlanRequest & r) {
             if ((r.gpus / tp) % pp) continue;
             if (r.packing && (tp > 1 || pp > 1)) continue;
             if (cfg.share_layers > 1 && (tp > 1 || pp > 1)) continue;   // shared blocks: data parallel only
+            if (r.distill && (tp > 1 || pp > 1)) continue;   // a teacher runs whole beside each data rank
             const int dp = r.gpus / (tp * pp);
             if (r.global_batch % dp) continue;
             any_layout = true;

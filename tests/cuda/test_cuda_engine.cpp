@@ -153,6 +153,35 @@ TEST(CudaEngine, SmallerMomentsMatchTheCpuBackend) {
     }
 }
 
+// Distillation (--teacher) on the device: a LLaMA teacher of another width (dense, and nf4-packed)
+// teaching a GPT-2 student, loss chunks; the CPU's steps, the plan the bytes acquired.
+TEST(CudaEngine, DistillationMatchesTheCpuBackend) {
+    MF_REQUIRE_GPU();
+    const ModelConfig cfg = test::small_family(false, 96, 128, 2, 4, 256, 64);
+    for (const DType dt : {DType::f32, DType::bf16}) {
+        for (const BaseWeights bw : {BaseWeights::compute, BaseWeights::nf4}) {
+            SCOPED_TRACE(std::string(dtype_name(dt)) + " teacher " + base_weights_name(bw));
+            EngineOptions eo;
+            eo.B = 2, eo.T = 64, eo.with_eval = false, eo.compute = dt, eo.loss_chunk = 48;
+            eo.distill.teacher = test::small_family(true, 96, 192, 3, 4, 384, 64);
+            eo.distill.alpha = 0.6f;
+            eo.distill.temperature = 1.5f;
+            eo.distill.weights = bw;
+            CpuBackend cpu;
+            const Trained a = train(cpu, cfg, eo, 3), b = train(*test::gpu(), cfg, eo, 3);
+            const double tol = dt == DType::f32 ? 1e-4 : 2e-2;
+            for (size_t s = 0; s < a.losses.size(); ++s)
+                EXPECT_LT(std::fabs(a.losses[s] - b.losses[s]) / std::fabs(a.losses[s]), tol) << "step " << s;
+            // A packed teacher's dequantization contracts its multiply-adds differently on the two
+            // backends (as the 8-bit moments above): AdamW's normalised steps carry that further.
+            EXPECT_LT(rel_diff(a.params, b.params), dt == DType::f32 && bw != BaseWeights::compute ? 1e-3 : tol);
+            EXPECT_GT(b.planned_live[Category::teacher], 0u);
+            for (int k = 0; k < kCategoryCount; ++k)
+                EXPECT_EQ(b.planned_live.v[size_t(k)], b.measured_live.v[size_t(k)]) << category_name(Category(k));
+        }
+    }
+}
+
 TEST(CudaEngine, CheckingModeGivesBitwiseEqualResults) {
     MF_REQUIRE_GPU();
     const ModelConfig cfg = test::small_family(false, 96, 128, 2, 4, 256, 64);

@@ -182,6 +182,29 @@ TEST(Distill, PlannedEqualsMeasuredAndTheTeacherKeepsNothingForBackward) {
     }
 }
 
+TEST(Distill, FitAutoCountsTheTeachersBytes) {
+    CpuBackend cpu;
+    ModelConfig s = model_preset("nano");
+    s.vocab_size = 256;
+    RunConfig r;
+    r.seq = 64;
+    r.micro_batch = 4;
+    r.grad_accum = 1;
+    r.attention = Attention::naive;
+    r.loss_chunk = 0;
+    r.distill.teacher = "micro";   // a preset: the student's vocabulary
+    // The budget: 1 byte less than the asked configuration with its teacher needs.
+    const CategoryBytes asked = StepPlans(s, cpu, engine_options(r, s, cpu, false)).reserved();
+    ASSERT_GT(asked[Category::teacher], 0u);
+    r.fit_auto = true;
+    r.budget = asked.total() - 1;
+    const ResolvedRun got = resolve_run(r, s, cpu, false);
+    const CategoryBytes chosen = StepPlans(s, cpu, got.eo).reserved();
+    EXPECT_LE(chosen.total(), r.budget);
+    EXPECT_EQ(chosen[Category::teacher], asked[Category::teacher]);
+    EXPECT_TRUE(got.eo.distill.enabled());
+}
+
 TEST(Distill, RefusesWhatCannotWork) {
     const ModelConfig s = student();
     ModelConfig other = teacher_cfg();
