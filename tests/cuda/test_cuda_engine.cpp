@@ -163,7 +163,7 @@ TEST(CudaEngine, DistillationMatchesTheCpuBackend) {
             SCOPED_TRACE(std::string(dtype_name(dt)) + " teacher " + base_weights_name(bw));
             EngineOptions eo;
             eo.B = 2, eo.T = 64, eo.with_eval = false, eo.compute = dt, eo.loss_chunk = 48;
-            eo.distill.teacher = test::small_family(true, 96, 192, 3, 4, 384, 64);
+            eo.distill.teacher = test::small_family(true, 96, 64, 2, 4, 128, 64);
             eo.distill.alpha = 0.6f;
             eo.distill.temperature = 1.5f;
             eo.distill.weights = bw;
