@@ -429,6 +429,10 @@ void TrainingRun::announce() {
                         eo_.lora.quantized() ? fmt::format(", projections {}", quant_format_name(eo_.lora.format()))
                                              : fmt::format(" in {}", precision_name(eo_.compute))));
     }
+    if (eo_.sparsity.enabled())
+        say(fmt::format("  sparsity {}: block projections pruned by magnitude after {} dense update{}, then masked "
+                        "(the pruned weights stay zero)",
+                        eo_.sparsity.name(), eo_.sparsity.start, eo_.sparsity.start == 1 ? "" : "s"));
 }
 
 void TrainingRun::build() {

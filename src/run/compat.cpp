@@ -90,6 +90,9 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
                                "for now (ZeRO-3 gathers weights layer by layer, tensor and pipeline parallelism "
                                "split them); drop one of the two", cfg.share_layers, with);
     }
+    // N:M sparsity prunes whole-model weights on the host (every layout gathers them) and masks the
+    // updates element by element, so it combines with every layout; not with LoRA's frozen base.
+    if (std::string why = sparsity_refusal(cfg, r.sparsity, r.lora.rank > 0); !why.empty()) return why;
     // Tensor (and sequence) parallelism.
     if (L.tp > 1) {
         if (r.lora.rank > 0)
