@@ -11,7 +11,7 @@ namespace memfit {
 
 namespace {
 
-constexpr int kMaxGroup = 64;   // groups are sorted on the stack
+constexpr int kMaxGroup = 64;   // a group's keep flags live on the stack
 
 // The projection weights' names within a block (param_layout.cpp's).
 constexpr const char * kTargets[] = {
@@ -20,20 +20,28 @@ constexpr const char * kTargets[] = {
     ".self_attn.o_proj.weight", ".mlp.gate_proj.weight", ".mlp.up_proj.weight", ".mlp.down_proj.weight",   // LLaMA
 };
 
-// f(first element, stride) for every group of M input-dimension weights of target p: LLaMA's
-// Linear [out, in] runs along a row (stride 1), GPT-2's Conv1D [in, out] down a column.
+// The sum of f(first element, stride) over every group of M input-dimension weights of every
+// target of `layout`: LLaMA's Linear [out, in] groups run along a row (stride 1), GPT-2's Conv1D
+// [in, out] down a column. Output rows are parallel tasks; a group is one task's.
 template <class F>
-void for_each_group(const ModelConfig & cfg, const ParamInfo & p, int M, F && f) {
-    MF_ASSERT(p.shape.size() == 2);
-    const int64_t in = sparse_in_dim(cfg, p), out = p.shape[0] * p.shape[1] / in;
-    MF_ASSERT(in % M == 0);
-    const int64_t stride = cfg.llama() ? 1 : out;
-#pragma omp parallel for schedule(static)
-    for (int64_t o = 0; o < out; ++o)
-        for (int64_t g = 0; g < in; g += M) {
-            const int64_t first = cfg.llama() ? o * in + g : g * out + o;
-            f(p.offset + size_t(first), size_t(stride));
-        }
+size_t sum_over_groups(const ModelConfig & cfg, const ParamLayout & layout, int M, F && f) {
+    size_t total = 0;
+    for (const ParamInfo & p : layout.params) {
+        if (!sparse_target(p.name)) continue;
+        MF_ASSERT(p.shape.size() == 2);
+        const int64_t in = sparse_in_dim(cfg, p), out = p.shape[0] * p.shape[1] / in;
+        MF_ASSERT(in % M == 0);
+        const auto stride = size_t(cfg.llama() ? 1 : out);
+        size_t sum = 0;
+#pragma omp parallel for schedule(static) reduction(+ : sum)
+        for (int64_t o = 0; o < out; ++o)
+            for (int64_t g = 0; g < in; g += M) {
+                const int64_t first = cfg.llama() ? o * in + g : g * out + o;
+                sum += f(p.offset + size_t(first), stride);
+            }
+        total += sum;
+    }
+    return total;
 }
 
 }  // namespace
@@ -89,45 +97,27 @@ std::string sparsity_refusal(const ModelConfig & cfg, const NmSparsity & s, bool
 
 size_t prune_nm(const ModelConfig & cfg, const ParamLayout & layout, float * w, const NmSparsity & s) {
     MF_ASSERT(s.enabled() && s.m <= kMaxGroup);
-    size_t zeroed = 0;
-    for (const ParamInfo & p : layout.params) {
-        if (!sparse_target(p.name)) continue;
-        size_t here = 0;
-        for_each_group(cfg, p, s.m, [&](size_t first, size_t stride) {
-            bool keep[kMaxGroup];
-            nm_keep(w + first, stride, s.n, s.m, keep);
-            size_t z = 0;
-            for (int j = 0; j < s.m; ++j) {
-                float & x = w[first + size_t(j) * stride];
-                if (keep[j]) continue;
-                z += x != 0.0f;
-                x = 0.0f;
-            }
-#pragma omp atomic
-            here += z;
-        });
-        zeroed += here;
-    }
-    return zeroed;
+    return sum_over_groups(cfg, layout, s.m, [&](size_t first, size_t stride) {
+        bool keep[kMaxGroup];
+        nm_keep(w + first, stride, s.n, s.m, keep);
+        size_t zeroed = 0;
+        for (int j = 0; j < s.m; ++j) {
+            float & x = w[first + size_t(j) * stride];
+            if (keep[j]) continue;
+            zeroed += x != 0.0f;
+            x = 0.0f;
+        }
+        return zeroed;
+    });
 }
 
 size_t nm_violations(const ModelConfig & cfg, const ParamLayout & layout, const float * w, const NmSparsity & s) {
     MF_ASSERT(s.enabled());
-    size_t bad = 0;
-    for (const ParamInfo & p : layout.params) {
-        if (!sparse_target(p.name)) continue;
-        size_t here = 0;
-        for_each_group(cfg, p, s.m, [&](size_t first, size_t stride) {
-            int nonzero = 0;
-            for (int j = 0; j < s.m; ++j) nonzero += w[first + size_t(j) * stride] != 0.0f;
-            if (nonzero > s.n) {
-#pragma omp atomic
-                ++here;
-            }
-        });
-        bad += here;
-    }
-    return bad;
+    return sum_over_groups(cfg, layout, s.m, [&](size_t first, size_t stride) {
+        int nonzero = 0;
+        for (int j = 0; j < s.m; ++j) nonzero += w[first + size_t(j) * stride] != 0.0f;
+        return size_t(nonzero > s.n);
+    });
 }
 
 }  // namespace memfit

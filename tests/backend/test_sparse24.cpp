@@ -34,6 +34,13 @@ std::vector<float> pruned_bf16(std::vector<float> W) {
     return W;
 }
 
+// W [out, in] packed by the CPU backend.
+std::vector<uint8_t> pack(const CpuBackend & be, int64_t out, int64_t in, const std::vector<float> & W) {
+    std::vector<uint8_t> packed(quant_bytes(QuantDesc{QuantFormat::sparse24, out, in}));
+    be.quantize(QuantDesc{QuantFormat::sparse24, out, in}, packed.data(), W.data());
+    return packed;
+}
+
 TEST(Sparse24, BytesAreNineSixteenthsOfBf16) {
     for (const int64_t out : {2, 8, 200, 4096})
         for (const int64_t in : {4, 64, 1056, 11008}) {
@@ -78,11 +85,9 @@ TEST(Sparse24, LosslessOnTwoFourBf16Weights) {
     const int64_t out = 40, in = 72;
     const std::vector<float> W = pruned_bf16(gaussian(size_t(out * in), 2));
     CpuBackend be;
-    const QuantDesc q{QuantFormat::sparse24, out, in};
-    std::vector<uint8_t> packed(quant_bytes(q));
-    be.quantize(q, packed.data(), W.data());
+    const std::vector<uint8_t> packed = pack(be, out, in, W);
     std::vector<float> Wd(W.size());
-    be.dequantize(q, Wd.data(), packed.data());
+    be.dequantize(QuantDesc{QuantFormat::sparse24, out, in}, Wd.data(), packed.data());
     EXPECT_EQ(Wd, W);
 }
 
@@ -94,8 +99,7 @@ TEST(Sparse24, PackedMatmulEqualsDense) {
     std::vector<float> x = gaussian(size_t(M * in), 4), dy = gaussian(size_t(M * out), 5);
     CpuBackend be;
     const QuantDesc q{QuantFormat::sparse24, out, in};
-    std::vector<uint8_t> packed(quant_bytes(q));
-    be.quantize(q, packed.data(), W.data());
+    std::vector<uint8_t> packed = pack(be, out, in, W);
     std::vector<float> ws(be.qgemm_workspace(q, M, DType::f32) / sizeof(float) + 1);
     auto view = [](std::vector<float> & v, std::initializer_list<int64_t> dims) {
         Tensor t(-1, DType::f32, dims);

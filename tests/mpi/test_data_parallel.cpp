@@ -209,6 +209,17 @@ TEST(Zero, EveryStageEqualsOneProcessAndShardsTheModelStates) {
             }
 }
 
+// An fp32 data-parallel run (lr 1e-2) against one process: the losses, the weights on every rank,
+// and the plan equal to the measurement.
+void expect_fp32_equal(Communicator & c, const DpRun & dp, const DpRun & one, int steps) {
+    for (size_t s = 0; s < one.losses.size(); ++s)
+        EXPECT_NEAR(dp.losses[s], one.losses[s], 2e-5 * std::fabs(one.losses[s])) << "step " << s;
+    expect_same_params(dp, one, DType::f32, steps, 1e-2f);
+    expect_ranks_agree(c, dp.params);
+    for (size_t cat = 0; cat < kCategoryCount; ++cat)
+        EXPECT_EQ(dp.planned_live.v[cat], dp.live_peak.v[cat]) << "live " << kCategoryNames[cat];
+}
+
 // Cross-layer sharing (--share-layers 2, six layers in three stored blocks) under data parallel
 // at ZeRO 0, 1 and 2 against one process: the same losses and parameters. A shared block's
 // gradient bucket opens at its group's highest layer (ZeRO-2 zeroes it there) and is reduced
@@ -227,12 +238,7 @@ TEST(DataParallel, SharedBlocksEqualOneProcessAtZeroZeroToTwo) {
                 SCOPED_TRACE(std::string(llama ? "llama" : "gpt2") + " accum " + std::to_string(k) + " zero " +
                              std::to_string(zero));
                 const DpRun dp = train(cfg, DType::f32, G, T, k, steps, &c, zero);
-                for (size_t s = 0; s < one.losses.size(); ++s)
-                    EXPECT_NEAR(dp.losses[s], one.losses[s], 2e-5 * std::fabs(one.losses[s])) << "step " << s;
-                expect_same_params(dp, one, DType::f32, steps, 1e-2f);
-                expect_ranks_agree(c, dp.params);
-                for (size_t cat = 0; cat < kCategoryCount; ++cat)
-                    EXPECT_EQ(dp.planned_live.v[cat], dp.live_peak.v[cat]) << "live " << kCategoryNames[cat];
+                expect_fp32_equal(c, dp, one, steps);
             }
         }
 }
@@ -253,13 +259,8 @@ TEST(DataParallel, SparsityEqualsOneProcessAtEveryZeroStage) {
         for (int zero : {0, 1, 2, 3}) {
             SCOPED_TRACE(std::string(llama ? "llama" : "gpt2") + " zero " + std::to_string(zero));
             const DpRun dp = train(cfg, DType::f32, G, T, 1, steps, &c, zero, 0, false, sparse);
-            for (size_t s = 0; s < one.losses.size(); ++s)
-                EXPECT_NEAR(dp.losses[s], one.losses[s], 2e-5 * std::fabs(one.losses[s])) << "step " << s;
-            expect_same_params(dp, one, DType::f32, steps, 1e-2f);
-            expect_ranks_agree(c, dp.params);
+            expect_fp32_equal(c, dp, one, steps);
             EXPECT_EQ(nm_violations(cfg, layout, dp.params.data(), sparse), 0u);
-            for (size_t cat = 0; cat < kCategoryCount; ++cat)
-                EXPECT_EQ(dp.planned_live.v[cat], dp.live_peak.v[cat]) << "live " << kCategoryNames[cat];
         }
     }
 }
