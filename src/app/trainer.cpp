@@ -429,6 +429,12 @@ void TrainingRun::announce() {
                         eo_.lora.quantized() ? fmt::format(", projections {}", quant_format_name(eo_.lora.format()))
                                              : fmt::format(" in {}", precision_name(eo_.compute))));
     }
+    if (eo_.sparsity.enabled())
+        say(fmt::format("  sparsity {}: block projections pruned by magnitude {}, then masked (the pruned weights "
+                        "stay zero)", eo_.sparsity.name(),
+                        eo_.sparsity.start == 0 ? std::string("before this run's first update")
+                                                : fmt::format("once {} update{} in", eo_.sparsity.start,
+                                                              eo_.sparsity.start == 1 ? " is" : "s are")));
 }
 
 void TrainingRun::build() {

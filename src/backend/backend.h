@@ -68,6 +68,11 @@ struct AdamWHyper {
     // --optimizer sgd (Backend::sgd): PyTorch's SGD with momentum (no dampening or Nesterov) and
     // L2 weight decay: g' = g + weight_decay * p, buf = momentum * buf + g', p -= lr * buf.
     float momentum = 0.9f;
+    // N:M sparsity's masked updates (model/sparsity.h): an element whose weight (`param`) is
+    // exactly 0 stays 0 and its moments (SGD: its momentum) are set to 0, whatever its gradient;
+    // the mask is the zeros themselves, so it needs no buffer. Set per op by the step, for the
+    // pruned projection weights only (zero-initialised biases must still train).
+    bool keep_zeros = false;
 };
 
 // Whether an optimizer op's `param` is bf16-sr's bf16 weights (true: a seed and no copy, checked)
@@ -91,8 +96,9 @@ inline float update_scale(const AdamWHyper & h, float norm_sq) {
 }
 
 // A frozen weight W [out, in] (row = output channel) stored packed, for LoRA's quantized base
-// (QLoRA). Formats and exact byte counts: backend/quant_format.h.
-enum class QuantFormat : uint8_t { int8, nf4, nf4_dq };
+// (QLoRA) and generation. Formats and exact byte counts: backend/quant_format.h (sparse24: 2:4
+// structured sparse, two bf16 values and their 2-bit positions per group of 4 inputs).
+enum class QuantFormat : uint8_t { int8, nf4, nf4_dq, sparse24 };
 struct QuantDesc {
     QuantFormat format = QuantFormat::int8;
     int64_t out = 0, in = 0;

@@ -23,13 +23,22 @@
 //       The codes are chosen against the reconstructed c2' (the absmax the dequantizer uses).
 //       [codes: n/2][q: n/64 int8][s: ceil(n/64/256) fp32][mean: fp32]
 //     n = out*in must be a multiple of 64 (aborts otherwise); rows need not align with blocks.
+//   sparse24, 2:4 structured sparsity (NVIDIA's sparse tensor cores' pattern; model/sparsity.h
+//       trains it): each group of 4 consecutive inputs of a row keeps its 2 largest |w| (ties: the
+//       lower index), in index order, as bf16 (round to nearest even), with their positions
+//       (0..3) as two 2-bit fields: first | second << 2, one nibble per group, group 2j in the low
+//       nibble of byte j. Packing a 2:4 weight loses only the bf16 rounding.
+//       [values: n/2 bf16 (group g's at 2g, 2g+1)][positions: n/8]
+//     in must be a multiple of 4 and n of 8 (aborts otherwise).
 // In bytes:
 //   int8    per output channel absmax: out*in int8 codes + out fp32 scales
 //   nf4     4-bit NormalFloat, absmax per block of 64: n/2 code bytes + n/64 fp32 absmaxes
 //   nf4_dq  nf4 with the absmaxes quantized again (int8, blocks of 256, one fp32 scale each, plus
 //           one fp32 mean): n/2 + n/64 + 4*ceil(n/64/256) + 4
+//   sparse24  n bytes of bf16 values + n/8 of positions: 9/16 = 0.5625 of bf16's 2n
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -66,6 +75,7 @@ constexpr size_t quant_bytes(const QuantDesc & q) {
         case QuantFormat::int8: return n + size_t(q.out) * 4;
         case QuantFormat::nf4: return n / 2 + n / 64 * 4;
         case QuantFormat::nf4_dq: return n / 2 + n / 64 + 4 * ((n / 64 + 255) / 256) + 4;
+        case QuantFormat::sparse24: return n + n / 8;
     }
     return 0;
 }
@@ -75,6 +85,7 @@ inline const char * quant_format_name(QuantFormat f) {
         case QuantFormat::int8: return "int8";
         case QuantFormat::nf4: return "nf4";
         case QuantFormat::nf4_dq: return "nf4+dq";
+        case QuantFormat::sparse24: return "sparse24";
     }
     return "?";
 }
@@ -82,6 +93,22 @@ inline const char * quant_format_name(QuantFormat f) {
 // Exact packed sizes in bytes (quant_bytes()'s formula, checked against the layouts).
 size_t int8_bytes(int64_t out, int64_t in);
 size_t nf4_bytes(int64_t n, bool double_quant);
+size_t sparse24_bytes(int64_t out, int64_t in);
+
+// Magnitude pruning's choice within one group of m values x[0], x[stride], .., x[(m-1)*stride]:
+// keep[j] for the n largest |x| (ties: the lower index). One rule for the N:M pruner
+// (model/sparsity.h) and the sparse24 packer, so packing a pruned weight keeps what pruning kept.
+inline void nm_keep(const float * x, size_t stride, int n, int m, bool * keep) {
+    for (int j = 0; j < m; ++j) {
+        const float a = std::fabs(x[size_t(j) * stride]);
+        int beaten = 0;   // others that come first: larger, or as large at a lower index
+        for (int k = 0; k < m; ++k) {
+            const float b = std::fabs(x[size_t(k) * stride]);
+            beaten += b > a || (b == a && k < j);
+        }
+        keep[j] = beaten < n;
+    }
+}
 
 // The index of the NF4 level nearest to v (v in [-1, 1]; values beyond are clamped).
 uint8_t nf4_code(float v);
@@ -103,5 +130,24 @@ struct Nf4Quant {
     void quantize(uint8_t * packed, const float * W) const;
     void dequantize_rows(float * dst, const uint8_t * packed, int64_t row0, int64_t nrows) const;
 };
+
+struct Sparse24Quant {
+    int64_t out = 0, in = 0;
+    size_t bytes() const { return sparse24_bytes(out, in); }
+    void quantize(uint8_t * packed, const float * W) const;
+    void dequantize_rows(float * dst, const uint8_t * packed, int64_t row0, int64_t nrows) const;
+};
+
+// f(Q) with Q the format struct of q: the one dispatch of every backend's host code.
+template <class F>
+void with_quant(const QuantDesc & q, F && f) {
+    switch (q.format) {
+        case QuantFormat::int8: f(Int8Quant{q.out, q.in}); return;
+        case QuantFormat::nf4: f(Nf4Quant{q.out, q.in, false}); return;
+        case QuantFormat::nf4_dq: f(Nf4Quant{q.out, q.in, true}); return;
+        case QuantFormat::sparse24: f(Sparse24Quant{q.out, q.in}); return;
+    }
+    MF_UNREACHABLE();
+}
 
 }  // namespace memfit

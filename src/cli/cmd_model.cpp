@@ -108,8 +108,10 @@ void add_model_commands(CLI::App & app) {
     g->add_option("--chat-template", gen_template, "with --chat: auto (the tokenizer_config.json beside the "
                   "tokenizer), chatml, llama3, mistral or a Jinja file")->capture_default_str();
     g->add_option("--system", gen_system, "with --chat: a system message before the prompt");
-    g->add_option("--weights", gen_weights, "weight storage: fp32, bf16, or int8 | nf4 (the block projections "
-                  "quantized as a QLoRA base, nf4 with double-quantized scales; embeddings, norms and head fp32)")
+    g->add_option("--weights", gen_weights, "weight storage: fp32, bf16, or int8 | nf4 | sparse24 (the block "
+                  "projections packed as a QLoRA base: nf4 with double-quantized scales; sparse24 keeps the 2 "
+                  "largest of every 4 inputs as bf16 with 2-bit positions, lossless for a --sparsity 2:4 model; "
+                  "embeddings, norms and head fp32)")
         ->capture_default_str();
     g->callback([] {
         if (gen_threads > 0) omp_set_num_threads(gen_threads);
@@ -119,8 +121,9 @@ void add_model_commands(CLI::App & app) {
         if (gen_weights == "bf16") wdt = DType::bf16;
         else if (gen_weights == "int8") quant = QuantFormat::int8;
         else if (gen_weights == "nf4") quant = QuantFormat::nf4_dq;
+        else if (gen_weights == "sparse24") quant = QuantFormat::sparse24;
         else if (gen_weights != "fp32")
-            throw ConfigError(fmt::format("--weights {}: expected fp32, bf16, int8 or nf4", gen_weights));
+            throw ConfigError(fmt::format("--weights {}: expected fp32, bf16, int8, nf4 or sparse24", gen_weights));
         if (!has_hf_weights(gen_model))
             throw IoError(fmt::format("{}: no model.safetensors; pass a folder written by `memfit export`", gen_model));
         const ModelConfig cfg = resolve_model(gen_model + "/");

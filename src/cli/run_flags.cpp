@@ -83,6 +83,22 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                        "weights, dividing the blocks' parameters, gradients and optimizer states by G (compute is "
                        "unchanged); export writes the blocks expanded (0: none)")
              ->capture_default_str()->check(kNonNegative));
+    keep(typed(c, "--sparsity",
+               [&r](const std::string & v) {
+                   const int start = r.sparsity.start;
+                   // Given alone, CLI11 hands a value-optional option its default string: empty, so the
+                   // bare flag is the 2:4 pattern (the default, off, is in the help).
+                   r.sparsity = parse_sparsity(v.empty() ? "2:4" : v);
+                   r.sparsity.start = start;
+               },
+               "",
+               "N:M structured sparsity (2:4 when given alone; default off): once --sparsity-start updates are in, "
+               "every block projection keeps the N largest-magnitude weights of each M consecutive inputs, and "
+               "every later update keeps the rest at zero (no memory: the zeros are the mask)")
+             ->expected(0, 1));
+    keep(c->add_option("--sparsity-start", r.sparsity.start,
+                       "with --sparsity: dense optimizer updates before the prune (0: prune the starting weights)")
+             ->capture_default_str()->check(kNonNegative));
     keep(typed(c, "--loss-chunk", [&r](const std::string & v) { r.loss_chunk = parse_loss_chunk(v); },
                r.loss_chunk < 0 ? "auto" : std::to_string(r.loss_chunk),
                "tokens per LM-head + cross-entropy chunk: the B*T*V logits are never stored whole; 0: unchunked; "
@@ -115,7 +131,9 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
              ->capture_default_str()->check(finite_range(0, 0.999999)));
     keep(c->add_option("--base-weights", r.lora.base_weights,
                        "LoRA: storage of the frozen base: the compute precision (bf16, fp16, fp32), int8 "
-                       "(per-channel) or nf4 (4-bit NormalFloat, blocks of 64, double-quantized scales, as QLoRA)")
+                       "(per-channel), nf4 (4-bit NormalFloat, blocks of 64, double-quantized scales, as QLoRA) or "
+                       "sparse24 (2:4 structured sparse: the 2 largest of every 4 inputs as bf16 with 2-bit "
+                       "positions, 0.5625x of bf16; lossless for a --sparsity 2:4 model)")
              ->capture_default_str());
     // Knowledge distillation (model/distill.h).
     keep(c->add_option("--teacher", r.distill.teacher,
@@ -129,8 +147,8 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                        "distillation: the temperature T that softens both models' distributions (> 0)")
              ->capture_default_str()->check(kPositive));
     keep(c->add_option("--teacher-weights", r.distill.weights,
-                       "distillation: storage of the teacher's weights: the compute precision, int8 (per-channel) or "
-                       "nf4 (4-bit NormalFloat, as a QLoRA base)")
+                       "distillation: storage of the teacher's weights: the compute precision, int8 (per-channel), "
+                       "nf4 (4-bit NormalFloat, as a QLoRA base) or sparse24 (2:4 sparse, bf16 values)")
              ->capture_default_str());
     if (which.layout) {
         keep(c->add_option("--zero", r.layout.zero,

@@ -14,8 +14,8 @@
 // chunks of at most kPrefillChunk tokens, so that a chunk's new keys never overwrite one the
 // chunk still reads. The caches' bytes are planned for those rows, whatever the context.
 //
-// Quantized weights (`memfit generate --weights int8|nf4`): the four block projections of every
-// layer are stored packed as a QLoRA base is (model/lora.h: make_quant_layout, always [out, in]),
+// Quantized weights (`memfit generate --weights int8|nf4|sparse24`): the four block projections of
+// every layer are stored packed as a QLoRA base is (model/lora.h: make_quant_layout, always [out, in]),
 // in a second persistent buffer "parameters.quantized"; embeddings, norms, biases and the head
 // stay in the compute dtype in "parameters" (dense_layout). The step multiplies through the
 // packed bytes (qgemm) without materialising the dequantized matrices.

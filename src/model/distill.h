@@ -18,7 +18,7 @@ namespace memfit {
 struct DistillOptions {
     std::optional<ModelConfig> teacher;   // none: no distillation
     float alpha = 0.5f;                   // the KL term's weight, [0, 1]
-    float temperature = 2.0f;             // > 0
+    float temperature = 1.0f;             // > 0
     BaseWeights weights = BaseWeights::compute;
     bool double_quant = true;             // nf4: the block absmaxes quantized too
     bool enabled() const { return teacher.has_value(); }

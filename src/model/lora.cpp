@@ -90,7 +90,8 @@ BaseWeights parse_base_weights(const std::string & s) {
     if (s == "compute" || s == "fp32" || s == "bf16" || s == "fp16") return BaseWeights::compute;
     if (s == "int8") return BaseWeights::int8;
     if (s == "nf4") return BaseWeights::nf4;
-    throw ConfigError(fmt::format("--base-weights {}: expected bf16, fp16, fp32, int8 or nf4", s));
+    if (s == "sparse24") return BaseWeights::sparse24;
+    throw ConfigError(fmt::format("--base-weights {}: expected bf16, fp16, fp32, int8, nf4 or sparse24", s));
 }
 
 const char * base_weights_name(BaseWeights b) {
@@ -98,6 +99,7 @@ const char * base_weights_name(BaseWeights b) {
         case BaseWeights::compute: return "compute";
         case BaseWeights::int8: return "int8";
         case BaseWeights::nf4: return "nf4";
+        case BaseWeights::sparse24: return "sparse24";
     }
     return "?";
 }
@@ -188,9 +190,13 @@ QuantLayout make_quant_layout(const ModelConfig & cfg, QuantFormat format) {
                 e.q.in = in;
                 e.q.out += out;
             }
-            if (format != QuantFormat::int8 && (e.q.out * e.q.in) % 64 != 0)
+            if ((format == QuantFormat::nf4 || format == QuantFormat::nf4_dq) && (e.q.out * e.q.in) % 64 != 0)
                 throw ConfigError(fmt::format("--base-weights nf4: {} has {} x {} elements, not a multiple of the "
                                               "64-element block; use int8", names.front(), e.q.out, e.q.in));
+            if (format == QuantFormat::sparse24 && (e.q.in % 4 != 0 || (e.q.out * e.q.in) % 8 != 0))
+                throw ConfigError(fmt::format("--base-weights sparse24: {} is {} x {}; 2:4 groups need an input "
+                                              "dimension that is a multiple of 4; use int8", names.front(), e.q.out,
+                                              e.q.in));
             e.names = std::move(names);
             e.offset = q.bytes;
             q.bytes += (quant_bytes(e.q) + 63) / 64 * 64;   // each matrix 64-byte aligned

@@ -28,12 +28,14 @@
 
 namespace memfit {
 
-// The base storage `--base-weights` names.
-enum class BaseWeights : uint8_t { compute, int8, nf4 };
+// The base storage `--base-weights` names (sparse24: 2:4 structured sparse, model/sparsity.h).
+enum class BaseWeights : uint8_t { compute, int8, nf4, sparse24 };
 
 // The packed format of a quantized base storage (not `compute`).
 inline QuantFormat quant_format(BaseWeights b, bool double_quant) {
-    return b == BaseWeights::int8 ? QuantFormat::int8 : double_quant ? QuantFormat::nf4_dq : QuantFormat::nf4;
+    if (b == BaseWeights::int8) return QuantFormat::int8;
+    if (b == BaseWeights::sparse24) return QuantFormat::sparse24;
+    return double_quant ? QuantFormat::nf4_dq : QuantFormat::nf4;
 }
 
 struct LoraOptions {
@@ -57,7 +59,7 @@ struct LoraOptions {
 // mlp.c_proj, and c_proj to both c_proj modules. Empty csv: the default. ConfigError on unknown.
 std::vector<std::string> parse_lora_targets(const ModelConfig & cfg, const std::string & csv);
 // "bf16" | "fp16" | "fp32" | "compute" -> compute (they must match the run's precision: checked by
-// the caller), "int8", "nf4".
+// the caller), "int8", "nf4", "sparse24".
 BaseWeights parse_base_weights(const std::string & s);
 const char * base_weights_name(BaseWeights b);
 

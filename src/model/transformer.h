@@ -123,7 +123,7 @@ struct DistillHead {
     const Transformer * teacher = nullptr;
     const ModelWeights * weights = nullptr;   // the teacher's
     Tensor stats;                             // f32 [2, chunk rows]: distill_fwd's per-row lse pair
-    float alpha = 0.5f, temperature = 2.0f;
+    float alpha = 0.5f, temperature = 1.0f;
 };
 
 class Transformer {

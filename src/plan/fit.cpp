@@ -36,7 +36,7 @@ LoraOptions lora_options(const RunConfig & r, const ModelConfig & cfg, DType com
     if (base == BaseWeights::compute && s.base_weights != "compute" && !r.precision_auto &&
         parse_precision(s.base_weights) != compute)
         throw ConfigError(fmt::format("--base-weights {} keeps the frozen base in the compute precision, which is {}; "
-                                      "add --precision {} (or use int8 / nf4)",
+                                      "add --precision {} (or use int8 / nf4 / sparse24)",
                                       s.base_weights, precision_name(compute), s.base_weights));
     l.rank = s.rank;
     l.alpha = s.alpha;
@@ -139,6 +139,7 @@ EngineOptions engine_options(const RunConfig & r, const ModelConfig & cfg, const
     if (r.recompute.info().kind != RecomputePolicy::budget) eo.recompute = recompute_plan(r.recompute, cfg.n_layer);
     eo.lora = lora_options(r, cfg, eo.compute);
     eo.distill = distill_options(r, cfg, eo.compute);
+    eo.sparsity = r.sparsity;
     eo.loss_scaling.dynamic = r.loss_scale == 0;
     eo.loss_scaling.scale = r.loss_scale > 0 ? r.loss_scale : r.initial_loss_scale;
     eo.loss_scaling.growth_interval = r.loss_scale_window;

@@ -95,6 +95,9 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
         return fmt::format("--teacher with --{} {}: the teacher runs whole on every rank and its logits meet the "
                            "student's whole vocabulary; distill with data parallelism (and ZeRO)",
                            L.tp > 1 ? "tp" : "pp", L.tp > 1 ? L.tp : L.pp);
+    // N:M sparsity prunes whole-model weights on the host (every layout gathers them) and masks the
+    // updates element by element, so it combines with every layout; not with LoRA's frozen base.
+    if (std::string why = sparsity_refusal(cfg, r.sparsity, r.lora.rank > 0); !why.empty()) return why;
     // Tensor (and sequence) parallelism.
     if (L.tp > 1) {
         if (r.lora.rank > 0)

@@ -99,6 +99,8 @@ nlohmann::json run_config_json(const RunConfig & r) {
                         {"loss-chunk", r.loss_chunk < 0 ? nlohmann::json("auto") : nlohmann::json(r.loss_chunk)},
                         {"attention-window", r.attention_window},
                         {"share-layers", r.share_layers},
+                        {"sparsity", r.sparsity.name()},
+                        {"sparsity-start", r.sparsity.start},
                         {"mlp-chunk", r.mlp_chunk},
                         {"optimizer", optimizer_name(r.optimizer)},
                         {"master-weights", master_weights_name(r.master_weights)},

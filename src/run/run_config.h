@@ -13,6 +13,7 @@
 #include "core/dtype.h"
 #include "model/pipeline.h"
 #include "model/recompute.h"
+#include "model/sparsity.h"
 
 namespace memfit {
 
@@ -40,7 +41,7 @@ struct LoraConfig {
     int rank = 0;                       // 0: every parameter trains (states for all of them)
     float alpha = 16;
     std::string targets;                // "": the family's default (q,v | c_attn)
-    std::string base_weights = "compute";  // frozen base storage: compute | fp32 | bf16 | fp16 | int8 | nf4 (1/8 of fp32)
+    std::string base_weights = "compute";  // frozen base storage: compute | fp32 | bf16 | fp16 | int8 | nf4 (1/8 of fp32) | sparse24 (0.5625 of bf16)
     float dropout = 0;
 };
 
@@ -49,7 +50,7 @@ struct LoraConfig {
 struct DistillConfig {
     std::string teacher;                     // a --model folder with weights; "": no distillation
     float alpha = 0.5f;                      // the KL term's weight, [0, 1]
-    float temperature = 2.0f;                // softens both distributions, > 0
+    float temperature = 1.0f;                // softens both distributions, > 0
     std::string weights = "compute";         // teacher storage: compute | fp32 | bf16 | fp16 | int8 | nf4
 };
 
@@ -81,6 +82,10 @@ struct RunConfig {
     // weights, so the blocks' parameters, gradients and optimizer states divide by it (0 or 1:
     // none; the model's own when it was trained shared). A run_model change, like the window.
     int share_layers = 0;
+    // N:M structured sparsity of the block projections (model/sparsity.h): pruned by magnitude
+    // once sparsity.start updates are in, and kept so by every update after. No memory: the mask
+    // is the zeros themselves.
+    NmSparsity sparsity;
     // TiledMLP: tokens per MLP chunk; the [tokens, 4C] intermediates exist one chunk at a time and
     // are recomputed in backward (0: untiled).
     int mlp_chunk = 0;

@@ -127,6 +127,8 @@ Engine::Engine(const ModelConfig & cfg, Backend & backend, const EngineOptions &
     if (!backend.host_memory() && (split_model() || plans_.train->lora()))
         throw ConfigError(fmt::format("--device {}: {} runs on the CPU only for now; drop --device or the flag",
                                       backend.name(), plans_.train->lora() ? "LoRA (--lora)" : "--tp / --pp"));
+    if (const std::string why = sparsity_refusal(cfg, opt_.sparsity, plans_.train->lora()); !why.empty())
+        throw ConfigError(why);
     if (opt.budget > 0)
         check_budget(planned_reserved(), opt.budget,
                      "lower --batch or --seq (activations grow with both), or pick a smaller --model");
@@ -507,6 +509,9 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
     r.loss_scale = scaler_.scale;
     AdamWHyper hh = h;
     hh.t = t_ + 1;
+    // N:M sparsity: pruned once `start` updates are in, the zeros kept by every update after.
+    hh.keep_zeros = opt_.sparsity.enabled() && t_ >= opt_.sparsity.start;
+    if (hh.keep_zeros) prune_if_due();
     hh.grad_scale = 1.0f / scaler_.scale;
     hh.skip_nonfinite = h.skip_nonfinite || opt_.compute == DType::f16;
     // The caller's threshold is on the true norm; the kernels compare the scaled gradients'.
@@ -555,6 +560,14 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
     r.skipped = r.loss_outlier || skips_update(hh, norm_sq);
     if (!r.skipped) ++t_;
     return r;
+}
+
+void Engine::prune_if_due() {
+    if (pruned_) return;
+    std::vector<float> w = full_params();   // the whole model on every rank (collective), as the checkpoints take it
+    prune_nm(cfg_, make_param_layout(cfg_), w.data(), opt_.sparsity);
+    set_params(w.data());
+    pruned_ = true;
 }
 
 float Engine::eval_loss(const int32_t * inputs, const int32_t * targets, const int32_t * doc_start) {

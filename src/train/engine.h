@@ -15,6 +15,7 @@
 #include "memory/ledger.h"
 #include "memory/step_memory.h"
 #include "memory/timeline.h"
+#include "model/sparsity.h"
 #include "train/step.h"
 
 namespace memfit { class Communicator; }
@@ -74,6 +75,10 @@ struct EngineOptions {
     LoraOptions lora;
     // Knowledge distillation (model/distill.h): a frozen teacher in the training programs.
     DistillOptions distill;
+    // --sparsity N:M (model/sparsity.h): once `start` updates are applied, train_step prunes the
+    // block projections by magnitude (on the host, the whole model: full_params, set_params) and
+    // from then on every update keeps their zeros (AdamWHyper::keep_zeros). No buffer is added.
+    NmSparsity sparsity;
     LossScaler loss_scaling;         // fp16: the loss scaler's settings and starting scale
     uint64_t seed = 0;               // random streams of the steps (LoRA dropout): seed, step, micro-step
     // Data parallel over `data_parallel` ranks (B is this rank's micro-batch): gradients are
@@ -336,6 +341,10 @@ private:
     Timeline * timeline_ = nullptr;
     std::function<bool()> cancel_;
     std::function<bool()> skip_ask_;   // train_step's loss limit, asked by the update program's graph
+    // --sparsity: whether the weights as they are now were pruned (new weights, set or imported,
+    // are pruned again before the next step; pruning pruned weights changes nothing).
+    bool pruned_ = false;
+    void prune_if_due();
 };
 
 }  // namespace memfit

@@ -109,6 +109,7 @@ Engine::Shard Engine::shard() const {
 }
 
 void Engine::params_changed() {
+    pruned_ = false;   // new weights: --sparsity prunes them again before the next step
     const TrainStep & t = *plans_.train;
     const Shard sh = shard();
     // A device backend or offloaded master weights: what the caller wrote into params()'s host
@@ -141,6 +142,7 @@ void Engine::params_changed() {
 }
 
 void Engine::set_params(const float * whole) {
+    pruned_ = false;   // new weights: --sparsity prunes them again before the next step
     const TrainStep & t = *plans_.train;
     const Shard sh = shard();
     std::vector<float> slice;

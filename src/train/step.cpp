@@ -14,6 +14,7 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "model/distill.h"
+#include "model/sparsity.h"
 #include "run/compat.h"
 
 namespace memfit {
@@ -595,6 +596,7 @@ void TrainStep::optimizer(Graph & g, const StepScalars & s) const {
         if (x0 >= y) continue;
         AdamWHyper h = s.adamw;
         if (!p.decay()) h.weight_decay = 0;
+        h.keep_zeros = s.adamw.keep_zeros && sparse_target(p.name);   // N:M sparsity masks the projections only
         const int64_t n = int64_t(y - x0);
         // In the resident states, which start at shard element off_elems_ (block off_blocks_).
         const size_t own = (x0 - lo_ - off_elems_) * 4, mown = (x0 - lo_ - off_elems_) * dtype_size(moments_);
@@ -619,6 +621,12 @@ void TrainStep::optimizer(Graph & g, const StepScalars & s) const {
         g.adamw_8bit(param, grad, m, v, Tensor(adam_m_scale, DType::f32, {nb}, block * 4),
                      Tensor(adam_v_scale, DType::f32, {nb}, block * 4), norm_sq, copy, h);
     }
+}
+
+const ParamInfo & TrainStep::param_at(size_t x) const {
+    for (const auto & p : layout_.params)
+        if (x >= p.offset && x < p.offset + p.numel) return p;
+    MF_UNREACHABLE();
 }
 
 // The weights as the optimizer updates them in place: fp32, or bf16 (bf16-sr), from element px.
@@ -664,6 +672,7 @@ void TrainStep::offloaded_update(Graph & g, const StepScalars & s) const {
         if (!u.decay) h.weight_decay = 0;
         const int64_t n = int64_t(u.n);
         const size_t x = lo_ + u.at, gx = dp_.zero >= 2 ? u.at : x, px = dp_.zero >= 3 ? u.at : x;
+        h.keep_zeros = s.adamw.keep_zeros && sparse_target(param_at(x).name);   // a unit is within one parameter
         const Tensor copy = mixed ? Tensor(params, compute_, {n}, px * cs) : Tensor{};
         const Tensor param = mixed ? Tensor(u.stage.master, DType::f32, {n}) : weights(px, n);
         h.sr_at = x;

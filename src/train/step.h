@@ -148,6 +148,7 @@ private:
     bool sr_ = false;   // --master-weights bf16-sr
     bool sgd_ = false;  // --optimizer sgd: adam_m is the momentum, no adam_v
     Tensor weights(size_t px, int64_t n) const;
+    const ParamInfo & param_at(size_t x) const;   // the trainable parameter holding flat element x
     Program program_;
     BufferId workspace_ = -1;
     std::vector<std::unique_ptr<Transformer>> models_;   // one per micro-batch (pipeline), else one

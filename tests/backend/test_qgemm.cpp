@@ -1,6 +1,6 @@
 // The CPU backend's quantized gemms (Backend::qgemm_*, backend/cpu/qgemm.cpp) and LoRA column ops
 // (add_columns / take_columns): qgemm_fwd and qgemm_bwd (written and accumulated) against a double
-// reference over x · dequantize(W)^T (+ bias) and dy · dequantize(W) for int8, nf4 and nf4+dq with
+// reference over x · dequantize(W)^T (+ bias) and dy · dequantize(W) for int8, nf4, nf4+dq and sparse24 with
 // f32, bf16 and f16 activations, on shapes whose rows are not a multiple of the row chunk and whose
 // output channels are not a multiple of the tile; every call runs in a workspace of exactly
 // qgemm_workspace bytes, poisoned with NaN, with guard bytes after it; results are bitwise
@@ -228,10 +228,12 @@ TEST(QGemm, ShapesAreUneven) {
 TEST(QGemm, Int8) { check_qgemm(QuantFormat::int8, kM, kOut, kIn, 100); }
 TEST(QGemm, Nf4) { check_qgemm(QuantFormat::nf4, kM, kOut, kIn, 200); }
 TEST(QGemm, Nf4DoubleQuant) { check_qgemm(QuantFormat::nf4_dq, kM, kOut, kIn, 300); }
+TEST(QGemm, Sparse24) { check_qgemm(QuantFormat::sparse24, kM, kOut, kIn, 600); }
 // Fewer rows than a chunk, and one tile (out <= tile_rows); and a single row.
 TEST(QGemm, SmallShapes) {
     check_qgemm(QuantFormat::int8, 5, 24, 40, 400);
     check_qgemm(QuantFormat::nf4_dq, 1, 16, 64, 500);
+    check_qgemm(QuantFormat::sparse24, 3, 10, 8, 700);
 }
 
 // quantize / dequantize are quant.h's formats, write exactly quant_bytes(q) bytes, and the gemm
@@ -241,7 +243,7 @@ TEST(QGemm, QuantizeRoundTripMatchesGemm) {
     CpuBackend be;
     const int64_t out = 136, in = 1024;  // tiles of 128 rows: 128 + 8
     const std::vector<float> W = gaussian(size_t(out * in), 7, 0.05f);
-    for (const QuantFormat f : {QuantFormat::int8, QuantFormat::nf4, QuantFormat::nf4_dq}) {
+    for (const QuantFormat f : {QuantFormat::int8, QuantFormat::nf4, QuantFormat::nf4_dq, QuantFormat::sparse24}) {
         SCOPED_TRACE(quant_format_name(f));
         const QuantDesc q{f, out, in};
         const size_t n = quant_bytes(q);
@@ -250,26 +252,21 @@ TEST(QGemm, QuantizeRoundTripMatchesGemm) {
         for (size_t i = n; i < n + 64; ++i) ASSERT_EQ(packed[i], 0x5a) << "quantize wrote past quant_bytes";
         std::vector<float> Wd(size_t(out * in), std::nanf("")), Wr(size_t(out * in));
         be.dequantize(q, Wd.data(), packed.data());
-        if (f == QuantFormat::int8) {
-            const Int8Quant Q{out, in};
+        with_quant(q, [&](const auto & Q) {
             ASSERT_EQ(Q.bytes(), n);
             Q.quantize(ref.data(), W.data());
             Q.dequantize_rows(Wr.data(), ref.data(), 0, out);
-        } else {
-            const Nf4Quant Q{out, in, f == QuantFormat::nf4_dq};
-            ASSERT_EQ(Q.bytes(), n);
-            Q.quantize(ref.data(), W.data());
-            Q.dequantize_rows(Wr.data(), ref.data(), 0, out);
-        }
+        });
         EXPECT_EQ(std::memcmp(packed.data(), ref.data(), n), 0);
         EXPECT_EQ(std::memcmp(Wd.data(), Wr.data(), Wd.size() * sizeof(float)), 0);
-        // Close to W: int8's step is max|row|/127, NF4's relative error about 0.1.
+        // Close to W: int8's step is max|row|/127, NF4's relative error about 0.1; sparse24 drops
+        // the two smallest of every four (tests/backend/test_sparse24.cpp checks which).
         double num = 0, den = 0;
         for (size_t i = 0; i < W.size(); ++i) {
             num += double(W[i] - Wd[i]) * double(W[i] - Wd[i]);
             den += double(W[i]) * double(W[i]);
         }
-        EXPECT_LT(std::sqrt(num / den), f == QuantFormat::int8 ? 0.012 : 0.12);
+        EXPECT_LT(std::sqrt(num / den), f == QuantFormat::int8 ? 0.012 : f == QuantFormat::sparse24 ? 0.4 : 0.12);
 
         for (const DType t : {DType::f32, DType::bf16}) {
             SCOPED_TRACE(std::string(dtype_name(t)));
@@ -307,6 +304,7 @@ TEST(QGemm, PackedSizes) {
             if (out * in % 64 != 0) continue;
             EXPECT_EQ(nf4_bytes(out * in, false), quant_bytes(QuantDesc{QuantFormat::nf4, out, in}));
             EXPECT_EQ(nf4_bytes(out * in, true), quant_bytes(QuantDesc{QuantFormat::nf4_dq, out, in}));
+            EXPECT_EQ(sparse24_bytes(out, in), quant_bytes(QuantDesc{QuantFormat::sparse24, out, in}));
         }
     EXPECT_EQ(quant_bytes(QuantDesc{QuantFormat::nf4_dq, 64, 257}), size_t(64 * 257 / 2 + 257 + 2 * 4 + 4));
 }

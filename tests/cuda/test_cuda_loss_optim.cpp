@@ -2,7 +2,7 @@
 // cross-entropy (full and vocabulary-parallel, ignored rows, padding columns, odd vocabularies so
 // rows start unaligned), sum_squares (millions of bf16, unaligned views, inf and NaN), AdamW
 // (clipping on and off, loss scale, bf16/f16 compute copies, skipped steps, unaligned views) and
-// dequantize (int8, nf4, nf4 with double quantization, to f32, bf16 and f16).
+// dequantize (int8, nf4, nf4 with double quantization, sparse24, to f32, bf16 and f16).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -534,6 +534,8 @@ TEST(CudaQuant, DequantizeMatchesCpu) {
         // 1027 absmax blocks: 5 second-level scales, stored at an odd byte offset.
         check_dequantize(QuantFormat::nf4, 79, 832, dt);
         check_dequantize(QuantFormat::nf4_dq, 79, 832, dt);
+        check_dequantize(QuantFormat::sparse24, 48, 72, dt);   // 2:4: the two largest of every four
+        check_dequantize(QuantFormat::sparse24, 3, 200, dt);
     }
 }
 

@@ -110,7 +110,7 @@ TEST(Lora, TheBaseIsFrozenInTheStepProgram) {
     }
     // A quantized base: the four projections of every layer packed, the rest dense.
     const ModelConfig cfg = tiny(true, 37, 64, 2);
-    for (BaseWeights b : {BaseWeights::int8, BaseWeights::nf4}) {
+    for (BaseWeights b : {BaseWeights::int8, BaseWeights::nf4, BaseWeights::sparse24}) {
         const LoraOptions l = test::lora_options(cfg, 4, b);
         Engine e(cfg, backend, opts(2, 8, l));
         const QuantLayout & q = e.step().quant_layout();
@@ -150,7 +150,7 @@ TEST(Lora, ZeroBStartsAtTheBaseModel) {
 TEST(Lora, QuantizedBaseComputesWithTheDequantizedWeights) {
     CpuBackend backend;
     for (bool llama : {true, false})
-        for (BaseWeights bw : {BaseWeights::int8, BaseWeights::nf4}) {
+        for (BaseWeights bw : {BaseWeights::int8, BaseWeights::nf4, BaseWeights::sparse24}) {
             SCOPED_TRACE(std::string(llama ? "llama " : "gpt2 ") + base_weights_name(bw));
             const ModelConfig cfg = tiny(llama, 37, 32, 2);
             Engine q(cfg, backend, opts(2, 8, test::lora_options(cfg, 4, bw)));
@@ -158,11 +158,12 @@ TEST(Lora, QuantizedBaseComputesWithTheDequantizedWeights) {
             const std::vector<float> w = q.base_weights();
             Engine full(cfg, backend, opts(2, 8, LoraOptions{}));
             full.init_params(9);
-            // Quantization moved the weights, but not far.
+            // Quantization moved the weights, but not far (sparse24 drops half of the projections'
+            // weights: the smaller ones).
             double err = 0, norm = 0;
             for (size_t i = 0; i < w.size(); ++i) err += std::pow(w[i] - full.params()[i], 2), norm += std::pow(full.params()[i], 2);
             EXPECT_GT(err, 0.0);
-            EXPECT_LT(std::sqrt(err / norm), bw == BaseWeights::int8 ? 0.01 : 0.12);
+            EXPECT_LT(std::sqrt(err / norm), bw == BaseWeights::int8 ? 0.01 : bw == BaseWeights::sparse24 ? 0.4 : 0.12);
             std::copy(w.begin(), w.end(), full.params());
             full.params_changed();
             std::vector<int32_t> in(16), tg(16);

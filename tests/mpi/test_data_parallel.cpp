@@ -11,6 +11,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "comm/communicator.h"
+#include "model/sparsity.h"
 #include "train/engine.h"
 #include "../test_util.h"
 
@@ -33,7 +34,7 @@ struct DpRun {
 
 // Global batch G sequences of T tokens per micro-batch, k micro-batches per step.
 DpRun train(const ModelConfig & cfg, DType dt, int G, int T, int k, int steps, Communicator * comm, int zero = 0,
-            size_t bucket_bytes = 0, bool checking = true) {
+            size_t bucket_bytes = 0, bool checking = true, const NmSparsity & sparsity = {}) {
     CpuBackend backend;
     const int N = comm ? comm->size() : 1, r = comm ? comm->rank() : 0;
     EngineOptions eo;
@@ -48,6 +49,7 @@ DpRun train(const ModelConfig & cfg, DType dt, int G, int T, int k, int steps, C
     eo.zero = zero;
     eo.bucket_bytes = bucket_bytes;
     eo.checking = checking;   // own allocation per buffer, poisoned after its last use
+    eo.sparsity = sparsity;
     Engine e(cfg, backend, eo);
     e.init_params(11);
     AdamWHyper h;
@@ -207,6 +209,17 @@ TEST(Zero, EveryStageEqualsOneProcessAndShardsTheModelStates) {
             }
 }
 
+// An fp32 data-parallel run (lr 1e-2) against one process: the losses, the weights on every rank,
+// and the plan equal to the measurement.
+void expect_fp32_equal(Communicator & c, const DpRun & dp, const DpRun & one, int steps) {
+    for (size_t s = 0; s < one.losses.size(); ++s)
+        EXPECT_NEAR(dp.losses[s], one.losses[s], 2e-5 * std::fabs(one.losses[s])) << "step " << s;
+    expect_same_params(dp, one, DType::f32, steps, 1e-2f);
+    expect_ranks_agree(c, dp.params);
+    for (size_t cat = 0; cat < kCategoryCount; ++cat)
+        EXPECT_EQ(dp.planned_live.v[cat], dp.live_peak.v[cat]) << "live " << kCategoryNames[cat];
+}
+
 // Cross-layer sharing (--share-layers 2, six layers in three stored blocks) under data parallel
 // at ZeRO 0, 1 and 2 against one process: the same losses and parameters. A shared block's
 // gradient bucket opens at its group's highest layer (ZeRO-2 zeroes it there) and is reduced
@@ -225,12 +238,29 @@ TEST(DataParallel, SharedBlocksEqualOneProcessAtZeroZeroToTwo) {
                 SCOPED_TRACE(std::string(llama ? "llama" : "gpt2") + " accum " + std::to_string(k) + " zero " +
                              std::to_string(zero));
                 const DpRun dp = train(cfg, DType::f32, G, T, k, steps, &c, zero);
-                for (size_t s = 0; s < one.losses.size(); ++s)
-                    EXPECT_NEAR(dp.losses[s], one.losses[s], 2e-5 * std::fabs(one.losses[s])) << "step " << s;
-                expect_same_params(dp, one, DType::f32, steps, 1e-2f);
-                expect_ranks_agree(c, dp.params);
-                for (size_t cat = 0; cat < kCategoryCount; ++cat)
-                    EXPECT_EQ(dp.planned_live.v[cat], dp.live_peak.v[cat]) << "live " << kCategoryNames[cat];
+                expect_fp32_equal(c, dp, one, steps);
             }
         }
+}
+
+// --sparsity 2:4 under data parallel at every ZeRO stage: every rank prunes the same gathered
+// weights after the first (dense) step, the masked updates of each rank's shard keep the zeros,
+// and losses and weights are the one process's; the plan is still the measurement.
+TEST(DataParallel, SparsityEqualsOneProcessAtEveryZeroStage) {
+    Communicator & c = world();
+    ASSERT_GE(c.size(), 2) << "run under mpirun -np 2 or more";
+    const int G = std::max(4, c.size()), T = 8, steps = 3;
+    const NmSparsity sparse{2, 4, 1};
+    for (bool llama : {false, true}) {
+        const ModelConfig cfg = tiny(llama);
+        const ParamLayout layout = make_param_layout(cfg);
+        const DpRun one = train(cfg, DType::f32, G, T, 1, steps, nullptr, 0, 0, false, sparse);
+        ASSERT_EQ(nm_violations(cfg, layout, one.params.data(), sparse), 0u);
+        for (int zero : {0, 1, 2, 3}) {
+            SCOPED_TRACE(std::string(llama ? "llama" : "gpt2") + " zero " + std::to_string(zero));
+            const DpRun dp = train(cfg, DType::f32, G, T, 1, steps, &c, zero, 0, false, sparse);
+            expect_fp32_equal(c, dp, one, steps);
+            EXPECT_EQ(nm_violations(cfg, layout, dp.params.data(), sparse), 0u);
+        }
+    }
 }

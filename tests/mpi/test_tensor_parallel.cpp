@@ -17,6 +17,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "comm/communicator.h"
 #include "comm/groups.h"
+#include "model/sparsity.h"
 #include "train/engine.h"
 #include "core/units.h"
 #include "app/report.h"
@@ -42,6 +43,7 @@ struct TpCase {
     bool flash = true;
     // Own allocation per buffer, poisoned after its last use (reserved bytes are then not the plan's).
     bool checking = true;
+    NmSparsity sparsity;      // --sparsity: pruned after sparsity.start steps
 };
 
 struct TpRun {
@@ -80,6 +82,7 @@ TpRun train(const ModelConfig & cfg, const TpCase & c, bool split, int G, int T,
     eo.loss_chunk = c.loss_chunk;
     eo.with_eval = false;
     eo.checking = c.checking;
+    eo.sparsity = c.sparsity;
     Engine e(cfg, backend, eo);
     e.init_params(7);
     AdamWHyper h;
@@ -135,6 +138,9 @@ void check(const TpCase & c) {
     test::world().all_gather(par.params.data(), all.data(), bytes);
     for (int q = 1; q < N; ++q)
         EXPECT_EQ(0, std::memcmp(all.data(), all.data() + size_t(q) * par.params.size(), bytes)) << "rank " << q;
+    if (c.sparsity.enabled()) {   // pruned on the gathered whole model, masked slice by slice
+        EXPECT_EQ(nm_violations(cfg, make_param_layout(cfg), par.params.data(), c.sparsity), 0u);
+    }
     // Each rank holds its slice or stage: well under the whole model's parameter bytes.
     const uint64_t mine = par.planned_live[Category::parameters], whole = one.planned_live[Category::parameters];
     EXPECT_LT(double(mine), 0.8 * double(whole)) << "a rank's parameters against the whole model's";
@@ -159,6 +165,20 @@ TEST(TensorParallel, EqualsOneProcessOnTheSameGlobalBatch) {
             c.k = k;
             check(c);
         }
+}
+
+// --sparsity 2:4 pruned after the first step: every rank prunes the same gathered weights and
+// masks its own slice or stage; the one process's steps.
+TEST(TensorParallel, SparsityOnSlicesAndStages) {
+    ASSERT_GE(test::world().size(), 2);
+    for (bool llama : {false, true}) {
+        TpCase c;
+        c.llama = llama;
+        c.sparsity = NmSparsity{2, 4, 1};
+        check(c);   // tensor parallel
+        c.tp = 1, c.pp = 2, c.k = 2;
+        check(c);   // pipeline
+    }
 }
 
 TEST(TensorParallel, RecomputationChunkedLossAndKeptProbabilities) {

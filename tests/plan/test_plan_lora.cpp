@@ -1,5 +1,5 @@
 // memfit plan with LoRA / QLoRA: on one `cpu` device the plan is the engine's own program (per
-// category, byte for byte, for dense, bf16, int8 and nf4 bases); the analytic model puts
+// category, byte for byte, for dense, bf16, int8, nf4 and sparse24 bases); the analytic model puts
 // llama2-7b's full fine-tune off an 80 GB GPU and LoRA / QLoRA on it, in the expected order;
 // the search keeps the user's LoRA choice; bad flags are clear errors.
 #include <gtest/gtest.h>
@@ -80,7 +80,9 @@ TEST(PlanLora, ExactOnOneCpuDeviceForTheEngine) {
                            Case{true, DType::f32, BaseWeights::int8, "q,k,v,o", "none", false, 1, 0.0f},
                            Case{true, DType::bf16, BaseWeights::nf4, "all", "none", true, 1, 0.1f},
                            Case{false, DType::f32, BaseWeights::compute, "c_attn", "none", false, 1, 0.0f},
-                           Case{false, DType::bf16, BaseWeights::int8, "all", "selective", true, 1, 0.05f}}) {
+                           Case{false, DType::bf16, BaseWeights::int8, "all", "selective", true, 1, 0.05f},
+                           Case{true, DType::bf16, BaseWeights::sparse24, "all", "none", true, 1, 0.0f},
+                           Case{false, DType::f32, BaseWeights::sparse24, "c_attn", "none", false, 2, 0.0f}}) {
         const ModelConfig cfg = tiny(k.llama, 61, 64, 3);
         LoraOptions lora = test::lora_options(cfg, 4, k.base, k.targets);
         lora.dropout = k.dropout;

@@ -512,7 +512,7 @@ void CpuBackend::adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor nor
             using G = decltype(gz);
             auto update = [&](auto * mm, auto * vv) {
                 cpu::adamw_update_sr(ptr<bf16_t>(param), ptr<G>(grad), mm, vv, n, h.lr, h.beta1, h.beta2, h.eps,
-                                     h.weight_decay, h.t, scale, h.sr_seed, h.sr_at);
+                                     h.weight_decay, h.t, scale, h.sr_seed, h.sr_at, h.keep_zeros);
             };
             if (m.dtype == DType::bf16) update(ptr<bf16_t>(m), ptr<bf16_t>(v));
             else update(m.f32(), v.f32());
@@ -521,13 +521,13 @@ void CpuBackend::adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor nor
     }
     if (grad.dtype == DType::f32 && !param_copy.valid() && m.dtype == DType::f32) {
         cpu::adamw_update(param.f32(), grad.f32(), m.f32(), v.f32(), n, h.lr, h.beta1, h.beta2, h.eps,
-                          h.weight_decay, h.t, scale);
+                          h.weight_decay, h.t, scale, h.keep_zeros);
         return;
     }
     with_grad_and_copy(grad, param_copy, [&](auto * g, auto * copy) {
         auto update = [&](auto * mm, auto * vv) {
             cpu::adamw_update_mixed(param.f32(), copy, g, mm, vv, n, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay,
-                                    h.t, scale);
+                                    h.t, scale, h.keep_zeros);
         };
         if (m.dtype == DType::bf16) update(ptr<bf16_t>(m), ptr<bf16_t>(v));
         else update(m.f32(), v.f32());
@@ -544,12 +544,13 @@ void CpuBackend::sgd(Tensor param, Tensor grad, Tensor buf, Tensor norm_sq, Tens
         dispatch(grad.dtype, [&](auto gz) {
             using G = decltype(gz);
             cpu::sgd_update<bf16_t, G, float>(ptr<bf16_t>(param), nullptr, ptr<G>(grad), buf.f32(), n, h.lr, h.momentum,
-                                              h.weight_decay, scale, h.sr_seed, h.sr_at);
+                                              h.weight_decay, scale, h.sr_seed, h.sr_at, h.keep_zeros);
         });
         return;
     }
     with_grad_and_copy(grad, param_copy, [&](auto * g, auto * copy) {
-        cpu::sgd_update(param.f32(), copy, g, buf.f32(), n, h.lr, h.momentum, h.weight_decay, scale, 0, 0);
+        cpu::sgd_update(param.f32(), copy, g, buf.f32(), n, h.lr, h.momentum, h.weight_decay, scale, 0, 0,
+                        h.keep_zeros);
     });
 }
 
@@ -567,14 +568,15 @@ void CpuBackend::adamw_8bit(Tensor param, Tensor grad, Tensor m, Tensor v, Tenso
             using G = decltype(gz);
             cpu::adamw_update_8bit<G, float, bf16_t>(ptr<bf16_t>(param), nullptr, ptr<G>(grad), static_cast<uint8_t *>(m.data),
                                                      static_cast<uint8_t *>(v.data), m_scale.f32(), v_scale.f32(), n, h.lr, h.beta1,
-                                                     h.beta2, h.eps, h.weight_decay, h.t, scale, h.sr_seed, h.sr_at);
+                                                     h.beta2, h.eps, h.weight_decay, h.t, scale, h.sr_seed, h.sr_at,
+                                                     h.keep_zeros);
         });
         return;
     }
     with_grad_and_copy(grad, param_copy, [&](auto * g, auto * copy) {
         cpu::adamw_update_8bit(param.f32(), copy, g, static_cast<uint8_t *>(m.data), static_cast<uint8_t *>(v.data),
                                m_scale.f32(), v_scale.f32(), n, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.t,
-                               scale);
+                               scale, 0, 0, h.keep_zeros);
     });
 }
 

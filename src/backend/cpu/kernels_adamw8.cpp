@@ -15,7 +15,8 @@ namespace memfit::cpu {
 template <class G, class P, class W>
 void adamw_update_8bit(W * param, P * param_copy, const G * grad, uint8_t * m, uint8_t * v, float * m_scale,
                        float * v_scale, size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
-                       int t, float grad_scale, [[maybe_unused]] uint64_t sr_seed, [[maybe_unused]] uint64_t sr_at) {
+                       int t, float grad_scale, [[maybe_unused]] uint64_t sr_seed, [[maybe_unused]] uint64_t sr_at,
+                       bool keep_zeros) {
     MF_ASSERT(t >= 1);
     if constexpr (std::is_same_v<P, float>) MF_ASSERT(param_copy == nullptr);
     const float inv_bc1 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta1), t)));
@@ -32,13 +33,15 @@ void adamw_update_8bit(W * param, P * param_copy, const G * grad, uint8_t * m, u
         // decodes, the update, the stores and both block maxima (a max is exact in any order).
 #pragma omp simd reduction(max : m_max, v_max)
         for (size_t i = lo; i < hi; ++i) {
+            const float w = to_f32(param[i]);
+            const bool frozen = keep_zeros && w == 0.0f;   // a kept zero: moments 0 (code 0), no step
             const float g = to_f32(grad[i]) * grad_scale;
-            const float mi = beta1 * decode_m8(m[i], m_scale[b]) + one_m_b1 * g;
-            const float vi = beta2 * decode_v8(v[i], v_scale[b]) + one_m_b2 * g * g;
+            const float mi = frozen ? 0.0f : beta1 * decode_m8(m[i], m_scale[b]) + one_m_b1 * g;
+            const float vi = frozen ? 0.0f : beta2 * decode_v8(v[i], v_scale[b]) + one_m_b2 * g * g;
             mf[i - lo] = mi, vf[i - lo] = vi;
             m_max = std::max(m_max, std::fabs(mi));
             v_max = std::max(v_max, vi);
-            const float p = to_f32(param[i]) * decay - lr * (mi * inv_bc1) / (std::sqrt(vi * inv_bc2) + eps);
+            const float p = frozen ? w : w * decay - lr * (mi * inv_bc1) / (std::sqrt(vi * inv_bc2) + eps);
             if constexpr (std::is_same_v<W, float>) param[i] = p;
             else param[i] = bf16_t{sr_bf16_bits(p, sr_seed, sr_at + i)};
             if constexpr (!std::is_same_v<P, float>) param_copy[i] = from_f32<P>(p);
@@ -55,7 +58,7 @@ void adamw_update_8bit(W * param, P * param_copy, const G * grad, uint8_t * m, u
 #define MF_INST_ADAMW8(G, P, W)                                                                        \
     template void adamw_update_8bit<G, P, W>(W *, P *, const G *, uint8_t *, uint8_t *, float *, float *, \
                                              size_t, float, float, float, float, float, int, float, uint64_t, \
-                                             uint64_t);
+                                             uint64_t, bool);
 #define MF_INST_ADAMW8_G(G) \
     MF_INST_ADAMW8(G, float, float) MF_INST_ADAMW8(G, bf16_t, float) MF_INST_ADAMW8(G, f16_t, float) \
     MF_INST_ADAMW8(G, float, bf16_t)

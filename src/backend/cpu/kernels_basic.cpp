@@ -371,7 +371,7 @@ namespace {
 // stochastically with the draws of (sr_seed, sr_at + i).
 template <class W, class G, class P, class M>
 void adamw_impl(W * param, [[maybe_unused]] P * param_copy, const G * grad, M * m, M * v, size_t n, float lr,
-                float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale,
+                float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale, bool keep_zeros,
                 [[maybe_unused]] uint64_t sr_seed = 0, [[maybe_unused]] uint64_t sr_at = 0) {
     MF_ASSERT(t >= 1);   // M: float, or bf16_t moments (updated in f32, rounded to nearest even)
     const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), t);
@@ -383,9 +383,12 @@ void adamw_impl(W * param, [[maybe_unused]] P * param_copy, const G * grad, M * 
     const float one_m_b2 = 1.0f - beta2;
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; ++i) {
+        const float w = to_f32(param[i]);
+        // A kept zero (N:M sparsity): moments 0, weight unchanged, whatever the gradient holds.
+        const bool frozen = keep_zeros && w == 0.0f;
         const float g = to_f32(grad[i]) * grad_scale;
-        const float mi = beta1 * to_f32(m[i]) + one_m_b1 * g;
-        const float vi = beta2 * to_f32(v[i]) + one_m_b2 * g * g;
+        const float mi = frozen ? 0.0f : beta1 * to_f32(m[i]) + one_m_b1 * g;
+        const float vi = frozen ? 0.0f : beta2 * to_f32(v[i]) + one_m_b2 * g * g;
         if constexpr (std::is_same_v<M, float>) {
             m[i] = mi;
             v[i] = vi;
@@ -395,7 +398,7 @@ void adamw_impl(W * param, [[maybe_unused]] P * param_copy, const G * grad, M * 
         }
         const float mhat = mi * inv_bc1;
         const float vhat = vi * inv_bc2;
-        const float p = to_f32(param[i]) * decay - lr * mhat / (std::sqrt(vhat) + eps);
+        const float p = frozen ? w : w * decay - lr * mhat / (std::sqrt(vhat) + eps);
         if constexpr (std::is_same_v<W, float>) param[i] = p;
         else param[i] = bf16_t{sr_bf16_bits(p, sr_seed, sr_at + i)};
         if constexpr (!std::is_same_v<P, float>) param_copy[i] = from_f32<P>(p);
@@ -405,37 +408,41 @@ void adamw_impl(W * param, [[maybe_unused]] P * param_copy, const G * grad, M * 
 }  // namespace
 
 void adamw_update(float * param, const float * grad, float * m, float * v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale) {
+                  float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale, bool keep_zeros) {
     adamw_impl<float, float, float, float>(param, nullptr, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t,
-                                           grad_scale);
+                                           grad_scale, keep_zeros);
 }
 
 template <class G, class P, class M>
 void adamw_update_mixed(float * param, P * param_copy, const G * grad, M * m, M * v, size_t n, float lr,
-                        float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale) {
+                        float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale,
+                        bool keep_zeros) {
     if constexpr (std::is_same_v<P, float>) MF_ASSERT(param_copy == nullptr);
     else MF_ASSERT(param_copy != nullptr);
-    adamw_impl<float, G, P, M>(param, param_copy, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale);
+    adamw_impl<float, G, P, M>(param, param_copy, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale,
+                               keep_zeros);
 }
 
 template <class G, class M>
 void adamw_update_sr(bf16_t * param, const G * grad, M * m, M * v, size_t n, float lr, float beta1, float beta2,
-                     float eps, float weight_decay, int t, float grad_scale, uint64_t sr_seed, uint64_t sr_at) {
+                     float eps, float weight_decay, int t, float grad_scale, uint64_t sr_seed, uint64_t sr_at,
+                     bool keep_zeros) {
     adamw_impl<bf16_t, G, float, M>(param, nullptr, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale,
-                                    sr_seed, sr_at);
+                                    keep_zeros, sr_seed, sr_at);
 }
 
 template <class W, class G, class P>
 void sgd_update(W * param, [[maybe_unused]] P * param_copy, const G * grad, float * buf, size_t n, float lr,
                 float momentum, float weight_decay, float grad_scale, [[maybe_unused]] uint64_t sr_seed,
-                [[maybe_unused]] uint64_t sr_at) {
+                [[maybe_unused]] uint64_t sr_at, bool keep_zeros) {
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; ++i) {
         const float w = to_f32(param[i]);
+        const bool frozen = keep_zeros && w == 0.0f;   // a kept zero: no momentum, no step
         const float g = to_f32(grad[i]) * grad_scale + weight_decay * w;
-        const float b = momentum * buf[i] + g;
+        const float b = frozen ? 0.0f : momentum * buf[i] + g;
         buf[i] = b;
-        const float p = w - lr * b;
+        const float p = frozen ? w : w - lr * b;
         if constexpr (std::is_same_v<W, float>) param[i] = p;
         else param[i] = bf16_t{sr_bf16_bits(p, sr_seed, sr_at + i)};
         if constexpr (!std::is_same_v<P, float>) param_copy[i] = from_f32<P>(p);
@@ -448,22 +455,22 @@ void sgd_update(W * param, [[maybe_unused]] P * param_copy, const G * grad, floa
 // AdamW: gradients S, the compute copy none, bf16 or f16, the moments M.
 #define MF_INST_ADAMW(S, M)                                                                             \
     template void adamw_update_mixed<S, float, M>(float *, float *, const S *, M *, M *, size_t, float,  \
-                                                  float, float, float, float, int, float);              \
+                                                  float, float, float, float, int, float, bool);        \
     template void adamw_update_mixed<S, bf16_t, M>(float *, bf16_t *, const S *, M *, M *, size_t,       \
-                                                   float, float, float, float, float, int, float);       \
+                                                   float, float, float, float, float, int, float, bool); \
     template void adamw_update_mixed<S, f16_t, M>(float *, f16_t *, const S *, M *, M *, size_t, float,  \
-                                                  float, float, float, float, int, float);              \
+                                                  float, float, float, float, int, float, bool);        \
     template void adamw_update_sr<S, M>(bf16_t *, const S *, M *, M *, size_t, float, float, float, float, \
-                                        float, int, float, uint64_t, uint64_t);
+                                        float, int, float, uint64_t, uint64_t, bool);
 #define MF_INST_SGD(S)                                                                                   \
     template void sgd_update<float, S, float>(float *, float *, const S *, float *, size_t, float, float, \
-                                              float, float, uint64_t, uint64_t);                          \
+                                              float, float, uint64_t, uint64_t, bool);                    \
     template void sgd_update<float, S, bf16_t>(float *, bf16_t *, const S *, float *, size_t, float, float, \
-                                               float, float, uint64_t, uint64_t);                           \
+                                               float, float, uint64_t, uint64_t, bool);                     \
     template void sgd_update<float, S, f16_t>(float *, f16_t *, const S *, float *, size_t, float, float,  \
-                                              float, float, uint64_t, uint64_t);                           \
+                                              float, float, uint64_t, uint64_t, bool);                     \
     template void sgd_update<bf16_t, S, float>(bf16_t *, float *, const S *, float *, size_t, float, float, \
-                                               float, float, uint64_t, uint64_t);
+                                               float, float, uint64_t, uint64_t, bool);
 
 #define MF_INST_ALL(S)                                                                                  \
     template void encoder_forward<S>(S *, const int32_t *, const S *, const S *, int, int, int, int64_t, \

@@ -33,18 +33,6 @@ size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 bool is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
 
-// f(Q) with Q the quant_format.h format struct of q.
-template <class F>
-void with_quant(const QuantDesc & q, F && f) {
-    MF_ASSERT(q.out > 0 && q.in > 0);
-    switch (q.format) {
-        case QuantFormat::int8: f(Int8Quant{q.out, q.in}); return;
-        case QuantFormat::nf4: f(Nf4Quant{q.out, q.in, false}); return;
-        case QuantFormat::nf4_dq: f(Nf4Quant{q.out, q.in, true}); return;
-    }
-    MF_ASSERT(!"unknown QuantFormat");
-}
-
 // The chunking of M rows of bf16/f16 activations.
 struct Chunks {
     int64_t rows = 0, last = 0;   // rows per chunk; rows of the last chunk

@@ -89,13 +89,14 @@ void gemm_dequant_backward(DnnlGemm & gemm, float * dX, const float * dY, const 
     });
 }
 
-template void gemm_dequant_forward<Int8Quant>(DnnlGemm &, float *, const float *, const Int8Quant &,
-                                              const uint8_t *, int64_t, int64_t, void *);
-template void gemm_dequant_forward<Nf4Quant>(DnnlGemm &, float *, const float *, const Nf4Quant &,
-                                             const uint8_t *, int64_t, int64_t, void *);
-template void gemm_dequant_backward<Int8Quant>(DnnlGemm &, float *, const float *, const Int8Quant &,
-                                               const uint8_t *, int64_t, int64_t, void *, bool);
-template void gemm_dequant_backward<Nf4Quant>(DnnlGemm &, float *, const float *, const Nf4Quant &,
-                                              const uint8_t *, int64_t, int64_t, void *, bool);
+#define MF_INST_DEQUANT(Q)                                                                                       \
+    template void gemm_dequant_forward<Q>(DnnlGemm &, float *, const float *, const Q &, const uint8_t *, int64_t, \
+                                          int64_t, void *);                                                      \
+    template void gemm_dequant_backward<Q>(DnnlGemm &, float *, const float *, const Q &, const uint8_t *,        \
+                                           int64_t, int64_t, void *, bool);
+MF_INST_DEQUANT(Int8Quant)
+MF_INST_DEQUANT(Nf4Quant)
+MF_INST_DEQUANT(Sparse24Quant)
+#undef MF_INST_DEQUANT
 
 }  // namespace memfit::cpu

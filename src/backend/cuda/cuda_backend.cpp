@@ -258,14 +258,12 @@ void CudaBackend::qgemm_bwd(const QuantDesc & q, Tensor dx, Tensor dy, Tensor pa
 
 void CudaBackend::quantize(const QuantDesc & q, void * packed, const float * W) const {
     auto * out = static_cast<uint8_t *>(packed);
-    if (q.format == QuantFormat::int8) Int8Quant{q.out, q.in}.quantize(out, W);
-    else Nf4Quant{q.out, q.in, q.format == QuantFormat::nf4_dq}.quantize(out, W);
+    with_quant(q, [&](const auto & Q) { Q.quantize(out, W); });
 }
 
 void CudaBackend::dequantize(const QuantDesc & q, float * W, const void * packed) const {
     const auto * in = static_cast<const uint8_t *>(packed);
-    if (q.format == QuantFormat::int8) Int8Quant{q.out, q.in}.dequantize_rows(W, in, 0, q.out);
-    else Nf4Quant{q.out, q.in, q.format == QuantFormat::nf4_dq}.dequantize_rows(W, in, 0, q.out);
+    with_quant(q, [&](const auto & Q) { Q.dequantize_rows(W, in, 0, q.out); });
 }
 
 // ---- the rest forward to their launchers ----

@@ -81,6 +81,7 @@ struct AdamArgs {
     float lr, beta1, beta2, eps, inv_bc1, inv_bc2, decay, one_m_b1, one_m_b2;
     float clip, grad_scale, skip_above_norm_sq;
     bool skip_nonfinite;
+    bool keep_zeros;           // AdamWHyper::keep_zeros: a zero weight stays 0, its moments become 0
     uint64_t sr_seed, sr_at;   // bf16-sr weights (W = uint16_t): backend/stochastic_round.h's draws
 };
 
@@ -102,6 +103,10 @@ __device__ __forceinline__ float device_update_scale(const AdamArgs & a, float n
 // One element, in adamw_impl's order.
 __device__ __forceinline__ float adam_step(const AdamArgs & a, float & p, float & m, float & v, float graw,
                                            float scale) {
+    if (a.keep_zeros && p == 0.0f) {   // a kept zero (N:M sparsity): moments 0, weight unchanged
+        m = 0.0f, v = 0.0f;
+        return p;
+    }
     const float g = graw * scale;
     m = a.beta1 * m + a.one_m_b1 * g;
     v = a.beta2 * v + a.one_m_b2 * g * g;
@@ -180,10 +185,11 @@ __global__ void __launch_bounds__(256) sgd_kernel(W * param, const G * grad, flo
     const int64_t nt = int64_t(gridDim.x) * blockDim.x;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += nt) {
         const float w = ldw(param[i]);
+        const bool frozen = a.keep_zeros && w == 0.0f;   // a kept zero: no momentum, no step
         const float g = ld(grad[i]) * scale + wd * w;
-        const float b = momentum * buf[i] + g;
+        const float b = frozen ? 0.0f : momentum * buf[i] + g;
         buf[i] = b;
-        const float p = w - a.lr * b;
+        const float p = frozen ? w : w - a.lr * b;
         stw(param[i], p, a, i);
         if constexpr (!std::is_same_v<P, float>) copy[i] = st<P>(p);
     }
@@ -260,6 +266,7 @@ AdamArgs adam_args(const AdamWHyper & h) {
     a.clip = h.clip, a.grad_scale = h.grad_scale, a.skip_nonfinite = h.skip_nonfinite;
     a.skip_above_norm_sq = h.skip_above_norm_sq;
     a.sr_seed = h.sr_seed, a.sr_at = h.sr_at;
+    a.keep_zeros = h.keep_zeros;
     return a;
 }
 

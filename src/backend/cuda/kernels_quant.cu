@@ -5,12 +5,15 @@
 //   nf4(+dq): one thread per 8 elements (one 32-bit word of codes; 8 divides the 64-blocks, so
 //           all 8 share one absmax); level[code] * absmax, absmax = q * s + mean with double
 //           quantization (fmaf: the CPU build contracts that line to an FMA on x86 with FMA).
+//   sparse24: one thread per 8 elements (two groups of 4: one byte of positions, four bf16 values);
+//           zeros, then the two kept values of each group at their positions.
 #include <cstdint>
 #include <type_traits>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/quant_format.h"
+#include "backend/stochastic_round.h"   // bf16_bits_to_f32
 
 namespace memfit::cuda {
 
@@ -93,6 +96,25 @@ __global__ void __launch_bounds__(256) nf4_dequant_kernel(T * w, const uint8_t *
     }
 }
 
+// Grid ceil(n / 8 / 256), block 256: thread k writes elements 8k .. 8k+7 from groups 2k and 2k+1
+// (values 4k .. 4k+3, position byte k after the n bytes of values).
+template <class T>
+__global__ void __launch_bounds__(256) sparse24_dequant_kernel(T * w, const uint8_t * packed, int64_t n) {
+    const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (k >= n / 8) return;
+    const uint16_t * vals = reinterpret_cast<const uint16_t *>(packed) + 4 * k;
+    const unsigned byte = packed[n + k];
+    float f[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const unsigned fields = (byte >> (4 * h)) & 15u;
+        f[4 * h + (fields & 3u)] = bf16_bits_to_f32(vals[2 * h]);
+        f[4 * h + ((fields >> 2) & 3u)] = bf16_bits_to_f32(vals[2 * h + 1]);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[8 * k + i] = st<T>(f[i]);
+}
+
 bool aligned(const void * p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 }  // namespace
@@ -106,7 +128,10 @@ void dequantize(cudaStream_t s, const QuantDesc & q, Tensor w, Tensor packed) {
     dispatch_float(w.dtype, [&](auto z) {
         using T = decltype(z);
         T * out = ptr<T>(w);
-        if (q.format == QuantFormat::int8) {
+        if (q.format == QuantFormat::sparse24) {
+            MF_ASSERT(q.in % 4 == 0 && n % 8 == 0 && "sparse24 needs groups of 4 inputs");
+            sparse24_dequant_kernel<T><<<grid_for(n / 8, 256), 256, 0, s>>>(out, pk, n);
+        } else if (q.format == QuantFormat::int8) {
             MF_ASSERT(q.out <= INT32_MAX);
             if (q.in % 4 == 0 && aligned(out, 4 * sizeof(T)))
                 int8_dequant_kernel<T, true><<<unsigned(q.out), 256, 0, s>>>(out, pk, q.out, q.in);
