@@ -18,7 +18,7 @@ ALPHA=${ALPHA:-0.5}
 TEMP=${TEMP:-1}
 EVAL_BATCHES=${EVAL_BATCHES:-40}
 PAIRS=${PAIRS:-"gpt2-6l:gpt2 gpt2:gpt2-medium"}
-BENCH=${BENCH:-"--batch 4 --seq 256 --threads 2 --steps 2 --warmup 1 --loss-chunk 256"}
+BENCH=${BENCH:-"--precision bf16 --batch 8 --seq 256 --threads 2 --steps 2 --warmup 1"}
 mkdir -p "$OUT"
 common="--eval-batches $EVAL_BATCHES --sample 0 --progress quiet --seed 1"
 if [ ! -f "$OUT/teacher-hf/model.safetensors" ]; then

@@ -95,9 +95,14 @@ int auto_loss_chunk(const ModelConfig & cfg, const Backend & backend, EngineOpti
         return 0;   // what cannot be planned is reported where the run is planned
     }
     const StepPlans & plans = *planned;
-    uint64_t logits = 0;
-    for (const BufferDecl & b : plans.train->program().buffers())
-        if (b.name.ends_with("logits")) logits = std::max<uint64_t>(logits, b.bytes);
+    // The student's logits, and a distillation teacher's beside them (chunked together).
+    uint64_t student = 0, teacher = 0;
+    for (const BufferDecl & b : plans.train->program().buffers()) {
+        if (!b.name.ends_with("logits")) continue;
+        uint64_t & l = b.name.starts_with("teacher.") ? teacher : student;
+        l = std::max<uint64_t>(l, b.bytes);
+    }
+    const uint64_t logits = student + teacher;
     const int rows = auto_chunk_rows(int64_t(eo.B) * eo.T);
     if (logits < kAutoChunkMinBytes || 4 * logits < plans.reserved().total() || rows >= eo.B * eo.T) return 0;
     return rows;

@@ -210,13 +210,14 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     // holds all m micro-batches' (a huge m is memory too).
     const uint64_t batch = 12 * rows * uint64_t(L.pp > 1 ? c.grad_accum : 1);
     m.device[Category::activations] = kept + grads + lora_grads + rc / tp + logits + 2 * BTC + sent + batch;
+    uint64_t teacher_logits = 0;   // a distillation teacher's logits chunk, beside the student's
     if (const DistillPlan * dp = c.distill_plan.get()) {
         // The teacher's weights; and live with the student's kept activations through the loss,
         // its final norm's output, its logits chunk and the loss's two floats per row.
         const ModelConfig & t = *dp->opts.teacher;
         m.device[Category::teacher] = dp->weight_bytes(c.compute);
-        m.device[Category::activations] += rows * uint64_t(t.n_embd) * s + logit_rows * uint64_t(t.vocab_size) * 4 +
-                                           2 * logit_rows * 4;
+        teacher_logits = logit_rows * uint64_t(t.vocab_size) * 4;
+        m.device[Category::activations] += rows * uint64_t(t.n_embd) * s + teacher_logits + 2 * logit_rows * 4;
     }
     if (L.pp > 1) comm += 2 * BTC / (L.sp ? tp : 1);
     m.device[Category::communication] = comm;
@@ -224,9 +225,16 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     m.device[Category::workspace] = hw.name == "cpu" ? 0 : kGemmWorkspace + dequant;
     // --loss-chunk auto: the engine's rule (plan/fit.h) on these numbers.
     if (c.loss_chunk < 0 && L.pp == 1) {
-        const uint64_t chunked = uint64_t(auto_chunk_rows(int64_t(rows))) * uint64_t(cfg.vocab_size) * 4 / tp;
-        if (logits >= kAutoChunkMinBytes && 4 * logits >= m.device.total() && chunked < logits)
+        const uint64_t chunk_rows = uint64_t(auto_chunk_rows(int64_t(rows)));
+        const uint64_t chunked = chunk_rows * uint64_t(cfg.vocab_size) * 4 / tp;
+        const uint64_t both = logits + teacher_logits;
+        if (both >= kAutoChunkMinBytes && 4 * both >= m.device.total() && chunked < logits) {
             m.device[Category::activations] -= logits - chunked;
+            if (teacher_logits) {   // the teacher's chunk and the loss's per-row floats shrink alike
+                m.device[Category::activations] -= teacher_logits - teacher_logits / rows * chunk_rows;
+                m.device[Category::activations] -= 2 * (rows - chunk_rows) * 4;
+            }
+        }
     }
     m.device[Category::runtime] = hw.memory - hw.usable;
     m.loaded = L.pp == 1 ? (L.devices() == 1 ? "the only device" : "every device alike") : "the first pipeline stage";
