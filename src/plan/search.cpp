@@ -194,7 +194,6 @@ SearchReport search_plans(const PlanRequest & r) {
                 for (Offload off : fixed_or(r.offload, offloads)) {
                     if (off == Offload::optimizer_params && zero < 3 && !r.offload) continue;
                     if (pp > 1 && zero >= 2 && !r.zero) continue;   // ZeRO-2/3 with pipelines: not searched
-                    if (cfg.share_layers > 1 && zero >= 3) continue;   // shared blocks: ZeRO 0 to 2 (run/compat.h)
                     if (packed && (zero >= 3 || off == Offload::optimizer_params)) continue;
                     for (bool sp : fixed_or(r.sp, tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})) {
                         Layout L;

@@ -409,9 +409,16 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
     const int norm_slot = nb + 2 * ng, params_slot = norm_slot + 1;
     // ZeRO 3: gathers in flight; each is waited for (once) before its weights are read.
     std::vector<char> started(size_t(2 * ng), 0);
+    std::vector<char> waited(size_t(2 * ng), 0);
+    // Group q holds layer l's weights: its own layer's, or (shared blocks) every layer of its group,
+    // gathered at the group's first use in each direction and kept until its last.
+    auto serves = [&](const Group & q, int layer) {
+        return q.layer == layer ||
+               (q.layer >= 0 && layer >= 0 && cfg_.stored_block(layer) == cfg_.stored_block(q.layer));
+    };
     auto gather = [&](Graph & gg, int layer, bool backward) {
         for (int j = 0; j < ng; ++j)
-            if (groups_[size_t(j)].layer == layer && !started[size_t(j + (backward ? ng : 0))]) {
+            if (serves(groups_[size_t(j)], layer) && !started[size_t(j + (backward ? ng : 0))]) {
                 started[size_t(j + (backward ? ng : 0))] = 1;
                 zero3_gather(gg, size_t(j), backward, nb + j + (backward ? ng : 0));
             }
@@ -420,7 +427,9 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
         gather(gg, layer, backward);
         for (int j = 0; j < ng; ++j) {
             const Group & q = groups_[size_t(j)];
-            if (q.layer == layer) gg.comm_wait(nb + j + (backward ? ng : 0), {Tensor(backward ? q.bwd : q.fwd, compute_, {1})});
+            if (!serves(q, layer) || waited[size_t(j + (backward ? ng : 0))]) continue;
+            waited[size_t(j + (backward ? ng : 0))] = 1;
+            gg.comm_wait(nb + j + (backward ? ng : 0), {Tensor(backward ? q.bwd : q.fwd, compute_, {1})});
         }
     };
     // Reductions in flight (all-reduces, or ZeRO >= 2's reduce-scatters into the shard), finished
