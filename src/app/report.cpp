@@ -95,6 +95,12 @@ std::vector<std::string> make_hints(const Engine & engine, const std::vector<Rep
         mo.recompute = parse_recompute("full", L);
         replan("--recompute full", step.B(), mo, ": only each layer's input is kept for backward");
     }
+    if (eo.distill.enabled() && !eo.distill.quantized()) {
+        ModelOptions mo = eo.model();
+        mo.distill.weights = BaseWeights::nf4;
+        replan("--teacher-weights nf4", step.B(), mo,
+               ": the teacher's block projections in 4 bits, as a QLoRA base (it only runs forward)");
+    }
     if (step.B() > 1)
         replan(fmt::format("--micro-batch {}", step.B() / 2), step.B() / 2, eo.model(),
                " (the global batch halves unless two micro-batches are accumulated)");
