@@ -33,6 +33,8 @@ TEST(Cli, DistillFromAnExportedTeacher) {
     EXPECT_NE(s.out.find("teacher " + thf.string()), std::string::npos) << s.out;
     EXPECT_NE(s.out.find("(1 - 0.7) x cross-entropy + 0.7 x T^2 x KL at T = 2"), std::string::npos) << s.out;
     EXPECT_NE(s.out.find("  teacher "), std::string::npos) << "the plan's teacher row: " << s.out;
+    EXPECT_NE((s.out + s.err).find("hint: --teacher-weights nf4 would lower the planned peak"), std::string::npos)
+        << s.out << s.err;
     // The same run with the teacher packed to int8: fewer teacher bytes in the plan.
     const CmdResult q = run_memfit(common + "--progress plain --model nano --steps 1 --teacher " + thf.string() +
                                    " --teacher-weights int8 --out " + scratch("distill_int8").string());
