@@ -65,7 +65,10 @@ TEST(TiledMlp, EqualsTheWholeMlpUnderEveryPolicy) {
                 double worst = 0;
                 for (size_t i = 0; i < whole.params.size(); ++i)
                     worst = std::max(worst, double(std::fabs(tiled.params[i] - whole.params[i])));
-                EXPECT_LT(worst, 2e-6);
+                // The chunked weight gradients sum in another order than the whole gemm's (which order
+                // depends on the CPU's oneDNN kernels: 3.0e-6 on an AVX2-only Zen 3, under 2e-6 with
+                // AVX-512), and AdamW's normalised steps carry it: 1% of one step's lr.
+                EXPECT_LT(worst, 1e-5);
                 // Keeping the MLP's intermediates (none, selective) costs more than tiles do.
                 if (std::string(rc) == "none") {
                     EXPECT_LT(tiled.activations, whole.activations);
