@@ -16,6 +16,20 @@
 
 namespace memfit {
 
+namespace {
+
+// A frozen storage named by a precision (bf16, fp16, fp32; `compute` is the run's own) keeps the
+// weights in the compute dtype, so it must be the run's precision.
+void check_frozen_precision(const char * flag, const std::string & value, const char * what, BaseWeights b,
+                            const RunConfig & r, DType compute) {
+    if (b != BaseWeights::compute || value == "compute" || r.precision_auto || parse_precision(value) == compute) return;
+    throw ConfigError(fmt::format("{} {} keeps {} in the compute precision, which is {}; add --precision {} (or use "
+                                  "int8 / nf4 / sparse24)",
+                                  flag, value, what, precision_name(compute), value));
+}
+
+}  // namespace
+
 LoraOptions lora_options(const RunConfig & r, const ModelConfig & cfg, DType compute) {
     const LoraConfig & s = r.lora;
     LoraOptions l;
@@ -33,11 +47,7 @@ LoraOptions lora_options(const RunConfig & r, const ModelConfig & cfg, DType com
                                       cfg.n_embd));
     if (!(s.alpha > 0) || !std::isfinite(s.alpha))
         throw ConfigError(fmt::format("--lora-alpha {}: must be positive", s.alpha));
-    if (base == BaseWeights::compute && s.base_weights != "compute" && !r.precision_auto &&
-        parse_precision(s.base_weights) != compute)
-        throw ConfigError(fmt::format("--base-weights {} keeps the frozen base in the compute precision, which is {}; "
-                                      "add --precision {} (or use int8 / nf4 / sparse24)",
-                                      s.base_weights, precision_name(compute), s.base_weights));
+    check_frozen_precision("--base-weights", s.base_weights, "the frozen base", base, r, compute);
     l.rank = s.rank;
     l.alpha = s.alpha;
     l.targets = parse_lora_targets(cfg, s.targets);
@@ -63,11 +73,7 @@ DistillOptions distill_options(const RunConfig & r, const ModelConfig & cfg, DTy
         throw ConfigError(fmt::format("--distill-alpha {}: must be from 0 to 1", s.alpha));
     if (!(s.temperature > 0) || !std::isfinite(s.temperature))
         throw ConfigError(fmt::format("--distill-temperature {}: must be a positive number", s.temperature));
-    if (weights == BaseWeights::compute && s.weights != "compute" && !r.precision_auto &&
-        parse_precision(s.weights) != compute)
-        throw ConfigError(fmt::format("--teacher-weights {} keeps the teacher in the compute precision, which is {}; "
-                                      "add --precision {} (or use int8 / nf4)",
-                                      s.weights, precision_name(compute), s.weights));
+    check_frozen_precision("--teacher-weights", s.weights, "the teacher", weights, r, compute);
     d.teacher = resolve_model(s.teacher);
     if (d.teacher->vocab_size == 0) d.teacher->vocab_size = cfg.vocab_size;   // a preset learns it from the data
     d.alpha = s.alpha;
