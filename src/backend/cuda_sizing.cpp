@@ -23,9 +23,18 @@ size_t cuda_flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH) {
     return size_t(B) * size_t(NH) * size_t(T) * sizeof(float);
 }
 
+int64_t cuda_qgemm_tile_rows(const QuantDesc & q) {
+    // About 4 Mi elements (8 MiB in bf16: a few times the gemm's own working set, so the tiles'
+    // gemms stay large), in whole multiples of 8 rows so that every tile of packed 4-bit or 2:4
+    // weights starts on a code word; the whole matrix when it is smaller.
+    constexpr int64_t kTileElems = int64_t(1) << 22;
+    const int64_t rows = std::max<int64_t>(8, kTileElems / std::max<int64_t>(1, q.in) / 8 * 8);
+    return std::min(rows, q.out);
+}
+
 size_t cuda_qgemm_workspace(const QuantDesc & q, int64_t M, DType act) {
     (void) M;
-    return size_t(q.out) * size_t(q.in) * dtype_size(act);
+    return align_up(size_t(cuda_qgemm_tile_rows(q)) * size_t(q.in) * dtype_size(act), 256);
 }
 
 std::string cuda_flash_attention_refusal(int head_dim) {

@@ -17,8 +17,10 @@ namespace memfit {
 size_t cuda_gemm_workspace(const GemmDesc & d);
 // flash_attention_bwd's scratch.
 size_t cuda_flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH);
-// qgemm's scratch: the dequantized weight W' [out, in] in the activations' dtype.
+// qgemm's scratch: one tile of cuda_qgemm_tile_rows(q) rows of the dequantized weight W' [out, in]
+// in the activations' dtype (the product runs tile by tile, never on the whole W').
 size_t cuda_qgemm_workspace(const QuantDesc & q, int64_t M, DType act);
+int64_t cuda_qgemm_tile_rows(const QuantDesc & q);
 // The flash kernels' head dimensions (kernels_flash.cu instantiates these): 32, 64, 96, 128.
 std::string cuda_flash_attention_refusal(int head_dim);
 

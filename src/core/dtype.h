@@ -99,4 +99,23 @@ template <> inline f16_t from_f32<f16_t>(float f) {
 inline uint16_t f32_to_f16(float f) { return from_f32<f16_t>(f).bits; }
 inline float f16_to_f32(uint16_t u) { return to_f32(f16_t{u}); }
 
+// n fp32 values stored as `t` (f32, bf16 or f16) into dst (n * dtype_size(t) bytes), rounded
+// as the kernels round; and back, widened exactly. Host memory: what a device upload is made of.
+inline void narrow_f32(void * dst, const float * src, size_t n, DType t) {
+    if (t == DType::f32) {
+        std::memcpy(dst, src, n * 4);
+        return;
+    }
+    auto * d = static_cast<uint16_t *>(dst);
+    for (size_t i = 0; i < n; ++i) d[i] = t == DType::bf16 ? f32_to_bf16(src[i]) : f32_to_f16(src[i]);
+}
+inline void widen_to_f32(float * dst, const void * src, size_t n, DType t) {
+    if (t == DType::f32) {
+        std::memcpy(dst, src, n * 4);
+        return;
+    }
+    const auto * s = static_cast<const uint16_t *>(src);
+    for (size_t i = 0; i < n; ++i) dst[i] = t == DType::bf16 ? bf16_to_f32(s[i]) : f16_to_f32(s[i]);
+}
+
 }  // namespace memfit

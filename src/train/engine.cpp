@@ -320,8 +320,9 @@ std::vector<uint8_t> Engine::export_frozen() const {
     std::vector<uint8_t> out;
     for (BufferId b : {st.base, st.base_q, st.teacher, st.teacher_q}) {
         if (b < 0) continue;
-        const auto * p = static_cast<const uint8_t *>(train_mem_->base(b));
-        out.insert(out.end(), p, p + st.program().buffer(b).bytes);
+        const size_t at = out.size();
+        out.resize(at + st.program().buffer(b).bytes);
+        backend_.download(out.data() + at, train_mem_->base(b), out.size() - at);   // a memcpy on the CPU
     }
     return out;
 }
@@ -333,7 +334,7 @@ void Engine::import_frozen(const std::vector<uint8_t> & bytes) {
         if (b < 0) continue;
         const size_t n = st.program().buffer(b).bytes;
         MF_ASSERT(off + n <= bytes.size());
-        std::memcpy(train_mem_->base(b), bytes.data() + off, n);
+        backend_.upload(train_mem_->base(b), bytes.data() + off, n);
         off += n;
     }
     MF_ASSERT(off == bytes.size());

@@ -156,13 +156,7 @@ void Engine::set_params(const float * whole) {
     // The whole compute-precision copy from the caller's weights: no communication.
     if (!backend_.host_memory()) {   // rounded here, then uploaded
         std::vector<uint8_t> bytes(sh.total * dtype_size(t.compute()));
-        for (size_t i = 0; i < sh.total; ++i) {
-            if (t.compute() == DType::f32) std::memcpy(bytes.data() + 4 * i, full + i, 4);
-            else {
-                const uint16_t h = t.compute() == DType::bf16 ? f32_to_bf16(full[i]) : f32_to_f16(full[i]);
-                std::memcpy(bytes.data() + 2 * i, &h, 2);
-            }
-        }
+        narrow_f32(bytes.data(), full, sh.total, t.compute());
         backend_.upload(train_mem_->base(t.params), bytes.data(), bytes.size());
         return;
     }

@@ -232,28 +232,44 @@ void CudaBackend::gemm(const GemmDesc & d, Tensor c, Tensor a, Tensor b, Tensor 
     st_->gemm->run(st_->stream, d, c, a, b, bias, workspace);
 }
 
-// QLoRA's frozen base: W' dequantized whole into the workspace, then one gemm.
+// QLoRA's frozen base (and a quantized decoder's projections): W' is dequantized tile by tile
+// (cuda_qgemm_tile_rows rows) into the workspace and each tile multiplied at once, never whole.
+// Forward: y[:, o0:o0+R] = x . tile^T (+ bias[o0:o0+R]), a column slice of y (ldc = out).
+// Backward: dx (+)= dy[:, o0:o0+R] . tile, over the tiles in turn (dy read with lda = out).
 void CudaBackend::qgemm_fwd(const QuantDesc & q, Tensor y, Tensor x, Tensor packed, Tensor bias, Tensor workspace) {
     MF_ASSERT(workspace.data != nullptr && workspace.nbytes() >= cuda_qgemm_workspace(q, x.rows(), x.dtype));
-    Tensor w(-1, x.dtype, {q.out, q.in});
-    w.data = workspace.data;
-    cuda::dequantize(st_->stream, q, w, packed);
-    GemmDesc d;
-    d.M = x.rows(), d.N = q.out, d.K = q.in, d.trans_b = true, d.bias = bias.valid();
-    d.a = x.dtype, d.b = x.dtype, d.c = y.dtype;
-    st_->gemm->run(st_->stream, d, y, x, w, bias, Tensor{});
+    const int64_t R = cuda_qgemm_tile_rows(q), es = int64_t(dtype_size(y.dtype));
+    for (int64_t o0 = 0; o0 < q.out; o0 += R) {
+        const int64_t rows = std::min(R, q.out - o0);
+        Tensor w(-1, x.dtype, {rows, q.in});
+        w.data = workspace.data;
+        cuda::dequantize(st_->stream, q, w, packed, o0);
+        GemmDesc d;
+        d.M = x.rows(), d.N = rows, d.K = q.in, d.trans_b = true, d.bias = bias.valid();
+        d.a = x.dtype, d.b = x.dtype, d.c = y.dtype;
+        Tensor yt = y, bt = bias;
+        yt.data = static_cast<uint8_t *>(y.data) + o0 * es;
+        if (bias.valid()) bt.data = static_cast<uint8_t *>(bias.data) + o0 * int64_t(dtype_size(bias.dtype));
+        st_->gemm->run(st_->stream, d, yt, x, w, bt, Tensor{}, q.out);
+    }
 }
 
 void CudaBackend::qgemm_bwd(const QuantDesc & q, Tensor dx, Tensor dy, Tensor packed, bool accumulate,
                             Tensor workspace) {
     MF_ASSERT(workspace.data != nullptr && workspace.nbytes() >= cuda_qgemm_workspace(q, dy.rows(), dy.dtype));
-    Tensor w(-1, dy.dtype, {q.out, q.in});
-    w.data = workspace.data;
-    cuda::dequantize(st_->stream, q, w, packed);
-    GemmDesc d;
-    d.M = dy.rows(), d.N = q.in, d.K = q.out, d.accumulate = accumulate;
-    d.a = dy.dtype, d.b = dy.dtype, d.c = dx.dtype;
-    st_->gemm->run(st_->stream, d, dx, dy, w, Tensor{}, Tensor{});
+    const int64_t R = cuda_qgemm_tile_rows(q), es = int64_t(dtype_size(dy.dtype));
+    for (int64_t o0 = 0; o0 < q.out; o0 += R) {
+        const int64_t rows = std::min(R, q.out - o0);
+        Tensor w(-1, dy.dtype, {rows, q.in});
+        w.data = workspace.data;
+        cuda::dequantize(st_->stream, q, w, packed, o0);
+        GemmDesc d;
+        d.M = dy.rows(), d.N = q.in, d.K = rows, d.accumulate = accumulate || o0 > 0, d.lda = q.out;
+        d.a = dy.dtype, d.b = dy.dtype, d.c = dx.dtype;
+        Tensor dyt = dy;
+        dyt.data = static_cast<uint8_t *>(dy.data) + o0 * es;
+        st_->gemm->run(st_->stream, d, dx, dyt, w, Tensor{}, Tensor{});
+    }
 }
 
 void CudaBackend::quantize(const QuantDesc & q, void * packed, const float * W) const {

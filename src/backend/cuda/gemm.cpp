@@ -50,7 +50,7 @@ struct Plan {
 };
 
 using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, bool, int, int, int, size_t, uint32_t, uint32_t,
-                       uint32_t, uint32_t>;
+                       uint32_t, uint32_t, int64_t, int64_t>;
 
 }  // namespace
 
@@ -59,9 +59,10 @@ struct Gemm::Impl {
     std::map<Key, std::unique_ptr<Plan>> plans;
 
     Plan & plan(const GemmDesc & d, bool bias, size_t ws, const void * a, const void * b, const void * c,
-                const void * bias_p) {
+                const void * bias_p, int64_t ldc) {
+        const int64_t lda = gemm_lda(d);
         const Key key{d.M, d.N, d.K, d.trans_a, d.trans_b, bias, int(d.a), int(d.b), int(d.c), ws,
-                      alignment(a), alignment(b), alignment(c), bias ? alignment(bias_p) : 256u};
+                      alignment(a), alignment(b), alignment(c), bias ? alignment(bias_p) : 256u, lda, ldc};
         auto it = plans.find(key);
         if (it != plans.end()) return *it->second;
         auto p = std::make_unique<Plan>();
@@ -78,13 +79,13 @@ struct Gemm::Impl {
             MF_CUBLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
         }
         // Column-major shapes of the stored matrices: our B is [N,K] ld N (or [K,N] ld K
-        // transposed), our A [K,M] ld K (or [M,K] ld M), our C [N,M] ld N.
+        // transposed), our A [K,M] ld lda (or [M,K] ld lda), our C [N,M] ld ldc (packed: K, M, N).
         const uint64_t N = uint64_t(d.N), M = uint64_t(d.M), K = uint64_t(d.K);
         MF_CUBLAS(d.trans_b ? cublasLtMatrixLayoutCreate(&p->la, cuda_type(d.b), K, N, int64_t(K))
                             : cublasLtMatrixLayoutCreate(&p->la, cuda_type(d.b), N, K, int64_t(N)));
-        MF_CUBLAS(d.trans_a ? cublasLtMatrixLayoutCreate(&p->lb, cuda_type(d.a), M, K, int64_t(M))
-                            : cublasLtMatrixLayoutCreate(&p->lb, cuda_type(d.a), K, M, int64_t(K)));
-        MF_CUBLAS(cublasLtMatrixLayoutCreate(&p->lc, cuda_type(d.c), N, M, int64_t(N)));
+        MF_CUBLAS(d.trans_a ? cublasLtMatrixLayoutCreate(&p->lb, cuda_type(d.a), M, K, lda)
+                            : cublasLtMatrixLayoutCreate(&p->lb, cuda_type(d.a), K, M, lda));
+        MF_CUBLAS(cublasLtMatrixLayoutCreate(&p->lc, cuda_type(d.c), N, M, ldc));
 
         cublasLtMatmulPreference_t pref = nullptr;
         MF_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
@@ -118,8 +119,10 @@ Gemm::~Gemm() {
     if (impl_->handle) cublasLtDestroy(impl_->handle);
 }
 
-void Gemm::run(cudaStream_t s, const GemmDesc & d, Tensor c, Tensor a, Tensor b, Tensor bias, Tensor workspace) {
+void Gemm::run(cudaStream_t s, const GemmDesc & d, Tensor c, Tensor a, Tensor b, Tensor bias, Tensor workspace,
+               int64_t ldc) {
     MF_ASSERT(!(d.bias && d.accumulate));
+    if (ldc == 0) ldc = d.N;
     if (d.M == 0 || d.N == 0) return;
     // cuBLASLt takes A and B of one dtype and C of theirs or f32; the bias epilogue adds a
     // vector of C's dtype here. Other mixes (and K = 0) take the plain kernel. The alignment
@@ -128,13 +131,13 @@ void Gemm::run(cudaStream_t s, const GemmDesc & d, Tensor c, Tensor a, Tensor b,
     const bool lt = d.a == d.b && (d.c == d.a || d.c == DType::f32) && d.K > 0 &&
                     (!d.bias || (d.b == d.c && alignment(bias.data) >= 16));
     if (!lt) {
-        gemm_simple(s, d, c, a, b, bias);
+        gemm_simple(s, d, c, a, b, bias, ldc);
         return;
     }
     const size_t ws = workspace.valid() ? workspace.nbytes() : 0;
-    Plan & p = impl_->plan(d, d.bias, ws, a.data, b.data, c.data, bias.data);
+    Plan & p = impl_->plan(d, d.bias, ws, a.data, b.data, c.data, bias.data, ldc);
     if (!p.usable) {
-        gemm_simple(s, d, c, a, b, bias);
+        gemm_simple(s, d, c, a, b, bias, ldc);
         return;
     }
     if (d.bias)

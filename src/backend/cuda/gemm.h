@@ -16,8 +16,10 @@ public:
     ~Gemm();
     Gemm(const Gemm &) = delete;
     Gemm & operator=(const Gemm &) = delete;
-    // GemmDesc's contract (backend.h), row-major. workspace may be invalid (no split-K).
-    void run(cudaStream_t s, const GemmDesc & d, Tensor c, Tensor a, Tensor b, Tensor bias, Tensor workspace);
+    // GemmDesc's contract (backend.h), row-major. workspace may be invalid (no split-K). A's rows
+    // are d.lda apart when set, C's ldc apart when not 0 (a column slice of a wider matrix).
+    void run(cudaStream_t s, const GemmDesc & d, Tensor c, Tensor a, Tensor b, Tensor bias, Tensor workspace,
+             int64_t ldc = 0);
 
 private:
     struct Impl;
@@ -25,6 +27,6 @@ private:
 };
 
 // C (+)= op(A) op(B) (+ bias) by one thread per element of C, any float dtypes: the fallback.
-void gemm_simple(cudaStream_t s, const GemmDesc & d, Tensor c, Tensor a, Tensor b, Tensor bias);
+void gemm_simple(cudaStream_t s, const GemmDesc & d, Tensor c, Tensor a, Tensor b, Tensor bias, int64_t ldc = 0);
 
 }  // namespace memfit::cuda

@@ -20,27 +20,29 @@ __device__ __forceinline__ void store_any(void * p, DType t, int64_t i, float f)
     else static_cast<float *>(p)[i] = f;
 }
 
-__global__ void gemm_simple_kernel(void * c, const void * a, const void * b, const void * bias, GemmDesc d) {
+__global__ void gemm_simple_kernel(void * c, const void * a, const void * b, const void * bias, GemmDesc d,
+                                   int64_t ldc) {
     const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (n >= d.N) return;
+    const int64_t lda = gemm_lda(d);
     for (int64_t m = blockIdx.y; m < d.M; m += gridDim.y) {
         float sum = 0.0f;
         for (int64_t k = 0; k < d.K; ++k) {
-            const float x = load_any(a, d.a, d.trans_a ? k * d.M + m : m * d.K + k);
+            const float x = load_any(a, d.a, d.trans_a ? k * lda + m : m * lda + k);
             const float y = load_any(b, d.b, d.trans_b ? n * d.K + k : k * d.N + n);
             sum += x * y;
         }
         if (bias) sum += load_any(bias, d.b, n);
-        const int64_t at = m * d.N + n;
+        const int64_t at = m * ldc + n;
         store_any(c, d.c, at, d.accumulate ? load_any(c, d.c, at) + sum : sum);
     }
 }
 
 }  // namespace
 
-void gemm_simple(cudaStream_t s, const GemmDesc & d, Tensor c, Tensor a, Tensor b, Tensor bias) {
+void gemm_simple(cudaStream_t s, const GemmDesc & d, Tensor c, Tensor a, Tensor b, Tensor bias, int64_t ldc) {
     const dim3 grid(grid_for(d.N, 128), unsigned(d.M < 65535 ? d.M : 65535));
-    gemm_simple_kernel<<<grid, 128, 0, s>>>(c.data, a.data, b.data, d.bias ? bias.data : nullptr, d);
+    gemm_simple_kernel<<<grid, 128, 0, s>>>(c.data, a.data, b.data, d.bias ? bias.data : nullptr, d, ldc ? ldc : d.N);
     MF_CUDA_LAUNCHED();
 }
 

@@ -66,9 +66,10 @@ void adamw_8bit(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, T
                 Tensor norm_sq, Tensor param_copy, const AdamWHyper & h);
 void sgd(cudaStream_t s, Tensor param, Tensor grad, Tensor buf, Tensor norm_sq, Tensor param_copy, const AdamWHyper & h);
 
-// kernels_quant.cu: W' [q.out, q.in] (dtype of `w`: f32, bf16 or f16), written, from the packed
-// bytes of backend/quant_format.h (device memory).
-void dequantize(cudaStream_t s, const QuantDesc & q, Tensor w, Tensor packed);
+// kernels_quant.cu: rows row0 .. row0 + w.numel() / q.in of W' [q.out, q.in] (dtype of `w`: f32,
+// bf16 or f16), written, from the packed bytes of backend/quant_format.h (device memory). For
+// nf4 and sparse24 the tile starts and ends on a multiple of 8 elements.
+void dequantize(cudaStream_t s, const QuantDesc & q, Tensor w, Tensor packed, int64_t row0 = 0);
 
 // kernels_attention.cu: the naive (T x T probabilities saved) causal attention (within
 // documents: the probabilities are 0 outside), and attention over a KV cache.

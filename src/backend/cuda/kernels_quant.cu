@@ -1,6 +1,6 @@
 // CUDA kernels: dequantization of the packed frozen-weight formats (backend/quant_format.h: the
-// layouts, and the host reference, quant_format.cpp's dequantize_rows). W' [out, in] is
-// written in w's dtype: the CPU's fp32 value of every element, rounded once.
+// layouts, and the host reference, quant_format.cpp's dequantize_rows). W' [out, in], or a tile
+// of its rows (qgemm's), is written in w's dtype: the CPU's fp32 value of every element, rounded once.
 //   int8:   one block per output row; scale * q (4 codes per thread-step when in % 4 == 0).
 //   nf4(+dq): one thread per 8 elements (one 32-bit word of codes; 8 divides the 64-blocks, so
 //           all 8 share one absmax); level[code] * absmax, absmax = q * s + mean with double
@@ -30,14 +30,16 @@ __device__ __forceinline__ float load_f32(const uint8_t * p) {
     return __uint_as_float(u);
 }
 
-// Grid out, block 256: row o of W' = q[o, :] * scale[o]. Vec: in % 4 == 0 and w aligned to 4
-// elements, so 4 codes are one 32-bit load and 4 outputs one store.
+// Grid rows, block 256: row o = row0 + blockIdx.x of W' = q[o, :] * scale[o], into w's row
+// blockIdx.x. Vec: in % 4 == 0 and w aligned to 4 elements, so 4 codes are one 32-bit load and 4
+// outputs one store.
 template <class T, bool Vec>
-__global__ void __launch_bounds__(256) int8_dequant_kernel(T * w, const uint8_t * packed, int64_t out, int64_t in) {
-    const int64_t o = blockIdx.x;
+__global__ void __launch_bounds__(256) int8_dequant_kernel(T * w, const uint8_t * packed, int64_t out, int64_t in,
+                                                           int64_t row0) {
+    const int64_t o = row0 + blockIdx.x;
     const float scale = load_f32(packed + size_t(out) * size_t(in) + size_t(o) * 4);
     const int8_t * q = reinterpret_cast<const int8_t *>(packed) + o * in;
-    T * d = w + o * in;
+    T * d = w + int64_t(blockIdx.x) * in;
     if constexpr (Vec) {
         for (int64_t k = threadIdx.x; k < in / 4; k += blockDim.x) {
             const char4 c = reinterpret_cast<const char4 *>(q)[k];
@@ -57,15 +59,18 @@ __global__ void __launch_bounds__(256) int8_dequant_kernel(T * w, const uint8_t 
     }
 }
 
-// Grid ceil(n / 8 / 256), block 256: thread k writes elements 8k .. 8k+7 from code word k. Vec: w
-// aligned to 16 bytes, so the 8 outputs are one or two 16-byte stores.
+// Grid ceil(m / 8 / 256), block 256: thread j writes elements 8j .. 8j+7 of w from code word
+// k = k0 + j of the n-element matrix (w holds its elements 8 k0 .. 8 k0 + m - 1). Vec: w aligned to
+// 16 bytes, so the 8 outputs are one or two 16-byte stores.
 template <class T, bool DQ, bool Vec>
-__global__ void __launch_bounds__(256) nf4_dequant_kernel(T * w, const uint8_t * packed, int64_t n, Nf4Levels lv) {
+__global__ void __launch_bounds__(256) nf4_dequant_kernel(T * w, const uint8_t * packed, int64_t n, int64_t k0,
+                                                          int64_t m, Nf4Levels lv) {
     __shared__ float levels[16];
     if (threadIdx.x < 16) levels[threadIdx.x] = lv.v[threadIdx.x];
     __syncthreads();
-    const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (k >= n / 8) return;
+    const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (j >= m / 8) return;
+    const int64_t k = k0 + j;
     const int64_t b = k / (kNf4Block / 8), nb = n / kNf4Block;
     const uint8_t * absmax = packed + n / 2;
     float a;
@@ -82,26 +87,29 @@ __global__ void __launch_bounds__(256) nf4_dequant_kernel(T * w, const uint8_t *
 #pragma unroll
     for (int e = 0; e < 8; ++e) f[e] = levels[(word >> (4 * e)) & 15u] * a;
     if constexpr (Vec && std::is_same_v<T, float>) {
-        reinterpret_cast<float4 *>(w)[2 * k] = make_float4(f[0], f[1], f[2], f[3]);
-        reinterpret_cast<float4 *>(w)[2 * k + 1] = make_float4(f[4], f[5], f[6], f[7]);
+        reinterpret_cast<float4 *>(w)[2 * j] = make_float4(f[0], f[1], f[2], f[3]);
+        reinterpret_cast<float4 *>(w)[2 * j + 1] = make_float4(f[4], f[5], f[6], f[7]);
     } else if constexpr (Vec) {
         uint4 u;
         T * e = reinterpret_cast<T *>(&u);
 #pragma unroll
         for (int i = 0; i < 8; ++i) e[i] = st<T>(f[i]);
-        reinterpret_cast<uint4 *>(w)[k] = u;
+        reinterpret_cast<uint4 *>(w)[j] = u;
     } else {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) w[8 * k + i] = st<T>(f[i]);
+        for (int i = 0; i < 8; ++i) w[8 * j + i] = st<T>(f[i]);
     }
 }
 
-// Grid ceil(n / 8 / 256), block 256: thread k writes elements 8k .. 8k+7 from groups 2k and 2k+1
-// (values 4k .. 4k+3, position byte k after the n bytes of values).
+// Grid ceil(m / 8 / 256), block 256: thread j writes elements 8j .. 8j+7 of w from groups 2k and
+// 2k+1, k = k0 + j, of the n-element matrix (values 4k .. 4k+3, position byte k after the n bytes
+// of values).
 template <class T>
-__global__ void __launch_bounds__(256) sparse24_dequant_kernel(T * w, const uint8_t * packed, int64_t n) {
-    const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (k >= n / 8) return;
+__global__ void __launch_bounds__(256) sparse24_dequant_kernel(T * w, const uint8_t * packed, int64_t n, int64_t k0,
+                                                               int64_t m) {
+    const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (j >= m / 8) return;
+    const int64_t k = k0 + j;
     const uint16_t * vals = reinterpret_cast<const uint16_t *>(packed) + 4 * k;
     const unsigned byte = packed[n + k];
     float f[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -112,16 +120,19 @@ __global__ void __launch_bounds__(256) sparse24_dequant_kernel(T * w, const uint
         f[4 * h + ((fields >> 2) & 3u)] = bf16_bits_to_f32(vals[2 * h + 1]);
     }
 #pragma unroll
-    for (int i = 0; i < 8; ++i) w[8 * k + i] = st<T>(f[i]);
+    for (int i = 0; i < 8; ++i) w[8 * j + i] = st<T>(f[i]);
 }
 
 bool aligned(const void * p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 }  // namespace
 
-void dequantize(cudaStream_t s, const QuantDesc & q, Tensor w, Tensor packed) {
-    const int64_t n = q.out * q.in;
-    MF_ASSERT(q.out > 0 && q.in > 0 && w.numel() == n && packed.data != nullptr);
+void dequantize(cudaStream_t s, const QuantDesc & q, Tensor w, Tensor packed, int64_t row0) {
+    const int64_t n = q.out * q.in, m = w.numel(), rows = m / q.in;
+    MF_ASSERT(q.out > 0 && q.in > 0 && m % q.in == 0 && row0 >= 0 && row0 + rows <= q.out && packed.data != nullptr);
+    const int64_t k0 = row0 * q.in / 8;   // the first code word (nf4) or group pair (sparse24)
+    MF_ASSERT((q.format == QuantFormat::int8 || ((row0 * q.in) % 8 == 0 && m % 8 == 0)) &&
+              "a tile of packed 4-bit or 2:4 weights starts and ends on 8 elements");
     MF_ASSERT(!packed.valid() || packed.nbytes() >= quant_bytes(q));
     MF_ASSERT(aligned(packed.data, 4) && "packed weights must be 4-byte aligned");
     const auto * pk = static_cast<const uint8_t *>(packed.data);
@@ -130,25 +141,25 @@ void dequantize(cudaStream_t s, const QuantDesc & q, Tensor w, Tensor packed) {
         T * out = ptr<T>(w);
         if (q.format == QuantFormat::sparse24) {
             MF_ASSERT(q.in % 4 == 0 && n % 8 == 0 && "sparse24 needs groups of 4 inputs");
-            sparse24_dequant_kernel<T><<<grid_for(n / 8, 256), 256, 0, s>>>(out, pk, n);
+            sparse24_dequant_kernel<T><<<grid_for(m / 8, 256), 256, 0, s>>>(out, pk, n, k0, m);
         } else if (q.format == QuantFormat::int8) {
-            MF_ASSERT(q.out <= INT32_MAX);
+            MF_ASSERT(rows <= INT32_MAX);
             if (q.in % 4 == 0 && aligned(out, 4 * sizeof(T)))
-                int8_dequant_kernel<T, true><<<unsigned(q.out), 256, 0, s>>>(out, pk, q.out, q.in);
+                int8_dequant_kernel<T, true><<<unsigned(rows), 256, 0, s>>>(out, pk, q.out, q.in, row0);
             else
-                int8_dequant_kernel<T, false><<<unsigned(q.out), 256, 0, s>>>(out, pk, q.out, q.in);
+                int8_dequant_kernel<T, false><<<unsigned(rows), 256, 0, s>>>(out, pk, q.out, q.in, row0);
         } else {
             MF_ASSERT(n % kNf4Block == 0 && "NF4 needs out*in to be a multiple of 64");
-            const unsigned grid = grid_for(n / 8, 256);
+            const unsigned grid = grid_for(m / 8, 256);
             const bool vec = aligned(out, 16);
             Nf4Levels lv;
             for (int i = 0; i < 16; ++i) lv.v[i] = kNf4Levels[i];
             if (q.format == QuantFormat::nf4_dq) {
-                if (vec) nf4_dequant_kernel<T, true, true><<<grid, 256, 0, s>>>(out, pk, n, lv);
-                else nf4_dequant_kernel<T, true, false><<<grid, 256, 0, s>>>(out, pk, n, lv);
+                if (vec) nf4_dequant_kernel<T, true, true><<<grid, 256, 0, s>>>(out, pk, n, k0, m, lv);
+                else nf4_dequant_kernel<T, true, false><<<grid, 256, 0, s>>>(out, pk, n, k0, m, lv);
             } else {
-                if (vec) nf4_dequant_kernel<T, false, true><<<grid, 256, 0, s>>>(out, pk, n, lv);
-                else nf4_dequant_kernel<T, false, false><<<grid, 256, 0, s>>>(out, pk, n, lv);
+                if (vec) nf4_dequant_kernel<T, false, true><<<grid, 256, 0, s>>>(out, pk, n, k0, m, lv);
+                else nf4_dequant_kernel<T, false, false><<<grid, 256, 0, s>>>(out, pk, n, k0, m, lv);
             }
         }
         MF_CUDA_LAUNCHED();
