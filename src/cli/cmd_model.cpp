@@ -25,6 +25,7 @@
 #include "model/config.h"
 #include "model/hf_weights.h"
 #include "model/param_layout.h"
+#include "report/memory_report.h"
 #include "run/run_config.h"
 #include "tokenizer/tokenizer.h"
 #include "train/checkpoint.h"
@@ -81,7 +82,7 @@ void add_model_commands(CLI::App & app) {
     });
 
     static std::string gen_model, gen_prompt = "\n", gen_tokenizer, gen_weights = "fp32", gen_template = "auto",
-                       gen_system;
+                       gen_system, gen_device = "cpu";
     static bool gen_chat = false;
     static int gen_seq = 0, gen_threads = 0;
     static SampleOptions gen;
@@ -103,6 +104,9 @@ void add_model_commands(CLI::App & app) {
     g->add_option("--seed", gen.seed, "random seed")->capture_default_str()->check(kSeed);
     g->add_option("--seq", gen_seq, "KV cache positions (default: the prompt plus --max-new-tokens, at most the context the model was trained on, config.json's memfit_trained_context; more warns); when full, the last half of the context is re-run")->check(kNonNegative);
     g->add_option("--threads", gen_threads, "CPU threads (0: all cores)")->check(kNonNegative);
+    g->add_option("--device", gen_device, "where the decoder runs: cpu, or cuda (the first GPU; its weights, KV "
+                  "cache and activations planned exactly in device memory)")
+        ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
     g->add_flag("--chat", gen_chat, "the prompt is a user turn: rendered with the chat template (and --system), the "
                 "reply generated until the template's end-of-turn token");
     g->add_option("--chat-template", gen_template, "with --chat: auto (the tokenizer_config.json beside the "
@@ -133,7 +137,7 @@ void add_model_commands(CLI::App & app) {
                                           "nor gpt2 (50257); pass --tokenizer", gen_model, cfg.vocab_size));
         if (kind.empty()) kind = cfg.vocab_size == 256 ? "bytes" : "gpt2";
         const auto tok = make_tokenizer(kind, data_dir());
-        const std::unique_ptr<Backend> owned = make_backend("cpu");
+        const std::unique_ptr<Backend> owned = make_backend(gen_device);
         Backend & backend = *owned;
         std::string text = gen_prompt;
         if (gen_chat) {
@@ -195,6 +199,10 @@ void add_model_commands(CLI::App & app) {
                      decoder.capacity(), cfg.n_layer,
                      format_bytes(plan[Category::activations] - decoder.kv_cache_bytes()).c_str(),
                      format_bytes(plan[Category::workspace]).c_str());
+        if (!backend.host_memory())
+            std::fprintf(stderr, "%s\n",
+                         format_device_memory(decoder.planned_reserved().total(), backend.runtime_bytes(),
+                                              backend.device_used_delta()).c_str());
     });
 
 }

@@ -56,7 +56,7 @@ Decoder::Decoder(const ModelConfig & cfg, Backend & backend, int capacity, DType
     if (quant) quant_ = make_quant_layout(cfg, *quant);
     dense_ = quant ? memfit::dense_layout(cfg, quant_) : layout_;
     step_ = std::make_unique<Pass>(cfg_, dense_, quant_, 1, capacity_, rows_, compute_, backend_);
-    step_->memory = std::make_unique<StepMemory>(step_->program, step_->plan, ledger_, host_allocator());
+    step_->memory = std::make_unique<StepMemory>(step_->program, step_->plan, ledger_, backend_.allocator());
 }
 
 Decoder::~Decoder() = default;
@@ -84,7 +84,8 @@ Decoder::Pass & Decoder::program_for(int n) {
     auto it = prefill_.find(n);
     if (it != prefill_.end()) return *it->second;
     auto p = std::make_unique<Pass>(cfg_, dense_, quant_, n, capacity_, rows_, compute_, backend_);
-    p->memory = std::make_unique<StepMemory>(p->program, p->plan, ledger_, host_allocator(), false, step_->memory.get());
+    p->memory = std::make_unique<StepMemory>(p->program, p->plan, ledger_, backend_.allocator(), false,
+                                             step_->memory.get());
     return *prefill_.emplace(n, std::move(p)).first->second;
 }
 
@@ -92,11 +93,15 @@ const float * Decoder::run(Pass & p, const int32_t * tokens, int pos0) {
     for (int i = 0; i < p.n; ++i)
         if (tokens[i] < 0 || tokens[i] >= cfg_.vocab_size)
             throw FormatError(fmt::format("token {} is outside the vocabulary of {}", tokens[i], cfg_.vocab_size));
-    std::memcpy(p.memory->base(p.tokens), tokens, size_t(p.n) * 4);
+    backend_.upload(p.memory->base(p.tokens), tokens, size_t(p.n) * 4);   // a memcpy on the CPU
     Graph g(p.program, *p.memory, backend_);
     p.run(g, pos0);
     MF_ASSERT(g.ops_issued() == p.program.num_ops());
-    return static_cast<const float *>(p.memory->base(p.model->logits().buffer));
+    const auto * logits = static_cast<const float *>(p.memory->base(p.model->logits().buffer));
+    if (backend_.host_memory()) return logits;
+    logits_.resize(size_t(cfg_.vocab_size));   // a device's logits, read back (synchronizes)
+    backend_.download(logits_.data(), logits, logits_.size() * sizeof(float));
+    return logits_.data();
 }
 
 const float * Decoder::prefill(const std::vector<int32_t> & tokens) {

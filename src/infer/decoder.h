@@ -14,6 +14,10 @@
 // chunks of at most kPrefillChunk tokens, so that a chunk's new keys never overwrite one the
 // chunk still reads. The caches' bytes are planned for those rows, whatever the context.
 //
+// On a device backend (`memfit generate --device cuda`) every buffer is device memory from the
+// backend's allocator, planned exactly as on the CPU; the prompt's tokens are uploaded and each
+// step's logits (V floats) downloaded, nothing else crosses.
+//
 // Quantized weights (`memfit generate --weights int8|nf4|sparse24`): the four block projections of
 // every layer are stored packed as a QLoRA base is (model/lora.h: make_quant_layout, always [out, in]),
 // in a second persistent buffer "parameters.quantized"; embeddings, norms, biases and the head
@@ -94,6 +98,7 @@ private:
     Ledger ledger_;
     std::unique_ptr<Pass> step_;                    // n = 1; owns the persistent buffers
     std::map<int, std::unique_ptr<Pass>> prefill_; // by prompt length
+    std::vector<float> logits_;                     // on a device backend: the last logits, downloaded
     int pos_ = 0;
 };
 

@@ -21,6 +21,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "cuda/op_check.h"
 #include "model/config.h"
+#include "model/lora.h"
 #include "model/recompute.h"
 #include "model/sparsity.h"
 #include "test_util.h"
@@ -31,6 +32,7 @@ namespace {
 
 struct Trained {
     std::vector<float> losses, params;
+    std::vector<float> merged;   // LoRA: the base with the adapters folded in
     CategoryBytes planned_live, measured_live;
 };
 
@@ -53,6 +55,7 @@ Trained train(Backend & backend, const ModelConfig & cfg, EngineOptions eo, int 
         r.losses.push_back(engine.train_step(in.data(), tg.data(), h, eo.documents ? starts.data() : nullptr).loss);
     }
     r.params = engine.full_params();
+    if (eo.lora.enabled()) r.merged = engine.merged_weights();
     r.planned_live = engine.planned_peak_live();
     r.measured_live = engine.ledger().live_peak();
     return r;
@@ -80,6 +83,36 @@ CliRun run_memfit(const std::string & args) {
              std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>())};
     std::remove(out.c_str());
     return r;
+}
+
+// A scratch folder holding `bytes` of the bundled Shakespeare prepared with the bytes tokenizer
+// (dir/data).
+std::string prepared_dir(const std::string & tag, int bytes) {
+    const std::string dir = std::string(::testing::TempDir()) + "memfit_cuda_" + tag + "." + std::to_string(getpid());
+    const std::string prep = "rm -rf " + dir + " && mkdir -p " + dir + " && head -c " + std::to_string(bytes) + " " +
+                             test::env_or("MEMFIT_DATA_DIR", MEMFIT_DATA_DIR) + "/tinyshakespeare.txt > " + dir +
+                             "/text.txt && " + MEMFIT_BINARY + " prepare --tokenizer bytes --input " + dir +
+                             "/text.txt --out " + dir + "/data > /dev/null";
+    EXPECT_EQ(std::system(prep.c_str()), 0) << prep;
+    return dir;
+}
+
+// The per-step losses a run wrote to OUT/metrics.jsonl.
+std::vector<double> logged_losses(const std::string & out) {
+    std::ifstream metrics(out + "/metrics.jsonl");
+    std::vector<double> losses;
+    for (std::string line; std::getline(metrics, line);) {
+        const size_t at = line.find("\"loss\":");
+        if (at != std::string::npos) losses.push_back(std::stod(line.substr(at + 7)));
+    }
+    return losses;
+}
+
+// The device-memory line's "prediction off by P%" (NaN when the log has none).
+double prediction_off_pct(const std::string & log) {
+    const std::string mark = "(cudaMemGetInfo); prediction off by ";
+    const size_t at = log.find(mark);
+    return at == std::string::npos ? NAN : std::stod(log.substr(at + mark.size()));
 }
 
 struct Case { bool llama; DType dt; bool flash; const char * recompute; int accum; };
@@ -181,6 +214,41 @@ TEST(CudaEngine, DistillationMatchesTheCpuBackend) {
             for (int k = 0; k < kCategoryCount; ++k)
                 EXPECT_EQ(b.planned_live.v[size_t(k)], b.measured_live.v[size_t(k)]) << category_name(Category(k));
         }
+    }
+}
+
+// LoRA and QLoRA on the device: the frozen base in the compute dtype or packed (int8, nf4; the
+// product dequantizes it tile by tile into the workspace), adapter dropout, recomputation; the
+// CPU's steps, the merged weights, and the plan the bytes acquired.
+TEST(CudaEngine, LoraAndQloraMatchTheCpuBackend) {
+    MF_REQUIRE_GPU();
+    struct LoraCase { bool llama; DType dt; BaseWeights bw; float dropout; const char * targets; const char * rc; };
+    const LoraCase cases[] = {{true, DType::bf16, BaseWeights::compute, 0.1f, "all", "none"},
+                              {false, DType::f32, BaseWeights::nf4, 0.1f, "", "full"},
+                              {true, DType::f32, BaseWeights::int8, 0.0f, "q,v,down", "none"},
+                              {true, DType::bf16, BaseWeights::nf4, 0.05f, "all", "selective"}};
+    for (const LoraCase & c : cases) {
+        SCOPED_TRACE(std::string(c.llama ? "llama " : "gpt2 ") + std::string(dtype_name(c.dt)) + " base " +
+                     base_weights_name(c.bw) + " dropout " + std::to_string(c.dropout) + " " + c.rc);
+        const ModelConfig cfg = test::small_family(c.llama, 96, 128, 2, 4, 256, 64);
+        EngineOptions eo;
+        eo.B = 2, eo.T = 64, eo.with_eval = false, eo.compute = c.dt, eo.flash_attention = c.llama;
+        eo.recompute = parse_recompute(c.rc, cfg.n_layer);
+        eo.lora.rank = 4, eo.lora.alpha = 8, eo.lora.base = c.bw, eo.lora.dropout = c.dropout;
+        eo.lora.targets = parse_lora_targets(cfg, c.targets);
+        CpuBackend cpu;
+        const Trained a = train(cpu, cfg, eo, 3), b = train(*test::gpu(), cfg, eo, 3);
+        const double tol = c.dt == DType::f32 ? 1e-4 : 2e-2;
+        for (size_t s = 0; s < a.losses.size(); ++s)
+            EXPECT_LT(std::fabs(a.losses[s] - b.losses[s]) / std::fabs(a.losses[s]), tol) << "step " << s;
+        // A packed base's dequantization contracts its multiply-adds differently on the two backends.
+        EXPECT_LT(rel_diff(a.params, b.params), c.dt == DType::f32 && c.bw != BaseWeights::compute ? 1e-3 : tol);
+        EXPECT_LT(rel_diff(a.merged, b.merged), tol);
+        EXPECT_EQ(a.params.size(), b.params.size());
+        EXPECT_LT(b.params.size(), size_t(cfg.num_params()) / 4);   // the adapters alone train
+        EXPECT_GT(b.planned_live[Category::parameters], 0u);
+        for (int k = 0; k < kCategoryCount; ++k)
+            EXPECT_EQ(b.planned_live.v[size_t(k)], b.measured_live.v[size_t(k)]) << category_name(Category(k));
     }
 }
 
@@ -299,25 +367,14 @@ TEST(CudaCli, DeviceCudaWithoutAGpuIsOneClearError) {
 // device-memory line, whose prediction is within 2% of cudaMemGetInfo.
 TEST(CudaCli, TrainMatchesTheCpuAndReportsDeviceMemory) {
     MF_REQUIRE_GPU();
-    const std::string dir = std::string(::testing::TempDir()) + "memfit_cuda_cli." + std::to_string(getpid());
-    const std::string prep = "mkdir -p " + dir + " && head -c 60000 " + test::env_or("MEMFIT_DATA_DIR", MEMFIT_DATA_DIR) +
-                             "/tinyshakespeare.txt > " +
-                             dir + "/text.txt && " + MEMFIT_BINARY + " prepare --tokenizer bytes --input " + dir +
-                             "/text.txt --out " + dir + "/data > /dev/null";
-    ASSERT_EQ(std::system(prep.c_str()), 0) << prep;
+    const std::string dir = prepared_dir("cli", 60000);
     auto train = [&](const std::string & device) {
         const std::string out = dir + "/" + device;
         const CliRun r = run_memfit("train --model nano --data " + dir +
                                     "/data --batch 4 --seq 32 --steps 4 --lr 1e-3 --warmup 1 --log-every 1 --sample 0 "
                                     "--progress plain --device " + device + " --out " + out);
         EXPECT_EQ(r.code, 0) << r.text;
-        std::ifstream metrics(out + "/metrics.jsonl");
-        std::vector<double> losses;
-        for (std::string line; std::getline(metrics, line);) {
-            const size_t at = line.find("\"loss\":");
-            if (at != std::string::npos) losses.push_back(std::stod(line.substr(at + 7)));
-        }
-        return std::make_pair(r.text, losses);
+        return std::make_pair(r.text, logged_losses(out));
     };
     const auto [gpu_log, gpu_losses] = train("cuda");
     const auto [cpu_log, cpu_losses] = train("cpu");
@@ -326,11 +383,51 @@ TEST(CudaCli, TrainMatchesTheCpuAndReportsDeviceMemory) {
     for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(gpu_losses[i], cpu_losses[i], 1e-4 * cpu_losses[i]) << "step " << i + 1;
     EXPECT_NE(gpu_log.find("attention: naive (the CUDA flash-attention kernels take head dimensions"), std::string::npos)
         << gpu_log;
-    const std::string mark = "(cudaMemGetInfo); prediction off by ";
-    const size_t at = gpu_log.find(mark);
-    ASSERT_NE(at, std::string::npos) << gpu_log;
-    const double pct = std::stod(gpu_log.substr(at + mark.size()));
-    EXPECT_LE(std::fabs(pct), 2.0) << gpu_log;
+    EXPECT_LE(std::fabs(prediction_off_pct(gpu_log)), 2.0) << gpu_log;
+    std::system(("rm -rf " + dir).c_str());
+}
+
+// QLoRA end to end on the device: a base trained and exported on the CPU, adapters trained on its
+// nf4-packed weights with dropout (the CPU's losses, the device-memory line within 2%), and
+// `memfit generate --device cuda --weights nf4` writing the CPU's greedy text, its device memory
+// predicted within 2%.
+TEST(CudaCli, QloraTrainAndGenerateOnTheGpu) {
+    MF_REQUIRE_GPU();
+    const std::string dir = prepared_dir("qlora", 40000);
+    const std::string common = " --data " + dir + "/data --batch 4 --seq 32 --lr 1e-3 --warmup 1 --log-every 1 "
+                               "--sample 0 --progress plain ";
+    ASSERT_EQ(run_memfit("train --model nano --steps 6 --checkpoint-every 6" + common + "--out " + dir + "/base_run").code,
+              0);
+    ASSERT_EQ(run_memfit("export " + dir + "/base_run/checkpoints --out " + dir + "/base").code, 0);
+    std::vector<double> losses[2];
+    for (const int gpu : {0, 1}) {
+        const std::string out = dir + (gpu ? "/qlora_cuda" : "/qlora_cpu");
+        const CliRun r = run_memfit("train --model " + dir + "/base --steps 4 --lora-rank 4 --lora-targets all "
+                                    "--base-weights nf4 --lora-dropout 0.1" + common + "--device " +
+                                    (gpu ? "cuda" : "cpu") + " --out " + out);
+        EXPECT_EQ(r.code, 0) << r.text;
+        losses[gpu] = logged_losses(out);
+        if (gpu) {
+            EXPECT_LE(std::fabs(prediction_off_pct(r.text)), 2.0) << r.text;
+        }
+    }
+    ASSERT_EQ(losses[0].size(), 4u);
+    ASSERT_EQ(losses[1].size(), 4u);
+    for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(losses[1][i], losses[0][i], 1e-3 * losses[0][i]) << "step " << i + 1;
+    std::string text[2];
+    for (const int gpu : {0, 1}) {
+        const CliRun r = run_memfit("generate --model " + dir + "/base --prompt ROMEO: --max-new-tokens 24 "
+                                    "--temperature 0 --weights nf4 --device " + std::string(gpu ? "cuda" : "cpu"));
+        EXPECT_EQ(r.code, 0) << r.text;
+        const size_t from = r.text.find("ROMEO:"), to = r.text.find("generate: ", from);   // the text alone
+        ASSERT_NE(from, std::string::npos) << r.text;
+        text[gpu] = r.text.substr(from, to - from);
+        if (gpu) {
+            EXPECT_LE(std::fabs(prediction_off_pct(r.text)), 2.0) << r.text;
+        }
+    }
+    EXPECT_EQ(text[1], text[0]);
+    EXPECT_GT(text[0].size(), std::string("ROMEO:").size() + 10) << text[0];
     std::system(("rm -rf " + dir).c_str());
 }
 
