@@ -304,8 +304,14 @@ void TrainingRun::load() {
     const char * local_rank = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
     backend_ = make_backend(opt_.device, local_rank ? std::atoi(local_rank) : 0);
     check_supported(opt_, cfg_, backend_.get());   // what the backend refuses (offload's place), before the data
-    device_comm_ = make_device_communicator(*comm_, *backend_);
+    // Every rank makes its groups' communicators in one order: data, tensor, pipeline, embedding.
+    device_comm_ = make_device_communicator(groups_ ? *groups_->dp : *comm_, *backend_);
     if (device_comm_) data_comm_ = device_comm_.get();
+    if (groups_) {
+        device_tp_ = make_device_communicator(*groups_->tp, *backend_);
+        device_pp_ = make_device_communicator(*groups_->pp, *backend_);
+        if (groups_->emb) device_emb_ = make_device_communicator(*groups_->emb, *backend_);
+    }
     // A Hugging Face folder with a tokenizer.json (or tokenizer.model) tokenizes the corpus with it
     // unless told otherwise.
     const std::string tokenizer =
@@ -368,10 +374,13 @@ void TrainingRun::resolve() {
     eo_.rank = rank_;
     eo_.checking = opt_.check_lifetimes;
     eo_.comm = data_comm_;
-    eo_.tp_comm = groups_ ? groups_->tp.get() : nullptr;
+    auto on_device = [](const std::unique_ptr<Communicator> & device, const std::unique_ptr<Communicator> & host) {
+        return device ? device.get() : host.get();
+    };
+    eo_.tp_comm = groups_ ? on_device(device_tp_, groups_->tp) : nullptr;
     eo_.tp_rank = groups_ ? groups_->coords.tp : 0;
-    eo_.pp_comm = groups_ ? groups_->pp.get() : nullptr;
-    eo_.emb_comm = groups_ ? groups_->emb.get() : nullptr;
+    eo_.pp_comm = groups_ ? on_device(device_pp_, groups_->pp) : nullptr;
+    eo_.emb_comm = groups_ ? on_device(device_emb_, groups_->emb) : nullptr;
     batch_ = eo_.B * ranks_;
     accum_ = eo_.grad_accum;
     // The loader yields the whole global batch per step, so a run-time re-plan to a smaller

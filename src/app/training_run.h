@@ -107,7 +107,9 @@ private:
     Progress progress_;
     ModelConfig cfg_;
     std::unique_ptr<Backend> backend_;
-    std::unique_ptr<Communicator> device_comm_;
+    // On a device backend (NCCL), each group's device communicator: data, tensor, pipeline and
+    // the tied embedding's (null where the group is one rank or the backend computes on the host).
+    std::unique_ptr<Communicator> device_comm_, device_tp_, device_pp_, device_emb_;
     DataSource data_;
     EngineOptions eo_;
     std::vector<std::string> notes_;   // what --fit auto / --recompute budget chose

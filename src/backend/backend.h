@@ -115,15 +115,26 @@ public:
     // between the host and those regions only through upload and download, which complete
     // before they return (after every op issued before them).
     virtual bool host_memory() const { return true; }
+    // Whether the collectives this backend's runs use (NCCL on the CUDA backend; MPI, which sums
+    // fp32, on the CPU) add bf16/f16 buffers natively: then a 16-bit sum needs no fp32 copy, and
+    // the step declares no communication scratch for it (step_scratch_elems).
+    virtual bool native_16bit_sums() const { return false; }
     virtual RegionAllocator & allocator() { return host_allocator(); }
     virtual void upload(void * dst, const void * host_src, size_t bytes) { std::memcpy(dst, host_src, bytes); }
     virtual void download(void * host_dst, const void * src, size_t bytes) { std::memcpy(host_dst, src, bytes); }
     // --offload optimizer (backend/host_store.h): host memory for the offloaded states (pinned
-    // on a device, for full-rate copies), and copies between it and device memory issued in op
-    // order without waiting (synchronize() completes them).
+    // on a device, for full-rate copies), and copies between it and device memory (to_device:
+    // dst is the region) that start after every op issued before them and are complete for the
+    // ops issued after copy_wait(slot), the wait for every copy started on that slot so far. The
+    // CUDA backend runs them on a copy stream of its own, so they overlap the kernels issued in
+    // between; synchronize() completes them too. (Default: copied at once.)
     virtual RegionAllocator & offload_allocator() { return host_allocator(); }
-    virtual void upload_async(void * dst, const void * host_src, size_t bytes) { upload(dst, host_src, bytes); }
-    virtual void download_async(void * host_dst, const void * src, size_t bytes) { download(host_dst, src, bytes); }
+    virtual void copy_start(int slot, void * dst, const void * src, size_t bytes, bool to_device) {
+        (void) slot;
+        if (to_device) upload(dst, src, bytes);
+        else download(dst, src, bytes);
+    }
+    virtual void copy_wait(int slot) { (void) slot; }
     // Waits for every op issued so far (the CPU backend's ops have finished when they return).
     virtual void synchronize() {}
     // A device backend's memory (0 on the host): free bytes now; the runtime's bytes (context,

@@ -74,5 +74,9 @@ public:
 // of n elements in all) uses over `ranks` ranks: n, or 0 for f32 or one rank. (MPI sums the fp32
 // copy in place.)
 size_t comm_scratch_elems(DType t, int ranks, size_t n);
+// What a step recorded with `sizing` declares for it: comm_scratch_elems, or 0 where the backend's
+// collectives sum 16-bit values natively (Backend::native_16bit_sums: NCCL).
+class Backend;
+size_t step_scratch_elems(const Backend * sizing, DType t, int ranks, size_t n);
 
 }  // namespace memfit

@@ -21,9 +21,13 @@ public:
         bytes_ = bytes;
         return bytes;
     }
-    void read_start(int, void * mem, uint64_t at, size_t n) override { backend_.upload_async(mem, p_ + at, n); }
-    void write_start(int, uint64_t at, const void * mem, size_t n) override { backend_.download_async(p_ + at, mem, n); }
-    void wait(int) override {}   // the stream orders the copies with the kernels
+    void read_start(int slot, void * mem, uint64_t at, size_t n) override {
+        backend_.copy_start(slot, mem, p_ + at, n, true);
+    }
+    void write_start(int slot, uint64_t at, const void * mem, size_t n) override {
+        backend_.copy_start(slot, p_ + at, mem, n, false);
+    }
+    void wait(int slot) override { backend_.copy_wait(slot); }
     void read(void * host, uint64_t at, size_t n) override {
         backend_.synchronize();
         std::memcpy(host, p_ + at, n);

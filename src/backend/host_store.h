@@ -1,7 +1,8 @@
 // The offload store next to a device (memory/offload_store.h): one block of the backend's
-// offload host memory (pinned on CUDA), moved to and from the device on the backend's stream
-// (upload_async / download_async), so the copies are ordered with the kernels that read the
-// staging buffers and no wait is needed in the step; the host's own access synchronizes first.
+// offload host memory (pinned on CUDA), moved to and from the device by Backend::copy_start (on
+// CUDA a copy stream of its own, after the kernels issued before) and waited for by the step's
+// offload_wait (Backend::copy_wait: the kernels issued after it wait for the slot's copies), so
+// the copies overlap the optimizer's updates in between; the host's own access synchronizes first.
 #pragma once
 
 #include <memory>

@@ -221,7 +221,10 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     }
     if (L.pp > 1) comm += 2 * BTC / (L.sp ? tp : 1);
     m.device[Category::communication] = comm;
-    const uint64_t dequant = lp && lp->quantized() ? ceil_div(uint64_t(lp->largest_projection) * s, tp) : 0;
+    // A packed base on a GPU: one tile of the largest projection dequantized (cuda_qgemm_tile_rows:
+    // about 4 Mi elements), in the compute dtype.
+    const uint64_t tile = std::min<uint64_t>(ceil_div(uint64_t(lp ? lp->largest_projection : 0), tp), 1u << 22);
+    const uint64_t dequant = lp && lp->quantized() ? tile * s : 0;
     m.device[Category::workspace] = hw.name == "cpu" ? 0 : kGemmWorkspace + dequant;
     // --loss-chunk auto: the engine's rule (plan/fit.h) on these numbers.
     if (c.loss_chunk < 0 && L.pp == 1) {

@@ -58,9 +58,9 @@
 //                 tp); the backward working set adds one site's dd [b T, cols] and du [b T, r], and
 //                 with --lora-dropout the regenerated dropped input and its gradient [b T, in] (the
 //                 mask is a counter hash, regenerated: nothing extra is kept).
-//   workspace     a packed base on a GPU adds one (the largest, fused) projection dequantized in
-//                 the compute dtype (/ tp): what a kernel that dequantizes before a dense gemm
-//                 holds (bitsandbytes does); memfit's CPU kernels dequantize tiles (exact plan).
+//   workspace     a packed base on a GPU adds one dequantized tile of the largest (fused)
+//                 projection in the compute dtype: the whole projection (/ tp) up to 4 Mi elements
+//                 (the CUDA qgemm's tile, cuda_qgemm_tile_rows; the CPU's tiles are its exact plan).
 //   communication gradient buckets only as large as the adapters' gradients; ZeRO-3 gathers two
 //                 layers of base + adapters.
 #pragma once

@@ -124,9 +124,6 @@ Engine::Engine(const ModelConfig & cfg, Backend & backend, const EngineOptions &
     }
     if (opt_.pipeline_parallel > 1 && cfg.tied_head && !opt_.emb_comm)
         throw ConfigError("a pipeline with a tied LM head needs the embedding group (first and last stage)");
-    if (!backend.host_memory() && split_model())
-        throw ConfigError(fmt::format("--device {}: --tp / --pp run on the CPU only for now; drop --device or the flag",
-                                      backend.name()));
     if (const std::string why = sparsity_refusal(cfg, opt_.sparsity, plans_.train->lora()); !why.empty())
         throw ConfigError(why);
     if (opt.budget > 0)

@@ -243,7 +243,7 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
         // Sized for the rank with the most of the bucket, so that every rank's plan is the same.
         const size_t most = most_in_shard(k.a, k.b);
         // A 16-bit sum's fp32 copies (MPI sums fp32), from the transfer's start to its wait.
-        const size_t wide = comm_scratch_elems(grad_dt_, dp.ranks, k.b - k.a);
+        const size_t wide = step_scratch_elems(sizing, grad_dt_, dp.ranks, k.b - k.a);
         if (wide) k.scratch = program_.declare(fmt::format("{}communication.bucket{}", pre, i), Category::communication,
                                                wide * 4);
         if (!reduce_scatter_) continue;
@@ -292,7 +292,7 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
         if (at < P) counted.push_back({at, P});
         if (tied) {
             tied_grad_ = Tensor(grads, grad_dt_, {int64_t(table->numel)}, table->offset * gs);
-            if (const size_t wide = comm_scratch_elems(grad_dt_, 2, table->numel))
+            if (const size_t wide = step_scratch_elems(sizing, grad_dt_, 2, table->numel))
                 tied_scratch_ = Tensor(program_.declare("communication.tied_embedding", Category::communication,
                                                         wide * 4),
                                        DType::f32, {int64_t(wide)});
@@ -309,14 +309,14 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
             const size_t len = kv_ranges_.front().b - kv_ranges_.front().a, all = len * size_t(cfg.kv_heads());
             kv_buf_ = Tensor(program_.declare("gradients.kv_replicas", Category::gradients, all * gs), grad_dt_,
                              {int64_t(all)});
-            if (const size_t wide = comm_scratch_elems(grad_dt_, tp_.ranks, all))
+            if (const size_t wide = step_scratch_elems(sizing, grad_dt_, tp_.ranks, all))
                 kv_scratch_ = Tensor(program_.declare("communication.kv_replicas", Category::communication, wide * 4),
                                      DType::f32, {int64_t(wide)});
         }
         if (tp_.enabled() && tp_.sequence && parts.optimizer) {
             sp_ranges_ = sp_partial(layout_);
             size_t widest = 0;
-            for (const auto & r : sp_ranges_) widest = std::max(widest, comm_scratch_elems(grad_dt_, tp_.ranks, r.b - r.a));
+            for (const auto & r : sp_ranges_) widest = std::max(widest, step_scratch_elems(sizing, grad_dt_, tp_.ranks, r.b - r.a));
             if (widest)
                 sp_scratch_ = Tensor(program_.declare("communication.sequence_parallel", Category::communication,
                                                       widest * 4), DType::f32, {int64_t(widest)});

@@ -2,6 +2,8 @@
 // memory and are staged through device memory unit by unit for the same kernels, so the run is
 // the in-memory one's bit for bit; what the device holds (cudaMemGetInfo) is the plan's device
 // regions plus the runtime, without the 12 bytes per parameter: to the byte on the emulator.
+// The copies run on a copy stream of their own; the emulator defers them until a stream waits on
+// them, so a missing wait (or one on the wrong slot) shows here as stale states.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -33,6 +33,9 @@ const dim3 & grid_dim();
 void * dynamic_shared();
 
 void launch_fn(const std::function<void()> & body, dim3 grid, dim3 block, size_t smem, cudaStream_t stream);
+// Runs the stream's deferred copies (fake_cudart.cpp): every other kind of work on a stream
+// comes after them.
+void flush_stream(cudaStream_t stream);
 template <class F> void launch(F && body, dim3 grid, dim3 block, size_t smem = 0, cudaStream_t stream = nullptr) {
     launch_fn(std::function<void()>(std::ref(body)), grid, block, smem, stream);
 }

@@ -340,7 +340,8 @@ void mma_m16n8k16(bool bf16, float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
     for (int i = 0; i < 4; ++i) d[i] = w.c[lane][i];
 }
 
-void launch_fn(const std::function<void()> & body, dim3 grid, dim3 block, size_t smem, cudaStream_t) {
+void launch_fn(const std::function<void()> & body, dim3 grid, dim3 block, size_t smem, cudaStream_t stream) {
+    flush_stream(stream);
     const uint64_t threads = uint64_t(block.x) * block.y * block.z;
     if (threads == 0 || threads > 1024 || block.z > 64)
         fail("launch with a block of %ux%ux%u threads (1 to 1024, z at most 64)", block.x, block.y, block.z);

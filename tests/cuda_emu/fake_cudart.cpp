@@ -1,6 +1,10 @@
 // The CUDA emulator's host side: the CUDA runtime and cuBLASLt calls memfit makes, on host
 // memory. One device; device memory is host memory (cudaMalloc counts it against a fixed
-// capacity, so cudaMemGetInfo is exact and running out is reproducible); streams are synchronous.
+// capacity, so cudaMemGetInfo is exact and running out is reproducible). Streams run kernels,
+// memsets, matmuls and NCCL calls when they are issued, but defer every cudaMemcpyAsync as long
+// as CUDA allows: until the next other work on its stream, a synchronization, or a stream that
+// waits on an event recorded after it (cudaStreamWaitEvent). So a copy on a side stream that
+// code forgets to wait for lands late, and the reader sees stale bytes, as it could on a GPU.
 // cuBLASLt's matmul is computed from its descriptors (column-major, transposes, bias epilogue)
 // as the library documents them, so gemm.cpp's mapping of row-major gemms onto it is checked.
 // NCCL: fake_nccl.cpp.
@@ -11,6 +15,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <deque>
+#include <functional>
+#include <vector>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -46,9 +53,40 @@ Device & dev() {
     static Device d;
     return d;
 }
-int g_stream_tag;
+// A stream's deferred copies, run in order; `issued` counts every copy queued, `executed` those run.
+struct Stream {
+    std::deque<std::function<void()>> queue;
+    size_t issued = 0, executed = 0;
+    void run_until(size_t upto) {
+        while (executed < upto) {
+            auto f = std::move(queue.front());
+            queue.pop_front();
+            ++executed;
+            f();
+        }
+    }
+    void drain() { run_until(issued); }
+};
+std::vector<Stream *> & streams() {
+    static std::vector<Stream *> all{new Stream()};   // [0]: the legacy default stream (null)
+    return all;
+}
+Stream & stream_of(cudaStream_t s) { return s ? *reinterpret_cast<Stream *>(s) : *streams().front(); }
+void drain_all() {
+    for (Stream * st : streams()) st->drain();
+}
+
+// An event: the copies of `stream` issued before it was recorded.
+struct Event {
+    Stream * stream = nullptr;
+    size_t upto = 0;
+};
 
 }  // namespace
+
+namespace emu {
+void flush_stream(cudaStream_t s) { stream_of(s).drain(); }
+}  // namespace emu
 
 extern "C" {
 
@@ -84,6 +122,7 @@ cudaError_t cudaMalloc(void ** p, size_t bytes) {
     return cudaSuccess;
 }
 cudaError_t cudaFree(void * p) {
+    drain_all();
     Device & d = dev();
     std::lock_guard<std::mutex> lock(d.mu);
     d.ensure_context();
@@ -103,6 +142,7 @@ cudaError_t cudaMallocHost(void ** p, size_t bytes) {
     return cudaSuccess;
 }
 cudaError_t cudaFreeHost(void * p) {
+    drain_all();
     std::free(p);
     return cudaSuccess;
 }
@@ -130,26 +170,68 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes * a, const void * p) 
     return cudaSuccess;
 }
 
-cudaError_t cudaMemcpyAsync(void * dst, const void * src, size_t n, cudaMemcpyKind, cudaStream_t) {
-    if (n) std::memmove(dst, src, n);
+cudaError_t cudaMemcpyAsync(void * dst, const void * src, size_t n, cudaMemcpyKind, cudaStream_t s) {
+    Stream & st = stream_of(s);
+    st.queue.push_back([dst, src, n] {
+        if (n) std::memmove(dst, src, n);
+    });
+    ++st.issued;
     return cudaSuccess;
 }
-cudaError_t cudaMemsetAsync(void * p, int v, size_t n, cudaStream_t) {
+cudaError_t cudaMemsetAsync(void * p, int v, size_t n, cudaStream_t s) {
+    stream_of(s).drain();
     if (n) std::memset(p, v, n);
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t * s, unsigned) {
-    *s = reinterpret_cast<cudaStream_t>(&g_stream_tag);
+    streams().push_back(new Stream());
+    *s = reinterpret_cast<cudaStream_t>(streams().back());
     return cudaSuccess;
 }
-cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    Stream * st = &stream_of(s);
+    st->drain();
+    auto & all = streams();
+    if (st != all.front()) {
+        all.erase(std::find(all.begin(), all.end(), st));
+        delete st;
+    }
+    return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    stream_of(s).drain();
+    return cudaSuccess;
+}
 cudaError_t cudaStreamGetDevice(cudaStream_t, int * d) {
     *d = 0;
     return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() {
+    drain_all();
+    return cudaSuccess;
+}
+// Events mark a stream's copies issued so far; waiting on one runs them (the waiting stream's
+// later work comes after them).
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t * e, unsigned) {
+    *e = reinterpret_cast<cudaEvent_t>(new Event());
+    return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    delete reinterpret_cast<Event *>(e);
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    Event & ev = *reinterpret_cast<Event *>(e);
+    ev.stream = &stream_of(s);
+    ev.upto = ev.stream->issued;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned) {
+    const Event & ev = *reinterpret_cast<const Event *>(e);
+    if (ev.stream) ev.stream->run_until(ev.upto);
+    return cudaSuccess;
+}
 cudaError_t cudaFuncSetAttribute(const void *, cudaFuncAttribute attr, int value) {
     if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize && value > 232448) return cudaErrorInvalidValue;
     return cudaSuccess;
@@ -301,7 +383,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void * alpha, const void * a,
                               cublasLtMatrixLayout_t al, const void * b, cublasLtMatrixLayout_t bl, const void * beta,
                               const void * c, cublasLtMatrixLayout_t cl, void * out, cublasLtMatrixLayout_t dl,
-                              const cublasLtMatmulAlgo_t *, void *, size_t, cudaStream_t) {
+                              const cublasLtMatmulAlgo_t *, void *, size_t, cudaStream_t stream) {
+    stream_of(stream).drain();
     const Desc & x = *reinterpret_cast<const Desc *>(d->data);
     const Layout & A = *reinterpret_cast<const Layout *>(al->data);
     const Layout & B = *reinterpret_cast<const Layout *>(bl->data);

@@ -17,6 +17,10 @@
 #include <type_traits>
 #include <vector>
 
+namespace emu {
+void flush_stream(cudaStream_t stream);   // fake_cudart.cpp: the stream's deferred copies first
+}
+
 struct ncclComm {
     MPI_Comm mpi = MPI_COMM_NULL;   // null: one rank
     int rank = 0, size = 1;
@@ -188,7 +192,8 @@ ncclResult_t ncclGroupEnd() {
 }
 
 ncclResult_t ncclAllReduce(const void * in, void * out, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
-                           cudaStream_t) {
+                           cudaStream_t stream) {
+    emu::flush_stream(stream);
     if (op != ncclSum) return ncclInvalidArgument;
     const std::vector<unsigned char> tmp = copy_of(in, n * type_size(t));
     if (c->mpi == MPI_COMM_NULL) std::memcpy(out, tmp.data(), tmp.size());
@@ -197,7 +202,8 @@ ncclResult_t ncclAllReduce(const void * in, void * out, size_t n, ncclDataType_t
 }
 
 ncclResult_t ncclReduceScatter(const void * in, void * out, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
-                               cudaStream_t) {
+                               cudaStream_t stream) {
+    emu::flush_stream(stream);
     if (op != ncclSum) return ncclInvalidArgument;
     const std::vector<unsigned char> tmp = copy_of(in, n * type_size(t) * size_t(c->size));
     if (c->mpi == MPI_COMM_NULL) std::memcpy(out, tmp.data(), tmp.size());
@@ -205,7 +211,8 @@ ncclResult_t ncclReduceScatter(const void * in, void * out, size_t n, ncclDataTy
     return ncclSuccess;
 }
 
-ncclResult_t ncclAllGather(const void * in, void * out, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t) {
+ncclResult_t ncclAllGather(const void * in, void * out, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t stream) {
+    emu::flush_stream(stream);
     const std::vector<unsigned char> tmp = copy_of(in, n * type_size(t));
     if (c->mpi == MPI_COMM_NULL) std::memcpy(out, tmp.data(), tmp.size());
     else MPI_Allgather(tmp.data(), int(n), mpi_type(t), out, int(n), mpi_type(t), c->mpi);
@@ -213,7 +220,8 @@ ncclResult_t ncclAllGather(const void * in, void * out, size_t n, ncclDataType_t
 }
 
 ncclResult_t ncclReduce(const void * in, void * out, size_t n, ncclDataType_t t, ncclRedOp_t op, int root,
-                        ncclComm_t c, cudaStream_t) {
+                        ncclComm_t c, cudaStream_t stream) {
+    emu::flush_stream(stream);
     if (op != ncclSum) return ncclInvalidArgument;
     const std::vector<unsigned char> tmp = copy_of(in, n * type_size(t));
     if (c->mpi == MPI_COMM_NULL) std::memcpy(out, tmp.data(), tmp.size());
@@ -222,18 +230,21 @@ ncclResult_t ncclReduce(const void * in, void * out, size_t n, ncclDataType_t t,
 }
 
 ncclResult_t ncclBroadcast(const void * in, void * out, size_t n, ncclDataType_t t, int root, ncclComm_t c,
-                           cudaStream_t) {
+                           cudaStream_t stream) {
+    emu::flush_stream(stream);
     if (c->rank == root && in != out) std::memmove(out, in, n * type_size(t));
     if (c->mpi != MPI_COMM_NULL) MPI_Bcast(out, int(n), mpi_type(t), root, c->mpi);
     return ncclSuccess;
 }
 
-ncclResult_t ncclSend(const void * buf, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t) {
+ncclResult_t ncclSend(const void * buf, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t stream) {
+    emu::flush_stream(stream);
     g_pending.push_back(P2p{true, const_cast<void *>(buf), n * type_size(t), peer, c});
     if (g_group_depth == 0) complete(g_pending);
     return ncclSuccess;
 }
-ncclResult_t ncclRecv(void * buf, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t) {
+ncclResult_t ncclRecv(void * buf, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t stream) {
+    emu::flush_stream(stream);
     g_pending.push_back(P2p{false, buf, n * type_size(t), peer, c});
     if (g_group_depth == 0) complete(g_pending);
     return ncclSuccess;

@@ -10,28 +10,6 @@ cd "$WORK"
 ARGS=(train --model nano --data "$WORK/data" --batch 4 --seq 32 --lr 1e-3 --warmup 2 --steps 6
       --eval-every 3 --eval-batches 2 --sample 0 --progress plain --log-every 1 --threads 1 --seed 1337)
 
-# "final loss X, validation loss Y" of a log's done: line.
-final() {
-    sed -nE 's/^done: .*(final loss [0-9.]+, validation loss [0-9.]+).*/\1/p' "$1"
-}
-
-# same_as REFERENCE_LOG LOG WHAT [REFERENCE_NAME]: the done: lines' losses agree to the printed
-# 4 decimals (one unit in the last place allowed for fp32 rounding at a boundary), and every step
-# both logged to a relative 1e-4.
-same_as() {
-    local a b
-    a=$(final "$1"); b=$(final "$2")
-    [ -n "$a" ] || { cat "$1"; fail "no done: line in $1"; }
-    [ -n "$b" ] || { cat "$2"; fail "$3: no done: line"; }
-    echo "$3: $b (${4:-one process}: $a)"
-    paste <(echo "$a" | grep -oE '[0-9]+\.[0-9]+') <(echo "$b" | grep -oE '[0-9]+\.[0-9]+') |
-        awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1.5e-4) exit 1 }' ||
-        fail "$3: '$b' differs from the one-process run's '$a'"
-    local d
-    d=$(loss_diff "${1%.log}/metrics.jsonl" "${2%.log}/metrics.jsonl")
-    awk -v d="$d" 'BEGIN { exit !(d != "none" && d < 1e-4) }' || fail "$3: step losses differ by $d"
-}
-
 # idle_lines LOG P: rank 0 alone printed the pipeline block, one idle line per stage 0..P-1.
 idle_lines() {
     local s

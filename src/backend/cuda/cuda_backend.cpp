@@ -125,6 +125,11 @@ uint64_t nvml_used(int device) {
 
 struct CudaBackend::State {
     cudaStream_t stream = nullptr;
+    // Offload's copies (copy_start): their own stream, ordered after the compute stream's work by
+    // `issued`, and one event per slot that the compute stream waits on at copy_wait.
+    cudaStream_t copies = nullptr;
+    cudaEvent_t issued = nullptr;
+    std::vector<cudaEvent_t> done;
     std::unique_ptr<DeviceAllocator> alloc;
     std::unique_ptr<PinnedAllocator> pinned;
     std::unique_ptr<cuda::Gemm> gemm;
@@ -141,6 +146,8 @@ CudaBackend::CudaBackend(int device) : device_(device), st_(std::make_unique<Sta
     MF_CUDA(cudaSetDevice(device));
     MF_CUDA(cudaFree(nullptr));   // creates the context
     MF_CUDA(cudaStreamCreateWithFlags(&st_->stream, cudaStreamNonBlocking));
+    MF_CUDA(cudaStreamCreateWithFlags(&st_->copies, cudaStreamNonBlocking));
+    MF_CUDA(cudaEventCreateWithFlags(&st_->issued, cudaEventDisableTiming));
     st_->alloc = std::make_unique<DeviceAllocator>(st_->stream);
     st_->pinned = std::make_unique<PinnedAllocator>(st_->stream);
     st_->gemm = std::make_unique<cuda::Gemm>();
@@ -152,11 +159,15 @@ CudaBackend::CudaBackend(int device) : device_(device), st_(std::make_unique<Sta
 }
 
 CudaBackend::~CudaBackend() {
+    if (st_->copies) (void) cudaStreamSynchronize(st_->copies);
     if (st_->stream) {
         (void) cudaStreamSynchronize(st_->stream);
         st_->gemm.reset();
         (void) cudaStreamDestroy(st_->stream);
     }
+    for (cudaEvent_t e : st_->done) (void) cudaEventDestroy(e);
+    if (st_->issued) (void) cudaEventDestroy(st_->issued);
+    if (st_->copies) (void) cudaStreamDestroy(st_->copies);
 }
 
 RegionAllocator & CudaBackend::allocator() { return *st_->alloc; }
@@ -175,15 +186,32 @@ void CudaBackend::download(void * host_dst, const void * src, size_t bytes) {
 
 RegionAllocator & CudaBackend::offload_allocator() { return *st_->pinned; }
 
-void CudaBackend::upload_async(void * dst, const void * host_src, size_t bytes) {
-    if (bytes) MF_CUDA(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, st_->stream));
+// After the compute stream's work so far (a read's staging buffer is free, a write's data is
+// computed), on the copy stream; the slot's event marks it done.
+void CudaBackend::copy_start(int slot, void * dst, const void * src, size_t bytes, bool to_device) {
+    MF_ASSERT(slot >= 0);
+    if (bytes == 0) return;
+    while (st_->done.size() <= size_t(slot)) {
+        cudaEvent_t e = nullptr;
+        MF_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        st_->done.push_back(e);
+    }
+    MF_CUDA(cudaEventRecord(st_->issued, st_->stream));
+    MF_CUDA(cudaStreamWaitEvent(st_->copies, st_->issued, 0));
+    MF_CUDA(cudaMemcpyAsync(dst, src, bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, st_->copies));
+    MF_CUDA(cudaEventRecord(st_->done[size_t(slot)], st_->copies));
 }
 
-void CudaBackend::download_async(void * host_dst, const void * src, size_t bytes) {
-    if (bytes) MF_CUDA(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, st_->stream));
+// The compute stream's later work waits for the slot's copies (the copy stream runs them in
+// order, so its last event covers every one started before).
+void CudaBackend::copy_wait(int slot) {
+    if (size_t(slot) < st_->done.size()) MF_CUDA(cudaStreamWaitEvent(st_->stream, st_->done[size_t(slot)], 0));
 }
 
-void CudaBackend::synchronize() { MF_CUDA(cudaStreamSynchronize(st_->stream)); }
+void CudaBackend::synchronize() {
+    MF_CUDA(cudaStreamSynchronize(st_->copies));
+    MF_CUDA(cudaStreamSynchronize(st_->stream));
+}
 void * CudaBackend::stream() const { return st_->stream; }
 
 uint64_t CudaBackend::device_used() const {

@@ -35,12 +35,13 @@ public:
 
     const char * name() const override { return "cuda"; }
     bool host_memory() const override { return false; }
+    bool native_16bit_sums() const override { return true; }   // NCCL's ncclSum on bf16 / f16
     RegionAllocator & allocator() override;
     void upload(void * dst, const void * host_src, size_t bytes) override;
     void download(void * host_dst, const void * src, size_t bytes) override;
     RegionAllocator & offload_allocator() override;   // pinned host memory (cudaMallocHost)
-    void upload_async(void * dst, const void * host_src, size_t bytes) override;
-    void download_async(void * host_dst, const void * src, size_t bytes) override;
+    void copy_start(int slot, void * dst, const void * src, size_t bytes, bool to_device) override;
+    void copy_wait(int slot) override;
     void synchronize() override;
 
     uint64_t device_free() const override;

@@ -21,10 +21,9 @@ __device__ __forceinline__ void store_any(void * p, DType t, int64_t i, float f)
 }
 
 __global__ void gemm_simple_kernel(void * c, const void * a, const void * b, const void * bias, GemmDesc d,
-                                   int64_t ldc) {
+                                   int64_t lda, int64_t ldc) {
     const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (n >= d.N) return;
-    const int64_t lda = gemm_lda(d);
     for (int64_t m = blockIdx.y; m < d.M; m += gridDim.y) {
         float sum = 0.0f;
         for (int64_t k = 0; k < d.K; ++k) {
@@ -42,7 +41,8 @@ __global__ void gemm_simple_kernel(void * c, const void * a, const void * b, con
 
 void gemm_simple(cudaStream_t s, const GemmDesc & d, Tensor c, Tensor a, Tensor b, Tensor bias, int64_t ldc) {
     const dim3 grid(grid_for(d.N, 128), unsigned(d.M < 65535 ? d.M : 65535));
-    gemm_simple_kernel<<<grid, 128, 0, s>>>(c.data, a.data, b.data, d.bias ? bias.data : nullptr, d, ldc ? ldc : d.N);
+    gemm_simple_kernel<<<grid, 128, 0, s>>>(c.data, a.data, b.data, d.bias ? bias.data : nullptr, d, gemm_lda(d),
+                                            ldc ? ldc : d.N);
     MF_CUDA_LAUNCHED();
 }
 
