@@ -90,7 +90,9 @@ TEST(RunConfig, OneFunctionSaysWhatCombines) {
         {run([](RunConfig & r) { r.layout.offload = Offload::optimizer, r.offload_fraction = 0; }), "--offload-fraction 0"},
         {run([](RunConfig & r) { r.precision_auto = true; }), "--precision auto needs --fit auto"},
         {run([](RunConfig & r) { r.fit_auto = true, r.layout.tp = 2; }), "--fit auto searches one rank's"},
-        {run([](RunConfig & r) { r.device = "cuda", r.layout.pp = 2; }), "--tp and --pp run on the CPU only"},
+        {run([](RunConfig & r) { r.device = "cuda", r.layout.pp = 2, r.grad_accum = 4,
+                                 r.layout.schedule = PipeSchedule::interleaved, r.layout.virtual_stages = 2; }),
+         "--schedule interleaved:2 with --device cuda: NCCL delivers"},
         {run([](RunConfig & r) { r.layout.zero = 3, r.recompute = "every:2"; }), "--zero 3 gathers each layer's"},
         {run([](RunConfig & r) { r.layout.tp = 2, r.lora.rank = 4; }), "--tp with LoRA is not supported"},
         {run([](RunConfig & r) { r.layout.tp = 2, r.layout.zero = 2; }), "--zero 2 with --tp"},
@@ -110,6 +112,8 @@ TEST(RunConfig, OneFunctionSaysWhatCombines) {
     }
     EXPECT_FALSE(unsupported(run([](RunConfig &) {}), cfg, nullptr));
     EXPECT_FALSE(unsupported(run([](RunConfig & r) { r.layout.tp = 2, r.layout.pp = 2, r.layout.zero = 1; }), cfg,
+                             nullptr));
+    EXPECT_FALSE(unsupported(run([](RunConfig & r) { r.device = "cuda", r.layout.tp = 2, r.layout.pp = 2; }), cfg,
                              nullptr));
     // Where the offloaded states go: files on the CPU backend, pinned host memory on a GPU.
     const auto gpu = make_cuda_sizing_backend();
