@@ -5,9 +5,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <mutex>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -74,14 +78,40 @@ std::string stop_signal_list(const std::string & csv) {
     return out;
 }
 
+// The signals are blocked in the calling thread (and so in every thread it starts from then on:
+// OpenMP's, oneDNN's) and taken by a thread of their own that waits for them (sigwait), so a
+// stop signal never interrupts the computation. Delivered to the computing thread, one used to
+// corrupt the heap now and then (about 1 run in 3 of Cli.StopSignalsCheckpointAndResumeAutoIsBitwise
+// on a Zen 3, the abort inside oneDNN's matmul; none in 32 runs since). The handler stays
+// installed for threads started before (MPI's), which would otherwise take the default action.
 void install_stop_handlers(const std::vector<int> & signals) {
+    static std::mutex mu;
+    static sigset_t waited;   // the signals a waiting thread takes already
+    const std::lock_guard<std::mutex> lock(mu);
+    static const bool init = [] { return sigemptyset(&waited) == 0; }();
+    (void) init;
+    sigset_t fresh;
+    sigemptyset(&fresh);
+    bool any = false;
     for (int sig : signals) {
         struct sigaction sa {};
         sa.sa_handler = on_signal;
         sigemptyset(&sa.sa_mask);
         sa.sa_flags = SA_RESTART;   // a blocking read or write in flight goes on
         sigaction(sig, &sa, nullptr);
+        if (sigismember(&waited, sig) == 1) continue;
+        sigaddset(&fresh, sig);
+        sigaddset(&waited, sig);
+        any = true;
     }
+    if (!any) return;
+    pthread_sigmask(SIG_BLOCK, &fresh, nullptr);
+    std::thread([fresh] {
+        for (;;) {
+            int sig = 0;
+            if (sigwait(&fresh, &sig) == 0) on_signal(sig);
+        }
+    }).detach();
 }
 
 bool stop_requested() { return g_signal.load(std::memory_order_relaxed) != 0; }

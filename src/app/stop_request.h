@@ -16,7 +16,9 @@ std::vector<int> parse_stop_signals(const std::string & csv);
 // "TERM,INT" -> "SIGTERM, SIGINT" (for messages).
 std::string stop_signal_list(const std::string & csv);
 
-// Installs the handlers for `signals` (the others keep their actions).
+// Installs the handlers for `signals` (the others keep their actions), blocks them in the calling
+// thread and the threads it starts, and takes them in a thread that waits for them: the flag is
+// set shortly after a process-directed signal (kill; raise() in a blocking thread stays pending).
 void install_stop_handlers(const std::vector<int> & signals);
 
 // Whether a stop was requested, by which signal ("SIGTERM"), and how long ago (seconds).

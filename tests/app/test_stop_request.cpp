@@ -27,9 +27,12 @@ TEST(StopRequest, FirstSignalAsksSecondExits) {
     if (pid == 0) {
         reset_stop_request();
         install_stop_handlers({SIGUSR2});
-        raise(SIGUSR2);
+        // Process-directed, as `kill` and schedulers send them: the waiting thread takes it.
+        kill(getpid(), SIGUSR2);
+        for (int i = 0; i < 2000 && !stop_requested(); ++i) usleep(1000);
         if (!stop_requested() || stop_signal_name() != "SIGUSR2" || seconds_since_stop_request() < 0) _exit(1);
-        raise(SIGUSR2);   // exits here
+        kill(getpid(), SIGUSR2);   // exits there
+        for (int i = 0; i < 2000; ++i) usleep(1000);
         _exit(2);
     }
     int status = 0;
