@@ -316,7 +316,8 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
         if (tp_.enabled() && tp_.sequence && parts.optimizer) {
             sp_ranges_ = sp_partial(layout_);
             size_t widest = 0;
-            for (const auto & r : sp_ranges_) widest = std::max(widest, step_scratch_elems(sizing, grad_dt_, tp_.ranks, r.b - r.a));
+            for (const auto & r : sp_ranges_)
+                widest = std::max(widest, step_scratch_elems(sizing, grad_dt_, tp_.ranks, r.b - r.a));
             if (widest)
                 sp_scratch_ = Tensor(program_.declare("communication.sequence_parallel", Category::communication,
                                                       widest * 4), DType::f32, {int64_t(widest)});

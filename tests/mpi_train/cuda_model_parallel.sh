@@ -1,5 +1,6 @@
 # Tensor, sequence and pipeline parallel training on GPUs (every group's collectives and the
-# pipeline's sends over NCCL), composed with data parallelism, and LoRA in bf16 over 2 data-parallel
+# pipeline's sends over NCCL), composed with data parallelism, a pipeline's checkpoint resumed on
+# the CPU, and LoRA in bf16 over 2 data-parallel
 # ranks (NCCL sums the bf16 gradients natively: no fp32 communication scratch is planned), each
 # against the same run in one CPU process: the same losses.
 # Needs 2 GPUs (4 for the composed run): exits 77 (CTest: skipped) with the reason otherwise. With
@@ -32,11 +33,17 @@ same_as one2.log tp2.log "GPUs -np 2 --tp 2"
 mpi 2 "${ARGS[@]}" --grad-accum 2 --device cuda --tp 2 --sp --out sp2 > sp2.log 2>&1 || { cat sp2.log; fail "--tp 2 --sp on GPUs"; }
 same_as one2.log sp2.log "GPUs -np 2 --tp 2 --sp"
 
-mpi 2 "${ARGS[@]}" --grad-accum 4 --device cuda --pp 2 --schedule 1f1b --out pp2 > pp2.log 2>&1 ||
+mpi 2 "${ARGS[@]}" --grad-accum 4 --device cuda --pp 2 --schedule 1f1b --checkpoint-every 2 --out pp2 > pp2.log 2>&1 ||
     { cat pp2.log; fail "--pp 2 on GPUs"; }
 grep -q "^  pipeline parallel: 2 stages, .*schedule 1f1b, 4 micro-batches" pp2.log || { cat pp2.log; fail "no pipeline line"; }
 device_line pp2.log
 same_as one4.log pp2.log "GPUs -np 2 --pp 2 --schedule 1f1b"
+# Its step-2 checkpoint (each stage's share, gathered from the devices) resumes on one CPU process.
+"$MEMFIT" "${ARGS[@]}" --grad-accum 4 --device cpu --resume pp2/checkpoints/step-000002 --out pp2re > pp2re.log 2>&1 ||
+    { cat pp2re.log; fail "resume the GPU pipeline's checkpoint on one CPU process"; }
+first=$(losses pp2re/metrics.jsonl | head -1 | cut -d' ' -f1)
+[ "$first" = 3 ] || { cat pp2re.log; fail "the resumed run's first logged step is '$first', not 3"; }
+same_as pp2.log pp2re.log "GPUs --pp 2 step-2 checkpoint resumed on one CPU process" "GPUs --pp 2"
 
 mpi 2 "${ARGS[@]}" --grad-accum 4 --device cuda --pp 2 --schedule gpipe --out gpipe > gpipe.log 2>&1 ||
     { cat gpipe.log; fail "--pp 2 --schedule gpipe on GPUs"; }
