@@ -21,14 +21,8 @@
 namespace memfit::test {
 namespace {
 
-ModelConfig llama_small() {
-    ModelConfig c = small_config(53, 32, 2, 4, 24);
-    c.family = "llama";
-    c.n_kv_head = 2;
-    c.ffn = 40;
-    c.tied_head = false;
-    return c;
-}
+// Grouped-query LLaMA: 4 query heads over 2 KV heads, a SwiGLU of 40, an untied head.
+ModelConfig llama_small() { return small_family(true, 53, 32, 2, 4, 40, 24); }
 
 struct DecodeCase {
     ModelConfig cfg;

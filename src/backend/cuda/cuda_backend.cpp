@@ -264,40 +264,47 @@ void CudaBackend::gemm(const GemmDesc & d, Tensor c, Tensor a, Tensor b, Tensor 
 // (cuda_qgemm_tile_rows rows) into the workspace and each tile multiplied at once, never whole.
 // Forward: y[:, o0:o0+R] = x . tile^T (+ bias[o0:o0+R]), a column slice of y (ldc = out).
 // Backward: dx (+)= dy[:, o0:o0+R] . tile, over the tiles in turn (dy read with lda = out).
+namespace {
+
+// Each tile of W' in `dt`, dequantized into the workspace, with its first row: f(o0, tile).
+template <class F>
+void for_each_tile(cudaStream_t s, const QuantDesc & q, DType dt, Tensor packed, Tensor workspace, F && f) {
+    const int64_t R = cuda_qgemm_tile_rows(q);
+    for (int64_t o0 = 0; o0 < q.out; o0 += R) {
+        Tensor w(-1, dt, {std::min(R, q.out - o0), q.in});
+        w.data = workspace.data;
+        cuda::dequantize(s, q, w, packed, o0);
+        f(o0, w);
+    }
+}
+
+// t advanced by `elems` elements of its dtype (a column offset into a row-major matrix).
+Tensor offset(Tensor t, int64_t elems) {
+    if (t.valid()) t.data = static_cast<uint8_t *>(t.data) + elems * int64_t(dtype_size(t.dtype));
+    return t;
+}
+
+}  // namespace
+
 void CudaBackend::qgemm_fwd(const QuantDesc & q, Tensor y, Tensor x, Tensor packed, Tensor bias, Tensor workspace) {
     MF_ASSERT(workspace.data != nullptr && workspace.nbytes() >= cuda_qgemm_workspace(q, x.rows(), x.dtype));
-    const int64_t R = cuda_qgemm_tile_rows(q), es = int64_t(dtype_size(y.dtype));
-    for (int64_t o0 = 0; o0 < q.out; o0 += R) {
-        const int64_t rows = std::min(R, q.out - o0);
-        Tensor w(-1, x.dtype, {rows, q.in});
-        w.data = workspace.data;
-        cuda::dequantize(st_->stream, q, w, packed, o0);
+    for_each_tile(st_->stream, q, x.dtype, packed, workspace, [&](int64_t o0, Tensor w) {
         GemmDesc d;
-        d.M = x.rows(), d.N = rows, d.K = q.in, d.trans_b = true, d.bias = bias.valid();
+        d.M = x.rows(), d.N = w.rows(), d.K = q.in, d.trans_b = true, d.bias = bias.valid();
         d.a = x.dtype, d.b = x.dtype, d.c = y.dtype;
-        Tensor yt = y, bt = bias;
-        yt.data = static_cast<uint8_t *>(y.data) + o0 * es;
-        if (bias.valid()) bt.data = static_cast<uint8_t *>(bias.data) + o0 * int64_t(dtype_size(bias.dtype));
-        st_->gemm->run(st_->stream, d, yt, x, w, bt, Tensor{}, q.out);
-    }
+        st_->gemm->run(st_->stream, d, offset(y, o0), x, w, offset(bias, o0), Tensor{}, q.out);
+    });
 }
 
 void CudaBackend::qgemm_bwd(const QuantDesc & q, Tensor dx, Tensor dy, Tensor packed, bool accumulate,
                             Tensor workspace) {
     MF_ASSERT(workspace.data != nullptr && workspace.nbytes() >= cuda_qgemm_workspace(q, dy.rows(), dy.dtype));
-    const int64_t R = cuda_qgemm_tile_rows(q), es = int64_t(dtype_size(dy.dtype));
-    for (int64_t o0 = 0; o0 < q.out; o0 += R) {
-        const int64_t rows = std::min(R, q.out - o0);
-        Tensor w(-1, dy.dtype, {rows, q.in});
-        w.data = workspace.data;
-        cuda::dequantize(st_->stream, q, w, packed, o0);
+    for_each_tile(st_->stream, q, dy.dtype, packed, workspace, [&](int64_t o0, Tensor w) {
         GemmDesc d;
-        d.M = dy.rows(), d.N = q.in, d.K = rows, d.accumulate = accumulate || o0 > 0, d.lda = q.out;
+        d.M = dy.rows(), d.N = q.in, d.K = w.rows(), d.accumulate = accumulate || o0 > 0, d.lda = q.out;
         d.a = dy.dtype, d.b = dy.dtype, d.c = dx.dtype;
-        Tensor dyt = dy;
-        dyt.data = static_cast<uint8_t *>(dy.data) + o0 * es;
-        st_->gemm->run(st_->stream, d, dx, dyt, w, Tensor{}, Tensor{});
-    }
+        st_->gemm->run(st_->stream, d, dx, offset(dy, o0), w, Tensor{}, Tensor{});
+    });
 }
 
 void CudaBackend::quantize(const QuantDesc & q, void * packed, const float * W) const {
