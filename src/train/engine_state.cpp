@@ -74,7 +74,7 @@ void Engine::store_own_params(const float * src, size_t n) {
         set_state_bytes(t.master, t.offloaded.master, src, n * 4);
     } else if (t.sr_master()) {   // bf16-sr: rounded to nearest (exact for values a checkpoint holds)
         std::vector<uint16_t> raw(n);
-        for (size_t i = 0; i < n; ++i) raw[i] = f32_to_bf16(src[i]);
+        narrow_f32(raw.data(), src, n, DType::bf16);
         auto * p = static_cast<uint8_t *>(train_mem_->base(t.params)) + (opt_.zero >= 3 ? 0 : t.shard_lo()) * 2;
         backend_.upload(p, raw.data(), n * 2);
     } else {
@@ -96,7 +96,7 @@ float * Engine::params() {
         const size_t at = opt_.zero >= 3 ? 0 : sh.lo, have = std::min(sh.size, sh.total - std::min(sh.total, at));
         backend_.download(raw.data(), static_cast<const uint8_t *>(train_mem_->base(t.params)) + at * 2, have * 2);
         mirror_params_.assign(sh.size, 0.0f);
-        for (size_t i = 0; i < have; ++i) mirror_params_[i] = bf16_to_f32(raw[i]);
+        widen_to_f32(mirror_params_.data(), raw.data(), have, DType::bf16);
         return mirror_params_.data();
     }
     const auto [id, at] = own_params();
