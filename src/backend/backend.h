@@ -119,6 +119,11 @@ public:
     // fp32, on the CPU) add bf16/f16 buffers natively: then a 16-bit sum needs no fp32 copy, and
     // the step declares no communication scratch for it (step_scratch_elems).
     virtual bool native_16bit_sums() const { return false; }
+    // Whether the sizing queries a recording asks (workspace sizes, flash attention's head
+    // dimensions, native gemms) are pure functions of their arguments: then programs can be
+    // recorded for this backend from several threads at once (memfit plan's exact plans). The
+    // CPU backend's answers come from oneDNN primitives it caches, so not by default.
+    virtual bool pure_sizing() const { return false; }
     virtual RegionAllocator & allocator() { return host_allocator(); }
     virtual void upload(void * dst, const void * host_src, size_t bytes) { std::memcpy(dst, host_src, bytes); }
     virtual void download(void * host_dst, const void * src, size_t bytes) { std::memcpy(host_dst, src, bytes); }

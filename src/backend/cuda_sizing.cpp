@@ -49,6 +49,7 @@ public:
     const char * name() const override { return "cuda-sizing"; }
     bool host_memory() const override { return false; }   // as the CUDA backend: offload goes to pinned host memory
     bool native_16bit_sums() const override { return true; }
+    bool pure_sizing() const override { return true; }   // formulas only
     size_t gemm_workspace(const GemmDesc & d) const override { return cuda_gemm_workspace(d); }
     size_t flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH) const override {
         return cuda_flash_attention_workspace(B, T, C, NH);

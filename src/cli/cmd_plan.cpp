@@ -1,5 +1,8 @@
 // memfit plan: predict memory and step time on a cluster and search the fastest configuration
-// that fits (src/plan/).
+// that fits (src/plan/), say how to run it, and answer the inverse questions (the longest
+// sequence, the largest micro-batch, the largest model that fits).
+#include <malloc.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -7,30 +10,36 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "backend/cuda_sizing.h"
 #include "backend/make_backend.h"
 #include "cli/commands.h"
 #include "cli/run_flags.h"
 #include "cli/validators.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
-#include "backend/cuda_sizing.h"
-#include "plan/hardware.h"
 #include "plan/distill_plan.h"
+#include "plan/fit.h"
+#include "plan/hardware.h"
+#include "plan/inverse.h"
+#include "plan/launch.h"
 #include "plan/lora_plan.h"
 #include "plan/plan_report.h"
 #include "plan/search.h"
-#include "plan/fit.h"
 #include "run/compat.h"
 
 namespace memfit::cli {
 
 namespace {
 
-// What `memfit plan` takes besides the RunConfig: the cluster and the output.
+// What `memfit plan` takes besides the RunConfig: the cluster, the output and the questions.
 struct PlanFlags {
     std::string hardware = "h100-80g", calibration = "runs/calibration.json";
     int gpus = 0, nodes = 0, top = 5;
     int min_gpus_limit = 4096;
-    bool explain = false, json = false, min_gpus = false;
+    bool explain = false, json = false, min_gpus = false, include_plan_only = false, wide = false;
+    bool max_seq = false, max_micro_batch = false;
+    std::string max_model;   // a family prefix, or "presets"; empty: not asked
+    std::string emit_config, emit_deepspeed;
 };
 
 // The run's defaults for planning: a 7B model at 4k tokens in bf16.
@@ -42,7 +51,8 @@ RunConfig plan_defaults() {
     return r;
 }
 
-// The request: what the flags (or the config file) fix; the rest is searched.
+// The request: the run as train takes it; of the layout and techniques, what the flags (or the
+// config file) fix; the rest is searched.
 PlanRequest make_request(const PlanFlags & f, const RunConfig & run, const RunFlags & given) {
     PlanRequest r;
     r.cfg = run_model(run);
@@ -52,34 +62,29 @@ PlanRequest make_request(const PlanFlags & f, const RunConfig & run, const RunFl
     const int node = std::max(1, r.hw.per_node);
     r.gpus = f.gpus > 0 ? f.gpus : f.nodes > 0 ? f.nodes * node : 1;
     r.nodes = f.nodes > 0 ? f.nodes : (r.gpus + node - 1) / node;
-    r.seq = run.seq;
-    r.global_batch = run.global_batch > 0 ? run.global_batch : r.gpus;
     if (run.precision_auto) throw ConfigError("--precision auto: memfit plan plans one precision; name it");
-    r.compute = run.compute;
-    // LoRA: the same flags and checks as `memfit train` (lora_options).
-    r.lora = make_lora_plan(r.cfg, lora_options(run, r.cfg, r.compute));
-    r.distill = make_distill_plan(run, distill_options(run, r.cfg, r.compute));
-    r.optimizer = run.optimizer;
+    if (given.given("batch"))
+        throw ConfigError("--batch: memfit plan takes --micro-batch (per data-parallel rank) and --global-batch");
     if (auto why = out_of_range(run)) throw ConfigError(*why);
+    r.run = run;
+    r.run.device.clear();
+    // Unset: the micro-batch x accumulation x dp of each layout when a micro-batch is fixed,
+    // else one sequence per device.
+    if (!given.given("global-batch")) r.run.global_batch = given.given("micro-batch") || f.max_micro_batch ? 0 : r.gpus;
+    // LoRA and distillation: the same flags and checks as `memfit train`.
+    r.lora = make_lora_plan(r.cfg, lora_options(run, r.cfg, run.compute));
+    r.distill = make_distill_plan(run, distill_options(run, r.cfg, run.compute));
     if (given.given("zero")) r.zero = run.layout.zero;
     if (given.given("tp")) r.tp = run.layout.tp;
     if (given.given("pp")) r.pp = run.layout.pp;
     if (given.given("micro-batch")) r.micro_batch = run.micro_batch;
-    if (given.given("batch"))
-        throw ConfigError("--batch: memfit plan takes --micro-batch (per data-parallel rank) and --global-batch");
     if (given.given("grad-accum")) r.grad_accum = run.grad_accum;
     if (given.given("offload")) r.offload = run.layout.offload;
-    r.offload_fraction = run.offload_fraction;
-    r.offload_dir = run.offload_dir;
-    r.master_weights = run.master_weights;
-    r.packing = run.packing;
-    r.loss_chunk = run.loss_chunk;
-    r.mlp_chunk = run.mlp_chunk;
     if (given.given("schedule")) {
         r.schedule = run.layout.schedule;
         if (run.layout.schedule == PipeSchedule::interleaved) r.virtual_stages = run.layout.virtual_stages;
     }
-    if (run.layout.sp) r.sp = true;
+    if (given.given("sp")) r.sp = run.layout.sp;   // --sp=false fixes it off
     if (given.given("recompute")) {
         run.recompute.uniform_mask("memfit plan");   // the planner models the uniform policies
         r.recompute = run.recompute.name();
@@ -87,7 +92,126 @@ PlanRequest make_request(const PlanFlags & f, const RunConfig & run, const RunFl
     if (given.given("attention") && run.attention != Attention::auto_) r.flash = run.attention == Attention::flash;
     r.top = size_t(f.top);
     r.explain = f.explain;
+    r.include_plan_only = f.include_plan_only;
     return r;
+}
+
+// --emit-config / --emit-deepspeed: the best runnable row as a file train (or DeepSpeed) reads.
+void emit_files(const PlanFlags & f, const PlanRequest & r, const SearchReport & rep) {
+    if (f.emit_config.empty() && f.emit_deepspeed.empty()) return;
+    const PlanResult * best = nullptr;
+    for (const PlanResult & p : rep.best)
+        if (p.runnable() && !best) best = &p;
+    if (!best)
+        throw Error("--emit-config / --emit-deepspeed: no listed configuration is one memfit train runs; nothing "
+                    "written");
+    if (!f.emit_config.empty()) {
+        write_file_atomic(f.emit_config, train_flags(r, *best).dump(2) + "\n");
+        std::fprintf(stderr, "memfit plan: wrote %s (memfit train --config %s)\n", f.emit_config.c_str(),
+                     f.emit_config.c_str());
+    }
+    if (!f.emit_deepspeed.empty()) {
+        std::vector<std::string> unexpressed;
+        write_file_atomic(f.emit_deepspeed, deepspeed_config(*best, &unexpressed).dump(2) + "\n");
+        std::fprintf(stderr, "memfit plan: wrote %s (DeepSpeed's config of #1)\n", f.emit_deepspeed.c_str());
+        for (const std::string & u : unexpressed)
+            std::fprintf(stderr, "memfit plan: note: %s: not in DeepSpeed's file: %s\n", f.emit_deepspeed.c_str(),
+                         u.c_str());
+    }
+}
+
+// The answer line of an inverse question, and the request and search to print below it.
+struct Answer {
+    std::string line;
+    nlohmann::json json;
+    PlanRequest request;
+    SearchReport report;
+};
+
+Answer ask_inverse(const PlanFlags & f, const RunConfig & run, const RunFlags & given, const PlanRequest & r) {
+    Answer a;
+    if (f.max_seq || f.max_micro_batch) {
+        const Largest l = f.max_seq ? largest_seq(r) : largest_micro_batch(r);
+        const char * what = f.max_seq ? "longest sequence" : "largest micro-batch";
+        if (l.value == 0)
+            throw Error(fmt::format("{}: nothing fits on {} x {} even at {} 1 (memfit plan without {} says what is "
+                                    "closest)", what, r.gpus, r.hw.name, f.max_seq ? "seq" : "micro-batch",
+                                    f.max_seq ? "--max-seq" : "--max-micro-batch"));
+        a.line = fmt::format("{} that fits: {}{} ({} searches)\n", what, l.value,
+                             l.next ? fmt::format(" ({} does not)", l.next) : std::string(" (the most asked about)"),
+                             l.searches);
+        a.json = {{f.max_seq ? "max_seq" : "max_micro_batch", l.value}};
+        a.request = l.request;
+        a.report = l.report;
+        return a;
+    }
+    const std::vector<std::string> models = model_family(f.max_model);
+    const LargestModel m = largest_model(models, [&](const std::string & name) {
+        RunConfig one = run;
+        one.model = name;
+        return make_request(f, one, given);
+    });
+    std::string tried;
+    for (const auto & [name, why] : m.tried)
+        if (!why.empty()) tried += wrap(fmt::format("  {}: {}", name, why), 6);
+    if (m.model.empty())
+        throw Error(fmt::format("largest model: none of {} fits on {} x {}\n{}", fmt::join(models, ", "), r.gpus,
+                                r.hw.name, tried));
+    a.line = fmt::format("largest model that fits: {}\n{}", m.model, tried);
+    a.json = {{"max_model", m.model}};
+    a.request = m.at.request;
+    a.report = m.at.report;
+    return a;
+}
+
+void run_plan(const PlanFlags & f, const RunConfig & run, const RunFlags & given) {
+    // The default file is optional (no calibration yet); one named on the command line is not.
+    if (f.max_seq + f.max_micro_batch + !f.max_model.empty() + f.min_gpus > 1)
+        throw ConfigError("--max-seq, --max-micro-batch, --max-model and --min-gpus each ask one question: give one");
+    // A search records and drops many step programs of tens of MB: keep freed memory in the heap
+    // rather than returning it to the system and faulting it in again (a third of the search's
+    // time on large models).
+    mallopt(M_MMAP_THRESHOLD, 256 << 20);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    PlanRequest r = make_request(f, run, given);
+    // The engine's own scratch sizes: oneDNN's on the CPU, the CUDA backend's on a GPU.
+    const std::unique_ptr<Backend> cpu = make_backend("cpu");
+    const std::unique_ptr<Backend> cuda = make_cuda_sizing_backend();
+    const Backend * sizing = r.hw.name == "cpu" ? cpu.get() : cuda.get();
+    r.exact_sizing = sizing;
+    SearchReport rep;
+    std::string answer;
+    nlohmann::json extra = nlohmann::json::object();
+    if (f.min_gpus) {
+        const int n = min_gpus(r, f.min_gpus_limit, &rep);
+        if (n == 0)
+            throw Error(fmt::format("no configuration of up to {} x {} fits {} at seq {} and global batch {}",
+                                    f.min_gpus_limit, r.hw.name, r.cfg.name, r.run.seq, r.run.global_batch));
+        r.gpus = n;
+        r.nodes = (n + std::max(1, r.hw.per_node) - 1) / std::max(1, r.hw.per_node);
+        answer = fmt::format("fewest devices that fit: {} x {}\n", n, r.hw.name);
+        extra["min_gpus"] = n;
+    } else if (f.max_seq || f.max_micro_batch || !f.max_model.empty()) {
+        Answer a = ask_inverse(f, run, given, r);
+        r = a.request;
+        r.exact_sizing = sizing;
+        rep = std::move(a.report);
+        answer = a.line;
+        extra = a.json;
+    } else {
+        rep = search_plans(r);
+    }
+    if (f.json) {
+        nlohmann::json j = plan_json(r, rep);
+        j.update(extra);
+        std::printf("%s\n", j.dump(2).c_str());
+    } else {
+        std::printf("%s%s", answer.c_str(), format_plan(r, rep, f.explain, f.wide).c_str());
+    }
+    if (rep.best.empty())
+        throw Error(fmt::format("nothing fits on {} x {}; see the closest above (--explain lists more)", r.gpus,
+                                r.hw.name));
+    emit_files(f, r, rep);
 }
 
 }  // namespace
@@ -100,49 +224,40 @@ void add_plan_commands(CLI::App & app) {
     // The run's flags as train takes them; those given are fixed, the rest searched.
     static const RunFlags given = add_run_flags(p, run, RunFlagSet{.execution = false, .layout = true});
     p->add_option("--hardware", f.hardware, "device kind from data/hardware.json (cpu: this machine)")->capture_default_str();
-    p->add_option("--gpus", f.gpus, "devices in all (default: --nodes x devices per node, else 1)")->check(kPositive);
+    p->add_option("--gpus", f.gpus, "devices in all (default: --nodes x devices per node, else 1); past one node, "
+                                    "whole nodes")->check(kPositive);
     p->add_option("--nodes", f.nodes, "nodes (default: as many as --gpus needs)")->check(kPositive);
     p->add_option("--top", f.top, "configurations to list")->capture_default_str()->check(kPositive);
     p->add_flag("--explain", f.explain, "also list the fastest rejected configurations and what would make them fit");
+    p->add_flag("--include-plan-only", f.include_plan_only,
+                "also rank layouts memfit train does not run yet (ZeRO-3 with --tp, parameter offload, ...), each "
+                "marked with the reason; default: counted, not listed");
+    p->add_flag("--wide", f.wide, "every column at full width and a bar of the bytes per row (over 120 columns)");
     p->add_flag("--json", f.json, "print the result as JSON (docs/planner.md)");
     p->add_flag("--min-gpus", f.min_gpus, "find the fewest devices of this kind that fit the run, and its best layout");
+    p->add_flag("--max-seq", f.max_seq, "find the longest sequence (in steps of 128 tokens) that fits, and its layout");
+    p->add_flag("--max-micro-batch", f.max_micro_batch,
+                "find the largest micro-batch per data-parallel rank that fits (the global batch follows it)");
+    p->add_option("--max-model", f.max_model,
+                  "find the largest preset of a family (a name prefix: llama3, qwen2.5, gpt2, ...; presets: all) "
+                  "that fits, and its layout")
+        ->expected(0, 1)
+        ->default_str("presets");
+    p->add_option("--emit-config", f.emit_config,
+                  "write the best row as memfit's config file (memfit train --config FILE runs it)");
+    p->add_option("--emit-deepspeed", f.emit_deepspeed,
+                  "write the best row as a DeepSpeed config (ds_config.json); what it cannot say is printed");
     CLI::Option * calibration =
         p->add_option("--calibration", f.calibration,
                       "the cpu entry's measurements (memfit bench --calibrate; \"\": none)")
             ->capture_default_str();
-    p->callback([calibration] {
-        // The default file is optional (no calibration yet); one named on the command line is not.
+    CLI::Option * max_model = p->get_option("--max-model");
+    p->callback([calibration, max_model] {
         if (calibration->count() > 0 && !f.calibration.empty() && !std::filesystem::is_regular_file(f.calibration))
             throw IoError(fmt::format("--calibration {}: no such file; write one with `memfit bench --calibrate`",
                                       f.calibration));
-        PlanRequest r = make_request(f, run, given);
-        // The engine's own scratch sizes: oneDNN's on the CPU, the CUDA backend's on a GPU.
-        const std::unique_ptr<Backend> cpu_owned = make_backend("cpu");
-        const Backend & cpu = *cpu_owned;
-        const std::unique_ptr<Backend> cuda = make_cuda_sizing_backend();
-        r.exact_sizing = r.hw.name == "cpu" ? static_cast<const Backend *>(&cpu) : cuda.get();
-        SearchReport rep;
-        if (f.min_gpus) {
-            const int n = min_gpus(r, f.min_gpus_limit, &rep);
-            if (n == 0)
-                throw Error(fmt::format("no configuration of up to {} x {} fits {} at seq {} and global batch {}",
-                                        f.min_gpus_limit, r.hw.name, r.cfg.name, r.seq, r.global_batch));
-            r.gpus = n;
-            r.nodes = (n + std::max(1, r.hw.per_node) - 1) / std::max(1, r.hw.per_node);
-            if (!f.json) std::printf("fewest devices that fit: %d x %s\n", n, r.hw.name.c_str());
-        } else {
-            rep = search_plans(r);
-        }
-        if (f.json) {
-            nlohmann::json j = plan_json(r, rep);
-            if (f.min_gpus) j["min_gpus"] = r.gpus;
-            std::printf("%s\n", j.dump(2).c_str());
-        } else {
-            std::printf("%s", format_plan(r, rep, f.explain).c_str());
-        }
-        if (rep.best.empty())
-            throw Error(fmt::format("nothing fits on {} x {}; see the closest above (--explain lists more)", r.gpus,
-                                    r.hw.name));
+        if (max_model->count() > 0 && f.max_model.empty()) f.max_model = "presets";
+        run_plan(f, run, given);
     });
 }
 

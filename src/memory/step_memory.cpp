@@ -70,27 +70,39 @@ MemoryPlan plan_memory(const Program & program, size_t alignment, bool place) {
         plan.reserved.v[size_t(c)] = plan.persistent.v[size_t(c)] + plan.transient.v[size_t(c)];
     }
 
-    // Live bytes per op: persistent buffers always, the others over [first, last].
+    // Live bytes per op: persistent buffers always, the others over [first, last]. Only the ops
+    // where a buffer starts or ends change them, so the sweep visits those, found by a counting
+    // sort of the buffers by first and by last op (4 bytes per op, not a CategoryBytes: a program
+    // of many ops, such as the offloaded update's units, stays cheap to plan).
     CategoryBytes live;
-    std::vector<CategoryBytes> starts(static_cast<size_t>(n_ops)), ends(static_cast<size_t>(n_ops));
+    std::vector<uint32_t> first(size_t(n_ops) + 1, 0), last(size_t(n_ops) + 1, 0);
     for (const auto & b : bufs) {
         if (b.persistent) live[b.category] += b.bytes;
-        else if (b.first_op >= 0) {
-            starts[size_t(b.first_op)][b.category] += b.bytes;
-            ends[size_t(b.last_op)][b.category] += b.bytes;
-        }
+        else if (b.first_op >= 0) ++first[size_t(b.first_op) + 1], ++last[size_t(b.last_op) + 1];
+    }
+    for (size_t i = 0; i < size_t(n_ops); ++i) first[i + 1] += first[i], last[i + 1] += last[i];
+    std::vector<uint32_t> by_first(first.back()), by_last(last.back());
+    {
+        std::vector<uint32_t> f(first.begin(), first.end() - 1), l(last.begin(), last.end() - 1);
+        for (size_t i = 0; i < bufs.size(); ++i)
+            if (!bufs[i].persistent && bufs[i].first_op >= 0) {
+                by_first[f[size_t(bufs[i].first_op)]++] = uint32_t(i);
+                by_last[l[size_t(bufs[i].last_op)]++] = uint32_t(i);
+            }
     }
     plan.peak_live = live;
     plan.persistent_live = live;
     plan.peak_live_total = live.total();
-    for (int i = 0; i < n_ops; ++i) {
-        for (size_t c = 0; c < kCategoryCount; ++c) live.v[c] += starts[size_t(i)].v[c];
+    plan.peak_op = n_ops > 0 ? 0 : -1;
+    for (size_t i = 0; i < size_t(n_ops); ++i) {
+        if (first[i] == first[i + 1] && last[i] == last[i + 1]) continue;
+        for (uint32_t k = first[i]; k < first[i + 1]; ++k) live[bufs[by_first[k]].category] += bufs[by_first[k]].bytes;
         for (size_t c = 0; c < kCategoryCount; ++c) plan.peak_live.v[c] = std::max(plan.peak_live.v[c], live.v[c]);
-        if (plan.peak_op < 0 || live.total() > plan.peak_live_total) {
-            plan.peak_live_total = std::max(plan.peak_live_total, live.total());
-            plan.peak_op = i;
+        if (live.total() > plan.peak_live_total) {
+            plan.peak_live_total = live.total();
+            plan.peak_op = int(i);
         }
-        for (size_t c = 0; c < kCategoryCount; ++c) live.v[c] -= ends[size_t(i)].v[c];
+        for (uint32_t k = last[i]; k < last[i + 1]; ++k) live[bufs[by_last[k]].category] -= bufs[by_last[k]].bytes;
     }
     return plan;
 }

@@ -79,7 +79,9 @@ void check_pipeline(const ModelConfig & cfg, int P, int V) {
     if (V > 1 && P * V > cfg.n_layer)
         throw ConfigError(fmt::format("--pp {} with --schedule interleaved:{} needs {} chunks of blocks, the model has "
                                       "{} blocks; lower V or --pp", P, V, P * V, cfg.n_layer));
-    pipeline_stages(cfg, P * V, 1);
+    if (P * V < 1 || P * V > cfg.n_layer)   // pipeline_stages' own refusal, without its cuts
+        throw ConfigError(fmt::format("--pp {}: the model has {} blocks; every stage needs at least one (use --pp "
+                                      "between 1 and {})", P * V, cfg.n_layer, cfg.n_layer));
 }
 
 std::vector<StageRange> stage_chunks(const ModelConfig & cfg, const PipelineParallel & pp, int seq) {

@@ -1,5 +1,8 @@
 #include "model/transformer.h"
 
+#include <string_view>
+#include <unordered_map>
+
 #include "backend/quant_format.h"
 #include "core/error.h"
 
@@ -11,9 +14,17 @@
 namespace memfit {
 
 ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, BufferId flat, DType dtype) {
+    // Every name once, looked up by hash (a scan per name is quadratic in the layers).
+    std::unordered_map<std::string_view, const ParamInfo *> by_name;
+    by_name.reserve(layout.params.size());
+    for (const ParamInfo & p : layout.params) by_name.emplace(p.name, &p);
+    auto find = [&](const std::string & name) -> const ParamInfo * {
+        const auto it = by_name.find(name);
+        return it == by_name.end() ? nullptr : it->second;
+    };
     // A name the layout lacks (a quantized projection of a LoRA base) gives an invalid view.
     auto view = [&](const std::string & name) {
-        const ParamInfo * pp = layout.try_find(name);
+        const ParamInfo * pp = find(name);
         if (!pp) return Tensor{};
         const ParamInfo & p = *pp;
         Tensor t(flat, dtype, {int64_t(p.numel)}, p.offset * dtype_size(dtype));
@@ -24,13 +35,15 @@ ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, 
     // Adjacent [out, in] matrices as one [sum of outs, in] matrix; adjacent vectors as one
     // vector (Qwen2's q, k and v biases: the fused q|k|v bias).
     auto fused = [&](std::initializer_list<std::string> names) {
-        if (!layout.try_find(*names.begin())) return Tensor{};
-        const ParamInfo & first = layout.find(*names.begin());
+        if (!find(*names.begin())) return Tensor{};
+        const ParamInfo & first = *find(*names.begin());
         const bool matrix = first.shape.size() == 2;
         size_t end = first.offset;
         int64_t rows = 0;
         for (const auto & n : names) {
-            const ParamInfo & p = layout.find(n);
+            const ParamInfo * pp = find(n);
+            MF_ASSERT(pp && "parameter not in layout");
+            const ParamInfo & p = *pp;
             MF_ASSERT(p.offset == end && p.shape.size() == first.shape.size() &&
                       (!matrix || p.shape[1] == first.shape[1]));
             end += p.numel;

@@ -61,6 +61,18 @@ ModelWeights lora_model_weights(const ModelConfig & cfg, const LoraOptions & lor
 // --offload optimizer's staged unit, elements (a multiple of the 8-bit moments' block of 256):
 // 3 MiB of fp32 master weights and moments, three units live at once (train/step.h).
 constexpr size_t kOffloadUnit = size_t(1) << 18;
+// Past kOffloadUnits units of kOffloadUnit (a shard of 64 Mi elements), the unit grows with the
+// shard, up to kMaxOffloadUnit (4 Mi elements: three units' staging at most 144 MiB), so a
+// shard is staged in about kOffloadUnits units (plus one per parameter it cuts): a 70B model's
+// shard of a billion elements takes ~256 units of 4 Mi elements, not 4,096 of 2^18 (DeepSpeed's
+// sub_group_size is 1e9 elements): fewer copies and launches per step, and a planner that
+// records the step in a few milliseconds.
+constexpr size_t kOffloadUnits = 256;
+constexpr size_t kMaxOffloadUnit = size_t(1) << 22;
+constexpr size_t offload_unit_for(size_t shard, size_t unit = kOffloadUnit) {
+    const size_t grown = (shard / kOffloadUnits + 255) / 256 * 256;
+    return grown > unit ? (grown < kMaxOffloadUnit ? grown : kMaxOffloadUnit) : unit;
+}
 
 struct ModelOptions {
     bool with_backward = false;  // declare the backward pass's gradient buffers

@@ -92,8 +92,15 @@ int auto_chunk_rows(int64_t rows) {
 int auto_loss_chunk(const ModelConfig & cfg, const Backend & backend, EngineOptions eo) {
     const uint64_t whole = uint64_t(eo.B) * uint64_t(eo.T) * uint64_t(std::max(0, cfg.vocab_size)) * 4;
     if (whole < kAutoChunkMinBytes) return 0;   // too small to be worth a plan (a tensor rank's are smaller still)
+    // A pipeline's head is on its last stage; the others have no logits to chunk.
+    if (eo.pipeline_parallel > 1 && eo.pp_rank != eo.pipeline_parallel - 1) return 0;
     eo.loss_chunk = 0;
     eo.budget = 0;
+    // Judged on the training step alone, and on a pipeline's step of one micro-batch: the same
+    // choice whoever asks (the trainer with its evaluation program, the planner without) and
+    // whatever the micro-batches in flight, so that memfit plan records the program train runs.
+    eo.with_eval = false;
+    if (eo.pipeline_parallel > 1) eo.grad_accum = 1;
     std::optional<StepPlans> planned;
     try {
         planned.emplace(cfg, backend, eo);

@@ -26,6 +26,9 @@ DistillOptions distill_options(const RunConfig & r, const ModelConfig & cfg, DTy
 // fp32 logits would be at least kAutoChunkMinBytes and a quarter of the step's unchunked peak
 // (planned exactly for `eo`), else 0: the rows of kAutoChunkShare of the logits, a multiple of
 // 64 and at least kAutoChunkMinRows. The analytic planner applies the same rule (memory_model.h).
+// The peak is the training step's without evaluation, and a pipeline's with one micro-batch (on
+// its last stage, which holds the head; the others never chunk), so the choice does not depend on
+// who asks or on the micro-batches in flight.
 constexpr uint64_t kAutoChunkMinBytes = uint64_t(64) << 20;
 constexpr int kAutoChunkMinRows = 512, kAutoChunkShare = 8;
 int auto_chunk_rows(int64_t rows);   // the chunk for `rows` tokens when chunking

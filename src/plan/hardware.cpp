@@ -26,7 +26,10 @@ constexpr const char * kFields[] = {"name",        "description",  "source",    
                                     "mem_bw_gbs",  "per_node",     "intra_bw_gbs",    "intra_latency_us",
                                     "inter_bw_gbs", "inter_latency_us", "host_bw_gbs", "host_memory_gib"};
 // Optional: the time model's efficiencies (fractions in (0, 1]); the defaults of plan_types.h otherwise.
-constexpr const char * kOptional[] = {"notes", "matmul_efficiency", "attention_efficiency", "bandwidth_efficiency"};
+// "efficiencies_from": the entry whose published runs the efficiencies were fitted on, when not
+// this kind's own (the planner says so beside its speeds).
+constexpr const char * kOptional[] = {"notes", "matmul_efficiency", "attention_efficiency", "bandwidth_efficiency",
+                                      "efficiencies_from"};
 constexpr const char * kTopLevel[] = {"format", "version", "units", "notes", "devices"};
 
 std::string known_list(const auto & names) {
@@ -140,6 +143,7 @@ Hardware parse_entry(const std::string & path, const json & e, size_t index) {
     h.matmul_eff = r.fraction("matmul_efficiency", kDefaultMatmulEfficiency);
     h.attention_eff = r.fraction("attention_efficiency", kDefaultAttentionEfficiency);
     h.bandwidth_eff = r.fraction("bandwidth_efficiency", kDefaultBandwidthEfficiency);
+    if (e.contains("efficiencies_from")) h.efficiencies_from = r.text("efficiencies_from");
     return h;
 }
 
@@ -201,6 +205,12 @@ std::vector<Hardware> load_hardware_catalog(const std::string & path) {
             throw ConfigError(fmt::format("hardware catalog {}: entry #{}, field 'name': '{}' appears twice", path, i + 1,
                                           h.name));
         out.push_back(std::move(h));
+    }
+    for (size_t i = 0; i < out.size(); ++i) {
+        const std::string & from = out[i].efficiencies_from;
+        if (!from.empty() && !seen.count(from))
+            throw ConfigError(fmt::format("hardware catalog {}: entry '{}', field 'efficiencies_from': '{}' is not an "
+                                          "entry of the catalog", path, out[i].name, from));
     }
     return out;
 }

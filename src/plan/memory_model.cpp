@@ -110,16 +110,19 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     }
     if (L.offload == Offload::optimizer) {
         // memfit's engine (train/step.h): master weights and moments in host memory, staged
-        // through the device three units of 2^18 elements at a time; the gradients stay.
+        // through the device three units at a time (2^18 elements, more past a shard of 64 Mi:
+        // offload_unit_for); the gradients stay.
         // --offload-fraction F: that share of both (whole units of the shard, here to the byte).
         const double per = optimizer_state_bytes(c.optimizer) +
                            (c.compute == DType::f32 || c.master_weights == MasterWeights::bf16_sr ? 0.0 : 4.0);
         const double F = c.offload_fraction;
+        const uint64_t trainable = lp ? uint64_t((layers * lp->adapters_per_layer + L.tp - 1) / L.tp) : uint64_t(params);
+        const size_t unit = offload_unit_for(L.zero >= 1 ? ceil_div(trainable, uint64_t(L.dp)) : trainable);
         const uint64_t mw = m.device[Category::master_weights], os = m.device[Category::optimizer_states];
         m.host = uint64_t(std::ceil(F * double(mw + os)));
         m.device[Category::master_weights] = mw - uint64_t(std::ceil(F * double(mw)));
         m.device[Category::optimizer_states] = os - uint64_t(std::ceil(F * double(os))) +
-                                               std::min(m.host, uint64_t(std::ceil(3.0 * double(kOffloadUnit) * per)));
+                                               std::min(m.host, uint64_t(std::ceil(3.0 * double(unit) * per)));
     }
     if (L.offload == Offload::optimizer_params) {
         // ZeRO-Offload: the optimizer runs on the host, so gradients stream there bucket by
@@ -270,45 +273,56 @@ uint64_t megatron_layer_activation_bytes(const ModelConfig & cfg, int b, int s, 
 
 namespace {
 
-// The engine's program of every stage with m micro-batches (per step and data-parallel rank),
-// recorded and placed: each stage's peak live bytes, and the bytes of the frozen LoRA base.
-struct Recorded {
-    std::vector<CategoryBytes> live;
-    uint64_t frozen = 0;
+// The engine's options of a candidate's stage programs as the trainer resolves them: stage 0's,
+// and the last stage's --loss-chunk auto (the trainer resolves it per stage; only the last, which
+// holds the head, can chunk, and the choice does not depend on the micro-batches: plan/fit.h).
+struct StageOptions {
+    EngineOptions eo;
+    int last_chunk = 0;
 };
 
-Recorded record_stages(const ModelConfig & cfg, const Candidate & c, int seq, const Backend & sizing, int m) {
-    const Layout & L = c.layout;
-    // Rank 0's program for each stage: every data and tensor rank's buffers have the same sizes
-    // (equal, padded shards and slices); the stages differ, and the largest is the device's.
-    RunConfig run = candidate_run(c, seq);
-    run.grad_accum = m;
-    EngineOptions eo = engine_options(run, cfg, sizing, /*with_eval=*/false);
-    if (c.lora_plan) eo.lora = c.lora_plan->opts;
-    if (c.distill_plan) eo.distill = c.distill_plan->opts;
-    Recorded r;
-    for (int stage = 0; stage < L.pp; ++stage) {
-        eo.pp_rank = stage;
-        const StepPlans plans(cfg, sizing, eo, /*place=*/false);
-        r.live.push_back(plans.peak_live());
-        if (c.lora_plan && stage == 0)
-            for (const auto & buf : plans.train->program().buffers())
-                if (buf.name == "parameters" || buf.name == "parameters.quantized") r.frozen += buf.bytes;
+StageOptions stage_options(const ModelConfig & cfg, const Candidate & c, int seq, const Backend & sizing) {
+    const RunConfig run = candidate_run(c, seq);
+    StageOptions so;
+    so.eo = engine_options(run, cfg, sizing, /*with_eval=*/false);
+    if (c.lora_plan) so.eo.lora = c.lora_plan->opts;
+    if (c.distill_plan) so.eo.distill = c.distill_plan->opts;
+    so.last_chunk = so.eo.loss_chunk;
+    if (c.layout.pp > 1 && run.loss_chunk < 0) {
+        EngineOptions last = so.eo;
+        last.pp_rank = c.layout.pp - 1;
+        so.last_chunk = auto_loss_chunk(cfg, sizing, last);
     }
-    return r;
+    return so;
+}
+
+// Rank 0's program of one stage with m micro-batches (per step and data-parallel rank), recorded:
+// its peak live bytes, and (stage 0) the bytes of the frozen LoRA base. Every data and tensor
+// rank's buffers have the same sizes (equal, padded shards and slices); the stages differ.
+CategoryBytes record_stage(const ModelConfig & cfg, const Candidate & c, const Backend & sizing,
+                           const StageOptions & so, int stage, int m, uint64_t * frozen) {
+    EngineOptions eo = so.eo;
+    eo.grad_accum = m;
+    eo.pp_rank = stage;
+    eo.loss_chunk = stage == c.layout.pp - 1 ? so.last_chunk : so.eo.loss_chunk;
+    const StepPlans plans(cfg, sizing, eo, /*place=*/false);
+    if (frozen && c.lora_plan)
+        for (const auto & buf : plans.train->program().buffers())
+            if (buf.name == "parameters" || buf.name == "parameters.quantized") *frozen += buf.bytes;
+    return plans.peak_live();
 }
 
 }  // namespace
 
-PipelineSamples pipeline_samples(const Layout & L) {
-    // Where a pipeline's peak live bytes become affine in m (tests/plan/test_plan_memory.cpp checks
+PipelineSamples pipeline_samples(const Layout & L, int stage) {
+    // Where a stage's peak live bytes become affine in m (tests/plan/test_plan_memory.cpp checks
     // the extrapolation against full recordings): GPipe from 2 micro-batches (accumulation makes
-    // the gradients fp32), 1F1B once every stage reaches its steady state (m >= P), interleaving
-    // once its warm-up of (P - s - 1) * 2 + (V - 1) * P chunk forwards fits twice (m >= 2P),
-    // stepping by P there (m is a multiple of P).
+    // the gradients fp32), 1F1B once the stage reaches its steady state (m >= P - s, its warm-up
+    // of P - s - 1 forwards and one more), interleaving once its warm-up of (P - s - 1) * 2 +
+    // (V - 1) * P chunk forwards fits twice (m >= 2P), stepping by P there (m is a multiple of P).
     const int P = L.pp;
     if (L.schedule == PipeSchedule::interleaved) return {2 * P, P};
-    if (L.schedule == PipeSchedule::one_f_one_b) return {std::max(2, P), 1};
+    if (L.schedule == PipeSchedule::one_f_one_b) return {std::max(2, P - stage), 1};
     return {2, 1};
 }
 
@@ -317,22 +331,29 @@ DeviceMemory exact_memory(const ModelConfig & cfg, const Hardware & hw, const Ca
     const Layout & L = c.layout;
     check_supported(candidate_run(c, seq), cfg, &sizing);
     const int m = c.grad_accum;
-    Recorded rec;
-    const PipelineSamples at = pipeline_samples(L);
-    if (extrapolate && L.pp > 1 && m > at.from + at.step) {
-        // A pipeline's program holds all m micro-batches, so its recording costs O(m); its peak
-        // live bytes are affine in m past `from`: two recordings give every stage's line.
-        const Recorded a = record_stages(cfg, c, seq, sizing, at.from);
-        const Recorded b = record_stages(cfg, c, seq, sizing, at.from + at.step);
+    const StageOptions so = stage_options(cfg, c, seq, sizing);
+    struct {
+        std::vector<CategoryBytes> live;
+        uint64_t frozen = 0;
+    } rec;
+    for (int stage = 0; stage < L.pp; ++stage) {
+        uint64_t * frozen = stage == 0 ? &rec.frozen : nullptr;
+        const PipelineSamples at = pipeline_samples(L, stage);
+        if (!extrapolate || L.pp == 1 || m <= at.from + at.step) {
+            rec.live.push_back(record_stage(cfg, c, sizing, so, stage, m, frozen));
+            continue;
+        }
+        // A pipeline's program holds all m micro-batches, so its recording costs O(m); a stage's
+        // peak live bytes are affine in m past `from`: two recordings give its line.
+        const CategoryBytes a = record_stage(cfg, c, sizing, so, stage, at.from, frozen);
+        const CategoryBytes b = record_stage(cfg, c, sizing, so, stage, at.from + at.step, nullptr);
         const uint64_t steps = uint64_t((m - at.from) / at.step);
-        rec.live = a.live;
-        for (size_t st = 0; st < a.live.size(); ++st)
-            for (size_t k = 0; k < kCategoryCount; ++k) {
-                MF_ASSERT(b.live[st].v[k] >= a.live[st].v[k]);
-                rec.live[st].v[k] += (b.live[st].v[k] - a.live[st].v[k]) * steps;
-            }
-    } else {
-        rec = record_stages(cfg, c, seq, sizing, m);
+        CategoryBytes live = a;
+        for (size_t k = 0; k < kCategoryCount; ++k) {
+            MF_ASSERT(b.v[k] >= a.v[k]);
+            live.v[k] += (b.v[k] - a.v[k]) * steps;
+        }
+        rec.live.push_back(live);
     }
     DeviceMemory mem;
     for (size_t stage = 0; stage < rec.live.size(); ++stage) {

@@ -131,8 +131,9 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
 DeviceMemory exact_memory(const ModelConfig & cfg, const Hardware & hw, const Candidate & c, int seq,
                           const Backend & sizing, bool extrapolate = true);
 
-// The micro-batch counts a pipeline's recording is extrapolated from: `from` and `from + step`.
+// The micro-batch counts a pipeline stage's recording is extrapolated from: `from` and
+// `from + step` (stage 0's are the largest).
 struct PipelineSamples { int from = 2, step = 1; };
-PipelineSamples pipeline_samples(const Layout & L);
+PipelineSamples pipeline_samples(const Layout & L, int stage = 0);
 
 }  // namespace memfit

@@ -1,14 +1,22 @@
 #include "plan/plan_report.h"
 
 #include <algorithm>
+#include <cmath>
+#include <sstream>
 #include <string_view>
 
 #include <fmt/format.h>
 
 #include "core/units.h"
+#include "plan/launch.h"
 #include "plan/lora_plan.h"
 
 namespace memfit {
+
+const char * const kExactMeaning =
+    "exact = the byte-exact step program of memfit's engine for this backend, recorded and placed as memfit train "
+    "does (measured equal on CPUs; on GPUs the CUDA backend's accounting, not yet measured on a GPU); model = the "
+    "analytic model (docs/planner.md)";
 
 namespace {
 
@@ -28,33 +36,25 @@ std::string bar(const CategoryBytes & b, uint64_t capacity, int width) {
     return s + std::string(size_t(std::max(0, width - int(s.size()))), '.');
 }
 
-nlohmann::json result_json(const PlanResult & p) {
-    nlohmann::json mem = nlohmann::json::object();
-    for (size_t c = 0; c < kCategoryCount; ++c) mem[std::string(kCategoryNames[c])] = p.mem.device.v[c];
-    nlohmann::json stages = nlohmann::json::array();
-    for (const auto & st : p.mem.stages) stages.push_back(st.total());
-    const Layout & l = p.c.layout;
-    return {{"layout", {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"zero", l.zero},
-                        {"offload", l.offload == Offload::none ? "none"
-                                    : l.offload == Offload::optimizer ? "optimizer" : "optimizer+params"},
-                        {"sp", l.sp},
-                        {"schedule", l.schedule == PipeSchedule::gpipe ? "gpipe"
-                                     : l.schedule == PipeSchedule::one_f_one_b ? "1f1b"
-                                     : fmt::format("interleaved:{}", l.virtual_stages)}}},
-            {"micro_batch", p.c.micro_batch}, {"accumulation", p.c.grad_accum}, {"recompute", p.c.recompute.name()},
-            {"attention", p.c.flash() ? "flash" : "naive"},
-            {"memory", {{"per_device", mem}, {"total", p.mem.total()}, {"host", p.mem.host},
-                        {"most_loaded", p.mem.loaded}, {"exact", p.mem.exact}, {"frozen", p.mem.frozen},
-                        {"stages", stages}}},
-            {"time", {{"step_s", p.time.total}, {"compute_s", p.time.compute}, {"recompute_s", p.time.recompute},
-                      {"memory_bound_s", p.time.memory_bound}, {"comm_s", p.time.comm},
-                      {"comm_exposed_s", p.time.comm_exposed}, {"bubble_s", p.time.bubble},
-                      {"offload_s", p.time.offload}}},
-            {"tokens_per_s", p.time.tokens_per_s}, {"mfu", p.time.mfu}, {"fits", p.fits},
-            {"why", p.why}};
+const char * offload_short(Offload o) {
+    return o == Offload::none ? "-" : o == Offload::optimizer ? "opt" : "opt+par";
 }
 
-// 4194304 -> "4.19M" (and the exact count).
+std::string schedule_short(const Layout & l) {
+    if (l.pp <= 1) return "-";
+    if (l.schedule == PipeSchedule::interleaved) return fmt::format("intl:{}", l.virtual_stages);
+    return l.schedule == PipeSchedule::gpipe ? "GPipe" : "1F1B";
+}
+
+// Tokens/s as the model knows them: to the token where the kind's efficiencies are its own,
+// to two significant figures ("~86,000") where they are borrowed from another kind.
+std::string speed(const Hardware & hw, double tokens_per_s) {
+    if (hw.efficiencies_from.empty() || tokens_per_s < 100) return fmt::format("{:.0f}", tokens_per_s);
+    const double mag = std::pow(10.0, std::floor(std::log10(tokens_per_s)) - 1);
+    return fmt::format("~{:.0f}", std::round(tokens_per_s / mag) * mag);
+}
+
+// 4194304 -> "4.19M (4194304)".
 std::string format_count(int64_t n) {
     const double x = double(n);
     const std::string short_form = x >= 1e9 ? fmt::format("{:.2f}B", x / 1e9)
@@ -63,80 +63,182 @@ std::string format_count(int64_t n) {
     return fmt::format("{} ({})", short_form, n);
 }
 
-nlohmann::json lora_json_of(const PlanRequest & r) {
-    if (!r.lora) return nullptr;
-    const LoraPlan & lp = *r.lora;
-    return {{"rank", lp.opts.rank}, {"alpha", lp.opts.alpha}, {"targets", lp.opts.targets},
-            {"base_weights", lp.quantized() ? base_weights_name(lp.opts.base) : dtype_name(r.compute)},
-            {"double_quant", lp.opts.base == BaseWeights::nf4 && lp.opts.double_quant}, {"dropout", lp.opts.dropout},
-            {"trainable_params", lp.adapters}};
+std::string plan_kind(const PlanResult & p) { return p.mem.exact ? "exact" : "model"; }
+
+std::string compact_row(const PlanRequest & r, const PlanResult & p, int i) {
+    const Layout & l = p.c.layout;
+    return fmt::format("  {:<4}{:<14}{:>4}  {:<4}{:<7}{:<8}{:<10}{:<10}{:<6}{:>10}{:>9.4g}{:>10}{:>5.0f}%  {}\n",
+                       fmt::format("{}{}", i, p.runnable() ? "" : "!"), fmt::format("{} x {} x {}", l.dp, l.tp, l.pp),
+                       l.zero, l.sp ? "sp" : "-", schedule_short(l), offload_short(l.offload),
+                       fmt::format("{} x {}", p.c.micro_batch, p.c.grad_accum), p.c.recompute.name(),
+                       p.c.flash() ? "flash" : "naive", format_bytes(p.mem.total()), p.time.total,
+                       speed(r.hw, p.time.tokens_per_s), 100.0 * p.time.mfu, plan_kind(p));
 }
 
-}  // namespace
-
-std::string format_plan(const PlanRequest & r, const SearchReport & rep, bool explain) {
-    const uint64_t cap = r.hw.memory;
-    std::string out = fmt::format(
-        "memfit plan: {} ({:.2f}B parameters) on {} x {} ({} per device: {} usable + {} runtime), seq {}, global batch "
-        "{}, {}\n",
-        r.cfg.name, double(r.cfg.num_params()) / 1e9, r.gpus, r.hw.name, format_bytes(cap), format_bytes(r.hw.usable),
-        format_bytes(cap - std::min(cap, r.hw.usable)), r.seq, r.global_batch, dtype_name(r.compute));
-    if (r.lora)
-        out += fmt::format("  LoRA {}: {} trainable parameters ({:.3f}% of {:.2f}B), the base frozen\n",
-                           lora_description(*r.lora, r.compute), format_count(r.lora->adapters),
-                           100.0 * double(r.lora->adapters) / double(r.cfg.num_params()),
-                           double(r.cfg.num_params()) / 1e9);
-    out += fmt::format("  {} configurations evaluated, {} fit, {} layouts pruned on model states alone, {} engine "
-                       "programs recorded, in {:.2f} s\n",
-                       rep.evaluated, rep.fitting, rep.pruned_layouts, rep.exact_recorded, rep.seconds);
-    if (rep.best.empty()) {
-        out += "  nothing fits";
-        if (!rep.rejected.empty()) out += ": closest, " + rep.rejected.front().why;
-        out += std::string("\n  hint: more devices (--min-gpus), a smaller --global-batch or --seq, or ") +
-               (!r.lora ? "--offload optimizer\n"
-                : r.lora->quantized() ? "a smaller --lora-rank or fewer --lora-targets\n"
-                                      : "a packed base (--base-weights nf4)\n");
-    } else {
-        out += fmt::format("\n  {:<3} {:<50} {:<48} {:>10} {:>9} {:>11} {:>5}  memory per device ({})\n", "#",
-                           "layout", "micro-batch x accumulation", "per device", "step s", "tokens/s", "MFU",
-                           "P params, M master, O optimizer, G grads, A activations, W workspace, C comm, R runtime, T teacher");
-        int i = 0;
-        for (const PlanResult & p : rep.best)
-            out += fmt::format("  {:<3} {:<50} {:<48} {:>10} {:>9.3f} {:>11.0f} {:>4.0f}%  |{}|{}\n", ++i,
-                               layout_name(p.c.layout), technique_name(p.c), format_bytes(p.mem.total()), p.time.total,
-                               p.time.tokens_per_s, 100.0 * p.time.mfu, bar(p.mem.device, cap, 40),
-                               p.mem.exact ? " exact" : "");
-        const PlanResult & b = rep.best.front();
-        out += fmt::format("  best: most loaded device is {}; {}", b.mem.loaded,
-                           b.mem.host ? fmt::format("{} offloaded to host memory per device; ", format_bytes(b.mem.host))
-                                      : std::string());
-        out += fmt::format("headroom {}\n", format_bytes(cap - std::min(cap, b.mem.total())));
-        for (size_t st = 0; st < b.mem.stages.size(); ++st)
-            out += fmt::format("    pipeline stage {}: {} peak live (without runtime)\n", st,
-                               format_bytes(b.mem.stages[st].total()));
-        if (r.lora)
-            out += fmt::format("  parameters on that device: frozen base {}, adapters {}\n", format_bytes(b.mem.frozen),
-                               format_bytes(b.mem.device[Category::parameters] - b.mem.frozen));
+// A command over lines of at most kPlanColumns, cut before its flags and continued with " \",
+// so that it pastes into a shell as it is printed.
+std::string command_lines(const std::string & cmd, size_t indent) {
+    std::vector<std::string> parts;
+    for (size_t at = 0; at < cmd.size();) {
+        size_t next = cmd.find(" --", at + 1);
+        if (next == std::string::npos) next = cmd.size();
+        parts.push_back(cmd.substr(at, next - at));
+        at = next;
     }
-    if (explain && !rep.rejected.empty()) {
-        out += "\n  rejected (fastest first):\n";
-        for (const PlanResult & p : rep.rejected)
-            out += fmt::format("    {} | {}: {}\n", layout_name(p.c.layout), technique_name(p.c), p.why);
+    std::string out, line(indent, ' ');
+    for (const std::string & p : parts) {
+        if (line.size() > indent + 2 && line.size() + p.size() + 2 > kPlanColumns) {
+            out += line + " \\\n";
+            line = std::string(indent + 1, ' ') + p;   // p starts with its space
+        } else {
+            line += p;
+        }
+    }
+    return out + line + "\n";
+}
+
+std::string table(const PlanRequest & r, const SearchReport & rep, bool wide) {
+    std::string out;
+    if (wide) {
+        out += fmt::format("\n  {:<4} {:<50} {:<48} {:>10} {:>9} {:>11} {:>5}  {:<42} {}\n", "#", "layout",
+                           "micro-batch x accumulation", "per device", "step s", "tokens/s", "MFU",
+                           "memory per device (bar, legend below)", "plan");
+        int i = 0;
+        for (const PlanResult & p : rep.best) {
+            ++i;
+            out += fmt::format("  {:<4} {:<50} {:<48} {:>10} {:>9.3f} {:>11} {:>4.0f}%  |{}| {}\n",
+                               fmt::format("{}{}", i, p.runnable() ? "" : "!"), layout_name(p.c.layout),
+                               technique_name(p.c), format_bytes(p.mem.total()), p.time.total,
+                               speed(r.hw, p.time.tokens_per_s), 100.0 * p.time.mfu, bar(p.mem.device, r.hw.memory, 40),
+                               plan_kind(p));
+        }
+        out += "  bar: P params, M master, O optimizer, G grads, A activations, W workspace, C comm, R runtime, T teacher\n";
+    } else {
+        out += fmt::format("\n  {:<4}{:<14}{:>4}  {:<4}{:<7}{:<8}{:<10}{:<10}{:<6}{:>10}{:>9}{:>10}{:>6}  {}\n", "#",
+                           "dp x tp x pp", "ZeRO", "sp", "pipe", "offload", "batch", "recompute", "attn",
+                           "per device", "step s", "tokens/s", "MFU", "plan");
+        int i = 0;
+        for (const PlanResult & p : rep.best) out += compact_row(r, p, ++i);
+    }
+    // The rows memfit train refuses, grouped by its reason.
+    std::vector<std::pair<std::string, std::vector<int>>> refused;
+    for (size_t i = 0; i < rep.best.size(); ++i) {
+        const std::string & why = rep.best[i].refused;
+        if (why.empty()) continue;
+        auto it = std::find_if(refused.begin(), refused.end(), [&](const auto & g) { return g.first == why; });
+        if (it == refused.end()) it = refused.insert(refused.end(), {why, {}});
+        it->second.push_back(int(i) + 1);
+    }
+    for (const auto & [why, rows] : refused)
+        out += wrap(fmt::format("  {}! memfit train does not run {} yet: {}", fmt::join(rows, ", "),
+                                rows.size() > 1 ? "these" : "this", why), 6);
+    if (!wide)
+        out += wrap("  batch: micro-batch x accumulation per data-parallel rank; pipe: schedule; offload: opt = "
+                    "optimizer states, opt+par = also the weights; --wide: the whole names and a bar of the bytes",
+                    4);
+    out += wrap("  plan: " + std::string(kExactMeaning), 4);
+    if (const std::string b = borrowed_efficiencies(r.hw); !b.empty())
+        out += wrap("  speed: " + b + " (no published run on this kind calibrates it): step s, tokens/s and MFU are "
+                    "estimates, a ranking more than a promise", 4);
+    return out;
+}
+
+// The best row: where its bytes go, every pipeline stage, and the command that runs it.
+std::string best_block(const PlanRequest & r, const SearchReport & rep) {
+    const uint64_t cap = r.hw.memory;
+    const PlanResult & b = rep.best.front();
+    std::string out = "\n";
+    out += wrap(fmt::format("  best (#1): most loaded device is {}; {}headroom {}", b.mem.loaded,
+                                              b.mem.host ? fmt::format("{} offloaded to host memory per device; ",
+                                                                       format_bytes(b.mem.host))
+                                                         : std::string(),
+                                              format_bytes(cap - std::min(cap, b.mem.total()))), 4);
+    std::string cats;
+    for (size_t c = 0; c < kCategoryCount; ++c)
+        if (b.mem.device.v[c] > 0)
+            cats += fmt::format("{}{} {}", cats.empty() ? "" : ", ", kCategoryNames[c], format_bytes(b.mem.device.v[c]));
+    out += wrap("    " + cats, 4);
+    out += fmt::format("    |{}|\n", bar(b.mem.device, cap, 80));
+    for (size_t st = 0; st < b.mem.stages.size(); ++st)
+        out += fmt::format("    pipeline stage {}: {} peak live (without runtime)\n", st,
+                           format_bytes(b.mem.stages[st].total()));
+    if (r.lora)
+        out += fmt::format("    parameters on that device: frozen base {}, adapters {}\n", format_bytes(b.mem.frozen),
+                           format_bytes(b.mem.device[Category::parameters] - b.mem.frozen));
+    if (b.runnable()) {
+        out += "  run it (with --data DIR from memfit prepare, and --steps N):\n";
+        out += command_lines(launch_command(r, b), 4);
     }
     return out;
 }
 
-nlohmann::json plan_json(const PlanRequest & r, const SearchReport & rep) {
-    nlohmann::json best = nlohmann::json::array(), rejected = nlohmann::json::array();
-    for (const auto & p : rep.best) best.push_back(result_json(p));
-    for (const auto & p : rep.rejected) rejected.push_back(result_json(p));
-    return {{"model", r.cfg.name}, {"params", r.cfg.num_params()}, {"hardware", r.hw.name}, {"gpus", r.gpus},
-            {"nodes", r.nodes}, {"seq", r.seq}, {"global_batch", r.global_batch},
-            {"precision", std::string(dtype_name(r.compute))}, {"lora", lora_json_of(r)}, {"device_memory", r.hw.memory},
-            {"usable_memory", r.hw.usable}, {"evaluated", rep.evaluated}, {"fitting", rep.fitting},
-            {"pruned_layouts", rep.pruned_layouts}, {"exact_recorded", rep.exact_recorded},
-            {"seconds", rep.seconds}, {"best", best},
-            {"rejected", rejected}};
+std::string header(const PlanRequest & r, const SearchReport & rep) {
+    const uint64_t cap = r.hw.memory;
+    std::string out = fmt::format("memfit plan: {} ({:.2f}B parameters), seq {}, {}, {}\n", r.cfg.name,
+                                  double(r.cfg.num_params()) / 1e9, r.run.seq,
+                                  r.run.global_batch > 0 ? fmt::format("global batch {}", r.run.global_batch)
+                                                         : std::string("global batch micro-batch x accumulation x dp"),
+                                  dtype_name(r.run.compute));
+    out += fmt::format("  on {} x {}{} ({} per device: {} usable + {} runtime)\n", r.gpus, r.hw.name,
+                       r.nodes > 1 ? fmt::format(" in {} nodes", r.nodes) : std::string(), format_bytes(cap),
+                       format_bytes(r.hw.usable), format_bytes(cap - std::min(cap, r.hw.usable)));
+    if (r.lora)
+        out += wrap(fmt::format("  LoRA {}: {} trainable parameters ({:.3f}% of {:.2f}B), the base frozen",
+                                lora_description(*r.lora, r.run.compute), format_count(r.lora->adapters),
+                                100.0 * double(r.lora->adapters) / double(r.cfg.num_params()),
+                                double(r.cfg.num_params()) / 1e9), 4);
+    out += wrap(fmt::format("  {} configurations evaluated, {} fit, {} layouts pruned on model states alone, {} engine "
+                            "programs recorded, in {:.2f} s",
+                            rep.evaluated, rep.fitting, rep.pruned_layouts, rep.exact_recorded, rep.seconds), 4);
+    if (rep.plan_only > 0 && !r.include_plan_only)
+        out += wrap(fmt::format("  {} more fit in layouts memfit train does not run yet (--include-plan-only lists "
+                                "them)", rep.plan_only), 4);
+    return out;
+}
+
+}  // namespace
+
+std::string wrap(const std::string & text, size_t indent, size_t width) {
+    std::string out, line;
+    std::istringstream words(text);
+    const size_t lead = text.find_first_not_of(' ');
+    line = std::string(lead == std::string::npos ? 0 : lead, ' ');
+    std::string w;
+    bool first = true;
+    while (words >> w) {
+        const bool fresh = line.find_first_not_of(' ') == std::string::npos;
+        if (!fresh && line.size() + 1 + w.size() > width) {
+            out += line + "\n";
+            line = std::string(indent, ' ');
+            first = true;
+        }
+        line += (first ? "" : " ") + w;
+        first = false;
+    }
+    return out + line + "\n";
+}
+
+std::string borrowed_efficiencies(const Hardware & hw) {
+    if (hw.efficiencies_from.empty()) return "";
+    return fmt::format("{}'s efficiencies are {}'s", hw.name, hw.efficiencies_from);
+}
+
+std::string format_plan(const PlanRequest & r, const SearchReport & rep, bool explain, bool wide) {
+    std::string out = header(r, rep);
+    if (rep.best.empty()) {
+        out += wrap("  nothing fits" + (rep.rejected.empty() ? std::string() : ": closest, " + rep.rejected.front().why), 4);
+        if (!rep.hint.empty()) out += wrap("  hint: " + rep.hint, 4);
+    } else {
+        out += table(r, rep, wide);
+        out += best_block(r, rep);
+    }
+    if (explain && !rep.rejected.empty()) {
+        out += "\n  rejected (fastest first):\n";
+        for (const PlanResult & p : rep.rejected)
+            out += wrap(fmt::format("    {} | {}: {}", layout_name(p.c.layout), technique_name(p.c), p.why), 6,
+                        wide ? size_t(100000) : kPlanColumns);
+    }
+    return out;
 }
 
 }  // namespace memfit

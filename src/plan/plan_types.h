@@ -42,6 +42,9 @@ struct Hardware {
     double   matmul_eff = kDefaultMatmulEfficiency;        // gemms, of the dense peak
     double   attention_eff = kDefaultAttentionEfficiency;  // flash attention, on the FLOPs it performs
     double   bandwidth_eff = kDefaultBandwidthEfficiency;  // elementwise kernels, of mem_bw
+    // The kind whose runs the efficiencies were fitted on when this one has none of its own
+    // (empty: its own, or memfit's measurements for `cpu`).
+    std::string efficiencies_from;
 
     double flops(DType compute) const {
         return compute == DType::bf16 ? bf16_flops : compute == DType::f16 ? fp16_flops : fp32_flops;
@@ -64,6 +67,8 @@ struct Candidate : RunConfig {
         compute = DType::bf16;
         attention = Attention::flash;
     }
+    // The request's run, its searched fields to be set by the search.
+    explicit Candidate(const RunConfig & run) : RunConfig(run) {}
     bool flash() const { return attention != Attention::naive; }
     void set_flash(bool f) { attention = f ? Attention::flash : Attention::naive; }
     // LoRA / QLoRA (plan/lora_plan.h): only the adapters train, the base is frozen (and maybe

@@ -3,13 +3,17 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <map>
+#include <optional>
+#include <thread>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
 #include "core/units.h"
 #include "plan/lora_plan.h"
+#include "plan/request_checks.h"
 #include "run/compat.h"
 
 namespace memfit {
@@ -62,13 +66,113 @@ bool host_fits(const PlanRequest & r, const DeviceMemory & m) {
     return m.host * uint64_t(std::min(r.gpus, std::max(1, r.hw.per_node))) <= r.hw.host_memory;
 }
 
-// Whether the engine's exact plan decides: the engine runs it (run/compat.h) and a sizing
-// backend is known.
-bool engine_runs(const PlanRequest & r, const Candidate & c, const ModelConfig & cfg) {
-    return r.exact_sizing && !unsupported(candidate_run(c, r.seq), cfg, r.exact_sizing);
+// A bound, in double, on every byte count the memory models form for a candidate (the largest
+// buffers of a layer times the layers and the micro-batches in flight, the logits, the model
+// states): a candidate beyond it is rejected before the integer models could overflow.
+double bytes_bound(const ModelConfig & cfg, const Candidate & c, int seq) {
+    const Layout & L = c.layout;
+    const double tokens = double(c.micro_batch) * seq, C = cfg.n_embd, m = c.grad_accum, P = L.pp;
+    const double scores = c.flash() ? 0.0 : double(cfg.n_head) * seq;   // naive attention's probabilities
+    const double per_layer = tokens * (scores + 16 * C + 3.0 * cfg.fc_dim() + 2.0 * cfg.qkv_dim()) * 4;
+    // Micro-batches whose layers' activations are live at once (GPipe: all; 1F1B: at most P;
+    // interleaved: at most 2P), the interleaved schedule's sends (a boundary activation each,
+    // live until the step's end), and a pipeline's token, target and loss buffers (m of each).
+    const double in_flight = P == 1 ? 1 : L.schedule == PipeSchedule::gpipe ? m : std::min(m, 2 * P);
+    const double sends = L.schedule == PipeSchedule::interleaved ? 2.0 * L.virtual_stages * m * tokens * C * 4 : 0;
+    return (cfg.n_layer + 4) * per_layer * (in_flight + 2) + sends + 12 * tokens * m + tokens * cfg.vocab_size * 4 +
+           20.0 * double(cfg.num_params());
+}
+
+constexpr double kBytesBound = 0x1p60;   // 1 EiB: no device holds it, and sums of it cannot overflow
+
+// The layouts (dp x tp x pp, ZeRO, offload, sp) the search covers for `r`. Tensor parallelism
+// stays inside a node and must split the heads (and the KV heads, or be a multiple of them);
+// pipeline stages must each get a layer; the data-parallel size must divide the global batch.
+std::vector<Layout> searched_layouts(const PlanRequest & r) {
+    const ModelConfig & cfg = r.cfg;
+    std::vector<Layout> out;
+    // On the `cpu` hardware the host memory is the device memory: offloading gains nothing.
+    const bool gpu = r.hw.name != "cpu";
+    for (int tp : fixed_or(r.tp, divisors(r.gpus, std::max(1, r.hw.per_node)))) {
+        if (r.gpus % tp || cfg.n_head % tp || (cfg.kv_heads() % tp && tp % cfg.kv_heads())) continue;
+        for (int pp : fixed_or(r.pp, divisors(r.gpus / tp, cfg.n_layer))) {
+            if ((r.gpus / tp) % pp) continue;
+            const int dp = r.gpus / (tp * pp);
+            if (r.run.global_batch > 0 && r.run.global_batch % dp) continue;
+            for (int zero : fixed_or(r.zero, dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0})) {
+                std::vector<Offload> offloads{Offload::none};
+                if (gpu) offloads = {Offload::none, Offload::optimizer, Offload::optimizer_params};
+                for (Offload off : fixed_or(r.offload, offloads)) {
+                    // Parameter offload: ZeRO-Infinity's, over ZeRO-3 shards, or one device's.
+                    if (off == Offload::optimizer_params && zero < 3 && dp > 1 && !r.offload) continue;
+                    if (pp > 1 && zero >= 2 && !r.zero) continue;   // ZeRO-2/3 with pipelines: not searched
+                    for (bool sp : fixed_or(r.sp, tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})) {
+                        Layout L;
+                        L.dp = dp, L.tp = tp, L.pp = pp, L.zero = zero, L.offload = off, L.sp = sp && tp > 1;
+                        out.push_back(L);
+                    }
+                }
+            }
+        }
+    }
+    return out;
+}
+
+// Sequences per step on each data-parallel rank of a layout with `dp` ranks.
+int per_rank_batch(const PlanRequest & r, int dp) {
+    return r.run.global_batch > 0 ? r.run.global_batch / dp : r.micro_batch.value_or(1) * r.grad_accum.value_or(1);
+}
+
+Candidate make_candidate(const PlanRequest & r, const Layout & L, int mb, int per_rank) {
+    Candidate c(r.run);
+    c.device.clear();
+    c.layout = L;
+    c.micro_batch = mb;
+    c.grad_accum = per_rank / mb;
+    c.global_batch = per_rank * L.dp;
+    c.batch = 0;
+    if (L.offload != Offload::optimizer) {   // the share and folder of --offload optimizer only
+        c.offload_fraction = 1;
+        c.offload_dir.clear();
+    }
+    c.lora_plan = r.lora;
+    c.distill_plan = r.distill;
+    return c;
+}
+
+// What the analytic model does not cover, in one line (empty: it does); the search leaves these
+// layouts out whatever train says: a packed LoRA base sharded or streamed, and the data-parallel
+// techniques (packing, distillation, shared blocks) split by tensor or pipeline parallelism.
+std::string analytic_gap(const PlanRequest & r, const Candidate & c) {
+    try {
+        check_lora_layout(c);
+    } catch (const ConfigError & e) {
+        return e.what();
+    }
+    const Layout & L = c.layout;
+    if ((L.tp > 1 || L.pp > 1) && (r.run.packing || r.distill || r.cfg.share_layers > 1))
+        return unsupported(planned_train_run(r, c), r.cfg, r.exact_sizing).value_or("not modelled");
+    return "";
 }
 
 }  // namespace
+
+RunConfig PlanRequest::planned_run() {
+    RunConfig r;
+    r.device.clear();
+    r.seq = 1024;
+    r.global_batch = 8;
+    r.compute = DType::bf16;
+    return r;
+}
+
+std::string planned_device(const Hardware & hw) { return hw.name == "cpu" ? "cpu" : "cuda"; }
+
+RunConfig planned_train_run(const PlanRequest & r, const Candidate & c) {
+    RunConfig run = candidate_run(c, r.run.seq);
+    run.device = planned_device(r.hw);
+    return run;
+}
 
 std::string layout_name(const Layout & l) {
     std::string s = fmt::format("dp {} x tp {} x pp {}", l.dp, l.tp, l.pp);
@@ -90,223 +194,216 @@ std::string technique_name(const Candidate & c) {
 
 namespace {
 
-// A bound, in double, on every byte count the memory models form for a candidate (the largest
-// buffers of a layer times the layers and the micro-batches in flight, the logits, the model
-// states): a candidate beyond it is rejected before the integer models could overflow.
-double bytes_bound(const ModelConfig & cfg, const Candidate & c, int seq) {
-    const Layout & L = c.layout;
-    const double tokens = double(c.micro_batch) * seq, C = cfg.n_embd, m = c.grad_accum, P = L.pp;
-    const double scores = c.flash() ? 0.0 : double(cfg.n_head) * seq;   // naive attention's probabilities
-    const double per_layer = tokens * (scores + 16 * C + 3.0 * cfg.fc_dim() + 2.0 * cfg.qkv_dim()) * 4;
-    // Micro-batches whose layers' activations are live at once (GPipe: all; 1F1B: at most P;
-    // interleaved: at most 2P), the interleaved schedule's sends (a boundary activation each,
-    // live until the step's end), and a pipeline's token, target and loss buffers (m of each).
-    const double in_flight = P == 1 ? 1 : L.schedule == PipeSchedule::gpipe ? m : std::min(m, 2 * P);
-    const double sends = L.schedule == PipeSchedule::interleaved ? 2.0 * L.virtual_stages * m * tokens * C * 4 : 0;
-    return (cfg.n_layer + 4) * per_layer * (in_flight + 2) + sends + 12 * tokens * m + tokens * cfg.vocab_size * 4 +
-           20.0 * double(cfg.num_params());
+// One search's state: the request, the report it fills, and the exact plans recorded so far.
+class Search {
+public:
+    explicit Search(const PlanRequest & r) : r_(with_nodes(r)), cfg_(r_.cfg) {}
+    SearchReport run();
+
+private:
+    void layout(const Layout & L);
+    void candidate(PlanResult && pr);
+    void walk();
+    void prefetch_exact(size_t from);
+    static std::string exact_key(const Candidate & c);
+    void explain_rejected();
+    DeviceMemory memory_of(const Candidate & c, const DeviceMemory * analytic);
+    bool fits(const DeviceMemory & m) const { return m.total() <= r_.hw.memory && host_fits(r_, m); }
+    std::string why_not(const DeviceMemory & m) const;
+    std::string refusal(const Candidate & c);
+
+    static PlanRequest with_nodes(PlanRequest r) {
+        const int node = std::max(1, r.hw.per_node);
+        if (r.nodes == 0) r.nodes = (r.gpus + node - 1) / node;
+        return r;
+    }
+
+    const PlanRequest r_;
+    const ModelConfig & cfg_;
+    SearchReport rep_;
+    std::vector<PlanResult> pool_;   // fitting by the analytic model, to be ranked
+    std::map<std::string, DeviceMemory> exact_;
+    std::map<std::string, std::string> refusals_;
+    std::string first_refusal_;
+    size_t runnable_ = 0;
+};
+
+std::string Search::why_not(const DeviceMemory & m) const {
+    const uint64_t cap = r_.hw.memory;
+    return m.total() > cap ? fmt::format("needs {} of {}: {}", format_bytes(m.total()), format_bytes(cap), biggest(m.device))
+                           : fmt::format("offloads {} per device: more than the node's {} of host memory holds",
+                                         format_bytes(m.host), format_bytes(r_.hw.host_memory));
 }
 
-constexpr double kBytesBound = 0x1p60;   // 1 EiB: no device holds it, and sums of it cannot overflow
-
-}  // namespace
-
-SearchReport search_plans(const PlanRequest & r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const ModelConfig & cfg = r.cfg;
-    if (r.gpus < 1 || r.seq < 1 || r.global_batch < 1)
-        throw ConfigError(fmt::format("--gpus {}, --seq {}, --global-batch {}: each must be at least 1", r.gpus, r.seq,
-                                      r.global_batch));
-    if (r.gpus > kMaxPlannedDevices)
-        throw ConfigError(fmt::format("--gpus {}: the planner models at most {} devices (the largest clusters have "
-                                      "about 100,000)", r.gpus, kMaxPlannedDevices));
-    if (r.seq > cfg.max_seq)
-        throw ConfigError(fmt::format("--seq {} exceeds the model's {} positions", r.seq, cfg.max_seq));
-    if (r.packing && (r.tp.value_or(1) > 1 || r.pp.value_or(1) > 1))
-        throw ConfigError(fmt::format("--packing with --{} {}: packed documents run with data parallelism (and ZeRO) "
-                                      "only for now; drop --packing or the {}",
-                                      r.tp.value_or(1) > 1 ? "tp" : "pp", std::max(r.tp.value_or(1), r.pp.value_or(1)),
-                                      r.tp.value_or(1) > 1 ? "tensor parallelism" : "pipeline"));
-    if (r.distill && (r.tp.value_or(1) > 1 || r.pp.value_or(1) > 1))
-        throw ConfigError(fmt::format("--teacher with --{} {}: the teacher runs whole beside each data-parallel rank; "
-                                      "plan distillation with data parallelism (and ZeRO)",
-                                      r.tp.value_or(1) > 1 ? "tp" : "pp", std::max(r.tp.value_or(1), r.pp.value_or(1))));
-    const uint64_t capacity = r.hw.memory;
-    // A packed LoRA base is neither sharded (ZeRO-3) nor offloaded: fixed, that is an error;
-    // searched, those layouts are left out.
-    const bool packed = r.lora && r.lora->quantized();
-    if (packed) {
-        Candidate fixed;
-        fixed.lora_plan = r.lora;
-        fixed.distill_plan = r.distill;
-        fixed.layout.zero = r.zero.value_or(0);
-        fixed.layout.offload = r.offload.value_or(Offload::none);
-        check_lora_layout(fixed);
+// train's verdict (run/compat.h) at the hardware's device; the rules look at the layout, the
+// micro-batch's tokens and the pipeline's micro-batches only, so one answer serves many.
+std::string Search::refusal(const Candidate & c) {
+    const std::string key = fmt::format("{}|{}|{}|{}|{}", layout_name(c.layout), c.micro_batch, c.grad_accum,
+                                        c.flash(), c.recompute.name());
+    auto it = refusals_.find(key);
+    if (it == refusals_.end()) {
+        const auto why = unsupported(planned_train_run(r_, c), cfg_, r_.exact_sizing);
+        it = refusals_.emplace(key, why.value_or("")).first;
     }
-    SearchReport rep;
-    // What decides fit and is shown: the engine's own program where it runs the candidate
-    // (exact), else the analytic model. Exact plans are recorded only for the candidates that
-    // could be listed, in speed order, and each at most once.
-    std::map<std::string, DeviceMemory> exact_cache;
-    auto memory_of = [&](const Candidate & c, const DeviceMemory * analytic) -> DeviceMemory {
-        if (!engine_runs(r, c, cfg)) return analytic ? *analytic : predict_memory(cfg, r.hw, c, r.seq);
-        const std::string key = fmt::format("{}|{}|{}|{}|{}|{}", layout_name(c.layout), technique_name(c),
-                                            dtype_name(c.compute), int(c.layout.schedule), c.layout.virtual_stages,
-                                            static_cast<const void *>(c.lora_plan.get()));
-        auto it = exact_cache.find(key);
-        if (it == exact_cache.end()) {
-            it = exact_cache.emplace(key, exact_memory(cfg, r.hw, c, r.seq, *r.exact_sizing)).first;
-            ++rep.exact_recorded;
-        }
-        return it->second;
-    };
-    auto fits = [&](const DeviceMemory & m) { return m.total() <= capacity && host_fits(r, m); };
-    auto why_not = [&](const DeviceMemory & m) {
-        return m.total() > capacity
-                   ? fmt::format("needs {} of {}: {}", format_bytes(m.total()), format_bytes(capacity), biggest(m.device))
-                   : fmt::format("offloads {} per device: more than the node's {} of host memory holds",
-                                 format_bytes(m.host), format_bytes(r.hw.host_memory));
-    };
+    return it->second;
+}
+
+// What decides fit and is shown: the engine's own program where it can be recorded (exact),
+// else the analytic model. Exact plans are recorded only for the candidates that could be
+// listed, in speed order, and each at most once.
+DeviceMemory Search::memory_of(const Candidate & c, const DeviceMemory * analytic) {
+    const bool recordable = r_.exact_sizing && !unsupported(candidate_run(c, r_.run.seq), cfg_, r_.exact_sizing);
+    if (!recordable) return analytic ? *analytic : predict_memory(cfg_, r_.hw, c, r_.run.seq);
+    const std::string key = exact_key(c);
+    auto it = exact_.find(key);
+    if (it == exact_.end()) {
+        it = exact_.emplace(key, exact_memory(cfg_, r_.hw, c, r_.run.seq, *r_.exact_sizing)).first;
+        ++rep_.exact_recorded;
+    }
+    return it->second;
+}
+
+void Search::candidate(PlanResult && pr) {
+    ++rep_.evaluated;
+    const int seq = r_.run.seq;
+    pr.refused = refusal(pr.c);
+    if (pr.runnable()) ++runnable_;
+    else if (first_refusal_.empty()) first_refusal_ = pr.refused;
+    pr.time = predict_step_time(cfg_, r_.hw, pr.c, seq, r_.nodes);
+    if (bytes_bound(cfg_, pr.c, seq) >= kBytesBound) {
+        pr.why = fmt::format("needs more than 1 EiB of {}", format_bytes(r_.hw.memory));
+        pr.hinted = true;
+        keep_best(rep_.rejected, std::move(pr), r_.top);
+        return;
+    }
+    pr.mem = predict_memory(cfg_, r_.hw, pr.c, seq);
+    if (!fits(pr.mem)) {
+        pr.why = why_not(pr.mem);
+        if (pr.runnable() || r_.include_plan_only) keep_best(rep_.rejected, std::move(pr), r_.top);
+        return;
+    }
+    if (pr.runnable() || r_.include_plan_only) {
+        pool_.push_back(std::move(pr));
+        return;
+    }
+    ++rep_.plan_only;
+    pr.fits = true;
+    keep_best(rep_.plan_only_best, std::move(pr), 3);
+}
+
+void Search::layout(const Layout & L) {
+    const int seq = r_.run.seq;
+    const int per_rank = per_rank_batch(r_, L.dp);
+    // Prune: the smallest footprint this layout can have (micro-batch 1, full recompute).
+    Candidate probe = make_candidate(r_, L, 1, per_rank);
+    probe.recompute = "full";
+    probe.set_flash(true);
+    if (L.pp > 1) probe.layout.schedule = PipeSchedule::one_f_one_b;
+    if (refusal(probe).empty()) ++runnable_;   // train runs this layout, whether or not it fits
+    const double probe_bound = bytes_bound(cfg_, probe, seq);
+    const DeviceMemory floor = probe_bound < kBytesBound ? predict_memory(cfg_, r_.hw, probe, seq) : DeviceMemory{};
+    if (probe_bound >= kBytesBound || floor.total() > r_.hw.memory) {
+        ++rep_.pruned_layouts;
+        PlanResult pr;
+        pr.c = probe;
+        pr.mem = floor;
+        pr.time = predict_step_time(cfg_, r_.hw, probe, seq, r_.nodes);
+        pr.why = fmt::format("needs {} of {} even at micro-batch 1 with full recomputation: {}",
+                             probe_bound >= kBytesBound ? "more than 1 EiB" : format_bytes(floor.total()),
+                             format_bytes(r_.hw.memory), probe_bound >= kBytesBound ? "everything" : biggest(floor.device));
+        pr.hinted = true;
+        keep_best(rep_.rejected, std::move(pr), r_.top);
+        return;
+    }
     // Flash attention unless the device's kernels refuse this head dimension (then naive).
-    const bool flash_ok = !r.exact_sizing || r.exact_sizing->runs_flash_attention(cfg.head_dim());
-    // Tensor parallelism stays inside a node and must split the heads (and the KV heads, or be
-    // a multiple of them); pipeline stages must each get a layer.
-    std::vector<int> tps;
-    for (int t : fixed_or(r.tp, divisors(r.gpus, std::max(1, r.hw.per_node))))
-        if (r.gpus % t == 0 && cfg.n_head % t == 0 && (cfg.kv_heads() % t == 0 || t % cfg.kv_heads() == 0)) tps.push_back(t);
-    // On the `cpu` hardware the host memory is the device memory: offloading gains nothing.
-    const std::vector<Offload> offloads = r.hw.name == "cpu" ? std::vector<Offload>{Offload::none}
-                                                             : std::vector<Offload>{Offload::none, Offload::optimizer,
-                                                                                    Offload::optimizer_params};
-    std::vector<PlanResult> pool;   // fitting by the analytic model
-    bool any_layout = false;
-    for (int tp : tps)
-        for (int pp : fixed_or(r.pp, divisors(r.gpus / tp, cfg.n_layer))) {
-            if ((r.gpus / tp) % pp) continue;
-            if (r.packing && (tp > 1 || pp > 1)) continue;
-            if (cfg.share_layers > 1 && (tp > 1 || pp > 1)) continue;   // shared blocks: data parallel only
-            if (r.distill && (tp > 1 || pp > 1)) continue;   // a teacher runs whole beside each data rank
-            const int dp = r.gpus / (tp * pp);
-            if (r.global_batch % dp) continue;
-            any_layout = true;
-            const int per_rank = r.global_batch / dp;
-            for (int zero : fixed_or(r.zero, dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0}))
-                for (Offload off : fixed_or(r.offload, offloads)) {
-                    if (off == Offload::optimizer_params && zero < 3 && !r.offload) continue;
-                    if (pp > 1 && zero >= 2 && !r.zero) continue;   // ZeRO-2/3 with pipelines: not searched
-                    if (packed && (zero >= 3 || off == Offload::optimizer_params)) continue;
-                    for (bool sp : fixed_or(r.sp, tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})) {
-                        Layout L;
-                        L.dp = dp, L.tp = tp, L.pp = pp, L.zero = zero, L.offload = off, L.sp = sp && tp > 1;
-                        // Prune: the smallest footprint this layout can have (micro-batch 1, full recompute).
-                        Candidate probe;
-                        probe.layout = L;
-                        probe.micro_batch = 1;
-                        probe.grad_accum = per_rank;
-                        probe.recompute = "full";
-                        probe.set_flash(true);
-                        probe.compute = r.compute;
-                        probe.optimizer = r.optimizer;
-                        probe.lora_plan = r.lora;
-                        probe.distill_plan = r.distill;
-                        probe.packing = r.packing;
-                        probe.loss_chunk = r.loss_chunk;
-                        probe.mlp_chunk = r.mlp_chunk;
-                        if (pp > 1) probe.layout.schedule = PipeSchedule::one_f_one_b;
-                        const double probe_bound = bytes_bound(cfg, probe, r.seq);
-                        const DeviceMemory floor = probe_bound < kBytesBound ? predict_memory(cfg, r.hw, probe, r.seq)
-                                                                             : DeviceMemory{};
-                        if (probe_bound >= kBytesBound || floor.total() > capacity) {
-                            ++rep.pruned_layouts;
-                            PlanResult pr;
-                            pr.c = probe;
-                            pr.mem = floor;
-                            pr.time = predict_step_time(cfg, r.hw, probe, r.seq, r.nodes);
-                            pr.why = fmt::format("needs {} of {} even at micro-batch 1 with full recomputation: {}",
-                                                 probe_bound >= kBytesBound ? "more than 1 EiB" : format_bytes(floor.total()),
-                                                 format_bytes(capacity),
-                                                 probe_bound >= kBytesBound ? "everything" : biggest(floor.device));
-                            pr.hinted = true;
-                            keep_best(rep.rejected, std::move(pr), r.top);
-                            continue;
-                        }
-                        std::vector<PipeSchedule> scheds = {PipeSchedule::one_f_one_b};
-                        if (pp > 1) {
-                            if (r.schedule) scheds = {*r.schedule};
-                            else if (cfg.n_layer % (pp * r.virtual_stages) == 0) scheds.push_back(PipeSchedule::interleaved);
-                        }
-                        for (PipeSchedule sch : scheds)
-                            for (int mb : fixed_or(r.micro_batch, divisors(per_rank, 64))) {
-                                if (per_rank % mb || (r.grad_accum && per_rank / mb != *r.grad_accum)) continue;
-                                for (const std::string & rc : fixed_or(r.recompute, searched_recompute_policies()))
-                                    for (bool flash : fixed_or(r.flash, {flash_ok})) {
-                                        PlanResult pr;
-                                        pr.c.layout = L;
-                                        pr.c.layout.schedule = sch;
-                                        pr.c.layout.virtual_stages = sch == PipeSchedule::interleaved ? r.virtual_stages : 1;
-                                        pr.c.micro_batch = mb;
-                                        pr.c.grad_accum = per_rank / mb;
-                                        pr.c.recompute = rc;
-                                        pr.c.set_flash(flash);
-                                        pr.c.compute = r.compute;
-                                        pr.c.optimizer = r.optimizer;
-                                        pr.c.master_weights = r.master_weights;
-                                        pr.c.packing = r.packing;
-                                        pr.c.loss_chunk = r.loss_chunk;
-                                        pr.c.mlp_chunk = r.mlp_chunk;
-                                        if (L.offload == Offload::optimizer) {
-                                            pr.c.offload_fraction = r.offload_fraction;
-                                            pr.c.offload_dir = r.offload_dir;
-                                        }
-                                        pr.c.lora_plan = r.lora;
-                                        pr.c.distill_plan = r.distill;
-                                        ++rep.evaluated;
-                                        pr.time = predict_step_time(cfg, r.hw, pr.c, r.seq, r.nodes);
-                                        if (bytes_bound(cfg, pr.c, r.seq) >= kBytesBound) {
-                                            pr.why = fmt::format("needs more than 1 EiB of {}", format_bytes(capacity));
-                                            pr.hinted = true;
-                                            keep_best(rep.rejected, std::move(pr), r.top);
-                                            continue;
-                                        }
-                                        pr.mem = predict_memory(cfg, r.hw, pr.c, r.seq);
-                                        if (fits(pr.mem)) {
-                                            pool.push_back(std::move(pr));
-                                        } else {
-                                            pr.why = why_not(pr.mem);
-                                            keep_best(rep.rejected, std::move(pr), r.top);
-                                        }
-                                    }
-                            }
-                    }
+    const bool flash_ok = !r_.exact_sizing || r_.exact_sizing->runs_flash_attention(cfg_.head_dim());
+    std::vector<PipeSchedule> scheds = {PipeSchedule::one_f_one_b};
+    if (L.pp > 1) {
+        if (r_.schedule) scheds = {*r_.schedule};
+        else if (cfg_.n_layer % (L.pp * r_.virtual_stages) == 0) scheds.push_back(PipeSchedule::interleaved);
+    }
+    for (PipeSchedule sch : scheds)
+        for (int mb : fixed_or(r_.micro_batch, divisors(per_rank, 64))) {
+            if (per_rank % mb || (r_.grad_accum && per_rank / mb != *r_.grad_accum)) continue;
+            for (const std::string & rc : fixed_or(r_.recompute, searched_recompute_policies()))
+                for (bool flash : fixed_or(r_.flash, {flash_ok})) {
+                    PlanResult pr;
+                    pr.c = make_candidate(r_, L, mb, per_rank);
+                    pr.c.layout.schedule = sch;
+                    pr.c.layout.virtual_stages = sch == PipeSchedule::interleaved ? r_.virtual_stages : 1;
+                    pr.c.recompute = rc;
+                    pr.c.set_flash(flash);
+                    candidate(std::move(pr));
                 }
         }
-    if (!any_layout)
-        throw ConfigError(fmt::format("no layout of {} devices divides the global batch of {} (data-parallel size must "
-                                      "divide it); pick --global-batch a multiple of the data-parallel size",
-                                      r.gpus, r.global_batch));
-    // Fastest first; the exact plan decides for what the engine runs, so walk until `top` fit.
-    std::sort(pool.begin(), pool.end(), faster);
-    rep.fitting = pool.size();
-    for (PlanResult & pr : pool) {
-        if (rep.best.size() >= r.top) break;
+}
+
+// The exact plans of the next candidates the walk will need from `from` on, recorded at once on
+// the machine's threads when the sizing backend allows (Backend::pure_sizing); memory_of then
+// finds them recorded. Each is recorded once, so the plans and the listing are the same as
+// one thread's; at most threads - 1 of them go unused when the walk stops early.
+void Search::prefetch_exact(size_t from) {
+    const size_t threads = std::min<size_t>(8, std::max(1u, std::thread::hardware_concurrency()));
+    if (!r_.exact_sizing || !r_.exact_sizing->pure_sizing() || threads < 2) return;
+    std::vector<std::pair<std::string, const Candidate *>> todo;
+    for (size_t i = from; i < pool_.size() && todo.size() < threads; ++i) {
+        const Candidate & c = pool_[i].c;
+        if (unsupported(candidate_run(c, r_.run.seq), cfg_, r_.exact_sizing)) continue;
+        const std::string key = exact_key(c);
+        if (!exact_.count(key) && std::none_of(todo.begin(), todo.end(), [&](const auto & t) { return t.first == key; }))
+            todo.emplace_back(key, &c);
+    }
+    if (todo.size() < 2) return;
+    std::vector<std::optional<DeviceMemory>> got(todo.size());
+    std::vector<std::thread> pool;
+    for (size_t k = 0; k < todo.size(); ++k)
+        pool.emplace_back([&, k] {
+            try {
+                got[k] = exact_memory(cfg_, r_.hw, *todo[k].second, r_.run.seq, *r_.exact_sizing);
+            } catch (const std::exception &) {
+                // left to memory_of, which records it again in order and reports what it throws
+            }
+        });
+    for (std::thread & t : pool) t.join();
+    for (size_t k = 0; k < todo.size(); ++k)
+        if (got[k]) exact_.emplace(todo[k].first, std::move(*got[k])), ++rep_.exact_recorded;
+}
+
+std::string Search::exact_key(const Candidate & c) {
+    return fmt::format("{}|{}|{}|{}|{}|{}", layout_name(c.layout), technique_name(c), dtype_name(c.compute),
+                       int(c.layout.schedule), c.layout.virtual_stages, static_cast<const void *>(c.lora_plan.get()));
+}
+
+// Fastest first; the exact plan decides where the engine records one, so walk until `top` fit.
+void Search::walk() {
+    std::sort(pool_.begin(), pool_.end(), faster);
+    rep_.fitting = pool_.size();
+    for (size_t i = 0; i < pool_.size(); ++i) {
+        PlanResult & pr = pool_[i];
+        if (rep_.best.size() >= r_.top) break;
+        if (!exact_.count(exact_key(pr.c))) prefetch_exact(i);
         pr.mem = memory_of(pr.c, &pr.mem);
         pr.fits = fits(pr.mem);
         if (pr.fits) {
-            rep.best.push_back(std::move(pr));
+            rep_.best.push_back(std::move(pr));
         } else {
-            --rep.fitting;
+            --rep_.fitting;
             pr.why = why_not(pr.mem);
-            keep_best(rep.rejected, std::move(pr), r.top);
+            keep_best(rep_.rejected, std::move(pr), r_.top);
         }
     }
-    // What would make a rejected candidate fit: the first of these that does, judged as the
-    // listing is (exact where the engine runs it). For every rejected one when explaining, else
-    // for the closest only (the one line printed when nothing fits).
-    for (size_t i = 0; i < rep.rejected.size() && (r.explain || i == 0); ++i) {
-        PlanResult & pr = rep.rejected[i];
+}
+
+// What would make a rejected candidate fit: the first of these that does, judged as the listing
+// is (exact where the engine records it). For every rejected one when explaining, else for the
+// closest only (the one line printed when nothing fits).
+void Search::explain_rejected() {
+    const bool packed = r_.lora && r_.lora->quantized();
+    for (size_t i = 0; i < rep_.rejected.size() && (r_.explain || i == 0); ++i) {
+        PlanResult & pr = rep_.rejected[i];
         if (pr.hinted) continue;
         auto try_fix = [&](Candidate alt, const std::string & what) {
-            if (bytes_bound(cfg, alt, r.seq) >= kBytesBound || !fits(memory_of(alt, nullptr))) return false;
+            if (bytes_bound(cfg_, alt, r_.run.seq) >= kBytesBound || !fits(memory_of(alt, nullptr))) return false;
             pr.why += "; " + what + " would fit";
             return true;
         };
@@ -324,15 +421,41 @@ SearchReport search_plans(const PlanRequest & r) {
         if (pr.c.layout.dp > 1 && pr.c.layout.zero < 3 && !(packed && a.layout.zero >= 3))
             try_fix(a, fmt::format("ZeRO-{}", a.layout.zero));
     }
-    rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    return rep;
 }
+
+SearchReport Search::run() {
+    const auto t0 = std::chrono::steady_clock::now();
+    check_request(r_);
+    const std::vector<Layout> layouts = searched_layouts(r_);
+    if (layouts.empty()) throw ConfigError(no_layout_message(r_));
+    std::string gap;
+    for (const Layout & L : layouts) {
+        const std::string g = analytic_gap(r_, make_candidate(r_, L, 1, per_rank_batch(r_, L.dp)));
+        if (g.empty()) layout(L);
+        else if (gap.empty()) gap = g;
+    }
+    // Everything asked for is a layout the model does not cover, or one train refuses and none
+    // fits anyway: that reason, not "nothing fits".
+    if (rep_.evaluated == 0 && rep_.pruned_layouts == 0 && !gap.empty()) throw ConfigError(gap);
+    if (!r_.include_plan_only && runnable_ == 0 && rep_.plan_only == 0 && !first_refusal_.empty())
+        throw ConfigError(first_refusal_);
+    walk();
+    explain_rejected();
+    if (rep_.best.empty() && r_.hint) rep_.hint = nothing_fits_hint(r_, rep_);
+    rep_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return std::move(rep_);
+}
+
+}  // namespace
+
+SearchReport search_plans(const PlanRequest & r) { return Search(r).run(); }
 
 int min_gpus(PlanRequest r, int limit, SearchReport * report) {
     const int node = std::max(1, r.hw.per_node);
     std::vector<int> counts;
     for (int n = 1; n < node && n <= limit; n *= 2) counts.push_back(n);
     for (int n = node; n <= limit; n += node) counts.push_back(n);
+    r.hint = false;
     for (int n : counts) {
         r.gpus = n;
         r.nodes = (n + node - 1) / node;
@@ -343,7 +466,7 @@ int min_gpus(PlanRequest r, int limit, SearchReport * report) {
                 return n;
             }
         } catch (const ConfigError &) {
-            // this count cannot divide the global batch: try the next
+            // this count cannot divide the global batch (or fix the layout asked for): try the next
         }
     }
     return 0;

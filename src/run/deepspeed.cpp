@@ -25,7 +25,7 @@ constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();  // memfit's co
 constexpr std::string_view kTranslated[] = {
     "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
     "steps_per_print", "fp16", "bf16", "bfloat16", "zero_optimization", "optimizer", "scheduler",
-    "activation_checkpointing", "tensorboard",
+    "activation_checkpointing", "tensorboard", "tensor_parallel",
 };
 
 // DeepSpeed's other top-level keys: monitors, profilers, communication tuning, compression,
@@ -37,7 +37,7 @@ constexpr std::string_view kUnimplemented[] = {
     "wandb", "csv_monitor", "comet", "comms_logger", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
     "elasticity", "compression_training", "quantize_training", "data_efficiency", "curriculum_learning",
     "checkpoint", "aio", "nebula", "autotuning", "sparse_attention", "pipeline", "data_types",
-    "gradient_checkpointing", "eigenvalue", "progressive_layer_drop", "hybrid_engine", "tensor_parallel",
+    "gradient_checkpointing", "eigenvalue", "progressive_layer_drop", "hybrid_engine",
     "expert_parallel", "sequence_parallel_size", "compile", "timers", "graph_harvesting", "dataloader_drop_last",
     "use_data_before_expert_parallelism", "vocabulary_size",
 };
@@ -100,6 +100,7 @@ public:
             else if (key == "scheduler") scheduler(key, v);
             else if (key == "activation_checkpointing") activation_checkpointing(key, v);
             else if (key == "tensorboard") tensorboard(key, v);
+            else if (key == "tensor_parallel") tensor_parallel(key, v);
             else ignore(key);
         }
         finish();
@@ -223,6 +224,17 @@ private:
         }
         if (path.back() != '/') path += '/';
         set("tensorboard", path + job, fmt::format("\"{}\"", key));
+    }
+
+    // AutoTP training (DeepSpeed 0.16.4+): autotp_size ranks per tensor group, memfit's --tp.
+    void tensor_parallel(const std::string & key, const Json & b) {
+        expect_object(key, b, "{\"autotp_size\": 2}");
+        for (const auto & [name, v] : b.items()) {
+            const std::string k = key + "." + name;
+            if (is_auto(v)) continue;
+            if (name == "autotp_size") set("tp", *whole(k, v, 1, 4096), source(k, v));
+            else ignore(k);
+        }
     }
 
     void fp16(const std::string & key, const Json & b) {

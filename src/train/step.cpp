@@ -134,9 +134,10 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     }
     // Offload: whole units from the shard's start until `offload` of it is covered. A unit of 2^18
     // elements is 3 MiB of fp32 master weights and moments, three units are live at once, and
-    // each copy (1 MiB per state) is large enough for a disk's or a link's streaming rate.
+    // each copy (1 MiB per state) is large enough for a disk's or a link's streaming rate; a shard
+    // past 256 units takes larger ones (offload_unit_for).
     const double want = train ? model.offload * double(hi_ - lo_) : 0.0;
-    const size_t unit = model.offload_unit;
+    const size_t unit = offload_unit_for(S_, model.offload_unit);   // S_: every rank stages alike
     MF_ASSERT(unit > 0 && unit % kMoments8Block == 0);
     for (size_t i = 0; i < pieces_.size() && double(off_elems_) < want; ++i) {
         const MomentPiece & p = pieces_[i];

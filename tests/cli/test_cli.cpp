@@ -529,7 +529,9 @@ TEST(Cli, PlanRanksExplainsAndMatchesTraining) {
                                    "--global-batch 1024 --explain --top 3");
     ASSERT_EQ(t.code, 0) << t.err;
     EXPECT_NE(t.out.find("configurations evaluated"), std::string::npos) << t.out;
-    EXPECT_NE(t.out.find("  1   dp "), std::string::npos) << t.out;
+    EXPECT_NE(t.out.find("dp x tp x pp"), std::string::npos) << t.out;
+    EXPECT_NE(t.out.find("\n  1   "), std::string::npos) << t.out;
+    EXPECT_NE(t.out.find("memfit train --model llama2-70b"), std::string::npos) << t.out;   // how to run #1
     EXPECT_NE(t.out.find("rejected (fastest first)"), std::string::npos) << t.out;
     expect_clean_failure(run_memfit("plan --model llama2-70b --hardware h100-81g"), "unknown hardware");
     expect_clean_failure(run_memfit("plan --model llama2-70b --hardware rtx4090 --gpus 1 --global-batch 1"),

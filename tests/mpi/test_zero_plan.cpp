@@ -45,10 +45,10 @@ TEST(ZeroPlan, CpuPlanEqualsEveryRanksMeasuredMemory) {
         r.cfg = cfg;
         r.hw = hw;
         r.gpus = N;
-        r.seq = T;
-        r.global_batch = B * k.accum * N;
+        r.run.seq = T;
+        r.run.global_batch = B * k.accum * N;
         r.micro_batch = B;
-        r.compute = k.dt;
+        r.run.compute = k.dt;
         r.zero = k.zero;
         r.tp = 1;
         r.pp = 1;
@@ -124,10 +124,10 @@ TEST(ParallelPlan, CpuPlanEqualsEveryRanksMeasuredMemoryUnderTensorAndPipeline) 
         r.cfg = cfg;
         r.hw = hw;
         r.gpus = N;
-        r.seq = T;
-        r.global_batch = B * m * D;
+        r.run.seq = T;
+        r.run.global_batch = B * m * D;
         r.micro_batch = B;
-        r.compute = k.dt;
+        r.run.compute = k.dt;
         r.zero = k.zero;
         r.tp = k.tp;
         r.pp = k.pp;

@@ -54,10 +54,10 @@ PlanRequest one_device(const ModelConfig & cfg, const Hardware & hw, int B, int 
     r.cfg = cfg;
     r.hw = hw;
     r.gpus = 1;
-    r.seq = T;
-    r.global_batch = B * accum;
+    r.run.seq = T;
+    r.run.global_batch = B * accum;
     r.micro_batch = B;
-    r.compute = dt;
+    r.run.compute = dt;
     return r;
 }
 
@@ -227,8 +227,8 @@ TEST(PlanLora, SearchKeepsTheUsersChoice) {
     r.cfg = model_preset("llama2-7b");
     r.hw = test::h100_like();
     r.gpus = 8;
-    r.seq = 2048;
-    r.global_batch = 64;
+    r.run.seq = 2048;
+    r.run.global_batch = 64;
     r.top = 50;
     const SearchReport none = search_plans(r);
     ASSERT_FALSE(none.best.empty());

@@ -209,7 +209,7 @@ TEST(PlanMemory, PipelineExtrapolationEqualsTheFullRecording) {
         c.micro_batch = 2;
         c.recompute = k.rc;
         c.compute = k.dt;
-        const PipelineSamples at = pipeline_samples(c.layout);
+        const PipelineSamples at = pipeline_samples(c.layout, 0);   // stage 0 samples the most
         for (int m = 1; m <= at.from + 6 * at.step; ++m) {
             if (c.layout.schedule == PipeSchedule::interleaved && m % k.pp) continue;
             SCOPED_TRACE(fmt::format("{} tp {} pp {} dp {} ZeRO-{} sp {} {}:{} {} m {}", k.model, k.tp, k.pp, k.dp, k.zero,

@@ -29,8 +29,8 @@ PlanRequest llama70b_on_64() {
     r.hw = memfit::test::h100_like();
     r.gpus = 64;
     r.nodes = 8;
-    r.seq = 4096;
-    r.global_batch = 1024;
+    r.run.seq = 4096;
+    r.run.global_batch = 1024;
     return r;
 }
 
@@ -88,7 +88,7 @@ TEST(PlanSearch, FixedChoicesAreRespected) {
 
 TEST(PlanSearch, MinGpusFindsTheFewestThatFit) {
     PlanRequest r = llama70b_on_64();
-    r.global_batch = 64;
+    r.run.global_batch = 64;
     SearchReport rep;
     const int n = min_gpus(r, 256, &rep);
     ASSERT_GT(n, 0);
@@ -106,12 +106,12 @@ TEST(PlanSearch, MinGpusFindsTheFewestThatFit) {
 
 TEST(PlanSearch, ClearErrors) {
     PlanRequest r = llama70b_on_64();
-    r.global_batch = 3;   // 64 devices: every data-parallel size but 1 misses, and dp 1 cannot fit... still a layout
+    r.run.global_batch = 3;   // 64 devices: every data-parallel size but 1 misses, and dp 1 cannot fit... still a layout
     r.tp = 8;
     r.pp = 1;             // dp = 8 does not divide 3
     EXPECT_THROW(search_plans(r), ConfigError);
     r = llama70b_on_64();
-    r.seq = 8192;         // llama2-70b has 4096 positions
+    r.run.seq = 8192;         // llama2-70b has 4096 positions
     EXPECT_THROW(search_plans(r), ConfigError);
 }
 
@@ -123,15 +123,15 @@ TEST(PlanSearch, OneCpuDeviceCarriesTheEnginesExactNumbers) {
     r.hw = memfit::test::h100_like();
     r.hw.name = "cpu";
     r.hw.usable = r.hw.memory;
-    r.seq = 64;
-    r.global_batch = 4;
-    r.compute = DType::f32;
+    r.run.seq = 64;
+    r.run.global_batch = 4;
+    r.run.compute = DType::f32;
     r.exact_sizing = &backend;
     const SearchReport rep = search_plans(r);
     ASSERT_FALSE(rep.best.empty());
     for (const PlanResult & p : rep.best) {
         EXPECT_TRUE(p.mem.exact);
-        const DeviceMemory e = exact_memory(r.cfg, r.hw, p.c, r.seq, backend);
+        const DeviceMemory e = exact_memory(r.cfg, r.hw, p.c, r.run.seq, backend);
         EXPECT_EQ(p.mem.total(), e.total());
     }
 }
@@ -149,14 +149,17 @@ TEST(PlanSearch, ListedConfigurationsFitByTheBytesTheyPrint) {
         std::function<void(PlanRequest &)> fix;
     };
     const std::vector<Case> cases = {
-        {"llama2-70b", "h100-80g", 64, 4096, 1024, 50, {}},
+        // With the layouts train does not run yet (ZeRO-3 with tp: the analytic model's numbers).
+        {"llama2-70b", "h100-80g", 64, 4096, 1024, 50, [](PlanRequest & r) { r.include_plan_only = true; }},
         {"llama2-70b", "h100-80g", 1024, 4096, 1024, 5, {}},
         {"llama3-8b", "h100-80g", 8, 8192, 16, 5,
          [](PlanRequest & r) { r.zero = 3, r.micro_batch = 2, r.recompute = "selective", r.tp = 1, r.pp = 1; }},
         {"llama2-7b", "a100-40g", 16, 2048, 64, 10, {}},
         {"gpt2-xl", "rtx4090", 4, 1024, 32, 10, {}},
         {"llama2-13b", "mi300x", 8, 4096, 128, 10, [](PlanRequest & r) { r.zero = 1; }},
-        {"llama3-70b", "h200", 32, 8192, 256, 10, [](PlanRequest & r) { r.pp = 4, r.schedule = PipeSchedule::interleaved; }},
+        // Interleaved on GPUs: memfit train refuses it, so only --include-plan-only lists it (marked).
+        {"llama3-70b", "h200", 32, 8192, 256, 10,
+         [](PlanRequest & r) { r.pp = 4, r.schedule = PipeSchedule::interleaved, r.include_plan_only = true; }},
         {"llama2-7b", "l40s", 16, 4096, 32, 10, [](PlanRequest & r) { r.tp = 2, r.sp = true; }},
         {"llama2-70b", "h100-80g", 1, 512, 1, 5,
          [](PlanRequest & r) { r.lora = make_lora_plan(r.cfg, memfit::test::lora_options(r.cfg, 16, BaseWeights::nf4, "q,v")); }},
@@ -168,8 +171,8 @@ TEST(PlanSearch, ListedConfigurationsFitByTheBytesTheyPrint) {
         r.hw = find_hardware(catalog, k.hw);
         r.gpus = k.gpus;
         r.nodes = (k.gpus + r.hw.per_node - 1) / r.hw.per_node;
-        r.seq = k.seq;
-        r.global_batch = k.global_batch;
+        r.run.seq = k.seq;
+        r.run.global_batch = k.global_batch;
         r.top = k.top;
         r.explain = true;
         r.exact_sizing = cuda.get();
@@ -185,7 +188,7 @@ TEST(PlanSearch, ListedConfigurationsFitByTheBytesTheyPrint) {
             EXPECT_LE(p.mem.host * uint64_t(std::min(r.gpus, r.hw.per_node)), r.hw.host_memory);
             if (p.mem.exact) {
                 ++exact;
-                const DeviceMemory again = exact_memory(r.cfg, r.hw, p.c, r.seq, *cuda);
+                const DeviceMemory again = exact_memory(r.cfg, r.hw, p.c, r.run.seq, *cuda);
                 for (size_t c = 0; c < kCategoryCount; ++c) EXPECT_EQ(p.mem.device.v[c], again.device.v[c]) << c;
             }
         }
@@ -197,7 +200,7 @@ TEST(PlanSearch, ListedConfigurationsFitByTheBytesTheyPrint) {
         std::istringstream lines(table);
         std::string line;
         size_t rows = 0;
-        const std::regex row(R"(^  \d+ .*  (\d+\.\d\d) (B|KiB|MiB|GiB|TiB) .*\|)");
+        const std::regex row(R"(^  \d+!? .* (\d+\.\d\d) (B|KiB|MiB|GiB|TiB) .*(exact|model)$)");
         std::smatch m;
         while (std::getline(lines, line)) {
             if (!std::regex_search(line, m, row)) continue;
