@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Search speed of `memfit plan` for every search the README quotes: llama2-70b on 64 and 1,024
-# H100s (seq 4096, global batch 1024), the same with --top 50, and the one-GPU LoRA / QLoRA
-# plans of Llama 2. Median of 5 runs each; one JSON line per case: candidates evaluated, engine
-# programs recorded (exact plans), the search's own seconds (the JSON's `seconds`) and the whole
-# process's wall seconds (start-up and printing included). The target is a search under 0.3 s.
+# H100s (seq 4096, global batch 1024), the same with --top 50, the 1T-parameter GPT of Megatron-LM
+# on 3,072 A100s, and the one-GPU LoRA / QLoRA plans of Llama 2. Median of 5 runs each; one JSON
+# line per case: candidates evaluated, engine programs recorded (exact plans), the search's own
+# seconds (the JSON's `seconds`) and the whole process's wall seconds (start-up and printing
+# included). The target: every search under 1 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 M=${MEMFIT:-build/memfit}
@@ -17,6 +18,8 @@ cases = {
     "llama2-70b, 64 x h100-80g": big + ["--gpus", "64"],
     "llama2-70b, 1024 x h100-80g": big + ["--gpus", "1024"],
     "llama2-70b, 64 x h100-80g, --top 50": big + ["--gpus", "64", "--top", "50"],
+    "GPT 1T, 3072 x a100-80g": ["--model", "bench/models/gpt-1t.json", "--hardware", "a100-80g", "--gpus", "3072",
+                                "--seq", "2048", "--global-batch", "3072"],
     "llama2-7b LoRA, 1 x h100-80g": ["--model", "llama2-7b"] + one + lora,
     "llama2-7b QLoRA, 1 x h100-80g": ["--model", "llama2-7b"] + one + lora + ["--base-weights", "nf4"],
     "llama2-70b QLoRA full recompute, 1 x h100-80g": ["--model", "llama2-70b"] + one + lora +
@@ -34,5 +37,5 @@ for name, args in cases.items():
     secs = statistics.median(r["seconds"] for r in runs)
     print(json.dumps({"case": name, "evaluated": runs[0]["evaluated"], "exact_recorded": runs[0]["exact_recorded"],
                       "listed": len(runs[0]["best"]), "median_search_s": round(secs, 4),
-                      "median_wall_s": round(statistics.median(walls), 4), "under_0.3_s": secs < 0.3}))
+                      "median_wall_s": round(statistics.median(walls), 4), "under_1_s": secs < 1.0}))
 PY

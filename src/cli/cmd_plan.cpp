@@ -137,8 +137,10 @@ Answer ask_inverse(const PlanFlags & f, const RunConfig & run, const RunFlags & 
             throw Error(fmt::format("{}: nothing fits on {} x {} even at {} 1 (memfit plan without {} says what is "
                                     "closest)", what, r.gpus, r.hw.name, f.max_seq ? "seq" : "micro-batch",
                                     f.max_seq ? "--max-seq" : "--max-micro-batch"));
-        a.line = fmt::format("{} that fits: {}{} ({} searches)\n", what, l.value,
-                             l.next ? fmt::format(" ({} does not)", l.next) : std::string(" (the most asked about)"),
+        a.line = fmt::format("{} that fits: {} ({}; {} searches)\n", what, l.value,
+                             l.next ? fmt::format("{} does not", l.next)
+                                    : f.max_seq ? fmt::format("the model's {} positions", r.cfg.max_seq)
+                                                : fmt::format("the most tried, {}", kMaxMicroBatch),
                              l.searches);
         a.json = {{f.max_seq ? "max_seq" : "max_micro_batch", l.value}};
         a.request = l.request;
@@ -149,7 +151,9 @@ Answer ask_inverse(const PlanFlags & f, const RunConfig & run, const RunFlags & 
     const LargestModel m = largest_model(models, [&](const std::string & name) {
         RunConfig one = run;
         one.model = name;
-        return make_request(f, one, given);
+        PlanRequest q = make_request(f, one, given);
+        q.exact_sizing = r.exact_sizing;
+        return q;
     });
     std::string tried;
     for (const auto & [name, why] : m.tried)

@@ -41,12 +41,13 @@ nlohmann::ordered_json read_json(const std::string & path) {
     }
 }
 
-// The flag's value as the command line would spell it; empty: leave the flag out (a false switch).
+// The flag's value as the command line would spell it (a false switch as --key=false: given, and
+// off, so that `memfit plan` keeps it off rather than searching it).
 std::vector<std::string> spelled(const std::string & path, const std::string & key, const nlohmann::json & v,
                                  const CLI::Option & op) {
     const bool flag = op.get_expected_max() == 0;
     if (v.is_boolean()) {
-        if (flag) return v.get<bool>() ? std::vector<std::string>{"--" + key} : std::vector<std::string>{};
+        if (flag) return {v.get<bool>() ? "--" + key : "--" + key + "=false"};
         return {"--" + key, v.get<bool>() ? "true" : "false"};
     }
     if (flag) throw ConfigError(fmt::format("--config {}: \"{}\" is a switch: write true or false, not {}", path, key,

@@ -30,7 +30,7 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
     RunFlags f;
     add_config_flag(c);
     auto keep = [&](CLI::Option * o) {
-        f.options[o->get_name(false, true).substr(2)] = o;
+        f.options[o->get_lnames().front()] = o;   // "sp" for "--sp,!--no-sp"
         return o;
     };
     keep(c->add_option("--model", r.model,
@@ -40,7 +40,7 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
     keep(c->add_option("--seq", r.seq, "tokens per sequence (activations grow with it; naive attention's with its "
                                        "square)")
              ->capture_default_str()->check(kPositive));
-    keep(c->add_flag("--packing", r.packing,
+    keep(c->add_flag("--packing,!--no-packing", r.packing,
                      "instruction data (memfit prepare --format jsonl): pack several conversations into each --seq "
                      "row, none attending to another and each with positions from 0 (TRL's packing; 4 bytes per "
                      "token of document starts); default: one conversation per row, padded"));
@@ -161,7 +161,7 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                            "and the LM head over groups of this many consecutive ranks; the heads, KV heads and MLP "
                            "width must divide by it")
                  ->capture_default_str());
-        keep(c->add_flag("--sp", r.layout.sp,
+        keep(c->add_flag("--sp,!--no-sp", r.layout.sp,
                          "sequence parallel (with --tp): norms and residual adds run on 1/tp of the tokens, with "
                          "all-gathers and reduce-scatters in place of the all-reduces (Korthikanti et al. 2022)"));
         keep(c->add_option("--pp", r.layout.pp,

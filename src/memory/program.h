@@ -4,7 +4,9 @@
 // and the profiler draws (docs/design.md, "One step, two runs").
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 #include <string>
 #include <vector>
@@ -27,13 +29,49 @@ struct BufferDecl {
     int         last_op    = -1;
 };
 
+// The buffers one op touches, each once: a few inline, more on the heap. Recording a large
+// model's step takes hundreds of thousands of ops, and an allocation each was a fifth of
+// `memfit plan`'s search.
+class BufferIds {
+public:
+    BufferIds() = default;
+    BufferIds(std::initializer_list<BufferId> ids) {
+        for (BufferId id : ids) push_back(id);
+    }
+    void push_back(BufferId id) {
+        if (n_ < kInline) {
+            inline_[n_] = id;
+        } else {
+            if (n_ == kInline) heap_.assign(inline_, inline_ + kInline);
+            heap_.push_back(id);
+        }
+        ++n_;
+    }
+    void reserve(size_t n) {
+        if (n > kInline) heap_.reserve(n);
+    }
+    const BufferId * begin() const { return n_ <= kInline ? inline_ : heap_.data(); }
+    const BufferId * end() const { return begin() + n_; }
+    size_t size() const { return n_; }
+    bool empty() const { return n_ == 0; }
+    friend bool operator==(const BufferIds & a, const std::vector<BufferId> & b) {
+        return std::equal(a.begin(), a.end(), b.begin(), b.end());
+    }
+
+private:
+    static constexpr size_t kInline = 10;
+    BufferId inline_[kInline] = {};
+    size_t n_ = 0;
+    std::vector<BufferId> heap_;
+};
+
 struct OpRecord {
     const char *          name  = "";    // static string: "matmul_fwd", ...
     Phase                 phase = Phase::other;
     int                   layer = -1;    // transformer block, -1 outside the blocks
     double                flops = 0;     // floating-point operations
     double                bytes = 0;     // bytes read + written (for the time model)
-    std::vector<BufferId> uses;          // buffers read or written, each once
+    BufferIds             uses;          // buffers read or written, each once
 };
 
 class Program {

@@ -17,7 +17,12 @@ ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, 
     // Every name once, looked up by hash (a scan per name is quadratic in the layers).
     std::unordered_map<std::string_view, const ParamInfo *> by_name;
     by_name.reserve(layout.params.size());
-    for (const ParamInfo & p : layout.params) by_name.emplace(p.name, &p);
+    // The blocks the layout holds (a pipeline stage's few): the others' views are all invalid.
+    std::vector<bool> held(size_t(std::max(0, cfg.n_layer)), false);
+    for (const ParamInfo & p : layout.params) {
+        by_name.emplace(p.name, &p);
+        if (const int b = param_block(p.name); b >= 0 && b < cfg.n_layer) held[size_t(b)] = true;
+    }
     auto find = [&](const std::string & name) -> const ParamInfo * {
         const auto it = by_name.find(name);
         return it == by_name.end() ? nullptr : it->second;
@@ -58,8 +63,12 @@ ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, 
         w.lnfw = view("model.norm.weight");
         w.head = cfg.tied_head ? w.wte : view("lm_head.weight");
         for (int l = 0; l < cfg.n_layer; ++l) {
-            const std::string h = fmt::format("model.layers.{}.", cfg.stored_block(l));   // shared: one per group
             ModelWeights::Layer y;
+            if (!held[size_t(cfg.stored_block(l))]) {
+                w.h.push_back(y);
+                continue;
+            }
+            const std::string h = fmt::format("model.layers.{}.", cfg.stored_block(l));   // shared: one per group
             y.ln1w = view(h + "input_layernorm.weight");
             y.qkvw = fused({h + "self_attn.q_proj.weight", h + "self_attn.k_proj.weight", h + "self_attn.v_proj.weight"});
             if (cfg.qkv_bias) y.qkvb = fused({h + "self_attn.q_proj.bias", h + "self_attn.k_proj.bias",
@@ -80,8 +89,12 @@ ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, 
     w.lnfb = view("ln_f.bias");
     w.head = w.wte;
     for (int l = 0; l < cfg.n_layer; ++l) {
-        const std::string h = fmt::format("h.{}.", cfg.stored_block(l));   // shared: one per group
         ModelWeights::Layer y;
+        if (!held[size_t(cfg.stored_block(l))]) {
+            w.h.push_back(y);
+            continue;
+        }
+        const std::string h = fmt::format("h.{}.", cfg.stored_block(l));   // shared: one per group
         y.ln1w = view(h + "ln_1.weight"), y.ln1b = view(h + "ln_1.bias");
         y.qkvw = view(h + "attn.c_attn.weight"), y.qkvb = view(h + "attn.c_attn.bias");
         y.projw = view(h + "attn.c_proj.weight"), y.projb = view(h + "attn.c_proj.bias");
@@ -127,26 +140,28 @@ ModelWeights lora_model_weights(const ModelConfig & cfg, const LoraOptions & lor
     return w;
 }
 
-Tensor Transformer::act(Program & program, const std::string & name, std::initializer_list<int64_t> dims, bool f32) const {
+Tensor Transformer::act(Program & program, std::string_view name, std::initializer_list<int64_t> dims, bool f32,
+                        std::string_view suffix) const {
     int64_t n = 1;
     for (auto d : dims) n *= d;
     const DType dt = f32 ? DType::f32 : dt_;
-    BufferId id = program.declare(prefix_ + name, Category::activations, size_t(n) * dtype_size(dt));
+    std::string full;
+    full.reserve(prefix_.size() + name.size() + suffix.size());
+    full.append(prefix_).append(name).append(suffix);
+    BufferId id = program.declare(std::move(full), Category::activations, size_t(n) * dtype_size(dt));
     return Tensor(id, dt, dims);
 }
 
 Transformer::LayerActs Transformer::declare_layer(Program & program, const std::string & h, bool with_backward) const {
     const int64_t b = B_, t = T_, C = cfg_.n_embd, NH = cfg_.n_head, Q = cfg_.qkv_dim(), F = cfg_.fc_dim(),
                   A = cfg_.ffn_dim(), H = cfg_.attn_dim(), QR = 3 * H;
-    auto act = [&](const std::string & name, std::initializer_list<int64_t> dims, bool f32 = false) {
-        return this->act(program, h + name, dims, f32);
+    auto act = [&](std::string_view name, std::initializer_list<int64_t> dims, bool f32 = false) {
+        return this->act(program, h, dims, f32, name);
     };
     // The residual stream's buffers: [B, T, C], or this rank's rows of it (sequence parallel).
     const int64_t n = rows_;
-    auto stream = [&](const std::string & name) {
-        return sp_ ? act(name, {n, C}) : act(name, {b, t, C});
-    };
-    auto stats = [&](const std::string & name) { return sp_ ? act(name, {n}, true) : act(name, {b, t}, true); };
+    auto stream = [&](std::string_view name) { return sp_ ? act(name, {n, C}) : act(name, {b, t, C}); };
+    auto stats = [&](std::string_view name) { return sp_ ? act(name, {n}, true) : act(name, {b, t}, true); };
     LayerActs a;
     a.layer = std::stoi(h.substr(2));
     a.rc = h.ends_with("rc.");

@@ -266,7 +266,9 @@ private:
     // precision for them), in place, so that both of its gemms run as native bf16 matmuls where the
     // backend has them (Graph::matmul_bwd's round_dout). The loss and the probabilities stay fp32.
     static bool round_logit_grads(const ModelWeights & w) { return w.head.dtype == DType::bf16; }
-    Tensor act(Program & program, const std::string & name, std::initializer_list<int64_t> dims, bool f32 = false) const;
+    // Declares prefix + name + suffix ("h.3." + "attn.qkv"): one string, built once.
+    Tensor act(Program & program, std::string_view name, std::initializer_list<int64_t> dims, bool f32 = false,
+               std::string_view suffix = {}) const;
     // Recomputes the units layer l's mask dropped into rc_[l]; returns the layer's activations
     // as backward reads them (kept ones from forward, the rest recomputed).
     LayerActs recompute_dropped(Graph & g, int l, const ModelWeights::Layer & p, Tensor x) const;

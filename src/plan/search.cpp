@@ -1,6 +1,7 @@
 #include "plan/search.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -338,15 +339,17 @@ void Search::layout(const Layout & L) {
         }
 }
 
-// The exact plans of the next candidates the walk will need from `from` on, recorded at once on
-// the machine's threads when the sizing backend allows (Backend::pure_sizing); memory_of then
-// finds them recorded. Each is recorded once, so the plans and the listing are the same as
-// one thread's; at most threads - 1 of them go unused when the walk stops early.
+// The exact plans of the next candidates the walk will need from `from` on (as many as rows are
+// still to list, and a few more), recorded at once on the machine's threads, each taking the next
+// from a shared count, when the sizing backend allows (Backend::pure_sizing); memory_of then finds
+// them recorded. Each is recorded once, so the plans and the listing are the same as one
+// thread's; a few go unused when candidates do not fit or the walk stops.
 void Search::prefetch_exact(size_t from) {
     const size_t threads = std::min<size_t>(8, std::max(1u, std::thread::hardware_concurrency()));
     if (!r_.exact_sizing || !r_.exact_sizing->pure_sizing() || threads < 2) return;
+    const size_t want = std::min(4 * threads, r_.top - rep_.best.size() + threads - 1);
     std::vector<std::pair<std::string, const Candidate *>> todo;
-    for (size_t i = from; i < pool_.size() && todo.size() < threads; ++i) {
+    for (size_t i = from; i < pool_.size() && todo.size() < want; ++i) {
         const Candidate & c = pool_[i].c;
         if (unsupported(candidate_run(c, r_.run.seq), cfg_, r_.exact_sizing)) continue;
         const std::string key = exact_key(c);
@@ -355,16 +358,19 @@ void Search::prefetch_exact(size_t from) {
     }
     if (todo.size() < 2) return;
     std::vector<std::optional<DeviceMemory>> got(todo.size());
-    std::vector<std::thread> pool;
-    for (size_t k = 0; k < todo.size(); ++k)
-        pool.emplace_back([&, k] {
-            try {
-                got[k] = exact_memory(cfg_, r_.hw, *todo[k].second, r_.run.seq, *r_.exact_sizing);
-            } catch (const std::exception &) {
-                // left to memory_of, which records it again in order and reports what it throws
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> workers;
+    for (size_t t = 0; t < std::min(threads, todo.size()); ++t)
+        workers.emplace_back([&] {
+            for (size_t k = next++; k < todo.size(); k = next++) {
+                try {
+                    got[k] = exact_memory(cfg_, r_.hw, *todo[k].second, r_.run.seq, *r_.exact_sizing);
+                } catch (const std::exception &) {
+                    // left to memory_of, which records it again in order and reports what it throws
+                }
             }
         });
-    for (std::thread & t : pool) t.join();
+    for (std::thread & t : workers) t.join();
     for (size_t k = 0; k < todo.size(); ++k)
         if (got[k]) exact_.emplace(todo[k].first, std::move(*got[k])), ++rep_.exact_recorded;
 }
