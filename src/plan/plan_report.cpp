@@ -1,6 +1,7 @@
 #include "plan/plan_report.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <sstream>
 #include <string_view>
@@ -19,6 +20,9 @@ const char * const kExactMeaning =
     "analytic model (docs/planner.md)";
 
 namespace {
+
+// A space wrap() does not break at ("28.59 GiB").
+constexpr char kKeep = '\x1f';
 
 // One letter per category, in bar order.
 // parameters, master, optimizer, gradients, activations, workspace, comm, runtime, offloaded (host:
@@ -156,7 +160,8 @@ std::string best_block(const PlanRequest & r, const SearchReport & rep) {
     std::string cats;
     for (size_t c = 0; c < kCategoryCount; ++c)
         if (b.mem.device.v[c] > 0)
-            cats += fmt::format("{}{} {}", cats.empty() ? "" : ", ", kCategoryNames[c], format_bytes(b.mem.device.v[c]));
+            cats += fmt::format("{}{} {}", cats.empty() ? "" : ", ", kCategoryNames[c],
+                                format_bytes(b.mem.device.v[c]));
     out += wrap("    " + cats, 4);
     out += fmt::format("    |{}|\n", bar(b.mem.device, cap, 80));
     for (size_t st = 0; st < b.mem.stages.size(); ++st)
@@ -188,8 +193,9 @@ std::string header(const PlanRequest & r, const SearchReport & rep) {
                                 100.0 * double(r.lora->adapters) / double(r.cfg.num_params()),
                                 double(r.cfg.num_params()) / 1e9), 4);
     out += wrap(fmt::format("  {} configurations evaluated, {} fit, {} layouts pruned on model states alone, {} engine "
-                            "programs recorded, in {:.2f} s",
-                            rep.evaluated, rep.fitting, rep.pruned_layouts, rep.exact_recorded, rep.seconds), 4);
+                            "programs recorded, {}",
+                            rep.evaluated, rep.fitting, rep.pruned_layouts, rep.exact_recorded,
+                            fmt::format("{:.2f} s", rep.seconds)), 4);
     if (rep.plan_only > 0 && !r.include_plan_only)
         out += wrap(fmt::format("  {} more fit in layouts memfit train does not run yet (--include-plan-only lists "
                                 "them)", rep.plan_only), 4);
@@ -199,8 +205,17 @@ std::string header(const PlanRequest & r, const SearchReport & rep) {
 }  // namespace
 
 std::string wrap(const std::string & text, size_t indent, size_t width) {
+    // A number and its unit stay on one line ("28.59 GiB", "0.11 s").
+    std::string kept = text;
+    for (size_t i = 1; i + 1 < kept.size(); ++i) {
+        if (kept[i] != ' ' || !std::isdigit(static_cast<unsigned char>(kept[i - 1]))) continue;
+        const size_t end = kept.find_first_of(" ,;:)", i + 1);
+        const std::string_view unit = std::string_view(kept).substr(i + 1, end == std::string::npos ? end : end - i - 1);
+        for (std::string_view u : {"B", "KiB", "MiB", "GiB", "TiB", "EiB", "s"})
+            if (unit == u) kept[i] = kKeep;
+    }
     std::string out, line;
-    std::istringstream words(text);
+    std::istringstream words(kept);
     const size_t lead = text.find_first_not_of(' ');
     line = std::string(lead == std::string::npos ? 0 : lead, ' ');
     std::string w;
@@ -215,7 +230,9 @@ std::string wrap(const std::string & text, size_t indent, size_t width) {
         line += (first ? "" : " ") + w;
         first = false;
     }
-    return out + line + "\n";
+    out += line + "\n";
+    std::replace(out.begin(), out.end(), kKeep, ' ');
+    return out;
 }
 
 std::string borrowed_efficiencies(const Hardware & hw) {

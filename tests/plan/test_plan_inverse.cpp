@@ -1,0 +1,140 @@
+// The planner's questions beyond "does it fit": the longest sequence, the largest micro-batch and
+// the largest model that fit (each answer fits, the next value up does not), parameter offload on
+// one device (a layout memfit train does not run yet: counted, named in the hint, listed marked
+// with --include-plan-only), and hints that were checked by a search and never repeat what the
+// request already has.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include "backend/cuda_sizing.h"
+#include "core/error.h"
+#include "plan/hardware.h"
+#include "plan/inverse.h"
+#include "plan/plan_report.h"
+#include "plan/search.h"
+#include "test_util.h"
+
+using namespace memfit;
+
+namespace {
+
+PlanRequest request(const char * model, const char * hw, int gpus, int seq, int global_batch) {
+    static const std::vector<Hardware> catalog = default_hardware_catalog("");
+    static const std::unique_ptr<Backend> cuda = make_cuda_sizing_backend();
+    PlanRequest r;
+    r.cfg = model_preset(model);
+    if (r.cfg.vocab_size == 0) r.cfg.vocab_size = 256;   // the small presets: a byte vocabulary
+    r.hw = find_hardware(catalog, hw);
+    r.gpus = gpus;
+    r.run.seq = seq;
+    r.run.global_batch = global_batch;
+    r.top = 2;
+    r.exact_sizing = cuda.get();
+    return r;
+}
+
+bool fits(PlanRequest r) {
+    r.hint = false;
+    try {
+        return !search_plans(r).best.empty();
+    } catch (const ConfigError &) {
+        return false;
+    }
+}
+
+}  // namespace
+
+TEST(PlanInverse, LongestSequenceFitsAndTheNextStepDoesNot) {
+    PlanRequest r = request("llama3.2-3b", "rtx4090", 1, 128, 1);
+    const Largest l = largest_seq(r);
+    ASSERT_GT(l.value, 0);
+    EXPECT_EQ(l.value % kSeqStep, 0);
+    ASSERT_GT(l.next, l.value) << "every position fits on a 24 GB device?";
+    EXPECT_EQ(l.next, l.value + kSeqStep);
+    EXPECT_FALSE(l.report.best.empty());
+    EXPECT_EQ(l.request.run.seq, l.value);
+    for (const PlanResult & p : l.report.best) EXPECT_LE(p.mem.total(), r.hw.memory);
+    r.run.seq = l.next;
+    EXPECT_FALSE(fits(r));
+    // Past every position: the model's limit is the answer.
+    const Largest all = largest_seq(request("llama-nano", "h100-80g", 1, 64, 1));
+    EXPECT_EQ(all.value, model_preset("llama-nano").max_seq);
+    EXPECT_EQ(all.next, 0);
+}
+
+TEST(PlanInverse, LargestMicroBatchFitsAndOneMoreDoesNot) {
+    PlanRequest r = request("llama2-7b", "h100-80g", 8, 4096, 0);
+    r.micro_batch = 1;   // the global batch follows: micro-batch x accumulation x dp
+    const Largest l = largest_micro_batch(r);
+    ASSERT_GT(l.value, 1);
+    ASSERT_EQ(l.next, l.value + 1);
+    EXPECT_EQ(l.report.best.front().c.micro_batch, l.value);
+    r.micro_batch = l.next;
+    r.grad_accum = 1;
+    EXPECT_FALSE(fits(r));
+    r.run.global_batch = 64;
+    EXPECT_THROW(largest_micro_batch(r), ConfigError);   // the global batch would decide it
+}
+
+TEST(PlanInverse, LargestModelOfAFamilyIsTheFirstThatFitsFromTheTop) {
+    const std::vector<std::string> llama2 = model_family("llama2");
+    EXPECT_EQ(llama2, (std::vector<std::string>{"llama2-7b", "llama2-13b", "llama2-70b"}));
+    EXPECT_THROW(model_family("nonsense"), ConfigError);
+    EXPECT_GE(model_family("presets").size(), 20u);
+    const LargestModel m = largest_model(llama2, [](const std::string & name) {
+        return request(name.c_str(), "h200", 1, 2048, 8);
+    });
+    EXPECT_EQ(m.model, "llama2-13b");   // 70B's optimizer states alone pass 141 GB
+    ASSERT_EQ(m.tried.size(), 2u);
+    EXPECT_EQ(m.tried[0].first, "llama2-70b");
+    EXPECT_NE(m.tried[0].second.find("needs"), std::string::npos) << m.tried[0].second;
+    EXPECT_EQ(m.tried[1].second, "");
+    EXPECT_FALSE(m.at.report.best.empty());
+}
+
+TEST(PlanInverse, OneDeviceCountsParameterOffloadAsPlanOnly) {
+    PlanRequest r = request("llama3-70b", "h200", 1, 2048, 8);
+    const SearchReport rep = search_plans(r);
+    EXPECT_TRUE(rep.best.empty());
+    EXPECT_GT(rep.plan_only, 0u);
+    ASSERT_FALSE(rep.plan_only_best.empty());
+    EXPECT_EQ(rep.plan_only_best.front().c.layout.offload, Offload::optimizer_params);
+    EXPECT_NE(rep.hint.find("--include-plan-only"), std::string::npos) << rep.hint;
+    EXPECT_NE(rep.hint.find("optimizer+params"), std::string::npos) << rep.hint;
+    r.include_plan_only = true;
+    const SearchReport all = search_plans(r);
+    ASSERT_FALSE(all.best.empty());
+    for (const PlanResult & p : all.best) {
+        EXPECT_FALSE(p.runnable());
+        EXPECT_NE(p.refused.find("--offload optimizer+params"), std::string::npos) << p.refused;
+        EXPECT_LE(p.mem.total(), r.hw.memory);
+    }
+    const std::string table = format_plan(r, all, false);
+    EXPECT_NE(table.find("1! "), std::string::npos) << table;
+    EXPECT_NE(table.find("memfit train does not run"), std::string::npos) << table;
+    EXPECT_EQ(table.find("run it"), std::string::npos) << table;   // no command for what train refuses
+}
+
+TEST(PlanInverse, HintsAreCheckedAndNotWhatTheRequestHas) {
+    // A fixed ZeRO stage that cannot hold the states: the hint drops it, and then something fits.
+    PlanRequest r = request("llama2-13b", "h100-80g", 8, 4096, 64);
+    r.zero = 0, r.tp = 1, r.pp = 1, r.offload = Offload::none, r.recompute = "none";
+    const SearchReport rep = search_plans(r);
+    ASSERT_TRUE(rep.best.empty());
+    EXPECT_NE(rep.hint.find("dropping --zero 0 fits"), std::string::npos) << rep.hint;
+    r.zero.reset();
+    EXPECT_TRUE(fits(r));
+    // Nothing fixed that matters, optimizer offload searched: never "add --offload optimizer".
+    PlanRequest one = request("llama2-7b", "rtx4090", 1, 4096, 1);
+    const SearchReport none = search_plans(one);
+    ASSERT_TRUE(none.best.empty());
+    EXPECT_EQ(none.hint.find("use --offload optimizer\n"), std::string::npos);
+    EXPECT_EQ(none.hint.rfind("--offload optimizer", 0), std::string::npos) << none.hint;
+    // Too big for anything the request can change: what is left.
+    PlanRequest huge = request("llama2-70b", "rtx4090", 1, 4096, 1);
+    huge.lora = nullptr;
+    const SearchReport h = search_plans(huge);
+    ASSERT_TRUE(h.best.empty());
+    EXPECT_FALSE(h.hint.empty());
+}
