@@ -418,3 +418,22 @@ TEST(DeepSpeedConfig, HasDeepSpeedKeys) {
 
 }  // namespace
 }  // namespace memfit
+
+namespace memfit {
+namespace {
+
+// AutoTP's size (what `memfit plan --emit-deepspeed` writes for a tensor-parallel row) is --tp;
+// the block's other keys are reported, a size out of range refused.
+TEST(DeepSpeedConfig, AutoTpSizeIsTensorParallel) {
+    const DeepSpeedTranslation t = translate_deepspeed(
+        nlohmann::ordered_json::parse(R"({"tensor_parallel": {"autotp_size": 4, "partition_config": {}}})"), "ds.json");
+    EXPECT_EQ(t.flags["tp"], 4);
+    EXPECT_EQ(t.ignored, (std::vector<std::string>{"tensor_parallel.partition_config"}));
+    EXPECT_THROW(translate_deepspeed(nlohmann::ordered_json::parse(R"({"tensor_parallel": {"autotp_size": 0}})"),
+                                     "ds.json"),
+                 ConfigError);
+    EXPECT_THROW(translate_deepspeed(nlohmann::ordered_json::parse(R"({"tensor_parallel": 2})"), "ds.json"), ConfigError);
+}
+
+}  // namespace
+}  // namespace memfit
