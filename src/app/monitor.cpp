@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/units.h"
 #include "memory/category.h"
 
@@ -73,10 +74,14 @@ bool process_alive(long pid) {
     return paren == std::string::npos || paren + 2 >= text.size() || (text[paren + 2] != 'Z' && text[paren + 2] != 'X');
 }
 
+// The file's JSON, or a discarded value when it is missing, being written, or not bounded JSON.
 nlohmann::json read_json(const fs::path & p) {
-    std::ifstream in(p);
-    if (!in) return nullptr;
-    return nlohmann::json::parse(in, nullptr, false);
+    try {
+        if (std::optional<nlohmann::json> j = try_parse_json(read_text_file(p.string(), uint64_t(64) << 20))) return *j;
+    } catch (const IoError &) {
+        return nullptr;
+    }
+    return nlohmann::json(nlohmann::json::value_t::discarded);
 }
 
 // Reads metrics.jsonl's complete lines past `offset` (from 0 again when the file was rewritten
@@ -96,8 +101,9 @@ struct MetricsTail {
         for (std::string line; std::getline(in, line);) {
             if (in.eof()) break;   // no newline yet: the writer is mid-line
             offset += std::streamoff(line.size()) + 1;
-            const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-            if (j.is_discarded() || !j.is_object() || !j.contains("step")) continue;
+            const std::optional<nlohmann::json> parsed = try_parse_json(line);
+            if (!parsed || !parsed->is_object() || !parsed->contains("step")) continue;
+            const nlohmann::json & j = *parsed;
             last = j;
             if (j.contains("val_loss") && j["val_loss"].is_number()) val = j["val_loss"].get<double>();
             changed = true;

@@ -35,6 +35,7 @@
 #include "comm/groups.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/file_digest.h"
 #include "core/json_num.h"
 #include "core/paths.h"
@@ -83,15 +84,11 @@ DataSource resolve_data(const std::string & folder, const std::string & tokenize
     src.val_path = (fs::path(dir) / "val.bin").string();
     if (!fs::exists(src.train_path))
         throw IoError(fmt::format("{}: no train.bin here; run `memfit prepare --out {}` first", dir, dir));
-    std::ifstream meta(fs::path(dir) / "meta.json");
-    if (meta) {
-        try {
-            nlohmann::json j;
-            meta >> j;
-            src.tokenizer = j.value("tokenizer", "");
-        } catch (const std::exception & e) {
-            throw FormatError(fmt::format("{}/meta.json: not valid JSON ({})", dir, e.what()));
-        }
+    const fs::path meta = fs::path(dir) / "meta.json";
+    if (fs::exists(meta)) {
+        const nlohmann::json j = read_json_file(meta.string(), uint64_t(64) << 20);
+        if (j.is_object() && j.contains("tokenizer") && j["tokenizer"].is_string())
+            src.tokenizer = j["tokenizer"].get<std::string>();
     }
     TokenFile f(src.train_path);
     src.vocab_size = int(f.vocab_size());
@@ -537,8 +534,10 @@ void TrainingRun::build() {
         if (first_step_ > 1) {
             std::ifstream in(metrics_path_);
             for (std::string line; std::getline(in, line);) {
-                const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-                if (!j.is_discarded() && j.is_object() && j.value("step", 0) < first_step_) kept += line + "\n";
+                const std::optional<nlohmann::json> j = try_parse_json(line);
+                if (j && j->is_object() && j->contains("step") && (*j)["step"].is_number_integer() &&
+                    (*j)["step"].get<int64_t>() < first_step_)
+                    kept += line + "\n";
             }
         }
         // Rewritten whole (or left as it was, if that fails), then appended to.

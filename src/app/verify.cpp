@@ -7,6 +7,7 @@
 
 #include "backend/make_backend.h"
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/json_num.h"
 #include "model/safetensors.h"
 #include "train/engine.h"
@@ -28,11 +29,7 @@ namespace {
 nlohmann::json parse_meta_json(const SafetensorsFile & f, const std::string & key) {
     auto it = f.metadata().find(key);
     if (it == f.metadata().end()) throw FormatError(fmt::format("{}: metadata has no '{}'", f.path(), key));
-    try {
-        return nlohmann::json::parse(it->second);
-    } catch (const std::exception & e) {
-        throw FormatError(fmt::format("{}: metadata '{}' is not valid JSON ({})", f.path(), key, e.what()));
-    }
+    return parse_json(it->second, fmt::format("{}: metadata '{}'", f.path(), key));
 }
 
 std::vector<float> expect(const SafetensorsFile & f, const std::string & name, size_t n) {

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_read.h"
 #include "run/deepspeed.h"
 #include "run/run_config.h"
 
@@ -15,30 +16,32 @@ namespace memfit::cli {
 
 namespace {
 
+// A config file is small: a megabyte is far past any real one.
+constexpr uint64_t kMaxConfigBytes = uint64_t(1) << 20;
+
 nlohmann::ordered_json read_json(const std::string & path) {
-    std::ifstream in(path);
-    if (!in) throw IoError(fmt::format("--config {}: cannot read the file", path));
+    std::string text;
+    try {
+        text = read_text_file(path, kMaxConfigBytes);
+    } catch (const IoError & e) {
+        throw IoError(fmt::format("--config {}", e.what()));
+    }
     // A key twice in one object is refused (the parser would keep the last one silently).
     std::vector<std::set<std::string>> keys;
     std::string twice;
-    auto callback = [&](int, nlohmann::ordered_json::parse_event_t event, nlohmann::ordered_json & parsed) {
+    auto events = [&](int, nlohmann::ordered_json::parse_event_t event, nlohmann::ordered_json & parsed) {
         using E = nlohmann::ordered_json::parse_event_t;
         if (event == E::object_start) keys.emplace_back();
         else if (event == E::object_end && !keys.empty()) keys.pop_back();
         else if (event == E::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
                  twice.empty())
             twice = parsed.get<std::string>();
-        return true;
     };
-    try {
-        nlohmann::ordered_json j = nlohmann::ordered_json::parse(in, callback);
-        if (!twice.empty())
-            throw FormatError(fmt::format("--config {}: \"{}\" appears twice in one object; keep one", path, twice));
-        if (!j.is_object()) throw FormatError(fmt::format("--config {}: expected a JSON object of flags", path));
-        return j;
-    } catch (const nlohmann::json::exception & e) {
-        throw FormatError(fmt::format("--config {}: not valid JSON ({})", path, e.what()));
-    }
+    nlohmann::ordered_json j = parse_ordered_json(text, "--config " + path, events);
+    if (!twice.empty())
+        throw FormatError(fmt::format("--config {}: \"{}\" appears twice in one object; keep one", path, twice));
+    if (!j.is_object()) throw FormatError(fmt::format("--config {}: expected a JSON object of flags", path));
+    return j;
 }
 
 // The flag's value as the command line would spell it (a false switch as --key=false: given, and

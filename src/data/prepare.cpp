@@ -1,6 +1,7 @@
 #include "data/prepare.h"
 
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/paths.h"
 #include "data/instruct.h"
 #include "data/token_file.h"
@@ -97,9 +98,11 @@ void prepare_jsonl(const PrepareOptions & opts, const std::string & input, const
         const std::string where = fmt::format("{} line {}", input, lines[i].first);
         nlohmann::ordered_json rec;
         try {
-            rec = nlohmann::ordered_json::parse(lines[i].second);
-        } catch (const nlohmann::json::exception & e) {
-            throw ConfigError(fmt::format("{}: not JSON ({}); expected one JSON object per line", where, e.what()));
+            rec = parse_ordered_json(lines[i].second, where);
+        } catch (const FormatError & e) {
+            const std::string what = e.what();
+            throw ConfigError(what.find("not valid JSON") != std::string::npos
+                                  ? what + "; expected one JSON object per line" : what);
         }
         const Example ex = encode_record(rec, fmt_, tok, where);
         const uint64_t trained = uint64_t(std::count(ex.trained.begin(), ex.trained.end(), uint8_t{1}));

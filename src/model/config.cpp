@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/json_num.h"
 
 namespace memfit {
@@ -399,13 +400,11 @@ nlohmann::json hf_config_json(const ModelConfig & cfg) {
 }
 
 ModelConfig load_hf_config(const std::string & path) {
-    std::ifstream in(path);
-    if (!in) throw IoError(fmt::format("{}: cannot open model config", path));
     nlohmann::json j;
     try {
-        in >> j;
-    } catch (const std::exception & e) {
-        throw ConfigError(fmt::format("{}: not valid JSON ({})", path, e.what()));
+        j = read_json_file(path, kMaxJsonFileBytes);
+    } catch (const FormatError & e) {
+        throw ConfigError(e.what());
     }
     return parse_hf_config(j, path);
 }

@@ -11,6 +11,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/finite.h"
 #include "model/safetensors.h"
 
@@ -26,12 +27,7 @@ std::vector<std::string> weight_files(const fs::path & dir) {
     const fs::path index = dir / "model.safetensors.index.json";
     if (!fs::exists(index))
         throw IoError(fmt::format("{}: no model.safetensors or model.safetensors.index.json", dir.string()));
-    nlohmann::json j;
-    try {
-        j = nlohmann::json::parse(std::ifstream(index));
-    } catch (const std::exception & e) {
-        throw FormatError(fmt::format("{}: not valid JSON ({})", index.string(), e.what()));
-    }
+    const nlohmann::json j = read_json_file(index.string());
     if (!j.contains("weight_map") || !j["weight_map"].is_object())
         throw FormatError(fmt::format("{}: no \"weight_map\" object", index.string()));
     std::set<std::string> shards;

@@ -19,6 +19,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/units.h"
 
 namespace memfit {
@@ -140,14 +141,8 @@ void SafetensorsFile::parse_header() {
                 duplicate = parsed.get<std::string>();
             }
         }
-        return true;
     };
-    nlohmann::json header;
-    try {
-        header = nlohmann::json::parse(hbegin, hbegin + header_len, on_event);
-    } catch (const nlohmann::json::exception & e) {
-        format_error(path_, fmt::format("header is not valid JSON: {}", e.what()));
-    }
+    const nlohmann::json header = parse_json(std::string_view(hbegin, header_len), path_ + ": header", on_event);
     if (!header.is_object()) {
         format_error(path_, fmt::format("header is a JSON {}, expected an object", header.type_name()));
     }

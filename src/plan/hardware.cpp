@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/paths.h"
 #include "core/units.h"
 
@@ -173,15 +174,17 @@ uint64_t machine_memory() {
 }  // namespace
 
 std::vector<Hardware> load_hardware_catalog(const std::string & path) {
-    std::ifstream in(path);
-    if (!in) throw IoError(fmt::format("{}: cannot open the hardware catalog; hint: set MEMFIT_DATA_DIR to the "
-                                       "folder holding hardware.json",
-                                       path));
+    std::string text;
+    try {
+        text = read_text_file(path, uint64_t(16) << 20);
+    } catch (const IoError & e) {
+        throw IoError(fmt::format("{}; hint: set MEMFIT_DATA_DIR to the folder holding hardware.json", e.what()));
+    }
     json j;
     try {
-        in >> j;
-    } catch (const std::exception & e) {
-        throw ConfigError(fmt::format("hardware catalog {}: not valid JSON ({})", path, e.what()));
+        j = parse_json(text, "hardware catalog " + path);
+    } catch (const FormatError & e) {
+        throw ConfigError(e.what());
     }
     if (!j.is_object()) throw ConfigError(fmt::format("hardware catalog {}: expected a JSON object", path));
     for (const auto & [key, value] : j.items()) {
@@ -229,13 +232,11 @@ std::optional<Calibration> read_calibration(const std::string & path) {
     std::error_code ec;
     if (!std::filesystem::exists(path, ec)) return std::nullopt;
     const std::string hint = "hint: rerun `memfit bench --calibrate` or delete the file";
-    std::ifstream in(path);
-    if (!in) throw IoError(fmt::format("{}: cannot read the calibration file; {}", path, hint));
     json j;
     try {
-        in >> j;
-    } catch (const std::exception & e) {
-        throw FormatError(fmt::format("{}: calibration file is not valid JSON ({}); {}", path, e.what(), hint));
+        j = parse_json(read_text_file(path, uint64_t(1) << 20), path + " (the calibration file)");
+    } catch (const Error & e) {
+        throw FormatError(fmt::format("{}; {}", e.what(), hint));
     }
     if (!j.is_object()) throw FormatError(fmt::format("{}: calibration file is not a JSON object; {}", path, hint));
     auto rate = [&](const char * field) {

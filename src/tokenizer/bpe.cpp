@@ -1,6 +1,7 @@
 #include "tokenizer/bpe.h"
 
 #include "core/error.h"
+#include "core/json_read.h"
 #include "tokenizer/unicode_norm.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -101,13 +102,7 @@ BpeParts read_gpt2_files(const std::string & encoder_json, const std::string & v
     // encoder.json: {"token in byte alphabet": id, ...}, ids 0..n-1.
     {
         const std::string text = read_tokenizer_file(encoder_json);
-        nlohmann::json j;
-        try {
-            j = nlohmann::json::parse(text);
-        } catch (const nlohmann::json::parse_error & e) {
-            throw FormatError(fmt::format("{}: not valid JSON at byte {}; the GPT-2 encoder file is corrupt",
-                                          encoder_json, e.byte));
-        }
+        const nlohmann::json j = parse_json(text, encoder_json);
         if (!j.is_object() || j.empty()) {
             throw FormatError(fmt::format("{}: expected a JSON object mapping token strings to ids", encoder_json));
         }

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_read.h"
 #include "tokenizer/tokenizer_config.h"
 
 namespace memfit {
@@ -156,12 +157,7 @@ BpeParts read_tokenizer_json(const std::string & path) {
     std::error_code ec;
     const fs::path abs = fs::absolute(path, ec).lexically_normal();
     const Reader r(abs.string());
-    json j;
-    try {
-        j = json::parse(read_tokenizer_file(path));
-    } catch (const json::parse_error & e) {
-        r.bad(fmt::format("not valid JSON at byte {}", e.byte));
-    }
+    json j = parse_json(read_tokenizer_file(path), abs.string());
     if (!j.is_object() || !j.contains("model")) r.bad("no \"model\"");
     BpeParts p;
     p.name = abs.string();

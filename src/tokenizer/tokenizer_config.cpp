@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/paths.h"
 
 namespace memfit {
@@ -53,12 +54,7 @@ std::string chat_template(const json & j, const std::string & name) {
 }  // namespace
 
 TokenizerConfig parse_tokenizer_config(const std::string & text, const std::string & name) {
-    json j;
-    try {
-        j = json::parse(text);
-    } catch (const json::parse_error & e) {
-        bad(name, fmt::format("not valid JSON at byte {}", e.byte));
-    }
+    const json j = parse_json(text, name);
     if (!j.is_object()) bad(name, "not a JSON object");
     TokenizerConfig c;
     c.bos_token = token(j, "bos_token", name);

@@ -11,6 +11,7 @@
 #include "core/atomic_file.h"
 #include "core/file_digest.h"
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/finite.h"
 #include "core/json_num.h"
 #include "model/safetensors.h"
@@ -304,9 +305,9 @@ nlohmann::json load_checkpoint_meta(const std::string & dir) {
     const std::string meta_path = (fs::path(dir) / "meta.json").string();
     nlohmann::json meta;
     try {
-        meta = nlohmann::json::parse(std::ifstream(meta_path));
-    } catch (const std::exception & e) {
-        throw FormatError(fmt::format("{}: not valid JSON ({})", meta_path, e.what()));
+        meta = read_json_file(meta_path, uint64_t(64) << 20);
+    } catch (const IoError & e) {
+        throw FormatError(e.what());
     }
     if (!meta.is_object() || meta.value("format", "") != kFormat || !meta.contains("step"))
         throw FormatError(fmt::format("{}: not a {} file", meta_path, kFormat));

@@ -141,7 +141,7 @@ TEST(CliInstruct, BadInstructionDataIsOneLine) {
                           "\"content\": \"yo\"}]}\n{not json}\n";
     expect_clean_failure(run_memfit("prepare --input " + bad.string() + " --tokenizer " + kQwen3 + " --out " +
                                     scratch("bad_out").string()),
-                         "bad.jsonl line 2: not JSON");
+                         "bad.jsonl line 2: not valid JSON at line 1, column 2");
     expect_clean_failure(run_memfit("prepare --input " + bad.string() + " --tokenizer bytes --out " +
                                     scratch("bad_out").string()),
                          "needs a chat template");

@@ -249,8 +249,8 @@ TEST_F(Safetensors, HeaderLengthOverLimit) {
 }
 
 TEST_F(Safetensors, InvalidJson) {
-    expect_format_error(write_header("{\"a\": [1, 2", 0), "header is not valid JSON: ");
-    expect_format_error(write_header("", 0), "header is not valid JSON: ");
+    expect_format_error(write_header("{\"a\": [1, 2", 0), "header: not valid JSON at line 1");
+    expect_format_error(write_header("", 0), "header: not valid JSON at line 1");
     expect_format_error(write_header("[1, 2]", 0), "header is a JSON array, expected an object");
     expect_format_error(write_header(R"({"__metadata__": {"k": 1}})", 0),
                         "__metadata__ value for 'k' is a number, expected a string");

@@ -1,0 +1,88 @@
+// Hostile files through the command line: every reader of JSON refuses one nested 200,000 levels
+// deep (which used to end memfit with SIGSEGV: a recursive copy of the parsed value overflowed
+// the stack) with one line naming the file and a non-zero exit: a --config of train and plan, a
+// tokenizer.json, one record of an instruction JSONL (the whole prepare), a model's config.json,
+// a checkpoint's meta.json, a safetensors header.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "cli_util.h"
+
+using namespace cli_test;
+
+namespace {
+
+std::string nested(int depth) { return std::string(size_t(depth), '[') + std::string(size_t(depth), ']'); }
+constexpr int kDeep = 200000;
+
+fs::path write(const std::string & name, const std::string & text) {
+    const fs::path p = scratch(name);
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+    return p;
+}
+
+}  // namespace
+
+TEST(CliHostile, DeeplyNestedJsonIsOneLineEverywhere) {
+    const std::string deep = nested(kDeep);
+    const fs::path cfg = write("deep_config.json", "{\"model\": " + deep + "}");
+    expect_clean_failure(run_memfit("plan --config " + cfg.string()), "nested deeper than 512 levels");
+    expect_clean_failure(run_memfit("train --steps 1 --config " + cfg.string()), "nested deeper than 512 levels");
+
+    // The shapes that crashed: a normalizer Sequence of Sequences, and a JSONL record with a deep
+    // value beside its messages (both converted recursively after parsing).
+    std::string seq;
+    for (int i = 0; i < kDeep / 2; ++i) seq += "{\"type\": \"Sequence\", \"normalizers\": [";
+    for (int i = 0; i < kDeep / 2; ++i) seq += "]}";
+    const fs::path tok = write("deep_tok/tokenizer.json",
+                               "{\"version\": \"1.0\", \"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}, "
+                               "\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"normalizer\": " + seq + "}");
+    const fs::path text = small_text("deep.txt");
+    expect_clean_failure(run_memfit("prepare --tokenizer " + tok.string() + " --input " + text.string() + " --out " +
+                                    scratch("deep_tok_out").string()),
+                         "tokenizer.json: nested deeper than 512 levels");
+
+    const fs::path jsonl = write("deep.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n"
+                                               "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\", \"extra\": " +
+                                                   deep + "}, {\"role\": \"assistant\", \"content\": \"yo\"}]}\n");
+    const std::string qwen = std::string(MEMFIT_TEST_DATA) + "/hf-tokenizers/qwen3/tokenizer.json";
+    expect_clean_failure(run_memfit("prepare --format jsonl --tokenizer " + qwen + " --input " + jsonl.string() +
+                                    " --out " + scratch("deep_jsonl_out").string()),
+                         "deep.jsonl line 2: nested deeper than 512 levels");
+
+    const fs::path model = write("deep_model/config.json", "{\"model_type\": \"llama\", \"rope_scaling\": " + deep + "}");
+    expect_clean_failure(run_memfit("plan --model " + model.string()), "config.json: nested deeper than 512 levels");
+
+    // A checkpoint whose meta.json was replaced: resuming from it is one line.
+    const fs::path data = scratch("deep_data"), run = scratch("deep_run");
+    ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    const CmdResult t = run_memfit("train --quiet --model nano --seq 32 --batch 2 --steps 2 --checkpoint-every 2 "
+                                   "--eval-every 0 --sample 0 --data " + data.string() + " --out " + run.string());
+    ASSERT_EQ(t.code, 0) << t.err;
+    const fs::path ckpt = run / "checkpoints" / "step-000002";
+    ASSERT_TRUE(fs::exists(ckpt / "meta.json"));
+    std::ofstream(ckpt / "meta.json") << "{\"format\": " << deep << "}";
+    expect_clean_failure(run_memfit("train --quiet --model nano --seq 32 --batch 2 --steps 4 --eval-every 0 "
+                                    "--sample 0 --data " + data.string() + " --out " + scratch("deep_run2").string() +
+                                    " --resume " + ckpt.string()),
+                         "meta.json: nested deeper than 512 levels");
+
+    // A safetensors file whose header is nested deep.
+    const std::string header = "{\"__metadata__\": {\"x\": " + deep + "}}";
+    const fs::path st = write("deep_weights/model.safetensors", "");
+    {
+        std::ofstream out(st, std::ios::binary);
+        const uint64_t n = header.size();
+        char len[8];
+        std::memcpy(len, &n, 8);
+        out.write(len, 8);
+        out << header;
+    }
+    std::ofstream(st.parent_path() / "config.json") << R"({"model_type": "gpt2", "n_layer": 1, "n_embd": 8,
+        "n_head": 2, "n_positions": 16, "vocab_size": 256})";
+    expect_clean_failure(run_memfit("generate --model " + st.parent_path().string() + " --prompt hi"),
+                         "model.safetensors: header: nested deeper than 512 levels");
+}
