@@ -39,7 +39,8 @@ bool TrainingRun::abandon_step() const {
 // After a stop signal: the last completed step's checkpoint (unless it was just written), then
 // finish() writes the summary and the report as for a whole run.
 void TrainingRun::stopped(int last_done) {
-    std::string where = "no step ran in this process: the checkpoint it resumed from stands";
+    std::string where = first_step_ > 1 ? "no step ran in this process: the checkpoint it resumed from stands"
+                                        : "before the first step: nothing to save";
     if (last_done >= first_step_) {
         const bool written = opt_.checkpoint_every > 0 && last_done % opt_.checkpoint_every == 0;
         if (!written) {

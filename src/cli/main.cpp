@@ -1,7 +1,10 @@
 // memfit: train, plan and profile transformer language models inside a memory budget.
 #include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <csignal>
 #include <cstdio>
 #include <exception>
@@ -10,15 +13,67 @@
 
 #include <CLI/CLI.hpp>
 
+#include "app/stop_request.h"
+#include "app/trainer.h"
 #include "cli/commands.h"
 #include "cli/config_file.h"
 #include "core/error.h"
+
+namespace {
+
+// `memfit train` takes its stop signals from before its first instruction, so that a SIGTERM while
+// the run starts (the shared libraries' initialisers, loading, planning, MPI's start-up) is a stop
+// like any other (the run ends at its first step boundary, exit 0) rather than the default action
+// (exit 143). The earliest moment is the executable's .preinit_array, which runs before any
+// library's initialiser: there a handler only notes the signal; main then installs the real ones
+// (the command line's --stop-signals, else the default) and hands a noted signal on to them.
+constexpr int kDefaultStopSignals[] = {SIGTERM, SIGINT, SIGUSR1};
+volatile std::sig_atomic_t g_early_signal = 0;
+
+void note_early_signal(int sig) { g_early_signal = sig; }
+
+bool is_train(int argc, char ** argv) { return argc >= 2 && argv && argv[1] && std::string(argv[1]) == "train"; }
+
+void preinit(int argc, char ** argv, char **) {
+    if (!is_train(argc, argv)) return;
+    struct sigaction sa {};
+    sa.sa_handler = note_early_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    for (int sig : kDefaultStopSignals) sigaction(sig, &sa, nullptr);
+}
+[[gnu::used, gnu::section(".preinit_array")]] void (*const kPreinit)(int, char **, char **) = preinit;
+
+void take_stop_signals_early(int argc, char ** argv) {
+    if (!is_train(argc, argv)) return;
+    std::string csv = memfit::TrainOptions{}.stop_signals;
+    for (int i = 2; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--stop-signals" && i + 1 < argc) csv = argv[i + 1];
+        else if (a.rfind("--stop-signals=", 0) == 0) csv = a.substr(15);
+    }
+    std::vector<int> signals;
+    try {
+        signals = memfit::parse_stop_signals(csv);
+    } catch (const memfit::Error &) {
+        signals.assign(std::begin(kDefaultStopSignals), std::end(kDefaultStopSignals));   // the flag's check reports it
+    }
+    for (int sig : kDefaultStopSignals)
+        if (std::find(signals.begin(), signals.end(), sig) == signals.end()) std::signal(sig, SIG_DFL);
+    memfit::install_stop_handlers(signals);
+    // Tests only: a stop signal as the run starts (before the trainer has done anything).
+    if (const char * s = std::getenv("MEMFIT_TEST_SIGNAL_AT_START"); s && std::string(s) == "TERM") g_early_signal = SIGTERM;
+    if (const int sig = g_early_signal) ::kill(::getpid(), sig);   // to the waiting thread, or the default action
+}
+
+}  // namespace
 
 int main(int argc, char ** argv) {
     // A closed pipe (`memfit train | head`) makes writes fail instead of killing the run.
     std::signal(SIGPIPE, SIG_IGN);
     // So does a file-size limit (ulimit -f): an error line instead of a killed run.
     std::signal(SIGXFSZ, SIG_IGN);
+    take_stop_signals_early(argc, argv);
     // A closed standard stream (`memfit train >&-`) would be the next file opened (metrics.jsonl
     // taking fd 1 and filling with progress text): point it at /dev/null first.
     for (int fd = 0; fd <= 2; ++fd)

@@ -5,6 +5,7 @@
 // a checkpoint's meta.json, a safetensors header.
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <cstring>
 #include <fstream>
 
@@ -85,4 +86,26 @@ TEST(CliHostile, DeeplyNestedJsonIsOneLineEverywhere) {
         "n_head": 2, "n_positions": 16, "vocab_size": 256})";
     expect_clean_failure(run_memfit("generate --model " + st.parent_path().string() + " --prompt hi"),
                          "model.safetensors: header: nested deeper than 512 levels");
+}
+
+// A stop signal as `memfit train` starts (before the trainer has loaded anything) is a stop like
+// one at a step boundary: exit 0 and one line, nothing to save. Before, a SIGTERM in the first
+// fraction of a second (two seconds on a loaded machine) killed the run with exit 143. With
+// --stop-signals none the signal keeps its default action.
+TEST(CliHostile, StopSignalAsTheRunStartsIsAStop) {
+    const fs::path out = scratch("stop_at_start"), log = scratch("stop_at_start.log");
+    auto run = [&](const std::string & extra) {
+        const std::string cmd = "MEMFIT_TEST_SIGNAL_AT_START=TERM " + std::string(MEMFIT_BINARY) +
+                                " train --model nano --steps 5 --sample 0 --eval-every 0 --out " + out.string() + extra +
+                                " >" + log.string() + " 2>&1";
+        const int status = std::system(cmd.c_str());
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    };
+    EXPECT_EQ(run(""), 0);
+    std::ifstream in(log);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("stopped by SIGTERM at step 0 of 5 (at a step boundary; before the first step: nothing to "
+                        "save)"), std::string::npos) << text;
+    EXPECT_FALSE(fs::exists(out / "checkpoints" / "step-000001"));
+    EXPECT_EQ(run(" --stop-signals none --out " + scratch("stop_none").string()), 128 + SIGTERM);
 }
