@@ -47,6 +47,7 @@
 #include "memory/budget.h"
 #include "memory/step_memory.h"
 #include "model/hf_weights.h"
+#include "model/sparsity.h"
 #include "model/tensor_parallel.h"
 #include "plan/fit.h"
 #include "report/chrome_trace.h"
@@ -486,7 +487,18 @@ void TrainingRun::build() {
                                           "trained model: a Hugging Face folder or `memfit export`'s output",
                                           opt_.distill.teacher));
         std::vector<float> full(size_t(tc.num_params()));
-        load_hf_weights(opt_.distill.teacher, tc, make_param_layout(tc), full.data());
+        const ParamLayout teacher_layout = make_param_layout(tc);
+        load_hf_weights(opt_.distill.teacher, tc, teacher_layout, full.data());
+        // sparse24 keeps 2 of every 4 weights: lossless for a teacher trained 2:4 sparse, half its
+        // weights dropped for any other.
+        if (eo_.distill.weights == BaseWeights::sparse24) {
+            const NmSparsity two_four{2, 4, 0};
+            if (const size_t bad = nm_violations(tc, teacher_layout, full.data(), two_four); bad > 0)
+                throw ConfigError(fmt::format("--teacher-weights sparse24: {} is not 2:4 sparse ({} groups of 4 hold "
+                                              "more than 2 nonzero weights), so packing it would drop half its "
+                                              "weights; use --teacher-weights nf4 or int8, or a teacher trained "
+                                              "with --sparsity 2:4", opt_.distill.teacher, bad));
+        }
         engine.set_teacher(full.data());
         say(fmt::format("  teacher {} ({:.2f}M parameters, {} weights): loss (1 - {:g}) x cross-entropy + {:g} x T^2 x "
                         "KL at T = {:g}; validation reports the cross-entropy",

@@ -1,6 +1,7 @@
 // memfit prepare, memfit tokenize.
 #include "cli/commands.h"
 
+#include "cli/validators.h"
 #include "core/error.h"
 #include "core/paths.h"
 #include "tokenizer/tokenizer.h"
@@ -38,7 +39,7 @@ void add_data_commands(CLI::App & app) {
             ->capture_default_str();
         sub->add_option("--out", opts->out_dir,
                         "Output folder (default: runs/data-<tokenizer>, or runs/data-sp-<hash> for SentencePiece, "
-                        "runs/data-hf-<hash> for a tokenizer.json)");
+                        "runs/data-hf-<hash> for a tokenizer.json)")->check(kPath);
         sub->add_option("--tokenizer", opts->tokenizer, std::string("Tokenizer: ") + tokenizer_kinds())
             ->capture_default_str();
         sub->add_option("--val-fraction", opts->val_fraction,

@@ -63,7 +63,7 @@ void add_model_commands(CLI::App & app) {
     CLI::App * exp = app.add_subcommand(
         "export", "write a checkpoint's weights as a Hugging Face folder (config.json + model.safetensors)");
     exp->add_option("checkpoint", ckpt, "checkpoint folder, or a folder of them (the newest)")->required();
-    exp->add_option("--out", export_out, "output folder")->required();
+    exp->add_option("--out", export_out, "output folder")->required()->check(kPath);
     exp->add_flag("--merge-lora", merge_lora_flag,
                   "LoRA checkpoint: fold the adapters into the base and write a plain Hugging Face folder");
     exp->add_flag("--adapter-only", adapter_only,

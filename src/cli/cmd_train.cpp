@@ -23,7 +23,7 @@ namespace {
 // Flags shared by `memfit train` and `memfit profile`.
 void add_train_flags(CLI::App * train, TrainOptions & t) {
     add_run_flags(train, t);
-    train->add_option("--data", t.data, "folder with train.bin/val.bin from `memfit prepare` (default: the bundled corpus)");
+    train->add_option("--data", t.data, "folder with train.bin/val.bin from `memfit prepare` (default: the bundled corpus)")->check(kPath);
     train->add_option("--tokenizer", t.tokenizer,
                       "tokenizer when preparing the bundled corpus: gpt2|bytes|PATH/tokenizer.json (Hugging Face)|"
                       "PATH/tokenizer.model (SentencePiece); "
@@ -62,7 +62,7 @@ void add_train_flags(CLI::App * train, TrainOptions & t) {
     train->add_option("--log-every", t.log_every, "status line interval in steps")->capture_default_str()
         ->check(kPositive);
     train->add_option("--out", t.out, "output folder (metrics.jsonl, summary.json, run.json; `memfit monitor` "
-                                      "watches it)")->capture_default_str();
+                                      "watches it)")->capture_default_str()->check(kPath);
     train->add_option("--tensorboard", t.tensorboard,
                       "also write TensorBoard event files, one run folder per rank (DIR/rank0, DIR/rank1, ...): loss, "
                       "validation loss, learning rate, gradient norm, tokens/s, loss scale, and live and peak bytes "
@@ -77,7 +77,7 @@ void add_train_flags(CLI::App * train, TrainOptions & t) {
     train->add_option("--checkpoint-every", t.checkpoint_every,
                       "write a checkpoint (weights, AdamW state, step, data position) every N steps and at the end")
         ->check(kNonNegative);
-    train->add_option("--checkpoint-dir", t.checkpoint_dir, "where checkpoints go (default: <out>/checkpoints)");
+    train->add_option("--checkpoint-dir", t.checkpoint_dir, "where checkpoints go (default: <out>/checkpoints)")->check(kPath);
     train->add_option("--keep-checkpoints", t.keep_checkpoints, "newest checkpoints kept")->capture_default_str()
         ->check(kPositive);
     train->add_option("--resume", t.resume,

@@ -95,6 +95,19 @@ int main(int argc, char ** argv) {
         return app.exit(e);
     } catch (const CLI::CallForAllHelp & e) {
         return app.exit(e);
+    } catch (const CLI::ConversionError & e) {
+        // CLI11's "Could not convert: --steps = 1e30": the flag, the value and what it takes.
+        std::string what = e.what();
+        const std::string prefix = "Could not convert: ";
+        if (what.rfind(prefix, 0) == 0) {
+            const std::string rest = what.substr(prefix.size());
+            const size_t eq = rest.find(" = ");
+            if (eq != std::string::npos)
+                what = rest.substr(0, eq) + " " + rest.substr(eq + 3) +
+                       ": not a value this flag takes (counts and sizes are whole numbers up to 2147483647)";
+        }
+        std::fprintf(stderr, "memfit: error: %s (see memfit --help)\n", what.c_str());
+        return 2;
     } catch (const CLI::ParseError & e) {
         std::fprintf(stderr, "memfit: error: %s (see memfit --help)\n", e.what());
         return 2;

@@ -59,4 +59,10 @@ inline const CLI::Validator kSeed(
     },
     "seed");
 
+// A folder or file name: not empty (`--out ""` used to write into the current directory, then
+// fail with a raw filesystem error).
+inline const CLI::Validator kPath(
+    [](std::string & v) { return v.empty() ? std::string("an empty name: give a folder or file, e.g. runs/train") : std::string(); },
+    "PATH");
+
 }  // namespace memfit::cli

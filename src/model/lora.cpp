@@ -86,12 +86,12 @@ std::vector<std::string> parse_lora_targets(const ModelConfig & cfg, const std::
     return out;
 }
 
-BaseWeights parse_base_weights(const std::string & s) {
+BaseWeights parse_base_weights(const std::string & s, const char * flag) {
     if (s == "compute" || s == "fp32" || s == "bf16" || s == "fp16") return BaseWeights::compute;
     if (s == "int8") return BaseWeights::int8;
     if (s == "nf4") return BaseWeights::nf4;
     if (s == "sparse24") return BaseWeights::sparse24;
-    throw ConfigError(fmt::format("--base-weights {}: expected bf16, fp16, fp32, int8, nf4 or sparse24", s));
+    throw ConfigError(fmt::format("{} {}: expected bf16, fp16, fp32, int8, nf4 or sparse24", flag, s));
 }
 
 const char * base_weights_name(BaseWeights b) {

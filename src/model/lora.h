@@ -59,8 +59,9 @@ struct LoraOptions {
 // mlp.c_proj, and c_proj to both c_proj modules. Empty csv: the default. ConfigError on unknown.
 std::vector<std::string> parse_lora_targets(const ModelConfig & cfg, const std::string & csv);
 // "bf16" | "fp16" | "fp32" | "compute" -> compute (they must match the run's precision: checked by
-// the caller), "int8", "nf4", "sparse24".
-BaseWeights parse_base_weights(const std::string & s);
+// the caller), "int8", "nf4", "sparse24". `flag` names the flag in the error (--teacher-weights
+// takes the same storages).
+BaseWeights parse_base_weights(const std::string & s, const char * flag = "--base-weights");
 const char * base_weights_name(BaseWeights b);
 
 // The four matmuls of a block (model/transformer.h): fused qkv, attention output, the first MLP

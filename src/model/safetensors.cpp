@@ -86,7 +86,9 @@ SafetensorsFile SafetensorsFile::open(const std::string & path) {
     SafetensorsFile f;  // owns the mapping from here on, so every throw below unmaps it
     f.path_ = path;
 
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO (or device) named like a weights file is refused below instead of
+    // blocking the open until something writes to it; a regular file's reads ignore the flag.
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) io_error(path, "cannot open", errno);
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
@@ -96,7 +98,7 @@ SafetensorsFile SafetensorsFile::open(const std::string & path) {
     }
     if (!S_ISREG(st.st_mode)) {
         ::close(fd);
-        throw IoError(path + ": not a regular file");
+        throw IoError(path + ": not a regular file (a pipe or a device?)");
     }
     size_t size = size_t(st.st_size);
     if (size < 8) {

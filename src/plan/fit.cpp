@@ -62,11 +62,16 @@ LoraOptions lora_options(const RunConfig & r, const ModelConfig & cfg, DType com
 DistillOptions distill_options(const RunConfig & r, const ModelConfig & cfg, DType compute) {
     const DistillConfig & s = r.distill;
     DistillOptions d;
-    const BaseWeights weights = parse_base_weights(s.weights);
+    const BaseWeights weights = parse_base_weights(s.weights, "--teacher-weights");
     if (s.teacher.empty()) {
         if (s.weights != "compute")
             throw ConfigError(fmt::format("--teacher-weights {} stores a distillation teacher: it needs --teacher DIR",
                                           s.weights));
+        const DistillConfig defaults;
+        if (s.alpha != defaults.alpha || s.temperature != defaults.temperature)
+            throw ConfigError(fmt::format("--distill-alpha {:g} / --distill-temperature {:g} weigh and soften a "
+                                          "distillation teacher's targets: they need --teacher DIR", s.alpha,
+                                          s.temperature));
         return d;
     }
     if (!(s.alpha >= 0 && s.alpha <= 1))

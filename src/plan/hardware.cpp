@@ -84,11 +84,13 @@ public:
         return v.get<std::string>();
     }
 
-    double positive(const char * field, const char * unit) const {
+    // A positive number, at most `most` (a device of 1e300 GiB made every plan fit, clamped to 8 EiB).
+    double positive(const char * field, const char * unit, double most = 1e9) const {
         const json & v = get(field);
         if (!v.is_number()) fail(field, fmt::format("must be a number ({}), got {}", unit, v.dump()));
         const double x = v.get<double>();
         if (!std::isfinite(x) || x <= 0) fail(field, fmt::format("must be positive ({}), got {}", unit, v.dump()));
+        if (x > most) fail(field, fmt::format("{} {} is past any device (at most {:g})", v.dump(), unit, most));
         return x;
     }
 
@@ -124,8 +126,9 @@ Hardware parse_entry(const std::string & path, const json & e, size_t index) {
     if (h.name.find_first_of(" \t\n,") != std::string::npos) r.fail("name", "must not contain spaces or commas");
     h.description = r.text("description");
     h.source = r.text("source");
-    const double memory_gib = r.positive("memory_gib", "GiB");
-    const double reserved_gib = r.positive("reserved_gib", "GiB");
+    constexpr double kMostGib = 1 << 20;   // 1 PiB: past any device's or node's memory
+    const double memory_gib = r.positive("memory_gib", "GiB", kMostGib);
+    const double reserved_gib = r.positive("reserved_gib", "GiB", kMostGib);
     if (reserved_gib >= memory_gib)
         r.fail("reserved_gib", fmt::format("{} must be less than memory_gib = {}", reserved_gib, memory_gib));
     h.memory = gib_to_bytes(memory_gib);
@@ -140,7 +143,7 @@ Hardware parse_entry(const std::string & path, const json & e, size_t index) {
     h.inter_bw = r.positive("inter_bw_gbs", "GB/s") * kGiga;
     h.inter_latency = r.positive("inter_latency_us", "microseconds") * kMicro;
     h.host_bw = r.positive("host_bw_gbs", "GB/s") * kGiga;
-    h.host_memory = gib_to_bytes(r.positive("host_memory_gib", "GiB"));
+    h.host_memory = gib_to_bytes(r.positive("host_memory_gib", "GiB", kMostGib));
     h.matmul_eff = r.fraction("matmul_efficiency", kDefaultMatmulEfficiency);
     h.attention_eff = r.fraction("attention_efficiency", kDefaultAttentionEfficiency);
     h.bandwidth_eff = r.fraction("bandwidth_efficiency", kDefaultBandwidthEfficiency);

@@ -632,9 +632,16 @@ Value g_namespace(Context &, Args & a) {
     return Value::object(ns);
 }
 
+// The template's own message, cut to one screen line's worth and with control bytes shown as
+// spaces (a template from a stranger can raise ten megabytes, or escape sequences).
 Value g_raise_exception(Context &, Args & a) {
     const Bound p(a, {"message"}, "raise_exception");
-    throw RenderError(py_str(p[0]), true);
+    constexpr size_t kMaxMessage = 300;
+    std::string m = py_str(p[0]);
+    if (m.size() > kMaxMessage) m = m.substr(0, kMaxMessage) + fmt::format("... ({} bytes)", m.size());
+    for (char & c : m)
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+    throw RenderError(m, true);
 }
 
 Value g_strftime_now(Context &, Args & a) {

@@ -7,6 +7,8 @@
 
 #include <csignal>
 #include <cstring>
+
+#include <sys/stat.h>
 #include <fstream>
 
 #include "cli_util.h"
@@ -108,4 +110,85 @@ TEST(CliHostile, StopSignalAsTheRunStartsIsAStop) {
                         "save)"), std::string::npos) << text;
     EXPECT_FALSE(fs::exists(out / "checkpoints" / "step-000001"));
     EXPECT_EQ(run(" --stop-signals none --out " + scratch("stop_none").string()), 128 + SIGTERM);
+}
+
+namespace {
+
+// `memfit ARGS` with an environment and a time limit (a FIFO must not block the test forever).
+CmdResult run_env(const std::string & env, const std::string & args) {
+    const fs::path out = scratch("env_out.txt"), err = scratch("env_err.txt");
+    const std::string cmd = env + " timeout 60 " + std::string(MEMFIT_BINARY) + " " + args + " >" + out.string() +
+                            " 2>" + err.string();
+    const int status = std::system(cmd.c_str());
+    CmdResult r;
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    std::ifstream o(out), e(err);
+    r.out.assign(std::istreambuf_iterator<char>(o), std::istreambuf_iterator<char>());
+    r.err.assign(std::istreambuf_iterator<char>(e), std::istreambuf_iterator<char>());
+    return r;
+}
+
+}  // namespace
+
+// The small ones of the third adversarial pass, each one line with a non-zero exit.
+TEST(CliHostile, SmallOnesAreOneLine) {
+    const fs::path text = small_text("small_ones.txt");
+    expect_clean_failure(run_memfit("train --model nano --steps 1 --out ''"), "--out: an empty name");
+    expect_clean_failure(run_memfit("prepare --input " + text.string() + " --out ''"), "--out: an empty name");
+    expect_clean_failure(run_memfit("train --model nano --steps 1 --teacher-weights int3"),
+                         "--teacher-weights int3: expected");
+    expect_clean_failure(run_memfit("train --model nano --steps 1 --distill-alpha 0.3"), "they need --teacher DIR");
+    expect_clean_failure(run_memfit("train --model nano --steps 1e30"), "--steps 1e30: not a value this flag takes");
+
+    // A FIFO named model.safetensors: refused at once, not waited on.
+    const fs::path dir = scratch("fifo_model");
+    fs::create_directories(dir);
+    std::ofstream(dir / "config.json") << R"({"model_type": "gpt2", "n_layer": 1, "n_embd": 8, "n_head": 2,
+        "n_positions": 16, "vocab_size": 256})";
+    ASSERT_EQ(mkfifo((dir / "model.safetensors").c_str(), 0600), 0);
+    expect_clean_failure(run_env("", "generate --model " + dir.string() + " --tokenizer bytes --prompt hi"),
+                         "not a regular file");
+
+    // A chat template that raises ten megabytes: the message is cut.
+    const fs::path tpl = scratch("raise.jinja");
+    std::ofstream(tpl) << "{{ raise_exception('A' * 10000000) }}";
+    const fs::path jsonl = scratch("raise.jsonl");
+    {
+        std::ofstream out(jsonl);
+        for (int i = 0; i < 4; ++i)
+            out << R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})" << "\n";
+    }
+    const std::string qwen = std::string(MEMFIT_TEST_DATA) + "/hf-tokenizers/qwen3/tokenizer.json";
+    const CmdResult raised = run_memfit("prepare --format jsonl --tokenizer " + qwen + " --chat-template " +
+                                        tpl.string() + " --input " + jsonl.string() + " --out " +
+                                        scratch("raise_out").string());
+    expect_clean_failure(raised, "(10000000 bytes)");
+    EXPECT_LT(raised.err.size(), 1000u);
+
+    // A hardware entry of 1e300 GiB: refused, not clamped to 8 EiB (where everything fits).
+    const fs::path data = scratch("huge_hw");
+    fs::create_directories(data);
+    std::ifstream catalog(std::string(MEMFIT_DATA_DIR) + "/hardware.json");
+    std::string hw((std::istreambuf_iterator<char>(catalog)), std::istreambuf_iterator<char>());
+    const std::string from = "\"memory_gib\": 80,";
+    ASSERT_NE(hw.find(from), std::string::npos);
+    hw.replace(hw.find(from), from.size(), "\"memory_gib\": 1e300,");
+    std::ofstream(data / "hardware.json") << hw;
+    expect_clean_failure(run_env("MEMFIT_DATA_DIR=" + data.string(), "plan --model llama2-7b"), "is past any device");
+}
+
+// --teacher-weights sparse24 keeps 2 of every 4 weights: a dense teacher is refused rather than
+// silently halved.
+TEST(CliHostile, Sparse24TeacherMustBeTwoFourSparse) {
+    const fs::path text = small_text("teacher.txt"), data = scratch("teacher_data"), run = scratch("teacher_run"),
+                   teacher = scratch("teacher_export");
+    ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    const std::string shape = " --model nano --seq 32 --batch 2 --eval-every 0 --sample 0 --data " + data.string();
+    const CmdResult t = run_memfit("train --quiet --steps 1 --checkpoint-every 1" + shape + " --out " + run.string());
+    ASSERT_EQ(t.code, 0) << t.err;
+    const CmdResult e = run_memfit("export " + (run / "checkpoints").string() + " --out " + teacher.string());
+    ASSERT_EQ(e.code, 0) << e.err;
+    expect_clean_failure(run_memfit("train --quiet --steps 1" + shape + " --teacher " + teacher.string() +
+                                    " --teacher-weights sparse24 --out " + scratch("student").string()),
+                         "is not 2:4 sparse");
 }
