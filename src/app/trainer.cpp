@@ -110,18 +110,29 @@ std::string new_run_id() {
 
 // One run at a time writes a folder: an exclusive lock on <dir>/.memfit.lock, held (the returned
 // descriptor open) until the run ends; the operating system drops it if the process dies.
-int lock_folder(const std::string & dir) {
+// An exclusive lock on a folder a run writes (--out, and a --checkpoint-dir outside it), held
+// until the run ends: two runs never write one folder (they would race on its checkpoints'
+// temporary names, and the loser would call the winner's checkpoint its own).
+int lock_folder(const std::string & dir, const char * flag) {
     std::error_code ec;
     fs::create_directories(dir, ec);
     const std::string path = (fs::path(dir) / ".memfit.lock").string();
     const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) throw IoError(fmt::format("--out {}: cannot create {}", dir, path));
+    if (fd < 0) throw IoError(fmt::format("{} {}: cannot create {}", flag, dir, path));
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
         ::close(fd);
-        throw IoError(fmt::format("--out {}: another memfit run is writing there; wait for it to end or choose "
-                                  "another --out", dir));
+        throw IoError(fmt::format("{} {}: another memfit run is writing there; wait for it to end or choose "
+                                  "another {}", flag, dir, flag));
     }
     return fd;
+}
+
+// Whether `inner` is `outer` or a folder below it (so one lock covers both).
+bool within(const std::string & inner, const std::string & outer) {
+    std::error_code ec;
+    const fs::path a = fs::weakly_canonical(inner, ec), b = fs::weakly_canonical(outer, ec);
+    const auto [mismatch, rest] = std::mismatch(b.begin(), b.end(), a.begin(), a.end());
+    return mismatch == b.end();
 }
 
 
@@ -513,7 +524,8 @@ void TrainingRun::build() {
     run_id_ = resume_.empty() ? new_run_id() : load_checkpoint_meta(find_checkpoint(resume_)).value("run_id", "");
     if (!resume_.empty()) skip_batches_ = read_skipped_batches(find_checkpoint(resume_));
     if (lead_) {
-        lock_fd_ = lock_folder(opt_.out);
+        lock_fd_ = lock_folder(opt_.out, "--out");
+        if (!within(checkpoint_root(), opt_.out)) ckpt_lock_fd_ = lock_folder(checkpoint_root(), "--checkpoint-dir");
         if (opt_.checkpoint_every > 0) {
             check_writable(checkpoint_root(), "--checkpoint-dir");
             check_own_checkpoints(checkpoint_root(), run_id_);

@@ -50,6 +50,7 @@ public:
     ~TrainingRun() {
         if (metrics_) std::fclose(metrics_);
         if (lock_fd_ >= 0) ::close(lock_fd_);
+        if (ckpt_lock_fd_ >= 0) ::close(ckpt_lock_fd_);
     }
     TrainingRun(const TrainingRun &) = delete;
     TrainingRun & operator=(const TrainingRun &) = delete;
@@ -141,6 +142,7 @@ private:
     std::string base_digest_;    // LoRA: the base weights' digest (a model folder's; "" when initialised)
     std::string run_id_;         // this run's identity, recorded in its checkpoints (resumed: theirs)
     int lock_fd_ = -1;           // the lock on --out, held until the run ends
+    int ckpt_lock_fd_ = -1;      // and on --checkpoint-dir, when it is outside --out
     std::vector<int32_t> in_, tg_, my_in_, my_tg_;   // the global batch; this rank's rows of it
     std::vector<int32_t> ds_, my_ds_;                // packed documents: each token's document start
     const int32_t * my_starts() const { return eo_.documents ? my_ds_.data() : nullptr; }

@@ -192,3 +192,25 @@ TEST(CliHostile, Sparse24TeacherMustBeTwoFourSparse) {
                                     " --teacher-weights sparse24 --out " + scratch("student").string()),
                          "is not 2:4 sparse");
 }
+
+// Two runs with different --out but one --checkpoint-dir: the second is refused at start (they
+// used to race on the checkpoints' temporary names, the loser calling the winner's checkpoint
+// intact), and the first goes on.
+TEST(CliHostile, OneCheckpointFolderOneRun) {
+    const fs::path ckpt = scratch("shared_ckpt"), a = scratch("run_a"), b = scratch("run_b"),
+                   pid_file = scratch("run_a.pid"), log = scratch("run_a.log");
+    const std::string args = " --model nano --seq 32 --batch 2 --eval-every 0 --sample 0 --progress plain "
+                             "--checkpoint-every 50 --checkpoint-dir " + ckpt.string();
+    const std::string first = std::string(MEMFIT_BINARY) + " train --steps 100000" + args + " --out " + a.string() +
+                              " > " + log.string() + " 2>&1 & echo $! > " + pid_file.string();
+    ASSERT_EQ(std::system(first.c_str()), 0);
+    std::string pid;
+    std::ifstream(pid_file) >> pid;
+    ASSERT_FALSE(pid.empty());
+    for (int i = 0; i < 300 && !fs::exists(a / "metrics.jsonl"); ++i) ::usleep(50000);   // its folders are locked
+    const bool started = fs::exists(a / "metrics.jsonl");
+    const CmdResult second = started ? run_memfit("train --steps 2" + args + " --out " + b.string()) : CmdResult{};
+    EXPECT_EQ(std::system(("kill -KILL " + pid).c_str()), 0);
+    ASSERT_TRUE(started) << "the first run did not start";
+    expect_clean_failure(second, "--checkpoint-dir " + ckpt.string() + ": another memfit run is writing there");
+}
