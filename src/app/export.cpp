@@ -1,5 +1,6 @@
 #include "app/export.h"
 
+#include <optional>
 #include <cmath>
 #include <filesystem>
 
@@ -22,6 +23,36 @@
 namespace fs = std::filesystem;
 
 namespace memfit {
+
+namespace {
+
+// The tokenizer file a checkpoint's "tokenizer" names, its name in an export, and its folder.
+struct TokenizerSource {
+    std::string file, own;
+    fs::path from;
+};
+
+std::optional<TokenizerSource> tokenizer_source(const std::string & kind) {
+    const std::string sp = sentencepiece_model_path(kind);
+    const std::string file = is_tokenizer_json(kind) ? kind : sp;
+    if (file.empty()) return std::nullopt;
+    return TokenizerSource{file, sp.empty() ? "tokenizer.json" : "tokenizer.model", fs::path(file).parent_path()};
+}
+
+const char * const kTokenizerSiblings[] = {"tokenizer_config.json", "chat_template.jinja"};
+
+}  // namespace
+
+nlohmann::json tokenizer_file_digests(const std::string & tokenizer) {
+    nlohmann::json out = nlohmann::json::object();
+    const std::optional<TokenizerSource> t = tokenizer_source(tokenizer);
+    if (!t) return out;
+    std::error_code ec;
+    if (fs::is_regular_file(t->file, ec)) out[t->own] = file_digest(t->file);
+    for (const char * n : kTokenizerSiblings)
+        if (fs::is_regular_file(t->from / n, ec)) out[n] = file_digest((t->from / n).string());
+    return out;
+}
 
 ModelConfig checkpoint_model_config(const Checkpoint & c, const std::string & what) {
     if (!c.meta.contains("model") || !c.meta["model"].is_object())
@@ -123,25 +154,46 @@ void make_dir(const std::string & dir) {
     if (ec) throw IoError(fmt::format("cannot create {}: {}", dir, ec.message()));
 }
 
+
 // The run's tokenizer files beside the model, as save_pretrained writes them: a tokenizer.json
 // (or SentencePiece tokenizer.model) with the tokenizer_config.json and chat_template.jinja next to
-// it. Returns what it did, for the export's line ("" for gpt2 and bytes, which need no files).
+// it. Only files whose content digest is the one the checkpoint recorded are copied (its path is
+// followed as written, so it must still name the run's own file), and a tokenizer.json must read
+// as one. Returns what it did, for the export's line ("" for gpt2 and bytes, which need no files).
 std::string copy_tokenizer(const nlohmann::json & meta, const std::string & out) {
-    const std::string kind = meta.value("tokenizer", "");
-    const std::string sp = sentencepiece_model_path(kind);
-    const std::string file = is_tokenizer_json(kind) ? kind : sp;
-    if (file.empty()) return "";
+    const std::string kind = meta.contains("tokenizer") && meta["tokenizer"].is_string() ? meta["tokenizer"].get<std::string>()
+                                                                                      : "";
+    if (kind.empty() || kind == "gpt2" || kind == "bytes") return "";
+    const std::optional<TokenizerSource> t = tokenizer_source(kind);
+    if (!t) return fmt::format("; the checkpoint names a tokenizer {} that is neither a tokenizer.json nor a "
+                               "tokenizer.model: not copied", kind);
     std::error_code ec;
-    if (!fs::is_regular_file(file, ec))
-        return fmt::format("; the run's tokenizer {} is gone: pass --tokenizer to memfit generate", file);
-    const fs::path from = fs::path(file).parent_path();
-    const std::string own = sp.empty() ? "tokenizer.json" : "tokenizer.model";
-    for (const std::string & name : {own, std::string("tokenizer_config.json"), std::string("chat_template.jinja")}) {
-        const fs::path src = name == own ? fs::path(file) : from / name;
-        if (fs::is_regular_file(src, ec))
+    if (!fs::is_regular_file(t->file, ec))
+        return fmt::format("; the run's tokenizer {} is gone: pass --tokenizer to memfit generate", t->file);
+    const nlohmann::json want = meta.value("tokenizer_files", nlohmann::json::object());
+    const nlohmann::json have = tokenizer_file_digests(kind);
+    if (want.empty() && !unverified_checkpoints_allowed())
+        return fmt::format("; the checkpoint records no digest of its tokenizer {}: not copied (pass --tokenizer to "
+                           "memfit generate)", t->file);
+    if (!want.empty() && (!want.contains(t->own) || !have.contains(t->own) || want[t->own] != have[t->own]))
+        return fmt::format("; the tokenizer {} is not the one the run used (its content changed): not copied; pass "
+                           "--tokenizer to memfit generate", t->file);
+    if (t->own == "tokenizer.json") {
+        try {
+            read_tokenizer_json(t->file);
+        } catch (const Error & e) {
+            return fmt::format("; the run's tokenizer does not read as one ({}): not copied", e.what());
+        }
+    }
+    std::vector<std::string> names{t->own};
+    for (const char * n : kTokenizerSiblings) names.push_back(n);
+    for (const std::string & name : names) {
+        const fs::path src = name == t->own ? fs::path(t->file) : t->from / name;
+        const bool same = want.empty() || (want.contains(name) && have.contains(name) && want[name] == have[name]);
+        if (fs::is_regular_file(src, ec) && same)
             write_file_atomic((fs::path(out) / name).string(), read_whole_file(src.string(), "a tokenizer file", ""));
     }
-    return fmt::format("; the tokenizer files from {}", from.string());
+    return fmt::format("; the tokenizer files from {}", t->from.string());
 }
 
 }  // namespace

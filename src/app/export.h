@@ -32,6 +32,12 @@ namespace memfit {
 
 enum class ExportMode : uint8_t { plain, merge_lora, adapter_only };
 
+// The run's tokenizer files a checkpoint records ("tokenizer" names the tokenizer.json or
+// tokenizer.model; its tokenizer_config.json and chat_template.jinja beside it) with their content
+// digests, {file name: digest}: `memfit export` copies only files that still have them. Empty for
+// gpt2, bytes, or files that are gone.
+nlohmann::json tokenizer_file_digests(const std::string & tokenizer);
+
 // The model a checkpoint's meta records (FormatError naming `what` when it has none).
 ModelConfig checkpoint_model_config(const Checkpoint & c, const std::string & what);
 

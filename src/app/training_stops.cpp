@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "app/export.h"
 #include "app/run_checkpoints.h"
 #include "app/stop_request.h"
 #include "app/training_run.h"
@@ -108,7 +109,10 @@ void TrainingRun::checkpoint(int step, bool log_point) {
     nlohmann::json meta = checkpoint_meta(step, cfg_, opt_, run_.global_batch, *train_data_, val_data_.get(), eo_.lora,
                                           base_digest_);
     meta["run_id"] = run_id_;
-    if (!data_.tokenizer.empty()) meta["tokenizer"] = data_.tokenizer;   // memfit export copies its files
+    if (!data_.tokenizer.empty()) {   // memfit export copies its files, if they are still these
+        meta["tokenizer"] = data_.tokenizer;
+        meta["tokenizer_files"] = tokenizer_file_digests(data_.tokenizer);
+    }
     if (!skip_batches_.empty()) meta["skipped_batches"] = skip_batches_;
     const auto t0 = Clock::now();
     std::string dir;

@@ -64,6 +64,9 @@ void add_model_commands(CLI::App & app) {
         "export", "write a checkpoint's weights as a Hugging Face folder (config.json + model.safetensors)");
     exp->add_option("checkpoint", ckpt, "checkpoint folder, or a folder of them (the newest)")->required();
     exp->add_option("--out", export_out, "output folder")->required()->check(kPath);
+    exp->add_flag_callback("--allow-unverified", [] { set_unverified_checkpoints_allowed(true); },
+                           "export a checkpoint that records no content digests, with a warning, instead of refusing "
+                           "it");
     exp->add_flag("--merge-lora", merge_lora_flag,
                   "LoRA checkpoint: fold the adapters into the base and write a plain Hugging Face folder");
     exp->add_flag("--adapter-only", adapter_only,

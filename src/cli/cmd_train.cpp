@@ -9,6 +9,7 @@
 #include "cli/run_flags.h"
 #include "cli/validators.h"
 #include "core/error.h"
+#include "train/checkpoint.h"
 #include "model/config.h"
 #include "app/bench.h"
 #include "app/calibrate.h"
@@ -80,6 +81,9 @@ void add_train_flags(CLI::App * train, TrainOptions & t) {
     train->add_option("--checkpoint-dir", t.checkpoint_dir, "where checkpoints go (default: <out>/checkpoints)")->check(kPath);
     train->add_option("--keep-checkpoints", t.keep_checkpoints, "newest checkpoints kept")->capture_default_str()
         ->check(kPositive);
+    train->add_flag_callback("--allow-unverified", [] { set_unverified_checkpoints_allowed(true); },
+                             "load a checkpoint that records no content digests (an older memfit's, or an edited "
+                             "one) with a warning, instead of refusing it");
     train->add_option("--resume", t.resume,
                       "continue from a checkpoint folder (or the newest in a checkpoints folder), bit for bit; auto: "
                       "the newest in the checkpoint folder, or a fresh start when there is none (a restarted job)");

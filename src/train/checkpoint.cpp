@@ -1,5 +1,8 @@
 #include "train/checkpoint.h"
 
+#include <atomic>
+#include <cstdio>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -148,6 +151,7 @@ std::string write_whole(const std::string & root, const fs::path & tmp, const Ch
     if (between_files) between_files();
     nlohmann::json meta = with_state_fields(ckpt.meta, s);
     meta["checksums"][kStateFile] = file_digest((tmp / kStateFile).string());
+    meta["meta_digest"] = meta_digest(meta);
     write_file_atomic((tmp / "meta.json").string(), meta.dump(2) + "\n");
     return install(root, tmp, step, keep);
 }
@@ -232,6 +236,7 @@ std::string commit_checkpoint(const std::string & root, const std::string & tmp_
     meta["total"] = total;
     meta["shards"] = table;
     meta["checksums"] = checksums;
+    meta["meta_digest"] = meta_digest(meta);
     write_file_atomic((fs::path(tmp_dir) / "meta.json").string(), meta.dump(2) + "\n");
     return install(root, tmp_dir, step, keep);
 }
@@ -301,6 +306,20 @@ std::string newest_checkpoint(const std::string & root) {
     return all.empty() ? std::string() : all.back().second.string();
 }
 
+namespace {
+std::atomic<bool> g_unverified_allowed{false};
+}  // namespace
+
+void set_unverified_checkpoints_allowed(bool allowed) { g_unverified_allowed = allowed; }
+bool unverified_checkpoints_allowed() { return g_unverified_allowed; }
+
+std::string meta_digest(const nlohmann::json & meta) {
+    nlohmann::json rest = meta;
+    rest.erase("meta_digest");
+    const std::string text = rest.dump();
+    return bytes_digest(text.data(), text.size());
+}
+
 nlohmann::json load_checkpoint_meta(const std::string & dir) {
     const std::string meta_path = (fs::path(dir) / "meta.json").string();
     nlohmann::json meta;
@@ -309,8 +328,24 @@ nlohmann::json load_checkpoint_meta(const std::string & dir) {
     } catch (const IoError & e) {
         throw FormatError(e.what());
     }
-    if (!meta.is_object() || meta.value("format", "") != kFormat || !meta.contains("step"))
+    if (!meta.is_object() || !meta.contains("format") || !meta["format"].is_string() || meta["format"] != kFormat ||
+        !meta.contains("step"))
         throw FormatError(fmt::format("{}: not a {} file", meta_path, kFormat));
+    if (!meta.contains("meta_digest") || !meta.contains("checksums")) {
+        if (!unverified_checkpoints_allowed())
+            throw FormatError(fmt::format("{}: the checkpoint records no digests (written by an older memfit, or "
+                                          "edited), so its files cannot be checked; pass --allow-unverified to load "
+                                          "it anyway", meta_path));
+        static std::atomic<bool> warned{false};
+        if (!warned.exchange(true))
+            std::fprintf(stderr, "memfit: warning: %s records no digests: loaded unverified (--allow-unverified)\n",
+                         meta_path.c_str());
+        return meta;
+    }
+    const std::string want = meta["meta_digest"].is_string() ? meta["meta_digest"].get<std::string>() : "";
+    if (const std::string got = meta_digest(meta); got != want)
+        throw FormatError(fmt::format("{}: its digest is {}, it records {}: meta.json changed after the checkpoint "
+                                      "was written; resume from an earlier checkpoint", meta_path, got, want));
     return meta;
 }
 
@@ -326,7 +361,7 @@ size_t checkpoint_total(const std::string & dir, const nlohmann::json & meta) {
 // The file's digest against the one meta.json recorded when it was written (checkpoints from
 // before digests were recorded have no "checksums"; one that has them has every file's).
 static void check_digest(const nlohmann::json & meta, const std::string & dir, const std::string & file) {
-    if (!meta.contains("checksums")) return;
+    if (!meta.contains("checksums") && unverified_checkpoints_allowed()) return;   // warned when meta.json was read
     const std::string path = (fs::path(dir) / file).string();
     const nlohmann::json & sums = meta["checksums"];
     if (!sums.is_object() || !sums.contains(file) || !sums[file].is_string())

@@ -87,8 +87,18 @@ std::string save_checkpoint_sharded(const std::string & root, const Checkpoint &
 std::string find_checkpoint(const std::string & path);
 // The newest complete checkpoint under `root` ("" when there is none, or no such folder).
 std::string newest_checkpoint(const std::string & root);
-// A checkpoint folder's meta.json, checked for the format (FormatError naming the file).
+// A checkpoint folder's meta.json, checked for the format and against its own digest
+// ("meta_digest", over the rest of the file): FormatError naming the file when either fails, or
+// when it records no digests at all (written by an older memfit, or edited: its files cannot be
+// checked) unless unverified checkpoints are allowed, which warns once.
 nlohmann::json load_checkpoint_meta(const std::string & dir);
+
+// --allow-unverified: load checkpoints that record no digests (a warning instead of a refusal).
+void set_unverified_checkpoints_allowed(bool allowed);
+bool unverified_checkpoints_allowed();
+
+// The digest meta.json records of itself: over its dump without "meta_digest".
+std::string meta_digest(const nlohmann::json & meta);
 // The trainable elements the checkpoint holds (sharded: meta's total; one file: its size).
 size_t checkpoint_total(const std::string & dir, const nlohmann::json & meta);
 // Elements [lo, hi) of the checkpoint's params and AdamW moments, with its step count and loss

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_util.h"
+#include "train/checkpoint.h"
 
 namespace fs = std::filesystem;
 using namespace cli_test;
@@ -709,18 +710,29 @@ TEST(Cli, ResumeKeepsTheMetricsAndRefusesCorruptNumbers) {
     EXPECT_EQ(steps(a).size(), 5u);   // steps 1, 2, 4, 6, 8
     EXPECT_EQ(steps(a), steps(b)) << "the resumed run's metrics are the uninterrupted run's";
 
+    // meta.json edited: refused by its own digest; rewritten whole with a digest of its own (the
+    // digest is not a signature), its numbers are still checked.
     const fs::path meta = b / "checkpoints/step-000008/meta.json";
     const nlohmann::json good = nlohmann::json::parse(std::ifstream(meta));
+    {
+        nlohmann::json edited = good;
+        edited["seed"] = 7;
+        std::ofstream(meta) << edited.dump();
+        expect_clean_failure(run_memfit(base + "--steps 12 --resume " + (b / "checkpoints").string()),
+                             "meta.json changed after the checkpoint was written");
+    }
     for (const auto & [key, value] : std::vector<std::pair<std::string, nlohmann::json>>{
              {"optimizer_step", -100}, {"optimizer_step", 2147483647}, {"step", -5}}) {
         nlohmann::json bad = good;
         bad[key] = value;
+        bad["meta_digest"] = memfit::meta_digest(bad);
         std::ofstream(meta) << bad.dump();
         expect_clean_failure(run_memfit(base + "--steps 12 --resume " + (b / "checkpoints").string()),
                              "\"" + key + "\" = " + value.dump());
     }
     nlohmann::json no_data = good;
     no_data.erase("data");
+    no_data["meta_digest"] = memfit::meta_digest(no_data);
     std::ofstream(meta) << no_data.dump();
     expect_clean_failure(run_memfit(base + "--steps 12 --resume " + (b / "checkpoints").string()),
                          "meta.json is not a checkpoint's");

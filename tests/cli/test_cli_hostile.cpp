@@ -11,6 +11,8 @@
 #include <sys/stat.h>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "cli_util.h"
 
 using namespace cli_test;
@@ -213,4 +215,47 @@ TEST(CliHostile, OneCheckpointFolderOneRun) {
     EXPECT_EQ(std::system(("kill -KILL " + pid).c_str()), 0);
     ASSERT_TRUE(started) << "the first run did not start";
     expect_clean_failure(second, "--checkpoint-dir " + ckpt.string() + ": another memfit run is writing there");
+}
+
+// The checkpoint's trust boundary: meta.json is covered by its own digest, a checkpoint without
+// digests loads only with --allow-unverified, and `memfit export` copies the tokenizer files a
+// checkpoint names only while their content is the run's (the path is followed as written: it
+// used to copy whatever .json it named).
+TEST(CliHostile, CheckpointTrustBoundary) {
+    const fs::path tok = scratch("trust_tok");
+    fs::create_directories(tok);
+    const std::string qwen = std::string(MEMFIT_TEST_DATA) + "/hf-tokenizers/qwen3/";
+    fs::copy_file(qwen + "tokenizer.json", tok / "tokenizer.json");
+    fs::copy_file(qwen + "tokenizer_config.json", tok / "tokenizer_config.json");
+    const fs::path model = write("trust_model.json", R"({"model_type": "llama", "hidden_size": 16,
+        "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2,
+        "vocab_size": 151669, "max_position_embeddings": 64, "tie_word_embeddings": true})");
+    const fs::path text = small_text("trust.txt"), data = scratch("trust_data"), run = scratch("trust_run");
+    ASSERT_EQ(run_memfit("prepare --tokenizer " + (tok / "tokenizer.json").string() + " --input " + text.string() +
+                         " --out " + data.string()).code, 0);
+    const CmdResult t = run_memfit("train --quiet --model " + model.string() + " --seq 32 --batch 2 --steps 1 "
+                                   "--checkpoint-every 1 --eval-every 0 --sample 0 --data " + data.string() +
+                                   " --out " + run.string());
+    ASSERT_EQ(t.code, 0) << t.err;
+    const std::string ckpt = (run / "checkpoints").string();
+    const fs::path e1 = scratch("trust_e1"), e2 = scratch("trust_e2"), e3 = scratch("trust_e3");
+    const CmdResult x1 = run_memfit("export " + ckpt + " --out " + e1.string());
+    ASSERT_EQ(x1.code, 0) << x1.err;
+    EXPECT_TRUE(fs::exists(e1 / "tokenizer.json") && fs::exists(e1 / "tokenizer_config.json"));
+    // The file the checkpoint names changed since the run: not copied, and said.
+    std::ofstream(tok / "tokenizer.json", std::ios::app) << "\n";
+    const CmdResult x2 = run_memfit("export " + ckpt + " --out " + e2.string());
+    ASSERT_EQ(x2.code, 0) << x2.err;
+    EXPECT_FALSE(fs::exists(e2 / "tokenizer.json"));
+    EXPECT_NE((x2.out + x2.err).find("is not the one the run used"), std::string::npos) << x2.out << x2.err;
+    // meta.json without its digests: refused, or loaded with a warning under --allow-unverified.
+    const fs::path meta = run / "checkpoints" / "step-000001" / "meta.json";
+    nlohmann::json m = nlohmann::json::parse(std::ifstream(meta));
+    m.erase("checksums");
+    m.erase("meta_digest");
+    std::ofstream(meta) << m.dump();
+    expect_clean_failure(run_memfit("export " + ckpt + " --out " + e3.string()), "pass --allow-unverified");
+    const CmdResult x3 = run_memfit("export " + ckpt + " --out " + e3.string() + " --allow-unverified");
+    EXPECT_EQ(x3.code, 0) << x3.err;
+    EXPECT_NE(x3.err.find("records no digests: loaded unverified"), std::string::npos) << x3.err;
 }

@@ -106,6 +106,7 @@ TEST(Checkpoint, BadFoldersGiveClearErrors) {
     const std::string dir3 = save_checkpoint(root.string(), make(5), 3);
     nlohmann::json meta = nlohmann::json::parse(std::ifstream(fs::path(dir3) / "meta.json"));
     meta["optimizer_step"] = 3.2e52;
+    meta["meta_digest"] = meta_digest(meta);   // rewritten whole, a digest of its own: still checked
     std::ofstream(fs::path(dir3) / "meta.json") << meta.dump();
     try {
         load_checkpoint(dir3);
@@ -149,7 +150,8 @@ TEST(Checkpoint, NonFiniteStateIsRefusedOnLoad) {
 }
 
 // A checkpoint that records digests records every file's: a damaged "checksums" is refused, not
-// skipped (an absent one is a checkpoint from before digests).
+// skipped; meta.json is covered by its own digest; one without digests (an older memfit's, or
+// "checksums" deleted) loads only with --allow-unverified.
 TEST(Checkpoint, DamagedChecksumRecordIsRefused) {
     const fs::path root = fresh_dir("checksums");
     const std::string dir = save_checkpoint(root.string(), make(3), 3);
@@ -164,12 +166,30 @@ TEST(Checkpoint, DamagedChecksumRecordIsRefused) {
             load_checkpoint(dir);
             ADD_FAILURE() << bad.dump();
         } catch (const FormatError & e) {
+            EXPECT_NE(std::string(e.what()).find("meta.json changed after the checkpoint was written"), std::string::npos)
+                << e.what();
+        }
+        m["meta_digest"] = meta_digest(m);
+        std::ofstream(meta_path) << m.dump();
+        try {
+            load_checkpoint(dir);
+            ADD_FAILURE() << bad.dump();
+        } catch (const FormatError & e) {
             EXPECT_NE(std::string(e.what()).find("\"checksums\" records no digest string"), std::string::npos)
                 << e.what();
         }
     }
     nlohmann::json old = good;
     old.erase("checksums");
+    old.erase("meta_digest");
     std::ofstream(meta_path) << old.dump();
+    try {
+        load_checkpoint(dir);
+        ADD_FAILURE() << "a checkpoint without digests loaded";
+    } catch (const FormatError & e) {
+        EXPECT_NE(std::string(e.what()).find("pass --allow-unverified"), std::string::npos) << e.what();
+    }
+    set_unverified_checkpoints_allowed(true);
     EXPECT_EQ(load_checkpoint(dir).state.params.size(), 37u);
+    set_unverified_checkpoints_allowed(false);
 }
