@@ -65,13 +65,19 @@ std::string rank_block(const nlohmann::json & plan, const nlohmann::json & now, 
     return s;
 }
 
-// The run's process exists and is no zombie (killed, not yet reaped).
-bool process_alive(long pid) {
+// The run's process exists, is no zombie (killed, not yet reaped), and is the one run.json names:
+// it started when run.json says (a pid reused by another process since is not the run; a
+// run.json without "pid_start", an older memfit's, is judged by the pid alone).
+bool process_alive(const nlohmann::json & run) {
+    const long pid = run.contains("pid") && run["pid"].is_number_integer() ? run["pid"].get<long>() : 0;
     if (pid <= 0 || (::kill(pid_t(pid), 0) != 0 && errno != EPERM)) return false;
     std::ifstream stat(fmt::format("/proc/{}/stat", pid));
     std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
     const size_t paren = text.rfind(')');   // "pid (comm) S ...": the state follows the name
-    return paren == std::string::npos || paren + 2 >= text.size() || (text[paren + 2] != 'Z' && text[paren + 2] != 'X');
+    if (paren != std::string::npos && paren + 2 < text.size() && (text[paren + 2] == 'Z' || text[paren + 2] == 'X'))
+        return false;
+    if (!run.contains("pid_start") || !run["pid_start"].is_number_unsigned()) return true;
+    return process_start_ticks(pid) == run["pid_start"].get<uint64_t>();
 }
 
 // The file's JSON, or a discarded value when it is missing, being written, or not bounded JSON.
@@ -114,6 +120,18 @@ struct MetricsTail {
 
 }  // namespace
 
+uint64_t process_start_ticks(long pid) {
+    std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const size_t paren = text.rfind(')');
+    if (paren == std::string::npos) return 0;
+    std::istringstream fields(text.substr(paren + 2));   // from field 3 (the state) on
+    std::string f;
+    for (int i = 3; i < 22 && fields >> f;) ++i;          // field 22: starttime
+    uint64_t start = 0;
+    return fields >> start ? start : 0;
+}
+
 std::string render_monitor(const nlohmann::json & run, const nlohmann::json & last, double val,
                            const std::string & state) {
     const int world = run.value("world", 1), steps = run.value("steps", 0);
@@ -152,10 +170,15 @@ int run_monitor(const MonitorOptions & opt) {
     nlohmann::json run = read_json(run_path);
     while (!run.is_object()) {
         const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (opt.once || (opt.wait > 0 && waited >= opt.wait))
+        // There, but not a run's: run.json is written whole (renamed into place), so it will not become one.
+        if (run.is_discarded() || !run.is_null())
+            throw FormatError(fmt::format("{}: not a memfit run's run.json (not a JSON object); is {} a memfit train "
+                                          "--out folder?", run_path.string(), opt.run_dir));
+        if (opt.once || (opt.wait > 0 && waited >= opt.wait)) {
             throw IoError(fmt::format("{}: no run.json after {:.0f} s; hint: start the run with `memfit train --out {}` "
                                       "(run.json appears once its plan is made)",
                                       opt.run_dir, waited, opt.run_dir));
+        }
         std::this_thread::sleep_for(pause);
         run = read_json(run_path);
     }
@@ -165,7 +188,7 @@ int run_monitor(const MonitorOptions & opt) {
     int shown_step = -1;
     std::string shown_state;
     for (;;) {
-        const bool alive = process_alive(run.value("pid", 0L));
+        const bool alive = process_alive(run);
         tail.poll(metrics);
         // A run that ended wrote summary.json after its run.json (an earlier run's does not count).
         std::error_code ec;

@@ -6,6 +6,7 @@
 // 0 when the run wrote its summary.json, 1 when it ended without one (an error, a kill).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -23,6 +24,11 @@ struct MonitorOptions {
 // the last validation loss logged (NaN: none), `state` a few words ("running", "done").
 std::string render_monitor(const nlohmann::json & run, const nlohmann::json & last, double val,
                            const std::string & state);
+
+// When the process `pid` started, in clock ticks since boot (/proc/PID/stat's starttime), or 0
+// when it is not running or unknown. run.json records the run's own, so that a pid the system
+// gave to another process since is not taken for the run.
+uint64_t process_start_ticks(long pid);
 
 // Watches until the run ends; returns the exit status (above). Throws IoError when RUN_DIR
 // holds no run.json after `wait` seconds.

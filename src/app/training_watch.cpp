@@ -15,6 +15,8 @@
 #include <set>
 
 #include <fmt/format.h>
+
+#include "app/monitor.h"
 #include <nlohmann/json.hpp>
 
 #include "app/report.h"
@@ -127,7 +129,8 @@ void TrainingRun::start_watch() {
             throw IoError(fmt::format("{}: cannot write ({})", tensorboard_->path(), tensorboard_->error()));
     }
     if (!lead_) return;
-    nlohmann::json j = {{"pid", ::getpid()}, {"started", std::time(nullptr)}, {"model", cfg_.name},
+    nlohmann::json j = {{"pid", ::getpid()}, {"pid_start", process_start_ticks(::getpid())},
+                        {"started", std::time(nullptr)}, {"model", cfg_.name},
                         {"steps", opt_.steps}, {"first_step", first_step_}, {"world", world_},
                         {"budget", eo_.budget}, {"device", backend_->name()}, {"ranks", nlohmann::json::array()}};
     if (!opt_.tensorboard.empty()) j["tensorboard"] = opt_.tensorboard;

@@ -143,6 +143,24 @@ TEST(CliWatch, MetricsCarryEachRanksMemoryAndTheMonitorShowsIt) {
     EXPECT_NE(mon.out.find("peak 100.0% of plan"), std::string::npos) << mon.out;   // plan == measurement
 
     expect_clean_failure(run_memfit("monitor " + scratch("w_none").string() + " --wait 0.2"), "no run.json after");
+    EXPECT_TRUE(plan["pid_start"].is_number_unsigned()) << plan.dump();
+
+    // A garbage run.json is named as such, at once (it is written whole, so it will not become one).
+    const fs::path garbage = scratch("w_garbage");
+    fs::create_directories(garbage);
+    std::ofstream(garbage / "run.json") << "not json at all";
+    expect_clean_failure(run_memfit("monitor " + garbage.string() + " --wait 30"), "not a memfit run's run.json");
+    // The run's pid now belongs to another process (here this test's): not the run, which has
+    // ended; the monitor used to watch that process forever.
+    nlohmann::json reused = plan;
+    reused["pid"] = ::getpid();
+    reused["pid_start"] = plan["pid_start"].get<uint64_t>() + 12345;
+    const fs::path other = scratch("w_reused");
+    fs::create_directories(other);
+    std::ofstream(other / "run.json") << reused.dump();
+    const CmdResult gone = run_memfit("monitor " + other.string() + " --interval 0.05");
+    EXPECT_EQ(gone.code, 1) << gone.out << gone.err;
+    EXPECT_NE(gone.out.find("ended without summary.json"), std::string::npos) << gone.out;
 }
 
 TEST(CliWatch, AnAllocationThatFailsLeavesTheReportOfItsStep) {
