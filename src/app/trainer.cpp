@@ -231,6 +231,12 @@ TrainingRun::TrainingRun(const TrainOptions & opt)
     if (opt.steps < 1) throw ConfigError(fmt::format("--steps {}: must be at least 1", opt.steps));
     if (opt.check_leaks && opt.steps < 4)
         throw ConfigError(fmt::format("--check-leaks compares steps 2 and 3: needs --steps 4 or more (got {})", opt.steps));
+    // Decoupled decay scales the weights by 1 - lr x wd each step: at 1 or more they flip sign and
+    // grow, and the divergence that follows would be blamed on the learning rate.
+    if (double(opt.lr) * double(opt.weight_decay) >= 1.0)
+        throw ConfigError(fmt::format("--weight-decay {:g} with --lr {:g}: each update would scale the weights by 1 - "
+                                      "lr x decay = {:g}, flipping their sign; weight decay is usually 0 to 0.1",
+                                      opt.weight_decay, opt.lr, 1.0 - double(opt.lr) * double(opt.weight_decay)));
     const ProgressMode mode = progress_mode(opt.progress);
     set_comm_timeout(opt.comm_timeout);
     comm_ = make_communicator();

@@ -331,6 +331,9 @@ nlohmann::json load_checkpoint_meta(const std::string & dir) {
     if (!meta.is_object() || !meta.contains("format") || !meta["format"].is_string() || meta["format"] != kFormat ||
         !meta.contains("step"))
         throw FormatError(fmt::format("{}: not a {} file", meta_path, kFormat));
+    // The layout it was written by: in range whether or not the state is sharded.
+    if (meta.contains("world_size")) json_get_in<int>(meta, "world_size", meta_path, 1, 1 << 20);
+    if (meta.contains("zero")) json_get_in<int>(meta, "zero", meta_path, 0, 3);
     if (!meta.contains("meta_digest") || !meta.contains("checksums")) {
         if (!unverified_checkpoints_allowed())
             throw FormatError(fmt::format("{}: the checkpoint records no digests (written by an older memfit, or "

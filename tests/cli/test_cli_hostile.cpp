@@ -141,6 +141,9 @@ TEST(CliHostile, SmallOnesAreOneLine) {
                          "--teacher-weights int3: expected");
     expect_clean_failure(run_memfit("train --model nano --steps 1 --distill-alpha 0.3"), "they need --teacher DIR");
     expect_clean_failure(run_memfit("train --model nano --steps 1e30"), "--steps 1e30: not a value this flag takes");
+    // A weight decay that flips the weights' sign each update: refused, not blamed on the learning rate.
+    expect_clean_failure(run_memfit("train --model nano --steps 3 --weight-decay 1e10"),
+                         "--weight-decay 1e+10 with --lr 0.003: each update would scale the weights by");
 
     // A FIFO named model.safetensors: refused at once, not waited on.
     const fs::path dir = scratch("fifo_model");

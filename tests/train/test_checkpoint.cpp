@@ -105,6 +105,13 @@ TEST(Checkpoint, BadFoldersGiveClearErrors) {
     // A number out of range is refused before it is converted (a float-to-int overflow is UB).
     const std::string dir3 = save_checkpoint(root.string(), make(5), 3);
     nlohmann::json meta = nlohmann::json::parse(std::ifstream(fs::path(dir3) / "meta.json"));
+    for (const auto & [key, value] : {std::pair{"world_size", 0}, std::pair{"zero", 9}}) {
+        nlohmann::json odd = meta;   // the layout it records, sharded or not, in range
+        odd[key] = value;
+        odd["meta_digest"] = meta_digest(odd);
+        std::ofstream(fs::path(dir3) / "meta.json") << odd.dump();
+        EXPECT_THROW(load_checkpoint_meta(dir3), FormatError) << key;
+    }
     meta["optimizer_step"] = 3.2e52;
     meta["meta_digest"] = meta_digest(meta);   // rewritten whole, a digest of its own: still checked
     std::ofstream(fs::path(dir3) / "meta.json") << meta.dump();
