@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <system_error>
 
 #include <fmt/format.h>
@@ -66,6 +67,45 @@ size_t turn_start(const ChatFormat & f, const ojson & messages, const ojson & to
     throw ConfigError(fmt::format("the chat template renders the conversation before assistant message {} differently "
                                   "when more messages follow, so the turn cannot be found in it",
                                   k));
+}
+
+// Every assistant turn's start in `text` (the whole conversation) from one more render, so that a
+// conversation of n turns costs two renders, not n: each assistant message's content is prefixed
+// with a marker of its own; where the markers land, less the markers before them, are the turns'
+// starts, when taking the markers out gives `text` back exactly. nullopt when it does not (a
+// template that looks into the content), when content holds the marker's byte, or is not a
+// string: the caller then finds the turns one by one (turn_start).
+std::optional<std::vector<size_t>> marked_turn_starts(const ChatFormat & f, const ojson & messages, const ojson & tools,
+                                                      const std::string & text) {
+    constexpr char kOpen = '\x1e', kClose = '\x1f';
+    ojson marked = messages;
+    for (size_t k = 0; k < messages.size(); ++k) {
+        if (messages[k].value("role", "") != "assistant") continue;
+        if (!messages[k].contains("content") || !messages[k]["content"].is_string()) return std::nullopt;
+        const std::string & c = messages[k]["content"].get_ref<const std::string &>();
+        if (c.find(kOpen) != std::string::npos || c.find(kClose) != std::string::npos) return std::nullopt;
+        marked[k]["content"] = kOpen + std::to_string(k) + kClose + c;
+    }
+    const std::string m = f.chat->render(chat_vars(f, marked, tools, false));
+    std::vector<size_t> starts(messages.size(), std::string::npos);
+    size_t plain = 0;   // bytes of `text` matched so far
+    for (size_t i = 0; i < m.size();) {
+        if (m[i] != kOpen) {
+            if (plain >= text.size() || text[plain] != m[i]) return std::nullopt;
+            ++plain, ++i;
+            continue;
+        }
+        const size_t close = m.find(kClose, i);
+        if (close == std::string::npos || close == i + 1 || close - i > 12) return std::nullopt;
+        const size_t k = std::stoul(m.substr(i + 1, close - i - 1));
+        if (k >= starts.size() || starts[k] != std::string::npos) return std::nullopt;   // a marker rendered twice
+        starts[k] = plain;
+        i = close + 1;
+    }
+    if (plain != text.size()) return std::nullopt;
+    for (size_t k = 0; k < messages.size(); ++k)
+        if (messages[k].value("role", "") == "assistant" && starts[k] == std::string::npos) return std::nullopt;
+    return starts;
 }
 
 // The text after the assistant's content in a one-turn probe: what closes a turn.
@@ -202,14 +242,29 @@ ChatFormat make_chat_format(const std::string & source, const std::string & name
     return f;
 }
 
-RenderedChat render_chat(const ChatFormat & f, const ojson & messages, const ojson & tools, size_t train_from) {
+RenderedChat render_chat(const ChatFormat & f, const ojson & messages, const ojson & tools, size_t train_from,
+                         TurnSearch search) {
     MF_ASSERT(f.chat);
     RenderedChat rc;
     rc.text = f.chat->render(chat_vars(f, messages, tools, false));
+    // The turns' starts from one marked render (two renders for any number of turns, not one per
+    // turn), when it agrees with the one-by-one search on the first and the next-to-last trained
+    // turns; the last one, which templates treat apart (Qwen3 opens an empty think block there),
+    // is found one by one whatever the markers say. Else every turn one by one.
+    std::vector<size_t> trained;
+    for (size_t k = train_from; k < messages.size(); ++k)
+        if (messages[k].value("role", "") == "assistant") trained.push_back(k);
+    std::optional<std::vector<size_t>> starts;
+    if (trained.size() > 2 && search == TurnSearch::marked) starts = marked_turn_starts(f, messages, tools, rc.text);
+    if (starts) {
+        for (const size_t k : {trained.front(), trained[trained.size() - 2]})
+            if ((*starts)[k] != turn_start(f, messages, tools, k, rc.text)) starts.reset();
+        if (starts) (*starts)[trained.back()] = turn_start(f, messages, tools, trained.back(), rc.text);
+    }
+    rc.marked = starts.has_value();
     size_t done = 0;   // the end of the last span
-    for (size_t k = train_from; k < messages.size(); ++k) {
-        if (messages[k].value("role", "") != "assistant") continue;
-        const size_t begin = std::max(turn_start(f, messages, tools, k, rc.text), done);
+    for (const size_t k : trained) {
+        const size_t begin = std::max(starts ? (*starts)[k] : turn_start(f, messages, tools, k, rc.text), done);
         size_t end = rc.text.size();
         if (!f.end_of_turn.empty()) {
             const size_t at = rc.text.find(f.end_of_turn, begin);
@@ -235,10 +290,16 @@ std::string chat_prompt(const ChatFormat & f, const std::string & system, const 
 }
 
 Example tokenize_spans(const Tokenizer & tok, const std::string & text,
-                       const std::vector<std::pair<size_t, size_t>> & spans) {
+                       const std::vector<std::pair<size_t, size_t>> & spans_in) {
+    // Asked in increasing byte order (each token's first byte): a sweep over the sorted spans, not
+    // a scan of all of them per token (which was quadratic in a conversation's turns).
+    std::vector<std::pair<size_t, size_t>> spans = spans_in;
+    std::sort(spans.begin(), spans.end());
+    size_t next = 0;
     auto trained_at = [&](size_t byte) {
-        for (const auto & [a, b] : spans)
-            if (byte >= a && byte < b) return true;
+        while (next < spans.size() && spans[next].second <= byte) ++next;
+        for (size_t j = next; j < spans.size() && spans[j].first <= byte; ++j)
+            if (byte < spans[j].second) return true;
         return false;
     };
     Example e;

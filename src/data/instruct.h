@@ -70,12 +70,19 @@ struct Example {
 struct RenderedChat {
     std::string text;
     std::vector<std::pair<size_t, size_t>> spans;
+    bool marked = false;   // the turns came from the marked render (TurnSearch below)
 };
 // messages: a JSON array; turns from message `train_from` on train (0: every assistant turn).
 // ConfigError when the template fails or renders a turn's generation prompt differently from the
 // conversation (then no turn boundary can be found).
+// How the turns are found: `marked` renders the conversation once more with a marker before each
+// assistant message's content (linear in the turns), checked against `one_by_one` (each turn's
+// generation prompt rendered by itself, quadratic: 16,000 turns took minutes) on some of them and
+// falling back to it where they disagree; `one_by_one` is the reference the tests hold it to.
+enum class TurnSearch { marked, one_by_one };
 RenderedChat render_chat(const ChatFormat & fmt, const nlohmann::ordered_json & messages,
-                         const nlohmann::ordered_json & tools, size_t train_from = 0);
+                         const nlohmann::ordered_json & tools, size_t train_from = 0,
+                         TurnSearch search = TurnSearch::marked);
 
 // The text a model is prompted with for one user turn (after an optional system message),
 // generation prompt included. ConfigError when the template refuses it.

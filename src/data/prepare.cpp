@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/json_read.h"
 #include "core/paths.h"
+#include "core/units.h"
 #include "data/instruct.h"
 #include "data/token_file.h"
 #include "tokenizer/tokenizer.h"
@@ -70,6 +71,11 @@ bool is_jsonl(const PrepareOptions & opts, const std::string & input) {
     return input.ends_with(".jsonl") || input.ends_with(".json");
 }
 
+// One record (one line: a conversation, a prompt and completion): past this it is refused with
+// its line number rather than rendered (a conversation's rendering is linear in its turns, so the
+// bound is memory, not time).
+constexpr size_t kMaxRecordBytes = size_t(64) << 20;
+
 // Instruction data: one document per record (data/instruct.h), written as document files.
 void prepare_jsonl(const PrepareOptions & opts, const std::string & input, const std::string & out_dir,
                    const Tokenizer & tok, PreparedData & r) {
@@ -94,8 +100,20 @@ void prepare_jsonl(const PrepareOptions & opts, const std::string & input, const
                                       "validation; both need at least one: use more records or another "
                                       "--val-fraction", input, n, opts.val_fraction, n - std::min(n_val, n), n_val));
     Split train, val;
+    // A progress line on stderr every few seconds of a long input.
+    const auto t0 = std::chrono::steady_clock::now();
+    auto shown = t0;
     for (size_t i = 0; i < n; ++i) {
         const std::string where = fmt::format("{} line {}", input, lines[i].first);
+        if (lines[i].second.size() > kMaxRecordBytes)
+            throw ConfigError(fmt::format("{}: a record of {} is more than the {} memfit prepares as one example; "
+                                          "split the conversation", where, format_bytes(lines[i].second.size()),
+                                          format_bytes(kMaxRecordBytes)));
+        if (const auto now = std::chrono::steady_clock::now(); now - shown > std::chrono::seconds(3)) {
+            std::fprintf(stderr, "prepare: %zu of %zu records (%.0f%%), %.0f s\n", i, n, 100.0 * double(i) / double(n),
+                         std::chrono::duration<double>(now - t0).count());
+            shown = now;
+        }
         nlohmann::ordered_json rec;
         try {
             rec = parse_ordered_json(lines[i].second, where);

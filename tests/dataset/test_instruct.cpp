@@ -221,3 +221,38 @@ TEST(Instruct, BadRecordsAreOneLineNamingTheLine) {
     const ChatFormat chatml = load_chat_format("bytes", bytes, "chatml");
     EXPECT_EQ(chatml.end_of_turn, "<|im_end|>");
 }
+
+// A long conversation's turns found from one marked render are the turns found one by one
+// (each turn's generation prompt rendered by itself, the definition), for every fixture
+// template: the marked search is what makes a 16,000-turn conversation prepare in a second.
+TEST(Instruct, MarkedTurnSearchEqualsOneByOne) {
+    ByteTokenizer bytes;
+    ojson messages = ojson::array({{{"role", "system"}, {"content", "Be brief."}}});
+    for (int i = 0; i < 12; ++i) {
+        messages.push_back({{"role", "user"}, {"content", "Question " + std::to_string(i) + "?"}});
+        messages.push_back({{"role", "assistant"}, {"content", " Answer " + std::to_string(i) + ". "}});
+    }
+    int compared = 0, marked = 0;
+    for (const char * name : {"chatml", "llama3", "llama3_1", "llama3_2", "mistral", "mistral_nemo", "qwen2_5", "qwen3",
+                              "deepseek_v3"}) {
+        SCOPED_TRACE(name);
+        const ChatFormat f = fixture_format(name, bytes);
+        RenderedChat fast, slow;
+        try {
+            slow = render_chat(f, messages, nullptr, 0, TurnSearch::one_by_one);
+        } catch (const ConfigError &) {
+            EXPECT_THROW(render_chat(f, messages, nullptr), ConfigError);   // the same refusal
+            continue;
+        }
+        fast = render_chat(f, messages, nullptr);
+        EXPECT_EQ(fast.text, slow.text);
+        EXPECT_EQ(fast.spans, slow.spans);
+        EXPECT_EQ(fast.spans.size(), 12u);
+        marked += fast.marked;
+        // From a later message on (a prompt-completion record's completion).
+        EXPECT_EQ(render_chat(f, messages, nullptr, 9).spans, render_chat(f, messages, nullptr, 9, TurnSearch::one_by_one).spans);
+        ++compared;
+    }
+    EXPECT_GE(compared, 7);
+    EXPECT_GE(marked, 5);   // the fast path is the one taken, not the fallback
+}
