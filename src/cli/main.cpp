@@ -115,7 +115,14 @@ int main(int argc, char ** argv) {
         std::fprintf(stderr, "memfit: error: %s\n", e.what());
         return 1;
     } catch (const std::bad_alloc &) {
-        std::fprintf(stderr, "memfit: error: out of host memory; lower --batch or --seq, or set --memory-budget\n");
+        // Only a run's batch and sequence make its host memory; other commands name what they read.
+        const auto cmds = app.get_subcommands();
+        const std::string cmd = cmds.empty() ? "" : cmds.front()->get_name();
+        if (cmd == "train" || cmd == "profile" || cmd == "bench")
+            std::fprintf(stderr, "memfit: error: out of host memory; lower --batch or --seq, or set --memory-budget\n");
+        else
+            std::fprintf(stderr, "memfit: error: out of host memory in memfit %s (an input too large for this "
+                                 "machine's memory; see docs/reliability.md for the limits memfit sets)\n", cmd.c_str());
         return 1;
     } catch (const std::exception & e) {
         std::fprintf(stderr, "memfit: error: %s\n", e.what());

@@ -25,6 +25,7 @@ namespace memfit::jinja {
 struct Scope {
     Scope * parent = nullptr;
     std::unordered_map<std::string, Value> vars;
+    bool captured = false;   // a macro defined here keeps it (Context::leave_scope)
 };
 
 class Context {
@@ -41,12 +42,17 @@ public:
     // A new scope whose parent is `parent`, alive until the render ends (a macro keeps the
     // scope it was defined in).
     Scope * push_scope(Scope * parent);
+    // Leaves `s`, the newest scope, unless a macro keeps it: its memory is reused.
+    void leave_scope(Scope * s);
+    // One statement or macro call; RenderError past kMaxRenderSteps.
+    void step();
     // A name: the scopes outwards, then the render's variables, then the globals.
     Value lookup(const std::string & name) const;
 
 private:
     const Dict & vars_;
     std::deque<Scope> scopes_;
+    uint64_t steps_ = 0;
 };
 
 // ---- expressions -------------------------------------------------------------------------------

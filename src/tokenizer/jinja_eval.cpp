@@ -20,6 +20,18 @@ Scope * Context::push_scope(Scope * parent) {
     return &scopes_.back();
 }
 
+void Context::leave_scope(Scope * s) {
+    // Scopes are left in the order they were entered; one a macro keeps (and so every scope
+    // entered before it, its ancestors among them) stays until the render ends.
+    if (!scopes_.empty() && &scopes_.back() == s && !s->captured) scopes_.pop_back();
+}
+
+void Context::step() {
+    if (++steps_ > kMaxRenderSteps)
+        throw RenderError(fmt::format("the template ran more than {} statements and macro calls (a loop or recursion "
+                                      "that large is refused)", kMaxRenderSteps));
+}
+
 Value Context::lookup(const std::string & name) const {
     for (const Scope * s = scope; s; s = s->parent) {
         const auto it = s->vars.find(name);
@@ -32,17 +44,23 @@ Value Context::lookup(const std::string & name) const {
 
 namespace {
 
-// Runs with ctx.scope set to `s`, and back after.
+// Runs with ctx.scope set to `s`, and back after; `s`, a scope pushed for this, is then left (a
+// loop's iterations no longer keep theirs until the render ends: 750 bytes each, 5.5 GB for two
+// nested range(3000)).
 class InScope {
 public:
-    InScope(Context & ctx, Scope * s) : ctx_(ctx), saved_(ctx.scope) { ctx.scope = s; }
-    ~InScope() { ctx_.scope = saved_; }
+    InScope(Context & ctx, Scope * s) : ctx_(ctx), saved_(ctx.scope), s_(s) { ctx.scope = s; }
+    ~InScope() {
+        ctx_.scope = saved_;
+        ctx_.leave_scope(s_);
+    }
     InScope(const InScope &) = delete;
     InScope & operator=(const InScope &) = delete;
 
 private:
     Context & ctx_;
     Scope * saved_;
+    Scope * s_;
 };
 
 // What the body writes while it lives goes to `text`.
@@ -65,11 +83,11 @@ std::string operand_error(std::string_view op, const Value & a, const Value & b)
     return fmt::format("unsupported operand type(s) for {}: '{}' and '{}'", op, type_name(a), type_name(b));
 }
 
-// s * n, list * n; n <= 0 gives an empty one. Kept below a size a template has no use for.
+// s * n, list * n; n <= 0 gives an empty one. Within the budgets (jinja_value.h), checked first.
 Value repeat(const Value & seq, int64_t n) {
-    constexpr int64_t kLimit = int64_t(1) << 26;
     const int64_t len = seq.is_str() ? int64_t(seq.s.size()) : int64_t(seq.list->size());
-    if (n > 0 && len > 0 && n > kLimit / len) throw RenderError("a repeated string or list that large is refused");
+    if (n > int64_t(1) << 36 && len > 0) throw RenderError(fmt::format("'* {}': a repeated string or list that large is refused", n));
+    if (n > 0) (seq.is_str() ? check_text_size : check_list_size)(uint64_t(len) * uint64_t(n), "*");
     if (seq.is_str()) {
         std::string out;
         for (int64_t k = 0; k < n; ++k) out += seq.s;
@@ -115,7 +133,11 @@ Value int_pow(int64_t base, int64_t exp) {
 }  // namespace
 
 Value py_arith(BinaryExpr::Op op, const Value & a, const Value & b) {
-    if (op == BinaryExpr::Concat) return Value::string(py_str(a) + py_str(b));   // Undefined is ""
+    if (op == BinaryExpr::Concat) {   // Undefined is ""
+        const std::string x = py_str(a), y = py_str(b);
+        check_text_size(x.size() + y.size(), "~");
+        return Value::string(x + y);
+    }
     a.require_defined();
     b.require_defined();
     const bool ints = a.is_int() && b.is_int(), nums = a.is_number() && b.is_number();
@@ -127,8 +149,12 @@ Value py_arith(BinaryExpr::Op op, const Value & a, const Value & b) {
                 return Value::integer(r);
             }
             if (nums) return Value::number(a.as_double() + b.as_double());
-            if (a.is_str() && b.is_str()) return Value::string(a.s + b.s);
+            if (a.is_str() && b.is_str()) {
+                check_text_size(a.s.size() + b.s.size(), "+");
+                return Value::string(a.s + b.s);
+            }
             if (a.is_seq() && a.type == b.type) {
+                check_list_size(a.list->size() + b.list->size(), "+");
                 std::vector<Value> out = *a.list;
                 out.insert(out.end(), b.list->begin(), b.list->end());
                 return Value::make_list(std::move(out), a.type);
@@ -269,6 +295,7 @@ public:
 
     Value call(Context & ctx, Args & args) const override {
         if (ctx.depth >= kMaxMacroDepth) throw RenderError(fmt::format("macro '{}': maximum recursion depth exceeded", def_.name));
+        ctx.step();
         const size_t np = def_.params.size();
         if (args.pos.size() > np && !def_.uses_varargs)
             throw RenderError(fmt::format("macro '{}' takes not more than {} argument(s)", def_.name, np));
@@ -513,6 +540,7 @@ Value CondExpr::do_eval(Context & ctx) const {
 Flow exec_body(const Body & body, Context & ctx) {
     for (const auto & s : body) {
         ctx.line = s->line;
+        ctx.step();
         const Flow f = s->exec(ctx);
         if (f != Flow::Normal) return f;
     }
@@ -549,7 +577,9 @@ Flow TextStmt::exec(Context & ctx) const {
 }
 
 Flow OutputStmt::exec(Context & ctx) const {
-    *ctx.out += py_str(expr->eval(ctx));
+    const std::string text = py_str(expr->eval(ctx));
+    check_text_size(ctx.out->size() + text.size(), "the rendered text");
+    *ctx.out += text;
     return Flow::Normal;
 }
 
@@ -606,11 +636,13 @@ Flow SetBlockStmt::exec(Context & ctx) const {
 }
 
 Flow MacroStmt::exec(Context & ctx) const {
+    ctx.scope->captured = true;   // the macro keeps its scope
     ctx.scope->vars[def.name] = Value::object(std::make_shared<Macro>(def, ctx.scope));
     return Flow::Normal;
 }
 
 Flow CallBlockStmt::exec(Context & ctx) const {
+    ctx.scope->captured = true;
     const Value caller_value = Value::object(std::make_shared<Macro>(caller, ctx.scope));
     *ctx.out += py_str(call->invoke(ctx, &caller_value));
     return Flow::Normal;

@@ -233,8 +233,11 @@ Value f_int(Context &, const Value & v, Args & a) {
 
 Value f_indent(Context &, const Value & v, Args & a) {
     const Bound p(a, {"width", "first", "blank"}, "indent");
-    const std::string ind = p[0].is_str() ? p[0].s : std::string(size_t(std::max<int64_t>(0, p.get_or(0, Value::integer(4)).i)), ' ');
+    const int64_t width = p[0].is_str() ? 0 : std::max<int64_t>(0, p.get_or(0, Value::integer(4)).i);
+    check_text_size(uint64_t(width), "indent");
+    const std::string ind = p[0].is_str() ? p[0].s : std::string(size_t(width), ' ');
     const std::vector<std::string> lines = py_splitlines(py_str(v) + "\n", false);
+    check_text_size(py_str(v).size() + uint64_t(lines.size() + 1) * ind.size(), "indent");
     std::string out;
     for (size_t k = 0; k < lines.size(); ++k) {
         if (k) out += '\n';
@@ -261,6 +264,7 @@ Value f_join(Context &, const Value & v, Args & a) {
     bool first = true;
     for (const Value & item : iterate(v)) {
         out += (first ? "" : sep) + py_str(p.has(1) ? sort_key(item, p[1], true) : item);
+        check_text_size(out.size(), "join");
         first = false;
     }
     return Value::string(out);
@@ -444,6 +448,7 @@ Value f_tojson(Context &, const Value & v, Args & a) {
     st.sort_keys = truthy(p[3]);
     if (p.has(1) && !p[1].is_none()) {
         st.pretty = true;
+        if (!p[1].is_str()) check_text_size(uint64_t(std::max<int64_t>(0, p[1].i)), "tojson's indent");
         st.indent = p[1].is_str() ? p[1].s : std::string(size_t(std::max<int64_t>(0, p[1].i)), ' ');
         st.item_sep = ",";
     }

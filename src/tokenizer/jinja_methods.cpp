@@ -167,6 +167,7 @@ std::string pad(const std::string & s, const Args & a, const char * fn, char how
     if (cp_length(fill) != 1) throw RenderError("The fill character must be exactly one character long");
     const int64_t len = cp_length(s);
     if (width <= len) return s;
+    check_text_size(uint64_t(width) * fill.size(), fn);
     const int64_t marg = width - len;
     const int64_t left = how == 'l' ? 0 : how == 'r' ? marg : marg / 2 + (marg & width & 1);
     std::string out;
@@ -218,7 +219,14 @@ Value str_method(const std::string & s, const std::string & name, Args & a) {
     }
     if (name == "replace") {
         const Bound p(a, {"old", "new", "count"}, name);
-        return Value::string(replace(s, str_of(p[0], "old"), str_of(p[1], "new"), p.has(2) ? int_of(p[2], "count") : -1));
+        const std::string old_s = str_of(p[0], "old"), new_s = str_of(p[1], "new");
+        // Every match becomes `new` (an empty `old` matches between every two characters).
+        uint64_t matches = old_s.empty() ? uint64_t(cp_length(s)) + 1 : 0;
+        for (size_t at = old_s.empty() ? std::string::npos : s.find(old_s); at != std::string::npos;
+             at = s.find(old_s, at + old_s.size()))
+            ++matches;
+        check_text_size(s.size() + matches * new_s.size(), "replace");
+        return Value::string(replace(s, old_s, new_s, p.has(2) ? int_of(p[2], "count") : -1));
     }
     if (name == "find" || name == "rfind" || name == "index" || name == "rindex") {
         const Bound p(a, {"sub"}, name);
@@ -243,6 +251,7 @@ Value str_method(const std::string & s, const std::string & name, Args & a) {
             if (!items[k].is_str())
                 throw RenderError(fmt::format("sequence item {}: expected str instance, {} found", k, type_name(items[k])));
             out += (k ? s : "") + items[k].s;
+            check_text_size(out.size(), "join");
         }
         return Value::string(out);
     }

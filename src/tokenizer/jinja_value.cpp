@@ -42,13 +42,27 @@ Value Value::number(double x) {
     v.f = x;
     return v;
 }
+void check_text_size(uint64_t bytes, const char * what) {
+    if (bytes > kMaxTextBytes)
+        throw RenderError(fmt::format("{} would make a string of {} bytes: more than the {} MiB a chat template may "
+                                      "build", what, bytes, kMaxTextBytes >> 20));
+}
+
+void check_list_size(uint64_t items, const char * what) {
+    if (items > kMaxListItems)
+        throw RenderError(fmt::format("{} would make a list of {} items: more than the {} a chat template may build",
+                                      what, items, kMaxListItems));
+}
+
 Value Value::string(std::string x) {
+    check_text_size(x.size(), "the template");
     Value v;
     v.type = Type::Str;
     v.s = std::move(x);
     return v;
 }
 Value Value::make_list(std::vector<Value> items, Type kind) {
+    check_list_size(items.size(), "the template");
     Value v;
     v.type = kind;
     v.list = std::make_shared<const std::vector<Value>>(std::move(items));
@@ -328,6 +342,7 @@ std::vector<Value> iterate(const Value & v) {
         }
         case Type::Str: {
             std::vector<Value> chars;
+            if (v.s.size() > kMaxListItems) check_list_size(decode_utf8(v.s).size(), "iterating a string");
             for (const char32_t c : decode_utf8(v.s)) {
                 std::string one;
                 append_utf8(one, c);

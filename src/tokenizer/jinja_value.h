@@ -26,6 +26,20 @@ public:
     bool raised;
 };
 
+// A template from a stranger is a program: its budgets (docs/reliability.md). Any string it
+// builds, its rendered text included, is at most kMaxTextBytes, any list kMaxListItems; a render
+// runs at most
+// kMaxRenderSteps statements and macro calls. Past either: a RenderError naming the budget.
+constexpr size_t kMaxTextBytes = size_t(64) << 20;
+constexpr size_t kMaxListItems = size_t(1) << 22;   // about 100 bytes each: 400 MiB at most
+constexpr uint64_t kMaxRenderSteps = 20'000'000;
+
+// RenderError when a string of `bytes` would pass kMaxTextBytes (checked before it is built where
+// its size is known ahead: padding, indentation, replacement, joins, repetition).
+void check_text_size(uint64_t bytes, const char * what);
+// The same for a list (or the characters of a string iterated) of `items`.
+void check_list_size(uint64_t items, const char * what);
+
 enum class Type { Undefined, None, Bool, Int, Float, Str, List, Tuple, Dict, Object };
 
 struct Dict;

@@ -10,6 +10,7 @@
 #include "tokenizer/tokenizer_config.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
@@ -189,6 +190,65 @@ TEST(ChatTemplate, RuntimeErrors) {
     EXPECT_EQ(render("{{ 9223372036854775807 + 1 }}"),
               "ERROR: chat template line 1: integer overflow (memfit's template integers are 64-bit)");
     EXPECT_THROW(ChatTemplate("x").render(ordered_json::array()), ConfigError);
+}
+
+// A template is a program from a stranger: each way to grow a string or a list is refused at the
+// budget (64 MiB, 4M items) before it is built, and a runaway loop at 20M statements; each is one
+// line naming the template's line.
+TEST(ChatTemplate, BudgetsRefuseRunawayGrowth) {
+    const std::string past_text = "more than the 64 MiB a chat template may build";
+    const std::vector<std::string> text_growth = {
+        "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+        "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+        "{{ 'x'.ljust(2**40) }}",
+        "{{ 'x'.rjust(2**40, '-') }}",
+        "{{ 'x'.center(2**40) }}",
+        "{{ 'a b' | indent(10**9) }}",
+        "{{ [1, 2] | tojson(indent=10**9) }}",
+        "{{ ('ab' * 1000000).replace('', 'x' * 1000) }}",
+        "{% set ns = namespace(l=['x' * 1000000]) %}{% for i in range(7) %}{% set ns.l = ns.l + ns.l %}{% endfor %}"
+        "{{ ns.l | join('') }}",
+        "{% set ns = namespace(l=['x' * 1000000]) %}{% for i in range(7) %}{% set ns.l = ns.l + ns.l %}{% endfor %}"
+        "{{ ''.join(ns.l) }}",
+        "{{ 'y' * (2**27) }}",
+        "{% for i in range(100) %}{{ 'z' * 1000000 }}{% endfor %}",
+    };
+    for (const std::string & source : text_growth) {
+        const std::string got = render(source);
+        EXPECT_EQ(got.rfind("ERROR: chat template line 1: ", 0), 0u) << source << " -> " << got.substr(0, 200);
+        EXPECT_NE(got.find(past_text), std::string::npos) << source << " -> " << got.substr(0, 200);
+        EXPECT_EQ(got.find('\n'), std::string::npos) << source;
+    }
+    const std::vector<std::string> list_growth = {
+        "{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}{% endfor %}",
+        "{{ ([1, 2] * (2**23)) | length }}",
+        "{% for c in 'x' * (2**23) %}{% endfor %}",
+    };
+    for (const std::string & source : list_growth) {
+        const std::string got = render(source);
+        EXPECT_NE(got.find("a chat template may build"), std::string::npos) << source << " -> " << got.substr(0, 200);
+        EXPECT_NE(got.find("items"), std::string::npos) << source << " -> " << got.substr(0, 200);
+    }
+    // Macro fan-out: each call makes two; 2^30 calls pass the statement budget long before memory.
+    const std::string fan = "{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}\n{{ f(30) }}";
+    const std::string got = render(fan);
+    EXPECT_NE(got.find("ran more than 20000000 statements and macro calls"), std::string::npos) << got;
+    // Under the budgets, a template's work is as before.
+    EXPECT_EQ(render("{{ ('ab' * 3).replace('', '-') }}|{{ 'x'.center(5, '*') }}"), "-a-b-a-b-a-b-|**x**");
+}
+
+// A loop's iterations keep nothing once they end: a million of them (each setting a variable) used
+// to hold about 750 bytes each until the render ended (two nested range(3000): 5.5 GB).
+TEST(ChatTemplate, LoopsRetainNoMemoryPerIteration) {
+    const ChatTemplate t("{% for i in range(1000) %}{% for j in range(1000) %}{% set k = i + j %}{% endfor %}{% endfor %}"
+                         "{{ 'done' }}");
+    rusage before{};
+    getrusage(RUSAGE_SELF, &before);
+    EXPECT_EQ(t.render(ordered_json::object()), "done");
+    rusage after{};
+    getrusage(RUSAGE_SELF, &after);
+    const long grown_mib = (after.ru_maxrss - before.ru_maxrss) / 1024;   // ru_maxrss is in KiB
+    EXPECT_LT(grown_mib, 150) << "the peak resident set grew by " << grown_mib << " MiB over 1M iterations";
 }
 
 TEST(ChatTemplate, StrftimeNowIsLocalTime) {
