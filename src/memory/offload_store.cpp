@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -21,6 +22,58 @@
 namespace memfit {
 
 namespace {
+
+// A checksum of n bytes: four independent multiply-xorshift lanes over 8-byte words (several
+// GB/s, beside the disk's one or two), for the offload file's writes. Not cryptographic.
+uint64_t checksum(const char * p, size_t n) {
+    const auto mix = [](uint64_t x) {   // the murmur3/splitmix finalizer constants (public facts)
+        x ^= x >> 33;
+        x *= 0xff51afd7ed558ccdull;
+        x ^= x >> 33;
+        x *= 0xc4ceb9fe1a85ec53ull;
+        return x ^ (x >> 33);
+    };
+    uint64_t lane[4] = {0x9e3779b97f4a7c15ull, 0xbf58476d1ce4e5b9ull, 0x94d049bb133111ebull, 0x2545f4914f6cdd1dull};
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int k = 0; k < 4; ++k) {
+            uint64_t w;
+            std::memcpy(&w, p + i + 8 * size_t(k), 8);
+            lane[k] = (lane[k] ^ w) * 0x9fb21c651e98df25ull;
+            lane[k] ^= lane[k] >> 29;
+        }
+    uint64_t h = mix(lane[0]) ^ mix(lane[1] + 1) ^ mix(lane[2] + 2) ^ mix(lane[3] + 3);
+    for (; i < n; ++i) h = mix(h ^ uint8_t(p[i]));
+    return mix(h ^ n);
+}
+
+// What the file's writes left: a checksum per written range [at, at + n), the ranges disjoint.
+// A read checks every recorded range it covers whole; a write replaces the ranges it overlaps (a
+// range it overlaps in part is no longer checked until written again). The step program reads
+// and writes the same chunks, so after one step every chunk of the state is checked on each read.
+class Checksums {
+public:
+    void wrote(uint64_t at, uint64_t n, uint64_t sum) {
+        std::lock_guard<std::mutex> lk(mu_);
+        auto it = ranges_.lower_bound(at);
+        if (it != ranges_.begin() && std::prev(it)->first + std::prev(it)->second.n > at) --it;
+        while (it != ranges_.end() && it->first < at + n) it = ranges_.erase(it);
+        ranges_[at] = Range{n, sum};
+    }
+    // The first recorded range within [at, at + n) whose bytes (in `mem`, holding [at, at + n))
+    // differ from what was written; -1 when none.
+    int64_t first_changed(uint64_t at, uint64_t n, const char * mem) const {
+        std::lock_guard<std::mutex> lk(mu_);
+        for (auto it = ranges_.lower_bound(at); it != ranges_.end() && it->first + it->second.n <= at + n; ++it)
+            if (checksum(mem + (it->first - at), it->second.n) != it->second.sum) return int64_t(it->first);
+        return -1;
+    }
+
+private:
+    struct Range { uint64_t n, sum; };
+    mutable std::mutex mu_;
+    std::map<uint64_t, Range> ranges_;
+};
 
 // pread/pwrite until all n bytes moved; an errno (or EIO on an early end of file) otherwise.
 int move_all(int fd, bool reading, char * mem, uint64_t at, size_t n) {
@@ -84,6 +137,7 @@ public:
         done_.wait(lk, [&] { return pending_[slot] == 0; });
         const int e = failed_[slot];
         failed_[slot] = 0;
+        if (e == EBADMSG) throw_changed();
         if (e) throw IoError(fmt::format("--offload-dir {}: a read or write of the offloaded optimizer state failed ({})",
                                          dir_, std::strerror(e)));
     }
@@ -97,11 +151,30 @@ public:
 private:
     struct Job { int slot; bool reading; char * mem; uint64_t at; size_t n; };
 
+    // move_all, then the checksums: a write records its bytes', a read checks what it covers
+    // (EBADMSG, with changed_at_, when bytes differ from what this run wrote there).
+    int move_checked(bool reading, char * mem, uint64_t at, size_t n) {
+        if (!reading) sums_.wrote(at, n, checksum(mem, n));
+        const int e = move_all(fd_, reading, mem, at, n);
+        if (e || !reading) return e;
+        const int64_t changed = sums_.first_changed(at, n, mem);
+        if (changed < 0) return 0;
+        changed_at_ = uint64_t(changed);
+        return EBADMSG;
+    }
+    [[noreturn]] void throw_changed() const {
+        throw IoError(fmt::format("--offload-dir {}: the offloaded optimizer state changed on disk after this run wrote "
+                                  "it (at byte {} of {}): something else wrote the file, or the disk returned other "
+                                  "bytes; the run stops before training on them (resume from its last checkpoint)",
+                                  dir_, changed_at_.load(), path_));
+    }
     void sync(bool reading, char * mem, uint64_t at, size_t n) {
         MF_ASSERT(fd_ >= 0);
-        if (const int e = move_all(fd_, reading, mem, at, n))
+        if (const int e = move_checked(reading, mem, at, n)) {
+            if (e == EBADMSG) throw_changed();
             throw IoError(fmt::format("--offload-dir {}: {} {} of the offloaded optimizer state failed ({})", dir_,
                                       reading ? "reading" : "writing", format_bytes(n), std::strerror(e)));
+        }
     }
     void post(Job j) {
         MF_ASSERT(fd_ >= 0 && "open() the offload store before copying");
@@ -122,7 +195,7 @@ private:
                 j = jobs_.front();
                 jobs_.pop_front();
             }
-            const int e = move_all(fd_, j.reading, j.mem, j.at, j.n);
+            const int e = move_checked(j.reading, j.mem, j.at, j.n);
             {
                 std::lock_guard<std::mutex> lk(mu_);
                 if (e && !failed_[j.slot]) failed_[j.slot] = e;
@@ -140,6 +213,8 @@ private:
     std::deque<Job> jobs_;
     std::map<int, int> pending_, failed_;
     bool stop_ = false;
+    Checksums sums_;
+    std::atomic<uint64_t> changed_at_{0};
 };
 
 }  // namespace

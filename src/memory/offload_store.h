@@ -39,7 +39,10 @@ public:
 
 // A file under `dir` (created, and unlinked at once so that nothing is left behind; its blocks
 // are allocated by open(), so a full disk is found then and not in the middle of a step). `tag`
-// goes into the file's name (the rank). Its copies need `mem` in host memory.
+// goes into the file's name (the rank). Its copies need `mem` in host memory. Each write records a
+// checksum of its bytes and each read checks the recorded ranges it covers: bytes changed in the
+// file after this run wrote them end the run with an IoError (wait() or read()) instead of being
+// trained on.
 std::unique_ptr<OffloadStore> make_file_store(const std::string & dir, const std::string & tag);
 
 }  // namespace memfit
