@@ -1,5 +1,7 @@
 #include "app/divergence.h"
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "run/run_config.h"
@@ -39,6 +41,16 @@ std::string divergence_message(const std::string & what, double value, const Div
     if (f.step <= f.warmup) where += fmt::format(", warm-up step {} of {}", f.step, f.warmup);
     if (f.step > f.first_step) where += fmt::format("; gradient norm {:.3g} at step {}", f.last_grad_norm, f.step - 1);
     return fmt::format("{} became {} at step {} ({}); hint: {}", what, value, f.step, where, hint(what, f));
+}
+
+std::string resumed_loss_check(const ResumedLoss & r, int step, double loss) {
+    if (r.dir.empty() || !std::isfinite(r.loss) || !std::isfinite(loss) || step > r.step + ResumedLoss::kSteps)
+        return "";
+    if (loss <= ResumedLoss::kFactor * r.loss || loss <= r.floor) return "";
+    return fmt::format("loss {:.4g} at step {}, {:.0f}x the {:.4g} that the checkpoint {} recorded at step {}: the "
+                       "resumed state does not continue its run; hint: it is damaged in a way its digests cannot see "
+                       "(written by a faulty host or build) or is another run's: resume from an earlier checkpoint",
+                       loss, step, loss / r.loss, r.loss, r.dir, r.step);
 }
 
 }  // namespace memfit

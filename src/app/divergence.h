@@ -26,4 +26,19 @@ struct DivergenceFacts {
 // hint: ..."
 std::string divergence_message(const std::string & what, double value, const DivergenceFacts & f);
 
+// After a resume, the loss should continue the checkpoint's. A state damaged in a way its digests
+// cannot see (written so by a faulty build or host, or by another run) shows as a loss orders of
+// magnitude above the recorded one, still finite: the run stops, naming the checkpoint and not
+// the learning rate. Watched for the first kSteps steps after the resume.
+struct ResumedLoss {
+    static constexpr int kSteps = 10;
+    static constexpr double kFactor = 10;   // and above twice the uniform guess's loss, ln(vocab)
+    std::string dir;                        // the checkpoint resumed ("": no resume, nothing watched)
+    int step = 0;                           // its step
+    double loss = 0;                        // the loss it recorded (NaN: an older checkpoint's, none)
+    double floor = 0;                       // 2 ln(vocab)
+};
+// "" while the loss continues the checkpoint's; else the one line to stop with.
+std::string resumed_loss_check(const ResumedLoss & r, int step, double loss);
+
 }  // namespace memfit

@@ -527,8 +527,15 @@ void TrainingRun::build() {
         first_step_ = resume_from(resume_, cfg_, opt_, run_.global_batch, engine, *train_data_, val_data_.get(),
                                   base_digest_) + 1;
     // The run's identity: a resumed run's is its checkpoint's, a new run's its own.
-    run_id_ = resume_.empty() ? new_run_id() : load_checkpoint_meta(find_checkpoint(resume_)).value("run_id", "");
-    if (!resume_.empty()) skip_batches_ = read_skipped_batches(find_checkpoint(resume_));
+    run_id_ = new_run_id();
+    if (!resume_.empty()) {
+        const std::string dir = find_checkpoint(resume_);
+        const nlohmann::json meta = load_checkpoint_meta(dir);
+        run_id_ = meta.value("run_id", "");
+        skip_batches_ = read_skipped_batches(dir);
+        const auto loss = meta.contains("loss") ? json_number<double>(meta["loss"]) : std::nullopt;
+        resumed_ = ResumedLoss{dir, first_step_ - 1, loss ? *loss : NAN, 2 * std::log(double(cfg_.vocab_size))};
+    }
     if (lead_) {
         lock_fd_ = lock_folder(opt_.out, "--out");
         if (!within(checkpoint_root(), opt_.out)) ckpt_lock_fd_ = lock_folder(checkpoint_root(), "--checkpoint-dir");
@@ -728,6 +735,7 @@ void TrainingRun::step(int step) {
         throw Error(std::isfinite(r.loss) ? divergence_message("gradient norm", r.grad_norm, f)
                                           : divergence_message("loss", r.loss, f));
     }
+    if (const std::string why = resumed_loss_check(resumed_, step, r.loss); !why.empty()) throw Error(why);
     last_grad_norm_ = r.grad_norm;
     // fp16: overflowing steps are skipped while the scale comes down; once it cannot (a static
     // scale, or the dynamic one at its minimum) more of them would be a run that does nothing.

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "app/divergence.h"
 #include "app/rank_report.h"
 #include "app/spike_detector.h"
 #include "app/trainer.h"
@@ -120,6 +121,7 @@ private:
     int first_step_ = 1;
     int last_step_ = 0;          // the last step completed (0: none yet in this process)
     std::string resume_;         // the checkpoint --resume names (auto: the newest in the folder, or none)
+    ResumedLoss resumed_;        // and the loss it recorded, which the first steps should continue
     bool complete_ = false;
     bool abandoned_ = false;     // a stop signal abandoned the step in flight
     Clock::time_point step_t0_;

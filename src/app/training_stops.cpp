@@ -109,6 +109,7 @@ void TrainingRun::checkpoint(int step, bool log_point) {
     nlohmann::json meta = checkpoint_meta(step, cfg_, opt_, run_.global_batch, *train_data_, val_data_.get(), eo_.lora,
                                           base_digest_);
     meta["run_id"] = run_id_;
+    if (last_step_ > 0 && std::isfinite(last_loss_)) meta["loss"] = last_loss_;   // the resume's yardstick
     if (!data_.tokenizer.empty()) {   // memfit export copies its files, if they are still these
         meta["tokenizer"] = data_.tokenizer;
         meta["tokenizer_files"] = tokenizer_file_digests(data_.tokenizer);

@@ -23,11 +23,12 @@ struct NonFinite {
     }
 };
 
-// Counts NaN and +-inf; with `non_negative`, negative values count too (AdamW's second moment).
-inline NonFinite find_non_finite(const float * x, size_t n, bool non_negative = false) {
+// Counts NaN and +-inf; with `non_negative`, negative values count too (AdamW's second moment);
+// with a `limit`, values whose magnitude passes it (implausible for what the array holds).
+inline NonFinite find_non_finite(const float * x, size_t n, bool non_negative = false, float limit = INFINITY) {
     NonFinite r;
     for (size_t i = 0; i < n; ++i) {
-        if (std::isfinite(x[i]) && !(non_negative && x[i] < 0)) continue;
+        if (std::isfinite(x[i]) && !(non_negative && x[i] < 0) && std::fabs(x[i]) <= limit) continue;
         if (r.count++ == 0) r.first = i, r.value = x[i];
     }
     return r;

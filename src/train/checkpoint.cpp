@@ -446,17 +446,22 @@ TrainState read_state_range(const std::string & dir, const nlohmann::json & meta
 TrainState load_state_range(const std::string & dir, const nlohmann::json & meta, size_t lo, size_t hi) {
     TrainState s = read_state_range(dir, meta, lo, hi);
     // A state its digests vouch for can still hold what a diverged run wrote (or come from before
-    // digests): AdamW would turn it into NaN weights at the first update.
-    const std::pair<const char *, const std::vector<float> *> parts[] = {
-        {"parameters", &s.params}, {"first moments", &s.m}, {"second moments", &s.v}};
-    for (const auto & [what, v] : parts) {
-        const bool second = v == &s.v;
-        NonFinite bad = find_non_finite(v->data(), v->size(), second);
+    // digests): AdamW would turn it into NaN weights at the first update. The bounds are far past
+    // what training leaves (weights of order 1, moments of the gradients' size) and catch a flipped
+    // exponent bit: 1e8 for a weight, 1e10 for a first moment, 1e20 (its square) for a second.
+    struct Part { const char * what; const std::vector<float> * v; bool non_negative; float limit; };
+    const Part parts[] = {{"parameters", &s.params, false, 1e8f}, {"first moments", &s.m, false, 1e10f},
+                          {"second moments", &s.v, true, 1e20f}};
+    for (const Part & p : parts) {
+        NonFinite bad = find_non_finite(p.v->data(), p.v->size(), p.non_negative, p.limit);
         bad.first += lo;   // an element of the whole state
-        if (bad)
+        if (bad) {
+            const std::string kind = fmt::format("implausible (non-finite{} or above {:g})",
+                                                 p.non_negative ? ", negative" : "", p.limit);
             throw FormatError(fmt::format("{}: the {} hold {}; the run had diverged when it was written, or it is "
                                           "corrupt: resume from an earlier checkpoint",
-                                          dir, what, bad.describe(second ? "non-finite or negative" : "non-finite")));
+                                          dir, p.what, bad.describe(kind.c_str())));
+        }
     }
     return s;
 }

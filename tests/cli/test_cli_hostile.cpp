@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_util.h"
+#include "train/checkpoint.h"
 
 using namespace cli_test;
 
@@ -261,4 +262,33 @@ TEST(CliHostile, CheckpointTrustBoundary) {
     const CmdResult x3 = run_memfit("export " + ckpt + " --out " + e3.string() + " --allow-unverified");
     EXPECT_EQ(x3.code, 0) << x3.err;
     EXPECT_NE(x3.err.find("records no digests: loaded unverified"), std::string::npos) << x3.err;
+}
+
+// A checkpoint whose digests vouch for a damaged state (as a faulty host would write it): the
+// weights scaled 30x, finite and within the plausibility bounds. The resumed loss is orders of
+// magnitude above the one the checkpoint recorded: the run stops naming the checkpoint, not --lr.
+// The undamaged checkpoint resumes as before.
+TEST(CliHostile, ResumedLossThatExplodesNamesTheCheckpoint) {
+    const fs::path text = small_text("resumed.txt"), data = scratch("resumed_data"), run = scratch("resumed_run");
+    ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    const std::string flags = "train --quiet --model nano --seq 32 --batch 2 --eval-every 0 --sample 0 --data " +
+                              data.string();
+    const CmdResult t = run_memfit(flags + " --steps 3 --checkpoint-every 3 --out " + run.string());
+    ASSERT_EQ(t.code, 0) << t.err;
+    const fs::path root = run / "checkpoints", dir = root / "step-000003";
+    memfit::Checkpoint ck = memfit::load_checkpoint(dir.string());
+    ASSERT_TRUE(ck.meta.contains("loss")) << ck.meta.dump();
+    const double recorded = ck.meta["loss"].get<double>();
+    EXPECT_GT(recorded, 0.5);
+    const CmdResult good = run_memfit(flags + " --steps 5 --out " + scratch("resumed_good").string() + " --resume " +
+                                      dir.string());
+    EXPECT_EQ(good.code, 0) << good.err;
+    for (float & w : ck.state.params) w *= 30;
+    fs::remove_all(dir);
+    memfit::save_checkpoint(root.string(), ck, 1);
+    const CmdResult bad = run_memfit(flags + " --steps 5 --out " + scratch("resumed_bad").string() + " --resume " +
+                                     dir.string());
+    expect_clean_failure(bad, "the checkpoint " + dir.string() + " recorded at step 3: the resumed state does not "
+                              "continue its run");
+    EXPECT_EQ(bad.err.find("--lr"), std::string::npos) << bad.err;
 }

@@ -132,12 +132,16 @@ TEST(Checkpoint, NonFiniteStateIsRefusedOnLoad) {
     struct Case {
         const char * part;
         float value;
-        const char * needle;
+        std::string needle;
     };
-    for (const Case & c : {Case{"params", NAN, "the parameters hold 1 non-finite value (the first, element 9, is nan)"},
-                           Case{"m", INFINITY, "the first moments hold 1 non-finite value (the first, element 9"},
-                           Case{"v", -1.0f, "the second moments hold 1 non-finite or negative value (the first, "
-                                            "element 9, is -1)"}}) {
+    const std::string pw = "the parameters hold 1 implausible (non-finite or above 1e+08) value (the first, element 9, ";
+    const std::string mw = "the first moments hold 1 implausible (non-finite or above 1e+10) value (the first, element 9";
+    const std::string vw = "the second moments hold 1 implausible (non-finite, negative or above 1e+20) value (the first, "
+                          "element 9, is ";
+    const std::vector<Case> cases = {{"params", NAN, pw + "is nan)"}, {"m", INFINITY, mw}, {"v", -1.0f, vw + "-1)"},
+                                     // Finite but implausible: a flipped exponent bit.
+                                     {"params", -3e9f, pw + "is -3000000000)"}, {"m", 2e12f, mw}, {"v", 1e30f, vw + "1e+30)"}};
+    for (const Case & c : cases) {
         fs::remove_all(root);
         Checkpoint ck = make(3);
         std::vector<float> & v = std::string(c.part) == "params" ? ck.state.params
