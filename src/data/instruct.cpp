@@ -69,28 +69,33 @@ size_t turn_start(const ChatFormat & f, const ojson & messages, const ojson & to
                                   k));
 }
 
-// Every assistant turn's start in `text` (the whole conversation) from one more render, so that a
-// conversation of n turns costs two renders, not n: each assistant message's content is prefixed
-// with a marker of its own; where the markers land, less the markers before them, are the turns'
-// starts, when taking the markers out gives `text` back exactly. nullopt when it does not (a
-// template that looks into the content), when content holds the marker's byte, or is not a
-// string: the caller then finds the turns one by one (turn_start).
-std::optional<std::vector<size_t>> marked_turn_starts(const ChatFormat & f, const ojson & messages, const ojson & tools,
-                                                      const std::string & text) {
-    constexpr char kOpen = '\x1e', kClose = '\x1f';
+// Every assistant turn's start and content's end in `text` (the whole conversation) from one more
+// render, so that a conversation of n turns costs two renders, not n: each assistant message's
+// content is wrapped in markers of its own; where the markers land, less the markers before them,
+// are the turns' starts and their contents' ends, when taking the markers out gives `text` back
+// exactly. nullopt when it does not (a template that looks into the content), when content holds
+// a marker's byte, or is not a string: the caller then finds the turns one by one (turn_start).
+struct MarkedTurns {
+    std::vector<size_t> starts, content_ends;   // per message; npos for those not the assistant's
+};
+std::optional<MarkedTurns> marked_turns(const ChatFormat & f, const ojson & messages, const ojson & tools,
+                                        const std::string & text) {
+    constexpr char kOpen = '\x1e', kEnd = '\x1d', kClose = '\x1f';
     ojson marked = messages;
     for (size_t k = 0; k < messages.size(); ++k) {
         if (messages[k].value("role", "") != "assistant") continue;
         if (!messages[k].contains("content") || !messages[k]["content"].is_string()) return std::nullopt;
         const std::string & c = messages[k]["content"].get_ref<const std::string &>();
-        if (c.find(kOpen) != std::string::npos || c.find(kClose) != std::string::npos) return std::nullopt;
-        marked[k]["content"] = kOpen + std::to_string(k) + kClose + c;
+        if (c.find_first_of(std::string{kOpen, kEnd, kClose}) != std::string::npos) return std::nullopt;
+        const std::string id = std::to_string(k);
+        marked[k]["content"] = kOpen + id + kClose + c + kEnd + id + kClose;
     }
     const std::string m = f.chat->render(chat_vars(f, marked, tools, false));
-    std::vector<size_t> starts(messages.size(), std::string::npos);
+    MarkedTurns t{std::vector<size_t>(messages.size(), std::string::npos),
+                  std::vector<size_t>(messages.size(), std::string::npos)};
     size_t plain = 0;   // bytes of `text` matched so far
     for (size_t i = 0; i < m.size();) {
-        if (m[i] != kOpen) {
+        if (m[i] != kOpen && m[i] != kEnd) {
             if (plain >= text.size() || text[plain] != m[i]) return std::nullopt;
             ++plain, ++i;
             continue;
@@ -98,14 +103,27 @@ std::optional<std::vector<size_t>> marked_turn_starts(const ChatFormat & f, cons
         const size_t close = m.find(kClose, i);
         if (close == std::string::npos || close == i + 1 || close - i > 12) return std::nullopt;
         const size_t k = std::stoul(m.substr(i + 1, close - i - 1));
-        if (k >= starts.size() || starts[k] != std::string::npos) return std::nullopt;   // a marker rendered twice
-        starts[k] = plain;
+        std::vector<size_t> & at = m[i] == kOpen ? t.starts : t.content_ends;
+        if (k >= at.size() || at[k] != std::string::npos) return std::nullopt;   // a marker rendered twice
+        at[k] = plain;
         i = close + 1;
     }
     if (plain != text.size()) return std::nullopt;
     for (size_t k = 0; k < messages.size(); ++k)
-        if (messages[k].value("role", "") == "assistant" && starts[k] == std::string::npos) return std::nullopt;
-    return starts;
+        if (messages[k].value("role", "") == "assistant" &&
+            (t.starts[k] == std::string::npos || t.content_ends[k] == std::string::npos || t.content_ends[k] < t.starts[k]))
+            return std::nullopt;
+    return t;
+}
+
+// Where assistant turn k, starting at `begin`, ends in `text` by rendering the conversation up to
+// it (for a template with no end-of-turn text): where that render and `text` part.
+size_t turn_end_one_by_one(const ChatFormat & f, const ojson & messages, const ojson & tools, size_t k, size_t begin,
+                           const std::string & text) {
+    const std::string upto = f.chat->render(chat_vars(f, first(messages, k + 1), tools, false));
+    size_t end = begin;
+    while (end < upto.size() && end < text.size() && upto[end] == text[end]) ++end;
+    return end;
 }
 
 // The text after the assistant's content in a one-turn probe: what closes a turn.
@@ -247,6 +265,16 @@ RenderedChat render_chat(const ChatFormat & f, const ojson & messages, const ojs
     MF_ASSERT(f.chat);
     RenderedChat rc;
     rc.text = f.chat->render(chat_vars(f, messages, tools, false));
+    rc.renders = 1;
+    // The one-by-one searches, each a render of the conversation up to a turn (counted).
+    const auto start_of = [&](size_t k) {
+        ++rc.renders;
+        return turn_start(f, messages, tools, k, rc.text);
+    };
+    const auto end_of = [&](size_t k, size_t begin) {
+        ++rc.renders;
+        return turn_end_one_by_one(f, messages, tools, k, begin, rc.text);
+    };
     // The turns' starts from one marked render (two renders for any number of turns, not one per
     // turn), when it agrees with the one-by-one search on the first and the next-to-last trained
     // turns; the last one, which templates treat apart (Qwen3 opens an empty think block there),
@@ -254,26 +282,40 @@ RenderedChat render_chat(const ChatFormat & f, const ojson & messages, const ojs
     std::vector<size_t> trained;
     for (size_t k = train_from; k < messages.size(); ++k)
         if (messages[k].value("role", "") == "assistant") trained.push_back(k);
-    std::optional<std::vector<size_t>> starts;
-    if (trained.size() > 2 && search == TurnSearch::marked) starts = marked_turn_starts(f, messages, tools, rc.text);
-    if (starts) {
-        for (const size_t k : {trained.front(), trained[trained.size() - 2]})
-            if ((*starts)[k] != turn_start(f, messages, tools, k, rc.text)) starts.reset();
-        if (starts) (*starts)[trained.back()] = turn_start(f, messages, tools, trained.back(), rc.text);
+    std::optional<MarkedTurns> marks;
+    if (trained.size() > 2 && search == TurnSearch::marked) {
+        marks = marked_turns(f, messages, tools, rc.text);
+        ++rc.renders;
     }
-    rc.marked = starts.has_value();
+    if (marks) {
+        for (const size_t k : {trained.front(), trained[trained.size() - 2]})
+            if (marks->starts[k] != start_of(k)) marks.reset();
+        if (marks) marks->starts[trained.back()] = start_of(trained.back());
+    }
+    // No end-of-turn text: a turn ends a fixed number of bytes after its content, learnt on the
+    // first trained turn and checked on the next-to-last and the last; else each turn one by one.
+    std::optional<size_t> after_content;
+    if (marks && f.end_of_turn.empty()) {
+        const auto one_by_one = [&](size_t k) { return end_of(k, marks->starts[k]); };
+        const size_t k0 = trained.front();
+        const size_t end0 = one_by_one(k0);
+        if (end0 >= marks->content_ends[k0]) after_content = end0 - marks->content_ends[k0];
+        for (const size_t k : {trained[trained.size() - 2], trained.back()})
+            if (after_content && one_by_one(k) != std::min(rc.text.size(), marks->content_ends[k] + *after_content))
+                after_content.reset();
+    }
+    rc.marked = marks.has_value() && (!f.end_of_turn.empty() || after_content.has_value());
     size_t done = 0;   // the end of the last span
     for (const size_t k : trained) {
-        const size_t begin = std::max(starts ? (*starts)[k] : turn_start(f, messages, tools, k, rc.text), done);
+        const size_t begin = std::max(marks ? marks->starts[k] : start_of(k), done);
         size_t end = rc.text.size();
         if (!f.end_of_turn.empty()) {
             const size_t at = rc.text.find(f.end_of_turn, begin);
             if (at != std::string::npos) end = at + f.end_of_turn.size();
+        } else if (after_content) {
+            end = std::min(rc.text.size(), marks->content_ends[k] + *after_content);
         } else {
-            // No marker: the turn ends where the conversation up to it ends.
-            const std::string upto = f.chat->render(chat_vars(f, first(messages, k + 1), tools, false));
-            end = begin;
-            while (end < upto.size() && end < rc.text.size() && upto[end] == rc.text[end]) ++end;
+            end = end_of(k, begin);
         }
         if (end > begin) rc.spans.emplace_back(begin, end);
         done = end;

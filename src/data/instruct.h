@@ -71,6 +71,7 @@ struct RenderedChat {
     std::string text;
     std::vector<std::pair<size_t, size_t>> spans;
     bool marked = false;   // the turns came from the marked render (TurnSearch below)
+    int renders = 0;       // the template's renders it took (a few, whatever the turns, when marked)
 };
 // messages: a JSON array; turns from message `train_from` on train (0: every assistant turn).
 // ConfigError when the template fails or renders a turn's generation prompt differently from the

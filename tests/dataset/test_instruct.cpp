@@ -249,10 +249,32 @@ TEST(Instruct, MarkedTurnSearchEqualsOneByOne) {
         EXPECT_EQ(fast.spans, slow.spans);
         EXPECT_EQ(fast.spans.size(), 12u);
         marked += fast.marked;
+        if (fast.marked) {
+            EXPECT_LE(fast.renders, 8);
+        }
         // From a later message on (a prompt-completion record's completion).
         EXPECT_EQ(render_chat(f, messages, nullptr, 9).spans, render_chat(f, messages, nullptr, 9, TurnSearch::one_by_one).spans);
         ++compared;
     }
     EXPECT_GE(compared, 7);
     EXPECT_GE(marked, 5);   // the fast path is the one taken, not the fallback
+    // Templates with no end-of-turn text (a blank line, or nothing, after the content): the turn's
+    // end is learnt on the first turn and checked on the last two, not found by rendering up to
+    // each turn (quadratic in the turns).
+    for (const char * source :
+         {"{% for m in messages %}{{ m.role }}: {{ m.content }}\n\n{% endfor %}"
+          "{% if add_generation_prompt %}assistant: {% endif %}",
+          "{% for m in messages %}{% if m.role == 'assistant' %}Bot:{{ m.content }}{% else %}\n{{ m.role }}> "
+          "{{ m.content }}\n{% endif %}{% endfor %}{% if add_generation_prompt %}Bot:{% endif %}"}) {
+        SCOPED_TRACE(source);
+        const ChatFormat f = make_chat_format(source, "plain", TokenizerConfig{}, bytes);
+        EXPECT_EQ(f.end_of_turn, "");
+        const RenderedChat slow = render_chat(f, messages, nullptr, 0, TurnSearch::one_by_one);
+        const RenderedChat fast = render_chat(f, messages, nullptr);
+        EXPECT_EQ(fast.spans, slow.spans);
+        EXPECT_EQ(fast.spans.size(), 12u);
+        EXPECT_TRUE(fast.marked);
+        EXPECT_LE(fast.renders, 8);   // whatever the turns; one by one, one or two per turn
+        EXPECT_GE(slow.renders, 24);
+    }
 }
