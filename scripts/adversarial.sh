@@ -7,12 +7,12 @@
 # did not hold; exits non-zero when one did not.
 #
 # Usage: bash scripts/adversarial.sh [MEMFIT] [SECTION...]   (default: build/memfit, all sections)
-# Sections: flags config checkpoints commands kills.   About 10 minutes on 2 cores; python3 writes
-# the mangled JSON files.
+# Sections: flags config checkpoints commands kills hostile (scripts/adversarial_hostile.sh: files
+# from strangers).   About 15 minutes on 2 cores; python3 writes the mangled JSON files.
 set -uo pipefail
 MEMFIT=$(realpath "${1:-build/memfit}")
 shift || true
-SECTIONS=${*:-flags config checkpoints commands kills}
+SECTIONS=${*:-flags config checkpoints commands kills hostile}
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 W=$(mktemp -d "${TMPDIR:-/tmp}/memfit_adversarial.XXXXXX")
 trap 'rm -rf "$W"' EXIT
@@ -351,6 +351,8 @@ section_kills() {
     done
 }
 
+# shellcheck source=scripts/adversarial_hostile.sh
+. "$SRC/scripts/adversarial_hostile.sh"
 for s in $SECTIONS; do
     start=$SECONDS
     "section_$s"

@@ -67,7 +67,7 @@ std::string rank_block(const nlohmann::json & plan, const nlohmann::json & now, 
 
 // The run's process exists, is no zombie (killed, not yet reaped), and is the one run.json names:
 // it started when run.json says (a pid reused by another process since is not the run; a
-// run.json without "pid_start", an older memfit's, is judged by the pid alone).
+// run.json without "pid_start", an older memfit's, by the process's name).
 bool process_alive(const nlohmann::json & run) {
     const long pid = run.contains("pid") && run["pid"].is_number_integer() ? run["pid"].get<long>() : 0;
     if (pid <= 0 || (::kill(pid_t(pid), 0) != 0 && errno != EPERM)) return false;
@@ -76,8 +76,13 @@ bool process_alive(const nlohmann::json & run) {
     const size_t paren = text.rfind(')');   // "pid (comm) S ...": the state follows the name
     if (paren != std::string::npos && paren + 2 < text.size() && (text[paren + 2] == 'Z' || text[paren + 2] == 'X'))
         return false;
-    if (!run.contains("pid_start") || !run["pid_start"].is_number_unsigned()) return true;
-    return process_start_ticks(pid) == run["pid_start"].get<uint64_t>();
+    if (run.contains("pid_start") && run["pid_start"].is_number_unsigned())
+        return process_start_ticks(pid) == run["pid_start"].get<uint64_t>();
+    // An older memfit's run.json: the process must at least be a memfit.
+    std::ifstream comm(fmt::format("/proc/{}/comm", pid));
+    std::string name;
+    std::getline(comm, name);
+    return name.starts_with("memfit");
 }
 
 // The file's JSON, or a discarded value when it is missing, being written, or not bounded JSON.
@@ -205,8 +210,13 @@ int run_monitor(const MonitorOptions & opt) {
             shown_step = step;
             shown_state = state;
         }
-        if (opt.once) return 0;
-        if (!alive) return summary ? 0 : 1;
+        if (!alive && !summary) {
+            std::fprintf(stderr, "memfit: error: the run in %s is not running and wrote no summary.json: it failed or "
+                                 "was killed (its last lines are in %s)\n",
+                         opt.run_dir.c_str(), (dir / "metrics.jsonl").c_str());
+            return 1;
+        }
+        if (opt.once || !alive) return 0;
         std::this_thread::sleep_for(pause);
         // A resumed run (a new process in the same folder) rewrites run.json.
         if (const nlohmann::json again = read_json(run_path); again.is_object() && again.value("pid", 0L) != run.value("pid", 0L)) {

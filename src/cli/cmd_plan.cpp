@@ -248,9 +248,11 @@ void add_plan_commands(CLI::App & app) {
         ->expected(0, 1)
         ->default_str("presets");
     p->add_option("--emit-config", f.emit_config,
-                  "write the best row as memfit's config file (memfit train --config FILE runs it)");
+                  "write the best row as memfit's config file (memfit train --config FILE runs it)")
+        ->check(kPath);
     p->add_option("--emit-deepspeed", f.emit_deepspeed,
-                  "write the best row as a DeepSpeed config (ds_config.json); what it cannot say is printed");
+                  "write the best row as a DeepSpeed config (ds_config.json); what it cannot say is printed")
+        ->check(kPath);
     CLI::Option * calibration =
         p->add_option("--calibration", f.calibration,
                       "the cpu entry's measurements (memfit bench --calibrate; \"\": none)")

@@ -22,6 +22,9 @@ std::string read_whole_file(const std::string & path, const std::string & what, 
     if (!std::filesystem::exists(path, ec)) throw IoError(fmt::format("{}: no such file; {}", path, missing_hint));
     if (std::filesystem::is_directory(path, ec))
         throw IoError(fmt::format("{}: is a folder, expected {}", path, what));
+    // A pipe or a device (/dev/zero) never ends or blocks: only a file whose size is known.
+    if (!std::filesystem::is_regular_file(path, ec))
+        throw IoError(fmt::format("{}: not a regular file (a pipe or a device?), expected {}", path, what));
     std::ifstream in(path, std::ios::binary);
     if (!in) throw IoError(fmt::format("{}: cannot open for reading; check its permissions", path));
     std::ostringstream ss;

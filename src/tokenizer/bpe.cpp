@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <filesystem>
 #include <fstream>
 #include <queue>
 #include <sstream>
@@ -40,15 +41,11 @@ const std::vector<int> & codepoint_to_byte() {
 }  // namespace
 
 std::string read_tokenizer_file(const std::string & path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec))
         throw IoError(fmt::format("{}: cannot open tokenizer file; set MEMFIT_DATA_DIR to memfit's data folder",
                                   path));
-    }
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    if (in.bad()) throw IoError(fmt::format("{}: read failed", path));
-    return ss.str();
+    return read_text_file(path);   // a regular file, at most kMaxJsonFileBytes
 }
 
 bool byte_alphabet_to_bytes(std::string_view s, std::string & out) {

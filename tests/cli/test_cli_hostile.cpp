@@ -292,3 +292,34 @@ TEST(CliHostile, ResumedLossThatExplodesNamesTheCheckpoint) {
                               "continue its run");
     EXPECT_EQ(bad.err.find("--lr"), std::string::npos) << bad.err;
 }
+
+// Pipes and devices where a file goes never block or stream forever (they used to: prepare
+// --input /dev/zero, a FIFO as --input or --tokenizer); monitor names a run.json whose process is
+// not a memfit (an older run.json, without "pid_start", whose pid was reused) and a run that
+// ended without summary.json, with --once too; --emit-config "" is refused like --out "".
+TEST(CliHostile, SpecialFilesAndDeadRunsAreOneLine) {
+    const fs::path dir = scratch("special");
+    fs::create_directories(dir);
+    const std::string fifo = (dir / "fifo.jsonl").string();
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+    const std::string qwen = std::string(MEMFIT_TEST_DATA) + "/hf-tokenizers/qwen3/tokenizer.json";
+    for (const std::string & input : {std::string("/dev/zero"), fifo}) {
+        expect_clean_failure(run_memfit("prepare --format jsonl --tokenizer " + qwen + " --input " + input + " --out " +
+                                        (dir / "o1").string()),
+                             "not a regular file (a pipe or a device?)");
+        expect_clean_failure(run_memfit("prepare --format text --tokenizer bytes --input " + input + " --out " +
+                                        (dir / "o2").string()),
+                             "not a regular file (a pipe or a device?)");
+    }
+    const std::string fifo_tok = (dir / "tokenizer.json").string();
+    ASSERT_EQ(::mkfifo(fifo_tok.c_str(), 0600), 0);
+    expect_clean_failure(run_memfit("prepare --tokenizer " + fifo_tok + " --out " + (dir / "o3").string()),
+                         "not a regular file (a pipe or a device?)");
+
+    const fs::path run = scratch("special_run");
+    fs::create_directories(run);
+    std::ofstream(run / "run.json") << "{\"pid\": " << getppid() << "}";   // alive, not a memfit
+    expect_clean_failure(run_memfit("monitor " + run.string() + " --wait 1"), "is not running and wrote no summary.json");
+    expect_clean_failure(run_memfit("monitor " + run.string() + " --once"), "is not running and wrote no summary.json");
+    expect_clean_failure(run_memfit("plan --model nano --hardware cpu --emit-config ''"), "--emit-config");
+}
