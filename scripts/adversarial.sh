@@ -98,7 +98,7 @@ section_flags() {
     try flags error "$MEMFIT" "${T[@]}" --global-batch 3 --micro-batch 2 --out "$(out)"
     try flags error "$MEMFIT" "${T[@]}" --batch 2 --micro-batch 4 --out "$(out)"
     try flags error "$MEMFIT" "${T[@]}" --precision auto --out "$(out)"
-    try flags error "$MEMFIT" "${T[@]}" --optimizer sgd --out "$(out)"
+    try flags ok "$MEMFIT" "${T[@]}" --optimizer sgd --out "$(out)"   # SGD with momentum trains (issue 24)
     try flags error "$MEMFIT" "${T[@]}" --offload optimizer --out "$(out)"
     try flags error "$MEMFIT" "${T[@]}" --lora-rank 4 --base-weights bf16 --precision fp16 --out "$(out)"
     try flags error "$MEMFIT" "${T[@]}" --sp --out "$(out)"
