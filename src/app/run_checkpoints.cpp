@@ -92,7 +92,7 @@ std::string json_differences(const nlohmann::json & theirs, const nlohmann::json
 // The LoRA base a checkpoint's adapters were trained on and this run's: the same weights (by
 // digest; checkpoints from before digests, by folder), or both the seed's initialisation.
 void check_same_base(const std::string & path, const nlohmann::json & theirs, const nlohmann::json & ours) {
-    const std::string their_dir = theirs.value("base_model", ""), our_dir = ours.value("base_model", "");
+    const std::string their_dir = json_string_or(theirs, "base_model"), our_dir = json_string_or(ours, "base_model");
     const std::string their_digest = theirs.value(kBaseDigestKey, ""), our_digest = ours.value(kBaseDigestKey, "");
     auto name = [](const std::string & dir) { return dir.empty() ? std::string("the seed's initialisation") : dir; };
     const bool same = their_dir.empty() || our_dir.empty() ? their_dir == our_dir
@@ -196,7 +196,7 @@ void check_own_checkpoints(const std::string & root, const std::string & run_id)
     } catch (const IoError &) {
         return;   // none yet
     }
-    const std::string theirs = load_checkpoint_meta(newest).value("run_id", "");
+    const std::string theirs = json_string_or(load_checkpoint_meta(newest), "run_id");
     if (theirs != run_id)
         throw ConfigError(fmt::format("{} holds the checkpoints of another run (newest {}): --resume {} continues it; "
                                       "a new run needs another --out or --checkpoint-dir (or remove them)",

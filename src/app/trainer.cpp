@@ -531,7 +531,7 @@ void TrainingRun::build() {
     if (!resume_.empty()) {
         const std::string dir = find_checkpoint(resume_);
         const nlohmann::json meta = load_checkpoint_meta(dir);
-        run_id_ = meta.value("run_id", "");
+        run_id_ = json_string_or(meta, "run_id");
         skip_batches_ = read_skipped_batches(dir);
         const auto loss = meta.contains("loss") ? json_number<double>(meta["loss"]) : std::nullopt;
         resumed_ = ResumedLoss{dir, first_step_ - 1, loss ? *loss : NAN, 2 * std::log(double(cfg_.vocab_size))};

@@ -55,4 +55,10 @@ T json_get_in(const nlohmann::json & j, const char * key, const std::string & wh
     return x;
 }
 
+// j[key] when it is a string, else `fallback` (missing, null, or another kind: a hostile file's
+// number where a name goes must not raise the JSON library's type_error).
+inline std::string json_string_or(const nlohmann::json & j, const char * key, const std::string & fallback = "") {
+    return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : fallback;
+}
+
 }  // namespace memfit

@@ -55,10 +55,10 @@ ChatTemplate::ChatTemplate(const std::string & source) {
 
 const std::string & ChatTemplate::source() const { return compiled_->source; }
 
-std::string ChatTemplate::render(const nlohmann::ordered_json & vars) const {
+std::string ChatTemplate::render(const nlohmann::ordered_json & vars, const RenderBudgets & budgets) const {
     if (!vars.is_object()) throw ConfigError("chat template: the variables to render with are not a JSON object");
     const Value v = to_value(vars);
-    jinja::Context ctx(*v.dict);
+    jinja::Context ctx(*v.dict, budgets);
     std::string out;
     ctx.out = &out;
     try {

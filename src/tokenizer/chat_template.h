@@ -33,6 +33,14 @@
 
 namespace memfit {
 
+// A template is a program from a stranger: what one render may spend (docs/reliability.md), on
+// top of the size limits on any one string or list (jinja_value.h). Past one: a ConfigError.
+struct RenderBudgets {
+    uint64_t steps = 20'000'000;           // statements, loop iterations and macro calls
+    uint64_t bytes = uint64_t(2) << 30;    // the strings its expressions make (built or copied), in all
+    int seconds = 60;                      // wall time, the last resort
+};
+
 class ChatTemplate {   // compiled once, rendered many times; render is const and thread-safe
 public:
     // FormatError "chat template line N: ..." for syntax it does not implement, or malformed.
@@ -44,7 +52,7 @@ public:
     // keys). An error while rendering is a ConfigError: raise_exception(msg) gives
     // "chat template: " + msg, other errors (an Undefined used where jinja2 raises, a type
     // error) "chat template line N: " + Python's message.
-    std::string render(const nlohmann::ordered_json & vars) const;
+    std::string render(const nlohmann::ordered_json & vars, const RenderBudgets & budgets = {}) const;
 
     const std::string & source() const;
 

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_num.h"
 #include "core/json_read.h"
 #include "tokenizer/tokenizer_config.h"
 
@@ -66,8 +67,8 @@ public:
             if (!pt.contains("pattern") || !pt["pattern"].is_object() || !pt["pattern"].contains("Regex") ||
                 !pt["pattern"]["Regex"].is_string())
                 unsupported("a Split whose pattern is not a Regex");
-            if (pt.value("behavior", "") != "Isolated")
-                unsupported(fmt::format("Split's behavior \"{}\"", pt.value("behavior", "")));
+            if (json_string_or(pt, "behavior") != "Isolated")
+                unsupported(fmt::format("Split's behavior {}", pt.contains("behavior") ? pt["behavior"].dump() : "(none)"));
             if (flag(pt, "invert")) unsupported("Split's invert: true");
             p.patterns.push_back(pt["pattern"]["Regex"].get<std::string>());
             return false;

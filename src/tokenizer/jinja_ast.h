@@ -5,6 +5,7 @@
 // Context. Internal to src/tokenizer/.
 #pragma once
 
+#include <chrono>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -14,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "tokenizer/chat_template.h"
 #include "tokenizer/jinja_value.h"
 
 namespace memfit::jinja {
@@ -30,7 +32,7 @@ struct Scope {
 
 class Context {
 public:
-    explicit Context(const Dict & render_vars);
+    Context(const Dict & render_vars, const RenderBudgets & budgets);
     Context(const Context &) = delete;
     Context & operator=(const Context &) = delete;
 
@@ -44,15 +46,21 @@ public:
     Scope * push_scope(Scope * parent);
     // Leaves `s`, the newest scope, unless a macro keeps it: its memory is reused.
     void leave_scope(Scope * s);
-    // One statement or macro call; RenderError past kMaxRenderSteps.
+    // One statement, loop iteration or macro call; RenderError past budgets.steps, or once the
+    // render has run budgets.seconds (checked every 4096 steps).
     void step();
+    // A string of `bytes` made by an expression (each is built or copied): RenderError once the
+    // render's total passes budgets.bytes (a loop copying a 60 MB string 100,000 times).
+    void charge(uint64_t bytes);
     // A name: the scopes outwards, then the render's variables, then the globals.
     Value lookup(const std::string & name) const;
 
 private:
     const Dict & vars_;
+    const RenderBudgets budgets_;
     std::deque<Scope> scopes_;
-    uint64_t steps_ = 0;
+    uint64_t steps_ = 0, bytes_ = 0;
+    std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
 // ---- expressions -------------------------------------------------------------------------------

@@ -8,11 +8,15 @@
 
 #include "tokenizer/jinja_ast.h"
 
+#include "core/units.h"
+
 namespace memfit::jinja {
 
 // ---- context -------------------------------------------------------------------------------------
 
-Context::Context(const Dict & render_vars) : vars_(render_vars) { scope = push_scope(nullptr); }
+Context::Context(const Dict & render_vars, const RenderBudgets & budgets) : vars_(render_vars), budgets_(budgets) {
+    scope = push_scope(nullptr);
+}
 
 Scope * Context::push_scope(Scope * parent) {
     scopes_.emplace_back();
@@ -27,9 +31,18 @@ void Context::leave_scope(Scope * s) {
 }
 
 void Context::step() {
-    if (++steps_ > kMaxRenderSteps)
-        throw RenderError(fmt::format("the template ran more than {} statements and macro calls (a loop or recursion "
-                                      "that large is refused)", kMaxRenderSteps));
+    if (++steps_ > budgets_.steps)
+        throw RenderError(fmt::format("the template ran more than {} statements, loop iterations and macro calls (a "
+                                      "loop or recursion that large is refused)", budgets_.steps));
+    if (steps_ % 4096 == 0 && std::chrono::steady_clock::now() - start_ > std::chrono::seconds(budgets_.seconds))
+        throw RenderError(fmt::format("the template ran for more than {} s on one conversation", budgets_.seconds));
+}
+
+void Context::charge(uint64_t bytes) {
+    bytes_ += bytes;
+    if (bytes_ > budgets_.bytes)
+        throw RenderError(fmt::format("the template's expressions made more than {} of strings on one conversation "
+                                      "(a loop copying a long string that often is refused)", format_bytes(budgets_.bytes)));
 }
 
 Value Context::lookup(const std::string & name) const {
@@ -93,6 +106,11 @@ Value repeat(const Value & seq, int64_t n) {
         for (int64_t k = 0; k < n; ++k) out += seq.s;
         return Value::string(std::move(out));
     }
+    uint64_t bytes = 0;
+    for (const Value & v : *seq.list) bytes += v.is_str() ? v.s.size() : 0;
+    if (n > 0 && bytes > 0 && uint64_t(n) > kMaxListBytes / bytes)
+        throw RenderError(fmt::format("* would make a list holding {} bytes of strings: more than the {} MiB a chat "
+                                      "template may build", bytes * uint64_t(n), kMaxListBytes >> 20));
     std::vector<Value> out;
     for (int64_t k = 0; k < n; ++k) out.insert(out.end(), seq.list->begin(), seq.list->end());
     return Value::make_list(std::move(out), seq.type);
@@ -157,6 +175,7 @@ Value py_arith(BinaryExpr::Op op, const Value & a, const Value & b) {
                 check_list_size(a.list->size() + b.list->size(), "+");
                 std::vector<Value> out = *a.list;
                 out.insert(out.end(), b.list->begin(), b.list->end());
+                check_list_bytes(out, "+");
                 return Value::make_list(std::move(out), a.type);
             }
             if (a.is_str() || a.is_seq())
@@ -435,6 +454,7 @@ Value Expr::eval(Context & ctx) const {
     const int saved = ctx.line;
     ctx.line = line;
     Value v = do_eval(ctx);
+    if (v.is_str()) ctx.charge(v.s.size());
     ctx.line = saved;
     return v;
 }
@@ -595,6 +615,7 @@ Flow ForStmt::exec(Context & ctx) const {
     if (filter) {   // `for x in y if cond`: the loop (and its length) sees only what passes
         std::vector<Value> kept;
         for (Value & item : items) {
+            ctx.step();
             const InScope in(ctx, ctx.push_scope(outer));
             target.assign(ctx, item);
             if (truthy(filter->eval(ctx))) kept.push_back(std::move(item));
@@ -608,6 +629,7 @@ Flow ForStmt::exec(Context & ctx) const {
     const auto loop = std::make_shared<Loop>(items);
     const Value loop_value = Value::object(loop);
     for (size_t k = 0; k < items.size(); ++k) {
+        ctx.step();
         const InScope in(ctx, ctx.push_scope(outer));   // each iteration starts from the enclosing scope
         loop->index0 = k;
         ctx.scope->vars["loop"] = loop_value;

@@ -54,6 +54,14 @@ void check_list_size(uint64_t items, const char * what) {
                                       what, items, kMaxListItems));
 }
 
+void check_list_bytes(const std::vector<Value> & items, const char * what) {
+    uint64_t bytes = 0;
+    for (const Value & v : items) bytes += v.is_str() ? v.s.size() : 0;
+    if (bytes > kMaxListBytes)
+        throw RenderError(fmt::format("{} would make a list holding {} bytes of strings: more than the {} MiB a chat "
+                                      "template may build", what, bytes, kMaxListBytes >> 20));
+}
+
 Value Value::string(std::string x) {
     check_text_size(x.size(), "the template");
     Value v;

@@ -27,12 +27,13 @@ public:
 };
 
 // A template from a stranger is a program: its budgets (docs/reliability.md). Any string it
-// builds, its rendered text included, is at most kMaxTextBytes, any list kMaxListItems; a render
-// runs at most
+// builds, its rendered text included, is at most kMaxTextBytes, any list kMaxListItems (holding
+// at most kMaxListBytes of strings); a render's steps, bytes and time are RenderBudgets
+// (chat_template.h), at most
 // kMaxRenderSteps statements and macro calls. Past either: a RenderError naming the budget.
 constexpr size_t kMaxTextBytes = size_t(64) << 20;
 constexpr size_t kMaxListItems = size_t(1) << 22;   // about 100 bytes each: 400 MiB at most
-constexpr uint64_t kMaxRenderSteps = 20'000'000;
+constexpr size_t kMaxListBytes = size_t(256) << 20;       // the strings one list holds
 
 // RenderError when a string of `bytes` would pass kMaxTextBytes (checked before it is built where
 // its size is known ahead: padding, indentation, replacement, joins, repetition).
@@ -115,6 +116,9 @@ bool py_eq(const Value & a, const Value & b);
 int py_cmp(const Value & a, const Value & b, std::string_view op);
 // Python's len(); RenderError for what has none.
 int64_t py_len(const Value & v);
+// RenderError when the strings `items` holds (one level) pass kMaxListBytes.
+void check_list_bytes(const std::vector<Value> & items, const char * what);
+
 // The items of `for x in v` / list(v): a list's items, a dict's keys, a str's characters,
 // nothing for Undefined; RenderError for what is not iterable.
 std::vector<Value> iterate(const Value & v);

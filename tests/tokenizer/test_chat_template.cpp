@@ -193,8 +193,8 @@ TEST(ChatTemplate, RuntimeErrors) {
 }
 
 // A template is a program from a stranger: each way to grow a string or a list is refused at the
-// budget (64 MiB, 4M items) before it is built, and a runaway loop at 20M statements; each is one
-// line naming the template's line.
+// budget (64 MiB, 4M items, 256 MiB of strings in a list) before it is built, and a runaway loop at
+// the render's budgets; each is one line naming the template's line.
 TEST(ChatTemplate, BudgetsRefuseRunawayGrowth) {
     const std::string past_text = "more than the 64 MiB a chat template may build";
     const std::vector<std::string> text_growth = {
@@ -229,10 +229,34 @@ TEST(ChatTemplate, BudgetsRefuseRunawayGrowth) {
         EXPECT_NE(got.find("a chat template may build"), std::string::npos) << source << " -> " << got.substr(0, 200);
         EXPECT_NE(got.find("items"), std::string::npos) << source << " -> " << got.substr(0, 200);
     }
-    // Macro fan-out: each call makes two; 2^30 calls pass the statement budget long before memory.
-    const std::string fan = "{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}\n{{ f(30) }}";
-    const std::string got = render(fan);
-    EXPECT_NE(got.find("ran more than 20000000 statements and macro calls"), std::string::npos) << got;
+    // The render's budgets (smaller here than the defaults, to keep the test quick): macro fan-out
+    // and loops whose iterations run no statement (10^10 of them used to run for most of an hour)
+    // count against the steps; a loop copying a long string, against the bytes.
+    memfit::RenderBudgets small;
+    small.steps = 200'000;
+    small.bytes = uint64_t(256) << 20;
+    const auto render_small = [&](const std::string & source) {
+        try {
+            return ChatTemplate(source).render(ordered_json::object(), small);
+        } catch (const ConfigError & e) {
+            return std::string("ERROR: ") + e.what();
+        }
+    };
+    const std::string past_steps = "ran more than 200000 statements, loop iterations and macro calls";
+    for (const std::string & source :
+         {std::string("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}\n{{ f(30) }}"),
+          std::string("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"),
+          std::string("{% for i in range(9) %}{% for j in range(100000) if j < 0 %}{% endfor %}{% endfor %}")}) {
+        const std::string got = render_small(source);
+        EXPECT_NE(got.find(past_steps), std::string::npos) << source << " -> " << got;
+    }
+    const std::string copies = render_small("{% set s = 'x' * 10000000 %}{% for i in range(100000) %}{% set t = s ~ 'y' %}"
+                                            "{% endfor %}");
+    EXPECT_NE(copies.find("made more than 256.00 MiB of strings on one conversation"), std::string::npos) << copies;
+    const std::string list_copies = render("{{ ['x' * 1000000] * 1000 }}");
+    EXPECT_NE(list_copies.find("holding 1000000000 bytes of strings"), std::string::npos) << list_copies;
+    // The defaults hold the 20M steps.
+    EXPECT_EQ(memfit::RenderBudgets{}.steps, 20'000'000u);
     // Under the budgets, a template's work is as before.
     EXPECT_EQ(render("{{ ('ab' * 3).replace('', '-') }}|{{ 'x'.center(5, '*') }}"), "-a-b-a-b-a-b-|**x**");
 }

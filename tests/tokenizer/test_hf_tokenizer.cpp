@@ -124,6 +124,9 @@ TEST(HfTokenizer, WhatIsNotImplementedIsOneLineNamingIt) {
         {"pre_tokenizer", {{"type", "Metaspace"}}, "the pre_tokenizer \"Metaspace\" is not implemented"},
         {"decoder", {{"type", "WordPiece"}}, "the decoder \"WordPiece\" is not implemented"},
         {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", true}}, "add_prefix_space: true is not implemented"},
+        // A number where a name goes (found by fuzz_tokenizer: it raised the JSON library's type_error).
+        {"pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "a"}}}, {"behavior", 1}},
+         "Split's behavior 1 is not implemented"},
     };
     for (const Case & c : cases) {
         json j = tiny(json::array({"a b"}));
