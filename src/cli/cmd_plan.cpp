@@ -3,8 +3,10 @@
 // sequence, the largest micro-batch, the largest model that fits).
 #include <malloc.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <memory>
 
 #include <CLI/CLI.hpp>
@@ -60,8 +62,10 @@ PlanRequest make_request(const PlanFlags & f, const RunConfig & run, const RunFl
     r.cfg.validate();
     r.hw = find_hardware(default_hardware_catalog(f.calibration), f.hardware);
     const int node = std::max(1, r.hw.per_node);
-    r.gpus = f.gpus > 0 ? f.gpus : f.nodes > 0 ? f.nodes * node : 1;
-    r.nodes = f.nodes > 0 ? f.nodes : (r.gpus + node - 1) / node;
+    // In 64 bits: --gpus or --nodes up to 2^31 - 1 must reach check_sizes' bound, not overflow.
+    const int64_t gpus = f.gpus > 0 ? f.gpus : f.nodes > 0 ? int64_t(f.nodes) * node : 1;
+    r.gpus = int(std::min<int64_t>(gpus, std::numeric_limits<int>::max()));
+    r.nodes = f.nodes > 0 ? f.nodes : int((gpus + node - 1) / node);
     if (run.precision_auto) throw ConfigError("--precision auto: memfit plan plans one precision; name it");
     if (given.given("batch"))
         throw ConfigError("--batch: memfit plan takes --micro-batch (per data-parallel rank) and --global-batch");

@@ -289,7 +289,7 @@ RenderedChat render_chat(const ChatFormat & f, const ojson & messages, const ojs
     }
     if (marks) {
         for (const size_t k : {trained.front(), trained[trained.size() - 2]})
-            if (marks->starts[k] != start_of(k)) marks.reset();
+            if (marks && marks->starts[k] != start_of(k)) marks.reset();   // (a reset one is not read again)
         if (marks) marks->starts[trained.back()] = start_of(trained.back());
     }
     // No end-of-turn text: a turn ends a fixed number of bytes after its content, learnt on the

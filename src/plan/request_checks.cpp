@@ -56,7 +56,7 @@ void check_nodes(const PlanRequest & r) {
     if (int64_t(r.gpus) > int64_t(r.nodes) * node)
         throw ConfigError(fmt::format("--gpus {} on {} node{} of {} x {}: at most {} devices; use --nodes {}", r.gpus,
                                       r.nodes, r.nodes > 1 ? "s" : "", node, r.hw.name, int64_t(r.nodes) * node,
-                                      (r.gpus + node - 1) / node));
+                                      (int64_t(r.gpus) + node - 1) / node));
     if (r.nodes > 1 && int64_t(r.gpus) != int64_t(r.nodes) * node) {
         const int lo = std::max(1, r.gpus / node) * node, hi = (r.gpus / node + 1) * node;
         throw ConfigError(fmt::format("--gpus {} over {} nodes of {} x {}: a layout past one node uses whole nodes "

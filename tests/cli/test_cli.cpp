@@ -540,9 +540,11 @@ TEST(Cli, PlanRanksExplainsAndMatchesTraining) {
     // Extreme inputs: one line and a bound (2^31 - 1 devices used to run for minutes), or a
     // plan (a global batch of 2^31 - 1 used to grow to 24 GB recording its pipelines).
     expect_clean_failure(run_memfit("plan --gpus 2147483647"), "at most 1048576 devices");
+    expect_clean_failure(run_memfit("plan --nodes 2147483647"), "at most 1048576 devices");   // no int overflow (UBSan)
     const CmdResult huge = run_memfit("plan --global-batch 2147483647 --gpus 8 --json");
     ASSERT_EQ(huge.code, 0) << huge.err;
-    for (const auto & b : nlohmann::json::parse(huge.out)["best"])
+    const nlohmann::json huge_json = nlohmann::json::parse(huge.out);   // alive for the loop
+    for (const auto & b : huge_json["best"])
         EXPECT_LE(b["memory"]["total"].get<uint64_t>(), 80ull << 30);
     // A pipeline holds the whole step's token ids, targets and losses: 96 TiB here, so nothing
     // fits (the analytic model once listed the offloaded layouts).

@@ -124,10 +124,12 @@ TEST(PlanToRun, ContradictionsAreOneClearLine) {
     // A switch given false is fixed off, not searched.
     const CmdResult off = run_memfit("plan --model llama2-7b --gpus 8 --tp 2 --sp=false --json --top 3");
     ASSERT_EQ(off.code, 0) << off.err;
-    for (const auto & b : nlohmann::json::parse(off.out)["best"]) EXPECT_FALSE(b["layout"]["sp"].get<bool>());
+    const nlohmann::json off_json = nlohmann::json::parse(off.out);   // alive for the loop
+    for (const auto & b : off_json["best"]) EXPECT_FALSE(b["layout"]["sp"].get<bool>());
     const CmdResult no = run_memfit("plan --model llama2-7b --gpus 8 --tp 2 --no-sp --json --top 3");
     ASSERT_EQ(no.code, 0) << no.err;
-    for (const auto & b : nlohmann::json::parse(no.out)["best"]) EXPECT_FALSE(b["layout"]["sp"].get<bool>());
+    const nlohmann::json no_json = nlohmann::json::parse(no.out);   // alive for the loop
+    for (const auto & b : no_json["best"]) EXPECT_FALSE(b["layout"]["sp"].get<bool>());
 }
 
 // Every search docs/planner.md shows (each line of a code block that starts with `build/memfit
