@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/file_digest.h"
 #include "core/json_num.h"
+#include "core/json_read.h"
 #include "core/units.h"
 #include "model/hf_weights.h"
 #include "train/checkpoint.h"
@@ -139,7 +140,10 @@ int resume_checked(const std::string & path, const ModelConfig & cfg, const Trai
                                       step, opt.steps));
     const auto [lo, hi] = state_range(engine);
     engine.import_state(load_state_range(dir, m, lo, hi));
-    const auto & d = m.at("data");
+    if (!m.contains("data") || !m["data"].is_object())
+        throw FormatError(fmt::format("--resume {}: meta.json has no \"data\" object (the data loaders' positions); "
+                                      "it is not a memfit checkpoint's", path));
+    const auto & d = m["data"];
     train.seek(json_get<uint64_t>(d, "train_epoch", path), json_get<size_t>(d, "train_cursor", path));
     if (val && d.contains("val_epoch"))
         val->seek(json_get<uint64_t>(d, "val_epoch", path), json_get<size_t>(d, "val_cursor", path));
@@ -153,7 +157,7 @@ int resume_from(const std::string & path, const ModelConfig & cfg, const TrainOp
     try {
         return resume_checked(path, cfg, opt, global_batch, engine, train, val, base_digest);
     } catch (const nlohmann::json::exception & e) {   // a field of the wrong kind, or missing
-        throw FormatError(fmt::format("--resume {}: meta.json is not a checkpoint's ({})", path, e.what()));
+        throw FormatError(fmt::format("--resume {}: meta.json is not a checkpoint's ({})", path, json_error_text(e.what())));
     }
 }
 

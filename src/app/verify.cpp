@@ -76,7 +76,7 @@ VerifyReport verify_fixture(const std::string & path, double tolerance, bool che
         h.eps = json_get<float>(aj, "eps", path);
         h.weight_decay = json_get<float>(aj, "weight_decay", path);
     } catch (const nlohmann::json::exception & e) {
-        throw FormatError(fmt::format("{}: adamw metadata is missing a field ({})", path, e.what()));
+        throw FormatError(fmt::format("{}: adamw metadata is missing a field ({})", path, json_error_text(e.what())));
     }
 
     nlohmann::json errors = nlohmann::json::object();

@@ -22,18 +22,6 @@ std::pair<size_t, size_t> line_column(std::string_view text, size_t at) {
     return {line, nl == std::string_view::npos ? at : at - nl - 1};
 }
 
-// The library's message without its "[json.exception.parse_error.101] parse error at line 1,
-// column 5: " prefix: what was wrong, cut short (a last-read token can be long).
-std::string reason(const std::string & what) {
-    std::string r = what;
-    if (const size_t colon = r.find(": "); r.rfind("[json.exception", 0) == 0 && colon != std::string::npos)
-        r = r.substr(colon + 2);
-    if (r.size() > 160) r = r.substr(0, 157) + "...";
-    for (char & c : r)
-        if (static_cast<unsigned char>(c) < 0x20) c = ' ';
-    return r;
-}
-
 // Thrown from inside the parser's callback, caught below.
 struct TooDeep {};
 
@@ -71,13 +59,25 @@ Json parse_bounded(std::string_view text, const std::string & where, const JsonE
     } catch (const nlohmann::json::parse_error & e) {
         const auto [line, column] = line_column(text, e.byte > 0 ? e.byte - 1 : 0);
         throw FormatError(fmt::format("{}: not valid JSON at line {}, column {} ({})", where, line, column,
-                                      reason(e.what())));
+                                      json_error_text(e.what())));
     } catch (const nlohmann::json::exception & e) {
-        throw FormatError(fmt::format("{}: not valid JSON ({})", where, reason(e.what())));
+        throw FormatError(fmt::format("{}: not valid JSON ({})", where, json_error_text(e.what())));
     }
 }
 
 }  // namespace
+
+std::string json_error_text(const std::string & what) {
+    std::string r = what;
+    if (const size_t close = r.find("] "); r.starts_with("[json.exception") && close != std::string::npos)
+        r = r.substr(close + 2);
+    if (const size_t colon = r.find(": "); r.starts_with("parse error") && colon != std::string::npos)
+        r = r.substr(colon + 2);
+    if (r.size() > 160) r = r.substr(0, 157) + "...";
+    for (char & c : r)
+        if (static_cast<unsigned char>(c) < 0x20) c = ' ';
+    return r;
+}
 
 nlohmann::json parse_json(std::string_view text, const std::string & where, const JsonEvents<nlohmann::json> & events) {
     return parse_bounded<nlohmann::json>(text, where, events);

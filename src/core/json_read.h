@@ -40,6 +40,10 @@ nlohmann::ordered_json parse_ordered_json(std::string_view text, const std::stri
 // garbled file that the caller reports in its own words).
 std::optional<nlohmann::json> try_parse_json(std::string_view text);
 
+// The JSON library's exception text in memfit's words: without its "[json.exception.type_error.302]"
+// and "parse error at line 1, column 5:" prefixes, cut to 160 bytes, control bytes as spaces.
+std::string json_error_text(const std::string & what);
+
 // A whole file: IoError when it cannot be read (missing, a folder, a FIFO or other non-regular
 // file, larger than max_bytes: each named), then parse_json with the path as WHERE.
 std::string read_text_file(const std::string & path, uint64_t max_bytes = kMaxJsonFileBytes);

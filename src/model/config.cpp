@@ -318,7 +318,7 @@ ModelConfig parse_hf_config(const nlohmann::json & j, const std::string & name) 
                                           name, type));
         }
     } catch (const nlohmann::json::exception & e) {
-        throw ConfigError(fmt::format("{}: missing or malformed field ({})", name, e.what()));
+        throw ConfigError(fmt::format("{}: missing or malformed field ({})", name, json_error_text(e.what())));
     }
     if (c.vocab_size < 1) throw ConfigError(fmt::format("{}: vocab_size = {}, must be positive", name, c.vocab_size));
     c.trained_seq = int_field(j, kTrainedContextKey, 0, name);

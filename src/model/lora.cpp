@@ -6,6 +6,7 @@
 
 #include "backend/quant_format.h"
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/json_num.h"
 
 namespace memfit {
@@ -279,7 +280,7 @@ LoraOptions lora_from_json(const nlohmann::json & j, const ModelConfig & cfg, co
         if (!(l.dropout >= 0 && l.dropout < 1)) throw FormatError(fmt::format("{}: LoRA dropout {} out of [0, 1)", what, l.dropout));
         return l;
     } catch (const nlohmann::json::exception & e) {
-        throw FormatError(fmt::format("{}: malformed LoRA record ({})", what, e.what()));
+        throw FormatError(fmt::format("{}: malformed LoRA record ({})", what, json_error_text(e.what())));
     } catch (const ConfigError & e) {
         throw FormatError(fmt::format("{}: {}", what, e.what()));
     }

@@ -736,8 +736,9 @@ TEST(Cli, ResumeKeepsTheMetricsAndRefusesCorruptNumbers) {
     no_data.erase("data");
     no_data["meta_digest"] = memfit::meta_digest(no_data);
     std::ofstream(meta) << no_data.dump();
-    expect_clean_failure(run_memfit(base + "--steps 12 --resume " + (b / "checkpoints").string()),
-                         "meta.json is not a checkpoint's");
+    const CmdResult no_data_run = run_memfit(base + "--steps 12 --resume " + (b / "checkpoints").string());
+    expect_clean_failure(no_data_run, "meta.json has no \"data\" object");
+    EXPECT_EQ(no_data_run.err.find("json.exception"), std::string::npos) << no_data_run.err;   // not the library's words
     std::ofstream(meta) << good.dump();
 
     // A closed pipe: the run goes on and writes its outputs.
