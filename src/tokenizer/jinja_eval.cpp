@@ -106,11 +106,7 @@ Value repeat(const Value & seq, int64_t n) {
         for (int64_t k = 0; k < n; ++k) out += seq.s;
         return Value::string(std::move(out));
     }
-    uint64_t bytes = 0;
-    for (const Value & v : *seq.list) bytes += v.is_str() ? v.s.size() : 0;
-    if (n > 0 && bytes > 0 && uint64_t(n) > kMaxListBytes / bytes)
-        throw RenderError(fmt::format("* would make a list holding {} bytes of strings: more than the {} MiB a chat "
-                                      "template may build", bytes * uint64_t(n), kMaxListBytes >> 20));
+    if (n > 0) check_list_bytes(*seq.list, "*", uint64_t(n));
     std::vector<Value> out;
     for (int64_t k = 0; k < n; ++k) out.insert(out.end(), seq.list->begin(), seq.list->end());
     return Value::make_list(std::move(out), seq.type);

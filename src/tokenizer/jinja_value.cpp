@@ -54,12 +54,12 @@ void check_list_size(uint64_t items, const char * what) {
                                       what, items, kMaxListItems));
 }
 
-void check_list_bytes(const std::vector<Value> & items, const char * what) {
+void check_list_bytes(const std::vector<Value> & items, const char * what, uint64_t copies) {
     uint64_t bytes = 0;
     for (const Value & v : items) bytes += v.is_str() ? v.s.size() : 0;
-    if (bytes > kMaxListBytes)
+    if (copies > 0 && bytes > 0 && copies > kMaxListBytes / bytes)
         throw RenderError(fmt::format("{} would make a list holding {} bytes of strings: more than the {} MiB a chat "
-                                      "template may build", what, bytes, kMaxListBytes >> 20));
+                                      "template may build", what, bytes * copies, kMaxListBytes >> 20));
 }
 
 Value Value::string(std::string x) {

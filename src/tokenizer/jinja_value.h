@@ -116,8 +116,8 @@ bool py_eq(const Value & a, const Value & b);
 int py_cmp(const Value & a, const Value & b, std::string_view op);
 // Python's len(); RenderError for what has none.
 int64_t py_len(const Value & v);
-// RenderError when the strings `items` holds (one level) pass kMaxListBytes.
-void check_list_bytes(const std::vector<Value> & items, const char * what);
+// RenderError when the strings `items` holds (one level), `copies` times over, pass kMaxListBytes.
+void check_list_bytes(const std::vector<Value> & items, const char * what, uint64_t copies = 1);
 
 // The items of `for x in v` / list(v): a list's items, a dict's keys, a str's characters,
 // nothing for Undefined; RenderError for what is not iterable.
