@@ -14,6 +14,8 @@
 #include "core/file_digest.h"
 #include "core/json_num.h"
 #include "core/paths.h"
+#include "core/units.h"
+#include "data/instruct.h"
 #include "model/hf_weights.h"
 #include "model/safetensors.h"
 #include "tokenizer/hf_tokenizer.h"
@@ -196,10 +198,69 @@ std::string copy_tokenizer(const nlohmann::json & meta, const std::string & out)
     return fmt::format("; the tokenizer files from {}", t->from.string());
 }
 
+// The tokenizer make_tokenizer takes for an exported folder: its own files (copied from the
+// run), else gpt2 when the run used it; "" for bytes or none.
+std::string exported_tokenizer_kind(const nlohmann::json & meta, const std::string & out) {
+    const std::string own = tokenizer_for_folder(out);
+    if (!own.empty()) return own;
+    return meta.contains("tokenizer") && meta["tokenizer"] == "gpt2" ? "gpt2" : "";
+}
+
+// config.json, the weights and generation_config.json of a model folder; the line's middle part.
+std::string write_model_folder(const std::string & out, const ModelConfig & cfg, const float * params,
+                               const nlohmann::json & meta, const ExportFormat & format) {
+    const std::string precision = !format.dtype.empty() ? format.dtype
+                                  : meta.contains("precision") && meta["precision"].is_string()
+                                      ? meta["precision"].get<std::string>()
+                                      : "fp32";
+    HfWriteOptions o;
+    o.dtype = hf_dtype_name(precision);
+    if (o.dtype.empty())
+        throw ConfigError(fmt::format("--dtype {}: expected fp32, bf16 or fp16", precision));
+    o.max_shard_bytes = format.max_shard_bytes;
+    const nlohmann::json ids = tokenizer_token_ids(exported_tokenizer_kind(meta, out));
+    o.config_extra = ids;
+    const HfWritten w = export_hf(out, cfg, make_param_layout(cfg), params, o);
+    std::string said = fmt::format("{}/config.json and {} ({}, {}{})", out,
+                                   w.files.size() == 1 ? out + "/model.safetensors"
+                                                       : fmt::format("{} shards with {}/model.safetensors.index.json",
+                                                                     w.files.size() - 1, out),
+                                   precision, format_bytes(w.tensor_bytes),
+                                   w.files.size() == 1 ? "" : fmt::format(", at most {} a shard",
+                                                                          format_bytes(format.max_shard_bytes)));
+    if (!ids.empty()) {
+        write_file_atomic((fs::path(out) / "generation_config.json").string(), ids.dump(2) + "\n");
+        said += fmt::format(", generation_config.json (eos {})", ids.value("eos_token_id", nlohmann::json()).dump());
+    }
+    return said;
+}
+
 }  // namespace
 
+nlohmann::json tokenizer_token_ids(const std::string & kind) {
+    nlohmann::json j = nlohmann::json::object();
+    if (kind.empty() || kind == "bytes") return j;
+    const auto tok = make_tokenizer(kind, data_dir());
+    int32_t bos = -1, eos = tok->eot_id(), eot = -1, pad = -1;
+    try {
+        const ChatFormat f = load_chat_format(kind, *tok, "auto");
+        bos = f.bos_id;
+        eos = f.eos_id >= 0 ? f.eos_id : eos;
+        eot = f.end_of_turn_id;
+        pad = f.eos_id >= 0 ? f.pad_id : -1;
+    } catch (const Error &) {
+        // A template or tokenizer_config.json memfit cannot read: the end-of-text id alone.
+    }
+    if (bos < 0 && kind == "gpt2") bos = eos;   // GPT-2's <|endoftext|> begins and ends a text
+    if (bos >= 0) j["bos_token_id"] = bos;
+    if (eot >= 0 && eot != eos && eos >= 0) j["eos_token_id"] = {eot, eos};
+    else if (eos >= 0 || eot >= 0) j["eos_token_id"] = eos >= 0 ? eos : eot;
+    if (pad >= 0) j["pad_token_id"] = pad;
+    return j;
+}
+
 std::string export_checkpoint(const std::string & path, const std::string & out, ExportMode mode,
-                              const std::string & base_model) {
+                              const std::string & base_model, const ExportFormat & format) {
     const Checkpoint c = load_checkpoint(path);
     const ModelConfig cfg = checkpoint_model_config(c, path);
     const int step = json_get_in<int>(c.meta, "step", path + "/meta.json", 1, (1 << 30));
@@ -215,9 +276,10 @@ std::string export_checkpoint(const std::string & path, const std::string & out,
         if (layout.total != c.state.params.size())
             throw FormatError(fmt::format("{}: {} parameters, a model of that shape has {}", path,
                                           c.state.params.size(), layout.total));
-        export_hf(out, cfg, layout, c.state.params.data());
-        return fmt::format("wrote {}/config.json and {}/model.safetensors (step {}){}", out, out, step,
-                           copy_tokenizer(c.meta, out));
+        make_dir(out);
+        const std::string tokenizer = copy_tokenizer(c.meta, out);
+        return fmt::format("wrote {} (step {}){}", write_model_folder(out, cfg, c.state.params.data(), c.meta, format),
+                           step, tokenizer);
     }
     const LoraCheckpointMeta m = lora_checkpoint_meta(c, cfg, path);
     const std::string what_lora = fmt::format("LoRA rank {} on {}", m.lora.rank, fmt::join(m.lora.targets, ","));
@@ -235,12 +297,15 @@ std::string export_checkpoint(const std::string & path, const std::string & out,
     const std::string from = base.empty() ? fmt::format("the seed-{} initialisation", m.seed) : base;
     if (mode == ExportMode::merge_lora) {
         const std::vector<float> w = merged_lora_weights(c, cfg, path, base);
-        export_hf(out, cfg, make_param_layout(cfg), w.data());
-        return fmt::format("wrote {}/config.json and {}/model.safetensors (step {}): {} merged into the base from {}{}{}",
-                           out, out, step, what_lora, from,
-                           quant.empty() ? "" : fmt::format(", {}-dequantized as in training", quant),
-                           copy_tokenizer(c.meta, out));
+        make_dir(out);
+        const std::string tokenizer = copy_tokenizer(c.meta, out);
+        return fmt::format("wrote {} (step {}): {} merged into the base from {}{}{}",
+                           write_model_folder(out, cfg, w.data(), c.meta, format), step, what_lora, from,
+                           quant.empty() ? "" : fmt::format(", {}-dequantized as in training", quant), tokenizer);
     }
+    if (!format.dtype.empty() && format.dtype != "fp32")
+        throw ConfigError(fmt::format("--dtype {} with --adapter-only: PEFT adapter folders are written in fp32 (the "
+                                      "adapters are small); drop --dtype", format.dtype));
     make_dir(out);
     const ParamLayout al = make_lora_layout(cfg, m.lora);
     std::vector<TensorToWrite> tensors;

@@ -32,6 +32,12 @@ namespace memfit {
 
 enum class ExportMode : uint8_t { plain, merge_lora, adapter_only };
 
+// How a model folder's weights are written (export_hf's HfWriteOptions, as the user names them).
+struct ExportFormat {
+    std::string dtype;                              // fp32 | bf16 | fp16; "": the run's --precision
+    uint64_t    max_shard_bytes = 5000000000ull;    // transformers' save_pretrained default, 5GB
+};
+
 // The run's tokenizer files a checkpoint records ("tokenizer" names the tokenizer.json or
 // tokenizer.model; its tokenizer_config.json and chat_template.jinja beside it) with their content
 // digests, {file name: digest}: `memfit export` copies only files that still have them. Empty for
@@ -65,8 +71,17 @@ nlohmann::json peft_adapter_config(const ModelConfig & cfg, const LoraOptions & 
 // folder `out` as `mode` says (a model folder also gets the run's tokenizer.json or
 // tokenizer.model, with its tokenizer_config.json and chat_template.jinja, when the checkpoint
 // names one that still exists); base_model overrides a LoRA checkpoint's recorded base folder.
-// ConfigError when the mode does not suit the checkpoint. Returns one line saying what it wrote.
+// A model folder also gets generation_config.json, and config.json the tokenizer's bos/eos ids
+// (eos: the end-of-text token and, for a chat template, its end-of-turn token, so that
+// transformers' generate stops at the end of a reply). ConfigError when the mode does not suit
+// the checkpoint. Returns one line saying what it wrote.
 std::string export_checkpoint(const std::string & path, const std::string & out, ExportMode mode,
-                              const std::string & base_model = "");
+                              const std::string & base_model = "", const ExportFormat & format = {});
+
+// The folder's tokenizer ids as config.json and generation_config.json carry them:
+// {"bos_token_id", "eos_token_id" (one id, or [end-of-turn, end-of-text] for a chat template),
+// "pad_token_id"}; ids the tokenizer does not have are left out. `kind` is what make_tokenizer
+// takes ("" or "bytes": none).
+nlohmann::json tokenizer_token_ids(const std::string & kind);
 
 }  // namespace memfit

@@ -47,6 +47,7 @@ nlohmann::json checkpoint_meta(int step, const ModelConfig & cfg, const TrainOpt
                         {"seq", opt.seq},
                         {"global_batch", global_batch},
                         {"seed", opt.seed},
+                        {"precision", precision_name(opt.compute)},   // memfit export's default dtype
                         {"data", {{"train_epoch", train.epoch()}, {"train_cursor", train.cursor()}}}};
     // LoRA: the checkpoint holds the adapters; the base comes back from the model folder (or
     // from the seed's initialisation when there is none).

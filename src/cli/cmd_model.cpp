@@ -58,8 +58,9 @@ std::string describe_weight_bytes(const Decoder & d) {
 }  // namespace
 
 void add_model_commands(CLI::App & app) {
-    static std::string ckpt, export_out, export_base;
+    static std::string ckpt, export_out, export_base, export_shard = "5GB";
     static bool merge_lora_flag = false, adapter_only = false;
+    static ExportFormat export_format;
     CLI::App * exp = app.add_subcommand(
         "export", "write a checkpoint's weights as a Hugging Face folder (config.json + model.safetensors)");
     exp->add_option("checkpoint", ckpt, "checkpoint folder, or a folder of them (the newest)")->required();
@@ -74,14 +75,23 @@ void add_model_commands(CLI::App & app) {
     exp->add_option("--base-model", export_base,
                     "LoRA checkpoint: the Hugging Face folder the run trained from, when it has moved (default: the "
                     "path the checkpoint records)");
+    exp->add_option("--dtype", export_format.dtype, "weights in the model folder: fp32, bf16 or fp16 (default: the "
+                    "run's --precision, as the checkpoint records it; fp32 for checkpoints that do not say)")
+        ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+    exp->add_option("--max-shard-size", export_shard, "above this the weights are split into "
+                    "model-0000K-of-0000N.safetensors with model.safetensors.index.json, as save_pretrained does "
+                    "(5GB, 500MB, 2GiB, ...)")->capture_default_str();
     exp->callback([] {
+        export_format.max_shard_bytes = parse_bytes(export_shard);
+        if (export_format.max_shard_bytes == 0)
+            throw ConfigError("--max-shard-size 0: a shard must hold at least one byte (e.g. 5GB)");
         if (merge_lora_flag && adapter_only)
             throw ConfigError("--merge-lora and --adapter-only: pick one (a merged model folder, or PEFT's adapter "
                               "folder)");
         const ExportMode mode = merge_lora_flag ? ExportMode::merge_lora
                                 : adapter_only  ? ExportMode::adapter_only
                                                 : ExportMode::plain;
-        std::printf("%s\n", export_checkpoint(ckpt, export_out, mode, export_base).c_str());
+        std::printf("%s\n", export_checkpoint(ckpt, export_out, mode, export_base, export_format).c_str());
     });
 
     static std::string gen_model, gen_prompt = "\n", gen_tokenizer, gen_weights = "fp32", gen_template = "auto",

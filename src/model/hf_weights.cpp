@@ -1,5 +1,7 @@
 #include "model/hf_weights.h"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -10,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/atomic_file.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/json_read.h"
 #include "core/finite.h"
@@ -108,24 +111,117 @@ void load_hf_weights(const std::string & dir, const ModelConfig & cfg, const Par
     }
 }
 
-void export_hf(const std::string & dir, const ModelConfig & cfg, const ParamLayout & layout, const float * params) {
+std::string hf_dtype_name(const std::string & precision) {
+    if (precision == "fp32" || precision == "float32" || precision == "F32") return "F32";
+    if (precision == "bf16" || precision == "bfloat16" || precision == "BF16") return "BF16";
+    if (precision == "fp16" || precision == "float16" || precision == "F16") return "F16";
+    return "";
+}
+
+namespace {
+
+const char * torch_dtype(const std::string & dtype) {
+    return dtype == "BF16" ? "bfloat16" : dtype == "F16" ? "float16" : "float32";
+}
+
+// One shard's tensors (indices into layout.params) and their bytes.
+struct Shard {
+    std::vector<size_t> params;
+    uint64_t            bytes = 0;
+};
+
+// Layout order, a new shard whenever the next tensor would take this one past `max`.
+std::vector<Shard> plan_shards(const ParamLayout & layout, size_t elem, uint64_t max) {
+    std::vector<Shard> out(1);
+    for (size_t i = 0; i < layout.params.size(); ++i) {
+        const uint64_t b = uint64_t(layout.params[i].numel) * elem;
+        if (!out.back().params.empty() && out.back().bytes + b > max) out.emplace_back();
+        out.back().params.push_back(i);
+        out.back().bytes += b;
+    }
+    return out;
+}
+
+// The shard's tensors in `dtype`: fp32 pointed at in place, 16-bit ones converted into `store`.
+std::vector<TensorToWrite> shard_tensors(const ParamLayout & layout, const Shard & s, const float * params,
+                                         const std::string & dtype, std::vector<uint16_t> & store) {
+    std::vector<TensorToWrite> t;
+    if (dtype != "F32") store.resize(size_t(s.bytes / 2));
+    size_t at = 0;
+    for (const size_t i : s.params) {
+        const ParamInfo & p = layout.params[i];
+        const float * src = params + p.offset;
+        if (dtype == "F32") {
+            t.push_back(TensorToWrite{p.name, "F32", p.shape, src, p.numel * sizeof(float)});
+            continue;
+        }
+        uint16_t * dst = store.data() + at;
+        for (size_t k = 0; k < p.numel; ++k) {
+            if (dtype == "F16" && std::fabs(src[k]) > 65504.0f)
+                throw ConfigError(fmt::format("{} element {} is {:g}, beyond float16's range (65504): export with "
+                                              "--dtype bf16 or fp32", p.name, k, double(src[k])));
+            dst[k] = dtype == "BF16" ? f32_to_bf16(src[k]) : f32_to_f16(src[k]);
+        }
+        t.push_back(TensorToWrite{p.name, dtype, p.shape, dst, p.numel * sizeof(uint16_t)});
+        at += p.numel;
+    }
+    return t;
+}
+
+// Weight files of an earlier export that this one did not write (a single file after shards, or
+// shards after a single file, or more shards than now): transformers would read them first.
+void remove_stale_weights(const fs::path & dir, const std::vector<std::string> & written) {
+    std::error_code ec;
+    for (const auto & e : fs::directory_iterator(dir, ec)) {
+        const std::string n = e.path().filename().string();
+        const bool weights = n == "model.safetensors" || n == "model.safetensors.index.json" ||
+                             (n.starts_with("model-") && n.ends_with(".safetensors") && n.find("-of-") != std::string::npos);
+        if (weights && std::find(written.begin(), written.end(), n) == written.end()) fs::remove(e.path(), ec);
+    }
+}
+
+}  // namespace
+
+HfWritten export_hf(const std::string & dir, const ModelConfig & cfg, const ParamLayout & layout, const float * params,
+                    const HfWriteOptions & opts) {
     if (cfg.share_layers > 1) {   // a plain model for transformers: every block written out
         MF_ASSERT(layout.total == make_param_layout(cfg).total);
         ModelConfig one = cfg;
         one.share_layers = 1;
         const std::vector<float> all = unshared_params(cfg, params);
-        export_hf(dir, one, make_param_layout(one), all.data());
-        return;
+        return export_hf(dir, one, make_param_layout(one), all.data(), opts);
     }
+    const size_t elem = safetensors_dtype_size(opts.dtype);
+    if (hf_dtype_name(opts.dtype) != opts.dtype || elem == 0)
+        throw ConfigError(fmt::format("export dtype '{}': expected F32, BF16 or F16", opts.dtype));
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) throw IoError(fmt::format("cannot create {}: {}", dir, ec.message()));
-    const nlohmann::json config = hf_config_json(cfg);
-    std::vector<TensorToWrite> tensors;
-    for (const ParamInfo & p : layout.params)
-        tensors.push_back(TensorToWrite{p.name, "F32", p.shape, params + p.offset, p.numel * sizeof(float)});
-    write_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
+    nlohmann::json config = hf_config_json(cfg);
+    config["torch_dtype"] = torch_dtype(opts.dtype);
+    config.update(opts.config_extra);
+    const std::vector<Shard> shards = plan_shards(layout, elem, std::max<uint64_t>(opts.max_shard_bytes, 1));
+    HfWritten w;
+    nlohmann::json weight_map = nlohmann::json::object();
+    std::vector<uint16_t> store;
+    for (size_t k = 0; k < shards.size(); ++k) {
+        const std::string name = shards.size() == 1 ? std::string("model.safetensors")
+                                                    : fmt::format("model-{:05d}-of-{:05d}.safetensors", k + 1,
+                                                                  shards.size());
+        write_safetensors((fs::path(dir) / name).string(), shard_tensors(layout, shards[k], params, opts.dtype, store),
+                          {{"format", "pt"}});
+        for (const size_t i : shards[k].params) weight_map[layout.params[i].name] = name;
+        w.files.push_back(name);
+        w.tensor_bytes += shards[k].bytes;
+    }
+    if (shards.size() > 1) {
+        const nlohmann::json index = {{"metadata", {{"total_size", w.tensor_bytes}}}, {"weight_map", weight_map}};
+        write_file_atomic((fs::path(dir) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
+        w.files.push_back("model.safetensors.index.json");
+    }
     write_file_atomic((fs::path(dir) / "config.json").string(), config.dump(2) + "\n");
+    remove_stale_weights(dir, w.files);
+    return w;
 }
 
 }  // namespace memfit

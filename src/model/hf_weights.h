@@ -11,7 +11,11 @@
 // shape to the embedding are accepted and ignored.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "model/config.h"
 #include "model/param_layout.h"
@@ -24,8 +28,31 @@ bool has_hf_weights(const std::string & dir);
 // Fills params[layout.total] from the folder's weights.
 void load_hf_weights(const std::string & dir, const ModelConfig & cfg, const ParamLayout & layout, float * params);
 
-// Writes DIR/config.json and DIR/model.safetensors (F32) that transformers' GPT2LMHeadModel or
-// LlamaForCausalLM loads as-is. Each file is written atomically.
-void export_hf(const std::string & dir, const ModelConfig & cfg, const ParamLayout & layout, const float * params);
+// How export_hf writes the weights. dtype: "F32", "BF16" (rounded to nearest even) or "F16"
+// (IEEE; a weight beyond its range, 65504, is a ConfigError naming it). Above max_shard_bytes
+// (transformers' 5GB default) the tensors, in layout order, go to model-0000K-of-0000N.safetensors
+// with model.safetensors.index.json (a tensor larger than a shard gets one of its own).
+// config_extra is merged into config.json (the tokenizer's bos/eos/pad ids).
+struct HfWriteOptions {
+    std::string    dtype = "F32";
+    uint64_t       max_shard_bytes = 5000000000ull;
+    nlohmann::json config_extra = nlohmann::json::object();
+};
+
+// "F32", "BF16", "F16" from fp32 / bf16 / fp16 (also float32, bfloat16, float16); "" otherwise.
+std::string hf_dtype_name(const std::string & precision);
+
+// What export_hf wrote: the weight files (model.safetensors, or the shards and the index) and
+// the bytes of the tensors.
+struct HfWritten {
+    std::vector<std::string> files;
+    uint64_t                 tensor_bytes = 0;
+};
+
+// Writes DIR/config.json and DIR/model.safetensors (or its shards and index) that transformers'
+// GPT2LMHeadModel, LlamaForCausalLM, ... loads as-is. Each file is written atomically; weight
+// files an earlier export left in DIR that this one did not write are removed after it.
+HfWritten export_hf(const std::string & dir, const ModelConfig & cfg, const ParamLayout & layout, const float * params,
+                    const HfWriteOptions & opts = {});
 
 }  // namespace memfit
