@@ -37,9 +37,20 @@ def check(folder, prompt, out):
             agree += 1
         elif first_bad is None:
             first_bad = i + 1 - len(prompt)
+    # generation_config.json (memfit export writes the tokenizer's eos/bos ids there): what
+    # transformers' generate will stop at must be what the file says.
+    gen_ok, eos = True, None
+    gen_file = os.path.join(folder, "generation_config.json")
+    if os.path.exists(gen_file):
+        with open(gen_file) as f:
+            want = json.load(f).get("eos_token_id")
+        eos = model.generation_config.eos_token_id
+        gen_ok = eos == want
+    files = sorted(n for n in os.listdir(folder) if n.endswith(".safetensors"))
     return {"model": os.path.basename(folder), "architecture": model.config.architectures[0],
-            "params": sum(p.numel() for p in model.parameters()), "tokens": len(out), "agree": agree,
-            "ambiguous": ambiguous, "first_mismatch": first_bad, "ok": first_bad is None and agree > 0}
+            "params": sum(p.numel() for p in model.parameters()), "weight_files": len(files),
+            "tokens": len(out), "agree": agree, "ambiguous": ambiguous, "first_mismatch": first_bad,
+            "eos_token_id": eos, "ok": first_bad is None and agree > 0 and gen_ok}
 
 
 def main():

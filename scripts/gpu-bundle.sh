@@ -4,7 +4,7 @@
 #   bash scripts/gpu-bundle.sh      # configure + build build-gpu/ (incremental), then fill .gpu/
 #
 # .gpu/ afterwards:
-#   bin/memfit, bin/memfit_cuda_tests   stripped
+#   bin/memfit.xz, bin/memfit_cuda_tests.xz   stripped, xz-compressed (gpu-check.sh unpacks them)
 #   lib/                                every shared library they need that the GPU machine lacks
 #                                       (oneDNN, OpenMPI, fmt, sentencepiece, pcre2, gomp, hwloc, ...);
 #                                       libraries over 4 MiB are stored xz-compressed (NAME.xz):
@@ -23,7 +23,7 @@
 # gpu-check.sh sets MEMFIT_DATA_DIR=$PWD/data (src/core/paths.cpp reads it first).
 set -euo pipefail
 
-LIMIT_MIB=56
+LIMIT_MIB=60
 BUILD="build-gpu"
 DEST=".gpu"
 for a in "$@"; do
@@ -91,8 +91,10 @@ need_glibc=$(maxver 'GLIBC_2\.')
 need_cxx=$(maxver 'GLIBCXX_3\.')
 raw=$(du -sb "$DEST" | cut -f1)
 
-# Compress the big libraries (oneDNN is ~38 MiB raw, ~8 MiB as xz): more room for the working tree.
+# Compress the big libraries (oneDNN is ~38 MiB raw, ~8 MiB as xz) and the two binaries (38 MiB
+# raw, 6.5 as xz; gpu-check.sh unpacks them): more room for the working tree.
 find "$DEST/lib" -maxdepth 1 -name '*.so*' -size +4M -print0 | xargs -0 -r xz -T0 -6
+xz -T0 -6 "$DEST/bin/memfit" "$DEST/bin/memfit_cuda_tests"
 packed=$(du -sb "$DEST" | cut -f1)
 
 {
@@ -118,5 +120,6 @@ mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
 echo "gpu-bundle: total $(mib "$packed") MiB (uncompressed $(mib "$raw") MiB), limit $LIMIT_MIB MiB"
 tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
 echo "gpu-bundle: the working tree that travels with it: $(mib "$tree") MiB; together $(mib $((tree + packed))) MiB of 64"
-[ "$packed" -le $((LIMIT_MIB * 1048576)) ] || die "bundle is $(mib "$packed") MiB, over the $LIMIT_MIB MiB limit"
+[ "$((tree + packed))" -le $((LIMIT_MIB * 1048576)) ] ||
+    die "the bundle and the working tree are $(mib $((tree + packed))) MiB, over $LIMIT_MIB MiB (64 travel, some left for carried runs)"
 echo "gpu-bundle: next: device run with carry [\".gpu\"] and command 'bash scripts/gpu-check.sh'"

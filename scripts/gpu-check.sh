@@ -13,7 +13,7 @@
 #      PyTorch runs with the environment it came with.
 #   b. nvidia-smi -L, then .gpu/bin/memfit_cuda_tests (all tests; counts passed/failed/skipped).
 #      Stops here, exit 3, when no GPU is usable (the tests skip saying 'no CUDA device').
-#   c. memfit verify --device cuda on tests/data/{gpt2,llama,llama31,qwen2}_tiny.safetensors (fp32).
+#   c. memfit verify --device cuda on tests/data/{gpt2,llama,llama31,qwen2,qwen3,mistral}_tiny.safetensors (fp32).
 #   d. the micro-batch B: the largest of 64, 32, 16, 8 for which `memfit plan --hardware h200 --model
 #      gpt2 --precision bf16 --seq 1024 --gpus 1 --global-batch B --micro-batch B` has a fitting plan
 #      with accumulation 1 (64 is a cap for time, not memory); 32 if the planner cannot answer.
@@ -85,6 +85,16 @@ step_failed() { STATUS[$1]="failed: $2"; FAILED_TO_RUN=1; say "step $1 FAILED TO
 
 # ------------------------------------------------------------------------------------------------
 say "a. bundle and libraries"
+# The binaries travel xz-compressed (gpu-bundle.sh): unpacked in place, once.
+for b in memfit memfit_cuda_tests; do
+    if [ -f "$G/bin/$b.xz" ] && [ ! -x "$G/bin/$b" ] && ! $DRY; then
+        if command -v xz >/dev/null; then
+            xz -dc "$G/bin/$b.xz" >"$G/bin/$b"
+        else
+            python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$G/bin/$b.xz" "$G/bin/$b"
+        fi && chmod 755 "$G/bin/$b" || { echo "gpu-check: cannot unpack $G/bin/$b.xz" >&2; exit 2; }
+    fi
+done
 if [ ! -x "$G/bin/memfit" ] || [ ! -x "$G/bin/memfit_cuda_tests" ]; then
     echo "gpu-check: no bundle: $G/bin/memfit missing. Run 'bash scripts/gpu-bundle.sh' on the build machine and carry .gpu" >&2
     $DRY || exit 2
@@ -350,6 +360,28 @@ PYEOF
 fi
 
 # ------------------------------------------------------------------------------------------------
+# Where memfit's step time goes on this GPU: `memfit bench --timeline` (each op timed on its own,
+# so the sum exceeds the plain step), the costliest op classes first. Into check.log only.
+say "e2. memfit bench --device cuda --timeline (gpt2, bf16, T=1024, micro-batch 16, 3 steps)"
+t=$(budget 90 160)
+show "timeout $t memfit bench --device cuda --model gpt2 --precision bf16 --seq 1024 --micro-batch 16 --steps 3 --attention flash --timeline"
+if ! $DRY; then
+    timeout -k 10 "$t" "${MF[@]}" bench --device cuda --model gpt2 --precision bf16 --seq 1024 --micro-batch 16 \
+        --steps 3 --attention flash --timeline >"$SCR/bench.json" 2>"$SCR/bench.err"
+    rc=$?
+    py "$SCR/bench.json" <<'PYEOF' || { tail -5 "$SCR/bench.err"; say "bench --timeline: exit $rc, no table"; }
+import json, sys
+j = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+print(f"  bench: {j['tokens_per_s']:.0f} tokens/s, {j['ms_per_step']:.1f} ms/step "
+      f"({j['ms_per_step_with_timeline']:.1f} with the timeline)")
+print(f"  {'op class':<28} {'calls':>6} {'ms/step':>9} {'share':>6} {'GFLOP/s':>9}")
+for c in j["op_classes"][:14]:
+    print(f"  {c.get('op', c.get('name', '?')):<28} {c.get('calls', 0):>6} {c.get('ms', c.get('ms_per_step', 0)):>9.2f} "
+          f"{100 * c.get('share', 0):>5.1f}% {c.get('gflops', 0):>9.0f}")
+PYEOF
+fi
+
+# ------------------------------------------------------------------------------------------------
 say "f. PyTorch eager (bench/pytorch_gpt2.py, B=$B)"
 t=$(budget 150 5)
 show "timeout $t python3 bench/pytorch_gpt2.py --batches $B --steps 20 > $OUTD/pytorch.log"
@@ -497,7 +529,8 @@ t = [
     target("GPU tests all passed", (ct["failed"] == 0 and ct["passed"] > 0) if ct["total"] else None,
            "%d passed, %d failed, %d skipped%s" % (ct["passed"], ct["failed"], ct["skipped"],
                                                   "" if ct["failed"] == 0 else ": " + ct["failed_names"])),
-    target("verify passed (fp32, 2 fixtures)", (res["verify"]["ok"] == 2) if res["verify"]["runs"] else None,
+    target("verify passed (fp32, every fixture)",
+           (res["verify"]["ok"] == res["verify"]["runs"]) if res["verify"]["runs"] else None,
            res["verify"]["detail"] or na),
 ]
 res["targets"] = [{"target": a, "result": b, "detail": c} for a, b, c in t]

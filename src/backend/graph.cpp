@@ -117,7 +117,12 @@ double Graph::now_us() const {
 
 void Graph::end() {
     if (!recording_) {
-        if (timeline_) timeline_->events.back().end_us = now_us();
+        if (timeline_) {
+            // A device runs the op's kernels after the launch returns: wait for them, so that the
+            // event spans the op's work, not its launch (the timeline's step is that much slower).
+            if (!backend_->host_memory()) backend_->synchronize();
+            timeline_->events.back().end_us = now_us();
+        }
         memory_->end_op(next_op_);
     }
     ++next_op_;

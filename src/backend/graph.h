@@ -182,7 +182,8 @@ public:
     void offload_write(Tensor stored, Tensor staging, int slot);
     void offload_wait(int slot, std::initializer_list<Tensor> uses);
 
-    // Executing: record every op (phase, layer, live bytes per category, wall time) into `t`.
+    // Executing: record every op (phase, layer, live bytes per category, wall time) into `t`; on a
+    // device backend each op is waited for (synchronize) so that its time is its kernels'.
     void attach_timeline(Timeline * t) { timeline_ = t; }
     // Executing: asked before every op until the first of the optimizer phase; true abandons the
     // program there (StepAbandoned is thrown): the weights and optimizer states are those before it.

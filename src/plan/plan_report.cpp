@@ -16,7 +16,7 @@ namespace memfit {
 
 const char * const kExactMeaning =
     "exact = the byte-exact step program of memfit's engine for this backend, recorded and placed as memfit train "
-    "does (measured equal on CPUs; on GPUs the CUDA backend's accounting, not yet measured on a GPU); model = the "
+    "does (measured equal on CPUs; on GPUs the CUDA backend's accounting, measured on one H200); model = the "
     "analytic model (docs/planner.md)";
 
 namespace {

@@ -334,21 +334,24 @@ TEST(CudaEngine, PlannedReservedPlusRuntimeMatchesCudaMemGetInfo) {
 #endif
     eo.with_eval = false, eo.compute = DType::bf16, eo.flash_attention = true;
     CudaBackend & g = *test::gpu();
+    // The backend is shared by the whole test program: what earlier tests left on the device (NCCL's
+    // communicator buffers, about 470 MiB on an H200) is measured before this engine, not counted.
+    g.synchronize();
+    const uint64_t before = g.device_used_delta();
     Engine engine(cfg, g, eo);
     engine.init_params(1);
     std::vector<int32_t> in(size_t(eo.B) * size_t(eo.T)), tg(in.size());
     test::random_batch(in, tg, cfg.vocab_size, 3);
     engine.train_step(in.data(), tg.data(), AdamWHyper{});
     g.synchronize();
-    const double predicted = double(engine.planned_reserved().total() + g.runtime_bytes());
-    const double measured = double(g.device_used_delta());
+    const double predicted = double(engine.planned_reserved().total());
+    const double measured = double(g.device_used_delta() - before);
 #ifdef MEMFIT_CUDA_EMU
-    EXPECT_EQ(predicted, measured) << "planned reserved " << engine.planned_reserved().total() << " + runtime "
-                                   << g.runtime_bytes();
+    EXPECT_EQ(predicted, measured) << "planned reserved " << engine.planned_reserved().total();
 #else
     EXPECT_LT(std::fabs(predicted - measured) / measured, 0.02)
-        << "planned reserved " << engine.planned_reserved().total() << " + runtime " << g.runtime_bytes()
-        << " vs used " << measured;
+        << "planned reserved " << engine.planned_reserved().total() << " vs used " << measured << " (runtime "
+        << g.runtime_bytes() << ", already used before the engine " << before << ")";
 #endif
 }
 

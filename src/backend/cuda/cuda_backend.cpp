@@ -94,9 +94,11 @@ private:
     cudaStream_t stream_;
 };
 
-// Memory used on the device as NVML sees it, before this process creates a CUDA context there
-// (0 when NVML, part of the driver, cannot be loaded).
-uint64_t nvml_used(int device) {
+// Unallocated memory on the device as NVML sees it, before this process creates a CUDA context
+// there (0 when NVML, part of the driver, cannot be loaded). Free memory, not NVML's "used": that
+// one (nvmlMemory_t) counts the driver's and firmware's reserved memory, which cudaMemGetInfo's
+// total leaves out (1.1 GiB on an H200 with driver 580), so free is the figure both APIs share.
+uint64_t nvml_free(int device) {
     char bus[32] = {};
     if (cudaDeviceGetPCIBusId(bus, int(sizeof bus), device) != cudaSuccess) return 0;
     void * lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -109,15 +111,15 @@ uint64_t nvml_used(int device) {
     auto by_bus = reinterpret_cast<handle_t>(dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
     auto info = reinterpret_cast<info_t>(dlsym(lib, "nvmlDeviceGetMemoryInfo"));
     auto shutdown = reinterpret_cast<init_t>(dlsym(lib, "nvmlShutdown"));
-    uint64_t used = 0;
+    uint64_t free_b = 0;
     void * h = nullptr;
     Mem m{};
     if (init && by_bus && info && init() == 0) {
-        if (by_bus(bus, &h) == 0 && info(h, &m) == 0) used = m.used;
+        if (by_bus(bus, &h) == 0 && info(h, &m) == 0) free_b = m.free;
         if (shutdown) shutdown();
     }
     dlclose(lib);
-    return used;
+    return free_b;
 }
 
 
@@ -142,7 +144,7 @@ CudaBackend::CudaBackend(int device) : device_(device), st_(std::make_unique<Sta
     if (device < 0) throw ConfigError(fmt::format("--device cuda: device {} does not exist ({} found)", device, n));
     device %= n;
     device_ = device;
-    runtime_.used_before = nvml_used(device);
+    const uint64_t free_before = nvml_free(device);
     MF_CUDA(cudaSetDevice(device));
     MF_CUDA(cudaFree(nullptr));   // creates the context
     MF_CUDA(cudaStreamCreateWithFlags(&st_->stream, cudaStreamNonBlocking));
@@ -152,10 +154,13 @@ CudaBackend::CudaBackend(int device) : device_(device), st_(std::make_unique<Sta
     st_->pinned = std::make_unique<PinnedAllocator>(st_->stream);
     st_->gemm = std::make_unique<cuda::Gemm>();
     MF_CUDA(cudaDeviceSynchronize());
-    runtime_.used_after = device_used();
     size_t free_b = 0, total_b = 0;
     MF_CUDA(cudaMemGetInfo(&free_b, &total_b));
     runtime_.total = total_b;
+    runtime_.used_after = uint64_t(total_b - free_b);
+    // What was in use before the context, in cudaMemGetInfo's terms (its total less the free
+    // memory NVML saw then); 0 when NVML could not say.
+    runtime_.used_before = free_before > 0 && free_before < total_b ? uint64_t(total_b) - free_before : 0;
 }
 
 CudaBackend::~CudaBackend() {

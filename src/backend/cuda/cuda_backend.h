@@ -15,7 +15,8 @@ namespace memfit {
 // Device memory that is not the plan's: the CUDA context, the cuBLASLt handle and NCCL's
 // buffers, measured with cudaMemGetInfo (used = total - free) around start-up.
 struct CudaRuntimeMemory {
-    uint64_t used_before = 0;   // used on the device before this process's context (NVML), or 0
+    uint64_t used_before = 0;   // used on the device before this process's context: cudaMemGetInfo's
+                                // total less NVML's free memory then (0: NVML unavailable)
     uint64_t used_after = 0;    // used once the backend is ready
     uint64_t total = 0;         // the device's memory
     uint64_t runtime() const { return used_after > used_before ? used_after - used_before : 0; }

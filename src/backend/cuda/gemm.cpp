@@ -6,11 +6,13 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <tuple>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda_sizing.h"
 
 namespace memfit::cuda {
 
@@ -124,6 +126,10 @@ void Gemm::run(cudaStream_t s, const GemmDesc & d, Tensor c, Tensor a, Tensor b,
     MF_ASSERT(!(d.bias && d.accumulate));
     if (ldc == 0) ldc = d.N;
     if (d.M == 0 || d.N == 0) return;
+    if (cuda_gemm_narrowing(d).applies) {
+        run_narrowed(s, d, c, a, b, workspace, ldc);
+        return;
+    }
     // cuBLASLt takes A and B of one dtype and C of theirs or f32; the bias epilogue adds a
     // vector of C's dtype here. Other mixes (and K = 0) take the plain kernel. The alignment
     // preferences do not cover the bias pointer, and the epilogue kernels assume a 16-byte aligned
@@ -146,6 +152,41 @@ void Gemm::run(cudaStream_t s, const GemmDesc & d, Tensor c, Tensor a, Tensor b,
     const float alpha = 1.0f, beta = d.accumulate ? 1.0f : 0.0f;
     MF_CUBLAS(cublasLtMatmul(impl_->handle, p.op, &alpha, b.data, p.la, a.data, p.lb, &beta, c.data, p.lc, c.data,
                              p.lc, &p.algo, ws ? workspace.data : nullptr, ws, s));
+}
+
+void Gemm::run_narrowed(cudaStream_t s, const GemmDesc & d, Tensor c, Tensor a, Tensor b, Tensor workspace,
+                        int64_t ldc) {
+    const CudaGemmNarrowing n = cuda_gemm_narrowing(d);
+    MF_ASSERT(workspace.valid() && workspace.nbytes() >= n.bytes);
+    Tensor buf = workspace, rest = workspace;
+    rest.data = static_cast<char *>(workspace.data) + n.bytes;
+    rest.ndim = 1, rest.shape[0] = int64_t(workspace.nbytes() - n.bytes), rest.dtype = DType::u8;
+    const Tensor & wide = n.a_is_f32 ? a : b;
+    const auto * src = static_cast<const float *>(wide.data);
+    const size_t c_elem = dtype_size(d.c);
+    const int64_t total = n.a_is_f32 ? d.M : d.N;
+    // Stored rows of K elements (A not transposed, B transposed) or a block of columns.
+    const bool rows_of_k = n.a_is_f32 ? !d.trans_a : d.trans_b;
+    const int64_t src_ld = n.a_is_f32 ? gemm_lda(d) : (d.trans_b ? d.K : d.N);
+    for (int64_t r0 = 0; r0 < total; r0 += n.block) {
+        const int64_t rows = std::min(n.block, total - r0);
+        // B's last block, narrower than the others, is stored packed at its own width.
+        const int64_t ld = !n.a_is_f32 && !rows_of_k ? rows : n.ld;
+        if (rows_of_k) narrow_block(s, buf.data, n.to, ld, src + r0 * src_ld, src_ld, rows, d.K);
+        else narrow_block(s, buf.data, n.to, ld, src + r0, src_ld, d.K, rows);
+        GemmDesc bd = d;
+        Tensor na = a, nb = b, nc = c;
+        if (n.a_is_f32) {
+            bd.M = rows, bd.a = n.to, bd.lda = n.ld;
+            na.data = buf.data, na.dtype = n.to;
+            nc.data = static_cast<char *>(c.data) + size_t(r0 * ldc) * c_elem;
+        } else {
+            bd.N = rows, bd.b = n.to;   // C's columns r0.. (ldc apart)
+            nb.data = buf.data, nb.dtype = n.to;
+            nc.data = static_cast<char *>(c.data) + size_t(r0) * c_elem;
+        }
+        run(s, bd, nc, na, nb, Tensor{}, rest, ldc);
+    }
 }
 
 }  // namespace memfit::cuda

@@ -37,7 +37,22 @@ __global__ void gemm_simple_kernel(void * c, const void * a, const void * b, con
     }
 }
 
+__global__ void narrow_kernel(void * dst, DType to, int64_t ld_dst, const float * src, int64_t ld_src, int64_t rows,
+                              int64_t cols) {
+    for (int64_t i = blockIdx.y; i < rows; i += gridDim.y)
+        for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < cols; j += int64_t(gridDim.x) * blockDim.x)
+            store_any(dst, to, i * ld_dst + j, src[i * ld_src + j]);
+}
+
 }  // namespace
+
+void narrow_block(cudaStream_t s, void * dst, DType to, int64_t ld_dst, const float * src, int64_t ld_src,
+                  int64_t rows, int64_t cols) {
+    if (rows <= 0 || cols <= 0) return;
+    const dim3 grid(grid_for(cols, 256) < 64 ? grid_for(cols, 256) : 64u, unsigned(rows < 65535 ? rows : 65535));
+    narrow_kernel<<<grid, 256, 0, s>>>(dst, to, ld_dst, src, ld_src, rows, cols);
+    MF_CUDA_LAUNCHED();
+}
 
 void gemm_simple(cudaStream_t s, const GemmDesc & d, Tensor c, Tensor a, Tensor b, Tensor bias, int64_t ldc) {
     const dim3 grid(grid_for(d.N, 128), unsigned(d.M < 65535 ? d.M : 65535));
