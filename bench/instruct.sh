@@ -20,20 +20,7 @@ PAIRS=${PAIRS:-2}
 TOKENIZER=tests/data/hf-tokenizers/qwen3/tokenizer.json
 rm -rf "$OUT"
 mkdir -p "$OUT"
-python3 - "$OUT/chat.jsonl" "$RECORDS" <<'EOF'
-import json, sys
-text = open("data/tinyshakespeare.txt", encoding="utf-8").read()
-speeches = [s.strip() for s in text.split("\n\n") if s.strip()]
-out, n = open(sys.argv[1], "w"), int(sys.argv[2])
-i = 0
-for r in range(n):
-    messages = []
-    for _ in range(1 + r % 3):
-        messages.append({"role": "user", "content": "Continue the scene after:\n" + speeches[i % len(speeches)]})
-        messages.append({"role": "assistant", "content": speeches[(i + 1) % len(speeches)]})
-        i += 2
-    out.write(json.dumps({"messages": messages}) + "\n")
-EOF
+python3 bench/make_chat.py "$OUT/chat.jsonl" "$RECORDS"
 cat > "$OUT/model.json" <<'EOF'
 {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 352,
  "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 151669,

@@ -44,9 +44,11 @@ std::vector<std::string> make_hints(const Engine & engine, const std::vector<Rep
                                 peak_op.name, peak_op.layer >= 0 ? fmt::format(", layer {}", peak_op.layer) : "",
                                 phase_name(peak_op.phase)));
 
-    // Alternatives, each re-planned exactly: same model and batch, one option changed.
+    // Alternatives, each re-planned exactly: same model and batch, one option changed; listed by
+    // the bytes they save, most first.
     const EngineOptions & eo = engine.options();
     const double flops = step.program().total_flops();
+    std::vector<std::pair<uint64_t, std::string>> saving;
     auto replan = [&](const std::string & flag, int B, const ModelOptions & mo, const std::string & why) {
         // The whole model's config: the step's is this rank's tensor slice, which the options split again.
         std::unique_ptr<TrainStep> alt;
@@ -60,10 +62,12 @@ std::vector<std::string> make_hints(const Engine & engine, const std::vector<Rep
         const MemoryPlan p2 = plan_memory(alt->program());
         if (double(p2.peak_live_total) > 0.99 * double(total)) return;   // under 1%: not worth a line
         const double extra = alt->program().total_flops() / flops - 1.0;
-        hints.push_back(fmt::format("{} would lower the planned peak from {} to {} (-{:.0f}%){}{}.", flag,
-                                    format_bytes(total), format_bytes(p2.peak_live_total),
-                                    100.0 * double(total - p2.peak_live_total) / double(total),
-                                    extra > 0.005 ? fmt::format(" for {:.0f}% more compute", 100.0 * extra) : "", why));
+        saving.emplace_back(total - p2.peak_live_total,
+                            fmt::format("{} would lower the planned peak from {} to {} (-{:.0f}%){}{}.", flag,
+                                        format_bytes(total), format_bytes(p2.peak_live_total),
+                                        100.0 * double(total - p2.peak_live_total) / double(total),
+                                        extra > 0.005 ? fmt::format(" for {:.0f}% more compute", 100.0 * extra) : "",
+                                        why));
     };
     if (eo.compute == DType::f32) {
         ModelOptions mo = eo.model();
@@ -101,12 +105,20 @@ std::vector<std::string> make_hints(const Engine & engine, const std::vector<Rep
         replan("--teacher-weights nf4", step.B(), mo,
                ": the teacher's block projections in 4 bits, as a QLoRA base (it only runs forward)");
     }
+    if (eo.lora.enabled() && !eo.lora.quantized()) {
+        ModelOptions mo = eo.model();
+        mo.lora.base = BaseWeights::nf4;
+        replan("--base-weights nf4", step.B(), mo, ": the frozen base's block projections in 4 bits (QLoRA)");
+    }
     if (step.B() > 1)
         replan(fmt::format("--micro-batch {}", step.B() / 2), step.B() / 2, eo.model(),
                " (the global batch halves unless two micro-batches are accumulated)");
+    std::stable_sort(saving.begin(), saving.end(), [](const auto & a, const auto & b) { return a.first > b.first; });
+    for (auto & [bytes, text] : saving) hints.push_back(std::move(text));
 
+    // Sharding or offloading the optimizer states: only where they are a part of the peak worth it.
     const uint64_t opt = plan.peak_live[Category::optimizer_states];
-    if (opt > 0 && eo.zero == 0 && eo.offload == 0)
+    if (opt > 0 && eo.zero == 0 && eo.offload == 0 && double(opt) >= 0.05 * double(total))
         hints.push_back(fmt::format("the optimizer states take {} ({:.2f} bytes per parameter, {:.0f}% of the peak); "
                                     "sharding them over data-parallel ranks (mpirun -np N ... --zero 1) divides them "
                                     "by the rank count, and --offload optimizer moves them off the device.",

@@ -208,6 +208,24 @@ void check_own_checkpoints(const std::string & root, const std::string & run_id)
                                       root, fs::path(newest).filename().string(), root));
 }
 
+std::vector<std::string> other_runs_checkpoints(const std::string & root, const std::string & run_id) {
+    std::vector<std::string> out;
+    std::error_code ec;
+    for (const auto & e : fs::directory_iterator(root, ec)) {
+        const std::string name = e.path().filename().string();
+        if (!name.starts_with("step-") || !e.is_directory(ec)) continue;
+        std::string theirs;
+        try {
+            theirs = json_string_or(load_checkpoint_meta(e.path().string()), "run_id");
+        } catch (const Error &) {
+            continue;   // incomplete or damaged: not this run's to judge
+        }
+        if (theirs != run_id) out.push_back(e.path().string());
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
 uint64_t checkpoint_bytes(const Engine & engine, int world) {
     const auto [lo, hi] = state_range(engine);
     // The whole state on every rank: each writes an even share of it (write_checkpoint).

@@ -51,6 +51,9 @@ void check_free_space(const std::string & root, uint64_t bytes, int keep,
 // pruning would delete (ConfigError saying how to continue that run).
 void check_writable(const std::string & dir, const char * flag);
 void check_own_checkpoints(const std::string & root, const std::string & run_id);
+// The complete checkpoint folders under `root` that another run wrote (oldest first): the ones a
+// final checkpoint by default (--save-final) replaces once it is written.
+std::vector<std::string> other_runs_checkpoints(const std::string & root, const std::string & run_id);
 
 // The batches a --spike-rollback left out, as a checkpoint records them ([[epoch, cursor], ...]).
 std::set<std::pair<uint64_t, size_t>> read_skipped_batches(const std::string & dir);

@@ -1,4 +1,5 @@
 #include "app/trainer.h"
+#include "app/train_defaults.h"
 #include "app/training_run.h"
 
 #include <fcntl.h>
@@ -200,15 +201,15 @@ nlohmann::json job_json(const TrainOptions & opt, const RunConfig & run) {
     if (!opt.data.empty()) j["data"] = opt.data;
     if (!opt.tokenizer.empty()) j["tokenizer"] = opt.tokenizer;
     j["steps"] = opt.steps;
-    j["lr"] = opt.lr;
+    j["lr"] = json_float(opt.lr);
     j["warmup"] = opt.warmup;
-    j["min-lr-ratio"] = opt.min_lr_ratio;
+    j["min-lr-ratio"] = json_float(opt.min_lr_ratio);
     j["lr-scheduler"] = lr_decay_name(opt.lr_decay);
-    j["weight-decay"] = opt.weight_decay;
-    j["adam-beta1"] = opt.beta1;
-    j["momentum"] = opt.momentum;
-    j["adam-beta2"] = opt.beta2;
-    j["adam-epsilon"] = opt.eps;
+    j["weight-decay"] = json_float(opt.weight_decay);
+    j["adam-beta1"] = json_float(opt.beta1);
+    j["momentum"] = json_float(opt.momentum);
+    j["adam-beta2"] = json_float(opt.beta2);
+    j["adam-epsilon"] = json_float(opt.eps);
     j["eval-every"] = opt.eval_every;
     j["eval-batches"] = opt.eval_batches;
     j["log-every"] = opt.log_every;
@@ -226,11 +227,11 @@ nlohmann::json job_json(const TrainOptions & opt, const RunConfig & run) {
 // --micro-batch sequences; rank 0 alone prints and writes outputs. Tensor parallel (--tp T):
 // groups of T consecutive ranks share each micro-batch; pipeline parallel (--pp P): P stages;
 // data parallel runs over the N / (T P) copies of the model.
-TrainingRun::TrainingRun(const TrainOptions & opt)
-    : opt_(opt), progress_(ProgressMode::quiet), budget_file_(opt.budget_file) {
-    if (opt.steps < 1) throw ConfigError(fmt::format("--steps {}: must be at least 1", opt.steps));
-    if (opt.check_leaks && opt.steps < 4)
-        throw ConfigError(fmt::format("--check-leaks compares steps 2 and 3: needs --steps 4 or more (got {})", opt.steps));
+TrainingRun::TrainingRun(const TrainOptions & given)
+    : opt_(given), progress_(ProgressMode::quiet), budget_file_(given.budget_file) {
+    if (given.steps < 0) throw ConfigError(fmt::format("--steps {}: must be at least 1", given.steps));
+    fill_lr(opt_);   // the steps follow in resolve(), once the loader knows an epoch's rows
+    const TrainOptions & opt = opt_;
     // Decoupled decay scales the weights by 1 - lr x wd each step: at 1 or more they flip sign and
     // grow, and the divergence that follows would be blamed on the learning rate.
     if (double(opt.lr) * double(opt.weight_decay) >= 1.0)
@@ -280,14 +281,18 @@ TrainingRun::TrainingRun(const TrainOptions & opt)
     resume_ = opt.resume;
     if (opt.resume == "auto") {
         resume_ = newest_checkpoint(checkpoint_root());
-        if (!resume_.empty()) {
-            const int at = json_get_in<int>(load_checkpoint_meta(resume_), "step", resume_, 1, (1 << 30));
-            complete_ = at >= opt.steps;
-            if (complete_ && lead_)
-                std::printf("--resume auto: %s is at step %d of --steps %d: the run is complete\n", resume_.c_str(),
-                            at, opt.steps);
-        }
+        check_complete();
     }
+}
+
+// --resume auto found a checkpoint at or past the last step (known once --epochs has its steps).
+void TrainingRun::check_complete() {
+    if (opt_.resume != "auto" || resume_.empty() || opt_.steps == 0) return;
+    const int at = json_get_in<int>(load_checkpoint_meta(resume_), "step", resume_, 1, (1 << 30));
+    complete_ = at >= opt_.steps;
+    if (complete_ && lead_)
+        std::printf("--resume auto: %s is at step %d of --steps %d: the run is complete\n", resume_.c_str(), at,
+                    opt_.steps);
 }
 
 // Everything but the status line goes through the progress display, so a terminal's live line
@@ -404,6 +409,12 @@ void TrainingRun::resolve() {
     train_data_ = std::make_unique<DataLoader>(data_.train_path, batch_ * accum_, opt_.seq, opt_.seed, run_.packing);
     if (eo_.with_eval)
         val_data_ = std::make_unique<DataLoader>(data_.val_path, batch_, opt_.seq, opt_.seed + 1, run_.packing);
+    const bool steps_from_epochs = opt_.steps == 0;
+    schedule_ = fill_schedule(opt_, train_data_->num_windows(), int64_t(batch_) * accum_);
+    if (opt_.check_leaks && opt_.steps < 4)
+        throw ConfigError(fmt::format("--check-leaks compares steps 2 and 3: needs --steps 4 or more (got {})",
+                                      opt_.steps));
+    if (steps_from_epochs) check_complete();
 }
 
 void TrainingRun::announce() {
@@ -415,6 +426,8 @@ void TrainingRun::announce() {
                     data_.tokenizer, batch_, opt_.seq,
                     accum_ > 1 ? fmt::format(" x {} accumulated micro-batches", accum_) : "",
                     batch_ * opt_.seq * accum_, opt_.steps, omp_get_max_threads(), ranks_ > 1 ? " per rank" : ""));
+    say(schedule_.line);
+    if (!schedule_.warning.empty()) warn(schedule_.warning);
     if (train_data_->documents()) {
         const auto & s = train_data_->document_stats();
         say(fmt::format("  instruction data: {} documents{}{}, {} in {} rows of {} ({}), {:.1f}% of the token slots "
@@ -462,6 +475,7 @@ void TrainingRun::announce() {
 }
 
 void TrainingRun::build() {
+    const uint64_t fixed_rss = current_rss_bytes();   // the process before the plan's buffers
     try {
         engine_ = std::make_unique<Engine>(cfg_, *backend_, eo_);
     } catch (const OutOfMemory & e) {
@@ -478,8 +492,13 @@ void TrainingRun::build() {
                     engine.plan().peak_op, engine.step().program().ops()[size_t(engine.plan().peak_op)].name,
                     format_plan_table(plan_live, plan_rsv)));
     if (eo_.budget)
-        say(fmt::format("  budget {} ({}): fits", format_bytes(eo_.budget),
-                        opt_.budget == 0 ? "available memory" : "--memory-budget"));
+        say(fmt::format("  budget {} ({}): fits; the budget holds the plan's buffers; the process adds {} measured "
+                        "before them (code, libraries, tokenizer, data){}",
+                        format_bytes(eo_.budget), opt_.budget == 0 ? "available memory" : "--memory-budget",
+                        format_bytes(fixed_rss),
+                        backend_->host_memory()
+                            ? fmt::format(": about {} in all", format_bytes(fixed_rss + plan_rsv.total()))
+                            : std::string(", in host memory")));
     engine.init_params(opt_.seed);
     if (has_hf_weights(opt_.model)) {
         if (eo_.lora.enabled()) {
@@ -539,9 +558,10 @@ void TrainingRun::build() {
     if (lead_) {
         lock_fd_ = lock_folder(opt_.out, "--out");
         if (!within(checkpoint_root(), opt_.out)) ckpt_lock_fd_ = lock_folder(checkpoint_root(), "--checkpoint-dir");
-        if (opt_.checkpoint_every > 0) {
+        if (opt_.checkpoint_every > 0 || opt_.save_final) {
             check_writable(checkpoint_root(), "--checkpoint-dir");
-            check_own_checkpoints(checkpoint_root(), run_id_);
+            if (opt_.checkpoint_every > 0) check_own_checkpoints(checkpoint_root(), run_id_);
+            else warn_other_runs();
             check_free_space(checkpoint_root(), uint64_t(engine.total_params()) * 12 + 4096 * uint64_t(world_),
                              opt_.keep_checkpoints,
                              [this](const std::string & w) { warn(w); });
@@ -783,8 +803,9 @@ void TrainingRun::step(int step) {
     if (watch_point) ranks_memory_ = watch(step, pl, r);
     // A bad step was not applied: the checkpoint after it holds the state before it, which is
     // where a roll-back returns.
-    if (opt.checkpoint_every > 0 && (step % opt.checkpoint_every == 0 || step == opt.steps))
-        checkpoint(step, log_point);
+    const bool last = step == opt.steps && opt.save_final;
+    if ((opt.checkpoint_every > 0 && step % opt.checkpoint_every == 0) || last) checkpoint(step, log_point || last);
+    if (last) retire_other_runs();
     if (log_point && lead_) {
         nlohmann::json m = {{"step", step}, {"loss", r.loss}, {"lr", h.lr}, {"grad_norm", r.grad_norm},
                             {"tokens_per_s", double(BT) / dt}, {"trained_tokens", r.tokens},
@@ -817,6 +838,7 @@ void run_training(const TrainOptions & opt) {
     if (run.complete()) return;
     run.load();
     run.resolve();
+    if (run.complete()) return;   // --resume auto at the last step of --epochs
     run.announce();
     run.build();
     run.train();

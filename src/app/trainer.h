@@ -14,9 +14,12 @@ namespace memfit {
 struct TrainOptions : RunConfig {
     std::string data;              // folder with train.bin/val.bin; empty: the bundled corpus
     std::string tokenizer;         // for preparing the bundled corpus; empty: bytes for small presets, else gpt2
-    int      steps = 1500;
-    float    lr = 3e-3f;
-    int      warmup = 100;
+    // 0 / -1: filled in by what the run is (app/train_defaults.h): pretraining or fine-tuning.
+    int      steps = 0;            // optimizer steps; 0: from --epochs, else 1500
+    double   epochs = 0;           // passes over the training rows (steps = ceil(epochs x rows / global batch))
+    float    lr = 0;               // peak learning rate; 0: 3e-3 pretraining, 2e-5 full fine-tune, 2e-4 LoRA
+    int      warmup = -1;          // linear warmup steps; -1: from warmup_ratio, else 100 pretraining, 3% fine-tuning
+    double   warmup_ratio = -1;    // warmup as a share of the steps (Hugging Face's warmup_ratio); -1: unset
     float    min_lr_ratio = 0.1f;
     LrDecay  lr_decay = LrDecay::cosine;   // after the warmup, down to lr x min_lr_ratio at the last step
     float    weight_decay = 0.1f;
@@ -33,7 +36,8 @@ struct TrainOptions : RunConfig {
     bool     profile = false;      // `memfit profile`: no evaluation, no sample; the report is the point
     std::string progress = "auto"; // auto | tty | plain | json | quiet
     std::string budget_file;       // control file polled before each step: a lower budget re-plans the run
-    int      checkpoint_every = 0; // write a checkpoint every N steps (and at the end); 0: never
+    int      checkpoint_every = 0; // write a checkpoint every N steps; 0: never
+    bool     save_final = true;    // a checkpoint at the end (and at a stop), as Trainer, torchtune and Unsloth save
     std::string checkpoint_dir;    // "": <out>/checkpoints
     int      keep_checkpoints = 3; // newest checkpoints kept
     std::string resume;            // checkpoint folder (or a folder of them: the newest) to continue from;

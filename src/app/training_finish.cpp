@@ -14,11 +14,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include "app/divergence.h"
+#include "core/text.h"
 #include "app/rank_report.h"
 #include "app/spike_detector.h"
 #include "app/stop_request.h"
@@ -36,6 +38,7 @@
 #include "core/paths.h"
 #include "core/units.h"
 #include "data/data_loader.h"
+#include "data/instruct.h"
 #include "data/prepare.h"
 #include "data/token_file.h"
 #include "infer/generate.h"
@@ -87,6 +90,37 @@ void TrainingRun::report_memory(const RankMemory & rank_memory, const std::vecto
     }
 }
 
+namespace {
+
+// Instruction data's sample is a turn: the first validation conversation (else the first training
+// one) up to its first trained token (its system and user turns and the generation prompt, as
+// the template rendered them), continued until the template's end-of-turn or end-of-text token.
+struct ChatSample {
+    std::vector<int32_t> prompt, stop;
+};
+std::optional<ChatSample> chat_sample(const DataSource & data, const Tokenizer & tok, int vocab) {
+    const TokenFile f(data.val_path.empty() ? data.train_path : data.val_path);
+    if (!f.documents() || f.num_docs() == 0) return std::nullopt;
+    const uint64_t begin = f.doc_begin(0), end = f.doc_end(0);
+    ChatSample s;
+    for (uint64_t i = begin; i < end && !f.trained(i); ++i) {
+        if (f.token(i) < 0 || f.token(i) >= vocab) return std::nullopt;
+        s.prompt.push_back(f.token(i));
+    }
+    if (s.prompt.empty() || s.prompt.size() == end - begin) return std::nullopt;
+    try {
+        const ChatFormat chat = load_chat_format(data.tokenizer, tok, "auto");
+        for (const int32_t id : {chat.end_of_turn_id, chat.eos_id})
+            if (id >= 0) s.stop.push_back(id);
+    } catch (const Error &) {
+        // no template beside the tokenizer: its end-of-text token alone
+    }
+    if (s.stop.empty() && tok.eot_id() >= 0) s.stop.push_back(tok.eot_id());
+    return s;
+}
+
+}  // namespace
+
 // A text sample from the trained weights (the whole model's), with the positions it used.
 std::pair<std::string, int> TrainingRun::sample(const std::vector<float> & weights) {
     auto tok = make_tokenizer(data_.tokenizer, data_dir());
@@ -94,6 +128,13 @@ std::pair<std::string, int> TrainingRun::sample(const std::vector<float> & weigh
     SampleOptions so;
     so.max_new_tokens = opt_.sample_tokens;
     so.seed = opt_.seed;
+    std::string head = "sample (temperature 0.8):\n";
+    if (const auto chat = chat_sample(data_, *tok, cfg_.vocab_size)) {
+        prompt = chat->prompt;
+        so.stop = chat->stop;
+        head = fmt::format("sample (a turn of the {} split's first conversation, temperature 0.8):\n{}",
+                           data_.val_path.empty() ? "training" : "validation", printable_text(tok->decode(prompt)));
+    }
     // The decoder computes on host memory: a device run samples from its weights on the CPU.
     const std::unique_ptr<Backend> host_backend = backend_->host_memory() ? nullptr : make_backend("cpu");
     // Inside the trained context: when the cache fills, the last half is re-run (generate.h).
@@ -102,7 +143,7 @@ std::pair<std::string, int> TrainingRun::sample(const std::vector<float> & weigh
     decoder.set_weights(weights.data());
     const auto ids = generate(decoder, prompt, so);
     const std::string text = tok->decode(ids);
-    say("sample (temperature 0.8):\n" + text);
+    say(head + printable_text(text));
     return {text, decoder.capacity()};
 }
 
@@ -136,7 +177,7 @@ void TrainingRun::finish() {
                     {"grad_accum", accum_}, {"attention", eo_.flash_attention ? "flash" : "naive"},
                     {"recompute", eo_.recompute.name}, {"loss_chunk", eo_.loss_chunk},
                     {"seq", opt_.seq}, {"steps", opt_.steps}, {"data_parallel", ranks_}, {"tensor_parallel", layout_.tp}, {"pipeline_parallel", layout_.pp}, {"zero", eo_.zero},
-                    {"bucket_bytes", eo_.bucket_bytes}, {"lr", opt_.lr}, {"weight_decay", opt_.weight_decay},
+                    {"bucket_bytes", eo_.bucket_bytes}, {"lr", json_float(opt_.lr)}, {"weight_decay", json_float(opt_.weight_decay)},
                     {"seed", opt_.seed}, {"threads", omp_get_max_threads()}, {"precision", precision_name(eo_.compute)},
                     {"data", data_.train_path}, {"tokenizer", data_.tokenizer},
                     {"trainable_params", engine_->total_params()}}},

@@ -21,6 +21,7 @@
 #include "app/rank_report.h"
 #include "app/spike_detector.h"
 #include "app/trainer.h"
+#include "app/train_defaults.h"
 #include "comm/communicator.h"
 #include "comm/groups.h"
 #include "data/data_loader.h"
@@ -63,6 +64,9 @@ public:
     void finish();         // planned vs measured, summary.json, report.html, trace.json, the sample
     // --resume auto found the run's last step already checkpointed: nothing to do.
     bool complete() const { return complete_; }
+    void check_complete();
+    void warn_other_runs();
+    void retire_other_runs();
 
 private:
     void say(const std::string & text);
@@ -97,7 +101,7 @@ private:
     std::string write_failure_report(const ReportData & rep) const;
     nlohmann::json failure_config(int step, const EngineOptions & eo) const;
 
-    const TrainOptions & opt_;
+    TrainOptions opt_;   // the user's, with the defaults filled in (train_defaults.h)
     std::unique_ptr<Communicator> comm_;
     int world_ = 1;
     bool lead_ = true;
@@ -123,6 +127,7 @@ private:
     std::string resume_;         // the checkpoint --resume names (auto: the newest in the folder, or none)
     ResumedLoss resumed_;        // and the loss it recorded, which the first steps should continue
     bool complete_ = false;
+    ScheduleChoice schedule_;   // steps, lr and warmup as filled in, and why (announce prints them)
     bool abandoned_ = false;     // a stop signal abandoned the step in flight
     Clock::time_point step_t0_;
     double step_seconds_ = 0;    // the last step's wall time, and a checkpoint's (predicted, then measured)

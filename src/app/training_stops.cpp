@@ -13,6 +13,7 @@
 #include "app/export.h"
 #include "app/run_checkpoints.h"
 #include "app/stop_request.h"
+#include "core/json_num.h"
 #include "app/training_run.h"
 #include "core/error.h"
 #include "train/checkpoint.h"
@@ -48,7 +49,7 @@ void TrainingRun::stopped(int last_done) {
             // Without --checkpoint-every the folder was not checked before the first step: rank 0
             // checks it now and every rank learns the outcome (the checkpoint is collective).
             std::string problem;
-            if (lead_ && opt_.checkpoint_every == 0) {
+            if (lead_ && opt_.checkpoint_every == 0 && !opt_.save_final) {
                 try {
                     check_writable(checkpoint_root(), "--checkpoint-dir");
                     check_own_checkpoints(checkpoint_root(), run_id_);
@@ -61,6 +62,7 @@ void TrainingRun::stopped(int last_done) {
                 throw Error(fmt::format("stopped by {} at step {}, but no checkpoint was written: {}",
                                         stop_signal_name(), last_done, lead_ ? problem : "rank 0 could not"));
             checkpoint(last_done, false);
+            retire_other_runs();
         }
         where = fmt::format("checkpoint {}/step-{:06d}", checkpoint_root(), last_done);
     }
@@ -79,7 +81,9 @@ void TrainingRun::stopped(int last_done) {
 // the bad steps' batches left out from now on. Returns the checkpoint's step.
 int TrainingRun::roll_back() {
     roll_back_now_ = false;
-    const std::string dir = newest_checkpoint(checkpoint_root());
+    std::string dir = newest_checkpoint(checkpoint_root());
+    // Only this run's own (another run's, left for --save-final to replace, is not a roll-back).
+    if (!dir.empty() && json_string_or(load_checkpoint_meta(dir), "run_id") != run_id_) dir.clear();
     const int first = bad_streak_.front().first, last = bad_streak_.back().first;
     if (dir.empty())
         throw Error(fmt::format("--skip-spikes: steps {} to {} were all bad ({} in a row) and there is no checkpoint "
@@ -98,6 +102,26 @@ int TrainingRun::roll_back() {
     }
     bad_streak_.clear();
     return at;
+}
+
+// --save-final without --checkpoint-every: another run's checkpoints in the folder are replaced
+// by this run's final one (as a new run replaces metrics.jsonl and summary.json in --out), said
+// before the first step.
+void TrainingRun::warn_other_runs() {
+    const std::vector<std::string> others = other_runs_checkpoints(checkpoint_root(), run_id_);
+    if (others.empty()) return;
+    warn(fmt::format("{} holds {} checkpoint{} of another run (newest {}); this run's final checkpoint replaces them "
+                     "once it is written (--resume {} continues that run instead; --out DIR keeps both; "
+                     "--save-final false writes none)",
+                     checkpoint_root(), others.size(), others.size() == 1 ? "" : "s",
+                     fs::path(others.back()).filename().string(), checkpoint_root()));
+}
+
+// After this run's checkpoint is written (and only then): the other runs' go.
+void TrainingRun::retire_other_runs() {
+    if (!lead_ || !opt_.save_final || opt_.checkpoint_every > 0 || checkpoint_errors_ > 0) return;
+    std::error_code ec;
+    for (const std::string & dir : other_runs_checkpoints(checkpoint_root(), run_id_)) fs::remove_all(dir, ec);
 }
 
 std::string TrainingRun::checkpoint_root() const {

@@ -1,5 +1,6 @@
 // memfit export, generate: model folders in Hugging Face's layout.
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,6 +19,7 @@
 #include "core/error.h"
 #include "core/json_num.h"
 #include "core/paths.h"
+#include "core/text.h"
 #include "core/units.h"
 #include "infer/decoder.h"
 #include "data/instruct.h"
@@ -95,13 +97,18 @@ void add_model_commands(CLI::App & app) {
     });
 
     static std::string gen_model, gen_prompt = "\n", gen_tokenizer, gen_weights = "fp32", gen_template = "auto",
-                       gen_system, gen_device = "cpu";
+                       gen_system, gen_device = "cpu", gen_adapter;
     static bool gen_chat = false;
     static int gen_seq = 0, gen_threads = 0;
     static SampleOptions gen;
     CLI::App * g = app.add_subcommand(
-        "generate", "continue a prompt with a model folder from `memfit export` (streams the text)");
-    g->add_option("--model", gen_model, "folder with config.json and model.safetensors")->required();
+        "generate", "continue a prompt with a model folder, a checkpoint, or a base and a PEFT adapter (streams the text)");
+    g->add_option("--model", gen_model, "a model folder (config.json + model.safetensors, from memfit export or the "
+                  "Hub), or a training checkpoint (a step-N folder, or <out>/checkpoints: the newest; LoRA adapters "
+                  "merged into their base)")->required();
+    g->add_option("--adapter", gen_adapter, "a PEFT LoRA adapter folder (adapter_config.json + "
+                  "adapter_model.safetensors, from memfit export --adapter-only or PEFT) merged into --model's "
+                  "weights");
     g->add_option("--prompt", gen_prompt, "text to continue")->capture_default_str();
     g->add_option("--tokenizer", gen_tokenizer, "gpt2, bytes, PATH/tokenizer.json or PATH/tokenizer.model (default: "
                   "the folder's tokenizer.json, else its tokenizer.model, else bytes for a vocabulary of 256, gpt2 "
@@ -141,10 +148,9 @@ void add_model_commands(CLI::App & app) {
         else if (gen_weights == "sparse24") quant = QuantFormat::sparse24;
         else if (gen_weights != "fp32")
             throw ConfigError(fmt::format("--weights {}: expected fp32, bf16, int8, nf4 or sparse24", gen_weights));
-        if (!has_hf_weights(gen_model))
-            throw IoError(fmt::format("{}: no model.safetensors; pass a folder written by `memfit export`", gen_model));
-        const ModelConfig cfg = resolve_model(gen_model + "/");
-        std::string kind = !gen_tokenizer.empty() ? gen_tokenizer : tokenizer_for_folder(gen_model);
+        LoadedModel source = read_model_weights(gen_model, gen_adapter);
+        const ModelConfig & cfg = source.cfg;
+        std::string kind = !gen_tokenizer.empty() ? gen_tokenizer : source.tokenizer;
         if (kind.empty() && cfg.vocab_size != 256 && cfg.vocab_size != 50257)
             throw ConfigError(fmt::format("{} has no tokenizer.json or tokenizer.model and its vocabulary ({}) matches neither bytes (256) "
                                           "nor gpt2 (50257); pass --tokenizer", gen_model, cfg.vocab_size));
@@ -187,21 +193,23 @@ void add_model_commands(CLI::App & app) {
             throw ConfigError(m);
         }
         Decoder & decoder = *made;
-        {
-            std::vector<float> weights(decoder.layout().total);
-            load_hf_weights(gen_model, cfg, decoder.layout(), weights.data());
-            decoder.set_weights(weights.data());
-        }
+        MF_ASSERT(source.params.size() == decoder.layout().total);
+        decoder.set_weights(source.params.data());
+        source.params = {};
         std::fprintf(stderr, "%s\n", describe_weight_bytes(decoder).c_str());
         if (!gen_chat) std::printf("%s", gen_prompt.c_str());   // a chat prints the reply alone
         std::fflush(stdout);
         const auto t0 = std::chrono::steady_clock::now();
+        const bool tty = isatty(fileno(stdout)) != 0;
         const auto out = generate(decoder, prompt, gen, [&](int32_t id) {
-            std::printf("%s", tok->decode_token(id).c_str());
+            // On a terminal, control bytes print escaped (ESC c would reset it); a file gets the bytes.
+            const std::string piece = tok->decode_token(id);
+            std::printf("%s", (tty ? printable_text(piece) : piece).c_str());
             std::fflush(stdout);
         });
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         std::printf("\n");
+        std::fflush(stdout);   // the reply's last line before the statistics on stderr, also into one file
         const CategoryBytes plan = decoder.planned_peak_live();
         std::fprintf(stderr,
                      "generate: %d tokens in %.2f s (%.1f tokens/s); memory planned %s, measured %s: weights %s, "

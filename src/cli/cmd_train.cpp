@@ -29,9 +29,15 @@ void add_train_flags(CLI::App * train, TrainOptions & t) {
                       "tokenizer when preparing the bundled corpus: gpt2|bytes|PATH/tokenizer.json (Hugging Face)|"
                       "PATH/tokenizer.model (SentencePiece); "
                       "with --data, it must be the one the data was prepared with");
-    train->add_option("--steps", t.steps, "optimizer steps")->capture_default_str()->check(kPositive);
-    train->add_option("--lr", t.lr, "peak learning rate")->capture_default_str()->check(kPositive);
-    train->add_option("--warmup", t.warmup, "linear warmup steps")->capture_default_str()->check(kNonNegative);
+    train->add_option("--steps", t.steps, "optimizer steps (default 1500, or from --epochs)")->check(kPositive);
+    train->add_option("--epochs", t.epochs, "passes over the training rows: steps = ceil(epochs x rows / global "
+                      "batch), printed at the start (instead of --steps)")->check(kPositive);
+    train->add_option("--lr", t.lr, "peak learning rate (default by the run: 3e-3 pretraining; 2e-5 full fine-tune "
+                      "and 2e-4 LoRA/QLoRA when --model is a folder with weights)")->check(kPositive);
+    train->add_option("--warmup", t.warmup, "linear warmup steps (default: 100 pretraining, 3% of the steps "
+                      "fine-tuning)")->check(kNonNegative);
+    train->add_option("--warmup-ratio", t.warmup_ratio, "warmup as a share of the steps (Hugging Face's "
+                      "warmup_ratio; --warmup wins when both are given)")->check(kFraction);
     train->add_option("--min-lr-ratio", t.min_lr_ratio, "the decay's floor at the last step, as a fraction of --lr")
         ->capture_default_str()->check(kFraction);
     train->add_option_function<std::string>(
@@ -76,8 +82,11 @@ void add_train_flags(CLI::App * train, TrainOptions & t) {
                       "control file polled before every step; writing a smaller size into it (e.g. 300MiB) makes "
                       "the run re-plan to a smaller micro-batch with more accumulation (same global batch)");
     train->add_option("--checkpoint-every", t.checkpoint_every,
-                      "write a checkpoint (weights, AdamW state, step, data position) every N steps and at the end")
+                      "write a checkpoint (weights, AdamW state, step, data position) every N steps")
         ->check(kNonNegative);
+    train->add_option("--save-final", t.save_final,
+                      "write a checkpoint at the end of the run (and at a stop), for memfit export and --resume; "
+                      "false: none unless --checkpoint-every says so")->capture_default_str();
     train->add_option("--checkpoint-dir", t.checkpoint_dir, "where checkpoints go (default: <out>/checkpoints)")->check(kPath);
     train->add_option("--keep-checkpoints", t.keep_checkpoints, "newest checkpoints kept")->capture_default_str()
         ->check(kPositive);

@@ -17,6 +17,13 @@
 
 namespace memfit {
 
+// A float as the user wrote it: the shortest decimal that reads back as the same float (0.9, not
+// the double 0.8999999761581421 that converting the float gives). For configs and reports.
+inline double json_float(float f) {
+    if (!std::isfinite(f)) return double(f);
+    return std::stod(fmt::format("{}", f));
+}
+
 // Integers: a JSON integer within T's range. Floats: a finite JSON number within T's range.
 template <class T>
 std::optional<T> json_number(const nlohmann::json & v) {

@@ -23,7 +23,7 @@ public:
         if (bytes == 0) return nullptr;
         void * p = std::aligned_alloc(4096, align_up(bytes, 4096));
         if (!p) throw Error("out of host memory: could not obtain " + format_bytes(bytes) +
-                            "; lower --batch or --seq, or pass --memory-budget to check the plan first");
+                            "; lower --micro-batch or --seq, or pass --memory-budget to check the plan first");
         return p;
     }
     void release(void * p, size_t) override { std::free(p); }

@@ -1,5 +1,7 @@
 #include "plan/fit.h"
 
+#include "model/hf_weights.h"
+
 #include <algorithm>
 #include <optional>
 #include <string_view>
@@ -50,7 +52,9 @@ LoraOptions lora_options(const RunConfig & r, const ModelConfig & cfg, DType com
     check_frozen_precision("--base-weights", s.base_weights, "the frozen base", base, r, compute);
     l.rank = s.rank;
     l.alpha = s.alpha;
-    l.targets = parse_lora_targets(cfg, s.targets);
+    // Fine-tuning a folder's weights adapts every projection (torchtune's and Unsloth's recipes);
+    // a fresh model keeps the family's default (q,v | c_attn), as the LoRA paper.
+    l.targets = parse_lora_targets(cfg, s.targets.empty() && has_hf_weights(r.model) ? "all" : s.targets);
     l.base = base;
     if (!(s.dropout >= 0 && s.dropout < 1))
         throw ConfigError(fmt::format("--lora-dropout {}: must be in [0, 1)", s.dropout));

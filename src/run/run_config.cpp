@@ -1,5 +1,7 @@
 #include "run/run_config.h"
 
+#include "core/json_num.h"
+
 #include <charconv>
 
 #include <fmt/format.h>
@@ -104,11 +106,11 @@ nlohmann::json run_config_json(const RunConfig & r) {
                         {"mlp-chunk", r.mlp_chunk},
                         {"optimizer", optimizer_name(r.optimizer)},
                         {"master-weights", master_weights_name(r.master_weights)},
-                        {"clip", r.clip},
-                        {"loss-scale", r.loss_scale},
-                        {"initial-loss-scale", r.initial_loss_scale},
+                        {"clip", json_float(r.clip)},
+                        {"loss-scale", json_float(r.loss_scale)},
+                        {"initial-loss-scale", json_float(r.initial_loss_scale)},
                         {"loss-scale-window", r.loss_scale_window},
-                        {"min-loss-scale", r.min_loss_scale},
+                        {"min-loss-scale", json_float(r.min_loss_scale)},
                         {"zero", r.layout.zero},
                         {"tp", r.layout.tp},
                         {"pp", r.layout.pp},
@@ -120,13 +122,13 @@ nlohmann::json run_config_json(const RunConfig & r) {
                         {"bucket-mb", r.bucket_mb},
                         {"fit", r.fit_auto ? "auto" : "off"},
                         {"lora-rank", r.lora.rank},
-                        {"lora-alpha", r.lora.alpha},
+                        {"lora-alpha", json_float(r.lora.alpha)},
                         {"lora-targets", r.lora.targets},
-                        {"lora-dropout", r.lora.dropout},
+                        {"lora-dropout", json_float(r.lora.dropout)},
                         {"base-weights", r.lora.base_weights},
                         {"teacher", r.distill.teacher},
-                        {"distill-alpha", r.distill.alpha},
-                        {"distill-temperature", r.distill.temperature},
+                        {"distill-alpha", json_float(r.distill.alpha)},
+                        {"distill-temperature", json_float(r.distill.temperature)},
                         {"teacher-weights", r.distill.weights},
                         {"seed", r.seed},
                         {"threads", r.threads}};

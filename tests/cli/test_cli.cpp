@@ -339,7 +339,7 @@ TEST(Cli, GenerateFromAnExportedFolder) {
     EXPECT_NE(asked.err.find("(64 positions x 2 layers)"), std::string::npos) << asked.err;
     EXPECT_NE(asked.err.find("warning: --seq 64 goes past the 32 positions this model was trained on (of 256)"),
               std::string::npos) << asked.err;
-    expect_clean_failure(run_memfit("generate --model " + run.string() + " --prompt x"), "no model.safetensors");
+    expect_clean_failure(run_memfit("generate --model " + run.string() + " --prompt x"), "neither a model folder");
 }
 
 // The "done when": a LLaMA-style model trains on the corpus from the CLI, is exported,
