@@ -215,6 +215,7 @@ nlohmann::json job_json(const TrainOptions & opt, const RunConfig & run) {
     j["log-every"] = opt.log_every;
     j["sample"] = opt.sample_tokens;
     j["checkpoint-every"] = opt.checkpoint_every;
+    j["save-final"] = opt.save_final;
     j["keep-checkpoints"] = opt.keep_checkpoints;
     return j;
 }
@@ -807,7 +808,7 @@ void TrainingRun::step(int step) {
     if ((opt.checkpoint_every > 0 && step % opt.checkpoint_every == 0) || last) checkpoint(step, log_point || last);
     if (last) retire_other_runs();
     if (log_point && lead_) {
-        nlohmann::json m = {{"step", step}, {"loss", r.loss}, {"lr", h.lr}, {"grad_norm", r.grad_norm},
+        nlohmann::json m = {{"step", step}, {"loss", r.loss}, {"lr", json_float(h.lr)}, {"grad_norm", r.grad_norm},
                             {"tokens_per_s", double(BT) / dt}, {"trained_tokens", r.tokens},
                             {"trained_tokens_per_s", double(r.tokens) / dt}, {"ms", dt * 1e3}, {"live_bytes", L.live_total()},
                             {"peak_bytes", L.live_total_peak()}};

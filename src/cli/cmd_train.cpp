@@ -84,9 +84,15 @@ void add_train_flags(CLI::App * train, TrainOptions & t) {
     train->add_option("--checkpoint-every", t.checkpoint_every,
                       "write a checkpoint (weights, AdamW state, step, data position) every N steps")
         ->check(kNonNegative);
-    train->add_option("--save-final", t.save_final,
-                      "write a checkpoint at the end of the run (and at a stop), for memfit export and --resume; "
-                      "false: none unless --checkpoint-every says so")->capture_default_str();
+    train->add_option_function<std::string>(
+              "--save-final",
+              [&t](const std::string & v) {
+                  if (v == "true" || v == "1" || v == "yes" || v == "on") t.save_final = true;
+                  else if (v == "false" || v == "0" || v == "no" || v == "off") t.save_final = false;
+                  else throw ConfigError(fmt::format("--save-final {}: expected true or false", v));
+              },
+              "true (default): write a checkpoint at the end of the run (and at a stop), for memfit export and "
+              "--resume; false: none unless --checkpoint-every says so");
     train->add_option("--checkpoint-dir", t.checkpoint_dir, "where checkpoints go (default: <out>/checkpoints)")->check(kPath);
     train->add_option("--keep-checkpoints", t.keep_checkpoints, "newest checkpoints kept")->capture_default_str()
         ->check(kPositive);

@@ -11,6 +11,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/json_num.h"
+
 #include "core/units.h"
 
 namespace memfit {
@@ -55,7 +57,7 @@ std::string format_progress_json(const ProgressLine & p) {
     j["total_steps"] = p.total_steps;
     j["loss"] = p.loss;
     if (!std::isnan(p.val_loss)) j["val_loss"] = p.val_loss;
-    j["lr"] = p.lr;
+    j["lr"] = json_float(float(p.lr));   // the float the schedule computed, not its double expansion
     j["grad_norm"] = p.grad_norm;
     j["tokens_per_s"] = p.tokens_per_s;
     if (!std::isnan(p.trained_per_s)) j["trained_tokens_per_s"] = p.trained_per_s;
