@@ -154,6 +154,7 @@ void add_train_commands(CLI::App & app) {
         o.out = "runs/profile";
         o.log_every = 1;
         o.sample_tokens = 0;
+        o.save_final = false;   // a look at the step, not a model to keep
         return o;
     }();
     CLI::App * profile = app.add_subcommand(
