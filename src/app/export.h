@@ -72,23 +72,6 @@ std::vector<float> fold_adapters(const ModelConfig & cfg, const LoraOptions & lo
                                  uint64_t seed, const std::vector<float> & adapters, const std::string & want_digest,
                                  const std::string & what, const std::string & recorded_base);
 
-// A PEFT adapter_config.json as memfit's LoRA options (r, lora_alpha, target_modules or
-// "all-linear"); what memfit does not compute (DoRA, rsLoRA, modules_to_save, per-layer patterns)
-// is a ConfigError naming the key.
-LoraOptions peft_lora_options(const ModelConfig & cfg, const nlohmann::json & adapter_config, const std::string & where);
-
-// What `memfit generate` runs: a model folder's weights (with a PEFT adapter folder merged in when
-// `adapter` is set), or a training checkpoint's (a folder, or a root: the newest; LoRA adapters
-// merged into their base). tokenizer: the folder's own files, or the one the checkpoint recorded
-// while its files are unchanged ("" when neither). IoError saying what writes each when `path`
-// is neither.
-struct LoadedModel {
-    ModelConfig        cfg;
-    std::vector<float> params;
-    std::string        tokenizer, what;
-};
-LoadedModel read_model_weights(const std::string & path, const std::string & adapter = "");
-
 // PEFT's adapter_config.json for these options.
 nlohmann::json peft_adapter_config(const ModelConfig & cfg, const LoraOptions & lora, const std::string & base_model);
 

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "app/export.h"
+#include "app/model_source.h"
 #include "backend/make_backend.h"
 #include "backend/quant_format.h"
 #include "cli/commands.h"

@@ -1,0 +1,156 @@
+// Reading a model to run: a Hugging Face folder, a PEFT adapter folder on its base, or a training
+// checkpoint (app/model_source.h).
+#include "app/model_source.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "app/export.h"
+#include "core/error.h"
+#include "core/finite.h"
+#include "core/json_num.h"
+#include "core/json_read.h"
+#include "model/hf_weights.h"
+#include "model/safetensors.h"
+#include "tokenizer/tokenizer.h"
+#include "train/checkpoint.h"
+
+namespace fs = std::filesystem;
+
+namespace memfit {
+
+LoraOptions peft_lora_options(const ModelConfig & cfg, const nlohmann::json & j, const std::string & where) {
+    if (!j.is_object()) throw FormatError(fmt::format("{}: not a JSON object", where));
+    if (j.value("peft_type", std::string("LORA")) != "LORA")
+        throw ConfigError(fmt::format("{}: peft_type {}: memfit reads LoRA adapters", where, j["peft_type"].dump()));
+    // What would change the product memfit computes (scale alpha / r on W + B A): refused by name.
+    for (const char * k : {"use_dora", "use_rslora"})
+        if (j.contains(k) && j[k].is_boolean() && j[k].get<bool>())
+            throw ConfigError(fmt::format("{}: {} is true; memfit applies plain LoRA (scale lora_alpha / r)", where, k));
+    for (const char * k : {"modules_to_save", "rank_pattern", "alpha_pattern", "layers_to_transform"})
+        if (j.contains(k) && !j[k].is_null() && !j[k].empty())
+            throw ConfigError(fmt::format("{}: {} {} is not supported (adapters on every layer's listed modules only)",
+                                          where, k, j[k].dump()));
+    LoraOptions l;
+    l.rank = json_get_in<int>(j, "r", where, 1, cfg.n_embd);
+    l.alpha = json_get_in<float>(j, "lora_alpha", where, 1e-6f, 1e6f);
+    std::vector<std::string> wanted;
+    const nlohmann::json & tm = j.contains("target_modules") ? j["target_modules"] : nlohmann::json();
+    if (tm.is_string() && tm.get<std::string>() == "all-linear") wanted = peft_target_modules(cfg, [&] {
+            LoraOptions all;
+            all.targets = parse_lora_targets(cfg, "all");
+            return all;
+        }());
+    else if (tm.is_array())
+        for (const auto & t : tm)
+            if (t.is_string()) wanted.push_back(t.get<std::string>());
+    if (wanted.empty()) throw FormatError(fmt::format("{}: no target_modules list", where));
+    std::vector<std::string> mapped;
+    for (const std::string & t : parse_lora_targets(cfg, "all")) {
+        LoraOptions one;
+        one.targets = {t};
+        for (const std::string & m : peft_target_modules(cfg, one))
+            if (std::find(wanted.begin(), wanted.end(), m) != wanted.end()) {
+                l.targets.push_back(t);
+                mapped.push_back(m);
+            }
+    }
+    for (const std::string & m : wanted)
+        if (std::find(mapped.begin(), mapped.end(), m) == mapped.end())
+            throw ConfigError(fmt::format("{}: target module '{}' is not one of this {} model's projections ({})", where,
+                                          m, cfg.family, fmt::join(peft_target_modules(cfg, [&] {
+                                              LoraOptions all;
+                                              all.targets = parse_lora_targets(cfg, "all");
+                                              return all;
+                                          }()), ", ")));
+    return l;
+}
+
+namespace {
+
+// The adapters of a PEFT folder in make_lora_layout's order (PEFT's tensor names), checked.
+std::vector<float> read_peft_adapters(const std::string & file, const ModelConfig & cfg, const LoraOptions & l) {
+    const SafetensorsFile f = SafetensorsFile::open(file);
+    const ParamLayout layout = make_lora_layout(cfg, l);
+    std::vector<float> out(layout.total);
+    for (const ParamInfo & p : layout.params) {
+        if (!f.has(p.name)) throw FormatError(fmt::format("{}: missing tensor '{}'", file, p.name));
+        if (f.info(p.name).shape != p.shape)
+            throw FormatError(fmt::format("{}: tensor '{}' has shape [{}], adapter_config.json's r and this model "
+                                          "need [{}]", file, p.name, fmt::join(f.info(p.name).shape, ", "),
+                                          fmt::join(p.shape, ", ")));
+        const std::vector<float> v = f.read_f32(p.name);
+        if (const NonFinite bad = find_non_finite(v.data(), v.size()))
+            throw FormatError(fmt::format("{}: tensor '{}' holds {}", file, p.name, bad.describe()));
+        std::copy(v.begin(), v.end(), out.begin() + std::ptrdiff_t(p.offset));
+    }
+    if (f.names().size() != layout.params.size())
+        throw FormatError(fmt::format("{}: {} tensors, adapter_config.json describes {}", file, f.names().size(),
+                                      layout.params.size()));
+    return out;
+}
+
+// The tokenizer a checkpoint's run used, while its files are the ones it recorded ("" if not).
+std::string checkpoint_tokenizer(const nlohmann::json & meta) {
+    const std::string kind = meta.contains("tokenizer") && meta["tokenizer"].is_string()
+                                 ? meta["tokenizer"].get<std::string>() : "";
+    if (kind.empty() || kind == "gpt2" || kind == "bytes") return kind;
+    const nlohmann::json want = meta.value("tokenizer_files", nlohmann::json::object());
+    return !want.empty() && tokenizer_file_digests(kind) == want ? kind : "";
+}
+
+}  // namespace
+
+LoadedModel read_model_weights(const std::string & path, const std::string & adapter) {
+    LoadedModel w;
+    if (has_hf_weights(path)) {
+        w.cfg = resolve_model(path + "/");
+        w.tokenizer = tokenizer_for_folder(path);
+        if (adapter.empty()) {
+            w.params.resize(size_t(w.cfg.num_params()));
+            load_hf_weights(path, w.cfg, make_param_layout(w.cfg), w.params.data());
+            w.what = path;
+            return w;
+        }
+        const std::string config = (fs::path(adapter) / "adapter_config.json").string();
+        if (!fs::is_regular_file(config))
+            throw IoError(fmt::format("--adapter {}: no adapter_config.json (a folder from memfit export --adapter-only "
+                                      "or PEFT's save_pretrained)", adapter));
+        const LoraOptions l = peft_lora_options(w.cfg, read_json_file(config), config);
+        const std::vector<float> a =
+            read_peft_adapters((fs::path(adapter) / "adapter_model.safetensors").string(), w.cfg, l);
+        w.params = fold_adapters(w.cfg, l, path, 0, a, "", adapter, path);
+        w.what = fmt::format("{} + the LoRA adapters of {} (rank {} on {})", path, adapter, l.rank,
+                             fmt::join(l.targets, ","));
+        return w;
+    }
+    if (!adapter.empty())
+        throw ConfigError(fmt::format("--adapter {}: goes on a base model folder (config.json + model.safetensors); "
+                                      "{} is not one", adapter, path));
+    std::string dir;
+    try {
+        dir = find_checkpoint(path);
+    } catch (const IoError &) {
+        throw IoError(fmt::format("{}: neither a model folder (config.json + model.safetensors, as memfit export "
+                                  "writes) nor a training checkpoint (memfit train writes <out>/checkpoints/step-N at "
+                                  "its end and every --checkpoint-every N steps)", path));
+    }
+    const Checkpoint c = load_checkpoint(dir);
+    w.cfg = checkpoint_model_config(c, dir);
+    if (is_lora_checkpoint(c)) {
+        w.params = merged_lora_weights(c, w.cfg, dir);
+    } else {
+        if (c.state.params.size() != make_param_layout(w.cfg).total)
+            throw FormatError(fmt::format("{}: {} parameters, a model of that shape has {}", dir, c.state.params.size(),
+                                          make_param_layout(w.cfg).total));
+        w.params = c.state.params;
+    }
+    w.tokenizer = checkpoint_tokenizer(c.meta);
+    w.what = dir;
+    return w;
+}
+
+}  // namespace memfit

@@ -1,0 +1,32 @@
+// What `memfit generate` reads: a Hugging Face model folder, the same with a PEFT LoRA adapter
+// folder merged in, or a training checkpoint (LoRA adapters merged into their base).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model/config.h"
+#include "model/lora.h"
+
+namespace memfit {
+
+// A PEFT adapter_config.json as memfit's LoRA options (r, lora_alpha, target_modules or
+// "all-linear"); what memfit does not compute (DoRA, rsLoRA, modules_to_save, per-layer patterns)
+// is a ConfigError naming the key.
+LoraOptions peft_lora_options(const ModelConfig & cfg, const nlohmann::json & adapter_config, const std::string & where);
+
+// What `memfit generate` runs: a model folder's weights (with a PEFT adapter folder merged in when
+// `adapter` is set), or a training checkpoint's (a folder, or a root: the newest; LoRA adapters
+// merged into their base). tokenizer: the folder's own files, or the one the checkpoint recorded
+// while its files are unchanged ("" when neither). IoError saying what writes each when `path`
+// is neither.
+struct LoadedModel {
+    ModelConfig        cfg;
+    std::vector<float> params;
+    std::string        tokenizer, what;
+};
+LoadedModel read_model_weights(const std::string & path, const std::string & adapter = "");
+
+}  // namespace memfit
