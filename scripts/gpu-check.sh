@@ -22,7 +22,11 @@
 #      tokens/s: median of the per-step rates of steps 3.. (metrics.jsonl); memory from summary.json;
 #      its --tensorboard files read back by TensorBoard's EventAccumulator (the loss at every step,
 #      the bytes of parameters, gradients, optimizer states, activations).
+#   e2. memfit bench --timeline at micro-batch 16: where the step's time goes, by op class.
 #   f. python3 bench/pytorch_gpt2.py --batches B --steps 20 (5 warm-up steps; median).
+#   h. fine-tuning on the GPU: llama-mini pre-trained 200 steps with the 259-token ChatML tokenizer,
+#      exported, LoRA and QLoRA --epochs 1 on chat data (bench/make_chat.py), exported bf16,
+#      generate --chat --device cuda; the table's steps line says whether every command ran.
 #   g. the table: tokens/s, MFU (bench/pytorch_gpt2.py's formula, against 989 TFLOP/s), predicted vs
 #      measured device memory, memfit/PyTorch ratios, and PASS/FAIL for the issue's targets.
 # Files (at most 8) go to ${OUT:-/tmp/gpu-check}: check.log (all of this), cuda_tests.log, verify.log,
@@ -42,7 +46,7 @@ while [ $# -gt 0 ]; do
         --dry-run) DRY=true ;;
         --batch) BATCH=${2:?--batch needs a number}; shift ;;
         --steps) STEPS=${2:?--steps needs a number}; shift ;;
-        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
         *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -397,6 +401,45 @@ if ! $DRY; then
 fi
 
 # ------------------------------------------------------------------------------------------------
+# Fine-tuning on the GPU as docs/fine-tune.md runs it on the CPU (bench/fine_tune.sh, smaller): a
+# llama-mini pre-trained on the corpus with the 259-token ChatML tokenizer and exported, then LoRA
+# and QLoRA (nf4) on chat data with the fine-tuning defaults, each exported (bf16) and generated
+# from with --chat on the GPU. Lines into check.log; the table says whether every command ran.
+say "h. fine-tune on the GPU (llama-mini, LoRA and QLoRA, export, generate --chat)"
+FT=$SCR/ft
+t=$(budget 120 10)
+show "timeout $t: prepare, train llama-mini 200 steps, export, LoRA and QLoRA --epochs 1, export, generate --device cuda"
+if ! $DRY; then
+    mkdir -p "$FT"
+    python3 bench/make_chat.py "$FT/chat.jsonl" 300 400
+    ft_run() { timeout -k 5 "$t" "${MF[@]}" "$@"; }
+    ft_ok=true
+    (
+        cd "$FT" || exit 1
+        tok=$ROOT/tests/data/hf-tokenizers/tiny-chat/tokenizer.json
+        ft_run prepare --tokenizer "$tok" --out corpus >/dev/null &&
+        ft_run train --device cuda --model llama-mini --data corpus --steps 200 --batch 8 --seq 256 --eval-every 0 \
+            --sample 0 --out pre --progress plain --log-every 200 | grep -E "^done|device memory" &&
+        ft_run export pre/checkpoints --out base >/dev/null &&
+        ft_run prepare --format jsonl --input chat.jsonl --tokenizer base/tokenizer.json --out chat >/dev/null || exit 1
+        for q in lora qlora; do
+            extra=""
+            [ "$q" = qlora ] && extra="--base-weights nf4"
+            # shellcheck disable=SC2086
+            ft_run train --device cuda --model base --data chat --lora-rank 16 $extra --packing --seq 512 \
+                --precision bf16 --epochs 1 --out "$q" --progress plain --log-every 1000 |
+                grep -E "schedule|LoRA rank|^done|device memory|checkpoint $q" || exit 1
+            ft_run export "$q/checkpoints" --merge-lora --out "$q-bf16" || exit 1
+            ft_run generate --device cuda --model "$q-bf16" --chat --prompt "Continue the scene after:
+ROMEO: But, soft! what light through yonder window breaks?" --temperature 0 --max-new-tokens 60 || exit 1
+            echo
+        done
+    ) 2>&1 | sed 's/^/  /' || ft_ok=false
+    [ -f "$FT/qlora-bf16/model.safetensors" ] || ft_ok=false
+    if $ft_ok; then STATUS[h]=ran; else step_failed h "a fine-tune command failed (above)"; fi
+fi
+
+# ------------------------------------------------------------------------------------------------
 if $DRY; then
     say "g. (dry run) the table would be printed from $OUTD/memfit_summary.json, memfit_metrics.jsonl, pytorch.log"
     exit 0
@@ -406,7 +449,7 @@ export GC_OUT=$OUTD GC_B=$B GC_BWHY=$B_WHY GC_STEPS=$STEPS GC_PLAN=$PLAN_JSON GC
 export GC_TPASS=$T_PASS GC_TFAIL=$T_FAIL GC_TSKIP=$T_SKIP GC_TTOTAL=$T_TOTAL GC_TFAILED=$T_FAILED_NAMES
 export GC_VOK=$VERIFY_OK GC_VN=$VERIFY_N GC_VDESC=$VERIFY_DESC GC_ELAPSED=$((SECONDS - T0))
 export GC_STATUS
-GC_STATUS=$(for k in a b c d e f; do echo "$k=${STATUS[$k]:-not run}"; done)
+GC_STATUS=$(for k in a b c d e f h; do echo "$k=${STATUS[$k]:-not run}"; done)
 py <<'EOF'
 import json, os, statistics
 
