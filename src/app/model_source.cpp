@@ -37,19 +37,18 @@ LoraOptions peft_lora_options(const ModelConfig & cfg, const nlohmann::json & j,
     LoraOptions l;
     l.rank = json_get_in<int>(j, "r", where, 1, cfg.n_embd);
     l.alpha = json_get_in<float>(j, "lora_alpha", where, 1e-6f, 1e6f);
+    LoraOptions every;
+    every.targets = parse_lora_targets(cfg, "all");
+    const std::vector<std::string> projections = peft_target_modules(cfg, every);
     std::vector<std::string> wanted;
     const nlohmann::json & tm = j.contains("target_modules") ? j["target_modules"] : nlohmann::json();
-    if (tm.is_string() && tm.get<std::string>() == "all-linear") wanted = peft_target_modules(cfg, [&] {
-            LoraOptions all;
-            all.targets = parse_lora_targets(cfg, "all");
-            return all;
-        }());
+    if (tm.is_string() && tm.get<std::string>() == "all-linear") wanted = projections;
     else if (tm.is_array())
         for (const auto & t : tm)
             if (t.is_string()) wanted.push_back(t.get<std::string>());
     if (wanted.empty()) throw FormatError(fmt::format("{}: no target_modules list", where));
     std::vector<std::string> mapped;
-    for (const std::string & t : parse_lora_targets(cfg, "all")) {
+    for (const std::string & t : every.targets) {
         LoraOptions one;
         one.targets = {t};
         for (const std::string & m : peft_target_modules(cfg, one))
@@ -61,11 +60,7 @@ LoraOptions peft_lora_options(const ModelConfig & cfg, const nlohmann::json & j,
     for (const std::string & m : wanted)
         if (std::find(mapped.begin(), mapped.end(), m) == mapped.end())
             throw ConfigError(fmt::format("{}: target module '{}' is not one of this {} model's projections ({})", where,
-                                          m, cfg.family, fmt::join(peft_target_modules(cfg, [&] {
-                                              LoraOptions all;
-                                              all.targets = parse_lora_targets(cfg, "all");
-                                              return all;
-                                          }()), ", ")));
+                                          m, cfg.family, fmt::join(projections, ", ")));
     return l;
 }
 

@@ -44,6 +44,18 @@ using Clock = std::chrono::steady_clock;
 // The run as flags, resolved (summary.json's run_config: `--config` of it runs the run again).
 nlohmann::json resolved_config(const TrainOptions & opt, RunConfig run, const EngineOptions & eo, int ranks);
 
+// The job's identity and its checks before any work (app/training_job.cpp).
+std::string new_run_id();   // random: two runs never share one
+// An exclusive lock on <dir>/.memfit.lock, held while the returned descriptor is open (IoError
+// naming `flag` when another run holds it).
+int lock_folder(const std::string & dir, const char * flag);
+bool within(const std::string & inner, const std::string & outer);   // inner is outer or below it
+ProgressMode progress_mode(const std::string & m);
+// A value every rank must share: all ranks stop with one line naming `what` when one differs.
+void check_same_on_ranks(Communicator & comm, const std::string & mine, const std::string & what,
+                         const std::string & hint);
+void check_ranks_agree(Communicator & comm, const TrainOptions & opt);   // every flag, before any work
+
 // One training job, phase by phase (run_training calls them in order): every flag is checked and
 // every configuration resolved before the first output is written.
 class TrainingRun {

@@ -23,12 +23,14 @@ struct CmdResult {
     std::string out;   // stdout
 };
 
-inline CmdResult run_memfit(const std::string & args) {
+// memfit ARGS, from the folder `cwd` when one is given (commands with relative paths).
+inline CmdResult run_memfit(const std::string & args, const fs::path & cwd = {}) {
     // CTest runs tests in parallel processes: keep each process's files apart.
     const fs::path dir = fs::temp_directory_path() / ("memfit_cli_test." + std::to_string(getpid()));
     fs::create_directories(dir);
     const std::string err_file = (dir / "stderr.txt").string(), out_file = (dir / "stdout.txt").string();
-    const std::string cmd = std::string(MEMFIT_BINARY) + " " + args + " >" + out_file + " 2>" + err_file;
+    const std::string cd = cwd.empty() ? std::string() : "cd '" + cwd.string() + "' && ";
+    const std::string cmd = cd + std::string(MEMFIT_BINARY) + " " + args + " >" + out_file + " 2>" + err_file;
     const int status = std::system(cmd.c_str());
     CmdResult r;
     r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

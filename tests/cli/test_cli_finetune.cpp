@@ -32,17 +32,7 @@ std::string slurp(const fs::path & p) {
 }
 
 // `memfit ARGS` run inside `dir` (the README's commands use relative paths).
-CmdResult run_in(const fs::path & dir, const std::string & args) {
-    const fs::path out = dir / ".stdout", err = dir / ".stderr";
-    const std::string cmd = "cd '" + dir.string() + "' && " + std::string(MEMFIT_BINARY) + " " + args + " >'" +
-                            out.string() + "' 2>'" + err.string() + "'";
-    const int status = std::system(cmd.c_str());
-    CmdResult r;
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
-}
+CmdResult run_in(const fs::path & dir, const std::string & args) { return cli_test::run_memfit(args, dir); }
 
 // A folder with chat.jsonl (40 conversations), its prepared data (chat-data, the tiny tokenizer)
 // and a base model folder `base` (a 2-layer, 64-wide Llama pretrained 20 steps, exported with the
