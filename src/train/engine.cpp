@@ -224,10 +224,16 @@ void Engine::init_params(uint64_t seed) {
 void Engine::set_base(const float * full) {
     const TrainStep & st = *plans_.train;
     MF_ASSERT(st.lora());
-    Tensor dense(st.base, st.compute(), {int64_t(st.base_layout().total)});
-    dense.data = train_mem_->base(st.base);
-    store_split_weights(backend_, cfg_, st.quant_layout(), dense,
-                        static_cast<uint8_t *>(st.base_q >= 0 ? train_mem_->base(st.base_q) : nullptr), full);
+    const SplitBytes whole = split_weights(backend_, cfg_, st.quant_layout(), st.compute(), full);
+    // This rank's part (ZeRO 3: its shard) of each of the split form's buffers.
+    auto store = [&](BufferId id, const std::vector<uint8_t> & bytes, const FlatShards & sh, size_t es) {
+        if (id < 0) return;
+        const size_t lo = sh.lo(opt_.rank) * es, hi = sh.hi(opt_.rank) * es;
+        MF_ASSERT(bytes.size() == sh.total * es && hi - lo <= st.program().buffer(id).bytes);
+        if (hi > lo) backend_.upload(train_mem_->base(id), bytes.data() + lo, hi - lo);
+    };
+    store(st.base, whole.dense, st.base_shards(), dtype_size(st.compute()));
+    store(st.base_q, whole.packed, st.base_q_shards(), 1);
 }
 
 void Engine::set_teacher(const float * full) {
@@ -239,13 +245,22 @@ void Engine::set_teacher(const float * full) {
                         static_cast<uint8_t *>(st.teacher_q >= 0 ? train_mem_->base(st.teacher_q) : nullptr), full);
 }
 
-std::vector<float> Engine::base_weights() const {
+std::vector<float> Engine::base_weights() {
     const TrainStep & st = *plans_.train;
     MF_ASSERT(st.lora());
-    Tensor dense(st.base, st.compute(), {int64_t(st.base_layout().total)});
-    dense.data = train_mem_->base(st.base);
-    return load_split_weights(backend_, cfg_, st.quant_layout(), dense,
-                              static_cast<const uint8_t *>(st.base_q >= 0 ? train_mem_->base(st.base_q) : nullptr));
+    // Each buffer whole on the host: this rank's part, gathered over the data-parallel ranks (ZeRO 3).
+    auto whole = [&](BufferId id, const FlatShards & sh, size_t es) {
+        std::vector<uint8_t> all(sh.total * es);
+        if (id < 0) return all;
+        std::vector<uint8_t> mine(st.program().buffer(id).bytes);
+        backend_.download(mine.data(), train_mem_->base(id), mine.size());
+        if (sh.whole) std::copy_n(mine.begin(), all.size(), all.begin());
+        else comm_->iall_gather(mine.data(), all.data(), sh.counts(0, sh.total), es)->wait();
+        return all;
+    };
+    const size_t cs = dtype_size(st.compute());
+    const std::vector<uint8_t> dense = whole(st.base, st.base_shards(), cs), packed = whole(st.base_q, st.base_q_shards(), 1);
+    return join_split_weights(backend_, cfg_, st.quant_layout(), st.compute(), dense.data(), packed.data());
 }
 
 std::vector<float> Engine::full_params() { return gather_whole(params()); }

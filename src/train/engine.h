@@ -198,11 +198,11 @@ public:
     // until set_teacher.
     void init_params(uint64_t seed);
     // LoRA: the frozen base from the whole model's fp32 weights (make_param_layout order),
-    // rounded to the compute dtype or quantized.
+    // rounded to the compute dtype or quantized; each rank keeps its part (ZeRO 3: its shard).
     void set_base(const float * full);
     // LoRA: the base as the step computes with it (rounded or dequantized), as fp32 in
-    // make_param_layout order.
-    std::vector<float> base_weights() const;
+    // make_param_layout order (ZeRO 3: gathered over the data-parallel ranks, collective).
+    std::vector<float> base_weights();
     // Distillation: the teacher's weights from its whole model's fp32 weights (make_param_layout
     // order of its config), rounded to the compute dtype or packed.
     void set_teacher(const float * full);

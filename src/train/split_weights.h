@@ -12,7 +12,21 @@
 
 namespace memfit {
 
-// dense: a resolved tensor of dense_layout(cfg, q).total elements; packed: q.bytes (null if none).
+// The split form in host memory: the dense part's bytes (dtype `dense_dt`) and the packed
+// projections' q.bytes (empty without quantized projections). The backend packs (its quantize
+// reads and writes host memory).
+struct SplitBytes {
+    std::vector<uint8_t> dense, packed;
+};
+SplitBytes split_weights(Backend & backend, const ModelConfig & cfg, const QuantLayout & q, DType dense_dt,
+                         const float * full);
+// The whole model's fp32 weights from the split form in host memory (dequantized).
+std::vector<float> join_split_weights(Backend & backend, const ModelConfig & cfg, const QuantLayout & q,
+                                      DType dense_dt, const uint8_t * dense, const uint8_t * packed);
+
+// dense: a resolved tensor of dense_layout(cfg, q).total elements; packed: q.bytes (null if none),
+// both in the backend's memory (device memory on a GPU: staged through the host, so nothing but
+// the weights' own buffers is ever on the device).
 void store_split_weights(Backend & backend, const ModelConfig & cfg, const QuantLayout & q, Tensor dense,
                          uint8_t * packed, const float * full);
 // The weights as the kernels see them: rounded to the compute dtype, or dequantized.

@@ -20,13 +20,14 @@
 namespace memfit {
 
 namespace {
-// Every dense view of w (weights, biases, adapters; not the packed quantized projections).
+// Every view of w: weights, biases, adapters, and a quantized base's packed projections.
 template <class F>
 void for_each_view(ModelWeights & w, F f) {
     for (Tensor * t : {&w.wte, &w.wpe, &w.lnfw, &w.lnfb, &w.head}) f(*t);
     for (auto & y : w.h) {
         for (Tensor * t : {&y.ln1w, &y.ln1b, &y.qkvw, &y.qkvb, &y.projw, &y.projb, &y.ln2w, &y.ln2b, &y.fcw, &y.fcb,
-                           &y.fcprojw, &y.fcprojb})
+                           &y.fcprojw, &y.fcprojb, &y.qnw, &y.knw, &y.qkvq.packed, &y.projq.packed, &y.fcq.packed,
+                           &y.fcprojq.packed})
             f(*t);
         for (auto & ad : y.adapters) {
             f(ad.a);
@@ -103,17 +104,26 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
         trainable = "lora.";
         if (model.lora.quantized()) quant_layout_ = make_quant_layout(cfg_, model.lora.format());
         base_layout_ = dense_layout(cfg_, quant_layout_);
-        base = program_.declare("parameters", Category::parameters, base_layout_.total * dtype_size(compute_), true);
+        // ZeRO 3 shards it like the trainable buffer (the packed bytes 64-byte aligned).
+        auto shards = [&](size_t total, size_t align) {
+            return dp.zero >= 3 ? FlatShards::cut(total, dp.ranks, align) : FlatShards::whole_of(total, dp.ranks);
+        };
+        sources_[kBase] = {-1, compute_, shards(base_layout_.total, kShardAlign), "parameters"};
+        sources_[kBaseQ] = {-1, DType::u8, shards(quant_layout_.bytes, 64), "parameters.quantized"};
+        base = sources_[kBase].flat = program_.declare("parameters", Category::parameters,
+                                                       sources_[kBase].sh.size * dtype_size(compute_), true);
         if (quant_layout_.bytes)
-            base_q = program_.declare("parameters.quantized", Category::parameters, quant_layout_.bytes, true);
+            base_q = sources_[kBaseQ].flat = program_.declare("parameters.quantized", Category::parameters,
+                                                              sources_[kBaseQ].sh.size, true);
     }
     const std::string pre = trainable;
     const size_t P = layout_.total, BT = size_t(B) * size_t(T) * size_t(micro_batches());
     const size_t cs = dtype_size(compute_), gs = dtype_size(grad_dt_);
     // Shards: ZeRO 0 keeps everything whole; 1..3 cut the flat buffer into equal, aligned ranges.
-    S_ = dp.zero == 0 ? P : (P + size_t(dp.ranks) * kShardAlign - 1) / (size_t(dp.ranks) * kShardAlign) * kShardAlign;
-    lo_ = dp.zero == 0 ? 0 : std::min(size_t(dp.rank) * S_, P);
-    hi_ = std::min(lo_ + S_, P);
+    shards_ = dp.zero == 0 ? FlatShards::whole_of(P, dp.ranks) : FlatShards::cut(P, dp.ranks, kShardAlign);
+    S_ = shards_.size;
+    lo_ = shards_.lo(dp.rank);
+    hi_ = shards_.hi(dp.rank);
     // bf16-sr: the bf16 weights are the truth, updated with stochastic rounding; no master copy.
     sr_ = train && model.sr_master;
     if (sr_ && compute_ != DType::bf16)
@@ -150,6 +160,7 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     }
     const size_t rest = S_ - off_elems_, ms = dtype_size(moments_);
     params = program_.declare(pre + "parameters", Category::parameters, (dp.zero >= 3 ? S_ : P) * cs, true);
+    sources_[kTrainable] = {params, compute_, shards_, pre + "parameters"};
     // fp32 master weights: with the AdamW moments, the 12 bytes per parameter of optimizer state
     // in the ZeRO paper's count; reported in their own category.
     master = train && mixed ? program_.declare(pre + "master_parameters", Category::master_weights, rest * 4, true) : -1;
@@ -238,7 +249,7 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     }
     all_reduce_ = train && parts_.optimizer && parts_.reduce_grads && dp.zero < 2;
     reduce_scatter_ = train && dp.zero >= 2;
-    std::vector<Range> grad_ranges, fwd_ranges, bwd_ranges;
+    std::vector<Range> grad_ranges;
     for (size_t i = 0; (all_reduce_ || reduce_scatter_) && i < buckets_.size(); ++i) {
         Bucket & k = buckets_[i];
         // Sized for the rank with the most of the bucket, so that every rank's plan is the same.
@@ -256,17 +267,23 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     if (reduce_scatter_) remap(dw_, grads, grad_dt_, grad_ranges);
     wf_ = wb_ = w_;
     if (dp.zero >= 3) {
+        if (lora_) frozen_groups();
+        std::vector<Range> fwd_ranges[3], bwd_ranges[3];
         for (auto & q : groups_) {
-            const size_t bytes = (q.b - q.a) * cs;
-            const std::string name = q.layer < 0 ? fmt::format("{}parameters.gathered.rest{}", pre, q.a)
-                                                 : fmt::format("{}parameters.gathered.layer{}", pre, q.layer);
+            const Source & src = sources_[q.src];
+            const size_t bytes = (q.b - q.a) * dtype_size(src.dt);
+            const std::string name = q.layer < 0 ? fmt::format("{}.gathered.rest{}", src.name, q.a)
+                                                 : fmt::format("{}.gathered.layer{}", src.name, q.layer);
             q.fwd = program_.declare(name + (q.layer >= 0 ? ".fwd" : ""), Category::parameters, bytes);
             q.bwd = q.layer >= 0 && train ? program_.declare(name + ".bwd", Category::parameters, bytes) : q.fwd;
-            fwd_ranges.push_back(Range{q.a, q.b, q.fwd});
-            bwd_ranges.push_back(Range{q.a, q.b, q.bwd});
+            fwd_ranges[q.src].push_back(Range{q.a, q.b, q.fwd});
+            bwd_ranges[q.src].push_back(Range{q.a, q.b, q.bwd});
         }
-        remap(wf_, params, compute_, fwd_ranges);
-        remap(wb_, params, compute_, bwd_ranges);
+        for (int k = 0; k < 3; ++k) {
+            if (sources_[k].flat < 0) continue;
+            remap(wf_, sources_[k].flat, sources_[k].dt, fwd_ranges[k]);
+            remap(wb_, sources_[k].flat, sources_[k].dt, bwd_ranges[k]);
+        }
     }
     // The gradient norm's ranges: [0, P) or (ZeRO >= 2) the shard, in the gradient buffer's
     // coordinates; tensor ranks other than the first skip the replicated parameters, whose
@@ -358,27 +375,21 @@ void TrainStep::declare_teacher(const ModelOptions & student, BufferId doc_start
     distill_ = DistillHead{teacher_.get(), &tw_, Tensor(stats, DType::f32, {2, chunk}), d.alpha, d.temperature};
 }
 
-size_t TrainStep::in_shard(size_t a, size_t b, int r) const {
-    const size_t P = layout_.total;
-    const size_t lo = dp_.zero == 0 ? 0 : std::min(size_t(r) * S_, P), hi = std::min(lo + S_, P);
-    const size_t x = std::max(a, lo), y = std::min(b, hi);
-    return y > x ? y - x : 0;
-}
-
-size_t TrainStep::most_in_shard(size_t a, size_t b) const {
-    if (b <= a) return 0;
-    if (dp_.zero == 0) return b - a;
-    // Only the ranks whose shards [r S, r S + S) meet [a, b) hold any of it; one strictly
-    // between the first and the last holds a whole shard. O(1) in the ranks.
-    const int r0 = int(a / S_), r1 = std::min(int((b - 1) / S_), dp_.ranks - 1);
-    if (r1 - r0 >= 2) return S_;
-    return std::max(in_shard(a, b, r0), in_shard(a, b, r1));
-}
-
-std::vector<size_t> TrainStep::shard_counts(size_t a, size_t b) const {
-    std::vector<size_t> counts;
-    for (int r = 0; r < dp_.ranks; ++r) counts.push_back(in_shard(a, b, r));
-    return counts;
+// LoRA's frozen base under ZeRO 3: its dense part's runs of one layer's weights and each layer's
+// packed projections (layer-major in the QuantLayout), as groups gathered like the adapters'.
+void TrainStep::frozen_groups() {
+    for (const auto & p : base_layout_.params) {
+        const int l = param_block(p.name);
+        const Group * last = groups_.empty() ? nullptr : &groups_.back();
+        if (last && last->src == kBase && last->layer == l) groups_.back().b += p.numel;
+        else groups_.push_back(Group{l, p.offset, p.offset + p.numel, -1, -1, kBase});
+    }
+    const auto & e = quant_layout_.entries;
+    for (size_t i = 0; i < e.size(); ++i) {
+        const size_t end = i + 1 < e.size() ? e[i + 1].offset : quant_layout_.bytes;
+        if (i > 0 && e[i - 1].layer == e[i].layer) groups_.back().b = end;
+        else groups_.push_back(Group{e[i].layer, e[i].offset, end, -1, -1, kBaseQ});
+    }
 }
 
 Tensor TrainStep::grad_view(const Bucket & k) const {
@@ -388,11 +399,12 @@ Tensor TrainStep::grad_view(const Bucket & k) const {
 
 void TrainStep::zero3_gather(Graph & g, size_t j, bool backward, int slot) const {
     const Group & q = groups_[j];
-    const std::vector<size_t> counts = shard_counts(q.a, q.b);
-    const size_t mine = counts[size_t(dp_.rank)];
-    const Tensor in = mine ? Tensor(params, compute_, {int64_t(mine)}, (std::max(q.a, lo_) - lo_) * dtype_size(compute_))
+    const Source & src = sources_[q.src];
+    const std::vector<size_t> counts = src.sh.counts(q.a, q.b);
+    const size_t mine = counts[size_t(dp_.rank)], lo = src.sh.lo(dp_.rank);
+    const Tensor in = mine ? Tensor(src.flat, src.dt, {int64_t(mine)}, (std::max(q.a, lo) - lo) * dtype_size(src.dt))
                            : Tensor{};
-    g.all_gather_start(Tensor(backward ? q.bwd : q.fwd, compute_, {int64_t(q.b - q.a)}), in, counts, slot);
+    g.all_gather_start(Tensor(backward ? q.bwd : q.fwd, src.dt, {int64_t(q.b - q.a)}), in, counts, slot);
 }
 
 void TrainStep::run(Graph & g, const StepScalars & s) const {
@@ -431,7 +443,7 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
             const Group & q = groups_[size_t(j)];
             if (!serves(q, layer) || waited[size_t(j + (backward ? ng : 0))]) continue;
             waited[size_t(j + (backward ? ng : 0))] = 1;
-            gg.comm_wait(nb + j + (backward ? ng : 0), {Tensor(backward ? q.bwd : q.fwd, compute_, {1})});
+            gg.comm_wait(nb + j + (backward ? ng : 0), {Tensor(backward ? q.bwd : q.fwd, sources_[q.src].dt, {1})});
         }
     };
     // Reductions in flight (all-reduces, or ZeRO >= 2's reduce-scatters into the shard), finished

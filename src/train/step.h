@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/graph.h"
@@ -13,6 +14,7 @@
 #include "model/transformer.h"
 #include "model/param_layout.h"
 #include "model/pipeline.h"
+#include "train/shards.h"
 
 namespace memfit {
 
@@ -80,16 +82,21 @@ public:
     int T() const { return T_; }
 
     // This rank's shard of the flat trainable buffer: elements [lo, hi), padded length `size`
-    // (ZeRO 0: [0, total)). shard_lo(r) / shard_hi(r): rank r's.
+    // (ZeRO 0: [0, total)).
     size_t shard_lo() const { return lo_; }
     size_t shard_hi() const { return hi_; }
     size_t shard_size() const { return S_; }
     const DataParallel & data_parallel() const { return dp_; }
     // Elements of [a, b) in rank r's shard; and in every rank's, in rank order.
-    size_t in_shard(size_t a, size_t b, int r) const;
-    std::vector<size_t> shard_counts(size_t a, size_t b) const;
+    size_t in_shard(size_t a, size_t b, int r) const { return shards_.in(a, b, r); }
+    std::vector<size_t> shard_counts(size_t a, size_t b) const { return shards_.counts(a, b); }
     // The most of [a, b) any one rank's shard holds (the rank with the most of a bucket).
-    size_t most_in_shard(size_t a, size_t b) const;
+    size_t most_in_shard(size_t a, size_t b) const { return shards_.most(a, b); }
+    // LoRA's frozen base as each rank holds it: ZeRO 3 shards its dense part (elements of
+    // base_layout().total) and its packed projections (bytes of quant_layout().bytes) like the
+    // trainable buffer, and gathers them layer by layer; else whole on every rank.
+    const FlatShards & base_shards() const { return sources_[kBase].sh; }
+    const FlatShards & base_q_shards() const { return sources_[kBaseQ].sh; }
 
     // Persistent buffers the host reads or writes between steps. params holds the trainable
     // weights in the compute dtype (ZeRO 3: this rank's shard); under mixed precision `master`
@@ -179,10 +186,17 @@ private:
     DataParallel dp_;
     PipelineParallel pp_;
     size_t lo_ = 0, hi_ = 0, S_ = 0;
-    // Groups: runs of adjacent parameters of one layer (-1: outside the blocks), [a, b) of the
-    // flat buffer. ZeRO 3 gathers each into `fwd` before its forward and `bwd` before its
+    FlatShards shards_;
+    // The flat buffers ZeRO 3 shards and gathers: the trainable parameters, and LoRA's frozen base
+    // (dense part in the compute dtype, packed projections in bytes; flat -1 when absent).
+    struct Source { BufferId flat = -1; DType dt = DType::f32; FlatShards sh; std::string name; };
+    static constexpr int kTrainable = 0, kBase = 1, kBaseQ = 2;
+    Source sources_[3];
+    // Groups: runs of adjacent parameters of one layer (-1: outside the blocks), [a, b) of a
+    // source's flat buffer. ZeRO 3 gathers each into `fwd` before its forward and `bwd` before its
     // backward (the rest's groups: once, into fwd, for the whole step).
-    struct Group { int layer; size_t a, b; BufferId fwd = -1, bwd = -1; };
+    struct Group { int layer; size_t a, b; BufferId fwd = -1, bwd = -1; int src = kTrainable; };
+    void frozen_groups();   // LoRA under ZeRO 3: the base's groups, after the trainable ones
     std::vector<Group> groups_;
     // Gradient buckets: adjacent groups reduced together, from layer `top` down to `bottom`
     // (-1: a rest group). ZeRO >= 2: the bucket's gradients live in `grad` from its top layer's
