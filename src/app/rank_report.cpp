@@ -54,20 +54,21 @@ std::string rank_label(const ParallelLayout & l, int rank) {
     return fmt::format("rank {} (tp {}, pp {}, dp {})", rank, c.tp, c.pp, c.dp);
 }
 
-RankMemory gather_memory(Communicator & comm, const Ledger & L, uint64_t rss) {
+RankMemory gather_memory(Communicator & comm, const Ledger & L, uint64_t rss, const CategoryBytes & planned_live,
+                         const CategoryBytes & planned_reserved) {
     const size_t N = size_t(comm.size());
     RankMemory r;
-    r.reserved.resize(N);
-    r.live.resize(N);
-    const CategoryBytes rsv = L.reserved_peak(), live = L.live_peak();
-    for (size_t c = 0; c < size_t(kCategoryCount); ++c) {
-        const auto a = comm.all_gather_u64(rsv.v[c]);
-        const auto b = comm.all_gather_u64(live.v[c]);
-        for (size_t k = 0; k < N; ++k) {
-            r.reserved[k].v[c] = a[k];
-            r.live[k].v[c] = b[k];
+    auto gather = [&](const CategoryBytes & mine, std::vector<CategoryBytes> & all) {
+        all.resize(N);
+        for (size_t c = 0; c < size_t(kCategoryCount); ++c) {
+            const auto a = comm.all_gather_u64(mine.v[c]);
+            for (size_t k = 0; k < N; ++k) all[k].v[c] = a[k];
         }
-    }
+    };
+    gather(L.reserved_peak(), r.reserved);
+    gather(L.live_peak(), r.live);
+    gather(planned_reserved, r.planned_reserved);
+    gather(planned_live, r.planned_live);
     r.rss = comm.all_gather_u64(rss);
     return r;
 }
@@ -109,7 +110,9 @@ nlohmann::json rank_memory_json(const RankMemory & r) {
     }
     for (size_t k = 0; k < N; ++k)
         j["by_rank"].push_back({{"rank", k}, {"reserved", category_json(r.reserved[k])},
-                                {"peak_live", category_json(r.live[k])}, {"peak_rss_bytes", r.rss[k]}});
+                                {"peak_live", category_json(r.live[k])}, {"peak_rss_bytes", r.rss[k]},
+                                {"planned", {{"peak_live", category_json(r.planned_live[k])},
+                                             {"reserved", category_json(r.planned_reserved[k])}}}});
     return j;
 }
 

@@ -22,12 +22,15 @@ std::string pipeline_idle(Communicator & comm, const ParallelLayout & l, const T
 // "rank 3", or with tensor or pipeline parallelism "rank 3 (tp 1, pp 1, dp 0)".
 std::string rank_label(const ParallelLayout & l, int rank);
 
-// Per-rank memory, gathered (collective): what each rank's ledger measured.
+// Per-rank memory, gathered (collective): what each rank's ledger measured, and what its own
+// program planned (tensor and pipeline ranks run different programs).
 struct RankMemory {
-    std::vector<CategoryBytes> reserved, live;   // [rank]
+    std::vector<CategoryBytes> reserved, live;                   // [rank], measured
+    std::vector<CategoryBytes> planned_reserved, planned_live;   // [rank]
     std::vector<uint64_t> rss;
 };
-RankMemory gather_memory(Communicator & comm, const Ledger & L, uint64_t rss);
+RankMemory gather_memory(Communicator & comm, const Ledger & L, uint64_t rss, const CategoryBytes & planned_live,
+                         const CategoryBytes & planned_reserved);
 
 // "memory per rank (4 ranks): reserved min .. (rank i) max .. (rank j); ..." and per category.
 std::string format_rank_memory(const RankMemory & r);

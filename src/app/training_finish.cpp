@@ -62,8 +62,7 @@ namespace memfit {
 namespace fs = std::filesystem;
 
 // Planned against measured: this rank's categories, RSS, the device, every rank's.
-void TrainingRun::report_memory(const RankMemory & rank_memory, const std::vector<uint64_t> & planned_by_rank,
-                                uint64_t rss) {
+void TrainingRun::report_memory(const RankMemory & rank_memory, uint64_t rss) {
     const Ledger & L = engine_->ledger();
     const CategoryBytes plan_live = engine_->planned_peak_live(), plan_rsv = engine_->planned_reserved();
     if (opt_.check_lifetimes)
@@ -78,13 +77,14 @@ void TrainingRun::report_memory(const RankMemory & rank_memory, const std::vecto
                                 : format_device_memory(plan_rsv.total(), backend_->runtime_bytes(),
                                                        backend_->device_used_delta()));
     if (world_ > 1) say(format_rank_memory(rank_memory));
-    if (layout_.tp > 1 || layout_.pp > 1) {
-        std::string lines = "per rank: planned vs measured peak live";
-        for (int k = 0; k < world_; ++k) {
-            const uint64_t measured = rank_memory.live[size_t(k)].total();
-            lines += fmt::format("\n  {}: planned {}, measured {}{}", rank_label(layout_, k),
-                                 format_bytes(planned_by_rank[size_t(k)]), format_bytes(measured),
-                                 measured == planned_by_rank[size_t(k)] ? " (equal)" : "");
+    if (world_ > 1) {   // each rank's own program's plan (tensor and pipeline ranks run different ones)
+        std::string lines = "per rank: planned vs measured peak live (equal: every category's peak live and reserved)";
+        for (size_t k = 0; k < size_t(world_); ++k) {
+            const bool equal = rank_memory.live[k].v == rank_memory.planned_live[k].v &&
+                               rank_memory.reserved[k].v == rank_memory.planned_reserved[k].v;
+            lines += fmt::format("\n  {}: planned {}, measured {}{}", rank_label(layout_, int(k)),
+                                 format_bytes(rank_memory.planned_live[k].total()),
+                                 format_bytes(rank_memory.live[k].total()), equal ? " (equal)" : "");
         }
         say(lines);
     }
@@ -154,10 +154,8 @@ void TrainingRun::finish() {
     const double tps = total_time_ > 0 ? double(total_tokens_) / total_time_ : 0.0;
     // Every rank's measured memory, for the min/max over ranks (a collective: before rank 0 goes
     // its own way).
-    const RankMemory rank_memory = gather_memory(*comm_, L, rss);
+    const RankMemory rank_memory = gather_memory(*comm_, L, rss, plan_live, plan_rsv);
     const std::string bubble = layout_.pp > 1 ? pipeline_idle(*comm_, layout_, timeline_, accum_) : std::string();
-    // Tensor and pipeline ranks run different programs: each rank's plan beside its measurement.
-    const std::vector<uint64_t> planned_by_rank = comm_->all_gather_u64(plan_live.total());
     // The whole model's weights for the sample (collective under ZeRO).
     const bool want_sample = opt_.sample_tokens > 0 && !data_.tokenizer.empty() && !opt_.profile;
     std::vector<float> sample_weights;
@@ -165,7 +163,7 @@ void TrainingRun::finish() {
     std::vector<RankView> rank_views;
     if (world_ > 1) rank_views = gather_rank_views();
     if (!lead_) return;
-    report_memory(rank_memory, planned_by_rank, rss);
+    report_memory(rank_memory, rss);
     if (!bubble.empty()) say(bubble);
     say(fmt::format("done: {} steps in {:.1f} s, {:.0f} tokens/s, final loss {:.4f}{}", last_step_, wall_, tps, last_loss_,
                     std::isnan(last_val_) ? std::string() : fmt::format(", validation loss {:.4f}", last_val_)));

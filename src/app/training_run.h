@@ -95,7 +95,7 @@ private:
     void stopped(int last_done);
     void checkpoint(int step, bool log_point);
     std::string checkpoint_root() const;
-    void report_memory(const RankMemory & rank_memory, const std::vector<uint64_t> & planned_by_rank, uint64_t rss);
+    void report_memory(const RankMemory & rank_memory, uint64_t rss);
     std::pair<std::string, int> sample(const std::vector<float> & weights);
     // Watching the run (training_watch.cpp). Collective: run.json (each rank's plan) and the
     // TensorBoard files; every rank's memory at a log point, to TensorBoard and (rank 0's
