@@ -69,10 +69,6 @@ CategoryBytes lora_state_bytes(uint64_t base, int64_t adapters, const Candidate 
 
 void check_lora_layout(const Candidate & c) {
     if (!c.lora_plan || !c.lora_plan->quantized()) return;
-    if (c.layout.zero >= 3)
-        throw ConfigError(fmt::format("--base-weights {} with ZeRO-3: sharding a packed base is not modelled; use "
-                                      "--zero 0..2 (the packed base is replicated) or --base-weights bf16",
-                                      base_weights_name(c.lora_plan->opts.base)));
     if (c.layout.offload == Offload::optimizer_params)
         throw ConfigError(fmt::format("--base-weights {} with --offload optimizer+params: offloading a packed base is "
                                       "not modelled; use --offload optimizer or none",

@@ -167,8 +167,10 @@ std::string best_block(const PlanRequest & r, const SearchReport & rep) {
     for (size_t st = 0; st < b.mem.stages.size(); ++st)
         out += fmt::format("    pipeline stage {}: {} peak live (without runtime)\n", st,
                            format_bytes(b.mem.stages[st].total()));
-    if (r.lora)
-        out += fmt::format("    parameters on that device: frozen base {}, adapters {}\n", format_bytes(b.mem.frozen),
+    if (r.lora)   // ZeRO-3 shards the base like the adapters and gathers a layer's weights at a time
+        out += fmt::format("    parameters on that device: frozen base {}{}, {} {}\n", format_bytes(b.mem.frozen),
+                           b.c.layout.zero >= 3 ? " (its shard)" : "",
+                           b.c.layout.zero >= 3 ? "adapters' shard and the weights gathered at a time" : "adapters",
                            format_bytes(b.mem.device[Category::parameters] - b.mem.frozen));
     if (b.runnable()) {
         out += "  run it (with --data DIR from memfit prepare, and --steps N):\n";

@@ -142,7 +142,7 @@ Candidate make_candidate(const PlanRequest & r, const Layout & L, int mb, int pe
 }
 
 // What the analytic model does not cover, in one line (empty: it does); the search leaves these
-// layouts out whatever train says: a packed LoRA base sharded or streamed, and the data-parallel
+// layouts out whatever train says: a packed LoRA base streamed from host memory, and the data-parallel
 // techniques (packing, distillation, shared blocks) split by tensor or pipeline parallelism.
 std::string analytic_gap(const PlanRequest & r, const Candidate & c) {
     try {
@@ -404,7 +404,6 @@ void Search::walk() {
 // is (exact where the engine records it). For every rejected one when explaining, else for the
 // closest only (the one line printed when nothing fits).
 void Search::explain_rejected() {
-    const bool packed = r_.lora && r_.lora->quantized();
     for (size_t i = 0; i < rep_.rejected.size() && (r_.explain || i == 0); ++i) {
         PlanResult & pr = rep_.rejected[i];
         if (pr.hinted) continue;
@@ -424,7 +423,7 @@ void Search::explain_rejected() {
         if (pr.c.micro_batch > 1 && try_fix(a, "micro-batch 1")) continue;
         a = pr.c;
         a.layout.zero = std::min(3, a.layout.zero + 1);
-        if (pr.c.layout.dp > 1 && pr.c.layout.zero < 3 && !(packed && a.layout.zero >= 3))
+        if (pr.c.layout.dp > 1 && pr.c.layout.zero < 3)
             try_fix(a, fmt::format("ZeRO-{}", a.layout.zero));
     }
 }

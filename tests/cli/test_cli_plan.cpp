@@ -35,7 +35,8 @@ std::string slurp(const fs::path & p) {
 }
 
 // Every rank of a run measured what `row` (a plan's best row) planned for its stage: each
-// category of the most loaded stage's ranks, and every stage's total.
+// category of the most loaded stage's ranks, and every stage's total; and each rank's own plan
+// (summary.json's per_rank.by_rank[i].planned) is its measurement.
 void expect_planned_on_every_rank(const nlohmann::json & row, const fs::path & run) {
     const nlohmann::json summary = read_json(run / "summary.json");
     const nlohmann::json & ranks = summary["per_rank"]["by_rank"];
@@ -49,6 +50,8 @@ void expect_planned_on_every_rank(const nlohmann::json & row, const fs::path & r
         const int stage = r["rank"].get<int>() / (tp * dp);   // tp innermost, then dp, then pp
         SCOPED_TRACE("rank " + r["rank"].dump() + ", stage " + std::to_string(stage));
         const nlohmann::json & live = r["peak_live"];
+        EXPECT_EQ(r["planned"]["peak_live"], live) << "the rank's own program's plan against its measurement";
+        EXPECT_EQ(r["planned"]["reserved"], r["reserved"]);
         if (pp > 1) {
             EXPECT_EQ(live["total"].get<uint64_t>(), stages[size_t(stage)].get<uint64_t>());
         }
@@ -70,7 +73,7 @@ TEST(PlanToRun, EmittedConfigsTrainAsPlannedOnEveryRank) {
                              "--global-batch 8 --precision fp32 --top 1 --json";
     const std::string train = " --data " + data.string() + " --steps 2 --eval-every 0 --sample 0 --progress plain";
     int k = 0;
-    for (const std::string fixed : {"", " --tp 2", " --pp 2 --schedule 1f1b"}) {
+    for (const std::string fixed : {"", " --tp 2", " --pp 2 --schedule 1f1b", " --zero 3 --lora-rank 4 --base-weights nf4"}) {
         SCOPED_TRACE("plan" + fixed);
         const fs::path cfg = scratch("cfg" + std::to_string(k) + ".json"), ds = scratch("ds" + std::to_string(k) + ".json");
         const CmdResult p = run_memfit(plan + fixed + " --emit-config " + cfg.string() + " --emit-deepspeed " + ds.string());
@@ -90,10 +93,12 @@ TEST(PlanToRun, EmittedConfigsTrainAsPlannedOnEveryRank) {
         // The DeepSpeed file holds the batch and ZeRO (and AutoTP's size); the model, the
         // sequence and what DeepSpeed has no key for come from the command line.
         if (row["layout"]["pp"] == 1) {
+            // LoRA is the training script's, not DeepSpeed's file's (the plan's note says so).
+            const std::string lora = fixed.find("--lora-rank") != std::string::npos ? " --lora-rank 4 --base-weights nf4" : "";
             const fs::path dsrun = scratch("plan_dsrun" + std::to_string(k));
             ASSERT_EQ(mpirun(2, "train --config " + ds.string() + " --model llama-nano --seq 32 --attention flash "
                                 "--recompute " + row["recompute"].get<std::string>() +
-                                (row["layout"]["sp"].get<bool>() ? " --sp" : "") + train + " --out " + dsrun.string(),
+                                (row["layout"]["sp"].get<bool>() ? " --sp" : "") + lora + train + " --out " + dsrun.string(),
                              dsrun.string() + ".log"),
                       0)
                 << slurp(dsrun.string() + ".log");
