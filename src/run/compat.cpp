@@ -102,9 +102,6 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
         if (r.lora.rank > 0)
             return std::string("--tp with LoRA is not supported: the adapters would need their own split; train LoRA "
                                "with data parallelism");
-        if (L.zero >= 2)
-            return fmt::format("--zero {} with --tp: the tensor-parallel gradient norm and sequence-parallel sums are "
-                               "over whole gradients; use --zero 0 or 1", L.zero);
         try {
             ModelConfig sized = cfg;   // a small preset learns its vocabulary from the data, later
             if (sized.vocab_size == 0) sized.vocab_size = L.tp;

@@ -322,9 +322,10 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
         }
         tp_ = model.tp;
         if (reps > 1 && parts.optimizer) {   // a padded buffer: every KV head's slot, this rank's filled
-            kv_ranges_ = tp_kv_ranges(layout_);
+            const std::vector<TpRange> kv = tp_kv_ranges(layout_);
+            kv_parts_ = grad_parts(kv);
             kv_slot_ = model.tp.rank / reps;
-            const size_t len = kv_ranges_.front().b - kv_ranges_.front().a, all = len * size_t(cfg.kv_heads());
+            const size_t len = kv.front().b - kv.front().a, all = len * size_t(cfg.kv_heads());
             kv_buf_ = Tensor(program_.declare("gradients.kv_replicas", Category::gradients, all * gs), grad_dt_,
                              {int64_t(all)});
             if (const size_t wide = step_scratch_elems(sizing, grad_dt_, tp_.ranks, all))
@@ -332,10 +333,9 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
                                      DType::f32, {int64_t(wide)});
         }
         if (tp_.enabled() && tp_.sequence && parts.optimizer) {
-            sp_ranges_ = sp_partial(layout_);
+            sp_parts_ = grad_parts(sp_partial(layout_));
             size_t widest = 0;
-            for (const auto & r : sp_ranges_)
-                widest = std::max(widest, step_scratch_elems(sizing, grad_dt_, tp_.ranks, r.b - r.a));
+            for (const auto & r : sp_parts_) widest = std::max(widest, step_scratch_elems(sizing, grad_dt_, tp_.ranks, r.n));
             if (widest)
                 sp_scratch_ = Tensor(program_.declare("communication.sequence_parallel", Category::communication,
                                                       widest * 4), DType::f32, {int64_t(widest)});
@@ -390,6 +390,16 @@ void TrainStep::frozen_groups() {
         if (i > 0 && e[i - 1].layer == e[i].layer) groups_.back().b = end;
         else groups_.push_back(Group{e[i].layer, e[i].offset, end, -1, -1, kBaseQ});
     }
+}
+
+std::vector<TrainStep::GradPart> TrainStep::grad_parts(const std::vector<TpRange> & ranges) const {
+    const bool sharded = dp_.zero >= 2;
+    std::vector<GradPart> out;
+    for (const auto & r : ranges) {
+        const size_t a = sharded ? std::max(r.a, lo_) : r.a, b = sharded ? std::min(r.b, hi_) : r.b;
+        if (a < b) out.push_back(GradPart{a - (sharded ? lo_ : 0), b - a, a - r.a, r.b - r.a});
+    }
+    return out;
 }
 
 Tensor TrainStep::grad_view(const Bucket & k) const {
@@ -548,18 +558,18 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
     g.layer(-1);
     for (int i : in_flight) finish(g, i);
     if (tied_grad_.valid()) g.emb_all_reduce(tied_grad_, tied_scratch_);   // both ends' share of the tied table
-    for (const auto & r : kv_ranges_) {   // a replicated KV head's gradient: each replica's query heads' share
-        const int64_t len = int64_t(r.b - r.a);
-        const Tensor mine(grads, grad_dt_, {len}, r.a * dtype_size(grad_dt_)), slot = kv_buf_.view(kv_slot_ * len, {len});
+    for (const auto & r : kv_parts_) {   // a replicated KV head's gradient: each replica's query heads' share
+        const int64_t n = int64_t(r.n);
+        const Tensor mine(grads, grad_dt_, {n}, r.at * gs), slot = kv_buf_.view(int64_t(kv_slot_ * r.len + r.skip), {n});
         g.fill_zero(kv_buf_);
         g.residual_fwd(slot, slot, mine);
         g.tp_all_reduce(kv_buf_, kv_scratch_);
         g.fill_zero(mine);
         g.residual_fwd(mine, mine, slot);
     }
-    for (const auto & r : sp_ranges_)   // the norms' gradients: each tensor rank's rows' share
-        g.tp_all_reduce(Tensor(grads, grad_dt_, {int64_t(r.b - r.a)}, r.a * dtype_size(grad_dt_)),
-                        sp_scratch_.valid() ? sp_scratch_.view(0, {int64_t(r.b - r.a)}) : Tensor{});
+    for (const auto & r : sp_parts_)   // the norms' gradients: each tensor rank's rows' share
+        g.tp_all_reduce(Tensor(grads, grad_dt_, {int64_t(r.n)}, r.at * gs),
+                        sp_scratch_.valid() ? sp_scratch_.view(0, {int64_t(r.n)}) : Tensor{});
     if (!parts_.optimizer) return;
 
     g.phase(Phase::optimizer);

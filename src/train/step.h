@@ -165,13 +165,18 @@ private:
     // Pipeline, tied embedding: the token table's gradient on this stage (summed with the other
     // end's), and a 16-bit sum's fp32 copy.
     Tensor tied_grad_, tied_scratch_;
+    // A range [a, b) of the trainable layout as this rank's gradient buffer holds it: `n`
+    // elements from element `at` of the buffer, the range's elements from `skip` on (the whole
+    // range; ZeRO >= 2: its part in the rank's shard, the same on every rank of a tensor group).
+    struct GradPart { size_t at, n, skip, len; };
+    std::vector<GradPart> grad_parts(const std::vector<TpRange> & ranges) const;
     // Sequence parallel: the norms' gradient ranges, summed over the tensor group once the step's
     // backward is done, and a 16-bit sum's fp32 copy (the largest range's).
-    std::vector<TpRange> sp_ranges_;
+    std::vector<GradPart> sp_parts_;
     Tensor sp_scratch_;
     // Tensor parallel with fewer KV heads than ranks: the k|v ranges, summed over the ranks that
     // hold the same KV head through a buffer with one slot per KV head (this rank's: kv_slot_).
-    std::vector<TpRange> kv_ranges_;
+    std::vector<GradPart> kv_parts_;
     Tensor kv_buf_, kv_scratch_;
     int kv_slot_ = 0;
     ModelWeights w_, dw_;

@@ -3,6 +3,8 @@
 #   --zero 3 with LoRA and an nf4 base (FSDP-QLoRA) on 2 ranks (tests/mpi/test_lora_zero3.cpp
 #   checks each rank's shard of the base to the byte): the one process's losses, each rank's plan
 #   equal to its measurement; resumed at step 10 on 2 ranks, the uninterrupted run's last steps.
+#   --zero 3 and 2 with --tp 2 (--sp) x 2 data-parallel ranks (4 ranks), and (CPU) --tp 4 with
+#   fewer KV heads than tensor ranks x 2 (8 ranks): the same, the ZeRO-3 run resumed too.
 # DEVICE cuda (MEMFIT the emulator's build, memfit_emu, with MEMFIT_CUDA_EMU=1, or GPUs): the
 # ranks run on the CUDA engine against the one CPU process.
 # Usage: bash layouts.sh MEMFIT MPIEXEC SOURCE_DIR [DEVICE]
@@ -41,4 +43,24 @@ exact_per_rank q2.log 2
 mpi 2 "${ARGS[@]}" "${Q[@]}" "${ON[@]}" --zero 3 --resume q2/checkpoints/step-000010 --out q2r > q2r.log 2>&1 ||
     { cat q2r.log; fail "QLoRA --zero 3 resumed on 2 ranks"; }
 resumed q2.log q2r.log "-np 2 --zero 3 QLoRA resumed at step 10"
+# ---- ZeRO 2/3 with tensor (and sequence) parallelism ----
+"$MEMFIT" "${ARGS[@]}" --out one > one.log 2>&1 || { cat one.log; fail "one process"; }
+mpi 4 "${ARGS[@]}" "${ON[@]}" --tp 2 --sp --zero 3 --checkpoint-every 10 --out tz3 > tz3.log 2>&1 ||
+    { cat tz3.log; fail "--tp 2 --sp --zero 3 on 4 ranks"; }
+grep -q 'ZeRO stage 3' tz3.log && grep -q '^  tensor parallel: 2 ranks per group' tz3.log ||
+    { cat tz3.log; fail "--tp 2 --sp --zero 3: not the layout asked for"; }
+same_as one.log tz3.log "-np 4 --tp 2 --sp --zero 3"
+exact_per_rank tz3.log 4
+mpi 4 "${ARGS[@]}" "${ON[@]}" --tp 2 --sp --zero 3 --resume tz3/checkpoints/step-000010 --out tz3r > tz3r.log 2>&1 ||
+    { cat tz3r.log; fail "--tp 2 --sp --zero 3 resumed"; }
+resumed tz3.log tz3r.log "-np 4 --tp 2 --sp --zero 3 resumed at step 10"
+mpi 4 "${ARGS[@]}" "${ON[@]}" --tp 2 --zero 2 --out tz2 > tz2.log 2>&1 || { cat tz2.log; fail "--tp 2 --zero 2 on 4 ranks"; }
+same_as one.log tz2.log "-np 4 --tp 2 --zero 2"
+exact_per_rank tz2.log 4
+if [ "$DEVICE" = cpu ]; then   # 2 KV heads over 4 tensor ranks: each KV head's gradient summed over its 2 holders
+    mpi 8 "${ARGS[@]}" --tp 4 --zero 2 --out t4 > t4.log 2>&1 || { cat t4.log; fail "--tp 4 --zero 2 on 8 ranks"; }
+    grep -q '(1 of 2 KV)' t4.log || { cat t4.log; fail "--tp 4: KV heads not replicated"; }
+    same_as one.log t4.log "-np 8 --tp 4 --zero 2"
+    exact_per_rank t4.log 8
+fi
 echo "PASS"

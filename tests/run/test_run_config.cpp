@@ -95,7 +95,6 @@ TEST(RunConfig, OneFunctionSaysWhatCombines) {
          "--schedule interleaved:2 with --device cuda: NCCL delivers"},
         {run([](RunConfig & r) { r.layout.zero = 3, r.recompute = "every:2"; }), "--zero 3 gathers each layer's"},
         {run([](RunConfig & r) { r.layout.tp = 2, r.lora.rank = 4; }), "--tp with LoRA is not supported"},
-        {run([](RunConfig & r) { r.layout.tp = 2, r.layout.zero = 2; }), "--zero 2 with --tp"},
         {run([](RunConfig & r) { r.layout.tp = 3; }), "--tp 3"},
         {run([](RunConfig & r) { r.layout.sp = true; }), "--sp splits the sequence"},
         {run([](RunConfig & r) { r.layout.tp = 2, r.layout.sp = true, r.micro_batch = 1, r.seq = 7; }), "7 tokens"},
@@ -115,6 +114,11 @@ TEST(RunConfig, OneFunctionSaysWhatCombines) {
                              nullptr));
     EXPECT_FALSE(unsupported(run([](RunConfig & r) { r.device = "cuda", r.layout.tp = 2, r.layout.pp = 2; }), cfg,
                              nullptr));
+    // FSDP x TP (torchtitan's 2D) and FSDP-QLoRA.
+    EXPECT_FALSE(unsupported(run([](RunConfig & r) { r.layout.tp = 2, r.layout.sp = true, r.layout.zero = 3; }), cfg,
+                             nullptr));
+    EXPECT_FALSE(unsupported(run([](RunConfig & r) { r.layout.tp = 2, r.layout.zero = 2; }), cfg, nullptr));
+    EXPECT_FALSE(unsupported(run([](RunConfig & r) { r.layout.zero = 3, r.lora.rank = 8; }), cfg, nullptr));
     // Where the offloaded states go: files on the CPU backend, pinned host memory on a GPU.
     const auto gpu = make_cuda_sizing_backend();
     CpuBackend host;
