@@ -30,8 +30,9 @@ nlohmann::json checkpoint_model(const ModelConfig & cfg) {
 
 // The range of the flat trainable buffer this rank's state covers: its ZeRO shard, or the whole.
 std::pair<size_t, size_t> state_range(const Engine & engine) {
-    // Tensor parallel: export_state gathers the whole model's state.
-    if (engine.options().zero == 0 || engine.options().tensor_parallel > 1) return {0, engine.total_params()};
+    // Tensor or pipeline parallel: export_state gathers the whole model's state.
+    const EngineOptions & o = engine.options();
+    if (o.zero == 0 || o.tensor_parallel > 1 || o.pipeline_parallel > 1) return {0, engine.total_params()};
     const Engine::Shard sh = engine.shard();
     return {sh.lo, sh.hi};
 }

@@ -181,6 +181,9 @@ public:
     int segment() const { return rc_plan_.segment; }
     // The lowest layer backward visits (LoRA on a frozen base: the lowest adapted one).
     int lowest_trained_layer() const { return lowest_trained_layer_; }
+    // The blocks this program runs: [layer_begin, layer_end) (a pipeline stage's chunk; else all).
+    int layer_begin() const { return lb_; }
+    int layer_end() const { return le_; }
 
     // Decode program: the T tokens at positions pos0 .. pos0+T-1, their keys and values appended
     // to the caches, the last one's logits into logits().

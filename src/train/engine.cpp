@@ -398,8 +398,8 @@ void Engine::import_state(const TrainState & state) {
         const size_t total = state.total ? state.total : state.params.size();
         if (state.offset != 0 || total != total_params() || state.params.size() != total ||
             state.m.size() != total || state.v.size() != total)
-            throw FormatError(fmt::format("tensor parallel needs the whole training state of {} elements; this one "
-                                          "holds [{}, {}) of {}", total_params(), state.offset,
+            throw FormatError(fmt::format("tensor and pipeline parallelism need the whole training state of {} "
+                                          "elements; this one holds [{}, {}) of {}", total_params(), state.offset,
                                           state.offset + state.params.size(), total));
         sliced.params = my_part(state.params.data());
         sliced.m = my_part(state.m.data());

@@ -1,4 +1,4 @@
-#include "train/step.h"
+#include "train/step_sync.h"
 
 #include "backend/moments8.h"
 
@@ -20,41 +20,6 @@
 namespace memfit {
 
 namespace {
-// Every view of w: weights, biases, adapters, and a quantized base's packed projections.
-template <class F>
-void for_each_view(ModelWeights & w, F f) {
-    for (Tensor * t : {&w.wte, &w.wpe, &w.lnfw, &w.lnfb, &w.head}) f(*t);
-    for (auto & y : w.h) {
-        for (Tensor * t : {&y.ln1w, &y.ln1b, &y.qkvw, &y.qkvb, &y.projw, &y.projb, &y.ln2w, &y.ln2b, &y.fcw, &y.fcb,
-                           &y.fcprojw, &y.fcprojb, &y.qnw, &y.knw, &y.qkvq.packed, &y.projq.packed, &y.fcq.packed,
-                           &y.fcprojq.packed})
-            f(*t);
-        for (auto & ad : y.adapters) {
-            f(ad.a);
-            f(ad.b);
-        }
-    }
-}
-
-// Elements [a, b) of a flat buffer moved into their own buffer `to`.
-struct Range { size_t a, b; BufferId to; };
-
-// Moves every view of w into `flat` (dtype dt) to the range's buffer that holds it.
-void remap(ModelWeights & w, BufferId flat, DType dt, const std::vector<Range> & ranges) {
-    const size_t es = dtype_size(dt);
-    for_each_view(w, [&](Tensor & t) {
-        if (!t.valid() || t.buffer != flat) return;
-        const size_t e = t.offset / es;
-        for (const auto & r : ranges)
-            if (e >= r.a && e < r.b) {
-                MF_ASSERT(e + size_t(t.numel()) <= r.b && "a weight view spans two groups");
-                t.buffer = r.to;
-                t.offset = (e - r.a) * es;
-                return;
-            }
-        MF_ASSERT(false && "a weight view outside every group");
-    });
-}
 
 constexpr size_t kShardAlign = 32;   // elements: shard boundaries stay 64-byte aligned in fp32
 
@@ -228,63 +193,7 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
         if (train) dw_ = model_weights(cfg_, layout_, grads, grad_dt_);
     }
 
-    // Groups (runs of one layer's parameters) and the gradient buckets over them, merged from the
-    // top layer down until a bucket holds bucket_bytes.
-    for (const auto & p : layout_.params) {
-        // A shared block's gradients are whole after the backward of its group's lowest layer.
-        const int b = param_block(p.name), l = b < 0 ? -1 : b * cfg_.share_layers;
-        if (!groups_.empty() && groups_.back().layer == l) groups_.back().b += p.numel;
-        else groups_.push_back(Group{l, p.offset, p.offset + p.numel});
-    }
-    for (size_t j = groups_.size(); j-- > 0;) {
-        const Group & q = groups_[j];
-        Bucket * cur = buckets_.empty() ? nullptr : &buckets_.back();
-        if (cur && q.layer >= 0 && cur->bottom >= 0 && cur->a == q.b && (cur->b - cur->a) * gs < dp.bucket_bytes) {
-            cur->a = q.a;
-            cur->bottom = q.layer;
-        } else {   // a shared block's gradients start at its group's highest layer's backward
-            const int top = q.layer < 0 ? -1 : std::min(q.layer + cfg_.share_layers - 1, cfg_.n_layer - 1);
-            buckets_.push_back(Bucket{top, q.layer, q.a, q.b});
-        }
-    }
-    all_reduce_ = train && parts_.optimizer && parts_.reduce_grads && dp.zero < 2;
-    reduce_scatter_ = train && dp.zero >= 2;
-    std::vector<Range> grad_ranges;
-    for (size_t i = 0; (all_reduce_ || reduce_scatter_) && i < buckets_.size(); ++i) {
-        Bucket & k = buckets_[i];
-        // Sized for the rank with the most of the bucket, so that every rank's plan is the same.
-        const size_t most = most_in_shard(k.a, k.b);
-        // A 16-bit sum's fp32 copies (MPI sums fp32), from the transfer's start to its wait.
-        const size_t wide = step_scratch_elems(sizing, grad_dt_, dp.ranks, k.b - k.a);
-        if (wide) k.scratch = program_.declare(fmt::format("{}communication.bucket{}", pre, i), Category::communication,
-                                               wide * 4);
-        if (!reduce_scatter_) continue;
-        k.grad = program_.declare(fmt::format("{}gradients.bucket{}", pre, i), Category::gradients, (k.b - k.a) * gs);
-        if (!parts_.zero_grads && most > 0)
-            k.recv = program_.declare(fmt::format("{}gradients.recv{}", pre, i), Category::gradients, most * gs);
-        grad_ranges.push_back(Range{k.a, k.b, k.grad});
-    }
-    if (reduce_scatter_) remap(dw_, grads, grad_dt_, grad_ranges);
-    wf_ = wb_ = w_;
-    if (dp.zero >= 3) {
-        if (lora_) frozen_groups();
-        std::vector<Range> fwd_ranges[3], bwd_ranges[3];
-        for (auto & q : groups_) {
-            const Source & src = sources_[q.src];
-            const size_t bytes = (q.b - q.a) * dtype_size(src.dt);
-            const std::string name = q.layer < 0 ? fmt::format("{}.gathered.rest{}", src.name, q.a)
-                                                 : fmt::format("{}.gathered.layer{}", src.name, q.layer);
-            q.fwd = program_.declare(name + (q.layer >= 0 ? ".fwd" : ""), Category::parameters, bytes);
-            q.bwd = q.layer >= 0 && train ? program_.declare(name + ".bwd", Category::parameters, bytes) : q.fwd;
-            fwd_ranges[q.src].push_back(Range{q.a, q.b, q.fwd});
-            bwd_ranges[q.src].push_back(Range{q.a, q.b, q.bwd});
-        }
-        for (int k = 0; k < 3; ++k) {
-            if (sources_[k].flat < 0) continue;
-            remap(wf_, sources_[k].flat, sources_[k].dt, fwd_ranges[k]);
-            remap(wb_, sources_[k].flat, sources_[k].dt, bwd_ranges[k]);
-        }
-    }
+    declare_sync(sizing, pre);
     // The gradient norm's ranges: [0, P) or (ZeRO >= 2) the shard, in the gradient buffer's
     // coordinates; tensor ranks other than the first skip the replicated parameters, whose
     // gradients every tensor rank holds alike.
@@ -310,6 +219,9 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
         if (at < P) counted.push_back({at, P});
         if (tied) {
             tied_grad_ = Tensor(grads, grad_dt_, {int64_t(table->numel)}, table->offset * gs);
+            for (const auto & k : buckets_)   // ZeRO >= 2: summed in the rest's bucket, before its reduce-scatter
+                if (reduce_scatter_ && table->offset >= k.a && table->offset < k.b)
+                    tied_grad_ = grad_view(k).view(int64_t(table->offset - k.a), {int64_t(table->numel)});
             if (const size_t wide = step_scratch_elems(sizing, grad_dt_, 2, table->numel))
                 tied_scratch_ = Tensor(program_.declare("communication.tied_embedding", Category::communication,
                                                         wide * 4),
@@ -375,48 +287,6 @@ void TrainStep::declare_teacher(const ModelOptions & student, BufferId doc_start
     distill_ = DistillHead{teacher_.get(), &tw_, Tensor(stats, DType::f32, {2, chunk}), d.alpha, d.temperature};
 }
 
-// LoRA's frozen base under ZeRO 3: its dense part's runs of one layer's weights and each layer's
-// packed projections (layer-major in the QuantLayout), as groups gathered like the adapters'.
-void TrainStep::frozen_groups() {
-    for (const auto & p : base_layout_.params) {
-        const int l = param_block(p.name);
-        const Group * last = groups_.empty() ? nullptr : &groups_.back();
-        if (last && last->src == kBase && last->layer == l) groups_.back().b += p.numel;
-        else groups_.push_back(Group{l, p.offset, p.offset + p.numel, -1, -1, kBase});
-    }
-    const auto & e = quant_layout_.entries;
-    for (size_t i = 0; i < e.size(); ++i) {
-        const size_t end = i + 1 < e.size() ? e[i + 1].offset : quant_layout_.bytes;
-        if (i > 0 && e[i - 1].layer == e[i].layer) groups_.back().b = end;
-        else groups_.push_back(Group{e[i].layer, e[i].offset, end, -1, -1, kBaseQ});
-    }
-}
-
-std::vector<TrainStep::GradPart> TrainStep::grad_parts(const std::vector<TpRange> & ranges) const {
-    const bool sharded = dp_.zero >= 2;
-    std::vector<GradPart> out;
-    for (const auto & r : ranges) {
-        const size_t a = sharded ? std::max(r.a, lo_) : r.a, b = sharded ? std::min(r.b, hi_) : r.b;
-        if (a < b) out.push_back(GradPart{a - (sharded ? lo_ : 0), b - a, a - r.a, r.b - r.a});
-    }
-    return out;
-}
-
-Tensor TrainStep::grad_view(const Bucket & k) const {
-    const int64_t n = int64_t(k.b - k.a);
-    return k.grad >= 0 ? Tensor(k.grad, grad_dt_, {n}) : Tensor(grads, grad_dt_, {n}, k.a * dtype_size(grad_dt_));
-}
-
-void TrainStep::zero3_gather(Graph & g, size_t j, bool backward, int slot) const {
-    const Group & q = groups_[j];
-    const Source & src = sources_[q.src];
-    const std::vector<size_t> counts = src.sh.counts(q.a, q.b);
-    const size_t mine = counts[size_t(dp_.rank)], lo = src.sh.lo(dp_.rank);
-    const Tensor in = mine ? Tensor(src.flat, src.dt, {int64_t(mine)}, (std::max(q.a, lo) - lo) * dtype_size(src.dt))
-                           : Tensor{};
-    g.all_gather_start(Tensor(backward ? q.bwd : q.fwd, src.dt, {int64_t(q.b - q.a)}), in, counts, slot);
-}
-
 void TrainStep::run(Graph & g, const StepScalars & s) const {
     g.set_workspace(workspace_);
     g.set_seed(s.seed);
@@ -424,140 +294,60 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
     const Tensor tok(tokens, DType::i32, {b, t}), tgt(targets, DType::i32, {b, t});
     const Tensor loss(losses, DType::f32, {b, t});
     const bool train = mode_ == StepMode::train, zero3 = dp_.zero >= 3;
-    if (train && parts_.zero_grads && !reduce_scatter_) {
+    // A pipeline's micro-batches accumulate into the gradient shard (ZeRO >= 2) from zero.
+    const bool accumulate_shard = pp_.enabled() && reduce_scatter_;
+    if (train && parts_.zero_grads && (!reduce_scatter_ || accumulate_shard)) {
         g.phase(Phase::other);
-        g.fill_zero(Tensor(grads, grad_dt_, {P}));
+        g.fill_zero(Tensor(grads, grad_dt_, {reduce_scatter_ ? int64_t(S_) : P}));
     }
-    // Communication slots: bucket i uses i; group j's gathers nb + j (forward), nb + ng + j (backward).
-    const int nb = int(buckets_.size()), ng = int(groups_.size());
-    const int norm_slot = nb + 2 * ng, params_slot = norm_slot + 1;
-    // ZeRO 3: gathers in flight; each is waited for (once) before its weights are read.
-    std::vector<char> started(size_t(2 * ng), 0);
-    std::vector<char> waited(size_t(2 * ng), 0);
-    // Group q holds layer l's weights: its own layer's, or (shared blocks) every layer of its group,
-    // gathered at the group's first use in each direction and kept until its last.
-    auto serves = [&](const Group & q, int layer) {
-        return q.layer == layer ||
-               (q.layer >= 0 && layer >= 0 && cfg_.stored_block(layer) == cfg_.stored_block(q.layer));
-    };
-    auto gather = [&](Graph & gg, int layer, bool backward) {
-        for (int j = 0; j < ng; ++j)
-            if (serves(groups_[size_t(j)], layer) && !started[size_t(j + (backward ? ng : 0))]) {
-                started[size_t(j + (backward ? ng : 0))] = 1;
-                zero3_gather(gg, size_t(j), backward, nb + j + (backward ? ng : 0));
-            }
-    };
-    auto await = [&](Graph & gg, int layer, bool backward) {
-        gather(gg, layer, backward);
-        for (int j = 0; j < ng; ++j) {
-            const Group & q = groups_[size_t(j)];
-            if (!serves(q, layer) || waited[size_t(j + (backward ? ng : 0))]) continue;
-            waited[size_t(j + (backward ? ng : 0))] = 1;
-            gg.comm_wait(nb + j + (backward ? ng : 0), {Tensor(backward ? q.bwd : q.fwd, sources_[q.src].dt, {1})});
-        }
-    };
-    // Reductions in flight (all-reduces, or ZeRO >= 2's reduce-scatters into the shard), finished
-    // one bucket behind, so that bucket i's transfer overlaps the next layer's backward and at
-    // most two buckets' transients (ZeRO >= 2's gradients, 16-bit sums' fp32 copies) are live.
-    std::vector<int> in_flight;
-    const size_t gs = dtype_size(grad_dt_);
-    auto shard_piece = [&](const Bucket & k) {
-        const size_t mine = in_shard(k.a, k.b, dp_.rank);
-        return mine ? Tensor(grads, grad_dt_, {int64_t(mine)}, (std::max(k.a, lo_) - lo_) * gs) : Tensor{};
-    };
-    // Accumulating: received into the bucket's `recv` (every rank's program touches it, even with
-    // none of the bucket, so that all ranks' plans are the same), then added to the shard.
-    auto receive = [&](const Bucket & k) {
-        return k.recv >= 0 ? Tensor(k.recv, grad_dt_, {int64_t(program_.buffer(k.recv).bytes / gs)}) : Tensor{};
-    };
-    auto scratch = [&](const Bucket & k) {
-        return k.scratch >= 0 ? Tensor(k.scratch, DType::f32, {int64_t(program_.buffer(k.scratch).bytes / 4)})
-                              : Tensor{};
-    };
-    auto finish = [&](Graph & gg, int i) {
-        const Bucket & k = buckets_[size_t(i)];
-        if (all_reduce_) {
-            gg.comm_wait(i, {grad_view(k), scratch(k)});
-            return;
-        }
-        const Tensor mine = shard_piece(k);
-        gg.comm_wait(i, {grad_view(k), k.recv >= 0 ? receive(k) : mine, scratch(k)});
-        if (k.recv >= 0 && mine.valid()) gg.residual_fwd(mine, mine, Tensor(k.recv, grad_dt_, {mine.numel()}));
-    };
-    Transformer::LayerHook begin, done;
-    if (reduce_scatter_ || zero3)
-        begin = [&](Graph & gg, int l) {
-            if (zero3) {
-                gg.phase(Phase::communication);
-                await(gg, l, true);
-                if (l - 1 >= model_->lowest_trained_layer()) gather(gg, l - 1, true);
-            }
-            gg.phase(Phase::backward);
-            for (const auto & k : buckets_)
-                if (reduce_scatter_ && k.top == l) gg.fill_zero(grad_view(k));
-        };
-    if (all_reduce_ || reduce_scatter_)
-        done = [&](Graph & gg, int l) {
-            gg.phase(Phase::communication);
-            std::vector<int> now;
-            for (int i = 0; i < nb; ++i) {
-                const Bucket & k = buckets_[size_t(i)];
-                if (k.bottom != l) continue;
-                now.push_back(i);
-                if (all_reduce_) {
-                    gg.all_reduce_start(grad_view(k), i, scratch(k));
-                    continue;
-                }
-                gg.reduce_scatter_start(grad_view(k), k.recv >= 0 ? receive(k) : shard_piece(k), shard_counts(k.a, k.b), i,
-                                        scratch(k));
-            }
-            for (int i : in_flight) finish(gg, i);
-            in_flight = now;
-            gg.phase(Phase::backward);
-        };
+    Sync sync(*this);
+    const int norm_slot = sync.norm_slot(), params_slot = sync.params_slot();
     if (pp_.enabled()) {
-        pipeline(g, s, done, params_slot + 1);
+        pipeline(g, s, sync, params_slot + 1);
         if (!train) return;
     } else {
-        Transformer::LayerHook forward_begin;
+        Transformer::LayerHook forward_begin, begin, done;
+        if (reduce_scatter_ || zero3)
+            begin = [&](Graph & gg, int l) { sync.backward_begin(gg, l, 0, model_->lowest_trained_layer()); };
+        if (all_reduce_ || reduce_scatter_) done = [&](Graph & gg, int l) { sync.backward_done(gg, l, 0); };
         if (zero3) {
             g.phase(Phase::communication);
             g.layer(-1);
-            await(g, -1, false);
-            gather(g, 0, false);
-            forward_begin = [&](Graph & gg, int l) {
-                gg.phase(Phase::communication);
-                await(gg, l, false);
-                if (l + 1 < cfg_.n_layer) gather(gg, l + 1, false);
-            };
+            sync.await(g, -1, false, 0);
+            sync.gather(g, 0, false, 0);
+            forward_begin = [&](Graph & gg, int l) { sync.forward_begin(gg, l, 0); };
         }
         // The teacher first: while it runs, none of the student's activations are live yet.
         if (teacher_) teacher_->forward(g, tw_, tok);
-        model_->forward(g, wf_, tok, forward_begin);
+        model_->forward(g, wf_[0], tok, forward_begin);
         if (mode_ == StepMode::logits) {
-            model_->head_logits(g, wf_);
+            model_->head_logits(g, wf_[0]);
             return;
         }
         if (train && zero3) {
             g.phase(Phase::communication);
             g.layer(-1);
-            gather(g, cfg_.n_layer - 1, true);   // the top layer's backward weights, during the loss
+            sync.gather(g, cfg_.n_layer - 1, true, 0);   // the top layer's backward weights, during the loss
         }
         if (train && reduce_scatter_) {   // the rest's gradients start in the head's backward
             g.phase(Phase::backward);
             g.layer(-1);
-            for (const auto & k : buckets_)
-                if (k.top < 0) g.fill_zero(grad_view(k));
+            sync.zero_rest(g);
         }
-        model_->head_loss(g, wf_, train ? &dw_ : nullptr, tgt.view(0, {b * t}), loss.view(0, {b * t}), s.dloss,
+        model_->head_loss(g, wf_[0], train ? &dws_[0] : nullptr, tgt.view(0, {b * t}), loss.view(0, {b * t}), s.dloss,
                           teacher_ ? &distill_ : nullptr);
         if (!train) return;
-        model_->backward(g, wb_, dw_, tok, done, begin);
+        model_->backward(g, wb_[0], dws_[0], tok, done, begin);
     }
     g.phase(Phase::communication);
     g.layer(-1);
-    for (int i : in_flight) finish(g, i);
+    sync.flush(g);
     if (tied_grad_.valid()) g.emb_all_reduce(tied_grad_, tied_scratch_);   // both ends' share of the tied table
+    if (accumulate_shard) {   // the rest's gradients, whole only once every micro-batch's are in
+        sync.reduce_rest(g);
+        sync.flush(g);
+    }
+    const size_t gs = dtype_size(grad_dt_);
     for (const auto & r : kv_parts_) {   // a replicated KV head's gradient: each replica's query heads' share
         const int64_t n = int64_t(r.n);
         const Tensor mine(grads, grad_dt_, {n}, r.at * gs), slot = kv_buf_.view(int64_t(kv_slot_ * r.len + r.skip), {n});
@@ -591,6 +381,16 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
         g.all_gather_start(all, own ? Tensor(params, compute_, {int64_t(own)}, lo_ * cs) : Tensor{}, counts, params_slot);
         g.comm_wait(params_slot, {all});
     }
+}
+
+std::vector<TrainStep::GradPart> TrainStep::grad_parts(const std::vector<TpRange> & ranges) const {
+    const bool sharded = dp_.zero >= 2;
+    std::vector<GradPart> out;
+    for (const auto & r : ranges) {
+        const size_t a = sharded ? std::max(r.a, lo_) : r.a, b = sharded ? std::min(r.b, hi_) : r.b;
+        if (a < b) out.push_back(GradPart{a - (sharded ? lo_ : 0), b - a, a - r.a, r.b - r.a});
+    }
+    return out;
 }
 
 void TrainStep::grad_norm(Graph & g, Tensor norm_sq) const {

@@ -179,7 +179,7 @@ private:
     std::vector<GradPart> kv_parts_;
     Tensor kv_buf_, kv_scratch_;
     int kv_slot_ = 0;
-    ModelWeights w_, dw_;
+    ModelWeights w_, dw_;   // the weights and gradients as declared (before ZeRO's remapping)
     // Distillation: the teacher's forward-only model, its weights and the loss's settings.
     std::unique_ptr<Transformer> teacher_;
     ModelConfig teacher_cfg_;
@@ -197,39 +197,57 @@ private:
     struct Source { BufferId flat = -1; DType dt = DType::f32; FlatShards sh; std::string name; };
     static constexpr int kTrainable = 0, kBase = 1, kBaseQ = 2;
     Source sources_[3];
+    // Copies of the per-layer transients (ZeRO 3's gathered weights, ZeRO >= 2's gradient
+    // buckets): one, or under pipeline parallelism one per micro-batch, so that a layer's copy
+    // lives only through that micro-batch's forward or backward (the rest's: one for the step).
+    int copies_ = 1;
     // Groups: runs of adjacent parameters of one layer (-1: outside the blocks), [a, b) of a
     // source's flat buffer. ZeRO 3 gathers each into `fwd` before its forward and `bwd` before its
-    // backward (the rest's groups: once, into fwd, for the whole step).
-    struct Group { int layer; size_t a, b; BufferId fwd = -1, bwd = -1; int src = kTrainable; };
+    // backward (the rest's groups: once, into fwd, for the whole step); copy c's in fwd[c], bwd[c].
+    struct Group {
+        int layer;
+        size_t a, b;
+        int src = kTrainable;
+        std::vector<BufferId> fwd, bwd;
+    };
     void frozen_groups();   // LoRA under ZeRO 3: the base's groups, after the trainable ones
     std::vector<Group> groups_;
     // Gradient buckets: adjacent groups reduced together, from layer `top` down to `bottom`
     // (-1: a rest group). ZeRO >= 2: the bucket's gradients live in `grad` from its top layer's
     // backward until reduce-scattered into the shard (through `recv` when accumulating).
     // `scratch` (category communication): a 16-bit sum's fp32 copies while it is in flight.
-    struct Bucket { int top, bottom; size_t a, b; BufferId grad = -1, recv = -1, scratch = -1; };
+    struct BucketBuffers { BufferId grad = -1, recv = -1, scratch = -1; };
+    struct Bucket {
+        int top, bottom;
+        size_t a, b;
+        std::vector<BucketBuffers> copy;   // [copies_]; a rest bucket's are all the first's
+    };
     std::vector<Bucket> buckets_;
     bool all_reduce_ = false, reduce_scatter_ = false;
-    ModelWeights wf_, wb_;   // ZeRO 3: the weights as forward and backward read them (gathered)
+    // The weights as each copy's forward and backward read them (ZeRO 3: gathered), and the
+    // gradients each copy's backward writes (ZeRO >= 2: into its buckets).
+    std::vector<ModelWeights> wf_, wb_, dws_;
+    void declare_sync(const Backend * sizing, const std::string & pre);   // train/step_sync.cpp
+    class Sync;   // the run's ZeRO and data-parallel transfers in flight (train/step_sync.cpp)
     TensorParallel tp_;
     // The ranges of the gradient buffer whose squares this rank adds to the global norm, and
     // (tensor parallel) the one-float buffer each range's sum passes through.
     std::vector<TpRange> norm_ranges_;
     BufferId norm_part_ = -1;
 
-    Tensor grad_view(const Bucket & k) const;
-    void zero3_gather(Graph & g, size_t group, bool backward, int slot) const;
+    Tensor grad_view(const Bucket & k, int copy = 0) const;
     void optimizer(Graph & g, const StepScalars & s) const;
     // Pipeline: the stage's forwards and backwards in schedule order, with the transfers between
-    // stages; `done` (data parallel) hooks the last micro-batch's backward.
+    // stages and `sync`'s gathers and reductions around each.
     // Micro-batch mb's B x T rows of the batch buffer `id` (tokens, targets, losses).
     Tensor micro(BufferId id, DType dt, int mb) const;
     // Transfers that outlive their op (interleaved sends) take communication slots from `slot` on.
-    void pipeline(Graph & g, const StepScalars & s, const Transformer::LayerHook & done, int slot) const;
+    void pipeline(Graph & g, const StepScalars & s, Sync & sync, int slot) const;
     // The interleaved schedule: sends started at once (completed at the step's end), receives
-    // blocking; hook(j) is the data-parallel hook of action j.
-    void interleaved(Graph & g, const StepScalars & s, const std::vector<PipeAction> & order,
-                     const std::function<Transformer::LayerHook(int)> & hook, int slot) const;
+    // blocking.
+    struct ActionSync;   // a pipeline action's gathers and reductions (train/step_pipeline.cpp)
+    void interleaved(Graph & g, const StepScalars & s, const std::vector<PipeAction> & order, const ActionSync & as,
+                     int slot) const;
     // norm_sq = this rank's share of the gradients' sum of squares, summed over the tensor group.
     void grad_norm(Graph & g, Tensor norm_sq) const;
 };

@@ -1,6 +1,6 @@
 // The pipeline-parallel part of the step program (train/step.h): one stage's forwards and
 // backwards of every micro-batch in the schedule's order, with the transfers between stages.
-#include "train/step.h"
+#include "train/step_sync.h"
 
 #include <functional>
 #include <vector>
@@ -14,13 +14,69 @@ Tensor TrainStep::micro(BufferId id, DType dt, int mb) const {
     return Tensor(id, dt, {n}, size_t(mb) * size_t(n) * dtype_size(dt));
 }
 
-void TrainStep::pipeline(Graph & g, const StepScalars & s, const Transformer::LayerHook & done, int slot) const {
+// The data-parallel and ZeRO side of a pipeline's actions: before a forward (ZeRO 3's gathers),
+// around a backward (gathers, and the gradient buckets: reduced after the last backward of each
+// chunk; ZeRO >= 2 reduce-scatters every micro-batch's into the shard), and after it.
+struct TrainStep::ActionSync {
+    const TrainStep & st;
+    Sync & sync;
+    std::vector<int> last_of_chunk;
+    int last_backward = -1;
+
+    ActionSync(const TrainStep & s, Sync & y, const std::vector<PipeAction> & order, int chunks)
+        : st(s), sync(y), last_of_chunk(size_t(chunks), -1) {
+        for (size_t j = 0; j < order.size(); ++j)
+            if (!order[j].fwd) last_of_chunk[size_t(order[j].chunk)] = last_backward = int(j);
+    }
+    int copy(const PipeAction & a) const { return st.copies_ > 1 ? a.mb : 0; }
+    Transformer::LayerHook before_forward(Graph & g, const PipeAction & a, const Transformer & M) const {
+        if (st.dp_.zero < 3) return {};
+        g.phase(Phase::communication);
+        g.layer(-1);
+        sync.await(g, -1, false, 0);   // the rest's weights, once for the step
+        sync.gather(g, M.layer_begin(), false, copy(a));
+        const int c = copy(a);
+        return [this, c](Graph & gg, int l) { sync.forward_begin(gg, l, c); };
+    }
+    void before_backward(Graph & g, const PipeAction & a, const Transformer & M) const {
+        if (st.dp_.zero < 3) return;
+        g.phase(Phase::communication);
+        g.layer(-1);
+        sync.gather(g, M.layer_end() - 1, true, copy(a));   // during the wait for the gradient
+    }
+    Transformer::LayerHook begin(const PipeAction & a, const Transformer & M) const {
+        if (!st.reduce_scatter_ && st.dp_.zero < 3) return {};
+        const int c = copy(a), lowest = M.lowest_trained_layer();
+        return [this, c, lowest](Graph & gg, int l) { sync.backward_begin(gg, l, c, lowest); };
+    }
+    Transformer::LayerHook done(int j, const PipeAction & a) const {
+        const int c = copy(a);
+        if (st.reduce_scatter_)   // every micro-batch's layers; the rest's at the step's end
+            return [this, c](Graph & gg, int l) { if (l >= 0) sync.backward_done(gg, l, c); };
+        if (!st.all_reduce_ || last_of_chunk[size_t(a.chunk)] != j) return {};
+        const bool rest = j == last_backward;   // the rest's (embedding, head) after the step's last
+        return [this, rest](Graph & gg, int l) { if (l >= 0 || rest) sync.backward_done(gg, l, 0); };
+    }
+    void after_backward(Graph & g) const {
+        if (!st.reduce_scatter_) return;
+        g.phase(Phase::communication);
+        g.layer(-1);
+        sync.flush(g);   // the micro-batch's buckets are in the shard before the next one's open
+    }
+};
+
+void TrainStep::pipeline(Graph & g, const StepScalars & s, Sync & sync, int slot) const {
     const int64_t b = B_, t = T_, n = b * t;
     const bool train = mode_ == StepMode::train;
     if (!pp_.last()) {   // the loss is the last stage's; the others report zeros
         g.phase(Phase::other);
         g.layer(-1);
         g.fill_zero(Tensor(losses, DType::f32, {n * pp_.micro_batches}));
+    }
+    if (train && reduce_scatter_) {   // the rest's gradients accumulate over the step
+        g.phase(Phase::other);
+        g.layer(-1);
+        sync.zero_rest(g);
     }
     const int prev = pp_.first() ? -1 : pp_.stage - 1, next = pp_.last() ? -1 : pp_.stage + 1;
     constexpr int kActivation = 0, kGradient = 1;   // message tags
@@ -40,45 +96,39 @@ void TrainStep::pipeline(Graph & g, const StepScalars & s, const Transformer::La
     else
         for (int i = 0; i < pp_.micro_batches; ++i)
             for (int c = 0; c < V; ++c) order.push_back({true, i, c});
-    // Data parallel: each chunk's gradients are final after its last backward, and the rest
-    // (embedding, head) after the step's last.
-    std::vector<int> last_of_chunk(size_t(V), -1);
-    int last_backward = -1;
-    for (size_t j = 0; j < order.size(); ++j)
-        if (!order[j].fwd) last_of_chunk[size_t(order[j].chunk)] = last_backward = int(j);
-    auto hook = [&](int j) -> Transformer::LayerHook {
-        if (!done || last_of_chunk[size_t(order[size_t(j)].chunk)] != j) return {};
-        if (j == last_backward) return done;
-        return [&](Graph & gg, int l) { if (l >= 0) done(gg, l); };
-    };
+    const ActionSync as(*this, sync, order, V);
     if (V > 1) {
-        interleaved(g, s, order, hook, slot);
+        interleaved(g, s, order, as, slot);
         return;
     }
     for (size_t j = 0; j < order.size(); ++j) {
         const PipeAction a = order[j];
         const Transformer & M = *models_[size_t(a.mb)];
         const Tensor tok = micro(tokens, DType::i32, a.mb).view(0, {b, t});
+        const int c = as.copy(a);
         if (a.fwd) {
+            const Transformer::LayerHook begin = as.before_forward(g, a, M);
             exchange(pp_.first() ? Tensor{} : M.input(), prev, kActivation);
-            M.forward(g, w_, tok);
+            M.forward(g, wf_[size_t(c)], tok, begin);
             if (pp_.last()) {
-                M.head_loss(g, w_, train ? &dw_ : nullptr, micro(targets, DType::i32, a.mb), micro(losses, DType::f32, a.mb),
-                            s.dloss);
+                M.head_loss(g, wf_[size_t(c)], train ? &dws_[size_t(c)] : nullptr, micro(targets, DType::i32, a.mb),
+                            micro(losses, DType::f32, a.mb), s.dloss);
             } else {
                 held = {M.output(), next, kActivation};
             }
             continue;
         }
+        as.before_backward(g, a, M);
         exchange(pp_.last() ? Tensor{} : M.output_grad(), next, kGradient);
-        M.backward(g, w_, dw_, tok, hook(int(j)));
+        M.backward(g, wb_[size_t(c)], dws_[size_t(c)], tok, as.done(int(j), a), as.begin(a, M));
+        as.after_backward(g);
         if (!pp_.first()) held = {M.input_grad(), prev, kGradient};
     }
     exchange(Tensor{}, -1, 0);
 }
 
 void TrainStep::interleaved(Graph & g, const StepScalars & s, const std::vector<PipeAction> & order,
-                            const std::function<Transformer::LayerHook(int)> & hook, int slot) const {
+                            const ActionSync & as, int slot) const {
     const int64_t b = B_, t = T_;
     const int P = pp_.stages, V = int(chunks_.size()), last_v = P * V - 1;
     const bool train = mode_ == StepMode::train;
@@ -103,18 +153,22 @@ void TrainStep::interleaved(Graph & g, const StepScalars & s, const std::vector<
         const int v = a.chunk * P + pp_.stage;   // the virtual stage
         const Transformer & M = *models_[size_t(a.mb * V + a.chunk)];
         const Tensor tok = micro(tokens, DType::i32, a.mb).view(0, {b, t});
+        const size_t c = size_t(as.copy(a));
         if (a.fwd) {
+            const Transformer::LayerHook begin = as.before_forward(g, a, M);
             if (v > 0) recv(M.input(), down, tag(0, a.mb, v - 1));
-            M.forward(g, w_, tok);
+            M.forward(g, wf_[c], tok, begin);
             if (v == last_v)
-                M.head_loss(g, w_, train ? &dw_ : nullptr, micro(targets, DType::i32, a.mb), micro(losses, DType::f32, a.mb),
-                            s.dloss);
+                M.head_loss(g, wf_[c], train ? &dws_[c] : nullptr, micro(targets, DType::i32, a.mb),
+                            micro(losses, DType::f32, a.mb), s.dloss);
             else
                 send(M.output(), up, tag(0, a.mb, v));
             continue;
         }
+        as.before_backward(g, a, M);
         if (v < last_v) recv(M.output_grad(), up, tag(1, a.mb, v + 1));
-        M.backward(g, w_, dw_, tok, hook(int(j)));
+        M.backward(g, wb_[c], dws_[c], tok, as.done(int(j), a), as.begin(a, M));
+        as.after_backward(g);
         if (v > 0) send(M.input_grad(), down, tag(1, a.mb, v));
     }
     g.phase(Phase::communication);

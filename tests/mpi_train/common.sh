@@ -6,7 +6,7 @@ MPIEXEC=$2
 SRC=$(realpath "$3")
 ZERO=${4:-0}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/memfit_mpi_train.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
+trap '[ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"' EXIT
 export OMP_NUM_THREADS=1
 
 fail() { echo "FAIL: $*" >&2; exit 1; }

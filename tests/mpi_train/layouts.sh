@@ -3,17 +3,19 @@
 #   --zero 3 with LoRA and an nf4 base (FSDP-QLoRA) on 2 ranks (tests/mpi/test_lora_zero3.cpp
 #   checks each rank's shard of the base to the byte): the one process's losses, each rank's plan
 #   equal to its measurement; resumed at step 10 on 2 ranks, the uninterrupted run's last steps.
-#   --zero 3 and 2 with --tp 2 (--sp) x 2 data-parallel ranks (4 ranks), and (CPU) --tp 4 with
-#   fewer KV heads than tensor ranks x 2 (8 ranks): the same, the ZeRO-3 run resumed too.
+#   --zero 3 with --tp 2 --sp x 2 data-parallel ranks (4 ranks), resumed; and (CPU) --zero 2 with
+#   --tp 2, and --tp 4 with fewer KV heads than tensor ranks x 2 (8 ranks).
+#   --zero 3 with --pp 2 (1F1B) x 2 (4 ranks), resumed; and (CPU) GPT-2's tied embedding under
+#   --pp 2 --schedule interleaved:2 --zero 2.
 # DEVICE cuda (MEMFIT the emulator's build, memfit_emu, with MEMFIT_CUDA_EMU=1, or GPUs): the
 # ranks run on the CUDA engine against the one CPU process.
 # Usage: bash layouts.sh MEMFIT MPIEXEC SOURCE_DIR [DEVICE]
 source "$(dirname "$0")/common.sh"
 DEVICE=${4:-cpu}
 cd "$WORK"
-ARGS=(train --model llama-micro --data "$WORK/data" --batch 4 --seq 32 --lr 1e-3 --warmup 2 --steps 20
-      --grad-accum 2 --clip 0.5 --eval-every 10 --eval-batches 1 --sample 0 --progress plain --log-every 1
-      --threads 1 --seed 1337)
+BASE=(train --data "$WORK/data" --batch 4 --seq 32 --lr 1e-3 --warmup 2 --steps 20 --clip 0.5 --eval-every 10
+      --eval-batches 1 --sample 0 --progress plain --log-every 1 --threads 1 --seed 1337)
+ARGS=("${BASE[@]}" --model llama-micro --grad-accum 2)
 ON=(--device "$DEVICE")
 
 # resumed REFERENCE_LOG LOG WHAT: LOG's run resumed at step 11 and its losses are the reference's.
@@ -54,13 +56,33 @@ exact_per_rank tz3.log 4
 mpi 4 "${ARGS[@]}" "${ON[@]}" --tp 2 --sp --zero 3 --resume tz3/checkpoints/step-000010 --out tz3r > tz3r.log 2>&1 ||
     { cat tz3r.log; fail "--tp 2 --sp --zero 3 resumed"; }
 resumed tz3.log tz3r.log "-np 4 --tp 2 --sp --zero 3 resumed at step 10"
-mpi 4 "${ARGS[@]}" "${ON[@]}" --tp 2 --zero 2 --out tz2 > tz2.log 2>&1 || { cat tz2.log; fail "--tp 2 --zero 2 on 4 ranks"; }
-same_as one.log tz2.log "-np 4 --tp 2 --zero 2"
-exact_per_rank tz2.log 4
-if [ "$DEVICE" = cpu ]; then   # 2 KV heads over 4 tensor ranks: each KV head's gradient summed over its 2 holders
+if [ "$DEVICE" = cpu ]; then   # ZeRO-2; 2 KV heads over 4 tensor ranks: each KV head's gradient summed over its 2 holders
+    mpi 4 "${ARGS[@]}" --tp 2 --zero 2 --out tz2 > tz2.log 2>&1 || { cat tz2.log; fail "--tp 2 --zero 2 on 4 ranks"; }
+    same_as one.log tz2.log "-np 4 --tp 2 --zero 2"
+    exact_per_rank tz2.log 4
     mpi 8 "${ARGS[@]}" --tp 4 --zero 2 --out t4 > t4.log 2>&1 || { cat t4.log; fail "--tp 4 --zero 2 on 8 ranks"; }
     grep -q '(1 of 2 KV)' t4.log || { cat t4.log; fail "--tp 4: KV heads not replicated"; }
     same_as one.log t4.log "-np 8 --tp 4 --zero 2"
     exact_per_rank t4.log 8
+fi
+# ---- ZeRO 2/3 with pipeline parallelism: every micro-batch's gradients reduce-scattered into the shard ----
+P4=("${BASE[@]}" --model llama-micro --grad-accum 4)
+"$MEMFIT" "${P4[@]}" --out one4 > one4.log 2>&1 || { cat one4.log; fail "one process, --grad-accum 4"; }
+mpi 4 "${P4[@]}" "${ON[@]}" --pp 2 --schedule 1f1b --zero 3 --checkpoint-every 10 --out pz3 > pz3.log 2>&1 ||
+    { cat pz3.log; fail "--pp 2 --zero 3 on 4 ranks"; }
+grep -q 'ZeRO stage 3' pz3.log && grep -q '^  pipeline parallel: 2 stages' pz3.log ||
+    { cat pz3.log; fail "--pp 2 --zero 3: not the layout asked for"; }
+same_as one4.log pz3.log "-np 4 --pp 2 --zero 3"
+exact_per_rank pz3.log 4
+mpi 4 "${P4[@]}" "${ON[@]}" --pp 2 --schedule 1f1b --zero 3 --resume pz3/checkpoints/step-000010 --out pz3r > pz3r.log 2>&1 ||
+    { cat pz3r.log; fail "--pp 2 --zero 3 resumed"; }
+resumed pz3.log pz3r.log "-np 4 --pp 2 --zero 3 resumed at step 10"
+if [ "$DEVICE" = cpu ]; then   # GPT-2's tied embedding across the two ends, the interleaved schedule, ZeRO-2
+    G4=("${BASE[@]}" --model micro --grad-accum 4)
+    "$MEMFIT" "${G4[@]}" --out gone > gone.log 2>&1 || { cat gone.log; fail "micro, one process"; }
+    mpi 4 "${G4[@]}" --pp 2 --schedule interleaved:2 --zero 2 --out pz2 > pz2.log 2>&1 ||
+        { cat pz2.log; fail "--pp 2 --schedule interleaved:2 --zero 2 on 4 ranks"; }
+    same_as gone.log pz2.log "-np 4 --pp 2 --schedule interleaved:2 --zero 2 (tied embedding)"
+    exact_per_rank pz2.log 4
 fi
 echo "PASS"

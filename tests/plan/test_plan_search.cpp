@@ -149,7 +149,7 @@ TEST(PlanSearch, ListedConfigurationsFitByTheBytesTheyPrint) {
         std::function<void(PlanRequest &)> fix;
     };
     const std::vector<Case> cases = {
-        // With the layouts train does not run yet (ZeRO-3 with tp: the analytic model's numbers).
+        // With the layouts train does not run yet (parameter offload: the analytic model's numbers).
         {"llama2-70b", "h100-80g", 64, 4096, 1024, 50, [](PlanRequest & r) { r.include_plan_only = true; }},
         {"llama2-70b", "h100-80g", 1024, 4096, 1024, 5, {}},
         {"llama3-8b", "h100-80g", 8, 8192, 16, 5,

@@ -1,0 +1,309 @@
+// ZeRO's and data parallelism's part of the step program (train/step.h): the flat buffers' layer
+// groups that ZeRO 3 gathers just before their forward and backward, and the gradient buckets
+// reduced (summed, or ZeRO >= 2 reduce-scattered into the shard) as backward finishes them. Under
+// pipeline parallelism each micro-batch has its own copy of these transients, so ZeRO composes
+// with every schedule: a layer's gathered weights and gradient bucket live through one
+// micro-batch's pass, and its gradients accumulate in the shard.
+#include "train/step_sync.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "backend/collectives.h"
+#include "core/error.h"
+#include "model/sparsity.h"
+
+namespace memfit {
+
+namespace {
+
+// Every view of w: weights, biases, adapters, and a quantized base's packed projections.
+template <class F>
+void for_each_view(ModelWeights & w, F f) {
+    for (Tensor * t : {&w.wte, &w.wpe, &w.lnfw, &w.lnfb, &w.head}) f(*t);
+    for (auto & y : w.h) {
+        for (Tensor * t : {&y.ln1w, &y.ln1b, &y.qkvw, &y.qkvb, &y.projw, &y.projb, &y.ln2w, &y.ln2b, &y.fcw, &y.fcb,
+                           &y.fcprojw, &y.fcprojb, &y.qnw, &y.knw, &y.qkvq.packed, &y.projq.packed, &y.fcq.packed,
+                           &y.fcprojq.packed})
+            f(*t);
+        for (auto & ad : y.adapters) {
+            f(ad.a);
+            f(ad.b);
+        }
+    }
+}
+
+// Elements [a, b) of a flat buffer moved into their own buffer `to`.
+struct Range { size_t a, b; BufferId to; };
+
+// Moves every view of w into `flat` (dtype dt) to the range's buffer that holds it.
+void remap(ModelWeights & w, BufferId flat, DType dt, const std::vector<Range> & ranges) {
+    const size_t es = dtype_size(dt);
+    for_each_view(w, [&](Tensor & t) {
+        if (!t.valid() || t.buffer != flat) return;
+        const size_t e = t.offset / es;
+        for (const auto & r : ranges)
+            if (e >= r.a && e < r.b) {
+                MF_ASSERT(e + size_t(t.numel()) <= r.b && "a weight view spans two groups");
+                t.buffer = r.to;
+                t.offset = (e - r.a) * es;
+                return;
+            }
+        MF_ASSERT(false && "a weight view outside every group");
+    });
+}
+
+}  // namespace
+
+void TrainStep::declare_sync(const Backend * sizing, const std::string & pre) {
+    const bool train = mode_ == StepMode::train;
+    const size_t gs = dtype_size(grad_dt_);
+    // Groups (runs of one layer's parameters) and the gradient buckets over them, merged from the
+    // top layer down until a bucket holds bucket_bytes.
+    for (const auto & p : layout_.params) {
+        // A shared block's gradients are whole after the backward of its group's lowest layer.
+        const int b = param_block(p.name), l = b < 0 ? -1 : b * cfg_.share_layers;
+        if (!groups_.empty() && groups_.back().layer == l) groups_.back().b += p.numel;
+        else groups_.push_back(Group{l, p.offset, p.offset + p.numel, kTrainable, {}, {}});
+    }
+    for (size_t j = groups_.size(); j-- > 0;) {
+        const Group & q = groups_[j];
+        Bucket * cur = buckets_.empty() ? nullptr : &buckets_.back();
+        if (cur && q.layer >= 0 && cur->bottom >= 0 && cur->a == q.b && (cur->b - cur->a) * gs < dp_.bucket_bytes) {
+            cur->a = q.a;
+            cur->bottom = q.layer;
+        } else {   // a shared block's gradients start at its group's highest layer's backward
+            const int top = q.layer < 0 ? -1 : std::min(q.layer + cfg_.share_layers - 1, cfg_.n_layer - 1);
+            buckets_.push_back(Bucket{top, q.layer, q.a, q.b, {}});
+        }
+    }
+    all_reduce_ = train && parts_.optimizer && parts_.reduce_grads && dp_.zero < 2;
+    reduce_scatter_ = train && dp_.zero >= 2;
+    copies_ = pp_.enabled() && dp_.zero >= 2 ? pp_.micro_batches : 1;
+    dws_.assign(size_t(copies_), dw_);
+    auto suffix = [&](bool per_copy, int c) { return per_copy && copies_ > 1 ? fmt::format(".mb{}", c) : std::string(); };
+    std::vector<std::vector<Range>> grad_ranges(static_cast<size_t>(copies_));
+    for (size_t i = 0; (all_reduce_ || reduce_scatter_) && i < buckets_.size(); ++i) {
+        Bucket & k = buckets_[i];
+        // Sized for the rank with the most of the bucket, so that every rank's plan is the same.
+        const size_t most = most_in_shard(k.a, k.b);
+        // A 16-bit sum's fp32 copies (MPI sums fp32), from the transfer's start to its wait.
+        const size_t wide = step_scratch_elems(sizing, grad_dt_, dp_.ranks, k.b - k.a);
+        // Accumulating (micro-steps, or a pipeline's micro-batches into one shard): through recv.
+        const bool accumulate = !parts_.zero_grads || (copies_ > 1 && k.top >= 0);
+        for (int c = 0; c < copies_; ++c) {
+            if (c > 0 && k.top < 0) {   // the rest's gradients accumulate over the step in one bucket
+                k.copy.push_back(k.copy.front());
+                grad_ranges[size_t(c)].push_back(Range{k.a, k.b, k.copy.front().grad});
+                continue;
+            }
+            BucketBuffers bb;
+            const std::string at = fmt::format("{}{}", i, suffix(true, c));
+            if (wide) bb.scratch = program_.declare(pre + "communication.bucket" + at, Category::communication, wide * 4);
+            if (reduce_scatter_) {
+                bb.grad = program_.declare(pre + "gradients.bucket" + at, Category::gradients, (k.b - k.a) * gs);
+                if (accumulate && most > 0)
+                    bb.recv = program_.declare(pre + "gradients.recv" + at, Category::gradients, most * gs);
+                grad_ranges[size_t(c)].push_back(Range{k.a, k.b, bb.grad});
+            }
+            k.copy.push_back(bb);
+        }
+    }
+    for (int c = 0; reduce_scatter_ && c < copies_; ++c) remap(dws_[size_t(c)], grads, grad_dt_, grad_ranges[size_t(c)]);
+    wf_.assign(size_t(copies_), w_);
+    wb_ = wf_;
+    if (dp_.zero < 3) return;
+    if (lora_) frozen_groups();
+    std::vector<std::vector<Range>> fwd(size_t(copies_) * 3), bwd(fwd.size());
+    for (auto & q : groups_) {
+        const Source & src = sources_[q.src];
+        const size_t bytes = (q.b - q.a) * dtype_size(src.dt);
+        const std::string name = q.layer < 0 ? fmt::format("{}.gathered.rest{}", src.name, q.a)
+                                             : fmt::format("{}.gathered.layer{}", src.name, q.layer);
+        for (int c = 0; c < copies_; ++c) {
+            const bool shared = c > 0 && q.layer < 0;   // the rest's: gathered once for the step
+            q.fwd.push_back(shared ? q.fwd.front()
+                                   : program_.declare(name + (q.layer >= 0 ? ".fwd" : "") + suffix(true, c),
+                                                      Category::parameters, bytes));
+            q.bwd.push_back(shared ? q.bwd.front()
+                            : q.layer >= 0 && train ? program_.declare(name + ".bwd" + suffix(true, c),
+                                                                       Category::parameters, bytes)
+                                                    : q.fwd.back());
+            fwd[size_t(c * 3 + q.src)].push_back(Range{q.a, q.b, q.fwd.back()});
+            bwd[size_t(c * 3 + q.src)].push_back(Range{q.a, q.b, q.bwd.back()});
+        }
+    }
+    for (int c = 0; c < copies_; ++c)
+        for (int k = 0; k < 3; ++k) {
+            if (sources_[k].flat < 0) continue;
+            remap(wf_[size_t(c)], sources_[k].flat, sources_[k].dt, fwd[size_t(c * 3 + k)]);
+            remap(wb_[size_t(c)], sources_[k].flat, sources_[k].dt, bwd[size_t(c * 3 + k)]);
+        }
+}
+
+// LoRA's frozen base under ZeRO 3: its dense part's runs of one layer's weights and each layer's
+// packed projections (layer-major in the QuantLayout), as groups gathered like the adapters'.
+void TrainStep::frozen_groups() {
+    for (const auto & p : base_layout_.params) {
+        const int l = param_block(p.name);
+        const Group * last = groups_.empty() ? nullptr : &groups_.back();
+        if (last && last->src == kBase && last->layer == l) groups_.back().b += p.numel;
+        else groups_.push_back(Group{l, p.offset, p.offset + p.numel, kBase, {}, {}});
+    }
+    const auto & e = quant_layout_.entries;
+    for (size_t i = 0; i < e.size(); ++i) {
+        const size_t end = i + 1 < e.size() ? e[i + 1].offset : quant_layout_.bytes;
+        if (i > 0 && e[i - 1].layer == e[i].layer) groups_.back().b = end;
+        else groups_.push_back(Group{e[i].layer, e[i].offset, end, kBaseQ, {}, {}});
+    }
+}
+
+Tensor TrainStep::grad_view(const Bucket & k, int copy) const {
+    const int64_t n = int64_t(k.b - k.a);
+    const BufferId id = k.copy.empty() ? -1 : k.copy[size_t(copy)].grad;
+    return id >= 0 ? Tensor(id, grad_dt_, {n}) : Tensor(grads, grad_dt_, {n}, k.a * dtype_size(grad_dt_));
+}
+
+TrainStep::Sync::Sync(const TrainStep & st)
+    : st_(st), nb_(int(st.buckets_.size())), ng_(int(st.groups_.size())),
+      started_(size_t(2 * ng_ * st.copies_), 0), waited_(started_.size(), 0) {}
+
+// Group q holds layer l's weights: its own layer's, or (shared blocks) every layer of its group,
+// gathered at the group's first use in each direction and kept until its last.
+bool TrainStep::Sync::serves(const Group & q, int layer) const {
+    return q.layer == layer ||
+           (q.layer >= 0 && layer >= 0 && st_.cfg_.stored_block(layer) == st_.cfg_.stored_block(q.layer));
+}
+
+size_t TrainStep::Sync::flag(int j, bool backward, int copy) const {
+    const Group & q = st_.groups_[size_t(j)];
+    const int c = q.layer < 0 ? 0 : copy;   // the rest's groups: once for the step
+    return size_t((c * 2 + (backward ? 1 : 0)) * ng_ + j);
+}
+
+void TrainStep::Sync::gather(Graph & g, int layer, bool backward, int copy) {
+    for (int j = 0; j < ng_; ++j) {
+        const Group & q = st_.groups_[size_t(j)];
+        if (!serves(q, layer) || started_[flag(j, backward, copy)]) continue;
+        started_[flag(j, backward, copy)] = 1;
+        const Source & src = st_.sources_[q.src];
+        const std::vector<size_t> counts = src.sh.counts(q.a, q.b);
+        const int r = st_.dp_.rank;
+        const size_t mine = counts[size_t(r)], lo = src.sh.lo(r);
+        const Tensor in = mine ? Tensor(src.flat, src.dt, {int64_t(mine)}, (std::max(q.a, lo) - lo) * dtype_size(src.dt))
+                               : Tensor{};
+        const int c = q.layer < 0 ? 0 : copy;
+        const BufferId out = backward ? q.bwd[size_t(c)] : q.fwd[size_t(c)];
+        g.all_gather_start(Tensor(out, src.dt, {int64_t(q.b - q.a)}), in, counts, slot(j, backward));
+    }
+}
+
+void TrainStep::Sync::await(Graph & g, int layer, bool backward, int copy) {
+    gather(g, layer, backward, copy);
+    for (int j = 0; j < ng_; ++j) {
+        const Group & q = st_.groups_[size_t(j)];
+        if (!serves(q, layer) || waited_[flag(j, backward, copy)]) continue;
+        waited_[flag(j, backward, copy)] = 1;
+        const int c = q.layer < 0 ? 0 : copy;
+        g.comm_wait(slot(j, backward), {Tensor(backward ? q.bwd[size_t(c)] : q.fwd[size_t(c)], st_.sources_[q.src].dt, {1})});
+    }
+}
+
+Tensor TrainStep::Sync::shard_piece(const Bucket & k) const {
+    const size_t mine = st_.in_shard(k.a, k.b, st_.dp_.rank), gs = dtype_size(st_.grad_dt_);
+    return mine ? Tensor(st_.grads, st_.grad_dt_, {int64_t(mine)}, (std::max(k.a, st_.lo_) - st_.lo_) * gs) : Tensor{};
+}
+
+// Accumulating: received into the bucket's `recv` (every rank's program touches it, even with
+// none of the bucket, so that all ranks' plans are the same), then added to the shard.
+Tensor TrainStep::Sync::receive(const Bucket & k, int copy) const {
+    const BufferId id = k.copy[size_t(copy)].recv;
+    return id >= 0 ? Tensor(id, st_.grad_dt_, {int64_t(st_.program_.buffer(id).bytes / dtype_size(st_.grad_dt_))})
+                   : Tensor{};
+}
+
+Tensor TrainStep::Sync::scratch(const Bucket & k, int copy) const {
+    const BufferId id = k.copy[size_t(copy)].scratch;
+    return id >= 0 ? Tensor(id, DType::f32, {int64_t(st_.program_.buffer(id).bytes / 4)}) : Tensor{};
+}
+
+void TrainStep::Sync::start(Graph & g, int i, int copy) {
+    const Bucket & k = st_.buckets_[size_t(i)];
+    if (st_.all_reduce_) {
+        g.all_reduce_start(st_.grad_view(k, copy), i, scratch(k, copy));
+    } else {
+        const Tensor recv = receive(k, copy);
+        g.reduce_scatter_start(st_.grad_view(k, copy), recv.valid() ? recv : shard_piece(k),
+                               st_.shard_counts(k.a, k.b), i, scratch(k, copy));
+    }
+}
+
+void TrainStep::Sync::finish(Graph & g, int i, int copy) {
+    const Bucket & k = st_.buckets_[size_t(i)];
+    if (st_.all_reduce_) {
+        g.comm_wait(i, {st_.grad_view(k, copy), scratch(k, copy)});
+        return;
+    }
+    const Tensor mine = shard_piece(k), recv = receive(k, copy);
+    g.comm_wait(i, {st_.grad_view(k, copy), recv.valid() ? recv : mine, scratch(k, copy)});
+    if (recv.valid() && mine.valid()) g.residual_fwd(mine, mine, recv.view(0, {mine.numel()}));
+}
+
+// ZeRO 3 before layer l's forward: its weights awaited, the next layer's gather started.
+void TrainStep::Sync::forward_begin(Graph & g, int l, int copy) {
+    g.phase(Phase::communication);
+    await(g, l, false, copy);
+    if (l + 1 < st_.cfg_.n_layer) gather(g, l + 1, false, copy);
+}
+
+// Before layer l's backward: ZeRO 3's weights awaited and the next layer's gather started (down
+// to `lowest`), ZeRO >= 2's buckets opening at l zeroed.
+void TrainStep::Sync::backward_begin(Graph & g, int l, int copy, int lowest) {
+    if (st_.dp_.zero >= 3) {
+        g.phase(Phase::communication);
+        await(g, l, true, copy);
+        if (l - 1 >= lowest) gather(g, l - 1, true, copy);
+    }
+    g.phase(Phase::backward);
+    for (const auto & k : st_.buckets_)
+        if (st_.reduce_scatter_ && k.top == l) g.fill_zero(st_.grad_view(k, copy));
+}
+
+// After layer l's backward (l = -1: the rest, after the embedding's): the buckets closing at l
+// start reducing; the ones in flight before them finish, so that bucket i's transfer overlaps
+// the next layer's backward and at most two buckets' transients are live.
+void TrainStep::Sync::backward_done(Graph & g, int l, int copy) {
+    g.phase(Phase::communication);
+    std::vector<std::pair<int, int>> now;
+    for (int i = 0; i < nb_; ++i)
+        if (st_.buckets_[size_t(i)].bottom == l) {
+            start(g, i, copy);
+            now.push_back({i, copy});
+        }
+    flush(g);
+    in_flight_ = now;
+    g.phase(Phase::backward);
+}
+
+void TrainStep::Sync::zero_rest(Graph & g) {
+    for (const auto & k : st_.buckets_)
+        if (st_.reduce_scatter_ && k.top < 0) g.fill_zero(st_.grad_view(k));
+}
+
+void TrainStep::Sync::reduce_rest(Graph & g) {
+    for (int i = 0; i < nb_; ++i)
+        if (st_.buckets_[size_t(i)].bottom < 0) {
+            start(g, i, 0);
+            in_flight_.push_back({i, 0});
+        }
+}
+
+void TrainStep::Sync::flush(Graph & g) {
+    for (const auto & [i, c] : in_flight_) finish(g, i, c);
+    in_flight_.clear();
+}
+
+}  // namespace memfit
