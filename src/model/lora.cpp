@@ -34,8 +34,10 @@ std::vector<Module> family_modules(const ModelConfig & cfg) {
                 {"up", Proj::fc, F, F, C, "mlp.up_proj"},
                 {"down", Proj::down, 0, C, F, "mlp.down_proj"}};
     }
-    return {{"c_attn", Proj::qkv, 0, 3 * C, C, "attn.c_attn"},
-            {"attn.c_proj", Proj::o, 0, C, C, "attn.c_proj"},
+    // A tensor rank's slice (tp_local_config) has 3 H / T q|k|v columns and H / T attention inputs.
+    const int64_t H = cfg.attn_dim();
+    return {{"c_attn", Proj::qkv, 0, 3 * H, C, "attn.c_attn"},
+            {"attn.c_proj", Proj::o, 0, C, H, "attn.c_proj"},
             {"c_fc", Proj::fc, 0, F, C, "mlp.c_fc"},
             {"mlp.c_proj", Proj::down, 0, C, F, "mlp.c_proj"}};
 }

@@ -33,7 +33,14 @@ Split split_of(const std::string & name) {
         ends("up_proj.weight"))
         return {Split::split, 0, 1};
     if (ends("o_proj.weight") || ends("down_proj.weight")) return {Split::split, 1, 1};
-    return {};   // norms, wpe, row-parallel biases
+    // LoRA's adapters (PEFT's A [r, in], B [out, r]): a column-parallel projection's B by its
+    // output rows, a row-parallel one's A by its input columns; the other matrix replicated.
+    if (ends("c_attn.lora_B.weight")) return {Split::split, 0, 3};
+    for (const char * m : {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "c_fc"})
+        if (ends((std::string(m) + ".lora_B.weight").c_str())) return {Split::split, 0, 1};
+    for (const char * m : {"o_proj", "down_proj", "c_proj"})
+        if (ends((std::string(m) + ".lora_A.weight").c_str())) return {Split::split, 1, 1};
+    return {};   // norms, wpe, row-parallel biases, the replicated adapter matrices
 }
 
 }  // namespace
@@ -66,8 +73,11 @@ ModelConfig tp_local_config(const ModelConfig & cfg, int T) {
 }
 
 std::vector<TpRun> tp_runs(const ModelConfig & cfg, int T, int r) {
+    return tp_runs(make_param_layout(cfg), make_param_layout(tp_local_config(cfg, T)), cfg, T, r);
+}
+
+std::vector<TpRun> tp_runs(const ParamLayout & full, const ParamLayout & local, const ModelConfig & cfg, int T, int r) {
     MF_ASSERT(r >= 0 && r < T);
-    const ParamLayout full = make_param_layout(cfg), local = make_param_layout(tp_local_config(cfg, T));
     MF_ASSERT(full.params.size() == local.params.size());
     std::vector<TpRun> runs;
     for (size_t i = 0; i < full.params.size(); ++i) {
@@ -140,20 +150,38 @@ std::vector<TpRange> tp_kv_ranges(const ParamLayout & local) {
 
 std::vector<TpRange> sp_partial(const ParamLayout & local) {
     return ranges_where(local, [](const std::string & n) {   // the norms
-        return split_of(n).kind == Split::replicated && !n.ends_with("c_proj.bias") && !n.ends_with("wpe.weight");
+        return split_of(n).kind == Split::replicated && !n.ends_with("c_proj.bias") && !n.ends_with("wpe.weight") &&
+               n.find(".lora_") == std::string::npos;
+    });
+}
+
+std::vector<TpRange> tp_lora_partial(const ParamLayout & local) {
+    return ranges_where(local, [](const std::string & n) {
+        return n.find(".lora_") != std::string::npos && split_of(n).kind == Split::replicated;
     });
 }
 
 std::vector<float> tp_slice(const ModelConfig & cfg, int T, int r, const float * full) {
-    std::vector<float> local(make_param_layout(tp_local_config(cfg, T)).total, 0.0f);
-    for (const auto & run : tp_runs(cfg, T, r)) std::copy_n(full + run.full, run.n, local.data() + run.local);
-    return local;
+    return tp_slice(make_param_layout(cfg), make_param_layout(tp_local_config(cfg, T)), cfg, T, r, full);
+}
+
+std::vector<float> tp_slice(const ParamLayout & whole, const ParamLayout & local, const ModelConfig & cfg, int T, int r,
+                            const float * full) {
+    std::vector<float> out(local.total, 0.0f);
+    for (const auto & run : tp_runs(whole, local, cfg, T, r)) std::copy_n(full + run.full, run.n, out.data() + run.local);
+    return out;
 }
 
 void tp_assemble(const ModelConfig & cfg, int T, const std::vector<const float *> & slices, float * full) {
+    tp_assemble(make_param_layout(cfg), make_param_layout(tp_local_config(cfg, T)), cfg, T, slices, full);
+}
+
+void tp_assemble(const ParamLayout & whole, const ParamLayout & local, const ModelConfig & cfg, int T,
+                 const std::vector<const float *> & slices, float * full) {
     MF_ASSERT(slices.size() == size_t(T));
     for (int r = 0; r < T; ++r)
-        for (const auto & run : tp_runs(cfg, T, r)) std::copy_n(slices[size_t(r)] + run.local, run.n, full + run.full);
+        for (const auto & run : tp_runs(whole, local, cfg, T, r))
+            std::copy_n(slices[size_t(r)] + run.local, run.n, full + run.full);
 }
 
 }  // namespace memfit

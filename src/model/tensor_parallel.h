@@ -37,6 +37,9 @@ ModelConfig tp_local_config(const ModelConfig & cfg, int T);
 // vocabulary slice (zero); replicated parameters are covered by every rank.
 struct TpRun { size_t full, local, n; };
 std::vector<TpRun> tp_runs(const ModelConfig & cfg, int T, int r);
+// The same for any whole layout and its slice whose parameters follow the model's names: LoRA's
+// adapters (make_lora_layout of cfg and of tp_local_config(cfg, T)) split with their projection.
+std::vector<TpRun> tp_runs(const ParamLayout & whole, const ParamLayout & local, const ModelConfig & cfg, int T, int r);
 
 // The ranges of a local layout (make_param_layout of the slice, or a pipeline stage's part of
 // it) whose parameters every tensor rank holds whole and alike (replicated), as [a, b) element
@@ -55,10 +58,19 @@ std::vector<TpRange> tp_kv_ranges(const ParamLayout & local);
 // its own rows only (the norms' gains and biases), to be summed over the group once per step.
 // The other replicated parameters' gradients come from whole gathered tensors.
 std::vector<TpRange> sp_partial(const ParamLayout & local);
+// LoRA under tensor parallelism: the replicated adapter matrices (a column-parallel projection's
+// A, a row-parallel one's B), whose gradients each rank computes from its own slice of the
+// projection's output (resp. input), to be summed over the group once per step.
+std::vector<TpRange> tp_lora_partial(const ParamLayout & local);
 
 // Rank r's slice taken from the whole model's weights (padding rows zero).
 std::vector<float> tp_slice(const ModelConfig & cfg, int T, int r, const float * full);
 // The whole model from every rank's slice, in rank order.
 void tp_assemble(const ModelConfig & cfg, int T, const std::vector<const float *> & slices, float * full);
+// The same over a whole layout and its slice (tp_runs above).
+std::vector<float> tp_slice(const ParamLayout & whole, const ParamLayout & local, const ModelConfig & cfg, int T, int r,
+                            const float * full);
+void tp_assemble(const ParamLayout & whole, const ParamLayout & local, const ModelConfig & cfg, int T,
+                 const std::vector<const float *> & slices, float * full);
 
 }  // namespace memfit

@@ -238,7 +238,7 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
     MF_ASSERT(lb_ >= 0 && lb_ < le_ && le_ <= cfg.n_layer);
     MF_ASSERT((lb_ == 0 && le_ == cfg.n_layer) || (!opt.lora.enabled() && opt.kv_capacity == 0 && !opt.keep_logits));
     const int64_t b = B, t = T, C = cfg.n_embd, V = cfg.vocab_size;
-    MF_ASSERT(!tp_.enabled() || (!opt.lora.enabled() && opt.kv_capacity == 0 && !opt.keep_logits));
+    MF_ASSERT(!tp_.enabled() || (opt.kv_capacity == 0 && !opt.keep_logits));
     llama_ = cfg.llama();
     gqa_ = llama_ && cfg.kv_heads() != cfg.n_head;
     wl_ = llama_ ? WeightLayout::out_in : WeightLayout::in_out;

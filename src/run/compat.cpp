@@ -1,10 +1,12 @@
 #include "run/compat.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "model/lora.h"
 #include "model/tensor_parallel.h"
 
 namespace memfit {
@@ -99,9 +101,18 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
     if (std::string why = sparsity_refusal(cfg, r.sparsity, r.lora.rank > 0); !why.empty()) return why;
     // Tensor (and sequence) parallelism.
     if (L.tp > 1) {
-        if (r.lora.rank > 0)
-            return std::string("--tp with LoRA is not supported: the adapters would need their own split; train LoRA "
-                               "with data parallelism");
+        // A KV head several tensor ranks hold: its gradient is summed over them (step.h), its
+        // adapter's is not.
+        bool kv_adapted = false;
+        if (r.lora.rank > 0 && L.tp > cfg.kv_heads()) try {
+            for (const auto & t : parse_lora_targets(cfg, r.lora.targets)) kv_adapted |= t == "k" || t == "v" || t == "c_attn";
+        } catch (const ConfigError & e) {
+            return std::string(e.what());
+        }
+        if (kv_adapted)
+            return fmt::format("--tp {} with LoRA on k or v: the model's {} KV heads are each held by several tensor "
+                               "ranks; adapt q,o,gate,up,down, or use --tp {} or less", L.tp, cfg.kv_heads(),
+                               cfg.kv_heads());
         try {
             ModelConfig sized = cfg;   // a small preset learns its vocabulary from the data, later
             if (sized.vocab_size == 0) sized.vocab_size = L.tp;

@@ -204,10 +204,11 @@ void Engine::init_params(uint64_t seed) {
     const TrainStep & st = *plans_.train;
     std::vector<float> full(size_t(cfg_.num_params()));
     init_model(cfg_, make_param_layout(cfg_), full.data(), seed);
-    if (st.lora()) {
+    if (st.lora()) {   // the whole model's adapters, as one process draws them (set_params slices them)
         set_base(full.data());
-        full.assign(st.layout().total, 0.0f);
-        init_adapters(st.layout(), full.data(), seed);
+        const ParamLayout adapters = make_lora_layout(cfg_, opt_.lora);
+        full.assign(adapters.total, 0.0f);
+        init_adapters(adapters, full.data(), seed);
     }
     set_params(full.data());
     if (const ModelConfig * tc = st.teacher_config()) {   // a placeholder until set_teacher (bench runs it)
@@ -224,7 +225,11 @@ void Engine::init_params(uint64_t seed) {
 void Engine::set_base(const float * full) {
     const TrainStep & st = *plans_.train;
     MF_ASSERT(st.lora());
-    const SplitBytes whole = split_weights(backend_, cfg_, st.quant_layout(), st.compute(), full);
+    // Tensor parallel: this rank's slice of the model, split as its own (the step's config).
+    const std::vector<float> slice =
+        opt_.tensor_parallel > 1 ? tp_slice(cfg_, opt_.tensor_parallel, opt_.tp_rank, full) : std::vector<float>{};
+    const SplitBytes whole =
+        split_weights(backend_, st.config(), st.quant_layout(), st.compute(), slice.empty() ? full : slice.data());
     // This rank's part (ZeRO 3: its shard) of each of the split form's buffers.
     auto store = [&](BufferId id, const std::vector<uint8_t> & bytes, const FlatShards & sh, size_t es) {
         if (id < 0) return;
@@ -260,13 +265,25 @@ std::vector<float> Engine::base_weights() {
     };
     const size_t cs = dtype_size(st.compute());
     const std::vector<uint8_t> dense = whole(st.base, st.base_shards(), cs), packed = whole(st.base_q, st.base_q_shards(), 1);
-    return join_split_weights(backend_, cfg_, st.quant_layout(), st.compute(), dense.data(), packed.data());
+    std::vector<float> local = join_split_weights(backend_, st.config(), st.quant_layout(), st.compute(), dense.data(),
+                                                  packed.data());
+    if (opt_.tensor_parallel == 1) return local;
+    return tp_gather(local, {make_param_layout(cfg_), make_param_layout(st.config())});
 }
 
 std::vector<float> Engine::full_params() { return gather_whole(params()); }
 
 size_t Engine::total_params() const {
-    return split_model() ? size_t(cfg_.num_params()) : plans_.train->layout().total;
+    if (!split_model()) return plans_.train->layout().total;
+    return plans_.train->lora() ? make_lora_layout(cfg_, opt_.lora).total : size_t(cfg_.num_params());
+}
+
+// The trainable layouts tensor parallelism maps between: the whole model's and this rank's slice
+// (the model's parameters, or LoRA's adapters).
+std::pair<ParamLayout, ParamLayout> Engine::tp_layouts() const {
+    const ModelConfig local = tp_local_config(cfg_, opt_.tensor_parallel);
+    if (plans_.train->lora()) return {make_lora_layout(cfg_, opt_.lora), make_lora_layout(local, opt_.lora)};
+    return {make_param_layout(cfg_), make_param_layout(local)};
 }
 
 std::vector<float> Engine::gather_whole(const float * mine) {
@@ -275,7 +292,7 @@ std::vector<float> Engine::gather_whole(const float * mine) {
     std::vector<float> stage(sh.total);
     if (opt_.zero == 0) std::memcpy(stage.data(), mine, sh.total * sizeof(float));
     else comm_->iall_gather(mine, stage.data(), st.shard_counts(0, sh.total), sizeof(float))->wait();
-    if (opt_.pipeline_parallel == 1) return opt_.tensor_parallel > 1 ? tp_gather(stage) : stage;
+    if (opt_.pipeline_parallel == 1) return opt_.tensor_parallel > 1 ? tp_gather(stage, tp_layouts()) : stage;
     // Every stage's parameters, put back in the tensor slice's order by name.
     const int P = opt_.pipeline_parallel;
     const ModelConfig & local = st.config();
@@ -297,14 +314,17 @@ std::vector<float> Engine::gather_whole(const float * mine) {
             std::copy_n(all.data() + at + p.offset, p.numel, out.data() + whole.find(p.name).offset);
         at += counts[size_t(s)];
     }
-    return opt_.tensor_parallel > 1 ? tp_gather(out) : out;
+    return opt_.tensor_parallel > 1 ? tp_gather(out, tp_layouts()) : out;
 }
 
 std::vector<float> Engine::my_part(const float * whole) const {
     std::vector<float> slice;
-    if (opt_.tensor_parallel > 1) slice = tp_slice(cfg_, opt_.tensor_parallel, opt_.tp_rank, whole);
+    if (opt_.tensor_parallel > 1) {
+        const auto [all, mine] = tp_layouts();
+        slice = tp_slice(all, mine, cfg_, opt_.tensor_parallel, opt_.tp_rank, whole);
+    }
     const float * local = slice.empty() ? whole : slice.data();
-    if (opt_.pipeline_parallel == 1) return slice.empty() ? std::vector<float>(whole, whole + cfg_.num_params()) : slice;
+    if (opt_.pipeline_parallel == 1) return slice.empty() ? std::vector<float>(whole, whole + total_params()) : slice;
     const TrainStep & st = *plans_.train;
     const ParamLayout full = make_param_layout(st.config());
     std::vector<float> out(st.layout().total);
@@ -312,13 +332,14 @@ std::vector<float> Engine::my_part(const float * whole) const {
     return out;
 }
 
-std::vector<float> Engine::tp_gather(const std::vector<float> & local) {
+std::vector<float> Engine::tp_gather(const std::vector<float> & local, const std::pair<ParamLayout, ParamLayout> & l) {
     const int T = opt_.tensor_parallel;
-    std::vector<float> all(local.size() * size_t(T)), whole(size_t(cfg_.num_params()));
+    MF_ASSERT(local.size() == l.second.total);
+    std::vector<float> all(local.size() * size_t(T)), whole(l.first.total);
     tp_comm_->all_gather(local.data(), all.data(), local.size() * sizeof(float));
     std::vector<const float *> slices;
     for (int r = 0; r < T; ++r) slices.push_back(all.data() + size_t(r) * local.size());
-    tp_assemble(cfg_, T, slices, whole.data());
+    tp_assemble(l.first, l.second, cfg_, T, slices, whole.data());
     return whole;
 }
 

@@ -324,9 +324,11 @@ private:
     void state_f32(BufferId res, BufferId off, std::vector<float> & out);   // an f32 state, into out
     void set_state_bytes(BufferId res, BufferId off, const void * src, size_t n);
     std::vector<float> my_part(const float * whole) const;
-    // Tensor parallel: this rank's slice of a whole-model vector, and the whole from the
-    // tensor group's slices of `local` (collective over the group).
-    std::vector<float> tp_gather(const std::vector<float> & local);
+    // Tensor parallel: the whole from the tensor group's slices of `local`, laid out as
+    // (whole, slice) (collective over the group); and the trainable vector's pair of layouts (the
+    // model's parameters, or LoRA's adapters).
+    std::vector<float> tp_gather(const std::vector<float> & local, const std::pair<ParamLayout, ParamLayout> & layouts);
+    std::pair<ParamLayout, ParamLayout> tp_layouts() const;
     // Host access to a persistent f32 buffer of the training program from element elem0: the
     // buffer itself on a host backend, else `mirror`, downloaded now. store_f32 writes n elements.
     float * host_f32(BufferId id, size_t elem0, std::vector<float> & mirror);

@@ -46,6 +46,7 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     as_run.layout = Layout{dp.ranks, model.tp.ranks, pp.stages, dp.zero, Offload::none, model.tp.sequence, pp.schedule,
                         pp.virtual_stages};
     as_run.lora.rank = model.lora.rank;
+    for (const auto & t : model.lora.targets) as_run.lora.targets += (as_run.lora.targets.empty() ? "" : ",") + t;
     as_run.recompute = model.recompute.segment >= 2 ? Recompute("every:" + std::to_string(model.recompute.segment))
                                                  : Recompute();
     check_supported(as_run, cfg, nullptr);
@@ -244,13 +245,16 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
                 kv_scratch_ = Tensor(program_.declare("communication.kv_replicas", Category::communication, wide * 4),
                                      DType::f32, {int64_t(wide)});
         }
-        if (tp_.enabled() && tp_.sequence && parts.optimizer) {
-            sp_parts_ = grad_parts(sp_partial(layout_));
+        if (tp_.enabled() && parts.optimizer) {   // each tensor rank's share of a replicated gradient
+            std::vector<TpRange> partial = tp_.sequence ? sp_partial(layout_) : std::vector<TpRange>{};
+            if (lora_) partial = tp_lora_partial(layout_);   // (the norms are the frozen base's)
+            partial_parts_ = grad_parts(partial);
             size_t widest = 0;
-            for (const auto & r : sp_parts_) widest = std::max(widest, step_scratch_elems(sizing, grad_dt_, tp_.ranks, r.n));
+            for (const auto & r : partial_parts_)
+                widest = std::max(widest, step_scratch_elems(sizing, grad_dt_, tp_.ranks, r.n));
             if (widest)
-                sp_scratch_ = Tensor(program_.declare("communication.sequence_parallel", Category::communication,
-                                                      widest * 4), DType::f32, {int64_t(widest)});
+                partial_scratch_ = Tensor(program_.declare(pre + "communication.tensor_partial", Category::communication,
+                                                           widest * 4), DType::f32, {int64_t(widest)});
         }
         if (tp_.enabled() || pp.enabled()) norm_part_ = program_.declare("grad_norm_part", Category::activations, 4);
     }
@@ -357,9 +361,9 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
         g.fill_zero(mine);
         g.residual_fwd(mine, mine, slot);
     }
-    for (const auto & r : sp_parts_)   // the norms' gradients: each tensor rank's rows' share
+    for (const auto & r : partial_parts_)   // the norms' (sequence parallel), LoRA's replicated matrices'
         g.tp_all_reduce(Tensor(grads, grad_dt_, {int64_t(r.n)}, r.at * gs),
-                        sp_scratch_.valid() ? sp_scratch_.view(0, {int64_t(r.n)}) : Tensor{});
+                        partial_scratch_.valid() ? partial_scratch_.view(0, {int64_t(r.n)}) : Tensor{});
     if (!parts_.optimizer) return;
 
     g.phase(Phase::optimizer);

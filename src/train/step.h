@@ -170,10 +170,11 @@ private:
     // range; ZeRO >= 2: its part in the rank's shard, the same on every rank of a tensor group).
     struct GradPart { size_t at, n, skip, len; };
     std::vector<GradPart> grad_parts(const std::vector<TpRange> & ranges) const;
-    // Sequence parallel: the norms' gradient ranges, summed over the tensor group once the step's
-    // backward is done, and a 16-bit sum's fp32 copy (the largest range's).
-    std::vector<GradPart> sp_parts_;
-    Tensor sp_scratch_;
+    // Replicated parameters whose gradients each tensor rank computes in part (sequence parallel:
+    // the norms', from its rows; LoRA: the adapter matrices beside a split one), summed over the
+    // tensor group once the step's backward is done, and a 16-bit sum's fp32 copy (the largest).
+    std::vector<GradPart> partial_parts_;
+    Tensor partial_scratch_;
     // Tensor parallel with fewer KV heads than ranks: the k|v ranges, summed over the ranks that
     // hold the same KV head through a buffer with one slot per KV head (this rank's: kv_slot_).
     std::vector<GradPart> kv_parts_;

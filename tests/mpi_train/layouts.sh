@@ -1,8 +1,11 @@
 # The layouts the field trains with, end to end against one process over 20 steps with
 # accumulation, clipping (every step clips) and a checkpoint-resume in the middle:
-#   --zero 3 with LoRA and an nf4 base (FSDP-QLoRA) on 2 ranks (tests/mpi/test_lora_zero3.cpp
+#   --zero 3 with LoRA and an nf4 base (FSDP-QLoRA) on 2 ranks (tests/mpi/test_lora_sharded.cpp
 #   checks each rank's shard of the base to the byte): the one process's losses, each rank's plan
 #   equal to its measurement; resumed at step 10 on 2 ranks, the uninterrupted run's last steps.
+#   QLoRA (nf4) with --tp 2 x 2 (4 ranks), resumed (each tensor rank quantizes its own slice of
+#   the base, so its losses are within 2e-3, not 1e-4); and (CPU) LoRA on every projection under
+#   --tp 2 --sp --zero 3.
 #   --zero 3 with --tp 2 --sp x 2 data-parallel ranks (4 ranks), resumed; and (CPU) --zero 2 with
 #   --tp 2, and --tp 4 with fewer KV heads than tensor ranks x 2 (8 ranks).
 #   --zero 3 with --pp 2 (1F1B) x 2 (4 ranks), resumed; and (CPU) GPT-2's tied embedding under
@@ -26,6 +29,15 @@ resumed() {
     same_as "$1" "$2" "$3" "uninterrupted"
 }
 
+# near REFERENCE_LOG LOG WHAT TOL: every step both logged within a relative TOL (a base quantized
+# slice by slice under tensor parallelism: each slice's own scales, not the whole matrix's).
+near() {
+    local d
+    d=$(loss_diff "${1%.log}/metrics.jsonl" "${2%.log}/metrics.jsonl")
+    echo "$3: max relative loss difference $d (tolerance $4)"
+    awk -v d="$d" -v t="$4" 'BEGIN { exit !(d != "none" && d < t) }' || { cat "$2"; fail "$3: step losses differ by $d"; }
+}
+
 # exact_per_rank LOG N: rank 0 listed N ranks, each one's plan equal to its measurement in every category.
 exact_per_rank() {
     local n
@@ -45,6 +57,24 @@ exact_per_rank q2.log 2
 mpi 2 "${ARGS[@]}" "${Q[@]}" "${ON[@]}" --zero 3 --resume q2/checkpoints/step-000010 --out q2r > q2r.log 2>&1 ||
     { cat q2r.log; fail "QLoRA --zero 3 resumed on 2 ranks"; }
 resumed q2.log q2r.log "-np 2 --zero 3 QLoRA resumed at step 10"
+# ---- LoRA / QLoRA with tensor parallelism: B split on q|k|v and gate|up, A on o and down ----
+mpi 4 "${ARGS[@]}" "${Q[@]}" "${ON[@]}" --tp 2 --checkpoint-every 10 --out qt > qt.log 2>&1 ||
+    { cat qt.log; fail "QLoRA --tp 2 on 4 ranks"; }
+grep -q '^  tensor parallel: 2 ranks per group' qt.log || { cat qt.log; fail "QLoRA --tp 2: no tensor-parallel line"; }
+near q1.log qt.log "-np 4 --tp 2 QLoRA nf4 (tests/mpi/test_lora_sharded.cpp: exact against its own dequantized base)" 2e-3
+exact_per_rank qt.log 4
+mpi 4 "${ARGS[@]}" "${Q[@]}" "${ON[@]}" --tp 2 --resume qt/checkpoints/step-000010 --out qtr > qtr.log 2>&1 ||
+    { cat qtr.log; fail "QLoRA --tp 2 resumed"; }
+resumed qt.log qtr.log "-np 4 --tp 2 QLoRA resumed at step 10"
+if [ "$DEVICE" = cpu ]; then   # every projection adapted, with sequence parallelism and the base sharded
+    A=(--lora-rank 8 --lora-targets all)
+    "$MEMFIT" "${ARGS[@]}" "${A[@]}" --out la1 > la1.log 2>&1 || { cat la1.log; fail "LoRA all, one process"; }
+    mpi 4 "${ARGS[@]}" "${A[@]}" --tp 2 --sp --zero 3 --out lat > lat.log 2>&1 ||
+        { cat lat.log; fail "LoRA all --tp 2 --sp --zero 3 on 4 ranks"; }
+    same_as la1.log lat.log "-np 4 --tp 2 --sp --zero 3 LoRA on every projection"
+    exact_per_rank lat.log 4
+fi
+
 # ---- ZeRO 2/3 with tensor (and sequence) parallelism ----
 "$MEMFIT" "${ARGS[@]}" --out one > one.log 2>&1 || { cat one.log; fail "one process"; }
 mpi 4 "${ARGS[@]}" "${ON[@]}" --tp 2 --sp --zero 3 --checkpoint-every 10 --out tz3 > tz3.log 2>&1 ||

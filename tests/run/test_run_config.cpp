@@ -94,7 +94,6 @@ TEST(RunConfig, OneFunctionSaysWhatCombines) {
                                  r.layout.schedule = PipeSchedule::interleaved, r.layout.virtual_stages = 2; }),
          "--schedule interleaved:2 with --device cuda: NCCL delivers"},
         {run([](RunConfig & r) { r.layout.zero = 3, r.recompute = "every:2"; }), "--zero 3 gathers each layer's"},
-        {run([](RunConfig & r) { r.layout.tp = 2, r.lora.rank = 4; }), "--tp with LoRA is not supported"},
         {run([](RunConfig & r) { r.layout.tp = 3; }), "--tp 3"},
         {run([](RunConfig & r) { r.layout.sp = true; }), "--sp splits the sequence"},
         {run([](RunConfig & r) { r.layout.tp = 2, r.layout.sp = true, r.micro_batch = 1, r.seq = 7; }), "7 tokens"},
@@ -119,6 +118,13 @@ TEST(RunConfig, OneFunctionSaysWhatCombines) {
     EXPECT_FALSE(unsupported(run([](RunConfig & r) { r.layout.tp = 2, r.layout.zero = 2; }), cfg, nullptr));
     EXPECT_FALSE(unsupported(run([](RunConfig & r) { r.layout.zero = 3, r.lora.rank = 8; }), cfg, nullptr));
     EXPECT_FALSE(unsupported(run([](RunConfig & r) { r.layout.pp = 2, r.layout.zero = 3; }), cfg, nullptr));
+    // LoRA with tensor parallelism, but not on a KV head several tensor ranks hold.
+    EXPECT_FALSE(unsupported(run([](RunConfig & r) { r.layout.tp = 2, r.lora.rank = 4; }), cfg, nullptr));
+    const ModelConfig gqa = test::small_family(true, 96, 64, 2, 4, 128);   // 2 KV heads
+    RunConfig kv = run([](RunConfig & r) { r.layout.tp = 4, r.lora.rank = 4; });
+    EXPECT_NE(unsupported(kv, gqa, nullptr).value_or("").find("--tp 4 with LoRA on k or v"), std::string::npos);
+    kv.lora.targets = "q,o,gate,up,down";
+    EXPECT_FALSE(unsupported(kv, gqa, nullptr));
     // Where the offloaded states go: files on the CPU backend, pinned host memory on a GPU.
     const auto gpu = make_cuda_sizing_backend();
     CpuBackend host;
