@@ -30,6 +30,25 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
                      const PipelineParallel & pp)
     : cfg_(tp_local_config(cfg, model.tp.ranks)), lora_(model.lora.enabled()), mode_(mode), parts_(parts), B_(B), T_(T), compute_(model.compute),
       grad_dt_(model.grad), moments_(model.moments), dp_(dp), pp_(pp) {
+    check_and_lay_out(cfg, model);
+    if (lora_) declare_base(model.lora);
+    const std::string pre = lora_ ? "lora." : "";
+    declare_states(model, pre);
+    declare_models(cfg, model);
+    declare_sync(sizing, pre);
+    if (mode_ == StepMode::train) declare_fixups(cfg, model, sizing, pre);
+    Graph rec(program_, sizing);
+    run(rec, StepScalars{});
+    program_.finalize();
+}
+
+// The step's own shape, and (run/compat.h) what combines; the stage's chunks and trainable layout.
+void TrainStep::check_and_lay_out(const ModelConfig & cfg, const ModelOptions & model) {
+    const int B = B_, T = T_;
+    const StepMode mode = mode_;
+    const DataParallel & dp = dp_;
+    const PipelineParallel & pp = pp_;
+    const StepParts parts = parts_;
     if (B < 1 || T < 1) throw ConfigError(fmt::format("batch = {}, seq = {}: both must be at least 1", B, T));
     if (T > cfg.max_seq)
         throw ConfigError(fmt::format("seq = {} exceeds the model's context of {} positions; lower --seq", T,
@@ -64,26 +83,33 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     range_ = {chunks_.front().begin, chunks_.back().end};
     layout_ = lora_ ? make_lora_layout(cfg_, model.lora)
                     : pp.enabled() ? stage_layout(cfg_, chunks_, pp.first(), pp.last()) : make_param_layout(cfg_);
-    const char * trainable = "";
-    if (lora_) {
-        // The frozen base: no gradients, no master copy, no optimizer states.
-        trainable = "lora.";
-        if (model.lora.quantized()) quant_layout_ = make_quant_layout(cfg_, model.lora.format());
-        base_layout_ = dense_layout(cfg_, quant_layout_);
-        // ZeRO 3 shards it like the trainable buffer (the packed bytes 64-byte aligned).
-        auto shards = [&](size_t total, size_t align) {
-            return dp.zero >= 3 ? FlatShards::cut(total, dp.ranks, align) : FlatShards::whole_of(total, dp.ranks);
-        };
-        sources_[kBase] = {-1, compute_, shards(base_layout_.total, kShardAlign), "parameters"};
-        sources_[kBaseQ] = {-1, DType::u8, shards(quant_layout_.bytes, 64), "parameters.quantized"};
-        base = sources_[kBase].flat = program_.declare("parameters", Category::parameters,
-                                                       sources_[kBase].sh.size * dtype_size(compute_), true);
-        if (quant_layout_.bytes)
-            base_q = sources_[kBaseQ].flat = program_.declare("parameters.quantized", Category::parameters,
-                                                              sources_[kBaseQ].sh.size, true);
+}
+
+// LoRA's frozen base: no gradients, no master copy, no optimizer states; ZeRO 3 shards it like the
+// trainable buffer (the packed bytes 64-byte aligned).
+void TrainStep::declare_base(const LoraOptions & lora) {
+    const DataParallel & dp = dp_;
+    if (lora.quantized()) quant_layout_ = make_quant_layout(cfg_, lora.format());
+    base_layout_ = dense_layout(cfg_, quant_layout_);
+    auto shards = [&](size_t total, size_t align) {
+        return dp.zero >= 3 ? FlatShards::cut(total, dp.ranks, align) : FlatShards::whole_of(total, dp.ranks);
+    };
+    sources_[kBase] = {-1, compute_, shards(base_layout_.total, kShardAlign), "parameters"};
+    sources_[kBaseQ] = {-1, DType::u8, shards(quant_layout_.bytes, 64), "parameters.quantized"};
+    base = sources_[kBase].flat = program_.declare("parameters", Category::parameters,
+                                                   sources_[kBase].sh.size * dtype_size(compute_), true);
+    if (quant_layout_.bytes)
+        base_q = sources_[kBaseQ].flat = program_.declare("parameters.quantized", Category::parameters,
+                                                          sources_[kBaseQ].sh.size, true);
     }
-    const std::string pre = trainable;
-    const size_t P = layout_.total, BT = size_t(B) * size_t(T) * size_t(micro_batches());
+
+// The trainable buffer's persistent states (weights, master weights, gradients, moments), this
+// rank's shard of them, and the part --offload optimizer moves off the device.
+void TrainStep::declare_states(const ModelOptions & model, const std::string & pre) {
+    const DataParallel & dp = dp_;
+    const StepParts parts = parts_;
+    const bool train = mode_ == StepMode::train;
+    const size_t P = layout_.total;
     const size_t cs = dtype_size(compute_), gs = dtype_size(grad_dt_);
     // Shards: ZeRO 0 keeps everything whole; 1..3 cut the flat buffer into equal, aligned ranges.
     shards_ = dp.zero == 0 ? FlatShards::whole_of(P, dp.ranks) : FlatShards::cut(P, dp.ranks, kShardAlign);
@@ -154,6 +180,16 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
         for (size_t u = 0; parts.optimizer && u < units_.size(); ++u)
             units_[u].stage = states(fmt::format("{}offload.{}.", pre, u), false, units_[u].n, moments8_blocks(units_[u].n), false);
     }
+}
+
+// The batch's buffers, the model's programs (one per micro-batch and chunk under a pipeline), and
+// the views of the weights and gradients they compute with.
+void TrainStep::declare_models(const ModelConfig & cfg, const ModelOptions & model) {
+    const int B = B_, T = T_;
+    const PipelineParallel & pp = pp_;
+    const bool train = mode_ == StepMode::train;
+    const StepMode mode = mode_;
+    const size_t BT = size_t(B) * size_t(T) * size_t(micro_batches());
     tokens = program_.declare("batch.tokens", Category::activations, BT * 4, true);
     targets = program_.declare("batch.targets", Category::activations, BT * 4, true);
     losses = program_.declare("batch.losses", Category::activations, BT * 4, true);
@@ -193,74 +229,6 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
         w_ = model_weights(cfg_, layout_, params, compute_);
         if (train) dw_ = model_weights(cfg_, layout_, grads, grad_dt_);
     }
-
-    declare_sync(sizing, pre);
-    // The gradient norm's ranges: [0, P) or (ZeRO >= 2) the shard, in the gradient buffer's
-    // coordinates; tensor ranks other than the first skip the replicated parameters, whose
-    // gradients every tensor rank holds alike.
-    if (train) {
-        // Skipped: the replicated parameters (tensor ranks but the first), a tied embedding's
-        // second copy (the last pipeline stage).
-        std::vector<TpRange> skip;
-        if (model.tp.enabled() && model.tp.rank != 0) skip = tp_replicated(layout_, model.tp.ranks);
-        // KV heads held by several tensor ranks: counted by the first of them.
-        const int reps = model.tp.enabled() ? tp_kv_replicas(cfg, model.tp.ranks) : 1;
-        if (reps > 1 && model.tp.rank % reps != 0)
-            for (const auto & r : tp_kv_ranges(layout_)) skip.push_back(r);
-        const ParamInfo * table = layout_.try_find(cfg_.llama() ? "model.embed_tokens.weight" : "wte.weight");
-        const bool tied = pp.enabled() && cfg_.tied_head && table;
-        if (tied && holds_tied_copy(cfg_, pp.first(), pp.last())) skip.push_back({table->offset, table->offset + table->numel});
-        std::sort(skip.begin(), skip.end(), [](const TpRange & x, const TpRange & y) { return x.a < y.a; });
-        std::vector<TpRange> counted;
-        size_t at = 0;
-        for (const auto & r : skip) {
-            if (r.a > at) counted.push_back({at, r.a});
-            at = std::max(at, r.b);
-        }
-        if (at < P) counted.push_back({at, P});
-        if (tied) {
-            tied_grad_ = Tensor(grads, grad_dt_, {int64_t(table->numel)}, table->offset * gs);
-            for (const auto & k : buckets_)   // ZeRO >= 2: summed in the rest's bucket, before its reduce-scatter
-                if (reduce_scatter_ && table->offset >= k.a && table->offset < k.b)
-                    tied_grad_ = grad_view(k).view(int64_t(table->offset - k.a), {int64_t(table->numel)});
-            if (const size_t wide = step_scratch_elems(sizing, grad_dt_, 2, table->numel))
-                tied_scratch_ = Tensor(program_.declare("communication.tied_embedding", Category::communication,
-                                                        wide * 4),
-                                       DType::f32, {int64_t(wide)});
-        }
-        const size_t glo = dp.zero >= 2 ? lo_ : 0, ghi = dp.zero >= 2 ? hi_ : P;
-        for (const auto & r : counted) {
-            const size_t a = std::max(r.a, glo), b = std::min(r.b, ghi);
-            if (a < b) norm_ranges_.push_back({a - glo, b - glo});
-        }
-        tp_ = model.tp;
-        if (reps > 1 && parts.optimizer) {   // a padded buffer: every KV head's slot, this rank's filled
-            const std::vector<TpRange> kv = tp_kv_ranges(layout_);
-            kv_parts_ = grad_parts(kv);
-            kv_slot_ = model.tp.rank / reps;
-            const size_t len = kv.front().b - kv.front().a, all = len * size_t(cfg.kv_heads());
-            kv_buf_ = Tensor(program_.declare("gradients.kv_replicas", Category::gradients, all * gs), grad_dt_,
-                             {int64_t(all)});
-            if (const size_t wide = step_scratch_elems(sizing, grad_dt_, tp_.ranks, all))
-                kv_scratch_ = Tensor(program_.declare("communication.kv_replicas", Category::communication, wide * 4),
-                                     DType::f32, {int64_t(wide)});
-        }
-        if (tp_.enabled() && parts.optimizer) {   // each tensor rank's share of a replicated gradient
-            std::vector<TpRange> partial = tp_.sequence ? sp_partial(layout_) : std::vector<TpRange>{};
-            if (lora_) partial = tp_lora_partial(layout_);   // (the norms are the frozen base's)
-            partial_parts_ = grad_parts(partial);
-            size_t widest = 0;
-            for (const auto & r : partial_parts_)
-                widest = std::max(widest, step_scratch_elems(sizing, grad_dt_, tp_.ranks, r.n));
-            if (widest)
-                partial_scratch_ = Tensor(program_.declare(pre + "communication.tensor_partial", Category::communication,
-                                                           widest * 4), DType::f32, {int64_t(widest)});
-        }
-        if (tp_.enabled() || pp.enabled()) norm_part_ = program_.declare("grad_norm_part", Category::activations, 4);
-    }
-    Graph rec(program_, sizing);
-    run(rec, StepScalars{});
-    program_.finalize();
 }
 
 void TrainStep::declare_teacher(const ModelOptions & student, BufferId doc_start_id) {
@@ -351,19 +319,7 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
         sync.reduce_rest(g);
         sync.flush(g);
     }
-    const size_t gs = dtype_size(grad_dt_);
-    for (const auto & r : kv_parts_) {   // a replicated KV head's gradient: each replica's query heads' share
-        const int64_t n = int64_t(r.n);
-        const Tensor mine(grads, grad_dt_, {n}, r.at * gs), slot = kv_buf_.view(int64_t(kv_slot_ * r.len + r.skip), {n});
-        g.fill_zero(kv_buf_);
-        g.residual_fwd(slot, slot, mine);
-        g.tp_all_reduce(kv_buf_, kv_scratch_);
-        g.fill_zero(mine);
-        g.residual_fwd(mine, mine, slot);
-    }
-    for (const auto & r : partial_parts_)   // the norms' (sequence parallel), LoRA's replicated matrices'
-        g.tp_all_reduce(Tensor(grads, grad_dt_, {int64_t(r.n)}, r.at * gs),
-                        partial_scratch_.valid() ? partial_scratch_.view(0, {int64_t(r.n)}) : Tensor{});
+    tensor_fixups(g);
     if (!parts_.optimizer) return;
 
     g.phase(Phase::optimizer);
@@ -385,35 +341,6 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
         g.all_gather_start(all, own ? Tensor(params, compute_, {int64_t(own)}, lo_ * cs) : Tensor{}, counts, params_slot);
         g.comm_wait(params_slot, {all});
     }
-}
-
-std::vector<TrainStep::GradPart> TrainStep::grad_parts(const std::vector<TpRange> & ranges) const {
-    const bool sharded = dp_.zero >= 2;
-    std::vector<GradPart> out;
-    for (const auto & r : ranges) {
-        const size_t a = sharded ? std::max(r.a, lo_) : r.a, b = sharded ? std::min(r.b, hi_) : r.b;
-        if (a < b) out.push_back(GradPart{a - (sharded ? lo_ : 0), b - a, a - r.a, r.b - r.a});
-    }
-    return out;
-}
-
-void TrainStep::grad_norm(Graph & g, Tensor norm_sq) const {
-    const size_t gs = dtype_size(grad_dt_);
-    auto view = [&](const TpRange & r) { return Tensor(grads, grad_dt_, {int64_t(r.b - r.a)}, r.a * gs); };
-    if (norm_ranges_.size() == 1 && !tp_.enabled() && !pp_.enabled()) {
-        g.sum_squares(norm_sq, view(norm_ranges_[0]));
-        return;
-    }
-    g.fill_zero(norm_sq);
-    const Tensor part(norm_part_, DType::f32, {1});
-    for (const auto & r : norm_ranges_) {
-        g.sum_squares(part, view(r));
-        g.residual_fwd(norm_sq, norm_sq, part);
-    }
-    g.phase(Phase::communication);
-    if (tp_.enabled()) g.tp_all_reduce(norm_sq);
-    if (pp_.enabled()) g.pp_all_reduce(norm_sq);
-    g.phase(Phase::optimizer);
 }
 
 void TrainStep::optimizer(Graph & g, const StepScalars & s) const {

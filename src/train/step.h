@@ -229,6 +229,15 @@ private:
     // gradients each copy's backward writes (ZeRO >= 2: into its buckets).
     std::vector<ModelWeights> wf_, wb_, dws_;
     void declare_sync(const Backend * sizing, const std::string & pre);   // train/step_sync.cpp
+    // The constructor's parts, in declaration order (buffer ids follow it).
+    void check_and_lay_out(const ModelConfig & cfg, const ModelOptions & model);
+    void declare_base(const LoraOptions & lora);
+    void declare_states(const ModelOptions & model, const std::string & pre);
+    void declare_models(const ModelConfig & cfg, const ModelOptions & model);
+    // The gradient norm's ranges and the sums after backward (train/step_fixups.cpp).
+    void declare_fixups(const ModelConfig & cfg, const ModelOptions & model, const Backend * sizing,
+                        const std::string & pre);
+    void tensor_fixups(Graph & g) const;
     class Sync;   // the run's ZeRO and data-parallel transfers in flight (train/step_sync.cpp)
     TensorParallel tp_;
     // The ranges of the gradient buffer whose squares this rank adds to the global norm, and
