@@ -209,11 +209,13 @@ QuantLayout make_quant_layout(const ModelConfig & cfg, QuantFormat format) {
     return q;
 }
 
-ParamLayout dense_layout(const ModelConfig & cfg, const QuantLayout & q) {
+ParamLayout dense_layout(const ModelConfig & cfg, const QuantLayout & q) { return dense_part(make_param_layout(cfg), q); }
+
+ParamLayout dense_part(const ParamLayout & layout, const QuantLayout & q) {
     std::vector<std::string> held;
     for (const auto & e : q.entries) held.insert(held.end(), e.names.begin(), e.names.end());
     ParamLayout out;
-    for (auto p : make_param_layout(cfg).params) {
+    for (auto p : layout.params) {
         if (std::find(held.begin(), held.end(), p.name) != held.end()) continue;
         p.offset = out.total;
         out.total += p.numel;

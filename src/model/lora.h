@@ -103,6 +103,8 @@ QuantLayout make_quant_layout(const ModelConfig & cfg, QuantFormat format);
 // Every parameter of make_param_layout(cfg) that `q` does not hold, in the same order (offsets
 // renumbered). With an empty q: the whole layout.
 ParamLayout dense_layout(const ModelConfig & cfg, const QuantLayout & q);
+// The same of any part of the model's layout (a pipeline stage's).
+ParamLayout dense_part(const ParamLayout & layout, const QuantLayout & q);
 // The matrix a quantized entry holds, [out, in], gathered from the whole model's fp32 weights
 // `full` (`all` = make_param_layout(cfg)); GPT-2's Conv1D [in, out] weights are transposed. And
 // scatter_quant_entry: the way back, m [out, in] into `full`.

@@ -112,6 +112,38 @@ ParamLayout stage_layout(const ModelConfig & cfg, const std::vector<StageRange> 
     return out;
 }
 
+namespace {
+bool in_chunks(int block, const std::vector<StageRange> & chunks) {
+    for (const auto & r : chunks)
+        if (block >= r.begin && block < r.end) return true;
+    return false;
+}
+}  // namespace
+
+ParamLayout keep_blocks(const ParamLayout & layout, const std::vector<StageRange> & chunks) {
+    ParamLayout out;
+    for (ParamInfo p : layout.params) {
+        if (!in_chunks(param_block(p.name), chunks)) continue;
+        p.offset = out.total;
+        out.total += p.numel;
+        out.params.push_back(std::move(p));
+    }
+    return out;
+}
+
+QuantLayout keep_blocks(const QuantLayout & q, const std::vector<StageRange> & chunks) {
+    QuantLayout out;
+    for (size_t i = 0; i < q.entries.size(); ++i) {
+        if (!in_chunks(q.entries[i].layer, chunks)) continue;
+        QuantEntry e = q.entries[i];
+        const size_t bytes = (i + 1 < q.entries.size() ? q.entries[i + 1].offset : q.bytes) - e.offset;
+        e.offset = out.bytes;
+        out.bytes += bytes;
+        out.entries.push_back(std::move(e));
+    }
+    return out;
+}
+
 std::vector<PipeAction> pipeline_schedule(PipeSchedule kind, int stages, int stage, int m, int V) {
     std::vector<PipeAction> out;
     if (kind == PipeSchedule::interleaved) {

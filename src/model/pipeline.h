@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/lora.h"
 #include "model/param_layout.h"
 
 namespace memfit {
@@ -43,6 +44,10 @@ ParamLayout stage_layout(const ModelConfig & cfg, const std::vector<StageRange> 
 inline ParamLayout stage_layout(const ModelConfig & cfg, StageRange r, bool first, bool last) {
     return stage_layout(cfg, std::vector<StageRange>{r}, first, last);
 }
+// LoRA on a stage: the adapters (a make_lora_layout) and packed projections (a QuantLayout) of the
+// blocks in `chunks`, offsets renumbered.
+ParamLayout keep_blocks(const ParamLayout & layout, const std::vector<StageRange> & chunks);
+QuantLayout keep_blocks(const QuantLayout & q, const std::vector<StageRange> & chunks);
 // ConfigError (one line) unless the model's blocks cover P stages of V chunks each.
 void check_pipeline(const ModelConfig & cfg, int P, int V);
 // Stage s's chunks: its one range, or (interleaved) virtual stages s, s + P, ... of P V.

@@ -108,7 +108,12 @@ ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, 
 
 ModelWeights quantized_model_weights(const ModelConfig & cfg, const QuantLayout & q, BufferId flat, DType dtype,
                                      BufferId qflat) {
-    ModelWeights w = model_weights(cfg, dense_layout(cfg, q), flat, dtype);
+    return quantized_model_weights(cfg, dense_layout(cfg, q), q, flat, dtype, qflat);
+}
+
+ModelWeights quantized_model_weights(const ModelConfig & cfg, const ParamLayout & dense, const QuantLayout & q,
+                                     BufferId flat, DType dtype, BufferId qflat) {
+    ModelWeights w = model_weights(cfg, dense, flat, dtype);
     for (const auto & e : q.entries) {
         const QWeight qw{Tensor(qflat, DType::u8, {int64_t(quant_bytes(e.q))}, e.offset), e.q};
         auto & y = w.h[size_t(e.layer)];
@@ -124,18 +129,31 @@ ModelWeights quantized_model_weights(const ModelConfig & cfg, const QuantLayout 
 
 ModelWeights lora_model_weights(const ModelConfig & cfg, const LoraOptions & lora, BufferId flat, DType dtype,
                                 const QuantLayout & q, BufferId qflat, BufferId adapters, DType adtype) {
+    return lora_model_weights(cfg, lora, dense_layout(cfg, q), flat, dtype, q, qflat, make_lora_layout(cfg, lora),
+                              adapters, adtype);
+}
+
+ModelWeights lora_model_weights(const ModelConfig & cfg, const LoraOptions & lora, const ParamLayout & dense,
+                                BufferId flat, DType dtype, const QuantLayout & q, BufferId qflat,
+                                const ParamLayout & adapter_layout, BufferId adapters, DType adtype) {
     ModelWeights w;
-    if (flat >= 0) w = quantized_model_weights(cfg, q, flat, dtype, qflat);
+    if (flat >= 0) w = quantized_model_weights(cfg, dense, q, flat, dtype, qflat);
     else w.h.resize(size_t(cfg.n_layer));
-    const ParamLayout al = make_lora_layout(cfg, lora);
     auto view = [&](const ParamInfo & p) {
         return Tensor(adapters, adtype, {p.shape[0], p.shape[1]}, p.offset * dtype_size(adtype));
+    };
+    std::unordered_map<std::string_view, const ParamInfo *> by_name;
+    for (const ParamInfo & p : adapter_layout.params) by_name.emplace(p.name, &p);
+    auto find = [&](const std::string & name) -> const ParamInfo * {
+        const auto it = by_name.find(name);
+        return it == by_name.end() ? nullptr : it->second;
     };
     const auto sites = lora_sites(cfg, lora);
     for (size_t i = 0; i < sites.size(); ++i) {
         const LoraSite & s = sites[i];
-        w.h[size_t(s.layer)].adapters.push_back(
-            ModelWeights::Adapter{s.proj, int(i), view(al.params[s.a]), view(al.params[s.b])});
+        const ParamInfo * a = find(peft_name(s.module, false)), * b = find(peft_name(s.module, true));
+        if (!a || !b) continue;   // another pipeline stage's
+        w.h[size_t(s.layer)].adapters.push_back(ModelWeights::Adapter{s.proj, int(i), view(*a), view(*b)});
     }
     return w;
 }
@@ -236,7 +254,7 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
       rows_(sp_ ? int64_t(B) * T / opt.tp.ranks : int64_t(B) * T) {
     MF_ASSERT(!sp_ || rows_ * opt.tp.ranks == int64_t(B) * T);
     MF_ASSERT(lb_ >= 0 && lb_ < le_ && le_ <= cfg.n_layer);
-    MF_ASSERT((lb_ == 0 && le_ == cfg.n_layer) || (!opt.lora.enabled() && opt.kv_capacity == 0 && !opt.keep_logits));
+    MF_ASSERT((lb_ == 0 && le_ == cfg.n_layer) || (opt.kv_capacity == 0 && !opt.keep_logits));
     const int64_t b = B, t = T, C = cfg.n_embd, V = cfg.vocab_size;
     MF_ASSERT(!tp_.enabled() || (opt.kv_capacity == 0 && !opt.keep_logits));
     llama_ = cfg.llama();

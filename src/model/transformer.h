@@ -57,6 +57,13 @@ ModelWeights quantized_model_weights(const ModelConfig & cfg, const QuantLayout 
 // buffer of dtype `adtype`). Gradients: pass flat = -1 for a frozen base (every base view invalid).
 ModelWeights lora_model_weights(const ModelConfig & cfg, const LoraOptions & lora, BufferId flat, DType dtype,
                                 const QuantLayout & q, BufferId qflat, BufferId adapters, DType adtype);
+// The same of a part of the model (a pipeline stage's): its dense base `dense` (a dense_part),
+// packed projections `q` and adapters `adapter_layout` (the others' views invalid, or absent).
+ModelWeights lora_model_weights(const ModelConfig & cfg, const LoraOptions & lora, const ParamLayout & dense,
+                                BufferId flat, DType dtype, const QuantLayout & q, BufferId qflat,
+                                const ParamLayout & adapter_layout, BufferId adapters, DType adtype);
+ModelWeights quantized_model_weights(const ModelConfig & cfg, const ParamLayout & dense, const QuantLayout & q,
+                                     BufferId flat, DType dtype, BufferId qflat);
 
 // --offload optimizer's staged unit, elements (a multiple of the 8-bit moments' block of 256):
 // 3 MiB of fp32 master weights and moments, three units live at once (train/step.h).

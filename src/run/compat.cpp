@@ -136,7 +136,6 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
                            L.tp);
     // Pipeline parallelism.
     if (L.pp > 1) {
-        if (r.lora.rank > 0) return std::string("--pp with LoRA is not supported; train LoRA with data parallelism");
         if (L.schedule == PipeSchedule::interleaved && r.grad_accum % L.pp != 0)
             return fmt::format("--schedule interleaved:{} sends micro-batches through the stages {} at a time: "
                                "--grad-accum {} must be a multiple of --pp {}", L.virtual_stages, L.pp, r.grad_accum,

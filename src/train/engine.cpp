@@ -228,8 +228,8 @@ void Engine::set_base(const float * full) {
     // Tensor parallel: this rank's slice of the model, split as its own (the step's config).
     const std::vector<float> slice =
         opt_.tensor_parallel > 1 ? tp_slice(cfg_, opt_.tensor_parallel, opt_.tp_rank, full) : std::vector<float>{};
-    const SplitBytes whole =
-        split_weights(backend_, st.config(), st.quant_layout(), st.compute(), slice.empty() ? full : slice.data());
+    const SplitBytes whole = split_weights(backend_, st.config(), st.base_layout(), st.quant_layout(), st.compute(),
+                                           slice.empty() ? full : slice.data());
     // This rank's part (ZeRO 3: its shard) of each of the split form's buffers.
     auto store = [&](BufferId id, const std::vector<uint8_t> & bytes, const FlatShards & sh, size_t es) {
         if (id < 0) return;
@@ -265,10 +265,17 @@ std::vector<float> Engine::base_weights() {
     };
     const size_t cs = dtype_size(st.compute());
     const std::vector<uint8_t> dense = whole(st.base, st.base_shards(), cs), packed = whole(st.base_q, st.base_q_shards(), 1);
-    std::vector<float> local = join_split_weights(backend_, st.config(), st.quant_layout(), st.compute(), dense.data(),
-                                                  packed.data());
+    std::vector<float> local = join_split_weights(backend_, st.config(), st.base_layout(), st.quant_layout(),
+                                                  st.compute(), dense.data(), packed.data());
+    const ParamLayout model = make_param_layout(st.config());
+    if (opt_.pipeline_parallel > 1) {   // the stage's part, and every stage's put together
+        const ParamLayout mine = stage_part(opt_.pp_rank, false);
+        std::vector<float> part(mine.total);
+        for (const auto & p : mine.params) std::copy_n(local.data() + model.find(p.name).offset, p.numel, part.data() + p.offset);
+        local = pp_gather(part, false);
+    }
     if (opt_.tensor_parallel == 1) return local;
-    return tp_gather(local, {make_param_layout(cfg_), make_param_layout(st.config())});
+    return tp_gather(local, {make_param_layout(cfg_), model});
 }
 
 std::vector<float> Engine::full_params() { return gather_whole(params()); }
@@ -292,17 +299,30 @@ std::vector<float> Engine::gather_whole(const float * mine) {
     std::vector<float> stage(sh.total);
     if (opt_.zero == 0) std::memcpy(stage.data(), mine, sh.total * sizeof(float));
     else comm_->iall_gather(mine, stage.data(), st.shard_counts(0, sh.total), sizeof(float))->wait();
-    if (opt_.pipeline_parallel == 1) return opt_.tensor_parallel > 1 ? tp_gather(stage, tp_layouts()) : stage;
-    // Every stage's parameters, put back in the tensor slice's order by name.
-    const int P = opt_.pipeline_parallel;
+    if (opt_.pipeline_parallel > 1) stage = pp_gather(stage, st.lora());   // every stage's, by name
+    return opt_.tensor_parallel > 1 ? tp_gather(stage, tp_layouts()) : stage;
+}
+
+// Stage s's part of the tensor slice's model (`adapters`, under LoRA: its adapters'; else the
+// model's parameters it holds).
+ParamLayout Engine::stage_part(int s, bool adapters) const {
+    const TrainStep & st = *plans_.train;
     const ModelConfig & local = st.config();
-    const ParamLayout whole = make_param_layout(local);
+    PipelineParallel pp = st.pipeline();
+    pp.stage = s;
+    const std::vector<StageRange> chunks = stage_chunks(local, pp, opt_.T);
+    if (adapters) return keep_blocks(make_lora_layout(local, opt_.lora), chunks);
+    return stage_layout(local, chunks, s == 0, s == opt_.pipeline_parallel - 1);
+}
+
+std::vector<float> Engine::pp_gather(const std::vector<float> & stage, bool lora) {
+    const int P = opt_.pipeline_parallel;
+    const ParamLayout whole = lora ? make_lora_layout(plans_.train->config(), opt_.lora)
+                                   : make_param_layout(plans_.train->config());
     std::vector<ParamLayout> layouts;
     std::vector<size_t> counts;
     for (int s = 0; s < P; ++s) {
-        PipelineParallel pp = st.pipeline();
-        pp.stage = s;
-        layouts.push_back(stage_layout(local, stage_chunks(local, pp, opt_.T), s == 0, s == P - 1));
+        layouts.push_back(stage_part(s, lora));
         counts.push_back(layouts.back().total);
     }
     MF_ASSERT(counts[size_t(opt_.pp_rank)] == stage.size());
@@ -314,7 +334,7 @@ std::vector<float> Engine::gather_whole(const float * mine) {
             std::copy_n(all.data() + at + p.offset, p.numel, out.data() + whole.find(p.name).offset);
         at += counts[size_t(s)];
     }
-    return opt_.tensor_parallel > 1 ? tp_gather(out, tp_layouts()) : out;
+    return out;
 }
 
 std::vector<float> Engine::my_part(const float * whole) const {
@@ -326,7 +346,7 @@ std::vector<float> Engine::my_part(const float * whole) const {
     const float * local = slice.empty() ? whole : slice.data();
     if (opt_.pipeline_parallel == 1) return slice.empty() ? std::vector<float>(whole, whole + total_params()) : slice;
     const TrainStep & st = *plans_.train;
-    const ParamLayout full = make_param_layout(st.config());
+    const ParamLayout full = st.lora() ? make_lora_layout(st.config(), opt_.lora) : make_param_layout(st.config());
     std::vector<float> out(st.layout().total);
     for (const auto & p : st.layout().params) std::copy_n(local + full.find(p.name).offset, p.numel, out.data() + p.offset);
     return out;

@@ -329,6 +329,11 @@ private:
     // model's parameters, or LoRA's adapters).
     std::vector<float> tp_gather(const std::vector<float> & local, const std::pair<ParamLayout, ParamLayout> & layouts);
     std::pair<ParamLayout, ParamLayout> tp_layouts() const;
+    // Pipeline: stage s's part of the tensor slice's model (`adapters`: LoRA's adapters of its
+    // blocks), and the tensor slice's whole vector from every stage's part (collective over the
+    // pipeline group).
+    ParamLayout stage_part(int s, bool adapters) const;
+    std::vector<float> pp_gather(const std::vector<float> & stage, bool adapters);
     // Host access to a persistent f32 buffer of the training program from element elem0: the
     // buffer itself on a host backend, else `mirror`, downloaded now. store_f32 writes n elements.
     float * host_f32(BufferId id, size_t elem0, std::vector<float> & mirror);

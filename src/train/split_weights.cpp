@@ -8,7 +8,12 @@ namespace memfit {
 
 SplitBytes split_weights(Backend & backend, const ModelConfig & cfg, const QuantLayout & q, DType dense_dt,
                          const float * full) {
-    const ParamLayout all = make_param_layout(cfg), dl = dense_layout(cfg, q);
+    return split_weights(backend, cfg, dense_layout(cfg, q), q, dense_dt, full);
+}
+
+SplitBytes split_weights(Backend & backend, const ModelConfig & cfg, const ParamLayout & dl, const QuantLayout & q,
+                         DType dense_dt, const float * full) {
+    const ParamLayout all = make_param_layout(cfg);
     std::vector<float> gathered(dl.total);
     for (const auto & p : dl.params)
         std::memcpy(gathered.data() + p.offset, full + all.find(p.name).offset, p.numel * sizeof(float));
@@ -25,7 +30,13 @@ SplitBytes split_weights(Backend & backend, const ModelConfig & cfg, const Quant
 
 std::vector<float> join_split_weights(Backend & backend, const ModelConfig & cfg, const QuantLayout & q,
                                       DType dense_dt, const uint8_t * dense, const uint8_t * packed) {
-    const ParamLayout all = make_param_layout(cfg), dl = dense_layout(cfg, q);
+    return join_split_weights(backend, cfg, dense_layout(cfg, q), q, dense_dt, dense, packed);
+}
+
+std::vector<float> join_split_weights(Backend & backend, const ModelConfig & cfg, const ParamLayout & dl,
+                                      const QuantLayout & q, DType dense_dt, const uint8_t * dense,
+                                      const uint8_t * packed) {
+    const ParamLayout all = make_param_layout(cfg);
     std::vector<float> full(all.total), d(dl.total);
     widen_to_f32(d.data(), dense, dl.total, dense_dt);
     for (const auto & p : dl.params)

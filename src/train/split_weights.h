@@ -23,6 +23,13 @@ SplitBytes split_weights(Backend & backend, const ModelConfig & cfg, const Quant
 // The whole model's fp32 weights from the split form in host memory (dequantized).
 std::vector<float> join_split_weights(Backend & backend, const ModelConfig & cfg, const QuantLayout & q,
                                       DType dense_dt, const uint8_t * dense, const uint8_t * packed);
+// The same of a part of the model (a pipeline stage's): its dense part `dl` (a dense_part of
+// the model's layout) and packed projections `q`; join fills only that part of the whole model.
+SplitBytes split_weights(Backend & backend, const ModelConfig & cfg, const ParamLayout & dl, const QuantLayout & q,
+                         DType dense_dt, const float * full);
+std::vector<float> join_split_weights(Backend & backend, const ModelConfig & cfg, const ParamLayout & dl,
+                                      const QuantLayout & q, DType dense_dt, const uint8_t * dense,
+                                      const uint8_t * packed);
 
 // dense: a resolved tensor of dense_layout(cfg, q).total elements; packed: q.bytes (null if none),
 // both in the backend's memory (device memory on a GPU: staged through the host, so nothing but

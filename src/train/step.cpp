@@ -81,8 +81,9 @@ void TrainStep::check_and_lay_out(const ModelConfig & cfg, const ModelOptions & 
         chunks_ = {{0, cfg_.n_layer}};
     }
     range_ = {chunks_.front().begin, chunks_.back().end};
-    layout_ = lora_ ? make_lora_layout(cfg_, model.lora)
-                    : pp.enabled() ? stage_layout(cfg_, chunks_, pp.first(), pp.last()) : make_param_layout(cfg_);
+    if (lora_) layout_ = pp.enabled() ? keep_blocks(make_lora_layout(cfg_, model.lora), chunks_)
+                                      : make_lora_layout(cfg_, model.lora);
+    else layout_ = pp.enabled() ? stage_layout(cfg_, chunks_, pp.first(), pp.last()) : make_param_layout(cfg_);
 }
 
 // LoRA's frozen base: no gradients, no master copy, no optimizer states; ZeRO 3 shards it like the
@@ -90,7 +91,12 @@ void TrainStep::check_and_lay_out(const ModelConfig & cfg, const ModelOptions & 
 void TrainStep::declare_base(const LoraOptions & lora) {
     const DataParallel & dp = dp_;
     if (lora.quantized()) quant_layout_ = make_quant_layout(cfg_, lora.format());
-    base_layout_ = dense_layout(cfg_, quant_layout_);
+    if (pp_.enabled()) {   // the stage's part of the model
+        quant_layout_ = keep_blocks(quant_layout_, chunks_);
+        base_layout_ = dense_part(stage_layout(cfg_, chunks_, pp_.first(), pp_.last()), quant_layout_);
+    } else {
+        base_layout_ = dense_layout(cfg_, quant_layout_);
+    }
     auto shards = [&](size_t total, size_t align) {
         return dp.zero >= 3 ? FlatShards::cut(total, dp.ranks, align) : FlatShards::whole_of(total, dp.ranks);
     };
@@ -101,7 +107,7 @@ void TrainStep::declare_base(const LoraOptions & lora) {
     if (quant_layout_.bytes)
         base_q = sources_[kBaseQ].flat = program_.declare("parameters.quantized", Category::parameters,
                                                           sources_[kBaseQ].sh.size, true);
-    }
+}
 
 // The trainable buffer's persistent states (weights, master weights, gradients, moments), this
 // rank's shard of them, and the part --offload optimizer moves off the device.
@@ -223,8 +229,11 @@ void TrainStep::declare_models(const ModelConfig & cfg, const ModelOptions & mod
     if (attn_start >= 0)
         for (auto & m : models_) m->set_attention_start(Tensor(attn_start, DType::i32, {int64_t(B), int64_t(T)}));
     if (lora_) {
-        w_ = lora_model_weights(cfg_, model.lora, base, compute_, quant_layout_, base_q, params, compute_);
-        if (train) dw_ = lora_model_weights(cfg_, model.lora, -1, compute_, quant_layout_, -1, grads, grad_dt_);
+        w_ = lora_model_weights(cfg_, model.lora, base_layout_, base, compute_, quant_layout_, base_q, layout_, params,
+                                compute_);
+        if (train)
+            dw_ = lora_model_weights(cfg_, model.lora, base_layout_, -1, compute_, quant_layout_, -1, layout_, grads,
+                                     grad_dt_);
     } else {
         w_ = model_weights(cfg_, layout_, params, compute_);
         if (train) dw_ = model_weights(cfg_, layout_, grads, grad_dt_);

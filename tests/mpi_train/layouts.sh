@@ -8,10 +8,12 @@
 #   --tp 2 --sp --zero 3.
 #   --zero 3 with --tp 2 --sp x 2 data-parallel ranks (4 ranks), resumed; and (CPU) --zero 2 with
 #   --tp 2, and --tp 4 with fewer KV heads than tensor ranks x 2 (8 ranks).
-#   --zero 3 with --pp 2 (1F1B) x 2 (4 ranks), resumed; and (CPU) GPT-2's tied embedding under
+#   --zero 3 with --pp 2 (1F1B) x 2 (4 ranks), resumed; QLoRA (nf4) with --pp 2 x 2, resumed;
+#   and (CPU) GPT-2's tied embedding under
 #   --pp 2 --schedule interleaved:2 --zero 2.
 # DEVICE cuda (MEMFIT the emulator's build, memfit_emu, with MEMFIT_CUDA_EMU=1, or GPUs): the
-# ranks run on the CUDA engine against the one CPU process.
+# ranks run on the CUDA engine against the one CPU process; the 20 steps of each layout, one resume
+# (the checkpoint code is the engines' shared one), and the CPU-only cases left out.
 # Usage: bash layouts.sh MEMFIT MPIEXEC SOURCE_DIR [DEVICE]
 source "$(dirname "$0")/common.sh"
 DEVICE=${4:-cpu}
@@ -63,9 +65,11 @@ mpi 4 "${ARGS[@]}" "${Q[@]}" "${ON[@]}" --tp 2 --checkpoint-every 10 --out qt > 
 grep -q '^  tensor parallel: 2 ranks per group' qt.log || { cat qt.log; fail "QLoRA --tp 2: no tensor-parallel line"; }
 near q1.log qt.log "-np 4 --tp 2 QLoRA nf4 (tests/mpi/test_lora_sharded.cpp: exact against its own dequantized base)" 2e-3
 exact_per_rank qt.log 4
-mpi 4 "${ARGS[@]}" "${Q[@]}" "${ON[@]}" --tp 2 --resume qt/checkpoints/step-000010 --out qtr > qtr.log 2>&1 ||
-    { cat qtr.log; fail "QLoRA --tp 2 resumed"; }
-resumed qt.log qtr.log "-np 4 --tp 2 QLoRA resumed at step 10"
+if [ "$DEVICE" = cpu ]; then   # resumed (the emulated GPU: once, above; the checkpoint code is shared)
+    mpi 4 "${ARGS[@]}" "${Q[@]}" "${ON[@]}" --tp 2 --resume qt/checkpoints/step-000010 --out qtr > qtr.log 2>&1 ||
+        { cat qtr.log; fail "QLoRA --tp 2 resumed"; }
+    resumed qt.log qtr.log "-np 4 --tp 2 QLoRA resumed at step 10"
+fi
 if [ "$DEVICE" = cpu ]; then   # every projection adapted, with sequence parallelism and the base sharded
     A=(--lora-rank 8 --lora-targets all)
     "$MEMFIT" "${ARGS[@]}" "${A[@]}" --out la1 > la1.log 2>&1 || { cat la1.log; fail "LoRA all, one process"; }
@@ -83,9 +87,11 @@ grep -q 'ZeRO stage 3' tz3.log && grep -q '^  tensor parallel: 2 ranks per group
     { cat tz3.log; fail "--tp 2 --sp --zero 3: not the layout asked for"; }
 same_as one.log tz3.log "-np 4 --tp 2 --sp --zero 3"
 exact_per_rank tz3.log 4
-mpi 4 "${ARGS[@]}" "${ON[@]}" --tp 2 --sp --zero 3 --resume tz3/checkpoints/step-000010 --out tz3r > tz3r.log 2>&1 ||
-    { cat tz3r.log; fail "--tp 2 --sp --zero 3 resumed"; }
-resumed tz3.log tz3r.log "-np 4 --tp 2 --sp --zero 3 resumed at step 10"
+if [ "$DEVICE" = cpu ]; then   # resumed (the emulated GPU: once, above; the checkpoint code is shared)
+    mpi 4 "${ARGS[@]}" "${ON[@]}" --tp 2 --sp --zero 3 --resume tz3/checkpoints/step-000010 --out tz3r > tz3r.log 2>&1 ||
+        { cat tz3r.log; fail "--tp 2 --sp --zero 3 resumed"; }
+    resumed tz3.log tz3r.log "-np 4 --tp 2 --sp --zero 3 resumed at step 10"
+fi
 if [ "$DEVICE" = cpu ]; then   # ZeRO-2; 2 KV heads over 4 tensor ranks: each KV head's gradient summed over its 2 holders
     mpi 4 "${ARGS[@]}" --tp 2 --zero 2 --out tz2 > tz2.log 2>&1 || { cat tz2.log; fail "--tp 2 --zero 2 on 4 ranks"; }
     same_as one.log tz2.log "-np 4 --tp 2 --zero 2"
@@ -104,9 +110,22 @@ grep -q 'ZeRO stage 3' pz3.log && grep -q '^  pipeline parallel: 2 stages' pz3.l
     { cat pz3.log; fail "--pp 2 --zero 3: not the layout asked for"; }
 same_as one4.log pz3.log "-np 4 --pp 2 --zero 3"
 exact_per_rank pz3.log 4
-mpi 4 "${P4[@]}" "${ON[@]}" --pp 2 --schedule 1f1b --zero 3 --resume pz3/checkpoints/step-000010 --out pz3r > pz3r.log 2>&1 ||
-    { cat pz3r.log; fail "--pp 2 --zero 3 resumed"; }
-resumed pz3.log pz3r.log "-np 4 --pp 2 --zero 3 resumed at step 10"
+if [ "$DEVICE" = cpu ]; then   # resumed (the emulated GPU: once, above; the checkpoint code is shared)
+    mpi 4 "${P4[@]}" "${ON[@]}" --pp 2 --schedule 1f1b --zero 3 --resume pz3/checkpoints/step-000010 --out pz3r > pz3r.log 2>&1 ||
+        { cat pz3r.log; fail "--pp 2 --zero 3 resumed"; }
+    resumed pz3.log pz3r.log "-np 4 --pp 2 --zero 3 resumed at step 10"
+fi
+# QLoRA on a pipeline: each stage's adapters and its part of the base
+"$MEMFIT" "${P4[@]}" "${Q[@]}" --out q4 > q4.log 2>&1 || { cat q4.log; fail "QLoRA, one process, --grad-accum 4"; }
+mpi 4 "${P4[@]}" "${Q[@]}" "${ON[@]}" --pp 2 --schedule 1f1b --checkpoint-every 10 --out qp > qp.log 2>&1 ||
+    { cat qp.log; fail "QLoRA --pp 2 on 4 ranks"; }
+same_as q4.log qp.log "-np 4 --pp 2 QLoRA nf4"
+exact_per_rank qp.log 4
+if [ "$DEVICE" = cpu ]; then   # resumed (the emulated GPU: once, above; the checkpoint code is shared)
+    mpi 4 "${P4[@]}" "${Q[@]}" "${ON[@]}" --pp 2 --schedule 1f1b --resume qp/checkpoints/step-000010 --out qpr > qpr.log 2>&1 ||
+        { cat qpr.log; fail "QLoRA --pp 2 resumed"; }
+    resumed qp.log qpr.log "-np 4 --pp 2 QLoRA resumed at step 10"
+fi
 if [ "$DEVICE" = cpu ]; then   # GPT-2's tied embedding across the two ends, the interleaved schedule, ZeRO-2
     G4=("${BASE[@]}" --model micro --grad-accum 4)
     "$MEMFIT" "${G4[@]}" --out gone > gone.log 2>&1 || { cat gone.log; fail "micro, one process"; }

@@ -97,7 +97,6 @@ TEST(RunConfig, OneFunctionSaysWhatCombines) {
         {run([](RunConfig & r) { r.layout.tp = 3; }), "--tp 3"},
         {run([](RunConfig & r) { r.layout.sp = true; }), "--sp splits the sequence"},
         {run([](RunConfig & r) { r.layout.tp = 2, r.layout.sp = true, r.micro_batch = 1, r.seq = 7; }), "7 tokens"},
-        {run([](RunConfig & r) { r.layout.pp = 2, r.lora.rank = 4; }), "--pp with LoRA is not supported"},
         {run([](RunConfig & r) { r.layout.pp = 2, r.grad_accum = 3, r.layout.schedule = PipeSchedule::interleaved,
                                  r.layout.virtual_stages = 2; }), "must be a multiple of --pp 2"},
         {run([](RunConfig & r) { r.layout.pp = 5; }), "--pp 5"},
@@ -120,6 +119,7 @@ TEST(RunConfig, OneFunctionSaysWhatCombines) {
     EXPECT_FALSE(unsupported(run([](RunConfig & r) { r.layout.pp = 2, r.layout.zero = 3; }), cfg, nullptr));
     // LoRA with tensor parallelism, but not on a KV head several tensor ranks hold.
     EXPECT_FALSE(unsupported(run([](RunConfig & r) { r.layout.tp = 2, r.lora.rank = 4; }), cfg, nullptr));
+    EXPECT_FALSE(unsupported(run([](RunConfig & r) { r.layout.pp = 2, r.lora.rank = 4; }), cfg, nullptr));
     const ModelConfig gqa = test::small_family(true, 96, 64, 2, 4, 128);   // 2 KV heads
     RunConfig kv = run([](RunConfig & r) { r.layout.tp = 4, r.lora.rank = 4; });
     EXPECT_NE(unsupported(kv, gqa, nullptr).value_or("").find("--tp 4 with LoRA on k or v"), std::string::npos);
