@@ -8,8 +8,8 @@
 #   --tp 2 --sp --zero 3.
 #   --zero 3 with --tp 2 --sp x 2 data-parallel ranks (4 ranks), resumed; and (CPU) --zero 2 with
 #   --tp 2, and --tp 4 with fewer KV heads than tensor ranks x 2 (8 ranks).
-#   --zero 3 with --pp 2 (1F1B) x 2 (4 ranks), resumed; QLoRA (nf4) with --pp 2 x 2, resumed;
-#   and (CPU) GPT-2's tied embedding under
+#   --zero 3 with --pp 2 (1F1B) x 2 (4 ranks), resumed; and (CPU) QLoRA (nf4) with --pp 2 x 2,
+#   resumed, and GPT-2's tied embedding under
 #   --pp 2 --schedule interleaved:2 --zero 2.
 # DEVICE cuda (MEMFIT the emulator's build, memfit_emu, with MEMFIT_CUDA_EMU=1, or GPUs): the
 # ranks run on the CUDA engine against the one CPU process; the 20 steps of each layout, one resume
@@ -115,14 +115,13 @@ if [ "$DEVICE" = cpu ]; then   # resumed (the emulated GPU: once, above; the che
         { cat pz3r.log; fail "--pp 2 --zero 3 resumed"; }
     resumed pz3.log pz3r.log "-np 4 --pp 2 --zero 3 resumed at step 10"
 fi
-# QLoRA on a pipeline: each stage's adapters and its part of the base
-"$MEMFIT" "${P4[@]}" "${Q[@]}" --out q4 > q4.log 2>&1 || { cat q4.log; fail "QLoRA, one process, --grad-accum 4"; }
-mpi 4 "${P4[@]}" "${Q[@]}" "${ON[@]}" --pp 2 --schedule 1f1b --checkpoint-every 10 --out qp > qp.log 2>&1 ||
-    { cat qp.log; fail "QLoRA --pp 2 on 4 ranks"; }
-same_as q4.log qp.log "-np 4 --pp 2 QLoRA nf4"
-exact_per_rank qp.log 4
-if [ "$DEVICE" = cpu ]; then   # resumed (the emulated GPU: once, above; the checkpoint code is shared)
-    mpi 4 "${P4[@]}" "${Q[@]}" "${ON[@]}" --pp 2 --schedule 1f1b --resume qp/checkpoints/step-000010 --out qpr > qpr.log 2>&1 ||
+if [ "$DEVICE" = cpu ]; then   # QLoRA on a pipeline: each stage's adapters and its part of the base
+    "$MEMFIT" "${P4[@]}" "${Q[@]}" --out q4 > q4.log 2>&1 || { cat q4.log; fail "QLoRA, one process, --grad-accum 4"; }
+    mpi 4 "${P4[@]}" "${Q[@]}" --pp 2 --schedule 1f1b --checkpoint-every 10 --out qp > qp.log 2>&1 ||
+        { cat qp.log; fail "QLoRA --pp 2 on 4 ranks"; }
+    same_as q4.log qp.log "-np 4 --pp 2 QLoRA nf4"
+    exact_per_rank qp.log 4
+    mpi 4 "${P4[@]}" "${Q[@]}" --pp 2 --schedule 1f1b --resume qp/checkpoints/step-000010 --out qpr > qpr.log 2>&1 ||
         { cat qpr.log; fail "QLoRA --pp 2 resumed"; }
     resumed qp.log qpr.log "-np 4 --pp 2 QLoRA resumed at step 10"
 fi

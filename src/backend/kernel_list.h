@@ -1,0 +1,150 @@
+// The kernels every backend runs, one line each: the list the base class (backend/backend.h)
+// declares pure, and the CPU, CUDA and null backends declare their overrides from, so a new op is
+// one row here and one definition per backend. Included several times (no include guard), each
+// time with MF_KERNEL(name, (params)) defined as the declaration wanted; every kernel returns void.
+// Tensors are resolved (device pointers); the comments say what each computes.
+MF_KERNEL(fill_zero, (Tensor t))
+// dst = src, converting between f32, bf16 and f16 when the dtypes differ (same numel).
+MF_KERNEL(copy, (Tensor dst, Tensor src))
+
+MF_KERNEL(gemm, (const GemmDesc & d, Tensor c, Tensor a, Tensor b, Tensor bias, Tensor workspace))
+// dbias[N] += column sums of dout[rows, N]
+MF_KERNEL(bias_grad, (Tensor dbias, Tensor dout))
+
+// Packed documents. doc_start i32 [B,T], where an op takes it: the index, within its row, of
+// the first token of the document token t belongs to (0 <= doc_start[b,t] <= t, and
+// non-decreasing along a row). Token t's position is then t - doc_start[b,t], and it attends
+// to keys doc_start[b,t] .. t only (a block-diagonal causal mask). An invalid doc_start
+// (Tensor{}) is one document per row: positions t, keys 0 .. t.
+
+// out[B,T,C] = wte[tokens] + wpe[position]; an invalid wpe (Tensor{}) means no position
+// embedding (LLaMA): out = wte[tokens].
+MF_KERNEL(encoder_fwd, (Tensor out, Tensor tokens, Tensor wte, Tensor wpe, Tensor doc_start = {}))
+// dwte, dwpe += ...  (an invalid dwpe: only dwte)
+MF_KERNEL(encoder_bwd, (Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor doc_start = {}))
+// Vocabulary-parallel embedding (tensor parallelism): wte [Vl, C] holds rows vocab_lo ..
+// vocab_lo+Vl-1 of the full table. out[b,t,:] = (wte[tok - vocab_lo] if vocab_lo <= tok <
+// vocab_lo+Vl, else 0) + wpe[t] (an invalid wpe adds nothing). Tokens outside the shard are
+// legal (they get the zero row); summing every shard's out gives encoder_fwd's.
+MF_KERNEL(vocab_encoder_fwd, (Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t vocab_lo))
+// dwte[tok - vocab_lo] += dout[b,t] for the tokens in the shard; dwpe += dout summed over the
+// batch, for every token. An invalid dwte (a frozen table) or dwpe is skipped.
+MF_KERNEL(vocab_encoder_bwd, (Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t vocab_lo))
+
+// out[N,C], mean[N], rstd[N] from inp[N,C]
+MF_KERNEL(layernorm_fwd, (Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, float eps))
+// dinp += ..., dw += ..., db += ... (invalid dw and db: a frozen norm, dinp only)
+MF_KERNEL(layernorm_bwd, (Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean,
+          Tensor rstd))
+
+// Causal self-attention (within documents when doc_start is valid). qkv[B,T,3C] ->
+// out[B,T,C]; att[B,NH,T,T] softmax probs saved (0 where masked).
+MF_KERNEL(attention_fwd, (Tensor out, Tensor att, Tensor qkv, int NH, Tensor doc_start = {}))
+// dqkv = ... (written); scratch holds >= B*NH*T floats.
+MF_KERNEL(attention_bwd, (Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att, int NH,
+          Tensor doc_start = {}))
+
+// Memory-efficient causal attention: never stores the T x T scores. lse[B,NH,T] keeps one
+// log-sum-exp per query; backward recomputes the scores tile by tile. Tiles wholly before a
+// query tile's documents are skipped.
+MF_KERNEL(flash_attention_fwd, (Tensor out, Tensor lse, Tensor qkv, int NH, Tensor doc_start = {}))
+MF_KERNEL(flash_attention_bwd, (Tensor dqkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv, Tensor lse, int NH,
+          Tensor doc_start = {}))
+
+MF_KERNEL(gelu_fwd, (Tensor out, Tensor inp))
+MF_KERNEL(gelu_bwd, (Tensor dinp, Tensor dout, Tensor inp))   // dinp = ...
+MF_KERNEL(residual_fwd, (Tensor out, Tensor a, Tensor b))   // out = a + b
+
+// LLaMA family.
+// RMSNorm: rstd[N] (f32) = 1/sqrt(mean_c(inp^2) + eps); out[N,C] = inp * rstd * w.
+MF_KERNEL(rmsnorm_fwd, (Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps))
+// dinp += ..., dw += ...  (dinp has dout's dtype; dw f32 or the compute dtype; invalid: frozen)
+MF_KERNEL(rmsnorm_bwd, (Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd))
+// Qwen3's q and k norms, in place on qkv[B,T,(NH+2*KVH)*hd]: each q head row becomes
+// RMSNorm(row) * wq, each k head row RMSNorm(row) * wk (wq, wk [hd]); v untouched. The rows
+// before are saved to raw[B,T,(NH+KVH)*hd] and their rstd to rstd[B,T,NH+KVH] (f32).
+MF_KERNEL(qk_norm_fwd, (Tensor qkv, Tensor raw, Tensor rstd, Tensor wq, Tensor wk, int NH, int KVH, float eps))
+// Its backward, in place on dqkv's q and k heads (d(normed) -> d(raw)); dwq, dwk += (f32 or
+// the compute dtype; both invalid: frozen).
+MF_KERNEL(qk_norm_bwd, (Tensor dqkv, Tensor dwq, Tensor dwk, Tensor raw, Tensor wq, Tensor wk, Tensor rstd, int NH,
+          int KVH))
+// Rotary position embeddings (HF rotate_half), in place on the q and k heads of
+// qkv[B,T,(NH+2*KVH)*hd] (per row: NH q heads, KVH k heads, KVH v heads; v untouched).
+// Row t has position p = pos0 + t (t - doc_start[b,t] with packed documents, pos0 0 then);
+// head pair (i, i+hd/2) turns by p * rope.inv_freq(i, hd) (theta^(-2i/hd), or rope_scaling's).
+MF_KERNEL(rope_fwd, (Tensor qkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start = {}))
+// Its backward, in place on dqkv: the inverse rotation.
+MF_KERNEL(rope_bwd, (Tensor dqkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start = {}))
+// inp[N,2I] = [gate | up] per row; out[N,I] = silu(gate) * up.
+MF_KERNEL(swiglu_fwd, (Tensor out, Tensor inp))
+MF_KERNEL(swiglu_bwd, (Tensor dinp, Tensor dout, Tensor inp))   // dinp[N,2I] = ...
+// Grouped-query attention: qkv[B,T,(NH+2*KVH)*hd] -> full[B,T,3*NH*hd] ([q|k|v], NH heads
+// each; KV head j serves query heads j*G .. j*G+G-1, G = NH/KVH).
+MF_KERNEL(repeat_kv_fwd, (Tensor full, Tensor qkv, int NH, int KVH))
+// dqkv = ... (written): q copied; each KV head gets the sum over its G query heads.
+MF_KERNEL(repeat_kv_bwd, (Tensor dqkv, Tensor dfull, int NH, int KVH))
+
+// Attention of T new tokens over a KV cache (generation). qkv [B,T,(NH+2*KVH)*hd] holds the
+// new tokens' q|k|v (after RoPE); their k and v rows are written into kcache and vcache
+// [B,cap,KVH*hd] at rows pos0 .. pos0+T-1, then out[B,T,NH*hd] = causal attention of each
+// new token (position pos0+t) over cache rows 0 .. pos0+t; query head h reads KV head
+// h / (NH/KVH). With window W > 0 (sliding-window attention) the cache is a ring: position
+// p lives in row p % cap, and token pos0+t attends to positions max(0, pos0+t-W+1) .. pos0+t
+// (then T + W - 1 <= cap, or pos0 + T <= cap).
+MF_KERNEL(cached_attention_fwd, (Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH, int KVH,
+          int window = 0))
+
+// Inverted dropout: out = in * keep / (1 - p), keep = a hash of (seed, element index) >= p,
+// so the same seed gives the same mask (backward regenerates it). In place allowed.
+MF_KERNEL(dropout, (Tensor out, Tensor in, float p, uint64_t seed))
+
+// LoRA adapters write into (and read from) a column slice of a fused projection's output.
+// out[N, col0 + j] += scale * d[N, j] for j < d.cols (out and d: f32, bf16 or f16).
+MF_KERNEL(add_columns, (Tensor out, Tensor d, int64_t col0, float scale))
+// d[N, j] = scale * src[N, col0 + j], written.
+MF_KERNEL(take_columns, (Tensor d, Tensor src, int64_t col0, float scale))
+
+// logits[N,V] are turned into probabilities in place; losses[N] = -log p[target]
+// (0 where target == -100).
+MF_KERNEL(xent_fwd, (Tensor losses, Tensor logits, Tensor targets))
+// probs[N,V] become dlogits in place: (p - onehot(target)) * dloss; rows with target -100 -> 0.
+MF_KERNEL(xent_bwd, (Tensor probs, Tensor targets, float dloss))
+
+// Vocabulary-parallel cross-entropy (tensor parallelism), never gathering the full logits.
+// logits f32 [N, Vl] are this rank's columns vocab_lo .. vocab_lo+Vl-1 of a vocabulary of
+// `vocab` entries; columns with vocab_lo + j >= vocab are padding and ignored. targets i32 [N]
+// (-100: ignored). The three steps, with an all-gather of the stats between the first two:
+// stats f32 [2, N] (written; logits untouched): stats[i] = log sum_j exp(logits[i][j]) over
+// the valid columns (-inf when the shard has none); stats[N + i] = logits[i][target_i -
+// vocab_lo] when the shard holds target_i, else 0 (0 for ignored rows).
+MF_KERNEL(xent_shard_stats, (Tensor stats, Tensor logits, Tensor targets, int64_t vocab_lo, int64_t vocab))
+// gathered f32 [R, 2, N]: every rank's stats, in rank order. lse [N] (written) = log sum_r
+// exp(gathered[r][0][i]); losses [N] (written) = lse[i] - sum_r gathered[r][1][i], 0 where
+// target == -100. Equals xent_fwd's losses on the concatenated logits.
+MF_KERNEL(xent_shard_loss, (Tensor losses, Tensor lse, Tensor gathered, Tensor targets))
+// In place: logits become dlogits, (exp(logits[i][j] - lse[i]) - [vocab_lo + j == target_i])
+// * dloss; padding columns and rows with target -100 become 0. Equals xent_bwd's columns.
+MF_KERNEL(xent_shard_bwd, (Tensor logits, Tensor targets, Tensor lse, int64_t vocab_lo, int64_t vocab, float dloss))
+
+// Knowledge distillation's loss (Hinton et al. 2015), row by row, for the student's logits z
+// and a teacher's logits t, both f32 [N, V] over one vocabulary, at temperature T > 0 with
+// weight alpha in [0, 1]: losses[i] (written) = (1 - alpha) * CE(z_i, target_i) + alpha * T^2
+// * KL(q_i || p_i), q = softmax(t_i / T), p = softmax(z_i / T); 0 where target == -100.
+// stats f32 [2, N] (written): the log-sum-exp of z_i, then of z_i / T, for the backward. The
+// logits stay as they are; the teacher's become q in place.
+MF_KERNEL(distill_fwd, (Tensor losses, Tensor stats, Tensor logits, Tensor teacher, Tensor targets, float alpha,
+          float temperature))
+// In place: logits become dlogits = dloss * ((1 - alpha) * (softmax(z) - onehot(target)) +
+// alpha * T * (p - q)), from distill_fwd's stats and q (the gradient of its loss times dloss);
+// rows with target -100 become 0.
+MF_KERNEL(distill_bwd, (Tensor logits, Tensor stats, Tensor teacher_probs, Tensor targets, float alpha,
+          float temperature, float dloss))
+
+// out[0] (f32) = sum of squares of x (any float dtype, accumulated in double); inf or NaN
+// if any element is.
+MF_KERNEL(sum_squares, (Tensor out, Tensor x))
+// param, m, v f32; grad f32/bf16/f16. norm_sq[0]: the gradients' global sum of squares (from
+// sum_squares), used for clipping and skip_nonfinite. When param_copy is valid (bf16/f16, the
+// compute weights of mixed precision) it receives the updated param, rounded.
+MF_KERNEL(adamw, (Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy,
+          const AdamWHyper & h))
