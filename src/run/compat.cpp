@@ -125,10 +125,11 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
         return fmt::format("--mlp-chunk {} with {}: the tiled MLP runs dense, untensor-parallel projections only; drop "
                            "--mlp-chunk (or use --recompute to save the MLP's activations)",
                            r.mlp_chunk, L.tp > 1 ? fmt::format("--tp {}", L.tp) : std::string("LoRA"));
-    if (r.packing && (L.tp > 1 || L.pp > 1))
-        return fmt::format("--packing with --{} {}: packed documents run with data parallelism (and ZeRO) only for "
-                           "now; drop --packing (one conversation per row) or the {}", L.tp > 1 ? "tp" : "pp",
-                           L.tp > 1 ? L.tp : L.pp, L.tp > 1 ? "tensor parallelism" : "pipeline");
+    // The vocabulary-parallel embedding adds positions 0 .. T-1, not each document's.
+    if (r.packing && L.tp > 1 && !cfg.llama())
+        return fmt::format("--packing with --tp {}: model '{}' learns absolute positions, which the tensor-parallel "
+                           "embedding does not restart at each document; drop --packing (one conversation per row) "
+                           "or --tp, or use a LLaMA-family model (RoPE)", L.tp, cfg.name);
     if (L.sp && L.tp <= 1) return std::string("--sp splits the sequence over the tensor group: it needs --tp 2 or more");
     if (L.sp && (int64_t(r.micro_batch) * r.seq) % L.tp != 0)
         return fmt::format("--sp: the micro-batch's {} x {} = {} tokens do not divide over the {} tensor ranks; pick "

@@ -526,8 +526,8 @@ double Engine::run_batch(const TrainStep & step, StepMemory & mem, const int32_t
         backend_.upload(mem.base(step.doc_start), doc_start, BT * 4);
     }
     if (step.attn_start >= 0) {   // sliding window: each query's first key, within its document
-        const int B = step.B(), T = step.T(), W = cfg_.sliding_window;
-        std::vector<int32_t> lo(size_t(B) * size_t(T));
+        const int T = step.T(), W = cfg_.sliding_window;
+        std::vector<int32_t> lo(BT);
         for (size_t i = 0; i < lo.size(); ++i) {
             const int t = int(i % size_t(T));
             lo[i] = std::max(t - W + 1, step.doc_start >= 0 ? doc_start[i] : 0);

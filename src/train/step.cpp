@@ -200,11 +200,11 @@ void TrainStep::declare_models(const ModelConfig & cfg, const ModelOptions & mod
     targets = program_.declare("batch.targets", Category::activations, BT * 4, true);
     losses = program_.declare("batch.losses", Category::activations, BT * 4, true);
     if (model.documents) {
-        MF_ASSERT(!pp.enabled() && !model.tp.enabled() && model.kv_capacity == 0);   // compat.h refuses them
+        MF_ASSERT(model.kv_capacity == 0);
         doc_start = program_.declare("batch.doc_start", Category::activations, BT * 4, true);
     }
     if (cfg.sliding_window > 0 && T > cfg.sliding_window)
-        attn_start = program_.declare("batch.attention_start", Category::activations, int64_t(B) * T * 4, true);
+        attn_start = program_.declare("batch.attention_start", Category::activations, BT * 4, true);
     grad_norm_sq = train ? program_.declare("grad_norm_sq", Category::activations, 4, true) : -1;
     workspace_ = program_.declare("workspace", Category::workspace, 0);
     ModelOptions mo = model;
@@ -224,10 +224,14 @@ void TrainStep::declare_models(const ModelConfig & cfg, const ModelOptions & mod
         models_.push_back(std::make_unique<Transformer>(cfg_, B, T, program_, mo));
     }
     model_ = models_[0].get();
-    if (doc_start >= 0) model_->set_doc_start(Tensor(doc_start, DType::i32, {int64_t(B), int64_t(T)}));
+    // Each micro-batch's rows of the document and attention starts (a pipeline's models: i * chunks + j).
+    for (size_t k = 0; k < models_.size(); ++k) {
+        const size_t at = k / chunks_.size() * size_t(B) * size_t(T) * 4;
+        if (doc_start >= 0) models_[k]->set_doc_start(Tensor(doc_start, DType::i32, {int64_t(B), int64_t(T)}, at));
+        if (attn_start >= 0)
+            models_[k]->set_attention_start(Tensor(attn_start, DType::i32, {int64_t(B), int64_t(T)}, at));
+    }
     if (train && model.distill.enabled()) declare_teacher(mo, doc_start);
-    if (attn_start >= 0)
-        for (auto & m : models_) m->set_attention_start(Tensor(attn_start, DType::i32, {int64_t(B), int64_t(T)}));
     if (lora_) {
         w_ = lora_model_weights(cfg_, model.lora, base_layout_, base, compute_, quant_layout_, base_q, layout_, params,
                                 compute_);

@@ -105,8 +105,8 @@ expect_error "memfit: error: --pp 2 with --schedule interleaved:2 needs 4 chunks
 expect_error "memfit: error: --schedule interleaved:2 sends micro-batches through the stages 2 at a time: --grad-accum 3" \
     mpi 2 "${M[@]}" --pp 2 --schedule interleaved:2 --grad-accum 3 --out out
 expect_error "memfit: error: --schedule 'foo': expected gpipe, 1f1b or interleaved:V" mpi 2 "${B[@]}" --pp 2 --schedule foo --out out
-expect_error "memfit: error: --packing with --pp 2: packed documents run with data parallelism" \
-    mpi 2 "${B[@]}" --pp 2 --packing --out out
+expect_error "memfit: error: --packing with --tp 2: model 'nano' learns absolute positions" \
+    mpi 2 "${B[@]}" --tp 2 --packing --out out
 expect_error "memfit: error: --fit auto .*with --tp or --pp set them yourself" mpi 2 "${B[@]}" --tp 2 --fit auto --out out
 expect_error "memfit: error: 1 rank cannot be laid out as --tp 1 x --pp 2" "$MEMFIT" "${B[@]}" --pp 2 --out out
 echo PASS
