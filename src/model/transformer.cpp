@@ -263,7 +263,7 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
     flash_ = opt.flash_attention;
     dt_ = opt.compute;
     if (opt.mlp_chunk > 0 && opt.mlp_chunk < int64_t(B) * T && opt.kv_capacity == 0) {
-        MF_ASSERT(!opt.lora.enabled() && !tp_.enabled() && "TiledMLP: no LoRA or tensor parallelism (run/compat.cpp)");
+        MF_ASSERT(!opt.lora.enabled() && "TiledMLP: no LoRA (run/compat.cpp)");
         mlp_rows_ = opt.mlp_chunk;
     }
     if (opt.with_backward) rc_plan_ = opt.recompute;
@@ -433,30 +433,34 @@ void Transformer::act_bwd(Graph & g, Tensor dfc, Tensor dout, Tensor fc) const {
     else g.gelu_bwd(dfc, dout, fc);
 }
 
-void Transformer::mlp_tiled_fwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p) const {
-    const int64_t C = cfg_.n_embd, F = cfg_.fc_dim(), A = cfg_.ffn_dim(), N = rows_;
+// x: ln_2's output, every row of the micro-batch (sequence parallel: gathered); a.fcproj gets the
+// MLP's output (tensor parallel: this rank's part of the sum).
+void Transformer::mlp_tiled_fwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p, Tensor x) const {
+    const int64_t C = cfg_.n_embd, F = cfg_.fc_dim(), A = cfg_.ffn_dim(), N = int64_t(B_) * T_;
     for (int64_t r0 = 0; r0 < N; r0 += mlp_rows_) {
         const int64_t n = std::min<int64_t>(mlp_rows_, N - r0);
         const Tensor fc = a.fch.view(0, {n, F}), h = a.fch_gelu.view(0, {n, A});
-        project(g, fc, a.ln2.view(r0 * C, {n, C}), p, Proj::fc, a.rc);
+        project(g, fc, x.view(r0 * C, {n, C}), p, Proj::fc, a.rc);
         act_fwd(g, h, fc);
         project(g, a.fcproj.view(r0 * C, {n, C}), h, p, Proj::down, a.rc);
     }
 }
 
+// in: ln_2's output and dout: the MLP output's gradient, every row (sequence parallel: gathered);
+// a.dln2 gets ln_2's gradient (tensor parallel: this rank's part of the sum).
 void Transformer::mlp_tiled_bwd(Graph & g, const LayerActs & a, const LayerActs & own, const ModelWeights::Layer & p,
-                                const ModelWeights::Layer & dp) const {
-    const int64_t C = cfg_.n_embd, F = cfg_.fc_dim(), A = cfg_.ffn_dim(), N = rows_;
+                                const ModelWeights::Layer & dp, Tensor in, Tensor dout) const {
+    const int64_t C = cfg_.n_embd, F = cfg_.fc_dim(), A = cfg_.ffn_dim(), N = int64_t(B_) * T_;
     for (int64_t r0 = 0; r0 < N; r0 += mlp_rows_) {
         const int64_t n = std::min<int64_t>(mlp_rows_, N - r0);
-        const Tensor x = a.ln2.view(r0 * C, {n, C});
+        const Tensor x = in.view(r0 * C, {n, C});
         const Tensor fc = own.fch_b.view(0, {n, F}), h = own.fch_gelu_b.view(0, {n, A});
         g.phase(Phase::recompute);
         project(g, fc, x, p, Proj::fc, true);
         act_fwd(g, h, fc);
         g.phase(Phase::backward);
         const Tensor dh = own.dfch_gelu.view(0, {n, A}), dfc = own.dfch.view(0, {n, F});
-        project_bwd(g, dh, dres_.view(r0 * C, {n, C}), h, p, dp, Proj::down);
+        project_bwd(g, dh, dout.view(r0 * C, {n, C}), h, p, dp, Proj::down);
         act_bwd(g, dfc, dh, fc);
         project_bwd(g, a.dln2.view(r0 * C, {n, C}), dfc, x, p, dp, Proj::fc);
     }
@@ -549,8 +553,8 @@ void Transformer::layer_forward(Graph & g, const LayerActs & a, const ModelWeigh
     norm_fwd(g, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b);
     if (mlp_rows_ > 0) {   // TiledMLP (the last layer of a recomputed segment needs none of it)
         if (!need_output) return;
-        mlp_tiled_fwd(g, a, p);
-        g.residual_fwd(a.res3, a.res2, a.fcproj);
+        mlp_tiled_fwd(g, a, p, gather_rows(g, a.ln2, a.ln2g, phase));
+        g.residual_fwd(a.res3, a.res2, reduce_rows(g, a.fcproj, a.fcproj_s, a.tp_mlp, phase));
         return;
     }
     project(g, a.fch, gather_rows(g, a.ln2, a.ln2g, phase), p, Proj::fc, a.rc);
@@ -771,7 +775,8 @@ void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights
         // dres holds d(residual_mlp); the MLP branch's output gradient is the same tensor.
         const LayerActs & own = acts(l);   // the layer's own gradient and gather buffers
         if (mlp_rows_ > 0) {
-            mlp_tiled_bwd(g, a, own, p, dp);
+            mlp_tiled_bwd(g, a, own, p, dp, gather_rows(g, a.ln2, own.ln2g_b, Phase::backward),
+                          gather_rows(g, dres_, own.dres_g1, Phase::backward));
         } else {
             project_bwd(g, a.dfch_gelu, gather_rows(g, dres_, own.dres_g1, Phase::backward), a.fch_gelu, p, dp,
                         Proj::down);

@@ -250,9 +250,9 @@ private:
     void act_bwd(Graph & g, Tensor dfc, Tensor dout, Tensor fc) const;
     // TiledMLP: the MLP of `a` chunk by chunk, from a.ln2 into a.fcproj; and its backward from
     // d(residual_mlp) = dres_, each chunk recomputed into own's backward chunk buffers, into a.dln2.
-    void mlp_tiled_fwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p) const;
+    void mlp_tiled_fwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p, Tensor x) const;
     void mlp_tiled_bwd(Graph & g, const LayerActs & a, const LayerActs & own, const ModelWeights::Layer & p,
-                       const ModelWeights::Layer & dp) const;
+                       const ModelWeights::Layer & dp, Tensor in, Tensor dout) const;
     // One block projection: out = inp . W (+ b), dense or quantized, plus the layer's adapters on it.
     void project(Graph & g, Tensor out, Tensor inp, const ModelWeights::Layer & p, Proj proj, bool rc) const;
     // Its backward: dinp (written), and the weight, bias and adapter gradients that dp holds.

@@ -121,10 +121,10 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
             return std::string(e.what());
         }
     }
-    if (r.mlp_chunk > 0 && (r.lora.rank > 0 || L.tp > 1))
-        return fmt::format("--mlp-chunk {} with {}: the tiled MLP runs dense, untensor-parallel projections only; drop "
-                           "--mlp-chunk (or use --recompute to save the MLP's activations)",
-                           r.mlp_chunk, L.tp > 1 ? fmt::format("--tp {}", L.tp) : std::string("LoRA"));
+    if (r.mlp_chunk > 0 && r.lora.rank > 0)
+        return fmt::format("--mlp-chunk {} with LoRA: the tiled MLP runs dense projections only (the adapters' "
+                           "buffers hold whole micro-batches); drop --mlp-chunk (or use --recompute to save the MLP's "
+                           "activations)", r.mlp_chunk);
     // The vocabulary-parallel embedding adds positions 0 .. T-1, not each document's.
     if (r.packing && L.tp > 1 && !cfg.llama())
         return fmt::format("--packing with --tp {}: model '{}' learns absolute positions, which the tensor-parallel "

@@ -3,6 +3,7 @@
 #   --zero 3 with LoRA and an nf4 base (FSDP-QLoRA) on 2 ranks (tests/mpi/test_lora_sharded.cpp
 #   checks each rank's shard of the base to the byte): the one process's losses, each rank's plan
 #   equal to its measurement; resumed at step 10 on 2 ranks, the uninterrupted run's last steps.
+#   --mlp-chunk (TiledMLP) under --tp 2 --sp --zero 3 (CPU);
 #   QLoRA (nf4) with --tp 2 x 2 (4 ranks), resumed (each tensor rank quantizes its own slice of
 #   the base, so its losses are within 2e-3, not 1e-4); and (CPU) LoRA on every projection under
 #   --tp 2 --sp --zero 3.
@@ -96,6 +97,12 @@ if [ "$DEVICE" = cpu ]; then   # ZeRO-2; 2 KV heads over 4 tensor ranks: each KV
     mpi 4 "${ARGS[@]}" --tp 2 --zero 2 --out tz2 > tz2.log 2>&1 || { cat tz2.log; fail "--tp 2 --zero 2 on 4 ranks"; }
     same_as one.log tz2.log "-np 4 --tp 2 --zero 2"
     exact_per_rank tz2.log 4
+    # TiledMLP (--mlp-chunk) under tensor and sequence parallelism: chunks of the gathered rows
+    "$MEMFIT" "${ARGS[@]}" --mlp-chunk 48 --out mc1 > mc1.log 2>&1 || { cat mc1.log; fail "--mlp-chunk, one process"; }
+    mpi 4 "${ARGS[@]}" --mlp-chunk 48 --tp 2 --sp --zero 3 --out mct > mct.log 2>&1 ||
+        { cat mct.log; fail "--mlp-chunk 48 --tp 2 --sp --zero 3 on 4 ranks"; }
+    same_as mc1.log mct.log "-np 4 --mlp-chunk 48 --tp 2 --sp --zero 3"
+    exact_per_rank mct.log 4
     mpi 8 "${ARGS[@]}" --tp 4 --zero 2 --out t4 > t4.log 2>&1 || { cat t4.log; fail "--tp 4 --zero 2 on 8 ranks"; }
     grep -q '(1 of 2 KV)' t4.log || { cat t4.log; fail "--tp 4: KV heads not replicated"; }
     same_as one.log t4.log "-np 8 --tp 4 --zero 2"
