@@ -85,11 +85,11 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
                            "and sqrt recompute whole segments at once; use --recompute none, selective or full with it");
     // Cross-layer sharing: one stored block serves G layers.
     if (cfg.share_layers > 1) {
-        const std::string with = L.tp > 1 ? "--tp" : L.pp > 1 ? "--pp" : r.lora.rank > 0 ? "LoRA" : "";
+        const std::string with = L.pp > 1 ? "--pp" : r.lora.rank > 0 ? "LoRA" : "";
         if (!with.empty())
-            return fmt::format("--share-layers {} with {}: shared blocks train with data parallelism and ZeRO for "
-                               "now (tensor and pipeline parallelism split them, LoRA's adapters are per layer); "
-                               "drop one of the two", cfg.share_layers, with);
+            return fmt::format("--share-layers {} with {}: shared blocks train with data and tensor parallelism "
+                               "and ZeRO for now (a pipeline's stages are cut in layers, not in groups of shared "
+                               "ones; LoRA's adapters are per layer); drop one of the two", cfg.share_layers, with);
     }
     // Distillation: the teacher runs whole beside each rank's student.
     if (!r.distill.teacher.empty() && (L.tp > 1 || L.pp > 1))

@@ -230,8 +230,8 @@ TEST(ShareLayers, RefusesWhatTheEngineDoesNotRun) {
     EXPECT_FALSE(why([](RunConfig & r) { r.layout.zero = 1; }));
     EXPECT_FALSE(why([](RunConfig & r) { r.layout.zero = 2; }));
     EXPECT_FALSE(why([](RunConfig & r) { r.layout.zero = 3; }));
+    EXPECT_FALSE(why([](RunConfig & r) { r.layout.tp = 2, r.layout.sp = true, r.layout.zero = 3; }));
     for (const auto & [what, set] : std::vector<std::pair<std::string, void (*)(RunConfig &)>>{
-             {"--tp", [](RunConfig & r) { r.layout.tp = 2; }},
              {"--pp", [](RunConfig & r) { r.layout.pp = 2; }},
              {"LoRA", [](RunConfig & r) { r.lora.rank = 4; }}}) {
         const auto msg = why(set);

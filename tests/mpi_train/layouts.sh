@@ -3,7 +3,7 @@
 #   --zero 3 with LoRA and an nf4 base (FSDP-QLoRA) on 2 ranks (tests/mpi/test_lora_sharded.cpp
 #   checks each rank's shard of the base to the byte): the one process's losses, each rank's plan
 #   equal to its measurement; resumed at step 10 on 2 ranks, the uninterrupted run's last steps.
-#   --mlp-chunk (TiledMLP) under --tp 2 --sp --zero 3 (CPU);
+#   --mlp-chunk (TiledMLP) and --share-layers 2 under --tp 2 --sp --zero 3 (CPU);
 #   QLoRA (nf4) with --tp 2 x 2 (4 ranks), resumed (each tensor rank quantizes its own slice of
 #   the base, so its losses are within 2e-3, not 1e-4); and (CPU) LoRA on every projection under
 #   --tp 2 --sp --zero 3.
@@ -103,6 +103,12 @@ if [ "$DEVICE" = cpu ]; then   # ZeRO-2; 2 KV heads over 4 tensor ranks: each KV
         { cat mct.log; fail "--mlp-chunk 48 --tp 2 --sp --zero 3 on 4 ranks"; }
     same_as mc1.log mct.log "-np 4 --mlp-chunk 48 --tp 2 --sp --zero 3"
     exact_per_rank mct.log 4
+    # Cross-layer sharing (--share-layers 2) under tensor parallelism: each rank's slice of a stored block
+    "$MEMFIT" "${ARGS[@]}" --share-layers 2 --out sh1 > sh1.log 2>&1 || { cat sh1.log; fail "--share-layers, one process"; }
+    mpi 4 "${ARGS[@]}" --share-layers 2 --tp 2 --sp --zero 3 --out sht > sht.log 2>&1 ||
+        { cat sht.log; fail "--share-layers 2 --tp 2 --sp --zero 3 on 4 ranks"; }
+    same_as sh1.log sht.log "-np 4 --share-layers 2 --tp 2 --sp --zero 3"
+    exact_per_rank sht.log 4
     mpi 8 "${ARGS[@]}" --tp 4 --zero 2 --out t4 > t4.log 2>&1 || { cat t4.log; fail "--tp 4 --zero 2 on 8 ranks"; }
     grep -q '(1 of 2 KV)' t4.log || { cat t4.log; fail "--tp 4: KV heads not replicated"; }
     same_as one.log t4.log "-np 8 --tp 4 --zero 2"
