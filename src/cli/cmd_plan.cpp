@@ -238,7 +238,7 @@ void add_plan_commands(CLI::App & app) {
     p->add_option("--top", f.top, "configurations to list")->capture_default_str()->check(kPositive);
     p->add_flag("--explain", f.explain, "also list the fastest rejected configurations and what would make them fit");
     p->add_flag("--include-plan-only", f.include_plan_only,
-                "also rank layouts memfit train does not run yet (ZeRO-3 with --tp, parameter offload, ...), each "
+                "also rank layouts memfit train does not run yet (parameter offload, ...: docs/parallel.md), each "
                 "marked with the reason; default: counted, not listed");
     p->add_flag("--wide", f.wide, "every column at full width and a bar of the bytes per row (over 120 columns)");
     p->add_flag("--json", f.json, "print the result as JSON (docs/planner.md)");
