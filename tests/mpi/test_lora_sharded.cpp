@@ -28,8 +28,41 @@ struct LoraRun {
     uint64_t base_bytes = 0;   // this rank's persistent frozen-base buffers
 };
 
-// Global batch G sequences of T tokens per micro-batch, k micro-batches per step; clipped at a
-// norm below the gradients' so that every step clips.
+// Global batch G sequences of T tokens per micro-batch, k micro-batches per step, this data rank's
+// rows; clipped at a norm below the gradients' so that every step clips.
+LoraRun run_steps(Engine & e, const ModelConfig & cfg, int G, int T, int k, int steps, int dp_rank, uint64_t seed0) {
+    AdamWHyper h;
+    h.lr = 1e-2f;
+    h.clip = 0.05f;
+    LoraRun run;
+    const int B = e.options().B;
+    for (int s = 0; s < steps; ++s) {
+        std::vector<int32_t> in(size_t(G * T * k)), tg(in.size());
+        test::random_batch(in, tg, cfg.vocab_size, seed0 + uint64_t(s));
+        const std::vector<int32_t> my_in = test::rank_rows(in, k, G, T, dp_rank, B),
+                                   my_tg = test::rank_rows(tg, k, G, T, dp_rank, B);
+        h.t = s + 1;
+        run.losses.push_back(e.train_step(my_in.data(), my_tg.data(), h).loss);
+    }
+    run.adapters = e.full_params();
+    run.base = e.base_weights();
+    run.planned_live = e.planned_peak_live();
+    run.planned_reserved = e.planned_reserved();
+    run.live_peak = e.ledger().live_peak();
+    run.reserved_peak = e.ledger().reserved_peak();
+    for (const auto & b : e.step().program().buffers())
+        if (b.persistent && (b.name == "parameters" || b.name == "parameters.quantized")) run.base_bytes += b.bytes;
+    return run;
+}
+
+// Measured = planned, in the arenas a real run uses.
+void expect_plan_is_measured(const LoraRun & mem) {
+    for (size_t cat = 0; cat < kCategoryCount; ++cat) {
+        EXPECT_EQ(mem.planned_live.v[cat], mem.live_peak.v[cat]) << "live " << kCategoryNames[cat];
+        EXPECT_EQ(mem.planned_reserved.v[cat], mem.reserved_peak.v[cat]) << "reserved " << kCategoryNames[cat];
+    }
+}
+
 LoraRun train(const ModelConfig & cfg, DType dt, BaseWeights bw, int G, int T, int k, int steps, Communicator * comm,
               int zero, bool checking) {
     CpuBackend backend;
@@ -47,27 +80,7 @@ LoraRun train(const ModelConfig & cfg, DType dt, BaseWeights bw, int G, int T, i
     eo.lora = test::lora_options(cfg, 4, bw);
     Engine e(cfg, backend, eo);
     e.init_params(5);
-    AdamWHyper h;
-    h.lr = 1e-2f;
-    h.clip = 0.05f;
-    LoraRun run;
-    for (int s = 0; s < steps; ++s) {
-        std::vector<int32_t> in(size_t(G * T * k)), tg(in.size());
-        test::random_batch(in, tg, cfg.vocab_size, uint64_t(300 + s));
-        const std::vector<int32_t> my_in = test::rank_rows(in, k, G, T, r, eo.B),
-                                   my_tg = test::rank_rows(tg, k, G, T, r, eo.B);
-        h.t = s + 1;
-        run.losses.push_back(e.train_step(my_in.data(), my_tg.data(), h).loss);
-    }
-    run.adapters = e.full_params();
-    run.base = e.base_weights();
-    run.planned_live = e.planned_peak_live();
-    run.planned_reserved = e.planned_reserved();
-    run.live_peak = e.ledger().live_peak();
-    run.reserved_peak = e.ledger().reserved_peak();
-    for (const auto & b : e.step().program().buffers())
-        if (b.persistent && (b.name == "parameters" || b.name == "parameters.quantized")) run.base_bytes += b.bytes;
-    return run;
+    return run_steps(e, cfg, G, T, k, steps, r, 300);
 }
 
 }  // namespace
@@ -101,25 +114,15 @@ TEST(Zero3, LoraShardsTheFrozenBaseAndEqualsOneProcess) {
                 // Each rank holds its shard: 1/N of the base's bytes, up to the shards' alignment.
                 EXPECT_LE(z3.base_bytes, one.base_bytes / uint64_t(N) + 2 * 64 * 4);
                 EXPECT_GE(z3.base_bytes * uint64_t(N), one.base_bytes);
-                // Measured = planned, in the arenas a real run uses.
-                const LoraRun mem = train(cfg, dt, bw, G, T, k, 1, &c, 3, false);
-                for (size_t cat = 0; cat < kCategoryCount; ++cat) {
-                    EXPECT_EQ(mem.planned_live.v[cat], mem.live_peak.v[cat]) << "live " << kCategoryNames[cat];
-                    EXPECT_EQ(mem.planned_reserved.v[cat], mem.reserved_peak.v[cat]) << "reserved " << kCategoryNames[cat];
-                }
+                expect_plan_is_measured(train(cfg, dt, bw, G, T, k, 1, &c, 3, false));
             }
 }
 
 namespace {
 
-struct TpLoraRun {
-    std::vector<float> losses, adapters, base;
-    CategoryBytes planned_live, planned_reserved, live_peak, reserved_peak;
-};
-
 // tp > 1: over the world as tp x dp, an nf4 base; else one process computing in fp32 with
 // `base` (the whole model's weights as the tensor-parallel run's kernels saw them).
-TpLoraRun train_tp(const ModelConfig & cfg, int tp, int k, int steps, const std::vector<float> & base, bool checking) {
+LoraRun train_tp(const ModelConfig & cfg, int tp, int k, int steps, const std::vector<float> & base, bool checking) {
     CpuBackend backend;
     std::unique_ptr<ProcessGroups> pg;
     EngineOptions eo;
@@ -144,25 +147,7 @@ TpLoraRun train_tp(const ModelConfig & cfg, int tp, int k, int steps, const std:
     Engine e(cfg, backend, eo);
     e.init_params(5);
     if (tp == 1) e.set_base(base.data());
-    AdamWHyper h;
-    h.lr = 1e-2f;
-    h.clip = 0.05f;
-    TpLoraRun run;
-    for (int s = 0; s < steps; ++s) {
-        std::vector<int32_t> in(size_t(G * T * k)), tg(in.size());
-        test::random_batch(in, tg, cfg.vocab_size, uint64_t(500 + s));
-        const std::vector<int32_t> my_in = test::rank_rows(in, k, G, T, dp_rank, eo.B),
-                                   my_tg = test::rank_rows(tg, k, G, T, dp_rank, eo.B);
-        h.t = s + 1;
-        run.losses.push_back(e.train_step(my_in.data(), my_tg.data(), h).loss);
-    }
-    run.adapters = e.full_params();
-    run.base = e.base_weights();
-    run.planned_live = e.planned_peak_live();
-    run.planned_reserved = e.planned_reserved();
-    run.live_peak = e.ledger().live_peak();
-    run.reserved_peak = e.ledger().reserved_peak();
-    return run;
+    return run_steps(e, cfg, G, T, k, steps, dp_rank, 500);
 }
 
 }  // namespace
@@ -177,8 +162,8 @@ TEST(TensorParallel, QloraEqualsOneProcessOnItsDequantizedBase) {
             // Every projection adapted: a column-parallel one's B split by rows, a row-parallel
             // one's A by columns (2 KV heads over 2 tensor ranks).
             const ModelConfig cfg = test::small_family(llama, 37, 64, 2, 4, 128);
-            const TpLoraRun tp = train_tp(cfg, 2, k, 3, {}, true);
-            const TpLoraRun one = train_tp(cfg, 1, k, 3, tp.base, true);
+            const LoraRun tp = train_tp(cfg, 2, k, 3, {}, true);
+            const LoraRun one = train_tp(cfg, 1, k, 3, tp.base, true);
             ASSERT_EQ(one.base, tp.base) << "the one process computes with the tensor-parallel run's base";
             for (size_t s = 0; s < one.losses.size(); ++s)
                 EXPECT_NEAR(tp.losses[s], one.losses[s], 2e-5 * std::fabs(one.losses[s])) << "step " << s;
@@ -189,10 +174,6 @@ TEST(TensorParallel, QloraEqualsOneProcessOnItsDequantizedBase) {
                 norm2 += std::pow(double(one.adapters[i]), 2);
             }
             EXPECT_LT(std::sqrt(diff2 / norm2), 1e-5) << "relative RMS adapter difference";
-            const TpLoraRun mem = train_tp(cfg, 2, k, 1, {}, false);
-            for (size_t cat = 0; cat < kCategoryCount; ++cat) {
-                EXPECT_EQ(mem.planned_live.v[cat], mem.live_peak.v[cat]) << "live " << kCategoryNames[cat];
-                EXPECT_EQ(mem.planned_reserved.v[cat], mem.reserved_peak.v[cat]) << "reserved " << kCategoryNames[cat];
-            }
+            expect_plan_is_measured(train_tp(cfg, 2, k, 1, {}, false));
         }
 }
