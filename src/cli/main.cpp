@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "app/trainer.h"
 #include "cli/commands.h"
 #include "cli/config_file.h"
+#include "cli/version.h"
 #include "core/error.h"
 
 namespace {
@@ -66,6 +68,17 @@ void take_stop_signals_early(int argc, char ** argv) {
     if (const int sig = g_early_signal) ::kill(::getpid(), sig);   // to the waiting thread, or the default action
 }
 
+// Every help opens with its usage line ("Usage: memfit plan [OPTIONS]"), then the description;
+// CLI11's order is the other way round. --help-all's sections (mode Sub) keep CLI11's layout.
+class UsageFirst final : public CLI::Formatter {
+public:
+    std::string make_help(const CLI::App * app, std::string name, CLI::AppFormatMode mode) const override {
+        if (mode == CLI::AppFormatMode::Sub) return CLI::Formatter::make_help(app, name, mode);
+        return make_usage(app, name) + "\n" + make_description(app) + make_positionals(app) + make_groups(app, mode) +
+               make_subcommands(app, mode) + "\n" + make_footer(app);
+    }
+};
+
 }  // namespace
 
 int main(int argc, char ** argv) {
@@ -78,9 +91,13 @@ int main(int argc, char ** argv) {
     // taking fd 1 and filling with progress text): point it at /dev/null first.
     for (int fd = 0; fd <= 2; ++fd)
         if (::fcntl(fd, F_GETFD) == -1 && ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY) != fd) return 1;
-    CLI::App app{"memfit: train transformer language models inside a memory budget"};
+    // The name makes the help's usage lines "Usage: memfit [OPTIONS] SUBCOMMAND", "Usage: memfit plan ...".
+    CLI::App app{"memfit: train transformer language models inside a memory budget", "memfit"};
+    app.formatter(std::make_shared<UsageFirst>());   // before the subcommands, which take it from app
     app.require_subcommand(1);
     app.set_help_all_flag("--help-all", "help for every command");
+    app.set_version_flag("--version", memfit::cli::version_text,
+                         "the version, the git revision and build type, the CPU features and CUDA devices found");
     memfit::cli::add_data_commands(app);
     memfit::cli::add_train_commands(app);
     memfit::cli::add_model_commands(app);
@@ -94,6 +111,8 @@ int main(int argc, char ** argv) {
     } catch (const CLI::CallForHelp & e) {
         return app.exit(e);
     } catch (const CLI::CallForAllHelp & e) {
+        return app.exit(e);
+    } catch (const CLI::CallForVersion & e) {
         return app.exit(e);
     } catch (const CLI::ConversionError & e) {
         // CLI11's "Could not convert: --steps = 1e30": the flag, the value and what it takes.

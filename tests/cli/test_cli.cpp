@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 
@@ -31,6 +32,24 @@ TEST(Cli, TrainHelpNamesEveryChoice) {
     ASSERT_EQ(h.code, 0) << h.err;
     EXPECT_NE(h.out.find("a Hugging Face config.json (GPT-2 or LLaMA)"), std::string::npos) << h.out;
     EXPECT_NE(h.out.find("interleaved:V"), std::string::npos) << h.out;
+}
+
+// --version's first line names the version, the git revision and the build type, then a cpu and a
+// cuda line (with or without a GPU, exit 0); the help's usage lines name the program.
+TEST(Cli, VersionAndUsageNameTheProgram) {
+    const CmdResult v = run_memfit("--version");
+    ASSERT_EQ(v.code, 0) << v.err;
+    const std::string first = v.out.substr(0, v.out.find('\n'));
+    const std::regex first_line(R"(memfit [0-9]+\.[0-9]+\.[0-9]+ \(([0-9a-f]{7,}(-dirty)?|unknown), [A-Za-z]+\))");
+    EXPECT_TRUE(std::regex_match(first, first_line)) << first;
+    EXPECT_NE(v.out.find("\ncpu: "), std::string::npos) << v.out;
+    EXPECT_NE(v.out.find("\ncuda: "), std::string::npos) << v.out;
+    const CmdResult h = run_memfit("--help");
+    ASSERT_EQ(h.code, 0) << h.err;
+    EXPECT_EQ(h.out.find("Usage: memfit [OPTIONS] SUBCOMMAND"), 0u) << h.out;
+    const CmdResult p = run_memfit("plan --help");
+    ASSERT_EQ(p.code, 0) << p.err;
+    EXPECT_NE(p.out.find("Usage: memfit plan [OPTIONS]"), std::string::npos) << p.out;
 }
 
 TEST(Cli, MissingDataFolder) {
