@@ -4,7 +4,7 @@
 # precision and recompute policies. Each cell trains STEPS steps on the bundled corpus and takes
 # the median of metrics.jsonl's step times after the first (warm-up) step; the plan is the same
 # configuration fixed (--gpus 1 --micro-batch B --recompute R --attention flash). Prints the
-# table docs/planner.md shows: planned s, measured s, ratio. Cells: "model batch seq precision
+# table docs/plan.md shows: planned s, measured s, ratio. Cells: "model batch seq precision
 # recompute", space-separated, one per line in CELLS. About 10 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -241,7 +241,7 @@ void add_plan_commands(CLI::App & app) {
                 "also rank layouts memfit train does not run yet (parameter offload, ...: docs/parallel.md), each "
                 "marked with the reason; default: counted, not listed");
     p->add_flag("--wide", f.wide, "every column at full width and a bar of the bytes per row (over 120 columns)");
-    p->add_flag("--json", f.json, "print the result as JSON (docs/planner.md)");
+    p->add_flag("--json", f.json, "print the result as JSON (docs/plan.md)");
     p->add_flag("--min-gpus", f.min_gpus, "find the fewest devices of this kind that fit the run, and its best layout");
     p->add_flag("--max-seq", f.max_seq, "find the longest sequence (in steps of 128 tokens) that fits, and its layout");
     p->add_flag("--max-micro-batch", f.max_micro_batch,

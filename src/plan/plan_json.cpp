@@ -1,4 +1,4 @@
-// `memfit plan --json` (docs/planner.md, "JSON").
+// `memfit plan --json` (docs/plan.md, "JSON").
 #include <fmt/format.h>
 
 #include "plan/launch.h"

@@ -17,7 +17,7 @@ namespace memfit {
 const char * const kExactMeaning =
     "exact = the byte-exact step program of memfit's engine for this backend, recorded and placed as memfit train "
     "does (measured equal on CPUs; on GPUs the CUDA backend's accounting, measured on one H200); model = the "
-    "analytic model (docs/planner.md)";
+    "analytic model (docs/plan.md)";
 
 namespace {
 

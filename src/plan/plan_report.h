@@ -2,7 +2,7 @@
 // device, step time, tokens/s, MFU, whether the bytes are the engine's exact program), what the
 // words mean, the best row's bytes by category and the command that runs it, the rejected
 // candidates with what would make them fit (--explain), and the same as JSON (--json;
-// docs/planner.md documents it). Lines fit 120 columns unless `wide` (every column, the bar).
+// docs/plan.md documents it). Lines fit 120 columns unless `wide` (every column, the bar).
 #pragma once
 
 #include <string>

@@ -15,7 +15,7 @@ struct LoraPlan;      // plan/lora_plan.h
 struct DistillPlan;   // plan/distill_plan.h
 
 // The time model's efficiencies where a catalog entry does not state its own: H100's, fitted
-// on the published runs of docs/planner.md (hardware.json's notes say where each comes from).
+// on the published runs of docs/plan.md (hardware.json's notes say where each comes from).
 constexpr double kDefaultMatmulEfficiency = 0.53;
 constexpr double kDefaultAttentionEfficiency = 0.16;
 constexpr double kDefaultBandwidthEfficiency = 0.40;

@@ -96,7 +96,7 @@
 // of Ψ); ZeRO-3 gathers the base (as stored) and the adapters. MFU counts 4 N + 6 Ψ_A + 12 L H T
 // model FLOPs per token (no weight gradients for the base).
 //
-// Calibration (docs/planner.md): each hardware entry states the fractions of its peaks that
+// Calibration (docs/plan.md): each hardware entry states the fractions of its peaks that
 // training reaches: matmul_eff, attention_eff (flash, on the causal FLOPs it performs) and
 // bandwidth_eff. They were fitted, minimizing the worst ratio, on the published runs of
 // tests/data/published_runs.json (llm-foundry's MPT table under FSDP, torchtitan's Llama 3.1 8B):

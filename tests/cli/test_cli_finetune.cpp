@@ -1,5 +1,5 @@
-// Fine-tuning end to end as a user of torchtune, Unsloth or PEFT would run it: the README's
-// recipe (read from README.md, run as written on a tiny Llama with a 259-token ChatML tokenizer),
+// Fine-tuning end to end as a user of torchtune, Unsloth or PEFT would run it: docs/fine-tune.md's
+// recipe (read from docs/fine-tune.md, run as written on a tiny Llama with a 259-token ChatML tokenizer),
 // the defaults a fine-tune takes (and a pretraining run keeps), the final checkpoint every run
 // writes, and generation from a checkpoint folder and from a base with a PEFT adapter.
 #include <gtest/gtest.h>
@@ -31,7 +31,7 @@ std::string slurp(const fs::path & p) {
     return ss.str();
 }
 
-// `memfit ARGS` run inside `dir` (the README's commands use relative paths).
+// `memfit ARGS` run inside `dir` (the recipe's commands use relative paths).
 CmdResult run_in(const fs::path & dir, const std::string & args) { return cli_test::run_memfit(args, dir); }
 
 // A folder with chat.jsonl (40 conversations), its prepared data (chat-data, the tiny tokenizer)
@@ -64,10 +64,10 @@ fs::path chat_workspace(const std::string & name, const std::string & base = "ba
     return dir;
 }
 
-// The README's fine-tune recipe: the code block that starts with `memfit prepare --format jsonl`,
+// docs/fine-tune.md's recipe: the code block that starts with `memfit prepare --format jsonl`,
 // its lines joined where they end in a backslash.
 std::vector<std::string> readme_recipe() {
-    std::istringstream in(slurp(std::string(MEMFIT_SOURCE_DIR) + "/README.md"));
+    std::istringstream in(slurp(std::string(MEMFIT_SOURCE_DIR) + "/docs/fine-tune.md"));
     std::vector<std::string> cmds;
     std::string line;
     bool inside = false;
@@ -87,7 +87,7 @@ std::vector<std::string> readme_recipe() {
 
 TEST(FineTune, TheReadmeRecipeRunsAsWritten) {
     const std::vector<std::string> recipe = readme_recipe();
-    ASSERT_EQ(recipe.size(), 4u) << "README.md's fine-tune recipe: prepare, train, export, generate";
+    ASSERT_EQ(recipe.size(), 4u) << "docs/fine-tune.md's recipe: prepare, train, export, generate";
     const fs::path dir = chat_workspace("recipe", "llama3-8b-instruct");
     std::vector<CmdResult> out;
     for (const std::string & cmd : recipe) {

@@ -137,13 +137,13 @@ TEST(PlanToRun, ContradictionsAreOneClearLine) {
     for (const auto & b : no_json["best"]) EXPECT_FALSE(b["layout"]["sp"].get<bool>());
 }
 
-// Every search docs/planner.md shows (each line of a code block that starts with `build/memfit
+// Every search docs/plan.md shows (each line of a code block that starts with `build/memfit
 // plan`) runs, and lists only what fits: every row at most the device's memory, by the bytes it
 // carries, and train's verdict on each. The documentation cannot drift into a crash or a row that
 // does not fit.
 TEST(PlanToRun, EveryDocumentedSearchListsOnlyWhatFits) {
-    std::ifstream doc(std::string(MEMFIT_SOURCE_DIR) + "/docs/planner.md");
-    ASSERT_TRUE(doc) << "docs/planner.md";
+    std::ifstream doc(std::string(MEMFIT_SOURCE_DIR) + "/docs/plan.md");
+    ASSERT_TRUE(doc) << "docs/plan.md";
     std::string line;
     int searches = 0;
     while (std::getline(doc, line)) {

@@ -2,7 +2,7 @@
 // table and torchtitan's Llama 3.1 8B, each with its exact configuration): every run's predicted
 // tokens/s per GPU within 20% of the published figure, with the run's own layout fixed, and no
 // layout predicted to beat the best published MFU on its hardware by more than 20%. Prints the
-// table docs/planner.md shows:
+// table docs/plan.md shows:
 //   build/memfit_tests --gtest_filter='TimeCalibration.*'
 #include <gtest/gtest.h>
 
