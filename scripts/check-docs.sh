@@ -10,6 +10,9 @@
 #                              output: rerun the command and compare line for line; a line `...`
 #                              stands for any lines. --update rewrites such blocks (those without
 #                              `...`) from the program's output instead.
+#   <!-- check: defaults of memfit SUB -->  a table whose rows start | `--flag`, `--flag2` | default,
+#                              default2 |: each default must be the one SUB's --help shows (where it
+#                              shows one)
 # and one mark for figures quoted in prose:
 #   <!-- check: quotes "FIGURE" ... in: memfit ARGS -->   each FIGURE must appear in the output.
 # Every `memfit SUBCOMMAND --flag` in any code block of the files must name a flag that
@@ -30,7 +33,7 @@ while [ $# -gt 0 ]; do
     --all) ALL=1 ;;
     --update) UPDATE=1 ;;
     --memfit) MEMFIT="$2"; shift ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "check-docs: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) FILES+=("$1") ;;
   esac
@@ -102,6 +105,25 @@ check_flags() {   # file line text
   done
 }
 
+# A table's rows `| \`--a\`, \`--b\` | x (note), y | ...`: each default against --help's `--a TYPE=x`.
+check_defaults() {   # file line sub table-file
+  local flags defaults i flag want have
+  memfit "$3" --help >"$WORK/help.$3" 2>&1
+  while IFS= read -r row; do
+    flags="$(cut -d'|' -f2 <<<"$row")"
+    defaults="$(cut -d'|' -f3 <<<"$row" | sed -E 's/\([^)]*\)//g; s/`//g')"
+    [[ "$flags" == *--* ]] || continue
+    i=0
+    while IFS= read -r flag; do
+      i=$((i + 1))
+      want="$(cut -d, -f"$i" <<<"$defaults" | xargs)"
+      have="$(sed -nE "s/^ *$flag [A-Z]+[^ =]*=([^ ]+) .*/\1/p" "$WORK/help.$3" | head -1)"
+      if [ -z "$have" ] || [ -z "$want" ]; then continue; fi
+      [ "$want" = "$have" ] || fail "$1" "$2" "$flag: the table says default $want, memfit $3 --help says $have"
+    done < <(grep -oE -- '--[a-z][a-z0-9-]*' <<<"$flags")
+  done <"$4"
+}
+
 run_block() {   # file line slow body-file
   local dir
   if [ "$3" = slow ] && [ $ALL -eq 0 ]; then return; fi
@@ -155,7 +177,7 @@ quotes() {   # file line mark
 }
 
 check_file() {
-  local f="$1" mark="" inblock=0 start=0 lineno=0 line body out cmdline=""
+  local f="$1" mark="" inblock=0 start=0 lineno=0 line body out cmdline="" sub
   body="$WORK/body"
   out="$WORK/updated"
   : >"$out"
@@ -163,8 +185,18 @@ check_file() {
     lineno=$((lineno + 1))
     if [ $inblock -eq 0 ]; then
       echo "$line" >>"$out"
+      if [[ "$mark" == '<!-- check: defaults of memfit '* ]]; then
+        if [[ "$line" == '|'* ]]; then echo "$line" >>"$WORK/table"; continue; fi
+        if [ -s "$WORK/table" ]; then
+          sub="${mark#*of memfit }"
+          check_defaults "$f" "$lineno" "${sub%% *}" "$WORK/table"
+          CHECKED=$((CHECKED + 1))
+          mark=""
+        fi
+      fi
       case "$line" in
         '<!-- check: quotes '*) quotes "$f" "$lineno" "$line" ;;
+        '<!-- check: defaults of memfit '*) mark="$line"; : >"$WORK/table"; continue ;;
         '<!-- check: '*) mark="$line" ;;
         '```'*) inblock=1; start=$lineno; : >"$body" ;;
         *) [ -n "${line// /}" ] && mark="" ;;
