@@ -14,7 +14,8 @@
 #                              default2 |: each default must be the one SUB's --help shows (where it
 #                              shows one)
 # and one mark for figures quoted in prose:
-#   <!-- check: quotes "FIGURE" ... in: memfit ARGS -->   each FIGURE must appear in the output.
+#   <!-- check: quotes "FIGURE" ... in: memfit ARGS -->   each FIGURE must appear in the output and
+#                              in the paragraph or table under the mark.
 # Every `memfit SUBCOMMAND --flag` in any code block of the files must name a flag that
 # SUBCOMMAND's --help lists (a renamed flag fails even in a block that is not run).
 #
@@ -48,6 +49,8 @@ mkdir -p "$WORK/bin" "$WORK/help"
 ln -s "$(cd "$(dirname "$MEMFIT")" && pwd)/$(basename "$MEMFIT")" "$WORK/bin/memfit"
 export PATH="$WORK/bin:$PATH"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
+# The docs' mpirun lines as a user types them; CI runs as root, which OpenMPI refuses unless told.
+if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 FAILED=0
 CHECKED=0
 
@@ -65,8 +68,9 @@ scratch() {
   echo "$d"
 }
 
-# What varies from run to run in output the docs quote: the search's wall time.
-normalize() { sed -E 's/(configurations evaluated, .*), [0-9.]+ s$/\1, T s/'; }
+# What varies from run to run, or with the cores, in output the docs quote: the search's wall
+# time and how many exact programs it recorded ahead (up to one per core).
+normalize() { sed -E 's/(configurations evaluated, .*), [0-9]+ engine programs recorded, [0-9.]+ s$/\1, N engine programs recorded, T s/'; }
 
 # Expected (with `...` lines) against actual; 0 when they match.
 matches() {
@@ -97,7 +101,7 @@ check_flags() {   # file line text
   sub="$(sed -nE 's#^[[:space:]]*(\$ )?([A-Za-z_]+=[^ ]* )*((mpirun|srun) .*)?(build/)?memfit ([a-z]+)( .*)?$#\6#p' <<<"$3")"
   [ -n "$sub" ] || return 0
   if [ ! -f "$WORK/help/$sub" ]; then
-    memfit "$sub" --help >"$WORK/help/$sub" 2>&1 || { fail "$1" "$2" "memfit $sub: not a command"; : >"$WORK/help/$sub"; return; }
+    memfit "$sub" --help </dev/null >"$WORK/help/$sub" 2>&1 || { fail "$1" "$2" "memfit $sub: not a command"; : >"$WORK/help/$sub"; return; }
   fi
   [ -s "$WORK/help/$sub" ] || return 0
   for flag in $(grep -oE '(^| )--[a-z][a-z0-9-]*' <<<"${3#*memfit "$sub"}" | tr -d ' ' | sort -u); do
@@ -129,7 +133,7 @@ run_block() {   # file line slow body-file
   if [ "$3" = slow ] && [ $ALL -eq 0 ]; then return; fi
   dir="$(scratch "$2")"
   CHECKED=$((CHECKED + 1))
-  if ! (cd "$dir" && bash -e "$4") >"$WORK/out" 2>&1; then
+  if ! (cd "$dir" && bash -e "$4") </dev/null >"$WORK/out" 2>&1; then
     fail "$1" "$2" "the block did not run (exit non-zero); its output's tail:" <(tail -20 "$WORK/out")
   fi
 }
@@ -147,7 +151,7 @@ output_block() {   # file line body-file; prints the new block on stdout under -
   tail -n +$((n + 1)) "$3" >"$WORK/expected"
   dir="$(scratch "$2")"
   CHECKED=$((CHECKED + 1))
-  (cd "$dir" && bash -c "$cmd") >"$WORK/raw" 2>&1
+  (cd "$dir" && bash -c "$cmd") </dev/null >"$WORK/raw" 2>&1
   if [ $UPDATE -eq 1 ] && ! grep -qx '\.\.\.' "$WORK/expected"; then
     head -n "$n" "$3"
     cat "$WORK/raw"
@@ -169,10 +173,13 @@ quotes() {   # file line mark
   figures="${spec%% in: *}"
   dir="$(scratch "$2")"
   CHECKED=$((CHECKED + 1))
-  (cd "$dir" && bash -c "$cmd") >"$WORK/actual" 2>&1
+  (cd "$dir" && bash -c "$cmd") </dev/null >"$WORK/actual" 2>&1
+  # The paragraph (or table) under the mark: up to its first blank line.
+  tail -n +$(($2 + 1)) "$1" | awk '/^<!-- check: / { next } NF == 0 && seen { exit } NF { seen = 1; print }' >"$WORK/para"
   while IFS= read -r fig; do
     [ -n "$fig" ] || continue
     grep -qF -- "$fig" "$WORK/actual" || fail "$1" "$2" "\"$fig\" is not in the output of \`$cmd\`"
+    grep -qF -- "$fig" "$WORK/para" || fail "$1" "$2" "\"$fig\" is checked but not quoted in the paragraph under the mark"
   done < <(grep -oE '"[^"]*"' <<<"$figures" | sed 's/^"//; s/"$//')
 }
 

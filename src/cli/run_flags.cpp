@@ -187,7 +187,8 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                    "updates are kept in expectation)"));
         keep(c->add_option("--offload-fraction", r.offload_fraction,
                            "with --offload optimizer: the share of each rank's master weights and moments offloaded, "
-                           "from the first parameter on in units of 2^18 elements (Megatron's "
+                           "from the first parameter on in whole units (2^18 elements; past a shard of 64 Mi elements about "
+                           "a 256th of it, at most 4 Mi), so slightly more than F (Megatron's "
                            "--optimizer-offload-fraction)")
                  ->capture_default_str());
         keep(c->add_option("--offload-dir", r.offload_dir,
