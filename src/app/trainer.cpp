@@ -332,7 +332,10 @@ void TrainingRun::build() {
                     engine.step().program().num_ops(), precision_name(eo_.compute),
                     eo_.compute == DType::f32 ? ""
                         : fmt::format(" with fp32 master weights, {} gradients{}", precision_name(eo_.grad_dtype()),
-                                      accum_ > 1 ? " (accumulated over micro-batches)" : ""),
+                                      accum_ <= 1 ? ""
+                                      : eo_.zero >= 2 ? fmt::format(" (accumulated in the shard; each micro-batch's "
+                                                                    "buckets {})", precision_name(eo_.compute))
+                                                      : " (accumulated over micro-batches)"),
                     engine.plan().peak_op, engine.step().program().ops()[size_t(engine.plan().peak_op)].name,
                     format_plan_table(plan_live, plan_rsv)));
     if (eo_.budget)

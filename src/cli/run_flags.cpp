@@ -50,8 +50,8 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                        "train_micro_batch_size_per_gpu); activations grow with it")
              ->default_str("8")->check(kPositive));
     keep(c->add_option("--grad-accum", r.grad_accum,
-                       "micro-batches accumulated per optimizer step (gradients in fp32 when > 1, no extra "
-                       "activations)")
+                       "micro-batches accumulated per optimizer step (gradients in fp32 when > 1: under --zero 2/3 "
+                       "the shard, each micro-batch reduce-scattered into it; no extra activations)")
              ->default_str("1")->check(kPositive));
     keep(c->add_option("--global-batch", r.global_batch,
                        "sequences per optimizer step: micro-batch x grad-accum x data-parallel ranks (give any two of "

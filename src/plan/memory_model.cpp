@@ -138,7 +138,8 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     uint64_t comm = 0;
     if (L.zero >= 3 || L.offload == Offload::optimizer_params) comm += gathered;
     // Two gradient buckets: one moving, one filling (LoRA: at most the adapters' gradients).
-    const uint64_t bucket = lp ? std::min(uint64_t(kBucketBytes), uint64_t(lp->adapters) * (c.grad_accum > 1 ? 4 : s))
+    const uint64_t bucket = lp ? std::min(uint64_t(kBucketBytes),
+                                          uint64_t(lp->adapters) * (c.grad_accum > 1 && L.zero < 2 ? 4 : s))
                                : uint64_t(kBucketBytes);
     if (L.dp > 1 || L.offload == Offload::optimizer_params) comm += 2 * bucket;
 

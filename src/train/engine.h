@@ -50,7 +50,8 @@ struct EngineOptions {
     int      grad_accum = 1;         // micro-batches of B sequences per optimizer step
     // Storage of weights and activations. bf16/f16 add fp32 master weights (counted with the
     // optimizer states, as in the ZeRO paper); gradients are stored in the compute dtype for one
-    // micro-batch and in fp32 when accumulated over several.
+    // micro-batch and in fp32 when accumulated over several (ZeRO >= 2: the shard in fp32, each
+    // micro-batch's buckets in the compute dtype).
     DType    compute = DType::f32;
     // AdamW's moments: f32, bf16 (--optimizer adamw-bf16: 4 bytes per parameter, not 8) or u8
     // (adamw-8bit: 8-bit codes and block scales, backend/moments8.h). The kernels update them in

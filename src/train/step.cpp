@@ -279,9 +279,10 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
     const Tensor tok(tokens, DType::i32, {b, t}), tgt(targets, DType::i32, {b, t});
     const Tensor loss(losses, DType::f32, {b, t});
     const bool train = mode_ == StepMode::train, zero3 = dp_.zero >= 3;
-    // A pipeline's micro-batches accumulate into the gradient shard (ZeRO >= 2) from zero.
+    // A pipeline's micro-batches, and 16-bit buckets, accumulate into the gradient shard (ZeRO >=
+    // 2) from zero.
     const bool accumulate_shard = pp_.enabled() && reduce_scatter_;
-    if (train && parts_.zero_grads && (!reduce_scatter_ || accumulate_shard)) {
+    if (train && parts_.zero_grads && (!reduce_scatter_ || accumulate_shard || widen_)) {
         g.phase(Phase::other);
         g.fill_zero(Tensor(grads, grad_dt_, {reduce_scatter_ ? int64_t(S_) : P}));
     }

@@ -45,7 +45,7 @@ void TrainStep::declare_fixups(const ModelConfig & cfg, const ModelOptions & mod
         for (const auto & k : buckets_)   // ZeRO >= 2: summed in the rest's bucket, before its reduce-scatter
             if (reduce_scatter_ && table->offset >= k.a && table->offset < k.b)
                 tied_grad_ = grad_view(k).view(int64_t(table->offset - k.a), {int64_t(table->numel)});
-        if (const size_t wide = step_scratch_elems(sizing, grad_dt_, 2, table->numel))
+        if (const size_t wide = step_scratch_elems(sizing, tied_grad_.dtype, 2, table->numel))
             tied_scratch_ = Tensor(program_.declare("communication.tied_embedding", Category::communication,
                                                     wide * 4),
                                    DType::f32, {int64_t(wide)});

@@ -39,8 +39,8 @@ void for_each_view(ModelWeights & w, F f) {
 // Elements [a, b) of a flat buffer moved into their own buffer `to`.
 struct Range { size_t a, b; BufferId to; };
 
-// Moves every view of w into `flat` (dtype dt) to the range's buffer that holds it.
-void remap(ModelWeights & w, BufferId flat, DType dt, const std::vector<Range> & ranges) {
+// Moves every view of w into `flat` (dtype dt) to the range's buffer that holds it, of dtype `to`.
+void remap(ModelWeights & w, BufferId flat, DType dt, const std::vector<Range> & ranges, DType to) {
     const size_t es = dtype_size(dt);
     for_each_view(w, [&](Tensor & t) {
         if (!t.valid() || t.buffer != flat) return;
@@ -49,7 +49,8 @@ void remap(ModelWeights & w, BufferId flat, DType dt, const std::vector<Range> &
             if (e >= r.a && e < r.b) {
                 MF_ASSERT(e + size_t(t.numel()) <= r.b && "a weight view spans two groups");
                 t.buffer = r.to;
-                t.offset = (e - r.a) * es;
+                t.offset = (e - r.a) * dtype_size(to);
+                t.dtype = to;
                 return;
             }
         MF_ASSERT(false && "a weight view outside every group");
@@ -60,7 +61,11 @@ void remap(ModelWeights & w, BufferId flat, DType dt, const std::vector<Range> &
 
 void TrainStep::declare_sync(const Backend * sizing, const std::string & pre) {
     const bool train = mode_ == StepMode::train;
-    const size_t gs = dtype_size(grad_dt_);
+    all_reduce_ = train && parts_.optimizer && parts_.reduce_grads && dp_.zero < 2;
+    reduce_scatter_ = train && dp_.zero >= 2;
+    bucket_dt_ = reduce_scatter_ ? compute_ : grad_dt_;
+    widen_ = bucket_dt_ != grad_dt_;
+    const size_t gs = dtype_size(bucket_dt_);
     // Groups (runs of one layer's parameters) and the gradient buckets over them, merged from the
     // top layer down until a bucket holds bucket_bytes.
     for (const auto & p : layout_.params) {
@@ -80,8 +85,6 @@ void TrainStep::declare_sync(const Backend * sizing, const std::string & pre) {
             buckets_.push_back(Bucket{top, q.layer, q.a, q.b, {}});
         }
     }
-    all_reduce_ = train && parts_.optimizer && parts_.reduce_grads && dp_.zero < 2;
-    reduce_scatter_ = train && dp_.zero >= 2;
     copies_ = pp_.enabled() && dp_.zero >= 2 ? pp_.micro_batches : 1;
     dws_.assign(size_t(copies_), dw_);
     auto suffix = [&](bool per_copy, int c) { return per_copy && copies_ > 1 ? fmt::format(".mb{}", c) : std::string(); };
@@ -91,9 +94,10 @@ void TrainStep::declare_sync(const Backend * sizing, const std::string & pre) {
         // Sized for the rank with the most of the bucket, so that every rank's plan is the same.
         const size_t most = most_in_shard(k.a, k.b);
         // A 16-bit sum's fp32 copies (MPI sums fp32), from the transfer's start to its wait.
-        const size_t wide = step_scratch_elems(sizing, grad_dt_, dp_.ranks, k.b - k.a);
+        const size_t wide = step_scratch_elems(sizing, bucket_dt_, dp_.ranks, k.b - k.a);
         // Accumulating (micro-steps, or a pipeline's micro-batches into one shard): through recv.
-        const bool accumulate = !parts_.zero_grads || (copies_ > 1 && k.top >= 0);
+        // 16-bit buckets into the fp32 shard: in place, into the bucket's own part (no recv).
+        const bool accumulate = !widen_ && (!parts_.zero_grads || (copies_ > 1 && k.top >= 0));
         for (int c = 0; c < copies_; ++c) {
             if (c > 0 && k.top < 0) {   // the rest's gradients accumulate over the step in one bucket
                 k.copy.push_back(k.copy.front());
@@ -112,7 +116,8 @@ void TrainStep::declare_sync(const Backend * sizing, const std::string & pre) {
             k.copy.push_back(bb);
         }
     }
-    for (int c = 0; reduce_scatter_ && c < copies_; ++c) remap(dws_[size_t(c)], grads, grad_dt_, grad_ranges[size_t(c)]);
+    for (int c = 0; reduce_scatter_ && c < copies_; ++c)
+        remap(dws_[size_t(c)], grads, grad_dt_, grad_ranges[size_t(c)], bucket_dt_);
     wf_.assign(size_t(copies_), w_);
     wb_ = wf_;
     if (dp_.zero < 3) return;
@@ -139,8 +144,8 @@ void TrainStep::declare_sync(const Backend * sizing, const std::string & pre) {
     for (int c = 0; c < copies_; ++c)
         for (int k = 0; k < 3; ++k) {
             if (sources_[k].flat < 0) continue;
-            remap(wf_[size_t(c)], sources_[k].flat, sources_[k].dt, fwd[size_t(c * 3 + k)]);
-            remap(wb_[size_t(c)], sources_[k].flat, sources_[k].dt, bwd[size_t(c * 3 + k)]);
+            remap(wf_[size_t(c)], sources_[k].flat, sources_[k].dt, fwd[size_t(c * 3 + k)], sources_[k].dt);
+            remap(wb_[size_t(c)], sources_[k].flat, sources_[k].dt, bwd[size_t(c * 3 + k)], sources_[k].dt);
         }
 }
 
@@ -164,7 +169,7 @@ void TrainStep::frozen_groups() {
 Tensor TrainStep::grad_view(const Bucket & k, int copy) const {
     const int64_t n = int64_t(k.b - k.a);
     const BufferId id = k.copy.empty() ? -1 : k.copy[size_t(copy)].grad;
-    return id >= 0 ? Tensor(id, grad_dt_, {n}) : Tensor(grads, grad_dt_, {n}, k.a * dtype_size(grad_dt_));
+    return id >= 0 ? Tensor(id, bucket_dt_, {n}) : Tensor(grads, grad_dt_, {n}, k.a * dtype_size(grad_dt_));
 }
 
 TrainStep::Sync::Sync(const TrainStep & st)
@@ -221,13 +226,19 @@ Tensor TrainStep::Sync::shard_piece(const Bucket & k) const {
 // none of the bucket, so that all ranks' plans are the same), then added to the shard.
 Tensor TrainStep::Sync::receive(const Bucket & k, int copy) const {
     const BufferId id = k.copy[size_t(copy)].recv;
-    return id >= 0 ? Tensor(id, st_.grad_dt_, {int64_t(st_.program_.buffer(id).bytes / dtype_size(st_.grad_dt_))})
-                   : Tensor{};
+    const DType dt = st_.bucket_dt_;
+    return id >= 0 ? Tensor(id, dt, {int64_t(st_.program_.buffer(id).bytes / dtype_size(dt))}) : Tensor{};
 }
 
 Tensor TrainStep::Sync::scratch(const Bucket & k, int copy) const {
     const BufferId id = k.copy[size_t(copy)].scratch;
     return id >= 0 ? Tensor(id, DType::f32, {int64_t(st_.program_.buffer(id).bytes / 4)}) : Tensor{};
+}
+
+// 16-bit buckets (widen_): this rank's part of the bucket, where its sum lands in place.
+Tensor TrainStep::Sync::own_part(const Bucket & k, int copy) const {
+    const size_t mine = st_.in_shard(k.a, k.b, st_.dp_.rank);
+    return mine ? st_.grad_view(k, copy).view(int64_t(std::max(k.a, st_.lo_) - k.a), {int64_t(mine)}) : Tensor{};
 }
 
 void TrainStep::Sync::start(Graph & g, int i, int copy) {
@@ -236,8 +247,8 @@ void TrainStep::Sync::start(Graph & g, int i, int copy) {
         g.all_reduce_start(st_.grad_view(k, copy), i, scratch(k, copy));
     } else {
         const Tensor recv = receive(k, copy);
-        g.reduce_scatter_start(st_.grad_view(k, copy), recv.valid() ? recv : shard_piece(k),
-                               st_.shard_counts(k.a, k.b), i, scratch(k, copy));
+        const Tensor out = st_.widen_ ? own_part(k, copy) : recv.valid() ? recv : shard_piece(k);
+        g.reduce_scatter_start(st_.grad_view(k, copy), out, st_.shard_counts(k.a, k.b), i, scratch(k, copy));
     }
 }
 
@@ -249,7 +260,10 @@ void TrainStep::Sync::finish(Graph & g, int i, int copy) {
     }
     const Tensor mine = shard_piece(k), recv = receive(k, copy);
     g.comm_wait(i, {st_.grad_view(k, copy), recv.valid() ? recv : mine, scratch(k, copy)});
-    if (recv.valid() && mine.valid()) g.residual_fwd(mine, mine, recv.view(0, {mine.numel()}));
+    if (!mine.valid()) return;
+    const int64_t n = mine.numel();
+    if (st_.widen_) g.add_columns(mine.view(0, {1, n}), own_part(k, copy).view(0, {1, n}), 0, 1.0f);   // into fp32
+    else if (recv.valid()) g.residual_fwd(mine, mine, recv.view(0, {n}));
 }
 
 // ZeRO 3 before layer l's forward: its weights awaited, the next layer's gather started.

@@ -41,6 +41,7 @@ private:
     int slot(int group, bool backward) const { return nb_ + group + (backward ? ng_ : 0); }
     Tensor shard_piece(const Bucket & k) const;
     Tensor receive(const Bucket & k, int copy) const;
+    Tensor own_part(const Bucket & k, int copy) const;
     Tensor scratch(const Bucket & k, int copy) const;
     void start(Graph & g, int bucket, int copy);
     void finish(Graph & g, int bucket, int copy);

@@ -85,7 +85,7 @@ TEST(ZeroOneProcess, EveryStageTrainsBitwiseLikeStageZero) {
                             if (k == 1 || zero < 2) {
                                 EXPECT_EQ(ref.losses, z.losses);
                                 EXPECT_EQ(0, std::memcmp(ref.params.data(), z.params.data(), ref.params.size() * 4));
-                            } else {
+                            } else if (dt == DType::f32) {
                                 // Accumulating, stage 0 adds each micro-batch's weight gradients into
                                 // one buffer, stages 2-3 sum a micro-batch's bucket and then add it to
                                 // the shard: the same sums, rounded in another order.
@@ -95,6 +95,21 @@ TEST(ZeroOneProcess, EveryStageTrainsBitwiseLikeStageZero) {
                                 for (size_t i = 0; i < ref.params.size(); ++i)
                                     worst = std::max(worst, double(std::fabs(ref.params[i] - z.params[i])));
                                 EXPECT_LT(worst, 1e-4);
+                            } else {
+                                // bf16, stages 2-3: each micro-batch's gradients rounded to bf16 in
+                                // their bucket before the fp32 shard sums them (FSDP's and DeepSpeed's
+                                // mixed precision); stage 0 sums them in fp32. Losses within bf16's
+                                // rounding; AdamW's first steps move a weight by about lr whatever its
+                                // gradient's size, so where micro-batches' gradients cancel a weight
+                                // can move the other way: bounded over the whole model, not one by one.
+                                for (size_t s = 0; s < ref.losses.size(); ++s)
+                                    EXPECT_NEAR(ref.losses[s], z.losses[s], 1e-3 * ref.losses[s]);
+                                double d2 = 0, r2 = 0;
+                                for (size_t i = 0; i < ref.params.size(); ++i) {
+                                    d2 += double(ref.params[i] - z.params[i]) * double(ref.params[i] - z.params[i]);
+                                    r2 += double(ref.params[i]) * double(ref.params[i]);
+                                }
+                                EXPECT_LT(std::sqrt(d2 / r2), 0.02) << std::sqrt(d2 / r2);
                             }
                             EXPECT_EQ(z.state.offset, 0u);
                             EXPECT_EQ(z.state.total, ref.params.size());
@@ -141,4 +156,48 @@ TEST(ZeroOneProcess, BadStageAndSegmentsAreClearErrors) {
     } catch (const ConfigError & e) {
         EXPECT_NE(std::string(e.what()).find("--zero 3"), std::string::npos) << e.what();
     }
+}
+
+// ZeRO 2/3 with accumulation in bf16 (FSDP's and DeepSpeed's mixed precision): each micro-batch's
+// buckets stay bf16, reduce-scattered in place and added into the fp32 shard, so the gradient
+// bytes do not grow with --grad-accum: the same for every k > 1, the buckets as at k = 1, no
+// receive buffers, and past k = 1 only the shard's widening to fp32. Planned for rank 0 of 4
+// (StepPlans records and places a rank's programs without communicators).
+TEST(ZeroAccumulation, GradientBytesDoNotGrowWithAccumulation) {
+    for (bool llama : {false, true})
+        for (int zero : {2, 3}) {
+            SCOPED_TRACE(std::string(llama ? "llama" : "gpt2") + " zero " + std::to_string(zero));
+            const ModelConfig cfg = config(llama);
+            CpuBackend backend;
+            auto plans = [&](int k) {
+                EngineOptions eo = options(zero);
+                eo.compute = DType::bf16;
+                eo.grad_accum = k;
+                eo.data_parallel = 4;
+                return std::make_unique<StepPlans>(cfg, backend, eo);
+            };
+            auto bytes_of = [](const TrainStep & st, const std::string & prefix) {
+                size_t n = 0;
+                for (const auto & b : st.program().buffers())
+                    if (b.name.rfind(prefix, 0) == 0) n += b.bytes;
+                return n;
+            };
+            const auto one = plans(1);
+            const size_t g1 = one->peak_live()[Category::gradients];
+            const size_t shard16 = one->train->program().buffer(one->train->grads).bytes;
+            std::vector<size_t> g;
+            for (int k : {2, 4, 8}) {
+                const auto p = plans(k);
+                g.push_back(p->peak_live()[Category::gradients]);
+                for (const TrainStep * st : {p->train.get(), p->first.get()}) {
+                    EXPECT_EQ(st->grad_dtype(), DType::f32);
+                    EXPECT_EQ(st->program().buffer(st->grads).bytes, 2 * shard16);   // the fp32 shard
+                    EXPECT_EQ(bytes_of(*st, "gradients.bucket"), bytes_of(*one->train, "gradients.bucket"));
+                    EXPECT_EQ(bytes_of(*st, "gradients.recv"), 0u);
+                }
+                EXPECT_EQ(g.back(), g1 + shard16);   // the shard's widening, nothing else
+            }
+            EXPECT_EQ(g[0], g[1]);
+            EXPECT_EQ(g[1], g[2]);
+        }
 }
