@@ -69,8 +69,11 @@ scratch() {
 }
 
 # What varies from run to run, or with the cores, in output the docs quote: the search's wall
-# time and how many exact programs it recorded ahead (up to one per core).
-normalize() { sed -E 's/(configurations evaluated, .*), [0-9]+ engine programs recorded, [0-9.]+ s$/\1, N engine programs recorded, T s/'; }
+# time, how many exact programs it recorded ahead (up to one per core), and so how many of the
+# candidates near the limit were judged by an exact plan rather than the analytic model (fit).
+normalize() {
+  sed -E 's/configurations evaluated, [0-9]+ fit, (.*), [0-9]+ engine programs recorded, [0-9.]+ s$/configurations evaluated, N fit, \1, N engine programs recorded, T s/'
+}
 
 # Expected (with `...` lines) against actual; 0 when they match.
 matches() {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -175,6 +176,73 @@ std::vector<PipeAction> pipeline_schedule(PipeSchedule kind, int stages, int sta
     }
     for (int i = m - warmup; i < m; ++i) out.push_back({false, i});
     return out;
+}
+
+int pipe_tag(bool gradient, int mb, int v, int stages, int virtual_stages) {
+    return (mb * (stages * virtual_stages) + v) * 2 + (gradient ? 1 : 0);
+}
+
+std::vector<PipeMessage> interleaved_messages(int P, int s, int m, int V) {
+    const std::vector<PipeAction> order = pipeline_schedule(PipeSchedule::interleaved, P, s, m, V);
+    const int last = P * V - 1, up = (s + 1) % P, down = (s + P - 1) % P;
+    std::vector<PipeMessage> out;
+    for (size_t j = 0; j < order.size(); ++j) {
+        const PipeAction & a = order[j];
+        const int v = a.chunk * P + s, i = int(j);
+        if (a.fwd) {
+            if (v > 0) out.push_back({i, false, down, pipe_tag(false, a.mb, v - 1, P, V)});
+            if (v < last) out.push_back({i, true, up, pipe_tag(false, a.mb, v, P, V)});
+        } else {
+            if (v < last) out.push_back({i, false, up, pipe_tag(true, a.mb, v + 1, P, V)});
+            if (v > 0) out.push_back({i, true, down, pipe_tag(true, a.mb, v, P, V)});
+        }
+    }
+    return out;
+}
+
+std::vector<int> interleaved_send_waits(int P, int s, int m, int V) {
+    const std::vector<PipeMessage> mine = interleaved_messages(P, s, m, V);
+    // Where this stage receives each tag (tags are unique per step).
+    std::unordered_map<int, int> received;
+    for (size_t r = 0; r < mine.size(); ++r)
+        if (!mine[r].send) received[mine[r].tag] = int(r);
+    std::vector<int> at(mine.size(), -1);
+    std::vector<int> neighbours = {(s + 1) % P};
+    if ((s + P - 1) % P != neighbours[0]) neighbours.push_back((s + P - 1) % P);
+    for (const int q : neighbours) {
+        const std::vector<PipeMessage> theirs = interleaved_messages(P, q, m, V);
+        // From each of the peer's messages on, its next send to this stage (-1: none).
+        std::vector<int> next_back(theirs.size() + 1, -1);
+        for (size_t k = theirs.size(); k-- > 0;)
+            next_back[k] = theirs[k].send && theirs[k].peer == s ? int(k) : next_back[k + 1];
+        std::unordered_map<int, int> their_recv;
+        for (size_t k = 0; k < theirs.size(); ++k)
+            if (!theirs[k].send) their_recv[theirs[k].tag] = int(k);
+        for (size_t i = 0; i < mine.size(); ++i) {
+            if (!mine[i].send || mine[i].peer != q) continue;
+            const auto got = their_recv.find(mine[i].tag);
+            MF_ASSERT(got != their_recv.end() && "a pipeline send nobody receives");
+            const int back = next_back[size_t(got->second)];
+            if (back < 0) continue;
+            at[i] = received.at(theirs[size_t(back)].tag);
+            MF_ASSERT(at[i] > int(i) && "a message back received before the send it answers");
+        }
+    }
+    return at;
+}
+
+int interleaved_pending_sends(int P, int s, int m, int V) {
+    const std::vector<PipeMessage> mine = interleaved_messages(P, s, m, V);
+    const std::vector<int> at = interleaved_send_waits(P, s, m, V);
+    std::vector<int> done(mine.size() + 1, 0);   // sends completed just after message r
+    for (size_t i = 0; i < mine.size(); ++i)
+        if (mine[i].send && at[i] >= 0) ++done[size_t(at[i])];
+    int pending = 0, most = 0;
+    for (size_t i = 0; i < mine.size(); ++i) {
+        if (mine[i].send) most = std::max(most, ++pending);
+        pending -= done[i];
+    }
+    return most;
 }
 
 }  // namespace memfit

@@ -66,4 +66,22 @@ struct PipeAction { bool fwd = true; int mb = 0, chunk = 0; };
 std::vector<PipeAction> pipeline_schedule(PipeSchedule kind, int stages, int stage, int micro_batches,
                                           int virtual_stages = 1);
 
+// The interleaved schedule's messages, as stage `stage` posts them in its order: in action j a
+// forward of virtual stage v = chunk P + stage receives micro-batch mb's input from v - 1 (unless
+// v = 0) and sends its output to v + 1 (unless v is the last); a backward receives its output's
+// gradient from v + 1 and sends its input's gradient to v - 1. peer: the neighbouring stage; tag:
+// pipe_tag's, unique per message of a step.
+struct PipeMessage { int action = 0; bool send = false; int peer = 0, tag = 0; };
+int pipe_tag(bool gradient, int mb, int v, int stages, int virtual_stages);
+std::vector<PipeMessage> interleaved_messages(int stages, int stage, int micro_batches, int virtual_stages);
+// Where the stage may complete each of its sends (by the send's index in its messages) without
+// waiting on the peer: just after the receive of the first message the peer sends back once it
+// has received the send (the peer's receive is then done, whatever the timing), as the index of
+// that receive in the stage's messages; -1: at the step's end. A send's buffer then lives while
+// the micro-batches in flight do (Megatron's bound), not until the step ends.
+std::vector<int> interleaved_send_waits(int stages, int stage, int micro_batches, int virtual_stages);
+// The most of the stage's sends not yet complete at once under those waits (each one boundary
+// activation or its gradient): what the planner charges.
+int interleaved_pending_sends(int stages, int stage, int micro_batches, int virtual_stages);
+
 }  // namespace memfit

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -14,6 +17,28 @@
 #include "train/engine.h"
 
 namespace memfit {
+
+namespace {
+
+// The interleaved schedule's most sends in flight on any stage (model/pipeline.h), remembered per
+// (P, m, V): the search asks for the same few many times, from several threads. An accumulation
+// the stages do not divide is refused elsewhere; it is charged every send of the step here.
+int most_pending_sends(int P, int m, int V) {
+    if (m % P != 0) return (2 * V - 1) * m;
+    static std::mutex mu;
+    static std::map<std::tuple<int, int, int>, int> known;
+    {
+        const std::lock_guard<std::mutex> lock(mu);
+        if (const auto it = known.find({P, m, V}); it != known.end()) return it->second;
+    }
+    int most = 0;
+    for (int s = 0; s < P; ++s) most = std::max(most, interleaved_pending_sends(P, s, m, V));
+    const std::lock_guard<std::mutex> lock(mu);
+    known[{P, m, V}] = most;
+    return most;
+}
+
+}  // namespace
 
 namespace {
 
@@ -200,11 +225,10 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     // One loss chunk's fp32 logits (the whole micro-batch's unchunked), as the engine declares.
     const uint64_t logit_rows = c.loss_chunk > 0 ? std::min<uint64_t>(uint64_t(c.loss_chunk), rows) : rows;
     const uint64_t logits = logit_rows * uint64_t(cfg.vocab_size) * 4 / tp;
-    // memfit's interleaved schedule completes its sends at the step's end: every chunk output
-    // and input gradient a stage sends stays live until then (the first stage's V m outputs and
-    // (V - 1) m gradients), one boundary activation each.
+    // The interleaved schedule's sends in flight (model/pipeline.h: each completes once the peer
+    // has answered it), at most over the stages, one boundary activation or gradient each.
     const uint64_t sent = L.pp > 1 && L.schedule == PipeSchedule::interleaved
-                              ? uint64_t(2 * L.virtual_stages - 1) * uint64_t(c.grad_accum) * (BTC / (L.sp ? tp : 1))
+                              ? uint64_t(most_pending_sends(L.pp, c.grad_accum, L.virtual_stages)) * (BTC / (L.sp ? tp : 1))
                               : 0;
     // The step's token ids, targets and losses (4 bytes each per token): a pipeline's program
     // holds all m micro-batches' (a huge m is memory too).

@@ -31,8 +31,8 @@
 //                 vocabulary-parallel); with --mlp-chunk (TiledMLP) the MLP keeps nothing and its
 //                 working set is one chunk's intermediates and their gradients,
 //                 the token ids, targets and losses (12 bytes a token; a pipeline holds all m
-//                 micro-batches'), and under interleaving the (2v - 1) m boundary activations
-//                 the first stage sends, which memfit's schedule keeps until the step's end.
+//                 micro-batches'), and under interleaving the boundary activations and
+//                 gradients a stage has sent and not completed (interleaved_pending_sends).
 //   workspace     32 MiB of GEMM workspace (cuBLASLt's recommendation for Hopper) on GPUs.
 //   communication gradient buckets: two of 25 MB (compute dtype) when dp > 1, plus ZeRO-3's
 //                 gathered layers; pipeline send/receive buffers of one micro-batch's boundary

@@ -132,21 +132,42 @@ void TrainStep::interleaved(Graph & g, const StepScalars & s, const std::vector<
     const int64_t b = B_, t = T_;
     const int P = pp_.stages, V = int(chunks_.size()), last_v = P * V - 1;
     const bool train = mode_ == StepMode::train;
-    // Sends start at once and complete at the step's end; receives block. Each message's tag
-    // names its micro-batch, sending virtual stage and direction, so no two can be confused.
-    auto tag = [&](int dir, int mb, int v) { return (mb * (P * V) + v) * 2 + dir; };
+    // Sends start at once; receives block. Each message's tag names its micro-batch, sending
+    // virtual stage and direction, so no two can be confused. A send completes just after the
+    // receive of the peer's first message back once it has the send (interleaved_send_waits),
+    // so the boundary activations and gradients in flight are the micro-batches in flight's,
+    // not every one of the step's; training only (evaluation's order is forwards only).
+    const std::vector<PipeMessage> msgs = train ? interleaved_messages(P, pp_.stage, pp_.micro_batches, V)
+                                                : std::vector<PipeMessage>{};
+    const std::vector<int> wait_at = train ? interleaved_send_waits(P, pp_.stage, pp_.micro_batches, V)
+                                           : std::vector<int>{};
     const int up = (pp_.stage + 1) % P, down = (pp_.stage + P - 1) % P;
-    std::vector<std::pair<int, Tensor>> sent;
+    std::vector<std::vector<int>> waits_after(msgs.size());   // by receive: the sends it completes
+    for (size_t i = 0; i < wait_at.size(); ++i)
+        if (wait_at[i] >= 0) waits_after[size_t(wait_at[i])].push_back(int(i));
+    std::vector<std::pair<int, Tensor>> sent(msgs.size());   // by message: its slot and tensor
+    std::vector<std::pair<int, Tensor>> at_end;
+    int next = 0, used = 0;   // the next message's index in msgs; slots taken
+    auto check = [&](bool send, int tg) {
+        MF_ASSERT((!train || (next < int(msgs.size()) && msgs[size_t(next)].send == send &&
+                              msgs[size_t(next)].tag == tg)) && "the interleaved schedule's messages moved");
+        return next++;
+    };
     auto send = [&](Tensor x, int dst, int tg) {
+        const int i = check(true, tg), k = slot + used++;
         g.phase(Phase::communication);
         g.layer(-1);
-        g.pp_send_start(x, dst, tg, slot + int(sent.size()));
-        sent.push_back({slot + int(sent.size()), x});
+        g.pp_send_start(x, dst, tg, k);
+        if (train && wait_at[size_t(i)] >= 0) sent[size_t(i)] = {k, x};
+        else at_end.push_back({k, x});
     };
     auto recv = [&](Tensor x, int src, int tg) {
+        const int r = check(false, tg);
         g.phase(Phase::communication);
         g.layer(-1);
         g.pp_exchange(Tensor{}, -1, 0, x, src, tg);
+        if (train)
+            for (const int i : waits_after[size_t(r)]) g.comm_wait(sent[size_t(i)].first, {sent[size_t(i)].second});
     };
     for (size_t j = 0; j < order.size(); ++j) {
         const PipeAction a = order[j];
@@ -156,24 +177,24 @@ void TrainStep::interleaved(Graph & g, const StepScalars & s, const std::vector<
         const size_t c = size_t(as.copy(a));
         if (a.fwd) {
             const Transformer::LayerHook begin = as.before_forward(g, a, M);
-            if (v > 0) recv(M.input(), down, tag(0, a.mb, v - 1));
+            if (v > 0) recv(M.input(), down, pipe_tag(false, a.mb, v - 1, P, V));
             M.forward(g, wf_[c], tok, begin);
             if (v == last_v)
                 M.head_loss(g, wf_[c], train ? &dws_[c] : nullptr, micro(targets, DType::i32, a.mb),
                             micro(losses, DType::f32, a.mb), s.dloss);
             else
-                send(M.output(), up, tag(0, a.mb, v));
+                send(M.output(), up, pipe_tag(false, a.mb, v, P, V));
             continue;
         }
         as.before_backward(g, a, M);
-        if (v < last_v) recv(M.output_grad(), up, tag(1, a.mb, v + 1));
+        if (v < last_v) recv(M.output_grad(), up, pipe_tag(true, a.mb, v + 1, P, V));
         M.backward(g, wb_[c], dws_[c], tok, as.done(int(j), a), as.begin(a, M));
         as.after_backward(g);
-        if (v > 0) send(M.input_grad(), down, tag(1, a.mb, v));
+        if (v > 0) send(M.input_grad(), down, pipe_tag(true, a.mb, v, P, V));
     }
     g.phase(Phase::communication);
     g.layer(-1);
-    for (const auto & [k, x] : sent) g.comm_wait(k, {x});
+    for (const auto & [k, x] : at_end) g.comm_wait(k, {x});
 }
 
 }  // namespace memfit

@@ -4,6 +4,7 @@
 // receives block (the interleaved schedule's transport; a simulation of all stages together).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -125,4 +126,67 @@ TEST(PipelineStages, ScheduleNames) {
     EXPECT_EQ(V, 3);
     for (const char * bad : {"foo", "interleaved", "interleaved:1", "interleaved:x", "interleaved:99999"})
         EXPECT_THROW(parse_schedule(bad, &V), ConfigError) << bad;
+}
+
+// The interleaved schedule's messages as the engine posts them, sends completed where
+// interleaved_send_waits says: simulated over every stage at once (a receive blocks until its
+// message was sent; a send's wait blocks until the peer has received it), nothing stalls, every
+// message is received once, and the sends in flight on a stage (each a boundary activation or
+// gradient held by the transport) stay bounded as the micro-batches grow: Megatron's in-flight
+// bound, where waiting at the step's end held all 2 V m - 1 of stage 0's.
+TEST(PipelineSchedule, InterleavedSendsCompleteEarlyWithoutStalling) {
+    for (int P : {2, 3, 4})
+        for (int V : {2, 3}) {
+            std::vector<int> pending_by_m;
+            for (int m : {P, 2 * P, 4 * P, 8 * P}) {
+                SCOPED_TRACE("P " + std::to_string(P) + " V " + std::to_string(V) + " m " + std::to_string(m));
+                std::vector<std::vector<PipeMessage>> msgs;
+                std::vector<std::vector<int>> waits;
+                for (int s = 0; s < P; ++s) {
+                    msgs.push_back(interleaved_messages(P, s, m, V));
+                    waits.push_back(interleaved_send_waits(P, s, m, V));
+                }
+                std::set<int> posted, received;   // tags
+                std::vector<size_t> next(size_t(P), 0);
+                // Per stage, the position in its messages and whether the waits after the current
+                // receive are still to be done.
+                std::vector<bool> waiting(size_t(P), false);
+                for (bool progress = true; progress;) {
+                    progress = false;
+                    for (int s = 0; s < P; ++s) {
+                        auto & mine = msgs[size_t(s)];
+                        size_t & i = next[size_t(s)];
+                        if (i >= mine.size()) continue;
+                        if (waiting[size_t(s)]) {   // the sends this receive completes: peers have them
+                            bool all = true;
+                            for (size_t k = 0; k < mine.size(); ++k)
+                                if (waits[size_t(s)][k] == int(i) && !received.count(mine[k].tag)) all = false;
+                            if (!all) continue;
+                            waiting[size_t(s)] = false;
+                            ++i;
+                            progress = true;
+                            continue;
+                        }
+                        const PipeMessage & x = mine[i];
+                        if (x.send) {
+                            posted.insert(x.tag);
+                            ++i;
+                        } else {
+                            if (!posted.count(x.tag)) continue;
+                            EXPECT_TRUE(received.insert(x.tag).second);
+                            waiting[size_t(s)] = true;
+                        }
+                        progress = true;
+                    }
+                }
+                for (int s = 0; s < P; ++s) EXPECT_EQ(next[size_t(s)], msgs[size_t(s)].size()) << "stage " << s;
+                EXPECT_EQ(posted, received);
+                int most = 0;
+                for (int s = 0; s < P; ++s) most = std::max(most, interleaved_pending_sends(P, s, m, V));
+                pending_by_m.push_back(most);
+                EXPECT_LT(most, 2 * V * m - 1);
+            }
+            // Bounded: no more at 8P micro-batches than at 2P.
+            EXPECT_EQ(pending_by_m[1], pending_by_m[3]) << "P " << P << " V " << V;
+        }
 }

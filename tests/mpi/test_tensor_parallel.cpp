@@ -343,7 +343,7 @@ TEST(SequenceParallel, EqualsOneProcessAndDividesTheResidualStream) {
 }
 
 // Interleaved 1F1B: V chunks per stage (virtual stage v on stage v mod P), sends started at once
-// and completed at the step's end, receives blocking; (1,2,1) on 2 ranks, (2,2,1) and (1,4,1)
+// and completed once the peer has answered them (interleaved_send_waits), receives blocking; (1,2,1) on 2 ranks, (2,2,1) and (1,4,1)
 // (8 blocks, two per stage) on 4.
 TEST(PipelineParallel, InterleavedEqualsOneProcess) {
     const int N = test::world().size();
