@@ -7,7 +7,8 @@
 #   QLoRA (nf4) with --tp 2 x 2 (4 ranks), resumed (each tensor rank quantizes its own slice of
 #   the base, so its losses are within 2e-3, not 1e-4); and (CPU) LoRA on every projection under
 #   --tp 2 --sp --zero 3.
-#   --zero 3 with --tp 2 --sp x 2 data-parallel ranks (4 ranks), resumed; and (CPU) --zero 2 with
+#   --zero 3 with --tp 2 --sp x 2 data-parallel ranks (4 ranks), resumed (CPU: also resharded, on
+#   one process and on 2 ranks under ZeRO 1); and (CPU) --zero 2 with
 #   --tp 2, and --tp 4 with fewer KV heads than tensor ranks x 2 (8 ranks).
 #   --zero 3 with --pp 2 (1F1B) x 2 (4 ranks), resumed; and (CPU) QLoRA (nf4) with --pp 2 x 2,
 #   resumed, and GPT-2's tied embedding under
@@ -92,6 +93,14 @@ if [ "$DEVICE" = cpu ]; then   # resumed (the emulated GPU: once, above; the che
     mpi 4 "${ARGS[@]}" "${ON[@]}" --tp 2 --sp --zero 3 --resume tz3/checkpoints/step-000010 --out tz3r > tz3r.log 2>&1 ||
         { cat tz3r.log; fail "--tp 2 --sp --zero 3 resumed"; }
     resumed tz3.log tz3r.log "-np 4 --tp 2 --sp --zero 3 resumed at step 10"
+    # Resharding: the same checkpoint continues on one process (tp 2 -> 1, ZeRO 3 over 2 -> none)
+    # and on 2 data-parallel ranks under ZeRO 1, with the uninterrupted run's losses.
+    "$MEMFIT" "${ARGS[@]}" --resume tz3/checkpoints/step-000010 --out tz3one > tz3one.log 2>&1 ||
+        { cat tz3one.log; fail "--tp 2 --sp --zero 3 checkpoint resumed on one process"; }
+    resumed tz3.log tz3one.log "--tp 2 --sp --zero 3 (4 ranks) resumed on one process"
+    mpi 2 "${ARGS[@]}" --zero 1 --resume tz3/checkpoints/step-000010 --out tz3dp > tz3dp.log 2>&1 ||
+        { cat tz3dp.log; fail "--tp 2 --sp --zero 3 checkpoint resumed on -np 2 --zero 1"; }
+    resumed tz3.log tz3dp.log "--tp 2 --sp --zero 3 (4 ranks) resumed on -np 2 --zero 1"
 fi
 if [ "$DEVICE" = cpu ]; then   # ZeRO-2; 2 KV heads over 4 tensor ranks: each KV head's gradient summed over its 2 holders
     mpi 4 "${ARGS[@]}" --tp 2 --zero 2 --out tz2 > tz2.log 2>&1 || { cat tz2.log; fail "--tp 2 --zero 2 on 4 ranks"; }
