@@ -133,7 +133,7 @@ TEST(PipelineStages, ScheduleNames) {
 // message was sent; a send's wait blocks until the peer has received it), nothing stalls, every
 // message is received once, and the sends in flight on a stage (each a boundary activation or
 // gradient held by the transport) stay bounded as the micro-batches grow: Megatron's in-flight
-// bound, where waiting at the step's end held all 2 V m - 1 of stage 0's.
+// bound, where waiting at the step's end held every send of the step (up to 2 V m).
 TEST(PipelineSchedule, InterleavedSendsCompleteEarlyWithoutStalling) {
     for (int P : {2, 3, 4})
         for (int V : {2, 3}) {
