@@ -200,8 +200,9 @@ std::vector<PipeMessage> interleaved_messages(int P, int s, int m, int V) {
     return out;
 }
 
-std::vector<int> interleaved_send_waits(int P, int s, int m, int V) {
-    const std::vector<PipeMessage> mine = interleaved_messages(P, s, m, V);
+namespace {
+// interleaved_send_waits, for the stage's messages already made.
+std::vector<int> send_waits(int P, int s, int m, int V, const std::vector<PipeMessage> & mine) {
     // Where this stage receives each tag (tags are unique per step).
     std::unordered_map<int, int> received;
     for (size_t r = 0; r < mine.size(); ++r)
@@ -230,10 +231,15 @@ std::vector<int> interleaved_send_waits(int P, int s, int m, int V) {
     }
     return at;
 }
+}  // namespace
+
+std::vector<int> interleaved_send_waits(int P, int s, int m, int V) {
+    return send_waits(P, s, m, V, interleaved_messages(P, s, m, V));
+}
 
 int interleaved_pending_sends(int P, int s, int m, int V) {
     const std::vector<PipeMessage> mine = interleaved_messages(P, s, m, V);
-    const std::vector<int> at = interleaved_send_waits(P, s, m, V);
+    const std::vector<int> at = send_waits(P, s, m, V, mine);
     std::vector<int> done(mine.size() + 1, 0);   // sends completed just after message r
     for (size_t i = 0; i < mine.size(); ++i)
         if (mine[i].send && at[i] >= 0) ++done[size_t(at[i])];

@@ -282,7 +282,7 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
     // A pipeline's micro-batches, and 16-bit buckets, accumulate into the gradient shard (ZeRO >=
     // 2) from zero.
     const bool accumulate_shard = pp_.enabled() && reduce_scatter_;
-    if (train && parts_.zero_grads && (!reduce_scatter_ || accumulate_shard || widen_)) {
+    if (train && parts_.zero_grads && (!reduce_scatter_ || accumulate_shard || widen())) {
         g.phase(Phase::other);
         g.fill_zero(Tensor(grads, grad_dt_, {reduce_scatter_ ? int64_t(S_) : P}));
     }

@@ -227,10 +227,10 @@ private:
     bool all_reduce_ = false, reduce_scatter_ = false;
     // The buckets' dtype. ZeRO >= 2 accumulating in fp32 (grad_dt_) from 16-bit compute: one
     // micro-batch's gradients in the compute dtype, reduce-scattered in it, in place, into the
-    // bucket's part in this rank's shard and added from there to the fp32 shard (widen_), as
+    // bucket's part in this rank's shard and added from there to the fp32 shard (widen()), as
     // FSDP's and DeepSpeed's mixed precision do: accumulation widens the shard, not the buckets.
     DType bucket_dt_ = DType::f32;
-    bool widen_ = false;
+    bool widen() const { return bucket_dt_ != grad_dt_; }
     // The weights as each copy's forward and backward read them (ZeRO 3: gathered), and the
     // gradients each copy's backward writes (ZeRO >= 2: into its buckets).
     std::vector<ModelWeights> wf_, wb_, dws_;

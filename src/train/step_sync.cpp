@@ -64,7 +64,6 @@ void TrainStep::declare_sync(const Backend * sizing, const std::string & pre) {
     all_reduce_ = train && parts_.optimizer && parts_.reduce_grads && dp_.zero < 2;
     reduce_scatter_ = train && dp_.zero >= 2;
     bucket_dt_ = reduce_scatter_ ? compute_ : grad_dt_;
-    widen_ = bucket_dt_ != grad_dt_;
     const size_t gs = dtype_size(bucket_dt_);
     // Groups (runs of one layer's parameters) and the gradient buckets over them, merged from the
     // top layer down until a bucket holds bucket_bytes.
@@ -97,7 +96,7 @@ void TrainStep::declare_sync(const Backend * sizing, const std::string & pre) {
         const size_t wide = step_scratch_elems(sizing, bucket_dt_, dp_.ranks, k.b - k.a);
         // Accumulating (micro-steps, or a pipeline's micro-batches into one shard): through recv.
         // 16-bit buckets into the fp32 shard: in place, into the bucket's own part (no recv).
-        const bool accumulate = !widen_ && (!parts_.zero_grads || (copies_ > 1 && k.top >= 0));
+        const bool accumulate = !widen() && (!parts_.zero_grads || (copies_ > 1 && k.top >= 0));
         for (int c = 0; c < copies_; ++c) {
             if (c > 0 && k.top < 0) {   // the rest's gradients accumulate over the step in one bucket
                 k.copy.push_back(k.copy.front());
@@ -235,7 +234,7 @@ Tensor TrainStep::Sync::scratch(const Bucket & k, int copy) const {
     return id >= 0 ? Tensor(id, DType::f32, {int64_t(st_.program_.buffer(id).bytes / 4)}) : Tensor{};
 }
 
-// 16-bit buckets (widen_): this rank's part of the bucket, where its sum lands in place.
+// 16-bit buckets (widen()): this rank's part of the bucket, where its sum lands in place.
 Tensor TrainStep::Sync::own_part(const Bucket & k, int copy) const {
     const size_t mine = st_.in_shard(k.a, k.b, st_.dp_.rank);
     return mine ? st_.grad_view(k, copy).view(int64_t(std::max(k.a, st_.lo_) - k.a), {int64_t(mine)}) : Tensor{};
@@ -247,7 +246,7 @@ void TrainStep::Sync::start(Graph & g, int i, int copy) {
         g.all_reduce_start(st_.grad_view(k, copy), i, scratch(k, copy));
     } else {
         const Tensor recv = receive(k, copy);
-        const Tensor out = st_.widen_ ? own_part(k, copy) : recv.valid() ? recv : shard_piece(k);
+        const Tensor out = st_.widen() ? own_part(k, copy) : recv.valid() ? recv : shard_piece(k);
         g.reduce_scatter_start(st_.grad_view(k, copy), out, st_.shard_counts(k.a, k.b), i, scratch(k, copy));
     }
 }
@@ -262,7 +261,7 @@ void TrainStep::Sync::finish(Graph & g, int i, int copy) {
     g.comm_wait(i, {st_.grad_view(k, copy), recv.valid() ? recv : mine, scratch(k, copy)});
     if (!mine.valid()) return;
     const int64_t n = mine.numel();
-    if (st_.widen_) g.add_columns(mine.view(0, {1, n}), own_part(k, copy).view(0, {1, n}), 0, 1.0f);   // into fp32
+    if (st_.widen()) g.add_columns(mine.view(0, {1, n}), own_part(k, copy).view(0, {1, n}), 0, 1.0f);   // into fp32
     else if (recv.valid()) g.residual_fwd(mine, mine, recv.view(0, {n}));
 }
 
