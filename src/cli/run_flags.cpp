@@ -179,7 +179,8 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                    offload_name(r.layout.offload),
                    "none, optimizer (fp32 master weights and optimizer states off the device: pinned host "
                    "memory on a GPU, files under --offload-dir; staged through the device for the update) or "
-                   "optimizer+params (also the weights, with ZeRO-3; memfit plan only)"));
+                   "optimizer+params (also the weights' ZeRO-3 shard, read a layer ahead of each gather and written "
+                   "by the update: needs --zero 3; the gradient shard stays on the device)"));
         keep(typed(c, "--master-weights", [&r](const std::string & v) { r.master_weights = parse_master_weights(v); },
                    master_weights_name(r.master_weights),
                    "with --precision bf16: fp32 (an fp32 master copy of the weights, 4 bytes per parameter) or "
@@ -192,7 +193,7 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                            "--optimizer-offload-fraction)")
                  ->capture_default_str());
         keep(c->add_option("--offload-dir", r.offload_dir,
-                           "with --offload optimizer: keep the offloaded states in a file under this directory "
+                           "with --offload: keep the offloaded states (and weights) in a file under this directory "
                            "(created there, unlinked at once, its blocks allocated at start), read and written unit "
                            "by unit by an I/O thread: ZeRO-Infinity's NVMe offload; the CPU backend's only place"));
     }

@@ -104,6 +104,10 @@ struct ModelOptions {
     // moments) kept in the `offloaded` category and staged through device memory chunk by chunk
     // for the update (train/step.h); 0: every state resident.
     double offload = 0;
+    // --offload optimizer+params (ZeRO 3, offload 1): the weights' shard too ("parameters",
+    // category offloaded), read into staging buffers one layer ahead of its gather and written by
+    // the update unit by unit (train/step.h); the device holds the gathered layers, not the shard.
+    bool offload_params = false;
     // --master-weights bf16-sr: no fp32 master weights; AdamW rounds the bf16 weights stochastically.
     bool sr_master = false;
     // --optimizer sgd: one fp32 momentum buffer ("sgd.momentum") in place of AdamW's two moments.

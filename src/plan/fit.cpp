@@ -159,7 +159,8 @@ EngineOptions engine_options(const RunConfig & r, const ModelConfig & cfg, const
     eo.moments = r.optimizer == Optimizer::adamw_bf16   ? DType::bf16
                  : r.optimizer == Optimizer::adamw_8bit ? DType::u8
                                                         : DType::f32;
-    eo.offload = L.offload == Offload::optimizer ? r.offload_fraction : 0.0;
+    eo.offload = L.offload != Offload::none ? r.offload_fraction : 0.0;
+    eo.offload_params = L.offload == Offload::optimizer_params;
     eo.sr_master = r.master_weights == MasterWeights::bf16_sr;
     eo.sgd = r.optimizer == Optimizer::sgd;
     eo.offload_dir = r.offload_dir;

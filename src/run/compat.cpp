@@ -42,21 +42,43 @@ std::optional<std::string> out_of_range(const RunConfig & r) {
     return std::nullopt;
 }
 
+namespace {
+
+// --offload optimizer+params streams each layer's weights from the rank's ZeRO-3 shard, which it
+// keeps off the device with the whole optimizer state (train/step.h).
+std::optional<std::string> offload_refusal(const RunConfig & r) {
+    const Layout & L = r.layout;
+    if (L.offload != Offload::optimizer_params) return std::nullopt;
+    if (L.zero < 3)
+        return fmt::format("--offload optimizer+params with --zero {}: the weights leave the device as this rank's "
+                           "ZeRO-3 shard, gathered layer by layer; add --zero 3 (on one process too)", L.zero);
+    if (r.offload_fraction != 1)
+        return fmt::format("--offload-fraction {:g} with --offload optimizer+params: the weights' update writes them "
+                           "from the offloaded states, so all of them go; drop --offload-fraction (or use --offload "
+                           "optimizer)", r.offload_fraction);
+    if (r.lora.rank > 0)
+        return std::string("--offload optimizer+params with LoRA: the frozen base stays on the device (or sharded "
+                           "by --zero 3); use --offload optimizer, or --base-weights nf4 for a smaller base");
+    if (L.pp > 1)
+        return fmt::format("--offload optimizer+params with --pp {}: parameter offload streams one stage's layers "
+                           "for data and tensor parallelism for now; use --offload optimizer with --pp", L.pp);
+    return std::nullopt;
+}
+
+}  // namespace
+
 std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & cfg, const Backend * backend) {
     const Layout & L = r.layout;
     if (auto why = out_of_range(r)) return why;
     // What the engine has.
-    if (L.offload == Offload::optimizer_params)
-        return fmt::format("--offload {}: the engine offloads the master weights and optimizer states, not the "
-                           "weights (memfit plan models it); use --offload optimizer, or --zero 3 to shard the "
-                           "weights", offload_name(L.offload));
     if (L.offload == Offload::none && (!r.offload_dir.empty() || r.offload_fraction != 1))
         return std::string("--offload-dir and --offload-fraction say where and how much --offload optimizer moves; "
                            "add --offload optimizer");
-    if (L.offload == Offload::optimizer && backend && backend->host_memory() && r.offload_dir.empty())
-        return std::string("--offload optimizer on the CPU backend: its device memory is the host's, so the states "
-                           "can only go to files; add --offload-dir DIR (a fast local disk)");
-    if (L.offload == Offload::optimizer && backend && !backend->host_memory() && !r.offload_dir.empty())
+    if (auto why = offload_refusal(r)) return why;
+    if (L.offload != Offload::none && backend && backend->host_memory() && r.offload_dir.empty())
+        return fmt::format("--offload {} on the CPU backend: its device memory is the host's, so the states can only "
+                           "go to files; add --offload-dir DIR (a fast local disk)", offload_name(L.offload));
+    if (L.offload != Offload::none && backend && !backend->host_memory() && !r.offload_dir.empty())
         return fmt::format("--offload-dir {} with --device cuda: the states go to pinned host memory on a GPU (files "
                            "are for the CPU backend for now); drop --offload-dir", r.offload_dir);
     if (r.master_weights == MasterWeights::bf16_sr && (r.compute != DType::bf16 || r.precision_auto))

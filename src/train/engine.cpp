@@ -133,7 +133,7 @@ Engine::Engine(const ModelConfig & cfg, Backend & backend, const EngineOptions &
                            "--base-weights nf4 (a 4-bit base), --recompute full, or a lower --micro-batch or --seq"
                          : "try --fit auto (micro-batch, accumulation, recomputation within the budget), --recompute "
                            "full, --precision bf16, or a lower --micro-batch or --seq");
-    if (plans_.train->offloaded.m >= 0) {   // --offload optimizer: where the offloaded states live
+    if (plans_.train->offloaded.m >= 0 || plans_.train->params_offloaded()) {   // where the offloaded states live
         if (!opt_.offload_dir.empty() && !backend.host_memory())
             throw ConfigError(fmt::format("--offload-dir with --device {}: the states go to pinned host memory on a "
                                           "GPU; drop --offload-dir", backend.name()));

@@ -63,6 +63,10 @@ struct EngineOptions {
     // through device memory unit by unit (train/step.h), with the same kernels: bit for bit the
     // in-memory run's.
     double   offload = 0;
+    // --offload optimizer+params (needs ZeRO 3 and offload 1): the weights' shard leaves the
+    // device too, read into device memory a layer ahead of each gather and written back by the
+    // update (ModelOptions::offload_params).
+    bool     offload_params = false;
     std::string offload_dir;
     // --master-weights bf16-sr (bf16 compute): no fp32 master weights; AdamW updates the bf16
     // weights in place with stochastic rounding (backend/stochastic_round.h), its draws seeded by
@@ -132,6 +136,7 @@ struct EngineOptions {
         m.grad = grad_dtype();
         m.moments = moments;
         m.offload = offload;
+        m.offload_params = offload_params;
         m.offload_unit = offload_unit;
         m.sr_master = sr_master;
         m.sgd = sgd;
@@ -343,6 +348,9 @@ private:
     // else the weights themselves; and n elements written there (the mirror is then stale).
     std::pair<BufferId, size_t> own_params() const;
     void store_own_params(const float * src, size_t n);
+    // Bytes [at, at + n) of the compute-precision weights (`parameters`) copied to or from host
+    // memory `mem`: in the store when offloaded (--offload optimizer+params), else the buffer's.
+    void weights_bytes(bool reading, size_t at, void * mem, size_t n);
     std::vector<float> mirror_params_, mirror_grads_, mirror_m_, mirror_v_;
     bool params_handed_ = false;   // params() gave out its mirror: params_changed() uploads it
     int t_ = 0;

@@ -68,6 +68,19 @@ std::pair<BufferId, size_t> Engine::own_params() const {
     return {t.params, opt_.zero >= 3 ? 0 : t.shard_lo()};
 }
 
+void Engine::weights_bytes(bool reading, size_t at, void * mem, size_t n) {
+    const TrainStep & t = *plans_.train;
+    if (t.params_offloaded()) {
+        const uint64_t o = train_mem_->offloaded_at(t.params) + at;
+        if (reading) train_mem_->store()->read(mem, o, n);
+        else train_mem_->store()->write(o, mem, n);
+        return;
+    }
+    auto * p = static_cast<uint8_t *>(train_mem_->base(t.params)) + at;
+    if (reading) backend_.download(mem, p, n);
+    else backend_.upload(p, mem, n);
+}
+
 void Engine::store_own_params(const float * src, size_t n) {
     const TrainStep & t = *plans_.train;
     if (t.offloaded.master >= 0) {
@@ -75,8 +88,9 @@ void Engine::store_own_params(const float * src, size_t n) {
     } else if (t.sr_master()) {   // bf16-sr: rounded to nearest (exact for values a checkpoint holds)
         std::vector<uint16_t> raw(n);
         narrow_f32(raw.data(), src, n, DType::bf16);
-        auto * p = static_cast<uint8_t *>(train_mem_->base(t.params)) + (opt_.zero >= 3 ? 0 : t.shard_lo()) * 2;
-        backend_.upload(p, raw.data(), n * 2);
+        weights_bytes(false, (opt_.zero >= 3 ? 0 : t.shard_lo()) * 2, raw.data(), n * 2);
+    } else if (t.params_offloaded()) {   // fp32: the weights are the truth (ZeRO 3: the shard from 0)
+        weights_bytes(false, 0, const_cast<float *>(src), n * 4);
     } else {
         store_f32(own_params().first, own_params().second, src, n);
     }
@@ -94,9 +108,14 @@ float * Engine::params() {
         const Shard sh = shard();
         std::vector<uint16_t> raw(sh.size);
         const size_t at = opt_.zero >= 3 ? 0 : sh.lo, have = std::min(sh.size, sh.total - std::min(sh.total, at));
-        backend_.download(raw.data(), static_cast<const uint8_t *>(train_mem_->base(t.params)) + at * 2, have * 2);
+        weights_bytes(true, at * 2, raw.data(), have * 2);
         mirror_params_.assign(sh.size, 0.0f);
         widen_to_f32(mirror_params_.data(), raw.data(), have, DType::bf16);
+        return mirror_params_.data();
+    }
+    if (t.params_offloaded()) {   // fp32 weights in the store: a host copy
+        mirror_params_.resize(shard().size);
+        weights_bytes(true, 0, mirror_params_.data(), mirror_params_.size() * 4);
         return mirror_params_.data();
     }
     const auto [id, at] = own_params();
@@ -115,11 +134,10 @@ void Engine::params_changed() {
     // A device backend or offloaded master weights: what the caller wrote into params()'s host
     // mirror goes back first.
     const bool offl = t.offloaded.master >= 0;
-    if ((!backend_.host_memory() || offl || t.sr_master()) && params_handed_)
+    if ((!backend_.host_memory() || offl || t.sr_master() || t.params_offloaded()) && params_handed_)
         store_own_params(mirror_params_.data(), std::min(mirror_params_.size(), sh.hi - sh.lo));
     params_handed_ = false;
-    const size_t own = sh.hi - sh.lo, cs = dtype_size(t.compute());
-    auto * copy = static_cast<uint8_t *>(train_mem_->base(t.params)) + (opt_.zero >= 3 ? 0 : sh.lo * cs);
+    const size_t own = sh.hi - sh.lo, cs = dtype_size(t.compute()), at = opt_.zero >= 3 ? 0 : sh.lo * cs;
     if (offl && own > 0) {   // the compute-precision copy from the master weights, rounded on the host
         const std::vector<uint8_t> raw = state_bytes(t.master, t.offloaded.master);
         std::vector<uint8_t> bytes(own * cs);
@@ -129,16 +147,17 @@ void Engine::params_changed() {
             const uint16_t h = t.compute() == DType::bf16 ? f32_to_bf16(f) : f32_to_f16(f);
             std::memcpy(bytes.data() + 2 * i, &h, 2);
         }
-        backend_.upload(copy, bytes.data(), bytes.size());
+        weights_bytes(false, at, bytes.data(), bytes.size());
     } else if (t.master >= 0 && own > 0) {
         Tensor dst(t.params, t.compute(), {int64_t(own)}), src(t.master, DType::f32, {int64_t(own)});
-        dst.data = copy;
+        dst.data = static_cast<uint8_t *>(train_mem_->base(t.params)) + at;
         src.data = train_mem_->base(t.master);
         backend_.copy(dst, src);
     }
     // ZeRO 1 and 2: every rank's shard into everyone's whole weights.
     if ((opt_.zero == 1 || opt_.zero == 2) && opt_.data_parallel > 1)
-        comm_->iall_gather(copy, train_mem_->base(t.params), t.shard_counts(0, sh.total), cs)->wait();
+        comm_->iall_gather(static_cast<uint8_t *>(train_mem_->base(t.params)) + at, train_mem_->base(t.params),
+                           t.shard_counts(0, sh.total), cs)->wait();
 }
 
 void Engine::set_params(const float * whole) {

@@ -157,7 +157,14 @@ void TrainStep::declare_states(const ModelOptions & model, const std::string & p
         }
     }
     const size_t rest = S_ - off_elems_, ms = dtype_size(moments_);
-    params = program_.declare(pre + "parameters", Category::parameters, (dp.zero >= 3 ? S_ : P) * cs, true);
+    // The weights' shard offloaded too: every program (the same buffer, bound by name); the
+    // training one updates all of it through the units.
+    params_off_ = model.offload_params;
+    if (params_off_ && (dp.zero < 3 || lora_ || pp_.enabled() || (train && model.offload < 1)))
+        throw ConfigError("--offload optimizer+params streams each layer's weights from this rank's ZeRO-3 shard: "
+                          "it needs --zero 3, the whole optimizer state offloaded (--offload-fraction 1), no LoRA and no --pp");
+    params = program_.declare(pre + "parameters", params_off_ ? Category::offloaded : Category::parameters,
+                              (dp.zero >= 3 ? S_ : P) * cs, true);
     sources_[kTrainable] = {params, compute_, shards_, pre + "parameters"};
     // fp32 master weights: with the AdamW moments, the 12 bytes per parameter of optimizer state
     // in the ZeRO paper's count; reported in their own category.
@@ -180,6 +187,7 @@ void TrainStep::declare_states(const ModelOptions & model, const std::string & p
                 st.m_scale = program_.declare(at + "adamw.m_scale", cat(Category::optimizer_states), nb * 4, persistent);
                 st.v_scale = program_.declare(at + "adamw.v_scale", cat(Category::optimizer_states), nb * 4, persistent);
             }
+            if (params_off_ && !offl) st.params = program_.declare(at + "parameters", Category::parameters, n * cs);
             return st;
         };
         offloaded = states(pre + "offloaded.", true, off_elems_, off_blocks_, true);
@@ -301,6 +309,7 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
             g.layer(-1);
             sync.await(g, -1, false, 0);
             sync.gather(g, 0, false, 0);
+            if (cfg_.n_layer > 1) sync.prefetch(g, 1, false, 0);
             forward_begin = [&](Graph & gg, int l) { sync.forward_begin(gg, l, 0); };
         }
         // The teacher first: while it runs, none of the student's activations are live yet.
@@ -314,6 +323,7 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
             g.phase(Phase::communication);
             g.layer(-1);
             sync.gather(g, cfg_.n_layer - 1, true, 0);   // the top layer's backward weights, during the loss
+            if (cfg_.n_layer - 2 >= model_->lowest_trained_layer()) sync.prefetch(g, cfg_.n_layer - 2, true, 0);
         }
         if (train && reduce_scatter_) {   // the rest's gradients start in the head's backward
             g.phase(Phase::backward);
@@ -420,10 +430,14 @@ void TrainStep::offloaded_update(Graph & g, const StepScalars & s) const {
     const Tensor norm_sq(grad_norm_sq, DType::f32, {1});
     const bool mixed = master >= 0;
     const size_t cs = dtype_size(compute_), gs = dtype_size(grad_dt_), ms = dtype_size(moments_);
-    struct Pair { Tensor staged, stored; };
+    // What a unit stages: read from the store (unless `write_only`), updated, written back.
+    // Offloaded weights: under mixed precision only written (rounded from the master weights).
+    struct Pair { Tensor staged, stored; bool write_only = false; };
     auto pairs = [&](const Unit & u) {
         const int64_t n = int64_t(u.n), nb = int64_t(moments8_blocks(u.n));
         std::vector<Pair> p;
+        if (params_off_)
+            p.push_back({Tensor(u.stage.params, compute_, {n}), Tensor(params, compute_, {n}, u.at * cs), mixed});
         if (mixed) p.push_back({Tensor(u.stage.master, DType::f32, {n}), Tensor(offloaded.master, DType::f32, {n}, u.at * 4)});
         p.push_back({Tensor(u.stage.m, moments_, {n}), Tensor(offloaded.m, moments_, {n}, u.at * ms)});
         if (!sgd_) p.push_back({Tensor(u.stage.v, moments_, {n}), Tensor(offloaded.v, moments_, {n}, u.at * ms)});
@@ -434,12 +448,13 @@ void TrainStep::offloaded_update(Graph & g, const StepScalars & s) const {
         return p;
     };
     auto read = [&](size_t i) {
-        for (const Pair & q : pairs(units_[i])) g.offload_read(q.staged, q.stored, int(2 * (i % 2)));
+        for (const Pair & q : pairs(units_[i]))
+            if (!q.write_only) g.offload_read(q.staged, q.stored, int(2 * (i % 2)));
     };
     auto wait = [&](size_t i, int slot) {
         const std::vector<Pair> p = pairs(units_[i]);
         auto at = [&](size_t k) { return k < p.size() ? p[k].staged : Tensor{}; };
-        g.offload_wait(slot, {at(0), at(1), at(2), at(3), at(4)});
+        g.offload_wait(slot, {at(0), at(1), at(2), at(3), at(4), at(5)});
     };
     read(0);
     for (size_t i = 0; i < units_.size(); ++i) {
@@ -451,8 +466,9 @@ void TrainStep::offloaded_update(Graph & g, const StepScalars & s) const {
         const int64_t n = int64_t(u.n);
         const size_t x = lo_ + u.at, gx = dp_.zero >= 2 ? u.at : x, px = dp_.zero >= 3 ? u.at : x;
         h.keep_zeros = s.adamw.keep_zeros && sparse_target(param_at(x).name);   // a unit is within one parameter
-        const Tensor copy = mixed ? Tensor(params, compute_, {n}, px * cs) : Tensor{};
-        const Tensor param = mixed ? Tensor(u.stage.master, DType::f32, {n}) : weights(px, n);
+        const Tensor weights_now = params_off_ ? Tensor(u.stage.params, compute_, {n}) : Tensor(params, compute_, {n}, px * cs);
+        const Tensor copy = mixed ? weights_now : Tensor{};
+        const Tensor param = mixed ? Tensor(u.stage.master, DType::f32, {n}) : params_off_ ? weights_now : weights(px, n);
         h.sr_at = x;
         const Tensor grad(grads, grad_dt_, {n}, gx * gs), m(u.stage.m, moments_, {n}), v(u.stage.v, moments_, {n});
         if (sgd_)

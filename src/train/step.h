@@ -118,8 +118,13 @@ public:
     // --offload optimizer: the states of the shard's first offloaded_elems() elements (8-bit
     // moments: their first offloaded_blocks() scales) live in these buffers, category offloaded
     // (-1: none); the resident buffers above hold the rest, from that element (block) on.
-    struct States { BufferId master = -1, m = -1, v = -1, m_scale = -1, v_scale = -1; };
+    // A unit's staging (below) also has `params`, the compute-precision weights it writes back
+    // when they are offloaded too.
+    struct States { BufferId master = -1, m = -1, v = -1, m_scale = -1, v_scale = -1, params = -1; };
     States offloaded;
+    // --offload optimizer+params: `params` (the ZeRO-3 shard) is in the offloaded category too;
+    // the gathers read their part of it into staging buffers first, and the update writes it.
+    bool params_offloaded() const { return params_off_; }
     size_t offloaded_elems() const { return off_elems_; }
     size_t offloaded_blocks() const { return off_blocks_; }
     DType compute() const { return compute_; }
@@ -151,6 +156,10 @@ private:
     struct Unit { size_t at, n, block; bool decay; States stage; };
     std::vector<Unit> units_;
     size_t off_elems_ = 0, off_blocks_ = 0;
+    bool params_off_ = false;
+    // The store's copy slots: the update's units take 0..3, a group's weight reads kParamReadSlot
+    // on (one per group, direction and copy, as the gathers' flags).
+    static constexpr int kParamReadSlot = 4;
     void offloaded_update(Graph & g, const StepScalars & s) const;
     bool sr_ = false;   // --master-weights bf16-sr
     bool sgd_ = false;  // --optimizer sgd: adam_m is the momentum, no adam_v
@@ -210,6 +219,9 @@ private:
         size_t a, b;
         int src = kTrainable;
         std::vector<BufferId> fwd, bwd;
+        // Offloaded weights: this rank's part, read from the store before each gather (the
+        // largest part any rank holds, so every rank's plan is the same), like fwd and bwd.
+        std::vector<BufferId> fwd_in, bwd_in;
     };
     void frozen_groups();   // LoRA under ZeRO 3: the base's groups, after the trainable ones
     std::vector<Group> groups_;

@@ -71,7 +71,7 @@ void TrainStep::declare_sync(const Backend * sizing, const std::string & pre) {
         // A shared block's gradients are whole after the backward of its group's lowest layer.
         const int b = param_block(p.name), l = b < 0 ? -1 : b * cfg_.share_layers;
         if (!groups_.empty() && groups_.back().layer == l) groups_.back().b += p.numel;
-        else groups_.push_back(Group{l, p.offset, p.offset + p.numel, kTrainable, {}, {}});
+        else groups_.push_back(Group{l, p.offset, p.offset + p.numel, kTrainable, {}, {}, {}, {}});
     }
     for (size_t j = groups_.size(); j-- > 0;) {
         const Group & q = groups_[j];
@@ -136,6 +136,16 @@ void TrainStep::declare_sync(const Backend * sizing, const std::string & pre) {
                             : q.layer >= 0 && train ? program_.declare(name + ".bwd" + suffix(true, c),
                                                                        Category::parameters, bytes)
                                                     : q.fwd.back());
+            if (params_off_ && q.src == kTrainable) {   // this rank's part, read from the store first
+                const size_t most = src.sh.most(q.a, q.b) * dtype_size(src.dt);
+                auto staged = [&](const char * dir) {
+                    const std::string at = q.layer < 0 ? fmt::format("{}.staged.rest{}", src.name, q.a)
+                                                       : fmt::format("{}.staged.layer{}{}", src.name, q.layer, dir);
+                    return most ? program_.declare(at + suffix(true, c), Category::parameters, most) : BufferId(-1);
+                };
+                q.fwd_in.push_back(shared ? q.fwd_in.front() : staged(".fwd"));
+                q.bwd_in.push_back(shared ? q.bwd_in.front() : q.layer >= 0 && train ? staged(".bwd") : q.fwd_in.back());
+            }
             fwd[size_t(c * 3 + q.src)].push_back(Range{q.a, q.b, q.fwd.back()});
             bwd[size_t(c * 3 + q.src)].push_back(Range{q.a, q.b, q.bwd.back()});
         }
@@ -155,13 +165,13 @@ void TrainStep::frozen_groups() {
         const int l = param_block(p.name);
         const Group * last = groups_.empty() ? nullptr : &groups_.back();
         if (last && last->src == kBase && last->layer == l) groups_.back().b += p.numel;
-        else groups_.push_back(Group{l, p.offset, p.offset + p.numel, kBase, {}, {}});
+        else groups_.push_back(Group{l, p.offset, p.offset + p.numel, kBase, {}, {}, {}, {}});
     }
     const auto & e = quant_layout_.entries;
     for (size_t i = 0; i < e.size(); ++i) {
         const size_t end = i + 1 < e.size() ? e[i + 1].offset : quant_layout_.bytes;
         if (i > 0 && e[i - 1].layer == e[i].layer) groups_.back().b = end;
-        else groups_.push_back(Group{e[i].layer, e[i].offset, end, kBaseQ, {}, {}});
+        else groups_.push_back(Group{e[i].layer, e[i].offset, end, kBaseQ, {}, {}, {}, {}});
     }
 }
 
@@ -173,7 +183,7 @@ Tensor TrainStep::grad_view(const Bucket & k, int copy) const {
 
 TrainStep::Sync::Sync(const TrainStep & st)
     : st_(st), nb_(int(st.buckets_.size())), ng_(int(st.groups_.size())),
-      started_(size_t(2 * ng_ * st.copies_), 0), waited_(started_.size(), 0) {}
+      started_(size_t(2 * ng_ * st.copies_), 0), waited_(started_.size(), 0), read_(started_.size(), 0) {}
 
 // Group q holds layer l's weights: its own layer's, or (shared blocks) every layer of its group,
 // gathered at the group's first use in each direction and kept until its last.
@@ -188,20 +198,49 @@ size_t TrainStep::Sync::flag(int j, bool backward, int copy) const {
     return size_t((c * 2 + (backward ? 1 : 0)) * ng_ + j);
 }
 
-void TrainStep::Sync::gather(Graph & g, int layer, bool backward, int copy) {
+Tensor TrainStep::Sync::own(int j) const {
+    const Group & q = st_.groups_[size_t(j)];
+    const Source & src = st_.sources_[q.src];
+    const int r = st_.dp_.rank;
+    const size_t mine = src.sh.in(q.a, q.b, r), lo = src.sh.lo(r);
+    return mine ? Tensor(src.flat, src.dt, {int64_t(mine)}, (std::max(q.a, lo) - lo) * dtype_size(src.dt)) : Tensor{};
+}
+
+Tensor TrainStep::Sync::staged(int j, bool backward, int copy) const {
+    const Group & q = st_.groups_[size_t(j)];
+    const Tensor mine = own(j);
+    if (q.fwd_in.empty() || !mine.valid()) return Tensor{};
+    const int c = q.layer < 0 ? 0 : copy;
+    return Tensor(backward ? q.bwd_in[size_t(c)] : q.fwd_in[size_t(c)], mine.dtype, {mine.numel()});
+}
+
+void TrainStep::Sync::prefetch(Graph & g, int layer, bool backward, int copy) {
     for (int j = 0; j < ng_; ++j) {
         const Group & q = st_.groups_[size_t(j)];
-        if (!serves(q, layer) || started_[flag(j, backward, copy)]) continue;
-        started_[flag(j, backward, copy)] = 1;
+        const size_t f = flag(j, backward, copy);
+        const Tensor in = staged(j, backward, copy);
+        if (!serves(q, layer) || read_[f] || started_[f] || !in.valid()) continue;
+        read_[f] = 1;
+        g.offload_read(in, own(j), kParamReadSlot + int(f));
+    }
+}
+
+void TrainStep::Sync::gather(Graph & g, int layer, bool backward, int copy) {
+    prefetch(g, layer, backward, copy);
+    for (int j = 0; j < ng_; ++j) {
+        const Group & q = st_.groups_[size_t(j)];
+        const size_t f = flag(j, backward, copy);
+        if (!serves(q, layer) || started_[f]) continue;
+        started_[f] = 1;
         const Source & src = st_.sources_[q.src];
-        const std::vector<size_t> counts = src.sh.counts(q.a, q.b);
-        const int r = st_.dp_.rank;
-        const size_t mine = counts[size_t(r)], lo = src.sh.lo(r);
-        const Tensor in = mine ? Tensor(src.flat, src.dt, {int64_t(mine)}, (std::max(q.a, lo) - lo) * dtype_size(src.dt))
-                               : Tensor{};
+        Tensor in = own(j);
+        if (const Tensor s = staged(j, backward, copy); s.valid()) {
+            g.offload_wait(kParamReadSlot + int(f), {s});
+            in = s;
+        }
         const int c = q.layer < 0 ? 0 : copy;
         const BufferId out = backward ? q.bwd[size_t(c)] : q.fwd[size_t(c)];
-        g.all_gather_start(Tensor(out, src.dt, {int64_t(q.b - q.a)}), in, counts, slot(j, backward));
+        g.all_gather_start(Tensor(out, src.dt, {int64_t(q.b - q.a)}), in, src.sh.counts(q.a, q.b), slot(j, backward));
     }
 }
 
@@ -212,7 +251,9 @@ void TrainStep::Sync::await(Graph & g, int layer, bool backward, int copy) {
         if (!serves(q, layer) || waited_[flag(j, backward, copy)]) continue;
         waited_[flag(j, backward, copy)] = 1;
         const int c = q.layer < 0 ? 0 : copy;
-        g.comm_wait(slot(j, backward), {Tensor(backward ? q.bwd[size_t(c)] : q.fwd[size_t(c)], st_.sources_[q.src].dt, {1})});
+        // The staged part is the gather's input: live until the gather is done.
+        g.comm_wait(slot(j, backward), {Tensor(backward ? q.bwd[size_t(c)] : q.fwd[size_t(c)], st_.sources_[q.src].dt, {1}),
+                                        staged(j, backward, copy)});
     }
 }
 
@@ -270,6 +311,7 @@ void TrainStep::Sync::forward_begin(Graph & g, int l, int copy) {
     g.phase(Phase::communication);
     await(g, l, false, copy);
     if (l + 1 < st_.cfg_.n_layer) gather(g, l + 1, false, copy);
+    if (l + 2 < st_.cfg_.n_layer) prefetch(g, l + 2, false, copy);
 }
 
 // Before layer l's backward: ZeRO 3's weights awaited and the next layer's gather started (down
@@ -279,6 +321,7 @@ void TrainStep::Sync::backward_begin(Graph & g, int l, int copy, int lowest) {
         g.phase(Phase::communication);
         await(g, l, true, copy);
         if (l - 1 >= lowest) gather(g, l - 1, true, copy);
+        if (l - 2 >= lowest) prefetch(g, l - 2, true, copy);
     }
     g.phase(Phase::backward);
     for (const auto & k : st_.buckets_)

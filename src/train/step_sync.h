@@ -22,6 +22,9 @@ public:
     // copy `copy`; await also waits for them (once).
     void gather(Graph & g, int layer, bool backward, int copy);
     void await(Graph & g, int layer, bool backward, int copy);
+    // Offloaded weights (--offload optimizer+params): the reads of `layer`'s parts from the store
+    // started, one layer before their gather (which starts any not started, and waits for them).
+    void prefetch(Graph & g, int layer, bool backward, int copy);
     void forward_begin(Graph & g, int l, int copy);
     void backward_begin(Graph & g, int l, int copy, int lowest);
     void backward_done(Graph & g, int l, int copy);
@@ -34,11 +37,15 @@ public:
 private:
     const TrainStep & st_;
     int nb_, ng_;
-    std::vector<char> started_, waited_;
+    std::vector<char> started_, waited_, read_;
     std::vector<std::pair<int, int>> in_flight_;   // (bucket, copy)
     bool serves(const Group & q, int layer) const;
     size_t flag(int group, bool backward, int copy) const;
     int slot(int group, bool backward) const { return nb_ + group + (backward ? ng_ : 0); }
+    // Group j's part of this rank's shard (null when it holds none): the flat buffer's view, and
+    // (offloaded weights) the staging buffer's it is read into for one direction and copy.
+    Tensor own(int j) const;
+    Tensor staged(int j, bool backward, int copy) const;
     Tensor shard_piece(const Bucket & k) const;
     Tensor receive(const Bucket & k, int copy) const;
     Tensor own_part(const Bucket & k, int copy) const;

@@ -1,16 +1,17 @@
-# --offload optimizer under data parallel: each rank keeps its shard's master weights and moments in
-# a file of its own under --offload-dir; --zero 1 (shards) and --zero 0 (whole states) in bf16 end
-# bit for bit where the in-memory jobs end, and nothing is left in the folder.
+# --offload under data parallel: each rank keeps its shard's master weights and moments (and with
+# optimizer+params its ZeRO-3 weight shard) in a file of its own under --offload-dir; --zero 1
+# (shards), --zero 0 (whole states) and --zero 3 in bf16 end bit for bit where the in-memory jobs
+# end, and nothing is left in the folder.
 # Usage: bash offload.sh MEMFIT MPIEXEC SOURCE_DIR
 source "$(dirname "$0")/common.sh"
 cd "$WORK"
 mkdir -p states
-ARGS=(train --model nano --data "$WORK/data" --seq 32 --micro-batch 2 --precision bf16 --sample 0 --eval-every 0
+ARGS=(train --model nano --data "$WORK/data" --seq 32 --micro-batch 2 --precision bf16 --sample 0
       --progress quiet --threads 1 --lr 1e-3 --steps 8 --checkpoint-every 8)
 for zero in 0 1; do
     rm -rf mem off
-    mpi 2 "${ARGS[@]}" --zero $zero --out mem > mem.log 2>&1 || { cat mem.log; fail "--zero $zero in memory"; }
-    mpi 2 "${ARGS[@]}" --zero $zero --offload optimizer --offload-dir states --out off > off.log 2>&1 ||
+    mpi 2 "${ARGS[@]}" --eval-every 0 --zero $zero --out mem > mem.log 2>&1 || { cat mem.log; fail "--zero $zero in memory"; }
+    mpi 2 "${ARGS[@]}" --eval-every 0 --zero $zero --offload optimizer --offload-dir states --out off > off.log 2>&1 ||
         { cat off.log; fail "--zero $zero offloaded"; }
     n=0
     for f in mem/checkpoints/step-000008/state*.safetensors; do
@@ -20,5 +21,28 @@ for zero in 0 1; do
     [ "$n" -ge 1 ] || fail "--zero $zero: no state files"
     grep -q '"offloaded": [1-9]' off/summary.json || fail "--zero $zero: no offloaded bytes in summary.json"
 done
+# --offload optimizer+params: the ZeRO-3 weight shard in the file too, read a layer ahead of each
+# gather; with accumulation (the first, middle and last programs share the file) and validation.
+for accum in 1 3; do
+    rm -rf mem off
+    mpi 2 "${ARGS[@]}" --zero 3 --grad-accum $accum --eval-every 4 --out mem > mem.log 2>&1 ||
+        { cat mem.log; fail "--zero 3 accum $accum in memory"; }
+    mpi 2 "${ARGS[@]}" --zero 3 --grad-accum $accum --eval-every 4 --offload optimizer+params --offload-dir states \
+        --out off > off.log 2>&1 || { cat off.log; fail "--zero 3 accum $accum, optimizer+params offloaded"; }
+    for f in mem/checkpoints/step-000008/state*.safetensors; do
+        cmp "$f" "off/checkpoints/step-000008/$(basename "$f")" || fail "optimizer+params accum $accum: $(basename "$f") differs"
+    done
+    [ "$(losses mem/metrics.jsonl | wc -l)" -ge 3 ] || fail "accum $accum: fewer than 3 losses logged"
+    cmp <(losses mem/metrics.jsonl) <(losses off/metrics.jsonl) || fail "optimizer+params accum $accum: losses differ"
+    # Validation (every 4 steps) runs its own program over the same offloaded weights.
+    val() { grep -o '"val_loss":[^,}]*' "$1"; }
+    [ "$(val mem/metrics.jsonl | wc -l)" -ge 1 ] || fail "accum $accum: no validation loss logged"
+    [ "$(val mem/metrics.jsonl)" = "$(val off/metrics.jsonl)" ] || fail "optimizer+params accum $accum: validation differs"
+    # The planned device peak (the categories' peaks but the offloaded one, summed: "total") is lower.
+    dev() { awk '/^  "planned": \{/ { p = 1 } p && /"total"/ { gsub(/[^0-9]/, ""); print; exit }' "$1"; }
+    m=$(dev mem/summary.json) o=$(dev off/summary.json)
+    [ "$o" -lt "$m" ] || fail "optimizer+params accum $accum: planned device peak $o bytes, not below $m"
+    echo "accum $accum: planned device peak $m -> $o bytes"
+done
 [ -z "$(ls -A states)" ] || { ls -la states; fail "offload files left behind"; }
-echo "ok: offloaded states end bit for bit where the in-memory jobs end (--zero 0, 1; 2 ranks)"
+echo "ok: offloaded states end bit for bit where the in-memory jobs end (--zero 0, 1; --zero 3 optimizer+params; 2 ranks)"

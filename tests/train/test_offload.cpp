@@ -1,7 +1,8 @@
 // --offload optimizer: the master weights and moments of the offloaded share live in a file (the
 // CPU backend's store) and are staged through device memory unit by unit for the same kernels,
 // so the run equals the in-memory one bit for bit; the `offloaded` category is planned and
-// measured exactly, and the device's bytes drop by the offloaded states less the staging.
+// measured exactly, and the device's bytes drop by the offloaded states less the staging. With
+// optimizer+params (ZeRO 3) the weights' shard joins them.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -112,6 +113,67 @@ TEST(Offload, StatesInAFileTrainBitForBitLikeInMemory) {
     }
 }
 
+// --offload optimizer+params: ZeRO 3's weight shard in the file too, read into staging a layer
+// ahead of each gather and written back by the update; bit for bit the in-memory ZeRO-3 run, the
+// whole shard of weights off the device, planned and measured alike.
+TEST(Offload, WeightsInTheFileTooTrainBitForBitLikeInMemory) {
+    const ModelConfig cfg = small_config(64, 32, 3, 2);
+    struct P { DType compute, moments; int accum; bool checking, sr, sgd; };
+    const P cases[] = {{DType::f32, DType::f32, 1, true, false, false},  {DType::bf16, DType::f32, 1, false, false, false},
+                       {DType::bf16, DType::u8, 2, false, false, false}, {DType::bf16, DType::f32, 3, true, true, false},
+                       {DType::f32, DType::f32, 2, false, false, true}};
+    for (const P & c : cases) {
+        SCOPED_TRACE(std::string(dtype_name(c.compute)) + " moments " + std::string(dtype_name(c.moments)) + " accum " +
+                     std::to_string(c.accum) + (c.sr ? " bf16-sr" : "") + (c.sgd ? " sgd" : ""));
+        EngineOptions eo;
+        eo.B = 2, eo.T = 16, eo.with_eval = true, eo.compute = c.compute, eo.moments = c.moments, eo.zero = 3;
+        eo.grad_accum = c.accum, eo.checking = c.checking, eo.sr_master = c.sr, eo.sgd = c.sgd;
+        const Trained mem = train(cfg, eo, 4);
+        eo.offload = 1, eo.offload_params = true, eo.offload_dir = offload_dir(), eo.offload_unit = 512;
+        const Trained off = train(cfg, eo, 4), resumed = train(cfg, eo, 4, 2);
+        EXPECT_EQ(off.losses, mem.losses);
+        EXPECT_EQ(off.state.params, mem.state.params);
+        EXPECT_EQ(off.state.m, mem.state.m);
+        EXPECT_EQ(off.state.v, mem.state.v);
+        EXPECT_EQ(resumed.losses, mem.losses);
+        EXPECT_EQ(resumed.state.params, mem.state.params);
+        for (int k = 0; k < kCategoryCount; ++k) {
+            EXPECT_EQ(off.planned_live.v[size_t(k)], off.measured_live.v[size_t(k)]) << category_name(Category(k));
+            if (!c.checking) {
+                EXPECT_EQ(off.planned_reserved.v[size_t(k)], off.measured_reserved.v[size_t(k)]) << category_name(Category(k));
+            }
+        }
+        // The file holds the weights' shard (compute dtype) beside the optimizer state; on the
+        // device the weights are the gathered layers and their staging, below the whole shard
+        // the in-memory run keeps plus them.
+        const size_t P = mem.state.params.size(), cs = dtype_size(c.compute);
+        const double per = (c.compute == DType::f32 || c.sr ? 0.0 : 4.0) + (c.sgd ? 1.0 : 2.0) * double(dtype_size(c.moments));
+        const uint64_t offloaded = off.measured_live.v[size_t(Category::offloaded)];
+        EXPECT_GE(double(offloaded), double(P) * (per + double(cs)));
+        const uint64_t weights = mem.planned_live.v[size_t(Category::parameters)];
+        EXPECT_LT(off.planned_live.v[size_t(Category::parameters)], weights);
+        EXPECT_LT(off.planned_live.total(), mem.planned_live.total());
+    }
+}
+
+// Forward-only programs (Engine::logits) read the offloaded weights through the same staging.
+TEST(Offload, LogitsReadTheOffloadedWeights) {
+    const ModelConfig cfg = small_config(64, 32, 2, 2);
+    EngineOptions eo;
+    eo.B = 2, eo.T = 16, eo.with_eval = false, eo.compute = DType::bf16, eo.zero = 3;
+    std::vector<int32_t> in(32), tg(32);
+    random_batch(in, tg, cfg.vocab_size, 7);
+    CpuBackend backend;
+    Engine mem(cfg, backend, eo);
+    mem.init_params(3);
+    eo.offload = 1, eo.offload_params = true, eo.offload_dir = offload_dir();
+    Engine off(cfg, backend, eo);
+    off.init_params(3);
+    const std::vector<float> a = mem.logits(in.data(), 2), b = off.logits(in.data(), 2);
+    ASSERT_FALSE(a.empty());
+    EXPECT_EQ(a, b);
+}
+
 TEST(Offload, WhereTheStatesCannotGoIsOneClearError) {
     const ModelConfig cfg = small_config(64, 32, 2, 2);
     CpuBackend backend;
@@ -123,6 +185,15 @@ TEST(Offload, WhereTheStatesCannotGoIsOneClearError) {
     } catch (const ConfigError & e) {
         EXPECT_NE(std::string(e.what()).find("needs --offload-dir DIR"), std::string::npos) << e.what();
     }
+    eo.offload_dir = offload_dir();
+    eo.offload_params = true;   // the weights leave as ZeRO 3's shard
+    try {
+        Engine e(cfg, backend, eo);
+        ADD_FAILURE() << "offloaded the weights without ZeRO 3";
+    } catch (const ConfigError & e) {
+        EXPECT_NE(std::string(e.what()).find("needs --zero 3"), std::string::npos) << e.what();
+    }
+    eo.offload_params = false;
     eo.offload_dir = offload_dir() + "/missing";
     try {
         Engine e(cfg, backend, eo);
