@@ -129,44 +129,43 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     } else {
         m.device = model_state_bytes(params, c);
     }
-    if (L.offload == Offload::optimizer) {
+    if (L.offload != Offload::none) {
         // memfit's engine (train/step.h): master weights and moments in host memory, staged
         // through the device three units at a time (2^18 elements, more past a shard of 64 Mi:
         // offload_unit_for); the gradients stay.
         // --offload-fraction F: that share of both (whole units of the shard, here to the byte).
+        // optimizer+params (ZeRO 3): all of both and the weights' shard, which each unit's
+        // update writes back through its staging (s bytes an element).
+        const bool weights = L.offload == Offload::optimizer_params;
         const double per = optimizer_state_bytes(c.optimizer) +
-                           (c.compute == DType::f32 || c.master_weights == MasterWeights::bf16_sr ? 0.0 : 4.0);
-        const double F = c.offload_fraction;
+                           (c.compute == DType::f32 || c.master_weights == MasterWeights::bf16_sr ? 0.0 : 4.0) +
+                           (weights ? double(s) : 0.0);
+        const double F = weights ? 1.0 : c.offload_fraction;
         const uint64_t trainable = lp ? uint64_t((layers * lp->adapters_per_layer + L.tp - 1) / L.tp) : uint64_t(params);
         const size_t unit = offload_unit_for(L.zero >= 1 ? ceil_div(trainable, uint64_t(L.dp)) : trainable);
         const uint64_t mw = m.device[Category::master_weights], os = m.device[Category::optimizer_states];
         m.host = uint64_t(std::ceil(F * double(mw + os)));
         m.device[Category::master_weights] = mw - uint64_t(std::ceil(F * double(mw)));
+        if (weights) {
+            m.host += m.device[Category::parameters];
+            m.device[Category::parameters] = 0;
+        }
         m.device[Category::optimizer_states] = os - uint64_t(std::ceil(F * double(os))) +
                                                std::min(m.host, uint64_t(std::ceil(3.0 * double(unit) * per)));
-    }
-    if (L.offload == Offload::optimizer_params) {
-        // ZeRO-Offload: the optimizer runs on the host, so gradients stream there bucket by
-        // bucket (the buckets are counted in `communication`) and accumulate there.
-        m.host = m.device[Category::master_weights] + m.device[Category::optimizer_states] +
-                 m.device[Category::gradients];
-        m.device[Category::master_weights] = m.device[Category::optimizer_states] = 0;
-        m.device[Category::gradients] = 0;
-        m.host += m.device[Category::parameters];
-        m.device[Category::parameters] = 0;
-        m.frozen = 0;   // LoRA: the (dense) base lives on the host too
     }
     // ZeRO-3 and parameter offload keep two layers' weights gathered on the device.
     const uint64_t layer_weights = lp ? lp->layer_base_bytes(ps.per_layer, s) + uint64_t(lp->adapters_per_layer) * s
                                       : uint64_t(ps.per_layer) * s;
     const uint64_t gathered = ceil_div(layer_weights, uint64_t(L.tp)) * 2;
     uint64_t comm = 0;
-    if (L.zero >= 3 || L.offload == Offload::optimizer_params) comm += gathered;
+    if (L.zero >= 3) comm += gathered;
+    // Parameter offload: two layers' parts of the shard staged (read ahead of their gathers).
+    if (L.offload == Offload::optimizer_params) comm += ceil_div(gathered, uint64_t(L.dp));
     // Two gradient buckets: one moving, one filling (LoRA: at most the adapters' gradients).
     const uint64_t bucket = lp ? std::min(uint64_t(kBucketBytes),
                                           uint64_t(lp->adapters) * (c.grad_accum > 1 && L.zero < 2 ? 4 : s))
                                : uint64_t(kBucketBytes);
-    if (L.dp > 1 || L.offload == Offload::optimizer_params) comm += 2 * bucket;
+    if (L.dp > 1) comm += 2 * bucket;
 
     // Activations of one micro-batch of one layer, by unit.
     const int b = c.micro_batch;

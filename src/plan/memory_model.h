@@ -15,10 +15,11 @@
 //                 micro-batches accumulate in fp32, as the engine does). ZeRO-1 divides master
 //                 weights and optimizer states by dp, ZeRO-2 also gradients, ZeRO-3 also the
 //                 weights, and adds two layers' gathered weights (in use and prefetched) to
-//                 `communication`. Optimizer offload moves master weights, optimizer states and
-//                 gradients to the host (reported as host bytes; gradients stream there bucket
-//                 by bucket);
-//                 optimizer+params also the weights (two layers stay gathered on the device).
+//                 `communication`. Optimizer offload (memfit's engine, train/step.h) moves the
+//                 master weights and optimizer states to the host (reported as host bytes; three
+//                 units of 2^18 elements or more staged on the device; the gradients stay);
+//                 optimizer+params (ZeRO-3) also the weights' shard (two layers' parts of it
+//                 staged ahead of their gathers, and each unit's s bytes an element).
 //   activations   per layer and micro-batch, the engine's kept units (layer_keep_cost) for the
 //                 recompute policy plus the layer's input; tensor parallelism divides the units
 //                 that are split by heads or by the MLP width (qkv, attention output and

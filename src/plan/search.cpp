@@ -104,12 +104,17 @@ std::vector<Layout> searched_layouts(const PlanRequest & r) {
                 std::vector<Offload> offloads{Offload::none};
                 if (gpu) offloads = {Offload::none, Offload::optimizer, Offload::optimizer_params};
                 for (Offload off : fixed_or(r.offload, offloads)) {
-                    // Parameter offload: ZeRO-Infinity's, over ZeRO-3 shards, or one device's.
-                    if (off == Offload::optimizer_params && zero < 3 && dp > 1 && !r.offload) continue;
-                    if (pp > 1 && zero >= 2 && !r.zero) continue;   // ZeRO-2/3 with pipelines: not searched
+                    // Parameter offload streams each layer from the ZeRO-3 shard (one device's: a
+                    // shard of the whole); asked for with a lower --zero, it is listed, refused.
+                    int z = zero;
+                    if (off == Offload::optimizer_params && zero < 3 && !(r.offload && r.zero)) {
+                        if (dp > 1 || r.zero) continue;
+                        z = 3;
+                    }
+                    if (pp > 1 && z >= 2 && !r.zero) continue;   // ZeRO-2/3 with pipelines: not searched
                     for (bool sp : fixed_or(r.sp, tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})) {
                         Layout L;
-                        L.dp = dp, L.tp = tp, L.pp = pp, L.zero = zero, L.offload = off, L.sp = sp && tp > 1;
+                        L.dp = dp, L.tp = tp, L.pp = pp, L.zero = z, L.offload = off, L.sp = sp && tp > 1;
                         out.push_back(L);
                     }
                 }

@@ -167,9 +167,8 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     const double state = optimizer_state_bytes(c.optimizer);
     const bool master = c.compute != DType::f32 && c.master_weights != MasterWeights::bf16_sr;
     const double update_bytes = 2.0 * (state + 4.0) + g + (master ? s : 0.0);   // per parameter
-    // The device runs the update unless ZeRO-Offload's host does (optimizer_params, modelled only).
-    const bool host_update = L.offload == Offload::optimizer_params;
-    t.memory_bound = m * mem_mb + (host_update ? 0.0 : shard * update_bytes / bw);
+    // The device runs the update (offloaded states are staged through it: train/step.h).
+    t.memory_bound = m * mem_mb + shard * update_bytes / bw;
 
     // --- placement and links
     const int devices = L.devices();
@@ -242,13 +241,14 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     // --- offload
     if (L.offload != Offload::none) {
         const double host = need(hw.host_bw, hw, "host link bandwidth (host_bw)");
-        if (L.offload == Offload::optimizer) {
-            // memfit's engine (train/step.h): the offloaded master weights and moments are read to
-            // the device and written back, unit by unit; the device updates them.
-            t.offload = c.offload_fraction * shard * 2.0 * (state + (master ? 4.0 : 0.0)) / host;
-        } else {
-            t.offload = shard * (g + s) / host + shard * update_bytes * r / kHostMemoryBandwidth;
-            t.offload += m * 2.0 * (L.zero >= 3 ? weights / dp : weights) / host;
+        // memfit's engine (train/step.h): the offloaded master weights and moments are read to
+        // the device and written back, unit by unit; the device updates them.
+        const double F = L.offload == Offload::optimizer ? c.offload_fraction : 1.0;
+        t.offload = F * shard * 2.0 * (state + (master ? 4.0 : 0.0)) / host;
+        if (L.offload == Offload::optimizer_params) {
+            // The weights' shard: written by the update (read too where it is the fp32 truth), and
+            // each layer's part read before its gather, forward and backward, every micro-batch.
+            t.offload += shard * s * (master ? 1.0 : 2.0) / host + m * 2.0 * weights / dp / host;
         }
     }
 

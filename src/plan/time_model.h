@@ -70,12 +70,12 @@
 //                 weights (mixed precision) and moments of --offload-fraction of the shard (Ψ / dp
 //                 with ZeRO >= 1, else Ψ) go up to the device and back over host_bw, unit by unit
 //                 (the cpu entry's host_bw: the calibrated --offload-dir round trip), and the device
-//                 updates them (the update stays in memory_bound). optimizer_params (memfit plan
-//                 only): ZeRO-Offload (Ren et al. 2021): the gradient shard goes down in g bytes
-//                 and the updated weights come up in s bytes over host_bw, the host runs the
-//                 update (the same bytes per parameter as on the device) at kHostMemoryBandwidth,
-//                 shared by the node's r devices, and the weight shard comes up for each
-//                 micro-batch's forward and backward. Not overlapped (no delayed parameter update).
+//                 updates them (the update stays in memory_bound). optimizer_params (ZeRO-3):
+//                 all of the states as above, plus the weight shard: written by the update (s
+//                 bytes a parameter; read too where it is the fp32 truth) and each layer's part of
+//                 it read up before its gather, forward and backward, each micro-batch (2 m x
+//                 weights / dp). Not overlapped (the engine overlaps the reads with the layer
+//                 before: an upper bound).
 //   total         compute + memory_bound + comm_exposed + bubble + offload (recompute is inside
 //                 compute).
 //   mfu           train_flops_per_token x seq x global batch / (total x devices x peak), with
@@ -118,7 +118,6 @@ namespace memfit {
 constexpr double kLinkEfficiency = 0.80;        // NCCL bus bandwidth, of the link's line rate
 constexpr double kOverlapFraction = 0.80;       // share of a backward that gradient collectives can hide under
 constexpr double kLossBytesPerLogit = 12;       // fp32 logits: read for max/sum, read again, write the gradient
-constexpr double kHostMemoryBandwidth = 100e9;  // bytes/s of a node's host memory for the CPU optimizer
 
 // train_flops_per_token (6 N + 12 L H T) is in model/config.h.
 

@@ -161,11 +161,18 @@ TEST(PlanMemory, LayoutsDivideWhatTheyShouldAndOffloadMovesToTheHost) {
     EXPECT_LT(o.device[Category::optimizer_states], one.device[Category::optimizer_states] / 100);
     EXPECT_EQ(o.device[Category::gradients], one.device[Category::gradients]);
     EXPECT_EQ(o.host, one.device[Category::optimizer_states] + one.device[Category::master_weights]);
-    off.layout.offload = Offload::optimizer_params;   // ZeRO-Offload's: the gradients and weights too
+    off.layout.offload = Offload::optimizer_params;   // the weights' ZeRO-3 shard too; the gradients stay
     off.layout.zero = 3;
     const DeviceMemory op = predict_memory(cfg, hw, off, 4096);
-    EXPECT_EQ(op.device[Category::optimizer_states], 0u);
-    EXPECT_EQ(op.device[Category::gradients], 0u);
+    Candidate z1 = base;
+    z1.layout.zero = 3;
+    const DeviceMemory z = predict_memory(cfg, hw, z1, 4096);
+    EXPECT_EQ(op.device[Category::parameters], 0u);
+    EXPECT_EQ(op.device[Category::master_weights], 0u);
+    EXPECT_LT(op.device[Category::optimizer_states], one.device[Category::optimizer_states] / 100);
+    EXPECT_EQ(op.device[Category::gradients], z.device[Category::gradients]);
+    EXPECT_EQ(op.host, z.device[Category::parameters] + z.device[Category::master_weights] +
+                           z.device[Category::optimizer_states]);
     // Pipeline: GPipe keeps all m micro-batches in flight on the first stage, 1F1B at most pp.
     Candidate pp = base;
     pp.layout.pp = 4;
