@@ -65,6 +65,12 @@ public:
     // another single communicator (its own mailbox).
     virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
 
+    // Makes isend never hold up the calls after it until the peer receives, as MPI's does (the
+    // interleaved pipeline schedule, whose sends are outstanding while it receives). Collective,
+    // once, before any point-to-point call. A no-op where sends already behave so (MPI, single);
+    // NCCL: per-sender communicators and a stream of their own (nccl_communicator.cpp).
+    virtual void open_send_channels() {}
+
     // Convenience: every rank's value, in rank order; the sum of every rank's value (gathered
     // and added in rank order, so every rank gets the same bits). Host values: virtual so that a
     // communicator of device buffers (NCCL) can pass them to its host communicator.

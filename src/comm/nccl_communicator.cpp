@@ -35,11 +35,11 @@
 // Point-to-point: NCCL has no tags. Messages between one pair of ranks are received in the
 // order they were sent, whatever their tags; a receive must be posted for every send in that
 // order and with the same size (NCCL does not check sizes: a mismatch hangs or corrupts). The
-// engine's 1F1B pipeline (one sendrecv per exchange, one message per direction in flight)
-// satisfies this; a schedule that matches messages out of order by tag does not (the
-// interleaved schedule with two stages, where each stage sends both activations and gradients
-// to the same neighbour, must receive them in the order they were sent). Tags are checked
-// (>= 0) and otherwise ignored. sendrecv is a grouped ncclSend + ncclRecv, so neither half waits
+// engine's schedules satisfy this: 1F1B has one sendrecv per exchange, one message per direction
+// in flight; in the interleaved one each stage receives a neighbour's messages in the order that
+// neighbour sends them (PipelineSchedule.InterleavedNeighboursAgreeOnMessageOrder), with several
+// sends outstanding, which needs open_send_channels() (below). Tags are checked (>= 0) and
+// otherwise ignored. sendrecv is a grouped ncclSend + ncclRecv, so neither half waits
 // for the other. Zero-byte messages are skipped on both sides (their sizes are equal).
 //
 // isend: a lone ncclSend would hold the stream until the peer's receive runs, so two stages
@@ -48,7 +48,15 @@
 // inside the same group as that call's own sends and receives when it is a point-to-point call
 // (then it behaves like MPI's: the send and the receive progress together), or at its wait(),
 // or when its request is destroyed, whichever comes first. Held sends keep their order. The
-// data must stay untouched until wait(), as the interface already asks.
+// data must stay untouched until wait(), as the interface already asks. That suffices for one
+// send outstanding per exchange (1F1B), not for a schedule that keeps several sends out while
+// it receives (interleaved): a group holding a send blocks the stream until the peer receives
+// it. open_send_channels() makes isend MPI-like: each rank sends on a communicator of its colour
+// (ranks of one colour never neighbour each other in the pipeline's ring: two colours, three for
+// an odd ring) from a stream of its own, after an event of the main stream (the data is ready),
+// and the request's wait() makes the main stream wait for the send's event; receives from rank
+// r are posted on r's colour's communicator on the main stream. So a send holds up only the
+// sends after it; each communicator is used on one stream per rank (NCCL's rule).
 //
 // Host memory: a call whose buffers are host memory (cudaPointerGetAttributes: not device or
 // managed memory) is passed to the MPI communicator, with MPI's semantics (tags included), so
@@ -145,6 +153,9 @@ struct NcclState {
     ncclComm_t comm = nullptr;
     cudaStream_t stream = nullptr;
     std::vector<Held> held;   // isends not enqueued yet, in call order
+    // open_send_channels(): one communicator per colour, and this rank's sending stream.
+    std::vector<ncclComm_t> channels;
+    cudaStream_t send_stream = nullptr;
 
     NcclState() = default;
     NcclState(const NcclState &) = delete;
@@ -154,7 +165,10 @@ struct NcclState {
         // Work still in the stream uses comm: finish it first (the stream must still exist,
         // so destroy the communicator before the backend). Errors are ignored on the way out.
         if (stream) (void)cudaStreamSynchronize(stream);
+        if (send_stream) (void)cudaStreamSynchronize(send_stream);
         if (comm) (void)ncclCommDestroy(comm);
+        for (ncclComm_t c : channels) (void)ncclCommDestroy(c);
+        if (send_stream) (void)cudaStreamDestroy(send_stream);
     }
 
     // The held sends, then the point-to-point calls of `more`, in one group.
@@ -173,6 +187,10 @@ struct NcclState {
     // An error from NCCL's kernels or proxy thread (a peer gone, a network failure).
     void check_async() const {
         ncclResult_t a = ncclSuccess;
+        for (ncclComm_t c : channels) {
+            MF_NCCL(ncclCommGetAsyncError(c, &a));
+            if (a != ncclSuccess && a != ncclInProgress) nccl_fail(__FILE__, __LINE__, "ncclCommGetAsyncError", a);
+        }
         MF_NCCL(ncclCommGetAsyncError(comm, &a));
         if (a != ncclSuccess && a != ncclInProgress) nccl_fail(__FILE__, __LINE__, "ncclCommGetAsyncError", a);
     }
@@ -199,6 +217,30 @@ public:
 private:
     std::shared_ptr<NcclState> st_;
     bool holds_send_;
+    bool done_ = false;
+};
+
+// A send on a channel: wait() (or the destructor) orders the main stream after its event.
+class ChannelRequest final : public CommRequest {
+public:
+    ChannelRequest(std::shared_ptr<NcclState> st, cudaEvent_t sent) : st_(std::move(st)), sent_(sent) {}
+    ~ChannelRequest() override {
+        if (!done_) (void)cudaStreamWaitEvent(st_->stream, sent_, 0);
+        (void)cudaEventDestroy(sent_);
+    }
+    ChannelRequest(const ChannelRequest &) = delete;
+    ChannelRequest & operator=(const ChannelRequest &) = delete;
+
+    void wait() override {
+        if (done_) return;
+        done_ = true;
+        MF_CUDA(cudaStreamWaitEvent(st_->stream, sent_, 0));
+        st_->check_async();
+    }
+
+private:
+    std::shared_ptr<NcclState> st_;
+    cudaEvent_t sent_;
     bool done_ = false;
 };
 
@@ -330,6 +372,7 @@ public:
             st_->flush();
             return host_->send(data, bytes, dst, tag);
         }
+        if (!st_->channels.empty()) return isend(data, bytes, dst, tag)->wait();
         st_->p2p([&] { MF_NCCL(ncclSend(data, bytes, ncclUint8, dst, st_->comm, st_->stream)); });
     }
 
@@ -340,7 +383,7 @@ public:
             st_->flush();
             return host_->recv(data, bytes, src, tag);
         }
-        st_->p2p([&] { MF_NCCL(ncclRecv(data, bytes, ncclUint8, src, st_->comm, st_->stream)); });
+        st_->p2p([&] { MF_NCCL(ncclRecv(data, bytes, ncclUint8, src, recv_comm(src), st_->stream)); });
     }
 
     void sendrecv(const void * send_data, size_t send_bytes, int dst, int send_tag, void * recv_data,
@@ -352,6 +395,12 @@ public:
             st_->flush();
             return host_->sendrecv(send_data, do_send ? send_bytes : 0, do_send ? dst : -1, send_tag, recv_data,
                                    do_recv ? recv_bytes : 0, do_recv ? src : -1, recv_tag);
+        }
+        if (!st_->channels.empty()) {   // the send on its channel, the receive here, then both done
+            std::unique_ptr<CommRequest> sent = do_send ? isend(send_data, send_bytes, dst, send_tag) : nullptr;
+            if (do_recv) recv(recv_data, recv_bytes, src, recv_tag);
+            if (sent) sent->wait();
+            return;
         }
         st_->p2p([&] {
             if (do_send) MF_NCCL(ncclSend(send_data, send_bytes, ncclUint8, dst, st_->comm, st_->stream));
@@ -367,8 +416,33 @@ public:
             st_->flush();
             return host_->isend(data, bytes, dst, tag);
         }
+        if (!st_->channels.empty()) {
+            cudaEvent_t ready = nullptr, sent = nullptr;
+            MF_CUDA(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+            MF_CUDA(cudaEventCreateWithFlags(&sent, cudaEventDisableTiming));
+            MF_CUDA(cudaEventRecord(ready, st_->stream));
+            MF_CUDA(cudaStreamWaitEvent(st_->send_stream, ready, 0));
+            MF_CUDA(cudaEventDestroy(ready));   // released once recorded work is done
+            MF_NCCL(ncclSend(data, bytes, ncclUint8, dst, st_->channels[size_t(colour(rank_))], st_->send_stream));
+            MF_CUDA(cudaEventRecord(sent, st_->send_stream));
+            return std::make_unique<ChannelRequest>(st_, sent);
+        }
         st_->held.push_back({data, bytes, dst});
         return std::make_unique<NcclRequest>(st_, true);
+    }
+
+    void open_send_channels() override {
+        st_->flush();
+        if (!st_->channels.empty() || size_ < 2) return;
+        const int colours = size_ % 2 == 0 ? 2 : 3;
+        for (int c = 0; c < colours; ++c) {
+            ncclUniqueId id{};
+            if (rank_ == 0) MF_NCCL(ncclGetUniqueId(&id));
+            host_->broadcast(&id, sizeof id, 0);
+            st_->channels.push_back(nullptr);
+            MF_NCCL(ncclCommInitRank(&st_->channels.back(), size_, id, rank_));
+        }
+        MF_CUDA(cudaStreamCreateWithFlags(&st_->send_stream, cudaStreamNonBlocking));
     }
 
     void barrier() override {
@@ -397,6 +471,12 @@ public:
     }
 
 private:
+    // A rank's sending colour: neighbours in the ring 0, 1, ..., size - 1, 0 differ.
+    int colour(int r) const { return size_ % 2 == 1 && r == size_ - 1 ? 2 : r % 2; }
+    // Where receives from src are posted: src's channel once opened, else the communicator.
+    ncclComm_t recv_comm(int src) const {
+        return st_->channels.empty() ? st_->comm : st_->channels[size_t(colour(src))];
+    }
     Communicator * host_;                     // MPI (or single) over the same ranks
     std::unique_ptr<Communicator> owned_;     // host_ when this communicator owns it (split)
     std::shared_ptr<NcclState> st_;

@@ -92,11 +92,6 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
     if ((L.tp > 1 || L.pp > 1) && r.fit_auto)
         return std::string("--fit auto searches one rank's micro-batch, precision and recomputation; with --tp or "
                            "--pp set them yourself (memfit plan --tp T --pp P shows what fits)");
-    // NCCL matches a pair of ranks' messages in the order they were sent (comm/nccl_communicator.cpp).
-    if (r.device == "cuda" && L.pp > 1 && L.schedule == PipeSchedule::interleaved)
-        return fmt::format("--schedule {} with --device cuda: NCCL delivers a neighbour's messages in the order they "
-                           "were sent, and the interleaved schedule receives activations and gradients from one "
-                           "neighbour out of that order; use --schedule 1f1b (or gpipe)", schedule_spelling(L));
     if (r.attention == Attention::flash && backend && !backend->runs_flash_attention(cfg.head_dim()))
         return fmt::format("--attention flash: {}; use --attention naive", backend->flash_attention_refusal(cfg.head_dim()));
     // ZeRO-3 gathers one layer's weights at a time.

@@ -122,6 +122,8 @@ Engine::Engine(const ModelConfig & cfg, Backend & backend, const EngineOptions &
         own_pp_comm_ = make_single_communicator();
         pp_comm_ = own_pp_comm_.get();
     }
+    // The interleaved schedule keeps sends out while it receives (train/step_pipeline.cpp).
+    if (opt_.pipeline_parallel > 1 && opt_.virtual_stages > 1) pp_comm_->open_send_channels();
     if (opt_.pipeline_parallel > 1 && cfg.tied_head && !opt_.emb_comm)
         throw ConfigError("a pipeline with a tied LM head needs the embedding group (first and last stage)");
     if (const std::string why = sparsity_refusal(cfg, opt_.sparsity, plans_.train->lora()); !why.empty())

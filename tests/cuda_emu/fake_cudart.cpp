@@ -3,7 +3,8 @@
 // capacity, so cudaMemGetInfo is exact and running out is reproducible). Streams run kernels,
 // memsets, matmuls and NCCL calls when they are issued, but defer every cudaMemcpyAsync as long
 // as CUDA allows: until the next other work on its stream, a synchronization, or a stream that
-// waits on an event recorded after it (cudaStreamWaitEvent). So a copy on a side stream that
+// waits on an event recorded after it (cudaStreamWaitEvent); NCCL's point-to-point calls are
+// posted when issued and their completion deferred the same way (fake_nccl.cpp). So a copy on a side stream that
 // code forgets to wait for lands late, and the reader sees stale bytes, as it could on a GPU.
 // cuBLASLt's matmul is computed from its descriptors (column-major, transposes, bias epilogue)
 // as the library documents them, so gemm.cpp's mapping of row-major gemms onto it is checked.
@@ -53,19 +54,29 @@ Device & dev() {
     static Device d;
     return d;
 }
-// A stream's deferred copies, run in order; `issued` counts every copy queued, `executed` those run.
+// A stream's deferred work, run in order: copies, and the completions of NCCL's point-to-point
+// calls (fake_nccl.cpp: posted when issued, waited for here); `issued` counts every item queued,
+// `executed` those run.
 struct Stream {
-    std::deque<std::function<void()>> queue;
+    struct Item { std::function<void()> f; bool nccl; };
+    std::deque<Item> queue;
     size_t issued = 0, executed = 0;
     void run_until(size_t upto) {
         while (executed < upto) {
-            auto f = std::move(queue.front());
+            auto f = std::move(queue.front().f);
             queue.pop_front();
             ++executed;
             f();
         }
     }
     void drain() { run_until(issued); }
+    // Everything up to the last copy: the NCCL completions queued after it stay pending.
+    void drain_copies() {
+        size_t last = 0;
+        for (size_t i = 0; i < queue.size(); ++i)
+            if (!queue[i].nccl) last = i + 1;
+        run_until(executed + last);
+    }
 };
 std::vector<Stream *> & streams() {
     static std::vector<Stream *> all{new Stream()};   // [0]: the legacy default stream (null)
@@ -86,6 +97,12 @@ struct Event {
 
 namespace emu {
 void flush_stream(cudaStream_t s) { stream_of(s).drain(); }
+void flush_copies(cudaStream_t s) { stream_of(s).drain_copies(); }
+void defer_nccl(cudaStream_t s, std::function<void()> done) {
+    Stream & st = stream_of(s);
+    st.queue.push_back({std::move(done), true});
+    ++st.issued;
+}
 }  // namespace emu
 
 extern "C" {
@@ -172,9 +189,10 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes * a, const void * p) 
 
 cudaError_t cudaMemcpyAsync(void * dst, const void * src, size_t n, cudaMemcpyKind, cudaStream_t s) {
     Stream & st = stream_of(s);
-    st.queue.push_back([dst, src, n] {
-        if (n) std::memmove(dst, src, n);
-    });
+    st.queue.push_back({[dst, src, n] {
+                            if (n) std::memmove(dst, src, n);
+                        },
+                        false});
     ++st.issued;
     return cudaSuccess;
 }

@@ -1,7 +1,11 @@
 // The CUDA emulator's NCCL: the calls nccl_communicator.cpp makes, over MPI on the emulated
 // device memory (host memory), so that `mpirun -np N memfit_emu train --device cuda` runs the
 // NCCL communicator's code. Collectives run when called (each rank calls them in the same
-// order); sends and receives inside a group are posted at ncclGroupEnd and completed there.
+// order). Sends and receives (a group's at ncclGroupEnd) are posted when issued and completed as
+// work of their stream (fake_cudart.cpp): the next kernel, copy or synchronisation on it waits for
+// them, as it would on a GPU, and later point-to-point calls on the stream are posted behind
+// them. A send completes only once its receive is posted (MPI_Issend), as NCCL's do: a schedule
+// that leaves a stream waiting on a send whose receive the peer posts later hangs here too.
 // ncclCommInitRank finds its peers through the unique id, which carries the root's rank in
 // MPI_COMM_WORLD: every rank reports to the root, which answers with the members in NCCL rank
 // order, and the members make their MPI communicator with MPI_Comm_create_group. One rank
@@ -14,11 +18,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
-namespace emu {
-void flush_stream(cudaStream_t stream);   // fake_cudart.cpp: the stream's deferred copies first
+namespace emu {   // fake_cudart.cpp
+void flush_stream(cudaStream_t stream);   // the stream's deferred work, all of it
+void flush_copies(cudaStream_t stream);   // up to its last deferred copy (NCCL completions may stay)
+void defer_nccl(cudaStream_t stream, std::function<void()> done);
 }
 
 struct ncclComm {
@@ -37,6 +45,7 @@ struct P2p {
     size_t bytes;
     int peer;
     ncclComm * comm;
+    cudaStream_t stream;
 };
 std::vector<P2p> g_pending;
 
@@ -97,24 +106,27 @@ std::vector<unsigned char> copy_of(const void * p, size_t n) {
     return v;
 }
 
+// Posts the ops (one stream's: a group's, or one call's) and defers their completion to the stream.
 void complete(std::vector<P2p> & ops) {
     std::vector<P2p *> sends, recvs;   // to oneself on a one-rank communicator: matched in order
-    std::vector<MPI_Request> reqs;
+    auto reqs = std::make_shared<std::vector<MPI_Request>>();
     for (P2p & o : ops) {
+        if (o.stream != ops.front().stream) fail("one group's sends and receives on two streams");
         if (o.comm->mpi == MPI_COMM_NULL) {
             (o.send ? sends : recvs).push_back(&o);
             continue;
         }
-        reqs.emplace_back();
-        if (o.send) MPI_Isend(o.buf, int(o.bytes), MPI_BYTE, o.peer, 1, o.comm->mpi, &reqs.back());
-        else MPI_Irecv(o.buf, int(o.bytes), MPI_BYTE, o.peer, 1, o.comm->mpi, &reqs.back());
+        reqs->emplace_back();
+        if (o.send) MPI_Issend(o.buf, int(o.bytes), MPI_BYTE, o.peer, 1, o.comm->mpi, &reqs->back());
+        else MPI_Irecv(o.buf, int(o.bytes), MPI_BYTE, o.peer, 1, o.comm->mpi, &reqs->back());
     }
     if (sends.size() != recvs.size()) fail("unmatched send/receive to oneself");
     for (size_t i = 0; i < sends.size(); ++i) {
         if (sends[i]->bytes != recvs[i]->bytes) fail("send and receive sizes differ");
         std::memmove(recvs[i]->buf, sends[i]->buf, sends[i]->bytes);
     }
-    if (!reqs.empty()) MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
+    if (!reqs->empty())
+        emu::defer_nccl(ops.front().stream, [reqs] { MPI_Waitall(int(reqs->size()), reqs->data(), MPI_STATUSES_IGNORE); });
     ops.clear();
 }
 
@@ -238,14 +250,14 @@ ncclResult_t ncclBroadcast(const void * in, void * out, size_t n, ncclDataType_t
 }
 
 ncclResult_t ncclSend(const void * buf, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t stream) {
-    emu::flush_stream(stream);
-    g_pending.push_back(P2p{true, const_cast<void *>(buf), n * type_size(t), peer, c});
+    emu::flush_copies(stream);
+    g_pending.push_back(P2p{true, const_cast<void *>(buf), n * type_size(t), peer, c, stream});
     if (g_group_depth == 0) complete(g_pending);
     return ncclSuccess;
 }
 ncclResult_t ncclRecv(void * buf, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t stream) {
-    emu::flush_stream(stream);
-    g_pending.push_back(P2p{false, buf, n * type_size(t), peer, c});
+    emu::flush_copies(stream);
+    g_pending.push_back(P2p{false, buf, n * type_size(t), peer, c, stream});
     if (g_group_depth == 0) complete(g_pending);
     return ncclSuccess;
 }

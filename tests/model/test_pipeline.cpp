@@ -128,6 +128,33 @@ TEST(PipelineStages, ScheduleNames) {
         EXPECT_THROW(parse_schedule(bad, &V), ConfigError) << bad;
 }
 
+// NCCL matches a pair of ranks' messages in the order they were sent, whatever their tags: in the
+// interleaved schedule each stage receives every neighbour's messages in the order that
+// neighbour sends them (activations and gradients alike, two stages being each other's
+// neighbour both ways), so its receives need no reordering on GPUs.
+TEST(PipelineSchedule, InterleavedNeighboursAgreeOnMessageOrder) {
+    for (int P : {2, 3, 4, 8})
+        for (int V : {2, 3, 4})
+            for (int m : {P, 2 * P, 3 * P, 8 * P}) {
+                SCOPED_TRACE("P " + std::to_string(P) + " V " + std::to_string(V) + " m " + std::to_string(m));
+                std::vector<std::vector<PipeMessage>> msgs;
+                for (int s = 0; s < P; ++s) msgs.push_back(interleaved_messages(P, s, m, V));
+                size_t pairs = 0;
+                for (int s = 0; s < P; ++s)
+                    for (int q : {(s + 1) % P, (s + P - 1) % P}) {
+                        std::vector<int> sent, got;
+                        for (const PipeMessage & x : msgs[size_t(q)])
+                            if (x.send && x.peer == s) sent.push_back(x.tag);
+                        for (const PipeMessage & x : msgs[size_t(s)])
+                            if (!x.send && x.peer == q) got.push_back(x.tag);
+                        EXPECT_FALSE(got.empty());
+                        EXPECT_EQ(sent, got) << "stage " << q << " to stage " << s;
+                        ++pairs;
+                    }
+                EXPECT_EQ(pairs, size_t(2 * P));
+            }
+}
+
 // The interleaved schedule's messages as the engine posts them, sends completed where
 // interleaved_send_waits says: simulated over every stage at once (a receive blocks until its
 // message was sent; a send's wait blocks until the peer has received it), nothing stalls, every

@@ -53,3 +53,10 @@ same_as() {
 
 head -c 120000 "$SRC/data/tinyshakespeare.txt" > "$WORK/text.txt"
 "$MEMFIT" prepare --tokenizer bytes --input "$WORK/text.txt" --out "$WORK/data" > /dev/null
+
+# exact_per_rank LOG N: rank 0 listed N ranks, each one's plan equal to its measurement in every category.
+exact_per_rank() {
+    local n
+    n=$(grep -cE '^  rank [0-9]+.*: planned .*, measured .* \(equal\)$' "$1" || true)
+    [ "$n" = "$2" ] || { cat "$1"; fail "$1: $n of $2 ranks' plans equal their measurements"; }
+}

@@ -42,13 +42,6 @@ near() {
     awk -v d="$d" -v t="$4" 'BEGIN { exit !(d != "none" && d < t) }' || { cat "$2"; fail "$3: step losses differ by $d"; }
 }
 
-# exact_per_rank LOG N: rank 0 listed N ranks, each one's plan equal to its measurement in every category.
-exact_per_rank() {
-    local n
-    n=$(grep -cE '^  rank [0-9]+.*: planned .*, measured .* \(equal\)$' "$1" || true)
-    [ "$n" = "$2" ] || { cat "$1"; fail "$1: $n of $2 ranks' plans equal their measurements"; }
-}
-
 # ---- LoRA with an nf4 base under ZeRO 3 ----
 Q=(--lora-rank 8 --base-weights nf4)
 "$MEMFIT" "${ARGS[@]}" "${Q[@]}" --out q1 > q1.log 2>&1 || { cat q1.log; fail "QLoRA, one process"; }
