@@ -147,6 +147,19 @@ std::string table(const PlanRequest & r, const SearchReport & rep, bool wide) {
     return out;
 }
 
+// --explain: how the best row's gradients meet the shard when micro-batches accumulate under
+// ZeRO 2/3 (train/step.h: each micro-batch's buckets reduce-scattered into the rank's fp32 shard
+// as backward finishes them, FSDP's and DeepSpeed's way), so that their bytes do not grow with
+// the accumulation; empty otherwise.
+std::string gradient_path(const PlanResult & b) {
+    const Layout & L = b.c.layout;
+    if (L.zero < 2 || L.dp < 2 || b.c.grad_accum < 2) return {};
+    return wrap(fmt::format("    gradients: each of the {} micro-batches' buckets ({}) reduce-scattered into this rank's "
+                            "fp32 shard as its backward finishes them: {}, the same at any --grad-accum above 1",
+                            b.c.grad_accum, precision_name(b.c.compute), format_bytes(b.mem.device[Category::gradients])),
+                6);
+}
+
 // The best row: where its bytes go, every pipeline stage, and the command that runs it.
 std::string best_block(const PlanRequest & r, const SearchReport & rep) {
     const uint64_t cap = r.hw.memory;
@@ -172,6 +185,7 @@ std::string best_block(const PlanRequest & r, const SearchReport & rep) {
                            b.c.layout.zero >= 3 ? " (its shard)" : "",
                            b.c.layout.zero >= 3 ? "adapters' shard and the weights gathered at a time" : "adapters",
                            format_bytes(b.mem.device[Category::parameters] - b.mem.frozen));
+    if (r.explain) out += gradient_path(b);
     if (b.runnable()) {
         out += "  run it (with --data DIR from memfit prepare, and --steps N):\n";
         out += command_lines(launch_command(r, b), 4);

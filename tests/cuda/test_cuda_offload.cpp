@@ -76,5 +76,30 @@ TEST(CudaOffload, StatesInPinnedHostMemoryLeaveTheDevice) {
     EXPECT_GE(mem.device_used - off.device_used, 12 * P - 4 * 4096 * 12);
 }
 
+// --offload optimizer+params on the device (ZeRO 3 on one process): the weights' bf16 shard joins
+// the states in pinned host memory, each layer's part copied up a layer ahead of its gather on
+// the copy stream; bit for bit the in-memory ZeRO-3 run, 14 bytes a parameter off the device.
+TEST(CudaOffload, WeightsInPinnedHostMemoryToo) {
+    MF_REQUIRE_GPU();
+    const ModelConfig cfg = test::small_family(false, 96, 128, 2, 4, 256, 64);
+    EngineOptions eo;
+    eo.B = 2, eo.T = 64, eo.with_eval = false, eo.compute = DType::bf16, eo.flash_attention = true, eo.zero = 3;
+    const Trained mem = train(cfg, eo);
+    eo.offload = 1, eo.offload_params = true, eo.offload_unit = 4096;
+    const Trained off = train(cfg, eo);
+    EXPECT_EQ(off.params, mem.params);
+    EXPECT_EQ(off.m, mem.m);
+    EXPECT_EQ(off.v, mem.v);
+    for (int k = 0; k < kCategoryCount; ++k)
+        EXPECT_EQ(off.planned_live.v[size_t(k)], off.measured_live.v[size_t(k)]) << category_name(Category(k));
+    const uint64_t P = mem.params.size();
+    EXPECT_GE(off.planned_live.v[size_t(Category::offloaded)], 14 * P);   // the shard is padded
+    EXPECT_LT(off.planned_live.v[size_t(Category::parameters)], mem.planned_live.v[size_t(Category::parameters)]);
+#ifdef MEMFIT_CUDA_EMU
+    EXPECT_EQ(off.device_used, off.planned_reserved.total() + test::gpu()->runtime_bytes());
+#endif
+    EXPECT_LT(off.device_used, mem.device_used);
+}
+
 }  // namespace
 }  // namespace memfit

@@ -1,14 +1,15 @@
 // The planner's questions beyond "does it fit": the longest sequence, the largest micro-batch and
 // the largest model that fit (each answer fits, the next value up does not), parameter offload on
-// one device (a layout memfit train does not run yet: counted, named in the hint, listed marked
-// with --include-plan-only), and hints that were checked by a search and never repeat what the
-// request already has.
+// one device (ZeRO-3 over one rank, which train runs), what --explain says of accumulated
+// gradients, and hints that were checked by a search and never repeat what the request already
+// has.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
 
 #include "backend/cuda_sizing.h"
 #include "core/error.h"
+#include "core/units.h"
 #include "plan/hardware.h"
 #include "plan/inverse.h"
 #include "plan/plan_report.h"
@@ -116,6 +117,28 @@ TEST(PlanInverse, OneDeviceSearchesParameterOffloadOverZero3) {
     EXPECT_TRUE(none.best.empty());
     ASSERT_FALSE(none.rejected.empty());
     EXPECT_NE(none.rejected.front().why.find("gradients"), std::string::npos) << none.rejected.front().why;
+}
+
+// --explain says how the best row's accumulated gradients reach the ZeRO shard: every
+// micro-batch's buckets reduce-scattered into it, so their bytes are the same at 8 and 16
+// micro-batches (and equal the row's gradients).
+TEST(PlanInverse, ExplainShowsTheGradientPathUnderAccumulation) {
+    std::vector<uint64_t> bytes;
+    for (int accum : {8, 16}) {
+        PlanRequest r = request("llama3-8b", "h100-80g", 8, 8192, 8 * accum);
+        r.zero = 3, r.tp = 1, r.pp = 1, r.micro_batch = 1, r.recompute = "none", r.explain = true;
+        const SearchReport rep = search_plans(r);
+        ASSERT_FALSE(rep.best.empty());
+        const std::string text = format_plan(r, rep, false);
+        const std::string line = fmt::format("gradients: each of the {} micro-batches' buckets (bf16) reduce-scattered", accum);
+        EXPECT_NE(text.find(line), std::string::npos) << text;
+        EXPECT_NE(text.find(format_bytes(rep.best.front().mem.device[Category::gradients]) + ", the same at any"),
+                  std::string::npos) << text;
+        bytes.push_back(rep.best.front().mem.device[Category::gradients]);
+        r.explain = false;
+        EXPECT_EQ(format_plan(r, rep, false).find("reduce-scattered"), std::string::npos);
+    }
+    EXPECT_EQ(bytes[0], bytes[1]);
 }
 
 TEST(PlanInverse, HintsAreCheckedAndNotWhatTheRequestHas) {
