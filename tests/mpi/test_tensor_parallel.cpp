@@ -343,14 +343,15 @@ TEST(SequenceParallel, EqualsOneProcessAndDividesTheResidualStream) {
 }
 
 // Interleaved 1F1B: V chunks per stage (virtual stage v on stage v mod P), sends started at once
-// and completed once the peer has answered them (interleaved_send_waits), receives blocking; (1,2,1) on 2 ranks, (2,2,1) and (1,4,1)
-// (8 blocks, two per stage) on 4.
+// and completed once the peer has answered them (interleaved_send_waits), receives blocking; (1,2,1)
+// on 2 ranks with V = 2 and 3 (6 blocks), (2,2,1) and (1,4,1) (8 blocks, two per stage) on 4;
+// each rank's plan equal to its measurement (check).
 TEST(PipelineParallel, InterleavedEqualsOneProcess) {
     const int N = test::world().size();
     ASSERT_GE(N, 2);
-    struct L { int tp, pp, layers; };
-    std::vector<L> layouts = {{1, 2, 4}};
-    if (N == 4) layouts = {{2, 2, 4}, {1, 4, 8}};
+    struct L { int tp, pp, layers, v; };
+    std::vector<L> layouts = {{1, 2, 4, 2}, {1, 2, 6, 3}};
+    if (N == 4) layouts = {{2, 2, 4, 2}, {1, 4, 8, 2}};
     for (const L & l : layouts)
         for (bool llama : {false, true}) {
             TpCase c;
@@ -358,7 +359,7 @@ TEST(PipelineParallel, InterleavedEqualsOneProcess) {
             c.tp = l.tp;
             c.pp = l.pp;
             c.schedule = PipeSchedule::interleaved;
-            c.virtual_stages = 2;
+            c.virtual_stages = l.v;
             c.k = 2 * l.pp;
             c.layers = l.layers;
             check(c);
