@@ -286,6 +286,18 @@ void TrainingRun::announce() {
         say(fmt::format("  data parallel: {} rank{} ({}), micro-batch {} per rank, ZeRO stage {}, gradient buckets {}",
                         ranks_, ranks_ > 1 ? "s" : "", data_comm_->name(), eo_.B, eo_.zero,
                         eo_.bucket_bytes ? format_bytes(eo_.bucket_bytes) : std::string("one per block")));
+    if (eo_.offload > 0) {   // where the offloaded bytes go (their size: the memory plan's "+ offloaded")
+        const bool master = eo_.compute != DType::f32 && !eo_.sr_master;
+        const std::string what = eo_.offload_params ? (master ? "the master weights, optimizer states and weights' "
+                                                                "ZeRO-3 shard"
+                                                              : "the optimizer states and the weights' ZeRO-3 shard")
+                                 : master ? "the master weights and optimizer states"
+                                          : "the optimizer states";
+        say(fmt::format("  offload: {}{} to {}, staged through the device{}", eo_.offload < 1 ?
+                            fmt::format("{:g} of ", eo_.offload) : std::string(), what,
+                        eo_.offload_dir.empty() ? std::string("pinned host memory") : "a file under " + eo_.offload_dir,
+                        eo_.offload_params ? " (each layer's part read a layer ahead of its gather)" : ""));
+    }
     if (layout_.tp > 1) {
         const ModelConfig slice = tp_local_config(cfg, layout_.tp);
         say(fmt::format("  tensor parallel: {} ranks per group, each {} of {} heads ({} of {} KV), MLP {} of {}, "

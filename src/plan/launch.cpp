@@ -80,7 +80,9 @@ nlohmann::ordered_json deepspeed_config(const PlanResult & p, std::vector<std::s
                                                           : nlohmann::ordered_json{{"device", "nvme"}, {"nvme_path", c.offload_dir}};
         if (c.offload_fraction != 1) missing.push_back(fmt::format("--offload-fraction {:g} (DeepSpeed offloads all of the states)", c.offload_fraction));
     }
-    if (L.offload == Offload::optimizer_params) zero["offload_param"] = {{"device", "cpu"}};
+    if (L.offload == Offload::optimizer_params)
+        zero["offload_param"] = c.offload_dir.empty() ? nlohmann::ordered_json{{"device", "cpu"}}
+                                                      : nlohmann::ordered_json{{"device", "nvme"}, {"nvme_path", c.offload_dir}};
     ds["zero_optimization"] = zero;
     if (c.optimizer == Optimizer::sgd) ds["optimizer"] = {{"type", "SGD"}};
     else ds["optimizer"] = {{"type", "AdamW"}};

@@ -137,10 +137,8 @@ Candidate make_candidate(const PlanRequest & r, const Layout & L, int mb, int pe
     c.grad_accum = per_rank / mb;
     c.global_batch = per_rank * L.dp;
     c.batch = 0;
-    if (L.offload != Offload::optimizer) {   // the share and folder of --offload optimizer only
-        c.offload_fraction = 1;
-        c.offload_dir.clear();
-    }
+    if (L.offload != Offload::optimizer) c.offload_fraction = 1;   // parameter offload takes all the states
+    if (L.offload == Offload::none) c.offload_dir.clear();          // where either offload goes
     c.lora_plan = r.lora;
     c.distill_plan = r.distill;
     return c;

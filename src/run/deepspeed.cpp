@@ -314,12 +314,12 @@ private:
         if (stage) set("zero", *stage, source(key + ".stage", b.at("stage")));
 
         bool opt_cpu = false, param_cpu = false;
-        std::string nvme;
+        std::string nvme, param_nvme;
         for (const auto & [name, v] : b.items()) {
             const std::string k = key + "." + name;
             if (name == "stage" || is_auto(v)) continue;
             if (name == "offload_optimizer") opt_cpu = offload(k, v, !stage || *stage >= 1, &nvme);
-            else if (name == "offload_param") param_cpu = offload(k, v, !stage || *stage == 3);
+            else if (name == "offload_param") param_cpu = offload(k, v, !stage || *stage == 3, &param_nvme);
             else ignore(k);  // overlap_comm, contiguous_gradients, bucket sizes, stage3_*, ...
         }
         const std::string pk = key + ".offload_param.device", ok = key + ".offload_optimizer.device";
@@ -327,6 +327,13 @@ private:
             fail(pk, b.at("offload_param").at("device"),
                  "memfit offloads parameters only together with the optimizer states: set "
                  "\"offload_optimizer\": {\"device\": \"cpu\"} too");
+        // One store holds both (host memory, or one file under --offload-dir).
+        if (param_cpu && param_nvme != nvme)
+            fail(pk, b.at("offload_param").at("device"),
+                 param_nvme.empty() ? "memfit keeps the parameters where the optimizer states go (nvme here): write "
+                                      "the same \"device\" and \"nvme_path\" for both"
+                                    : "memfit keeps the parameters where the optimizer states go: write the same "
+                                      "\"device\" and \"nvme_path\" in offload_optimizer");
         if (param_cpu) set("offload", "optimizer+params", source(pk, b.at("offload_param").at("device")));
         else if (opt_cpu) set("offload", "optimizer", source(ok, b.at("offload_optimizer").at("device")));
         if (!nvme.empty())

@@ -152,5 +152,42 @@ TEST(Cli, OffloadedOptimizerStatesTrainBitForBit) {
                          "not a directory");
 }
 
+// --offload optimizer+params: under ZeRO 3 (one process: a shard of the whole) the weights join
+// the file; the run ends where the in-memory ZeRO-3 one does, says where its bytes went, and
+// memfit plan records the same program: exact, the moved bytes host memory.
+TEST(Cli, OffloadedWeightsTrainBitForBit) {
+    const fs::path text = small_text("offp.txt"), data = scratch("offp_data"), dir = scratch("offp_dir");
+    fs::create_directories(dir);
+    ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    const std::string base = "train --model nano --data " + data.string() + " --seq 32 --micro-batch 2 --sample 0 "
+                             "--eval-every 0 --threads 1 --checkpoint-every 10 --steps 10 --precision bf16 ",
+                      args = base + "--zero 3 ";
+    const std::string off = "--offload optimizer+params --offload-dir " + dir.string() + " ";
+    const fs::path mem = scratch("offp_mem"), a = scratch("offp_off");
+    ASSERT_EQ(run_memfit(args + "--progress quiet --out " + mem.string()).code, 0);
+    const CmdResult r = run_memfit(args + off + "--progress plain --out " + a.string());
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find("offload: the master weights, optimizer states and weights' ZeRO-3 shard to a file under " +
+                         dir.string()),
+              std::string::npos) << r.out;
+    EXPECT_FALSE(state(a, 10).empty());
+    EXPECT_TRUE(state(a, 10) == state(mem, 10)) << "the offloaded run ended elsewhere";
+    EXPECT_TRUE(fs::is_empty(dir)) << "the offload file was left behind";
+    const nlohmann::json sm = summary(mem), so = summary(a);
+    EXPECT_EQ(so["run_config"]["offload"], "optimizer+params");
+    const uint64_t moved = so["measured"]["peak_live"]["offloaded"].get<uint64_t>();
+    EXPECT_GT(moved, sm["measured"]["peak_live"]["master_weights"].get<uint64_t>() +
+                         sm["measured"]["peak_live"]["optimizer_states"].get<uint64_t>());
+    EXPECT_LT(so["planned"]["peak_live"]["parameters"].get<uint64_t>(),
+              sm["planned"]["peak_live"]["parameters"].get<uint64_t>());
+    const CmdResult plan = run_memfit("plan --model nano --hardware cpu --gpus 1 --seq 32 --global-batch 2 --precision "
+                                      "bf16 --micro-batch 2 --recompute none --attention flash --zero 3 --json " + off);
+    ASSERT_EQ(plan.code, 0) << plan.err;
+    const nlohmann::json best = nlohmann::json::parse(plan.out)["best"][0]["memory"];
+    EXPECT_TRUE(best["exact"].get<bool>());
+    EXPECT_EQ(best["host"].get<uint64_t>(), moved);
+    expect_clean_failure(run_memfit(base + "--zero 1 " + off + "--out " + scratch("offp_x").string()), "add --zero 3");
+}
+
 }  // namespace
 }  // namespace memfit

@@ -193,7 +193,14 @@ TEST(DeepSpeedConfig, OffloadCpuNoneNvme) {
                  {"\"zero_optimization.offload_optimizer.device\" = \"nvme\"", "needs \"nvme_path\""});
     expect_error(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
                                            "offload_param": {"device": "nvme"}}})",
-                 {"\"zero_optimization.offload_param.device\" = \"nvme\"", "\"device\": \"cpu\""});
+                 {"\"zero_optimization.offload_param.device\" = \"nvme\"", "needs \"nvme_path\""});
+    expect_error(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                           "offload_param": {"device": "nvme", "nvme_path": "/nvme"}}})",
+                 {"\"zero_optimization.offload_param.device\" = \"nvme\"", "same \"device\" and \"nvme_path\""});
+    // ZeRO-Infinity's NVMe offload of both: one file under --offload-dir.
+    t = translate(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"},
+                                            "offload_param": {"device": "nvme", "nvme_path": "/nvme"}}})");
+    EXPECT_EQ(t.flags, json({{"zero", 3}, {"offload", "optimizer+params"}, {"offload-dir", "/nvme"}}));
     expect_error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})",
                  {"\"zero_optimization.offload_param.device\" = \"cpu\"", "offload_optimizer", "too"});
     expect_error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"},
