@@ -1,7 +1,7 @@
 # --offload under data parallel: each rank keeps its shard's master weights and moments (and with
 # optimizer+params its ZeRO-3 weight shard) in a file of its own under --offload-dir; --zero 1
 # (shards), --zero 0 (whole states) and --zero 3 in bf16 end bit for bit where the in-memory jobs
-# end, and nothing is left in the folder.
+# end (also --tp 2 --sp --zero 3 with the weights offloaded), and nothing is left in the folder.
 # Usage: bash offload.sh MEMFIT MPIEXEC SOURCE_DIR
 source "$(dirname "$0")/common.sh"
 cd "$WORK"
@@ -44,5 +44,14 @@ for accum in 1 3; do
     [ "$o" -lt "$m" ] || fail "optimizer+params accum $accum: planned device peak $o bytes, not below $m"
     echo "accum $accum: planned device peak $m -> $o bytes"
 done
+# With tensor and sequence parallelism: each tensor rank streams its own slice's shard.
+rm -rf mem off
+T=("${ARGS[@]/nano/llama-micro}" --eval-every 0 --tp 2 --sp --zero 3 --grad-accum 2)
+mpi 2 "${T[@]}" --out mem > mem.log 2>&1 || { cat mem.log; fail "--tp 2 --sp --zero 3 in memory"; }
+mpi 2 "${T[@]}" --offload optimizer+params --offload-dir states --out off > off.log 2>&1 ||
+    { cat off.log; fail "--tp 2 --sp --zero 3, optimizer+params offloaded"; }
+for f in mem/checkpoints/step-000008/state*.safetensors; do
+    cmp "$f" "off/checkpoints/step-000008/$(basename "$f")" || fail "optimizer+params --tp 2: $(basename "$f") differs"
+done
 [ -z "$(ls -A states)" ] || { ls -la states; fail "offload files left behind"; }
-echo "ok: offloaded states end bit for bit where the in-memory jobs end (--zero 0, 1; --zero 3 optimizer+params; 2 ranks)"
+echo "ok: offloaded states end bit for bit where the in-memory jobs end (--zero 0, 1; --zero 3 optimizer+params, also under --tp 2 --sp; 2 ranks)"
