@@ -124,7 +124,7 @@ LargestModel largest_model(const std::vector<std::string> & models,
                 out.tried.emplace_back(m, "");
                 return out;
             }
-            out.tried.emplace_back(m, rep.rejected.empty() ? std::string("nothing fits") : rep.rejected.front().why);
+            out.tried.emplace_back(m, rep.closest.empty() ? std::string("nothing fits") : rep.closest.front().why);
         } catch (const ConfigError & e) {
             out.tried.emplace_back(m, e.what());
         }

@@ -57,7 +57,8 @@ nlohmann::json plan_json(const PlanRequest & r, const SearchReport & rep) {
             {"plan_only_fastest", plan_only}, {"exact_means", kExactMeaning},
             {"efficiencies_from", r.hw.efficiencies_from.empty() ? nlohmann::json(nullptr)
                                                                  : nlohmann::json(r.hw.efficiencies_from)},
-            {"hint", rep.hint}, {"best", best}, {"rejected", rejected}};
+            {"hint", rep.hint}, {"best", best}, {"rejected", rejected},
+            {"closest", rep.closest.empty() ? nlohmann::json(nullptr) : result_json(r, rep.closest.front())}};
 }
 
 }  // namespace memfit

@@ -259,7 +259,7 @@ std::string borrowed_efficiencies(const Hardware & hw) {
 std::string format_plan(const PlanRequest & r, const SearchReport & rep, bool explain, bool wide) {
     std::string out = header(r, rep);
     if (rep.best.empty()) {
-        out += wrap("  nothing fits" + (rep.rejected.empty() ? std::string() : ": closest, " + rep.rejected.front().why), 4);
+        out += wrap("  nothing fits" + (rep.closest.empty() ? std::string() : ": closest, " + rep.closest.front().why), 4);
         if (!rep.hint.empty()) out += wrap("  hint: " + rep.hint, 4);
     } else {
         out += table(r, rep, wide);

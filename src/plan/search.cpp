@@ -211,6 +211,8 @@ private:
     void prefetch_exact(size_t from);
     static std::string exact_key(const Candidate & c);
     void explain_rejected();
+    void explain(PlanResult & pr);
+    void reject(PlanResult && pr);   // into `rejected` (the fastest) and `closest` (the smallest)
     DeviceMemory memory_of(const Candidate & c, const DeviceMemory * analytic);
     bool fits(const DeviceMemory & m) const { return m.total() <= r_.hw.memory && host_fits(r_, m); }
     std::string why_not(const DeviceMemory & m) const;
@@ -277,13 +279,13 @@ void Search::candidate(PlanResult && pr) {
     if (bytes_bound(cfg_, pr.c, seq) >= kBytesBound) {
         pr.why = fmt::format("needs more than 1 EiB of {}", format_bytes(r_.hw.memory));
         pr.hinted = true;
-        keep_best(rep_.rejected, std::move(pr), r_.top);
+        reject(std::move(pr));
         return;
     }
     pr.mem = predict_memory(cfg_, r_.hw, pr.c, seq);
     if (!fits(pr.mem)) {
         pr.why = why_not(pr.mem);
-        if (pr.runnable() || r_.include_plan_only) keep_best(rep_.rejected, std::move(pr), r_.top);
+        if (pr.runnable() || r_.include_plan_only) reject(std::move(pr));
         return;
     }
     if (pr.runnable() || r_.include_plan_only) {
@@ -316,7 +318,7 @@ void Search::layout(const Layout & L) {
                              probe_bound >= kBytesBound ? "more than 1 EiB" : format_bytes(floor.total()),
                              format_bytes(r_.hw.memory), probe_bound >= kBytesBound ? "everything" : biggest(floor.device));
         pr.hinted = true;
-        keep_best(rep_.rejected, std::move(pr), r_.top);
+        reject(std::move(pr));
         return;
     }
     // Flash attention unless the device's kernels refuse this head dimension (then naive).
@@ -398,37 +400,46 @@ void Search::walk() {
         } else {
             --rep_.fitting;
             pr.why = why_not(pr.mem);
-            keep_best(rep_.rejected, std::move(pr), r_.top);
+            reject(std::move(pr));
         }
     }
 }
 
+void Search::reject(PlanResult && pr) {
+    auto need = [](const PlanResult & x) { return x.mem.total() > 0 ? double(x.mem.total()) : 1e300; };
+    if (rep_.closest.empty()) rep_.closest.push_back(pr);
+    else if (need(pr) < need(rep_.closest.front())) rep_.closest.front() = pr;
+    keep_best(rep_.rejected, std::move(pr), r_.top);
+}
+
 // What would make a rejected candidate fit: the first of these that does, judged as the listing
-// is (exact where the engine records it). For every rejected one when explaining, else for the
-// closest only (the one line printed when nothing fits).
+// is (exact where the engine records it). For the closest (the one line printed when nothing
+// fits), and for every rejected one when explaining.
 void Search::explain_rejected() {
-    for (size_t i = 0; i < rep_.rejected.size() && (r_.explain || i == 0); ++i) {
-        PlanResult & pr = rep_.rejected[i];
-        if (pr.hinted) continue;
-        auto try_fix = [&](Candidate alt, const std::string & what) {
-            if (bytes_bound(cfg_, alt, r_.run.seq) >= kBytesBound || !fits(memory_of(alt, nullptr))) return false;
-            pr.why += "; " + what + " would fit";
-            return true;
-        };
-        Candidate a = pr.c;
-        a.recompute = "selective";
-        if (pr.c.recompute == "none" && try_fix(a, "selective recomputation")) continue;
-        a.recompute = "full";
-        if (!(pr.c.recompute == "full") && try_fix(a, "full recomputation")) continue;
-        a = pr.c;
-        a.micro_batch = 1;
-        a.grad_accum = pr.c.micro_batch * pr.c.grad_accum;
-        if (pr.c.micro_batch > 1 && try_fix(a, "micro-batch 1")) continue;
-        a = pr.c;
-        a.layout.zero = std::min(3, a.layout.zero + 1);
-        if (pr.c.layout.dp > 1 && pr.c.layout.zero < 3)
-            try_fix(a, fmt::format("ZeRO-{}", a.layout.zero));
-    }
+    for (PlanResult & pr : rep_.closest) explain(pr);
+    for (size_t i = 0; r_.explain && i < rep_.rejected.size(); ++i) explain(rep_.rejected[i]);
+}
+
+void Search::explain(PlanResult & pr) {
+    if (pr.hinted) return;
+    pr.hinted = true;
+    auto try_fix = [&](Candidate alt, const std::string & what) {
+        if (bytes_bound(cfg_, alt, r_.run.seq) >= kBytesBound || !fits(memory_of(alt, nullptr))) return false;
+        pr.why += "; " + what + " would fit";
+        return true;
+    };
+    Candidate a = pr.c;
+    a.recompute = "selective";
+    if (pr.c.recompute == "none" && try_fix(a, "selective recomputation")) return;
+    a.recompute = "full";
+    if (!(pr.c.recompute == "full") && try_fix(a, "full recomputation")) return;
+    a = pr.c;
+    a.micro_batch = 1;
+    a.grad_accum = pr.c.micro_batch * pr.c.grad_accum;
+    if (pr.c.micro_batch > 1 && try_fix(a, "micro-batch 1")) return;
+    a = pr.c;
+    a.layout.zero = std::min(3, a.layout.zero + 1);
+    if (pr.c.layout.dp > 1 && pr.c.layout.zero < 3) try_fix(a, fmt::format("ZeRO-{}", a.layout.zero));
 }
 
 SearchReport Search::run() {

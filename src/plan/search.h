@@ -75,6 +75,9 @@ struct PlanResult {
 struct SearchReport {
     std::vector<PlanResult> best;       // fitting, fastest first (at most `top`)
     std::vector<PlanResult> rejected;   // the fastest candidates that did not fit (at most `top`)
+    // Of every candidate that did not fit, the one needing the fewest bytes (what "nothing fits:
+    // closest" names, with the change that would make it fit where one was found); empty if none.
+    std::vector<PlanResult> closest;
     // Fitting by the analytic model but refused by `memfit train` (not listed unless
     // include_plan_only): how many, and the fastest few (exact where the engine records them).
     size_t plan_only = 0;

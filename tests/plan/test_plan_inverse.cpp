@@ -111,12 +111,18 @@ TEST(PlanInverse, OneDeviceSearchesParameterOffloadOverZero3) {
     r.offload = Offload::optimizer;   // without the weights offloaded, nothing fits
     EXPECT_TRUE(search_plans(r).best.empty());
 
+    // Nothing fits: "closest" is the candidate needing the fewest bytes (parameter offload's,
+    // short by its gradients), not the fastest of the rejected.
     PlanRequest big = request("llama3-70b", "h200", 1, 2048, 8);
-    big.offload = Offload::optimizer_params;
     const SearchReport none = search_plans(big);
     EXPECT_TRUE(none.best.empty());
-    ASSERT_FALSE(none.rejected.empty());
-    EXPECT_NE(none.rejected.front().why.find("gradients"), std::string::npos) << none.rejected.front().why;
+    ASSERT_EQ(none.closest.size(), 1u);
+    const PlanResult & c = none.closest.front();
+    EXPECT_EQ(c.c.layout.offload, Offload::optimizer_params);
+    EXPECT_NE(c.why.find("gradients"), std::string::npos) << c.why;
+    for (const PlanResult & p : none.rejected) EXPECT_LE(c.mem.total(), p.mem.total());
+    EXPECT_NE(none.rejected.front().c.layout.offload, Offload::optimizer_params);   // the fastest: another
+    EXPECT_NE(format_plan(big, none, false).find("nothing fits: closest, " + c.why.substr(0, 40)), std::string::npos);
 }
 
 // --explain says how the best row's accumulated gradients reach the ZeRO shard: every
