@@ -186,13 +186,13 @@ struct NcclState {
 
     // An error from NCCL's kernels or proxy thread (a peer gone, a network failure).
     void check_async() const {
-        ncclResult_t a = ncclSuccess;
-        for (ncclComm_t c : channels) {
+        auto check = [](ncclComm_t c) {
+            ncclResult_t a = ncclSuccess;
             MF_NCCL(ncclCommGetAsyncError(c, &a));
             if (a != ncclSuccess && a != ncclInProgress) nccl_fail(__FILE__, __LINE__, "ncclCommGetAsyncError", a);
-        }
-        MF_NCCL(ncclCommGetAsyncError(comm, &a));
-        if (a != ncclSuccess && a != ncclInProgress) nccl_fail(__FILE__, __LINE__, "ncclCommGetAsyncError", a);
+        };
+        check(comm);
+        for (ncclComm_t c : channels) check(c);
     }
 };
 

@@ -57,6 +57,13 @@ void remap(ModelWeights & w, BufferId flat, DType dt, const std::vector<Range> &
     });
 }
 
+// Elements [a, b) of a flat buffer as rank r's shard of it (`flat`, dtype dt) holds them: a view
+// from the shard's start; null when the shard holds none.
+Tensor shard_part(BufferId flat, DType dt, const FlatShards & sh, size_t a, size_t b, int r) {
+    const size_t mine = sh.in(a, b, r), lo = sh.lo(r);
+    return mine ? Tensor(flat, dt, {int64_t(mine)}, (std::max(a, lo) - lo) * dtype_size(dt)) : Tensor{};
+}
+
 }  // namespace
 
 void TrainStep::declare_sync(const Backend * sizing, const std::string & pre) {
@@ -201,9 +208,7 @@ size_t TrainStep::Sync::flag(int j, bool backward, int copy) const {
 Tensor TrainStep::Sync::own(int j) const {
     const Group & q = st_.groups_[size_t(j)];
     const Source & src = st_.sources_[q.src];
-    const int r = st_.dp_.rank;
-    const size_t mine = src.sh.in(q.a, q.b, r), lo = src.sh.lo(r);
-    return mine ? Tensor(src.flat, src.dt, {int64_t(mine)}, (std::max(q.a, lo) - lo) * dtype_size(src.dt)) : Tensor{};
+    return shard_part(src.flat, src.dt, src.sh, q.a, q.b, st_.dp_.rank);
 }
 
 Tensor TrainStep::Sync::staged(int j, bool backward, int copy) const {
@@ -217,9 +222,10 @@ Tensor TrainStep::Sync::staged(int j, bool backward, int copy) const {
 void TrainStep::Sync::prefetch(Graph & g, int layer, bool backward, int copy) {
     for (int j = 0; j < ng_; ++j) {
         const Group & q = st_.groups_[size_t(j)];
+        if (q.fwd_in.empty() || !serves(q, layer)) continue;
         const size_t f = flag(j, backward, copy);
         const Tensor in = staged(j, backward, copy);
-        if (!serves(q, layer) || read_[f] || started_[f] || !in.valid()) continue;
+        if (read_[f] || started_[f] || !in.valid()) continue;
         read_[f] = 1;
         g.offload_read(in, own(j), kParamReadSlot + int(f));
     }
@@ -258,8 +264,7 @@ void TrainStep::Sync::await(Graph & g, int layer, bool backward, int copy) {
 }
 
 Tensor TrainStep::Sync::shard_piece(const Bucket & k) const {
-    const size_t mine = st_.in_shard(k.a, k.b, st_.dp_.rank), gs = dtype_size(st_.grad_dt_);
-    return mine ? Tensor(st_.grads, st_.grad_dt_, {int64_t(mine)}, (std::max(k.a, st_.lo_) - st_.lo_) * gs) : Tensor{};
+    return shard_part(st_.grads, st_.grad_dt_, st_.shards_, k.a, k.b, st_.dp_.rank);
 }
 
 // Accumulating: received into the bucket's `recv` (every rank's program touches it, even with
