@@ -3,9 +3,7 @@
 #include <algorithm>
 
 #include "backend/cpu/cpu_backend.h"
-#ifdef MEMFIT_HAVE_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
+#include "backend/cuda_plugin.h"
 #include "core/error.h"
 #include "memory/budget.h"
 
@@ -21,14 +19,12 @@ bool cuda_built() {
 
 std::unique_ptr<Backend> make_backend(const std::string & device, int index) {
     if (device == "cpu") return std::make_unique<CpuBackend>();
-    if (device == "cuda") {
-#ifdef MEMFIT_HAVE_CUDA
-        return std::make_unique<CudaBackend>(index);
-#else
-        (void) index;
-        throw ConfigError("--device cuda: this memfit was built without CUDA (nvcc was not found when it was "
-                          "configured); rebuild with CUDA installed, or -DMEMFIT_CUDA=ON");
-#endif
+    if (device == "cuda") {   // the CUDA plug-in, loaded now (backend/cuda_plugin.h)
+        std::string why;
+        using Make = Backend * (*)(int);
+        const auto make = reinterpret_cast<Make>(cuda_plugin_entry("memfit_cuda_make_backend", &why));
+        if (!make) throw ConfigError("--device cuda: " + why);
+        return std::unique_ptr<Backend>(make(index));
     }
     throw ConfigError("--device " + device + ": unknown device; use cpu or cuda");
 }

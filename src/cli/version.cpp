@@ -4,9 +4,7 @@
 
 #include <fmt/format.h>
 
-#ifdef MEMFIT_HAVE_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
+#include "backend/cuda_plugin.h"
 #include "memfit_git_revision.h"   // generated in the build folder (CMakeLists.txt)
 
 namespace memfit::cli {
@@ -58,7 +56,10 @@ std::string build_line() {
 std::string cuda_line() {
 #ifdef MEMFIT_HAVE_CUDA
     std::string why;
-    const int n = cuda_device_count(&why);
+    using Count = int (*)(std::string *);
+    const auto count = reinterpret_cast<Count>(cuda_plugin_entry("memfit_cuda_device_count", &why));
+    if (!count) return fmt::format("cuda: on (CUDA backend built, not loadable: {})", why);
+    const int n = count(&why);
     if (n == 0) return fmt::format("cuda: on (CUDA backend built; 0 devices visible: {})", why);
     return fmt::format("cuda: on (CUDA backend built; {} device{} visible)", n, n == 1 ? "" : "s");
 #else

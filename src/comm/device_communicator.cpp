@@ -1,22 +1,20 @@
 #include "comm/device_communicator.h"
 
-#ifdef MEMFIT_HAVE_CUDA
-#include "backend/cuda/cuda_backend.h"
-#include "comm/nccl_communicator.h"
-#endif
+#include <string>
+
+#include "backend/cuda_plugin.h"
+#include "core/error.h"
 
 namespace memfit {
 
 std::unique_ptr<Communicator> make_device_communicator(Communicator & host, Backend & backend) {
     if (backend.host_memory() || host.size() == 1) return nullptr;
-#ifdef MEMFIT_HAVE_CUDA
-    auto & cuda = dynamic_cast<CudaBackend &>(backend);
-    auto comm = make_nccl_communicator(host, cuda.stream());
-    cuda.remeasure_runtime();   // NCCL's buffers are the runtime's too
-    return comm;
-#else
-    MF_UNREACHABLE();
-#endif
+    // The NCCL communicator, from the CUDA plug-in that made `backend` (backend/cuda_plugin.h).
+    std::string why;
+    using Make = Communicator * (*)(Communicator &, Backend &);
+    const auto make = reinterpret_cast<Make>(cuda_plugin_entry("memfit_cuda_make_communicator", &why));
+    if (!make) throw Error("the NCCL communicator: " + why);
+    return std::unique_ptr<Communicator>(make(host, backend));
 }
 
 }  // namespace memfit
