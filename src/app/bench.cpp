@@ -7,6 +7,7 @@
 #include <map>
 #include <random>
 
+#include "backend/cpu/bf16_path.h"
 #include "backend/cpu/matmul_probe.h"
 #include "backend/make_backend.h"
 #include "core/units.h"
@@ -102,7 +103,7 @@ nlohmann::json run_bench(const BenchOptions & opt) {
     };
     if (probe) peak = std::max(peak, cpu::measure_matmul_peak_gflops());
     // The bf16 paths on the same shapes: oneDNN's own bf16 matmul (where the CPU has one) and the
-    // bf16-storage path memfit uses (fp32 compute on converted tiles).
+    // bf16-storage gemm as the engine runs it (the faster path here: backend/cpu/bf16_path.h).
     const double bf16_onednn = probe && eo.compute != DType::f32 ? cpu::measure_onednn_bf16_gflops() : 0.0;
     const double bf16_storage = probe && eo.compute != DType::f32 ? cpu::measure_bf16_storage_gflops() : 0.0;
     std::sort(ms.begin(), ms.end());
@@ -110,9 +111,9 @@ nlohmann::json run_bench(const BenchOptions & opt) {
     const double tps = double(BT) / (med / 1e3);
     const double fpt = train_flops_per_token(cfg, opt.seq);
     const double achieved = fpt * tps / 1e9;
-    // MFU against the matmul peak of the step's precision: oneDNN's native bf16 matmul where the
-    // CPU has one, else the bf16-storage path's; fp32 (and fp16) steps against the fp32 probe.
-    const double bf16_peak = bf16_onednn > 0 ? bf16_onednn : bf16_storage;
+    // MFU against the matmul peak of the step's precision: the faster of oneDNN's native bf16
+    // matmul and the bf16-storage path; fp32 (and fp16) steps against the fp32 probe.
+    const double bf16_peak = std::max(bf16_onednn, bf16_storage);
     const double mfu_peak = eo.compute == DType::bf16 && bf16_peak > 0 ? bf16_peak : peak;
     nlohmann::json j = {
         {"model", cfg.name}, {"device", opt.device}, {"params", cfg.num_params()}, {"batch", eo.B}, {"seq", opt.seq},
@@ -124,6 +125,7 @@ nlohmann::json run_bench(const BenchOptions & opt) {
         {"mfu", mfu_peak > 0 ? achieved / mfu_peak : 0.0}, {"mfu_peak_gflops", mfu_peak},
         {"mfu_vs_fp32_peak", peak > 0 ? achieved / peak : 0.0},
         {"matmul_bf16_onednn_gflops", bf16_onednn}, {"matmul_bf16_storage_gflops", bf16_storage},
+        {"bf16_path", !backend.host_memory() ? "device" : cpu::native_bf16_chosen() ? "native" : "convert"},
         {"planned_peak_bytes", engine.planned_peak_live().total()},
         {"planned_peak_by_category", category_json(engine.planned_peak_live())},
         {"planned_reserved_bytes", engine.planned_reserved().total()},

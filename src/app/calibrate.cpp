@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "backend/cpu/bf16_path.h"
 #include "backend/cpu/matmul_probe.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -115,6 +116,7 @@ nlohmann::json run_calibration(const CalibrateOptions & opt) {
     const auto t0 = std::chrono::steady_clock::now();
     const uint64_t stream_bytes = opt.stream_bytes > 0 ? opt.stream_bytes : default_stream_bytes();
     const double gflops = cpu::measure_matmul_peak_gflops(opt.matmul_repeats);
+    const cpu::GemmRates & rates = cpu::machine_gemm_rates();   // which bf16 path the engine takes
     const double bf16_gflops = cpu::measure_bf16_storage_gflops(opt.matmul_repeats);
     const double bw = measure_stream_bandwidth(stream_bytes, opt.stream_repeats);
     std::filesystem::path dir = opt.offload_dir.empty() ? std::filesystem::path(opt.path).parent_path()
@@ -142,8 +144,12 @@ nlohmann::json run_calibration(const CalibrateOptions & opt) {
         {"matmul", fmt::format("oneDNN fp32 gemm on model-shaped gemms (M x K x N 2048x384x1536, 2048x1536x384, "
                                "2048x384x1152): the best shape's median of {} runs",
                                std::max(opt.matmul_repeats, 1))},
-        {"bf16_matmul", "memfit's bf16/fp16 storage path on the same gemms (16-bit tiles converted to fp32 for "
-                        "oneDNN): the rate --precision bf16 and fp16 run at"},
+        {"bf16_matmul", fmt::format("memfit's bf16/fp16 storage gemms on the same shapes, on the path this machine "
+                                    "takes ({}: the faster of oneDNN's native bf16 matmul, {:.0f} GFLOP/s, and 16-bit "
+                                    "tiles converted to fp32, {:.0f} GFLOP/s, as measured once per machine and cached "
+                                    "in {}): the rate --precision bf16 and fp16 run at",
+                                    cpu::native_bf16_chosen() ? "native" : "convert", rates.native, rates.convert,
+                                    cpu::gemm_rates_cache_path())},
         {"bandwidth", fmt::format("triad a = b + s*c over 3 arrays of doubles, {} in all; bytes counted: 2 reads + 1 "
                                   "write per element; median of {} runs",
                                   format_bytes(stream_bytes), std::max(opt.stream_repeats, 1))},

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -288,8 +289,14 @@ std::string write_checkpoint(const std::string & root, Engine & engine, nlohmann
     const EngineOptions & eo = engine.options();
     meta["world_size"] = comm.size();
     meta["zero"] = eo.zero;
-    TrainState s = engine.export_state();
     const size_t total = engine.total_params();
+    if (comm.size() == 1)   // the engine's own buffers, when it holds them as host fp32: no copy
+        if (std::optional<TrainStateView> v = engine.state_view(); v && v->n == total) {
+            v->offset = 0;
+            v->total = total;
+            return save_checkpoint(root, *v, meta, keep);
+        }
+    TrainState s = engine.export_state();
     if (comm.size() == 1 && s.params.size() == total) {
         s.offset = 0;
         s.total = total;

@@ -232,6 +232,9 @@ void TrainingRun::finish() {
     for (const auto & hnt : rep.hints) say("  hint: " + hnt);
 
     if (want_sample) {
+        // The sample needs only the merged weights: the engine's memory goes back first, so that
+        // the decoder's weights and cache do not add to the run's peak RSS.
+        engine_.reset();
         const auto [text, positions] = sample(sample_weights);
         summary["sample"] = text;
         summary["sample_positions"] = positions;   // at most the trained context

@@ -155,6 +155,10 @@ public:
     // Graph::matmul_bwd may round the LM head's fp32 logit gradients to bf16 in place
     // (round_bf16_rows) and read them strided (GemmDesc::lda), as autocast takes them in bf16.
     virtual bool native_gemm(const GemmDesc & d) const { (void) d; return false; }
+    // The speed of gemms on bf16/fp16 storage relative to fp32's, as this backend runs them: the
+    // op time model's factor (`--fit auto`, plan/time_model.h). The CPU's is measured on its cores
+    // (backend/cpu/bf16_path.h); others keep the model's default.
+    virtual double lowp_gemm_speed() const { return 0.9; }
     // x f32 [R, N]: each row rounded to bf16 into its own first 2N bytes, leaving a bf16 matrix of
     // row stride 2N. Called only where native_gemm said yes.
     virtual void round_bf16_rows(Tensor x) { (void) x; MF_UNREACHABLE(); }

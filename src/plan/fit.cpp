@@ -224,7 +224,10 @@ ResolvedRun fit_auto(const RunConfig & s, const ModelConfig & cfg, const Backend
     const int G = s.micro_batch * s.grad_accum;   // this rank's sequences per step, as asked
     std::vector<DType> precisions = {DType::f32, DType::bf16};
     if (!s.precision_auto) precisions = {s.compute};
-    const TimeModel model;
+    TimeModel model;
+    // 16-bit gemms at the rate this backend runs them (measured once on a CPU).
+    if (std::any_of(precisions.begin(), precisions.end(), [](DType t) { return t != DType::f32; }))
+        model.lowp_gemm = backend.lowp_gemm_speed();
     struct Found { EngineOptions eo; double seconds = 0; uint64_t bytes = 0; };
     std::optional<Found> best, second;
     std::optional<std::pair<EngineOptions, CategoryBytes>> smallest;

@@ -154,11 +154,13 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
 // The efficiencies are this CPU's, measured with `memfit profile` (gpt2-6l, B=2, T=512, per-op
 // times in trace.json): gemms ~100 GFLOP/s, flash attention 0.8 of that, naive attention 0.2,
 // the exp-bound cross-entropy 0.015, other elementwise kernels 0.15; gemms on bf16/fp16 storage
-// run at 0.9 of the fp32 rate (the bench's matmul probe: tiles are converted to fp32).
+// run at lowp_gemm of the fp32 rate: `--fit auto` sets it to the backend's (on a CPU measured on
+// its cores, backend/cpu/bf16_path.h: 2.0 where oneDNN's native bf16 matmul is twice as fast,
+// about 0.95 on the convert path); 0.9 otherwise.
 struct TimeModel {
     double flops_rate = 100e9;   // FLOP/s of the gemms
     double byte_rate = 20e9;     // bytes/s of memory traffic
-    double lowp_gemm = 0.9;      // gemm rate factor when weights and activations are 16-bit
+    double lowp_gemm = 0.9;      // gemm rate factor when weights and activations are 16-bit (Backend::lowp_gemm_speed)
     double op_overhead = 20e-6;  // seconds per op (dispatch, threads' fork/join): favours fewer micro-steps
     // --offload optimizer's copies (offload_read / offload_write: half their bytes are the store's
     // side) move at the store's rate: 3.7 GB/s is `memfit bench --calibrate`'s offload_gbs for a

@@ -55,7 +55,7 @@ fs::path tmp_folder(const std::string & root, long step) {
 }
 
 // meta.json's own fields: the format, the optimizer step and the loss scaler of `s`.
-nlohmann::json with_state_fields(const nlohmann::json & meta, const TrainState & s) {
+nlohmann::json with_state_fields(const nlohmann::json & meta, const TrainStateView & s) {
     nlohmann::json m = meta;
     m["format"] = kFormat;
     m["optimizer_step"] = s.t;
@@ -138,18 +138,16 @@ std::vector<std::pair<ShardRange, std::string>> shard_table(const nlohmann::json
 }
 
 // One file with the whole state, its meta, moved into place.
-std::string write_whole(const std::string & root, const fs::path & tmp, const Checkpoint & ckpt, int keep,
-                        const std::function<void()> & between_files) {
-    const long step = ckpt.meta.at("step").get<long>();
-    const TrainState & s = ckpt.state;
-    const int64_t P = int64_t(s.params.size());
-    auto tensor = [&](const char * name, const std::vector<float> & v) {
-        return TensorToWrite{name, "F32", {P}, v.data(), v.size() * sizeof(float)};
+std::string write_whole(const std::string & root, const fs::path & tmp, const TrainStateView & s,
+                        const nlohmann::json & ckpt_meta, int keep, const std::function<void()> & between_files) {
+    const long step = ckpt_meta.at("step").get<long>();
+    auto tensor = [&](const char * name, const float * v) {
+        return TensorToWrite{name, "F32", {int64_t(s.n)}, v, s.n * sizeof(float)};
     };
     write_safetensors((tmp / kStateFile).string(),
                       {tensor("params", s.params), tensor("adamw.m", s.m), tensor("adamw.v", s.v)});
     if (between_files) between_files();
-    nlohmann::json meta = with_state_fields(ckpt.meta, s);
+    nlohmann::json meta = with_state_fields(ckpt_meta, s);
     meta["checksums"][kStateFile] = file_digest((tmp / kStateFile).string());
     meta["meta_digest"] = meta_digest(meta);
     write_file_atomic((tmp / "meta.json").string(), meta.dump(2) + "\n");
@@ -160,10 +158,16 @@ std::string write_whole(const std::string & root, const fs::path & tmp, const Ch
 
 std::string save_checkpoint(const std::string & root, const Checkpoint & ckpt, int keep,
                             const std::function<void()> & between_files) {
-    const long step = ckpt.meta.at("step").get<long>();
+    MF_ASSERT(ckpt.state.m.size() == ckpt.state.params.size() && ckpt.state.v.size() == ckpt.state.params.size());
+    return save_checkpoint(root, view_of(ckpt.state), ckpt.meta, keep, between_files);
+}
+
+std::string save_checkpoint(const std::string & root, const TrainStateView & state, const nlohmann::json & meta,
+                            int keep, const std::function<void()> & between_files) {
+    const long step = meta.at("step").get<long>();
     const fs::path tmp = begin_checkpoint(root, step);
     try {
-        return write_whole(root, tmp, ckpt, keep, between_files);
+        return write_whole(root, tmp, state, meta, keep, between_files);
     } catch (...) {   // a full disk, an I/O error: no partial folder stays behind
         std::error_code ec;
         fs::remove_all(tmp, ec);
@@ -230,7 +234,7 @@ std::string commit_checkpoint(const std::string & root, const std::string & tmp_
     }
     if (next != total)
         throw Error(fmt::format("checkpoint {}: the ranks' ranges cover {} of {} elements", tmp_dir, next, total));
-    nlohmann::json meta = with_state_fields(ckpt.meta, ckpt.state);
+    nlohmann::json meta = with_state_fields(ckpt.meta, view_of(ckpt.state));
     meta["world_size"] = world;
     meta["zero"] = zero;
     meta["total"] = total;

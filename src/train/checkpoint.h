@@ -42,6 +42,9 @@ struct Checkpoint {
 // `keep` (>= 1). `between_files` (tests only) runs after the first file is written. Returns the folder.
 std::string save_checkpoint(const std::string & root, const Checkpoint & ckpt, int keep,
                             const std::function<void()> & between_files = {});
+// The same from a state read in place (Engine::state_view): no copy of it is made.
+std::string save_checkpoint(const std::string & root, const TrainStateView & state, const nlohmann::json & meta,
+                            int keep, const std::function<void()> & between_files = {});
 
 // Loads a checkpoint folder, or the newest complete one under a root, as one whole state
 // (a sharded checkpoint's shards are concatenated). IoError / FormatError with the path and the

@@ -434,6 +434,23 @@ TrainState Engine::export_state() {
     return s;
 }
 
+std::optional<TrainStateView> Engine::state_view() {
+    if (split_model()) return std::nullopt;
+    const float * p = params(), * m = adam_m(), * v = adam_v();
+    // A host copy made for the reading (a device, 16-bit or offloaded state, SGD's absent v):
+    // export_state moves it into its state instead.
+    if (p == mirror_params_.data() || m == mirror_m_.data() || v == mirror_v_.data()) return std::nullopt;
+    const Shard sh = shard();
+    TrainStateView s;
+    s.params = p, s.m = m, s.v = v;
+    s.n = sh.hi - sh.lo;
+    s.offset = sh.lo;
+    s.total = sh.total;
+    s.t = t_;
+    s.scaler = {scaler_.scale, scaler_.clean, scaler_.skipped};
+    return s;
+}
+
 void Engine::import_state(const TrainState & state) {
     const Shard sh = shard();
     TrainState sliced;

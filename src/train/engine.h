@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -183,6 +184,18 @@ struct TrainState {
     struct { float scale = 1; int clean = 0; long long skipped = 0; } scaler;
 };
 
+// The same fields read where they are (n elements each at params, m, v): a checkpoint written
+// from the engine's own host fp32 buffers needs no second copy of the state in memory.
+struct TrainStateView {
+    const float * params = nullptr, * m = nullptr, * v = nullptr;
+    size_t n = 0, offset = 0, total = 0;
+    int t = 0;
+    decltype(TrainState::scaler) scaler;
+};
+inline TrainStateView view_of(const TrainState & s) {
+    return {s.params.data(), s.m.data(), s.v.data(), s.params.size(), s.offset, s.total, s.t, s.scaler};
+}
+
 struct StepResult {
     float  loss = 0;          // mean over non-ignored targets
     float  grad_norm = 0;     // global L2 norm of the gradients (before the update; inf/NaN if skipped)
@@ -255,6 +268,10 @@ public:
     // import_state takes a whole state.
     TrainState export_state();
     void import_state(const TrainState & s);
+    // export_state()'s state in place, where this rank holds all of it as host fp32 buffers (the
+    // CPU backend in fp32 or with fp32 master weights and moments, nothing offloaded): valid until
+    // the next step or import. nullopt where it would need a copy (use export_state).
+    std::optional<TrainStateView> state_view();
 
     // The range of the flat trainable buffer this rank updates: [lo, hi) of `total`; `size` is
     // the padded shard length (every rank's). Without ZeRO: [0, total).

@@ -1,5 +1,7 @@
 #include "backend/cpu/cpu_backend.h"
 
+#include "backend/cpu/bf16_path.h"
+
 #include "backend/moments8.h"
 
 #include <cmath>
@@ -66,6 +68,13 @@ size_t CpuBackend::gemm_workspace(const GemmDesc & d) const {
 }
 
 bool CpuBackend::native_gemm(const GemmDesc & d) const { return gemm_.native(d); }
+
+double CpuBackend::lowp_gemm_speed() const {
+    const cpu::GemmRates & r = cpu::machine_gemm_rates();
+    // The path bf16 gemms take here: the chosen one's rate, whichever decided it.
+    const double bf16 = cpu::native_bf16_chosen() && r.native > 0 ? r.native : r.convert;
+    return r.fp32 > 0 && bf16 > 0 ? bf16 / r.fp32 : 0.9;
+}
 
 void CpuBackend::round_bf16_rows(Tensor x) { cpu::round_bf16_rows_in_place(x.f32(), x.rows(), x.cols()); }
 

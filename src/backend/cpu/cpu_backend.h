@@ -14,6 +14,7 @@ public:
     const char * name() const override { return "cpu"; }
     size_t gemm_workspace(const GemmDesc & d) const override;
     bool native_gemm(const GemmDesc & d) const override;
+    double lowp_gemm_speed() const override;   // measured: backend/cpu/bf16_path.h
     void round_bf16_rows(Tensor x) override;
 
     // The kernels (backend/kernel_list.h).

@@ -23,10 +23,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "backend/cpu/bf16_path.h"
 #include "backend/cpu/dnnl_check.h"
 #include "core/error.h"
 
@@ -66,22 +68,22 @@ struct DnnlGemm::Impl {
     std::unordered_map<MatmulShape, Entry, ShapeHash> cache;
     std::unordered_map<MatmulShape, bool, ShapeHash> native;   // bf16 shapes: optimized primitive or not
     size_t test_pad = 0;   // MEMFIT_TEST_GEMM_SCRATCH
-    bool native_off = false;   // MEMFIT_CPU_NATIVE_BF16=0
+    std::optional<bool> native_forced;   // MEMFIT_CPU_NATIVE_BF16 as this object was made
 
     Impl()
         : engine(MF_DNNL(dnnl::engine(dnnl::engine::kind::cpu, 0))),
           stream(MF_DNNL(dnnl::stream(engine))) {
         if (const char * v = std::getenv("MEMFIT_TEST_GEMM_SCRATCH")) test_pad = size_t(std::strtoull(v, nullptr, 10));
-        if (const char * v = std::getenv("MEMFIT_CPU_NATIVE_BF16")) native_off = std::string(v) == "0";
+        if (const char * v = std::getenv("MEMFIT_CPU_NATIVE_BF16"); v && *v) native_forced = std::string(v) != "0";
     }
 
     static dt dnnl_type(DType t) { return t == DType::bf16 ? dt::bf16 : dt::f32; }
 
     // A bf16 shape: true when oneDNN creates an optimized primitive for it (a reference
     // implementation, which oneDNN falls back to on CPUs without bf16 instructions, is slower
-    // than the convert path: no).
+    // than the convert path: no) and the native path is this machine's choice (bf16_path.h: the
+    // faster of the two as measured here, or MEMFIT_CPU_NATIVE_BF16).
     bool has_native(const MatmulShape & d) {
-        if (native_off) return false;
         auto it = native.find(d);
         if (it != native.end()) return it->second;
         bool ok = false;
@@ -91,6 +93,8 @@ struct DnnlGemm::Impl {
         } catch (const dnnl::error &) {
             ok = false;
         }
+        // The machine's choice is asked only here, where a native kernel exists (measured once).
+        ok = ok && (native_forced ? *native_forced : native_bf16_chosen());
         return native.emplace(d, ok).first->second;
     }
 

@@ -40,8 +40,10 @@ public:
     // Scratchpad bytes the primitive for `d` (all f32) needs (creates and caches it).
     size_t workspace_bytes(const GemmDesc & d);
     // Native bf16 (bf16_operands(d)): whether oneDNN has an optimized (not reference) bf16 matmul
-    // for d on this CPU, decided by creating it (cached; MEMFIT_CPU_NATIVE_BF16=0 says no, so
-    // the tests reach the convert path on any CPU). When true, native_workspace_bytes and
+    // for d on this CPU, decided by creating it, and is this machine's faster bf16 path
+    // (bf16_path.h: measured once per machine; MEMFIT_CPU_NATIVE_BF16=0 or 1 as this object is
+    // made overrides it, so the tests reach either path on any CPU that has both). When true,
+    // native_workspace_bytes and
     // run_native take d (in tiles of M where one call's scratchpad would be large: dnnl_gemm.cpp).
     bool native(const GemmDesc & d);
     size_t native_workspace_bytes(const GemmDesc & d);

@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/dnnl_gemm.h"
+#include "backend/cpu/gemm_mixed.h"
 #include "core/dtype.h"
 
 namespace memfit::cpu {
@@ -67,6 +69,9 @@ double measure_onednn_bf16_gflops(int repeats) {
         } catch (const dnnl::error &) {
             return;   // no bf16 matmul on this CPU
         }
+        // oneDNN's reference implementation (CPUs without bf16 instructions) runs at a few
+        // GFLOP/s: not timed, 0.
+        if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return;
         dnnl::memory ma(a, eng), mb(b, eng), mc(c, eng);
         std::fill_n(static_cast<uint16_t *>(ma.get_data_handle()), s.M * s.K, f32_to_bf16(0.01f));
         std::fill_n(static_cast<uint16_t *>(mb.get_data_handle()), s.K * s.N, f32_to_bf16(0.02f));
@@ -91,6 +96,20 @@ double measure_bf16_storage_gflops(int repeats) {
             tw(-1, DType::u8, {int64_t(ws.size())});
         ta.data = a.data(), tb.data = b.data(), tc.data = c.data(), tw.data = ws.data();
         time([&] { backend.gemm(d, tc, ta, tb, Tensor{}, tw); });
+    });
+}
+
+double measure_bf16_convert_gflops(int repeats) {
+    DnnlGemm gemm;
+    MixedGemm mixed(gemm);
+    return best_gflops(repeats, [&](const Shape & s, auto && time) {
+        GemmDesc d;
+        d.M = s.M, d.N = s.N, d.K = s.K;
+        d.a = d.b = d.c = DType::bf16;
+        std::vector<uint16_t> a(size_t(s.M * s.K), f32_to_bf16(0.01f)), b(size_t(s.K * s.N), f32_to_bf16(0.02f)),
+            c(size_t(s.M * s.N));
+        std::vector<std::byte> ws(mixed.workspace_bytes(d));
+        time([&] { mixed.run(d, c.data(), a.data(), b.data(), nullptr, ws.data()); });
     });
 }
 
