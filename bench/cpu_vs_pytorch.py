@@ -84,9 +84,23 @@ def torch_run(a):
         if i >= a.warmup:
             ms.append((time.perf_counter() - t0) * 1e3)
     med = statistics.median(ms)
-    print(json.dumps({"ms_per_step": med, "tokens_per_s": B * T / (med / 1e3),
-                      "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                      "torch": torch.__version__}))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # before the matmul probe's buffers
+    print(json.dumps({"ms_per_step": med, "tokens_per_s": B * T / (med / 1e3), "peak_rss_bytes": rss,
+                      "torch": torch.__version__, "matmul_gflops": torch_matmul_gflops(torch, a.torch)}))
+
+
+def torch_matmul_gflops(torch, dtype):
+    """PyTorch's own matmul rate on the shapes memfit's probe uses (the MLP's up projection at
+    B*T = 2048), median of 5: OpenBLAS for fp32, oneDNN (mkldnn) for bf16."""
+    dt = torch.float32 if dtype == "fp32" else torch.bfloat16
+    a, b = torch.randn(2048, 384, dtype=dt), torch.randn(384, 1536, dtype=dt)
+    torch.mm(a, b)
+    secs = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        secs.append(time.perf_counter() - t0)
+    return 2 * 2048 * 384 * 1536 / statistics.median(secs) / 1e9
 
 
 def cpu_facts():
@@ -153,14 +167,18 @@ def main():
 
     print(f"{name}; avx512_bf16: {'yes' if 'avx512_bf16' in flags else 'no'}; {a.threads} threads; "
           f"GPT-2 {a.layers}x{a.embd}, vocabulary {a.vocab}, B={a.batch}, T={a.seq}; "
-          f"{a.rounds} interleaved rounds of {a.steps} timed steps\n")
+          f"{a.rounds} interleaved rounds of {a.steps} timed steps; PyTorch {res['PyTorch fp32'][0]['torch']} on "
+          f"OpenBLAS (OpenMP build, OPENBLAS_CORETYPE={env['OPENBLAS_CORETYPE']}) for fp32 and oneDNN for bf16; "
+          f"memfit's bf16 path: {res['memfit bf16'][0].get('bf16_path', '?')}\n")
     print("| run | tokens/s (median, min-max) | ms/step | peak RSS |")
     print("|---|---|---|---|")
     for k in runs:
         tps = [x["tokens_per_s"] for x in res[k]]
-        extra = ""
         if k.startswith("memfit"):
-            extra = f" (MFU {med(k, 'mfu'):.2f})"
+            peak = "matmul_peak_gflops" if k.endswith("fp32") else "mfu_peak_gflops"
+            extra = f" (MFU {med(k, 'mfu'):.2f}; matmul {med(k, peak):.0f} GFLOP/s)"
+        else:
+            extra = f" (its matmul {med(k, 'matmul_gflops'):.0f} GFLOP/s)"
         print(f"| {k} | {med(k, 'tokens_per_s'):,.0f} ({min(tps):,.0f}-{max(tps):,.0f}){extra} | "
               f"{med(k, 'ms_per_step'):,.0f} | {med(k, 'peak_rss_bytes') / 2**20:,.0f} MiB |")
     mf = max(med("memfit fp32", "tokens_per_s"), med("memfit bf16", "tokens_per_s"))
@@ -168,6 +186,7 @@ def main():
     ratios = {
         "memfit bf16 / memfit fp32 tokens/s": med("memfit bf16", "tokens_per_s") / med("memfit fp32", "tokens_per_s"),
         "memfit best / PyTorch best tokens/s": mf / pt,
+        "memfit fp32 / PyTorch best tokens/s": med("memfit fp32", "tokens_per_s") / pt,
         "memfit fp32 peak RSS / PyTorch fp32's": med("memfit fp32", "peak_rss_bytes") / med("PyTorch fp32", "peak_rss_bytes"),
     }
     print()

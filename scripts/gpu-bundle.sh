@@ -5,6 +5,7 @@
 #
 # .gpu/ afterwards:
 #   bin/memfit.xz, bin/memfit_cuda_tests.xz   stripped, xz-compressed (gpu-check.sh unpacks them)
+#   bin/libmemfit_cuda.so.xz                  the CUDA backend, memfit's plug-in (loaded from beside it)
 #   lib/                                every shared library they need that the GPU machine lacks
 #                                       (oneDNN, OpenMPI, fmt, sentencepiece, pcre2, gomp, hwloc, ...);
 #                                       libraries over 4 MiB are stored xz-compressed (NAME.xz):
@@ -71,13 +72,16 @@ for b in memfit memfit_cuda_tests; do
     strip -o "$DEST/bin/$b" "$BUILD/$b"
     chmod 755 "$DEST/bin/$b"
 done
+# The CUDA backend is memfit's plug-in, loaded from beside the binary (backend/cuda_plugin.h).
+[ -f "$BUILD/libmemfit_cuda.so" ] || die "$BUILD/libmemfit_cuda.so missing after the build"
+strip --strip-unneeded -o "$DEST/bin/libmemfit_cuda.so" "$BUILD/libmemfit_cuda.so"
 
 # Shared libraries: everything ldd resolves, except the C runtime and CUDA's own.
 skip_re='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libresolv\.so|libutil\.so|libcuda\.so|libcudart\.so|libcublas\.so|libcublasLt\.so|libnccl\.so|libnvidia-)'
 cxx_re='^(libstdc\+\+\.so|libgcc_s\.so)'
-missing=$(ldd "$BUILD/memfit" "$BUILD/memfit_cuda_tests" | grep 'not found' || true)
+missing=$(ldd "$BUILD/memfit" "$BUILD/memfit_cuda_tests" "$BUILD/libmemfit_cuda.so" | grep 'not found' || true)
 [ -z "$missing" ] || die "unresolved libraries here: $missing"
-ldd "$BUILD/memfit" "$BUILD/memfit_cuda_tests" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
+ldd "$BUILD/memfit" "$BUILD/memfit_cuda_tests" "$BUILD/libmemfit_cuda.so" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
 while read -r name path; do
     if [[ $name =~ $skip_re ]]; then continue; fi
     if [[ $name =~ $cxx_re ]]; then cp -L "$path" "$DEST/lib/cxx/$name"; else cp -L "$path" "$DEST/lib/$name"; fi
@@ -94,7 +98,7 @@ raw=$(du -sb "$DEST" | cut -f1)
 # Compress the big libraries (oneDNN is ~38 MiB raw, ~8 MiB as xz) and the two binaries (38 MiB
 # raw, 6.5 as xz; gpu-check.sh unpacks them): more room for the working tree.
 find "$DEST/lib" -maxdepth 1 -name '*.so*' -size +4M -print0 | xargs -0 -r xz -T0 -6
-xz -T0 -6 "$DEST/bin/memfit" "$DEST/bin/memfit_cuda_tests"
+xz -T0 -6 "$DEST/bin/memfit" "$DEST/bin/memfit_cuda_tests" "$DEST/bin/libmemfit_cuda.so"
 packed=$(du -sb "$DEST" | cut -f1)
 
 {

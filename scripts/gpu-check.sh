@@ -89,8 +89,8 @@ step_failed() { STATUS[$1]="failed: $2"; FAILED_TO_RUN=1; say "step $1 FAILED TO
 
 # ------------------------------------------------------------------------------------------------
 say "a. bundle and libraries"
-# The binaries travel xz-compressed (gpu-bundle.sh): unpacked in place, once.
-for b in memfit memfit_cuda_tests; do
+# The binaries and memfit's CUDA plug-in travel xz-compressed (gpu-bundle.sh): unpacked in place, once.
+for b in memfit memfit_cuda_tests libmemfit_cuda.so; do
     if [ -f "$G/bin/$b.xz" ] && [ ! -x "$G/bin/$b" ] && ! $DRY; then
         if command -v xz >/dev/null; then
             xz -dc "$G/bin/$b.xz" >"$G/bin/$b"
@@ -99,7 +99,7 @@ for b in memfit memfit_cuda_tests; do
         fi && chmod 755 "$G/bin/$b" || { echo "gpu-check: cannot unpack $G/bin/$b.xz" >&2; exit 2; }
     fi
 done
-if [ ! -x "$G/bin/memfit" ] || [ ! -x "$G/bin/memfit_cuda_tests" ]; then
+if [ ! -x "$G/bin/memfit" ] || [ ! -x "$G/bin/memfit_cuda_tests" ] || [ ! -f "$G/bin/libmemfit_cuda.so" ]; then
     echo "gpu-check: no bundle: $G/bin/memfit missing. Run 'bash scripts/gpu-bundle.sh' on the build machine and carry .gpu" >&2
     $DRY || exit 2
 fi
@@ -161,11 +161,11 @@ EOF
 )
 base_ld="$ROOT/$G/lib:$LIBX$cuda_dirs${pip_dirs:+:$pip_dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 MF_LD=$base_ld
-missing=$(LD_LIBRARY_PATH=$MF_LD ldd "$G/bin/memfit" "$G/bin/memfit_cuda_tests" 2>&1 | grep 'not found' | sort -u)
+missing=$(LD_LIBRARY_PATH=$MF_LD ldd "$G/bin/memfit" "$G/bin/memfit_cuda_tests" "$G/bin/libmemfit_cuda.so" 2>&1 | grep 'not found' | sort -u)
 if [ -n "$missing" ] && [ -d "$G/lib/cxx" ]; then
     say "with the system's libstdc++: $(echo "$missing" | head -3 | tr -s ' \t' ' ') ...; trying the bundle's (.gpu/lib/cxx)"
     MF_LD="$ROOT/$G/lib/cxx:$base_ld"
-    missing=$(LD_LIBRARY_PATH=$MF_LD ldd "$G/bin/memfit" "$G/bin/memfit_cuda_tests" 2>&1 | grep 'not found' | sort -u)
+    missing=$(LD_LIBRARY_PATH=$MF_LD ldd "$G/bin/memfit" "$G/bin/memfit_cuda_tests" "$G/bin/libmemfit_cuda.so" 2>&1 | grep 'not found' | sort -u)
 fi
 echo "  LD_LIBRARY_PATH for memfit: $MF_LD"
 echo "  ldd .gpu/bin/memfit | grep 'not found':"
