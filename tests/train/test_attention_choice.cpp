@@ -71,5 +71,23 @@ TEST(AttentionChoice, FitAutoSearchesOnlyAttentionTheBackendRuns) {
     EXPECT_TRUE(resolve_run(s, hd16, cpu, false).eo.flash_attention);   // the time model rates it faster
 }
 
+// `--fit auto --precision auto` rates 16-bit gemms at the backend's measured speed (on a CPU,
+// backend/cpu/bf16_path.h): where bf16 gemms run at a third of fp32's it keeps fp32, where they
+// run at three times it takes bf16.
+TEST(AttentionChoice, PrecisionAutoFollowsTheMeasuredBf16Speed) {
+    struct Measured : CpuBackend {
+        explicit Measured(double s) : speed(s) {}
+        double lowp_gemm_speed() const override { return speed; }
+        double speed;
+    };
+    const ModelConfig cfg = test::small_config(512, 256, 2, 4);
+    RunConfig s = shape("auto", uint64_t(1) << 30);
+    s.seq = 64;
+    s.fit_auto = true;
+    s.precision_auto = true;
+    EXPECT_EQ(resolve_run(s, cfg, Measured(1.0 / 3), false).eo.compute, DType::f32);
+    EXPECT_EQ(resolve_run(s, cfg, Measured(3.0), false).eo.compute, DType::bf16);
+}
+
 }  // namespace
 }  // namespace memfit
