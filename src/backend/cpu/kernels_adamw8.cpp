@@ -60,28 +60,38 @@ void adamw_update_8bit(W * param, P * param_copy, const G * grad, uint8_t * m, u
     const size_t blocks = moments8_blocks(n);
 #pragma omp parallel for schedule(static)
     for (size_t b = 0; b < blocks; ++b) {
-        const size_t lo = b * kMoments8Block, hi = std::min(n, lo + kMoments8Block);
+        const size_t lo = b * kMoments8Block, len = std::min(n, lo + kMoments8Block) - lo;
         float mf[kMoments8Block], vf[kMoments8Block];
         float m_max = 0, v_max = 0;
-        // Vectorized for the build's ISA (AVX2 or AVX-512 under -march=native): the loads and
-        // decodes, the update, the stores and both block maxima (a max is exact in any order).
+        const float ms = m_scale[b], vs = v_scale[b];
+        W * pw = param + lo;
+        const G * pg = grad + lo;
+        const uint8_t * pm = m + lo, * pv = v + lo;
+        // Vectorized for the build's ISA (AVX2 or AVX-512): the loads and decodes, the update, the
+        // stores and both block maxima (a max is exact in any order). The block's pointers and
+        // scales are locals (read through the arguments inside the loop, GCC kept it scalar), and
+        // keep_zeros is a compile-time case (its selects beside the decodes kept AVX2 scalar).
+        auto update = [&](auto keep) {
 #pragma omp simd reduction(max : m_max, v_max)
-        for (size_t i = lo; i < hi; ++i) {
-            const float w = to_f32(param[i]);
-            const bool frozen = keep_zeros && w == 0.0f;   // a kept zero: moments 0 (code 0), no step
-            const float g = to_f32(grad[i]) * grad_scale;
-            const float mi = frozen ? 0.0f : beta1 * decode_m8(m[i], m_scale[b]) + one_m_b1 * g;
-            const float vi = frozen ? 0.0f : beta2 * decode_v8(v[i], v_scale[b]) + one_m_b2 * g * g;
-            mf[i - lo] = mi, vf[i - lo] = vi;
-            m_max = std::max(m_max, std::fabs(mi));
-            v_max = std::max(v_max, vi);
-            const float p = frozen ? w : w * decay - lr * (mi * inv_bc1) / (std::sqrt(vi * inv_bc2) + eps);
-            if constexpr (std::is_same_v<W, float>) param[i] = p;
-            else param[i] = bf16_t{sr_bf16_bits(p, sr_seed, sr_at + i)};
-            if constexpr (!std::is_same_v<P, float>) param_copy[i] = from_f32<P>(p);
-        }
+            for (size_t i = 0; i < len; ++i) {
+                const float w = to_f32(pw[i]);
+                const bool frozen = decltype(keep)::value && w == 0.0f;   // a kept zero: moments 0, no step
+                const float g = to_f32(pg[i]) * grad_scale;
+                const float mi = frozen ? 0.0f : beta1 * decode_m8(pm[i], ms) + one_m_b1 * g;
+                const float vi = frozen ? 0.0f : beta2 * decode_v8(pv[i], vs) + one_m_b2 * g * g;
+                mf[i] = mi, vf[i] = vi;
+                m_max = std::max(m_max, std::fabs(mi));
+                v_max = std::max(v_max, vi);
+                const float p = frozen ? w : w * decay - lr * (mi * inv_bc1) / (std::sqrt(vi * inv_bc2) + eps);
+                if constexpr (std::is_same_v<W, float>) pw[i] = p;
+                else pw[i] = bf16_t{sr_bf16_bits(p, sr_seed, sr_at + lo + i)};
+                if constexpr (!std::is_same_v<P, float>) param_copy[lo + i] = from_f32<P>(p);
+            }
+        };
+        if (keep_zeros) update(std::true_type{});
+        else update(std::false_type{});
         m_scale[b] = m_max, v_scale[b] = v_max;
-        encode_block(m + lo, v + lo, mf, vf, hi - lo, m_max, v_max);
+        encode_block(m + lo, v + lo, mf, vf, len, m_max, v_max);
     }
 }
 
