@@ -10,10 +10,14 @@ median ms/step and the peak RSS, then the ratios the issue asks about.
 
 PyTorch's setup is its fastest on these machines: Debian's python3-torch (1.13) on OpenBLAS's
 OpenMP build, OPENBLAS_CORETYPE=SkylakeX where the CPU has AVX-512 (Haswell otherwise),
-OMP_NUM_THREADS and torch.set_num_threads at the thread count. Debian's torch calls whatever
-libblas.so.3 is installed: `apt-get install python3-torch libopenblas0-openmp` (with only the
-reference BLAS, libblas3, its fp32 matmuls run at about 3 GFLOP/s; the script refuses). Torch
-1.13 has no scaled_dot_product_attention: attention is the explicit masked softmax.
+OMP_NUM_THREADS and torch.set_num_threads at the thread count, and tcmalloc preloaded (the
+allocator PyTorch's CPU performance guides recommend: with glibc's malloc each step's large
+tensors are mapped and unmapped again, and on the 2-core Zen 5 VM PyTorch then spent most of a
+step in page faults: fp32 330 against 1,310 tokens/s with tcmalloc). Debian's torch calls
+whatever libblas.so.3 is installed: `apt-get install python3-torch libopenblas0-openmp
+libtcmalloc-minimal4` (with only the reference BLAS, libblas3, its fp32 matmuls run at about 3
+GFLOP/s; the script refuses, as it does without tcmalloc). Torch 1.13 has no
+scaled_dot_product_attention: attention is the explicit masked softmax.
 
 usage: python3 bench/cpu_vs_pytorch.py [--memfit build/memfit] [--rounds 3] [--steps 5]
 (run with /usr/bin/python3, which has Debian's torch)
@@ -26,6 +30,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 
 
 def torch_run(a):
@@ -144,9 +150,13 @@ def main():
     if "openblas" not in blas.split("Value:", 1)[-1].split("\n", 1)[0]:
         sys.exit("libblas.so.3 is not OpenBLAS: apt-get install libopenblas0-openmp (Debian's torch would run its "
                  "matmuls on the reference BLAS)")
+    if not os.path.exists(TCMALLOC):
+        sys.exit(f"{TCMALLOC} is missing: apt-get install libtcmalloc-minimal4 (PyTorch on glibc's malloc maps and "
+                 "unmaps its large tensors every step, 2-4x slower on these VMs)")
     name, flags = cpu_facts()
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), OPENBLAS_NUM_THREADS=str(a.threads),
                OPENBLAS_CORETYPE="SkylakeX" if "avx512f" in flags else "Haswell")
+    torch_env = dict(env, LD_PRELOAD=TCMALLOC)
     common = ["--batch", str(a.batch), "--seq", str(a.seq), "--threads", str(a.threads),
               "--steps", str(a.steps), "--warmup", str(a.warmup)]
     runs = {
@@ -158,7 +168,7 @@ def main():
     res = {k: [] for k in runs}
     for r in range(a.rounds):
         for k, cmd in runs.items():
-            j = run_json(cmd, env)
+            j = run_json(cmd, env if k.startswith("memfit") else torch_env)
             res[k].append(j)
             print(f"round {r + 1}/{a.rounds} {k}: {j['tokens_per_s']:.0f} tokens/s", file=sys.stderr)
 
@@ -168,7 +178,8 @@ def main():
     print(f"{name}; avx512_bf16: {'yes' if 'avx512_bf16' in flags else 'no'}; {a.threads} threads; "
           f"GPT-2 {a.layers}x{a.embd}, vocabulary {a.vocab}, B={a.batch}, T={a.seq}; "
           f"{a.rounds} interleaved rounds of {a.steps} timed steps; PyTorch {res['PyTorch fp32'][0]['torch']} on "
-          f"OpenBLAS (OpenMP build, OPENBLAS_CORETYPE={env['OPENBLAS_CORETYPE']}) for fp32 and oneDNN for bf16; "
+          f"OpenBLAS (OpenMP build, OPENBLAS_CORETYPE={env['OPENBLAS_CORETYPE']}) for fp32 and oneDNN for bf16, "
+          f"tcmalloc preloaded; "
           f"memfit's bf16 path: {res['memfit bf16'][0].get('bf16_path', '?')}\n")
     print("| run | tokens/s (median, min-max) | ms/step | peak RSS |")
     print("|---|---|---|---|")
