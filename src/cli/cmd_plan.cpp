@@ -39,6 +39,7 @@ struct PlanFlags {
     int gpus = 0, nodes = 0, top = 5;
     int min_gpus_limit = 4096;
     bool explain = false, json = false, min_gpus = false, include_plan_only = false, wide = false;
+    bool tp_comm_overlap = false;
     bool max_seq = false, max_micro_batch = false;
     std::string max_model;   // a family prefix, or "presets"; empty: not asked
     std::string emit_config, emit_deepspeed;
@@ -97,6 +98,7 @@ PlanRequest make_request(const PlanFlags & f, const RunConfig & run, const RunFl
     r.top = size_t(f.top);
     r.explain = f.explain;
     r.include_plan_only = f.include_plan_only;
+    r.tp_comm_overlap = f.tp_comm_overlap;
     return r;
 }
 
@@ -240,6 +242,9 @@ void add_plan_commands(CLI::App & app) {
     p->add_flag("--include-plan-only", f.include_plan_only,
                 "also rank layouts memfit train does not run yet (parameter offload, ...: docs/parallel.md), each "
                 "marked with the reason; default: counted, not listed");
+    p->add_flag("--tp-comm-overlap", f.tp_comm_overlap,
+                "time an engine that hides tensor-parallel collectives under the gemms (Megatron-Core's "
+                "--tp-comm-overlap, with --sp); memfit train does not, so the default does not");
     p->add_flag("--wide", f.wide, "every column at full width and a bar of the bytes per row (over 120 columns)");
     p->add_flag("--json", f.json, "print the result as JSON (docs/plan.md)");
     p->add_flag("--min-gpus", f.min_gpus, "find the fewest devices of this kind that fit the run, and its best layout");

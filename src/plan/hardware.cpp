@@ -133,7 +133,9 @@ Hardware parse_entry(const std::string & path, const json & e, size_t index) {
         r.fail("reserved_gib", fmt::format("{} must be less than memory_gib = {}", reserved_gib, memory_gib));
     h.memory = gib_to_bytes(memory_gib);
     h.usable = h.memory - gib_to_bytes(reserved_gib);
-    h.bf16_flops = r.positive("bf16_tflops", "TFLOP/s") * kTera;
+    // null: the device has no bf16 arithmetic (V100); a bf16 plan on it then says so.
+    h.bf16_flops = e.contains("bf16_tflops") && e.at("bf16_tflops").is_null() ? 0.0
+                                                                                : r.positive("bf16_tflops", "TFLOP/s") * kTera;
     h.fp16_flops = r.positive("fp16_tflops", "TFLOP/s") * kTera;
     h.fp32_flops = r.positive("fp32_tflops", "TFLOP/s") * kTera;
     h.mem_bw = r.positive("mem_bw_gbs", "GB/s") * kGiga;

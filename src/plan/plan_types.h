@@ -16,9 +16,9 @@ struct DistillPlan;   // plan/distill_plan.h
 
 // The time model's efficiencies where a catalog entry does not state its own: H100's, fitted
 // on the published runs of docs/plan.md (hardware.json's notes say where each comes from).
-constexpr double kDefaultMatmulEfficiency = 0.53;
-constexpr double kDefaultAttentionEfficiency = 0.16;
-constexpr double kDefaultBandwidthEfficiency = 0.40;
+constexpr double kDefaultMatmulEfficiency = 0.66;
+constexpr double kDefaultAttentionEfficiency = 0.18;
+constexpr double kDefaultBandwidthEfficiency = 0.20;
 
 // One device kind of the catalog (data/hardware.json). Rates are dense (no sparsity), per device.
 struct Hardware {
@@ -77,6 +77,10 @@ struct Candidate : RunConfig {
     std::shared_ptr<const LoraPlan> lora_plan;
     // Distillation (plan/distill_plan.h): the frozen teacher, fixed like lora_plan. Null: none.
     std::shared_ptr<const DistillPlan> distill_plan;
+    // Time only: the engine overlaps tensor-parallel collectives with the gemms next to them
+    // (Megatron-Core's --tp-comm-overlap, with sequence parallelism). memfit train does not:
+    // off unless `memfit plan --tp-comm-overlap` asks to predict such an engine.
+    bool tp_comm_overlap = false;
 };
 
 }  // namespace memfit

@@ -141,6 +141,7 @@ Candidate make_candidate(const PlanRequest & r, const Layout & L, int mb, int pe
     if (L.offload == Offload::none) c.offload_dir.clear();          // where either offload goes
     c.lora_plan = r.lora;
     c.distill_plan = r.distill;
+    c.tp_comm_overlap = r.tp_comm_overlap;
     return c;
 }
 

@@ -42,6 +42,8 @@ struct PlanRequest {
     std::shared_ptr<const LoraPlan> lora;
     // Distillation (make_distill_plan), fixed for every candidate. Null: none.
     std::shared_ptr<const DistillPlan> distill;
+    // Predict an engine that overlaps tensor-parallel collectives (Candidate::tp_comm_overlap).
+    bool tp_comm_overlap = false;
     size_t top = 5;
     // Say what would make each rejected candidate fit (else only the closest one).
     bool explain = false;

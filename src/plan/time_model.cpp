@@ -32,6 +32,22 @@ double attention_pairs(const ModelConfig & cfg, double T) {
     return W * (W + 1) / 2 + (T - W) * W;
 }
 
+// The rate the matmuls run at: their FLOPs at matmul_eff of the peak plus the bytes they move at
+// the memory bandwidth (a roofline sum: the operands and results of thin gemms cost time that a
+// large gemm hides; Williams et al. 2009). Per micro-batch forward, for `layers` blocks and the
+// head: activations in and out (the column-parallel gemms read the whole input and write 1/tp,
+// the row-parallel ones read 1/tp and write the whole partial sum) and each weight once, s bytes
+// an element; the backward's two gemms per forward one move twice that, the same bytes per FLOP.
+double matmul_rate(const ModelConfig & cfg, const Hardware & hw, double peak, double tokens, double layers, int tp,
+                   double s) {
+    const double C = cfg.n_embd, Q = cfg.qkv_dim(), F = cfg.fc_dim(), A = cfg.ffn_dim(), V = cfg.vocab_size;
+    const double layer_w = C * Q + C * C + C * F + A * C;
+    const double bytes = s * (layers * (tokens * (4 * C + (Q + C + F + A) / tp) + layer_w / tp) +
+                              tokens * (C + V / tp) + V * C / tp);
+    const double flops = matmul_forward_flops(cfg, tokens, layers) / tp;
+    return flops / (flops / (hw.matmul_eff * peak) + bytes / hw.mem_bw);
+}
+
 double need(double rate, const Hardware & hw, const char * what) {
     if (!(rate > 0))
         throw ConfigError(fmt::format("hardware '{}' has no {}: set it in the hardware catalog", hw.name, what));
@@ -69,6 +85,9 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     const uint32_t mask = c.recompute.uniform_mask("the time model") &
                           (c.mlp_chunk > 0 && c.mlp_chunk < int64_t(c.micro_batch) * seq ? ~mlp_units : ~0u);
     check_lora_layout(c);
+    if (c.compute == DType::bf16 && !(hw.bf16_flops > 0))
+        throw ConfigError(fmt::format("hardware '{}' has no bf16 arithmetic: use --precision fp16 (with loss scaling) or fp32",
+                                      hw.name));
     const double peak = need(hw.flops(c.compute), hw, "FLOP rate for the compute dtype");
     const double mem_bw = need(hw.mem_bw, hw, "memory bandwidth (mem_bw)");
 
@@ -82,7 +101,7 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     const double layers = double(v) * std::ceil(double(cfg.n_layer) / (double(L.pp) * v));
 
     // --- math, per micro-batch on the busiest (last) stage
-    const double mm_eff = hw.matmul_eff * peak;
+    const double mm_eff = matmul_rate(cfg, hw, peak, tokens, layers, L.tp, s);
     const double attn_eff = (c.flash() ? hw.attention_eff : hw.matmul_eff) * peak;
     const LoraPlan * lp = c.lora_plan.get();
     const double mm_fwd = matmul_forward_flops(cfg, tokens, layers) / tp;
@@ -183,18 +202,28 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
         return Link{std::min(intra, across), hw.inter_latency};
     };
 
-    // tensor parallel: 4 collectives per layer per micro-batch (+2 for full recompute's forward)
-    double tp_comm = 0;
+    // tensor parallel: 4 collectives per layer per micro-batch (+2 for full recompute's forward),
+    // exposed. With c.tp_comm_overlap and sequence parallelism each all-gather / reduce-scatter
+    // is pipelined in chunks with the gemm that consumes or produces it (Megatron-Core's TP
+    // communication overlap; Wang et al. 2022): hidden up to kOverlapFraction of the gemms.
+    double tp_comm = 0, tp_exposed = 0;
     if (L.tp > 1) {
         const Link lk = link(L.tp > r, r);
         const double per_layer = 4.0 + (mask == 0 ? 2.0 : 0.0);
         tp_comm = m * layers * per_layer * lk.time(ring_allreduce_bytes(tokens * C * s, L.tp), 2.0 * (L.tp - 1));
+        const double gemms = m * (mm_fwd + bwd_mm) / mm_eff;
+        tp_exposed = L.sp && c.tp_comm_overlap ? std::max(0.0, tp_comm - kOverlapFraction * gemms) : tp_comm;
     }
-    // pipeline point-to-point: activation forward, gradient backward, per micro-batch and chunk
+    // pipeline point-to-point: activation forward, gradient backward, per micro-batch and chunk.
+    // Each tensor rank sends its 1/tp of the boundary tensor (with sequence parallelism that is
+    // what it holds; without, Megatron's scatter/gather: the receivers all-gather it inside the
+    // node, Narayanan et al. 2021 section 4.1).
     double pp_comm = 0;
     if (L.pp > 1) {
         const Link lk = link(devices > r, 1);
-        pp_comm = m * 2.0 * v * lk.time(tokens * C * s / (L.sp ? tp : 1.0), 1.0);
+        const double gather = L.sp || L.tp == 1 ? 0.0
+                                                : link(L.tp > r, r).time(all_gather_bytes(tokens * C * s, L.tp), L.tp - 1.0);
+        pp_comm = m * 2.0 * v * (lk.time(tokens * C * s / tp, 1.0) + gather);
     }
     // data parallel
     double dp_comm = 0, dp_exposed = 0;
@@ -211,13 +240,15 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
                 dp_exposed = hide(ar, bwd_mb);
                 break;
             }
+            // ZeRO-1/2's all-gather of the updated parameters overlaps the next step's first
+            // forward, bucket by bucket (Megatron's distributed optimizer, overlap_param_gather).
             case 1:
                 dp_comm = rs(train * g) + ag(train * s);
-                dp_exposed = hide(rs(train * g), bwd_mb) + ag(train * s);
+                dp_exposed = hide(rs(train * g), bwd_mb) + hide(ag(train * s), fwd_mb);
                 break;
             case 2:
                 dp_comm = m * rs(train * s) + ag(train * s);
-                dp_exposed = m * hide(rs(train * s), bwd_mb) + ag(train * s);
+                dp_exposed = m * hide(rs(train * s), bwd_mb) + hide(ag(train * s), fwd_mb);
                 break;
             default: {   // 3: one gather and one reduce-scatter per layer (FSDP's unit) and one for the rest
                 const double units = layers + 1;
@@ -230,12 +261,12 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
         }
     }
     t.comm = tp_comm + pp_comm + dp_comm;
-    t.comm_exposed = tp_comm + pp_comm + dp_exposed;
+    t.comm_exposed = tp_exposed + pp_comm + dp_exposed;
 
     // --- pipeline bubble: f of the step idle, f / (1 - f) of the stage's busy time
     if (L.pp > 1) {
         const double f = bubble_fraction(L.schedule, L.pp, c.grad_accum, v);
-        t.bubble = f / (1.0 - f) * (t.compute + m * mem_mb + tp_comm + pp_comm);
+        t.bubble = f / (1.0 - f) * (t.compute + m * mem_mb + tp_exposed + pp_comm);
     }
 
     // --- offload

@@ -84,7 +84,7 @@ int run_memfit(const std::string & args, std::string * out) {
 TEST(Hardware, ShippedCatalogHasEveryEntryWithSaneNumbers) {
     const std::vector<Hardware> cat = shipped();
     for (const char * name : {"a100-40g", "a100-80g", "h100-80g", "h100-pcie", "h200", "b200", "l40s", "rtx4090",
-                              "mi300x", "cpu"})
+                              "rtx3090", "a10g", "l4", "v100", "mi300x", "cpu"})
         EXPECT_NO_THROW(memfit::find_hardware(cat, name)) << name;
     const std::regex cited(R"(\((19|20)\d\d\))");
     for (const Hardware & h : cat) {
@@ -96,17 +96,24 @@ TEST(Hardware, ShippedCatalogHasEveryEntryWithSaneNumbers) {
         EXPECT_GT(h.usable, 0u);
         EXPECT_LT(h.usable, h.memory);
         EXPECT_GT(h.memory - h.usable, 512 * memfit::MiB);   // the runtime reserve is not forgotten
-        for (double x : {h.bf16_flops, h.fp16_flops, h.fp32_flops, h.mem_bw, h.intra_bw, h.intra_latency, h.inter_bw,
+        for (double x : {h.fp16_flops, h.fp32_flops, h.mem_bw, h.intra_bw, h.intra_latency, h.inter_bw,
                          h.inter_latency, h.host_bw})
             EXPECT_GT(x, 0);
+        if (h.name != "v100") {
+            EXPECT_GT(h.bf16_flops, 0);   // Volta has no bf16 (null in the catalog)
+        }
         EXPECT_GT(h.host_memory, 0u);
         EXPECT_GE(h.per_node, 1);
         EXPECT_LT(h.intra_latency, 1e-3);   // microseconds, not seconds
         EXPECT_LT(h.inter_latency, 1e-3);
         if (h.name == "cpu") continue;
-        EXPECT_GT(h.bf16_flops, h.fp32_flops);           // tensor cores beat plain fp32
-        EXPECT_LT(h.bf16_flops, 2.5e15);                  // no sparsity figures
-        EXPECT_GT(h.mem_bw, 5e11);
+        EXPECT_GT(h.fp16_flops, h.fp32_flops);           // tensor cores beat plain fp32
+        EXPECT_LT(h.fp16_flops, 2.5e15);                  // no sparsity figures
+        if (h.bf16_flops > 0) {
+            EXPECT_GT(h.bf16_flops, h.fp32_flops);
+        }
+        EXPECT_LT(h.bf16_flops, 2.5e15);
+        EXPECT_GT(h.mem_bw, 2.5e11);
         EXPECT_LT(h.mem_bw, 1e13);
         EXPECT_GE(h.intra_bw, h.inter_bw);
         EXPECT_GE(h.memory, 24 * memfit::GiB);
@@ -146,6 +153,18 @@ TEST(Hardware, ShippedValuesMatchTheDatasheets) {
     EXPECT_DOUBLE_EQ(rtx.bf16_flops, 165.2e12);   // fp32 accumulation (330.3 is fp16 accumulation)
     EXPECT_DOUBLE_EQ(rtx.fp32_flops, 82.6e12);
     EXPECT_EQ(rtx.memory, 24 * memfit::GiB);
+    EXPECT_DOUBLE_EQ(memfit::find_hardware(cat, "rtx3090").bf16_flops, 71e12);   // fp32 accumulation (142: fp16)
+    EXPECT_DOUBLE_EQ(memfit::find_hardware(cat, "rtx3090").mem_bw, 936e9);
+    EXPECT_DOUBLE_EQ(memfit::find_hardware(cat, "a10g").mem_bw, 600e9);
+    EXPECT_DOUBLE_EQ(memfit::find_hardware(cat, "l4").bf16_flops, 121e12);   // 242 is the sparse figure
+    EXPECT_DOUBLE_EQ(memfit::find_hardware(cat, "l4").mem_bw, 300e9);
+    const Hardware & v100 = memfit::find_hardware(cat, "v100");
+    EXPECT_EQ(v100.bf16_flops, 0.0);
+    EXPECT_DOUBLE_EQ(v100.fp16_flops, 125e12);
+    EXPECT_DOUBLE_EQ(v100.mem_bw, 900e9);
+    EXPECT_EQ(v100.memory, 32 * memfit::GiB);
+    for (const char * name : {"rtx3090", "a10g", "l4", "v100"})
+        EXPECT_EQ(memfit::find_hardware(cat, name).efficiencies_from, "h100-80g") << name;   // no published run
     const Hardware & mi = memfit::find_hardware(cat, "mi300x");
     EXPECT_DOUBLE_EQ(mi.bf16_flops, 1307.4e12);
     EXPECT_DOUBLE_EQ(mi.fp32_flops, 163.4e12);

@@ -17,70 +17,15 @@
 #include "core/paths.h"
 #include "model/config.h"
 #include "plan/hardware.h"
+#include "plan/published_runs.h"
 #include "plan/time_model.h"
 
 using namespace memfit;
 
-namespace {
-
-struct PublishedRun {
-    std::string name, hw;
-    ModelConfig cfg;
-    int gpus = 0, seq = 0, mb = 0, ga = 0, zero = 0;
-    std::string recompute;
-    double tok_s_gpu = 0;
-};
-
-// MPT is GPT-style (MLP 4d, GELU, tied embeddings) with ALiBi: a GPT-2-family config of its
-// shape, whose position table adds no FLOPs (train_flops_per_token leaves it out).
-ModelConfig mpt(const nlohmann::json & r) {
-    ModelConfig c = model_preset("gpt2");
-    c.n_embd = r.at("d").get<int>();
-    c.n_layer = r.at("L").get<int>();
-    c.n_head = r.at("H").get<int>();
-    c.vocab_size = r.at("V").get<int>();
-    c.max_seq = r.at("seq").get<int>();
-    return c;
-}
-
-std::vector<PublishedRun> published_runs() {
-    std::ifstream in(std::string(MEMFIT_TEST_DATA) + "/published_runs.json");
-    EXPECT_TRUE(in.good());
-    const nlohmann::json j = nlohmann::json::parse(in);
-    std::vector<PublishedRun> runs;
-    for (const nlohmann::json & r : j.at("runs")) {
-        PublishedRun p;
-        p.name = r.at("name");
-        p.hw = r.at("hw");
-        p.cfg = r.contains("preset") ? model_preset(r.at("preset").get<std::string>()) : mpt(r);
-        p.cfg.max_seq = std::max(p.cfg.max_seq, r.at("seq").get<int>());
-        p.gpus = r.at("gpus");
-        p.seq = r.at("seq");
-        p.mb = r.at("mb");
-        p.ga = r.at("ga");
-        p.zero = r.at("zero");
-        p.recompute = r.at("recompute");
-        p.tok_s_gpu = r.at("tok_s_gpu");
-        runs.push_back(p);
-    }
-    return runs;
-}
-
-Candidate layout_of(const PublishedRun & r) {
-    Candidate c;
-    c.layout.dp = r.gpus;
-    c.layout.zero = r.zero;
-    c.micro_batch = r.mb;
-    c.grad_accum = r.ga;
-    c.recompute = r.recompute;
-    c.compute = DType::bf16;
-    c.set_flash(true);
-    return c;
-}
-
-int nodes_of(const Hardware & hw, int gpus) { return (gpus + hw.per_node - 1) / hw.per_node; }
-
-}  // namespace
+using memfit::test::layout_of;
+using memfit::test::nodes_of;
+using memfit::test::published_runs;
+using memfit::test::PublishedRun;
 
 TEST(TimeCalibration, EveryPublishedRunWithinTwentyPercent) {
     const std::vector<Hardware> catalog = load_hardware_catalog(data_dir() + "/hardware.json");

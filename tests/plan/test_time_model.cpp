@@ -112,7 +112,8 @@ TEST(TimeModel, TensorParallelLinks) {
 // token and layer, plus one attention forward. Megatron's full recompute would add 1/3.
 TEST(TimeModel, RecomputeAddsWhatTheEngineRecomputes) {
     const ModelConfig cfg = model_preset("gpt2");
-    const Hardware hw = memfit::test::h100_like();
+    Hardware hw = memfit::test::h100_like();
+    hw.mem_bw = 1e30;     // the gemms' operand traffic free: every gemm at matmul_eff of the peak
     Candidate c = candidate(1, 1, 1, 8, 1);
     c.set_flash(false);   // attention at the matmul efficiency: every FLOP at one rate
     const StepTime none = predict_step_time(cfg, hw, c, 1024, 1);
@@ -128,7 +129,11 @@ TEST(TimeModel, RecomputeAddsWhatTheEngineRecomputes) {
     const double matmul = 12 * 72.0 * 768 * 768 * 8 * 1024 / rate;
     EXPECT_GT(full.recompute / matmul, 2.0 / 9);
     EXPECT_LT(full.recompute / matmul, 1.0 / 3);
-    EXPECT_GT(full.memory_bound, none.memory_bound);   // recomputed norms and GELUs
+    hw.mem_bw = memfit::test::h100_like().mem_bw;
+    c.recompute = "none";
+    const double none_bound = predict_step_time(cfg, hw, c, 1024, 1).memory_bound;
+    c.recompute = "full";
+    EXPECT_GT(predict_step_time(cfg, hw, c, 1024, 1).memory_bound, none_bound);   // recomputed norms and GELUs
     // Selective (Korthikanti et al. 2022): with naive attention it recomputes the attention core
     // and the elementwise ops, a few percent; with flash attention only norms and activations.
     c.recompute = "selective";
@@ -355,4 +360,80 @@ TEST(TimeModel, RejectsWhatItCannotModel) {
     ModelConfig novocab = cfg;
     novocab.vocab_size = 0;
     EXPECT_THROW(train_flops_per_token(novocab, 1024), ConfigError);
+}
+
+// A device without bf16 arithmetic (the catalog's v100: "bf16_tflops": null) refuses a bf16 plan
+// with the way out, and plans fp16 at its fp16 rate.
+TEST(TimeModel, NoBf16DeviceNamesTheWayOut) {
+    const ModelConfig cfg = model_preset("gpt2");
+    Hardware hw = memfit::test::h100_like();
+    hw.name = "volta";
+    hw.bf16_flops = 0;
+    Candidate c = candidate(1, 1, 1, 1, 1);
+    try {
+        predict_step_time(cfg, hw, c, 1024, 1);
+        FAIL() << "no error";
+    } catch (const ConfigError & e) {
+        EXPECT_NE(std::string(e.what()).find("'volta' has no bf16 arithmetic: use --precision fp16"), std::string::npos)
+            << e.what();
+    }
+    c.compute = DType::f16;
+    const StepTime t = predict_step_time(cfg, hw, c, 1024, 1);
+    EXPECT_GT(t.tokens_per_s, 0);
+    EXPECT_GT(t.mfu, 0);
+    EXPECT_LT(t.mfu, 1);
+}
+
+// Megatron-Core's TP communication overlap (Candidate::tp_comm_overlap) hides the tensor
+// collectives under the gemms, and only with sequence parallelism (their reduce-scatter /
+// all-gather pairs sit next to the gemms); without either, they stay exposed.
+TEST(TimeModel, TensorCollectivesHideOnlyWithOverlapAndSp) {
+    const ModelConfig cfg = model_preset("gpt2-xl");
+    const Hardware hw = memfit::test::h100_like();
+    Candidate c = candidate(1, 8, 1, 4, 1);
+    const StepTime plain = predict_step_time(cfg, hw, c, 2048, 1);
+    c.tp_comm_overlap = true;
+    EXPECT_DOUBLE_EQ(predict_step_time(cfg, hw, c, 2048, 1).comm_exposed, plain.comm_exposed);   // no sp
+    c.layout.sp = true;
+    const StepTime hidden = predict_step_time(cfg, hw, c, 2048, 1);
+    EXPECT_NEAR(hidden.comm, plain.comm, 1e-12 * plain.comm);
+    EXPECT_GT(plain.comm_exposed, 0.0);
+    EXPECT_LT(hidden.comm_exposed, 0.5 * plain.comm_exposed);
+    c.tp_comm_overlap = false;
+    EXPECT_NEAR(predict_step_time(cfg, hw, c, 2048, 1).comm_exposed, plain.comm_exposed, 1e-12 * plain.comm);
+}
+
+// A pipeline stage's boundary tensor leaves as tp slices (Megatron's scatter/gather): across
+// nodes each tensor rank sends 1/tp of it, and without sequence parallelism the receivers
+// all-gather it over the node's links.
+TEST(TimeModel, PipelineSendsAreScatteredOverTheTensorGroup) {
+    const ModelConfig cfg = model_preset("gpt2-xl");
+    const Hardware hw = memfit::test::h100_like();
+    auto pp_comm = [&](int tp, bool sp) {
+        Candidate c = candidate(1, tp, 2, 1, 8);
+        c.layout.sp = sp;
+        Candidate no_pp = c;
+        no_pp.layout.pp = 1;
+        // The pipeline's share of the communication: with pp = 2 on 2 nodes minus the same without.
+        return predict_step_time(cfg, hw, c, 2048, 2).comm - predict_step_time(cfg, hw, no_pp, 2048, 1).comm;
+    };
+    const double payload = 2048.0 * 1600 * 2;   // b T C s, one micro-batch
+    const double one = payload / (kLinkEfficiency * hw.inter_bw) + hw.inter_latency;
+    EXPECT_NEAR(pp_comm(1, false), 8 * 2 * one, 0.02 * 16 * one);
+    EXPECT_LT(pp_comm(4, true), 0.3 * pp_comm(1, false));
+    EXPECT_GT(pp_comm(4, false), pp_comm(4, true));   // plus the gather inside the node
+    EXPECT_LT(pp_comm(4, false), 0.5 * pp_comm(1, false));
+}
+
+// The gemms' operands and results cost memory traffic beside their FLOPs (matmul_rate): a thin
+// model's gemms reach a smaller share of the peak than a wide one's, both under matmul_eff.
+TEST(TimeModel, ThinGemmsRunFurtherBelowThePeak) {
+    const Hardware hw = memfit::test::h100_like();
+    auto mfu = [&](const char * preset) {
+        Candidate c = candidate(1, 1, 1, 8, 1);
+        c.set_flash(true);
+        return predict_step_time(model_preset(preset), hw, c, 2048, 1).mfu;
+    };
+    EXPECT_LT(mfu("gpt2"), mfu("llama2-7b"));
+    EXPECT_LT(mfu("llama2-7b"), hw.matmul_eff);
 }
