@@ -232,7 +232,14 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     // The step's token ids, targets and losses (4 bytes each per token): a pipeline's program
     // holds all m micro-batches' (a huge m is memory too).
     const uint64_t batch = 12 * rows * uint64_t(L.pp > 1 ? c.grad_accum : 1);
-    m.device[Category::activations] = kept + grads + lora_grads + rc / tp + logits + 2 * BTC + sent + batch;
+    const uint64_t common = grads + lora_grads + rc / tp + 2 * BTC + sent + batch;
+    // A pipeline's first stage holds the most micro-batches in flight and no head; its last one
+    // micro-batch's kept units and the logits: the busier of the two.
+    const uint64_t last_kept = per_layer * uint64_t(layers);
+    auto acts = [&](uint64_t lg) {
+        return L.pp == 1 ? kept + common + lg : std::max(kept + common, last_kept + common + lg);
+    };
+    m.device[Category::activations] = acts(logits);
     uint64_t teacher_logits = 0;   // a distillation teacher's logits chunk, beside the student's
     if (const DistillPlan * dp = c.distill_plan.get()) {
         // The teacher's weights; and live with the student's kept activations through the loss,
@@ -250,12 +257,12 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     const uint64_t dequant = lp && lp->quantized() ? tile * s : 0;
     m.device[Category::workspace] = hw.name == "cpu" ? 0 : kGemmWorkspace + dequant;
     // --loss-chunk auto: the engine's rule (plan/fit.h) on these numbers.
-    if (c.loss_chunk < 0 && L.pp == 1) {
+    if (c.loss_chunk < 0) {
         const uint64_t chunk_rows = uint64_t(auto_chunk_rows(int64_t(rows)));
         const uint64_t chunked = chunk_rows * uint64_t(cfg.vocab_size) * 4 / tp;
         const uint64_t both = logits + teacher_logits;
         if (both >= kAutoChunkMinBytes && 4 * both >= m.device.total() && chunked < logits) {
-            m.device[Category::activations] -= logits - chunked;
+            m.device[Category::activations] -= acts(logits) - acts(chunked);
             if (teacher_logits) {   // the teacher's chunk and the loss's per-row floats shrink alike
                 m.device[Category::activations] -= teacher_logits - teacher_logits / rows * chunk_rows;
                 m.device[Category::activations] -= 2 * (rows - chunk_rows) * 4;
@@ -263,7 +270,8 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
         }
     }
     m.device[Category::runtime] = hw.memory - hw.usable;
-    m.loaded = L.pp == 1 ? (L.devices() == 1 ? "the only device" : "every device alike") : "the first pipeline stage";
+    m.loaded = L.pp == 1 ? (L.devices() == 1 ? "the only device" : "every device alike")
+                         : "the busier of the first and last pipeline stages";
     return m;
 }
 

@@ -88,6 +88,12 @@ struct DeviceMemory {
     uint64_t total() const { return device.total(); }
 };
 
+// The analytic model (predict_memory) against the engine's recorded program (exact_memory): on
+// every configuration PlanMemory.AnalyticModelIsWithinTheSlack sweeps, analytic / exact stays
+// below this (1.32 at most there). The search's filter lets a recordable candidate through up to
+// this factor over the device, so it never rejects what the program fits; the program decides.
+constexpr double kAnalyticSlack = 1.40;
+
 // Parameters per layer, before the layers (embeddings), and after them (final norm, head).
 struct ParamSplit { int64_t per_layer = 0, embed = 0, head = 0; };
 ParamSplit param_split(const ModelConfig & cfg);

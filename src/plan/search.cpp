@@ -216,6 +216,17 @@ private:
     void reject(PlanResult && pr);   // into `rejected` (the fastest) and `closest` (the smallest)
     DeviceMemory memory_of(const Candidate & c, const DeviceMemory * analytic);
     bool fits(const DeviceMemory & m) const { return m.total() <= r_.hw.memory && host_fits(r_, m); }
+    bool recordable(const Candidate & c) const {
+        return r_.exact_sizing && !unsupported(candidate_run(c, r_.run.seq), cfg_, r_.exact_sizing);
+    }
+    // The filter before the exact plans: the analytic bytes `m` may still fit. Where the engine's
+    // program decides (recordable), up to kAnalyticSlack over the device: the analytic model
+    // exceeds the program by less than that (PlanMemory.AnalyticModelIsWithinTheSlack), so the
+    // filter never rejects what the program fits.
+    bool may_fit(const Candidate & c, const DeviceMemory & m) const {
+        if (fits(m)) return true;
+        return host_fits(r_, m) && double(m.total()) <= kAnalyticSlack * double(r_.hw.memory) && recordable(c);
+    }
     std::string why_not(const DeviceMemory & m) const;
     std::string refusal(const Candidate & c);
 
@@ -259,8 +270,7 @@ std::string Search::refusal(const Candidate & c) {
 // else the analytic model. Exact plans are recorded only for the candidates that could be
 // listed, in speed order, and each at most once.
 DeviceMemory Search::memory_of(const Candidate & c, const DeviceMemory * analytic) {
-    const bool recordable = r_.exact_sizing && !unsupported(candidate_run(c, r_.run.seq), cfg_, r_.exact_sizing);
-    if (!recordable) return analytic ? *analytic : predict_memory(cfg_, r_.hw, c, r_.run.seq);
+    if (!recordable(c)) return analytic ? *analytic : predict_memory(cfg_, r_.hw, c, r_.run.seq);
     const std::string key = exact_key(c);
     auto it = exact_.find(key);
     if (it == exact_.end()) {
@@ -284,7 +294,7 @@ void Search::candidate(PlanResult && pr) {
         return;
     }
     pr.mem = predict_memory(cfg_, r_.hw, pr.c, seq);
-    if (!fits(pr.mem)) {
+    if (!may_fit(pr.c, pr.mem)) {
         pr.why = why_not(pr.mem);
         if (pr.runnable() || r_.include_plan_only) reject(std::move(pr));
         return;
@@ -293,6 +303,7 @@ void Search::candidate(PlanResult && pr) {
         pool_.push_back(std::move(pr));
         return;
     }
+    if (!fits(pr.mem)) return;   // within the slack only: its exact plan is not recorded here
     ++rep_.plan_only;
     pr.fits = true;
     keep_best(rep_.plan_only_best, std::move(pr), 3);
@@ -309,7 +320,7 @@ void Search::layout(const Layout & L) {
     if (refusal(probe).empty()) ++runnable_;   // train runs this layout, whether or not it fits
     const double probe_bound = bytes_bound(cfg_, probe, seq);
     const DeviceMemory floor = probe_bound < kBytesBound ? predict_memory(cfg_, r_.hw, probe, seq) : DeviceMemory{};
-    if (probe_bound >= kBytesBound || floor.total() > r_.hw.memory) {
+    if (probe_bound >= kBytesBound || !may_fit(probe, floor)) {
         ++rep_.pruned_layouts;
         PlanResult pr;
         pr.c = probe;
@@ -389,17 +400,19 @@ std::string Search::exact_key(const Candidate & c) {
 // Fastest first; the exact plan decides where the engine records one, so walk until `top` fit.
 void Search::walk() {
     std::sort(pool_.begin(), pool_.end(), faster);
-    rep_.fitting = pool_.size();
+    rep_.fitting = size_t(std::count_if(pool_.begin(), pool_.end(), [&](const PlanResult & p) { return fits(p.mem); }));
     for (size_t i = 0; i < pool_.size(); ++i) {
         PlanResult & pr = pool_[i];
         if (rep_.best.size() >= r_.top) break;
         if (!exact_.count(exact_key(pr.c))) prefetch_exact(i);
+        const bool analytic_fit = fits(pr.mem);
         pr.mem = memory_of(pr.c, &pr.mem);
         pr.fits = fits(pr.mem);
         if (pr.fits) {
+            if (!analytic_fit) ++rep_.fitting;   // let through by the slack, fitted by its program
             rep_.best.push_back(std::move(pr));
         } else {
-            --rep_.fitting;
+            if (analytic_fit) --rep_.fitting;
             pr.why = why_not(pr.mem);
             reject(std::move(pr));
         }

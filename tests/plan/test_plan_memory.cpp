@@ -8,10 +8,14 @@
 #include <fmt/format.h>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cuda_sizing.h"
 #include "core/error.h"
 #include "plan/fit.h"
+#include "plan/lora_plan.h"
 #include "plan/memory_model.h"
+#include "plan/search.h"
 #include "plan/time_model.h"
+#include "run/compat.h"
 #include "train/engine.h"
 #include "test_util.h"
 
@@ -281,4 +285,111 @@ TEST(PlanMemory, AutoLossChunkWhenTheLogitsDominate) {
     c.loss_chunk = 0;
     EXPECT_EQ(predict_memory(cfg, cpu, c, 256).device[Category::activations] - auto_act,
               uint64_t(2048 - 512) * 50257 * 4);
+}
+
+namespace {
+
+// A sweep of what the search plans on a GPU kind (the CUDA sizing backend's exact programs):
+// presets, sequences, micro-batches, recomputation, ZeRO stages over data parallelism, tensor
+// and pipeline parallelism, optimizers, bf16 master weights with stochastic rounding, QLoRA.
+template <class F>
+void sweep_recordable(F && each) {
+    for (const char * preset : {"gpt2", "llama3.2-1b", "qwen2.5-0.5b"})
+        for (int seq : {512, 2048})
+            for (int mb : {1, 4})
+                for (const char * rc : {"none", "selective", "full"})
+                    for (auto [dp, zero] : {std::pair{1, 0}, {4, 1}, {4, 3}})
+                        for (auto [tp, pp] : {std::pair{1, 1}, {2, 1}, {1, 2}})
+                            for (int variant = 0; variant < 3; ++variant) {   // adamw, 8-bit + bf16-sr, QLoRA
+                                if (pp > 1 && zero > 1) continue;
+                                ModelConfig cfg = model_preset(preset);
+                                cfg.max_seq = std::max(cfg.max_seq, seq);
+                                Candidate c;
+                                c.layout.dp = dp;
+                                c.layout.tp = tp;
+                                c.layout.pp = pp;
+                                c.layout.zero = zero;
+                                c.micro_batch = mb;
+                                c.grad_accum = pp > 1 ? 4 : 2;
+                                c.recompute = rc;
+                                if (variant == 1) {
+                                    c.optimizer = Optimizer::adamw_8bit;
+                                    c.master_weights = MasterWeights::bf16_sr;
+                                }
+                                if (variant == 2) {
+                                    if (zero == 3) continue;   // a packed base is not sharded
+                                    c.lora.rank = 16;
+                                    c.lora.base_weights = "nf4";
+                                    c.lora_plan = make_lora_plan(cfg, memfit::test::lora_options(cfg, 16, BaseWeights::nf4));
+                                }
+                                each(cfg, c, seq, fmt::format("{} seq {} mb {} {} dp {} zero {} tp {} pp {} variant {}",
+                                                              preset, seq, mb, rc, dp, zero, tp, pp, variant));
+                            }
+}
+
+}  // namespace
+
+// The search's filter judges candidates by the analytic model before their programs are
+// recorded; it lets one through up to kAnalyticSlack over the device. So that it never rejects
+// what the engine's program fits, the analytic bytes stay under that factor of the program's on
+// every configuration swept (they are also never below half of them: the filter is not blind).
+TEST(PlanMemory, AnalyticModelIsWithinTheSlack) {
+    auto sizing = make_cuda_sizing_backend();
+    const Hardware hw = memfit::test::h100_like();
+    double most = 0, least = 1e9;
+    std::string at_most;
+    size_t n = 0;
+    sweep_recordable([&](const ModelConfig & cfg, const Candidate & c, int seq, const std::string & name) {
+        if (unsupported(candidate_run(c, seq), cfg, sizing.get())) return;
+        const double ratio = double(predict_memory(cfg, hw, c, seq).total()) /
+                             double(exact_memory(cfg, hw, c, seq, *sizing).total());
+        ++n;
+        if (ratio > most) most = ratio, at_most = name;
+        least = std::min(least, ratio);
+        EXPECT_LT(ratio, kAnalyticSlack) << name;
+        EXPECT_GT(ratio, 0.5) << name;
+    });
+    EXPECT_GT(n, 500u);
+    std::printf("%zu configurations: analytic / exact %.3f-%.3f (most: %s)\n", n, least, most, at_most.c_str());
+}
+
+// End to end: a configuration on a device exactly as large as its program (runtime included) is
+// found by the search with its choices fixed, whatever the analytic model says.
+TEST(PlanMemory, SearchFindsWhatFitsByItsProgram) {
+    auto sizing = make_cuda_sizing_backend();
+    size_t n = 0, over = 0;
+    sweep_recordable([&](const ModelConfig & cfg, const Candidate & c, int seq, const std::string & name) {
+        if (seq != 2048 || c.micro_batch != 4 || c.layout.tp > 1) return;   // a slice of the sweep: searches cost more
+        if (unsupported(candidate_run(c, seq), cfg, sizing.get())) return;
+        Hardware hw = memfit::test::h100_like();
+        const DeviceMemory exact = exact_memory(cfg, hw, c, seq, *sizing);
+        hw.memory = exact.total();
+        hw.usable = hw.memory - (memfit::test::h100_like().memory - memfit::test::h100_like().usable);
+        if (double(predict_memory(cfg, hw, c, seq).total()) > double(hw.memory)) ++over;
+        PlanRequest r;
+        r.cfg = cfg;
+        r.hw = hw;
+        r.gpus = c.layout.devices();
+        r.run = candidate_run(c, seq);
+        r.run.global_batch = c.micro_batch * c.grad_accum * c.layout.dp;
+        r.tp = c.layout.tp;
+        r.pp = c.layout.pp;
+        r.zero = c.layout.zero;
+        r.micro_batch = c.micro_batch;
+        r.recompute = c.recompute.name();
+        r.flash = c.flash();
+        r.sp = false;
+        r.offload = Offload::none;
+        r.schedule = PipeSchedule::one_f_one_b;
+        r.lora = c.lora_plan;
+        r.exact_sizing = sizing.get();
+        r.hint = false;
+        const SearchReport rep = search_plans(r);
+        ASSERT_EQ(rep.best.size(), 1u) << name;
+        EXPECT_EQ(rep.best[0].mem.total(), exact.total()) << name;
+        ++n;
+    });
+    EXPECT_GT(n, 20u);
+    EXPECT_GT(over, 0u);   // some of them the analytic model alone would have rejected
+    std::printf("%zu searches, %zu of them over the device by the analytic model\n", n, over);
 }
