@@ -114,10 +114,14 @@ std::optional<PlanResult> plan_run(const Run3D & r, const Hardware & hw) {
     }
     // The sources that name their overlaps: Megatron-Core's TP communication overlap.
     const bool tp_overlap = l.value("note", std::string()).find("TP comm on") != std::string::npos;
+    // A stated interleaved schedule is kept (its virtual stages searched) wherever there is a pipeline.
+    const bool interleaved = l.contains("schedule") && l.at("schedule").is_string() &&
+                             l.at("schedule").get<std::string>().rfind("interleaved", 0) == 0;
     std::optional<PlanResult> best;
     for (auto [tp, pp] : splits)
         for (int v : {1, 2, 3, 4, 6, 8}) {   // virtual stages: stated nowhere (1: no interleaving)
             if (v > 1 && pp == 1) continue;
+            if (v == 1 && interleaved && pp > 1) continue;
             PlanRequest q;
             q.cfg = r.cfg;
             q.hw = hw;
