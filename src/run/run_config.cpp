@@ -53,7 +53,16 @@ DType parse_precision(std::string_view p) {
 std::string precision_name(DType compute) { return name_of(compute, kPrecisions); }
 Attention parse_attention(std::string_view a) { return parse_name("--attention", a, kAttentions); }
 const char * attention_name(Attention a) { return name_of(a, kAttentions); }
-Optimizer parse_optimizer(std::string_view o) { return parse_name("--optimizer", o, kOptimizers); }
+Optimizer parse_optimizer(std::string_view o) {
+    // bitsandbytes' paged optimizers (HF's optim="paged_adamw_8bit", ...) move states at the
+    // driver's will, which a planned step cannot (docs/memory-techniques.md, "Optimizer offload").
+    if (o.starts_with("paged"))
+        throw ConfigError(fmt::format("--optimizer '{}': paged optimizers are not offered (their pages move at run time, "
+                                      "outside the plan); use --optimizer adamw-8bit or adamw with --offload optimizer "
+                                      "[--offload-fraction F]",
+                                      o));
+    return parse_name("--optimizer", o, kOptimizers);
+}
 
 int parse_loss_chunk(std::string_view v) {
     if (v == "auto") return -1;

@@ -209,6 +209,13 @@ TEST(RunConfig, ConfigJsonNamesEveryFieldByItsFlag) {
     for (const char * n : {"fp32", "bf16", "fp16"}) EXPECT_EQ(precision_name(parse_precision(n)), n);
     for (const char * n : {"adamw", "adamw-bf16", "sgd", "adamw-8bit"}) EXPECT_STREQ(optimizer_name(parse_optimizer(n)), n);
     EXPECT_EQ(parse_optimizer("adamw8bit"), Optimizer::adamw_8bit);   // the spelling, bitsandbytes' too
+    // bitsandbytes' paged optimizers: refused with the planned remedy named.
+    try {
+        parse_optimizer("paged_adamw_8bit");
+        ADD_FAILURE() << "no error";
+    } catch (const ConfigError & e) {
+        EXPECT_NE(std::string(e.what()).find("--offload optimizer [--offload-fraction F]"), std::string::npos) << e.what();
+    }
     for (const char * n : {"auto", "flash", "naive"}) EXPECT_STREQ(attention_name(parse_attention(n)), n);
     EXPECT_THROW(parse_offload("nvme"), ConfigError);
 }
