@@ -83,14 +83,29 @@ double measure_onednn_bf16_gflops(int repeats) {
     });
 }
 
+namespace {
+
+// A bf16 x bf16 -> bf16 gemm of the probe's shape and its operands (constant values).
+struct Bf16Gemm {
+    GemmDesc d;
+    struct { std::vector<uint16_t> a, b, c; } io;
+    explicit Bf16Gemm(const Shape & s) {
+        d.M = s.M, d.N = s.N, d.K = s.K;
+        d.a = d.b = d.c = DType::bf16;
+        io.a.assign(size_t(s.M * s.K), f32_to_bf16(0.01f));
+        io.b.assign(size_t(s.K * s.N), f32_to_bf16(0.02f));
+        io.c.assign(size_t(s.M * s.N), 0);
+    }
+};
+
+}  // namespace
+
 double measure_bf16_storage_gflops(int repeats) {
     CpuBackend backend;
     return best_gflops(repeats, [&](const Shape & s, auto && time) {
-        GemmDesc d;
-        d.M = s.M, d.N = s.N, d.K = s.K;
-        d.a = d.b = d.c = DType::bf16;
-        std::vector<uint16_t> a(size_t(s.M * s.K), f32_to_bf16(0.01f)), b(size_t(s.K * s.N), f32_to_bf16(0.02f)),
-            c(size_t(s.M * s.N));
+        Bf16Gemm g(s);
+        const GemmDesc & d = g.d;
+        auto & [a, b, c] = g.io;
         std::vector<std::byte> ws(backend.gemm_workspace(d));
         Tensor ta(-1, DType::bf16, {s.M, s.K}), tb(-1, DType::bf16, {s.K, s.N}), tc(-1, DType::bf16, {s.M, s.N}),
             tw(-1, DType::u8, {int64_t(ws.size())});
@@ -103,11 +118,9 @@ double measure_bf16_convert_gflops(int repeats) {
     DnnlGemm gemm;
     MixedGemm mixed(gemm);
     return best_gflops(repeats, [&](const Shape & s, auto && time) {
-        GemmDesc d;
-        d.M = s.M, d.N = s.N, d.K = s.K;
-        d.a = d.b = d.c = DType::bf16;
-        std::vector<uint16_t> a(size_t(s.M * s.K), f32_to_bf16(0.01f)), b(size_t(s.K * s.N), f32_to_bf16(0.02f)),
-            c(size_t(s.M * s.N));
+        Bf16Gemm g(s);
+        const GemmDesc & d = g.d;
+        auto & [a, b, c] = g.io;
         std::vector<std::byte> ws(mixed.workspace_bytes(d));
         time([&] { mixed.run(d, c.data(), a.data(), b.data(), nullptr, ws.data()); });
     });
