@@ -368,7 +368,7 @@ void Search::prefetch_exact(size_t from) {
     std::vector<std::pair<std::string, const Candidate *>> todo;
     for (size_t i = from; i < pool_.size() && todo.size() < want; ++i) {
         const Candidate & c = pool_[i].c;
-        if (unsupported(candidate_run(c, r_.run.seq), cfg_, r_.exact_sizing)) continue;
+        if (!recordable(c)) continue;
         const std::string key = exact_key(c);
         if (!exact_.count(key) && std::none_of(todo.begin(), todo.end(), [&](const auto & t) { return t.first == key; }))
             todo.emplace_back(key, &c);
