@@ -1,8 +1,8 @@
-# The layouts the field trains with, end to end against one process over 20 steps with
-# accumulation, clipping (every step clips) and a checkpoint-resume in the middle:
+# The layouts the field trains with, end to end against one process over 20 steps (6 on the CUDA
+# engine, below) with accumulation, clipping (every step clips) and a checkpoint-resume halfway:
 #   --zero 3 with LoRA and an nf4 base (FSDP-QLoRA) on 2 ranks (tests/mpi/test_lora_sharded.cpp
 #   checks each rank's shard of the base to the byte): the one process's losses, each rank's plan
-#   equal to its measurement; resumed at step 10 on 2 ranks, the uninterrupted run's last steps.
+#   equal to its measurement; resumed at the half on 2 ranks, the uninterrupted run's last steps.
 #   --mlp-chunk (TiledMLP) and --share-layers 2 under --tp 2 --sp --zero 3 (CPU);
 #   QLoRA (nf4) with --tp 2 x 2 (4 ranks), resumed (each tensor rank quantizes its own slice of
 #   the base, so its losses are within 2e-3, not 1e-4); and (CPU) LoRA on every projection under
@@ -14,22 +14,27 @@
 #   resumed, and GPT-2's tied embedding under
 #   --pp 2 --schedule interleaved:2 --zero 2.
 # DEVICE cuda (MEMFIT the emulator's build, memfit_emu, with MEMFIT_CUDA_EMU=1, or GPUs): the
-# ranks run on the CUDA engine against the one CPU process; the 20 steps of each layout, one resume
-# (the checkpoint code is the engines' shared one), and the CPU-only cases left out.
+# ranks run on the CUDA engine against the one CPU process: 6 steps of each layout (the emulator
+# runs a step in about 2 s per 4 ranks), one resume (the checkpoint code is the engines' shared
+# one), and the CPU-only cases left out.
 # Usage: bash layouts.sh MEMFIT MPIEXEC SOURCE_DIR [DEVICE]
 source "$(dirname "$0")/common.sh"
 DEVICE=${4:-cpu}
 cd "$WORK"
-BASE=(train --data "$WORK/data" --batch 4 --seq 32 --lr 1e-3 --warmup 2 --steps 20 --clip 0.5 --eval-every 10
+STEPS=20
+[ "$DEVICE" = cpu ] || STEPS=6
+HALF=$((STEPS / 2))
+CKPT="step-$(printf '%06d' "$HALF")"
+BASE=(train --data "$WORK/data" --batch 4 --seq 32 --lr 1e-3 --warmup 2 --steps "$STEPS" --clip 0.5 --eval-every "$HALF"
       --eval-batches 1 --sample 0 --progress plain --log-every 1 --threads 1 --seed 1337)
 ARGS=("${BASE[@]}" --model llama-micro --grad-accum 2)
 ON=(--device "$DEVICE")
 
-# resumed REFERENCE_LOG LOG WHAT: LOG's run resumed at step 11 and its losses are the reference's.
+# resumed REFERENCE_LOG LOG WHAT: LOG's run resumed after step HALF and its losses are the reference's.
 resumed() {
     local first
     first=$(losses "${2%.log}/metrics.jsonl" | head -1 | cut -d' ' -f1)
-    [ "$first" = 11 ] || { cat "$2"; fail "$3: first logged step is '$first', not 11 (did it resume?)"; }
+    [ "$first" = $((HALF + 1)) ] || { cat "$2"; fail "$3: first logged step is '$first', not $((HALF + 1)) (did it resume?)"; }
     same_as "$1" "$2" "$3" "uninterrupted"
 }
 
@@ -45,25 +50,25 @@ near() {
 # ---- LoRA with an nf4 base under ZeRO 3 ----
 Q=(--lora-rank 8 --base-weights nf4)
 "$MEMFIT" "${ARGS[@]}" "${Q[@]}" --out q1 > q1.log 2>&1 || { cat q1.log; fail "QLoRA, one process"; }
-mpi 2 "${ARGS[@]}" "${Q[@]}" "${ON[@]}" --zero 3 --checkpoint-every 10 --out q2 > q2.log 2>&1 ||
+mpi 2 "${ARGS[@]}" "${Q[@]}" "${ON[@]}" --zero 3 --checkpoint-every "$HALF" --out q2 > q2.log 2>&1 ||
     { cat q2.log; fail "QLoRA --zero 3 on 2 ranks"; }
 grep -q 'ZeRO stage 3' q2.log || { cat q2.log; fail "QLoRA: not ZeRO stage 3"; }
 [ "$DEVICE" = cpu ] || grep -q "device memory: planned reserved" q2.log || { cat q2.log; fail "QLoRA: not on the GPU engine"; }
 same_as q1.log q2.log "-np 2 --zero 3 QLoRA nf4"
 exact_per_rank q2.log 2
-mpi 2 "${ARGS[@]}" "${Q[@]}" "${ON[@]}" --zero 3 --resume q2/checkpoints/step-000010 --out q2r > q2r.log 2>&1 ||
+mpi 2 "${ARGS[@]}" "${Q[@]}" "${ON[@]}" --zero 3 --resume q2/checkpoints/"$CKPT" --out q2r > q2r.log 2>&1 ||
     { cat q2r.log; fail "QLoRA --zero 3 resumed on 2 ranks"; }
-resumed q2.log q2r.log "-np 2 --zero 3 QLoRA resumed at step 10"
+resumed q2.log q2r.log "-np 2 --zero 3 QLoRA resumed at step $HALF"
 # ---- LoRA / QLoRA with tensor parallelism: B split on q|k|v and gate|up, A on o and down ----
-mpi 4 "${ARGS[@]}" "${Q[@]}" "${ON[@]}" --tp 2 --checkpoint-every 10 --out qt > qt.log 2>&1 ||
+mpi 4 "${ARGS[@]}" "${Q[@]}" "${ON[@]}" --tp 2 --checkpoint-every "$HALF" --out qt > qt.log 2>&1 ||
     { cat qt.log; fail "QLoRA --tp 2 on 4 ranks"; }
 grep -q '^  tensor parallel: 2 ranks per group' qt.log || { cat qt.log; fail "QLoRA --tp 2: no tensor-parallel line"; }
 near q1.log qt.log "-np 4 --tp 2 QLoRA nf4 (tests/mpi/test_lora_sharded.cpp: exact against its own dequantized base)" 2e-3
 exact_per_rank qt.log 4
 if [ "$DEVICE" = cpu ]; then   # resumed (the emulated GPU: once, above; the checkpoint code is shared)
-    mpi 4 "${ARGS[@]}" "${Q[@]}" "${ON[@]}" --tp 2 --resume qt/checkpoints/step-000010 --out qtr > qtr.log 2>&1 ||
+    mpi 4 "${ARGS[@]}" "${Q[@]}" "${ON[@]}" --tp 2 --resume qt/checkpoints/"$CKPT" --out qtr > qtr.log 2>&1 ||
         { cat qtr.log; fail "QLoRA --tp 2 resumed"; }
-    resumed qt.log qtr.log "-np 4 --tp 2 QLoRA resumed at step 10"
+    resumed qt.log qtr.log "-np 4 --tp 2 QLoRA resumed at step $HALF"
 fi
 if [ "$DEVICE" = cpu ]; then   # every projection adapted, with sequence parallelism and the base sharded
     A=(--lora-rank 8 --lora-targets all)
@@ -76,22 +81,22 @@ fi
 
 # ---- ZeRO 2/3 with tensor (and sequence) parallelism ----
 "$MEMFIT" "${ARGS[@]}" --out one > one.log 2>&1 || { cat one.log; fail "one process"; }
-mpi 4 "${ARGS[@]}" "${ON[@]}" --tp 2 --sp --zero 3 --checkpoint-every 10 --out tz3 > tz3.log 2>&1 ||
+mpi 4 "${ARGS[@]}" "${ON[@]}" --tp 2 --sp --zero 3 --checkpoint-every "$HALF" --out tz3 > tz3.log 2>&1 ||
     { cat tz3.log; fail "--tp 2 --sp --zero 3 on 4 ranks"; }
 grep -q 'ZeRO stage 3' tz3.log && grep -q '^  tensor parallel: 2 ranks per group' tz3.log ||
     { cat tz3.log; fail "--tp 2 --sp --zero 3: not the layout asked for"; }
 same_as one.log tz3.log "-np 4 --tp 2 --sp --zero 3"
 exact_per_rank tz3.log 4
 if [ "$DEVICE" = cpu ]; then   # resumed (the emulated GPU: once, above; the checkpoint code is shared)
-    mpi 4 "${ARGS[@]}" "${ON[@]}" --tp 2 --sp --zero 3 --resume tz3/checkpoints/step-000010 --out tz3r > tz3r.log 2>&1 ||
+    mpi 4 "${ARGS[@]}" "${ON[@]}" --tp 2 --sp --zero 3 --resume tz3/checkpoints/"$CKPT" --out tz3r > tz3r.log 2>&1 ||
         { cat tz3r.log; fail "--tp 2 --sp --zero 3 resumed"; }
-    resumed tz3.log tz3r.log "-np 4 --tp 2 --sp --zero 3 resumed at step 10"
+    resumed tz3.log tz3r.log "-np 4 --tp 2 --sp --zero 3 resumed at step $HALF"
     # Resharding: the same checkpoint continues on one process (tp 2 -> 1, ZeRO 3 over 2 -> none)
     # and on 2 data-parallel ranks under ZeRO 1, with the uninterrupted run's losses.
-    "$MEMFIT" "${ARGS[@]}" --resume tz3/checkpoints/step-000010 --out tz3one > tz3one.log 2>&1 ||
+    "$MEMFIT" "${ARGS[@]}" --resume tz3/checkpoints/"$CKPT" --out tz3one > tz3one.log 2>&1 ||
         { cat tz3one.log; fail "--tp 2 --sp --zero 3 checkpoint resumed on one process"; }
     resumed tz3.log tz3one.log "--tp 2 --sp --zero 3 (4 ranks) resumed on one process"
-    mpi 2 "${ARGS[@]}" --zero 1 --resume tz3/checkpoints/step-000010 --out tz3dp > tz3dp.log 2>&1 ||
+    mpi 2 "${ARGS[@]}" --zero 1 --resume tz3/checkpoints/"$CKPT" --out tz3dp > tz3dp.log 2>&1 ||
         { cat tz3dp.log; fail "--tp 2 --sp --zero 3 checkpoint resumed on -np 2 --zero 1"; }
     resumed tz3.log tz3dp.log "--tp 2 --sp --zero 3 (4 ranks) resumed on -np 2 --zero 1"
 fi
@@ -119,26 +124,26 @@ fi
 # ---- ZeRO 2/3 with pipeline parallelism: every micro-batch's gradients reduce-scattered into the shard ----
 P4=("${BASE[@]}" --model llama-micro --grad-accum 4)
 "$MEMFIT" "${P4[@]}" --out one4 > one4.log 2>&1 || { cat one4.log; fail "one process, --grad-accum 4"; }
-mpi 4 "${P4[@]}" "${ON[@]}" --pp 2 --schedule 1f1b --zero 3 --checkpoint-every 10 --out pz3 > pz3.log 2>&1 ||
+mpi 4 "${P4[@]}" "${ON[@]}" --pp 2 --schedule 1f1b --zero 3 --checkpoint-every "$HALF" --out pz3 > pz3.log 2>&1 ||
     { cat pz3.log; fail "--pp 2 --zero 3 on 4 ranks"; }
 grep -q 'ZeRO stage 3' pz3.log && grep -q '^  pipeline parallel: 2 stages' pz3.log ||
     { cat pz3.log; fail "--pp 2 --zero 3: not the layout asked for"; }
 same_as one4.log pz3.log "-np 4 --pp 2 --zero 3"
 exact_per_rank pz3.log 4
 if [ "$DEVICE" = cpu ]; then   # resumed (the emulated GPU: once, above; the checkpoint code is shared)
-    mpi 4 "${P4[@]}" "${ON[@]}" --pp 2 --schedule 1f1b --zero 3 --resume pz3/checkpoints/step-000010 --out pz3r > pz3r.log 2>&1 ||
+    mpi 4 "${P4[@]}" "${ON[@]}" --pp 2 --schedule 1f1b --zero 3 --resume pz3/checkpoints/"$CKPT" --out pz3r > pz3r.log 2>&1 ||
         { cat pz3r.log; fail "--pp 2 --zero 3 resumed"; }
-    resumed pz3.log pz3r.log "-np 4 --pp 2 --zero 3 resumed at step 10"
+    resumed pz3.log pz3r.log "-np 4 --pp 2 --zero 3 resumed at step $HALF"
 fi
 if [ "$DEVICE" = cpu ]; then   # QLoRA on a pipeline: each stage's adapters and its part of the base
     "$MEMFIT" "${P4[@]}" "${Q[@]}" --out q4 > q4.log 2>&1 || { cat q4.log; fail "QLoRA, one process, --grad-accum 4"; }
-    mpi 4 "${P4[@]}" "${Q[@]}" --pp 2 --schedule 1f1b --checkpoint-every 10 --out qp > qp.log 2>&1 ||
+    mpi 4 "${P4[@]}" "${Q[@]}" --pp 2 --schedule 1f1b --checkpoint-every "$HALF" --out qp > qp.log 2>&1 ||
         { cat qp.log; fail "QLoRA --pp 2 on 4 ranks"; }
     same_as q4.log qp.log "-np 4 --pp 2 QLoRA nf4"
     exact_per_rank qp.log 4
-    mpi 4 "${P4[@]}" "${Q[@]}" --pp 2 --schedule 1f1b --resume qp/checkpoints/step-000010 --out qpr > qpr.log 2>&1 ||
+    mpi 4 "${P4[@]}" "${Q[@]}" --pp 2 --schedule 1f1b --resume qp/checkpoints/"$CKPT" --out qpr > qpr.log 2>&1 ||
         { cat qpr.log; fail "QLoRA --pp 2 resumed"; }
-    resumed qp.log qpr.log "-np 4 --pp 2 QLoRA resumed at step 10"
+    resumed qp.log qpr.log "-np 4 --pp 2 QLoRA resumed at step $HALF"
 fi
 if [ "$DEVICE" = cpu ]; then   # GPT-2's tied embedding across the two ends, the interleaved schedule, ZeRO-2
     G4=("${BASE[@]}" --model micro --grad-accum 4)
