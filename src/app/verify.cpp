@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/json_read.h"
 #include "core/json_num.h"
+#include "model/hf_weights.h"
 #include "model/safetensors.h"
 #include "train/engine.h"
 
@@ -60,7 +61,8 @@ VerifyReport verify_fixture(const std::string & path, double tolerance, bool che
     eo.with_eval = false;
     eo.checking = checking;
     Engine engine(cfg, backend, eo);
-    const ParamLayout & layout = engine.step().layout();
+    // The fixture's names are the checkpoint's (Phi-3's fused qkv_proj, gate_up_proj).
+    const ParamLayout layout = checkpoint_layout(cfg, engine.step().layout());
     engine.init_params(0);   // zero AdamW moments
     std::vector<float> full(layout.total);
     for (const auto & p : layout.params) {

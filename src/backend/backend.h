@@ -17,6 +17,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "backend/activation.h"
 #include "backend/rope.h"
 #include "core/tensor.h"
 #include "memory/step_memory.h"

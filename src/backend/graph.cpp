@@ -463,14 +463,15 @@ void Graph::flash_attention_bwd(Tensor dqkv, Tensor dout, Tensor out, Tensor qkv
     end();
 }
 
-void Graph::gelu_fwd(Tensor out, Tensor inp) {
-    if (begin("gelu_fwd", 10.0 * double(inp.numel()), {out, inp})) backend_->gelu_fwd(resolve(out), resolve(inp));
+void Graph::gelu_fwd(Tensor out, Tensor inp, Gelu kind) {
+    if (begin("gelu_fwd", 10.0 * double(inp.numel()), {out, inp}))
+        backend_->gelu_fwd(resolve(out), resolve(inp), kind);
     end();
 }
 
-void Graph::gelu_bwd(Tensor dinp, Tensor dout, Tensor inp) {
+void Graph::gelu_bwd(Tensor dinp, Tensor dout, Tensor inp, Gelu kind) {
     if (begin("gelu_bwd", 20.0 * double(inp.numel()), {dinp, dout, inp}))
-        backend_->gelu_bwd(resolve(dinp), resolve(dout), resolve(inp));
+        backend_->gelu_bwd(resolve(dinp), resolve(dout), resolve(inp), kind);
     end();
 }
 

@@ -138,8 +138,8 @@ public:
     void flash_attention_fwd(Tensor out, Tensor lse, Tensor qkv, int NH, Tensor doc_start = {});
     void flash_attention_bwd(Tensor dqkv, Tensor dout, Tensor out, Tensor qkv, Tensor lse, int NH,
                              Tensor doc_start = {});
-    void gelu_fwd(Tensor out, Tensor inp);
-    void gelu_bwd(Tensor dinp, Tensor dout, Tensor inp);
+    void gelu_fwd(Tensor out, Tensor inp, Gelu kind);
+    void gelu_bwd(Tensor dinp, Tensor dout, Tensor inp, Gelu kind);
     void residual_fwd(Tensor out, Tensor a, Tensor b);
     // LLaMA family (Backend has the contracts).
     void rmsnorm_fwd(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps);

@@ -51,8 +51,9 @@ MF_KERNEL(flash_attention_fwd, (Tensor out, Tensor lse, Tensor qkv, int NH, Tens
 MF_KERNEL(flash_attention_bwd, (Tensor dqkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv, Tensor lse, int NH,
           Tensor doc_start = {}))
 
-MF_KERNEL(gelu_fwd, (Tensor out, Tensor inp))
-MF_KERNEL(gelu_bwd, (Tensor dinp, Tensor dout, Tensor inp))   // dinp = ...
+// out = gelu(inp), the variant kind (backend/activation.h); dinp = dout * gelu'(inp).
+MF_KERNEL(gelu_fwd, (Tensor out, Tensor inp, Gelu kind))
+MF_KERNEL(gelu_bwd, (Tensor dinp, Tensor dout, Tensor inp, Gelu kind))
 MF_KERNEL(residual_fwd, (Tensor out, Tensor a, Tensor b))   // out = a + b
 
 // LLaMA family.

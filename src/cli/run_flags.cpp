@@ -131,9 +131,14 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
              ->capture_default_str()->check(finite_range(0, 0.999999)));
     keep(c->add_option("--base-weights", r.lora.base_weights,
                        "LoRA: storage of the frozen base: the compute precision (bf16, fp16, fp32), int8 "
-                       "(per-channel), nf4 (4-bit NormalFloat, blocks of 64, double-quantized scales, as QLoRA) or "
+                       "(per-channel), nf4 (4-bit NormalFloat, blocks of 64, double-quantized scales as QLoRA: see --nf4-double-quant) or "
                        "sparse24 (2:4 structured sparse: the 2 largest of every 4 inputs as bf16 with 2-bit "
                        "positions, 0.5625x of bf16; lossless for a --sparsity 2:4 model)")
+             ->capture_default_str());
+    keep(c->add_option("--nf4-double-quant", r.lora.nf4_double_quant,
+                       "nf4 (--base-weights, --teacher-weights): quantize the blocks' absmaxes too, QLoRA's double "
+                       "quantization: 0.127 instead of 0.5 bits per parameter; false keeps them fp32, as bitsandbytes' "
+                       "bnb_4bit_use_double_quant=False")
              ->capture_default_str());
     // Knowledge distillation (model/distill.h).
     keep(c->add_option("--teacher", r.distill.teacher,

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/json_read.h"
 #include "core/json_num.h"
+#include "model/llama_types.h"
 
 namespace memfit {
 
@@ -24,6 +25,7 @@ struct Preset {
     float theta;
     bool tied;
     const char * what;
+    int window = 0;   // sliding_window (0: none)
 };
 
 // vocab 0: the small demo models take the vocabulary of the data they train on. The LLaMA
@@ -60,7 +62,11 @@ constexpr Preset kPresets[] = {
     {"qwen3-4b",     "qwen3", 151936, 40960, 2560, 36, 32, 8, 9728,  1000000.f, true,  "Qwen3 4B (q/k norms, head_dim 128, tied)"},
     {"qwen3-8b",     "qwen3", 151936, 40960, 4096, 36, 32, 8, 12288, 1000000.f, false, "Qwen3 8B (q/k norms)"},
     // Mistral 7B v0.1 (its config.json): LLaMA blocks, attention within a 4096-token window.
-    {"mistral-7b",   "mistral", 32000, 32768, 4096, 32, 32, 8, 14336, 10000.f,  false, "Mistral 7B v0.1 (sliding window 4096)"},
+    {"mistral-7b",   "mistral", 32000, 32768, 4096, 32, 32, 8, 14336, 10000.f,  false, "Mistral 7B v0.1 (sliding window 4096)", 4096},
+    // Phi-3 and Phi-4 (Microsoft's config.json files, model_type phi3): LLaMA blocks whose
+    // checkpoints fuse q|k|v (qkv_proj) and gate|up (gate_up_proj).
+    {"phi-3-mini",   "phi3", 32064,  4096,  3072, 32, 32, 32, 8192,  10000.f,  false, "Phi-3-mini-4k 3.8B (sliding window 2047)", 2047},
+    {"phi-4",        "phi3", 100352, 16384, 5120, 40, 40, 10, 17920, 250000.f, false, "Phi-4 14B (GQA, 10 KV heads)"},
 };
 
 // The presets with Llama 3.1's rope_scaling (their config.json files): rope_type llama3, low and
@@ -77,6 +83,7 @@ std::string ModelConfig::describe() const {
     std::string s = fmt::format("{}, {} layers, {} channels, {} heads", family, n_layer, n_embd, n_head);
     if (llama()) s += fmt::format("{}, MLP {}{}", kv_heads() != n_head ? fmt::format(" ({} KV)", kv_heads()) : "",
                                   ffn_dim(), tied_head ? ", tied head" : "");
+    else if (gelu == Gelu::erf) s += ", exact GELU";
     if (share_layers > 1) s += fmt::format(", {} blocks shared {} ways", stored_layers(), share_layers);
     return s;
 }
@@ -110,10 +117,11 @@ void ModelConfig::validate() const {
     auto bad = [&](const std::string & what) {
         throw ConfigError(fmt::format("model '{}': {}", name, what));
     };
-    if (llama() && model_type != "llama" && model_type != "qwen2" && model_type != "qwen3" && model_type != "mistral")
-        bad(fmt::format("model_type '{}' is not a LLaMA-family type (llama, qwen2, qwen3, mistral)", model_type));
-    if (llama() && qkv_bias != (model_type == "qwen2")) bad("q, k and v biases belong to qwen2 (model_type)");
-    if (qk_norm != (llama() && model_type == "qwen3")) bad("q and k norms belong to qwen3 (model_type)");
+    const LlamaType * type = llama() ? find_llama_type(model_type) : nullptr;
+    if (llama() && !type)
+        bad(fmt::format("model_type '{}' is not a LLaMA-family type ({})", model_type, llama_type_names()));
+    if (llama() && qkv_bias != type->qkv_bias) bad("q, k and v biases belong to qwen2 (model_type)");
+    if (qk_norm != (llama() && type->qk_norm)) bad("q and k norms belong to qwen3 (model_type)");
     if (sliding_window < 0) bad(fmt::format("sliding_window = {}, must be positive", sliding_window));
     if (family != "gpt2" && family != "llama") bad(fmt::format("family '{}' is not supported (supported: gpt2, llama)", family));
     if (n_layer < 1) bad(fmt::format("n_layer = {}, must be at least 1", n_layer));
@@ -175,14 +183,14 @@ ModelConfig model_preset(const std::string & name) {
         ModelConfig c;
         c.name = p.name;
         c.family = p.family;
-        if (c.family == "qwen2" || c.family == "qwen3" || c.family == "mistral") {
+        if (const LlamaType * t = find_llama_type(c.family); t && c.family != "llama") {
             c.model_type = c.family;
             c.family = "llama";
-            c.qkv_bias = c.model_type == "qwen2";
-            c.qk_norm = c.model_type == "qwen3";
-            if (c.model_type != "mistral") c.ln_eps = 1e-6f;
-            if (c.qk_norm) c.head_size = 128;
-            if (c.model_type == "mistral") c.sliding_window = 4096;
+            c.qkv_bias = t->qkv_bias;
+            c.qk_norm = t->qk_norm;
+            if (c.qkv_bias || c.qk_norm) c.ln_eps = 1e-6f;   // Qwen's config.json files
+            c.head_size = t->head_dim;
+            c.sliding_window = p.window;
         }
         c.vocab_size = p.vocab;
         c.max_seq = p.max_seq;
@@ -259,6 +267,65 @@ Rope parse_rope_scaling(const nlohmann::json & j, const std::string & name) {
     r.original_context = int(original);
     return r;
 }
+
+// config.json's activation_function names of the GELUs (transformers' ACT2FN); the first row of
+// each kind is the one export writes.
+struct GeluName {
+    const char * name;
+    Gelu kind;
+};
+constexpr GeluName kGeluNames[] = {
+    {"gelu_new", Gelu::tanh}, {"gelu_pytorch_tanh", Gelu::tanh}, {"gelu_fast", Gelu::tanh}, {"gelu", Gelu::erf},
+};
+
+Gelu gelu_of(const nlohmann::json & v, const std::string & name) {
+    for (const GeluName & g : kGeluNames)
+        if (v.is_string() && v.get<std::string>() == g.name) return g.kind;
+    std::vector<std::string> known;
+    for (const GeluName & g : kGeluNames) known.push_back(g.name);
+    throw ConfigError(fmt::format("{}: activation_function {} is not supported (supported: {})", name, v.dump(),
+                                  fmt::join(known, ", ")));
+}
+
+// LLaMA blocks and what the model_type's row adds, with its Config's defaults.
+void parse_llama_fields(const nlohmann::json & j, const LlamaType & t, const std::string & name, ModelConfig & c) {
+    c.family = "llama";
+    c.model_type = t.type;
+    c.qkv_bias = t.qkv_bias;   // Qwen2's q, k and v projections always have biases
+    c.qk_norm = t.qk_norm;     // Qwen3's q and k always have their norms
+    c.vocab_size = int_field(j, "vocab_size", t.vocab, name);
+    c.max_seq = int_field(j, "max_position_embeddings", t.max_seq, name);
+    c.n_embd = int_field(j, "hidden_size", name);
+    c.ffn = int_field(j, "intermediate_size", name);
+    c.n_layer = int_field(j, "num_hidden_layers", name);
+    c.n_head = int_field(j, "num_attention_heads", name);
+    c.n_kv_head = int_field(j, "num_key_value_heads", c.n_head, name);
+    c.ln_eps = float_field(j, "rms_norm_eps", t.eps, name);
+    c.rope_theta = float_field(j, "rope_theta", 10000.0f, name);
+    c.tied_head = j.value("tie_word_embeddings", false);
+    if (t.window >= 0)   // absent: the Config's default; null: none (Mistral 7B v0.2 and later)
+        c.sliding_window = !j.contains("sliding_window") ? t.window : int_field(j, "sliding_window", 0, name);
+    auto refuse = [&](const char * key, const std::string & why) {
+        throw ConfigError(fmt::format("{}: {} = {} is not supported ({})", name, key, j[key].dump(), why));
+    };
+    if (j.contains("hidden_act") && j["hidden_act"] != "silu") refuse("hidden_act", "supported: silu");
+    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) c.rope_scaling = parse_rope_scaling(j, name);
+    if (t.use_sliding_window && j.value("use_sliding_window", false))
+        refuse("use_sliding_window", "sliding-window attention is not implemented yet; set it to false");
+    if (!t.qkv_bias && j.value("attention_bias", false)) refuse("attention_bias", "LLaMA projections have no biases");
+    if (j.value("mlp_bias", false)) refuse("mlp_bias", "LLaMA projections have no biases");
+    if (j.contains("partial_rotary_factor") && float_field(j, "partial_rotary_factor", 1.0f, name) != 1.0f)
+        refuse("partial_rotary_factor", "rotary embeddings turn the whole head; supported: 1.0");
+    // Explicit when it differs from C / NH; Qwen3Config's default is 128.
+    const int hd = j.contains("head_dim") && !j["head_dim"].is_null() ? int_field(j, "head_dim", name) : t.head_dim;
+    if (hd != 0 && c.n_head > 0 && (c.n_embd % c.n_head != 0 || hd != c.n_embd / c.n_head)) c.head_size = hd;
+}
+
+const char * gelu_name(Gelu kind) {
+    for (const GeluName & g : kGeluNames)
+        if (g.kind == kind) return g.name;
+    MF_UNREACHABLE();
+}
 }  // namespace
 
 ModelConfig parse_hf_config(const nlohmann::json & j, const std::string & name) {
@@ -276,46 +343,12 @@ ModelConfig parse_hf_config(const nlohmann::json & j, const std::string & name) 
             c.ln_eps = float_field(j, "layer_norm_epsilon", 1e-5f, name);
             c.tied_head = j.value("tie_word_embeddings", true);
             c.ffn = int_field(j, "n_inner", 0, name);
-            if (j.contains("activation_function") && j["activation_function"] != "gelu_new")
-                throw ConfigError(fmt::format("{}: activation_function {} is not supported (supported: gelu_new)", name,
-                                              j["activation_function"].dump()));
-        } else if (type == "llama" || type == "qwen2" || type == "qwen3" || type == "mistral") {
-            // LLaMA blocks. Defaults are transformers' LlamaConfig, Qwen2Config, Qwen3Config and
-            // MistralConfig defaults.
-            c.family = "llama";
-            c.model_type = type;
-            const bool qwen2 = type == "qwen2", qwen3 = type == "qwen3", mistral = type == "mistral";
-            c.qkv_bias = qwen2;   // Qwen2's q, k and v projections always have biases
-            c.qk_norm = qwen3;    // Qwen3's q and k always have their norms
-            c.vocab_size = int_field(j, "vocab_size", qwen2 || qwen3 ? 151936 : 32000, name);
-            c.max_seq = int_field(j, "max_position_embeddings", qwen2 || qwen3 ? 32768 : mistral ? 131072 : 2048, name);
-            c.n_embd = int_field(j, "hidden_size", name);
-            c.ffn = int_field(j, "intermediate_size", name);
-            c.n_layer = int_field(j, "num_hidden_layers", name);
-            c.n_head = int_field(j, "num_attention_heads", name);
-            c.n_kv_head = int_field(j, "num_key_value_heads", c.n_head, name);
-            c.ln_eps = float_field(j, "rms_norm_eps", 1e-6f, name);
-            c.rope_theta = float_field(j, "rope_theta", 10000.0f, name);
-            c.tied_head = j.value("tie_word_embeddings", false);
-            if (mistral)   // absent: MistralConfig's 4096; null: none (Mistral 7B v0.2 and later)
-                c.sliding_window = !j.contains("sliding_window") ? 4096 : int_field(j, "sliding_window", 0, name);
-            auto refuse = [&](const char * key, const std::string & why) {
-                throw ConfigError(fmt::format("{}: {} = {} is not supported ({})", name, key, j[key].dump(), why));
-            };
-            if (j.contains("hidden_act") && j["hidden_act"] != "silu") refuse("hidden_act", "supported: silu");
-            if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) c.rope_scaling = parse_rope_scaling(j, name);
-            if ((qwen2 || qwen3) && j.value("use_sliding_window", false))
-                refuse("use_sliding_window", "sliding-window attention is not implemented yet; set it to false");
-            if (!qwen2 && j.value("attention_bias", false)) refuse("attention_bias", "LLaMA projections have no biases");
-            if (j.value("mlp_bias", false)) refuse("mlp_bias", "LLaMA projections have no biases");
-            // Explicit when it differs from C / NH; Qwen3Config's default is 128.
-            const int hd = j.contains("head_dim") && !j["head_dim"].is_null() ? int_field(j, "head_dim", name)
-                           : qwen3                                              ? 128
-                                                                                : 0;
-            if (hd != 0 && c.n_head > 0 && (c.n_embd % c.n_head != 0 || hd != c.n_embd / c.n_head)) c.head_size = hd;
+            if (j.contains("activation_function")) c.gelu = gelu_of(j["activation_function"], name);
+        } else if (const LlamaType * t = find_llama_type(type)) {
+            parse_llama_fields(j, *t, name, c);
         } else {
-            throw ConfigError(fmt::format("{}: model_type '{}' is not supported (supported: gpt2, llama, qwen2, qwen3, mistral)",
-                                          name, type));
+            throw ConfigError(fmt::format("{}: model_type '{}' is not supported (supported: gpt2, {})", name, type,
+                                          llama_type_names()));
         }
     } catch (const nlohmann::json::exception & e) {
         throw ConfigError(fmt::format("{}: missing or malformed field ({})", name, json_error_text(e.what())));
@@ -346,11 +379,9 @@ nlohmann::json rope_scaling_json(const Rope & r) {
 nlohmann::json hf_config_fields(const ModelConfig & cfg) {
     if (cfg.llama()) {
         const std::string type = cfg.model_type;
-        const char * arch = type == "qwen2"     ? "Qwen2ForCausalLM"
-                            : type == "qwen3"   ? "Qwen3ForCausalLM"
-                            : type == "mistral" ? "MistralForCausalLM"
-                                                : "LlamaForCausalLM";
-        nlohmann::json j = {{"architectures", {arch}},
+        const LlamaType * t = find_llama_type(type);
+        MF_ASSERT(t);
+        nlohmann::json j = {{"architectures", {t->architecture}},
                 {"model_type", type},
                 {"vocab_size", cfg.vocab_size},
                 {"max_position_embeddings", cfg.max_seq},
@@ -367,9 +398,9 @@ nlohmann::json hf_config_fields(const ModelConfig & cfg) {
                 {"tie_word_embeddings", cfg.tied_head},
                 {"torch_dtype", "float32"}};
         if (type == "llama") j["attention_bias"] = j["mlp_bias"] = false;
-        if (type == "qwen2" || type == "qwen3") j["use_sliding_window"] = false;
+        if (t->use_sliding_window) j["use_sliding_window"] = false;
         if (type == "qwen3") j["attention_bias"] = false;
-        if (type == "mistral")
+        if (t->window >= 0)
             j["sliding_window"] = cfg.sliding_window > 0 ? nlohmann::json(cfg.sliding_window) : nlohmann::json(nullptr);
         return j;
     }
@@ -382,7 +413,7 @@ nlohmann::json hf_config_fields(const ModelConfig & cfg) {
             {"n_layer", cfg.n_layer},
             {"n_head", cfg.n_head},
             {"n_inner", cfg.ffn > 0 ? nlohmann::json(cfg.ffn) : nlohmann::json(nullptr)},
-            {"activation_function", "gelu_new"},
+            {"activation_function", gelu_name(cfg.gelu)},
             // GPT-2's <|endoftext|> is its BOS and EOS; a byte vocabulary has none.
             {"bos_token_id", cfg.vocab_size == 50257 ? nlohmann::json(50256) : nlohmann::json(nullptr)},
             {"eos_token_id", cfg.vocab_size == 50257 ? nlohmann::json(50256) : nlohmann::json(nullptr)},

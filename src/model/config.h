@@ -1,7 +1,7 @@
 // Model configuration: presets and Hugging Face config.json, for the two families.
 //
-//   gpt2   learned positions, LayerNorm with bias, biased Conv1D projections, GELU MLP of 4C,
-//          LM head tied to the token embedding
+//   gpt2   learned positions, LayerNorm with bias, biased Conv1D projections, GELU MLP of 4C
+//          (tanh approximation, or exact), LM head tied to the token embedding
 //   llama  rotary positions (rotate-half, rope_theta), RMSNorm, no biases, SwiGLU MLP of
 //          ffn_dim, grouped-query attention (n_kv_head <= n_head), LM head tied or not; its
 //          model_types qwen2 (q/k/v biases), qwen3 (q/k norms) and mistral (sliding window)
@@ -14,6 +14,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "backend/activation.h"
 #include "backend/rope.h"
 
 namespace memfit {
@@ -35,6 +36,9 @@ struct ModelConfig {
     Rope  rope_scaling;          // its theta is unused: rope() takes rope_theta
     float ln_eps     = 1e-5f;    // layer_norm_epsilon / rms_norm_eps
     bool  tied_head  = true;     // LM head reads the token embedding
+    // gpt2 family: the MLP's GELU, config.json's activation_function ("gelu_new" and its tanh
+    // aliases, or "gelu": the exact erf form).
+    Gelu  gelu = Gelu::tanh;
     // The llama family's config.json model_type: llama, qwen2 (biases on q, k and v), qwen3
     // (per-head RMSNorm on q and k before RoPE) or mistral (sliding_window). Export writes it back
     // with its architecture class.

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/json_read.h"
 #include "core/finite.h"
+#include "model/llama_types.h"
 #include "model/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -52,14 +53,71 @@ bool ignorable(const std::string & name) {
     return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") || name.ends_with(".rotary_emb.inv_freq");
 }
 
+// The fused tensor parameter i starts, or nullptr: i and the ones after it are the parts, in
+// order, of one layer's fused tensor, each [rows, in] and adjacent in the buffer.
+const FusedTensor * fused_at(const std::vector<FusedTensor> & fused, const ParamLayout & l, size_t i,
+                             std::string & prefix) {
+    const std::string & n = l.params[i].name;
+    for (const FusedTensor & f : fused) {
+        const std::string first = f.parts.front();
+        if (!n.ends_with(first) || i + f.parts.size() > l.params.size()) continue;
+        prefix = n.substr(0, n.size() - first.size());
+        bool all = true;
+        for (size_t k = 0; k < f.parts.size() && all; ++k) {
+            const ParamInfo & p = l.params[i + k];
+            all = p.name == prefix + f.parts[k] && p.shape.size() == 2 && p.shape[1] == l.params[i].shape[1] &&
+                  (k == 0 || p.offset == l.params[i + k - 1].offset + l.params[i + k - 1].numel);
+        }
+        if (all) return &f;
+    }
+    return nullptr;
+}
+
+// For a model_type that fuses projections, where the tensor `name` would be: ", a phi3 checkpoint
+// holds it in ...qkv_proj.weight"; "" otherwise.
+std::string fused_hint(const ModelConfig & cfg, const std::string & name) {
+    const LlamaType * type = cfg.llama() ? find_llama_type(cfg.model_type) : nullptr;
+    if (!type) return "";
+    for (const FusedTensor & f : fused_tensors(*type))
+        for (const char * part : f.parts)
+            if (name.ends_with(part))
+                return fmt::format(": a {} checkpoint holds it fused, in '{}{}'", type->type,
+                                   name.substr(0, name.size() - std::string(part).size()), f.name);
+    return "";
+}
+
 }  // namespace
+
+ParamLayout checkpoint_layout(const ModelConfig & cfg, const ParamLayout & layout) {
+    const LlamaType * type = cfg.llama() ? find_llama_type(cfg.model_type) : nullptr;
+    if (!type || !type->fused) return layout;
+    const std::vector<FusedTensor> & fused = fused_tensors(*type);
+    ParamLayout out;
+    out.total = layout.total;
+    for (size_t i = 0; i < layout.params.size();) {
+        std::string prefix;
+        const FusedTensor * f = fused_at(fused, layout, i, prefix);
+        if (!f) {
+            out.params.push_back(layout.params[i++]);
+            continue;
+        }
+        ParamInfo merged{prefix + f->name, {0, layout.params[i].shape[1]}, layout.params[i].offset, 0};
+        for (size_t k = 0; k < f->parts.size(); ++k, ++i) {
+            merged.shape[0] += layout.params[i].shape[0];
+            merged.numel += layout.params[i].numel;
+        }
+        out.params.push_back(std::move(merged));
+    }
+    return out;
+}
 
 bool has_hf_weights(const std::string & dir) {
     return fs::is_directory(dir) &&
            (fs::exists(fs::path(dir) / "model.safetensors") || fs::exists(fs::path(dir) / "model.safetensors.index.json"));
 }
 
-void load_hf_weights(const std::string & dir, const ModelConfig & cfg, const ParamLayout & layout, float * params) {
+void load_hf_weights(const std::string & dir, const ModelConfig & cfg, const ParamLayout & model_layout, float * params) {
+    const ParamLayout layout = checkpoint_layout(cfg, model_layout);
     std::vector<std::unique_ptr<SafetensorsFile>> files;
     std::map<std::string, std::pair<const SafetensorsFile *, std::string>> found;   // our name -> (file, its name)
     for (const auto & path : weight_files(dir)) {
@@ -83,8 +141,8 @@ void load_hf_weights(const std::string & dir, const ModelConfig & cfg, const Par
                 continue;
             }
             if (!layout.try_find(ours))
-                throw FormatError(fmt::format("{}: unexpected tensor '{}' for the config's model ({})", path, n,
-                                              cfg.describe()));
+                throw FormatError(fmt::format("{}: unexpected tensor '{}' for the config's model ({}){}", path, n,
+                                              cfg.describe(), fused_hint(cfg, ours)));
             if (found.count(ours)) throw FormatError(fmt::format("{}: tensor '{}' appears twice", path, n));
             found[ours] = {&f, n};
         }
@@ -182,15 +240,16 @@ void remove_stale_weights(const fs::path & dir, const std::vector<std::string> &
 
 }  // namespace
 
-HfWritten export_hf(const std::string & dir, const ModelConfig & cfg, const ParamLayout & layout, const float * params,
-                    const HfWriteOptions & opts) {
+HfWritten export_hf(const std::string & dir, const ModelConfig & cfg, const ParamLayout & model_layout,
+                    const float * params, const HfWriteOptions & opts) {
     if (cfg.share_layers > 1) {   // a plain model for transformers: every block written out
-        MF_ASSERT(layout.total == make_param_layout(cfg).total);
+        MF_ASSERT(model_layout.total == make_param_layout(cfg).total);
         ModelConfig one = cfg;
         one.share_layers = 1;
         const std::vector<float> all = unshared_params(cfg, params);
         return export_hf(dir, one, make_param_layout(one), all.data(), opts);
     }
+    const ParamLayout layout = checkpoint_layout(cfg, model_layout);
     const size_t elem = safetensors_dtype_size(opts.dtype);
     if (hf_dtype_name(opts.dtype) != opts.dtype || elem == 0)
         throw ConfigError(fmt::format("export dtype '{}': expected F32, BF16 or F16", opts.dtype));

@@ -2,7 +2,8 @@
 // model.safetensors.index.json), tensor names as in the Hub's checkpoints. GPT-2:
 // "h.0.attn.c_attn.weight" (optionally under "transformer."), Conv1D weights [in, out], the LM
 // head tied to wte. LLaMA: "model.layers.0.self_attn.q_proj.weight", Linear weights [out, in],
-// "lm_head.weight" unless tie_word_embeddings.
+// "lm_head.weight" unless tie_word_embeddings. Phi-3 (model_type phi3): the same with q|k|v
+// fused into "self_attn.qkv_proj.weight" and gate|up into "mlp.gate_up_proj.weight".
 //
 // Loading checks every tensor before copying any: a missing or unexpected tensor, or one whose
 // shape differs from the config's, is a FormatError naming it. F32, F16 and BF16 are converted
@@ -21,6 +22,12 @@
 #include "model/param_layout.h"
 
 namespace memfit {
+
+// The layout as the model_type's checkpoints name it: where they fuse projections (Phi-3's
+// qkv_proj and gate_up_proj, model/llama_types.h), the adjacent parameters a fused tensor holds
+// become one entry with its name and stacked shape; otherwise `layout` itself. Loading, export
+// and `memfit verify` read and write tensors through it.
+ParamLayout checkpoint_layout(const ModelConfig & cfg, const ParamLayout & layout);
 
 // True when `dir` holds model.safetensors or model.safetensors.index.json.
 bool has_hf_weights(const std::string & dir);

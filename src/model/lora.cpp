@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/json_read.h"
 #include "core/json_num.h"
+#include "model/llama_types.h"
 
 namespace memfit {
 
@@ -22,10 +23,21 @@ struct Module {
     std::string  hf;   // module name without the layer prefix
 };
 
+// Phi-3's checkpoints fuse q|k|v and gate|up (model/llama_types.h): PEFT adapts those modules.
+bool fused(const ModelConfig & cfg) {
+    const LlamaType * t = cfg.llama() ? find_llama_type(cfg.model_type) : nullptr;
+    return t && t->fused;
+}
+
 std::vector<Module> family_modules(const ModelConfig & cfg) {
     const int64_t C = cfg.n_embd, F = cfg.ffn_dim();
     if (cfg.llama()) {
         const int64_t Q = int64_t(cfg.n_head) * cfg.head_dim(), KV = int64_t(cfg.kv_heads()) * cfg.head_dim();
+        if (fused(cfg))
+            return {{"qkv", Proj::qkv, 0, Q + 2 * KV, C, "self_attn.qkv_proj"},
+                    {"o", Proj::o, 0, C, Q, "self_attn.o_proj"},
+                    {"gate_up", Proj::fc, 0, 2 * F, C, "mlp.gate_up_proj"},
+                    {"down", Proj::down, 0, C, F, "mlp.down_proj"}};
         return {{"q", Proj::qkv, 0, Q, C, "self_attn.q_proj"},
                 {"k", Proj::qkv, Q, KV, C, "self_attn.k_proj"},
                 {"v", Proj::qkv, Q + KV, KV, C, "self_attn.v_proj"},
@@ -49,6 +61,12 @@ std::string layer_prefix(const ModelConfig & cfg, int l) {
 // The family targets one user-given name selects.
 std::vector<std::string> expand_target(const ModelConfig & cfg, std::string t) {
     if (t.size() > 5 && t.ends_with("_proj") && cfg.llama()) t.resize(t.size() - 5);   // q_proj -> q
+    if (fused(cfg)) {   // a part names its fused module, as GPT-2's q names c_attn
+        if (t == "q" || t == "k" || t == "v" || t == "qkv") return {"qkv"};
+        if (t == "gate" || t == "up" || t == "gate_up") return {"gate_up"};
+        if (t == "o" || t == "down") return {t};
+        return {};
+    }
     if (cfg.llama()) {
         for (const char * n : {"q", "k", "v", "o", "gate", "up", "down"})
             if (t == n) return {t};
@@ -77,8 +95,10 @@ std::vector<std::string> parse_lora_targets(const ModelConfig & cfg, const std::
         const auto names = expand_target(cfg, t);
         if (names.empty())
             throw ConfigError(fmt::format("--lora-targets: '{}' is not a {} module; use {} (or all)", t,
-                                          cfg.llama() ? "LLaMA" : "GPT-2",
-                                          cfg.llama() ? "q,k,v,o,gate,up,down" : "q,k,v,o,gate,up,down or c_attn,c_proj,c_fc"));
+                                          fused(cfg) ? cfg.model_type : cfg.llama() ? "LLaMA" : "GPT-2",
+                                          fused(cfg)     ? "qkv,o,gate_up,down (q,k,v and gate,up name the fused ones)"
+                                          : cfg.llama() ? "q,k,v,o,gate,up,down"
+                                                        : "q,k,v,o,gate,up,down or c_attn,c_proj,c_fc"));
         chosen.insert(chosen.end(), names.begin(), names.end());
     }
     if (chosen.empty()) throw ConfigError("--lora-targets: no module named");

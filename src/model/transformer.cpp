@@ -280,12 +280,12 @@ void Transformer::attention_bwd(Graph & g, const LayerActs & a, const ModelWeigh
 
 void Transformer::act_fwd(Graph & g, Tensor out, Tensor fc) const {
     if (llama_) g.swiglu_fwd(out, fc);
-    else g.gelu_fwd(out, fc);
+    else g.gelu_fwd(out, fc, cfg_.gelu);
 }
 
 void Transformer::act_bwd(Graph & g, Tensor dfc, Tensor dout, Tensor fc) const {
     if (llama_) g.swiglu_bwd(dfc, dout, fc);
-    else g.gelu_bwd(dfc, dout, fc);
+    else g.gelu_bwd(dfc, dout, fc, cfg_.gelu);
 }
 
 // x: ln_2's output, every row of the micro-batch (sequence parallel: gathered); a.fcproj gets the

@@ -36,6 +36,12 @@ LoraOptions lora_options(const RunConfig & r, const ModelConfig & cfg, DType com
     const LoraConfig & s = r.lora;
     LoraOptions l;
     const BaseWeights base = parse_base_weights(s.base_weights);
+    const bool nf4_teacher = parse_base_weights(r.distill.weights, "--teacher-weights") == BaseWeights::nf4;
+    if (!s.nf4_double_quant && base != BaseWeights::nf4 && !nf4_teacher)
+        throw ConfigError(fmt::format("--nf4-double-quant false: no nf4 weights to store (--base-weights {}, "
+                                      "--teacher-weights {}); it applies with --base-weights nf4 or --teacher-weights nf4",
+                                      s.base_weights, r.distill.weights));
+    l.double_quant = s.nf4_double_quant;
     // The modules are checked with LoRA off too: a misspelt one is an error, not ignored.
     if (s.rank == 0 && !s.targets.empty()) parse_lora_targets(cfg, s.targets);
     if (s.rank == 0) {
@@ -88,6 +94,7 @@ DistillOptions distill_options(const RunConfig & r, const ModelConfig & cfg, DTy
     d.alpha = s.alpha;
     d.temperature = s.temperature;
     d.weights = weights;
+    d.double_quant = r.lora.nf4_double_quant;
     check_teacher(*d.teacher, cfg, r.seq);
     if (d.quantized()) make_quant_layout(*d.teacher, d.format());   // nf4 block alignment: a clear error now
     return d;

@@ -50,8 +50,8 @@ std::string launch_command(const PlanRequest & r, const PlanResult & p) {
     std::string flags;
     const nlohmann::ordered_json all = train_flags(r, p);
     for (const auto & [k, v] : all.items()) {
-        if (v.is_boolean()) {
-            if (v.get<bool>()) flags += " --" + k;
+        if (v.is_boolean()) {   // a flag; a default-true option (--nf4-double-quant) is written out when false
+            flags += " --" + k + (v.get<bool>() ? "" : " false");
             continue;
         }
         flags += " --" + k + " " + quoted(v.is_string() ? v.get<std::string>() : v.dump());

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "model/llama_types.h"
 #include "model/lora.h"
 #include "model/tensor_parallel.h"
 
@@ -118,6 +119,10 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
     if (std::string why = sparsity_refusal(cfg, r.sparsity, r.lora.rank > 0); !why.empty()) return why;
     // Tensor (and sequence) parallelism.
     if (L.tp > 1) {
+        if (const LlamaType * t = cfg.llama() ? find_llama_type(cfg.model_type) : nullptr; t && t->fused && r.lora.rank > 0)
+            return fmt::format("--tp {} with LoRA on {} ({}): the adapters of its fused qkv_proj and gate_up_proj are not "
+                               "split over tensor ranks yet; use data parallelism (--zero 3 shards the base)", L.tp,
+                               cfg.name, cfg.model_type);
         // A KV head several tensor ranks hold: its gradient is summed over them (step.h), its
         // adapter's is not.
         bool kv_adapted = false;
@@ -178,11 +183,12 @@ ModelConfig run_model(const RunConfig & r) {
     if (r.attention_window == 0) return cfg;
     if (r.attention_window < 0)
         throw ConfigError(fmt::format("--attention-window {}: must be positive (0: the model's own)", r.attention_window));
-    if (!cfg.llama() || (cfg.model_type != "llama" && cfg.model_type != "mistral"))
+    const LlamaType * type = cfg.llama() ? find_llama_type(cfg.model_type) : nullptr;
+    if (!type || !type->windowed_as)
         throw ConfigError(fmt::format("--attention-window {}: model '{}' ({}) has no sliding-window form that Hugging "
-                                      "Face loads; use a llama or mistral model",
+                                      "Face loads; use a llama, mistral or phi3 model",
                                       r.attention_window, cfg.name, cfg.llama() ? cfg.model_type : cfg.family));
-    cfg.model_type = "mistral";
+    cfg.model_type = type->windowed_as;
     cfg.sliding_window = r.attention_window;
     return cfg;
 }

@@ -42,6 +42,10 @@ struct LoraConfig {
     float alpha = 16;
     std::string targets;                // "": the family's default (q,v | c_attn)
     std::string base_weights = "compute";  // frozen base storage: compute | fp32 | bf16 | fp16 | int8 | nf4 (1/8 of fp32) | sparse24 (0.5625 of bf16)
+    // nf4 (the base's and the teacher's): the blocks' absmaxes quantized too (QLoRA's double
+    // quantization: 0.127 instead of 0.5 bits per parameter); false keeps them fp32, the default of
+    // bitsandbytes and transformers (bnb_4bit_use_double_quant=False).
+    bool nf4_double_quant = true;
     float dropout = 0;
 };
 

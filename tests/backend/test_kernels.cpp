@@ -360,6 +360,41 @@ TEST(CpuKernels, GeluBackwardMatchesFiniteDifferencesAndIsWritten) {
     EXPECT_EQ(dt[3], 1.0f);
 }
 
+// The exact GELU against double's erfc: forward x Phi(x) and derivative Phi(x) + x phi(x), to
+// 1e-6 relative near 0, over [-12, 12] and into the tails; finite differences agree. In the left
+// tail Phi(x) ~ exp(-x^2 / 2): x^2 in float carries a relative error of about 6e-8 x^2 into it
+// (4e-6 at x = -8), which any float evaluation has, hence the x^2 term of the tolerance.
+TEST(CpuKernels, GeluErfMatchesDoubleAndItsDerivative) {
+    const auto Phi = [](double x) { return 0.5 * std::erfc(-x / std::numbers::sqrt2); };
+    std::vector<float> x;
+    for (int i = -1200; i <= 1200; ++i) x.push_back(0.01f * float(i));
+    for (const float v : {-1e4f, -30.0f, -13.0f, 13.0f, 30.0f, 1e4f, 1e-30f, -1e-30f}) x.push_back(v);
+    std::vector<float> out(x.size(), kNaN), dx(x.size(), kNaN);
+    const std::vector<float> ones(x.size(), 1.0f);
+    gelu_erf_forward(out.data(), x.data(), x.size());
+    gelu_erf_backward(dx.data(), ones.data(), x.data(), x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+        const double v = x[i], y = v * Phi(v), phi = std::exp(-0.5 * v * v) / std::sqrt(2 * std::numbers::pi);
+        const double rel = 1e-6 + 1.2e-7 * std::min(v * v, 200.0);
+        EXPECT_NEAR(out[i], y, 1e-30 + rel * std::fabs(y)) << "x=" << v;
+        // The derivative's two terms cancel near x = -0.75: relative to their sizes.
+        EXPECT_NEAR(dx[i], Phi(v) + v * phi, 1e-30 + rel * (Phi(v) + std::fabs(v) * phi)) << "x=" << v;
+    }
+    // It is not the tanh approximation: they differ by up to ~5e-4 near |x| = 2.
+    std::vector<float> approx(x.size());
+    gelu_forward(approx.data(), x.data(), x.size());
+    EXPECT_GT(std::fabs(approx[1200 + 200] - out[1200 + 200]), 1e-5f);
+    const size_t n = 64;
+    std::mt19937 rng(11);
+    std::vector<float> xs = randn(n, rng, 2.5f), o(n), g(n, kNaN);
+    const std::vector<float> R = randn(n, rng);
+    gelu_erf_backward(g.data(), R.data(), xs.data(), n);
+    EXPECT_LT(rel_err(to_double(g), numeric_grad(xs, [&] {
+                  gelu_erf_forward(o.data(), xs.data(), n);
+                  return dot(o, R);
+              })), kFdTol);
+}
+
 TEST(CpuKernels, ResidualForwardAdds) {
     std::mt19937 rng(10);
     const size_t n = 1001;

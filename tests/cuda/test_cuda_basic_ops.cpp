@@ -182,12 +182,14 @@ TEST(CudaBasicOps, RmsNorm) {
             }
 }
 
-// Random inputs, plus the ends of the range where exp's argument is clamped.
+// Random inputs, plus the ends of the range where exp's argument is clamped; both GELUs (the
+// exact one is erfcf on the GPU, a Chebyshev fit on the CPU).
 TEST(CudaBasicOps, Gelu) {
     MF_REQUIRE_GPU();
     for (DType dt : kFloats)
-        for (int64_t cols : {67, 64}) {
-            SCOPED_TRACE(name(dt) + " cols " + std::to_string(cols));
+        for (int64_t cols : {67, 64})
+            for (Gelu kind : {Gelu::tanh, Gelu::erf}) {
+            SCOPED_TRACE(name(dt) + " cols " + std::to_string(cols) + (kind == Gelu::erf ? " erf" : " tanh"));
             OpCheck chk;
             const int out = chk.zeros(dt, {5, 13, cols});
             const int dinp = chk.zeros(dt, {5, 13, cols});
@@ -198,10 +200,10 @@ TEST(CudaBasicOps, Gelu) {
             const int ext = chk.values(dt, {9}, {-60000.0f, -100.0f, -30.0f, -10.0f, 0.0f, 10.0f, 30.0f, 100.0f, 60000.0f});
             const int dout2 = chk.values(dt, {9}, {1, -1, 1, -1, 1, -1, 1, -1, 1});
             chk.run([&](Backend & be, const Ts & t) {
-                be.gelu_fwd(t[out], t[inp]);
-                be.gelu_bwd(t[dinp], t[dout], t[inp]);
-                be.gelu_fwd(t[out2], t[ext]);
-                be.gelu_bwd(t[dinp2], t[dout2], t[ext]);
+                be.gelu_fwd(t[out], t[inp], kind);
+                be.gelu_bwd(t[dinp], t[dout], t[inp], kind);
+                be.gelu_fwd(t[out2], t[ext], kind);
+                be.gelu_bwd(t[dinp2], t[dout2], t[ext], kind);
             });
             for (int i : {out, dinp, out2, dinp2}) EXPECT_LT(chk.rel_err(i), tol(dt)) << "tensor " << i;
         }

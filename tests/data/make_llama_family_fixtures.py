@@ -8,6 +8,9 @@ with ignore_index -100) and torch.optim.AdamW for two steps:
                                        k_norm), explicit head_dim 32 != hidden_size / heads, tied head;
   tests/data/mistral_tiny.safetensors  Mistral: sliding_window 7 < T = 24 (query t sees keys t-6..t,
                                        transformers' sliding-window causal mask: key > t - window).
+  tests/data/phi3_tiny.safetensors     Phi-3 (modeling_phi3.py): LLaMA blocks stored with q|k|v fused
+                                       into self_attn.qkv_proj and gate|up into mlp.gate_up_proj (rows
+                                       stacked in that order), sliding_window 9, untied head.
 
 The fixture stores the parameters under their Hugging Face names, input_ids, targets, and
 expected.logits / loss / grad.* / step1.* / loss_step2 / step2.*, in float32, with the config and
@@ -49,6 +52,16 @@ MISTRAL = {
     "rope_theta": 10000.0, "max_position_embeddings": 128, "hidden_act": "silu", "tie_word_embeddings": False,
     "sliding_window": 7,
 }
+PHI3 = {
+    "model_type": "phi3", "vocab_size": 79, "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "max_position_embeddings": 128, "original_max_position_embeddings": 128,
+    "hidden_act": "silu", "tie_word_embeddings": False, "sliding_window": 9,
+}
+# Phi-3's fused checkpoint tensors: name -> the parts (rows stacked in this order), per layer.
+FUSED = {"phi3": {"self_attn.qkv_proj.weight": ["self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                                "self_attn.v_proj.weight"],
+                  "mlp.gate_up_proj.weight": ["mlp.gate_proj.weight", "mlp.up_proj.weight"]}}
 ADAMW = {"lr": 0.01, "beta1": 0.9, "beta2": 0.95, "eps": 1e-5, "weight_decay": 0.1}
 B, T = 2, 24
 CONFIG = None
@@ -141,6 +154,21 @@ def parameters():
     return p
 
 
+def fuse(tensors):
+    """The tensors under the checkpoint's names: each layer's fused parts concatenated by rows,
+    for the parameters and every expected.<what>. copy of them."""
+    fused = FUSED.get(CONFIG["model_type"], {})
+    out = {}
+    for name, t in tensors.items():
+        for whole, parts in fused.items():
+            if name.endswith(parts[0]):
+                stem = name[:-len(parts[0])]
+                out[stem + whole] = torch.cat([tensors[stem + p] for p in parts], dim=0)
+        if not any(name.endswith(p) for parts in fused.values() for p in parts):
+            out[name] = t
+    return out
+
+
 def write_safetensors(path, tensors, metadata):
     header, blobs, offset = {"__metadata__": metadata}, [], 0
     for name, t in tensors.items():
@@ -190,7 +218,7 @@ def fixture(config, file, seed):
             "adamw": json.dumps(ADAMW), "decay": "parameters with 2 or more dimensions", "ignore_index": "-100",
             "reference": f"float64 PyTorch {torch.__version__}"}
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), file)
-    write_safetensors(path, out, meta)
+    write_safetensors(path, fuse(out), meta)
     print(f"wrote {path}: loss {out['expected.loss'].item():.6f}, step 2 {out['expected.loss_step2'].item():.6f}")
 
 
@@ -198,4 +226,5 @@ if __name__ == "__main__":
     fixture(LLAMA31, "llama31_tiny.safetensors", 31)
     fixture(QWEN2, "qwen2_tiny.safetensors", 2)
     fixture(MISTRAL, "mistral_tiny.safetensors", 7)
+    fixture(PHI3, "phi3_tiny.safetensors", 3)
     fixture(QWEN3, "qwen3_tiny.safetensors", 3)

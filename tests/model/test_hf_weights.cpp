@@ -189,6 +189,38 @@ TEST(HfWeights, LlamaFoldersRoundTripAndRefuseWrongTensors) {
     EXPECT_THROW(load_hf_weights(dir.string(), m.cfg, m.layout, got.data()), FormatError);
 }
 
+// Phi-3 folders hold qkv_proj and gate_up_proj, each the adjacent rows memfit keeps apart: export
+// writes them fused, loading splits them back bitwise; the unfused names are refused.
+TEST(HfWeights, Phi3FoldersFuseQkvAndGateUp) {
+    ModelConfig cfg = llama_config(false);
+    cfg.model_type = "phi3";
+    Model m(cfg);
+    const fs::path dir = fresh_dir("phi3");
+    export_hf(dir.string(), m.cfg, m.layout, m.params.data());
+    const SafetensorsFile f = SafetensorsFile::open((dir / "model.safetensors").string());
+    const std::vector<std::string> names = f.names();
+    auto has = [&](const std::string & n) { return std::find(names.begin(), names.end(), n) != names.end(); };
+    EXPECT_TRUE(has("model.layers.1.self_attn.qkv_proj.weight"));
+    EXPECT_TRUE(has("model.layers.0.mlp.gate_up_proj.weight"));
+    EXPECT_FALSE(has("model.layers.0.self_attn.q_proj.weight"));
+    EXPECT_EQ(f.info("model.layers.1.self_attn.qkv_proj.weight").shape, (std::vector<int64_t>{16 + 2 * 8, 16}));
+    EXPECT_EQ(f.info("model.layers.0.mlp.gate_up_proj.weight").shape, (std::vector<int64_t>{48, 16}));
+    const ModelConfig back = resolve_model(dir.string());
+    EXPECT_EQ(back.model_type, "phi3");
+    std::vector<float> got(m.layout.total, -1.0f);
+    load_hf_weights(dir.string(), back, m.layout, got.data());
+    EXPECT_EQ(got, m.params);
+    // The split names a llama folder has are not a phi3 checkpoint.
+    write_folder(dir, m, "F32");
+    try {
+        load_hf_weights(dir.string(), back, m.layout, got.data());
+        ADD_FAILURE() << "accepted";
+    } catch (const FormatError & e) {
+        EXPECT_NE(std::string(e.what()).find("a phi3 checkpoint holds it fused, in 'model.layers.0.self_attn.qkv_proj.weight'"),
+                  std::string::npos) << e.what();
+    }
+}
+
 // A NaN or inf in a folder's weights is refused where it is read, naming the tensor (it used
 // to train into a "loss became nan" at step 1, or print garbage in `generate`).
 TEST(HfWeights, NonFiniteWeightsAreRefusedByName) {

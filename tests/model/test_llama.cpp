@@ -258,6 +258,64 @@ TEST(Llama, MistralSlidingWindowFixtureWithin1e4) {
     EXPECT_LE(r.json["max_error"].get<double>(), 1e-4);
 }
 
+// Phi-3 (same generator, phi3_tiny.safetensors): LLaMA blocks whose checkpoint fuses q|k|v into
+// qkv_proj and gate|up into gate_up_proj, with a sliding window of 9 below T = 24; verify reads
+// and compares the fused tensors.
+TEST(Llama, Phi3FusedFixtureWithin1e4) {
+    const VerifyReport r = verify_fixture(std::string(MEMFIT_TEST_DATA) + "/phi3_tiny.safetensors");
+    EXPECT_TRUE(r.ok) << r.json.dump(2);
+    EXPECT_LE(r.json["max_error"].get<double>(), 1e-4);
+    EXPECT_TRUE(r.json["errors"].contains("grad.model.layers.1.self_attn.qkv_proj.weight")) << r.json.dump(2);
+    EXPECT_TRUE(r.json["errors"].contains("step2.model.layers.0.mlp.gate_up_proj.weight")) << r.json.dump(2);
+}
+
+// phi3 configs: Phi3Config's defaults, its sliding_window (absent or null: none), the presets at
+// the published counts (Phi-3-mini 3,821,079,552, keras-hub's figure; Phi-4 14.66B), written back
+// as Phi3ForCausalLM; partial rotary (Phi-4-mini) and LongRoPE refused in one line.
+TEST(Llama, Phi3ConfigsAndPresets) {
+    const ModelConfig mini = model_preset("phi-3-mini");
+    EXPECT_EQ(mini.num_params(), 3821079552);
+    EXPECT_EQ(mini.sliding_window, 2047);
+    EXPECT_EQ(mini.model_type, "phi3");
+    EXPECT_EQ(model_preset("phi-4").num_params(), 14659507200);
+    EXPECT_EQ(model_preset("phi-4").sliding_window, 0);
+    nlohmann::json j = {{"model_type", "phi3"}, {"hidden_size", 64}, {"intermediate_size", 128},
+                        {"num_hidden_layers", 2}, {"num_attention_heads", 4}};
+    const ModelConfig c = parse_hf_config(j, "phi3");
+    EXPECT_EQ(c.vocab_size, 32064);   // Phi3Config's defaults
+    EXPECT_EQ(c.max_seq, 4096);
+    EXPECT_FLOAT_EQ(c.ln_eps, 1e-5f);
+    EXPECT_EQ(c.sliding_window, 0);
+    EXPECT_EQ(c.kv_heads(), 4);
+    j["sliding_window"] = 2047;
+    const ModelConfig w = parse_hf_config(j, "phi3");
+    EXPECT_EQ(w.sliding_window, 2047);
+    const nlohmann::json back = hf_config_json(w);
+    EXPECT_EQ(back["architectures"][0], "Phi3ForCausalLM");
+    EXPECT_EQ(back["model_type"], "phi3");
+    EXPECT_EQ(back["sliding_window"], 2047);
+    EXPECT_EQ(parse_hf_config(back, "again").sliding_window, 2047);
+    EXPECT_TRUE(hf_config_json(c)["sliding_window"].is_null());
+    for (const auto & [key, value] : {std::pair<std::string, nlohmann::json>{"partial_rotary_factor", 0.75},
+                                      {"rope_scaling", {{"type", "longrope"}, {"short_factor", {1.0}}}}}) {
+        nlohmann::json bad = j;
+        bad[key] = value;
+        try {
+            parse_hf_config(bad, "phi.json");
+            ADD_FAILURE() << key << " accepted";
+        } catch (const ConfigError & e) {
+            EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+        }
+    }
+    // LoRA names PEFT's modules: q, k, v select the fused qkv_proj, gate and up gate_up_proj.
+    EXPECT_EQ(parse_lora_targets(c, "q,v"), (std::vector<std::string>{"qkv"}));
+    EXPECT_EQ(parse_lora_targets(c, "all"), (std::vector<std::string>{"qkv", "o", "gate_up", "down"}));
+    EXPECT_EQ(parse_lora_targets(c, "gate_up_proj,o_proj"), (std::vector<std::string>{"o", "gate_up"}));
+    LoraOptions lo = test::lora_options(c, 4, BaseWeights::compute, "all");
+    EXPECT_EQ(peft_target_modules(c, lo), (std::vector<std::string>{"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}));
+    EXPECT_THROW(parse_lora_targets(c, "c_attn"), ConfigError);
+}
+
 // Qwen2.5 presets at the Hub's counts (Qwen/Qwen2.5-0.5B, -1.5B, -7B); qwen2 and mistral configs
 // are LLaMA blocks read with their own defaults and written back under their own classes.
 TEST(Llama, Qwen2AndMistralConfigs) {

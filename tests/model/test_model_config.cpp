@@ -107,6 +107,34 @@ TEST(ModelConfig, HuggingFaceConfigJson) {
     fs::remove_all(dir);
 }
 
+// activation_function: the tanh GELU under its three names, the exact one as "gelu" (written
+// back as read), anything else refused naming the supported ones.
+TEST(ModelConfig, Gpt2GeluVariants) {
+    nlohmann::json j = {{"model_type", "gpt2"}, {"vocab_size", 100}, {"n_embd", 64}, {"n_layer", 2}, {"n_head", 4}};
+    EXPECT_EQ(parse_hf_config(j, "c").gelu, Gelu::tanh);   // GPT-2's default
+    for (const char * name : {"gelu_new", "gelu_pytorch_tanh", "gelu_fast"}) {
+        j["activation_function"] = name;
+        EXPECT_EQ(parse_hf_config(j, "c").gelu, Gelu::tanh) << name;
+    }
+    j["activation_function"] = "gelu";
+    const ModelConfig c = parse_hf_config(j, "c");
+    EXPECT_EQ(c.gelu, Gelu::erf);
+    EXPECT_NE(c.describe().find("exact GELU"), std::string::npos) << c.describe();
+    EXPECT_EQ(hf_config_json(c)["activation_function"], "gelu");
+    EXPECT_EQ(parse_hf_config(hf_config_json(c), "back").gelu, Gelu::erf);
+    EXPECT_EQ(hf_config_json(model_preset("micro"))["activation_function"], "gelu_new");
+    for (const nlohmann::json & bad : {nlohmann::json("relu"), nlohmann::json(3)}) {
+        j["activation_function"] = bad;
+        try {
+            parse_hf_config(j, "c.json");
+            ADD_FAILURE() << "accepted " << bad.dump();
+        } catch (const ConfigError & e) {
+            EXPECT_NE(std::string(e.what()).find("supported: gelu_new, gelu_pytorch_tanh, gelu_fast, gelu"),
+                      std::string::npos) << e.what();
+        }
+    }
+}
+
 TEST(ParamLayout, HuggingFaceNamesOrderAndShapes) {
     ModelConfig c = model_preset("nano");
     c.vocab_size = 256;

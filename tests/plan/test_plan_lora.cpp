@@ -72,10 +72,12 @@ uint64_t model_states(const CategoryBytes & b) {
 TEST(PlanLora, ExactOnOneCpuDeviceForTheEngine) {
     CpuBackend backend;
     const Hardware hw = cpu_like();
-    struct Case { bool llama; DType dt; BaseWeights base; const char * targets; const char * rc; bool flash; int accum; float dropout; };
+    struct Case { bool llama; DType dt; BaseWeights base; const char * targets; const char * rc; bool flash; int accum; float dropout;
+                  bool double_quant = true; };
     for (const Case & k : {Case{true, DType::f32, BaseWeights::compute, "q,v", "none", true, 1, 0.0f},
                            Case{true, DType::bf16, BaseWeights::compute, "all", "selective", true, 1, 0.0f},
                            Case{true, DType::f32, BaseWeights::nf4, "all", "none", true, 1, 0.0f},
+                           Case{true, DType::bf16, BaseWeights::nf4, "all", "none", true, 1, 0.0f, false},
                            Case{true, DType::bf16, BaseWeights::nf4, "all", "full", true, 2, 0.0f},
                            Case{true, DType::f32, BaseWeights::int8, "q,k,v,o", "none", false, 1, 0.0f},
                            Case{true, DType::bf16, BaseWeights::nf4, "all", "none", true, 1, 0.1f},
@@ -86,9 +88,10 @@ TEST(PlanLora, ExactOnOneCpuDeviceForTheEngine) {
         const ModelConfig cfg = tiny(k.llama, 61, 64, 3);
         LoraOptions lora = test::lora_options(cfg, 4, k.base, k.targets);
         lora.dropout = k.dropout;
-        SCOPED_TRACE(fmt::format("{} {} {} {} {} {} accum {} dropout {}", k.llama ? "llama" : "gpt2", dtype_name(k.dt),
-                                 base_weights_name(k.base), k.targets, k.rc, k.flash ? "flash" : "naive", k.accum,
-                                 k.dropout));
+        lora.double_quant = k.double_quant;
+        SCOPED_TRACE(fmt::format("{} {} {}{} {} {} {} accum {} dropout {}", k.llama ? "llama" : "gpt2", dtype_name(k.dt),
+                                 base_weights_name(k.base), k.double_quant ? "" : " (no double quant)", k.targets, k.rc,
+                                 k.flash ? "flash" : "naive", k.accum, k.dropout));
         const int B = 2, T = 16;
         PlanRequest r = one_device(cfg, hw, B, T, k.accum, k.dt);
         r.recompute = k.rc;
@@ -253,6 +256,26 @@ TEST(PlanLora, SearchKeepsTheUsersChoice) {
     EXPECT_EQ(j["lora"]["targets"].size(), 7u);
     EXPECT_GT(j["best"][0]["memory"]["frozen"].get<uint64_t>(), 0u);
     EXPECT_TRUE(plan_json(PlanRequest{}, none)["lora"].is_null());
+    EXPECT_EQ(j["lora"]["double_quant"], true);
+    EXPECT_EQ(j["best"][0]["command"].get<std::string>().find("nf4-double-quant"), std::string::npos);
+
+    // --nf4-double-quant false: fp32 absmaxes, 0.5 bits per packed parameter instead of 0.127, and the
+    // emitted command keeps the choice.
+    PlanRequest plain = r;
+    LoraOptions po = test::lora_options(r.cfg, 16, BaseWeights::nf4);
+    po.double_quant = false;
+    plain.lora = make_lora_plan(r.cfg, po);
+    plain.run.lora.nf4_double_quant = false;
+    const SearchReport qp = search_plans(plain);
+    ASSERT_FALSE(qp.best.empty());
+    const nlohmann::json jp = plan_json(plain, qp);
+    EXPECT_EQ(jp["lora"]["double_quant"], false);
+    EXPECT_GT(plain.lora->packed_per_layer, r.lora->packed_per_layer);
+    const double extra_bits = 8.0 * double(plain.lora->packed_per_layer - r.lora->packed_per_layer) /
+                              double(r.lora->projection_params);
+    EXPECT_NEAR(extra_bits, 0.5 - 0.127, 0.003);
+    EXPECT_NE(jp["best"][0]["command"].get<std::string>().find(" --nf4-double-quant false"), std::string::npos)
+        << jp["best"][0]["command"];
 
     // ZeRO-3 shards a packed base like any parameter (FSDP-QLoRA): each rank holds 1/dp of it.
     r.zero = 3;
@@ -299,6 +322,25 @@ TEST(PlanLora, BadFlagsAreConfigErrors) {
     EXPECT_THROW(options(5000, "nf4", "", "bf16"), ConfigError);
     EXPECT_FALSE(options(0, "compute", "", "bf16").enabled());
     EXPECT_TRUE(options(8, "nf4", "all", "bf16").quantized());
+    EXPECT_EQ(options(8, "nf4", "all", "bf16").format(), QuantFormat::nf4_dq);   // QLoRA's default
+    // --nf4-double-quant false: plain fp32 absmaxes; refused where nothing is nf4.
+    auto plain = [&](const std::string & base, const std::string & teacher) {
+        RunConfig s;
+        s.compute = DType::bf16;
+        s.lora.rank = 8;
+        s.lora.base_weights = base;
+        s.lora.nf4_double_quant = false;
+        s.distill.weights = teacher;
+        return lora_options(s, cfg, DType::bf16);
+    };
+    EXPECT_EQ(plain("nf4", "compute").format(), QuantFormat::nf4);
+    EXPECT_EQ(plain("int8", "nf4").format(), QuantFormat::int8);   // the teacher's nf4 is what it applies to
+    try {
+        plain("int8", "compute");
+        ADD_FAILURE() << "--nf4-double-quant false without nf4 accepted";
+    } catch (const ConfigError & e) {
+        EXPECT_NE(std::string(e.what()).find("--base-weights nf4 or --teacher-weights nf4"), std::string::npos) << e.what();
+    }
 
     // Through the command: one line on stderr, a non-zero exit.
     const std::filesystem::path dir =
@@ -325,5 +367,8 @@ TEST(PlanLora, BadFlagsAreConfigErrors) {
     }
     const auto [code, err] = run("--lora-rank 16 --base-weights nf4 --gpus 1 --seq 512 --global-batch 1");
     EXPECT_EQ(code, 0) << err;
+    const auto [bad_code, bad_err] = run("--lora-rank 16 --base-weights int8 --nf4-double-quant false");
+    EXPECT_NE(bad_code, 0);
+    EXPECT_NE(bad_err.find("--nf4-double-quant false: no nf4 weights"), std::string::npos) << bad_err;
     std::filesystem::remove_all(dir);
 }

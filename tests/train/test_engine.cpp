@@ -157,6 +157,17 @@ TEST(Verify, SharedGpt2FixtureWithin1e4) {
     EXPECT_TRUE(r.json["errors"].contains("step2.wte.weight"));
 }
 
+// GPT-2 with the exact GELU (activation_function "gelu"), made by tests/data/make_gpt2_fixtures.py:
+// its loss, logits, gradients and two AdamW steps within 1e-4, where the tanh GELU is not.
+TEST(Verify, Gpt2WithTheExactGeluWithin1e4) {
+    const std::string path = std::string(MEMFIT_TEST_DATA) + "/gpt2_gelu_tiny.safetensors";
+    const VerifyReport r = verify_fixture(path);
+    EXPECT_TRUE(r.ok) << r.json.dump(2);
+    EXPECT_LE(r.json["max_error"].get<double>(), 1e-4);
+    EXPECT_TRUE(r.json["errors"].contains("grad.h.1.mlp.c_fc.weight"));
+    EXPECT_TRUE(r.json["errors"].contains("step2.h.0.mlp.c_fc.weight"));
+}
+
 TEST(Verify, FixtureInCheckingModeToo) {
     const VerifyReport r = verify_fixture(std::string(MEMFIT_TEST_DATA) + "/gpt2_tiny.safetensors", 1e-4, true);
     EXPECT_TRUE(r.ok) << r.json.dump(2);

@@ -231,19 +231,21 @@ size_t CpuBackend::flash_attention_workspace(int64_t B, int64_t T, int64_t C, in
     return cpu::flash_attention_scratch_floats(int(B), int(T), int(C), NH) * sizeof(float);
 }
 
-void CpuBackend::gelu_fwd(Tensor out, Tensor inp) {
+void CpuBackend::gelu_fwd(Tensor out, Tensor inp, Gelu kind) {
     same_dtype(inp.dtype, {&out});
     dispatch(inp.dtype, [&](auto s) {
         using S = decltype(s);
-        cpu::gelu_forward(ptr<S>(out), ptr<S>(inp), size_t(inp.numel()));
+        if (kind == Gelu::erf) cpu::gelu_erf_forward(ptr<S>(out), ptr<S>(inp), size_t(inp.numel()));
+        else cpu::gelu_forward(ptr<S>(out), ptr<S>(inp), size_t(inp.numel()));
     });
 }
 
-void CpuBackend::gelu_bwd(Tensor dinp, Tensor dout, Tensor inp) {
+void CpuBackend::gelu_bwd(Tensor dinp, Tensor dout, Tensor inp, Gelu kind) {
     same_dtype(inp.dtype, {&dinp, &dout});
     dispatch(inp.dtype, [&](auto s) {
         using S = decltype(s);
-        cpu::gelu_backward(ptr<S>(dinp), ptr<S>(dout), ptr<S>(inp), size_t(inp.numel()));
+        if (kind == Gelu::erf) cpu::gelu_erf_backward(ptr<S>(dinp), ptr<S>(dout), ptr<S>(inp), size_t(inp.numel()));
+        else cpu::gelu_backward(ptr<S>(dinp), ptr<S>(dout), ptr<S>(inp), size_t(inp.numel()));
     });
 }
 

@@ -67,6 +67,11 @@ template <class S>
 void gelu_forward(S * out, const S * inp, size_t n);
 template <class S>
 void gelu_backward(S * dinp, const S * dout, const S * inp, size_t n);
+// GELU, exact ("gelu"): x Phi(x), Phi the standard normal CDF; to about 2e-7 relative.
+template <class S>
+void gelu_erf_forward(S * out, const S * inp, size_t n);
+template <class S>
+void gelu_erf_backward(S * dinp, const S * dout, const S * inp, size_t n);
 
 template <class S>
 void residual_forward(S * out, const S * a, const S * b, size_t n);

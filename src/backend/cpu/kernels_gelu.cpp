@@ -68,6 +68,50 @@ void gelu_backward(S * dinp, const S * dout, const S * inp, size_t n) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// GELU, exact: x Phi(x). Phi(x) = 1 - q for x >= 0 and q for x < 0, q = Phi(-|x|) =
+// erfc(z) / 2, z = |x| / sqrt(2), so the small side never comes from a cancellation. erfc is
+// the Chebyshev fit of Numerical Recipes (6.2, "erfcc"): erfc(z) = t exp(-z^2 + P(t)), t = 1 /
+// (1 + z/2), fractional error below 1.2e-7 for every z >= 0; built on exp_clamped so the loop
+// vectorises. Derivative: Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi).
+
+namespace {
+
+inline float normal_tail(float x) {   // Phi(-|x|)
+    const float z = std::fabs(x) * 0.70710678118654752f;
+    const float t = 1.0f / (1.0f + 0.5f * z);
+    const float p = -1.26551223f + t * (1.00002368f + t * (0.37409196f + t * (0.09678418f +
+                    t * (-0.18628806f + t * (0.27886807f + t * (-1.13520398f + t * (1.48851587f +
+                    t * (-0.82215223f + t * 0.17087277f))))))));
+    return 0.5f * t * exp_clamped(p - z * z);
+}
+
+inline float normal_cdf(float x) {
+    const float q = normal_tail(x);
+    return x >= 0.0f ? 1.0f - q : q;
+}
+
+}  // namespace
+
+template <class S>
+void gelu_erf_forward(S * out, const S * inp, size_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; ++i) {
+        const float x = to_f32(inp[i]);
+        out[i] = from_f32<S>(x * normal_cdf(x));
+    }
+}
+
+template <class S>
+void gelu_erf_backward(S * dinp, const S * dout, const S * inp, size_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; ++i) {
+        const float x = to_f32(inp[i]);
+        const float phi = 0.39894228040143268f * exp_clamped(-0.5f * x * x);
+        dinp[i] = from_f32<S>(to_f32(dout[i]) * (normal_cdf(x) + x * phi));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Residual
 
 template <class S>
@@ -79,6 +123,8 @@ void residual_forward(S * out, const S * a, const S * b, size_t n) {
 #define MF_INST(S)                                                       \
     template void gelu_forward<S>(S *, const S *, size_t);               \
     template void gelu_backward<S>(S *, const S *, const S *, size_t);   \
+    template void gelu_erf_forward<S>(S *, const S *, size_t);           \
+    template void gelu_erf_backward<S>(S *, const S *, const S *, size_t); \
     template void residual_forward<S>(S *, const S *, const S *, size_t);
 MF_INST(float)
 MF_INST(bf16_t)

@@ -360,8 +360,8 @@ void CudaBackend::flash_attention_bwd(Tensor dqkv, Tensor scratch, Tensor dout, 
                                       int NH, Tensor doc_start) {
     MF_FWD(flash_attention_bwd, dqkv, scratch, dout, out, qkv, lse, NH, doc_start);
 }
-void CudaBackend::gelu_fwd(Tensor out, Tensor inp) { MF_FWD(gelu_fwd, out, inp); }
-void CudaBackend::gelu_bwd(Tensor dinp, Tensor dout, Tensor inp) { MF_FWD(gelu_bwd, dinp, dout, inp); }
+void CudaBackend::gelu_fwd(Tensor out, Tensor inp, Gelu kind) { MF_FWD(gelu_fwd, out, inp, kind); }
+void CudaBackend::gelu_bwd(Tensor dinp, Tensor dout, Tensor inp, Gelu kind) { MF_FWD(gelu_bwd, dinp, dout, inp, kind); }
 void CudaBackend::residual_fwd(Tensor out, Tensor a, Tensor b) { MF_FWD(residual_fwd, out, a, b); }
 void CudaBackend::rmsnorm_fwd(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps) {
     MF_FWD(rmsnorm_fwd, out, rstd, inp, w, eps);

@@ -20,8 +20,8 @@ void encoder_fwd(cudaStream_t s, Tensor out, Tensor tokens, Tensor wte, Tensor w
 void encoder_bwd(cudaStream_t s, Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor doc_start);
 void vocab_encoder_fwd(cudaStream_t s, Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t vocab_lo);
 void vocab_encoder_bwd(cudaStream_t s, Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t vocab_lo);
-void gelu_fwd(cudaStream_t s, Tensor out, Tensor inp);
-void gelu_bwd(cudaStream_t s, Tensor dinp, Tensor dout, Tensor inp);
+void gelu_fwd(cudaStream_t s, Tensor out, Tensor inp, Gelu kind);
+void gelu_bwd(cudaStream_t s, Tensor dinp, Tensor dout, Tensor inp, Gelu kind);
 void residual_fwd(cudaStream_t s, Tensor out, Tensor a, Tensor b);
 void dropout(cudaStream_t s, Tensor out, Tensor in, float p, uint64_t seed);
 void add_columns(cudaStream_t s, Tensor out, Tensor d, int64_t col0, float scale);

@@ -157,6 +157,17 @@ struct GeluBwd {   // (inp, dout) -> dinp
         return dy * (s + x * ((ex * s) * s) * two_du);
     }
 };
+// The exact GELU, x Phi(x), Phi(x) = erfc(-x / sqrt(2)) / 2 (no cancellation for negative x);
+// its derivative Phi(x) + x phi(x), phi the standard normal density.
+struct GeluErfFwd {
+    __device__ float operator()(float x, float) const { return x * (0.5f * erfcf(-x * 0.70710678118654752f)); }
+};
+struct GeluErfBwd {   // (inp, dout) -> dinp
+    __device__ float operator()(float x, float dy) const {
+        const float phi = 0.39894228040143268f * expf(-0.5f * x * x);
+        return dy * (0.5f * erfcf(-x * 0.70710678118654752f) + x * phi);
+    }
+};
 struct Add {
     __device__ float operator()(float x, float y) const { return x + y; }
 };
@@ -321,8 +332,14 @@ void vocab_encoder_bwd(cudaStream_t s, Tensor dwte, Tensor dwpe, Tensor dout, Te
     encode_bwd(s, dwte, dwpe, dout, tokens, vocab_lo, dwte.valid() ? dwte.numel() / dout.cols() : 0);
 }
 
-void gelu_fwd(cudaStream_t s, Tensor out, Tensor inp) { binary<GeluFwd>(s, out, inp, Tensor{}); }
-void gelu_bwd(cudaStream_t s, Tensor dinp, Tensor dout, Tensor inp) { binary<GeluBwd>(s, dinp, inp, dout); }
+void gelu_fwd(cudaStream_t s, Tensor out, Tensor inp, Gelu kind) {
+    if (kind == Gelu::erf) binary<GeluErfFwd>(s, out, inp, Tensor{});
+    else binary<GeluFwd>(s, out, inp, Tensor{});
+}
+void gelu_bwd(cudaStream_t s, Tensor dinp, Tensor dout, Tensor inp, Gelu kind) {
+    if (kind == Gelu::erf) binary<GeluErfBwd>(s, dinp, inp, dout);
+    else binary<GeluBwd>(s, dinp, inp, dout);
+}
 void residual_fwd(cudaStream_t s, Tensor out, Tensor a, Tensor b) { binary<Add>(s, out, a, b); }
 void dropout(cudaStream_t s, Tensor out, Tensor in, float p, uint64_t seed) {
     MF_ASSERT(out.numel() == in.numel() && out.dtype == in.dtype && p >= 0.0f && p < 1.0f);

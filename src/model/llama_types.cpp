@@ -1,0 +1,42 @@
+#include "model/llama_types.h"
+
+#include <fmt/format.h>
+
+namespace memfit {
+
+namespace {
+
+// transformers' LlamaConfig, Qwen2Config, Qwen3Config, MistralConfig and Phi3Config defaults.
+// Phi-3's sliding_window defaults to none (Phi-3-mini-4k's config.json sets 2047).
+constexpr LlamaType kLlamaTypes[] = {
+    // type      architecture           vocab   max_seq  eps    hd   bias   norm   window use_sw fused  windowed_as
+    {"llama",   "LlamaForCausalLM",   32000,  2048,   1e-6f, 0,   false, false, -1,   false, false, "mistral"},
+    {"qwen2",   "Qwen2ForCausalLM",   151936, 32768,  1e-6f, 0,   true,  false, -1,   true,  false, nullptr},
+    {"qwen3",   "Qwen3ForCausalLM",   151936, 32768,  1e-6f, 128, false, true,  -1,   true,  false, nullptr},
+    {"mistral", "MistralForCausalLM", 32000,  131072, 1e-6f, 0,   false, false, 4096, false, false, "mistral"},
+    {"phi3",    "Phi3ForCausalLM",    32064,  4096,   1e-5f, 0,   false, false, 0,    false, true,  "phi3"},
+};
+
+}  // namespace
+
+const LlamaType * find_llama_type(const std::string & type) {
+    for (const LlamaType & t : kLlamaTypes)
+        if (type == t.type) return &t;
+    return nullptr;
+}
+
+std::string llama_type_names() {
+    std::string s;
+    for (const LlamaType & t : kLlamaTypes) s += fmt::format("{}{}", s.empty() ? "" : ", ", t.type);
+    return s;
+}
+
+const std::vector<FusedTensor> & fused_tensors(const LlamaType & t) {
+    static const std::vector<FusedTensor> none, phi3 = {
+        {"self_attn.qkv_proj.weight", {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}},
+        {"mlp.gate_up_proj.weight", {"mlp.gate_proj.weight", "mlp.up_proj.weight"}},
+    };
+    return t.fused ? phi3 : none;
+}
+
+}  // namespace memfit

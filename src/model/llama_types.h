@@ -1,0 +1,45 @@
+// The llama family's config.json model_types (ModelConfig::model_type): what each one adds to
+// LLaMA blocks, the defaults its transformers Config class gives to keys a config.json leaves
+// out, and how its checkpoints name the fused projections. A new LLaMA-shaped family is one row
+// of kLlamaTypes (llama_types.cpp).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace memfit {
+
+struct LlamaType {
+    const char * type;           // config.json's model_type
+    const char * architecture;   // the class export names, LlamaForCausalLM ...
+    int   vocab, max_seq;        // the Config's vocab_size and max_position_embeddings defaults
+    float eps;                   // its rms_norm_eps default
+    int   head_dim;              // its head_dim default (0: hidden_size / num_attention_heads)
+    bool  qkv_bias;              // q, k and v have biases (Qwen2)
+    bool  qk_norm;               // q and k RMSNorm over each head (Qwen3)
+    // sliding_window: -1 this type has no such key (ignored on read, never written); 0 read,
+    // absent or null = none; > 0 read, absent = this default.
+    int   window;
+    bool  use_sliding_window;    // the Qwen form: a use_sliding_window flag, refused when true
+    // The checkpoint fuses q|k|v into self_attn.qkv_proj and gate|up into mlp.gate_up_proj
+    // (Phi-3): memfit's q, k, v (gate, up) matrices are adjacent rows of those.
+    bool  fused;
+    // The model_type a --attention-window run exports as (nullptr: refused for this type).
+    const char * windowed_as;
+};
+
+// nullptr when `type` is not a llama-family model_type.
+const LlamaType * find_llama_type(const std::string & type);
+// "llama, qwen2, qwen3, mistral, phi3"
+std::string llama_type_names();
+
+// A fused checkpoint tensor and the adjacent layout parameters it holds, in row order, as
+// suffixes after "model.layers.N.".
+struct FusedTensor {
+    const char * name;
+    std::vector<const char *> parts;
+};
+// The fused tensors of a type's checkpoints (empty unless LlamaType::fused).
+const std::vector<FusedTensor> & fused_tensors(const LlamaType & t);
+
+}  // namespace memfit
