@@ -252,7 +252,7 @@ VERIFY_OK=0 VERIFY_N=0 VERIFY_DESC=""
 if ! $DRY && ! "${MF[@]}" verify --help 2>&1 | grep -q -- '--device'; then
     step_failed c "this memfit has no 'verify --device' (rebuild the bundle from sources that have it)"
 else
-    for fx in tests/data/gpt2_tiny.safetensors tests/data/gpt2_gelu_tiny.safetensors tests/data/llama_tiny.safetensors tests/data/llama31_tiny.safetensors tests/data/qwen2_tiny.safetensors tests/data/qwen3_tiny.safetensors tests/data/mistral_tiny.safetensors tests/data/phi3_tiny.safetensors; do
+    for fx in tests/data/gpt2_tiny.safetensors tests/data/gpt2_gelu_tiny.safetensors tests/data/llama_tiny.safetensors tests/data/llama31_tiny.safetensors tests/data/qwen2_tiny.safetensors tests/data/qwen3_tiny.safetensors tests/data/mistral_tiny.safetensors tests/data/phi3_tiny.safetensors tests/data/phi3_longrope_tiny.safetensors; do
         t=$(budget 45 180)
         show "timeout $t memfit verify --device cuda $fx >> $OUTD/verify.log"
         $DRY && continue

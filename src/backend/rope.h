@@ -1,19 +1,26 @@
-// Rotary position embedding's frequencies (Su et al. 2021): head pair (i, i + hd/2) of the token
-// at position p turns by the angle p * inv_freq(i), inv_freq(i) = theta^(-2i/hd), optionally
-// rescaled for a longer context as Hugging Face's rope_scaling says:
+// Rotary position embedding's frequencies (Su et al. 2021): with d = rotary_dims(hd) (the whole
+// head, or its first d dimensions under partial rotary: GPT-NeoX, Phi-4-mini), head pair
+// (i, i + d/2) of the token at position p turns by the angle p * inv_freq(i), inv_freq(i) =
+// theta^(-2i/d), the head's dimensions from d on untouched; optionally rescaled for a longer
+// context as Hugging Face's rope_scaling says:
 //   linear (Chen et al. 2023, position interpolation): inv_freq / factor.
 //   llama3 (Llama 3.1 / 3.2): with wavelength w = 2 pi / inv_freq and the original context O,
 //     w < O / high_freq_factor (high frequencies): unchanged;
 //     w > O / low_freq_factor (low frequencies): inv_freq / factor;
 //     between: (1 - s) inv_freq / factor + s inv_freq, s = (O / w - low) / (high - low).
-// Neither changes the magnitude of cos and sin (transformers' attention_factor is 1 for both).
+//   longrope (Phi-3 128K, Phi-3.5, Phi-4-mini; Ding et al. 2024): inv_freq / ext[i], ext the
+//     config's long_factor when the sequence is longer than the original context, else its
+//     short_factor; and cos and sin scaled by attention_factor (given, or sqrt(1 + ln(s) /
+//     ln(O)) for s = max_position_embeddings / O > 1, else 1), as transformers does.
+// The others leave the magnitude of cos and sin alone (attention_factor 1).
 #pragma once
 
 #include <cmath>
+#include <vector>
 
 namespace memfit {
 
-enum class RopeScaling { none, linear, llama3 };
+enum class RopeScaling { none, linear, llama3, longrope };
 
 struct Rope {
     float theta = 10000.0f;
@@ -21,14 +28,33 @@ struct Rope {
     float factor = 1.0f;             // linear, llama3
     float low_freq_factor = 1.0f;    // llama3
     float high_freq_factor = 4.0f;   // llama3
-    int original_context = 8192;     // llama3: original_max_position_embeddings
+    int original_context = 8192;     // llama3, longrope: original_max_position_embeddings
+    int rotary_dim = 0;              // partial rotary: the dimensions of each head that turn (0: all)
+    // longrope: the config's short_factor and long_factor (rotary_dims / 2 each), which of them
+    // applies (for_sequence picks), and the cos/sin scale.
+    std::vector<double> short_factor, long_factor;
+    bool long_context = false;
+    float attention_factor = 1.0f;
 
     Rope() = default;
     Rope(float base) : theta(base) {}   // plain RoPE (implicit: a base is a whole Rope)
 
-    // The i-th of the hd/2 frequencies, in double (the kernels compute angles in double).
+    int rotary_dims(int hd) const { return rotary_dim > 0 ? rotary_dim : hd; }
+    // The scale of cos and sin.
+    float magnitude() const { return scaling == RopeScaling::longrope ? attention_factor : 1.0f; }
+    // This Rope for sequences of `seq` positions: longrope takes its long factors past the
+    // original context (transformers decides so on the length of the forward).
+    Rope for_sequence(int seq) const {
+        Rope r = *this;
+        r.long_context = seq > original_context;
+        return r;
+    }
+
+    // The i-th of the rotary_dims(hd)/2 frequencies, in double (the kernels compute angles in double).
     double inv_freq(int i, int hd) const {
-        const double f = std::pow(static_cast<double>(theta), -2.0 * i / hd);
+        const int d = rotary_dims(hd);
+        const double f = std::pow(static_cast<double>(theta), -2.0 * i / d);
+        if (scaling == RopeScaling::longrope) return f / (long_context ? long_factor : short_factor)[size_t(i)];
         if (scaling == RopeScaling::linear) return f / factor;
         if (scaling != RopeScaling::llama3) return f;
         constexpr double kTwoPi = 6.283185307179586476925286766559;

@@ -160,7 +160,7 @@ void ModelConfig::validate() const {
     if (head_dim() % 2 != 0) bad(fmt::format("head_dim = {} must be even for rotary embeddings", head_dim()));
     if (!(rope_theta > 0)) bad(fmt::format("rope_theta = {}, must be positive", rope_theta));
     const Rope & r = rope_scaling;
-    if (r.scaling != RopeScaling::none && !(r.factor >= 1))
+    if ((r.scaling == RopeScaling::linear || r.scaling == RopeScaling::llama3) && !(r.factor >= 1))
         bad(fmt::format("rope_scaling factor = {}, must be at least 1", r.factor));
     if (r.scaling == RopeScaling::llama3) {
         if (!(r.low_freq_factor > 0) || !(r.high_freq_factor > r.low_freq_factor))
@@ -169,6 +169,14 @@ void ModelConfig::validate() const {
         if (r.original_context < 1)
             bad(fmt::format("rope_scaling original_max_position_embeddings = {}, must be positive", r.original_context));
     }
+    const int rot = r.rotary_dims(head_dim());
+    if (rot < 2 || rot % 2 != 0 || rot > head_dim())
+        bad(fmt::format("partial_rotary_factor gives {} rotary dimensions of head_dim {}: they must be even, from 2 to "
+                        "head_dim", rot, head_dim()));
+    if (r.scaling == RopeScaling::longrope &&
+        (r.short_factor.size() != size_t(rot / 2) || r.long_factor.size() != size_t(rot / 2)))
+        bad(fmt::format("rope_scaling longrope has {} short and {} long factors; the {} rotary dimensions need {} each",
+                        r.short_factor.size(), r.long_factor.size(), rot, rot / 2));
 }
 
 std::vector<std::string> preset_names() {
@@ -229,6 +237,39 @@ float float_field(const nlohmann::json & j, const char * key, float fallback, co
     if (const auto x = json_number<float>(j[key])) return *x;
     throw ConfigError(fmt::format("{}: {} = {} is not a number in range", name, key, j[key].dump()));
 }
+// LongRoPE (Phi-3 128K, Phi-3.5, Phi-4-mini): rope_scaling's short_factor and long_factor lists,
+// the original context (its original_max_position_embeddings or the config's) and the cos/sin
+// scale: attention_factor when given, else sqrt(1 + ln(s) / ln(O)) for s = max_position_embeddings
+// / O > 1 (transformers' _compute_longrope_parameters). The lists' lengths are checked against
+// the rotary dimensions by ModelConfig::validate.
+Rope parse_longrope(const nlohmann::json & j, const nlohmann::json & rs, const std::string & name) {
+    Rope r;
+    r.scaling = RopeScaling::longrope;
+    for (auto [field, out] : {std::pair{"short_factor", &r.short_factor}, std::pair{"long_factor", &r.long_factor}}) {
+        if (!rs.contains(field) || !rs[field].is_array())
+            throw ConfigError(fmt::format("{}: rope_scaling of type longrope needs a '{}' list", name, field));
+        for (const auto & v : rs[field]) {
+            const auto x = json_number<double>(v);
+            if (!x || !(*x > 0) || !std::isfinite(*x))
+                throw ConfigError(fmt::format("{}: rope_scaling {} holds {}, not a positive number", name, field, v.dump()));
+            out->push_back(*x);
+        }
+    }
+    const int max_pos = int_field(j, "max_position_embeddings", 4096, name);
+    const int original = rs.contains("original_max_position_embeddings")
+                             ? int_field(rs, "original_max_position_embeddings", name)
+                             : int_field(j, "original_max_position_embeddings", max_pos, name);
+    if (original < 2)
+        throw ConfigError(fmt::format("{}: original_max_position_embeddings = {} must be at least 2", name, original));
+    r.original_context = original;
+    const double s = double(max_pos) / original;
+    r.factor = float(s);
+    r.attention_factor = rs.contains("attention_factor") && !rs["attention_factor"].is_null()
+                             ? float_field(rs, "attention_factor", 1.0f, name)
+                             : s > 1 ? float(std::sqrt(1 + std::log(s) / std::log(double(original)))) : 1.0f;
+    return r;
+}
+
 // config.json's rope_scaling: {"rope_type" (or the older "type"): "llama3", "factor",
 // "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"} or {"rope_type":
 // "linear", "factor"}; "default" is plain RoPE. Other types (dynamic, yarn, longrope) are refused.
@@ -240,9 +281,10 @@ Rope parse_rope_scaling(const nlohmann::json & j, const std::string & name) {
     const std::string type = rs.contains(key) && rs[key].is_string() ? rs[key].get<std::string>() : "";
     Rope r;
     if (type == "default") return r;
+    if (type == "longrope") return parse_longrope(j, rs, name);
     if (type != "llama3" && type != "linear")
-        throw ConfigError(fmt::format("{}: rope_scaling {} = {} is not supported (supported: llama3, linear); hint: "
-                                      "remove rope_scaling to train at the base context",
+        throw ConfigError(fmt::format("{}: rope_scaling {} = {} is not supported (supported: llama3, linear, "
+                                      "longrope); hint: remove rope_scaling to train at the base context",
                                       name, key, rs.contains(key) ? rs[key].dump() : "nothing"));
     auto number = [&](const char * field, float fallback) {
         if (!rs.contains(field)) {
@@ -314,11 +356,18 @@ void parse_llama_fields(const nlohmann::json & j, const LlamaType & t, const std
         refuse("use_sliding_window", "sliding-window attention is not implemented yet; set it to false");
     if (!t.qkv_bias && j.value("attention_bias", false)) refuse("attention_bias", "LLaMA projections have no biases");
     if (j.value("mlp_bias", false)) refuse("mlp_bias", "LLaMA projections have no biases");
-    if (j.contains("partial_rotary_factor") && float_field(j, "partial_rotary_factor", 1.0f, name) != 1.0f)
-        refuse("partial_rotary_factor", "rotary embeddings turn the whole head; supported: 1.0");
     // Explicit when it differs from C / NH; Qwen3Config's default is 128.
     const int hd = j.contains("head_dim") && !j["head_dim"].is_null() ? int_field(j, "head_dim", name) : t.head_dim;
     if (hd != 0 && c.n_head > 0 && (c.n_embd % c.n_head != 0 || hd != c.n_embd / c.n_head)) c.head_size = hd;
+    // Partial rotary (Phi-4-mini's 0.75): the first int(head_dim x factor) dimensions turn.
+    const float partial = float_field(j, "partial_rotary_factor", 1.0f, name);
+    if (!(partial > 0 && partial <= 1)) refuse("partial_rotary_factor", "a fraction of the head, in (0, 1]");
+    if (partial < 1 && c.n_head > 0) {
+        c.rope_scaling.rotary_dim = int(float(c.head_dim()) * partial);
+        if (c.rope_scaling.rotary_dim < 2)
+            refuse("partial_rotary_factor", fmt::format("it gives {} rotary dimensions of head_dim {}",
+                                                        c.rope_scaling.rotary_dim, c.head_dim()));
+    }
 }
 
 const char * gelu_name(Gelu kind) {
@@ -373,6 +422,12 @@ nlohmann::json rope_scaling_json(const Rope & r) {
                 {"low_freq_factor", shortest(r.low_freq_factor)},
                 {"high_freq_factor", shortest(r.high_freq_factor)},
                 {"original_max_position_embeddings", r.original_context}};
+    if (r.scaling == RopeScaling::longrope) {   // Phi3Config's three fields; the context goes beside it
+        nlohmann::json j = {{"type", "longrope"}, {"short_factor", r.short_factor}, {"long_factor", r.long_factor}};
+        const double s = r.factor, computed = s > 1 ? std::sqrt(1 + std::log(s) / std::log(double(r.original_context))) : 1;
+        if (std::fabs(r.attention_factor - computed) > 1e-6) j["attention_factor"] = shortest(r.attention_factor);
+        return j;
+    }
     return nullptr;
 }
 
@@ -402,6 +457,10 @@ nlohmann::json hf_config_fields(const ModelConfig & cfg) {
         if (type == "qwen3") j["attention_bias"] = false;
         if (t->window >= 0)
             j["sliding_window"] = cfg.sliding_window > 0 ? nlohmann::json(cfg.sliding_window) : nlohmann::json(nullptr);
+        if (cfg.rope_scaling.scaling == RopeScaling::longrope)
+            j["original_max_position_embeddings"] = cfg.rope_scaling.original_context;
+        if (cfg.rope_scaling.rotary_dim > 0)
+            j["partial_rotary_factor"] = shortest(float(cfg.rope_scaling.rotary_dim) / float(cfg.head_dim()));
         return j;
     }
     return {{"architectures", {"GPT2LMHeadModel"}},

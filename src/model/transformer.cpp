@@ -114,6 +114,7 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
     MF_ASSERT(!tp_.enabled() || (opt.kv_capacity == 0 && !opt.keep_logits));
     llama_ = cfg.llama();
     gqa_ = llama_ && cfg.kv_heads() != cfg.n_head;
+    rope_ = cfg.rope().for_sequence(std::max(T, opt.kv_capacity));
     wl_ = llama_ ? WeightLayout::out_in : WeightLayout::in_out;
     flash_ = opt.flash_attention;
     dt_ = opt.compute;
@@ -249,7 +250,7 @@ void Transformer::norm_bwd(Graph & g, Tensor dx, Tensor dw, Tensor db, Tensor do
 void Transformer::qkv_fwd(Graph & g, const LayerActs & a, Tensor ln1, const ModelWeights::Layer & p, int pos0) const {
     project(g, a.qkv, ln1, p, Proj::qkv, a.rc);
     if (cfg_.qk_norm) g.qk_norm_fwd(a.qkv, a.qk_raw, a.qk_rstd, p.qnw, p.knw, cfg_.n_head, cfg_.kv_heads(), cfg_.ln_eps);
-    if (llama_) g.rope_fwd(a.qkv, cfg_.n_head, cfg_.kv_heads(), cfg_.rope(), pos0, docs_);
+    if (llama_) g.rope_fwd(a.qkv, cfg_.n_head, cfg_.kv_heads(), rope_, pos0, docs_);
 }
 
 void Transformer::attention_fwd(Graph & g, Tensor out, Tensor lse, Tensor att, Tensor rep, Tensor qkv) const {
@@ -274,7 +275,7 @@ void Transformer::attention_bwd(Graph & g, const LayerActs & a, const ModelWeigh
     if (flash_) g.flash_attention_bwd(dqkv, a.datty, a.atty, qkv, a.lse, NH, attention_start());
     else g.attention_bwd(dqkv, a.datty, qkv, a.att, NH, attention_start());
     if (gqa_) g.repeat_kv_bwd(a.dqkv, a.dqkv_rep, NH, KVH);
-    if (llama_) g.rope_bwd(a.dqkv, NH, KVH, cfg_.rope(), 0, docs_);
+    if (llama_) g.rope_bwd(a.dqkv, NH, KVH, rope_, 0, docs_);
     if (cfg_.qk_norm) g.qk_norm_bwd(a.dqkv, dp.qnw, dp.knw, a.qk_raw, p.qnw, p.knw, a.qk_rstd, NH, KVH);
 }
 

@@ -290,6 +290,8 @@ private:
     ModelConfig cfg_;
     int B_, T_;
     bool llama_ = false, gqa_ = false;
+    // The rotary embedding for this pass's sequences (longrope picks its factors by their length).
+    Rope rope_;
     WeightLayout wl_ = WeightLayout::in_out;
     RecomputePlan rc_plan_;
     DType dt_ = DType::f32;

@@ -312,6 +312,34 @@ TEST(CudaBasicOps, RopeScaling) {
         }
 }
 
+// Partial rotary (12 of 16 dimensions; 96 of 128) with LongRoPE's per-frequency factors and cos/sin
+// scale, short and long: the CPU's rotation, the passed-through dimensions untouched.
+TEST(CudaBasicOps, RopePartialLongRope) {
+    MF_REQUIRE_GPU();
+    for (DType dt : kFloats)
+        for (auto [T, hd, rot, pos0] : {std::array<int, 4>{24, 16, 12, 0}, {5, 128, 96, 9000}}) {
+            Rope r(10000.0f);
+            r.scaling = RopeScaling::longrope;
+            r.rotary_dim = rot;
+            r.original_context = 16;
+            r.attention_factor = 1.2247449f;
+            for (int i = 0; i < rot / 2; ++i) {
+                r.short_factor.push_back(1.0 + 0.1 * i);
+                r.long_factor.push_back(1.0 + 0.7 * i);
+            }
+            SCOPED_TRACE(name(dt) + " hd " + std::to_string(hd));
+            OpCheck chk;
+            const int64_t W = int64_t(4 + 2 * 2) * hd;
+            const int qkv = chk.rand(dt, {2, T, W}), dqkv = chk.rand(dt, {2, T, W});
+            chk.run([&](Backend & be, const Ts & t) {
+                be.rope_fwd(t[qkv], 4, 2, r.for_sequence(T), pos0);
+                be.rope_bwd(t[dqkv], 4, 2, r.for_sequence(T), pos0);
+            });
+            EXPECT_LT(chk.rel_err(qkv), tol(dt));
+            EXPECT_LT(chk.rel_err(dqkv), tol(dt));
+        }
+}
+
 // Qwen3's q and k norms, in place on q|k|v with the inputs kept: forward, then backward with fp32
 // and with 16-bit gain gradients, against the CPU; head dims 24 (a partial column block) and 128.
 TEST(CudaBasicOps, QkNorm) {

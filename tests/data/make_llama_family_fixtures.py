@@ -58,6 +58,12 @@ PHI3 = {
     "rope_theta": 10000.0, "max_position_embeddings": 128, "original_max_position_embeddings": 128,
     "hidden_act": "silu", "tie_word_embeddings": False, "sliding_window": 9,
 }
+# Phi-4-mini's form (model_type phi3): partial rotary (0.75 of head_dim 16: 12 dimensions turn)
+# and LongRoPE past an original context of 16 (T = 24 takes the long factors; scale sqrt(1.5)).
+PHI3_LONGROPE = dict(PHI3, partial_rotary_factor=0.75, max_position_embeddings=64,
+                     original_max_position_embeddings=16, sliding_window=None,
+                     rope_scaling={"type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                                   "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0]})
 # Phi-3's fused checkpoint tensors: name -> the parts (rows stacked in this order), per layer.
 FUSED = {"phi3": {"self_attn.qkv_proj.weight": ["self_attn.q_proj.weight", "self_attn.k_proj.weight",
                                                 "self_attn.v_proj.weight"],
@@ -76,11 +82,29 @@ def configure(cfg):
     HD = cfg.get("head_dim", C // NH)
 
 
+def rotary_dims():
+    """int(head_dim x partial_rotary_factor): the dimensions of each head that turn."""
+    return int(HD * CONFIG.get("partial_rotary_factor", 1.0))
+
+
+def longrope():
+    """(ext factors, cos/sin scale) of rope_scaling type longrope, after transformers'
+    _compute_longrope_parameters: the long factors when the forward's length T exceeds the
+    original context, else the short ones; the scale sqrt(1 + ln s / ln O), s = max / O."""
+    rs, original = CONFIG["rope_scaling"], CONFIG["original_max_position_embeddings"]
+    ext = torch.tensor(rs["long_factor"] if T > original else rs["short_factor"], dtype=DT)
+    s = CONFIG["max_position_embeddings"] / original
+    return ext, (math.sqrt(1 + math.log(s) / math.log(original)) if s > 1 else 1.0)
+
+
 def inv_freq():
-    inv = 1.0 / (CONFIG["rope_theta"] ** (torch.arange(0, HD, 2, dtype=DT) / HD))
+    D = rotary_dims()
+    inv = 1.0 / (CONFIG["rope_theta"] ** (torch.arange(0, D, 2, dtype=DT) / D))
     rs = CONFIG.get("rope_scaling")
     if rs is None:
         return inv
+    if rs.get("type", rs.get("rope_type")) == "longrope":
+        return inv / longrope()[0]
     low_wavelen = rs["original_max_position_embeddings"] / rs["low_freq_factor"]
     high_wavelen = rs["original_max_position_embeddings"] / rs["high_freq_factor"]
     wavelen = 2 * math.pi / inv
@@ -93,7 +117,15 @@ def inv_freq():
 
 
 def rotate_half(x):
-    return torch.cat((-x[..., HD // 2:], x[..., :HD // 2]), dim=-1)
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope(x, cos, sin):
+    """The first rotary_dims of each head turned (apply_rotary_pos_emb), the rest passed through."""
+    D = rotary_dims()
+    r, rest = x[..., :D], x[..., D:]
+    return torch.cat((r * cos + rotate_half(r) * sin, rest), dim=-1)
 
 
 def rms_norm(x, w):
@@ -104,7 +136,8 @@ def forward(p, ids):
     x = p["model.embed_tokens.weight"][ids]
     freqs = torch.outer(torch.arange(T, dtype=DT), inv_freq())
     emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+    scale = longrope()[1] if (CONFIG.get("rope_scaling") or {}).get("type") == "longrope" else 1.0
+    cos, sin = scale * emb.cos()[None, None], scale * emb.sin()[None, None]
     mask = torch.full((T, T), float("-inf"), dtype=DT).triu(1)
     if CONFIG.get("sliding_window"):   # keys at or before t - window are out of reach
         mask = mask + torch.full((T, T), float("-inf"), dtype=DT).tril(-CONFIG["sliding_window"])
@@ -118,7 +151,7 @@ def forward(p, ids):
             q, k = rms_norm(q, p[h + "self_attn.q_norm.weight"]), rms_norm(k, p[h + "self_attn.k_norm.weight"])
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.view(B, T, KVH, HD).transpose(1, 2)
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
         k, v = k.repeat_interleave(NH // KVH, dim=1), v.repeat_interleave(NH // KVH, dim=1)
         att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(HD) + mask, dim=-1)
         o = (att @ v).transpose(1, 2).reshape(B, T, NH * HD)
@@ -227,4 +260,5 @@ if __name__ == "__main__":
     fixture(QWEN2, "qwen2_tiny.safetensors", 2)
     fixture(MISTRAL, "mistral_tiny.safetensors", 7)
     fixture(PHI3, "phi3_tiny.safetensors", 3)
+    fixture(PHI3_LONGROPE, "phi3_longrope_tiny.safetensors", 4)
     fixture(QWEN3, "qwen3_tiny.safetensors", 3)

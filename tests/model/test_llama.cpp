@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <tuple>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -271,7 +272,7 @@ TEST(Llama, Phi3FusedFixtureWithin1e4) {
 
 // phi3 configs: Phi3Config's defaults, its sliding_window (absent or null: none), the presets at
 // the published counts (Phi-3-mini 3,821,079,552, keras-hub's figure; Phi-4 14.66B), written back
-// as Phi3ForCausalLM; partial rotary (Phi-4-mini) and LongRoPE refused in one line.
+// as Phi3ForCausalLM; a longrope list of the wrong length refused in one line.
 TEST(Llama, Phi3ConfigsAndPresets) {
     const ModelConfig mini = model_preset("phi-3-mini");
     EXPECT_EQ(mini.num_params(), 3821079552);
@@ -296,15 +297,19 @@ TEST(Llama, Phi3ConfigsAndPresets) {
     EXPECT_EQ(back["sliding_window"], 2047);
     EXPECT_EQ(parse_hf_config(back, "again").sliding_window, 2047);
     EXPECT_TRUE(hf_config_json(c)["sliding_window"].is_null());
-    for (const auto & [key, value] : {std::pair<std::string, nlohmann::json>{"partial_rotary_factor", 0.75},
-                                      {"rope_scaling", {{"type", "longrope"}, {"short_factor", {1.0}}}}}) {
+    for (const auto & [key, value, words] :
+         {std::tuple<std::string, nlohmann::json, std::string>{"partial_rotary_factor", 1.5, "partial_rotary_factor"},
+          {"partial_rotary_factor", 0.01, "rotary dimensions"},
+          {"rope_scaling", {{"type", "longrope"}, {"short_factor", {1.0}}}, "long_factor"},
+          {"rope_scaling", {{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {2.0}}}, "need 8 each"},
+          {"rope_scaling", {{"type", "longrope"}, {"short_factor", {-1.0}}, {"long_factor", {2.0}}}, "positive"}}) {
         nlohmann::json bad = j;
         bad[key] = value;
         try {
-            parse_hf_config(bad, "phi.json");
-            ADD_FAILURE() << key << " accepted";
+            parse_hf_config(bad, "phi.json").validate();
+            ADD_FAILURE() << key << " " << value.dump() << " accepted";
         } catch (const ConfigError & e) {
-            EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
         }
     }
     // LoRA names PEFT's modules: q, k, v select the fused qkv_proj, gate and up gate_up_proj.
@@ -314,6 +319,38 @@ TEST(Llama, Phi3ConfigsAndPresets) {
     LoraOptions lo = test::lora_options(c, 4, BaseWeights::compute, "all");
     EXPECT_EQ(peft_target_modules(c, lo), (std::vector<std::string>{"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}));
     EXPECT_THROW(parse_lora_targets(c, "c_attn"), ConfigError);
+}
+
+// Phi-4-mini's form (same generator, phi3_longrope_tiny.safetensors): 12 of each head's 16
+// dimensions turn, LongRoPE's long factors (T = 24 past the original 16) with cos and sin scaled
+// by sqrt(1 + ln 4 / ln 16); the config read, validated and written back in Phi3Config's form.
+TEST(Llama, Phi3PartialRotaryLongRopeFixtureWithin1e4) {
+    const std::string path = std::string(MEMFIT_TEST_DATA) + "/phi3_longrope_tiny.safetensors";
+    const VerifyReport r = verify_fixture(path);
+    EXPECT_TRUE(r.ok) << r.json.dump(2);
+    EXPECT_LE(r.json["max_error"].get<double>(), 1e-4);
+    const nlohmann::json j = {{"model_type", "phi3"}, {"hidden_size", 64}, {"intermediate_size", 128},
+                              {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                              {"max_position_embeddings", 64}, {"original_max_position_embeddings", 16},
+                              {"partial_rotary_factor", 0.75},
+                              {"rope_scaling", {{"type", "longrope"}, {"short_factor", {1, 1.1, 1.3, 1.6, 2, 2.5}},
+                                                {"long_factor", {1, 1.5, 2.5, 4, 6, 9}}}}};
+    const ModelConfig c = parse_hf_config(j, "phi4mini");
+    EXPECT_NO_THROW(c.validate());
+    const Rope rope = c.rope();
+    EXPECT_EQ(rope.rotary_dims(16), 12);
+    EXPECT_NEAR(rope.magnitude(), std::sqrt(1.5), 1e-6);
+    // Short factors up to the original context, long ones past it; frequencies over 12 dimensions.
+    EXPECT_NEAR(rope.for_sequence(16).inv_freq(5, 16), std::pow(10000.0, -10.0 / 12) / 2.5, 1e-12);
+    EXPECT_NEAR(rope.for_sequence(17).inv_freq(5, 16), std::pow(10000.0, -10.0 / 12) / 9.0, 1e-12);
+    const nlohmann::json back = hf_config_json(c);
+    EXPECT_EQ(back["rope_scaling"].size(), 3u);   // Phi3Config's type, short_factor, long_factor
+    EXPECT_EQ(back["original_max_position_embeddings"], 16);
+    EXPECT_EQ(back["partial_rotary_factor"], 0.75);
+    const ModelConfig again = parse_hf_config(back, "again");
+    EXPECT_EQ(again.rope().long_factor, rope.long_factor);
+    EXPECT_EQ(again.rope().rotary_dims(16), 12);
+    EXPECT_FLOAT_EQ(again.rope().magnitude(), rope.magnitude());
 }
 
 // Qwen2.5 presets at the Hub's counts (Qwen/Qwen2.5-0.5B, -1.5B, -7B); qwen2 and mistral configs

@@ -39,22 +39,25 @@ inline float exp_clamped(float y) {
 }
 
 // Rotates the q and k heads of every row by the position's angles; sign = +1 forward, -1 for
-// the inverse rotation (the backward). inv_freq (hd/2 doubles) is shared; each thread keeps the
-// hd/2 cos/sin pairs of its current row.
+// the inverse rotation (the backward; with longrope's magnitude m the backward of m R is m R^T).
+// Only each head's first rotary_dims turn. inv_freq (half doubles) is shared; each thread keeps
+// the half cos/sin pairs of its current row.
 template <class S>
 void rope_apply(S * x, int B, int T, int NH, int KVH, int hd, const Rope & rope, int pos0, float sign,
                 const int32_t * doc_start) {
-    MF_ASSERT(hd > 0 && hd % 2 == 0 && NH > 0 && KVH > 0);
-    const int half = hd / 2;
+    const int rot = rope.rotary_dims(hd);
+    MF_ASSERT(hd > 0 && rot > 0 && rot % 2 == 0 && rot <= hd && NH > 0 && KVH > 0);
+    const int half = rot / 2;
     const int width = (NH + 2 * KVH) * hd;
     const int heads = NH + KVH;  // rotated heads per row: q then k, contiguous
     std::vector<double> inv_freq(static_cast<size_t>(half));
     for (int i = 0; i < half; ++i)
         inv_freq[static_cast<size_t>(i)] = rope.inv_freq(i, hd);
+    const float mag = rope.magnitude();
     const int rows = B * T;
 #pragma omp parallel
     {
-        std::vector<float> cs(static_cast<size_t>(hd));  // [cos (half) | sign * sin (half)]
+        std::vector<float> cs(static_cast<size_t>(rot));  // [cos (half) | sign * sin (half)]
 #pragma omp for schedule(static)
         for (int r = 0; r < rows; ++r) {
             const double pos = static_cast<double>(pos0) + static_cast<double>(token_position(doc_start, r, T));
@@ -62,8 +65,8 @@ void rope_apply(S * x, int B, int T, int NH, int KVH, int hd, const Rope & rope,
             float * sinv = cs.data() + half;
             for (int i = 0; i < half; ++i) {
                 const double a = pos * inv_freq[static_cast<size_t>(i)];
-                cosv[i] = static_cast<float>(std::cos(a));
-                sinv[i] = sign * static_cast<float>(std::sin(a));
+                cosv[i] = mag * static_cast<float>(std::cos(a));
+                sinv[i] = sign * mag * static_cast<float>(std::sin(a));
             }
             S * row = x + static_cast<size_t>(r) * width;
             for (int h = 0; h < heads; ++h) {

@@ -20,31 +20,31 @@ namespace {
 
 // ---- RoPE: block (128 threads) per row (grid-stride over rows). Row r has position
 // pos = pos0 + r % T (minus doc[r], its document's start, with packed documents). The row's
-// hd/2 angles a = pos * inv_freq[i] are computed in double from the host's inv_freq (std::pow in
-// double, as the CPU), cos/sin in double then rounded to float, as the CPU does; then each
-// (head, i) pair of the NH + KVH rotated heads is turned by a (sign = -1: the inverse, for the
-// backward). ----
+// rotary_dims/2 angles a = pos * inv_freq[i] are computed in double from the host's inv_freq
+// (std::pow in double, as the CPU), cos/sin in double then rounded to float and scaled by
+// rope.magnitude(), as the CPU does; then each (head, i) pair of the NH + KVH rotated heads is
+// turned by a (sign = -1: the inverse, for the backward). ----
 constexpr int kRopeThreads = 128, kMaxHalf = 128;
 struct RopeFreq { double f[kMaxHalf]; };
 
 template <class T>
 __global__ void __launch_bounds__(kRopeThreads)
-    rope_kernel(T * x, int64_t N, int64_t T_, int heads, int64_t width, int half, int pos0, float sign, RopeFreq fr,
-                const int32_t * doc) {
+    rope_kernel(T * x, int64_t N, int64_t T_, int heads, int64_t width, int hd, int half, int pos0, float sign,
+                float mag, RopeFreq fr, const int32_t * doc) {
     __shared__ float cosv[kMaxHalf], sinv[kMaxHalf];
     for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
         const int64_t t = r % T_;
         const double pos = double(pos0) + double(doc ? t - doc[r] : t);
         for (int i = threadIdx.x; i < half; i += blockDim.x) {
             const double a = pos * fr.f[i];
-            cosv[i] = float(cos(a));
-            sinv[i] = sign * float(sin(a));
+            cosv[i] = mag * float(cos(a));
+            sinv[i] = sign * mag * float(sin(a));
         }
         __syncthreads();
         T * row = x + r * width;
         for (int p = threadIdx.x; p < heads * half; p += blockDim.x) {
             const int h = p / half, i = p - h * half;
-            T * lo = row + int64_t(h) * 2 * half + i;
+            T * lo = row + int64_t(h) * hd + i;
             T * hi = lo + half;
             const float x0 = ld(*lo), x1 = ld(*hi);
             *lo = st<T>(x0 * cosv[i] - x1 * sinv[i]);
@@ -58,9 +58,10 @@ void rope_rotate(cudaStream_t s, Tensor qkv, int NH, int KVH, const Rope & rope,
     MF_ASSERT(qkv.ndim == 3 && NH > 0 && KVH > 0 && NH % KVH == 0);
     const int64_t width = qkv.cols();
     MF_ASSERT(width % (NH + 2 * KVH) == 0 && "qkv width is not (NH + 2*KVH) heads");
-    const int hd = int(width / (NH + 2 * KVH));
-    MF_ASSERT(hd > 0 && hd % 2 == 0 && hd / 2 <= kMaxHalf && "rope: head dim must be even and at most 256");
-    const int half = hd / 2;
+    const int hd = int(width / (NH + 2 * KVH)), rot = rope.rotary_dims(hd);
+    MF_ASSERT(rot > 0 && rot % 2 == 0 && rot <= hd && rot / 2 <= kMaxHalf &&
+              "rope: rotary dims must be even and at most 256");
+    const int half = rot / 2;
     const int64_t N = qkv.rows(), T = qkv.dim(1);
     const int32_t * doc = docs(doc_start, N);
     if (N == 0) return;
@@ -68,8 +69,8 @@ void rope_rotate(cudaStream_t s, Tensor qkv, int NH, int KVH, const Rope & rope,
     for (int i = 0; i < half; ++i) fr.f[i] = rope.inv_freq(i, hd);
     dispatch_float(qkv.dtype, [&](auto z) {
         using E = decltype(z);
-        rope_kernel<<<unsigned(std::min<int64_t>(N, 1 << 30)), kRopeThreads, 0, s>>>(ptr<E>(qkv), N, T, NH + KVH,
-                                                                                     width, half, pos0, sign, fr, doc);
+        rope_kernel<<<unsigned(std::min<int64_t>(N, 1 << 30)), kRopeThreads, 0, s>>>(
+            ptr<E>(qkv), N, T, NH + KVH, width, hd, half, pos0, sign, rope.magnitude(), fr, doc);
         MF_CUDA_LAUNCHED();
     });
 }
