@@ -9,13 +9,11 @@ The format, the AdamW hyperparameters and the writer are make_llama_family_fixtu
 
 Run with Debian's python3-torch:  /usr/bin/python3 tests/data/make_gpt2_fixtures.py
 """
-import json
 import math
-import os
 
 import torch
 
-from make_llama_family_fixtures import ADAMW, write_safetensors
+from make_llama_family_fixtures import two_adamw_steps, write_fixture
 
 DT = torch.float64
 GPT2_GELU = {
@@ -77,33 +75,8 @@ def main():
     ids = torch.randint(0, V, (B, T))
     targets = torch.roll(ids, -1, dims=1)
     targets[0, 5] = targets[1, -1] = -100   # ignored positions
-    out = {name: t.detach().clone() for name, t in p.items()}
-    out["input_ids"], out["targets"] = ids.to(torch.int32), targets.to(torch.int32)
-    names = list(p)
-    opt = torch.optim.AdamW([{"params": [p[n] for n in names if p[n].dim() >= 2], "weight_decay": ADAMW["weight_decay"]},
-                             {"params": [p[n] for n in names if p[n].dim() < 2], "weight_decay": 0.0}],
-                            lr=ADAMW["lr"], betas=(ADAMW["beta1"], ADAMW["beta2"]), eps=ADAMW["eps"])
-    for step in (1, 2):
-        logits = forward(p, ids)
-        loss = torch.nn.functional.cross_entropy(logits.view(-1, V), targets.view(-1), ignore_index=-100)
-        opt.zero_grad()
-        loss.backward()
-        if step == 1:
-            out["expected.logits"], out["expected.loss"] = logits.detach().clone(), loss.detach().clone()
-            for n in names:
-                out["expected.grad." + n] = p[n].grad.detach().clone()
-        else:
-            out["expected.loss_step2"] = loss.detach().clone()
-        opt.step()
-        for n in names:
-            out[f"expected.step{step}." + n] = p[n].detach().clone()
-    meta = {"family": "gpt2", "config": json.dumps(GPT2_GELU), "batch": str(B), "seq": str(T),
-            "adamw": json.dumps(ADAMW), "decay": "parameters with 2 or more dimensions", "ignore_index": "-100",
-            "reference": f"float64 PyTorch {torch.__version__}"}
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpt2_gelu_tiny.safetensors")
-    write_safetensors(path, out, meta)
-    print(f"wrote {path}: loss {out['expected.loss'].item():.6f}, step 2 {out['expected.loss_step2'].item():.6f}")
-
+    out = two_adamw_steps(p, lambda: forward(p, ids), ids, targets, V)
+    write_fixture("gpt2_gelu_tiny.safetensors", out, "gpt2", GPT2_GELU, B, T)
 
 if __name__ == "__main__":
     main()

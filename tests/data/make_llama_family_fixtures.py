@@ -224,6 +224,14 @@ def fixture(config, file, seed):
     ids = torch.randint(0, V, (B, T))
     targets = torch.roll(ids, -1, dims=1)
     targets[0, 5] = targets[1, -1] = -100   # ignored positions
+    out = two_adamw_steps(p, lambda: forward(p, ids), ids, targets, V)
+    write_fixture(file, fuse(out), "llama", CONFIG, B, T)
+
+
+def two_adamw_steps(p, logits_of, ids, targets, vocab):
+    """The fixture's tensors: the parameters, inputs and targets, then expected.logits / loss /
+    grad.* / step1.* / loss_step2 / step2.* of two torch.optim.AdamW steps (ADAMW; weight decay
+    on the parameters with 2 or more dimensions) on the cross-entropy of logits_of()."""
     out = {name: t.detach().clone() for name, t in p.items()}
     out["input_ids"], out["targets"] = ids.to(torch.int32), targets.to(torch.int32)
     names = list(p)
@@ -233,8 +241,8 @@ def fixture(config, file, seed):
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=ADAMW["lr"], betas=(ADAMW["beta1"], ADAMW["beta2"]), eps=ADAMW["eps"])
     for step in (1, 2):
-        logits = forward(p, ids)
-        loss = torch.nn.functional.cross_entropy(logits.view(-1, V), targets.view(-1), ignore_index=-100)
+        logits = logits_of()
+        loss = torch.nn.functional.cross_entropy(logits.view(-1, vocab), targets.view(-1), ignore_index=-100)
         opt.zero_grad()
         loss.backward()
         if step == 1:
@@ -247,11 +255,16 @@ def fixture(config, file, seed):
         opt.step()
         for n in names:
             out[f"expected.step{step}." + n] = p[n].detach().clone()
-    meta = {"family": "llama", "config": json.dumps(CONFIG), "batch": str(B), "seq": str(T),
+    return out
+
+
+def write_fixture(file, out, family, config, batch, seq):
+    """tests/data/<file> with the metadata `memfit verify` reads."""
+    meta = {"family": family, "config": json.dumps(config), "batch": str(batch), "seq": str(seq),
             "adamw": json.dumps(ADAMW), "decay": "parameters with 2 or more dimensions", "ignore_index": "-100",
             "reference": f"float64 PyTorch {torch.__version__}"}
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), file)
-    write_safetensors(path, fuse(out), meta)
+    write_safetensors(path, out, meta)
     print(f"wrote {path}: loss {out['expected.loss'].item():.6f}, step 2 {out['expected.loss_step2'].item():.6f}")
 
 
