@@ -101,9 +101,14 @@ Value repeat(const Value & seq, int64_t n) {
     const int64_t len = seq.is_str() ? int64_t(seq.s.size()) : int64_t(seq.list->size());
     if (n > int64_t(1) << 36 && len > 0) throw RenderError(fmt::format("'* {}': a repeated string or list that large is refused", n));
     if (n > 0) (seq.is_str() ? check_text_size : check_list_size)(uint64_t(len) * uint64_t(n), "*");
-    if (seq.is_str()) {
+    if (seq.is_str()) {   // by doubling: log2(n) copies, not n appends ('x' * 60000000)
         std::string out;
-        for (int64_t k = 0; k < n; ++k) out += seq.s;
+        if (n <= 0 || len == 0) return Value::string(std::move(out));
+        const size_t total = size_t(len) * size_t(n);
+        out.reserve(total);
+        out.append(seq.s);
+        while (out.size() * 2 <= total) out.append(out.data(), out.size());
+        out.append(out.data(), total - out.size());
         return Value::string(std::move(out));
     }
     if (n > 0) check_list_bytes(*seq.list, "*", uint64_t(n));
