@@ -2,9 +2,10 @@
 // Force-included (-include) into the CUDA sources after cu2cpp has rewritten their launches.
 //
 // A launch runs its blocks one after another on each OpenMP thread; a block runs its threads as
-// fibers (a stack switch of its own) on that thread, switching only at a barrier or a warp
-// operation, so every thread of a block sees the others' shared-memory writes in program order. __shared__ variables
-// are thread_local statics: each OpenMP thread holds one copy, used by one block at a time.
+// fibers (a stack switch of its own) on that thread, switching (straight to the next ready
+// thread) only at a barrier or a warp operation, so every thread of a block sees the others'
+// shared-memory writes in program order. __shared__ variables are thread_local statics: each
+// OpenMP thread holds one copy, used by one block at a time.
 // Checked where hardware would misbehave silently: a warp operation whose lanes have not all
 // arrived (exited lanes, divergent barriers: a deadlock the scheduler reports), a launch over the
 // hardware's limits, dynamic shared memory over the opt-in limit.
