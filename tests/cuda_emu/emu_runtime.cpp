@@ -68,6 +68,7 @@ struct Lane {
     void * sp = nullptr;   // saved stack pointer while switched out
     uint3 tid;
     int index = 0;
+    int next = 0, prev = 0;   // the live lanes' ring, in the order they run
     Wait wait = Wait::kNone;
     uint64_t wait_gen = 0;
     bool done = false;
@@ -146,13 +147,13 @@ bool reverse_order() {
     return reverse;
 }
 
-// The first ready lane after lane `from` in the block's order (circular), or nullptr.
+// The first ready lane after lane `from` in the live lanes' ring, or nullptr. A lane that is done
+// leaves the ring (its own `next` still leads on), so a block whose lanes mostly exited early
+// does not scan them at every switch.
 Lane * next_ready(BlockState & b, int from) {
-    const int n = int(b.lanes.size()), dir = reverse_order() ? n - 1 : 1;
-    for (int k = 1, i = from; k <= n; ++k) {
-        i = (i + dir) % n;
+    for (int k = 0, i = b.lanes[size_t(from)].next; k < b.live; ++k, i = b.lanes[size_t(i)].next) {
         Lane & l = b.lanes[size_t(i)];
-        if (!l.done && ready(b, l)) return &l;
+        if (ready(b, l)) return &l;
     }
     return nullptr;
 }
@@ -244,6 +245,8 @@ void lane_main() {
     (*b.body)();
     l->done = true;
     --b.live;
+    b.lanes[size_t(l->prev)].next = l->next;
+    b.lanes[size_t(l->next)].prev = l->prev;
     Warp & w = b.warps[size_t(l->index / 32)];
     --w.live;
     if (w.arrived > 0) fail("a lane exited while its warp waits at a warp operation");
@@ -290,6 +293,9 @@ void run_block(ThreadRes & r, const std::function<void()> & body, uint3 bid, dim
         l.tid = uint3{unsigned(i) % block.x, unsigned(i) / block.x % block.y, unsigned(i) / (block.x * block.y)};
         l.wait = Wait::kNone;
         l.done = false;
+        const int step = reverse_order() ? n - 1 : 1;   // MEMFIT_EMU_ORDER=reverse: last to first
+        l.next = (i + step) % n;
+        l.prev = (i + n - step) % n;
         // Each stack's top at another offset in its page: the lanes' hot stack lines fall in
         // different cache sets instead of all in one (measured: the emulator 15% faster).
         l.sp = fiber_stack(r.stack(size_t(i)), kStackBytes - size_t(i % 64) * 64);

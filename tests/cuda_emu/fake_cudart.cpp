@@ -413,19 +413,38 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const vo
     if (x.epilogue != CUBLASLT_EPILOGUE_DEFAULT && !bias) return CUBLAS_STATUS_NOT_SUPPORTED;
     if (bias && (!x.bias || x.bias_type != D.type)) return CUBLAS_STATUS_INVALID_VALUE;
     const double al_v = *static_cast<const float *>(alpha), be_v = *static_cast<const float *>(beta);
+    // D(i, j) = alpha sum_p op(A)(i, p) op(B)(p, j) in double, p in order. Rows of op(A) (kRows at
+    // a time) and each column of op(B) are first converted to doubles, so that the sum is a
+    // contiguous loop: the same sums as the plain triple loop, about 10x sooner.
+    constexpr uint64_t kRows = 256;
+    std::vector<double> rows_a;
+    for (uint64_t i0 = 0; i0 < m; i0 += kRows) {
+        const uint64_t rows = std::min(kRows, m - i0);
+        rows_a.resize(rows * k);
 #pragma omp parallel for schedule(static)
-    for (int64_t j = 0; j < int64_t(n); ++j) {
-        for (uint64_t i = 0; i < m; ++i) {
-            double s = 0.0;
+        for (int64_t r = 0; r < int64_t(rows); ++r)
             for (uint64_t p = 0; p < k; ++p) {
-                const size_t ia = x.ta == CUBLAS_OP_N ? i + p * uint64_t(A.ld) : p + i * uint64_t(A.ld);
-                const size_t ib = x.tb == CUBLAS_OP_N ? p + uint64_t(j) * uint64_t(B.ld) : uint64_t(j) + p * uint64_t(B.ld);
-                s += load(A.type, a, ia) * load(B.type, b, ib);
+                const uint64_t i = i0 + uint64_t(r);
+                rows_a[uint64_t(r) * k + p] = load(A.type, a, x.ta == CUBLAS_OP_N ? i + p * uint64_t(A.ld) : p + i * uint64_t(A.ld));
             }
-            double v = al_v * s;
-            if (be_v != 0.0) v += be_v * load(C.type, c, i + uint64_t(j) * uint64_t(C.ld));
-            if (bias) v += load(x.bias_type, x.bias, i);
-            store(D.type, out, i + uint64_t(j) * uint64_t(D.ld), v);
+#pragma omp parallel
+        {
+            std::vector<double> col(k);
+#pragma omp for schedule(static)
+            for (int64_t j = 0; j < int64_t(n); ++j) {
+                for (uint64_t p = 0; p < k; ++p)
+                    col[p] = load(B.type, b, x.tb == CUBLAS_OP_N ? p + uint64_t(j) * uint64_t(B.ld) : uint64_t(j) + p * uint64_t(B.ld));
+                for (uint64_t r = 0; r < rows; ++r) {
+                    const double * ar = rows_a.data() + r * k;
+                    double s = 0.0;
+                    for (uint64_t p = 0; p < k; ++p) s += ar[p] * col[p];
+                    const uint64_t i = i0 + r;
+                    double v = al_v * s;
+                    if (be_v != 0.0) v += be_v * load(C.type, c, i + uint64_t(j) * uint64_t(C.ld));
+                    if (bias) v += load(x.bias_type, x.bias, i);
+                    store(D.type, out, i + uint64_t(j) * uint64_t(D.ld), v);
+                }
+            }
         }
     }
     return CUBLAS_STATUS_SUCCESS;
