@@ -67,6 +67,11 @@ constexpr Preset kPresets[] = {
     // checkpoints fuse q|k|v (qkv_proj) and gate|up (gate_up_proj).
     {"phi-3-mini",   "phi3", 32064,  4096,  3072, 32, 32, 32, 8192,  10000.f,  false, "Phi-3-mini-4k 3.8B (sliding window 2047)", 2047},
     {"phi-4",        "phi3", 100352, 16384, 5120, 40, 40, 10, 17920, 250000.f, false, "Phi-4 14B (GQA, 10 KV heads)"},
+    // OLMo 2 (AI2's config.json files, model_type olmo2): LLaMA blocks whose norms follow attention
+    // and the MLP, q and k normalised over all their heads.
+    {"olmo-2-1b",    "olmo2", 100352, 4096, 2048, 16, 16, 16, 8192,  500000.f, false, "OLMo 2 1B (0425)"},
+    {"olmo-2-7b",    "olmo2", 100352, 4096, 4096, 32, 32, 32, 11008, 500000.f, false, "OLMo 2 7B (1124)"},
+    {"olmo-2-13b",   "olmo2", 100352, 4096, 5120, 40, 40, 40, 13824, 500000.f, false, "OLMo 2 13B (1124)"},
 };
 
 // The presets with Llama 3.1's rope_scaling (their config.json files): rope_type llama3, low and
@@ -84,6 +89,7 @@ std::string ModelConfig::describe() const {
     if (llama()) s += fmt::format("{}, MLP {}{}", kv_heads() != n_head ? fmt::format(" ({} KV)", kv_heads()) : "",
                                   ffn_dim(), tied_head ? ", tied head" : "");
     else if (gelu == Gelu::erf) s += ", exact GELU";
+    if (post_norm) s += ", norms after attention and MLP";
     if (share_layers > 1) s += fmt::format(", {} blocks shared {} ways", stored_layers(), share_layers);
     return s;
 }
@@ -95,7 +101,7 @@ int64_t params_with(const ModelConfig & m, int64_t blocks) {
     if (m.llama()) {
         // norms, q|k|v (and their biases: Qwen2; q and k norms: Qwen3), o, gate|up|down
         const int64_t per_layer =
-            2 * C + C * Q + (m.qkv_bias ? Q : 0) + (m.qk_norm ? 2 * m.head_dim() : 0) + C * A + 3 * C * F;
+            2 * C + C * Q + (m.qkv_bias ? Q : 0) + (m.qk_norm ? 2 * m.qk_norm_width() : 0) + C * A + 3 * C * F;
         return V * C + blocks * per_layer + C + (m.tied_head ? 0 : V * C);
     }
     const int64_t per_layer = 2 * C + (C * Q + Q) + (A * C + C) + 2 * C + (C * F + F) + (F * C + C);
@@ -121,7 +127,12 @@ void ModelConfig::validate() const {
     if (llama() && !type)
         bad(fmt::format("model_type '{}' is not a LLaMA-family type ({})", model_type, llama_type_names()));
     if (llama() && qkv_bias != type->qkv_bias) bad("q, k and v biases belong to qwen2 (model_type)");
-    if (qk_norm != (llama() && type->qk_norm)) bad("q and k norms belong to qwen3 (model_type)");
+    if (qk_norm != (llama() && type->qk_norm)) bad("q and k norms belong to qwen3 and olmo2 (model_type)");
+    if (qk_norm_whole != (llama() && type->olmo2_norms) || post_norm != qk_norm_whole)
+        bad("whole-projection q and k norms and norms after attention and the MLP belong to olmo2 (model_type)");
+    if (qk_norm_whole && n_kv_head > 0 && n_kv_head != n_head)
+        bad(fmt::format("olmo2 with {} KV heads for {} heads (OLMo-2-32B's layout) is not supported yet: its q and k "
+                        "norms span unequal widths", n_kv_head, n_head));
     if (sliding_window < 0) bad(fmt::format("sliding_window = {}, must be positive", sliding_window));
     if (family != "gpt2" && family != "llama") bad(fmt::format("family '{}' is not supported (supported: gpt2, llama)", family));
     if (n_layer < 1) bad(fmt::format("n_layer = {}, must be at least 1", n_layer));
@@ -196,7 +207,8 @@ ModelConfig model_preset(const std::string & name) {
             c.family = "llama";
             c.qkv_bias = t->qkv_bias;
             c.qk_norm = t->qk_norm;
-            if (c.qkv_bias || c.qk_norm) c.ln_eps = 1e-6f;   // Qwen's config.json files
+            c.qk_norm_whole = c.post_norm = t->olmo2_norms;
+            if (c.qkv_bias || c.qk_norm) c.ln_eps = 1e-6f;   // Qwen's and OLMo 2's config.json files
             c.head_size = t->head_dim;
             c.sliding_window = p.window;
         }
@@ -335,6 +347,7 @@ void parse_llama_fields(const nlohmann::json & j, const LlamaType & t, const std
     c.model_type = t.type;
     c.qkv_bias = t.qkv_bias;   // Qwen2's q, k and v projections always have biases
     c.qk_norm = t.qk_norm;     // Qwen3's q and k always have their norms
+    c.qk_norm_whole = c.post_norm = t.olmo2_norms;
     c.vocab_size = int_field(j, "vocab_size", t.vocab, name);
     c.max_seq = int_field(j, "max_position_embeddings", t.max_seq, name);
     c.n_embd = int_field(j, "hidden_size", name);
@@ -454,7 +467,7 @@ nlohmann::json hf_config_fields(const ModelConfig & cfg) {
                 {"torch_dtype", "float32"}};
         if (type == "llama") j["attention_bias"] = j["mlp_bias"] = false;
         if (t->use_sliding_window) j["use_sliding_window"] = false;
-        if (type == "qwen3") j["attention_bias"] = false;
+        if (type == "qwen3" || type == "olmo2") j["attention_bias"] = false;
         if (t->window >= 0)
             j["sliding_window"] = cfg.sliding_window > 0 ? nlohmann::json(cfg.sliding_window) : nlohmann::json(nullptr);
         if (cfg.rope_scaling.scaling == RopeScaling::longrope)

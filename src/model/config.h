@@ -45,6 +45,11 @@ struct ModelConfig {
     std::string model_type = "llama";
     bool  qkv_bias   = false;    // llama family: q, k and v have biases (Qwen2)
     bool  qk_norm    = false;    // llama family: q_norm and k_norm, RMSNorm over each head (Qwen3)
+    // OLMo 2 (model_type olmo2): q_norm over all of q and k_norm over all of k (not each head),
+    // and each block's two norms on its attention and MLP outputs before the residual adds
+    // (post_attention_layernorm, post_feedforward_layernorm) instead of on their inputs.
+    bool  qk_norm_whole = false;
+    bool  post_norm  = false;
     int   sliding_window = 0;    // mistral: each query attends to at most this many keys (0: all)
     // ALBERT's cross-layer sharing: groups of this many consecutive blocks use one stored block's
     // weights (block l reads stored block l / share_layers), memfit's key kShareLayersKey.
@@ -66,6 +71,12 @@ struct ModelConfig {
     int attn_dim() const { return n_head * head_dim(); }
     int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
     int ffn_dim() const { return ffn > 0 ? ffn : 4 * n_embd; }
+    // The q and k norms as the qk_norm kernels take them: groups of q (then of k) in a row, each
+    // normalised over its own width: the heads (Qwen3), or one group each (OLMo 2, whose
+    // validate() asks for as many KV heads as heads).
+    int qk_norm_q_groups() const { return qk_norm_whole ? 1 : n_head; }
+    int qk_norm_k_groups() const { return qk_norm_whole ? 1 : kv_heads(); }
+    int qk_norm_width() const { return qk_norm_whole ? attn_dim() : head_dim(); }
     // Width of the fused q|k|v projection: (NH + 2 KVH) * head_dim.
     int qkv_dim() const { return (n_head + 2 * kv_heads()) * head_dim(); }
     // Width of the first MLP matmul's output: 4C (gpt2) or [gate | up] = 2 ffn (llama).

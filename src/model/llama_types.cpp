@@ -6,15 +6,17 @@ namespace memfit {
 
 namespace {
 
-// transformers' LlamaConfig, Qwen2Config, Qwen3Config, MistralConfig and Phi3Config defaults.
-// Phi-3's sliding_window defaults to none (Phi-3-mini-4k's config.json sets 2047).
+// transformers' LlamaConfig, Qwen2Config, Qwen3Config, MistralConfig, Phi3Config and
+// Olmo2Config defaults. Phi-3's sliding_window defaults to none (Phi-3-mini-4k's config.json
+// sets 2047).
 constexpr LlamaType kLlamaTypes[] = {
-    // type      architecture           vocab   max_seq  eps    hd   bias   norm   window use_sw fused  windowed_as
-    {"llama",   "LlamaForCausalLM",   32000,  2048,   1e-6f, 0,   false, false, -1,   false, false, "mistral"},
-    {"qwen2",   "Qwen2ForCausalLM",   151936, 32768,  1e-6f, 0,   true,  false, -1,   true,  false, nullptr},
-    {"qwen3",   "Qwen3ForCausalLM",   151936, 32768,  1e-6f, 128, false, true,  -1,   true,  false, nullptr},
-    {"mistral", "MistralForCausalLM", 32000,  131072, 1e-6f, 0,   false, false, 4096, false, false, "mistral"},
-    {"phi3",    "Phi3ForCausalLM",    32064,  4096,   1e-5f, 0,   false, false, 0,    false, true,  "phi3"},
+    // type      architecture           vocab   max_seq  eps    hd   bias   norm   olmo2  window use_sw fused  windowed_as
+    {"llama",   "LlamaForCausalLM",   32000,  2048,   1e-6f, 0,   false, false, false, -1,   false, false, "mistral"},
+    {"qwen2",   "Qwen2ForCausalLM",   151936, 32768,  1e-6f, 0,   true,  false, false, -1,   true,  false, nullptr},
+    {"qwen3",   "Qwen3ForCausalLM",   151936, 32768,  1e-6f, 128, false, true,  false, -1,   true,  false, nullptr},
+    {"mistral", "MistralForCausalLM", 32000,  131072, 1e-6f, 0,   false, false, false, 4096, false, false, "mistral"},
+    {"phi3",    "Phi3ForCausalLM",    32064,  4096,   1e-5f, 0,   false, false, false, 0,    false, true,  "phi3"},
+    {"olmo2",   "Olmo2ForCausalLM",   50304,  2048,   1e-5f, 0,   false, true,  true,  -1,   false, false, nullptr},
 };
 
 }  // namespace

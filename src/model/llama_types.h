@@ -17,6 +17,9 @@ struct LlamaType {
     int   head_dim;              // its head_dim default (0: hidden_size / num_attention_heads)
     bool  qkv_bias;              // q, k and v have biases (Qwen2)
     bool  qk_norm;               // q and k RMSNorm over each head (Qwen3)
+    // OLMo 2: q and k RMSNorm over all of q and all of k, and the blocks' norms after attention
+    // and the MLP (post_attention_layernorm, post_feedforward_layernorm).
+    bool  olmo2_norms;
     // sliding_window: -1 this type has no such key (ignored on read, never written); 0 read,
     // absent or null = none; > 0 read, absent = this default.
     int   window;

@@ -79,14 +79,15 @@ ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, 
                 continue;
             }
             const std::string h = fmt::format("model.layers.{}.", cfg.stored_block(l));   // shared: one per group
-            y.ln1w = view(h + "input_layernorm.weight");
+            // OLMo 2's norms follow attention and the MLP: ln1 and ln2 are those.
+            y.ln1w = view(h + (cfg.post_norm ? "post_attention_layernorm.weight" : "input_layernorm.weight"));
             y.qkvw = fused({h + "self_attn.q_proj.weight", h + "self_attn.k_proj.weight", h + "self_attn.v_proj.weight"});
             if (cfg.qkv_bias) y.qkvb = fused({h + "self_attn.q_proj.bias", h + "self_attn.k_proj.bias",
                                                    h + "self_attn.v_proj.bias"});
             y.qnw = view(h + "self_attn.q_norm.weight");
             y.knw = view(h + "self_attn.k_norm.weight");
             y.projw = view(h + "self_attn.o_proj.weight");
-            y.ln2w = view(h + "post_attention_layernorm.weight");
+            y.ln2w = view(h + (cfg.post_norm ? "post_feedforward_layernorm.weight" : "post_attention_layernorm.weight"));
             y.fcw = fused({h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"});
             y.fcprojw = view(h + "mlp.down_proj.weight");
             w.h.push_back(y);

@@ -40,7 +40,7 @@ ParamLayout make_param_layout(const ModelConfig & cfg) {
         add("model.embed_tokens.weight", {V, C});
         for (int i = 0; i < cfg.stored_layers(); ++i) {   // shared blocks once
             const std::string h = fmt::format("model.layers.{}.", i);
-            add(h + "input_layernorm.weight", {C});
+            if (!cfg.post_norm) add(h + "input_layernorm.weight", {C});
             add(h + "self_attn.q_proj.weight", {A, C});
             add(h + "self_attn.k_proj.weight", {KV, C});
             add(h + "self_attn.v_proj.weight", {KV, C});
@@ -49,12 +49,13 @@ ParamLayout make_param_layout(const ModelConfig & cfg) {
                 add(h + "self_attn.k_proj.bias", {KV});
                 add(h + "self_attn.v_proj.bias", {KV});
             }
-            if (cfg.qk_norm) {   // Qwen3: RMSNorm over each head of q and of k
-                add(h + "self_attn.q_norm.weight", {cfg.head_dim()});
-                add(h + "self_attn.k_norm.weight", {cfg.head_dim()});
+            if (cfg.qk_norm) {   // RMSNorm over each head of q and of k (Qwen3), or all of them (OLMo 2)
+                add(h + "self_attn.q_norm.weight", {cfg.qk_norm_width()});
+                add(h + "self_attn.k_norm.weight", {cfg.qk_norm_width()});
             }
             add(h + "self_attn.o_proj.weight", {C, A});
-            add(h + "post_attention_layernorm.weight", {C});
+            add(h + "post_attention_layernorm.weight", {C});   // OLMo 2: on the attention's output
+            if (cfg.post_norm) add(h + "post_feedforward_layernorm.weight", {C});
             add(h + "mlp.gate_proj.weight", {F, C});
             add(h + "mlp.up_proj.weight", {F, C});
             add(h + "mlp.down_proj.weight", {C, F});

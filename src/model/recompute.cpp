@@ -120,21 +120,27 @@ KeepSet layer_keep_cost(const ModelConfig & cfg, int B, int T, bool flash, DType
     const uint64_t stats = (cfg.llama() ? 1 : 2) * BT * 4;   // (mean and) rstd, f32
     const bool llama = cfg.llama();
     const double R = double(cfg.n_head + cfg.kv_heads()) * cfg.head_dim();   // elements RoPE rotates per row
-    const uint64_t QKH = cfg.qk_norm ? uint64_t(cfg.n_head + cfg.kv_heads()) : 0;
-    const uint64_t qk_norm_bytes = BT * QKH * (uint64_t(cfg.head_dim()) * s + 4);
-    const double qk_norm_flops = 4.0 * bt * double(QKH) * cfg.head_dim();
+    // q and k norms: their inputs (every q and k element) and a rstd per group (head, or OLMo 2's whole q and k)
+    const uint64_t QKE = cfg.qk_norm ? uint64_t(cfg.n_head + cfg.kv_heads()) * uint64_t(cfg.head_dim()) : 0;
+    const uint64_t QKG = cfg.qk_norm ? uint64_t(cfg.qk_norm_q_groups() + cfg.qk_norm_k_groups()) : 0;
+    const uint64_t qk_norm_bytes = BT * (QKE * s + QKG * 4);
+    const double qk_norm_flops = 4.0 * bt * double(QKE);
     struct Unit { uint64_t bytes; double flops; };
     // Bytes kept and FLOPs to recompute, per unit (attention's FLOPs are counted once below), as
     // Graph records them: norms 8 (LayerNorm) or 4 (RMSNorm) per element, RoPE 3 per rotated
     // element (kRopeFlops), GELU 10 and SwiGLU 6 per output element.
+    // post_norm (OLMo 2): ln1 and ln2 keep their norm's input, the o and down projections'
+    // outputs, as many bytes, and recompute it with them; res2 recomputes ln1's output again.
+    const bool post = cfg.post_norm;
+    const double norm_flops = (llama ? 4.0 : 8.0) * bt * C;
     const Unit units[int(Saved::count)] = {
-        {BTC * s + stats, (llama ? 4.0 : 8.0) * bt * C},                                   // ln1
+        {BTC * s + stats, post ? 2.0 * bt * H * C + norm_flops : norm_flops},                // ln1
         // qkv (+ RoPE; + Qwen3's q/k norms: their inputs and rstd kept, 4 FLOPs per element)
         {uint64_t(Q) * BT * s + qk_norm_bytes, 2.0 * bt * C * Q + (llama ? kRopeFlops * bt * R : 0) + qk_norm_flops},
         {BT * uint64_t(H) * s + (flash ? uint64_t(B) * uint64_t(cfg.n_head) * uint64_t(T) * 4 : 0), 0},   // attn_out (+ lse)
         {flash ? 0 : uint64_t(B) * uint64_t(cfg.n_head) * uint64_t(T) * uint64_t(T) * s, 0},   // attn_probs
-        {BTC * s, 2.0 * bt * H * C + bt * C},                                 // res2: proj matmul + residual
-        {BTC * s + stats, (llama ? 4.0 : 8.0) * bt * C},                      // ln2
+        {BTC * s, post ? norm_flops + bt * C : 2.0 * bt * H * C + bt * C},     // res2: proj matmul + residual
+        {BTC * s + stats, post ? 2.0 * bt * A * C + norm_flops : norm_flops},  // ln2
         {uint64_t(F) * BT * s, 2.0 * bt * C * F},                             // fc (gate | up)
         {uint64_t(A) * BT * s, (llama ? 6.0 : 10.0) * bt * A},                // gelu | swiglu
     };

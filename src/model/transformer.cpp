@@ -42,10 +42,10 @@ Transformer::LayerActs Transformer::declare_layer(Program & program, const std::
     if (!llama_) a.ln1_mean = stats("ln_1.mean");
     a.ln1_rstd = stats("ln_1.rstd");
     a.qkv = act("attn.qkv", {b, t, Q});
-    if (cfg_.qk_norm) {
-        const int64_t heads = NH + cfg_.kv_heads();
-        a.qk_raw = act("attn.qk_norm.in", {b, t, heads * cfg_.head_dim()});
-        a.qk_rstd = act("attn.qk_norm.rstd", {b, t, heads}, true);
+    if (cfg_.qk_norm) {   // the q and k parts of qkv before their norms, and a rstd per group
+        const int64_t groups = cfg_.qk_norm_q_groups() + cfg_.qk_norm_k_groups();
+        a.qk_raw = act("attn.qk_norm.in", {b, t, (NH + cfg_.kv_heads()) * cfg_.head_dim()});
+        a.qk_rstd = act("attn.qk_norm.rstd", {b, t, groups}, true);
     }
     if (gqa_) a.qkv_rep = act("attn.qkv_rep", {b, t, QR});
     if (flash_) a.lse = act("attn.lse", {b, NH, t}, true);
@@ -99,6 +99,7 @@ Transformer::LayerActs Transformer::declare_layer(Program & program, const std::
             a.dqkv_rep = act("attn.qkv_rep.grad", {b, t, QR});
         }
         a.dln1 = act("ln_1.out.grad", {b, t, C});
+        if (cfg_.post_norm) a.dpost = stream("post_norm.in.grad");
     }
     return a;
 }
@@ -247,9 +248,25 @@ void Transformer::norm_bwd(Graph & g, Tensor dx, Tensor dw, Tensor db, Tensor do
     else g.layernorm_bwd(dx, dw, db, dout, x, w, mean, rstd);
 }
 
+Tensor Transformer::sublayer_out(Graph & g, Tensor partial, Tensor slice, Tensor scratch, Tensor normed, Tensor rstd,
+                                 Tensor w, Phase resume) const {
+    const Tensor out = reduce_rows(g, partial, slice, scratch, resume);
+    if (!cfg_.post_norm) return out;
+    g.rmsnorm_fwd(normed, rstd, out, w, cfg_.ln_eps);
+    return normed;
+}
+
+Tensor Transformer::post_norm_bwd(Graph & g, Tensor dout_in, Tensor dw, Tensor in, Tensor w, Tensor rstd) const {
+    g.fill_zero(dout_in);   // rmsnorm_bwd adds into its input gradient
+    g.rmsnorm_bwd(dout_in, dw, dres_, in, w, rstd);
+    return dout_in;
+}
+
 void Transformer::qkv_fwd(Graph & g, const LayerActs & a, Tensor ln1, const ModelWeights::Layer & p, int pos0) const {
     project(g, a.qkv, ln1, p, Proj::qkv, a.rc);
-    if (cfg_.qk_norm) g.qk_norm_fwd(a.qkv, a.qk_raw, a.qk_rstd, p.qnw, p.knw, cfg_.n_head, cfg_.kv_heads(), cfg_.ln_eps);
+    if (cfg_.qk_norm)
+        g.qk_norm_fwd(a.qkv, a.qk_raw, a.qk_rstd, p.qnw, p.knw, cfg_.qk_norm_q_groups(), cfg_.qk_norm_k_groups(),
+                      cfg_.ln_eps);
     if (llama_) g.rope_fwd(a.qkv, cfg_.n_head, cfg_.kv_heads(), rope_, pos0, docs_);
 }
 
@@ -276,7 +293,9 @@ void Transformer::attention_bwd(Graph & g, const LayerActs & a, const ModelWeigh
     else g.attention_bwd(dqkv, a.datty, qkv, a.att, NH, attention_start());
     if (gqa_) g.repeat_kv_bwd(a.dqkv, a.dqkv_rep, NH, KVH);
     if (llama_) g.rope_bwd(a.dqkv, NH, KVH, rope_, 0, docs_);
-    if (cfg_.qk_norm) g.qk_norm_bwd(a.dqkv, dp.qnw, dp.knw, a.qk_raw, p.qnw, p.knw, a.qk_rstd, NH, KVH);
+    if (cfg_.qk_norm)
+        g.qk_norm_bwd(a.dqkv, dp.qnw, dp.knw, a.qk_raw, p.qnw, p.knw, a.qk_rstd, cfg_.qk_norm_q_groups(),
+                      cfg_.qk_norm_k_groups());
 }
 
 void Transformer::act_fwd(Graph & g, Tensor out, Tensor fc) const {
@@ -397,27 +416,30 @@ void Transformer::project_bwd(Graph & g, Tensor dinp, Tensor dout, Tensor inp, c
 void Transformer::layer_forward(Graph & g, const LayerActs & a, const ModelWeights::Layer & p, Tensor x,
                                 bool need_output, int cache, int pos0) const {
     const Phase phase = a.rc ? Phase::recompute : Phase::forward;
-    norm_fwd(g, a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b);
-    qkv_fwd(g, a, gather_rows(g, a.ln1, a.ln1g, phase), p, pos0);
+    // post_norm (OLMo 2): attention and the MLP read the stream itself; ln1 and ln2 follow them.
+    const bool post = cfg_.post_norm;
+    if (!post) norm_fwd(g, a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b);
+    qkv_fwd(g, a, gather_rows(g, post ? x : a.ln1, a.ln1g, phase), p, pos0);
     if (cache >= 0)
         g.cached_attention_fwd(a.atty, a.qkv, kcache_[size_t(cache)], vcache_[size_t(cache)], pos0, cfg_.n_head,
                                cfg_.kv_heads(), cfg_.sliding_window);
     else
         attention_fwd(g, a.atty, a.lse, a.att, a.qkv_rep, a.qkv);
     project(g, a.attproj, a.atty, p, Proj::o, a.rc);
-    g.residual_fwd(a.res2, x, reduce_rows(g, a.attproj, a.attproj_s, a.tp_attn, phase));
-    norm_fwd(g, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b);
+    g.residual_fwd(a.res2, x, sublayer_out(g, a.attproj, a.attproj_s, a.tp_attn, a.ln1, a.ln1_rstd, p.ln1w, phase));
+    if (!post) norm_fwd(g, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b);
+    const Tensor mlp_in = post ? a.res2 : a.ln2;
     if (mlp_rows_ > 0) {   // TiledMLP (the last layer of a recomputed segment needs none of it)
         if (!need_output) return;
-        mlp_tiled_fwd(g, a, p, gather_rows(g, a.ln2, a.ln2g, phase));
-        g.residual_fwd(a.res3, a.res2, reduce_rows(g, a.fcproj, a.fcproj_s, a.tp_mlp, phase));
+        mlp_tiled_fwd(g, a, p, gather_rows(g, mlp_in, a.ln2g, phase));
+        g.residual_fwd(a.res3, a.res2, sublayer_out(g, a.fcproj, a.fcproj_s, a.tp_mlp, a.ln2, a.ln2_rstd, p.ln2w, phase));
         return;
     }
-    project(g, a.fch, gather_rows(g, a.ln2, a.ln2g, phase), p, Proj::fc, a.rc);
+    project(g, a.fch, gather_rows(g, mlp_in, a.ln2g, phase), p, Proj::fc, a.rc);
     act_fwd(g, a.fch_gelu, a.fch);
     if (!need_output) return;
     project(g, a.fcproj, a.fch_gelu, p, Proj::down, a.rc);
-    g.residual_fwd(a.res3, a.res2, reduce_rows(g, a.fcproj, a.fcproj_s, a.tp_mlp, phase));
+    g.residual_fwd(a.res3, a.res2, sublayer_out(g, a.fcproj, a.fcproj_s, a.tp_mlp, a.ln2, a.ln2_rstd, p.ln2w, phase));
 }
 
 void Transformer::forward(Graph & g, const ModelWeights & w, Tensor tokens, const LayerHook & layer_begin) const {
@@ -539,7 +561,14 @@ void Transformer::head_loss_tp(Graph & g, const ModelWeights & w, const ModelWei
                  round_logit_grads(w));
 }
 
+Transformer::LayerActs Transformer::with_own_grads(LayerActs r, const LayerActs & own) {
+    r.dfch_gelu = own.dfch_gelu, r.dfch = own.dfch, r.dln2 = own.dln2, r.datty = own.datty, r.dqkv = own.dqkv;
+    r.dln1 = own.dln1, r.qkv_rep_b = own.qkv_rep_b, r.dqkv_rep = own.dqkv_rep, r.dpost = own.dpost;
+    return r;
+}
+
 Transformer::LayerActs Transformer::recompute_dropped(Graph & g, int l, const ModelWeights::Layer & p, Tensor x) const {
+    if (cfg_.post_norm) return recompute_dropped_post(g, l, p, x);
     const LayerActs & r = rc(l);
     LayerActs a = acts(l);
     auto dropped = [&](Saved u) { return !rc_plan_.keeps(l, u); };
@@ -579,6 +608,81 @@ Transformer::LayerActs Transformer::recompute_dropped(Graph & g, int l, const Mo
     return a;
 }
 
+// One layer's backward: dres_ holds d(its output) and gets d(its input). `a` holds what forward
+// saved (or its recomputation), `own` the layer's own gradient and gather buffers.
+void Transformer::layer_backward(Graph & g, const LayerActs & a, const LayerActs & own, const ModelWeights::Layer & p,
+                                 const ModelWeights::Layer & dp, Tensor x) const {
+    // post_norm (OLMo 2): each branch's output passed through its norm, whose backward comes
+    // first; the branches read the stream itself, so their input gradients add into dres_.
+    const bool post = cfg_.post_norm;
+    const Tensor dmlp = post ? post_norm_bwd(g, own.dpost, dp.ln2w, a.fcproj, p.ln2w, a.ln2_rstd)
+                             : gather_rows(g, dres_, own.dres_g1, Phase::backward);
+    const Tensor mlp_in = post ? a.res2 : a.ln2;
+    if (mlp_rows_ > 0) {
+        mlp_tiled_bwd(g, a, own, p, dp, gather_rows(g, mlp_in, own.ln2g_b, Phase::backward), dmlp);
+    } else {
+        project_bwd(g, a.dfch_gelu, dmlp, a.fch_gelu, p, dp, Proj::down);
+        act_bwd(g, a.dfch, a.dfch_gelu, a.fch);
+        project_bwd(g, a.dln2, a.dfch, gather_rows(g, mlp_in, own.ln2g_b, Phase::backward), p, dp, Proj::fc);
+    }
+    const Tensor dln2 = reduce_rows(g, a.dln2, own.dln2_s, own.tp_dln2, Phase::backward);
+    if (post) g.residual_fwd(dres_, dres_, dln2);
+    else norm_bwd(g, dres_, dp.ln2w, dp.ln2b, dln2, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd);
+    const Tensor dattn = post ? post_norm_bwd(g, own.dpost, dp.ln1w, a.attproj, p.ln1w, a.ln1_rstd)
+                              : gather_rows(g, dres_, own.dres_g2, Phase::backward);
+    project_bwd(g, a.datty, dattn, a.atty, p, dp, Proj::o);
+    attention_bwd(g, a, p, dp);
+    project_bwd(g, a.dln1, a.dqkv, gather_rows(g, post ? x : a.ln1, own.ln1g_b, Phase::backward), p, dp, Proj::qkv);
+    const Tensor dln1 = reduce_rows(g, a.dln1, own.dln1_s, own.tp_dln1, Phase::backward);
+    if (post) g.residual_fwd(dres_, dres_, dln1);
+    else norm_bwd(g, dres_, dp.ln1w, dp.ln1b, dln1, x, p.ln1w, a.ln1_mean, a.ln1_rstd);
+}
+
+// post_norm (OLMo 2): backward reads each norm's input (the output projections, attproj and
+// fcproj) and rstd, not its output; the ln1 and ln2 units are those, recomputed with their
+// projections, and ln2's last (it reads the MLP's activation).
+Transformer::LayerActs Transformer::recompute_dropped_post(Graph & g, int l, const ModelWeights::Layer & p,
+                                                           Tensor x) const {
+    const LayerActs & r = rc(l);
+    LayerActs a = acts(l);
+    auto dropped = [&](Saved u) { return !rc_plan_.keeps(l, u); };
+    if (dropped(Saved::qkv)) {
+        qkv_fwd(g, r, x, p, 0);
+        a.qkv = r.qkv, a.qk_raw = r.qk_raw, a.qk_rstd = r.qk_rstd;
+    }
+    const bool probs_dropped = !flash_ && dropped(Saved::attn_probs);
+    if (dropped(Saved::attn_out) || probs_dropped) {
+        if (dropped(Saved::attn_out)) a.atty = r.atty, a.lse = r.lse;
+        if (probs_dropped) a.att = r.att;
+        attention_fwd(g, a.atty, a.lse, a.att, r.qkv_rep, a.qkv);
+    }
+    if (dropped(Saved::ln1)) {
+        project(g, r.attproj, a.atty, p, Proj::o, true);
+        g.rmsnorm_fwd(r.ln1, r.ln1_rstd, r.attproj, p.ln1w, cfg_.ln_eps);
+        a.attproj = r.attproj, a.ln1_rstd = r.ln1_rstd;
+    }
+    if (dropped(Saved::res2)) {   // the norm's output again (kept by no unit), then the add
+        g.rmsnorm_fwd(r.ln1, r.ln1_rstd, a.attproj, p.ln1w, cfg_.ln_eps);
+        g.residual_fwd(r.res2, x, r.ln1);
+        a.res2 = r.res2;
+    }
+    if (dropped(Saved::fc) && mlp_rows_ == 0) {   // TiledMLP: backward recomputes chunk by chunk
+        project(g, r.fch, a.res2, p, Proj::fc, true);
+        a.fch = r.fch;
+    }
+    if (dropped(Saved::gelu) && mlp_rows_ == 0) {
+        act_fwd(g, r.fch_gelu, a.fch);
+        a.fch_gelu = r.fch_gelu;
+    }
+    if (dropped(Saved::ln2)) {
+        if (mlp_rows_ > 0) mlp_tiled_fwd(g, r, p, a.res2);
+        else project(g, r.fcproj, a.fch_gelu, p, Proj::down, true);
+        g.rmsnorm_fwd(r.ln2, r.ln2_rstd, r.fcproj, p.ln2w, cfg_.ln_eps);
+        a.fcproj = r.fcproj, a.ln2_rstd = r.ln2_rstd;
+    }
+    return a;
+}
+
 void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights & dw, Tensor tokens,
                            const LayerHook & layer_done, const LayerHook & layer_begin) const {
     const int K = rc_plan_.segment;
@@ -610,17 +714,14 @@ void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights
                 Tensor in = saved_input(seg);
                 for (int r = seg; r <= l; ++r) {
                     g.layer(r);
-                    layer_forward(g, rc(r), w.h[size_t(r)], in, r < l);
+                    // post_norm's backward reads the MLP output (ln2's input): the last layer's too.
+                    layer_forward(g, rc(r), w.h[size_t(r)], in, r < l || cfg_.post_norm);
                     in = rc(r).res3;
                 }
                 g.phase(Phase::backward);
             }
             if (l > seg) x = rc(l - 1).res3;
-            a = rc(l);
-            // The gradient buffers are the layer's own.
-            const LayerActs & f = acts(l);
-            a.dfch_gelu = f.dfch_gelu, a.dfch = f.dfch, a.dln2 = f.dln2, a.datty = f.datty, a.dqkv = f.dqkv;
-            a.dln1 = f.dln1, a.qkv_rep_b = f.qkv_rep_b, a.dqkv_rep = f.dqkv_rep;
+            a = with_own_grads(rc(l), acts(l));   // the gradient buffers are the layer's own
         } else {
             g.layer(l);
             g.phase(Phase::recompute);
@@ -629,23 +730,7 @@ void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights
         }
         g.layer(l);
         // dres holds d(residual_mlp); the MLP branch's output gradient is the same tensor.
-        const LayerActs & own = acts(l);   // the layer's own gradient and gather buffers
-        if (mlp_rows_ > 0) {
-            mlp_tiled_bwd(g, a, own, p, dp, gather_rows(g, a.ln2, own.ln2g_b, Phase::backward),
-                          gather_rows(g, dres_, own.dres_g1, Phase::backward));
-        } else {
-            project_bwd(g, a.dfch_gelu, gather_rows(g, dres_, own.dres_g1, Phase::backward), a.fch_gelu, p, dp,
-                        Proj::down);
-            act_bwd(g, a.dfch, a.dfch_gelu, a.fch);
-            project_bwd(g, a.dln2, a.dfch, gather_rows(g, a.ln2, own.ln2g_b, Phase::backward), p, dp, Proj::fc);
-        }
-        const Tensor dln2 = reduce_rows(g, a.dln2, own.dln2_s, own.tp_dln2, Phase::backward);
-        norm_bwd(g, dres_, dp.ln2w, dp.ln2b, dln2, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd);
-        project_bwd(g, a.datty, gather_rows(g, dres_, own.dres_g2, Phase::backward), a.atty, p, dp, Proj::o);
-        attention_bwd(g, a, p, dp);
-        project_bwd(g, a.dln1, a.dqkv, gather_rows(g, a.ln1, own.ln1g_b, Phase::backward), p, dp, Proj::qkv);
-        const Tensor dln1 = reduce_rows(g, a.dln1, own.dln1_s, own.tp_dln1, Phase::backward);
-        norm_bwd(g, dres_, dp.ln1w, dp.ln1b, dln1, x, p.ln1w, a.ln1_mean, a.ln1_rstd);
+        layer_backward(g, a, acts(l), p, dp, x);
         if (layer_done) layer_done(g, l);
     }
     // Layers below the lowest trained one have no gradients to hand over.

@@ -216,6 +216,9 @@ private:
             fch_gelu, fcproj, res3;
         // backward (qkv_rep_b, dqkv_rep: the repeated heads, grouped-query attention only)
         Tensor dfch_gelu, dfch, dln2, datty, dqkv, dln1, qkv_rep_b, dqkv_rep;
+        // OLMo 2 (post_norm): ln1 and ln2 normalise the attention's and the MLP's outputs; dpost
+        // is the gradient of the one whose backward runs.
+        Tensor dpost;
         // TiledMLP: backward's recomputed chunk (fch, fch_gelu and their gradients are chunks too)
         Tensor fch_b, fch_gelu_b;
         // Tensor parallel, 16-bit: the fp32 copies of the four sums while in flight
@@ -240,8 +243,18 @@ private:
     // With cache >= 0 (decode), attention reads and extends layer `cache`'s KV cache at pos0.
     void layer_forward(Graph & g, const LayerActs & a, const ModelWeights::Layer & p, Tensor x, bool need_output,
                        int cache = -1, int pos0 = 0) const;
+    // The recomputed set `r` with the layer's own gradient buffers (`own`): what backward reads.
+    static LayerActs with_own_grads(LayerActs r, const LayerActs & own);
+    void layer_backward(Graph & g, const LayerActs & a, const LayerActs & own, const ModelWeights::Layer & p,
+                        const ModelWeights::Layer & dp, Tensor x) const;
     // The family's pieces.
     void norm_fwd(Graph & g, Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, Tensor b) const;
+    // A sublayer's output as its residual add takes it: summed over the tensor group (this rank's
+    // rows, sequence parallel) and, post_norm, normalised into `normed` (its rstd saved).
+    Tensor sublayer_out(Graph & g, Tensor partial, Tensor slice, Tensor scratch, Tensor normed, Tensor rstd, Tensor w,
+                        Phase resume) const;
+    // post_norm's backward of that norm: d(its input) into dout_in (overwritten) from dres_.
+    Tensor post_norm_bwd(Graph & g, Tensor dout_in, Tensor dw, Tensor in, Tensor w, Tensor rstd) const;
     void norm_bwd(Graph & g, Tensor dx, Tensor dw, Tensor db, Tensor dout, Tensor x, Tensor w, Tensor mean,
                   Tensor rstd) const;
     // q|k|v of `a` (its qkv, and qk_raw/qk_rstd with Qwen3's norms) from ln1.
@@ -286,6 +299,7 @@ private:
     // Recomputes the units layer l's mask dropped into rc_[l]; returns the layer's activations
     // as backward reads them (kept ones from forward, the rest recomputed).
     LayerActs recompute_dropped(Graph & g, int l, const ModelWeights::Layer & p, Tensor x) const;
+    LayerActs recompute_dropped_post(Graph & g, int l, const ModelWeights::Layer & p, Tensor x) const;
 
     ModelConfig cfg_;
     int B_, T_;

@@ -11,6 +11,10 @@ with ignore_index -100) and torch.optim.AdamW for two steps:
   tests/data/phi3_tiny.safetensors     Phi-3 (modeling_phi3.py): LLaMA blocks stored with q|k|v fused
                                        into self_attn.qkv_proj and gate|up into mlp.gate_up_proj (rows
                                        stacked in that order), sliding_window 9, untied head.
+  tests/data/olmo2_tiny.safetensors    OLMo 2 (modeling_olmo2.py): RMSNorm over all of q and all of k
+                                       (q_norm [heads x head_dim]) before RoPE, and each block's norms
+                                       on the attention and MLP outputs before the residual adds
+                                       (post_attention_layernorm, post_feedforward_layernorm), untied head.
 
 The fixture stores the parameters under their Hugging Face names, input_ids, targets, and
 expected.logits / loss / grad.* / step1.* / loss_step2 / step2.*, in float32, with the config and
@@ -64,6 +68,12 @@ PHI3_LONGROPE = dict(PHI3, partial_rotary_factor=0.75, max_position_embeddings=6
                      original_max_position_embeddings=16, sliding_window=None,
                      rope_scaling={"type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
                                    "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0]})
+OLMO2 = {
+    "model_type": "olmo2", "vocab_size": 71, "hidden_size": 64, "intermediate_size": 160,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "rms_norm_eps": 1e-6,
+    "rope_theta": 500000.0, "max_position_embeddings": 128, "hidden_act": "silu", "tie_word_embeddings": False,
+    "attention_bias": False,
+}
 # Phi-3's fused checkpoint tensors: name -> the parts (rows stacked in this order), per layer.
 FUSED = {"phi3": {"self_attn.qkv_proj.weight": ["self_attn.q_proj.weight", "self_attn.k_proj.weight",
                                                 "self_attn.v_proj.weight"],
@@ -141,11 +151,14 @@ def forward(p, ids):
     mask = torch.full((T, T), float("-inf"), dtype=DT).triu(1)
     if CONFIG.get("sliding_window"):   # keys at or before t - window are out of reach
         mask = mask + torch.full((T, T), float("-inf"), dtype=DT).tril(-CONFIG["sliding_window"])
+    olmo2 = CONFIG["model_type"] == "olmo2"   # norms after attention and the MLP, q/k norms whole
     for l in range(L):
         h = f"model.layers.{l}."
-        a = rms_norm(x, p[h + "input_layernorm.weight"])
+        a = x if olmo2 else rms_norm(x, p[h + "input_layernorm.weight"])
         q, k, v = (a @ p[h + f"self_attn.{n}_proj.weight"].T + p.get(h + f"self_attn.{n}_proj.bias", 0.0)
                    for n in "qkv")
+        if olmo2:   # over all heads of q, and of k, before RoPE
+            q, k = rms_norm(q, p[h + "self_attn.q_norm.weight"]), rms_norm(k, p[h + "self_attn.k_norm.weight"])
         q, k = q.view(B, T, NH, HD), k.view(B, T, KVH, HD)
         if CONFIG["model_type"] == "qwen3":   # each head normalized over head_dim, before RoPE
             q, k = rms_norm(q, p[h + "self_attn.q_norm.weight"]), rms_norm(k, p[h + "self_attn.k_norm.weight"])
@@ -155,10 +168,16 @@ def forward(p, ids):
         k, v = k.repeat_interleave(NH // KVH, dim=1), v.repeat_interleave(NH // KVH, dim=1)
         att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(HD) + mask, dim=-1)
         o = (att @ v).transpose(1, 2).reshape(B, T, NH * HD)
-        x = x + o @ p[h + "self_attn.o_proj.weight"].T
-        m = rms_norm(x, p[h + "post_attention_layernorm.weight"])
+        o = o @ p[h + "self_attn.o_proj.weight"].T
+        if olmo2:
+            x = x + rms_norm(o, p[h + "post_attention_layernorm.weight"])
+            m = x
+        else:
+            x = x + o
+            m = rms_norm(x, p[h + "post_attention_layernorm.weight"])
         gate, up = m @ p[h + "mlp.gate_proj.weight"].T, m @ p[h + "mlp.up_proj.weight"].T
-        x = x + (torch.nn.functional.silu(gate) * up) @ p[h + "mlp.down_proj.weight"].T
+        y = (torch.nn.functional.silu(gate) * up) @ p[h + "mlp.down_proj.weight"].T
+        x = x + (rms_norm(y, p[h + "post_feedforward_layernorm.weight"]) if olmo2 else y)
     head = p["model.embed_tokens.weight"] if CONFIG["tie_word_embeddings"] else p["lm_head.weight"]
     return rms_norm(x, p["model.norm.weight"]) @ head.T
 
@@ -167,15 +186,20 @@ def parameters():
     shapes = [("model.embed_tokens.weight", (V, C))]
     for l in range(L):
         h = f"model.layers.{l}."
-        shapes += [(h + "input_layernorm.weight", (C,)), (h + "self_attn.q_proj.weight", (NH * HD, C)),
+        olmo2 = CONFIG["model_type"] == "olmo2"
+        shapes += [] if olmo2 else [(h + "input_layernorm.weight", (C,))]
+        shapes += [(h + "self_attn.q_proj.weight", (NH * HD, C)),
                    (h + "self_attn.k_proj.weight", (KVH * HD, C)), (h + "self_attn.v_proj.weight", (KVH * HD, C))]
         if CONFIG["model_type"] == "qwen2":
             shapes += [(h + "self_attn.q_proj.bias", (NH * HD,)), (h + "self_attn.k_proj.bias", (KVH * HD,)),
                        (h + "self_attn.v_proj.bias", (KVH * HD,))]
         if CONFIG["model_type"] == "qwen3":
             shapes += [(h + "self_attn.q_norm.weight", (HD,)), (h + "self_attn.k_norm.weight", (HD,))]
-        shapes += [(h + "self_attn.o_proj.weight", (C, NH * HD)), (h + "post_attention_layernorm.weight", (C,)),
-                   (h + "mlp.gate_proj.weight", (F, C)), (h + "mlp.up_proj.weight", (F, C)),
+        if olmo2:
+            shapes += [(h + "self_attn.q_norm.weight", (NH * HD,)), (h + "self_attn.k_norm.weight", (KVH * HD,))]
+        shapes += [(h + "self_attn.o_proj.weight", (C, NH * HD)), (h + "post_attention_layernorm.weight", (C,))]
+        shapes += [(h + "post_feedforward_layernorm.weight", (C,))] if olmo2 else []
+        shapes += [(h + "mlp.gate_proj.weight", (F, C)), (h + "mlp.up_proj.weight", (F, C)),
                    (h + "mlp.down_proj.weight", (C, F))]
     shapes += [("model.norm.weight", (C,))] + ([] if CONFIG["tie_word_embeddings"] else [("lm_head.weight", (V, C))])
     p = {}
@@ -275,3 +299,4 @@ if __name__ == "__main__":
     fixture(PHI3, "phi3_tiny.safetensors", 3)
     fixture(PHI3_LONGROPE, "phi3_longrope_tiny.safetensors", 4)
     fixture(QWEN3, "qwen3_tiny.safetensors", 3)
+    fixture(OLMO2, "olmo2_tiny.safetensors", 5)

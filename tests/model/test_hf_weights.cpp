@@ -221,6 +221,32 @@ TEST(HfWeights, Phi3FoldersFuseQkvAndGateUp) {
     }
 }
 
+// OLMo 2 folders: the norms after attention and the MLP under their own names, q_norm and
+// k_norm over all heads; export then load is bitwise, and a llama folder's input_layernorm is
+// not an olmo2 checkpoint.
+TEST(HfWeights, Olmo2FoldersRoundTrip) {
+    ModelConfig cfg = llama_config(false);
+    cfg.model_type = "olmo2";
+    cfg.n_kv_head = 0;   // as many KV heads as heads
+    cfg.qk_norm = cfg.qk_norm_whole = cfg.post_norm = true;
+    cfg.validate();
+    Model m(cfg);
+    const fs::path dir = fresh_dir("olmo2");
+    export_hf(dir.string(), m.cfg, m.layout, m.params.data());
+    const SafetensorsFile f = SafetensorsFile::open((dir / "model.safetensors").string());
+    EXPECT_EQ(f.info("model.layers.1.self_attn.q_norm.weight").shape, (std::vector<int64_t>{16}));
+    EXPECT_EQ(f.info("model.layers.0.post_feedforward_layernorm.weight").shape, (std::vector<int64_t>{16}));
+    const ModelConfig back = resolve_model(dir.string());
+    EXPECT_EQ(back.model_type, "olmo2");
+    EXPECT_TRUE(back.post_norm && back.qk_norm_whole);
+    std::vector<float> got(m.layout.total, -1.0f);
+    load_hf_weights(dir.string(), back, m.layout, got.data());
+    EXPECT_EQ(got, m.params);
+    Model llama(llama_config(false));
+    write_folder(dir, llama, "F32");
+    EXPECT_THROW(load_hf_weights(dir.string(), back, m.layout, got.data()), FormatError);
+}
+
 // A NaN or inf in a folder's weights is refused where it is read, naming the tensor (it used
 // to train into a "loss became nan" at step 1, or print garbage in `generate`).
 TEST(HfWeights, NonFiniteWeightsAreRefusedByName) {

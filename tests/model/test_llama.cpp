@@ -413,6 +413,54 @@ TEST(Llama, Qwen3FixtureWithin1e4) {
     EXPECT_TRUE(r.json["errors"].contains("step2.model.layers.1.self_attn.k_norm.weight")) << r.json.dump(2);
 }
 
+// OLMo 2 (same generator, olmo2_tiny.safetensors): q and k RMS-normalized over all their heads
+// before RoPE, and each block's norms on the attention and MLP outputs before the residual adds;
+// both norms' and the q/k norms' gradients and updates checked.
+TEST(Llama, Olmo2FixtureWithin1e4) {
+    const VerifyReport r = verify_fixture(std::string(MEMFIT_TEST_DATA) + "/olmo2_tiny.safetensors");
+    EXPECT_TRUE(r.ok) << r.json.dump(2);
+    EXPECT_LE(r.json["max_error"].get<double>(), 1e-4);
+    for (const char * name : {"grad.model.layers.0.self_attn.q_norm.weight", "step2.model.layers.1.self_attn.k_norm.weight",
+                              "grad.model.layers.1.post_attention_layernorm.weight",
+                              "step2.model.layers.0.post_feedforward_layernorm.weight"})
+        EXPECT_TRUE(r.json["errors"].contains(name)) << name << "\n" << r.json.dump(2);
+    EXPECT_FALSE(r.json["errors"].contains("grad.model.layers.0.input_layernorm.weight")) << r.json.dump(2);
+}
+
+// OLMo 2 configs: Olmo2Config's defaults, the norms the model_type implies, the presets at the
+// counts of their published shapes (OLMo-2-1124-7B: 7.30B; 13B: 13.7B), written back as
+// Olmo2ForCausalLM; grouped KV heads (OLMo-2-32B) refused in one line, and so is --tp.
+TEST(Llama, Olmo2ConfigsAndPresets) {
+    const ModelConfig seven = model_preset("olmo-2-7b");
+    EXPECT_EQ(seven.num_params(), 7298617344);
+    EXPECT_TRUE(seven.post_norm && seven.qk_norm && seven.qk_norm_whole);
+    EXPECT_FALSE(seven.tied_head);
+    EXPECT_EQ(make_param_layout(seven).find("model.layers.31.self_attn.k_norm.weight").numel, 4096u);
+    EXPECT_EQ(make_param_layout(seven).try_find("model.layers.0.input_layernorm.weight"), nullptr);
+    EXPECT_EQ(int64_t(make_param_layout(seven).total), seven.num_params());
+    EXPECT_EQ(model_preset("olmo-2-13b").num_params(), 13716198400);
+    EXPECT_EQ(model_preset("olmo-2-1b").num_params(), 1484916736);
+    nlohmann::json j = {{"model_type", "olmo2"}, {"hidden_size", 64}, {"intermediate_size", 160},
+                        {"num_hidden_layers", 2}, {"num_attention_heads", 4}};
+    const ModelConfig c = parse_hf_config(j, "olmo2");
+    EXPECT_EQ(c.vocab_size, 50304);   // Olmo2Config's defaults
+    EXPECT_EQ(c.max_seq, 2048);
+    EXPECT_FLOAT_EQ(c.ln_eps, 1e-5f);
+    EXPECT_TRUE(c.post_norm && c.qk_norm_whole);
+    const nlohmann::json back = hf_config_json(c);
+    EXPECT_EQ(back["architectures"][0], "Olmo2ForCausalLM");
+    EXPECT_EQ(back["model_type"], "olmo2");
+    EXPECT_TRUE(parse_hf_config(back, "again").post_norm);
+    j["num_key_value_heads"] = 2;
+    try {
+        parse_hf_config(j, "olmo2-gqa");
+        ADD_FAILURE() << "grouped KV heads accepted";
+    } catch (const ConfigError & e) {
+        EXPECT_NE(std::string(e.what()).find("olmo2 with 2 KV heads for 4 heads"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(tp_local_config(seven, 2), ConfigError);
+}
+
 // Qwen3 and Mistral 7B presets, counted from their config.json shapes; the model cards' rounded
 // totals (non-embedding): Qwen3 0.6B (0.44B), 1.7B (1.4B), 4.0B (3.6B), 8.2B (6.95B); Mistral
 // 7B v0.1 7,241,732,096. A qwen3 config takes Qwen3Config's head_dim 128 when it has none.

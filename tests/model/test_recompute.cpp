@@ -257,3 +257,39 @@ TEST(Recompute, Qwen3QkNormsRecomputeWithQkv) {
         expect_bitwise_equal(cfg, backend, policies, flash);
     }
 }
+
+// OLMo 2's norms follow attention and the MLP: backward reads their inputs (the o and down
+// projections' outputs) and rstd, which the ln1 and ln2 units keep or recompute with their
+// projections; the bytes and FLOPs are layer_keep_cost's, and every policy, random masks and
+// TiledMLP included, trains bitwise equal to keeping everything.
+TEST(Recompute, Olmo2PostNormsRecomputeWithTheirProjections) {
+    CpuBackend backend;
+    const nlohmann::json j = {{"model_type", "olmo2"}, {"vocab_size", V}, {"hidden_size", C},
+                              {"intermediate_size", 64}, {"num_hidden_layers", 3}, {"num_attention_heads", 4},
+                              {"max_position_embeddings", T}};
+    const ModelConfig cfg = parse_hf_config(j, "olmo2");
+    const int layers = cfg.n_layer;
+    std::mt19937 rng(7);
+    for (bool flash : {false, true}) {
+        SCOPED_TRACE(flash ? "flash" : "naive");
+        auto program = [&](const RecomputePlan & rc) { return StepPlans(cfg, backend, options(rc, flash)); };
+        const StepPlans full = program(parse_recompute("full", layers));
+        const uint64_t base = live_at_backward_start(full.train->program());
+        EXPECT_EQ(live_at_backward_start(program(parse_recompute("none", layers)).train->program()),
+                  base + layers * layer_keep_cost(cfg, B, T, flash, DType::f32, kKeepAll).bytes);
+        EXPECT_DOUBLE_EQ(recompute_flops(full.train->program()),
+                         layers * layer_keep_cost(cfg, B, T, flash, DType::f32, 0).flops);
+        const RecomputePlan selective = parse_recompute("selective", layers);
+        EXPECT_DOUBLE_EQ(recompute_flops(program(selective).train->program()),
+                         layers * layer_keep_cost(cfg, B, T, flash, DType::f32, kKeepSelective).flops);
+        std::vector<RecomputePlan> policies;
+        for (const char * pol : {"none", "full", "selective", "every:2"}) policies.push_back(parse_recompute(pol, layers));
+        for (int i = 0; i < 4; ++i) {
+            RecomputePlan p;
+            p.name = "random";
+            for (int l = 0; l < layers; ++l) p.keep.push_back(uint32_t(rng()) & kKeepAll);
+            policies.push_back(p);
+        }
+        expect_bitwise_equal(cfg, backend, policies, flash);
+    }
+}

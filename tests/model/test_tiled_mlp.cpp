@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include <nlohmann/json.hpp>
+
 #include "backend/cpu/cpu_backend.h"
+#include "model/config.h"
 #include "model/recompute.h"
 #include "train/engine.h"
 #include "test_util.h"
@@ -50,12 +53,16 @@ Trained train(const ModelConfig & cfg, const char * recompute, int mlp_chunk, bo
 
 }  // namespace
 
+// GPT-2, LLaMA and OLMo 2 (whose MLP output feeds a norm before the residual add).
 TEST(TiledMlp, EqualsTheWholeMlpUnderEveryPolicy) {
-    for (bool llama : {false, true}) {
-        const ModelConfig cfg = test::small_family(llama, V, 32, 3, 4, 88);
+    const nlohmann::json olmo2 = {{"model_type", "olmo2"}, {"vocab_size", V}, {"hidden_size", 32},
+                                  {"intermediate_size", 88}, {"num_hidden_layers", 3}, {"num_attention_heads", 4},
+                                  {"max_position_embeddings", T}};
+    for (const ModelConfig & cfg : {test::small_family(false, V, 32, 3, 4, 88), test::small_family(true, V, 32, 3, 4, 88),
+                                    parse_hf_config(olmo2, "olmo2")}) {
         for (const char * rc : {"none", "full", "selective", "every:2"})
             for (bool flash : {false, true}) {
-                SCOPED_TRACE(std::string(llama ? "llama " : "gpt2 ") + rc + (flash ? " flash" : " naive"));
+                SCOPED_TRACE(cfg.describe() + " " + rc + (flash ? " flash" : " naive"));
                 const Trained whole = train(cfg, rc, 0, flash);
                 // 7 rows per chunk: 48 rows are 6 chunks of 7 and one of 6.
                 const Trained tiled = train(cfg, rc, 7, flash);
