@@ -171,7 +171,8 @@ void ModelConfig::validate() const {
     if (head_dim() % 2 != 0) bad(fmt::format("head_dim = {} must be even for rotary embeddings", head_dim()));
     if (!(rope_theta > 0)) bad(fmt::format("rope_theta = {}, must be positive", rope_theta));
     const Rope & r = rope_scaling;
-    if ((r.scaling == RopeScaling::linear || r.scaling == RopeScaling::llama3) && !(r.factor >= 1))
+    if ((r.scaling == RopeScaling::linear || r.scaling == RopeScaling::llama3 || r.scaling == RopeScaling::yarn) &&
+        !(r.factor >= 1))
         bad(fmt::format("rope_scaling factor = {}, must be at least 1", r.factor));
     if (r.scaling == RopeScaling::llama3) {
         if (!(r.low_freq_factor > 0) || !(r.high_freq_factor > r.low_freq_factor))
@@ -282,9 +283,47 @@ Rope parse_longrope(const nlohmann::json & j, const nlohmann::json & rs, const s
     return r;
 }
 
+// rope_scaling of type yarn: factor (absent: max_position_embeddings / the original), the
+// original context (absent: max_position_embeddings), beta_fast / beta_slow (32 / 1),
+// truncate, and the cos/sin scale attention_factor (absent: from mscale and mscale_all_dim, or
+// 0.1 ln(factor) + 1), as transformers' _compute_yarn_parameters reads them.
+Rope parse_yarn(const nlohmann::json & j, const nlohmann::json & rs, const std::string & name) {
+    Rope r;
+    r.scaling = RopeScaling::yarn;
+    auto given = [&](const char * k) { return rs.contains(k) && !rs[k].is_null(); };
+    const int max_pos = int_field(j, "max_position_embeddings", 4096, name);
+    r.original_context = given("original_max_position_embeddings")
+                             ? int_field(rs, "original_max_position_embeddings", name) : max_pos;
+    if (r.original_context < 2)
+        throw ConfigError(fmt::format("{}: rope_scaling original_max_position_embeddings = {} must be at least 2", name,
+                                      r.original_context));
+    auto number = [&](const char * k, float fallback) {
+        const float x = given(k) ? float_field(rs, k, fallback, name) : fallback;
+        if (!(x > 0) || !std::isfinite(x))
+            throw ConfigError(fmt::format("{}: rope_scaling {} = {} must be a positive number", name, k,
+                                          given(k) ? rs[k].dump() : std::to_string(x)));
+        return x;
+    };
+    r.factor = number("factor", float(max_pos) / float(r.original_context));
+    r.beta_fast = number("beta_fast", 32.0f);
+    r.beta_slow = number("beta_slow", 1.0f);
+    if (given("truncate")) {
+        if (!rs["truncate"].is_boolean())
+            throw ConfigError(fmt::format("{}: rope_scaling truncate = {} must be true or false", name, rs["truncate"].dump()));
+        r.truncate = rs["truncate"].get<bool>();
+    }
+    auto mscale = [&](double m) { return r.factor <= 1 ? 1.0 : 0.1 * m * std::log(double(r.factor)) + 1.0; };
+    if (given("attention_factor")) r.attention_factor = number("attention_factor", 1.0f);
+    else if (given("mscale") && given("mscale_all_dim"))
+        r.attention_factor = float(mscale(number("mscale", 1.0f)) / mscale(number("mscale_all_dim", 1.0f)));
+    else r.attention_factor = float(mscale(1.0));
+    return r;
+}
+
 // config.json's rope_scaling: {"rope_type" (or the older "type"): "llama3", "factor",
 // "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"} or {"rope_type":
-// "linear", "factor"}; "default" is plain RoPE. Other types (dynamic, yarn, longrope) are refused.
+// "linear", "factor"}, longrope or yarn (above); "default" is plain RoPE. Other types (dynamic)
+// are refused.
 Rope parse_rope_scaling(const nlohmann::json & j, const std::string & name) {
     const nlohmann::json & rs = j["rope_scaling"];
     if (!rs.is_object())
@@ -294,9 +333,10 @@ Rope parse_rope_scaling(const nlohmann::json & j, const std::string & name) {
     Rope r;
     if (type == "default") return r;
     if (type == "longrope") return parse_longrope(j, rs, name);
+    if (type == "yarn") return parse_yarn(j, rs, name);
     if (type != "llama3" && type != "linear")
         throw ConfigError(fmt::format("{}: rope_scaling {} = {} is not supported (supported: llama3, linear, "
-                                      "longrope); hint: remove rope_scaling to train at the base context",
+                                      "longrope, yarn); hint: remove rope_scaling to train at the base context",
                                       name, key, rs.contains(key) ? rs[key].dump() : "nothing"));
     auto number = [&](const char * field, float fallback) {
         if (!rs.contains(field)) {
@@ -441,6 +481,14 @@ nlohmann::json rope_scaling_json(const Rope & r) {
         if (std::fabs(r.attention_factor - computed) > 1e-6) j["attention_factor"] = shortest(r.attention_factor);
         return j;
     }
+    if (r.scaling == RopeScaling::yarn)   // every field, the computed attention_factor included
+        return {{"rope_type", "yarn"},
+                {"factor", shortest(r.factor)},
+                {"original_max_position_embeddings", r.original_context},
+                {"beta_fast", shortest(r.beta_fast)},
+                {"beta_slow", shortest(r.beta_slow)},
+                {"truncate", r.truncate},
+                {"attention_factor", shortest(r.attention_factor)}};
     return nullptr;
 }
 

@@ -441,7 +441,8 @@ TEST(CudaCli, QloraTrainAndGenerateOnTheGpu) {
 TEST(CudaCli, VerifyReplaysBothFixturesOnTheGpu) {
     MF_REQUIRE_GPU();
     for (const char * fixture : {"gpt2_tiny", "gpt2_gelu_tiny", "llama_tiny", "llama31_tiny", "qwen2_tiny",
-                                 "qwen3_tiny", "mistral_tiny", "phi3_tiny", "phi3_longrope_tiny", "olmo2_tiny"}) {
+                                 "qwen3_tiny", "mistral_tiny", "phi3_tiny", "phi3_longrope_tiny", "olmo2_tiny",
+                                 "qwen2_yarn_tiny"}) {
         SCOPED_TRACE(fixture);
         const CliRun r = run_memfit("verify --device cuda " + test::env_or("MEMFIT_TEST_DATA", MEMFIT_TEST_DATA) + "/" +
                                     fixture + ".safetensors");

@@ -11,6 +11,11 @@ with ignore_index -100) and torch.optim.AdamW for two steps:
   tests/data/phi3_tiny.safetensors     Phi-3 (modeling_phi3.py): LLaMA blocks stored with q|k|v fused
                                        into self_attn.qkv_proj and gate|up into mlp.gate_up_proj (rows
                                        stacked in that order), sliding_window 9, untied head.
+  tests/data/qwen2_yarn_tiny.safetensors  Qwen2.5's long-context form: rope_scaling type yarn (factor 4
+                                       over an original context of 4096, theta 1e4, head_dim 16: pairs
+                                       0-2 kept, 3-5 blended, 6-7 interpolated; cos and sin scaled by
+                                       0.1 ln 4 + 1), after modeling_rope_utils.py; yarn applies at
+                                       every length, T = 24 included.
   tests/data/olmo2_tiny.safetensors    OLMo 2 (modeling_olmo2.py): RMSNorm over all of q and all of k
                                        (q_norm [heads x head_dim]) before RoPE, and each block's norms
                                        on the attention and MLP outputs before the residual adds
@@ -68,6 +73,8 @@ PHI3_LONGROPE = dict(PHI3, partial_rotary_factor=0.75, max_position_embeddings=6
                      original_max_position_embeddings=16, sliding_window=None,
                      rope_scaling={"type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
                                    "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0]})
+QWEN2_YARN = dict(QWEN2, rope_theta=10000.0, max_position_embeddings=16384,
+                  rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096})
 OLMO2 = {
     "model_type": "olmo2", "vocab_size": 71, "hidden_size": 64, "intermediate_size": 160,
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "rms_norm_eps": 1e-6,
@@ -107,6 +114,28 @@ def longrope():
     return ext, (math.sqrt(1 + math.log(s) / math.log(original)) if s > 1 else 1.0)
 
 
+def yarn():
+    """(inv_freq, cos/sin scale) of rope_scaling type yarn, after transformers'
+    _compute_yarn_parameters: pair i blends the plain frequency (weight e) with it divided by
+    factor (1 - e), e = 1 - clamp((i - low) / (high - low), 0, 1), low and high the pair indices
+    turning beta_fast and beta_slow times over the original context (floor, ceil, clamped to
+    [0, D - 1]); the scale 0.1 ln(factor) + 1."""
+    rs, D, base = CONFIG["rope_scaling"], rotary_dims(), CONFIG["rope_theta"]
+    factor, original = rs["factor"], rs["original_max_position_embeddings"]
+
+    def index_of(turns):
+        return D * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(index_of(rs.get("beta_fast", 32))), 0)
+    high = min(math.ceil(index_of(rs.get("beta_slow", 1))), D - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(D // 2, dtype=DT) - low) / (high - low), 0, 1)
+    keep = 1 - ramp
+    plain = 1.0 / (base ** (torch.arange(0, D, 2, dtype=DT) / D))
+    return plain / factor * (1 - keep) + plain * keep, (0.1 * math.log(factor) + 1 if factor > 1 else 1.0)
+
+
 def inv_freq():
     D = rotary_dims()
     inv = 1.0 / (CONFIG["rope_theta"] ** (torch.arange(0, D, 2, dtype=DT) / D))
@@ -115,6 +144,8 @@ def inv_freq():
         return inv
     if rs.get("type", rs.get("rope_type")) == "longrope":
         return inv / longrope()[0]
+    if rs.get("type", rs.get("rope_type")) == "yarn":
+        return yarn()[0]
     low_wavelen = rs["original_max_position_embeddings"] / rs["low_freq_factor"]
     high_wavelen = rs["original_max_position_embeddings"] / rs["high_freq_factor"]
     wavelen = 2 * math.pi / inv
@@ -146,7 +177,8 @@ def forward(p, ids):
     x = p["model.embed_tokens.weight"][ids]
     freqs = torch.outer(torch.arange(T, dtype=DT), inv_freq())
     emb = torch.cat((freqs, freqs), dim=-1)
-    scale = longrope()[1] if (CONFIG.get("rope_scaling") or {}).get("type") == "longrope" else 1.0
+    kind = (CONFIG.get("rope_scaling") or {}).get("type")
+    scale = longrope()[1] if kind == "longrope" else yarn()[1] if kind == "yarn" else 1.0
     cos, sin = scale * emb.cos()[None, None], scale * emb.sin()[None, None]
     mask = torch.full((T, T), float("-inf"), dtype=DT).triu(1)
     if CONFIG.get("sliding_window"):   # keys at or before t - window are out of reach
@@ -300,3 +332,4 @@ if __name__ == "__main__":
     fixture(PHI3_LONGROPE, "phi3_longrope_tiny.safetensors", 4)
     fixture(QWEN3, "qwen3_tiny.safetensors", 3)
     fixture(OLMO2, "olmo2_tiny.safetensors", 5)
+    fixture(QWEN2_YARN, "qwen2_yarn_tiny.safetensors", 6)

@@ -126,7 +126,9 @@ TEST(Llama, HuggingFaceConfigJson) {
     };
     refused("rope_scaling", {{"type", "llama3"}, {"factor", 8.0}}, "needs 'low_freq_factor'");
     refused("rope_scaling", {{"rope_type", "dynamic"}, {"factor", 2.0}}, "rope_scaling rope_type = \"dynamic\" is not supported");
-    refused("rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}, "supported: llama3, linear");
+    refused("rope_scaling", {{"rope_type", "ntk"}, {"factor", 4.0}}, "supported: llama3, linear, longrope, yarn");
+    refused("rope_scaling", {{"rope_type", "yarn"}, {"factor", -4.0}}, "factor = -4.0 must be a positive number");
+    refused("rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}, {"truncate", "no"}}, "truncate = \"no\" must be true");
     refused("rope_scaling", {{"rope_type", "linear"}, {"factor", 0.5}}, "factor = 0.5, must be at least 1");
     refused("rope_scaling", {{"rope_type", "linear"}, {"factor", "2"}}, "factor = \"2\" is not a number");
     refused("rope_scaling", "llama3", "must be an object");
@@ -411,6 +413,45 @@ TEST(Llama, Qwen3FixtureWithin1e4) {
     EXPECT_LE(r.json["max_error"].get<double>(), 1e-4);
     EXPECT_TRUE(r.json["errors"].contains("grad.model.layers.0.self_attn.q_norm.weight")) << r.json.dump(2);
     EXPECT_TRUE(r.json["errors"].contains("step2.model.layers.1.self_attn.k_norm.weight")) << r.json.dump(2);
+}
+
+// YaRN (same generator, qwen2_yarn_tiny.safetensors: Qwen2.5's long-context rope_scaling, factor 4
+// over 4096 positions): kept, blended and interpolated frequency pairs and the 0.1 ln 4 + 1 scale
+// of cos and sin, at T = 24 as at any length. Read as plain RoPE it fails.
+TEST(Llama, YarnFixtureWithin1e4) {
+    const VerifyReport r = verify_fixture(std::string(MEMFIT_TEST_DATA) + "/qwen2_yarn_tiny.safetensors");
+    EXPECT_TRUE(r.ok) << r.json.dump(2);
+    EXPECT_LE(r.json["max_error"].get<double>(), 1e-4);
+}
+
+// rope_scaling yarn as transformers reads it: the defaults (beta 32 / 1, factor from the contexts,
+// attention_factor 0.1 ln s + 1, or the mscale ratio), the frequencies at the ramp's ends, and
+// export writing every field back.
+TEST(Llama, YarnConfigsRoundTrip) {
+    nlohmann::json j = {{"model_type", "qwen2"}, {"hidden_size", 64}, {"intermediate_size", 128},
+                        {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"max_position_embeddings", 131072},
+                        {"rope_theta", 1000000.0},
+                        {"rope_scaling", {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}}}};
+    const ModelConfig c = parse_hf_config(j, "qwen2.5-yarn");
+    const Rope & r = c.rope_scaling;
+    EXPECT_EQ(r.scaling, RopeScaling::yarn);
+    EXPECT_EQ(r.original_context, 32768);
+    EXPECT_FLOAT_EQ(r.beta_fast, 32.0f);
+    EXPECT_NEAR(r.magnitude(), 0.1 * std::log(4.0) + 1, 1e-6);
+    const Rope rope = c.rope();
+    const int hd = c.head_dim(), half = hd / 2;   // 16: the highest pair kept, the lowest divided by 4
+    EXPECT_DOUBLE_EQ(rope.inv_freq(0, hd), 1.0);
+    EXPECT_NEAR(rope.inv_freq(half - 1, hd), std::pow(1e6, -2.0 * (half - 1) / hd) / 4, 1e-15);
+    const ModelConfig back = parse_hf_config(hf_config_json(c), "again");
+    EXPECT_EQ(back.rope_scaling.scaling, RopeScaling::yarn);
+    for (int i = 0; i < half; ++i) EXPECT_DOUBLE_EQ(back.rope().inv_freq(i, hd), rope.inv_freq(i, hd)) << i;
+    EXPECT_FLOAT_EQ(back.rope().magnitude(), rope.magnitude());
+    // DeepSeek's form: no factor (the contexts' ratio), mscale over mscale_all_dim.
+    j["rope_scaling"] = {{"rope_type", "yarn"}, {"original_max_position_embeddings", 4096}, {"mscale", 1.0},
+                         {"mscale_all_dim", 0.5}};
+    const Rope d = parse_hf_config(j, "deepseek-form").rope_scaling;
+    EXPECT_FLOAT_EQ(d.factor, 32.0f);
+    EXPECT_NEAR(d.attention_factor, (0.1 * std::log(32.0) + 1) / (0.05 * std::log(32.0) + 1), 1e-6);
 }
 
 // OLMo 2 (same generator, olmo2_tiny.safetensors): q and k RMS-normalized over all their heads
