@@ -60,6 +60,7 @@ std::string layer_prefix(const ModelConfig & cfg, int l) {
 
 // The family targets one user-given name selects.
 std::vector<std::string> expand_target(const ModelConfig & cfg, std::string t) {
+    if (t == "lm_head") return {t};   // after the blocks (lora_sites), any family
     if (t.size() > 5 && t.ends_with("_proj") && cfg.llama()) t.resize(t.size() - 5);   // q_proj -> q
     if (fused(cfg)) {   // a part names its fused module, as GPT-2's q names c_attn
         if (t == "q" || t == "k" || t == "v" || t == "qkv") return {"qkv"};
@@ -84,17 +85,21 @@ std::vector<std::string> expand_target(const ModelConfig & cfg, std::string t) {
 
 std::vector<std::string> parse_lora_targets(const ModelConfig & cfg, const std::string & csv) {
     std::vector<std::string> chosen;
-    std::string list = csv.empty() ? (cfg.llama() ? "q,v" : "c_attn") : csv;
-    if (list == "all") list = cfg.llama() ? "q,k,v,o,gate,up,down" : "c_attn,c_proj,c_fc";
+    const std::string list = csv.empty() ? (cfg.llama() ? "q,v" : "c_attn") : csv;
     size_t pos = 0;
     while (pos <= list.size()) {
         const size_t comma = std::min(list.find(',', pos), list.size());
         const std::string t = list.substr(pos, comma - pos);
         pos = comma + 1;
         if (t.empty()) continue;
+        if (t == "all") {   // every block projection ("all,lm_head": and the head)
+            for (const auto & m : family_modules(cfg)) chosen.push_back(m.target);
+            continue;
+        }
         const auto names = expand_target(cfg, t);
         if (names.empty())
-            throw ConfigError(fmt::format("--lora-targets: '{}' is not a {} module; use {} (or all)", t,
+            throw ConfigError(fmt::format("--lora-targets: '{}' is not a {} module; use {} (or all; lm_head adapts "
+                                          "an untied LM head)", t,
                                           fused(cfg) ? cfg.model_type : cfg.llama() ? "LLaMA" : "GPT-2",
                                           fused(cfg)     ? "qkv,o,gate_up,down (q,k,v and gate,up name the fused ones)"
                                           : cfg.llama() ? "q,k,v,o,gate,up,down"
@@ -102,10 +107,17 @@ std::vector<std::string> parse_lora_targets(const ModelConfig & cfg, const std::
         chosen.insert(chosen.end(), names.begin(), names.end());
     }
     if (chosen.empty()) throw ConfigError("--lora-targets: no module named");
-    // Module order, each once.
+    // Module order, each once; the head last.
     std::vector<std::string> out;
     for (const auto & m : family_modules(cfg))
         if (std::find(chosen.begin(), chosen.end(), m.target) != chosen.end()) out.push_back(m.target);
+    if (std::find(chosen.begin(), chosen.end(), "lm_head") != chosen.end()) {
+        if (cfg.tied_head)
+            throw ConfigError(fmt::format("--lora-targets lm_head: model '{}' ties its LM head to the token embedding, "
+                                          "which an adapter on the head would change too; adapt the blocks only",
+                                          cfg.name));
+        out.push_back("lm_head");
+    }
     return out;
 }
 
@@ -149,6 +161,17 @@ std::vector<LoraSite> lora_sites(const ModelConfig & cfg, const LoraOptions & lo
             s.b = s.a + 1;
             sites.push_back(std::move(s));
         }
+    if (std::find(targets.begin(), targets.end(), "lm_head") != targets.end()) {
+        LoraSite s;
+        s.layer = cfg.n_layer;
+        s.head = true;
+        s.cols = cfg.vocab_size;
+        s.in = cfg.n_embd;
+        s.module = "lm_head";
+        s.a = 2 * sites.size();
+        s.b = s.a + 1;
+        sites.push_back(std::move(s));
+    }
     return sites;
 }
 
@@ -173,6 +196,7 @@ std::vector<std::string> peft_target_modules(const ModelConfig & cfg, const Lora
     for (const auto & m : family_modules(cfg))
         if (std::find(targets.begin(), targets.end(), m.target) != targets.end())
             out.push_back(cfg.llama() ? m.hf.substr(m.hf.find('.') + 1) : m.hf);
+    if (std::find(targets.begin(), targets.end(), "lm_head") != targets.end()) out.push_back("lm_head");
     return out;
 }
 

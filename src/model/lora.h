@@ -56,7 +56,8 @@ struct LoraOptions {
 
 // "q,v" | "all" | HF module names (q_proj, c_attn, ...) -> the family's target names, in module
 // order, deduplicated. GPT-2 maps q/k/v to c_attn, o to attn.c_proj, gate/up to c_fc, down to
-// mlp.c_proj, and c_proj to both c_proj modules. Empty csv: the default. ConfigError on unknown.
+// mlp.c_proj, and c_proj to both c_proj modules; lm_head (not in "all") adapts an untied LM head.
+// Empty csv: the default. ConfigError on unknown, and on lm_head with a tied head.
 std::vector<std::string> parse_lora_targets(const ModelConfig & cfg, const std::string & csv);
 // "bf16" | "fp16" | "fp32" | "compute" -> compute (they must match the run's precision: checked by
 // the caller), "int8", "nf4", "sparse24". `flag` names the flag in the error (--teacher-weights
@@ -75,6 +76,9 @@ struct LoraSite {
     int64_t     in = 0;               // the projection's input width
     std::string module;               // Hugging Face module name, "model.layers.0.self_attn.q_proj"
     size_t      a = 0, b = 0;         // indices of lora_A [r, in] and lora_B [cols, r] in the layout
+    // The LM head (target and module lm_head, an untied head only): after the blocks (layer =
+    // n_layer), cols the vocabulary, in the channels; proj unused.
+    bool        head = false;
 };
 
 // Adapters' layout: lora_A then lora_B of each site, sites in layer then module order.

@@ -159,7 +159,9 @@ ModelWeights lora_model_weights(const ModelConfig & cfg, const LoraOptions & lor
         const LoraSite & s = sites[i];
         const ParamInfo * a = find(peft_name(s.module, false)), * b = find(peft_name(s.module, true));
         if (!a || !b) continue;   // another pipeline stage's
-        w.h[size_t(s.layer)].adapters.push_back(ModelWeights::Adapter{s.proj, int(i), view(*a), view(*b)});
+        const ModelWeights::Adapter ad{s.proj, int(i), view(*a), view(*b)};
+        if (s.head) w.head_adapters.push_back(ad);
+        else w.h[size_t(s.layer)].adapters.push_back(ad);
     }
     return w;
 }

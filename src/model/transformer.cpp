@@ -141,6 +141,8 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
         // The recomputed set; buffers a policy never touches have no lifetime and take no bytes.
         if (rc_plan_.recomputes()) rc_.push_back(declare_layer(program, h + "rc.", false));
     }
+    // The rows the LM head computes at once: a chunk of the loss, or generation's last token.
+    chunk_rows_ = opt.loss_chunk > 0 && opt.loss_chunk < b * t && !opt.keep_logits ? opt.loss_chunk : int(b * t);
     if (opt.lora.enabled()) {
         sites_ = lora_sites(cfg, opt.lora);
         lora_scale_ = opt.lora.scaling();
@@ -149,18 +151,21 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
         const int64_t r = opt.lora.rank;
         for (const auto & s : sites_) {
             const std::string n = s.module + ".lora.";
+            // The head's adapter works on the head's rows (run/compat.cpp: no dropout, one stage).
+            const int64_t rows = !s.head ? b * t : opt.kv_capacity > 0 ? b : chunk_rows_;
+            MF_ASSERT(!s.head || (lora_dropout_ == 0 && last_stage() && !tp_.enabled()));
             AdapterActs x;
-            x.u = act(n + "u", {b * t, r});
-            x.d = act(n + "d", {b * t, s.cols});
-            if (rc_plan_.recomputes()) x.d_rc = act(n + "rc.d", {b * t, s.cols});
+            x.u = act(n + "u", {rows, r});
+            x.d = act(n + "d", {rows, s.cols});
+            if (rc_plan_.recomputes() && !s.head) x.d_rc = act(n + "rc.d", {b * t, s.cols});
             if (lora_dropout_ > 0) {
                 x.xd = act(n + "dropout", {b * t, s.in});
                 x.xd_b = act(n + "dropout.bwd", {b * t, s.in});
                 x.dxd = act(n + "dropout.grad", {b * t, s.in});
             }
             if (opt.with_backward) {
-                x.dd = act(n + "d.grad", {b * t, s.cols});
-                x.du = act(n + "u.grad", {b * t, r});
+                x.dd = act(n + "d.grad", {rows, s.cols});
+                x.du = act(n + "u.grad", {rows, r});
             }
             adapter_acts_.push_back(x);
             lowest_trained_layer_ = std::min(lowest_trained_layer_, s.layer);
@@ -186,7 +191,6 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
         logits_ = Tensor(program.declare("logits", Category::activations, size_t(b * V) * 4, true), DType::f32, {b, V});
         return;
     }
-    chunk_rows_ = opt.loss_chunk > 0 && opt.loss_chunk < b * t && !opt.keep_logits ? opt.loss_chunk : int(b * t);
     if (opt.keep_logits)
         logits_ = Tensor(program.declare("logits", Category::activations, size_t(b * t * V) * 4, true), DType::f32,
                          {b, t, V});
@@ -489,14 +493,43 @@ void Transformer::decode(Graph & g, const ModelWeights & w, Tensor tokens, int p
     }
     g.layer(-1);
     norm_fwd(g, lnf_, lnf_mean_, lnf_rstd_, x, w.lnfw, w.lnfb);
-    g.matmul_fwd(logits_, lnf_.view((T_ - 1) * C, {1, C}), w.head, Tensor{}, WeightLayout::out_in);
+    head_fwd(g, w, logits_, lnf_.view((T_ - 1) * C, {1, C}));
+}
+
+void Transformer::head_fwd(Graph & g, const ModelWeights & w, Tensor logits, Tensor x) const {
+    g.matmul_fwd(logits, x, w.head, Tensor{}, WeightLayout::out_in);
+    const int64_t n = x.rows();
+    for (const auto & ad : w.head_adapters) {   // logits += scale (x A^T) B^T
+        const AdapterActs & a = adapter_acts_[size_t(ad.site)];
+        const Tensor u = a.u.view(0, {n, a.u.dim(1)}), d = a.d.view(0, {n, a.d.dim(1)});
+        g.matmul_fwd(u, x.view(0, {n, x.cols()}), ad.a, Tensor{}, WeightLayout::out_in);
+        g.matmul_fwd(d, u, ad.b, Tensor{}, WeightLayout::out_in);
+        g.add_columns(logits.view(0, {n, logits.cols()}), d, 0, lora_scale_);
+    }
+}
+
+void Transformer::head_bwd(Graph & g, const ModelWeights & w, const ModelWeights & dw, Tensor dx, Tensor dlogits,
+                           Tensor x) const {
+    g.matmul_bwd(dx, dw.head, Tensor{}, dlogits, x, w.head, WeightLayout::out_in, false, round_logit_grads(w));
+    const int64_t n = x.rows();
+    for (size_t i = 0; i < w.head_adapters.size(); ++i) {
+        const auto & ad = w.head_adapters[i];
+        const auto & dad = dw.head_adapters[i];
+        const AdapterActs & a = adapter_acts_[size_t(ad.site)];
+        const Tensor u = a.u.view(0, {n, a.u.dim(1)}), du = a.du.view(0, {n, a.du.dim(1)});
+        const Tensor dd = a.dd.view(0, {n, a.dd.dim(1)});
+        // dd = scale dlogits;  du = dd B, dB += dd^T u;  dx += du A, dA += du^T x
+        g.take_columns(dd, dlogits.view(0, {n, dlogits.cols()}), 0, lora_scale_);
+        g.matmul_bwd(du, dad.b, Tensor{}, dd, u, ad.b, WeightLayout::out_in);
+        g.matmul_bwd(dx, dad.a, Tensor{}, du, x, ad.a, WeightLayout::out_in, true);
+    }
 }
 
 void Transformer::head_logits(Graph & g, const ModelWeights & w) const {
     MF_ASSERT(chunk_rows_ == B_ * T_);
     g.phase(Phase::forward);
     g.layer(-1);
-    g.matmul_fwd(logits_, lnf_, w.head, Tensor{}, WeightLayout::out_in);
+    head_fwd(g, w, logits_, lnf_);
 }
 
 Tensor Transformer::head_chunk(Graph & g, const ModelWeights & w, int64_t r0, int64_t n) const {
@@ -505,7 +538,7 @@ Tensor Transformer::head_chunk(Graph & g, const ModelWeights & w, int64_t r0, in
     const Tensor logits = logits_.view(0, {n, V});
     g.phase(Phase::forward);
     g.layer(-1);
-    g.matmul_fwd(logits, lnf_.view(r0 * C, {n, C}), w.head, Tensor{}, WeightLayout::out_in);
+    head_fwd(g, w, logits, lnf_.view(r0 * C, {n, C}));
     return logits;
 }
 
@@ -526,15 +559,14 @@ void Transformer::head_loss(Graph & g, const ModelWeights & w, const ModelWeight
         const Tensor teacher = distill ? distill->teacher->head_chunk(g, *distill->weights, r0, n) : Tensor{};
         const Tensor stats = distill ? distill->stats.view(0, {2, n}) : Tensor{};
         g.phase(Phase::forward);
-        g.matmul_fwd(logits, x, w.head, Tensor{}, WeightLayout::out_in);
+        head_fwd(g, w, logits, x);
         if (distill) g.distill_fwd(losses.view(r0, {n}), stats, logits, teacher, tgt, distill->alpha, distill->temperature);
         else g.xent_fwd(losses.view(r0, {n}), logits, tgt);
         if (!dw) continue;
         g.phase(Phase::backward);
         if (distill) g.distill_bwd(logits, stats, teacher, tgt, distill->alpha, distill->temperature, dloss);
         else g.xent_bwd(logits, tgt, dloss);
-        g.matmul_bwd(dlnf_.view(r0 * C, {n, C}), dw->head, Tensor{}, logits, x, w.head, WeightLayout::out_in, false,
-                     round_logit_grads(w));
+        head_bwd(g, w, *dw, dlnf_.view(r0 * C, {n, C}), logits, x);
     }
 }
 

@@ -45,6 +45,7 @@ struct ModelWeights {
     };
     Tensor wte, wpe, lnfw, lnfb, head;
     std::vector<Layer> h;
+    std::vector<Adapter> head_adapters;   // LoRA on the LM head (target lm_head): at most one
 };
 // `dtype`: the storage of the flat buffer (element offsets scale with it).
 ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, BufferId flat, DType dtype = DType::f32);
@@ -243,6 +244,10 @@ private:
     // With cache >= 0 (decode), attention reads and extends layer `cache`'s KV cache at pos0.
     void layer_forward(Graph & g, const LayerActs & a, const ModelWeights::Layer & p, Tensor x, bool need_output,
                        int cache = -1, int pos0 = 0) const;
+    // The LM head on rows x [n, C] into logits [n, V], with its LoRA adapter when lm_head is a
+    // target; and its backward: dx gets d(x) (overwritten), dw the adapter's gradients.
+    void head_fwd(Graph & g, const ModelWeights & w, Tensor logits, Tensor x) const;
+    void head_bwd(Graph & g, const ModelWeights & w, const ModelWeights & dw, Tensor dx, Tensor dlogits, Tensor x) const;
     // The recomputed set `r` with the layer's own gradient buffers (`own`): what backward reads.
     static LayerActs with_own_grads(LayerActs r, const LayerActs & own);
     void layer_backward(Graph & g, const LayerActs & a, const LayerActs & own, const ModelWeights::Layer & p,

@@ -123,7 +123,8 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
         const uint64_t first_b = uint64_t(layers) * layer_base + uint64_t(ps.embed) * s + (L.pp == 1 ? uint64_t(head) * s : 0);
         const uint64_t last_b = uint64_t(layers) * layer_base + uint64_t(head) * s;
         const uint64_t base = ceil_div(L.pp == 1 ? first_b : std::max(first_b, last_b), uint64_t(L.tp));
-        const int64_t adapters = (layers * lp->adapters_per_layer + L.tp - 1) / L.tp;
+        // lm_head's adapter beside the last layer (run/compat.cpp: one stage, no --tp).
+        const int64_t adapters = (layers * lp->adapters_per_layer + lp->head_adapters + L.tp - 1) / L.tp;
         m.device = lora_state_bytes(base, adapters, c);
         m.frozen = L.zero >= 3 ? ceil_div(base, uint64_t(L.dp)) : base;
     } else {
@@ -141,7 +142,8 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
                            (c.compute == DType::f32 || c.master_weights == MasterWeights::bf16_sr ? 0.0 : 4.0) +
                            (weights ? double(s) : 0.0);
         const double F = weights ? 1.0 : c.offload_fraction;
-        const uint64_t trainable = lp ? uint64_t((layers * lp->adapters_per_layer + L.tp - 1) / L.tp) : uint64_t(params);
+        const uint64_t trainable =
+            lp ? uint64_t((layers * lp->adapters_per_layer + lp->head_adapters + L.tp - 1) / L.tp) : uint64_t(params);
         const size_t unit = offload_unit_for(L.zero >= 1 ? ceil_div(trainable, uint64_t(L.dp)) : trainable);
         const uint64_t mw = m.device[Category::master_weights], os = m.device[Category::optimizer_states];
         m.host = uint64_t(std::ceil(F * double(mw + os)));
@@ -223,7 +225,11 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
                                     (lp->opts.dropout > 0 ? 2 * rows * uint64_t(lp->max_site_in) * s : 0);
     // One loss chunk's fp32 logits (the whole micro-batch's unchunked), as the engine declares.
     const uint64_t logit_rows = c.loss_chunk > 0 ? std::min<uint64_t>(uint64_t(c.loss_chunk), rows) : rows;
-    const uint64_t logits = logit_rows * uint64_t(cfg.vocab_size) * 4 / tp;
+    // lm_head's adapter: u and its gradient, and the scaled addition (forward) or its gradient
+    // (backward) beside the logits.
+    const uint64_t head_adapter = lp && lp->head_adapters > 0
+                                      ? logit_rows * (uint64_t(cfg.vocab_size) + 2 * uint64_t(lp->opts.rank)) * s : 0;
+    const uint64_t logits = logit_rows * uint64_t(cfg.vocab_size) * 4 / tp + head_adapter;
     // The interleaved schedule's sends in flight (model/pipeline.h: each completes once the peer
     // has answered it), at most over the stages, one boundary activation or gradient each.
     const uint64_t sent = L.pp > 1 && L.schedule == PipeSchedule::interleaved

@@ -117,6 +117,20 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
     // N:M sparsity prunes whole-model weights on the host (every layout gathers them) and masks the
     // updates element by element, so it combines with every layout; not with LoRA's frozen base.
     if (std::string why = sparsity_refusal(cfg, r.sparsity, r.lora.rank > 0); !why.empty()) return why;
+    // LoRA on the LM head: computed whole, on one rank's last stage, without dropout (for now).
+    if (r.lora.rank > 0 && (L.tp > 1 || L.pp > 1 || r.lora.dropout > 0)) {
+        bool head = false;
+        try {
+            for (const auto & t : parse_lora_targets(cfg, r.lora.targets)) head |= t == "lm_head";
+        } catch (const ConfigError & e) {
+            return std::string(e.what());
+        }
+        if (head)
+            return fmt::format("--lora-targets lm_head with {}: the head's adapter runs whole, undivided and without "
+                               "dropout, for now; adapt the blocks only, or drop {}",
+                               L.tp > 1 ? "--tp" : L.pp > 1 ? "--pp" : "--lora-dropout",
+                               L.tp > 1 ? "--tp" : L.pp > 1 ? "--pp" : "--lora-dropout");
+    }
     // Tensor (and sequence) parallelism.
     if (L.tp > 1) {
         if (const LlamaType * t = cfg.llama() ? find_llama_type(cfg.model_type) : nullptr; t && t->fused && r.lora.rank > 0)

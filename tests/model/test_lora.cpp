@@ -37,6 +37,36 @@ EngineOptions opts(int B, int T, const LoraOptions & lora, DType dt = DType::f32
     return eo;
 }
 
+// Each adapter tensor's largest gradient against central differences of the loss (lr 0 steps).
+void expect_adapter_grads_match_fd(Engine & e, int B, int T, int vocab) {
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd(0.0f, 0.3f);   // B nonzero, so that A has gradients too
+    const ParamLayout & layout = e.step().layout();
+    for (size_t i = 0; i < layout.total; ++i) e.params()[i] = nd(rng);
+    e.params_changed();
+    std::vector<int32_t> in(size_t(B * T)), tg(in.size());
+    random_batch(in, tg, vocab, 3);
+    e.train_step(in.data(), tg.data(), AdamWHyper{0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 1});   // lr 0: grads only
+    const std::vector<float> g(e.grads(), e.grads() + layout.total);
+    for (const auto & p : layout.params) {
+        size_t best = p.offset;
+        for (size_t i = p.offset; i < p.offset + p.numel; ++i)
+            if (std::fabs(g[i]) > std::fabs(g[best])) best = i;
+        const float x0 = e.params()[best], h = 2e-3f;   // q and k adapters are strongly curved: a small step
+        e.params()[best] = x0 + h;
+        e.params_changed();
+        const double up = e.eval_loss(in.data(), tg.data());
+        e.params()[best] = x0 - h;
+        e.params_changed();
+        const double down = e.eval_loss(in.data(), tg.data());
+        e.params()[best] = x0;
+        e.params_changed();
+        const double fd = (up - down) / (2.0 * h);
+        EXPECT_NEAR(fd, g[best], 0.02 * std::fabs(g[best]) + 2e-4) << p.name;
+        EXPECT_GT(std::fabs(g[best]), 1e-4) << p.name << ": a gradient this small proves nothing";
+    }
+}
+
 size_t bytes_named(const Program & p, const std::string & name) {
     for (const auto & b : p.buffers())
         if (b.name == name) return b.bytes;
@@ -180,37 +210,57 @@ TEST(Lora, AdapterGradientsMatchFiniteDifferences) {
         for (BaseWeights bw : {BaseWeights::compute, BaseWeights::nf4}) {
             SCOPED_TRACE(std::string(llama ? "llama " : "gpt2 ") + base_weights_name(bw));
             const ModelConfig cfg = tiny(llama, 37, 32, 2);
-            LoraOptions l = test::lora_options(cfg, 3, bw);
-            Engine e(cfg, backend, opts(B, T, l));
+            Engine e(cfg, backend, opts(B, T, test::lora_options(cfg, 3, bw)));
             e.init_params(1);
-            // B nonzero, so that A has gradients too.
-            std::mt19937 rng(7);
-            std::normal_distribution<float> nd(0.0f, 0.3f);
-            const ParamLayout & layout = e.step().layout();
-            for (size_t i = 0; i < layout.total; ++i) e.params()[i] = nd(rng);
-            e.params_changed();
-            std::vector<int32_t> in(size_t(B * T)), tg(in.size());
-            random_batch(in, tg, cfg.vocab_size, 3);
-            e.train_step(in.data(), tg.data(), AdamWHyper{0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 1});   // lr 0: grads only
-            const std::vector<float> g(e.grads(), e.grads() + layout.total);
-            for (const auto & p : layout.params) {
-                size_t best = p.offset;
-                for (size_t i = p.offset; i < p.offset + p.numel; ++i)
-                    if (std::fabs(g[i]) > std::fabs(g[best])) best = i;
-                const float x0 = e.params()[best], h = 2e-3f;   // q and k adapters are strongly curved: a small step
-                e.params()[best] = x0 + h;
-                e.params_changed();
-                const double up = e.eval_loss(in.data(), tg.data());
-                e.params()[best] = x0 - h;
-                e.params_changed();
-                const double down = e.eval_loss(in.data(), tg.data());
-                e.params()[best] = x0;
-                e.params_changed();
-                const double fd = (up - down) / (2.0 * h);
-                EXPECT_NEAR(fd, g[best], 0.02 * std::fabs(g[best]) + 2e-4) << p.name;
-                EXPECT_GT(std::fabs(g[best]), 1e-4) << p.name << ": a gradient this small proves nothing";
-            }
+            expect_adapter_grads_match_fd(e, B, T, cfg.vocab_size);
         }
+}
+
+// LoRA on an untied LM head (target lm_head, PEFT's module name): its adapter last in the layout
+// under PEFT's names, its gradients against finite differences (with the loss in chunks too),
+// merged weights computing what it does, planned bytes equal to measured; a tied head refused.
+TEST(Lora, LmHeadAdapterOnAnUntiedHead) {
+    CpuBackend backend;
+    ModelConfig cfg = tiny(true, 37, 32, 2);
+    for (bool llama : {true, false}) {   // GPT-2's head is always its embedding
+        ModelConfig tied = tiny(llama, 37, 32, 2);
+        tied.tied_head = true;
+        try {
+            parse_lora_targets(tied, "q,lm_head");
+            ADD_FAILURE() << "lm_head accepted on a tied head";
+        } catch (const ConfigError & e) {
+            EXPECT_NE(std::string(e.what()).find("ties its LM head to the token embedding"), std::string::npos) << e.what();
+        }
+    }
+    cfg.tied_head = false;
+    EXPECT_EQ(parse_lora_targets(cfg, "lm_head,v").back(), "lm_head");
+    EXPECT_EQ(parse_lora_targets(cfg, "all").size(), 7u);   // all: the blocks' seven projections
+    EXPECT_EQ(parse_lora_targets(cfg, "lm_head,all").size(), 8u);
+    const LoraOptions l = test::lora_options(cfg, 3, BaseWeights::compute, "q,v,lm_head");
+    const ParamLayout a = make_lora_layout(cfg, l);
+    EXPECT_EQ(a.params[a.params.size() - 2].name, "base_model.model.lm_head.lora_A.weight");
+    EXPECT_EQ(a.params.back().name, "base_model.model.lm_head.lora_B.weight");
+    EXPECT_EQ(a.params.back().shape, (std::vector<int64_t>{37, 3}));
+    EXPECT_EQ(peft_target_modules(cfg, l).back(), "lm_head");
+    for (int chunk : {0, 7}) {
+        SCOPED_TRACE("loss chunk " + std::to_string(chunk));
+        EngineOptions eo = opts(2, 9, l);
+        eo.loss_chunk = chunk;
+        Engine e(cfg, backend, eo);
+        e.init_params(1);
+        expect_adapter_grads_match_fd(e, 2, 9, cfg.vocab_size);
+        const CategoryBytes plan = e.planned_peak_live();
+        for (size_t k = 0; k < kCategoryCount; ++k) EXPECT_EQ(plan.v[k], e.ledger().live_peak().v[k]) << kCategoryNames[k];
+        // The merged model's logits are the adapted model's.
+        Engine full(cfg, backend, opts(2, 9, LoraOptions{}));
+        const auto w = e.merged_weights();
+        std::copy(w.begin(), w.end(), full.params());
+        full.params_changed();
+        std::vector<int32_t> in(18), tg(18);
+        random_batch(in, tg, cfg.vocab_size, 8);
+        const auto x = full.logits(in.data(), 2), y = e.logits(in.data(), 2);
+        for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(x[i], y[i], 2e-5f * (1 + std::fabs(x[i]))) << i;
+    }
 }
 
 TEST(Lora, PlannedEqualsMeasuredAndRecomputationIsBitwiseEqual) {
