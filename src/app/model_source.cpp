@@ -39,7 +39,8 @@ LoraOptions peft_lora_options(const ModelConfig & cfg, const nlohmann::json & j,
     l.alpha = json_get_in<float>(j, "lora_alpha", where, 1e-6f, 1e6f);
     LoraOptions every;
     every.targets = parse_lora_targets(cfg, "all");
-    const std::vector<std::string> projections = peft_target_modules(cfg, every);
+    const std::vector<std::string> projections = peft_target_modules(cfg, every);   // PEFT's all-linear: no head
+    if (!cfg.tied_head) every.targets.push_back("lm_head");   // an untied head is a target too
     std::vector<std::string> wanted;
     const nlohmann::json & tm = j.contains("target_modules") ? j["target_modules"] : nlohmann::json();
     if (tm.is_string() && tm.get<std::string>() == "all-linear") wanted = projections;

@@ -15,6 +15,7 @@
 
 #include "cli/cli_util.h"
 #include "core/text.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using cli_test::CmdResult;
@@ -184,13 +185,15 @@ TEST(FineTune, EveryRunEndsWithACheckpointThatReplacesAnotherRuns) {
     cli_test::expect_clean_failure(run_in(dir, "export n/checkpoints --out m2"), "--save-final");
 }
 
+// The adapters include the untied head's (lm_head): PEFT's folder lists it and generate merges it.
 TEST(FineTune, GenerateReadsACheckpointAndABaseWithAPeftAdapter) {
     const fs::path dir = chat_workspace("adapter");
-    CmdResult r = run_in(dir, "train --quiet --model base --data pre-data --lora-rank 8 --lr 1e-2 --steps 15 --seq 64 "
-                              "--batch 4 --eval-every 0 --sample 0 --out lora");
+    CmdResult r = run_in(dir, "train --quiet --model base --data pre-data --lora-rank 8 --lora-targets all,lm_head "
+                              "--lr 1e-2 --steps 15 --seq 64 --batch 4 --eval-every 0 --sample 0 --out lora");
     ASSERT_EQ(r.code, 0) << r.err;
     ASSERT_EQ(run_in(dir, "export lora/checkpoints --out merged --merge-lora --dtype fp32").code, 0);
     ASSERT_EQ(run_in(dir, "export lora/checkpoints --out adapter --adapter-only").code, 0);
+    EXPECT_NE(memfit::test::read_text((dir / "adapter/adapter_config.json").string()).find("\"lm_head\""), std::string::npos);
     const std::string gen = " --prompt 'What is' --temperature 0 --max-new-tokens 24";
     const CmdResult merged = run_in(dir, "generate --model merged" + gen);
     const CmdResult peft = run_in(dir, "generate --model base --adapter adapter" + gen);
