@@ -327,8 +327,17 @@ std::string export_checkpoint(const std::string & path, const std::string & out,
     make_dir(out);
     const ParamLayout al = make_lora_layout(cfg, m.lora);
     std::vector<TensorToWrite> tensors;
-    for (const ParamInfo & p : al.params)
-        tensors.push_back(TensorToWrite{p.name, "F32", p.shape, c.state.params.data() + p.offset, p.numel * sizeof(float)});
+    std::vector<std::vector<float>> transposed;   // PEFT's [r, V] of an embedding's A (memfit holds [V, r])
+    for (const ParamInfo & p : al.params) {
+        const float * data = c.state.params.data() + p.offset;
+        std::vector<int64_t> shape = p.shape;
+        if (peft_transposed(p.name)) {
+            transposed.push_back(transpose_rows(data, p.shape[0], p.shape[1]));
+            data = transposed.back().data();
+            shape = {p.shape[1], p.shape[0]};
+        }
+        tensors.push_back(TensorToWrite{p.name, "F32", shape, data, p.numel * sizeof(float)});
+    }
     write_safetensors((fs::path(out) / "adapter_model.safetensors").string(), tensors,
                       {{"format", "pt"}, {"memfit.base_weights", base_weights_name(m.lora.base)}});
     write_file_atomic((fs::path(out) / "adapter_config.json").string(),

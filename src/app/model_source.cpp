@@ -40,7 +40,10 @@ LoraOptions peft_lora_options(const ModelConfig & cfg, const nlohmann::json & j,
     LoraOptions every;
     every.targets = parse_lora_targets(cfg, "all");
     const std::vector<std::string> projections = peft_target_modules(cfg, every);   // PEFT's all-linear: no head
-    if (!cfg.tied_head) every.targets.push_back("lm_head");   // an untied head is a target too
+    if (!cfg.tied_head) {   // an untied model's embedding and head are targets too
+        every.targets.insert(every.targets.begin(), "embed_tokens");
+        every.targets.push_back("lm_head");
+    }
     std::vector<std::string> wanted;
     const nlohmann::json & tm = j.contains("target_modules") ? j["target_modules"] : nlohmann::json();
     if (tm.is_string() && tm.get<std::string>() == "all-linear") wanted = projections;
@@ -74,11 +77,14 @@ std::vector<float> read_peft_adapters(const std::string & file, const ModelConfi
     std::vector<float> out(layout.total);
     for (const ParamInfo & p : layout.params) {
         if (!f.has(p.name)) throw FormatError(fmt::format("{}: missing tensor '{}'", file, p.name));
-        if (f.info(p.name).shape != p.shape)
+        const bool t = peft_transposed(p.name);   // PEFT's [r, V]; memfit holds [V, r]
+        const std::vector<int64_t> want = t ? std::vector<int64_t>{p.shape[1], p.shape[0]} : p.shape;
+        if (f.info(p.name).shape != want)
             throw FormatError(fmt::format("{}: tensor '{}' has shape [{}], adapter_config.json's r and this model "
                                           "need [{}]", file, p.name, fmt::join(f.info(p.name).shape, ", "),
-                                          fmt::join(p.shape, ", ")));
-        const std::vector<float> v = f.read_f32(p.name);
+                                          fmt::join(want, ", ")));
+        std::vector<float> v = f.read_f32(p.name);
+        if (t) v = transpose_rows(v.data(), want[0], want[1]);
         if (const NonFinite bad = find_non_finite(v.data(), v.size()))
             throw FormatError(fmt::format("{}: tensor '{}' holds {}", file, p.name, bad.describe()));
         std::copy(v.begin(), v.end(), out.begin() + std::ptrdiff_t(p.offset));

@@ -125,8 +125,8 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
              ->capture_default_str()->check(kPositive));
     keep(c->add_option("--lora-targets", r.lora.targets,
                        "LoRA: modules to adapt, q,k,v,o,gate,up,down or all (GPT-2: c_attn, c_proj, c_fc), and "
-                       "lm_head for an untied LM head (all,lm_head: both; default: all when --model is a folder with "
-                       "weights, else q,v | c_attn)"));
+                       "lm_head, embed_tokens for an untied model (embed_tokens,all,lm_head: everything; default: all "
+                       "when --model is a folder with weights, else q,v | c_attn)"));
     keep(c->add_option("--lora-dropout", r.lora.dropout,
                        "LoRA: dropout probability on the adapters' input while training (0: none)")
              ->capture_default_str()->check(finite_range(0, 0.999999)));

@@ -60,7 +60,7 @@ std::string layer_prefix(const ModelConfig & cfg, int l) {
 
 // The family targets one user-given name selects.
 std::vector<std::string> expand_target(const ModelConfig & cfg, std::string t) {
-    if (t == "lm_head") return {t};   // after the blocks (lora_sites), any family
+    if (t == "lm_head" || t == "embed_tokens") return {t};   // around the blocks (lora_sites)
     if (t.size() > 5 && t.ends_with("_proj") && cfg.llama()) t.resize(t.size() - 5);   // q_proj -> q
     if (fused(cfg)) {   // a part names its fused module, as GPT-2's q names c_attn
         if (t == "q" || t == "k" || t == "v" || t == "qkv") return {"qkv"};
@@ -109,15 +109,18 @@ std::vector<std::string> parse_lora_targets(const ModelConfig & cfg, const std::
     if (chosen.empty()) throw ConfigError("--lora-targets: no module named");
     // Module order, each once; the head last.
     std::vector<std::string> out;
+    auto edge = [&](const char * t) {   // the embedding and the head: untied only
+        if (std::find(chosen.begin(), chosen.end(), t) == chosen.end()) return;
+        if (cfg.tied_head || !cfg.llama())
+            throw ConfigError(fmt::format("--lora-targets {}: model '{}' ties its LM head to the token embedding, "
+                                          "which an adapter on one would change in the other too; adapt the blocks "
+                                          "only", t, cfg.name));
+        out.push_back(t);
+    };
+    edge("embed_tokens");
     for (const auto & m : family_modules(cfg))
         if (std::find(chosen.begin(), chosen.end(), m.target) != chosen.end()) out.push_back(m.target);
-    if (std::find(chosen.begin(), chosen.end(), "lm_head") != chosen.end()) {
-        if (cfg.tied_head)
-            throw ConfigError(fmt::format("--lora-targets lm_head: model '{}' ties its LM head to the token embedding, "
-                                          "which an adapter on the head would change too; adapt the blocks only",
-                                          cfg.name));
-        out.push_back("lm_head");
-    }
+    edge("lm_head");
     return out;
 }
 
@@ -143,10 +146,26 @@ std::string peft_name(const std::string & module, bool b_matrix) {
     return "base_model.model." + module + (b_matrix ? ".lora_B.weight" : ".lora_A.weight");
 }
 
+std::string peft_name(const LoraSite & s, bool b_matrix) {
+    if (!s.embed) return peft_name(s.module, b_matrix);
+    return "base_model.model." + s.module + (b_matrix ? ".lora_embedding_B" : ".lora_embedding_A");
+}
+
 std::vector<LoraSite> lora_sites(const ModelConfig & cfg, const LoraOptions & lora) {
     MF_ASSERT(lora.enabled());
     const auto targets = lora.targets.empty() ? parse_lora_targets(cfg, "") : lora.targets;
     std::vector<LoraSite> sites;
+    if (std::find(targets.begin(), targets.end(), "embed_tokens") != targets.end()) {
+        LoraSite s;
+        s.layer = -1;
+        s.embed = true;
+        s.in = cfg.vocab_size;
+        s.cols = cfg.n_embd;
+        s.module = "model.embed_tokens";
+        s.a = 0;
+        s.b = 1;
+        sites.push_back(std::move(s));
+    }
     for (int l = 0; l < cfg.n_layer; ++l)
         for (const auto & m : family_modules(cfg)) {
             if (std::find(targets.begin(), targets.end(), m.target) == targets.end()) continue;
@@ -184,8 +203,9 @@ ParamLayout make_lora_layout(const ModelConfig & cfg, const LoraOptions & lora) 
         l.total += n;
     };
     for (const auto & s : lora_sites(cfg, lora)) {
-        add(peft_name(s.module, false), r, s.in);
-        add(peft_name(s.module, true), s.cols, r);
+        if (s.embed) add(peft_name(s, false), s.in, r);   // held transposed, [V, r]
+        else add(peft_name(s, false), r, s.in);
+        add(peft_name(s, true), s.cols, r);
     }
     return l;
 }
@@ -193,6 +213,7 @@ ParamLayout make_lora_layout(const ModelConfig & cfg, const LoraOptions & lora) 
 std::vector<std::string> peft_target_modules(const ModelConfig & cfg, const LoraOptions & lora) {
     const auto targets = lora.targets.empty() ? parse_lora_targets(cfg, "") : lora.targets;
     std::vector<std::string> out;
+    if (std::find(targets.begin(), targets.end(), "embed_tokens") != targets.end()) out.push_back("embed_tokens");
     for (const auto & m : family_modules(cfg))
         if (std::find(targets.begin(), targets.end(), m.target) != targets.end())
             out.push_back(cfg.llama() ? m.hf.substr(m.hf.find('.') + 1) : m.hf);
@@ -343,10 +364,19 @@ void merge_lora(const ModelConfig & cfg, const LoraOptions & lora, float * w, co
         std::string name = site.module + ".weight";
         if (!cfg.llama()) name = name.substr(std::string("transformer.").size());
         const ParamInfo & p = full.find(name);
-        const float * A = adapters + al.params[site.a].offset;   // [r, in]
+        const float * A = adapters + al.params[site.a].offset;   // [r, in] (an embedding's [V, r])
         const float * B = adapters + al.params[site.b].offset;   // [cols, r]
         float * W = w + p.offset;
         const int64_t in = site.in;
+        if (site.embed) {   // E[v, c] += s sum_k A^T[v, k] B[c, k]
+            for (int64_t v = 0; v < in; ++v)
+                for (int64_t c = 0; c < site.cols; ++c) {
+                    double d = 0;
+                    for (int64_t k = 0; k < r; ++k) d += double(A[v * r + k]) * double(B[c * r + k]);
+                    W[v * site.cols + c] += float(s * d);
+                }
+            continue;
+        }
         for (int64_t o = 0; o < site.cols; ++o)
             for (int64_t i = 0; i < in; ++i) {
                 double d = 0;

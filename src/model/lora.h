@@ -79,7 +79,24 @@ struct LoraSite {
     // The LM head (target and module lm_head, an untied head only): after the blocks (layer =
     // n_layer), cols the vocabulary, in the channels; proj unused.
     bool        head = false;
+    // The token embedding (target embed_tokens, untied only): before the blocks (layer = -1), in
+    // the vocabulary, cols the channels. PEFT's Embedding LoRA: out += scale A^T[token] B^T, A
+    // "lora_embedding_A" [r, V] zero at the start, B "lora_embedding_B" [C, r] Gaussian. memfit
+    // holds A transposed, [V, r] (a token's row is what it reads): PEFT's [r, V] at export and load.
+    bool        embed = false;
 };
+
+// PEFT's tensor names of a site's A and B (an embedding's lora_embedding_A / _B).
+std::string peft_name(const LoraSite & s, bool b_matrix);
+// Whether memfit holds the adapter tensor `name` transposed from PEFT's layout (lora_embedding_A).
+inline bool peft_transposed(const std::string & name) { return name.ends_with(".lora_embedding_A"); }
+// m [rows, cols] transposed, [cols, rows].
+inline std::vector<float> transpose_rows(const float * m, int64_t rows, int64_t cols) {
+    std::vector<float> t(size_t(rows * cols));
+    for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) t[size_t(j * rows + i)] = m[i * cols + j];
+    return t;
+}
 
 // Adapters' layout: lora_A then lora_B of each site, sites in layer then module order.
 ParamLayout make_lora_layout(const ModelConfig & cfg, const LoraOptions & lora);

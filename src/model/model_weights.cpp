@@ -157,10 +157,11 @@ ModelWeights lora_model_weights(const ModelConfig & cfg, const LoraOptions & lor
     const auto sites = lora_sites(cfg, lora);
     for (size_t i = 0; i < sites.size(); ++i) {
         const LoraSite & s = sites[i];
-        const ParamInfo * a = find(peft_name(s.module, false)), * b = find(peft_name(s.module, true));
+        const ParamInfo * a = find(peft_name(s, false)), * b = find(peft_name(s, true));
         if (!a || !b) continue;   // another pipeline stage's
         const ModelWeights::Adapter ad{s.proj, int(i), view(*a), view(*b)};
         if (s.head) w.head_adapters.push_back(ad);
+        else if (s.embed) w.embed_adapters.push_back(ad);
         else w.h[size_t(s.layer)].adapters.push_back(ad);
     }
     return w;

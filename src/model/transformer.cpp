@@ -154,9 +154,11 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
             // The head's adapter works on the head's rows (run/compat.cpp: no dropout, one stage).
             const int64_t rows = !s.head ? b * t : opt.kv_capacity > 0 ? b : chunk_rows_;
             MF_ASSERT(!s.head || (lora_dropout_ == 0 && last_stage() && !tp_.enabled()));
+            MF_ASSERT(!s.embed || (lora_dropout_ == 0 && first_stage() && !tp_.enabled()));
             AdapterActs x;
-            x.u = act(n + "u", {rows, r});
-            x.d = act(n + "d", {rows, s.cols});
+            // The embedding's are [B, T, .] (the encoder kernels read the batch's shape).
+            x.u = s.embed ? act(n + "u", {b, t, r}) : act(n + "u", {rows, r});
+            x.d = s.embed ? act(n + "d", {b, t, s.cols}) : act(n + "d", {rows, s.cols});
             if (rc_plan_.recomputes() && !s.head) x.d_rc = act(n + "rc.d", {b * t, s.cols});
             if (lora_dropout_ > 0) {
                 x.xd = act(n + "dropout", {b * t, s.in});
@@ -164,8 +166,8 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
                 x.dxd = act(n + "dropout.grad", {b * t, s.in});
             }
             if (opt.with_backward) {
-                x.dd = act(n + "d.grad", {rows, s.cols});
-                x.du = act(n + "u.grad", {rows, r});
+                x.dd = s.embed ? act(n + "d.grad", {b, t, s.cols}) : act(n + "d.grad", {rows, s.cols});
+                x.du = s.embed ? act(n + "u.grad", {b, t, r}) : act(n + "u.grad", {rows, r});
             }
             adapter_acts_.push_back(x);
             lowest_trained_layer_ = std::min(lowest_trained_layer_, s.layer);
@@ -458,6 +460,7 @@ void Transformer::forward(Graph & g, const ModelWeights & w, Tensor tokens, cons
         reduce_rows(g, whole, encoded_, tp_encoded_, Phase::forward);
     } else {
         g.encoder_fwd(encoded_, tokens, w.wte, w.wpe, docs_);
+        embed_adapter_fwd(g, w, tokens);
     }
     Tensor x = first_stage() ? encoded_ : input_;
     for (int l = lb_; l < le_; ++l) {
@@ -485,6 +488,7 @@ void Transformer::decode(Graph & g, const ModelWeights & w, Tensor tokens, int p
     g.phase(Phase::forward);
     g.layer(-1);
     g.encoder_fwd(encoded_, tokens, w.wte, llama_ ? Tensor{} : w.wpe.view(pos0 * C, {int64_t(T_), C}));
+    embed_adapter_fwd(g, w, tokens);
     Tensor x = encoded_;
     for (int l = 0; l < cfg_.n_layer; ++l) {
         g.layer(l);
@@ -494,6 +498,29 @@ void Transformer::decode(Graph & g, const ModelWeights & w, Tensor tokens, int p
     g.layer(-1);
     norm_fwd(g, lnf_, lnf_mean_, lnf_rstd_, x, w.lnfw, w.lnfb);
     head_fwd(g, w, logits_, lnf_.view((T_ - 1) * C, {1, C}));
+}
+
+void Transformer::embed_adapter_fwd(Graph & g, const ModelWeights & w, Tensor tokens) const {
+    for (const auto & ad : w.embed_adapters) {   // encoded += scale A^T[token] B^T
+        const AdapterActs & a = adapter_acts_[size_t(ad.site)];
+        const int64_t n = a.d.rows(), C = a.d.cols();
+        g.encoder_fwd(a.u, tokens, ad.a, Tensor{}, Tensor{});
+        g.matmul_fwd(a.d, a.u, ad.b, Tensor{}, WeightLayout::out_in);
+        g.add_columns(encoded_.view(0, {n, C}), a.d.view(0, {n, C}), 0, lora_scale_);
+    }
+}
+
+void Transformer::embed_adapter_bwd(Graph & g, const ModelWeights & w, const ModelWeights & dw, Tensor tokens) const {
+    for (size_t i = 0; i < w.embed_adapters.size(); ++i) {
+        const auto & ad = w.embed_adapters[i];
+        const auto & dad = dw.embed_adapters[i];
+        const AdapterActs & a = adapter_acts_[size_t(ad.site)];
+        // dd = scale d(encoded);  du = dd B, dB += dd^T u;  dA^T[token] += du
+        const int64_t n = a.dd.rows(), C = a.dd.cols();
+        g.take_columns(a.dd.view(0, {n, C}), dres_.view(0, {n, C}), 0, lora_scale_);
+        g.matmul_bwd(a.du, dad.b, Tensor{}, a.dd, a.u, ad.b, WeightLayout::out_in);
+        g.encoder_bwd(dad.a, Tensor{}, a.du, tokens, Tensor{});
+    }
 }
 
 void Transformer::head_fwd(Graph & g, const ModelWeights & w, Tensor logits, Tensor x) const {
@@ -510,18 +537,22 @@ void Transformer::head_fwd(Graph & g, const ModelWeights & w, Tensor logits, Ten
 
 void Transformer::head_bwd(Graph & g, const ModelWeights & w, const ModelWeights & dw, Tensor dx, Tensor dlogits,
                            Tensor x) const {
-    g.matmul_bwd(dx, dw.head, Tensor{}, dlogits, x, w.head, WeightLayout::out_in, false, round_logit_grads(w));
+    // dd = scale dlogits;  du = dd B, dB += dd^T u (before the head's backward, which may round
+    // dlogits to bf16 in place: round_logit_grads);  dx = dlogits W + du A, dA += du^T x
     const int64_t n = x.rows();
     for (size_t i = 0; i < w.head_adapters.size(); ++i) {
         const auto & ad = w.head_adapters[i];
-        const auto & dad = dw.head_adapters[i];
         const AdapterActs & a = adapter_acts_[size_t(ad.site)];
         const Tensor u = a.u.view(0, {n, a.u.dim(1)}), du = a.du.view(0, {n, a.du.dim(1)});
         const Tensor dd = a.dd.view(0, {n, a.dd.dim(1)});
-        // dd = scale dlogits;  du = dd B, dB += dd^T u;  dx += du A, dA += du^T x
         g.take_columns(dd, dlogits.view(0, {n, dlogits.cols()}), 0, lora_scale_);
-        g.matmul_bwd(du, dad.b, Tensor{}, dd, u, ad.b, WeightLayout::out_in);
-        g.matmul_bwd(dx, dad.a, Tensor{}, du, x, ad.a, WeightLayout::out_in, true);
+        g.matmul_bwd(du, dw.head_adapters[i].b, Tensor{}, dd, u, ad.b, WeightLayout::out_in);
+    }
+    g.matmul_bwd(dx, dw.head, Tensor{}, dlogits, x, w.head, WeightLayout::out_in, false, round_logit_grads(w));
+    for (size_t i = 0; i < w.head_adapters.size(); ++i) {
+        const auto & ad = w.head_adapters[i];
+        const Tensor du = adapter_acts_[size_t(ad.site)].du.view(0, {n, ad.a.dim(0)});
+        g.matmul_bwd(dx, dw.head_adapters[i].a, Tensor{}, du, x, ad.a, WeightLayout::out_in, true);
     }
 }
 
@@ -768,6 +799,10 @@ void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights
     // Layers below the lowest trained one have no gradients to hand over.
     for (int l = std::min(lowest_trained_layer_, le_) - 1; l >= lb_ && layer_done; --l) layer_done(g, l);
     // A later pipeline stage ends with d(its input) in dres_; the first embeds (else a frozen embedding).
+    if (first_stage()) {
+        g.layer(-1);
+        embed_adapter_bwd(g, w, dw, tokens);
+    }
     if (first_stage() && dw.wte.valid()) {
         g.layer(-1);
         if (tp_.enabled())

@@ -46,6 +46,7 @@ struct ModelWeights {
     Tensor wte, wpe, lnfw, lnfb, head;
     std::vector<Layer> h;
     std::vector<Adapter> head_adapters;   // LoRA on the LM head (target lm_head): at most one
+    std::vector<Adapter> embed_adapters;  // and on the token embedding (embed_tokens): a [V, r], b [C, r]
 };
 // `dtype`: the storage of the flat buffer (element offsets scale with it).
 ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, BufferId flat, DType dtype = DType::f32);
@@ -247,6 +248,10 @@ private:
     // The LM head on rows x [n, C] into logits [n, V], with its LoRA adapter when lm_head is a
     // target; and its backward: dx gets d(x) (overwritten), dw the adapter's gradients.
     void head_fwd(Graph & g, const ModelWeights & w, Tensor logits, Tensor x) const;
+    // LoRA on the token embedding (embed_tokens): its addition to encoded_, and its backward from
+    // dres_ (d(encoded)).
+    void embed_adapter_fwd(Graph & g, const ModelWeights & w, Tensor tokens) const;
+    void embed_adapter_bwd(Graph & g, const ModelWeights & w, const ModelWeights & dw, Tensor tokens) const;
     void head_bwd(Graph & g, const ModelWeights & w, const ModelWeights & dw, Tensor dx, Tensor dlogits, Tensor x) const;
     // The recomputed set `r` with the layer's own gradient buffers (`own`): what backward reads.
     static LayerActs with_own_grads(LayerActs r, const LayerActs & own);

@@ -19,6 +19,7 @@ std::shared_ptr<const LoraPlan> make_lora_plan(const ModelConfig & cfg, const Lo
         const int64_t n = r * (s.in + s.cols);
         lp->adapters += n;
         if (s.head) lp->head_adapters += n;
+        if (s.embed) lp->embed_adapters += n;
         if (s.layer != 0) continue;   // every layer has the same sites
         lp->adapters_per_layer += n;
         lp->adapters_by_proj[size_t(s.proj)] += n;
@@ -29,7 +30,7 @@ std::shared_ptr<const LoraPlan> make_lora_plan(const ModelConfig & cfg, const Lo
         lp->site_in += s.in;
         lp->max_site_in = std::max(lp->max_site_in, s.in);
     }
-    MF_ASSERT(lp->adapters == lp->adapters_per_layer * cfg.n_layer + lp->head_adapters);
+    MF_ASSERT(lp->adapters == lp->adapters_per_layer * cfg.n_layer + lp->head_adapters + lp->embed_adapters);
     MF_ASSERT(size_t(lp->adapters) == lora_param_count(cfg, lp->opts));
     const int64_t C = cfg.n_embd;
     lp->projection_params = C * (int64_t(cfg.qkv_dim()) + C + int64_t(cfg.fc_dim()) + int64_t(cfg.ffn_dim()));

@@ -23,6 +23,7 @@ struct LoraPlan {
     int64_t adapters = 0;                 // Ψ_A: trainable parameters of the whole model (lora_param_count)
     int64_t adapters_per_layer = 0;
     int64_t head_adapters = 0;            // the LM head's (target lm_head): r (C + V), beside the last layer
+    int64_t embed_adapters = 0;           // the token embedding's (embed_tokens): r (V + C), before the first
     std::array<int64_t, 4> adapters_by_proj{};   // per layer, by Proj: the adapters on that projection
     int64_t projection_params = 0;        // per layer: elements of the four projections
     uint64_t packed_per_layer = 0;        // per layer: bytes of the packed projections (0: dense base)

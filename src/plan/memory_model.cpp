@@ -124,7 +124,8 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
         const uint64_t last_b = uint64_t(layers) * layer_base + uint64_t(head) * s;
         const uint64_t base = ceil_div(L.pp == 1 ? first_b : std::max(first_b, last_b), uint64_t(L.tp));
         // lm_head's adapter beside the last layer (run/compat.cpp: one stage, no --tp).
-        const int64_t adapters = (layers * lp->adapters_per_layer + lp->head_adapters + L.tp - 1) / L.tp;
+        const int64_t adapters =
+            (layers * lp->adapters_per_layer + lp->head_adapters + lp->embed_adapters + L.tp - 1) / L.tp;
         m.device = lora_state_bytes(base, adapters, c);
         m.frozen = L.zero >= 3 ? ceil_div(base, uint64_t(L.dp)) : base;
     } else {
@@ -143,7 +144,8 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
                            (weights ? double(s) : 0.0);
         const double F = weights ? 1.0 : c.offload_fraction;
         const uint64_t trainable =
-            lp ? uint64_t((layers * lp->adapters_per_layer + lp->head_adapters + L.tp - 1) / L.tp) : uint64_t(params);
+            lp ? uint64_t((layers * lp->adapters_per_layer + lp->head_adapters + lp->embed_adapters + L.tp - 1) / L.tp)
+               : uint64_t(params);
         const size_t unit = offload_unit_for(L.zero >= 1 ? ceil_div(trainable, uint64_t(L.dp)) : trainable);
         const uint64_t mw = m.device[Category::master_weights], os = m.device[Category::optimizer_states];
         m.host = uint64_t(std::ceil(F * double(mw + os)));
@@ -193,6 +195,8 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     const uint64_t tp = uint64_t(L.tp);
     uint64_t split = 0, replicated = BTC;   // the layer's input is always kept
     if (lp) replicated += rows * uint64_t(lp->u_cols) * s;   // the adapters' u, kept under every policy
+    // The embedding adapter's u, kept from the first layer's forward to the end of backward.
+    const uint64_t embed_u = lp && lp->embed_adapters > 0 ? rows * uint64_t(lp->opts.rank) * s : 0;
     for (int u = 0; u < int(Saved::count); ++u) {
         if (!((mask >> u) & 1u)) continue;
         const Saved su = Saved(u);
@@ -238,7 +242,7 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     // The step's token ids, targets and losses (4 bytes each per token): a pipeline's program
     // holds all m micro-batches' (a huge m is memory too).
     const uint64_t batch = 12 * rows * uint64_t(L.pp > 1 ? c.grad_accum : 1);
-    const uint64_t common = grads + lora_grads + rc / tp + 2 * BTC + sent + batch;
+    const uint64_t common = grads + lora_grads + rc / tp + 2 * BTC + sent + batch + embed_u;
     // A pipeline's first stage holds the most micro-batches in flight and no head; its last one
     // micro-batch's kept units and the logits: the busier of the two.
     const uint64_t last_kept = per_layer * uint64_t(layers);

@@ -108,7 +108,9 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     // LoRA: the adapters' gemms, 2 FLOPs per adapter parameter per token forward, 4 backward
     // (both the data and the weight gradient of A and B); the frozen base's backward is its data
     // gradient only (as many FLOPs as its forward), the head's included.
-    const double ad_fwd = lp ? tokens * (layers * 2.0 * double(lp->adapters_per_layer) + 2.0 * double(lp->head_adapters)) / tp
+    // (The embedding's adapter is a lookup and an r x C product per token.)
+    const double ad_fwd = lp ? tokens * (layers * 2.0 * double(lp->adapters_per_layer) + 2.0 * double(lp->head_adapters) +
+                                         (lp->embed_adapters > 0 ? 2.0 * lp->opts.rank * C : 0.0)) / tp
                              : 0.0;
     // QK^T and AV: 2 FLOPs x 2 per query-key pair per channel.
     const double attn_fwd = layers * b * 4.0 * attention_pairs(cfg, T) * C / tp;
@@ -175,7 +177,8 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     const double psi = (L.pp == 1 ? first : std::max(first, last)) / tp;
     // What trains (and is reduced, updated, offloaded) and what ZeRO-3 gathers, bytes: LoRA's
     // adapters, and the frozen base (packed or not) with them.
-    const double train = lp ? (layers * double(lp->adapters_per_layer) + double(lp->head_adapters)) / tp : psi;
+    const double train =
+        lp ? (layers * double(lp->adapters_per_layer) + double(lp->head_adapters + lp->embed_adapters)) / tp : psi;
     double weights = psi * s;
     if (lp) {
         const double layer_base = double(lp->layer_base_bytes(ps.per_layer, uint64_t(s)));

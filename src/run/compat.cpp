@@ -121,13 +121,13 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
     if (r.lora.rank > 0 && (L.tp > 1 || L.pp > 1 || r.lora.dropout > 0)) {
         bool head = false;
         try {
-            for (const auto & t : parse_lora_targets(cfg, r.lora.targets)) head |= t == "lm_head";
+            for (const auto & t : parse_lora_targets(cfg, r.lora.targets)) head |= t == "lm_head" || t == "embed_tokens";
         } catch (const ConfigError & e) {
             return std::string(e.what());
         }
         if (head)
-            return fmt::format("--lora-targets lm_head with {}: the head's adapter runs whole, undivided and without "
-                               "dropout, for now; adapt the blocks only, or drop {}",
+            return fmt::format("--lora-targets lm_head or embed_tokens with {}: their adapters run whole, undivided "
+                               "and without dropout, for now; adapt the blocks only, or drop {}",
                                L.tp > 1 ? "--tp" : L.pp > 1 ? "--pp" : "--lora-dropout",
                                L.tp > 1 ? "--tp" : L.pp > 1 ? "--pp" : "--lora-dropout");
     }

@@ -185,17 +185,18 @@ void init_model(const ModelConfig & cfg, const ParamLayout & layout, float * p, 
     }
 }
 
-// LoRA's adapters: A Gaussian with variance 1/in (so x A^T keeps x's scale), B zero (Hu et al.).
+// LoRA's adapters: A Gaussian with variance 1/in (so x A^T keeps x's scale), B zero (Hu et al.);
+// an embedding's the other way round, A zero and B standard normal, as PEFT starts them.
 void init_adapters(const ParamLayout & layout, float * p, uint64_t seed) {
     std::mt19937_64 rng(seed ^ 0x10a4a11ce5ull);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     for (const auto & info : layout.params) {
         float * w = p + info.offset;
-        if (info.name.ends_with("lora_B.weight")) {
+        if (info.name.ends_with("lora_B.weight") || info.name.ends_with(".lora_embedding_A")) {
             std::memset(w, 0, info.numel * sizeof(float));
             continue;
         }
-        const float sd = 1.0f / std::sqrt(float(info.shape[1]));
+        const float sd = info.name.ends_with(".lora_embedding_B") ? 1.0f : 1.0f / std::sqrt(float(info.shape[1]));
         for (size_t i = 0; i < info.numel; ++i) w[i] = sd * normal(rng);
     }
 }

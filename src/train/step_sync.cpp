@@ -34,6 +34,10 @@ void for_each_view(ModelWeights & w, F f) {
             f(ad.b);
         }
     }
+    for (auto & ad : w.embed_adapters) {
+        f(ad.a);
+        f(ad.b);
+    }
     for (auto & ad : w.head_adapters) {
         f(ad.a);
         f(ad.b);

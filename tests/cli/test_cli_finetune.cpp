@@ -15,6 +15,7 @@
 
 #include "cli/cli_util.h"
 #include "core/text.h"
+#include "model/safetensors.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -185,15 +186,21 @@ TEST(FineTune, EveryRunEndsWithACheckpointThatReplacesAnotherRuns) {
     cli_test::expect_clean_failure(run_in(dir, "export n/checkpoints --out m2"), "--save-final");
 }
 
-// The adapters include the untied head's (lm_head): PEFT's folder lists it and generate merges it.
+// The adapters include the untied head's and embedding's (lm_head, embed_tokens): PEFT's folder
+// lists them, its lora_embedding_A in PEFT's [r, V], and generate merges them.
 TEST(FineTune, GenerateReadsACheckpointAndABaseWithAPeftAdapter) {
     const fs::path dir = chat_workspace("adapter");
-    CmdResult r = run_in(dir, "train --quiet --model base --data pre-data --lora-rank 8 --lora-targets all,lm_head "
+    CmdResult r = run_in(dir, "train --quiet --model base --data pre-data --lora-rank 8 --lora-targets embed_tokens,all,lm_head "
                               "--lr 1e-2 --steps 15 --seq 64 --batch 4 --eval-every 0 --sample 0 --out lora");
     ASSERT_EQ(r.code, 0) << r.err;
     ASSERT_EQ(run_in(dir, "export lora/checkpoints --out merged --merge-lora --dtype fp32").code, 0);
     ASSERT_EQ(run_in(dir, "export lora/checkpoints --out adapter --adapter-only").code, 0);
-    EXPECT_NE(memfit::test::read_text((dir / "adapter/adapter_config.json").string()).find("\"lm_head\""), std::string::npos);
+    const std::string config = memfit::test::read_text((dir / "adapter/adapter_config.json").string());
+    EXPECT_NE(config.find("\"lm_head\""), std::string::npos) << config;
+    EXPECT_NE(config.find("\"embed_tokens\""), std::string::npos) << config;
+    EXPECT_EQ(memfit::SafetensorsFile::open((dir / "adapter/adapter_model.safetensors").string())
+                  .info("base_model.model.model.embed_tokens.lora_embedding_A").shape,
+              (std::vector<int64_t>{8, 259}));
     const std::string gen = " --prompt 'What is' --temperature 0 --max-new-tokens 24";
     const CmdResult merged = run_in(dir, "generate --model merged" + gen);
     const CmdResult peft = run_in(dir, "generate --model base --adapter adapter" + gen);
