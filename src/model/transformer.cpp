@@ -500,134 +500,29 @@ void Transformer::decode(Graph & g, const ModelWeights & w, Tensor tokens, int p
     head_fwd(g, w, logits_, lnf_.view((T_ - 1) * C, {1, C}));
 }
 
-void Transformer::embed_adapter_fwd(Graph & g, const ModelWeights & w, Tensor tokens) const {
-    for (const auto & ad : w.embed_adapters) {   // encoded += scale A^T[token] B^T
-        const AdapterActs & a = adapter_acts_[size_t(ad.site)];
-        const int64_t n = a.d.rows(), C = a.d.cols();
-        g.encoder_fwd(a.u, tokens, ad.a, Tensor{}, Tensor{});
-        g.matmul_fwd(a.d, a.u, ad.b, Tensor{}, WeightLayout::out_in);
-        g.add_columns(encoded_.view(0, {n, C}), a.d.view(0, {n, C}), 0, lora_scale_);
-    }
-}
-
-void Transformer::embed_adapter_bwd(Graph & g, const ModelWeights & w, const ModelWeights & dw, Tensor tokens) const {
-    for (size_t i = 0; i < w.embed_adapters.size(); ++i) {
-        const auto & ad = w.embed_adapters[i];
-        const auto & dad = dw.embed_adapters[i];
-        const AdapterActs & a = adapter_acts_[size_t(ad.site)];
-        // dd = scale d(encoded);  du = dd B, dB += dd^T u;  dA^T[token] += du
-        const int64_t n = a.dd.rows(), C = a.dd.cols();
-        g.take_columns(a.dd.view(0, {n, C}), dres_.view(0, {n, C}), 0, lora_scale_);
-        g.matmul_bwd(a.du, dad.b, Tensor{}, a.dd, a.u, ad.b, WeightLayout::out_in);
-        g.encoder_bwd(dad.a, Tensor{}, a.du, tokens, Tensor{});
-    }
-}
-
-void Transformer::head_fwd(Graph & g, const ModelWeights & w, Tensor logits, Tensor x) const {
-    g.matmul_fwd(logits, x, w.head, Tensor{}, WeightLayout::out_in);
-    const int64_t n = x.rows();
-    for (const auto & ad : w.head_adapters) {   // logits += scale (x A^T) B^T
-        const AdapterActs & a = adapter_acts_[size_t(ad.site)];
-        const Tensor u = a.u.view(0, {n, a.u.dim(1)}), d = a.d.view(0, {n, a.d.dim(1)});
-        g.matmul_fwd(u, x.view(0, {n, x.cols()}), ad.a, Tensor{}, WeightLayout::out_in);
-        g.matmul_fwd(d, u, ad.b, Tensor{}, WeightLayout::out_in);
-        g.add_columns(logits.view(0, {n, logits.cols()}), d, 0, lora_scale_);
-    }
-}
-
-void Transformer::head_bwd(Graph & g, const ModelWeights & w, const ModelWeights & dw, Tensor dx, Tensor dlogits,
-                           Tensor x) const {
-    // dd = scale dlogits;  du = dd B, dB += dd^T u (before the head's backward, which may round
-    // dlogits to bf16 in place: round_logit_grads);  dx = dlogits W + du A, dA += du^T x
-    const int64_t n = x.rows();
-    for (size_t i = 0; i < w.head_adapters.size(); ++i) {
-        const auto & ad = w.head_adapters[i];
-        const AdapterActs & a = adapter_acts_[size_t(ad.site)];
-        const Tensor u = a.u.view(0, {n, a.u.dim(1)}), du = a.du.view(0, {n, a.du.dim(1)});
-        const Tensor dd = a.dd.view(0, {n, a.dd.dim(1)});
-        g.take_columns(dd, dlogits.view(0, {n, dlogits.cols()}), 0, lora_scale_);
-        g.matmul_bwd(du, dw.head_adapters[i].b, Tensor{}, dd, u, ad.b, WeightLayout::out_in);
-    }
-    g.matmul_bwd(dx, dw.head, Tensor{}, dlogits, x, w.head, WeightLayout::out_in, false, round_logit_grads(w));
-    for (size_t i = 0; i < w.head_adapters.size(); ++i) {
-        const auto & ad = w.head_adapters[i];
-        const Tensor du = adapter_acts_[size_t(ad.site)].du.view(0, {n, ad.a.dim(0)});
-        g.matmul_bwd(dx, dw.head_adapters[i].a, Tensor{}, du, x, ad.a, WeightLayout::out_in, true);
-    }
-}
-
-void Transformer::head_logits(Graph & g, const ModelWeights & w) const {
-    MF_ASSERT(chunk_rows_ == B_ * T_);
-    g.phase(Phase::forward);
-    g.layer(-1);
-    head_fwd(g, w, logits_, lnf_);
-}
-
-Tensor Transformer::head_chunk(Graph & g, const ModelWeights & w, int64_t r0, int64_t n) const {
-    const int64_t C = cfg_.n_embd, V = cfg_.vocab_size;
-    MF_ASSERT(!tp_.enabled() && n <= chunk_rows_ && r0 + n <= int64_t(B_) * T_);
-    const Tensor logits = logits_.view(0, {n, V});
-    g.phase(Phase::forward);
-    g.layer(-1);
-    head_fwd(g, w, logits, lnf_.view(r0 * C, {n, C}));
-    return logits;
-}
-
-void Transformer::head_loss(Graph & g, const ModelWeights & w, const ModelWeights * dw, Tensor targets, Tensor losses,
-                            float dloss, const DistillHead * distill) const {
-    const int64_t N = int64_t(B_) * T_, C = cfg_.n_embd, V = cfg_.vocab_size;
-    MF_ASSERT(!distill || !tp_.enabled());
-    g.layer(-1);
-    for (int64_t r0 = 0; r0 < N; r0 += chunk_rows_) {
-        const int64_t n = std::min<int64_t>(chunk_rows_, N - r0);
-        if (tp_.enabled()) {
-            head_loss_tp(g, w, dw, targets, losses, dloss, r0, n);
-            continue;
-        }
-        const Tensor x = lnf_.view(r0 * C, {n, C});
-        const Tensor logits = logits_.view(0, {n, V});
-        const Tensor tgt = targets.view(r0, {n});
-        const Tensor teacher = distill ? distill->teacher->head_chunk(g, *distill->weights, r0, n) : Tensor{};
-        const Tensor stats = distill ? distill->stats.view(0, {2, n}) : Tensor{};
-        g.phase(Phase::forward);
-        head_fwd(g, w, logits, x);
-        if (distill) g.distill_fwd(losses.view(r0, {n}), stats, logits, teacher, tgt, distill->alpha, distill->temperature);
-        else g.xent_fwd(losses.view(r0, {n}), logits, tgt);
-        if (!dw) continue;
-        g.phase(Phase::backward);
-        if (distill) g.distill_bwd(logits, stats, teacher, tgt, distill->alpha, distill->temperature, dloss);
-        else g.xent_bwd(logits, tgt, dloss);
-        head_bwd(g, w, *dw, dlnf_.view(r0 * C, {n, C}), logits, x);
-    }
-}
-
-void Transformer::head_loss_tp(Graph & g, const ModelWeights & w, const ModelWeights * dw, Tensor targets,
-                               Tensor losses, float dloss, int64_t r0, int64_t n) const {
-    const int64_t C = cfg_.n_embd, V = cfg_.vocab_size, R = tp_.ranks, lo = tp_.vocab_lo(cfg_);
-    const Tensor x = lnf_.view(r0 * C, {n, C});
-    const Tensor logits = logits_.view(0, {n, V});
-    const Tensor tgt = targets.view(r0, {n});
-    const Tensor stats = xent_stats_.view(0, {2, n}), gathered = xent_gathered_.view(0, {R, 2, n});
-    const Tensor lse = xent_lse_.view(0, {n});
-    g.phase(Phase::forward);
-    g.matmul_fwd(logits, x, w.head, Tensor{}, WeightLayout::out_in);
-    g.xent_shard_stats(stats, logits, tgt, lo, tp_.vocab);
-    g.phase(Phase::communication);
-    g.tp_all_gather(gathered, stats);
-    g.phase(Phase::forward);
-    g.xent_shard_loss(losses.view(r0, {n}), lse, gathered, tgt);
-    if (!dw) return;
-    g.phase(Phase::backward);
-    g.xent_shard_bwd(logits, tgt, lse, lo, tp_.vocab, dloss);
-    // This rank's vocabulary rows' share of d(final norm output); summed over the group in backward().
-    g.matmul_bwd(dlnf_.view(r0 * C, {n, C}), dw->head, Tensor{}, logits, x, w.head, WeightLayout::out_in, false,
-                 round_logit_grads(w));
-}
-
 Transformer::LayerActs Transformer::with_own_grads(LayerActs r, const LayerActs & own) {
     r.dfch_gelu = own.dfch_gelu, r.dfch = own.dfch, r.dln2 = own.dln2, r.datty = own.datty, r.dqkv = own.dqkv;
     r.dln1 = own.dln1, r.qkv_rep_b = own.qkv_rep_b, r.dqkv_rep = own.dqkv_rep, r.dpost = own.dpost;
     return r;
+}
+
+// The qkv and attention units of layer l, where its mask dropped them, into rc_[l]; `a` then
+// points at them. qkv reads ln_1's output, or (post_norm) the layer's input x.
+void Transformer::recompute_attention(Graph & g, int l, LayerActs & a, const ModelWeights::Layer & p, Tensor x) const {
+    const LayerActs & r = rc(l);
+    auto dropped = [&](Saved u) { return !rc_plan_.keeps(l, u); };
+    if (dropped(Saved::qkv)) {
+        qkv_fwd(g, r, cfg_.post_norm ? x : gather_rows(g, a.ln1, r.ln1g, Phase::recompute), p, 0);
+        a.qkv = r.qkv, a.qk_raw = r.qk_raw, a.qk_rstd = r.qk_rstd;
+    }
+    // One attention forward recomputes the output and the probabilities (or lse) together; a
+    // kept one of the pair is rewritten with the identical values it holds.
+    const bool probs_dropped = !flash_ && dropped(Saved::attn_probs);
+    if (dropped(Saved::attn_out) || probs_dropped) {
+        if (dropped(Saved::attn_out)) a.atty = r.atty, a.lse = r.lse;
+        if (probs_dropped) a.att = r.att;
+        attention_fwd(g, a.atty, a.lse, a.att, r.qkv_rep, a.qkv);
+    }
 }
 
 Transformer::LayerActs Transformer::recompute_dropped(Graph & g, int l, const ModelWeights::Layer & p, Tensor x) const {
@@ -639,18 +534,7 @@ Transformer::LayerActs Transformer::recompute_dropped(Graph & g, int l, const Mo
         norm_fwd(g, r.ln1, r.ln1_mean, r.ln1_rstd, x, p.ln1w, p.ln1b);
         a.ln1 = r.ln1, a.ln1_mean = r.ln1_mean, a.ln1_rstd = r.ln1_rstd;
     }
-    if (dropped(Saved::qkv)) {
-        qkv_fwd(g, r, gather_rows(g, a.ln1, r.ln1g, Phase::recompute), p, 0);
-        a.qkv = r.qkv, a.qk_raw = r.qk_raw, a.qk_rstd = r.qk_rstd;
-    }
-    // One attention forward recomputes the output and the probabilities (or lse) together; a
-    // kept one of the pair is rewritten with the identical values it holds.
-    const bool probs_dropped = !flash_ && dropped(Saved::attn_probs);
-    if (dropped(Saved::attn_out) || probs_dropped) {
-        if (dropped(Saved::attn_out)) a.atty = r.atty, a.lse = r.lse;
-        if (probs_dropped) a.att = r.att;
-        attention_fwd(g, a.atty, a.lse, a.att, r.qkv_rep, a.qkv);
-    }
+    recompute_attention(g, l, a, p, x);
     if (dropped(Saved::res2)) {
         project(g, r.attproj, a.atty, p, Proj::o, true);
         g.residual_fwd(r.res2, x, reduce_rows(g, r.attproj, r.attproj_s, r.tp_attn, Phase::recompute));
@@ -709,16 +593,7 @@ Transformer::LayerActs Transformer::recompute_dropped_post(Graph & g, int l, con
     const LayerActs & r = rc(l);
     LayerActs a = acts(l);
     auto dropped = [&](Saved u) { return !rc_plan_.keeps(l, u); };
-    if (dropped(Saved::qkv)) {
-        qkv_fwd(g, r, x, p, 0);
-        a.qkv = r.qkv, a.qk_raw = r.qk_raw, a.qk_rstd = r.qk_rstd;
-    }
-    const bool probs_dropped = !flash_ && dropped(Saved::attn_probs);
-    if (dropped(Saved::attn_out) || probs_dropped) {
-        if (dropped(Saved::attn_out)) a.atty = r.atty, a.lse = r.lse;
-        if (probs_dropped) a.att = r.att;
-        attention_fwd(g, a.atty, a.lse, a.att, r.qkv_rep, a.qkv);
-    }
+    recompute_attention(g, l, a, p, x);
     if (dropped(Saved::ln1)) {
         project(g, r.attproj, a.atty, p, Proj::o, true);
         g.rmsnorm_fwd(r.ln1, r.ln1_rstd, r.attproj, p.ln1w, cfg_.ln_eps);

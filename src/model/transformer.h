@@ -310,6 +310,7 @@ private:
     // as backward reads them (kept ones from forward, the rest recomputed).
     LayerActs recompute_dropped(Graph & g, int l, const ModelWeights::Layer & p, Tensor x) const;
     LayerActs recompute_dropped_post(Graph & g, int l, const ModelWeights::Layer & p, Tensor x) const;
+    void recompute_attention(Graph & g, int l, LayerActs & a, const ModelWeights::Layer & p, Tensor x) const;
 
     ModelConfig cfg_;
     int B_, T_;

@@ -98,6 +98,18 @@ void expect_bitwise_equal(const ModelConfig & cfg, CpuBackend & backend, const s
     }
 }
 
+// `none` keeps layer_keep_cost(kKeepAll) bytes per layer more than `full`, which recomputes
+// layer_keep_cost(0) FLOPs per layer: the program's bytes and FLOPs as the cost model counts them.
+void expect_keep_costs(const ModelConfig & cfg, CpuBackend & backend, bool flash) {
+    const int layers = cfg.n_layer;
+    auto program = [&](const RecomputePlan & rc) { return StepPlans(cfg, backend, options(rc, flash)); };
+    const StepPlans full = program(parse_recompute("full", layers));
+    const uint64_t base = live_at_backward_start(full.train->program());
+    EXPECT_EQ(live_at_backward_start(program(parse_recompute("none", layers)).train->program()),
+              base + layers * layer_keep_cost(cfg, B, T, flash, DType::f32, kKeepAll).bytes);
+    EXPECT_DOUBLE_EQ(recompute_flops(full.train->program()), layers * layer_keep_cost(cfg, B, T, flash, DType::f32, 0).flops);
+}
+
 }  // namespace
 
 TEST(Recompute, KeptBytesMatchFormulasPerPolicy) {
@@ -245,13 +257,7 @@ TEST(Recompute, Qwen3QkNormsRecomputeWithQkv) {
     const int layers = cfg.n_layer;
     for (bool flash : {false, true}) {
         SCOPED_TRACE(flash ? "flash" : "naive");
-        auto program = [&](const RecomputePlan & rc) { return StepPlans(cfg, backend, options(rc, flash)); };
-        const StepPlans full = program(parse_recompute("full", layers));
-        const uint64_t base = live_at_backward_start(full.train->program());
-        EXPECT_EQ(live_at_backward_start(program(parse_recompute("none", layers)).train->program()),
-                  base + layers * layer_keep_cost(cfg, B, T, flash, DType::f32, kKeepAll).bytes);
-        EXPECT_DOUBLE_EQ(recompute_flops(full.train->program()),
-                         layers * layer_keep_cost(cfg, B, T, flash, DType::f32, 0).flops);
+        expect_keep_costs(cfg, backend, flash);
         std::vector<RecomputePlan> policies;
         for (const char * pol : {"none", "full", "selective", "every:2"}) policies.push_back(parse_recompute(pol, layers));
         expect_bitwise_equal(cfg, backend, policies, flash);
@@ -272,15 +278,9 @@ TEST(Recompute, Olmo2PostNormsRecomputeWithTheirProjections) {
     std::mt19937 rng(7);
     for (bool flash : {false, true}) {
         SCOPED_TRACE(flash ? "flash" : "naive");
-        auto program = [&](const RecomputePlan & rc) { return StepPlans(cfg, backend, options(rc, flash)); };
-        const StepPlans full = program(parse_recompute("full", layers));
-        const uint64_t base = live_at_backward_start(full.train->program());
-        EXPECT_EQ(live_at_backward_start(program(parse_recompute("none", layers)).train->program()),
-                  base + layers * layer_keep_cost(cfg, B, T, flash, DType::f32, kKeepAll).bytes);
-        EXPECT_DOUBLE_EQ(recompute_flops(full.train->program()),
-                         layers * layer_keep_cost(cfg, B, T, flash, DType::f32, 0).flops);
+        expect_keep_costs(cfg, backend, flash);
         const RecomputePlan selective = parse_recompute("selective", layers);
-        EXPECT_DOUBLE_EQ(recompute_flops(program(selective).train->program()),
+        EXPECT_DOUBLE_EQ(recompute_flops(StepPlans(cfg, backend, options(selective, flash)).train->program()),
                          layers * layer_keep_cost(cfg, B, T, flash, DType::f32, kKeepSelective).flops);
         std::vector<RecomputePlan> policies;
         for (const char * pol : {"none", "full", "selective", "every:2"}) policies.push_back(parse_recompute(pol, layers));
