@@ -170,7 +170,7 @@ public:
 #undef MF_KERNEL
 
     // Scratch bytes flash_attention_bwd needs for this shape (planned as workspace).
-    virtual size_t flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH) const = 0;
+    virtual size_t flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH, DType storage) const = 0;
     // Why the flash kernels cannot take this head dimension ("" when they can).
     virtual std::string flash_attention_refusal(int head_dim) const { (void) head_dim; return {}; }
     bool runs_flash_attention(int head_dim) const { return flash_attention_refusal(head_dim).empty(); }

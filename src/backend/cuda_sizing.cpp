@@ -85,7 +85,7 @@ public:
     bool native_16bit_sums() const override { return true; }
     bool pure_sizing() const override { return true; }   // formulas only
     size_t gemm_workspace(const GemmDesc & d) const override { return cuda_gemm_workspace(d); }
-    size_t flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH) const override {
+    size_t flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH, DType) const override {
         return cuda_flash_attention_workspace(B, T, C, NH);
     }
     size_t qgemm_workspace(const QuantDesc & q, int64_t M, DType act) const override {

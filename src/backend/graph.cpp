@@ -453,9 +453,9 @@ void Graph::flash_attention_bwd(Tensor dqkv, Tensor dout, Tensor out, Tensor qkv
                                 Tensor doc_start) {
     // Backward recomputes the scores: forward's work again plus the gradient products.
     if (recording_ && sizing_)
-        grow_workspace(sizing_->flash_attention_workspace(qkv.dim(0), qkv.dim(1), out.cols(), NH));
+        grow_workspace(sizing_->flash_attention_workspace(qkv.dim(0), qkv.dim(1), out.cols(), NH, qkv.dtype));
     if (begin("flash_attention_bwd", 2.5 * attention_flops(qkv), {dqkv, dout, out, qkv, lse, doc_start}, true)) {
-        const size_t bytes = backend_->flash_attention_workspace(qkv.dim(0), qkv.dim(1), out.cols(), NH);
+        const size_t bytes = backend_->flash_attention_workspace(qkv.dim(0), qkv.dim(1), out.cols(), NH, qkv.dtype);
         Tensor ws = bytes ? resolve(Tensor(workspace_, DType::f32, {int64_t(bytes / sizeof(float))})) : Tensor{};
         backend_->flash_attention_bwd(resolve(dqkv), ws, resolve(dout), resolve(out), resolve(qkv), resolve(lse), NH,
                                       resolve(doc_start));
@@ -581,6 +581,12 @@ void Graph::xent_fwd(Tensor losses, Tensor logits, Tensor targets) {
 void Graph::xent_bwd(Tensor probs, Tensor targets, float dloss) {
     if (begin("xent_bwd", 2.0 * double(probs.numel()), {probs, targets}))
         backend_->xent_bwd(resolve(probs), resolve(targets), dloss);
+    end();
+}
+
+void Graph::xent_fwd_bwd(Tensor losses, Tensor logits, Tensor targets, float dloss) {
+    if (begin("xent_fwd_bwd", 7.0 * double(logits.numel()), {losses, logits, targets}))
+        backend_->xent_fwd_bwd(resolve(losses), resolve(logits), resolve(targets), dloss);
     end();
 }
 

@@ -159,6 +159,7 @@ public:
                               int window = 0);
     void xent_fwd(Tensor losses, Tensor logits, Tensor targets);
     void xent_bwd(Tensor probs, Tensor targets, float dloss);
+    void xent_fwd_bwd(Tensor losses, Tensor logits, Tensor targets, float dloss);
     // Vocabulary-parallel cross-entropy over logit columns vocab_lo .. of `vocab` (see Backend):
     // stats, tp_all_gather of the stats, loss; then the backward in place on the logits.
     void xent_shard_stats(Tensor stats, Tensor logits, Tensor targets, int64_t vocab_lo, int64_t vocab);

@@ -110,6 +110,9 @@ MF_KERNEL(take_columns, (Tensor d, Tensor src, int64_t col0, float scale))
 MF_KERNEL(xent_fwd, (Tensor losses, Tensor logits, Tensor targets))
 // probs[N,V] become dlogits in place: (p - onehot(target)) * dloss; rows with target -100 -> 0.
 MF_KERNEL(xent_bwd, (Tensor probs, Tensor targets, float dloss))
+// xent_fwd then xent_bwd (training's loss chunk): the same losses and dlogits, where a backend
+// can, in one pass over the logits.
+MF_KERNEL(xent_fwd_bwd, (Tensor losses, Tensor logits, Tensor targets, float dloss))
 
 // Vocabulary-parallel cross-entropy (tensor parallelism), never gathering the full logits.
 // logits f32 [N, Vl] are this rank's columns vocab_lo .. vocab_lo+Vl-1 of a vocabulary of

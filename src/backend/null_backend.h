@@ -13,7 +13,7 @@ public:
 #define MF_KERNEL(name, params) void name params override {}
 #include "backend/kernel_list.h"
 #undef MF_KERNEL
-    size_t flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH) const override { return 0; }
+    size_t flash_attention_workspace(int64_t, int64_t, int64_t, int, DType) const override { return 0; }
     void sgd(Tensor, Tensor, Tensor, Tensor, Tensor, const AdamWHyper &) override {}
 };
 

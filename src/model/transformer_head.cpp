@@ -100,11 +100,11 @@ void Transformer::head_loss(Graph & g, const ModelWeights & w, const ModelWeight
         g.phase(Phase::forward);
         head_fwd(g, w, logits, x);
         if (distill) g.distill_fwd(losses.view(r0, {n}), stats, logits, teacher, tgt, distill->alpha, distill->temperature);
+        else if (dw) g.xent_fwd_bwd(losses.view(r0, {n}), logits, tgt, dloss);   // the loss and its gradient
         else g.xent_fwd(losses.view(r0, {n}), logits, tgt);
         if (!dw) continue;
         g.phase(Phase::backward);
         if (distill) g.distill_bwd(logits, stats, teacher, tgt, distill->alpha, distill->temperature, dloss);
-        else g.xent_bwd(logits, tgt, dloss);
         head_bwd(g, w, *dw, dlnf_.view(r0 * C, {n, C}), logits, x);
     }
 }

@@ -477,6 +477,29 @@ TEST(CpuKernels, CrossEntropyWideAndNonFiniteRows) {
     EXPECT_EQ(logits[size_t(5) * V + 5], 0.0f);
 }
 
+// The fused loss-and-gradient kernel training runs: the two kernels' bits, on wide rows, an
+// ignored row and rows holding a NaN or an infinity.
+TEST(CpuKernels, CrossEntropyForwardBackwardIsBothKernels) {
+    const int N = 6, V = 50257;
+    std::mt19937 rng(22);
+    std::vector<float> a = randn(size_t(N) * V, rng, 4.0f);
+    a[size_t(3) * V + 777] = kNaN;
+    a[size_t(4) * V + 12345] = std::numeric_limits<float>::infinity();
+    const std::vector<int32_t> targets = {50256, 0, -100, 1, 2, 3};
+    std::vector<float> b = a, la(N, -1.0f), lb(N, -2.0f);
+    const float dloss = 1.0f / 3.0f;
+    crossentropy_forward(la.data(), a.data(), targets.data(), N, V);
+    crossentropy_backward(a.data(), targets.data(), dloss, N, V);
+    crossentropy_forward_backward(lb.data(), b.data(), targets.data(), dloss, N, V);
+    EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+    double row0 = 0.0;   // a gradient row sums to 0: (sum p - 1) * dloss
+    for (int j = 0; j < V; ++j) row0 += b[size_t(j)];
+    EXPECT_NEAR(row0, 0.0, 1e-6);
+    EXPECT_LT(b[50256], 0.0f);
+    EXPECT_EQ(b[size_t(2) * V + 9], 0.0f);   // the ignored row
+}
+
 TEST(CpuKernels, CrossEntropyBackwardMatchesFiniteDifferences) {
     const int B = 2, T = 5, N = B * T, V = 11;
     std::mt19937 rng(12);

@@ -145,7 +145,7 @@ void flash_matches_naive(double tol, const auto & layouts) {
             const auto starts = L.doc_start();
             std::vector<S> out(size_t(B) * T * C), ref(out.size()), att(size_t(B) * NH * T * T), dq(qkv.size()),
                 dref(qkv.size());
-            std::vector<float> lse(size_t(B) * NH * T, kNaN), scratch(flash_attention_scratch_floats(B, T, C, NH)),
+            std::vector<float> lse(size_t(B) * NH * T, kNaN), scratch(flash_attention_scratch_floats(B, T, C, NH, dtype_of<S>())),
                 nscratch(size_t(B) * NH * T);
             flash_attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, starts.data());
             attention_forward(ref.data(), att.data(), qkv.data(), B, T, C, NH, starts.data());

@@ -76,7 +76,7 @@ FlashRun run_flash(const std::vector<float> & qkv, const std::vector<float> & do
     FlashRun r{std::vector<float>(size_t(s.B) * s.T * s.C, fill),
                std::vector<float>(size_t(s.B) * s.NH * s.T, fill),
                std::vector<float>(qkv.size(), fill)};
-    std::vector<float> scratch(flash_attention_scratch_floats(s.B, s.T, s.C, s.NH), fill);
+    std::vector<float> scratch(flash_attention_scratch_floats(s.B, s.T, s.C, s.NH, DType::f32), fill);
     flash_attention_forward(r.out.data(), r.lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);
     flash_attention_backward(r.dqkv.data(), scratch.data(), dout.data(), r.out.data(), qkv.data(),
                              r.lse.data(), s.B, s.T, s.C, s.NH);
@@ -229,17 +229,33 @@ TEST(CpuFlashAttention, BitwiseDeterministicAcrossRunsAndThreadCounts) {
 
 TEST(CpuFlashAttention, ScratchIsLinearInT) {
     for (const Shape & s : {Shape{1, 1, 8, 1}, Shape{4, 512, 768, 12}, Shape{3, 97, 160, 2}}) {
-        const size_t s1 = flash_attention_scratch_floats(s.B, s.T, s.C, s.NH);
+        const size_t s1 = flash_attention_scratch_floats(s.B, s.T, s.C, s.NH, DType::f32);
         for (const int f : {2, 4, 16}) {
-            const size_t sf = flash_attention_scratch_floats(s.B, f * s.T, s.C, s.NH);
+            const size_t sf = flash_attention_scratch_floats(s.B, f * s.T, s.C, s.NH, DType::f32);
             EXPECT_LE(sf, f * s1 + 16) << name(s) << " x" << f;
             EXPECT_GE(sf, s1) << name(s) << " x" << f;
         }
-        // Far below the naive kernel's B*NH*T*T attention matrix at long T.
+        // Far below the naive kernel's B*NH*T*T attention matrix at long T, in any dtype.
         const int T = 2048;
-        EXPECT_LT(flash_attention_scratch_floats(s.B, T, s.C, s.NH),
-                  size_t(s.B) * s.NH * T * T / 16) << name(s);
+        for (const DType dt : {DType::f32, DType::bf16, DType::f16})
+            EXPECT_LT(flash_attention_scratch_floats(s.B, T, s.C, s.NH, dt), size_t(s.B) * s.NH * T * T / 16)
+                << name(s);
     }
+}
+
+// bf16/f16 storage: up to 1024 positions the backward holds each head's dQ in fp32 beside a
+// seventh tile, one pass; beyond, fp32's scratch (two passes). Never more than the shape's fp32
+// dQ and one tile per head above fp32's scratch.
+TEST(CpuFlashAttention, LowPrecisionScratchHoldsDqUpTo1024Positions) {
+    for (const Shape & s : {Shape{1, 1, 8, 1}, Shape{4, 512, 768, 12}, Shape{3, 97, 160, 2}})
+        for (const int T : {1, 64, 97, 1024, 1025, 4096}) {
+            const size_t f32 = flash_attention_scratch_floats(s.B, T, s.C, s.NH, DType::f32);
+            const size_t pairs = size_t(s.B) * s.NH, hs = size_t(s.C / s.NH);
+            for (const DType dt : {DType::bf16, DType::f16})
+                EXPECT_EQ(flash_attention_scratch_floats(s.B, T, s.C, s.NH, dt),
+                          f32 + (T <= 1024 ? pairs * (64 + size_t(T)) * hs : 0))
+                    << name(s) << " T=" << T;
+        }
 }
 
 }  // namespace

@@ -34,6 +34,7 @@
 #include "backend/cpu/dnnl_gemm.h"
 #include "backend/cpu/gemm_mixed.h"
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/kernels_flash.h"
 #include "backend/moments8.h"
 #include "core/dtype.h"
 #include "test_util.h"
@@ -365,10 +366,11 @@ TEST_P(LowpKernels, AttentionForwardAndBackward) {
 }
 
 TEST_P(LowpKernels, FlashAttentionForwardAndBackward) {
-    // T: partial tiles (150 = 2 x 64 + 22), exactly one, one and a bit; hs = 20 (8x8 blocks plus
-    // tails), 32, and 80 (above the forward's 64-column chunks).
+    // T: partial tiles (150 = 2 x 64 + 22), exactly one, one and a bit, and past the one-pass
+    // backward's 1024 positions (two passes); hs = 20 (8x8 blocks plus tails), 32, 80 (above the
+    // forward's 64-column chunks) and 16.
     struct Shape { int B, T, C, NH; };
-    for (const Shape s : {Shape{2, 150, 80, 4}, Shape{1, 64, 64, 2}, Shape{1, 70, 160, 2}}) {
+    for (const Shape s : {Shape{2, 150, 80, 4}, Shape{1, 64, 64, 2}, Shape{1, 70, 160, 2}, Shape{1, 1090, 32, 2}}) {
         std::mt19937 rng(16);
         Pair qkv(dt, {s.B, s.T, 3 * s.C}), out(dt, {s.B, s.T, s.C}), dout(dt, {s.B, s.T, s.C}),
             dqkv(dt, {s.B, s.T, 3 * s.C});
@@ -382,7 +384,7 @@ TEST_P(LowpKernels, FlashAttentionForwardAndBackward) {
         expect_rounded(lse.get(), rlse.get(), DType::f32, tag + "fwd lse");
 
         out.hi.set(out.lo.get());  // backward from the same (rounded) forward output
-        const size_t ws = be.flash_attention_workspace(s.B, s.T, s.C, s.NH) / sizeof(float);
+        const size_t ws = be.flash_attention_workspace(s.B, s.T, s.C, s.NH, dt) / sizeof(float);   // >= fp32's
         Arr scratch(DType::f32, {int64_t(ws)});
         be.flash_attention_bwd(dqkv.lo.t, scratch.t, dout.lo.t, out.lo.t, qkv.lo.t, lse.t, s.NH);
         be.flash_attention_bwd(dqkv.hi.t, scratch.t, dout.hi.t, out.hi.t, qkv.hi.t, lse.t, s.NH);
@@ -395,6 +397,44 @@ TEST_P(LowpKernels, FlashAttentionForwardAndBackward) {
             be.flash_attention_bwd(again.t, scratch.t, dout.lo.t, out.lo.t, qkv.lo.t, lse.t, s.NH);
         }
         EXPECT_EQ(again.bytes, dqkv.lo.bytes) << tag;
+    }
+}
+
+// The bf16 flash backward holds each head's dQ in fp32 and makes one pass up to 1024 positions,
+// two (dQ with query tiles outermost, recomputing the scores) beyond: the same bits either way,
+// with packed documents (whole key tiles skipped, keys masked) or without.
+TEST(LowpFlash, OnePassAndTwoPassBackwardsAgreeBitForBit) {
+    const int B = 2, T = 150, C = 80, NH = 4;   // partial tiles, hs = 20
+    std::mt19937 rng(23);
+    auto bf = [&](size_t n, float scale) {
+        std::vector<bf16_t> v(n);
+        const std::vector<float> f = randn(n, rng, scale);
+        cpu::from_f32_row(v.data(), f.data(), n);
+        return v;
+    };
+    const std::vector<bf16_t> qkv = bf(size_t(B) * T * 3 * C, 1.5f), dout = bf(size_t(B) * T * C, 1.0f);
+    std::vector<int32_t> docs(size_t(B) * T);
+    for (int t = 0; t < T; ++t) {
+        docs[t] = t < 40 ? 0 : t < 130 ? 40 : 130;   // the second sequence one document
+        docs[T + t] = 0;
+    }
+    for (const int32_t * doc_start : {static_cast<const int32_t *>(nullptr), static_cast<const int32_t *>(docs.data())}) {
+        std::vector<bf16_t> out(size_t(B) * T * C);
+        std::vector<float> lse(size_t(B) * NH * T), scratch(cpu::flash_attention_scratch_floats(B, T, C, NH, DType::bf16));
+        cpu::flash_attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, doc_start);
+        std::vector<bf16_t> one(qkv.size()), two(qkv.size()), plain(qkv.size());
+        cpu::flash_attention_backward_passes(one.data(), scratch.data(), dout.data(), out.data(), qkv.data(),
+                                             lse.data(), B, T, C, NH, doc_start, 1);
+        cpu::flash_attention_backward_passes(two.data(), scratch.data(), dout.data(), out.data(), qkv.data(),
+                                             lse.data(), B, T, C, NH, doc_start, 2);
+        cpu::flash_attention_backward(plain.data(), scratch.data(), dout.data(), out.data(), qkv.data(), lse.data(),
+                                      B, T, C, NH, doc_start);
+        const std::string tag = doc_start ? "documents" : "causal";
+        EXPECT_EQ(0, std::memcmp(one.data(), two.data(), one.size() * sizeof(bf16_t))) << tag;
+        EXPECT_EQ(0, std::memcmp(one.data(), plain.data(), one.size() * sizeof(bf16_t))) << tag;
+        size_t nonzero = 0;
+        for (const bf16_t g : one) nonzero += to_f32(g) != 0.0f;
+        EXPECT_GT(nonzero, one.size() * 9 / 10) << tag;   // the gradients were computed
     }
 }
 

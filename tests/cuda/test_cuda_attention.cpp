@@ -38,7 +38,7 @@ struct Shape {
 // Flash scratch large enough for both backends (each uses its own layout within it).
 int64_t flash_scratch_floats(const Shape & s) {
     CpuBackend cpu;
-    const size_t bytes = std::max(cpu.flash_attention_workspace(s.B, s.T, s.C(), int(s.NH)),
+    const size_t bytes = std::max(cpu.flash_attention_workspace(s.B, s.T, s.C(), int(s.NH), DType::bf16),  // >= fp32's
                                   cuda_flash_attention_workspace(s.B, s.T, s.C(), int(s.NH)));
     return int64_t(bytes / sizeof(float)) + 1;
 }

@@ -98,7 +98,7 @@ Layout long_layout(int64_t B, int64_t T) {
 // Flash scratch large enough for both backends (each uses its own layout within it).
 int64_t flash_scratch_floats(int64_t B, int64_t T, int64_t C, int64_t NH) {
     CpuBackend cpu;
-    const size_t bytes = std::max(cpu.flash_attention_workspace(B, T, C, int(NH)),
+    const size_t bytes = std::max(cpu.flash_attention_workspace(B, T, C, int(NH), DType::bf16),  // >= fp32's
                                   cuda_flash_attention_workspace(B, T, C, int(NH)));
     return int64_t(bytes / sizeof(float)) + 1;
 }

@@ -56,6 +56,17 @@ void check_xent(int64_t N, int64_t V, const std::vector<float> & targets) {
             for (int64_t j = 0; j < V; ++j) ASSERT_EQ(d[size_t(i * V + j)], 0.0f) << "ignored row " << i;
         }
     }
+    {   // both in one op (training's loss chunk)
+        OpCheck c;
+        const int logits = c.rand(DType::f32, {N, V}, -8.0f, 8.0f);
+        const int tg = c.values(DType::i32, {N}, targets);
+        const int losses = c.rand(DType::f32, {N});
+        c.run([&](Backend & b, const std::vector<Tensor> & t) {
+            b.xent_fwd_bwd(t[size_t(losses)], t[size_t(logits)], t[size_t(tg)], 1.0f / float(N));
+        });
+        EXPECT_LE(c.rel_err(losses), 1e-5) << "N " << N << " V " << V;
+        EXPECT_LE(c.rel_err(logits), 1e-5) << "N " << N << " V " << V;
+    }
 }
 
 TEST(CudaLoss, CrossEntropyMatchesCpu) {

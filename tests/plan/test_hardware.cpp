@@ -376,7 +376,7 @@ TEST(Hardware, BenchTimelineBreaksTheStepDownByOp) {
     }
     EXPECT_NEAR(share, 1.0, 1e-9);
     EXPECT_LE(ms, j.at("ms_per_step_with_timeline").get<double>() * 1.05);   // rounding of the median
-    for (const char * name : {"matmul_fwd", "matmul_bwd", "matmul_fwd (lm head)", "matmul_bwd (lm head)", "xent_fwd",
+    for (const char * name : {"matmul_fwd", "matmul_bwd", "matmul_fwd (lm head)", "matmul_bwd (lm head)", "xent_fwd_bwd",
                               "adamw"})
         ASSERT_TRUE(ops.count(name)) << name << " missing: " << j.dump();
     EXPECT_EQ(ops["matmul_fwd"].at("calls").get<int>() % 4, 0);   // qkv, proj, fc, fc_proj per block

@@ -227,8 +227,8 @@ void CpuBackend::flash_attention_bwd(Tensor dqkv, Tensor scratch, Tensor dout, T
     });
 }
 
-size_t CpuBackend::flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH) const {
-    return cpu::flash_attention_scratch_floats(int(B), int(T), int(C), NH) * sizeof(float);
+size_t CpuBackend::flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH, DType storage) const {
+    return cpu::flash_attention_scratch_floats(int(B), int(T), int(C), NH, storage) * sizeof(float);
 }
 
 void CpuBackend::gelu_fwd(Tensor out, Tensor inp, Gelu kind) {
@@ -437,6 +437,11 @@ void CpuBackend::xent_fwd(Tensor losses, Tensor logits, Tensor targets) {
 
 void CpuBackend::xent_bwd(Tensor probs, Tensor targets, float dloss) {
     cpu::crossentropy_backward(probs.f32(), targets.i32(), dloss, int(probs.rows()), int(probs.cols()));
+}
+
+void CpuBackend::xent_fwd_bwd(Tensor losses, Tensor logits, Tensor targets, float dloss) {
+    cpu::crossentropy_forward_backward(losses.f32(), logits.f32(), targets.i32(), dloss, int(logits.rows()),
+                                       int(logits.cols()));
 }
 
 void CpuBackend::xent_shard_stats(Tensor stats, Tensor logits, Tensor targets, int64_t vocab_lo, int64_t vocab) {

@@ -21,7 +21,7 @@ public:
 #define MF_KERNEL(name, params) void name params override;
 #include "backend/kernel_list.h"
 #undef MF_KERNEL
-    size_t flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH) const override;
+    size_t flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH, DType storage) const override;
     // Quantized frozen weights (qgemm.cpp) and LoRA's column slices (kernels_lora.cpp).
     size_t qgemm_workspace(const QuantDesc & q, int64_t M, DType act) const override;
     void qgemm_fwd(const QuantDesc & q, Tensor y, Tensor x, Tensor packed, Tensor bias, Tensor workspace) override;

@@ -23,19 +23,29 @@
 namespace memfit::cpu::flash {
 
 constexpr int kTile = 64;  // queries per query tile and keys per key tile
-// [kTile x hs] buffers per (b, h) in the backward's scratch: five for fp32, six for bf16/f16.
-constexpr int kTileSlots = 6;
+// [kTile x hs] buffers per (b, h) in the backward's scratch: five for fp32 (six are reserved,
+// as before the bf16/f16 one-pass backward), six for the bf16/f16 two-pass backward, seven for
+// its one pass (kernels_flash_lowp.cpp).
+constexpr int kTileSlots = 7;
+// The bf16/f16 backward runs in one pass, holding a head's dQ in fp32 (T x hs floats per (b, h)
+// in the scratch), up to this many query tiles (1024 positions); in two passes above, where that
+// accumulator would outgrow the rest of the scratch.
+constexpr int kOnePassTiles = 16;
+inline bool lowp_one_pass(int T) { return (T + kTile - 1) / kTile <= kOnePassTiles; }
 constexpr int kMR = 6;     // rows of a register block in tile_gemm
-constexpr int kNR = 16;    // columns of a register block in tile_gemm (two AVX2 vectors)
 
 inline int tiles(int T) { return (T + kTile - 1) / kTile; }
 
 inline size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
-// Scratch floats per (b, h) pair in the backward: P and dS [kTile x kTile], then kTileSlots
-// [kTile x hs] tile buffers. The scratch holds B*NH*T floats of D (rounded up to 16) first.
-inline size_t backward_pair_floats(int hs) {
-    return 2 * static_cast<size_t>(kTile) * kTile + kTileSlots * static_cast<size_t>(hs) * kTile;
+// Scratch floats per (b, h) pair in the backward: P and dS [kTile x kTile], then the
+// [kTile x hs] tile buffers: six (fp32, and the two-pass low-precision backward), or seven and
+// the fp32 dQ accumulator [T x hs] (`one_pass`: the one-pass low-precision backward). The
+// scratch holds B*NH*T floats of D (rounded up to 16) first.
+inline size_t backward_pair_floats(int hs, int T, bool one_pass) {
+    const size_t tile = static_cast<size_t>(hs) * kTile;
+    return 2 * static_cast<size_t>(kTile) * kTile +
+           (one_pass ? kTileSlots * tile + static_cast<size_t>(T) * hs : (kTileSlots - 1) * tile);
 }
 
 // One (b, h) pair of the backward: its q, k, v columns of qkv and dqkv (row stride 3C), its
@@ -55,9 +65,10 @@ struct BackwardPair {
     float * P;                 // [query][key]
     float * dS;                // [query][key]
     float * slot[kTileSlots];  // [kTile x hs] each; the kernels name their uses
+    float * dq_acc;            // [T x hs]: the one-pass low-precision backward's dQ
 
     BackwardPair(int task, S * dqkv, float * scratch, const S * dout_, const S * out_, const S * qkv,
-                 const float * lse_, int B, int T, int C, int NH) {
+                 const float * lse_, int B, int T, int C, int NH, bool one_pass = false) {
         const int h = task % NH, b = task / NH, hs = C / NH;
         const size_t C3 = static_cast<size_t>(3) * C;
         const size_t head_off = static_cast<size_t>(b) * T * C3 + static_cast<size_t>(h) * hs;
@@ -73,10 +84,13 @@ struct BackwardPair {
         lse = lse_ + static_cast<size_t>(task) * T;
         D = scratch + static_cast<size_t>(task) * T;
         const size_t tasks = static_cast<size_t>(B) * NH;
-        P = scratch + round_up(tasks * T, 16) + static_cast<size_t>(task) * backward_pair_floats(hs);
+        P = scratch + round_up(tasks * T, 16) + static_cast<size_t>(task) * backward_pair_floats(hs, T, one_pass);
         dS = P + kTile * kTile;
         slot[0] = dS + kTile * kTile;
-        for (int i = 1; i < kTileSlots; ++i) slot[i] = slot[i - 1] + static_cast<size_t>(hs) * kTile;
+        // The last slot and dq_acc only where the pair's floats hold them (the one-pass backward).
+        for (int i = 1; i < kTileSlots; ++i)
+            slot[i] = i < kTileSlots - 1 || one_pass ? slot[i - 1] + static_cast<size_t>(hs) * kTile : nullptr;
+        dq_acc = one_pass ? slot[kTileSlots - 1] + static_cast<size_t>(hs) * kTile : nullptr;
     }
 };
 
@@ -89,25 +103,38 @@ enum class Causal {
     kNUpTo,  // only C(m,n) with n <= m are needed (others may be left unwritten)
 };
 
-// Eight floats, one AVX register. A GCC/Clang vector extension rather than `omp simd` loops:
-// with those, GCC keeps gemm_block's accumulators in memory between its three loops and reaches
-// about 3/4 of the speed of this version. Never passed by value (that changes the ABI, and
-// warns, where AVX is not enabled).
+// Eight floats, one AVX register, and sixteen, one AVX-512 register. GCC/Clang vector
+// extensions rather than `omp simd` loops: with those, GCC keeps gemm_block's accumulators in
+// memory between its three loops and reaches about 3/4 of the speed of this version. Never
+// passed by value (that changes the ABI, and warns, where AVX is not enabled).
 typedef float vf8 __attribute__((vector_size(32)));
+typedef float vf16 __attribute__((vector_size(64)));
+// The widest vector the target has registers for: a register block is two of them wide (kNR
+// columns). A target without AVX-512 would split a vf16 into two halves and run out of
+// registers for the block's 12 accumulators, so it keeps vf8. The order of every sum is the
+// same at either width (one lane per column), so the results are too.
+#if defined(__AVX512F__)
+typedef vf16 vwide;
+#else
+typedef vf8 vwide;
+#endif
+constexpr int kWide = static_cast<int>(sizeof(vwide) / sizeof(float));
+constexpr int kNR = 2 * kWide;  // columns of a register block in tile_gemm
 
-// One register block: C[MR x 8*NV] (+)= sum_{k in [k0,k1)} A(m,k) B(k,:).
-template <int MR, int NV>
+// One register block: C[MR x W*NV] (+)= sum_{k in [k0,k1)} A(m,k) B(k,:), W the lanes of V.
+template <int MR, int NV, class V>
 inline void gemm_block(float * c, size_t ldc, const float * a, size_t sam, size_t sak,
                        const float * b, size_t ldb, int k0, int k1, bool accumulate) {
-    vf8 acc[MR][NV];
+    constexpr int W = static_cast<int>(sizeof(V) / sizeof(float));
+    V acc[MR][NV];
     for (int m = 0; m < MR; ++m)
         for (int v = 0; v < NV; ++v) {
-            acc[m][v] = vf8{};
-            if (accumulate) std::memcpy(&acc[m][v], c + m * ldc + 8 * v, sizeof(vf8));
+            acc[m][v] = V{};
+            if (accumulate) std::memcpy(&acc[m][v], c + m * ldc + W * v, sizeof(V));
         }
     for (int k = k0; k < k1; ++k) {
-        vf8 bv[NV];
-        for (int v = 0; v < NV; ++v) std::memcpy(&bv[v], b + k * ldb + 8 * v, sizeof(vf8));
+        V bv[NV];
+        for (int v = 0; v < NV; ++v) std::memcpy(&bv[v], b + k * ldb + W * v, sizeof(V));
         const float * acol = a + k * sak;
         for (int m = 0; m < MR; ++m) {
             const float av = acol[m * sam];
@@ -115,7 +142,7 @@ inline void gemm_block(float * c, size_t ldc, const float * a, size_t sam, size_
         }
     }
     for (int m = 0; m < MR; ++m)
-        for (int v = 0; v < NV; ++v) std::memcpy(c + m * ldc + 8 * v, &acc[m][v], sizeof(vf8));
+        for (int v = 0; v < NV; ++v) std::memcpy(c + m * ldc + W * v, &acc[m][v], sizeof(V));
 }
 
 // C[M x N] (+)= A[M x K] B[K x N] with A(m,k) = a[m*sam + k*sak], B row-major (row stride
@@ -128,16 +155,16 @@ inline void tile_gemm(float * c, size_t ldc, const float * a, size_t sam, size_t
         if (causal == Causal::kKUpTo) k1 = std::min(K, m0 + rows);
         if (causal == Causal::kKFrom) k0 = std::min(K, m0);
     };
-    // Rows of one column block of 8*NV: blocks of kMR rows, then 4, 2, 1 (64 = 10 * 6 + 4).
-    auto column_block = [&]<int NV>(int n0) {
+    // Rows of one column block of NV vectors V: blocks of kMR rows, then 4, 2, 1 (64 = 10*6 + 4).
+    auto column_block = [&]<int NV, class V>(int n0) {
         int m0 = 0;
         auto rows = [&]<int R>() {
             for (; m0 + R <= M; m0 += R) {
                 if (causal == Causal::kNUpTo && m0 + R <= n0) continue;
                 int k0 = 0, k1 = 0;
                 k_range(m0, R, k0, k1);
-                gemm_block<R, NV>(c + m0 * ldc + n0, ldc, a + m0 * sam, sam, sak, b + n0, ldb, k0,
-                                  k1, accumulate);
+                gemm_block<R, NV, V>(c + m0 * ldc + n0, ldc, a + m0 * sam, sam, sak, b + n0, ldb,
+                                     k0, k1, accumulate);
             }
         };
         rows.template operator()<kMR>();
@@ -146,8 +173,9 @@ inline void tile_gemm(float * c, size_t ldc, const float * a, size_t sam, size_t
         rows.template operator()<1>();
     };
     int n0 = 0;
-    for (; n0 + kNR <= N; n0 += kNR) column_block.template operator()<kNR / 8>(n0);
-    for (; n0 + 8 <= N; n0 += 8) column_block.template operator()<1>(n0);
+    for (; n0 + kNR <= N; n0 += kNR) column_block.template operator()<2, vwide>(n0);
+    for (; n0 + kWide <= N; n0 += kWide) column_block.template operator()<1, vwide>(n0);
+    for (; n0 + 8 <= N; n0 += 8) column_block.template operator()<1, vf8>(n0);
     if (n0 < N) {  // the last (fewer than 8) columns, one row at a time
         const int nt = N - n0;
         for (int m = 0; m < M; ++m) {

@@ -83,6 +83,10 @@ void crossentropy_forward(float * losses, float * logits_to_probs, const int32_t
 // In place: probs -> (probs - onehot(target)) * dloss; rows whose target is -100 become 0.
 void crossentropy_backward(float * probs_to_dlogits, const int32_t * targets, float dloss,
                            int N, int V);
+// Both in one pass over each row (training's loss chunk): losses as crossentropy_forward, the
+// logits become crossentropy_backward's dlogits; the same bits as the two calls.
+void crossentropy_forward_backward(float * losses, float * logits_to_dlogits, const int32_t * targets,
+                                   float dloss, int N, int V);
 
 // Vocabulary-parallel cross-entropy (tensor parallelism). logits[N,Vl] are the columns vocab_lo ..
 // vocab_lo+Vl-1 of a vocabulary of V entries; columns at or past V are padding, never read.

@@ -40,11 +40,11 @@ namespace memfit::cpu {
 
 using namespace flash;
 
-size_t flash_attention_scratch_floats(int B, int T, int C, int NH) {
+size_t flash_attention_scratch_floats(int B, int T, int C, int NH, DType storage) {
     MF_ASSERT(B >= 0 && T >= 0 && NH > 0 && C % NH == 0);
-    const size_t hs = static_cast<size_t>(C / NH);
     const size_t pairs = static_cast<size_t>(B) * NH;
-    return round_up(pairs * static_cast<size_t>(T), 16) + pairs * backward_pair_floats(int(hs));
+    return round_up(pairs * static_cast<size_t>(T), 16) +
+           pairs * backward_pair_floats(C / NH, T, storage != DType::f32 && lowp_one_pass(T));
 }
 
 template <class S>

@@ -91,6 +91,34 @@ double exp_sum_scaled(const float * row, int n, float maxv, float inv_t, bool fi
 }
 
 float exp_any(float x, bool finite) { return finite ? fast_exp(x) : std::exp(x); }
+
+// One row: its loss (0 for the ignore index), and exp(logit - max) written over the logits;
+// returns 1 / (the row's sum of them), which normalises the row to the softmax.
+float softmax_numerators(float * row, int32_t target, int V, float & loss) {
+    MF_ASSERT(target == kIgnoreIndex || (target >= 0 && target < V));
+    bool finite = true;
+    const float maxv = row_max(row, V, finite);
+    // Read the target logit before the row is overwritten.
+    const float target_logit = target == kIgnoreIndex ? 0.0f : row[target];
+    const double sum = exp_sum(row, row, V, maxv, finite);
+    const double lse = static_cast<double>(maxv) + std::log(sum);
+    loss = target == kIgnoreIndex ? 0.0f : static_cast<float>(lse - static_cast<double>(target_logit));
+    return static_cast<float>(1.0 / sum);
+}
+
+// probs -> (probs - onehot(target)) * dloss in place, 0 for the ignore index.
+void row_dlogits(float * row, int32_t target, float dloss, int V) {
+    if (target == kIgnoreIndex) {
+#pragma omp simd
+        for (int j = 0; j < V; ++j) row[j] = 0.0f;
+        return;
+    }
+    MF_ASSERT(target >= 0 && target < V);
+    const float p_target = row[target];
+#pragma omp simd
+    for (int j = 0; j < V; ++j) row[j] *= dloss;
+    row[target] = (p_target - 1.0f) * dloss;
+}
 }  // namespace
 
 void crossentropy_forward(float * losses, float * logits_to_probs, const int32_t * targets,
@@ -98,18 +126,7 @@ void crossentropy_forward(float * losses, float * logits_to_probs, const int32_t
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < N; ++r) {
         float * row = logits_to_probs + static_cast<size_t>(r) * V;
-        const int32_t target = targets[r];
-        MF_ASSERT(target == kIgnoreIndex || (target >= 0 && target < V));
-
-        bool finite = true;
-        const float maxv = row_max(row, V, finite);
-        // Read the target logit before the row is overwritten with probabilities.
-        const float target_logit = target == kIgnoreIndex ? 0.0f : row[target];
-        const double sum = exp_sum(row, row, V, maxv, finite);
-        const double lse = static_cast<double>(maxv) + std::log(sum);
-        losses[r] = target == kIgnoreIndex ? 0.0f
-                                           : static_cast<float>(lse - static_cast<double>(target_logit));
-        const float inv = static_cast<float>(1.0 / sum);
+        const float inv = softmax_numerators(row, targets[r], V, losses[r]);
 #pragma omp simd
         for (int j = 0; j < V; ++j) row[j] *= inv;
     }
@@ -118,19 +135,25 @@ void crossentropy_forward(float * losses, float * logits_to_probs, const int32_t
 void crossentropy_backward(float * probs_to_dlogits, const int32_t * targets, float dloss,
                            int N, int V) {
 #pragma omp parallel for schedule(static)
+    for (int r = 0; r < N; ++r) row_dlogits(probs_to_dlogits + static_cast<size_t>(r) * V, targets[r], dloss, V);
+}
+
+// While the row is in cache: the normalisation, then the backward's scaling (rounded in turn,
+// as the two kernels do).
+void crossentropy_forward_backward(float * losses, float * logits_to_dlogits, const int32_t * targets,
+                                   float dloss, int N, int V) {
+#pragma omp parallel for schedule(static)
     for (int r = 0; r < N; ++r) {
-        float * row = probs_to_dlogits + static_cast<size_t>(r) * V;
-        const int32_t target = targets[r];
-        if (target == kIgnoreIndex) {
-#pragma omp simd
-            for (int j = 0; j < V; ++j) row[j] = 0.0f;
+        float * row = logits_to_dlogits + static_cast<size_t>(r) * V;
+        const float inv = softmax_numerators(row, targets[r], V, losses[r]);
+        if (targets[r] == kIgnoreIndex) {
+            row_dlogits(row, targets[r], dloss, V);
             continue;
         }
-        MF_ASSERT(target >= 0 && target < V);
-        const float p_target = row[target];
+        const float p_target = row[targets[r]] * inv;
 #pragma omp simd
-        for (int j = 0; j < V; ++j) row[j] *= dloss;
-        row[target] = (p_target - 1.0f) * dloss;
+        for (int j = 0; j < V; ++j) row[j] = (row[j] * inv) * dloss;
+        row[targets[r]] = (p_target - 1.0f) * dloss;
     }
 }
 

@@ -248,7 +248,7 @@ std::string CudaBackend::device_name() const {
 }
 
 size_t CudaBackend::gemm_workspace(const GemmDesc & d) const { return cuda_gemm_workspace(d); }
-size_t CudaBackend::flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH) const {
+size_t CudaBackend::flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH, DType) const {
     return cuda_flash_attention_workspace(B, T, C, NH);
 }
 std::string CudaBackend::flash_attention_refusal(int head_dim) const { return cuda_flash_attention_refusal(head_dim); }
@@ -401,6 +401,11 @@ void CudaBackend::take_columns(Tensor d, Tensor src, int64_t col0, float scale) 
 }
 void CudaBackend::xent_fwd(Tensor losses, Tensor logits, Tensor targets) { MF_FWD(xent_fwd, losses, logits, targets); }
 void CudaBackend::xent_bwd(Tensor probs, Tensor targets, float dloss) { MF_FWD(xent_bwd, probs, targets, dloss); }
+void CudaBackend::xent_fwd_bwd(Tensor losses, Tensor logits, Tensor targets, float dloss) {
+    // The two kernels in turn (a fused kernel would save one read of the logits in HBM).
+    xent_fwd(losses, logits, targets);
+    xent_bwd(logits, targets, dloss);
+}
 void CudaBackend::xent_shard_stats(Tensor stats, Tensor logits, Tensor targets, int64_t vocab_lo, int64_t vocab) {
     MF_FWD(xent_shard_stats, stats, logits, targets, vocab_lo, vocab);
 }
