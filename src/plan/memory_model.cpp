@@ -100,67 +100,81 @@ void check_lora_layout(const Candidate & c) {
                                       base_weights_name(c.lora_plan->opts.base)));
 }
 
-DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const Candidate & c, int seq) {
-    const Layout & L = c.layout;
-    MF_ASSERT(L.dp >= 1 && L.tp >= 1 && L.pp >= 1 && c.micro_batch >= 1 && c.grad_accum >= 1);
-    check_lora_layout(c);
-    const LoraPlan * lp = c.lora_plan.get();
-    const ParamSplit ps = param_split(cfg);
-    // Stored blocks (shared ones once: --share-layers); the layers each stage runs hold them.
-    const int64_t layers = (cfg.stored_layers() + L.pp - 1) / L.pp;
-    // The busiest stage: the first (embedding) or the last (head; a tied head keeps a copy).
-    const int64_t head = ps.head + (cfg.tied_head && L.pp > 1 ? int64_t(cfg.vocab_size) * cfg.n_embd : 0);
-    const int64_t first = layers * ps.per_layer + ps.embed + (L.pp == 1 ? head : 0);
-    const int64_t last = layers * ps.per_layer + head;
-    const int64_t stage = L.pp == 1 ? first : std::max(first, last);
-    const int64_t params = (stage + L.tp - 1) / L.tp;
-    const uint64_t s = dtype_size(c.compute);
+namespace {
 
+// The busiest pipeline stage: its stored blocks (shared ones once: --share-layers) and its
+// parameters per device: the first stage (embedding) or the last (head; a tied head keeps a
+// copy).
+struct Stage {
+    int64_t layers, head, params;
+};
+
+Stage busiest_stage(const ModelConfig & cfg, const Layout & L, const ParamSplit & ps) {
+    Stage st;
+    st.layers = (cfg.stored_layers() + L.pp - 1) / L.pp;
+    st.head = ps.head + (cfg.tied_head && L.pp > 1 ? int64_t(cfg.vocab_size) * cfg.n_embd : 0);
+    const int64_t first = st.layers * ps.per_layer + ps.embed + (L.pp == 1 ? st.head : 0);
+    const int64_t last = st.layers * ps.per_layer + st.head;
+    st.params = ((L.pp == 1 ? first : std::max(first, last)) + L.tp - 1) / L.tp;
+    return st;
+}
+
+// Model states (parameters, master weights, moments, gradients) on the device, and what
+// --offload moves to the host.
+DeviceMemory model_states(const Candidate & c, const ParamSplit & ps, const Stage & st) {
+    const Layout & L = c.layout;
+    const LoraPlan * lp = c.lora_plan.get();
+    const uint64_t s = dtype_size(c.compute);
+    const int64_t adapters =   // lm_head's adapter beside the last layer (run/compat.cpp: one stage, no --tp)
+        lp ? (st.layers * lp->adapters_per_layer + lp->head_adapters + lp->embed_adapters + L.tp - 1) / L.tp : 0;
     DeviceMemory m;
     if (lp) {
         // The same stages in bytes: a packed base makes a layer cheaper than its parameter count.
         const uint64_t layer_base = lp->layer_base_bytes(ps.per_layer, s);
-        const uint64_t first_b = uint64_t(layers) * layer_base + uint64_t(ps.embed) * s + (L.pp == 1 ? uint64_t(head) * s : 0);
-        const uint64_t last_b = uint64_t(layers) * layer_base + uint64_t(head) * s;
+        const uint64_t first_b = uint64_t(st.layers) * layer_base + uint64_t(ps.embed) * s + (L.pp == 1 ? uint64_t(st.head) * s : 0);
+        const uint64_t last_b = uint64_t(st.layers) * layer_base + uint64_t(st.head) * s;
         const uint64_t base = ceil_div(L.pp == 1 ? first_b : std::max(first_b, last_b), uint64_t(L.tp));
-        // lm_head's adapter beside the last layer (run/compat.cpp: one stage, no --tp).
-        const int64_t adapters =
-            (layers * lp->adapters_per_layer + lp->head_adapters + lp->embed_adapters + L.tp - 1) / L.tp;
         m.device = lora_state_bytes(base, adapters, c);
         m.frozen = L.zero >= 3 ? ceil_div(base, uint64_t(L.dp)) : base;
     } else {
-        m.device = model_state_bytes(params, c);
+        m.device = model_state_bytes(st.params, c);
     }
-    if (L.offload != Offload::none) {
-        // memfit's engine (train/step.h): master weights and moments in host memory, staged
-        // through the device three units at a time (2^18 elements, more past a shard of 64 Mi:
-        // offload_unit_for); the gradients stay.
-        // --offload-fraction F: that share of both (whole units of the shard, here to the byte).
-        // optimizer+params (ZeRO 3): all of both and the weights' shard, which each unit's
-        // update writes back through its staging (s bytes an element).
-        const bool weights = L.offload == Offload::optimizer_params;
-        const double per = optimizer_state_bytes(c.optimizer) +
-                           (c.compute == DType::f32 || c.master_weights == MasterWeights::bf16_sr ? 0.0 : 4.0) +
-                           (weights ? double(s) : 0.0);
-        const double F = weights ? 1.0 : c.offload_fraction;
-        const uint64_t trainable =
-            lp ? uint64_t((layers * lp->adapters_per_layer + lp->head_adapters + lp->embed_adapters + L.tp - 1) / L.tp)
-               : uint64_t(params);
-        const size_t unit = offload_unit_for(L.zero >= 1 ? ceil_div(trainable, uint64_t(L.dp)) : trainable);
-        const uint64_t mw = m.device[Category::master_weights], os = m.device[Category::optimizer_states];
-        m.host = uint64_t(std::ceil(F * double(mw + os)));
-        m.device[Category::master_weights] = mw - uint64_t(std::ceil(F * double(mw)));
-        if (weights) {
-            m.host += m.device[Category::parameters];
-            m.device[Category::parameters] = 0;
-        }
-        m.device[Category::optimizer_states] = os - uint64_t(std::ceil(F * double(os))) +
-                                               std::min(m.host, uint64_t(std::ceil(3.0 * double(unit) * per)));
+    if (L.offload == Offload::none) return m;
+    // memfit's engine (train/step.h): master weights and moments in host memory, staged through
+    // the device three units at a time (2^18 elements, more past a shard of 64 Mi:
+    // offload_unit_for); the gradients stay.
+    // --offload-fraction F: that share of both (whole units of the shard, here to the byte).
+    // optimizer+params (ZeRO 3): all of both and the weights' shard, which each unit's update
+    // writes back through its staging (s bytes an element).
+    const bool weights = L.offload == Offload::optimizer_params;
+    const double per = optimizer_state_bytes(c.optimizer) +
+                       (c.compute == DType::f32 || c.master_weights == MasterWeights::bf16_sr ? 0.0 : 4.0) +
+                       (weights ? double(s) : 0.0);
+    const double F = weights ? 1.0 : c.offload_fraction;
+    const uint64_t trainable = lp ? uint64_t(adapters) : uint64_t(st.params);
+    const size_t unit = offload_unit_for(L.zero >= 1 ? ceil_div(trainable, uint64_t(L.dp)) : trainable);
+    const uint64_t mw = m.device[Category::master_weights], os = m.device[Category::optimizer_states];
+    m.host = uint64_t(std::ceil(F * double(mw + os)));
+    m.device[Category::master_weights] = mw - uint64_t(std::ceil(F * double(mw)));
+    if (weights) {
+        m.host += m.device[Category::parameters];
+        m.device[Category::parameters] = 0;
     }
+    m.device[Category::optimizer_states] =
+        os - uint64_t(std::ceil(F * double(os))) + std::min(m.host, uint64_t(std::ceil(3.0 * double(unit) * per)));
+    return m;
+}
+
+// Communication buffers: gathered weights (ZeRO-3, parameter offload), gradient buckets and a
+// pipeline's boundary activations (BTC: one micro-batch's [b, T, C] in the compute dtype).
+uint64_t communication_bytes(const Candidate & c, const ParamSplit & ps, uint64_t BTC) {
+    const Layout & L = c.layout;
+    const LoraPlan * lp = c.lora_plan.get();
+    const uint64_t s = dtype_size(c.compute), tp = uint64_t(L.tp);
     // ZeRO-3 and parameter offload keep two layers' weights gathered on the device.
     const uint64_t layer_weights = lp ? lp->layer_base_bytes(ps.per_layer, s) + uint64_t(lp->adapters_per_layer) * s
                                       : uint64_t(ps.per_layer) * s;
-    const uint64_t gathered = ceil_div(layer_weights, uint64_t(L.tp)) * 2;
+    const uint64_t gathered = ceil_div(layer_weights, tp) * 2;
     uint64_t comm = 0;
     if (L.zero >= 3) comm += gathered;
     // Parameter offload: two layers' parts of the shard staged (read ahead of their gathers).
@@ -170,16 +184,21 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
                                           uint64_t(lp->adapters) * (c.grad_accum > 1 && L.zero < 2 ? 4 : s))
                                : uint64_t(kBucketBytes);
     if (L.dp > 1) comm += 2 * bucket;
+    if (L.pp > 1) comm += 2 * BTC / (L.sp ? tp : 1);
+    return comm;
+}
 
-    // Activations of one micro-batch of one layer, by unit.
+// One layer's kept activations of one micro-batch (split: divided by tensor parallelism;
+// replicated: divided only with sequence parallelism).
+uint64_t kept_per_layer(const ModelConfig & cfg, const Candidate & c, int seq, uint64_t BTC) {
+    const LoraPlan * lp = c.lora_plan.get();
     const int b = c.micro_batch;
-    const uint64_t BTC = uint64_t(b) * uint64_t(seq) * uint64_t(cfg.n_embd) * s;
+    const uint64_t s = dtype_size(c.compute), rows = uint64_t(b) * uint64_t(seq), tp = uint64_t(c.layout.tp);
     const uint32_t mask = c.recompute.uniform_mask("the planner");
-    const uint64_t rows = uint64_t(b) * uint64_t(seq);
-    // TiledMLP: the MLP's intermediates are never kept; its working set is chunks of M rows.
-    const uint64_t M = c.mlp_chunk > 0 && uint64_t(c.mlp_chunk) < rows ? uint64_t(c.mlp_chunk) : 0;
+    // TiledMLP: the MLP's intermediates are never kept.
+    const bool tiled = c.mlp_chunk > 0 && uint64_t(c.mlp_chunk) < rows;
     auto unit = [&](Saved u) -> uint64_t {
-        if (M > 0 && (u == Saved::fc || u == Saved::gelu)) return 0;
+        if (tiled && (u == Saved::fc || u == Saved::gelu)) return 0;
         const uint64_t bytes = layer_keep_cost(cfg, b, seq, c.flash(), c.compute, 1u << int(u)).bytes;
         if (!lp) return bytes;
         // LoRA: a frozen projection's input is kept only for its adapter's dA.
@@ -192,11 +211,8 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
             default: return bytes;
         }
     };
-    const uint64_t tp = uint64_t(L.tp);
     uint64_t split = 0, replicated = BTC;   // the layer's input is always kept
     if (lp) replicated += rows * uint64_t(lp->u_cols) * s;   // the adapters' u, kept under every policy
-    // The embedding adapter's u, kept from the first layer's forward to the end of backward.
-    const uint64_t embed_u = lp && lp->embed_adapters > 0 ? rows * uint64_t(lp->opts.rank) * s : 0;
     for (int u = 0; u < int(Saved::count); ++u) {
         if (!((mask >> u) & 1u)) continue;
         const Saved su = Saved(u);
@@ -204,7 +220,24 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
                               su == Saved::fc || su == Saved::gelu;
         (by_heads ? split : replicated) += unit(su);
     }
-    const uint64_t per_layer = split / tp + (L.sp ? replicated / tp : replicated);
+    return split / tp + (c.layout.sp ? replicated / tp : replicated);
+}
+
+// The activations category apart from the logits: the kept units of the micro-batches in flight
+// and what every stage holds beside them; at(lg) adds a logits chunk of lg bytes where the head is.
+struct Activations {
+    uint64_t kept = 0, last_kept = 0, common = 0;
+    bool pipeline = false;
+    uint64_t at(uint64_t lg) const {
+        return !pipeline ? kept + common + lg : std::max(kept + common, last_kept + common + lg);
+    }
+};
+
+Activations activations(const ModelConfig & cfg, const Candidate & c, int seq, int64_t layers, uint64_t BTC) {
+    const Layout & L = c.layout;
+    const LoraPlan * lp = c.lora_plan.get();
+    const uint64_t s = dtype_size(c.compute), rows = uint64_t(c.micro_batch) * uint64_t(seq), tp = uint64_t(L.tp);
+    const uint64_t per_layer = kept_per_layer(cfg, c, seq, BTC);
     double in_flight = 1;
     if (L.pp > 1) {
         const double mb = double(c.grad_accum), p = double(L.pp);
@@ -212,12 +245,18 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
                   : L.schedule == PipeSchedule::one_f_one_b ? std::min(mb, p)
                   : std::min(mb, p) * (1.0 + (p - 1.0) / (p * double(L.virtual_stages)));
     }
-    const uint64_t kept = uint64_t(std::ceil(double(per_layer * uint64_t(layers)) * in_flight));
+    Activations a;
+    a.pipeline = L.pp > 1;
+    a.kept = uint64_t(std::ceil(double(per_layer * uint64_t(layers)) * in_flight));
+    // A pipeline's last stage: one micro-batch's kept units (and the logits).
+    a.last_kept = per_layer * uint64_t(layers);
     // One layer's backward working set (its activation gradients) and what it recomputes.
+    const uint32_t mask = c.recompute.uniform_mask("the planner");
+    const uint64_t M = c.mlp_chunk > 0 && uint64_t(c.mlp_chunk) < rows ? uint64_t(c.mlp_chunk) : 0;
     const uint32_t mlp_units = (1u << int(Saved::fc)) | (1u << int(Saved::gelu));
     const uint32_t rc_mask = M > 0 ? mask | mlp_units : mask;   // tiled: the MLP is recomputed per chunk
-    const uint64_t all = layer_keep_cost(cfg, b, seq, c.flash(), c.compute, kKeepAll).bytes;
-    const uint64_t rc = all - layer_keep_cost(cfg, b, seq, c.flash(), c.compute, rc_mask).bytes;
+    const uint64_t all = layer_keep_cost(cfg, c.micro_batch, seq, c.flash(), c.compute, kKeepAll).bytes;
+    const uint64_t rc = all - layer_keep_cost(cfg, c.micro_batch, seq, c.flash(), c.compute, rc_mask).bytes;
     // Tiled: one chunk's recomputed intermediates and their gradients, 2 M (F + A).
     const uint64_t mlp_work = M > 0 ? 2 * M * uint64_t(cfg.fc_dim() + cfg.ffn_dim()) * s / tp
                                     : rows * uint64_t(cfg.fc_dim() + cfg.ffn_dim()) * s / tp;
@@ -227,13 +266,8 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     const uint64_t lora_grads = !lp ? 0
                               : rows * uint64_t(lp->max_site_cols + lp->opts.rank) * s +
                                     (lp->opts.dropout > 0 ? 2 * rows * uint64_t(lp->max_site_in) * s : 0);
-    // One loss chunk's fp32 logits (the whole micro-batch's unchunked), as the engine declares.
-    const uint64_t logit_rows = c.loss_chunk > 0 ? std::min<uint64_t>(uint64_t(c.loss_chunk), rows) : rows;
-    // lm_head's adapter: u and its gradient, and the scaled addition (forward) or its gradient
-    // (backward) beside the logits.
-    const uint64_t head_adapter = lp && lp->head_adapters > 0
-                                      ? logit_rows * (uint64_t(cfg.vocab_size) + 2 * uint64_t(lp->opts.rank)) * s : 0;
-    const uint64_t logits = logit_rows * uint64_t(cfg.vocab_size) * 4 / tp + head_adapter;
+    // The embedding adapter's u, kept from the first layer's forward to the end of backward.
+    const uint64_t embed_u = lp && lp->embed_adapters > 0 ? rows * uint64_t(lp->opts.rank) * s : 0;
     // The interleaved schedule's sends in flight (model/pipeline.h: each completes once the peer
     // has answered it), at most over the stages, one boundary activation or gradient each.
     const uint64_t sent = L.pp > 1 && L.schedule == PipeSchedule::interleaved
@@ -242,14 +276,33 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     // The step's token ids, targets and losses (4 bytes each per token): a pipeline's program
     // holds all m micro-batches' (a huge m is memory too).
     const uint64_t batch = 12 * rows * uint64_t(L.pp > 1 ? c.grad_accum : 1);
-    const uint64_t common = grads + lora_grads + rc / tp + 2 * BTC + sent + batch + embed_u;
-    // A pipeline's first stage holds the most micro-batches in flight and no head; its last one
-    // micro-batch's kept units and the logits: the busier of the two.
-    const uint64_t last_kept = per_layer * uint64_t(layers);
-    auto acts = [&](uint64_t lg) {
-        return L.pp == 1 ? kept + common + lg : std::max(kept + common, last_kept + common + lg);
-    };
-    m.device[Category::activations] = acts(logits);
+    a.common = grads + lora_grads + rc / tp + 2 * BTC + sent + batch + embed_u;
+    return a;
+}
+
+}  // namespace
+
+DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const Candidate & c, int seq) {
+    const Layout & L = c.layout;
+    MF_ASSERT(L.dp >= 1 && L.tp >= 1 && L.pp >= 1 && c.micro_batch >= 1 && c.grad_accum >= 1);
+    check_lora_layout(c);
+    const LoraPlan * lp = c.lora_plan.get();
+    const ParamSplit ps = param_split(cfg);
+    const Stage st = busiest_stage(cfg, L, ps);
+    const uint64_t s = dtype_size(c.compute), tp = uint64_t(L.tp);
+    const uint64_t rows = uint64_t(c.micro_batch) * uint64_t(seq);
+    const uint64_t BTC = rows * uint64_t(cfg.n_embd) * s;   // one micro-batch of one layer's [b, T, C]
+
+    DeviceMemory m = model_states(c, ps, st);
+    const Activations acts = activations(cfg, c, seq, st.layers, BTC);
+    // One loss chunk's fp32 logits (the whole micro-batch's unchunked), as the engine declares;
+    // lm_head's adapter: u and its gradient, and the scaled addition (forward) or its gradient
+    // (backward) beside them.
+    const uint64_t logit_rows = c.loss_chunk > 0 ? std::min<uint64_t>(uint64_t(c.loss_chunk), rows) : rows;
+    const uint64_t head_adapter = lp && lp->head_adapters > 0
+                                      ? logit_rows * (uint64_t(cfg.vocab_size) + 2 * uint64_t(lp->opts.rank)) * s : 0;
+    const uint64_t logits = logit_rows * uint64_t(cfg.vocab_size) * 4 / tp + head_adapter;
+    m.device[Category::activations] = acts.at(logits);
     uint64_t teacher_logits = 0;   // a distillation teacher's logits chunk, beside the student's
     if (const DistillPlan * dp = c.distill_plan.get()) {
         // The teacher's weights; and live with the student's kept activations through the loss,
@@ -259,8 +312,7 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
         teacher_logits = logit_rows * uint64_t(t.vocab_size) * 4;
         m.device[Category::activations] += rows * uint64_t(t.n_embd) * s + teacher_logits + 2 * logit_rows * 4;
     }
-    if (L.pp > 1) comm += 2 * BTC / (L.sp ? tp : 1);
-    m.device[Category::communication] = comm;
+    m.device[Category::communication] = communication_bytes(c, ps, BTC);
     // A packed base on a GPU: one tile of the largest projection dequantized (cuda_qgemm_tile_rows:
     // about 4 Mi elements), in the compute dtype.
     const uint64_t tile = std::min<uint64_t>(ceil_div(uint64_t(lp ? lp->largest_projection : 0), tp), 1u << 22);
@@ -272,7 +324,7 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
         const uint64_t chunked = chunk_rows * uint64_t(cfg.vocab_size) * 4 / tp;
         const uint64_t both = logits + teacher_logits;
         if (both >= kAutoChunkMinBytes && 4 * both >= m.device.total() && chunked < logits) {
-            m.device[Category::activations] -= acts(logits) - acts(chunked);
+            m.device[Category::activations] -= acts.at(logits) - acts.at(chunked);
             if (teacher_logits) {   // the teacher's chunk and the loss's per-row floats shrink alike
                 m.device[Category::activations] -= teacher_logits - teacher_logits / rows * chunk_rows;
                 m.device[Category::activations] -= 2 * (rows - chunk_rows) * 4;
