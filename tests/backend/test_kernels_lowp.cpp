@@ -746,6 +746,8 @@ TEST_P(LowpKernels, GemmThroughTheBackendInExactWorkspace) {
         {48, 192, 64, true, false, true, false, {dt, dt, f}},          // dW += X^T dY into f32
         {48, 192, 64, true, false, true, false, {dt, dt, dt}},         // ... into the compute dtype
         {97, 48, 64, true, false, true, false, {f, dt, f}},            // dwte += dlogits^T X
+        {300, 192, 64, false, false, false, true, {dt, dt, dt}},       // 256+ rows: native B packed
+        {300, 48, 192, false, true, true, false, {dt, dt, dt}},        // ... transposed, accumulated
     };
     cpu::DnnlGemm probe;
     cpu::MixedGemm plans(probe);
@@ -821,7 +823,9 @@ TEST(LowpGemm, NativeBf16AgreesWithTheConvertPath) {
     cpu::MixedGemm tiles(tiles_gemm);
     std::mt19937 rng(77);
     int native = 0, cases = 0;
-    for_each_bf16_gemm(130, 300, 257, DType::bf16, [&](const GemmDesc & d) {
+    // 130 rows: B read in place; 300 rows (>= 256): a native B packed into the workspace first.
+    for (const int64_t M : {130, 300})
+    for_each_bf16_gemm(M, 300, 257, DType::bf16, [&](const GemmDesc & d) {
         Arr a(d.a, {d.M * d.K}), b(d.b, {d.K * d.N}), bias(d.b, {d.N}), c1(d.c, {d.M * d.N}), c2(d.c, {d.M * d.N});
         a.set(randn(a.n(), rng)), b.set(randn(b.n(), rng)), bias.set(randn(bias.n(), rng));
         const std::vector<float> c0 = randn(c1.n(), rng);
@@ -847,9 +851,11 @@ TEST(LowpGemm, NativeBf16AgreesWithTheConvertPath) {
 }
 
 TEST(LowpGemm, RepeatsBitwise) {
+    // Tiles (B of 12 MB read in place where native), and a native B packed into the workspace.
+    for (const int64_t K : {6000, 257}) {
     CpuBackend be;
     GemmDesc d;
-    d.M = 1100, d.N = 1030, d.K = 6000, d.accumulate = true, d.a = d.b = d.c = DType::bf16;
+    d.M = 1100, d.N = 1030, d.K = K, d.accumulate = true, d.a = d.b = d.c = DType::bf16;
     std::mt19937 rng(300);
     Arr a(d.a, {d.M * d.K}), b(d.b, {d.K * d.N}), c1(d.c, {d.M * d.N}), c2(d.c, {d.M * d.N});
     a.set(randn(a.n(), rng)), b.set(randn(b.n(), rng));
@@ -861,7 +867,8 @@ TEST(LowpGemm, RepeatsBitwise) {
     std::fill(ws.buf.begin(), ws.buf.begin() + std::ptrdiff_t(ws.bytes), (unsigned char) 0x5a);
     be.gemm(d, c2.t, a.t, b.t, Tensor{}, ws.tensor());
     EXPECT_TRUE(ws.guard_intact());
-    EXPECT_EQ(c1.bytes, c2.bytes);
+    EXPECT_EQ(c1.bytes, c2.bytes) << "K " << K;
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, LowpKernels, ::testing::Values(DType::bf16, DType::f16), param_name);

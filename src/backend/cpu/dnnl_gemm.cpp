@@ -4,7 +4,8 @@
 // gemm_mixed.cpp), created on first use and cached together with the
 // dnnl::memory objects it executes on; a call only swaps the data handles, so run() allocates
 // nothing itself. Transposes are strided memory descriptors over the caller's row-major buffers
-// (no copies, no reorders); `accumulate` is a sum post-op (C = 1.0 * C + A.B); `bias` is a {1,N}
+// (fp32: no copies; native bf16: B is packed into the workspace first where that copy is small,
+// kPackedB below); `accumulate` is a sum post-op (C = 1.0 * C + A.B); `bias` is a {1,N}
 // bias broadcast over rows. The scratchpad is user-managed so that its size can be planned as
 // the gemm's workspace and handed back on every call.
 //
@@ -54,11 +55,25 @@ struct ShapeHash {
 // A cached primitive and the memory objects (handles swapped per call) it executes on.
 struct Entry {
     dnnl::matmul prim;
-    size_t       scratch_bytes = 0;   // what callers are told: oneDNN's, plus the test padding
+    size_t       scratch_bytes = 0;   // what callers are told: oneDNN's, the packed B, the test padding
     size_t       dnnl_scratch = 0;    // oneDNN's own request
+    size_t       packed_at = 0;       // a packed B's offset in the workspace (after oneDNN's scratchpad)
     dnnl::memory a, b, c, bias, scratch;
     std::unordered_map<int, dnnl::memory> args;
+    // Native bf16 with B packed: the caller's B (strided) and the reorder into oneDNN's layout.
+    std::optional<dnnl::reorder> pack;
+    dnnl::memory b_user;
 };
+
+// A native bf16 gemm reads B packed into the layout its kernel wants (oneDNN's "any" weights
+// format), reordered into the workspace on each call, when that copy is at most kPackedB and A
+// has at least kPackedRows rows: on the Zen 5 VM the model's gemms then ran 9-25% faster
+// (2048x384x1536 641-666 -> 802-825 GFLOP/s alone; dX of the same 671-682 -> 739-743), the
+// reorder costing a read and a write of B, about 35/M of the product's time at these rates (so
+// not for decoding's few rows). fp32's ran the same either way and keep the caller's B.
+constexpr size_t kPackedB = size_t{8} << 20;
+constexpr int64_t kPackedRows = 256;
+size_t align64(size_t n) { return (n + 63) / 64 * 64; }
 
 }  // namespace
 
@@ -98,10 +113,12 @@ struct DnnlGemm::Impl {
         return native.emplace(d, ok).first->second;
     }
 
-    dnnl::matmul::primitive_desc primitive_desc(const MatmulShape & d) {
-        // Logical shapes with the strides of the caller's storage.
+    // Logical shapes with the strides of the caller's storage; B in the kernel's own layout when
+    // `packed_b`.
+    dnnl::matmul::primitive_desc primitive_desc(const MatmulShape & d, bool packed_b = false) {
         const dnnl::memory::desc a_md({d.M, d.K}, dnnl_type(d.ab), dims{d.a_sm, d.a_sk});
-        const dnnl::memory::desc b_md({d.K, d.N}, dnnl_type(d.ab), dims{d.b_sk, d.b_sn});
+        const dnnl::memory::desc b_md = packed_b ? dnnl::memory::desc({d.K, d.N}, dnnl_type(d.ab), dnnl::memory::format_tag::any)
+                                                 : dnnl::memory::desc({d.K, d.N}, dnnl_type(d.ab), dims{d.b_sk, d.b_sn});
         const dnnl::memory::desc c_md({d.M, d.N}, dnnl_type(d.c), dims{d.ldc, 1});
         const dnnl::memory::desc bias_md({1, d.N}, dnnl_type(d.ab), dims{d.N, 1});
         dnnl::primitive_attr attr;
@@ -123,14 +140,21 @@ struct DnnlGemm::Impl {
         MF_ASSERT(d.M > 0 && d.N > 0 && d.K > 0);
         MF_ASSERT(!(d.bias && d.accumulate));
         MF_ASSERT((d.ab == DType::f32 && d.c == DType::f32) || (d.ab == DType::bf16 && has_native(d)));
-        const auto pd = MF_DNNL(primitive_desc(d));
+        const bool packed = d.ab == DType::bf16 && d.M >= kPackedRows && size_t(d.K) * size_t(d.N) * 2 <= kPackedB;
+        const auto pd = MF_DNNL(primitive_desc(d, packed));
         const dnnl::memory::desc a_md = pd.src_desc(), b_md = pd.weights_desc(), c_md = pd.dst_desc();
         const dnnl::memory::desc bias_md({1, d.N}, dnnl_type(d.ab), dims{d.N, 1});
 
         Entry e;
         e.prim          = MF_DNNL(dnnl::matmul(pd));
         e.dnnl_scratch  = MF_DNNL(pd.scratchpad_desc().get_size());
-        e.scratch_bytes = e.dnnl_scratch + test_pad;
+        e.packed_at     = align64(e.dnnl_scratch);
+        e.scratch_bytes = (packed ? e.packed_at + b_md.get_size() : e.dnnl_scratch) + test_pad;
+        if (packed) {
+            const dnnl::memory::desc user({d.K, d.N}, dnnl_type(d.ab), dims{d.b_sk, d.b_sn});
+            e.b_user = MF_DNNL(dnnl::memory(user, engine, DNNL_MEMORY_NONE));
+            e.pack   = MF_DNNL(dnnl::reorder(e.b_user, MF_DNNL(dnnl::memory(b_md, engine, DNNL_MEMORY_NONE))));
+        }
         e.a             = MF_DNNL(dnnl::memory(a_md, engine, DNNL_MEMORY_NONE));
         e.b             = MF_DNNL(dnnl::memory(b_md, engine, DNNL_MEMORY_NONE));
         e.c             = MF_DNNL(dnnl::memory(c_md, engine, DNNL_MEMORY_NONE));
@@ -179,7 +203,10 @@ size_t DnnlGemm::scratch_bytes(const MatmulShape & s) { return impl_->get(s).scr
 // A native gemm runs in tiles of M (rows of A and C, each over the whole K) when oneDNN's
 // scratchpad for one call would pass kNativeScratch: for a strided or transposed A it copies A's
 // panels, and for the LM head's dW (M = vocabulary) that asked for 147 MiB. Tiles of 64-row
-// multiples, equal but the last; the planned workspace is the larger of the two tiles' scratchpads.
+// multiples, equal but the last; the planned workspace is the larger of the two tiles' needs.
+// (Tiles of N for the LM head's forward, each with its B packed, were tried: oneDNN then took
+// its jit gemm at 655-659 GFLOP/s and the reorders of the transposed weight ran at 6 GB/s, no
+// faster than one unpacked call.)
 namespace {
 constexpr size_t kNativeScratch = size_t{8} << 20;
 
@@ -193,7 +220,7 @@ int64_t last_tile_rows(int64_t M, int64_t mt) { return M - (M - 1) / mt * mt; }
 }  // namespace
 
 int64_t DnnlGemm::native_tile_rows(const MatmulShape & s) {
-    const size_t whole = scratch_bytes(s);
+    const size_t whole = impl_->get(s).dnnl_scratch;   // a packed B is per tile, whatever its rows
     if (whole <= kNativeScratch || s.M <= 64) return s.M;
     const int64_t tiles = int64_t((whole + kNativeScratch - 1) / kNativeScratch);
     return std::min(s.M, ((s.M + tiles - 1) / tiles + 63) / 64 * 64);
@@ -248,11 +275,18 @@ void DnnlGemm::execute(const MatmulShape & d, void * c, const void * a, const vo
     // The memory objects were created without buffers; point them at the caller's (inputs are
     // only read, oneDNN's handle type is just not const).
     MF_DNNL(e.a.set_data_handle(const_cast<void *>(a)));
-    MF_DNNL(e.b.set_data_handle(const_cast<void *>(b)));
     MF_DNNL(e.c.set_data_handle(c));
     if (d.bias) MF_DNNL(e.bias.set_data_handle(const_cast<void *>(bias)));
     if (e.dnnl_scratch > 0) MF_DNNL(e.scratch.set_data_handle(workspace));
-    if (impl_->test_pad > 0) std::memset(static_cast<std::byte *>(workspace) + e.dnnl_scratch, 0xA5, impl_->test_pad);
+    const size_t used = e.scratch_bytes - impl_->test_pad;
+    if (impl_->test_pad > 0) std::memset(static_cast<std::byte *>(workspace) + used, 0xA5, impl_->test_pad);
+    if (e.pack) {   // B into its packed copy in the workspace, then the matmul reads that
+        MF_DNNL(e.b_user.set_data_handle(const_cast<void *>(b)));
+        MF_DNNL(e.b.set_data_handle(static_cast<std::byte *>(workspace) + e.packed_at));
+        MF_DNNL(e.pack->execute(impl_->stream, e.b_user, e.b));
+    } else {
+        MF_DNNL(e.b.set_data_handle(const_cast<void *>(b)));
+    }
 
     MF_DNNL(e.prim.execute(impl_->stream, e.args));
     MF_DNNL(impl_->stream.wait());

@@ -1,6 +1,8 @@
 // oneDNN (v2 API, Debian 12's 2.6) matmul behind GemmDesc: primitives created once per shape and
-// cached; user-managed scratchpad so the planner can count it as workspace; weights are used in
-// place through strided memory descriptors (no per-call reorder).
+// cached; user-managed scratchpad so the planner can count it as workspace; operands are read in
+// place through strided memory descriptors, except a native bf16 gemm's B, packed into the
+// workspace on each call where that copy is at most 8 MiB and A has 256 rows or more
+// (dnnl_gemm.cpp).
 #pragma once
 
 #include <cstddef>
