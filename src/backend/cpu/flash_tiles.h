@@ -23,18 +23,17 @@
 namespace memfit::cpu::flash {
 
 constexpr int kTile = 64;  // queries per query tile and keys per key tile
-// [kTile x hs] buffers per (b, h) in the backward's scratch: five for fp32 (six are reserved,
-// as before the bf16/f16 one-pass backward), six for the bf16/f16 two-pass backward, seven for
-// its one pass (kernels_flash_lowp.cpp).
+// [kTile x hs] buffers per (b, h) in the backward's scratch, at most: fp32 uses five of the six
+// it is given, the bf16/f16 backward six in two passes and seven in one (kernels_flash_lowp.cpp).
 constexpr int kTileSlots = 7;
 // The bf16/f16 backward runs in one pass, holding a head's dQ in fp32 (T x hs floats per (b, h)
 // in the scratch), up to this many query tiles (1024 positions); in two passes above, where that
 // accumulator would outgrow the rest of the scratch.
 constexpr int kOnePassTiles = 16;
-inline bool lowp_one_pass(int T) { return (T + kTile - 1) / kTile <= kOnePassTiles; }
 constexpr int kMR = 6;     // rows of a register block in tile_gemm
 
 inline int tiles(int T) { return (T + kTile - 1) / kTile; }
+inline bool lowp_one_pass(int T) { return tiles(T) <= kOnePassTiles; }
 
 inline size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
