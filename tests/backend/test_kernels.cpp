@@ -440,14 +440,23 @@ TEST(CpuKernels, CrossEntropyForwardMatchesDouble) {
 // GPT-2's vocabulary width (odd: rows start unaligned), where the vectorised exp does the work,
 // and rows holding an infinity or a NaN, which must come out as the libm exp gives them: a NaN
 // or +inf logit makes the loss non-finite (what the loss scaler sees); -inf is a zero probability.
+// Six rows of GPT-2's vocabulary (50,257 logits, random with scale 4) and their targets: row 2
+// ignored, row 3 holding a NaN, row 4 +inf, row 5 -inf.
+constexpr int kWideRows = 6, kWideV = 50257;
+const std::vector<int32_t> kWideTargets = {50256, 0, -100, 1, 2, 3};
+std::vector<float> wide_logits(uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::vector<float> logits = randn(size_t(kWideRows) * kWideV, rng, 4.0f);
+    logits[size_t(3) * kWideV + 777] = kNaN;
+    logits[size_t(4) * kWideV + 12345] = std::numeric_limits<float>::infinity();
+    logits[size_t(5) * kWideV + 5] = -std::numeric_limits<float>::infinity();
+    return logits;
+}
+
 TEST(CpuKernels, CrossEntropyWideAndNonFiniteRows) {
-    const int N = 6, V = 50257;
-    std::mt19937 rng(21);
-    std::vector<float> logits = randn(size_t(N) * V, rng, 4.0f);
-    logits[size_t(3) * V + 777] = kNaN;
-    logits[size_t(4) * V + 12345] = std::numeric_limits<float>::infinity();
-    logits[size_t(5) * V + 5] = -std::numeric_limits<float>::infinity();
-    const std::vector<int32_t> targets = {50256, 0, -100, 1, 2, 3};
+    const int N = kWideRows, V = kWideV;
+    std::vector<float> logits = wide_logits(21);
+    const std::vector<int32_t> & targets = kWideTargets;
     const std::vector<float> logits0 = logits;
     std::vector<float> losses(N, -1.0f);
     crossentropy_forward(losses.data(), logits.data(), targets.data(), N, V);
@@ -478,14 +487,11 @@ TEST(CpuKernels, CrossEntropyWideAndNonFiniteRows) {
 }
 
 // The fused loss-and-gradient kernel training runs: the two kernels' bits, on wide rows, an
-// ignored row and rows holding a NaN or an infinity.
+// ignored row and rows holding a NaN or an infinity of either sign.
 TEST(CpuKernels, CrossEntropyForwardBackwardIsBothKernels) {
-    const int N = 6, V = 50257;
-    std::mt19937 rng(22);
-    std::vector<float> a = randn(size_t(N) * V, rng, 4.0f);
-    a[size_t(3) * V + 777] = kNaN;
-    a[size_t(4) * V + 12345] = std::numeric_limits<float>::infinity();
-    const std::vector<int32_t> targets = {50256, 0, -100, 1, 2, 3};
+    const int N = kWideRows, V = kWideV;
+    std::vector<float> a = wide_logits(22);
+    const std::vector<int32_t> & targets = kWideTargets;
     std::vector<float> b = a, la(N, -1.0f), lb(N, -2.0f);
     const float dloss = 1.0f / 3.0f;
     crossentropy_forward(la.data(), a.data(), targets.data(), N, V);
