@@ -139,8 +139,9 @@ nlohmann::json peft_adapter_config(const ModelConfig & cfg, const LoraOptions & 
     // lora_alpha as an integer when it is one (PEFT's type), else as given.
     nlohmann::json alpha = lora.alpha;
     if (lora.alpha < 1e9f && float(int64_t(lora.alpha)) == lora.alpha) alpha = int64_t(lora.alpha);
-    // Only fields every PEFT version since 0.3 accepts (newer ones default the rest).
-    return {{"peft_type", "LORA"},
+    // Only fields every PEFT version since 0.3 accepts (newer ones default the rest), and DoRA's
+    // use_dora (PEFT 0.9 on) where it applies.
+    nlohmann::json j = {{"peft_type", "LORA"},
             {"task_type", "CAUSAL_LM"},
             {"r", lora.rank},
             {"lora_alpha", alpha},
@@ -157,6 +158,8 @@ nlohmann::json peft_adapter_config(const ModelConfig & cfg, const LoraOptions & 
             {"layers_pattern", nullptr},
             {"modules_to_save", nullptr},
             {"revision", nullptr}};
+    if (lora.dora) j["use_dora"] = true;
+    return j;
 }
 
 namespace {

@@ -60,16 +60,23 @@ VerifyReport verify_fixture(const std::string & path, double tolerance, bool che
     eo.T = T;
     eo.with_eval = false;
     eo.checking = checking;
+    // A LoRA fixture (metadata "lora", a checkpoint's record: lora_json) trains its adapters on the
+    // frozen base its other tensors hold.
+    if (f.metadata().count("lora")) eo.lora = lora_from_json(parse_meta_json(f, "lora"), cfg, path + ": metadata 'lora'");
     Engine engine(cfg, backend, eo);
-    // The fixture's names are the checkpoint's (Phi-3's fused qkv_proj, gate_up_proj).
-    const ParamLayout layout = checkpoint_layout(cfg, engine.step().layout());
     engine.init_params(0);   // zero AdamW moments
-    std::vector<float> full(layout.total);
-    for (const auto & p : layout.params) {
-        const std::vector<float> v = expect(f, p.name, p.numel);
-        std::copy(v.begin(), v.end(), full.begin() + std::ptrdiff_t(p.offset));
-    }
-    engine.set_params(full.data());
+    // The fixture's names are the checkpoint's (Phi-3's fused qkv_proj, gate_up_proj).
+    auto read_all = [&](const ParamLayout & layout) {
+        std::vector<float> full(layout.total);
+        for (const auto & p : layout.params) {
+            const std::vector<float> v = expect(f, p.name, p.numel);
+            std::copy(v.begin(), v.end(), full.begin() + std::ptrdiff_t(p.offset));
+        }
+        return full;
+    };
+    if (eo.lora.enabled()) engine.set_base(read_all(checkpoint_layout(cfg, make_param_layout(cfg))).data());
+    const ParamLayout layout = eo.lora.enabled() ? make_lora_layout(cfg, eo.lora) : checkpoint_layout(cfg, engine.step().layout());
+    engine.set_params(read_all(layout).data());
     AdamWHyper h;
     try {
         h.lr = json_get<float>(aj, "lr", path);

@@ -384,6 +384,34 @@ void Graph::take_columns(Tensor d, Tensor src, int64_t col0, float scale) {
     end();
 }
 
+void Graph::dora_norm(Tensor norm, Tensor w, WeightLayout layout, int64_t col0, Tensor a, Tensor b, float scale) {
+    MF_ASSERT(norm.numel() == b.dim(0) && a.dim(0) == b.dim(1));
+    const double rows = double(b.dim(0)), in = double(a.dim(1)), r = double(a.dim(0));
+    if (begin("dora_norm", rows * in * (2.0 * r + 2.0), {norm, w, a, b}))
+        backend_->dora_norm(resolve(norm), resolve(w), layout == WeightLayout::in_out, col0, resolve(a), resolve(b), scale);
+    end();
+}
+
+void Graph::dora_scale_fwd(Tensor out, Tensor z, Tensor bias, Tensor mag, Tensor norm, int64_t col0) {
+    MF_ASSERT(z.rows() == out.rows() && z.cols() == mag.numel() && col0 + z.cols() <= out.cols());
+    if (begin("dora_scale_fwd", 3.0 * double(z.numel()), {out, z, bias, mag, norm}))
+        backend_->dora_scale_fwd(resolve(out), resolve(z), resolve(bias), resolve(mag), resolve(norm), col0);
+    end();
+}
+
+void Graph::dora_scale_bwd(Tensor dout, Tensor dmag, Tensor z, Tensor mag, Tensor norm, int64_t col0) {
+    MF_ASSERT(z.rows() == dout.rows() && z.cols() == mag.numel() && col0 + z.cols() <= dout.cols());
+    if (begin("dora_scale_bwd", 3.0 * double(z.numel()), {dout, dmag, z, mag, norm}))
+        backend_->dora_scale_bwd(resolve(dout), resolve(dmag), resolve(z), resolve(mag), resolve(norm), col0);
+    end();
+}
+
+void Graph::copy(Tensor dst, Tensor src) {
+    MF_ASSERT(dst.numel() == src.numel());
+    if (begin("copy", 0.0, {dst, src})) backend_->copy(resolve(dst), resolve(src));
+    end();
+}
+
 void Graph::encoder_fwd(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, Tensor doc_start) {
     if (begin("encoder_fwd", double(out.numel()), {out, tokens, wte, wpe, doc_start}))
         backend_->encoder_fwd(resolve(out), resolve(tokens), resolve(wte), resolve(wpe), resolve(doc_start));

@@ -73,6 +73,13 @@ public:
     // LoRA: out[:, col0 + j] += scale * d[:, j];  d[:, j] = scale * src[:, col0 + j].
     void add_columns(Tensor out, Tensor d, int64_t col0, float scale);
     void take_columns(Tensor d, Tensor src, int64_t col0, float scale);
+    // DoRA (model/lora.h, kernel_list.h): the adapted rows' norms, the column factor mag / norm on
+    // the output slice (z: the slice less its bias, saved) and on its gradient (dmag +=).
+    void dora_norm(Tensor norm, Tensor w, WeightLayout layout, int64_t col0, Tensor a, Tensor b, float scale);
+    void dora_scale_fwd(Tensor out, Tensor z, Tensor bias, Tensor mag, Tensor norm, int64_t col0);
+    void dora_scale_bwd(Tensor dout, Tensor dmag, Tensor z, Tensor mag, Tensor norm, int64_t col0);
+    // dst = src (same numel; the dtypes may differ).
+    void copy(Tensor dst, Tensor src);
     // Inverted dropout with the mask of (the step's seed, salt): the same salt within one step
     // gives the same mask, so backward and recomputation regenerate it.
     void dropout(Tensor out, Tensor in, float p, uint64_t salt);

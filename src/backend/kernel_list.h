@@ -104,6 +104,16 @@ MF_KERNEL(dropout, (Tensor out, Tensor in, float p, uint64_t seed))
 MF_KERNEL(add_columns, (Tensor out, Tensor d, int64_t col0, float scale))
 // d[N, j] = scale * src[N, col0 + j], written.
 MF_KERNEL(take_columns, (Tensor d, Tensor src, int64_t col0, float scale))
+// DoRA (model/lora.h), on the slice of `cols` = mag.numel columns from col0. norm[j] (f32) =
+// || W_j + scale * B[j] A ||, W_j output col0 + j's row of the weight: w [out, in] (w_in_out
+// false) or its column of w [in, out] (true); a [r, in], b [cols, r]; fp32 sums.
+MF_KERNEL(dora_norm, (Tensor norm, Tensor w, bool w_in_out, int64_t col0, Tensor a, Tensor b, float scale))
+// z[N, j] = out[N, col0 + j] - bias[col0 + j] (written), then out[N, col0 + j] = mag[j] / norm[j]
+// * z[N, j] + bias[col0 + j]; an invalid bias is 0.
+MF_KERNEL(dora_scale_fwd, (Tensor out, Tensor z, Tensor bias, Tensor mag, Tensor norm, int64_t col0))
+// dmag[j] += sum_n dout[n, col0 + j] z[n, j] / norm[j] (summed in fp32 over rows in order), then
+// dout[N, col0 + j] *= mag[j] / norm[j] in place.
+MF_KERNEL(dora_scale_bwd, (Tensor dout, Tensor dmag, Tensor z, Tensor mag, Tensor norm, int64_t col0))
 
 // logits[N,V] are turned into probabilities in place; losses[N] = -log p[target]
 // (0 where target == -100).

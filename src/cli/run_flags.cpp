@@ -130,6 +130,10 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
     keep(c->add_option("--lora-dropout", r.lora.dropout,
                        "LoRA: dropout probability on the adapters' input while training (0: none)")
              ->capture_default_str()->check(finite_range(0, 0.999999)));
+    keep(c->add_option("--lora-variant", r.lora.variant,
+                       "LoRA: lora, or dora (DoRA, PEFT's use_dora: each adapted output row renormalised and scaled "
+                       "by a trained magnitude, the norm detached; a dense base, no dropout, block projections)")
+             ->capture_default_str()->check(CLI::IsMember({"lora", "dora"})));
     keep(c->add_option("--base-weights", r.lora.base_weights,
                        "LoRA: storage of the frozen base: the compute precision (bf16, fp16, fp32), int8 "
                        "(per-channel), nf4 (4-bit NormalFloat, blocks of 64, double-quantized scales as QLoRA: see --nf4-double-quant) or "

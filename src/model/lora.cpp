@@ -1,6 +1,7 @@
 #include "model/lora.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include <fmt/format.h>
 
@@ -151,6 +152,10 @@ std::string peft_name(const LoraSite & s, bool b_matrix) {
     return "base_model.model." + s.module + (b_matrix ? ".lora_embedding_B" : ".lora_embedding_A");
 }
 
+std::string peft_magnitude_name(const std::string & module) {
+    return "base_model.model." + module + ".lora_magnitude_vector";
+}
+
 std::vector<LoraSite> lora_sites(const ModelConfig & cfg, const LoraOptions & lora) {
     MF_ASSERT(lora.enabled());
     const auto targets = lora.targets.empty() ? parse_lora_targets(cfg, "") : lora.targets;
@@ -162,8 +167,6 @@ std::vector<LoraSite> lora_sites(const ModelConfig & cfg, const LoraOptions & lo
         s.in = cfg.vocab_size;
         s.cols = cfg.n_embd;
         s.module = "model.embed_tokens";
-        s.a = 0;
-        s.b = 1;
         sites.push_back(std::move(s));
     }
     for (int l = 0; l < cfg.n_layer; ++l)
@@ -176,8 +179,6 @@ std::vector<LoraSite> lora_sites(const ModelConfig & cfg, const LoraOptions & lo
             s.cols = m.cols;
             s.in = m.in;
             s.module = layer_prefix(cfg, l) + m.hf;
-            s.a = 2 * sites.size();
-            s.b = s.a + 1;
             sites.push_back(std::move(s));
         }
     if (std::find(targets.begin(), targets.end(), "lm_head") != targets.end()) {
@@ -187,9 +188,13 @@ std::vector<LoraSite> lora_sites(const ModelConfig & cfg, const LoraOptions & lo
         s.cols = cfg.vocab_size;
         s.in = cfg.n_embd;
         s.module = "lm_head";
-        s.a = 2 * sites.size();
-        s.b = s.a + 1;
         sites.push_back(std::move(s));
+    }
+    size_t at = 0;   // make_lora_layout's order
+    for (LoraSite & s : sites) {
+        s.a = at++;
+        s.b = at++;
+        if (lora.dora) s.m = at++;
     }
     return sites;
 }
@@ -206,6 +211,10 @@ ParamLayout make_lora_layout(const ModelConfig & cfg, const LoraOptions & lora) 
         if (s.embed) add(peft_name(s, false), s.in, r);   // held transposed, [V, r]
         else add(peft_name(s, false), r, s.in);
         add(peft_name(s, true), s.cols, r);
+        if (lora.dora) {
+            l.params.push_back(ParamInfo{peft_magnitude_name(s.module), {s.cols}, l.total, size_t(s.cols)});
+            l.total += size_t(s.cols);
+        }
     }
     return l;
 }
@@ -330,7 +339,7 @@ void scatter_quant_entry(const ModelConfig & cfg, const ParamLayout & all, const
 nlohmann::json lora_json(const LoraOptions & lora) {
     return {{"r", lora.rank}, {"alpha", lora.alpha}, {"targets", lora.targets},
             {"base_weights", base_weights_name(lora.base)}, {"double_quant", lora.double_quant},
-            {"dropout", lora.dropout}};
+            {"dropout", lora.dropout}, {"use_dora", lora.dora}};
 }
 
 LoraOptions lora_from_json(const nlohmann::json & j, const ModelConfig & cfg, const std::string & what) {
@@ -347,6 +356,7 @@ LoraOptions lora_from_json(const nlohmann::json & j, const ModelConfig & cfg, co
         l.double_quant = j.at("double_quant").get<bool>();
         l.dropout = j.contains("dropout") ? json_get<float>(j, "dropout", what) : 0.0f;
         if (!(l.dropout >= 0 && l.dropout < 1)) throw FormatError(fmt::format("{}: LoRA dropout {} out of [0, 1)", what, l.dropout));
+        l.dora = j.contains("use_dora") && j.at("use_dora").get<bool>();   // older records: plain LoRA
         return l;
     } catch (const nlohmann::json::exception & e) {
         throw FormatError(fmt::format("{}: malformed LoRA record ({})", what, json_error_text(e.what())));
@@ -355,18 +365,46 @@ LoraOptions lora_from_json(const nlohmann::json & j, const ModelConfig & cfg, co
     }
 }
 
+namespace {
+
+// Output o's row of a block site's adapted weight, W + s B A, in fp32 (W the module's weight in the
+// family's storage: LLaMA's row, GPT-2's column, whole modules with col0 = 0).
+void adapted_row(const ModelConfig & cfg, const LoraSite & site, const float * W, const float * A, const float * B,
+                 int64_t r, float s, int64_t o, std::vector<float> & row) {
+    const int64_t in = site.in;
+    row.resize(size_t(in));
+    for (int64_t i = 0; i < in; ++i) {
+        double d = 0;
+        for (int64_t k = 0; k < r; ++k) d += double(B[o * r + k]) * double(A[k * in + i]);
+        row[size_t(i)] = (cfg.llama() ? W[o * in + i] : W[i * site.cols + o]) + float(s * d);
+    }
+}
+
+double row_norm(const std::vector<float> & row) {
+    double sq = 0;
+    for (float x : row) sq += double(x) * double(x);
+    return std::sqrt(sq);
+}
+
+// The whole model's weight a site adapts. Our names are Hugging Face's, without GPT2LMHeadModel's
+// "transformer." prefix.
+const ParamInfo & site_weight(const ModelConfig & cfg, const ParamLayout & full, const LoraSite & site) {
+    std::string name = site.module + ".weight";
+    if (!cfg.llama()) name = name.substr(std::string("transformer.").size());
+    return full.find(name);
+}
+
+}  // namespace
+
 void merge_lora(const ModelConfig & cfg, const LoraOptions & lora, float * w, const float * adapters) {
     const ParamLayout full = make_param_layout(cfg), al = make_lora_layout(cfg, lora);
     const int64_t r = lora.rank;
     const float s = lora.scaling();
+    std::vector<float> row;
     for (const auto & site : lora_sites(cfg, lora)) {
-        // Our names are Hugging Face's, without GPT2LMHeadModel's "transformer." prefix.
-        std::string name = site.module + ".weight";
-        if (!cfg.llama()) name = name.substr(std::string("transformer.").size());
-        const ParamInfo & p = full.find(name);
         const float * A = adapters + al.params[site.a].offset;   // [r, in] (an embedding's [V, r])
         const float * B = adapters + al.params[site.b].offset;   // [cols, r]
-        float * W = w + p.offset;
+        float * W = w + site_weight(cfg, full, site).offset;
         const int64_t in = site.in;
         if (site.embed) {   // E[v, c] += s sum_k A^T[v, k] B[c, k]
             for (int64_t v = 0; v < in; ++v)
@@ -377,13 +415,28 @@ void merge_lora(const ModelConfig & cfg, const LoraOptions & lora, float * w, co
                 }
             continue;
         }
-        for (int64_t o = 0; o < site.cols; ++o)
-            for (int64_t i = 0; i < in; ++i) {
-                double d = 0;
-                for (int64_t k = 0; k < r; ++k) d += double(B[o * r + k]) * double(A[k * in + i]);
-                float & x = cfg.llama() ? W[o * in + i] : W[i * site.cols + o];   // GPT-2: whole modules, col0 = 0
-                x += float(s * d);
-            }
+        for (int64_t o = 0; o < site.cols; ++o) {
+            adapted_row(cfg, site, W, A, B, r, s, o, row);
+            // DoRA: the row times m / ||row||.
+            const double g = lora.dora ? double(adapters[al.params[site.m].offset + size_t(o)]) / row_norm(row) : 1.0;
+            for (int64_t i = 0; i < in; ++i)
+                (cfg.llama() ? W[o * in + i] : W[i * site.cols + o]) = lora.dora ? float(g * double(row[size_t(i)])) : row[size_t(i)];
+        }
+    }
+}
+
+void init_dora_magnitudes(const ModelConfig & cfg, const LoraOptions & lora, const float * w, float * adapters) {
+    MF_ASSERT(lora.dora);
+    const ParamLayout full = make_param_layout(cfg), al = make_lora_layout(cfg, lora);
+    std::vector<float> row;
+    for (const auto & site : lora_sites(cfg, lora)) {
+        const float * W = w + site_weight(cfg, full, site).offset;
+        const float * A = adapters + al.params[site.a].offset, * B = adapters + al.params[site.b].offset;
+        float * m = adapters + al.params[site.m].offset;
+        for (int64_t o = 0; o < site.cols; ++o) {
+            adapted_row(cfg, site, W, A, B, lora.rank, lora.scaling(), o, row);
+            m[o] = float(row_norm(row));
+        }
     }
 }
 

@@ -11,6 +11,13 @@
 // gate_proj|up_proj into one matmul each; an adapter on one of them writes into its column
 // slice of the fused output (a LoraSite).
 //
+// DoRA (Liu et al. 2024, "DoRA: Weight-Decomposed Low-Rank Adaptation", as PEFT computes it):
+// the adapted weight's rows are renormalised and scaled by a trainable magnitude m [cols],
+// W' = m / ||W + s B A||_row (W + s B A), the norm detached from the gradient (the paper's
+// section 4.3, PEFT's default). So out = m / n (x W^T + s x A^T B^T) + bias: LoRA's output
+// slice, less its bias, times a per-column factor. m starts at the base's row norms, so the first
+// forward is again the base model's.
+//
 // Quantized base: the four block projections of every layer are stored packed
 // (backend/quant_format.h), always [out, in] (GPT-2's Conv1D [in, out] weights are transposed
 // when quantized); embeddings, norms, biases and the LM head stay in the compute dtype, as in
@@ -47,6 +54,7 @@ struct LoraOptions {
     BaseWeights base = BaseWeights::compute;
     bool  double_quant = true;       // nf4: quantize the block absmaxes too (QLoRA's default)
     float dropout = 0;               // on the adapters' input while training (not in evaluation)
+    bool  dora = false;              // --lora-variant dora: a magnitude vector per site (above)
 
     bool enabled() const { return rank > 0; }
     float scaling() const { return alpha / float(rank); }
@@ -76,6 +84,7 @@ struct LoraSite {
     int64_t     in = 0;               // the projection's input width
     std::string module;               // Hugging Face module name, "model.layers.0.self_attn.q_proj"
     size_t      a = 0, b = 0;         // indices of lora_A [r, in] and lora_B [cols, r] in the layout
+    size_t      m = 0;                // DoRA: index of lora_magnitude_vector [cols] (after b)
     // The LM head (target and module lm_head, an untied head only): after the blocks (layer =
     // n_layer), cols the vocabulary, in the channels; proj unused.
     bool        head = false;
@@ -88,6 +97,8 @@ struct LoraSite {
 
 // PEFT's tensor names of a site's A and B (an embedding's lora_embedding_A / _B).
 std::string peft_name(const LoraSite & s, bool b_matrix);
+// PEFT's name of a DoRA site's magnitude vector: "base_model.model.<module>.lora_magnitude_vector".
+std::string peft_magnitude_name(const std::string & module);
 // Whether memfit holds the adapter tensor `name` transposed from PEFT's layout (lora_embedding_A).
 inline bool peft_transposed(const std::string & name) { return name.ends_with(".lora_embedding_A"); }
 // m [rows, cols] transposed, [cols, rows].
@@ -98,7 +109,8 @@ inline std::vector<float> transpose_rows(const float * m, int64_t rows, int64_t 
     return t;
 }
 
-// Adapters' layout: lora_A then lora_B of each site, sites in layer then module order.
+// Adapters' layout: lora_A then lora_B (DoRA: then lora_magnitude_vector) of each site, sites in
+// layer then module order.
 ParamLayout make_lora_layout(const ModelConfig & cfg, const LoraOptions & lora);
 std::vector<LoraSite> lora_sites(const ModelConfig & cfg, const LoraOptions & lora);
 // PEFT's tensor names: "base_model.model." + module + ".lora_A.weight" (".lora_B.weight").
@@ -134,7 +146,7 @@ std::vector<float> gather_quant_entry(const ModelConfig & cfg, const ParamLayout
 void scatter_quant_entry(const ModelConfig & cfg, const ParamLayout & all, const QuantEntry & e, const float * m,
                          float * full);
 
-// {"r", "alpha", "targets", "base_weights", "double_quant", "dropout"}: how checkpoints record the options;
+// {"r", "alpha", "targets", "base_weights", "double_quant", "dropout", "use_dora"}: how checkpoints record the options;
 // lora_from_json reads it back (FormatError naming `what` on a malformed record).
 nlohmann::json lora_json(const LoraOptions & lora);
 // A LoRA checkpoint's record of its base weights: bytes_digest of their fp32 values as loaded.
@@ -142,8 +154,14 @@ inline constexpr const char * kBaseDigestKey = "base_digest";
 LoraOptions lora_from_json(const nlohmann::json & j, const ModelConfig & cfg, const std::string & what);
 
 // Folds the adapters into the whole model's fp32 weights w (make_param_layout order): each
-// target W += (alpha / r) B A, in the family's storage ([out, in] LLaMA, [in, out] GPT-2).
+// target W += (alpha / r) B A, in the family's storage ([out, in] LLaMA, [in, out] GPT-2); DoRA:
+// each adapted row then times m / ||row||.
 void merge_lora(const ModelConfig & cfg, const LoraOptions & lora, float * w, const float * adapters);
+
+// DoRA: each site's magnitude (in `adapters`, a make_lora_layout buffer) set to the norms of the
+// adapted rows of W + (alpha / r) B A, W from the whole model's fp32 weights `w`: with B = 0, the
+// base's row norms, as PEFT starts them.
+void init_dora_magnitudes(const ModelConfig & cfg, const LoraOptions & lora, const float * w, float * adapters);
 
 // Trainable adapter parameters.
 size_t lora_param_count(const ModelConfig & cfg, const LoraOptions & lora);

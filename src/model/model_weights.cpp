@@ -159,7 +159,12 @@ ModelWeights lora_model_weights(const ModelConfig & cfg, const LoraOptions & lor
         const LoraSite & s = sites[i];
         const ParamInfo * a = find(peft_name(s, false)), * b = find(peft_name(s, true));
         if (!a || !b) continue;   // another pipeline stage's
-        const ModelWeights::Adapter ad{s.proj, int(i), view(*a), view(*b)};
+        ModelWeights::Adapter ad{s.proj, int(i), view(*a), view(*b), {}};
+        if (lora.dora) {
+            const ParamInfo * m = find(peft_magnitude_name(s.module));
+            MF_ASSERT(m);
+            ad.mag = Tensor(adapters, adtype, {m->shape[0]}, m->offset * dtype_size(adtype));
+        }
         if (s.head) w.head_adapters.push_back(ad);
         else if (s.embed) w.embed_adapters.push_back(ad);
         else w.h[size_t(s.layer)].adapters.push_back(ad);

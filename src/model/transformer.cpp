@@ -104,6 +104,16 @@ Transformer::LayerActs Transformer::declare_layer(Program & program, const std::
     return a;
 }
 
+int64_t Transformer::proj_cols(Proj p) const {
+    switch (p) {
+        case Proj::qkv: return cfg_.qkv_dim();
+        case Proj::fc: return cfg_.fc_dim();
+        case Proj::o:
+        case Proj::down: return cfg_.n_embd;
+    }
+    return 0;
+}
+
 Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & program, const ModelOptions & opt)
     : cfg_(cfg), B_(B), T_(T), lb_(opt.layer_begin), le_(opt.layer_end < 0 ? cfg.n_layer : opt.layer_end),
       prefix_(opt.prefix), tp_(opt.tp), sp_(opt.tp.enabled() && opt.tp.sequence),
@@ -168,6 +178,13 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
             if (opt.with_backward) {
                 x.dd = s.embed ? act(n + "d.grad", {b, t, s.cols}) : act(n + "d.grad", {rows, s.cols});
                 x.du = s.embed ? act(n + "u.grad", {b, t, r}) : act(n + "u.grad", {rows, r});
+            }
+            if (opt.lora.dora) {   // block projections only (run/compat.cpp)
+                MF_ASSERT(!s.head && !s.embed && lora_dropout_ == 0 && !tp_.enabled());
+                x.z = act(n + "dora.z", {rows, s.cols});
+                x.norm = act(n + "dora.norm", {s.cols}, true);
+                const bool first = &s == &sites_.front() || (&s)[-1].layer != s.layer || (&s)[-1].proj != s.proj;
+                if (opt.with_backward && first) x.dscaled = act(n + "dora.out.grad", {rows, proj_cols(s.proj)});
             }
             adapter_acts_.push_back(x);
             lowest_trained_layer_ = std::min(lowest_trained_layer_, s.layer);
@@ -371,6 +388,7 @@ void Transformer::project(Graph & g, Tensor out, Tensor inp, const ModelWeights:
     if (pw.q->valid()) g.qmatmul_fwd(out, inp, *pw.q, bias);
     else g.matmul_fwd(out, inp, pw.w, bias, wl_);
     const int64_t rows = inp.rows();
+    const Tensor out2 = out.view(0, {rows, out.cols()});
     for (const auto & ad : p.adapters) {
         if (ad.proj != proj) continue;
         const LoraSite & s = sites_[size_t(ad.site)];
@@ -385,18 +403,38 @@ void Transformer::project(Graph & g, Tensor out, Tensor inp, const ModelWeights:
         g.matmul_fwd(x.u, src, ad.a, Tensor{}, WeightLayout::out_in);
         const Tensor d = rc ? x.d_rc : x.d;
         g.matmul_fwd(d, x.u, ad.b, Tensor{}, WeightLayout::out_in);
-        g.add_columns(out.view(0, {rows, out.cols()}), d, s.col0, lora_scale_);
+        g.add_columns(out2, d, s.col0, lora_scale_);
+        if (!ad.mag.valid()) continue;
+        // DoRA: out[:, slice] = m / ||W + s B A|| (out[:, slice] - bias) + bias; the norms stay from
+        // forward to backward, so recomputation reuses them.
+        MF_ASSERT(pw.w.valid());
+        if (!rc) g.dora_norm(x.norm, pw.w, wl_, s.col0, ad.a, ad.b, lora_scale_);
+        g.dora_scale_fwd(out2, x.z, bias, ad.mag, x.norm, s.col0);
     }
 }
 
 void Transformer::project_bwd(Graph & g, Tensor dinp, Tensor dout, Tensor inp, const ModelWeights::Layer & p,
                               const ModelWeights::Layer & dp, Proj proj) const {
     const ProjWeights pw = proj_weights(p, proj), dpw = proj_weights(dp, proj);
-    if (pw.q->valid()) g.qmatmul_bwd(dinp, dout, *pw.q);
-    else g.matmul_bwd(dinp, dpw.w, dpw.b, dout, inp, pw.w, wl_);
     const int64_t rows = inp.rows();
-    const Tensor in2 = inp.view(0, {rows, inp.cols()}), dout2 = dout.view(0, {rows, dout.cols()}),
-                 dinp2 = dinp.view(0, {rows, dinp.cols()});
+    const Tensor in2 = inp.view(0, {rows, inp.cols()}), dinp2 = dinp.view(0, {rows, dinp.cols()});
+    Tensor dout2 = dout.view(0, {rows, dout.cols()});
+    // DoRA: the slices' gradients times m / norm (their magnitudes' gradients taken first), in a
+    // copy: dout may be the residual stream's gradient.
+    for (size_t i = 0; i < p.adapters.size(); ++i) {
+        const auto & ad = p.adapters[i];
+        const Tensor dsc = adapter_acts_[size_t(ad.site)].dscaled;
+        if (ad.proj != proj || !dsc.valid()) continue;
+        g.copy(dsc, dout2);
+        for (size_t k = i; k < p.adapters.size() && p.adapters[k].proj == proj; ++k) {
+            const AdapterActs & x = adapter_acts_[size_t(p.adapters[k].site)];
+            g.dora_scale_bwd(dsc, dp.adapters[k].mag, x.z, p.adapters[k].mag, x.norm, sites_[size_t(p.adapters[k].site)].col0);
+        }
+        dout2 = dsc;
+        break;
+    }
+    if (pw.q->valid()) g.qmatmul_bwd(dinp, dout2, *pw.q);
+    else g.matmul_bwd(dinp, dpw.w, dpw.b, dout2, inp, pw.w, wl_);
     for (size_t i = 0; i < p.adapters.size(); ++i) {
         const auto & ad = p.adapters[i];
         if (ad.proj != proj) continue;

@@ -30,11 +30,12 @@ namespace memfit {
 // Views of every weight (or gradient) inside one flat buffer. Tensors a family lacks (GPT-2's
 // biases and wpe for LLaMA) are invalid; `head` is `wte` when the head is tied.
 struct ModelWeights {
-    // LoRA adapter `site` (model/lora.h) on one of the layer's projections: A [r, in], B [cols, r].
+    // LoRA adapter `site` (model/lora.h) on one of the layer's projections: A [r, in], B [cols, r]
+    // and, DoRA, the magnitude m [cols] (else invalid).
     struct Adapter {
         Proj proj = Proj::qkv;
         int  site = 0;
-        Tensor a, b;
+        Tensor a, b, mag;
     };
     struct Layer {
         Tensor ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
@@ -239,6 +240,10 @@ private:
         // Dropout on the adapter's input (training): the dropped input in forward, regenerated
         // for backward (and recomputation), and its gradient.
         Tensor xd, xd_b, dxd;
+        // DoRA: the slice less its bias before the factor (kept for the magnitude's gradient), the
+        // adapted rows' norms (f32, forward to backward), and on the first DoRA site of each
+        // projection, backward's copy of the projection's output gradient, scaled in its slices.
+        Tensor z, norm, dscaled;
     };
     // One layer's forward from input x into the buffers of `a`; the output projection and the
     // last residual are skipped when the output is not needed (the last layer of a recomputed segment).
@@ -306,6 +311,8 @@ private:
     // Declares prefix + name + suffix ("h.3." + "attn.qkv"): one string, built once.
     Tensor act(Program & program, std::string_view name, std::initializer_list<int64_t> dims, bool f32 = false,
                std::string_view suffix = {}) const;
+    // The output width of a block projection (this rank's slice of the model).
+    int64_t proj_cols(Proj p) const;
     // Recomputes the units layer l's mask dropped into rc_[l]; returns the layer's activations
     // as backward reads them (kept ones from forward, the rest recomputed).
     LayerActs recompute_dropped(Graph & g, int l, const ModelWeights::Layer & p, Tensor x) const;

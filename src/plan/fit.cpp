@@ -44,7 +44,11 @@ LoraOptions lora_options(const RunConfig & r, const ModelConfig & cfg, DType com
     l.double_quant = s.nf4_double_quant;
     // The modules are checked with LoRA off too: a misspelt one is an error, not ignored.
     if (s.rank == 0 && !s.targets.empty()) parse_lora_targets(cfg, s.targets);
+    if (s.variant != "lora" && s.variant != "dora")
+        throw ConfigError(fmt::format("--lora-variant {}: expected lora or dora", s.variant));
     if (s.rank == 0) {
+        if (s.variant == "dora")
+            throw ConfigError("--lora-variant dora trains DoRA adapters: it needs --lora-rank (e.g. --lora-rank 8)");
         if (base != BaseWeights::compute)
             throw ConfigError(fmt::format("--base-weights {} freezes and quantizes the base: it needs --lora-rank "
                                           "(e.g. --lora-rank 8)", s.base_weights));
@@ -65,6 +69,7 @@ LoraOptions lora_options(const RunConfig & r, const ModelConfig & cfg, DType com
     if (!(s.dropout >= 0 && s.dropout < 1))
         throw ConfigError(fmt::format("--lora-dropout {}: must be in [0, 1)", s.dropout));
     l.dropout = s.dropout;
+    l.dora = s.variant == "dora";
     if (l.quantized()) make_quant_layout(cfg, l.format());   // nf4 block alignment: a clear error now
     return l;
 }

@@ -16,7 +16,7 @@ std::shared_ptr<const LoraPlan> make_lora_plan(const ModelConfig & cfg, const Lo
     if (lp->opts.targets.empty()) lp->opts.targets = parse_lora_targets(cfg, "");
     const int64_t r = lora.rank;
     for (const LoraSite & s : lora_sites(cfg, lp->opts)) {
-        const int64_t n = r * (s.in + s.cols);
+        const int64_t n = r * (s.in + s.cols) + (lora.dora ? s.cols : 0);   // DoRA: the magnitude [cols]
         lp->adapters += n;
         if (s.head) lp->head_adapters += n;
         if (s.embed) lp->embed_adapters += n;
@@ -35,6 +35,9 @@ std::shared_ptr<const LoraPlan> make_lora_plan(const ModelConfig & cfg, const Lo
     const int64_t C = cfg.n_embd;
     lp->projection_params = C * (int64_t(cfg.qkv_dim()) + C + int64_t(cfg.fc_dim()) + int64_t(cfg.ffn_dim()));
     lp->largest_projection = C * std::max<int64_t>({cfg.qkv_dim(), C, cfg.fc_dim(), cfg.ffn_dim()});
+    const int64_t out[4] = {cfg.qkv_dim(), C, cfg.fc_dim(), C};   // by Proj
+    for (int p = 0; p < 4 && lora.dora; ++p)
+        if (lp->adapts(Proj(p))) lp->dora_out_cols = std::max(lp->dora_out_cols, out[p]);
     if (lora.quantized()) {
         const QuantLayout q = make_quant_layout(cfg, lora.format());
         for (const QuantEntry & e : q.entries)
@@ -50,7 +53,8 @@ std::string lora_description(const LoraPlan & lp, DType compute) {
     for (const auto & t : lp.opts.targets) targets += (targets.empty() ? "" : ",") + t;
     std::string base = lp.quantized() ? base_weights_name(lp.opts.base) : std::string(dtype_name(compute));
     if (lp.opts.base == BaseWeights::nf4 && lp.opts.double_quant) base += " (double-quantized)";
-    return fmt::format("rank {} (alpha {:g}{}), targets {}, base {}", lp.opts.rank, double(lp.opts.alpha),
+    return fmt::format("{}rank {} (alpha {:g}{}), targets {}, base {}", lp.opts.dora ? "DoRA " : "", lp.opts.rank,
+                       double(lp.opts.alpha),
                        lp.opts.dropout > 0 ? fmt::format(", dropout {:g}", double(lp.opts.dropout)) : std::string(),
                        targets, base);
 }

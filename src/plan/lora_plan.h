@@ -35,6 +35,9 @@ struct LoraPlan {
     int64_t max_site_cols = 0;            // the widest site (backward's dd transient)
     int64_t site_in = 0;                  // per layer: sum of the sites' input widths (dropout's traffic)
     int64_t max_site_in = 0;              // the widest input (dropout's transients)
+    // DoRA: each site also keeps z [rows, cols] and its norms (f32 [cols]), and backward scales a
+    // copy of each adapted projection's output gradient: the widest such output.
+    int64_t dora_out_cols = 0;
 
     bool quantized() const { return opts.quantized(); }
     bool adapts(Proj p) const { return (adapted >> int(p)) & 1u; }

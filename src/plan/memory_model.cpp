@@ -53,6 +53,10 @@ RunConfig candidate_run(const Candidate & c, int seq) {
     RunConfig r = c;
     r.seq = seq;
     r.lora.rank = c.lora_plan ? c.lora_plan->opts.rank : 0;
+    if (c.lora_plan) {   // what unsupported() reads of the adapters the plan models
+        r.lora.variant = c.lora_plan->opts.dora ? "dora" : "lora";
+        if (c.lora_plan->quantized()) r.lora.base_weights = base_weights_name(c.lora_plan->opts.base);
+    }
     r.distill = c.distill_plan ? c.distill_plan->config : DistillConfig{};
     return r;
 }
@@ -213,6 +217,7 @@ uint64_t kept_per_layer(const ModelConfig & cfg, const Candidate & c, int seq, u
     };
     uint64_t split = 0, replicated = BTC;   // the layer's input is always kept
     if (lp) replicated += rows * uint64_t(lp->u_cols) * s;   // the adapters' u, kept under every policy
+    if (lp && lp->opts.dora) replicated += uint64_t(lp->site_cols) * (rows * s + 4);   // DoRA's z and norms
     for (int u = 0; u < int(Saved::count); ++u) {
         if (!((mask >> u) & 1u)) continue;
         const Saved su = Saved(u);
@@ -265,7 +270,8 @@ Activations activations(const ModelConfig & cfg, const Candidate & c, int seq, i
     // gradient (the forward's dropped copy is gone by then).
     const uint64_t lora_grads = !lp ? 0
                               : rows * uint64_t(lp->max_site_cols + lp->opts.rank) * s +
-                                    (lp->opts.dropout > 0 ? 2 * rows * uint64_t(lp->max_site_in) * s : 0);
+                                    (lp->opts.dropout > 0 ? 2 * rows * uint64_t(lp->max_site_in) * s : 0) +
+                                    rows * uint64_t(lp->dora_out_cols) * s;   // DoRA's scaled output gradient
     // The embedding adapter's u, kept from the first layer's forward to the end of backward.
     const uint64_t embed_u = lp && lp->embed_adapters > 0 ? rows * uint64_t(lp->opts.rank) * s : 0;
     // The interleaved schedule's sends in flight (model/pipeline.h: each completes once the peer

@@ -66,6 +66,33 @@ std::optional<std::string> offload_refusal(const RunConfig & r) {
     return std::nullopt;
 }
 
+// DoRA (--lora-variant dora, model/lora.h) as the engine computes it: each adapted row's norm read
+// from the dense base, on the block projections, without dropout, on whole rows.
+std::optional<std::string> dora_refusal(const RunConfig & r, const ModelConfig & cfg) {
+    if (r.lora.variant != "dora" || r.lora.rank <= 0) return std::nullopt;
+    const Layout & L = r.layout;
+    if (r.lora.base_weights == "int8" || r.lora.base_weights == "nf4" || r.lora.base_weights == "sparse24")
+        return fmt::format("--lora-variant dora with --base-weights {}: DoRA's row norms read the dense base weights, "
+                           "which a packed base does not hold; use a dense base (--base-weights {}) or plain LoRA",
+                           r.lora.base_weights, precision_name(r.compute));
+    if (r.lora.dropout > 0)
+        return fmt::format("--lora-variant dora with --lora-dropout {:g}: PEFT's DoRA under dropout runs the base "
+                           "projection a second time on the dropped input; drop --lora-dropout (DoRA's recipes train "
+                           "without it) or use plain LoRA", r.lora.dropout);
+    if (L.tp > 1)
+        return fmt::format("--lora-variant dora with --tp {}: a row-parallel projection's rows are split over the "
+                           "tensor ranks and so are their norms; use data parallelism (--zero 3 shards the base)", L.tp);
+    try {
+        for (const auto & t : parse_lora_targets(cfg, r.lora.targets))
+            if (t == "lm_head" || t == "embed_tokens")
+                return fmt::format("--lora-variant dora with --lora-targets {}: DoRA adapts the block projections "
+                                   "only, for now; drop {} from the targets", t, t);
+    } catch (const ConfigError & e) {
+        return std::string(e.what());
+    }
+    return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & cfg, const Backend * backend) {
@@ -117,6 +144,7 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
     // N:M sparsity prunes whole-model weights on the host (every layout gathers them) and masks the
     // updates element by element, so it combines with every layout; not with LoRA's frozen base.
     if (std::string why = sparsity_refusal(cfg, r.sparsity, r.lora.rank > 0); !why.empty()) return why;
+    if (std::optional<std::string> why = dora_refusal(r, cfg)) return why;
     // LoRA on the LM head: computed whole, on one rank's last stage, without dropout (for now).
     if (r.lora.rank > 0 && (L.tp > 1 || L.pp > 1 || r.lora.dropout > 0)) {
         bool head = false;

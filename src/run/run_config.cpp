@@ -134,6 +134,7 @@ nlohmann::json run_config_json(const RunConfig & r) {
                         {"lora-alpha", json_float(r.lora.alpha)},
                         {"lora-targets", r.lora.targets},
                         {"lora-dropout", json_float(r.lora.dropout)},
+                        {"lora-variant", r.lora.variant},
                         {"base-weights", r.lora.base_weights},
                         {"nf4-double-quant", r.lora.nf4_double_quant},
                         {"teacher", r.distill.teacher},

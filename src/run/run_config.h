@@ -47,6 +47,8 @@ struct LoraConfig {
     // bitsandbytes and transformers (bnb_4bit_use_double_quant=False).
     bool nf4_double_quant = true;
     float dropout = 0;
+    // lora | dora (PEFT's use_dora: a trainable magnitude per output row, model/lora.h).
+    std::string variant = "lora";
 };
 
 // Knowledge distillation (model/distill.h): a frozen teacher's softened predictions as a second

@@ -208,10 +208,12 @@ void Engine::init_params(uint64_t seed) {
     std::vector<float> full(size_t(cfg_.num_params()));
     init_model(cfg_, make_param_layout(cfg_), full.data(), seed);
     if (st.lora()) {   // the whole model's adapters, as one process draws them (set_params slices them)
-        set_base(full.data());
+        store_base(full.data());
         const ParamLayout adapters = make_lora_layout(cfg_, opt_.lora);
-        full.assign(adapters.total, 0.0f);
-        init_adapters(adapters, full.data(), seed);
+        std::vector<float> a(adapters.total, 0.0f);
+        init_adapters(adapters, a.data(), seed);
+        if (opt_.lora.dora) init_dora_magnitudes(cfg_, opt_.lora, full.data(), a.data());
+        full = std::move(a);
     }
     set_params(full.data());
     if (const ModelConfig * tc = st.teacher_config()) {   // a placeholder until set_teacher (bench runs it)
@@ -226,6 +228,14 @@ void Engine::init_params(uint64_t seed) {
 }
 
 void Engine::set_base(const float * full) {
+    store_base(full);
+    if (!opt_.lora.dora) return;
+    std::vector<float> adapters = full_params();
+    init_dora_magnitudes(cfg_, opt_.lora, full, adapters.data());
+    set_params(adapters.data());
+}
+
+void Engine::store_base(const float * full) {
     const TrainStep & st = *plans_.train;
     MF_ASSERT(st.lora());
     // Tensor parallel: this rank's slice of the model, split as its own (the step's config).

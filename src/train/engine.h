@@ -213,11 +213,13 @@ public:
 
     // GPT-2 initialisation: N(0, 0.02) weights, c_proj weights N(0, 0.02/sqrt(2L)), zero
     // biases, unit LayerNorm weights. AdamW moments zeroed. LoRA: the base gets these values
-    // (set_base), A ~ N(0, 1/in), B = 0. A distillation teacher gets such weights too (seed + 1),
+    // (set_base), A ~ N(0, 1/in), B = 0; DoRA's magnitudes the base's row norms. A distillation teacher gets such weights too (seed + 1),
     // until set_teacher.
     void init_params(uint64_t seed);
     // LoRA: the frozen base from the whole model's fp32 weights (make_param_layout order),
     // rounded to the compute dtype or quantized; each rank keeps its part (ZeRO 3: its shard).
+    // DoRA: the magnitudes start again at the adapted rows' norms on this base (PEFT's start), so
+    // adapters trained on it are loaded after.
     void set_base(const float * full);
     // LoRA: the base as the step computes with it (rounded or dequantized), as fp32 in
     // make_param_layout order (ZeRO 3: gathered over the data-parallel ranks, collective).
@@ -305,6 +307,7 @@ public:
     int steps_done() const { return t_; }
 
 private:
+    void store_base(const float * full);   // set_base without DoRA's magnitudes
     // Runs one program on one batch; returns the sum of its per-token losses.
     double run_batch(const TrainStep & step, StepMemory & mem, const int32_t * inputs, const int32_t * targets,
                      const int32_t * doc_start, float dloss, const AdamWHyper * h, uint64_t seed = 0);

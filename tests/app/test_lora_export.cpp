@@ -24,6 +24,7 @@
 #include "train/checkpoint.h"
 #include "train/engine.h"
 #include "app/export.h"
+#include "app/model_source.h"
 #include "cli/cli_util.h"
 #include "test_util.h"
 
@@ -199,6 +200,48 @@ TEST(LoraExport, AdapterFolderIsPeftsLayout) {
         EXPECT_EQ(st.info(first + ".lora_A.weight").shape, (std::vector<int64_t>{4, 32}));
         EXPECT_EQ(st.info(first + ".lora_B.weight").shape, (std::vector<int64_t>{llama ? 32 : 96, 4}));
         EXPECT_EQ(st.metadata().at("format"), "pt");
+    }
+}
+
+// DoRA (model/lora.h): the merged folder computes what the DoRA engine computed (GPT-2's Conv1D
+// columns and biases, LLaMA's rows), the adapter folder says use_dora with one
+// lora_magnitude_vector [out] per module, and reading it back onto its base (generate's path)
+// folds in exactly the engine's merge.
+TEST(LoraExport, DoraMergesAndRoundTripsThroughPeftsFolder) {
+    for (bool llama : {true, false}) {
+        SCOPED_TRACE(llama ? "llama" : "gpt2");
+        const ModelConfig cfg = tiny(llama);
+        const std::string tag = llama ? "dora_llama" : "dora_gpt2";
+        const std::string base = fs::absolute(base_folder(cfg, tag + "_base")).string();
+        LoraOptions lora = test::lora_options(cfg, 4, BaseWeights::compute, "all");
+        lora.dora = true;
+        LoraRun run = lora_run(cfg, lora, base, tag + "_ckpt");
+        const std::vector<float> merged = run.engine->merged_weights();
+
+        const fs::path folder = fresh(tag + "_merged");
+        export_checkpoint(run.ckpt.string(), folder.string(), ExportMode::merge_lora);
+        CpuBackend backend;
+        Engine full(cfg, backend, opts(2, 8, LoraOptions{}));
+        load_hf_weights(folder.string(), cfg, full.step().layout(), full.params());
+        full.params_changed();
+        EXPECT_EQ(std::vector<float>(full.params(), full.params() + full.step().layout().total), merged);
+        std::vector<int32_t> in(16), tg(16);
+        test::random_batch(in, tg, cfg.vocab_size, 9);
+        EXPECT_LT(max_rel(full.logits(in.data(), 2), run.engine->logits(in.data(), 2)), 1e-5);
+
+        const fs::path out = fresh(tag + "_adapter");
+        export_checkpoint(run.ckpt.string(), out.string(), ExportMode::adapter_only);
+        std::ifstream f(out / "adapter_config.json");
+        const nlohmann::json j = nlohmann::json::parse(f);
+        EXPECT_EQ(j["use_dora"], true);
+        const SafetensorsFile st = SafetensorsFile::open((out / "adapter_model.safetensors").string());
+        const std::string m = llama ? "base_model.model.model.layers.1.mlp.up_proj.lora_magnitude_vector"
+                                    : "base_model.model.transformer.h.1.mlp.c_fc.lora_magnitude_vector";
+        ASSERT_TRUE(st.has(m));
+        EXPECT_EQ(st.info(m).shape, (std::vector<int64_t>{llama ? 64 : 128}));
+        EXPECT_EQ(st.names().size(), 3 * lora_sites(cfg, lora).size());
+        const LoadedModel back = read_model_weights(base, out.string());
+        EXPECT_EQ(back.params, merged);
     }
 }
 

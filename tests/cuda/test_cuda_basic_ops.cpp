@@ -265,6 +265,38 @@ TEST(CudaBasicOps, Columns) {
             }
 }
 
+// DoRA's three kernels, both weight layouts, each storage dtype, a bias and none: the norms, the
+// scaled output and its saved z, the scaled gradient and the magnitudes' accumulated gradient
+// (f32 and the storage dtype).
+TEST(CudaBasicOps, Dora) {
+    MF_REQUIRE_GPU();
+    for (DType dt : kFloats)
+        for (bool in_out : {false, true}) {
+            SCOPED_TRACE(name(dt) + (in_out ? " in_out" : " out_in"));
+            const int64_t N = 37, in = 45, out_cols = 70, col0 = 11, cols = 40, r = 3;
+            OpCheck chk;
+            const int w = in_out ? chk.rand(dt, {in, out_cols}) : chk.rand(dt, {out_cols, in});
+            const int a = chk.rand(dt, {r, in}), b = chk.rand(dt, {cols, r});
+            const int norm = chk.zeros(DType::f32, {cols});
+            const int out = chk.rand(dt, {N, out_cols}), z = chk.zeros(dt, {N, cols});
+            const int bias = chk.rand(dt, {out_cols}), mag = chk.rand(dt, {cols}, 0.5f, 2.0f);
+            const int dout = chk.rand(dt, {N, out_cols});
+            const int dmag = chk.rand(DType::f32, {cols}), dmag_lowp = chk.rand(dt, {cols});
+            const int out_nb = chk.rand(dt, {N, out_cols}), z_nb = chk.zeros(dt, {N, cols});
+            chk.run([&](Backend & be, const Ts & t) {
+                be.dora_norm(t[norm], t[w], in_out, col0, t[a], t[b], 0.7f);
+                be.dora_scale_fwd(t[out], t[z], t[bias], t[mag], t[norm], col0);
+                be.dora_scale_fwd(t[out_nb], t[z_nb], Tensor{}, t[mag], t[norm], col0);
+                be.dora_scale_bwd(t[dout], t[dmag], t[z], t[mag], t[norm], col0);
+                be.dora_scale_bwd(t[dout], t[dmag_lowp], t[z], t[mag], t[norm], col0);
+            });
+            EXPECT_LT(chk.rel_err(norm), kTolF32);
+            for (int i : {out, z, out_nb, z_nb, dout}) EXPECT_LT(chk.rel_err(i), tol(dt)) << "tensor " << i;
+            EXPECT_LT(chk.rel_err(dmag), dt == DType::f32 ? 1e-5 : 1e-2);
+            EXPECT_LT(chk.rel_err(dmag_lowp), tol(dt));
+        }
+}
+
 // Small heads from position 0, and hd = 128 far along the sequence (angles up to ~4000 rad).
 TEST(CudaBasicOps, Rope) {
     MF_REQUIRE_GPU();

@@ -222,20 +222,25 @@ TEST(CudaEngine, DistillationMatchesTheCpuBackend) {
 // CPU's steps, the merged weights, and the plan the bytes acquired.
 TEST(CudaEngine, LoraAndQloraMatchTheCpuBackend) {
     MF_REQUIRE_GPU();
-    struct LoraCase { bool llama; DType dt; BaseWeights bw; float dropout; const char * targets; const char * rc; };
+    struct LoraCase { bool llama; DType dt; BaseWeights bw; float dropout; const char * targets; const char * rc;
+                      bool dora = false; };
     const LoraCase cases[] = {{true, DType::bf16, BaseWeights::compute, 0.1f, "all", "none"},
                               {false, DType::f32, BaseWeights::nf4, 0.1f, "", "full"},
                               {true, DType::f32, BaseWeights::int8, 0.0f, "q,v,down", "none"},
-                              {true, DType::bf16, BaseWeights::nf4, 0.05f, "all", "selective"}};
+                              {true, DType::bf16, BaseWeights::nf4, 0.05f, "all", "selective"},
+                              {true, DType::bf16, BaseWeights::compute, 0.0f, "all", "selective", true},
+                              {false, DType::f32, BaseWeights::compute, 0.0f, "all", "none", true}};
     for (const LoraCase & c : cases) {
         SCOPED_TRACE(std::string(c.llama ? "llama " : "gpt2 ") + std::string(dtype_name(c.dt)) + " base " +
-                     base_weights_name(c.bw) + " dropout " + std::to_string(c.dropout) + " " + c.rc);
+                     base_weights_name(c.bw) + " dropout " + std::to_string(c.dropout) + " " + c.rc +
+                     (c.dora ? " dora" : ""));
         const ModelConfig cfg = test::small_family(c.llama, 96, 128, 2, 4, 256, 64);
         EngineOptions eo;
         eo.B = 2, eo.T = 64, eo.with_eval = false, eo.compute = c.dt, eo.flash_attention = c.llama;
         eo.recompute = parse_recompute(c.rc, cfg.n_layer);
         eo.lora.rank = 4, eo.lora.alpha = 8, eo.lora.base = c.bw, eo.lora.dropout = c.dropout;
         eo.lora.targets = parse_lora_targets(cfg, c.targets);
+        eo.lora.dora = c.dora;
         CpuBackend cpu;
         const Trained a = train(cpu, cfg, eo, 3), b = train(*test::gpu(), cfg, eo, 3);
         const double tol = c.dt == DType::f32 ? 1e-4 : 2e-2;

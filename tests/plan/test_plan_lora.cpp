@@ -73,7 +73,7 @@ TEST(PlanLora, ExactOnOneCpuDeviceForTheEngine) {
     CpuBackend backend;
     const Hardware hw = cpu_like();
     struct Case { bool llama; DType dt; BaseWeights base; const char * targets; const char * rc; bool flash; int accum; float dropout;
-                  bool double_quant = true; };
+                  bool double_quant = true; bool dora = false; };
     for (const Case & k : {Case{true, DType::f32, BaseWeights::compute, "q,v", "none", true, 1, 0.0f},
                            Case{true, DType::bf16, BaseWeights::compute, "all", "selective", true, 1, 0.0f},
                            Case{true, DType::f32, BaseWeights::nf4, "all", "none", true, 1, 0.0f},
@@ -84,14 +84,17 @@ TEST(PlanLora, ExactOnOneCpuDeviceForTheEngine) {
                            Case{false, DType::f32, BaseWeights::compute, "c_attn", "none", false, 1, 0.0f},
                            Case{false, DType::bf16, BaseWeights::int8, "all", "selective", true, 1, 0.05f},
                            Case{true, DType::bf16, BaseWeights::sparse24, "all", "none", true, 1, 0.0f},
-                           Case{false, DType::f32, BaseWeights::sparse24, "c_attn", "none", false, 2, 0.0f}}) {
+                           Case{false, DType::f32, BaseWeights::sparse24, "c_attn", "none", false, 2, 0.0f},
+                           Case{true, DType::bf16, BaseWeights::compute, "all", "selective", true, 2, 0.0f, true, true},
+                           Case{false, DType::f32, BaseWeights::compute, "all", "none", false, 1, 0.0f, true, true}}) {
         const ModelConfig cfg = tiny(k.llama, 61, 64, 3);
         LoraOptions lora = test::lora_options(cfg, 4, k.base, k.targets);
         lora.dropout = k.dropout;
         lora.double_quant = k.double_quant;
-        SCOPED_TRACE(fmt::format("{} {} {}{} {} {} {} accum {} dropout {}", k.llama ? "llama" : "gpt2", dtype_name(k.dt),
+        lora.dora = k.dora;
+        SCOPED_TRACE(fmt::format("{} {} {}{} {} {} {} accum {} dropout {}{}", k.llama ? "llama" : "gpt2", dtype_name(k.dt),
                                  base_weights_name(k.base), k.double_quant ? "" : " (no double quant)", k.targets, k.rc,
-                                 k.flash ? "flash" : "naive", k.accum, k.dropout));
+                                 k.flash ? "flash" : "naive", k.accum, k.dropout, k.dora ? " dora" : ""));
         const int B = 2, T = 16;
         PlanRequest r = one_device(cfg, hw, B, T, k.accum, k.dt);
         r.recompute = k.rc;

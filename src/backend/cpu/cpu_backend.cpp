@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "backend/cpu/convert.h"
 #include "backend/cpu/kernels.h"
@@ -426,6 +427,75 @@ void CpuBackend::take_columns(Tensor d, Tensor src, int64_t col0, float scale) {
             using S = decltype(s);
             cpu::take_columns(ptr<D>(d), ptr<S>(src), d.rows(), src.cols(), d.cols(), col0, scale);
         });
+    });
+}
+
+namespace {
+// A small tensor's values (DoRA's adapters and vectors) in fp32; from element `at`, n of them
+// (n < 0: to the end). An invalid tensor: n zeros.
+std::vector<float> floats(const Tensor & t, int64_t at = 0, int64_t n = -1) {
+    if (n < 0) n = t.numel() - at;
+    std::vector<float> v(size_t(n), 0.0f);
+    if (!t.valid()) return v;
+    MF_ASSERT(at >= 0 && at + n <= t.numel());
+    dispatch(t.dtype, [&](auto s) {
+        using S = decltype(s);
+        const S * p = ptr<S>(t) + at;
+        for (int64_t i = 0; i < n; ++i) v[size_t(i)] = to_f32(p[i]);
+    });
+    return v;
+}
+
+// DoRA's column factors mag / norm.
+std::vector<float> dora_factors(const Tensor & mag, const Tensor & norm) {
+    std::vector<float> g = floats(mag);
+    MF_ASSERT(norm.dtype == DType::f32 && norm.numel() == mag.numel());
+    for (size_t j = 0; j < g.size(); ++j) g[j] /= norm.f32()[j];
+    return g;
+}
+}  // namespace
+
+void CpuBackend::dora_norm(Tensor norm, Tensor w, bool w_in_out, int64_t col0, Tensor a, Tensor b, float scale) {
+    const int64_t cols = b.dim(0), r = b.dim(1), in = a.dim(1);
+    MF_ASSERT(norm.dtype == DType::f32 && norm.numel() == cols && a.dim(0) == r);
+    const int64_t ld = w.dim(1);
+    MF_ASSERT(w_in_out ? w.dim(0) == in && col0 + cols <= ld : ld == in && col0 + cols <= w.dim(0));
+    const std::vector<float> af = floats(a), bf = floats(b);
+    dispatch(w.dtype, [&](auto s) {
+        using W = decltype(s);
+        cpu::dora_norm(norm.f32(), ptr<W>(w), w_in_out, ld, in, cols, col0, af.data(), bf.data(), r, scale);
+    });
+}
+
+void CpuBackend::dora_scale_fwd(Tensor out, Tensor z, Tensor bias, Tensor mag, Tensor norm, int64_t col0) {
+    const int64_t cols = mag.numel();
+    MF_ASSERT(z.rows() == out.rows() && z.cols() == cols && col0 + cols <= out.cols());
+    const std::vector<float> g = dora_factors(mag, norm), bs = floats(bias, bias.valid() ? col0 : 0, cols);
+    dispatch(out.dtype, [&](auto o) {
+        dispatch(z.dtype, [&](auto zz) {
+            using O = decltype(o);
+            using Z = decltype(zz);
+            cpu::dora_scale_fwd(ptr<O>(out), ptr<Z>(z), bs.data(), g.data(), out.rows(), out.cols(), cols, col0);
+        });
+    });
+}
+
+void CpuBackend::dora_scale_bwd(Tensor dout, Tensor dmag, Tensor z, Tensor mag, Tensor norm, int64_t col0) {
+    const int64_t cols = mag.numel();
+    MF_ASSERT(z.rows() == dout.rows() && z.cols() == cols && col0 + cols <= dout.cols() && dmag.numel() == cols);
+    const std::vector<float> g = dora_factors(mag, norm);
+    std::vector<float> acc(static_cast<size_t>(cols));
+    dispatch(dout.dtype, [&](auto d) {
+        dispatch(z.dtype, [&](auto zz) {
+            using D = decltype(d);
+            using Z = decltype(zz);
+            cpu::dora_scale_bwd(ptr<D>(dout), ptr<Z>(z), g.data(), acc.data(), dout.rows(), dout.cols(), cols, col0);
+        });
+    });
+    dispatch(dmag.dtype, [&](auto s) {   // the gradient accumulates, one rounded add per element
+        using S = decltype(s);
+        S * dm = ptr<S>(dmag);
+        for (int64_t j = 0; j < cols; ++j) dm[j] = from_f32<S>(to_f32(dm[j]) + acc[size_t(j)] / norm.f32()[j]);
     });
 }
 

@@ -240,4 +240,21 @@ void add_columns(O * out, const D * d, int64_t N, int64_t ldo, int64_t cols, int
 template <class D, class S>
 void take_columns(D * d, const S * src, int64_t N, int64_t lds, int64_t cols, int64_t col0, float scale);
 
+// DoRA (kernel_list.h). norm[j] = || W_j + scale * b[j] a || over the `in` inputs, W_j row
+// col0 + j of w [out, in] (ld = in), or column col0 + j of w [in, ld] when in_out; a [r, in],
+// b [cols, r] in fp32.
+template <class W>
+void dora_norm(float * norm, const W * w, bool in_out, int64_t ld, int64_t in, int64_t cols, int64_t col0,
+               const float * a, const float * b, int64_t r, float scale);
+// z[i, j] = out[i, col0 + j] - bias[j] (written), out[i, col0 + j] = g[j] * that + bias[j];
+// bias and g fp32 [cols].
+template <class O, class Z>
+void dora_scale_fwd(O * out, Z * z, const float * bias, const float * g, int64_t N, int64_t ldo, int64_t cols,
+                    int64_t col0);
+// acc[j] = sum_i dout[i, col0 + j] z[i, j] (fp32, rows in order; written), then dout[i, col0 + j]
+// *= g[j] in place.
+template <class D, class Z>
+void dora_scale_bwd(D * dout, const Z * z, const float * g, float * acc, int64_t N, int64_t ldd, int64_t cols,
+                    int64_t col0);
+
 }  // namespace memfit::cpu

@@ -399,6 +399,15 @@ void CudaBackend::add_columns(Tensor out, Tensor d, int64_t col0, float scale) {
 void CudaBackend::take_columns(Tensor d, Tensor src, int64_t col0, float scale) {
     MF_FWD(take_columns, d, src, col0, scale);
 }
+void CudaBackend::dora_norm(Tensor norm, Tensor w, bool w_in_out, int64_t col0, Tensor a, Tensor b, float scale) {
+    MF_FWD(dora_norm, norm, w, w_in_out, col0, a, b, scale);
+}
+void CudaBackend::dora_scale_fwd(Tensor out, Tensor z, Tensor bias, Tensor mag, Tensor norm, int64_t col0) {
+    MF_FWD(dora_scale_fwd, out, z, bias, mag, norm, col0);
+}
+void CudaBackend::dora_scale_bwd(Tensor dout, Tensor dmag, Tensor z, Tensor mag, Tensor norm, int64_t col0) {
+    MF_FWD(dora_scale_bwd, dout, dmag, z, mag, norm, col0);
+}
 void CudaBackend::xent_fwd(Tensor losses, Tensor logits, Tensor targets) { MF_FWD(xent_fwd, losses, logits, targets); }
 void CudaBackend::xent_bwd(Tensor probs, Tensor targets, float dloss) { MF_FWD(xent_bwd, probs, targets, dloss); }
 void CudaBackend::xent_fwd_bwd(Tensor losses, Tensor logits, Tensor targets, float dloss) {

@@ -27,6 +27,11 @@ void dropout(cudaStream_t s, Tensor out, Tensor in, float p, uint64_t seed);
 void add_columns(cudaStream_t s, Tensor out, Tensor d, int64_t col0, float scale);
 void take_columns(cudaStream_t s, Tensor d, Tensor src, int64_t col0, float scale);
 
+// kernels_dora.cu
+void dora_norm(cudaStream_t s, Tensor norm, Tensor w, bool w_in_out, int64_t col0, Tensor a, Tensor b, float scale);
+void dora_scale_fwd(cudaStream_t s, Tensor out, Tensor z, Tensor bias, Tensor mag, Tensor norm, int64_t col0);
+void dora_scale_bwd(cudaStream_t s, Tensor dout, Tensor dmag, Tensor z, Tensor mag, Tensor norm, int64_t col0);
+
 // kernels_norm.cu (bias_grad shares its column-sum kernel)
 void bias_grad(cudaStream_t s, Tensor dbias, Tensor dout);
 void layernorm_fwd(cudaStream_t s, Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, float eps);
