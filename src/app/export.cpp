@@ -303,7 +303,8 @@ std::string export_checkpoint(const std::string & path, const std::string & out,
                            step, tokenizer);
     }
     const LoraCheckpointMeta m = lora_checkpoint_meta(c, cfg, path);
-    const std::string what_lora = fmt::format("LoRA rank {} on {}", m.lora.rank, fmt::join(m.lora.targets, ","));
+    const std::string what_lora =
+        fmt::format("{} rank {} on {}", m.lora.dora ? "DoRA" : "LoRA", m.lora.rank, fmt::join(m.lora.targets, ","));
     const std::string quant = m.lora.quantized() ? quant_format_name(m.lora.format()) : "";
     if (mode == ExportMode::plain)
         throw ConfigError(fmt::format("{} is a LoRA checkpoint ({}; its state holds only the adapters): pass "

@@ -129,7 +129,7 @@ LoadedModel read_model_weights(const std::string & path, const std::string & ada
         const std::vector<float> a =
             read_peft_adapters((fs::path(adapter) / "adapter_model.safetensors").string(), w.cfg, l);
         w.params = fold_adapters(w.cfg, l, path, 0, a, "", adapter, path);
-        w.what = fmt::format("{} + the LoRA adapters of {} (rank {} on {})", path, adapter, l.rank,
+        w.what = fmt::format("{} + the {} adapters of {} (rank {} on {})", path, l.dora ? "DoRA" : "LoRA", adapter, l.rank,
                              fmt::join(l.targets, ","));
         return w;
     }

@@ -51,7 +51,7 @@ struct LoraPlan {
 // Null when `lora` is not enabled.
 std::shared_ptr<const LoraPlan> make_lora_plan(const ModelConfig & cfg, const LoraOptions & lora);
 
-// "rank 16 (alpha 32), targets q,v, base nf4 (double-quantized)": the setting as the report
+// "LoRA rank 16 (alpha 32), targets q,v, base nf4 (double-quantized)" (DoRA: "DoRA rank ..."): the setting as the report
 // prints it (a dense base is named by the compute dtype).
 std::string lora_description(const LoraPlan & lp, DType compute);
 

@@ -204,7 +204,7 @@ std::string header(const PlanRequest & r, const SearchReport & rep) {
                        r.nodes > 1 ? fmt::format(" in {} nodes", r.nodes) : std::string(), format_bytes(cap),
                        format_bytes(r.hw.usable), format_bytes(cap - std::min(cap, r.hw.usable)));
     if (r.lora)
-        out += wrap(fmt::format("  LoRA {}: {} trainable parameters ({:.3f}% of {:.2f}B), the base frozen",
+        out += wrap(fmt::format("  {}: {} trainable parameters ({:.3f}% of {:.2f}B), the base frozen",
                                 lora_description(*r.lora, r.run.compute), format_count(r.lora->adapters),
                                 100.0 * double(r.lora->adapters) / double(r.cfg.num_params()),
                                 double(r.cfg.num_params()) / 1e9), 4);

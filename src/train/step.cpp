@@ -65,6 +65,9 @@ void TrainStep::check_and_lay_out(const ModelConfig & cfg, const ModelOptions & 
     as_run.layout = Layout{dp.ranks, model.tp.ranks, pp.stages, dp.zero, Offload::none, model.tp.sequence, pp.schedule,
                         pp.virtual_stages};
     as_run.lora.rank = model.lora.rank;
+    as_run.lora.variant = model.lora.dora ? "dora" : "lora";
+    as_run.lora.dropout = model.lora.dropout;
+    if (model.lora.quantized()) as_run.lora.base_weights = base_weights_name(model.lora.base);
     for (const auto & t : model.lora.targets) as_run.lora.targets += (as_run.lora.targets.empty() ? "" : ",") + t;
     as_run.recompute = model.recompute.segment >= 2 ? Recompute("every:" + std::to_string(model.recompute.segment))
                                                  : Recompute();
