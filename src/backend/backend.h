@@ -10,6 +10,7 @@
 // parameter gradients are f32 or the compute dtype.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -192,6 +193,18 @@ public:
         (void) q, (void) dx, (void) dy, (void) packed, (void) accumulate, (void) workspace;
         MF_ASSERT(false && "this backend has no quantized gemm");
     }
+    // DoRA on a packed base (model/lora.h): dora_norm's norms (kernel_list.h) of rows col0 ..
+    // col0 + b.rows - 1 of the dequantized W, dequantized a tile of rows at a time into
+    // `workspace` (dora_norm_workspace bytes, fp32).
+    virtual size_t dora_norm_workspace(const QuantDesc & q, int64_t cols) const {
+        return size_t(std::min<int64_t>(cols, kDoraTileRows)) * size_t(q.in) * sizeof(float);
+    }
+    virtual void dora_norm_packed(Tensor norm, const QuantDesc & q, Tensor packed, int64_t col0, Tensor a, Tensor b,
+                                  float scale, Tensor workspace) {
+        (void) norm, (void) q, (void) packed, (void) col0, (void) a, (void) b, (void) scale, (void) workspace;
+        MF_ASSERT(false && "this backend has no quantized gemm");
+    }
+    static constexpr int64_t kDoraTileRows = 64;
     // Host memory: packed (quant_bytes(q) bytes) from W [out, in] fp32, and back.
     virtual void quantize(const QuantDesc & q, void * packed, const float * W) const {
         (void) q, (void) packed, (void) W;

@@ -392,6 +392,17 @@ void Graph::dora_norm(Tensor norm, Tensor w, WeightLayout layout, int64_t col0, 
     end();
 }
 
+void Graph::dora_norm_packed(Tensor norm, const QWeight & w, int64_t col0, Tensor a, Tensor b, float scale) {
+    MF_ASSERT(norm.numel() == b.dim(0) && a.dim(0) == b.dim(1) && a.dim(1) == w.q.in);
+    const int64_t cols = b.dim(0);
+    if (recording_) grow_workspace(sizing_ ? sizing_->dora_norm_workspace(w.q, cols) : 0);
+    const double in = double(w.q.in), r = double(a.dim(0));
+    if (begin("dora_norm_packed", double(cols) * in * (2.0 * r + 3.0), {norm, w.packed, a, b}, true))
+        backend_->dora_norm_packed(resolve(norm), w.q, resolve(w.packed), col0, resolve(a), resolve(b), scale,
+                                   workspace_tensor(backend_->dora_norm_workspace(w.q, cols)));
+    end();
+}
+
 void Graph::dora_scale_fwd(Tensor out, Tensor z, Tensor bias, Tensor mag, Tensor norm, int64_t col0) {
     MF_ASSERT(z.rows() == out.rows() && z.cols() == mag.numel() && col0 + z.cols() <= out.cols());
     if (begin("dora_scale_fwd", 3.0 * double(z.numel()), {out, z, bias, mag, norm}))

@@ -76,6 +76,7 @@ public:
     // DoRA (model/lora.h, kernel_list.h): the adapted rows' norms, the column factor mag / norm on
     // the output slice (z: the slice less its bias, saved) and on its gradient (dmag +=).
     void dora_norm(Tensor norm, Tensor w, WeightLayout layout, int64_t col0, Tensor a, Tensor b, float scale);
+    void dora_norm_packed(Tensor norm, const QWeight & w, int64_t col0, Tensor a, Tensor b, float scale);
     void dora_scale_fwd(Tensor out, Tensor z, Tensor bias, Tensor mag, Tensor norm, int64_t col0);
     void dora_scale_bwd(Tensor dout, Tensor dmag, Tensor z, Tensor mag, Tensor norm, int64_t col0);
     // dst = src (same numel; the dtypes may differ).

@@ -132,7 +132,8 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
              ->capture_default_str()->check(finite_range(0, 0.999999)));
     keep(c->add_option("--lora-variant", r.lora.variant,
                        "LoRA: lora, or dora (DoRA, PEFT's use_dora: each adapted output row renormalised and scaled "
-                       "by a trained magnitude, the norm detached; a dense base, no dropout, block projections)")
+                       "by a trained magnitude, the norm detached; block projections, no dropout; QDoRA with "
+                       "--base-weights nf4)")
              ->capture_default_str()->check(CLI::IsMember({"lora", "dora"})));
     keep(c->add_option("--base-weights", r.lora.base_weights,
                        "LoRA: storage of the frozen base: the compute precision (bf16, fp16, fp32), int8 "

@@ -407,8 +407,8 @@ void Transformer::project(Graph & g, Tensor out, Tensor inp, const ModelWeights:
         if (!ad.mag.valid()) continue;
         // DoRA: out[:, slice] = m / ||W + s B A|| (out[:, slice] - bias) + bias; the norms stay from
         // forward to backward, so recomputation reuses them.
-        MF_ASSERT(pw.w.valid());
-        if (!rc) g.dora_norm(x.norm, pw.w, wl_, s.col0, ad.a, ad.b, lora_scale_);
+        if (!rc && pw.q->valid()) g.dora_norm_packed(x.norm, *pw.q, s.col0, ad.a, ad.b, lora_scale_);
+        else if (!rc) g.dora_norm(x.norm, pw.w, wl_, s.col0, ad.a, ad.b, lora_scale_);
         g.dora_scale_fwd(out2, x.z, bias, ad.mag, x.norm, s.col0);
     }
 }

@@ -71,10 +71,11 @@ std::optional<std::string> offload_refusal(const RunConfig & r) {
 std::optional<std::string> dora_refusal(const RunConfig & r, const ModelConfig & cfg) {
     if (r.lora.variant != "dora" || r.lora.rank <= 0) return std::nullopt;
     const Layout & L = r.layout;
-    if (r.lora.base_weights == "int8" || r.lora.base_weights == "nf4" || r.lora.base_weights == "sparse24")
-        return fmt::format("--lora-variant dora with --base-weights {}: DoRA's row norms read the dense base weights, "
-                           "which a packed base does not hold; use a dense base (--base-weights {}) or plain LoRA",
-                           r.lora.base_weights, precision_name(r.compute));
+    const bool packed = r.lora.base_weights == "int8" || r.lora.base_weights == "nf4" || r.lora.base_weights == "sparse24";
+    if (packed && (cfg.n_embd % 8 != 0 || cfg.ffn_dim() % 8 != 0 || cfg.attn_dim() % 8 != 0))
+        return fmt::format("--lora-variant dora with --base-weights {}: the norms dequantize whole 8-element groups of "
+                           "rows, and {}'s projection inputs ({}, {}, {}) are not all multiples of 8; use a dense base",
+                           r.lora.base_weights, cfg.name, cfg.n_embd, cfg.attn_dim(), cfg.ffn_dim());
     if (r.lora.dropout > 0)
         return fmt::format("--lora-variant dora with --lora-dropout {:g}: PEFT's DoRA under dropout runs the base "
                            "projection a second time on the dropped input; drop --lora-dropout (DoRA's recipes train "

@@ -212,7 +212,7 @@ void Engine::init_params(uint64_t seed) {
         const ParamLayout adapters = make_lora_layout(cfg_, opt_.lora);
         std::vector<float> a(adapters.total, 0.0f);
         init_adapters(adapters, a.data(), seed);
-        if (opt_.lora.dora) init_dora_magnitudes(cfg_, opt_.lora, full.data(), a.data());
+        if (opt_.lora.dora) dora_start(full.data(), a.data());
         full = std::move(a);
     }
     set_params(full.data());
@@ -231,8 +231,15 @@ void Engine::set_base(const float * full) {
     store_base(full);
     if (!opt_.lora.dora) return;
     std::vector<float> adapters = full_params();
-    init_dora_magnitudes(cfg_, opt_.lora, full, adapters.data());
+    dora_start(full, adapters.data());
     set_params(adapters.data());
+}
+
+void Engine::dora_start(const float * full, float * adapters) {
+    // The rows the step computes with: a packed base's dequantized ones (PEFT's start on QLoRA).
+    if (!opt_.lora.quantized()) return init_dora_magnitudes(cfg_, opt_.lora, full, adapters);
+    const std::vector<float> base = base_weights();
+    init_dora_magnitudes(cfg_, opt_.lora, base.data(), adapters);
 }
 
 void Engine::store_base(const float * full) {

@@ -308,6 +308,8 @@ public:
 
 private:
     void store_base(const float * full);   // set_base without DoRA's magnitudes
+    // DoRA: the magnitudes in `adapters` (the whole model's) from the stored base (`full` as given).
+    void dora_start(const float * full, float * adapters);
     // Runs one program on one batch; returns the sum of its per-token losses.
     double run_batch(const TrainStep & step, StepMemory & mem, const int32_t * inputs, const int32_t * targets,
                      const int32_t * doc_start, float dloss, const AdamWHyper * h, uint64_t seed = 0);

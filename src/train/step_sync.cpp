@@ -20,7 +20,8 @@ namespace memfit {
 
 namespace {
 
-// Every view of w: weights, biases, adapters, and a quantized base's packed projections.
+// Every view of w: weights, biases, adapters (DoRA's magnitudes too), and a quantized base's
+// packed projections.
 template <class F>
 void for_each_view(ModelWeights & w, F f) {
     for (Tensor * t : {&w.wte, &w.wpe, &w.lnfw, &w.lnfb, &w.head}) f(*t);
@@ -32,6 +33,7 @@ void for_each_view(ModelWeights & w, F f) {
         for (auto & ad : y.adapters) {
             f(ad.a);
             f(ad.b);
+            f(ad.mag);   // DoRA's (else invalid)
         }
     }
     for (auto & ad : w.embed_adapters) {

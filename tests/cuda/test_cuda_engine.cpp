@@ -229,7 +229,8 @@ TEST(CudaEngine, LoraAndQloraMatchTheCpuBackend) {
                               {true, DType::f32, BaseWeights::int8, 0.0f, "q,v,down", "none"},
                               {true, DType::bf16, BaseWeights::nf4, 0.05f, "all", "selective"},
                               {true, DType::bf16, BaseWeights::compute, 0.0f, "all", "selective", true},
-                              {false, DType::f32, BaseWeights::compute, 0.0f, "all", "none", true}};
+                              {false, DType::f32, BaseWeights::compute, 0.0f, "all", "none", true},
+                              {true, DType::bf16, BaseWeights::nf4, 0.0f, "all", "full", true}};
     for (const LoraCase & c : cases) {
         SCOPED_TRACE(std::string(c.llama ? "llama " : "gpt2 ") + std::string(dtype_name(c.dt)) + " base " +
                      base_weights_name(c.bw) + " dropout " + std::to_string(c.dropout) + " " + c.rc +

@@ -112,5 +112,38 @@ TEST(CudaQuant, TiledQgemmMatchesCpu) {
     }
 }
 
+// DoRA's norms on a packed base (QDoRA): the rows col0 .. col0 + cols - 1 dequantized 64 at a time
+// (two full tiles and a short one), against the CPU backend's, with bf16 adapters.
+TEST(CudaQuant, DoraNormsOnPackedRowsMatchCpu) {
+    MF_REQUIRE_GPU();
+    for (QuantFormat fmt : {QuantFormat::nf4_dq, QuantFormat::int8, QuantFormat::sparse24}) {
+        SCOPED_TRACE(quant_format_name(fmt));
+        CudaBackend & g = *gpu();
+        CpuBackend cpu;
+        const int64_t out = 200, in = 72, col0 = 16, cols = 150, r = 4;
+        const QuantDesc q{fmt, out, in};
+        std::vector<float> W(size_t(out * in));
+        std::mt19937 rng(5);
+        std::normal_distribution<float> nd(0.0f, 0.02f);
+        for (auto & x : W) x = nd(rng);
+        Twin pk(quant_bytes(q)), a(size_t(r * in) * 2), b(size_t(cols * r) * 2), norm(size_t(cols) * 4);
+        cpu.quantize(q, pk.host.data(), W.data());
+        pk.upload();
+        fill(a, DType::bf16, 6, 0.1f), fill(b, DType::bf16, 7, 0.05f);
+        const size_t ws = g.dora_norm_workspace(q, cols);
+        EXPECT_EQ(ws, size_t(64 * in) * 4);   // one tile, not the rows
+        Twin wg(ws), wc(cpu.dora_norm_workspace(q, cols));
+        for (bool d : {false, true}) {
+            Backend & be = d ? static_cast<Backend &>(g) : cpu;
+            be.dora_norm_packed(norm.on(d, DType::f32, {cols}), q, pk.on(d, DType::u8, {int64_t(pk.host.size())}), col0,
+                                a.on(d, DType::bf16, {r, in}), b.on(d, DType::bf16, {cols, r}), 0.75f,
+                                (d ? wg : wc).on(d, DType::u8, {int64_t(ws)}));
+        }
+        g.synchronize();
+        EXPECT_LT(rel(norm.from_host(DType::f32), norm.from_device(DType::f32)), 1e-5);
+        EXPECT_GT(norm.from_host(DType::f32)[cols - 1], 0.01f);
+    }
+}
+
 }  // namespace
 }  // namespace memfit::test

@@ -177,6 +177,47 @@ TEST(Dora, PlannedEqualsMeasuredAndRecomputationIsBitwiseEqual) {
         }
 }
 
+// QDoRA: on an int8, nf4 or sparse24 base, the norms are the dequantized rows' (tile by tile in
+// the workspace), so the step is a dense-base DoRA step on the dequantized weights: the same
+// magnitudes at the start, logits, and gradients of A, B and m.
+TEST(Dora, PackedBaseComputesWithTheDequantizedRows) {
+    CpuBackend backend;
+    for (bool llama : {true, false})
+        for (BaseWeights bw : {BaseWeights::int8, BaseWeights::nf4, BaseWeights::sparse24}) {
+            SCOPED_TRACE(std::string(llama ? "llama " : "gpt2 ") + base_weights_name(bw));
+            const ModelConfig cfg = tiny(llama);
+            LoraOptions l = dora(cfg);
+            l.base = bw;
+            Engine q(cfg, backend, opts(2, 8, l));
+            q.init_params(9);
+            Engine d(cfg, backend, opts(2, 8, dora(cfg)));
+            d.init_params(9);
+            d.set_base(q.base_weights().data());   // the dense engine on the dequantized rows
+            const size_t n = q.step().layout().total;
+            ASSERT_EQ(n, d.step().layout().total);
+            for (size_t i = 0; i < n; ++i) ASSERT_NEAR(q.params()[i], d.params()[i], 1e-6f * (1 + std::fabs(d.params()[i])));
+            std::mt19937 rng(4);
+            std::normal_distribution<float> nd(0.0f, 0.2f);
+            for (const auto & p : q.step().layout().params)   // A and B away from the start; m kept
+                if (!p.name.ends_with("lora_magnitude_vector"))
+                    for (size_t i = 0; i < p.numel; ++i) q.params()[p.offset + i] = d.params()[p.offset + i] = nd(rng);
+            q.params_changed();
+            d.params_changed();
+            std::vector<int32_t> in(16), tg(16);
+            random_batch(in, tg, cfg.vocab_size, 2);
+            const auto a = d.logits(in.data(), 2), b = q.logits(in.data(), 2);
+            for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-5f * (1 + std::fabs(a[i]))) << i;
+            const AdamWHyper lr0{0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 1};
+            d.train_step(in.data(), tg.data(), lr0);
+            q.train_step(in.data(), tg.data(), lr0);
+            double diff = 0, ref = 0;
+            for (size_t i = 0; i < n; ++i) diff = std::max(diff, double(std::fabs(q.grads()[i] - d.grads()[i])));
+            for (size_t i = 0; i < n; ++i) ref = std::max(ref, double(std::fabs(d.grads()[i])));
+            EXPECT_GT(ref, 1e-3);
+            EXPECT_LT(diff, 1e-4 * ref);
+        }
+}
+
 // What DoRA does not combine with, in one line each; the variant's name checked.
 TEST(Dora, RefusalsAreOneClearLine) {
     const ModelConfig cfg = tiny(true);
@@ -189,7 +230,14 @@ TEST(Dora, RefusalsAreOneClearLine) {
         return w ? *w : std::string();
     };
     EXPECT_EQ(why([](RunConfig &) {}), "");
-    EXPECT_NE(why([](RunConfig & r) { r.lora.base_weights = "nf4"; }).find("dense base"), std::string::npos);
+    EXPECT_EQ(why([](RunConfig & r) { r.lora.base_weights = "nf4"; }), "");   // QDoRA
+    const ModelConfig odd = test::small_family(false, 37, 36, 2, 4, 64);    // inputs of 36: not 8-element groups
+    RunConfig qr;
+    qr.lora.rank = 4;
+    qr.lora.variant = "dora";
+    qr.lora.base_weights = "int8";
+    ASSERT_TRUE(unsupported(qr, odd, nullptr));
+    EXPECT_NE(unsupported(qr, odd, nullptr)->find("multiples of 8"), std::string::npos);
     EXPECT_NE(why([](RunConfig & r) { r.lora.dropout = 0.1f; }).find("drop --lora-dropout"), std::string::npos);
     EXPECT_NE(why([](RunConfig & r) { r.layout.tp = 2; }).find("--tp 2"), std::string::npos);
     EXPECT_NE(why([](RunConfig & r) { r.lora.targets = "q,lm_head"; }).find("lm_head"), std::string::npos);

@@ -6,7 +6,7 @@
 #   --mlp-chunk (TiledMLP) and --share-layers 2 under --tp 2 --sp --zero 3 (CPU);
 #   QLoRA (nf4) with --tp 2 x 2 (4 ranks), resumed (each tensor rank quantizes its own slice of
 #   the base, so its losses are within 2e-3, not 1e-4); and (CPU) LoRA on every projection under
-#   --tp 2 --sp --zero 3.
+#   --tp 2 --sp --zero 3, and QDoRA (DoRA on nf4) on every projection under --pp 2 x 2 --zero 3.
 #   --zero 3 with --tp 2 --sp x 2 data-parallel ranks (4 ranks), resumed (CPU: also resharded, on
 #   one process and on 2 ranks under ZeRO 1); and (CPU) --zero 2 with
 #   --tp 2, and --tp 4 with fewer KV heads than tensor ranks x 2 (8 ranks).
@@ -77,6 +77,13 @@ if [ "$DEVICE" = cpu ]; then   # every projection adapted, with sequence paralle
         { cat lat.log; fail "LoRA all --tp 2 --sp --zero 3 on 4 ranks"; }
     same_as la1.log lat.log "-np 4 --tp 2 --sp --zero 3 LoRA on every projection"
     exact_per_rank lat.log 4
+fi
+if [ "$DEVICE" = cpu ]; then   # QDoRA: the magnitudes sharded and gathered with their layer, the norms per stage
+    D=(--lora-rank 8 --lora-targets all --lora-variant dora --base-weights nf4)
+    "$MEMFIT" "${ARGS[@]}" "${D[@]}" --out qd1 > qd1.log 2>&1 || { cat qd1.log; fail "QDoRA, one process"; }
+    mpi 4 "${ARGS[@]}" "${D[@]}" --pp 2 --zero 3 --out qdp > qdp.log 2>&1 || { cat qdp.log; fail "QDoRA --pp 2 --zero 3 x 2"; }
+    same_as qd1.log qdp.log "-np 4 --pp 2 x 2 --zero 3 QDoRA nf4 on every projection"
+    exact_per_rank qdp.log 4
 fi
 
 # ---- ZeRO 2/3 with tensor (and sequence) parallelism ----

@@ -86,7 +86,8 @@ TEST(PlanLora, ExactOnOneCpuDeviceForTheEngine) {
                            Case{true, DType::bf16, BaseWeights::sparse24, "all", "none", true, 1, 0.0f},
                            Case{false, DType::f32, BaseWeights::sparse24, "c_attn", "none", false, 2, 0.0f},
                            Case{true, DType::bf16, BaseWeights::compute, "all", "selective", true, 2, 0.0f, true, true},
-                           Case{false, DType::f32, BaseWeights::compute, "all", "none", false, 1, 0.0f, true, true}}) {
+                           Case{false, DType::f32, BaseWeights::compute, "all", "none", false, 1, 0.0f, true, true},
+                           Case{true, DType::bf16, BaseWeights::nf4, "all", "full", true, 1, 0.0f, true, true}}) {
         const ModelConfig cfg = tiny(k.llama, 61, 64, 3);
         LoraOptions lora = test::lora_options(cfg, 4, k.base, k.targets);
         lora.dropout = k.dropout;

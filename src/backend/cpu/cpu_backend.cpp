@@ -4,6 +4,7 @@
 
 #include "backend/moments8.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -12,6 +13,7 @@
 #include "backend/cpu/convert.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/kernels_flash.h"
+#include "backend/quant_format.h"
 
 namespace memfit {
 
@@ -464,6 +466,22 @@ void CpuBackend::dora_norm(Tensor norm, Tensor w, bool w_in_out, int64_t col0, T
     dispatch(w.dtype, [&](auto s) {
         using W = decltype(s);
         cpu::dora_norm(norm.f32(), ptr<W>(w), w_in_out, ld, in, cols, col0, af.data(), bf.data(), r, scale);
+    });
+}
+
+void CpuBackend::dora_norm_packed(Tensor norm, const QuantDesc & q, Tensor packed, int64_t col0, Tensor a, Tensor b,
+                                  float scale, Tensor workspace) {
+    const int64_t cols = b.dim(0), r = b.dim(1), in = q.in;
+    MF_ASSERT(norm.dtype == DType::f32 && norm.numel() == cols && a.dim(0) == r && a.dim(1) == in);
+    MF_ASSERT(col0 >= 0 && col0 + cols <= q.out && workspace.nbytes() >= dora_norm_workspace(q, cols));
+    const std::vector<float> af = floats(a), bf = floats(b);
+    float * tile = static_cast<float *>(workspace.data);
+    with_quant(q, [&](const auto & Q) {
+        for (int64_t t0 = 0; t0 < cols; t0 += kDoraTileRows) {
+            const int64_t n = std::min(kDoraTileRows, cols - t0);
+            Q.dequantize_rows(tile, static_cast<const uint8_t *>(packed.data), col0 + t0, n);
+            cpu::dora_norm(norm.f32() + t0, tile, false, in, in, n, 0, af.data(), bf.data() + t0 * r, r, scale);
+        }
     });
 }
 

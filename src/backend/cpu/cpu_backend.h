@@ -24,6 +24,8 @@ public:
     size_t flash_attention_workspace(int64_t B, int64_t T, int64_t C, int NH, DType storage) const override;
     // Quantized frozen weights (qgemm.cpp) and LoRA's column slices (kernels_lora.cpp).
     size_t qgemm_workspace(const QuantDesc & q, int64_t M, DType act) const override;
+    void dora_norm_packed(Tensor norm, const QuantDesc & q, Tensor packed, int64_t col0, Tensor a, Tensor b, float scale,
+                          Tensor workspace) override;
     void qgemm_fwd(const QuantDesc & q, Tensor y, Tensor x, Tensor packed, Tensor bias, Tensor workspace) override;
     void qgemm_bwd(const QuantDesc & q, Tensor dx, Tensor dy, Tensor packed, bool accumulate,
                    Tensor workspace) override;

@@ -312,6 +312,25 @@ void CudaBackend::qgemm_bwd(const QuantDesc & q, Tensor dx, Tensor dy, Tensor pa
     });
 }
 
+// DoRA's norms on a packed base: kDoraTileRows rows at a time dequantized to fp32 in the
+// workspace, dora_norm over each tile (a tile of 4-bit or 2:4 weights starts on 8 elements:
+// run/compat.cpp asks the inputs to be a multiple of 8).
+void CudaBackend::dora_norm_packed(Tensor norm, const QuantDesc & q, Tensor packed, int64_t col0, Tensor a, Tensor b,
+                                   float scale, Tensor workspace) {
+    const int64_t cols = b.dim(0), r = b.dim(1);
+    MF_ASSERT(norm.numel() == cols && col0 + cols <= q.out && workspace.nbytes() >= dora_norm_workspace(q, cols));
+    for (int64_t t0 = 0; t0 < cols; t0 += kDoraTileRows) {
+        const int64_t n = std::min(kDoraTileRows, cols - t0);
+        Tensor w(-1, DType::f32, {n, q.in});
+        w.data = workspace.data;
+        cuda::dequantize(st_->stream, q, w, packed, col0 + t0);
+        Tensor nt(-1, DType::f32, {n}), bt(-1, b.dtype, {n, r});
+        nt.data = offset(norm, t0).data;
+        bt.data = offset(b, t0 * r).data;
+        cuda::dora_norm(st_->stream, nt, w, false, 0, a, bt, scale);
+    }
+}
+
 void CudaBackend::quantize(const QuantDesc & q, void * packed, const float * W) const {
     auto * out = static_cast<uint8_t *>(packed);
     with_quant(q, [&](const auto & Q) { Q.quantize(out, W); });
