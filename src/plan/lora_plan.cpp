@@ -28,6 +28,7 @@ std::shared_ptr<const LoraPlan> make_lora_plan(const ModelConfig & cfg, const Lo
         lp->site_cols += s.cols;
         lp->max_site_cols = std::max(lp->max_site_cols, s.cols);
         lp->site_in += s.in;
+        lp->site_weights += s.cols * s.in;
         lp->max_site_in = std::max(lp->max_site_in, s.in);
     }
     MF_ASSERT(lp->adapters == lp->adapters_per_layer * cfg.n_layer + lp->head_adapters + lp->embed_adapters);
@@ -37,7 +38,10 @@ std::shared_ptr<const LoraPlan> make_lora_plan(const ModelConfig & cfg, const Lo
     lp->largest_projection = C * std::max<int64_t>({cfg.qkv_dim(), C, cfg.fc_dim(), cfg.ffn_dim()});
     const int64_t out[4] = {cfg.qkv_dim(), C, cfg.fc_dim(), C};   // by Proj
     for (int p = 0; p < 4 && lora.dora; ++p)
-        if (lp->adapts(Proj(p))) lp->dora_out_cols = std::max(lp->dora_out_cols, out[p]);
+        if (lp->adapts(Proj(p))) {
+            lp->dora_out_cols = std::max(lp->dora_out_cols, out[p]);
+            lp->dora_out_total += out[p];
+        }
     if (lora.quantized()) {
         const QuantLayout q = make_quant_layout(cfg, lora.format());
         for (const QuantEntry & e : q.entries)

@@ -37,7 +37,8 @@ struct LoraPlan {
     int64_t max_site_in = 0;              // the widest input (dropout's transients)
     // DoRA: each site also keeps z [rows, cols] and its norms (f32 [cols]), and backward scales a
     // copy of each adapted projection's output gradient: the widest such output.
-    int64_t dora_out_cols = 0;
+    int64_t dora_out_cols = 0, dora_out_total = 0;   // the widest, and their sum (per layer)
+    int64_t site_weights = 0;             // per layer: sum of the sites' cols x in (DoRA's norms read them)
 
     bool quantized() const { return opts.quantized(); }
     bool adapts(Proj p) const { return (adapted >> int(p)) & 1u; }

@@ -109,8 +109,10 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     // (both the data and the weight gradient of A and B); the frozen base's backward is its data
     // gradient only (as many FLOPs as its forward), the head's included.
     // (The embedding's adapter is a lookup and an r x C product per token.)
-    const double ad_fwd = lp ? tokens * (layers * 2.0 * double(lp->adapters_per_layer) + 2.0 * double(lp->head_adapters) +
-                                         (lp->embed_adapters > 0 ? 2.0 * lp->opts.rank * C : 0.0)) / tp
+    // DoRA: each site's norms once per micro-batch, (2 r + 2) FLOPs per weight it adapts.
+    const double ad_fwd = lp ? (tokens * (layers * 2.0 * double(lp->adapters_per_layer) + 2.0 * double(lp->head_adapters) +
+                                          (lp->embed_adapters > 0 ? 2.0 * lp->opts.rank * C : 0.0)) +
+                                (lp->opts.dora ? layers * (2.0 * lp->opts.rank + 2.0) * double(lp->site_weights) : 0.0)) / tp
                              : 0.0;
     // QK^T and AV: 2 FLOPs x 2 per query-key pair per channel.
     const double attn_fwd = layers * b * 4.0 * attention_pairs(cfg, T) * C / tp;
@@ -153,6 +155,9 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     double split = act + act_b + 2 * rope + 4 * probs + 5 * probs_b;
     // LoRA: add_columns reads d and the output slice and writes it (3), take_columns 2.
     if (lp) split += 5.0 * double(lp->site_cols);
+    // DoRA: the factor's forward reads the slice and writes it and z (3), backward copies each
+    // adapted projection's output gradient (2) and reads a slice of it and z and writes it (3).
+    if (lp && lp->opts.dora) split += 6.0 * double(lp->site_cols) + 2.0 * double(lp->dora_out_total);
     // Dropout on the adapters' input: forward 2 (read, write); backward regenerates it (2), masks
     // the gradient (2) and adds it to the input's gradient (3).
     if (lp && lp->opts.dropout > 0) split += 9.0 * double(lp->site_in);
