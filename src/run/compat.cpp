@@ -78,8 +78,8 @@ std::optional<std::string> dora_refusal(const RunConfig & r, const ModelConfig &
                            r.lora.base_weights, cfg.name, cfg.n_embd, cfg.attn_dim(), cfg.ffn_dim());
     if (r.lora.dropout > 0)
         return fmt::format("--lora-variant dora with --lora-dropout {:g}: PEFT's DoRA under dropout runs the base "
-                           "projection a second time on the dropped input; drop --lora-dropout (DoRA's recipes train "
-                           "without it) or use plain LoRA", r.lora.dropout);
+                           "projection a second time on the dropped input, which memfit does not yet; drop --lora-dropout "
+                           "(torchtune's DoRA configs train without it) or use plain LoRA", r.lora.dropout);
     if (L.tp > 1)
         return fmt::format("--lora-variant dora with --tp {}: a row-parallel projection's rows are split over the "
                            "tensor ranks and so are their norms; use data parallelism (--zero 3 shards the base)", L.tp);
