@@ -16,8 +16,8 @@ constexpr float kLargeLoraScale = 64;
 
 std::string hint(const std::string & what, const DivergenceFacts & f) {
     if (f.lora_scale > kLargeLoraScale)
-        return fmt::format("the LoRA scale alpha / rank is {:g}; lower --lora-alpha (commonly 1 to 2 times "
-                           "--lora-rank)", f.lora_scale);
+        return fmt::format("the LoRA scale (alpha / rank, or alpha / sqrt(rank) with --use-rslora) is {:g}; lower "
+                           "--lora-alpha (commonly 1 to 2 times --lora-rank)", f.lora_scale);
     if (f.step == f.first_step && what == "loss") {
         // No update has run in this process: the starting weights overflow the forward pass.
         const std::string from = fmt::format("the starting weights ({}) are finite but overflow the forward pass",

@@ -140,7 +140,7 @@ nlohmann::json peft_adapter_config(const ModelConfig & cfg, const LoraOptions & 
     nlohmann::json alpha = lora.alpha;
     if (lora.alpha < 1e9f && float(int64_t(lora.alpha)) == lora.alpha) alpha = int64_t(lora.alpha);
     // Only fields every PEFT version since 0.3 accepts (newer ones default the rest), and DoRA's
-    // use_dora (PEFT 0.9 on) where it applies.
+    // use_dora (PEFT 0.9 on) and use_rslora where they apply.
     nlohmann::json j = {{"peft_type", "LORA"},
             {"task_type", "CAUSAL_LM"},
             {"r", lora.rank},
@@ -159,6 +159,7 @@ nlohmann::json peft_adapter_config(const ModelConfig & cfg, const LoraOptions & 
             {"modules_to_save", nullptr},
             {"revision", nullptr}};
     if (lora.dora) j["use_dora"] = true;
+    if (lora.rslora) j["use_rslora"] = true;   // PEFT 0.7 on
     return j;
 }
 

@@ -27,8 +27,6 @@ LoraOptions peft_lora_options(const ModelConfig & cfg, const nlohmann::json & j,
     if (j.value("peft_type", std::string("LORA")) != "LORA")
         throw ConfigError(fmt::format("{}: peft_type {}: memfit reads LoRA adapters", where, j["peft_type"].dump()));
     // What would change the product memfit computes (scale alpha / r on W + B A): refused by name.
-    if (j.contains("use_rslora") && j["use_rslora"].is_boolean() && j["use_rslora"].get<bool>())
-        throw ConfigError(fmt::format("{}: use_rslora is true; memfit scales the adapters by lora_alpha / r", where));
     for (const char * k : {"modules_to_save", "rank_pattern", "alpha_pattern", "layers_to_transform"})
         if (j.contains(k) && !j[k].is_null() && !j[k].empty())
             throw ConfigError(fmt::format("{}: {} {} is not supported (adapters on every layer's listed modules only)",
@@ -66,6 +64,7 @@ LoraOptions peft_lora_options(const ModelConfig & cfg, const nlohmann::json & j,
                                           m, cfg.family, fmt::join(projections, ", ")));
     // DoRA (use_dora): a lora_magnitude_vector per adapted module (model/lora.h).
     l.dora = j.contains("use_dora") && j["use_dora"].is_boolean() && j["use_dora"].get<bool>();
+    l.rslora = j.contains("use_rslora") && j["use_rslora"].is_boolean() && j["use_rslora"].get<bool>();
     for (const std::string & t : l.targets)
         if (l.dora && (t == "lm_head" || t == "embed_tokens"))
             throw ConfigError(fmt::format("{}: use_dora on {}: memfit's DoRA adapts the block projections only", where, t));

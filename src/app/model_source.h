@@ -13,7 +13,7 @@
 namespace memfit {
 
 // A PEFT adapter_config.json as memfit's LoRA options (r, lora_alpha, target_modules or
-// "all-linear", use_dora); what memfit does not compute (rsLoRA, modules_to_save, per-layer
+// "all-linear", use_dora, use_rslora); what memfit does not compute (modules_to_save, per-layer
 // patterns, DoRA on the embedding or the head) is a ConfigError naming the key.
 LoraOptions peft_lora_options(const ModelConfig & cfg, const nlohmann::json & adapter_config, const std::string & where);
 

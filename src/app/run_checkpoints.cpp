@@ -124,6 +124,10 @@ int resume_checked(const std::string & path, const ModelConfig & cfg, const Trai
         nlohmann::json v = j.value(k, nlohmann::json());
         if (v.is_object())
             for (const char * drop : {kTrainedContextKey, "name", "base_model", kBaseDigestKey}) v.erase(drop);
+        // LoRA records written before DoRA and rsLoRA were plain LoRA.
+        if (v.is_object() && std::string_view(k) == "lora")
+            for (const char * flag : {"use_dora", "use_rslora"})
+                if (!v.contains(flag)) v[flag] = false;
         return v;
     };
     for (const char * k : {"model", "seq", "global_batch", "seed", "lora", "packing"})

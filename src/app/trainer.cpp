@@ -315,9 +315,11 @@ void TrainingRun::announce() {
     }
     if (eo_.lora.enabled()) {
         const size_t A = lora_param_count(cfg, eo_.lora);
-        say(fmt::format("  {} rank {} alpha {:g} on {}: {:.3f}M trainable parameters ({:.2f}% of the model); base "
+        say(fmt::format("  {} rank {} alpha {:g}{} on {}: {:.3f}M trainable parameters ({:.2f}% of the model); base "
                         "frozen{}",
-                        eo_.lora.dora ? "DoRA (magnitude per output row)" : "LoRA", eo_.lora.rank, eo_.lora.alpha, fmt::join(eo_.lora.targets, ","), double(A) / 1e6,
+                        eo_.lora.dora ? "DoRA (magnitude per output row)" : "LoRA", eo_.lora.rank, eo_.lora.alpha,
+                        eo_.lora.rslora ? fmt::format(" (rsLoRA: scale {:g})", eo_.lora.scaling()) : std::string(),
+                        fmt::join(eo_.lora.targets, ","), double(A) / 1e6,
                         100.0 * double(A) / double(cfg.num_params()),
                         eo_.lora.quantized() ? fmt::format(", projections {}", quant_format_name(eo_.lora.format()))
                                              : fmt::format(" in {}", precision_name(eo_.compute))));

@@ -135,6 +135,9 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                        "by a trained magnitude, the norm detached; block projections, no dropout; QDoRA with "
                        "--base-weights nf4)")
              ->capture_default_str()->check(CLI::IsMember({"lora", "dora"})));
+    keep(c->add_flag("--use-rslora,!--no-use-rslora", r.lora.rslora,
+                     "LoRA: rank-stabilized scaling alpha / sqrt(rank) instead of alpha / rank (PEFT's and Unsloth's "
+                     "use_rslora; Kalajdzievski 2023); default off"));
     keep(c->add_option("--base-weights", r.lora.base_weights,
                        "LoRA: storage of the frozen base: the compute precision (bf16, fp16, fp32), int8 "
                        "(per-channel), nf4 (4-bit NormalFloat, blocks of 64, double-quantized scales as QLoRA: see --nf4-double-quant) or "

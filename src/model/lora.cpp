@@ -339,7 +339,7 @@ void scatter_quant_entry(const ModelConfig & cfg, const ParamLayout & all, const
 nlohmann::json lora_json(const LoraOptions & lora) {
     return {{"r", lora.rank}, {"alpha", lora.alpha}, {"targets", lora.targets},
             {"base_weights", base_weights_name(lora.base)}, {"double_quant", lora.double_quant},
-            {"dropout", lora.dropout}, {"use_dora", lora.dora}};
+            {"dropout", lora.dropout}, {"use_dora", lora.dora}, {"use_rslora", lora.rslora}};
 }
 
 LoraOptions lora_from_json(const nlohmann::json & j, const ModelConfig & cfg, const std::string & what) {
@@ -357,6 +357,7 @@ LoraOptions lora_from_json(const nlohmann::json & j, const ModelConfig & cfg, co
         l.dropout = j.contains("dropout") ? json_get<float>(j, "dropout", what) : 0.0f;
         if (!(l.dropout >= 0 && l.dropout < 1)) throw FormatError(fmt::format("{}: LoRA dropout {} out of [0, 1)", what, l.dropout));
         l.dora = j.contains("use_dora") && j.at("use_dora").get<bool>();   // older records: plain LoRA
+        l.rslora = j.contains("use_rslora") && j.at("use_rslora").get<bool>();
         return l;
     } catch (const nlohmann::json::exception & e) {
         throw FormatError(fmt::format("{}: malformed LoRA record ({})", what, json_error_text(e.what())));

@@ -24,6 +24,7 @@
 // QLoRA.
 #pragma once
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -55,9 +56,12 @@ struct LoraOptions {
     bool  double_quant = true;       // nf4: quantize the block absmaxes too (QLoRA's default)
     float dropout = 0;               // on the adapters' input while training (not in evaluation)
     bool  dora = false;              // --lora-variant dora: a magnitude vector per site (above)
+    // --use-rslora (Kalajdzievski 2023, rank-stabilized LoRA; PEFT's use_rslora): the adapters
+    // scaled by alpha / sqrt(r) instead of alpha / r.
+    bool  rslora = false;
 
     bool enabled() const { return rank > 0; }
-    float scaling() const { return alpha / float(rank); }
+    float scaling() const { return rslora ? alpha / std::sqrt(float(rank)) : alpha / float(rank); }
     bool quantized() const { return base != BaseWeights::compute; }
     QuantFormat format() const { return quant_format(base, double_quant); }
 };
@@ -146,7 +150,7 @@ std::vector<float> gather_quant_entry(const ModelConfig & cfg, const ParamLayout
 void scatter_quant_entry(const ModelConfig & cfg, const ParamLayout & all, const QuantEntry & e, const float * m,
                          float * full);
 
-// {"r", "alpha", "targets", "base_weights", "double_quant", "dropout", "use_dora"}: how checkpoints record the options;
+// {"r", "alpha", "targets", "base_weights", "double_quant", "dropout", "use_dora", "use_rslora"}: how checkpoints record the options;
 // lora_from_json reads it back (FormatError naming `what` on a malformed record).
 nlohmann::json lora_json(const LoraOptions & lora);
 // A LoRA checkpoint's record of its base weights: bytes_digest of their fp32 values as loaded.

@@ -47,8 +47,9 @@ LoraOptions lora_options(const RunConfig & r, const ModelConfig & cfg, DType com
     if (s.variant != "lora" && s.variant != "dora")
         throw ConfigError(fmt::format("--lora-variant {}: expected lora or dora", s.variant));
     if (s.rank == 0) {
-        if (s.variant == "dora")
-            throw ConfigError("--lora-variant dora trains DoRA adapters: it needs --lora-rank (e.g. --lora-rank 8)");
+        if (s.variant == "dora" || s.rslora)
+            throw ConfigError(fmt::format("{} shapes LoRA adapters: it needs --lora-rank (e.g. --lora-rank 8)",
+                                          s.rslora ? "--use-rslora" : "--lora-variant dora"));
         if (base != BaseWeights::compute)
             throw ConfigError(fmt::format("--base-weights {} freezes and quantizes the base: it needs --lora-rank "
                                           "(e.g. --lora-rank 8)", s.base_weights));
@@ -70,6 +71,7 @@ LoraOptions lora_options(const RunConfig & r, const ModelConfig & cfg, DType com
         throw ConfigError(fmt::format("--lora-dropout {}: must be in [0, 1)", s.dropout));
     l.dropout = s.dropout;
     l.dora = s.variant == "dora";
+    l.rslora = s.rslora;
     if (l.quantized()) make_quant_layout(cfg, l.format());   // nf4 block alignment: a clear error now
     return l;
 }

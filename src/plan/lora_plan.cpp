@@ -57,8 +57,8 @@ std::string lora_description(const LoraPlan & lp, DType compute) {
     for (const auto & t : lp.opts.targets) targets += (targets.empty() ? "" : ",") + t;
     std::string base = lp.quantized() ? base_weights_name(lp.opts.base) : std::string(dtype_name(compute));
     if (lp.opts.base == BaseWeights::nf4 && lp.opts.double_quant) base += " (double-quantized)";
-    return fmt::format("{} rank {} (alpha {:g}{}), targets {}, base {}", lp.opts.dora ? "DoRA" : "LoRA", lp.opts.rank,
-                       double(lp.opts.alpha),
+    return fmt::format("{} rank {} (alpha {:g}{}{}), targets {}, base {}", lp.opts.dora ? "DoRA" : "LoRA", lp.opts.rank,
+                       double(lp.opts.alpha), lp.opts.rslora ? ", rsLoRA scale alpha / sqrt(r)" : "",
                        lp.opts.dropout > 0 ? fmt::format(", dropout {:g}", double(lp.opts.dropout)) : std::string(),
                        targets, base);
 }

@@ -135,6 +135,7 @@ nlohmann::json run_config_json(const RunConfig & r) {
                         {"lora-targets", r.lora.targets},
                         {"lora-dropout", json_float(r.lora.dropout)},
                         {"lora-variant", r.lora.variant},
+                        {"use-rslora", r.lora.rslora},
                         {"base-weights", r.lora.base_weights},
                         {"nf4-double-quant", r.lora.nf4_double_quant},
                         {"teacher", r.distill.teacher},

@@ -49,6 +49,7 @@ struct LoraConfig {
     float dropout = 0;
     // lora | dora (PEFT's use_dora: a trainable magnitude per output row, model/lora.h).
     std::string variant = "lora";
+    bool rslora = false;   // --use-rslora: scale alpha / sqrt(rank) (PEFT's use_rslora)
 };
 
 // Knowledge distillation (model/distill.h): a frozen teacher's softened predictions as a second

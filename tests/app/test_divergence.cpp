@@ -56,7 +56,7 @@ TEST(Divergence, TheHintFollowsTheCause) {
     f = facts(1);
     f.lora_scale = 2.5e29f;
     m = divergence_message("gradient norm", INFINITY, f);
-    EXPECT_TRUE(has(m, "the LoRA scale alpha / rank is 2.5e+29; lower --lora-alpha")) << m;
+    EXPECT_TRUE(has(m, "the LoRA scale (alpha / rank, or alpha / sqrt(rank) with --use-rslora) is 2.5e+29; lower --lora-alpha")) << m;
     f.lora_scale = 2;
     EXPECT_FALSE(has(divergence_message("gradient norm", INFINITY, f), "LoRA"));
 }

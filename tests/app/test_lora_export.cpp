@@ -245,6 +245,40 @@ TEST(LoraExport, DoraMergesAndRoundTripsThroughPeftsFolder) {
     }
 }
 
+// rsLoRA (--use-rslora, PEFT's use_rslora): the adapters scaled by alpha / sqrt(r) in training, in
+// the merge and in the PEFT folder's config, read back with the same scale.
+TEST(LoraExport, RsLoraScaleRoundTripsThroughPeftsFolder) {
+    const ModelConfig cfg = tiny(true);
+    const std::string base = fs::absolute(base_folder(cfg, "rslora_base")).string();
+    LoraOptions lora = test::lora_options(cfg, 4, BaseWeights::compute, "q,v,down");
+    lora.rslora = true;
+    EXPECT_FLOAT_EQ(lora.scaling(), 8.0f / 2.0f);   // alpha 8 / sqrt(4)
+    LoraRun run = lora_run(cfg, lora, base, "rslora_ckpt");
+    const std::vector<float> merged = run.engine->merged_weights();
+    CpuBackend backend;
+    Engine full(cfg, backend, opts(2, 8, LoraOptions{}));
+    std::copy(merged.begin(), merged.end(), full.params());
+    full.params_changed();
+    std::vector<int32_t> in(16), tg(16);
+    test::random_batch(in, tg, cfg.vocab_size, 9);
+    EXPECT_LT(max_rel(full.logits(in.data(), 2), run.engine->logits(in.data(), 2)), 1e-5);
+    // Plain LoRA's scale on the same adapters merges to other weights.
+    LoraOptions plain = lora;
+    plain.rslora = false;
+    std::vector<float> other = run.engine->base_weights();
+    merge_lora(cfg, plain, other.data(), run.engine->full_params().data());
+    EXPECT_GT(max_rel(other, merged), 1e-4);
+
+    const fs::path out = fresh("rslora_adapter");
+    export_checkpoint(run.ckpt.string(), out.string(), ExportMode::adapter_only);
+    std::ifstream f(out / "adapter_config.json");
+    const nlohmann::json j = nlohmann::json::parse(f);
+    EXPECT_EQ(j["use_rslora"], true);
+    EXPECT_FALSE(j.contains("use_dora"));
+    EXPECT_TRUE(peft_lora_options(cfg, j, "adapter_config.json").rslora);
+    EXPECT_EQ(read_model_weights(base, out.string()).params, merged);
+}
+
 TEST(LoraExport, MisuseIsAClearError) {
     const ModelConfig cfg = tiny(true);
     const fs::path base = fs::absolute(base_folder(cfg, "err_base"));

@@ -893,7 +893,7 @@ TEST(Cli, MessagesNameTheCause) {
     // A LoRA scale that makes the gradients overflow: one line naming it, a non-zero exit.
     expect_clean_failure(run_memfit("train --model " + base1.string() + " --steps 3 --lora-rank 4 --lora-alpha 1e30" +
                                     common + "--out " + scratch("m22_alpha").string()),
-                         "the LoRA scale alpha / rank is 2.5e+29");
+                         "the LoRA scale (alpha / rank, or alpha / sqrt(rank) with --use-rslora) is 2.5e+29");
 
     // fp16 loss scales: 1 / scale must be a number; a static scale that overflows every step
     // ends the run (it used to skip every update and exit 0).
