@@ -15,8 +15,8 @@
 // the adapted weight's rows are renormalised and scaled by a trainable magnitude m [cols],
 // W' = m / ||W + s B A||_row (W + s B A), the norm detached from the gradient (the paper's
 // section 4.3, PEFT's default). So out = m / n (x W^T + s x A^T B^T) + bias: LoRA's output
-// slice, less its bias, times a per-column factor. m starts at the base's row norms, so the first
-// forward is again the base model's.
+// slice, less its bias, times a per-column factor. m starts at the base's row norms (a packed
+// base's dequantized rows, QDoRA), so the first forward is again the base model's.
 //
 // Quantized base: the four block projections of every layer are stored packed
 // (backend/quant_format.h), always [out, in] (GPT-2's Conv1D [in, out] weights are transposed
