@@ -81,6 +81,11 @@ const char * base_weights_name(BaseWeights b);
 // matmul (c_fc | gate|up), the second (mlp c_proj | down_proj).
 enum class Proj : uint8_t { qkv, o, fc, down };
 
+// The output width of a block projection of cfg (fused: q|k|v, gate|up).
+inline int64_t proj_out_cols(const ModelConfig & cfg, Proj p) {
+    return p == Proj::qkv ? cfg.qkv_dim() : p == Proj::fc ? cfg.fc_dim() : cfg.n_embd;
+}
+
 struct LoraSite {
     int         layer = 0;
     Proj        proj = Proj::qkv;

@@ -104,16 +104,6 @@ Transformer::LayerActs Transformer::declare_layer(Program & program, const std::
     return a;
 }
 
-int64_t Transformer::proj_cols(Proj p) const {
-    switch (p) {
-        case Proj::qkv: return cfg_.qkv_dim();
-        case Proj::fc: return cfg_.fc_dim();
-        case Proj::o:
-        case Proj::down: return cfg_.n_embd;
-    }
-    return 0;
-}
-
 Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & program, const ModelOptions & opt)
     : cfg_(cfg), B_(B), T_(T), lb_(opt.layer_begin), le_(opt.layer_end < 0 ? cfg.n_layer : opt.layer_end),
       prefix_(opt.prefix), tp_(opt.tp), sp_(opt.tp.enabled() && opt.tp.sequence),
@@ -184,7 +174,7 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
                 x.z = act(n + "dora.z", {rows, s.cols});
                 x.norm = act(n + "dora.norm", {s.cols}, true);
                 const bool first = &s == &sites_.front() || (&s)[-1].layer != s.layer || (&s)[-1].proj != s.proj;
-                if (opt.with_backward && first) x.dscaled = act(n + "dora.out.grad", {rows, proj_cols(s.proj)});
+                if (opt.with_backward && first) x.dscaled = act(n + "dora.out.grad", {rows, proj_out_cols(cfg_, s.proj)});
             }
             adapter_acts_.push_back(x);
             lowest_trained_layer_ = std::min(lowest_trained_layer_, s.layer);

@@ -311,8 +311,6 @@ private:
     // Declares prefix + name + suffix ("h.3." + "attn.qkv"): one string, built once.
     Tensor act(Program & program, std::string_view name, std::initializer_list<int64_t> dims, bool f32 = false,
                std::string_view suffix = {}) const;
-    // The output width of a block projection (this rank's slice of the model).
-    int64_t proj_cols(Proj p) const;
     // Recomputes the units layer l's mask dropped into rc_[l]; returns the layer's activations
     // as backward reads them (kept ones from forward, the rest recomputed).
     LayerActs recompute_dropped(Graph & g, int l, const ModelWeights::Layer & p, Tensor x) const;

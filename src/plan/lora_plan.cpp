@@ -36,11 +36,10 @@ std::shared_ptr<const LoraPlan> make_lora_plan(const ModelConfig & cfg, const Lo
     const int64_t C = cfg.n_embd;
     lp->projection_params = C * (int64_t(cfg.qkv_dim()) + C + int64_t(cfg.fc_dim()) + int64_t(cfg.ffn_dim()));
     lp->largest_projection = C * std::max<int64_t>({cfg.qkv_dim(), C, cfg.fc_dim(), cfg.ffn_dim()});
-    const int64_t out[4] = {cfg.qkv_dim(), C, cfg.fc_dim(), C};   // by Proj
     for (int p = 0; p < 4 && lora.dora; ++p)
         if (lp->adapts(Proj(p))) {
-            lp->dora_out_cols = std::max(lp->dora_out_cols, out[p]);
-            lp->dora_out_total += out[p];
+            lp->dora_out_cols = std::max(lp->dora_out_cols, proj_out_cols(cfg, Proj(p)));
+            lp->dora_out_total += proj_out_cols(cfg, Proj(p));
         }
     if (lora.quantized()) {
         const QuantLayout q = make_quant_layout(cfg, lora.format());

@@ -19,6 +19,7 @@
 #include "run/compat.h"
 #include "train/engine.h"
 #include "test_util.h"
+#include "lora_steps.h"
 
 using namespace memfit;
 using memfit::test::random_batch;
@@ -34,14 +35,7 @@ LoraOptions dora(const ModelConfig & cfg, const std::string & targets = "all") {
 }
 
 EngineOptions opts(int B, int T, const LoraOptions & lora, DType dt = DType::f32, const RecomputePlan & rc = {}) {
-    EngineOptions eo;
-    eo.B = B;
-    eo.T = T;
-    eo.flash_attention = true;
-    eo.compute = dt;
-    eo.recompute = rc;
-    eo.lora = lora;
-    return eo;
+    return test::lora_engine_options(B, T, lora, dt, rc);
 }
 
 }  // namespace
@@ -159,19 +153,8 @@ TEST(Dora, PlannedEqualsMeasuredAndRecomputationIsBitwiseEqual) {
             SCOPED_TRACE(std::string(rc) + " " + std::string(dtype_name(dt)));
             Engine e(cfg, backend, opts(2, 16, dora(cfg, "q,v,o,gate,up,down"), dt, parse_recompute(rc, cfg.n_layer)));
             e.init_params(1);
-            std::vector<int32_t> in(size_t(2 * 16)), tg(in.size());
-            for (int s = 0; s < 2; ++s) {
-                random_batch(in, tg, cfg.vocab_size, uint64_t(s));
-                e.train_step(in.data(), tg.data(), AdamWHyper{});
-                e.eval_loss(in.data(), tg.data());
-            }
-            const CategoryBytes plan = e.planned_peak_live(), rsv = e.planned_reserved();
-            for (size_t k = 0; k < kCategoryCount; ++k) {
-                EXPECT_EQ(plan.v[k], e.ledger().live_peak().v[k]) << kCategoryNames[k];
-                EXPECT_EQ(rsv.v[k], e.ledger().reserved_peak().v[k]) << kCategoryNames[k];
-            }
+            const std::vector<float> after = test::two_steps_as_planned(e, cfg.vocab_size, 2, 16);
             if (dt != DType::f32) continue;
-            const std::vector<float> after(e.params(), e.params() + e.step().layout().total);
             if (reference.empty()) reference = after;
             else EXPECT_EQ(after, reference) << "recomputation changed the adapters";
         }

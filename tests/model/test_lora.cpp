@@ -18,6 +18,7 @@
 #include "model/recompute.h"
 #include "train/engine.h"
 #include "grad_check.h"
+#include "lora_steps.h"
 #include "test_util.h"
 
 using namespace memfit;
@@ -29,14 +30,7 @@ namespace {
 ModelConfig tiny(bool llama, int V = 37, int C = 16, int L = 2) { return test::small_family(llama, V, C, L, 4, 32); }
 
 EngineOptions opts(int B, int T, const LoraOptions & lora, DType dt = DType::f32, const RecomputePlan & rc = {}) {
-    EngineOptions eo;
-    eo.B = B;
-    eo.T = T;
-    eo.flash_attention = true;
-    eo.compute = dt;
-    eo.recompute = rc;
-    eo.lora = lora;
-    return eo;
+    return test::lora_engine_options(B, T, lora, dt, rc);
 }
 
 // e's parameters set to w (the whole flat buffer).
@@ -290,19 +284,8 @@ TEST(Lora, PlannedEqualsMeasuredAndRecomputationIsBitwiseEqual) {
         l.dropout = c.dropout;
         Engine e(cfg, backend, opts(2, 16, l, c.dt, parse_recompute(c.rc, cfg.n_layer)));
         e.init_params(1);
-        std::vector<int32_t> in(size_t(2 * 16)), tg(in.size());
-        for (int s = 0; s < 2; ++s) {
-            random_batch(in, tg, cfg.vocab_size, uint64_t(s));
-            e.train_step(in.data(), tg.data(), AdamWHyper{});
-            e.eval_loss(in.data(), tg.data());
-        }
-        const CategoryBytes plan = e.planned_peak_live(), rsv = e.planned_reserved();
-        for (size_t k = 0; k < kCategoryCount; ++k) {
-            EXPECT_EQ(plan.v[k], e.ledger().live_peak().v[k]) << kCategoryNames[k];
-            EXPECT_EQ(rsv.v[k], e.ledger().reserved_peak().v[k]) << kCategoryNames[k];
-        }
+        const std::vector<float> after = test::two_steps_as_planned(e, cfg.vocab_size, 2, 16);
         if (c.dt != DType::f32 || c.bw != BaseWeights::compute) continue;
-        const std::vector<float> after(e.params(), e.params() + e.step().layout().total);
         auto & ref = reference[c.dropout];
         if (ref.empty()) ref = after;
         else EXPECT_EQ(after, ref) << "recomputation changed the adapters";

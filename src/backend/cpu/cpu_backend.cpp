@@ -440,11 +440,7 @@ std::vector<float> floats(const Tensor & t, int64_t at = 0, int64_t n = -1) {
     std::vector<float> v(size_t(n), 0.0f);
     if (!t.valid()) return v;
     MF_ASSERT(at >= 0 && at + n <= t.numel());
-    dispatch(t.dtype, [&](auto s) {
-        using S = decltype(s);
-        const S * p = ptr<S>(t) + at;
-        for (int64_t i = 0; i < n; ++i) v[size_t(i)] = to_f32(p[i]);
-    });
+    dispatch(t.dtype, [&](auto s) { cpu::to_f32_row(v.data(), ptr<decltype(s)>(t) + at, size_t(n)); });
     return v;
 }
 
