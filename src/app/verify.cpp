@@ -66,11 +66,13 @@ VerifyReport verify_fixture(const std::string & path, double tolerance, bool che
     Engine engine(cfg, backend, eo);
     engine.init_params(0);   // zero AdamW moments
     // The fixture's names are the checkpoint's (Phi-3's fused qkv_proj, gate_up_proj).
+    // Gemma 3's norms shifted to memfit's multipliers (model/hf_weights.h checkpoint_shift).
     auto read_all = [&](const ParamLayout & layout) {
         std::vector<float> full(layout.total);
         for (const auto & p : layout.params) {
             const std::vector<float> v = expect(f, p.name, p.numel);
-            std::copy(v.begin(), v.end(), full.begin() + std::ptrdiff_t(p.offset));
+            const float shift = checkpoint_shift(cfg, p.name);
+            for (size_t i = 0; i < v.size(); ++i) full[p.offset + i] = v[i] + shift;
         }
         return full;
     };
@@ -95,11 +97,15 @@ VerifyReport verify_fixture(const std::string & path, double tolerance, bool che
         errors[name] = e;
         if (!(e <= worst)) { worst = std::isnan(e) ? INFINITY : e; worst_name = name; }
     };
-    // Every parameter-sized tensor of the engine against expected.<what>.<name>.
+    // Every parameter-sized tensor of the engine against expected.<what>.<name>; parameters (not
+    // gradients) compared as the checkpoint holds them.
     auto record_params = [&](const std::string & what, const float * engine_values) {
         for (const auto & p : layout.params) {
             const auto ref = expect(f, "expected." + what + "." + p.name, p.numel);
-            record(what + "." + p.name, relative_error(engine_values + p.offset, ref.data(), p.numel));
+            std::vector<float> ours(engine_values + p.offset, engine_values + p.offset + p.numel);
+            if (what != "grad")
+                for (float & x : ours) x -= checkpoint_shift(cfg, p.name);
+            record(what + "." + p.name, relative_error(ours.data(), ref.data(), p.numel));
         }
     };
     const size_t V = size_t(cfg.vocab_size), BT = size_t(B) * size_t(T);

@@ -378,6 +378,11 @@ void Graph::tp_reduce_scatter(Tensor out, Tensor in, Tensor scratch) {
     end();
 }
 
+void Graph::scale(Tensor t, float s) {
+    const Tensor m = t.view(0, {t.numel() / t.cols(), t.cols()});
+    take_columns(m, m, 0, s);
+}
+
 void Graph::take_columns(Tensor d, Tensor src, int64_t col0, float scale) {
     MF_ASSERT(src.rows() == d.rows() && col0 >= 0 && col0 + d.cols() <= src.cols());
     if (begin("take_columns", double(d.numel()), {d, src})) backend_->take_columns(resolve(d), resolve(src), col0, scale);
@@ -580,6 +585,17 @@ void Graph::swiglu_fwd(Tensor out, Tensor inp) {
 void Graph::swiglu_bwd(Tensor dinp, Tensor dout, Tensor inp) {
     if (begin("swiglu_bwd", 12.0 * double(dout.numel()), {dinp, dout, inp}))
         backend_->swiglu_bwd(resolve(dinp), resolve(dout), resolve(inp));
+    end();
+}
+
+void Graph::geglu_fwd(Tensor out, Tensor inp) {
+    if (begin("geglu_fwd", 10.0 * double(out.numel()), {out, inp})) backend_->geglu_fwd(resolve(out), resolve(inp));
+    end();
+}
+
+void Graph::geglu_bwd(Tensor dinp, Tensor dout, Tensor inp) {
+    if (begin("geglu_bwd", 18.0 * double(dout.numel()), {dinp, dout, inp}))
+        backend_->geglu_bwd(resolve(dinp), resolve(dout), resolve(inp));
     end();
 }
 

@@ -72,6 +72,8 @@ public:
     void qmatmul_bwd(Tensor dinp, Tensor dout, const QWeight & w, bool acc_dinp = false);
     // LoRA: out[:, col0 + j] += scale * d[:, j];  d[:, j] = scale * src[:, col0 + j].
     void add_columns(Tensor out, Tensor d, int64_t col0, float scale);
+    // t *= s, in place (take_columns over t's own columns).
+    void scale(Tensor t, float s);
     void take_columns(Tensor d, Tensor src, int64_t col0, float scale);
     // DoRA (model/lora.h, kernel_list.h): the adapted rows' norms, the column factor mag / norm on
     // the output slice (z: the slice less its bias, saved) and on its gradient (dmag +=).
@@ -159,6 +161,8 @@ public:
     void rope_bwd(Tensor dqkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start = {});   // in place
     void swiglu_fwd(Tensor out, Tensor inp);
     void swiglu_bwd(Tensor dinp, Tensor dout, Tensor inp);
+    void geglu_fwd(Tensor out, Tensor inp);
+    void geglu_bwd(Tensor dinp, Tensor dout, Tensor inp);
     void repeat_kv_fwd(Tensor full, Tensor qkv, int NH, int KVH);
     void repeat_kv_bwd(Tensor dqkv, Tensor dfull, int NH, int KVH);
     // Generation: appends qkv's new keys and values to the KV caches at pos0 and attends over

@@ -79,6 +79,9 @@ MF_KERNEL(rope_bwd, (Tensor dqkv, int NH, int KVH, const Rope & rope, int pos0, 
 // inp[N,2I] = [gate | up] per row; out[N,I] = silu(gate) * up.
 MF_KERNEL(swiglu_fwd, (Tensor out, Tensor inp))
 MF_KERNEL(swiglu_bwd, (Tensor dinp, Tensor dout, Tensor inp))   // dinp[N,2I] = ...
+// GeGLU (Gemma 3): out[N,I] = gelu(gate) * up, GELU's tanh form; its backward as swiglu_bwd's.
+MF_KERNEL(geglu_fwd, (Tensor out, Tensor inp))
+MF_KERNEL(geglu_bwd, (Tensor dinp, Tensor dout, Tensor inp))
 // Grouped-query attention: qkv[B,T,(NH+2*KVH)*hd] -> full[B,T,3*NH*hd] ([q|k|v], NH heads
 // each; KV head j serves query heads j*G .. j*G+G-1, G = NH/KVH).
 MF_KERNEL(repeat_kv_fwd, (Tensor full, Tensor qkv, int NH, int KVH))

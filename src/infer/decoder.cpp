@@ -51,7 +51,8 @@ Decoder::Decoder(const ModelConfig & cfg, Backend & backend, int capacity, DType
     if (capacity < 1 || capacity > cfg.max_seq)
         throw ConfigError(fmt::format("generation context of {} tokens: must be between 1 and the model's {} positions",
                                       capacity, cfg.max_seq));
-    const int W = cfg.sliding_window;
+    // A ring of the window's rows when every layer slides (Gemma 3's global layers keep them all).
+    const int W = cfg.sliding_pattern > 0 && cfg.sliding_pattern <= cfg.n_layer ? 0 : cfg.sliding_window;
     rows_ = W > 0 && capacity > W ? std::min(capacity, W + kPrefillChunk - 1) : capacity;
     if (quant) quant_ = make_quant_layout(cfg, *quant);
     dense_ = quant ? memfit::dense_layout(cfg, quant_) : layout_;

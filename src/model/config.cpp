@@ -72,7 +72,23 @@ constexpr Preset kPresets[] = {
     {"olmo-2-1b",    "olmo2", 100352, 4096, 2048, 16, 16, 16, 8192,  500000.f, false, "OLMo 2 1B (0425)"},
     {"olmo-2-7b",    "olmo2", 100352, 4096, 4096, 32, 32, 32, 11008, 500000.f, false, "OLMo 2 7B (1124)"},
     {"olmo-2-13b",   "olmo2", 100352, 4096, 5120, 40, 40, 40, 13824, 500000.f, false, "OLMo 2 13B (1124)"},
+    // Gemma 3 (Google's config.json files; 4B and up: the text_config of Gemma3ForConditionalGeneration).
+    {"gemma-3-1b",   "gemma3_text", 262144, 32768,  1152, 26, 4,  1,  6912,  1000000.f, true, "Gemma 3 1B (5 sliding : 1 global, window 512)", 512},
+    {"gemma-3-4b",   "gemma3_text", 262208, 131072, 2560, 34, 8,  4,  10240, 1000000.f, true, "Gemma 3 4B text (window 1024)", 1024},
+    {"gemma-3-12b",  "gemma3_text", 262208, 131072, 3840, 48, 16, 8,  15360, 1000000.f, true, "Gemma 3 12B text (window 1024)", 1024},
+    {"gemma-3-27b",  "gemma3_text", 262208, 131072, 5376, 62, 32, 16, 21504, 1000000.f, true, "Gemma 3 27B text (window 1024)", 1024},
 };
+
+// Gemma 3's presets beyond the table's columns: the global layers' linear rope_scaling factor
+// (1: none), head_dim and query_pre_attn_scalar.
+struct GemmaPreset {
+    const char * name;
+    float rope_factor;
+    int head_dim, scalar;
+};
+constexpr GemmaPreset kGemmaPresets[] = {
+    {"gemma-3-1b", 1.0f, 256, 256}, {"gemma-3-4b", 8.0f, 256, 256}, {"gemma-3-12b", 8.0f, 256, 256},
+    {"gemma-3-27b", 8.0f, 128, 168}};
 
 // The presets with Llama 3.1's rope_scaling (their config.json files): rope_type llama3, low and
 // high frequency factors 1 and 4, original_max_position_embeddings 8192.
@@ -82,6 +98,16 @@ struct RopePreset {
 };
 constexpr RopePreset kRopePresets[] = {{"llama3.1-8b", 8.0f}, {"llama3.2-1b", 32.0f}, {"llama3.2-3b", 32.0f}};
 
+// Gemma 3's block form (ModelConfig's Gemma 3 fields) with Gemma3TextConfig's defaults: 5 sliding
+// layers to 1 global, local RoPE base 10,000, query_pre_attn_scalar 256.
+void set_gemma3(ModelConfig & c) {
+    c.glu = Glu::gelu_tanh;
+    c.sandwich_norm = c.norm_plus_one = c.scale_embed = true;
+    c.sliding_pattern = 6;
+    c.rope_local_theta = 10000.0f;
+    c.attn_scalar = 256.0f;
+}
+
 }  // namespace
 
 std::string ModelConfig::describe() const {
@@ -90,6 +116,9 @@ std::string ModelConfig::describe() const {
                                   ffn_dim(), tied_head ? ", tied head" : "");
     else if (gelu == Gelu::erf) s += ", exact GELU";
     if (post_norm) s += ", norms after attention and MLP";
+    if (sandwich_norm) s += ", norms before and after attention and MLP";
+    if (glu == Glu::gelu_tanh) s += ", GeGLU";
+    if (sliding_pattern > 0) s += fmt::format(", every {}th layer global", sliding_pattern);
     if (share_layers > 1) s += fmt::format(", {} blocks shared {} ways", stored_layers(), share_layers);
     return s;
 }
@@ -101,7 +130,8 @@ int64_t params_with(const ModelConfig & m, int64_t blocks) {
     if (m.llama()) {
         // norms, q|k|v (and their biases: Qwen2; q and k norms: Qwen3), o, gate|up|down
         const int64_t per_layer =
-            2 * C + C * Q + (m.qkv_bias ? Q : 0) + (m.qk_norm ? 2 * m.qk_norm_width() : 0) + C * A + 3 * C * F;
+            (m.sandwich_norm ? 4 : 2) * C + C * Q + (m.qkv_bias ? Q : 0) + (m.qk_norm ? 2 * m.qk_norm_width() : 0) +
+            C * A + 3 * C * F;
         return V * C + blocks * per_layer + C + (m.tied_head ? 0 : V * C);
     }
     const int64_t per_layer = 2 * C + (C * Q + Q) + (A * C + C) + 2 * C + (C * F + F) + (F * C + C);
@@ -133,6 +163,14 @@ void ModelConfig::validate() const {
     if (qk_norm_whole && n_kv_head > 0 && n_kv_head != n_head)
         bad(fmt::format("olmo2 with {} KV heads for {} heads (OLMo-2-32B's layout) is not supported yet: its q and k "
                         "norms span unequal widths", n_kv_head, n_head));
+    const bool gemma = llama() && type->gemma3;
+    if (sandwich_norm != gemma || norm_plus_one != gemma || scale_embed != gemma || (glu == Glu::gelu_tanh) != gemma)
+        bad("GeGLU, norms before and after each sublayer, (1 + w) norms and a scaled embedding belong to gemma3_text "
+            "(model_type)");
+    if (sliding_pattern < 0) bad(fmt::format("sliding_window_pattern = {}, must be positive", sliding_pattern));
+    if (!(rope_local_theta >= 0)) bad(fmt::format("rope_local_base_freq = {}, must be positive", rope_local_theta));
+    if (!(attn_scalar >= 0)) bad(fmt::format("query_pre_attn_scalar = {}, must be positive", attn_scalar));
+    if (attn_scalar > 0 && !qk_norm) bad("query_pre_attn_scalar needs q and k norms (gemma3_text)");
     if (sliding_window < 0) bad(fmt::format("sliding_window = {}, must be positive", sliding_window));
     if (family != "gpt2" && family != "llama") bad(fmt::format("family '{}' is not supported (supported: gpt2, llama)", family));
     if (n_layer < 1) bad(fmt::format("n_layer = {}, must be at least 1", n_layer));
@@ -212,6 +250,14 @@ ModelConfig model_preset(const std::string & name) {
             if (c.qkv_bias || c.qk_norm) c.ln_eps = 1e-6f;   // Qwen's and OLMo 2's config.json files
             c.head_size = t->head_dim;
             c.sliding_window = p.window;
+            if (t->gemma3) set_gemma3(c);
+            for (const GemmaPreset & gp : kGemmaPresets)
+                if (name == gp.name) {
+                    c.head_size = gp.head_dim;
+                    c.attn_scalar = float(gp.scalar);
+                    if (gp.rope_factor > 1) c.rope_scaling.scaling = RopeScaling::linear;
+                    c.rope_scaling.factor = gp.rope_factor;
+                }
         }
         c.vocab_size = p.vocab;
         c.max_seq = p.max_seq;
@@ -381,6 +427,37 @@ Gelu gelu_of(const nlohmann::json & v, const std::string & name) {
                                   fmt::join(known, ", ")));
 }
 
+// Gemma 3's own keys (Gemma3TextConfig): the gate's GELU (hidden_activation, tanh form only), the
+// local RoPE base, query_pre_attn_scalar, which layers slide (layer_types, or the older
+// sliding_window_pattern: every N-th layer global), and the soft-capping Gemma 2 had (refused).
+void parse_gemma3_fields(const nlohmann::json & j, const std::string & name, ModelConfig & c) {
+    set_gemma3(c);
+    auto refuse = [&](const char * key, const std::string & why) {
+        throw ConfigError(fmt::format("{}: {} = {} is not supported ({})", name, key, j[key].dump(), why));
+    };
+    for (const char * key : {"hidden_activation", "hidden_act"})
+        if (j.contains(key) && !j[key].is_null() && gelu_of(j[key], name) != Gelu::tanh)
+            refuse(key, "Gemma 3's gate is gelu_pytorch_tanh");
+    for (const char * key : {"final_logit_softcapping", "attn_logit_softcapping"})
+        if (j.contains(key) && !j[key].is_null()) refuse(key, "soft-capping is Gemma 2's; Gemma 3 has none");
+    c.rope_local_theta = float_field(j, "rope_local_base_freq", 10000.0f, name);
+    c.attn_scalar = float_field(j, "query_pre_attn_scalar", 256.0f, name);
+    c.sliding_pattern = int_field(j, "sliding_window_pattern", 6, name);
+    if (!j.contains("layer_types") || j["layer_types"].is_null()) return;
+    const nlohmann::json & types = j["layer_types"];
+    if (!types.is_array()) refuse("layer_types", "a list of sliding_attention and full_attention");
+    int first_global = -1;
+    for (size_t l = 0; l < types.size() && first_global < 0; ++l)
+        if (types[l] == "full_attention") first_global = int(l);
+    c.sliding_pattern = first_global + 1;   // none global: 0, every layer slides
+    for (size_t l = 0; l < types.size(); ++l)
+        if (types[l] != (c.layer_global(int(l)) ? "full_attention" : "sliding_attention"))
+            refuse("layer_types", fmt::format("memfit takes every N-th layer global, N = {} from the first; layer {} "
+                                              "breaks the pattern", c.sliding_pattern, l));
+    if (int(types.size()) != c.n_layer)
+        refuse("layer_types", fmt::format("{} entries for {} layers", types.size(), c.n_layer));
+}
+
 // LLaMA blocks and what the model_type's row adds, with its Config's defaults.
 void parse_llama_fields(const nlohmann::json & j, const LlamaType & t, const std::string & name, ModelConfig & c) {
     c.family = "llama";
@@ -397,13 +474,14 @@ void parse_llama_fields(const nlohmann::json & j, const LlamaType & t, const std
     c.n_kv_head = int_field(j, "num_key_value_heads", c.n_head, name);
     c.ln_eps = float_field(j, "rms_norm_eps", t.eps, name);
     c.rope_theta = float_field(j, "rope_theta", 10000.0f, name);
-    c.tied_head = j.value("tie_word_embeddings", false);
+    c.tied_head = j.value("tie_word_embeddings", t.gemma3);   // Gemma3TextConfig ties by default
     if (t.window >= 0)   // absent: the Config's default; null: none (Mistral 7B v0.2 and later)
         c.sliding_window = !j.contains("sliding_window") ? t.window : int_field(j, "sliding_window", 0, name);
     auto refuse = [&](const char * key, const std::string & why) {
         throw ConfigError(fmt::format("{}: {} = {} is not supported ({})", name, key, j[key].dump(), why));
     };
-    if (j.contains("hidden_act") && j["hidden_act"] != "silu") refuse("hidden_act", "supported: silu");
+    if (t.gemma3) parse_gemma3_fields(j, name, c);
+    else if (j.contains("hidden_act") && j["hidden_act"] != "silu") refuse("hidden_act", "supported: silu");
     if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) c.rope_scaling = parse_rope_scaling(j, name);
     if (t.use_sliding_window && j.value("use_sliding_window", false))
         refuse("use_sliding_window", "sliding-window attention is not implemented yet; set it to false");
@@ -492,6 +570,21 @@ nlohmann::json rope_scaling_json(const Rope & r) {
     return nullptr;
 }
 
+// Gemma3TextConfig's keys beside the LLaMA ones (the layer kinds as layer_types, which
+// transformers reads since 4.53; sliding_window_pattern for the older ones).
+void add_gemma3_fields(const ModelConfig & cfg, nlohmann::json & j) {
+    j.erase("hidden_act");
+    j["hidden_activation"] = "gelu_pytorch_tanh";
+    j["rope_local_base_freq"] = shortest(cfg.rope_local_theta);
+    j["query_pre_attn_scalar"] = shortest(cfg.attn_scalar);
+    j["sliding_window_pattern"] = cfg.sliding_pattern;
+    nlohmann::json types = nlohmann::json::array();
+    for (int l = 0; l < cfg.n_layer; ++l) types.push_back(cfg.layer_global(l) ? "full_attention" : "sliding_attention");
+    j["layer_types"] = types;
+    j["final_logit_softcapping"] = j["attn_logit_softcapping"] = nullptr;
+    j["attention_bias"] = false;
+}
+
 nlohmann::json hf_config_fields(const ModelConfig & cfg) {
     if (cfg.llama()) {
         const std::string type = cfg.model_type;
@@ -522,6 +615,7 @@ nlohmann::json hf_config_fields(const ModelConfig & cfg) {
             j["original_max_position_embeddings"] = cfg.rope_scaling.original_context;
         if (cfg.rope_scaling.rotary_dim > 0)
             j["partial_rotary_factor"] = shortest(float(cfg.rope_scaling.rotary_dim) / float(cfg.head_dim()));
+        if (t->gemma3) add_gemma3_fields(cfg, j);
         return j;
     }
     return {{"architectures", {"GPT2LMHeadModel"}},

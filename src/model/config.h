@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -51,6 +52,21 @@ struct ModelConfig {
     bool  qk_norm_whole = false;
     bool  post_norm  = false;
     int   sliding_window = 0;    // mistral: each query attends to at most this many keys (0: all)
+    // Gemma 3 (model_type gemma3_text). The MLP's gate GeGLU (glu gelu_tanh). sandwich_norm: the
+    // blocks keep their norms on the attention's and the MLP's inputs and add two on their
+    // outputs (post_attention_layernorm, post_feedforward_layernorm). norm_plus_one: checkpoints
+    // store each RMSNorm weight w of a (1 + w) multiplier, memfit's layout holds the multiplier
+    // (model/hf_weights.h shifts on the way in and out). The embedding's output times sqrt(C)
+    // (scale_embed). Every sliding_pattern-th layer attends to all keys, the others within
+    // sliding_window, with plain RoPE of base rope_local_theta (the global layers: rope_theta and
+    // rope_scaling). Scores are scaled by attn_scalar^-1/2 (query_pre_attn_scalar; 0: head_dim).
+    Glu   glu = Glu::silu;
+    bool  sandwich_norm = false;
+    bool  norm_plus_one = false;
+    bool  scale_embed = false;
+    int   sliding_pattern = 0;   // 0: every layer alike
+    float rope_local_theta = 0;  // 0: rope_theta
+    float attn_scalar = 0;
     // ALBERT's cross-layer sharing: groups of this many consecutive blocks use one stored block's
     // weights (block l reads stored block l / share_layers), memfit's key kShareLayersKey.
     int   share_layers = 1;
@@ -65,6 +81,18 @@ struct ModelConfig {
         r.theta = rope_theta;
         return r;
     }
+    // Layer l's window (0: all keys) and rotary embedding.
+    bool layer_global(int l) const { return sliding_pattern > 0 && (l + 1) % sliding_pattern == 0; }
+    int layer_window(int l) const { return layer_global(l) ? 0 : sliding_window; }
+    Rope layer_rope(int l) const {
+        if (rope_local_theta <= 0 || layer_global(l)) return rope();
+        Rope r(rope_local_theta);
+        r.rotary_dim = rope_scaling.rotary_dim;
+        return r;
+    }
+    // The multiplier of the attention scores' 1 / sqrt(head_dim) that gives attn_scalar^-1/2.
+    float score_scale() const { return attn_scalar > 0 ? std::sqrt(float(head_dim()) / attn_scalar) : 1.0f; }
+    float embed_scale() const { return scale_embed ? std::sqrt(float(n_embd)) : 1.0f; }
     int head_dim() const { return head_size > 0 ? head_size : n_embd / n_head; }
     // Width of the attention output (the input of the output projection): NH * head_dim; n_embd
     // unless head_dim is explicit (a tensor-parallel rank's heads, or a config that sets it).

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <list>
 #include <map>
 #include <memory>
 #include <set>
@@ -111,6 +112,10 @@ ParamLayout checkpoint_layout(const ModelConfig & cfg, const ParamLayout & layou
     return out;
 }
 
+float checkpoint_shift(const ModelConfig & cfg, const std::string & name) {
+    return cfg.norm_plus_one && name.ends_with("norm.weight") ? 1.0f : 0.0f;
+}
+
 bool has_hf_weights(const std::string & dir) {
     return fs::is_directory(dir) &&
            (fs::exists(fs::path(dir) / "model.safetensors") || fs::exists(fs::path(dir) / "model.safetensors.index.json"));
@@ -165,7 +170,8 @@ void load_hf_weights(const std::string & dir, const ModelConfig & cfg, const Par
         if (const NonFinite bad = find_non_finite(v.data(), v.size()))
             throw FormatError(fmt::format("{}: tensor '{}' holds {}; the weights are corrupt (or were saved from a "
                                           "diverged run)", file->path(), name, bad.describe()));
-        std::copy(v.begin(), v.end(), params + p.offset);
+        const float shift = checkpoint_shift(cfg, p.name);
+        for (size_t i = 0; i < v.size(); ++i) params[p.offset + i] = v[i] + shift;
     }
 }
 
@@ -200,15 +206,22 @@ std::vector<Shard> plan_shards(const ParamLayout & layout, size_t elem, uint64_t
     return out;
 }
 
-// The shard's tensors in `dtype`: fp32 pointed at in place, 16-bit ones converted into `store`.
-std::vector<TensorToWrite> shard_tensors(const ParamLayout & layout, const Shard & s, const float * params,
-                                         const std::string & dtype, std::vector<uint16_t> & store) {
+// The shard's tensors in `dtype`: fp32 pointed at in place (checkpoint_shift's norms shifted into
+// `shifted`), 16-bit ones converted into `store`.
+std::vector<TensorToWrite> shard_tensors(const ModelConfig & cfg, const ParamLayout & layout, const Shard & s,
+                                         const float * params, const std::string & dtype,
+                                         std::vector<uint16_t> & store, std::list<std::vector<float>> & shifted) {
     std::vector<TensorToWrite> t;
     if (dtype != "F32") store.resize(size_t(s.bytes / 2));
     size_t at = 0;
     for (const size_t i : s.params) {
         const ParamInfo & p = layout.params[i];
         const float * src = params + p.offset;
+        if (const float shift = checkpoint_shift(cfg, p.name); shift != 0) {
+            std::vector<float> & v = shifted.emplace_back(src, src + p.numel);
+            for (float & x : v) x -= shift;
+            src = v.data();
+        }
         if (dtype == "F32") {
             t.push_back(TensorToWrite{p.name, "F32", p.shape, src, p.numel * sizeof(float)});
             continue;
@@ -263,11 +276,12 @@ HfWritten export_hf(const std::string & dir, const ModelConfig & cfg, const Para
     HfWritten w;
     nlohmann::json weight_map = nlohmann::json::object();
     std::vector<uint16_t> store;
+    std::list<std::vector<float>> shifted;
     for (size_t k = 0; k < shards.size(); ++k) {
         const std::string name = shards.size() == 1 ? std::string("model.safetensors")
                                                     : fmt::format("model-{:05d}-of-{:05d}.safetensors", k + 1,
                                                                   shards.size());
-        write_safetensors((fs::path(dir) / name).string(), shard_tensors(layout, shards[k], params, opts.dtype, store),
+        write_safetensors((fs::path(dir) / name).string(), shard_tensors(cfg, layout, shards[k], params, opts.dtype, store, shifted),
                           {{"format", "pt"}});
         for (const size_t i : shards[k].params) weight_map[layout.params[i].name] = name;
         w.files.push_back(name);

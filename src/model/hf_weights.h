@@ -29,6 +29,12 @@ namespace memfit {
 // and `memfit verify` read and write tensors through it.
 ParamLayout checkpoint_layout(const ModelConfig & cfg, const ParamLayout & layout);
 
+// Gemma 3's RMSNorms multiply by (1 + w) and its checkpoints store w; memfit's layout holds the
+// multiplier (ModelConfig::norm_plus_one). What checkpoint tensor `name`'s values add to become
+// memfit's: 1 for those norms' weights, else 0. Loading adds it, export and `memfit verify`
+// take it off again.
+float checkpoint_shift(const ModelConfig & cfg, const std::string & name);
+
 // True when `dir` holds model.safetensors or model.safetensors.index.json.
 bool has_hf_weights(const std::string & dir);
 

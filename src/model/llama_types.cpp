@@ -7,7 +7,7 @@ namespace memfit {
 namespace {
 
 // transformers' LlamaConfig, Qwen2Config, Qwen3Config, MistralConfig, Phi3Config and
-// Olmo2Config defaults. Phi-3's sliding_window defaults to none (Phi-3-mini-4k's config.json
+// Olmo2Config and Gemma3TextConfig defaults. Phi-3's sliding_window defaults to none (Phi-3-mini-4k's config.json
 // sets 2047).
 constexpr LlamaType kLlamaTypes[] = {
     // type      architecture           vocab   max_seq  eps    hd   bias   norm   olmo2  window use_sw fused  windowed_as
@@ -17,6 +17,7 @@ constexpr LlamaType kLlamaTypes[] = {
     {"mistral", "MistralForCausalLM", 32000,  131072, 1e-6f, 0,   false, false, false, 4096, false, false, "mistral"},
     {"phi3",    "Phi3ForCausalLM",    32064,  4096,   1e-5f, 0,   false, false, false, 0,    false, true,  "phi3"},
     {"olmo2",   "Olmo2ForCausalLM",   50304,  2048,   1e-5f, 0,   false, true,  true,  -1,   false, false, nullptr},
+    {"gemma3_text", "Gemma3ForCausalLM", 262208, 131072, 1e-6f, 256, false, true, false, 4096, false, false, nullptr, true},
 };
 
 }  // namespace

@@ -29,11 +29,15 @@ struct LlamaType {
     bool  fused;
     // The model_type a --attention-window run exports as (nullptr: refused for this type).
     const char * windowed_as;
+    // Gemma 3: GeGLU, norms before and after attention and the MLP, (1 + w) norm weights, the
+    // embedding scaled by sqrt(C), sliding and global layers with their own RoPE bases, scores
+    // scaled by query_pre_attn_scalar (ModelConfig's Gemma 3 fields).
+    bool  gemma3 = false;
 };
 
 // nullptr when `type` is not a llama-family model_type.
 const LlamaType * find_llama_type(const std::string & type);
-// "llama, qwen2, qwen3, mistral, phi3"
+// "llama, qwen2, qwen3, mistral, phi3, olmo2, gemma3_text"
 std::string llama_type_names();
 
 // A fused checkpoint tensor and the adjacent layout parameters it holds, in row order, as

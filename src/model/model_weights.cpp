@@ -87,7 +87,13 @@ ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, 
             y.qnw = view(h + "self_attn.q_norm.weight");
             y.knw = view(h + "self_attn.k_norm.weight");
             y.projw = view(h + "self_attn.o_proj.weight");
-            y.ln2w = view(h + (cfg.post_norm ? "post_feedforward_layernorm.weight" : "post_attention_layernorm.weight"));
+            y.ln2w = view(h + (cfg.post_norm       ? "post_feedforward_layernorm.weight"
+                               : cfg.sandwich_norm ? "pre_feedforward_layernorm.weight"
+                                                   : "post_attention_layernorm.weight"));
+            if (cfg.sandwich_norm) {   // Gemma 3: and the norms on the attention's and the MLP's outputs
+                y.pn1w = view(h + "post_attention_layernorm.weight");
+                y.pn2w = view(h + "post_feedforward_layernorm.weight");
+            }
             y.fcw = fused({h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"});
             y.fcprojw = view(h + "mlp.down_proj.weight");
             w.h.push_back(y);

@@ -54,8 +54,9 @@ ParamLayout make_param_layout(const ModelConfig & cfg) {
                 add(h + "self_attn.k_norm.weight", {cfg.qk_norm_width()});
             }
             add(h + "self_attn.o_proj.weight", {C, A});
-            add(h + "post_attention_layernorm.weight", {C});   // OLMo 2: on the attention's output
-            if (cfg.post_norm) add(h + "post_feedforward_layernorm.weight", {C});
+            add(h + "post_attention_layernorm.weight", {C});   // OLMo 2, Gemma 3: on the attention's output
+            if (cfg.sandwich_norm) add(h + "pre_feedforward_layernorm.weight", {C});
+            if (cfg.post_norm || cfg.sandwich_norm) add(h + "post_feedforward_layernorm.weight", {C});
             add(h + "mlp.gate_proj.weight", {F, C});
             add(h + "mlp.up_proj.weight", {F, C});
             add(h + "mlp.down_proj.weight", {C, F});

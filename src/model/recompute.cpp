@@ -124,25 +124,31 @@ KeepSet layer_keep_cost(const ModelConfig & cfg, int B, int T, bool flash, DType
     const uint64_t QKE = cfg.qk_norm ? uint64_t(cfg.n_head + cfg.kv_heads()) * uint64_t(cfg.head_dim()) : 0;
     const uint64_t QKG = cfg.qk_norm ? uint64_t(cfg.qk_norm_q_groups() + cfg.qk_norm_k_groups()) : 0;
     const uint64_t qk_norm_bytes = BT * (QKE * s + QKG * 4);
-    const double qk_norm_flops = 4.0 * bt * double(QKE);
+    // (+ Gemma 3's q norm weight scaled for query_pre_attn_scalar: one FLOP per element)
+    const double qk_norm_flops = 4.0 * bt * double(QKE) + (cfg.qk_norm && cfg.score_scale() != 1.0f ? cfg.qk_norm_width() : 0);
     struct Unit { uint64_t bytes; double flops; };
     // Bytes kept and FLOPs to recompute, per unit (attention's FLOPs are counted once below), as
     // Graph records them: norms 8 (LayerNorm) or 4 (RMSNorm) per element, RoPE 3 per rotated
     // element (kRopeFlops), GELU 10 and SwiGLU 6 per output element.
     // post_norm (OLMo 2): ln1 and ln2 keep their norm's input, the o and down projections'
     // outputs, as many bytes, and recompute it with them; res2 recomputes ln1's output again.
+    // sandwich_norm (Gemma 3): the norms on the outputs keep their inputs (the o and down
+    // projections' outputs) and rstd whatever the mask (as a layer's output is kept); res2
+    // recomputes the first of them with its projection. GeGLU: 10 FLOPs per element, as GELU.
     const bool post = cfg.post_norm;
     const double norm_flops = (llama ? 4.0 : 8.0) * bt * C;
+    const double act_flops = (llama && cfg.glu == Glu::silu ? 6.0 : 10.0) * bt * A;
+    const double post_attn_flops = cfg.sandwich_norm ? norm_flops : 0;
     const Unit units[int(Saved::count)] = {
         {BTC * s + stats, post ? 2.0 * bt * H * C + norm_flops : norm_flops},                // ln1
         // qkv (+ RoPE; + Qwen3's q/k norms: their inputs and rstd kept, 4 FLOPs per element)
         {uint64_t(Q) * BT * s + qk_norm_bytes, 2.0 * bt * C * Q + (llama ? kRopeFlops * bt * R : 0) + qk_norm_flops},
         {BT * uint64_t(H) * s + (flash ? uint64_t(B) * uint64_t(cfg.n_head) * uint64_t(T) * 4 : 0), 0},   // attn_out (+ lse)
         {flash ? 0 : uint64_t(B) * uint64_t(cfg.n_head) * uint64_t(T) * uint64_t(T) * s, 0},   // attn_probs
-        {BTC * s, post ? norm_flops + bt * C : 2.0 * bt * H * C + bt * C},     // res2: proj matmul + residual
+        {BTC * s, post ? norm_flops + bt * C : 2.0 * bt * H * C + post_attn_flops + bt * C},   // res2: proj + residual
         {BTC * s + stats, post ? 2.0 * bt * A * C + norm_flops : norm_flops},  // ln2
         {uint64_t(F) * BT * s, 2.0 * bt * C * F},                             // fc (gate | up)
-        {uint64_t(A) * BT * s, (llama ? 6.0 : 10.0) * bt * A},                // gelu | swiglu
+        {uint64_t(A) * BT * s, act_flops},                                    // gelu | swiglu | geglu
     };
     KeepSet k;
     k.mask = mask;

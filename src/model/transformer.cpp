@@ -53,6 +53,16 @@ Transformer::LayerActs Transformer::declare_layer(Program & program, const std::
     a.atty = act("attn.out", {b, t, H});
     a.attproj = act("attn.proj", {b, t, C});
     a.res2 = stream("residual_attn");
+    if (cfg_.sandwich_norm) {   // Gemma 3: the norms on attention's and the MLP's outputs
+        a.pn1 = stream("post_attn_norm.out");
+        a.pn1_rstd = stats("post_attn_norm.rstd");
+        a.pn2 = stream("post_mlp_norm.out");
+        a.pn2_rstd = stats("post_mlp_norm.rstd");
+    }
+    if (cfg_.qk_norm && cfg_.score_scale() != 1.0f) {
+        a.qn_scaled = act("attn.q_norm.scaled", {cfg_.qk_norm_width()});
+        if (with_backward) a.dqn_scaled = act("attn.q_norm.scaled.grad", {cfg_.qk_norm_width()}, true);
+    }
     a.ln2 = stream("ln_2.out");
     if (!llama_) a.ln2_mean = stats("ln_2.mean");
     a.ln2_rstd = stats("ln_2.rstd");
@@ -61,7 +71,7 @@ Transformer::LayerActs Transformer::declare_layer(Program & program, const std::
     auto mlp = [&](const std::string & name, int64_t width) {
         return M > 0 ? act(name + ".chunk", {M, width}) : act(name, {b, t, width});
     };
-    const std::string actname = llama_ ? "mlp.swiglu" : "mlp.gelu";
+    const std::string actname = !llama_ ? "mlp.gelu" : cfg_.glu == Glu::gelu_tanh ? "mlp.geglu" : "mlp.swiglu";
     a.fch = mlp("mlp.fc", F);
     a.fch_gelu = mlp(actname, A);
     a.fcproj = act("mlp.proj", {b, t, C});
@@ -99,7 +109,7 @@ Transformer::LayerActs Transformer::declare_layer(Program & program, const std::
             a.dqkv_rep = act("attn.qkv_rep.grad", {b, t, QR});
         }
         a.dln1 = act("ln_1.out.grad", {b, t, C});
-        if (cfg_.post_norm) a.dpost = stream("post_norm.in.grad");
+        if (has_post_norm()) a.dpost = stream("post_norm.in.grad");
     }
     return a;
 }
@@ -116,6 +126,7 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
     llama_ = cfg.llama();
     gqa_ = llama_ && cfg.kv_heads() != cfg.n_head;
     rope_ = cfg.rope().for_sequence(std::max(T, opt.kv_capacity));
+    for (int l = 0; l < cfg.n_layer; ++l) layer_rope_.push_back(cfg.layer_rope(l).for_sequence(std::max(T, opt.kv_capacity)));
     wl_ = llama_ ? WeightLayout::out_in : WeightLayout::in_out;
     flash_ = opt.flash_attention;
     dt_ = opt.compute;
@@ -264,9 +275,17 @@ void Transformer::norm_bwd(Graph & g, Tensor dx, Tensor dw, Tensor db, Tensor do
 Tensor Transformer::sublayer_out(Graph & g, Tensor partial, Tensor slice, Tensor scratch, Tensor normed, Tensor rstd,
                                  Tensor w, Phase resume) const {
     const Tensor out = reduce_rows(g, partial, slice, scratch, resume);
-    if (!cfg_.post_norm) return out;
+    if (!has_post_norm()) return out;
     g.rmsnorm_fwd(normed, rstd, out, w, cfg_.ln_eps);
     return normed;
+}
+
+Transformer::PostNorm Transformer::post_norm(const LayerActs & a, const ModelWeights::Layer & p,
+                                             const ModelWeights::Layer * dp, bool mlp) const {
+    const ModelWeights::Layer none;
+    const ModelWeights::Layer & d = dp ? *dp : none;
+    if (cfg_.sandwich_norm) return mlp ? PostNorm{a.pn2, a.pn2_rstd, p.pn2w, d.pn2w} : PostNorm{a.pn1, a.pn1_rstd, p.pn1w, d.pn1w};
+    return mlp ? PostNorm{a.ln2, a.ln2_rstd, p.ln2w, d.ln2w} : PostNorm{a.ln1, a.ln1_rstd, p.ln1w, d.ln1w};
 }
 
 Tensor Transformer::post_norm_bwd(Graph & g, Tensor dout_in, Tensor dw, Tensor in, Tensor w, Tensor rstd) const {
@@ -277,20 +296,26 @@ Tensor Transformer::post_norm_bwd(Graph & g, Tensor dout_in, Tensor dw, Tensor i
 
 void Transformer::qkv_fwd(Graph & g, const LayerActs & a, Tensor ln1, const ModelWeights::Layer & p, int pos0) const {
     project(g, a.qkv, ln1, p, Proj::qkv, a.rc);
-    if (cfg_.qk_norm)
-        g.qk_norm_fwd(a.qkv, a.qk_raw, a.qk_rstd, p.qnw, p.knw, cfg_.qk_norm_q_groups(), cfg_.qk_norm_k_groups(),
+    if (cfg_.qk_norm) {
+        Tensor wq = p.qnw;
+        if (a.qn_scaled.valid()) {   // q scaled for query_pre_attn_scalar: its norm's weight times the factor
+            g.take_columns(a.qn_scaled.view(0, {1, wq.numel()}), wq.view(0, {1, wq.numel()}), 0, cfg_.score_scale());
+            wq = a.qn_scaled;
+        }
+        g.qk_norm_fwd(a.qkv, a.qk_raw, a.qk_rstd, wq, p.knw, cfg_.qk_norm_q_groups(), cfg_.qk_norm_k_groups(),
                       cfg_.ln_eps);
-    if (llama_) g.rope_fwd(a.qkv, cfg_.n_head, cfg_.kv_heads(), rope_, pos0, docs_);
+    }
+    if (llama_) g.rope_fwd(a.qkv, cfg_.n_head, cfg_.kv_heads(), layer_rope_[size_t(a.layer)], pos0, docs_);
 }
 
-void Transformer::attention_fwd(Graph & g, Tensor out, Tensor lse, Tensor att, Tensor rep, Tensor qkv) const {
+void Transformer::attention_fwd(Graph & g, int l, Tensor out, Tensor lse, Tensor att, Tensor rep, Tensor qkv) const {
     const int NH = cfg_.n_head;
     if (gqa_) {
         g.repeat_kv_fwd(rep, qkv, NH, cfg_.kv_heads());
         qkv = rep;
     }
-    if (flash_) g.flash_attention_fwd(out, lse, qkv, NH, attention_start());
-    else g.attention_fwd(out, att, qkv, NH, attention_start());
+    if (flash_) g.flash_attention_fwd(out, lse, qkv, NH, attention_start(l));
+    else g.attention_fwd(out, att, qkv, NH, attention_start(l));
 }
 
 void Transformer::attention_bwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p,
@@ -302,23 +327,36 @@ void Transformer::attention_bwd(Graph & g, const LayerActs & a, const ModelWeigh
         qkv = a.qkv_rep_b;
         dqkv = a.dqkv_rep;
     }
-    if (flash_) g.flash_attention_bwd(dqkv, a.datty, a.atty, qkv, a.lse, NH, attention_start());
-    else g.attention_bwd(dqkv, a.datty, qkv, a.att, NH, attention_start());
+    if (flash_) g.flash_attention_bwd(dqkv, a.datty, a.atty, qkv, a.lse, NH, attention_start(a.layer));
+    else g.attention_bwd(dqkv, a.datty, qkv, a.att, NH, attention_start(a.layer));
     if (gqa_) g.repeat_kv_bwd(a.dqkv, a.dqkv_rep, NH, KVH);
-    if (llama_) g.rope_bwd(a.dqkv, NH, KVH, rope_, 0, docs_);
-    if (cfg_.qk_norm)
-        g.qk_norm_bwd(a.dqkv, dp.qnw, dp.knw, a.qk_raw, p.qnw, p.knw, a.qk_rstd, cfg_.qk_norm_q_groups(),
-                      cfg_.qk_norm_k_groups());
+    if (llama_) g.rope_bwd(a.dqkv, NH, KVH, layer_rope_[size_t(a.layer)], 0, docs_);
+    if (!cfg_.qk_norm) return;
+    Tensor wq = p.qnw, dwq = dp.qnw;
+    const int64_t n = p.qnw.numel();
+    if (a.qn_scaled.valid()) {   // the scaled weight again; its gradient times the factor into q's norm
+        g.take_columns(a.qn_scaled.view(0, {1, n}), p.qnw.view(0, {1, n}), 0, cfg_.score_scale());
+        wq = a.qn_scaled;
+        if (dwq.valid()) {
+            g.fill_zero(a.dqn_scaled);
+            dwq = a.dqn_scaled;
+        }
+    }
+    g.qk_norm_bwd(a.dqkv, dwq, dp.knw, a.qk_raw, wq, p.knw, a.qk_rstd, cfg_.qk_norm_q_groups(), cfg_.qk_norm_k_groups());
+    if (a.qn_scaled.valid() && dp.qnw.valid())
+        g.add_columns(dp.qnw.view(0, {1, n}), a.dqn_scaled.view(0, {1, n}), 0, cfg_.score_scale());
 }
 
 void Transformer::act_fwd(Graph & g, Tensor out, Tensor fc) const {
-    if (llama_) g.swiglu_fwd(out, fc);
-    else g.gelu_fwd(out, fc, cfg_.gelu);
+    if (!llama_) g.gelu_fwd(out, fc, cfg_.gelu);
+    else if (cfg_.glu == Glu::gelu_tanh) g.geglu_fwd(out, fc);
+    else g.swiglu_fwd(out, fc);
 }
 
 void Transformer::act_bwd(Graph & g, Tensor dfc, Tensor dout, Tensor fc) const {
-    if (llama_) g.swiglu_bwd(dfc, dout, fc);
-    else g.gelu_bwd(dfc, dout, fc, cfg_.gelu);
+    if (!llama_) g.gelu_bwd(dfc, dout, fc, cfg_.gelu);
+    else if (cfg_.glu == Glu::gelu_tanh) g.geglu_bwd(dfc, dout, fc);
+    else g.swiglu_bwd(dfc, dout, fc);
 }
 
 // x: ln_2's output, every row of the micro-batch (sequence parallel: gathered); a.fcproj gets the
@@ -450,30 +488,32 @@ void Transformer::project_bwd(Graph & g, Tensor dinp, Tensor dout, Tensor inp, c
 void Transformer::layer_forward(Graph & g, const LayerActs & a, const ModelWeights::Layer & p, Tensor x,
                                 bool need_output, int cache, int pos0) const {
     const Phase phase = a.rc ? Phase::recompute : Phase::forward;
-    // post_norm (OLMo 2): attention and the MLP read the stream itself; ln1 and ln2 follow them.
-    const bool post = cfg_.post_norm;
-    if (!post) norm_fwd(g, a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b);
-    qkv_fwd(g, a, gather_rows(g, post ? x : a.ln1, a.ln1g, phase), p, pos0);
+    // OLMo 2 (post_norm): attention and the MLP read the stream itself, their norms follow them;
+    // Gemma 3 (sandwich_norm) has both.
+    const bool pre = !cfg_.post_norm;
+    const PostNorm n1 = post_norm(a, p, nullptr, false), n2 = post_norm(a, p, nullptr, true);
+    if (pre) norm_fwd(g, a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b);
+    qkv_fwd(g, a, gather_rows(g, pre ? a.ln1 : x, a.ln1g, phase), p, pos0);
     if (cache >= 0)
         g.cached_attention_fwd(a.atty, a.qkv, kcache_[size_t(cache)], vcache_[size_t(cache)], pos0, cfg_.n_head,
-                               cfg_.kv_heads(), cfg_.sliding_window);
+                               cfg_.kv_heads(), cfg_.layer_window(cache));
     else
-        attention_fwd(g, a.atty, a.lse, a.att, a.qkv_rep, a.qkv);
+        attention_fwd(g, a.layer, a.atty, a.lse, a.att, a.qkv_rep, a.qkv);
     project(g, a.attproj, a.atty, p, Proj::o, a.rc);
-    g.residual_fwd(a.res2, x, sublayer_out(g, a.attproj, a.attproj_s, a.tp_attn, a.ln1, a.ln1_rstd, p.ln1w, phase));
-    if (!post) norm_fwd(g, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b);
-    const Tensor mlp_in = post ? a.res2 : a.ln2;
+    g.residual_fwd(a.res2, x, sublayer_out(g, a.attproj, a.attproj_s, a.tp_attn, n1.out, n1.rstd, n1.w, phase));
+    if (pre) norm_fwd(g, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b);
+    const Tensor mlp_in = pre ? a.ln2 : a.res2;
     if (mlp_rows_ > 0) {   // TiledMLP (the last layer of a recomputed segment needs none of it)
         if (!need_output) return;
         mlp_tiled_fwd(g, a, p, gather_rows(g, mlp_in, a.ln2g, phase));
-        g.residual_fwd(a.res3, a.res2, sublayer_out(g, a.fcproj, a.fcproj_s, a.tp_mlp, a.ln2, a.ln2_rstd, p.ln2w, phase));
+        g.residual_fwd(a.res3, a.res2, sublayer_out(g, a.fcproj, a.fcproj_s, a.tp_mlp, n2.out, n2.rstd, n2.w, phase));
         return;
     }
     project(g, a.fch, gather_rows(g, mlp_in, a.ln2g, phase), p, Proj::fc, a.rc);
     act_fwd(g, a.fch_gelu, a.fch);
     if (!need_output) return;
     project(g, a.fcproj, a.fch_gelu, p, Proj::down, a.rc);
-    g.residual_fwd(a.res3, a.res2, sublayer_out(g, a.fcproj, a.fcproj_s, a.tp_mlp, a.ln2, a.ln2_rstd, p.ln2w, phase));
+    g.residual_fwd(a.res3, a.res2, sublayer_out(g, a.fcproj, a.fcproj_s, a.tp_mlp, n2.out, n2.rstd, n2.w, phase));
 }
 
 void Transformer::forward(Graph & g, const ModelWeights & w, Tensor tokens, const LayerHook & layer_begin) const {
@@ -490,6 +530,7 @@ void Transformer::forward(Graph & g, const ModelWeights & w, Tensor tokens, cons
         g.encoder_fwd(encoded_, tokens, w.wte, w.wpe, docs_);
         embed_adapter_fwd(g, w, tokens);
     }
+    if (first_stage()) scale_embedding(g, encoded_);
     Tensor x = first_stage() ? encoded_ : input_;
     for (int l = lb_; l < le_; ++l) {
         g.layer(l);
@@ -517,6 +558,7 @@ void Transformer::decode(Graph & g, const ModelWeights & w, Tensor tokens, int p
     g.layer(-1);
     g.encoder_fwd(encoded_, tokens, w.wte, llama_ ? Tensor{} : w.wpe.view(pos0 * C, {int64_t(T_), C}));
     embed_adapter_fwd(g, w, tokens);
+    scale_embedding(g, encoded_);
     Tensor x = encoded_;
     for (int l = 0; l < cfg_.n_layer; ++l) {
         g.layer(l);
@@ -531,6 +573,7 @@ void Transformer::decode(Graph & g, const ModelWeights & w, Tensor tokens, int p
 Transformer::LayerActs Transformer::with_own_grads(LayerActs r, const LayerActs & own) {
     r.dfch_gelu = own.dfch_gelu, r.dfch = own.dfch, r.dln2 = own.dln2, r.datty = own.datty, r.dqkv = own.dqkv;
     r.dln1 = own.dln1, r.qkv_rep_b = own.qkv_rep_b, r.dqkv_rep = own.dqkv_rep, r.dpost = own.dpost;
+    r.dqn_scaled = own.dqn_scaled;
     return r;
 }
 
@@ -549,7 +592,7 @@ void Transformer::recompute_attention(Graph & g, int l, LayerActs & a, const Mod
     if (dropped(Saved::attn_out) || probs_dropped) {
         if (dropped(Saved::attn_out)) a.atty = r.atty, a.lse = r.lse;
         if (probs_dropped) a.att = r.att;
-        attention_fwd(g, a.atty, a.lse, a.att, r.qkv_rep, a.qkv);
+        attention_fwd(g, l, a.atty, a.lse, a.att, r.qkv_rep, a.qkv);
     }
 }
 
@@ -565,7 +608,9 @@ Transformer::LayerActs Transformer::recompute_dropped(Graph & g, int l, const Mo
     recompute_attention(g, l, a, p, x);
     if (dropped(Saved::res2)) {
         project(g, r.attproj, a.atty, p, Proj::o, true);
-        g.residual_fwd(r.res2, x, reduce_rows(g, r.attproj, r.attproj_s, r.tp_attn, Phase::recompute));
+        const PostNorm n1 = post_norm(r, p, nullptr, false);   // Gemma 3's; else the sum as it is
+        g.residual_fwd(r.res2, x, sublayer_out(g, r.attproj, r.attproj_s, r.tp_attn, n1.out, n1.rstd, n1.w,
+                                               Phase::recompute));
         a.res2 = r.res2;
     }
     if (dropped(Saved::ln2)) {
@@ -587,12 +632,13 @@ Transformer::LayerActs Transformer::recompute_dropped(Graph & g, int l, const Mo
 // saved (or its recomputation), `own` the layer's own gradient and gather buffers.
 void Transformer::layer_backward(Graph & g, const LayerActs & a, const LayerActs & own, const ModelWeights::Layer & p,
                                  const ModelWeights::Layer & dp, Tensor x) const {
-    // post_norm (OLMo 2): each branch's output passed through its norm, whose backward comes
-    // first; the branches read the stream itself, so their input gradients add into dres_.
-    const bool post = cfg_.post_norm;
-    const Tensor dmlp = post ? post_norm_bwd(g, own.dpost, dp.ln2w, a.fcproj, p.ln2w, a.ln2_rstd)
+    // A norm on a branch's output (OLMo 2, Gemma 3) has its backward first; without one on its
+    // input (OLMo 2) the branch reads the stream itself, so its input gradient adds into dres_.
+    const bool pre = !cfg_.post_norm, post = has_post_norm();
+    const PostNorm n1 = post_norm(a, p, &dp, false), n2 = post_norm(a, p, &dp, true);
+    const Tensor dmlp = post ? post_norm_bwd(g, own.dpost, n2.dw, a.fcproj, n2.w, n2.rstd)
                              : gather_rows(g, dres_, own.dres_g1, Phase::backward);
-    const Tensor mlp_in = post ? a.res2 : a.ln2;
+    const Tensor mlp_in = pre ? a.ln2 : a.res2;
     if (mlp_rows_ > 0) {
         mlp_tiled_bwd(g, a, own, p, dp, gather_rows(g, mlp_in, own.ln2g_b, Phase::backward), dmlp);
     } else {
@@ -601,16 +647,16 @@ void Transformer::layer_backward(Graph & g, const LayerActs & a, const LayerActs
         project_bwd(g, a.dln2, a.dfch, gather_rows(g, mlp_in, own.ln2g_b, Phase::backward), p, dp, Proj::fc);
     }
     const Tensor dln2 = reduce_rows(g, a.dln2, own.dln2_s, own.tp_dln2, Phase::backward);
-    if (post) g.residual_fwd(dres_, dres_, dln2);
-    else norm_bwd(g, dres_, dp.ln2w, dp.ln2b, dln2, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd);
-    const Tensor dattn = post ? post_norm_bwd(g, own.dpost, dp.ln1w, a.attproj, p.ln1w, a.ln1_rstd)
+    if (pre) norm_bwd(g, dres_, dp.ln2w, dp.ln2b, dln2, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd);
+    else g.residual_fwd(dres_, dres_, dln2);
+    const Tensor dattn = post ? post_norm_bwd(g, own.dpost, n1.dw, a.attproj, n1.w, n1.rstd)
                               : gather_rows(g, dres_, own.dres_g2, Phase::backward);
     project_bwd(g, a.datty, dattn, a.atty, p, dp, Proj::o);
     attention_bwd(g, a, p, dp);
-    project_bwd(g, a.dln1, a.dqkv, gather_rows(g, post ? x : a.ln1, own.ln1g_b, Phase::backward), p, dp, Proj::qkv);
+    project_bwd(g, a.dln1, a.dqkv, gather_rows(g, pre ? a.ln1 : x, own.ln1g_b, Phase::backward), p, dp, Proj::qkv);
     const Tensor dln1 = reduce_rows(g, a.dln1, own.dln1_s, own.tp_dln1, Phase::backward);
-    if (post) g.residual_fwd(dres_, dres_, dln1);
-    else norm_bwd(g, dres_, dp.ln1w, dp.ln1b, dln1, x, p.ln1w, a.ln1_mean, a.ln1_rstd);
+    if (pre) norm_bwd(g, dres_, dp.ln1w, dp.ln1b, dln1, x, p.ln1w, a.ln1_mean, a.ln1_rstd);
+    else g.residual_fwd(dres_, dres_, dln1);
 }
 
 // post_norm (OLMo 2): backward reads each norm's input (the output projections, attproj and
@@ -681,7 +727,7 @@ void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights
                 for (int r = seg; r <= l; ++r) {
                     g.layer(r);
                     // post_norm's backward reads the MLP output (ln2's input): the last layer's too.
-                    layer_forward(g, rc(r), w.h[size_t(r)], in, r < l || cfg_.post_norm);
+                    layer_forward(g, rc(r), w.h[size_t(r)], in, r < l || has_post_norm());
                     in = rc(r).res3;
                 }
                 g.phase(Phase::backward);
@@ -704,6 +750,7 @@ void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights
     // A later pipeline stage ends with d(its input) in dres_; the first embeds (else a frozen embedding).
     if (first_stage()) {
         g.layer(-1);
+        scale_embedding(g, dres_);
         embed_adapter_bwd(g, w, dw, tokens);
     }
     if (first_stage() && dw.wte.valid()) {

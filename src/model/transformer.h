@@ -40,6 +40,7 @@ struct ModelWeights {
     struct Layer {
         Tensor ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
         Tensor qnw, knw;   // Qwen3's q and k norms [head_dim]
+        Tensor pn1w, pn2w; // Gemma 3 (sandwich_norm): the norms on attention's and the MLP's outputs
         // A quantized base (LoRA): the projections' packed weights; the Tensor ones are invalid.
         QWeight qkvq, projq, fcq, fcprojq;
         std::vector<Adapter> adapters;
@@ -220,8 +221,12 @@ private:
         // backward (qkv_rep_b, dqkv_rep: the repeated heads, grouped-query attention only)
         Tensor dfch_gelu, dfch, dln2, datty, dqkv, dln1, qkv_rep_b, dqkv_rep;
         // OLMo 2 (post_norm): ln1 and ln2 normalise the attention's and the MLP's outputs; dpost
-        // is the gradient of the one whose backward runs.
-        Tensor dpost;
+        // is the gradient of the one whose backward runs. Gemma 3 (sandwich_norm): pn1 and pn2
+        // do, ln1 and ln2 stay on the inputs.
+        Tensor dpost, pn1, pn1_rstd, pn2, pn2_rstd;
+        // Scores scaled by attn_scalar^-1/2 (Gemma 3): q's norm weight times score_scale() and
+        // that weight's gradient before it is scaled into the norm's.
+        Tensor qn_scaled, dqn_scaled;
         // TiledMLP: backward's recomputed chunk (fch, fch_gelu and their gradients are chunks too)
         Tensor fch_b, fch_gelu_b;
         // Tensor parallel, 16-bit: the fp32 copies of the four sums while in flight
@@ -268,14 +273,22 @@ private:
     // rows, sequence parallel) and, post_norm, normalised into `normed` (its rstd saved).
     Tensor sublayer_out(Graph & g, Tensor partial, Tensor slice, Tensor scratch, Tensor normed, Tensor rstd, Tensor w,
                         Phase resume) const;
+    // The norm on a sublayer's output (OLMo 2's ln1 / ln2, Gemma 3's pn1 / pn2): its output, rstd,
+    // weight and that weight's gradient, for attention (first) or the MLP.
+    struct PostNorm {
+        Tensor out, rstd, w, dw;
+    };
+    PostNorm post_norm(const LayerActs & a, const ModelWeights::Layer & p, const ModelWeights::Layer * dp,
+                       bool mlp) const;
+    bool has_post_norm() const { return cfg_.post_norm || cfg_.sandwich_norm; }
     // post_norm's backward of that norm: d(its input) into dout_in (overwritten) from dres_.
     Tensor post_norm_bwd(Graph & g, Tensor dout_in, Tensor dw, Tensor in, Tensor w, Tensor rstd) const;
     void norm_bwd(Graph & g, Tensor dx, Tensor dw, Tensor db, Tensor dout, Tensor x, Tensor w, Tensor mean,
                   Tensor rstd) const;
     // q|k|v of `a` (its qkv, and qk_raw/qk_rstd with Qwen3's norms) from ln1.
     void qkv_fwd(Graph & g, const LayerActs & a, Tensor ln1, const ModelWeights::Layer & p, int pos0) const;
-    // Attention from qkv into out and lse | att; `rep` is the repeated-heads buffer (GQA).
-    void attention_fwd(Graph & g, Tensor out, Tensor lse, Tensor att, Tensor rep, Tensor qkv) const;
+    // Attention of layer l from qkv into out and lse | att; `rep` is the repeated-heads buffer (GQA).
+    void attention_fwd(Graph & g, int l, Tensor out, Tensor lse, Tensor att, Tensor rep, Tensor qkv) const;
     void attention_bwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p,
                        const ModelWeights::Layer & dp) const;
     void act_fwd(Graph & g, Tensor out, Tensor fc) const;
@@ -322,6 +335,7 @@ private:
     bool llama_ = false, gqa_ = false;
     // The rotary embedding for this pass's sequences (longrope picks its factors by their length).
     Rope rope_;
+    std::vector<Rope> layer_rope_;   // each layer's (Gemma 3: local and global bases), by absolute index
     WeightLayout wl_ = WeightLayout::in_out;
     RecomputePlan rc_plan_;
     DType dt_ = DType::f32;
@@ -331,10 +345,15 @@ private:
     bool flash_ = false;
     Tensor docs_;                 // packed documents' starts (invalid: one document per row)
     Tensor attn_lo_;              // sliding window: each query's first key (invalid: docs_ bounds attention)
-    Tensor attention_start() const {
-        MF_ASSERT((cfg_.sliding_window <= 0 || T_ <= cfg_.sliding_window || attn_lo_.valid()) &&
-                  "sliding window below T: the step must set the attention start");
-        return attn_lo_.valid() ? attn_lo_ : docs_;
+    // Layer l's first key per query: the window's (a global layer of Gemma 3: the documents').
+    Tensor attention_start(int l) const {
+        const int W = cfg_.layer_window(l);
+        MF_ASSERT((W <= 0 || T_ <= W || attn_lo_.valid()) && "sliding window below T: the step must set the attention start");
+        return attn_lo_.valid() && W > 0 ? attn_lo_ : docs_;
+    }
+    // Gemma 3: the embedding's output times sqrt(C) (forward), its gradient likewise (backward).
+    void scale_embedding(Graph & g, Tensor t) const {
+        if (cfg_.scale_embed) g.scale(t, cfg_.embed_scale());
     }
     Tensor encoded_, lnf_, lnf_mean_, lnf_rstd_, logits_;
     Tensor dres_, dlnf_;

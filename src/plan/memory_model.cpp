@@ -218,6 +218,8 @@ uint64_t kept_per_layer(const ModelConfig & cfg, const Candidate & c, int seq, u
     uint64_t split = 0, replicated = BTC;   // the layer's input is always kept
     if (lp) replicated += rows * uint64_t(lp->u_cols) * s;   // the adapters' u, kept under every policy
     if (lp && lp->opts.dora) replicated += uint64_t(lp->site_cols) * (rows * s + 4);   // DoRA's z and norms
+    // Gemma 3: the output norms' inputs (the o and down projections' outputs) and rstd, every policy
+    if (cfg.sandwich_norm) replicated += 2 * (BTC + rows * 4);
     for (int u = 0; u < int(Saved::count); ++u) {
         if (!((mask >> u) & 1u)) continue;
         const Saved su = Saved(u);

@@ -26,10 +26,11 @@ double matmul_forward_flops(const ModelConfig & cfg, double tokens, double layer
 }
 
 // Query-key pairs of one causal sequence of T tokens: T(T+1)/2; within a sliding window W < T,
-// W(W+1)/2 + (T - W) W (linear in T).
+// W(W+1)/2 + (T - W) W (linear in T); Gemma 3's mix of sliding and global layers: their mean.
 double attention_pairs(const ModelConfig & cfg, double T) {
     const double W = cfg.sliding_window > 0 && cfg.sliding_window < T ? double(cfg.sliding_window) : T;
-    return W * (W + 1) / 2 + (T - W) * W;
+    const double global = cfg.sliding_pattern > 0 ? double(cfg.n_layer / cfg.sliding_pattern) / cfg.n_layer : 0;
+    return (1 - global) * (W * (W + 1) / 2 + (T - W) * W) + global * T * (T + 1) / 2;
 }
 
 // The rate the matmuls run at: their FLOPs at matmul_eff of the peak plus the bytes they move at

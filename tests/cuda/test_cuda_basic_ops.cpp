@@ -418,6 +418,26 @@ TEST(CudaBasicOps, Swiglu) {
         }
 }
 
+TEST(CudaBasicOps, Geglu) {
+    MF_REQUIRE_GPU();
+    for (DType dt : kFloats)
+        for (int64_t I : {67, 64}) {
+            SCOPED_TRACE(name(dt) + " I " + std::to_string(I));
+            const int64_t N = 37;
+            OpCheck chk;
+            const int out = chk.zeros(dt, {N, I});
+            const int dinp = chk.zeros(dt, {N, 2 * I});
+            const int inp = chk.rand(dt, {N, 2 * I}, -8.0f, 8.0f);
+            const int dout = chk.rand(dt, {N, I});
+            chk.run([&](Backend & be, const Ts & t) {
+                be.geglu_fwd(t[out], t[inp]);
+                be.geglu_bwd(t[dinp], t[dout], t[inp]);
+            });
+            EXPECT_LT(chk.rel_err(out), tol(dt));
+            EXPECT_LT(chk.rel_err(dinp), tol(dt));
+        }
+}
+
 // G = 3 (hd 12: scalar path for 2-byte types) and G = 1, 4 (hd 16: packs).
 TEST(CudaBasicOps, RepeatKv) {
     MF_REQUIRE_GPU();

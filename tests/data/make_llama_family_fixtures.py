@@ -20,6 +20,12 @@ with ignore_index -100) and torch.optim.AdamW for two steps:
                                        (q_norm [heads x head_dim]) before RoPE, and each block's norms
                                        on the attention and MLP outputs before the residual adds
                                        (post_attention_layernorm, post_feedforward_layernorm), untied head.
+  tests/data/gemma3_tiny.safetensors   Gemma 3 text (modeling_gemma3.py): embeddings times sqrt(hidden),
+                                       RMSNorm times (1 + weight) before and after attention and the
+                                       GELU-tanh gated MLP, q_norm / k_norm over each head (head_dim 32),
+                                       scores times query_pre_attn_scalar^-0.5 (24), layers sliding
+                                       (window 7, RoPE base 1e4) / full (1e6, linear factor 2) / sliding,
+                                       tied head.
 
 The fixture stores the parameters under their Hugging Face names, input_ids, targets, and
 expected.logits / loss / grad.* / step1.* / loss_step2 / step2.*, in float32, with the config and
@@ -80,6 +86,15 @@ OLMO2 = {
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "rms_norm_eps": 1e-6,
     "rope_theta": 500000.0, "max_position_embeddings": 128, "hidden_act": "silu", "tie_word_embeddings": False,
     "attention_bias": False,
+}
+GEMMA3 = {
+    "model_type": "gemma3_text", "vocab_size": 67, "hidden_size": 64, "intermediate_size": 160,
+    "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+    "rope_scaling": {"rope_type": "linear", "factor": 2.0}, "sliding_window": 7,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"], "query_pre_attn_scalar": 24,
+    "max_position_embeddings": 128, "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True,
+    "attention_bias": False, "final_logit_softcapping": None, "attn_logit_softcapping": None,
 }
 # Phi-3's fused checkpoint tensors: name -> the parts (rows stacked in this order), per layer.
 FUSED = {"phi3": {"self_attn.qkv_proj.weight": ["self_attn.q_proj.weight", "self_attn.k_proj.weight",
@@ -214,8 +229,60 @@ def forward(p, ids):
     return rms_norm(x, p["model.norm.weight"]) @ head.T
 
 
+def gemma_norm(x, w):
+    """Gemma3RMSNorm: the stored weight is an offset from 1."""
+    return rms_norm(x, 1.0 + w)
+
+
+def attention_gemma3(p, h, a, cos, sin, mask):
+    """Gemma3Attention of layer prefix h on the normed input a: each q and k head normed over
+    head_dim (q_norm, k_norm) before RoPE, scores times query_pre_attn_scalar^-0.5, then o_proj."""
+    q, k, v = (a @ p[h + f"self_attn.{n}_proj.weight"].T for n in "qkv")
+    q = gemma_norm(q.view(B, T, NH, HD), p[h + "self_attn.q_norm.weight"]).transpose(1, 2)
+    k = gemma_norm(k.view(B, T, KVH, HD), p[h + "self_attn.k_norm.weight"]).transpose(1, 2)
+    v = v.view(B, T, KVH, HD).transpose(1, 2)
+    q, k = rope(q, cos, sin), rope(k, cos, sin)
+    k, v = k.repeat_interleave(NH // KVH, dim=1), v.repeat_interleave(NH // KVH, dim=1)
+    att = torch.softmax(q @ k.transpose(-1, -2) * CONFIG["query_pre_attn_scalar"] ** -0.5 + mask, dim=-1)
+    return (att @ v).transpose(1, 2).reshape(B, T, NH * HD) @ p[h + "self_attn.o_proj.weight"].T
+
+
+def gemma3_layer_inputs():
+    """{layer type: (cos, sin, mask)}: full_attention layers turn at rope_theta with linear
+    rope_scaling (inv_freq / factor) under the causal mask; sliding_attention layers at
+    rope_local_base_freq unscaled, keys at or before t - sliding_window masked too."""
+    causal = torch.full((T, T), float("-inf"), dtype=DT).triu(1)
+    sliding = causal + torch.full((T, T), float("-inf"), dtype=DT).tril(-CONFIG["sliding_window"])
+    out = {}
+    for kind, base, factor, mask in (
+            ("full_attention", CONFIG["rope_theta"], CONFIG["rope_scaling"]["factor"], causal),
+            ("sliding_attention", CONFIG["rope_local_base_freq"], 1.0, sliding)):
+        inv = 1.0 / (base ** (torch.arange(0, HD, 2, dtype=DT) / HD)) / factor
+        freqs = torch.outer(torch.arange(T, dtype=DT), inv)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        out[kind] = emb.cos()[None, None], emb.sin()[None, None], mask
+    return out
+
+
+def forward_gemma3(p, ids):
+    """Gemma3ForCausalLM: sandwich norms around attention and the GELU-tanh gated MLP, tied head."""
+    x = p["model.embed_tokens.weight"][ids] * math.sqrt(C)
+    inputs = gemma3_layer_inputs()
+    for l in range(L):
+        h = f"model.layers.{l}."
+        a = gemma_norm(x, p[h + "input_layernorm.weight"])
+        o = attention_gemma3(p, h, a, *inputs[CONFIG["layer_types"][l]])
+        x = x + gemma_norm(o, p[h + "post_attention_layernorm.weight"])
+        m = gemma_norm(x, p[h + "pre_feedforward_layernorm.weight"])
+        gate, up = m @ p[h + "mlp.gate_proj.weight"].T, m @ p[h + "mlp.up_proj.weight"].T
+        y = (torch.nn.functional.gelu(gate, approximate="tanh") * up) @ p[h + "mlp.down_proj.weight"].T
+        x = x + gemma_norm(y, p[h + "post_feedforward_layernorm.weight"])
+    return gemma_norm(x, p["model.norm.weight"]) @ p["model.embed_tokens.weight"].T
+
+
 def parameters():
     shapes = [("model.embed_tokens.weight", (V, C))]
+    gemma3 = CONFIG["model_type"] == "gemma3_text"   # norm weights are offsets from 1
     for l in range(L):
         h = f"model.layers.{l}."
         olmo2 = CONFIG["model_type"] == "olmo2"
@@ -225,18 +292,20 @@ def parameters():
         if CONFIG["model_type"] == "qwen2":
             shapes += [(h + "self_attn.q_proj.bias", (NH * HD,)), (h + "self_attn.k_proj.bias", (KVH * HD,)),
                        (h + "self_attn.v_proj.bias", (KVH * HD,))]
-        if CONFIG["model_type"] == "qwen3":
+        if CONFIG["model_type"] in ("qwen3", "gemma3_text"):
             shapes += [(h + "self_attn.q_norm.weight", (HD,)), (h + "self_attn.k_norm.weight", (HD,))]
         if olmo2:
             shapes += [(h + "self_attn.q_norm.weight", (NH * HD,)), (h + "self_attn.k_norm.weight", (KVH * HD,))]
         shapes += [(h + "self_attn.o_proj.weight", (C, NH * HD)), (h + "post_attention_layernorm.weight", (C,))]
-        shapes += [(h + "post_feedforward_layernorm.weight", (C,))] if olmo2 else []
+        shapes += [(h + "pre_feedforward_layernorm.weight", (C,))] if gemma3 else []
+        shapes += [(h + "post_feedforward_layernorm.weight", (C,))] if olmo2 or gemma3 else []
         shapes += [(h + "mlp.gate_proj.weight", (F, C)), (h + "mlp.up_proj.weight", (F, C)),
                    (h + "mlp.down_proj.weight", (C, F))]
     shapes += [("model.norm.weight", (C,))] + ([] if CONFIG["tie_word_embeddings"] else [("lm_head.weight", (V, C))])
     p = {}
     for name, shape in shapes:
-        t = 1.0 + 0.1 * torch.randn(shape, dtype=DT) if len(shape) == 1 else 0.02 * torch.randn(shape, dtype=DT)
+        mean = 0.0 if gemma3 else 1.0
+        t = mean + 0.1 * torch.randn(shape, dtype=DT) if len(shape) == 1 else 0.02 * torch.randn(shape, dtype=DT)
         if name.endswith(".bias"):
             t = 0.1 * torch.randn(shape, dtype=DT)
         p[name] = t.requires_grad_()
@@ -280,7 +349,8 @@ def fixture(config, file, seed):
     ids = torch.randint(0, V, (B, T))
     targets = torch.roll(ids, -1, dims=1)
     targets[0, 5] = targets[1, -1] = -100   # ignored positions
-    out = two_adamw_steps(p, lambda: forward(p, ids), ids, targets, V)
+    run = forward_gemma3 if CONFIG["model_type"] == "gemma3_text" else forward
+    out = two_adamw_steps(p, lambda: run(p, ids), ids, targets, V)
     write_fixture(file, fuse(out), "llama", CONFIG, B, T)
 
 
@@ -333,3 +403,4 @@ if __name__ == "__main__":
     fixture(QWEN3, "qwen3_tiny.safetensors", 3)
     fixture(OLMO2, "olmo2_tiny.safetensors", 5)
     fixture(QWEN2_YARN, "qwen2_yarn_tiny.safetensors", 6)
+    fixture(GEMMA3, "gemma3_tiny.safetensors", 12)

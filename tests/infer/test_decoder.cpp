@@ -8,6 +8,8 @@
 #include <cmath>
 #include <numeric>
 
+#include <nlohmann/json.hpp>
+
 #include "backend/cpu/cpu_backend.h"
 #include "backend/quant_format.h"
 #include "core/error.h"
@@ -119,6 +121,37 @@ TEST(Decoder, RollingCacheOfASlidingWindowEqualsTheFullForward) {
     u.init_params(7);
     const std::vector<float> unwindowed = u.logits(tokens.data(), 1);
     EXPECT_GT(max_rel(unwindowed.data() + size_t(T - 1) * V, full.data() + size_t(T - 1) * V, V), 1e-3);
+}
+
+// Gemma 3: a sliding layer (window 5) and a global one, each with its RoPE base, the embedding
+// scaled and the scores by query_pre_attn_scalar; the global layer keeps every row, so the cache
+// is no ring, and every position's logits are the full forward's.
+TEST(Decoder, Gemma3SlidingAndGlobalLayersEqualTheFullForward) {
+    const nlohmann::json j = {{"model_type", "gemma3_text"}, {"vocab_size", 53}, {"hidden_size", 32},
+                              {"intermediate_size", 40}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+                              {"num_key_value_heads", 2}, {"head_dim", 16}, {"query_pre_attn_scalar", 12},
+                              {"sliding_window", 5}, {"sliding_window_pattern", 2}, {"max_position_embeddings", 64}};
+    const ModelConfig cfg = parse_hf_config(j, "gemma3");
+    CpuBackend backend;
+    const int T = 40, V = cfg.vocab_size;
+    EngineOptions eo;
+    eo.B = 1;
+    eo.T = T;
+    eo.with_eval = false;
+    Engine e(cfg, backend, eo);
+    e.init_params(11);
+    std::vector<int32_t> tokens(T);
+    for (int i = 0; i < T; ++i) tokens[size_t(i)] = (i * 13 + 2) % V;
+    const std::vector<float> full = e.logits(tokens.data(), 1);
+    Decoder d(cfg, backend, T);
+    EXPECT_EQ(d.cache_rows(), T);
+    d.set_weights(e.params());
+    const float * l = d.prefill(std::vector<int32_t>(tokens.begin(), tokens.begin() + 9));
+    EXPECT_LT(max_rel(l, full.data() + 8 * size_t(V), V), 1e-5);
+    for (int t = 9; t < T; ++t) {
+        l = d.step(tokens[size_t(t)]);
+        ASSERT_LT(max_rel(l, full.data() + size_t(t) * V, V), 1e-5) << "position " << t;
+    }
 }
 
 TEST(Decoder, PlannedEqualsMeasuredAndTheCacheIsWhatItShouldBe) {

@@ -247,6 +247,32 @@ TEST(HfWeights, Olmo2FoldersRoundTrip) {
     EXPECT_THROW(load_hf_weights(dir.string(), back, m.layout, got.data()), FormatError);
 }
 
+// Gemma 3 folders: four norms a block, written as checkpoints hold them (w of the (1 + w)
+// multiplier memfit's layout keeps); export then load gives the multipliers back bitwise.
+TEST(HfWeights, Gemma3FoldersStoreNormOffsets) {
+    const nlohmann::json j = {{"model_type", "gemma3_text"}, {"vocab_size", 50}, {"hidden_size", 16},
+                              {"intermediate_size", 24}, {"num_hidden_layers", 2}, {"num_attention_heads", 2},
+                              {"num_key_value_heads", 1}, {"head_dim", 8}, {"max_position_embeddings", 32}};
+    Model m(parse_hf_config(j, "gemma3"));
+    const fs::path dir = fresh_dir("gemma3");
+    export_hf(dir.string(), m.cfg, m.layout, m.params.data());
+    const SafetensorsFile f = SafetensorsFile::open((dir / "model.safetensors").string());
+    for (const char * name : {"model.layers.1.pre_feedforward_layernorm.weight", "model.layers.0.self_attn.k_norm.weight",
+                              "model.norm.weight", "model.layers.1.mlp.up_proj.weight"}) {
+        const ParamInfo & p = m.layout.find(name);
+        const std::vector<float> stored = f.read_f32(name);
+        const float shift = std::string(name).ends_with("norm.weight") ? 1.0f : 0.0f;
+        ASSERT_EQ(stored.size(), p.numel) << name;
+        for (size_t i = 0; i < p.numel; ++i) EXPECT_EQ(stored[i], m.params[p.offset + i] - shift) << name << " " << i;
+    }
+    const ModelConfig back = resolve_model(dir.string());
+    EXPECT_EQ(back.model_type, "gemma3_text");
+    EXPECT_TRUE(back.sandwich_norm && back.norm_plus_one && back.tied_head);
+    std::vector<float> got(m.layout.total, -1.0f);
+    load_hf_weights(dir.string(), back, m.layout, got.data());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_FLOAT_EQ(got[i], m.params[i]) << i;
+}
+
 // A NaN or inf in a folder's weights is refused where it is read, naming the tensor (it used
 // to train into a "loss became nan" at step 1, or print garbage in `generate`).
 TEST(HfWeights, NonFiniteWeightsAreRefusedByName) {

@@ -503,6 +503,91 @@ TEST(Llama, Olmo2ConfigsAndPresets) {
     EXPECT_THROW(tp_local_config(seven, 2), ConfigError);
 }
 
+// Gemma 3 (same generator, gemma3_tiny.safetensors): GeGLU, norms before and after attention and
+// the MLP with (1 + w) weights, the embedding times sqrt(C), q and k norms per head, scores scaled
+// by query_pre_attn_scalar 24 (head_dim 32); layers 0 and 2 slide (window 7 < T = 24, RoPE base
+// 1e4) around a global layer 1 (rope_theta 1e6, linear factor 2). Each kind of norm's gradient
+// and update is checked, the updates as the checkpoint stores them.
+TEST(Llama, Gemma3FixtureWithin1e4) {
+    const VerifyReport r = verify_fixture(std::string(MEMFIT_TEST_DATA) + "/gemma3_tiny.safetensors");
+    EXPECT_TRUE(r.ok) << r.json.dump(2);
+    EXPECT_LE(r.json["max_error"].get<double>(), 1e-4);
+    for (const char * name : {"grad.model.layers.1.self_attn.q_norm.weight", "step2.model.layers.1.self_attn.q_norm.weight",
+                              "step2.model.layers.0.pre_feedforward_layernorm.weight",
+                              "step2.model.layers.2.post_feedforward_layernorm.weight",
+                              "step1.model.layers.1.post_attention_layernorm.weight", "step2.model.norm.weight"})
+        EXPECT_TRUE(r.json["errors"].contains(name)) << name << "\n" << r.json.dump(2);
+}
+
+// Gemma 3 configs: Gemma3TextConfig's defaults, which layers slide (layer_types or the older
+// sliding_window_pattern) and their RoPE bases, the presets (gemma-3-1b at the 999,885,952
+// parameters of its safetensors; 27B's head_dim 128 and query_pre_attn_scalar 168), written back
+// as Gemma3ForCausalLM; an irregular layer_types and Gemma 2's soft-capping refused in one line.
+TEST(Llama, Gemma3ConfigsAndPresets) {
+    const ModelConfig one = model_preset("gemma-3-1b");
+    EXPECT_EQ(one.num_params(), 999885952);
+    EXPECT_TRUE(one.sandwich_norm && one.norm_plus_one && one.scale_embed && one.qk_norm && one.tied_head);
+    EXPECT_EQ(one.glu, Glu::gelu_tanh);
+    EXPECT_EQ(one.head_dim(), 256);
+    EXPECT_EQ(one.layer_window(0), 512);
+    EXPECT_EQ(one.layer_window(5), 0);
+    EXPECT_EQ(one.layer_window(11), 0);
+    EXPECT_EQ(one.layer_window(12), 512);
+    EXPECT_DOUBLE_EQ(one.layer_rope(0).inv_freq(1, 256), std::pow(1e4, -2.0 / 256));
+    EXPECT_DOUBLE_EQ(one.layer_rope(5).inv_freq(1, 256), std::pow(1e6, -2.0 / 256));
+    EXPECT_FLOAT_EQ(one.score_scale(), 1.0f);
+    EXPECT_FLOAT_EQ(one.embed_scale(), std::sqrt(1152.0f));
+    const ModelConfig big = model_preset("gemma-3-27b");
+    EXPECT_EQ(big.head_dim(), 128);
+    EXPECT_FLOAT_EQ(big.score_scale(), std::sqrt(128.0f / 168.0f));
+    EXPECT_DOUBLE_EQ(big.layer_rope(5).inv_freq(0, 128), 1.0 / 8);   // global: linear factor 8
+    EXPECT_DOUBLE_EQ(big.layer_rope(4).inv_freq(0, 128), 1.0);       // sliding: plain
+    for (const char * name : {"gemma-3-1b", "gemma-3-4b", "gemma-3-12b", "gemma-3-27b"}) {
+        const ModelConfig c = model_preset(name);
+        EXPECT_EQ(int64_t(make_param_layout(c).total), c.num_params()) << name;
+    }
+    nlohmann::json j = {{"model_type", "gemma3_text"}, {"hidden_size", 64}, {"intermediate_size", 160},
+                        {"num_hidden_layers", 4}, {"num_attention_heads", 4}, {"num_key_value_heads", 2}};
+    const ModelConfig d = parse_hf_config(j, "gemma3");
+    EXPECT_EQ(d.vocab_size, 262208);   // Gemma3TextConfig's defaults
+    EXPECT_EQ(d.head_dim(), 256);
+    EXPECT_EQ(d.sliding_window, 4096);
+    EXPECT_EQ(d.sliding_pattern, 6);
+    EXPECT_FLOAT_EQ(d.attn_scalar, 256.0f);
+    EXPECT_FLOAT_EQ(d.rope_local_theta, 10000.0f);
+    EXPECT_TRUE(d.tied_head);
+    j["layer_types"] = {"sliding_attention", "sliding_attention", "full_attention", "sliding_attention"};
+    j["query_pre_attn_scalar"] = 24;
+    const ModelConfig c = parse_hf_config(j, "gemma3");
+    EXPECT_EQ(c.sliding_pattern, 3);
+    const nlohmann::json back = hf_config_json(c);
+    EXPECT_EQ(back["architectures"][0], "Gemma3ForCausalLM");
+    EXPECT_EQ(back["layer_types"], j["layer_types"]);
+    EXPECT_EQ(back["hidden_activation"], "gelu_pytorch_tanh");
+    EXPECT_FALSE(back.contains("hidden_act"));
+    const ModelConfig again = parse_hf_config(back, "again");
+    EXPECT_EQ(again.sliding_pattern, 3);
+    EXPECT_FLOAT_EQ(again.attn_scalar, 24.0f);
+    EXPECT_EQ(again.num_params(), c.num_params());
+    auto refused = [&](nlohmann::json bad, const char * why) {
+        try {
+            parse_hf_config(bad, "bad");
+            ADD_FAILURE() << "accepted: " << why;
+        } catch (const ConfigError & e) {
+            EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+        }
+    };
+    nlohmann::json irregular = j;
+    irregular["layer_types"] = {"sliding_attention", "full_attention", "full_attention", "sliding_attention"};
+    refused(irregular, "layer 2 breaks the pattern");
+    nlohmann::json capped = j;
+    capped["final_logit_softcapping"] = 30.0;
+    refused(capped, "soft-capping is Gemma 2's");
+    nlohmann::json erf = j;
+    erf["hidden_activation"] = "gelu";
+    refused(erf, "Gemma 3's gate is gelu_pytorch_tanh");
+}
+
 // Qwen3 and Mistral 7B presets, counted from their config.json shapes; the model cards' rounded
 // totals (non-embedding): Qwen3 0.6B (0.44B), 1.7B (1.4B), 4.0B (3.6B), 8.2B (6.95B); Mistral
 // 7B v0.1 7,241,732,096. A qwen3 config takes Qwen3Config's head_dim 128 when it has none.

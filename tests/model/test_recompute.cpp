@@ -264,6 +264,35 @@ TEST(Recompute, Qwen3QkNormsRecomputeWithQkv) {
     }
 }
 
+// Gemma 3's blocks keep their norms on the inputs and add two on the outputs, whose inputs (the o
+// and down projections' outputs) and rstd every policy keeps; the other units recompute as
+// LLaMA's (res2 with the first output norm, GeGLU at GELU's FLOPs), at layer_keep_cost's bytes and
+// FLOPs, and every policy, random masks included, trains bitwise equal to keeping everything,
+// through a window below T on layers 0 and 2 and query_pre_attn_scalar's scaled q norm.
+TEST(Recompute, Gemma3SandwichNormsRecomputeAsPlanned) {
+    CpuBackend backend;
+    const nlohmann::json j = {{"model_type", "gemma3_text"}, {"vocab_size", V}, {"hidden_size", C},
+                              {"intermediate_size", 64}, {"num_hidden_layers", 3}, {"num_attention_heads", 4},
+                              {"num_key_value_heads", 2}, {"head_dim", 8}, {"query_pre_attn_scalar", 6},
+                              {"sliding_window", T / 2}, {"sliding_window_pattern", 2}, {"max_position_embeddings", T}};
+    const ModelConfig cfg = parse_hf_config(j, "gemma3");
+    const int layers = cfg.n_layer;
+    std::mt19937 rng(9);
+    for (bool flash : {false, true}) {
+        SCOPED_TRACE(flash ? "flash" : "naive");
+        expect_keep_costs(cfg, backend, flash);
+        std::vector<RecomputePlan> policies;
+        for (const char * pol : {"none", "full", "selective", "every:2"}) policies.push_back(parse_recompute(pol, layers));
+        for (int i = 0; i < 3; ++i) {
+            RecomputePlan p;
+            p.name = "random";
+            for (int l = 0; l < layers; ++l) p.keep.push_back(uint32_t(rng()) & kKeepAll);
+            policies.push_back(p);
+        }
+        expect_bitwise_equal(cfg, backend, policies, flash);
+    }
+}
+
 // OLMo 2's norms follow attention and the MLP: backward reads their inputs (the o and down
 // projections' outputs) and rstd, which the ln1 and ln2 units keep or recompute with their
 // projections; the bytes and FLOPs are layer_keep_cost's, and every policy, random masks and

@@ -364,6 +364,24 @@ void CpuBackend::swiglu_bwd(Tensor dinp, Tensor dout, Tensor inp) {
     });
 }
 
+void CpuBackend::geglu_fwd(Tensor out, Tensor inp) {
+    same_dtype(inp.dtype, {&out});
+    MF_ASSERT(inp.cols() == 2 * out.cols() && inp.rows() == out.rows());
+    dispatch(inp.dtype, [&](auto s) {
+        using S = decltype(s);
+        cpu::geglu_forward(ptr<S>(out), ptr<S>(inp), int(out.rows()), int(out.cols()));
+    });
+}
+
+void CpuBackend::geglu_bwd(Tensor dinp, Tensor dout, Tensor inp) {
+    same_dtype(inp.dtype, {&dinp, &dout});
+    MF_ASSERT(inp.cols() == 2 * dout.cols() && inp.rows() == dout.rows() && dinp.numel() == inp.numel());
+    dispatch(inp.dtype, [&](auto s) {
+        using S = decltype(s);
+        cpu::geglu_backward(ptr<S>(dinp), ptr<S>(dout), ptr<S>(inp), int(dout.rows()), int(dout.cols()));
+    });
+}
+
 void CpuBackend::repeat_kv_fwd(Tensor full, Tensor qkv, int NH, int KVH) {
     same_dtype(qkv.dtype, {&full});
     const int hd = head_dim(qkv, NH, KVH);

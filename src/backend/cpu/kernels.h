@@ -200,6 +200,11 @@ void swiglu_forward(S * out, const S * inp, int N, int I);
 // dinp[N, 2I] = ... (written) from dout[N, I] and inp.
 template <class S>
 void swiglu_backward(S * dinp, const S * dout, const S * inp, int N, int I);
+// GeGLU: the same with gelu(gate), GELU's tanh form (gelu_forward's arithmetic).
+template <class S>
+void geglu_forward(S * out, const S * inp, int N, int I);
+template <class S>
+void geglu_backward(S * dinp, const S * dout, const S * inp, int N, int I);
 
 // Grouped-query attention: qkv[N,(NH+2*KVH)*hd] -> full[N,3*NH*hd] ([q | k | v], NH heads each):
 // q copied; KV head j repeated for query heads j*G .. j*G+G-1, G = NH/KVH (HF repeat_kv).

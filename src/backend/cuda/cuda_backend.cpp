@@ -403,6 +403,8 @@ void CudaBackend::rope_bwd(Tensor dqkv, int NH, int KVH, const Rope & rope, int 
 }
 void CudaBackend::swiglu_fwd(Tensor out, Tensor inp) { MF_FWD(swiglu_fwd, out, inp); }
 void CudaBackend::swiglu_bwd(Tensor dinp, Tensor dout, Tensor inp) { MF_FWD(swiglu_bwd, dinp, dout, inp); }
+void CudaBackend::geglu_fwd(Tensor out, Tensor inp) { MF_FWD(geglu_fwd, out, inp); }
+void CudaBackend::geglu_bwd(Tensor dinp, Tensor dout, Tensor inp) { MF_FWD(geglu_bwd, dinp, dout, inp); }
 void CudaBackend::repeat_kv_fwd(Tensor full, Tensor qkv, int NH, int KVH) { MF_FWD(repeat_kv_fwd, full, qkv, NH, KVH); }
 void CudaBackend::repeat_kv_bwd(Tensor dqkv, Tensor dfull, int NH, int KVH) {
     MF_FWD(repeat_kv_bwd, dqkv, dfull, NH, KVH);

@@ -48,6 +48,8 @@ void rope_fwd(cudaStream_t s, Tensor qkv, int NH, int KVH, const Rope & rope, in
 void rope_bwd(cudaStream_t s, Tensor dqkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start);
 void swiglu_fwd(cudaStream_t s, Tensor out, Tensor inp);
 void swiglu_bwd(cudaStream_t s, Tensor dinp, Tensor dout, Tensor inp);
+void geglu_fwd(cudaStream_t s, Tensor out, Tensor inp);
+void geglu_bwd(cudaStream_t s, Tensor dinp, Tensor dout, Tensor inp);
 void repeat_kv_fwd(cudaStream_t s, Tensor full, Tensor qkv, int NH, int KVH);
 void repeat_kv_bwd(cudaStream_t s, Tensor dqkv, Tensor dfull, int NH, int KVH);
 

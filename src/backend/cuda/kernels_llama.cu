@@ -1,4 +1,4 @@
-// CUDA kernels of the LLaMA family: rotary position embeddings, SwiGLU and the grouped-query
+// CUDA kernels of the LLaMA family: rotary position embeddings, SwiGLU / GeGLU and the grouped-query
 // repeat of K/V heads (RMSNorm is in kernels_norm.cu). Contracts: backend.h; the CPU backend is
 // the reference (backend/cpu/kernels_llama.cpp), followed operation for operation.
 //
@@ -75,27 +75,45 @@ void rope_rotate(cudaStream_t s, Tensor qkv, int NH, int KVH, const Rope & rope,
     });
 }
 
-// ---- SwiGLU over the N x I elements of out: g = inp[r, c], u = inp[r, I + c],
-// s = 1 / (1 + exp(-g)) with exp's argument clamped to [-87, 87] (the CPU's exp_clamped). ----
+// ---- Gated MLP activations over the N x I elements of out: g = inp[r, c], u = inp[r, I + c],
+// out = act(g) u, with exp's argument clamped to [-87, 87] (the CPU's exp_clamped). A Gate gives
+// act(g) and act'(g), the CPU's formulas: silu g s, s = 1 / (1 + e), e = exp(-g), derivative
+// s + g e s^2; GELU's tanh form g s2, s2 = 1 / (1 + e2), e2 = exp(-2u), 2u = 2 sqrt(2/pi) (g +
+// 0.044715 g^3), derivative s2 + g e2 s2^2 2u'. ----
 __device__ __forceinline__ float exp_clamped(float y) { return expf(fminf(fmaxf(y, -87.0f), 87.0f)); }
 
-template <class T> struct SwigluFwdOp {
+struct SiluGate {
+    __device__ static float act(float g) { return g * (1.0f / (1.0f + exp_clamped(-g))); }
+    __device__ static float deriv(float g) {
+        const float e = exp_clamped(-g), sg = 1.0f / (1.0f + e);
+        return sg + g * ((e * sg) * sg);
+    }
+};
+struct GeluTanhGate {
+    static constexpr float kTwoBeta = 1.5957691216057308f, kKappa = 0.044715f;   // 2 sqrt(2/pi)
+    __device__ static float act(float g) {
+        return g * (1.0f / (1.0f + exp_clamped(-kTwoBeta * (g + kKappa * g * g * g))));
+    }
+    __device__ static float deriv(float g) {
+        const float g2 = g * g, e = exp_clamped(-kTwoBeta * (g + kKappa * g2 * g));
+        const float sg = 1.0f / (1.0f + e);
+        return sg + g * ((e * sg) * sg) * (kTwoBeta * (1.0f + 3.0f * kKappa * g2));
+    }
+};
+
+template <class T, class Gate> struct GluFwdOp {
     T * out; const T * inp; int64_t I;
     template <int V> __device__ void run(int64_t i) const {
         const int64_t r = i / I, c = i - r * I;
         const Pack<T, V> pg = ldp<V>(inp + r * 2 * I + c), pu = ldp<V>(inp + r * 2 * I + I + c);
         Pack<T, V> o;
 #pragma unroll
-        for (int k = 0; k < V; ++k) {
-            const float g = ld(pg.v[k]);
-            const float sg = 1.0f / (1.0f + exp_clamped(-g));
-            o.v[k] = st<T>(g * sg * ld(pu.v[k]));
-        }
+        for (int k = 0; k < V; ++k) o.v[k] = st<T>(Gate::act(ld(pg.v[k])) * ld(pu.v[k]));
         stp<V>(out + i, o);
     }
 };
-// dgate = dy * u * (s + g * e s^2), dup = dy * g * s (e = exp(-g)).
-template <class T> struct SwigluBwdOp {
+// dgate = dy * u * act'(g), dup = dy * act(g).
+template <class T, class Gate> struct GluBwdOp {
     T * dinp; const T * dout; const T * inp; int64_t I;
     template <int V> __device__ void run(int64_t i) const {
         const int64_t r = i / I, c = i - r * I;
@@ -104,16 +122,34 @@ template <class T> struct SwigluBwdOp {
         Pack<T, V> dg, du;
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-            const float g = ld(pg.v[k]), e = exp_clamped(-g);
-            const float sg = 1.0f / (1.0f + e);
-            const float dy = ld(pd.v[k]);
-            dg.v[k] = st<T>(dy * ld(pu.v[k]) * (sg + g * ((e * sg) * sg)));
-            du.v[k] = st<T>(dy * (g * sg));
+            const float g = ld(pg.v[k]), dy = ld(pd.v[k]);
+            dg.v[k] = st<T>(dy * ld(pu.v[k]) * Gate::deriv(g));
+            du.v[k] = st<T>(dy * Gate::act(g));
         }
         stp<V>(dinp + r * 2 * I + c, dg);
         stp<V>(dinp + r * 2 * I + I + c, du);
     }
 };
+
+template <class Gate> void glu_fwd(cudaStream_t s, Tensor out, Tensor inp) {
+    MF_ASSERT(out.dtype == inp.dtype && inp.cols() == 2 * out.cols() && inp.rows() == out.rows());
+    const int64_t I = out.cols();
+    dispatch_float(inp.dtype, [&](auto z) {
+        using T = decltype(z);
+        const bool vec = I % (16 / sizeof(T)) == 0 && aligned16({out.data, inp.data});
+        launch_map<T>(s, out.numel(), vec, GluFwdOp<T, Gate>{ptr<T>(out), ptr<T>(inp), I});
+    });
+}
+template <class Gate> void glu_bwd(cudaStream_t s, Tensor dinp, Tensor dout, Tensor inp) {
+    MF_ASSERT(dinp.dtype == inp.dtype && dout.dtype == inp.dtype);
+    MF_ASSERT(inp.cols() == 2 * dout.cols() && inp.rows() == dout.rows() && dinp.numel() == inp.numel());
+    const int64_t I = dout.cols();
+    dispatch_float(inp.dtype, [&](auto z) {
+        using T = decltype(z);
+        const bool vec = I % (16 / sizeof(T)) == 0 && aligned16({dinp.data, dout.data, inp.data});
+        launch_map<T>(s, dout.numel(), vec, GluBwdOp<T, Gate>{ptr<T>(dinp), ptr<T>(dout), ptr<T>(inp), I});
+    });
+}
 
 // ---- repeat_kv over the elements of full [N, 3*qw] (forward, exact copies) or of dqkv
 // [N, qw + 2*kvw] (backward: q copied; a KV head's element summed over its G query heads in
@@ -171,25 +207,10 @@ void rope_bwd(cudaStream_t s, Tensor dqkv, int NH, int KVH, const Rope & rope, i
     rope_rotate(s, dqkv, NH, KVH, rope, pos0, -1.0f, doc_start);
 }
 
-void swiglu_fwd(cudaStream_t s, Tensor out, Tensor inp) {
-    MF_ASSERT(out.dtype == inp.dtype && inp.cols() == 2 * out.cols() && inp.rows() == out.rows());
-    const int64_t I = out.cols();
-    dispatch_float(inp.dtype, [&](auto z) {
-        using T = decltype(z);
-        const bool vec = I % (16 / sizeof(T)) == 0 && aligned16({out.data, inp.data});
-        launch_map<T>(s, out.numel(), vec, SwigluFwdOp<T>{ptr<T>(out), ptr<T>(inp), I});
-    });
-}
-void swiglu_bwd(cudaStream_t s, Tensor dinp, Tensor dout, Tensor inp) {
-    MF_ASSERT(dinp.dtype == inp.dtype && dout.dtype == inp.dtype);
-    MF_ASSERT(inp.cols() == 2 * dout.cols() && inp.rows() == dout.rows() && dinp.numel() == inp.numel());
-    const int64_t I = dout.cols();
-    dispatch_float(inp.dtype, [&](auto z) {
-        using T = decltype(z);
-        const bool vec = I % (16 / sizeof(T)) == 0 && aligned16({dinp.data, dout.data, inp.data});
-        launch_map<T>(s, dout.numel(), vec, SwigluBwdOp<T>{ptr<T>(dinp), ptr<T>(dout), ptr<T>(inp), I});
-    });
-}
+void swiglu_fwd(cudaStream_t s, Tensor out, Tensor inp) { glu_fwd<SiluGate>(s, out, inp); }
+void swiglu_bwd(cudaStream_t s, Tensor dinp, Tensor dout, Tensor inp) { glu_bwd<SiluGate>(s, dinp, dout, inp); }
+void geglu_fwd(cudaStream_t s, Tensor out, Tensor inp) { glu_fwd<GeluTanhGate>(s, out, inp); }
+void geglu_bwd(cudaStream_t s, Tensor dinp, Tensor dout, Tensor inp) { glu_bwd<GeluTanhGate>(s, dinp, dout, inp); }
 
 void repeat_kv_fwd(cudaStream_t s, Tensor full, Tensor qkv, int NH, int KVH) {
     const int64_t hd = kv_head_dim(qkv, full, NH, KVH);
