@@ -92,7 +92,7 @@ std::vector<std::string> make_hints(const Engine & engine, const std::vector<Rep
         mo.recompute = parse_recompute("selective", L);
         replan("--recompute selective", step.B(), mo,
                fmt::format(": norm outputs, {} outputs and attention probabilities are recomputed, matmul outputs kept",
-                           step.config().llama() ? "SwiGLU" : "GELU"));
+                           !step.config().llama() ? "GELU" : step.config().glu == Glu::gelu_tanh ? "GeGLU" : "SwiGLU"));
     }
     if (eo.recompute.name != "full" && L > 1) {
         ModelOptions mo = eo.model();

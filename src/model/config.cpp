@@ -473,7 +473,7 @@ void parse_llama_fields(const nlohmann::json & j, const LlamaType & t, const std
     c.n_head = int_field(j, "num_attention_heads", name);
     c.n_kv_head = int_field(j, "num_key_value_heads", c.n_head, name);
     c.ln_eps = float_field(j, "rms_norm_eps", t.eps, name);
-    c.rope_theta = float_field(j, "rope_theta", 10000.0f, name);
+    c.rope_theta = float_field(j, "rope_theta", t.theta, name);
     c.tied_head = j.value("tie_word_embeddings", t.gemma3);   // Gemma3TextConfig ties by default
     if (t.window >= 0)   // absent: the Config's default; null: none (Mistral 7B v0.2 and later)
         c.sliding_window = !j.contains("sliding_window") ? t.window : int_field(j, "sliding_window", 0, name);

@@ -17,7 +17,7 @@ constexpr LlamaType kLlamaTypes[] = {
     {"mistral", "MistralForCausalLM", 32000,  131072, 1e-6f, 0,   false, false, false, 4096, false, false, "mistral"},
     {"phi3",    "Phi3ForCausalLM",    32064,  4096,   1e-5f, 0,   false, false, false, 0,    false, true,  "phi3"},
     {"olmo2",   "Olmo2ForCausalLM",   50304,  2048,   1e-5f, 0,   false, true,  true,  -1,   false, false, nullptr},
-    {"gemma3_text", "Gemma3ForCausalLM", 262208, 131072, 1e-6f, 256, false, true, false, 4096, false, false, nullptr, true},
+    {"gemma3_text", "Gemma3ForCausalLM", 262208, 131072, 1e-6f, 256, false, true, false, 4096, false, false, nullptr, true, 1e6f},
 };
 
 }  // namespace

@@ -33,6 +33,7 @@ struct LlamaType {
     // embedding scaled by sqrt(C), sliding and global layers with their own RoPE bases, scores
     // scaled by query_pre_attn_scalar (ModelConfig's Gemma 3 fields).
     bool  gemma3 = false;
+    float theta = 10000.0f;      // its rope_theta default
 };
 
 // nullptr when `type` is not a llama-family model_type.

@@ -61,7 +61,10 @@ Transformer::LayerActs Transformer::declare_layer(Program & program, const std::
     }
     if (cfg_.qk_norm && cfg_.score_scale() != 1.0f) {
         a.qn_scaled = act("attn.q_norm.scaled", {cfg_.qk_norm_width()});
-        if (with_backward) a.dqn_scaled = act("attn.q_norm.scaled.grad", {cfg_.qk_norm_width()}, true);
+        if (with_backward)   // the k norm's gradient dtype: qk_norm_bwd writes both alike
+            a.dqn_scaled = Tensor(program.declare(prefix_ + h + "attn.q_norm.scaled.grad", Category::activations,
+                                                  size_t(cfg_.qk_norm_width()) * dtype_size(gdt_)),
+                                  gdt_, {cfg_.qk_norm_width()});
     }
     a.ln2 = stream("ln_2.out");
     if (!llama_) a.ln2_mean = stats("ln_2.mean");
@@ -130,6 +133,7 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
     wl_ = llama_ ? WeightLayout::out_in : WeightLayout::in_out;
     flash_ = opt.flash_attention;
     dt_ = opt.compute;
+    gdt_ = opt.grad;
     if (opt.mlp_chunk > 0 && opt.mlp_chunk < int64_t(B) * T && opt.kv_capacity == 0) {
         MF_ASSERT(!opt.lora.enabled() && "TiledMLP: no LoRA (run/compat.cpp)");
         mlp_rows_ = opt.mlp_chunk;

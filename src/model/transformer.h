@@ -339,6 +339,7 @@ private:
     WeightLayout wl_ = WeightLayout::in_out;
     RecomputePlan rc_plan_;
     DType dt_ = DType::f32;
+    DType gdt_ = DType::f32;      // parameter gradients' storage
     std::vector<LayerActs> rc_;   // recomputed activations (used by backward) when recomputing
     int chunk_rows_ = 0;   // rows per head chunk (B*T when unchunked)
     int mlp_rows_ = 0;     // rows per MLP chunk (TiledMLP); 0: untiled

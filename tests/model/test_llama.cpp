@@ -555,6 +555,7 @@ TEST(Llama, Gemma3ConfigsAndPresets) {
     EXPECT_EQ(d.sliding_pattern, 6);
     EXPECT_FLOAT_EQ(d.attn_scalar, 256.0f);
     EXPECT_FLOAT_EQ(d.rope_local_theta, 10000.0f);
+    EXPECT_FLOAT_EQ(d.rope_theta, 1e6f);
     EXPECT_TRUE(d.tied_head);
     j["layer_types"] = {"sliding_attention", "sliding_attention", "full_attention", "sliding_attention"};
     j["query_pre_attn_scalar"] = 24;

@@ -10,6 +10,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda_sizing.h"
 #include "core/error.h"
+#include "model/config.h"
 #include "plan/fit.h"
 #include "plan/lora_plan.h"
 #include "plan/memory_model.h"
@@ -111,6 +112,53 @@ TEST(PlanMemory, ExactForTheEngineGrid) {
         EXPECT_GT(ratio, 0.8);
         EXPECT_LT(ratio, 1.5);
     }
+}
+
+// Gemma 3's step (four norms a block, the output norms' inputs kept under every policy, a window
+// below T on its sliding layers): planned equal to what the engine measures, category by
+// category, and the analytic model within the search's bounds of it.
+TEST(PlanMemory, Gemma3ExactAndAnalyticClose) {
+    CpuBackend backend;
+    Hardware cpu = memfit::test::h100_like();
+    cpu.name = "cpu";
+    cpu.usable = cpu.memory;
+    const ModelConfig cfg = parse_hf_config(
+        {{"model_type", "gemma3_text"}, {"vocab_size", 256}, {"hidden_size", 64}, {"intermediate_size", 160},
+         {"num_hidden_layers", 4}, {"num_attention_heads", 4}, {"num_key_value_heads", 1}, {"head_dim", 32},
+         {"sliding_window", 32}, {"sliding_window_pattern", 2}, {"query_pre_attn_scalar", 24},
+         {"max_position_embeddings", 128}},
+        "gemma3");
+    for (const char * rc : {"none", "full", "selective"})
+        for (bool flash : {false, true}) {
+            SCOPED_TRACE(std::string(rc) + (flash ? " flash" : " naive"));
+            const int B = 2, T = 64;
+            Candidate c;
+            c.micro_batch = B;
+            c.recompute = rc;
+            c.set_flash(flash);
+            c.compute = DType::bf16;
+            const DeviceMemory plan = exact_memory(cfg, cpu, c, T, backend);
+            EXPECT_TRUE(plan.exact);
+            EngineOptions eo;
+            eo.B = B;
+            eo.T = T;
+            eo.with_eval = false;
+            eo.flash_attention = flash;
+            eo.compute = DType::bf16;
+            eo.recompute = parse_recompute(rc, cfg.n_layer);
+            Engine e(cfg, backend, eo);
+            e.init_params(1);
+            std::vector<int32_t> in(size_t(B * T)), tg(in.size());
+            memfit::test::random_batch(in, tg, cfg.vocab_size, 1);
+            e.train_step(in.data(), tg.data(), AdamWHyper{});
+            for (size_t cat = 0; cat < kCategoryCount; ++cat) {
+                if (Category(cat) == Category::runtime) continue;
+                EXPECT_EQ(plan.device.v[cat], e.ledger().live_peak().v[cat]) << kCategoryNames[cat];
+            }
+            const double ratio = double(predict_memory(cfg, cpu, c, T).total()) / double(plan.total());
+            EXPECT_GT(ratio, 0.8);
+            EXPECT_LT(ratio, 1.5);
+        }
 }
 
 // Long sequences: --loss-chunk keeps one chunk's fp32 logits, --mlp-chunk (TiledMLP) one chunk's
