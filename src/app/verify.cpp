@@ -66,13 +66,13 @@ VerifyReport verify_fixture(const std::string & path, double tolerance, bool che
     Engine engine(cfg, backend, eo);
     engine.init_params(0);   // zero AdamW moments
     // The fixture's names are the checkpoint's (Phi-3's fused qkv_proj, gate_up_proj).
-    // Gemma 3's norms shifted to memfit's multipliers (model/hf_weights.h checkpoint_shift).
+    // In memfit's form (model/hf_weights.h from_checkpoint: Gemma 3's norms, GPT-NeoX's q|k|v rows).
     auto read_all = [&](const ParamLayout & layout) {
         std::vector<float> full(layout.total);
         for (const auto & p : layout.params) {
             const std::vector<float> v = expect(f, p.name, p.numel);
-            const float shift = checkpoint_shift(cfg, p.name);
-            for (size_t i = 0; i < v.size(); ++i) full[p.offset + i] = v[i] + shift;
+            std::copy(v.begin(), v.end(), full.begin() + std::ptrdiff_t(p.offset));
+            from_checkpoint(cfg, p, full.data() + p.offset);
         }
         return full;
     };
@@ -97,14 +97,13 @@ VerifyReport verify_fixture(const std::string & path, double tolerance, bool che
         errors[name] = e;
         if (!(e <= worst)) { worst = std::isnan(e) ? INFINITY : e; worst_name = name; }
     };
-    // Every parameter-sized tensor of the engine against expected.<what>.<name>; parameters (not
-    // gradients) compared as the checkpoint holds them.
+    // Every parameter-sized tensor of the engine against expected.<what>.<name>, as the checkpoint
+    // holds it (to_checkpoint).
     auto record_params = [&](const std::string & what, const float * engine_values) {
         for (const auto & p : layout.params) {
             const auto ref = expect(f, "expected." + what + "." + p.name, p.numel);
             std::vector<float> ours(engine_values + p.offset, engine_values + p.offset + p.numel);
-            if (what != "grad")
-                for (float & x : ours) x -= checkpoint_shift(cfg, p.name);
+            to_checkpoint(cfg, p, ours.data(), what == "grad");
             record(what + "." + p.name, relative_error(ours.data(), ref.data(), p.numel));
         }
     };

@@ -77,6 +77,9 @@ constexpr Preset kPresets[] = {
     {"gemma-3-4b",   "gemma3_text", 262208, 131072, 2560, 34, 8,  4,  10240, 1000000.f, true, "Gemma 3 4B text (window 1024)", 1024},
     {"gemma-3-12b",  "gemma3_text", 262208, 131072, 3840, 48, 16, 8,  15360, 1000000.f, true, "Gemma 3 12B text (window 1024)", 1024},
     {"gemma-3-27b",  "gemma3_text", 262208, 131072, 5376, 62, 32, 16, 21504, 1000000.f, true, "Gemma 3 27B text (window 1024)", 1024},
+    // Pythia (EleutherAI's config.json files, model_type gpt_neox): rotary_pct 0.25, parallel residuals.
+    {"pythia-1b",    "gpt_neox", 50304, 2048, 2048, 16, 8,  8,  8192,  10000.f, false, "Pythia 1B (GPT-NeoX)"},
+    {"pythia-6.9b",  "gpt_neox", 50432, 2048, 4096, 32, 32, 32, 16384, 10000.f, false, "Pythia 6.9B (GPT-NeoX)"},
 };
 
 // Gemma 3's presets beyond the table's columns: the global layers' linear rope_scaling factor
@@ -117,6 +120,7 @@ std::string ModelConfig::describe() const {
     else if (gelu == Gelu::erf) s += ", exact GELU";
     if (post_norm) s += ", norms after attention and MLP";
     if (sandwich_norm) s += ", norms before and after attention and MLP";
+    if (parallel_residual) s += ", attention and MLP in parallel";
     if (glu == Glu::gelu_tanh) s += ", GeGLU";
     if (sliding_pattern > 0) s += fmt::format(", every {}th layer global", sliding_pattern);
     if (share_layers > 1) s += fmt::format(", {} blocks shared {} ways", stored_layers(), share_layers);
@@ -129,10 +133,11 @@ int64_t params_with(const ModelConfig & m, int64_t blocks) {
     const int64_t C = m.n_embd, V = m.vocab_size, P = m.max_seq, F = m.ffn_dim(), Q = m.qkv_dim(), A = m.attn_dim();
     if (m.llama()) {
         // norms, q|k|v (and their biases: Qwen2; q and k norms: Qwen3), o, gate|up|down
-        const int64_t per_layer =
-            (m.sandwich_norm ? 4 : 2) * C + C * Q + (m.qkv_bias ? Q : 0) + (m.qk_norm ? 2 * m.qk_norm_width() : 0) +
-            C * A + 3 * C * F;
-        return V * C + blocks * per_layer + C + (m.tied_head ? 0 : V * C);
+        const int64_t norm = m.layer_norm ? 2 * C : C;   // LayerNorm: weight and bias
+        const int64_t per_layer = (m.sandwich_norm ? 4 : 2) * norm + C * Q + (m.qkv_bias ? Q : 0) +
+                                  (m.qk_norm ? 2 * m.qk_norm_width() : 0) + C * A + (m.gated() ? 3 : 2) * C * F +
+                                  (m.proj_bias ? 2 * C + F : 0);
+        return V * C + blocks * per_layer + norm + (m.tied_head ? 0 : V * C);
     }
     const int64_t per_layer = 2 * C + (C * Q + Q) + (A * C + C) + 2 * C + (C * F + F) + (F * C + C);
     return V * C + P * C + blocks * per_layer + 2 * C;
@@ -167,6 +172,13 @@ void ModelConfig::validate() const {
     if (sandwich_norm != gemma || norm_plus_one != gemma || scale_embed != gemma || (glu == Glu::gelu_tanh) != gemma)
         bad("GeGLU, norms before and after each sublayer, (1 + w) norms and a scaled embedding belong to gemma3_text "
             "(model_type)");
+    const bool neox = llama() && type->neox;
+    if (layer_norm != neox || proj_bias != neox || plain_mlp != neox || (parallel_residual && !neox))
+        bad("LayerNorm, biased o and MLP projections, an ungated MLP and parallel residuals belong to gpt_neox "
+            "(model_type)");
+    if (neox && n_kv_head > 0 && n_kv_head != n_head)
+        bad(fmt::format("gpt_neox with {} KV heads for {} heads: GPT-NeoX has no grouped-query attention", n_kv_head,
+                        n_head));
     if (sliding_pattern < 0) bad(fmt::format("sliding_window_pattern = {}, must be positive", sliding_pattern));
     if (!(rope_local_theta >= 0)) bad(fmt::format("rope_local_base_freq = {}, must be positive", rope_local_theta));
     if (!(attn_scalar >= 0)) bad(fmt::format("query_pre_attn_scalar = {}, must be positive", attn_scalar));
@@ -251,6 +263,10 @@ ModelConfig model_preset(const std::string & name) {
             c.head_size = t->head_dim;
             c.sliding_window = p.window;
             if (t->gemma3) set_gemma3(c);
+            if (t->neox) {   // GPTNeoXConfig's block; the quarter of each head that turns is set below
+                c.layer_norm = c.proj_bias = c.plain_mlp = c.parallel_residual = true;
+                c.gelu = Gelu::erf;
+            }
             for (const GemmaPreset & gp : kGemmaPresets)
                 if (name == gp.name) {
                     c.head_size = gp.head_dim;
@@ -268,6 +284,7 @@ ModelConfig model_preset(const std::string & name) {
         c.ffn = p.ffn;
         if (p.theta > 0) c.rope_theta = p.theta;
         c.tied_head = p.tied;
+        if (c.parallel_residual) c.rope_scaling.rotary_dim = c.head_dim() / 4;   // Pythia's rotary_pct 0.25
         for (const RopePreset & r : kRopePresets)
             if (name == r.name) {
                 c.rope_scaling.scaling = RopeScaling::llama3;
@@ -458,6 +475,21 @@ void parse_gemma3_fields(const nlohmann::json & j, const std::string & name, Mod
         refuse("layer_types", fmt::format("{} entries for {} layers", types.size(), c.n_layer));
 }
 
+// GPT-NeoX's own keys (GPTNeoXConfig): layer_norm_eps, rotary_emb_base (or rope_theta),
+// use_parallel_residual, the MLP's GELU (hidden_act), attention_bias (true; false is refused);
+// its rotary_pct is read where partial_rotary_factor is.
+void parse_neox_fields(const nlohmann::json & j, const std::string & name, ModelConfig & c) {
+    c.layer_norm = c.proj_bias = c.plain_mlp = true;
+    auto refuse = [&](const char * key, const std::string & why) {
+        throw ConfigError(fmt::format("{}: {} = {} is not supported ({})", name, key, j[key].dump(), why));
+    };
+    c.ln_eps = float_field(j, "layer_norm_eps", 1e-5f, name);
+    if (!j.contains("rope_theta")) c.rope_theta = float_field(j, "rotary_emb_base", 10000.0f, name);
+    c.parallel_residual = j.value("use_parallel_residual", true);
+    c.gelu = j.contains("hidden_act") ? gelu_of(j["hidden_act"], name) : Gelu::erf;
+    if (!j.value("attention_bias", true)) refuse("attention_bias", "GPT-NeoX's projections have biases");
+}
+
 // LLaMA blocks and what the model_type's row adds, with its Config's defaults.
 void parse_llama_fields(const nlohmann::json & j, const LlamaType & t, const std::string & name, ModelConfig & c) {
     c.family = "llama";
@@ -481,6 +513,7 @@ void parse_llama_fields(const nlohmann::json & j, const LlamaType & t, const std
         throw ConfigError(fmt::format("{}: {} = {} is not supported ({})", name, key, j[key].dump(), why));
     };
     if (t.gemma3) parse_gemma3_fields(j, name, c);
+    else if (t.neox) parse_neox_fields(j, name, c);
     else if (j.contains("hidden_act") && j["hidden_act"] != "silu") refuse("hidden_act", "supported: silu");
     if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) c.rope_scaling = parse_rope_scaling(j, name);
     if (t.use_sliding_window && j.value("use_sliding_window", false))
@@ -490,14 +523,16 @@ void parse_llama_fields(const nlohmann::json & j, const LlamaType & t, const std
     // Explicit when it differs from C / NH; Qwen3Config's default is 128.
     const int hd = j.contains("head_dim") && !j["head_dim"].is_null() ? int_field(j, "head_dim", name) : t.head_dim;
     if (hd != 0 && c.n_head > 0 && (c.n_embd % c.n_head != 0 || hd != c.n_embd / c.n_head)) c.head_size = hd;
-    // Partial rotary (Phi-4-mini's 0.75): the first int(head_dim x factor) dimensions turn.
-    const float partial = float_field(j, "partial_rotary_factor", 1.0f, name);
-    if (!(partial > 0 && partial <= 1)) refuse("partial_rotary_factor", "a fraction of the head, in (0, 1]");
+    // Partial rotary (Phi-4-mini's 0.75, GPT-NeoX's rotary_pct 0.25): the first int(head_dim x
+    // factor) dimensions turn.
+    const char * pkey = t.neox ? "rotary_pct" : "partial_rotary_factor";
+    const float partial = float_field(j, pkey, t.neox ? 0.25f : 1.0f, name);
+    if (!(partial > 0 && partial <= 1)) refuse(pkey, "a fraction of the head, in (0, 1]");
     if (partial < 1 && c.n_head > 0) {
         c.rope_scaling.rotary_dim = int(float(c.head_dim()) * partial);
         if (c.rope_scaling.rotary_dim < 2)
-            refuse("partial_rotary_factor", fmt::format("it gives {} rotary dimensions of head_dim {}",
-                                                        c.rope_scaling.rotary_dim, c.head_dim()));
+            throw ConfigError(fmt::format("{}: {} = {} gives {} rotary dimensions of head_dim {}; at least 2 must turn",
+                                          name, pkey, partial, c.rope_scaling.rotary_dim, c.head_dim()));
     }
 }
 
@@ -585,11 +620,35 @@ void add_gemma3_fields(const ModelConfig & cfg, nlohmann::json & j) {
     j["attention_bias"] = false;
 }
 
+// GPTNeoXConfig's keys (rotary_emb_base and, for transformers since 4.45, rope_theta).
+nlohmann::json neox_config_json(const ModelConfig & cfg) {
+    const int rot = cfg.rope_scaling.rotary_dims(cfg.head_dim());
+    return {{"architectures", {"GPTNeoXForCausalLM"}},
+            {"model_type", "gpt_neox"},
+            {"vocab_size", cfg.vocab_size},
+            {"max_position_embeddings", cfg.max_seq},
+            {"hidden_size", cfg.n_embd},
+            {"intermediate_size", cfg.ffn_dim()},
+            {"num_hidden_layers", cfg.n_layer},
+            {"num_attention_heads", cfg.n_head},
+            {"hidden_act", gelu_name(cfg.gelu)},
+            {"rotary_pct", shortest(float(rot) / float(cfg.head_dim()))},
+            {"rotary_emb_base", shortest(cfg.rope_theta)},
+            {"rope_theta", shortest(cfg.rope_theta)},
+            {"rope_scaling", rope_scaling_json(cfg.rope_scaling)},
+            {"layer_norm_eps", shortest(cfg.ln_eps)},
+            {"use_parallel_residual", cfg.parallel_residual},
+            {"attention_bias", true},
+            {"tie_word_embeddings", cfg.tied_head},
+            {"torch_dtype", "float32"}};
+}
+
 nlohmann::json hf_config_fields(const ModelConfig & cfg) {
     if (cfg.llama()) {
         const std::string type = cfg.model_type;
         const LlamaType * t = find_llama_type(type);
         MF_ASSERT(t);
+        if (t->neox) return neox_config_json(cfg);
         nlohmann::json j = {{"architectures", {t->architecture}},
                 {"model_type", type},
                 {"vocab_size", cfg.vocab_size},

@@ -4,7 +4,8 @@
 //          (tanh approximation, or exact), LM head tied to the token embedding
 //   llama  rotary positions (rotate-half, rope_theta), RMSNorm, no biases, SwiGLU MLP of
 //          ffn_dim, grouped-query attention (n_kv_head <= n_head), LM head tied or not; its
-//          model_types qwen2 (q/k/v biases), qwen3 (q/k norms) and mistral (sliding window)
+//          model_types qwen2 (q/k/v biases), qwen3 (q/k norms), mistral (sliding window), phi3,
+//          olmo2 (norms after the sublayers), gemma3_text and gpt_neox (model/llama_types.h)
 #pragma once
 
 #include <algorithm>
@@ -60,6 +61,14 @@ struct ModelConfig {
     // (scale_embed). Every sliding_pattern-th layer attends to all keys, the others within
     // sliding_window, with plain RoPE of base rope_local_theta (the global layers: rope_theta and
     // rope_scaling). Scores are scaled by attn_scalar^-1/2 (query_pre_attn_scalar; 0: head_dim).
+    // GPT-NeoX (model_type gpt_neox, Pythia): LayerNorm with biases (layer_norm), biases on the
+    // o, fc and down projections too (proj_bias; q, k, v: qkv_bias), an ungated MLP act(fc) of
+    // width ffn with the GELU `gelu` (plain_mlp), and attention and the MLP reading the same
+    // input, their outputs both added to it (parallel_residual).
+    bool  layer_norm = false;
+    bool  proj_bias = false;
+    bool  plain_mlp = false;
+    bool  parallel_residual = false;
     Glu   glu = Glu::silu;
     bool  sandwich_norm = false;
     bool  norm_plus_one = false;
@@ -107,8 +116,10 @@ struct ModelConfig {
     int qk_norm_width() const { return qk_norm_whole ? attn_dim() : head_dim(); }
     // Width of the fused q|k|v projection: (NH + 2 KVH) * head_dim.
     int qkv_dim() const { return (n_head + 2 * kv_heads()) * head_dim(); }
-    // Width of the first MLP matmul's output: 4C (gpt2) or [gate | up] = 2 ffn (llama).
-    int fc_dim() const { return llama() ? 2 * ffn_dim() : ffn_dim(); }
+    // A gated MLP: act(gate) * up (the llama family but GPT-NeoX).
+    bool gated() const { return llama() && !plain_mlp; }
+    // Width of the first MLP matmul's output: 4C (gpt2), [gate | up] = 2 ffn (llama), ffn (gpt_neox).
+    int fc_dim() const { return gated() ? 2 * ffn_dim() : ffn_dim(); }
     // The positions generation may use without walking into untrained ones.
     int trained_context() const { return trained_seq > 0 ? std::min(trained_seq, max_seq) : max_seq; }
 

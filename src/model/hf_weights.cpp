@@ -51,7 +51,8 @@ std::vector<std::string> weight_files(const fs::path & dir) {
 
 // Buffers, not weights: GPT-2's attention masks and old LLaMA checkpoints' rotary frequencies.
 bool ignorable(const std::string & name) {
-    return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") || name.ends_with(".rotary_emb.inv_freq");
+    return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") || name.ends_with(".rotary_emb.inv_freq") ||
+           name.ends_with(".attention.bias") || name.ends_with(".attention.masked_bias");   // GPT-NeoX's masks
 }
 
 // The fused tensor parameter i starts, or nullptr: i and the ones after it are the parts, in
@@ -66,7 +67,9 @@ const FusedTensor * fused_at(const std::vector<FusedTensor> & fused, const Param
         bool all = true;
         for (size_t k = 0; k < f.parts.size() && all; ++k) {
             const ParamInfo & p = l.params[i + k];
-            all = p.name == prefix + f.parts[k] && p.shape.size() == 2 && p.shape[1] == l.params[i].shape[1] &&
+            const auto & first_shape = l.params[i].shape;   // matrices of one width, or vectors (biases)
+            all = p.name == prefix + f.parts[k] && p.shape.size() == first_shape.size() &&
+                  (p.shape.size() == 1 || (p.shape.size() == 2 && p.shape[1] == first_shape[1])) &&
                   (k == 0 || p.offset == l.params[i + k - 1].offset + l.params[i + k - 1].numel);
         }
         if (all) return &f;
@@ -102,18 +105,61 @@ ParamLayout checkpoint_layout(const ModelConfig & cfg, const ParamLayout & layou
             out.params.push_back(layout.params[i++]);
             continue;
         }
-        ParamInfo merged{prefix + f->name, {0, layout.params[i].shape[1]}, layout.params[i].offset, 0};
+        ParamInfo merged{prefix + f->name, layout.params[i].shape, layout.params[i].offset, 0};
+        merged.shape[0] = 0;
         for (size_t k = 0; k < f->parts.size(); ++k, ++i) {
             merged.shape[0] += layout.params[i].shape[0];
             merged.numel += layout.params[i].numel;
         }
         out.params.push_back(std::move(merged));
     }
+    for (ParamInfo & p : out.params)   // GPT-NeoX's own names
+        for (const TensorRename & r : tensor_renames(*type))
+            if (const size_t at = p.name.find(r.ours); at != std::string::npos)
+                p.name.replace(at, std::string_view(r.ours).size(), r.theirs);
     return out;
 }
 
-float checkpoint_shift(const ModelConfig & cfg, const std::string & name) {
+namespace {
+// A by_head fused tensor (GPT-NeoX's query_key_value): rows [part][head][i] in memfit's layout,
+// [head][part][i] in the checkpoint; `to` the checkpoint's order, else memfit's.
+void permute_by_head(const ModelConfig & cfg, const ParamInfo & p, float * v, bool to) {
+    const int64_t H = cfg.n_head, hd = cfg.head_dim(), parts = p.shape[0] / (H * hd);
+    const int64_t cols = p.shape.size() == 2 ? p.shape[1] : 1;
+    MF_ASSERT(parts * H * hd == p.shape[0] && cfg.kv_heads() == cfg.n_head);
+    std::vector<float> src(v, v + p.numel);
+    for (int64_t part = 0; part < parts; ++part)
+        for (int64_t h = 0; h < H; ++h)
+            for (int64_t i = 0; i < hd; ++i) {
+                const int64_t ours = (part * H + h) * hd + i, theirs = (h * parts + part) * hd + i;
+                std::copy_n(src.data() + (to ? ours : theirs) * cols, cols, v + (to ? theirs : ours) * cols);
+            }
+}
+
+bool by_head(const ModelConfig & cfg, const std::string & name) {
+    const LlamaType * type = cfg.llama() ? find_llama_type(cfg.model_type) : nullptr;
+    if (!type) return false;
+    for (const FusedTensor & f : fused_tensors(*type))
+        if (f.by_head && name.ends_with(f.name)) return true;
+    return false;
+}
+
+// Gemma 3's RMSNorms multiply by (1 + w): its checkpoints store w, memfit's layout the multiplier.
+float norm_shift(const ModelConfig & cfg, const std::string & name) {
     return cfg.norm_plus_one && name.ends_with("norm.weight") ? 1.0f : 0.0f;
+}
+}  // namespace
+
+void from_checkpoint(const ModelConfig & cfg, const ParamInfo & p, float * values) {
+    if (by_head(cfg, p.name)) permute_by_head(cfg, p, values, false);
+    if (const float shift = norm_shift(cfg, p.name); shift != 0)
+        for (size_t i = 0; i < p.numel; ++i) values[i] += shift;
+}
+
+void to_checkpoint(const ModelConfig & cfg, const ParamInfo & p, float * values, bool gradient) {
+    if (by_head(cfg, p.name)) permute_by_head(cfg, p, values, true);
+    if (const float shift = gradient ? 0.0f : norm_shift(cfg, p.name); shift != 0)
+        for (size_t i = 0; i < p.numel; ++i) values[i] -= shift;
 }
 
 bool has_hf_weights(const std::string & dir) {
@@ -170,8 +216,8 @@ void load_hf_weights(const std::string & dir, const ModelConfig & cfg, const Par
         if (const NonFinite bad = find_non_finite(v.data(), v.size()))
             throw FormatError(fmt::format("{}: tensor '{}' holds {}; the weights are corrupt (or were saved from a "
                                           "diverged run)", file->path(), name, bad.describe()));
-        const float shift = checkpoint_shift(cfg, p.name);
-        for (size_t i = 0; i < v.size(); ++i) params[p.offset + i] = v[i] + shift;
+        std::copy(v.begin(), v.end(), params + p.offset);
+        from_checkpoint(cfg, p, params + p.offset);
     }
 }
 
@@ -206,7 +252,7 @@ std::vector<Shard> plan_shards(const ParamLayout & layout, size_t elem, uint64_t
     return out;
 }
 
-// The shard's tensors in `dtype`: fp32 pointed at in place (checkpoint_shift's norms shifted into
+// The shard's tensors in `dtype`: fp32 pointed at in place (those to_checkpoint changes: copies in
 // `shifted`), 16-bit ones converted into `store`.
 std::vector<TensorToWrite> shard_tensors(const ModelConfig & cfg, const ParamLayout & layout, const Shard & s,
                                          const float * params, const std::string & dtype,
@@ -217,9 +263,9 @@ std::vector<TensorToWrite> shard_tensors(const ModelConfig & cfg, const ParamLay
     for (const size_t i : s.params) {
         const ParamInfo & p = layout.params[i];
         const float * src = params + p.offset;
-        if (const float shift = checkpoint_shift(cfg, p.name); shift != 0) {
+        if (by_head(cfg, p.name) || norm_shift(cfg, p.name) != 0) {
             std::vector<float> & v = shifted.emplace_back(src, src + p.numel);
-            for (float & x : v) x -= shift;
+            to_checkpoint(cfg, p, v.data());
             src = v.data();
         }
         if (dtype == "F32") {

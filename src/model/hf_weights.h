@@ -3,7 +3,10 @@
 // "h.0.attn.c_attn.weight" (optionally under "transformer."), Conv1D weights [in, out], the LM
 // head tied to wte. LLaMA: "model.layers.0.self_attn.q_proj.weight", Linear weights [out, in],
 // "lm_head.weight" unless tie_word_embeddings. Phi-3 (model_type phi3): the same with q|k|v
-// fused into "self_attn.qkv_proj.weight" and gate|up into "mlp.gate_up_proj.weight".
+// fused into "self_attn.qkv_proj.weight" and gate|up into "mlp.gate_up_proj.weight". GPT-NeoX
+// (gpt_neox): "gpt_neox.layers.0.attention.query_key_value.weight" (q|k|v interleaved by head),
+// "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h", "gpt_neox.embed_in",
+// "gpt_neox.final_layer_norm", "embed_out" (model/llama_types.h's renames).
 //
 // Loading checks every tensor before copying any: a missing or unexpected tensor, or one whose
 // shape differs from the config's, is a FormatError naming it. F32, F16 and BF16 are converted
@@ -29,11 +32,13 @@ namespace memfit {
 // and `memfit verify` read and write tensors through it.
 ParamLayout checkpoint_layout(const ModelConfig & cfg, const ParamLayout & layout);
 
-// Gemma 3's RMSNorms multiply by (1 + w) and its checkpoints store w; memfit's layout holds the
-// multiplier (ModelConfig::norm_plus_one). What checkpoint tensor `name`'s values add to become
-// memfit's: 1 for those norms' weights, else 0. Loading adds it, export and `memfit verify`
-// take it off again.
-float checkpoint_shift(const ModelConfig & cfg, const std::string & name);
+// A checkpoint_layout tensor's values, in place, from the checkpoint's form to memfit's and back:
+// Gemma 3's RMSNorms multiply by (1 + w) and its checkpoints store w, memfit's layout the
+// multiplier (ModelConfig::norm_plus_one: +1); GPT-NeoX's query_key_value interleaves q, k and
+// v head by head, memfit keeps all of q, then k, then v (rows permuted). Loading, export and
+// `memfit verify` apply them; a gradient (gradient = true) is permuted, never shifted.
+void from_checkpoint(const ModelConfig & cfg, const ParamInfo & p, float * values);
+void to_checkpoint(const ModelConfig & cfg, const ParamInfo & p, float * values, bool gradient = false);
 
 // True when `dir` holds model.safetensors or model.safetensors.index.json.
 bool has_hf_weights(const std::string & dir);

@@ -34,6 +34,10 @@ struct LlamaType {
     // scaled by query_pre_attn_scalar (ModelConfig's Gemma 3 fields).
     bool  gemma3 = false;
     float theta = 10000.0f;      // its rope_theta default
+    // GPT-NeoX (Pythia): LayerNorm with biases, biases on every projection, a plain GELU MLP,
+    // attention and the MLP side by side (use_parallel_residual), partial rotary (rotary_pct),
+    // checkpoints under their own names with q|k|v interleaved head by head (hf_weights.h).
+    bool  neox = false;
 };
 
 // nullptr when `type` is not a llama-family model_type.
@@ -42,11 +46,19 @@ const LlamaType * find_llama_type(const std::string & type);
 std::string llama_type_names();
 
 // A fused checkpoint tensor and the adjacent layout parameters it holds, in row order, as
-// suffixes after "model.layers.N.".
+// suffixes after "model.layers.N."; by_head: the checkpoint interleaves them head by head (GPT-NeoX's
+// query_key_value: each head's q, k and v rows together), memfit keeps them part after part.
 struct FusedTensor {
     const char * name;
     std::vector<const char *> parts;
+    bool by_head = false;
 };
+// Where a type's checkpoints name a tensor differently from memfit's layout: the layout name's
+// piece and the checkpoint's (prefixes, whole names, or suffixes within a layer).
+struct TensorRename {
+    const char * ours, * theirs;
+};
+const std::vector<TensorRename> & tensor_renames(const LlamaType & t);
 // The fused tensors of a type's checkpoints (empty unless LlamaType::fused).
 const std::vector<FusedTensor> & fused_tensors(const LlamaType & t);
 

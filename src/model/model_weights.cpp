@@ -71,6 +71,7 @@ ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, 
     if (cfg.llama()) {
         w.wte = view("model.embed_tokens.weight");
         w.lnfw = view("model.norm.weight");
+        w.lnfb = view("model.norm.bias");   // GPT-NeoX's (else invalid)
         w.head = cfg.tied_head ? w.wte : view("lm_head.weight");
         for (int l = 0; l < cfg.n_layer; ++l) {
             ModelWeights::Layer y;
@@ -81,6 +82,13 @@ ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, 
             const std::string h = fmt::format("model.layers.{}.", cfg.stored_block(l));   // shared: one per group
             // OLMo 2's norms follow attention and the MLP: ln1 and ln2 are those.
             y.ln1w = view(h + (cfg.post_norm ? "post_attention_layernorm.weight" : "input_layernorm.weight"));
+            if (cfg.layer_norm) {   // GPT-NeoX: LayerNorms with biases, every projection biased
+                y.ln1b = view(h + "input_layernorm.bias");
+                y.ln2b = view(h + "post_attention_layernorm.bias");
+                y.projb = view(h + "self_attn.o_proj.bias");
+                y.fcb = view(h + "mlp.up_proj.bias");
+                y.fcprojb = view(h + "mlp.down_proj.bias");
+            }
             y.qkvw = fused({h + "self_attn.q_proj.weight", h + "self_attn.k_proj.weight", h + "self_attn.v_proj.weight"});
             if (cfg.qkv_bias) y.qkvb = fused({h + "self_attn.q_proj.bias", h + "self_attn.k_proj.bias",
                                                    h + "self_attn.v_proj.bias"});
@@ -94,7 +102,7 @@ ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, 
                 y.pn1w = view(h + "post_attention_layernorm.weight");
                 y.pn2w = view(h + "post_feedforward_layernorm.weight");
             }
-            y.fcw = fused({h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"});
+            y.fcw = cfg.gated() ? fused({h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"}) : view(h + "mlp.up_proj.weight");
             y.fcprojw = view(h + "mlp.down_proj.weight");
             w.h.push_back(y);
         }

@@ -41,6 +41,7 @@ ParamLayout make_param_layout(const ModelConfig & cfg) {
         for (int i = 0; i < cfg.stored_layers(); ++i) {   // shared blocks once
             const std::string h = fmt::format("model.layers.{}.", i);
             if (!cfg.post_norm) add(h + "input_layernorm.weight", {C});
+            if (cfg.layer_norm) add(h + "input_layernorm.bias", {C});   // GPT-NeoX's LayerNorms
             add(h + "self_attn.q_proj.weight", {A, C});
             add(h + "self_attn.k_proj.weight", {KV, C});
             add(h + "self_attn.v_proj.weight", {KV, C});
@@ -54,14 +55,19 @@ ParamLayout make_param_layout(const ModelConfig & cfg) {
                 add(h + "self_attn.k_norm.weight", {cfg.qk_norm_width()});
             }
             add(h + "self_attn.o_proj.weight", {C, A});
+            if (cfg.proj_bias) add(h + "self_attn.o_proj.bias", {C});
             add(h + "post_attention_layernorm.weight", {C});   // OLMo 2, Gemma 3: on the attention's output
+            if (cfg.layer_norm) add(h + "post_attention_layernorm.bias", {C});
             if (cfg.sandwich_norm) add(h + "pre_feedforward_layernorm.weight", {C});
             if (cfg.post_norm || cfg.sandwich_norm) add(h + "post_feedforward_layernorm.weight", {C});
-            add(h + "mlp.gate_proj.weight", {F, C});
-            add(h + "mlp.up_proj.weight", {F, C});
+            if (cfg.gated()) add(h + "mlp.gate_proj.weight", {F, C});
+            add(h + "mlp.up_proj.weight", {F, C});   // GPT-NeoX's ungated MLP: its one input matrix
+            if (cfg.proj_bias) add(h + "mlp.up_proj.bias", {F});
             add(h + "mlp.down_proj.weight", {C, F});
+            if (cfg.proj_bias) add(h + "mlp.down_proj.bias", {C});
         }
         add("model.norm.weight", {C});
+        if (cfg.layer_norm) add("model.norm.bias", {C});
         if (!cfg.tied_head) add("lm_head.weight", {V, C});
     } else {
         add("wte.weight", {V, C});

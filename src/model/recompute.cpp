@@ -117,8 +117,8 @@ KeepSet layer_keep_cost(const ModelConfig & cfg, int B, int T, bool flash, DType
     const double bt = double(B) * T, C = cfg.n_embd, Q = cfg.qkv_dim(), F = cfg.fc_dim(), A = cfg.ffn_dim(),
                  H = cfg.attn_dim();
     const uint64_t s = dtype_size(compute), BT = uint64_t(B) * uint64_t(T), BTC = BT * uint64_t(cfg.n_embd);
-    const uint64_t stats = (cfg.llama() ? 1 : 2) * BT * 4;   // (mean and) rstd, f32
-    const bool llama = cfg.llama();
+    const bool llama = cfg.llama(), layer_norm = !llama || cfg.layer_norm;
+    const uint64_t stats = (layer_norm ? 2 : 1) * BT * 4;   // (mean and) rstd, f32
     const double R = double(cfg.n_head + cfg.kv_heads()) * cfg.head_dim();   // elements RoPE rotates per row
     // q and k norms: their inputs (every q and k element) and a rstd per group (head, or OLMo 2's whole q and k)
     const uint64_t QKE = cfg.qk_norm ? uint64_t(cfg.n_head + cfg.kv_heads()) * uint64_t(cfg.head_dim()) : 0;
@@ -136,8 +136,10 @@ KeepSet layer_keep_cost(const ModelConfig & cfg, int B, int T, bool flash, DType
     // projections' outputs) and rstd whatever the mask (as a layer's output is kept); res2
     // recomputes the first of them with its projection. GeGLU: 10 FLOPs per element, as GELU.
     const bool post = cfg.post_norm;
-    const double norm_flops = (llama ? 4.0 : 8.0) * bt * C;
-    const double act_flops = (llama && cfg.glu == Glu::silu ? 6.0 : 10.0) * bt * A;
+    // GPT-NeoX's parallel residual: backward never reads res2 (the MLP's norm read the input).
+    const double norm_flops = (layer_norm ? 8.0 : 4.0) * bt * C;
+    const double act_flops = (cfg.gated() && cfg.glu == Glu::silu ? 6.0 : 10.0) * bt * A;
+    const bool parallel = cfg.parallel_residual;
     const double post_attn_flops = cfg.sandwich_norm ? norm_flops : 0;
     const Unit units[int(Saved::count)] = {
         {BTC * s + stats, post ? 2.0 * bt * H * C + norm_flops : norm_flops},                // ln1
@@ -145,7 +147,8 @@ KeepSet layer_keep_cost(const ModelConfig & cfg, int B, int T, bool flash, DType
         {uint64_t(Q) * BT * s + qk_norm_bytes, 2.0 * bt * C * Q + (llama ? kRopeFlops * bt * R : 0) + qk_norm_flops},
         {BT * uint64_t(H) * s + (flash ? uint64_t(B) * uint64_t(cfg.n_head) * uint64_t(T) * 4 : 0), 0},   // attn_out (+ lse)
         {flash ? 0 : uint64_t(B) * uint64_t(cfg.n_head) * uint64_t(T) * uint64_t(T) * s, 0},   // attn_probs
-        {BTC * s, post ? norm_flops + bt * C : 2.0 * bt * H * C + post_attn_flops + bt * C},   // res2: proj + residual
+        {parallel ? 0 : BTC * s,
+         parallel ? 0 : post ? norm_flops + bt * C : 2.0 * bt * H * C + post_attn_flops + bt * C},   // res2: proj + residual
         {BTC * s + stats, post ? 2.0 * bt * A * C + norm_flops : norm_flops},  // ln2
         {uint64_t(F) * BT * s, 2.0 * bt * C * F},                             // fc (gate | up)
         {uint64_t(A) * BT * s, act_flops},                                    // gelu | swiglu | geglu

@@ -39,7 +39,7 @@ Transformer::LayerActs Transformer::declare_layer(Program & program, const std::
     a.layer = std::stoi(h.substr(2));
     a.rc = h.ends_with("rc.");
     a.ln1 = stream("ln_1.out");
-    if (!llama_) a.ln1_mean = stats("ln_1.mean");
+    if (layer_norm_) a.ln1_mean = stats("ln_1.mean");
     a.ln1_rstd = stats("ln_1.rstd");
     a.qkv = act("attn.qkv", {b, t, Q});
     if (cfg_.qk_norm) {   // the q and k parts of qkv before their norms, and a rstd per group
@@ -67,14 +67,14 @@ Transformer::LayerActs Transformer::declare_layer(Program & program, const std::
                                   gdt_, {cfg_.qk_norm_width()});
     }
     a.ln2 = stream("ln_2.out");
-    if (!llama_) a.ln2_mean = stats("ln_2.mean");
+    if (layer_norm_) a.ln2_mean = stats("ln_2.mean");
     a.ln2_rstd = stats("ln_2.rstd");
     // TiledMLP: one chunk of rows (M) of the MLP's intermediates at a time, kept by nothing.
     const int64_t M = mlp_rows_;
     auto mlp = [&](const std::string & name, int64_t width) {
         return M > 0 ? act(name + ".chunk", {M, width}) : act(name, {b, t, width});
     };
-    const std::string actname = !llama_ ? "mlp.gelu" : cfg_.glu == Glu::gelu_tanh ? "mlp.geglu" : "mlp.swiglu";
+    const std::string actname = !cfg_.gated() ? "mlp.gelu" : cfg_.glu == Glu::gelu_tanh ? "mlp.geglu" : "mlp.swiglu";
     a.fch = mlp("mlp.fc", F);
     a.fch_gelu = mlp(actname, A);
     a.fcproj = act("mlp.proj", {b, t, C});
@@ -127,6 +127,7 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
     const int64_t b = B, t = T, C = cfg.n_embd, V = cfg.vocab_size;
     MF_ASSERT(!tp_.enabled() || (opt.kv_capacity == 0 && !opt.keep_logits));
     llama_ = cfg.llama();
+    layer_norm_ = !llama_ || cfg.layer_norm;
     gqa_ = llama_ && cfg.kv_heads() != cfg.n_head;
     rope_ = cfg.rope().for_sequence(std::max(T, opt.kv_capacity));
     for (int l = 0; l < cfg.n_layer; ++l) layer_rope_.push_back(cfg.layer_rope(l).for_sequence(std::max(T, opt.kv_capacity)));
@@ -200,7 +201,7 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
     if (!last_stage()) return;
     lnf_ = act("ln_f.out", {b, t, C});
     lnf_s_ = sp_ ? stream("ln_f.out.rows") : lnf_;
-    if (!llama_) lnf_mean_ = sp_ ? act("ln_f.mean", {rows_}, true) : act("ln_f.mean", {b, t}, true);
+    if (layer_norm_) lnf_mean_ = sp_ ? act("ln_f.mean", {rows_}, true) : act("ln_f.mean", {b, t}, true);
     lnf_rstd_ = sp_ ? act("ln_f.rstd", {rows_}, true) : act("ln_f.rstd", {b, t}, true);
     if (opt.kv_capacity > 0) {
         MF_ASSERT(B == 1 && !opt.with_backward && T <= opt.kv_capacity);
@@ -266,13 +267,13 @@ void Transformer::tp_sum(Graph & g, Tensor t, Tensor scratch, Phase resume) cons
 }
 
 void Transformer::norm_fwd(Graph & g, Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, Tensor b) const {
-    if (llama_) g.rmsnorm_fwd(out, rstd, x, w, cfg_.ln_eps);
+    if (!layer_norm_) g.rmsnorm_fwd(out, rstd, x, w, cfg_.ln_eps);
     else g.layernorm_fwd(out, mean, rstd, x, w, b, cfg_.ln_eps);
 }
 
 void Transformer::norm_bwd(Graph & g, Tensor dx, Tensor dw, Tensor db, Tensor dout, Tensor x, Tensor w, Tensor mean,
                            Tensor rstd) const {
-    if (llama_) g.rmsnorm_bwd(dx, dw, dout, x, w, rstd);
+    if (!layer_norm_) g.rmsnorm_bwd(dx, dw, dout, x, w, rstd);
     else g.layernorm_bwd(dx, dw, db, dout, x, w, mean, rstd);
 }
 
@@ -352,13 +353,13 @@ void Transformer::attention_bwd(Graph & g, const LayerActs & a, const ModelWeigh
 }
 
 void Transformer::act_fwd(Graph & g, Tensor out, Tensor fc) const {
-    if (!llama_) g.gelu_fwd(out, fc, cfg_.gelu);
+    if (!cfg_.gated()) g.gelu_fwd(out, fc, cfg_.gelu);
     else if (cfg_.glu == Glu::gelu_tanh) g.geglu_fwd(out, fc);
     else g.swiglu_fwd(out, fc);
 }
 
 void Transformer::act_bwd(Graph & g, Tensor dfc, Tensor dout, Tensor fc) const {
-    if (!llama_) g.gelu_bwd(dfc, dout, fc, cfg_.gelu);
+    if (!cfg_.gated()) g.gelu_bwd(dfc, dout, fc, cfg_.gelu);
     else if (cfg_.glu == Glu::gelu_tanh) g.geglu_bwd(dfc, dout, fc);
     else g.swiglu_bwd(dfc, dout, fc);
 }
@@ -505,7 +506,8 @@ void Transformer::layer_forward(Graph & g, const LayerActs & a, const ModelWeigh
         attention_fwd(g, a.layer, a.atty, a.lse, a.att, a.qkv_rep, a.qkv);
     project(g, a.attproj, a.atty, p, Proj::o, a.rc);
     g.residual_fwd(a.res2, x, sublayer_out(g, a.attproj, a.attproj_s, a.tp_attn, n1.out, n1.rstd, n1.w, phase));
-    if (pre) norm_fwd(g, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b);
+    // GPT-NeoX's parallel residual: the MLP's norm reads the layer's input, as attention's does.
+    if (pre) norm_fwd(g, a.ln2, a.ln2_mean, a.ln2_rstd, cfg_.parallel_residual ? x : a.res2, p.ln2w, p.ln2b);
     const Tensor mlp_in = pre ? a.ln2 : a.res2;
     if (mlp_rows_ > 0) {   // TiledMLP (the last layer of a recomputed segment needs none of it)
         if (!need_output) return;
@@ -610,7 +612,7 @@ Transformer::LayerActs Transformer::recompute_dropped(Graph & g, int l, const Mo
         a.ln1 = r.ln1, a.ln1_mean = r.ln1_mean, a.ln1_rstd = r.ln1_rstd;
     }
     recompute_attention(g, l, a, p, x);
-    if (dropped(Saved::res2)) {
+    if (dropped(Saved::res2) && !cfg_.parallel_residual) {   // parallel: backward never reads res2
         project(g, r.attproj, a.atty, p, Proj::o, true);
         const PostNorm n1 = post_norm(r, p, nullptr, false);   // Gemma 3's; else the sum as it is
         g.residual_fwd(r.res2, x, sublayer_out(g, r.attproj, r.attproj_s, r.tp_attn, n1.out, n1.rstd, n1.w,
@@ -618,7 +620,7 @@ Transformer::LayerActs Transformer::recompute_dropped(Graph & g, int l, const Mo
         a.res2 = r.res2;
     }
     if (dropped(Saved::ln2)) {
-        norm_fwd(g, r.ln2, r.ln2_mean, r.ln2_rstd, a.res2, p.ln2w, p.ln2b);
+        norm_fwd(g, r.ln2, r.ln2_mean, r.ln2_rstd, cfg_.parallel_residual ? x : a.res2, p.ln2w, p.ln2b);
         a.ln2 = r.ln2, a.ln2_mean = r.ln2_mean, a.ln2_rstd = r.ln2_rstd;
     }
     if (dropped(Saved::fc) && mlp_rows_ == 0) {   // TiledMLP: backward recomputes chunk by chunk
@@ -651,8 +653,11 @@ void Transformer::layer_backward(Graph & g, const LayerActs & a, const LayerActs
         project_bwd(g, a.dln2, a.dfch, gather_rows(g, mlp_in, own.ln2g_b, Phase::backward), p, dp, Proj::fc);
     }
     const Tensor dln2 = reduce_rows(g, a.dln2, own.dln2_s, own.tp_dln2, Phase::backward);
-    if (pre) norm_bwd(g, dres_, dp.ln2w, dp.ln2b, dln2, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd);
-    else g.residual_fwd(dres_, dres_, dln2);
+    // Parallel residual: the MLP's norm read the input x, so its gradient joins d(x) below, after
+    // attention's branch has read d(res2) = dres_.
+    const bool parallel = cfg_.parallel_residual;
+    if (pre && !parallel) norm_bwd(g, dres_, dp.ln2w, dp.ln2b, dln2, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd);
+    else if (!pre) g.residual_fwd(dres_, dres_, dln2);
     const Tensor dattn = post ? post_norm_bwd(g, own.dpost, n1.dw, a.attproj, n1.w, n1.rstd)
                               : gather_rows(g, dres_, own.dres_g2, Phase::backward);
     project_bwd(g, a.datty, dattn, a.atty, p, dp, Proj::o);
@@ -661,6 +666,7 @@ void Transformer::layer_backward(Graph & g, const LayerActs & a, const LayerActs
     const Tensor dln1 = reduce_rows(g, a.dln1, own.dln1_s, own.tp_dln1, Phase::backward);
     if (pre) norm_bwd(g, dres_, dp.ln1w, dp.ln1b, dln1, x, p.ln1w, a.ln1_mean, a.ln1_rstd);
     else g.residual_fwd(dres_, dres_, dln1);
+    if (parallel) norm_bwd(g, dres_, dp.ln2w, dp.ln2b, dln2, x, p.ln2w, a.ln2_mean, a.ln2_rstd);
 }
 
 // post_norm (OLMo 2): backward reads each norm's input (the output projections, attproj and

@@ -10,6 +10,8 @@
 //   attention (causal; LLaMA's grouped KV heads are repeated into a transient full q|k|v first)
 //   res2 = x + attn . W_o (+ b);  ln_2 = norm (res2);  fc = ln_2 . W_fc (+ b)   [4C | gate|up 2F]
 //   act = GELU (fc) | silu(gate) * up;  res3 = res2 + act . W_down (+ b)
+// OLMo 2 moves the two norms onto the attention's and the MLP's outputs; Gemma 3 keeps them and
+// adds those two (pn1, pn2), takes GeGLU for SwiGLU and scales the embedding's output by sqrt(C).
 // The fused W_qkv (and W_fc) of LLaMA are its adjacent q, k, v (gate, up) [out, in] matrices.
 #pragma once
 
@@ -333,6 +335,7 @@ private:
     ModelConfig cfg_;
     int B_, T_;
     bool llama_ = false, gqa_ = false;
+    bool layer_norm_ = false;    // LayerNorm (GPT-2, GPT-NeoX), else RMSNorm
     // The rotary embedding for this pass's sequences (longrope picks its factors by their length).
     Rope rope_;
     std::vector<Rope> layer_rope_;   // each layer's (Gemma 3: local and global bases), by absolute index

@@ -206,7 +206,7 @@ uint64_t kept_per_layer(const ModelConfig & cfg, const Candidate & c, int seq, u
         const uint64_t bytes = layer_keep_cost(cfg, b, seq, c.flash(), c.compute, 1u << int(u)).bytes;
         if (!lp) return bytes;
         // LoRA: a frozen projection's input is kept only for its adapter's dA.
-        const uint64_t stats = (cfg.llama() ? 1 : 2) * rows * 4;
+        const uint64_t stats = (cfg.llama() && !cfg.layer_norm ? 1 : 2) * rows * 4;
         switch (u) {
             case Saved::ln1: return lp->adapts(Proj::qkv) ? bytes : stats;
             case Saved::ln2: return lp->adapts(Proj::fc) ? bytes : stats;
@@ -356,7 +356,7 @@ uint64_t megatron_layer_activation_bytes(const ModelConfig & cfg, int b, int s, 
     auto unit = [&](Saved u) {
         const uint64_t with = layer_keep_cost(cfg, b, s, false, DType::bf16, 1u << int(u)).bytes;
         const bool norm = u == Saved::ln1 || u == Saved::ln2;
-        return norm ? with - 4 * uint64_t(b) * uint64_t(s) * (cfg.llama() ? 1 : 2) : with;
+        return norm ? with - 4 * uint64_t(b) * uint64_t(s) * (cfg.llama() && !cfg.layer_norm ? 1 : 2) : with;
     };
     // Split by tensor parallelism: q|k|v, the attention output, fc and its activation, and the
     // attention core (probabilities, their dropout mask and output).

@@ -21,7 +21,8 @@
 //                 optimizer+params (ZeRO-3) also the weights' shard (two layers' parts of it
 //                 staged ahead of their gathers, and each unit's s bytes an element).
 //   activations   per layer and micro-batch, the engine's kept units (layer_keep_cost) for the
-//                 recompute policy plus the layer's input; tensor parallelism divides the units
+//                 recompute policy plus the layer's input (and Gemma 3's output norms' inputs
+//                 and rstd, kept under every policy); tensor parallelism divides the units
 //                 that are split by heads or by the MLP width (qkv, attention output and
 //                 probabilities, fc, activation), sequence parallelism also the rest (norm
 //                 outputs, residuals, layer inputs) — Korthikanti et al. 2022. The first

@@ -149,7 +149,7 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
 
     // --- memory-bound traffic, elements per token per layer
     const double norm = 2.0 * C, norm_b = 3.0 * C, res = 3.0 * C, res_b = 3.0 * C;
-    const double act = cfg.llama() ? 3.0 * A : 2.0 * A, act_b = cfg.llama() ? 5.0 * A : 3.0 * A;
+    const double act = cfg.gated() ? 3.0 * A : 2.0 * A, act_b = cfg.gated() ? 5.0 * A : 3.0 * A;
     const double rope = cfg.llama() ? 2.0 * R : 0.0;
     const double probs = c.flash() ? 0.0 : NH * T, probs_b = c.flash() ? 0.0 : NH * T;   // one pass over b NH T T
     double replicated = 2 * (norm + norm_b) + 2 * (res + res_b);

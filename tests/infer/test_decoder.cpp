@@ -154,6 +154,33 @@ TEST(Decoder, Gemma3SlidingAndGlobalLayersEqualTheFullForward) {
     }
 }
 
+// GPT-NeoX: parallel residuals, partial rotary, biases: cached generation equals the full forward.
+TEST(Decoder, GptNeoxEqualsTheFullForward) {
+    const nlohmann::json j = {{"model_type", "gpt_neox"}, {"vocab_size", 53}, {"hidden_size", 32},
+                              {"intermediate_size", 64}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+                              {"max_position_embeddings", 64}};
+    const ModelConfig cfg = parse_hf_config(j, "neox");
+    CpuBackend backend;
+    const int T = 30, V = cfg.vocab_size;
+    EngineOptions eo;
+    eo.B = 1;
+    eo.T = T;
+    eo.with_eval = false;
+    Engine e(cfg, backend, eo);
+    e.init_params(12);
+    std::vector<int32_t> tokens(T);
+    for (int i = 0; i < T; ++i) tokens[size_t(i)] = (i * 7 + 1) % V;
+    const std::vector<float> full = e.logits(tokens.data(), 1);
+    Decoder d(cfg, backend, T);
+    d.set_weights(e.params());
+    const float * l = d.prefill(std::vector<int32_t>(tokens.begin(), tokens.begin() + 5));
+    EXPECT_LT(max_rel(l, full.data() + 4 * size_t(V), V), 1e-5);
+    for (int t = 5; t < T; ++t) {
+        l = d.step(tokens[size_t(t)]);
+        ASSERT_LT(max_rel(l, full.data() + size_t(t) * V, V), 1e-5) << "position " << t;
+    }
+}
+
 TEST(Decoder, PlannedEqualsMeasuredAndTheCacheIsWhatItShouldBe) {
     CpuBackend backend;
     const ModelConfig cfg = llama_small();

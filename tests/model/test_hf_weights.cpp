@@ -273,6 +273,37 @@ TEST(HfWeights, Gemma3FoldersStoreNormOffsets) {
     for (size_t i = 0; i < got.size(); ++i) EXPECT_FLOAT_EQ(got[i], m.params[i]) << i;
 }
 
+// GPT-NeoX folders: its own tensor names, q|k|v fused into query_key_value with each head's q, k
+// and v rows together (memfit keeps all of q, then k, then v); export then load is bitwise.
+TEST(HfWeights, GptNeoxFoldersInterleaveHeads) {
+    const nlohmann::json j = {{"model_type", "gpt_neox"}, {"vocab_size", 50}, {"hidden_size", 16},
+                              {"intermediate_size", 32}, {"num_hidden_layers", 2}, {"num_attention_heads", 2},
+                              {"max_position_embeddings", 32}};
+    Model m(parse_hf_config(j, "neox"));
+    const fs::path dir = fresh_dir("neox");
+    export_hf(dir.string(), m.cfg, m.layout, m.params.data());
+    const SafetensorsFile f = SafetensorsFile::open((dir / "model.safetensors").string());
+    for (const char * name : {"gpt_neox.embed_in.weight", "embed_out.weight", "gpt_neox.final_layer_norm.bias",
+                              "gpt_neox.layers.1.attention.dense.bias", "gpt_neox.layers.0.mlp.dense_h_to_4h.weight",
+                              "gpt_neox.layers.0.mlp.dense_4h_to_h.bias"})
+        EXPECT_NO_THROW(f.info(name)) << name;
+    const std::vector<float> qkv = f.read_f32("gpt_neox.layers.1.attention.query_key_value.weight");
+    ASSERT_EQ(qkv.size(), size_t(48 * 16));
+    const size_t q = m.layout.find("model.layers.1.self_attn.q_proj.weight").offset;
+    // Checkpoint row (head h, part p, i) = memfit row (p, h, i); heads of 8.
+    for (int h = 0; h < 2; ++h)
+        for (int part = 0; part < 3; ++part)
+            for (int i = 0; i < 8; ++i)
+                for (int c = 0; c < 16; ++c)
+                    EXPECT_EQ(qkv[size_t(((h * 3 + part) * 8 + i) * 16 + c)],
+                              m.params[q + size_t(((part * 2 + h) * 8 + i) * 16 + c)]);
+    const ModelConfig back = resolve_model(dir.string());
+    EXPECT_EQ(back.model_type, "gpt_neox");
+    std::vector<float> got(m.layout.total, -1.0f);
+    load_hf_weights(dir.string(), back, m.layout, got.data());
+    EXPECT_EQ(got, m.params);
+}
+
 // A NaN or inf in a folder's weights is refused where it is read, naming the tensor (it used
 // to train into a "loss became nan" at step 1, or print garbage in `generate`).
 TEST(HfWeights, NonFiniteWeightsAreRefusedByName) {

@@ -589,6 +589,55 @@ TEST(Llama, Gemma3ConfigsAndPresets) {
     refused(erf, "Gemma 3's gate is gelu_pytorch_tanh");
 }
 
+// GPT-NeoX (tests/data/make_neox_fixtures.py): LayerNorms with biases, biases on every projection,
+// q|k|v interleaved head by head in query_key_value, a quarter of each head rotated, an ungated
+// exact-GELU MLP, attention and the MLP side by side (gpt_neox_tiny, Pythia's form) or one after
+// the other with half the head rotated at base 500 (gpt_neox_sequential_tiny), an untied embed_out.
+TEST(Llama, GptNeoxFixturesWithin1e4) {
+    for (const char * fixture : {"gpt_neox_tiny", "gpt_neox_sequential_tiny"}) {
+        SCOPED_TRACE(fixture);
+        const VerifyReport r = verify_fixture(std::string(MEMFIT_TEST_DATA) + "/" + fixture + ".safetensors");
+        EXPECT_TRUE(r.ok) << r.json.dump(2);
+        EXPECT_LE(r.json["max_error"].get<double>(), 1e-4);
+        for (const char * name : {"grad.gpt_neox.layers.1.attention.query_key_value.weight",
+                                  "step2.gpt_neox.layers.0.attention.query_key_value.bias",
+                                  "grad.gpt_neox.layers.0.post_attention_layernorm.bias", "step2.embed_out.weight",
+                                  "grad.gpt_neox.final_layer_norm.bias", "step1.gpt_neox.layers.1.mlp.dense_4h_to_h.bias"})
+            EXPECT_TRUE(r.json["errors"].contains(name)) << name << "\n" << r.json.dump(2);
+    }
+}
+
+// GPT-NeoX configs: GPTNeoXConfig's defaults (rotary_pct 0.25, parallel residuals, exact GELU),
+// the Pythia presets at the paper's totals (1B: 1,011,781,632; 6.9B: 6,857,302,016), written back
+// as GPTNeoXForCausalLM; no attention biases and LoRA refused in one line.
+TEST(Llama, GptNeoxConfigsAndPresets) {
+    EXPECT_EQ(model_preset("pythia-1b").num_params(), 1011781632);
+    EXPECT_EQ(model_preset("pythia-6.9b").num_params(), 6857302016);
+    for (const char * name : {"pythia-1b", "pythia-6.9b"}) {
+        const ModelConfig c = model_preset(name);
+        EXPECT_EQ(int64_t(make_param_layout(c).total), c.num_params()) << name;
+        EXPECT_EQ(c.rope_scaling.rotary_dims(c.head_dim()), c.head_dim() / 4) << name;
+    }
+    nlohmann::json j = {{"model_type", "gpt_neox"}, {"vocab_size", 97}, {"hidden_size", 64}, {"intermediate_size", 256},
+                        {"num_hidden_layers", 2}, {"num_attention_heads", 4}};
+    const ModelConfig c = parse_hf_config(j, "neox");
+    EXPECT_TRUE(c.layer_norm && c.proj_bias && c.plain_mlp && c.parallel_residual && c.qkv_bias);
+    EXPECT_FALSE(c.tied_head);
+    EXPECT_EQ(c.gelu, Gelu::erf);
+    EXPECT_EQ(c.fc_dim(), 256);
+    EXPECT_EQ(c.rope_scaling.rotary_dims(16), 4);
+    EXPECT_FLOAT_EQ(c.ln_eps, 1e-5f);
+    const nlohmann::json back = hf_config_json(c);
+    EXPECT_EQ(back["architectures"][0], "GPTNeoXForCausalLM");
+    EXPECT_EQ(back["rotary_pct"], 0.25);
+    EXPECT_EQ(back["use_parallel_residual"], true);
+    const ModelConfig again = parse_hf_config(back, "again");
+    EXPECT_EQ(again.num_params(), c.num_params());
+    EXPECT_EQ(again.rope_scaling.rotary_dims(16), 4);
+    j["attention_bias"] = false;
+    EXPECT_THROW(parse_hf_config(j, "unbiased"), ConfigError);
+}
+
 // Qwen3 and Mistral 7B presets, counted from their config.json shapes; the model cards' rounded
 // totals (non-embedding): Qwen3 0.6B (0.44B), 1.7B (1.4B), 4.0B (3.6B), 8.2B (6.95B); Mistral
 // 7B v0.1 7,241,732,096. A qwen3 config takes Qwen3Config's head_dim 128 when it has none.

@@ -293,6 +293,32 @@ TEST(Recompute, Gemma3SandwichNormsRecomputeAsPlanned) {
     }
 }
 
+// GPT-NeoX: LayerNorms with biases, biased projections, an ungated MLP and (parallel) attention and
+// the MLP reading the same input, so backward never reads res2; every policy at layer_keep_cost's
+// bytes and FLOPs and bitwise equal to keeping everything, parallel or not.
+TEST(Recompute, GptNeoxRecomputesAsPlanned) {
+    CpuBackend backend;
+    std::mt19937 rng(10);
+    for (bool parallel : {true, false}) {
+        const nlohmann::json j = {{"model_type", "gpt_neox"}, {"vocab_size", V}, {"hidden_size", C},
+                                  {"intermediate_size", 96}, {"num_hidden_layers", 3}, {"num_attention_heads", 4},
+                                  {"rotary_pct", 0.5}, {"use_parallel_residual", parallel}, {"max_position_embeddings", T}};
+        const ModelConfig cfg = parse_hf_config(j, "neox");
+        for (bool flash : {false, true}) {
+            SCOPED_TRACE(std::string(parallel ? "parallel " : "sequential ") + (flash ? "flash" : "naive"));
+            expect_keep_costs(cfg, backend, flash);
+            std::vector<RecomputePlan> policies;
+            for (const char * pol : {"none", "full", "selective", "every:2"})
+                policies.push_back(parse_recompute(pol, cfg.n_layer));
+            RecomputePlan p;
+            p.name = "random";
+            for (int l = 0; l < cfg.n_layer; ++l) p.keep.push_back(uint32_t(rng()) & kKeepAll);
+            policies.push_back(p);
+            expect_bitwise_equal(cfg, backend, policies, flash);
+        }
+    }
+}
+
 // OLMo 2's norms follow attention and the MLP: backward reads their inputs (the o and down
 // projections' outputs) and rstd, which the ln1 and ln2 units keep or recompute with their
 // projections; the bytes and FLOPs are layer_keep_cost's, and every policy, random masks and

@@ -115,22 +115,28 @@ TEST(PlanMemory, ExactForTheEngineGrid) {
 }
 
 // Gemma 3's step (four norms a block, the output norms' inputs kept under every policy, a window
-// below T on its sliding layers): planned equal to what the engine measures, category by
-// category, and the analytic model within the search's bounds of it.
-TEST(PlanMemory, Gemma3ExactAndAnalyticClose) {
+// below T on its sliding layers) and GPT-NeoX's (parallel residuals, biases everywhere): planned
+// equal to what the engine measures, category by category, and the analytic model within the
+// search's bounds of it.
+TEST(PlanMemory, Gemma3AndGptNeoxExactAndAnalyticClose) {
     CpuBackend backend;
     Hardware cpu = memfit::test::h100_like();
     cpu.name = "cpu";
     cpu.usable = cpu.memory;
-    const ModelConfig cfg = parse_hf_config(
+    const ModelConfig gemma = parse_hf_config(
         {{"model_type", "gemma3_text"}, {"vocab_size", 256}, {"hidden_size", 64}, {"intermediate_size", 160},
          {"num_hidden_layers", 4}, {"num_attention_heads", 4}, {"num_key_value_heads", 1}, {"head_dim", 32},
          {"sliding_window", 32}, {"sliding_window_pattern", 2}, {"query_pre_attn_scalar", 24},
          {"max_position_embeddings", 128}},
         "gemma3");
+    const ModelConfig neox = parse_hf_config(
+        {{"model_type", "gpt_neox"}, {"vocab_size", 256}, {"hidden_size", 64}, {"intermediate_size", 256},
+         {"num_hidden_layers", 4}, {"num_attention_heads", 4}, {"max_position_embeddings", 128}},
+        "neox");
+    for (const ModelConfig & cfg : {gemma, neox})
     for (const char * rc : {"none", "full", "selective"})
         for (bool flash : {false, true}) {
-            SCOPED_TRACE(std::string(rc) + (flash ? " flash" : " naive"));
+            SCOPED_TRACE(cfg.model_type + " " + rc + (flash ? " flash" : " naive"));
             const int B = 2, T = 64;
             Candidate c;
             c.micro_batch = B;
