@@ -332,15 +332,20 @@ std::string export_checkpoint(const std::string & path, const std::string & out,
     make_dir(out);
     const ParamLayout al = make_lora_layout(cfg, m.lora);
     std::vector<TensorToWrite> tensors;
-    std::vector<std::vector<float>> transposed;   // PEFT's [r, V] of an embedding's A (memfit holds [V, r])
+    // PEFT's [r, V] of an embedding's A (memfit holds [V, r]); every tensor as the checkpoint's rows
+    // (to_checkpoint: GPT-NeoX's query_key_value B rows interleaved by head).
+    std::vector<std::vector<float>> converted;
+    converted.reserve(al.params.size());
     for (const ParamInfo & p : al.params) {
-        const float * data = c.state.params.data() + p.offset;
+        const float * src = c.state.params.data() + p.offset;
         std::vector<int64_t> shape = p.shape;
+        std::vector<float> & v = converted.emplace_back(src, src + p.numel);
+        to_checkpoint(cfg, p, v.data());
         if (peft_transposed(p.name)) {
-            transposed.push_back(transpose_rows(data, p.shape[0], p.shape[1]));
-            data = transposed.back().data();
+            v = transpose_rows(v.data(), p.shape[0], p.shape[1]);
             shape = {p.shape[1], p.shape[0]};
         }
+        const float * data = v.data();
         tensors.push_back(TensorToWrite{p.name, "F32", shape, data, p.numel * sizeof(float)});
     }
     write_safetensors((fs::path(out) / "adapter_model.safetensors").string(), tensors,

@@ -88,6 +88,7 @@ std::vector<float> read_peft_adapters(const std::string & file, const ModelConfi
                                           fmt::join(want, ", ")));
         std::vector<float> v = f.read_f32(p.name);
         if (t) v = transpose_rows(v.data(), want[0], want[1]);
+        from_checkpoint(cfg, p, v.data());   // GPT-NeoX's query_key_value B rows: by head in PEFT's file
         if (const NonFinite bad = find_non_finite(v.data(), v.size()))
             throw FormatError(fmt::format("{}: tensor '{}' holds {}", file, p.name, bad.describe()));
         std::copy(v.begin(), v.end(), out.begin() + std::ptrdiff_t(p.offset));

@@ -136,11 +136,17 @@ void permute_by_head(const ModelConfig & cfg, const ParamInfo & p, float * v, bo
             }
 }
 
+// The tensor, or a PEFT adapter's B or DoRA magnitude on it (rows of its output), of a by_head module.
 bool by_head(const ModelConfig & cfg, const std::string & name) {
     const LlamaType * type = cfg.llama() ? find_llama_type(cfg.model_type) : nullptr;
     if (!type) return false;
-    for (const FusedTensor & f : fused_tensors(*type))
-        if (f.by_head && name.ends_with(f.name)) return true;
+    for (const FusedTensor & f : fused_tensors(*type)) {
+        if (!f.by_head) continue;
+        const std::string stem = std::string(f.name).substr(0, std::string(f.name).rfind('.'));
+        if (name.ends_with(f.name) || name.ends_with(stem + ".lora_B.weight") ||
+            name.ends_with(stem + ".lora_magnitude_vector"))
+            return true;
+    }
     return false;
 }
 

@@ -36,7 +36,8 @@ ParamLayout checkpoint_layout(const ModelConfig & cfg, const ParamLayout & layou
 // Gemma 3's RMSNorms multiply by (1 + w) and its checkpoints store w, memfit's layout the
 // multiplier (ModelConfig::norm_plus_one: +1); GPT-NeoX's query_key_value interleaves q, k and
 // v head by head, memfit keeps all of q, then k, then v (rows permuted). Loading, export and
-// `memfit verify` apply them; a gradient (gradient = true) is permuted, never shifted.
+// `memfit verify` apply them (PEFT adapters too: the B and DoRA magnitude rows of query_key_value);
+// a gradient (gradient = true) is permuted, never shifted.
 void from_checkpoint(const ModelConfig & cfg, const ParamInfo & p, float * values);
 void to_checkpoint(const ModelConfig & cfg, const ParamInfo & p, float * values, bool gradient = false);
 

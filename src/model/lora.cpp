@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/json_read.h"
 #include "core/json_num.h"
+#include "model/hf_weights.h"
 #include "model/llama_types.h"
 
 namespace memfit {
@@ -24,16 +25,26 @@ struct Module {
     std::string  hf;   // module name without the layer prefix
 };
 
-// Phi-3's checkpoints fuse q|k|v and gate|up (model/llama_types.h): PEFT adapts those modules.
+// Phi-3's checkpoints fuse q|k|v and gate|up, GPT-NeoX's q|k|v (model/llama_types.h): PEFT
+// adapts those modules.
 bool fused(const ModelConfig & cfg) {
     const LlamaType * t = cfg.llama() ? find_llama_type(cfg.model_type) : nullptr;
     return t && t->fused;
+}
+bool neox(const ModelConfig & cfg) {
+    const LlamaType * t = cfg.llama() ? find_llama_type(cfg.model_type) : nullptr;
+    return t && t->neox;
 }
 
 std::vector<Module> family_modules(const ModelConfig & cfg) {
     const int64_t C = cfg.n_embd, F = cfg.ffn_dim();
     if (cfg.llama()) {
         const int64_t Q = int64_t(cfg.n_head) * cfg.head_dim(), KV = int64_t(cfg.kv_heads()) * cfg.head_dim();
+        if (neox(cfg))   // GPT-NeoX's names; query_key_value's rows are q, k, v here (hf_weights.h)
+            return {{"query_key_value", Proj::qkv, 0, 3 * Q, C, "attention.query_key_value"},
+                    {"dense", Proj::o, 0, C, Q, "attention.dense"},
+                    {"dense_h_to_4h", Proj::fc, 0, F, C, "mlp.dense_h_to_4h"},
+                    {"dense_4h_to_h", Proj::down, 0, C, F, "mlp.dense_4h_to_h"}};
         if (fused(cfg))
             return {{"qkv", Proj::qkv, 0, Q + 2 * KV, C, "self_attn.qkv_proj"},
                     {"o", Proj::o, 0, C, Q, "self_attn.o_proj"},
@@ -56,6 +67,7 @@ std::vector<Module> family_modules(const ModelConfig & cfg) {
 }
 
 std::string layer_prefix(const ModelConfig & cfg, int l) {
+    if (neox(cfg)) return fmt::format("gpt_neox.layers.{}.", l);
     return cfg.llama() ? fmt::format("model.layers.{}.", l) : fmt::format("transformer.h.{}.", l);
 }
 
@@ -63,6 +75,13 @@ std::string layer_prefix(const ModelConfig & cfg, int l) {
 std::vector<std::string> expand_target(const ModelConfig & cfg, std::string t) {
     if (t == "lm_head" || t == "embed_tokens") return {t};   // around the blocks (lora_sites)
     if (t.size() > 5 && t.ends_with("_proj") && cfg.llama()) t.resize(t.size() - 5);   // q_proj -> q
+    if (neox(cfg)) {   // LLaMA's names select GPT-NeoX's modules too
+        if (t == "q" || t == "k" || t == "v" || t == "qkv" || t == "query_key_value") return {"query_key_value"};
+        if (t == "o" || t == "dense") return {"dense"};
+        if (t == "gate" || t == "up" || t == "dense_h_to_4h") return {"dense_h_to_4h"};
+        if (t == "down" || t == "dense_4h_to_h") return {"dense_4h_to_h"};
+        return {};
+    }
     if (fused(cfg)) {   // a part names its fused module, as GPT-2's q names c_attn
         if (t == "q" || t == "k" || t == "v" || t == "qkv") return {"qkv"};
         if (t == "gate" || t == "up" || t == "gate_up") return {"gate_up"};
@@ -102,7 +121,8 @@ std::vector<std::string> parse_lora_targets(const ModelConfig & cfg, const std::
             throw ConfigError(fmt::format("--lora-targets: '{}' is not a {} module; use {} (or all; lm_head adapts "
                                           "an untied LM head)", t,
                                           fused(cfg) ? cfg.model_type : cfg.llama() ? "LLaMA" : "GPT-2",
-                                          fused(cfg)     ? "qkv,o,gate_up,down (q,k,v and gate,up name the fused ones)"
+                                          neox(cfg)      ? "query_key_value,dense,dense_h_to_4h,dense_4h_to_h (or q,k,v,o,up,down)"
+                                          : fused(cfg)   ? "qkv,o,gate_up,down (q,k,v and gate,up name the fused ones)"
                                           : cfg.llama() ? "q,k,v,o,gate,up,down"
                                                         : "q,k,v,o,gate,up,down or c_attn,c_proj,c_fc"));
         chosen.insert(chosen.end(), names.begin(), names.end());
@@ -112,6 +132,9 @@ std::vector<std::string> parse_lora_targets(const ModelConfig & cfg, const std::
     std::vector<std::string> out;
     auto edge = [&](const char * t) {   // the embedding and the head: untied only
         if (std::find(chosen.begin(), chosen.end(), t) == chosen.end()) return;
+        if (neox(cfg))
+            throw ConfigError(fmt::format("--lora-targets {}: not for gpt_neox models yet (embed_in, embed_out); "
+                                          "adapt the blocks only", t));
         if (cfg.tied_head || !cfg.llama())
             throw ConfigError(fmt::format("--lora-targets {}: model '{}' ties its LM head to the token embedding, "
                                           "which an adapter on one would change in the other too; adapt the blocks "
@@ -247,6 +270,7 @@ QuantLayout make_quant_layout(const ModelConfig & cfg, QuantFormat format) {
                       {Proj::o, {h + "self_attn.o_proj.weight"}},
                       {Proj::fc, {h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"}},
                       {Proj::down, {h + "mlp.down_proj.weight"}}};
+            if (!cfg.gated()) groups[2].second = {h + "mlp.up_proj.weight"};   // GPT-NeoX's one MLP input matrix
         } else {
             const std::string h = fmt::format("h.{}.", l);
             groups = {{Proj::qkv, {h + "attn.c_attn.weight"}},
@@ -387,7 +411,8 @@ double row_norm(const std::vector<float> & row) {
     return std::sqrt(sq);
 }
 
-// The whole model's weight a site adapts. Our names are Hugging Face's, without GPT2LMHeadModel's
+// The whole model's weight a site adapts, in `full`, the checkpoint_layout (a fused module's
+// parts are adjacent rows: its one entry). Our names are Hugging Face's, without GPT2LMHeadModel's
 // "transformer." prefix.
 const ParamInfo & site_weight(const ModelConfig & cfg, const ParamLayout & full, const LoraSite & site) {
     std::string name = site.module + ".weight";
@@ -398,7 +423,7 @@ const ParamInfo & site_weight(const ModelConfig & cfg, const ParamLayout & full,
 }  // namespace
 
 void merge_lora(const ModelConfig & cfg, const LoraOptions & lora, float * w, const float * adapters) {
-    const ParamLayout full = make_param_layout(cfg), al = make_lora_layout(cfg, lora);
+    const ParamLayout full = checkpoint_layout(cfg, make_param_layout(cfg)), al = make_lora_layout(cfg, lora);
     const int64_t r = lora.rank;
     const float s = lora.scaling();
     std::vector<float> row;
@@ -428,7 +453,7 @@ void merge_lora(const ModelConfig & cfg, const LoraOptions & lora, float * w, co
 
 void init_dora_magnitudes(const ModelConfig & cfg, const LoraOptions & lora, const float * w, float * adapters) {
     MF_ASSERT(lora.dora);
-    const ParamLayout full = make_param_layout(cfg), al = make_lora_layout(cfg, lora);
+    const ParamLayout full = checkpoint_layout(cfg, make_param_layout(cfg)), al = make_lora_layout(cfg, lora);
     std::vector<float> row;
     for (const auto & site : lora_sites(cfg, lora)) {
         const float * W = w + site_weight(cfg, full, site).offset;

@@ -147,10 +147,6 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
     if (std::string why = sparsity_refusal(cfg, r.sparsity, r.lora.rank > 0); !why.empty()) return why;
     if (std::optional<std::string> why = dora_refusal(r, cfg)) return why;
     // LoRA on the LM head: computed whole, on one rank's last stage, without dropout (for now).
-    if (const LlamaType * t = cfg.llama() ? find_llama_type(cfg.model_type) : nullptr; t && t->neox && r.lora.rank > 0)
-        return fmt::format("LoRA on {} (gpt_neox) is not supported yet: PEFT adapts its query_key_value, whose rows "
-                           "interleave the heads, and its ungated MLP; train every parameter (drop --lora-rank)",
-                           cfg.name);
     if (r.lora.rank > 0 && (L.tp > 1 || L.pp > 1 || r.lora.dropout > 0)) {
         bool head = false;
         try {

@@ -245,6 +245,56 @@ TEST(LoraExport, DoraMergesAndRoundTripsThroughPeftsFolder) {
     }
 }
 
+// Fused modules (Phi-3's qkv_proj and gate_up_proj, GPT-NeoX's query_key_value): DoRA on every
+// module merges into the checkpoint's fused tensors (Phi-3's merge once failed an assertion: it
+// looked the parts' names up), and GPT-NeoX's PEFT folder holds query_key_value's B and magnitude
+// rows interleaved head by head as its weight's, read back to the same merged model.
+TEST(LoraExport, FusedModulesMergeAndRoundTripThroughPeftsFolder) {
+    const nlohmann::json phi3 = {{"model_type", "phi3"}, {"vocab_size", 37}, {"hidden_size", 32},
+                                 {"intermediate_size", 48}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+                                 {"num_key_value_heads", 2}, {"max_position_embeddings", 64}};
+    const nlohmann::json neox = {{"model_type", "gpt_neox"}, {"vocab_size", 37}, {"hidden_size", 32},
+                                 {"intermediate_size", 64}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+                                 {"max_position_embeddings", 64}};
+    for (const nlohmann::json & j : {phi3, neox}) {
+        const ModelConfig cfg = parse_hf_config(j, j["model_type"].get<std::string>());
+        SCOPED_TRACE(cfg.model_type);
+        const std::string tag = "fused_" + cfg.model_type;
+        const std::string base = fs::absolute(base_folder(cfg, tag + "_base")).string();
+        LoraOptions lora = test::lora_options(cfg, 4, BaseWeights::compute, "all");
+        lora.dora = true;
+        LoraRun run = lora_run(cfg, lora, base, tag + "_ckpt");
+        const std::vector<float> merged = run.engine->merged_weights();
+        const fs::path folder = fresh(tag + "_merged");
+        export_checkpoint(run.ckpt.string(), folder.string(), ExportMode::merge_lora);
+        CpuBackend backend;
+        Engine full(cfg, backend, opts(2, 8, LoraOptions{}));
+        load_hf_weights(folder.string(), cfg, full.step().layout(), full.params());
+        full.params_changed();
+        std::vector<int32_t> in(16), tg(16);
+        test::random_batch(in, tg, cfg.vocab_size, 9);
+        EXPECT_LT(max_rel(full.logits(in.data(), 2), run.engine->logits(in.data(), 2)), 1e-5);
+
+        const fs::path out = fresh(tag + "_adapter");
+        export_checkpoint(run.ckpt.string(), out.string(), ExportMode::adapter_only);
+        const LoadedModel back = read_model_weights(base, out.string());
+        EXPECT_EQ(back.params, merged);
+        if (cfg.model_type != "gpt_neox") continue;
+        const SafetensorsFile st = SafetensorsFile::open((out / "adapter_model.safetensors").string());
+        const std::string b = "base_model.model.gpt_neox.layers.1.attention.query_key_value.lora_B.weight";
+        ASSERT_TRUE(st.has(b));
+        const std::vector<float> file = st.read_f32(b);
+        const ParamLayout al = make_lora_layout(cfg, lora);
+        const float * ours = run.engine->params() + al.find(b).offset;
+        // File row (head h, part p, i) = memfit row (p, h, i): 4 heads of 8, rank 4.
+        for (int h = 0; h < 4; ++h)
+            for (int part = 0; part < 3; ++part)
+                for (int i = 0; i < 8; ++i)
+                    for (int k = 0; k < 4; ++k)
+                        EXPECT_EQ(file[size_t(((h * 3 + part) * 8 + i) * 4 + k)], ours[((part * 4 + h) * 8 + i) * 4 + k]);
+    }
+}
+
 // rsLoRA (--use-rslora, PEFT's use_rslora): the adapters scaled by alpha / sqrt(r) in training, in
 // the merge and in the PEFT folder's config, read back with the same scale.
 TEST(LoraExport, RsLoraScaleRoundTripsThroughPeftsFolder) {
