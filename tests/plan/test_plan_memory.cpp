@@ -133,38 +133,39 @@ TEST(PlanMemory, Gemma3AndGptNeoxExactAndAnalyticClose) {
         {{"model_type", "gpt_neox"}, {"vocab_size", 256}, {"hidden_size", 64}, {"intermediate_size", 256},
          {"num_hidden_layers", 4}, {"num_attention_heads", 4}, {"max_position_embeddings", 128}},
         "neox");
-    for (const ModelConfig & cfg : {gemma, neox})
-    for (const char * rc : {"none", "full", "selective"})
-        for (bool flash : {false, true}) {
-            SCOPED_TRACE(cfg.model_type + " " + rc + (flash ? " flash" : " naive"));
-            const int B = 2, T = 64;
-            Candidate c;
-            c.micro_batch = B;
-            c.recompute = rc;
-            c.set_flash(flash);
-            c.compute = DType::bf16;
-            const DeviceMemory plan = exact_memory(cfg, cpu, c, T, backend);
-            EXPECT_TRUE(plan.exact);
-            EngineOptions eo;
-            eo.B = B;
-            eo.T = T;
-            eo.with_eval = false;
-            eo.flash_attention = flash;
-            eo.compute = DType::bf16;
-            eo.recompute = parse_recompute(rc, cfg.n_layer);
-            Engine e(cfg, backend, eo);
-            e.init_params(1);
-            std::vector<int32_t> in(size_t(B * T)), tg(in.size());
-            memfit::test::random_batch(in, tg, cfg.vocab_size, 1);
-            e.train_step(in.data(), tg.data(), AdamWHyper{});
-            for (size_t cat = 0; cat < kCategoryCount; ++cat) {
-                if (Category(cat) == Category::runtime) continue;
-                EXPECT_EQ(plan.device.v[cat], e.ledger().live_peak().v[cat]) << kCategoryNames[cat];
-            }
-            const double ratio = double(predict_memory(cfg, cpu, c, T).total()) / double(plan.total());
-            EXPECT_GT(ratio, 0.8);
-            EXPECT_LT(ratio, 1.5);
+    auto check = [&](const ModelConfig & cfg, const char * rc, bool flash) {
+        SCOPED_TRACE(cfg.model_type + " " + rc + (flash ? " flash" : " naive"));
+        const int B = 2, T = 64;
+        Candidate c;
+        c.micro_batch = B;
+        c.recompute = rc;
+        c.set_flash(flash);
+        c.compute = DType::bf16;
+        const DeviceMemory plan = exact_memory(cfg, cpu, c, T, backend);
+        EXPECT_TRUE(plan.exact);
+        EngineOptions eo;
+        eo.B = B;
+        eo.T = T;
+        eo.with_eval = false;
+        eo.flash_attention = flash;
+        eo.compute = DType::bf16;
+        eo.recompute = parse_recompute(rc, cfg.n_layer);
+        Engine e(cfg, backend, eo);
+        e.init_params(1);
+        std::vector<int32_t> in(size_t(B * T)), tg(in.size());
+        memfit::test::random_batch(in, tg, cfg.vocab_size, 1);
+        e.train_step(in.data(), tg.data(), AdamWHyper{});
+        for (size_t cat = 0; cat < kCategoryCount; ++cat) {
+            if (Category(cat) == Category::runtime) continue;
+            EXPECT_EQ(plan.device.v[cat], e.ledger().live_peak().v[cat]) << kCategoryNames[cat];
         }
+        const double ratio = double(predict_memory(cfg, cpu, c, T).total()) / double(plan.total());
+        EXPECT_GT(ratio, 0.8);
+        EXPECT_LT(ratio, 1.5);
+    };
+    for (const ModelConfig & cfg : {gemma, neox})
+        for (const char * rc : {"none", "full", "selective"})
+            for (bool flash : {false, true}) check(cfg, rc, flash);
 }
 
 // Long sequences: --loss-chunk keeps one chunk's fp32 logits, --mlp-chunk (TiledMLP) one chunk's
