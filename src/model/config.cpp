@@ -545,6 +545,18 @@ const char * gelu_name(Gelu kind) {
 
 ModelConfig parse_hf_config(const nlohmann::json & j, const std::string & name) {
     if (!j.is_object()) throw ConfigError(fmt::format("{}: expected a JSON object", name));
+    // Gemma 3 4B-27B's checkpoints are Gemma3ForConditionalGeneration (model_type gemma3): memfit
+    // reads their text model (text_config, Gemma3TextConfig's defaults; the vision tower's weights
+    // are skipped where weights are read) and writes it back as a gemma3_text model.
+    if (j.value("model_type", "") == "gemma3") {
+        if (!j.contains("text_config") || !j["text_config"].is_object())
+            throw ConfigError(fmt::format("{}: model_type gemma3 without a text_config object", name));
+        nlohmann::json text = j["text_config"];
+        text["model_type"] = "gemma3_text";
+        for (const char * key : {kTrainedContextKey, kShareLayersKey})
+            if (j.contains(key) && !text.contains(key)) text[key] = j[key];
+        return parse_hf_config(text, name);
+    }
     ModelConfig c;
     c.name = name;
     try {

@@ -49,10 +49,30 @@ std::vector<std::string> weight_files(const fs::path & dir) {
     return out;
 }
 
-// Buffers, not weights: GPT-2's attention masks and old LLaMA checkpoints' rotary frequencies.
+// Buffers, not weights: GPT-2's attention masks and old LLaMA checkpoints' rotary frequencies;
+// and a multimodal checkpoint's vision tower (Gemma 3 4B-27B: memfit reads the text model).
 bool ignorable(const std::string & name) {
     return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") || name.ends_with(".rotary_emb.inv_freq") ||
-           name.ends_with(".attention.bias") || name.ends_with(".attention.masked_bias");   // GPT-NeoX's masks
+           name.ends_with(".attention.bias") || name.ends_with(".attention.masked_bias") ||   // GPT-NeoX's masks
+           name.starts_with("vision_tower.") || name.starts_with("multi_modal_projector.");
+}
+
+// A checkpoint's tensor name as the layout's names go: GPT2LMHeadModel's "transformer." prefix
+// dropped; Gemma3ForConditionalGeneration's text model ("language_model.model.", or
+// "model.language_model." since transformers 4.52) read as a causal LM's "model.", and its
+// vision parts as "vision_tower." / "multi_modal_projector.".
+std::string checkpoint_tensor_name(const std::string & n) {
+    static const std::pair<const char *, const char *> prefixes[] = {
+        {"transformer.", ""},
+        {"language_model.model.", "model."},
+        {"language_model.lm_head.", "lm_head."},
+        {"model.language_model.", "model."},
+        {"model.vision_tower.", "vision_tower."},
+        {"model.multi_modal_projector.", "multi_modal_projector."},
+    };
+    for (const auto & [from, to] : prefixes)
+        if (n.starts_with(from)) return to + n.substr(std::string_view(from).size());
+    return n;
 }
 
 // The fused tensor parameter i starts, or nullptr: i and the ones after it are the parts, in
@@ -181,7 +201,7 @@ void load_hf_weights(const std::string & dir, const ModelConfig & cfg, const Par
         files.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(path)));
         const SafetensorsFile & f = *files.back();
         for (const auto & n : f.names()) {
-            std::string ours = n.starts_with("transformer.") ? n.substr(12) : n;
+            std::string ours = checkpoint_tensor_name(n);
             if (ignorable(ours)) continue;
             // Shared blocks (--share-layers G): each group takes its first layer's weights.
             if (const int b = param_block(ours); cfg.share_layers > 1 && b >= 0 && b < cfg.n_layer) {

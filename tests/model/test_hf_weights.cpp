@@ -273,6 +273,50 @@ TEST(HfWeights, Gemma3FoldersStoreNormOffsets) {
     for (size_t i = 0; i < got.size(); ++i) EXPECT_FLOAT_EQ(got[i], m.params[i]) << i;
 }
 
+// Gemma 3 4B-27B ship as Gemma3ForConditionalGeneration (model_type gemma3): the text model is
+// read from text_config and from the weights under either naming transformers has written
+// ("language_model.model.", and "model.language_model." since 4.52), the vision tower skipped.
+TEST(HfWeights, Gemma3MultimodalFoldersReadTheirTextModel) {
+    const nlohmann::json text = {{"model_type", "gemma3_text"}, {"vocab_size", 50}, {"hidden_size", 16},
+                                 {"intermediate_size", 24}, {"num_hidden_layers", 2}, {"num_attention_heads", 2},
+                                 {"num_key_value_heads", 1}, {"head_dim", 8}, {"max_position_embeddings", 32}};
+    Model m(parse_hf_config(text, "gemma3"));
+    std::vector<float> want(m.layout.total);
+    {
+        const fs::path dir = fresh_dir("gemma3_text_only");
+        write_folder(dir, m, "F32");
+        std::ofstream(dir / "config.json") << text.dump();
+        load_hf_weights(dir.string(), resolve_model(dir.string()), m.layout, want.data());
+    }
+    static const float vision[4] = {1, 2, 3, 4};
+    for (const bool newer : {false, true}) {
+        SCOPED_TRACE(newer ? "model.language_model." : "language_model.model.");
+        const fs::path dir = fresh_dir(newer ? "gemma3_mm_new" : "gemma3_mm_old");
+        std::vector<std::string> names;
+        std::vector<TensorToWrite> t;
+        for (const ParamInfo & p : m.layout.params) {
+            const std::string rest = p.name.substr(std::string("model.").size());
+            names.push_back(newer ? "model.language_model." + rest : "language_model.model." + rest);
+            t.push_back({names.back(), "F32", p.shape, m.params.data() + p.offset, p.numel * 4});
+        }
+        t.push_back({newer ? "model.vision_tower.vision_model.embeddings.patch_embedding.weight"
+                           : "vision_tower.vision_model.embeddings.patch_embedding.weight",
+                     "F32", {2, 2}, vision, 16});
+        t.push_back({newer ? "model.multi_modal_projector.mm_input_projection_weight"
+                           : "multi_modal_projector.mm_input_projection_weight", "F32", {4}, vision, 16});
+        write_safetensors((dir / "model.safetensors").string(), t);
+        std::ofstream(dir / "config.json")
+            << nlohmann::json{{"model_type", "gemma3"}, {"text_config", text}, {"vision_config", {{"hidden_size", 8}}}}.dump();
+        const ModelConfig back = resolve_model(dir.string());
+        EXPECT_EQ(back.model_type, "gemma3_text");
+        EXPECT_EQ(back.num_params(), m.cfg.num_params());
+        std::vector<float> got(m.layout.total, -1.0f);
+        load_hf_weights(dir.string(), back, m.layout, got.data());
+        EXPECT_EQ(got, want);
+    }
+    EXPECT_THROW(parse_hf_config({{"model_type", "gemma3"}}, "no-text"), ConfigError);
+}
+
 // GPT-NeoX folders: its own tensor names, q|k|v fused into query_key_value with each head's q, k
 // and v rows together (memfit keeps all of q, then k, then v); export then load is bitwise.
 TEST(HfWeights, GptNeoxFoldersInterleaveHeads) {
