@@ -459,6 +459,8 @@ void parse_gemma3_fields(const nlohmann::json & j, const std::string & name, Mod
         if (j.contains(key) && !j[key].is_null()) refuse(key, "soft-capping is Gemma 2's; Gemma 3 has none");
     c.rope_local_theta = float_field(j, "rope_local_base_freq", 10000.0f, name);
     c.attn_scalar = float_field(j, "query_pre_attn_scalar", 256.0f, name);
+    if (!(c.rope_local_theta > 0)) refuse("rope_local_base_freq", "a RoPE base must be positive");
+    if (!(c.attn_scalar > 0)) refuse("query_pre_attn_scalar", "scores are scaled by its -1/2 power: it must be positive");
     c.sliding_pattern = int_field(j, "sliding_window_pattern", 6, name);
     if (!j.contains("layer_types") || j["layer_types"].is_null()) return;
     const nlohmann::json & types = j["layer_types"];
@@ -548,7 +550,7 @@ ModelConfig parse_hf_config(const nlohmann::json & j, const std::string & name) 
     // Gemma 3 4B-27B's checkpoints are Gemma3ForConditionalGeneration (model_type gemma3): memfit
     // reads their text model (text_config, Gemma3TextConfig's defaults; the vision tower's weights
     // are skipped where weights are read) and writes it back as a gemma3_text model.
-    if (j.value("model_type", "") == "gemma3") {
+    if (const auto t = j.find("model_type"); t != j.end() && t->is_string() && *t == "gemma3") {
         if (!j.contains("text_config") || !j["text_config"].is_object())
             throw ConfigError(fmt::format("{}: model_type gemma3 without a text_config object", name));
         nlohmann::json text = j["text_config"];

@@ -587,6 +587,9 @@ TEST(Llama, Gemma3ConfigsAndPresets) {
     nlohmann::json erf = j;
     erf["hidden_activation"] = "gelu";
     refused(erf, "Gemma 3's gate is gelu_pytorch_tanh");
+    nlohmann::json zero = j;
+    zero["query_pre_attn_scalar"] = 0;
+    refused(zero, "query_pre_attn_scalar = 0 is not supported");
 }
 
 // GPT-NeoX (tests/data/make_neox_fixtures.py): LayerNorms with biases, biases on every projection,
