@@ -23,7 +23,7 @@ struct Decoder::Pass {
     std::unique_ptr<StepMemory> memory;
 
     Pass(const ModelConfig & cfg, const ParamLayout & dense, const QuantLayout & q, int n_tokens, int capacity,
-         int cache_rows, DType dt, const Backend & sizing) : n(n_tokens) {
+         int cache_rows, int full_rows, DType dt, const Backend & sizing) : n(n_tokens) {
         params = program.declare("parameters", Category::parameters, dense.total * dtype_size(dt), true);
         if (q.bytes) qparams = program.declare("parameters.quantized", Category::parameters, q.bytes, true);
         tokens = program.declare("decode.tokens", Category::activations, size_t(capacity) * 4, true);
@@ -31,6 +31,7 @@ struct Decoder::Pass {
         ModelOptions mo;
         mo.compute = dt;
         mo.kv_capacity = cache_rows;
+        mo.kv_full_capacity = full_rows;
         model = std::make_unique<Transformer>(cfg, 1, n, program, mo);
         w = quantized_model_weights(cfg, q, params, dt, qparams);
         Graph rec(program, &sizing);
@@ -51,12 +52,13 @@ Decoder::Decoder(const ModelConfig & cfg, Backend & backend, int capacity, DType
     if (capacity < 1 || capacity > cfg.max_seq)
         throw ConfigError(fmt::format("generation context of {} tokens: must be between 1 and the model's {} positions",
                                       capacity, cfg.max_seq));
-    // A ring of the window's rows when every layer slides (Gemma 3's global layers keep them all).
-    const int W = cfg.sliding_pattern > 0 && cfg.sliding_pattern <= cfg.n_layer ? 0 : cfg.sliding_window;
+    // The sliding layers' caches a ring of the window's rows; Gemma 3's global layers keep them all.
+    const int W = cfg.sliding_window;
     rows_ = W > 0 && capacity > W ? std::min(capacity, W + kPrefillChunk - 1) : capacity;
+    full_rows_ = rows_ < capacity && cfg.sliding_pattern > 0 && cfg.sliding_pattern <= cfg.n_layer ? capacity : 0;
     if (quant) quant_ = make_quant_layout(cfg, *quant);
     dense_ = quant ? memfit::dense_layout(cfg, quant_) : layout_;
-    step_ = std::make_unique<Pass>(cfg_, dense_, quant_, 1, capacity_, rows_, compute_, backend_);
+    step_ = std::make_unique<Pass>(cfg_, dense_, quant_, 1, capacity_, rows_, full_rows_, compute_, backend_);
     step_->memory = std::make_unique<StepMemory>(step_->program, step_->plan, ledger_, backend_.allocator());
 }
 
@@ -84,7 +86,7 @@ Decoder::Pass & Decoder::program_for(int n) {
     if (n == 1) return *step_;
     auto it = prefill_.find(n);
     if (it != prefill_.end()) return *it->second;
-    auto p = std::make_unique<Pass>(cfg_, dense_, quant_, n, capacity_, rows_, compute_, backend_);
+    auto p = std::make_unique<Pass>(cfg_, dense_, quant_, n, capacity_, rows_, full_rows_, compute_, backend_);
     p->memory = std::make_unique<StepMemory>(p->program, p->plan, ledger_, backend_.allocator(), false,
                                              step_->memory.get());
     return *prefill_.emplace(n, std::move(p)).first->second;

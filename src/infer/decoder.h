@@ -12,7 +12,9 @@
 // W keep a rolling cache: ring_rows() = W + kPrefillChunk - 1 rows (at most the context), position
 // p in row p % rows, each token attending to its last W positions; prompts are prefilled in
 // chunks of at most kPrefillChunk tokens, so that a chunk's new keys never overwrite one the
-// chunk still reads. The caches' bytes are planned for those rows, whatever the context.
+// chunk still reads. The caches' bytes are planned for those rows, whatever the context. Gemma
+// 3's hybrid cache: its sliding layers (five in six) keep such a ring, its global layers every
+// position of the context.
 //
 // On a device backend (`memfit generate --device cuda`) every buffer is device memory from the
 // backend's allocator, planned exactly as on the CPU; the prompt's tokens are uploaded and each
@@ -92,6 +94,7 @@ private:
     Backend & backend_;
     int capacity_;
     int rows_ = 0;      // KV cache rows (cache_rows())
+    int full_rows_ = 0; // > 0: the rows of Gemma 3's global layers, beside the sliding ones' ring
     DType compute_;
     ParamLayout layout_, dense_;
     QuantLayout quant_;

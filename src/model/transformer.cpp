@@ -205,9 +205,10 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
     lnf_rstd_ = sp_ ? act("ln_f.rstd", {rows_}, true) : act("ln_f.rstd", {b, t}, true);
     if (opt.kv_capacity > 0) {
         MF_ASSERT(B == 1 && !opt.with_backward && T <= opt.kv_capacity);
-        const int64_t cap = opt.kv_capacity, KV = int64_t(cfg.kv_heads()) * cfg.head_dim();
-        const size_t bytes = size_t(cap * KV) * dtype_size(dt_);
+        const int64_t KV = int64_t(cfg.kv_heads()) * cfg.head_dim();
         for (int l = 0; l < cfg.n_layer; ++l) {
+            const int64_t cap = opt.kv_full_capacity > 0 && cfg.layer_window(l) == 0 ? opt.kv_full_capacity : opt.kv_capacity;
+            const size_t bytes = size_t(cap * KV) * dtype_size(dt_);
             kcache_.push_back(Tensor(program.declare(fmt::format("kv_cache.{}.k", l), Category::activations, bytes, true),
                                      dt_, {b, cap, KV}));
             vcache_.push_back(Tensor(program.declare(fmt::format("kv_cache.{}.v", l), Category::activations, bytes, true),
@@ -557,9 +558,11 @@ void Transformer::forward(Graph & g, const ModelWeights & w, Tensor tokens, cons
 void Transformer::decode(Graph & g, const ModelWeights & w, Tensor tokens, int pos0) const {
     const int64_t C = cfg_.n_embd;
     // A sliding window's rolling cache takes T new rows beside the window's W - 1 older ones.
-    const int64_t rows = kcache_.empty() ? 0 : kcache_[0].dim(1), W = cfg_.sliding_window;
-    MF_ASSERT(rows > 0 && pos0 >= 0 && pos0 + T_ <= cfg_.max_seq &&
-              (pos0 + T_ <= rows || (W > 0 && T_ + W - 1 <= rows)));
+    MF_ASSERT(!kcache_.empty() && pos0 >= 0 && pos0 + T_ <= cfg_.max_seq);
+    for (int l = 0; l < cfg_.n_layer; ++l) {
+        const int64_t rows = kcache_[size_t(l)].dim(1), W = cfg_.layer_window(l);
+        MF_ASSERT(pos0 + T_ <= rows || (W > 0 && T_ + W - 1 <= rows));
+    }
     g.phase(Phase::forward);
     g.layer(-1);
     g.encoder_fwd(encoded_, tokens, w.wte, llama_ ? Tensor{} : w.wpe.view(pos0 * C, {int64_t(T_), C}));

@@ -123,6 +123,9 @@ struct ModelOptions {
     // KV caches of this many rows ("kv_cache.<l>.k|v", activations; a ring under a sliding
     // window, infer/decoder.h), and only the last token's logits are kept ("logits" [1, V]).
     int kv_capacity = 0;
+    // > 0: the cache rows of the layers that attend to every key (Gemma 3's global layers) while
+    // kv_capacity is the sliding layers' ring (infer/decoder.h); 0: every layer's is kv_capacity.
+    int kv_full_capacity = 0;
     // LoRA adapters on the projections (rank 0: none); the base may be frozen (train/step.h).
     LoraOptions lora;
     // Knowledge distillation (model/distill.h): the training step's teacher; the Transformer itself

@@ -124,16 +124,18 @@ TEST(Decoder, RollingCacheOfASlidingWindowEqualsTheFullForward) {
 }
 
 // Gemma 3: a sliding layer (window 5) and a global one, each with its RoPE base, the embedding
-// scaled and the scores by query_pre_attn_scalar; the global layer keeps every row, so the cache
-// is no ring, and every position's logits are the full forward's.
+// scaled and the scores by query_pre_attn_scalar. Past the window plus a prefill chunk the
+// sliding layer's cache is a ring of W + 63 rows and the global layer's holds every position (the
+// hybrid cache), planned so; a prompt prefilled in chunks, then token by token, gives every
+// position's logits as the full forward does.
 TEST(Decoder, Gemma3SlidingAndGlobalLayersEqualTheFullForward) {
     const nlohmann::json j = {{"model_type", "gemma3_text"}, {"vocab_size", 53}, {"hidden_size", 32},
                               {"intermediate_size", 40}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
                               {"num_key_value_heads", 2}, {"head_dim", 16}, {"query_pre_attn_scalar", 12},
-                              {"sliding_window", 5}, {"sliding_window_pattern", 2}, {"max_position_embeddings", 64}};
+                              {"sliding_window", 5}, {"sliding_window_pattern", 2}, {"max_position_embeddings", 160}};
     const ModelConfig cfg = parse_hf_config(j, "gemma3");
     CpuBackend backend;
-    const int T = 40, V = cfg.vocab_size;
+    const int T = 150, V = cfg.vocab_size;
     EngineOptions eo;
     eo.B = 1;
     eo.T = T;
@@ -144,14 +146,18 @@ TEST(Decoder, Gemma3SlidingAndGlobalLayersEqualTheFullForward) {
     for (int i = 0; i < T; ++i) tokens[size_t(i)] = (i * 13 + 2) % V;
     const std::vector<float> full = e.logits(tokens.data(), 1);
     Decoder d(cfg, backend, T);
-    EXPECT_EQ(d.cache_rows(), T);
+    EXPECT_EQ(d.cache_rows(), 5 + Decoder::kPrefillChunk - 1);
+    const uint64_t row = uint64_t(2) * cfg.kv_heads() * cfg.head_dim() * 4;   // k and v, fp32
+    EXPECT_EQ(d.kv_cache_bytes(), row * uint64_t(d.cache_rows() + T));
     d.set_weights(e.params());
-    const float * l = d.prefill(std::vector<int32_t>(tokens.begin(), tokens.begin() + 9));
-    EXPECT_LT(max_rel(l, full.data() + 8 * size_t(V), V), 1e-5);
-    for (int t = 9; t < T; ++t) {
+    const float * l = d.prefill(std::vector<int32_t>(tokens.begin(), tokens.begin() + 100));   // 64 + 36
+    EXPECT_LT(max_rel(l, full.data() + 99 * size_t(V), V), 1e-5);
+    for (int t = 100; t < T; ++t) {
         l = d.step(tokens[size_t(t)]);
         ASSERT_LT(max_rel(l, full.data() + size_t(t) * V, V), 1e-5) << "position " << t;
     }
+    const CategoryBytes plan = d.planned_peak_live();
+    for (size_t c = 0; c < kCategoryCount; ++c) EXPECT_EQ(plan.v[c], d.ledger().live_peak().v[c]) << kCategoryNames[c];
 }
 
 // GPT-NeoX: parallel residuals, partial rotary, biases: cached generation equals the full forward.
