@@ -284,7 +284,7 @@ ModelConfig model_preset(const std::string & name) {
         c.ffn = p.ffn;
         if (p.theta > 0) c.rope_theta = p.theta;
         c.tied_head = p.tied;
-        if (c.parallel_residual) c.rope_scaling.rotary_dim = c.head_dim() / 4;   // Pythia's rotary_pct 0.25
+        if (c.plain_mlp) c.rope_scaling.rotary_dim = c.head_dim() / 4;   // gpt_neox: Pythia's rotary_pct 0.25
         for (const RopePreset & r : kRopePresets)
             if (name == r.name) {
                 c.rope_scaling.scaling = RopeScaling::llama3;

@@ -114,7 +114,7 @@ std::string fused_hint(const ModelConfig & cfg, const std::string & name) {
 
 ParamLayout checkpoint_layout(const ModelConfig & cfg, const ParamLayout & layout) {
     const LlamaType * type = cfg.llama() ? find_llama_type(cfg.model_type) : nullptr;
-    if (!type || !type->fused) return layout;
+    if (!type || (!type->fused && tensor_renames(*type).empty())) return layout;
     const std::vector<FusedTensor> & fused = fused_tensors(*type);
     ParamLayout out;
     out.total = layout.total;

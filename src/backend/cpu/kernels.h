@@ -200,7 +200,7 @@ void swiglu_forward(S * out, const S * inp, int N, int I);
 // dinp[N, 2I] = ... (written) from dout[N, I] and inp.
 template <class S>
 void swiglu_backward(S * dinp, const S * dout, const S * inp, int N, int I);
-// GeGLU: the same with gelu(gate), GELU's tanh form (gelu_forward's arithmetic).
+// GeGLU: the same with gelu(gate), GELU's tanh form (gelu_forward's arithmetic; kernels_llama.cpp).
 template <class S>
 void geglu_forward(S * out, const S * inp, int N, int I);
 template <class S>

@@ -67,48 +67,6 @@ void gelu_backward(S * dinp, const S * dout, const S * inp, size_t n) {
     }
 }
 
-// GeGLU: gelu_forward's GELU of the gate times the up half, and its backward (gelu_backward's
-// derivative): dgate = dy u gelu'(g), dup = dy gelu(g).
-template <class S>
-void geglu_forward(S * out, const S * inp, int N, int I) {
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < N; ++i) {
-        const S * gate = inp + static_cast<size_t>(i) * 2 * I;
-        const S * up = gate + I;
-        S * o = out + static_cast<size_t>(i) * I;
-#pragma omp simd
-        for (int c = 0; c < I; ++c) {
-            const float x = to_f32(gate[c]);
-            const float two_u = kGeluTwoBeta * (x + kGeluKappa * x * x * x);
-            const float s = 1.0f / (1.0f + exp_clamped(-two_u));
-            o[c] = from_f32<S>(x * s * to_f32(up[c]));
-        }
-    }
-}
-
-template <class S>
-void geglu_backward(S * dinp, const S * dout, const S * inp, int N, int I) {
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < N; ++i) {
-        const S * gate = inp + static_cast<size_t>(i) * 2 * I;
-        const S * up = gate + I;
-        const S * d = dout + static_cast<size_t>(i) * I;
-        S * dgate = dinp + static_cast<size_t>(i) * 2 * I;
-        S * dup = dgate + I;
-#pragma omp simd
-        for (int c = 0; c < I; ++c) {
-            const float x = to_f32(gate[c]), x2 = x * x;
-            const float two_u = kGeluTwoBeta * (x + kGeluKappa * x2 * x);
-            const float two_du = kGeluTwoBeta * (1.0f + 3.0f * kGeluKappa * x2);
-            const float e = exp_clamped(-two_u);
-            const float s = 1.0f / (1.0f + e);
-            const float dy = to_f32(d[c]);
-            dgate[c] = from_f32<S>(dy * to_f32(up[c]) * (s + x * ((e * s) * s) * two_du));
-            dup[c] = from_f32<S>(dy * (x * s));
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // GELU, exact: x Phi(x). Phi(x) = 1 - q for x >= 0 and q for x < 0, q = Phi(-|x|) =
 // erfc(z) / 2, z = |x| / sqrt(2), so the small side never comes from a cancellation. erfc is
@@ -167,9 +125,7 @@ void residual_forward(S * out, const S * a, const S * b, size_t n) {
     template void gelu_backward<S>(S *, const S *, const S *, size_t);   \
     template void gelu_erf_forward<S>(S *, const S *, size_t);           \
     template void gelu_erf_backward<S>(S *, const S *, const S *, size_t); \
-    template void residual_forward<S>(S *, const S *, const S *, size_t); \
-    template void geglu_forward<S>(S *, const S *, int, int);             \
-    template void geglu_backward<S>(S *, const S *, const S *, int, int);
+    template void residual_forward<S>(S *, const S *, const S *, size_t);
 MF_INST(float)
 MF_INST(bf16_t)
 MF_INST(f16_t)

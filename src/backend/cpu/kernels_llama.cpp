@@ -168,27 +168,43 @@ void rope_backward(S * dqkv, int B, int T, int NH, int KVH, int hd, const Rope &
 }
 
 // ---------------------------------------------------------------------------------------------
-// SwiGLU: out = silu(g) * u, silu(g) = g s, s = sigmoid(g) = 1 / (1 + e), e = exp(-g).
-// Derivatives: d/du = silu(g);  d/dg = u (s + g s (1 - s)), with s (1 - s) = e s^2.
+// Gated MLP activations: out = act(g) * u, per row [gate | up]; backward d/du = act(g), d/dg = u
+// act'(g). A Gate gives act and act':
+//   SwiGLU  act(g) = silu(g) = g s, s = sigmoid(g) = 1 / (1 + e), e = exp(-g); act' = s + g e s^2
+//   GeGLU   act(g) = GELU's tanh form g s2, s2 = sigmoid(2u) = 1 / (1 + e2), e2 = exp(-2u), 2u =
+//           2 sqrt(2/pi) (g + 0.044715 g^3) (kernels_gelu.cpp's arithmetic); act' = s2 + g e2 s2^2 2u'
 
-template <class S>
-void swiglu_forward(S * out, const S * inp, int N, int I) {
+namespace {
+struct SiluGate {
+    static float act(float g) { return g * (1.0f / (1.0f + exp_clamped(-g))); }
+    static float deriv(float g) {
+        const float e = exp_clamped(-g), s = 1.0f / (1.0f + e);
+        return s + g * ((e * s) * s);
+    }
+};
+struct GeluTanhGate {
+    static constexpr float kTwoBeta = 1.5957691216057308f, kKappa = 0.044715f;   // 2 sqrt(2/pi)
+    static float act(float g) { return g * (1.0f / (1.0f + exp_clamped(-kTwoBeta * (g + kKappa * g * g * g)))); }
+    static float deriv(float g) {
+        const float g2 = g * g, e = exp_clamped(-kTwoBeta * (g + kKappa * g2 * g)), s = 1.0f / (1.0f + e);
+        return s + g * ((e * s) * s) * (kTwoBeta * (1.0f + 3.0f * kKappa * g2));
+    }
+};
+
+template <class S, class Gate>
+void glu_forward(S * out, const S * inp, int N, int I) {
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < N; ++i) {
         const S * gate = inp + static_cast<size_t>(i) * 2 * I;
         const S * up = gate + I;
         S * o = out + static_cast<size_t>(i) * I;
 #pragma omp simd
-        for (int c = 0; c < I; ++c) {
-            const float g = to_f32(gate[c]);
-            const float s = 1.0f / (1.0f + exp_clamped(-g));
-            o[c] = from_f32<S>(g * s * to_f32(up[c]));
-        }
+        for (int c = 0; c < I; ++c) o[c] = from_f32<S>(Gate::act(to_f32(gate[c])) * to_f32(up[c]));
     }
 }
 
-template <class S>
-void swiglu_backward(S * dinp, const S * dout, const S * inp, int N, int I) {
+template <class S, class Gate>
+void glu_backward(S * dinp, const S * dout, const S * inp, int N, int I) {
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < N; ++i) {
         const S * gate = inp + static_cast<size_t>(i) * 2 * I;
@@ -198,14 +214,25 @@ void swiglu_backward(S * dinp, const S * dout, const S * inp, int N, int I) {
         S * dup = dgate + I;
 #pragma omp simd
         for (int c = 0; c < I; ++c) {
-            const float g = to_f32(gate[c]);
-            const float e = exp_clamped(-g);
-            const float s = 1.0f / (1.0f + e);
-            const float dy = to_f32(d[c]);
-            dgate[c] = from_f32<S>(dy * to_f32(up[c]) * (s + g * ((e * s) * s)));
-            dup[c] = from_f32<S>(dy * (g * s));
+            const float g = to_f32(gate[c]), dy = to_f32(d[c]);
+            dgate[c] = from_f32<S>(dy * to_f32(up[c]) * Gate::deriv(g));
+            dup[c] = from_f32<S>(dy * Gate::act(g));
         }
     }
+}
+}  // namespace
+
+template <class S>
+void swiglu_forward(S * out, const S * inp, int N, int I) { glu_forward<S, SiluGate>(out, inp, N, I); }
+template <class S>
+void swiglu_backward(S * dinp, const S * dout, const S * inp, int N, int I) {
+    glu_backward<S, SiluGate>(dinp, dout, inp, N, I);
+}
+template <class S>
+void geglu_forward(S * out, const S * inp, int N, int I) { glu_forward<S, GeluTanhGate>(out, inp, N, I); }
+template <class S>
+void geglu_backward(S * dinp, const S * dout, const S * inp, int N, int I) {
+    glu_backward<S, GeluTanhGate>(dinp, dout, inp, N, I);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -355,6 +382,8 @@ void qk_norm_backward(S * dqkv, G * dwq, G * dwk, const S * raw, const S * wq, c
     template void rope_backward<S>(S *, int, int, int, int, int, const Rope &, int, const int32_t *);            \
     template void swiglu_forward<S>(S *, const S *, int, int);                                            \
     template void swiglu_backward<S>(S *, const S *, const S *, int, int);                                \
+    template void geglu_forward<S>(S *, const S *, int, int);                                             \
+    template void geglu_backward<S>(S *, const S *, const S *, int, int);                                 \
     template void repeat_kv_forward<S>(S *, const S *, int, int, int, int);                               \
     template void repeat_kv_backward<S>(S *, const S *, int, int, int, int);
 #define MF_INST_LOWP(S)                                                                                   \
