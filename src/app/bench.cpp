@@ -69,7 +69,7 @@ nlohmann::json run_bench(const BenchOptions & opt) {
     std::uniform_int_distribution<int32_t> tok(0, cfg.vocab_size - 1);
     std::vector<int32_t> in(BT), tg(BT);
     std::vector<double> ms, ms_timeline;
-    AdamWHyper h;
+    OptimHyper h;
     h.clip = opt.clip;
     Timeline tl;
     std::map<std::string, OpClass> by_op;   // --timeline

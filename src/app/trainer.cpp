@@ -559,7 +559,7 @@ void TrainingRun::step(int step) {
     std::string budget_warning;
     if (const auto b = budget_file_.poll(&budget_warning)) shrink_to_budget(engine_, cfg_, *backend_, *b, replans_);
     if (!budget_warning.empty()) warn(budget_warning);
-    AdamWHyper h{sched_.at(step), opt.beta1, opt.beta2, opt.eps, opt.weight_decay, step, opt.clip};
+    OptimHyper h{sched_.at(step), opt.beta1, opt.beta2, opt.eps, opt.weight_decay, step, opt.clip};
     h.momentum = opt.momentum;
     if (spikes_.enabled()) {
         const double norm_limit = spikes_.norm_threshold();

@@ -89,7 +89,7 @@ private:
     float evaluate();
     void step(int step);
     bool stop_now();
-    std::string note_spike(const StepResult & r, int step, const AdamWHyper & h);
+    std::string note_spike(const StepResult & r, int step, const OptimHyper & h);
     int roll_back();
     bool abandon_step() const;
     void stopped(int last_done);

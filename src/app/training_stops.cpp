@@ -163,7 +163,7 @@ void TrainingRun::checkpoint(int step, bool log_point) {
 // --skip-spikes: a step left out (its loss or gradient norm above the limit, or not finite) is
 // a bad step; enough of them in a row roll the run back (train()). Returns what the step's
 // metrics line says of it ("" for a good step).
-std::string TrainingRun::note_spike(const StepResult & r, int step, const AdamWHyper & h) {
+std::string TrainingRun::note_spike(const StepResult & r, int step, const OptimHyper & h) {
     if (!spikes_.enabled()) return "";
     const TrainOptions & opt = opt_;
     const bool fp16_overflow = eo_.compute == DType::f16 && !std::isfinite(r.grad_norm) && !r.loss_outlier;

@@ -79,7 +79,7 @@ VerifyReport verify_fixture(const std::string & path, double tolerance, bool che
     if (eo.lora.enabled()) engine.set_base(read_all(checkpoint_layout(cfg, make_param_layout(cfg))).data());
     const ParamLayout layout = eo.lora.enabled() ? make_lora_layout(cfg, eo.lora) : checkpoint_layout(cfg, engine.step().layout());
     engine.set_params(read_all(layout).data());
-    AdamWHyper h;
+    OptimHyper h;
     try {
         h.lr = json_get<float>(aj, "lr", path);
         h.beta1 = json_get<float>(aj, "beta1", path);

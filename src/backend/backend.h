@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "backend/activation.h"
+#include "backend/optimizer.h"
 #include "backend/rope.h"
 #include "core/tensor.h"
 #include "memory/step_memory.h"
@@ -44,58 +45,6 @@ struct GemmDesc {
 // A's row stride and the elements its storage spans.
 inline int64_t gemm_lda(const GemmDesc & d) { return d.lda ? d.lda : d.trans_a ? d.M : d.K; }
 inline int64_t gemm_a_elems(const GemmDesc & d) { return (d.trans_a ? d.K : d.M) * gemm_lda(d); }
-
-struct AdamWHyper {
-    float lr = 3e-4f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
-    int   t = 1;   // 1-based step count, for bias correction
-    float clip = 0;  // clip gradients to this global L2 norm before the update (0: no clipping)
-    // Gradients are multiplied by grad_scale first (1 / the loss scale); norm_sq is the sum of
-    // squares of the scaled gradients, so the true norm is sqrt(norm_sq) * grad_scale.
-    float grad_scale = 1.0f;
-    // Loss scaling: leave every tensor unchanged when norm_sq is inf or NaN (a skipped step).
-    bool skip_nonfinite = false;
-    // > 0: leave them unchanged too when norm_sq is above this (a gradient spike, --skip-spikes).
-    // Same units as norm_sq (the scaled gradients').
-    float skip_above_norm_sq = 0;
-    // > 0: the engine leaves the step out when its mean loss (over the whole step: every
-    // micro-batch and rank) is above this or not finite, deciding before the update begins
-    // (--skip-spikes). The kernels never read it.
-    float skip_above_loss = 0;
-    // Tests: the loss gradient is multiplied by this (an injected gradient spike, or NaN).
-    float loss_grad_factor = 1.0f;
-    // --master-weights bf16-sr: `param` is the bf16 weights themselves (no fp32 master, no
-    // param_copy), updated in place and rounded stochastically (backend/stochastic_round.h) with
-    // the draws of (sr_seed, sr_at + i): sr_at is the view's first element in the flat buffer.
-    uint64_t sr_seed = 0, sr_at = 0;
-    // --optimizer sgd (Backend::sgd): PyTorch's SGD with momentum (no dampening or Nesterov) and
-    // L2 weight decay: g' = g + weight_decay * p, buf = momentum * buf + g', p -= lr * buf.
-    float momentum = 0.9f;
-    // N:M sparsity's masked updates (model/sparsity.h): an element whose weight (`param`) is
-    // exactly 0 stays 0 and its moments (SGD: its momentum) are set to 0, whatever its gradient;
-    // the mask is the zeros themselves, so it needs no buffer. Set per op by the step, for the
-    // pruned projection weights only (zero-initialised biases must still train).
-    bool keep_zeros = false;
-};
-
-// Whether an optimizer op's `param` is bf16-sr's bf16 weights (true: a seed and no copy, checked)
-// or fp32 (false); the kernels of every backend ask it.
-inline bool sr_weights(const Tensor & param, const Tensor & param_copy, const AdamWHyper & h) {
-    MF_ASSERT(param.dtype == DType::f32 || (param.dtype == DType::bf16 && h.sr_seed != 0 && !param_copy.valid()));
-    return param.dtype == DType::bf16;
-}
-
-// Whether the optimizer leaves the step out (the kernels and the engine decide alike).
-inline bool skips_update(const AdamWHyper & h, float norm_sq) {
-    if (h.skip_nonfinite && !std::isfinite(norm_sq)) return true;
-    return h.skip_above_norm_sq > 0 && norm_sq > h.skip_above_norm_sq;
-}
-
-// The factor applied to every stored gradient: grad_scale, times min(1, clip / true norm).
-inline float update_scale(const AdamWHyper & h, float norm_sq) {
-    if (!(h.clip > 0)) return h.grad_scale;
-    const float norm = std::sqrt(norm_sq) * h.grad_scale;
-    return norm > h.clip ? h.grad_scale * (h.clip / norm) : h.grad_scale;
-}
 
 // A frozen weight W [out, in] (row = output channel) stored packed, for LoRA's quantized base
 // (QLoRA) and generation. Formats and exact byte counts: backend/quant_format.h (sparse24: 2:4
@@ -213,17 +162,6 @@ public:
     virtual void dequantize(const QuantDesc & q, float * W, const void * packed) const {
         (void) q, (void) W, (void) packed;
         MF_ASSERT(false && "this backend has no quantized gemm");
-    }
-    // The same update with 8-bit moments (backend/moments8.h): m and v u8 [n], m_scale and
-    // v_scale f32 [moments8_blocks(n)], blocks from element 0 of the view. Each block is decoded,
-    // updated in f32, and encoded again with its new scale. Backends without it refuse.
-    // --optimizer sgd: buf (f32) is the momentum; param, param_copy, norm_sq and the bf16-sr
-    // weights as in adamw (AdamWHyper has the update).
-    virtual void sgd(Tensor param, Tensor grad, Tensor buf, Tensor norm_sq, Tensor param_copy, const AdamWHyper & h) {
-        throw Error(std::string("the ") + name() + " backend has no SGD; use --optimizer adamw");
-    }
-    virtual void adamw_8bit(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, const AdamWHyper &) {
-        throw Error(std::string("the ") + name() + " backend has no 8-bit AdamW; use --optimizer adamw-bf16");
     }
 };
 

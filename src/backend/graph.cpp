@@ -688,25 +688,16 @@ void Graph::sum_squares(Tensor out, Tensor x) {
     end();
 }
 
-void Graph::adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy,
-                  const AdamWHyper & h) {
-    if (begin("adamw", 16.0 * double(param.numel()), {param, grad, m, v, norm_sq, param_copy}) && !skip_update_)
-        backend_->adamw(resolve(param), resolve(grad), resolve(m), resolve(v), resolve(norm_sq), resolve(param_copy), h);
-    end();
-}
-
-void Graph::adamw_8bit(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor m_scale, Tensor v_scale, Tensor norm_sq,
-                       Tensor param_copy, const AdamWHyper & h) {
-    if (begin("adamw_8bit", 20.0 * double(param.numel()), {param, grad, m, v, m_scale, v_scale, norm_sq, param_copy}) &&
-        !skip_update_)
-        backend_->adamw_8bit(resolve(param), resolve(grad), resolve(m), resolve(v), resolve(m_scale), resolve(v_scale),
-                             resolve(norm_sq), resolve(param_copy), h);
-    end();
-}
-
-void Graph::sgd(Tensor param, Tensor grad, Tensor buf, Tensor norm_sq, Tensor param_copy, const AdamWHyper & h) {
-    if (begin("sgd", 6.0 * double(param.numel()), {param, grad, buf, norm_sq, param_copy}) && !skip_update_)
-        backend_->sgd(resolve(param), resolve(grad), resolve(buf), resolve(norm_sq), resolve(param_copy), h);
+void Graph::optimizer_step(Optimizer o, Tensor param, Tensor grad, const OptimizerStates & states, Tensor norm_sq,
+                           Tensor param_copy, const OptimHyper & h) {
+    const OptimizerRow & r = optimizer_row(o);
+    const auto & t = states.t;
+    if (begin(r.op, r.flops * double(param.numel()), {param, grad, t[0], t[1], t[2], t[3], norm_sq, param_copy}) &&
+        !skip_update_) {
+        OptimizerStates at;
+        for (size_t i = 0; i < t.size(); ++i) at.t[i] = resolve(t[i]);
+        backend_->optimizer_step(o, resolve(param), resolve(grad), at, resolve(norm_sq), resolve(param_copy), h);
+    }
     end();
 }
 

@@ -182,11 +182,10 @@ public:
     void distill_bwd(Tensor logits, Tensor stats, Tensor teacher_probs, Tensor targets, float alpha, float temperature,
                      float dloss);
     void sum_squares(Tensor out, Tensor x);
-    // param_copy (optional): the compute-precision weights, rewritten from the updated param.
-    void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy, const AdamWHyper & h);
-    void adamw_8bit(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor m_scale, Tensor v_scale, Tensor norm_sq,
-                    Tensor param_copy, const AdamWHyper & h);
-    void sgd(Tensor param, Tensor grad, Tensor buf, Tensor norm_sq, Tensor param_copy, const AdamWHyper & h);
+    // One optimizer step of a parameter view, for any row of backend/optimizer.h; param_copy
+    // (optional): the compute-precision weights, rewritten from the updated param.
+    void optimizer_step(Optimizer o, Tensor param, Tensor grad, const OptimizerStates & states, Tensor norm_sq,
+                        Tensor param_copy, const OptimHyper & h);
 
     // --offload optimizer: copies between an offloaded buffer's view (`stored`, category
     // offloaded, in the executing memory's store) and a staging buffer the kernels read, started

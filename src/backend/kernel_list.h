@@ -160,8 +160,10 @@ MF_KERNEL(distill_bwd, (Tensor logits, Tensor stats, Tensor teacher_probs, Tenso
 // out[0] (f32) = sum of squares of x (any float dtype, accumulated in double); inf or NaN
 // if any element is.
 MF_KERNEL(sum_squares, (Tensor out, Tensor x))
-// param, m, v f32; grad f32/bf16/f16. norm_sq[0]: the gradients' global sum of squares (from
-// sum_squares), used for clipping and skip_nonfinite. When param_copy is valid (bf16/f16, the
-// compute weights of mixed precision) it receives the updated param, rounded.
-MF_KERNEL(adamw, (Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy,
-          const AdamWHyper & h))
+// One optimizer step of a parameter view (backend/optimizer.h's row `o`): param f32 (or bf16-sr's
+// bf16 weights), grad f32/bf16/f16, the row's states in its order. norm_sq[0]: the gradients'
+// global sum of squares (from sum_squares; invalid: 0), for clipping and the skips of
+// skips_update(). When param_copy is valid (bf16/f16, the compute weights of mixed precision) it
+// receives the updated param, rounded.
+MF_KERNEL(optimizer_step, (Optimizer o, Tensor param, Tensor grad, const OptimizerStates & states, Tensor norm_sq,
+          Tensor param_copy, const OptimHyper & h))

@@ -14,7 +14,6 @@ public:
 #include "backend/kernel_list.h"
 #undef MF_KERNEL
     size_t flash_attention_workspace(int64_t, int64_t, int64_t, int, DType) const override { return 0; }
-    void sgd(Tensor, Tensor, Tensor, Tensor, Tensor, const AdamWHyper &) override {}
     void dora_norm_packed(Tensor, const QuantDesc &, Tensor, int64_t, Tensor, Tensor, float, Tensor) override {}
 };
 

@@ -4,7 +4,7 @@
 // The recipe is NVIDIA ASP's (Mishra et al. 2021, "Accelerating Sparse Deep Neural Networks"):
 // train dense, prune once by magnitude (keep the N largest |w| of each group), then train on with
 // masked updates, so the pruned weights stay exactly zero. The mask is not stored: it is the set
-// of exact zeros (AdamWHyper::keep_zeros makes the optimizer kernels leave a zero weight at zero
+// of exact zeros (OptimHyper::keep_zeros makes the optimizer kernels leave a zero weight at zero
 // and zero its moments). SR-STE (Zhou et al. 2021), which lets pruned weights regrow, needs a
 // dense copy of the weights beside the sparse ones the matmuls read (extra bytes per parameter in
 // fp32 compute, where the fp32 weights are the only copy); memfit keeps the mask fixed from the

@@ -104,8 +104,8 @@ struct ModelOptions {
     // logits stay f32. Parameter gradients are stored as `grad`.
     DType compute = DType::f32;
     DType grad = DType::f32;
-    // Storage of AdamW's two moments (train/step.h declares them): f32, or bf16 (adamw-bf16).
-    DType moments = DType::f32;
+    // The optimizer (backend/optimizer.h's row): the states train/step.h declares and updates.
+    Optimizer optimizer = Optimizer::adamw;
     // --offload optimizer: the share (0..1] of this rank's optimizer state (fp32 master weights,
     // moments) kept in the `offloaded` category and staged through device memory chunk by chunk
     // for the update (train/step.h); 0: every state resident.
@@ -116,8 +116,6 @@ struct ModelOptions {
     bool offload_params = false;
     // --master-weights bf16-sr: no fp32 master weights; AdamW rounds the bf16 weights stochastically.
     bool sr_master = false;
-    // --optimizer sgd: one fp32 momentum buffer ("sgd.momentum") in place of AdamW's two moments.
-    bool sgd = false;
     size_t offload_unit = kOffloadUnit;   // elements per staged unit (tests use small ones)
     // > 0: a decode program instead (forward only, B = 1): T new tokens attend over persistent
     // KV caches of this many rows ("kv_cache.<l>.k|v", activations; a ring under a sliding

@@ -170,13 +170,10 @@ EngineOptions engine_options(const RunConfig & r, const ModelConfig & cfg, const
     eo.flash_attention = r.attention == Attention::flash ||
                          (r.attention == Attention::auto_ && backend.runs_flash_attention(cfg.head_dim()));
     eo.compute = r.precision_auto ? DType::f32 : r.compute;
-    eo.moments = r.optimizer == Optimizer::adamw_bf16   ? DType::bf16
-                 : r.optimizer == Optimizer::adamw_8bit ? DType::u8
-                                                        : DType::f32;
+    eo.optimizer = r.optimizer;
     eo.offload = L.offload != Offload::none ? r.offload_fraction : 0.0;
     eo.offload_params = L.offload == Offload::optimizer_params;
     eo.sr_master = r.master_weights == MasterWeights::bf16_sr;
-    eo.sgd = r.optimizer == Optimizer::sgd;
     eo.offload_dir = r.offload_dir;
     if (r.recompute.info().kind != RecomputePolicy::budget) eo.recompute = recompute_plan(r.recompute, cfg.n_layer);
     eo.lora = lora_options(r, cfg, eo.compute);

@@ -84,12 +84,12 @@ nlohmann::ordered_json deepspeed_config(const PlanResult & p, std::vector<std::s
         zero["offload_param"] = c.offload_dir.empty() ? nlohmann::ordered_json{{"device", "cpu"}}
                                                       : nlohmann::ordered_json{{"device", "nvme"}, {"nvme_path", c.offload_dir}};
     ds["zero_optimization"] = zero;
-    if (c.optimizer == Optimizer::sgd) ds["optimizer"] = {{"type", "SGD"}};
-    else ds["optimizer"] = {{"type", "AdamW"}};
-    if (c.optimizer == Optimizer::adamw_8bit || c.optimizer == Optimizer::adamw_bf16)
-        missing.push_back(fmt::format("--optimizer {} (DeepSpeed's file names no 8-bit or bf16-moment AdamW: pass "
-                                      "the optimizer object, e.g. bitsandbytes', to deepspeed.initialize)",
-                                      optimizer_name(c.optimizer)));
+    const OptimizerRow & row = optimizer_row(c.optimizer);
+    ds["optimizer"] = {{"type", row.deepspeed ? row.deepspeed : "AdamW"}};
+    if (!row.deepspeed)
+        missing.push_back(fmt::format("--optimizer {} (DeepSpeed's file names no such optimizer: pass the optimizer "
+                                      "object, e.g. bitsandbytes', to deepspeed.initialize)",
+                                      row.name));
     if (c.clip > 0) ds["gradient_clipping"] = c.clip;
     if (c.recompute == "full") ds["activation_checkpointing"] = {{"partition_activations", false}};
     else if (!(c.recompute == "none"))

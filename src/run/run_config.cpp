@@ -36,9 +36,6 @@ const char * name_of(T value, const Name<T> (&names)[N]) {
 constexpr Name<DType> kPrecisions[] = {{"fp32", DType::f32}, {"bf16", DType::bf16}, {"fp16", DType::f16}};
 constexpr Name<Attention> kAttentions[] = {
     {"auto", Attention::auto_}, {"flash", Attention::flash}, {"naive", Attention::naive}};
-constexpr Name<Optimizer> kOptimizers[] = {
-    {"adamw", Optimizer::adamw}, {"adamw-bf16", Optimizer::adamw_bf16}, {"sgd", Optimizer::sgd},
-    {"adamw-8bit", Optimizer::adamw_8bit}, {"adamw8bit", Optimizer::adamw_8bit}};
 constexpr Name<MasterWeights> kMasterWeights[] = {{"fp32", MasterWeights::fp32}, {"bf16-sr", MasterWeights::bf16_sr}};
 constexpr Name<Offload> kOffloads[] = {
     {"none", Offload::none}, {"optimizer", Offload::optimizer}, {"optimizer+params", Offload::optimizer_params}};
@@ -53,17 +50,6 @@ DType parse_precision(std::string_view p) {
 std::string precision_name(DType compute) { return name_of(compute, kPrecisions); }
 Attention parse_attention(std::string_view a) { return parse_name("--attention", a, kAttentions); }
 const char * attention_name(Attention a) { return name_of(a, kAttentions); }
-Optimizer parse_optimizer(std::string_view o) {
-    // bitsandbytes' paged optimizers (HF's optim="paged_adamw_8bit", ...) move states at the
-    // driver's will, which a planned step cannot (docs/memory-techniques.md, "Optimizer offload").
-    if (o.starts_with("paged"))
-        throw ConfigError(fmt::format("--optimizer '{}': paged optimizers are not offered (their pages move at run time, "
-                                      "outside the plan); use --optimizer adamw-8bit or adamw with --offload optimizer "
-                                      "[--offload-fraction F]",
-                                      o));
-    return parse_name("--optimizer", o, kOptimizers);
-}
-
 int parse_loss_chunk(std::string_view v) {
     if (v == "auto") return -1;
     int n = 0;
@@ -71,23 +57,6 @@ int parse_loss_chunk(std::string_view v) {
     if (v.empty() || err != std::errc() || end != v.data() + v.size() || n < 0)
         throw ConfigError(fmt::format("--loss-chunk '{}': expected auto, 0 (unchunked) or a number of tokens", v));
     return n;
-}
-const char * optimizer_name(Optimizer o) { return name_of(o, kOptimizers); }
-std::string optimizer_choices() {
-    std::string s;
-    for (const auto & n : kOptimizers)   // not the aliases (adamw8bit)
-        if (std::string_view(name_of(n.value, kOptimizers)) == n.text)
-            s += fmt::format("{}{}", s.empty() ? "" : ", ", n.text);
-    return s;
-}
-double optimizer_state_bytes(Optimizer o) {
-    switch (o) {
-    case Optimizer::adamw: return 8;        // two fp32 moments
-    case Optimizer::adamw_bf16: return 4;   // two bf16 moments
-    case Optimizer::sgd: return 4;          // fp32 momentum
-    case Optimizer::adamw_8bit: return 2 + 8.0 / 256;   // two 8-bit moments and their f32 block scales
-    }
-    return 8;
 }
 Offload parse_offload(std::string_view o) { return parse_name("--offload", o, kOffloads); }
 const char * offload_name(Offload o) { return name_of(o, kOffloads); }

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/optimizer.h"
 #include "core/dtype.h"
 #include "model/pipeline.h"
 #include "model/recompute.h"
@@ -18,7 +19,6 @@
 namespace memfit {
 
 enum class Attention { auto_, flash, naive };
-enum class Optimizer { adamw, adamw_bf16, sgd, adamw_8bit };
 enum class Offload { none, optimizer, optimizer_params };
 enum class MasterWeights { fp32, bf16_sr };
 
@@ -139,11 +139,7 @@ DType parse_precision(std::string_view p);
 std::string precision_name(DType compute);
 Attention parse_attention(std::string_view a);
 const char * attention_name(Attention a);
-Optimizer parse_optimizer(std::string_view o);
 int parse_loss_chunk(std::string_view v);        // "auto" -> -1, else a count of tokens, 0 or more
-const char * optimizer_name(Optimizer o);
-std::string optimizer_choices();                 // "adamw, adamw-bf16, sgd, adamw-8bit"
-double optimizer_state_bytes(Optimizer o);       // per trainable parameter (the planner's models)
 Offload parse_offload(std::string_view o);
 MasterWeights parse_master_weights(std::string_view m);
 const char * master_weights_name(MasterWeights m);

@@ -135,7 +135,7 @@ Engine::Engine(const ModelConfig & cfg, Backend & backend, const EngineOptions &
                            "--base-weights nf4 (a 4-bit base), --recompute full, or a lower --micro-batch or --seq"
                          : "try --fit auto (micro-batch, accumulation, recomputation within the budget), --recompute "
                            "full, --precision bf16, or a lower --micro-batch or --seq");
-    if (plans_.train->offloaded.m >= 0 || plans_.train->params_offloaded()) {   // where the offloaded states live
+    if (plans_.train->offloaded_elems() > 0 || plans_.train->params_offloaded()) {   // where the offloaded states live
         if (!opt_.offload_dir.empty() && !backend.host_memory())
             throw ConfigError(fmt::format("--offload-dir with --device {}: the states go to pinned host memory on a "
                                           "GPU; drop --offload-dir", backend.name()));
@@ -222,8 +222,8 @@ void Engine::init_params(uint64_t seed) {
         set_teacher(teacher.data());
     }
     const std::vector<float> zeros(st.shard_size(), 0.0f);
-    store_moments(st.adam_m, zeros.data(), zeros.size());
-    store_moments(st.adam_v, zeros.data(), zeros.size());
+    store_moments(0, zeros.data(), zeros.size());
+    store_moments(1, zeros.data(), zeros.size());
     t_ = 0;
 }
 
@@ -495,10 +495,9 @@ void Engine::import_state(const TrainState & state) {
                                       s.offset, s.offset + s.params.size(), total, s.m.size(), s.v.size(), sh.lo, sh.hi,
                                       sh.total));
     const size_t at = sh.lo - s.offset;
-    const TrainStep & st = *plans_.train;
     store_own_params(s.params.data() + at, n);
-    store_moments(st.adam_m, s.m.data() + at, n);
-    store_moments(st.adam_v, s.v.data() + at, n);
+    store_moments(0, s.m.data() + at, n);
+    store_moments(1, s.v.data() + at, n);
     params_changed();
     t_ = s.t;
     scaler_.scale = s.scaler.scale;
@@ -554,7 +553,7 @@ void Engine::check_doc_starts(const int32_t * doc_start, size_t rows) const {
 }
 
 double Engine::run_batch(const TrainStep & step, StepMemory & mem, const int32_t * inputs, const int32_t * targets,
-                         const int32_t * doc_start, float dloss, const AdamWHyper * h, uint64_t seed) {
+                         const int32_t * doc_start, float dloss, const OptimHyper * h, uint64_t seed) {
     const size_t BT = size_t(step.B()) * size_t(step.T()) * size_t(step.micro_batches());
     backend_.upload(mem.base(step.tokens), inputs, BT * 4);
     backend_.upload(mem.base(step.targets), targets, BT * 4);
@@ -574,7 +573,7 @@ double Engine::run_batch(const TrainStep & step, StepMemory & mem, const int32_t
     StepScalars s;
     s.dloss = dloss;
     s.seed = seed;
-    if (h) s.adamw = *h;
+    if (h) s.optim = *h;
     execute(step, mem, s);
     return losses_sum(step, mem);
 }
@@ -588,7 +587,7 @@ double Engine::losses_sum(const TrainStep & step, StepMemory & mem) const {
     return sum;
 }
 
-StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, const AdamWHyper & h,
+StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, const OptimHyper & h,
                               const int32_t * doc_start) {
     params_handed_ = false;   // a step changes the weights: a mirror handed out before is stale
     const int k = opt_.grad_accum;
@@ -602,7 +601,7 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
     // fp16: the loss gradient is multiplied by the loss scale and AdamW divides it back out.
     const float dloss = r.tokens > 0 ? scaler_.scale / float(r.tokens) * h.loss_grad_factor : 0.0f;
     r.loss_scale = scaler_.scale;
-    AdamWHyper hh = h;
+    OptimHyper hh = h;
     hh.t = t_ + 1;
     // N:M sparsity: pruned once `start` updates are in, the zeros kept by every update after.
     hh.keep_zeros = opt_.sparsity.enabled() && t_ >= opt_.sparsity.start;

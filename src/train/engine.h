@@ -54,10 +54,10 @@ struct EngineOptions {
     // micro-batch and in fp32 when accumulated over several (ZeRO >= 2: the shard in fp32, each
     // micro-batch's buckets in the compute dtype).
     DType    compute = DType::f32;
-    // AdamW's moments: f32, bf16 (--optimizer adamw-bf16: 4 bytes per parameter, not 8) or u8
-    // (adamw-8bit: 8-bit codes and block scales, backend/moments8.h). The kernels update them in
-    // f32; the host sees them as f32, the values they hold exactly.
-    DType    moments = DType::f32;
+    // --optimizer: backend/optimizer.h's row (its states and their dtypes: AdamW's fp32 moments by
+    // default). The kernels update every state in f32; the host sees the moments as f32, the
+    // values they hold exactly (SGD's second moment: zeros).
+    Optimizer optimizer = Optimizer::adamw;
     // --offload optimizer: the share (0..1] of this rank's master weights and moments kept off
     // the device (0: none), in a file under offload_dir when given (any backend whose kernels read
     // host memory), else in the backend's host memory (pinned on CUDA). The update stages them
@@ -73,9 +73,6 @@ struct EngineOptions {
     // weights in place with stochastic rounding (backend/stochastic_round.h), its draws seeded by
     // (seed, step), so a resumed run draws the same.
     bool     sr_master = false;
-    // --optimizer sgd: SGD with momentum (AdamWHyper::momentum), one fp32 buffer (adam_m's place;
-    // adam_v() is then all zeros, and so is a checkpoint's second moment).
-    bool     sgd = false;
     size_t   offload_unit = kOffloadUnit;   // elements per staged unit (ModelOptions::offload_unit)
     // LoRA (model/lora.h): only the adapters train; the base is frozen, optionally quantized.
     LoraOptions lora;
@@ -83,7 +80,7 @@ struct EngineOptions {
     DistillOptions distill;
     // --sparsity N:M (model/sparsity.h): once `start` updates are applied, train_step prunes the
     // block projections by magnitude (on the host, the whole model: full_params, set_params) and
-    // from then on every update keeps their zeros (AdamWHyper::keep_zeros). No buffer is added.
+    // from then on every update keeps their zeros (OptimHyper::keep_zeros). No buffer is added.
     NmSparsity sparsity;
     LossScaler loss_scaling;         // fp16: the loss scaler's settings and starting scale
     uint64_t seed = 0;               // random streams of the steps (LoRA dropout): seed, step, micro-step
@@ -135,12 +132,11 @@ struct EngineOptions {
         m.recompute = recompute;
         m.compute = compute;
         m.grad = grad_dtype();
-        m.moments = moments;
+        m.optimizer = optimizer;
         m.offload = offload;
         m.offload_params = offload_params;
         m.offload_unit = offload_unit;
         m.sr_master = sr_master;
-        m.sgd = sgd;
         m.lora = lora;
         m.distill = distill;
         m.tp.ranks = tensor_parallel;
@@ -201,7 +197,7 @@ struct StepResult {
     float  grad_norm = 0;     // global L2 norm of the gradients (before the update; inf/NaN if skipped)
     int    tokens = 0;        // non-ignored targets
     bool   skipped = false;   // nothing was updated (fp16's overflow, or a --skip-spikes limit)
-    bool   loss_outlier = false;   // skipped for its loss (AdamWHyper::skip_above_loss)
+    bool   loss_outlier = false;   // skipped for its loss (OptimHyper::skip_above_loss)
     float  loss_scale = 1;    // the scale this step's loss gradient was multiplied by
 };
 
@@ -256,7 +252,7 @@ public:
     // as if they were one batch. doc_start: packed documents (EngineOptions::documents), each
     // token's document start in its row, laid out like the inputs (FormatError when a row's are
     // not starts: 0 <= s[t] <= t, each either t or the previous token's).
-    StepResult train_step(const int32_t * inputs, const int32_t * targets, const AdamWHyper & h,
+    StepResult train_step(const int32_t * inputs, const int32_t * targets, const OptimHyper & h,
                           const int32_t * doc_start = nullptr);
     // Mean loss of a batch without updating anything (needs with_eval).
     float eval_loss(const int32_t * inputs, const int32_t * targets, const int32_t * doc_start = nullptr);
@@ -312,7 +308,7 @@ private:
     void dora_start(const float * full, float * adapters);
     // Runs one program on one batch; returns the sum of its per-token losses.
     double run_batch(const TrainStep & step, StepMemory & mem, const int32_t * inputs, const int32_t * targets,
-                     const int32_t * doc_start, float dloss, const AdamWHyper * h, uint64_t seed = 0);
+                     const int32_t * doc_start, float dloss, const OptimHyper * h, uint64_t seed = 0);
     // The sum of the per-token losses the program's last run left.
     double losses_sum(const TrainStep & step, StepMemory & mem) const;
     // Non-ignored targets in n tokens; checks ids against the vocabulary.
@@ -339,11 +335,12 @@ private:
     // params(), gathered over the data, pipeline and tensor groups (collective); and this rank's
     // stage of its tensor slice of a whole-model vector (before the ZeRO cut).
     std::vector<float> gather_whole(const float * mine);
-    // A moment buffer as f32 on the host, and n f32 values stored into one (rounded when bf16).
-    const float * host_moments(BufferId id, std::vector<float> & mirror);
-    void store_moments(BufferId id, const float * src, size_t n);
-    const float * host_moments_8bit(BufferId id, std::vector<float> & mirror);
-    void store_moments_8bit(BufferId id, const float * src, size_t n);
+    // The optimizer's first (k 0) or second (k 1) moment (its row's moment[k]) as f32 on the host,
+    // and n f32 values stored into it (rounded, or encoded, to its dtype); a row without it: none.
+    const float * host_moments(int k, std::vector<float> & mirror);
+    void store_moments(int k, const float * src, size_t n);
+    const float * host_moments_8bit(int k, std::vector<float> & mirror);
+    void store_moments_8bit(int k, const float * src, size_t n);
     // One state of the shard (master weights, a moment, its scales) as bytes: its offloaded part
     // `off` (-1: none) then its resident part `res`; and n bytes written from the start.
     std::vector<uint8_t> state_bytes(BufferId res, BufferId off);

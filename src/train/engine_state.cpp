@@ -189,68 +189,80 @@ float * Engine::grads() {
     MF_ASSERT(plans_.train->grad_dtype() == DType::f32 && opt_.zero < 2);
     return host_f32(plans_.train->grads, 0, mirror_grads_);
 }
-const float * Engine::adam_m() { return host_moments(plans_.train->adam_m, mirror_m_); }
-const float * Engine::adam_v() { return host_moments(plans_.train->adam_v, mirror_v_); }
+const float * Engine::adam_m() { return host_moments(0, mirror_m_); }
+const float * Engine::adam_v() { return host_moments(1, mirror_v_); }
 
 // A moment of the shard: its offloaded part (if any) then its resident one, widened to f32.
-const float * Engine::host_moments(BufferId id, std::vector<float> & mirror) {
+const float * Engine::host_moments(int k, std::vector<float> & mirror) {
     const TrainStep & st = *plans_.train;
-    if (id < 0) {   // SGD's second moment: none (the state's is zeros)
+    const OptimizerRow & row = optimizer_row(st.optimizer());
+    const int i = row.moment[k];
+    if (i < 0) {   // a row without it (SGD's second moment): none (the checkpoint's is zeros)
         std::vector<float>().swap(mirror);
         return mirror.data();
     }
-    if (st.moments_dtype() == DType::u8) return host_moments_8bit(id, mirror);
-    const BufferId off = id == st.adam_m ? st.offloaded.m : st.offloaded.v;
-    if (st.moments_dtype() == DType::f32 && off < 0) return host_f32(id, 0, mirror);
-    if (st.moments_dtype() == DType::f32) {
+    const DType dt = row.states[size_t(i)].dtype;
+    const BufferId id = st.opt_states[size_t(i)], off = st.offloaded.opt[size_t(i)];
+    if (dt == DType::u8) return host_moments_8bit(k, mirror);
+    if (dt == DType::f32 && off < 0) return host_f32(id, 0, mirror);
+    if (dt == DType::f32) {
         state_f32(id, off, mirror);
         return mirror.data();
     }
+    MF_ASSERT(dt == DType::bf16);
     const std::vector<uint8_t> raw = state_bytes(id, off);
-    const size_t n = raw.size() / dtype_size(st.moments_dtype());
+    const size_t n = raw.size() / dtype_size(dt);
     mirror.resize(n);
-    for (size_t i = 0; i < n; ++i) {
+    for (size_t j = 0; j < n; ++j) {
         bf16_t b;
-        std::memcpy(&b, raw.data() + 2 * i, 2);
-        mirror[i] = to_f32(b);
+        std::memcpy(&b, raw.data() + 2 * j, 2);
+        mirror[j] = to_f32(b);
     }
     return mirror.data();
 }
 
-void Engine::store_moments(BufferId id, const float * src, size_t n) {
+void Engine::store_moments(int k, const float * src, size_t n) {
     const TrainStep & st = *plans_.train;
-    if (id < 0) return;   // SGD's second moment: none
-    if (st.moments_dtype() == DType::u8) return store_moments_8bit(id, src, n);
-    const BufferId off = id == st.adam_m ? st.offloaded.m : st.offloaded.v;
-    if (st.moments_dtype() == DType::f32) return set_state_bytes(id, off, src, n * 4);
+    const OptimizerRow & row = optimizer_row(st.optimizer());
+    const int i = row.moment[k];
+    if (i < 0) return;   // a row without it
+    const DType dt = row.states[size_t(i)].dtype;
+    const BufferId id = st.opt_states[size_t(i)], off = st.offloaded.opt[size_t(i)];
+    if (dt == DType::u8) return store_moments_8bit(k, src, n);
+    if (dt == DType::f32) return set_state_bytes(id, off, src, n * 4);
+    MF_ASSERT(dt == DType::bf16);
     std::vector<bf16_t> raw(n);
-    for (size_t i = 0; i < n; ++i) raw[i] = from_f32<bf16_t>(src[i]);
+    for (size_t j = 0; j < n; ++j) raw[j] = from_f32<bf16_t>(src[j]);
     set_state_bytes(id, off, raw.data(), n * sizeof(bf16_t));
 }
 
-// 8-bit moments (backend/moments8.h): the codes and their blocks' scales, decoded piece by piece.
-const float * Engine::host_moments_8bit(BufferId id, std::vector<float> & mirror) {
+// 8-bit moments (backend/moments8.h): the codes and their blocks' scales, decoded piece by piece;
+// k 0 the signed first moment's codes, k 1 the second's.
+const float * Engine::host_moments_8bit(int k, std::vector<float> & mirror) {
     const TrainStep & st = *plans_.train;
-    const bool first = id == st.adam_m;
-    const std::vector<uint8_t> codes = state_bytes(id, first ? st.offloaded.m : st.offloaded.v);
-    const std::vector<uint8_t> sraw = state_bytes(first ? st.adam_m_scale : st.adam_v_scale,
-                                                  first ? st.offloaded.m_scale : st.offloaded.v_scale);
+    const OptimizerRow & row = optimizer_row(st.optimizer());
+    const size_t i = size_t(row.moment[k]), si = size_t(row.scales[k]);
+    const bool first = k == 0;
+    const std::vector<uint8_t> codes = state_bytes(st.opt_states[i], st.offloaded.opt[i]);
+    const std::vector<uint8_t> sraw = state_bytes(st.opt_states[si], st.offloaded.opt[si]);
     std::vector<float> scales(sraw.size() / 4);
     std::memcpy(scales.data(), sraw.data(), sraw.size());
     mirror.assign(codes.size(), 0.0f);
     for (const auto & p : st.moment_pieces())
-        for (size_t i = 0; i < p.n; ++i) {
-            const float s = scales[p.block + i / kMoments8Block];
-            mirror[p.at + i] = first ? decode_m8(codes[p.at + i], s) : decode_v8(codes[p.at + i], s);
+        for (size_t j = 0; j < p.n; ++j) {
+            const float s = scales[p.block + j / kMoments8Block];
+            mirror[p.at + j] = first ? decode_m8(codes[p.at + j], s) : decode_v8(codes[p.at + j], s);
         }
     return mirror.data();
 }
 
-void Engine::store_moments_8bit(BufferId id, const float * src, size_t n) {
+void Engine::store_moments_8bit(int k, const float * src, size_t n) {
     const TrainStep & st = *plans_.train;
-    const bool first = id == st.adam_m;
-    const BufferId sid = first ? st.adam_m_scale : st.adam_v_scale;
-    const BufferId off = first ? st.offloaded.m : st.offloaded.v, soff = first ? st.offloaded.m_scale : st.offloaded.v_scale;
+    const OptimizerRow & row = optimizer_row(st.optimizer());
+    const size_t i = size_t(row.moment[k]), si = size_t(row.scales[k]);
+    const bool first = k == 0;
+    const BufferId id = st.opt_states[i], sid = st.opt_states[si];
+    const BufferId off = st.offloaded.opt[i], soff = st.offloaded.opt[si];
     auto bytes = [&](BufferId b) { return b >= 0 ? st.program().buffer(b).bytes : 0; };
     std::vector<uint8_t> codes(bytes(id) + bytes(off), 0);
     std::vector<float> scales((bytes(sid) + bytes(soff)) / 4, 0.0f);
@@ -259,10 +271,10 @@ void Engine::store_moments_8bit(BufferId id, const float * src, size_t n) {
         for (size_t lo = 0; lo < p.n; lo += kMoments8Block) {
             const size_t hi = std::min(p.n, lo + kMoments8Block);
             float s = 0;
-            for (size_t i = lo; i < hi; ++i) s = std::max(s, first ? std::fabs(src[p.at + i]) : src[p.at + i]);
+            for (size_t j = lo; j < hi; ++j) s = std::max(s, first ? std::fabs(src[p.at + j]) : src[p.at + j]);
             scales[p.block + lo / kMoments8Block] = s;
-            for (size_t i = lo; i < hi; ++i)
-                codes[p.at + i] = first ? encode_m8(src[p.at + i], s) : encode_v8(src[p.at + i], s);
+            for (size_t j = lo; j < hi; ++j)
+                codes[p.at + j] = first ? encode_m8(src[p.at + j], s) : encode_v8(src[p.at + j], s);
         }
     }
     set_state_bytes(id, off, codes.data(), codes.size());

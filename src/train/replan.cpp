@@ -61,7 +61,7 @@ void shrink_to_budget(std::unique_ptr<Engine> & engine, const ModelConfig & cfg,
 }
 
 StepResult resilient_step(std::unique_ptr<Engine> & engine, const ModelConfig & cfg, Backend & backend,
-                          const int32_t * inputs, const int32_t * targets, const AdamWHyper & h,
+                          const int32_t * inputs, const int32_t * targets, const OptimHyper & h,
                           std::vector<std::string> & notes, const int32_t * doc_start) {
     for (;;) {
         try {

@@ -32,7 +32,7 @@ void shrink_to_budget(std::unique_ptr<Engine> & engine, const ModelConfig & cfg,
 // document starts with packed documents) that survives OutOfMemory: re-plans with a smaller
 // micro-batch and redoes the step. Each re-plan adds a line to `notes`.
 StepResult resilient_step(std::unique_ptr<Engine> & engine, const ModelConfig & cfg, Backend & backend,
-                          const int32_t * inputs, const int32_t * targets, const AdamWHyper & h,
+                          const int32_t * inputs, const int32_t * targets, const OptimHyper & h,
                           std::vector<std::string> & notes, const int32_t * doc_start = nullptr);
 
 // `--budget-file PATH`: a control file holding a size ("512MiB"), polled before every step.

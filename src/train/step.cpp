@@ -29,7 +29,7 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
                      const ModelOptions & model, StepParts parts, const DataParallel & dp,
                      const PipelineParallel & pp)
     : cfg_(tp_local_config(cfg, model.tp.ranks)), lora_(model.lora.enabled()), mode_(mode), parts_(parts), B_(B), T_(T), compute_(model.compute),
-      grad_dt_(model.grad), moments_(model.moments), dp_(dp), pp_(pp) {
+      grad_dt_(model.grad), optimizer_(model.optimizer), dp_(dp), pp_(pp) {
     check_and_lay_out(cfg, model);
     if (lora_) declare_base(model.lora);
     const std::string pre = lora_ ? "lora." : "";
@@ -130,10 +130,7 @@ void TrainStep::declare_states(const ModelOptions & model, const std::string & p
     if (sr_ && compute_ != DType::bf16)
         throw ConfigError("--master-weights bf16-sr rounds the weights to bf16: it needs --precision bf16");
     const bool mixed = compute_ != DType::f32 && !sr_;
-    sgd_ = model.sgd;
-    MF_ASSERT(moments_ == DType::f32 || moments_ == DType::bf16 || moments_ == DType::u8);
-    MF_ASSERT(!sgd_ || moments_ == DType::f32);
-    const std::string m_name = sgd_ ? "sgd.momentum" : "adamw.m";
+    const OptimizerRow & row = optimizer_row(optimizer_);
     size_t blocks = 0;
     std::vector<bool> decays;
     for (const auto & p : layout_.params) {
@@ -159,7 +156,7 @@ void TrainStep::declare_states(const ModelOptions & model, const std::string & p
             off_blocks_ = p.block + moments8_blocks(a + n);
         }
     }
-    const size_t rest = S_ - off_elems_, ms = dtype_size(moments_);
+    const size_t rest = S_ - off_elems_;
     // The weights' shard offloaded too: every program (the same buffer, bound by name); the
     // training one updates all of it through the units.
     params_off_ = model.offload_params;
@@ -173,23 +170,22 @@ void TrainStep::declare_states(const ModelOptions & model, const std::string & p
     // in the ZeRO paper's count; reported in their own category.
     master = train && mixed ? program_.declare(pre + "master_parameters", Category::master_weights, rest * 4, true) : -1;
     grads = train ? program_.declare(pre + "gradients", Category::gradients, (dp.zero >= 2 ? S_ : P) * gs, true) : -1;
-    adam_m = train ? program_.declare(pre + m_name, Category::optimizer_states, rest * ms, true) : -1;
-    adam_v = train && !sgd_ ? program_.declare(pre + "adamw.v", Category::optimizer_states, rest * ms, true) : -1;
-    if (train && moments_ == DType::u8) {
-        adam_m_scale = program_.declare(pre + "adamw.m_scale", Category::optimizer_states, (blocks - off_blocks_) * 4, true);
-        adam_v_scale = program_.declare(pre + "adamw.v_scale", Category::optimizer_states, (blocks - off_blocks_) * 4, true);
-    }
+    // The optimizer's states, as its row lists them.
+    auto declare_row = [&](const std::string & at, Category c, size_t n, size_t nb, bool persistent) {
+        std::array<BufferId, kMaxOptimizerStates> ids{-1, -1, -1, -1};
+        for (int i = 0; i < row.n_states; ++i) {
+            const OptimizerState & d = row.states[size_t(i)];
+            ids[size_t(i)] = program_.declare(at + d.name, c, state_buffer_bytes(d, n, nb), persistent);
+        }
+        return ids;
+    };
+    if (train) opt_states = declare_row(pre, Category::optimizer_states, rest, blocks - off_blocks_, true);
     if (off_elems_ > 0) {   // the offloaded states, and (the update's program) each unit's staging
         auto states = [&](const std::string & at, bool persistent, size_t n, size_t nb, bool offl) {
             auto cat = [&](Category c) { return offl ? Category::offloaded : c; };
             States st;
             if (mixed) st.master = program_.declare(at + "master_parameters", cat(Category::master_weights), n * 4, persistent);
-            st.m = program_.declare(at + m_name, cat(Category::optimizer_states), n * ms, persistent);
-            if (!sgd_) st.v = program_.declare(at + "adamw.v", cat(Category::optimizer_states), n * ms, persistent);
-            if (moments_ == DType::u8) {
-                st.m_scale = program_.declare(at + "adamw.m_scale", cat(Category::optimizer_states), nb * 4, persistent);
-                st.v_scale = program_.declare(at + "adamw.v_scale", cat(Category::optimizer_states), nb * 4, persistent);
-            }
+            st.opt = declare_row(at, cat(Category::optimizer_states), n, nb, persistent);
             if (params_off_ && !offl) st.params = program_.declare(at + "parameters", Category::parameters, n * cs);
             return st;
         };
@@ -385,12 +381,12 @@ void TrainStep::optimizer(Graph & g, const StepScalars & s) const {
         const MomentPiece & mp = pieces_[piece++];
         const size_t x0 = std::max(x, lo_ + off_elems_);
         if (x0 >= y) continue;
-        AdamWHyper h = s.adamw;
+        OptimHyper h = s.optim;
         if (!p.decay()) h.weight_decay = 0;
-        h.keep_zeros = s.adamw.keep_zeros && sparse_target(p.name);   // N:M sparsity masks the projections only
+        h.keep_zeros = s.optim.keep_zeros && sparse_target(p.name);   // N:M sparsity masks the projections only
         const int64_t n = int64_t(y - x0);
         // In the resident states, which start at shard element off_elems_ (block off_blocks_).
-        const size_t own = (x0 - lo_ - off_elems_) * 4, mown = (x0 - lo_ - off_elems_) * dtype_size(moments_);
+        const size_t own = (x0 - lo_ - off_elems_) * 4;
         const size_t block = mp.block + (x0 - x) / kMoments8Block - off_blocks_;
         const size_t gx = dp_.zero >= 2 ? x0 - lo_ : x0;        // in the gradients
         const size_t px = dp_.zero >= 3 ? x0 - lo_ : x0;        // in the compute-precision weights
@@ -399,19 +395,23 @@ void TrainStep::optimizer(Graph & g, const StepScalars & s) const {
         const Tensor copy = mixed ? Tensor(params, compute_, {n}, px * cs) : Tensor{};
         const Tensor param = mixed ? Tensor(master, DType::f32, {n}, own) : weights(px, n);
         h.sr_at = x0;
-        const Tensor grad(grads, grad_dt_, {n}, gx * gs), m(adam_m, moments_, {n}, mown), v(adam_v, moments_, {n}, mown);
-        if (sgd_) {
-            g.sgd(param, grad, m, norm_sq, copy, h);
-            continue;
-        }
-        if (moments_ != DType::u8) {
-            g.adamw(param, grad, m, v, norm_sq, copy, h);
-            continue;
-        }
-        const int64_t nb = int64_t(moments8_blocks(size_t(n)));
-        g.adamw_8bit(param, grad, m, v, Tensor(adam_m_scale, DType::f32, {nb}, block * 4),
-                     Tensor(adam_v_scale, DType::f32, {nb}, block * 4), norm_sq, copy, h);
+        const Tensor grad(grads, grad_dt_, {n}, gx * gs);
+        g.optimizer_step(optimizer_, param, grad, state_views(opt_states, x0 - lo_ - off_elems_, block, size_t(n)),
+                         norm_sq, copy, h);
     }
+}
+
+OptimizerStates TrainStep::state_views(const std::array<BufferId, kMaxOptimizerStates> & ids, size_t at, size_t block,
+                                       size_t n) const {
+    const OptimizerRow & row = optimizer_row(optimizer_);
+    OptimizerStates v;
+    for (int i = 0; i < row.n_states; ++i) {
+        const OptimizerState & d = row.states[size_t(i)];
+        const bool blocks = d.size == StateSize::blocks;
+        const int64_t len = int64_t(blocks ? moments8_blocks(n) : n);
+        v.t[size_t(i)] = Tensor(ids[size_t(i)], d.dtype, {len}, blocks ? block * 4 : at * dtype_size(d.dtype));
+    }
+    return v;
 }
 
 const ParamInfo & TrainStep::param_at(size_t x) const {
@@ -432,22 +432,19 @@ Tensor TrainStep::weights(size_t px, int64_t n) const {
 void TrainStep::offloaded_update(Graph & g, const StepScalars & s) const {
     const Tensor norm_sq(grad_norm_sq, DType::f32, {1});
     const bool mixed = master >= 0;
-    const size_t cs = dtype_size(compute_), gs = dtype_size(grad_dt_), ms = dtype_size(moments_);
+    const size_t cs = dtype_size(compute_), gs = dtype_size(grad_dt_);
     // What a unit stages: read from the store (unless `write_only`), updated, written back.
     // Offloaded weights: under mixed precision only written (rounded from the master weights).
     struct Pair { Tensor staged, stored; bool write_only = false; };
     auto pairs = [&](const Unit & u) {
-        const int64_t n = int64_t(u.n), nb = int64_t(moments8_blocks(u.n));
+        const int64_t n = int64_t(u.n);
         std::vector<Pair> p;
         if (params_off_)
             p.push_back({Tensor(u.stage.params, compute_, {n}), Tensor(params, compute_, {n}, u.at * cs), mixed});
         if (mixed) p.push_back({Tensor(u.stage.master, DType::f32, {n}), Tensor(offloaded.master, DType::f32, {n}, u.at * 4)});
-        p.push_back({Tensor(u.stage.m, moments_, {n}), Tensor(offloaded.m, moments_, {n}, u.at * ms)});
-        if (!sgd_) p.push_back({Tensor(u.stage.v, moments_, {n}), Tensor(offloaded.v, moments_, {n}, u.at * ms)});
-        if (moments_ == DType::u8) {
-            p.push_back({Tensor(u.stage.m_scale, DType::f32, {nb}), Tensor(offloaded.m_scale, DType::f32, {nb}, u.block * 4)});
-            p.push_back({Tensor(u.stage.v_scale, DType::f32, {nb}), Tensor(offloaded.v_scale, DType::f32, {nb}, u.block * 4)});
-        }
+        const OptimizerStates staged = state_views(u.stage.opt, 0, 0, u.n);
+        const OptimizerStates stored = state_views(offloaded.opt, u.at, u.block, u.n);
+        for (int k = 0; k < optimizer_row(optimizer_).n_states; ++k) p.push_back({staged.t[size_t(k)], stored.t[size_t(k)]});
         return p;
     };
     auto read = [&](size_t i) {
@@ -464,23 +461,17 @@ void TrainStep::offloaded_update(Graph & g, const StepScalars & s) const {
         const Unit & u = units_[i];
         if (i + 1 < units_.size()) read(i + 1);
         wait(i, int(2 * (i % 2)));
-        AdamWHyper h = s.adamw;
+        OptimHyper h = s.optim;
         if (!u.decay) h.weight_decay = 0;
         const int64_t n = int64_t(u.n);
         const size_t x = lo_ + u.at, gx = dp_.zero >= 2 ? u.at : x, px = dp_.zero >= 3 ? u.at : x;
-        h.keep_zeros = s.adamw.keep_zeros && sparse_target(param_at(x).name);   // a unit is within one parameter
+        h.keep_zeros = s.optim.keep_zeros && sparse_target(param_at(x).name);   // a unit is within one parameter
         const Tensor weights_now = params_off_ ? Tensor(u.stage.params, compute_, {n}) : Tensor(params, compute_, {n}, px * cs);
         const Tensor copy = mixed ? weights_now : Tensor{};
         const Tensor param = mixed ? Tensor(u.stage.master, DType::f32, {n}) : params_off_ ? weights_now : weights(px, n);
         h.sr_at = x;
-        const Tensor grad(grads, grad_dt_, {n}, gx * gs), m(u.stage.m, moments_, {n}), v(u.stage.v, moments_, {n});
-        if (sgd_)
-            g.sgd(param, grad, m, norm_sq, copy, h);
-        else if (moments_ != DType::u8)
-            g.adamw(param, grad, m, v, norm_sq, copy, h);
-        else
-            g.adamw_8bit(param, grad, m, v, Tensor(u.stage.m_scale, DType::f32, {int64_t(moments8_blocks(u.n))}),
-                         Tensor(u.stage.v_scale, DType::f32, {int64_t(moments8_blocks(u.n))}), norm_sq, copy, h);
+        const Tensor grad(grads, grad_dt_, {n}, gx * gs);
+        g.optimizer_step(optimizer_, param, grad, state_views(u.stage.opt, 0, 0, u.n), norm_sq, copy, h);
         for (const Pair & q : pairs(u)) g.offload_write(q.stored, q.staged, int(2 * (i % 2) + 1));
         if (i >= 1) wait(i - 1, int(2 * ((i - 1) % 2) + 1));
     }

@@ -43,7 +43,7 @@ struct DataParallel {
 
 struct StepScalars {
     float      dloss = 0;       // 1 / (number of non-ignored targets in the batch)
-    AdamWHyper adamw;           // lr, betas, eps, weight decay (applied to >= 2-D tensors), t
+    OptimHyper optim;           // lr, betas, eps, weight decay (applied to >= 2-D tensors), t
     uint64_t   seed = 0;        // this micro-step's random stream (LoRA dropout)
 };
 
@@ -101,8 +101,10 @@ public:
     // Persistent buffers the host reads or writes between steps. params holds the trainable
     // weights in the compute dtype (ZeRO 3: this rank's shard); under mixed precision `master`
     // holds them in fp32 (else -1; ZeRO >= 1: the shard). grads: the whole gradient (ZeRO >= 2:
-    // the shard), adam_m/adam_v: the shard.
-    BufferId params, master, grads, adam_m, adam_v, tokens, targets, losses, grad_norm_sq;
+    // the shard). opt_states: the optimizer's states (backend/optimizer.h's row, in its order; -1
+    // past its count), this rank's shard of them.
+    BufferId params, master, grads, tokens, targets, losses, grad_norm_sq;
+    std::array<BufferId, kMaxOptimizerStates> opt_states{-1, -1, -1, -1};
     BufferId base = -1, base_q = -1;   // LoRA's frozen base
     // Knowledge distillation (model/distill.h, training programs only): the teacher's weights, a
     // dense part (teacher_layout(), compute dtype) and its packed projections (teacher_quant()).
@@ -113,14 +115,15 @@ public:
     // Sliding-window attention (sliding_window below T): each query's first key, [B,T] i32, filled
     // by the engine before each run (Engine::run_batch; Transformer::set_attention_start).
     BufferId attn_start = -1;
-    // 8-bit moments (moments u8, backend/moments8.h): the blocks' f32 scales of adam_m, adam_v.
-    BufferId adam_m_scale = -1, adam_v_scale = -1;
-    // --offload optimizer: the states of the shard's first offloaded_elems() elements (8-bit
-    // moments: their first offloaded_blocks() scales) live in these buffers, category offloaded
+    // --offload optimizer: the states of the shard's first offloaded_elems() elements (block
+    // states: their first offloaded_blocks() blocks) live in these buffers, category offloaded
     // (-1: none); the resident buffers above hold the rest, from that element (block) on.
     // A unit's staging (below) also has `params`, the compute-precision weights it writes back
     // when they are offloaded too.
-    struct States { BufferId master = -1, m = -1, v = -1, m_scale = -1, v_scale = -1, params = -1; };
+    struct States {
+        BufferId master = -1, params = -1;
+        std::array<BufferId, kMaxOptimizerStates> opt{-1, -1, -1, -1};
+    };
     States offloaded;
     // --offload optimizer+params: `params` (the ZeRO-3 shard) is in the offloaded category too;
     // the gathers read their part of it into staging buffers first, and the update writes it.
@@ -130,10 +133,10 @@ public:
     DType compute() const { return compute_; }
     bool sr_master() const { return sr_; }   // bf16 weights updated with stochastic rounding, no master
     DType grad_dtype() const { return grad_dt_; }
-    DType moments_dtype() const { return moments_; }   // adam_m, adam_v: f32, bf16 or u8 (8-bit)
+    Optimizer optimizer() const { return optimizer_; }
     // This rank's part of each trainable tensor, as the optimizer updates it: n elements from
-    // element `at` of the shard; 8-bit moments: their scales from block `block` (blocks never
-    // straddle two tensors).
+    // element `at` of the shard; block states (8-bit moments' scales) from block `block` (blocks
+    // never straddle two tensors).
     struct MomentPiece {
         size_t at, n, block;
     };
@@ -148,7 +151,8 @@ private:
     StepMode mode_;
     StepParts parts_;
     int B_, T_;
-    DType compute_, grad_dt_, moments_;
+    DType compute_, grad_dt_;
+    Optimizer optimizer_;
     std::vector<MomentPiece> pieces_;
     // Offload: the update of the offloaded states goes unit by unit (at most offload_unit elements
     // of one parameter, from shard element `at`; its 8-bit scales from block `block`), each
@@ -161,8 +165,11 @@ private:
     // on (one per group, direction and copy, as the gathers' flags).
     static constexpr int kParamReadSlot = 4;
     void offloaded_update(Graph & g, const StepScalars & s) const;
+    // The optimizer's states of a view: n elements from element `at` (block `block`) of the
+    // buffers `ids` (the resident ones, the offloaded ones or a unit's staging).
+    OptimizerStates state_views(const std::array<BufferId, kMaxOptimizerStates> & ids, size_t at, size_t block,
+                                size_t n) const;
     bool sr_ = false;   // --master-weights bf16-sr
-    bool sgd_ = false;  // --optimizer sgd: adam_m is the momentum, no adam_v
     Tensor weights(size_t px, int64_t n) const;
     const ParamInfo & param_at(size_t x) const;   // the trainable parameter holding flat element x
     Program program_;

@@ -71,7 +71,7 @@ fs::path base_folder(const ModelConfig & cfg, const std::string & name) {
     e.init_params(21);
     std::vector<int32_t> in(16), tg(16);
     test::random_batch(in, tg, cfg.vocab_size, 5);
-    e.train_step(in.data(), tg.data(), AdamWHyper{});
+    e.train_step(in.data(), tg.data(), OptimHyper{});
     const fs::path dir = fresh(name);
     export_hf(dir.string(), cfg, e.step().layout(), e.params());
     return dir;
@@ -102,7 +102,7 @@ LoraRun lora_run(const ModelConfig & cfg, const LoraOptions & lora, const std::s
     std::vector<int32_t> in(16), tg(16);
     for (int s = 0; s < 2; ++s) {
         test::random_batch(in, tg, cfg.vocab_size, uint64_t(s + 1));
-        r.engine->train_step(in.data(), tg.data(), AdamWHyper{});
+        r.engine->train_step(in.data(), tg.data(), OptimHyper{});
     }
     r.ckpt = fresh(name);
     save_checkpoint(r.ckpt.string(), Checkpoint{r.engine->export_state(), lora_meta(2, cfg, lora, seed, base)}, 1);

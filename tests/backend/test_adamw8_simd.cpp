@@ -72,9 +72,11 @@ TEST(Moments8, TheVectorizedUpdateIsTheScalarOneBitwise) {
                                   : nd(rng);
             }
             g[4 * kMoments8Block + 5] = 1e-3f;                 // ...a small one in its block
+            OptimHyper h;
+            h.lr = 1e-3f, h.beta1 = 0.9f, h.beta2 = 0.999f, h.eps = 1e-8f, h.weight_decay = 0.1f, h.t = t;
+            h.keep_zeros = keep_zeros;
             cpu::adamw_update_8bit<float, float, float>(kern.w.data(), nullptr, g.data(), kern.m.data(), kern.v.data(),
-                                                       kern.m_scale.data(), kern.v_scale.data(), n, 1e-3f, 0.9f,
-                                                       0.999f, 1e-8f, 0.1f, t, 1.0f, 0, 0, keep_zeros);
+                                                       kern.m_scale.data(), kern.v_scale.data(), n, update_consts(h));
             scalar_update(ref, g, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, t, keep_zeros);
             ASSERT_EQ(0, std::memcmp(kern.m.data(), ref.m.data(), n)) << "m codes, step " << t;
             ASSERT_EQ(0, std::memcmp(kern.v.data(), ref.v.data(), n)) << "v codes, step " << t;

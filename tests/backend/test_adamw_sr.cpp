@@ -15,12 +15,16 @@
 #include "backend/moments8.h"
 #include "backend/stochastic_round.h"
 #include "core/dtype.h"
+#include "optim_ops.h"
 #include "test_util.h"
 
 namespace memfit {
 namespace {
 
 using test::host_view;
+using test::adamw_op;
+using test::adamw_8bit_op;
+using test::sgd_op;
 
 // The bf16 values just below and above x (equal when x is one).
 std::pair<double, double> bf16_around(double x) {
@@ -40,13 +44,13 @@ TEST(AdamWSr, Bf16WeightsStayBetweenTheNeighboursOfTheDoubleReference) {
     std::vector<uint16_t> p(n);
     std::vector<float> m(n, 0.0f), v(n, 0.0f), g(n);
     for (auto & x : p) x = f32_to_bf16(nd(rng));
-    AdamWHyper h;
+    OptimHyper h;
     h.lr = 1e-2f, h.weight_decay = 0.1f, h.sr_seed = 77;
     for (int t = 1; t <= 3; ++t) {
         for (auto & x : g) x = 0.5f * nd(rng);
         const std::vector<uint16_t> before = p;
         h.t = t;
-        be.adamw(host_view(p, DType::bf16), host_view(g, DType::f32), host_view(m, DType::f32), host_view(v, DType::f32), Tensor{},
+        adamw_op(be, host_view(p, DType::bf16), host_view(g, DType::f32), host_view(m, DType::f32), host_view(v, DType::f32), Tensor{},
                  Tensor{}, h);
         const double bc1 = 1 - std::pow(double(h.beta1), t), bc2 = 1 - std::pow(double(h.beta2), t);
         size_t up = 0, moved = 0;
@@ -74,9 +78,9 @@ TEST(AdamWSr, TinyUpdatesAreKeptInExpectation) {
     const float w = 1.0f, step = 1.0f / 128;   // bf16's spacing at 1
     std::vector<uint16_t> p(n, f32_to_bf16(w));
     std::vector<float> m(n, 0.0f), v(n, 0.0f), g(n, 1.0f);
-    AdamWHyper h;   // the first step of Adam moves every weight by lr (m/sqrt(v) = 1)
+    OptimHyper h;   // the first step of Adam moves every weight by lr (m/sqrt(v) = 1)
     h.lr = step / 10, h.eps = 0, h.sr_seed = 3;
-    be.adamw(host_view(p, DType::bf16), host_view(g, DType::f32), host_view(m, DType::f32), host_view(v, DType::f32), Tensor{}, Tensor{}, h);
+    adamw_op(be, host_view(p, DType::bf16), host_view(g, DType::f32), host_view(m, DType::f32), host_view(v, DType::f32), Tensor{}, Tensor{}, h);
     double mean = 0;
     for (uint16_t x : p) mean += double(bf16_to_f32(x)) - w;
     mean /= double(n);
@@ -101,7 +105,7 @@ TEST(AdamWSr, PiecesAndSeedsDrawByTheFlatIndex) {
             std::vector<uint16_t> p = p0;
             std::vector<float> m(n, 0.0f), v(n, 0.0f), ms(moments8_blocks(n), 0.0f), vs(ms.size(), 0.0f);
             std::vector<uint8_t> m8(n, 0), v8(n, 0);
-            AdamWHyper h;
+            OptimHyper h;
             h.lr = 1e-3f, h.sr_seed = seed;
             auto part = [&](size_t a, size_t b) {
                 auto sub = [&](auto & vec, DType dt, size_t x, size_t y) {
@@ -109,11 +113,11 @@ TEST(AdamWSr, PiecesAndSeedsDrawByTheFlatIndex) {
                 };
                 h.sr_at = a;
                 if (eight)
-                    be.adamw_8bit(sub(p, DType::bf16, a, b), sub(g, DType::f32, a, b), sub(m8, DType::u8, a, b),
+                    adamw_8bit_op(be, sub(p, DType::bf16, a, b), sub(g, DType::f32, a, b), sub(m8, DType::u8, a, b),
                                   sub(v8, DType::u8, a, b), sub(ms, DType::f32, a / kMoments8Block, moments8_blocks(b)),
                                   sub(vs, DType::f32, a / kMoments8Block, moments8_blocks(b)), Tensor{}, Tensor{}, h);
                 else
-                    be.adamw(sub(p, DType::bf16, a, b), sub(g, DType::f32, a, b), sub(m, DType::f32, a, b),
+                    adamw_op(be, sub(p, DType::bf16, a, b), sub(g, DType::f32, a, b), sub(m, DType::f32, a, b),
                              sub(v, DType::f32, a, b), Tensor{}, Tensor{}, h);
             };
             if (split) part(0, cut), part(cut, n);

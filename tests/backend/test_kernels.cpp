@@ -583,7 +583,10 @@ TEST(CpuKernels, AdamWMatchesDoubleReferenceOverTwoSteps) {
             std::vector<float> g = grads[t - 1];
             g[0] = 0.0f;    // no gradient at all
             g[1] = 1e-9f;   // gradient below eps
-            adamw_update(p.data(), g.data(), m.data(), v.data(), n, lr, b1, b2, eps, wd, t);
+            OptimHyper h;
+            h.lr = lr, h.beta1 = b1, h.beta2 = b2, h.eps = eps, h.weight_decay = wd, h.t = t;
+            adamw_update<float, float, float, float>(p.data(), nullptr, g.data(), m.data(), v.data(), n,
+                                                     update_consts(h));
             const double bc1 = 1.0 - std::pow(double(b1), t), bc2 = 1.0 - std::pow(double(b2), t);
             for (size_t i = 0; i < n; ++i) {
                 pr[i] -= double(lr) * wd * pr[i];

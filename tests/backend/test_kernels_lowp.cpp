@@ -37,10 +37,13 @@
 #include "backend/cpu/kernels_flash.h"
 #include "backend/moments8.h"
 #include "core/dtype.h"
+#include "optim_ops.h"
 #include "test_util.h"
 
 namespace memfit {
 using memfit::test::ThreadScope;
+using memfit::test::adamw_op;
+using memfit::test::adamw_8bit_op;
 
 namespace {
 
@@ -447,7 +450,7 @@ TEST_P(LowpKernels, AdamWLowPrecisionGradsAndParamCopy) {
     const std::vector<float> p0 = randn(n, rng), m0 = randn(n, rng, 0.1f), g = rand_in(n, dt, rng, 0.5f);
     std::vector<float> v0 = randn(n, rng, 0.1f);
     for (float & x : v0) x *= x;
-    AdamWHyper h;
+    OptimHyper h;
     h.lr = 1e-2f, h.weight_decay = 0.1f, h.t = 3, h.clip = 1.0f;
     Arr nsq(DType::f32, {1});
     nsq.set({4.0f});  // clipped: the multiplier is 0.5
@@ -455,12 +458,12 @@ TEST_P(LowpKernels, AdamWLowPrecisionGradsAndParamCopy) {
     // Reference: f32 grads (the same values).
     Arr rp(DType::f32, {n}), rm(DType::f32, {n}), rv(DType::f32, {n}), rg(DType::f32, {n});
     rp.set(p0), rm.set(m0), rv.set(v0), rg.set(g);
-    be.adamw(rp.t, rg.t, rm.t, rv.t, nsq.t, Tensor{}, h);
+    adamw_op(be, rp.t, rg.t, rm.t, rv.t, nsq.t, Tensor{}, h);
 
     for (const DType gd : {DType::f32, dt}) {
         Arr p(DType::f32, {n}), m(DType::f32, {n}), v(DType::f32, {n}), gr(gd, {n}), copy(dt, {n});
         p.set(p0), m.set(m0), v.set(v0), gr.set(g);
-        be.adamw(p.t, gr.t, m.t, v.t, nsq.t, copy.t, h);
+        adamw_op(be, p.t, gr.t, m.t, v.t, nsq.t, copy.t, h);
         // The grads are the same numbers, so the update is the same, bitwise.
         EXPECT_EQ(p.bytes, rp.bytes) << dtype_name(gd);
         EXPECT_EQ(m.bytes, rm.bytes) << dtype_name(gd);
@@ -476,13 +479,13 @@ TEST_P(LowpKernels, AdamWSkipsNonFiniteSteps) {
     Arr p(DType::f32, {n}), m(DType::f32, {n}), v(DType::f32, {n}), g(dt, {n}), copy(dt, {n}), nsq(DType::f32, {1});
     p.set(randn(n, rng)), m.set(randn(n, rng)), v.set(std::vector<float>(size_t(n), 0.25f)), g.set(randn(n, rng));
     copy.set(randn(n, rng));
-    AdamWHyper h;
+    OptimHyper h;
     h.skip_nonfinite = true;
     h.grad_scale = 1.0f / 1024;
     for (const float bad : {kNaN, kInf}) {
         const auto p0 = p.bytes, m0 = m.bytes, v0 = v.bytes, c0 = copy.bytes;
         nsq.set({bad});
-        be.adamw(p.t, g.t, m.t, v.t, nsq.t, copy.t, h);
+        adamw_op(be, p.t, g.t, m.t, v.t, nsq.t, copy.t, h);
         EXPECT_EQ(p.bytes, p0);
         EXPECT_EQ(m.bytes, m0);
         EXPECT_EQ(v.bytes, v0);
@@ -490,7 +493,7 @@ TEST_P(LowpKernels, AdamWSkipsNonFiniteSteps) {
     }
     nsq.set({1.0f});  // finite: the step happens
     const auto p0 = p.bytes;
-    be.adamw(p.t, g.t, m.t, v.t, nsq.t, copy.t, h);
+    adamw_op(be, p.t, g.t, m.t, v.t, nsq.t, copy.t, h);
     EXPECT_NE(p.bytes, p0);
 }
 
@@ -503,7 +506,7 @@ TEST(LowpAdamW, Bf16MomentsMatchDoubleReference) {
     const int n = 2053;
     std::mt19937 rng(23);
     std::vector<float> p0 = randn(n, rng);
-    AdamWHyper h;
+    OptimHyper h;
     h.lr = 1e-2f, h.weight_decay = 0.1f;
     Arr p(DType::f32, {n}), m(DType::bf16, {n}), v(DType::bf16, {n}), g(DType::f32, {n});
     p.set(p0), m.set(std::vector<float>(size_t(n), 0.0f)), v.set(std::vector<float>(size_t(n), 0.0f));
@@ -512,7 +515,7 @@ TEST(LowpAdamW, Bf16MomentsMatchDoubleReference) {
         const std::vector<float> gv = randn(n, rng, 0.5f);
         g.set(gv);
         h.t = t;
-        be.adamw(p.t, g.t, m.t, v.t, Tensor{}, Tensor{}, h);
+        adamw_op(be, p.t, g.t, m.t, v.t, Tensor{}, Tensor{}, h);
         const double bc1 = 1 - std::pow(double(h.beta1), t), bc2 = 1 - std::pow(double(h.beta2), t);
         const std::vector<float> pm = p.get(), mm = m.get(), vm = v.get();
         for (size_t i = 0; i < size_t(n); ++i) {
@@ -561,7 +564,7 @@ TEST(LowpAdamW, EightBitMomentsMatchDoubleReference) {
     const int n = 2 * int(kMoments8Block) + 77;
     const int64_t nb = int64_t(moments8_blocks(size_t(n)));
     std::mt19937 rng(31);
-    AdamWHyper h;
+    OptimHyper h;
     h.lr = 1e-2f, h.weight_decay = 0.1f;
     Arr p(DType::f32, {n}), g(DType::f32, {n}), m(DType::u8, {n}), v(DType::u8, {n}), ms(DType::f32, {nb}),
         vs(DType::f32, {nb});
@@ -578,7 +581,7 @@ TEST(LowpAdamW, EightBitMomentsMatchDoubleReference) {
         }
         g.set(gv);
         h.t = t;
-        be.adamw_8bit(p.t, g.t, m.t, v.t, ms.t, vs.t, Tensor{}, Tensor{}, h);
+        adamw_8bit_op(be, p.t, g.t, m.t, v.t, ms.t, vs.t, Tensor{}, Tensor{}, h);
         const double bc1 = 1 - std::pow(double(h.beta1), t), bc2 = 1 - std::pow(double(h.beta2), t);
         const std::vector<float> pv = p.get(), ms1 = ms.get(), vs1 = vs.get();
         for (size_t i = 0; i < size_t(n); ++i) {
@@ -618,11 +621,11 @@ TEST(LowpAdamW, Fp32PathIsBitwiseUnchanged) {
         }
     }
     CpuBackend be;
-    AdamWHyper h;
+    OptimHyper h;
     h.lr = lr, h.beta1 = b1, h.beta2 = b2, h.eps = eps, h.weight_decay = wd, h.t = t;
     Tensor tp(-1, DType::f32, {n}), tg(-1, DType::f32, {n}), tm(-1, DType::f32, {n}), tv(-1, DType::f32, {n});
     tp.data = p.data(), tg.data = const_cast<float *>(g.data()), tm.data = m.data(), tv.data = v.data();
-    be.adamw(tp, tg, tm, tv, Tensor{}, Tensor{}, h);
+    adamw_op(be, tp, tg, tm, tv, Tensor{}, Tensor{}, h);
     EXPECT_EQ(0, std::memcmp(p.data(), rp.data(), p.size() * 4));
     EXPECT_EQ(0, std::memcmp(m.data(), rm.data(), m.size() * 4));
     EXPECT_EQ(0, std::memcmp(v.data(), rv.data(), v.size() * 4));

@@ -9,12 +9,16 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/dtype.h"
+#include "optim_ops.h"
 #include "test_util.h"
 
 namespace memfit {
 namespace {
 
 using test::host_view;
+using test::adamw_op;
+using test::adamw_8bit_op;
+using test::sgd_op;
 
 TEST(Sgd, MatchesTheDoubleReference) {
     CpuBackend be;
@@ -25,13 +29,13 @@ TEST(Sgd, MatchesTheDoubleReference) {
     std::vector<uint16_t> copy(n, 0);
     for (auto & x : p) x = nd(rng);
     std::vector<double> rp(p.begin(), p.end()), rb(n, 0.0);
-    AdamWHyper h;
+    OptimHyper h;
     h.lr = 0.05f, h.momentum = 0.9f, h.weight_decay = 0.01f, h.clip = 1.0f;
     for (int t = 1; t <= 3; ++t) {
         double ss = 0;
         for (auto & x : g) x = nd(rng), ss += double(x) * double(x);
         norm[0] = float(ss);
-        be.sgd(host_view(p, DType::f32), host_view(g, DType::f32), host_view(buf, DType::f32), host_view(norm, DType::f32),
+        sgd_op(be, host_view(p, DType::f32), host_view(g, DType::f32), host_view(buf, DType::f32), host_view(norm, DType::f32),
                host_view(copy, DType::bf16), h);
         const double scale = std::min(1.0, double(h.clip) / std::sqrt(double(norm[0])));
         for (size_t i = 0; i < n; ++i) {
@@ -46,7 +50,7 @@ TEST(Sgd, MatchesTheDoubleReference) {
     const std::vector<float> before = p;
     norm[0] = NAN;
     h.skip_nonfinite = true;
-    be.sgd(host_view(p, DType::f32), host_view(g, DType::f32), host_view(buf, DType::f32), host_view(norm, DType::f32), Tensor{}, h);
+    sgd_op(be, host_view(p, DType::f32), host_view(g, DType::f32), host_view(buf, DType::f32), host_view(norm, DType::f32), Tensor{}, h);
     EXPECT_EQ(p, before);
 }
 

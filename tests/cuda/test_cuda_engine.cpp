@@ -26,6 +26,7 @@
 #include "model/sparsity.h"
 #include "test_util.h"
 #include "train/engine.h"
+#include "optim_ops.h"
 
 namespace memfit {
 namespace {
@@ -39,7 +40,7 @@ struct Trained {
 Trained train(Backend & backend, const ModelConfig & cfg, EngineOptions eo, int steps) {
     Engine engine(cfg, backend, eo);
     engine.init_params(7);
-    AdamWHyper h;
+    OptimHyper h;
     h.lr = 1e-3f;
     h.weight_decay = 0.1f;
     h.clip = 1.0f;
@@ -177,7 +178,7 @@ TEST(CudaEngine, SmallerMomentsMatchTheCpuBackend) {
     for (DType moments : {DType::bf16, DType::u8}) {
         SCOPED_TRACE(std::string(dtype_name(moments)));
         EngineOptions eo;
-        eo.B = 2, eo.T = 64, eo.with_eval = false, eo.moments = moments, eo.grad_accum = 2;
+        eo.B = 2, eo.T = 64, eo.with_eval = false, eo.optimizer = test::optimizer_for(moments), eo.grad_accum = 2;
         CpuBackend cpu;
         const Trained a = train(cpu, cfg, eo, 3), b = train(*test::gpu(), cfg, eo, 3);
         for (size_t s = 0; s < a.losses.size(); ++s)
@@ -309,7 +310,7 @@ TEST(CudaEngine, LossLimitLeavesTheStepOut) {
     engine.init_params(3);
     std::vector<int32_t> in(64), tg(64);
     test::random_batch(in, tg, cfg.vocab_size, 5);
-    AdamWHyper h;
+    OptimHyper h;
     h.lr = 1e-3f;
     const float loss = engine.train_step(in.data(), tg.data(), h).loss;
     const std::vector<float> before = engine.full_params();
@@ -348,7 +349,7 @@ TEST(CudaEngine, PlannedReservedPlusRuntimeMatchesCudaMemGetInfo) {
     engine.init_params(1);
     std::vector<int32_t> in(size_t(eo.B) * size_t(eo.T)), tg(in.size());
     test::random_batch(in, tg, cfg.vocab_size, 3);
-    engine.train_step(in.data(), tg.data(), AdamWHyper{});
+    engine.train_step(in.data(), tg.data(), OptimHyper{});
     g.synchronize();
     const double predicted = double(engine.planned_reserved().total());
     const double measured = double(g.device_used_delta() - before);

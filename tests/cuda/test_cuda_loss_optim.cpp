@@ -17,6 +17,7 @@
 #include "backend/quant_format.h"
 #include "core/dtype.h"
 #include "op_check.h"
+#include "optim_ops.h"
 
 namespace memfit::test {
 namespace {
@@ -286,12 +287,12 @@ void check_adamw(const AdamCase & k) {
     const int v = c.rand(k.moments, {n + 2}, 0.0f, 0.01f);
     const int copy = c.zeros(k.copy == DType::f32 ? DType::bf16 : k.copy, {n + 2});
     const int nsq = c.zeros(DType::f32, {1});
-    AdamWHyper h;
+    OptimHyper h;
     h.lr = 1e-2f, h.weight_decay = 0.1f, h.t = 3, h.eps = 1e-6f, h.clip = k.clip, h.grad_scale = k.grad_scale;
     c.run([&](Backend & b, const std::vector<Tensor> & t) {
         auto cut = [&](int i, int64_t extra = 0) { return t[size_t(i)].view(k.offset + extra, {n}); };
         b.sum_squares(t[size_t(nsq)], cut(grad, k.grad_offset));   // on the device for the GPU
-        b.adamw(cut(param), cut(grad, k.grad_offset), cut(m), cut(v), t[size_t(nsq)],
+        adamw_op(b, cut(param), cut(grad, k.grad_offset), cut(m), cut(v), t[size_t(nsq)],
                 k.copy == DType::f32 ? Tensor{} : cut(copy), h);
     });
     EXPECT_LE(c.rel_err(param), 1e-5);
@@ -349,12 +350,12 @@ void check_adamw_8bit(DType grad_dt, DType copy_dt, float clip) {
     const int ms = c.values(DType::f32, {nb}, msc), vs = c.values(DType::f32, {nb}, vsc);
     const int copy = c.zeros(copy_dt == DType::f32 ? DType::bf16 : copy_dt, {n});
     const int nsq = c.zeros(DType::f32, {1});
-    AdamWHyper h;
+    OptimHyper h;
     h.lr = 1e-2f, h.weight_decay = 0.1f, h.t = 3, h.eps = 1e-6f, h.clip = clip;
     c.run([&](Backend & b, const std::vector<Tensor> & t) {
         auto at = [&](int i) { return t[size_t(i)]; };
         b.sum_squares(at(nsq), at(grad));
-        b.adamw_8bit(at(param), at(grad), at(m), at(v), at(ms), at(vs), at(nsq),
+        adamw_8bit_op(b, at(param), at(grad), at(m), at(v), at(ms), at(vs), at(nsq),
                      copy_dt == DType::f32 ? Tensor{} : at(copy), h);
     });
     EXPECT_LE(c.rel_err(param), 1e-5);
@@ -387,12 +388,12 @@ void check_adamw_sr(bool eight) {
     const int m = eight ? c.zeros(DType::u8, {n}) : c.zeros(DType::f32, {n});
     const int v = eight ? c.zeros(DType::u8, {n}) : c.zeros(DType::f32, {n});
     const int ms = c.zeros(DType::f32, {nb}), vs = c.zeros(DType::f32, {nb});
-    AdamWHyper h;
+    OptimHyper h;
     h.lr = 1e-3f, h.weight_decay = 0.1f, h.sr_seed = 99, h.sr_at = 12345;
     c.run([&](Backend & b, const std::vector<Tensor> & t) {
         auto at = [&](int i) { return t[size_t(i)]; };
-        if (eight) b.adamw_8bit(at(param), at(grad), at(m), at(v), at(ms), at(vs), Tensor{}, Tensor{}, h);
-        else b.adamw(at(param), at(grad), at(m), at(v), Tensor{}, Tensor{}, h);
+        if (eight) adamw_8bit_op(b, at(param), at(grad), at(m), at(v), at(ms), at(vs), Tensor{}, Tensor{}, h);
+        else adamw_op(b, at(param), at(grad), at(m), at(v), Tensor{}, Tensor{}, h);
     });
     const std::vector<float> a = c.cpu(param), b = c.gpu(param);
     int differ = 0;
@@ -419,15 +420,15 @@ TEST(CudaOptim, SgdMatchesCpu) {
     const int param = c.rand(DType::f32, {n}), grad = c.rand(DType::bf16, {n}, -0.5f, 0.5f);
     const int buf = c.rand(DType::f32, {n}, -0.1f, 0.1f), copy = c.zeros(DType::bf16, {n}), nsq = c.zeros(DType::f32, {1});
     const int w16 = c.rand(DType::bf16, {n}), buf16 = c.zeros(DType::f32, {n});
-    AdamWHyper h;
+    OptimHyper h;
     h.lr = 0.05f, h.momentum = 0.9f, h.weight_decay = 0.01f, h.clip = 1.0f;
     c.run([&](Backend & b, const std::vector<Tensor> & t) {
         auto at = [&](int i) { return t[size_t(i)]; };
         b.sum_squares(at(nsq), at(grad));
-        b.sgd(at(param), at(grad), at(buf), at(nsq), at(copy), h);
-        AdamWHyper sr = h;
+        sgd_op(b, at(param), at(grad), at(buf), at(nsq), at(copy), h);
+        OptimHyper sr = h;
         sr.sr_seed = 5;
-        b.sgd(at(w16), at(grad), at(buf16), at(nsq), Tensor{}, sr);
+        sgd_op(b, at(w16), at(grad), at(buf16), at(nsq), Tensor{}, sr);
     });
     for (int i : {param, buf}) EXPECT_LE(c.rel_err(i), 1e-5);
     EXPECT_LE(c.rel_err(copy), tol(DType::bf16));
@@ -452,11 +453,11 @@ void check_adamw_nonfinite(float norm_sq, bool skip) {
     const int v = c.rand(DType::f32, {n}, 0.0f, 0.01f);
     const int copy = c.zeros(DType::bf16, {n});
     const int nsq = c.values(DType::f32, {1}, {norm_sq});
-    AdamWHyper h;
+    OptimHyper h;
     h.skip_nonfinite = skip;
     h.clip = skip ? 1.0f : 0.0f;
     c.run([&](Backend & b, const std::vector<Tensor> & t) {
-        b.adamw(t[size_t(param)], t[size_t(grad)], t[size_t(m)], t[size_t(v)], t[size_t(nsq)], t[size_t(copy)], h);
+        adamw_op(b, t[size_t(param)], t[size_t(grad)], t[size_t(m)], t[size_t(v)], t[size_t(nsq)], t[size_t(copy)], h);
     });
     for (int i : {param, m, v, copy}) EXPECT_LE(c.rel_err(i), i == copy ? tol(DType::bf16) : 1e-5);
     // The compute copy starts at zero: still all zero exactly when the step was skipped.
@@ -482,10 +483,10 @@ TEST(CudaOptim, AdamWWithoutNormTensor) {
     const int grad = c.rand(DType::f32, {n});
     const int m = c.zeros(DType::f32, {n});
     const int v = c.zeros(DType::f32, {n});
-    AdamWHyper h;
+    OptimHyper h;
     h.clip = 1.0f, h.t = 1;
     c.run([&](Backend & b, const std::vector<Tensor> & t) {
-        b.adamw(t[size_t(param)], t[size_t(grad)], t[size_t(m)], t[size_t(v)], Tensor{}, Tensor{}, h);
+        adamw_op(b, t[size_t(param)], t[size_t(grad)], t[size_t(m)], t[size_t(v)], Tensor{}, Tensor{}, h);
     });
     for (int i : {param, m, v}) EXPECT_LE(c.rel_err(i), 1e-5);
 }

@@ -26,7 +26,7 @@ Trained train(const ModelConfig & cfg, const EngineOptions & eo) {
     CudaBackend & g = *test::gpu();
     Engine engine(cfg, g, eo);
     engine.init_params(4);
-    AdamWHyper h;
+    OptimHyper h;
     h.lr = 1e-3f, h.weight_decay = 0.1f, h.clip = 1.0f;
     std::vector<int32_t> in(size_t(eo.B) * size_t(eo.T)), tg(in.size());
     for (int s = 0; s < 3; ++s) {

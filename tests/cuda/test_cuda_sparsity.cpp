@@ -1,4 +1,4 @@
-// N:M sparsity's masked updates on the device (AdamWHyper::keep_zeros): every optimizer kernel
+// N:M sparsity's masked updates on the device (OptimHyper::keep_zeros): every optimizer kernel
 // leaves a zero weight at exactly zero and sets its moments to zero, as the CPU's do, and updates
 // the other elements as the CPU does; fp32 weights with a bf16 copy, bf16-sr weights, 8-bit
 // moments and SGD.
@@ -13,6 +13,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/moments8.h"
 #include "op_check.h"
+#include "optim_ops.h"
 
 namespace memfit::test {
 namespace {
@@ -51,12 +52,12 @@ TEST(CudaSparsity, AdamWKeepsZeros) {
     const int param = c.values(DType::f32, {n}, w0), grad = c.rand(DType::bf16, {n}, -0.5f, 0.5f);
     const int m = c.rand(DType::f32, {n}, -0.05f, 0.05f), v = c.rand(DType::f32, {n}, 0.0f, 0.01f);
     const int copy = c.zeros(DType::bf16, {n}), nsq = c.zeros(DType::f32, {1});
-    AdamWHyper h;
+    OptimHyper h;
     h.lr = 1e-2f, h.weight_decay = 0.1f, h.t = 3, h.clip = 1.0f, h.keep_zeros = true;
     c.run([&](Backend & b, const std::vector<Tensor> & t) {
         auto at = [&](int i) { return t[size_t(i)]; };
         b.sum_squares(at(nsq), at(grad));
-        b.adamw(at(param), at(grad), at(m), at(v), at(nsq), at(copy), h);
+        adamw_op(b, at(param), at(grad), at(m), at(v), at(nsq), at(copy), h);
     });
     expect_kept_zeros(c, w0, param, {m, v, copy}, 1e-5);
     EXPECT_LE(c.rel_err(m), 1e-5);
@@ -70,11 +71,11 @@ TEST(CudaSparsity, SrAndEightBitMomentsKeepZeros) {
     const int param = c.values(DType::bf16, {n}, w0), grad = c.rand(DType::f32, {n}, -0.5f, 0.5f);
     const int m = c.zeros(DType::u8, {n}), v = c.zeros(DType::u8, {n});
     const int ms = c.zeros(DType::f32, {nb}), vs = c.zeros(DType::f32, {nb});
-    AdamWHyper h;
+    OptimHyper h;
     h.lr = 1e-3f, h.weight_decay = 0.1f, h.sr_seed = 99, h.sr_at = 12345, h.keep_zeros = true;
     c.run([&](Backend & b, const std::vector<Tensor> & t) {
         auto at = [&](int i) { return t[size_t(i)]; };
-        b.adamw_8bit(at(param), at(grad), at(m), at(v), at(ms), at(vs), Tensor{}, Tensor{}, h);
+        adamw_8bit_op(b, at(param), at(grad), at(m), at(v), at(ms), at(vs), Tensor{}, Tensor{}, h);
     });
     expect_kept_zeros(c, w0, param, {m, v}, tol(DType::bf16));
 }
@@ -86,11 +87,11 @@ TEST(CudaSparsity, SgdKeepsZeros) {
     OpCheck c;
     const int param = c.values(DType::f32, {n}, w0), grad = c.rand(DType::f32, {n}, -0.5f, 0.5f);
     const int buf = c.rand(DType::f32, {n}, -0.1f, 0.1f);
-    AdamWHyper h;
+    OptimHyper h;
     h.lr = 0.05f, h.momentum = 0.9f, h.weight_decay = 0.01f, h.keep_zeros = true;
     c.run([&](Backend & b, const std::vector<Tensor> & t) {
         auto at = [&](int i) { return t[size_t(i)]; };
-        b.sgd(at(param), at(grad), at(buf), Tensor{}, Tensor{}, h);
+        sgd_op(b, at(param), at(grad), at(buf), Tensor{}, Tensor{}, h);
     });
     expect_kept_zeros(c, w0, param, {buf}, 1e-5);
     EXPECT_LE(c.rel_err(buf), 1e-5);

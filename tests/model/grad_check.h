@@ -17,7 +17,7 @@ namespace memfit::test {
 inline void expect_largest_grads_match_fd(Engine & e, const std::vector<int32_t> & in,
                                           const std::vector<int32_t> & tg, float h) {
     const ParamLayout & layout = e.step().layout();
-    e.train_step(in.data(), tg.data(), AdamWHyper{0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 1});   // lr 0: grads only
+    e.train_step(in.data(), tg.data(), OptimHyper{0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 1});   // lr 0: grads only
     const std::vector<float> g(e.grads(), e.grads() + layout.total);
     for (const auto & p : layout.params) {
         size_t best = p.offset;

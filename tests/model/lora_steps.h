@@ -31,7 +31,7 @@ inline std::vector<float> two_steps_as_planned(Engine & e, int vocab, int B, int
     std::vector<int32_t> in(size_t(B * T)), tg(in.size());
     for (int s = 0; s < 2; ++s) {
         random_batch(in, tg, vocab, uint64_t(s));
-        e.train_step(in.data(), tg.data(), AdamWHyper{});
+        e.train_step(in.data(), tg.data(), OptimHyper{});
         e.eval_loss(in.data(), tg.data());
     }
     const CategoryBytes plan = e.planned_peak_live(), rsv = e.planned_reserved();

@@ -118,7 +118,7 @@ TEST(Dora, MagnitudeGradientsMatchFiniteDifferences) {
         e.params_changed();
         std::vector<int32_t> in(size_t(B * T)), tg(in.size());
         random_batch(in, tg, cfg.vocab_size, 3);
-        e.train_step(in.data(), tg.data(), AdamWHyper{0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 1});   // lr 0: gradients
+        e.train_step(in.data(), tg.data(), OptimHyper{0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 1});   // lr 0: gradients
         const std::vector<float> g(e.grads(), e.grads() + layout.total);
         int checked = 0;
         for (const auto & p : layout.params) {
@@ -190,7 +190,7 @@ TEST(Dora, PackedBaseComputesWithTheDequantizedRows) {
             random_batch(in, tg, cfg.vocab_size, 2);
             const auto a = d.logits(in.data(), 2), b = q.logits(in.data(), 2);
             for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-5f * (1 + std::fabs(a[i]))) << i;
-            const AdamWHyper lr0{0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 1};
+            const OptimHyper lr0{0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 1};
             d.train_step(in.data(), tg.data(), lr0);
             q.train_step(in.data(), tg.data(), lr0);
             double diff = 0, ref = 0;

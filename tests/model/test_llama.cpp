@@ -731,7 +731,7 @@ TEST(Llama, PlannedEqualsMeasuredForEveryTechnique) {
         std::vector<int32_t> in(size_t(2 * 16)), tg(in.size());
         for (int s = 0; s < 2; ++s) {
             random_batch(in, tg, cfg.vocab_size, uint64_t(s));
-            e.train_step(in.data(), tg.data(), AdamWHyper{});
+            e.train_step(in.data(), tg.data(), OptimHyper{});
             e.eval_loss(in.data(), tg.data());
         }
         const CategoryBytes plan = e.planned_peak_live(), rsv = e.planned_reserved();
@@ -756,7 +756,7 @@ TEST(Llama, RecomputationIsBitwiseEqualAndCostsWhatTheModelSays) {
             std::vector<int32_t> in(size_t(B * T)), tg(in.size());
             for (int s = 0; s < 2; ++s) {
                 random_batch(in, tg, cfg.vocab_size, uint64_t(s));
-                e.train_step(in.data(), tg.data(), AdamWHyper{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1});
+                e.train_step(in.data(), tg.data(), OptimHyper{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1});
             }
             const size_t P = e.step().layout().total;
             if (ref.empty()) ref.assign(e.params(), e.params() + P);

@@ -260,7 +260,7 @@ TEST(Lora, LmHeadAndEmbeddingAdaptersOnAnUntiedModel) {
         float loss = 0;
         for (int s = 0; s < 4; ++s) {
             random_batch(in, tg, cfg.vocab_size, uint64_t(s % 2));
-            loss = e.train_step(in.data(), tg.data(), AdamWHyper{1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f, 1}).loss;
+            loss = e.train_step(in.data(), tg.data(), OptimHyper{1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f, 1}).loss;
         }
         losses.push_back(loss);
     }
@@ -321,7 +321,7 @@ TEST(Lora, FineTuningA4BitBaseLowersTheLossOnTheCorpus) {
         }
         return s / 8;
     };
-    AdamWHyper h;
+    OptimHyper h;
     h.lr = 1e-2f;
     std::mt19937 rng(11);
     Engine full(cfg, backend, opts(B, T, LoraOptions{}));
@@ -404,7 +404,7 @@ TEST(Lora, DropoutMasksTheAdapterInputAndItsGradientsMatchFiniteDifferences) {
     const TrainState s0 = e.export_state();
     std::vector<int32_t> in(18), tg(18);
     random_batch(in, tg, cfg.vocab_size, 3);
-    const AdamWHyper zero_lr{0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 1};
+    const OptimHyper zero_lr{0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 1};
     auto loss_at = [&](size_t idx, float dx) {
         TrainState s = s0;
         s.params[idx] += dx;

@@ -85,7 +85,7 @@ void expect_bitwise_equal(const ModelConfig & cfg, CpuBackend & backend, const s
         float loss = 0;
         for (int s = 0; s < 2; ++s) {
             random_batch(in, tg, V, uint64_t(s));
-            loss = e.train_step(in.data(), tg.data(), AdamWHyper{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1}).loss;
+            loss = e.train_step(in.data(), tg.data(), OptimHyper{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1}).loss;
         }
         const size_t P = e.step().layout().total;
         if (ref.empty()) {

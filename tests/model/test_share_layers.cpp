@@ -113,7 +113,7 @@ Grads gradients(const ModelConfig & cfg, const std::vector<float> & params, cons
     const std::unique_ptr<Engine> owned = engine_with(backend, cfg, params, B, T);
     Engine & e = *owned;
     Grads r;
-    r.loss = e.train_step(in.data(), tg.data(), AdamWHyper{0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 1}).loss;   // lr 0
+    r.loss = e.train_step(in.data(), tg.data(), OptimHyper{0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 1}).loss;   // lr 0
     r.g.assign(e.grads(), e.grads() + e.step().layout().total);
     return r;
 }
@@ -185,7 +185,7 @@ TEST(ShareLayers, PlannedEqualsMeasuredWithTheBlocksDivided) {
             e.init_params(1);
             std::vector<int32_t> in(32), tg(32);
             random_batch(in, tg, 61, 1);
-            e.train_step(in.data(), tg.data(), AdamWHyper{});
+            e.train_step(in.data(), tg.data(), OptimHyper{});
             const CategoryBytes plan = e.planned_peak_live();
             for (size_t k = 0; k < kCategoryCount; ++k) EXPECT_EQ(plan.v[k], e.ledger().live_peak().v[k]) << k;
             params[G - 1] = plan[Category::parameters] + plan[Category::gradients] + plan[Category::optimizer_states] +

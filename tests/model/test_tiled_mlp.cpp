@@ -42,7 +42,7 @@ Trained train(const ModelConfig & cfg, const char * recompute, int mlp_chunk, bo
     std::vector<int32_t> in(size_t(B * T)), tg(in.size());
     for (int s = 0; s < 3; ++s) {
         test::random_batch(in, tg, V, uint64_t(s));
-        r.losses.push_back(e.train_step(in.data(), tg.data(), AdamWHyper{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1}).loss);
+        r.losses.push_back(e.train_step(in.data(), tg.data(), OptimHyper{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1}).loss);
     }
     r.eval = e.eval_loss(in.data(), tg.data());
     const std::vector<float> p = e.full_params();

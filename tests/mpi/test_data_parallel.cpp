@@ -52,7 +52,7 @@ DpRun train(const ModelConfig & cfg, DType dt, int G, int T, int k, int steps, C
     eo.sparsity = sparsity;
     Engine e(cfg, backend, eo);
     e.init_params(11);
-    AdamWHyper h;
+    OptimHyper h;
     h.lr = 1e-2f;
     h.weight_decay = 0.1f;
     DpRun run;

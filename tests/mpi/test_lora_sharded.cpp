@@ -31,7 +31,7 @@ struct LoraRun {
 // Global batch G sequences of T tokens per micro-batch, k micro-batches per step, this data rank's
 // rows; clipped at a norm below the gradients' so that every step clips.
 LoraRun run_steps(Engine & e, const ModelConfig & cfg, int G, int T, int k, int steps, int dp_rank, uint64_t seed0) {
-    AdamWHyper h;
+    OptimHyper h;
     h.lr = 1e-2f;
     h.clip = 0.05f;
     LoraRun run;

@@ -85,7 +85,7 @@ TpRun train(const ModelConfig & cfg, const TpCase & c, bool split, int G, int T,
     eo.sparsity = c.sparsity;
     Engine e(cfg, backend, eo);
     e.init_params(7);
-    AdamWHyper h;
+    OptimHyper h;
     h.lr = 1e-2f;
     h.weight_decay = 0.1f;
     h.clip = 1.0f;
@@ -391,7 +391,7 @@ TEST(TensorParallel, ReportHintsReplanThisRanksSlice) {
     e.set_timeline(&tl);
     std::vector<int32_t> in(size_t(eo.B * eo.T)), tg(in.size());
     test::random_batch(in, tg, cfg.vocab_size, 5);
-    e.train_step(in.data(), tg.data(), AdamWHyper{});
+    e.train_step(in.data(), tg.data(), OptimHyper{});
     ReportData rep;
     ASSERT_NO_THROW(rep = build_report(e, tl, "tp", nlohmann::json::object(), 0));
     // This rank's plan with one option changed, built without communicators (planning only).

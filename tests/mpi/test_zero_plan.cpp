@@ -78,7 +78,7 @@ TEST(ZeroPlan, CpuPlanEqualsEveryRanksMeasuredMemory) {
         std::vector<int32_t> in(size_t(B * T * k.accum)), tg(in.size());
         for (int s = 0; s < 2; ++s) {
             test::random_batch(in, tg, cfg.vocab_size, uint64_t(s * N + c.rank()));
-            e.train_step(in.data(), tg.data(), AdamWHyper{});
+            e.train_step(in.data(), tg.data(), OptimHyper{});
         }
         for (size_t cat = 0; cat < kCategoryCount; ++cat) {
             if (Category(cat) == Category::runtime) continue;
@@ -174,7 +174,7 @@ TEST(ParallelPlan, CpuPlanEqualsEveryRanksMeasuredMemoryUnderTensorAndPipeline) 
         std::vector<int32_t> in(size_t(B * T * m)), tg(in.size());
         for (int s = 0; s < 2; ++s) {
             test::random_batch(in, tg, cfg.vocab_size, uint64_t(s * N + pg.coords.dp));
-            e.train_step(in.data(), tg.data(), AdamWHyper{});
+            e.train_step(in.data(), tg.data(), OptimHyper{});
         }
         const CategoryBytes planned = k.pp > 1 ? best.mem.stages.at(size_t(pg.coords.pp)) : best.mem.device;
         for (size_t cat = 0; cat < kCategoryCount; ++cat) {

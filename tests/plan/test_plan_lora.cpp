@@ -122,7 +122,7 @@ TEST(PlanLora, ExactOnOneCpuDeviceForTheEngine) {
         std::vector<int32_t> in(size_t(B * T * k.accum)), tg(in.size());
         for (int s = 0; s < 2; ++s) {
             test::random_batch(in, tg, cfg.vocab_size, uint64_t(s));
-            e.train_step(in.data(), tg.data(), AdamWHyper{});
+            e.train_step(in.data(), tg.data(), OptimHyper{});
         }
         const CategoryBytes live = e.ledger().live_peak(), rsv = e.ledger().reserved_peak();
         for (size_t cat = 0; cat < kCategoryCount; ++cat) {

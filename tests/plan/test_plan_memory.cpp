@@ -101,7 +101,7 @@ TEST(PlanMemory, ExactForTheEngineGrid) {
         e.init_params(1);
         std::vector<int32_t> in(size_t(k.B * k.T * k.accum)), tg(in.size());
         memfit::test::random_batch(in, tg, cfg.vocab_size, 1);
-        e.train_step(in.data(), tg.data(), AdamWHyper{});
+        e.train_step(in.data(), tg.data(), OptimHyper{});
         for (size_t cat = 0; cat < kCategoryCount; ++cat) {
             if (Category(cat) == Category::runtime) continue;
             EXPECT_EQ(plan.device.v[cat], e.ledger().live_peak().v[cat]) << kCategoryNames[cat];
@@ -154,7 +154,7 @@ TEST(PlanMemory, Gemma3AndGptNeoxExactAndAnalyticClose) {
         e.init_params(1);
         std::vector<int32_t> in(size_t(B * T)), tg(in.size());
         memfit::test::random_batch(in, tg, cfg.vocab_size, 1);
-        e.train_step(in.data(), tg.data(), AdamWHyper{});
+        e.train_step(in.data(), tg.data(), OptimHyper{});
         for (size_t cat = 0; cat < kCategoryCount; ++cat) {
             if (Category(cat) == Category::runtime) continue;
             EXPECT_EQ(plan.device.v[cat], e.ledger().live_peak().v[cat]) << kCategoryNames[cat];

@@ -46,7 +46,7 @@ TEST(ReportIntegration, SvgAndTraceCarryTheLedgersBytes) {
     std::vector<int32_t> in(128, 3), tg(128, 7);
     Timeline tl;
     e.set_timeline(&tl);
-    e.train_step(in.data(), tg.data(), AdamWHyper{});
+    e.train_step(in.data(), tg.data(), OptimHyper{});
     e.set_timeline(nullptr);
 
     const ReportData r = build_report(e, tl, "test", nlohmann::json{{"batch", 4}}, 0);

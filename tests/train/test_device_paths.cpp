@@ -44,7 +44,7 @@ Out run(Backend & b, const ModelConfig & cfg, const EngineOptions & eo, const Tr
     Engine e(cfg, b, eo);
     e.init_params(5);
     if (resume) e.import_state(*resume);
-    AdamWHyper h;
+    OptimHyper h;
     h.lr = 1e-2f, h.clip = 1.0f;
     const size_t n = size_t(eo.B) * size_t(eo.T) * size_t(eo.grad_accum);
     Out o;
@@ -93,7 +93,7 @@ TEST(DevicePaths, StateMovesThroughMirrors) {
         e.init_params(11);
         std::vector<int32_t> in(32), tg(32);
         test::random_batch(in, tg, cfg.vocab_size, 2);
-        e.train_step(in.data(), tg.data(), AdamWHyper{});
+        e.train_step(in.data(), tg.data(), OptimHyper{});
         s = e.export_state();
     }
     EXPECT_EQ(s.t, 1);

@@ -64,7 +64,7 @@ std::unique_ptr<Engine> engine(CpuBackend & cpu, const ModelConfig & c, const st
     return e;
 }
 
-constexpr AdamWHyper kNoUpdate{0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 1};   // lr 0: the step leaves the weights
+constexpr OptimHyper kNoUpdate{0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 1};   // lr 0: the step leaves the weights
 
 TEST(Distill, StepLossIsTheFormulaOnBothModelsLogits) {
     const ModelConfig s = student(), t = teacher_cfg();
@@ -163,7 +163,7 @@ TEST(Distill, PlannedEqualsMeasuredAndTheTeacherKeepsNothingForBackward) {
             eo.loss_chunk = 8;
             eo.distill.weights = bw;
             const auto e = engine(cpu, s, sw, eo, &tw);
-            const float loss = e->train_step(in.data(), tg.data(), AdamWHyper{}).loss;
+            const float loss = e->train_step(in.data(), tg.data(), OptimHyper{}).loss;
             EXPECT_TRUE(std::isfinite(loss));
             const CategoryBytes plan = e->planned_peak_live();
             for (size_t k = 0; k < kCategoryCount; ++k) EXPECT_EQ(plan.v[k], e->ledger().live_peak().v[k]) << k;

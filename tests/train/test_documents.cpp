@@ -77,7 +77,7 @@ Outcome run(const ModelConfig & cfg, bool flash, bool documents, const Batch & b
     eo.recompute = parse_recompute(recompute, cfg.n_layer);
     Engine e(cfg, backend, eo);
     e.init_params(3);
-    const StepResult r = e.train_step(b.in.data(), b.tg.data(), AdamWHyper{0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 1},
+    const StepResult r = e.train_step(b.in.data(), b.tg.data(), OptimHyper{0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 1},
                                       documents ? b.starts.data() : nullptr);
     Outcome o{r.loss, r.tokens, {}};
     o.grads.assign(e.grads(), e.grads() + e.step().layout().total);
@@ -146,7 +146,7 @@ TEST(Documents, PlannedEqualsMeasuredAndTheStartsAreFourBytesAToken) {
         eo.documents = true;
         Engine e(cfg, backend, eo);
         e.init_params(1);
-        e.train_step(packed.in.data(), packed.tg.data(), AdamWHyper{}, packed.starts.data());
+        e.train_step(packed.in.data(), packed.tg.data(), OptimHyper{}, packed.starts.data());
         e.eval_loss(packed.in.data(), packed.tg.data(), packed.starts.data());
         const CategoryBytes live = e.planned_peak_live(), rsv = e.planned_reserved();
         for (size_t k = 0; k < kCategoryCount; ++k) {
@@ -171,12 +171,12 @@ TEST(Documents, MalformedStartsAreRefused) {
     Engine e(cfg, backend, eo);
     e.init_params(1);
     std::vector<int32_t> in(kT, 1), tg(kT, 2), starts(kT, 0);
-    EXPECT_NO_THROW(e.train_step(in.data(), tg.data(), AdamWHyper{}, starts.data()));
+    EXPECT_NO_THROW(e.train_step(in.data(), tg.data(), OptimHyper{}, starts.data()));
     starts[5] = 3;   // neither itself nor the previous token's start
-    EXPECT_THROW(e.train_step(in.data(), tg.data(), AdamWHyper{}, starts.data()), FormatError);
+    EXPECT_THROW(e.train_step(in.data(), tg.data(), OptimHyper{}, starts.data()), FormatError);
     starts[5] = 6;   // a start after the token
     EXPECT_THROW(e.eval_loss(in.data(), tg.data(), starts.data()), FormatError);
     starts.assign(kT, 0);
     starts[0] = 1;
-    EXPECT_THROW(e.train_step(in.data(), tg.data(), AdamWHyper{}, starts.data()), FormatError);
+    EXPECT_THROW(e.train_step(in.data(), tg.data(), OptimHyper{}, starts.data()), FormatError);
 }

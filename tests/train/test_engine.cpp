@@ -13,6 +13,7 @@
 #include "train/engine.h"
 #include "app/verify.h"
 #include "test_util.h"
+#include "optim_ops.h"
 
 using namespace memfit;
 
@@ -37,7 +38,7 @@ TEST_P(PlannedEqualsMeasured, PerCategoryByteForByte) {
     std::vector<int32_t> in(static_cast<size_t>(pc.B * pc.T)), tg(in.size());
     for (int s = 0; s < 2; ++s) {
         random_batch(in, tg, pc.V, uint64_t(s));
-        e.train_step(in.data(), tg.data(), AdamWHyper{});
+        e.train_step(in.data(), tg.data(), OptimHyper{});
         e.eval_loss(in.data(), tg.data());
     }
     const CategoryBytes plan_live = e.planned_peak_live(), plan_rsv = e.planned_reserved();
@@ -106,7 +107,7 @@ TEST(Engine, CheckingModeGivesBitwiseEqualResults) {
         std::vector<int32_t> in(32), tg(32);
         for (int s = 0; s < 3; ++s) {
             random_batch(in, tg, 128, uint64_t(s));
-            losses[mode] = e.train_step(in.data(), tg.data(), AdamWHyper{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1}).loss;
+            losses[mode] = e.train_step(in.data(), tg.data(), OptimHyper{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1}).loss;
         }
         losses[mode] += e.eval_loss(in.data(), tg.data());
         params[mode].assign(e.params(), e.params() + e.step().layout().total);
@@ -142,9 +143,9 @@ TEST(Engine, LossDecreasesOnARepeatedBatch) {
     e.init_params(3);
     std::vector<int32_t> in(32), tg(32);
     random_batch(in, tg, 64, 9);
-    const float first = e.train_step(in.data(), tg.data(), AdamWHyper{1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f, 1}).loss;
+    const float first = e.train_step(in.data(), tg.data(), OptimHyper{1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f, 1}).loss;
     float last = first;
-    for (int s = 0; s < 30; ++s) last = e.train_step(in.data(), tg.data(), AdamWHyper{1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f, 1}).loss;
+    for (int s = 0; s < 30; ++s) last = e.train_step(in.data(), tg.data(), OptimHyper{1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f, 1}).loss;
     EXPECT_NEAR(first, std::log(64.0f), 0.3f);   // near-uniform predictions at initialisation
     EXPECT_LT(last, 0.5f * first);
 }
@@ -192,7 +193,7 @@ TEST(Engine, TimelineRecordsEveryOpWithLedgerBytes) {
     e.set_timeline(&tl);
     std::vector<int32_t> in(32), tg(32);
     random_batch(in, tg, 64, 1);
-    e.train_step(in.data(), tg.data(), AdamWHyper{});
+    e.train_step(in.data(), tg.data(), OptimHyper{});
     const Program & p = e.step().program();
     ASSERT_EQ(int(tl.events.size()), p.num_ops());
     uint64_t peak = 0;
@@ -206,7 +207,7 @@ TEST(Engine, TimelineRecordsEveryOpWithLedgerBytes) {
     EXPECT_EQ(peak, e.plan().peak_live_total);
     EXPECT_EQ(tl.events[size_t(e.plan().peak_op)].live.total(), e.plan().peak_live_total);
     // A second step replaces the first step's events.
-    e.train_step(in.data(), tg.data(), AdamWHyper{});
+    e.train_step(in.data(), tg.data(), OptimHyper{});
     EXPECT_EQ(int(tl.events.size()), p.num_ops());
     e.set_timeline(nullptr);
 }
@@ -227,7 +228,7 @@ TEST(Engine, ChunkedLossMatchesTheWholeBatchAndStoresLess) {
         std::vector<int32_t> in(64), tg(64);
         for (int s = 0; s < 3; ++s) {
             random_batch(in, tg, 500, uint64_t(s));
-            losses[k] = e.train_step(in.data(), tg.data(), AdamWHyper{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1}).loss;
+            losses[k] = e.train_step(in.data(), tg.data(), OptimHyper{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1}).loss;
         }
         evals[k] = e.eval_loss(in.data(), tg.data());
         params[k].assign(e.params(), e.params() + e.step().layout().total);
@@ -255,7 +256,7 @@ TEST(Engine, FlashAttentionMatchesNaiveAndDropsTheQuadraticTerm) {
         std::vector<int32_t> in(140), tg(140);
         for (int s = 0; s < 3; ++s) {
             random_batch(in, tg, 97, uint64_t(s));
-            losses[k] = e.train_step(in.data(), tg.data(), AdamWHyper{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1}).loss;
+            losses[k] = e.train_step(in.data(), tg.data(), OptimHyper{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1}).loss;
         }
         params[k].assign(e.params(), e.params() + e.step().layout().total);
     }
@@ -295,7 +296,7 @@ TEST(Engine, RecomputationIsBitwiseEqualAndSavesActivations) {
             float loss = 0;
             for (int s = 0; s < 2; ++s) {
                 random_batch(in, tg, 97, uint64_t(s));
-                loss = e.train_step(in.data(), tg.data(), AdamWHyper{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1}).loss;
+                loss = e.train_step(in.data(), tg.data(), OptimHyper{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1}).loss;
             }
             if (flash) continue;   // flash vs naive differ by rounding; compare policies within naive
             params.emplace_back(e.params(), e.params() + e.step().layout().total);
@@ -335,7 +336,7 @@ TEST(Engine, AccumulatingMicroBatchesEqualsOneBatch) {
         for (int s = 0; s < 3; ++s) {
             random_batch(in, tg, 61, uint64_t(s));
             tg[size_t(s * 7)] = -100;
-            r = e.train_step(in.data(), tg.data(), AdamWHyper{2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1});
+            r = e.train_step(in.data(), tg.data(), OptimHyper{2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1});
         }
         params.emplace_back(e.params(), e.params() + e.step().layout().total);
         losses.push_back(r.loss);
@@ -351,7 +352,7 @@ TEST(Engine, AccumulatingMicroBatchesEqualsOneBatch) {
     }
 }
 
-// --skip-spikes' loss limit (AdamWHyper::skip_above_loss): decided on the whole step's loss
+// --skip-spikes' loss limit (OptimHyper::skip_above_loss): decided on the whole step's loss
 // (every micro-batch's, not only the last one's, which runs the update) before the update
 // begins; a step above it leaves the weights bitwise as they were and is not counted.
 TEST(Engine, LossLimitLeavesTheWholeStepOut) {
@@ -373,7 +374,7 @@ TEST(Engine, LossLimitLeavesTheWholeStepOut) {
     std::vector<int32_t> in, tg;
     step_of(x_in, x_in, in);
     step_of(x_tg, x_tg, tg);
-    const AdamWHyper base{1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f, 1};
+    const OptimHyper base{1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f, 1};
     for (int s = 0; s < 20; ++s) e.train_step(in.data(), tg.data(), base);   // X is learnt, Y is not
     const double lx = e.eval_loss(x_in.data(), x_tg.data()), ly = e.eval_loss(y_in.data(), y_tg.data());
     ASSERT_GT(ly, 2 * lx);
@@ -384,7 +385,7 @@ TEST(Engine, LossLimitLeavesTheWholeStepOut) {
     const std::vector<float> before(e.params(), e.params() + P);
     const int done = e.steps_done();
 
-    AdamWHyper h = base;
+    OptimHyper h = base;
     h.skip_above_loss = float((whole + lx) / 2);
     const StepResult out = e.train_step(in.data(), tg.data(), h);
     EXPECT_TRUE(out.skipped && out.loss_outlier);
@@ -413,11 +414,11 @@ TEST(Engine, SmallerMomentsShrinkTheOptimizerStates) {
     for (DType moments : {DType::f32, DType::bf16, DType::u8}) {
         SCOPED_TRACE(std::string(dtype_name(moments)));
         EngineOptions eo;
-        eo.B = 2, eo.T = 16, eo.with_eval = false, eo.moments = moments;
+        eo.B = 2, eo.T = 16, eo.with_eval = false, eo.optimizer = test::optimizer_for(moments);
         Engine e(cfg, backend, eo);
         e.init_params(6);
         StepResult r;
-        for (int s = 0; s < 8; ++s) r = e.train_step(in.data(), tg.data(), AdamWHyper{1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f, 1});
+        for (int s = 0; s < 8; ++s) r = e.train_step(in.data(), tg.data(), OptimHyper{1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f, 1});
         losses.push_back(r.loss);
         const auto planned = e.planned_peak_live(), measured = e.ledger().live_peak();
         EXPECT_EQ(planned.total(), measured.total());
@@ -455,7 +456,7 @@ TEST(Engine, ClippingScalesTheGradientsByClipOverNorm) {
     random_batch(in, tg, 61, 3);
     // A large eps makes the first AdamW step depend on the gradient's scale (with a tiny eps it
     // is nearly lr * sign(g) whatever the scale).
-    const AdamWHyper base{1e-2f, 0.9f, 0.95f, 1e-2f, 0.1f, 1};
+    const OptimHyper base{1e-2f, 0.9f, 0.95f, 1e-2f, 0.1f, 1};
 
     // No clipping, and a clip above the norm: bitwise the same step.
     std::vector<float> unclipped;
@@ -463,7 +464,7 @@ TEST(Engine, ClippingScalesTheGradientsByClipOverNorm) {
     for (float clip : {0.0f, 1e6f}) {
         Engine e(cfg, backend, eo);
         e.init_params(8);
-        AdamWHyper h = base;
+        OptimHyper h = base;
         h.clip = clip;
         norm = e.train_step(in.data(), tg.data(), h).grad_norm;
         if (clip == 0) unclipped.assign(e.params(), e.params() + e.step().layout().total);
@@ -474,7 +475,7 @@ TEST(Engine, ClippingScalesTheGradientsByClipOverNorm) {
     e.init_params(8);
     const size_t P = e.step().layout().total;
     const std::vector<float> p0(e.params(), e.params() + P);
-    AdamWHyper h = base;
+    OptimHyper h = base;
     h.clip = 0.25f * norm;
     const StepResult r = e.train_step(in.data(), tg.data(), h);
     EXPECT_EQ(r.grad_norm, norm);   // the logged norm is the one before clipping
@@ -512,7 +513,7 @@ TEST(Engine, LeakCheckComparesLiveBytesOpByOp) {
     for (Timeline * t : {&a, &b}) {
         random_batch(in, tg, 61, 1);
         e.set_timeline(t);
-        e.train_step(in.data(), tg.data(), AdamWHyper{});
+        e.train_step(in.data(), tg.data(), OptimHyper{});
         e.eval_loss(in.data(), tg.data());   // an evaluation in between must leave nothing behind
     }
     e.set_timeline(nullptr);

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "train/engine.h"
 #include "test_util.h"
+#include "optim_ops.h"
 
 namespace memfit {
 namespace {
@@ -44,7 +45,7 @@ Trained train(const ModelConfig & cfg, const EngineOptions & eo, int steps, int 
     engine->init_params(5);
     Trained r;
     const size_t n = size_t(eo.B) * size_t(eo.T) * size_t(eo.grad_accum);
-    AdamWHyper h{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1};
+    OptimHyper h{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1};
     h.clip = 1.0f;
     for (int s = 0; s < steps; ++s) {
         if (s == resume_at && s > 0) {
@@ -77,8 +78,8 @@ TEST(Offload, StatesInAFileTrainBitForBitLikeInMemory) {
                      " accum " + std::to_string(c.accum) + " fraction " + std::to_string(c.fraction) +
                      (c.sgd ? " sgd" : ""));
         EngineOptions eo;
-        eo.B = 2, eo.T = 16, eo.with_eval = false, eo.compute = c.compute, eo.moments = c.moments;
-        eo.grad_accum = c.accum, eo.checking = c.checking, eo.sgd = c.sgd;
+        eo.B = 2, eo.T = 16, eo.with_eval = false, eo.compute = c.compute, eo.optimizer = test::optimizer_for(c.moments, c.sgd);
+        eo.grad_accum = c.accum, eo.checking = c.checking;
         const Trained mem = train(cfg, eo, 4);
         eo.offload = c.fraction, eo.offload_dir = offload_dir(), eo.offload_unit = 512;   // several units per tensor
         const Trained off = train(cfg, eo, 4), resumed = train(cfg, eo, 4, 2);
@@ -126,8 +127,8 @@ TEST(Offload, WeightsInTheFileTooTrainBitForBitLikeInMemory) {
         SCOPED_TRACE(std::string(dtype_name(c.compute)) + " moments " + std::string(dtype_name(c.moments)) + " accum " +
                      std::to_string(c.accum) + (c.sr ? " bf16-sr" : "") + (c.sgd ? " sgd" : ""));
         EngineOptions eo;
-        eo.B = 2, eo.T = 16, eo.with_eval = true, eo.compute = c.compute, eo.moments = c.moments, eo.zero = 3;
-        eo.grad_accum = c.accum, eo.checking = c.checking, eo.sr_master = c.sr, eo.sgd = c.sgd;
+        eo.B = 2, eo.T = 16, eo.with_eval = true, eo.compute = c.compute, eo.optimizer = test::optimizer_for(c.moments, c.sgd), eo.zero = 3;
+        eo.grad_accum = c.accum, eo.checking = c.checking, eo.sr_master = c.sr;
         const Trained mem = train(cfg, eo, 4);
         eo.offload = 1, eo.offload_params = true, eo.offload_dir = offload_dir(), eo.offload_unit = 512;
         const Trained off = train(cfg, eo, 4), resumed = train(cfg, eo, 4, 2);

@@ -77,7 +77,7 @@ TEST(Precision, PlannedEqualsMeasuredInBf16AndFp16) {
             std::vector<int32_t> in(size_t(2 * 16 * accum)), tg(in.size());
             for (int s = 0; s < 2; ++s) {
                 random_batch(in, tg, 61, uint64_t(s));
-                e.train_step(in.data(), tg.data(), AdamWHyper{});
+                e.train_step(in.data(), tg.data(), OptimHyper{});
                 e.eval_loss(in.data(), tg.data());
             }
             for (size_t c = 0; c < kCategoryCount; ++c) {
@@ -101,7 +101,7 @@ TEST(Precision, Bf16LossTracksFp32) {
         std::vector<int32_t> in(size_t(B * T)), tg(in.size());
         for (int s = 0; s < steps; ++s) {
             pattern_batch(in, tg, 32, T, uint64_t(s));
-            curve[dt == DType::bf16].push_back(e.train_step(in.data(), tg.data(), AdamWHyper{3e-3f}).loss);
+            curve[dt == DType::bf16].push_back(e.train_step(in.data(), tg.data(), OptimHyper{3e-3f}).loss);
         }
     }
     for (int s = 0; s < steps; ++s)
@@ -140,7 +140,7 @@ TEST(Precision, Fp16SkipsOverflowingStepsWithoutTouchingTheWeights) {
     std::vector<int32_t> in(32), tg(32);
     random_batch(in, tg, 32, 1);
     const std::vector<float> before(e.params(), e.params() + e.step().layout().total);
-    const StepResult r = e.train_step(in.data(), tg.data(), AdamWHyper{1e-2f});
+    const StepResult r = e.train_step(in.data(), tg.data(), OptimHyper{1e-2f});
     EXPECT_TRUE(r.skipped);
     EXPECT_EQ(e.loss_scaler().skipped, 1);
     EXPECT_EQ(e.loss_scaler().scale, 5e29f);
@@ -155,7 +155,7 @@ TEST(Precision, Fp16SkipsOverflowingStepsWithoutTouchingTheWeights) {
     float first = 0, last = 0;
     for (int s = 0; s < 30; ++s) {
         pattern_batch(in, tg, 32, 16, uint64_t(s));
-        const StepResult q = e.train_step(in.data(), tg.data(), AdamWHyper{3e-3f});
+        const StepResult q = e.train_step(in.data(), tg.data(), OptimHyper{3e-3f});
         EXPECT_EQ(q.skipped, !std::isfinite(q.grad_norm)) << s;
         (s == 0 ? first : last) = q.loss;
     }
@@ -176,7 +176,7 @@ TEST(Precision, Bf16SrDropsTheMasterWeights) {
     auto run = [&](EngineOptions eo, int resume_at, CategoryBytes * live) {
         auto e = std::make_unique<Engine>(cfg, backend, eo);
         e->init_params(2);
-        AdamWHyper h;
+        OptimHyper h;
         h.lr = 3e-3f;
         std::vector<float> losses;
         for (int s = 0; s < steps; ++s) {

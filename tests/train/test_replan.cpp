@@ -33,7 +33,7 @@ EngineOptions start_options() {
     return eo;
 }
 
-const AdamWHyper kHyper{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1};
+const OptimHyper kHyper{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1};
 
 }  // namespace
 

@@ -17,6 +17,7 @@
 #include "model/sparsity.h"
 #include "train/engine.h"
 #include "test_util.h"
+#include "optim_ops.h"
 
 namespace memfit {
 namespace {
@@ -45,8 +46,8 @@ void check(const Case & c) {
     const ParamLayout layout = make_param_layout(cfg);
     const NmSparsity pattern{2, 4, 2};
     EngineOptions eo;
-    eo.B = 2, eo.T = 16, eo.with_eval = false, eo.compute = c.compute, eo.moments = c.moments;
-    eo.grad_accum = c.accum, eo.zero = c.zero, eo.sr_master = c.sr, eo.sgd = c.sgd;
+    eo.B = 2, eo.T = 16, eo.with_eval = false, eo.compute = c.compute, eo.optimizer = test::optimizer_for(c.moments, c.sgd);
+    eo.grad_accum = c.accum, eo.zero = c.zero, eo.sr_master = c.sr;
     eo.sparsity = pattern;
     if (c.offload) {
         const auto dir = std::filesystem::path(::testing::TempDir()) / ("memfit_sparse." + std::to_string(getpid()));
@@ -56,7 +57,7 @@ void check(const Case & c) {
     CpuBackend backend;
     auto engine = std::make_unique<Engine>(cfg, backend, eo);
     engine->init_params(5);
-    AdamWHyper h{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1};   // weight decay 0.1 pulls every weight
+    OptimHyper h{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1};   // weight decay 0.1 pulls every weight
     h.clip = 1.0f;
     std::vector<float> prev = engine->full_params(), pruned;
     std::vector<bool> zeros;

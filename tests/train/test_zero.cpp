@@ -42,7 +42,7 @@ ZeroRun run(const ModelConfig & cfg, DType dt, int k, int zero, const std::strin
     eo.recompute = parse_recompute(recompute, cfg.n_layer);
     Engine e(cfg, backend, eo);
     e.init_params(5);
-    AdamWHyper h;
+    OptimHyper h;
     h.lr = 1e-2f;
     h.weight_decay = 0.1f;
     ZeroRun r;
@@ -128,7 +128,7 @@ TEST(ZeroOneProcess, StateMovesBetweenStages) {
     b.import_state(a.export_state());
     std::vector<int32_t> in(16), tg(16);
     test::random_batch(in, tg, cfg.vocab_size, 3);
-    AdamWHyper h;
+    OptimHyper h;
     EXPECT_EQ(a.train_step(in.data(), tg.data(), h).loss, b.train_step(in.data(), tg.data(), h).loss);
     EXPECT_EQ(a.full_params(), b.full_params());
     // A state that does not cover the shard is refused with the ranges.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/cpu/convert.h"
+#include "backend/cpu/dispatch.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/kernels_flash.h"
 #include "backend/quant_format.h"
@@ -18,22 +19,13 @@
 namespace memfit {
 
 namespace {
+using cpu::dispatch;
+using cpu::ptr;
 // Shapes: activations are [B,T,C] or [N,C]; B*T rows.
 int B_of(const Tensor & t) { return int(t.dim(0)); }
 int T_of(const Tensor & t) { return int(t.dim(1)); }
 
 bool is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
-
-// f(S{}) with S the storage type of dtype t (float, bf16_t or f16_t).
-template <class F>
-void dispatch(DType t, F && f) {
-    switch (t) {
-        case DType::f32: f(float{}); return;
-        case DType::bf16: f(bf16_t{}); return;
-        case DType::f16: f(f16_t{}); return;
-        default: MF_ASSERT(!"not a float dtype (f32, bf16, f16)");
-    }
-}
 
 // f(S{}, G{}) for a kernel with activations of dtype t and a parameter gradient of dtype g, which
 // is f32 or t.
@@ -43,13 +35,6 @@ void dispatch_grad(DType t, DType g, F && f) {
     dispatch(t, [&](auto s) {
         if (g == DType::f32) f(s, float{}); else f(s, s);
     });
-}
-
-// The typed pointer of a tensor whose dtype the caller dispatched on.
-template <class S>
-S * ptr(const Tensor & t) {
-    MF_ASSERT(t.dtype == dtype_of<S>());
-    return static_cast<S *>(t.data);
 }
 
 void same_dtype(DType t, std::initializer_list<const Tensor *> ts) {
@@ -594,108 +579,5 @@ void CpuBackend::sum_squares(Tensor out, Tensor x) {
     });
 }
 
-namespace {
-
-// AdamW's two storage choices beside the moments: f(G * grad, P * param_copy), P = float and a
-// null copy when there is none (else bf16 or f16, of param's length).
-template <class F>
-void with_grad_and_copy(Tensor grad, Tensor param_copy, F && f) {
-    if (param_copy.valid()) {
-        MF_ASSERT(param_copy.numel() == grad.numel());
-        MF_ASSERT(param_copy.dtype == DType::bf16 || param_copy.dtype == DType::f16);
-    }
-    dispatch(grad.dtype, [&](auto gz) {
-        using G = decltype(gz);
-        dispatch(param_copy.valid() ? param_copy.dtype : DType::f32, [&](auto pz) {
-            using P = decltype(pz);
-            P * copy = nullptr;
-            if constexpr (!std::is_same_v<P, float>) copy = ptr<P>(param_copy);
-            f(ptr<G>(grad), copy);
-        });
-    });
-}
-
-}  // namespace
-
-void CpuBackend::adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy,
-                       const AdamWHyper & h) {
-    MF_ASSERT(grad.numel() == param.numel() && m.numel() == param.numel() && v.numel() == param.numel());
-    const float nsq = norm_sq.valid() ? norm_sq.f32()[0] : 0.0f;
-    if (skips_update(h, nsq)) return;
-    const float scale = update_scale(h, nsq);
-    const size_t n = size_t(param.numel());
-    MF_ASSERT(m.dtype == v.dtype && (m.dtype == DType::f32 || m.dtype == DType::bf16));
-    if (sr_weights(param, param_copy, h)) {   // --master-weights bf16-sr
-        dispatch(grad.dtype, [&](auto gz) {
-            using G = decltype(gz);
-            auto update = [&](auto * mm, auto * vv) {
-                cpu::adamw_update_sr(ptr<bf16_t>(param), ptr<G>(grad), mm, vv, n, h.lr, h.beta1, h.beta2, h.eps,
-                                     h.weight_decay, h.t, scale, h.sr_seed, h.sr_at, h.keep_zeros);
-            };
-            if (m.dtype == DType::bf16) update(ptr<bf16_t>(m), ptr<bf16_t>(v));
-            else update(m.f32(), v.f32());
-        });
-        return;
-    }
-    if (grad.dtype == DType::f32 && !param_copy.valid() && m.dtype == DType::f32) {
-        cpu::adamw_update(param.f32(), grad.f32(), m.f32(), v.f32(), n, h.lr, h.beta1, h.beta2, h.eps,
-                          h.weight_decay, h.t, scale, h.keep_zeros);
-        return;
-    }
-    with_grad_and_copy(grad, param_copy, [&](auto * g, auto * copy) {
-        auto update = [&](auto * mm, auto * vv) {
-            cpu::adamw_update_mixed(param.f32(), copy, g, mm, vv, n, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay,
-                                    h.t, scale, h.keep_zeros);
-        };
-        if (m.dtype == DType::bf16) update(ptr<bf16_t>(m), ptr<bf16_t>(v));
-        else update(m.f32(), v.f32());
-    });
-}
-
-void CpuBackend::sgd(Tensor param, Tensor grad, Tensor buf, Tensor norm_sq, Tensor param_copy, const AdamWHyper & h) {
-    MF_ASSERT(grad.numel() == param.numel() && buf.numel() == param.numel() && buf.dtype == DType::f32);
-    const float nsq = norm_sq.valid() ? norm_sq.f32()[0] : 0.0f;
-    if (skips_update(h, nsq)) return;
-    const float scale = update_scale(h, nsq);
-    const size_t n = size_t(param.numel());
-    if (sr_weights(param, param_copy, h)) {   // --master-weights bf16-sr
-        dispatch(grad.dtype, [&](auto gz) {
-            using G = decltype(gz);
-            cpu::sgd_update<bf16_t, G, float>(ptr<bf16_t>(param), nullptr, ptr<G>(grad), buf.f32(), n, h.lr, h.momentum,
-                                              h.weight_decay, scale, h.sr_seed, h.sr_at, h.keep_zeros);
-        });
-        return;
-    }
-    with_grad_and_copy(grad, param_copy, [&](auto * g, auto * copy) {
-        cpu::sgd_update(param.f32(), copy, g, buf.f32(), n, h.lr, h.momentum, h.weight_decay, scale, 0, 0,
-                        h.keep_zeros);
-    });
-}
-
-void CpuBackend::adamw_8bit(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor m_scale, Tensor v_scale,
-                            Tensor norm_sq, Tensor param_copy, const AdamWHyper & h) {
-    const size_t n = size_t(param.numel());
-    MF_ASSERT(grad.numel() == param.numel());
-    MF_ASSERT(m.dtype == DType::u8 && v.dtype == DType::u8 && size_t(m.numel()) == n && size_t(v.numel()) == n);
-    MF_ASSERT(size_t(m_scale.numel()) == moments8_blocks(n) && size_t(v_scale.numel()) == moments8_blocks(n));
-    const float nsq = norm_sq.valid() ? norm_sq.f32()[0] : 0.0f;
-    if (skips_update(h, nsq)) return;
-    const float scale = update_scale(h, nsq);
-    if (sr_weights(param, param_copy, h)) {   // --master-weights bf16-sr
-        dispatch(grad.dtype, [&](auto gz) {
-            using G = decltype(gz);
-            cpu::adamw_update_8bit<G, float, bf16_t>(ptr<bf16_t>(param), nullptr, ptr<G>(grad), static_cast<uint8_t *>(m.data),
-                                                     static_cast<uint8_t *>(v.data), m_scale.f32(), v_scale.f32(), n, h.lr, h.beta1,
-                                                     h.beta2, h.eps, h.weight_decay, h.t, scale, h.sr_seed, h.sr_at,
-                                                     h.keep_zeros);
-        });
-        return;
-    }
-    with_grad_and_copy(grad, param_copy, [&](auto * g, auto * copy) {
-        cpu::adamw_update_8bit(param.f32(), copy, g, static_cast<uint8_t *>(m.data), static_cast<uint8_t *>(v.data),
-                               m_scale.f32(), v_scale.f32(), n, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.t,
-                               scale, 0, 0, h.keep_zeros);
-    });
-}
 
 }  // namespace memfit

@@ -31,9 +31,6 @@ public:
                    Tensor workspace) override;
     void quantize(const QuantDesc & q, void * packed, const float * W) const override;
     void dequantize(const QuantDesc & q, float * W, const void * packed) const override;
-    void sgd(Tensor param, Tensor grad, Tensor buf, Tensor norm_sq, Tensor param_copy, const AdamWHyper & h) override;
-    void adamw_8bit(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor m_scale, Tensor v_scale, Tensor norm_sq,
-                    Tensor param_copy, const AdamWHyper & h) override;
 
 private:
     mutable cpu::DnnlGemm gemm_;   // primitive cache: querying sizes creates primitives

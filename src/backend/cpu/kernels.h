@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "backend/rope.h"
+#include "backend/update_rules.h"
 #include "core/dtype.h"
 
 namespace memfit::cpu {
@@ -119,42 +120,23 @@ void bias_backward(G * dbias, const S * dout, int N, int OC);
 template <class S>
 double sum_squares(const S * x, size_t n);
 
-// PyTorch AdamW (decoupled weight decay): p -= lr*wd*p; m,v updated; bias-corrected with t.
-// weight_decay is passed per tensor (0 for tensors with < 2 dims). The gradient is multiplied by
-// grad_scale first (global-norm clipping; 1 leaves it bitwise unchanged). keep_zeros (every
-// optimizer kernel below takes it; AdamWHyper::keep_zeros): a weight that is exactly 0 stays 0
-// and its moments become 0 (N:M sparsity's masked updates).
-void adamw_update(float * param, const float * grad, float * m, float * v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale = 1.0f,
-                  bool keep_zeros = false);
-// The same update with the gradient stored as G (float, bf16_t, f16_t) and the moments as M
-// (float, or bf16_t: read into f32, updated, rounded to nearest even); when param_copy is not
-// null, it receives the updated param rounded to P (bf16_t or f16_t) in the same pass.
-template <class G, class P, class M>
-void adamw_update_mixed(float * param, P * param_copy, const G * grad, M * m, M * v, size_t n, float lr,
-                        float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale,
-                        bool keep_zeros);
-
-// --master-weights bf16-sr: the bf16 weights updated in place, rounded stochastically with the
-// draws of (sr_seed, sr_at + i) (backend/stochastic_round.h); no master copy, no param_copy.
-template <class G, class M>
-void adamw_update_sr(bf16_t * param, const G * grad, M * m, M * v, size_t n, float lr, float beta1, float beta2,
-                     float eps, float weight_decay, int t, float grad_scale, uint64_t sr_seed, uint64_t sr_at,
-                     bool keep_zeros);
-
-// --optimizer sgd (AdamWHyper::momentum has the update): buf the fp32 momentum; W and P as above
-// (W = bf16_t: rounded stochastically, P = float then).
+// The optimizers' loops (backend/optimizer.h's rows; the rules of backend/update_rules.h, whose
+// UpdateConsts c carries the step's constants and c.scale the gradients' factor). W: the weights'
+// storage, float (fp32, or fp32 master weights beside a compute copy P), or bf16_t rounded
+// stochastically with c's draws (P = float then); P = float means no copy (param_copy null),
+// else bf16_t or f16_t, written in the same pass; G: the gradients' storage (float, bf16_t,
+// f16_t). c.keep_zeros: a weight that is exactly 0 stays 0 and its states become 0.
+// AdamW, M the moments' storage (float, or bf16_t: read into f32, rounded to nearest even).
+template <class W, class G, class P, class M>
+void adamw_update(W * param, P * param_copy, const G * grad, M * m, M * v, size_t n, const UpdateConsts & c);
+// SGD with momentum: buf the fp32 momentum.
 template <class W, class G, class P>
-void sgd_update(W * param, P * param_copy, const G * grad, float * buf, size_t n, float lr, float momentum,
-                float weight_decay, float grad_scale, uint64_t sr_seed, uint64_t sr_at, bool keep_zeros);
-
-// The update with 8-bit moments (backend/moments8.h; kernels_adamw8.cpp): m, v one code per
-// element, m_scale, v_scale one per block of the n elements; param_copy as above. W: the weights'
-// storage, float or (bf16-sr) bf16_t rounded stochastically as adamw_update_sr (P = float then).
+void sgd_update(W * param, P * param_copy, const G * grad, float * buf, size_t n, const UpdateConsts & c);
+// AdamW with 8-bit moments (backend/moments8.h; kernels_adamw8.cpp): m, v one code per element,
+// m_scale, v_scale one per block of the n elements.
 template <class G, class P, class W = float>
 void adamw_update_8bit(W * param, P * param_copy, const G * grad, uint8_t * m, uint8_t * v, float * m_scale,
-                       float * v_scale, size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
-                       int t, float grad_scale, uint64_t sr_seed, uint64_t sr_at, bool keep_zeros);
+                       float * v_scale, size_t n, const UpdateConsts & c);
 
 // ---------------------------------------------------------------------------------------------
 // LLaMA family (kernels_llama.cpp). Rows are parallel tasks; every reduction has a fixed order.

@@ -1,5 +1,5 @@
 // AdamW with 8-bit moments (backend/moments8.h): each block of kMoments8Block elements is decoded,
-// updated in f32 exactly as adamw_impl does (kernels_basic.cpp), and encoded with its new scales.
+// updated in f32 by adamw_rule (backend/update_rules.h), and encoded with its new scales.
 // Blocks are parallel tasks; within one, the order is fixed.
 #include <algorithm>
 #include <cmath>
@@ -47,16 +47,10 @@ void encode_block(uint8_t * m, uint8_t * v, const float * mf, const float * vf, 
 }  // namespace
 
 template <class G, class P, class W>
-void adamw_update_8bit(W * param, P * param_copy, const G * grad, uint8_t * m, uint8_t * v, float * m_scale,
-                       float * v_scale, size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
-                       int t, float grad_scale, [[maybe_unused]] uint64_t sr_seed, [[maybe_unused]] uint64_t sr_at,
-                       bool keep_zeros) {
-    MF_ASSERT(t >= 1);
+void adamw_update_8bit(W * param, [[maybe_unused]] P * param_copy, const G * grad, uint8_t * m, uint8_t * v,
+                       float * m_scale, float * v_scale, size_t n, const UpdateConsts & cref) {
+    const UpdateConsts c = cref;   // a local: read through a reference, GCC kept the loops scalar
     if constexpr (std::is_same_v<P, float>) MF_ASSERT(param_copy == nullptr);
-    const float inv_bc1 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta1), t)));
-    const float inv_bc2 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta2), t)));
-    const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay);
-    const float one_m_b1 = 1.0f - beta1, one_m_b2 = 1.0f - beta2;
     const size_t blocks = moments8_blocks(n);
 #pragma omp parallel for schedule(static)
     for (size_t b = 0; b < blocks; ++b) {
@@ -75,20 +69,17 @@ void adamw_update_8bit(W * param, P * param_copy, const G * grad, uint8_t * m, u
 #pragma omp simd reduction(max : m_max, v_max)
             for (size_t i = 0; i < len; ++i) {
                 const float w = to_f32(pw[i]);
-                const bool frozen = decltype(keep)::value && w == 0.0f;   // a kept zero: moments 0, no step
-                const float g = to_f32(pg[i]) * grad_scale;
-                const float mi = frozen ? 0.0f : beta1 * decode_m8(pm[i], ms) + one_m_b1 * g;
-                const float vi = frozen ? 0.0f : beta2 * decode_v8(pv[i], vs) + one_m_b2 * g * g;
+                float mi = decode_m8(pm[i], ms), vi = decode_v8(pv[i], vs);
+                const float p = adamw_rule(c, w, to_f32(pg[i]) * c.scale, mi, vi, decltype(keep)::value && w == 0.0f);
                 mf[i] = mi, vf[i] = vi;
                 m_max = std::max(m_max, std::fabs(mi));
                 v_max = std::max(v_max, vi);
-                const float p = frozen ? w : w * decay - lr * (mi * inv_bc1) / (std::sqrt(vi * inv_bc2) + eps);
                 if constexpr (std::is_same_v<W, float>) pw[i] = p;
-                else pw[i] = bf16_t{sr_bf16_bits(p, sr_seed, sr_at + lo + i)};
+                else pw[i] = bf16_t{sr_bf16_bits(p, c.sr_seed, c.sr_at + lo + i)};
                 if constexpr (!std::is_same_v<P, float>) param_copy[lo + i] = from_f32<P>(p);
             }
         };
-        if (keep_zeros) update(std::true_type{});
+        if (c.keep_zeros) update(std::true_type{});
         else update(std::false_type{});
         m_scale[b] = m_max, v_scale[b] = v_max;
         encode_block(m + lo, v + lo, mf, vf, len, m_max, v_max);
@@ -97,8 +88,7 @@ void adamw_update_8bit(W * param, P * param_copy, const G * grad, uint8_t * m, u
 
 #define MF_INST_ADAMW8(G, P, W)                                                                        \
     template void adamw_update_8bit<G, P, W>(W *, P *, const G *, uint8_t *, uint8_t *, float *, float *, \
-                                             size_t, float, float, float, float, float, int, float, uint64_t, \
-                                             uint64_t, bool);
+                                             size_t, const UpdateConsts &);
 #define MF_INST_ADAMW8_G(G) \
     MF_INST_ADAMW8(G, float, float) MF_INST_ADAMW8(G, bf16_t, float) MF_INST_ADAMW8(G, f16_t, float) \
     MF_INST_ADAMW8(G, float, bf16_t)

@@ -361,125 +361,7 @@ double sum_squares(const S * x, size_t n) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// AdamW, as torch.optim.AdamW (non-amsgrad, non-fused):
-//   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
-//   p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
-
-namespace {
-
-// W: the weights' storage: float (fp32, or fp32 master weights with a copy P), or bf16_t rounded
-// stochastically with the draws of (sr_seed, sr_at + i).
-template <class W, class G, class P, class M>
-void adamw_impl(W * param, [[maybe_unused]] P * param_copy, const G * grad, M * m, M * v, size_t n, float lr,
-                float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale, bool keep_zeros,
-                [[maybe_unused]] uint64_t sr_seed = 0, [[maybe_unused]] uint64_t sr_at = 0) {
-    MF_ASSERT(t >= 1);   // M: float, or bf16_t moments (updated in f32, rounded to nearest even)
-    const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), t);
-    const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), t);
-    const float inv_bc1 = static_cast<float>(1.0 / bc1);
-    const float inv_bc2 = static_cast<float>(1.0 / bc2);
-    const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay);
-    const float one_m_b1 = 1.0f - beta1;
-    const float one_m_b2 = 1.0f - beta2;
-    // keep_zeros a compile-time case: its selects kept the loop scalar under AVX2 (4x slower).
-    auto run = [&](auto keep) {
-#pragma omp parallel for simd schedule(static)
-        for (size_t i = 0; i < n; ++i) {
-            const float w = to_f32(param[i]);
-            // A kept zero (N:M sparsity): moments 0, weight unchanged, whatever the gradient holds.
-            const bool frozen = decltype(keep)::value && w == 0.0f;
-            const float g = to_f32(grad[i]) * grad_scale;
-            const float mi = frozen ? 0.0f : beta1 * to_f32(m[i]) + one_m_b1 * g;
-            const float vi = frozen ? 0.0f : beta2 * to_f32(v[i]) + one_m_b2 * g * g;
-            if constexpr (std::is_same_v<M, float>) {
-                m[i] = mi;
-                v[i] = vi;
-            } else {
-                m[i] = from_f32<M>(mi);
-                v[i] = from_f32<M>(vi);
-            }
-            const float mhat = mi * inv_bc1;
-            const float vhat = vi * inv_bc2;
-            const float p = frozen ? w : w * decay - lr * mhat / (std::sqrt(vhat) + eps);
-            if constexpr (std::is_same_v<W, float>) param[i] = p;
-            else param[i] = bf16_t{sr_bf16_bits(p, sr_seed, sr_at + i)};
-            if constexpr (!std::is_same_v<P, float>) param_copy[i] = from_f32<P>(p);
-        }
-    };
-    if (keep_zeros) run(std::true_type{});
-    else run(std::false_type{});
-}
-
-}  // namespace
-
-void adamw_update(float * param, const float * grad, float * m, float * v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale, bool keep_zeros) {
-    adamw_impl<float, float, float, float>(param, nullptr, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t,
-                                           grad_scale, keep_zeros);
-}
-
-template <class G, class P, class M>
-void adamw_update_mixed(float * param, P * param_copy, const G * grad, M * m, M * v, size_t n, float lr,
-                        float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale,
-                        bool keep_zeros) {
-    if constexpr (std::is_same_v<P, float>) MF_ASSERT(param_copy == nullptr);
-    else MF_ASSERT(param_copy != nullptr);
-    adamw_impl<float, G, P, M>(param, param_copy, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale,
-                               keep_zeros);
-}
-
-template <class G, class M>
-void adamw_update_sr(bf16_t * param, const G * grad, M * m, M * v, size_t n, float lr, float beta1, float beta2,
-                     float eps, float weight_decay, int t, float grad_scale, uint64_t sr_seed, uint64_t sr_at,
-                     bool keep_zeros) {
-    adamw_impl<bf16_t, G, float, M>(param, nullptr, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale,
-                                    keep_zeros, sr_seed, sr_at);
-}
-
-template <class W, class G, class P>
-void sgd_update(W * param, [[maybe_unused]] P * param_copy, const G * grad, float * buf, size_t n, float lr,
-                float momentum, float weight_decay, float grad_scale, [[maybe_unused]] uint64_t sr_seed,
-                [[maybe_unused]] uint64_t sr_at, bool keep_zeros) {
-    auto run = [&](auto keep) {   // keep_zeros a compile-time case, as in adamw_impl
-#pragma omp parallel for simd schedule(static)
-        for (size_t i = 0; i < n; ++i) {
-            const float w = to_f32(param[i]);
-            const bool frozen = decltype(keep)::value && w == 0.0f;   // a kept zero: no momentum, no step
-            const float g = to_f32(grad[i]) * grad_scale + weight_decay * w;
-            const float b = frozen ? 0.0f : momentum * buf[i] + g;
-            buf[i] = b;
-            const float p = frozen ? w : w - lr * b;
-            if constexpr (std::is_same_v<W, float>) param[i] = p;
-            else param[i] = bf16_t{sr_bf16_bits(p, sr_seed, sr_at + i)};
-            if constexpr (!std::is_same_v<P, float>) param_copy[i] = from_f32<P>(p);
-        }
-    };
-    if (keep_zeros) run(std::true_type{});
-    else run(std::false_type{});
-}
-
-// ---------------------------------------------------------------------------------------------
 // Instantiations: S in {float, bf16_t, f16_t}; parameter gradients float or S.
-
-// AdamW: gradients S, the compute copy none, bf16 or f16, the moments M.
-#define MF_INST_ADAMW(S, M)                                                                             \
-    template void adamw_update_mixed<S, float, M>(float *, float *, const S *, M *, M *, size_t, float,  \
-                                                  float, float, float, float, int, float, bool);        \
-    template void adamw_update_mixed<S, bf16_t, M>(float *, bf16_t *, const S *, M *, M *, size_t,       \
-                                                   float, float, float, float, float, int, float, bool); \
-    template void adamw_update_mixed<S, f16_t, M>(float *, f16_t *, const S *, M *, M *, size_t, float,  \
-                                                  float, float, float, float, int, float, bool);        \
-    template void adamw_update_sr<S, M>(bf16_t *, const S *, M *, M *, size_t, float, float, float, float, \
-                                        float, int, float, uint64_t, uint64_t, bool);
-#define MF_INST_SGD(S)                                                                                   \
-    template void sgd_update<float, S, float>(float *, float *, const S *, float *, size_t, float, float, \
-                                              float, float, uint64_t, uint64_t, bool);                    \
-    template void sgd_update<float, S, bf16_t>(float *, bf16_t *, const S *, float *, size_t, float, float, \
-                                               float, float, uint64_t, uint64_t, bool);                     \
-    template void sgd_update<float, S, f16_t>(float *, f16_t *, const S *, float *, size_t, float, float,  \
-                                              float, float, uint64_t, uint64_t, bool);                     \
-    template void sgd_update<bf16_t, S, float>(bf16_t *, float *, const S *, float *, size_t, float, float, \
-                                               float, float, uint64_t, uint64_t, bool);
 
 #define MF_INST_ALL(S)                                                                                  \
     template void encoder_forward<S>(S *, const int32_t *, const S *, const S *, int, int, int, int64_t, \
@@ -491,10 +373,7 @@ void sgd_update(W * param, [[maybe_unused]] P * param_copy, const G * grad, floa
     template void layernorm_backward<float, S>(S *, float *, float *, const S *, const S *, const S *,  \
                                                const float *, const float *, int, int);                 \
     template void bias_backward<float, S>(float *, const S *, int, int);                                \
-    template double sum_squares<S>(const S *, size_t);                                                  \
-    MF_INST_ADAMW(S, float)                                                                             \
-    MF_INST_ADAMW(S, bf16_t)                                                                            \
-    MF_INST_SGD(S)
+    template double sum_squares<S>(const S *, size_t);
 #define MF_INST_LOWP(S)                                                                                 \
     template void encoder_backward<S, S, S>(S *, S *, const S *, const int32_t *, int, int, int, int64_t, \
                                             int64_t, const int32_t *);                                  \
@@ -512,8 +391,6 @@ MF_INST_ALL(f16_t)
 MF_INST_LOWP(bf16_t)
 MF_INST_LOWP(f16_t)
 #undef MF_INST_ALL
-#undef MF_INST_ADAMW
-#undef MF_INST_SGD
 #undef MF_INST_LOWP
 
 }  // namespace memfit::cpu

@@ -455,16 +455,9 @@ void CudaBackend::distill_bwd(Tensor logits, Tensor stats, Tensor teacher_probs,
     MF_FWD(distill_bwd, logits, stats, teacher_probs, targets, alpha, temperature, dloss);
 }
 void CudaBackend::sum_squares(Tensor out, Tensor x) { MF_FWD(sum_squares, out, x); }
-void CudaBackend::adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy,
-                        const AdamWHyper & h) {
-    MF_FWD(adamw, param, grad, m, v, norm_sq, param_copy, h);
-}
-void CudaBackend::sgd(Tensor param, Tensor grad, Tensor buf, Tensor norm_sq, Tensor param_copy, const AdamWHyper & h) {
-    MF_FWD(sgd, param, grad, buf, norm_sq, param_copy, h);
-}
-void CudaBackend::adamw_8bit(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor m_scale, Tensor v_scale,
-                             Tensor norm_sq, Tensor param_copy, const AdamWHyper & h) {
-    MF_FWD(adamw_8bit, param, grad, m, v, m_scale, v_scale, norm_sq, param_copy, h);
+void CudaBackend::optimizer_step(Optimizer o, Tensor param, Tensor grad, const OptimizerStates & states, Tensor norm_sq,
+                                 Tensor param_copy, const OptimHyper & h) {
+    MF_FWD(optimizer_step, o, param, grad, states, norm_sq, param_copy, h);
 }
 
 #undef MF_FWD

@@ -67,11 +67,9 @@ void distill_bwd(cudaStream_t s, Tensor logits, Tensor stats, Tensor teacher_pro
 
 // kernels_optim.cu
 void sum_squares(cudaStream_t s, Tensor out, Tensor x);
-void adamw(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy,
-           const AdamWHyper & h);
-void adamw_8bit(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor m_scale, Tensor v_scale,
-                Tensor norm_sq, Tensor param_copy, const AdamWHyper & h);
-void sgd(cudaStream_t s, Tensor param, Tensor grad, Tensor buf, Tensor norm_sq, Tensor param_copy, const AdamWHyper & h);
+// One step of backend/optimizer.h's row o (Backend::optimizer_step), through this file's table.
+void optimizer_step(cudaStream_t s, Optimizer o, Tensor param, Tensor grad, const OptimizerStates & states,
+                    Tensor norm_sq, Tensor param_copy, const OptimHyper & h);
 
 // kernels_quant.cu: rows row0 .. row0 + w.numel() / q.in of W' [q.out, q.in] (dtype of `w`: f32,
 // bf16 or f16), written, from the packed bytes of backend/quant_format.h (device memory). For

@@ -1,5 +1,6 @@
-// CUDA kernels: the gradients' sum of squares and the fused AdamW update (contracts: backend.h;
-// the reference is backend/cpu/kernels_basic.cpp, sum_squares and adamw_impl).
+// CUDA kernels: the gradients' sum of squares and the optimizers' steps (contracts: backend.h and
+// backend/optimizer.h; the per-element arithmetic is backend/update_rules.h's, which the CPU's
+// kernels, cpu/kernels_optim.cpp, compile as well).
 //
 // sum_squares is deterministic: a fixed grid (kSsqBlocks blocks, whatever the device) writes one
 // double partial per block into a static device array, then a single block adds the partials in
@@ -13,6 +14,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/moments8.h"
 #include "backend/stochastic_round.h"
+#include "backend/update_rules.h"
 
 namespace memfit::cuda {
 
@@ -75,44 +77,20 @@ __global__ void __launch_bounds__(kSsqBlocks) ssq_final_kernel(float * out) {
     if (threadIdx.x == 0) out[0] = float(total);
 }
 
-// ---- AdamW ----------------------------------------------------------------------------------
-
-struct AdamArgs {
-    float lr, beta1, beta2, eps, inv_bc1, inv_bc2, decay, one_m_b1, one_m_b2;
-    float clip, grad_scale, skip_above_norm_sq;
-    bool skip_nonfinite;
-    bool keep_zeros;           // AdamWHyper::keep_zeros: a zero weight stays 0, its moments become 0
-    uint64_t sr_seed, sr_at;   // bf16-sr weights (W = uint16_t): backend/stochastic_round.h's draws
-};
+// ---- The optimizers ---------------------------------------------------------------------------
 
 // The weights' storage W: float, or (bf16-sr) bf16 bits rounded stochastically.
 __device__ __forceinline__ float ldw(float p) { return p; }
 __device__ __forceinline__ float ldw(uint16_t p) { return bf16_bits_to_f32(p); }
-__device__ __forceinline__ void stw(float & w, float p, const AdamArgs &, int64_t) { w = p; }
-__device__ __forceinline__ void stw(uint16_t & w, float p, const AdamArgs & a, int64_t i) {
+__device__ __forceinline__ void stw(float & w, float p, const UpdateConsts &, int64_t) { w = p; }
+__device__ __forceinline__ void stw(uint16_t & w, float p, const UpdateConsts & a, int64_t i) {
     w = sr_bf16_bits(p, a.sr_seed, a.sr_at + uint64_t(i));
 }
 
-// update_scale() of backend.h, on the device.
-__device__ __forceinline__ float device_update_scale(const AdamArgs & a, float norm_sq) {
-    if (!(a.clip > 0)) return a.grad_scale;
-    const float norm = sqrtf(norm_sq) * a.grad_scale;
-    return norm > a.clip ? a.grad_scale * (a.clip / norm) : a.grad_scale;
-}
-
-// One element, in adamw_impl's order.
-__device__ __forceinline__ float adam_step(const AdamArgs & a, float & p, float & m, float & v, float graw,
-                                           float scale) {
-    if (a.keep_zeros && p == 0.0f) {   // a kept zero (N:M sparsity): moments 0, weight unchanged
-        m = 0.0f, v = 0.0f;
-        return p;
-    }
-    const float g = graw * scale;
-    m = a.beta1 * m + a.one_m_b1 * g;
-    v = a.beta2 * v + a.one_m_b2 * g * g;
-    const float mhat = m * a.inv_bc1, vhat = v * a.inv_bc2;
-    p = p * a.decay - a.lr * mhat / (sqrtf(vhat) + a.eps);
-    return p;
+// One AdamW element: the rule, on the stored gradient times the step's scale.
+__device__ __forceinline__ void adam_step(const UpdateConsts & a, float & p, float & m, float & v, float graw,
+                                          float scale) {
+    p = adamw_rule(a, p, graw * scale, m, v, a.keep_zeros && p == 0.0f);
 }
 
 // Four consecutive elements of T as float4 (8- or 16-byte aligned loads), and back.
@@ -142,12 +120,11 @@ template <class T> __device__ __forceinline__ void store4(T * p, int64_t k, floa
 // to nearest even as the host's from_f32). Grid grid_for(n / 4 or n, 256), block 256.
 template <class G, class P, class M, bool Vec, class W = float>
 __global__ void __launch_bounds__(256) adamw_kernel(W * param, const G * grad, M * m, M * v, P * copy,
-                                                    int64_t n, const float * norm_sq, AdamArgs a) {
+                                                    int64_t n, const float * norm_sq, UpdateConsts a) {
     static_assert(!Vec || std::is_same_v<W, float>, "the vector path takes fp32 weights");
     const float nsq = norm_sq ? *norm_sq : 0.0f;
-    if (a.skip_nonfinite && !isfinite(nsq)) return;   // skips_update() of backend.h
-    if (a.skip_above_norm_sq > 0 && nsq > a.skip_above_norm_sq) return;
-    const float scale = device_update_scale(a, nsq);
+    if (rule_skips(a, nsq)) return;
+    const float scale = rule_scale(a, nsq);
     const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, nt = int64_t(gridDim.x) * blockDim.x;
     int64_t done = 0;
     if constexpr (Vec) {
@@ -174,22 +151,19 @@ __global__ void __launch_bounds__(256) adamw_kernel(W * param, const G * grad, M
     }
 }
 
-// --optimizer sgd, in sgd_update's order (backend/cpu/kernels_basic.cpp). Grid grid_for(n, 256).
+// --optimizer sgd: one element per thread. Grid grid_for(n, 256).
 template <class G, class P, class W>
 __global__ void __launch_bounds__(256) sgd_kernel(W * param, const G * grad, float * buf, P * copy, int64_t n,
-                                                  const float * norm_sq, AdamArgs a, float momentum, float wd) {
+                                                  const float * norm_sq, UpdateConsts a) {
     const float nsq = norm_sq ? *norm_sq : 0.0f;
-    if (a.skip_nonfinite && !isfinite(nsq)) return;   // skips_update() of backend.h
-    if (a.skip_above_norm_sq > 0 && nsq > a.skip_above_norm_sq) return;
-    const float scale = device_update_scale(a, nsq);
+    if (rule_skips(a, nsq)) return;
+    const float scale = rule_scale(a, nsq);
     const int64_t nt = int64_t(gridDim.x) * blockDim.x;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += nt) {
         const float w = ldw(param[i]);
-        const bool frozen = a.keep_zeros && w == 0.0f;   // a kept zero: no momentum, no step
-        const float g = ld(grad[i]) * scale + wd * w;
-        const float b = frozen ? 0.0f : momentum * buf[i] + g;
+        float b = buf[i];
+        const float p = sgd_rule(a, w, ld(grad[i]) * scale, b, a.keep_zeros && w == 0.0f);
         buf[i] = b;
-        const float p = frozen ? w : w - a.lr * b;
         stw(param[i], p, a, i);
         if constexpr (!std::is_same_v<P, float>) copy[i] = st<P>(p);
     }
@@ -230,11 +204,10 @@ template <class G, class P, class W = float>
 __global__ void __launch_bounds__(kMoments8Block) adamw8_kernel(W * param, const G * grad, uint8_t * m,
                                                                 uint8_t * v, float * m_scale, float * v_scale,
                                                                 P * copy, int64_t n, const float * norm_sq,
-                                                                AdamArgs a) {
+                                                                UpdateConsts a) {
     const float nsq = norm_sq ? *norm_sq : 0.0f;
-    if (a.skip_nonfinite && !isfinite(nsq)) return;   // skips_update() of backend.h
-    if (a.skip_above_norm_sq > 0 && nsq > a.skip_above_norm_sq) return;
-    const float scale = device_update_scale(a, nsq);
+    if (rule_skips(a, nsq)) return;
+    const float scale = rule_scale(a, nsq);
     const int64_t b = blockIdx.x, i = b * int64_t(kMoments8Block) + threadIdx.x;
     float mi = 0, vi = 0;
     if (i < n) {
@@ -253,21 +226,6 @@ __global__ void __launch_bounds__(kMoments8Block) adamw8_kernel(W * param, const
     for (int w = 0; w < int(kMoments8Block / 32); ++w) bm = fmaxf(bm, sm[w]), bv = fmaxf(bv, sv[w]);
     if (threadIdx.x == 0) m_scale[b] = bm, v_scale[b] = bv;
     if (i < n) m[i] = enc_m8(mi, bm), v[i] = enc_v8(vi, bv);
-}
-
-// The constants exactly as adamw_impl forms them on the host.
-AdamArgs adam_args(const AdamWHyper & h) {
-    AdamArgs a;
-    a.lr = h.lr, a.beta1 = h.beta1, a.beta2 = h.beta2, a.eps = h.eps;
-    a.inv_bc1 = float(1.0 / (1.0 - std::pow(double(h.beta1), h.t)));
-    a.inv_bc2 = float(1.0 / (1.0 - std::pow(double(h.beta2), h.t)));
-    a.decay = float(1.0 - double(h.lr) * h.weight_decay);
-    a.one_m_b1 = 1.0f - h.beta1, a.one_m_b2 = 1.0f - h.beta2;
-    a.clip = h.clip, a.grad_scale = h.grad_scale, a.skip_nonfinite = h.skip_nonfinite;
-    a.skip_above_norm_sq = h.skip_above_norm_sq;
-    a.sr_seed = h.sr_seed, a.sr_at = h.sr_at;
-    a.keep_zeros = h.keep_zeros;
-    return a;
 }
 
 }  // namespace
@@ -300,18 +258,17 @@ void sum_squares(cudaStream_t s, Tensor out, Tensor x) {
     MF_CUDA_LAUNCHED();
 }
 
-void adamw(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor norm_sq, Tensor param_copy,
-           const AdamWHyper & h) {
+namespace {
+
+// The rows' launchers: nsq the device's norm_sq (or null), a the step's constants, the storage
+// dispatched here. One per backend/optimizer.h row (kSteps below).
+using StepFn = void (*)(cudaStream_t s, Tensor param, Tensor grad, const OptimizerStates & st, Tensor copy,
+                        const float * nsq, const UpdateConsts & a);
+
+void adamw_step(cudaStream_t s, Tensor param, Tensor grad, const OptimizerStates & st, Tensor param_copy,
+                const float * nsq, const UpdateConsts & a) {
     const int64_t n = param.numel();
-    MF_ASSERT(m.dtype == v.dtype && (m.dtype == DType::f32 || m.dtype == DType::bf16));
-    const bool sr = sr_weights(param, param_copy, h);
-    MF_ASSERT(grad.numel() == n && m.numel() == n && v.numel() == n && h.t >= 1);
-    MF_ASSERT(!norm_sq.valid() || norm_sq.dtype == DType::f32);
-    if (param_copy.valid())
-        MF_ASSERT(param_copy.numel() == n && (param_copy.dtype == DType::bf16 || param_copy.dtype == DType::f16));
-    if (n == 0) return;
-    const AdamArgs a = adam_args(h);
-    const float * nsq = norm_sq.valid() ? norm_sq.f32() : nullptr;
+    const bool sr = param.dtype == DType::bf16;
     with_grad_and_copy(grad, param_copy, [&](auto * g, auto * copy) {
         using G = std::remove_pointer_t<decltype(g)>;
         using P = std::remove_pointer_t<decltype(copy)>;
@@ -329,52 +286,59 @@ void adamw(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor
                 adamw_kernel<G, P, M, false><<<grid_for(n, 256), 256, 0, s>>>(param.f32(), g, mm, vv, copy, n, nsq, a);
             MF_CUDA_LAUNCHED();
         };
-        if (m.dtype == DType::bf16) launch(ptr<__nv_bfloat16>(m), ptr<__nv_bfloat16>(v));
-        else launch(m.f32(), v.f32());
+        if (st.t[0].dtype == DType::bf16) launch(ptr<__nv_bfloat16>(st.t[0]), ptr<__nv_bfloat16>(st.t[1]));
+        else launch(st.t[0].f32(), st.t[1].f32());
     });
 }
 
-void sgd(cudaStream_t s, Tensor param, Tensor grad, Tensor buf, Tensor norm_sq, Tensor param_copy, const AdamWHyper & h) {
+void sgd_step(cudaStream_t s, Tensor param, Tensor grad, const OptimizerStates & st, Tensor param_copy,
+              const float * nsq, const UpdateConsts & a) {
     const int64_t n = param.numel();
-    MF_ASSERT(buf.dtype == DType::f32 && grad.numel() == n && buf.numel() == n);
-    const bool sr = sr_weights(param, param_copy, h);
-    if (n == 0) return;
-    const AdamArgs a = adam_args(h);
-    const float * nsq = norm_sq.valid() ? norm_sq.f32() : nullptr;
     with_grad_and_copy(grad, param_copy, [&](auto * g, auto * copy) {
         using G = std::remove_pointer_t<decltype(g)>;
         using P = std::remove_pointer_t<decltype(copy)>;
-        if (sr)
-            sgd_kernel<G, P, uint16_t><<<grid_for(n, 256), 256, 0, s>>>(ptr<uint16_t>(param), g, buf.f32(), copy, n, nsq,
-                                                                        a, h.momentum, h.weight_decay);
+        if (param.dtype == DType::bf16)   // bf16-sr
+            sgd_kernel<G, P, uint16_t><<<grid_for(n, 256), 256, 0, s>>>(ptr<uint16_t>(param), g, st.t[0].f32(), copy, n,
+                                                                        nsq, a);
         else
-            sgd_kernel<G, P, float><<<grid_for(n, 256), 256, 0, s>>>(param.f32(), g, buf.f32(), copy, n, nsq, a,
-                                                                     h.momentum, h.weight_decay);
+            sgd_kernel<G, P, float><<<grid_for(n, 256), 256, 0, s>>>(param.f32(), g, st.t[0].f32(), copy, n, nsq, a);
         MF_CUDA_LAUNCHED();
     });
 }
 
-void adamw_8bit(cudaStream_t s, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor m_scale, Tensor v_scale,
-                Tensor norm_sq, Tensor param_copy, const AdamWHyper & h) {
+void adamw8_step(cudaStream_t s, Tensor param, Tensor grad, const OptimizerStates & st, Tensor param_copy,
+                 const float * nsq, const UpdateConsts & a) {
     const int64_t n = param.numel(), blocks = int64_t(moments8_blocks(size_t(n)));
-    MF_ASSERT(m.dtype == DType::u8 && v.dtype == DType::u8);
-    const bool sr = sr_weights(param, param_copy, h);
-    MF_ASSERT(grad.numel() == n && m.numel() == n && v.numel() == n && h.t >= 1);
-    MF_ASSERT(m_scale.numel() == blocks && v_scale.numel() == blocks);
-    if (n == 0) return;
-    const AdamArgs a = adam_args(h);
-    const float * nsq = norm_sq.valid() ? norm_sq.f32() : nullptr;
+    uint8_t * m = ptr<uint8_t>(st.t[0]), * v = ptr<uint8_t>(st.t[1]);
+    float * ms = st.t[2].f32(), * vs = st.t[3].f32();
     with_grad_and_copy(grad, param_copy, [&](auto * g, auto * copy) {
         using G = std::remove_pointer_t<decltype(g)>;
         using P = std::remove_pointer_t<decltype(copy)>;
-        if (sr)   // bf16-sr
+        if (param.dtype == DType::bf16)   // bf16-sr
             adamw8_kernel<G, P, uint16_t><<<unsigned(blocks), unsigned(kMoments8Block), 0, s>>>(
-                ptr<uint16_t>(param), g, ptr<uint8_t>(m), ptr<uint8_t>(v), m_scale.f32(), v_scale.f32(), copy, n, nsq, a);
+                ptr<uint16_t>(param), g, m, v, ms, vs, copy, n, nsq, a);
         else
-            adamw8_kernel<G, P><<<unsigned(blocks), unsigned(kMoments8Block), 0, s>>>(
-                param.f32(), g, ptr<uint8_t>(m), ptr<uint8_t>(v), m_scale.f32(), v_scale.f32(), copy, n, nsq, a);
+            adamw8_kernel<G, P><<<unsigned(blocks), unsigned(kMoments8Block), 0, s>>>(param.f32(), g, m, v, ms, vs,
+                                                                                   copy, n, nsq, a);
         MF_CUDA_LAUNCHED();
     });
+}
+
+constexpr struct { Optimizer id; StepFn fn; } kSteps[kOptimizerCount] = {
+    {Optimizer::adamw, adamw_step},
+    {Optimizer::adamw_bf16, adamw_step},
+    {Optimizer::sgd, sgd_step},
+    {Optimizer::adamw_8bit, adamw8_step},
+};
+
+}  // namespace
+
+void optimizer_step(cudaStream_t s, Optimizer o, Tensor param, Tensor grad, const OptimizerStates & states,
+                    Tensor norm_sq, Tensor param_copy, const OptimHyper & h) {
+    check_optimizer_view(o, param, grad, states, param_copy, h);
+    MF_ASSERT(kSteps[int(o)].id == o && (!norm_sq.valid() || norm_sq.dtype == DType::f32));
+    if (param.numel() == 0) return;
+    kSteps[int(o)].fn(s, param, grad, states, param_copy, norm_sq.valid() ? norm_sq.f32() : nullptr, update_consts(h));
 }
 
 }  // namespace memfit::cuda

@@ -1,0 +1,145 @@
+// The CPU's optimizer step: the element loops of the per-element rows (backend/update_rules.h's
+// rules; the 8-bit one is in kernels_adamw8.cpp) and the table CpuBackend::optimizer_step
+// dispatches through, one row per backend/optimizer.h row.
+#include <type_traits>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/dispatch.h"
+#include "backend/cpu/kernels.h"
+#include "backend/moments8.h"
+#include "backend/stochastic_round.h"
+#include "core/error.h"
+
+namespace memfit {
+
+namespace cpu {
+
+namespace {
+
+// Stores the updated weight p of element i: W float as it is, bf16_t rounded stochastically;
+// the compute copy P (when not float) rounded to nearest even.
+template <class W, class P>
+inline void store_weight(W * param, P * copy, size_t i, float p, const UpdateConsts & c) {
+    if constexpr (std::is_same_v<W, float>) param[i] = p;
+    else param[i] = bf16_t{sr_bf16_bits(p, c.sr_seed, c.sr_at + i)};
+    if constexpr (!std::is_same_v<P, float>) copy[i] = from_f32<P>(p);
+}
+
+}  // namespace
+
+// keep_zeros is a compile-time case in both loops: its selects kept them scalar under AVX2 (4x
+// slower).
+template <class W, class G, class P, class M>
+void adamw_update(W * param, [[maybe_unused]] P * param_copy, const G * grad, M * m, M * v, size_t n,
+                  const UpdateConsts & cref) {
+    const UpdateConsts c = cref;   // a local: read through a reference, GCC may keep the loop scalar
+    auto run = [&](auto keep) {
+#pragma omp parallel for simd schedule(static)
+        for (size_t i = 0; i < n; ++i) {
+            const float w = to_f32(param[i]);
+            float mi = to_f32(m[i]), vi = to_f32(v[i]);
+            const float p = adamw_rule(c, w, to_f32(grad[i]) * c.scale, mi, vi, decltype(keep)::value && w == 0.0f);
+            if constexpr (std::is_same_v<M, float>) m[i] = mi, v[i] = vi;
+            else m[i] = from_f32<M>(mi), v[i] = from_f32<M>(vi);
+            store_weight(param, param_copy, i, p, c);
+        }
+    };
+    if (c.keep_zeros) run(std::true_type{});
+    else run(std::false_type{});
+}
+
+template <class W, class G, class P>
+void sgd_update(W * param, [[maybe_unused]] P * param_copy, const G * grad, float * buf, size_t n,
+                const UpdateConsts & cref) {
+    const UpdateConsts c = cref;
+    auto run = [&](auto keep) {
+#pragma omp parallel for simd schedule(static)
+        for (size_t i = 0; i < n; ++i) {
+            const float w = to_f32(param[i]);
+            const float p = sgd_rule(c, w, to_f32(grad[i]) * c.scale, buf[i], decltype(keep)::value && w == 0.0f);
+            store_weight(param, param_copy, i, p, c);
+        }
+    };
+    if (c.keep_zeros) run(std::true_type{});
+    else run(std::false_type{});
+}
+
+// fp32 weights, gradients and moments, no copy: the kernel tests' reference case.
+template void adamw_update<float, float, float, float>(float *, float *, const float *, float *, float *, size_t,
+                                                       const UpdateConsts &);
+
+}  // namespace cpu
+
+namespace {
+
+using cpu::dispatch;
+using cpu::ptr;
+
+// f(W * param, G * grad, P * copy) for the weights' (float, or bf16-sr's bf16_t), the gradients'
+// and the compute copy's storage (P = float and a null copy when there is none).
+template <class F>
+void with_storage(const Tensor & param, const Tensor & grad, const Tensor & copy, const OptimHyper & h, F && f) {
+    const bool sr = sr_weights(param, copy, h);
+    dispatch(grad.dtype, [&](auto gz) {
+        using G = decltype(gz);
+        if (sr) return f(ptr<bf16_t>(param), ptr<G>(grad), static_cast<float *>(nullptr));
+        dispatch(copy.valid() ? copy.dtype : DType::f32, [&](auto pz) {
+            using P = decltype(pz);
+            P * cp = nullptr;
+            if constexpr (!std::is_same_v<P, float>) cp = ptr<P>(copy);
+            f(param.f32(), ptr<G>(grad), cp);
+        });
+    });
+}
+
+using StepFn = void (*)(Tensor param, Tensor grad, const OptimizerStates & st, Tensor copy, const OptimHyper & h,
+                        const UpdateConsts & c);
+
+void adamw_step(Tensor param, Tensor grad, const OptimizerStates & st, Tensor copy, const OptimHyper & h,
+                const UpdateConsts & c) {
+    const size_t n = size_t(param.numel());
+    with_storage(param, grad, copy, h, [&](auto * w, auto * g, auto * cp) {
+        if (st.t[0].dtype == DType::bf16) cpu::adamw_update(w, cp, g, ptr<bf16_t>(st.t[0]), ptr<bf16_t>(st.t[1]), n, c);
+        else cpu::adamw_update(w, cp, g, st.t[0].f32(), st.t[1].f32(), n, c);
+    });
+}
+
+void sgd_step(Tensor param, Tensor grad, const OptimizerStates & st, Tensor copy, const OptimHyper & h,
+              const UpdateConsts & c) {
+    with_storage(param, grad, copy, h, [&](auto * w, auto * g, auto * cp) {
+        cpu::sgd_update(w, cp, g, st.t[0].f32(), size_t(param.numel()), c);
+    });
+}
+
+void adamw8_step(Tensor param, Tensor grad, const OptimizerStates & st, Tensor copy, const OptimHyper & h,
+                 const UpdateConsts & c) {
+    with_storage(param, grad, copy, h, [&](auto * w, auto * g, auto * cp) {
+        using G = std::remove_const_t<std::remove_pointer_t<decltype(g)>>;
+        using P = std::remove_pointer_t<decltype(cp)>;
+        using W = std::remove_pointer_t<decltype(w)>;
+        cpu::adamw_update_8bit<G, P, W>(w, cp, g, static_cast<uint8_t *>(st.t[0].data),
+                                        static_cast<uint8_t *>(st.t[1].data), st.t[2].f32(), st.t[3].f32(),
+                                        size_t(param.numel()), c);
+    });
+}
+
+// One row per backend/optimizer.h row, in its order.
+constexpr struct { Optimizer id; StepFn fn; } kSteps[kOptimizerCount] = {
+    {Optimizer::adamw, adamw_step},
+    {Optimizer::adamw_bf16, adamw_step},
+    {Optimizer::sgd, sgd_step},
+    {Optimizer::adamw_8bit, adamw8_step},
+};
+
+}  // namespace
+
+void CpuBackend::optimizer_step(Optimizer o, Tensor param, Tensor grad, const OptimizerStates & states, Tensor norm_sq,
+                                Tensor param_copy, const OptimHyper & h) {
+    check_optimizer_view(o, param, grad, states, param_copy, h);
+    MF_ASSERT(kSteps[int(o)].id == o);
+    const float nsq = norm_sq.valid() ? norm_sq.f32()[0] : 0.0f;
+    if (skips_update(h, nsq) || param.numel() == 0) return;
+    kSteps[int(o)].fn(param, grad, states, param_copy, h, update_consts(h, update_scale(h, nsq)));
+}
+
+}  // namespace memfit
