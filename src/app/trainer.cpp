@@ -101,6 +101,14 @@ TrainingRun::TrainingRun(const TrainOptions & given)
     run_ = opt;
     run_.layout.dp = ranks_;
     resolve_batch(run_, ranks_);
+    if (run_.optimizer_in_backward && run_.grad_accum > 1)
+        throw ConfigError(fmt::format("--optimizer-in-backward with a global batch of {} on {} rank(s) of {} sequences "
+                                      "takes {} micro-batches per step, and each would update the weights; set "
+                                      "--global-batch to micro-batch x ranks",
+                                      run_.global_batch, ranks_, run_.micro_batch, run_.grad_accum));
+    if (run_.optimizer_in_backward && opt.skip_spikes > 0)
+        throw ConfigError("--optimizer-in-backward with --skip-spikes: the layers are updated before the step's loss "
+                          "and gradient norm are known, so a spike cannot be left out; drop --skip-spikes");
     if (world_ > 1 && !opt.budget_file.empty())
         throw ConfigError(fmt::format("--budget-file re-plans one process's run mid-training; it is not supported with "
                                       "{} ranks: set --memory-budget (per rank) instead", world_));

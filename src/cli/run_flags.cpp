@@ -117,6 +117,11 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                    ": adamw, 8 bytes of moments per trainable parameter; adamw-bf16, 4: the moments stored in "
                    "bf16; adamw-8bit, 2.03: one byte per moment in blocks of 256 with a scale each (the moments "
                    "are updated in fp32); sgd, 4: PyTorch's SGD with --momentum"));
+    keep(c->add_flag("--optimizer-in-backward,!--no-optimizer-in-backward", r.optimizer_in_backward,
+                     "fuse the optimizer step into the backward (torchtune's optimizer_in_bwd): each layer is updated "
+                     "as soon as its gradients are whole and they are freed, so the gradients take about one layer's "
+                     "bytes plus the embedding's and head's instead of the model's; no gradient clipping (--clip 0), "
+                     "accumulation (--grad-accum 1), fp16, --zero 2/3, --tp, --pp or --offload"));
     // LoRA (model/lora.h).
     keep(c->add_option("--lora-rank", r.lora.rank,
                        "LoRA: freeze the base and train rank-R adapters on --lora-targets (0: train every parameter)")

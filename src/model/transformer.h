@@ -106,6 +106,8 @@ struct ModelOptions {
     DType grad = DType::f32;
     // The optimizer (backend/optimizer.h's row): the states train/step.h declares and updates.
     Optimizer optimizer = Optimizer::adamw;
+    // Each layer's update at the end of its backward, its gradients transient (train/step.h).
+    bool optimizer_in_backward = false;
     // --offload optimizer: the share (0..1] of this rank's optimizer state (fp32 master weights,
     // moments) kept in the `offloaded` category and staged through device memory chunk by chunk
     // for the update (train/step.h); 0: every state resident.

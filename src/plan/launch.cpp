@@ -15,7 +15,8 @@ constexpr const char * kAlways[] = {"model", "seq", "micro-batch", "grad-accum",
                                     "attention", "recompute"};
 // Then these in this order when they differ from the defaults, then any other that differs.
 constexpr const char * kLayout[] = {"device", "zero", "tp", "pp", "sp", "schedule", "offload", "offload-fraction",
-                                    "offload-dir", "master-weights", "optimizer", "loss-chunk", "mlp-chunk"};
+                                    "offload-dir", "master-weights", "optimizer", "optimizer-in-backward", "loss-chunk",
+                                    "mlp-chunk"};
 
 std::string quoted(const std::string & s) {
     const bool plain = !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
@@ -90,6 +91,9 @@ nlohmann::ordered_json deepspeed_config(const PlanResult & p, std::vector<std::s
         missing.push_back(fmt::format("--optimizer {} (DeepSpeed's file names no such optimizer: pass the optimizer "
                                       "object, e.g. bitsandbytes', to deepspeed.initialize)",
                                       row.name));
+    if (c.optimizer_in_backward)
+        missing.push_back("--optimizer-in-backward (DeepSpeed's file has no fused step: register per-parameter "
+                          "post-accumulate-grad hooks, as torchtune's optimizer_in_bwd does)");
     if (c.clip > 0) ds["gradient_clipping"] = c.clip;
     if (c.recompute == "full") ds["activation_checkpointing"] = {{"partition_activations", false}};
     else if (!(c.recompute == "none"))

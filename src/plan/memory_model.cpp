@@ -143,6 +143,12 @@ DeviceMemory model_states(const Candidate & c, const ParamSplit & ps, const Stag
     } else {
         m.device = model_state_bytes(st.params, c);
     }
+    if (c.optimizer_in_backward) {   // train/step.h: the rest's buckets and one layer's (two while one is summed)
+        const int64_t layer = lp ? lp->adapters_per_layer : ps.per_layer;
+        const int64_t rest = lp ? lp->head_adapters + lp->embed_adapters : ps.embed + ps.head;
+        const uint64_t live = uint64_t(rest + layer * (L.dp > 1 ? 2 : 1)) * s;
+        m.device[Category::gradients] = std::min(m.device[Category::gradients], live);
+    }
     if (L.offload == Offload::none) return m;
     // memfit's engine (train/step.h): master weights and moments in host memory, staged through
     // the device three units at a time (2^18 elements, more past a shard of 64 Mi:

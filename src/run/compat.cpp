@@ -66,6 +66,35 @@ std::optional<std::string> offload_refusal(const RunConfig & r) {
     return std::nullopt;
 }
 
+// --optimizer-in-backward: each layer's update runs as soon as its own gradients are whole, before
+// any global quantity of the step exists (torchtune refuses the same: optimizer_in_bwd with
+// gradient clipping or accumulation).
+std::optional<std::string> in_backward_refusal(const RunConfig & r) {
+    if (!r.optimizer_in_backward) return std::nullopt;
+    const Layout & L = r.layout;
+    auto no = [](const std::string & what, const std::string & hint) {
+        return fmt::format("--optimizer-in-backward with {}: {}", what, hint);
+    };
+    if (r.clip > 0)
+        return no(fmt::format("--clip {:g}", r.clip),
+                  "global-norm clipping needs every gradient before the first update; drop --clip (or the fused step)");
+    if (r.grad_accum > 1)
+        return no(fmt::format("--grad-accum {}", r.grad_accum),
+                  "each micro-batch would update the weights; raise --micro-batch, or use --recompute to fit it");
+    if (r.fit_auto)
+        return no("--fit auto", "the search trades accumulation for memory; set --micro-batch yourself");
+    if (r.compute == DType::f16 && !r.precision_auto)
+        return no("--precision fp16", "the loss scaler skips a step only after seeing every gradient; use bf16");
+    if (L.zero >= 2) return no(fmt::format("--zero {}", L.zero), "use --zero 1 (the optimizer states sharded)");
+    if (L.tp > 1 || L.pp > 1)
+        return no(L.tp > 1 ? fmt::format("--tp {}", L.tp) : fmt::format("--pp {}", L.pp),
+                  "data parallelism with --zero 0 or 1 for now");
+    if (L.offload != Offload::none)
+        return no(fmt::format("--offload {}", offload_name(L.offload)), "the update streams the states after the "
+                  "backward; use --optimizer adamw-8bit for smaller states");
+    return std::nullopt;
+}
+
 // DoRA (--lora-variant dora, model/lora.h) as the engine computes it: each adapted row's norm read
 // from the dense base, on the block projections, without dropout, on whole rows.
 std::optional<std::string> dora_refusal(const RunConfig & r, const ModelConfig & cfg) {
@@ -104,6 +133,7 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
         return std::string("--offload-dir and --offload-fraction say where and how much --offload optimizer moves; "
                            "add --offload optimizer");
     if (auto why = offload_refusal(r)) return why;
+    if (auto why = in_backward_refusal(r)) return why;
     if (L.offload != Offload::none && backend && backend->host_memory() && r.offload_dir.empty())
         return fmt::format("--offload {} on the CPU backend: its device memory is the host's, so the states can only "
                            "go to files; add --offload-dir DIR (a fast local disk)", offload_name(L.offload));

@@ -83,6 +83,7 @@ nlohmann::json run_config_json(const RunConfig & r) {
                         {"sparsity-start", r.sparsity.start},
                         {"mlp-chunk", r.mlp_chunk},
                         {"optimizer", optimizer_name(r.optimizer)},
+                        {"optimizer-in-backward", r.optimizer_in_backward},
                         {"master-weights", master_weights_name(r.master_weights)},
                         {"clip", json_float(r.clip)},
                         {"loss-scale", json_float(r.loss_scale)},

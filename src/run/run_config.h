@@ -97,6 +97,10 @@ struct RunConfig {
     // are recomputed in backward (0: untiled).
     int mlp_chunk = 0;
     Optimizer optimizer = Optimizer::adamw;  // adamw: 8 bytes of moments per trainable parameter
+    // The optimizer step fused into the backward (torchtune's optimizer_in_bwd): each layer's
+    // parameters updated as soon as its gradients are whole, and those freed: the gradients'
+    // bytes drop from the model's to about one layer's plus the embedding's and head's.
+    bool optimizer_in_backward = false;
     // bf16 compute: fp32 master weights (4 bytes per parameter), or none: the bf16 weights updated
     // with stochastic rounding (bf16-sr)
     MasterWeights master_weights = MasterWeights::fp32;

@@ -58,6 +58,8 @@ struct EngineOptions {
     // default). The kernels update every state in f32; the host sees the moments as f32, the
     // values they hold exactly (SGD's second moment: zeros).
     Optimizer optimizer = Optimizer::adamw;
+    // --optimizer-in-backward (train/step.h): each layer updated at the end of its backward.
+    bool     optimizer_in_backward = false;
     // --offload optimizer: the share (0..1] of this rank's master weights and moments kept off
     // the device (0: none), in a file under offload_dir when given (any backend whose kernels read
     // host memory), else in the backend's host memory (pinned on CUDA). The update stages them
@@ -133,6 +135,7 @@ struct EngineOptions {
         m.compute = compute;
         m.grad = grad_dtype();
         m.optimizer = optimizer;
+        m.optimizer_in_backward = optimizer_in_backward;
         m.offload = offload;
         m.offload_params = offload_params;
         m.offload_unit = offload_unit;

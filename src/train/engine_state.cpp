@@ -186,6 +186,8 @@ void Engine::set_params(const float * whole) {
 }
 
 float * Engine::grads() {
+    if (plans_.train->optimizer_in_backward())
+        throw ConfigError("--optimizer-in-backward keeps no whole-model gradient: each layer's is freed by its update");
     MF_ASSERT(plans_.train->grad_dtype() == DType::f32 && opt_.zero < 2);
     return host_f32(plans_.train->grads, 0, mirror_grads_);
 }

@@ -131,6 +131,11 @@ void TrainStep::declare_states(const ModelOptions & model, const std::string & p
         throw ConfigError("--master-weights bf16-sr rounds the weights to bf16: it needs --precision bf16");
     const bool mixed = compute_ != DType::f32 && !sr_;
     const OptimizerRow & row = optimizer_row(optimizer_);
+    in_bwd_ = train && model.optimizer_in_backward;
+    if (in_bwd_ && (dp.zero >= 2 || pp_.enabled() || model.tp.enabled() || model.offload > 0 || !parts_.zero_grads ||
+                    !parts_.optimizer))
+        throw ConfigError("--optimizer-in-backward updates each layer at the end of its backward: it needs one "
+                          "micro-batch per step, --zero 0 or 1, and no --tp, --pp or --offload");
     size_t blocks = 0;
     std::vector<bool> decays;
     for (const auto & p : layout_.params) {
@@ -169,7 +174,10 @@ void TrainStep::declare_states(const ModelOptions & model, const std::string & p
     // fp32 master weights: with the AdamW moments, the 12 bytes per parameter of optimizer state
     // in the ZeRO paper's count; reported in their own category.
     master = train && mixed ? program_.declare(pre + "master_parameters", Category::master_weights, rest * 4, true) : -1;
-    grads = train ? program_.declare(pre + "gradients", Category::gradients, (dp.zero >= 2 ? S_ : P) * gs, true) : -1;
+    // --optimizer-in-backward: no whole-model gradient; the views declared on this (empty) buffer
+    // move into each layer's bucket (declare_sync), which lives from its backward to its update.
+    grads = train ? program_.declare(pre + "gradients", Category::gradients, in_bwd_ ? 0 : (dp.zero >= 2 ? S_ : P) * gs, true)
+                  : -1;
     // The optimizer's states, as its row lists them.
     auto declare_row = [&](const std::string & at, Category c, size_t n, size_t nb, bool persistent) {
         std::array<BufferId, kMaxOptimizerStates> ids{-1, -1, -1, -1};
@@ -289,20 +297,25 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
     // A pipeline's micro-batches, and 16-bit buckets, accumulate into the gradient shard (ZeRO >=
     // 2) from zero.
     const bool accumulate_shard = pp_.enabled() && reduce_scatter_;
-    if (train && parts_.zero_grads && (!reduce_scatter_ || accumulate_shard || widen())) {
+    if (train && parts_.zero_grads && !in_bwd_ && (!reduce_scatter_ || accumulate_shard || widen())) {
         g.phase(Phase::other);
         g.fill_zero(Tensor(grads, grad_dt_, {reduce_scatter_ ? int64_t(S_) : P}));
     }
     Sync sync(*this);
+    if (train && in_bwd_) {   // the buckets' squares add up here as each is updated
+        g.phase(Phase::other);
+        g.fill_zero(Tensor(grad_norm_sq, DType::f32, {1}));
+        sync.on_finish = [&](Graph & gg, int i) { update_bucket(gg, s, i); };
+    }
     const int norm_slot = sync.norm_slot(), params_slot = sync.params_slot();
     if (pp_.enabled()) {
         pipeline(g, s, sync, params_slot + 1);
         if (!train) return;
     } else {
         Transformer::LayerHook forward_begin, begin, done;
-        if (reduce_scatter_ || zero3)
+        if (reduce_scatter_ || zero3 || in_bwd_)
             begin = [&](Graph & gg, int l) { sync.backward_begin(gg, l, 0, model_->lowest_trained_layer()); };
-        if (all_reduce_ || reduce_scatter_) done = [&](Graph & gg, int l) { sync.backward_done(gg, l, 0); };
+        if (all_reduce_ || reduce_scatter_ || in_bwd_) done = [&](Graph & gg, int l) { sync.backward_done(gg, l, 0); };
         if (zero3) {
             g.phase(Phase::communication);
             g.layer(-1);
@@ -324,7 +337,7 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
             sync.gather(g, cfg_.n_layer - 1, true, 0);   // the top layer's backward weights, during the loss
             if (cfg_.n_layer - 2 >= model_->lowest_trained_layer()) sync.prefetch(g, cfg_.n_layer - 2, true, 0);
         }
-        if (train && reduce_scatter_) {   // the rest's gradients start in the head's backward
+        if (train && (reduce_scatter_ || in_bwd_)) {   // the rest's gradients start in the head's backward
             g.phase(Phase::backward);
             g.layer(-1);
             sync.zero_rest(g);
@@ -348,14 +361,16 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
     g.phase(Phase::optimizer);
     const Tensor norm_sq(grad_norm_sq, DType::f32, {1});
     const size_t own = hi_ - lo_;
-    grad_norm(g, norm_sq);
-    if (dp_.zero >= 2) {   // the global norm: each rank's shard, summed
-        g.phase(Phase::communication);
-        g.all_reduce_start(norm_sq, norm_slot);
-        g.all_reduce_wait(norm_sq, norm_slot);
-        g.phase(Phase::optimizer);
+    if (!in_bwd_) {   // else each layer's update ran as its backward finished (update_bucket)
+        grad_norm(g, norm_sq);
+        if (dp_.zero >= 2) {   // the global norm: each rank's shard, summed
+            g.phase(Phase::communication);
+            g.all_reduce_start(norm_sq, norm_slot);
+            g.all_reduce_wait(norm_sq, norm_slot);
+            g.phase(Phase::optimizer);
+        }
+        optimizer(g, s);
     }
-    optimizer(g, s);
     if (dp_.zero == 1 || dp_.zero == 2) {   // every rank's updated shard into everyone's weights
         const std::vector<size_t> counts = shard_counts(0, layout_.total);
         const size_t cs = dtype_size(compute_);
@@ -369,10 +384,14 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
 void TrainStep::optimizer(Graph & g, const StepScalars & s) const {
     g.phase(Phase::optimizer);
     g.layer(-1);
-    const Tensor norm_sq(grad_norm_sq, DType::f32, {1});
+    if (!units_.empty()) offloaded_update(g, s);
+    update(g, s, 0, layout_.total, grads, dp_.zero >= 2 ? lo_ : 0, Tensor(grad_norm_sq, DType::f32, {1}));
+}
+
+void TrainStep::update(Graph & g, const StepScalars & s, size_t a, size_t b, BufferId gbuf, size_t gbase,
+                       Tensor norm_sq) const {
     const bool mixed = master >= 0;
     const size_t cs = dtype_size(compute_), gs = dtype_size(grad_dt_);
-    if (!units_.empty()) offloaded_update(g, s);
     size_t piece = 0;
     for (const auto & p : layout_.params) {
         // This rank's part of the parameter: [x0, y) of the flat buffer, x0 past what is offloaded.
@@ -380,7 +399,8 @@ void TrainStep::optimizer(Graph & g, const StepScalars & s) const {
         if (x >= y) continue;
         const MomentPiece & mp = pieces_[piece++];
         const size_t x0 = std::max(x, lo_ + off_elems_);
-        if (x0 >= y) continue;
+        if (x0 >= y || p.offset < a || p.offset >= b) continue;
+        MF_ASSERT(p.offset + p.numel <= b);
         OptimHyper h = s.optim;
         if (!p.decay()) h.weight_decay = 0;
         h.keep_zeros = s.optim.keep_zeros && sparse_target(p.name);   // N:M sparsity masks the projections only
@@ -388,17 +408,28 @@ void TrainStep::optimizer(Graph & g, const StepScalars & s) const {
         // In the resident states, which start at shard element off_elems_ (block off_blocks_).
         const size_t own = (x0 - lo_ - off_elems_) * 4;
         const size_t block = mp.block + (x0 - x) / kMoments8Block - off_blocks_;
-        const size_t gx = dp_.zero >= 2 ? x0 - lo_ : x0;        // in the gradients
         const size_t px = dp_.zero >= 3 ? x0 - lo_ : x0;        // in the compute-precision weights
-        // Mixed precision: AdamW updates the fp32 master weights and rounds them into the
+        // Mixed precision: the optimizer updates the fp32 master weights and rounds them into the
         // compute-precision copy the next step's matmuls read (bf16-sr: the bf16 weights).
         const Tensor copy = mixed ? Tensor(params, compute_, {n}, px * cs) : Tensor{};
         const Tensor param = mixed ? Tensor(master, DType::f32, {n}, own) : weights(px, n);
         h.sr_at = x0;
-        const Tensor grad(grads, grad_dt_, {n}, gx * gs);
+        const Tensor grad(gbuf, grad_dt_, {n}, (x0 - gbase) * gs);
         g.optimizer_step(optimizer_, param, grad, state_views(opt_states, x0 - lo_ - off_elems_, block, size_t(n)),
                          norm_sq, copy, h);
     }
+}
+
+// --optimizer-in-backward: bucket i's gradients are whole (summed over the ranks): their squares
+// into the step's norm, and the update of its parameters.
+void TrainStep::update_bucket(Graph & g, const StepScalars & s, int i) const {
+    const Bucket & k = buckets_[size_t(i)];
+    const Tensor grad = grad_view(k), norm_sq(grad_norm_sq, DType::f32, {1}), part(norm_part_, DType::f32, {1});
+    g.phase(Phase::optimizer);
+    g.sum_squares(part, grad);
+    g.residual_fwd(norm_sq, norm_sq, part);
+    update(g, s, k.a, k.b, grad.buffer, k.a, Tensor{});
+    g.phase(Phase::backward);
 }
 
 OptimizerStates TrainStep::state_views(const std::array<BufferId, kMaxOptimizerStates> & ids, size_t at, size_t block,

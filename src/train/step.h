@@ -134,6 +134,7 @@ public:
     bool sr_master() const { return sr_; }   // bf16 weights updated with stochastic rounding, no master
     DType grad_dtype() const { return grad_dt_; }
     Optimizer optimizer() const { return optimizer_; }
+    bool optimizer_in_backward() const { return in_bwd_; }
     // This rank's part of each trainable tensor, as the optimizer updates it: n elements from
     // element `at` of the shard; block states (8-bit moments' scales) from block `block` (blocks
     // never straddle two tensors).
@@ -170,6 +171,14 @@ private:
     OptimizerStates state_views(const std::array<BufferId, kMaxOptimizerStates> & ids, size_t at, size_t block,
                                 size_t n) const;
     bool sr_ = false;   // --master-weights bf16-sr
+    // --optimizer-in-backward: every layer's gradients in its own bucket (declare_sync), updated
+    // as soon as the bucket is whole (and, with data parallelism, summed); grad_norm_sq adds up
+    // the buckets' squares as they go (reported, never used: no clipping).
+    bool in_bwd_ = false;
+    void update_bucket(Graph & g, const StepScalars & s, int bucket) const;
+    // The updates of this rank's part of the parameters that start in [a, b) of the layout, from
+    // the resident states, their gradients in buffer `gbuf` (flat element x at x - gbase).
+    void update(Graph & g, const StepScalars & s, size_t a, size_t b, BufferId gbuf, size_t gbase, Tensor norm_sq) const;
     Tensor weights(size_t px, int64_t n) const;
     const ParamInfo & param_at(size_t x) const;   // the trainable parameter holding flat element x
     Program program_;

@@ -78,7 +78,8 @@ void TrainStep::declare_fixups(const ModelConfig & cfg, const ModelOptions & mod
             partial_scratch_ = Tensor(program_.declare(pre + "communication.tensor_partial", Category::communication,
                                                        widest * 4), DType::f32, {int64_t(widest)});
     }
-    if (tp_.enabled() || pp.enabled()) norm_part_ = program_.declare("grad_norm_part", Category::activations, 4);
+    if (tp_.enabled() || pp.enabled() || in_bwd_)
+        norm_part_ = program_.declare("grad_norm_part", Category::activations, 4);
 }
 
 void TrainStep::tensor_fixups(Graph & g) const {

@@ -81,6 +81,8 @@ void TrainStep::declare_sync(const Backend * sizing, const std::string & pre) {
     all_reduce_ = train && parts_.optimizer && parts_.reduce_grads && dp_.zero < 2;
     reduce_scatter_ = train && dp_.zero >= 2;
     bucket_dt_ = reduce_scatter_ ? compute_ : grad_dt_;
+    // --optimizer-in-backward: a bucket per layer, its own buffer (no whole-model gradient).
+    const bool own_buffers = reduce_scatter_ || in_bwd_;
     const size_t gs = dtype_size(bucket_dt_);
     // Groups (runs of one layer's parameters) and the gradient buckets over them, merged from the
     // top layer down until a bucket holds bucket_bytes.
@@ -93,7 +95,8 @@ void TrainStep::declare_sync(const Backend * sizing, const std::string & pre) {
     for (size_t j = groups_.size(); j-- > 0;) {
         const Group & q = groups_[j];
         Bucket * cur = buckets_.empty() ? nullptr : &buckets_.back();
-        if (cur && q.layer >= 0 && cur->bottom >= 0 && cur->a == q.b && (cur->b - cur->a) * gs < dp_.bucket_bytes) {
+        if (cur && !in_bwd_ && q.layer >= 0 && cur->bottom >= 0 && cur->a == q.b &&
+            (cur->b - cur->a) * gs < dp_.bucket_bytes) {
             cur->a = q.a;
             cur->bottom = q.layer;
         } else {   // a shared block's gradients start at its group's highest layer's backward
@@ -105,7 +108,7 @@ void TrainStep::declare_sync(const Backend * sizing, const std::string & pre) {
     dws_.assign(size_t(copies_), dw_);
     auto suffix = [&](bool per_copy, int c) { return per_copy && copies_ > 1 ? fmt::format(".mb{}", c) : std::string(); };
     std::vector<std::vector<Range>> grad_ranges(static_cast<size_t>(copies_));
-    for (size_t i = 0; (all_reduce_ || reduce_scatter_) && i < buckets_.size(); ++i) {
+    for (size_t i = 0; (all_reduce_ || own_buffers) && i < buckets_.size(); ++i) {
         Bucket & k = buckets_[i];
         // Sized for the rank with the most of the bucket, so that every rank's plan is the same.
         const size_t most = most_in_shard(k.a, k.b);
@@ -123,7 +126,7 @@ void TrainStep::declare_sync(const Backend * sizing, const std::string & pre) {
             BucketBuffers bb;
             const std::string at = fmt::format("{}{}", i, suffix(true, c));
             if (wide) bb.scratch = program_.declare(pre + "communication.bucket" + at, Category::communication, wide * 4);
-            if (reduce_scatter_) {
+            if (own_buffers) {
                 bb.grad = program_.declare(pre + "gradients.bucket" + at, Category::gradients, (k.b - k.a) * gs);
                 if (accumulate && most > 0)
                     bb.recv = program_.declare(pre + "gradients.recv" + at, Category::gradients, most * gs);
@@ -132,7 +135,7 @@ void TrainStep::declare_sync(const Backend * sizing, const std::string & pre) {
             k.copy.push_back(bb);
         }
     }
-    for (int c = 0; reduce_scatter_ && c < copies_; ++c)
+    for (int c = 0; own_buffers && c < copies_; ++c)
         remap(dws_[size_t(c)], grads, grad_dt_, grad_ranges[size_t(c)], bucket_dt_);
     wf_.assign(size_t(copies_), w_);
     wb_ = wf_;
@@ -300,7 +303,7 @@ void TrainStep::Sync::start(Graph & g, int i, int copy) {
     const Bucket & k = st_.buckets_[size_t(i)];
     if (st_.all_reduce_) {
         g.all_reduce_start(st_.grad_view(k, copy), i, scratch(k, copy));
-    } else {
+    } else if (st_.reduce_scatter_) {
         const Tensor recv = receive(k, copy);
         const Tensor out = st_.widen() ? own_part(k, copy) : recv.valid() ? recv : shard_piece(k);
         g.reduce_scatter_start(st_.grad_view(k, copy), out, st_.shard_counts(k.a, k.b), i, scratch(k, copy));
@@ -309,10 +312,12 @@ void TrainStep::Sync::start(Graph & g, int i, int copy) {
 
 void TrainStep::Sync::finish(Graph & g, int i, int copy) {
     const Bucket & k = st_.buckets_[size_t(i)];
-    if (st_.all_reduce_) {
-        g.comm_wait(i, {st_.grad_view(k, copy), scratch(k, copy)});
-        return;
-    }
+    if (st_.all_reduce_) g.comm_wait(i, {st_.grad_view(k, copy), scratch(k, copy)});
+    else if (st_.reduce_scatter_) into_shard(g, k, i, copy);
+    if (on_finish) on_finish(g, i);
+}
+
+void TrainStep::Sync::into_shard(Graph & g, const Bucket & k, int i, int copy) {
     const Tensor mine = shard_piece(k), recv = receive(k, copy);
     g.comm_wait(i, {st_.grad_view(k, copy), recv.valid() ? recv : mine, scratch(k, copy)});
     if (!mine.valid()) return;
@@ -340,7 +345,7 @@ void TrainStep::Sync::backward_begin(Graph & g, int l, int copy, int lowest) {
     }
     g.phase(Phase::backward);
     for (const auto & k : st_.buckets_)
-        if (st_.reduce_scatter_ && k.top == l) g.fill_zero(st_.grad_view(k, copy));
+        if ((st_.reduce_scatter_ || st_.in_bwd_) && k.top == l) g.fill_zero(st_.grad_view(k, copy));
 }
 
 // After layer l's backward (l = -1: the rest, after the embedding's): the buckets closing at l
@@ -356,12 +361,13 @@ void TrainStep::Sync::backward_done(Graph & g, int l, int copy) {
         }
     flush(g);
     in_flight_ = now;
+    if (!st_.all_reduce_ && !st_.reduce_scatter_) flush(g);   // nothing to overlap: finished at once
     g.phase(Phase::backward);
 }
 
 void TrainStep::Sync::zero_rest(Graph & g) {
     for (const auto & k : st_.buckets_)
-        if (st_.reduce_scatter_ && k.top < 0) g.fill_zero(st_.grad_view(k));
+        if ((st_.reduce_scatter_ || st_.in_bwd_) && k.top < 0) g.fill_zero(st_.grad_view(k));
 }
 
 void TrainStep::Sync::reduce_rest(Graph & g) {

@@ -3,6 +3,7 @@
 // which gradient buckets' reductions are in flight.
 #pragma once
 
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -33,6 +34,8 @@ public:
     void reduce_rest(Graph & g);
     // Every reduction in flight finished (into the shard).
     void flush(Graph & g);
+    // Called with each bucket as it finishes (--optimizer-in-backward: its update).
+    std::function<void(Graph &, int)> on_finish;
 
 private:
     const TrainStep & st_;
@@ -52,6 +55,7 @@ private:
     Tensor scratch(const Bucket & k, int copy) const;
     void start(Graph & g, int bucket, int copy);
     void finish(Graph & g, int bucket, int copy);
+    void into_shard(Graph & g, const Bucket & k, int bucket, int copy);   // ZeRO >= 2: the bucket's part, added
 };
 
 }  // namespace memfit

@@ -189,6 +189,27 @@ TEST(CudaEngine, SmallerMomentsMatchTheCpuBackend) {
     }
 }
 
+// --optimizer-in-backward on the device: each layer updated as its backward ends, the CPU's
+// steps (fused there too), and the plan the bytes acquired, gradients included.
+TEST(CudaEngine, OptimizerInBackwardMatchesTheCpuBackend) {
+    MF_REQUIRE_GPU();
+    const ModelConfig cfg = test::small_family(true, 96, 128, 3, 4, 256, 64);
+    for (const Optimizer o : {Optimizer::adamw_8bit, Optimizer::sgd}) {
+        SCOPED_TRACE(optimizer_name(o));
+        EngineOptions eo;
+        eo.B = 2, eo.T = 64, eo.with_eval = false, eo.optimizer = o, eo.compute = DType::bf16;
+        eo.optimizer_in_backward = true;
+        CpuBackend cpu;
+        const Trained a = train(cpu, cfg, eo, 2), b = train(*test::gpu(), cfg, eo, 2);
+        for (size_t s = 0; s < a.losses.size(); ++s)
+            EXPECT_LT(std::fabs(a.losses[s] - b.losses[s]) / std::fabs(a.losses[s]), 2e-2) << "step " << s;
+        EXPECT_LT(rel_diff(a.params, b.params), 2e-2);
+        EXPECT_EQ(a.planned_live[Category::gradients], b.planned_live[Category::gradients]);
+        for (int k = 0; k < kCategoryCount; ++k)
+            EXPECT_EQ(b.planned_live.v[size_t(k)], b.measured_live.v[size_t(k)]) << category_name(Category(k));
+    }
+}
+
 // Distillation (--teacher) on the device: a LLaMA teacher of another width (dense, and nf4-packed)
 // teaching a GPT-2 student, loss chunks; the CPU's steps, the plan the bytes acquired.
 TEST(CudaEngine, DistillationMatchesTheCpuBackend) {

@@ -67,13 +67,17 @@ TEST(PlanMemory, ExactForTheEngineGrid) {
     Hardware cpu = memfit::test::h100_like();
     cpu.name = "cpu";
     cpu.usable = cpu.memory;
-    struct Case { const char * model; int B, T; const char * rc; bool flash; DType dt; int accum; int loss_chunk = 0, mlp_chunk = 0; };
+    struct Case {
+        const char * model; int B, T; const char * rc; bool flash; DType dt; int accum; int loss_chunk = 0, mlp_chunk = 0;
+        bool in_bwd = false;
+    };
     for (const Case & k : {Case{"nano", 2, 64, "none", true, DType::f32, 1}, Case{"nano", 4, 32, "full", false, DType::f32, 2},
                            Case{"llama-nano", 2, 64, "selective", true, DType::bf16, 1},
                            Case{"llama-nano", 1, 128, "none", false, DType::f32, 3},
                            Case{"micro", 2, 64, "selective", true, DType::f16, 1},
                            Case{"llama-nano", 2, 64, "full", true, DType::f32, 1, 32, 24},   // TiledMLP
-                           Case{"nano", 2, 64, "none", false, DType::bf16, 2, 0, 40}}) {
+                           Case{"nano", 2, 64, "none", false, DType::bf16, 2, 0, 40},
+                           Case{"llama-nano", 2, 64, "none", true, DType::bf16, 1, 0, 0, true}}) {   // fused step
         SCOPED_TRACE(std::string(k.model) + " " + k.rc);
         ModelConfig cfg = model_preset(k.model);
         cfg.vocab_size = 256;
@@ -85,6 +89,7 @@ TEST(PlanMemory, ExactForTheEngineGrid) {
         c.compute = k.dt;
         c.loss_chunk = k.loss_chunk;
         c.mlp_chunk = k.mlp_chunk;
+        c.optimizer_in_backward = k.in_bwd;
         const DeviceMemory plan = exact_memory(cfg, cpu, c, k.T, backend);
         EXPECT_TRUE(plan.exact);
         EngineOptions eo;
@@ -97,6 +102,7 @@ TEST(PlanMemory, ExactForTheEngineGrid) {
         eo.recompute = parse_recompute(k.rc, cfg.n_layer);
         eo.loss_chunk = k.loss_chunk;
         eo.mlp_chunk = k.mlp_chunk;
+        eo.optimizer_in_backward = k.in_bwd;
         Engine e(cfg, backend, eo);
         e.init_params(1);
         std::vector<int32_t> in(size_t(k.B * k.T * k.accum)), tg(in.size());
@@ -111,6 +117,10 @@ TEST(PlanMemory, ExactForTheEngineGrid) {
         const double ratio = double(approx.total()) / double(plan.total());
         EXPECT_GT(ratio, 0.8);
         EXPECT_LT(ratio, 1.5);
+        // The fused step's gradients: the embedding's, the head's and one layer's, to the byte.
+        if (k.in_bwd) {
+            EXPECT_EQ(approx.device[Category::gradients], plan.device[Category::gradients]);
+        }
     }
 }
 
