@@ -1,5 +1,7 @@
 #include "backend/optimizer.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "backend/moments8.h"
@@ -12,6 +14,7 @@ constexpr OptimizerState kF32(const char * n) { return {n, DType::f32, StateSize
 constexpr OptimizerState kBf16(const char * n) { return {n, DType::bf16, StateSize::elements}; }
 constexpr OptimizerState kU8(const char * n) { return {n, DType::u8, StateSize::elements}; }
 constexpr OptimizerState kScales(const char * n) { return {n, DType::f32, StateSize::blocks}; }
+constexpr OptimizerState kFactored(const char * n) { return {n, DType::f32, StateSize::factored}; }
 
 // Indexed by Optimizer.
 constexpr OptimizerRow kRows[kOptimizerCount] = {
@@ -24,6 +27,9 @@ constexpr OptimizerRow kRows[kOptimizerCount] = {
     {Optimizer::adamw_8bit, "adamw-8bit", "adamw_8bit", "two 8-bit moments with f32 block scales (backend/moments8.h)",
      4, {kU8("adamw.m"), kU8("adamw.v"), kScales("adamw.m_scale"), kScales("adamw.v_scale")}, {0, 1}, {2, 3}, 20,
      nullptr},
+    {Optimizer::adafactor, "adafactor", "adafactor",
+     "factored second moments, a row and a column vector per matrix (Shazeer & Stern 2018); no first moment", 1,
+     {kFactored("adafactor.v")}, {-1, 0}, {-1, -1}, 14, nullptr},
 };
 
 constexpr bool rows_in_order() {
@@ -44,12 +50,16 @@ const OptimizerRow & optimizer_row(Optimizer o) {
     return kRows[int(o)];
 }
 
-double optimizer_state_bytes(Optimizer o) {
+double optimizer_state_bytes(Optimizer o, int64_t width) {
     const OptimizerRow & r = optimizer_row(o);
     double b = 0;
-    for (int i = 0; i < r.n_states; ++i)
-        b += r.states[size_t(i)].size == StateSize::blocks ? 4.0 / double(kMoments8Block)
-                                                           : double(dtype_size(r.states[size_t(i)].dtype));
+    for (int i = 0; i < r.n_states; ++i) {
+        const OptimizerState & s = r.states[size_t(i)];
+        const double per = s.size == StateSize::blocks ? 1.0 / double(kMoments8Block)
+                         : s.size == StateSize::factored ? 2.0 / double(std::max<int64_t>(width, 1))
+                                                         : 1.0;
+        b += per * double(dtype_size(s.dtype));
+    }
     return b;
 }
 
@@ -82,6 +92,7 @@ void check_optimizer_view(Optimizer o, const Tensor & param, const Tensor & grad
                           const Tensor & param_copy, const OptimHyper & h) {
     const OptimizerRow & r = optimizer_row(o);
     const size_t n = size_t(param.numel()), nb = moments8_blocks(n);
+    const size_t nf = factored_len(view_rows(param), view_cols(param));
     MF_ASSERT(size_t(grad.numel()) == n && h.t >= 1);
     for (int i = 0; i < kMaxOptimizerStates; ++i) {
         const Tensor & s = st.t[size_t(i)];
@@ -90,7 +101,8 @@ void check_optimizer_view(Optimizer o, const Tensor & param, const Tensor & grad
             continue;
         }
         const OptimizerState & d = r.states[size_t(i)];
-        MF_ASSERT(s.dtype == d.dtype && size_t(s.numel()) == (d.size == StateSize::blocks ? nb : n));
+        MF_ASSERT(s.dtype == d.dtype &&
+                  size_t(s.numel()) == (d.size == StateSize::blocks ? nb : d.size == StateSize::factored ? nf : n));
     }
     if (param_copy.valid())
         MF_ASSERT(size_t(param_copy.numel()) == n && (param_copy.dtype == DType::bf16 || param_copy.dtype == DType::f16));

@@ -21,13 +21,24 @@
 
 namespace memfit {
 
-enum class Optimizer : uint8_t { adamw, adamw_bf16, sgd, adamw_8bit };
-constexpr int kOptimizerCount = 4;
+enum class Optimizer : uint8_t { adamw, adamw_bf16, sgd, adamw_8bit, adafactor };
+constexpr int kOptimizerCount = 5;
 constexpr int kMaxOptimizerStates = 4;
 
-// How many elements of a state a parameter view of n elements owns: n, or one per block of
-// kMoments8Block (backend/moments8.h; blocks never straddle two parameter tensors).
-enum class StateSize : uint8_t { elements, blocks };
+// How many elements of a state a parameter view of n elements owns: n, one per block of
+// kMoments8Block (backend/moments8.h; blocks never straddle two parameter tensors), or
+// (factored) one per row and one per column of a matrix view [R, C] (R + C; a vector, or a
+// matrix with one row or column, one per element: factored_len()).
+enum class StateSize : uint8_t { elements, blocks, factored };
+
+// A view's matrix: [R, C] when its shape is two-dimensional, else [1, n].
+inline int64_t view_rows(const Tensor & t) { return t.ndim == 2 ? t.shape[0] : 1; }
+inline int64_t view_cols(const Tensor & t) { return t.ndim == 2 ? t.shape[1] : t.numel(); }
+// Elements of a factored state for an R x C view: R + C when both are 2 or more (Adafactor's
+// row and column statistics), else R x C (a vector's, whose factoring would change nothing).
+inline size_t factored_len(int64_t rows, int64_t cols) {
+    return rows >= 2 && cols >= 2 ? size_t(rows + cols) : size_t(rows * cols);
+}
 
 struct OptimizerState {
     const char * name = nullptr;   // the buffer's name after the trainable buffer's prefix ("adamw.m")
@@ -51,12 +62,15 @@ struct OptimizerRow {
 };
 
 const OptimizerRow & optimizer_row(Optimizer o);
-// Bytes of a state for a view of `elems` elements in `blocks` 8-bit blocks.
-inline size_t state_buffer_bytes(const OptimizerState & s, size_t elems, size_t blocks) {
-    return s.size == StateSize::blocks ? blocks * 4 : elems * dtype_size(s.dtype);
+// Bytes of a state for views of `elems` elements in `blocks` 8-bit blocks and `factored`
+// factored_len() elements.
+inline size_t state_buffer_bytes(const OptimizerState & s, size_t elems, size_t blocks, size_t factored) {
+    const size_t n = s.size == StateSize::blocks ? blocks : s.size == StateSize::factored ? factored : elems;
+    return n * dtype_size(s.dtype);
 }
-// Bytes of state per trainable parameter (the planner's count; block scales amortized).
-double optimizer_state_bytes(Optimizer o);
+// Bytes of state per trainable parameter (the planner's count; block scales amortized; a
+// factored state as its matrices' R + C over R x C with R = C = `width`, the model's).
+double optimizer_state_bytes(Optimizer o, int64_t width = 1024);
 Optimizer parse_optimizer(std::string_view o);   // ConfigError naming the rows
 const char * optimizer_name(Optimizer o);
 std::string optimizer_choices();                 // the rows' names, comma separated
@@ -93,6 +107,10 @@ struct OptimHyper {
     // themselves, so it needs no buffer. Set per op by the step, for the pruned projection
     // weights only (zero-initialised biases must still train).
     bool keep_zeros = false;
+    // --optimizer adafactor (Shazeer & Stern 2018, as transformers' Adafactor with relative_step
+    // and scale_parameter off): the second moments' decay 1 - t^decay_rate, eps1 added to the
+    // squared gradients, and the update's RMS clipped to clip_threshold.
+    float decay_rate = -0.8f, eps1 = 1e-30f, clip_threshold = 1.0f;
 };
 
 // The states of one parameter view, in its row's order (invalid past n_states).

@@ -22,6 +22,8 @@ struct UpdateConsts {
     float scale, clip, grad_scale, skip_above_norm_sq;
     bool skip_nonfinite, keep_zeros;
     uint64_t sr_seed, sr_at;   // bf16-sr weights: backend/stochastic_round.h's draws
+    // Adafactor: the second moments' decay at this step, 1 - t^decay_rate, and its settings.
+    float beta2t, eps1, clip_threshold;
 };
 
 inline UpdateConsts update_consts(const OptimHyper & h, float scale = 1.0f) {
@@ -35,6 +37,8 @@ inline UpdateConsts update_consts(const OptimHyper & h, float scale = 1.0f) {
     c.scale = scale, c.clip = h.clip, c.grad_scale = h.grad_scale, c.skip_above_norm_sq = h.skip_above_norm_sq;
     c.skip_nonfinite = h.skip_nonfinite, c.keep_zeros = h.keep_zeros;
     c.sr_seed = h.sr_seed, c.sr_at = h.sr_at;
+    c.beta2t = float(1.0 - std::pow(double(h.t), double(h.decay_rate)));
+    c.eps1 = h.eps1, c.clip_threshold = h.clip_threshold;
     return c;
 }
 
@@ -54,6 +58,28 @@ MF_HOST_DEVICE inline float sgd_rule(const UpdateConsts & c, float w, float g, f
     const float d = g + c.weight_decay * w;
     b = frozen ? 0.0f : c.momentum * b + d;
     return frozen ? w : w - c.lr * b;
+}
+
+// Adafactor (Shazeer & Stern 2018; transformers' Adafactor with relative_step, scale_parameter
+// and beta1 off), for a matrix view [R, C] (a vector: R = 1, one statistic per element):
+//   row_i = b row_i + (1-b) mean_j(g_ij^2 + eps1),  col_j = b col_j + (1-b) mean_i(g_ij^2 + eps1)
+//   u_ij = g_ij / sqrt(row_i / mean(row)) / sqrt(col_j)          (a vector: u_i = g_i / sqrt(v_i))
+//   p = p (1 - lr wd) - lr u / max(1, RMS(u) / clip_threshold)
+// with b = beta2t. The kernels form the statistics' sums, then u's sum of squares, then the step.
+MF_HOST_DEVICE inline float adafactor_stat(const UpdateConsts & c, float stat, double mean_sq) {
+    return c.beta2t * stat + (1.0f - c.beta2t) * float(mean_sq);
+}
+MF_HOST_DEVICE inline float adafactor_u(float g, float row, float row_mean, float col) {
+    return g / sqrtf(row / row_mean) / sqrtf(col);
+}
+// 1 / max(1, RMS(u) / clip_threshold), from u's sum of squares over the view's n elements.
+MF_HOST_DEVICE inline float adafactor_inv_denom(const UpdateConsts & c, double u_sq, double n) {
+    const float rms = float(sqrt(u_sq / n));
+    const float d = rms / c.clip_threshold;
+    return d > 1.0f ? 1.0f / d : 1.0f;
+}
+MF_HOST_DEVICE inline float adafactor_rule(const UpdateConsts & c, float w, float u, float inv_denom) {
+    return w * c.decay - c.lr * (u * inv_denom);
 }
 
 // The gradients' factor on a device that reads norm_sq itself: update_scale() of optimizer.h.

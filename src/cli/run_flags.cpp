@@ -116,7 +116,9 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                "the optimizer, one of " + optimizer_choices() +
                    ": adamw, 8 bytes of moments per trainable parameter; adamw-bf16, 4: the moments stored in "
                    "bf16; adamw-8bit, 2.03: one byte per moment in blocks of 256 with a scale each (the moments "
-                   "are updated in fp32); sgd, 4: PyTorch's SGD with --momentum"));
+                   "are updated in fp32); adafactor, a row and a column statistic per matrix (Shazeer & Stern; "
+                   "no first moment, --lr fixed by the schedule; --zero 0 only); sgd, 4: PyTorch's SGD with "
+                   "--momentum"));
     keep(c->add_flag("--optimizer-in-backward,!--no-optimizer-in-backward", r.optimizer_in_backward,
                      "fuse the optimizer step into the backward (torchtune's optimizer_in_bwd): each layer is updated "
                      "as soon as its gradients are whole and they are freed, so the gradients take about one layer's "

@@ -134,6 +134,11 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
                            "add --offload optimizer");
     if (auto why = offload_refusal(r)) return why;
     if (auto why = in_backward_refusal(r)) return why;
+    if (r.optimizer == Optimizer::adafactor && (L.zero >= 1 || L.tp > 1 || L.offload != Offload::none))
+        return fmt::format("--optimizer adafactor keeps statistics per row and column of each whole matrix: {} cuts "
+                           "them; use --zero 0 (data parallelism keeps whole states), or --optimizer adamw-8bit",
+                           L.zero >= 1 ? fmt::format("--zero {}", L.zero) : L.tp > 1 ? fmt::format("--tp {}", L.tp)
+                                                                           : std::string("--offload"));
     if (L.offload != Offload::none && backend && backend->host_memory() && r.offload_dir.empty())
         return fmt::format("--offload {} on the CPU backend: its device memory is the host's, so the states can only "
                            "go to files; add --offload-dir DIR (a fast local disk)", offload_name(L.offload));

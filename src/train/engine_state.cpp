@@ -206,6 +206,14 @@ const float * Engine::host_moments(int k, std::vector<float> & mirror) {
     const DType dt = row.states[size_t(i)].dtype;
     const BufferId id = st.opt_states[size_t(i)], off = st.offloaded.opt[size_t(i)];
     if (dt == DType::u8) return host_moments_8bit(k, mirror);
+    if (row.states[size_t(i)].size == StateSize::factored) {   // each piece's statistics at its start
+        std::vector<float> copy;
+        const float * compact = host_f32(id, 0, copy);   // the buffer itself where the host can read it
+        mirror.assign(st.shard_size(), 0.0f);
+        for (const auto & p : st.moment_pieces())
+            std::copy_n(compact + p.fac, factored_len(p.rows, p.cols), mirror.begin() + ptrdiff_t(p.at));
+        return mirror.data();
+    }
     if (dt == DType::f32 && off < 0) return host_f32(id, 0, mirror);
     if (dt == DType::f32) {
         state_f32(id, off, mirror);
@@ -231,6 +239,14 @@ void Engine::store_moments(int k, const float * src, size_t n) {
     const DType dt = row.states[size_t(i)].dtype;
     const BufferId id = st.opt_states[size_t(i)], off = st.offloaded.opt[size_t(i)];
     if (dt == DType::u8) return store_moments_8bit(k, src, n);
+    if (row.states[size_t(i)].size == StateSize::factored) {
+        std::vector<float> compact(st.program().buffer(id).bytes / 4);
+        for (const auto & p : st.moment_pieces()) {
+            MF_ASSERT(p.at + p.n <= n);
+            std::copy_n(src + p.at, factored_len(p.rows, p.cols), compact.begin() + ptrdiff_t(p.fac));
+        }
+        return set_state_bytes(id, off, compact.data(), compact.size() * 4);
+    }
     if (dt == DType::f32) return set_state_bytes(id, off, src, n * 4);
     MF_ASSERT(dt == DType::bf16);
     std::vector<bf16_t> raw(n);

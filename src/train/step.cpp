@@ -132,18 +132,26 @@ void TrainStep::declare_states(const ModelOptions & model, const std::string & p
     const bool mixed = compute_ != DType::f32 && !sr_;
     const OptimizerRow & row = optimizer_row(optimizer_);
     in_bwd_ = train && model.optimizer_in_backward;
+    const bool factors = std::any_of(row.states.begin(), row.states.begin() + row.n_states,
+                                     [](const OptimizerState & d) { return d.size == StateSize::factored; });
+    if (train && factors && (dp.zero >= 1 || model.offload > 0 || model.tp.enabled()))
+        throw ConfigError(fmt::format("--optimizer {} keeps statistics per row and column of each whole matrix: it "
+                                      "needs --zero 0, no --offload and no --tp (each cuts matrices)", row.name));
     if (in_bwd_ && (dp.zero >= 2 || pp_.enabled() || model.tp.enabled() || model.offload > 0 || !parts_.zero_grads ||
                     !parts_.optimizer))
         throw ConfigError("--optimizer-in-backward updates each layer at the end of its backward: it needs one "
                           "micro-batch per step, --zero 0 or 1, and no --tp, --pp or --offload");
-    size_t blocks = 0;
+    size_t blocks = 0, factored = 0;
     std::vector<bool> decays;
     for (const auto & p : layout_.params) {
         const size_t x = std::max(p.offset, lo_), y = std::min(p.offset + p.numel, hi_);
         if (x >= y) continue;
-        pieces_.push_back({x - lo_, y - x, blocks});
+        const bool whole = x == p.offset && y == p.offset + p.numel && p.shape.size() == 2;
+        const int64_t rows = whole ? p.shape[0] : 1, cols = int64_t(y - x) / rows;
+        pieces_.push_back({x - lo_, y - x, blocks, factored, rows, cols});
         decays.push_back(p.decay());
         blocks += moments8_blocks(y - x);
+        factored += factored_len(rows, cols);
     }
     // Offload: whole units from the shard's start until `offload` of it is covered. A unit of 2^18
     // elements is 3 MiB of fp32 master weights and moments, three units are live at once, and
@@ -183,7 +191,8 @@ void TrainStep::declare_states(const ModelOptions & model, const std::string & p
         std::array<BufferId, kMaxOptimizerStates> ids{-1, -1, -1, -1};
         for (int i = 0; i < row.n_states; ++i) {
             const OptimizerState & d = row.states[size_t(i)];
-            ids[size_t(i)] = program_.declare(at + d.name, c, state_buffer_bytes(d, n, nb), persistent);
+            MF_ASSERT(d.size != StateSize::factored || off_elems_ == 0);   // offload refuses factored rows
+            ids[size_t(i)] = program_.declare(at + d.name, c, state_buffer_bytes(d, n, nb, factored), persistent);
         }
         return ids;
     };
@@ -414,9 +423,13 @@ void TrainStep::update(Graph & g, const StepScalars & s, size_t a, size_t b, Buf
         const Tensor copy = mixed ? Tensor(params, compute_, {n}, px * cs) : Tensor{};
         const Tensor param = mixed ? Tensor(master, DType::f32, {n}, own) : weights(px, n);
         h.sr_at = x0;
+        // A whole matrix's views as [rows, cols] (a factored state's statistics are per row and column).
+        const bool matrix = x0 == x && mp.rows > 1;
+        auto as_matrix = [&](const Tensor & t) { return matrix && t.valid() ? t.view(0, {mp.rows, mp.cols}) : t; };
         const Tensor grad(gbuf, grad_dt_, {n}, (x0 - gbase) * gs);
-        g.optimizer_step(optimizer_, param, grad, state_views(opt_states, x0 - lo_ - off_elems_, block, size_t(n)),
-                         norm_sq, copy, h);
+        g.optimizer_step(optimizer_, as_matrix(param), as_matrix(grad),
+                         state_views(opt_states, x0 - lo_ - off_elems_, block, size_t(n), mp.fac, matrix ? mp.rows : 1),
+                         norm_sq, as_matrix(copy), h);
     }
 }
 
@@ -433,14 +446,18 @@ void TrainStep::update_bucket(Graph & g, const StepScalars & s, int i) const {
 }
 
 OptimizerStates TrainStep::state_views(const std::array<BufferId, kMaxOptimizerStates> & ids, size_t at, size_t block,
-                                       size_t n) const {
+                                       size_t n, size_t fac, int64_t rows) const {
     const OptimizerRow & row = optimizer_row(optimizer_);
     OptimizerStates v;
     for (int i = 0; i < row.n_states; ++i) {
         const OptimizerState & d = row.states[size_t(i)];
-        const bool blocks = d.size == StateSize::blocks;
-        const int64_t len = int64_t(blocks ? moments8_blocks(n) : n);
-        v.t[size_t(i)] = Tensor(ids[size_t(i)], d.dtype, {len}, blocks ? block * 4 : at * dtype_size(d.dtype));
+        const size_t es = dtype_size(d.dtype);
+        if (d.size == StateSize::blocks)
+            v.t[size_t(i)] = Tensor(ids[size_t(i)], d.dtype, {int64_t(moments8_blocks(n))}, block * es);
+        else if (d.size == StateSize::factored)
+            v.t[size_t(i)] = Tensor(ids[size_t(i)], d.dtype, {int64_t(factored_len(rows, int64_t(n) / rows))}, fac * es);
+        else
+            v.t[size_t(i)] = Tensor(ids[size_t(i)], d.dtype, {int64_t(n)}, at * es);
     }
     return v;
 }

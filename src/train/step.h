@@ -137,9 +137,11 @@ public:
     bool optimizer_in_backward() const { return in_bwd_; }
     // This rank's part of each trainable tensor, as the optimizer updates it: n elements from
     // element `at` of the shard; block states (8-bit moments' scales) from block `block` (blocks
-    // never straddle two tensors).
+    // never straddle two tensors); a factored state (Adafactor's) from element `fac` of it, for
+    // the piece's matrix [rows, cols] (a whole two-dimensional parameter; else [1, n]).
     struct MomentPiece {
-        size_t at, n, block;
+        size_t at, n, block, fac = 0;
+        int64_t rows = 1, cols = 0;
     };
     const std::vector<MomentPiece> & moment_pieces() const { return pieces_; }
     Tensor logits() const { return model_->logits(); }
@@ -169,7 +171,7 @@ private:
     // The optimizer's states of a view: n elements from element `at` (block `block`) of the
     // buffers `ids` (the resident ones, the offloaded ones or a unit's staging).
     OptimizerStates state_views(const std::array<BufferId, kMaxOptimizerStates> & ids, size_t at, size_t block,
-                                size_t n) const;
+                                size_t n, size_t fac = 0, int64_t rows = 1) const;
     bool sr_ = false;   // --master-weights bf16-sr
     // --optimizer-in-backward: every layer's gradients in its own bucket (declare_sync), updated
     // as soon as the bucket is whole (and, with data parallelism, summed); grad_norm_sq adds up

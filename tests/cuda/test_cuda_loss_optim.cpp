@@ -435,6 +435,30 @@ TEST(CudaOptim, SgdMatchesCpu) {
     EXPECT_LE(c.rel_err(w16), tol(DType::bf16));
 }
 
+// --optimizer adafactor on the device: a factored 67 x 45 matrix with a bf16 copy (clipped by the
+// global norm, and the update's RMS by its threshold over two steps) and a vector; the CPU's steps.
+TEST(CudaOptim, AdafactorMatchesCpu) {
+    MF_REQUIRE_GPU();
+    const int64_t R = 67, C = 45;
+    OpCheck c;
+    const int param = c.rand(DType::f32, {R, C}), grad = c.rand(DType::bf16, {R, C}, -0.5f, 0.5f);
+    const int stat = c.zeros(DType::f32, {R + C}), copy = c.zeros(DType::bf16, {R, C}), nsq = c.zeros(DType::f32, {1});
+    const int vec = c.rand(DType::f32, {C}), vgrad = c.rand(DType::f32, {C}, -0.5f, 0.5f), vstat = c.zeros(DType::f32, {C});
+    OptimHyper h;
+    h.lr = 0.01f, h.weight_decay = 0.1f, h.clip = 1.0f, h.clip_threshold = 0.5f;
+    c.run([&](Backend & b, const std::vector<Tensor> & t) {
+        auto at = [&](int i) { return t[size_t(i)]; };
+        b.sum_squares(at(nsq), at(grad));
+        for (int s = 1; s <= 2; ++s) {
+            h.t = s;
+            b.optimizer_step(Optimizer::adafactor, at(param), at(grad), OptimizerStates{{at(stat)}}, at(nsq), at(copy), h);
+            b.optimizer_step(Optimizer::adafactor, at(vec), at(vgrad), OptimizerStates{{at(vstat)}}, Tensor{}, Tensor{}, h);
+        }
+    });
+    for (int i : {param, stat, vec, vstat}) EXPECT_LE(c.rel_err(i), 1e-5);
+    EXPECT_LE(c.rel_err(copy), tol(DType::bf16));
+}
+
 TEST(CudaOptim, AdamWUnalignedViewsMatchCpu) {
     MF_REQUIRE_GPU();
     check_adamw({DType::f32, DType::f32, 1.0f, 1.0f, 1, 0});

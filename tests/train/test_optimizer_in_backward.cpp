@@ -62,7 +62,8 @@ Trained train(const ModelConfig & cfg, Optimizer o, DType compute, bool fused, i
 TEST(OptimizerInBackward, EqualsTheUnfusedStepAndKeepsOneLayersGradients) {
     for (const bool llama : {false, true}) {
         const ModelConfig cfg = test::small_family(llama, 64, 32, 4, 2, 48);
-        for (const Optimizer o : {Optimizer::adamw, Optimizer::adamw_bf16, Optimizer::adamw_8bit, Optimizer::sgd})
+        for (const Optimizer o : {Optimizer::adamw, Optimizer::adamw_bf16, Optimizer::adamw_8bit, Optimizer::sgd,
+                                  Optimizer::adafactor})
             for (const DType compute : {DType::f32, DType::bf16})
                 for (const int lora : {0, 4}) {
                     if (lora && o != Optimizer::adamw) continue;

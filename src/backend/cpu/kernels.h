@@ -132,6 +132,11 @@ void adamw_update(W * param, P * param_copy, const G * grad, M * m, M * v, size_
 // SGD with momentum: buf the fp32 momentum.
 template <class W, class G, class P>
 void sgd_update(W * param, P * param_copy, const G * grad, float * buf, size_t n, const UpdateConsts & c);
+// Adafactor over the R x C matrix (a vector: R = 1) of the view: stat holds its factored state,
+// R row then C column statistics (factored_len(); a vector's or a one-row matrix's: one per element).
+template <class W, class G, class P>
+void adafactor_update(W * param, P * param_copy, const G * grad, float * stat, int64_t R, int64_t C,
+                      const UpdateConsts & c);
 // AdamW with 8-bit moments (backend/moments8.h; kernels_adamw8.cpp): m, v one code per element,
 // m_scale, v_scale one per block of the n elements.
 template <class G, class P, class W = float>

@@ -1,7 +1,9 @@
 // The CPU's optimizer step: the element loops of the per-element rows (backend/update_rules.h's
 // rules; the 8-bit one is in kernels_adamw8.cpp) and the table CpuBackend::optimizer_step
 // dispatches through, one row per backend/optimizer.h row.
+#include <algorithm>
 #include <type_traits>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/dispatch.h"
@@ -64,6 +66,73 @@ void sgd_update(W * param, [[maybe_unused]] P * param_copy, const G * grad, floa
     else run(std::false_type{});
 }
 
+// Adafactor over an R x C view (update_rules.h): the statistics' and u's sums accumulated in
+// double, each in a fixed order (per row, or per column over the rows in order), so a step is
+// the same on any thread count.
+template <class W, class G, class P>
+void adafactor_update(W * param, [[maybe_unused]] P * param_copy, const G * grad, float * stat, int64_t R, int64_t C,
+                      const UpdateConsts & cref) {
+    const UpdateConsts c = cref;
+    const bool factored = R >= 2 && C >= 2;
+    auto g_at = [&](int64_t k) { return to_f32(grad[k]) * c.scale; };
+    std::vector<double> part(size_t(R), 0.0);   // per row: u's sum of squares
+    float * row = stat, * col = stat + R;
+    float row_mean = 1.0f;
+    if (factored) {
+        std::vector<double> colsum(size_t(C), 0.0);
+#pragma omp parallel for schedule(static)
+        for (int64_t j0 = 0; j0 < C; j0 += 64)   // column blocks, each over every row in order
+            for (int64_t i = 0; i < R; ++i)
+                for (int64_t j = j0; j < std::min(C, j0 + 64); ++j) {
+                    const float g = g_at(i * C + j);
+                    colsum[size_t(j)] += double(g * g + c.eps1);
+                }
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < R; ++i) {
+            double s = 0;
+            for (int64_t j = 0; j < C; ++j) {
+                const float g = g_at(i * C + j);
+                s += double(g * g + c.eps1);
+            }
+            row[i] = adafactor_stat(c, row[i], s / double(C));
+        }
+        for (int64_t j = 0; j < C; ++j) col[j] = adafactor_stat(c, col[j], colsum[size_t(j)] / double(R));
+        double rs = 0;
+        for (int64_t i = 0; i < R; ++i) rs += row[i];
+        row_mean = float(rs / double(R));
+    } else {
+#pragma omp parallel for schedule(static)
+        for (int64_t k = 0; k < R * C; ++k) {
+            const float g = g_at(k);
+            stat[k] = adafactor_stat(c, stat[k], double(g * g + c.eps1));
+        }
+    }
+    auto u_at = [&](int64_t i, int64_t j) {
+        const float g = g_at(i * C + j);
+        return factored ? adafactor_u(g, row[i], row_mean, col[j]) : g / sqrtf(stat[i * C + j]);
+    };
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < R; ++i) {
+        double s = 0;
+        for (int64_t j = 0; j < C; ++j) {
+            const float u = u_at(i, j);
+            s += double(u) * double(u);
+        }
+        part[size_t(i)] = s;
+    }
+    double u_sq = 0;
+    for (double s : part) u_sq += s;
+    const float inv = adafactor_inv_denom(c, u_sq, double(R) * double(C));
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < R; ++i)
+        for (int64_t j = 0; j < C; ++j) {
+            const size_t k = size_t(i * C + j);
+            const float w = to_f32(param[k]);
+            const bool frozen = c.keep_zeros && w == 0.0f;   // N:M sparsity: a kept zero stays
+            store_weight(param, param_copy, k, frozen ? w : adafactor_rule(c, w, u_at(i, j), inv), c);
+        }
+}
+
 // fp32 weights, gradients and moments, no copy: the kernel tests' reference case.
 template void adamw_update<float, float, float, float>(float *, float *, const float *, float *, float *, size_t,
                                                        const UpdateConsts &);
@@ -123,12 +192,20 @@ void adamw8_step(Tensor param, Tensor grad, const OptimizerStates & st, Tensor c
     });
 }
 
+void adafactor_step(Tensor param, Tensor grad, const OptimizerStates & st, Tensor copy, const OptimHyper & h,
+                    const UpdateConsts & c) {
+    with_storage(param, grad, copy, h, [&](auto * w, auto * g, auto * cp) {
+        cpu::adafactor_update(w, cp, g, st.t[0].f32(), view_rows(param), view_cols(param), c);
+    });
+}
+
 // One row per backend/optimizer.h row, in its order.
 constexpr struct { Optimizer id; StepFn fn; } kSteps[kOptimizerCount] = {
     {Optimizer::adamw, adamw_step},
     {Optimizer::adamw_bf16, adamw_step},
     {Optimizer::sgd, sgd_step},
     {Optimizer::adamw_8bit, adamw8_step},
+    {Optimizer::adafactor, adafactor_step},
 };
 
 }  // namespace

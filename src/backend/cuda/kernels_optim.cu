@@ -169,6 +169,108 @@ __global__ void __launch_bounds__(256) sgd_kernel(W * param, const G * grad, flo
     }
 }
 
+// ---- Adafactor (update_rules.h), an R x C view in four passes: the statistics (rows: a block
+// per row; columns: a thread per column over the rows in order; a vector: a thread per element),
+// the rows' mean, u's sum of squares (kAfBlocks partials, added in order by every block of the
+// step), the step. The sums are in double, each in a fixed order. Like sum_squares, the
+// partials are global state: one Adafactor step at a time per device.
+constexpr int kAfBlocks = 256;
+__device__ double g_af_partials[kAfBlocks];
+__device__ float g_af_row_mean[1];
+
+template <class G>
+__global__ void __launch_bounds__(256) af_rows_kernel(const G * grad, float * row, int64_t C, const float * norm_sq,
+                                                      UpdateConsts a) {
+    const float nsq = norm_sq ? *norm_sq : 0.0f;
+    if (rule_skips(a, nsq)) return;
+    const float scale = rule_scale(a, nsq);
+    const int64_t i = blockIdx.x;
+    double s = 0;
+    for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
+        const float g = ld(grad[i * C + j]) * scale;
+        s += double(g * g + a.eps1);
+    }
+    s = block_sum_d(s);
+    if (threadIdx.x == 0) row[i] = adafactor_stat(a, row[i], s / double(C));
+}
+
+// Columns (R rows, in order) when R rows and C columns are factored; else every element of n.
+template <class G>
+__global__ void __launch_bounds__(256) af_cols_kernel(const G * grad, float * stat, int64_t R, int64_t C,
+                                                      bool factored, const float * norm_sq, UpdateConsts a) {
+    const float nsq = norm_sq ? *norm_sq : 0.0f;
+    if (rule_skips(a, nsq)) return;
+    const float scale = rule_scale(a, nsq);
+    const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (!factored) {
+        if (j >= R * C) return;
+        const float g = ld(grad[j]) * scale;
+        stat[j] = adafactor_stat(a, stat[j], double(g * g + a.eps1));
+        return;
+    }
+    if (j >= C) return;
+    double s = 0;
+    for (int64_t i = 0; i < R; ++i) {
+        const float g = ld(grad[i * C + j]) * scale;
+        s += double(g * g + a.eps1);
+    }
+    stat[R + j] = adafactor_stat(a, stat[R + j], s / double(R));
+}
+
+// Grid 1, block 256: the row statistics' mean.
+__global__ void __launch_bounds__(256) af_row_mean_kernel(const float * row, int64_t R, const float * norm_sq,
+                                                          UpdateConsts a) {
+    if (rule_skips(a, norm_sq ? *norm_sq : 0.0f)) return;
+    double s = 0;
+    for (int64_t i = threadIdx.x; i < R; i += blockDim.x) s += double(row[i]);
+    s = block_sum_d(s);
+    if (threadIdx.x == 0) g_af_row_mean[0] = float(s / double(R));
+}
+
+__device__ __forceinline__ float af_u(const float * stat, int64_t R, int64_t C, bool factored, int64_t k, float g) {
+    if (!factored) return g / sqrtf(stat[k]);
+    return adafactor_u(g, stat[k / C], g_af_row_mean[0], stat[R + k % C]);
+}
+
+// Grid kAfBlocks, block 256: one partial of u's sum of squares per block.
+template <class G>
+__global__ void __launch_bounds__(256) af_usq_kernel(const G * grad, const float * stat, int64_t R, int64_t C,
+                                                     bool factored, const float * norm_sq, UpdateConsts a) {
+    const float nsq = norm_sq ? *norm_sq : 0.0f;
+    if (rule_skips(a, nsq)) return;
+    const float scale = rule_scale(a, nsq);
+    double s = 0;
+    for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < R * C; k += int64_t(gridDim.x) * blockDim.x) {
+        const float u = af_u(stat, R, C, factored, k, ld(grad[k]) * scale);
+        s += double(u) * double(u);
+    }
+    s = block_sum_d(s);
+    if (threadIdx.x == 0) g_af_partials[blockIdx.x] = s;
+}
+
+template <class G, class P, class W>
+__global__ void __launch_bounds__(256) af_apply_kernel(W * param, const G * grad, P * copy, const float * stat,
+                                                       int64_t R, int64_t C, bool factored, const float * norm_sq,
+                                                       UpdateConsts a) {
+    const float nsq = norm_sq ? *norm_sq : 0.0f;
+    if (rule_skips(a, nsq)) return;
+    const float scale = rule_scale(a, nsq);
+    __shared__ float inv;
+    if (threadIdx.x == 0) {
+        double u = 0;
+        for (int b = 0; b < kAfBlocks; ++b) u += g_af_partials[b];
+        inv = adafactor_inv_denom(a, u, double(R) * double(C));
+    }
+    __syncthreads();
+    for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < R * C; k += int64_t(gridDim.x) * blockDim.x) {
+        const float w = ldw(param[k]);
+        const bool frozen = a.keep_zeros && w == 0.0f;
+        const float p = frozen ? w : adafactor_rule(a, w, af_u(stat, R, C, factored, k, ld(grad[k]) * scale), inv);
+        stw(param[k], p, a, k);
+        if constexpr (!std::is_same_v<P, float>) copy[k] = st<P>(p);
+    }
+}
+
 bool aligned(const void * p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 // backend/moments8.h's codes, on the device (the same arithmetic, in the same order).
@@ -324,11 +426,42 @@ void adamw8_step(cudaStream_t s, Tensor param, Tensor grad, const OptimizerState
     });
 }
 
+void adafactor_step(cudaStream_t s, Tensor param, Tensor grad, const OptimizerStates & st, Tensor param_copy,
+                    const float * nsq, const UpdateConsts & a) {
+    const int64_t R = view_rows(param), C = view_cols(param);
+    const bool factored = R >= 2 && C >= 2;
+    float * stat = st.t[0].f32();
+    with_grad_and_copy(grad, param_copy, [&](auto * g, auto * copy) {
+        using G = std::remove_pointer_t<decltype(g)>;
+        using P = std::remove_pointer_t<decltype(copy)>;
+        if (factored) {
+            af_rows_kernel<G><<<unsigned(R), 256, 0, s>>>(g, stat, C, nsq, a);
+            MF_CUDA_LAUNCHED();
+            af_cols_kernel<G><<<grid_for(C, 256), 256, 0, s>>>(g, stat, R, C, true, nsq, a);
+            MF_CUDA_LAUNCHED();
+            af_row_mean_kernel<<<1, 256, 0, s>>>(stat, R, nsq, a);
+        } else {
+            af_cols_kernel<G><<<grid_for(R * C, 256), 256, 0, s>>>(g, stat, R, C, false, nsq, a);
+        }
+        MF_CUDA_LAUNCHED();
+        af_usq_kernel<G><<<kAfBlocks, 256, 0, s>>>(g, stat, R, C, factored, nsq, a);
+        MF_CUDA_LAUNCHED();
+        if (param.dtype == DType::bf16)   // bf16-sr
+            af_apply_kernel<G, P, uint16_t><<<grid_for(R * C, 256), 256, 0, s>>>(ptr<uint16_t>(param), g, copy, stat, R,
+                                                                                 C, factored, nsq, a);
+        else
+            af_apply_kernel<G, P, float><<<grid_for(R * C, 256), 256, 0, s>>>(param.f32(), g, copy, stat, R, C,
+                                                                              factored, nsq, a);
+        MF_CUDA_LAUNCHED();
+    });
+}
+
 constexpr struct { Optimizer id; StepFn fn; } kSteps[kOptimizerCount] = {
     {Optimizer::adamw, adamw_step},
     {Optimizer::adamw_bf16, adamw_step},
     {Optimizer::sgd, sgd_step},
     {Optimizer::adamw_8bit, adamw8_step},
+    {Optimizer::adafactor, adafactor_step},
 };
 
 }  // namespace
