@@ -63,15 +63,16 @@ MF_HOST_DEVICE inline float sgd_rule(const UpdateConsts & c, float w, float g, f
 // Adafactor (Shazeer & Stern 2018; transformers' Adafactor with relative_step, scale_parameter
 // and beta1 off), for a matrix view [R, C] (a vector: R = 1, one statistic per element):
 //   row_i = b row_i + (1-b) mean_j(g_ij^2 + eps1),  col_j = b col_j + (1-b) mean_i(g_ij^2 + eps1)
-//   u_ij = g_ij / sqrt(row_i / mean(row)) / sqrt(col_j)          (a vector: u_i = g_i / sqrt(v_i))
+//   u_ij = g_ij r_i c_j,  r_i = 1 / sqrt(row_i / mean(row)),  c_j = 1 / sqrt(col_j)
+//                                               (a vector: u_i = g_i c_i, c_i = 1 / sqrt(v_i))
 //   p = p (1 - lr wd) - lr u / max(1, RMS(u) / clip_threshold)
 // with b = beta2t. The kernels form the statistics' sums, then u's sum of squares, then the step.
 MF_HOST_DEVICE inline float adafactor_stat(const UpdateConsts & c, float stat, double mean_sq) {
     return c.beta2t * stat + (1.0f - c.beta2t) * float(mean_sq);
 }
-MF_HOST_DEVICE inline float adafactor_u(float g, float row, float row_mean, float col) {
-    return g / sqrtf(row / row_mean) / sqrtf(col);
-}
+MF_HOST_DEVICE inline float adafactor_row_factor(float row, float row_mean) { return 1.0f / sqrtf(row / row_mean); }
+MF_HOST_DEVICE inline float adafactor_col_factor(float col) { return 1.0f / sqrtf(col); }
+MF_HOST_DEVICE inline float adafactor_u(float g, float r, float c) { return g * r * c; }
 // 1 / max(1, RMS(u) / clip_threshold), from u's sum of squares over the view's n elements.
 MF_HOST_DEVICE inline float adafactor_inv_denom(const UpdateConsts & c, double u_sq, double n) {
     const float rms = float(sqrt(u_sq / n));

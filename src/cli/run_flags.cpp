@@ -123,7 +123,7 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                      "fuse the optimizer step into the backward (torchtune's optimizer_in_bwd): each layer is updated "
                      "as soon as its gradients are whole and they are freed, so the gradients take about one layer's "
                      "bytes plus the embedding's and head's instead of the model's; no gradient clipping (--clip 0), "
-                     "accumulation (--grad-accum 1), fp16, --zero 2/3, --tp, --pp or --offload"));
+                     "accumulation (--grad-accum 1), fp16, --tp, --pp or --offload"));
     // LoRA (model/lora.h).
     keep(c->add_option("--lora-rank", r.lora.rank,
                        "LoRA: freeze the base and train rank-R adapters on --lora-targets (0: train every parameter)")

@@ -147,7 +147,9 @@ DeviceMemory model_states(const Candidate & c, const ParamSplit & ps, const Stag
         const int64_t layer = lp ? lp->adapters_per_layer : ps.per_layer;
         const int64_t rest = lp ? lp->head_adapters + lp->embed_adapters : ps.embed + ps.head;
         const uint64_t live = uint64_t(rest + layer * (L.dp > 1 ? 2 : 1)) * s;
-        m.device[Category::gradients] = std::min(m.device[Category::gradients], live);
+        // ZeRO >= 2: and this rank's parts of them, reduce-scattered (no gradient shard persists).
+        m.device[Category::gradients] = L.zero >= 2 ? live + ceil_div(live, uint64_t(L.dp))
+                                                    : std::min(m.device[Category::gradients], live);
     }
     if (L.offload == Offload::none) return m;
     // memfit's engine (train/step.h): master weights and moments in host memory, staged through

@@ -85,10 +85,9 @@ std::optional<std::string> in_backward_refusal(const RunConfig & r) {
         return no("--fit auto", "the search trades accumulation for memory; set --micro-batch yourself");
     if (r.compute == DType::f16 && !r.precision_auto)
         return no("--precision fp16", "the loss scaler skips a step only after seeing every gradient; use bf16");
-    if (L.zero >= 2) return no(fmt::format("--zero {}", L.zero), "use --zero 1 (the optimizer states sharded)");
     if (L.tp > 1 || L.pp > 1)
         return no(L.tp > 1 ? fmt::format("--tp {}", L.tp) : fmt::format("--pp {}", L.pp),
-                  "data parallelism with --zero 0 or 1 for now");
+                  "data parallelism (any --zero) for now");
     if (L.offload != Offload::none)
         return no(fmt::format("--offload {}", offload_name(L.offload)), "the update streams the states after the "
                   "backward; use --optimizer adamw-8bit for smaller states");

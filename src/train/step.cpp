@@ -137,10 +137,9 @@ void TrainStep::declare_states(const ModelOptions & model, const std::string & p
     if (train && factors && (dp.zero >= 1 || model.offload > 0 || model.tp.enabled()))
         throw ConfigError(fmt::format("--optimizer {} keeps statistics per row and column of each whole matrix: it "
                                       "needs --zero 0, no --offload and no --tp (each cuts matrices)", row.name));
-    if (in_bwd_ && (dp.zero >= 2 || pp_.enabled() || model.tp.enabled() || model.offload > 0 || !parts_.zero_grads ||
-                    !parts_.optimizer))
+    if (in_bwd_ && (pp_.enabled() || model.tp.enabled() || model.offload > 0 || !parts_.zero_grads || !parts_.optimizer))
         throw ConfigError("--optimizer-in-backward updates each layer at the end of its backward: it needs one "
-                          "micro-batch per step, --zero 0 or 1, and no --tp, --pp or --offload");
+                          "micro-batch per step, and no --tp, --pp or --offload");
     size_t blocks = 0, factored = 0;
     std::vector<bool> decays;
     for (const auto & p : layout_.params) {
@@ -370,16 +369,14 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
     g.phase(Phase::optimizer);
     const Tensor norm_sq(grad_norm_sq, DType::f32, {1});
     const size_t own = hi_ - lo_;
-    if (!in_bwd_) {   // else each layer's update ran as its backward finished (update_bucket)
-        grad_norm(g, norm_sq);
-        if (dp_.zero >= 2) {   // the global norm: each rank's shard, summed
-            g.phase(Phase::communication);
-            g.all_reduce_start(norm_sq, norm_slot);
-            g.all_reduce_wait(norm_sq, norm_slot);
-            g.phase(Phase::optimizer);
-        }
-        optimizer(g, s);
+    if (!in_bwd_) grad_norm(g, norm_sq);   // else the buckets' squares were summed as each was updated
+    if (dp_.zero >= 2) {   // the global norm: each rank's shard, summed
+        g.phase(Phase::communication);
+        g.all_reduce_start(norm_sq, norm_slot);
+        g.all_reduce_wait(norm_sq, norm_slot);
+        g.phase(Phase::optimizer);
     }
+    if (!in_bwd_) optimizer(g, s);   // else each layer's update ran as its backward finished (update_bucket)
     if (dp_.zero == 1 || dp_.zero == 2) {   // every rank's updated shard into everyone's weights
         const std::vector<size_t> counts = shard_counts(0, layout_.total);
         const size_t cs = dtype_size(compute_);
@@ -435,13 +432,21 @@ void TrainStep::update(Graph & g, const StepScalars & s, size_t a, size_t b, Buf
 
 // --optimizer-in-backward: bucket i's gradients are whole (summed over the ranks): their squares
 // into the step's norm, and the update of its parameters.
+// Under ZeRO >= 2 the bucket was reduce-scattered: this rank's part of it, in its own buffer
+// (rank parts' squares summed over the ranks after the backward).
 void TrainStep::update_bucket(Graph & g, const StepScalars & s, int i) const {
     const Bucket & k = buckets_[size_t(i)];
-    const Tensor grad = grad_view(k), norm_sq(grad_norm_sq, DType::f32, {1}), part(norm_part_, DType::f32, {1});
+    const Tensor norm_sq(grad_norm_sq, DType::f32, {1}), part(norm_part_, DType::f32, {1});
+    const size_t mine = reduce_scatter_ ? in_shard(k.a, k.b, dp_.rank) : k.b - k.a;
+    const Tensor grad = !reduce_scatter_ ? grad_view(k)
+                        : mine           ? Tensor(k.copy[0].part, grad_dt_, {int64_t(mine)})
+                                         : Tensor{};
     g.phase(Phase::optimizer);
-    g.sum_squares(part, grad);
-    g.residual_fwd(norm_sq, norm_sq, part);
-    update(g, s, k.a, k.b, grad.buffer, k.a, Tensor{});
+    if (grad.valid()) {
+        g.sum_squares(part, grad);
+        g.residual_fwd(norm_sq, norm_sq, part);
+        update(g, s, k.a, k.b, grad.buffer, reduce_scatter_ ? std::max(k.a, lo_) : k.a, Tensor{});
+    }
     g.phase(Phase::backward);
 }
 

@@ -247,7 +247,9 @@ private:
     // (-1: a rest group). ZeRO >= 2: the bucket's gradients live in `grad` from its top layer's
     // backward until reduce-scattered into the shard (through `recv` when accumulating).
     // `scratch` (category communication): a 16-bit sum's fp32 copies while it is in flight.
-    struct BucketBuffers { BufferId grad = -1, recv = -1, scratch = -1; };
+    // `part` (--optimizer-in-backward under ZeRO >= 2): this rank's part of the summed bucket, the
+    // reduce-scatter's output, live until the part's update (there is no gradient shard).
+    struct BucketBuffers { BufferId grad = -1, recv = -1, scratch = -1, part = -1; };
     struct Bucket {
         int top, bottom;
         size_t a, b;

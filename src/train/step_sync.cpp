@@ -130,6 +130,8 @@ void TrainStep::declare_sync(const Backend * sizing, const std::string & pre) {
                 bb.grad = program_.declare(pre + "gradients.bucket" + at, Category::gradients, (k.b - k.a) * gs);
                 if (accumulate && most > 0)
                     bb.recv = program_.declare(pre + "gradients.recv" + at, Category::gradients, most * gs);
+                if (reduce_scatter_ && in_bwd_ && most > 0)
+                    bb.part = program_.declare(pre + "gradients.part" + at, Category::gradients, most * gs);
                 grad_ranges[size_t(c)].push_back(Range{k.a, k.b, bb.grad});
             }
             k.copy.push_back(bb);
@@ -305,7 +307,8 @@ void TrainStep::Sync::start(Graph & g, int i, int copy) {
         g.all_reduce_start(st_.grad_view(k, copy), i, scratch(k, copy));
     } else if (st_.reduce_scatter_) {
         const Tensor recv = receive(k, copy);
-        const Tensor out = st_.widen() ? own_part(k, copy) : recv.valid() ? recv : shard_piece(k);
+        const Tensor out = st_.in_bwd_ ? in_bwd_part(k) : st_.widen() ? own_part(k, copy) : recv.valid() ? recv
+                                                                                                          : shard_piece(k);
         g.reduce_scatter_start(st_.grad_view(k, copy), out, st_.shard_counts(k.a, k.b), i, scratch(k, copy));
     }
 }
@@ -317,7 +320,17 @@ void TrainStep::Sync::finish(Graph & g, int i, int copy) {
     if (on_finish) on_finish(g, i);
 }
 
+// --optimizer-in-backward under ZeRO >= 2: this rank's part of bucket k (null when it holds none).
+Tensor TrainStep::Sync::in_bwd_part(const Bucket & k) const {
+    const size_t mine = st_.in_shard(k.a, k.b, st_.dp_.rank);
+    return mine ? Tensor(k.copy[0].part, st_.bucket_dt_, {int64_t(mine)}) : Tensor{};
+}
+
 void TrainStep::Sync::into_shard(Graph & g, const Bucket & k, int i, int copy) {
+    if (st_.in_bwd_) {   // summed into the part the update reads
+        g.comm_wait(i, {st_.grad_view(k, copy), in_bwd_part(k), scratch(k, copy)});
+        return;
+    }
     const Tensor mine = shard_piece(k), recv = receive(k, copy);
     g.comm_wait(i, {st_.grad_view(k, copy), recv.valid() ? recv : mine, scratch(k, copy)});
     if (!mine.valid()) return;

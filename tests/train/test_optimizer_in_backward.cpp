@@ -97,10 +97,10 @@ TEST(OptimizerInBackward, RefusesWhatNeedsTheWholeGradient) {
     };
     EXPECT_NE(refusal([](RunConfig & r) { r.clip = 1.0f; }).find("--clip 1"), std::string::npos);
     EXPECT_NE(refusal([](RunConfig & r) { r.grad_accum = 4; }).find("--grad-accum 4"), std::string::npos);
-    EXPECT_NE(refusal([](RunConfig & r) { r.layout.zero = 2; }).find("--zero 2"), std::string::npos);
+    EXPECT_NE(refusal([](RunConfig & r) { r.layout.tp = 2; }).find("--tp 2"), std::string::npos);
     EXPECT_NE(refusal([](RunConfig & r) { r.compute = DType::f16; }).find("fp16"), std::string::npos);
     EXPECT_NE(refusal([](RunConfig & r) { r.layout.pp = 2; }).find("--pp 2"), std::string::npos);
-    EXPECT_EQ(refusal([](RunConfig & r) { r.layout.zero = 1; }), "");
+    for (const int zero : {1, 2, 3}) EXPECT_EQ(refusal([&](RunConfig & r) { r.layout.zero = zero; }), "");
     // The engine itself, asked directly.
     CpuBackend backend;
     EngineOptions eo;

@@ -68,55 +68,59 @@ void sgd_update(W * param, [[maybe_unused]] P * param_copy, const G * grad, floa
 
 // Adafactor over an R x C view (update_rules.h): the statistics' and u's sums accumulated in
 // double, each in a fixed order (per row, or per column over the rows in order), so a step is
-// the same on any thread count.
+// the same on any thread count. The factors r_i and c_j formed once; a vector's (or a one-row
+// matrix's) as one row of n columns with r = 1.
 template <class W, class G, class P>
 void adafactor_update(W * param, [[maybe_unused]] P * param_copy, const G * grad, float * stat, int64_t R, int64_t C,
                       const UpdateConsts & cref) {
     const UpdateConsts c = cref;
     const bool factored = R >= 2 && C >= 2;
-    auto g_at = [&](int64_t k) { return to_f32(grad[k]) * c.scale; };
-    std::vector<double> part(size_t(R), 0.0);   // per row: u's sum of squares
-    float * row = stat, * col = stat + R;
-    float row_mean = 1.0f;
+    auto sq = [&](int64_t k) {
+        const float g = to_f32(grad[k]) * c.scale;
+        return double(g * g + c.eps1);
+    };
+    std::vector<float> rf, cf;   // r_i, c_j
     if (factored) {
+        float * row = stat, * col = stat + R;
         std::vector<double> colsum(size_t(C), 0.0);
 #pragma omp parallel for schedule(static)
         for (int64_t j0 = 0; j0 < C; j0 += 64)   // column blocks, each over every row in order
             for (int64_t i = 0; i < R; ++i)
-                for (int64_t j = j0; j < std::min(C, j0 + 64); ++j) {
-                    const float g = g_at(i * C + j);
-                    colsum[size_t(j)] += double(g * g + c.eps1);
-                }
+                for (int64_t j = j0; j < std::min(C, j0 + 64); ++j) colsum[size_t(j)] += sq(i * C + j);
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < R; ++i) {
             double s = 0;
-            for (int64_t j = 0; j < C; ++j) {
-                const float g = g_at(i * C + j);
-                s += double(g * g + c.eps1);
-            }
+            for (int64_t j = 0; j < C; ++j) s += sq(i * C + j);
             row[i] = adafactor_stat(c, row[i], s / double(C));
         }
         for (int64_t j = 0; j < C; ++j) col[j] = adafactor_stat(c, col[j], colsum[size_t(j)] / double(R));
         double rs = 0;
         for (int64_t i = 0; i < R; ++i) rs += row[i];
-        row_mean = float(rs / double(R));
+        const float row_mean = float(rs / double(R));
+        rf.resize(size_t(R)), cf.resize(size_t(C));
+        for (int64_t i = 0; i < R; ++i) rf[size_t(i)] = adafactor_row_factor(row[i], row_mean);
+        for (int64_t j = 0; j < C; ++j) cf[size_t(j)] = adafactor_col_factor(col[j]);
     } else {
+        const int64_t n = R * C;
+        R = 1, C = n;
+        rf.assign(1, 1.0f), cf.resize(size_t(n));
 #pragma omp parallel for schedule(static)
-        for (int64_t k = 0; k < R * C; ++k) {
-            const float g = g_at(k);
-            stat[k] = adafactor_stat(c, stat[k], double(g * g + c.eps1));
+        for (int64_t k = 0; k < n; ++k) {
+            stat[k] = adafactor_stat(c, stat[k], sq(k));
+            cf[size_t(k)] = adafactor_col_factor(stat[k]);
         }
     }
-    auto u_at = [&](int64_t i, int64_t j) {
-        const float g = g_at(i * C + j);
-        return factored ? adafactor_u(g, row[i], row_mean, col[j]) : g / sqrtf(stat[i * C + j]);
-    };
+    const float * cfp = cf.data();
+    std::vector<double> part(size_t(R), 0.0);   // per row: u's sum of squares
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < R; ++i) {
+        const G * gi = grad + i * C;
+        const float r = rf[size_t(i)], scale = c.scale;
         double s = 0;
+#pragma omp simd reduction(+ : s)
         for (int64_t j = 0; j < C; ++j) {
-            const float u = u_at(i, j);
-            s += double(u) * double(u);
+            const double u = adafactor_u(to_f32(gi[j]) * scale, r, cfp[j]);
+            s += u * u;
         }
         part[size_t(i)] = s;
     }
@@ -124,13 +128,21 @@ void adafactor_update(W * param, [[maybe_unused]] P * param_copy, const G * grad
     for (double s : part) u_sq += s;
     const float inv = adafactor_inv_denom(c, u_sq, double(R) * double(C));
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < R; ++i)
-        for (int64_t j = 0; j < C; ++j) {
-            const size_t k = size_t(i * C + j);
-            const float w = to_f32(param[k]);
-            const bool frozen = c.keep_zeros && w == 0.0f;   // N:M sparsity: a kept zero stays
-            store_weight(param, param_copy, k, frozen ? w : adafactor_rule(c, w, u_at(i, j), inv), c);
-        }
+    for (int64_t i = 0; i < R; ++i) {
+        const float r = rf[size_t(i)];
+        auto run = [&](auto keep) {
+#pragma omp simd
+            for (int64_t j = 0; j < C; ++j) {
+                const size_t k = size_t(i * C + j);
+                const float w = to_f32(param[k]);
+                const bool frozen = decltype(keep)::value && w == 0.0f;   // N:M sparsity: a kept zero stays
+                const float p = adafactor_rule(c, w, adafactor_u(to_f32(grad[k]) * c.scale, r, cfp[j]), inv);
+                store_weight(param, param_copy, k, frozen ? w : p, c);
+            }
+        };
+        if (c.keep_zeros) run(std::true_type{});
+        else run(std::false_type{});
+    }
 }
 
 // fp32 weights, gradients and moments, no copy: the kernel tests' reference case.

@@ -228,8 +228,8 @@ __global__ void __launch_bounds__(256) af_row_mean_kernel(const float * row, int
 }
 
 __device__ __forceinline__ float af_u(const float * stat, int64_t R, int64_t C, bool factored, int64_t k, float g) {
-    if (!factored) return g / sqrtf(stat[k]);
-    return adafactor_u(g, stat[k / C], g_af_row_mean[0], stat[R + k % C]);
+    if (!factored) return adafactor_u(g, 1.0f, adafactor_col_factor(stat[k]));
+    return adafactor_u(g, adafactor_row_factor(stat[k / C], g_af_row_mean[0]), adafactor_col_factor(stat[R + k % C]));
 }
 
 // Grid kAfBlocks, block 256: one partial of u's sum of squares per block.
