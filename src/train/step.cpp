@@ -431,16 +431,13 @@ void TrainStep::update(Graph & g, const StepScalars & s, size_t a, size_t b, Buf
 }
 
 // --optimizer-in-backward: bucket i's gradients are whole (summed over the ranks): their squares
-// into the step's norm, and the update of its parameters.
-// Under ZeRO >= 2 the bucket was reduce-scattered: this rank's part of it, in its own buffer
-// (rank parts' squares summed over the ranks after the backward).
+// into the step's norm, and the update of its parameters. Under ZeRO >= 2 the bucket was
+// reduce-scattered: this rank's part of it (the parts' squares summed over the ranks after the
+// backward).
 void TrainStep::update_bucket(Graph & g, const StepScalars & s, int i) const {
     const Bucket & k = buckets_[size_t(i)];
     const Tensor norm_sq(grad_norm_sq, DType::f32, {1}), part(norm_part_, DType::f32, {1});
-    const size_t mine = reduce_scatter_ ? in_shard(k.a, k.b, dp_.rank) : k.b - k.a;
-    const Tensor grad = !reduce_scatter_ ? grad_view(k)
-                        : mine           ? Tensor(k.copy[0].part, grad_dt_, {int64_t(mine)})
-                                         : Tensor{};
+    const Tensor grad = reduce_scatter_ ? part_view(k) : grad_view(k);
     g.phase(Phase::optimizer);
     if (grad.valid()) {
         g.sum_squares(part, grad);

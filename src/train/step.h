@@ -284,6 +284,8 @@ private:
     BufferId norm_part_ = -1;
 
     Tensor grad_view(const Bucket & k, int copy = 0) const;
+    // --optimizer-in-backward under ZeRO >= 2: this rank's part of bucket k (null when it holds none).
+    Tensor part_view(const Bucket & k) const;
     void optimizer(Graph & g, const StepScalars & s) const;
     // Pipeline: the stage's forwards and backwards in schedule order, with the transfers between
     // stages and `sync`'s gathers and reductions around each.

@@ -197,6 +197,11 @@ void TrainStep::frozen_groups() {
     }
 }
 
+Tensor TrainStep::part_view(const Bucket & k) const {
+    const size_t mine = in_shard(k.a, k.b, dp_.rank);
+    return mine ? Tensor(k.copy[0].part, bucket_dt_, {int64_t(mine)}) : Tensor{};
+}
+
 Tensor TrainStep::grad_view(const Bucket & k, int copy) const {
     const int64_t n = int64_t(k.b - k.a);
     const BufferId id = k.copy.empty() ? -1 : k.copy[size_t(copy)].grad;
@@ -307,7 +312,7 @@ void TrainStep::Sync::start(Graph & g, int i, int copy) {
         g.all_reduce_start(st_.grad_view(k, copy), i, scratch(k, copy));
     } else if (st_.reduce_scatter_) {
         const Tensor recv = receive(k, copy);
-        const Tensor out = st_.in_bwd_ ? in_bwd_part(k) : st_.widen() ? own_part(k, copy) : recv.valid() ? recv
+        const Tensor out = st_.in_bwd_ ? st_.part_view(k) : st_.widen() ? own_part(k, copy) : recv.valid() ? recv
                                                                                                           : shard_piece(k);
         g.reduce_scatter_start(st_.grad_view(k, copy), out, st_.shard_counts(k.a, k.b), i, scratch(k, copy));
     }
@@ -320,15 +325,9 @@ void TrainStep::Sync::finish(Graph & g, int i, int copy) {
     if (on_finish) on_finish(g, i);
 }
 
-// --optimizer-in-backward under ZeRO >= 2: this rank's part of bucket k (null when it holds none).
-Tensor TrainStep::Sync::in_bwd_part(const Bucket & k) const {
-    const size_t mine = st_.in_shard(k.a, k.b, st_.dp_.rank);
-    return mine ? Tensor(k.copy[0].part, st_.bucket_dt_, {int64_t(mine)}) : Tensor{};
-}
-
 void TrainStep::Sync::into_shard(Graph & g, const Bucket & k, int i, int copy) {
     if (st_.in_bwd_) {   // summed into the part the update reads
-        g.comm_wait(i, {st_.grad_view(k, copy), in_bwd_part(k), scratch(k, copy)});
+        g.comm_wait(i, {st_.grad_view(k, copy), st_.part_view(k), scratch(k, copy)});
         return;
     }
     const Tensor mine = shard_piece(k), recv = receive(k, copy);

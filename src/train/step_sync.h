@@ -52,7 +52,6 @@ private:
     Tensor shard_piece(const Bucket & k) const;
     Tensor receive(const Bucket & k, int copy) const;
     Tensor own_part(const Bucket & k, int copy) const;
-    Tensor in_bwd_part(const Bucket & k) const;
     Tensor scratch(const Bucket & k, int copy) const;
     void start(Graph & g, int bucket, int copy);
     void finish(Graph & g, int bucket, int copy);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backend/cpu/dispatch.h"
 #include "core/error.h"
 
 namespace memfit::cpu {
@@ -11,16 +12,6 @@ namespace {
 
 constexpr size_t kChunk = size_t{1} << 15;   // elements per task of convert()
 constexpr size_t kSerialBelow = size_t{1} << 14;  // elements (per call) not worth a parallel region
-
-template <class F>
-void with_type(DType t, F && f) {
-    switch (t) {
-        case DType::f32: f(float{}); return;
-        case DType::bf16: f(bf16_t{}); return;
-        case DType::f16: f(f16_t{}); return;
-        default: MF_ASSERT(!"convert: not a float dtype");
-    }
-}
 
 template <class D, class S>
 void convert_row(D * d, const S * s, size_t n) {
@@ -43,8 +34,8 @@ void convert_row(D * d, const S * s, size_t n) {
 }  // namespace
 
 void convert(void * dst, DType dt, const void * src, DType st, size_t n) {
-    with_type(dt, [&](auto dz) {
-        with_type(st, [&](auto sz) {
+    dispatch(dt, [&](auto dz) {
+        dispatch(st, [&](auto sz) {
             using D = decltype(dz);
             using S = decltype(sz);
             D * d = static_cast<D *>(dst);
@@ -60,7 +51,7 @@ void convert(void * dst, DType dt, const void * src, DType st, size_t n) {
 }
 
 void load_rows(float * dst, const void * src, DType st, size_t lds, int64_t rows, int64_t cols) {
-    with_type(st, [&](auto sz) {
+    dispatch(st, [&](auto sz) {
         using S = decltype(sz);
         const S * s = static_cast<const S *>(src);
 #pragma omp parallel for schedule(static) if (size_t(rows * cols) >= kSerialBelow)
@@ -86,7 +77,7 @@ void round_bf16_rows_in_place(float * x, int64_t rows, int64_t cols) {
 }
 
 void store_rows(void * dst, DType dt, size_t ldd, const float * src, int64_t rows, int64_t cols, bool accumulate) {
-    with_type(dt, [&](auto dz) {
+    dispatch(dt, [&](auto dz) {
         using D = decltype(dz);
         D * d = static_cast<D *>(dst);
 #pragma omp parallel for schedule(static) if (size_t(rows * cols) >= kSerialBelow)
