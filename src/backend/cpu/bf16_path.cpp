@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <sstream>
 
@@ -52,6 +53,17 @@ private:
     int fd_;
 };
 
+// The cache file's JSON when it is this machine's (its key), else nullopt.
+std::optional<nlohmann::json> read_own_file(const std::string & path, const std::string & key) {
+    std::ifstream in(path);
+    if (!in) return std::nullopt;
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::optional<nlohmann::json> j = try_parse_json(ss.str());
+    if (!j || !j->is_object() || j->value("key", std::string()) != key) return std::nullopt;
+    return j;
+}
+
 GemmRates measure() {
     GemmRates r;
     r.fp32 = measure_matmul_peak_gflops(kRepeats);
@@ -85,12 +97,8 @@ std::string gemm_rates_cache_path() {
 }
 
 std::optional<GemmRates> read_gemm_rates(const std::string & path, const std::string & key) {
-    std::ifstream in(path);
-    if (!in) return std::nullopt;
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const std::optional<nlohmann::json> j = try_parse_json(ss.str());
-    if (!j || !j->is_object() || j->value("key", std::string()) != key) return std::nullopt;
+    const std::optional<nlohmann::json> j = read_own_file(path, key);
+    if (!j) return std::nullopt;
     GemmRates r;
     for (auto [field, out] : {std::pair{"fp32_gflops", &r.fp32}, {"native_bf16_gflops", &r.native},
                               {"convert_bf16_gflops", &r.convert}}) {
@@ -133,6 +141,41 @@ const GemmRates & machine_gemm_rates() {
         }
     });
     return rates;
+}
+
+int64_t choose_row_tile(const std::vector<std::pair<int64_t, double>> & timed) {
+    if (timed.empty()) return 0;
+    std::pair<int64_t, double> best = timed.front();
+    for (const auto & t : timed)
+        if (t.second < best.second) best = t;
+    return best.first != timed.front().first && 1.1 * best.second <= timed.front().second ? best.first : 0;
+}
+
+int64_t machine_row_tile(const std::string & shape, const std::function<int64_t()> & measure) {
+    if (const char * v = std::getenv("MEMFIT_CPU_ROW_TILE"); v && *v) return std::max<int64_t>(0, std::atoll(v));
+    static std::mutex mu;
+    static std::map<std::string, int64_t> known;
+    machine_gemm_rates();   // the file's rates first: its lock is taken there, never inside ours
+    const std::lock_guard<std::mutex> guard(mu);
+    if (const auto it = known.find(shape); it != known.end()) return it->second;
+    const std::string path = gemm_rates_cache_path(), key = gemm_rates_key();
+    const FileLock lock(path);   // another process measuring this shape: wait for its answer
+    std::optional<nlohmann::json> j = read_own_file(path, key);
+    const bool listed = j && j->contains("row_tiles") && (*j)["row_tiles"].is_object() &&
+                        (*j)["row_tiles"].contains(shape) && (*j)["row_tiles"][shape].is_number_integer() &&
+                        (*j)["row_tiles"][shape].get<int64_t>() >= 0;
+    if (listed) return known[shape] = (*j)["row_tiles"][shape].get<int64_t>();
+    const int64_t rows = measure();
+    if (j) {
+        if (!j->contains("row_tiles") || !(*j)["row_tiles"].is_object()) (*j)["row_tiles"] = nlohmann::json::object();
+        (*j)["row_tiles"][shape] = rows;
+        try {
+            write_file_atomic(path, j->dump(2) + "\n");
+        } catch (const std::exception &) {
+            // Unwritable: this process keeps its answer; the next one measures again.
+        }
+    }
+    return known[shape] = rows;
 }
 
 bool native_bf16_chosen() {

@@ -11,8 +11,12 @@
 // waits for its result. MEMFIT_CPU_NATIVE_BF16=0 or 1 overrides the choice (tests, experiments).
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace memfit::cpu {
 
@@ -48,5 +52,18 @@ std::string gemm_rates_cache_path();
 std::optional<GemmRates> read_gemm_rates(const std::string & path, const std::string & key);
 void write_gemm_rates(const std::string & path, const std::string & key, const GemmRates & r);
 std::string gemm_rates_key();
+
+// Rows per call of a large native bf16 gemm (dnnl_gemm.cpp), chosen per shape by timing: some
+// shapes run much faster cut into row tiles, each over the whole K, so with the same bits (the LM
+// head's forward on an Intel Xeon with AMX, 512x384x50257 with fp32 logits: 310 GFLOP/s as one
+// call, 751 in 64-row calls), others slower. `measure` times the candidates and returns its
+// choice (0: one call); the answer is kept per shape key in the cache file's "row_tiles", so every
+// later process and rank on the machine runs that shape the same way. MEMFIT_CPU_ROW_TILE=R
+// (tests, experiments) answers R for every such shape without measuring (0: one call).
+int64_t machine_row_tile(const std::string & shape, const std::function<int64_t()> & measure);
+
+// The choice from (rows per call, seconds) with the one-call candidate first: the fastest tile
+// where it takes at most 1/1.1 of one call's time, else 0.
+int64_t choose_row_tile(const std::vector<std::pair<int64_t, double>> & timed);
 
 }  // namespace memfit::cpu

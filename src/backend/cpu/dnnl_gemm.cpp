@@ -20,6 +20,7 @@
 #include "backend/cpu/dnnl_gemm.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -27,6 +28,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/bf16_path.h"
@@ -220,10 +222,71 @@ int64_t last_tile_rows(int64_t M, int64_t mt) { return M - (M - 1) / mt * mt; }
 }  // namespace
 
 int64_t DnnlGemm::native_tile_rows(const MatmulShape & s) {
+    const int64_t tuned = tuned_rows(s);
     const size_t whole = impl_->get(s).dnnl_scratch;   // a packed B is per tile, whatever its rows
-    if (whole <= kNativeScratch || s.M <= 64) return s.M;
+    if (whole <= kNativeScratch || s.M <= 64) return tuned;
     const int64_t tiles = int64_t((whole + kNativeScratch - 1) / kNativeScratch);
-    return std::min(s.M, ((s.M + tiles - 1) / tiles + 63) / 64 * 64);
+    return std::min(tuned, ((s.M + tiles - 1) / tiles + 63) / 64 * 64);
+}
+
+// Native gemms this wide (the LM head's forward and the like) take the row tile timed for their
+// shape on this machine (bf16_path.h: machine_row_tile); the rest run as one call. Candidates:
+// one call, then 256, 128 and 64 rows, each timed over the whole M on constant operands of the
+// shape's strides, in three interleaved rounds (medians). Shapes whose operands would pass
+// kTuneBytes are not timed (one call).
+namespace {
+constexpr int64_t kTuneMinN = 16384, kTuneMinM = 128;
+constexpr size_t kTuneBytes = size_t{512} << 20;
+
+size_t extent(int64_t rows, int64_t cols, int64_t s_row, int64_t s_col) {
+    return size_t((rows - 1) * s_row + (cols - 1) * s_col + 1);
+}
+
+std::string shape_key(const MatmulShape & s) {
+    const auto n = [](DType t) { return std::string(t == DType::bf16 ? "bf16" : "f32"); };
+    return std::to_string(s.M) + "x" + std::to_string(s.K) + "x" + std::to_string(s.N) + " a" + std::to_string(s.a_sm) +
+           "," + std::to_string(s.a_sk) + " b" + std::to_string(s.b_sk) + "," + std::to_string(s.b_sn) + " c" +
+           std::to_string(s.ldc) + " " + n(s.ab) + ">" + n(s.c) + (s.accumulate ? " sum" : "") + (s.bias ? " bias" : "");
+}
+}  // namespace
+
+int64_t DnnlGemm::tuned_rows(const MatmulShape & s) {
+    if (s.N < kTuneMinN || s.M < kTuneMinM || !native(s)) return s.M;
+    const size_t ea = dtype_size(s.ab), ec = dtype_size(s.c);
+    const size_t bytes = extent(s.M, s.K, s.a_sm, s.a_sk) * ea + extent(s.K, s.N, s.b_sk, s.b_sn) * ea +
+                         size_t(s.M * s.ldc) * ec;
+    if (bytes > kTuneBytes) return s.M;
+    const int64_t r = machine_row_tile(shape_key(s), [&] { return measure_row_tile(s); });
+    return r > 0 && r < s.M ? r : s.M;
+}
+
+int64_t DnnlGemm::measure_row_tile(const MatmulShape & s) {
+    const size_t ea = dtype_size(s.ab), ec = dtype_size(s.c);
+    std::vector<int64_t> rows = {s.M};
+    for (const int64_t r : {256, 128, 64})
+        if (r < s.M) rows.push_back(r);
+    size_t ws = 0;
+    for (const int64_t r : rows) ws = std::max({ws, scratch_bytes(rows_of(s, r)), scratch_bytes(rows_of(s, last_tile_rows(s.M, r)))});
+    std::vector<uint16_t> a(extent(s.M, s.K, s.a_sm, s.a_sk) * ea / 2, 0x3c00), b(extent(s.K, s.N, s.b_sk, s.b_sn) * ea / 2, 0x3c00),
+        bias(size_t(s.N), 0);   // bf16 1/128: the operands' values do not change the time
+    std::vector<std::byte> c(size_t(s.M * s.ldc) * ec), work(ws + 64);
+    auto run_all = [&](int64_t mt) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int64_t m0 = 0; m0 < s.M; m0 += mt)
+            execute(rows_of(s, std::min(mt, s.M - m0)), c.data() + size_t(m0 * s.ldc) * ec,
+                    reinterpret_cast<const std::byte *>(a.data()) + size_t(m0 * s.a_sm) * ea, b.data(), bias.data(), work.data());
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    std::vector<std::vector<double>> secs(rows.size());
+    for (const int64_t r : rows) run_all(r);   // warm-up: primitives made, pages touched
+    for (int round = 0; round < 3; ++round)
+        for (size_t i = 0; i < rows.size(); ++i) secs[i].push_back(run_all(rows[i]));
+    std::vector<std::pair<int64_t, double>> timed;
+    for (size_t i = 0; i < rows.size(); ++i) {
+        std::sort(secs[i].begin(), secs[i].end());
+        timed.emplace_back(i == 0 ? 0 : rows[i], secs[i][1]);
+    }
+    return choose_row_tile(timed);
 }
 
 bool DnnlGemm::native(const GemmDesc & d) {

@@ -46,7 +46,8 @@ public:
     // (bf16_path.h: measured once per machine; MEMFIT_CPU_NATIVE_BF16=0 or 1 as this object is
     // made overrides it, so the tests reach either path on any CPU that has both). When true,
     // native_workspace_bytes and
-    // run_native take d (in tiles of M where one call's scratchpad would be large: dnnl_gemm.cpp).
+    // run_native take d (in tiles of M where one call's scratchpad would be large, or where
+    // this machine ran the shape faster so, timed once per shape: dnnl_gemm.cpp).
     bool native(const GemmDesc & d);
     size_t native_workspace_bytes(const GemmDesc & d);
     void run_native(const GemmDesc & d, void * c, const void * a, const void * b, const void * bias, void * workspace);
@@ -67,6 +68,8 @@ public:
 
 private:
     int64_t native_tile_rows(const MatmulShape & s);   // rows per call of a native GemmDesc
+    int64_t tuned_rows(const MatmulShape & s);         // the machine's row tile for a large one
+    int64_t measure_row_tile(const MatmulShape & s);
     void execute(const MatmulShape & s, void * c, const void * a, const void * b, const void * bias, void * scratch);
     struct Impl;
     std::unique_ptr<Impl> impl_;
