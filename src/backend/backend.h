@@ -113,6 +113,12 @@ public:
     // x f32 [R, N]: each row rounded to bf16 into its own first 2N bytes, leaving a bf16 matrix of
     // row stride 2N. Called only where native_gemm said yes.
     virtual void round_bf16_rows(Tensor x) { (void) x; MF_UNREACHABLE(); }
+    // xent_fwd_bwd, then its logit gradients rounded as round_bf16_rows rounds them (the CPU's in
+    // the same pass over each row, while it is in cache). Called only where native_gemm said yes.
+    virtual void xent_fwd_bwd_round(Tensor losses, Tensor logits, Tensor targets, float dloss) {
+        xent_fwd_bwd(losses, logits, targets, dloss);
+        round_bf16_rows(logits);
+    }
 
     // The kernels (backend/kernel_list.h).
 #define MF_KERNEL(name, params) virtual void name params = 0;

@@ -163,8 +163,28 @@ void Graph::matmul_fwd(Tensor out, Tensor inp, Tensor w, Tensor bias, WeightLayo
     end();
 }
 
+// dout's rows rounded to bf16 in place and read strided by both products, where the backend
+// multiplies them natively (the same answer recording and executing).
+namespace {
+void bf16_dout_descs(GemmDesc & dd, GemmDesc & dwd, int64_t N) {
+    dd.a = dwd.a = DType::bf16;
+    dd.lda = dwd.lda = 2 * N;
+}
+}  // namespace
+
+bool Graph::rounds_dout(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, WeightLayout layout,
+                        bool acc_dinp) const {
+    const Backend * be = recording_ ? sizing_ : backend_;
+    if (!be || layout != WeightLayout::out_in || dout.dtype != DType::f32) return false;
+    GemmDesc dd = dinp.valid() ? bwd_data_desc(dinp, dout, w, layout) : GemmDesc{};
+    dd.accumulate = acc_dinp;
+    GemmDesc dwd = dw.valid() ? bwd_weight_desc(dw, dout, inp, layout) : GemmDesc{};
+    bf16_dout_descs(dd, dwd, dout.cols());
+    return (!dinp.valid() || be->native_gemm(dd)) && (!dw.valid() || be->native_gemm(dwd));
+}
+
 void Graph::matmul_bwd(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, WeightLayout layout,
-                       bool acc_dinp, bool round_dout) {
+                       bool acc_dinp, DoutBf16 round_dout) {
     const int64_t M = dout.rows(), K = w.numel() / dout.cols(), N = dout.cols();
     const bool frozen = !dw.valid();
     MF_ASSERT(w.numel() == K * N && (frozen || (inp.rows() == M && dw.numel() == K * N)));
@@ -172,17 +192,9 @@ void Graph::matmul_bwd(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor
     GemmDesc dd = dinp.valid() ? bwd_data_desc(dinp, dout, w, layout) : GemmDesc{};
     dd.accumulate = acc_dinp;
     GemmDesc dwd = frozen ? GemmDesc{} : bwd_weight_desc(dw, dout, inp, layout);
-    // round_dout: dout's rows rounded to bf16 in place and read strided by both products, where
-    // the backend multiplies them natively (the same answer recording and executing).
-    bool rounded = false;
-    const Backend * be = recording_ ? sizing_ : backend_;
-    if (round_dout && be && layout == WeightLayout::out_in && dout.dtype == DType::f32 && !dbias.valid()) {
-        GemmDesc rd = dd, rw = dwd;
-        rd.a = rw.a = DType::bf16;
-        rd.lda = rw.lda = 2 * N;
-        rounded = (!dinp.valid() || be->native_gemm(rd)) && (frozen || be->native_gemm(rw));
-        if (rounded) dd = rd, dwd = rw;
-    }
+    const bool rounded = round_dout != DoutBf16::keep && !dbias.valid() && rounds_dout(dinp, dw, dout, inp, w, layout, acc_dinp);
+    MF_ASSERT(round_dout != DoutBf16::rounded || rounded);
+    if (rounded) bf16_dout_descs(dd, dwd, N);
     if (recording_ && sizing_)
         grow_workspace(std::max(dinp.valid() ? sizing_->gemm_workspace(dd) : 0,
                                 frozen ? 0 : sizing_->gemm_workspace(dwd)));
@@ -190,7 +202,7 @@ void Graph::matmul_bwd(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor
     if (begin("matmul_bwd", flops, {dinp, dw, dbias, dout, frozen ? Tensor{} : inp, w}, true)) {
         Tensor rdout = resolve(dout), rw = resolve(w);
         if (rounded) {
-            backend_->round_bf16_rows(rdout);
+            if (round_dout == DoutBf16::round) backend_->round_bf16_rows(rdout);
             rdout.dtype = DType::bf16;   // the same bytes: [M, 2N] bf16, the first N columns read
             rdout.ndim = 2, rdout.shape[0] = M, rdout.shape[1] = 2 * N;
         }
@@ -639,9 +651,11 @@ void Graph::xent_bwd(Tensor probs, Tensor targets, float dloss) {
     end();
 }
 
-void Graph::xent_fwd_bwd(Tensor losses, Tensor logits, Tensor targets, float dloss) {
-    if (begin("xent_fwd_bwd", 7.0 * double(logits.numel()), {losses, logits, targets}))
-        backend_->xent_fwd_bwd(resolve(losses), resolve(logits), resolve(targets), dloss);
+void Graph::xent_fwd_bwd(Tensor losses, Tensor logits, Tensor targets, float dloss, bool round_bf16) {
+    if (begin("xent_fwd_bwd", 7.0 * double(logits.numel()), {losses, logits, targets})) {
+        if (round_bf16) backend_->xent_fwd_bwd_round(resolve(losses), resolve(logits), resolve(targets), dloss);
+        else backend_->xent_fwd_bwd(resolve(losses), resolve(logits), resolve(targets), dloss);
+    }
     end();
 }
 

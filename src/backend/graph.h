@@ -63,10 +63,15 @@ public:
     // dinp = dout . W^T (written, or added with acc_dinp; skipped if !dinp.valid()),
     // dw += ..., dbias += ... (if valid; an invalid dw is a frozen weight, and inp is not read).
     // round_dout (out_in layout, no dbias): an f32 dout may be rounded to bf16 in place and both
-    // products read it so, where the backend multiplies bf16 natively (Backend::native_gemm);
-    // dout's values are gone afterwards. Elsewhere the flag changes nothing.
+    // products read it so, where the backend multiplies bf16 natively (Backend::native_gemm;
+    // rounds_dout says where); dout's values are gone afterwards. Elsewhere it changes nothing.
+    // DoutBf16::rounded: the op that wrote dout rounded it so already (xent_fwd_bwd's round_bf16),
+    // where rounds_dout said yes.
+    enum class DoutBf16 { keep, round, rounded };
     void matmul_bwd(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, WeightLayout layout,
-                    bool acc_dinp = false, bool round_dout = false);
+                    bool acc_dinp = false, DoutBf16 round_dout = DoutBf16::keep);
+    bool rounds_dout(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, WeightLayout layout,
+                     bool acc_dinp = false) const;
     // The same through a quantized frozen weight: out = inp . W'^T (+ bias); dinp (+)= dout . W'.
     void qmatmul_fwd(Tensor out, Tensor inp, const QWeight & w, Tensor bias);
     void qmatmul_bwd(Tensor dinp, Tensor dout, const QWeight & w, bool acc_dinp = false);
@@ -171,7 +176,8 @@ public:
                               int window = 0);
     void xent_fwd(Tensor losses, Tensor logits, Tensor targets);
     void xent_bwd(Tensor probs, Tensor targets, float dloss);
-    void xent_fwd_bwd(Tensor losses, Tensor logits, Tensor targets, float dloss);
+    // round_bf16: the gradients then rounded for matmul_bwd's DoutBf16::rounded (rounds_dout: yes).
+    void xent_fwd_bwd(Tensor losses, Tensor logits, Tensor targets, float dloss, bool round_bf16 = false);
     // Vocabulary-parallel cross-entropy over logit columns vocab_lo .. of `vocab` (see Backend):
     // stats, tp_all_gather of the stats, loss; then the backward in place on the logits.
     void xent_shard_stats(Tensor stats, Tensor logits, Tensor targets, int64_t vocab_lo, int64_t vocab);

@@ -267,7 +267,9 @@ private:
     // dres_ (d(encoded)).
     void embed_adapter_fwd(Graph & g, const ModelWeights & w, Tensor tokens) const;
     void embed_adapter_bwd(Graph & g, const ModelWeights & w, const ModelWeights & dw, Tensor tokens) const;
-    void head_bwd(Graph & g, const ModelWeights & w, const ModelWeights & dw, Tensor dx, Tensor dlogits, Tensor x) const;
+    // rounded: the loss op already rounded dlogits for the head's gemms (Graph::DoutBf16::rounded).
+    void head_bwd(Graph & g, const ModelWeights & w, const ModelWeights & dw, Tensor dx, Tensor dlogits, Tensor x,
+                  bool rounded = false) const;
     // The recomputed set `r` with the layer's own gradient buffers (`own`): what backward reads.
     static LayerActs with_own_grads(LayerActs r, const LayerActs & own);
     void layer_backward(Graph & g, const LayerActs & a, const LayerActs & own, const ModelWeights::Layer & p,
@@ -326,6 +328,9 @@ private:
     // precision for them), in place, so that both of its gemms run as native bf16 matmuls where the
     // backend has them (Graph::matmul_bwd's round_dout). The loss and the probabilities stay fp32.
     static bool round_logit_grads(const ModelWeights & w) { return w.head.dtype == DType::bf16; }
+    static Graph::DoutBf16 logit_grads_bf16(const ModelWeights & w) {
+        return round_logit_grads(w) ? Graph::DoutBf16::round : Graph::DoutBf16::keep;
+    }
     // Declares prefix + name + suffix ("h.3." + "attn.qkv"): one string, built once.
     Tensor act(Program & program, std::string_view name, std::initializer_list<int64_t> dims, bool f32 = false,
                std::string_view suffix = {}) const;

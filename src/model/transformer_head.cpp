@@ -44,10 +44,11 @@ void Transformer::head_fwd(Graph & g, const ModelWeights & w, Tensor logits, Ten
 }
 
 void Transformer::head_bwd(Graph & g, const ModelWeights & w, const ModelWeights & dw, Tensor dx, Tensor dlogits,
-                           Tensor x) const {
+                           Tensor x, bool rounded) const {
     // dd = scale dlogits;  du = dd B, dB += dd^T u (before the head's backward, which may round
     // dlogits to bf16 in place: round_logit_grads);  dx = dlogits W + du A, dA += du^T x
     const int64_t n = x.rows();
+    MF_ASSERT(!rounded || w.head_adapters.empty());   // the adapters read dlogits in fp32 first
     for (size_t i = 0; i < w.head_adapters.size(); ++i) {
         const auto & ad = w.head_adapters[i];
         const AdapterActs & a = adapter_acts_[size_t(ad.site)];
@@ -56,7 +57,8 @@ void Transformer::head_bwd(Graph & g, const ModelWeights & w, const ModelWeights
         g.take_columns(dd, dlogits.view(0, {n, dlogits.cols()}), 0, lora_scale_);
         g.matmul_bwd(du, dw.head_adapters[i].b, Tensor{}, dd, u, ad.b, WeightLayout::out_in);
     }
-    g.matmul_bwd(dx, dw.head, Tensor{}, dlogits, x, w.head, WeightLayout::out_in, false, round_logit_grads(w));
+    g.matmul_bwd(dx, dw.head, Tensor{}, dlogits, x, w.head, WeightLayout::out_in, false,
+                 rounded ? Graph::DoutBf16::rounded : logit_grads_bf16(w));
     for (size_t i = 0; i < w.head_adapters.size(); ++i) {
         const auto & ad = w.head_adapters[i];
         const Tensor du = adapter_acts_[size_t(ad.site)].du.view(0, {n, ad.a.dim(0)});
@@ -97,15 +99,20 @@ void Transformer::head_loss(Graph & g, const ModelWeights & w, const ModelWeight
         const Tensor tgt = targets.view(r0, {n});
         const Tensor teacher = distill ? distill->teacher->head_chunk(g, *distill->weights, r0, n) : Tensor{};
         const Tensor stats = distill ? distill->stats.view(0, {2, n}) : Tensor{};
+        const Tensor dx = dlnf_.view(r0 * C, {n, C});
+        // The loss op rounds the gradients for the head's native bf16 gemms while each row is in
+        // cache, where the head's backward would round them next (no adapter reads them first).
+        const bool pre_round = dw && !distill && w.head_adapters.empty() && round_logit_grads(w) &&
+                               g.rounds_dout(dx, dw->head, logits, x, w.head, WeightLayout::out_in);
         g.phase(Phase::forward);
         head_fwd(g, w, logits, x);
         if (distill) g.distill_fwd(losses.view(r0, {n}), stats, logits, teacher, tgt, distill->alpha, distill->temperature);
-        else if (dw) g.xent_fwd_bwd(losses.view(r0, {n}), logits, tgt, dloss);   // the loss and its gradient
+        else if (dw) g.xent_fwd_bwd(losses.view(r0, {n}), logits, tgt, dloss, pre_round);   // the loss and its gradient
         else g.xent_fwd(losses.view(r0, {n}), logits, tgt);
         if (!dw) continue;
         g.phase(Phase::backward);
         if (distill) g.distill_bwd(logits, stats, teacher, tgt, distill->alpha, distill->temperature, dloss);
-        head_bwd(g, w, *dw, dlnf_.view(r0 * C, {n, C}), logits, x);
+        head_bwd(g, w, *dw, dx, logits, x, pre_round);
     }
 }
 
@@ -129,7 +136,7 @@ void Transformer::head_loss_tp(Graph & g, const ModelWeights & w, const ModelWei
     g.xent_shard_bwd(logits, tgt, lse, lo, tp_.vocab, dloss);
     // This rank's vocabulary rows' share of d(final norm output); summed over the group in backward().
     g.matmul_bwd(dlnf_.view(r0 * C, {n, C}), dw->head, Tensor{}, logits, x, w.head, WeightLayout::out_in, false,
-                 round_logit_grads(w));
+                 logit_grads_bf16(w));
 }
 
 }  // namespace memfit

@@ -7,7 +7,9 @@
 //   - a strided A gives the gemm of the packed A (fp32 everywhere; bf16 where native);
 //   - one recorded and executed matmul_bwd of the head's shape: dX and the accumulated dW equal
 //     the gemms of the rounded gradients in exactly the planned workspace; with the native path
-//     off (MEMFIT_CPU_NATIVE_BF16=0) bitwise the unflagged op's.
+//     off (MEMFIT_CPU_NATIVE_BF16=0) bitwise the unflagged op's;
+//   - the loss op that rounds its gradients as it goes (xent_fwd_bwd_round) leaves the bits of the
+//     loss op followed by the rounding pass, ignored rows included.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,7 +20,9 @@
 #include <random>
 #include <vector>
 
+#include "backend/cpu/convert.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/kernels.h"
 #include "backend/graph.h"
 #include "core/dtype.h"
 #include "memory/ledger.h"
@@ -166,7 +170,8 @@ HeadGrads head_backward(CpuBackend & be, const std::vector<float> & dy, const st
         dxt(b_dx, DType::bf16, {kN, kC}), dwt(b_dw, DType::bf16, {kV, kC});
     auto step = [&](Graph & g) {
         g.set_workspace(b_ws);
-        g.matmul_bwd(dxt, dwt, Tensor{}, dyt, xt, wt, WeightLayout::out_in, false, round);
+        g.matmul_bwd(dxt, dwt, Tensor{}, dyt, xt, wt, WeightLayout::out_in, false,
+                     round ? Graph::DoutBf16::round : Graph::DoutBf16::keep);
     };
     {
         Graph rec(p, &be);
@@ -223,6 +228,24 @@ TEST(LogitGradsBf16, HeadBackwardMultipliesTheRoundedGradients) {
     EXPECT_EQ(off_got.dw, off_plain.dw);
     EXPECT_EQ(off_got.workspace, off_plain.workspace);
     expect_close(off_plain.dx, plain.dx, 1.0 / 128);
+}
+
+TEST(LogitGradsBf16, TheLossOpRoundsAsThePassAfterIt) {
+    std::mt19937 rng(11);
+    std::vector<float> logits = test::randn(size_t(kN * kV), rng);
+    for (float & v : logits) v *= 4.0f;
+    std::vector<int32_t> targets(static_cast<size_t>(kN));
+    for (int64_t r = 0; r < kN; ++r) targets[size_t(r)] = r % 9 == 4 ? -100 : int32_t((r * 131) % kV);
+    std::vector<float> want = logits, got = logits, want_loss(static_cast<size_t>(kN)), got_loss(want_loss);
+    cpu::crossentropy_forward_backward(want_loss.data(), want.data(), targets.data(), 0.25f, int(kN), int(kV));
+    cpu::round_bf16_rows_in_place(want.data(), kN, kV);
+    cpu::crossentropy_forward_backward(got_loss.data(), got.data(), targets.data(), 0.25f, int(kN), int(kV), true);
+    EXPECT_EQ(got_loss, want_loss);
+    for (int64_t r = 0; r < kN; ++r)   // each row's first 2V bytes: its bf16 gradients
+        ASSERT_EQ(std::memcmp(got.data() + r * kV, want.data() + r * kV, size_t(kV) * 2), 0) << "row " << r;
+    std::vector<uint16_t> first(static_cast<size_t>(kV));
+    std::memcpy(first.data(), got.data(), size_t(kV) * 2);
+    EXPECT_NE(bf16_to_f32(first[size_t(targets[0])]), 0.0f);   // the target's entry, p - 1, is there
 }
 
 }  // namespace

@@ -59,21 +59,22 @@ void load_rows(float * dst, const void * src, DType st, size_t lds, int64_t rows
     });
 }
 
-void round_bf16_rows_in_place(float * x, int64_t rows, int64_t cols) {
+void round_bf16_row_in_place(float * row, int64_t cols) {
     constexpr int64_t kBlock = 256;
-#pragma omp parallel for schedule(static) if (size_t(rows * cols) >= kSerialBelow)
-    for (int64_t r = 0; r < rows; ++r) {
-        float * s = x + r * cols;
-        bf16_t * d = reinterpret_cast<bf16_t *>(s);
-        // Through a block on the stack: block j's bf16 bytes end before block j + 1's floats
-        // begin, so no value is overwritten before it is read, whatever the compiler reorders.
-        bf16_t tmp[kBlock];
-        for (int64_t j = 0; j < cols; j += kBlock) {
-            const int64_t n = std::min(kBlock, cols - j);
-            from_f32_row(tmp, s + j, size_t(n));
-            std::memcpy(d + j, tmp, size_t(n) * sizeof(bf16_t));
-        }
+    bf16_t * d = reinterpret_cast<bf16_t *>(row);
+    // Through a block on the stack: block j's bf16 bytes end before block j + 1's floats begin,
+    // so no value is overwritten before it is read, whatever the compiler reorders.
+    bf16_t tmp[kBlock];
+    for (int64_t j = 0; j < cols; j += kBlock) {
+        const int64_t n = std::min(kBlock, cols - j);
+        from_f32_row(tmp, row + j, size_t(n));
+        std::memcpy(d + j, tmp, size_t(n) * sizeof(bf16_t));
     }
+}
+
+void round_bf16_rows_in_place(float * x, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static) if (size_t(rows * cols) >= kSerialBelow)
+    for (int64_t r = 0; r < rows; ++r) round_bf16_row_in_place(x + r * cols, cols);
 }
 
 void store_rows(void * dst, DType dt, size_t ldd, const float * src, int64_t rows, int64_t cols, bool accumulate) {

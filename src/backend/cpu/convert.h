@@ -63,6 +63,8 @@ void load_rows(float * dst, const void * src, DType st, size_t lds, int64_t rows
 // 2 * cols bytes: afterwards x's bytes are a bf16 matrix of row stride 2 * cols whose first cols
 // columns hold the values (the LM head's logit gradients, Backend::round_bf16_rows).
 void round_bf16_rows_in_place(float * x, int64_t rows, int64_t cols);
+// One such row (serial: for a caller that already runs rows in parallel).
+void round_bf16_row_in_place(float * row, int64_t cols);
 
 // dst[r * ldd + c] = round((accumulate ? dst[r * ldd + c] : 0) + src[r * cols + c]), dst of
 // dtype dt (for f32 and accumulate: one fp32 add, like the gemm's sum post-op).

@@ -531,6 +531,11 @@ void CpuBackend::xent_fwd_bwd(Tensor losses, Tensor logits, Tensor targets, floa
                                        int(logits.cols()));
 }
 
+void CpuBackend::xent_fwd_bwd_round(Tensor losses, Tensor logits, Tensor targets, float dloss) {
+    cpu::crossentropy_forward_backward(losses.f32(), logits.f32(), targets.i32(), dloss, int(logits.rows()),
+                                       int(logits.cols()), true);
+}
+
 void CpuBackend::xent_shard_stats(Tensor stats, Tensor logits, Tensor targets, int64_t vocab_lo, int64_t vocab) {
     const int64_t N = logits.rows();
     MF_ASSERT(stats.numel() == 2 * N && targets.numel() == N && vocab_lo >= 0);

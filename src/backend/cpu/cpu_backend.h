@@ -16,6 +16,7 @@ public:
     bool native_gemm(const GemmDesc & d) const override;
     double lowp_gemm_speed() const override;   // measured: backend/cpu/bf16_path.h
     void round_bf16_rows(Tensor x) override;
+    void xent_fwd_bwd_round(Tensor losses, Tensor logits, Tensor targets, float dloss) override;
 
     // The kernels (backend/kernel_list.h).
 #define MF_KERNEL(name, params) void name params override;

@@ -85,9 +85,11 @@ void crossentropy_forward(float * losses, float * logits_to_probs, const int32_t
 void crossentropy_backward(float * probs_to_dlogits, const int32_t * targets, float dloss,
                            int N, int V);
 // Both in one pass over each row (training's loss chunk): losses as crossentropy_forward, the
-// logits become crossentropy_backward's dlogits; the same bits as the two calls.
+// logits become crossentropy_backward's dlogits; the same bits as the two calls. round_bf16: each
+// row's dlogits then rounded to bf16 into its own first half, as round_bf16_rows_in_place leaves
+// them (the same bits as that pass after this one).
 void crossentropy_forward_backward(float * losses, float * logits_to_dlogits, const int32_t * targets,
-                                   float dloss, int N, int V);
+                                   float dloss, int N, int V, bool round_bf16 = false);
 
 // Vocabulary-parallel cross-entropy (tensor parallelism). logits[N,Vl] are the columns vocab_lo ..
 // vocab_lo+Vl-1 of a vocabulary of V entries; columns at or past V are padding, never read.

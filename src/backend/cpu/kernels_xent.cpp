@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <limits>
 
+#include "backend/cpu/convert.h"
 #include "backend/cpu/exp_poly.h"
 #include "core/error.h"
 
@@ -141,19 +142,20 @@ void crossentropy_backward(float * probs_to_dlogits, const int32_t * targets, fl
 // While the row is in cache: the normalisation, then the backward's scaling (rounded in turn,
 // as the two kernels do).
 void crossentropy_forward_backward(float * losses, float * logits_to_dlogits, const int32_t * targets,
-                                   float dloss, int N, int V) {
+                                   float dloss, int N, int V, bool round_bf16) {
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < N; ++r) {
         float * row = logits_to_dlogits + static_cast<size_t>(r) * V;
         const float inv = softmax_numerators(row, targets[r], V, losses[r]);
         if (targets[r] == kIgnoreIndex) {
             row_dlogits(row, targets[r], dloss, V);
-            continue;
-        }
-        const float p_target = row[targets[r]] * inv;
+        } else {
+            const float p_target = row[targets[r]] * inv;
 #pragma omp simd
-        for (int j = 0; j < V; ++j) row[j] = (row[j] * inv) * dloss;
-        row[targets[r]] = (p_target - 1.0f) * dloss;
+            for (int j = 0; j < V; ++j) row[j] = (row[j] * inv) * dloss;
+            row[targets[r]] = (p_target - 1.0f) * dloss;
+        }
+        if (round_bf16) round_bf16_row_in_place(row, V);
     }
 }
 
