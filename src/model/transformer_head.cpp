@@ -99,7 +99,7 @@ void Transformer::head_loss(Graph & g, const ModelWeights & w, const ModelWeight
         const Tensor tgt = targets.view(r0, {n});
         const Tensor teacher = distill ? distill->teacher->head_chunk(g, *distill->weights, r0, n) : Tensor{};
         const Tensor stats = distill ? distill->stats.view(0, {2, n}) : Tensor{};
-        const Tensor dx = dlnf_.view(r0 * C, {n, C});
+        const Tensor dx = dw ? dlnf_.view(r0 * C, {n, C}) : Tensor{};   // none without a backward
         // The loss op rounds the gradients for the head's native bf16 gemms while each row is in
         // cache, where the head's backward would round them next (no adapter reads them first).
         const bool pre_round = dw && !distill && w.head_adapters.empty() && round_logit_grads(w) &&
