@@ -267,9 +267,9 @@ private:
     // dres_ (d(encoded)).
     void embed_adapter_fwd(Graph & g, const ModelWeights & w, Tensor tokens) const;
     void embed_adapter_bwd(Graph & g, const ModelWeights & w, const ModelWeights & dw, Tensor tokens) const;
-    // rounded: the loss op already rounded dlogits for the head's gemms (Graph::DoutBf16::rounded).
+    // dout_bf16: how the head's gemms read dlogits (Graph::matmul_bwd; rounded: the loss op did it).
     void head_bwd(Graph & g, const ModelWeights & w, const ModelWeights & dw, Tensor dx, Tensor dlogits, Tensor x,
-                  bool rounded = false) const;
+                  Graph::DoutBf16 dout_bf16) const;
     // The recomputed set `r` with the layer's own gradient buffers (`own`): what backward reads.
     static LayerActs with_own_grads(LayerActs r, const LayerActs & own);
     void layer_backward(Graph & g, const LayerActs & a, const LayerActs & own, const ModelWeights::Layer & p,

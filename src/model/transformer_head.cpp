@@ -44,11 +44,11 @@ void Transformer::head_fwd(Graph & g, const ModelWeights & w, Tensor logits, Ten
 }
 
 void Transformer::head_bwd(Graph & g, const ModelWeights & w, const ModelWeights & dw, Tensor dx, Tensor dlogits,
-                           Tensor x, bool rounded) const {
+                           Tensor x, Graph::DoutBf16 dout_bf16) const {
     // dd = scale dlogits;  du = dd B, dB += dd^T u (before the head's backward, which may round
     // dlogits to bf16 in place: round_logit_grads);  dx = dlogits W + du A, dA += du^T x
     const int64_t n = x.rows();
-    MF_ASSERT(!rounded || w.head_adapters.empty());   // the adapters read dlogits in fp32 first
+    MF_ASSERT(dout_bf16 != Graph::DoutBf16::rounded || w.head_adapters.empty());   // the adapters read dlogits in fp32 first
     for (size_t i = 0; i < w.head_adapters.size(); ++i) {
         const auto & ad = w.head_adapters[i];
         const AdapterActs & a = adapter_acts_[size_t(ad.site)];
@@ -57,8 +57,7 @@ void Transformer::head_bwd(Graph & g, const ModelWeights & w, const ModelWeights
         g.take_columns(dd, dlogits.view(0, {n, dlogits.cols()}), 0, lora_scale_);
         g.matmul_bwd(du, dw.head_adapters[i].b, Tensor{}, dd, u, ad.b, WeightLayout::out_in);
     }
-    g.matmul_bwd(dx, dw.head, Tensor{}, dlogits, x, w.head, WeightLayout::out_in, false,
-                 rounded ? Graph::DoutBf16::rounded : logit_grads_bf16(w));
+    g.matmul_bwd(dx, dw.head, Tensor{}, dlogits, x, w.head, WeightLayout::out_in, false, dout_bf16);
     for (size_t i = 0; i < w.head_adapters.size(); ++i) {
         const auto & ad = w.head_adapters[i];
         const Tensor du = adapter_acts_[size_t(ad.site)].du.view(0, {n, ad.a.dim(0)});
@@ -112,7 +111,7 @@ void Transformer::head_loss(Graph & g, const ModelWeights & w, const ModelWeight
         if (!dw) continue;
         g.phase(Phase::backward);
         if (distill) g.distill_bwd(logits, stats, teacher, tgt, distill->alpha, distill->temperature, dloss);
-        head_bwd(g, w, *dw, dx, logits, x, pre_round);
+        head_bwd(g, w, *dw, dx, logits, x, pre_round ? Graph::DoutBf16::rounded : logit_grads_bf16(w));
     }
 }
 

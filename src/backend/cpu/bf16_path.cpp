@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -161,14 +162,14 @@ int64_t machine_row_tile(const std::string & shape, const std::function<int64_t(
     const std::string path = gemm_rates_cache_path(), key = gemm_rates_key();
     const FileLock lock(path);   // another process measuring this shape: wait for its answer
     std::optional<nlohmann::json> j = read_own_file(path, key);
-    const bool listed = j && j->contains("row_tiles") && (*j)["row_tiles"].is_object() &&
-                        (*j)["row_tiles"].contains(shape) && (*j)["row_tiles"][shape].is_number_integer() &&
-                        (*j)["row_tiles"][shape].get<int64_t>() >= 0;
-    if (listed) return known[shape] = (*j)["row_tiles"][shape].get<int64_t>();
+    nlohmann::json tiles = j && j->contains("row_tiles") && j->at("row_tiles").is_object() ? j->at("row_tiles")
+                                                                                         : nlohmann::json::object();
+    if (const auto it = tiles.find(shape); it != tiles.end() && it->is_number_integer() && it->get<int64_t>() >= 0)
+        return known[shape] = it->get<int64_t>();
     const int64_t rows = measure();
     if (j) {
-        if (!j->contains("row_tiles") || !(*j)["row_tiles"].is_object()) (*j)["row_tiles"] = nlohmann::json::object();
-        (*j)["row_tiles"][shape] = rows;
+        tiles[shape] = rows;
+        (*j)["row_tiles"] = std::move(tiles);
         try {
             write_file_atomic(path, j->dump(2) + "\n");
         } catch (const std::exception &) {
