@@ -10,10 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/tensor.h"
 #include "model/config.h"
 #include "model/lora.h"
 #include "plan/plan_types.h"
+#include "run/compat.h"
 
 namespace memfit::test {
 
@@ -126,5 +128,15 @@ public:
 private:
     int saved_;
 };
+
+// check_supported()'s one line for `r` (empty when the run is supported).
+inline std::string refusal(const RunConfig & r, const ModelConfig & cfg) {
+    try {
+        check_supported(r, cfg, nullptr);
+    } catch (const ConfigError & e) {
+        return e.what();
+    }
+    return std::string();
+}
 
 }  // namespace memfit::test

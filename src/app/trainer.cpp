@@ -569,6 +569,8 @@ void TrainingRun::step(int step) {
     if (!budget_warning.empty()) warn(budget_warning);
     OptimHyper h{sched_.at(step), opt.beta1, opt.beta2, opt.eps, opt.weight_decay, step, opt.clip};
     h.momentum = opt.momentum;
+    h.galore_update_gap = opt.galore_update_gap, h.galore_scale = opt.galore_scale;
+    h.adafactor_beta1 = run_.adafactor_beta1;
     if (spikes_.enabled()) {
         const double norm_limit = spikes_.norm_threshold();
         h.skip_nonfinite = true;

@@ -25,6 +25,8 @@ struct TrainOptions : RunConfig {
     float    weight_decay = 0.1f;
     float    beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
     float    momentum = 0.9f;      // --optimizer sgd
+    int      galore_update_gap = 200;   // --optimizer galore-adamw[-8bit]: steps between projector refreshes
+    float    galore_scale = 0.25f;      // and the projected update's scale (GaLore's alpha)
     int      eval_every = 250;     // 0: only at the end
     int      eval_batches = 8;
     int      log_every = 50;

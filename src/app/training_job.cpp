@@ -120,6 +120,8 @@ nlohmann::json job_json(const TrainOptions & opt, const RunConfig & run) {
     j["weight-decay"] = json_float(opt.weight_decay);
     j["adam-beta1"] = json_float(opt.beta1);
     j["momentum"] = json_float(opt.momentum);
+    j["galore-update-gap"] = opt.galore_update_gap;
+    j["galore-scale"] = json_float(opt.galore_scale);
     j["adam-beta2"] = json_float(opt.beta2);
     j["adam-epsilon"] = json_float(opt.eps);
     j["eval-every"] = opt.eval_every;

@@ -706,7 +706,8 @@ void Graph::optimizer_step(Optimizer o, Tensor param, Tensor grad, const Optimiz
                            Tensor param_copy, const OptimHyper & h) {
     const OptimizerRow & r = optimizer_row(o);
     const auto & t = states.t;
-    if (begin(r.op, r.flops * double(param.numel()), {param, grad, t[0], t[1], t[2], t[3], norm_sq, param_copy}) &&
+    static_assert(kMaxOptimizerStates == 6, "every state is an input of the op");
+    if (begin(r.op, r.flops * double(param.numel()), {param, grad, t[0], t[1], t[2], t[3], t[4], t[5], norm_sq, param_copy}) &&
         !skip_update_) {
         OptimizerStates at;
         for (size_t i = 0; i < t.size(); ++i) at.t[i] = resolve(t[i]);

@@ -21,15 +21,19 @@
 
 namespace memfit {
 
-enum class Optimizer : uint8_t { adamw, adamw_bf16, sgd, adamw_8bit, adafactor };
-constexpr int kOptimizerCount = 5;
-constexpr int kMaxOptimizerStates = 4;
+enum class Optimizer : uint8_t { adamw, adamw_bf16, sgd, adamw_8bit, adafactor, galore_adamw, galore_adamw_8bit };
+constexpr int kOptimizerCount = 7;
+constexpr int kMaxOptimizerStates = 6;
 
-// How many elements of a state a parameter view of n elements owns: n, one per block of
-// kMoments8Block (backend/moments8.h; blocks never straddle two parameter tensors), or
+// How many elements of a state a parameter view of n elements owns (state_len()): n, one per
+// block of kMoments8Block (backend/moments8.h; blocks never straddle two parameter tensors),
 // (factored) one per row and one per column of a matrix view [R, C] (R + C; a vector, or a
-// matrix with one row or column, one per element: factored_len()).
-enum class StateSize : uint8_t { elements, blocks, factored };
+// matrix with one row or column, one per element: factored_len()). GaLore's, for a view it
+// projects to rank r (galore_rank(); 0: it does not): the projector, r x min(R, C); the
+// projected moments, r x max(R, C) (n when not projected) and their 8-bit blocks; the step's
+// scratch, declared once at the largest view's size and live only while the updates run.
+// Adafactor's optional first moment (first_moment): n when the run has one, else none.
+enum class StateSize : uint8_t { elements, blocks, factored, projector, projected, projected_blocks, scratch, first_moment };
 
 // A view's matrix: [R, C] when its shape is two-dimensional, else [1, n].
 inline int64_t view_rows(const Tensor & t) { return t.ndim == 2 ? t.shape[0] : 1; }
@@ -39,6 +43,16 @@ inline int64_t view_cols(const Tensor & t) { return t.ndim == 2 ? t.shape[1] : t
 inline size_t factored_len(int64_t rows, int64_t cols) {
     return rows >= 2 && cols >= 2 ? size_t(rows + cols) : size_t(rows * cols);
 }
+
+// GaLore (Zhao et al. 2024) projects a view's gradient when it is a whole matrix the optimizer
+// targets (the blocks' projection weights) whose shorter side is at least twice the rank (so
+// its states and projector fit in its own fp32 moments' range of a checkpoint); else rank 0.
+inline int64_t galore_rank(bool target, int64_t rows, int64_t cols, int64_t rank) {
+    return target && rank > 0 && rows >= 2 * rank && cols >= 2 * rank ? rank : 0;
+}
+// Elements of state kind k for an R x C view (R = 1 for a vector) at GaLore rank r (0: none),
+// with Adafactor's first moment or without.
+size_t state_len(StateSize k, int64_t rows, int64_t cols, int64_t rank, bool first_moment = false);
 
 struct OptimizerState {
     const char * name = nullptr;   // the buffer's name after the trainable buffer's prefix ("adamw.m")
@@ -62,15 +76,18 @@ struct OptimizerRow {
 };
 
 const OptimizerRow & optimizer_row(Optimizer o);
-// Bytes of a state for views of `elems` elements in `blocks` 8-bit blocks and `factored`
-// factored_len() elements.
-inline size_t state_buffer_bytes(const OptimizerState & s, size_t elems, size_t blocks, size_t factored) {
-    const size_t n = s.size == StateSize::blocks ? blocks : s.size == StateSize::factored ? factored : elems;
-    return n * dtype_size(s.dtype);
-}
+// Whether the row keeps a state of kind k.
+bool has_state(Optimizer o, StateSize k);
+// Per state kind: a total of elements (a shard's state buffers), or where a view's states start.
+using StateLens = std::array<size_t, 8>;
+inline size_t & lens_at(StateLens & l, StateSize k) { return l[size_t(k)]; }
 // Bytes of state per trainable parameter (the planner's count; block scales amortized; a
-// factored state as its matrices' R + C over R x C with R = C = `width`, the model's).
-double optimizer_state_bytes(Optimizer o, int64_t width = 1024);
+// factored state as its matrices' R + C over R x C with R = C = `width`, the model's; GaLore's
+// as rank-`rank` moments and projector of width x width matrices, every parameter projected).
+double optimizer_state_bytes(Optimizer o, int64_t width = 1024, int64_t rank = 128, bool first_moment = false);
+// Bytes of the states of one R x C matrix at GaLore rank `rank` (galore_rank(): 0 when it is not
+// projected), 8-bit blocks whole, the update's scratch not counted.
+size_t matrix_state_bytes(Optimizer o, int64_t rows, int64_t cols, int64_t rank, bool first_moment = false);
 Optimizer parse_optimizer(std::string_view o);   // ConfigError naming the rows
 const char * optimizer_name(Optimizer o);
 std::string optimizer_choices();                 // the rows' names, comma separated
@@ -111,6 +128,14 @@ struct OptimHyper {
     // and scale_parameter off): the second moments' decay 1 - t^decay_rate, eps1 added to the
     // squared gradients, and the update's RMS clipped to clip_threshold.
     float decay_rate = -0.8f, eps1 = 1e-30f, clip_threshold = 1.0f;
+    // --adafactor-beta1: its first moment's decay (transformers' beta1; 0: none, its default),
+    // an average of the clipped, lr-scaled updates, which then is the step.
+    float adafactor_beta1 = 0.0f;
+    // --optimizer galore-adamw[-8bit] (Zhao et al. 2024): the view's rank (galore_rank(); 0: a
+    // plain AdamW update of the view), the projector's refresh every update_gap steps (on steps
+    // 1, gap + 1, ...), and the projected update's scale (alpha).
+    int galore_rank = 0, galore_update_gap = 200;
+    float galore_scale = 0.25f;
 };
 
 // The states of one parameter view, in its row's order (invalid past n_states).

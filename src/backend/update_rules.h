@@ -23,7 +23,7 @@ struct UpdateConsts {
     bool skip_nonfinite, keep_zeros;
     uint64_t sr_seed, sr_at;   // bf16-sr weights: backend/stochastic_round.h's draws
     // Adafactor: the second moments' decay at this step, 1 - t^decay_rate, and its settings.
-    float beta2t, eps1, clip_threshold;
+    float beta2t, eps1, clip_threshold, af_beta1;
 };
 
 inline UpdateConsts update_consts(const OptimHyper & h, float scale = 1.0f) {
@@ -38,7 +38,7 @@ inline UpdateConsts update_consts(const OptimHyper & h, float scale = 1.0f) {
     c.skip_nonfinite = h.skip_nonfinite, c.keep_zeros = h.keep_zeros;
     c.sr_seed = h.sr_seed, c.sr_at = h.sr_at;
     c.beta2t = float(1.0 - std::pow(double(h.t), double(h.decay_rate)));
-    c.eps1 = h.eps1, c.clip_threshold = h.clip_threshold;
+    c.eps1 = h.eps1, c.clip_threshold = h.clip_threshold, c.af_beta1 = h.adafactor_beta1;
     return c;
 }
 
@@ -81,6 +81,12 @@ MF_HOST_DEVICE inline float adafactor_inv_denom(const UpdateConsts & c, double u
 }
 MF_HOST_DEVICE inline float adafactor_rule(const UpdateConsts & c, float w, float u, float inv_denom) {
     return w * c.decay - c.lr * (u * inv_denom);
+}
+// With a first moment (--adafactor-beta1 b1 > 0, transformers' use_first_moment): the clipped,
+// lr-scaled update averaged, m = b1 m + (1 - b1) lr u / d, and p = p (1 - lr wd) - m.
+MF_HOST_DEVICE inline float adafactor_rule_m(const UpdateConsts & c, float w, float u, float inv_denom, float & m) {
+    m = c.af_beta1 * m + (1.0f - c.af_beta1) * (c.lr * (u * inv_denom));
+    return w * c.decay - m;
 }
 
 // The gradients' factor on a device that reads norm_sq itself: update_scale() of optimizer.h.

@@ -54,6 +54,13 @@ void add_train_flags(CLI::App * train, TrainOptions & t) {
     train->add_option("--momentum", t.momentum, "--optimizer sgd: the momentum (PyTorch's SGD: no dampening, "
                                                 "weight decay added to the gradient)")
         ->capture_default_str()->check(finite_range(0.0, 0.999999));
+    train->add_option("--galore-update-gap", t.galore_update_gap,
+                      "--optimizer galore-adamw[-8bit]: steps between refreshes of each matrix's projector (GaLore's "
+                      "update_proj_gap: on steps 1, T + 1, ...; the moments carry over)")
+        ->capture_default_str()->check(kPositive);
+    train->add_option("--galore-scale", t.galore_scale,
+                      "--optimizer galore-adamw[-8bit]: the projected update's scale (GaLore's alpha)")
+        ->capture_default_str()->check(finite_range(0.0, 1e6));
     train->add_option("--weight-decay", t.weight_decay, "AdamW's decoupled weight decay, SGD's L2 term (tensors "
                                                         "with >= 2 dims)")
         ->capture_default_str()->check(kNonNegative);

@@ -117,8 +117,18 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                    ": adamw, 8 bytes of moments per trainable parameter; adamw-bf16, 4: the moments stored in "
                    "bf16; adamw-8bit, 2.03: one byte per moment in blocks of 256 with a scale each (the moments "
                    "are updated in fp32); adafactor, a row and a column statistic per matrix (Shazeer & Stern; "
-                   "no first moment, --lr fixed by the schedule; --zero 0 only); sgd, 4: PyTorch's SGD with "
-                   "--momentum"));
+                   "a first moment only with --adafactor-beta1, --lr fixed by the schedule; --zero 0 only); sgd, 4: PyTorch's SGD with "
+                   "--momentum; galore-adamw and galore-adamw-8bit: AdamW (fp32 or 8-bit moments) on the blocks' "
+                   "projection matrices' gradients projected to rank --galore-rank (Zhao et al. 2024; the CPU "
+                   "backend, --zero 0 only), the other parameters plain AdamW"));
+    keep(c->add_option("--adafactor-beta1", r.adafactor_beta1,
+                       "--optimizer adafactor: its first moment's decay (transformers' beta1: an average of the "
+                       "clipped updates, 4 bytes per parameter more); 0: none, the default")
+             ->capture_default_str()->check(finite_range(0.0, 0.999999)));
+    keep(c->add_option("--galore-rank", r.galore_rank,
+                       "--optimizer galore-adamw[-8bit]: the rank r of the projected gradients; a projection matrix "
+                       "whose shorter side is below 2r keeps full AdamW moments")
+             ->capture_default_str()->check(kPositive));
     keep(c->add_flag("--optimizer-in-backward,!--no-optimizer-in-backward", r.optimizer_in_backward,
                      "fuse the optimizer step into the backward (torchtune's optimizer_in_bwd): each layer is updated "
                      "as soon as its gradients are whole and they are freed, so the gradients take about one layer's "

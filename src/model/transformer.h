@@ -108,6 +108,10 @@ struct ModelOptions {
     Optimizer optimizer = Optimizer::adamw;
     // Each layer's update at the end of its backward, its gradients transient (train/step.h).
     bool optimizer_in_backward = false;
+    // --galore-rank: the rank GaLore projects each projection matrix's gradient to (galore_rank()).
+    int galore_rank = 128;
+    // --adafactor-beta1 > 0: Adafactor keeps a first moment (StateSize::first_moment).
+    bool adafactor_first_moment = false;
     // --offload optimizer: the share (0..1] of this rank's optimizer state (fp32 master weights,
     // moments) kept in the `offloaded` category and staged through device memory chunk by chunk
     // for the update (train/step.h); 0: every state resident.

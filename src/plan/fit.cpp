@@ -172,6 +172,8 @@ EngineOptions engine_options(const RunConfig & r, const ModelConfig & cfg, const
     eo.compute = r.precision_auto ? DType::f32 : r.compute;
     eo.optimizer = r.optimizer;
     eo.optimizer_in_backward = r.optimizer_in_backward;
+    eo.galore_rank = r.galore_rank;
+    eo.adafactor_first_moment = r.adafactor_beta1 > 0;
     eo.offload = L.offload != Offload::none ? r.offload_fraction : 0.0;
     eo.offload_params = L.offload == Offload::optimizer_params;
     eo.sr_master = r.master_weights == MasterWeights::bf16_sr;

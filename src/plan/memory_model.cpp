@@ -9,7 +9,9 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "model/param_layout.h"
 #include "model/recompute.h"
+#include "model/sparsity.h"
 #include "plan/fit.h"
 #include "plan/distill_plan.h"
 #include "plan/lora_plan.h"
@@ -71,15 +73,18 @@ ParamSplit param_split(const ModelConfig & cfg) {
     // Before the layers: token (and GPT-2's position) embeddings; after: final norm and head.
     s.embed = V * C + (cfg.llama() ? 0 : int64_t(cfg.max_seq) * C);
     s.head = none.num_params() - s.embed;
+    s.width = C;
+    for (const auto & p : make_param_layout(one).params)
+        if (p.shape.size() == 2 && sparse_target(p.name)) s.targets.push_back({p.shape[0], p.shape[1]});
     return s;
 }
 
-CategoryBytes model_state_bytes(int64_t params, const Candidate & c) {
+CategoryBytes model_state_bytes(int64_t params, const Candidate & c, int64_t width) {
     const uint64_t P = uint64_t(params), s = dtype_size(c.compute), dp = uint64_t(c.layout.dp);
     const int zero = c.layout.zero;
     const uint64_t master = c.compute == DType::f32 || c.master_weights == MasterWeights::bf16_sr ? 0 : 4;
     // Per parameter; 8-bit AdamW's block scales make it fractional (rounded up over the tensor).
-    const uint64_t opt_all = uint64_t(std::ceil(double(P) * optimizer_state_bytes(c.optimizer)));
+    const uint64_t opt_all = uint64_t(std::ceil(double(P) * optimizer_state_bytes(c.optimizer, width, c.galore_rank, c.adafactor_beta1 > 0)));
     const uint64_t grad = c.grad_accum > 1 ? 4 : s;
     CategoryBytes b;
     b[Category::parameters] = zero >= 3 ? ceil_div(P * s, dp) : P * s;
@@ -123,6 +128,19 @@ Stage busiest_stage(const ModelConfig & cfg, const Layout & L, const ParamSplit 
     return st;
 }
 
+// GaLore's states on a stage: each layer's projection matrices at the rank galore_rank() gives
+// them (the step's own rule), every other parameter's plain moments (ZeRO 0: run/compat.cpp).
+uint64_t galore_states(const Candidate & c, const ParamSplit & ps, const Stage & st) {
+    uint64_t matrices = 0, in_matrices = 0;
+    for (const auto & [R, C] : ps.targets) {
+        matrices += matrix_state_bytes(c.optimizer, R, C, galore_rank(true, R, C, c.galore_rank));
+        in_matrices += uint64_t(R * C);
+    }
+    const uint64_t layers = uint64_t(st.layers), whole = layers * in_matrices;
+    const uint64_t rest = uint64_t(st.params) > whole ? uint64_t(st.params) - whole : 0;   // --tp cuts: refused
+    return layers * matrices + uint64_t(std::ceil(double(rest) * optimizer_state_bytes(c.optimizer, ps.width, 0)));
+}
+
 // Model states (parameters, master weights, moments, gradients) on the device, and what
 // --offload moves to the host.
 DeviceMemory model_states(const Candidate & c, const ParamSplit & ps, const Stage & st) {
@@ -141,7 +159,8 @@ DeviceMemory model_states(const Candidate & c, const ParamSplit & ps, const Stag
         m.device = lora_state_bytes(base, adapters, c);
         m.frozen = L.zero >= 3 ? ceil_div(base, uint64_t(L.dp)) : base;
     } else {
-        m.device = model_state_bytes(st.params, c);
+        m.device = model_state_bytes(st.params, c, ps.width);
+        if (has_state(c.optimizer, StateSize::projector)) m.device[Category::optimizer_states] = galore_states(c, ps, st);
     }
     if (c.optimizer_in_backward) {   // train/step.h: the rest's buckets and one layer's (two while one is summed)
         const int64_t layer = lp ? lp->adapters_per_layer : ps.per_layer;
@@ -159,7 +178,7 @@ DeviceMemory model_states(const Candidate & c, const ParamSplit & ps, const Stag
     // optimizer+params (ZeRO 3): all of both and the weights' shard, which each unit's update
     // writes back through its staging (s bytes an element).
     const bool weights = L.offload == Offload::optimizer_params;
-    const double per = optimizer_state_bytes(c.optimizer) +
+    const double per = optimizer_state_bytes(c.optimizer, ps.width, c.galore_rank, c.adafactor_beta1 > 0) +
                        (c.compute == DType::f32 || c.master_weights == MasterWeights::bf16_sr ? 0.0 : 4.0) +
                        (weights ? double(s) : 0.0);
     const double F = weights ? 1.0 : c.offload_fraction;

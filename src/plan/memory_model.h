@@ -67,6 +67,7 @@
 //                 layers of base + adapters.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -96,7 +97,14 @@ struct DeviceMemory {
 constexpr double kAnalyticSlack = 1.40;
 
 // Parameters per layer, before the layers (embeddings), and after them (final norm, head).
-struct ParamSplit { int64_t per_layer = 0, embed = 0, head = 0; };
+// width: the model's hidden size, the matrices' side the per-matrix optimizer states (Adafactor's
+// statistics, GaLore's projections) are counted with (optimizer_state_bytes()).
+// targets: the shapes of one layer's projection matrices, GaLore's targets (model/sparsity.h's
+// sparse_target()), whose states the planner counts matrix by matrix.
+struct ParamSplit {
+    int64_t per_layer = 0, embed = 0, head = 0, width = 1024;
+    std::vector<std::array<int64_t, 2>> targets;
+};
 ParamSplit param_split(const ModelConfig & cfg);
 
 // The run a candidate is, as run/compat.h judges it: at `seq` tokens, LoRA from its plan.
@@ -104,7 +112,7 @@ RunConfig candidate_run(const Candidate & c, int seq);
 
 // Model-state bytes per device, [parameters, master_weights, optimizer_states, gradients].
 // `params` is Ψ, the parameters this device holds before ZeRO partitioning.
-CategoryBytes model_state_bytes(int64_t params, const Candidate & c);
+CategoryBytes model_state_bytes(int64_t params, const Candidate & c, int64_t width = 1024);
 // LoRA: `base` bytes of frozen base and `adapters` trainable parameters on this device (before
 // ZeRO partitioning); master weights, optimizer states and gradients for the adapters only.
 CategoryBytes lora_state_bytes(uint64_t base, int64_t adapters, const Candidate & c);

@@ -193,7 +193,7 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
         weights = (L.pp == 1 ? first_b : std::max(first_b, last_b)) / tp + train * s;
     }
     const double shard = L.zero >= 1 ? train / dp : train;   // parameters this device's optimizer updates
-    const double state = optimizer_state_bytes(c.optimizer);
+    const double state = optimizer_state_bytes(c.optimizer, ps.width, c.galore_rank, c.adafactor_beta1 > 0);
     const bool master = c.compute != DType::f32 && c.master_weights != MasterWeights::bf16_sr;
     const double update_bytes = 2.0 * (state + 4.0) + g + (master ? s : 0.0);   // per parameter
     // The device runs the update (offloaded states are staged through it: train/step.h).

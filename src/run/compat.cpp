@@ -122,6 +122,31 @@ std::optional<std::string> dora_refusal(const RunConfig & r, const ModelConfig &
     return std::nullopt;
 }
 
+// GaLore projects whole matrices of the full weights, refreshing its projector by an eigen-
+// decomposition the CPU backend has (cpu/kernels_galore.cpp).
+std::optional<std::string> galore_refusal(const RunConfig & r, const Backend * backend) {
+    if (!has_state(r.optimizer, StateSize::projector)) return std::nullopt;
+    const Layout & L = r.layout;
+    const char * o = optimizer_name(r.optimizer);
+    if (L.zero >= 1 || L.tp > 1 || L.offload != Offload::none)
+        return fmt::format("--optimizer {} keeps a projector per whole matrix: {} cuts them; use --zero 0 (data "
+                           "parallelism keeps whole states), or --optimizer adamw-8bit",
+                           o, L.zero >= 1 ? fmt::format("--zero {}", L.zero) : L.tp > 1 ? fmt::format("--tp {}", L.tp)
+                                                                                : std::string("--offload"));
+    if (r.lora.rank > 0)
+        return fmt::format("--optimizer {} trains the full weights in a low-rank subspace of their gradients; with "
+                           "--lora-rank {} only the adapters train (drop one of them)", o, r.lora.rank);
+    if (r.sparsity.enabled())
+        return fmt::format("--optimizer {} with --sparsity {}: a projected update cannot keep the pruned weights at "
+                           "zero; use --optimizer adamw or adamw-8bit", o, r.sparsity.name());
+    if (r.galore_rank < 1)
+        return fmt::format("--galore-rank {}: expected 1 or more (GaLore's default is 128)", r.galore_rank);
+    if (backend && !backend->host_memory())
+        return fmt::format("--optimizer {} runs on the CPU backend for now (its projector's eigen-decomposition has "
+                           "no CUDA kernel yet); use --device cpu, or --optimizer adamw-8bit on the GPU", o);
+    return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & cfg, const Backend * backend) {
@@ -133,6 +158,10 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
                            "add --offload optimizer");
     if (auto why = offload_refusal(r)) return why;
     if (auto why = in_backward_refusal(r)) return why;
+    if (auto why = galore_refusal(r, backend)) return why;
+    if (r.adafactor_beta1 > 0 && r.optimizer != Optimizer::adafactor)
+        return fmt::format("--adafactor-beta1 {:g} is Adafactor's first moment: add --optimizer adafactor (--optimizer {} "
+                           "has its own: --adam-beta1)", r.adafactor_beta1, optimizer_name(r.optimizer));
     if (r.optimizer == Optimizer::adafactor && (L.zero >= 1 || L.tp > 1 || L.offload != Offload::none))
         return fmt::format("--optimizer adafactor keeps statistics per row and column of each whole matrix: {} cuts "
                            "them; use --zero 0 (data parallelism keeps whole states), or --optimizer adamw-8bit",

@@ -84,6 +84,8 @@ nlohmann::json run_config_json(const RunConfig & r) {
                         {"mlp-chunk", r.mlp_chunk},
                         {"optimizer", optimizer_name(r.optimizer)},
                         {"optimizer-in-backward", r.optimizer_in_backward},
+                        {"galore-rank", r.galore_rank},
+                        {"adafactor-beta1", json_float(r.adafactor_beta1)},
                         {"master-weights", master_weights_name(r.master_weights)},
                         {"clip", json_float(r.clip)},
                         {"loss-scale", json_float(r.loss_scale)},

@@ -101,6 +101,11 @@ struct RunConfig {
     // parameters updated as soon as its gradients are whole, and those freed: the gradients'
     // bytes drop from the model's to about one layer's plus the embedding's and head's.
     bool optimizer_in_backward = false;
+    // --galore-rank: GaLore's rank (--optimizer galore-adamw[-8bit]): each projection matrix's
+    // moments are r x its longer side, its projector r x its shorter (backend/optimizer.h).
+    int galore_rank = 128;
+    // --adafactor-beta1: Adafactor's first moment (transformers' beta1), 0: none (its default).
+    float adafactor_beta1 = 0.0f;
     // bf16 compute: fp32 master weights (4 bytes per parameter), or none: the bf16 weights updated
     // with stochastic rounding (bf16-sr)
     MasterWeights master_weights = MasterWeights::fp32;

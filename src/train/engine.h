@@ -60,6 +60,8 @@ struct EngineOptions {
     Optimizer optimizer = Optimizer::adamw;
     // --optimizer-in-backward (train/step.h): each layer updated at the end of its backward.
     bool     optimizer_in_backward = false;
+    int      galore_rank = 128;      // --galore-rank (--optimizer galore-adamw[-8bit])
+    bool     adafactor_first_moment = false;   // --adafactor-beta1 > 0
     // --offload optimizer: the share (0..1] of this rank's master weights and moments kept off
     // the device (0: none), in a file under offload_dir when given (any backend whose kernels read
     // host memory), else in the backend's host memory (pinned on CUDA). The update stages them
@@ -136,6 +138,8 @@ struct EngineOptions {
         m.grad = grad_dtype();
         m.optimizer = optimizer;
         m.optimizer_in_backward = optimizer_in_backward;
+        m.galore_rank = galore_rank;
+        m.adafactor_first_moment = adafactor_first_moment;
         m.offload = offload;
         m.offload_params = offload_params;
         m.offload_unit = offload_unit;
@@ -344,6 +348,9 @@ private:
     void store_moments(int k, const float * src, size_t n);
     const float * host_moments_8bit(int k, std::vector<float> & mirror);
     void store_moments_8bit(int k, const float * src, size_t n);
+    // GaLore's projector, kept in a checkpoint's first moment (engine_state.cpp).
+    void append_projector(std::vector<float> & mirror);
+    void store_projector(const float * src, size_t n);
     // One state of the shard (master weights, a moment, its scales) as bytes: its offloaded part
     // `off` (-1: none) then its resident part `res`; and n bytes written from the start.
     std::vector<uint8_t> state_bytes(BufferId res, BufferId off);

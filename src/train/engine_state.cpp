@@ -14,6 +14,54 @@
 
 namespace memfit {
 
+namespace {
+
+// A state kept per whole matrix (Adafactor's statistics, GaLore's projected moments): a
+// checkpoint holds each piece's at the start of the piece's range of its moment, zeros after.
+bool per_matrix(StateSize k) { return k == StateSize::factored || k == StateSize::projected; }
+
+int state_index(const OptimizerRow & row, StateSize k) {
+    for (int i = 0; i < row.n_states; ++i)
+        if (row.states[size_t(i)].size == k) return i;
+    return -1;
+}
+
+size_t piece_len(const TrainStep::MomentPiece & p, StateSize k) { return state_len(k, p.rows, p.cols, p.rank); }
+
+// A state of the row this run does not keep (Adafactor's first moment without --adafactor-beta1).
+bool absent(const TrainStep & st, int i) {
+    return i < 0 || (optimizer_row(st.optimizer()).states[size_t(i)].size == StateSize::first_moment && !st.first_moment());
+}
+
+}  // namespace
+
+// GaLore's projector: in a checkpoint's first moment, each projected piece's after its projected
+// moment (galore_rank() keeps both within the piece's range).
+void Engine::append_projector(std::vector<float> & mirror) {
+    const TrainStep & st = *plans_.train;
+    const int pj = state_index(optimizer_row(st.optimizer()), StateSize::projector);
+    if (pj < 0) return;
+    std::vector<float> copy;
+    const float * proj = host_f32(st.opt_states[size_t(pj)], 0, copy);
+    for (const auto & p : st.moment_pieces())
+        std::copy_n(proj + p.off[size_t(StateSize::projector)], piece_len(p, StateSize::projector),
+                    mirror.begin() + ptrdiff_t(p.at + piece_len(p, StateSize::projected)));
+}
+
+void Engine::store_projector(const float * src, size_t n) {
+    const TrainStep & st = *plans_.train;
+    const int pj = state_index(optimizer_row(st.optimizer()), StateSize::projector);
+    if (pj < 0) return;
+    const BufferId id = st.opt_states[size_t(pj)];
+    std::vector<float> proj(st.program().buffer(id).bytes / 4);
+    for (const auto & p : st.moment_pieces()) {
+        const size_t at = p.at + piece_len(p, StateSize::projected), len = piece_len(p, StateSize::projector);
+        MF_ASSERT(at + len <= n && at + len <= p.at + p.n);
+        std::copy_n(src + at, len, proj.begin() + ptrdiff_t(p.off[size_t(StateSize::projector)]));
+    }
+    set_state_bytes(id, -1, proj.data(), proj.size() * 4);
+}
+
 float * Engine::host_f32(BufferId id, size_t elem0, std::vector<float> & mirror) {
     auto * p = static_cast<float *>(train_mem_->base(id)) + elem0;
     if (backend_.host_memory()) return p;
@@ -199,19 +247,21 @@ const float * Engine::host_moments(int k, std::vector<float> & mirror) {
     const TrainStep & st = *plans_.train;
     const OptimizerRow & row = optimizer_row(st.optimizer());
     const int i = row.moment[k];
-    if (i < 0) {   // a row without it (SGD's second moment): none (the checkpoint's is zeros)
+    if (absent(st, i)) {   // a row without it (SGD's second moment): none (the checkpoint's is zeros)
         std::vector<float>().swap(mirror);
         return mirror.data();
     }
     const DType dt = row.states[size_t(i)].dtype;
     const BufferId id = st.opt_states[size_t(i)], off = st.offloaded.opt[size_t(i)];
     if (dt == DType::u8) return host_moments_8bit(k, mirror);
-    if (row.states[size_t(i)].size == StateSize::factored) {   // each piece's statistics at its start
+    const StateSize kind = row.states[size_t(i)].size;
+    if (per_matrix(kind)) {   // each piece's state at the start of its range (GaLore's projector after)
         std::vector<float> copy;
         const float * compact = host_f32(id, 0, copy);   // the buffer itself where the host can read it
         mirror.assign(st.shard_size(), 0.0f);
         for (const auto & p : st.moment_pieces())
-            std::copy_n(compact + p.fac, factored_len(p.rows, p.cols), mirror.begin() + ptrdiff_t(p.at));
+            std::copy_n(compact + p.off[size_t(kind)], piece_len(p, kind), mirror.begin() + ptrdiff_t(p.at));
+        if (k == 0) append_projector(mirror);
         return mirror.data();
     }
     if (dt == DType::f32 && off < 0) return host_f32(id, 0, mirror);
@@ -235,16 +285,18 @@ void Engine::store_moments(int k, const float * src, size_t n) {
     const TrainStep & st = *plans_.train;
     const OptimizerRow & row = optimizer_row(st.optimizer());
     const int i = row.moment[k];
-    if (i < 0) return;   // a row without it
+    if (absent(st, i)) return;   // a row without it, or a state this run does not keep
     const DType dt = row.states[size_t(i)].dtype;
     const BufferId id = st.opt_states[size_t(i)], off = st.offloaded.opt[size_t(i)];
     if (dt == DType::u8) return store_moments_8bit(k, src, n);
-    if (row.states[size_t(i)].size == StateSize::factored) {
+    const StateSize kind = row.states[size_t(i)].size;
+    if (per_matrix(kind)) {
         std::vector<float> compact(st.program().buffer(id).bytes / 4);
         for (const auto & p : st.moment_pieces()) {
             MF_ASSERT(p.at + p.n <= n);
-            std::copy_n(src + p.at, factored_len(p.rows, p.cols), compact.begin() + ptrdiff_t(p.fac));
+            std::copy_n(src + p.at, piece_len(p, kind), compact.begin() + ptrdiff_t(p.off[size_t(kind)]));
         }
+        if (k == 0) store_projector(src, n);
         return set_state_bytes(id, off, compact.data(), compact.size() * 4);
     }
     if (dt == DType::f32) return set_state_bytes(id, off, src, n * 4);
@@ -265,12 +317,18 @@ const float * Engine::host_moments_8bit(int k, std::vector<float> & mirror) {
     const std::vector<uint8_t> sraw = state_bytes(st.opt_states[si], st.offloaded.opt[si]);
     std::vector<float> scales(sraw.size() / 4);
     std::memcpy(scales.data(), sraw.data(), sraw.size());
-    mirror.assign(codes.size(), 0.0f);
-    for (const auto & p : st.moment_pieces())
-        for (size_t j = 0; j < p.n; ++j) {
-            const float s = scales[p.block + j / kMoments8Block];
-            mirror[p.at + j] = first ? decode_m8(codes[p.at + j], s) : decode_v8(codes[p.at + j], s);
+    // The codes' kind: each element's (at p.at), or GaLore's projected moments (at the piece's
+    // start of the checkpoint's range, zeros after).
+    const StateSize kc = row.states[i].size, ks = row.states[si].size;
+    mirror.assign(kc == StateSize::elements ? codes.size() : st.shard_size(), 0.0f);
+    for (const auto & p : st.moment_pieces()) {
+        const size_t c0 = p.off[size_t(kc)], b0 = p.off[size_t(ks)];
+        for (size_t j = 0; j < piece_len(p, kc); ++j) {
+            const float s = scales[b0 + j / kMoments8Block];
+            mirror[p.at + j] = first ? decode_m8(codes[c0 + j], s) : decode_v8(codes[c0 + j], s);
         }
+    }
+    if (first) append_projector(mirror);
     return mirror.data();
 }
 
@@ -284,19 +342,22 @@ void Engine::store_moments_8bit(int k, const float * src, size_t n) {
     auto bytes = [&](BufferId b) { return b >= 0 ? st.program().buffer(b).bytes : 0; };
     std::vector<uint8_t> codes(bytes(id) + bytes(off), 0);
     std::vector<float> scales((bytes(sid) + bytes(soff)) / 4, 0.0f);
+    const StateSize kc = row.states[i].size, ks = row.states[si].size;
     for (const auto & p : st.moment_pieces()) {
-        MF_ASSERT(p.at + p.n <= n);
-        for (size_t lo = 0; lo < p.n; lo += kMoments8Block) {
-            const size_t hi = std::min(p.n, lo + kMoments8Block);
+        const size_t len = piece_len(p, kc), c0 = p.off[size_t(kc)], b0 = p.off[size_t(ks)];
+        MF_ASSERT(p.at + p.n <= n && len <= p.n);
+        for (size_t lo = 0; lo < len; lo += kMoments8Block) {
+            const size_t hi = std::min(len, lo + kMoments8Block);
             float s = 0;
             for (size_t j = lo; j < hi; ++j) s = std::max(s, first ? std::fabs(src[p.at + j]) : src[p.at + j]);
-            scales[p.block + lo / kMoments8Block] = s;
+            scales[b0 + lo / kMoments8Block] = s;
             for (size_t j = lo; j < hi; ++j)
-                codes[p.at + j] = first ? encode_m8(src[p.at + j], s) : encode_v8(src[p.at + j], s);
+                codes[c0 + j] = first ? encode_m8(src[p.at + j], s) : encode_v8(src[p.at + j], s);
         }
     }
     set_state_bytes(id, off, codes.data(), codes.size());
     set_state_bytes(sid, soff, scales.data(), scales.size() * 4);
+    if (first) store_projector(src, n);
 }
 
 }  // namespace memfit

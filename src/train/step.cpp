@@ -132,26 +132,37 @@ void TrainStep::declare_states(const ModelOptions & model, const std::string & p
     const bool mixed = compute_ != DType::f32 && !sr_;
     const OptimizerRow & row = optimizer_row(optimizer_);
     in_bwd_ = train && model.optimizer_in_backward;
-    const bool factors = std::any_of(row.states.begin(), row.states.begin() + row.n_states,
-                                     [](const OptimizerState & d) { return d.size == StateSize::factored; });
-    if (train && factors && (dp.zero >= 1 || model.offload > 0 || model.tp.enabled()))
-        throw ConfigError(fmt::format("--optimizer {} keeps statistics per row and column of each whole matrix: it "
-                                      "needs --zero 0, no --offload and no --tp (each cuts matrices)", row.name));
+    const bool factors = has_state(optimizer_, StateSize::factored), projects = has_state(optimizer_, StateSize::projector);
+    first_moment_ = train && model.adafactor_first_moment;
+    if (first_moment_ && !has_state(optimizer_, StateSize::first_moment))
+        throw ConfigError(fmt::format("--adafactor-beta1 is Adafactor's first moment: --optimizer {} has none", row.name));
+    if (train && (factors || projects) && (dp.zero >= 1 || model.offload > 0 || model.tp.enabled()))
+        throw ConfigError(fmt::format("--optimizer {} keeps {} of each whole matrix: it needs --zero 0, no --offload and "
+                                      "no --tp (each cuts matrices)",
+                                      row.name, factors ? "statistics per row and column" : "a projector"));
     if (in_bwd_ && (pp_.enabled() || model.tp.enabled() || model.offload > 0 || !parts_.zero_grads || !parts_.optimizer))
         throw ConfigError("--optimizer-in-backward updates each layer at the end of its backward: it needs one "
                           "micro-batch per step, and no --tp, --pp or --offload");
-    size_t blocks = 0, factored = 0;
+    StateLens total{};   // each kind's elements over the pieces (the scratch's: the largest piece's)
     std::vector<bool> decays;
     for (const auto & p : layout_.params) {
         const size_t x = std::max(p.offset, lo_), y = std::min(p.offset + p.numel, hi_);
         if (x >= y) continue;
         const bool whole = x == p.offset && y == p.offset + p.numel && p.shape.size() == 2;
         const int64_t rows = whole ? p.shape[0] : 1, cols = int64_t(y - x) / rows;
-        pieces_.push_back({x - lo_, y - x, blocks, factored, rows, cols});
+        // GaLore projects the blocks' projection weights (GaLore's "attn" and "mlp" targets).
+        const int64_t rank = galore_rank(train && projects && whole && sparse_target(p.name), rows, cols, model.galore_rank);
+        MomentPiece mp{x - lo_, y - x, lens_at(total, StateSize::blocks), lens_at(total, StateSize::factored), rows, cols,
+                       rank, total};
+        lens_at(mp.off, StateSize::elements) = mp.at;
+        pieces_.push_back(mp);
         decays.push_back(p.decay());
-        blocks += moments8_blocks(y - x);
-        factored += factored_len(rows, cols);
+        for (size_t k = 0; k < total.size(); ++k) {
+            const size_t len = state_len(StateSize(k), rows, cols, rank, first_moment_);
+            total[k] = StateSize(k) == StateSize::scratch ? std::max(total[k], len) : total[k] + len;
+        }
     }
+    const size_t blocks = lens_at(total, StateSize::blocks);
     // Offload: whole units from the shard's start until `offload` of it is covered. A unit of 2^18
     // elements is 3 MiB of fp32 master weights and moments, three units are live at once, and
     // each copy (1 MiB per state) is large enough for a disk's or a link's streaming rate; a shard
@@ -186,22 +197,32 @@ void TrainStep::declare_states(const ModelOptions & model, const std::string & p
     grads = train ? program_.declare(pre + "gradients", Category::gradients, in_bwd_ ? 0 : (dp.zero >= 2 ? S_ : P) * gs, true)
                   : -1;
     // The optimizer's states, as its row lists them.
-    auto declare_row = [&](const std::string & at, Category c, size_t n, size_t nb, bool persistent) {
-        std::array<BufferId, kMaxOptimizerStates> ids{-1, -1, -1, -1};
+    // GaLore's scratch is the update's workspace, live only while the updates run.
+    auto declare_row = [&](const std::string & at, Category c, StateLens n, bool persistent) {
+        std::array<BufferId, kMaxOptimizerStates> ids = no_states();
         for (int i = 0; i < row.n_states; ++i) {
             const OptimizerState & d = row.states[size_t(i)];
-            MF_ASSERT(d.size != StateSize::factored || off_elems_ == 0);   // offload refuses factored rows
-            ids[size_t(i)] = program_.declare(at + d.name, c, state_buffer_bytes(d, n, nb, factored), persistent);
+            const bool scratch = d.size == StateSize::scratch;
+            MF_ASSERT((!factors && !projects) || off_elems_ == 0);   // offload refuses per-matrix states
+            ids[size_t(i)] = program_.declare(at + d.name, scratch ? Category::workspace : c,
+                                              lens_at(n, d.size) * dtype_size(d.dtype), persistent && !scratch);
         }
         return ids;
     };
-    if (train) opt_states = declare_row(pre, Category::optimizer_states, rest, blocks - off_blocks_, true);
+    auto flat = [](size_t n, size_t nb) {
+        StateLens l{};
+        lens_at(l, StateSize::elements) = n, lens_at(l, StateSize::blocks) = nb;
+        return l;
+    };
+    StateLens resident = total;
+    lens_at(resident, StateSize::elements) = rest, lens_at(resident, StateSize::blocks) = blocks - off_blocks_;
+    if (train) opt_states = declare_row(pre, Category::optimizer_states, resident, true);
     if (off_elems_ > 0) {   // the offloaded states, and (the update's program) each unit's staging
         auto states = [&](const std::string & at, bool persistent, size_t n, size_t nb, bool offl) {
             auto cat = [&](Category c) { return offl ? Category::offloaded : c; };
             States st;
             if (mixed) st.master = program_.declare(at + "master_parameters", cat(Category::master_weights), n * 4, persistent);
-            st.opt = declare_row(at, cat(Category::optimizer_states), n, nb, persistent);
+            st.opt = declare_row(at, cat(Category::optimizer_states), flat(n, nb), persistent);
             if (params_off_ && !offl) st.params = program_.declare(at + "parameters", Category::parameters, n * cs);
             return st;
         };
@@ -420,12 +441,16 @@ void TrainStep::update(Graph & g, const StepScalars & s, size_t a, size_t b, Buf
         const Tensor copy = mixed ? Tensor(params, compute_, {n}, px * cs) : Tensor{};
         const Tensor param = mixed ? Tensor(master, DType::f32, {n}, own) : weights(px, n);
         h.sr_at = x0;
-        // A whole matrix's views as [rows, cols] (a factored state's statistics are per row and column).
+        // A whole matrix's views as [rows, cols] (a factored state's statistics are per row and
+        // column, GaLore's projector per matrix).
         const bool matrix = x0 == x && mp.rows > 1;
         auto as_matrix = [&](const Tensor & t) { return matrix && t.valid() ? t.view(0, {mp.rows, mp.cols}) : t; };
         const Tensor grad(gbuf, grad_dt_, {n}, (x0 - gbase) * gs);
+        StateLens off = mp.off;
+        lens_at(off, StateSize::elements) = x0 - lo_ - off_elems_, lens_at(off, StateSize::blocks) = block;
+        h.galore_rank = int(matrix ? mp.rank : 0);
         g.optimizer_step(optimizer_, as_matrix(param), as_matrix(grad),
-                         state_views(opt_states, x0 - lo_ - off_elems_, block, size_t(n), mp.fac, matrix ? mp.rows : 1),
+                         state_views(opt_states, off, matrix ? mp.rows : 1, matrix ? mp.cols : n, h.galore_rank),
                          norm_sq, as_matrix(copy), h);
     }
 }
@@ -447,19 +472,15 @@ void TrainStep::update_bucket(Graph & g, const StepScalars & s, int i) const {
     g.phase(Phase::backward);
 }
 
-OptimizerStates TrainStep::state_views(const std::array<BufferId, kMaxOptimizerStates> & ids, size_t at, size_t block,
-                                       size_t n, size_t fac, int64_t rows) const {
+OptimizerStates TrainStep::state_views(const std::array<BufferId, kMaxOptimizerStates> & ids, const StateLens & off,
+                                       int64_t rows, int64_t cols, int64_t rank) const {
     const OptimizerRow & row = optimizer_row(optimizer_);
     OptimizerStates v;
     for (int i = 0; i < row.n_states; ++i) {
         const OptimizerState & d = row.states[size_t(i)];
-        const size_t es = dtype_size(d.dtype);
-        if (d.size == StateSize::blocks)
-            v.t[size_t(i)] = Tensor(ids[size_t(i)], d.dtype, {int64_t(moments8_blocks(n))}, block * es);
-        else if (d.size == StateSize::factored)
-            v.t[size_t(i)] = Tensor(ids[size_t(i)], d.dtype, {int64_t(factored_len(rows, int64_t(n) / rows))}, fac * es);
-        else
-            v.t[size_t(i)] = Tensor(ids[size_t(i)], d.dtype, {int64_t(n)}, at * es);
+        const size_t at = d.size == StateSize::scratch ? 0 : off[size_t(d.size)];
+        v.t[size_t(i)] = Tensor(ids[size_t(i)], d.dtype, {int64_t(state_len(d.size, rows, cols, rank, first_moment_))},
+                                at * dtype_size(d.dtype));
     }
     return v;
 }
@@ -492,8 +513,8 @@ void TrainStep::offloaded_update(Graph & g, const StepScalars & s) const {
         if (params_off_)
             p.push_back({Tensor(u.stage.params, compute_, {n}), Tensor(params, compute_, {n}, u.at * cs), mixed});
         if (mixed) p.push_back({Tensor(u.stage.master, DType::f32, {n}), Tensor(offloaded.master, DType::f32, {n}, u.at * 4)});
-        const OptimizerStates staged = state_views(u.stage.opt, 0, 0, u.n);
-        const OptimizerStates stored = state_views(offloaded.opt, u.at, u.block, u.n);
+        const OptimizerStates staged = state_views(u.stage.opt, flat_at(0, 0), 1, int64_t(u.n));
+        const OptimizerStates stored = state_views(offloaded.opt, flat_at(u.at, u.block), 1, int64_t(u.n));
         for (int k = 0; k < optimizer_row(optimizer_).n_states; ++k) p.push_back({staged.t[size_t(k)], stored.t[size_t(k)]});
         return p;
     };
@@ -521,7 +542,7 @@ void TrainStep::offloaded_update(Graph & g, const StepScalars & s) const {
         const Tensor param = mixed ? Tensor(u.stage.master, DType::f32, {n}) : params_off_ ? weights_now : weights(px, n);
         h.sr_at = x;
         const Tensor grad(grads, grad_dt_, {n}, gx * gs);
-        g.optimizer_step(optimizer_, param, grad, state_views(u.stage.opt, 0, 0, u.n), norm_sq, copy, h);
+        g.optimizer_step(optimizer_, param, grad, state_views(u.stage.opt, flat_at(0, 0), 1, n), norm_sq, copy, h);
         for (const Pair & q : pairs(u)) g.offload_write(q.stored, q.staged, int(2 * (i % 2) + 1));
         if (i >= 1) wait(i - 1, int(2 * ((i - 1) % 2) + 1));
     }

@@ -24,6 +24,13 @@ enum class StepMode {
     logits,   // forward only; the logits buffer keeps the logits
 };
 
+// Every optimizer state unset (-1: the row keeps no such state).
+inline std::array<BufferId, kMaxOptimizerStates> no_states() {
+    std::array<BufferId, kMaxOptimizerStates> a;
+    a.fill(-1);
+    return a;
+}
+
 // Which ends of a training step a program includes (gradient accumulation splits one optimizer
 // step into several micro-steps: the first zeroes the gradients, the last updates).
 struct StepParts {
@@ -104,7 +111,7 @@ public:
     // the shard). opt_states: the optimizer's states (backend/optimizer.h's row, in its order; -1
     // past its count), this rank's shard of them.
     BufferId params, master, grads, tokens, targets, losses, grad_norm_sq;
-    std::array<BufferId, kMaxOptimizerStates> opt_states{-1, -1, -1, -1};
+    std::array<BufferId, kMaxOptimizerStates> opt_states = no_states();
     BufferId base = -1, base_q = -1;   // LoRA's frozen base
     // Knowledge distillation (model/distill.h, training programs only): the teacher's weights, a
     // dense part (teacher_layout(), compute dtype) and its packed projections (teacher_quant()).
@@ -122,7 +129,7 @@ public:
     // when they are offloaded too.
     struct States {
         BufferId master = -1, params = -1;
-        std::array<BufferId, kMaxOptimizerStates> opt{-1, -1, -1, -1};
+        std::array<BufferId, kMaxOptimizerStates> opt = no_states();
     };
     States offloaded;
     // --offload optimizer+params: `params` (the ZeRO-3 shard) is in the offloaded category too;
@@ -135,13 +142,17 @@ public:
     DType grad_dtype() const { return grad_dt_; }
     Optimizer optimizer() const { return optimizer_; }
     bool optimizer_in_backward() const { return in_bwd_; }
+    bool first_moment() const { return first_moment_; }   // Adafactor's, with --adafactor-beta1
     // This rank's part of each trainable tensor, as the optimizer updates it: n elements from
     // element `at` of the shard; block states (8-bit moments' scales) from block `block` (blocks
     // never straddle two tensors); a factored state (Adafactor's) from element `fac` of it, for
-    // the piece's matrix [rows, cols] (a whole two-dimensional parameter; else [1, n]).
+    // the piece's matrix [rows, cols] (a whole two-dimensional parameter; else [1, n]); GaLore's
+    // rank for it (0: not projected) and where its projector, projected moments and their blocks
+    // start (`off`, by StateSize; its elements' and blocks' are `at` and `block`).
     struct MomentPiece {
         size_t at, n, block, fac = 0;
-        int64_t rows = 1, cols = 0;
+        int64_t rows = 1, cols = 0, rank = 0;
+        StateLens off{};
     };
     const std::vector<MomentPiece> & moment_pieces() const { return pieces_; }
     Tensor logits() const { return model_->logits(); }
@@ -168,11 +179,19 @@ private:
     // on (one per group, direction and copy, as the gathers' flags).
     static constexpr int kParamReadSlot = 4;
     void offloaded_update(Graph & g, const StepScalars & s) const;
-    // The optimizer's states of a view: n elements from element `at` (block `block`) of the
-    // buffers `ids` (the resident ones, the offloaded ones or a unit's staging).
-    OptimizerStates state_views(const std::array<BufferId, kMaxOptimizerStates> & ids, size_t at, size_t block,
-                                size_t n, size_t fac = 0, int64_t rows = 1) const;
+    // The optimizer's states of a view [rows, cols] at GaLore rank `rank`, each kind's from its
+    // element off[kind] of the buffers `ids` (the resident ones, the offloaded ones or a unit's
+    // staging); the scratch's from its start.
+    OptimizerStates state_views(const std::array<BufferId, kMaxOptimizerStates> & ids, const StateLens & off,
+                                int64_t rows, int64_t cols, int64_t rank = 0) const;
+    // A unit's or a vector's offsets: elements from `at`, 8-bit blocks from `block`.
+    static StateLens flat_at(size_t at, size_t block) {
+        StateLens o{};
+        lens_at(o, StateSize::elements) = at, lens_at(o, StateSize::blocks) = block;
+        return o;
+    }
     bool sr_ = false;   // --master-weights bf16-sr
+    bool first_moment_ = false;
     // --optimizer-in-backward: every layer's gradients in its own bucket (declare_sync), updated
     // as soon as the bucket is whole (and, with data parallelism, summed); grad_norm_sq adds up
     // the buckets' squares as they go (reported, never used: no clipping).

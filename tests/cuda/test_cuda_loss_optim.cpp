@@ -444,6 +444,8 @@ TEST(CudaOptim, AdafactorMatchesCpu) {
     const int param = c.rand(DType::f32, {R, C}), grad = c.rand(DType::bf16, {R, C}, -0.5f, 0.5f);
     const int stat = c.zeros(DType::f32, {R + C}), copy = c.zeros(DType::bf16, {R, C}), nsq = c.zeros(DType::f32, {1});
     const int vec = c.rand(DType::f32, {C}), vgrad = c.rand(DType::f32, {C}, -0.5f, 0.5f), vstat = c.zeros(DType::f32, {C});
+    // --adafactor-beta1: a matrix with a first moment
+    const int mp = c.rand(DType::f32, {R, C}), mstat = c.zeros(DType::f32, {R + C}), m = c.zeros(DType::f32, {R, C});
     OptimHyper h;
     h.lr = 0.01f, h.weight_decay = 0.1f, h.clip = 1.0f, h.clip_threshold = 0.5f;
     c.run([&](Backend & b, const std::vector<Tensor> & t) {
@@ -451,11 +453,14 @@ TEST(CudaOptim, AdafactorMatchesCpu) {
         b.sum_squares(at(nsq), at(grad));
         for (int s = 1; s <= 2; ++s) {
             h.t = s;
+            h.adafactor_beta1 = 0;
             b.optimizer_step(Optimizer::adafactor, at(param), at(grad), OptimizerStates{{at(stat)}}, at(nsq), at(copy), h);
             b.optimizer_step(Optimizer::adafactor, at(vec), at(vgrad), OptimizerStates{{at(vstat)}}, Tensor{}, Tensor{}, h);
+            h.adafactor_beta1 = 0.9f;
+            b.optimizer_step(Optimizer::adafactor, at(mp), at(grad), OptimizerStates{{at(mstat), at(m)}}, at(nsq), Tensor{}, h);
         }
     });
-    for (int i : {param, stat, vec, vstat}) EXPECT_LE(c.rel_err(i), 1e-5);
+    for (int i : {param, stat, vec, vstat, mp, mstat, m}) EXPECT_LE(c.rel_err(i), 1e-5);
     EXPECT_LE(c.rel_err(copy), tol(DType::bf16));
 }
 

@@ -135,15 +135,25 @@ void adamw_update(W * param, P * param_copy, const G * grad, M * m, M * v, size_
 template <class W, class G, class P>
 void sgd_update(W * param, P * param_copy, const G * grad, float * buf, size_t n, const UpdateConsts & c);
 // Adafactor over the R x C matrix (a vector: R = 1) of the view: stat holds its factored state,
-// R row then C column statistics (factored_len(); a vector's or a one-row matrix's: one per element).
+// R row then C column statistics (factored_len(); a vector's or a one-row matrix's: one per element);
+// m its first moment, one per element (null without --adafactor-beta1).
 template <class W, class G, class P>
-void adafactor_update(W * param, P * param_copy, const G * grad, float * stat, int64_t R, int64_t C,
+void adafactor_update(W * param, P * param_copy, const G * grad, float * stat, float * m, int64_t R, int64_t C,
                       const UpdateConsts & c);
 // AdamW with 8-bit moments (backend/moments8.h; kernels_adamw8.cpp): m, v one code per element,
 // m_scale, v_scale one per block of the n elements.
 template <class G, class P, class W = float>
 void adamw_update_8bit(W * param, P * param_copy, const G * grad, uint8_t * m, uint8_t * v, float * m_scale,
                        float * v_scale, size_t n, const UpdateConsts & c);
+
+// GaLore (kernels_galore.cpp) for an R x C fp32 gradient g at rank r, s = min(R, C): the
+// projector's refresh, r orthonormal rows of s (the top r singular vectors of the shorter side;
+// work: 2 s^2 doubles); the projected gradient, r x C (R < C: Q g) or R x r (else: g Q^T); and
+// row i of the projected-back direction dir (the shape of the projected gradient) into out[C].
+void galore_projector(float * proj, const float * g, int64_t R, int64_t C, int64_t r, double * work);
+void galore_project(float * low, const float * proj, const float * g, int64_t R, int64_t C, int64_t r);
+void galore_project_back_row(float * out, const float * proj, const float * dir, int64_t i, int64_t R, int64_t C,
+                             int64_t r);
 
 // ---------------------------------------------------------------------------------------------
 // LLaMA family (kernels_llama.cpp). Rows are parallel tasks; every reduction has a fixed order.

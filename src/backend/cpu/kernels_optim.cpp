@@ -16,8 +16,6 @@ namespace memfit {
 
 namespace cpu {
 
-namespace {
-
 // Stores the updated weight p of element i: W float as it is, bf16_t rounded stochastically;
 // the compute copy P (when not float) rounded to nearest even.
 template <class W, class P>
@@ -26,8 +24,6 @@ inline void store_weight(W * param, P * copy, size_t i, float p, const UpdateCon
     else param[i] = bf16_t{sr_bf16_bits(p, c.sr_seed, c.sr_at + i)};
     if constexpr (!std::is_same_v<P, float>) copy[i] = from_f32<P>(p);
 }
-
-}  // namespace
 
 // keep_zeros is a compile-time case in both loops: its selects kept them scalar under AVX2 (4x
 // slower).
@@ -71,8 +67,8 @@ void sgd_update(W * param, [[maybe_unused]] P * param_copy, const G * grad, floa
 // the same on any thread count. The factors r_i and c_j formed once; a vector's (or a one-row
 // matrix's) as one row of n columns with r = 1.
 template <class W, class G, class P>
-void adafactor_update(W * param, [[maybe_unused]] P * param_copy, const G * grad, float * stat, int64_t R, int64_t C,
-                      const UpdateConsts & cref) {
+void adafactor_update(W * param, [[maybe_unused]] P * param_copy, const G * grad, float * stat, float * m, int64_t R,
+                      int64_t C, const UpdateConsts & cref) {
     const UpdateConsts c = cref;
     const bool factored = R >= 2 && C >= 2;
     auto sq = [&](int64_t k) {
@@ -130,18 +126,27 @@ void adafactor_update(W * param, [[maybe_unused]] P * param_copy, const G * grad
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < R; ++i) {
         const float r = rf[size_t(i)];
-        auto run = [&](auto keep) {
+        auto run = [&](auto keep, auto first) {
 #pragma omp simd
             for (int64_t j = 0; j < C; ++j) {
                 const size_t k = size_t(i * C + j);
                 const float w = to_f32(param[k]);
                 const bool frozen = decltype(keep)::value && w == 0.0f;   // N:M sparsity: a kept zero stays
-                const float p = adafactor_rule(c, w, adafactor_u(to_f32(grad[k]) * c.scale, r, cfp[j]), inv);
+                const float u = adafactor_u(to_f32(grad[k]) * c.scale, r, cfp[j]);
+                float p;
+                if constexpr (decltype(first)::value) {
+                    p = adafactor_rule_m(c, w, u, inv, m[k]);
+                    if (frozen) m[k] = 0.0f;
+                } else {
+                    p = adafactor_rule(c, w, u, inv);
+                }
                 store_weight(param, param_copy, k, frozen ? w : p, c);
             }
         };
-        if (c.keep_zeros) run(std::true_type{});
-        else run(std::false_type{});
+        if (c.keep_zeros && m) run(std::true_type{}, std::true_type{});
+        else if (c.keep_zeros) run(std::true_type{}, std::false_type{});
+        else if (m) run(std::false_type{}, std::true_type{});
+        else run(std::false_type{}, std::false_type{});
     }
 }
 
@@ -207,7 +212,66 @@ void adamw8_step(Tensor param, Tensor grad, const OptimizerStates & st, Tensor c
 void adafactor_step(Tensor param, Tensor grad, const OptimizerStates & st, Tensor copy, const OptimHyper & h,
                     const UpdateConsts & c) {
     with_storage(param, grad, copy, h, [&](auto * w, auto * g, auto * cp) {
-        cpu::adafactor_update(w, cp, g, st.t[0].f32(), view_rows(param), view_cols(param), c);
+        float * m = st.t[1].valid() && st.t[1].numel() > 0 ? st.t[1].f32() : nullptr;
+        MF_ASSERT((m != nullptr) == (h.adafactor_beta1 > 0));
+        cpu::adafactor_update(w, cp, g, st.t[0].f32(), m, view_rows(param), view_cols(param), c);
+    });
+}
+
+// GaLore (Zhao et al. 2024, Algorithm 1 with AdamW's decoupled weight decay): every update_gap
+// steps the projector is refreshed from the scaled gradient; the gradient is projected to rank
+// r, AdamW's moments updated there and their direction N = m^ / (sqrt(v^) + eps) formed, then
+// p = p (1 - lr wd) - lr alpha (N projected back). N comes from the rows' own rules run on the
+// projected elements with a weight of 0, lr -1 and no decay (adamw_rule then returns N itself).
+// The scratch: the shorter side's Gram matrix and eigenvectors (doubles), the scaled fp32
+// gradient (then, for the 8-bit moments, N), the projected gradient (fp32 moments: then N).
+void galore_step(Tensor param, Tensor grad, const OptimizerStates & st, Tensor copy, const OptimHyper & h,
+                 const UpdateConsts & c) {
+    const bool eight = st.t[0].dtype == DType::u8;
+    const int np = eight ? 4 : 2;   // the projector and the scratch follow the moments (and scales)
+    if (h.galore_rank == 0) {       // not projected: the row's AdamW on the whole view
+        OptimizerStates plain;
+        std::copy_n(st.t.begin(), np, plain.t.begin());
+        return eight ? adamw8_step(param, grad, plain, copy, h, c) : adamw_step(param, grad, plain, copy, h, c);
+    }
+    MF_ASSERT(!c.keep_zeros);   // run/compat.cpp refuses N:M sparsity with GaLore
+    const int64_t R = view_rows(param), C = view_cols(param), r = h.galore_rank, s = std::min(R, C);
+    const int64_t n = R * C, nl = r * std::max(R, C);
+    float * proj = st.t[size_t(np)].f32();
+    double * work = static_cast<double *>(st.t[size_t(np) + 1].data);
+    float * gs = reinterpret_cast<float *>(work + 2 * s * s), * low = gs + n;
+    with_storage(param, grad, copy, h, [&](auto * w, auto * g, auto * cp) {
+#pragma omp parallel for simd schedule(static)
+        for (int64_t i = 0; i < n; ++i) gs[i] = to_f32(g[i]) * c.scale;
+        if ((h.t - 1) % h.galore_update_gap == 0) cpu::galore_projector(proj, gs, R, C, r, work);
+        cpu::galore_project(low, proj, gs, R, C, r);
+        UpdateConsts in = c;   // the moments' step in the projected space: returns N
+        in.lr = -1.0f, in.decay = 1.0f, in.scale = 1.0f, in.keep_zeros = false;
+        const float * dir = low;
+        if (eight) {
+            std::fill(gs, gs + nl, 0.0f);
+            cpu::adamw_update_8bit<float, float, float>(gs, nullptr, low, static_cast<uint8_t *>(st.t[0].data),
+                                                        static_cast<uint8_t *>(st.t[1].data), st.t[2].f32(),
+                                                        st.t[3].f32(), size_t(nl), in);
+            dir = gs;
+        } else {
+            float * m = st.t[0].f32(), * v = st.t[1].f32();
+#pragma omp parallel for simd schedule(static)
+            for (int64_t i = 0; i < nl; ++i) low[i] = adamw_rule(in, 0.0f, low[i], m[i], v[i], false);
+        }
+        const float step = c.lr * h.galore_scale;
+#pragma omp parallel
+        {
+            std::vector<float> row(static_cast<size_t>(C));
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < R; ++i) {
+                cpu::galore_project_back_row(row.data(), proj, dir, i, R, C, r);
+                for (int64_t j = 0; j < C; ++j) {
+                    const size_t k = size_t(i * C + j);
+                    cpu::store_weight(w, cp, k, to_f32(w[k]) * c.decay - step * row[size_t(j)], c);
+                }
+            }
+        }
     });
 }
 
@@ -218,6 +282,8 @@ constexpr struct { Optimizer id; StepFn fn; } kSteps[kOptimizerCount] = {
     {Optimizer::sgd, sgd_step},
     {Optimizer::adamw_8bit, adamw8_step},
     {Optimizer::adafactor, adafactor_step},
+    {Optimizer::galore_adamw, galore_step},
+    {Optimizer::galore_adamw_8bit, galore_step},
 };
 
 }  // namespace

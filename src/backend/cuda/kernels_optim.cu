@@ -250,8 +250,8 @@ __global__ void __launch_bounds__(256) af_usq_kernel(const G * grad, const float
 
 template <class G, class P, class W>
 __global__ void __launch_bounds__(256) af_apply_kernel(W * param, const G * grad, P * copy, const float * stat,
-                                                       int64_t R, int64_t C, bool factored, const float * norm_sq,
-                                                       UpdateConsts a) {
+                                                       float * m, int64_t R, int64_t C, bool factored,
+                                                       const float * norm_sq, UpdateConsts a) {
     const float nsq = norm_sq ? *norm_sq : 0.0f;
     if (rule_skips(a, nsq)) return;
     const float scale = rule_scale(a, nsq);
@@ -265,7 +265,14 @@ __global__ void __launch_bounds__(256) af_apply_kernel(W * param, const G * grad
     for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < R * C; k += int64_t(gridDim.x) * blockDim.x) {
         const float w = ldw(param[k]);
         const bool frozen = a.keep_zeros && w == 0.0f;
-        const float p = frozen ? w : adafactor_rule(a, w, af_u(stat, R, C, factored, k, ld(grad[k]) * scale), inv);
+        const float u = af_u(stat, R, C, factored, k, ld(grad[k]) * scale);
+        float p = w;
+        if (m) {   // --adafactor-beta1: the averaged update
+            p = adafactor_rule_m(a, w, u, inv, m[k]);
+            if (frozen) m[k] = 0.0f, p = w;
+        } else if (!frozen) {
+            p = adafactor_rule(a, w, u, inv);
+        }
         stw(param[k], p, a, k);
         if constexpr (!std::is_same_v<P, float>) copy[k] = st<P>(p);
     }
@@ -431,6 +438,8 @@ void adafactor_step(cudaStream_t s, Tensor param, Tensor grad, const OptimizerSt
     const int64_t R = view_rows(param), C = view_cols(param);
     const bool factored = R >= 2 && C >= 2;
     float * stat = st.t[0].f32();
+    float * m = st.t[1].valid() && st.t[1].numel() > 0 ? st.t[1].f32() : nullptr;
+    MF_ASSERT((m != nullptr) == (a.af_beta1 > 0));
     with_grad_and_copy(grad, param_copy, [&](auto * g, auto * copy) {
         using G = std::remove_pointer_t<decltype(g)>;
         using P = std::remove_pointer_t<decltype(copy)>;
@@ -447,13 +456,19 @@ void adafactor_step(cudaStream_t s, Tensor param, Tensor grad, const OptimizerSt
         af_usq_kernel<G><<<kAfBlocks, 256, 0, s>>>(g, stat, R, C, factored, nsq, a);
         MF_CUDA_LAUNCHED();
         if (param.dtype == DType::bf16)   // bf16-sr
-            af_apply_kernel<G, P, uint16_t><<<grid_for(R * C, 256), 256, 0, s>>>(ptr<uint16_t>(param), g, copy, stat, R,
-                                                                                 C, factored, nsq, a);
+            af_apply_kernel<G, P, uint16_t><<<grid_for(R * C, 256), 256, 0, s>>>(ptr<uint16_t>(param), g, copy, stat, m,
+                                                                                 R, C, factored, nsq, a);
         else
-            af_apply_kernel<G, P, float><<<grid_for(R * C, 256), 256, 0, s>>>(param.f32(), g, copy, stat, R, C,
+            af_apply_kernel<G, P, float><<<grid_for(R * C, 256), 256, 0, s>>>(param.f32(), g, copy, stat, m, R, C,
                                                                               factored, nsq, a);
         MF_CUDA_LAUNCHED();
     });
+}
+
+// GaLore's projector refresh is an eigen-decomposition this backend does not have yet: the
+// trainer refuses the row on CUDA before the step (run/compat.cpp); a step reaching it is a bug.
+void galore_step(cudaStream_t, Tensor, Tensor, const OptimizerStates &, Tensor, const float *, const UpdateConsts &) {
+    MF_UNREACHABLE();
 }
 
 constexpr struct { Optimizer id; StepFn fn; } kSteps[kOptimizerCount] = {
@@ -462,6 +477,8 @@ constexpr struct { Optimizer id; StepFn fn; } kSteps[kOptimizerCount] = {
     {Optimizer::sgd, sgd_step},
     {Optimizer::adamw_8bit, adamw8_step},
     {Optimizer::adafactor, adafactor_step},
+    {Optimizer::galore_adamw, galore_step},
+    {Optimizer::galore_adamw_8bit, galore_step},
 };
 
 }  // namespace
