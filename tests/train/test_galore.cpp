@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/moments8.h"
 #include "core/error.h"
 #include "run/compat.h"
 #include "train/engine.h"
@@ -68,6 +69,64 @@ TEST(Galore, MatchesTheFloat64Reference) {
             const std::vector<double> want = c["after"][t].get<std::vector<double>>();
             for (size_t i = 0; i < want.size(); ++i)
                 ASSERT_NEAR(got[t][i], want[i], 2e-6 * (1.0 + std::fabs(want[i]))) << "step " << t + 1 << " element " << i;
+        }
+    }
+}
+
+// The 8-bit row against float64 step by step (as LowpAdamW.EightBitMomentsMatchDoubleReference):
+// the reference decodes the kernel's stored codes before each step and takes the projector the
+// kernel holds after it (refreshed or not), then projects, updates the moments, projects back and
+// steps in double; the weights within float rounding of it.
+TEST(Galore, EightBitStepMatchesTheDoubleReference) {
+    const nlohmann::json ref = reference();
+    CpuBackend be;
+    for (const auto & c : ref["cases"]) {
+        SCOPED_TRACE(c["name"].get<std::string>());
+        const std::vector<int64_t> shape = c["shape"].get<std::vector<int64_t>>();
+        const int64_t R = shape[0], C = shape[1], r = c["rank"].get<int64_t>(), s = std::min(R, C);
+        const bool left = R < C;
+        const size_t nl = state_len(StateSize::projected, R, C, r), nb = moments8_blocks(nl);
+        std::vector<uint8_t> m(nl, 0), v(nl, 0);
+        std::vector<float> ms(nb, 0.0f), vs(nb, 0.0f), proj(size_t(r * s), 0.0f);
+        std::vector<float> scratch(state_len(StateSize::scratch, R, C, r), 0.0f);
+        std::vector<float> p = c["init"].get<std::vector<float>>();
+        OptimHyper h;
+        h.lr = ref["lr"].get<float>(), h.beta1 = ref["beta1"].get<float>(), h.beta2 = ref["beta2"].get<float>();
+        h.eps = ref["eps"].get<float>(), h.weight_decay = c["weight_decay"].get<float>();
+        h.galore_rank = int(r), h.galore_update_gap = ref["update_gap"].get<int>(), h.galore_scale = ref["scale"].get<float>();
+        for (int t = 1; t <= 5; ++t) {
+            std::vector<float> g = c["grads"][size_t(t - 1)].get<std::vector<float>>();
+            std::vector<double> m0(nl), v0(nl);
+            for (size_t i = 0; i < nl; ++i)
+                m0[i] = decode_m8(m[i], ms[i / kMoments8Block]), v0[i] = decode_v8(v[i], vs[i / kMoments8Block]);
+            const std::vector<float> p0 = p;
+            h.t = t;
+            OptimizerStates st{{host_view(m, DType::u8), host_view(v, DType::u8), host_view(ms, DType::f32),
+                                host_view(vs, DType::f32), host_view(proj, DType::f32), host_view(scratch, DType::f32)}};
+            be.optimizer_step(Optimizer::galore_adamw_8bit, host_view(p, DType::f32).view(0, {R, C}),
+                              host_view(g, DType::f32).view(0, {R, C}), st, Tensor{}, Tensor{}, h);
+            const double bc1 = 1 - std::pow(double(h.beta1), t), bc2 = 1 - std::pow(double(h.beta2), t);
+            std::vector<double> n(nl);   // N in the projected space: r x C (left) or R x r
+            for (size_t e = 0; e < nl; ++e) {
+                const int64_t a = int64_t(e) / (left ? C : r), b = int64_t(e) % (left ? C : r);
+                double low = 0;   // (Q G)[a][b] or (G Q^T)[a][b]
+                for (int64_t k = 0; k < s; ++k)
+                    low += left ? double(proj[size_t(a * s + k)]) * g[size_t(k * C + b)]
+                                : double(g[size_t(a * C + k)]) * proj[size_t(b * s + k)];
+                const double mi = h.beta1 * m0[e] + (1 - double(h.beta1)) * low;
+                const double vi = h.beta2 * v0[e] + (1 - double(h.beta2)) * low * low;
+                n[e] = (mi / bc1) / (std::sqrt(vi / bc2) + h.eps);
+            }
+            for (int64_t i = 0; i < R; ++i)
+                for (int64_t j = 0; j < C; ++j) {
+                    double d = 0;   // (Q^T N)[i][j] or (N Q)[i][j]
+                    for (int64_t k = 0; k < r; ++k)
+                        d += left ? double(proj[size_t(k * s + i)]) * n[size_t(k * C + j)]
+                                  : n[size_t(i * r + k)] * double(proj[size_t(k * s + j)]);
+                    const size_t e = size_t(i * C + j);
+                    const double want = p0[e] * (1 - double(h.lr) * h.weight_decay) - double(h.lr) * h.galore_scale * d;
+                    ASSERT_NEAR(p[e], want, 2e-6 * (1 + std::fabs(want))) << "step " << t << " element " << e;
+                }
         }
     }
 }
