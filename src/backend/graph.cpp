@@ -707,7 +707,10 @@ void Graph::optimizer_step(Optimizer o, Tensor param, Tensor grad, const Optimiz
     const OptimizerRow & r = optimizer_row(o);
     const auto & t = states.t;
     static_assert(kMaxOptimizerStates == 6, "every state is an input of the op");
-    if (begin(r.op, r.flops * double(param.numel()), {param, grad, t[0], t[1], t[2], t[3], t[4], t[5], norm_sq, param_copy}) &&
+    // GaLore's projection and projection back: 2 r multiply-adds each per element (its refresh,
+    // every update gap, is left out).
+    const double flops = (r.flops + 4.0 * h.galore_rank) * double(param.numel());
+    if (begin(r.op, flops, {param, grad, t[0], t[1], t[2], t[3], t[4], t[5], norm_sq, param_copy}) &&
         !skip_update_) {
         OptimizerStates at;
         for (size_t i = 0; i < t.size(); ++i) at.t[i] = resolve(t[i]);
