@@ -198,6 +198,13 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     const double update_bytes = 2.0 * (state + 4.0) + g + (master ? s : 0.0);   // per parameter
     // The device runs the update (offloaded states are staged through it: train/step.h).
     t.memory_bound = m * mem_mb + shard * update_bytes / bw;
+    // GaLore: each projected matrix's gradient projected and its update projected back, 4 r FLOPs
+    // per element, at the fp32 matmul rate (the projector's refresh, every update gap, left out).
+    if (has_state(c.optimizer, StateSize::projector)) {
+        double proj = 0;
+        for (const auto & [Rm, Cm] : ps.targets) proj += 4.0 * double(galore_rank(true, Rm, Cm, c.galore_rank)) * double(Rm * Cm);
+        t.memory_bound += layers * proj / (hw.matmul_eff * need(hw.flops(DType::f32), hw, "fp32 FLOP rate"));
+    }
 
     // --- placement and links
     const int devices = L.devices();
