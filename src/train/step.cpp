@@ -152,10 +152,8 @@ void TrainStep::declare_states(const ModelOptions & model, const std::string & p
         const int64_t rows = whole ? p.shape[0] : 1, cols = int64_t(y - x) / rows;
         // GaLore projects the blocks' projection weights (GaLore's "attn" and "mlp" targets).
         const int64_t rank = galore_rank(train && projects && whole && sparse_target(p.name), rows, cols, model.galore_rank);
-        MomentPiece mp{x - lo_, y - x, lens_at(total, StateSize::blocks), lens_at(total, StateSize::factored), rows, cols,
-                       rank, total};
-        lens_at(mp.off, StateSize::elements) = mp.at;
-        pieces_.push_back(mp);
+        MF_ASSERT(lens_at(total, StateSize::elements) == x - lo_);   // the pieces tile the shard
+        pieces_.push_back(MomentPiece{x - lo_, y - x, rows, cols, rank, total});
         decays.push_back(p.decay());
         for (size_t k = 0; k < total.size(); ++k) {
             const size_t len = state_len(StateSize(k), rows, cols, rank, first_moment_);
@@ -174,9 +172,9 @@ void TrainStep::declare_states(const ModelOptions & model, const std::string & p
         const MomentPiece & p = pieces_[i];
         for (size_t a = 0; a < p.n && double(off_elems_) < want; a += unit) {
             const size_t n = std::min(unit, p.n - a);
-            units_.push_back(Unit{p.at + a, n, p.block + a / kMoments8Block, decays[i], {}});
+            units_.push_back(Unit{p.at + a, n, p.block() + a / kMoments8Block, decays[i], {}});
             off_elems_ = p.at + a + n;
-            off_blocks_ = p.block + moments8_blocks(a + n);
+            off_blocks_ = p.block() + moments8_blocks(a + n);
         }
     }
     const size_t rest = S_ - off_elems_;
@@ -198,21 +196,16 @@ void TrainStep::declare_states(const ModelOptions & model, const std::string & p
                   : -1;
     // The optimizer's states, as its row lists them.
     // GaLore's scratch is the update's workspace, live only while the updates run.
+    MF_ASSERT((!factors && !projects) || off_elems_ == 0);   // offload refuses per-matrix states
     auto declare_row = [&](const std::string & at, Category c, StateLens n, bool persistent) {
         std::array<BufferId, kMaxOptimizerStates> ids = no_states();
         for (int i = 0; i < row.n_states; ++i) {
             const OptimizerState & d = row.states[size_t(i)];
             const bool scratch = d.size == StateSize::scratch;
-            MF_ASSERT((!factors && !projects) || off_elems_ == 0);   // offload refuses per-matrix states
             ids[size_t(i)] = program_.declare(at + d.name, scratch ? Category::workspace : c,
                                               lens_at(n, d.size) * dtype_size(d.dtype), persistent && !scratch);
         }
         return ids;
-    };
-    auto flat = [](size_t n, size_t nb) {
-        StateLens l{};
-        lens_at(l, StateSize::elements) = n, lens_at(l, StateSize::blocks) = nb;
-        return l;
     };
     StateLens resident = total;
     lens_at(resident, StateSize::elements) = rest, lens_at(resident, StateSize::blocks) = blocks - off_blocks_;
@@ -222,7 +215,7 @@ void TrainStep::declare_states(const ModelOptions & model, const std::string & p
             auto cat = [&](Category c) { return offl ? Category::offloaded : c; };
             States st;
             if (mixed) st.master = program_.declare(at + "master_parameters", cat(Category::master_weights), n * 4, persistent);
-            st.opt = declare_row(at, cat(Category::optimizer_states), flat(n, nb), persistent);
+            st.opt = declare_row(at, cat(Category::optimizer_states), flat_lens(n, nb), persistent);
             if (params_off_ && !offl) st.params = program_.declare(at + "parameters", Category::parameters, n * cs);
             return st;
         };
@@ -434,7 +427,7 @@ void TrainStep::update(Graph & g, const StepScalars & s, size_t a, size_t b, Buf
         const int64_t n = int64_t(y - x0);
         // In the resident states, which start at shard element off_elems_ (block off_blocks_).
         const size_t own = (x0 - lo_ - off_elems_) * 4;
-        const size_t block = mp.block + (x0 - x) / kMoments8Block - off_blocks_;
+        const size_t block = mp.block() + (x0 - x) / kMoments8Block - off_blocks_;
         const size_t px = dp_.zero >= 3 ? x0 - lo_ : x0;        // in the compute-precision weights
         // Mixed precision: the optimizer updates the fp32 master weights and rounds them into the
         // compute-precision copy the next step's matmuls read (bf16-sr: the bf16 weights).
@@ -513,8 +506,8 @@ void TrainStep::offloaded_update(Graph & g, const StepScalars & s) const {
         if (params_off_)
             p.push_back({Tensor(u.stage.params, compute_, {n}), Tensor(params, compute_, {n}, u.at * cs), mixed});
         if (mixed) p.push_back({Tensor(u.stage.master, DType::f32, {n}), Tensor(offloaded.master, DType::f32, {n}, u.at * 4)});
-        const OptimizerStates staged = state_views(u.stage.opt, flat_at(0, 0), 1, int64_t(u.n));
-        const OptimizerStates stored = state_views(offloaded.opt, flat_at(u.at, u.block), 1, int64_t(u.n));
+        const OptimizerStates staged = state_views(u.stage.opt, flat_lens(0, 0), 1, int64_t(u.n));
+        const OptimizerStates stored = state_views(offloaded.opt, flat_lens(u.at, u.block), 1, int64_t(u.n));
         for (int k = 0; k < optimizer_row(optimizer_).n_states; ++k) p.push_back({staged.t[size_t(k)], stored.t[size_t(k)]});
         return p;
     };
@@ -542,7 +535,7 @@ void TrainStep::offloaded_update(Graph & g, const StepScalars & s) const {
         const Tensor param = mixed ? Tensor(u.stage.master, DType::f32, {n}) : params_off_ ? weights_now : weights(px, n);
         h.sr_at = x;
         const Tensor grad(grads, grad_dt_, {n}, gx * gs);
-        g.optimizer_step(optimizer_, param, grad, state_views(u.stage.opt, flat_at(0, 0), 1, n), norm_sq, copy, h);
+        g.optimizer_step(optimizer_, param, grad, state_views(u.stage.opt, flat_lens(0, 0), 1, n), norm_sq, copy, h);
         for (const Pair & q : pairs(u)) g.offload_write(q.stored, q.staged, int(2 * (i % 2) + 1));
         if (i >= 1) wait(i - 1, int(2 * ((i - 1) % 2) + 1));
     }

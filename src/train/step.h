@@ -144,15 +144,15 @@ public:
     bool optimizer_in_backward() const { return in_bwd_; }
     bool first_moment() const { return first_moment_; }   // Adafactor's, with --adafactor-beta1
     // This rank's part of each trainable tensor, as the optimizer updates it: n elements from
-    // element `at` of the shard; block states (8-bit moments' scales) from block `block` (blocks
-    // never straddle two tensors); a factored state (Adafactor's) from element `fac` of it, for
-    // the piece's matrix [rows, cols] (a whole two-dimensional parameter; else [1, n]); GaLore's
-    // rank for it (0: not projected) and where its projector, projected moments and their blocks
-    // start (`off`, by StateSize; its elements' and blocks' are `at` and `block`).
+    // element `at` of the shard, for the piece's matrix [rows, cols] (a whole two-dimensional
+    // parameter; else [1, n]) at GaLore's rank for it (0: not projected); where each kind of
+    // state starts for it (`off`, by StateSize: its elements at `at`, 8-bit blocks never straddling
+    // two tensors, Adafactor's factored statistics, GaLore's projector and projected moments).
     struct MomentPiece {
-        size_t at, n, block, fac = 0;
+        size_t at, n;
         int64_t rows = 1, cols = 0, rank = 0;
         StateLens off{};
+        size_t block() const { return off[size_t(StateSize::blocks)]; }
     };
     const std::vector<MomentPiece> & moment_pieces() const { return pieces_; }
     Tensor logits() const { return model_->logits(); }
@@ -184,10 +184,10 @@ private:
     // staging); the scratch's from its start.
     OptimizerStates state_views(const std::array<BufferId, kMaxOptimizerStates> & ids, const StateLens & off,
                                 int64_t rows, int64_t cols, int64_t rank = 0) const;
-    // A unit's or a vector's offsets: elements from `at`, 8-bit blocks from `block`.
-    static StateLens flat_at(size_t at, size_t block) {
+    // Element and 8-bit block counts (or offsets) alone: an offload unit's, or a vector's.
+    static StateLens flat_lens(size_t elems, size_t blocks) {
         StateLens o{};
-        lens_at(o, StateSize::elements) = at, lens_at(o, StateSize::blocks) = block;
+        lens_at(o, StateSize::elements) = elems, lens_at(o, StateSize::blocks) = blocks;
         return o;
     }
     bool sr_ = false;   // --master-weights bf16-sr
