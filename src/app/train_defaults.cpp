@@ -14,17 +14,21 @@ namespace {
 constexpr TrainKind kPretraining{"pretraining", 3e-3f, 100, 0.0};
 constexpr TrainKind kFullFineTune{"full fine-tune", 2e-5f, -1, 0.03};
 constexpr TrainKind kLoraFineTune{"LoRA fine-tune", 2e-4f, -1, 0.03};
+// TRL's DPOConfig: learning_rate 1e-6, whether or not PEFT adapts the model.
+constexpr TrainKind kDpo{"DPO", 1e-6f, -1, 0.03};
 constexpr int kDefaultSteps = 1500;
 
 std::string why_kind(const TrainOptions & opt) {
     if (!has_hf_weights(opt.model)) return "a fresh model";
-    return fmt::format("{} holds weights{}", opt.model, opt.lora.rank > 0 ? " and --lora-rank is set" : "");
+    return fmt::format("{} holds weights{}{}", opt.model, opt.lora.rank > 0 ? " and --lora-rank is set" : "",
+                       opt.pref.dpo() ? " and --objective dpo" : "");
 }
 
 }  // namespace
 
 const TrainKind & train_kind(const TrainOptions & opt) {
     if (!has_hf_weights(opt.model)) return kPretraining;
+    if (opt.pref.dpo()) return kDpo;
     return opt.lora.rank > 0 ? kLoraFineTune : kFullFineTune;
 }
 

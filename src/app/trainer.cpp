@@ -258,9 +258,13 @@ void TrainingRun::resolve() {
     // The loader yields the whole global batch per step, so a run-time re-plan to a smaller
     // micro-batch sees the same sequences; every rank reads it and keeps its rows of each of the
     // configuration's micro-batches (rows r*B/N .. (r+1)*B/N-1 of each B).
-    train_data_ = std::make_unique<DataLoader>(data_.train_path, batch_ * accum_, opt_.seq, opt_.seed, run_.packing);
+    const bool pairs = eo_.pref.enabled();
+    if (pairs) check_preference_data(data_.train_path, batch_ / ranks_);
+    train_data_ = std::make_unique<DataLoader>(data_.train_path, batch_ * accum_, opt_.seq, opt_.seed, run_.packing,
+                                               pairs);
     if (eo_.with_eval)
-        val_data_ = std::make_unique<DataLoader>(data_.val_path, batch_, opt_.seq, opt_.seed + 1, run_.packing);
+        val_data_ = std::make_unique<DataLoader>(data_.val_path, batch_, opt_.seq, opt_.seed + 1, run_.packing, pairs);
+    windows_.resize(size_t(batch_) * size_t(accum_));
     const bool steps_from_epochs = opt_.steps == 0;
     schedule_ = fill_schedule(opt_, train_data_->num_windows(), int64_t(batch_) * accum_);
     if (opt_.check_leaks && opt_.steps < 4)
@@ -411,6 +415,7 @@ void TrainingRun::build() {
                         eo_.distill.quantized() ? base_weights_name(eo_.distill.weights) : precision_name(eo_.compute),
                         eo_.distill.alpha, eo_.distill.alpha, eo_.distill.temperature));
     }
+    if (eo_.pref.enabled()) start_preference();   // from the starting weights, before a resume replaces them
     if (!resume_.empty())
         first_step_ = resume_from(resume_, cfg_, opt_, run_.global_batch, engine, *train_data_, val_data_.get(),
                                   base_digest_) + 1;
@@ -509,11 +514,15 @@ float TrainingRun::evaluate() {
     const int b = engine_->options().B, local = batch_ / ranks_, pieces = local / b;
     double s = 0;
     for (int i = 0; i < opt_.eval_batches; ++i) {
-        val_data_->next(in_.data(), tg_.data(), ds_.data());
+        val_data_->next(in_.data(), tg_.data(), ds_.data(), windows_.data());
         take_rows(batch_, 1);
+        const float * ref = my_reference(val_ref_, windows_, batch_, 1);
         for (int k = 0; k < pieces; ++k) {
             const size_t off = size_t(k) * size_t(b) * size_t(opt_.seq);
-            s += engine_->eval_loss(my_in_.data() + off, my_tg_.data() + off, my_starts() ? my_starts() + off : nullptr);
+            s += engine_->eval_loss(my_in_.data() + off, my_tg_.data() + off, my_starts() ? my_starts() + off : nullptr,
+                                    ref ? ref + size_t(k) * size_t(b) : nullptr);
+            if (i == 0 && k == 0) val_pref_ = {};
+            val_pref_.add(engine_->eval_preference());
         }
     }
     return float(s / (opt_.eval_batches * pieces));
@@ -559,7 +568,7 @@ void TrainingRun::step(int step) {
     while (skip_batches_.count({train_data_->epoch(), train_data_->cursor()}))
         train_data_->next(in_.data(), tg_.data(), ds_.data());
     batch_at_ = {train_data_->epoch(), train_data_->cursor()};
-    train_data_->next(in_.data(), tg_.data(), ds_.data());
+    train_data_->next(in_.data(), tg_.data(), ds_.data(), windows_.data());
     // The configuration's micro-batches (run.batch sequences each over all ranks) split over the
     // ranks; --fit auto may regroup this rank's rows into other micro-batches (the same global batch).
     if (bad_batches_.count(step)) spoil_rows(run_.batch, run_.grad_accum);
@@ -588,7 +597,8 @@ void TrainingRun::step(int step) {
     step_t0_ = t0;
     StepResult r;
     try {
-        r = resilient_step(engine_, cfg_, *backend_, my_in_.data(), my_tg_.data(), h, replans_, my_starts());
+        r = resilient_step(engine_, cfg_, *backend_, my_in_.data(), my_tg_.data(), h, replans_, my_starts(),
+                           my_reference(train_ref_, windows_, run_.batch, run_.grad_accum));
     } catch (const OutOfMemory & e) {
         fail_out_of_memory(e, step, *recording);
     }
@@ -603,6 +613,10 @@ void TrainingRun::step(int step) {
         say(fmt::format("leak check: live bytes identical at all {} ops of steps 2 and 3", leak_b_.events.size()));
     }
     loss_curve_.push_back({step, r.loss});
+    if (r.pref.pairs > 0) {
+        margins_curve_.push_back({step, (r.pref.chosen - r.pref.rejected) / r.pref.pairs});
+        accuracy_curve_.push_back({step, r.pref.accurate / r.pref.pairs});
+    }
     tps_curve_.push_back({step, double(BT) / dt});
     const std::string spike = note_spike(r, step, h);
     // Diverged: stop before the checkpoint (fp16's non-finite gradients are the loss scaler's:
@@ -683,6 +697,7 @@ void TrainingRun::step(int step) {
                             {"trained_tokens_per_s", double(r.tokens) / dt}, {"ms", dt * 1e3}, {"live_bytes", L.live_total()},
                             {"peak_bytes", L.live_total_peak()}};
         if (do_eval) m["val_loss"] = last_val_;
+        add_preference_metrics(m, r, do_eval);
         if (!spike.empty()) m["spike"] = spike;
         m["ranks"] = ranks_memory_;
         if (eo_.compute == DType::f16) {

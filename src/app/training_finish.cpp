@@ -218,6 +218,8 @@ void TrainingRun::finish() {
         rep.loss = loss_curve_;
         rep.val_loss = val_curve_;
         rep.tokens_per_s = tps_curve_;
+        rep.margins = margins_curve_;
+        rep.accuracies = accuracy_curve_;
     }
     const std::string html_path = (fs::path(opt_.out) / "report.html").string();
     const std::string trace_path = (fs::path(opt_.out) / "trace.json").string();

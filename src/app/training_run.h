@@ -56,6 +56,10 @@ void check_same_on_ranks(Communicator & comm, const std::string & mine, const st
                          const std::string & hint);
 void check_ranks_agree(Communicator & comm, const TrainOptions & opt);   // every flag, before any work
 
+// Preference tuning: ConfigError unless `train_path` is `memfit prepare --format preference`'s
+// and each rank's rows hold whole pairs (app/training_preference.cpp).
+void check_preference_data(const std::string & train_path, int rows_per_rank);
+
 // One training job, phase by phase (run_training calls them in order): every flag is checked and
 // every configuration resolved before the first output is written.
 class TrainingRun {
@@ -88,6 +92,14 @@ private:
     void spoil_rows(int rows, int groups);   // MEMFIT_TEST_GRAD_SPIKES "STEP:batch"
     float evaluate();
     void step(int step);
+    // Preference tuning (app/training_preference.cpp): the reference before the first step (a
+    // copy's weights, or the precomputed log-probabilities of every row of both splits), each
+    // batch's reference rows, and the metrics lines.
+    void start_preference();
+    std::vector<float> reference_table(const DataLoader & loader, const std::string & split);
+    const float * my_reference(const std::vector<float> & table, const std::vector<uint64_t> & windows, int rows,
+                               int groups);
+    void add_preference_metrics(nlohmann::json & m, const StepResult & r, bool eval) const;
     bool stop_now();
     std::string note_spike(const StepResult & r, int step, const OptimHyper & h);
     int roll_back();
@@ -182,7 +194,13 @@ private:
     bool tensorboard_warned_ = false;  // a write failed (warned once)
     nlohmann::json ranks_memory_;      // every rank's memory at the last log point (metrics.jsonl)
     std::set<std::string> op_names_;   // names of the ops other ranks' timelines hold (gather_rank_views)
-    std::vector<CurvePoint> loss_curve_, val_curve_, tps_curve_;
+    std::vector<CurvePoint> loss_curve_, val_curve_, tps_curve_, margins_curve_, accuracy_curve_;
+    // Preference tuning: each window's reference log-probability (--reference precompute; empty
+    // otherwise), the windows of the batch in hand, this rank's rows of their references, and
+    // the last evaluation's metrics.
+    std::vector<float> train_ref_, val_ref_, my_ref_;
+    std::vector<uint64_t> windows_;
+    PreferenceMetrics val_pref_;
 };
 
 }  // namespace memfit

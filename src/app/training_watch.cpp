@@ -155,6 +155,9 @@ nlohmann::json TrainingRun::watch(int step, const ProgressLine & pl, const StepR
         if (!std::isnan(pl.val_loss)) s.push_back({"train/val_loss", pl.val_loss});
         if (!std::isnan(pl.trained_per_s)) s.push_back({"train/trained_tokens_per_s", pl.trained_per_s});
         if (eo_.compute == DType::f16) s.push_back({"train/loss_scale", r.loss_scale});
+        for (const auto & [k, v] : r.pref.means()) s.push_back({"train/" + k, v});
+        if (!std::isnan(pl.val_loss))
+            for (const auto & [k, v] : val_pref_.means()) s.push_back({"eval/" + k, v});
         for (size_t c = 0; c < kCategoryCount; ++c) {
             s.push_back({fmt::format("memory/live/{}", kCategoryNames[c]), double(L.live().v[c])});
             s.push_back({fmt::format("memory/peak/{}", kCategoryNames[c]), double(L.live_peak().v[c])});

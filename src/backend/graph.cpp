@@ -679,6 +679,25 @@ void Graph::xent_shard_bwd(Tensor logits, Tensor targets, Tensor lse, int64_t vo
     end();
 }
 
+// Preference tuning: a sum per token, a few flops per token for the pairs, and xent_fwd_bwd's 7
+// per logit.
+void Graph::row_logps(Tensor out, Tensor losses) {
+    if (begin("row_logps", double(losses.numel()), {out, losses})) backend_->row_logps(resolve(out), resolve(losses));
+    end();
+}
+
+void Graph::dpo_loss(Tensor losses, Tensor scale, Tensor logps, Tensor ref, Tensor targets, const DpoDesc & d) {
+    if (begin("dpo_loss", 4.0 * double(losses.numel()), {losses, scale, logps, ref, targets}))
+        backend_->dpo_loss(resolve(losses), resolve(scale), resolve(logps), resolve(ref), resolve(targets), d);
+    end();
+}
+
+void Graph::xent_grad_rows(Tensor logits, Tensor targets, Tensor scale) {
+    if (begin("xent_grad_rows", 7.0 * double(logits.numel()), {logits, targets, scale}))
+        backend_->xent_grad_rows(resolve(logits), resolve(targets), resolve(scale));
+    end();
+}
+
 // Per logit pair: forward about 12 flops (two maxima, three exps, the sums, q's scaling),
 // backward 8 (two exps, the weighted difference).
 void Graph::distill_fwd(Tensor losses, Tensor stats, Tensor logits, Tensor teacher, Tensor targets, float alpha,

@@ -183,6 +183,9 @@ public:
     void xent_shard_stats(Tensor stats, Tensor logits, Tensor targets, int64_t vocab_lo, int64_t vocab);
     void xent_shard_loss(Tensor losses, Tensor lse, Tensor gathered, Tensor targets);
     void xent_shard_bwd(Tensor logits, Tensor targets, Tensor lse, int64_t vocab_lo, int64_t vocab, float dloss);
+    void row_logps(Tensor out, Tensor losses);
+    void dpo_loss(Tensor losses, Tensor scale, Tensor logps, Tensor ref, Tensor targets, const DpoDesc & d);
+    void xent_grad_rows(Tensor logits, Tensor targets, Tensor scale);
     void distill_fwd(Tensor losses, Tensor stats, Tensor logits, Tensor teacher, Tensor targets, float alpha,
                      float temperature);
     void distill_bwd(Tensor logits, Tensor stats, Tensor teacher_probs, Tensor targets, float alpha, float temperature,

@@ -157,6 +157,20 @@ MF_KERNEL(distill_fwd, (Tensor losses, Tensor stats, Tensor logits, Tensor teach
 MF_KERNEL(distill_bwd, (Tensor logits, Tensor stats, Tensor teacher_probs, Tensor targets, float alpha,
           float temperature, float dloss))
 
+// Preference tuning (backend/preference_loss.h). out f32 [B] (written) = -sum_t losses[b, t] of
+// losses f32 [B, T]: each row's log-probability of its trained targets (xent_fwd's losses are 0
+// elsewhere), summed in double.
+MF_KERNEL(row_logps, (Tensor out, Tensor losses))
+// Rows 2i and 2i+1 of losses f32 [B, T] (xent_fwd's, the policy's) are pair i's chosen and
+// rejected answers; ref f32 [B] the reference's row_logps. Writes logps [B] = the policy's
+// row_logps, scale f32 [B, T] = -dloss * d(pair loss) / d(row log-probability) at each trained
+// target (0 where targets == -100), and losses (in place, after reading them) = the pair's loss
+// at [2i, 0], 0 elsewhere, so that their sum is the batch's.
+MF_KERNEL(dpo_loss, (Tensor losses, Tensor scale, Tensor logps, Tensor ref, Tensor targets, const DpoDesc & d))
+// In place: logits f32 [N, V] become (softmax(logits) - onehot(target)) * scale[i], scale f32
+// [N]; rows with target -100 become 0 (xent_fwd_bwd with a factor per row).
+MF_KERNEL(xent_grad_rows, (Tensor logits, Tensor targets, Tensor scale))
+
 // out[0] (f32) = sum of squares of x (any float dtype, accumulated in double); inf or NaN
 // if any element is.
 MF_KERNEL(sum_squares, (Tensor out, Tensor x))

@@ -30,12 +30,15 @@ void add_data_commands(CLI::App & app) {
         sub->add_option("--format", opts->format,
                         "text, jsonl (one record per line: {\"messages\": [{\"role\", \"content\"}, ...]}, "
                         "{\"prompt\", \"completion\"}, ShareGPT's conversations or Alpaca's instruction/input/"
-                        "output; the loss counts only the assistant's turns or the completion), or auto (jsonl for "
-                        ".jsonl and .json inputs)")
-            ->capture_default_str()->check(CLI::IsMember({"auto", "text", "jsonl"}));
+                        "output; the loss counts only the assistant's turns or the completion), preference (DPO "
+                        "pairs, TRL's forms: {\"prompt\", \"chosen\", \"rejected\"} as strings or lists of messages, "
+                        "or {\"chosen\", \"rejected\"} messages whose common first messages are the prompt; never "
+                        "chosen by auto), or auto (jsonl for .jsonl and .json inputs)")
+            ->capture_default_str()->check(CLI::IsMember({"auto", "text", "jsonl", "preference"}));
         sub->add_option("--chat-template", opts->chat_template,
-                        "jsonl: how conversations become text: auto (the chat_template of the tokenizer_config.json "
-                        "beside --tokenizer), chatml, llama3, mistral (memfit's own), a Jinja file, or none")
+                        "jsonl, preference: how conversations become text: auto (the chat_template of the "
+                        "tokenizer_config.json beside --tokenizer), chatml, llama3, mistral (memfit's own), a Jinja "
+                        "file, or none")
             ->capture_default_str();
         sub->add_option("--out", opts->out_dir,
                         "Output folder (default: runs/data-<tokenizer>, or runs/data-sp-<hash> for SentencePiece, "
@@ -47,7 +50,12 @@ void add_data_commands(CLI::App & app) {
             ->capture_default_str();
         sub->callback([opts] {
             const PreparedData r = prepare_dataset(*opts);
-            if (r.documents)
+            if (r.preference)
+                fmt::print("prepared {} preference pairs ({} of {} records left out: a side without a trained token) "
+                           "with chat template {}: {} tokens ({} train + {} val), {} of them trained, ",
+                           r.pairs, r.skipped, r.records, r.chat_template, r.train_tokens + r.val_tokens,
+                           r.train_tokens, r.val_tokens, r.trained_tokens);
+            else if (r.documents)
                 fmt::print("prepared {} records ({} left out: no trained token) with chat template {}: {} tokens "
                            "({} train + {} val), {} of them trained, ",
                            r.records, r.skipped, r.chat_template, r.train_tokens + r.val_tokens, r.train_tokens,

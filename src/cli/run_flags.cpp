@@ -181,6 +181,34 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                        "distillation: storage of the teacher's weights: the compute precision, int8 (per-channel), "
                        "nf4 (4-bit NormalFloat, as a QLoRA base) or sparse24 (2:4 sparse, bf16 values)")
              ->capture_default_str());
+    // Preference tuning (model/preference.h).
+    keep(c->add_option("--objective", r.pref.objective,
+                       "what the run minimises: lm (the next token's cross-entropy: pretraining and SFT) or dpo "
+                       "(Direct Preference Optimization on `memfit prepare --format preference` data: rows 2i and "
+                       "2i+1 of a batch are a prompt's chosen and rejected answers, so batches hold an even number "
+                       "of rows)")
+             ->capture_default_str()->check(CLI::IsMember({"lm", "dpo"})));
+    keep(c->add_option("--dpo-beta", r.pref.beta,
+                       "dpo: beta, how far the policy may move from the reference (TRL's default 0.1)")
+             ->capture_default_str()->check(kPositive));
+    keep(c->add_option("--dpo-loss", r.pref.loss,
+                       "dpo: the loss over each pair's margin, TRL's loss_type: sigmoid (DPO), ipo (on the answers' "
+                       "mean log-probabilities) or hinge (SLiC)")
+             ->capture_default_str()->check(CLI::IsMember({"sigmoid", "ipo", "hinge"})));
+    keep(c->add_option("--dpo-label-smoothing", r.pref.label_smoothing,
+                       "dpo, sigmoid loss: the share of pairs assumed mislabelled (cDPO), 0 to below 0.5")
+             ->capture_default_str());
+    keep(c->add_option("--reference", r.pref.reference,
+                       "dpo: the frozen reference the policy is compared with: adapters-off (LoRA's base with the "
+                       "adapters switched off: no extra weights, a second forward), precompute (the starting model's "
+                       "log-probabilities computed once before training and kept beside the data: no extra "
+                       "weights or forward), copy (a frozen copy of the starting model, see --reference-weights); "
+                       "auto: adapters-off under LoRA, else copy")
+             ->capture_default_str()->check(CLI::IsMember({"auto", "adapters-off", "precompute", "copy"})));
+    keep(c->add_option("--reference-weights", r.pref.weights,
+                       "dpo, --reference copy: the copy's storage: compute (the run's precision), bf16, int8 "
+                       "(per-channel) or nf4 (4-bit, as a QLoRA base)")
+             ->capture_default_str()->check(CLI::IsMember({"compute", "bf16", "int8", "nf4"})));
     if (which.layout) {
         keep(c->add_option("--zero", r.layout.zero,
                            "data parallel (mpirun -np N): ZeRO stage 0 (every rank holds everything), 1 (shard fp32 "

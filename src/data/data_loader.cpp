@@ -37,10 +37,25 @@ std::vector<uint64_t> DataLoader::epoch_order(uint64_t num_windows, uint64_t see
     return order;
 }
 
-DataLoader::DataLoader(const std::string & path, int B, int T, uint64_t seed, bool packing)
-    : file_(path), B_(B), T_(T), seed_(seed), packing_(packing) {
+DataLoader::DataLoader(const std::string & path, int B, int T, uint64_t seed, bool packing, bool pairs)
+    : file_(path), B_(B), T_(T), seed_(seed), packing_(packing), pairs_(pairs) {
     if (B <= 0 || T <= 0) {
         throw ConfigError(fmt::format("batch size {} and sequence length {} must both be positive", B, T));
+    }
+    if (pairs) {
+        if (!file_.documents())
+            throw ConfigError(fmt::format("{} holds text, not preference pairs; prepare them with `memfit prepare "
+                                          "--format preference`", path));
+        if (packing)
+            throw ConfigError("--packing: preference pairs are rows of their own (DPO compares a pair's chosen and "
+                              "rejected rows); leave --packing out");
+        if (B % 2 != 0)
+            throw ConfigError(fmt::format("batch of {} rows: a batch of B rows holds B/2 pairs (chosen, rejected); "
+                                          "B must be even (2, 4, ...)", B));
+        if (file_.num_docs() % 2 != 0)
+            throw FormatError(fmt::format("{}: {} documents, an odd number, but preference data holds pairs as "
+                                          "consecutive documents (chosen, rejected); re-run `memfit prepare --format "
+                                          "preference`", path, file_.num_docs()));
     }
     if (packing && !file_.documents())
         throw ConfigError(fmt::format("--packing: {} holds text, which trains in windows of one stream already; "
@@ -64,27 +79,46 @@ DataLoader::DataLoader(const std::string & path, int B, int T, uint64_t seed, bo
     start_epoch(0);
 }
 
-void DataLoader::lay_out_documents(int T) {
+// Each document's (input, target) pairs within its first T+1 tokens, for those with a trained
+// target there; with pairs, both sides of the pairs whose sides both have one.
+std::vector<std::pair<uint64_t, uint64_t>> DataLoader::kept_documents(int T) {
     const auto cap = static_cast<uint64_t>(T);
     std::vector<std::pair<uint64_t, uint64_t>> kept;   // (pairs, document)
     stats_.documents = file_.num_docs();
-    for (uint64_t d = 0; d < file_.num_docs(); ++d) {
-        const uint64_t b = file_.doc_begin(d), len = file_.doc_end(d) - b;
-        const uint64_t pairs = len < 2 ? 0 : std::min(len - 1, cap);
-        if (len > cap + 1) ++stats_.truncated;
-        uint64_t trained = 0;
-        for (uint64_t p = 0; p < pairs; ++p) trained += file_.trained(b + p + 1) ? 1 : 0;
-        if (trained == 0) {
-            ++stats_.dropped;
+    const uint64_t group = pairs_ ? 2 : 1;             // documents kept or dropped together
+    for (uint64_t d = 0; d < file_.num_docs(); d += group) {
+        uint64_t pairs[2] = {0, 0}, trained[2] = {0, 0};
+        bool keep = true;
+        for (uint64_t k = 0; k < group; ++k) {
+            const uint64_t b = file_.doc_begin(d + k), len = file_.doc_end(d + k) - b;
+            pairs[k] = len < 2 ? 0 : std::min(len - 1, cap);
+            if (len > cap + 1) ++stats_.truncated;
+            for (uint64_t p = 0; p < pairs[k]; ++p) trained[k] += file_.trained(b + p + 1) ? 1 : 0;
+            keep = keep && trained[k] > 0;
+        }
+        if (!keep) {
+            stats_.dropped += group;
             continue;
         }
-        kept.emplace_back(pairs, d);
-        stats_.pairs += pairs;
-        stats_.trained += trained;
+        for (uint64_t k = 0; k < group; ++k) {
+            kept.emplace_back(pairs[k], d + k);
+            stats_.pairs += pairs[k];
+            stats_.trained += trained[k];
+        }
     }
+    if (kept.empty() && pairs_)
+        throw ConfigError(fmt::format("{}: none of its {} preference pairs has a trained token on both sides within "
+                                      "--seq {} + 1 tokens; check the data's answers, or raise --seq",
+                                      file_.path(), stats_.documents / 2, T));
     if (kept.empty())
         throw ConfigError(fmt::format("{}: none of its {} documents has a trained token within --seq {} + 1 tokens; "
                                       "check the data's responses, or raise --seq", file_.path(), stats_.documents, T));
+    return kept;
+}
+
+void DataLoader::lay_out_documents(int T) {
+    const auto cap = static_cast<uint64_t>(T);
+    std::vector<std::pair<uint64_t, uint64_t>> kept = kept_documents(T);
     if (!packing_) {
         for (const auto & [pairs, d] : kept) {
             row_at_.push_back(row_docs_.size());
@@ -163,7 +197,17 @@ void DataLoader::fill_window(size_t w, int32_t * in, int32_t * tg, int32_t * ds)
 void DataLoader::start_epoch(uint64_t epoch) {
     epoch_ = epoch;
     cursor_ = 0;
-    order_ = epoch_order(num_windows_, seed_, epoch);
+    if (!pairs_) {
+        order_ = epoch_order(num_windows_, seed_, epoch);
+        return;
+    }
+    // The pairs are shuffled, each staying two windows in a row: chosen, then rejected.
+    const std::vector<uint64_t> pairs = epoch_order(num_windows_ / 2, seed_, epoch);
+    order_.resize(num_windows_);
+    for (size_t i = 0; i < pairs.size(); ++i) {
+        order_[2 * i] = 2 * pairs[i];
+        order_[2 * i + 1] = 2 * pairs[i] + 1;
+    }
 }
 
 void DataLoader::seek(uint64_t epoch, size_t cursor) {
@@ -172,19 +216,35 @@ void DataLoader::seek(uint64_t epoch, size_t cursor) {
                                       "was the checkpoint made with other data or --batch/--seq?",
                                       file_.path(), cursor, epoch, num_windows_));
     }
+    if (pairs_ && cursor % 2 != 0) {
+        throw ConfigError(fmt::format("{}: cannot resume at window {} of epoch {}: with preference pairs the cursor "
+                                      "counts rows two per pair, so it is even; was the checkpoint made with other "
+                                      "data?", file_.path(), cursor, epoch));
+    }
     if (cursor == num_windows_) { start_epoch(epoch + 1); return; }
     if (epoch != epoch_ || order_.size() != num_windows_) start_epoch(epoch);
     cursor_ = cursor;
 }
 
-void DataLoader::next(int32_t * inputs, int32_t * targets, int32_t * doc_start) {
+void DataLoader::next(int32_t * inputs, int32_t * targets, int32_t * doc_start, uint64_t * windows) {
     const auto T = static_cast<size_t>(T_);
     for (int b = 0; b < B_; ++b) {
         if (cursor_ == num_windows_) start_epoch(epoch_ + 1);
         const size_t row = static_cast<size_t>(b) * T;
-        fill_window(order_[cursor_++], inputs + row, targets + row, doc_start ? doc_start + row : nullptr);
+        const uint64_t w = order_[cursor_++];
+        if (windows) windows[b] = w;
+        fill_window(w, inputs + row, targets + row, doc_start ? doc_start + row : nullptr);
     }
     if (cursor_ == num_windows_) start_epoch(epoch_ + 1);  // so epoch()/cursor() name the next window
+}
+
+void DataLoader::fill_windows(size_t first, int n, int32_t * inputs, int32_t * targets, int32_t * doc_start) const {
+    MF_ASSERT(n >= 0 && first + static_cast<size_t>(n) <= num_windows_);
+    const auto T = static_cast<size_t>(T_);
+    for (int r = 0; r < n; ++r) {
+        const size_t row = static_cast<size_t>(r) * T;
+        fill_window(first + static_cast<size_t>(r), inputs + row, targets + row, doc_start ? doc_start + row : nullptr);
+    }
 }
 
 }  // namespace memfit

@@ -17,6 +17,13 @@
 //
 // The state is (epoch, cursor): cursor is how many windows of the current epoch were used.
 // seek(epoch, cursor) restores it exactly, for resuming a run.
+//
+// Pairs (preference data for DPO, `memfit prepare --format preference`): documents 2k and 2k+1
+// are pair k's chosen and rejected sides. Each side is a row of its own, padded as above (never
+// packed: DPO compares the two rows' log-probabilities); a pair either of whose sides has no
+// trained target within its first T+1 tokens is dropped whole. The epoch order shuffles the P
+// kept pairs (epoch_order(P, seed, e)) and pair p's windows are 2p (chosen) then 2p+1 (rejected),
+// so with an even B every batch holds B/2 whole pairs, each chosen first; the cursor is always even.
 #pragma once
 
 #include "data/token_file.h"
@@ -24,6 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace memfit {
@@ -35,31 +43,43 @@ public:
     // B or T is not positive; `packing` with a text file is a ConfigError (text is windows of one
     // stream already). A document file with fewer rows than B gives batches that run on into the
     // next epoch's order.
-    DataLoader(const std::string & path, int B, int T, uint64_t seed, bool packing = false);
+    // `pairs` (preference data): ConfigError for a text file, with `packing`, or for an odd B;
+    // FormatError for an odd number of documents; ConfigError when no pair has a trained target
+    // on both sides.
+    DataLoader(const std::string & path, int B, int T, uint64_t seed, bool packing = false, bool pairs = false);
 
     // Fills inputs[B*T] and targets[B*T], row b being window b of the batch: inputs = its first T
     // tokens, targets = its last T (inputs shifted by one); and, when given, doc_start[B*T]
-    // (text: 0). FormatError (naming the file and the token position) if a token is >= the
+    // (text: 0); and, when given, windows[B]: the window each row holds (in [0, num_windows()),
+    // the index fill_windows takes: a per-window table, such as DPO's reference log-probabilities,
+    // is read with it). FormatError (naming the file and the token position) if a token is >= the
     // file's vocab_size.
-    void next(int32_t * inputs, int32_t * targets, int32_t * doc_start = nullptr);
+    void next(int32_t * inputs, int32_t * targets, int32_t * doc_start = nullptr, uint64_t * windows = nullptr);
+
+    // Windows first .. first+n-1, in that order (not the epoch's), into rows 0 .. n-1 as next()
+    // fills them (doc_start may be null); the loader's state is untouched. first + n <= num_windows().
+    void fill_windows(size_t first, int n, int32_t * inputs, int32_t * targets, int32_t * doc_start = nullptr) const;
 
     // Documents: how they were laid out.
     struct DocumentStats {
         uint64_t documents = 0;   // in the file
         uint64_t truncated = 0;   // longer than T+1 tokens: cut to their first T+1
-        uint64_t dropped = 0;     // no trained target (within the first T+1 tokens)
+        uint64_t dropped = 0;     // no trained target (within the first T+1 tokens); pairs: both
+                                  // sides of each pair one of whose sides has none
         uint64_t pairs = 0;       // (input, target) pairs in all rows
         uint64_t trained = 0;     // of those, the trained targets
     };
     bool documents() const { return file_.documents(); }
     bool packing() const { return packing_; }
+    bool pairs() const { return pairs_; }           // preference pairs: windows 2p, 2p+1 are one pair
     const DocumentStats & document_stats() const { return stats_; }
 
     size_t num_windows() const { return num_windows_; }
     uint64_t epoch() const { return epoch_; }                // epoch of the next window
     size_t cursor() const { return cursor_; }                // windows of that epoch already used
     // Continue as if next() had been called until epoch() == epoch and cursor() == cursor.
-    // ConfigError if cursor > num_windows() (cursor == num_windows() means the start of epoch+1).
+    // ConfigError if cursor > num_windows() (cursor == num_windows() means the start of epoch+1),
+    // or if it is odd with pairs (it would split a pair).
     void seek(uint64_t epoch, size_t cursor);
 
     int batch_size() const { return B_; }
@@ -73,6 +93,7 @@ public:
 private:
     void start_epoch(uint64_t epoch);
     void lay_out_documents(int T);
+    std::vector<std::pair<uint64_t, uint64_t>> kept_documents(int T);   // (pairs, document)
     void fill_window(size_t w, int32_t * in, int32_t * tg, int32_t * ds) const;
     int32_t checked(uint64_t i) const;   // token i, FormatError when outside the vocabulary
 
@@ -84,6 +105,7 @@ private:
     size_t cursor_ = 0;
     std::vector<uint64_t> order_;                            // the current epoch's window order
     bool packing_ = false;
+    bool pairs_ = false;
     // Documents: window w holds documents row_docs_[row_at_[w] .. row_at_[w+1]), in that order.
     std::vector<uint64_t> row_docs_, row_at_;
     DocumentStats stats_;

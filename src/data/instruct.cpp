@@ -412,4 +412,91 @@ Example encode_record(const ojson & r, const ChatFormat & f, const Tokenizer & t
                                   where, keys.empty() ? std::string("no keys") : keys));
 }
 
+namespace {
+
+// What a JSON value is, for error messages.
+const char * json_kind(const ojson & v) {
+    if (v.is_string()) return "a string";
+    if (v.is_array()) return "a list";
+    if (v.is_object()) return "an object";
+    if (v.is_null()) return "null";
+    if (v.is_boolean()) return "true or false";
+    return "a number";
+}
+
+// One side as a prompt-completion record (or a conversation, when the prompt is an empty list),
+// with the record's tools.
+ojson side_record(const ojson & prompt, const ojson & completion, const ojson & r) {
+    ojson side = ojson::object();
+    if (prompt.is_array() && prompt.empty()) {
+        side["messages"] = completion;
+    } else {
+        side["prompt"] = prompt;
+        side["completion"] = completion;
+    }
+    if (r.contains("tools")) side["tools"] = r["tools"];
+    return side;
+}
+
+}  // namespace
+
+PreferenceSides preference_sides(const ojson & r, const std::string & where) {
+    if (!r.is_object()) throw ConfigError(fmt::format("{}: expected a JSON object", where));
+    for (const char * key : {"chosen", "rejected"}) {
+        if (r.contains(key) && !r[key].is_null()) continue;
+        std::string keys;
+        for (const auto & [k, v] : r.items()) keys += (keys.empty() ? "" : ", ") + k;
+        throw ConfigError(fmt::format("{}: a preference record needs \"chosen\" and \"rejected\"; this one has no "
+                                      "\"{}\" (its keys: {}); expected {{\"prompt\", \"chosen\", \"rejected\"}} "
+                                      "(TRL's DPO forms)", where, key, keys.empty() ? std::string("none") : keys));
+    }
+    const ojson & chosen = r["chosen"];
+    const ojson & rejected = r["rejected"];
+    const bool has_prompt = r.contains("prompt") && !r["prompt"].is_null();
+    // All strings (the standard form) or all lists of messages (the conversational form).
+    std::vector<std::pair<const char *, const ojson *>> fields;
+    if (has_prompt) fields.emplace_back("prompt", &r["prompt"]);
+    fields.emplace_back("chosen", &chosen);
+    fields.emplace_back("rejected", &rejected);
+    const bool text = fields.front().second->is_string();
+    for (const auto & [key, v] : fields) {
+        if (text ? v->is_string() : v->is_array()) continue;
+        throw ConfigError(fmt::format("{}: {} must all be strings (TRL's standard form) or all lists of messages (its "
+                                      "conversational form); here \"{}\" is {} and \"{}\" is {}", where,
+                                      has_prompt ? "\"prompt\", \"chosen\" and \"rejected\""
+                                                 : "\"chosen\" and \"rejected\"",
+                                      fields.front().first, json_kind(*fields.front().second), key, json_kind(*v)));
+    }
+    if (!text)
+        for (const auto & [key, v] : fields)
+            if (v->empty())
+                throw ConfigError(fmt::format("{}: \"{}\" is an empty list; it must hold at least one message{}", where,
+                                              key, std::string(key) == "prompt" ? " (or leave \"prompt\" out)" : ""));
+    if (has_prompt) return {side_record(r["prompt"], chosen, r), side_record(r["prompt"], rejected, r)};
+    if (text)
+        throw ConfigError(fmt::format("{}: \"chosen\" and \"rejected\" are strings without a \"prompt\"; where a "
+                                      "prompt ends inside text is a guess memfit does not make: add an explicit "
+                                      "\"prompt\" (or give lists of messages, whose common first messages are the "
+                                      "prompt)", where));
+    // Implicit prompt: the messages both sides start with (TRL's extract_prompt).
+    size_t common = 0;
+    while (common < chosen.size() && common < rejected.size() && chosen[common] == rejected[common]) ++common;
+    ojson prompt = ojson::array(), rest_c = ojson::array(), rest_r = ojson::array();
+    for (size_t i = 0; i < common; ++i) prompt.push_back(chosen[i]);
+    for (size_t i = common; i < chosen.size(); ++i) rest_c.push_back(chosen[i]);
+    for (size_t i = common; i < rejected.size(); ++i) rest_r.push_back(rejected[i]);
+    return {side_record(prompt, rest_c, r), side_record(prompt, rest_r, r)};
+}
+
+PreferencePair encode_preference(const ojson & r, const ChatFormat & f, const Tokenizer & tok,
+                                 const std::string & where) {
+    const PreferenceSides s = preference_sides(r, where);
+    const auto side = [&](const ojson & rec) {
+        // The common messages cover this side whole: nothing of its own to train.
+        if (rec.contains("completion") && rec["completion"].is_array() && rec["completion"].empty()) return Example{};
+        return encode_record(rec, f, tok, where);
+    };
+    return {side(s.chosen), side(s.rejected)};
+}
+
 }  // namespace memfit

@@ -9,6 +9,7 @@
 //                                                 may instead be lists of messages (TRL's
 //                                                 conversational form: the completion's turns train)
 //   {"instruction", "input", "output"}            Alpaca: the Stanford Alpaca prompt, then output
+// and, for preference data (DPO), {"prompt", "chosen", "rejected"} (encode_preference below).
 // A record without any trained token (no assistant turn) is left out by `memfit prepare`.
 // A conversation is rendered with the chat template (tokenizer/chat_template.h) and tokenized
 // whole (the tokens `apply_chat_template(..., tokenize=True)` gives); an assistant turn trains
@@ -93,6 +94,31 @@ std::string chat_prompt(const ChatFormat & fmt, const std::string & system, cons
 // "data.jsonl line 7" for messages).
 Example encode_record(const nlohmann::ordered_json & record, const ChatFormat & fmt, const Tokenizer & tok,
                       const std::string & where);
+
+// Preference data (TRL's DPOTrainer forms), one record a pair of answers to one prompt:
+//   {"prompt": "...", "chosen": "...", "rejected": "..."}           standard, explicit prompt
+//   {"prompt": [messages], "chosen": [messages], "rejected": [messages]}   conversational
+//   {"chosen": [messages], "rejected": [messages]}                  implicit prompt: the messages
+//                                                                   both lists start with
+// Each side is the prompt-completion record {"prompt", "completion": chosen or rejected} (with
+// the record's "tools"), so that its mask is encode_record's: only the side's completion trains.
+// An implicit prompt that is empty gives {"messages": side} (every assistant turn trains); a side
+// that the common messages cover whole gives {"prompt", "completion": []} (nothing to train).
+// ConfigError (naming `where`, with a hint) for a missing "chosen" or "rejected", types that are
+// not all strings or all lists, an empty list, or strings without a "prompt" (memfit does not
+// guess where a prompt ends inside text).
+struct PreferenceSides {
+    nlohmann::ordered_json chosen, rejected;
+};
+PreferenceSides preference_sides(const nlohmann::ordered_json & record, const std::string & where);
+
+// Both sides' tokens and masks (encode_record of preference_sides'; a side with nothing left to
+// train is an empty Example). The caller leaves out a pair either of whose sides trains nothing.
+struct PreferencePair {
+    Example chosen, rejected;
+};
+PreferencePair encode_preference(const nlohmann::ordered_json & record, const ChatFormat & fmt, const Tokenizer & tok,
+                                 const std::string & where);
 
 // `text`'s tokens, each trained when its first byte lies in one of `spans` (sorted, disjoint).
 Example tokenize_spans(const Tokenizer & tok, const std::string & text,

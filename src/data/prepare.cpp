@@ -63,12 +63,13 @@ std::string absolute_source(const std::string & input) {
     return input;
 }
 
-bool is_jsonl(const PrepareOptions & opts, const std::string & input) {
-    if (opts.format == "jsonl") return true;
-    if (opts.format == "text") return false;
+// text, jsonl or preference: what `--format` names, auto choosing between the first two by the
+// input's name (preference data looks like jsonl's, so it is only ever asked for).
+std::string input_format(const PrepareOptions & opts, const std::string & input) {
+    if (opts.format == "jsonl" || opts.format == "text" || opts.format == "preference") return opts.format;
     if (opts.format != "auto")
-        throw ConfigError(fmt::format("--format '{}': expected text, jsonl or auto", opts.format));
-    return input.ends_with(".jsonl") || input.ends_with(".json");
+        throw ConfigError(fmt::format("--format '{}': expected text, jsonl, preference or auto", opts.format));
+    return input.ends_with(".jsonl") || input.ends_with(".json") ? "jsonl" : "text";
 }
 
 // One record (one line: a conversation, a prompt and completion): past this it is refused with
@@ -76,14 +77,9 @@ bool is_jsonl(const PrepareOptions & opts, const std::string & input) {
 // bound is memory, not time).
 constexpr size_t kMaxRecordBytes = size_t(64) << 20;
 
-// Instruction data: one document per record (data/instruct.h), written as document files.
-void prepare_jsonl(const PrepareOptions & opts, const std::string & input, const std::string & out_dir,
-                   const Tokenizer & tok, PreparedData & r) {
-    const ChatFormat fmt_ = load_chat_format(opts.tokenizer, tok, opts.chat_template);
-    const std::string text = read_whole_file(input, "a JSON lines file", "pass --input with one JSON object per line");
-    r.input_bytes = text.size();
-    struct Split { std::vector<int32_t> tokens; std::vector<uint64_t> offsets{0}; std::vector<uint8_t> mask; };
-    std::vector<std::pair<size_t, std::string_view>> lines;   // (line number, text) of the non-blank lines
+// The (line number, text) of the non-blank lines of a JSON lines file.
+std::vector<std::pair<size_t, std::string_view>> record_lines(const std::string & text) {
+    std::vector<std::pair<size_t, std::string_view>> lines;
     size_t at = 0, line = 0;
     while (at < text.size()) {
         size_t end = text.find('\n', at);
@@ -93,52 +89,70 @@ void prepare_jsonl(const PrepareOptions & opts, const std::string & input, const
         if (l.find_first_not_of(" \t\r") != std::string_view::npos) lines.emplace_back(line, l);
         at = end + 1;
     }
-    const size_t n = lines.size();
-    const auto n_val = static_cast<size_t>(std::max<long long>(1, std::llround(double(n) * opts.val_fraction)));
+    return lines;
+}
+
+// How many of the n records go to validation: the last val_fraction of them, at least one, and
+// at least one left for training.
+size_t validation_records(size_t n, double val_fraction, const std::string & input) {
+    const auto n_val = static_cast<size_t>(std::max<long long>(1, std::llround(double(n) * val_fraction)));
     if (n < 2 || n_val >= n)
         throw ConfigError(fmt::format("{}: {} records with --val-fraction {} leave {} for training and {} for "
                                       "validation; both need at least one: use more records or another "
-                                      "--val-fraction", input, n, opts.val_fraction, n - std::min(n_val, n), n_val));
-    Split train, val;
-    // A progress line on stderr every few seconds of a long input.
-    const auto t0 = std::chrono::steady_clock::now();
-    auto shown = t0;
-    for (size_t i = 0; i < n; ++i) {
-        const std::string where = fmt::format("{} line {}", input, lines[i].first);
-        if (lines[i].second.size() > kMaxRecordBytes)
-            throw ConfigError(fmt::format("{}: a record of {} is more than the {} memfit prepares as one example; "
-                                          "split the conversation", where, format_bytes(lines[i].second.size()),
-                                          format_bytes(kMaxRecordBytes)));
-        if (const auto now = std::chrono::steady_clock::now(); now - shown > std::chrono::seconds(3)) {
-            std::fprintf(stderr, "prepare: %zu of %zu records (%.0f%%), %.0f s\n", i, n, 100.0 * double(i) / double(n),
-                         std::chrono::duration<double>(now - t0).count());
-            shown = now;
-        }
-        nlohmann::ordered_json rec;
-        try {
-            rec = parse_ordered_json(lines[i].second, where);
-        } catch (const FormatError & e) {
-            const std::string what = e.what();
-            throw ConfigError(what.find("not valid JSON") != std::string::npos
-                                  ? what + "; expected one JSON object per line" : what);
-        }
-        const Example ex = encode_record(rec, fmt_, tok, where);
-        const uint64_t trained = uint64_t(std::count(ex.trained.begin(), ex.trained.end(), uint8_t{1}));
-        if (trained == 0) {
-            ++r.skipped;
-            continue;
-        }
-        Split & s = i + n_val < n ? train : val;
-        s.tokens.insert(s.tokens.end(), ex.tokens.begin(), ex.tokens.end());
-        s.mask.insert(s.mask.end(), ex.trained.begin(), ex.trained.end());
-        s.offsets.push_back(s.tokens.size());
-        r.trained_tokens += trained;
-        ++r.records;
+                                      "--val-fraction", input, n, val_fraction, n - std::min(n_val, n), n_val));
+    return n_val;
+}
+
+// One line's record, parsed (ConfigError naming `where` for a record too large or not JSON).
+nlohmann::ordered_json parse_record(std::string_view line, const std::string & where) {
+    if (line.size() > kMaxRecordBytes)
+        throw ConfigError(fmt::format("{}: a record of {} is more than the {} memfit prepares as one example; "
+                                      "split the conversation", where, format_bytes(line.size()),
+                                      format_bytes(kMaxRecordBytes)));
+    try {
+        return parse_ordered_json(line, where);
+    } catch (const FormatError & e) {
+        const std::string what = e.what();
+        throw ConfigError(what.find("not valid JSON") != std::string::npos
+                              ? what + "; expected one JSON object per line" : what);
     }
-    if (train.offsets.size() < 2 || val.offsets.size() < 2)
-        throw ConfigError(fmt::format("{}: after leaving out the {} records without a trained token, the {} "
-                                      "split is empty; check the records' assistant turns or completions",
-                                      input, r.skipped, train.offsets.size() < 2 ? "training" : "validation"));
+}
+
+// A progress line on stderr every few seconds of a long input.
+class Progress {
+public:
+    void at(size_t i, size_t n) {
+        const auto now = std::chrono::steady_clock::now();
+        if (now - shown_ <= std::chrono::seconds(3)) return;
+        std::fprintf(stderr, "prepare: %zu of %zu records (%.0f%%), %.0f s\n", i, n, 100.0 * double(i) / double(n),
+                     std::chrono::duration<double>(now - t0_).count());
+        shown_ = now;
+    }
+
+private:
+    std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now(), shown_ = t0_;
+};
+
+// One split's documents, as write_document_file takes them.
+struct DocumentSplit {
+    std::vector<int32_t> tokens;
+    std::vector<uint64_t> offsets{0};
+    std::vector<uint8_t> mask;
+
+    size_t documents() const { return offsets.size() - 1; }
+    void add(const Example & ex) {
+        tokens.insert(tokens.end(), ex.tokens.begin(), ex.tokens.end());
+        mask.insert(mask.end(), ex.trained.begin(), ex.trained.end());
+        offsets.push_back(tokens.size());
+    }
+};
+
+uint64_t trained_count(const Example & ex) {
+    return uint64_t(std::count(ex.trained.begin(), ex.trained.end(), uint8_t{1}));
+}
+
+void write_splits(const std::string & out_dir, const DocumentSplit & train, const DocumentSplit & val,
+                  const ChatFormat & fmt_, PreparedData & r) {
     make_out_dir(out_dir);
     write_document_file(r.train_path, train.tokens, train.offsets, train.mask, r.vocab_size, fmt_.pad_id);
     write_document_file(r.val_path, val.tokens, val.offsets, val.mask, r.vocab_size, fmt_.pad_id);
@@ -146,6 +160,77 @@ void prepare_jsonl(const PrepareOptions & opts, const std::string & input, const
     r.val_tokens = val.tokens.size();
     r.documents = true;
     r.chat_template = fmt_.chat ? fmt_.name : "none";
+}
+
+// Instruction data: one document per record (data/instruct.h), written as document files.
+void prepare_jsonl(const PrepareOptions & opts, const std::string & input, const std::string & out_dir,
+                   const Tokenizer & tok, PreparedData & r) {
+    const ChatFormat fmt_ = load_chat_format(opts.tokenizer, tok, opts.chat_template);
+    const std::string text = read_whole_file(input, "a JSON lines file", "pass --input with one JSON object per line");
+    r.input_bytes = text.size();
+    const auto lines = record_lines(text);
+    const size_t n = lines.size();
+    const size_t n_val = validation_records(n, opts.val_fraction, input);
+    DocumentSplit train, val;
+    Progress progress;
+    for (size_t i = 0; i < n; ++i) {
+        const std::string where = fmt::format("{} line {}", input, lines[i].first);
+        progress.at(i, n);
+        const Example ex = encode_record(parse_record(lines[i].second, where), fmt_, tok, where);
+        const uint64_t trained = trained_count(ex);
+        if (trained == 0) {
+            ++r.skipped;
+            continue;
+        }
+        (i + n_val < n ? train : val).add(ex);
+        r.trained_tokens += trained;
+        ++r.records;
+    }
+    if (train.documents() == 0 || val.documents() == 0)
+        throw ConfigError(fmt::format("{}: after leaving out the {} records without a trained token, the {} "
+                                      "split is empty; check the records' assistant turns or completions",
+                                      input, r.skipped, train.documents() == 0 ? "training" : "validation"));
+    write_splits(out_dir, train, val, fmt_, r);
+}
+
+// Preference data (DPO): each record's chosen and rejected sides as two consecutive documents,
+// chosen first, so that the data loader's pairs mode (data/data_loader.h) batches them together.
+void prepare_preference(const PrepareOptions & opts, const std::string & input, const std::string & out_dir,
+                        const Tokenizer & tok, PreparedData & r) {
+    const ChatFormat fmt_ = load_chat_format(opts.tokenizer, tok, opts.chat_template);
+    const std::string text = read_whole_file(input, "a JSON lines file of preference pairs",
+                                             "pass --input with one {\"prompt\", \"chosen\", \"rejected\"} per line");
+    r.input_bytes = text.size();
+    const auto lines = record_lines(text);
+    const size_t n = lines.size();
+    const size_t n_val = validation_records(n, opts.val_fraction, input);
+    DocumentSplit train, val;
+    Progress progress;
+    for (size_t i = 0; i < n; ++i) {
+        const std::string where = fmt::format("{} line {}", input, lines[i].first);
+        progress.at(i, n);
+        const PreferencePair p = encode_preference(parse_record(lines[i].second, where), fmt_, tok, where);
+        ++r.records;
+        // DPO compares the two sides' log-probabilities of their answers: a side without an
+        // answer token has nothing to compare.
+        const uint64_t chosen = trained_count(p.chosen), rejected = trained_count(p.rejected);
+        if (chosen == 0 || rejected == 0) {
+            ++r.skipped;
+            continue;
+        }
+        DocumentSplit & s = i + n_val < n ? train : val;
+        s.add(p.chosen);
+        s.add(p.rejected);
+        r.trained_tokens += chosen + rejected;
+        ++r.pairs;
+    }
+    if (train.documents() == 0 || val.documents() == 0)
+        throw ConfigError(fmt::format("{}: after leaving out the {} pairs with a side without a trained token, the "
+                                      "{} split is empty; check that both answers of each pair are non-empty "
+                                      "completions or assistant turns", input, r.skipped,
+                                      train.documents() == 0 ? "training" : "validation"));
+    write_splits(out_dir, train, val, fmt_, r);
+    r.preference = true;
 }
 
 }  // namespace
@@ -177,14 +262,16 @@ PreparedData prepare_dataset(const PrepareOptions & opts) {
     r.meta_path = out_dir + "/meta.json";
     r.tokenizer = tok->name();
     r.vocab_size = static_cast<uint32_t>(tok->vocab_size());
-    if (is_jsonl(opts, input)) {
-        prepare_jsonl(opts, input, out_dir, *tok, r);
-        const nlohmann::json meta = {
+    if (const std::string format = input_format(opts, input); format != "text") {
+        if (format == "preference") prepare_preference(opts, input, out_dir, *tok, r);
+        else prepare_jsonl(opts, input, out_dir, *tok, r);
+        nlohmann::json meta = {
             {"tokenizer", r.tokenizer},   {"vocab_size", r.vocab_size},     {"source", absolute_source(input)},
-            {"format", "jsonl"},          {"chat_template", r.chat_template}, {"records", r.records},
+            {"format", format},           {"chat_template", r.chat_template}, {"records", r.records},
             {"skipped", r.skipped},       {"trained_tokens", r.trained_tokens}, {"train_tokens", r.train_tokens},
             {"val_tokens", r.val_tokens},
         };
+        if (r.preference) meta["pairs"] = r.pairs;
         write_text_atomic(r.meta_path, meta.dump(2) + "\n");
         r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         return r;
@@ -223,6 +310,12 @@ PreparedData prepare_dataset(const PrepareOptions & opts) {
 
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return r;
+}
+
+std::string prepared_format(const std::string & meta_path) {
+    const nlohmann::json meta = read_json_file(meta_path);
+    if (!meta.is_object() || !meta.contains("format") || !meta["format"].is_string()) return "";
+    return meta["format"].get<std::string>();
 }
 
 }  // namespace memfit

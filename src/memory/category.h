@@ -21,12 +21,14 @@ enum class Category : uint8_t {
     // device memory: total() leaves them out.
     offloaded,
     teacher,           // a distillation teacher's frozen weights (model/distill.h)
+    reference,         // preference tuning's frozen reference copy (model/preference.h)
 };
-constexpr int kCategoryCount = 10;
+constexpr int kCategoryCount = 11;
 
 constexpr std::array<std::string_view, kCategoryCount> kCategoryNames = {
     "parameters", "master_weights", "optimizer_states", "gradients",
-    "activations", "workspace", "communication", "runtime", "offloaded", "teacher"};
+    "activations", "workspace", "communication", "runtime", "offloaded", "teacher",
+    "reference"};
 
 constexpr std::string_view category_name(Category c) { return kCategoryNames[size_t(c)]; }
 

@@ -22,6 +22,7 @@
 #include "backend/graph.h"
 #include "model/config.h"
 #include "model/distill.h"
+#include "model/preference.h"
 #include "model/lora.h"
 #include "model/param_layout.h"
 #include "model/recompute.h"
@@ -135,6 +136,8 @@ struct ModelOptions {
     // Knowledge distillation (model/distill.h): the training step's teacher; the Transformer itself
     // only takes a DistillHead in head_loss.
     DistillOptions distill;
+    // Preference tuning (model/preference.h): the step's pairs loss and reference (train/step.h).
+    PreferenceOptions pref;
     // Tensor parallel: the config is this rank's slice (tp_local_config). The row-parallel
     // projections' outputs are summed over the tensor group in forward (the output projection,
     // the MLP's second matmul) and the column-parallel ones' input gradients in backward (d ln_1,
@@ -190,6 +193,11 @@ public:
     // With `distill`, the distillation loss on every chunk instead (not with tensor parallelism).
     void head_loss(Graph & g, const ModelWeights & w, const ModelWeights * dw, Tensor targets, Tensor losses,
                    float dloss, const DistillHead * distill = nullptr) const;
+    // Preference tuning's second pass over the LM head (model/preference.h), after head_loss
+    // without dw wrote the losses: per chunk the logits again, their cross-entropy gradient with
+    // row i's factor scale[i] (f32 [B*T], Backend::dpo_loss's), and the head's backward.
+    void head_grad_rows(Graph & g, const ModelWeights & w, const ModelWeights & dw, Tensor targets,
+                        Tensor scale) const;
     // The LM head on rows [r0, r0 + n) of the final norm's output (n at most a loss chunk's rows),
     // into the logits buffer's first n rows (returned): a distillation teacher's, after forward().
     Tensor head_chunk(Graph & g, const ModelWeights & w, int64_t r0, int64_t n) const;

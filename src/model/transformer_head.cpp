@@ -115,6 +115,23 @@ void Transformer::head_loss(Graph & g, const ModelWeights & w, const ModelWeight
     }
 }
 
+void Transformer::head_grad_rows(Graph & g, const ModelWeights & w, const ModelWeights & dw, Tensor targets,
+                                 Tensor scale) const {
+    const int64_t N = int64_t(B_) * T_, C = cfg_.n_embd, V = cfg_.vocab_size;
+    MF_ASSERT(!tp_.enabled());
+    g.layer(-1);
+    for (int64_t r0 = 0; r0 < N; r0 += chunk_rows_) {
+        const int64_t n = std::min<int64_t>(chunk_rows_, N - r0);
+        const Tensor x = lnf_.view(r0 * C, {n, C});
+        const Tensor logits = logits_.view(0, {n, V});
+        g.phase(Phase::forward);
+        head_fwd(g, w, logits, x);
+        g.phase(Phase::backward);
+        g.xent_grad_rows(logits, targets.view(r0, {n}), scale.view(r0, {n}));
+        head_bwd(g, w, dw, dlnf_.view(r0 * C, {n, C}), logits, x, logit_grads_bf16(w));
+    }
+}
+
 void Transformer::head_loss_tp(Graph & g, const ModelWeights & w, const ModelWeights * dw, Tensor targets,
                                Tensor losses, float dloss, int64_t r0, int64_t n) const {
     const int64_t C = cfg_.n_embd, V = cfg_.vocab_size, R = tp_.ranks, lo = tp_.vocab_lo(cfg_);

@@ -76,6 +76,38 @@ LoraOptions lora_options(const RunConfig & r, const ModelConfig & cfg, DType com
     return l;
 }
 
+PreferenceOptions preference_options(const RunConfig & r) {
+    const PreferenceConfig & s = r.pref, defaults;
+    PreferenceOptions p;
+    if (!s.dpo()) {
+        if (s.beta != defaults.beta || s.loss != defaults.loss || s.label_smoothing != defaults.label_smoothing ||
+            s.reference != defaults.reference || s.weights != defaults.weights)
+            throw ConfigError("--dpo-beta, --dpo-loss, --dpo-label-smoothing, --reference and --reference-weights "
+                              "set preference tuning: add --objective dpo (with `memfit prepare --format preference` "
+                              "data)");
+        return p;
+    }
+    if (!(s.beta > 0) || !std::isfinite(s.beta))
+        throw ConfigError(fmt::format("--dpo-beta {}: must be a positive number (TRL's default 0.1)", s.beta));
+    if (!(s.label_smoothing >= 0 && s.label_smoothing < 0.5f))
+        throw ConfigError(fmt::format("--dpo-label-smoothing {}: must be from 0 to below 0.5 (the share of pairs "
+                                      "assumed mislabelled)", s.label_smoothing));
+    p.dpo = true;
+    p.loss = parse_dpo_loss(s.loss);
+    if (p.loss != DpoLoss::sigmoid && s.label_smoothing > 0)
+        throw ConfigError(fmt::format("--dpo-label-smoothing {:g} smooths the sigmoid loss (cDPO); --dpo-loss {} has "
+                                      "none: drop it or use --dpo-loss sigmoid", s.label_smoothing, s.loss));
+    p.beta = s.beta;
+    p.label_smoothing = s.label_smoothing;
+    p.reference = s.reference == "auto" ? (r.lora.rank > 0 ? Reference::adapters_off : Reference::copy)
+                                        : parse_reference(s.reference);
+    p.weights = parse_reference_weights(s.weights);
+    if (p.reference != Reference::copy && p.weights != ReferenceWeights::compute)
+        throw ConfigError(fmt::format("--reference-weights {} stores a reference copy: it needs --reference copy "
+                                      "(--reference {} keeps no weights)", s.weights, reference_name(p.reference)));
+    return p;
+}
+
 DistillOptions distill_options(const RunConfig & r, const ModelConfig & cfg, DType compute) {
     const DistillConfig & s = r.distill;
     DistillOptions d;
@@ -181,6 +213,7 @@ EngineOptions engine_options(const RunConfig & r, const ModelConfig & cfg, const
     if (r.recompute.info().kind != RecomputePolicy::budget) eo.recompute = recompute_plan(r.recompute, cfg.n_layer);
     eo.lora = lora_options(r, cfg, eo.compute);
     eo.distill = distill_options(r, cfg, eo.compute);
+    eo.pref = preference_options(r);
     eo.sparsity = r.sparsity;
     eo.loss_scaling.dynamic = r.loss_scale == 0;
     eo.loss_scaling.scale = r.loss_scale > 0 ? r.loss_scale : r.initial_loss_scale;

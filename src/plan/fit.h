@@ -21,6 +21,10 @@ LoraOptions lora_options(const RunConfig & r, const ModelConfig & cfg, DType com
 // The distillation options of the run: the teacher's configuration (resolve_model of --teacher),
 // checked against the student `cfg` (vocabulary, context) and the compute precision.
 DistillOptions distill_options(const RunConfig & r, const ModelConfig & cfg, DType compute);
+// --objective dpo and its flags as the engine takes them (reference auto resolved: adapters-off
+// under LoRA, else copy); disabled options for --objective lm. ConfigError for DPO flags without
+// --objective dpo and for values out of range.
+PreferenceOptions preference_options(const RunConfig & r);
 
 // --loss-chunk auto (RunConfig::loss_chunk < 0): rows per LM-head + loss chunk when the whole
 // fp32 logits would be at least kAutoChunkMinBytes and a quarter of the step's unchunked peak

@@ -347,6 +347,13 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
         teacher_logits = logit_rows * uint64_t(t.vocab_size) * 4;
         m.device[Category::activations] += rows * uint64_t(t.n_embd) * s + teacher_logits + 2 * logit_rows * 4;
     }
+    if (c.pref.dpo()) {   // preference tuning (model/preference.h)
+        // Each row's gradient factor per token and its two log-probabilities; a reference copy's
+        // weights (its forward's activations are gone before the policy's forward starts).
+        const PreferenceOptions po = preference_options(c);
+        m.device[Category::activations] += rows * 4 + 2 * uint64_t(c.micro_batch) * 4;
+        m.device[Category::reference] = reference_bytes(cfg, po, c.compute);
+    }
     m.device[Category::communication] = communication_bytes(c, ps, BTC);
     // A packed base on a GPU: one tile of the largest projection dequantized (cuda_qgemm_tile_rows:
     // about 4 Mi elements), in the compute dtype.

@@ -26,8 +26,8 @@ constexpr char kKeep = '\x1f';
 
 // One letter per category, in bar order.
 // parameters, master, optimizer, gradients, activations, workspace, comm, runtime, offloaded (host:
-// never in a device's bar), teacher.
-constexpr std::string_view kBarLetters = "PMOGAWCRHT";
+// never in a device's bar), teacher, reference.
+constexpr std::string_view kBarLetters = "PMOGAWCRHTF";
 static_assert(kBarLetters.size() == kCategoryCount);
 
 std::string bar(const CategoryBytes & b, uint64_t capacity, int width) {

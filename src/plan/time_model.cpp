@@ -10,6 +10,7 @@
 #include "model/recompute.h"
 #include "plan/distill_plan.h"
 #include "plan/lora_plan.h"
+#include "plan/fit.h"
 #include "plan/memory_model.h"
 
 namespace memfit {
@@ -119,13 +120,22 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     const double attn_fwd = layers * b * 4.0 * attention_pairs(cfg, T) * C / tp;
     const double attn_bwd = attn_fwd * (c.flash() ? 2.5 : 2.0);
     // Distillation: the frozen teacher's forward on the same tokens, whole on every rank.
-    double teacher_mb = 0;
+    double frozen_mb = 0;
     if (const DistillPlan * dist = c.distill_plan.get()) {
         const ModelConfig & t = *dist->opts.teacher;
-        teacher_mb = matmul_forward_flops(t, tokens, t.n_layer) / mm_eff +
+        frozen_mb = matmul_forward_flops(t, tokens, t.n_layer) / mm_eff +
                      double(t.n_layer) * b * 4.0 * attention_pairs(t, T) * t.n_embd / attn_eff;
     }
-    const double fwd_mb = (mm_fwd + ad_fwd) / mm_eff + attn_fwd / attn_eff + teacher_mb;
+    // Preference tuning: the reference's forward (LoRA's base again, or the copy; none when
+    // precomputed) and the LM head's second forward (model/preference.h).
+    if (c.pref.dpo()) {
+        const bool forward = preference_options(c).reference != Reference::precompute;
+        frozen_mb += 2.0 * tokens * C * V / mm_eff +
+                      (forward ? matmul_forward_flops(cfg, tokens, layers) / mm_eff +
+                                     layers * b * 4.0 * attention_pairs(cfg, T) * C / attn_eff
+                               : 0.0);
+    }
+    const double fwd_mb = (mm_fwd + ad_fwd) / mm_eff + attn_fwd / attn_eff + frozen_mb;
     const double bwd_mm = lp ? mm_fwd + 2.0 * ad_fwd : 2.0 * mm_fwd;
     const double bwd_nr_mb = bwd_mm / mm_eff + attn_bwd / attn_eff;   // backward without recompute
     const uint32_t attn_bits = (1u << int(Saved::attn_out)) | (1u << int(Saved::attn_probs));

@@ -290,6 +290,12 @@ std::string curves(const ReportData & r) {
     if (!r.tokens_per_s.empty())
         s += "<div class=\"col\"><h3>Throughput</h3>" +
              svg::line_chart({{"tokens/s", "#59a14f", pts(r.tokens_per_s), false}}, "tokens/s", true) + "</div>\n";
+    if (!r.margins.empty())
+        s += "<div class=\"col\"><h3>Preference (DPO)</h3>" +
+             svg::line_chart({{"rewards/margins", "#e15759", pts(r.margins), false},
+                              {"rewards/accuracies", "#b07aa1", pts(r.accuracies), true}},
+                             "reward", false) +
+             "</div>\n";
     return s + "</div>\n";
 }
 

@@ -59,6 +59,8 @@ struct ReportData {
     std::string failure;
     // Training curves (empty for `memfit profile`).
     std::vector<CurvePoint> loss, val_loss, tokens_per_s;
+    // Preference tuning (--objective dpo): TRL's rewards/margins and rewards/accuracies by step.
+    std::vector<CurvePoint> margins, accuracies;
 };
 
 // Index in r.timeline.events of the peak: the event of r.peak_op, or (when that is unset or not

@@ -94,6 +94,7 @@ std::string_view category_color(Category c) {
         "#9c755f",  // runtime: brown
         "#bab0ac",  // offloaded: grey
         "#ff9da7",  // teacher: pink
+        "#d37295",  // reference: dark pink
     };
     return colors[size_t(c)];
 }

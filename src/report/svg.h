@@ -31,7 +31,8 @@ std::string_view phase_fill(Phase p);
 // bytes (workspace, activations) on top where their rise and fall is visible.
 // The device's categories (not `offloaded`, which lives in host memory or files).
 inline constexpr std::array<Category, kCategoryCount - 1> kStackOrder = {
-    Category::runtime,   Category::parameters,    Category::teacher,   Category::master_weights,
+    Category::runtime,   Category::parameters,    Category::teacher,   Category::reference,
+    Category::master_weights,
     Category::optimizer_states, Category::gradients, Category::communication, Category::workspace,
     Category::activations};
 

@@ -124,6 +124,34 @@ std::optional<std::string> dora_refusal(const RunConfig & r, const ModelConfig &
 
 // GaLore projects whole matrices of the full weights, refreshing its projector by an eigen-
 // decomposition the CPU backend has (cpu/kernels_galore.cpp).
+// Preference tuning: pairs of whole rows on one rank, the reference beside the policy.
+std::optional<std::string> preference_refusal(const RunConfig & r) {
+    if (!r.pref.dpo()) return std::nullopt;
+    const Layout & L = r.layout;
+    const bool lora = r.lora.rank > 0;
+    const std::string ref = r.pref.reference == "auto" ? (lora ? "adapters-off" : "copy") : r.pref.reference;
+    if (L.tp > 1 || L.pp > 1)
+        return fmt::format("--objective dpo with --{} {}: each pair's log-probabilities are summed on one rank; "
+                           "use data parallelism (and ZeRO)", L.tp > 1 ? "tp" : "pp", L.tp > 1 ? L.tp : L.pp);
+    if (ref == "adapters-off" && !lora)
+        return std::string("--reference adapters-off switches LoRA's adapters off, and this run has none; use "
+                           "--reference copy (a frozen copy) or precompute, or add --lora-rank R");
+    if (ref == "adapters-off" && L.zero >= 3)
+        return std::string("--reference adapters-off with --zero 3: the base would be gathered twice per step; use "
+                           "--reference precompute (no reference forward) or --zero 2");
+    if (!r.distill.teacher.empty())
+        return std::string("--objective dpo with --teacher: one frozen model beside the policy at a time; drop --teacher");
+    if (r.packing)
+        return std::string("--objective dpo with --packing: each answer of a pair is a row of its own; drop --packing");
+    if (r.fit_auto)
+        return std::string("--objective dpo with --fit auto: the search does not keep batches of whole pairs yet; "
+                           "set an even --micro-batch (memfit plan shows what fits)");
+    if (r.micro_batch > 0 && r.micro_batch % 2)
+        return fmt::format("--micro-batch {} with --objective dpo: a batch holds whole pairs (chosen, rejected), so "
+                           "its rows must be even; use --micro-batch {}", r.micro_batch, r.micro_batch + 1);
+    return std::nullopt;
+}
+
 std::optional<std::string> galore_refusal(const RunConfig & r, const Backend * backend) {
     if (!has_state(r.optimizer, StateSize::projector)) return std::nullopt;
     const Layout & L = r.layout;
@@ -159,6 +187,7 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
     if (auto why = offload_refusal(r)) return why;
     if (auto why = in_backward_refusal(r)) return why;
     if (auto why = galore_refusal(r, backend)) return why;
+    if (auto why = preference_refusal(r)) return why;
     if (r.adafactor_beta1 > 0 && r.optimizer != Optimizer::adafactor)
         return fmt::format("--adafactor-beta1 {:g} is Adafactor's first moment: add --optimizer adafactor (--optimizer {} "
                            "has its own: --adam-beta1)", r.adafactor_beta1, optimizer_name(r.optimizer));

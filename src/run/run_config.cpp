@@ -114,6 +114,12 @@ nlohmann::json run_config_json(const RunConfig & r) {
                         {"distill-alpha", json_float(r.distill.alpha)},
                         {"distill-temperature", json_float(r.distill.temperature)},
                         {"teacher-weights", r.distill.weights},
+                        {"objective", r.pref.objective},
+                        {"dpo-beta", json_float(r.pref.beta)},
+                        {"dpo-loss", r.pref.loss},
+                        {"dpo-label-smoothing", json_float(r.pref.label_smoothing)},
+                        {"reference", r.pref.reference},
+                        {"reference-weights", r.pref.weights},
                         {"seed", r.seed},
                         {"threads", r.threads}};
     if (r.micro_batch > 0) j["micro-batch"] = r.micro_batch;

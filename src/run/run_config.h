@@ -61,6 +61,17 @@ struct DistillConfig {
     std::string weights = "compute";         // teacher storage: compute | fp32 | bf16 | fp16 | int8 | nf4
 };
 
+// Preference tuning (model/preference.h): --objective dpo, its loss and its reference.
+struct PreferenceConfig {
+    std::string objective = "lm";            // lm (next-token cross-entropy) | dpo
+    float beta = 0.1f;                       // --dpo-beta, > 0
+    std::string loss = "sigmoid";            // --dpo-loss: sigmoid | ipo | hinge (TRL's loss_type)
+    float label_smoothing = 0.0f;            // --dpo-label-smoothing, [0, 0.5)
+    std::string reference = "auto";          // auto | adapters-off | precompute | copy
+    std::string weights = "compute";         // --reference-weights (copy): compute | bf16 | int8 | nf4
+    bool dpo() const { return objective == "dpo"; }
+};
+
 struct RunConfig {
     std::string model = "micro";   // preset, Hugging Face config.json, or a folder with weights
     std::string device = "cpu";    // cpu | cuda
@@ -128,6 +139,7 @@ struct RunConfig {
     bool fit_auto = false;         // --fit auto: search micro-batch x accumulation x techniques within the budget
     LoraConfig lora;
     DistillConfig distill;
+    PreferenceConfig pref;
     uint64_t seed = 1337;
     int threads = 0;               // 0: OpenMP's default
 };

@@ -221,6 +221,7 @@ void Engine::init_params(uint64_t seed) {
         init_model(*tc, make_param_layout(*tc), teacher.data(), seed + 1);
         set_teacher(teacher.data());
     }
+    if (st.preference().copy()) reference_from_start();
     const std::vector<float> zeros(st.shard_size(), 0.0f);
     store_moments(0, zeros.data(), zeros.size());
     store_moments(1, zeros.data(), zeros.size());
@@ -395,7 +396,7 @@ std::vector<float> Engine::merged_weights() {
 std::vector<uint8_t> Engine::export_frozen() const {
     const TrainStep & st = *plans_.train;
     std::vector<uint8_t> out;
-    for (BufferId b : {st.base, st.base_q, st.teacher, st.teacher_q}) {
+    for (BufferId b : st.frozen_buffers()) {
         if (b < 0) continue;
         const size_t at = out.size();
         out.resize(at + st.program().buffer(b).bytes);
@@ -407,7 +408,7 @@ std::vector<uint8_t> Engine::export_frozen() const {
 void Engine::import_frozen(const std::vector<uint8_t> & bytes) {
     const TrainStep & st = *plans_.train;
     size_t off = 0;
-    for (BufferId b : {st.base, st.base_q, st.teacher, st.teacher_q}) {
+    for (BufferId b : st.frozen_buffers()) {
         if (b < 0) continue;
         const size_t n = st.program().buffer(b).bytes;
         MF_ASSERT(off + n <= bytes.size());
@@ -574,7 +575,9 @@ double Engine::run_batch(const TrainStep & step, StepMemory & mem, const int32_t
     s.dloss = dloss;
     s.seed = seed;
     if (h) s.optim = *h;
+    if (step.ref_logps >= 0) preference_io(step, mem, targets, true);
     execute(step, mem, s);
+    if (step.ref_logps >= 0) preference_io(step, mem, targets, false);
     return losses_sum(step, mem);
 }
 
@@ -588,7 +591,7 @@ double Engine::losses_sum(const TrainStep & step, StepMemory & mem) const {
 }
 
 StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, const OptimHyper & h,
-                              const int32_t * doc_start) {
+                              const int32_t * doc_start, const float * ref_logps) {
     params_handed_ = false;   // a step changes the weights: a mirror handed out before is stale
     const int k = opt_.grad_accum;
     const size_t BT = size_t(opt_.B) * size_t(opt_.T);
@@ -596,10 +599,12 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
     r.tokens = count_targets(inputs, targets, BT * size_t(k));
     if (opt_.documents) check_doc_starts(doc_start, size_t(opt_.B) * size_t(k));
     if (opt_.data_parallel > 1) r.tokens = int(comm_->all_reduce_sum(double(r.tokens)));
-    // Every micro-batch's loss gradient is scaled by the whole step's token count, so the
-    // accumulated gradients are those of one batch of k*B sequences.
+    // Every micro-batch's loss gradient is scaled by the whole step's token count (preference
+    // tuning: pair count), so the accumulated gradients are those of one batch of k*B sequences.
     // fp16: the loss gradient is multiplied by the loss scale and AdamW divides it back out.
-    const float dloss = r.tokens > 0 ? scaler_.scale / float(r.tokens) * h.loss_grad_factor : 0.0f;
+    const int units = opt_.pref.enabled() ? opt_.B / 2 * k * opt_.data_parallel : r.tokens;
+    const float dloss = units > 0 ? scaler_.scale / float(units) * h.loss_grad_factor : 0.0f;
+    run_pref_ = {};
     r.loss_scale = scaler_.scale;
     OptimHyper hh = h;
     hh.t = t_ + 1;
@@ -625,7 +630,7 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
             double all = sum + losses_sum(*plans_.train, *train_mem_);
             if (opt_.pipeline_parallel > 1) all = pp_comm_->all_reduce_sum(all);
             if (opt_.data_parallel > 1) all = comm_->all_reduce_sum(all);
-            const double loss = r.tokens > 0 ? all / r.tokens : 0.0;
+            const double loss = units > 0 ? all / units : 0.0;
             r.loss_outlier = !(loss <= double(h.skip_above_loss));
             return r.loss_outlier;
         };
@@ -633,6 +638,7 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
         const int32_t * in = inputs + size_t(i) * BT;
         const int32_t * tg = targets + size_t(i) * BT;
         const int32_t * ds = doc_start ? doc_start + size_t(i) * BT : nullptr;
+        batch_ref_ = ref_logps ? ref_logps + size_t(i) * size_t(opt_.B) : nullptr;
         // One stream per (run, step, micro-batch): a resumed or re-planned run draws the same masks
         // (re-planning splits the global batch differently, so its micro-batch streams differ).
         const uint64_t seed = opt_.seed * 0x9e3779b97f4a7c15ull + uint64_t(t_) * 1000003ull + uint64_t(i);
@@ -646,7 +652,8 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
                                                  seed));
     }
     if (opt_.data_parallel > 1) sum = comm_->all_reduce_sum(sum);
-    r.loss = r.tokens > 0 ? float(sum / r.tokens) : 0.0f;
+    r.loss = units > 0 ? float(sum / units) : 0.0f;
+    r.pref = reduced_preference(run_pref_);
     float norm_sq = 0;
     backend_.download(&norm_sq, train_mem_->base(plans_.train->grad_norm_sq), sizeof norm_sq);
     r.grad_norm = std::sqrt(norm_sq) * hh.grad_scale;
@@ -664,12 +671,17 @@ void Engine::prune_if_due() {
     pruned_ = true;
 }
 
-float Engine::eval_loss(const int32_t * inputs, const int32_t * targets, const int32_t * doc_start) {
+float Engine::eval_loss(const int32_t * inputs, const int32_t * targets, const int32_t * doc_start,
+                        const float * ref_logps) {
     MF_ASSERT(plans_.eval && "engine built without the evaluation program");
     const size_t BT = size_t(opt_.B) * size_t(opt_.T);
     int valid = count_targets(inputs, targets, BT);
+    if (opt_.pref.enabled()) valid = opt_.B / 2;   // the loss is the pairs' mean
     if (opt_.documents) check_doc_starts(doc_start, size_t(opt_.B));
+    run_pref_ = {};
+    batch_ref_ = ref_logps;
     double sum = run_batch(*plans_.eval, *eval_mem_, inputs, targets, doc_start, 0.0f, nullptr);
+    eval_pref_ = reduced_preference(run_pref_);
     if (opt_.pipeline_parallel > 1) sum = pp_comm_->all_reduce_sum(sum);
     if (opt_.data_parallel > 1) {
         valid = int(comm_->all_reduce_sum(double(valid)));

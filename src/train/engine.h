@@ -82,6 +82,8 @@ struct EngineOptions {
     LoraOptions lora;
     // Knowledge distillation (model/distill.h): a frozen teacher in the training programs.
     DistillOptions distill;
+    // Preference tuning (model/preference.h): pairs of rows, a reference, the DPO loss.
+    PreferenceOptions pref;
     // --sparsity N:M (model/sparsity.h): once `start` updates are applied, train_step prunes the
     // block projections by magnitude (on the host, the whole model: full_params, set_params) and
     // from then on every update keeps their zeros (OptimHyper::keep_zeros). No buffer is added.
@@ -146,6 +148,7 @@ struct EngineOptions {
         m.sr_master = sr_master;
         m.lora = lora;
         m.distill = distill;
+        m.pref = pref;
         m.tp.ranks = tensor_parallel;
         m.tp.rank = tp_rank;
         m.tp.sequence = sequence_parallel;
@@ -206,6 +209,8 @@ struct StepResult {
     bool   skipped = false;   // nothing was updated (fp16's overflow, or a --skip-spikes limit)
     bool   loss_outlier = false;   // skipped for its loss (OptimHyper::skip_above_loss)
     float  loss_scale = 1;    // the scale this step's loss gradient was multiplied by
+    // Preference tuning: the loss is the mean over the step's pairs; TRL's metrics (sums).
+    PreferenceMetrics pref;
 };
 
 
@@ -259,10 +264,24 @@ public:
     // as if they were one batch. doc_start: packed documents (EngineOptions::documents), each
     // token's document start in its row, laid out like the inputs (FormatError when a row's are
     // not starts: 0 <= s[t] <= t, each either t or the previous token's).
+    // Preference tuning (EngineOptions::pref): rows 2i and 2i + 1 are a pair, the loss is the
+    // mean of the pairs' and `ref_logps` (under --reference precompute) holds each row's
+    // reference log-probability, laid out like the rows.
     StepResult train_step(const int32_t * inputs, const int32_t * targets, const OptimHyper & h,
-                          const int32_t * doc_start = nullptr);
-    // Mean loss of a batch without updating anything (needs with_eval).
-    float eval_loss(const int32_t * inputs, const int32_t * targets, const int32_t * doc_start = nullptr);
+                          const int32_t * doc_start = nullptr, const float * ref_logps = nullptr);
+    // Mean loss of a batch without updating anything (needs with_eval); preference tuning: its
+    // metrics after it in eval_preference().
+    float eval_loss(const int32_t * inputs, const int32_t * targets, const int32_t * doc_start = nullptr,
+                    const float * ref_logps = nullptr);
+    const PreferenceMetrics & eval_preference() const { return eval_pref_; }
+    // Preference tuning: each row's log-probability of its trained targets under the weights as
+    // they are (the evaluation program on one batch of B rows; --reference precompute's source).
+    std::vector<float> row_logps(const int32_t * inputs, const int32_t * targets, const int32_t * doc_start = nullptr);
+    // The reference copy (--reference copy) from the whole model's fp32 weights; and from the
+    // model as the step computes with it now (LoRA: its base; else the weights), which is where
+    // a run starts.
+    void set_reference(const float * full);
+    void reference_from_start();
     // Logits [batch,T,V] of `batch` sequences of T tokens (builds a forward-only program for
     // that batch size on first use; it runs on the training parameters).
     std::vector<float> logits(const int32_t * inputs, int batch);
@@ -390,6 +409,12 @@ private:
     // are pruned again before the next step; pruning pruned weights changes nothing).
     bool pruned_ = false;
     void prune_if_due();
+    // Preference tuning: the batch's reference log-probabilities (precompute; run_batch uploads
+    // a micro-batch's rows), and the metrics of the runs since the last reset.
+    const float * batch_ref_ = nullptr;
+    PreferenceMetrics run_pref_, eval_pref_;
+    void preference_io(const TrainStep & step, StepMemory & mem, const int32_t * targets, bool before);
+    PreferenceMetrics reduced_preference(const PreferenceMetrics & m);   // summed over the data-parallel ranks
 };
 
 }  // namespace memfit

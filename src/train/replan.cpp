@@ -62,10 +62,10 @@ void shrink_to_budget(std::unique_ptr<Engine> & engine, const ModelConfig & cfg,
 
 StepResult resilient_step(std::unique_ptr<Engine> & engine, const ModelConfig & cfg, Backend & backend,
                           const int32_t * inputs, const int32_t * targets, const OptimHyper & h,
-                          std::vector<std::string> & notes, const int32_t * doc_start) {
+                          std::vector<std::string> & notes, const int32_t * doc_start, const float * ref_logps) {
     for (;;) {
         try {
-            return engine->train_step(inputs, targets, h, doc_start);
+            return engine->train_step(inputs, targets, h, doc_start, ref_logps);
         } catch (const OutOfMemory & e) {
             // Data parallel: the other ranks are inside this step's collectives, and a re-plan
             // would have to happen on every rank at once; this rank fails (and mpirun stops the rest).
@@ -75,7 +75,8 @@ StepResult resilient_step(std::unique_ptr<Engine> & engine, const ModelConfig & 
                                               "restart with a smaller --batch, more --grad-accum, a higher --zero "
                                               "or a larger --memory-budget",
                                               e.what(), engine->options().rank, engine->options().data_parallel));
-            const auto smaller = halve_micro_batch(engine->options());
+            auto smaller = halve_micro_batch(engine->options());
+            if (smaller && smaller->pref.enabled() && smaller->B % 2) smaller.reset();   // pairs stay whole
             if (!smaller) throw;
             notes.push_back(fmt::format("{}; re-planned to micro-batch {} x {} accumulated and redid step {}",
                                         e.what(), smaller->B, smaller->grad_accum, engine->steps_done() + 1));

@@ -33,7 +33,8 @@ void shrink_to_budget(std::unique_ptr<Engine> & engine, const ModelConfig & cfg,
 // micro-batch and redoes the step. Each re-plan adds a line to `notes`.
 StepResult resilient_step(std::unique_ptr<Engine> & engine, const ModelConfig & cfg, Backend & backend,
                           const int32_t * inputs, const int32_t * targets, const OptimHyper & h,
-                          std::vector<std::string> & notes, const int32_t * doc_start = nullptr);
+                          std::vector<std::string> & notes, const int32_t * doc_start = nullptr,
+                          const float * ref_logps = nullptr);
 
 // `--budget-file PATH`: a control file holding a size ("512MiB"), polled before every step.
 // poll() returns the budget when the file's text changed since the last poll (nothing while the

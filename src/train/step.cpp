@@ -268,7 +268,8 @@ void TrainStep::declare_models(const ModelConfig & cfg, const ModelOptions & mod
         if (attn_start >= 0)
             models_[k]->set_attention_start(Tensor(attn_start, DType::i32, {int64_t(B), int64_t(T)}, at));
     }
-    if (train && model.distill.enabled()) declare_teacher(mo, doc_start);
+    if (train && model.distill.enabled()) declare_teacher(mo);
+    if (model.pref.enabled() && mode != StepMode::logits) declare_preference(mo);
     if (lora_) {
         w_ = lora_model_weights(cfg_, model.lora, base_layout_, base, compute_, quant_layout_, base_q, layout_, params,
                                 compute_);
@@ -281,32 +282,92 @@ void TrainStep::declare_models(const ModelConfig & cfg, const ModelOptions & mod
     }
 }
 
-void TrainStep::declare_teacher(const ModelOptions & student, BufferId doc_start_id) {
-    const DistillOptions & d = student.distill;
-    teacher_cfg_ = *d.teacher;
-    check_teacher(teacher_cfg_, cfg_, T_);
+void TrainStep::declare_frozen(FrozenModel & f, const ModelConfig & cfg, const QuantFormat * fmt, DType dt,
+                               Category cat, const std::string & prefix, const ModelOptions & student) {
     MF_ASSERT(!pp_.enabled() && !student.tp.enabled());   // compat.h refuses them
-    if (d.quantized()) teacher_quant_ = make_quant_layout(teacher_cfg_, d.format());
-    teacher_layout_ = dense_layout(teacher_cfg_, teacher_quant_);
-    teacher = program_.declare("teacher.parameters", Category::teacher, teacher_layout_.total * dtype_size(compute_), true);
-    if (teacher_quant_.bytes)
-        teacher_q = program_.declare("teacher.parameters.quantized", Category::teacher, teacher_quant_.bytes, true);
-    // The teacher's forward keeps nothing for a backward: only its final norm's output outlives it,
+    f.cfg = cfg;
+    f.dtype = dt;
+    if (fmt) f.quant = make_quant_layout(cfg, *fmt);
+    f.layout = dense_layout(cfg, f.quant);
+    f.dense = program_.declare(prefix + "parameters", cat, f.layout.total * dtype_size(dt), true);
+    if (f.quant.bytes) f.packed = program_.declare(prefix + "parameters.quantized", cat, f.quant.bytes, true);
+    declare_forward_only(f, cfg, dt, prefix, student);
+    f.w = quantized_model_weights(cfg, f.quant, f.dense, dt, f.packed);
+}
+
+void TrainStep::declare_forward_only(FrozenModel & f, const ModelConfig & cfg, DType dt, const std::string & prefix,
+                                     const ModelOptions & student) {
+    // The frozen forward keeps nothing for a backward: only its final norm's output outlives it,
     // until the last loss chunk has read it.
     ModelOptions tm;
     tm.loss_chunk = student.loss_chunk;
     tm.mlp_chunk = student.mlp_chunk;
     tm.flash_attention = student.flash_attention;
     tm.documents = student.documents;
-    tm.compute = tm.grad = compute_;
-    tm.prefix = "teacher.";
-    teacher_ = std::make_unique<Transformer>(teacher_cfg_, B_, T_, program_, tm);
-    if (doc_start_id >= 0) teacher_->set_doc_start(Tensor(doc_start_id, DType::i32, {int64_t(B_), int64_t(T_)}));
-    tw_ = quantized_model_weights(teacher_cfg_, teacher_quant_, teacher, compute_, teacher_q);
+    tm.compute = tm.grad = dt;
+    tm.prefix = prefix;
+    f.model = std::make_unique<Transformer>(cfg, B_, T_, program_, tm);
+    if (doc_start >= 0) f.model->set_doc_start(Tensor(doc_start, DType::i32, {int64_t(B_), int64_t(T_)}));
+}
+
+void TrainStep::declare_teacher(const ModelOptions & student) {
+    const DistillOptions & d = student.distill;
+    check_teacher(*d.teacher, cfg_, T_);
+    const QuantFormat fmt = d.format();
+    declare_frozen(teacher_, *d.teacher, d.quantized() ? &fmt : nullptr, compute_, Category::teacher, "teacher.",
+                   student);
+    teacher = teacher_.dense, teacher_q = teacher_.packed;
     const int64_t rows = int64_t(B_) * T_;
     const int64_t chunk = student.loss_chunk > 0 && student.loss_chunk < rows ? student.loss_chunk : rows;
     const BufferId stats = program_.declare("loss.distill_stats", Category::activations, size_t(2 * chunk) * 4);
-    distill_ = DistillHead{teacher_.get(), &tw_, Tensor(stats, DType::f32, {2, chunk}), d.alpha, d.temperature};
+    distill_ = DistillHead{teacher_.model.get(), &teacher_.w, Tensor(stats, DType::f32, {2, chunk}), d.alpha,
+                           d.temperature};
+}
+
+void TrainStep::declare_preference(const ModelOptions & mo) {
+    pref_ = mo.pref;
+    MF_ASSERT(B_ % 2 == 0 && !pp_.enabled() && !mo.tp.enabled());   // compat.h refuses the rest
+    const size_t rows = size_t(B_), BT = rows * size_t(T_);
+    ref_logps = program_.declare("dpo.reference_logps", Category::activations, rows * 4, true);
+    policy_logps = program_.declare("dpo.policy_logps", Category::activations, rows * 4, true);
+    pref_scale_ = Tensor(program_.declare("dpo.row_factors", Category::activations, BT * 4), DType::f32,
+                         {int64_t(BT)});
+    if (pref_.reference == Reference::precompute) return;
+    const QuantFormat fmt = quant_format(pref_.base_weights(), true);
+    // adapters-off: a forward of its own on the policy's base (reference_pass strips the adapters
+    // from the policy's weights), so that its buffers live only through the reference's pass.
+    if (pref_.copy())
+        declare_frozen(reference_, cfg_, pref_.quantized() ? &fmt : nullptr, pref_.dtype(compute_),
+                       Category::reference, "reference.", mo);
+    else
+        declare_forward_only(reference_, cfg_, compute_, "reference.", mo);
+    if (attn_start >= 0)
+        reference_.model->set_attention_start(Tensor(attn_start, DType::i32, {int64_t(B_), int64_t(T_)}));
+}
+
+void TrainStep::reference_pass(Graph & g, Tensor tok, Tensor tgt, Tensor loss) const {
+    const int64_t n = int64_t(B_) * T_;
+    if (pref_.reference == Reference::precompute) return;   // the engine writes ref_logps
+    ModelWeights w = reference_.w;
+    if (!pref_.copy()) {   // LoRA's base alone
+        w = wf_[0];
+        for (auto & l : w.h) l.adapters.clear();
+        w.head_adapters.clear();
+        w.embed_adapters.clear();
+    }
+    reference_.model->forward(g, w, tok);
+    reference_.model->head_loss(g, w, nullptr, tgt.view(0, {n}), loss.view(0, {n}), 0.0f);
+    g.phase(Phase::forward);
+    g.row_logps(Tensor(ref_logps, DType::f32, {int64_t(B_)}), loss);
+}
+
+void TrainStep::preference_loss(Graph & g, const StepScalars & s, Tensor tgt, Tensor loss) const {
+    const int64_t b = B_, n = b * T_;
+    model_->head_loss(g, wf_[0], nullptr, tgt.view(0, {n}), loss.view(0, {n}), 0.0f);
+    g.phase(Phase::forward);
+    g.dpo_loss(loss, pref_scale_.view(0, {b, int64_t(T_)}), Tensor(policy_logps, DType::f32, {b}),
+               Tensor(ref_logps, DType::f32, {b}), tgt, pref_.desc(s.dloss));
+    if (mode_ == StepMode::train) model_->head_grad_rows(g, wf_[0], dws_[0], tgt.view(0, {n}), pref_scale_);
 }
 
 void TrainStep::run(Graph & g, const StepScalars & s) const {
@@ -347,7 +408,8 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
             forward_begin = [&](Graph & gg, int l) { sync.forward_begin(gg, l, 0); };
         }
         // The teacher first: while it runs, none of the student's activations are live yet.
-        if (teacher_) teacher_->forward(g, tw_, tok);
+        if (teacher_.model) teacher_.model->forward(g, teacher_.w, tok);
+        if (pref_.enabled()) reference_pass(g, tok, tgt, loss);
         model_->forward(g, wf_[0], tok, forward_begin);
         if (mode_ == StepMode::logits) {
             model_->head_logits(g, wf_[0]);
@@ -364,8 +426,11 @@ void TrainStep::run(Graph & g, const StepScalars & s) const {
             g.layer(-1);
             sync.zero_rest(g);
         }
-        model_->head_loss(g, wf_[0], train ? &dws_[0] : nullptr, tgt.view(0, {b * t}), loss.view(0, {b * t}), s.dloss,
-                          teacher_ ? &distill_ : nullptr);
+        if (pref_.enabled())
+            preference_loss(g, s, tgt, loss);
+        else
+            model_->head_loss(g, wf_[0], train ? &dws_[0] : nullptr, tgt.view(0, {b * t}), loss.view(0, {b * t}),
+                              s.dloss, teacher_.model ? &distill_ : nullptr);
         if (!train) return;
         model_->backward(g, wb_[0], dws_[0], tok, done, begin);
     }

@@ -4,6 +4,7 @@
 // recording Graph, and the engine executes the very same calls.
 #pragma once
 
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +55,19 @@ struct StepScalars {
     uint64_t   seed = 0;        // this micro-step's random stream (LoRA dropout)
 };
 
+// A frozen model beside the trained one (a distillation teacher, preference tuning's reference
+// copy): its forward-only Transformer, its weights' buffers (a dense part in `dtype`, dense_layout
+// order, and packed projections, quant) and their views.
+struct FrozenModel {
+    std::unique_ptr<Transformer> model;
+    ModelConfig cfg;
+    ParamLayout layout;
+    QuantLayout quant;
+    ModelWeights w;
+    BufferId dense = -1, packed = -1;
+    DType dtype = DType::f32;
+};
+
 class TrainStep {
 public:
     // `sizing` answers library-scratch queries while recording (the backend that will run it).
@@ -76,9 +90,17 @@ public:
     const ParamLayout & base_layout() const { return base_layout_; }
     const QuantLayout & quant_layout() const { return quant_layout_; }
     // Distillation: the teacher's configuration (null: none), dense layout and packed projections.
-    const ModelConfig * teacher_config() const { return teacher_ ? &teacher_cfg_ : nullptr; }
-    const ParamLayout & teacher_layout() const { return teacher_layout_; }
-    const QuantLayout & teacher_quant() const { return teacher_quant_; }
+    const ModelConfig * teacher_config() const { return teacher_.model ? &teacher_.cfg : nullptr; }
+    const ParamLayout & teacher_layout() const { return teacher_.layout; }
+    const QuantLayout & teacher_quant() const { return teacher_.quant; }
+    // Preference tuning's reference (model/preference.h): a copy's weights and forward, or
+    // adapters-off's forward alone (dense -1); model null under precompute.
+    const FrozenModel & reference_model() const { return reference_; }
+    const PreferenceOptions & preference() const { return pref_; }
+    // Every frozen weight buffer (LoRA's base, a teacher's, a reference copy's; -1: absent).
+    std::array<BufferId, 6> frozen_buffers() const {
+        return {base, base_q, teacher, teacher_q, reference_.dense, reference_.packed};
+    }
     StepMode mode() const { return mode_; }
     int B() const { return B_; }
     // Micro-batches of B x T tokens the program reads (pipeline: all of the step's; else 1).
@@ -116,6 +138,11 @@ public:
     // Knowledge distillation (model/distill.h, training programs only): the teacher's weights, a
     // dense part (teacher_layout(), compute dtype) and its packed projections (teacher_quant()).
     BufferId teacher = -1, teacher_q = -1;
+    // Preference tuning (training and evaluation programs): each row's log-probability of its
+    // trained targets under the reference (f32 [B]; written by the host under `precompute`, else
+    // by the step) and under the policy (f32 [B], written by the step), read by the host after
+    // each run for the rewards.
+    BufferId ref_logps = -1, policy_logps = -1;
     // Packed documents (ModelOptions::documents): each token's document start in its row, i32
     // [B,T] beside tokens and targets (-1: one document per row).
     BufferId doc_start = -1;
@@ -227,14 +254,27 @@ private:
     Tensor kv_buf_, kv_scratch_;
     int kv_slot_ = 0;
     ModelWeights w_, dw_;   // the weights and gradients as declared (before ZeRO's remapping)
-    // Distillation: the teacher's forward-only model, its weights and the loss's settings.
-    std::unique_ptr<Transformer> teacher_;
-    ModelConfig teacher_cfg_;
-    ParamLayout teacher_layout_;
-    QuantLayout teacher_quant_;
-    ModelWeights tw_;
+    // Distillation: the teacher and the loss's settings.
+    FrozenModel teacher_;
     DistillHead distill_;
-    void declare_teacher(const ModelOptions & student, BufferId doc_start_id);
+    void declare_teacher(const ModelOptions & student);
+    // Declares f: cfg's weights (packed as `fmt` when given) in dtype dt, category cat, names
+    // from `prefix`, and its forward-only Transformer with the student's chunking and documents.
+    void declare_frozen(FrozenModel & f, const ModelConfig & cfg, const QuantFormat * fmt, DType dt, Category cat,
+                        const std::string & prefix, const ModelOptions & student);
+    // f's forward-only Transformer alone (weights come from elsewhere: adapters-off's base).
+    void declare_forward_only(FrozenModel & f, const ModelConfig & cfg, DType dt, const std::string & prefix,
+                              const ModelOptions & student);
+    // Preference tuning: its options, reference copy and each row's gradient factor (f32 [B*T]).
+    PreferenceOptions pref_;
+    FrozenModel reference_;
+    Tensor pref_scale_;
+    void declare_preference(const ModelOptions & mo);
+    // The reference's log-probabilities into ref_logps (nothing under `precompute`), its
+    // per-token losses passing through `loss`; then, after the policy's forward, its losses,
+    // the pairs' loss and (training) the LM head's backward with the rows' factors.
+    void reference_pass(Graph & g, Tensor tok, Tensor tgt, Tensor loss) const;
+    void preference_loss(Graph & g, const StepScalars & s, Tensor tgt, Tensor loss) const;
     DataParallel dp_;
     PipelineParallel pp_;
     size_t lo_ = 0, hi_ = 0, S_ = 0;

@@ -577,6 +577,24 @@ void CpuBackend::distill_bwd(Tensor logits, Tensor stats, Tensor teacher_probs, 
                           temperature, dloss);
 }
 
+void CpuBackend::row_logps(Tensor out, Tensor losses) {
+    MF_ASSERT(losses.ndim == 2 && out.numel() == losses.rows());
+    cpu::row_logps(out.f32(), losses.f32(), int(losses.rows()), int(losses.cols()));
+}
+
+void CpuBackend::dpo_loss(Tensor losses, Tensor scale, Tensor logps, Tensor ref, Tensor targets, const DpoDesc & d) {
+    const int64_t B = losses.rows(), T = losses.cols();
+    MF_ASSERT(scale.numel() == B * T && targets.numel() == B * T && logps.numel() == B && ref.numel() == B);
+    cpu::dpo_loss(losses.f32(), scale.f32(), logps.f32(), ref.f32(), targets.i32(), int(B), int(T), d);
+}
+
+void CpuBackend::xent_grad_rows(Tensor logits, Tensor targets, Tensor scale) {
+    const int64_t N = logits.rows();
+    MF_ASSERT(targets.numel() == N && scale.numel() == N);
+    cpu::crossentropy_forward_backward(nullptr, logits.f32(), targets.i32(), 0.0f, int(N), int(logits.cols()), false,
+                                       scale.f32());
+}
+
 void CpuBackend::sum_squares(Tensor out, Tensor x) {
     dispatch(x.dtype, [&](auto s) {
         using S = decltype(s);

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/preference_loss.h"
 #include "backend/rope.h"
 #include "backend/update_rules.h"
 #include "core/dtype.h"
@@ -87,9 +88,15 @@ void crossentropy_backward(float * probs_to_dlogits, const int32_t * targets, fl
 // Both in one pass over each row (training's loss chunk): losses as crossentropy_forward, the
 // logits become crossentropy_backward's dlogits; the same bits as the two calls. round_bf16: each
 // row's dlogits then rounded to bf16 into its own first half, as round_bf16_rows_in_place leaves
-// them (the same bits as that pass after this one).
+// them (the same bits as that pass after this one). row_scale: row r's factor is row_scale[r]
+// instead of dloss (preference tuning's per-answer weights); losses may be null (not written).
 void crossentropy_forward_backward(float * losses, float * logits_to_dlogits, const int32_t * targets,
-                                   float dloss, int N, int V, bool round_bf16 = false);
+                                   float dloss, int N, int V, bool round_bf16 = false,
+                                   const float * row_scale = nullptr);
+// Preference tuning (Backend::row_logps, Backend::dpo_loss; backend/preference_loss.h).
+void row_logps(float * out, const float * losses, int B, int T);
+void dpo_loss(float * losses, float * scale, float * logps, const float * ref, const int32_t * targets, int B, int T,
+              const DpoDesc & d);
 
 // Vocabulary-parallel cross-entropy (tensor parallelism). logits[N,Vl] are the columns vocab_lo ..
 // vocab_lo+Vl-1 of a vocabulary of V entries; columns at or past V are padding, never read.

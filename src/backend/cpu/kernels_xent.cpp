@@ -142,11 +142,13 @@ void crossentropy_backward(float * probs_to_dlogits, const int32_t * targets, fl
 // While the row is in cache: the normalisation, then the backward's scaling (rounded in turn,
 // as the two kernels do).
 void crossentropy_forward_backward(float * losses, float * logits_to_dlogits, const int32_t * targets,
-                                   float dloss, int N, int V, bool round_bf16) {
+                                   float dloss_all, int N, int V, bool round_bf16, const float * row_scale) {
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < N; ++r) {
         float * row = logits_to_dlogits + static_cast<size_t>(r) * V;
-        const float inv = softmax_numerators(row, targets[r], V, losses[r]);
+        float unused = 0.0f;
+        const float inv = softmax_numerators(row, targets[r], V, losses ? losses[r] : unused);
+        const float dloss = row_scale ? row_scale[r] : dloss_all;
         if (targets[r] == kIgnoreIndex) {
             row_dlogits(row, targets[r], dloss, V);
         } else {
@@ -309,6 +311,20 @@ void distill_backward(float * logits_to_dlogits, const float * stats, const floa
         }
         row[target] -= w_ce;
     }
+}
+
+}  // namespace memfit::cpu
+
+namespace memfit::cpu {
+
+void row_logps(float * out, const float * losses, int B, int T) {
+    for (int b = 0; b < B; ++b) out[b] = dpo_row_logp(losses, b, T);
+}
+
+void dpo_loss(float * losses, float * scale, float * logps, const float * ref, const int32_t * targets, int B, int T,
+              const DpoDesc & d) {
+    MF_ASSERT(B % 2 == 0);
+    for (int i = 0; i < B / 2; ++i) dpo_pair(i, losses, scale, logps, ref, targets, T, d);
 }
 
 }  // namespace memfit::cpu

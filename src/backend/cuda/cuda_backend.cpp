@@ -454,6 +454,13 @@ void CudaBackend::distill_bwd(Tensor logits, Tensor stats, Tensor teacher_probs,
                               float temperature, float dloss) {
     MF_FWD(distill_bwd, logits, stats, teacher_probs, targets, alpha, temperature, dloss);
 }
+void CudaBackend::row_logps(Tensor out, Tensor losses) { MF_FWD(row_logps, out, losses); }
+void CudaBackend::dpo_loss(Tensor losses, Tensor scale, Tensor logps, Tensor ref, Tensor targets, const DpoDesc & d) {
+    MF_FWD(dpo_loss, losses, scale, logps, ref, targets, d);
+}
+void CudaBackend::xent_grad_rows(Tensor logits, Tensor targets, Tensor scale) {
+    MF_FWD(xent_grad_rows, logits, targets, scale);
+}
 void CudaBackend::sum_squares(Tensor out, Tensor x) { MF_FWD(sum_squares, out, x); }
 void CudaBackend::optimizer_step(Optimizer o, Tensor param, Tensor grad, const OptimizerStates & states, Tensor norm_sq,
                                  Tensor param_copy, const OptimHyper & h) {

@@ -64,6 +64,9 @@ void distill_fwd(cudaStream_t s, Tensor losses, Tensor stats, Tensor logits, Ten
                  float temperature);
 void distill_bwd(cudaStream_t s, Tensor logits, Tensor stats, Tensor teacher_probs, Tensor targets, float alpha,
                  float temperature, float dloss);
+void row_logps(cudaStream_t s, Tensor out, Tensor losses);
+void dpo_loss(cudaStream_t s, Tensor losses, Tensor scale, Tensor logps, Tensor ref, Tensor targets, const DpoDesc & d);
+void xent_grad_rows(cudaStream_t s, Tensor logits, Tensor targets, Tensor scale);
 
 // kernels_optim.cu
 void sum_squares(cudaStream_t s, Tensor out, Tensor x);

@@ -281,6 +281,69 @@ void xent_fwd(cudaStream_t s, Tensor losses, Tensor logits, Tensor targets) {
     MF_CUDA_LAUNCHED();
 }
 
+namespace {
+
+// Preference tuning (backend/preference_loss.h): one thread per row, and per pair.
+__global__ void row_logps_kernel(float * out, const float * losses, int B, int T) {
+    const int b = int(blockIdx.x * blockDim.x + threadIdx.x);
+    if (b < B) out[b] = dpo_row_logp(losses, b, T);
+}
+
+__global__ void dpo_loss_kernel(float * losses, float * scale, float * logps, const float * ref,
+                                const int32_t * targets, int pairs, int T, DpoDesc d) {
+    const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
+    if (i < pairs) dpo_pair(i, losses, scale, logps, ref, targets, T, d);
+}
+
+// Grid N, block kRowThreads: logits -> (softmax - onehot(target)) * scale[r] in place, the
+// arithmetic of xent_fwd_kernel then xent_bwd_kernel.
+__global__ void __launch_bounds__(kRowThreads) xent_grad_rows_kernel(float * logits, const int32_t * targets,
+                                                                     const float * scale, int V) {
+    const int64_t r = blockIdx.x;
+    float * row = logits + r * V;
+    const int32_t t = targets[r];
+    if (t == kIgnoreIndex) {
+        row_map(row, V, [](int, float) { return 0.0f; });
+        return;
+    }
+    const MaxSum ms = row_max_sum(row, V);
+    const float inv = float(1.0 / double(ms.s)), mx = ms.m, f = scale[r];
+    row_map(row, V, [=](int j, float x) {
+        const float p = expf(x - mx) * inv;
+        return j == t ? (p - 1.0f) * f : p * f;
+    });
+}
+
+}  // namespace
+
+void row_logps(cudaStream_t s, Tensor out, Tensor losses) {
+    const int64_t B = losses.rows(), T = losses.cols();
+    MF_ASSERT(out.dtype == DType::f32 && losses.dtype == DType::f32 && out.numel() == B && B * T <= INT32_MAX);
+    if (B == 0) return;
+    row_logps_kernel<<<unsigned((B + 127) / 128), 128, 0, s>>>(out.f32(), losses.f32(), int(B), int(T));
+    MF_CUDA_LAUNCHED();
+}
+
+void dpo_loss(cudaStream_t s, Tensor losses, Tensor scale, Tensor logps, Tensor ref, Tensor targets, const DpoDesc & d) {
+    const int64_t B = losses.rows(), T = losses.cols();
+    MF_ASSERT(B % 2 == 0 && scale.numel() == B * T && targets.numel() == B * T && logps.numel() == B &&
+              ref.numel() == B && B * T <= INT32_MAX);
+    if (B == 0) return;
+    const int pairs = int(B / 2);
+    dpo_loss_kernel<<<unsigned((pairs + 63) / 64), 64, 0, s>>>(losses.f32(), scale.f32(), logps.f32(), ref.f32(),
+                                                               targets.i32(), pairs, int(T), d);
+    MF_CUDA_LAUNCHED();
+}
+
+void xent_grad_rows(cudaStream_t s, Tensor logits, Tensor targets, Tensor scale) {
+    const int64_t N = logits.rows(), V = logits.cols();
+    MF_ASSERT(logits.dtype == DType::f32 && targets.numel() == N && scale.numel() == N);
+    MF_ASSERT(V > 0 && V <= INT32_MAX && N <= INT32_MAX);
+    if (N == 0) return;
+    xent_grad_rows_kernel<<<unsigned(N), kRowThreads, 0, s>>>(logits.f32(), targets.i32(), scale.f32(), int(V));
+    MF_CUDA_LAUNCHED();
+}
+
 void xent_bwd(cudaStream_t s, Tensor probs, Tensor targets, float dloss) {
     const int64_t N = probs.rows(), V = probs.cols();
     MF_ASSERT(probs.dtype == DType::f32 && targets.dtype == DType::i32 && targets.numel() == N);
