@@ -116,7 +116,7 @@ std::string table(const PlanRequest & r, const SearchReport & rep, bool wide) {
                                speed(r.hw, p.time.tokens_per_s), 100.0 * p.time.mfu, bar(p.mem.device, r.hw.memory, 40),
                                plan_kind(p));
         }
-        out += "  bar: P params, M master, O optimizer, G grads, A activations, W workspace, C comm, R runtime, T teacher\n";
+        out += "  bar: P params, M master, O optimizer, G grads, A activations, W workspace, C comm, R runtime, T teacher, F frozen reference\n";
     } else {
         out += fmt::format("\n  {:<4}{:<14}{:>4}  {:<4}{:<7}{:<8}{:<10}{:<10}{:<6}{:>10}{:>9}{:>10}{:>6}  {}\n", "#",
                            "dp x tp x pp", "ZeRO", "sp", "pipe", "offload", "batch", "recompute", "attn",

@@ -239,6 +239,35 @@ TEST(CudaEngine, DistillationMatchesTheCpuBackend) {
     }
 }
 
+// Preference tuning on the device: the pairs' loss, its per-row gradient factors and the head's
+// second pass (backend/preference_loss.h's arithmetic on both), with a frozen copy (fp32 or nf4)
+// and with LoRA's adapters switched off; the CPU's steps and the plan the bytes acquired.
+TEST(CudaEngine, DpoMatchesTheCpuBackend) {
+    MF_REQUIRE_GPU();
+    const ModelConfig cfg = test::small_family(true, 96, 128, 2, 4, 256, 64);
+    struct DpoCase { DType dt; Reference ref; ReferenceWeights w; DpoLoss loss; };
+    const DpoCase cases[] = {{DType::f32, Reference::copy, ReferenceWeights::compute, DpoLoss::sigmoid},
+                             {DType::bf16, Reference::copy, ReferenceWeights::nf4, DpoLoss::ipo},
+                             {DType::f32, Reference::adapters_off, ReferenceWeights::compute, DpoLoss::hinge}};
+    for (const DpoCase & c : cases) {
+        SCOPED_TRACE(std::string(dtype_name(c.dt)) + " " + reference_name(c.ref) + " " + dpo_loss_name(c.loss));
+        EngineOptions eo;
+        eo.B = 4, eo.T = 32, eo.with_eval = false, eo.compute = c.dt, eo.loss_chunk = 48;
+        eo.pref.dpo = true, eo.pref.reference = c.ref, eo.pref.weights = c.w, eo.pref.loss = c.loss;
+        eo.pref.beta = 0.5f;
+        if (c.ref == Reference::adapters_off) eo.lora = test::lora_options(cfg, 8);
+        CpuBackend cpu;
+        const Trained a = train(cpu, cfg, eo, 3), b = train(*test::gpu(), cfg, eo, 3);
+        const double tol = c.dt == DType::f32 ? 1e-4 : 2e-2;
+        for (size_t s = 0; s < a.losses.size(); ++s)
+            EXPECT_LT(std::fabs(a.losses[s] - b.losses[s]) / std::fabs(a.losses[s]), tol) << "step " << s;
+        EXPECT_LT(rel_diff(a.params, b.params), c.dt == DType::f32 && c.w != ReferenceWeights::compute ? 1e-3 : tol);
+        EXPECT_EQ(b.planned_live[Category::reference] > 0, c.ref == Reference::copy);
+        for (int k = 0; k < kCategoryCount; ++k)
+            EXPECT_EQ(b.planned_live.v[size_t(k)], b.measured_live.v[size_t(k)]) << category_name(Category(k));
+    }
+}
+
 // LoRA and QLoRA on the device: the frozen base in the compute dtype or packed (int8, nf4; the
 // product dequantizes it tile by tile into the workspace), adapter dropout, recomputation; the
 // CPU's steps, the merged weights, and the plan the bytes acquired.
