@@ -6,7 +6,7 @@
 #   2. SFT: LoRA on RECORDS conversations made from the corpus (bench/make_chat.py), merged and
 #      exported: the model DPO starts from;
 #   3. PAIRS preference pairs from the corpus (bench/make_preference.py: the prompt a speech, chosen
-#      the speech that follows it, rejected one that follows another);
+#      the speech that follows it, rejected that speech with its words shuffled);
 #   4. DPO (LoRA rank 16 on every projection, bf16, beta 0.1, lr LR) for STEPS steps with each
 #      reference: adapters-off, precompute, copy (bf16) and copy (nf4).
 # Prints, per reference, the DPO metrics every LOG steps (loss, rewards/margins,

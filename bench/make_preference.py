@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Preference pairs (DPO, `memfit prepare --format preference`) made from the bundled corpus, as
 JSON lines of {"prompt", "chosen", "rejected"}: the prompt is a passage (one speech), chosen the
-corpus' true continuation (the next speech), rejected a continuation taken from elsewhere (the
-next speech of another passage, by a seeded shuffle), so a model can learn which answer follows.
+corpus' true continuation (the next speech), rejected either that continuation with its words in a
+seeded random order (--rejected shuffled, the default: the same words, no longer English) or a
+continuation taken from elsewhere (--rejected other: the next speech of another passage, by a
+seeded shuffle), so a model can learn which answer to prefer.
 
   --form messages (default): TRL's conversational form, a user turn ("Continue the scene after:"
       and the passage) and one assistant turn on each side, for a tokenizer with a chat template
@@ -13,7 +15,7 @@ with --chat from a conversation file of bench/make_chat.py: each record's first 
 prompt and its assistant answer the chosen side. The same arguments give the same file.
 
 usage: make_preference.py OUT.jsonl [--records N] [--seed S] [--form messages|text]
-                          [--max-chars C] [--chat CHAT.jsonl | --corpus TEXT]   (from the repository root)"""
+                          [--rejected shuffled|other] [--max-chars C] [--chat CHAT.jsonl | --corpus TEXT]"""
 import argparse
 import os
 import json
@@ -57,6 +59,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0, help="the shuffle that picks each rejected answer (default 0)")
     ap.add_argument("--form", choices=["messages", "text"], default="messages",
                     help="lists of messages (conversational) or strings (standard); default messages")
+    ap.add_argument("--rejected", choices=["shuffled", "other"], default="shuffled",
+                    help="the rejected answer: the chosen one's words shuffled, or another passage's continuation")
     ap.add_argument("--max-chars", type=int, default=0,
                     help="leave out passages or answers this long or longer (0: none), to keep sides under --seq")
     src = ap.add_mutually_exclusive_group()
@@ -84,6 +88,16 @@ def main():
             while pairs[j][1] == chosen:
                 j = (j + 1) % len(pairs)
             rejected = pairs[j][1]
+            if a.rejected == "shuffled":   # the chosen answer's words in another order (never the same)
+                words = chosen.split(" ")
+                rng_i = random.Random(a.seed * 1000003 + i)
+                for _ in range(8):
+                    rng_i.shuffle(words)
+                    if " ".join(words) != chosen:
+                        break
+                rejected = " ".join(words)
+                if rejected == chosen:
+                    rejected = chosen[::-1]
             if a.form == "messages":
                 rec = {"prompt": [{"role": "user", "content": PROMPT + passage}],
                        "chosen": [{"role": "assistant", "content": chosen}],

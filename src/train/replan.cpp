@@ -13,6 +13,7 @@ namespace memfit {
 
 std::optional<EngineOptions> halve_micro_batch(const EngineOptions & eo) {
     if (eo.B < 2 || eo.B % 2) return std::nullopt;
+    if (eo.pref.enabled() && eo.B / 2 % 2) return std::nullopt;   // preference pairs stay whole
     EngineOptions s = eo;
     s.B = eo.B / 2;
     s.grad_accum = eo.grad_accum * 2;
@@ -75,8 +76,7 @@ StepResult resilient_step(std::unique_ptr<Engine> & engine, const ModelConfig & 
                                               "restart with a smaller --batch, more --grad-accum, a higher --zero "
                                               "or a larger --memory-budget",
                                               e.what(), engine->options().rank, engine->options().data_parallel));
-            auto smaller = halve_micro_batch(engine->options());
-            if (smaller && smaller->pref.enabled() && smaller->B % 2) smaller.reset();   // pairs stay whole
+            const auto smaller = halve_micro_batch(engine->options());
             if (!smaller) throw;
             notes.push_back(fmt::format("{}; re-planned to micro-batch {} x {} accumulated and redid step {}",
                                         e.what(), smaller->B, smaller->grad_accum, engine->steps_done() + 1));

@@ -15,7 +15,8 @@
 
 namespace memfit {
 
-// Half the micro-batch, twice the accumulation; nullopt when the micro-batch is odd.
+// Half the micro-batch, twice the accumulation; nullopt when the micro-batch is odd, or when half
+// of it would split a preference pair.
 std::optional<EngineOptions> halve_micro_batch(const EngineOptions & eo);
 
 // Replaces `engine` by one planned for `eo`, carrying the training state over. The old engine's

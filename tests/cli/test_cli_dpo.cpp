@@ -124,6 +124,9 @@ TEST(CliDpo, TheDocumentedRecipeRunsAsWrittenAndLogsTrlMetrics) {
     EXPECT_TRUE(rows.back().contains("eval_rewards/margins")) << rows.back().dump();
     EXPECT_LT(rows.back().at("logps/chosen").get<double>(), 0.0);
     EXPECT_TRUE(fs::exists(dir / "dpo-tuned/model.safetensors"));
+    const std::string report = slurp(dir / "dpo/report.html");
+    EXPECT_NE(report.find("Preference (DPO)"), std::string::npos);
+    EXPECT_NE(report.find("rewards/margins"), std::string::npos);
     const nlohmann::json summary = nlohmann::json::parse(slurp(dir / "dpo/summary.json"));
     EXPECT_EQ(summary.at("run_config").at("objective"), "dpo") << summary.at("run_config").dump();
 }

@@ -26,6 +26,7 @@
 #include "plan/fit.h"
 #include "run/compat.h"
 #include "train/engine.h"
+#include "train/replan.h"
 #include "test_util.h"
 
 namespace memfit {
@@ -276,6 +277,14 @@ TEST(Dpo, RefusesWhatCannotWork) {
     w.lora.rank = 4;
     w.pref.weights = "nf4";   // auto under LoRA is adapters-off: no copy to store
     EXPECT_THROW(preference_options(w), ConfigError);
+    // A re-plan never halves a micro-batch into one that splits a pair.
+    EngineOptions eo = dpo_options(4, 16, Reference::copy, false, cfg);
+    ASSERT_TRUE(halve_micro_batch(eo).has_value());
+    EXPECT_EQ(halve_micro_batch(eo)->B, 2);
+    eo.B = 2;
+    EXPECT_FALSE(halve_micro_batch(eo).has_value());
+    eo.pref = {};
+    EXPECT_TRUE(halve_micro_batch(eo).has_value());
     RunConfig a;
     a.pref.objective = "dpo";
     EXPECT_EQ(preference_options(a).reference, Reference::copy);
