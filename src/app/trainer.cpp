@@ -286,9 +286,11 @@ void TrainingRun::announce() {
     if (!schedule_.warning.empty()) warn(schedule_.warning);
     if (train_data_->documents()) {
         const auto & s = train_data_->document_stats();
-        say(fmt::format("  instruction data: {} documents{}{}, {} in {} rows of {} ({}), {:.1f}% of the token slots "
+        say(fmt::format("  instruction data: {} documents{}{}{}, {} in {} rows of {} ({}), {:.1f}% of the token slots "
                         "trained",
-                        s.documents, s.truncated ? fmt::format(", {} truncated to --seq + 1 tokens", s.truncated) : "",
+                        s.documents,
+                        s.prompt_cut ? fmt::format(", {} with their prompt's start left out to fit", s.prompt_cut) : "",
+                        s.truncated ? fmt::format(", {} truncated to --seq + 1 tokens", s.truncated) : "",
                         s.dropped ? fmt::format(", {} without a trained token left out", s.dropped) : "",
                         run_.packing ? "packed" : "one per row", train_data_->num_windows(), opt_.seq,
                         run_.packing ? "no document sees another" : "padded",

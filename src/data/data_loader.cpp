@@ -79,18 +79,38 @@ DataLoader::DataLoader(const std::string & path, int B, int T, uint64_t seed, bo
     start_epoch(0);
 }
 
+// Preference pair d, d+1: how many of the prompt's first tokens both sides leave out so that
+// their longer side fits T+1 tokens, at most all but the prompt's last (the first answer token
+// needs one before it), the prompt being the tokens before either side's first trained target.
+uint64_t DataLoader::prompt_cut(uint64_t d, uint64_t cap) const {
+    uint64_t over = 0, prompt = UINT64_MAX;
+    for (uint64_t k = 0; k < 2; ++k) {
+        const uint64_t b = file_.doc_begin(d + k), len = file_.doc_end(d + k) - b;
+        over = std::max(over, len > cap + 1 ? len - cap - 1 : 0);
+        uint64_t first = 1;   // the first trained token (a target: never token 0)
+        while (first < len && !file_.trained(b + first)) ++first;
+        prompt = std::min(prompt, first);
+    }
+    return prompt == UINT64_MAX || prompt < 1 ? 0 : std::min(over, prompt - 1);
+}
+
 // Each document's (input, target) pairs within its first T+1 tokens, for those with a trained
-// target there; with pairs, both sides of the pairs whose sides both have one.
+// target there; with pairs, both sides of the pairs whose sides both have one, each pair's
+// prompt cut from its start as far as prompt_cut() says.
 std::vector<std::pair<uint64_t, uint64_t>> DataLoader::kept_documents(int T) {
     const auto cap = static_cast<uint64_t>(T);
     std::vector<std::pair<uint64_t, uint64_t>> kept;   // (pairs, document)
     stats_.documents = file_.num_docs();
     const uint64_t group = pairs_ ? 2 : 1;             // documents kept or dropped together
+    if (pairs_) cut_.assign(file_.num_docs(), 0);
     for (uint64_t d = 0; d < file_.num_docs(); d += group) {
         uint64_t pairs[2] = {0, 0}, trained[2] = {0, 0};
         bool keep = true;
+        const uint64_t cut = pairs_ ? prompt_cut(d, cap) : 0;
+        if (cut > 0) stats_.prompt_cut += group;
         for (uint64_t k = 0; k < group; ++k) {
-            const uint64_t b = file_.doc_begin(d + k), len = file_.doc_end(d + k) - b;
+            if (pairs_) cut_[d + k] = cut;
+            const uint64_t b = file_.doc_begin(d + k) + cut, len = file_.doc_end(d + k) - b;
             pairs[k] = len < 2 ? 0 : std::min(len - 1, cap);
             if (len > cap + 1) ++stats_.truncated;
             for (uint64_t p = 0; p < pairs[k]; ++p) trained[k] += file_.trained(b + p + 1) ? 1 : 0;
@@ -178,7 +198,7 @@ void DataLoader::fill_window(size_t w, int32_t * in, int32_t * tg, int32_t * ds)
     }
     uint64_t at = 0;
     for (uint64_t k = row_at_[w]; k < row_at_[w + 1]; ++k) {
-        const uint64_t d = row_docs_[k], b = file_.doc_begin(d);
+        const uint64_t d = row_docs_[k], b = file_.doc_begin(d) + (pairs_ ? cut_[d] : 0);
         const uint64_t pairs = std::min(file_.doc_end(d) - b - 1, T);
         for (uint64_t p = 0; p < pairs; ++p) {
             in[at + p] = checked(b + p);

@@ -20,8 +20,11 @@
 //
 // Pairs (preference data for DPO, `memfit prepare --format preference`): documents 2k and 2k+1
 // are pair k's chosen and rejected sides. Each side is a row of its own, padded as above (never
-// packed: DPO compares the two rows' log-probabilities); a pair either of whose sides has no
-// trained target within its first T+1 tokens is dropped whole. The epoch order shuffles the P
+// packed: DPO compares the two rows' log-probabilities). A pair whose longer side exceeds T+1
+// tokens first leaves out the start of its prompt (the tokens before either side's first trained
+// target), the same tokens on both sides, as far as that side needs and keeping the prompt's last
+// token (TRL's keep_end truncation of the prompt); what still exceeds T+1 is cut at the end, and a
+// pair either of whose sides is then left without a trained target is dropped whole. The epoch order shuffles the P
 // kept pairs (epoch_order(P, seed, e)) and pair p's windows are 2p (chosen) then 2p+1 (rejected),
 // so with an even B every batch holds B/2 whole pairs, each chosen first; the cursor is always even.
 #pragma once
@@ -64,6 +67,7 @@ public:
     struct DocumentStats {
         uint64_t documents = 0;   // in the file
         uint64_t truncated = 0;   // longer than T+1 tokens: cut to their first T+1
+        uint64_t prompt_cut = 0;  // pairs: sides whose prompt's first tokens were left out to fit
         uint64_t dropped = 0;     // no trained target (within the first T+1 tokens); pairs: both
                                   // sides of each pair one of whose sides has none
         uint64_t pairs = 0;       // (input, target) pairs in all rows
@@ -94,6 +98,8 @@ private:
     void start_epoch(uint64_t epoch);
     void lay_out_documents(int T);
     std::vector<std::pair<uint64_t, uint64_t>> kept_documents(int T);   // (pairs, document)
+    uint64_t prompt_cut(uint64_t d, uint64_t cap) const;
+    std::vector<uint64_t> cut_;   // pairs: the prompt tokens each document's row leaves out
     void fill_window(size_t w, int32_t * in, int32_t * tg, int32_t * ds) const;
     int32_t checked(uint64_t i) const;   // token i, FormatError when outside the vocabulary
 

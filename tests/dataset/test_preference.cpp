@@ -330,7 +330,8 @@ protected:
         return r;
     }
     // Each row's (pair, side) from its tokens: side 0 chosen, 1 rejected; checks the row's
-    // layout (prompt, answer, padding) on the way.
+    // layout (prompt, answer, padding) on the way: a target trains exactly where it is an answer
+    // token.
     static std::vector<std::pair<int, int>> rows_of(const Rows & r, int B, int T) {
         std::vector<std::pair<int, int>> out;
         for (int b = 0; b < B; ++b) {
@@ -341,7 +342,11 @@ protected:
                 const int local = in[t] - 1000 - 100 * k;
                 EXPECT_GE(local, 0);
                 if (local >= 50) side = local >= 70 ? 1 : 0;
-                EXPECT_EQ(tg[t] == -100, t + 1 < 3) << "row " << b << " position " << t;   // the 3 prompt tokens
+                if (tg[t] != -100) {
+                    EXPECT_GE(tg[t] - 1000 - 100 * k, 50) << "row " << b << " position " << t;
+                } else if (t + 1 < T && in[t + 1] != 7) {   // an untrained target inside the row: a prompt token
+                    EXPECT_LT(in[t + 1] - 1000 - 100 * k, 50) << "row " << b << " position " << t;
+                }
             }
             for (; t < T; ++t) EXPECT_EQ(tg[t], -100);
             out.emplace_back(k, side);
@@ -467,6 +472,42 @@ TEST_F(PairLoader, RefusesOddBatchesPackingTextAndAnOddDocumentCount) {
     EXPECT_EQ(DataLoader(o, 2, 16, 1).num_windows(), 5u);
 }
 
+// TRL's keep_end truncation of the prompt: a pair too long for T+1 tokens leaves out its prompt's
+// first tokens, the same on both sides, before any answer token is cut.
+TEST_F(PairLoader, ALongPromptLosesItsStartBeforeTheAnswersDo) {
+    PairDocs d;
+    d.side(0, 10, 4, 50);   // 14 tokens
+    d.side(0, 10, 5, 70);   // 15: 6 over T+1 = 9
+    d.side(1, 3, 4, 50);    // fits: nothing cut
+    d.side(1, 3, 5, 70);
+    d.side(2, 3, 12, 50);   // over by 6, but its prompt can give only 2: the answer is cut too
+    d.side(2, 3, 4, 70);
+    const std::string p = write("long.bin", d);
+    DataLoader dl(p, 2, 8, 1, false, true);
+    const auto & s = dl.document_stats();
+    EXPECT_EQ(s.dropped, 0u);
+    EXPECT_EQ(s.prompt_cut, 4u);
+    EXPECT_EQ(s.truncated, 1u);   // pair 2's chosen, after its prompt's 2 tokens
+    std::vector<int32_t> in(16), tg(16);
+    for (size_t w = 0; w < 6; w += 2) {
+        dl.fill_windows(w, 2, in.data(), tg.data());
+        const int k = (in[0] - 1000) / 100;
+        const int cut = k == 0 ? 6 : k == 2 ? 2 : 0;
+        for (int r = 0; r < 2; ++r) EXPECT_EQ(in[size_t(r) * 8], 1000 + 100 * k + cut) << "pair " << k;
+        int trained[2] = {0, 0};
+        for (int r = 0; r < 2; ++r)
+            for (int t = 0; t < 8; ++t) trained[r] += tg[size_t(r * 8 + t)] != -100;
+        if (k == 0) {   // both answers whole, after the prompt's last 4 tokens (the same on both sides)
+            EXPECT_EQ(trained[0], 4);
+            EXPECT_EQ(trained[1], 5);
+            for (int t = 0; t < 4; ++t) EXPECT_EQ(in[size_t(t)], in[size_t(8 + t)]);
+        }
+        if (k == 2) {   // the prompt's last token, then 8 answer targets
+            EXPECT_EQ(trained[0], 8);
+        }
+    }
+}
+
 TEST_F(PairLoader, APairWithASideThatTrainsNothingIsDroppedWhole) {
     PairDocs d;
     d.side(0, 3, 4, 50);
@@ -475,17 +516,18 @@ TEST_F(PairLoader, APairWithASideThatTrainsNothingIsDroppedWhole) {
     d.side(1, 3, 4, 70, false);    // rejected: nothing trained
     d.side(2, 12, 4, 50);          // chosen: its answer starts past T+1 = 9 tokens (truncated away)
     d.side(2, 3, 4, 70);
-    d.side(3, 3, 9, 50);           // chosen: 12 tokens, truncated to 9, still trains
-    d.side(3, 3, 4, 70);
+    d.side(3, 3, 9, 50);           // chosen: 12 tokens: 2 of its prompt's left out, then truncated to 9
+    d.side(3, 3, 4, 70);           // and the same 2 of the rejected side's
     const std::string p = write("p.bin", d);
     DataLoader dl(p, 2, 8, 1, false, true);
     const auto & s = dl.document_stats();
     EXPECT_EQ(s.documents, 8u);
     EXPECT_EQ(s.dropped, 4u);       // both sides of pairs 1 and 2
     EXPECT_EQ(s.truncated, 2u);     // pair 2's chosen (dropped) and pair 3's
+    EXPECT_EQ(s.prompt_cut, 4u);    // both sides of pairs 2 and 3
     ASSERT_EQ(dl.num_windows(), 4u);
-    EXPECT_EQ(s.pairs, 6u + 6u + 8u + 6u);
-    EXPECT_EQ(s.trained, 4u + 4u + 6u + 4u);
+    EXPECT_EQ(s.pairs, 6u + 6u + 8u + 4u);
+    EXPECT_EQ(s.trained, 4u + 4u + 8u + 4u);
     std::set<int> kept;
     for (int batch = 0; batch < 4; ++batch) {
         const auto rows = rows_of(next(dl), 2, 8);
