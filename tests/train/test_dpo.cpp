@@ -3,7 +3,8 @@
 // written from the paper's formula (tests/data/make_dpo_fixture.py) for the sigmoid loss, cDPO's
 // label smoothing, IPO and the hinge loss, with a frozen reference copy; the three reference modes
 // give the same loss and gradients (LoRA's adapters switched off, the log-probabilities computed
-// before and handed in, a frozen copy); planned == measured per category, the adapters-off
+// before and handed in, a frozen copy); a copy stored in bf16, int8 or nf4 is planned exactly and
+// gives a loss near the exact copy's; planned == measured per category, the adapters-off
 // reference costing no bytes and the copy its weights' bytes (category `reference`); evaluation
 // reports the same loss; the combinations that cannot work are refused in one line.
 #include <gtest/gtest.h>
@@ -244,6 +245,47 @@ TEST(Dpo, PlannedEqualsMeasuredAndTheCopyCostsItsWeights) {
     EXPECT_EQ(peak[0][Category::activations], peak[3][Category::activations]);
     EXPECT_EQ(peak[1][Category::activations], peak[3][Category::activations]);
     EXPECT_EQ(peak[2][Category::activations], peak[3][Category::activations]);
+}
+
+TEST(Dpo, EveryCopyStorageIsPlannedExactlyAndNearTheExactCopy) {
+    const ModelConfig cfg = small();
+    const int B = 4, T = 12;
+    std::vector<int32_t> in(size_t(B * T)), tg(in.size());
+    pair_batch(in, tg, B, T, cfg.vocab_size, 8);
+    const size_t P = make_param_layout(cfg).total;
+    const std::vector<float> start = random_weights(P, 12, 0.3f);
+    std::vector<float> moved = start;
+    const std::vector<float> d = random_weights(P, 13, 0.05f);
+    for (size_t i = 0; i < P; ++i) moved[i] += d[i];
+    CpuBackend cpu;
+    float exact = 0;
+    for (const ReferenceWeights w : {ReferenceWeights::compute, ReferenceWeights::bf16, ReferenceWeights::int8,
+                                     ReferenceWeights::nf4}) {
+        SCOPED_TRACE(reference_weights_name(w));
+        EngineOptions eo = dpo_options(B, T, Reference::copy, false, cfg);
+        eo.pref.weights = w;
+        Engine e(cfg, cpu, eo);
+        e.init_params(1);
+        e.set_reference(start.data());
+        e.set_params(moved.data());
+        const float loss = e.train_step(in.data(), tg.data(), kNoUpdate).loss;
+        const CategoryBytes plan = e.planned_peak_live();
+        for (size_t c = 0; c < kCategoryCount; ++c) EXPECT_EQ(plan.v[c], e.ledger().live_peak().v[c]) << c;
+        const uint64_t ref = plan[Category::reference];
+        if (w == ReferenceWeights::compute) {
+            exact = loss;
+            EXPECT_EQ(ref, P * 4);
+        } else if (w == ReferenceWeights::bf16) {
+            EXPECT_EQ(ref, P * 2);   // the copy computes in bf16 inside an fp32 run
+            EXPECT_NEAR(loss, exact, 0.005 * exact);
+            EXPECT_NE(loss, exact);
+        } else {
+            EXPECT_LT(ref, P * 2);   // the projections packed, the rest fp32
+            EXPECT_NEAR(loss, exact, (w == ReferenceWeights::int8 ? 0.005 : 0.03) * exact);
+            EXPECT_NE(loss, exact);
+        }
+        EXPECT_NE(loss, float(std::log(2.0)));
+    }
 }
 
 TEST(Dpo, RefusesWhatCannotWork) {
