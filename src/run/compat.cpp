@@ -143,10 +143,12 @@ std::optional<std::string> preference_refusal(const RunConfig & r) {
         return std::string("--objective dpo with --teacher: one frozen model beside the policy at a time; drop --teacher");
     if (r.packing)
         return std::string("--objective dpo with --packing: each answer of a pair is a row of its own; drop --packing");
-    if (r.fit_auto)
-        return std::string("--objective dpo with --fit auto: the search does not keep batches of whole pairs yet; "
-                           "set an even --micro-batch (memfit plan shows what fits)");
-    if (r.micro_batch > 0 && r.micro_batch % 2)
+    // --fit auto keeps the rows per step and tries micro-batches that divide them: the even ones
+    // (the rest are refused below, candidate by candidate).
+    if (r.fit_auto && r.micro_batch > 0 && r.grad_accum > 0 && r.micro_batch * r.grad_accum % 2)
+        return fmt::format("--objective dpo with --fit auto: {} rows per step cannot be cut into micro-batches of "
+                           "whole pairs; use an even --micro-batch", r.micro_batch * r.grad_accum);
+    if (!r.fit_auto && r.micro_batch > 0 && r.micro_batch % 2)
         return fmt::format("--micro-batch {} with --objective dpo: a batch holds whole pairs (chosen, rejected), so "
                            "its rows must be even; use --micro-batch {}", r.micro_batch, r.micro_batch + 1);
     return std::nullopt;

@@ -288,6 +288,33 @@ TEST(Dpo, EveryCopyStorageIsPlannedExactlyAndNearTheExactCopy) {
     }
 }
 
+TEST(Dpo, FitAutoChoosesMicroBatchesOfWholePairs) {
+    const ModelConfig cfg = small();
+    CpuBackend cpu;
+    RunConfig r;
+    r.seq = 32;
+    r.micro_batch = 2;
+    r.grad_accum = 1;
+    r.attention = Attention::naive;
+    r.loss_chunk = 0;
+    r.pref.objective = "dpo";
+    // The budget: what micro-batch 2 needs. Six rows a step could be micro-batches of 1, 2, 3 or
+    // 6; 3 would split a pair, 6 does not fit.
+    const CategoryBytes two = StepPlans(cfg, cpu, engine_options(r, cfg, cpu, false)).reserved();
+    ASSERT_GT(two[Category::reference], 0u);
+    r.micro_batch = 6;
+    r.fit_auto = true;
+    r.budget = two.total();
+    const ResolvedRun got = resolve_run(r, cfg, cpu, false);
+    EXPECT_TRUE(got.eo.pref.enabled());
+    EXPECT_EQ(got.eo.B, 2);
+    EXPECT_EQ(got.eo.grad_accum, 3);
+    EXPECT_LE(StepPlans(cfg, cpu, got.eo).reserved().total(), r.budget);
+    r.micro_batch = 3;   // 3 rows a step: no micro-batch holds whole pairs
+    EXPECT_NE(unsupported(r, cfg, nullptr).value_or("").find("cannot be cut into micro-batches of whole pairs"),
+              std::string::npos);
+}
+
 TEST(Dpo, RefusesWhatCannotWork) {
     const ModelConfig cfg = small();
     auto why = [&](auto edit) {
