@@ -110,7 +110,14 @@ std::vector<std::string> make_hints(const Engine & engine, const std::vector<Rep
         mo.lora.base = BaseWeights::nf4;
         replan("--base-weights nf4", step.B(), mo, ": the frozen base's block projections in 4 bits (QLoRA)");
     }
-    if (step.B() > 1)
+    if (eo.pref.copy()) {
+        ModelOptions mo = eo.model();
+        mo.pref.reference = Reference::precompute;
+        replan("--reference precompute", step.B(), mo,
+               ": the reference's log-probabilities computed once before training instead of a frozen copy");
+    }
+    // Preference pairs stay whole: no odd micro-batch.
+    if (step.B() > 1 && !(eo.pref.enabled() && step.B() / 2 % 2))
         replan(fmt::format("--micro-batch {}", step.B() / 2), step.B() / 2, eo.model(),
                " (the global batch halves unless two micro-batches are accumulated)");
     std::stable_sort(saving.begin(), saving.end(), [](const auto & a, const auto & b) { return a.first > b.first; });

@@ -139,6 +139,13 @@ TEST(CliDpo, LoraPeakEqualsItsPlanAndACopyAddsTheBase) {
     ASSERT_EQ(run_in(dir, common + "--out off").code, 0);
     const CmdResult copy = run_in(dir, common + "--reference copy --out copy");
     ASSERT_EQ(copy.code, 0) << copy.err;
+    // The hints after a copy's run name the reference it could do without; none splits a pair.
+    const CmdResult hinted = run_in(dir, "train --model MODEL --data p --objective dpo --lora-rank 4 --seq 64 --batch 2 "
+                                         "--steps 1 --eval-every 0 --sample 0 --reference copy --out hinted");
+    ASSERT_EQ(hinted.code, 0) << hinted.err;
+    EXPECT_NE(hinted.out.find("hint: --reference precompute would lower the planned peak"), std::string::npos)
+        << hinted.out;
+    EXPECT_EQ(hinted.out.find("--micro-batch 1"), std::string::npos) << hinted.out;
     const nlohmann::json off = nlohmann::json::parse(slurp(dir / "off/summary.json"));
     const nlohmann::json cp = nlohmann::json::parse(slurp(dir / "copy/summary.json"));
     EXPECT_EQ(peak(off, "planned", "total"), peak(off, "measured", "total"));
