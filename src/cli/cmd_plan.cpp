@@ -140,8 +140,9 @@ Answer ask_inverse(const PlanFlags & f, const RunConfig & run, const RunFlags & 
         const Largest l = f.max_seq ? largest_seq(r) : largest_micro_batch(r);
         const char * what = f.max_seq ? "longest sequence" : "largest micro-batch";
         if (l.value == 0)
-            throw Error(fmt::format("{}: nothing fits on {} x {} even at {} 1 (memfit plan without {} says what is "
+            throw Error(fmt::format("{}: nothing fits on {} x {} even at {} {} (memfit plan without {} says what is "
                                     "closest)", what, r.gpus, r.hw.name, f.max_seq ? "seq" : "micro-batch",
+                                    !f.max_seq && run.pref.dpo() ? 2 : 1,
                                     f.max_seq ? "--max-seq" : "--max-micro-batch"));
         a.line = fmt::format("{} that fits: {} ({}; {} searches)\n", what, l.value,
                              l.next ? fmt::format("{} does not", l.next)

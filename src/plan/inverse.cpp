@@ -80,13 +80,14 @@ Largest largest_micro_batch(const PlanRequest & r) {
         throw ConfigError(fmt::format("--max-micro-batch finds the micro-batch, and the global batch follows it "
                                       "(micro-batch x accumulation x data-parallel ranks): drop --global-batch {}",
                                       r.run.global_batch));
+    const int step = r.run.pref.dpo() ? 2 : 1;   // preference pairs: micro-batches of whole pairs
     return largest(
-        r, kMaxMicroBatch,
-        [](PlanRequest & q, int k) {
-            q.micro_batch = k;
+        r, kMaxMicroBatch / step,
+        [step](PlanRequest & q, int k) {
+            q.micro_batch = k * step;
             q.grad_accum = q.grad_accum.value_or(1);
         },
-        [](int k) { return k; });
+        [step](int k) { return k * step; });
 }
 
 std::vector<std::string> model_family(const std::string & family) {

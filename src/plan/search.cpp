@@ -448,9 +448,9 @@ void Search::explain(PlanResult & pr) {
     a.recompute = "full";
     if (!(pr.c.recompute == "full") && try_fix(a, "full recomputation")) return;
     a = pr.c;
-    a.micro_batch = 1;
-    a.grad_accum = pr.c.micro_batch * pr.c.grad_accum;
-    if (pr.c.micro_batch > 1 && try_fix(a, "micro-batch 1")) return;
+    a.micro_batch = pr.c.pref.dpo() ? 2 : 1;   // preference pairs stay whole
+    a.grad_accum = pr.c.micro_batch * pr.c.grad_accum / a.micro_batch;
+    if (pr.c.micro_batch > a.micro_batch && try_fix(a, fmt::format("micro-batch {}", a.micro_batch))) return;
     a = pr.c;
     a.layout.zero = std::min(3, a.layout.zero + 1);
     if (pr.c.layout.dp > 1 && pr.c.layout.zero < 3) try_fix(a, fmt::format("ZeRO-{}", a.layout.zero));

@@ -103,6 +103,16 @@ TEST(PlanDpo, PlanCommandShowsTheReferenceAndKeepsPairsWhole) {
         "--gpus 1 --zero 0 --tp 1 --pp 1 --json");
     ASSERT_EQ(pre.code, 0) << pre.err;
     EXPECT_EQ(nlohmann::json::parse(pre.out).at("best").at(0).at("memory").at("per_device").value("reference", 0), 0);
+    // --max-micro-batch counts in whole pairs.
+    const cli_test::CmdResult most = cli_test::run_memfit(
+        "plan --model llama2-7b --objective dpo --lora-rank 16 --seq 1024 --precision bf16 --hardware h100-80g --gpus 1 "
+        "--max-micro-batch");
+    ASSERT_EQ(most.code, 0) << most.err;
+    const size_t at = most.out.find("largest micro-batch that fits: ");
+    ASSERT_NE(at, std::string::npos) << most.out;
+    const int mb = std::stoi(most.out.substr(at + 31));
+    EXPECT_GT(mb, 2);
+    EXPECT_EQ(mb % 2, 0) << most.out;
 }
 
 }  // namespace
