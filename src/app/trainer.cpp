@@ -515,6 +515,7 @@ void TrainingRun::spoil_rows(int rows, int groups) {
 float TrainingRun::evaluate() {
     const int b = engine_->options().B, local = batch_ / ranks_, pieces = local / b;
     double s = 0;
+    val_pref_ = {};
     for (int i = 0; i < opt_.eval_batches; ++i) {
         val_data_->next(in_.data(), tg_.data(), ds_.data(), windows_.data());
         take_rows(batch_, 1);
@@ -523,7 +524,6 @@ float TrainingRun::evaluate() {
             const size_t off = size_t(k) * size_t(b) * size_t(opt_.seq);
             s += engine_->eval_loss(my_in_.data() + off, my_tg_.data() + off, my_starts() ? my_starts() + off : nullptr,
                                     ref ? ref + size_t(k) * size_t(b) : nullptr);
-            if (i == 0 && k == 0) val_pref_ = {};
             val_pref_.add(engine_->eval_preference());
         }
     }
@@ -616,8 +616,8 @@ void TrainingRun::step(int step) {
     }
     loss_curve_.push_back({step, r.loss});
     if (r.pref.pairs > 0) {
-        margins_curve_.push_back({step, (r.pref.chosen - r.pref.rejected) / r.pref.pairs});
-        accuracy_curve_.push_back({step, r.pref.accurate / r.pref.pairs});
+        margins_curve_.push_back({step, r.pref.margin()});
+        accuracy_curve_.push_back({step, r.pref.accuracy()});
     }
     tps_curve_.push_back({step, double(BT) / dt});
     const std::string spike = note_spike(r, step, h);

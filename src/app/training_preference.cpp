@@ -54,9 +54,11 @@ void check_preference_data(const std::string & train_path, int rows_per_rank) {
 void TrainingRun::start_preference() {
     const PreferenceOptions & p = eo_.pref;
     if (p.copy()) engine_->reference_from_start();
-    if (p.reference == Reference::precompute) {
-        train_ref_ = reference_table(*train_data_, "train");
-        if (val_data_) val_ref_ = reference_table(*val_data_, "val");
+    if (p.reference == Reference::precompute) {   // the tables are named by the starting weights' digest
+        const std::vector<float> start = eo_.lora.enabled() ? engine_->base_weights() : engine_->full_params();
+        const std::string key = bytes_digest(start.data(), start.size() * sizeof(float)).substr(0, 16);
+        train_ref_ = reference_table(*train_data_, "train", key);
+        if (val_data_) val_ref_ = reference_table(*val_data_, "val", key);
     }
     say(fmt::format("  dpo: {} loss, beta {:g}{}; reference {}{}; each micro-batch of {} rows holds {} pairs",
                     dpo_loss_name(p.loss), p.beta,
@@ -67,11 +69,10 @@ void TrainingRun::start_preference() {
 
 // Every window's log-probability under the starting weights, kept beside the data and named by
 // what it depends on (the weights, --seq, the split's file), so that a resumed run reads it back.
-std::vector<float> TrainingRun::reference_table(const DataLoader & loader, const std::string & split) {
+std::vector<float> TrainingRun::reference_table(const DataLoader & loader, const std::string & split,
+                                                const std::string & key) {
     Engine & e = *engine_;
-    const std::vector<float> start = e.options().lora.enabled() ? e.base_weights() : e.full_params();
     const size_t W = loader.num_windows();
-    const std::string key = bytes_digest(start.data(), start.size() * sizeof(float)).substr(0, 16);
     const std::string path = (fs::path(loader.file().path()).parent_path() /
                               fmt::format("reference_logps-{}-seq{}-{}.bin", key, opt_.seq, split))
                                  .string();

@@ -96,7 +96,7 @@ private:
     // copy's weights, or the precomputed log-probabilities of every row of both splits), each
     // batch's reference rows, and the metrics lines.
     void start_preference();
-    std::vector<float> reference_table(const DataLoader & loader, const std::string & split);
+    std::vector<float> reference_table(const DataLoader & loader, const std::string & split, const std::string & key);
     const float * my_reference(const std::vector<float> & table, const std::vector<uint64_t> & windows, int rows,
                                int groups);
     void add_preference_metrics(nlohmann::json & m, const StepResult & r, bool eval) const;

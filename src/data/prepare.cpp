@@ -162,30 +162,41 @@ void write_splits(const std::string & out_dir, const DocumentSplit & train, cons
     r.chat_template = fmt_.chat ? fmt_.name : "none";
 }
 
-// Instruction data: one document per record (data/instruct.h), written as document files.
-void prepare_jsonl(const PrepareOptions & opts, const std::string & input, const std::string & out_dir,
-                   const Tokenizer & tok, PreparedData & r) {
-    const ChatFormat fmt_ = load_chat_format(opts.tokenizer, tok, opts.chat_template);
-    const std::string text = read_whole_file(input, "a JSON lines file", "pass --input with one JSON object per line");
+// The records of JSON lines file `input` (read as `what`, `hint` when it cannot be), each parsed
+// and handed to f(record, "FILE line N", the split it goes to), with a progress line.
+template <class F>
+void each_record(const PrepareOptions & opts, const std::string & input, const char * what, const char * hint,
+                 DocumentSplit & train, DocumentSplit & val, PreparedData & r, F && f) {
+    const std::string text = read_whole_file(input, what, hint);
     r.input_bytes = text.size();
     const auto lines = record_lines(text);
     const size_t n = lines.size();
     const size_t n_val = validation_records(n, opts.val_fraction, input);
-    DocumentSplit train, val;
     Progress progress;
     for (size_t i = 0; i < n; ++i) {
         const std::string where = fmt::format("{} line {}", input, lines[i].first);
         progress.at(i, n);
-        const Example ex = encode_record(parse_record(lines[i].second, where), fmt_, tok, where);
-        const uint64_t trained = trained_count(ex);
-        if (trained == 0) {
-            ++r.skipped;
-            continue;
-        }
-        (i + n_val < n ? train : val).add(ex);
-        r.trained_tokens += trained;
-        ++r.records;
+        f(parse_record(lines[i].second, where), where, i + n_val < n ? train : val);
     }
+}
+
+// Instruction data: one document per record (data/instruct.h), written as document files.
+void prepare_jsonl(const PrepareOptions & opts, const std::string & input, const std::string & out_dir,
+                   const Tokenizer & tok, PreparedData & r) {
+    const ChatFormat fmt_ = load_chat_format(opts.tokenizer, tok, opts.chat_template);
+    DocumentSplit train, val;
+    each_record(opts, input, "a JSON lines file", "pass --input with one JSON object per line", train, val, r,
+                [&](const nlohmann::ordered_json & rec, const std::string & where, DocumentSplit & split) {
+                    const Example ex = encode_record(rec, fmt_, tok, where);
+                    const uint64_t trained = trained_count(ex);
+                    if (trained == 0) {
+                        ++r.skipped;
+                        return;
+                    }
+                    split.add(ex);
+                    r.trained_tokens += trained;
+                    ++r.records;
+                });
     if (train.documents() == 0 || val.documents() == 0)
         throw ConfigError(fmt::format("{}: after leaving out the {} records without a trained token, the {} "
                                       "split is empty; check the records' assistant turns or completions",
@@ -198,32 +209,24 @@ void prepare_jsonl(const PrepareOptions & opts, const std::string & input, const
 void prepare_preference(const PrepareOptions & opts, const std::string & input, const std::string & out_dir,
                         const Tokenizer & tok, PreparedData & r) {
     const ChatFormat fmt_ = load_chat_format(opts.tokenizer, tok, opts.chat_template);
-    const std::string text = read_whole_file(input, "a JSON lines file of preference pairs",
-                                             "pass --input with one {\"prompt\", \"chosen\", \"rejected\"} per line");
-    r.input_bytes = text.size();
-    const auto lines = record_lines(text);
-    const size_t n = lines.size();
-    const size_t n_val = validation_records(n, opts.val_fraction, input);
     DocumentSplit train, val;
-    Progress progress;
-    for (size_t i = 0; i < n; ++i) {
-        const std::string where = fmt::format("{} line {}", input, lines[i].first);
-        progress.at(i, n);
-        const PreferencePair p = encode_preference(parse_record(lines[i].second, where), fmt_, tok, where);
-        ++r.records;
-        // DPO compares the two sides' log-probabilities of their answers: a side without an
-        // answer token has nothing to compare.
-        const uint64_t chosen = trained_count(p.chosen), rejected = trained_count(p.rejected);
-        if (chosen == 0 || rejected == 0) {
-            ++r.skipped;
-            continue;
-        }
-        DocumentSplit & s = i + n_val < n ? train : val;
-        s.add(p.chosen);
-        s.add(p.rejected);
-        r.trained_tokens += chosen + rejected;
-        ++r.pairs;
-    }
+    each_record(opts, input, "a JSON lines file of preference pairs",
+                "pass --input with one {\"prompt\", \"chosen\", \"rejected\"} per line", train, val, r,
+                [&](const nlohmann::ordered_json & rec, const std::string & where, DocumentSplit & split) {
+                    const PreferencePair p = encode_preference(rec, fmt_, tok, where);
+                    ++r.records;
+                    // DPO compares the two sides' log-probabilities of their answers: a side without
+                    // an answer token has nothing to compare.
+                    const uint64_t chosen = trained_count(p.chosen), rejected = trained_count(p.rejected);
+                    if (chosen == 0 || rejected == 0) {
+                        ++r.skipped;
+                        return;
+                    }
+                    split.add(p.chosen);
+                    split.add(p.rejected);
+                    r.trained_tokens += chosen + rejected;
+                    ++r.pairs;
+                });
     if (train.documents() == 0 || val.documents() == 0)
         throw ConfigError(fmt::format("{}: after leaving out the {} pairs with a side without a trained token, the "
                                       "{} split is empty; check that both answers of each pair are non-empty "

@@ -38,7 +38,7 @@ void PreferenceMetrics::add(const PreferenceMetrics & o) {
 std::vector<std::pair<std::string, double>> PreferenceMetrics::means() const {
     if (pairs <= 0) return {};
     return {{"rewards/chosen", chosen / pairs},          {"rewards/rejected", rejected / pairs},
-            {"rewards/margins", (chosen - rejected) / pairs}, {"rewards/accuracies", accurate / pairs},
+            {"rewards/margins", margin()}, {"rewards/accuracies", accuracy()},
             {"logps/chosen", logps_chosen / pairs},      {"logps/rejected", logps_rejected / pairs}};
 }
 

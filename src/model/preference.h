@@ -59,6 +59,8 @@ struct PreferenceOptions {
 struct PreferenceMetrics {
     double pairs = 0, chosen = 0, rejected = 0, accurate = 0, logps_chosen = 0, logps_rejected = 0;
     void add(const PreferenceMetrics & o);
+    double margin() const { return (chosen - rejected) / pairs; }   // rewards/margins (pairs > 0)
+    double accuracy() const { return accurate / pairs; }            // rewards/accuracies
     // {"rewards/chosen", mean}, ... in TRL's names and order (empty without pairs).
     std::vector<std::pair<std::string, double>> means() const;
 };

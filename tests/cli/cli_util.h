@@ -11,11 +11,19 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
+#include <vector>
 
 namespace cli_test {
 
 namespace fs = std::filesystem;
+
+// A whole file's text ("" when it cannot be read).
+inline std::string slurp(const fs::path & p) {
+    std::ifstream in(p);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
 
 struct CmdResult {
     int code = -1;
@@ -34,10 +42,6 @@ inline CmdResult run_memfit(const std::string & args, const fs::path & cwd = {})
     const int status = std::system(cmd.c_str());
     CmdResult r;
     r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    auto slurp = [](const std::string & p) {
-        std::ifstream in(p);
-        return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    };
     r.err = slurp(err_file);
     r.out = slurp(out_file);
     return r;
@@ -58,6 +62,25 @@ inline void expect_clean_failure(const CmdResult & r, const std::string & needle
     EXPECT_NE(r.err.find("memfit: error:"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
     EXPECT_EQ(r.err.find("terminate"), std::string::npos) << r.err;
+}
+
+// The commands of a documentation page's code block: the block whose first line starts with
+// `first`, up to its closing fence, lines joined where they end in a backslash.
+inline std::vector<std::string> doc_commands(const fs::path & page, const std::string & first) {
+    std::istringstream in(slurp(page));
+    std::vector<std::string> cmds;
+    std::string line;
+    bool inside = false;
+    while (std::getline(in, line)) {
+        if (!inside) {
+            inside = line.starts_with(first);
+            if (!inside) continue;
+        }
+        if (line.starts_with("```")) break;
+        if (!cmds.empty() && cmds.back().ends_with("\\")) cmds.back() = cmds.back().substr(0, cmds.back().size() - 1) + line;
+        else cmds.push_back(line);
+    }
+    return cmds;
 }
 
 inline fs::path small_text(const std::string & name) {

@@ -19,17 +19,11 @@
 namespace fs = std::filesystem;
 using cli_test::CmdResult;
 using cli_test::scratch;
+using cli_test::slurp;
 
 namespace {
 
 const std::string kTiny = std::string(MEMFIT_TEST_DATA) + "/hf-tokenizers/tiny-chat";
-
-std::string slurp(const fs::path & p) {
-    std::ifstream in(p);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
 
 CmdResult run_in(const fs::path & dir, const std::string & args) { return cli_test::run_memfit(args, dir); }
 
@@ -69,23 +63,10 @@ fs::path pref_workspace(const std::string & name) {
     return dir;
 }
 
-// docs/fine-tune.md's DPO recipe: the code block that starts with `memfit prepare --format
-// preference`, its lines joined where they end in a backslash.
+// docs/fine-tune.md's DPO recipe: the code block that starts with `memfit prepare --format preference`.
 std::vector<std::string> dpo_recipe() {
-    std::istringstream in(slurp(std::string(MEMFIT_SOURCE_DIR) + "/docs/fine-tune.md"));
-    std::vector<std::string> cmds;
-    std::string line;
-    bool inside = false;
-    while (std::getline(in, line)) {
-        if (!inside) {
-            inside = line.starts_with("memfit prepare --format preference --input prefs.jsonl");
-            if (!inside) continue;
-        }
-        if (line.starts_with("```")) break;
-        if (!cmds.empty() && cmds.back().ends_with("\\")) cmds.back() = cmds.back().substr(0, cmds.back().size() - 1) + line;
-        else cmds.push_back(line);
-    }
-    return cmds;
+    return cli_test::doc_commands(fs::path(MEMFIT_SOURCE_DIR) / "docs/fine-tune.md",
+                                  "memfit prepare --format preference --input prefs.jsonl");
 }
 
 std::vector<nlohmann::json> metrics(const fs::path & run) {

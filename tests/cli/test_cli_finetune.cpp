@@ -21,17 +21,11 @@
 namespace fs = std::filesystem;
 using cli_test::CmdResult;
 using cli_test::scratch;
+using cli_test::slurp;
 
 namespace {
 
 const std::string kTiny = std::string(MEMFIT_TEST_DATA) + "/hf-tokenizers/tiny-chat";
-
-std::string slurp(const fs::path & p) {
-    std::ifstream in(p);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
 
 // `memfit ARGS` run inside `dir` (the recipe's commands use relative paths).
 CmdResult run_in(const fs::path & dir, const std::string & args) { return cli_test::run_memfit(args, dir); }
@@ -66,23 +60,10 @@ fs::path chat_workspace(const std::string & name, const std::string & base = "ba
     return dir;
 }
 
-// docs/fine-tune.md's recipe: the code block that starts with `memfit prepare --format jsonl`,
-// its lines joined where they end in a backslash.
+// docs/fine-tune.md's recipe: the code block that starts with `memfit prepare --format jsonl`.
 std::vector<std::string> readme_recipe() {
-    std::istringstream in(slurp(std::string(MEMFIT_SOURCE_DIR) + "/docs/fine-tune.md"));
-    std::vector<std::string> cmds;
-    std::string line;
-    bool inside = false;
-    while (std::getline(in, line)) {
-        if (!inside) {
-            inside = line.starts_with("memfit prepare --format jsonl --input chat.jsonl");
-            if (!inside) continue;
-        }
-        if (line.starts_with("```")) break;
-        if (!cmds.empty() && cmds.back().ends_with("\\")) cmds.back() = cmds.back().substr(0, cmds.back().size() - 1) + line;
-        else cmds.push_back(line);
-    }
-    return cmds;
+    return cli_test::doc_commands(fs::path(MEMFIT_SOURCE_DIR) / "docs/fine-tune.md",
+                                  "memfit prepare --format jsonl --input chat.jsonl");
 }
 
 }  // namespace

@@ -29,11 +29,6 @@ nlohmann::json read_json(const fs::path & p) {
     return nlohmann::json::parse(in);
 }
 
-std::string slurp(const fs::path & p) {
-    std::ifstream in(p);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 // Every rank of a run measured what `row` (a plan's best row) planned for its stage: each
 // category of the most loaded stage's ranks, and every stage's total; and each rank's own plan
 // (summary.json's per_rank.by_rank[i].planned) is its measurement.

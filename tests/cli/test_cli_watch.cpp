@@ -23,11 +23,6 @@ using namespace memfit::test;
 
 nlohmann::json read_json(const fs::path & p) { return nlohmann::json::parse(std::ifstream(p)); }
 
-std::string slurp(const fs::path & p) {
-    std::ifstream in(p);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 // A nano run on a small corpus, 6 steps logged at 1, 2, 4, 6.
 struct NanoRun {
     fs::path data, out, tb;
