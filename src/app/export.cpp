@@ -16,6 +16,7 @@
 #include "core/paths.h"
 #include "core/units.h"
 #include "data/instruct.h"
+#include "model/gptq_folder.h"
 #include "model/hf_weights.h"
 #include "model/safetensors.h"
 #include "tokenizer/hf_tokenizer.h"
@@ -110,14 +111,21 @@ std::vector<float> fold_adapters(const ModelConfig & cfg, const LoraOptions & lo
         engine.init_params(seed);
     } else {
         std::vector<float> full(size_t(cfg.num_params()));
-        load_hf_weights(base, cfg, make_param_layout(cfg), full.data());
+        std::vector<uint8_t> packed;   // a GPTQ base's projections, as the run stored them
+        if (lora.base == BaseWeights::gptq) {
+            GptqModel g = read_gptq_folder(base);
+            full = std::move(g.params);
+            packed = std::move(g.packed);
+        } else {
+            load_hf_weights(base, cfg, make_param_layout(cfg), full.data());
+        }
         const std::string got = bytes_digest(full.data(), full.size() * sizeof(float));
         if (!want_digest.empty() && got != want_digest)
             throw ConfigError(fmt::format("{}: the adapters were trained on the base {} (weights digest {}); {} holds "
                                           "other weights (digest {}): pass --base-model with the folder the run "
                                           "trained from",
                                           what, recorded_base, want_digest, base, got));
-        engine.set_base(full.data());
+        engine.set_base(full.data(), packed.empty() ? nullptr : &packed);
     }
     TrainState state;
     state.params = adapters;

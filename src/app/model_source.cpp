@@ -13,6 +13,7 @@
 #include "core/finite.h"
 #include "core/json_num.h"
 #include "core/json_read.h"
+#include "model/gptq_folder.h"
 #include "model/hf_weights.h"
 #include "model/safetensors.h"
 #include "tokenizer/tokenizer.h"
@@ -112,6 +113,21 @@ std::string checkpoint_tokenizer(const nlohmann::json & meta) {
 
 LoadedModel read_model_weights(const std::string & path, const std::string & adapter) {
     LoadedModel w;
+    if (has_hf_weights(path) && read_gptq_spec(path)) {
+        if (!adapter.empty())
+            throw ConfigError(fmt::format("--adapter {}: folding adapters into a GPTQ model ({}) would undo its "
+                                          "quantization; generate from the adapters' base in fp16, or train LoRA on "
+                                          "the GPTQ folder and generate from that run's checkpoint", adapter, path));
+        GptqModel g = read_gptq_folder(path);
+        w.cfg = g.cfg;
+        w.tokenizer = tokenizer_for_folder(path);
+        w.params = std::move(g.params);
+        w.quant = std::move(g.layout);
+        w.packed = std::move(g.packed);
+        w.what = fmt::format("{} ({}-bit GPTQ, groups of {})", path, g.spec.options.bits,
+                             g.spec.options.group > 0 ? std::to_string(g.spec.options.group) : "a whole row");
+        return w;
+    }
     if (has_hf_weights(path)) {
         w.cfg = resolve_model(path + "/");
         w.tokenizer = tokenizer_for_folder(path);

@@ -22,10 +22,14 @@ LoraOptions peft_lora_options(const ModelConfig & cfg, const nlohmann::json & ad
 // merged into their base). tokenizer: the folder's own files, or the one the checkpoint recorded
 // while its files are unchanged ("" when neither). IoError saying what writes each when `path`
 // is neither.
+// A GPTQ folder (infer/gptq_folder.h) also gives its packed projections: `quant` (empty for
+// any other source) and `packed`, its bytes; params then holds them dequantized.
 struct LoadedModel {
-    ModelConfig        cfg;
-    std::vector<float> params;
-    std::string        tokenizer, what;
+    ModelConfig          cfg;
+    std::vector<float>   params;
+    std::string          tokenizer, what;
+    QuantLayout          quant;
+    std::vector<uint8_t> packed;
 };
 LoadedModel read_model_weights(const std::string & path, const std::string & adapter = "");
 

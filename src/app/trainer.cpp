@@ -47,6 +47,7 @@
 #include "infer/generate.h"
 #include "memory/budget.h"
 #include "memory/step_memory.h"
+#include "model/gptq_folder.h"
 #include "model/hf_weights.h"
 #include "model/sparsity.h"
 #include "model/tensor_parallel.h"
@@ -335,8 +336,11 @@ void TrainingRun::announce() {
                         eo_.lora.rslora ? fmt::format(" (rsLoRA: scale {:g})", eo_.lora.scaling()) : std::string(),
                         fmt::join(eo_.lora.targets, ","), double(A) / 1e6,
                         100.0 * double(A) / double(cfg.num_params()),
-                        eo_.lora.quantized() ? fmt::format(", projections {}", quant_format_name(eo_.lora.format()))
-                                             : fmt::format(" in {}", precision_name(eo_.compute))));
+                        eo_.lora.base == BaseWeights::gptq
+                            ? fmt::format(", projections gptq ({}-bit, groups of {}, the folder's packed weights)",
+                                          eo_.lora.gptq_bits, eo_.lora.gptq_group)
+                        : eo_.lora.quantized() ? fmt::format(", projections {}", quant_format_name(eo_.lora.format()))
+                                               : fmt::format(" in {}", precision_name(eo_.compute))));
     }
     if (eo_.sparsity.enabled())
         say(fmt::format("  sparsity {}: block projections pruned by magnitude {}, then masked (the pruned weights "
@@ -376,7 +380,11 @@ void TrainingRun::build() {
                             : std::string(", in host memory")));
     engine.init_params(opt_.seed);
     if (has_hf_weights(opt_.model)) {
-        if (eo_.lora.enabled()) {
+        if (eo_.lora.base == BaseWeights::gptq) {   // a GPTQ folder: its packed projections as they are
+            const GptqModel g = read_gptq_folder(opt_.model);
+            base_digest_ = bytes_digest(g.params.data(), g.params.size() * sizeof(float));
+            engine.set_base(g.params.data(), &g.packed);
+        } else if (eo_.lora.enabled()) {
             std::vector<float> full(size_t(cfg_.num_params()));
             load_hf_weights(opt_.model, cfg_, make_param_layout(cfg_), full.data());
             base_digest_ = bytes_digest(full.data(), full.size() * sizeof(float));

@@ -49,11 +49,13 @@ inline int64_t gemm_a_elems(const GemmDesc & d) { return (d.trans_a ? d.K : d.M)
 
 // A frozen weight W [out, in] (row = output channel) stored packed, for LoRA's quantized base
 // (QLoRA) and generation. Formats and exact byte counts: backend/quant_format.h (sparse24: 2:4
-// structured sparse, two bf16 values and their 2-bit positions per group of 4 inputs).
-enum class QuantFormat : uint8_t { int8, nf4, nf4_dq, sparse24 };
+// structured sparse, two bf16 values and their 2-bit positions per group of 4 inputs; gptq: the
+// GPTQ checkpoint format's integer codes with a scale and zero point per group of inputs).
+enum class QuantFormat : uint8_t { int8, nf4, nf4_dq, sparse24, gptq };
 struct QuantDesc {
     QuantFormat format = QuantFormat::int8;
     int64_t out = 0, in = 0;
+    int32_t bits = 0, group = 0;   // gptq only: bits per code (4 or 8), inputs per group (divides in)
     bool operator==(const QuantDesc &) const = default;
 };
 

@@ -53,6 +53,7 @@ public:
     bool recording() const { return recording_; }
     void phase(Phase p) { phase_ = p; }
     void layer(int l) { layer_ = l; }
+    int current_layer() const { return layer_; }
     // The shared scratch buffer (category workspace) that gemms and attention backward use; its
     // size grows while recording to the largest request.
     void set_workspace(BufferId id) { workspace_ = id; }

@@ -30,20 +30,33 @@
 //       nibble of byte j. Packing a 2:4 weight loses only the bf16 rounding.
 //       [values: n/2 bf16 (group g's at 2g, 2g+1)][positions: n/8]
 //     in must be a multiple of 4 and n of 8 (aborts otherwise).
+//   gptq, the GPTQ checkpoint format's tensors of one linear layer (Frantar et al. 2022; the v1
+//       layout AutoGPTQ writes, what a Hub folder holds under quant_method "gptq"), concatenated:
+//       [qweight: in/p x out int32][qzeros: G x out/p int32][scales: G x out fp16][g_idx: in int32]
+//       p = 32/bits codes per int32, G = in/group groups. qweight[r][o] holds the codes of inputs
+//       p r .. p r + p - 1 of output o, input p r + j in bits j*bits; qzeros[g][c] the zero points
+//       of outputs p c .. p c + p - 1 of group g the same way, each stored minus one; g_idx[i] is
+//       input i's group (i / group, or act-order's). W'[o, i] = scale[g][o] * (code - zero),
+//       g = g_idx[i], the fp16 scale widened to fp32 and multiplied once.
+//     in and out must be multiples of p and in of group (aborts otherwise).
 // In bytes:
 //   int8    per output channel absmax: out*in int8 codes + out fp32 scales
 //   nf4     4-bit NormalFloat, absmax per block of 64: n/2 code bytes + n/64 fp32 absmaxes
 //   nf4_dq  nf4 with the absmaxes quantized again (int8, blocks of 256, one fp32 scale each, plus
 //           one fp32 mean): n/2 + n/64 + 4*ceil(n/64/256) + 4
 //   sparse24  n bytes of bf16 values + n/8 of positions: 9/16 = 0.5625 of bf16's 2n
+//   gptq    n*bits/8 codes + G*out*bits/8 zeros + 2*G*out scales + 4*in group indices (4-bit,
+//           groups of 128: 0.2656 of bf16's 2n for a square matrix)
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
 #include "backend/backend.h"
+#include "core/dtype.h"
 
 namespace memfit {
 
@@ -76,6 +89,11 @@ constexpr size_t quant_bytes(const QuantDesc & q) {
         case QuantFormat::nf4: return n / 2 + n / 64 * 4;
         case QuantFormat::nf4_dq: return n / 2 + n / 64 + 4 * ((n / 64 + 255) / 256) + 4;
         case QuantFormat::sparse24: return n + n / 8;
+        case QuantFormat::gptq: {
+            const size_t groups = q.group > 0 ? size_t(q.in) / size_t(q.group) : 0;
+            const size_t zs = groups * size_t(q.out);
+            return n * size_t(q.bits) / 8 + zs * size_t(q.bits) / 8 + zs * 2 + size_t(q.in) * 4;
+        }
     }
     return 0;
 }
@@ -86,6 +104,7 @@ inline const char * quant_format_name(QuantFormat f) {
         case QuantFormat::nf4: return "nf4";
         case QuantFormat::nf4_dq: return "nf4+dq";
         case QuantFormat::sparse24: return "sparse24";
+        case QuantFormat::gptq: return "gptq";
     }
     return "?";
 }
@@ -94,6 +113,9 @@ inline const char * quant_format_name(QuantFormat f) {
 size_t int8_bytes(int64_t out, int64_t in);
 size_t nf4_bytes(int64_t n, bool double_quant);
 size_t sparse24_bytes(int64_t out, int64_t in);
+// ConfigError naming `what` unless a gptq matrix of this shape can be stored: bits 4 or 8, in and
+// out multiples of 32/bits, group a divisor of in.
+void check_gptq_shape(const QuantDesc & q, const std::string & what);
 
 // Magnitude pruning's choice within one group of m values x[0], x[stride], .., x[(m-1)*stride]:
 // keep[j] for the n largest |x| (ties: the lower index). One rule for the N:M pruner
@@ -138,6 +160,47 @@ struct Sparse24Quant {
     void dequantize_rows(float * dst, const uint8_t * packed, int64_t row0, int64_t nrows) const;
 };
 
+// GPTQ's quantizer grid for values in [lo, hi] (a group of one row, as the published code sets
+// it): the range widened to hold 0; symmetric: [-m, m] for m = max(|lo|, hi) when lo < 0, the zero
+// point in the middle ((maxq + 1) / 2); asymmetric: zero = round(-lo / scale), at least 1 (the v1
+// format stores zero - 1). The scale is rounded to fp16, as the file stores it (at least fp16's
+// smallest step), and used so. Returns the fp16 scale's bits.
+inline uint16_t gptq_grid(double lo, double hi, int bits, bool sym, int * zero) {
+    const int maxq = (1 << bits) - 1;
+    lo = std::min(lo, 0.0), hi = std::max(hi, 0.0);
+    if (sym) {
+        hi = std::max(std::fabs(lo), hi);
+        if (lo < 0) lo = -hi;
+    }
+    if (lo == 0 && hi == 0) lo = -1, hi = 1;
+    uint16_t h = f32_to_f16(float((hi - lo) / maxq));
+    if (f16_to_f32(h) <= 0) h = 1;   // below fp16's smallest step
+    const double scale = f16_to_f32(h);
+    *zero = sym ? (maxq + 1) / 2 : int(std::clamp(std::nearbyint(-lo / scale), 1.0, double(maxq)));
+    return h;
+}
+// A value's code on that grid: clamp(round(x / scale) + zero, 0, maxq).
+inline int gptq_code(double x, double scale, int zero, int bits) {
+    return int(std::clamp(std::nearbyint(x / scale) + zero, 0.0, double((1 << bits) - 1)));
+}
+
+// GPTQ's layout (above): bits, group and act-order's g_idx as the file holds them. quantize() is
+// round-to-nearest (RTN) on gptq_grid's symmetric groups in input order, GPTQ's baseline; the GPTQ solver
+// itself (infer/gptq.h) writes the same layout from its own codes.
+struct GptqQuant {
+    int64_t out = 0, in = 0;
+    int bits = 4, group = 128;
+    int per_word() const { return 32 / bits; }
+    int64_t groups() const { return in / group; }
+    // Byte offsets of the four tensors.
+    size_t qzeros_at() const { return size_t(in) * size_t(out) * size_t(bits) / 8; }
+    size_t scales_at() const { return qzeros_at() + size_t(groups()) * size_t(out) * size_t(bits) / 8; }
+    size_t g_idx_at() const { return scales_at() + size_t(groups()) * size_t(out) * 2; }
+    size_t bytes() const { return g_idx_at() + size_t(in) * 4; }
+    void quantize(uint8_t * packed, const float * W) const;
+    void dequantize_rows(float * dst, const uint8_t * packed, int64_t row0, int64_t nrows) const;
+};
+
 // f(Q) with Q the format struct of q: the one dispatch of every backend's host code.
 template <class F>
 void with_quant(const QuantDesc & q, F && f) {
@@ -146,6 +209,7 @@ void with_quant(const QuantDesc & q, F && f) {
         case QuantFormat::nf4: f(Nf4Quant{q.out, q.in, false}); return;
         case QuantFormat::nf4_dq: f(Nf4Quant{q.out, q.in, true}); return;
         case QuantFormat::sparse24: f(Sparse24Quant{q.out, q.in}); return;
+        case QuantFormat::gptq: f(GptqQuant{q.out, q.in, q.bits, q.group}); return;
     }
     MF_UNREACHABLE();
 }

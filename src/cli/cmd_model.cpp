@@ -185,8 +185,12 @@ void add_model_commands(CLI::App & app) {
                          gen_seq, trained, cfg.max_seq);
         const int capacity = std::min(gen_seq > 0 ? gen_seq : std::min(want, trained), cfg.max_seq);
         std::unique_ptr<Decoder> made;
+        if (!source.quant.entries.empty() && (quant || wdt != DType::f32))
+            throw ConfigError(fmt::format("--weights {}: {} is a GPTQ folder; its projections compute as stored (drop "
+                                          "--weights)", gen_weights, gen_model));
         try {
-            made = std::make_unique<Decoder>(cfg, backend, capacity, wdt, quant);
+            made = source.quant.entries.empty() ? std::make_unique<Decoder>(cfg, backend, capacity, wdt, quant)
+                                                : std::make_unique<Decoder>(cfg, backend, capacity, wdt, source.quant);
         } catch (const ConfigError & e) {
             // make_quant_layout speaks of training's --base-weights; here the flag is --weights.
             std::string m = e.what();
@@ -196,6 +200,7 @@ void add_model_commands(CLI::App & app) {
         Decoder & decoder = *made;
         MF_ASSERT(source.params.size() == decoder.layout().total);
         decoder.set_weights(source.params.data());
+        if (!source.packed.empty()) decoder.set_packed(source.packed);
         source.params = {};
         std::fprintf(stderr, "%s\n", describe_weight_bytes(decoder).c_str());
         if (!gen_chat) std::printf("%s", gen_prompt.c_str());   // a chat prints the reply alone

@@ -102,6 +102,7 @@ int main(int argc, char ** argv) {
     memfit::cli::add_train_commands(app);
     memfit::cli::add_model_commands(app);
     memfit::cli::add_plan_commands(app);
+    memfit::cli::add_quant_commands(app);
     try {
         // --config FILE: the file's flags join the command line's (cli/config_file.h).
         std::vector<std::string> args = memfit::cli::expand_config(app, std::vector<std::string>(argv, argv + argc));

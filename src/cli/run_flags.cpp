@@ -159,7 +159,8 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                        "LoRA: storage of the frozen base: the compute precision (bf16, fp16, fp32), int8 "
                        "(per-channel), nf4 (4-bit NormalFloat, blocks of 64, double-quantized scales as QLoRA: see --nf4-double-quant) or "
                        "sparse24 (2:4 structured sparse: the 2 largest of every 4 inputs as bf16 with 2-bit "
-                       "positions, 0.5625x of bf16; lossless for a --sparsity 2:4 model)")
+                       "positions, 0.5625x of bf16; lossless for a --sparsity 2:4 model); gptq is implied by a GPTQ folder "
+                       "(memfit quantize) and plans 4-bit groups of 128 elsewhere")
              ->capture_default_str());
     keep(c->add_option("--nf4-double-quant", r.lora.nf4_double_quant,
                        "nf4 (--base-weights, --teacher-weights): quantize the blocks' absmaxes too, QLoRA's double "

@@ -48,6 +48,9 @@ struct Decoder::Pass {
 
 Decoder::Decoder(const ModelConfig & cfg, Backend & backend, int capacity, DType compute,
                  std::optional<QuantFormat> quant)
+    : Decoder(cfg, backend, capacity, compute, quant ? make_quant_layout(cfg, *quant) : QuantLayout{}) {}
+
+Decoder::Decoder(const ModelConfig & cfg, Backend & backend, int capacity, DType compute, const QuantLayout & quant)
     : cfg_(cfg), backend_(backend), capacity_(capacity), compute_(compute), layout_(make_param_layout(cfg)) {
     if (capacity < 1 || capacity > cfg.max_seq)
         throw ConfigError(fmt::format("generation context of {} tokens: must be between 1 and the model's {} positions",
@@ -56,8 +59,8 @@ Decoder::Decoder(const ModelConfig & cfg, Backend & backend, int capacity, DType
     const int W = cfg.sliding_window;
     rows_ = W > 0 && capacity > W ? std::min(capacity, W + kPrefillChunk - 1) : capacity;
     full_rows_ = rows_ < capacity && cfg.sliding_pattern > 0 && cfg.sliding_pattern <= cfg.n_layer ? capacity : 0;
-    if (quant) quant_ = make_quant_layout(cfg, *quant);
-    dense_ = quant ? memfit::dense_layout(cfg, quant_) : layout_;
+    quant_ = quant;
+    dense_ = quant.entries.empty() ? layout_ : memfit::dense_layout(cfg, quant_);
     step_ = std::make_unique<Pass>(cfg_, dense_, quant_, 1, capacity_, rows_, full_rows_, compute_, backend_);
     step_->memory = std::make_unique<StepMemory>(step_->program, step_->plan, ledger_, backend_.allocator());
 }
@@ -70,6 +73,11 @@ void Decoder::set_weights(const float * params) {
     store_split_weights(backend_, cfg_, quant_, dense,
                         static_cast<uint8_t *>(step_->qparams >= 0 ? step_->memory->base(step_->qparams) : nullptr),
                         params);
+}
+
+void Decoder::set_packed(const std::vector<uint8_t> & packed) {
+    MF_ASSERT(step_->qparams >= 0 && packed.size() == quant_.bytes);
+    backend_.upload(step_->memory->base(step_->qparams), packed.data(), packed.size());
 }
 
 std::vector<float> Decoder::weights() const {

@@ -49,11 +49,16 @@ public:
     // projections packed in that format (the rest in `compute`).
     Decoder(const ModelConfig & cfg, Backend & backend, int capacity, DType compute = DType::f32,
             std::optional<QuantFormat> quant = std::nullopt);
+    // The same with the packed projections of `quant` (a GPTQ folder's layout: its bits and groups).
+    Decoder(const ModelConfig & cfg, Backend & backend, int capacity, DType compute, const QuantLayout & quant);
     ~Decoder();
 
     // Sets the weights from the whole model's fp32 values in layout()'s order (converted to the
     // compute dtype; the projections quantized when the decoder stores them packed).
     void set_weights(const float * params);
+    // The packed projections as they are (quant_layout().bytes of them, a GPTQ folder's), after
+    // set_weights() gave the rest: stored bit for bit, not quantized again.
+    void set_packed(const std::vector<uint8_t> & packed);
     // The weights as the decoder computes with them (rounded to the compute dtype, dequantized),
     // as fp32 in layout()'s order.
     std::vector<float> weights() const;

@@ -61,7 +61,7 @@ bool ignorable(const std::string & name) {
 // dropped; Gemma3ForConditionalGeneration's text model ("language_model.model.", or
 // "model.language_model." since transformers 4.52) read as a causal LM's "model.", and its
 // vision parts as "vision_tower." / "multi_modal_projector.".
-std::string checkpoint_tensor_name(const std::string & n) {
+std::string tensor_name_of(const std::string & n) {
     static const std::pair<const char *, const char *> prefixes[] = {
         {"transformer.", ""},
         {"language_model.model.", "model."},
@@ -188,12 +188,17 @@ void to_checkpoint(const ModelConfig & cfg, const ParamInfo & p, float * values,
         for (size_t i = 0; i < p.numel; ++i) values[i] -= shift;
 }
 
+std::string checkpoint_tensor_name(const std::string & n) { return tensor_name_of(n); }
+
+std::vector<std::string> hf_weight_files(const std::string & dir) { return weight_files(dir); }
+
 bool has_hf_weights(const std::string & dir) {
     return fs::is_directory(dir) &&
            (fs::exists(fs::path(dir) / "model.safetensors") || fs::exists(fs::path(dir) / "model.safetensors.index.json"));
 }
 
-void load_hf_weights(const std::string & dir, const ModelConfig & cfg, const ParamLayout & model_layout, float * params) {
+void load_hf_weights(const std::string & dir, const ModelConfig & cfg, const ParamLayout & model_layout, float * params,
+                     const std::function<bool(const std::string &)> & skip) {
     const ParamLayout layout = checkpoint_layout(cfg, model_layout);
     std::vector<std::unique_ptr<SafetensorsFile>> files;
     std::map<std::string, std::pair<const SafetensorsFile *, std::string>> found;   // our name -> (file, its name)
@@ -201,8 +206,8 @@ void load_hf_weights(const std::string & dir, const ModelConfig & cfg, const Par
         files.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(path)));
         const SafetensorsFile & f = *files.back();
         for (const auto & n : f.names()) {
-            std::string ours = checkpoint_tensor_name(n);
-            if (ignorable(ours)) continue;
+            std::string ours = tensor_name_of(n);
+            if (ignorable(ours) || (skip && skip(ours))) continue;
             // Shared blocks (--share-layers G): each group takes its first layer's weights.
             if (const int b = param_block(ours); cfg.share_layers > 1 && b >= 0 && b < cfg.n_layer) {
                 if (b % cfg.share_layers != 0) continue;
@@ -353,8 +358,12 @@ HfWritten export_hf(const std::string & dir, const ModelConfig & cfg, const Para
         const std::string name = shards.size() == 1 ? std::string("model.safetensors")
                                                     : fmt::format("model-{:05d}-of-{:05d}.safetensors", k + 1,
                                                                   shards.size());
-        write_safetensors((fs::path(dir) / name).string(), shard_tensors(cfg, layout, shards[k], params, opts.dtype, store, shifted),
-                          {{"format", "pt"}});
+        std::vector<TensorToWrite> tensors = shard_tensors(cfg, layout, shards[k], params, opts.dtype, store, shifted);
+        if (k + 1 == shards.size()) {
+            tensors.insert(tensors.end(), opts.extra.begin(), opts.extra.end());
+            for (const auto & t : opts.extra) weight_map[t.name] = name, w.tensor_bytes += t.nbytes;
+        }
+        write_safetensors((fs::path(dir) / name).string(), tensors, {{"format", "pt"}});
         for (const size_t i : shards[k].params) weight_map[layout.params[i].name] = name;
         w.files.push_back(name);
         w.tensor_bytes += shards[k].bytes;

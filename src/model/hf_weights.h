@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@
 
 #include "model/config.h"
 #include "model/param_layout.h"
+#include "model/safetensors.h"
 
 namespace memfit {
 
@@ -44,8 +46,17 @@ void to_checkpoint(const ModelConfig & cfg, const ParamInfo & p, float * values,
 // True when `dir` holds model.safetensors or model.safetensors.index.json.
 bool has_hf_weights(const std::string & dir);
 
-// Fills params[layout.total] from the folder's weights.
-void load_hf_weights(const std::string & dir, const ModelConfig & cfg, const ParamLayout & layout, float * params);
+// Fills params[layout.total] from the folder's weights. skip(name), when given, names tensors
+// (memfit's names) that another reader takes (a GPTQ folder's packed projections): neither
+// loaded nor unexpected.
+void load_hf_weights(const std::string & dir, const ModelConfig & cfg, const ParamLayout & layout, float * params,
+                     const std::function<bool(const std::string &)> & skip = {});
+// The folder's safetensors files (model.safetensors, or the shards its index names); IoError when
+// it has neither.
+std::vector<std::string> hf_weight_files(const std::string & dir);
+// A checkpoint's tensor name as memfit's layout names it (GPT2LMHeadModel's "transformer." prefix
+// dropped, Gemma 3's multimodal prefixes mapped).
+std::string checkpoint_tensor_name(const std::string & n);
 
 // How export_hf writes the weights. dtype: "F32", "BF16" (rounded to nearest even) or "F16"
 // (IEEE; a weight beyond its range, 65504, is a ConfigError naming it). Above max_shard_bytes
@@ -56,6 +67,9 @@ struct HfWriteOptions {
     std::string    dtype = "F32";
     uint64_t       max_shard_bytes = 5000000000ull;
     nlohmann::json config_extra = nlohmann::json::object();
+    // Tensors written after the layout's, in the last file (a GPTQ folder's packed projections);
+    // their data must outlive the call.
+    std::vector<TensorToWrite> extra;
 };
 
 // "F32", "BF16", "F16" from fp32 / bf16 / fp16 (also float32, bfloat16, float16); "" otherwise.

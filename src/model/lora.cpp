@@ -153,7 +153,10 @@ BaseWeights parse_base_weights(const std::string & s, const char * flag) {
     if (s == "int8") return BaseWeights::int8;
     if (s == "nf4") return BaseWeights::nf4;
     if (s == "sparse24") return BaseWeights::sparse24;
-    throw ConfigError(fmt::format("{} {}: expected bf16, fp16, fp32, int8, nf4 or sparse24", flag, s));
+    // A GPTQ folder's own weights: 4-bit, groups of 128 (the Hub's usual) unless the folder says.
+    if (s == "gptq" && std::string_view(flag) == "--base-weights") return BaseWeights::gptq;
+    throw ConfigError(fmt::format("{} {}: expected bf16, fp16, fp32, int8, nf4{} or sparse24", flag, s,
+                                  std::string_view(flag) == "--base-weights" ? ", gptq" : ""));
 }
 
 const char * base_weights_name(BaseWeights b) {
@@ -162,6 +165,7 @@ const char * base_weights_name(BaseWeights b) {
         case BaseWeights::int8: return "int8";
         case BaseWeights::nf4: return "nf4";
         case BaseWeights::sparse24: return "sparse24";
+        case BaseWeights::gptq: return "gptq";
     }
     return "?";
 }
@@ -259,7 +263,8 @@ const QuantEntry * QuantLayout::find(int layer, Proj p) const {
     return nullptr;
 }
 
-QuantLayout make_quant_layout(const ModelConfig & cfg, QuantFormat format) {
+QuantLayout make_quant_layout(const ModelConfig & cfg, const QuantDesc & proto) {
+    const QuantFormat format = proto.format;
     QuantLayout q;
     const ParamLayout full = make_param_layout(cfg);
     for (int l = 0; l < cfg.n_layer; ++l) {
@@ -283,6 +288,7 @@ QuantLayout make_quant_layout(const ModelConfig & cfg, QuantFormat format) {
             e.layer = l;
             e.proj = proj;
             e.q.format = format;
+            e.q.bits = proto.bits;
             for (const auto & n : names) {
                 const ParamInfo & p = full.find(n);
                 // [out, in]: LLaMA's Linear as stored; GPT-2's Conv1D [in, out] transposed.
@@ -290,7 +296,10 @@ QuantLayout make_quant_layout(const ModelConfig & cfg, QuantFormat format) {
                 MF_ASSERT(e.q.in == 0 || e.q.in == in);
                 e.q.in = in;
                 e.q.out += out;
+                if (format == QuantFormat::gptq)   // every module's own tensors are whole int32 columns
+                    check_gptq_shape(QuantDesc{format, out, in, proto.bits, proto.group > 0 ? proto.group : int32_t(in)}, n);
             }
+            if (format == QuantFormat::gptq) e.q.group = proto.group > 0 ? proto.group : int32_t(e.q.in);
             if ((format == QuantFormat::nf4 || format == QuantFormat::nf4_dq) && (e.q.out * e.q.in) % 64 != 0)
                 throw ConfigError(fmt::format("--base-weights nf4: {} has {} x {} elements, not a multiple of the "
                                               "64-element block; use int8", names.front(), e.q.out, e.q.in));
@@ -363,6 +372,7 @@ void scatter_quant_entry(const ModelConfig & cfg, const ParamLayout & all, const
 nlohmann::json lora_json(const LoraOptions & lora) {
     return {{"r", lora.rank}, {"alpha", lora.alpha}, {"targets", lora.targets},
             {"base_weights", base_weights_name(lora.base)}, {"double_quant", lora.double_quant},
+            {"gptq_bits", lora.gptq_bits}, {"gptq_group", lora.gptq_group},
             {"dropout", lora.dropout}, {"use_dora", lora.dora}, {"use_rslora", lora.rslora}};
 }
 
@@ -378,6 +388,8 @@ LoraOptions lora_from_json(const nlohmann::json & j, const ModelConfig & cfg, co
         l.targets = parse_lora_targets(cfg, csv);
         l.base = parse_base_weights(j.at("base_weights").get<std::string>());
         l.double_quant = j.at("double_quant").get<bool>();
+        l.gptq_bits = j.value("gptq_bits", 4);
+        l.gptq_group = j.value("gptq_group", 128);
         l.dropout = j.contains("dropout") ? json_get<float>(j, "dropout", what) : 0.0f;
         if (!(l.dropout >= 0 && l.dropout < 1)) throw FormatError(fmt::format("{}: LoRA dropout {} out of [0, 1)", what, l.dropout));
         l.dora = j.contains("use_dora") && j.at("use_dora").get<bool>();   // older records: plain LoRA

@@ -36,13 +36,15 @@
 
 namespace memfit {
 
-// The base storage `--base-weights` names (sparse24: 2:4 structured sparse, model/sparsity.h).
-enum class BaseWeights : uint8_t { compute, int8, nf4, sparse24 };
+// The base storage `--base-weights` names (sparse24: 2:4 structured sparse, model/sparsity.h;
+// gptq: a GPTQ folder's packed projections, model/gptq_folder.h, as they are).
+enum class BaseWeights : uint8_t { compute, int8, nf4, sparse24, gptq };
 
 // The packed format of a quantized base storage (not `compute`).
 inline QuantFormat quant_format(BaseWeights b, bool double_quant) {
     if (b == BaseWeights::int8) return QuantFormat::int8;
     if (b == BaseWeights::sparse24) return QuantFormat::sparse24;
+    if (b == BaseWeights::gptq) return QuantFormat::gptq;
     return double_quant ? QuantFormat::nf4_dq : QuantFormat::nf4;
 }
 
@@ -59,11 +61,17 @@ struct LoraOptions {
     // --use-rslora (Kalajdzievski 2023, rank-stabilized LoRA; PEFT's use_rslora): the adapters
     // scaled by alpha / sqrt(r) instead of alpha / r.
     bool  rslora = false;
+    // gptq base: the folder's bits and group size (<= 0: whole rows).
+    int   gptq_bits = 4, gptq_group = 128;
 
     bool enabled() const { return rank > 0; }
     float scaling() const { return rslora ? alpha / std::sqrt(float(rank)) : alpha / float(rank); }
     bool quantized() const { return base != BaseWeights::compute; }
     QuantFormat format() const { return quant_format(base, double_quant); }
+    // make_quant_layout's prototype: the format, and a gptq base's bits and group.
+    QuantDesc quant() const {
+        return base == BaseWeights::gptq ? QuantDesc{format(), 0, 0, gptq_bits, gptq_group} : QuantDesc{format()};
+    }
 };
 
 // "q,v" | "all" | HF module names (q_proj, c_attn, ...) -> the family's target names, in module
@@ -141,7 +149,12 @@ struct QuantLayout {
     size_t bytes = 0;
     const QuantEntry * find(int layer, Proj p) const;
 };
-QuantLayout make_quant_layout(const ModelConfig & cfg, QuantFormat format);
+// proto: the format, and for gptq its bits and group (0 or less: each matrix's whole row, the
+// file's group_size -1). ConfigError when a matrix's shape does not suit the format.
+QuantLayout make_quant_layout(const ModelConfig & cfg, const QuantDesc & proto);
+inline QuantLayout make_quant_layout(const ModelConfig & cfg, QuantFormat format) {
+    return make_quant_layout(cfg, QuantDesc{format});
+}
 // Every parameter of make_param_layout(cfg) that `q` does not hold, in the same order (offsets
 // renumbered). With an empty q: the whole layout.
 ParamLayout dense_layout(const ModelConfig & cfg, const QuantLayout & q);

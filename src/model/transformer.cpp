@@ -419,6 +419,7 @@ void Transformer::project(Graph & g, Tensor out, Tensor inp, const ModelWeights:
     // A row-parallel projection's outputs are partial sums: its bias is added by one rank.
     const bool row_parallel = proj == Proj::o || proj == Proj::down;
     const Tensor bias = tp_.enabled() && row_parallel && tp_.rank != 0 ? Tensor{} : pw.b;
+    if (tap_ && !rc) tap_(g, g.current_layer(), proj, inp);
     if (pw.q->valid()) g.qmatmul_fwd(out, inp, *pw.q, bias);
     else g.matmul_fwd(out, inp, pw.w, bias, wl_);
     const int64_t rows = inp.rows();

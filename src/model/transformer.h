@@ -181,6 +181,11 @@ public:
     // A hook called with the layer's index (ZeRO: gather weights, reduce gradients).
     using LayerHook = std::function<void(Graph &, int)>;
 
+    // Calibration (infer/calibration.h): called in forward() with each block projection's input
+    // [rows, in] and its layer, before the projection; what it records runs there.
+    using ProjectionTap = std::function<void(Graph &, int layer, Proj, Tensor inp)>;
+    void set_projection_tap(ProjectionTap tap) { tap_ = std::move(tap); }
+
     // tokens [B,T] i32 -> the final norm's output (the blocks and the final norm).
     // layer_begin(g, l), when given, is called just before layer l's forward.
     void forward(Graph & g, const ModelWeights & w, Tensor tokens, const LayerHook & layer_begin = {}) const;
@@ -387,6 +392,7 @@ private:
     std::vector<AdapterActs> adapter_acts_; // by site
     float lora_scale_ = 0;
     float lora_dropout_ = 0;                // training programs only
+    ProjectionTap tap_;                     // calibration programs only
     int lowest_trained_layer_ = 0;          // backward stops below it (a frozen base below)
     int lb_ = 0, le_ = 0;                   // the blocks this program runs (pipeline stage)
     std::string prefix_;

@@ -1,5 +1,6 @@
 #include "plan/fit.h"
 
+#include "model/gptq_folder.h"
 #include "model/hf_weights.h"
 
 #include <algorithm>
@@ -35,7 +36,25 @@ void check_frozen_precision(const char * flag, const std::string & value, const 
 LoraOptions lora_options(const RunConfig & r, const ModelConfig & cfg, DType compute) {
     const LoraConfig & s = r.lora;
     LoraOptions l;
-    const BaseWeights base = parse_base_weights(s.base_weights);
+    BaseWeights base = parse_base_weights(s.base_weights);
+    if (const std::optional<GptqSpec> g = has_hf_weights(r.model) ? read_gptq_spec(r.model) : std::nullopt) {
+        if (s.rank == 0)
+            throw ConfigError(fmt::format("{} is a GPTQ folder: its projections are frozen {}-bit weights; train "
+                                          "adapters on them with --lora-rank (e.g. --lora-rank 16; PEFT's LoRA on "
+                                          "GPTQ)", r.model, g->options.bits));
+        if (base != BaseWeights::compute && base != BaseWeights::gptq)
+            throw ConfigError(fmt::format("--base-weights {}: {} is a GPTQ folder, and its packed projections are the "
+                                          "base (drop --base-weights)", s.base_weights, r.model));
+        if (r.layout.tp > 1 || r.layout.pp > 1)
+            throw ConfigError(fmt::format("a GPTQ base with --tp {} / --pp {}: its packed projections are loaded "
+                                          "whole; train it with data parallelism", r.layout.tp, r.layout.pp));
+        base = BaseWeights::gptq;
+        l.gptq_bits = g->options.bits;
+        l.gptq_group = g->options.group;
+    } else if (base == BaseWeights::gptq && has_hf_weights(r.model)) {
+        throw ConfigError(fmt::format("--base-weights gptq: {} is not a GPTQ folder; make one with memfit quantize "
+                                      "--method gptq --model {} --calibration DATA --out DIR", r.model, r.model));
+    }
     const bool nf4_teacher = parse_base_weights(r.distill.weights, "--teacher-weights") == BaseWeights::nf4;
     if (!s.nf4_double_quant && base != BaseWeights::nf4 && !nf4_teacher)
         throw ConfigError(fmt::format("--nf4-double-quant false: no nf4 weights to store (--base-weights {}, "
@@ -60,7 +79,8 @@ LoraOptions lora_options(const RunConfig & r, const ModelConfig & cfg, DType com
                                       cfg.n_embd));
     if (!(s.alpha > 0) || !std::isfinite(s.alpha))
         throw ConfigError(fmt::format("--lora-alpha {}: must be positive", s.alpha));
-    check_frozen_precision("--base-weights", s.base_weights, "the frozen base", base, r, compute);
+    if (base != BaseWeights::gptq)
+        check_frozen_precision("--base-weights", s.base_weights, "the frozen base", base, r, compute);
     l.rank = s.rank;
     l.alpha = s.alpha;
     // Fine-tuning a folder's weights adapts every projection (torchtune's and Unsloth's recipes);
@@ -72,7 +92,7 @@ LoraOptions lora_options(const RunConfig & r, const ModelConfig & cfg, DType com
     l.dropout = s.dropout;
     l.dora = s.variant == "dora";
     l.rslora = s.rslora;
-    if (l.quantized()) make_quant_layout(cfg, l.format());   // nf4 block alignment: a clear error now
+    if (l.quantized()) make_quant_layout(cfg, l.quant());   // nf4 block alignment, gptq groups: a clear error now
     return l;
 }
 

@@ -42,7 +42,7 @@ std::shared_ptr<const LoraPlan> make_lora_plan(const ModelConfig & cfg, const Lo
             lp->dora_out_total += proj_out_cols(cfg, Proj(p));
         }
     if (lora.quantized()) {
-        const QuantLayout q = make_quant_layout(cfg, lora.format());
+        const QuantLayout q = make_quant_layout(cfg, lora.quant());
         for (const QuantEntry & e : q.entries)
             if (e.layer == 0) lp->packed[size_t(e.proj)] = (quant_bytes(e.q) + 63) / 64 * 64;
         for (uint64_t b : lp->packed) lp->packed_per_layer += b;

@@ -99,7 +99,8 @@ std::optional<std::string> in_backward_refusal(const RunConfig & r) {
 std::optional<std::string> dora_refusal(const RunConfig & r, const ModelConfig & cfg) {
     if (r.lora.variant != "dora" || r.lora.rank <= 0) return std::nullopt;
     const Layout & L = r.layout;
-    const bool packed = r.lora.base_weights == "int8" || r.lora.base_weights == "nf4" || r.lora.base_weights == "sparse24";
+    const bool packed = r.lora.base_weights != "compute" && r.lora.base_weights != "fp32" && r.lora.base_weights != "bf16" &&
+                        r.lora.base_weights != "fp16";
     if (packed && (cfg.n_embd % 8 != 0 || cfg.ffn_dim() % 8 != 0 || cfg.attn_dim() % 8 != 0))
         return fmt::format("--lora-variant dora with --base-weights {}: the norms dequantize whole 8-element groups of "
                            "rows, and {}'s projection inputs ({}, {}, {}) are not all multiples of 8; use a dense base",

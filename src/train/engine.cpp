@@ -228,8 +228,8 @@ void Engine::init_params(uint64_t seed) {
     t_ = 0;
 }
 
-void Engine::set_base(const float * full) {
-    store_base(full);
+void Engine::set_base(const float * full, const std::vector<uint8_t> * packed) {
+    store_base(full, packed);
     if (!opt_.lora.dora) return;
     std::vector<float> adapters = full_params();
     dora_start(full, adapters.data());
@@ -243,9 +243,9 @@ void Engine::dora_start(const float * full, float * adapters) {
     init_dora_magnitudes(cfg_, opt_.lora, base.data(), adapters);
 }
 
-void Engine::store_base(const float * full) {
+void Engine::store_base(const float * full, const std::vector<uint8_t> * packed) {
     const TrainStep & st = *plans_.train;
-    MF_ASSERT(st.lora());
+    MF_ASSERT(st.lora() && (!packed || opt_.tensor_parallel == 1));
     // Tensor parallel: this rank's slice of the model, split as its own (the step's config).
     const std::vector<float> slice =
         opt_.tensor_parallel > 1 ? tp_slice(cfg_, opt_.tensor_parallel, opt_.tp_rank, full) : std::vector<float>{};
@@ -259,7 +259,7 @@ void Engine::store_base(const float * full) {
         if (hi > lo) backend_.upload(train_mem_->base(id), bytes.data() + lo, hi - lo);
     };
     store(st.base, whole.dense, st.base_shards(), dtype_size(st.compute()));
-    store(st.base_q, whole.packed, st.base_q_shards(), 1);
+    store(st.base_q, packed ? *packed : whole.packed, st.base_q_shards(), 1);
 }
 
 void Engine::set_teacher(const float * full) {

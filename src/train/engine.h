@@ -227,8 +227,10 @@ public:
     // LoRA: the frozen base from the whole model's fp32 weights (make_param_layout order),
     // rounded to the compute dtype or quantized; each rank keeps its part (ZeRO 3: its shard).
     // DoRA: the magnitudes start again at the adapted rows' norms on this base (PEFT's start), so
-    // adapters trained on it are loaded after.
-    void set_base(const float * full);
+    // adapters trained on it are loaded after. packed: the projections already packed in the
+    // step's quantized layout (a GPTQ folder's bytes, stored as they are; `full` then holds them
+    // dequantized); not with tensor parallelism, which splits them.
+    void set_base(const float * full, const std::vector<uint8_t> * packed = nullptr);
     // LoRA: the base as the step computes with it (rounded or dequantized), as fp32 in
     // make_param_layout order (ZeRO 3: gathered over the data-parallel ranks, collective).
     std::vector<float> base_weights();
@@ -329,7 +331,7 @@ public:
     int steps_done() const { return t_; }
 
 private:
-    void store_base(const float * full);   // set_base without DoRA's magnitudes
+    void store_base(const float * full, const std::vector<uint8_t> * packed = nullptr);   // without DoRA's magnitudes
     // DoRA: the magnitudes in `adapters` (the whole model's) from the stored base (`full` as given).
     void dora_start(const float * full, float * adapters);
     // Runs one program on one batch; returns the sum of its per-token losses.

@@ -93,7 +93,7 @@ void TrainStep::check_and_lay_out(const ModelConfig & cfg, const ModelOptions & 
 // trainable buffer (the packed bytes 64-byte aligned).
 void TrainStep::declare_base(const LoraOptions & lora) {
     const DataParallel & dp = dp_;
-    if (lora.quantized()) quant_layout_ = make_quant_layout(cfg_, lora.format());
+    if (lora.quantized()) quant_layout_ = make_quant_layout(cfg_, lora.quant());
     if (pp_.enabled()) {   // the stage's part of the model
         quant_layout_ = keep_blocks(quant_layout_, chunks_);
         base_layout_ = dense_part(stage_layout(cfg_, chunks_, pp_.first(), pp_.last()), quant_layout_);

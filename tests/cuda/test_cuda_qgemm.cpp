@@ -1,6 +1,7 @@
 // The CUDA backend's quantized gemm (QLoRA's frozen base, a quantized decoder): qgemm_fwd and
 // qgemm_bwd against the CPU backend's, on a matrix of several dequantization tiles (the last one
-// short), with and without bias, written and accumulated; and its workspace is one tile, not W'.
+// short), with and without bias, written and accumulated (every packed format, GPTQ's too); and its
+// workspace is one tile, not W'.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -53,12 +54,12 @@ void fill(Twin & t, DType dt, uint32_t seed, float sd) {
     t.upload();
 }
 
-void check_qgemm(QuantFormat fmt, int64_t out, int64_t in, int64_t M, DType dt) {
+void check_qgemm(QuantFormat fmt, int64_t out, int64_t in, int64_t M, DType dt, int bits = 0, int group = 0) {
     SCOPED_TRACE(std::string(quant_format_name(fmt)) + " " + std::string(dtype_name(dt)) + " " +
                  std::to_string(out) + "x" + std::to_string(in));
     CudaBackend & g = *gpu();
     CpuBackend cpu;
-    const QuantDesc q{fmt, out, in};
+    const QuantDesc q{fmt, out, in, bits, group};
     std::vector<float> W(size_t(out * in));
     std::mt19937 rng(uint32_t(out + in));
     std::normal_distribution<float> nd(0.0f, 0.02f);
@@ -109,6 +110,8 @@ TEST(CudaQuant, TiledQgemmMatchesCpu) {
         check_qgemm(QuantFormat::int8, 520, 8192, 3, dt);
         check_qgemm(QuantFormat::sparse24, 520, 8192, 3, dt);
         check_qgemm(QuantFormat::nf4, 48, 72, 5, dt);   // one tile, the whole matrix
+        check_qgemm(QuantFormat::gptq, 520, 8192, 3, dt, 4, 128);   // GPTQ 4-bit, groups of 128
+        check_qgemm(QuantFormat::gptq, 48, 64, 5, dt, 8, 32);       // 8-bit codes, 4 to a word
     }
 }
 

@@ -97,6 +97,7 @@ void gemm_dequant_backward(DnnlGemm & gemm, float * dX, const float * dY, const 
 MF_INST_DEQUANT(Int8Quant)
 MF_INST_DEQUANT(Nf4Quant)
 MF_INST_DEQUANT(Sparse24Quant)
+MF_INST_DEQUANT(GptqQuant)
 #undef MF_INST_DEQUANT
 
 }  // namespace memfit::cpu

@@ -7,6 +7,8 @@
 //           quantization (fmaf: the CPU build contracts that line to an FMA on x86 with FMA).
 //   sparse24: one thread per 8 elements (two groups of 4: one byte of positions, four bf16 values);
 //           zeros, then the two kept values of each group at their positions.
+//   gptq:   one thread per code word (32/bits inputs of one output row); scale * (code - zero)
+//           with the group of each input from g_idx (act-order's groups need not be contiguous).
 #include <cstdint>
 #include <type_traits>
 
@@ -123,6 +125,31 @@ __global__ void __launch_bounds__(256) sparse24_dequant_kernel(T * w, const uint
     for (int i = 0; i < 8; ++i) w[8 * j + i] = st<T>(f[i]);
 }
 
+// Grid ceil(rows * in / p / 256), block 256: thread t writes inputs p k .. p k + p - 1 of row
+// row0 + r of W', t = r * (in / p) + k, from qweight word [k][row0 + r] (GptqQuant's layout).
+// The layout's numbers, as plain values (GptqQuant's member functions are host code).
+struct GptqDims { int bits = 4; int64_t out = 0, in = 0; size_t zeros = 0, scales = 0, g_idx = 0; };
+
+template <class T>
+__global__ void __launch_bounds__(256) gptq_dequant_kernel(T * w, const uint8_t * packed, GptqDims q, int64_t row0,
+                                                           int64_t rows) {
+    const int p = 32 / q.bits;
+    const int64_t words = q.in / p, t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (t >= rows * words) return;
+    const int64_t r = t / words, k = t % words, o = row0 + r;
+    const uint32_t mask = (1u << q.bits) - 1;
+    const uint32_t word = reinterpret_cast<const uint32_t *>(packed)[k * q.out + o];
+    const auto * zeros = reinterpret_cast<const uint32_t *>(packed + q.zeros);
+    const auto * scales = reinterpret_cast<const __half *>(packed + q.scales);
+    const auto * g_idx = reinterpret_cast<const int32_t *>(packed + q.g_idx);
+    for (int j = 0; j < p; ++j) {
+        const int64_t i = k * p + j, g = g_idx[i];
+        const uint32_t code = (word >> (q.bits * j)) & mask;
+        const uint32_t z = ((zeros[g * (q.out / p) + o / p] >> (q.bits * int(o % p))) & mask) + 1;
+        w[r * q.in + i] = st<T>(__half2float(scales[g * q.out + o]) * float(int32_t(code) - int32_t(z)));
+    }
+}
+
 bool aligned(const void * p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 }  // namespace
@@ -131,7 +158,7 @@ void dequantize(cudaStream_t s, const QuantDesc & q, Tensor w, Tensor packed, in
     const int64_t n = q.out * q.in, m = w.numel(), rows = m / q.in;
     MF_ASSERT(q.out > 0 && q.in > 0 && m % q.in == 0 && row0 >= 0 && row0 + rows <= q.out && packed.data != nullptr);
     const int64_t k0 = row0 * q.in / 8;   // the first code word (nf4) or group pair (sparse24)
-    MF_ASSERT((q.format == QuantFormat::int8 || ((row0 * q.in) % 8 == 0 && m % 8 == 0)) &&
+    MF_ASSERT((q.format == QuantFormat::int8 || q.format == QuantFormat::gptq || ((row0 * q.in) % 8 == 0 && m % 8 == 0)) &&
               "a tile of packed 4-bit or 2:4 weights starts and ends on 8 elements");
     MF_ASSERT(!packed.valid() || packed.nbytes() >= quant_bytes(q));
     MF_ASSERT(aligned(packed.data, 4) && "packed weights must be 4-byte aligned");
@@ -139,7 +166,13 @@ void dequantize(cudaStream_t s, const QuantDesc & q, Tensor w, Tensor packed, in
     dispatch_float(w.dtype, [&](auto z) {
         using T = decltype(z);
         T * out = ptr<T>(w);
-        if (q.format == QuantFormat::sparse24) {
+        if (q.format == QuantFormat::gptq) {
+            const GptqQuant g{q.out, q.in, q.bits, q.group};
+            MF_ASSERT(g.bytes() == quant_bytes(q) && q.in % g.per_word() == 0 && q.out % g.per_word() == 0 &&
+                      q.in % q.group == 0 && "a gptq matrix's shape (check_gptq_shape)");
+            const GptqDims d{q.bits, q.out, q.in, g.qzeros_at(), g.scales_at(), g.g_idx_at()};
+            gptq_dequant_kernel<T><<<grid_for(rows * (q.in / g.per_word()), 256), 256, 0, s>>>(out, pk, d, row0, rows);
+        } else if (q.format == QuantFormat::sparse24) {
             MF_ASSERT(q.in % 4 == 0 && n % 8 == 0 && "sparse24 needs groups of 4 inputs");
             sparse24_dequant_kernel<T><<<grid_for(m / 8, 256), 256, 0, s>>>(out, pk, n, k0, m);
         } else if (q.format == QuantFormat::int8) {
