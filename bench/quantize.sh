@@ -3,19 +3,21 @@
 # GPT trained here, then its validation perplexity, weight bytes and generate's peak memory with
 # the weights stored as fp32, bf16, int8, NF4, round-to-nearest 4-bit and GPTQ 4-bit (groups of
 # GROUP; GPTQ with and without act-order), all on the same validation windows.
-#   1. MODEL (default mini: 6 layers, 256 wide, GPT-2 blocks) pre-trained STEPS steps on the
-#      bundled corpus with the bytes tokenizer, exported;
+#   1. MODEL (default micro: 4 layers, 128 wide, GPT-2 blocks) pre-trained STEPS steps (lr LR) on
+#      the bundled corpus with the bytes tokenizer, exported (a model trained this far is what
+#      quantization can hurt: an under-trained one barely notices 4 bits);
 #   2. memfit quantize --method rtn and --method gptq (NSAMPLES windows of SEQ tokens from the
 #      training split as calibration);
 #   3. memfit eval on EVAL_BATCHES x 4 windows of SEQ tokens of the validation split, and memfit
 #      generate (64 tokens, greedy) for its planned and measured peak.
-# About 10 minutes on a 2-core machine.
+# About 12 minutes on a 2-core machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MEMFIT=${MEMFIT:-build/memfit}
 OUT=${OUT:-runs/quantize-bench}
-MODEL=${MODEL:-mini}
-STEPS=${STEPS:-1500}
+MODEL=${MODEL:-micro}
+STEPS=${STEPS:-2000}
+LR=${LR:-2e-3}
 GROUP=${GROUP:-128}
 BITS=${BITS:-4}
 NSAMPLES=${NSAMPLES:-128}
@@ -24,7 +26,7 @@ EVAL_BATCHES=${EVAL_BATCHES:-8}
 rm -rf "$OUT"
 mkdir -p "$OUT"
 "$MEMFIT" prepare --tokenizer bytes --out "$OUT/data" > "$OUT/prepare.log"
-"$MEMFIT" train --model "$MODEL" --data "$OUT/data" --steps "$STEPS" --batch 16 --seq "$SEQ" --lr 1e-3 --eval-every 0 \
+"$MEMFIT" train --model "$MODEL" --data "$OUT/data" --steps "$STEPS" --batch 16 --seq "$SEQ" --lr "$LR" --eval-every 0 \
   --sample 0 --progress plain --log-every 250 --out "$OUT/pre" > "$OUT/pre.log"
 "$MEMFIT" export "$OUT/pre/checkpoints" --out "$OUT/fp32" > "$OUT/export.log"
 q="--model $OUT/fp32 --bits $BITS --group-size $GROUP --calibration $OUT/data --nsamples $NSAMPLES --seq $SEQ"

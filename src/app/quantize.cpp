@@ -63,6 +63,12 @@ std::vector<int32_t> calibration_tokens(const QuantizeRequest & r, const ModelCo
     return tok;
 }
 
+double projection_elems(const QuantLayout & q) {
+    double n = 0;
+    for (const auto & e : q.entries) n += double(e.q.out) * double(e.q.in);
+    return n;
+}
+
 void copy_tokenizer_files(const std::string & tokenizer, const std::string & out) {
     if (tokenizer.empty() || !fs::is_regular_file(tokenizer)) return;
     const fs::path dir = fs::path(tokenizer).parent_path();
@@ -149,11 +155,7 @@ std::string quantize_model(const QuantizeRequest & r, std::FILE * progress) {
                                    m.spec.options.group > 0 ? std::to_string(m.spec.options.group) : "a whole row",
                                    m.spec.options.desc_act ? ", act-order" : "", m.spec.options.sym ? "" : ", asymmetric",
                                    format_bytes(bytes), format_bytes(m.layout.bytes),
-                                   100.0 * double(m.layout.bytes) / (2.0 * double([&] {
-                                       double n = 0;
-                                       for (const auto & e : m.layout.entries) n += double(e.q.out) * double(e.q.in);
-                                       return n;
-                                   }())),
+                                   100.0 * double(m.layout.bytes) / (2.0 * projection_elems(m.layout)),
                                    seconds_since(t0));
     if (!calib.empty())
         line += fmt::format("; relative output error {:.3e} over all layers; calibration: {} windows of {} tokens, "

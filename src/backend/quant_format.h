@@ -46,7 +46,7 @@
 //           one fp32 mean): n/2 + n/64 + 4*ceil(n/64/256) + 4
 //   sparse24  n bytes of bf16 values + n/8 of positions: 9/16 = 0.5625 of bf16's 2n
 //   gptq    n*bits/8 codes + G*out*bits/8 zeros + 2*G*out scales + 4*in group indices (4-bit,
-//           groups of 128: 0.2656 of bf16's 2n for a square matrix)
+//           groups of 128: 0.2603 of bf16's 2n for a 4096 x 4096 matrix)
 #pragma once
 
 #include <algorithm>

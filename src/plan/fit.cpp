@@ -54,6 +54,9 @@ LoraOptions lora_options(const RunConfig & r, const ModelConfig & cfg, DType com
     } else if (base == BaseWeights::gptq && has_hf_weights(r.model)) {
         throw ConfigError(fmt::format("--base-weights gptq: {} is not a GPTQ folder; make one with memfit quantize "
                                       "--method gptq --model {} --calibration DATA --out DIR", r.model, r.model));
+    } else {
+        l.gptq_bits = s.gptq_bits;
+        l.gptq_group = s.gptq_group;
     }
     const bool nf4_teacher = parse_base_weights(r.distill.weights, "--teacher-weights") == BaseWeights::nf4;
     if (!s.nf4_double_quant && base != BaseWeights::nf4 && !nf4_teacher)

@@ -56,6 +56,9 @@ std::string lora_description(const LoraPlan & lp, DType compute) {
     for (const auto & t : lp.opts.targets) targets += (targets.empty() ? "" : ",") + t;
     std::string base = lp.quantized() ? base_weights_name(lp.opts.base) : std::string(dtype_name(compute));
     if (lp.opts.base == BaseWeights::nf4 && lp.opts.double_quant) base += " (double-quantized)";
+    if (lp.opts.base == BaseWeights::gptq)
+        base += lp.opts.gptq_group > 0 ? fmt::format(" ({}-bit, groups of {})", lp.opts.gptq_bits, lp.opts.gptq_group)
+                                       : fmt::format(" ({}-bit, one group per row)", lp.opts.gptq_bits);
     return fmt::format("{} rank {} (alpha {:g}{}{}), targets {}, base {}", lp.opts.dora ? "DoRA" : "LoRA", lp.opts.rank,
                        double(lp.opts.alpha), lp.opts.rslora ? ", rsLoRA scale alpha / sqrt(r)" : "",
                        lp.opts.dropout > 0 ? fmt::format(", dropout {:g}", double(lp.opts.dropout)) : std::string(),

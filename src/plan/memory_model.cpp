@@ -58,6 +58,7 @@ RunConfig candidate_run(const Candidate & c, int seq) {
     if (c.lora_plan) {   // what unsupported() reads of the adapters the plan models
         r.lora.variant = c.lora_plan->opts.dora ? "dora" : "lora";
         if (c.lora_plan->quantized()) r.lora.base_weights = base_weights_name(c.lora_plan->opts.base);
+        r.lora.gptq_bits = c.lora_plan->opts.gptq_bits, r.lora.gptq_group = c.lora_plan->opts.gptq_group;
     }
     r.distill = c.distill_plan ? c.distill_plan->config : DistillConfig{};
     return r;

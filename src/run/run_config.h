@@ -41,7 +41,7 @@ struct LoraConfig {
     int rank = 0;                       // 0: every parameter trains (states for all of them)
     float alpha = 16;
     std::string targets;                // "": the family's default (q,v | c_attn)
-    std::string base_weights = "compute";  // frozen base storage: compute | fp32 | bf16 | fp16 | int8 | nf4 (1/8 of fp32) | sparse24 (0.5625 of bf16)
+    std::string base_weights = "compute";  // frozen base storage: compute | fp32 | bf16 | fp16 | int8 | nf4 (1/8 of fp32) | sparse24 (0.5625 of bf16) | gptq
     // nf4 (the base's and the teacher's): the blocks' absmaxes quantized too (QLoRA's double
     // quantization: 0.127 instead of 0.5 bits per parameter); false keeps them fp32, the default of
     // bitsandbytes and transformers (bnb_4bit_use_double_quant=False).
@@ -50,6 +50,8 @@ struct LoraConfig {
     // lora | dora (PEFT's use_dora: a trainable magnitude per output row, model/lora.h).
     std::string variant = "lora";
     bool rslora = false;   // --use-rslora: scale alpha / sqrt(rank) (PEFT's use_rslora)
+    // base_weights gptq: bits and group size (a GPTQ folder's own replace them; else the Hub's usual).
+    int gptq_bits = 4, gptq_group = 128;
 };
 
 // Knowledge distillation (model/distill.h): a frozen teacher's softened predictions as a second

@@ -68,6 +68,7 @@ void TrainStep::check_and_lay_out(const ModelConfig & cfg, const ModelOptions & 
     as_run.lora.variant = model.lora.dora ? "dora" : "lora";
     as_run.lora.dropout = model.lora.dropout;
     if (model.lora.quantized()) as_run.lora.base_weights = base_weights_name(model.lora.base);
+    as_run.lora.gptq_bits = model.lora.gptq_bits, as_run.lora.gptq_group = model.lora.gptq_group;
     for (const auto & t : model.lora.targets) as_run.lora.targets += (as_run.lora.targets.empty() ? "" : ",") + t;
     as_run.recompute = model.recompute.segment >= 2 ? Recompute("every:" + std::to_string(model.recompute.segment))
                                                  : Recompute();

@@ -87,9 +87,12 @@ TEST(PlanLora, ExactOnOneCpuDeviceForTheEngine) {
                            Case{false, DType::f32, BaseWeights::sparse24, "c_attn", "none", false, 2, 0.0f},
                            Case{true, DType::bf16, BaseWeights::compute, "all", "selective", true, 2, 0.0f, true, true},
                            Case{false, DType::f32, BaseWeights::compute, "all", "none", false, 1, 0.0f, true, true},
-                           Case{true, DType::bf16, BaseWeights::nf4, "all", "full", true, 1, 0.0f, true, true}}) {
+                           Case{true, DType::bf16, BaseWeights::nf4, "all", "full", true, 1, 0.0f, true, true},
+                           Case{true, DType::bf16, BaseWeights::gptq, "all", "none", true, 1, 0.0f},
+                           Case{false, DType::f32, BaseWeights::gptq, "c_attn", "selective", false, 2, 0.0f}}) {
         const ModelConfig cfg = tiny(k.llama, 61, 64, 3);
         LoraOptions lora = test::lora_options(cfg, 4, k.base, k.targets);
+        lora.gptq_group = 16;   // GPTQ: 4-bit groups of 16 (128 does not divide 64 inputs)
         lora.dropout = k.dropout;
         lora.double_quant = k.double_quant;
         lora.dora = k.dora;
