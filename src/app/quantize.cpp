@@ -63,6 +63,14 @@ std::vector<int32_t> calibration_tokens(const QuantizeRequest & r, const ModelCo
     return tok;
 }
 
+// One calibration batch (windows s .. s + batch - 1) through layer hs: tokens for layer 0, the
+// residual stream the layer below produced after.
+std::vector<float> run_block(LayerHessians & hs, const std::vector<int32_t> & calib, const std::vector<float> & hidden,
+                             int s, const QuantizeRequest & r, int64_t C) {
+    const size_t at = size_t(s) * size_t(r.seq);
+    return hs.layer() == 0 ? hs.run(calib.data() + at) : hs.run(hidden.data() + at * size_t(C));
+}
+
 double projection_elems(const QuantLayout & q) {
     double n = 0;
     for (const auto & e : q.entries) n += double(e.q.out) * double(e.q.in);
@@ -107,16 +115,16 @@ std::string quantize_model(const QuantizeRequest & r, std::FILE * progress) {
     const std::unique_ptr<Backend> backend = make_backend("cpu");
     const ParamLayout all = make_param_layout(m.cfg);
     uint64_t planned = 0, measured = 0;
+    const int64_t C = m.cfg.n_embd;
+    std::vector<float> hidden(calib.size() * size_t(C));   // the residual stream between layers
     double err_sum = 0, ref_sum = 0;
     for (int l = 0; l < m.cfg.n_layer; ++l) {
         const auto tl = std::chrono::steady_clock::now();
         std::unique_ptr<LayerHessians> hs;
-        if (!calib.empty()) {
+        if (!calib.empty()) {   // the Hessians from the layer's own weights (its outputs are not kept)
             hs = std::make_unique<LayerHessians>(m.cfg, *backend, l, req.batch, req.seq);
             hs->set_weights(m.params.data());
-            for (int s = 0; s < samples; s += req.batch) hs->run(calib.data() + size_t(s) * size_t(req.seq));
-            planned = std::max(planned, hs->planned_peak_live().total());
-            measured = std::max(measured, hs->ledger().live_peak().total());
+            for (int s = 0; s < samples; s += req.batch) run_block(*hs, calib, hidden, s, req, C);
         }
         double err = 0, ref = 0;
         for (const QuantEntry & e : m.layout.entries) {
@@ -137,12 +145,21 @@ std::string quantize_model(const QuantizeRequest & r, std::FILE * progress) {
             }
             scatter_quant_entry(m.cfg, all, e, Wq.data(), m.params.data());
         }
+        if (hs) {   // the quantized layer's outputs: the next layer's calibration inputs
+            hs->set_weights(m.params.data());
+            for (int s = 0; s < samples; s += req.batch) {
+                const std::vector<float> out = run_block(*hs, calib, hidden, s, req, C);
+                std::copy(out.begin(), out.end(), hidden.begin() + ptrdiff_t(size_t(s) * size_t(req.seq) * size_t(C)));
+            }
+            planned = std::max(planned, hs->planned_peak_live().total());
+            measured = std::max(measured, hs->ledger().live_peak().total());
+        }
         err_sum += err, ref_sum += ref;
         if (progress)
             std::fprintf(progress, "quantize: layer %d/%d (%s, %d-bit): %s%.1f s\n", l + 1, m.cfg.n_layer,
                          m.spec.method.c_str(), m.spec.options.bits,
                          hs ? fmt::format("relative output error {:.3e} on {} calibration tokens; ", err / std::max(ref, 1e-300),
-                                          hs->rows()).c_str() : "",
+                                          int64_t(samples) * req.seq).c_str() : "",
                          seconds_since(tl));
     }
     const nlohmann::json ids = tokenizer_token_ids(src.tokenizer.empty() ? (m.cfg.vocab_size == 50257 ? "gpt2" : "")

@@ -14,7 +14,7 @@ struct LayerHessians::Impl {
     Program program;
     std::unique_ptr<Transformer> model;
     ModelWeights w;
-    BufferId params = -1, tokens = -1, workspace = -1;
+    BufferId params = -1, input = -1, output = -1, workspace = -1;
     std::array<BufferId, 4> hess{-1, -1, -1, -1};
     std::array<int64_t, 4> in{0, 0, 0, 0};
     int layer = 0, B = 0, T = 0;
@@ -22,9 +22,16 @@ struct LayerHessians::Impl {
     std::unique_ptr<StepMemory> memory;
     size_t total = 0;
 
+    int64_t C = 0;
+
+    // Layer 0 embeds the tokens in `input`; a later one copies `input` into the stage's input.
+    // The block's output is copied out to `output`.
     void record(Graph & g) const {
         g.set_workspace(workspace);
-        model->forward(g, w, Tensor(tokens, DType::i32, {int64_t(B), int64_t(T)}));
+        const Tensor tokens(input, DType::i32, {int64_t(B), int64_t(T)});
+        if (layer > 0) g.copy(model->input(), Tensor(input, DType::f32, {int64_t(B) * T, C}));
+        model->forward(g, w, tokens);
+        g.copy(Tensor(output, DType::f32, {int64_t(B) * T, C}), model->output());
     }
 };
 
@@ -38,7 +45,10 @@ LayerHessians::LayerHessians(const ModelConfig & cfg, Backend & backend, int lay
     const ParamLayout layout = make_param_layout(cfg);
     m.total = layout.total;
     m.params = m.program.declare("parameters", Category::parameters, layout.total * 4, true);
-    m.tokens = m.program.declare("calibration.tokens", Category::activations, size_t(batch) * size_t(seq) * 4, true);
+    m.C = cfg.n_embd;
+    const size_t rows = size_t(batch) * size_t(seq);
+    m.input = m.program.declare("calibration.input", Category::activations, rows * (layer > 0 ? size_t(m.C) : 1) * 4, true);
+    m.output = m.program.declare("calibration.output", Category::activations, rows * size_t(m.C) * 4, true);
     m.workspace = m.program.declare("workspace", Category::workspace, 0);
     const QuantLayout shapes = make_quant_layout(cfg, QuantFormat::int8);   // the projections' [out, in]
     for (int p = 0; p < 4; ++p) {
@@ -48,7 +58,8 @@ LayerHessians::LayerHessians(const ModelConfig & cfg, Backend & backend, int lay
     }
     ModelOptions mo;
     mo.compute = mo.grad = DType::f32;
-    mo.layer_end = layer + 1;   // a first "stage": the embedding and blocks 0 .. layer
+    mo.layer_begin = layer;   // one block, as a pipeline stage runs it (layer 0 with the embedding)
+    mo.layer_end = layer + 1;
     m.model = std::make_unique<Transformer>(cfg, batch, seq, m.program, mo);
     m.w = quantized_model_weights(cfg, QuantLayout{}, m.params, DType::f32, -1);
     m.model->set_projection_tap([&m](Graph & g, int l, Proj proj, Tensor inp) {
@@ -76,13 +87,26 @@ void LayerHessians::set_weights(const float * params) {
     backend_.upload(impl_->memory->base(impl_->params), params, impl_->total * 4);
 }
 
-void LayerHessians::run(const int32_t * tokens) {
+std::vector<float> LayerHessians::run(const int32_t * tokens) {
+    MF_ASSERT(impl_->layer == 0 && "layer 0 runs on tokens, later layers on the residual stream");
+    return execute(tokens, size_t(impl_->B) * size_t(impl_->T) * 4);
+}
+
+std::vector<float> LayerHessians::run(const float * hidden) {
+    MF_ASSERT(impl_->layer > 0 && "layer 0 runs on tokens, later layers on the residual stream");
+    return execute(hidden, size_t(impl_->B) * size_t(impl_->T) * size_t(impl_->C) * 4);
+}
+
+std::vector<float> LayerHessians::execute(const void * input, size_t bytes) {
     Impl & m = *impl_;
-    backend_.upload(m.memory->base(m.tokens), tokens, size_t(m.B) * size_t(m.T) * 4);
+    backend_.upload(m.memory->base(m.input), input, bytes);
     Graph g(m.program, *m.memory, backend_);
     m.record(g);
     MF_ASSERT(g.ops_issued() == m.program.num_ops());
     rows_ += int64_t(m.B) * m.T;
+    std::vector<float> out(size_t(m.B) * size_t(m.T) * size_t(m.C));
+    backend_.download(out.data(), m.memory->base(m.output), out.size() * 4);
+    return out;
 }
 
 std::vector<double> LayerHessians::hessian(int proj) const {
@@ -92,6 +116,8 @@ std::vector<double> LayerHessians::hessian(int proj) const {
     backend_.download(h.data(), m.memory->base(m.hess[size_t(proj)]), h.size() * 4);
     return {h.begin(), h.end()};
 }
+
+int LayerHessians::layer() const { return impl_->layer; }
 
 CategoryBytes LayerHessians::planned_peak_live() const { return impl_->plan.peak_live; }
 

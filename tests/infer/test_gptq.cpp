@@ -160,14 +160,21 @@ TEST(Gptq, CalibrationHessianIsXtX) {
     const int B = 2, T = 6;
     std::vector<int32_t> tok(size_t(B * T));
     for (size_t i = 0; i < tok.size(); ++i) tok[i] = int32_t((i * 13 + 2) % 61);
+    LayerHessians h0(cfg, backend, 0, B, T);   // layer 0 from tokens: layer 1's input
+    h0.set_weights(params.data());
+    const std::vector<float> hidden = h0.run(tok.data());
+    ASSERT_EQ(hidden.size(), size_t(B * T * 32));
+    EXPECT_EQ(h0.ledger().live_peak().total(), h0.planned_peak_live().total());
     LayerHessians h(cfg, backend, 1, B, T);
     h.set_weights(params.data());
-    h.run(tok.data());
-    h.run(tok.data());
+    const std::vector<float> out = h.run(hidden.data());
+    EXPECT_EQ(h.run(hidden.data()), out);   // the same input, the same output
     EXPECT_EQ(h.rows(), 2 * B * T);
     EXPECT_EQ(h.ledger().live_peak().total(), h.planned_peak_live().total());
     // Layer 1's qkv input is its first norm of layer 0's output: X^T X is symmetric and positive
-    // on the diagonal, doubled by the second run; the MLP's down input has the ffn's width.
+    // on the diagonal, doubled by the second run; the MLP's down input has the ffn's width. The
+    // residual stream moves on: layer 1's output differs from its input.
+    EXPECT_NE(out, hidden);
     const std::vector<double> qkv = h.hessian(int(Proj::qkv)), down = h.hessian(int(Proj::down));
     ASSERT_EQ(qkv.size(), size_t(32 * 32));
     ASSERT_EQ(down.size(), size_t(40 * 40));
@@ -178,7 +185,7 @@ TEST(Gptq, CalibrationHessianIsXtX) {
     // Against one run's Hessian, computed by the same program: exactly twice.
     LayerHessians once(cfg, backend, 1, B, T);
     once.set_weights(params.data());
-    once.run(tok.data());
+    once.run(hidden.data());
     const std::vector<double> one = once.hessian(int(Proj::down));
     for (size_t k = 0; k < one.size(); ++k) EXPECT_NEAR(down[k], 2 * one[k], 1e-5 * (1 + std::fabs(one[k])));
 }
