@@ -5,6 +5,7 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -158,14 +159,28 @@ GptqModel read_gptq_folder(const std::string & dir) {
     check_writable(m.cfg);
     m.layout = gptq_layout(m.cfg, m.spec);
     const ParamLayout all = make_param_layout(m.cfg), dense = dense_layout(m.cfg, m.layout);
+    // AutoGPTQ gave every quantized module a bias, zeros where the model has none (its issue
+    // #555: the Hub's Llama GPTQ folders hold them): read as nothing, when they are zeros.
+    std::set<std::string> no_bias;
+    for (const QuantEntry & e : m.layout.entries)
+        for (const Module & mod : modules_of(m.cfg, all, e))
+            if (!dense.try_find(mod.stem + ".bias")) no_bias.insert(mod.stem + ".bias");
+    auto elsewhere = [&](const std::string & n) { return packed_tensor(n) || no_bias.count(n) != 0; };
     std::vector<float> dp(dense.total);
-    load_hf_weights(dir, m.cfg, dense, dp.data(), packed_tensor);
+    load_hf_weights(dir, m.cfg, dense, dp.data(), elsewhere);
     std::vector<std::unique_ptr<SafetensorsFile>> files;
     std::map<std::string, std::pair<const SafetensorsFile *, std::string>> found;
     for (const auto & path : hf_weight_files(dir)) {
         files.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(path)));
-        for (const auto & n : files.back()->names())
-            if (packed_tensor(n)) found[checkpoint_tensor_name(n)] = {files.back().get(), n};
+        for (const auto & n : files.back()->names()) {
+            const std::string ours = checkpoint_tensor_name(n);
+            if (packed_tensor(ours)) found[ours] = {files.back().get(), n};
+            if (!no_bias.count(ours)) continue;
+            for (const float v : files.back()->read_f32(n))
+                if (v != 0.0f)
+                    throw FormatError(fmt::format("{}: tensor '{}' is a bias with nonzero values, and {} has no bias "
+                                                  "there", path, n, m.cfg.describe()));
+        }
     }
     m.packed.assign(m.layout.bytes, 0);
     for (const QuantEntry & e : m.layout.entries) {

@@ -26,9 +26,27 @@ namespace memfit {
 
 namespace {
 
+// The folder's single weight file: model.safetensors, or the one a GPTQ folder's
+// quantization_config names by model_file_base_name (AutoGPTQ's "gptq_model-4bit-128g" in older
+// Hub folders); "" when there is none.
+fs::path single_file(const fs::path & dir) {
+    if (fs::exists(dir / "model.safetensors")) return dir / "model.safetensors";
+    std::error_code ec;
+    if (!fs::is_regular_file(dir / "config.json", ec)) return {};
+    try {
+        const nlohmann::json j = read_json_file((dir / "config.json").string());
+        const nlohmann::json q = j.is_object() ? j.value("quantization_config", nlohmann::json()) : nlohmann::json();
+        const std::string base = q.is_object() ? q.value("model_file_base_name", std::string()) : std::string();
+        if (!base.empty() && base.find('/') == std::string::npos && fs::exists(dir / (base + ".safetensors")))
+            return dir / (base + ".safetensors");
+    } catch (const std::exception &) {   // an unreadable config.json is reported by its reader
+    }
+    return {};
+}
+
 // The safetensors files of a folder: the single file, or the shards the index names.
 std::vector<std::string> weight_files(const fs::path & dir) {
-    if (fs::exists(dir / "model.safetensors")) return {(dir / "model.safetensors").string()};
+    if (const fs::path one = single_file(dir); !one.empty()) return {one.string()};
     const fs::path index = dir / "model.safetensors.index.json";
     if (!fs::exists(index))
         throw IoError(fmt::format("{}: no model.safetensors or model.safetensors.index.json", dir.string()));
@@ -194,7 +212,7 @@ std::vector<std::string> hf_weight_files(const std::string & dir) { return weigh
 
 bool has_hf_weights(const std::string & dir) {
     return fs::is_directory(dir) &&
-           (fs::exists(fs::path(dir) / "model.safetensors") || fs::exists(fs::path(dir) / "model.safetensors.index.json"));
+           (!single_file(dir).empty() || fs::exists(fs::path(dir) / "model.safetensors.index.json"));
 }
 
 void load_hf_weights(const std::string & dir, const ModelConfig & cfg, const ParamLayout & model_layout, float * params,

@@ -236,6 +236,12 @@ TEST(Gptq, FolderRoundTripsBitExactlyAndDecodes) {
     const float * b = plain.prefill(prompt);
     for (int v = 0; v < cfg.vocab_size; ++v) EXPECT_NEAR(la[size_t(v)], b[v], 1e-4f);
     EXPECT_LT(packed.weight_bytes(), plain.weight_bytes());
+    // Older Hub folders name their file by quantization_config's model_file_base_name.
+    nlohmann::json config = nlohmann::json::parse(std::ifstream(dir / "config.json"));
+    config["quantization_config"]["model_file_base_name"] = "gptq_model-4bit-8g";
+    std::ofstream(dir / "config.json") << config.dump();
+    fs::rename(dir / "model.safetensors", dir / "gptq_model-4bit-8g.safetensors");
+    EXPECT_EQ(read_gptq_folder(dir.string()).packed, m.packed);
     fs::remove_all(dir.parent_path());
 }
 
@@ -270,6 +276,35 @@ TEST(Gptq, RefusesShapesAndFoldersItCannotHold) {
     } catch (const FormatError & e) {
         EXPECT_NE(std::string(e.what()).find("qzeros"), std::string::npos) << e.what();
     }
+    // The Hub's AutoGPTQ folders give every quantized module a bias, zeros where LLaMA has none:
+    // read as nothing; a nonzero one is refused.
+    config["quantization_config"]["group_size"] = 8;
+    std::ofstream(dir / "config.json") << config.dump();
+    auto with_bias = [&](float v) {
+        const std::string path = (dir / "model.safetensors").string();
+        std::vector<uint8_t> bytes;
+        std::vector<TensorToWrite> t;
+        {
+            const SafetensorsFile f = SafetensorsFile::open(path);
+            for (const auto & n : f.names()) {
+                if (n == "model.layers.1.mlp.down_proj.bias") continue;   // the previous call's
+                const auto & info = f.info(n);
+                t.push_back(TensorToWrite{n, info.dtype, info.shape, nullptr, info.nbytes});
+                bytes.insert(bytes.end(), info.data, info.data + info.nbytes);
+            }
+        }
+        size_t at = 0;
+        for (auto & x : t) x.data = bytes.data() + at, at += x.nbytes;
+        static std::vector<uint16_t> bias;
+        bias.assign(32, f32_to_f16(0.0f));
+        bias[3] = f32_to_f16(v);
+        t.push_back(TensorToWrite{"model.layers.1.mlp.down_proj.bias", "F16", {32}, bias.data(), 64});
+        write_safetensors(path, t);
+    };
+    with_bias(0.0f);
+    EXPECT_EQ(read_gptq_folder(dir.string()).packed, m.packed);
+    with_bias(0.5f);
+    EXPECT_THROW(read_gptq_folder(dir.string()), FormatError);
     config["quantization_config"]["checkpoint_format"] = "gptq_v2";
     std::ofstream(dir / "config.json") << config.dump();
     EXPECT_THROW(read_gptq_folder(dir.string()), ConfigError);
