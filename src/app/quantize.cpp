@@ -71,6 +71,35 @@ std::vector<float> run_block(LayerHessians & hs, const std::vector<int32_t> & ca
     return hs.layer() == 0 ? hs.run(calib.data() + at) : hs.run(hidden.data() + at * size_t(C));
 }
 
+// Negative log-likelihood over scored targets, and how many windows were run.
+struct Scored {
+    double nll = 0;
+    uint64_t tokens = 0, windows = 0;
+};
+
+// Tokens [b, e) of f through the decoder one at a time; each target t (b < t < e) adds
+// -log softmax(logits)[token t] unless f is documents and t is not a trained target.
+void score_window(Decoder & d, const TokenFile & f, uint64_t b, uint64_t e, int vocab, Scored & sc) {
+    std::vector<int32_t> w(size_t(e - b));
+    for (size_t i = 0; i < w.size(); ++i) {
+        w[i] = f.token(b + i);
+        if (w[i] < 0 || w[i] >= vocab)
+            throw FormatError(fmt::format("{}: token {} is outside the model's vocabulary of {}", f.path(), w[i], vocab));
+    }
+    const float * logits = d.prefill({w[0]});
+    for (size_t i = 0; i + 1 < w.size(); ++i) {
+        if (i > 0) logits = d.step(w[i]);
+        if (f.documents() && !f.trained(b + i + 1)) continue;
+        double mx = logits[0];
+        for (int v = 1; v < vocab; ++v) mx = std::max(mx, double(logits[v]));
+        double s = 0;
+        for (int v = 0; v < vocab; ++v) s += std::exp(double(logits[v]) - mx);
+        sc.nll += mx + std::log(s) - double(logits[w[i + 1]]);
+        ++sc.tokens;
+    }
+    ++sc.windows;
+}
+
 double projection_elems(const QuantLayout & q) {
     double n = 0;
     for (const auto & e : q.entries) n += double(e.q.out) * double(e.q.in);
@@ -192,7 +221,7 @@ nlohmann::json evaluate_model(const EvalRequest & r) {
     const TokenFile f(data.val_path.empty() ? data.train_path : data.val_path);
     const uint64_t windows = f.size() > 0 ? (f.size() - 1) / uint64_t(seq) : 0;
     const uint64_t want = uint64_t(r.batch) * uint64_t(r.batches);
-    if (windows == 0)
+    if (!f.documents() && windows == 0)
         throw ConfigError(fmt::format("{}: {} tokens, not one window of {}; pass a smaller --seq", f.path(), f.size(),
                                       seq + 1));
     const std::unique_ptr<Backend> backend = make_backend("cpu");
@@ -215,27 +244,20 @@ nlohmann::json evaluate_model(const EvalRequest & r) {
         d = std::make_unique<Decoder>(cfg, *backend, seq, dt, q);
         d->set_weights(src.params.data());
     }
-    double nll = 0;
-    uint64_t tokens = 0;
-    std::vector<int32_t> w(size_t(seq) + 1);
-    for (uint64_t k = 0; k < std::min(want, windows); ++k) {
-        for (int i = 0; i <= seq; ++i) {
-            w[size_t(i)] = f.token(k * uint64_t(seq) + uint64_t(i));
-            if (w[size_t(i)] < 0 || w[size_t(i)] >= cfg.vocab_size)
-                throw FormatError(fmt::format("{}: token {} is outside the model's vocabulary of {}", f.path(),
-                                              w[size_t(i)], cfg.vocab_size));
-        }
-        const float * logits = d->prefill({w[0]});
-        for (int i = 0; i < seq; ++i) {
-            if (i > 0) logits = d->step(w[size_t(i)]);
-            double mx = logits[0];
-            for (int v = 1; v < cfg.vocab_size; ++v) mx = std::max(mx, double(logits[v]));
-            double s = 0;
-            for (int v = 0; v < cfg.vocab_size; ++v) s += std::exp(double(logits[v]) - mx);
-            nll += mx + std::log(s) - double(logits[w[size_t(i) + 1]]);
-            ++tokens;
-        }
+    // Text: consecutive windows of seq + 1 tokens. Documents (prepared conversations or
+    // preference data): each document's first seq + 1 tokens, its trained targets scored (the
+    // loss training computes).
+    Scored sc;
+    const uint64_t units = f.documents() ? f.num_docs() : windows;
+    for (uint64_t k = 0; k < units && sc.windows < want; ++k) {
+        const uint64_t b = f.documents() ? f.doc_begin(k) : k * uint64_t(seq);
+        const uint64_t e = f.documents() ? std::min(f.doc_end(k), b + uint64_t(seq) + 1) : b + uint64_t(seq) + 1;
+        if (e - b >= 2) score_window(*d, f, b, e, cfg.vocab_size, sc);
     }
+    if (sc.tokens == 0)
+        throw ConfigError(fmt::format("{}: no trained target in the windows scored", f.path()));
+    const double nll = sc.nll;
+    const uint64_t tokens = sc.tokens;
     const double loss = nll / double(tokens);
     return {{"val_loss", loss}, {"perplexity", std::exp(loss)}, {"tokens", tokens},
             {"weights_bytes", d->weight_bytes()}, {"peak_bytes", d->ledger().live_peak().total()},

@@ -33,10 +33,13 @@ struct EvalRequest {
     std::string model, data, tokenizer, weights = "fp32";
     int         seq = 0, batch = 4, batches = 8;   // seq 0: min(256, the trained context)
 };
-// {"val_loss", "perplexity", "tokens", "weights_bytes", "peak_bytes"} of `batches` x `batch`
-// consecutive windows of `seq` + 1 tokens from the data folder's val.bin (train.bin if none), each
-// window's targets scored through the decoder one token at a time (the KV cache's path, with the
-// weights as generate stores them: a GPTQ folder's packed projections as they are).
+// {"val_loss", "perplexity", "tokens", "weights_bytes", "peak_bytes", "planned_peak_bytes"} of
+// `batches` x `batch` windows from the data folder's val.bin (train.bin if none): consecutive
+// windows of `seq` + 1 tokens of a text file, or the first `seq` + 1 tokens of each document of a
+// documents file (prepared conversations, preference data) with only its trained targets scored,
+// as training's loss. The targets are scored through the decoder one token at a time (the KV
+// cache's path, with the weights as generate stores them: a GPTQ folder's packed projections as
+// they are).
 nlohmann::json evaluate_model(const EvalRequest & r);
 
 }  // namespace memfit

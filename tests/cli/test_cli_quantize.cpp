@@ -89,6 +89,28 @@ TEST(Cli, QuantizeGptqAndRtnThenEvalGenerateAndLora) {
                                     "--max-new-tokens 4 --temperature 0");
     EXPECT_EQ(lg.code, 0) << lg.err;
 
+    // A documents file (conversations): only the trained targets are scored, as training's loss.
+    const fs::path chat = scratch("quant_chat.jsonl"), chat_data = scratch("quant_chat");
+    {
+        std::ofstream out(chat);
+        for (int i = 0; i < 40; ++i)
+            out << R"({"messages": [{"role": "user", "content": "Say something, number )" << i
+                << R"(."}, {"role": "assistant", "content": "Something, as asked."}]})" << "\n";
+    }
+    const std::string tok = std::string(MEMFIT_TEST_DATA) + "/hf-tokenizers/tiny-chat/tokenizer.json";
+    ASSERT_EQ(run_memfit("prepare --format jsonl --input " + chat.string() + " --tokenizer " + tok + " --out " +
+                         chat_data.string()).code, 0);
+    const fs::path chat_run = scratch("quant_chat_run");
+    ASSERT_EQ(run_memfit("train --data " + chat_data.string() + " --model llama-nano --batch 2 --seq 64 --steps 1 "
+                         "--eval-every 0 --sample 0 --quiet --checkpoint-every 1 --out " + chat_run.string()).code, 0);
+    const CmdResult ce = run_memfit("eval --model " + (chat_run / "checkpoints").string() + " --data " +
+                                    chat_data.string() + " --seq 64 --batch 1 --batches 2");
+    ASSERT_EQ(ce.code, 0) << ce.err;
+    const auto trained = nlohmann::json::parse(ce.out)["tokens"].get<int>();
+    // Two documents' replies, "Something, as asked." (20 bytes, a byte-level vocabulary) and their
+    // end-of-turn token: not the prompts, the template or the padding.
+    EXPECT_EQ(trained, 2 * (20 + 1)) << ce.out;
+
     // Mistakes: one line each.
     expect_clean_failure(run_memfit("quantize --model " + hf.string() + " --out " + scratch("x").string()),
                          "--calibration");
