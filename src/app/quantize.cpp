@@ -100,6 +100,28 @@ void score_window(Decoder & d, const TokenFile & f, uint64_t b, uint64_t e, int 
     ++sc.windows;
 }
 
+// Entry e of m quantized in place (m.packed, and m.params dequantized), by GPTQ on hs's Hessian of
+// its inputs or by round-to-nearest; with hs, its weighted errors ||(W - W')X||^2 and ||WX||^2 are
+// added to err and ref.
+void quantize_entry(GptqModel & m, const ParamLayout & all, const QuantEntry & e, bool gptq, const LayerHessians * hs,
+                    double & err, double & ref) {
+    const std::vector<float> W = gather_quant_entry(m.cfg, all, e, m.params.data());
+    const std::vector<double> H = hs ? hs->hessian(int(e.proj)) : std::vector<double>{};
+    const GptqCodes c = gptq ? gptq_quantize(W.data(), e.q.out, e.q.in, H, m.spec.options)
+                             : rtn_quantize(W.data(), e.q.out, e.q.in, m.spec.options);
+    const std::vector<uint8_t> bytes = pack_gptq(c);
+    MF_ASSERT(bytes.size() == quant_bytes(e.q));
+    std::copy(bytes.begin(), bytes.end(), m.packed.begin() + ptrdiff_t(e.offset));
+    const std::vector<float> Wq = c.dequantize();
+    if (hs) {
+        std::vector<float> D(W.size());
+        for (size_t i = 0; i < D.size(); ++i) D[i] = W[i] - Wq[i];
+        err += weighted_square(D, e.q.out, e.q.in, H);
+        ref += weighted_square(W, e.q.out, e.q.in, H);
+    }
+    scatter_quant_entry(m.cfg, all, e, Wq.data(), m.params.data());
+}
+
 double projection_elems(const QuantLayout & q) {
     double n = 0;
     for (const auto & e : q.entries) n += double(e.q.out) * double(e.q.in);
@@ -132,7 +154,7 @@ std::string quantize_model(const QuantizeRequest & r, std::FILE * progress) {
     GptqModel m;
     m.cfg = src.cfg;
     m.spec = r.spec;
-    if (!gptq) m.spec.options.desc_act = false;
+    if (!gptq) m.spec.options.desc_act = m.spec.options.true_sequential = false;   // no order to keep
     m.layout = gptq_layout(m.cfg, m.spec);   // the shapes checked before any work
     m.packed.assign(m.layout.bytes, 0);
     m.params = std::move(src.params);
@@ -150,29 +172,18 @@ std::string quantize_model(const QuantizeRequest & r, std::FILE * progress) {
     for (int l = 0; l < m.cfg.n_layer; ++l) {
         const auto tl = std::chrono::steady_clock::now();
         std::unique_ptr<LayerHessians> hs;
-        if (!calib.empty()) {   // the Hessians from the layer's own weights (its outputs are not kept)
-            hs = std::make_unique<LayerHessians>(m.cfg, *backend, l, req.batch, req.seq);
+        if (!calib.empty()) hs = std::make_unique<LayerHessians>(m.cfg, *backend, l, req.batch, req.seq);
+        auto calibrate = [&] {   // the Hessians on the layer's current weights (its outputs not kept)
+            hs->reset();
             hs->set_weights(m.params.data());
             for (int s = 0; s < samples; s += req.batch) run_block(*hs, calib, hidden, s, req, C);
-        }
+        };
         double err = 0, ref = 0;
+        if (hs && !m.spec.options.true_sequential) calibrate();
         for (const QuantEntry & e : m.layout.entries) {
             if (e.layer != l) continue;
-            const std::vector<float> W = gather_quant_entry(m.cfg, all, e, m.params.data());
-            std::vector<double> H = hs ? hs->hessian(int(e.proj)) : std::vector<double>{};
-            const GptqCodes c = gptq ? gptq_quantize(W.data(), e.q.out, e.q.in, H, m.spec.options)
-                                     : rtn_quantize(W.data(), e.q.out, e.q.in, m.spec.options);
-            const std::vector<uint8_t> bytes = pack_gptq(c);
-            MF_ASSERT(bytes.size() == quant_bytes(e.q));
-            std::copy(bytes.begin(), bytes.end(), m.packed.begin() + ptrdiff_t(e.offset));
-            std::vector<float> Wq = c.dequantize();
-            if (hs) {
-                std::vector<float> D(W.size());
-                for (size_t i = 0; i < D.size(); ++i) D[i] = W[i] - Wq[i];
-                err += weighted_square(D, e.q.out, e.q.in, H);
-                ref += weighted_square(W, e.q.out, e.q.in, H);
-            }
-            scatter_quant_entry(m.cfg, all, e, Wq.data(), m.params.data());
+            if (hs && m.spec.options.true_sequential) calibrate();   // after the projections before it
+            quantize_entry(m, all, e, gptq, hs.get(), err, ref);
         }
         if (hs) {   // the quantized layer's outputs: the next layer's calibration inputs
             hs->set_weights(m.params.data());
@@ -199,7 +210,9 @@ std::string quantize_model(const QuantizeRequest & r, std::FILE * progress) {
                                    "({:.1f}% of bf16) in {:.1f} s",
                                    r.out, m.spec.method, m.spec.options.bits,
                                    m.spec.options.group > 0 ? std::to_string(m.spec.options.group) : "a whole row",
-                                   m.spec.options.desc_act ? ", act-order" : "", m.spec.options.sym ? "" : ", asymmetric",
+                                   std::string(m.spec.options.desc_act ? ", act-order" : "") +
+                                       (m.spec.options.true_sequential ? ", true-sequential" : ""),
+                                   m.spec.options.sym ? "" : ", asymmetric",
                                    format_bytes(bytes), format_bytes(m.layout.bytes),
                                    100.0 * double(m.layout.bytes) / (2.0 * projection_elems(m.layout)),
                                    seconds_since(t0));

@@ -3,7 +3,8 @@
 //
 // quantize: the model (any folder or checkpoint generate reads) is quantized block by block in
 // forward order. GPTQ (infer/gptq.h) calibrates layer l on the inputs of the model whose blocks
-// below l already hold their quantized weights (infer/calibration.h): `samples` windows of `seq`
+// below l already hold their quantized weights (infer/calibration.h), and under true-sequential
+// each projection of the block on the inputs its quantized predecessors produce: `samples` windows of `seq`
 // tokens from the calibration data's train.bin, drawn by the seed, `batch` windows per program
 // run. RTN rounds each group to nearest (no calibration). Either way the result is a GPTQ folder
 // (infer/gptq_folder.h) with the source folder's tokenizer files; each layer prints one progress

@@ -29,6 +29,10 @@ void add_quant_commands(CLI::App & app) {
         ->capture_default_str();
     c->add_flag("--desc-act", q.spec.options.desc_act,
                 "act-order: quantize inputs in order of decreasing Hessian diagonal (gptq only)");
+    c->add_option("--true-sequential", q.spec.options.true_sequential,
+                  "gptq: a block's projections in forward order, each calibrated on what the ones before it, "
+                  "quantized, produce (AutoGPTQ's default); false: all four on the block's unquantized inputs")
+        ->default_str("true");
     c->add_flag("--asym", asym, "asymmetric groups (a zero point per group); default symmetric, AutoGPTQ's sym=True");
     c->add_option("--damp-percent", q.spec.options.damp, "dampening added to the Hessian's diagonal, as a fraction "
                   "of its mean")->capture_default_str()->check(finite_range(0, 1));

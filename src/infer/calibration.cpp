@@ -73,12 +73,7 @@ LayerHessians::LayerHessians(const ModelConfig & cfg, Backend & backend, int lay
     m.program.finalize();
     m.plan = plan_memory(m.program);
     m.memory = std::make_unique<StepMemory>(m.program, m.plan, ledger_, backend.allocator());
-    for (const BufferId h : m.hess) {
-        Tensor t(h, DType::f32, {int64_t(m.program.buffer(h).bytes / 4)});
-        t.data = m.memory->base(h);
-        std::vector<float> zero(size_t(t.numel()), 0.0f);
-        backend.upload(t.data, zero.data(), zero.size() * 4);
-    }
+    reset();
 }
 
 LayerHessians::~LayerHessians() = default;
@@ -115,6 +110,14 @@ std::vector<double> LayerHessians::hessian(int proj) const {
     std::vector<float> h(n * n);
     backend_.download(h.data(), m.memory->base(m.hess[size_t(proj)]), h.size() * 4);
     return {h.begin(), h.end()};
+}
+
+void LayerHessians::reset() {
+    const Impl & m = *impl_;
+    for (const BufferId h : m.hess) {
+        const std::vector<float> zero(m.program.buffer(h).bytes / 4, 0.0f);
+        backend_.upload(m.memory->base(h), zero.data(), zero.size() * 4);
+    }
 }
 
 int LayerHessians::layer() const { return impl_->layer; }

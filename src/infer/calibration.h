@@ -6,9 +6,10 @@
 // same out), the way a pipeline stage runs from what it receives (ModelOptions::layer_begin/end).
 // A tap on the block's projections (Transformer::set_projection_tap) adds each input's X^T X into
 // a persistent buffer "gptq.hessian.<proj>" (category workspace) through the weight-gradient gemm.
-// The quantizer runs each layer twice: with its own weights for the Hessians, then quantized for
-// the outputs the next layer calibrates on, so that every layer sees the inputs the quantized
-// model below it produces, as the paper does, in 2 L block passes. The memory is that layer's
+// The quantizer (app/quantize.h) runs each layer for the Hessians (once, or before each projection
+// under true-sequential, reset() between), then quantized for the outputs the next layer
+// calibrates on, so that every layer sees the inputs the quantized model below it produces, as
+// the paper does: 2 L block passes, 5 L true-sequential. The memory is that layer's
 // Hessians, the weights and one batch's forward activations, planned and checked as a step's.
 #pragma once
 
@@ -38,6 +39,8 @@ public:
     // X^T X of the projection's inputs [in, in] in double, summed over every run, and the rows
     // (tokens) that made it.
     std::vector<double> hessian(int proj) const;
+    // Zeroes the Hessians (a true-sequential pass starts its projection's afresh).
+    void reset();
     int64_t rows() const { return rows_; }
     int layer() const;
     // The program's planned peak and the ledger's measured one.

@@ -76,7 +76,7 @@ nlohmann::json gptq_config_json(const GptqSpec & s) {
             {"group_size", o.group > 0 ? o.group : -1},
             {"desc_act", o.desc_act},   {"sym", o.sym},
             {"damp_percent", o.damp},   {"static_groups", false},
-            {"true_sequential", false}, {"checkpoint_format", "gptq"},
+            {"true_sequential", o.true_sequential}, {"checkpoint_format", "gptq"},
             {"meta", {{"quantizer", {"memfit"}}, {"method", s.method}}}};
 }
 
@@ -97,6 +97,7 @@ std::optional<GptqSpec> read_gptq_spec(const std::string & dir) {
         s.options.desc_act = q.value("desc_act", false);
         s.options.sym = q.value("sym", true);
         s.options.damp = q.value("damp_percent", 0.01);
+        s.options.true_sequential = q.value("true_sequential", true);
         if (q.contains("meta") && q["meta"].is_object()) s.method = q["meta"].value("method", "gptq");
     } catch (const nlohmann::json::exception & e) {
         throw FormatError(fmt::format("{}: quantization_config: {}", path, e.what()));

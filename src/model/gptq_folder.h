@@ -32,6 +32,10 @@ struct GptqOptions {
     bool   desc_act = false;   // act-order
     double damp = 0.01;        // times the mean of H's diagonal
     int    block = 128;        // lazy-batch columns (see above)
+    // The projections of one block quantized in forward order (q|k|v, o, gate|up, down), each
+    // calibrated on inputs that the ones before it already quantized produce (AutoGPTQ's
+    // true_sequential, its default); false: all four from the block's unquantized inputs.
+    bool   true_sequential = true;
 };
 
 // What the folder's quantization_config records.

@@ -43,7 +43,8 @@ TEST(Cli, QuantizeGptqAndRtnThenEvalGenerateAndLora) {
     const CmdResult g = run_memfit(q + g4.string() + " --desc-act");
     ASSERT_EQ(g.code, 0) << g.err;
     EXPECT_NE(g.err.find("quantize: layer 2/2 (gptq, 4-bit): relative output error"), std::string::npos) << g.err;
-    EXPECT_NE(g.out.find("(gptq, 4-bit, groups of 16, act-order)"), std::string::npos) << g.out;
+    EXPECT_NE(g.out.find("(gptq, 4-bit, groups of 16, act-order, true-sequential)"), std::string::npos) << g.out;
+    EXPECT_EQ(nlohmann::json::parse(slurp(g4 / "config.json"))["quantization_config"]["true_sequential"], true);
     const CmdResult r = run_memfit(q + r4.string() + " --method rtn");
     ASSERT_EQ(r.code, 0) << r.err;
     const double eg = output_error(g.out), er = output_error(r.out);
