@@ -244,8 +244,7 @@ nlohmann::json evaluate_model(const EvalRequest & r) {
             throw ConfigError(fmt::format("--weights {}: {} is a GPTQ folder; its projections compute as stored",
                                           r.weights, r.model));
         d = std::make_unique<Decoder>(cfg, *backend, seq, DType::f32, src.quant);
-        d->set_weights(src.params.data());
-        d->set_packed(src.packed);
+        d->set_weights(src.params.data(), &src.packed);
     } else {
         DType dt = DType::f32;
         std::optional<QuantFormat> q;

@@ -199,8 +199,7 @@ void add_model_commands(CLI::App & app) {
         }
         Decoder & decoder = *made;
         MF_ASSERT(source.params.size() == decoder.layout().total);
-        decoder.set_weights(source.params.data());
-        if (!source.packed.empty()) decoder.set_packed(source.packed);
+        decoder.set_weights(source.params.data(), source.packed.empty() ? nullptr : &source.packed);
         source.params = {};
         std::fprintf(stderr, "%s\n", describe_weight_bytes(decoder).c_str());
         if (!gen_chat) std::printf("%s", gen_prompt.c_str());   // a chat prints the reply alone

@@ -67,17 +67,13 @@ Decoder::Decoder(const ModelConfig & cfg, Backend & backend, int capacity, DType
 
 Decoder::~Decoder() = default;
 
-void Decoder::set_weights(const float * params) {
+void Decoder::set_weights(const float * params, const std::vector<uint8_t> * packed) {
+    MF_ASSERT(!packed || packed->size() == quant_.bytes);
     Tensor dense(step_->params, compute_, {int64_t(dense_.total)});
     dense.data = step_->memory->base(step_->params);
     store_split_weights(backend_, cfg_, quant_, dense,
                         static_cast<uint8_t *>(step_->qparams >= 0 ? step_->memory->base(step_->qparams) : nullptr),
-                        params);
-}
-
-void Decoder::set_packed(const std::vector<uint8_t> & packed) {
-    MF_ASSERT(step_->qparams >= 0 && packed.size() == quant_.bytes);
-    backend_.upload(step_->memory->base(step_->qparams), packed.data(), packed.size());
+                        params, packed ? packed->data() : nullptr);
 }
 
 std::vector<float> Decoder::weights() const {

@@ -55,10 +55,9 @@ public:
 
     // Sets the weights from the whole model's fp32 values in layout()'s order (converted to the
     // compute dtype; the projections quantized when the decoder stores them packed).
-    void set_weights(const float * params);
-    // The packed projections as they are (quant_layout().bytes of them, a GPTQ folder's), after
-    // set_weights() gave the rest: stored bit for bit, not quantized again.
-    void set_packed(const std::vector<uint8_t> & packed);
+    // packed (optional): the projections already packed, quant_layout().bytes of them (a GPTQ
+    // folder's), stored bit for bit instead of quantizing params'.
+    void set_weights(const float * params, const std::vector<uint8_t> * packed = nullptr);
     // The weights as the decoder computes with them (rounded to the compute dtype, dequantized),
     // as fp32 in layout()'s order.
     std::vector<float> weights() const;

@@ -250,7 +250,7 @@ void Engine::store_base(const float * full, const std::vector<uint8_t> * packed)
     const std::vector<float> slice =
         opt_.tensor_parallel > 1 ? tp_slice(cfg_, opt_.tensor_parallel, opt_.tp_rank, full) : std::vector<float>{};
     const SplitBytes whole = split_weights(backend_, st.config(), st.base_layout(), st.quant_layout(), st.compute(),
-                                           slice.empty() ? full : slice.data());
+                                           slice.empty() ? full : slice.data(), packed ? packed->data() : nullptr);
     // This rank's part (ZeRO 3: its shard) of each of the split form's buffers.
     auto store = [&](BufferId id, const std::vector<uint8_t> & bytes, const FlatShards & sh, size_t es) {
         if (id < 0) return;
@@ -259,7 +259,7 @@ void Engine::store_base(const float * full, const std::vector<uint8_t> * packed)
         if (hi > lo) backend_.upload(train_mem_->base(id), bytes.data() + lo, hi - lo);
     };
     store(st.base, whole.dense, st.base_shards(), dtype_size(st.compute()));
-    store(st.base_q, packed ? *packed : whole.packed, st.base_q_shards(), 1);
+    store(st.base_q, whole.packed, st.base_q_shards(), 1);
 }
 
 void Engine::set_teacher(const float * full) {

@@ -12,7 +12,7 @@ SplitBytes split_weights(Backend & backend, const ModelConfig & cfg, const Quant
 }
 
 SplitBytes split_weights(Backend & backend, const ModelConfig & cfg, const ParamLayout & dl, const QuantLayout & q,
-                         DType dense_dt, const float * full) {
+                         DType dense_dt, const float * full, const uint8_t * packed) {
     const ParamLayout all = make_param_layout(cfg);
     std::vector<float> gathered(dl.total);
     for (const auto & p : dl.params)
@@ -20,6 +20,10 @@ SplitBytes split_weights(Backend & backend, const ModelConfig & cfg, const Param
     SplitBytes out;
     out.dense.resize(dl.total * dtype_size(dense_dt));
     narrow_f32(out.dense.data(), gathered.data(), dl.total, dense_dt);
+    if (packed) {
+        out.packed.assign(packed, packed + q.bytes);
+        return out;
+    }
     out.packed.assign(q.bytes, 0);
     for (const auto & e : q.entries) {
         const std::vector<float> w = gather_quant_entry(cfg, all, e, full);
@@ -50,8 +54,8 @@ std::vector<float> join_split_weights(Backend & backend, const ModelConfig & cfg
 }
 
 void store_split_weights(Backend & backend, const ModelConfig & cfg, const QuantLayout & q, Tensor dense,
-                         uint8_t * packed, const float * full) {
-    const SplitBytes s = split_weights(backend, cfg, q, dense.dtype, full);
+                         uint8_t * packed, const float * full, const uint8_t * packed_from) {
+    const SplitBytes s = split_weights(backend, cfg, dense_layout(cfg, q), q, dense.dtype, full, packed_from);
     MF_ASSERT(s.dense.size() == dense.nbytes());
     backend.upload(dense.data, s.dense.data(), s.dense.size());
     if (!s.packed.empty()) backend.upload(packed, s.packed.data(), s.packed.size());

@@ -25,8 +25,10 @@ std::vector<float> join_split_weights(Backend & backend, const ModelConfig & cfg
                                       DType dense_dt, const uint8_t * dense, const uint8_t * packed);
 // The same of a part of the model (a pipeline stage's): its dense part `dl` (a dense_part of
 // the model's layout) and packed projections `q`; join fills only that part of the whole model.
+// packed (q.bytes, optional): the projections already packed (a GPTQ folder's), taken as they are
+// instead of quantizing full's.
 SplitBytes split_weights(Backend & backend, const ModelConfig & cfg, const ParamLayout & dl, const QuantLayout & q,
-                         DType dense_dt, const float * full);
+                         DType dense_dt, const float * full, const uint8_t * packed = nullptr);
 std::vector<float> join_split_weights(Backend & backend, const ModelConfig & cfg, const ParamLayout & dl,
                                       const QuantLayout & q, DType dense_dt, const uint8_t * dense,
                                       const uint8_t * packed);
@@ -34,8 +36,9 @@ std::vector<float> join_split_weights(Backend & backend, const ModelConfig & cfg
 // dense: a resolved tensor of dense_layout(cfg, q).total elements; packed: q.bytes (null if none),
 // both in the backend's memory (device memory on a GPU: staged through the host, so nothing but
 // the weights' own buffers is ever on the device).
+// packed_from (optional): the projections already packed, as split_weights takes them.
 void store_split_weights(Backend & backend, const ModelConfig & cfg, const QuantLayout & q, Tensor dense,
-                         uint8_t * packed, const float * full);
+                         uint8_t * packed, const float * full, const uint8_t * packed_from = nullptr);
 // The weights as the kernels see them: rounded to the compute dtype, or dequantized.
 std::vector<float> load_split_weights(Backend & backend, const ModelConfig & cfg, const QuantLayout & q, Tensor dense,
                                       const uint8_t * packed);

@@ -34,9 +34,12 @@ Run with Debian's python3-torch:  /usr/bin/python3 tests/data/make_gptq_fixture.
 """
 import json
 import os
-import struct
+import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import make_llama_family_fixtures as M  # noqa: E402  (the file writer)
 
 OUT, IN, SAMPLES = 16, 64, 512
 CASES = [
@@ -99,21 +102,6 @@ def gptq(W, H, bits, group, sym, desc_act, damp=0.01):
     return out_codes, scales, zeros, g_idx
 
 
-def write_safetensors(path, tensors, metadata):
-    header, blobs, offset = {"__metadata__": metadata}, [], 0
-    for name, t in tensors.items():
-        is_int = t.dtype in (torch.int32, torch.int64)
-        data = t.contiguous().to(torch.int32 if is_int else torch.float32).numpy().tobytes()
-        header[name] = {"dtype": "I32" if is_int else "F32", "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-
-
 def main():
     torch.manual_seed(5)
     W = torch.randn(OUT, IN, dtype=torch.float64).to(torch.float32)
@@ -129,7 +117,7 @@ def main():
         tensors[f"case{k}.zeros"] = zeros
         tensors[f"case{k}.g_idx"] = g_idx
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gptq_tiny.safetensors")
-    write_safetensors(path, tensors, {"cases": json.dumps(CASES)})
+    M.write_safetensors(path, tensors, {"cases": json.dumps(CASES)})
     print(f"wrote {path}")
 
 

@@ -227,8 +227,7 @@ TEST(Gptq, FolderRoundTripsBitExactlyAndDecodes) {
     // Decoding through the packed bytes gives the logits of the dequantized weights in fp32.
     CpuBackend backend;
     Decoder packed(cfg, backend, 12, DType::f32, back.layout), plain(cfg, backend, 12);
-    packed.set_weights(back.params.data());
-    packed.set_packed(back.packed);
+    packed.set_weights(back.params.data(), &back.packed);
     plain.set_weights(back.params.data());
     const std::vector<int32_t> prompt{3, 9, 27, 17, 51};
     const float * a = packed.prefill(prompt);
