@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "backend/activation.h"
 #include "backend/optimizer.h"
+#include "backend/paged_kv.h"
 #include "backend/preference_loss.h"
 #include "backend/rope.h"
 #include "core/tensor.h"

@@ -153,6 +153,12 @@ void Graph::fill_zero(Tensor t) {
 
 void Graph::matmul_fwd(Tensor out, Tensor inp, Tensor w, Tensor bias, WeightLayout layout) {
     const int64_t M = inp.rows(), K = inp.cols(), N = out.cols();
+    if (row_tile_ > 0 && M > row_tile_) {   // set_row_tile: equal calls of row_tile_ rows
+        MF_ASSERT(M % row_tile_ == 0 && out.rows() == M);
+        for (int64_t r = 0; r < M; r += row_tile_)
+            matmul_fwd(out.view(r * N, {row_tile_, N}), inp.view(r * K, {row_tile_, K}), w, bias, layout);
+        return;
+    }
     MF_ASSERT(out.rows() == M && w.numel() == K * N);
     const GemmDesc d = fwd_desc(out, inp, w, layout, bias.valid());
     if (recording_) grow_workspace(sizing_ ? sizing_->gemm_workspace(d) : 0);
@@ -222,6 +228,12 @@ void Graph::matmul_bwd(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor
 
 void Graph::qmatmul_fwd(Tensor out, Tensor inp, const QWeight & w, Tensor bias) {
     const int64_t M = inp.rows();
+    if (row_tile_ > 0 && M > row_tile_) {   // set_row_tile
+        MF_ASSERT(M % row_tile_ == 0 && out.rows() == M);
+        for (int64_t r = 0; r < M; r += row_tile_)
+            qmatmul_fwd(out.view(r * w.q.out, {row_tile_, w.q.out}), inp.view(r * w.q.in, {row_tile_, w.q.in}), w, bias);
+        return;
+    }
     MF_ASSERT(inp.cols() == w.q.in && out.cols() == w.q.out && out.rows() == M);
     if (recording_) grow_workspace(sizing_ ? sizing_->qgemm_workspace(w.q, M, inp.dtype) : 0);
     if (begin("qmatmul_fwd", 2.0 * double(M) * double(w.q.in) * double(w.q.out), {out, inp, w.packed, bias}, true))
@@ -634,6 +646,17 @@ void Graph::cached_attention_fwd(Tensor out, Tensor qkv, Tensor kcache, Tensor v
     if (begin("cached_attention_fwd", flops, {out, qkv, kcache, vcache}))
         backend_->cached_attention_fwd(resolve(out), resolve(qkv), resolve(kcache), resolve(vcache), pos0, NH, KVH,
                                        window);
+    end();
+}
+
+void Graph::paged_attention_fwd(Tensor out, Tensor qkv, Tensor kpool, Tensor vpool, Tensor meta, const PagedKv & kv,
+                                int NH, int KVH, int window) {
+    // The FLOPs of the longest context every row could reach (the contents are the host's, per step).
+    const int64_t n = qkv.rows(), keys = int64_t(kv.max_blocks) * kv.block;
+    const double flops = 4.0 * double(n) * double(out.cols()) * double(window > 0 ? std::min<int64_t>(keys, window) : keys);
+    if (begin("paged_attention_fwd", flops, {out, qkv, kpool, vpool, meta}))
+        backend_->paged_attention_fwd(resolve(out), resolve(qkv), resolve(kpool), resolve(vpool), resolve(meta), kv, NH,
+                                      KVH, window);
     end();
 }
 

@@ -57,6 +57,11 @@ public:
     // The shared scratch buffer (category workspace) that gemms and attention backward use; its
     // size grows while recording to the largest request.
     void set_workspace(BufferId id) { workspace_ = id; }
+    // Batch-invariant forward matmuls (paged generation, infer/decoder.h): one of M rows, M a
+    // multiple of `rows`, runs as M / rows calls of `rows` rows each, so that a row's result does
+    // not depend on how many rows the step has (a backend picks its kernel by the shape, and
+    // every call has the same one). 0: one call (the default).
+    void set_row_tile(int64_t rows) { row_tile_ = rows; }
 
     void fill_zero(Tensor t);
     // out[M,Nout] = inp[M,K] . W (+ bias)
@@ -175,6 +180,9 @@ public:
     // the cache (see Backend::cached_attention_fwd; window > 0: a ring of sliding-window positions).
     void cached_attention_fwd(Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH, int KVH,
                               int window = 0);
+    // The same over a paged cache (backend/paged_kv.h): meta is the step's i32 metadata.
+    void paged_attention_fwd(Tensor out, Tensor qkv, Tensor kpool, Tensor vpool, Tensor meta, const PagedKv & kv,
+                             int NH, int KVH, int window = 0);
     void xent_fwd(Tensor losses, Tensor logits, Tensor targets);
     void xent_bwd(Tensor probs, Tensor targets, float dloss);
     // round_bf16: the gradients then rounded for matmul_bwd's DoutBf16::rounded (rounds_dout: yes).
@@ -236,6 +244,7 @@ private:
     StepMemory * memory_ = nullptr;      // executing
     Backend * backend_ = nullptr;
     bool recording_ = true;
+    int64_t row_tile_ = 0;   // set_row_tile
     Phase phase_ = Phase::other;
     int layer_ = -1;
     int next_op_ = 0;

@@ -97,6 +97,13 @@ MF_KERNEL(repeat_kv_bwd, (Tensor dqkv, Tensor dfull, int NH, int KVH))
 // (then T + W - 1 <= cap, or pos0 + T <= cap).
 MF_KERNEL(cached_attention_fwd, (Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH, int KVH,
           int window = 0))
+// The same over a paged KV cache (backend/paged_kv.h): qkv [1,n,(NH+2*KVH)*hd] holds n token rows
+// (n <= kv.tokens) of any sequences, meta the step's i32 metadata. Each row's key and value are
+// written to its pool row (kpool, vpool [kv.blocks * kv.block, KVH*hd]) first; then row i attends
+// over its own sequence's positions max(0, pos - W + 1) .. pos (W = window, 0: all), read through
+// the block table in position order. Padding rows (seq -1) write nothing and output zeros.
+MF_KERNEL(paged_attention_fwd, (Tensor out, Tensor qkv, Tensor kpool, Tensor vpool, Tensor meta, const PagedKv & kv,
+          int NH, int KVH, int window = 0))
 
 // Inverted dropout: out = in * keep / (1 - p), keep = a hash of (seed, element index) >= p,
 // so the same seed gives the same mask (backward regenerates it). In place allowed.

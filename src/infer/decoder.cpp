@@ -22,18 +22,15 @@ struct Decoder::Pass {
     MemoryPlan plan;
     std::unique_ptr<StepMemory> memory;
 
-    Pass(const ModelConfig & cfg, const ParamLayout & dense, const QuantLayout & q, int n_tokens, int capacity,
-         int cache_rows, int full_rows, DType dt, const Backend & sizing) : n(n_tokens) {
-        params = program.declare("parameters", Category::parameters, dense.total * dtype_size(dt), true);
+    // n token rows; token_slots: the rows the tokens buffer holds (shared by every program).
+    Pass(const ModelConfig & cfg, const ParamLayout & dense, const QuantLayout & q, int n_tokens, int token_slots,
+         const ModelOptions & mo, const Backend & sizing) : n(n_tokens) {
+        params = program.declare("parameters", Category::parameters, dense.total * dtype_size(mo.compute), true);
         if (q.bytes) qparams = program.declare("parameters.quantized", Category::parameters, q.bytes, true);
-        tokens = program.declare("decode.tokens", Category::activations, size_t(capacity) * 4, true);
+        tokens = program.declare("decode.tokens", Category::activations, size_t(token_slots) * 4, true);
         workspace = program.declare("workspace", Category::workspace, 0);
-        ModelOptions mo;
-        mo.compute = dt;
-        mo.kv_capacity = cache_rows;
-        mo.kv_full_capacity = full_rows;
         model = std::make_unique<Transformer>(cfg, 1, n, program, mo);
-        w = quantized_model_weights(cfg, q, params, dt, qparams);
+        w = quantized_model_weights(cfg, q, params, mo.compute, qparams);
         Graph rec(program, &sizing);
         run(rec, 0);
         program.finalize();
@@ -42,9 +39,26 @@ struct Decoder::Pass {
 
     void run(Graph & g, int pos0) const {
         g.set_workspace(workspace);
-        model->decode(g, w, Tensor(tokens, DType::i32, {1, int64_t(n)}), pos0);
+        const Tensor t(tokens, DType::i32, {1, int64_t(n)});
+        if (model->decode_meta().valid()) {   // paged: every matmul in equal calls of kRowTile rows
+            g.set_row_tile(kRowTile);
+            model->decode_paged(g, w, t);
+        } else {
+            model->decode(g, w, t, pos0);
+        }
     }
 };
+
+ModelOptions Decoder::model_options() const {
+    ModelOptions mo;
+    mo.compute = compute_;
+    mo.kv_capacity = paged_.enabled() ? capacity_ : rows_;
+    mo.kv_full_capacity = full_rows_;
+    mo.paged = paged_;
+    return mo;
+}
+
+int Decoder::token_slots() const { return paged_.enabled() ? paged_.tokens : capacity_; }
 
 Decoder::Decoder(const ModelConfig & cfg, Backend & backend, int capacity, DType compute,
                  std::optional<QuantFormat> quant)
@@ -61,7 +75,24 @@ Decoder::Decoder(const ModelConfig & cfg, Backend & backend, int capacity, DType
     full_rows_ = rows_ < capacity && cfg.sliding_pattern > 0 && cfg.sliding_pattern <= cfg.n_layer ? capacity : 0;
     quant_ = quant;
     dense_ = quant.entries.empty() ? layout_ : memfit::dense_layout(cfg, quant_);
-    step_ = std::make_unique<Pass>(cfg_, dense_, quant_, 1, capacity_, rows_, full_rows_, compute_, backend_);
+    step_ = std::make_unique<Pass>(cfg_, dense_, quant_, 1, capacity_, model_options(), backend_);
+    step_->memory = std::make_unique<StepMemory>(step_->program, step_->plan, ledger_, backend_.allocator());
+}
+
+Decoder::Decoder(const ModelConfig & cfg, Backend & backend, const PagedKv & kv, int context, DType compute,
+                 const QuantLayout & quant)
+    : cfg_(cfg), backend_(backend), capacity_(context), compute_(compute), layout_(make_param_layout(cfg)) {
+    if (context < 1 || context > cfg.max_seq)
+        throw ConfigError(fmt::format("generation context of {} tokens: must be between 1 and the model's {} positions",
+                                      context, cfg.max_seq));
+    MF_ASSERT(kv.block > 0 && kv.blocks > 0 && kv.seqs > 0 && kv.tokens > 0);
+    MF_ASSERT(kv.tokens % kRowTile == 0 && kv.seqs % kRowTile == 0 && "paged steps run whole row tiles");
+    paged_ = kv;
+    paged_.max_blocks = (context + kv.block - 1) / kv.block;
+    rows_ = capacity_;
+    quant_ = quant;
+    dense_ = quant.entries.empty() ? layout_ : memfit::dense_layout(cfg, quant_);
+    step_ = std::make_unique<Pass>(cfg_, dense_, quant_, kRowTile, token_slots(), model_options(), backend_);
     step_->memory = std::make_unique<StepMemory>(step_->program, step_->plan, ledger_, backend_.allocator());
 }
 
@@ -87,10 +118,10 @@ std::vector<float> Decoder::weights() const {
 uint64_t Decoder::weight_bytes() const { return uint64_t(dense_.total * dtype_size(compute_) + quant_.bytes); }
 
 Decoder::Pass & Decoder::program_for(int n) {
-    if (n == 1) return *step_;
+    if (n == step_->n) return *step_;
     auto it = prefill_.find(n);
     if (it != prefill_.end()) return *it->second;
-    auto p = std::make_unique<Pass>(cfg_, dense_, quant_, n, capacity_, rows_, full_rows_, compute_, backend_);
+    auto p = std::make_unique<Pass>(cfg_, dense_, quant_, n, token_slots(), model_options(), backend_);
     p->memory = std::make_unique<StepMemory>(p->program, p->plan, ledger_, backend_.allocator(), false,
                                              step_->memory.get());
     return *prefill_.emplace(n, std::move(p)).first->second;
@@ -106,12 +137,22 @@ const float * Decoder::run(Pass & p, const int32_t * tokens, int pos0) {
     MF_ASSERT(g.ops_issued() == p.program.num_ops());
     const auto * logits = static_cast<const float *>(p.memory->base(p.model->logits().buffer));
     if (backend_.host_memory()) return logits;
-    logits_.resize(size_t(cfg_.vocab_size));   // a device's logits, read back (synchronizes)
+    logits_.resize(size_t(p.model->logits().numel()));   // a device's logits, read back (synchronizes)
     backend_.download(logits_.data(), logits, logits_.size() * sizeof(float));
     return logits_.data();
 }
 
+const float * Decoder::run_paged(const std::vector<int32_t> & tokens, const std::vector<int32_t> & meta) {
+    const int n = int(tokens.size());
+    MF_ASSERT(paged_.enabled() && int64_t(meta.size()) == paged_.meta_words());
+    MF_ASSERT(n > 0 && n % kRowTile == 0 && n <= paged_.tokens);
+    Pass & p = program_for(n);
+    backend_.upload(p.memory->base(p.model->decode_meta().buffer), meta.data(), meta.size() * 4);
+    return run(p, tokens.data(), 0);
+}
+
 const float * Decoder::prefill(const std::vector<int32_t> & tokens) {
+    MF_ASSERT(!paged_.enabled() && "a paged decoder runs steps (run_paged)");
     const int n = int(tokens.size());
     if (n < 1 || n > capacity_)
         throw ConfigError(fmt::format("a prompt of {} tokens: the generation context holds 1 to {}", n, capacity_));
@@ -127,6 +168,7 @@ const float * Decoder::prefill(const std::vector<int32_t> & tokens) {
 }
 
 const float * Decoder::step(int32_t token) {
+    MF_ASSERT(!paged_.enabled() && "a paged decoder runs steps (run_paged)");
     MF_ASSERT(pos_ < capacity_ && "the KV cache is full: prefill again");
     const float * l = run(*step_, &token, pos_);
     ++pos_;

@@ -51,6 +51,12 @@ public:
             std::optional<QuantFormat> quant = std::nullopt);
     // The same with the packed projections of `quant` (a GPTQ folder's layout: its bits and groups).
     Decoder(const ModelConfig & cfg, Backend & backend, int capacity, DType compute, const QuantLayout & quant);
+    // Paged (backend/paged_kv.h): the KV cache a pool of kv.blocks blocks of kv.block positions,
+    // steps of up to kv.tokens token rows of up to kv.seqs sequences (both multiples of kRowTile),
+    // each sequence at most `context` positions (kv.max_blocks is set from it). run_paged runs
+    // the steps; prefill and step are the contiguous decoder's.
+    Decoder(const ModelConfig & cfg, Backend & backend, const PagedKv & kv, int context, DType compute,
+            const QuantLayout & quant = {});
     ~Decoder();
 
     // Sets the weights from the whole model's fp32 values in layout()'s order (converted to the
@@ -83,6 +89,14 @@ public:
     int cache_rows() const { return rows_; }
     static constexpr int kPrefillChunk = 64;   // prompt tokens per prefill under a rolling cache
 
+    // Paged: one step of tokens.size() rows (a multiple of kRowTile, at most paged().tokens) with
+    // the step's metadata (paged().meta_words() words, paged_kv.h); returns the logits of the rows
+    // it names, [paged().seqs, V] (valid until the next call). Every matmul runs in calls of
+    // kRowTile rows, so a row's logits do not depend on the other rows of its step.
+    const float * run_paged(const std::vector<int32_t> & tokens, const std::vector<int32_t> & meta);
+    const PagedKv & paged() const { return paged_; }
+    static constexpr int kRowTile = 8;
+
     // Planned bytes over every program recorded so far (step plus prefills), and the KV cache's.
     CategoryBytes planned_peak_live() const;
     CategoryBytes planned_reserved() const;
@@ -92,6 +106,8 @@ public:
 private:
     struct Pass;
     Pass & program_for(int n);
+    ModelOptions model_options() const;
+    int token_slots() const;   // rows of the tokens buffer
     const float * run(Pass & p, const int32_t * tokens, int pos0);
 
     ModelConfig cfg_;
@@ -99,12 +115,13 @@ private:
     int capacity_;
     int rows_ = 0;      // KV cache rows (cache_rows())
     int full_rows_ = 0; // > 0: the rows of Gemma 3's global layers, beside the sliding ones' ring
+    PagedKv paged_;     // enabled: a paged decoder
     DType compute_;
     ParamLayout layout_, dense_;
     QuantLayout quant_;
     Ledger ledger_;
     std::unique_ptr<Pass> step_;                    // n = 1; owns the persistent buffers
-    std::map<int, std::unique_ptr<Pass>> prefill_; // by prompt length
+    std::map<int, std::unique_ptr<Pass>> prefill_; // by prompt length (paged: by step rows)
     std::vector<float> logits_;                     // on a device backend: the last logits, downloaded
     int pos_ = 0;
 };

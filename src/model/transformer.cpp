@@ -203,6 +203,10 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
     lnf_s_ = sp_ ? stream("ln_f.out.rows") : lnf_;
     if (layer_norm_) lnf_mean_ = sp_ ? act("ln_f.mean", {rows_}, true) : act("ln_f.mean", {b, t}, true);
     lnf_rstd_ = sp_ ? act("ln_f.rstd", {rows_}, true) : act("ln_f.rstd", {b, t}, true);
+    if (opt.paged.enabled()) {
+        declare_paged(program, opt);
+        return;
+    }
     if (opt.kv_capacity > 0) {
         MF_ASSERT(B == 1 && !opt.with_backward && T <= opt.kv_capacity);
         const int64_t KV = int64_t(cfg.kv_heads()) * cfg.head_dim();
@@ -501,7 +505,10 @@ void Transformer::layer_forward(Graph & g, const LayerActs & a, const ModelWeigh
     const PostNorm n1 = post_norm(a, p, nullptr, false), n2 = post_norm(a, p, nullptr, true);
     if (pre) norm_fwd(g, a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b);
     qkv_fwd(g, a, gather_rows(g, pre ? a.ln1 : x, a.ln1g, phase), p, pos0);
-    if (cache >= 0)
+    if (cache >= 0 && paged_.enabled())
+        g.paged_attention_fwd(a.atty, a.qkv, kcache_[size_t(cache)], vcache_[size_t(cache)], meta_, paged_, cfg_.n_head,
+                              cfg_.kv_heads(), cfg_.layer_window(cache));
+    else if (cache >= 0)
         g.cached_attention_fwd(a.atty, a.qkv, kcache_[size_t(cache)], vcache_[size_t(cache)], pos0, cfg_.n_head,
                                cfg_.kv_heads(), cfg_.layer_window(cache));
     else

@@ -131,6 +131,12 @@ struct ModelOptions {
     // > 0: the cache rows of the layers that attend to every key (Gemma 3's global layers) while
     // kv_capacity is the sliding layers' ring (infer/decoder.h); 0: every layer's is kv_capacity.
     int kv_full_capacity = 0;
+    // Paged generation (backend/paged_kv.h, infer/decoder.h): with paged.enabled(), a decode
+    // program of T token rows of up to paged.seqs sequences (B = 1; kv_capacity is then a
+    // sequence's context): each layer's keys and values in a pool of blocks ("kv_cache.<l>.k|v"
+    // [paged.blocks * paged.block, KV], activations), the step's metadata in "decode.meta" (i32,
+    // persistent, filled by the host), and the logits of one row per sequence ("logits" [seqs, V]).
+    PagedKv paged;
     // LoRA adapters on the projections (rank 0: none); the base may be frozen (train/step.h).
     LoraOptions lora;
     // Knowledge distillation (model/distill.h): the training step's teacher; the Transformer itself
@@ -225,6 +231,10 @@ public:
     // Decode program: the T tokens at positions pos0 .. pos0+T-1, their keys and values appended
     // to the caches, the last one's logits into logits().
     void decode(Graph & g, const ModelWeights & w, Tensor tokens, int pos0) const;
+    // Paged decode program (ModelOptions::paged): T token rows, each at the sequence and position
+    // decode_meta() gives; the logits of the rows it names into logits().
+    void decode_paged(Graph & g, const ModelWeights & w, Tensor tokens) const;
+    Tensor decode_meta() const { return meta_; }
 
     Tensor logits() const { return logits_; }
     // Pipeline stages: the received input and the output sent on (forward); the gradient of the
@@ -388,6 +398,9 @@ private:
     Tensor dres_, dlnf_;
     std::vector<LayerActs> layers_;
     std::vector<Tensor> kcache_, vcache_;   // decode programs
+    PagedKv paged_;                         // paged decode programs: the pools' geometry
+    Tensor meta_, last_;                    // its metadata, the rows the head reads
+    void declare_paged(Program & program, const ModelOptions & opt);
     std::vector<LoraSite> sites_;           // LoRA
     std::vector<AdapterActs> adapter_acts_; // by site
     float lora_scale_ = 0;

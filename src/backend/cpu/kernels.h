@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/paged_kv.h"
 #include "backend/preference_loss.h"
 #include "backend/rope.h"
 #include "backend/update_rules.h"
@@ -227,6 +228,11 @@ void repeat_kv_backward(S * dqkv, const S * dfull, int N, int NH, int KVH, int h
 template <class S>
 void cached_attention_forward(S * out, S * kcache, S * vcache, const S * qkv, int B, int Tn, int pos0, int cap,
                               int NH, int KVH, int hd, int window = 0);
+// The same over a paged cache (backend/paged_kv.h, kernel_list.h's paged_attention_fwd): qkv
+// [n,(NH+2KVH)hd], kpool, vpool [kv.blocks*kv.block, KVH*hd], meta the step's metadata.
+template <class S>
+void paged_attention_forward(S * out, S * kpool, S * vpool, const S * qkv, const int32_t * meta, const PagedKv & kv,
+                             int n, int NH, int KVH, int hd, int window = 0);
 
 // ---------------------------------------------------------------------------------------------
 // LoRA column slices (kernels_lora.cpp). out and src have N rows of ldo / lds elements, d has N

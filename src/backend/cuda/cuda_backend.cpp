@@ -413,6 +413,10 @@ void CudaBackend::cached_attention_fwd(Tensor out, Tensor qkv, Tensor kcache, Te
                                        int KVH, int window) {
     MF_FWD(cached_attention_fwd, out, qkv, kcache, vcache, pos0, NH, KVH, window);
 }
+void CudaBackend::paged_attention_fwd(Tensor out, Tensor qkv, Tensor kpool, Tensor vpool, Tensor meta,
+                                      const PagedKv & kv, int NH, int KVH, int window) {
+    MF_FWD(paged_attention_fwd, out, qkv, kpool, vpool, meta, kv, NH, KVH, window);
+}
 void CudaBackend::dropout(Tensor out, Tensor in, float p, uint64_t seed) { MF_FWD(dropout, out, in, p, seed); }
 void CudaBackend::add_columns(Tensor out, Tensor d, int64_t col0, float scale) {
     MF_FWD(add_columns, out, d, col0, scale);

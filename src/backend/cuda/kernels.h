@@ -86,6 +86,8 @@ void attention_bwd(cudaStream_t s, Tensor dqkv, Tensor scratch, Tensor dout, Ten
                    Tensor doc_start);
 void cached_attention_fwd(cudaStream_t s, Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH,
                           int KVH, int window);
+void paged_attention_fwd(cudaStream_t s, Tensor out, Tensor qkv, Tensor kpool, Tensor vpool, Tensor meta,
+                         const PagedKv & kv, int NH, int KVH, int window);
 
 // kernels_flash.cu: tiled causal attention that never stores T x T (with documents, tile pairs
 // wholly outside them are skipped).

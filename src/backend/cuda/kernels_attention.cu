@@ -27,13 +27,12 @@ template <class S> __device__ __forceinline__ float warp_dot(const float * q, co
     return warp_sum(d);
 }
 
-// f(i, sum_{j<n} w[j] * base[row(j)*stride + i]) for i < hs, called by some thread for each i;
-// row(j) = j, or (first + j) % ring for a ring of rows (ring > 0: a sliding window's KV cache).
-// w in shared memory; red: kThreads floats of shared memory. Call from every thread.
-template <class S, class F>
-__device__ __forceinline__ void weighted_rows(const float * w, int n, const S * base, size_t stride, int hs,
-                                              float * red, F && f, int first = 0, int ring = 0) {
-    auto at = [&](int j) { return ring > 0 ? size_t((first + j) % ring) * stride : size_t(j) * stride; };
+// f(i, sum_{j<n} w[j] * base[at(j) + i]) for i < hs, called by some thread for each i; at(j) is
+// row j's element offset. w in shared memory; red: kThreads floats of shared memory. Call from
+// every thread.
+template <class S, class F, class At>
+__device__ __forceinline__ void weighted_rows_at(const float * w, int n, const S * base, int hs, float * red, F && f,
+                                                 At && at) {
     const int tid = threadIdx.x;
     const int G = hs <= kThreads ? kThreads / hs : 1;  // groups of hs threads, each over keys j = g mod G
     if (G == 1) {
@@ -56,6 +55,15 @@ __device__ __forceinline__ void weighted_rows(const float * w, int n, const S * 
         f(tid, s);
     }
     __syncthreads();
+}
+
+// The same with row(j) = j, or (first + j) % ring for a ring of rows (ring > 0: a sliding
+// window's KV cache), rows `stride` elements apart.
+template <class S, class F>
+__device__ __forceinline__ void weighted_rows(const float * w, int n, const S * base, size_t stride, int hs,
+                                              float * red, F && f, int first = 0, int ring = 0) {
+    weighted_rows_at(w, n, base, hs, red, f,
+                     [&](int j) { return ring > 0 ? size_t((first + j) % ring) * stride : size_t(j) * stride; });
 }
 
 // One causal attention row per block: query t of head h of batch b (blockIdx.x = (b*NH+h)*Tq+t)
@@ -297,6 +305,102 @@ void cached_attention_fwd(cudaStream_t s, Tensor out, Tensor qkv, Tensor kcache,
         const int keys = window > 0 ? std::min(pos0 + Tn, window) : pos0 + Tn;
         const size_t sm = smem_for(attention_row_kernel<S>, (size_t(hd) + kThreads + size_t(keys)) * sizeof(float));
         attention_row_kernel<S><<<unsigned(B * NH * Tn), kThreads, sm, s>>>(a);
+        MF_CUDA_LAUNCHED();
+    });
+}
+
+namespace {
+
+// Paged KV cache (backend/paged_kv.h). Writes each token row's key and value to its pool row:
+// one thread per element of the n rows.
+template <class S>
+__global__ void paged_append_kernel(S * kp, S * vp, const S * qkv, const int32_t * meta, PagedKv kv, int n, size_t Q,
+                                    size_t KV) {
+    const size_t e = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e >= size_t(n) * KV) return;
+    const int i = int(e / KV);
+    const size_t c = e % KV;
+    const int seq = meta[kv.seq_at() + i];
+    if (seq < 0) return;
+    const int64_t slot = paged_slot(meta + kv.table_at() + int64_t(seq) * kv.max_blocks, kv.block, meta[kv.pos_at() + i]);
+    const S * src = qkv + size_t(i) * (Q + 2 * KV);
+    kp[size_t(slot) * KV + c] = src[Q + c];
+    vp[size_t(slot) * KV + c] = src[Q + KV + c];
+}
+
+// One (token row, head) per block (blockIdx.x = i * NH + h): the query scores its sequence's keys
+// lo .. pos through the block table, in position order, as attention_row_kernel does.
+template <class S>
+__global__ void __launch_bounds__(kThreads) paged_attention_kernel(S * out, const S * qkv, const S * kp, const S * vp,
+                                                                   const int32_t * meta, PagedKv kv, int NH, int group,
+                                                                   int hs, int window) {
+    extern __shared__ float smem[];
+    float * qs = smem;
+    float * red = qs + hs;
+    float * sc = red + kThreads;
+    __shared__ float stat[32];
+    const int i = blockIdx.x / NH, h = blockIdx.x % NH;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const size_t Q = size_t(NH) * hs, KV = size_t(NH / group) * hs;
+    S * o = out + size_t(i) * Q + size_t(h) * hs;
+    const int seq = meta[kv.seq_at() + i];
+    if (seq < 0) {   // a padding row (uniform over the block: no barrier is skipped by some threads only)
+        for (int c = threadIdx.x; c < hs; c += kThreads) o[c] = st<S>(0.0f);
+        return;
+    }
+    const int pos = meta[kv.pos_at() + i];
+    const int32_t * blocks = meta + kv.table_at() + int64_t(seq) * kv.max_blocks;
+    const int lo = window > 0 ? max(0, pos - window + 1) : 0, nk = pos + 1 - lo;
+    const size_t head = size_t(h / group) * hs;
+    auto at = [&](int j) { return size_t(paged_slot(blocks, kv.block, lo + j)) * KV; };
+    const S * q = qkv + size_t(i) * (Q + 2 * KV) + size_t(h) * hs;
+    for (int c = threadIdx.x; c < hs; c += kThreads) qs[c] = ld(q[c]);
+    __syncthreads();
+    const float scale = 1.0f / sqrtf(float(hs));
+    float mx = -INFINITY;
+    for (int j = warp; j < nk; j += kWarps) {
+        const float s = warp_dot(qs, kp + head + at(j), hs) * scale;
+        if (lane == 0) sc[j] = s;
+        mx = fmaxf(mx, s);
+    }
+    if (lane == 0) stat[warp] = mx;
+    __syncthreads();
+    mx = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, stat[w]);
+    float part = 0.0f;
+    for (int j = threadIdx.x; j < nk; j += kThreads) {
+        const float e = expf(sc[j] - mx);
+        sc[j] = e;
+        part += e;
+    }
+    const float inv = 1.0f / block_sum(part, stat);
+    for (int j = threadIdx.x; j < nk; j += kThreads) sc[j] *= inv;
+    __syncthreads();
+    weighted_rows_at(sc, nk, vp + head, hs, red, [&](int c, float x) { o[c] = st<S>(x); }, at);
+}
+
+}  // namespace
+
+void paged_attention_fwd(cudaStream_t s, Tensor out, Tensor qkv, Tensor kpool, Tensor vpool, Tensor meta,
+                         const PagedKv & kv, int NH, int KVH, int window) {
+    MF_ASSERT(out.dtype == qkv.dtype && kpool.dtype == qkv.dtype && vpool.dtype == qkv.dtype);
+    MF_ASSERT(NH > 0 && KVH > 0 && NH % KVH == 0 && qkv.cols() % (NH + 2 * KVH) == 0 && kv.enabled());
+    const int hd = int(qkv.cols() / (NH + 2 * KVH)), n = int(qkv.rows());
+    MF_ASSERT(out.numel() == int64_t(n) * NH * hd && kpool.numel() == kv.pool_rows() * KVH * hd);
+    MF_ASSERT(vpool.numel() == kpool.numel() && meta.dtype == DType::i32 && meta.numel() == kv.meta_words());
+    if (n == 0) return;
+    const size_t KV = size_t(KVH) * hd, Q = size_t(NH) * hd;
+    // The scores of the longest context a row can reach (the positions are on the device).
+    const int64_t ctx = int64_t(kv.max_blocks) * kv.block, keys = window > 0 ? std::min<int64_t>(ctx, window) : ctx;
+    dispatch_float(qkv.dtype, [&](auto z) {
+        using S = decltype(z);
+        paged_append_kernel<S><<<grid_for(int64_t(n) * int64_t(KV), 256), 256, 0, s>>>(
+            ptr<S>(kpool), ptr<S>(vpool), ptr<S>(qkv), meta.i32(), kv, n, Q, KV);
+        MF_CUDA_LAUNCHED();
+        const size_t sm = smem_for(paged_attention_kernel<S>, (size_t(hd) + kThreads + size_t(keys)) * sizeof(float));
+        paged_attention_kernel<S><<<unsigned(n * NH), kThreads, sm, s>>>(ptr<S>(out), ptr<S>(qkv), ptr<S>(kpool),
+                                                                        ptr<S>(vpool), meta.i32(), kv, NH, NH / KVH,
+                                                                        hd, window);
         MF_CUDA_LAUNCHED();
     });
 }
