@@ -101,6 +101,7 @@ int main(int argc, char ** argv) {
     memfit::cli::add_data_commands(app);
     memfit::cli::add_train_commands(app);
     memfit::cli::add_model_commands(app);
+    memfit::cli::add_generate_command(app);
     memfit::cli::add_plan_commands(app);
     memfit::cli::add_quant_commands(app);
     try {

@@ -328,6 +328,11 @@ std::string chat_prompt(const ChatFormat & f, const std::string & system, const 
     ojson messages = ojson::array();
     if (!system.empty()) messages.push_back(ojson{{"role", "system"}, {"content", system}});
     messages.push_back(ojson{{"role", "user"}, {"content", user}});
+    return chat_prompt(f, messages);
+}
+
+std::string chat_prompt(const ChatFormat & f, const ojson & messages) {
+    MF_ASSERT(f.chat);
     return f.chat->render(chat_vars(f, messages, nullptr, true));
 }
 

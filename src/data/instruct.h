@@ -89,6 +89,8 @@ RenderedChat render_chat(const ChatFormat & fmt, const nlohmann::ordered_json & 
 // The text a model is prompted with for one user turn (after an optional system message),
 // generation prompt included. ConfigError when the template refuses it.
 std::string chat_prompt(const ChatFormat & fmt, const std::string & system, const std::string & user);
+// The same for a whole conversation (a JSON array of {role, content}), generation prompt after it.
+std::string chat_prompt(const ChatFormat & fmt, const nlohmann::ordered_json & messages);
 
 // A record (the parsed line) -> tokens and mask. ConfigError naming what is wrong (`where`:
 // "data.jsonl line 7" for messages).

@@ -237,10 +237,9 @@ void Scheduler::step(const std::vector<Take> & takes, BatchStats & st) {
         if (s.computed == int(s.tokens.size())) finish_token(s, logits + int64_t(s.slot) * V, st);
     }
     st.blocks_used = pool_.total() - pool_.free();
-    st.peak_blocks_used = std::max(st.peak_blocks_used, st.blocks_used);
-    int64_t held = 0;
+    int64_t held = 0;   // positions holding keys (a finished sequence's were given back)
     for (const Seq & s : running_) held += s.slot >= 0 ? s.computed : 0;
-    st.peak_positions = std::max(st.peak_positions, held);
+    if (st.blocks_used > st.peak_blocks_used) st.peak_blocks_used = st.blocks_used, st.positions_at_peak = held;
     for (size_t i = 0; i < running_.size();)   // retire the finished (slot -1)
         if (running_[i].slot < 0) running_.erase(running_.begin() + long(i));
         else drop_window(running_[i++]);

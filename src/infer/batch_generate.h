@@ -55,7 +55,7 @@ struct BatchStats {
     int running = 0, waiting = 0, finished = 0;
     int peak_running = 0;        // the most sequences one step served
     int blocks_used = 0, peak_blocks_used = 0;   // blocks held (now, at most)
-    int64_t peak_positions = 0;  // the most KV positions holding keys at once (the blocks' used part)
+    int64_t positions_at_peak = 0;   // the positions holding keys when the most blocks were held
     double seconds = 0;
 };
 
