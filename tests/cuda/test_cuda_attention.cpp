@@ -166,5 +166,49 @@ TEST(CudaAttention, CachedGroupedQuery) {
         }
 }
 
+// A paged step: rows of three sequences (a prompt chunk, single decode tokens, padding rows),
+// their blocks scattered over the pool, with and without a sliding window; the pools' written
+// rows and every output equal the CPU's.
+TEST(CudaAttention, PagedGroupedQuery) {
+    MF_REQUIRE_GPU();
+    for (DType dt : {DType::f32, DType::bf16})
+        for (const int window : {0, 6}) {
+            SCOPED_TRACE(testing::Message() << dtype_name(dt) << " window=" << window);
+            PagedKv kv;
+            kv.block = 4, kv.blocks = 20, kv.seqs = 8, kv.max_blocks = 6, kv.tokens = 16;
+            const int64_t NH = 4, KVH = 2, hd = 32, n = 16;
+            // Row i: sequence and position; 5 rows of slot 2 (positions 7..11), slot 5 at 19, slot 0 at 3.
+            std::vector<float> meta(size_t(kv.meta_words()), -1.0f);
+            auto set = [&](int i, int seq, int pos) {
+                meta[size_t(kv.seq_at() + i)] = float(seq);
+                meta[size_t(kv.pos_at() + i)] = float(pos);
+                meta[size_t(kv.doc_at() + i)] = float(i - pos);
+            };
+            for (int i = 0; i < n; ++i) set(i, -1, 0);
+            for (int i = 0; i < 5; ++i) set(i, 2, 7 + i);
+            set(5, 5, 19);
+            set(6, 0, 3);
+            const int tables[3][6] = {{13, -1, -1, -1, -1, -1}, {4, 17, 9, 0, -1, -1}, {2, 11, 6, 15, 19, -1}};
+            const int slots[3] = {0, 2, 5};
+            for (int q = 0; q < 3; ++q)
+                for (int j = 0; j < kv.max_blocks; ++j)
+                    meta[size_t(kv.table_at() + slots[q] * kv.max_blocks + j)] = float(tables[q][j]);
+            OpCheck op;
+            const int qkv = op.rand(dt, {1, n, (NH + 2 * KVH) * hd});
+            const int kp = op.rand(dt, {kv.pool_rows(), KVH * hd});
+            const int vp = op.rand(dt, {kv.pool_rows(), KVH * hd});
+            const int m = op.values(DType::i32, {kv.meta_words()}, meta);
+            const int out = op.zeros(dt, {1, n, NH * hd});
+            op.run([&](Backend & be, const std::vector<Tensor> & t) {
+                be.paged_attention_fwd(t[out], t[qkv], t[kp], t[vp], t[m], kv, int(NH), int(KVH), window);
+            });
+            EXPECT_LT(op.rel_err(out), out_tol(dt));
+            EXPECT_EQ(op.rel_err(kp), 0.0);
+            EXPECT_EQ(op.rel_err(vp), 0.0);
+            const std::vector<float> o = op.gpu(out);
+            for (int64_t i = 7 * NH * hd; i < n * NH * hd; ++i) ASSERT_EQ(o[size_t(i)], 0.0f) << "padding row output";
+        }
+}
+
 }  // namespace
 }  // namespace memfit::test
