@@ -23,7 +23,7 @@ run:        model
 data:       tokenizer
 train:      run model comm
 infer:      train
-plan:       train
+plan:       infer
 report:     memory
 app:        infer plan report data
 cli:        app

@@ -19,9 +19,13 @@
 #include "cli/validators.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/units.h"
+#include "model/gptq_folder.h"
+#include "model/hf_weights.h"
 #include "plan/distill_plan.h"
 #include "plan/fit.h"
 #include "plan/hardware.h"
+#include "plan/inference_plan.h"
 #include "plan/inverse.h"
 #include "plan/launch.h"
 #include "plan/lora_plan.h"
@@ -43,6 +47,10 @@ struct PlanFlags {
     bool max_seq = false, max_micro_batch = false;
     std::string max_model;   // a family prefix, or "presets"; empty: not asked
     std::string emit_config, emit_deepspeed;
+    // --inference (plan/inference_plan.h): serving instead of training.
+    bool inference = false;
+    int context = 0, concurrency = 0, kv_block = 16, batched_tokens = 512;
+    std::string weights;   // empty: --precision's dtype
 };
 
 // The run's defaults for planning: a 7B model at 4k tokens in bf16.
@@ -175,6 +183,41 @@ Answer ask_inverse(const PlanFlags & f, const RunConfig & run, const RunFlags & 
     return a;
 }
 
+// --inference: the serving plan of one device (of --tp ranks), and the most requests that fit.
+void run_inference_plan(const PlanFlags & f, const RunConfig & run, const RunFlags & given, const Backend & sizing) {
+    for (const char * flag : {"micro-batch", "global-batch", "grad-accum", "zero", "pp", "offload", "recompute"})
+        if (given.given(flag))
+            throw ConfigError(fmt::format("--{}: a training flag; --inference plans serving (--tp, --context, "
+                                          "--concurrency, --weights, --kv-block)", flag));
+    if (run.precision_auto) throw ConfigError("--precision auto: memfit plan plans one precision; name it");
+    InferenceRequest r;
+    r.cfg = run_model(run);
+    if (r.cfg.vocab_size == 0) r.cfg.vocab_size = 256;   // the small presets: a byte vocabulary
+    r.cfg.validate();
+    r.hw = find_hardware(default_hardware_catalog(f.calibration), f.hardware);
+    r.tp = given.given("tp") ? run.layout.tp : 1;
+    r.compute = run.compute;
+    r.context = f.context > 0 ? f.context : std::min(run.seq, r.cfg.max_seq);
+    r.concurrency = f.concurrency;
+    r.kv_block = f.kv_block;
+    r.batched_tokens = f.batched_tokens;
+    const std::optional<GptqSpec> gptq = has_hf_weights(run.model) ? read_gptq_spec(run.model) : std::nullopt;
+    const std::string w = f.weights.empty() ? (gptq ? "gptq" : precision_name(run.compute)) : f.weights;
+    if (w == "int8") r.quant = QuantDesc{QuantFormat::int8};
+    else if (w == "nf4") r.quant = QuantDesc{QuantFormat::nf4_dq};
+    else if (w == "gptq") r.quant = gptq ? gptq_proto(gptq->options) : gptq_proto(GptqOptions{});
+    else if (w == "fp32" || w == "bf16" || w == "fp16") r.compute = parse_precision(w);
+    else throw ConfigError(fmt::format("--weights {}: expected bf16, fp16, fp32, int8, nf4 or gptq", w));
+    if (gptq && w != "gptq") throw ConfigError(fmt::format("--weights {}: {} is a GPTQ folder", w, run.model));
+    const InferencePlan p = plan_inference(r, sizing);
+    if (f.json) std::printf("%s\n", inference_plan_json(r, p).dump(2).c_str());
+    else std::printf("%s", format_inference_plan(r, p).c_str());
+    if (!p.fits)
+        throw Error(fmt::format("{} requests of {} positions do not fit on {}: {} planned, {} usable (at most {} fit)",
+                                p.concurrency, r.context, r.hw.name, format_bytes(p.bytes.total()),
+                                format_bytes(p.usable), p.max_concurrency));
+}
+
 void run_plan(const PlanFlags & f, const RunConfig & run, const RunFlags & given) {
     // The default file is optional (no calibration yet); one named on the command line is not.
     if (f.max_seq + f.max_micro_batch + !f.max_model.empty() + f.min_gpus > 1)
@@ -184,10 +227,11 @@ void run_plan(const PlanFlags & f, const RunConfig & run, const RunFlags & given
     // time on large models).
     mallopt(M_MMAP_THRESHOLD, 256 << 20);
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
-    PlanRequest r = make_request(f, run, given);
     // The engine's own scratch sizes: oneDNN's on the CPU, the CUDA backend's on a GPU.
     const std::unique_ptr<Backend> cpu = make_backend("cpu");
     const std::unique_ptr<Backend> cuda = make_cuda_sizing_backend();
+    if (f.inference) return run_inference_plan(f, run, given, f.hardware == "cpu" ? *cpu : *cuda);
+    PlanRequest r = make_request(f, run, given);
     const Backend * sizing = r.hw.name == "cpu" ? cpu.get() : cuda.get();
     r.exact_sizing = sizing;
     SearchReport rep;
@@ -263,6 +307,21 @@ void add_plan_commands(CLI::App & app) {
     p->add_option("--emit-deepspeed", f.emit_deepspeed,
                   "write the best row as a DeepSpeed config (ds_config.json); what it cannot say is printed")
         ->check(kPath);
+    p->add_flag("--inference", f.inference,
+                "plan serving instead of training: weights, KV cache, activations of a paged decoder on one device "
+                "(of --tp ranks), the most requests of --context positions that fit, decode tokens/s and prefill "
+                "time (docs/inference.md)");
+    p->add_option("--context", f.context, "with --inference: positions per request, prompt and generated tokens "
+                  "(default: --seq)")->check(kPositive);
+    p->add_option("--concurrency", f.concurrency, "with --inference: requests at once (default: the most that fit)")
+        ->check(kPositive);
+    p->add_option("--weights", f.weights, "with --inference: weight storage, bf16, fp16, fp32, int8, nf4 or gptq "
+                  "(4-bit, groups of 128; a GPTQ folder's own) (default: --precision)");
+    p->add_option("--kv-block", f.kv_block, "with --inference: positions per KV cache block")->capture_default_str()
+        ->check(CLI::Range(1, 4096));
+    p->add_option("--max-num-batched-tokens", f.batched_tokens,
+                  "with --inference: token rows one step runs at most (prefill chunks)")->capture_default_str()
+        ->check(CLI::Range(1, 1 << 20));
     CLI::Option * calibration =
         p->add_option("--calibration", f.calibration,
                       "the cpu entry's measurements (memfit bench --calibrate; \"\": none)")

@@ -58,6 +58,22 @@ ModelOptions Decoder::model_options() const {
     return mo;
 }
 
+CategoryBytes Decoder::plan_paged(const ModelConfig & cfg, const Backend & sizing, PagedKv kv, int context,
+                                  DType compute, const QuantLayout & quant) {
+    MF_ASSERT(kv.tokens % kRowTile == 0 && kv.seqs % kRowTile == 0 && context >= 1);
+    kv.max_blocks = (context + kv.block - 1) / kv.block;
+    const ParamLayout dense = quant.entries.empty() ? make_param_layout(cfg) : memfit::dense_layout(cfg, quant);
+    ModelOptions mo;
+    mo.compute = compute;
+    mo.kv_capacity = context;
+    mo.paged = kv;
+    // The smallest step owns the persistent buffers; the largest has the most transient bytes.
+    const Pass small(cfg, dense, quant, kRowTile, kv.tokens, mo, sizing);
+    if (kv.tokens == kRowTile) return shared_peak_live(small.plan, {});
+    const Pass large(cfg, dense, quant, kv.tokens, kv.tokens, mo, sizing);
+    return shared_peak_live(small.plan, {&large.plan});
+}
+
 int Decoder::token_slots() const { return paged_.enabled() ? paged_.tokens : capacity_; }
 
 Decoder::Decoder(const ModelConfig & cfg, Backend & backend, int capacity, DType compute,

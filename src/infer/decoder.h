@@ -95,6 +95,11 @@ public:
     // kRowTile rows, so a row's logits do not depend on the other rows of its step.
     const float * run_paged(const std::vector<int32_t> & tokens, const std::vector<int32_t> & meta);
     const PagedKv & paged() const { return paged_; }
+    // What a paged decoder of this geometry plans, recorded without allocating (the inference
+    // planner, plan/inference_plan.h): its peak once a step of kv.tokens rows has run (every
+    // smaller step's bytes are within it). `sizing` gives the backend's workspace sizes.
+    static CategoryBytes plan_paged(const ModelConfig & cfg, const Backend & sizing, PagedKv kv, int context,
+                                    DType compute, const QuantLayout & quant = {});
     static constexpr int kRowTile = 8;
 
     // Planned bytes over every program recorded so far (step plus prefills), and the KV cache's.
