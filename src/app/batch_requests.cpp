@@ -87,6 +87,7 @@ std::string generation_results_jsonl(const std::vector<GenerationResult> & resul
         nlohmann::ordered_json j;
         j["index"] = i;
         j["text"] = tok.decode(r.tokens);
+        j["token_ids"] = r.tokens;   // exact where the text is not valid UTF-8 (replaced in "text")
         j["finish_reason"] = r.finish_reason;
         j["prompt_tokens"] = r.prompt_tokens;
         j["completion_tokens"] = r.tokens.size();
@@ -123,15 +124,14 @@ PagedKv batch_kv_geometry(const ModelConfig & cfg, DType kv_dtype, const BatchSe
     }
     std::sort(need.rbegin(), need.rend());
     int64_t blocks = 0;
-    for (size_t i = 0; i < need.size() && i < size_t(kv.seqs); ++i) blocks += need[i];
+    for (size_t i = 0; i < need.size() && i < size_t(std::max(1, o.max_num_seqs)); ++i) blocks += need[i];
     kv.blocks = int(std::max<int64_t>(blocks, 2));
     return kv;
 }
 
 std::vector<GenerationResult> serve_requests(Decoder & decoder, const std::vector<GenerationRequest> & requests,
-                                             std::FILE * progress, bool reserve_context) {
-    BatchOptions bo;
-    bo.reserve_context = reserve_context;
+                                             std::FILE * progress, const BatchOptions & options) {
+    BatchOptions bo = options;
     double last = 0;
     const int total = int(requests.size());
     const PagedKv & kv = decoder.paged();

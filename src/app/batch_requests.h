@@ -5,8 +5,9 @@
 // chat, rendered with the tokenizer's chat template and its generation prompt; generation stops
 // at the template's end-of-turn and end-of-sequence tokens), and optionally "max_tokens",
 // "temperature", "top_p", "top_k", "seed" (the command line's values otherwise). RESULTS.jsonl
-// gets one line per request, in the input's order: {"index", "text" (the continuation only),
-// "finish_reason" ("stop" | "length"), "prompt_tokens", "completion_tokens", "preemptions"} and
+// gets one line per request, in the input's order: {"index", "text" (the continuation only; bytes
+// that are not UTF-8 as U+FFFD), "token_ids" (the continuation's, exact), "finish_reason" ("stop" |
+// "length"), "prompt_tokens", "completion_tokens", "preemptions"} and
 // "error" for a request that could not run (a prompt longer than the context). It is written
 // atomically when every request has finished.
 #pragma once
@@ -34,7 +35,7 @@ std::string generation_results_jsonl(const std::vector<GenerationResult> & resul
 struct BatchServeOptions {
     int kv_block = 16;                  // --kv-block
     uint64_t kv_memory = 0;             // --kv-memory (0: what the requests can use, below)
-    int max_num_seqs = 32;              // --max-num-seqs (rounded up to Decoder::kRowTile)
+    int max_num_seqs = 32;              // --max-num-seqs (the decoder's slots: rounded up to Decoder::kRowTile)
     int max_num_batched_tokens = 128;   // --max-num-batched-tokens (the same)
     int context = 0;                    // positions per sequence
 };
@@ -47,6 +48,6 @@ PagedKv batch_kv_geometry(const ModelConfig & cfg, DType kv_dtype, const BatchSe
 
 // Runs them, printing a progress line about every second and a closing line to `progress`.
 std::vector<GenerationResult> serve_requests(Decoder & decoder, const std::vector<GenerationRequest> & requests,
-                                             std::FILE * progress, bool reserve_context = false);
+                                             std::FILE * progress, const BatchOptions & options);
 
 }  // namespace memfit

@@ -170,8 +170,8 @@ void run_prompt(LoadedModel & source, const Tokenizer & tok, const std::string &
     const bool tty = isatty(fileno(stdout)) != 0;
     const auto out = generate(*decoder, prompt, gen, [&](int32_t id) {
         // On a terminal, control bytes print escaped (ESC c would reset it); a file gets the bytes.
-        const std::string piece = tok.decode_token(id);
-        std::printf("%s", (tty ? printable_text(piece) : piece).c_str());
+        const std::string piece = tty ? printable_text(tok.decode_token(id)) : tok.decode_token(id);
+        std::fwrite(piece.data(), 1, piece.size(), stdout);   // every byte, a NUL too
         std::fflush(stdout);
     });
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -202,9 +202,12 @@ void run_prompts_file(LoadedModel & source, const Tokenizer & tok, const std::st
     const PagedKv kv = batch_kv_geometry(source.cfg, w.dtype, o, reqs);
     const std::unique_ptr<Decoder> decoder = make_decoder(source, backend, w, o.context, &kv);
     std::fprintf(stderr, "generate: %zu requests from %s; up to %d sequences and %d token rows a step; KV cache %s: "
-                 "%d blocks of %d positions, %d positions a sequence\n", reqs.size(), f.prompts.c_str(), kv.seqs,
+                 "%d blocks of %d positions, %d positions a sequence\n", reqs.size(), f.prompts.c_str(), f.max_num_seqs,
                  kv.tokens, f.kv_cache.c_str(), kv.blocks, kv.block, o.context);
-    const std::vector<GenerationResult> results = serve_requests(*decoder, reqs, stderr, f.kv_cache == "contiguous");
+    BatchOptions bo;
+    bo.reserve_context = f.kv_cache == "contiguous";
+    bo.max_seqs = f.max_num_seqs;
+    const std::vector<GenerationResult> results = serve_requests(*decoder, reqs, stderr, bo);
     write_file_atomic(f.out, generation_results_jsonl(results, tok));
     int failed = 0;
     for (const GenerationResult & r : results) failed += !r.error.empty();
@@ -257,13 +260,12 @@ void add_generate_command(CLI::App & app) {
                   "{\"messages\": [...]}, with optional max_tokens, temperature, top_p, top_k, seed (else these "
                   "flags'); served at once by continuous batching over a paged KV cache (needs --out)")->check(kPath);
     g->add_option("--out", f.out, "with --prompts: the results file, one JSON line per request in the input's order "
-                  "(index, text, finish_reason, prompt_tokens, completion_tokens, preemptions; error)")->check(kPath);
+                  "(index, text, token_ids, finish_reason, prompt_tokens, completion_tokens, preemptions; error)")->check(kPath);
     g->add_option("--kv-block", f.kv_block, "with --prompts: positions per KV cache block")->capture_default_str()
         ->check(CLI::Range(1, 4096));
     g->add_option("--kv-memory", f.kv_memory, "with --prompts: bytes of the KV block pool (512MiB, 2GB, ...; "
                   "default: every block the --max-num-seqs largest requests can use)");
-    g->add_option("--max-num-seqs", f.max_num_seqs, "with --prompts: sequences one step serves at most (rounded up "
-                  "to a multiple of 8)")->capture_default_str()->check(CLI::Range(1, 1 << 16));
+    g->add_option("--max-num-seqs", f.max_num_seqs, "with --prompts: sequences running at once at most")->capture_default_str()->check(CLI::Range(1, 1 << 16));
     g->add_option("--max-num-batched-tokens", f.max_num_batched_tokens, "with --prompts: token rows one step runs "
                   "at most, decoding rows first and prompt chunks after (rounded up to a multiple of 8)")
         ->capture_default_str()->check(CLI::Range(1, 1 << 20));

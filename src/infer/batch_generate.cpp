@@ -77,7 +77,11 @@ public:
             std::vector<Take> takes = schedule(st);
             if (takes.empty()) {   // the queue's head outgrew the whole pool while it ran alone
                 MF_ASSERT(running_.empty() && !waiting_.empty());
-                results_[waiting_.front().req].finish_reason = "length";
+                const Seq & s = waiting_.front();
+                results_[s.req].finish_reason = "length";
+                results_[s.req].error = fmt::format(
+                    "the KV pool's {} blocks of {} positions cannot hold its {} positions (raise --kv-memory)",
+                    kv_.blocks, kv_.block, s.tokens.size() + 1);
                 waiting_.pop_front();
                 ++st.finished;
                 continue;
@@ -137,7 +141,8 @@ private:
     }
 
     bool admit(int budget) {
-        if (waiting_.empty() || free_slots_.empty() || budget <= 0) return false;
+        const int most = opt_.max_seqs > 0 ? std::min(opt_.max_seqs, kv_.seqs) : kv_.seqs;
+        if (waiting_.empty() || int(running_.size()) >= most || budget <= 0) return false;
         Seq & s = waiting_.front();
         const int need = opt_.reserve_context ? kv_.max_blocks : blocks_for(int(s.tokens.size())) + 1;
         if (pool_.free() < need) return false;
@@ -203,7 +208,7 @@ std::vector<Take> Scheduler::schedule(BatchStats & st) {
 void Scheduler::step(const std::vector<Take> & takes, BatchStats & st) {
     int rows = 0;
     for (const Take & t : takes) rows += t.n;
-    const int padded = (rows + Decoder::kRowTile - 1) / Decoder::kRowTile * Decoder::kRowTile;
+    const int padded = d_.step_rows(rows);
     std::vector<int32_t> tokens(size_t(padded), 0), meta(size_t(kv_.meta_words()), -1);
     int32_t * seq = meta.data() + kv_.seq_at();
     int32_t * pos = meta.data() + kv_.pos_at();

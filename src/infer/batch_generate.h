@@ -46,6 +46,7 @@ struct GenerationResult {
 
 struct BatchOptions {
     bool reserve_context = false;   // the contiguous baseline: blocks for the whole context at admission
+    int max_seqs = 0;               // sequences running at once at most (0: the decoder's paged().seqs)
     // Called after every step with the step's index (progress output).
     std::function<void(const struct BatchStats &)> on_step;
 };

@@ -158,6 +158,13 @@ const float * Decoder::run(Pass & p, const int32_t * tokens, int pos0) {
     return logits_.data();
 }
 
+int Decoder::step_rows(int rows) const {
+    MF_ASSERT(paged_.enabled() && rows >= 1 && rows <= paged_.tokens);
+    int t = 1;   // row tiles: 1, 2, 3, 4, 6, 8, 12, 16, 24, ...
+    while (t * kRowTile < rows) t = t < 2 ? t + 1 : t % 3 == 0 ? t / 3 * 4 : t / 2 * 3;
+    return std::min(t * kRowTile, paged_.tokens);
+}
+
 const float * Decoder::run_paged(const std::vector<int32_t> & tokens, const std::vector<int32_t> & meta) {
     const int n = int(tokens.size());
     MF_ASSERT(paged_.enabled() && int64_t(meta.size()) == paged_.meta_words());

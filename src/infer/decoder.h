@@ -95,6 +95,10 @@ public:
     // kRowTile rows, so a row's logits do not depend on the other rows of its step.
     const float * run_paged(const std::vector<int32_t> & tokens, const std::vector<int32_t> & meta);
     const PagedKv & paged() const { return paged_; }
+    // The rows of the step program that runs `rows` token rows: the smallest of kRowTile x 1, 2, 3,
+    // 4, 6, 8, 12, 16, ... (each 4/3 or 3/2 of the last) that holds them, at most paged().tokens,
+    // so a serving run records a few programs, not one per row count.
+    int step_rows(int rows) const;
     // What a paged decoder of this geometry plans, recorded without allocating (the inference
     // planner, plan/inference_plan.h): its peak once a step of kv.tokens rows has run (every
     // smaller step's bytes are within it). `sizing` gives the backend's workspace sizes.
