@@ -105,8 +105,9 @@ PagedKv batch_kv_geometry(const ModelConfig & cfg, DType kv_dtype, const BatchSe
     kv.block = o.kv_block;
     kv.seqs = (std::max(1, o.max_num_seqs) + tile - 1) / tile * tile;
     kv.tokens = (std::max(1, o.max_num_batched_tokens) + tile - 1) / tile * tile;
-    const uint64_t per_block =
-        uint64_t(2) * cfg.n_layer * uint64_t(o.kv_block) * cfg.kv_heads() * cfg.head_dim() * dtype_size(kv_dtype);
+    kv.int8 = o.kv_int8;
+    const uint64_t per_block = uint64_t(2) * cfg.n_layer * uint64_t(o.kv_block) *
+                               uint64_t(paged_row_bytes(kv, cfg.kv_heads(), cfg.head_dim(), int64_t(dtype_size(kv_dtype))));
     if (o.kv_memory > 0) {
         const uint64_t blocks = o.kv_memory / per_block;
         if (blocks < 2)

@@ -38,6 +38,7 @@ struct BatchServeOptions {
     int max_num_seqs = 32;              // --max-num-seqs (the decoder's slots: rounded up to Decoder::kRowTile)
     int max_num_batched_tokens = 128;   // --max-num-batched-tokens (the same)
     int context = 0;                    // positions per sequence
+    bool kv_int8 = false;               // --kv-dtype int8 (backend/paged_kv.h)
 };
 
 // The paged cache for `requests` under the options: the pool holds kv_memory bytes, or (0) every

@@ -32,6 +32,9 @@ struct PagedKv {
     int seqs = 0;         // S: sequences one step serves (block-table rows)
     int max_blocks = 0;   // block-table columns: a sequence's context in blocks
     int tokens = 0;       // N: the most token rows one step runs (its metadata's size)
+    // The pools' rows hold int8 codes: per KV head, hd codes of round(x / s) with s = max |x| / 127,
+    // the KV heads' fp32 scales s after the row's codes (paged_row_bytes). Else the compute dtype.
+    bool int8 = false;
 
     MF_HOST_DEVICE bool enabled() const { return block > 0; }
     MF_HOST_DEVICE int64_t pool_rows() const { return int64_t(blocks) * block; }
@@ -43,6 +46,11 @@ struct PagedKv {
     MF_HOST_DEVICE int64_t logit_rows_at() const { return table_at() + int64_t(seqs) * max_blocks; }
     MF_HOST_DEVICE int64_t meta_words() const { return logit_rows_at() + seqs; }
 };
+
+// Bytes of one pool row (one position's keys, or values, of one layer) of KV = KVH * hd elements.
+MF_HOST_DEVICE inline int64_t paged_row_bytes(const PagedKv & kv, int64_t KVH, int64_t hd, int64_t elem_bytes) {
+    return kv.int8 ? KVH * hd + 4 * KVH : KVH * hd * elem_bytes;
+}
 
 // The pool row holding position `pos` of the sequence whose block-table row is `row`.
 MF_HOST_DEVICE inline int64_t paged_slot(const int32_t * row, int block, int pos) {

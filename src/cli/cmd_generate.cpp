@@ -59,7 +59,7 @@ std::string describe_weight_bytes(const Decoder & d) {
 
 struct GenFlags {
     std::string model, prompt = "\n", tokenizer, weights = "fp32", chat_template = "auto", system, device = "cpu",
-                adapter, prompts, out, kv_memory, kv_cache = "paged";
+                adapter, prompts, out, kv_memory, kv_cache = "paged", kv_dtype = "auto";
     bool chat = false;
     int seq = 0, threads = 0, kv_block = 16, max_num_seqs = 32, max_num_batched_tokens = 128;
     SampleOptions sample;
@@ -199,11 +199,13 @@ void run_prompts_file(LoadedModel & source, const Tokenizer & tok, const std::st
     o.max_num_seqs = f.max_num_seqs;
     o.max_num_batched_tokens = f.max_num_batched_tokens;
     o.context = context_for(source.cfg, want);
+    o.kv_int8 = f.kv_dtype == "int8";
     const PagedKv kv = batch_kv_geometry(source.cfg, w.dtype, o, reqs);
     const std::unique_ptr<Decoder> decoder = make_decoder(source, backend, w, o.context, &kv);
-    std::fprintf(stderr, "generate: %zu requests from %s; up to %d sequences and %d token rows a step; KV cache %s: "
-                 "%d blocks of %d positions, %d positions a sequence\n", reqs.size(), f.prompts.c_str(), f.max_num_seqs,
-                 kv.tokens, f.kv_cache.c_str(), kv.blocks, kv.block, o.context);
+    std::fprintf(stderr, "generate: %zu requests from %s; up to %d sequences and %d token rows a step; KV cache %s, "
+                 "%s: %d blocks of %d positions, %d positions a sequence\n", reqs.size(), f.prompts.c_str(),
+                 f.max_num_seqs, kv.tokens, f.kv_cache.c_str(), kv.int8 ? "int8" : precision_name(w.dtype).c_str(),
+                 kv.blocks, kv.block, o.context);
     BatchOptions bo;
     bo.reserve_context = f.kv_cache == "contiguous";
     bo.max_seqs = f.max_num_seqs;
@@ -269,6 +271,9 @@ void add_generate_command(CLI::App & app) {
     g->add_option("--max-num-batched-tokens", f.max_num_batched_tokens, "with --prompts: token rows one step runs "
                   "at most, decoding rows first and prompt chunks after (rounded up to a multiple of 8)")
         ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+    g->add_option("--kv-dtype", f.kv_dtype, "with --prompts: the KV cache's storage: auto (the compute dtype: fp32, "
+                  "or bf16 with --weights bf16), or int8 (per position and KV head, codes of x / s with s = max |x| / "
+                  "127 and the fp32 scale s)")->capture_default_str()->check(CLI::IsMember({"auto", "int8"}));
     g->add_option("--kv-cache", f.kv_cache, "with --prompts: paged (blocks taken as sequences grow), or contiguous "
                   "(each sequence reserves its whole context when admitted: the baseline paging is measured against)")
         ->capture_default_str()->check(CLI::IsMember({"paged", "contiguous"}));

@@ -51,6 +51,7 @@ struct PlanFlags {
     bool inference = false;
     int context = 0, concurrency = 0, kv_block = 16, batched_tokens = 512;
     std::string weights;   // empty: --precision's dtype
+    std::string kv_dtype = "auto";
 };
 
 // The run's defaults for planning: a 7B model at 4k tokens in bf16.
@@ -200,6 +201,7 @@ void run_inference_plan(const PlanFlags & f, const RunConfig & run, const RunFla
     r.context = f.context > 0 ? f.context : std::min(run.seq, r.cfg.max_seq);
     r.concurrency = f.concurrency;
     r.kv_block = f.kv_block;
+    r.kv_int8 = f.kv_dtype == "int8";
     r.batched_tokens = f.batched_tokens;
     const std::optional<GptqSpec> gptq = has_hf_weights(run.model) ? read_gptq_spec(run.model) : std::nullopt;
     const std::string w = f.weights.empty() ? (gptq ? "gptq" : precision_name(run.compute)) : f.weights;
@@ -317,6 +319,9 @@ void add_plan_commands(CLI::App & app) {
         ->check(kPositive);
     p->add_option("--weights", f.weights, "with --inference: weight storage, bf16, fp16, fp32, int8, nf4 or gptq "
                   "(4-bit, groups of 128; a GPTQ folder's own) (default: --precision)");
+    p->add_option("--kv-dtype", f.kv_dtype, "with --inference: the KV cache's storage, auto (the compute dtype) or "
+                  "int8 (codes and a scale per position and KV head)")->capture_default_str()
+        ->check(CLI::IsMember({"auto", "int8"}));
     p->add_option("--kv-block", f.kv_block, "with --inference: positions per KV cache block")->capture_default_str()
         ->check(CLI::Range(1, 4096));
     p->add_option("--max-num-batched-tokens", f.batched_tokens,

@@ -10,14 +10,17 @@ namespace memfit {
 void Transformer::declare_paged(Program & program, const ModelOptions & opt) {
     paged_ = opt.paged;
     MF_ASSERT(B_ == 1 && !opt.with_backward && T_ <= paged_.tokens && paged_.seqs > 0 && paged_.max_blocks > 0);
-    const int64_t KV = int64_t(cfg_.kv_heads()) * cfg_.head_dim(), rows = paged_.pool_rows();
-    const int64_t S = paged_.seqs, C = cfg_.n_embd, V = cfg_.vocab_size;
-    const size_t bytes = size_t(rows * KV) * dtype_size(dt_);
+    const int64_t rows = paged_.pool_rows(), S = paged_.seqs, C = cfg_.n_embd, V = cfg_.vocab_size;
+    // A row: one position's keys (or values) in the compute dtype, or int8 codes and scales.
+    const DType pdt = paged_.int8 ? DType::u8 : dt_;
+    const int64_t row_bytes = paged_row_bytes(paged_, cfg_.kv_heads(), cfg_.head_dim(), int64_t(dtype_size(dt_)));
+    const int64_t width = row_bytes / int64_t(dtype_size(pdt));
+    const size_t bytes = size_t(rows * row_bytes);
     for (int l = 0; l < cfg_.n_layer; ++l) {
         kcache_.push_back(Tensor(program.declare(fmt::format("kv_cache.{}.k", l), Category::activations, bytes, true),
-                                 dt_, {rows, KV}));
+                                 pdt, {rows, width}));
         vcache_.push_back(Tensor(program.declare(fmt::format("kv_cache.{}.v", l), Category::activations, bytes, true),
-                                 dt_, {rows, KV}));
+                                 pdt, {rows, width}));
     }
     const int64_t words = paged_.meta_words();
     meta_ = Tensor(program.declare("decode.meta", Category::activations, size_t(words) * 4, true), DType::i32, {words});

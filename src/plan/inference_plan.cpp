@@ -24,6 +24,7 @@ PagedKv geometry(const InferenceRequest & r, int concurrency) {
     kv.tokens = round_up(r.batched_tokens, Decoder::kRowTile);
     kv.max_blocks = (r.context + r.kv_block - 1) / r.kv_block;
     kv.blocks = std::max(1, concurrency) * kv.max_blocks;
+    kv.int8 = r.kv_int8;
     return kv;
 }
 
@@ -70,7 +71,9 @@ InferencePlan plan_inference(const InferenceRequest & r, const Backend & sizing)
     const ModelConfig local = tp_local_config(r.cfg, r.tp);
     InferencePlan p;
     p.usable = r.hw.usable;
-    p.kv_per_token = uint64_t(2) * local.n_layer * local.kv_heads() * local.head_dim() * dtype_size(r.compute);
+    p.kv_per_token = uint64_t(2) * local.n_layer *
+                     uint64_t(paged_row_bytes(geometry(r, 1), local.kv_heads(), local.head_dim(),
+                                              int64_t(dtype_size(r.compute))));
     auto fits = [&](int c) { return rank_bytes(r, local, sizing, c).total() <= p.usable; };
     // The most that fit: doubling, then bisection (the bytes grow with the concurrency).
     int lo = 0, hi = 1;
@@ -99,7 +102,8 @@ std::string format_inference_plan(const InferenceRequest & r, const InferencePla
     std::string s = fmt::format(
         "serving {} on {} x {} (tensor parallel {}): weights {}, KV cache {} in blocks of {} positions, {} positions a "
         "request, steps of up to {} token rows\n",
-        r.cfg.name, r.tp, r.hw.name, r.tp, w, dtype_name(r.compute), r.kv_block, r.context, r.batched_tokens);
+        r.cfg.name, r.tp, r.hw.name, r.tp, w, r.kv_int8 ? "int8" : dtype_name(r.compute), r.kv_block, r.context,
+        r.batched_tokens);
     s += fmt::format("  per device, {} requests at once:\n", p.concurrency);
     s += fmt::format("    weights            {:>12}\n", format_bytes(p.weights));
     s += fmt::format("    KV cache           {:>12}  ({} blocks; {} a position, {} a request)\n",
@@ -125,6 +129,7 @@ nlohmann::json inference_plan_json(const InferenceRequest & r, const InferencePl
             {"tp", r.tp},
             {"context", r.context},
             {"kv_block", r.kv_block},
+            {"kv_dtype", r.kv_int8 ? "int8" : dtype_name(r.compute)},
             {"concurrency", p.concurrency},
             {"max_concurrency", p.max_concurrency},
             {"fits", p.fits},

@@ -37,6 +37,7 @@ struct InferenceRequest {
     int context = 4096;            // positions per request (prompt and generated tokens)
     int concurrency = 0;           // requests at once (0: the most that fit)
     int kv_block = 16;
+    bool kv_int8 = false;          // --kv-dtype int8 (backend/paged_kv.h)
     int batched_tokens = 512;      // token rows a step runs at most (prefill chunks)
 };
 

@@ -86,6 +86,14 @@ TEST(Cli, GeneratePromptsFileServesEveryRequestAsAlone) {
     EXPECT_GT(preempted, 0) << b.err;
     EXPECT_NE(b.err.find("KV pool 40.00 KiB (10 blocks of 8 positions)"), std::string::npos) << b.err;
 
+    // An int8 cache: (32 codes + 2 scales) bytes a position's keys of a layer against fp32's 128.
+    const CmdResult q = run_memfit(serve + " --out " + (dir / "q.jsonl").string() + " --kv-dtype int8");
+    ASSERT_EQ(q.code, 0) << q.err;
+    EXPECT_NE(q.err.find("KV cache paged, int8"), std::string::npos) << q.err;
+    const auto [qp, qm] = planned_measured(q.err);
+    EXPECT_EQ(qp, qm) << q.err;
+    EXPECT_EQ(jsonl(dir / "q.jsonl").size(), prompts.size());
+
     // The plan on this machine for that pool: 4 requests of 64 positions.
     const CmdResult p = run_memfit("plan --inference --hardware cpu --model " + hf.string() +
                                    " --weights fp32 --context 64 --concurrency 4 --kv-block 16 --json");

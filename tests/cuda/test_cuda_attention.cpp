@@ -172,10 +172,11 @@ TEST(CudaAttention, CachedGroupedQuery) {
 TEST(CudaAttention, PagedGroupedQuery) {
     MF_REQUIRE_GPU();
     for (DType dt : {DType::f32, DType::bf16})
-        for (const int window : {0, 6}) {
-            SCOPED_TRACE(testing::Message() << dtype_name(dt) << " window=" << window);
+        for (const int window : {0, 6})
+            for (const bool int8 : {false, true}) {
+            SCOPED_TRACE(testing::Message() << dtype_name(dt) << " window=" << window << (int8 ? " int8" : ""));
             PagedKv kv;
-            kv.block = 4, kv.blocks = 20, kv.seqs = 8, kv.max_blocks = 6, kv.tokens = 16;
+            kv.block = 4, kv.blocks = 20, kv.seqs = 8, kv.max_blocks = 6, kv.tokens = 16, kv.int8 = int8;
             const int64_t NH = 4, KVH = 2, hd = 32, n = 16;
             // Row i: sequence and position; 5 rows of slot 2 (positions 7..11), slot 5 at 19, slot 0 at 3.
             std::vector<float> meta(size_t(kv.meta_words()), -1.0f);
@@ -195,8 +196,10 @@ TEST(CudaAttention, PagedGroupedQuery) {
                     meta[size_t(kv.table_at() + slots[q] * kv.max_blocks + j)] = float(tables[q][j]);
             OpCheck op;
             const int qkv = op.rand(dt, {1, n, (NH + 2 * KVH) * hd});
-            const int kp = op.rand(dt, {kv.pool_rows(), KVH * hd});
-            const int vp = op.rand(dt, {kv.pool_rows(), KVH * hd});
+            // int8 pools (bytes: codes, then a scale per KV head) start zero: unwritten keys score 0.
+            const int64_t width = int8 ? KVH * hd + 4 * KVH : KVH * hd;
+            const int kp = int8 ? op.zeros(DType::u8, {kv.pool_rows(), width}) : op.rand(dt, {kv.pool_rows(), width});
+            const int vp = int8 ? op.zeros(DType::u8, {kv.pool_rows(), width}) : op.rand(dt, {kv.pool_rows(), width});
             const int m = op.values(DType::i32, {kv.meta_words()}, meta);
             const int out = op.zeros(dt, {1, n, NH * hd});
             op.run([&](Backend & be, const std::vector<Tensor> & t) {

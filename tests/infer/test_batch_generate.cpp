@@ -227,3 +227,47 @@ TEST(BatchGenerate, PagedPoolServesMoreSequencesThanReservingTheContext) {
     EXPECT_LT(paged.steps, reserved.steps);
     for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(a[i].tokens, b[i].tokens);
 }
+
+// An int8 KV cache (--kv-dtype int8): one byte a value and an fp32 scale per position and KV head;
+// logits within int8 rounding of the fp32 cache's, and each request's tokens still the ones it gets
+// alone.
+TEST(BatchGenerate, Int8CacheServesAsAlone) {
+    const ModelConfig cfg = family(true);
+    CpuBackend backend;
+    const std::vector<float> params = trained_like_params(cfg, backend, 9);
+    PagedKv kv = pool(24);
+    kv.int8 = true;
+    Decoder d(cfg, backend, kv, 64, DType::f32);
+    d.set_weights(params.data());
+    const int64_t KVH = cfg.kv_heads(), hd = cfg.head_dim();
+    EXPECT_EQ(d.kv_cache_bytes(), uint64_t(2) * cfg.n_layer * 24 * 4 * uint64_t(KVH * hd + 4 * KVH));
+    const std::vector<GenerationRequest> reqs = requests(cfg, 10, 0.0f);
+    BatchStats st;
+    const auto all = generate_batch(d, reqs, {}, &st);
+    EXPECT_GT(st.preemptions, 0);
+    for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(all[i].tokens, generate_batch(d, {reqs[i]})[0].tokens) << i;
+    EXPECT_EQ(d.planned_peak_live().total(), d.ledger().live_peak().total());
+
+    // One sequence's logits against the fp32 cache's.
+    Decoder f(cfg, backend, pool(24), 64, DType::f32);
+    f.set_weights(params.data());
+    const PagedKv & g = d.paged();
+    std::vector<int32_t> meta(size_t(g.meta_words()), -1), tokens(24, 0);
+    for (int j = 0; j < g.max_blocks; ++j) meta[size_t(g.table_at() + j)] = j;
+    for (int i = 0; i < g.tokens; ++i) {
+        meta[size_t(g.seq_at() + i)] = i < 20 ? 0 : -1;
+        meta[size_t(g.pos_at() + i)] = i < 20 ? i : 0;
+        meta[size_t(g.doc_at() + i)] = i < 20 ? 0 : i;
+        if (i < 20) tokens[size_t(i)] = (i * 7 + 3) % cfg.vocab_size;
+    }
+    tokens.resize(16);
+    for (int i = 16; i < g.tokens; ++i) meta[size_t(g.seq_at() + i)] = -1;
+    for (int s = 0; s < g.seqs; ++s) meta[size_t(g.logit_rows_at() + s)] = s == 0 ? 15 : 0;
+    const int V = cfg.vocab_size;
+    const float * a = d.run_paged(tokens, meta);
+    const std::vector<float> q(a, a + V);
+    const float * b = f.run_paged(tokens, meta);
+    const double err = max_rel(q.data(), b, V);
+    EXPECT_GT(err, 0.0);     // the codes are not the values
+    EXPECT_LT(err, 0.05);
+}

@@ -31,22 +31,25 @@ InferenceRequest tiny_request(bool llama) {
 }  // namespace
 
 TEST(InferencePlan, EqualsTheMeasuredPeakOnTheCpu) {
-    struct Case { bool llama; DType dt; std::optional<QuantDesc> quant; };
+    struct Case { bool llama; DType dt; std::optional<QuantDesc> quant; bool int8 = false; };
     for (const Case c : {Case{false, DType::f32, {}}, Case{true, DType::bf16, {}},
-                         Case{true, DType::f32, QuantDesc{QuantFormat::nf4_dq}}}) {
-        SCOPED_TRACE(testing::Message() << (c.llama ? "llama " : "gpt2 ") << dtype_name(c.dt) << (c.quant ? " nf4" : ""));
+                         Case{true, DType::f32, QuantDesc{QuantFormat::nf4_dq}}, Case{true, DType::bf16, {}, true}}) {
+        SCOPED_TRACE(testing::Message() << (c.llama ? "llama " : "gpt2 ") << dtype_name(c.dt) << (c.quant ? " nf4" : "")
+                                        << (c.int8 ? " int8 cache" : ""));
         InferenceRequest r = tiny_request(c.llama);
         r.compute = c.dt;
         r.quant = c.quant;
+        r.kv_int8 = c.int8;
         CpuBackend cpu;
         const InferencePlan p = plan_inference(r, cpu);
         ASSERT_TRUE(p.fits);
         EXPECT_EQ(p.blocks, 5 * 10);
-        EXPECT_EQ(p.kv_per_token, uint64_t(2) * 2 * r.cfg.kv_heads() * r.cfg.head_dim() * dtype_size(c.dt));
+        const uint64_t KVH = uint64_t(r.cfg.kv_heads()), hd = uint64_t(r.cfg.head_dim());
+        EXPECT_EQ(p.kv_per_token, uint64_t(2) * 2 * (c.int8 ? KVH * hd + 4 * KVH : KVH * hd * dtype_size(c.dt)));
 
         // The engine with that geometry, serving eight requests whose prompts fill a 32-row step.
         PagedKv kv;
-        kv.block = 4, kv.blocks = p.blocks, kv.seqs = 8, kv.tokens = 32;
+        kv.block = 4, kv.blocks = p.blocks, kv.seqs = 8, kv.tokens = 32, kv.int8 = c.int8;
         const QuantLayout q = c.quant ? make_quant_layout(r.cfg, *c.quant) : QuantLayout{};
         Decoder d(r.cfg, cpu, kv, r.context, c.dt, q);
         EngineOptions eo;

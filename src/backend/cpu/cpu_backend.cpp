@@ -404,15 +404,17 @@ void CpuBackend::cached_attention_fwd(Tensor out, Tensor qkv, Tensor kcache, Ten
 
 void CpuBackend::paged_attention_fwd(Tensor out, Tensor qkv, Tensor kpool, Tensor vpool, Tensor meta,
                                      const PagedKv & kv, int NH, int KVH, int window) {
-    same_dtype(out.dtype, {&qkv, &kpool, &vpool});
+    same_dtype(out.dtype, {&qkv});
     const int hd = head_dim(qkv, NH, KVH);
     const int n = int(qkv.rows());
-    MF_ASSERT(out.numel() == int64_t(n) * NH * hd && kpool.numel() == kv.pool_rows() * KVH * hd);
-    MF_ASSERT(vpool.numel() == kpool.numel() && meta.dtype == DType::i32 && meta.numel() == kv.meta_words());
+    MF_ASSERT(kpool.dtype == (kv.int8 ? DType::u8 : out.dtype) && vpool.dtype == kpool.dtype);
+    const int64_t pool_bytes = kv.pool_rows() * paged_row_bytes(kv, KVH, hd, int64_t(dtype_size(out.dtype)));
+    MF_ASSERT(out.numel() == int64_t(n) * NH * hd && kpool.nbytes() == size_t(pool_bytes));
+    MF_ASSERT(vpool.nbytes() == kpool.nbytes() && meta.dtype == DType::i32 && meta.numel() == kv.meta_words());
     dispatch(out.dtype, [&](auto s) {
         using S = decltype(s);
-        cpu::paged_attention_forward(ptr<S>(out), ptr<S>(kpool), ptr<S>(vpool), ptr<S>(qkv), meta.i32(), kv, n, NH,
-                                     KVH, hd, window);
+        cpu::paged_attention_forward(ptr<S>(out), kpool.data, vpool.data, ptr<S>(qkv), meta.i32(), kv, n, NH, KVH, hd,
+                                     window);
     });
 }
 

@@ -229,10 +229,11 @@ template <class S>
 void cached_attention_forward(S * out, S * kcache, S * vcache, const S * qkv, int B, int Tn, int pos0, int cap,
                               int NH, int KVH, int hd, int window = 0);
 // The same over a paged cache (backend/paged_kv.h, kernel_list.h's paged_attention_fwd): qkv
-// [n,(NH+2KVH)hd], kpool, vpool [kv.blocks*kv.block, KVH*hd], meta the step's metadata.
+// [n,(NH+2KVH)hd], kpool, vpool kv.blocks*kv.block rows of paged_row_bytes (S values, or int8
+// codes and scales with kv.int8), meta the step's metadata.
 template <class S>
-void paged_attention_forward(S * out, S * kpool, S * vpool, const S * qkv, const int32_t * meta, const PagedKv & kv,
-                             int n, int NH, int KVH, int hd, int window = 0);
+void paged_attention_forward(S * out, void * kpool, void * vpool, const S * qkv, const int32_t * meta,
+                             const PagedKv & kv, int n, int NH, int KVH, int hd, int window = 0);
 
 // ---------------------------------------------------------------------------------------------
 // LoRA column slices (kernels_lora.cpp). out and src have N rows of ldo / lds elements, d has N

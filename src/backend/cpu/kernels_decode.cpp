@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.h"
@@ -21,30 +22,93 @@ namespace memfit::cpu {
 
 namespace {
 
-// out[hd] = softmax(q . k_s / sqrt(hd)) . v_s over keys s = 0 .. nk-1, key s at row_of(s) of
-// the cache (an element offset); score and acc are the task's scratch (nk and hd floats).
-template <class S, class RowOf>
-void attend(S * o, const S * q, const S * kb, const S * vb, int nk, int hd, RowOf row_of, float * score, float * acc) {
+// A cached element as fp32: the compute dtype's value, or an int8 code.
+template <class T>
+float widen(T x) {
+    if constexpr (std::is_same_v<T, int8_t>) return float(x);
+    else return to_f32(x);
+}
+
+// out[hd] = softmax(q . k_s / sqrt(hd)) . v_s over keys s = 0 .. nk-1, read through `rows`:
+// rows.k(s), rows.v(s) the key's and value's head (hd elements of any storage), rows.ks(s),
+// rows.vs(s) their scales (1 for plain rows: then every product below is the unscaled one
+// exactly). score and acc are the task's scratch (nk and hd floats).
+template <class S, class Rows>
+void attend(S * o, const S * q, int nk, int hd, const Rows & rows, float * score, float * acc) {
     const float scale = 1.0f / std::sqrt(float(hd));
     float maxv = -INFINITY;
     for (int s = 0; s < nk; ++s) {
-        const S * k = kb + row_of(s);
+        const auto * k = rows.k(s);
         float d = 0.0f;
 #pragma omp simd reduction(+ : d)
-        for (int i = 0; i < hd; ++i) d += to_f32(q[i]) * to_f32(k[i]);
-        score[s] = d * scale;
-        maxv = std::max(maxv, d * scale);
+        for (int i = 0; i < hd; ++i) d += to_f32(q[i]) * widen(k[i]);
+        score[s] = d * rows.ks(s) * scale;
+        maxv = std::max(maxv, score[s]);
     }
     float sum = 0.0f;
     for (int s = 0; s < nk; ++s) sum += (score[s] = std::exp(score[s] - maxv));
     std::fill(acc, acc + hd, 0.0f);
     for (int s = 0; s < nk; ++s) {
-        const S * v = vb + row_of(s);
-        const float p = score[s] / sum;
+        const auto * v = rows.v(s);
+        const float p = score[s] / sum * rows.vs(s);
 #pragma omp simd
-        for (int i = 0; i < hd; ++i) acc[i] += p * to_f32(v[i]);
+        for (int i = 0; i < hd; ++i) acc[i] += p * widen(v[i]);
     }
     for (int i = 0; i < hd; ++i) o[i] = from_f32<S>(acc[i]);
+}
+
+// Rows of a cache in the compute dtype: key s at element offset row_of(s) of kb and vb.
+template <class S, class RowOf>
+struct PlainRows {
+    const S * kb;
+    const S * vb;
+    RowOf row_of;
+    const S * k(int s) const { return kb + row_of(s); }
+    const S * v(int s) const { return vb + row_of(s); }
+    float ks(int) const { return 1.0f; }
+    float vs(int) const { return 1.0f; }
+};
+
+// An int8 pool's rows (paged_kv.h): codes of KV head h at byte h * hd of the row, its scale the
+// h-th float after the row's KV codes.
+struct Int8Pool {
+    const uint8_t * base;
+    int64_t row_bytes, KV;
+    const int8_t * codes(int64_t row, int64_t head) const {
+        return reinterpret_cast<const int8_t *>(base + row * row_bytes) + head;
+    }
+    float scale(int64_t row, int kvh) const {
+        float s;
+        std::memcpy(&s, base + row * row_bytes + KV + 4 * kvh, 4);
+        return s;
+    }
+};
+
+template <class RowOf>
+struct Int8Rows {
+    Int8Pool kp, vp;
+    int64_t head;   // the KV head's first element
+    int kvh;
+    RowOf row_of;   // key s's pool row
+    const int8_t * k(int s) const { return kp.codes(row_of(s), head); }
+    const int8_t * v(int s) const { return vp.codes(row_of(s), head); }
+    float ks(int s) const { return kp.scale(row_of(s), kvh); }
+    float vs(int s) const { return vp.scale(row_of(s), kvh); }
+};
+
+// One row's KVH heads of hd values into int8 codes and scales (paged_kv.h's rounding).
+template <class S>
+void store_int8_row(uint8_t * dst, const S * src, int KVH, int hd) {
+    for (int h = 0; h < KVH; ++h) {
+        float amax = 0.0f;
+        for (int i = 0; i < hd; ++i) amax = std::max(amax, std::fabs(to_f32(src[h * hd + i])));
+        const float s = amax / 127.0f;
+        for (int i = 0; i < hd; ++i) {
+            const float c = s > 0.0f ? std::nearbyint(to_f32(src[h * hd + i]) / s) : 0.0f;
+            dst[h * hd + i] = uint8_t(int8_t(std::max(-127.0f, std::min(127.0f, c))));
+        }
+        std::memcpy(dst + int64_t(KVH) * hd + 4 * h, &s, 4);
+    }
 }
 
 }  // namespace
@@ -72,18 +136,22 @@ void cached_attention_forward(S * out, S * kcache, S * vcache, const S * qkv, in
             const size_t head = size_t(h / group) * hd, base = size_t(b) * cap * KV + head;
             // Causal: cached positions lo .. pos0 + t (a window's last W), position p in row p % cap.
             const int lo = window > 0 ? std::max(0, pos0 + t - window + 1) : 0, nk = pos0 + t + 1 - lo;
+            auto row_of = [&](int s) { return size_t((lo + s) % cap) * KV; };
             attend(out + (size_t(b) * Tn + t) * Q + size_t(h) * hd, qkv + (size_t(b) * Tn + t) * row + size_t(h) * hd,
-                   kcache + base, vcache + base, nk, hd, [&](int s) { return size_t((lo + s) % cap) * KV; },
-                   score.data(), acc.data());
+                   nk, hd, PlainRows<S, decltype(row_of)>{kcache + base, vcache + base, row_of}, score.data(),
+                   acc.data());
         }
     }
 }
 
 template <class S>
-void paged_attention_forward(S * out, S * kpool, S * vpool, const S * qkv, const int32_t * meta, const PagedKv & kv,
+void paged_attention_forward(S * out, void * kpool, void * vpool, const S * qkv, const int32_t * meta, const PagedKv & kv,
                              int n, int NH, int KVH, int hd, int window) {
     MF_ASSERT(NH % KVH == 0 && n <= kv.tokens && kv.enabled());
     const size_t KV = size_t(KVH) * hd, Q = size_t(NH) * hd, row = Q + 2 * KV;
+    const int64_t row_bytes = paged_row_bytes(kv, KVH, hd, sizeof(S));
+    auto * kp = static_cast<uint8_t *>(kpool);
+    auto * vp = static_cast<uint8_t *>(vpool);
     const int32_t * seq = meta + kv.seq_at();
     const int32_t * pos = meta + kv.pos_at();
     const int32_t * table = meta + kv.table_at();
@@ -94,8 +162,14 @@ void paged_attention_forward(S * out, S * kpool, S * vpool, const S * qkv, const
         MF_ASSERT(seq[i] < kv.seqs && pos[i] >= 0 && pos[i] / kv.block < kv.max_blocks);
         const int64_t slot = paged_slot(table_row(i), kv.block, pos[i]);
         MF_ASSERT(slot >= 0 && slot < kv.pool_rows() && "a paged step's token has no block");
-        std::memcpy(kpool + size_t(slot) * KV, qkv + size_t(i) * row + Q, KV * sizeof(S));
-        std::memcpy(vpool + size_t(slot) * KV, qkv + size_t(i) * row + Q + KV, KV * sizeof(S));
+        const S * src = qkv + size_t(i) * row + Q;
+        if (kv.int8) {
+            store_int8_row(kp + slot * row_bytes, src, KVH, hd);
+            store_int8_row(vp + slot * row_bytes, src + KV, KVH, hd);
+        } else {
+            std::memcpy(kp + slot * row_bytes, src, KV * sizeof(S));
+            std::memcpy(vp + slot * row_bytes, src + KV, KV * sizeof(S));
+        }
         most = std::max(most, window > 0 ? std::min(pos[i] + 1, window) : pos[i] + 1);
     }
     const int group = NH / KVH, tasks = n * NH;
@@ -112,17 +186,28 @@ void paged_attention_forward(S * out, S * kpool, S * vpool, const S * qkv, const
             }
             const int32_t * blocks = table_row(i);
             const int lo = window > 0 ? std::max(0, pos[i] - window + 1) : 0, nk = pos[i] + 1 - lo;
-            const size_t head = size_t(h / group) * hd;
-            attend(o, qkv + size_t(i) * row + size_t(h) * hd, kpool + head, vpool + head, nk, hd,
-                   [&](int s) { return size_t(paged_slot(blocks, kv.block, lo + s)) * KV; }, score.data(), acc.data());
+            const int kvh = h / group;
+            const S * q = qkv + size_t(i) * row + size_t(h) * hd;
+            auto slot = [&](int s) { return paged_slot(blocks, kv.block, lo + s); };
+            if (kv.int8) {
+                const Int8Pool k8{kp, row_bytes, int64_t(KV)}, v8{vp, row_bytes, int64_t(KV)};
+                attend(o, q, nk, hd, Int8Rows<decltype(slot)>{k8, v8, int64_t(kvh) * hd, kvh, slot}, score.data(),
+                       acc.data());
+            } else {
+                auto row_of = [&](int s) { return size_t(slot(s)) * KV; };
+                attend(o, q, nk, hd,
+                       PlainRows<S, decltype(row_of)>{reinterpret_cast<const S *>(kp) + size_t(kvh) * hd,
+                                                      reinterpret_cast<const S *>(vp) + size_t(kvh) * hd, row_of},
+                       score.data(), acc.data());
+            }
         }
     }
 }
 
 #define MF_DECODE_KERNELS(S)                                                                                        \
     template void cached_attention_forward<S>(S *, S *, S *, const S *, int, int, int, int, int, int, int, int);      \
-    template void paged_attention_forward<S>(S *, S *, S *, const S *, const int32_t *, const PagedKv &, int, int, int, \
-                                             int, int);
+    template void paged_attention_forward<S>(S *, void *, void *, const S *, const int32_t *, const PagedKv &, int,    \
+                                             int, int, int, int);
 MF_DECODE_KERNELS(float)
 MF_DECODE_KERNELS(bf16_t)
 MF_DECODE_KERNELS(f16_t)

@@ -19,6 +19,7 @@ namespace memfit::cuda {
 __device__ __forceinline__ float ld(float x) { return x; }
 __device__ __forceinline__ float ld(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float ld(__half x) { return __half2float(x); }
+__device__ __forceinline__ float ld(int8_t x) { return float(x); }   // an int8 KV cache's code
 
 template <class T> __device__ __forceinline__ T st(float f);
 template <> __device__ __forceinline__ float st<float>(float f) { return f; }

@@ -312,10 +312,10 @@ void cached_attention_fwd(cudaStream_t s, Tensor out, Tensor qkv, Tensor kcache,
 namespace {
 
 // Paged KV cache (backend/paged_kv.h). Writes each token row's key and value to its pool row:
-// one thread per element of the n rows.
+// one thread per element of the n rows (pools of rows of `row_bytes`, in the compute dtype).
 template <class S>
-__global__ void paged_append_kernel(S * kp, S * vp, const S * qkv, const int32_t * meta, PagedKv kv, int n, size_t Q,
-                                    size_t KV) {
+__global__ void paged_append_kernel(uint8_t * kp, uint8_t * vp, const S * qkv, const int32_t * meta, PagedKv kv, int n,
+                                    size_t Q, size_t KV, int64_t row_bytes) {
     const size_t e = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (e >= size_t(n) * KV) return;
     const int i = int(e / KV);
@@ -324,16 +324,42 @@ __global__ void paged_append_kernel(S * kp, S * vp, const S * qkv, const int32_t
     if (seq < 0) return;
     const int64_t slot = paged_slot(meta + kv.table_at() + int64_t(seq) * kv.max_blocks, kv.block, meta[kv.pos_at() + i]);
     const S * src = qkv + size_t(i) * (Q + 2 * KV);
-    kp[size_t(slot) * KV + c] = src[Q + c];
-    vp[size_t(slot) * KV + c] = src[Q + KV + c];
+    reinterpret_cast<S *>(kp + slot * row_bytes)[c] = src[Q + c];
+    reinterpret_cast<S *>(vp + slot * row_bytes)[c] = src[Q + KV + c];
+}
+
+// The same into int8 pools: one thread per (row, KV head, k or v), its hd codes and scale as the
+// CPU rounds them (kernels_decode.cpp: s = max |x| / 127, code = round-to-even(x / s)).
+template <class S>
+__global__ void paged_append_int8_kernel(uint8_t * kp, uint8_t * vp, const S * qkv, const int32_t * meta, PagedKv kv,
+                                         int n, int NH, int KVH, int hd, int64_t row_bytes) {
+    const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e >= int64_t(n) * KVH * 2) return;
+    const int i = int(e / (2 * KVH)), h = int(e / 2 % KVH), which = int(e % 2);
+    const int seq = meta[kv.seq_at() + i];
+    if (seq < 0) return;
+    const int64_t slot = paged_slot(meta + kv.table_at() + int64_t(seq) * kv.max_blocks, kv.block, meta[kv.pos_at() + i]);
+    const size_t KV = size_t(KVH) * hd, Q = size_t(NH) * hd;
+    const S * src = qkv + size_t(i) * (Q + 2 * KV) + Q + size_t(which) * KV + size_t(h) * hd;
+    uint8_t * row = (which ? vp : kp) + slot * row_bytes;
+    float amax = 0.0f;
+    for (int c = 0; c < hd; ++c) amax = fmaxf(amax, fabsf(ld(src[c])));
+    const float s = amax / 127.0f;
+    for (int c = 0; c < hd; ++c) {
+        const float code = s > 0.0f ? rintf(ld(src[c]) / s) : 0.0f;
+        reinterpret_cast<int8_t *>(row)[size_t(h) * hd + c] = int8_t(fminf(127.0f, fmaxf(-127.0f, code)));
+    }
+    memcpy(row + KV + 4 * h, &s, 4);
 }
 
 // One (token row, head) per block (blockIdx.x = i * NH + h): the query scores its sequence's keys
-// lo .. pos through the block table, in position order, as attention_row_kernel does.
-template <class S>
-__global__ void __launch_bounds__(kThreads) paged_attention_kernel(S * out, const S * qkv, const S * kp, const S * vp,
-                                                                   const int32_t * meta, PagedKv kv, int NH, int group,
-                                                                   int hs, int window) {
+// lo .. pos through the block table, in position order, as attention_row_kernel does; P is the
+// pools' element (S, or int8_t codes with a scale per KV head after each row's codes).
+template <class S, class P>
+__global__ void __launch_bounds__(kThreads) paged_attention_kernel(S * out, const S * qkv, const uint8_t * kp,
+                                                                   const uint8_t * vp, const int32_t * meta, PagedKv kv,
+                                                                   int NH, int group, int hs, int window,
+                                                                   int64_t row_bytes) {
     extern __shared__ float smem[];
     float * qs = smem;
     float * red = qs + hs;
@@ -341,7 +367,8 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(S * out, cons
     __shared__ float stat[32];
     const int i = blockIdx.x / NH, h = blockIdx.x % NH;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const size_t Q = size_t(NH) * hs, KV = size_t(NH / group) * hs;
+    const int KVH = NH / group;
+    const size_t Q = size_t(NH) * hs, KV = size_t(KVH) * hs;
     S * o = out + size_t(i) * Q + size_t(h) * hs;
     const int seq = meta[kv.seq_at() + i];
     if (seq < 0) {   // a padding row (uniform over the block: no barrier is skipped by some threads only)
@@ -351,15 +378,22 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(S * out, cons
     const int pos = meta[kv.pos_at() + i];
     const int32_t * blocks = meta + kv.table_at() + int64_t(seq) * kv.max_blocks;
     const int lo = window > 0 ? max(0, pos - window + 1) : 0, nk = pos + 1 - lo;
-    const size_t head = size_t(h / group) * hs;
-    auto at = [&](int j) { return size_t(paged_slot(blocks, kv.block, lo + j)) * KV; };
+    const int kvh = h / group;
+    auto slot = [&](int j) { return paged_slot(blocks, kv.block, lo + j); };
+    auto scale_of = [&](const uint8_t * pool, int j) {   // an int8 row's scale of this KV head; 1 otherwise
+        if (!kv.int8) return 1.0f;
+        float s;
+        memcpy(&s, pool + slot(j) * row_bytes + KV + 4 * kvh, 4);
+        return s;
+    };
     const S * q = qkv + size_t(i) * (Q + 2 * KV) + size_t(h) * hs;
     for (int c = threadIdx.x; c < hs; c += kThreads) qs[c] = ld(q[c]);
     __syncthreads();
     const float scale = 1.0f / sqrtf(float(hs));
     float mx = -INFINITY;
     for (int j = warp; j < nk; j += kWarps) {
-        const float s = warp_dot(qs, kp + head + at(j), hs) * scale;
+        const P * krow = reinterpret_cast<const P *>(kp + slot(j) * row_bytes) + size_t(kvh) * hs;
+        const float s = warp_dot(qs, krow, hs) * scale_of(kp, j) * scale;
         if (lane == 0) sc[j] = s;
         mx = fmaxf(mx, s);
     }
@@ -374,33 +408,49 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(S * out, cons
         part += e;
     }
     const float inv = 1.0f / block_sum(part, stat);
-    for (int j = threadIdx.x; j < nk; j += kThreads) sc[j] *= inv;
+    for (int j = threadIdx.x; j < nk; j += kThreads) sc[j] = sc[j] * inv * scale_of(vp, j);
     __syncthreads();
-    weighted_rows_at(sc, nk, vp + head, hs, red, [&](int c, float x) { o[c] = st<S>(x); }, at);
+    const P * vbase = reinterpret_cast<const P *>(vp) + size_t(kvh) * hs;
+    weighted_rows_at(sc, nk, vbase, hs, red, [&](int c, float x) { o[c] = st<S>(x); },
+                     [&](int j) { return size_t(slot(j) * row_bytes) / sizeof(P); });
 }
 
 }  // namespace
 
 void paged_attention_fwd(cudaStream_t s, Tensor out, Tensor qkv, Tensor kpool, Tensor vpool, Tensor meta,
                          const PagedKv & kv, int NH, int KVH, int window) {
-    MF_ASSERT(out.dtype == qkv.dtype && kpool.dtype == qkv.dtype && vpool.dtype == qkv.dtype);
+    MF_ASSERT(out.dtype == qkv.dtype && kpool.dtype == (kv.int8 ? DType::u8 : qkv.dtype) && vpool.dtype == kpool.dtype);
     MF_ASSERT(NH > 0 && KVH > 0 && NH % KVH == 0 && qkv.cols() % (NH + 2 * KVH) == 0 && kv.enabled());
     const int hd = int(qkv.cols() / (NH + 2 * KVH)), n = int(qkv.rows());
-    MF_ASSERT(out.numel() == int64_t(n) * NH * hd && kpool.numel() == kv.pool_rows() * KVH * hd);
-    MF_ASSERT(vpool.numel() == kpool.numel() && meta.dtype == DType::i32 && meta.numel() == kv.meta_words());
+    const int64_t row_bytes = paged_row_bytes(kv, KVH, hd, int64_t(dtype_size(qkv.dtype)));
+    MF_ASSERT(out.numel() == int64_t(n) * NH * hd && kpool.nbytes() == size_t(kv.pool_rows() * row_bytes));
+    MF_ASSERT(vpool.nbytes() == kpool.nbytes() && meta.dtype == DType::i32 && meta.numel() == kv.meta_words());
     if (n == 0) return;
     const size_t KV = size_t(KVH) * hd, Q = size_t(NH) * hd;
     // The scores of the longest context a row can reach (the positions are on the device).
     const int64_t ctx = int64_t(kv.max_blocks) * kv.block, keys = window > 0 ? std::min<int64_t>(ctx, window) : ctx;
+    auto * kp = static_cast<uint8_t *>(kpool.data);
+    auto * vp = static_cast<uint8_t *>(vpool.data);
     dispatch_float(qkv.dtype, [&](auto z) {
         using S = decltype(z);
-        paged_append_kernel<S><<<grid_for(int64_t(n) * int64_t(KV), 256), 256, 0, s>>>(
-            ptr<S>(kpool), ptr<S>(vpool), ptr<S>(qkv), meta.i32(), kv, n, Q, KV);
+        if (kv.int8) {
+            paged_append_int8_kernel<S><<<grid_for(int64_t(n) * KVH * 2, 128), 128, 0, s>>>(
+                kp, vp, ptr<S>(qkv), meta.i32(), kv, n, NH, KVH, hd, row_bytes);
+        } else {
+            paged_append_kernel<S><<<grid_for(int64_t(n) * int64_t(KV), 256), 256, 0, s>>>(
+                kp, vp, ptr<S>(qkv), meta.i32(), kv, n, Q, KV, row_bytes);
+        }
         MF_CUDA_LAUNCHED();
-        const size_t sm = smem_for(paged_attention_kernel<S>, (size_t(hd) + kThreads + size_t(keys)) * sizeof(float));
-        paged_attention_kernel<S><<<unsigned(n * NH), kThreads, sm, s>>>(ptr<S>(out), ptr<S>(qkv), ptr<S>(kpool),
-                                                                        ptr<S>(vpool), meta.i32(), kv, NH, NH / KVH,
-                                                                        hd, window);
+        const size_t sm_bytes = (size_t(hd) + kThreads + size_t(keys)) * sizeof(float);
+        if (kv.int8) {
+            const size_t sm = smem_for(paged_attention_kernel<S, int8_t>, sm_bytes);
+            paged_attention_kernel<S, int8_t><<<unsigned(n * NH), kThreads, sm, s>>>(
+                ptr<S>(out), ptr<S>(qkv), kp, vp, meta.i32(), kv, NH, NH / KVH, hd, window, row_bytes);
+        } else {
+            const size_t sm = smem_for(paged_attention_kernel<S, S>, sm_bytes);
+            paged_attention_kernel<S, S><<<unsigned(n * NH), kThreads, sm, s>>>(
+                ptr<S>(out), ptr<S>(qkv), kp, vp, meta.i32(), kv, NH, NH / KVH, hd, window, row_bytes);
+        }
         MF_CUDA_LAUNCHED();
     });
 }
