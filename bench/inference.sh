@@ -11,7 +11,8 @@
 #      once (--max-num-seqs), tokens generated per second, beside one prompt through the
 #      contiguous single-request decoder (`memfit generate --prompt`);
 #   3. the plan: `memfit plan --inference --hardware cpu` for the model and the pool of part 1.
-# About 4 minutes on a 2-core machine.
+# The first part also serves the mixed requests from an int8 KV cache (--kv-dtype int8) in the same
+# bytes. About 4 minutes on a 2-core machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MEMFIT=${MEMFIT:-build/memfit}
@@ -52,13 +53,14 @@ echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; model $M
 echo
 echo "1. $NREQ mixed requests, KV pool $((KV_MEM / 1048576)) MiB ($KV_CONTEXTS contexts of $SEQ positions)"
 printf '%-11s %9s %7s %8s %10s %12s %10s %11s\n' cache "at once" steps seconds "tokens/s" "pool in use" "holds keys" pre-empted
-serve() {   # cache kind -> its closing line
+serve() {   # name, cache kind, KV dtype -> the closing line
   "$MEMFIT" generate --model "$OUT/model" --prompts "$OUT/mixed.jsonl" --out "$OUT/mixed-$1.jsonl" --seq "$SEQ" \
-    --kv-memory "$KV_MEM" --max-num-seqs 64 --max-num-batched-tokens 256 --kv-cache "$1" 2>&1 >/dev/null \
+    --kv-memory "$KV_MEM" --max-num-seqs 64 --max-num-batched-tokens 256 --kv-cache "$2" --kv-dtype "$3" 2>&1 >/dev/null \
     | grep 'requests, .* tokens generated'
 }
-for cache in paged contiguous; do
-  line=$(serve "$cache")
+for row in "paged paged auto" "contiguous contiguous auto" "paged-int8 paged int8"; do
+  read -r cache kind dtype <<< "$row"
+  line=$(serve "$cache" "$kind" "$dtype")
   python3 - "$cache" "$line" <<'PY'
 import re, sys
 c, l = sys.argv[1], sys.argv[2]

@@ -29,20 +29,33 @@ float widen(T x) {
     else return to_f32(x);
 }
 
+// q . k over hd elements: in 8 lanes, each summing every 8th product in order, then the lanes
+// pairwise (a fixed order, vectorized without reassociating); hd not a multiple of 8: in order.
+template <class T>
+float dot(const float * q, const T * k, int hd) {
+    if (hd % 8 != 0) {
+        float d = 0.0f;
+        for (int i = 0; i < hd; ++i) d += q[i] * widen(k[i]);
+        return d;
+    }
+    float lane[8] = {};
+    for (int i = 0; i < hd; i += 8)
+        for (int l = 0; l < 8; ++l) lane[l] += q[i + l] * widen(k[i + l]);
+    return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
 // out[hd] = softmax(q . k_s / sqrt(hd)) . v_s over keys s = 0 .. nk-1, read through `rows`:
 // rows.k(s), rows.v(s) the key's and value's head (hd elements of any storage), rows.ks(s),
 // rows.vs(s) their scales (1 for plain rows: then every product below is the unscaled one
-// exactly). score and acc are the task's scratch (nk and hd floats).
+// exactly). score (nk floats) and acc (2 hd floats) are the task's scratch.
 template <class S, class Rows>
 void attend(S * o, const S * q, int nk, int hd, const Rows & rows, float * score, float * acc) {
     const float scale = 1.0f / std::sqrt(float(hd));
+    float * qf = acc + hd;
+    for (int i = 0; i < hd; ++i) qf[i] = to_f32(q[i]);
     float maxv = -INFINITY;
     for (int s = 0; s < nk; ++s) {
-        const auto * k = rows.k(s);
-        float d = 0.0f;
-#pragma omp simd reduction(+ : d)
-        for (int i = 0; i < hd; ++i) d += to_f32(q[i]) * widen(k[i]);
-        score[s] = d * rows.ks(s) * scale;
+        score[s] = dot(qf, rows.k(s), hd) * rows.ks(s) * scale;
         maxv = std::max(maxv, score[s]);
     }
     float sum = 0.0f;
@@ -129,7 +142,7 @@ void cached_attention_forward(S * out, S * kcache, S * vcache, const S * qkv, in
 #pragma omp parallel
     {
         const int most = window > 0 ? std::min(pos0 + Tn, window) : pos0 + Tn;   // keys one task reads
-        std::vector<float> score(static_cast<size_t>(most)), acc(static_cast<size_t>(hd));
+        std::vector<float> score(static_cast<size_t>(most)), acc(2 * static_cast<size_t>(hd));
 #pragma omp for schedule(static)
         for (int task = 0; task < tasks; ++task) {
             const int t = task % Tn, h = (task / Tn) % NH, b = task / (Tn * NH);
@@ -175,7 +188,8 @@ void paged_attention_forward(S * out, void * kpool, void * vpool, const S * qkv,
     const int group = NH / KVH, tasks = n * NH;
 #pragma omp parallel
     {
-        std::vector<float> score(static_cast<size_t>(most)), acc(static_cast<size_t>(hd));
+        std::vector<float> score(static_cast<size_t>(most)), acc(2 * static_cast<size_t>(hd));
+        std::vector<int64_t> slots(static_cast<size_t>(most));
 #pragma omp for schedule(static)
         for (int task = 0; task < tasks; ++task) {
             const int i = task / NH, h = task % NH;
@@ -188,7 +202,12 @@ void paged_attention_forward(S * out, void * kpool, void * vpool, const S * qkv,
             const int lo = window > 0 ? std::max(0, pos[i] - window + 1) : 0, nk = pos[i] + 1 - lo;
             const int kvh = h / group;
             const S * q = qkv + size_t(i) * row + size_t(h) * hd;
-            auto slot = [&](int s) { return paged_slot(blocks, kv.block, lo + s); };
+            // Keys lo .. pos in order, block by block (their pool rows, found once per task).
+            for (int s = 0, b = lo / kv.block, off = lo % kv.block; s < nk; ++s) {
+                slots[size_t(s)] = int64_t(blocks[b]) * kv.block + off;
+                if (++off == kv.block) off = 0, ++b;
+            }
+            auto slot = [&](int s) { return slots[size_t(s)]; };
             if (kv.int8) {
                 const Int8Pool k8{kp, row_bytes, int64_t(KV)}, v8{vp, row_bytes, int64_t(KV)};
                 attend(o, q, nk, hd, Int8Rows<decltype(slot)>{k8, v8, int64_t(kvh) * hd, kvh, slot}, score.data(),
