@@ -130,6 +130,23 @@ PagedKv batch_kv_geometry(const ModelConfig & cfg, DType kv_dtype, const BatchSe
     return kv;
 }
 
+int blocks_within_budget(const ModelConfig & cfg, const Backend & sizing, PagedKv kv, int context, DType compute,
+                         const QuantLayout & quant, uint64_t budget) {
+    kv.blocks = 1;
+    const uint64_t one = Decoder::plan_paged(cfg, sizing, kv, context, compute, quant).total();
+    kv.blocks = 2;
+    const uint64_t per_block = Decoder::plan_paged(cfg, sizing, kv, context, compute, quant).total() - one;
+    const uint64_t rest = one - per_block;
+    const uint64_t blocks = budget > rest ? (budget - rest) / per_block : 0;
+    if (blocks < 2)
+        throw ConfigError(fmt::format("--memory-budget {}: the weights, activations and workspace take {} of it, which "
+                                      "leaves room for {} KV blocks of {} ({} positions, all {} layers); give it at "
+                                      "least {}", format_bytes(budget), format_bytes(rest), blocks,
+                                      format_bytes(per_block), kv.block, cfg.n_layer,
+                                      format_bytes(rest + 2 * per_block)));
+    return int(std::min<uint64_t>(blocks, uint64_t(1) << 30));
+}
+
 std::vector<GenerationResult> serve_requests(Decoder & decoder, const std::vector<GenerationRequest> & requests,
                                              std::FILE * progress, const BatchOptions & options) {
     BatchOptions bo = options;

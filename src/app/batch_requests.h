@@ -47,6 +47,12 @@ struct BatchServeOptions {
 PagedKv batch_kv_geometry(const ModelConfig & cfg, DType kv_dtype, const BatchServeOptions & o,
                           const std::vector<GenerationRequest> & requests);
 
+// --memory-budget: the most blocks the budget holds beside the decoder's other planned bytes
+// (weights, the largest step's activations, workspace: Decoder::plan_paged, `sizing` the backend
+// that will run it). ConfigError with the numbers when that is fewer than two.
+int blocks_within_budget(const ModelConfig & cfg, const Backend & sizing, PagedKv kv, int context, DType compute,
+                         const QuantLayout & quant, uint64_t budget);
+
 // Runs them, printing a progress line about every second and a closing line to `progress`.
 std::vector<GenerationResult> serve_requests(Decoder & decoder, const std::vector<GenerationRequest> & requests,
                                              std::FILE * progress, const BatchOptions & options);

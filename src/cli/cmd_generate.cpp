@@ -59,7 +59,7 @@ std::string describe_weight_bytes(const Decoder & d) {
 
 struct GenFlags {
     std::string model, prompt = "\n", tokenizer, weights = "fp32", chat_template = "auto", system, device = "cpu",
-                adapter, prompts, out, kv_memory, kv_cache = "paged", kv_dtype = "auto";
+                adapter, prompts, out, kv_memory, kv_cache = "paged", kv_dtype = "auto", memory_budget;
     bool chat = false;
     int seq = 0, threads = 0, kv_block = 16, max_num_seqs = 32, max_num_batched_tokens = 128;
     SampleOptions sample;
@@ -103,26 +103,30 @@ int context_for(const ModelConfig & cfg, int want) {
     return std::min(f.seq > 0 ? f.seq : std::min(std::max(1, want), trained), cfg.max_seq);
 }
 
-// The decoder with the weights set (paged: a paged one); source.params is freed.
-std::unique_ptr<Decoder> make_decoder(LoadedModel & source, Backend & backend, const WeightChoice & w, int capacity,
-                                      const PagedKv * paged) {
-    const ModelConfig & cfg = source.cfg;
+// The packed projections: a GPTQ folder's, or --weights int8 | nf4 | sparse24's (none: empty).
+QuantLayout quant_layout_of(const LoadedModel & source, const WeightChoice & w) {
     if (!source.quant.entries.empty() && (w.quant || w.dtype != DType::f32))
         throw ConfigError(fmt::format("--weights {}: {} is a GPTQ folder; its projections compute as stored (drop "
                                       "--weights)", f.weights, f.model));
-    std::unique_ptr<Decoder> d;
     try {
-        const QuantLayout q = !source.quant.entries.empty() ? source.quant
-                              : w.quant                     ? make_quant_layout(cfg, *w.quant)
-                                                            : QuantLayout{};
-        d = paged ? std::make_unique<Decoder>(cfg, backend, *paged, capacity, w.dtype, q)
-                  : std::make_unique<Decoder>(cfg, backend, capacity, w.dtype, q);
+        return !source.quant.entries.empty() ? source.quant
+               : w.quant                     ? make_quant_layout(source.cfg, *w.quant)
+                                             : QuantLayout{};
     } catch (const ConfigError & e) {
         // make_quant_layout speaks of training's --base-weights; here the flag is --weights.
         std::string m = e.what();
         if (m.starts_with("--base-weights")) m.replace(0, std::string("--base-weights").size(), "--weights");
         throw ConfigError(m);
     }
+}
+
+// The decoder with the weights set (paged: a paged one); source.params is freed.
+std::unique_ptr<Decoder> make_decoder(LoadedModel & source, Backend & backend, const WeightChoice & w, int capacity,
+                                      const PagedKv * paged) {
+    const ModelConfig & cfg = source.cfg;
+    const QuantLayout q = quant_layout_of(source, w);
+    std::unique_ptr<Decoder> d = paged ? std::make_unique<Decoder>(cfg, backend, *paged, capacity, w.dtype, q)
+                                       : std::make_unique<Decoder>(cfg, backend, capacity, w.dtype, q);
     MF_ASSERT(source.params.size() == d->layout().total);
     d->set_weights(source.params.data(), source.packed.empty() ? nullptr : &source.packed);
     source.params = {};
@@ -200,7 +204,12 @@ void run_prompts_file(LoadedModel & source, const Tokenizer & tok, const std::st
     o.max_num_batched_tokens = f.max_num_batched_tokens;
     o.context = context_for(source.cfg, want);
     o.kv_int8 = f.kv_dtype == "int8";
-    const PagedKv kv = batch_kv_geometry(source.cfg, w.dtype, o, reqs);
+    if (!f.kv_memory.empty() && !f.memory_budget.empty())
+        throw ConfigError("--kv-memory and --memory-budget: give one (the pool's bytes, or everything's)");
+    PagedKv kv = batch_kv_geometry(source.cfg, w.dtype, o, reqs);
+    if (!f.memory_budget.empty())
+        kv.blocks = blocks_within_budget(source.cfg, backend, kv, o.context, w.dtype, quant_layout_of(source, w),
+                                         parse_bytes(f.memory_budget));
     const std::unique_ptr<Decoder> decoder = make_decoder(source, backend, w, o.context, &kv);
     std::fprintf(stderr, "generate: %zu requests from %s; up to %d sequences and %d token rows a step; KV cache %s, "
                  "%s: %d blocks of %d positions, %d positions a sequence\n", reqs.size(), f.prompts.c_str(),
@@ -267,6 +276,9 @@ void add_generate_command(CLI::App & app) {
         ->check(CLI::Range(1, 4096));
     g->add_option("--kv-memory", f.kv_memory, "with --prompts: bytes of the KV block pool (512MiB, 2GB, ...; "
                   "default: every block the --max-num-seqs largest requests can use)");
+    g->add_option("--memory-budget", f.memory_budget, "with --prompts: bytes for everything the decoder plans "
+                  "(weights, KV pool, activations, workspace); the pool gets what the rest leaves (instead of "
+                  "--kv-memory)");
     g->add_option("--max-num-seqs", f.max_num_seqs, "with --prompts: sequences running at once at most")->capture_default_str()->check(CLI::Range(1, 1 << 16));
     g->add_option("--max-num-batched-tokens", f.max_num_batched_tokens, "with --prompts: token rows one step runs "
                   "at most, decoding rows first and prompt chunks after (rounded up to a multiple of 8)")

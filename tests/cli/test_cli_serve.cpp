@@ -94,6 +94,14 @@ TEST(Cli, GeneratePromptsFileServesEveryRequestAsAlone) {
     EXPECT_EQ(qp, qm) << q.err;
     EXPECT_EQ(jsonl(dir / "q.jsonl").size(), prompts.size());
 
+    // --memory-budget: the pool gets what the weights (489 KiB), activations and workspace leave.
+    const CmdResult m = run_memfit(serve + " --out " + (dir / "m.jsonl").string() + " --memory-budget 1MiB");
+    ASSERT_EQ(m.code, 0) << m.err;
+    const std::string planned_line = planned_measured(m.err).first;
+    EXPECT_NE(planned_line.find("KiB"), std::string::npos) << m.err;   // under 1 MiB
+    expect_clean_failure(run_memfit(serve + " --out " + (dir / "m.jsonl").string() + " --memory-budget 400KiB"),
+                         "--memory-budget 400.00 KiB: the weights, activations and workspace take");
+
     // The plan on this machine for that pool: 4 requests of 64 positions.
     const CmdResult p = run_memfit("plan --inference --hardware cpu --model " + hf.string() +
                                    " --weights fp32 --context 64 --concurrency 4 --kv-block 16 --json");
