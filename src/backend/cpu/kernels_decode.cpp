@@ -3,11 +3,12 @@
 //
 // The new keys and values are written to the cache first (contiguous: a ring under a sliding
 // window, position p in row p % cap; paged: the row its block table names); then each
-// (token, head) task scores its query against every cached key up to its own position (the last
-// `window` of them), takes the softmax and sums the cached values, in fp32 (per-thread score and
-// output rows), rounding once as it stores. Grouped-query heads read KV head h / (NH / KVH)
-// directly: nothing is repeated. A task reads keys in position order whatever the cache's layout
-// or the other tokens of the step, so a token's output does not depend on the batch it runs in.
+// (token, KV head) task scores the queries of the heads that read that KV head (h / (NH / KVH):
+// grouped-query attention, nothing repeated) against every cached key up to the token's position
+// (the last `window` of them), reading each key and value once for them all, takes the softmaxes
+// and sums the cached values, in fp32 (per-thread score and output rows), rounding once as it
+// stores. A task reads keys in position order whatever the cache's layout or the other tokens of
+// the step, so a token's output does not depend on the batch it runs in.
 #include "backend/cpu/kernels.h"
 
 #include <algorithm>
@@ -44,30 +45,42 @@ float dot(const float * q, const T * k, int hd) {
     return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 
-// out[hd] = softmax(q . k_s / sqrt(hd)) . v_s over keys s = 0 .. nk-1, read through `rows`:
-// rows.k(s), rows.v(s) the key's and value's head (hd elements of any storage), rows.ks(s),
-// rows.vs(s) their scales (1 for plain rows: then every product below is the unscaled one
-// exactly). score (nk floats) and acc (2 hd floats) are the task's scratch.
+// For the G query heads that read one KV head (grouped-query attention; G = 1 otherwise), heads
+// q + j hd -> o + j hd: out = softmax(q . k_s / sqrt(hd)) . v_s over keys s = 0 .. nk-1, read
+// through `rows`: rows.k(s), rows.v(s) the key's and value's head (hd elements of any storage),
+// rows.ks(s), rows.vs(s) their scales (1 for plain rows: then every product below is the unscaled
+// one exactly). Each key and value row is read once for all G heads; each head's operations are
+// the ones it would do alone, in the same order. score (G nk floats) and acc (2 G hd floats) are
+// the task's scratch.
 template <class S, class Rows>
-void attend(S * o, const S * q, int nk, int hd, const Rows & rows, float * score, float * acc) {
+void attend(S * o, const S * q, int G, int nk, int hd, const Rows & rows, float * score, float * acc) {
     const float scale = 1.0f / std::sqrt(float(hd));
-    float * qf = acc + hd;
-    for (int i = 0; i < hd; ++i) qf[i] = to_f32(q[i]);
-    float maxv = -INFINITY;
+    const size_t gh = size_t(G) * size_t(hd);
+    float * qf = acc + gh;
+    for (size_t i = 0; i < gh; ++i) qf[i] = to_f32(q[i]);
     for (int s = 0; s < nk; ++s) {
-        score[s] = dot(qf, rows.k(s), hd) * rows.ks(s) * scale;
-        maxv = std::max(maxv, score[s]);
+        const auto * k = rows.k(s);
+        const float ks = rows.ks(s);
+        for (int j = 0; j < G; ++j) score[size_t(j) * nk + s] = dot(qf + size_t(j) * hd, k, hd) * ks * scale;
     }
-    float sum = 0.0f;
-    for (int s = 0; s < nk; ++s) sum += (score[s] = std::exp(score[s] - maxv));
-    std::fill(acc, acc + hd, 0.0f);
+    for (int j = 0; j < G; ++j) {   // each head's probabilities, the value's scale folded in
+        float * sc = score + size_t(j) * nk;
+        float maxv = -INFINITY, sum = 0.0f;
+        for (int s = 0; s < nk; ++s) maxv = std::max(maxv, sc[s]);
+        for (int s = 0; s < nk; ++s) sum += (sc[s] = std::exp(sc[s] - maxv));
+        for (int s = 0; s < nk; ++s) sc[s] = sc[s] / sum * rows.vs(s);
+    }
+    std::fill(acc, acc + gh, 0.0f);
     for (int s = 0; s < nk; ++s) {
         const auto * v = rows.v(s);
-        const float p = score[s] / sum * rows.vs(s);
+        for (int j = 0; j < G; ++j) {
+            const float p = score[size_t(j) * nk + s];
+            float * a = acc + size_t(j) * hd;
 #pragma omp simd
-        for (int i = 0; i < hd; ++i) acc[i] += p * widen(v[i]);
+            for (int i = 0; i < hd; ++i) a[i] += p * widen(v[i]);
+        }
     }
-    for (int i = 0; i < hd; ++i) o[i] = from_f32<S>(acc[i]);
+    for (size_t i = 0; i < gh; ++i) o[i] = from_f32<S>(acc[i]);
 }
 
 // Rows of a cache in the compute dtype: key s at element offset row_of(s) of kb and vb.
@@ -138,21 +151,20 @@ void cached_attention_forward(S * out, S * kcache, S * vcache, const S * qkv, in
             std::memcpy(kcache + dst, src + Q, KV * sizeof(S));
             std::memcpy(vcache + dst, src + Q + KV, KV * sizeof(S));
         }
-    const int group = NH / KVH, tasks = B * NH * Tn;
+    const int group = NH / KVH, tasks = B * KVH * Tn;   // a task: one KV head's group of query heads
 #pragma omp parallel
     {
         const int most = window > 0 ? std::min(pos0 + Tn, window) : pos0 + Tn;   // keys one task reads
-        std::vector<float> score(static_cast<size_t>(most)), acc(2 * static_cast<size_t>(hd));
+        std::vector<float> score(size_t(group) * size_t(most)), acc(2 * size_t(group) * size_t(hd));
 #pragma omp for schedule(static)
         for (int task = 0; task < tasks; ++task) {
-            const int t = task % Tn, h = (task / Tn) % NH, b = task / (Tn * NH);
-            const size_t head = size_t(h / group) * hd, base = size_t(b) * cap * KV + head;
+            const int t = task % Tn, g = (task / Tn) % KVH, b = task / (Tn * KVH);
+            const size_t base = size_t(b) * cap * KV + size_t(g) * hd, h0 = size_t(g) * group * hd;
             // Causal: cached positions lo .. pos0 + t (a window's last W), position p in row p % cap.
             const int lo = window > 0 ? std::max(0, pos0 + t - window + 1) : 0, nk = pos0 + t + 1 - lo;
             auto row_of = [&](int s) { return size_t((lo + s) % cap) * KV; };
-            attend(out + (size_t(b) * Tn + t) * Q + size_t(h) * hd, qkv + (size_t(b) * Tn + t) * row + size_t(h) * hd,
-                   nk, hd, PlainRows<S, decltype(row_of)>{kcache + base, vcache + base, row_of}, score.data(),
-                   acc.data());
+            attend(out + (size_t(b) * Tn + t) * Q + h0, qkv + (size_t(b) * Tn + t) * row + h0, group, nk, hd,
+                   PlainRows<S, decltype(row_of)>{kcache + base, vcache + base, row_of}, score.data(), acc.data());
         }
     }
 }
@@ -185,23 +197,23 @@ void paged_attention_forward(S * out, void * kpool, void * vpool, const S * qkv,
         }
         most = std::max(most, window > 0 ? std::min(pos[i] + 1, window) : pos[i] + 1);
     }
-    const int group = NH / KVH, tasks = n * NH;
+    const int group = NH / KVH, tasks = n * KVH;   // a task: one KV head's group of query heads
 #pragma omp parallel
     {
-        std::vector<float> score(static_cast<size_t>(most)), acc(2 * static_cast<size_t>(hd));
+        std::vector<float> score(size_t(group) * size_t(most)), acc(2 * size_t(group) * size_t(hd));
         std::vector<int64_t> slots(static_cast<size_t>(most));
 #pragma omp for schedule(static)
         for (int task = 0; task < tasks; ++task) {
-            const int i = task / NH, h = task % NH;
-            S * o = out + size_t(i) * Q + size_t(h) * hd;
+            const int i = task / KVH, kvh = task % KVH;
+            const size_t h0 = size_t(kvh) * group * hd;
+            S * o = out + size_t(i) * Q + h0;
             if (seq[i] < 0) {
-                std::fill(o, o + hd, from_f32<S>(0.0f));
+                std::fill(o, o + size_t(group) * hd, from_f32<S>(0.0f));
                 continue;
             }
             const int32_t * blocks = table_row(i);
             const int lo = window > 0 ? std::max(0, pos[i] - window + 1) : 0, nk = pos[i] + 1 - lo;
-            const int kvh = h / group;
-            const S * q = qkv + size_t(i) * row + size_t(h) * hd;
+            const S * q = qkv + size_t(i) * row + h0;
             // Keys lo .. pos in order, block by block (their pool rows, found once per task).
             for (int s = 0, b = lo / kv.block, off = lo % kv.block; s < nk; ++s) {
                 slots[size_t(s)] = int64_t(blocks[b]) * kv.block + off;
@@ -210,11 +222,11 @@ void paged_attention_forward(S * out, void * kpool, void * vpool, const S * qkv,
             auto slot = [&](int s) { return slots[size_t(s)]; };
             if (kv.int8) {
                 const Int8Pool k8{kp, row_bytes, int64_t(KV)}, v8{vp, row_bytes, int64_t(KV)};
-                attend(o, q, nk, hd, Int8Rows<decltype(slot)>{k8, v8, int64_t(kvh) * hd, kvh, slot}, score.data(),
-                       acc.data());
+                attend(o, q, group, nk, hd, Int8Rows<decltype(slot)>{k8, v8, int64_t(kvh) * hd, kvh, slot},
+                       score.data(), acc.data());
             } else {
                 auto row_of = [&](int s) { return size_t(slot(s)) * KV; };
-                attend(o, q, nk, hd,
+                attend(o, q, group, nk, hd,
                        PlainRows<S, decltype(row_of)>{reinterpret_cast<const S *>(kp) + size_t(kvh) * hd,
                                                       reinterpret_cast<const S *>(vp) + size_t(kvh) * hd, row_of},
                        score.data(), acc.data());
