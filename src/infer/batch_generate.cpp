@@ -173,8 +173,10 @@ private:
     int window_ = 0;            // > 0: every layer attends to this many positions
 };
 
-// Decoding sequences first (one row each, pre-empting the last admitted while the pool is
-// short), then the prompts' chunks in admission order, then new admissions, within the rows.
+// Decoding sequences first (one row each; pre-empting the last admitted while the pool is short),
+// then the prompts' chunks in admission order, then new admissions, within the rows. Admission
+// needs a row left after the decoding ones, so the decoding sequences never outnumber the rows
+// (the `budget > 0` below only guards that).
 std::vector<Take> Scheduler::schedule(BatchStats & st) {
     int budget = kv_.tokens;
     for (size_t i = 0; i < running_.size(); ++i) {
@@ -188,7 +190,7 @@ std::vector<Take> Scheduler::schedule(BatchStats & st) {
     }
     std::vector<Take> takes;
     for (Seq & s : running_)
-        if (int(s.tokens.size()) - s.computed == 1) takes.push_back({&s, 1}), --budget;
+        if (int(s.tokens.size()) - s.computed == 1 && budget > 0) takes.push_back({&s, 1}), --budget;
     for (Seq & s : running_) {
         const int need = int(s.tokens.size()) - s.computed;
         if (need <= 1 || budget <= 0) continue;

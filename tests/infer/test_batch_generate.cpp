@@ -146,6 +146,23 @@ TEST(BatchGenerate, EveryRequestGetsTheTokensItGetsAlone) {
     }
 }
 
+// Steps of 8 rows for 16 slots: decoding rows first, prompts in chunks of what is left; admission
+// stops while the rows are taken, so no more sequences decode than a step has rows.
+TEST(BatchGenerate, FewRowsAStep) {
+    const ModelConfig cfg = family(false);
+    CpuBackend backend;
+    const std::vector<float> params = trained_like_params(cfg, backend, 6);
+    const std::vector<GenerationRequest> reqs = requests(cfg, 12, 0.0f);
+    Decoder d(cfg, backend, pool(200, 4, 16, 8), 64, DType::f32);
+    d.set_weights(params.data());
+    BatchStats st;
+    const auto all = generate_batch(d, reqs, {}, &st);
+    EXPECT_GT(st.peak_running, 2);
+    EXPECT_LE(st.peak_running, 16);
+    EXPECT_GT(st.steps, int64_t(st.decode_tokens + st.prefill_tokens) / 8);
+    for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(all[i].tokens, generate_batch(d, {reqs[i]})[0].tokens) << i;
+}
+
 // The greedy tokens of one request alone are the contiguous decoder's (generate()).
 TEST(BatchGenerate, GreedyAloneEqualsTheContiguousDecoder) {
     const ModelConfig cfg = family(true);
