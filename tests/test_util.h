@@ -3,6 +3,8 @@
 
 #include <omp.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <random>
@@ -18,6 +20,16 @@
 #include "run/compat.h"
 
 namespace memfit::test {
+
+// The largest difference of a from b over b's largest magnitude (n values each).
+inline double max_rel(const float * a, const float * b, int n) {
+    double num = 0, den = 0;
+    for (int i = 0; i < n; ++i) {
+        num = std::max(num, double(std::fabs(a[i] - b[i])));
+        den = std::max(den, double(std::fabs(b[i])));
+    }
+    return num / den;
+}
 
 inline ModelConfig small_config(int vocab, int C, int L, int NH, int ctx = 64) {
     ModelConfig c;

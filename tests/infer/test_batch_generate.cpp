@@ -17,13 +17,11 @@
 #include "test_util.h"
 
 using namespace memfit;
+using memfit::test::max_rel;
 
 namespace {
 
-ModelConfig family(bool llama) {
-    ModelConfig c = memfit::test::small_family(llama, 61, 32, 2, 4, 40, 96);
-    return c;
-}
+ModelConfig family(bool llama) { return memfit::test::small_family(llama, 61, 32, 2, 4, 40, 96); }
 
 // Initial weights scaled up: sharp logits and attention that depends on the positions, so that a
 // wrong position, block or sequence changes the tokens (at GPT-2's initial scale the next token
@@ -59,15 +57,6 @@ std::vector<GenerationRequest> requests(const ModelConfig & cfg, int n, float te
         r[size_t(i)].sample.seed = uint64_t(100 + i);
     }
     return r;
-}
-
-double max_rel(const float * a, const float * b, int n) {
-    double num = 0, den = 0;
-    for (int i = 0; i < n; ++i) {
-        num = std::max(num, double(std::fabs(a[i] - b[i])));
-        den = std::max(den, double(std::fabs(b[i])));
-    }
-    return num / den;
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "test_util.h"
 
 using namespace memfit;
+using memfit::test::max_rel;
 
 namespace {
 
@@ -31,15 +32,6 @@ ModelConfig llama_small() {
     c.ffn = 40;
     c.tied_head = false;
     return c;
-}
-
-double max_rel(const float * a, const float * b, int n) {
-    double num = 0, den = 0;
-    for (int i = 0; i < n; ++i) {
-        num = std::max(num, double(std::fabs(a[i] - b[i])));
-        den = std::max(den, double(std::fabs(b[i])));
-    }
-    return num / den;
 }
 
 }  // namespace

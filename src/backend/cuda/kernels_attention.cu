@@ -81,6 +81,32 @@ struct RowArgs {
     int window, ring;
 };
 
+// sc[j] = softmax over keys j < nk of score(j) (each score computed by one warp; score must give
+// every lane of the warp the same value, as warp_dot does): the probabilities, each written by
+// the thread that exponentiated it. stat: 32 floats of shared memory. Call from every thread.
+template <class F>
+__device__ __forceinline__ void softmax_scores(float * sc, int nk, float * stat, F && score) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float mx = -INFINITY;
+    for (int j = warp; j < nk; j += kWarps) {
+        const float s = score(j);
+        if (lane == 0) sc[j] = s;
+        mx = fmaxf(mx, s);
+    }
+    if (lane == 0) stat[warp] = mx;  // mx is uniform in a warp
+    __syncthreads();                  // also publishes the scores
+    mx = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, stat[w]);
+    float part = 0.0f;
+    for (int j = threadIdx.x; j < nk; j += kThreads) {
+        const float e = expf(sc[j] - mx);
+        sc[j] = e;
+        part += e;
+    }
+    const float inv = 1.0f / block_sum(part, stat);
+    for (int j = threadIdx.x; j < nk; j += kThreads) sc[j] *= inv;
+}
+
 template <class S> __global__ void __launch_bounds__(kThreads) attention_row_kernel(RowArgs a) {
     extern __shared__ float smem[];
     float * qs = smem;
@@ -89,7 +115,6 @@ template <class S> __global__ void __launch_bounds__(kThreads) attention_row_ker
     __shared__ float stat[32];
     const int task = blockIdx.x;
     const int t = task % a.Tq, h = (task / a.Tq) % a.NH, b = task / (a.Tq * a.NH);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const S * q = static_cast<const S *>(a.q) + b * a.q_b + t * a.q_t + size_t(h) * a.hs;
     const size_t kvh = size_t(h / a.group) * a.hs;
     // keys lo .. pos0+t, at sc[j - lo]
@@ -103,24 +128,7 @@ template <class S> __global__ void __launch_bounds__(kThreads) attention_row_ker
 
     for (int i = threadIdx.x; i < a.hs; i += kThreads) qs[i] = ld(q[i]);
     __syncthreads();
-    float mx = -INFINITY;
-    for (int j = warp; j < nk; j += kWarps) {
-        const float s = warp_dot(qs, kb + krow(j), a.hs) * scale;
-        if (lane == 0) sc[j] = s;
-        mx = fmaxf(mx, s);
-    }
-    if (lane == 0) stat[warp] = mx;  // mx is uniform in a warp (warp_dot gives every lane the sum)
-    __syncthreads();                  // also publishes the scores
-    mx = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, stat[w]);
-    float part = 0.0f;
-    for (int j = threadIdx.x; j < nk; j += kThreads) {
-        const float e = expf(sc[j] - mx);
-        sc[j] = e;
-        part += e;
-    }
-    const float inv = 1.0f / block_sum(part, stat);
-    for (int j = threadIdx.x; j < nk; j += kThreads) sc[j] *= inv;
+    softmax_scores(sc, nk, stat, [&](int j) { return warp_dot(qs, kb + krow(j), a.hs) * scale; });
     if (a.att) {
         S * arow = static_cast<S *>(a.att) + size_t(task) * a.att_T;
         // Each thread stores the scores it normalized (sc[j] at key lo + j: no barrier needed).
@@ -366,7 +374,6 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(S * out, cons
     float * sc = red + kThreads;
     __shared__ float stat[32];
     const int i = blockIdx.x / NH, h = blockIdx.x % NH;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int KVH = NH / group;
     const size_t Q = size_t(NH) * hs, KV = size_t(KVH) * hs;
     S * o = out + size_t(i) * Q + size_t(h) * hs;
@@ -390,25 +397,12 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(S * out, cons
     for (int c = threadIdx.x; c < hs; c += kThreads) qs[c] = ld(q[c]);
     __syncthreads();
     const float scale = 1.0f / sqrtf(float(hs));
-    float mx = -INFINITY;
-    for (int j = warp; j < nk; j += kWarps) {
+    softmax_scores(sc, nk, stat, [&](int j) {
         const P * krow = reinterpret_cast<const P *>(kp + slot(j) * row_bytes) + size_t(kvh) * hs;
-        const float s = warp_dot(qs, krow, hs) * scale_of(kp, j) * scale;
-        if (lane == 0) sc[j] = s;
-        mx = fmaxf(mx, s);
-    }
-    if (lane == 0) stat[warp] = mx;
-    __syncthreads();
-    mx = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, stat[w]);
-    float part = 0.0f;
-    for (int j = threadIdx.x; j < nk; j += kThreads) {
-        const float e = expf(sc[j] - mx);
-        sc[j] = e;
-        part += e;
-    }
-    const float inv = 1.0f / block_sum(part, stat);
-    for (int j = threadIdx.x; j < nk; j += kThreads) sc[j] = sc[j] * inv * scale_of(vp, j);
+        return warp_dot(qs, krow, hs) * scale_of(kp, j) * scale;
+    });
+    if (kv.int8)   // the value's scale folded into its weight (each thread its own keys)
+        for (int j = threadIdx.x; j < nk; j += kThreads) sc[j] *= scale_of(vp, j);
     __syncthreads();
     const P * vbase = reinterpret_cast<const P *>(vp) + size_t(kvh) * hs;
     weighted_rows_at(sc, nk, vbase, hs, red, [&](int c, float x) { o[c] = st<S>(x); },
