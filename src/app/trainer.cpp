@@ -313,6 +313,11 @@ void TrainingRun::announce() {
                         eo_.offload_dir.empty() ? std::string("pinned host memory") : "a file under " + eo_.offload_dir,
                         eo_.offload_params ? " (each layer's part read a layer ahead of its gather)" : ""));
     }
+    if (eo_.offload_activations)
+        say(fmt::format("  offload: the saved activations of {} to {}, each layer's written after its forward and "
+                        "read back a layer ahead of its backward", eo_.offload_activation_layers > 0 ?
+                            fmt::format("the first {} layers", eo_.offload_activation_layers) : std::string("every layer"),
+                        eo_.offload_dir.empty() ? std::string("pinned host memory") : "a file under " + eo_.offload_dir));
     if (layout_.tp > 1) {
         const ModelConfig slice = tp_local_config(cfg, layout_.tp);
         say(fmt::format("  tensor parallel: {} ranks per group, each {} of {} heads ({} of {} KV), MLP {} of {}, "

@@ -36,7 +36,7 @@ GemmDesc bwd_weight_desc(const Tensor & dw, const Tensor & dout, const Tensor & 
     return desc(N, K, M, true, false, true, false, dw, dout, inp);
 }
 
-double bytes_of(std::initializer_list<Tensor> ts) {
+double bytes_of(std::span<const Tensor> ts) {
     double b = 0;
     for (const auto & t : ts) if (t.valid()) b += double(t.nbytes());
     return b;
@@ -52,7 +52,7 @@ Graph::Graph(const Program & program, StepMemory & memory, Backend & backend)
 
 Graph::~Graph() = default;
 
-bool Graph::begin(const char * name, double flops, std::initializer_list<Tensor> uses, bool workspace) {
+bool Graph::begin(const char * name, double flops, std::span<const Tensor> uses, bool workspace) {
     if (recording_) {
         OpRecord op;
         op.name = name;
@@ -63,7 +63,8 @@ bool Graph::begin(const char * name, double flops, std::initializer_list<Tensor>
         op.uses.reserve(uses.size() + (workspace ? 1 : 0));
         for (const auto & t : uses) {
             if (!t.valid() || t.buffer < 0) continue;
-            if (std::find(op.uses.begin(), op.uses.end(), t.buffer) == op.uses.end()) op.uses.push_back(t.buffer);
+            const BufferId b = aliased(t.buffer);
+            if (std::find(op.uses.begin(), op.uses.end(), b) == op.uses.end()) op.uses.push_back(b);
         }
         if (workspace) {
             MF_ASSERT(workspace_ >= 0 && "set_workspace() before ops that need scratch");
@@ -130,7 +131,7 @@ void Graph::end() {
 
 Tensor Graph::resolve(Tensor t) const {
     if (!t.valid() || t.buffer < 0) return t;
-    char * base = static_cast<char *>(memory_->base(t.buffer));
+    char * base = static_cast<char *>(memory_->base(aliased(t.buffer)));
     MF_ASSERT((base || t.nbytes() == 0) && "tensor used outside its buffer's lifetime");
     t.data = base ? base + t.offset : nullptr;
     return t;
@@ -780,8 +781,19 @@ void Graph::offload_write(Tensor stored, Tensor staging, int slot) {
 }
 
 void Graph::offload_wait(int slot, std::initializer_list<Tensor> uses) {
+    offload_wait(slot, std::span<const Tensor>(uses.begin(), uses.size()));
+}
+
+void Graph::offload_wait(int slot, std::span<const Tensor> uses) {
     if (begin("offload_wait", 0, uses)) memory_->store()->wait(slot);
     end();
+}
+
+void Graph::alias(BufferId from, BufferId to) {
+    MF_ASSERT(from >= 0 && to >= 0);
+    const size_t n = size_t(std::max(from, to)) + 1;
+    for (size_t i = alias_.size(); i < n; ++i) alias_.push_back(BufferId(i));
+    alias_[size_t(from)] = to;
 }
 
 }  // namespace memfit

@@ -14,6 +14,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "backend/backend.h"
@@ -211,6 +212,13 @@ public:
     void offload_read(Tensor staging, Tensor stored, int slot);
     void offload_write(Tensor stored, Tensor staging, int slot);
     void offload_wait(int slot, std::initializer_list<Tensor> uses);
+    void offload_wait(int slot, std::span<const Tensor> uses);
+
+    // --offload activations (model/activation_offload.h): from here on, every op's view of
+    // buffer `from` reads and writes buffer `to` instead (the same bytes reloaded elsewhere), in
+    // the recording and the execution alike; unalias(from) ends it.
+    void alias(BufferId from, BufferId to);
+    void unalias(BufferId from) { alias(from, from); }
 
     // Executing: record every op (phase, layer, live bytes per category, wall time) into `t`; on a
     // device backend each op is waited for (synchronize) so that its time is its kernels'.
@@ -230,7 +238,11 @@ private:
     // offload_read (read) and offload_write: one copy between staging and the store.
     void offload_copy(const char * name, Tensor staging, Tensor stored, int slot, bool read);
     // Records or begins op `name`; returns false while recording (the caller computes nothing).
-    bool begin(const char * name, double flops, std::initializer_list<Tensor> uses, bool workspace = false);
+    bool begin(const char * name, double flops, std::initializer_list<Tensor> uses, bool workspace = false) {
+        return begin(name, flops, std::span<const Tensor>(uses.begin(), uses.size()), workspace);
+    }
+    bool begin(const char * name, double flops, std::span<const Tensor> uses, bool workspace = false);
+    BufferId aliased(BufferId b) const { return size_t(b) < alias_.size() ? alias_[size_t(b)] : b; }
     void end();
     double now_us() const;
     void record_event(const char * name);   // the timeline event of op next_op_, begun now
@@ -249,6 +261,7 @@ private:
     int layer_ = -1;
     int next_op_ = 0;
     BufferId workspace_ = -1;
+    std::vector<BufferId> alias_;   // alias(): by buffer, the one its views resolve to
     Timeline * timeline_ = nullptr;
     const std::function<bool()> * cancel_ = nullptr;
     bool updating_ = false;   // an optimizer op has begun

@@ -235,12 +235,18 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                    "pipeline schedule: gpipe (every forward, then every backward: all micro-batches' activations "
                    "live at once), 1f1b (at most P - s micro-batches in flight on stage s) or interleaved:V (V model "
                    "chunks per stage, a smaller bubble; --grad-accum a multiple of --pp)"));
-        keep(typed(c, "--offload", [&r](const std::string & v) { r.layout.offload = parse_offload(v); },
-                   offload_name(r.layout.offload),
+        keep(typed(c, "--offload", [&r](const std::string & v) { parse_offload_flag(v, r.layout); },
+                   offload_flag(r.layout),
                    "none, optimizer (fp32 master weights and optimizer states off the device: pinned host "
-                   "memory on a GPU, files under --offload-dir; staged through the device for the update) or "
+                   "memory on a GPU, files under --offload-dir; staged through the device for the update), "
                    "optimizer+params (also the weights' ZeRO-3 shard, read a layer ahead of each gather and written "
-                   "by the update: needs --zero 3; the gradient shard stays on the device)"));
+                   "by the update: needs --zero 3; the gradient shard stays on the device), activations (each "
+                   "layer's saved activations leave the device after its forward and come back a layer ahead of "
+                   "its backward: torchtune's activation offloading), or either optimizer value +activations"));
+        keep(c->add_option("--offload-activations-layers", r.offload_activation_layers,
+                           "with --offload activations: offload the saved activations of the first N layers only "
+                           "(0: every layer's)")
+                 ->capture_default_str());
         keep(typed(c, "--master-weights", [&r](const std::string & v) { r.master_weights = parse_master_weights(v); },
                    master_weights_name(r.master_weights),
                    "with --precision bf16: fp32 (an fp32 master copy of the weights, 4 bytes per parameter) or "
@@ -253,9 +259,9 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                            "--optimizer-offload-fraction)")
                  ->capture_default_str());
         keep(c->add_option("--offload-dir", r.offload_dir,
-                           "with --offload: keep the offloaded states (and weights) in a file under this directory "
-                           "(created there, unlinked at once, its blocks allocated at start), read and written unit "
-                           "by unit by an I/O thread: ZeRO-Infinity's NVMe offload; the CPU backend's only place"));
+                           "with --offload: keep the offloaded states (weights, activations) in a file under this "
+                           "directory (created there, unlinked at once, its blocks allocated at start), read and "
+                           "written by an I/O thread: ZeRO-Infinity's NVMe offload; the CPU backend's only place"));
     }
     if (which.execution) {
         keep(c->add_option("--device", r.device,

@@ -1,5 +1,7 @@
 #include "model/transformer.h"
 
+#include "model/activation_offload.h"
+
 #include <string_view>
 #include <unordered_map>
 
@@ -534,6 +536,7 @@ void Transformer::layer_forward(Graph & g, const LayerActs & a, const ModelWeigh
 void Transformer::forward(Graph & g, const ModelWeights & w, Tensor tokens, const LayerHook & layer_begin) const {
     g.phase(Phase::forward);
     g.layer(-1);
+    if (offload_) offload_->forward_begin(g);
     // wpe (GPT-2) holds max_seq rows; the step uses the first T. LLaMA has none.
     if (!first_stage()) {
         // a later pipeline stage: the input arrived in input_
@@ -555,6 +558,7 @@ void Transformer::forward(Graph & g, const ModelWeights & w, Tensor tokens, cons
             g.layer(l);
         }
         layer_forward(g, acts(l), w.h[size_t(l)], x, true);
+        if (offload_) offload_->forward_done(g, l);
         x = acts(l).res3;
     }
     g.layer(-1);
@@ -733,6 +737,11 @@ void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights
         const auto & p = w.h[size_t(l)];
         const auto & dp = dw.h[size_t(l)];
         Tensor x = saved_input(l);
+        if (offload_) {
+            g.layer(l);
+            g.phase(Phase::backward);
+            offload_->backward_begin(g, l);
+        }
         if (layer_begin) {
             g.layer(l);
             layer_begin(g, l);
@@ -781,6 +790,7 @@ void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights
                                 tp_.vocab_lo(cfg_));
         else g.encoder_bwd(dw.wte, dw.wpe, dres_, tokens, docs_);
     }
+    if (offload_) offload_->backward_done(g);
     if (layer_done) layer_done(g, -1);
 }
 

@@ -121,6 +121,11 @@ struct ModelOptions {
     // category offloaded), read into staging buffers one layer ahead of its gather and written by
     // the update unit by unit (train/step.h); the device holds the gathered layers, not the shard.
     bool offload_params = false;
+    // --offload activations (training programs): the activations each layer's forward saves for
+    // its backward wait in the `offloaded` category in between (model/activation_offload.h), those
+    // of the first offload_activation_layers layers (0: every layer's).
+    bool offload_activations = false;
+    int offload_activation_layers = 0;
     // --master-weights bf16-sr: no fp32 master weights; AdamW rounds the bf16 weights stochastically.
     bool sr_master = false;
     size_t offload_unit = kOffloadUnit;   // elements per staged unit (tests use small ones)
@@ -160,6 +165,7 @@ struct ModelOptions {
 };
 
 class Transformer;
+class ActivationOffload;
 
 // Knowledge distillation in head_loss (train/step.h): a frozen teacher whose forward ran on the
 // same tokens gives each loss chunk's logits (Transformer::head_chunk), and the loss becomes
@@ -183,6 +189,9 @@ public:
     // key each query attends to, max(t - W + 1, its document's start); read by attention only
     // (positions stay the documents'). The kernels take it where they take document starts.
     void set_attention_start(Tensor start) { attn_lo_ = start; }
+    // --offload activations (model/activation_offload.h): its hooks around each layer's forward and
+    // backward; null: everything stays resident.
+    void set_activation_offload(ActivationOffload * o) { offload_ = o; }
 
     // A hook called with the layer's index (ZeRO: gather weights, reduce gradients).
     using LayerHook = std::function<void(Graph &, int)>;
@@ -394,6 +403,7 @@ private:
     void scale_embedding(Graph & g, Tensor t) const {
         if (cfg_.scale_embed) g.scale(t, cfg_.embed_scale());
     }
+    ActivationOffload * offload_ = nullptr;
     Tensor encoded_, lnf_, lnf_mean_, lnf_rstd_, logits_;
     Tensor dres_, dlnf_;
     std::vector<LayerActs> layers_;

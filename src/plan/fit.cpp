@@ -231,6 +231,8 @@ EngineOptions engine_options(const RunConfig & r, const ModelConfig & cfg, const
     eo.adafactor_first_moment = r.adafactor_beta1 > 0;
     eo.offload = L.offload != Offload::none ? r.offload_fraction : 0.0;
     eo.offload_params = L.offload == Offload::optimizer_params;
+    eo.offload_activations = L.offload_acts;
+    eo.offload_activation_layers = r.offload_activation_layers;
     eo.sr_master = r.master_weights == MasterWeights::bf16_sr;
     eo.offload_dir = r.offload_dir;
     if (r.recompute.info().kind != RecomputePolicy::budget) eo.recompute = recompute_plan(r.recompute, cfg.n_layer);

@@ -47,6 +47,24 @@ namespace {
 
 // --offload optimizer+params streams each layer's weights from the rank's ZeRO-3 shard, which it
 // keeps off the device with the whole optimizer state (train/step.h).
+// --offload activations moves what one program's blocks save between their forward and backward.
+std::optional<std::string> activation_offload_refusal(const RunConfig & r) {
+    const Layout & L = r.layout;
+    if (!L.offload_acts) {
+        if (r.offload_activation_layers != 0)
+            return fmt::format("--offload-activations-layers {} says how many layers --offload activations moves; add "
+                               "--offload activations (or optimizer+activations)", r.offload_activation_layers);
+        return std::nullopt;
+    }
+    if (r.offload_activation_layers < 0)
+        return fmt::format("--offload-activations-layers {}: expected 0 (every layer) or a number of layers",
+                           r.offload_activation_layers);
+    if (L.pp > 1)
+        return fmt::format("--offload activations with --pp {}: each in-flight micro-batch keeps its activations "
+                           "on its stage for now; use --recompute, or --offload activations without --pp", L.pp);
+    return std::nullopt;
+}
+
 std::optional<std::string> offload_refusal(const RunConfig & r) {
     const Layout & L = r.layout;
     if (L.offload != Offload::optimizer_params) return std::nullopt;
@@ -184,10 +202,13 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
     const Layout & L = r.layout;
     if (auto why = out_of_range(r)) return why;
     // What the engine has.
-    if (L.offload == Offload::none && (!r.offload_dir.empty() || r.offload_fraction != 1))
-        return std::string("--offload-dir and --offload-fraction say where and how much --offload optimizer moves; "
-                           "add --offload optimizer");
+    if (L.offload == Offload::none && r.offload_fraction != 1)
+        return std::string("--offload-fraction says how much --offload optimizer moves; add --offload optimizer");
+    if (L.offload == Offload::none && !L.offload_acts && !r.offload_dir.empty())
+        return std::string("--offload-dir says where --offload puts what it moves; add --offload optimizer (or "
+                           "activations)");
     if (auto why = offload_refusal(r)) return why;
+    if (auto why = activation_offload_refusal(r)) return why;
     if (auto why = in_backward_refusal(r)) return why;
     if (auto why = galore_refusal(r, backend)) return why;
     if (auto why = preference_refusal(r)) return why;
@@ -199,10 +220,11 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
                            "them; use --zero 0 (data parallelism keeps whole states), or --optimizer adamw-8bit",
                            L.zero >= 1 ? fmt::format("--zero {}", L.zero) : L.tp > 1 ? fmt::format("--tp {}", L.tp)
                                                                            : std::string("--offload"));
-    if (L.offload != Offload::none && backend && backend->host_memory() && r.offload_dir.empty())
-        return fmt::format("--offload {} on the CPU backend: its device memory is the host's, so the states can only "
-                           "go to files; add --offload-dir DIR (a fast local disk)", offload_name(L.offload));
-    if (L.offload != Offload::none && backend && !backend->host_memory() && !r.offload_dir.empty())
+    const bool offloads = L.offload != Offload::none || L.offload_acts;
+    if (offloads && backend && backend->host_memory() && r.offload_dir.empty())
+        return fmt::format("--offload {} on the CPU backend: its device memory is the host's, so what moves can only "
+                           "go to files; add --offload-dir DIR (a fast local disk)", offload_flag(L));
+    if (offloads && backend && !backend->host_memory() && !r.offload_dir.empty())
         return fmt::format("--offload-dir {} with --device cuda: the states go to pinned host memory on a GPU (files "
                            "are for the CPU backend for now); drop --offload-dir", r.offload_dir);
     if (r.master_weights == MasterWeights::bf16_sr && (r.compute != DType::bf16 || r.precision_auto))

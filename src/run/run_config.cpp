@@ -60,6 +60,29 @@ int parse_loss_chunk(std::string_view v) {
 }
 Offload parse_offload(std::string_view o) { return parse_name("--offload", o, kOffloads); }
 const char * offload_name(Offload o) { return name_of(o, kOffloads); }
+void parse_offload_flag(std::string_view v, Layout & L) {
+    constexpr std::string_view acts = "activations", joined = "+activations";
+    L.offload_acts = false;
+    if (v == acts) {
+        L.offload_acts = true;
+        v = "none";
+    } else if (v.size() > joined.size() && v.substr(v.size() - joined.size()) == joined) {
+        L.offload_acts = true;
+        v.remove_suffix(joined.size());
+        if (v == "none") throw ConfigError("--offload none+activations: write --offload activations");
+    }
+    try {
+        L.offload = parse_offload(v);
+    } catch (const ConfigError &) {
+        throw ConfigError(fmt::format("--offload '{}': expected none, optimizer, optimizer+params, activations, "
+                                      "optimizer+activations or optimizer+params+activations",
+                                      std::string(v) + (L.offload_acts ? "+activations" : "")));
+    }
+}
+std::string offload_flag(const Layout & L) {
+    if (!L.offload_acts) return offload_name(L.offload);
+    return L.offload == Offload::none ? std::string("activations") : std::string(offload_name(L.offload)) + "+activations";
+}
 MasterWeights parse_master_weights(std::string_view m) { return parse_name("--master-weights", m, kMasterWeights); }
 const char * master_weights_name(MasterWeights m) { return name_of(m, kMasterWeights); }
 
@@ -97,7 +120,8 @@ nlohmann::json run_config_json(const RunConfig & r) {
                         {"pp", r.layout.pp},
                         {"sp", r.layout.sp},
                         {"schedule", schedule_spelling(r.layout)},
-                        {"offload", offload_name(r.layout.offload)},
+                        {"offload", offload_flag(r.layout)},
+                        {"offload-activations-layers", r.offload_activation_layers},
                         {"offload-fraction", r.offload_fraction},
                         {"offload-dir", r.offload_dir},
                         {"bucket-mb", r.bucket_mb},

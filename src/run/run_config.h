@@ -33,6 +33,9 @@ struct Layout {
     bool sp = false;               // sequence parallel (with tp > 1): norm and residual activations / tp
     PipeSchedule schedule = PipeSchedule::one_f_one_b;  // gpipe holds all m micro-batches, 1F1B at most pp
     int virtual_stages = 1;        // interleaved: model chunks per device (smaller bubble, more sends)
+    // --offload activations (with or beside optimizer): each layer's saved activations wait on
+    // the host between its forward and its backward (model/activation_offload.h).
+    bool offload_acts = false;
     int devices() const { return dp * tp * pp; }
 };
 
@@ -136,6 +139,9 @@ struct RunConfig {
     // host memory (CUDA).
     double offload_fraction = 1;
     std::string offload_dir;
+    // --offload-activations-layers: with --offload activations, how many layers from the first
+    // offload theirs (0: all; torchtune offloads all, Megatron's --cpu-offloading-num-layers some).
+    int offload_activation_layers = 0;
     double bucket_mb = 0;          // data parallel: gradient bucket size, MiB (0: one per block)
     uint64_t budget = 0;           // bytes the plan must fit (0: the memory available)
     bool fit_auto = false;         // --fit auto: search micro-batch x accumulation x techniques within the budget
@@ -164,6 +170,10 @@ Attention parse_attention(std::string_view a);
 const char * attention_name(Attention a);
 int parse_loss_chunk(std::string_view v);        // "auto" -> -1, else a count of tokens, 0 or more
 Offload parse_offload(std::string_view o);
+// --offload's whole value: the optimizer part (Layout::offload) and "activations" joined with '+'
+// (activations, optimizer+activations, optimizer+params+activations); offload_flag writes it back.
+void parse_offload_flag(std::string_view v, Layout & L);
+std::string offload_flag(const Layout & L);
 MasterWeights parse_master_weights(std::string_view m);
 const char * master_weights_name(MasterWeights m);
 const char * offload_name(Offload o);

@@ -135,13 +135,13 @@ Engine::Engine(const ModelConfig & cfg, Backend & backend, const EngineOptions &
                            "--base-weights nf4 (a 4-bit base), --recompute full, or a lower --micro-batch or --seq"
                          : "try --fit auto (micro-batch, accumulation, recomputation within the budget), --recompute "
                            "full, --precision bf16, or a lower --micro-batch or --seq");
-    if (plans_.train->offloaded_elems() > 0 || plans_.train->params_offloaded()) {   // where the offloaded states live
+    if (plans_.train->offloaded_elems() > 0 || plans_.train->params_offloaded() ||
+        plans_.train->offloaded_activation_bytes() > 0) {   // where the offloaded bytes live
         if (!opt_.offload_dir.empty() && !backend.host_memory())
-            throw ConfigError(fmt::format("--offload-dir with --device {}: the states go to pinned host memory on a "
-                                          "GPU; drop --offload-dir", backend.name()));
+            throw ConfigError(fmt::format("--offload-dir with --device {}: what --offload moves goes to pinned host "
+                                          "memory on a GPU; drop --offload-dir", backend.name()));
         if (opt_.offload_dir.empty() && backend.host_memory())
-            throw ConfigError("--offload optimizer on the CPU backend needs --offload-dir DIR: its device memory is "
-                              "the host's");
+            throw ConfigError("--offload on the CPU backend needs --offload-dir DIR: its device memory is the host's");
         const int rank = (opt_.pp_rank * opt_.data_parallel + opt_.rank) * opt_.tensor_parallel + opt_.tp_rank;
         store_ = opt_.offload_dir.empty() ? make_host_store(backend_)
                                           : make_file_store(opt_.offload_dir, fmt::format("rank{}", rank));

@@ -72,6 +72,11 @@ struct EngineOptions {
     // device too, read into device memory a layer ahead of each gather and written back by the
     // update (ModelOptions::offload_params).
     bool     offload_params = false;
+    // --offload activations (ModelOptions::offload_activations): the layers' saved activations go
+    // to the same store between their forward and backward (the first offload_activation_layers
+    // layers'; 0: all).
+    bool     offload_activations = false;
+    int      offload_activation_layers = 0;
     std::string offload_dir;
     // --master-weights bf16-sr (bf16 compute): no fp32 master weights; AdamW updates the bf16
     // weights in place with stochastic rounding (backend/stochastic_round.h), its draws seeded by
@@ -144,6 +149,8 @@ struct EngineOptions {
         m.adafactor_first_moment = adafactor_first_moment;
         m.offload = offload;
         m.offload_params = offload_params;
+        m.offload_activations = offload_activations;
+        m.offload_activation_layers = offload_activation_layers;
         m.offload_unit = offload_unit;
         m.sr_master = sr_master;
         m.lora = lora;

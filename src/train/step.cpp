@@ -37,9 +37,25 @@ TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const
     declare_models(cfg, model);
     declare_sync(sizing, pre);
     if (mode_ == StepMode::train) declare_fixups(cfg, model, sizing, pre);
+    if (mode_ == StepMode::train && model.offload_activations) plan_activation_offload(model, sizing);
     Graph rec(program_, sizing);
     run(rec, StepScalars{});
     program_.finalize();
+}
+
+void TrainStep::plan_activation_offload(const ModelOptions & model, const Backend * sizing) {
+    MF_ASSERT(models_.size() == 1 && !pp_.enabled() && "run/compat.cpp refuses --offload activations with --pp");
+    act_offload_ = std::make_unique<ActivationOffload>(model.offload_activation_layers);
+    model_->set_activation_offload(act_offload_.get());
+    Program declared = program_;
+    {
+        Graph probe(program_, sizing);
+        run(probe, StepScalars{});
+    }
+    // The store's slots past the update's and the weight reads' (Sync::flag's).
+    const int slots = kParamReadSlot + 2 * int(groups_.size()) * std::max(copies_, 1);
+    act_offload_->plan(program_, declared, model_->layer_begin(), model_->layer_end(), slots);
+    program_ = std::move(declared);
 }
 
 // The step's own shape, and (run/compat.h) what combines; the stage's chunks and trainable layout.

@@ -11,6 +11,7 @@
 
 #include "backend/graph.h"
 #include "memory/program.h"
+#include "model/activation_offload.h"
 #include "model/config.h"
 #include "model/transformer.h"
 #include "model/param_layout.h"
@@ -183,6 +184,8 @@ public:
     };
     const std::vector<MomentPiece> & moment_pieces() const { return pieces_; }
     Tensor logits() const { return model_->logits(); }
+    // --offload activations: the bytes of activations the step keeps in the store (0: none).
+    uint64_t offloaded_activation_bytes() const { return act_offload_ ? act_offload_->bytes() : 0; }
 
 private:
     ModelConfig cfg_;
@@ -335,6 +338,10 @@ private:
     void declare_fixups(const ModelConfig & cfg, const ModelOptions & model, const Backend * sizing,
                         const std::string & pre);
     void tensor_fixups(Graph & g) const;
+    // --offload activations: records the step once as it is (the probe), lets act_offload_ choose
+    // the buffers that move, and leaves program_ holding the declarations alone, theirs added.
+    void plan_activation_offload(const ModelOptions & model, const Backend * sizing);
+    std::unique_ptr<ActivationOffload> act_offload_;
     class Sync;   // the run's ZeRO and data-parallel transfers in flight (train/step_sync.cpp)
     TensorParallel tp_;
     // The ranges of the gradient buffer whose squares this rank adds to the global norm, and
