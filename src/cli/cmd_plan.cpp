@@ -93,7 +93,7 @@ PlanRequest make_request(const PlanFlags & f, const RunConfig & run, const RunFl
     if (given.given("pp")) r.pp = run.layout.pp;
     if (given.given("micro-batch")) r.micro_batch = run.micro_batch;
     if (given.given("grad-accum")) r.grad_accum = run.grad_accum;
-    if (given.given("offload")) r.offload = run.layout.offload;
+    if (given.given("offload")) r.offload = run.layout.offload, r.offload_acts = run.layout.offload_acts;
     if (given.given("schedule")) {
         r.schedule = run.layout.schedule;
         if (run.layout.schedule == PipeSchedule::interleaved) r.virtual_stages = run.layout.virtual_stages;

@@ -262,6 +262,7 @@ uint64_t kept_per_layer(const ModelConfig & cfg, const Candidate & c, int seq, u
 // and what every stage holds beside them; at(lg) adds a logits chunk of lg bytes where the head is.
 struct Activations {
     uint64_t kept = 0, last_kept = 0, common = 0;
+    uint64_t host = 0;   // --offload activations: the offloaded layers' kept units, in the store
     bool pipeline = false;
     uint64_t at(uint64_t lg) const {
         return !pipeline ? kept + common + lg : std::max(kept + common, last_kept + common + lg);
@@ -285,6 +286,13 @@ Activations activations(const ModelConfig & cfg, const Candidate & c, int seq, i
     a.kept = uint64_t(std::ceil(double(per_layer * uint64_t(layers)) * in_flight));
     // A pipeline's last stage: one micro-batch's kept units (and the logits).
     a.last_kept = per_layer * uint64_t(layers);
+    if (L.offload_acts && L.pp == 1) {
+        // model/activation_offload.h: the offloaded layers' units wait in the store; on the device
+        // two layers' are in flight (the one written or read, and the one computing or read ahead).
+        const int64_t n = c.offload_activation_layers > 0 ? std::min<int64_t>(layers, c.offload_activation_layers) : layers;
+        a.host = per_layer * uint64_t(n);
+        a.kept = a.kept - a.host + per_layer * uint64_t(std::min<int64_t>(n, 2));
+    }
     // One layer's backward working set (its activation gradients) and what it recomputes.
     const uint32_t mask = c.recompute.uniform_mask("the planner");
     const uint64_t M = c.mlp_chunk > 0 && uint64_t(c.mlp_chunk) < rows ? uint64_t(c.mlp_chunk) : 0;
@@ -339,6 +347,7 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
                                       ? logit_rows * (uint64_t(cfg.vocab_size) + 2 * uint64_t(lp->opts.rank)) * s : 0;
     const uint64_t logits = logit_rows * uint64_t(cfg.vocab_size) * 4 / tp + head_adapter;
     m.device[Category::activations] = acts.at(logits);
+    m.host += acts.host;
     uint64_t teacher_logits = 0;   // a distillation teacher's logits chunk, beside the student's
     if (const DistillPlan * dp = c.distill_plan.get()) {
         // The teacher's weights; and live with the student's kept activations through the loss,
@@ -378,6 +387,12 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     m.loaded = L.pp == 1 ? (L.devices() == 1 ? "the only device" : "every device alike")
                          : "the busier of the first and last pipeline stages";
     return m;
+}
+
+uint64_t activation_offload_bytes(const ModelConfig & cfg, const Candidate & c, int seq) {
+    if (!c.layout.offload_acts || c.layout.pp > 1) return 0;
+    const uint64_t BTC = uint64_t(c.micro_batch) * uint64_t(seq) * uint64_t(cfg.n_embd) * dtype_size(c.compute);
+    return activations(cfg, c, seq, cfg.n_layer, BTC).host;
 }
 
 uint64_t megatron_layer_activation_bytes(const ModelConfig & cfg, int b, int s, int t, bool sp,

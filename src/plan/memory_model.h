@@ -117,6 +117,10 @@ CategoryBytes model_state_bytes(int64_t params, const Candidate & c, int64_t wid
 // ZeRO partitioning); master weights, optimizer states and gradients for the adapters only.
 CategoryBytes lora_state_bytes(uint64_t base, int64_t adapters, const Candidate & c);
 
+// --offload activations: the bytes one micro-batch's forward writes to the store (and its
+// backward reads back) on a device of candidate c, as predict_memory counts them (0 without it).
+uint64_t activation_offload_bytes(const ModelConfig & cfg, const Candidate & c, int seq);
+
 // Activation bytes one transformer layer keeps for backward under Korthikanti et al. 2022's
 // accounting (16-bit activations, naive attention, no norm statistics, and the dropout memfit's
 // model does not have: a 1-byte mask after attention and after the MLP, and the attention

@@ -40,8 +40,10 @@ std::string bar(const CategoryBytes & b, uint64_t capacity, int width) {
     return s + std::string(size_t(std::max(0, width - int(s.size()))), '.');
 }
 
-const char * offload_short(Offload o) {
-    return o == Offload::none ? "-" : o == Offload::optimizer ? "opt" : "opt+par";
+std::string offload_short(const Layout & l) {
+    const std::string o = l.offload == Offload::none ? "" : l.offload == Offload::optimizer ? "opt" : "opt+par";
+    if (!l.offload_acts) return o.empty() ? "-" : o;
+    return o.empty() ? "act" : o + "+act";
 }
 
 std::string schedule_short(const Layout & l) {
@@ -71,9 +73,9 @@ std::string plan_kind(const PlanResult & p) { return p.mem.exact ? "exact" : "mo
 
 std::string compact_row(const PlanRequest & r, const PlanResult & p, int i) {
     const Layout & l = p.c.layout;
-    return fmt::format("  {:<4}{:<14}{:>4}  {:<4}{:<7}{:<8}{:<10}{:<10}{:<6}{:>10}{:>9.4g}{:>10}{:>5.0f}%  {}\n",
+    return fmt::format("  {:<4}{:<14}{:>4}  {:<4}{:<7}{:<12}{:<10}{:<10}{:<6}{:>10}{:>9.4g}{:>10}{:>5.0f}%  {}\n",
                        fmt::format("{}{}", i, p.runnable() ? "" : "!"), fmt::format("{} x {} x {}", l.dp, l.tp, l.pp),
-                       l.zero, l.sp ? "sp" : "-", schedule_short(l), offload_short(l.offload),
+                       l.zero, l.sp ? "sp" : "-", schedule_short(l), offload_short(l),
                        fmt::format("{} x {}", p.c.micro_batch, p.c.grad_accum), p.c.recompute.name(),
                        p.c.flash() ? "flash" : "naive", format_bytes(p.mem.total()), p.time.total,
                        speed(r.hw, p.time.tokens_per_s), 100.0 * p.time.mfu, plan_kind(p));
@@ -104,21 +106,23 @@ std::string command_lines(const std::string & cmd, size_t indent) {
 std::string table(const PlanRequest & r, const SearchReport & rep, bool wide) {
     std::string out;
     if (wide) {
-        out += fmt::format("\n  {:<4} {:<50} {:<48} {:>10} {:>9} {:>11} {:>5}  {:<42} {}\n", "#", "layout",
+        size_t w = 50;   // the layout column: as wide as its longest name
+        for (const PlanResult & p : rep.best) w = std::max(w, layout_name(p.c.layout).size());
+        out += fmt::format("\n  {:<4} {:<{}} {:<48} {:>10} {:>9} {:>11} {:>5}  {:<42} {}\n", "#", "layout", w,
                            "micro-batch x accumulation", "per device", "step s", "tokens/s", "MFU",
                            "memory per device (bar, legend below)", "plan");
         int i = 0;
         for (const PlanResult & p : rep.best) {
             ++i;
-            out += fmt::format("  {:<4} {:<50} {:<48} {:>10} {:>9.3f} {:>11} {:>4.0f}%  |{}| {}\n",
-                               fmt::format("{}{}", i, p.runnable() ? "" : "!"), layout_name(p.c.layout),
+            out += fmt::format("  {:<4} {:<{}} {:<48} {:>10} {:>9.3f} {:>11} {:>4.0f}%  |{}| {}\n",
+                               fmt::format("{}{}", i, p.runnable() ? "" : "!"), layout_name(p.c.layout), w,
                                technique_name(p.c), format_bytes(p.mem.total()), p.time.total,
                                speed(r.hw, p.time.tokens_per_s), 100.0 * p.time.mfu, bar(p.mem.device, r.hw.memory, 40),
                                plan_kind(p));
         }
         out += "  bar: P params, M master, O optimizer, G grads, A activations, W workspace, C comm, R runtime, T teacher, F frozen reference\n";
     } else {
-        out += fmt::format("\n  {:<4}{:<14}{:>4}  {:<4}{:<7}{:<8}{:<10}{:<10}{:<6}{:>10}{:>9}{:>10}{:>6}  {}\n", "#",
+        out += fmt::format("\n  {:<4}{:<14}{:>4}  {:<4}{:<7}{:<12}{:<10}{:<10}{:<6}{:>10}{:>9}{:>10}{:>6}  {}\n", "#",
                            "dp x tp x pp", "ZeRO", "sp", "pipe", "offload", "batch", "recompute", "attn",
                            "per device", "step s", "tokens/s", "MFU", "plan");
         int i = 0;
@@ -138,7 +142,7 @@ std::string table(const PlanRequest & r, const SearchReport & rep, bool wide) {
                                 rows.size() > 1 ? "these" : "this", why), 6);
     if (!wide)
         out += wrap("  batch: micro-batch x accumulation per data-parallel rank; pipe: schedule; offload: opt = "
-                    "optimizer states, opt+par = also the weights; --wide: the whole names and a bar of the bytes",
+                    "optimizer states, opt+par = also the weights, act = the saved activations; --wide: the whole names and a bar of the bytes",
                     4);
     out += wrap("  plan: " + std::string(kExactMeaning), 4);
     if (const std::string b = borrowed_efficiencies(r.hw); !b.empty())

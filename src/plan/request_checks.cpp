@@ -158,6 +158,8 @@ std::vector<Change> changes(const PlanRequest & r) {
     drop(r.offload.has_value(), fmt::format("dropping --offload {}", offload_name(r.offload.value_or(Offload::none))),
          [](PlanRequest & q) { q.offload.reset(); });
     drop(r.zero.has_value(), fmt::format("dropping --zero {}", r.zero.value_or(0)), [](PlanRequest & q) { q.zero.reset(); });
+    drop(r.offload_acts == false && r.hw.name != "cpu", "offloading the activations too",
+         [](PlanRequest & q) { q.offload_acts = true; });
     drop(r.tp || r.pp || r.sp || r.schedule, "dropping the fixed --tp / --pp / --sp / --schedule",
          [](PlanRequest & q) { q.tp.reset(), q.pp.reset(), q.sp.reset(), q.schedule.reset(); });
     drop(r.flash && !*r.flash, "dropping --attention naive", [](PlanRequest & q) { q.flash.reset(); });

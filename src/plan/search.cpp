@@ -39,7 +39,9 @@ const char * schedule_name(const Layout & l) {
 
 bool faster(const PlanResult & a, const PlanResult & b) {
     if (a.time.tokens_per_s != b.time.tokens_per_s) return a.time.tokens_per_s > b.time.tokens_per_s;
-    return a.mem.total() < b.mem.total();   // ties: more headroom
+    // Ties: the activations on the device (offloading them is free only when hidden), then headroom.
+    if (a.c.layout.offload_acts != b.c.layout.offload_acts) return !a.c.layout.offload_acts;
+    return a.mem.total() < b.mem.total();
 }
 
 // Keeps the `n` best of a stream without sorting everything.
@@ -112,11 +114,16 @@ std::vector<Layout> searched_layouts(const PlanRequest & r) {
                         z = 3;
                     }
                     if (pp > 1 && z >= 2 && !r.zero) continue;   // ZeRO-2/3 with pipelines: not searched
-                    for (bool sp : fixed_or(r.sp, tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})) {
-                        Layout L;
-                        L.dp = dp, L.tp = tp, L.pp = pp, L.zero = z, L.offload = off, L.sp = sp && tp > 1;
-                        out.push_back(L);
-                    }
+                    // Activation offload: a program's own layers' (no pipeline); on GPUs only.
+                    const std::vector<bool> acts_searched = gpu && pp == 1 ? std::vector<bool>{false, true}
+                                                                           : std::vector<bool>{false};
+                    for (bool sp : fixed_or(r.sp, tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}))
+                        for (bool acts : fixed_or(r.offload_acts, acts_searched)) {
+                            Layout L;
+                            L.dp = dp, L.tp = tp, L.pp = pp, L.zero = z, L.offload = off, L.sp = sp && tp > 1;
+                            L.offload_acts = acts;
+                            out.push_back(L);
+                        }
                 }
             }
         }
@@ -138,7 +145,8 @@ Candidate make_candidate(const PlanRequest & r, const Layout & L, int mb, int pe
     c.global_batch = per_rank * L.dp;
     c.batch = 0;
     if (L.offload != Offload::optimizer) c.offload_fraction = 1;   // parameter offload takes all the states
-    if (L.offload == Offload::none) c.offload_dir.clear();          // where either offload goes
+    if (L.offload == Offload::none && !L.offload_acts) c.offload_dir.clear();   // where any offload goes
+    if (!L.offload_acts) c.offload_activation_layers = 0;
     c.lora_plan = r.lora;
     c.distill_plan = r.distill;
     c.tp_comm_overlap = r.tp_comm_overlap;
@@ -182,8 +190,7 @@ RunConfig planned_train_run(const PlanRequest & r, const Candidate & c) {
 std::string layout_name(const Layout & l) {
     std::string s = fmt::format("dp {} x tp {} x pp {}", l.dp, l.tp, l.pp);
     if (l.zero > 0) s += fmt::format(", ZeRO-{}", l.zero);
-    if (l.offload == Offload::optimizer) s += ", offload optimizer";
-    if (l.offload == Offload::optimizer_params) s += ", offload optimizer+params";
+    if (l.offload != Offload::none || l.offload_acts) s += ", offload " + offload_flag(l);
     if (l.sp) s += ", sp";
     if (l.pp > 1) {
         s += fmt::format(", {}", schedule_name(l));

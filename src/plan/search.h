@@ -33,6 +33,7 @@ struct PlanRequest {
     // Fixed choices; what is unset is searched.
     std::optional<int> zero, tp, pp, micro_batch, grad_accum;   // grad_accum: per data-parallel rank
     std::optional<Offload> offload;
+    std::optional<bool> offload_acts;        // --offload activations (searched on GPUs without pipelines)
     std::optional<PipeSchedule> schedule;
     int virtual_stages = 2;                  // interleaved:V
     std::optional<bool> sp, flash;

@@ -10,6 +10,7 @@
 #include "model/recompute.h"
 #include "plan/distill_plan.h"
 #include "plan/lora_plan.h"
+#include "plan/memory_model.h"
 #include "plan/fit.h"
 #include "plan/memory_model.h"
 
@@ -308,6 +309,16 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
             // each layer's part read before its gather, forward and backward, every micro-batch.
             t.offload += shard * s * (master ? 1.0 : 2.0) / host + m * 2.0 * weights / dp / host;
         }
+    }
+
+    // --offload activations: each micro-batch writes the offloaded layers' kept units in its
+    // forward and reads them in its backward on a copy stream beside the compute (a layer
+    // ahead); what the compute does not cover shows.
+    if (L.offload_acts && L.pp == 1) {
+        const double host = need(hw.host_bw, hw, "host link bandwidth (host_bw)");
+        const double bytes = double(activation_offload_bytes(cfg, c, seq));
+        t.offload += m * (std::max(0.0, bytes / host - kOverlapFraction * fwd_mb) +
+                          std::max(0.0, bytes / host - kOverlapFraction * bwd_mb));
     }
 
     t.total = t.compute + t.memory_bound + t.comm_exposed + t.bubble + t.offload;

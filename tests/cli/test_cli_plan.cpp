@@ -196,10 +196,23 @@ TEST(PlanToRun, OutputSaysWhatItKnowsInOneHundredTwentyColumns) {
                               args.find("rtx4090") != std::string::npos;
         EXPECT_EQ(r.out.find("efficiencies are h100-80g's") != std::string::npos, borrowed) << r.out;
     }
-    const CmdResult wide = run_memfit("plan --model llama2-70b --hardware h100-80g --gpus 64 --seq 4096 "
-                                      "--global-batch 1024 --wide");
+    const std::string wide_args = "plan --model llama2-70b --hardware h100-80g --gpus 64 --seq 4096 --global-batch 1024 "
+                                  "--wide";
+    const CmdResult wide = run_memfit(wide_args + " --offload none");
     ASSERT_EQ(wide.code, 0) << wide.err;
     EXPECT_NE(wide.out.find("dp 32 x tp 2 x pp 1, ZeRO-3, sp "), std::string::npos) << wide.out;   // torchtitan's 2D
+    // Every offload searched: the layout column is as wide as its longest name.
+    const CmdResult all = run_memfit(wide_args);
+    ASSERT_EQ(all.code, 0) << all.err;
+    EXPECT_NE(all.out.find("+activations"), std::string::npos) << all.out;
+    std::istringstream rows(all.out);
+    size_t at = std::string::npos;
+    for (std::string l; std::getline(rows, l);) {
+        const size_t mb = l.find("micro-batch ");
+        if (mb == std::string::npos || l.find("  dp ") == std::string::npos) continue;
+        if (at == std::string::npos) at = mb;
+        EXPECT_EQ(mb, at) << all.out;
+    }
     const CmdResult h200 = run_memfit("plan --model llama3-8b --hardware h200 --gpus 1 --seq 8192 --global-batch 8 --json");
     ASSERT_EQ(h200.code, 0) << h200.err;
     const nlohmann::json j = nlohmann::json::parse(h200.out);

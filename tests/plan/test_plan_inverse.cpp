@@ -95,10 +95,13 @@ TEST(PlanInverse, LargestModelOfAFamilyIsTheFirstThatFitsFromTheTop) {
 }
 
 // On one device the search tries parameter offload as ZeRO-3 over one rank, which train runs: a
-// 3B model's long sequence fits one RTX 4090 only so, exactly planned. A 70B full fine-tune still
-// does not fit one H200: the gradients stay on the device, and the reason says so.
+// 3B model's long sequence fits one RTX 4090 with the activations resident only so, exactly
+// planned; with activation offload searched too, the optimizer's offload and the activations'
+// fit it faster. A 70B full fine-tune still does not fit one H200: the gradients stay on the
+// device, and the reason says so.
 TEST(PlanInverse, OneDeviceSearchesParameterOffloadOverZero3) {
     PlanRequest r = request("llama3.2-3b", "rtx4090", 1, 40960, 1);
+    r.offload_acts = false;
     const SearchReport rep = search_plans(r);
     ASSERT_FALSE(rep.best.empty());
     for (const PlanResult & p : rep.best) {
@@ -110,6 +113,13 @@ TEST(PlanInverse, OneDeviceSearchesParameterOffloadOverZero3) {
     }
     r.offload = Offload::optimizer;   // without the weights offloaded, nothing fits
     EXPECT_TRUE(search_plans(r).best.empty());
+    r.offload_acts.reset();           // ... unless the activations leave too
+    const SearchReport acts = search_plans(r);
+    ASSERT_FALSE(acts.best.empty());
+    EXPECT_TRUE(acts.best[0].c.layout.offload_acts);
+    EXPECT_TRUE(acts.best[0].mem.exact);
+    EXPECT_GT(acts.best[0].mem.host, acts.best[0].mem.device[Category::activations]);
+    EXPECT_GT(acts.best[0].time.tokens_per_s, rep.best[0].time.tokens_per_s);
 
     // Nothing fits: "closest" is the candidate needing the fewest bytes (parameter offload's,
     // short by its gradients), not the fastest of the rejected.
@@ -150,7 +160,7 @@ TEST(PlanInverse, ExplainShowsTheGradientPathUnderAccumulation) {
 TEST(PlanInverse, HintsAreCheckedAndNotWhatTheRequestHas) {
     // A fixed ZeRO stage that cannot hold the states: the hint drops it, and then something fits.
     PlanRequest r = request("llama2-13b", "h100-80g", 8, 4096, 64);
-    r.zero = 0, r.tp = 1, r.pp = 1, r.offload = Offload::none, r.recompute = "none";
+    r.zero = 0, r.tp = 1, r.pp = 1, r.offload = Offload::none, r.offload_acts = false, r.recompute = "none";
     const SearchReport rep = search_plans(r);
     ASSERT_TRUE(rep.best.empty());
     EXPECT_NE(rep.hint.find("dropping --zero 0 fits"), std::string::npos) << rep.hint;

@@ -445,6 +445,7 @@ TEST(PlanMemory, SearchFindsWhatFitsByItsProgram) {
         r.flash = c.flash();
         r.sp = false;
         r.offload = Offload::none;
+        r.offload_acts = false;
         r.schedule = PipeSchedule::one_f_one_b;
         r.lora = c.lora_plan;
         r.exact_sizing = sizing.get();
