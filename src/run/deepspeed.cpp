@@ -115,6 +115,7 @@ private:
     std::vector<std::string> ignored_;
     std::optional<int64_t> batch_[3];             // train_batch_size, micro batch, accumulation
     std::string fp16_on_, bf16_on_;               // the "enabled": true keys
+    std::string cpu_checkpointing_;               // activation_checkpointing.cpu_checkpointing = true
     std::optional<double> optimizer_lr_, scheduler_lr_;
     std::string optimizer_lr_source_, scheduler_lr_source_;
 
@@ -468,9 +469,8 @@ private:
         for (const auto & [name, v] : b.items()) {
             const std::string k = key + "." + name;
             if (is_auto(v)) continue;
-            if (name == "cpu_checkpointing") {
-                if (*boolean(k, v))
-                    fail(k, v, "memfit keeps checkpoints in device memory (no activation offload): write false");
+            if (name == "cpu_checkpointing") {   // the checkpoints to host memory: --offload activations
+                if (*boolean(k, v)) cpu_checkpointing_ = "\"" + k + "\"";
             } else {
                 ignore(k);  // partition_activations, contiguous_memory_optimization, number_checkpoints, ...
             }
@@ -480,6 +480,13 @@ private:
     // --- what depends on more than one block ----------------------------------------------
 
     void finish() {
+        if (!cpu_checkpointing_.empty()) {   // beside what zero_optimization offloads
+            const auto it = flags_.find("offload");
+            const std::string with = it == flags_.end() ? "activations" : it->get<std::string>() + "+activations";
+            const std::string from = it == flags_.end() ? cpu_checkpointing_ : sources_["offload"] + " and " + cpu_checkpointing_;
+            flags_.erase("offload");
+            set("offload", with, from);
+        }
         if (!fp16_on_.empty() && !bf16_on_.empty())
             throw ConfigError(fmt::format("{}: \"{}\" = true and \"{}\" = true: memfit trains in one 16-bit format; "
                                           "set one of them to false", path_, fp16_on_, bf16_on_));

@@ -189,5 +189,54 @@ TEST(Cli, OffloadedWeightsTrainBitForBit) {
     expect_clean_failure(run_memfit(base + "--zero 1 " + off + "--out " + scratch("offp_x").string()), "add --zero 3");
 }
 
+// --offload activations: each layer's saved activations wait in the file between its forward and
+// its backward; the run ends where the resident one does, with only the activations' bytes
+// lower on the device, says so, writes the flag back, and memfit plan records the same program.
+TEST(Cli, OffloadedActivationsTrainBitForBit) {
+    const fs::path text = small_text("offa.txt"), data = scratch("offa_data"), dir = scratch("offa_dir");
+    fs::create_directories(dir);
+    ASSERT_EQ(run_memfit("prepare --tokenizer bytes --input " + text.string() + " --out " + data.string()).code, 0);
+    const std::string args = "train --model llama-micro --data " + data.string() + " --seq 64 --micro-batch 2 "
+                             "--sample 0 --eval-every 0 --threads 1 --checkpoint-every 10 --precision bf16 "
+                             "--recompute selective --steps 10 ";
+    const std::string off = "--offload activations --offload-dir " + dir.string() + " ";
+    const fs::path mem = scratch("offa_mem"), a = scratch("offa_off");
+    ASSERT_EQ(run_memfit(args + "--progress quiet --out " + mem.string()).code, 0);
+    const CmdResult r = run_memfit(args + off + "--out " + a.string());
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE((r.out + r.err).find("offload: the saved activations of every layer to a file under"), std::string::npos)
+        << r.out;
+    EXPECT_FALSE(state(a, 10).empty());
+    EXPECT_TRUE(state(a, 10) == state(mem, 10)) << "the run with its activations offloaded ended elsewhere";
+    EXPECT_TRUE(fs::is_empty(dir)) << "the offload file was left behind";
+    const nlohmann::json sm = summary(mem), so = summary(a);
+    EXPECT_EQ(so["run_config"]["offload"], "activations");
+    EXPECT_EQ(so["measured"]["peak_live"], so["planned"]["peak_live"]);
+    const uint64_t moved = so["measured"]["peak_live"]["offloaded"].get<uint64_t>();
+    EXPECT_GT(moved, 0u);
+    const auto acts = [](const nlohmann::json & s) { return s["measured"]["peak_live"]["activations"].get<uint64_t>(); };
+    EXPECT_LT(acts(so), acts(sm));
+    EXPECT_EQ(so["measured"]["peak_live"]["parameters"], sm["measured"]["peak_live"]["parameters"]);
+
+    // The plan of the same run on this machine: the engine's program, exact, the moved bytes the host's.
+    const CmdResult plan = run_memfit("plan --model llama-micro --hardware cpu --gpus 1 --seq 64 --global-batch 2 "
+                                      "--micro-batch 2 --precision bf16 --recompute selective --json " + off);
+    ASSERT_EQ(plan.code, 0) << plan.err;
+    const nlohmann::json best = nlohmann::json::parse(plan.out)["best"][0];
+    EXPECT_EQ(best["layout"]["offload"], "activations");
+    EXPECT_TRUE(best["memory"]["exact"].get<bool>());
+    EXPECT_EQ(best["memory"]["host"].get<uint64_t>(), moved);
+
+    expect_clean_failure(run_memfit(args + "--offload activations --out " + scratch("offa_x").string()), "--offload-dir DIR");
+    expect_clean_failure(run_memfit(args + "--offload-activations-layers 2 --out " + scratch("offa_y").string()),
+                         "add --offload activations");
+    expect_clean_failure(run_memfit(args + off + "--offload-activations-layers -1 --out " + scratch("offa_z").string()),
+                         "--offload-activations-layers -1");
+    expect_clean_failure(run_memfit(args + "--offload none+activations --out " + scratch("offa_w").string()),
+                         "write --offload activations");
+    expect_clean_failure(run_memfit(args + "--offload activation --out " + scratch("offa_v").string()),
+                         "optimizer+params+activations");
+}
+
 }  // namespace
 }  // namespace memfit

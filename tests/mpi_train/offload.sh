@@ -53,5 +53,21 @@ mpi 2 "${T[@]}" --offload optimizer+params --offload-dir states --out off > off.
 for f in mem/checkpoints/step-000008/state*.safetensors; do
     cmp "$f" "off/checkpoints/step-000008/$(basename "$f")" || fail "optimizer+params --tp 2: $(basename "$f") differs"
 done
+# --offload activations: each rank's saved activations in its file between forward and backward,
+# under ZeRO-2, ZeRO-3 with the weights offloaded too, and tensor parallelism with LLaMA's
+# grouped KV heads; the same checkpoints as the resident runs, planned = measured offloaded bytes.
+for extra in "--zero 2|activations" "--zero 3|optimizer+params+activations" "--tp 2 --sp --grad-accum 2|activations"; do
+    rm -rf mem off
+    flags=${extra%|*} what=${extra#*|}
+    read -r -a F <<< "$flags"
+    A=("${ARGS[@]/nano/llama-micro}" --eval-every 0 "${F[@]}")
+    mpi 2 "${A[@]}" --out mem > mem.log 2>&1 || { cat mem.log; fail "$flags in memory"; }
+    mpi 2 "${A[@]}" --offload "$what" --offload-dir states --out off > off.log 2>&1 ||
+        { cat off.log; fail "$flags, --offload $what"; }
+    for f in mem/checkpoints/step-000008/state*.safetensors; do
+        cmp "$f" "off/checkpoints/step-000008/$(basename "$f")" || fail "--offload $what with $flags: $(basename "$f") differs"
+    done
+    grep -q '"offloaded": [1-9]' off/summary.json || fail "--offload $what with $flags: no offloaded bytes"
+done
 [ -z "$(ls -A states)" ] || { ls -la states; fail "offload files left behind"; }
-echo "ok: offloaded states end bit for bit where the in-memory jobs end (--zero 0, 1; --zero 3 optimizer+params, also under --tp 2 --sp; 2 ranks)"
+echo "ok: offloaded states end bit for bit where the in-memory jobs end (--zero 0, 1; --zero 3 optimizer+params, also under --tp 2 --sp; activations under --zero 2, --zero 3, --tp 2 --sp; 2 ranks)"

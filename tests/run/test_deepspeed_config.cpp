@@ -293,8 +293,15 @@ TEST(DeepSpeedConfig, ActivationCheckpointing) {
                                   "activation_checkpointing.contiguous_memory_optimization",
                                   "activation_checkpointing.number_checkpoints"}));
     EXPECT_EQ(translate(R"({"activation_checkpointing": {}})").flags, json({{"recompute", "full"}}));
-    expect_error(R"({"activation_checkpointing": {"cpu_checkpointing": true}})",
-                 {"\"activation_checkpointing.cpu_checkpointing\" = true", "device memory", "false"});
+    // cpu_checkpointing: the checkpoints to host memory, memfit's --offload activations, beside
+    // what the ZeRO block offloads (either order).
+    EXPECT_EQ(translate(R"({"activation_checkpointing": {"cpu_checkpointing": true}})").flags,
+              json({{"recompute", "full"}, {"offload", "activations"}}));
+    EXPECT_EQ(translate(R"({"activation_checkpointing": {"cpu_checkpointing": true}, "zero_optimization": {"stage": 3,
+        "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}})").flags["offload"],
+              "optimizer+params+activations");
+    EXPECT_EQ(translate(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+        "activation_checkpointing": {"cpu_checkpointing": true}})").flags["offload"], "optimizer+activations");
 }
 
 TEST(DeepSpeedConfig, WrongTypesNameKeyValueAndType) {
