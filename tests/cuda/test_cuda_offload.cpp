@@ -102,5 +102,31 @@ TEST(CudaOffload, WeightsInPinnedHostMemoryToo) {
     EXPECT_LT(off.device_used, mem.device_used);
 }
 
+// --offload activations on the device: each layer's saved activations go to pinned host memory
+// on the copy stream after its forward and come back one layer ahead of its backward; bit for bit
+// the resident run, each category as planned, the device holding the plan's regions (to the byte
+// on the emulator) and less than the resident run's. GPT-2 with naive attention and LLaMA with
+// grouped KV heads and flash attention, every unit kept and selective recomputation.
+TEST(CudaOffload, ActivationsInPinnedHostMemory) {
+    MF_REQUIRE_GPU();
+    for (const bool llama : {false, true}) {
+        SCOPED_TRACE(llama ? "llama" : "gpt2");
+        const ModelConfig cfg = test::small_family(llama, 96, 128, 3, 4, 256, 64);
+        EngineOptions eo;
+        eo.B = 2, eo.T = 64, eo.with_eval = false, eo.compute = DType::bf16, eo.flash_attention = llama;
+        eo.recompute = parse_recompute(llama ? "selective" : "none", cfg.n_layer);
+        const Trained mem = train(cfg, eo);
+        eo.offload_activations = true;
+        const Trained off = train(cfg, eo);
+        expect_same_end_planned_exactly(off, mem);
+        EXPECT_GT(off.planned_live.v[size_t(Category::offloaded)], 0u);
+        EXPECT_LT(off.planned_live.v[size_t(Category::activations)], mem.planned_live.v[size_t(Category::activations)]);
+#ifdef MEMFIT_CUDA_EMU
+        EXPECT_EQ(off.device_used, off.planned_reserved.total() + test::gpu()->runtime_bytes());
+#endif
+        EXPECT_LT(off.device_used, mem.device_used);
+    }
+}
+
 }  // namespace
 }  // namespace memfit
