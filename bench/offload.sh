@@ -8,7 +8,9 @@
 # EMU=1 adds the same pair on the CUDA emulator (build/memfit_emu --device cuda, EMU_MODEL, default
 # micro, in bf16): device bytes planned and measured, without the offloaded 12 bytes per parameter.
 # OFFLOAD=optimizer+params: both runs of a pair under --zero 3 (one process), the second with the
-# weights' shard offloaded too.
+# weights' shard offloaded too. OFFLOAD=activations: the second run's saved activations go to the
+# file between each layer's forward and backward. EXTRA: more flags for both runs of every pair
+# (e.g. EXTRA="--recompute full").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MEMFIT=${MEMFIT:-build/memfit}
@@ -20,6 +22,7 @@ BATCH=${BATCH:-2}
 SEQ=${SEQ:-64}
 STEPS=${STEPS:-4}
 OFFLOAD=${OFFLOAD:-optimizer}
+read -r -a EXTRA_FLAGS <<< "${EXTRA:-}"
 ZERO=()
 [ "$OFFLOAD" = optimizer+params ] && ZERO=(--zero 3)
 rm -rf "$OUT"
@@ -29,7 +32,7 @@ run() {   # cell, model, extra flags...
   shift 2
   "$MEMFIT" train --model "$model" --micro-batch "$BATCH" --seq "$SEQ" --steps "$STEPS" --precision "$PRECISION" \
     --eval-every 0 --eval-batches 1 --sample 0 --progress quiet --checkpoint-every "$STEPS" --out "$OUT/$cell" \
-    "${ZERO[@]}" "$@" \
+    "${ZERO[@]}" "${EXTRA_FLAGS[@]}" "$@" \
     > "$OUT/$cell.log" 2>&1
 }
 cells=""
