@@ -393,12 +393,32 @@ void Graph::tp_all_gather(Tensor out, Tensor in) {
 void Graph::tp_reduce_scatter(Tensor out, Tensor in, Tensor scratch) {
     if (begin("tp_reduce_scatter", double(in.numel()), {out, in, scratch})) {
         MF_ASSERT(tp_comm_ && "set_tensor_communicator() before tensor-parallel collectives");
-        const int R = tp_comm_->size();
-        MF_ASSERT(out.dtype == in.dtype && in.numel() == int64_t(R) * out.numel());
-        float * s = scratch_ptr(scratch.valid() ? resolve(scratch) : Tensor{},
-                                comm_scratch_elems(in.dtype, R, size_t(in.numel())));
-        const std::vector<size_t> counts(size_t(R), size_t(out.numel()));
-        tp_comm_->ireduce_scatter_sum(resolve(in).data, resolve(out).data, counts, in.dtype, s)->wait();
+        reduce_scatter_now(tp_comm_, resolve(out), resolve(in), scratch.valid() ? resolve(scratch) : Tensor{});
+    }
+    end();
+}
+
+void Graph::reduce_scatter_now(Collectives * c, Tensor out, Tensor in, Tensor scratch) {
+    const int R = c->size();
+    MF_ASSERT(out.dtype == in.dtype && in.numel() == int64_t(R) * out.numel());
+    float * s = scratch_ptr(scratch, comm_scratch_elems(in.dtype, R, size_t(in.numel())));
+    const std::vector<size_t> counts(size_t(R), size_t(out.numel()));
+    c->ireduce_scatter_sum(in.data, out.data, counts, in.dtype, s)->wait();
+}
+
+void Graph::cp_all_gather(Tensor out, Tensor in) {
+    if (begin("cp_all_gather", 0, {out, in})) {
+        MF_ASSERT(cp_comm_ && "set_context_communicator() before context-parallel collectives");
+        MF_ASSERT(out.dtype == in.dtype && out.numel() == int64_t(cp_comm_->size()) * in.numel());
+        cp_comm_->all_gather(resolve(in).data, resolve(out).data, in.nbytes());
+    }
+    end();
+}
+
+void Graph::cp_reduce_scatter(Tensor out, Tensor in, Tensor scratch) {
+    if (begin("cp_reduce_scatter", double(in.numel()), {out, in, scratch})) {
+        MF_ASSERT(cp_comm_ && "set_context_communicator() before context-parallel collectives");
+        reduce_scatter_now(cp_comm_, resolve(out), resolve(in), scratch.valid() ? resolve(scratch) : Tensor{});
     }
     end();
 }
@@ -515,6 +535,31 @@ void Graph::attention_bwd(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int 
 void Graph::flash_attention_fwd(Tensor out, Tensor lse, Tensor qkv, int NH, Tensor doc_start) {
     if (begin("flash_attention_fwd", attention_flops(qkv), {out, lse, qkv, doc_start}))
         backend_->flash_attention_fwd(resolve(out), resolve(lse), resolve(qkv), NH, resolve(doc_start));
+    end();
+}
+
+// Context parallelism: each query row against its keys (at most T of them).
+static double cp_attention_flops(const Tensor & qkv, const Tensor & kv, int NH, int KVH) {
+    const double rows = double(qkv.rows()), hd = double(qkv.cols()) / double(NH + 2 * KVH);
+    return 4.0 * rows * double(kv.dim(1)) / 2.0 * double(NH) * hd;
+}
+
+void Graph::cp_attention_fwd(Tensor out, Tensor lse, Tensor qkv, Tensor kv, Tensor meta, int NH, int KVH) {
+    if (begin("cp_attention_fwd", cp_attention_flops(qkv, kv, NH, KVH), {out, lse, qkv, kv, meta}))
+        backend_->cp_attention_fwd(resolve(out), resolve(lse), resolve(qkv), resolve(kv), resolve(meta), NH, KVH);
+    end();
+}
+
+void Graph::cp_attention_bwd(Tensor dqkv, Tensor dkv, Tensor dout, Tensor out, Tensor qkv, Tensor kv, Tensor lse,
+                             Tensor meta, int NH, int KVH) {
+    const size_t bytes = size_t(qkv.rows()) * size_t(NH) * sizeof(float);   // each query's dout . out
+    if (recording_) grow_workspace(bytes);
+    if (begin("cp_attention_bwd", 2.5 * cp_attention_flops(qkv, kv, NH, KVH), {dqkv, dkv, dout, out, qkv, kv, lse, meta},
+              true))
+        backend_->cp_attention_bwd(resolve(dqkv), resolve(dkv),
+                                   resolve(Tensor(workspace_, DType::f32, {int64_t(bytes / sizeof(float))})),
+                                   resolve(dout), resolve(out), resolve(qkv), resolve(kv), resolve(lse), resolve(meta),
+                                   NH, KVH);
     end();
 }
 

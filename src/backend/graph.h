@@ -181,6 +181,16 @@ public:
     // the cache (see Backend::cached_attention_fwd; window > 0: a ring of sliding-window positions).
     void cached_attention_fwd(Tensor out, Tensor qkv, Tensor kcache, Tensor vcache, int pos0, int NH, int KVH,
                               int window = 0);
+    // Context parallelism (model/context_parallel.h, kernel_list.h): this rank's query rows over
+    // every position's k | v (kv [B,T,2*KVH*hd]); meta i32 [2,B,Tl]: positions, first keys.
+    void cp_attention_fwd(Tensor out, Tensor lse, Tensor qkv, Tensor kv, Tensor meta, int NH, int KVH);
+    void cp_attention_bwd(Tensor dqkv, Tensor dkv, Tensor dout, Tensor out, Tensor qkv, Tensor kv, Tensor lse,
+                          Tensor meta, int NH, int KVH);
+    // The context-parallel group's collectives (blocking, as the tensor group's): every rank's
+    // `in` in rank order into out; in [R * out.numel()] summed, this rank's slot into out.
+    void set_context_communicator(Collectives * c) { cp_comm_ = c; }
+    void cp_all_gather(Tensor out, Tensor in);
+    void cp_reduce_scatter(Tensor out, Tensor in, Tensor scratch = {});
     // The same over a paged cache (backend/paged_kv.h): meta is the step's i32 metadata.
     void paged_attention_fwd(Tensor out, Tensor qkv, Tensor kpool, Tensor vpool, Tensor meta, const PagedKv & kv,
                              int NH, int KVH, int window = 0);
@@ -270,9 +280,12 @@ private:
     uint64_t seed_ = 0;
     Collectives * comm_ = nullptr;
     Collectives * tp_comm_ = nullptr;   // tensor-parallel group
+    Collectives * cp_comm_ = nullptr;   // context-parallel group
     Collectives * pp_comm_ = nullptr, * emb_comm_ = nullptr;
     // t summed in place over c (blocking; a 16-bit sum through scratch's fp32 copy).
     void blocking_sum(Collectives * c, Tensor t, Tensor scratch);
+    // in (R slots) summed over c, this rank's slot into out (resolved tensors; blocking).
+    void reduce_scatter_now(Collectives * c, Tensor out, Tensor in, Tensor scratch);
     std::vector<std::unique_ptr<CommRequest>> pending_;   // by slot
 };
 

@@ -15,7 +15,9 @@ MF_KERNEL(bias_grad, (Tensor dbias, Tensor dout))
 // the first token of the document token t belongs to (0 <= doc_start[b,t] <= t, and
 // non-decreasing along a row). Token t's position is then t - doc_start[b,t], and it attends
 // to keys doc_start[b,t] .. t only (a block-diagonal causal mask). An invalid doc_start
-// (Tensor{}) is one document per row: positions t, keys 0 .. t.
+// (Tensor{}) is one document per row: positions t, keys 0 .. t. Under context parallelism a
+// row holds chunks of a longer sequence and the ops that read positions only (encoder_fwd /
+// encoder_bwd, rope_fwd / rope_bwd) get doc_start[b,t] = t - position, which may be negative.
 
 // out[B,T,C] = wte[tokens] + wpe[position]; an invalid wpe (Tensor{}) means no position
 // embedding (LLaMA): out = wte[tokens].
@@ -104,6 +106,17 @@ MF_KERNEL(cached_attention_fwd, (Tensor out, Tensor qkv, Tensor kcache, Tensor v
 // the block table in position order. Padding rows (seq -1) write nothing and output zeros.
 MF_KERNEL(paged_attention_fwd, (Tensor out, Tensor qkv, Tensor kpool, Tensor vpool, Tensor meta, const PagedKv & kv,
           int NH, int KVH, int window = 0))
+// Context parallelism (model/context_parallel.h): this rank's B x Tl query rows over every
+// position of their sequences. qkv [B,Tl,(NH+2*KVH)*hd] (its q columns read), kv [B,T,2*KVH*hd]
+// (each position's k | v, in position order), meta i32 [2,B,Tl]: each query's position (its last
+// key) and its first key. out [B,Tl,NH*hd] and lse [B,NH,Tl] (f32, the scaled scores'
+// log-sum-exp) written; q head h reads KV head h / (NH / KVH).
+MF_KERNEL(cp_attention_fwd, (Tensor out, Tensor lse, Tensor qkv, Tensor kv, Tensor meta, int NH, int KVH))
+// dqkv's q columns written and its k, v columns zeroed; dkv [B,T,2*KVH*hd] written: each
+// position's key and value gradient from this rank's queries (zero where none reads it).
+// scratch: B*Tl*NH floats (each query's dout . out).
+MF_KERNEL(cp_attention_bwd, (Tensor dqkv, Tensor dkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv, Tensor kv,
+          Tensor lse, Tensor meta, int NH, int KVH))
 
 // Inverted dropout: out = in * keep / (1 - p), keep = a hash of (seed, element index) >= p,
 // so the same seed gives the same mask (backward regenerates it). In place allowed.

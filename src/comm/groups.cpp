@@ -109,6 +109,10 @@ ProcessGroups::ProcessGroups(Communicator & world, const ParallelLayout & l) : l
     tp = split_group(world, l, GroupKind::tensor);
     dp = split_group(world, l, GroupKind::data);
     pp = split_group(world, l, GroupKind::pipeline);
+    if (l.cp > 1) {
+        MF_ASSERT(l.dp % l.cp == 0);
+        cp = dp->split(coords.dp / l.cp, coords.dp % l.cp);
+    }
     // The ends of the pipeline (their own group; the middle stages get one they never use).
     if (l.pp > 1) emb = pp->split(coords.pp == 0 || coords.pp == l.pp - 1 ? 0 : 1, coords.pp);
 }

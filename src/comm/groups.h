@@ -29,6 +29,10 @@ namespace memfit {
 
 struct ParallelLayout {
     int tp = 1, pp = 1, dp = 1;
+    // Context parallel (model/context_parallel.h): the data axis's innermost cp ranks share their
+    // sequences, each holding 1/cp of every one (Megatron's order: tp, cp, dp, pp). dp counts
+    // them: the data group (gradients, ZeRO shards) spans dp ranks, the sequences dp / cp.
+    int cp = 1;
     int world() const { return tp * pp * dp; }
 };
 
@@ -66,6 +70,9 @@ struct ProcessGroups {
     int world_rank = 0;
     RankCoords coords;
     std::unique_ptr<Communicator> tp, pp, dp;
+    // With layout.cp > 1: this rank's context group (the cp consecutive data ranks sharing its
+    // sequences; its rank is coords.dp % cp); null otherwise.
+    std::unique_ptr<Communicator> cp;
     // With pp > 1: the first and the last stage of this rank's pipeline (a tied embedding's two
     // copies sum their gradients over it); null otherwise.
     std::unique_ptr<Communicator> emb;

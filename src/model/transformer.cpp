@@ -49,7 +49,8 @@ Transformer::LayerActs Transformer::declare_layer(Program & program, const std::
         a.qk_raw = act("attn.qk_norm.in", {b, t, (NH + cfg_.kv_heads()) * cfg_.head_dim()});
         a.qk_rstd = act("attn.qk_norm.rstd", {b, t, groups}, true);
     }
-    if (gqa_) a.qkv_rep = act("attn.qkv_rep", {b, t, QR});
+    if (gqa_ && !cp_.enabled()) a.qkv_rep = act("attn.qkv_rep", {b, t, QR});
+    if (cp_.enabled()) declare_cp(program, h, with_backward, a);
     if (flash_) a.lse = act("attn.lse", {b, NH, t}, true);
     else a.att = act("attn.probs", {b, NH, t, t});
     a.atty = act("attn.out", {b, t, H});
@@ -131,10 +132,13 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
     llama_ = cfg.llama();
     layer_norm_ = !llama_ || cfg.layer_norm;
     gqa_ = llama_ && cfg.kv_heads() != cfg.n_head;
-    rope_ = cfg.rope().for_sequence(std::max(T, opt.kv_capacity));
-    for (int l = 0; l < cfg.n_layer; ++l) layer_rope_.push_back(cfg.layer_rope(l).for_sequence(std::max(T, opt.kv_capacity)));
+    cp_ = opt.cp;
+    MF_ASSERT(!cp_.enabled() || (!tp_.enabled() && opt.kv_capacity == 0 && !opt.paged.enabled()));
+    const int whole = std::max(T * cp_.ranks, opt.kv_capacity);   // the sequence RoPE's scaling sees
+    rope_ = cfg.rope().for_sequence(whole);
+    for (int l = 0; l < cfg.n_layer; ++l) layer_rope_.push_back(cfg.layer_rope(l).for_sequence(whole));
     wl_ = llama_ ? WeightLayout::out_in : WeightLayout::in_out;
-    flash_ = opt.flash_attention;
+    flash_ = opt.flash_attention || cp_.enabled();   // context parallel attention saves the lse too
     dt_ = opt.compute;
     gdt_ = opt.grad;
     if (opt.mlp_chunk > 0 && opt.mlp_chunk < int64_t(B) * T && opt.kv_capacity == 0) {
@@ -320,11 +324,17 @@ void Transformer::qkv_fwd(Graph & g, const LayerActs & a, Tensor ln1, const Mode
     if (llama_) g.rope_fwd(a.qkv, cfg_.n_head, cfg_.kv_heads(), layer_rope_[size_t(a.layer)], pos0, docs_);
 }
 
-void Transformer::attention_fwd(Graph & g, int l, Tensor out, Tensor lse, Tensor att, Tensor rep, Tensor qkv) const {
+void Transformer::attention_fwd(Graph & g, int l, Tensor out, Tensor lse, Tensor att, const LayerActs & s,
+                                Tensor qkv) const {
     const int NH = cfg_.n_head;
+    if (cp_.enabled()) {
+        cp_gather(g, s.cp_kv, s.cp_all, s.cp_abs, qkv);
+        g.cp_attention_fwd(out, lse, qkv, s.cp_abs, cp_meta_, NH, cfg_.kv_heads());
+        return;
+    }
     if (gqa_) {
-        g.repeat_kv_fwd(rep, qkv, NH, cfg_.kv_heads());
-        qkv = rep;
+        g.repeat_kv_fwd(s.qkv_rep, qkv, NH, cfg_.kv_heads());
+        qkv = s.qkv_rep;
     }
     if (flash_) g.flash_attention_fwd(out, lse, qkv, NH, attention_start(l));
     else g.attention_fwd(out, att, qkv, NH, attention_start(l));
@@ -334,14 +344,18 @@ void Transformer::attention_bwd(Graph & g, const LayerActs & a, const ModelWeigh
                                 const ModelWeights::Layer & dp) const {
     const int NH = cfg_.n_head, KVH = cfg_.kv_heads();
     Tensor qkv = a.qkv, dqkv = a.dqkv;
-    if (gqa_) {
-        g.repeat_kv_fwd(a.qkv_rep_b, a.qkv, NH, KVH);
-        qkv = a.qkv_rep_b;
-        dqkv = a.dqkv_rep;
+    if (cp_.enabled()) {
+        cp_attention_bwd(g, a);
+    } else {
+        if (gqa_) {
+            g.repeat_kv_fwd(a.qkv_rep_b, a.qkv, NH, KVH);
+            qkv = a.qkv_rep_b;
+            dqkv = a.dqkv_rep;
+        }
+        if (flash_) g.flash_attention_bwd(dqkv, a.datty, a.atty, qkv, a.lse, NH, attention_start(a.layer));
+        else g.attention_bwd(dqkv, a.datty, qkv, a.att, NH, attention_start(a.layer));
+        if (gqa_) g.repeat_kv_bwd(a.dqkv, a.dqkv_rep, NH, KVH);
     }
-    if (flash_) g.flash_attention_bwd(dqkv, a.datty, a.atty, qkv, a.lse, NH, attention_start(a.layer));
-    else g.attention_bwd(dqkv, a.datty, qkv, a.att, NH, attention_start(a.layer));
-    if (gqa_) g.repeat_kv_bwd(a.dqkv, a.dqkv_rep, NH, KVH);
     if (llama_) g.rope_bwd(a.dqkv, NH, KVH, layer_rope_[size_t(a.layer)], 0, docs_);
     if (!cfg_.qk_norm) return;
     Tensor wq = p.qnw, dwq = dp.qnw;
@@ -514,7 +528,7 @@ void Transformer::layer_forward(Graph & g, const LayerActs & a, const ModelWeigh
         g.cached_attention_fwd(a.atty, a.qkv, kcache_[size_t(cache)], vcache_[size_t(cache)], pos0, cfg_.n_head,
                                cfg_.kv_heads(), cfg_.layer_window(cache));
     else
-        attention_fwd(g, a.layer, a.atty, a.lse, a.att, a.qkv_rep, a.qkv);
+        attention_fwd(g, a.layer, a.atty, a.lse, a.att, a, a.qkv);
     project(g, a.attproj, a.atty, p, Proj::o, a.rc);
     g.residual_fwd(a.res2, x, sublayer_out(g, a.attproj, a.attproj_s, a.tp_attn, n1.out, n1.rstd, n1.w, phase));
     // GPT-NeoX's parallel residual: the MLP's norm reads the layer's input, as attention's does.
@@ -595,6 +609,8 @@ Transformer::LayerActs Transformer::with_own_grads(LayerActs r, const LayerActs 
     r.dfch_gelu = own.dfch_gelu, r.dfch = own.dfch, r.dln2 = own.dln2, r.datty = own.datty, r.dqkv = own.dqkv;
     r.dln1 = own.dln1, r.qkv_rep_b = own.qkv_rep_b, r.dqkv_rep = own.dqkv_rep, r.dpost = own.dpost;
     r.dqn_scaled = own.dqn_scaled;
+    r.cp_kv_b = own.cp_kv_b, r.cp_all_b = own.cp_all_b, r.cp_abs_b = own.cp_abs_b, r.cp_dabs = own.cp_dabs;
+    r.cp_dall = own.cp_dall, r.cp_dkv = own.cp_dkv, r.cp_scratch = own.cp_scratch;
     return r;
 }
 
@@ -613,7 +629,7 @@ void Transformer::recompute_attention(Graph & g, int l, LayerActs & a, const Mod
     if (dropped(Saved::attn_out) || probs_dropped) {
         if (dropped(Saved::attn_out)) a.atty = r.atty, a.lse = r.lse;
         if (probs_dropped) a.att = r.att;
-        attention_fwd(g, l, a.atty, a.lse, a.att, r.qkv_rep, a.qkv);
+        attention_fwd(g, l, a.atty, a.lse, a.att, r, a.qkv);
     }
 }
 

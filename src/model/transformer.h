@@ -21,6 +21,7 @@
 
 #include "backend/graph.h"
 #include "model/config.h"
+#include "model/context_parallel.h"
 #include "model/distill.h"
 #include "model/preference.h"
 #include "model/lora.h"
@@ -155,6 +156,9 @@ struct ModelOptions {
     // d ln_2); the embedding is a masked lookup summed over the group, and the loss a
     // vocabulary-parallel cross-entropy that exchanges two floats per token, never the logits.
     TensorParallel tp;
+    // Context parallel (model/context_parallel.h): B and T are this rank's rows of each sequence
+    // (T = the whole sequence / cp.ranks); attention gathers the group's keys and values.
+    ContextParallel cp;
     // Pipeline parallel: this stage's blocks [layer_begin, layer_end) (-1: to the last). A stage
     // that does not start at block 0 reads its input from input() (received) instead of
     // embedding tokens; one that does not end at the last block has no final norm or head, and
@@ -189,6 +193,10 @@ public:
     // key each query attends to, max(t - W + 1, its document's start); read by attention only
     // (positions stay the documents'). The kernels take it where they take document starts.
     void set_attention_start(Tensor start) { attn_lo_ = start; }
+    // Context parallelism (ModelOptions::cp): ctx i32 [3,B,T], filled by the host per batch: each
+    // local row's t - position (what the embedding and RoPE read as its document start), its
+    // position in the whole sequence and its first key (its document's start).
+    void set_context(Tensor ctx);
     // --offload activations (model/activation_offload.h): its hooks around each layer's forward and
     // backward; null: everything stays resident.
     void set_activation_offload(ActivationOffload * o) { offload_ = o; }
@@ -276,6 +284,9 @@ private:
         // row-parallel outputs' and the column-parallel input gradients' own rows, and the
         // residual gradient gathered whole for the two row-parallel projections' backward.
         Tensor ln1g, ln2g, ln1g_b, ln2g_b, attproj_s, fcproj_s, dln1_s, dln2_s, dres_g1, dres_g2;
+        // Context parallel: this rank's k | v, every rank's (rank order), the whole sequence's
+        // (position order); backward gathers them again (_b) and reduce-scatters their gradients.
+        Tensor cp_kv, cp_all, cp_abs, cp_kv_b, cp_all_b, cp_abs_b, cp_dabs, cp_dall, cp_dkv, cp_scratch;
         int layer = 0;
         bool rc = false;   // the recomputation's set
     };
@@ -330,8 +341,16 @@ private:
                   Tensor rstd) const;
     // q|k|v of `a` (its qkv, and qk_raw/qk_rstd with Qwen3's norms) from ln1.
     void qkv_fwd(Graph & g, const LayerActs & a, Tensor ln1, const ModelWeights::Layer & p, int pos0) const;
-    // Attention of layer l from qkv into out and lse | att; `rep` is the repeated-heads buffer (GQA).
-    void attention_fwd(Graph & g, int l, Tensor out, Tensor lse, Tensor att, Tensor rep, Tensor qkv) const;
+    // Attention of layer l from qkv into out and lse | att; `s` is the set whose scratch it uses
+    // (the repeated heads of GQA, context parallelism's gathered keys and values).
+    void attention_fwd(Graph & g, int l, Tensor out, Tensor lse, Tensor att, const LayerActs & s, Tensor qkv) const;
+    // Context parallelism (transformer_cp.cpp): its buffers in a set, the gathered k | v in
+    // position order, the attention and its backward (into a.dqkv, the keys' and values'
+    // gradients reduce-scattered back to their ranks).
+    void declare_cp(Program & program, const std::string & h, bool with_backward, LayerActs & a) const;
+    void cp_gather(Graph & g, const Tensor & kv, const Tensor & all, const Tensor & whole, const Tensor & qkv) const;
+    void cp_permute(Graph & g, const Tensor & whole, const Tensor & all, bool to_whole) const;
+    void cp_attention_bwd(Graph & g, const LayerActs & a) const;
     void attention_bwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p,
                        const ModelWeights::Layer & dp) const;
     void act_fwd(Graph & g, Tensor out, Tensor fc) const;
@@ -404,6 +423,8 @@ private:
         if (cfg_.scale_embed) g.scale(t, cfg_.embed_scale());
     }
     ActivationOffload * offload_ = nullptr;
+    ContextParallel cp_;
+    Tensor cp_meta_;   // [2,B,T]: positions and first keys (set_context)
     Tensor encoded_, lnf_, lnf_mean_, lnf_rstd_, logits_;
     Tensor dres_, dlnf_;
     std::vector<LayerActs> layers_;

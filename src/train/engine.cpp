@@ -510,6 +510,7 @@ void Engine::execute(const TrainStep & step, StepMemory & mem, const StepScalars
     Graph g(step.program(), mem, backend_);
     g.set_communicator(comm_);
     g.set_tensor_communicator(tp_comm_);
+    g.set_context_communicator(opt_.cp_comm);
     g.set_pipeline_communicator(pp_comm_);
     g.set_embedding_communicator(opt_.emb_comm);
     if (cancel_) g.set_cancel(&cancel_);
@@ -540,8 +541,37 @@ int Engine::count_targets(const int32_t * inputs, const int32_t * targets, size_
     return valid;
 }
 
+// Context parallel: each local row's t - position (the embedding's and RoPE's "document start"),
+// position and first key, from its document's start in the whole sequence (0: one per row).
+void Engine::upload_context(const TrainStep & step, StepMemory & mem, const int32_t * doc_start) {
+    const size_t BT = size_t(step.B()) * size_t(step.T());
+    const ContextParallel cp{opt_.context_parallel, opt_.cp_rank};
+    const int T = step.T(), whole = T * cp.ranks;
+    std::vector<int32_t> ctx(3 * BT);
+    for (size_t i = 0; i < BT; ++i) {
+        const int t = int(i % size_t(T)), pos = cp.position(t, whole), first = doc_start ? doc_start[i] : 0;
+        ctx[i] = t - (pos - first);
+        ctx[BT + i] = pos;
+        ctx[2 * BT + i] = first;
+    }
+    backend_.upload(mem.base(step.context), ctx.data(), ctx.size() * 4);
+}
+
 void Engine::check_doc_starts(const int32_t * doc_start, size_t rows) const {
     const int T = opt_.T;
+    if (opt_.context_parallel > 1) {   // this rank's chunks: each start at most its position, in order
+        const ContextParallel cp{opt_.context_parallel, opt_.cp_rank};
+        for (size_t r = 0; r < rows; ++r)
+            for (int t = 0; t < T; ++t) {
+                const int32_t s = doc_start[r * size_t(T) + size_t(t)], pos = cp.position(t, T * cp.ranks);
+                const bool ok = s >= 0 && s <= pos && (t % cp.chunk(T * cp.ranks) == 0 || s == pos ||
+                                                       s == doc_start[r * size_t(T) + size_t(t) - 1]);
+                if (!ok)
+                    throw FormatError(fmt::format("document start {} at position {} of row {}: a token's document "
+                                                  "starts at itself or where the previous token's does", s, pos, r));
+            }
+        return;
+    }
     for (size_t r = 0; r < rows; ++r)
         for (int t = 0; t < T; ++t) {
             const int32_t s = doc_start[r * size_t(T) + size_t(t)];
@@ -562,6 +592,7 @@ double Engine::run_batch(const TrainStep & step, StepMemory & mem, const int32_t
         MF_ASSERT(doc_start && "packed documents: the batch's document starts are missing");
         backend_.upload(mem.base(step.doc_start), doc_start, BT * 4);
     }
+    if (step.context >= 0) upload_context(step, mem, doc_start);
     if (step.attn_start >= 0) {   // sliding window: each query's first key, within its document
         const int T = step.T(), W = cfg_.sliding_window;
         std::vector<int32_t> lo(BT);

@@ -121,6 +121,13 @@ struct EngineOptions {
     // Sequence parallel (with tensor parallel): norms and residual adds on 1/tensor_parallel of
     // the rows, all-gathers and reduce-scatters in place of the all-reduces.
     bool sequence_parallel = false;
+    // Context parallel over `context_parallel` ranks (model/context_parallel.h): T is this rank's
+    // rows of each sequence (the whole's / context_parallel: cp_rank's two chunks), the batch's
+    // doc_start holds their documents' starts in the whole sequence. cp_comm: the context group;
+    // `comm` (data_parallel, rank) then spans data x context ranks: they all sum the gradients
+    // and count the step's tokens, each its own.
+    int context_parallel = 1, cp_rank = 0;
+    Communicator * cp_comm = nullptr;
     // Pipeline parallel over `pipeline_parallel` stages (model/pipeline.h): this rank runs stage
     // pp_rank, and the grad_accum micro-batches of a step are the schedule's, all in one step
     // program. pp_comm: the pipeline group (its rank s is stage s); emb_comm: the first and the
@@ -159,6 +166,7 @@ struct EngineOptions {
         m.tp.ranks = tensor_parallel;
         m.tp.rank = tp_rank;
         m.tp.sequence = sequence_parallel;
+        m.cp = ContextParallel{context_parallel, cp_rank};
         return m;
     }
 };
@@ -350,6 +358,7 @@ private:
     int count_targets(const int32_t * inputs, const int32_t * targets, size_t n) const;
     // Packed documents: `rows` rows of T starts checked (FormatError naming the row and token).
     void check_doc_starts(const int32_t * doc_start, size_t rows) const;
+    void upload_context(const TrainStep & step, StepMemory & mem, const int32_t * doc_start);
     void execute(const TrainStep & step, StepMemory & mem, const StepScalars & s);
 
     ModelConfig cfg_;

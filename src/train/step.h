@@ -150,6 +150,9 @@ public:
     // Sliding-window attention (sliding_window below T): each query's first key, [B,T] i32, filled
     // by the engine before each run (Engine::run_batch; Transformer::set_attention_start).
     BufferId attn_start = -1;
+    // Context parallelism (ModelOptions::cp): i32 [3,B,T], filled by the engine before each run
+    // (Engine::run_batch; Transformer::set_context).
+    BufferId context = -1;
     // --offload optimizer: the states of the shard's first offloaded_elems() elements (block
     // states: their first offloaded_blocks() blocks) live in these buffers, category offloaded
     // (-1: none); the resident buffers above hold the rest, from that element (block) on.

@@ -402,6 +402,31 @@ void CpuBackend::cached_attention_fwd(Tensor out, Tensor qkv, Tensor kcache, Ten
     });
 }
 
+void CpuBackend::cp_attention_fwd(Tensor out, Tensor lse, Tensor qkv, Tensor kv, Tensor meta, int NH, int KVH) {
+    same_dtype(out.dtype, {&qkv, &kv});
+    const int hd = head_dim(qkv, NH, KVH), B = int(qkv.dim(0)), Tl = int(qkv.dim(1)), T = int(kv.dim(1));
+    MF_ASSERT(qkv.ndim == 3 && kv.ndim == 3 && kv.dim(0) == B && kv.cols() == int64_t(2) * KVH * hd);
+    MF_ASSERT(out.numel() == int64_t(B) * Tl * NH * hd && lse.numel() == int64_t(B) * NH * Tl);
+    MF_ASSERT(meta.dtype == DType::i32 && meta.numel() == int64_t(2) * B * Tl);
+    dispatch(out.dtype, [&](auto s) {
+        using S = decltype(s);
+        cpu::cp_attention_forward(ptr<S>(out), lse.f32(), ptr<S>(qkv), ptr<S>(kv), meta.i32(), B, Tl, T, NH, KVH, hd);
+    });
+}
+
+void CpuBackend::cp_attention_bwd(Tensor dqkv, Tensor dkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv,
+                                  Tensor kv, Tensor lse, Tensor meta, int NH, int KVH) {
+    same_dtype(out.dtype, {&qkv, &kv, &dqkv, &dkv, &dout});
+    const int hd = head_dim(qkv, NH, KVH), B = int(qkv.dim(0)), Tl = int(qkv.dim(1)), T = int(kv.dim(1));
+    MF_ASSERT(dqkv.numel() == qkv.numel() && dkv.numel() == kv.numel() && meta.numel() == int64_t(2) * B * Tl);
+    MF_ASSERT(scratch.numel() >= int64_t(B) * Tl * NH && scratch.dtype == DType::f32);
+    dispatch(out.dtype, [&](auto s) {
+        using S = decltype(s);
+        cpu::cp_attention_backward(ptr<S>(dqkv), ptr<S>(dkv), scratch.f32(), ptr<S>(dout), ptr<S>(out), ptr<S>(qkv),
+                                   ptr<S>(kv), lse.f32(), meta.i32(), B, Tl, T, NH, KVH, hd);
+    });
+}
+
 void CpuBackend::paged_attention_fwd(Tensor out, Tensor qkv, Tensor kpool, Tensor vpool, Tensor meta,
                                      const PagedKv & kv, int NH, int KVH, int window) {
     same_dtype(out.dtype, {&qkv});

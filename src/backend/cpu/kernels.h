@@ -235,6 +235,17 @@ template <class S>
 void paged_attention_forward(S * out, void * kpool, void * vpool, const S * qkv, const int32_t * meta,
                              const PagedKv & kv, int n, int NH, int KVH, int hd, int window = 0);
 
+// Context parallelism (kernel_list.h's cp_attention_fwd / _bwd; kernels_cp.cpp): Tl query rows
+// per sequence over the sequence's T positions of kv.
+template <class S>
+void cp_attention_forward(S * out, float * lse, const S * qkv, const S * kv, const int32_t * meta, int B, int Tl,
+                          int T, int NH, int KVH, int hd);
+// scratch: B*Tl*NH floats. hd at most 256.
+template <class S>
+void cp_attention_backward(S * dqkv, S * dkv, float * scratch, const S * dout, const S * out, const S * qkv,
+                           const S * kv, const float * lse, const int32_t * meta, int B, int Tl, int T, int NH,
+                           int KVH, int hd);
+
 // ---------------------------------------------------------------------------------------------
 // LoRA column slices (kernels_lora.cpp). out and src have N rows of ldo / lds elements, d has N
 // rows of cols elements; col0 + cols <= ldo (lds). Each pointer has its own storage type.

@@ -417,6 +417,13 @@ void CudaBackend::paged_attention_fwd(Tensor out, Tensor qkv, Tensor kpool, Tens
                                       const PagedKv & kv, int NH, int KVH, int window) {
     MF_FWD(paged_attention_fwd, out, qkv, kpool, vpool, meta, kv, NH, KVH, window);
 }
+void CudaBackend::cp_attention_fwd(Tensor out, Tensor lse, Tensor qkv, Tensor kv, Tensor meta, int NH, int KVH) {
+    MF_FWD(cp_attention_fwd, out, lse, qkv, kv, meta, NH, KVH);
+}
+void CudaBackend::cp_attention_bwd(Tensor dqkv, Tensor dkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv,
+                                   Tensor kv, Tensor lse, Tensor meta, int NH, int KVH) {
+    MF_FWD(cp_attention_bwd, dqkv, dkv, scratch, dout, out, qkv, kv, lse, meta, NH, KVH);
+}
 void CudaBackend::dropout(Tensor out, Tensor in, float p, uint64_t seed) { MF_FWD(dropout, out, in, p, seed); }
 void CudaBackend::add_columns(Tensor out, Tensor d, int64_t col0, float scale) {
     MF_FWD(add_columns, out, d, col0, scale);

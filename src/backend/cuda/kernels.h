@@ -88,6 +88,10 @@ void cached_attention_fwd(cudaStream_t s, Tensor out, Tensor qkv, Tensor kcache,
                           int KVH, int window);
 void paged_attention_fwd(cudaStream_t s, Tensor out, Tensor qkv, Tensor kpool, Tensor vpool, Tensor meta,
                          const PagedKv & kv, int NH, int KVH, int window);
+// kernels_cp.cu: context parallelism's attention (kernel_list.h).
+void cp_attention_fwd(cudaStream_t s, Tensor out, Tensor lse, Tensor qkv, Tensor kv, Tensor meta, int NH, int KVH);
+void cp_attention_bwd(cudaStream_t s, Tensor dqkv, Tensor dkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv,
+                      Tensor kv, Tensor lse, Tensor meta, int NH, int KVH);
 
 // kernels_flash.cu: tiled causal attention that never stores T x T (with documents, tile pairs
 // wholly outside them are skipped).
