@@ -92,11 +92,17 @@ TrainingRun::TrainingRun(const TrainOptions & given)
     // What combines (run/compat.h), before any work: the numbers, the world's layout, the rest.
     if (auto why = out_of_range(opt)) throw ConfigError(*why);
     layout_ = derive_layout(world_, opt.layout.tp, opt.layout.pp);
+    layout_.cp = cp_ = opt.layout.cp;
+    if (cp_ > 1 && layout_.dp % cp_ != 0)
+        throw ConfigError(fmt::format("{} rank{} cannot be laid out as --tp {} x --cp {} x --pp {}: the world size must "
+                                      "be a multiple of {}", world_, world_ == 1 ? "" : "s", layout_.tp, cp_, layout_.pp,
+                                      layout_.tp * cp_ * layout_.pp));
     cfg_ = run_model(opt);   // read once: load() completes it (vocabulary, trained context)
     check_supported(opt, cfg_, nullptr);
-    if (layout_.tp > 1 || layout_.pp > 1) groups_ = std::make_unique<ProcessGroups>(*comm_, layout_);
-    ranks_ = layout_.dp;
-    rank_ = groups_ ? groups_->coords.dp : comm_->rank();
+    if (layout_.tp > 1 || layout_.pp > 1 || cp_ > 1) groups_ = std::make_unique<ProcessGroups>(*comm_, layout_);
+    ranks_ = layout_.dp / cp_;
+    rank_ = (groups_ ? groups_->coords.dp : comm_->rank()) / cp_;
+    cp_rank_ = groups_ ? groups_->coords.dp % cp_ : 0;
     data_comm_ = groups_ ? groups_->dp.get() : comm_.get();
     // The batch: --micro-batch is per data-parallel rank; the loader reads the global batch.
     run_ = opt;
@@ -184,6 +190,7 @@ void TrainingRun::load() {
         device_tp_ = make_device_communicator(*groups_->tp, *backend_);
         device_pp_ = make_device_communicator(*groups_->pp, *backend_);
         if (groups_->emb) device_emb_ = make_device_communicator(*groups_->emb, *backend_);
+        if (groups_->cp) device_cp_ = make_device_communicator(*groups_->cp, *backend_);
     }
     // A Hugging Face folder with a tokenizer.json (or tokenizer.model) tokenizes the corpus with it
     // unless told otherwise.
@@ -244,7 +251,8 @@ void TrainingRun::resolve() {
     }
     eo_ = resolved.eo;
     notes_ = resolved.notes;
-    eo_.rank = rank_;
+    eo_.rank = rank_ * cp_ + cp_rank_;   // its place in the data group (context ranks innermost)
+    eo_.cp_rank = cp_rank_;
     eo_.checking = opt_.check_lifetimes;
     eo_.comm = data_comm_;
     auto on_device = [](const std::unique_ptr<Communicator> & device, const std::unique_ptr<Communicator> & host) {
@@ -254,6 +262,7 @@ void TrainingRun::resolve() {
     eo_.tp_rank = groups_ ? groups_->coords.tp : 0;
     eo_.pp_comm = groups_ ? on_device(device_pp_, groups_->pp) : nullptr;
     eo_.emb_comm = groups_ ? on_device(device_emb_, groups_->emb) : nullptr;
+    eo_.cp_comm = groups_ ? on_device(device_cp_, groups_->cp) : nullptr;
     batch_ = eo_.B * ranks_;
     accum_ = eo_.grad_accum;
     // The loader yields the whole global batch per step, so a run-time re-plan to a smaller
@@ -496,21 +505,26 @@ void TrainingRun::build() {
     const size_t BT = size_t(batch_) * size_t(opt_.seq) * size_t(accum_);   // tokens per step
     in_.resize(BT);
     tg_.resize(BT);
-    my_in_.resize(BT / size_t(ranks_));
-    my_tg_.resize(BT / size_t(ranks_));
+    my_in_.resize(BT / size_t(ranks_) / size_t(cp_));
+    my_tg_.resize(BT / size_t(ranks_) / size_t(cp_));
     ds_.resize(BT);
-    my_ds_.resize(BT / size_t(ranks_));
+    my_ds_.resize(BT / size_t(ranks_) / size_t(cp_));
     sched_ = LrSchedule{opt_.lr, opt_.warmup, opt_.steps, opt_.min_lr_ratio, opt_.lr_decay};
 }
 
-// This rank's rows: of every `rows`-sequence group of the global batch, the r-th 1/N.
+// This rank's rows: of every `rows`-sequence group of the global batch, the r-th 1/N; under
+// context parallelism, of each row its two chunks (model/context_parallel.h).
 void TrainingRun::take_rows(int rows, int groups) {
     const size_t mine = size_t(rows / ranks_) * size_t(opt_.seq), whole = size_t(rows) * size_t(opt_.seq);
+    const ContextParallel cp{cp_, cp_rank_};
+    const int T = opt_.seq, Tl = T / cp_;
     for (int g = 0; g < groups; ++g) {
-        const size_t src = size_t(g) * whole + size_t(rank_) * mine, dst = size_t(g) * mine;
-        std::copy_n(in_.begin() + long(src), mine, my_in_.begin() + long(dst));
-        std::copy_n(tg_.begin() + long(src), mine, my_tg_.begin() + long(dst));
-        std::copy_n(ds_.begin() + long(src), mine, my_ds_.begin() + long(dst));
+        const size_t src = size_t(g) * whole + size_t(rank_) * mine, dst = size_t(g) * mine / size_t(cp_);
+        for (size_t row = 0; row < size_t(rows / ranks_); ++row)
+            for (int t = 0; t < Tl; ++t) {
+                const size_t from = src + row * size_t(T) + size_t(cp.position(t, T)), to = dst + row * size_t(Tl) + size_t(t);
+                my_in_[to] = in_[from], my_tg_[to] = tg_[from], my_ds_[to] = ds_[from];
+            }
     }
 }
 
@@ -534,7 +548,7 @@ float TrainingRun::evaluate() {
         take_rows(batch_, 1);
         const float * ref = my_reference(val_ref_, windows_, batch_, 1);
         for (int k = 0; k < pieces; ++k) {
-            const size_t off = size_t(k) * size_t(b) * size_t(opt_.seq);
+            const size_t off = size_t(k) * size_t(b) * size_t(opt_.seq / cp_);
             s += engine_->eval_loss(my_in_.data() + off, my_tg_.data() + off, my_starts() ? my_starts() + off : nullptr,
                                     ref ? ref + size_t(k) * size_t(b) : nullptr);
             val_pref_.add(engine_->eval_preference());

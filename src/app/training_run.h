@@ -132,6 +132,9 @@ private:
     ParallelLayout layout_;
     std::unique_ptr<ProcessGroups> groups_;
     int ranks_ = 1, rank_ = 0;   // the data-parallel ones (the world without tensor and pipeline parallelism)
+    // Context parallel: the ranks sharing this rank's sequences (1: none) and its place among them;
+    // ranks_ and rank_ then count groups of sequences (the data group spans ranks_ x cp_ ranks).
+    int cp_ = 1, cp_rank_ = 0;
     Communicator * data_comm_ = nullptr;
     RunConfig run_;              // the batch resolved for the data-parallel ranks; the budget
     Progress progress_;
@@ -139,7 +142,7 @@ private:
     std::unique_ptr<Backend> backend_;
     // On a device backend (NCCL), each group's device communicator: data, tensor, pipeline and
     // the tied embedding's (null where the group is one rank or the backend computes on the host).
-    std::unique_ptr<Communicator> device_comm_, device_tp_, device_pp_, device_emb_;
+    std::unique_ptr<Communicator> device_comm_, device_tp_, device_pp_, device_emb_, device_cp_;
     DataSource data_;
     EngineOptions eo_;
     std::vector<std::string> notes_;   // what --fit auto / --recompute budget chose

@@ -221,6 +221,11 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                            "and the LM head over groups of this many consecutive ranks; the heads, KV heads and MLP "
                            "width must divide by it")
                  ->capture_default_str());
+        keep(c->add_option("--cp", r.layout.cp,
+                           "context parallel (Megatron-Core's --context-parallel-size): split every sequence over "
+                           "groups of this many ranks, each holding two mirrored chunks of it; attention gathers the "
+                           "group's keys and values (--seq a multiple of 2 x cp; world = tp x cp x dp x pp)")
+                 ->capture_default_str());
         keep(c->add_flag("--sp,!--no-sp", r.layout.sp,
                          "sequence parallel (with --tp): norms and residual adds run on 1/tp of the tokens, with "
                          "all-gathers and reduce-scatters in place of the all-reduces (Korthikanti et al. 2022)"));

@@ -204,7 +204,8 @@ EngineOptions engine_options(const RunConfig & r, const ModelConfig & cfg, const
     check_supported(r, cfg, nullptr);   // the backend's kernels: when the steps are planned (StepPlans)
     const Layout & L = r.layout;
     EngineOptions eo;
-    eo.data_parallel = L.dp;
+    eo.data_parallel = L.dp * L.cp;   // the gradients' group: every rank of a context group too
+    eo.context_parallel = L.cp;
     eo.tensor_parallel = L.tp;
     eo.sequence_parallel = L.sp;
     eo.pipeline_parallel = L.pp;
@@ -214,7 +215,7 @@ EngineOptions engine_options(const RunConfig & r, const ModelConfig & cfg, const
     eo.zero = L.zero;
     eo.bucket_bytes = size_t(std::llround(r.bucket_mb * 1048576.0));
     eo.B = r.micro_batch;
-    eo.T = r.seq;
+    eo.T = r.seq / std::max(1, L.cp);   // a context-parallel rank's rows of each sequence
     eo.grad_accum = r.grad_accum;
     eo.loss_chunk = r.loss_chunk;
     eo.mlp_chunk = r.mlp_chunk;

@@ -47,6 +47,32 @@ namespace {
 
 // --offload optimizer+params streams each layer's weights from the rank's ZeRO-3 shard, which it
 // keeps off the device with the whole optimizer state (train/step.h).
+// --cp: the engine's context parallelism (model/context_parallel.h) and what it does not combine
+// with yet.
+std::optional<std::string> context_parallel_refusal(const RunConfig & r, const ModelConfig & cfg) {
+    const Layout & L = r.layout;
+    if (L.cp < 1) return fmt::format("--cp {}: expected 1 (off) or more ranks per sequence", L.cp);
+    if (L.cp == 1) return std::nullopt;
+    if (r.seq % (2 * L.cp) != 0)
+        return fmt::format("--cp {} cuts each sequence into {} chunks (two per rank, mirrored for the causal mask's "
+                           "balance): --seq {} is not a multiple of {}; use --seq {}",
+                           L.cp, 2 * L.cp, r.seq, 2 * L.cp, (r.seq / (2 * L.cp) + 1) * 2 * L.cp);
+    auto no = [&](const std::string & what, const std::string & hint) {
+        return fmt::format("--cp {} with {}: not yet; {}", L.cp, what, hint);
+    };
+    if (L.tp > 1 || L.pp > 1)
+        return no(L.tp > 1 ? fmt::format("--tp {}", L.tp) : fmt::format("--pp {}", L.pp),
+                  "context parallelism composes with data parallelism and ZeRO for now");
+    if (r.attention == Attention::naive)
+        return no("--attention naive", "its attention never stores the scores (as flash attention); drop --attention");
+    if (!r.distill.teacher.empty()) return no("--teacher", "train the student without --cp, or with a shorter --seq");
+    if (r.pref.dpo()) return no("--objective dpo", "preference pairs are short: drop --cp");
+    if (cfg.sliding_window > 0 && cfg.sliding_window < r.seq)
+        return no(fmt::format("a sliding window of {} ({})", cfg.sliding_window, cfg.name), "use --seq up to the window");
+    if (cfg.head_dim() > 256) return no(fmt::format("head dimension {}", cfg.head_dim()), "its kernels take up to 256");
+    return std::nullopt;
+}
+
 // --offload activations moves what one program's blocks save between their forward and backward.
 std::optional<std::string> activation_offload_refusal(const RunConfig & r) {
     const Layout & L = r.layout;
@@ -312,6 +338,7 @@ std::optional<std::string> unsupported(const RunConfig & r, const ModelConfig & 
         return fmt::format("--packing with --tp {}: model '{}' learns absolute positions, which the tensor-parallel "
                            "embedding does not restart at each document; drop --packing (one conversation per row) "
                            "or --tp, or use a LLaMA-family model (RoPE)", L.tp, cfg.name);
+    if (auto why = context_parallel_refusal(r, cfg)) return why;
     if (L.sp && L.tp <= 1) return std::string("--sp splits the sequence over the tensor group: it needs --tp 2 or more");
     if (L.sp && (int64_t(r.micro_batch) * r.seq) % L.tp != 0)
         return fmt::format("--sp: the micro-batch's {} x {} = {} tokens do not divide over the {} tensor ranks; pick "

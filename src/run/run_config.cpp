@@ -117,6 +117,7 @@ nlohmann::json run_config_json(const RunConfig & r) {
                         {"min-loss-scale", json_float(r.min_loss_scale)},
                         {"zero", r.layout.zero},
                         {"tp", r.layout.tp},
+                        {"cp", r.layout.cp},
                         {"pp", r.layout.pp},
                         {"sp", r.layout.sp},
                         {"schedule", schedule_spelling(r.layout)},

@@ -36,7 +36,10 @@ struct Layout {
     // --offload activations (with or beside optimizer): each layer's saved activations wait on
     // the host between its forward and its backward (model/activation_offload.h).
     bool offload_acts = false;
-    int devices() const { return dp * tp * pp; }
+    // Context parallel (model/context_parallel.h): each sequence split over cp ranks, which share
+    // it (dp counts groups of sequences: world = tp x cp x dp x pp).
+    int cp = 1;
+    int devices() const { return dp * cp * tp * pp; }
 };
 
 // LoRA / QLoRA (model/lora.h): only rank-r adapters train.

@@ -1,0 +1,41 @@
+# --cp 2: every sequence split over two ranks (two mirrored chunks each), attention over the
+# group's gathered keys and values. Against one process over 20 steps (LLaMA with grouped KV
+# heads, GPT-2 with learned positions): the same step and validation losses within fp32
+# rounding, every rank's plan equal to its measurement; on 4 ranks (2 groups of sequences x cp 2)
+# with ZeRO-2 and accumulation too; a sequence one process refuses under --memory-budget fits
+# two context ranks; the flag's mistakes are one clear line.
+# Usage: bash context_parallel.sh MEMFIT MPIEXEC SOURCE_DIR
+source "$(dirname "$0")/common.sh"
+cd "$WORK"
+ARGS=(train --data "$WORK/data" --sample 0 --progress plain --threads 1 --lr 1e-3
+      --steps 20 --eval-every 10 --eval-batches 2)
+for model in llama-micro micro; do
+    "$MEMFIT" "${ARGS[@]}" --model "$model" --seq 64 --micro-batch 2 --out "one_$model" > "one_$model.log" 2>&1 ||
+        { cat "one_$model.log"; fail "$model: one process"; }
+    mpi 2 "${ARGS[@]}" --model "$model" --seq 64 --micro-batch 2 --cp 2 --out "cp_$model" > "cp_$model.log" 2>&1 ||
+        { cat "cp_$model.log"; fail "$model: --cp 2"; }
+    same_as "one_$model.log" "cp_$model.log" "--cp 2 ($model)"
+    exact_per_rank "cp_$model.log" 2
+done
+G=(--model llama-micro --seq 64 --global-batch 4)
+"$MEMFIT" "${ARGS[@]}" "${G[@]}" --micro-batch 2 --out one4 > one4.log 2>&1 || { cat one4.log; fail "one process, batch 4"; }
+mpi 4 "${ARGS[@]}" "${G[@]}" --micro-batch 1 --cp 2 --zero 2 --out cp4 > cp4.log 2>&1 ||
+    { cat cp4.log; fail "4 ranks: --cp 2 --zero 2"; }
+same_as one4.log cp4.log "--cp 2 --zero 2 on 4 ranks (accumulation 2)"
+exact_per_rank cp4.log 4
+# A sequence one process cannot hold within the budget fits when two ranks share it.
+B=(train --model llama-micro --data "$WORK/data" --seq 256 --micro-batch 4 --sample 0 --eval-every 0 --progress plain
+   --threads 1 --steps 2 --memory-budget 40MiB)
+if "$MEMFIT" "${B[@]}" --out big1 > big1.log 2>&1; then cat big1.log; fail "one process fit the budget"; fi
+grep -q "does not fit: the plan needs" big1.log || { cat big1.log; fail "one process: no 'does not fit' line"; }
+mpi 2 "${B[@]}" --cp 2 --out big2 > big2.log 2>&1 || { cat big2.log; fail "--cp 2 did not fit the budget"; }
+exact_per_rank big2.log 2
+# Mistakes: one line each, before any work.
+bad() {
+    if mpi "$1" "${ARGS[@]}" --model llama-micro --micro-batch 2 "${@:3}" --out bad > bad.log 2>&1; then fail "accepted: ${*:3}"; fi
+    grep -q -- "$2" bad.log || { cat bad.log; fail "${*:3}: no '$2' in the error"; }
+}
+bad 2 "cannot be laid out as --tp 1 x --cp 3" --cp 3 --seq 64
+bad 2 "not a multiple of 4" --cp 2 --seq 66
+bad 4 "with --tp 2: not yet" --cp 2 --tp 2 --seq 64
+echo "ok: --cp 2 trains as one process (LLaMA, GPT-2; 4 ranks with ZeRO-2), each rank's plan exact; fits a sequence one process refuses"
