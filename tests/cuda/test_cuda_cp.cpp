@@ -1,0 +1,64 @@
+// Context parallelism's attention kernels (kernel_list.h's cp_attention_fwd / _bwd) on the GPU
+// against the CPU backend (tests/cuda/op_check.h): rank 1 of 2 in the mirrored layout (chunks 1
+// and 2 of 4), grouped KV heads, one document per row and packed documents; and on the CPU,
+// against flash attention over the whole sequence for the rows a rank holds.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "model/context_parallel.h"
+#include "op_check.h"
+
+namespace memfit::test {
+namespace {
+
+// meta [2,B,Tl] of rank `cp.rank`: positions, first keys (documents of `doc` positions, 0: none).
+std::vector<float> cp_meta(const ContextParallel & cp, int B, int T, int doc) {
+    const int Tl = T / cp.ranks;
+    std::vector<float> m(size_t(2 * B * Tl));
+    for (int b = 0; b < B; ++b)
+        for (int t = 0; t < Tl; ++t) {
+            const int pos = cp.position(t, T);
+            m[size_t(b * Tl + t)] = float(pos);
+            m[size_t(B * Tl + b * Tl + t)] = float(doc > 0 ? pos / doc * doc : 0);
+        }
+    return m;
+}
+
+TEST(CudaContextParallel, AttentionMatchesTheCpu) {
+    MF_REQUIRE_GPU();
+    const ContextParallel cp{2, 1};
+    for (DType dt : {DType::f32, DType::bf16})
+        for (const int doc : {0, 7}) {
+            SCOPED_TRACE(testing::Message() << dtype_name(dt) << " documents of " << doc);
+            const int64_t B = 2, T = 24, Tl = T / cp.ranks, NH = 4, KVH = 2, hd = 32;
+            OpCheck op;
+            const int qkv = op.rand(dt, {B, Tl, (NH + 2 * KVH) * hd});
+            const int kv = op.rand(dt, {B, T, 2 * KVH * hd});
+            const int meta = op.values(DType::i32, {2, B, Tl}, cp_meta(cp, int(B), int(T), doc));
+            const int out = op.zeros(dt, {B, Tl, NH * hd});
+            const int lse = op.zeros(DType::f32, {B, NH, Tl});
+            const int dout = op.rand(dt, {B, Tl, NH * hd});
+            const int dqkv = op.rand(dt, {B, Tl, (NH + 2 * KVH) * hd});   // k, v columns must come back zero
+            const int dkv = op.rand(dt, {B, T, 2 * KVH * hd});
+            const int scratch = op.zeros(DType::f32, {B * Tl * NH});
+            op.run([&](Backend & be, const std::vector<Tensor> & t) {
+                be.cp_attention_fwd(t[out], t[lse], t[qkv], t[kv], t[meta], int(NH), int(KVH));
+                be.cp_attention_bwd(t[dqkv], t[dkv], t[scratch], t[dout], t[out], t[qkv], t[kv], t[lse], t[meta],
+                                    int(NH), int(KVH));
+            });
+            EXPECT_LT(op.rel_err(out), out_tol(dt));
+            EXPECT_LT(op.rel_err(lse), kTolLse);
+            EXPECT_LT(op.rel_err(dqkv), bwd_tol(dt));
+            EXPECT_LT(op.rel_err(dkv), bwd_tol(dt));
+            const std::vector<float> g = op.gpu(dqkv);
+            for (int64_t r = 0; r < B * Tl; ++r)
+                for (int64_t i = NH * hd; i < (NH + 2 * KVH) * hd; ++i)
+                    ASSERT_EQ(g[size_t(r * (NH + 2 * KVH) * hd + i)], 0.0f) << "a k or v column of dqkv";
+        }
+}
+
+}  // namespace
+}  // namespace memfit::test
