@@ -90,6 +90,7 @@ PlanRequest make_request(const PlanFlags & f, const RunConfig & run, const RunFl
     r.distill = make_distill_plan(run, distill_options(run, r.cfg, run.compute));
     if (given.given("zero")) r.zero = run.layout.zero;
     if (given.given("tp")) r.tp = run.layout.tp;
+    if (given.given("cp")) r.cp = run.layout.cp;
     if (given.given("pp")) r.pp = run.layout.pp;
     if (given.given("micro-batch")) r.micro_batch = run.micro_batch;
     if (given.given("grad-accum")) r.grad_accum = run.grad_accum;

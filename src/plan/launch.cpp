@@ -14,7 +14,7 @@ namespace {
 constexpr const char * kAlways[] = {"model", "seq", "micro-batch", "grad-accum", "global-batch", "precision",
                                     "attention", "recompute"};
 // Then these in this order when they differ from the defaults, then any other that differs.
-constexpr const char * kLayout[] = {"device", "zero", "tp", "pp", "sp", "schedule", "offload", "offload-fraction",
+constexpr const char * kLayout[] = {"device", "zero", "tp", "cp", "pp", "sp", "schedule", "offload", "offload-fraction",
                                     "offload-dir", "master-weights", "optimizer", "optimizer-in-backward", "loss-chunk",
                                     "mlp-chunk"};
 
@@ -91,6 +91,9 @@ nlohmann::ordered_json deepspeed_config(const PlanResult & p, std::vector<std::s
         missing.push_back(fmt::format("--optimizer {} (DeepSpeed's file names no such optimizer: pass the optimizer "
                                       "object, e.g. bitsandbytes', to deepspeed.initialize)",
                                       row.name));
+    if (L.cp > 1)
+        missing.push_back(fmt::format("--cp {} (DeepSpeed's file has no context parallelism: DeepSpeed-Ulysses' sequence "
+                                      "parallel group is set in the model code)", L.cp));
     if (c.optimizer_in_backward)
         missing.push_back("--optimizer-in-backward (DeepSpeed's file has no fused step: register per-parameter "
                           "post-accumulate-grad hooks, as torchtune's optimizer_in_bwd does)");

@@ -81,7 +81,7 @@ ParamSplit param_split(const ModelConfig & cfg) {
 }
 
 CategoryBytes model_state_bytes(int64_t params, const Candidate & c, int64_t width) {
-    const uint64_t P = uint64_t(params), s = dtype_size(c.compute), dp = uint64_t(c.layout.dp);
+    const uint64_t P = uint64_t(params), s = dtype_size(c.compute), dp = uint64_t(c.layout.data_ranks());
     const int zero = c.layout.zero;
     const uint64_t master = c.compute == DType::f32 || c.master_weights == MasterWeights::bf16_sr ? 0 : 4;
     // Per parameter; 8-bit AdamW's block scales make it fractional (rounded up over the tensor).
@@ -98,7 +98,7 @@ CategoryBytes model_state_bytes(int64_t params, const Candidate & c, int64_t wid
 CategoryBytes lora_state_bytes(uint64_t base, int64_t adapters, const Candidate & c) {
     // The adapters' states as a full run's, then the frozen base joins the parameters.
     CategoryBytes b = model_state_bytes(adapters, c);
-    b[Category::parameters] += c.layout.zero >= 3 ? ceil_div(base, uint64_t(c.layout.dp)) : base;
+    b[Category::parameters] += c.layout.zero >= 3 ? ceil_div(base, uint64_t(c.layout.data_ranks())) : base;
     return b;
 }
 
@@ -158,7 +158,7 @@ DeviceMemory model_states(const Candidate & c, const ParamSplit & ps, const Stag
         const uint64_t last_b = uint64_t(st.layers) * layer_base + uint64_t(st.head) * s;
         const uint64_t base = ceil_div(L.pp == 1 ? first_b : std::max(first_b, last_b), uint64_t(L.tp));
         m.device = lora_state_bytes(base, adapters, c);
-        m.frozen = L.zero >= 3 ? ceil_div(base, uint64_t(L.dp)) : base;
+        m.frozen = L.zero >= 3 ? ceil_div(base, uint64_t(L.data_ranks())) : base;
     } else {
         m.device = model_state_bytes(st.params, c, ps.width);
         if (has_state(c.optimizer, StateSize::projector)) m.device[Category::optimizer_states] = galore_states(c, ps, st);
@@ -166,9 +166,9 @@ DeviceMemory model_states(const Candidate & c, const ParamSplit & ps, const Stag
     if (c.optimizer_in_backward) {   // train/step.h: the rest's buckets and one layer's (two while one is summed)
         const int64_t layer = lp ? lp->adapters_per_layer : ps.per_layer;
         const int64_t rest = lp ? lp->head_adapters + lp->embed_adapters : ps.embed + ps.head;
-        const uint64_t live = uint64_t(rest + layer * (L.dp > 1 ? 2 : 1)) * s;
+        const uint64_t live = uint64_t(rest + layer * (L.data_ranks() > 1 ? 2 : 1)) * s;
         // ZeRO >= 2: and this rank's parts of them, reduce-scattered (no gradient shard persists).
-        m.device[Category::gradients] = L.zero >= 2 ? live + ceil_div(live, uint64_t(L.dp))
+        m.device[Category::gradients] = L.zero >= 2 ? live + ceil_div(live, uint64_t(L.data_ranks()))
                                                     : std::min(m.device[Category::gradients], live);
     }
     if (L.offload == Offload::none) return m;
@@ -184,7 +184,7 @@ DeviceMemory model_states(const Candidate & c, const ParamSplit & ps, const Stag
                        (weights ? double(s) : 0.0);
     const double F = weights ? 1.0 : c.offload_fraction;
     const uint64_t trainable = lp ? uint64_t(adapters) : uint64_t(st.params);
-    const size_t unit = offload_unit_for(L.zero >= 1 ? ceil_div(trainable, uint64_t(L.dp)) : trainable);
+    const size_t unit = offload_unit_for(L.zero >= 1 ? ceil_div(trainable, uint64_t(L.data_ranks())) : trainable);
     const uint64_t mw = m.device[Category::master_weights], os = m.device[Category::optimizer_states];
     m.host = uint64_t(std::ceil(F * double(mw + os)));
     m.device[Category::master_weights] = mw - uint64_t(std::ceil(F * double(mw)));
@@ -210,12 +210,12 @@ uint64_t communication_bytes(const Candidate & c, const ParamSplit & ps, uint64_
     uint64_t comm = 0;
     if (L.zero >= 3) comm += gathered;
     // Parameter offload: two layers' parts of the shard staged (read ahead of their gathers).
-    if (L.offload == Offload::optimizer_params) comm += ceil_div(gathered, uint64_t(L.dp));
+    if (L.offload == Offload::optimizer_params) comm += ceil_div(gathered, uint64_t(L.data_ranks()));
     // Two gradient buckets: one moving, one filling (LoRA: at most the adapters' gradients).
     const uint64_t bucket = lp ? std::min(uint64_t(kBucketBytes),
                                           uint64_t(lp->adapters) * (c.grad_accum > 1 && L.zero < 2 ? 4 : s))
                                : uint64_t(kBucketBytes);
-    if (L.dp > 1) comm += 2 * bucket;
+    if (L.data_ranks() > 1) comm += 2 * bucket;
     if (L.pp > 1) comm += 2 * BTC / (L.sp ? tp : 1);
     return comm;
 }
@@ -334,11 +334,17 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
     const ParamSplit ps = param_split(cfg);
     const Stage st = busiest_stage(cfg, L, ps);
     const uint64_t s = dtype_size(c.compute), tp = uint64_t(L.tp);
+    // Context parallel: a rank's activations are those of its T / cp positions of each sequence;
+    // one layer's attention at a time holds the whole sequence's k | v, gathered (forward, or in
+    // backward twice with their gradients), with this rank's share.
+    const uint64_t whole_kv = uint64_t(c.micro_batch) * uint64_t(seq) * 2 * uint64_t(cfg.kv_heads() * cfg.head_dim()) * s;
+    if (L.cp > 1) seq /= L.cp;
     const uint64_t rows = uint64_t(c.micro_batch) * uint64_t(seq);
     const uint64_t BTC = rows * uint64_t(cfg.n_embd) * s;   // one micro-batch of one layer's [b, T, C]
 
     DeviceMemory m = model_states(c, ps, st);
-    const Activations acts = activations(cfg, c, seq, st.layers, BTC);
+    Activations acts = activations(cfg, c, seq, st.layers, BTC);
+    if (L.cp > 1) acts.common += 4 * whole_kv + 3 * whole_kv / uint64_t(L.cp);
     // One loss chunk's fp32 logits (the whole micro-batch's unchunked), as the engine declares;
     // lm_head's adapter: u and its gradient, and the scaled addition (forward) or its gradient
     // (backward) beside them.
@@ -391,6 +397,7 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
 
 uint64_t activation_offload_bytes(const ModelConfig & cfg, const Candidate & c, int seq) {
     if (!c.layout.offload_acts || c.layout.pp > 1) return 0;
+    seq /= std::max(1, c.layout.cp);
     const uint64_t BTC = uint64_t(c.micro_batch) * uint64_t(seq) * uint64_t(cfg.n_embd) * dtype_size(c.compute);
     return activations(cfg, c, seq, cfg.n_layer, BTC).host;
 }

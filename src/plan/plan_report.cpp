@@ -73,8 +73,9 @@ std::string plan_kind(const PlanResult & p) { return p.mem.exact ? "exact" : "mo
 
 std::string compact_row(const PlanRequest & r, const PlanResult & p, int i) {
     const Layout & l = p.c.layout;
+    const std::string cells = fmt::format("{} x {} x {}{}", l.dp, l.tp, l.pp, l.cp > 1 ? fmt::format(" cp{}", l.cp) : "");
     return fmt::format("  {:<4}{:<14}{:>4}  {:<4}{:<7}{:<12}{:<10}{:<10}{:<6}{:>10}{:>9.4g}{:>10}{:>5.0f}%  {}\n",
-                       fmt::format("{}{}", i, p.runnable() ? "" : "!"), fmt::format("{} x {} x {}", l.dp, l.tp, l.pp),
+                       fmt::format("{}{}", i, p.runnable() ? "" : "!"), cells,
                        l.zero, l.sp ? "sp" : "-", schedule_short(l), offload_short(l),
                        fmt::format("{} x {}", p.c.micro_batch, p.c.grad_accum), p.c.recompute.name(),
                        p.c.flash() ? "flash" : "naive", format_bytes(p.mem.total()), p.time.total,

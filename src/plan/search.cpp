@@ -91,6 +91,19 @@ constexpr double kBytesBound = 0x1p60;   // 1 EiB: no device holds it, and sums 
 // The layouts (dp x tp x pp, ZeRO, offload, sp) the search covers for `r`. Tensor parallelism
 // stays inside a node and must split the heads (and the KV heads, or be a multiple of them);
 // pipeline stages must each get a layer; the data-parallel size must divide the global batch.
+// Context-parallel sizes a layout of `cells` devices (tp x pp fixed) may take: 1, and from
+// kCpSearchSeq positions on each power of two that divides the devices and whose 2 x cp chunks
+// divide the sequence (shorter sequences gain nothing from splitting).
+constexpr int kCpSearchSeq = 16384;
+std::vector<int> context_sizes(const PlanRequest & r, int cells) {
+    if (r.cp) return {*r.cp};
+    std::vector<int> out{1};
+    if (r.run.seq < kCpSearchSeq) return out;
+    for (int c = 2; c <= cells && cells % c == 0; c *= 2)
+        if (r.run.seq % (2 * c) == 0) out.push_back(c);
+    return out;
+}
+
 std::vector<Layout> searched_layouts(const PlanRequest & r) {
     const ModelConfig & cfg = r.cfg;
     std::vector<Layout> out;
@@ -100,7 +113,9 @@ std::vector<Layout> searched_layouts(const PlanRequest & r) {
         if (r.gpus % tp || cfg.n_head % tp || (cfg.kv_heads() % tp && tp % cfg.kv_heads())) continue;
         for (int pp : fixed_or(r.pp, divisors(r.gpus / tp, cfg.n_layer))) {
             if ((r.gpus / tp) % pp) continue;
-            const int dp = r.gpus / (tp * pp);
+            for (int cp : context_sizes(r, r.gpus / (tp * pp))) {
+            if ((r.gpus / (tp * pp)) % cp) continue;
+            const int dp = r.gpus / (tp * pp * cp);
             if (r.run.global_batch > 0 && r.run.global_batch % dp) continue;
             for (int zero : fixed_or(r.zero, dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0})) {
                 std::vector<Offload> offloads{Offload::none};
@@ -122,9 +137,11 @@ std::vector<Layout> searched_layouts(const PlanRequest & r) {
                             Layout L;
                             L.dp = dp, L.tp = tp, L.pp = pp, L.zero = z, L.offload = off, L.sp = sp && tp > 1;
                             L.offload_acts = acts;
+                            L.cp = cp;
                             out.push_back(L);
                         }
                 }
+            }
             }
         }
     }
@@ -189,6 +206,7 @@ RunConfig planned_train_run(const PlanRequest & r, const Candidate & c) {
 
 std::string layout_name(const Layout & l) {
     std::string s = fmt::format("dp {} x tp {} x pp {}", l.dp, l.tp, l.pp);
+    if (l.cp > 1) s += fmt::format(", cp {}", l.cp);
     if (l.zero > 0) s += fmt::format(", ZeRO-{}", l.zero);
     if (l.offload != Offload::none || l.offload_acts) s += ", offload " + offload_flag(l);
     if (l.sp) s += ", sp";

@@ -34,6 +34,7 @@ struct PlanRequest {
     std::optional<int> zero, tp, pp, micro_batch, grad_accum;   // grad_accum: per data-parallel rank
     std::optional<Offload> offload;
     std::optional<bool> offload_acts;        // --offload activations (searched on GPUs without pipelines)
+    std::optional<int> cp;                   // --cp (searched from kCpSearchSeq positions on)
     std::optional<PipeSchedule> schedule;
     int virtual_stages = 2;                  // interleaved:V
     std::optional<bool> sp, flash;

@@ -99,7 +99,10 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     const double C = cfg.n_embd, T = seq, V = cfg.vocab_size, b = c.micro_batch, m = c.grad_accum;
     const double A = cfg.ffn_dim(), NH = cfg.n_head;
     const double R = double(cfg.n_head + cfg.kv_heads()) * cfg.head_dim();   // elements RoPE rotates per token
-    const double tp = L.tp, dp = L.dp, tokens = b * T;                     // tokens per micro-batch per rank
+    // Context parallel: each rank holds T / cp tokens of every sequence and, balanced, 1/cp of its
+    // attention pairs; its gradients are summed (and ZeRO-sharded) over data x context ranks.
+    const double cpn = std::max(1, L.cp);
+    const double tp = L.tp, dp = double(L.dp) * cpn, tokens = b * T / cpn;   // tokens per micro-batch per rank
     const int v = L.schedule == PipeSchedule::interleaved ? std::max(1, L.virtual_stages) : 1;
     const double layers = double(v) * std::ceil(double(cfg.n_layer) / (double(L.pp) * v));
 
@@ -118,7 +121,7 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
                                 (lp->opts.dora ? layers * (2.0 * lp->opts.rank + 2.0) * double(lp->site_weights) : 0.0)) / tp
                              : 0.0;
     // QK^T and AV: 2 FLOPs x 2 per query-key pair per channel.
-    const double attn_fwd = layers * b * 4.0 * attention_pairs(cfg, T) * C / tp;
+    const double attn_fwd = layers * b * 4.0 * attention_pairs(cfg, T) * C / tp / cpn;
     const double attn_bwd = attn_fwd * (c.flash() ? 2.5 : 2.0);
     // Distillation: the frozen teacher's forward on the same tokens, whole on every rank.
     double frozen_mb = 0;
@@ -151,7 +154,7 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
             rc_ad += rc_proj[p] ? 2.0 * double(lp->adapters_by_proj[p]) : 0.0;
             deq_layer += double(lp->packed[p]) * (2.0 + (rc_proj[p] ? 1.0 : 0.0));   // forward, backward, recompute
         }
-    const double rc_mb = layers / tp * (rc_other / mm_eff + (rc_all - rc_other) / attn_eff + tokens * rc_ad / mm_eff);
+    const double rc_mb = layers / tp * ((rc_other / mm_eff + (rc_all - rc_other) / attn_eff) / cpn + tokens * rc_ad / mm_eff);
     const double bwd_mb = bwd_nr_mb + rc_mb;
 
     StepTime t;
@@ -253,11 +256,22 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
                                                 : link(L.tp > r, r).time(all_gather_bytes(tokens * C * s, L.tp), L.tp - 1.0);
         pp_comm = m * 2.0 * v * (lk.time(tokens * C * s / tp, 1.0) + gather);
     }
+    // context parallel (model/context_parallel.h): per layer and micro-batch the k | v all-gathered
+    // in forward and again in backward (and for an attention recomputed), their gradients
+    // reduce-scattered; blocking in memfit's engine, so exposed.
+    double cp_comm = 0;
+    if (L.cp > 1) {
+        const Link lk = link(L.tp * L.cp > r, r / std::min(L.tp, r));
+        const double kv = b * T * 2.0 * cfg.kv_heads() * cfg.head_dim() * s / tp;   // the whole sequence's k | v
+        const double gathers = 2.0 + (keeps(mask, Saved::attn_out) ? 0.0 : 1.0);
+        cp_comm = m * layers * ((gathers * lk.time(all_gather_bytes(kv, L.cp), L.cp - 1.0)) +
+                                lk.time(reduce_scatter_bytes(kv, L.cp), L.cp - 1.0));
+    }
     // data parallel
     double dp_comm = 0, dp_exposed = 0;
-    if (L.dp > 1) {
-        const Link lk = link(L.tp * L.dp > r, r / std::min(L.tp, r));
-        const int n = L.dp;
+    if (dp > 1) {
+        const Link lk = link(L.tp * int(dp) > r, r / std::min(L.tp, r));
+        const int n = int(dp);
         auto rs = [&](double bytes) { return lk.time(reduce_scatter_bytes(bytes, n), buckets(bytes) * (n - 1)); };
         auto ag = [&](double bytes) { return lk.time(all_gather_bytes(bytes, n), buckets(bytes) * (n - 1)); };
         auto hide = [](double comm, double window) { return std::max(0.0, comm - kOverlapFraction * window); };
@@ -288,8 +302,8 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
             }
         }
     }
-    t.comm = tp_comm + pp_comm + dp_comm;
-    t.comm_exposed = tp_exposed + pp_comm + dp_exposed;
+    t.comm = tp_comm + pp_comm + dp_comm + cp_comm;
+    t.comm_exposed = tp_exposed + pp_comm + dp_exposed + cp_comm;
 
     // --- pipeline bubble: f of the step idle, f / (1 - f) of the stage's busy time
     if (L.pp > 1) {
@@ -322,7 +336,7 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     }
 
     t.total = t.compute + t.memory_bound + t.comm_exposed + t.bubble + t.offload;
-    const double step_tokens = T * dp * b * m;
+    const double step_tokens = T * double(L.dp) * b * m;   // context ranks share their sequences
     t.tokens_per_s = step_tokens / t.total;
     // LoRA's model FLOPs: no weight gradients for the N base parameters, 6 per adapter parameter.
     const double full_flops = train_flops_per_token(cfg, seq);

@@ -40,6 +40,7 @@ struct Layout {
     // it (dp counts groups of sequences: world = tp x cp x dp x pp).
     int cp = 1;
     int devices() const { return dp * cp * tp * pp; }
+    int data_ranks() const { return dp * cp; }   // the gradients' group (ZeRO shards over it)
 };
 
 // LoRA / QLoRA (model/lora.h): only rank-r adapters train.

@@ -4,6 +4,8 @@
 // (a pipeline's ranks their stage's). Also: what the planner refuses and answers in one line.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include <fstream>
 #include <sstream>
 
@@ -36,7 +38,7 @@ void expect_planned_on_every_rank(const nlohmann::json & row, const fs::path & r
     const nlohmann::json summary = read_json(run / "summary.json");
     const nlohmann::json & ranks = summary["per_rank"]["by_rank"];
     const nlohmann::json & L = row["layout"];
-    const int tp = L["tp"], pp = L["pp"], dp = L["dp"];
+    const int tp = L["tp"], pp = L["pp"], dp = L["dp"].get<int>() * L["cp"].get<int>();   // context ranks in the data axis
     ASSERT_EQ(ranks.size(), size_t(tp * pp * dp));
     const nlohmann::json & stages = row["memory"]["stages"];
     uint64_t largest = 0;
@@ -68,10 +70,18 @@ TEST(PlanToRun, EmittedConfigsTrainAsPlannedOnEveryRank) {
                              "--global-batch 8 --precision fp32 --top 1 --json";
     const std::string train = " --data " + data.string() + " --steps 2 --eval-every 0 --sample 0 --progress plain";
     int k = 0;
-    for (const std::string fixed : {"", " --tp 2", " --pp 2 --schedule 1f1b", " --zero 3 --lora-rank 4 --base-weights nf4"}) {
+    for (const std::string fixed : {"", " --tp 2", " --pp 2 --schedule 1f1b", " --zero 3 --lora-rank 4 --base-weights nf4",
+                                    " --cp 2"}) {
         SCOPED_TRACE("plan" + fixed);
         const fs::path cfg = scratch("cfg" + std::to_string(k) + ".json"), ds = scratch("ds" + std::to_string(k) + ".json");
+        // The plan records the CPU's gemms with the threads the ranks will have: oneDNN's scratch
+        // depends on them (what the flash backward's scratch hides in the other layouts).
+        const char * was = std::getenv("OMP_NUM_THREADS");
+        const std::string before = was ? was : "";
+        ::setenv("OMP_NUM_THREADS", "1", 1);
         const CmdResult p = run_memfit(plan + fixed + " --emit-config " + cfg.string() + " --emit-deepspeed " + ds.string());
+        if (was) ::setenv("OMP_NUM_THREADS", before.c_str(), 1);
+        else ::unsetenv("OMP_NUM_THREADS");
         ASSERT_EQ(p.code, 0) << p.err;
         const nlohmann::json row = nlohmann::json::parse(p.out)["best"][0];
         EXPECT_TRUE(row["runnable"].get<bool>()) << row["runnable_why"];
@@ -87,7 +97,7 @@ TEST(PlanToRun, EmittedConfigsTrainAsPlannedOnEveryRank) {
         expect_planned_on_every_rank(row, run);
         // The DeepSpeed file holds the batch and ZeRO (and AutoTP's size); the model, the
         // sequence and what DeepSpeed has no key for come from the command line.
-        if (row["layout"]["pp"] == 1) {
+        if (row["layout"]["pp"] == 1 && row["layout"]["cp"] == 1) {   // DeepSpeed's file has no --cp
             // LoRA is the training script's, not DeepSpeed's file's (the plan's note says so).
             const std::string lora = fixed.find("--lora-rank") != std::string::npos ? " --lora-rank 4 --base-weights nf4" : "";
             const fs::path dsrun = scratch("plan_dsrun" + std::to_string(k));
