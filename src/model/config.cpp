@@ -50,6 +50,7 @@ constexpr Preset kPresets[] = {
     {"llama3-8b",   "llama", 128256, 8192, 4096, 32, 32, 8, 14336, 500000.f, false, "Llama 3 8B (GQA, 8 KV heads)"},
     {"llama3-70b",  "llama", 128256, 8192, 8192, 80, 64, 8, 28672, 500000.f, false, "Llama 3 70B (GQA, 8 KV heads)"},
     {"llama3.1-8b", "llama", 128256, 131072, 4096, 32, 32, 8, 14336, 500000.f, false, "Llama 3.1 8B (rope_scaling llama3, factor 8)"},
+    {"llama3.1-70b", "llama", 128256, 131072, 8192, 80, 64, 8, 28672, 500000.f, false, "Llama 3.1 70B (rope_scaling llama3, factor 8)"},
     {"llama3.2-1b", "llama", 128256, 131072, 2048, 16, 32, 8, 8192, 500000.f, true,  "Llama 3.2 1B (rope_scaling llama3, factor 32, tied)"},
     {"llama3.2-3b", "llama", 128256, 131072, 3072, 28, 24, 8, 8192, 500000.f, true,  "Llama 3.2 3B (rope_scaling llama3, factor 32, tied)"},
     // Qwen2.5 (Qwen's config.json files): LLaMA blocks with biases on q, k and v.
@@ -99,7 +100,7 @@ struct RopePreset {
     const char * name;
     float factor;
 };
-constexpr RopePreset kRopePresets[] = {{"llama3.1-8b", 8.0f}, {"llama3.2-1b", 32.0f}, {"llama3.2-3b", 32.0f}};
+constexpr RopePreset kRopePresets[] = {{"llama3.1-8b", 8.0f}, {"llama3.1-70b", 8.0f}, {"llama3.2-1b", 32.0f}, {"llama3.2-3b", 32.0f}};
 
 // Gemma 3's block form (ModelConfig's Gemma 3 fields) with Gemma3TextConfig's defaults: 5 sliding
 // layers to 1 global, local RoPE base 10,000, query_pre_attn_scalar 256.

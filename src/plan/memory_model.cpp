@@ -517,7 +517,7 @@ DeviceMemory exact_memory(const ModelConfig & cfg, const Hardware & hw, const Ca
         if (stage > 0 && live.total() <= mem.device.total()) continue;
         mem.device = live;
         mem.loaded = L.pp > 1 ? fmt::format("pipeline stage {} (the largest)", stage)
-                   : L.dp * L.tp > 1 ? "every rank (equal shards)" : "the only device";
+                   : L.devices() > 1 ? "every rank (equal shards)" : "the only device";
     }
     mem.frozen = rec.frozen;
     mem.device[Category::runtime] = hw.memory - hw.usable;
