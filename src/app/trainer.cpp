@@ -327,6 +327,10 @@ void TrainingRun::announce() {
                         "read back a layer ahead of its backward", eo_.offload_activation_layers > 0 ?
                             fmt::format("the first {} layers", eo_.offload_activation_layers) : std::string("every layer"),
                         eo_.offload_dir.empty() ? std::string("pinned host memory") : "a file under " + eo_.offload_dir));
+    if (cp_ > 1)
+        say(fmt::format("  context parallel: {} ranks per sequence, each {} of its {} positions (chunks {} and {} of "
+                        "{}), keys and values all-gathered per layer", cp_, opt_.seq / cp_, opt_.seq, cp_rank_,
+                        2 * cp_ - 1 - cp_rank_, 2 * cp_));
     if (layout_.tp > 1) {
         const ModelConfig slice = tp_local_config(cfg, layout_.tp);
         say(fmt::format("  tensor parallel: {} ranks per group, each {} of {} heads ({} of {} KV), MLP {} of {}, "

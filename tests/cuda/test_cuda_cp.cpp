@@ -60,5 +60,35 @@ TEST(CudaContextParallel, AttentionMatchesTheCpu) {
         }
 }
 
+// The embedding under context parallelism: a rank's rows hold positions past its T (its later
+// chunk), given as doc_start = t - position; the learned positions' gradient lands on those rows.
+TEST(CudaContextParallel, PositionsPastTheRowsLength) {
+    MF_REQUIRE_GPU();
+    const ContextParallel cp{2, 0};
+    const int64_t B = 2, T = 8, whole = 16, C = 32, V = 40;
+    std::vector<float> ds(size_t(B * T));
+    for (int64_t i = 0; i < B * T; ++i) ds[size_t(i)] = float(i % T - cp.position(int(i % T), int(whole)));
+    OpCheck op;
+    const int tokens = op.ints({B, T}, 0, int(V));
+    const int doc = op.values(DType::i32, {B, T}, ds);
+    const int wte = op.rand(DType::f32, {V, C});
+    const int wpe = op.rand(DType::f32, {whole, C});
+    const int out = op.zeros(DType::f32, {B, T, C});
+    const int dout = op.rand(DType::f32, {B, T, C});
+    const int dwte = op.zeros(DType::f32, {V, C});
+    const int dwpe = op.zeros(DType::f32, {whole, C});
+    op.run([&](Backend & be, const std::vector<Tensor> & t) {
+        be.encoder_fwd(t[out], t[tokens], t[wte], t[wpe], t[doc]);
+        be.encoder_bwd(t[dwte], t[dwpe], t[dout], t[tokens], t[doc]);
+    });
+    EXPECT_LT(op.rel_err(out), kTolF32);
+    EXPECT_LT(op.rel_err(dwte), kTolF32);
+    EXPECT_LT(op.rel_err(dwpe), kTolF32);
+    const std::vector<float> g = op.gpu(dwpe);
+    double later = 0;   // rank 0's later chunk: positions 12 .. 15
+    for (int64_t i = 12 * C; i < whole * C; ++i) later += std::fabs(g[size_t(i)]);
+    EXPECT_GT(later, 0.0);
+}
+
 }  // namespace
 }  // namespace memfit::test

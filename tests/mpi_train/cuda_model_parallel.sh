@@ -33,6 +33,13 @@ same_as one2.log tp2.log "GPUs -np 2 --tp 2"
 mpi 2 "${ARGS[@]}" --grad-accum 2 --device cuda --tp 2 --sp --out sp2 > sp2.log 2>&1 || { cat sp2.log; fail "--tp 2 --sp on GPUs"; }
 same_as one2.log sp2.log "GPUs -np 2 --tp 2 --sp"
 
+# Context parallel: each GPU two chunks of every sequence, the keys and values all-gathered and
+# their gradients reduce-scattered over NCCL, the CUDA attention kernels of its own.
+mpi 2 "${ARGS[@]}" --grad-accum 2 --device cuda --cp 2 --out cp2 > cp2.log 2>&1 || { cat cp2.log; fail "--cp 2 on GPUs"; }
+grep -q '^  context parallel: 2 ranks per sequence' cp2.log || { cat cp2.log; fail "no context-parallel line"; }
+device_line cp2.log
+same_as one2.log cp2.log "GPUs -np 2 --cp 2"
+
 mpi 2 "${ARGS[@]}" --grad-accum 4 --device cuda --pp 2 --schedule 1f1b --checkpoint-every 2 --out pp2 > pp2.log 2>&1 ||
     { cat pp2.log; fail "--pp 2 on GPUs"; }
 grep -q "^  pipeline parallel: 2 stages, .*schedule 1f1b, 4 micro-batches" pp2.log || { cat pp2.log; fail "no pipeline line"; }

@@ -283,7 +283,8 @@ void encode_bwd(cudaStream_t s, Tensor dwte, Tensor dwpe, Tensor dout, Tensor to
         if (dwpe.valid()) {
             MF_ASSERT(dwpe.dtype == DType::f32 || dwpe.dtype == dout.dtype);
             if (doc) {   // positions repeat within a row: dwpe's rows collide like dwte's
-                table_grad(s, dwpe, ptr<S>(dout), Positions{doc, T}, N, C, 0, T);
+                // (any of the table's rows: under context parallelism a row's positions pass T)
+                table_grad(s, dwpe, ptr<S>(dout), Positions{doc, T}, N, C, 0, dwpe.numel() / C);
             } else {
                 const dim3 grid(grid_for(C, kThreads), unsigned(std::min<int64_t>(T, 65535)));
                 if (dwpe.dtype == DType::f32)
