@@ -415,6 +415,46 @@ void Graph::cp_all_gather(Tensor out, Tensor in) {
     end();
 }
 
+void Graph::cp_ring_exchange(Tensor send, Tensor recv) {
+    if (begin("cp_ring_exchange", 0, {send, recv})) {
+        MF_ASSERT(cp_comm_ && "set_context_communicator() before context-parallel transfers");
+        MF_ASSERT(send.nbytes() == recv.nbytes());
+        const int R = cp_comm_->size(), r = cp_comm_->rank();
+        const Tensor a = resolve(send), b = resolve(recv);
+        cp_comm_->sendrecv(a.data, a.nbytes(), (r + 1) % R, 0, b.data, b.nbytes(), (r + R - 1) % R, 0);
+    }
+    end();
+}
+
+void Graph::cp_block_fwd(Tensor acc, Tensor lse, Tensor qkv, Tensor kv, Tensor kpos, Tensor meta, int NH, int KVH,
+                         bool first) {
+    const double hd = double(qkv.cols()) / double(NH + 2 * KVH);
+    const double flops = 4.0 * double(qkv.rows()) * double(kv.dim(1)) / 2.0 * double(NH) * hd;   // about half masked
+    if (begin("cp_block_fwd", flops, {acc, lse, qkv, kv, kpos, meta}))
+        backend_->cp_block_fwd(resolve(acc), resolve(lse), resolve(qkv), resolve(kv), resolve(kpos), resolve(meta), NH,
+                               KVH, first);
+    end();
+}
+
+void Graph::cp_block_bwd(Tensor dq, Tensor dkv, Tensor dout, Tensor out, Tensor qkv, Tensor kv, Tensor lse, Tensor kpos,
+                         Tensor meta, int NH, int KVH) {
+    const size_t bytes = size_t(qkv.rows()) * size_t(NH) * sizeof(float);
+    if (recording_) grow_workspace(bytes);
+    const double hd = double(qkv.cols()) / double(NH + 2 * KVH);
+    const double flops = 2.5 * 4.0 * double(qkv.rows()) * double(kv.dim(1)) / 2.0 * double(NH) * hd;
+    if (begin("cp_block_bwd", flops, {dq, dkv, dout, out, qkv, kv, lse, kpos, meta}, true))
+        backend_->cp_block_bwd(resolve(dq), resolve(dkv),
+                               resolve(Tensor(workspace_, DType::f32, {int64_t(bytes / sizeof(float))})), resolve(dout),
+                               resolve(out), resolve(qkv), resolve(kv), resolve(lse), resolve(kpos), resolve(meta), NH,
+                               KVH);
+    end();
+}
+
+void Graph::cp_qkv_grad(Tensor dqkv, Tensor dq, Tensor dkv, int NH, int KVH) {
+    if (begin("cp_qkv_grad", 0, {dqkv, dq, dkv})) backend_->cp_qkv_grad(resolve(dqkv), resolve(dq), resolve(dkv), NH, KVH);
+    end();
+}
+
 void Graph::cp_reduce_scatter(Tensor out, Tensor in, Tensor scratch) {
     if (begin("cp_reduce_scatter", double(in.numel()), {out, in, scratch})) {
         MF_ASSERT(cp_comm_ && "set_context_communicator() before context-parallel collectives");

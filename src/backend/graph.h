@@ -191,6 +191,14 @@ public:
     void set_context_communicator(Collectives * c) { cp_comm_ = c; }
     void cp_all_gather(Tensor out, Tensor in);
     void cp_reduce_scatter(Tensor out, Tensor in, Tensor scratch = {});
+    // The ring (--cp-comm-type p2p): `send` to the next rank of the context group while `recv`
+    // arrives from the previous one (blocking); and the block kernels (kernel_list.h).
+    void cp_ring_exchange(Tensor send, Tensor recv);
+    void cp_block_fwd(Tensor acc, Tensor lse, Tensor qkv, Tensor kv, Tensor kpos, Tensor meta, int NH, int KVH,
+                      bool first);
+    void cp_block_bwd(Tensor dq, Tensor dkv, Tensor dout, Tensor out, Tensor qkv, Tensor kv, Tensor lse, Tensor kpos,
+                      Tensor meta, int NH, int KVH);
+    void cp_qkv_grad(Tensor dqkv, Tensor dq, Tensor dkv, int NH, int KVH);
     // The same over a paged cache (backend/paged_kv.h): meta is the step's i32 metadata.
     void paged_attention_fwd(Tensor out, Tensor qkv, Tensor kpool, Tensor vpool, Tensor meta, const PagedKv & kv,
                              int NH, int KVH, int window = 0);

@@ -117,6 +117,18 @@ MF_KERNEL(cp_attention_fwd, (Tensor out, Tensor lse, Tensor qkv, Tensor kv, Tens
 // scratch: B*Tl*NH floats (each query's dout . out).
 MF_KERNEL(cp_attention_bwd, (Tensor dqkv, Tensor dkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv, Tensor kv,
           Tensor lse, Tensor meta, int NH, int KVH))
+// The ring (--cp-comm-type p2p): one visiting block of the group's keys and values at a time.
+// kv [B,Tl,2*KVH*hd] (one rank's rows), kpos i32 [Tl] (their positions), meta as above; acc f32
+// [B,Tl,NH*hd] and lse f32 [B,NH,Tl] hold the attention over the blocks seen so far (normalized),
+// this block merged in (first: they start with it).
+MF_KERNEL(cp_block_fwd, (Tensor acc, Tensor lse, Tensor qkv, Tensor kv, Tensor kpos, Tensor meta, int NH, int KVH,
+          bool first))
+// Adds this block's part of dq (f32 [B,Tl,NH*hd]) and of its keys' and values' gradient (f32
+// [B,Tl,2*KVH*hd]), the probabilities from the whole attention's lse and out; scratch B*Tl*NH floats.
+MF_KERNEL(cp_block_bwd, (Tensor dq, Tensor dkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv, Tensor kv,
+          Tensor lse, Tensor kpos, Tensor meta, int NH, int KVH))
+// dqkv [rows, (NH+2*KVH)*hd] = dq | dkv (f32), rounded to its dtype.
+MF_KERNEL(cp_qkv_grad, (Tensor dqkv, Tensor dq, Tensor dkv, int NH, int KVH))
 
 // Inverted dropout: out = in * keep / (1 - p), keep = a hash of (seed, element index) >= p,
 // so the same seed gives the same mask (backward regenerates it). In place allowed.

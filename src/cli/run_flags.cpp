@@ -226,6 +226,11 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                            "groups of this many ranks, each holding two mirrored chunks of it; attention gathers the "
                            "group's keys and values (--seq a multiple of 2 x cp; world = tp x cp x dp x pp)")
                  ->capture_default_str());
+        keep(c->add_option("--cp-comm-type", r.cp_comm_type,
+                           "with --cp: all_gather (each layer gathers the group's keys and values whole, Llama 3's "
+                           "way) or p2p (they pass around the group as a ring, a block at a time, each merged into "
+                           "the running softmax: two blocks held instead of the whole sequence's)")
+                 ->capture_default_str());
         keep(c->add_flag("--sp,!--no-sp", r.layout.sp,
                          "sequence parallel (with --tp): norms and residual adds run on 1/tp of the tokens, with "
                          "all-gathers and reduce-scatters in place of the all-reduces (Korthikanti et al. 2022)"));

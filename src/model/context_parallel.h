@@ -5,6 +5,8 @@
 // with, cheap under grouped-query attention), and its backward reduce-scatters their gradients
 // back to the ranks that own the positions.
 //
+// With --cp-comm-type p2p the keys and values travel around the group as a ring instead (below).
+//
 // Load balance under the causal mask: the sequence is cut into 2N chunks of T / 2N positions and
 // rank r holds chunks r and 2N - 1 - r (Megatron's and torchtitan's layout), so every rank's
 // queries see about the same number of keys. A rank's local row t is chunk r's position t for
@@ -17,6 +19,11 @@ namespace memfit {
 
 struct ContextParallel {
     int ranks = 1, rank = 0;
+    // --cp-comm-type p2p (Megatron's name): the ring (Liu et al. 2023) instead of the all-gather:
+    // each rank's keys and values pass around the group block by block, every block's attention
+    // merged into the queries' running softmax; a rank holds two blocks at a time, not the whole
+    // sequence's, and the keys' and values' gradients travel with their block back to its owner.
+    bool ring = false;
     bool enabled() const { return ranks > 1; }
     // Positions per chunk, of a sequence of T (a multiple of 2 x ranks: run/compat.cpp).
     int chunk(int T) const { return T / (2 * ranks); }

@@ -327,6 +327,10 @@ void Transformer::qkv_fwd(Graph & g, const LayerActs & a, Tensor ln1, const Mode
 void Transformer::attention_fwd(Graph & g, int l, Tensor out, Tensor lse, Tensor att, const LayerActs & s,
                                 Tensor qkv) const {
     const int NH = cfg_.n_head;
+    if (cp_.enabled() && cp_.ring) {
+        cp_ring_fwd(g, out, lse, s, qkv);
+        return;
+    }
     if (cp_.enabled()) {
         cp_gather(g, s.cp_kv, s.cp_all, s.cp_abs, qkv);
         g.cp_attention_fwd(out, lse, qkv, s.cp_abs, cp_meta_, NH, cfg_.kv_heads());
@@ -344,7 +348,9 @@ void Transformer::attention_bwd(Graph & g, const LayerActs & a, const ModelWeigh
                                 const ModelWeights::Layer & dp) const {
     const int NH = cfg_.n_head, KVH = cfg_.kv_heads();
     Tensor qkv = a.qkv, dqkv = a.dqkv;
-    if (cp_.enabled()) {
+    if (cp_.enabled() && cp_.ring) {
+        cp_ring_bwd(g, a);
+    } else if (cp_.enabled()) {
         cp_attention_bwd(g, a);
     } else {
         if (gqa_) {
@@ -611,6 +617,8 @@ Transformer::LayerActs Transformer::with_own_grads(LayerActs r, const LayerActs 
     r.dqn_scaled = own.dqn_scaled;
     r.cp_kv_b = own.cp_kv_b, r.cp_all_b = own.cp_all_b, r.cp_abs_b = own.cp_abs_b, r.cp_dabs = own.cp_dabs;
     r.cp_dall = own.cp_dall, r.cp_dkv = own.cp_dkv, r.cp_scratch = own.cp_scratch;
+    r.cp_kv_b_next = own.cp_kv_b_next, r.cp_dq = own.cp_dq, r.cp_dkv_acc = own.cp_dkv_acc;
+    r.cp_dkv_next = own.cp_dkv_next, r.cp_dkv_home = own.cp_dkv_home;
     return r;
 }
 

@@ -193,9 +193,10 @@ public:
     // key each query attends to, max(t - W + 1, its document's start); read by attention only
     // (positions stay the documents'). The kernels take it where they take document starts.
     void set_attention_start(Tensor start) { attn_lo_ = start; }
-    // Context parallelism (ModelOptions::cp): ctx i32 [3,B,T], filled by the host per batch: each
-    // local row's t - position (what the embedding and RoPE read as its document start), its
-    // position in the whole sequence and its first key (its document's start).
+    // Context parallelism (ModelOptions::cp): ctx i32 [3*B*T + ranks*T], filled by the host per
+    // batch: each local row's t - position (what the embedding and RoPE read as its document
+    // start), its position in the whole sequence and its first key (its document's start); then
+    // every context rank's rows' positions.
     void set_context(Tensor ctx);
     // --offload activations (model/activation_offload.h): its hooks around each layer's forward and
     // backward; null: everything stays resident.
@@ -287,6 +288,10 @@ private:
         // Context parallel: this rank's k | v, every rank's (rank order), the whole sequence's
         // (position order); backward gathers them again (_b) and reduce-scatters their gradients.
         Tensor cp_kv, cp_all, cp_abs, cp_kv_b, cp_all_b, cp_abs_b, cp_dabs, cp_dall, cp_dkv, cp_scratch;
+        // The ring: the block arriving while one is attended to, fp32 accumulators of the output
+        // (forward) and of dq and the travelling block's dk | dv (backward), and this rank's own
+        // block's gradient once it is home.
+        Tensor cp_kv_next, cp_acc, cp_kv_b_next, cp_dq, cp_dkv_acc, cp_dkv_next, cp_dkv_home;
         int layer = 0;
         bool rc = false;   // the recomputation's set
     };
@@ -351,6 +356,9 @@ private:
     void cp_gather(Graph & g, const Tensor & kv, const Tensor & all, const Tensor & whole, const Tensor & qkv) const;
     void cp_permute(Graph & g, const Tensor & whole, const Tensor & all, bool to_whole) const;
     void cp_attention_bwd(Graph & g, const LayerActs & a) const;
+    void cp_ring_fwd(Graph & g, Tensor out, Tensor lse, const LayerActs & s, Tensor qkv) const;
+    void cp_ring_bwd(Graph & g, const LayerActs & a) const;
+    Tensor cp_kpos(int rank) const { return cp_kpos_.view(int64_t(rank) * T_, {int64_t(T_)}); }
     void attention_bwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p,
                        const ModelWeights::Layer & dp) const;
     void act_fwd(Graph & g, Tensor out, Tensor fc) const;
@@ -425,6 +433,7 @@ private:
     ActivationOffload * offload_ = nullptr;
     ContextParallel cp_;
     Tensor cp_meta_;   // [2,B,T]: positions and first keys (set_context)
+    Tensor cp_kpos_;   // [ranks, T]: each context rank's rows' positions (the ring's blocks)
     Tensor encoded_, lnf_, lnf_mean_, lnf_rstd_, logits_;
     Tensor dres_, dlnf_;
     std::vector<LayerActs> layers_;

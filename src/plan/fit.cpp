@@ -206,6 +206,7 @@ EngineOptions engine_options(const RunConfig & r, const ModelConfig & cfg, const
     EngineOptions eo;
     eo.data_parallel = L.dp * L.cp;   // the gradients' group: every rank of a context group too
     eo.context_parallel = L.cp;
+    eo.cp_ring = r.cp_comm_type == "p2p";
     eo.tensor_parallel = L.tp;
     eo.sequence_parallel = L.sp;
     eo.pipeline_parallel = L.pp;

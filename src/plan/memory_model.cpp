@@ -344,7 +344,12 @@ DeviceMemory predict_memory(const ModelConfig & cfg, const Hardware & hw, const 
 
     DeviceMemory m = model_states(c, ps, st);
     Activations acts = activations(cfg, c, seq, st.layers, BTC);
-    if (L.cp > 1) acts.common += 4 * whole_kv + 3 * whole_kv / uint64_t(L.cp);
+    if (L.cp > 1 && c.cp_comm_type == "p2p") {   // the ring: two blocks, fp32 output (forward), dq and three dk | dv
+        const uint64_t block = whole_kv / uint64_t(L.cp), block32 = block / s * 4;
+        acts.common += 2 * block + 3 * block32 + rows * uint64_t(cfg.n_head * cfg.head_dim()) * 4;
+    } else if (L.cp > 1) {
+        acts.common += 4 * whole_kv + 3 * whole_kv / uint64_t(L.cp);
+    }
     // One loss chunk's fp32 logits (the whole micro-batch's unchunked), as the engine declares;
     // lm_head's adapter: u and its gradient, and the scaled addition (forward) or its gradient
     // (backward) beside them.

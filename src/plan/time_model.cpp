@@ -264,8 +264,14 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
         const Link lk = link(L.tp * L.cp > r, r / std::min(L.tp, r));
         const double kv = b * T * 2.0 * cfg.kv_heads() * cfg.head_dim() * s / tp;   // the whole sequence's k | v
         const double gathers = 2.0 + (keeps(mask, Saved::attn_out) ? 0.0 : 1.0);
-        cp_comm = m * layers * ((gathers * lk.time(all_gather_bytes(kv, L.cp), L.cp - 1.0)) +
-                                lk.time(reduce_scatter_bytes(kv, L.cp), L.cp - 1.0));
+        if (c.cp_comm_type == "p2p") {   // the ring: cp - 1 hops of a block each pass, fp32 gradients with it back
+            const double block = kv / L.cp, grads = block / s * 4.0, hops = L.cp - 1.0;
+            cp_comm = m * layers * (gathers * hops * lk.time(block, 1.0) + hops * lk.time(block + grads, 2.0) +
+                                    lk.time(grads, 1.0));
+        } else {
+            cp_comm = m * layers * ((gathers * lk.time(all_gather_bytes(kv, L.cp), L.cp - 1.0)) +
+                                    lk.time(reduce_scatter_bytes(kv, L.cp), L.cp - 1.0));
+        }
     }
     // data parallel
     double dp_comm = 0, dp_exposed = 0;

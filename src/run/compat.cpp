@@ -52,6 +52,8 @@ namespace {
 std::optional<std::string> context_parallel_refusal(const RunConfig & r, const ModelConfig & cfg) {
     const Layout & L = r.layout;
     if (L.cp < 1) return fmt::format("--cp {}: expected 1 (off) or more ranks per sequence", L.cp);
+    if (r.cp_comm_type != "all_gather" && r.cp_comm_type != "p2p")
+        return fmt::format("--cp-comm-type {}: expected all_gather or p2p", r.cp_comm_type);
     if (L.cp == 1) return std::nullopt;
     if (r.seq % (2 * L.cp) != 0)
         return fmt::format("--cp {} cuts each sequence into {} chunks (two per rank, mirrored for the causal mask's "

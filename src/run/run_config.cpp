@@ -118,6 +118,7 @@ nlohmann::json run_config_json(const RunConfig & r) {
                         {"zero", r.layout.zero},
                         {"tp", r.layout.tp},
                         {"cp", r.layout.cp},
+                        {"cp-comm-type", r.cp_comm_type},
                         {"pp", r.layout.pp},
                         {"sp", r.layout.sp},
                         {"schedule", schedule_spelling(r.layout)},

@@ -146,6 +146,9 @@ struct RunConfig {
     // --offload-activations-layers: with --offload activations, how many layers from the first
     // offload theirs (0: all; torchtune offloads all, Megatron's --cpu-offloading-num-layers some).
     int offload_activation_layers = 0;
+    // --cp-comm-type (Megatron-Core's): all_gather (each layer's keys and values gathered whole)
+    // or p2p (passed around the context group as a ring, a block at a time).
+    std::string cp_comm_type = "all_gather";
     double bucket_mb = 0;          // data parallel: gradient bucket size, MiB (0: one per block)
     uint64_t budget = 0;           // bytes the plan must fit (0: the memory available)
     bool fit_auto = false;         // --fit auto: search micro-batch x accumulation x techniques within the budget

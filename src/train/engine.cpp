@@ -547,13 +547,15 @@ void Engine::upload_context(const TrainStep & step, StepMemory & mem, const int3
     const size_t BT = size_t(step.B()) * size_t(step.T());
     const ContextParallel cp{opt_.context_parallel, opt_.cp_rank};
     const int T = step.T(), whole = T * cp.ranks;
-    std::vector<int32_t> ctx(3 * BT);
+    std::vector<int32_t> ctx(3 * BT + size_t(cp.ranks) * size_t(T));
     for (size_t i = 0; i < BT; ++i) {
         const int t = int(i % size_t(T)), pos = cp.position(t, whole), first = doc_start ? doc_start[i] : 0;
         ctx[i] = t - (pos - first);
         ctx[BT + i] = pos;
         ctx[2 * BT + i] = first;
     }
+    for (int r = 0; r < cp.ranks; ++r)   // the ring's blocks: rank r's rows' positions
+        for (int t = 0; t < T; ++t) ctx[3 * BT + size_t(r) * size_t(T) + size_t(t)] = ContextParallel{cp.ranks, r}.position(t, whole);
     backend_.upload(mem.base(step.context), ctx.data(), ctx.size() * 4);
 }
 

@@ -127,6 +127,7 @@ struct EngineOptions {
     // `comm` (data_parallel, rank) then spans data x context ranks: they all sum the gradients
     // and count the step's tokens, each its own.
     int context_parallel = 1, cp_rank = 0;
+    bool cp_ring = false;   // --cp-comm-type p2p: the keys and values pass around as a ring
     Communicator * cp_comm = nullptr;
     // Pipeline parallel over `pipeline_parallel` stages (model/pipeline.h): this rank runs stage
     // pp_rank, and the grad_accum micro-batches of a step are the schedule's, all in one step
@@ -166,7 +167,7 @@ struct EngineOptions {
         m.tp.ranks = tensor_parallel;
         m.tp.rank = tp_rank;
         m.tp.sequence = sequence_parallel;
-        m.cp = ContextParallel{context_parallel, cp_rank};
+        m.cp = ContextParallel{context_parallel, cp_rank, cp_ring};
         return m;
     }
 };

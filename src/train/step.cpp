@@ -261,7 +261,9 @@ void TrainStep::declare_models(const ModelConfig & cfg, const ModelOptions & mod
         attn_start = program_.declare("batch.attention_start", Category::activations, BT * 4, true);
     if (model.cp.enabled()) {
         MF_ASSERT(!pp.enabled() && !model.tp.enabled());
-        context = program_.declare("batch.context", Category::activations, 3 * BT * 4, true);
+        // [3, B, T] per row, then every context rank's rows' positions [ranks, T]
+        context = program_.declare("batch.context", Category::activations,
+                                   (3 * BT + size_t(model.cp.ranks) * size_t(T)) * 4, true);
     }
     grad_norm_sq = train ? program_.declare("grad_norm_sq", Category::activations, 4, true) : -1;
     workspace_ = program_.declare("workspace", Category::workspace, 0);
@@ -288,7 +290,8 @@ void TrainStep::declare_models(const ModelConfig & cfg, const ModelOptions & mod
         if (doc_start >= 0) models_[k]->set_doc_start(Tensor(doc_start, DType::i32, {int64_t(B), int64_t(T)}, at));
         if (attn_start >= 0)
             models_[k]->set_attention_start(Tensor(attn_start, DType::i32, {int64_t(B), int64_t(T)}, at));
-        if (context >= 0) models_[k]->set_context(Tensor(context, DType::i32, {3 * int64_t(B) * int64_t(T)}));
+        if (context >= 0)
+            models_[k]->set_context(Tensor(context, DType::i32, {(3 * int64_t(B) + model.cp.ranks) * int64_t(T)}));
     }
     if (train && model.distill.enabled()) declare_teacher(mo);
     if (model.pref.enabled() && mode != StepMode::logits) declare_preference(mo);

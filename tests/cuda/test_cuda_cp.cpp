@@ -60,6 +60,45 @@ TEST(CudaContextParallel, AttentionMatchesTheCpu) {
         }
 }
 
+// The ring's block kernels: rank 1 of 2 attending to rank 0's block (merged into accumulators
+// that hold its own block's attention), the block's backward added into dq and its dk | dv, and
+// the fp32 gradients written into dqkv.
+TEST(CudaContextParallel, RingBlocksMatchTheCpu) {
+    MF_REQUIRE_GPU();
+    const ContextParallel cp{2, 1}, other{2, 0};
+    for (DType dt : {DType::f32, DType::bf16})
+        for (const bool first : {true, false}) {
+            SCOPED_TRACE(testing::Message() << dtype_name(dt) << (first ? " first block" : " merged"));
+            const int64_t B = 2, T = 24, Tl = T / cp.ranks, NH = 4, KVH = 2, hd = 32;
+            std::vector<float> kpos(static_cast<size_t>(Tl));
+            for (int t = 0; t < Tl; ++t) kpos[size_t(t)] = float(other.position(t, int(T)));
+            OpCheck op;
+            const int qkv = op.rand(dt, {B, Tl, (NH + 2 * KVH) * hd});
+            const int kv = op.rand(dt, {B, Tl, 2 * KVH * hd});
+            const int kp = op.values(DType::i32, {Tl}, kpos);
+            const int meta = op.values(DType::i32, {2, B, Tl}, cp_meta(cp, int(B), int(T), 7));
+            const int acc = op.rand(DType::f32, {B, Tl, NH * hd});
+            const int lse = op.rand(DType::f32, {B, NH, Tl}, 1.0f, 3.0f);
+            const int out = op.rand(dt, {B, Tl, NH * hd});
+            const int dout = op.rand(dt, {B, Tl, NH * hd});
+            const int dq = op.rand(DType::f32, {B, Tl, NH * hd});
+            const int dkv = op.rand(DType::f32, {B, Tl, 2 * KVH * hd});
+            const int scratch = op.zeros(DType::f32, {B * Tl * NH});
+            const int dqkv = op.zeros(dt, {B, Tl, (NH + 2 * KVH) * hd});
+            op.run([&](Backend & be, const std::vector<Tensor> & t) {
+                be.cp_block_bwd(t[dq], t[dkv], t[scratch], t[dout], t[out], t[qkv], t[kv], t[lse], t[kp], t[meta],
+                                int(NH), int(KVH));
+                be.cp_qkv_grad(t[dqkv], t[dq], t[dkv], int(NH), int(KVH));
+                be.cp_block_fwd(t[acc], t[lse], t[qkv], t[kv], t[kp], t[meta], int(NH), int(KVH), first);
+            });
+            EXPECT_LT(op.rel_err(acc), kTolF32 * 10);
+            EXPECT_LT(op.rel_err(lse), kTolLse);
+            EXPECT_LT(op.rel_err(dq), kTolF32 * 10);
+            EXPECT_LT(op.rel_err(dkv), kTolF32 * 10);
+            EXPECT_LT(op.rel_err(dqkv), tol(dt));
+        }
+}
+
 // The embedding under context parallelism: a rank's rows hold positions past its T (its later
 // chunk), given as doc_start = t - position; the learned positions' gradient lands on those rows.
 TEST(CudaContextParallel, PositionsPastTheRowsLength) {

@@ -30,6 +30,7 @@ struct CpCase {
     int cp = 2, k = 1, zero = 0;
     bool documents = false;
     std::string recompute = "none";
+    bool ring = false;   // --cp-comm-type p2p
 };
 
 struct CpRun {
@@ -75,6 +76,7 @@ CpRun train(const ModelConfig & cfg, const CpCase & c, bool split, int G, int T,
         eo.context_parallel = c.cp;
         eo.cp_rank = cp.rank;
         eo.cp_comm = pg->cp.get();
+        eo.cp_ring = c.ring;
         eo.zero = c.zero;
     }
     eo.B = G / sequences;
@@ -109,9 +111,9 @@ CpRun train(const ModelConfig & cfg, const CpCase & c, bool split, int G, int T,
 
 void check(const CpCase & c) {
     const int N = test::world().size();
-    SCOPED_TRACE(fmt::format("{} {} cp {} of {} ranks, micro-batches {}, zero {}, {}recompute {}", c.llama ? "llama" : "gpt2",
-                             dtype_name(c.dt), c.cp, N, c.k, c.zero, c.documents ? "packed documents, " : "",
-                             c.recompute));
+    SCOPED_TRACE(fmt::format("{} {} cp {} ({}) of {} ranks, micro-batches {}, zero {}, {}recompute {}",
+                             c.llama ? "llama" : "gpt2", dtype_name(c.dt), c.cp, c.ring ? "ring" : "all-gather", N, c.k,
+                             c.zero, c.documents ? "packed documents, " : "", c.recompute));
     ModelConfig cfg = test::small_family(c.llama, 37, 32, 2, 4, 48, 64);
     if (c.llama) {   // Llama 3.1's RoPE scaling, its factors chosen by the whole sequence
         cfg.rope_theta = 500000.0f;
@@ -141,13 +143,28 @@ void check(const CpCase & c) {
 
 TEST(ContextParallel, EqualsOneProcessOnTheSameBatch) {
     ASSERT_GE(test::world().size(), 2) << "run under mpirun -np 2 or more";
-    for (bool llama : {false, true})
-        for (bool documents : {false, true}) {
-            CpCase c;
-            c.llama = llama;
-            c.documents = documents;
-            check(c);
-        }
+    for (bool ring : {false, true})
+        for (bool llama : {false, true})
+            for (bool documents : {false, true}) {
+                CpCase c;
+                c.llama = llama;
+                c.documents = documents;
+                c.ring = ring;
+                check(c);
+            }
+}
+
+// The ring around every rank of the world (4 ranks: four hops a layer), with recomputation.
+TEST(ContextParallel, RingAroundTheWholeWorld) {
+    const int N = test::world().size();
+    ASSERT_GE(N, 2);
+    CpCase c;
+    c.llama = true;
+    c.cp = N;
+    c.ring = true;
+    c.documents = true;
+    c.recompute = "selective";
+    check(c);
 }
 
 TEST(ContextParallel, AccumulationRecomputationZeroAndBf16) {

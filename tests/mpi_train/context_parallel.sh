@@ -37,6 +37,13 @@ P=(train --model "$WORK/rope.json" --data "$WORK/chat" --seq 128 --packing --mic
 mpi 2 "${P[@]}" --cp 2 --out packed2 > packed2.log 2>&1 || { cat packed2.log; fail "packed, --cp 2"; }
 same_as packed1.log packed2.log "--cp 2 (LLaMA, llama3 RoPE scaling, packed conversations)"
 exact_per_rank packed2.log 2
+# The ring (--cp-comm-type p2p): on 2 ranks, and around 4 (four hops a layer).
+mpi 2 "${P[@]}" --cp 2 --cp-comm-type p2p --out ring2 > ring2.log 2>&1 || { cat ring2.log; fail "packed, --cp 2 p2p"; }
+same_as packed1.log ring2.log "--cp 2 --cp-comm-type p2p (packed conversations)"
+exact_per_rank ring2.log 2
+mpi 4 "${P[@]}" --cp 4 --cp-comm-type p2p --out ring4 > ring4.log 2>&1 || { cat ring4.log; fail "packed, --cp 4 p2p"; }
+same_as packed1.log ring4.log "--cp 4 --cp-comm-type p2p on 4 ranks (packed conversations)"
+exact_per_rank ring4.log 4
 G=(--model llama-micro --seq 64 --global-batch 4)
 "$MEMFIT" "${ARGS[@]}" "${G[@]}" --micro-batch 2 --out one4 > one4.log 2>&1 || { cat one4.log; fail "one process, batch 4"; }
 mpi 4 "${ARGS[@]}" "${G[@]}" --micro-batch 1 --cp 2 --zero 2 --out cp4 > cp4.log 2>&1 ||
@@ -57,5 +64,6 @@ bad() {
 }
 bad 2 "cannot be laid out as --tp 1 x --cp 3" --cp 3 --seq 64
 bad 2 "not a multiple of 4" --cp 2 --seq 66
+bad 2 "expected all_gather or p2p" --cp 2 --cp-comm-type ring --seq 64
 bad 4 "with --tp 2: not yet" --cp 2 --tp 2 --seq 64
 echo "ok: --cp 2 trains as one process (LLaMA, GPT-2, LLaMA with llama3 RoPE scaling on packed conversations; 4 ranks with ZeRO-2), each rank's plan exact; fits a sequence one process refuses"

@@ -39,6 +39,10 @@ mpi 2 "${ARGS[@]}" --grad-accum 2 --device cuda --cp 2 --out cp2 > cp2.log 2>&1 
 grep -q '^  context parallel: 2 ranks per sequence' cp2.log || { cat cp2.log; fail "no context-parallel line"; }
 device_line cp2.log
 same_as one2.log cp2.log "GPUs -np 2 --cp 2"
+# The ring: the blocks and their gradients pass between the GPUs with NCCL's send and receive.
+mpi 2 "${ARGS[@]}" --grad-accum 2 --device cuda --cp 2 --cp-comm-type p2p --out ring2 > ring2.log 2>&1 ||
+    { cat ring2.log; fail "--cp 2 --cp-comm-type p2p on GPUs"; }
+same_as one2.log ring2.log "GPUs -np 2 --cp 2 --cp-comm-type p2p"
 
 mpi 2 "${ARGS[@]}" --grad-accum 4 --device cuda --pp 2 --schedule 1f1b --checkpoint-every 2 --out pp2 > pp2.log 2>&1 ||
     { cat pp2.log; fail "--pp 2 on GPUs"; }

@@ -427,6 +427,40 @@ void CpuBackend::cp_attention_bwd(Tensor dqkv, Tensor dkv, Tensor scratch, Tenso
     });
 }
 
+void CpuBackend::cp_block_fwd(Tensor acc, Tensor lse, Tensor qkv, Tensor kv, Tensor kpos, Tensor meta, int NH, int KVH,
+                              bool first) {
+    same_dtype(qkv.dtype, {&kv});
+    const int hd = head_dim(qkv, NH, KVH), B = int(qkv.dim(0)), Tl = int(qkv.dim(1));
+    MF_ASSERT(kv.numel() == int64_t(B) * Tl * 2 * KVH * hd && kpos.numel() == Tl && meta.numel() == int64_t(2) * B * Tl);
+    MF_ASSERT(acc.numel() == int64_t(B) * Tl * NH * hd && lse.numel() == int64_t(B) * NH * Tl);
+    dispatch(qkv.dtype, [&](auto s) {
+        using S = decltype(s);
+        cpu::cp_block_forward(acc.f32(), lse.f32(), ptr<S>(qkv), ptr<S>(kv), kpos.i32(), meta.i32(), B, Tl, NH, KVH, hd,
+                              first);
+    });
+}
+
+void CpuBackend::cp_block_bwd(Tensor dq, Tensor dkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv, Tensor kv,
+                              Tensor lse, Tensor kpos, Tensor meta, int NH, int KVH) {
+    same_dtype(qkv.dtype, {&kv, &dout, &out});
+    const int hd = head_dim(qkv, NH, KVH), B = int(qkv.dim(0)), Tl = int(qkv.dim(1));
+    MF_ASSERT(dq.numel() == int64_t(B) * Tl * NH * hd && dkv.numel() == kv.numel() && scratch.numel() >= int64_t(B) * Tl * NH);
+    dispatch(qkv.dtype, [&](auto s) {
+        using S = decltype(s);
+        cpu::cp_block_backward(dq.f32(), dkv.f32(), scratch.f32(), ptr<S>(dout), ptr<S>(out), ptr<S>(qkv), ptr<S>(kv),
+                               lse.f32(), kpos.i32(), meta.i32(), B, Tl, NH, KVH, hd);
+    });
+}
+
+void CpuBackend::cp_qkv_grad(Tensor dqkv, Tensor dq, Tensor dkv, int NH, int KVH) {
+    const int hd = head_dim(dqkv, NH, KVH);
+    MF_ASSERT(dq.numel() == dqkv.rows() * NH * hd && dkv.numel() == dqkv.rows() * 2 * KVH * hd);
+    dispatch(dqkv.dtype, [&](auto s) {
+        using S = decltype(s);
+        cpu::cp_qkv_grad(ptr<S>(dqkv), dq.f32(), dkv.f32(), dqkv.rows(), NH, KVH, hd);
+    });
+}
+
 void CpuBackend::paged_attention_fwd(Tensor out, Tensor qkv, Tensor kpool, Tensor vpool, Tensor meta,
                                      const PagedKv & kv, int NH, int KVH, int window) {
     same_dtype(out.dtype, {&qkv});

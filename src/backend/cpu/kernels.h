@@ -240,6 +240,17 @@ void paged_attention_forward(S * out, void * kpool, void * vpool, const S * qkv,
 template <class S>
 void cp_attention_forward(S * out, float * lse, const S * qkv, const S * kv, const int32_t * meta, int B, int Tl,
                           int T, int NH, int KVH, int hd);
+// The ring (kernel_list.h's cp_block_fwd / _bwd, cp_qkv_grad): a visiting block of Tl key rows
+// (positions kpos[Tl]) merged into fp32 accumulators; first: they start here.
+template <class S>
+void cp_block_forward(float * acc, float * acc_lse, const S * qkv, const S * kv, const int32_t * kpos,
+                      const int32_t * meta, int B, int Tl, int NH, int KVH, int hd, bool first);
+template <class S>
+void cp_block_backward(float * dq, float * dkv, float * scratch, const S * dout, const S * out, const S * qkv,
+                       const S * kv, const float * lse, const int32_t * kpos, const int32_t * meta, int B, int Tl,
+                       int NH, int KVH, int hd);
+template <class S>
+void cp_qkv_grad(S * dqkv, const float * dq, const float * dkv, int64_t rows, int NH, int KVH, int hd);
 // scratch: B*Tl*NH floats. hd at most 256.
 template <class S>
 void cp_attention_backward(S * dqkv, S * dkv, float * scratch, const S * dout, const S * out, const S * qkv,

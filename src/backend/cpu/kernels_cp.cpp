@@ -188,3 +188,141 @@ MF_CP_INSTANTIATE(f16_t)
 #undef MF_CP_INSTANTIATE
 
 }  // namespace memfit::cpu
+
+// ---- The ring (kernel_list.h's cp_block_fwd / cp_block_bwd / cp_qkv_grad): one visiting block
+// of Tl key rows at a time, each with its position (kpos), merged into fp32 accumulators.
+namespace memfit::cpu {
+
+namespace {
+
+template <class S>
+void block_forward(float * acc, float * acc_lse, const S * qkv, const S * kv, const int32_t * kpos,
+                   const int32_t * meta, const CpShape & c, bool first) {
+    const float scale = 1.0f / std::sqrt(float(c.hd));
+    const int64_t rows = int64_t(c.B) * c.Tl;
+    const int hd = c.hd;
+#pragma omp parallel for schedule(dynamic, 4) collapse(2)
+    for (int64_t r = 0; r < rows; ++r)
+        for (int h = 0; h < c.NH; ++h) {
+            const int b = int(r / c.Tl), t = int(r % c.Tl), kvh = h / c.group();
+            const int pos = meta[r], lo = meta[rows + r];
+            float q[kMaxHd], k[kMaxHd], v[kMaxHd], o[kMaxHd] = {};
+            load(q, qkv + r * c.qw() + int64_t(h) * hd, hd);
+            float m = -std::numeric_limits<float>::infinity(), l = 0;
+            for (int j = 0; j < c.T; ++j) {   // the block's rows (c.T = Tl here), in row order
+                if (kpos[j] < lo || kpos[j] > pos) continue;
+                const S * row = kv + (int64_t(b) * c.T + j) * c.kvw();
+                load(k, row + int64_t(kvh) * hd, hd);
+                const float s = dot(q, k, hd) * scale, nm = std::max(m, s), cr = std::exp(m - nm), p = std::exp(s - nm);
+                l = l * cr + p;
+                load(v, row + int64_t(c.KVH + kvh) * hd, hd);
+                for (int i = 0; i < hd; ++i) o[i] = o[i] * cr + p * v[i];
+                m = nm;
+            }
+            float * L = acc_lse + (int64_t(b) * c.NH + h) * c.Tl + t;
+            float * a = acc + (r * c.NH + h) * hd;
+            if (first) {   // the accumulators start here (a query's own block holds its own key)
+                for (int i = 0; i < hd; ++i) a[i] = l > 0 ? o[i] / l : 0.0f;
+                *L = l > 0 ? m + std::log(l) : -std::numeric_limits<float>::infinity();
+                continue;
+            }
+            if (l == 0) continue;   // no key of this block is this query's
+            const float lb = m + std::log(l), la = *L, nl = la > lb ? la + std::log1p(std::exp(lb - la))
+                                                                     : lb + std::log1p(std::exp(la - lb));
+            const float wa = std::exp(la - nl), wb = std::exp(lb - nl) / l;
+            for (int i = 0; i < hd; ++i) a[i] = a[i] * wa + o[i] * wb;
+            *L = nl;
+        }
+}
+
+template <class S>
+void block_backward(float * dq, float * dkv, float * D, const S * dout, const S * out, const S * qkv, const S * kv,
+                    const float * lse, const int32_t * kpos, const int32_t * meta, const CpShape & c) {
+    const float scale = 1.0f / std::sqrt(float(c.hd));
+    const int64_t rows = int64_t(c.B) * c.Tl;
+    const int hd = c.hd;
+    dout_dot_out(D, dout, out, c);
+#pragma omp parallel for schedule(dynamic, 4) collapse(2)
+    for (int64_t r = 0; r < rows; ++r)
+        for (int h = 0; h < c.NH; ++h) {
+            const int b = int(r / c.Tl), t = int(r % c.Tl), kvh = h / c.group();
+            const int pos = meta[r], lo = meta[rows + r];
+            float q[kMaxHd], g[kMaxHd], k[kMaxHd], v[kMaxHd];
+            load(q, qkv + r * c.qw() + int64_t(h) * hd, hd);
+            load(g, dout + (r * c.NH + h) * hd, hd);
+            const float L = lse[(int64_t(b) * c.NH + h) * c.Tl + t], Dr = D[r * c.NH + h];
+            float * d = dq + (r * c.NH + h) * hd;
+            for (int j = 0; j < c.T; ++j) {
+                if (kpos[j] < lo || kpos[j] > pos) continue;
+                const S * row = kv + (int64_t(b) * c.T + j) * c.kvw();
+                load(k, row + int64_t(kvh) * hd, hd);
+                load(v, row + int64_t(c.KVH + kvh) * hd, hd);
+                const float p = std::exp(dot(q, k, hd) * scale - L), ds = p * (dot(g, v, hd) - Dr) * scale;
+                for (int i = 0; i < hd; ++i) d[i] += ds * k[i];
+            }
+        }
+#pragma omp parallel for schedule(dynamic, 16) collapse(2)
+    for (int64_t p = 0; p < int64_t(c.B) * c.T; ++p)
+        for (int kvh = 0; kvh < c.KVH; ++kvh) {
+            const int b = int(p / c.T), j = int(p % c.T);
+            float k[kMaxHd], v[kMaxHd], q[kMaxHd], g[kMaxHd];
+            load(k, kv + p * c.kvw() + int64_t(kvh) * hd, hd);
+            load(v, kv + p * c.kvw() + int64_t(c.KVH + kvh) * hd, hd);
+            float * dk = dkv + p * c.kvw() + int64_t(kvh) * hd;
+            float * dv = dkv + p * c.kvw() + int64_t(c.KVH + kvh) * hd;
+            for (int t = 0; t < c.Tl; ++t) {
+                const int64_t r = int64_t(b) * c.Tl + t;
+                if (kpos[j] < meta[rows + r] || kpos[j] > meta[r]) continue;
+                for (int h = kvh * c.group(); h < (kvh + 1) * c.group(); ++h) {
+                    load(q, qkv + r * c.qw() + int64_t(h) * hd, hd);
+                    load(g, dout + (r * c.NH + h) * hd, hd);
+                    const float pr = std::exp(dot(q, k, hd) * scale - lse[(int64_t(b) * c.NH + h) * c.Tl + t]);
+                    const float ds = pr * (dot(g, v, hd) - D[r * c.NH + h]) * scale;
+                    for (int i = 0; i < hd; ++i) {
+                        dk[i] += ds * q[i];
+                        dv[i] += pr * g[i];
+                    }
+                }
+            }
+        }
+}
+
+}  // namespace
+
+template <class S>
+void cp_block_forward(float * acc, float * acc_lse, const S * qkv, const S * kv, const int32_t * kpos,
+                      const int32_t * meta, int B, int Tl, int NH, int KVH, int hd, bool first) {
+    MF_ASSERT(hd <= kMaxHd && NH % KVH == 0);
+    block_forward(acc, acc_lse, qkv, kv, kpos, meta, CpShape{B, Tl, Tl, NH, KVH, hd}, first);
+}
+
+template <class S>
+void cp_block_backward(float * dq, float * dkv, float * scratch, const S * dout, const S * out, const S * qkv,
+                       const S * kv, const float * lse, const int32_t * kpos, const int32_t * meta, int B, int Tl,
+                       int NH, int KVH, int hd) {
+    MF_ASSERT(hd <= kMaxHd && NH % KVH == 0);
+    block_backward(dq, dkv, scratch, dout, out, qkv, kv, lse, kpos, meta, CpShape{B, Tl, Tl, NH, KVH, hd});
+}
+
+template <class S>
+void cp_qkv_grad(S * dqkv, const float * dq, const float * dkv, int64_t rows, int NH, int KVH, int hd) {
+    const int64_t q = int64_t(NH) * hd, kv = int64_t(2 * KVH) * hd;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+        from_f32_row(dqkv + r * (q + kv), dq + r * q, size_t(q));
+        from_f32_row(dqkv + r * (q + kv) + q, dkv + r * kv, size_t(kv));
+    }
+}
+
+#define MF_CP_RING(S)                                                                                          \
+    template void cp_block_forward<S>(float *, float *, const S *, const S *, const int32_t *, const int32_t *, \
+                                      int, int, int, int, int, bool);                                          \
+    template void cp_block_backward<S>(float *, float *, float *, const S *, const S *, const S *, const S *,   \
+                                       const float *, const int32_t *, const int32_t *, int, int, int, int, int); \
+    template void cp_qkv_grad<S>(S *, const float *, const float *, int64_t, int, int, int);
+MF_CP_RING(float)
+MF_CP_RING(bf16_t)
+MF_CP_RING(f16_t)
+#undef MF_CP_RING
+
+}  // namespace memfit::cpu

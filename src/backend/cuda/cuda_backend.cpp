@@ -424,6 +424,15 @@ void CudaBackend::cp_attention_bwd(Tensor dqkv, Tensor dkv, Tensor scratch, Tens
                                    Tensor kv, Tensor lse, Tensor meta, int NH, int KVH) {
     MF_FWD(cp_attention_bwd, dqkv, dkv, scratch, dout, out, qkv, kv, lse, meta, NH, KVH);
 }
+void CudaBackend::cp_block_fwd(Tensor acc, Tensor lse, Tensor qkv, Tensor kv, Tensor kpos, Tensor meta, int NH, int KVH,
+                               bool first) {
+    MF_FWD(cp_block_fwd, acc, lse, qkv, kv, kpos, meta, NH, KVH, first);
+}
+void CudaBackend::cp_block_bwd(Tensor dq, Tensor dkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv, Tensor kv,
+                               Tensor lse, Tensor kpos, Tensor meta, int NH, int KVH) {
+    MF_FWD(cp_block_bwd, dq, dkv, scratch, dout, out, qkv, kv, lse, kpos, meta, NH, KVH);
+}
+void CudaBackend::cp_qkv_grad(Tensor dqkv, Tensor dq, Tensor dkv, int NH, int KVH) { MF_FWD(cp_qkv_grad, dqkv, dq, dkv, NH, KVH); }
 void CudaBackend::dropout(Tensor out, Tensor in, float p, uint64_t seed) { MF_FWD(dropout, out, in, p, seed); }
 void CudaBackend::add_columns(Tensor out, Tensor d, int64_t col0, float scale) {
     MF_FWD(add_columns, out, d, col0, scale);

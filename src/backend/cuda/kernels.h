@@ -92,6 +92,11 @@ void paged_attention_fwd(cudaStream_t s, Tensor out, Tensor qkv, Tensor kpool, T
 void cp_attention_fwd(cudaStream_t s, Tensor out, Tensor lse, Tensor qkv, Tensor kv, Tensor meta, int NH, int KVH);
 void cp_attention_bwd(cudaStream_t s, Tensor dqkv, Tensor dkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv,
                       Tensor kv, Tensor lse, Tensor meta, int NH, int KVH);
+void cp_block_fwd(cudaStream_t s, Tensor acc, Tensor lse, Tensor qkv, Tensor kv, Tensor kpos, Tensor meta, int NH,
+                  int KVH, bool first);
+void cp_block_bwd(cudaStream_t s, Tensor dq, Tensor dkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv, Tensor kv,
+                  Tensor lse, Tensor kpos, Tensor meta, int NH, int KVH);
+void cp_qkv_grad(cudaStream_t s, Tensor dqkv, Tensor dq, Tensor dkv, int NH, int KVH);
 
 // kernels_flash.cu: tiled causal attention that never stores T x T (with documents, tile pairs
 // wholly outside them are skipped).
