@@ -7,6 +7,7 @@
 #include <random>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "backend/host_store.h"
 #include "backend/moments8.h"
@@ -128,13 +129,26 @@ Engine::Engine(const ModelConfig & cfg, Backend & backend, const EngineOptions &
         throw ConfigError("a pipeline with a tied LM head needs the embedding group (first and last stage)");
     if (const std::string why = sparsity_refusal(cfg, opt_.sparsity, plans_.train->lora()); !why.empty())
         throw ConfigError(why);
-    if (opt.budget > 0)
-        check_budget(planned_reserved(), opt.budget,
-                     opt.lora.enabled() && !opt.lora.quantized()
-                         ? "try --fit auto (micro-batch, accumulation, recomputation within the budget), "
-                           "--base-weights nf4 (a 4-bit base), --recompute full, or a lower --micro-batch or --seq"
-                         : "try --fit auto (micro-batch, accumulation, recomputation within the budget), --recompute "
-                           "full, --precision bf16, or a lower --micro-batch or --seq");
+    if (opt.budget > 0) {
+        std::string hint = opt.lora.enabled() && !opt.lora.quantized()
+                               ? "try --fit auto (micro-batch, accumulation, recomputation within the budget), "
+                                 "--base-weights nf4 (a 4-bit base), --recompute full, or a lower --micro-batch or --seq"
+                               : "try --fit auto (micro-batch, accumulation, recomputation within the budget), "
+                                 "--recompute full, --precision bf16, or a lower --micro-batch or --seq";
+        // Activations ahead of every other category: the long-context remedies too.
+        const CategoryBytes need = planned_reserved();
+        bool acts_lead = true;
+        for (int c = 0; c < kCategoryCount; ++c)
+            if (Category(c) != Category::activations && need.v[size_t(c)] > need[Category::activations]) acts_lead = false;
+        std::vector<std::string> more;
+        if (acts_lead && !opt_.offload_activations)
+            more.push_back("--offload activations (with --offload-dir DIR on the CPU) keeps each layer's saved ones "
+                           "off the device between its forward and backward");
+        if (acts_lead && opt_.context_parallel == 1)
+            more.push_back("mpirun -np N ... --cp N splits each sequence over N ranks");
+        if (!more.empty()) hint += fmt::format("; the activations lead: {}", fmt::join(more, "; "));
+        check_budget(need, opt.budget, hint);
+    }
     if (plans_.train->offloaded_elems() > 0 || plans_.train->params_offloaded() ||
         plans_.train->offloaded_activation_bytes() > 0) {   // where the offloaded bytes live
         if (!opt_.offload_dir.empty() && !backend.host_memory())

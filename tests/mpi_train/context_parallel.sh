@@ -55,6 +55,9 @@ B=(train --model llama-micro --data "$WORK/data" --seq 256 --micro-batch 4 --sam
    --threads 1 --steps 2 --memory-budget 40MiB)
 if "$MEMFIT" "${B[@]}" --out big1 > big1.log 2>&1; then cat big1.log; fail "one process fit the budget"; fi
 grep -q "does not fit: the plan needs" big1.log || { cat big1.log; fail "one process: no 'does not fit' line"; }
+# The activations lead that plan: the hint names the long-context remedies.
+grep -q "the activations lead: --offload activations .*--cp N splits each sequence over N ranks" big1.log ||
+    { cat big1.log; fail "one process: the hint names neither --offload activations nor --cp"; }
 mpi 2 "${B[@]}" --cp 2 --out big2 > big2.log 2>&1 || { cat big2.log; fail "--cp 2 did not fit the budget"; }
 exact_per_rank big2.log 2
 # Mistakes: one line each, before any work.
