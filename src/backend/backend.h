@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "backend/activation.h"
+#include "backend/moe.h"
 #include "backend/optimizer.h"
 #include "backend/paged_kv.h"
 #include "backend/preference_loss.h"

@@ -173,6 +173,18 @@ public:
     void rope_bwd(Tensor dqkv, int NH, int KVH, const Rope & rope, int pos0, Tensor doc_start = {});   // in place
     void swiglu_fwd(Tensor out, Tensor inp);
     void swiglu_bwd(Tensor dinp, Tensor dout, Tensor inp);
+    // Mixture of experts (kernel_list.h's moe_*, backend/moe.h).
+    void moe_route(Tensor route, Tensor wts, Tensor stats, Tensor logits, const MoeDesc & d);
+    void moe_route_bwd(Tensor dlogits, Tensor dwts, Tensor logits, Tensor route, Tensor wts, Tensor stats_all,
+                       const MoeDesc & d);
+    void moe_gather(Tensor out, Tensor x, Tensor route, const MoeDesc & d);
+    void moe_scatter(Tensor dx, Tensor dxs, Tensor route, const MoeDesc & d, bool accumulate);
+    void moe_combine(Tensor out, Tensor y, Tensor wts, Tensor route, const MoeDesc & d);
+    void moe_weight_bwd(Tensor dwts, Tensor g, Tensor dys, Tensor act, Tensor wts, Tensor route, const MoeDesc & d);
+    // The grouped matmul (backend/moe.h's MoeGemm forms): each expert's rows, as the route's
+    // offsets give them when the op runs, by the backend's gemm in tiles (kMoeTile, then powers
+    // of two), so its workspace is planned for every tile shape.
+    void moe_gemm(Tensor c, Tensor a, Tensor b, Tensor route, const MoeDesc & d, MoeGemm mode);
     void geglu_fwd(Tensor out, Tensor inp);
     void geglu_bwd(Tensor dinp, Tensor dout, Tensor inp);
     void repeat_kv_fwd(Tensor full, Tensor qkv, int NH, int KVH);

@@ -81,6 +81,26 @@ MF_KERNEL(rope_bwd, (Tensor dqkv, int NH, int KVH, const Rope & rope, int pos0, 
 // inp[N,2I] = [gate | up] per row; out[N,I] = silu(gate) * up.
 MF_KERNEL(swiglu_fwd, (Tensor out, Tensor inp))
 MF_KERNEL(swiglu_bwd, (Tensor dinp, Tensor dout, Tensor inp))   // dinp[N,2I] = ...
+
+// Mixture of experts (backend/moe.h: the route's layout). logits [N,E] (any float dtype) ->
+// p = softmax, the top k (ties: the lower expert), weights wts f32 [N,k] (p, or p over the k's
+// sum with norm_topk), the route, and this layer's stats row [moe_stats_width] (written).
+MF_KERNEL(moe_route, (Tensor route, Tensor wts, Tensor stats, Tensor logits, const MoeDesc & d))
+// dlogits [N,E] (written, logits' dtype) from dwts f32 [N,k] through the weights, plus the
+// load-balancing loss's gradient (d.aux_scale x E x the tokens every layer sent to each expert,
+// over (layers x N)^2, on each probability) and the z-loss's (d.z_scale x 2 lse / (layers x N)
+// on each logit through the log-sum-exp); stats_all [d.layers, moe_stats_width] every layer's.
+MF_KERNEL(moe_route_bwd, (Tensor dlogits, Tensor dwts, Tensor logits, Tensor route, Tensor wts, Tensor stats_all,
+          const MoeDesc & d))
+// out [N*k, C]: out[s] = x[order[s] / k] (the dispatch, rows in expert order).
+MF_KERNEL(moe_gather, (Tensor out, Tensor x, Tensor route, const MoeDesc & d))
+// dx [N, C] (+)= the sum over each token's k slots of dxs[slot] (the dispatch's backward).
+MF_KERNEL(moe_scatter, (Tensor dx, Tensor dxs, Tensor route, const MoeDesc & d, bool accumulate))
+// out [N, C] = sum_j wts[n,j] y[slot(n,j)] (written; f32 sums).
+MF_KERNEL(moe_combine, (Tensor out, Tensor y, Tensor wts, Tensor route, const MoeDesc & d))
+// The combine's backward through the down projection, g [N*k, F] = d(output) gathered times
+// W_down: dwts[n,j] = g[s] . act[s] (s = slot(n,j)), then g[s] and dys[s] times wts[n,j] in place.
+MF_KERNEL(moe_weight_bwd, (Tensor dwts, Tensor g, Tensor dys, Tensor act, Tensor wts, Tensor route, const MoeDesc & d))
 // GeGLU (Gemma 3): out[N,I] = gelu(gate) * up, GELU's tanh form; its backward as swiglu_bwd's.
 MF_KERNEL(geglu_fwd, (Tensor out, Tensor inp))
 MF_KERNEL(geglu_bwd, (Tensor dinp, Tensor dout, Tensor inp))

@@ -13,6 +13,7 @@
 #include "core/json_read.h"
 #include "core/json_num.h"
 #include "model/llama_types.h"
+#include "model/moe_config.h"
 
 namespace memfit {
 
@@ -81,6 +82,29 @@ constexpr Preset kPresets[] = {
     // Pythia (EleutherAI's config.json files, model_type gpt_neox): rotary_pct 0.25, parallel residuals.
     {"pythia-1b",    "gpt_neox", 50304, 2048, 2048, 16, 8,  8,  8192,  10000.f, false, "Pythia 1B (GPT-NeoX)"},
     {"pythia-6.9b",  "gpt_neox", 50432, 2048, 4096, 32, 32, 32, 16384, 10000.f, false, "Pythia 6.9B (GPT-NeoX)"},
+    // Mixtures of experts (kMoePresets below; their config.json files); ffn: Qwen's dense MLP width.
+    {"mixtral-nano", "mixtral", 0,      256,    64,   2,  4,  2, 64,    1000000.f, false, "Mixtral-shaped, 2 layers, 4 experts (top 2): tests"},
+    {"qwen3-moe-nano", "qwen3_moe", 0,  256,    64,   2,  4,  2, 128,   1000000.f, false, "Qwen3-MoE-shaped, 2 layers, 8 experts (top 2): tests"},
+    {"mixtral-8x7b", "mixtral", 32000,  32768,  4096, 32, 32, 8, 14336, 1000000.f, false, "Mixtral 8x7B (8 experts, top 2)"},
+    {"qwen3-30b-a3b", "qwen3_moe", 151936, 40960, 2048, 48, 32, 4, 6144, 1000000.f, false, "Qwen3-30B-A3B (128 experts, top 8)"},
+    {"qwen3-235b-a22b", "qwen3_moe", 151936, 40960, 4096, 94, 64, 4, 12288, 1000000.f, false, "Qwen3-235B-A22B (128 experts, top 8)"},
+    {"olmoe-1b-7b",  "olmoe",   50304,  4096,   2048, 16, 16, 16, 1024, 10000.f,   false, "OLMoE-1B-7B (0924: 64 experts, top 8)"},
+};
+
+// The MoE presets' experts: count, top-k, each one's width, norm_topk_prob, the aux-loss
+// coefficient a run from scratch applies (their Config's router_aux_loss_coef), head_dim (0:
+// the type's default).
+struct MoePreset {
+    const char * name;
+    int experts, top_k, ffn;
+    bool norm_topk;
+    float aux;
+    int head_dim;
+};
+constexpr MoePreset kMoePresets[] = {
+    {"mixtral-nano", 4, 2, 64, true, 0.01f, 0},      {"qwen3-moe-nano", 8, 2, 32, true, 0.01f, 16},
+    {"mixtral-8x7b", 8, 2, 14336, true, 0.001f, 0},  {"qwen3-30b-a3b", 128, 8, 768, true, 0.001f, 128},
+    {"qwen3-235b-a22b", 128, 8, 1536, true, 0.001f, 128}, {"olmoe-1b-7b", 64, 8, 1024, false, 0.01f, 0},
 };
 
 // Gemma 3's presets beyond the table's columns: the global layers' linear rope_scaling factor
@@ -125,20 +149,28 @@ std::string ModelConfig::describe() const {
     if (glu == Glu::gelu_tanh) s += ", GeGLU";
     if (sliding_pattern > 0) s += fmt::format(", every {}th layer global", sliding_pattern);
     if (share_layers > 1) s += fmt::format(", {} blocks shared {} ways", stored_layers(), share_layers);
+    if (moe.enabled())
+        s += fmt::format(", {} experts of {} (top {}) in {} of {} layers", moe.experts, moe.ffn, moe.top_k, moe_layers(),
+                         n_layer);
     return s;
 }
 
 namespace {
-// Parameters with `blocks` transformer blocks.
-int64_t params_with(const ModelConfig & m, int64_t blocks) {
+// Parameters with `blocks` transformer blocks; sparse layers with `active` of their experts
+// (-1: all of them).
+int64_t params_with(const ModelConfig & m, int64_t blocks, int active = -1) {
     const int64_t C = m.n_embd, V = m.vocab_size, P = m.max_seq, F = m.ffn_dim(), Q = m.qkv_dim(), A = m.attn_dim();
     if (m.llama()) {
         // norms, q|k|v (and their biases: Qwen2; q and k norms: Qwen3), o, gate|up|down
         const int64_t norm = m.layer_norm ? 2 * C : C;   // LayerNorm: weight and bias
-        const int64_t per_layer = (m.sandwich_norm ? 4 : 2) * norm + C * Q + (m.qkv_bias ? Q : 0) +
-                                  (m.qk_norm ? 2 * m.qk_norm_width() : 0) + C * A + (m.gated() ? 3 : 2) * C * F +
-                                  (m.proj_bias ? 2 * C + F : 0);
-        return V * C + blocks * per_layer + norm + (m.tied_head ? 0 : V * C);
+        const int64_t attn = (m.sandwich_norm ? 4 : 2) * norm + C * Q + (m.qkv_bias ? Q : 0) +
+                             (m.qk_norm ? 2 * m.qk_norm_width() : 0) + C * A;
+        const int64_t dense = (m.gated() ? 3 : 2) * C * F + (m.proj_bias ? 2 * C + F : 0);
+        const int64_t experts = active < 0 ? m.moe.experts : active;
+        const int64_t sparse = int64_t(m.moe.experts) * C + experts * 3 * C * m.moe.ffn;   // router, experts
+        int64_t layers = 0;
+        for (int64_t l = 0; l < blocks; ++l) layers += attn + (m.moe_layer(int(l)) ? sparse : dense);
+        return V * C + layers + norm + (m.tied_head ? 0 : V * C);
     }
     const int64_t per_layer = 2 * C + (C * Q + Q) + (A * C + C) + 2 * C + (C * F + F) + (F * C + C);
     return V * C + P * C + blocks * per_layer + 2 * C;
@@ -147,12 +179,18 @@ int64_t params_with(const ModelConfig & m, int64_t blocks) {
 
 int64_t ModelConfig::num_params() const { return params_with(*this, stored_layers()); }
 int64_t ModelConfig::compute_params() const { return params_with(*this, n_layer); }
+int64_t ModelConfig::active_params() const { return params_with(*this, n_layer, moe.top_k); }
+int ModelConfig::moe_layers() const {
+    int n = 0;
+    for (int l = 0; l < n_layer; ++l) n += moe_layer(l);
+    return n;
+}
 
 double train_flops_per_token(const ModelConfig & cfg, int seq) {
     if (cfg.vocab_size <= 0) throw ConfigError(fmt::format("model '{}': FLOPs per token need vocab_size", cfg.name));
     const int64_t lookup = cfg.llama() ? (cfg.tied_head ? 0 : int64_t(cfg.vocab_size) * cfg.n_embd)
                                        : int64_t(cfg.max_seq) * cfg.n_embd;
-    return 6.0 * double(cfg.compute_params() - lookup) + 12.0 * cfg.n_layer * double(cfg.attn_dim()) * seq;
+    return 6.0 * double(cfg.active_params() - lookup) + 12.0 * cfg.n_layer * double(cfg.attn_dim()) * seq;
 }
 
 void ModelConfig::validate() const {
@@ -164,7 +202,7 @@ void ModelConfig::validate() const {
         bad(fmt::format("model_type '{}' is not a LLaMA-family type ({})", model_type, llama_type_names()));
     if (llama() && qkv_bias != type->qkv_bias) bad("q, k and v biases belong to qwen2 (model_type)");
     if (qk_norm != (llama() && type->qk_norm)) bad("q and k norms belong to qwen3 and olmo2 (model_type)");
-    if (qk_norm_whole != (llama() && type->olmo2_norms) || post_norm != qk_norm_whole)
+    if (qk_norm_whole != (llama() && (type->olmo2_norms || type->qk_whole)) || post_norm != (llama() && type->olmo2_norms))
         bad("whole-projection q and k norms and norms after attention and the MLP belong to olmo2 (model_type)");
     if (qk_norm_whole && n_kv_head > 0 && n_kv_head != n_head)
         bad(fmt::format("olmo2 with {} KV heads for {} heads (OLMo-2-32B's layout) is not supported yet: its q and k "
@@ -180,6 +218,7 @@ void ModelConfig::validate() const {
     if (neox && n_kv_head > 0 && n_kv_head != n_head)
         bad(fmt::format("gpt_neox with {} KV heads for {} heads: GPT-NeoX has no grouped-query attention", n_kv_head,
                         n_head));
+    validate_moe(*this, type);
     if (sliding_pattern < 0) bad(fmt::format("sliding_window_pattern = {}, must be positive", sliding_pattern));
     if (!(rope_local_theta >= 0)) bad(fmt::format("rope_local_base_freq = {}, must be positive", rope_local_theta));
     if (!(attn_scalar >= 0)) bad(fmt::format("query_pre_attn_scalar = {}, must be positive", attn_scalar));
@@ -260,7 +299,9 @@ ModelConfig model_preset(const std::string & name) {
             c.qkv_bias = t->qkv_bias;
             c.qk_norm = t->qk_norm;
             c.qk_norm_whole = c.post_norm = t->olmo2_norms;
-            if (c.qkv_bias || c.qk_norm) c.ln_eps = 1e-6f;   // Qwen's and OLMo 2's config.json files
+            c.qk_norm_whole = c.qk_norm_whole || t->qk_whole;
+            if (c.qkv_bias || c.qk_norm) c.ln_eps = 1e-6f;
+            if (t->moe != MoeNaming::none) c.ln_eps = t->eps;   // Qwen's and OLMo 2's config.json files
             c.head_size = t->head_dim;
             c.sliding_window = p.window;
             if (t->gemma3) set_gemma3(c);
@@ -286,6 +327,15 @@ ModelConfig model_preset(const std::string & name) {
         if (p.theta > 0) c.rope_theta = p.theta;
         c.tied_head = p.tied;
         if (c.plain_mlp) c.rope_scaling.rotary_dim = c.head_dim() / 4;   // gpt_neox: Pythia's rotary_pct 0.25
+        for (const MoePreset & m : kMoePresets)
+            if (name == m.name) {
+                c.moe.experts = m.experts;
+                c.moe.top_k = m.top_k;
+                c.moe.ffn = m.ffn;
+                c.moe.norm_topk = m.norm_topk;
+                c.moe.aux_coef = m.aux;
+                if (m.head_dim > 0) c.head_size = m.head_dim;
+            }
         for (const RopePreset & r : kRopePresets)
             if (name == r.name) {
                 c.rope_scaling.scaling = RopeScaling::llama3;
@@ -500,6 +550,7 @@ void parse_llama_fields(const nlohmann::json & j, const LlamaType & t, const std
     c.qkv_bias = t.qkv_bias;   // Qwen2's q, k and v projections always have biases
     c.qk_norm = t.qk_norm;     // Qwen3's q and k always have their norms
     c.qk_norm_whole = c.post_norm = t.olmo2_norms;
+    c.qk_norm_whole = c.qk_norm_whole || t.qk_whole;   // OLMoE
     c.vocab_size = int_field(j, "vocab_size", t.vocab, name);
     c.max_seq = int_field(j, "max_position_embeddings", t.max_seq, name);
     c.n_embd = int_field(j, "hidden_size", name);
@@ -519,6 +570,7 @@ void parse_llama_fields(const nlohmann::json & j, const LlamaType & t, const std
     else if (t.neox) parse_neox_fields(j, name, c);
     else if (j.contains("hidden_act") && j["hidden_act"] != "silu") refuse("hidden_act", "supported: silu");
     if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) c.rope_scaling = parse_rope_scaling(j, name);
+    if (t.moe != MoeNaming::none) parse_moe_fields(j, t, name, c);
     if (t.use_sliding_window && j.value("use_sliding_window", false))
         refuse("use_sliding_window", "sliding-window attention is not implemented yet; set it to false");
     if (!t.qkv_bias && j.value("attention_bias", false)) refuse("attention_bias", "LLaMA projections have no biases");
@@ -690,6 +742,8 @@ nlohmann::json hf_config_fields(const ModelConfig & cfg) {
         if (cfg.rope_scaling.rotary_dim > 0)
             j["partial_rotary_factor"] = shortest(float(cfg.rope_scaling.rotary_dim) / float(cfg.head_dim()));
         if (t->gemma3) add_gemma3_fields(cfg, j);
+        if (t->moe != MoeNaming::none) add_moe_fields(cfg, *t, j);
+        if (type == "olmoe") j["clip_qkv"] = nullptr, j["attention_bias"] = false;
         return j;
     }
     return {{"architectures", {"GPT2LMHeadModel"}},

@@ -21,6 +21,30 @@
 
 namespace memfit {
 
+// Mixture of experts (model/moe.h): in each sparse layer the MLP is `experts` SwiGLU experts of
+// width `ffn`, a router (a linear map to one logit per expert) sending each token to top_k of
+// them with the softmax weights (renormalised over the k when norm_topk). Layer l is sparse
+// unless listed in dense_layers (Qwen's mlp_only_layers), every sparse_step-th layer
+// (decoder_sparse_step). The training loss adds aux_coef x transformers' load-balancing loss
+// over every sparse layer's router logits together (router_aux_loss_coef, when config.json's
+// output_router_logits is true) and z_coef x the router z-loss (router_z_loss_coef).
+struct MoeConfig {
+    int   experts = 0;        // num_local_experts (Mixtral), num_experts (Qwen, OLMoE); 0: dense
+    int   top_k = 2;          // num_experts_per_tok
+    int   ffn = 0;            // each expert's width (moe_intermediate_size; Mixtral, OLMoE: intermediate_size)
+    bool  norm_topk = true;   // norm_topk_prob (Mixtral always renormalises)
+    int   sparse_step = 1;    // decoder_sparse_step
+    std::vector<int> dense_layers;   // mlp_only_layers
+    float aux_coef = 0;       // router_aux_loss_coef while output_router_logits, else 0
+    float aux_coef_off = 0;   // router_aux_loss_coef as written while output_router_logits is false
+    float z_coef = 0;         // router_z_loss_coef
+    bool enabled() const { return experts > 0; }
+    bool layer(int l) const {
+        if (experts <= 0 || (l + 1) % sparse_step != 0) return false;
+        return std::find(dense_layers.begin(), dense_layers.end(), l) == dense_layers.end();
+    }
+};
+
 struct ModelConfig {
     std::string name;            // preset name or the config file it came from
     std::string family = "gpt2"; // gpt2 | llama
@@ -83,6 +107,7 @@ struct ModelConfig {
     // --seq 128 with 256 positions never trained 128-255. 0: unknown, taken as all of max_seq (a
     // pretrained Hub model). Generation stays inside it unless asked for more.
     int   trained_seq = 0;
+    MoeConfig moe;               // mixtral, qwen3_moe, olmoe (llama family)
 
     bool llama() const { return family == "llama"; }
     Rope rope() const {
@@ -129,7 +154,15 @@ struct ModelConfig {
     int stored_layers() const { return (n_layer + share_layers - 1) / share_layers; }
     int stored_block(int l) const { return l / share_layers; }
     int64_t num_params() const;      // stored (shared blocks once); requires vocab_size > 0
-    int64_t compute_params() const;  // as if unshared: the weights a token's matmuls read
+    int64_t compute_params() const;  // as if unshared: the weights a token's matmuls read (every expert)
+    // The weights one token's matmuls read: compute_params with top_k experts of each sparse layer.
+    int64_t active_params() const;
+    // Mixture of experts: whether layer l's MLP is the experts, and how many layers' are.
+    bool moe_layer(int l) const { return moe.layer(l); }
+    int moe_layers() const;
+    // Layer l's MLP width (its experts' or the dense MLP's) and its first matmul's output width.
+    int layer_ffn(int l) const { return moe_layer(l) ? moe.ffn : ffn_dim(); }
+    int layer_fc_dim(int l) const { return moe_layer(l) ? 2 * moe.ffn : fc_dim(); }
     // Throws ConfigError naming the first bad field and why.
     void validate() const;
 };

@@ -19,6 +19,13 @@ constexpr LlamaType kLlamaTypes[] = {
     {"olmo2",   "Olmo2ForCausalLM",   50304,  2048,   1e-5f, 0,   false, true,  true,  -1,   false, false, nullptr},
     {"gemma3_text", "Gemma3ForCausalLM", 262208, 131072, 1e-6f, 256, false, true, false, 4096, false, false, nullptr, true, 1e6f},
     {"gpt_neox", "GPTNeoXForCausalLM", 50432, 2048, 1e-5f, 0, true, false, false, -1, false, true, nullptr, false, 10000.0f, true},
+    // Mixtures of experts (MixtralConfig, Qwen3MoeConfig, OlmoeConfig defaults).
+    {"mixtral", "MixtralForCausalLM", 32000, 131072, 1e-5f, 0, false, false, false, 0, false, false, "mixtral", false,
+     1e6f, false, MoeNaming::mixtral},
+    {"qwen3_moe", "Qwen3MoeForCausalLM", 151936, 32768, 1e-6f, 0, false, true, false, -1, true, false, nullptr, false,
+     10000.0f, false, MoeNaming::qwen},
+    {"olmoe", "OlmoeForCausalLM", 50304, 4096, 1e-5f, 0, false, true, false, -1, false, false, nullptr, false, 10000.0f,
+     false, MoeNaming::qwen, true},
 };
 
 }  // namespace

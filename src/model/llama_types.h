@@ -9,6 +9,9 @@
 
 namespace memfit {
 
+// How a mixture-of-experts type names its sparse MLP (model/moe_config.h).
+enum class MoeNaming { none, mixtral, qwen };
+
 struct LlamaType {
     const char * type;           // config.json's model_type
     const char * architecture;   // the class export names, LlamaForCausalLM ...
@@ -38,6 +41,10 @@ struct LlamaType {
     // attention and the MLP side by side (use_parallel_residual), partial rotary (rotary_pct),
     // checkpoints under their own names with q|k|v interleaved head by head (hf_weights.h).
     bool  neox = false;
+    // Mixture of experts (ModelConfig::moe): the names of its router and experts (none: dense).
+    MoeNaming moe = MoeNaming::none;
+    // OLMoE: q and k RMSNorm over all of q and all of k (OLMo 2's), the blocks' norms before.
+    bool  qk_whole = false;
 };
 
 // nullptr when `type` is not a llama-family model_type.

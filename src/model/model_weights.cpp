@@ -8,6 +8,7 @@
 
 #include "backend/quant_format.h"
 #include "core/error.h"
+#include "model/moe_config.h"
 #include "model/transformer.h"
 
 namespace memfit {
@@ -67,6 +68,12 @@ ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, 
         if (!matrix) return Tensor(flat, dtype, {rows}, first.offset * dtype_size(dtype));
         return Tensor(flat, dtype, {rows, first.shape[1]}, first.offset * dtype_size(dtype));
     };
+    // A mixture of experts' stack of adjacent matrices from the first one's offset.
+    auto stacked = [&](const std::string & first, std::initializer_list<int64_t> dims) {
+        const ParamInfo * p = find(first);
+        if (!p) return Tensor{};
+        return Tensor(flat, dtype, dims, p->offset * dtype_size(dtype));
+    };
     ModelWeights w;
     if (cfg.llama()) {
         w.wte = view("model.embed_tokens.weight");
@@ -101,6 +108,14 @@ ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, 
             if (cfg.sandwich_norm) {   // Gemma 3: and the norms on the attention's and the MLP's outputs
                 y.pn1w = view(h + "post_attention_layernorm.weight");
                 y.pn2w = view(h + "post_feedforward_layernorm.weight");
+            }
+            if (cfg.moe_layer(l)) {   // the experts' stacks: [E, 2F, C] gate|up, [E, C, F] down
+                const int64_t E = cfg.moe.experts, F = cfg.moe.ffn, C = cfg.n_embd;
+                y.routerw = view(router_param(cfg, h));
+                y.fcw = stacked(expert_param(cfg, h, 0, ExpertPart::gate), {E, 2 * F, C});
+                y.fcprojw = stacked(expert_param(cfg, h, 0, ExpertPart::down), {E, C, F});
+                w.h.push_back(y);
+                continue;
             }
             y.fcw = cfg.gated() ? fused({h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"}) : view(h + "mlp.up_proj.weight");
             y.fcprojw = view(h + "mlp.down_proj.weight");

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "model/moe_config.h"
 
 namespace memfit {
 
@@ -60,6 +61,16 @@ ParamLayout make_param_layout(const ModelConfig & cfg) {
             if (cfg.layer_norm) add(h + "post_attention_layernorm.bias", {C});
             if (cfg.sandwich_norm) add(h + "pre_feedforward_layernorm.weight", {C});
             if (cfg.post_norm || cfg.sandwich_norm) add(h + "post_feedforward_layernorm.weight", {C});
+            if (cfg.moe_layer(i)) {   // the router, every expert's gate|up (adjacent), then their downs
+                const int64_t E = cfg.moe.experts, Fe = cfg.moe.ffn;
+                add(router_param(cfg, h), {E, C});
+                for (int e = 0; e < E; ++e) {
+                    add(expert_param(cfg, h, e, ExpertPart::gate), {Fe, C});
+                    add(expert_param(cfg, h, e, ExpertPart::up), {Fe, C});
+                }
+                for (int e = 0; e < E; ++e) add(expert_param(cfg, h, e, ExpertPart::down), {C, Fe});
+                continue;
+            }
             if (cfg.gated()) add(h + "mlp.gate_proj.weight", {F, C});
             add(h + "mlp.up_proj.weight", {F, C});   // GPT-NeoX's ungated MLP: its one input matrix
             if (cfg.proj_bias) add(h + "mlp.up_proj.bias", {F});

@@ -28,8 +28,10 @@ Tensor Transformer::act(Program & program, std::string_view name, std::initializ
 }
 
 Transformer::LayerActs Transformer::declare_layer(Program & program, const std::string & h, bool with_backward) const {
-    const int64_t b = B_, t = T_, C = cfg_.n_embd, NH = cfg_.n_head, Q = cfg_.qkv_dim(), F = cfg_.fc_dim(),
-                  A = cfg_.ffn_dim(), H = cfg_.attn_dim(), QR = 3 * H;
+    const int layer = std::stoi(h.substr(2));
+    const bool moe = cfg_.moe_layer(layer);
+    const int64_t b = B_, t = T_, C = cfg_.n_embd, NH = cfg_.n_head, Q = cfg_.qkv_dim(), F = cfg_.layer_fc_dim(layer),
+                  A = cfg_.layer_ffn(layer), H = cfg_.attn_dim(), QR = 3 * H;
     auto act = [&](std::string_view name, std::initializer_list<int64_t> dims, bool f32 = false) {
         return this->act(program, h, dims, f32, name);
     };
@@ -38,7 +40,7 @@ Transformer::LayerActs Transformer::declare_layer(Program & program, const std::
     auto stream = [&](std::string_view name) { return sp_ ? act(name, {n, C}) : act(name, {b, t, C}); };
     auto stats = [&](std::string_view name) { return sp_ ? act(name, {n}, true) : act(name, {b, t}, true); };
     LayerActs a;
-    a.layer = std::stoi(h.substr(2));
+    a.layer = layer;
     a.rc = h.ends_with("rc.");
     a.ln1 = stream("ln_1.out");
     if (layer_norm_) a.ln1_mean = stats("ln_1.mean");
@@ -74,8 +76,10 @@ Transformer::LayerActs Transformer::declare_layer(Program & program, const std::
     a.ln2_rstd = stats("ln_2.rstd");
     // TiledMLP: one chunk of rows (M) of the MLP's intermediates at a time, kept by nothing.
     const int64_t M = mlp_rows_;
+    // A sparse layer's: the experts' rows, N*k of them in expert order.
+    const int64_t routed = moe ? rows_ * cfg_.moe.top_k : 0;
     auto mlp = [&](const std::string & name, int64_t width) {
-        return M > 0 ? act(name + ".chunk", {M, width}) : act(name, {b, t, width});
+        return moe ? act(name, {routed, width}) : M > 0 ? act(name + ".chunk", {M, width}) : act(name, {b, t, width});
     };
     const std::string actname = !cfg_.gated() ? "mlp.gelu" : cfg_.glu == Glu::gelu_tanh ? "mlp.geglu" : "mlp.swiglu";
     a.fch = mlp("mlp.fc", F);
@@ -117,6 +121,7 @@ Transformer::LayerActs Transformer::declare_layer(Program & program, const std::
         a.dln1 = act("ln_1.out.grad", {b, t, C});
         if (has_post_norm()) a.dpost = stream("post_norm.in.grad");
     }
+    if (moe) declare_moe(program, h, with_backward, a);
     return a;
 }
 
@@ -156,6 +161,12 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
         tp_encoded_ = tp_scratch(program, "encoded.tp_sum", b * t * C);
     } else {
         input_ = stream("stage.input");
+    }
+    if (cfg.moe.enabled()) {   // the sparse layers' routing statistics, one row each
+        for (int l = 0, i = 0; l < cfg.n_layer; ++l) moe_index_.push_back(cfg.moe_layer(l) ? i++ : -1);
+        const int64_t rows = cfg.moe_layers(), width = moe_stats_width(moe_desc(0));
+        moe_stats_ = Tensor(program.declare(prefix_ + "moe.stats", Category::activations, size_t(rows * width) * 4, true),
+                            DType::f32, {rows, width});
     }
     for (int l = lb_; l < le_; ++l) {
         const std::string h = fmt::format("h.{}.", l);
@@ -546,6 +557,11 @@ void Transformer::layer_forward(Graph & g, const LayerActs & a, const ModelWeigh
         g.residual_fwd(a.res3, a.res2, sublayer_out(g, a.fcproj, a.fcproj_s, a.tp_mlp, n2.out, n2.rstd, n2.w, phase));
         return;
     }
+    if (cfg_.moe_layer(a.layer)) {
+        moe_fwd(g, a, p, mlp_in, need_output);
+        if (need_output) g.residual_fwd(a.res3, a.res2, sublayer_out(g, a.fcproj, a.fcproj_s, a.tp_mlp, n2.out, n2.rstd, n2.w, phase));
+        return;
+    }
     project(g, a.fch, gather_rows(g, mlp_in, a.ln2g, phase), p, Proj::fc, a.rc);
     act_fwd(g, a.fch_gelu, a.fch);
     if (!need_output) return;
@@ -619,6 +635,8 @@ Transformer::LayerActs Transformer::with_own_grads(LayerActs r, const LayerActs 
     r.cp_dall = own.cp_dall, r.cp_dkv = own.cp_dkv, r.cp_scratch = own.cp_scratch;
     r.cp_kv_b_next = own.cp_kv_b_next, r.cp_dq = own.cp_dq, r.cp_dkv_acc = own.cp_dkv_acc;
     r.cp_dkv_next = own.cp_dkv_next, r.cp_dkv_home = own.cp_dkv_home;
+    r.moe_dys = own.moe_dys, r.moe_xs_b = own.moe_xs_b, r.moe_dxs = own.moe_dxs, r.moe_dwts = own.moe_dwts;
+    r.moe_dlogits = own.moe_dlogits;
     return r;
 }
 
@@ -633,7 +651,9 @@ void Transformer::layer_backward(Graph & g, const LayerActs & a, const LayerActs
     const Tensor dmlp = post ? post_norm_bwd(g, own.dpost, n2.dw, a.fcproj, n2.w, n2.rstd)
                              : gather_rows(g, dres_, own.dres_g1, Phase::backward);
     const Tensor mlp_in = pre ? a.ln2 : a.res2;
-    if (mlp_rows_ > 0) {
+    if (cfg_.moe_layer(a.layer)) {
+        moe_bwd(g, a, p, dp, mlp_in, dmlp);
+    } else if (mlp_rows_ > 0) {
         mlp_tiled_bwd(g, a, own, p, dp, gather_rows(g, mlp_in, own.ln2g_b, Phase::backward), dmlp);
     } else {
         project_bwd(g, a.dfch_gelu, dmlp, a.fch_gelu, p, dp, Proj::down);

@@ -45,6 +45,9 @@ struct ModelWeights {
         Tensor ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
         Tensor qnw, knw;   // Qwen3's q and k norms [head_dim]
         Tensor pn1w, pn2w; // Gemma 3 (sandwich_norm): the norms on attention's and the MLP's outputs
+        // A mixture of experts' layer: the router [E, C]; fcw and fcprojw are then the experts'
+        // stacks [E, 2F, C] (gate|up) and [E, C, F] (down).
+        Tensor routerw;
         // A quantized base (LoRA): the projections' packed weights; the Tensor ones are invalid.
         QWeight qkvq, projq, fcq, fcprojq;
         std::vector<Adapter> adapters;
@@ -193,6 +196,12 @@ public:
     // key each query attends to, max(t - W + 1, its document's start); read by attention only
     // (positions stay the documents'). The kernels take it where they take document starts.
     void set_attention_start(Tensor start) { attn_lo_ = start; }
+    // Mixture of experts: every sparse layer's routing statistics (f32 [sparse layers,
+    // moe_stats_width], persistent: the engine reads the load-balancing loss from them), and the
+    // weights of the router losses' gradients in this pass (TrainStep, per micro-batch: the
+    // coefficients times the loss gradient's scale).
+    Tensor moe_stats() const { return moe_stats_; }
+    void set_router_loss_scale(float aux, float z) const { moe_aux_scale_ = aux, moe_z_scale_ = z; }
     // Context parallelism (ModelOptions::cp): ctx i32 [3*B*T + ranks*T], filled by the host per
     // batch: each local row's t - position (what the embedding and RoPE read as its document
     // start), its position in the whole sequence and its first key (its document's start); then
@@ -292,6 +301,12 @@ private:
         // (forward) and of dq and the travelling block's dk | dv (backward), and this rank's own
         // block's gradient once it is home.
         Tensor cp_kv_next, cp_acc, cp_kv_b_next, cp_dq, cp_dkv_acc, cp_dkv_next, cp_dkv_home;
+        // Mixture of experts (model/moe.h): the router's logits [N, E], the route (i32) and the
+        // k weights [N, k] (f32), kept for backward; the dispatched input and the experts'
+        // outputs [N*k, C] (transient; fch and fch_gelu are the experts' [N*k, 2F] and [N*k, F]).
+        // Backward: d(output) dispatched, the input dispatched again, its gradient, the weights'
+        // and the logits' gradients.
+        Tensor moe_logits, moe_route, moe_wts, moe_xs, moe_y, moe_dys, moe_xs_b, moe_dxs, moe_dwts, moe_dlogits;
         int layer = 0;
         bool rc = false;   // the recomputation's set
     };
@@ -361,6 +376,15 @@ private:
     Tensor cp_kpos(int rank) const { return cp_kpos_.view(int64_t(rank) * T_, {int64_t(T_)}); }
     void attention_bwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p,
                        const ModelWeights::Layer & dp) const;
+    // Mixture of experts (transformer_moe.cpp): a sparse layer's buffers, its MLP from x (ln_2's
+    // output) into a.fcproj (up to the experts' activation without the output), the experts'
+    // first matmul alone (recomputation), and the backward from dout into a.dln2.
+    void declare_moe(Program & program, const std::string & h, bool with_backward, LayerActs & a) const;
+    MoeDesc moe_desc(int l) const;
+    void moe_fwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p, Tensor x, bool need_output) const;
+    void moe_fc(Graph & g, Tensor fch, Tensor xs, const LayerActs & a, const ModelWeights::Layer & p, Tensor x) const;
+    void moe_bwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p, const ModelWeights::Layer & dp, Tensor x,
+                 Tensor dout) const;
     void act_fwd(Graph & g, Tensor out, Tensor fc) const;
     void act_bwd(Graph & g, Tensor dfc, Tensor dout, Tensor fc) const;
     // TiledMLP: the MLP of `a` chunk by chunk, from a.ln2 into a.fcproj; and its backward from
@@ -431,6 +455,9 @@ private:
         if (cfg_.scale_embed) g.scale(t, cfg_.embed_scale());
     }
     ActivationOffload * offload_ = nullptr;
+    Tensor moe_stats_;
+    std::vector<int> moe_index_;   // by layer: its row of moe_stats_ (-1: dense)
+    mutable float moe_aux_scale_ = 0, moe_z_scale_ = 0;
     ContextParallel cp_;
     Tensor cp_meta_;   // [2,B,T]: positions and first keys (set_context)
     Tensor cp_kpos_;   // [ranks, T]: each context rank's rows' positions (the ring's blocks)

@@ -623,9 +623,38 @@ double Engine::run_batch(const TrainStep & step, StepMemory & mem, const int32_t
     s.seed = seed;
     if (h) s.optim = *h;
     if (step.ref_logps >= 0) preference_io(step, mem, targets, true);
+    s.moe_aux = moe_aux_scale_;
+    s.moe_z = moe_z_scale_;
     execute(step, mem, s);
+    moe_read(step, mem);
     if (step.ref_logps >= 0) preference_io(step, mem, targets, false);
     return losses_sum(step, mem);
+}
+
+// The load-balancing loss of transformers' load_balancing_loss_func over every sparse layer's
+// router logits at once: E / (L N)^2 sum_e (tokens sent to e) (probabilities of e summed), and
+// the z-loss, the mean squared log-sum-exp of the logits.
+void Engine::moe_read(const TrainStep & step, StepMemory & mem) {
+    const Tensor st = step.moe_stats();
+    if (!st.valid()) return;
+    const int64_t L = st.rows(), W = st.cols(), E = cfg_.moe.experts;
+    std::vector<float> v(size_t(L * W));
+    backend_.download(v.data(), mem.base(st.buffer), v.size() * sizeof(float));
+    const double LN = double(L) * double(step.B()) * double(step.T());
+    double aux = 0, z = 0;
+    moe_.tokens.resize(size_t(L * E), 0.0f);
+    for (int64_t e = 0; e < E; ++e) {
+        double c = 0, p = 0;
+        for (int64_t l = 0; l < L; ++l) {
+            c += v[size_t(l * W + e)], p += v[size_t(l * W + E + e)];
+            moe_.tokens[size_t(l * E + e)] += v[size_t(l * W + e)];
+        }
+        aux += c * p;
+    }
+    for (int64_t l = 0; l < L; ++l) z += v[size_t(l * W + 2 * E)];
+    moe_.aux += double(E) * aux / (LN * LN);
+    moe_.z += z / LN;
+    ++moe_.batches;
 }
 
 double Engine::losses_sum(const TrainStep & step, StepMemory & mem) const {
@@ -653,6 +682,12 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
     const float dloss = units > 0 ? scaler_.scale / float(units) * h.loss_grad_factor : 0.0f;
     run_pref_ = {};
     r.loss_scale = scaler_.scale;
+    // The router losses: a mean over the micro-batches and ranks (each micro-batch's own loss, as
+    // transformers computes it per forward).
+    const float per_batch = scaler_.scale * h.loss_grad_factor / float(k * opt_.data_parallel);
+    moe_aux_scale_ = cfg_.moe.aux_coef * per_batch;
+    moe_z_scale_ = cfg_.moe.z_coef * per_batch;
+    moe_ = {};
     OptimHyper hh = h;
     hh.t = t_ + 1;
     // N:M sparsity: pruned once `start` updates are in, the zeros kept by every update after.
@@ -700,6 +735,17 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
     }
     if (opt_.data_parallel > 1) sum = comm_->all_reduce_sum(sum);
     r.loss = units > 0 ? float(sum / units) : 0.0f;
+    if (moe_.batches > 0) {
+        double aux = moe_.aux, z = moe_.z, n = moe_.batches;
+        if (opt_.data_parallel > 1) {
+            aux = comm_->all_reduce_sum(aux), z = comm_->all_reduce_sum(z);
+            n = comm_->all_reduce_sum(n);
+        }
+        r.aux_loss = float(aux / n), r.z_loss = float(z / n);
+        r.loss += cfg_.moe.aux_coef * r.aux_loss + cfg_.moe.z_coef * r.z_loss;
+        r.expert_tokens = moe_.tokens;
+    }
+    moe_aux_scale_ = moe_z_scale_ = 0;
     r.pref = reduced_preference(run_pref_);
     float norm_sq = 0;
     backend_.download(&norm_sq, train_mem_->base(plans_.train->grad_norm_sq), sizeof norm_sq);

@@ -227,6 +227,11 @@ struct StepResult {
     float  loss_scale = 1;    // the scale this step's loss gradient was multiplied by
     // Preference tuning: the loss is the mean over the step's pairs; TRL's metrics (sums).
     PreferenceMetrics pref;
+    // Mixture of experts: the load-balancing loss and the router z-loss (means over the step's
+    // micro-batches and data-parallel ranks; `loss` includes them times their coefficients, as
+    // transformers' does), and the tokens each expert received ([sparse layers, E], this rank's).
+    float  aux_loss = 0, z_loss = 0;
+    std::vector<float> expert_tokens;
 };
 
 
@@ -434,6 +439,15 @@ private:
     PreferenceMetrics run_pref_, eval_pref_;
     void preference_io(const TrainStep & step, StepMemory & mem, const int32_t * targets, bool before);
     PreferenceMetrics reduced_preference(const PreferenceMetrics & m);   // summed over the data-parallel ranks
+    // Mixture of experts: the router losses' gradient weights for the step's micro-batches, and
+    // what run_batch read from each one's routing statistics (moe_read).
+    float moe_aux_scale_ = 0, moe_z_scale_ = 0;
+    struct MoeSums {
+        double aux = 0, z = 0;
+        int batches = 0;
+        std::vector<float> tokens;
+    } moe_;
+    void moe_read(const TrainStep & step, StepMemory & mem);
 };
 
 }  // namespace memfit

@@ -398,6 +398,7 @@ void TrainStep::preference_loss(Graph & g, const StepScalars & s, Tensor tgt, Te
 void TrainStep::run(Graph & g, const StepScalars & s) const {
     g.set_workspace(workspace_);
     g.set_seed(s.seed);
+    model_->set_router_loss_scale(s.moe_aux, s.moe_z);
     const int64_t b = B_, t = T_, P = int64_t(layout_.total);
     const Tensor tok(tokens, DType::i32, {b, t}), tgt(targets, DType::i32, {b, t});
     const Tensor loss(losses, DType::f32, {b, t});

@@ -54,6 +54,9 @@ struct StepScalars {
     float      dloss = 0;       // 1 / (number of non-ignored targets in the batch)
     OptimHyper optim;           // lr, betas, eps, weight decay (applied to >= 2-D tensors), t
     uint64_t   seed = 0;        // this micro-step's random stream (LoRA dropout)
+    // Mixture of experts: the router losses' weights in this micro-batch's gradient (Transformer::
+    // set_router_loss_scale).
+    float      moe_aux = 0, moe_z = 0;
 };
 
 // A frozen model beside the trained one (a distillation teacher, preference tuning's reference
@@ -187,6 +190,8 @@ public:
     };
     const std::vector<MomentPiece> & moment_pieces() const { return pieces_; }
     Tensor logits() const { return model_->logits(); }
+    // Mixture of experts: the routing statistics (Transformer::moe_stats; invalid for a dense model).
+    Tensor moe_stats() const { return model_->moe_stats(); }
     // --offload activations: the bytes of activations the step keeps in the store (0: none).
     uint64_t offloaded_activation_bytes() const { return act_offload_ ? act_offload_->bytes() : 0; }
 

@@ -1,0 +1,246 @@
+// Mixture of experts on the CPU (kernel_list.h's moe_*; the route's layout: backend/moe.h). Rows
+// are read through to_f32 and computed in fp32; each op's order of sums is fixed whatever the
+// thread count (deterministic). The grouped matmul itself is Graph::moe_gemm (backend gemms).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/convert.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/dispatch.h"
+#include "core/error.h"
+
+namespace memfit {
+
+using cpu::dispatch;
+using cpu::ptr;
+
+namespace {
+
+// Token n's router probabilities into p [E] (fp32); returns the row's log-sum-exp.
+template <class S>
+float softmax_row(float * p, const S * logits, int E) {
+    cpu::to_f32_row(p, logits, size_t(E));
+    float m = p[0];
+    for (int e = 1; e < E; ++e) m = std::max(m, p[e]);
+    double sum = 0;
+    for (int e = 0; e < E; ++e) sum += double(p[e] = std::exp(p[e] - m));
+    const float inv = float(1.0 / sum);
+    for (int e = 0; e < E; ++e) p[e] *= inv;
+    return m + float(std::log(sum));
+}
+
+void check_route(Tensor route, int64_t N, const MoeDesc & d) {
+    MF_ASSERT(route.dtype == DType::i32 && route.numel() == moe_route_elems(N, d));
+}
+
+}  // namespace
+
+void CpuBackend::moe_route(Tensor route, Tensor wts, Tensor stats, Tensor logits, const MoeDesc & d) {
+    const int64_t N = logits.rows();
+    const int E = d.experts, k = d.top_k;
+    MF_ASSERT(logits.cols() == E && wts.dtype == DType::f32 && wts.numel() == N * k);
+    MF_ASSERT(stats.dtype == DType::f32 && stats.numel() == moe_stats_width(d));
+    check_route(route, N, d);
+    int32_t * r = route.i32();
+    int32_t * expert = r + (E + 1) + 2 * N * k;
+    float * w = wts.f32();
+    std::vector<float> lse2(static_cast<size_t>(N)), psum(size_t(E), 0.0f);
+    std::vector<float> p(static_cast<size_t>(E));
+    dispatch(logits.dtype, [&](auto s) {
+        using S = decltype(s);
+        const S * L = ptr<S>(logits);
+        for (int64_t n = 0; n < N; ++n) {
+            const float lse = softmax_row(p.data(), L + n * E, E);
+            lse2[size_t(n)] = lse * lse;
+            for (int e = 0; e < E; ++e) psum[size_t(e)] += p[size_t(e)];
+            // The k largest, the lower expert first among equals.
+            float chosen = 0;
+            for (int j = 0; j < k; ++j) {
+                int best = -1;
+                for (int e = 0; e < E; ++e) {
+                    bool taken = false;
+                    for (int i = 0; i < j && !taken; ++i) taken = expert[n * k + i] == e;
+                    if (!taken && (best < 0 || p[size_t(e)] > p[size_t(best)])) best = e;
+                }
+                expert[n * k + j] = best;
+                w[n * k + j] = p[size_t(best)];
+                chosen += p[size_t(best)];
+            }
+            if (d.norm_topk)
+                for (int j = 0; j < k; ++j) w[n * k + j] /= chosen;
+        }
+    });
+    // Counting sort of the choices by expert, token order kept within each.
+    int32_t * offsets = r;
+    int32_t * order = r + E + 1;
+    int32_t * slot = order + N * k;
+    std::fill(offsets, offsets + E + 1, 0);
+    for (int64_t c = 0; c < N * k; ++c) ++offsets[expert[c] + 1];
+    float * st = stats.f32();
+    for (int e = 0; e < E; ++e) {
+        st[e] = float(offsets[e + 1]);
+        st[E + e] = psum[size_t(e)];
+        offsets[e + 1] += offsets[e];
+    }
+    double z = 0;
+    for (float v : lse2) z += v;
+    st[2 * E] = float(z);
+    std::vector<int32_t> next(offsets, offsets + E);
+    for (int64_t c = 0; c < N * k; ++c) {
+        const int32_t s = next[size_t(expert[c])]++;
+        order[s] = int32_t(c);
+        slot[c] = s;
+    }
+}
+
+void CpuBackend::moe_route_bwd(Tensor dlogits, Tensor dwts, Tensor logits, Tensor route, Tensor wts, Tensor stats_all,
+                               const MoeDesc & d) {
+    const int64_t N = logits.rows();
+    const int E = d.experts, k = d.top_k;
+    MF_ASSERT(dlogits.dtype == logits.dtype && dlogits.numel() == logits.numel() && logits.cols() == E);
+    MF_ASSERT(dwts.dtype == DType::f32 && wts.dtype == DType::f32 && dwts.numel() == N * k);
+    MF_ASSERT(stats_all.dtype == DType::f32 && stats_all.numel() == d.layers * moe_stats_width(d));
+    check_route(route, N, d);
+    const MoeRoute rt(route.i32(), N, d);
+    // The load-balancing loss E / (LN)^2 sum_e count_e psum_e: its gradient on p[n, e].
+    const double LN = double(d.layers) * double(N);
+    std::vector<float> aux(size_t(E), 0.0f);
+    for (int e = 0; e < E; ++e) {
+        double c = 0;
+        for (int l = 0; l < d.layers; ++l) c += stats_all.f32()[l * moe_stats_width(d) + e];
+        aux[size_t(e)] = float(double(d.aux_scale) * E * c / (LN * LN));
+    }
+    const float zf = float(2.0 * double(d.z_scale) / LN);
+    dispatch(logits.dtype, [&](auto s) {
+        using S = decltype(s);
+        const S * L = ptr<S>(logits);
+        S * D = ptr<S>(dlogits);
+#pragma omp parallel
+        {
+            std::vector<float> p(static_cast<size_t>(E)), dp(static_cast<size_t>(E));
+#pragma omp for schedule(static)
+            for (int64_t n = 0; n < N; ++n) {
+                const float lse = softmax_row(p.data(), L + n * E, E);
+                std::copy(aux.begin(), aux.end(), dp.begin());
+                const float * dw = dwts.f32() + n * k, * w = wts.f32() + n * k;
+                float chosen = 0, dot_w = 0;
+                for (int j = 0; j < k; ++j) chosen += p[size_t(rt.expert[n * k + j])], dot_w += dw[j] * w[j];
+                for (int j = 0; j < k; ++j)
+                    dp[size_t(rt.expert[n * k + j])] += d.norm_topk ? (dw[j] - dot_w) / chosen : dw[j];
+                float dot = 0;
+                for (int e = 0; e < E; ++e) dot += p[size_t(e)] * dp[size_t(e)];
+                for (int e = 0; e < E; ++e) dp[size_t(e)] = p[size_t(e)] * (dp[size_t(e)] - dot + zf * lse);
+                cpu::from_f32_row(D + n * E, dp.data(), size_t(E));
+            }
+        }
+    });
+}
+
+void CpuBackend::moe_gather(Tensor out, Tensor x, Tensor route, const MoeDesc & d) {
+    const int64_t N = x.rows(), C = x.cols(), k = d.top_k;
+    MF_ASSERT(out.dtype == x.dtype && out.rows() == N * k && out.cols() == C);
+    check_route(route, N, d);
+    const MoeRoute rt(route.i32(), N, d);
+    const size_t row = size_t(C) * dtype_size(x.dtype);
+    const char * src = static_cast<const char *>(x.data);
+    char * dst = static_cast<char *>(out.data);
+#pragma omp parallel for schedule(static)
+    for (int64_t s = 0; s < N * k; ++s) std::memcpy(dst + size_t(s) * row, src + size_t(rt.order[s] / k) * row, row);
+}
+
+void CpuBackend::moe_scatter(Tensor dx, Tensor dxs, Tensor route, const MoeDesc & d, bool accumulate) {
+    const int64_t N = dx.rows(), C = dx.cols(), k = d.top_k;
+    MF_ASSERT(dxs.rows() == N * k && dxs.cols() == C);
+    check_route(route, N, d);
+    const MoeRoute rt(route.i32(), N, d);
+    dispatch(dx.dtype, [&](auto sd) {
+        using G = decltype(sd);
+        dispatch(dxs.dtype, [&](auto ss) {
+            using S = decltype(ss);
+            G * out = ptr<G>(dx);
+            const S * in = ptr<S>(dxs);
+#pragma omp parallel
+            {
+                std::vector<float> acc(static_cast<size_t>(C)), row(static_cast<size_t>(C));
+#pragma omp for schedule(static)
+                for (int64_t n = 0; n < N; ++n) {
+                    if (accumulate) cpu::to_f32_row(acc.data(), out + n * C, size_t(C));
+                    else std::fill(acc.begin(), acc.end(), 0.0f);
+                    for (int64_t j = 0; j < k; ++j) {
+                        cpu::to_f32_row(row.data(), in + int64_t(rt.slot[n * k + j]) * C, size_t(C));
+                        for (int64_t c = 0; c < C; ++c) acc[size_t(c)] += row[size_t(c)];
+                    }
+                    cpu::from_f32_row(out + n * C, acc.data(), size_t(C));
+                }
+            }
+        });
+    });
+}
+
+void CpuBackend::moe_combine(Tensor out, Tensor y, Tensor wts, Tensor route, const MoeDesc & d) {
+    const int64_t N = out.rows(), C = out.cols(), k = d.top_k;
+    MF_ASSERT(y.dtype == out.dtype && y.rows() == N * k && y.cols() == C && wts.numel() == N * k);
+    check_route(route, N, d);
+    const MoeRoute rt(route.i32(), N, d);
+    const float * w = wts.f32();
+    dispatch(out.dtype, [&](auto s) {
+        using S = decltype(s);
+        S * o = ptr<S>(out);
+        const S * in = ptr<S>(y);
+#pragma omp parallel
+        {
+            std::vector<float> acc(static_cast<size_t>(C)), row(static_cast<size_t>(C));
+#pragma omp for schedule(static)
+            for (int64_t n = 0; n < N; ++n) {
+                std::fill(acc.begin(), acc.end(), 0.0f);
+                for (int64_t j = 0; j < k; ++j) {
+                    cpu::to_f32_row(row.data(), in + int64_t(rt.slot[n * k + j]) * C, size_t(C));
+                    const float wj = w[n * k + j];
+                    for (int64_t c = 0; c < C; ++c) acc[size_t(c)] += wj * row[size_t(c)];
+                }
+                cpu::from_f32_row(o + n * C, acc.data(), size_t(C));
+            }
+        }
+    });
+}
+
+void CpuBackend::moe_weight_bwd(Tensor dwts, Tensor g, Tensor dys, Tensor act, Tensor wts, Tensor route,
+                                const MoeDesc & d) {
+    const int64_t k = d.top_k, rows = g.rows(), N = rows / k, F = g.cols(), C = dys.cols();
+    MF_ASSERT(act.dtype == g.dtype && act.rows() == rows && act.cols() == F && dys.rows() == rows);
+    MF_ASSERT(dwts.dtype == DType::f32 && dwts.numel() == rows && wts.numel() == rows);
+    check_route(route, N, d);
+    const MoeRoute rt(route.i32(), N, d);
+    dispatch(g.dtype, [&](auto s) {
+        using S = decltype(s);
+        dispatch(dys.dtype, [&](auto sy) {
+            using Y = decltype(sy);
+            S * gg = ptr<S>(g);
+            Y * dy = ptr<Y>(dys);
+            const S * a = ptr<S>(act);
+#pragma omp parallel
+            {
+                std::vector<float> x(static_cast<size_t>(F)), y(static_cast<size_t>(F)), r(static_cast<size_t>(C));
+#pragma omp for schedule(static)
+                for (int64_t c = 0; c < rows; ++c) {
+                    const int64_t sl = rt.slot[c];
+                    cpu::to_f32_row(x.data(), gg + sl * F, size_t(F));
+                    cpu::to_f32_row(y.data(), a + sl * F, size_t(F));
+                    float dot = 0;
+                    for (int64_t i = 0; i < F; ++i) dot += x[size_t(i)] * y[size_t(i)];
+                    dwts.f32()[c] = dot;
+                    const float w = wts.f32()[c];
+                    for (int64_t i = 0; i < F; ++i) x[size_t(i)] *= w;
+                    cpu::from_f32_row(gg + sl * F, x.data(), size_t(F));
+                    cpu::to_f32_row(r.data(), dy + sl * C, size_t(C));
+                    for (int64_t i = 0; i < C; ++i) r[size_t(i)] *= w;
+                    cpu::from_f32_row(dy + sl * C, r.data(), size_t(C));
+                }
+            }
+        });
+    });
+}
+
+}  // namespace memfit

@@ -1,0 +1,87 @@
+// A mixture of experts' sparse MLP in the transformer (model/config.h's MoeConfig, backend/moe.h):
+// the router's logits, the route (top-k, dispatch order), the dispatched rows through each
+// expert's gate|up matmul, SwiGLU and down matmul, and the weighted combine; backward the same
+// in reverse, the router's gradient including the load-balancing and z losses'. The N*k routed
+// rows are a fixed total, so every buffer is declared here with its size: the plan is exact.
+#include "model/transformer.h"
+
+#include "core/error.h"
+
+namespace memfit {
+
+MoeDesc Transformer::moe_desc(int l) const {
+    MoeDesc d;
+    d.experts = cfg_.moe.experts;
+    d.top_k = cfg_.moe.top_k;
+    d.norm_topk = cfg_.moe.norm_topk;
+    d.layers = cfg_.moe_layers();
+    d.layer = moe_index_.empty() ? 0 : std::max(0, moe_index_[size_t(l)]);
+    d.aux_scale = moe_aux_scale_;
+    d.z_scale = moe_z_scale_;
+    return d;
+}
+
+void Transformer::declare_moe(Program & program, const std::string & h, bool with_backward, LayerActs & a) const {
+    const int64_t N = rows_, E = cfg_.moe.experts, k = cfg_.moe.top_k, C = cfg_.n_embd;
+    const MoeDesc d = moe_desc(a.layer);
+    auto act = [&](std::string_view name, std::initializer_list<int64_t> dims, bool f32 = false) {
+        return this->act(program, h, dims, f32, name);
+    };
+    a.moe_logits = act("moe.router.logits", {N, E});
+    a.moe_route = Tensor(program.declare(prefix_ + h + "moe.route", Category::activations,
+                                         size_t(moe_route_elems(N, d)) * 4),
+                         DType::i32, {moe_route_elems(N, d)});
+    a.moe_wts = act("moe.weights", {N, k}, true);
+    a.moe_xs = act("moe.dispatch", {N * k, C});
+    a.moe_y = act("moe.experts.out", {N * k, C});
+    if (!with_backward) return;
+    a.moe_dys = act("moe.experts.out.grad", {N * k, C});
+    a.moe_xs_b = act("moe.dispatch.bwd", {N * k, C});
+    a.moe_dxs = act("moe.dispatch.grad", {N * k, C});
+    a.moe_dwts = act("moe.weights.grad", {N, k}, true);
+    a.moe_dlogits = act("moe.router.logits.grad", {N, E});
+}
+
+void Transformer::moe_fc(Graph & g, Tensor fch, Tensor xs, const LayerActs & a, const ModelWeights::Layer & p,
+                         Tensor x) const {
+    const MoeDesc d = moe_desc(a.layer);
+    g.moe_gather(xs, x, a.moe_route, d);
+    g.moe_gemm(fch, xs, p.fcw, a.moe_route, d, MoeGemm::fwd);
+}
+
+void Transformer::moe_fwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p, Tensor x,
+                          bool need_output) const {
+    const MoeDesc d = moe_desc(a.layer);
+    const int64_t width = moe_stats_width(d);
+    g.matmul_fwd(a.moe_logits, x, p.routerw, Tensor{}, WeightLayout::out_in);
+    // A recomputed segment routes again: the same route, the same statistics rewritten.
+    g.moe_route(a.moe_route, a.moe_wts, moe_stats_.view(d.layer * width, {width}), a.moe_logits, d);
+    moe_fc(g, a.fch, a.moe_xs, a, p, x);
+    act_fwd(g, a.fch_gelu, a.fch);
+    if (!need_output) return;
+    g.moe_gemm(a.moe_y, a.fch_gelu, p.fcprojw, a.moe_route, d, MoeGemm::fwd);
+    g.moe_combine(a.fcproj, a.moe_y, a.moe_wts, a.moe_route, d);
+}
+
+// d(output) dispatched (dys); g = dys . W_down per expert; the weights' gradient g . act, then g
+// and dys times the weights (d(act) and d(expert output)); the down and gate|up weight
+// gradients; d(x) through the experts (scattered back) and through the router.
+void Transformer::moe_bwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p,
+                          const ModelWeights::Layer & dp, Tensor x, Tensor dout) const {
+    const MoeDesc d = moe_desc(a.layer);
+    g.moe_gather(a.moe_dys, dout, a.moe_route, d);
+    g.moe_gemm(a.dfch_gelu, a.moe_dys, p.fcprojw, a.moe_route, d, MoeGemm::data);
+    g.moe_weight_bwd(a.moe_dwts, a.dfch_gelu, a.moe_dys, a.fch_gelu, a.moe_wts, a.moe_route, d);
+    if (dp.fcprojw.valid()) g.moe_gemm(dp.fcprojw, a.moe_dys, a.fch_gelu, a.moe_route, d, MoeGemm::weight);
+    act_bwd(g, a.dfch, a.dfch_gelu, a.fch);
+    if (dp.fcw.valid()) {
+        g.moe_gather(a.moe_xs_b, x, a.moe_route, d);
+        g.moe_gemm(dp.fcw, a.dfch, a.moe_xs_b, a.moe_route, d, MoeGemm::weight);
+    }
+    g.moe_gemm(a.moe_dxs, a.dfch, p.fcw, a.moe_route, d, MoeGemm::data);
+    g.moe_scatter(a.dln2, a.moe_dxs, a.moe_route, d, false);
+    g.moe_route_bwd(a.moe_dlogits, a.moe_dwts, a.moe_logits, a.moe_route, a.moe_wts, moe_stats_, d);
+    g.matmul_bwd(a.dln2, dp.routerw, Tensor{}, a.moe_dlogits, x, p.routerw, WeightLayout::out_in, true);
+}
+
+}  // namespace memfit
