@@ -133,8 +133,9 @@ void validate_moe(const ModelConfig & cfg, const LlamaType * t) {
     if (m.sparse_step < 1) bad(fmt::format("decoder_sparse_step = {} must be positive", m.sparse_step));
     for (int l : m.dense_layers)
         if (l < 0 || l >= cfg.n_layer) bad(fmt::format("mlp_only_layers holds {}, not a layer of {}", l, cfg.n_layer));
-    if (!(m.aux_coef >= 0) || !(m.z_coef >= 0))
-        bad(fmt::format("router_aux_loss_coef = {} and router_z_loss_coef = {} must not be negative", m.aux_coef, m.z_coef));
+    if (!(m.aux_coef >= 0) || !(m.aux_coef_off >= 0) || !(m.z_coef >= 0))
+        bad(fmt::format("router_aux_loss_coef = {} and router_z_loss_coef = {} must not be negative",
+                        m.aux_coef + m.aux_coef_off, m.z_coef));
     if (cfg.share_layers > 1) bad("shared blocks of a mixture of experts are not supported");
 }
 

@@ -114,8 +114,11 @@ RecomputePlan recompute_plan(const Recompute & r, int n_layer) {
 }
 
 KeepSet layer_keep_cost(const ModelConfig & cfg, int B, int T, bool flash, DType compute, uint32_t mask) {
-    const double bt = double(B) * T, C = cfg.n_embd, Q = cfg.qkv_dim(), F = cfg.fc_dim(), A = cfg.ffn_dim(),
-                 H = cfg.attn_dim();
+    // A mixture of experts' layer (the typical one: its sparse layers): k routed rows per token.
+    const int topk = cfg.moe.enabled() ? cfg.moe.top_k : 1;
+    const double bt = double(B) * T, C = cfg.n_embd, Q = cfg.qkv_dim(), H = cfg.attn_dim(),
+                 F = double(topk) * (cfg.moe.enabled() ? 2 * cfg.moe.ffn : cfg.fc_dim()),
+                 A = double(topk) * (cfg.moe.enabled() ? cfg.moe.ffn : cfg.ffn_dim());
     const uint64_t s = dtype_size(compute), BT = uint64_t(B) * uint64_t(T), BTC = BT * uint64_t(cfg.n_embd);
     const bool llama = cfg.llama(), layer_norm = !llama || cfg.layer_norm;
     const uint64_t stats = (layer_norm ? 2 : 1) * BT * 4;   // (mean and) rstd, f32

@@ -248,6 +248,12 @@ uint64_t kept_per_layer(const ModelConfig & cfg, const Candidate & c, int seq, u
     if (lp && lp->opts.dora) replicated += uint64_t(lp->site_cols) * (rows * s + 4);   // DoRA's z and norms
     // Gemma 3: the output norms' inputs (the o and down projections' outputs) and rstd, every policy
     if (cfg.sandwich_norm) replicated += 2 * (BTC + rows * 4);
+    // A mixture of experts' routing, kept under every policy (model/transformer_moe.cpp): the
+    // router's logits, the route (i32) and the k weights (f32).
+    if (cfg.moe.enabled()) {
+        const uint64_t E = uint64_t(cfg.moe.experts), k = uint64_t(cfg.moe.top_k);
+        replicated += rows * E * s + (E + 1 + 3 * rows * k) * 4 + rows * k * 4;
+    }
     for (int u = 0; u < int(Saved::count); ++u) {
         if (!((mask >> u) & 1u)) continue;
         const Saved su = Saved(u);
@@ -301,9 +307,14 @@ Activations activations(const ModelConfig & cfg, const Candidate & c, int seq, i
     const uint64_t all = layer_keep_cost(cfg, c.micro_batch, seq, c.flash(), c.compute, kKeepAll).bytes;
     const uint64_t rc = all - layer_keep_cost(cfg, c.micro_batch, seq, c.flash(), c.compute, rc_mask).bytes;
     // Tiled: one chunk's recomputed intermediates and their gradients, 2 M (F + A).
-    const uint64_t mlp_work = M > 0 ? 2 * M * uint64_t(cfg.fc_dim() + cfg.ffn_dim()) * s / tp
-                                    : rows * uint64_t(cfg.fc_dim() + cfg.ffn_dim()) * s / tp;
-    const uint64_t grads = mlp_work + rows * uint64_t(cfg.qkv_dim()) * s / tp + 3 * BTC;
+    const uint64_t mlp_width = cfg.moe.enabled() ? 3 * uint64_t(cfg.moe.ffn) : uint64_t(cfg.fc_dim() + cfg.ffn_dim());
+    const uint64_t mlp_work = M > 0 ? 2 * M * mlp_width * s / tp : rows * mlp_width * s / tp;
+    // A mixture of experts: the experts' k rows per token, and backward's dispatched output
+    // gradient, input and input gradient ([N k, C] each), the weights' and logits' gradients.
+    const uint64_t k = cfg.moe.enabled() ? uint64_t(cfg.moe.top_k) : 1;
+    const uint64_t moe_work = !cfg.moe.enabled() ? 0
+                                                 : (k - 1) * mlp_work + 3 * k * BTC + rows * (uint64_t(cfg.moe.experts) * s + k * 4);
+    const uint64_t grads = mlp_work + moe_work + rows * uint64_t(cfg.qkv_dim()) * s / tp + 3 * BTC;
     // LoRA's backward transients: dd, du, and with dropout the regenerated dropped input and its
     // gradient (the forward's dropped copy is gone by then).
     const uint64_t lora_grads = !lp ? 0

@@ -226,18 +226,18 @@ std::optional<std::string> galore_refusal(const RunConfig & r, const Backend * b
 
 }  // namespace
 
-// A mixture of experts trains on one rank's experts (every expert on every rank) with data
-// parallelism and ZeRO, recomputation and offload, bf16 or fp32: what cuts its tokens or its
+// A mixture of experts trains with every expert on every rank, with data parallelism and ZeRO,
+// recomputation and offload, bf16 or fp32, on the CPU and on GPUs: what cuts its tokens or its
 // layers across ranks, or its MLP's matrices, waits for expert parallelism.
 std::optional<std::string> moe_refusal(const RunConfig & r, const ModelConfig & cfg) {
     if (!cfg.moe.enabled()) return std::nullopt;
     const Layout & L = r.layout;
     const char * what = L.tp > 1 ? "--tp" : L.pp > 1 ? "--pp" : L.cp > 1 ? "--cp" : r.mlp_chunk > 0 ? "--mlp-chunk"
                         : r.lora.rank > 0 ? "LoRA" : !r.distill.teacher.empty() ? "--teacher"
-                        : r.sparsity.enabled() ? "--sparsity" : r.device == "cuda" ? "--device cuda" : nullptr;
+                        : r.sparsity.enabled() ? "--sparsity" : nullptr;
     if (!what) return std::nullopt;
     return fmt::format("{} with a mixture of experts ({}: {} experts, top {}) is not supported yet; train it with "
-                       "data parallelism and ZeRO (mpirun -np N memfit train --zero 1..3) on the CPU", what, cfg.name,
+                       "data parallelism and ZeRO (mpirun -np N memfit train --zero 1..3)", what, cfg.name,
                        cfg.moe.experts, cfg.moe.top_k);
 }
 

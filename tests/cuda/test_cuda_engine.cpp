@@ -142,6 +142,31 @@ TEST(CudaEngine, TrainingStepsMatchTheCpuBackend) {
     }
 }
 
+// A mixture of experts on the device (the moe_* kernels, the grouped matmul's per-expert gemms
+// over the route's offsets): the CPU's steps, and the plan the bytes acquired.
+TEST(CudaEngine, MixtureOfExpertsMatchesTheCpuBackend) {
+    MF_REQUIRE_GPU();
+    const Case cases[] = {{true, DType::f32, true, "none", 1}, {true, DType::bf16, true, "full", 2}};
+    for (const Case & c : cases) {
+        SCOPED_TRACE(std::string(dtype_name(c.dt)) + " " + c.recompute);
+        ModelConfig cfg = model_preset("qwen3-moe-nano");
+        cfg.vocab_size = 96;
+        cfg.head_size = 32;   // the CUDA flash kernels' smallest head
+        EngineOptions eo;
+        eo.B = 2, eo.T = 32, eo.with_eval = false, eo.compute = c.dt, eo.flash_attention = c.flash;
+        eo.grad_accum = c.accum;
+        eo.recompute = parse_recompute(c.recompute, cfg.n_layer);
+        CpuBackend cpu;
+        const Trained a = train(cpu, cfg, eo, 3), b = train(*test::gpu(), cfg, eo, 3);
+        const double tol = c.dt == DType::f32 ? 1e-4 : 2e-2;
+        for (size_t s = 0; s < a.losses.size(); ++s)
+            EXPECT_LT(std::fabs(a.losses[s] - b.losses[s]) / std::fabs(a.losses[s]), tol) << "step " << s;
+        EXPECT_LT(rel_diff(a.params, b.params), tol);
+        for (int k = 0; k < kCategoryCount; ++k)
+            EXPECT_EQ(b.planned_live.v[size_t(k)], b.measured_live.v[size_t(k)]) << category_name(Category(k));
+    }
+}
+
 // Packed documents (--packing) on the device: the CPU's steps, the plan the bytes acquired.
 TEST(CudaEngine, PackedDocumentsMatchTheCpuBackend) {
     MF_REQUIRE_GPU();
@@ -493,13 +518,15 @@ TEST(CudaCli, QloraTrainAndGenerateOnTheGpu) {
 
 // `memfit verify --device cuda`: the PyTorch reference fixtures (GPT-2 with either GELU, LLaMA,
 // Llama 3.1's rope_scaling, Qwen2, Qwen3, Mistral's sliding window, Phi-3's fused projections, its
-// partial rotary with LongRoPE, OLMo 2's norms after attention and the MLP, Gemma 3, GPT-NeoX)
+// partial rotary with LongRoPE, OLMo 2's norms after attention and the MLP, Gemma 3, GPT-NeoX, and
+// the mixtures of experts Mixtral, Qwen3-MoE and OLMoE: routing, grouped matmuls, the aux loss)
 // replayed on the GPU in fp32, every loss, logit, gradient and updated weight within 1e-4.
 TEST(CudaCli, VerifyReplaysBothFixturesOnTheGpu) {
     MF_REQUIRE_GPU();
     for (const char * fixture : {"gpt2_tiny", "gpt2_gelu_tiny", "llama_tiny", "llama31_tiny", "qwen2_tiny",
                                  "qwen3_tiny", "mistral_tiny", "phi3_tiny", "phi3_longrope_tiny", "olmo2_tiny",
-                                 "qwen2_yarn_tiny", "gemma3_tiny", "gpt_neox_tiny", "gpt_neox_sequential_tiny"}) {
+                                 "qwen2_yarn_tiny", "gemma3_tiny", "gpt_neox_tiny", "gpt_neox_sequential_tiny",
+                                 "mixtral_tiny", "qwen3_moe_tiny", "olmoe_tiny"}) {
         SCOPED_TRACE(fixture);
         const CliRun r = run_memfit("verify --device cuda " + test::env_or("MEMFIT_TEST_DATA", MEMFIT_TEST_DATA) + "/" +
                                     fixture + ".safetensors");

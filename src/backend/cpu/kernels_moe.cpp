@@ -40,7 +40,7 @@ void check_route(Tensor route, int64_t N, const MoeDesc & d) {
 void CpuBackend::moe_route(Tensor route, Tensor wts, Tensor stats, Tensor logits, const MoeDesc & d) {
     const int64_t N = logits.rows();
     const int E = d.experts, k = d.top_k;
-    MF_ASSERT(logits.cols() == E && wts.dtype == DType::f32 && wts.numel() == N * k);
+    MF_ASSERT(logits.cols() == E && k >= 1 && k <= E && wts.dtype == DType::f32 && wts.numel() == N * k);
     MF_ASSERT(stats.dtype == DType::f32 && stats.numel() == moe_stats_width(d));
     check_route(route, N, d);
     int32_t * r = route.i32();

@@ -433,6 +433,24 @@ void CudaBackend::cp_block_bwd(Tensor dq, Tensor dkv, Tensor scratch, Tensor dou
     MF_FWD(cp_block_bwd, dq, dkv, scratch, dout, out, qkv, kv, lse, kpos, meta, NH, KVH);
 }
 void CudaBackend::cp_qkv_grad(Tensor dqkv, Tensor dq, Tensor dkv, int NH, int KVH) { MF_FWD(cp_qkv_grad, dqkv, dq, dkv, NH, KVH); }
+void CudaBackend::moe_route(Tensor route, Tensor wts, Tensor stats, Tensor logits, const MoeDesc & d) {
+    MF_FWD(moe_route, route, wts, stats, logits, d);
+}
+void CudaBackend::moe_route_bwd(Tensor dlogits, Tensor dwts, Tensor logits, Tensor route, Tensor wts, Tensor stats_all,
+                                const MoeDesc & d) {
+    MF_FWD(moe_route_bwd, dlogits, dwts, logits, route, wts, stats_all, d);
+}
+void CudaBackend::moe_gather(Tensor out, Tensor x, Tensor route, const MoeDesc & d) { MF_FWD(moe_gather, out, x, route, d); }
+void CudaBackend::moe_scatter(Tensor dx, Tensor dxs, Tensor route, const MoeDesc & d, bool accumulate) {
+    MF_FWD(moe_scatter, dx, dxs, route, d, accumulate);
+}
+void CudaBackend::moe_combine(Tensor out, Tensor y, Tensor wts, Tensor route, const MoeDesc & d) {
+    MF_FWD(moe_combine, out, y, wts, route, d);
+}
+void CudaBackend::moe_weight_bwd(Tensor dwts, Tensor g, Tensor dys, Tensor act, Tensor wts, Tensor route,
+                                 const MoeDesc & d) {
+    MF_FWD(moe_weight_bwd, dwts, g, dys, act, wts, route, d);
+}
 void CudaBackend::dropout(Tensor out, Tensor in, float p, uint64_t seed) { MF_FWD(dropout, out, in, p, seed); }
 void CudaBackend::add_columns(Tensor out, Tensor d, int64_t col0, float scale) {
     MF_FWD(add_columns, out, d, col0, scale);

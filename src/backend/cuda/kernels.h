@@ -97,6 +97,15 @@ void cp_block_fwd(cudaStream_t s, Tensor acc, Tensor lse, Tensor qkv, Tensor kv,
 void cp_block_bwd(cudaStream_t s, Tensor dq, Tensor dkv, Tensor scratch, Tensor dout, Tensor out, Tensor qkv, Tensor kv,
                   Tensor lse, Tensor kpos, Tensor meta, int NH, int KVH);
 void cp_qkv_grad(cudaStream_t s, Tensor dqkv, Tensor dq, Tensor dkv, int NH, int KVH);
+// kernels_moe.cu: the mixture of experts' routing (kernel_list.h; the route: backend/moe.h).
+void moe_route(cudaStream_t s, Tensor route, Tensor wts, Tensor stats, Tensor logits, const MoeDesc & d);
+void moe_route_bwd(cudaStream_t s, Tensor dlogits, Tensor dwts, Tensor logits, Tensor route, Tensor wts,
+                   Tensor stats_all, const MoeDesc & d);
+void moe_gather(cudaStream_t s, Tensor out, Tensor x, Tensor route, const MoeDesc & d);
+void moe_scatter(cudaStream_t s, Tensor dx, Tensor dxs, Tensor route, const MoeDesc & d, bool accumulate);
+void moe_combine(cudaStream_t s, Tensor out, Tensor y, Tensor wts, Tensor route, const MoeDesc & d);
+void moe_weight_bwd(cudaStream_t s, Tensor dwts, Tensor g, Tensor dys, Tensor act, Tensor wts, Tensor route,
+                    const MoeDesc & d);
 
 // kernels_flash.cu: tiled causal attention that never stores T x T (with documents, tile pairs
 // wholly outside them are skipped).

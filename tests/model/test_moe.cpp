@@ -1,0 +1,196 @@
+// Mixtures of experts (model/config.h's MoeConfig): the float64 reference fixtures of Mixtral,
+// Qwen3-MoE (with a dense layer between sparse ones) and OLMoE replayed by `memfit verify`
+// (logits, the loss with its load-balancing term, every gradient, the router's included, two
+// AdamW steps); the configs as transformers writes them, read and written back; the presets at
+// their published sizes; export then reload giving the same logits.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "app/verify.h"
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "model/hf_weights.h"
+#include "model/moe_config.h"
+#include "model/param_layout.h"
+#include "train/engine.h"
+#include "test_util.h"
+
+using namespace memfit;
+namespace fs = std::filesystem;
+
+namespace {
+
+void expect_fixture(const char * file, std::initializer_list<const char *> names) {
+    const VerifyReport r = verify_fixture(std::string(MEMFIT_TEST_DATA) + "/" + file);
+    EXPECT_TRUE(r.ok) << r.json.dump(2);
+    EXPECT_LE(r.json["max_error"].get<double>(), 1e-4);
+    for (const char * n : names) EXPECT_TRUE(r.json["errors"].contains(n)) << n << "\n" << r.json.dump(2);
+}
+
+}  // namespace
+
+TEST(Moe, MixtralFixtureWithin1e4) {
+    expect_fixture("mixtral_tiny.safetensors", {"grad.model.layers.0.block_sparse_moe.gate.weight",
+                                                "grad.model.layers.1.block_sparse_moe.experts.3.w2.weight",
+                                                "step2.model.layers.1.block_sparse_moe.experts.0.w3.weight"});
+}
+
+TEST(Moe, Qwen3MoeFixtureWithADenseLayerWithin1e4) {
+    expect_fixture("qwen3_moe_tiny.safetensors", {"grad.model.layers.2.mlp.gate.weight",
+                                                  "grad.model.layers.1.mlp.gate_proj.weight",
+                                                  "step2.model.layers.0.mlp.experts.5.down_proj.weight",
+                                                  "grad.model.layers.0.self_attn.q_norm.weight"});
+}
+
+TEST(Moe, OlmoeFixtureWithin1e4) {
+    expect_fixture("olmoe_tiny.safetensors", {"grad.model.layers.0.mlp.gate.weight",
+                                              "step1.model.layers.1.self_attn.k_norm.weight"});
+}
+
+// The fixture's routing gradient is what fails without the load-balancing loss: read with
+// output_router_logits false, the loss and the router's gradient move off the reference.
+TEST(Moe, TheAuxLossIsPartOfTheReference) {
+    const std::string path = std::string(MEMFIT_TEST_DATA) + "/mixtral_tiny.safetensors";
+    SafetensorsFile f = SafetensorsFile::open(path);
+    nlohmann::json cj = nlohmann::json::parse(f.metadata().at("config"));
+    EXPECT_TRUE(cj["output_router_logits"].get<bool>());
+    cj["output_router_logits"] = false;
+    const ModelConfig off = parse_hf_config(cj, "off");
+    EXPECT_EQ(off.moe.aux_coef, 0.0f);
+    EXPECT_FLOAT_EQ(off.moe.aux_coef_off, 0.02f);   // kept, and written back
+    EXPECT_FLOAT_EQ(hf_config_json(off)["router_aux_loss_coef"].get<float>(), 0.02f);
+    EXPECT_FALSE(hf_config_json(off)["output_router_logits"].get<bool>());
+}
+
+TEST(Moe, ConfigsReadAndWrittenBack) {
+    const nlohmann::json q = {{"model_type", "qwen3_moe"}, {"vocab_size", 100}, {"hidden_size", 64},
+                              {"intermediate_size", 96}, {"moe_intermediate_size", 32}, {"num_hidden_layers", 4},
+                              {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 32},
+                              {"num_experts", 6}, {"num_experts_per_tok", 3}, {"norm_topk_prob", true},
+                              {"decoder_sparse_step", 2}, {"mlp_only_layers", {3}}, {"output_router_logits", true},
+                              {"router_aux_loss_coef", 0.01}};
+    const ModelConfig c = parse_hf_config(q, "q");
+    EXPECT_EQ(c.moe.experts, 6);
+    EXPECT_EQ(c.moe.top_k, 3);
+    EXPECT_EQ(c.moe.ffn, 32);
+    EXPECT_EQ(c.ffn, 96);
+    EXPECT_TRUE(c.moe.norm_topk);
+    // Sparse: (l + 1) % 2 == 0 and not in mlp_only_layers: layer 1 only.
+    EXPECT_FALSE(c.moe_layer(0));
+    EXPECT_TRUE(c.moe_layer(1));
+    EXPECT_FALSE(c.moe_layer(2));
+    EXPECT_FALSE(c.moe_layer(3));
+    EXPECT_EQ(c.moe_layers(), 1);
+    const ParamLayout l = make_param_layout(c);
+    EXPECT_EQ(l.find("model.layers.1.mlp.experts.5.down_proj.weight").shape, (std::vector<int64_t>{64, 32}));
+    EXPECT_EQ(l.find("model.layers.3.mlp.up_proj.weight").shape, (std::vector<int64_t>{96, 64}));
+    EXPECT_EQ(int64_t(l.total), c.num_params());
+    const ModelConfig back = parse_hf_config(hf_config_json(c), "back");
+    EXPECT_EQ(back.moe.experts, 6);
+    EXPECT_EQ(back.moe.dense_layers, std::vector<int>{3});
+    EXPECT_EQ(back.moe.sparse_step, 2);
+    EXPECT_FLOAT_EQ(back.moe.aux_coef, 0.01f);
+    EXPECT_EQ(make_param_layout(back).total, l.total);
+    // transformers 5's spelling of the experts' count.
+    nlohmann::json v5 = q;
+    v5.erase("num_experts");
+    v5["num_local_experts"] = 6;
+    EXPECT_EQ(parse_hf_config(v5, "v5").moe.experts, 6);
+    // Mixtral: intermediate_size is the experts'; always renormalised; its own names.
+    const nlohmann::json m = {{"model_type", "mixtral"}, {"vocab_size", 100}, {"hidden_size", 64},
+                              {"intermediate_size", 48}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+                              {"num_key_value_heads", 2}, {"num_local_experts", 4}, {"num_experts_per_tok", 2}};
+    const ModelConfig mx = parse_hf_config(m, "m");
+    EXPECT_EQ(mx.moe.ffn, 48);
+    EXPECT_TRUE(mx.moe.norm_topk);
+    EXPECT_EQ(mx.moe.aux_coef, 0.0f);   // output_router_logits defaults to false
+    EXPECT_TRUE(make_param_layout(mx).try_find("model.layers.1.block_sparse_moe.experts.3.w3.weight"));
+    EXPECT_EQ(hf_config_json(mx)["architectures"][0], "MixtralForCausalLM");
+}
+
+TEST(Moe, BadConfigsAreRefusedInOneLine) {
+    const nlohmann::json base = {{"model_type", "mixtral"}, {"vocab_size", 100}, {"hidden_size", 64},
+                                 {"intermediate_size", 48}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+                                 {"num_local_experts", 4}, {"num_experts_per_tok", 2}};
+    for (const auto & [key, value, says] :
+         std::vector<std::tuple<std::string, nlohmann::json, std::string>>{
+             {"num_experts_per_tok", 5, "from 1 to the 4 experts"},
+             {"num_local_experts", 0, "experts"},
+             {"router_jitter_noise", 0.1, "router_jitter_noise"},
+             {"output_router_logits", "yes", "true or false"},
+             {"router_aux_loss_coef", -1, "must not be negative"}}) {
+        nlohmann::json j = base;
+        j[key] = value;
+        try {
+            parse_hf_config(j, "bad");
+            ADD_FAILURE() << key << " accepted";
+        } catch (const ConfigError & e) {
+            EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+        }
+    }
+    nlohmann::json q = {{"model_type", "qwen3_moe"}, {"vocab_size", 100}, {"hidden_size", 64},
+                        {"intermediate_size", 96}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+                        {"mlp_only_layers", {7}}};
+    EXPECT_THROW(parse_hf_config(q, "q"), ConfigError);
+    q["mlp_only_layers"] = nlohmann::json::array();
+    q["shared_expert_intermediate_size"] = 128;
+    EXPECT_THROW(parse_hf_config(q, "q"), ConfigError);
+}
+
+// The presets at their published sizes: Mixtral 8x7B 46.7B (12.9B active), Qwen3-30B-A3B 30.5B
+// (3.3B active), Qwen3-235B-A22B 235B (22.2B active), OLMoE-1B-7B 6.9B (1.3B active).
+TEST(Moe, PresetsAtTheirPublishedSizes) {
+    const struct {
+        const char * name;
+        double total, active;
+    } want[] = {{"mixtral-8x7b", 46.70e9, 12.88e9}, {"qwen3-30b-a3b", 30.53e9, 3.35e9},
+                {"qwen3-235b-a22b", 235.09e9, 22.19e9}, {"olmoe-1b-7b", 6.92e9, 1.28e9}};
+    for (const auto & w : want) {
+        const ModelConfig c = model_preset(w.name);
+        EXPECT_NEAR(double(c.num_params()), w.total, 0.01e9) << w.name;
+        EXPECT_NEAR(double(c.active_params()), w.active, 0.01e9) << w.name;
+        EXPECT_LT(train_flops_per_token(c, 4096), 6.5 * w.active + 12.0 * c.n_layer * c.attn_dim() * 4096) << w.name;
+    }
+}
+
+// A trained mixture of experts exported as the Hub stores it, then loaded back: the same logits.
+TEST(Moe, ExportThenReloadGivesTheSameLogits) {
+    for (const char * preset : {"mixtral-nano", "qwen3-moe-nano"}) {
+        ModelConfig cfg = model_preset(preset);
+        cfg.vocab_size = 61;
+        CpuBackend backend;
+        EngineOptions eo;
+        eo.B = 2;
+        eo.T = 16;
+        eo.with_eval = false;
+        std::vector<int32_t> in(32), tg(32);
+        memfit::test::random_batch(in, tg, cfg.vocab_size, 3);
+        std::vector<float> before, after;
+        std::vector<float> params;
+        {
+            Engine e(cfg, backend, eo);
+            e.init_params(7);
+            for (int s = 0; s < 3; ++s) e.train_step(in.data(), tg.data(), OptimHyper{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1});
+            before = e.logits(in.data(), 2);
+            params.assign(e.params(), e.params() + e.step().layout().total);
+        }
+        const fs::path dir = fs::temp_directory_path() / ("memfit_moe_test." + std::to_string(getpid())) / preset;
+        fs::remove_all(dir);
+        fs::create_directories(dir);
+        export_hf(dir.string(), cfg, make_param_layout(cfg), params.data());
+        const ModelConfig back = resolve_model(dir.string());
+        EXPECT_EQ(back.moe.experts, cfg.moe.experts) << preset;
+        std::vector<float> loaded(make_param_layout(back).total);
+        load_hf_weights(dir.string(), back, make_param_layout(back), loaded.data());
+        Engine e(back, backend, eo);
+        e.set_params(loaded.data());
+        after = e.logits(in.data(), 2);
+        EXPECT_EQ(after, before) << preset;
+        fs::remove_all(dir);
+    }
+}
