@@ -651,6 +651,13 @@ void TrainingRun::step(int step) {
         accuracy_curve_.push_back({step, r.pref.accuracy()});
     }
     tps_curve_.push_back({step, double(BT) / dt});
+    if (!r.expert_tokens.empty()) {
+        nlohmann::json moe;
+        add_moe_metrics(moe, r);
+        aux_curve_.push_back({step, moe["moe/aux_loss"].get<double>()});
+        load_curve_.push_back({step, moe["moe/max_load"].get<double>()});
+        expert_tokens_ = moe["moe/tokens_per_expert"].get<std::vector<std::vector<double>>>();
+    }
     const std::string spike = note_spike(r, step, h);
     // Diverged: stop before the checkpoint (fp16's non-finite gradients are the loss scaler's:
     // it skips those updates, as --skip-spikes does).
@@ -731,6 +738,7 @@ void TrainingRun::step(int step) {
                             {"peak_bytes", L.live_total_peak()}};
         if (do_eval) m["val_loss"] = last_val_;
         add_preference_metrics(m, r, do_eval);
+        add_moe_metrics(m, r);
         if (!spike.empty()) m["spike"] = spike;
         m["ranks"] = ranks_memory_;
         if (eo_.compute == DType::f16) {

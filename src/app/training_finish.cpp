@@ -220,6 +220,9 @@ void TrainingRun::finish() {
         rep.tokens_per_s = tps_curve_;
         rep.margins = margins_curve_;
         rep.accuracies = accuracy_curve_;
+        rep.aux_loss = aux_curve_;
+        rep.max_load = load_curve_;
+        rep.expert_tokens = expert_tokens_;
     }
     const std::string html_path = (fs::path(opt_.out) / "report.html").string();
     const std::string trace_path = (fs::path(opt_.out) / "trace.json").string();

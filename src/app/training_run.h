@@ -100,6 +100,9 @@ private:
     const float * my_reference(const std::vector<float> & table, const std::vector<uint64_t> & windows, int rows,
                                int groups);
     void add_preference_metrics(nlohmann::json & m, const StepResult & r, bool eval) const;
+    // A mixture of experts' routing (training_watch.cpp): moe/aux_loss, moe/z_loss, the busiest
+    // expert's load over the mean (moe/max_load) and the tokens each expert received per sparse layer.
+    void add_moe_metrics(nlohmann::json & m, const StepResult & r) const;
     bool stop_now();
     std::string note_spike(const StepResult & r, int step, const OptimHyper & h);
     int roll_back();
@@ -198,6 +201,8 @@ private:
     nlohmann::json ranks_memory_;      // every rank's memory at the last log point (metrics.jsonl)
     std::set<std::string> op_names_;   // names of the ops other ranks' timelines hold (gather_rank_views)
     std::vector<CurvePoint> loss_curve_, val_curve_, tps_curve_, margins_curve_, accuracy_curve_;
+    std::vector<CurvePoint> aux_curve_, load_curve_;     // a mixture of experts' routing
+    std::vector<std::vector<double>> expert_tokens_;     // its last step's tokens per expert
     // Preference tuning: each window's reference log-probability (--reference precompute; empty
     // otherwise), the windows of the batch in hand, this rank's rows of their references, and
     // the last evaluation's metrics.

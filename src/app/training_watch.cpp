@@ -142,6 +142,25 @@ void TrainingRun::start_watch() {
     write_file_atomic((fs::path(opt_.out) / "run.json").string(), j.dump(2) + "\n");
 }
 
+void TrainingRun::add_moe_metrics(nlohmann::json & m, const StepResult & r) const {
+    if (r.expert_tokens.empty()) return;
+    const size_t E = size_t(cfg_.moe.experts), L = r.expert_tokens.size() / E;
+    nlohmann::json layers = nlohmann::json::array();
+    double worst = 0;
+    for (size_t l = 0; l < L; ++l) {
+        std::vector<double> row(r.expert_tokens.begin() + std::ptrdiff_t(l * E),
+                                r.expert_tokens.begin() + std::ptrdiff_t((l + 1) * E));
+        double sum = 0, most = 0;
+        for (double v : row) sum += v, most = std::max(most, v);
+        if (sum > 0) worst = std::max(worst, most * double(E) / sum);
+        layers.push_back(row);
+    }
+    m["moe/aux_loss"] = r.aux_loss;
+    m["moe/z_loss"] = r.z_loss;
+    m["moe/max_load"] = worst;
+    m["moe/tokens_per_expert"] = layers;
+}
+
 // Every rank at every log point (a collective): its memory to its TensorBoard files; rank 0
 // gets every rank's for metrics.jsonl.
 nlohmann::json TrainingRun::watch(int step, const ProgressLine & pl, const StepResult & r) {
@@ -156,6 +175,11 @@ nlohmann::json TrainingRun::watch(int step, const ProgressLine & pl, const StepR
         if (!std::isnan(pl.trained_per_s)) s.push_back({"train/trained_tokens_per_s", pl.trained_per_s});
         if (eo_.compute == DType::f16) s.push_back({"train/loss_scale", r.loss_scale});
         for (const auto & [k, v] : r.pref.means()) s.push_back({"train/" + k, v});
+        if (!r.expert_tokens.empty()) {
+            nlohmann::json moe;
+            add_moe_metrics(moe, r);
+            for (const char * k : {"moe/aux_loss", "moe/z_loss", "moe/max_load"}) s.push_back({k, moe[k].get<double>()});
+        }
         if (!std::isnan(pl.val_loss))
             for (const auto & [k, v] : val_pref_.means()) s.push_back({"eval/" + k, v});
         for (size_t c = 0; c < kCategoryCount; ++c) {

@@ -277,6 +277,23 @@ std::string largest_buffers(const View & v) {
     return s + "</table>\n";
 }
 
+// The last step's tokens per expert, a row per sparse layer, each cell shaded by its share of
+// the busiest expert's.
+std::string expert_table(const std::vector<std::vector<double>> & t) {
+    if (t.empty()) return "";
+    std::string s = "<p>tokens per expert in the last step (a row per sparse layer; moe/max_load: the busiest "
+                    "expert's over the mean)</p><table class=\"experts\">\n";
+    for (size_t l = 0; l < t.size(); ++l) {
+        double most = 1;
+        for (double v : t[l]) most = std::max(most, v);
+        s += fmt::format("<tr><td class=\"n\">{}</td>", l);
+        for (double v : t[l])
+            s += fmt::format("<td class=\"n\" style=\"background: rgba(78,121,167,{:.2f})\">{:g}</td>", v / most * 0.6, v);
+        s += "</tr>\n";
+    }
+    return s + "</table>\n";
+}
+
 std::string curves(const ReportData & r) {
     auto pts = [](const std::vector<CurvePoint> & c) {
         std::vector<svg::LinePoint> p;
@@ -296,6 +313,12 @@ std::string curves(const ReportData & r) {
                               {"rewards/accuracies", "#b07aa1", pts(r.accuracies), true}},
                              "reward", false) +
              "</div>\n";
+    if (!r.aux_loss.empty())
+        s += "<div class=\"col\"><h3>Routing (mixture of experts)</h3>" +
+             svg::line_chart({{"moe/aux_loss", "#76b7b2", pts(r.aux_loss), false},
+                              {"moe/max_load", "#edc948", pts(r.max_load), true}},
+                             "loss", false) +
+             expert_table(r.expert_tokens) + "</div>\n";
     return s + "</div>\n";
 }
 

@@ -61,6 +61,10 @@ struct ReportData {
     std::vector<CurvePoint> loss, val_loss, tokens_per_s;
     // Preference tuning (--objective dpo): TRL's rewards/margins and rewards/accuracies by step.
     std::vector<CurvePoint> margins, accuracies;
+    // A mixture of experts: moe/aux_loss and moe/max_load by step, and the tokens each expert of
+    // each sparse layer received in the last step ([layer][expert]).
+    std::vector<CurvePoint> aux_loss, max_load;
+    std::vector<std::vector<double>> expert_tokens;
 };
 
 // Index in r.timeline.events of the peak: the event of r.peak_op, or (when that is unset or not
