@@ -78,6 +78,13 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                        "flash skips the tiles outside it, attention FLOPs grow as T x W); a llama model trained with "
                        "it exports as MistralForCausalLM (0: the model's own)")
              ->capture_default_str()->check(kNonNegative));
+    keep(c->add_option("--moe-aux-loss-coeff", r.moe_aux_loss_coeff,
+                       "a mixture of experts: the load-balancing loss's coefficient in the training loss (Megatron-LM's "
+                       "flag; transformers' router_aux_loss_coef); default: the model's own (its router_aux_loss_coef "
+                       "when its config.json has output_router_logits true, else 0)"));
+    keep(c->add_option("--moe-z-loss-coeff", r.moe_z_loss_coeff,
+                       "a mixture of experts: the router z-loss's coefficient (ST-MoE's mean squared log-sum-exp of "
+                       "the router logits; Megatron-LM's flag); default: the model's own router_z_loss_coef, else 0"));
     keep(c->add_option("--share-layers", r.share_layers,
                        "cross-layer parameter sharing (ALBERT): groups of G consecutive blocks share one set of "
                        "weights, dividing the blocks' parameters, gradients and optimizer states by G (compute is "

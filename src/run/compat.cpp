@@ -385,6 +385,14 @@ ModelConfig run_model(const RunConfig & r) {
                                           "them", r.share_layers, cfg.name, cfg.n_layer));
         cfg.share_layers = r.share_layers;
     }
+    for (const auto & [flag, v, coef] : {std::tuple{"--moe-aux-loss-coeff", r.moe_aux_loss_coeff, &cfg.moe.aux_coef},
+                                         std::tuple{"--moe-z-loss-coeff", r.moe_z_loss_coeff, &cfg.moe.z_coef}}) {
+        if (v < 0) continue;
+        if (!cfg.moe.enabled())
+            throw ConfigError(fmt::format("{} {:g}: model '{}' has no experts (a mixture of experts' router loss)", flag,
+                                          v, cfg.name));
+        *coef = v;
+    }
     if (r.attention_window == 0) return cfg;
     if (r.attention_window < 0)
         throw ConfigError(fmt::format("--attention-window {}: must be positive (0: the model's own)", r.attention_window));

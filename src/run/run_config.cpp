@@ -101,6 +101,8 @@ nlohmann::json run_config_json(const RunConfig & r) {
                         {"recompute", r.recompute.name()},
                         {"loss-chunk", r.loss_chunk < 0 ? nlohmann::json("auto") : nlohmann::json(r.loss_chunk)},
                         {"attention-window", r.attention_window},
+                        {"moe-aux-loss-coeff", json_float(r.moe_aux_loss_coeff)},
+                        {"moe-z-loss-coeff", json_float(r.moe_z_loss_coeff)},
                         {"share-layers", r.share_layers},
                         {"sparsity", r.sparsity.name()},
                         {"sparsity-start", r.sparsity.start},

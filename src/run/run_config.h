@@ -105,6 +105,10 @@ struct RunConfig {
     // Sliding-window attention: each query attends to its last W keys (Mistral's sliding_window;
     // 0: the model's own). A llama model trained with it is a mistral one (run_model).
     int attention_window = 0;
+    // A mixture of experts' router losses (Megatron-LM's --moe-aux-loss-coeff, --moe-z-loss-coeff):
+    // the coefficients of the load-balancing loss and the z-loss in the training loss (negative:
+    // the model's own, config.json's router_aux_loss_coef when output_router_logits is true).
+    float moe_aux_loss_coeff = -1, moe_z_loss_coeff = -1;
     // ALBERT's cross-layer sharing: groups of this many consecutive blocks share one set of
     // weights, so the blocks' parameters, gradients and optimizer states divide by it (0 or 1:
     // none; the model's own when it was trained shared). A run_model change, like the window.
