@@ -184,7 +184,11 @@ public:
     // The grouped matmul (backend/moe.h's MoeGemm forms): each expert's rows, as the route's
     // offsets give them when the op runs, by the backend's gemm in tiles (kMoeTile, then powers
     // of two), so its workspace is planned for every tile shape.
-    void moe_gemm(Tensor c, Tensor a, Tensor b, Tensor route, const MoeDesc & d, MoeGemm mode);
+    // The stack (b for fwd and data, c for weight) holds expert e's [M, K] matrix `stride` elements
+    // after expert e - 1's (0: packed, M K; LoRA's adapters sit between them); accumulate adds
+    // c's fwd or data product to it.
+    void moe_gemm(Tensor c, Tensor a, Tensor b, Tensor route, const MoeDesc & d, MoeGemm mode, int64_t stride = 0,
+                  bool accumulate = false);
     void geglu_fwd(Tensor out, Tensor inp);
     void geglu_bwd(Tensor dinp, Tensor dout, Tensor inp);
     void repeat_kv_fwd(Tensor full, Tensor qkv, int NH, int KVH);

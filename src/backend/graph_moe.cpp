@@ -77,14 +77,21 @@ void Graph::moe_weight_bwd(Tensor dwts, Tensor g, Tensor dys, Tensor act, Tensor
     end();
 }
 
-void Graph::moe_gemm(Tensor c, Tensor a, Tensor b, Tensor route, const MoeDesc & d, MoeGemm mode) {
+void Graph::moe_gemm(Tensor c, Tensor a, Tensor b, Tensor route, const MoeDesc & d, MoeGemm mode, int64_t stride,
+                     bool accumulate) {
     const int64_t rows = a.rows(), E = d.experts;
     // The experts' matrices [M, K]: W for fwd and data, d(W) for weight.
     const int64_t M = mode == MoeGemm::fwd ? c.cols() : a.cols();
     const int64_t K = mode == MoeGemm::fwd ? a.cols() : mode == MoeGemm::data ? c.cols() : b.cols();
     const Tensor & stack = mode == MoeGemm::weight ? c : b;
-    MF_ASSERT(stack.numel() == E * M * K && (mode == MoeGemm::weight ? b.rows() : c.rows()) == rows);
-    auto desc = [&](int64_t n) { return moe_desc(mode, n, M, K, a.dtype, b.dtype, c.dtype); };
+    const int64_t S = stride > 0 ? stride : M * K;
+    MF_ASSERT(S >= M * K && stack.numel() == (E - 1) * S + M * K);
+    MF_ASSERT((mode == MoeGemm::weight ? b.rows() : c.rows()) == rows);
+    auto desc = [&](int64_t n) {
+        GemmDesc g = moe_desc(mode, n, M, K, a.dtype, b.dtype, c.dtype);
+        g.accumulate = g.accumulate || accumulate;
+        return g;
+    };
     if (recording_ && sizing_) {
         size_t ws = 0;
         for (int64_t p = 1; p <= std::min(kMoeTile, rows); p *= 2) ws = std::max(ws, sizing_->gemm_workspace(desc(p)));
@@ -95,7 +102,8 @@ void Graph::moe_gemm(Tensor c, Tensor a, Tensor b, Tensor route, const MoeDesc &
         const Tensor r = resolve(route), rc = resolve(c), ra = resolve(a), rb = resolve(b);
         backend_->download(off.data(), r.data, off.size() * sizeof(int32_t));
         for (int64_t e = 0; e < E; ++e) {
-            const Tensor w = rows_of(stack.valid() && mode == MoeGemm::weight ? rc : rb, e * M, M, K);
+            Tensor w = rows_of(mode == MoeGemm::weight ? rc : rb, 0, M, K);
+            w.data = static_cast<char *>(w.data) + size_t(e * S) * dtype_size(w.dtype);
             for_tiles(int64_t(off[size_t(e + 1)] - off[size_t(e)]), [&](int64_t r0, int64_t n) {
                 const int64_t s = off[size_t(e)] + r0;
                 const GemmDesc g = desc(n);

@@ -11,6 +11,7 @@
 #include "core/json_num.h"
 #include "model/hf_weights.h"
 #include "model/llama_types.h"
+#include "model/moe_config.h"
 
 namespace memfit {
 
@@ -89,6 +90,13 @@ std::vector<std::string> expand_target(const ModelConfig & cfg, std::string t) {
         return {};
     }
     if (cfg.llama()) {
+        // Mixtral's expert matrices (PEFT's target_modules w1, w3, w2): the gate, up and down ones.
+        const LlamaType * type = find_llama_type(cfg.model_type);
+        if (type && type->moe == MoeNaming::mixtral) {
+            if (t == "w1") return {"gate"};
+            if (t == "w3") return {"up"};
+            if (t == "w2") return {"down"};
+        }
         for (const char * n : {"q", "k", "v", "o", "gate", "up", "down"})
             if (t == n) return {t};
         return {};
@@ -183,6 +191,26 @@ std::string peft_magnitude_name(const std::string & module) {
     return "base_model.model." + module + ".lora_magnitude_vector";
 }
 
+namespace {
+// A sparse layer's sites of target gate, up or down: one per expert, on the expert's own matrix.
+void add_expert_sites(const ModelConfig & cfg, int l, const std::string & target, std::vector<LoraSite> & sites) {
+    const int64_t C = cfg.n_embd, F = cfg.moe.ffn;
+    const ExpertPart part = target == "gate" ? ExpertPart::gate : target == "up" ? ExpertPart::up : ExpertPart::down;
+    for (int e = 0; e < cfg.moe.experts; ++e) {
+        LoraSite s;
+        s.layer = l;
+        s.expert = e;
+        s.proj = part == ExpertPart::down ? Proj::down : Proj::fc;
+        s.col0 = part == ExpertPart::up ? F : 0;
+        s.cols = part == ExpertPart::down ? C : F;
+        s.in = part == ExpertPart::down ? F : C;
+        const std::string name = expert_param(cfg, layer_prefix(cfg, l), e, part);
+        s.module = name.substr(0, name.size() - std::string(".weight").size());
+        sites.push_back(std::move(s));
+    }
+}
+}  // namespace
+
 std::vector<LoraSite> lora_sites(const ModelConfig & cfg, const LoraOptions & lora) {
     MF_ASSERT(lora.enabled());
     const auto targets = lora.targets.empty() ? parse_lora_targets(cfg, "") : lora.targets;
@@ -199,6 +227,10 @@ std::vector<LoraSite> lora_sites(const ModelConfig & cfg, const LoraOptions & lo
     for (int l = 0; l < cfg.n_layer; ++l)
         for (const auto & m : family_modules(cfg)) {
             if (std::find(targets.begin(), targets.end(), m.target) == targets.end()) continue;
+            if (cfg.moe_layer(l) && (m.proj == Proj::fc || m.proj == Proj::down)) {
+                add_expert_sites(cfg, l, m.target, sites);
+                continue;
+            }
             LoraSite s;
             s.layer = l;
             s.proj = m.proj;
@@ -250,9 +282,17 @@ std::vector<std::string> peft_target_modules(const ModelConfig & cfg, const Lora
     const auto targets = lora.targets.empty() ? parse_lora_targets(cfg, "") : lora.targets;
     std::vector<std::string> out;
     if (std::find(targets.begin(), targets.end(), "embed_tokens") != targets.end()) out.push_back("embed_tokens");
+    const LlamaType * type = cfg.llama() ? find_llama_type(cfg.model_type) : nullptr;
+    const bool mixtral = type && type->moe == MoeNaming::mixtral;
     for (const auto & m : family_modules(cfg))
-        if (std::find(targets.begin(), targets.end(), m.target) != targets.end())
-            out.push_back(cfg.llama() ? m.hf.substr(m.hf.find('.') + 1) : m.hf);
+        if (std::find(targets.begin(), targets.end(), m.target) != targets.end()) {
+            // Mixtral's experts are w1, w3, w2 (it has no dense MLP); Qwen's share the dense names.
+            static const std::pair<const char *, const char *> kMixtral[] = {{"gate", "w1"}, {"up", "w3"}, {"down", "w2"}};
+            std::string name = cfg.llama() ? m.hf.substr(m.hf.find('.') + 1) : m.hf;
+            for (const auto & [ours, theirs] : kMixtral)
+                if (mixtral && m.target == std::string(ours)) name = theirs;
+            out.push_back(name);
+        }
     if (std::find(targets.begin(), targets.end(), "lm_head") != targets.end()) out.push_back("lm_head");
     return out;
 }

@@ -110,6 +110,11 @@ struct LoraSite {
     // "lora_embedding_A" [r, V] zero at the start, B "lora_embedding_B" [C, r] Gaussian. memfit
     // holds A transposed, [V, r] (a token's row is what it reads): PEFT's [r, V] at export and load.
     bool        embed = false;
+    // A mixture of experts' sparse layer: expert e's own matrix (module "...experts.<e>.gate_proj";
+    // proj fc or down, col0 its slice of the expert's gate|up). Each expert's sites are adjacent
+    // in the layout, so its A (and B) matrices sit at one stride from the previous expert's: the
+    // grouped matmul reads them as a stack (model/transformer_moe.cpp).
+    int         expert = -1;
 };
 
 // PEFT's tensor names of a site's A and B (an embedding's lora_embedding_A / _B).

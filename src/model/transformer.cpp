@@ -185,14 +185,19 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
         for (const auto & s : sites_) {
             const std::string n = s.module + ".lora.";
             // The head's adapter works on the head's rows (run/compat.cpp: no dropout, one stage).
-            const int64_t rows = !s.head ? b * t : opt.kv_capacity > 0 ? b : chunk_rows_;
+            // An expert module's sites share the first expert's buffers, over the routed rows.
+            if (s.expert > 0) {
+                adapter_acts_.push_back({});
+                continue;
+            }
+            const int64_t rows = s.expert == 0 ? rows_ * cfg.moe.top_k : !s.head ? b * t : opt.kv_capacity > 0 ? b : chunk_rows_;
             MF_ASSERT(!s.head || (lora_dropout_ == 0 && last_stage() && !tp_.enabled()));
             MF_ASSERT(!s.embed || (lora_dropout_ == 0 && first_stage() && !tp_.enabled()));
             AdapterActs x;
             // The embedding's are [B, T, .] (the encoder kernels read the batch's shape).
             x.u = s.embed ? act(n + "u", {b, t, r}) : act(n + "u", {rows, r});
             x.d = s.embed ? act(n + "d", {b, t, s.cols}) : act(n + "d", {rows, s.cols});
-            if (rc_plan_.recomputes() && !s.head) x.d_rc = act(n + "rc.d", {b * t, s.cols});
+            if (rc_plan_.recomputes() && !s.head) x.d_rc = act(n + "rc.d", {s.expert == 0 ? rows : b * t, s.cols});
             if (lora_dropout_ > 0) {
                 x.xd = act(n + "dropout", {b * t, s.in});
                 x.xd_b = act(n + "dropout.bwd", {b * t, s.in});

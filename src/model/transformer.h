@@ -382,7 +382,23 @@ private:
     void declare_moe(Program & program, const std::string & h, bool with_backward, LayerActs & a) const;
     MoeDesc moe_desc(int l) const;
     void moe_fwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p, Tensor x, bool need_output) const;
-    void moe_fc(Graph & g, Tensor fch, Tensor xs, const LayerActs & a, const ModelWeights::Layer & p, Tensor x) const;
+    void moe_fc(Graph & g, Tensor fch, Tensor xs, const LayerActs & a, const ModelWeights::Layer & p, Tensor x,
+                bool rc = false) const;
+    // LoRA on a sparse layer's experts: each module's (gate, up, down) sites as one grouped
+    // adapter: its first expert's site and views, and the stride from one expert's A (and B) to
+    // the next's.
+    struct ExpertAdapter {
+        int site = 0, index = 0;   // the first expert's site, and its place in the layer's adapters
+        int64_t stride = 0;
+    };
+    std::vector<ExpertAdapter> expert_adapters(const ModelWeights::Layer & p, Proj proj) const;
+    Tensor expert_stack(Tensor first, int64_t stride) const;
+    void moe_adapters_fwd(Graph & g, Tensor out, Tensor in, const LayerActs & a, const ModelWeights::Layer & p,
+                          Proj proj, bool rc) const;
+    // The adapters' backward from dout (the projection's output gradient) and in (its input):
+    // their gradients into dp's, and their share of d(in) added into din.
+    void moe_adapters_bwd(Graph & g, Tensor din, Tensor dout, Tensor in, const LayerActs & a,
+                          const ModelWeights::Layer & p, const ModelWeights::Layer & dp, Proj proj) const;
     void moe_bwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p, const ModelWeights::Layer & dp, Tensor x,
                  Tensor dout) const;
     void act_fwd(Graph & g, Tensor out, Tensor fc) const;

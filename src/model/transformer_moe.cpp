@@ -42,11 +42,62 @@ void Transformer::declare_moe(Program & program, const std::string & h, bool wit
     a.moe_dlogits = act("moe.router.logits.grad", {N, E});
 }
 
+std::vector<Transformer::ExpertAdapter> Transformer::expert_adapters(const ModelWeights::Layer & p, Proj proj) const {
+    std::vector<ExpertAdapter> out;
+    const int E = cfg_.moe.experts;
+    for (size_t i = 0; i < p.adapters.size(); ++i) {
+        const ModelWeights::Adapter & ad = p.adapters[i];
+        if (ad.proj != proj || sites_[size_t(ad.site)].expert != 0) continue;
+        MF_ASSERT(i + size_t(E) <= p.adapters.size());
+        const ModelWeights::Adapter & next = p.adapters[E > 1 ? i + 1 : i];
+        MF_ASSERT(E == 1 || (sites_[size_t(next.site)].expert == 1 && next.proj == proj));
+        const int64_t stride = E > 1 ? int64_t((next.a.offset - ad.a.offset) / dtype_size(ad.a.dtype))
+                                     : ad.a.numel() + ad.b.numel();
+        MF_ASSERT(E == 1 || int64_t((next.b.offset - ad.b.offset) / dtype_size(ad.b.dtype)) == stride);
+        out.push_back({ad.site, int(i), stride});
+    }
+    return out;
+}
+
+Tensor Transformer::expert_stack(Tensor first, int64_t stride) const {
+    return Tensor(first.buffer, first.dtype, {(cfg_.moe.experts - 1) * stride + first.numel()}, first.offset);
+}
+
+// out[:, slice] += scale (in A_e^T) B_e^T, each routed row by its expert's adapter.
+void Transformer::moe_adapters_fwd(Graph & g, Tensor out, Tensor in, const LayerActs & a,
+                                   const ModelWeights::Layer & p, Proj proj, bool rc) const {
+    const MoeDesc d = moe_desc(a.layer);
+    for (const ExpertAdapter & ea : expert_adapters(p, proj)) {
+        const ModelWeights::Adapter & ad = p.adapters[size_t(ea.index)];
+        const AdapterActs & x = adapter_acts_[size_t(ea.site)];
+        const Tensor dd = rc ? x.d_rc : x.d;
+        g.moe_gemm(x.u, in, expert_stack(ad.a, ea.stride), a.moe_route, d, MoeGemm::fwd, ea.stride);
+        g.moe_gemm(dd, x.u, expert_stack(ad.b, ea.stride), a.moe_route, d, MoeGemm::fwd, ea.stride);
+        g.add_columns(out, dd, sites_[size_t(ea.site)].col0, lora_scale_);
+    }
+}
+
+// dd = scale dout[:, slice]; dB_e += dd^T u, du = dd B_e; dA_e += du^T in, din += du A_e.
+void Transformer::moe_adapters_bwd(Graph & g, Tensor din, Tensor dout, Tensor in, const LayerActs & a,
+                                   const ModelWeights::Layer & p, const ModelWeights::Layer & dp, Proj proj) const {
+    const MoeDesc d = moe_desc(a.layer);
+    for (const ExpertAdapter & ea : expert_adapters(p, proj)) {
+        const ModelWeights::Adapter & ad = p.adapters[size_t(ea.index)], & dad = dp.adapters[size_t(ea.index)];
+        const AdapterActs & x = adapter_acts_[size_t(ea.site)];
+        g.take_columns(x.dd, dout, sites_[size_t(ea.site)].col0, lora_scale_);
+        g.moe_gemm(expert_stack(dad.b, ea.stride), x.dd, x.u, a.moe_route, d, MoeGemm::weight, ea.stride);
+        g.moe_gemm(x.du, x.dd, expert_stack(ad.b, ea.stride), a.moe_route, d, MoeGemm::data, ea.stride);
+        g.moe_gemm(expert_stack(dad.a, ea.stride), x.du, in, a.moe_route, d, MoeGemm::weight, ea.stride);
+        if (din.valid()) g.moe_gemm(din, x.du, expert_stack(ad.a, ea.stride), a.moe_route, d, MoeGemm::data, ea.stride, true);
+    }
+}
+
 void Transformer::moe_fc(Graph & g, Tensor fch, Tensor xs, const LayerActs & a, const ModelWeights::Layer & p,
-                         Tensor x) const {
+                         Tensor x, bool rc) const {
     const MoeDesc d = moe_desc(a.layer);
     g.moe_gather(xs, x, a.moe_route, d);
     g.moe_gemm(fch, xs, p.fcw, a.moe_route, d, MoeGemm::fwd);
+    moe_adapters_fwd(g, fch, xs, a, p, Proj::fc, rc);
 }
 
 void Transformer::moe_fwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p, Tensor x,
@@ -56,10 +107,11 @@ void Transformer::moe_fwd(Graph & g, const LayerActs & a, const ModelWeights::La
     g.matmul_fwd(a.moe_logits, x, p.routerw, Tensor{}, WeightLayout::out_in);
     // A recomputed segment routes again: the same route, the same statistics rewritten.
     g.moe_route(a.moe_route, a.moe_wts, moe_stats_.view(d.layer * width, {width}), a.moe_logits, d);
-    moe_fc(g, a.fch, a.moe_xs, a, p, x);
+    moe_fc(g, a.fch, a.moe_xs, a, p, x, a.rc);
     act_fwd(g, a.fch_gelu, a.fch);
     if (!need_output) return;
     g.moe_gemm(a.moe_y, a.fch_gelu, p.fcprojw, a.moe_route, d, MoeGemm::fwd);
+    moe_adapters_fwd(g, a.moe_y, a.fch_gelu, a, p, Proj::down, a.rc);
     g.moe_combine(a.fcproj, a.moe_y, a.moe_wts, a.moe_route, d);
 }
 
@@ -71,14 +123,24 @@ void Transformer::moe_bwd(Graph & g, const LayerActs & a, const ModelWeights::La
     const MoeDesc d = moe_desc(a.layer);
     g.moe_gather(a.moe_dys, dout, a.moe_route, d);
     g.moe_gemm(a.dfch_gelu, a.moe_dys, p.fcprojw, a.moe_route, d, MoeGemm::data);
+    // The down adapters' share of g (unweighted): g += scale (dys B_e) A_e, so that g . act is
+    // d(output) . y whole (the weights' gradient) and the weighting below covers both.
+    const std::vector<ExpertAdapter> down = expert_adapters(p, Proj::down), fc = expert_adapters(p, Proj::fc);
+    for (const ExpertAdapter & ea : down) {
+        const ModelWeights::Adapter & ad = p.adapters[size_t(ea.index)];
+        const Tensor du = adapter_acts_[size_t(ea.site)].du;
+        g.moe_gemm(du, a.moe_dys, expert_stack(ad.b, ea.stride), a.moe_route, d, MoeGemm::data, ea.stride);
+        g.scale(du, lora_scale_);
+        g.moe_gemm(a.dfch_gelu, du, expert_stack(ad.a, ea.stride), a.moe_route, d, MoeGemm::data, ea.stride, true);
+    }
     g.moe_weight_bwd(a.moe_dwts, a.dfch_gelu, a.moe_dys, a.fch_gelu, a.moe_wts, a.moe_route, d);
     if (dp.fcprojw.valid()) g.moe_gemm(dp.fcprojw, a.moe_dys, a.fch_gelu, a.moe_route, d, MoeGemm::weight);
+    moe_adapters_bwd(g, Tensor{}, a.moe_dys, a.fch_gelu, a, p, dp, Proj::down);
     act_bwd(g, a.dfch, a.dfch_gelu, a.fch);
-    if (dp.fcw.valid()) {
-        g.moe_gather(a.moe_xs_b, x, a.moe_route, d);
-        g.moe_gemm(dp.fcw, a.dfch, a.moe_xs_b, a.moe_route, d, MoeGemm::weight);
-    }
+    if (dp.fcw.valid() || !fc.empty()) g.moe_gather(a.moe_xs_b, x, a.moe_route, d);
+    if (dp.fcw.valid()) g.moe_gemm(dp.fcw, a.dfch, a.moe_xs_b, a.moe_route, d, MoeGemm::weight);
     g.moe_gemm(a.moe_dxs, a.dfch, p.fcw, a.moe_route, d, MoeGemm::data);
+    moe_adapters_bwd(g, a.moe_dxs, a.dfch, a.moe_xs_b, a, p, dp, Proj::fc);
     g.moe_scatter(a.dln2, a.moe_dxs, a.moe_route, d, false);
     g.moe_route_bwd(a.moe_dlogits, a.moe_dwts, a.moe_logits, a.moe_route, a.moe_wts, moe_stats_, d);
     g.matmul_bwd(a.dln2, dp.routerw, Tensor{}, a.moe_dlogits, x, p.routerw, WeightLayout::out_in, true);

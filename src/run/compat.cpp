@@ -232,9 +232,13 @@ std::optional<std::string> galore_refusal(const RunConfig & r, const Backend * b
 std::optional<std::string> moe_refusal(const RunConfig & r, const ModelConfig & cfg) {
     if (!cfg.moe.enabled()) return std::nullopt;
     const Layout & L = r.layout;
+    const bool lora = r.lora.rank > 0;
     const char * what = L.tp > 1 ? "--tp" : L.pp > 1 ? "--pp" : L.cp > 1 ? "--cp" : r.mlp_chunk > 0 ? "--mlp-chunk"
-                        : r.lora.rank > 0 ? "LoRA" : !r.distill.teacher.empty() ? "--teacher"
-                        : r.sparsity.enabled() ? "--sparsity" : nullptr;
+                        : !r.distill.teacher.empty() ? "--teacher" : r.sparsity.enabled() ? "--sparsity"
+                        : lora && r.lora.variant == "dora" ? "--lora-variant dora"
+                        : lora && r.lora.dropout > 0 ? "--lora-dropout"
+                        : lora && !r.lora.base_weights.empty() && parse_base_weights(r.lora.base_weights) != BaseWeights::compute
+                            ? "a quantized --base-weights" : nullptr;
     if (!what) return std::nullopt;
     return fmt::format("{} with a mixture of experts ({}: {} experts, top {}) is not supported yet; train it with "
                        "data parallelism and ZeRO (mpirun -np N memfit train --zero 1..3)", what, cfg.name,

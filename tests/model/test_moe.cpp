@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <random>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "app/verify.h"
@@ -18,6 +20,8 @@
 #include "model/moe_config.h"
 #include "model/param_layout.h"
 #include "train/engine.h"
+#include "grad_check.h"
+#include "lora_steps.h"
 #include "test_util.h"
 
 using namespace memfit;
@@ -192,5 +196,92 @@ TEST(Moe, ExportThenReloadGivesTheSameLogits) {
         after = e.logits(in.data(), 2);
         EXPECT_EQ(after, before) << preset;
         fs::remove_all(dir);
+    }
+}
+
+namespace {
+
+ModelConfig lora_moe(const char * preset) {
+    ModelConfig c = model_preset(preset);
+    c.vocab_size = 37;
+    c.moe.experts = 4;   // each expert gets tokens from a small batch
+    c.moe.aux_coef = 0;   // the finite differences below are of the cross-entropy alone
+    return c;
+}
+
+}  // namespace
+
+// LoRA on a mixture of experts (PEFT's names: each expert's own w1/w3/w2 or gate/up/down_proj,
+// one adapter per expert, stacked for the grouped matmuls): merged weights compute what the
+// adapters do, and every adapter's largest gradient matches central differences.
+TEST(MoeLora, ExpertAdaptersHavePeftNames) {
+    const ModelConfig mx = lora_moe("mixtral-nano");
+    const LoraOptions l = test::lora_options(mx, 4, BaseWeights::compute, "q_proj,w1,w2,w3");
+    const ParamLayout al = make_lora_layout(mx, l);
+    EXPECT_TRUE(al.try_find("base_model.model.model.layers.1.block_sparse_moe.experts.3.w3.lora_A.weight"));
+    EXPECT_EQ(al.find("base_model.model.model.layers.0.block_sparse_moe.experts.2.w2.lora_B.weight").shape,
+              (std::vector<int64_t>{64, 4}));
+    EXPECT_EQ(peft_target_modules(mx, l), (std::vector<std::string>{"q_proj", "w1", "w3", "w2"}));
+    const ModelConfig q = lora_moe("qwen3-moe-nano");
+    const ParamLayout ql = make_lora_layout(q, test::lora_options(q, 4, BaseWeights::compute, "all"));
+    EXPECT_TRUE(ql.try_find("base_model.model.model.layers.1.mlp.experts.3.gate_proj.lora_B.weight"));
+    EXPECT_FALSE(ql.try_find("base_model.model.model.layers.1.mlp.gate.lora_A.weight"));   // the router stays frozen
+}
+
+TEST(MoeLora, MergedWeightsComputeWhatTheAdaptersDo) {
+    CpuBackend backend;
+    for (const char * preset : {"mixtral-nano", "qwen3-moe-nano"}) {
+        SCOPED_TRACE(preset);
+        const ModelConfig cfg = lora_moe(preset);
+        Engine lora(cfg, backend, test::lora_engine_options(2, 8, test::lora_options(cfg, 4)));
+        lora.init_params(4);
+        std::mt19937 rng(3);
+        const auto r = test::randn(lora.step().layout().total, rng, 0.2f);
+        std::copy(r.begin(), r.end(), lora.params());
+        lora.params_changed();
+        Engine full(cfg, backend, test::lora_engine_options(2, 8, LoraOptions{}));
+        const std::vector<float> merged = lora.merged_weights();
+        std::copy(merged.begin(), merged.end(), full.params());
+        full.params_changed();
+        std::vector<int32_t> in(16), tg(16);
+        test::random_batch(in, tg, cfg.vocab_size, 8);
+        const auto a = full.logits(in.data(), 2), b = lora.logits(in.data(), 2);
+        for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 2e-5f * (1 + std::fabs(a[i]))) << i;
+    }
+}
+
+TEST(MoeLora, AdapterGradientsMatchFiniteDifferences) {
+    CpuBackend backend;
+    for (const char * preset : {"mixtral-nano", "qwen3-moe-nano"}) {
+        SCOPED_TRACE(preset);
+        const ModelConfig cfg = lora_moe(preset);
+        // Enough tokens that every expert gets some (else its adapters' gradients are zero).
+        // The experts' adapters (the attention's are LoRA's own tests'; here a difference step on
+        // them moves the next layer's routing more than the experts' do).
+        Engine e(cfg, backend, test::lora_engine_options(4, 16, test::lora_options(cfg, 3, BaseWeights::compute,
+                                                                                    "gate,up,down")));
+        e.init_params(1);
+        // A decisive router (GPT-2's initial 0.02 leaves the experts' logits nearly tied, and a
+        // difference step would then move tokens between experts: a jump, not a slope).
+        std::vector<float> base(size_t(cfg.num_params()));
+        {
+            Engine dense(cfg, backend, test::lora_engine_options(4, 16, LoraOptions{}));
+            dense.init_params(1);
+            std::copy(dense.params(), dense.params() + base.size(), base.begin());
+        }
+        const ParamLayout full = make_param_layout(cfg);
+        for (int l = 0; l < cfg.n_layer; ++l)
+            if (cfg.moe_layer(l))
+                for (const ParamInfo * p = &full.find(router_param(cfg, fmt::format("model.layers.{}.", l))),
+                                     * end = p + 1; p != end; ++p)
+                    for (size_t i = p->offset; i < p->offset + p->numel; ++i) base[i] *= 100.0f;
+        e.set_base(base.data());
+        std::mt19937 rng(7);
+        std::normal_distribution<float> nd(0.0f, 0.3f);   // B nonzero, so that A has gradients too
+        for (size_t i = 0; i < e.step().layout().total; ++i) e.params()[i] = nd(rng);
+        e.params_changed();
+        std::vector<int32_t> in(64), tg(64);
+        test::random_batch(in, tg, cfg.vocab_size, 3);
+        test::expect_largest_grads_match_fd(e, in, tg, 2e-3f);
     }
 }

@@ -132,3 +132,34 @@ TEST(MoeEngine, RoutingStatisticsAndTheAuxLoss) {
     EXPECT_EQ(off.last.aux_loss > 0, true);
     EXPECT_NE(0, std::memcmp(off.params.data(), r.params.data(), r.params.size() * 4));   // the gradient had it
 }
+
+// LoRA on the experts and attention of a frozen mixture of experts: planned == measured, and
+// recomputation (the experts' adapters again over the kept route) bitwise equal to keeping all.
+TEST(MoeEngine, LoraPlannedEqualsMeasuredAndRecomputesBitwise) {
+    CpuBackend backend;
+    const ModelConfig cfg = nano("qwen3-moe-nano");
+    LoraOptions lora;
+    lora.rank = 4;
+    lora.alpha = 8;
+    lora.targets = parse_lora_targets(cfg, "all");
+    std::vector<std::vector<float>> adapters;
+    for (const char * policy : {"none", "full", "selective", "every:2"}) {
+        SCOPED_TRACE(policy);
+        EngineOptions eo;
+        eo.B = 2;
+        eo.T = 24;
+        eo.lora = lora;
+        eo.recompute = parse_recompute(policy, cfg.n_layer);
+        Engine e(cfg, backend, eo);
+        e.init_params(3);
+        std::vector<int32_t> in(48), tg(48);
+        for (int s = 0; s < 3; ++s) {
+            memfit::test::random_batch(in, tg, cfg.vocab_size, uint64_t(s));
+            e.train_step(in.data(), tg.data(), OptimHyper{1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f, 1});
+        }
+        for (size_t c = 0; c < kCategoryCount; ++c)
+            EXPECT_EQ(e.planned_peak_live().v[c], e.ledger().live_peak().v[c]) << kCategoryNames[c];
+        adapters.emplace_back(e.params(), e.params() + e.step().layout().total);
+        EXPECT_EQ(0, std::memcmp(adapters.back().data(), adapters.front().data(), adapters.front().size() * 4));
+    }
+}
