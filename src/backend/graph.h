@@ -36,6 +36,9 @@ enum class WeightLayout { in_out, out_in };
 struct QWeight {
     Tensor    packed;   // u8 [quant_bytes(q)]
     QuantDesc q;
+    // A mixture of experts' stack: expert e's packed matrix `stride` bytes after expert e - 1's
+    // (packed then spans (E - 1) stride + quant_bytes(q)); 0: one matrix.
+    int64_t   stride = 0;
     bool valid() const { return packed.valid(); }
 };
 
@@ -189,6 +192,10 @@ public:
     // c's fwd or data product to it.
     void moe_gemm(Tensor c, Tensor a, Tensor b, Tensor route, const MoeDesc & d, MoeGemm mode, int64_t stride = 0,
                   bool accumulate = false);
+    // The same through a stack of packed frozen experts (QLoRA): fwd c = a W_e'^T, or data
+    // c (+)= a W_e' (the backend's qgemm_fwd and qgemm_bwd, tile by tile).
+    void moe_qgemm(Tensor c, Tensor a, const QWeight & w, Tensor route, const MoeDesc & d, MoeGemm mode,
+                   bool accumulate = false);
     void geglu_fwd(Tensor out, Tensor inp);
     void geglu_bwd(Tensor dinp, Tensor dout, Tensor inp);
     void repeat_kv_fwd(Tensor full, Tensor qkv, int NH, int KVH);

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "backend/graph.h"
+#include "backend/quant_format.h"
 #include "core/error.h"
 
 namespace memfit {
@@ -111,6 +112,41 @@ void Graph::moe_gemm(Tensor c, Tensor a, Tensor b, Tensor route, const MoeDesc &
                 if (mode == MoeGemm::fwd) backend_->gemm(g, rows_of(rc, s, n, M), rows_of(ra, s, n, K), w, Tensor{}, ws);
                 else if (mode == MoeGemm::data) backend_->gemm(g, rows_of(rc, s, n, K), rows_of(ra, s, n, M), w, Tensor{}, ws);
                 else backend_->gemm(g, w, rows_of(ra, s, n, M), rows_of(rb, s, n, K), Tensor{}, ws);
+            });
+        }
+    }
+    end();
+}
+
+void Graph::moe_qgemm(Tensor c, Tensor a, const QWeight & w, Tensor route, const MoeDesc & d, MoeGemm mode,
+                      bool accumulate) {
+    MF_ASSERT(mode != MoeGemm::weight && w.valid());
+    const int64_t rows = a.rows(), E = d.experts, in = w.q.in, out = w.q.out;
+    MF_ASSERT(c.rows() == rows && (mode == MoeGemm::fwd ? a.cols() == in && c.cols() == out
+                                                         : a.cols() == out && c.cols() == in));
+    MF_ASSERT(mode == MoeGemm::data || !accumulate);
+    if (recording_ && sizing_) {
+        size_t ws = 0;
+        for (int64_t p = 1; p <= std::min(kMoeTile, rows); p *= 2)
+            ws = std::max(ws, sizing_->qgemm_workspace(w.q, p, a.dtype));
+        grow_workspace(ws);
+    }
+    if (begin("moe_qgemm", 2.0 * double(rows) * double(in) * double(out), {c, a, w.packed, route}, true)) {
+        std::vector<int32_t> off(size_t(E + 1));
+        const Tensor r = resolve(route), rc = resolve(c), ra = resolve(a), rp = resolve(w.packed);
+        backend_->download(off.data(), r.data, off.size() * sizeof(int32_t));
+        const int64_t qb = int64_t(quant_bytes(w.q));
+        for (int64_t e = 0; e < E; ++e) {
+            Tensor packed = rp;
+            packed.data = static_cast<char *>(packed.data) + size_t(e * w.stride);
+            packed.ndim = 1, packed.shape[0] = qb;
+            for_tiles(int64_t(off[size_t(e + 1)] - off[size_t(e)]), [&](int64_t r0, int64_t n) {
+                const int64_t s = off[size_t(e)] + r0;
+                const Tensor ws = workspace_tensor(backend_->qgemm_workspace(w.q, n, a.dtype));
+                if (mode == MoeGemm::fwd)
+                    backend_->qgemm_fwd(w.q, rows_of(rc, s, n, out), rows_of(ra, s, n, in), packed, Tensor{}, ws);
+                else
+                    backend_->qgemm_bwd(w.q, rows_of(rc, s, n, in), rows_of(ra, s, n, out), packed, accumulate, ws);
             });
         }
     }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string_view>
+#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -309,6 +311,7 @@ QuantLayout make_quant_layout(const ModelConfig & cfg, const QuantDesc & proto) 
     const ParamLayout full = make_param_layout(cfg);
     for (int l = 0; l < cfg.n_layer; ++l) {
         std::vector<std::pair<Proj, std::vector<std::string>>> groups;
+        std::vector<int> experts;   // by group: the expert it holds (-1: none)
         if (cfg.llama()) {
             const std::string h = fmt::format("model.layers.{}.", l);
             groups = {{Proj::qkv, {h + "self_attn.q_proj.weight", h + "self_attn.k_proj.weight", h + "self_attn.v_proj.weight"}},
@@ -316,6 +319,14 @@ QuantLayout make_quant_layout(const ModelConfig & cfg, const QuantDesc & proto) 
                       {Proj::fc, {h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"}},
                       {Proj::down, {h + "mlp.down_proj.weight"}}};
             if (!cfg.gated()) groups[2].second = {h + "mlp.up_proj.weight"};   // GPT-NeoX's one MLP input matrix
+            if (cfg.moe_layer(l)) {   // each expert's gate|up, then each one's down
+                groups.resize(2);
+                experts = {-1, -1};
+                for (int e = 0; e < cfg.moe.experts; ++e, experts.push_back(e - 1))
+                    groups.push_back({Proj::fc, {expert_param(cfg, h, e, ExpertPart::gate), expert_param(cfg, h, e, ExpertPart::up)}});
+                for (int e = 0; e < cfg.moe.experts; ++e, experts.push_back(e - 1))
+                    groups.push_back({Proj::down, {expert_param(cfg, h, e, ExpertPart::down)}});
+            }
         } else {
             const std::string h = fmt::format("h.{}.", l);
             groups = {{Proj::qkv, {h + "attn.c_attn.weight"}},
@@ -323,10 +334,13 @@ QuantLayout make_quant_layout(const ModelConfig & cfg, const QuantDesc & proto) 
                       {Proj::fc, {h + "mlp.c_fc.weight"}},
                       {Proj::down, {h + "mlp.c_proj.weight"}}};
         }
-        for (auto & [proj, names] : groups) {
+        experts.resize(groups.size(), -1);
+        for (size_t gi = 0; gi < groups.size(); ++gi) {
+            auto & [proj, names] = groups[gi];
             QuantEntry e;
             e.layer = l;
             e.proj = proj;
+            e.expert = experts[gi];
             e.q.format = format;
             e.q.bits = proto.bits;
             for (const auto & n : names) {
@@ -359,11 +373,11 @@ QuantLayout make_quant_layout(const ModelConfig & cfg, const QuantDesc & proto) 
 ParamLayout dense_layout(const ModelConfig & cfg, const QuantLayout & q) { return dense_part(make_param_layout(cfg), q); }
 
 ParamLayout dense_part(const ParamLayout & layout, const QuantLayout & q) {
-    std::vector<std::string> held;
-    for (const auto & e : q.entries) held.insert(held.end(), e.names.begin(), e.names.end());
+    std::unordered_set<std::string_view> held;   // a mixture of experts packs thousands of matrices
+    for (const auto & e : q.entries) held.insert(e.names.begin(), e.names.end());
     ParamLayout out;
     for (auto p : layout.params) {
-        if (std::find(held.begin(), held.end(), p.name) != held.end()) continue;
+        if (held.count(p.name)) continue;
         p.offset = out.total;
         out.total += p.numel;
         out.params.push_back(std::move(p));

@@ -145,6 +145,10 @@ std::vector<std::string> peft_target_modules(const ModelConfig & cfg, const Lora
 struct QuantEntry {
     int         layer = 0;
     Proj        proj = Proj::qkv;
+    // A sparse layer's experts: expert e's gate|up (fc) or down matrix, entries of one layer and
+    // projection adjacent in expert order, so one expert's packed bytes follow the previous one's
+    // at a fixed stride (QWeight::stride).
+    int         expert = -1;
     QuantDesc   q;
     size_t      offset = 0;            // bytes
     std::vector<std::string> names;

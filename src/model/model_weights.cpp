@@ -154,8 +154,16 @@ ModelWeights quantized_model_weights(const ModelConfig & cfg, const QuantLayout 
 ModelWeights quantized_model_weights(const ModelConfig & cfg, const ParamLayout & dense, const QuantLayout & q,
                                      BufferId flat, DType dtype, BufferId qflat) {
     ModelWeights w = model_weights(cfg, dense, flat, dtype);
-    for (const auto & e : q.entries) {
-        const QWeight qw{Tensor(qflat, DType::u8, {int64_t(quant_bytes(e.q))}, e.offset), e.q};
+    for (size_t i = 0; i < q.entries.size(); ++i) {
+        const QuantEntry & e = q.entries[i];
+        if (e.expert > 0) continue;   // the first expert's view spans the stack
+        QWeight qw{Tensor(qflat, DType::u8, {int64_t(quant_bytes(e.q))}, e.offset), e.q};
+        if (e.expert == 0 && cfg.moe.experts > 1) {   // expert e's bytes at e strides (its entries adjacent)
+            const QuantEntry & next = q.entries[i + 1];
+            MF_ASSERT(next.expert == 1 && next.proj == e.proj && next.layer == e.layer);
+            qw.stride = int64_t(next.offset - e.offset);
+            qw.packed = Tensor(qflat, DType::u8, {(cfg.moe.experts - 1) * qw.stride + int64_t(quant_bytes(e.q))}, e.offset);
+        }
         auto & y = w.h[size_t(e.layer)];
         switch (e.proj) {
             case Proj::qkv: y.qkvq = qw; break;

@@ -96,7 +96,8 @@ void Transformer::moe_fc(Graph & g, Tensor fch, Tensor xs, const LayerActs & a, 
                          Tensor x, bool rc) const {
     const MoeDesc d = moe_desc(a.layer);
     g.moe_gather(xs, x, a.moe_route, d);
-    g.moe_gemm(fch, xs, p.fcw, a.moe_route, d, MoeGemm::fwd);
+    if (p.fcq.valid()) g.moe_qgemm(fch, xs, p.fcq, a.moe_route, d, MoeGemm::fwd);
+    else g.moe_gemm(fch, xs, p.fcw, a.moe_route, d, MoeGemm::fwd);
     moe_adapters_fwd(g, fch, xs, a, p, Proj::fc, rc);
 }
 
@@ -110,7 +111,8 @@ void Transformer::moe_fwd(Graph & g, const LayerActs & a, const ModelWeights::La
     moe_fc(g, a.fch, a.moe_xs, a, p, x, a.rc);
     act_fwd(g, a.fch_gelu, a.fch);
     if (!need_output) return;
-    g.moe_gemm(a.moe_y, a.fch_gelu, p.fcprojw, a.moe_route, d, MoeGemm::fwd);
+    if (p.fcprojq.valid()) g.moe_qgemm(a.moe_y, a.fch_gelu, p.fcprojq, a.moe_route, d, MoeGemm::fwd);
+    else g.moe_gemm(a.moe_y, a.fch_gelu, p.fcprojw, a.moe_route, d, MoeGemm::fwd);
     moe_adapters_fwd(g, a.moe_y, a.fch_gelu, a, p, Proj::down, a.rc);
     g.moe_combine(a.fcproj, a.moe_y, a.moe_wts, a.moe_route, d);
 }
@@ -122,7 +124,8 @@ void Transformer::moe_bwd(Graph & g, const LayerActs & a, const ModelWeights::La
                           const ModelWeights::Layer & dp, Tensor x, Tensor dout) const {
     const MoeDesc d = moe_desc(a.layer);
     g.moe_gather(a.moe_dys, dout, a.moe_route, d);
-    g.moe_gemm(a.dfch_gelu, a.moe_dys, p.fcprojw, a.moe_route, d, MoeGemm::data);
+    if (p.fcprojq.valid()) g.moe_qgemm(a.dfch_gelu, a.moe_dys, p.fcprojq, a.moe_route, d, MoeGemm::data);
+    else g.moe_gemm(a.dfch_gelu, a.moe_dys, p.fcprojw, a.moe_route, d, MoeGemm::data);
     // The down adapters' share of g (unweighted): g += scale (dys B_e) A_e, so that g . act is
     // d(output) . y whole (the weights' gradient) and the weighting below covers both.
     const std::vector<ExpertAdapter> down = expert_adapters(p, Proj::down), fc = expert_adapters(p, Proj::fc);
@@ -139,7 +142,8 @@ void Transformer::moe_bwd(Graph & g, const LayerActs & a, const ModelWeights::La
     act_bwd(g, a.dfch, a.dfch_gelu, a.fch);
     if (dp.fcw.valid() || !fc.empty()) g.moe_gather(a.moe_xs_b, x, a.moe_route, d);
     if (dp.fcw.valid()) g.moe_gemm(dp.fcw, a.dfch, a.moe_xs_b, a.moe_route, d, MoeGemm::weight);
-    g.moe_gemm(a.moe_dxs, a.dfch, p.fcw, a.moe_route, d, MoeGemm::data);
+    if (p.fcq.valid()) g.moe_qgemm(a.moe_dxs, a.dfch, p.fcq, a.moe_route, d, MoeGemm::data);
+    else g.moe_gemm(a.moe_dxs, a.dfch, p.fcw, a.moe_route, d, MoeGemm::data);
     moe_adapters_bwd(g, a.moe_dxs, a.dfch, a.moe_xs_b, a, p, dp, Proj::fc);
     g.moe_scatter(a.dln2, a.moe_dxs, a.moe_route, d, false);
     g.moe_route_bwd(a.moe_dlogits, a.moe_dwts, a.moe_logits, a.moe_route, a.moe_wts, moe_stats_, d);

@@ -165,6 +165,18 @@ TEST(CudaEngine, MixtureOfExpertsMatchesTheCpuBackend) {
         for (int k = 0; k < kCategoryCount; ++k)
             EXPECT_EQ(b.planned_live.v[size_t(k)], b.measured_live.v[size_t(k)]) << category_name(Category(k));
     }
+    // QLoRA on the experts: each expert's packed matrices through the grouped qgemm.
+    ModelConfig cfg = model_preset("qwen3-moe-nano");
+    cfg.vocab_size = 96;
+    cfg.head_size = 32;
+    EngineOptions eo;
+    eo.B = 2, eo.T = 32, eo.with_eval = false, eo.flash_attention = true;
+    eo.lora = test::lora_options(cfg, 4, BaseWeights::nf4);
+    CpuBackend cpu;
+    const Trained a = train(cpu, cfg, eo, 3), b = train(*test::gpu(), cfg, eo, 3);
+    for (size_t s = 0; s < a.losses.size(); ++s)
+        EXPECT_LT(std::fabs(a.losses[s] - b.losses[s]) / std::fabs(a.losses[s]), 1e-4) << "qlora step " << s;
+    EXPECT_LT(rel_diff(a.params, b.params), 1e-4);
 }
 
 // Packed documents (--packing) on the device: the CPU's steps, the plan the bytes acquired.

@@ -250,16 +250,45 @@ TEST(MoeLora, MergedWeightsComputeWhatTheAdaptersDo) {
     }
 }
 
+// QLoRA: every expert's gate|up and down packed (nf4 with double quantization, int8), read by
+// the grouped matmul expert by expert: the logits of the dense model with the dequantized weights.
+TEST(MoeLora, QuantizedExpertsComputeWithTheDequantizedWeights) {
+    CpuBackend backend;
+    for (BaseWeights bw : {BaseWeights::nf4, BaseWeights::int8}) {
+        SCOPED_TRACE(base_weights_name(bw));
+        const ModelConfig cfg = lora_moe("qwen3-moe-nano");
+        const QuantLayout ql = make_quant_layout(cfg, quant_format(bw, true));
+        size_t experts = 0;
+        for (const QuantEntry & e : ql.entries) experts += e.expert >= 0;
+        EXPECT_EQ(experts, size_t(2 * cfg.moe.experts * cfg.moe_layers()));
+        Engine q(cfg, backend, test::lora_engine_options(2, 8, test::lora_options(cfg, 4, bw)));
+        q.init_params(9);
+        const std::vector<float> w = q.base_weights();
+        Engine full(cfg, backend, test::lora_engine_options(2, 8, LoraOptions{}));
+        full.init_params(9);
+        double err = 0;
+        for (size_t i = 0; i < w.size(); ++i) err += std::fabs(w[i] - full.params()[i]);
+        EXPECT_GT(err, 0.0);   // quantized
+        std::copy(w.begin(), w.end(), full.params());
+        full.params_changed();
+        std::vector<int32_t> in(16), tg(16);
+        test::random_batch(in, tg, cfg.vocab_size, 2);
+        const auto a = full.logits(in.data(), 2), b = q.logits(in.data(), 2);
+        for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-5f * (1 + std::fabs(a[i]))) << i;
+    }
+}
+
 TEST(MoeLora, AdapterGradientsMatchFiniteDifferences) {
     CpuBackend backend;
-    for (const char * preset : {"mixtral-nano", "qwen3-moe-nano"}) {
-        SCOPED_TRACE(preset);
+    for (const auto & [preset, bw] : {std::pair{"mixtral-nano", BaseWeights::compute},
+                                      std::pair{"qwen3-moe-nano", BaseWeights::compute},
+                                      std::pair{"qwen3-moe-nano", BaseWeights::nf4}}) {
+        SCOPED_TRACE(std::string(preset) + " " + base_weights_name(bw));
         const ModelConfig cfg = lora_moe(preset);
         // Enough tokens that every expert gets some (else its adapters' gradients are zero).
         // The experts' adapters (the attention's are LoRA's own tests'; here a difference step on
         // them moves the next layer's routing more than the experts' do).
-        Engine e(cfg, backend, test::lora_engine_options(4, 16, test::lora_options(cfg, 3, BaseWeights::compute,
-                                                                                    "gate,up,down")));
+        Engine e(cfg, backend, test::lora_engine_options(4, 16, test::lora_options(cfg, 3, bw, "gate,up,down")));
         e.init_params(1);
         // A decisive router (GPT-2's initial 0.02 leaves the experts' logits nearly tied, and a
         // difference step would then move tokens between experts: a jump, not a slope).
