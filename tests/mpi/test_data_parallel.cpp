@@ -264,3 +264,26 @@ TEST(DataParallel, SparsityEqualsOneProcessAtEveryZeroStage) {
         }
     }
 }
+
+// A mixture of experts under data parallel at every ZeRO stage (ZeRO-3 gathers each layer's
+// router and experts with the rest of it): without the router losses (a per-rank mean, as
+// transformers' under DDP) the one process's losses and weights; with them, every stage the same.
+TEST(DataParallel, MixtureOfExpertsAtEveryZeroStage) {
+    Communicator & c = world();
+    ASSERT_GE(c.size(), 2) << "run under mpirun -np 2 or more";
+    const int G = std::max(4, c.size()), T = 8, steps = 3;
+    ModelConfig cfg = model_preset("qwen3-moe-nano");
+    cfg.vocab_size = 37;
+    cfg.moe.aux_coef = 0;
+    const DpRun one = train(cfg, DType::f32, G, T, 1, steps, nullptr);
+    for (int zero : {0, 1, 2, 3}) {
+        SCOPED_TRACE("zero " + std::to_string(zero));
+        expect_fp32_equal(c, train(cfg, DType::f32, G, T, 1, steps, &c, zero), one, steps);
+    }
+    cfg.moe.aux_coef = 0.01f;
+    const DpRun base = train(cfg, DType::f32, G, T, 1, steps, &c, 0);
+    for (int zero : {1, 2, 3}) {
+        SCOPED_TRACE("with the aux loss, zero " + std::to_string(zero));
+        expect_fp32_equal(c, train(cfg, DType::f32, G, T, 1, steps, &c, zero), base, steps);
+    }
+}
