@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string_view>
+#include <unordered_map>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -309,6 +310,8 @@ QuantLayout make_quant_layout(const ModelConfig & cfg, const QuantDesc & proto) 
     const QuantFormat format = proto.format;
     QuantLayout q;
     const ParamLayout full = make_param_layout(cfg);
+    std::unordered_map<std::string_view, const ParamInfo *> by_name;   // a mixture: thousands of matrices
+    for (const ParamInfo & p : full.params) by_name.emplace(p.name, &p);
     for (int l = 0; l < cfg.n_layer; ++l) {
         std::vector<std::pair<Proj, std::vector<std::string>>> groups;
         std::vector<int> experts;   // by group: the expert it holds (-1: none)
@@ -344,7 +347,9 @@ QuantLayout make_quant_layout(const ModelConfig & cfg, const QuantDesc & proto) 
             e.q.format = format;
             e.q.bits = proto.bits;
             for (const auto & n : names) {
-                const ParamInfo & p = full.find(n);
+                const auto found = by_name.find(n);
+                MF_ASSERT(found != by_name.end());
+                const ParamInfo & p = *found->second;
                 // [out, in]: LLaMA's Linear as stored; GPT-2's Conv1D [in, out] transposed.
                 const int64_t out = cfg.llama() ? p.shape[0] : p.shape[1], in = cfg.llama() ? p.shape[1] : p.shape[0];
                 MF_ASSERT(e.q.in == 0 || e.q.in == in);

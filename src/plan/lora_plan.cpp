@@ -20,21 +20,28 @@ std::shared_ptr<const LoraPlan> make_lora_plan(const ModelConfig & cfg, const Lo
         lp->adapters += n;
         if (s.head) lp->head_adapters += n;
         if (s.embed) lp->embed_adapters += n;
-        if (s.layer != 0) continue;   // every layer has the same sites
+        if (s.layer != 0) continue;   // every layer has the same sites (a mixture's dense ones: below)
         lp->adapters_per_layer += n;
         lp->adapters_by_proj[size_t(s.proj)] += n;
         lp->adapted |= 1u << int(s.proj);
-        lp->u_cols += r;
-        lp->site_cols += s.cols;
-        lp->max_site_cols = std::max(lp->max_site_cols, s.cols);
-        lp->site_in += s.in;
-        lp->site_weights += s.cols * s.in;
-        lp->max_site_in = std::max(lp->max_site_in, s.in);
+        if (s.expert > 0) continue;   // an expert module's buffers: its first expert's, over k rows per token
+        const int64_t k = s.expert == 0 ? cfg.moe.top_k : 1;
+        lp->u_cols += r * k;
+        lp->site_cols += s.cols * k;
+        lp->max_site_cols = std::max(lp->max_site_cols, s.cols * k);
+        lp->site_in += s.in * k;
+        lp->site_weights += s.cols * s.in * k;
+        lp->max_site_in = std::max(lp->max_site_in, s.in * k);
     }
-    MF_ASSERT(lp->adapters == lp->adapters_per_layer * cfg.n_layer + lp->head_adapters + lp->embed_adapters);
+    // A mixture of experts with dense layers (mlp_only_layers): the blocks' mean.
+    const int64_t blocks = lp->adapters - lp->head_adapters - lp->embed_adapters;
+    if (cfg.moe.enabled()) lp->adapters_per_layer = (blocks + cfg.n_layer - 1) / cfg.n_layer;
+    else MF_ASSERT(blocks == lp->adapters_per_layer * cfg.n_layer);
     MF_ASSERT(size_t(lp->adapters) == lora_param_count(cfg, lp->opts));
     const int64_t C = cfg.n_embd;
     lp->projection_params = C * (int64_t(cfg.qkv_dim()) + C + int64_t(cfg.fc_dim()) + int64_t(cfg.ffn_dim()));
+    if (cfg.moe.enabled())   // a sparse layer's: every expert's gate|up and down
+        lp->projection_params = C * (int64_t(cfg.qkv_dim()) + C + 3 * int64_t(cfg.moe.experts) * cfg.moe.ffn);
     lp->largest_projection = C * std::max<int64_t>({cfg.qkv_dim(), C, cfg.fc_dim(), cfg.ffn_dim()});
     for (int p = 0; p < 4 && lora.dora; ++p)
         if (lp->adapts(Proj(p))) {
@@ -43,10 +50,11 @@ std::shared_ptr<const LoraPlan> make_lora_plan(const ModelConfig & cfg, const Lo
         }
     if (lora.quantized()) {
         const QuantLayout q = make_quant_layout(cfg, lora.quant());
-        for (const QuantEntry & e : q.entries)
-            if (e.layer == 0) lp->packed[size_t(e.proj)] = (quant_bytes(e.q) + 63) / 64 * 64;
+        for (const QuantEntry & e : q.entries)   // a sparse layer's: every expert's
+            if (e.layer == 0) lp->packed[size_t(e.proj)] += (quant_bytes(e.q) + 63) / 64 * 64;
         for (uint64_t b : lp->packed) lp->packed_per_layer += b;
-        MF_ASSERT(q.bytes == lp->packed_per_layer * uint64_t(cfg.n_layer));
+        if (cfg.moe.enabled()) lp->packed_per_layer = (q.bytes + uint64_t(cfg.n_layer) - 1) / uint64_t(cfg.n_layer);
+        else MF_ASSERT(q.bytes == lp->packed_per_layer * uint64_t(cfg.n_layer));
     }
     return lp;
 }
