@@ -309,11 +309,12 @@ Activations activations(const ModelConfig & cfg, const Candidate & c, int seq, i
     // Tiled: one chunk's recomputed intermediates and their gradients, 2 M (F + A).
     const uint64_t mlp_width = cfg.moe.enabled() ? 3 * uint64_t(cfg.moe.ffn) : uint64_t(cfg.fc_dim() + cfg.ffn_dim());
     const uint64_t mlp_work = M > 0 ? 2 * M * mlp_width * s / tp : rows * mlp_width * s / tp;
-    // A mixture of experts: the experts' k rows per token, and backward's dispatched output
-    // gradient, input and input gradient ([N k, C] each), the weights' and logits' gradients.
+    // A mixture of experts: the experts' k rows per token, and one of backward's dispatched output
+    // gradient, input and input gradient ([N k, C] each: the arena reuses their bytes in turn),
+    // the weights' and logits' gradients.
     const uint64_t k = cfg.moe.enabled() ? uint64_t(cfg.moe.top_k) : 1;
     const uint64_t moe_work = !cfg.moe.enabled() ? 0
-                                                 : (k - 1) * mlp_work + 3 * k * BTC + rows * (uint64_t(cfg.moe.experts) * s + k * 4);
+                                                 : (k - 1) * mlp_work + k * BTC + rows * (uint64_t(cfg.moe.experts) * s + k * 4);
     const uint64_t grads = mlp_work + moe_work + rows * uint64_t(cfg.qkv_dim()) * s / tp + 3 * BTC;
     // LoRA's backward transients: dd, du, and with dropout the regenerated dropped input and its
     // gradient (the forward's dropped copy is gone by then).
