@@ -184,6 +184,8 @@ public:
     void moe_scatter(Tensor dx, Tensor dxs, Tensor route, const MoeDesc & d, bool accumulate);
     void moe_combine(Tensor out, Tensor y, Tensor wts, Tensor route, const MoeDesc & d);
     void moe_weight_bwd(Tensor dwts, Tensor g, Tensor dys, Tensor act, Tensor wts, Tensor route, const MoeDesc & d);
+    void sigmoid_gate_fwd(Tensor out, Tensor y, Tensor logit);
+    void sigmoid_gate_bwd(Tensor dy, Tensor dlogit, Tensor dout, Tensor y, Tensor logit);
     // The grouped matmul (backend/moe.h's MoeGemm forms): each expert's rows, as the route's
     // offsets give them when the op runs, by the backend's gemm in tiles (kMoeTile, then powers
     // of two), so its workspace is planned for every tile shape.

@@ -78,6 +78,18 @@ void Graph::moe_weight_bwd(Tensor dwts, Tensor g, Tensor dys, Tensor act, Tensor
     end();
 }
 
+void Graph::sigmoid_gate_fwd(Tensor out, Tensor y, Tensor logit) {
+    if (begin("sigmoid_gate_fwd", 2.0 * double(y.numel()) + 4.0 * double(logit.numel()), {out, y, logit}))
+        backend_->sigmoid_gate_fwd(resolve(out), resolve(y), resolve(logit));
+    end();
+}
+
+void Graph::sigmoid_gate_bwd(Tensor dy, Tensor dlogit, Tensor dout, Tensor y, Tensor logit) {
+    if (begin("sigmoid_gate_bwd", 3.0 * double(y.numel()) + 6.0 * double(logit.numel()), {dy, dlogit, dout, y, logit}))
+        backend_->sigmoid_gate_bwd(resolve(dy), resolve(dlogit), resolve(dout), resolve(y), resolve(logit));
+    end();
+}
+
 void Graph::moe_gemm(Tensor c, Tensor a, Tensor b, Tensor route, const MoeDesc & d, MoeGemm mode, int64_t stride,
                      bool accumulate) {
     const int64_t rows = a.rows(), E = d.experts;

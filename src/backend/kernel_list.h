@@ -101,6 +101,11 @@ MF_KERNEL(moe_combine, (Tensor out, Tensor y, Tensor wts, Tensor route, const Mo
 // The combine's backward through the down projection, g [N*k, F] = d(output) gathered times
 // W_down: dwts[n,j] = g[s] . act[s] (s = slot(n,j)), then g[s] and dys[s] times wts[n,j] in place.
 MF_KERNEL(moe_weight_bwd, (Tensor dwts, Tensor g, Tensor dys, Tensor act, Tensor wts, Tensor route, const MoeDesc & d))
+// Qwen2-MoE's shared expert: out[n] += sigmoid(logit[n]) y[n] (out, y [N, C], logit [N, 1], one
+// dtype); its backward: dy[n] = sigmoid(logit[n]) dout[n], dlogit[n] = s (1 - s) dout[n] . y[n]
+// (both written).
+MF_KERNEL(sigmoid_gate_fwd, (Tensor out, Tensor y, Tensor logit))
+MF_KERNEL(sigmoid_gate_bwd, (Tensor dy, Tensor dlogit, Tensor dout, Tensor y, Tensor logit))
 // GeGLU (Gemma 3): out[N,I] = gelu(gate) * up, GELU's tanh form; its backward as swiglu_bwd's.
 MF_KERNEL(geglu_fwd, (Tensor out, Tensor inp))
 MF_KERNEL(geglu_bwd, (Tensor dinp, Tensor dout, Tensor inp))

@@ -89,6 +89,7 @@ constexpr Preset kPresets[] = {
     {"qwen3-30b-a3b", "qwen3_moe", 151936, 40960, 2048, 48, 32, 4, 6144, 1000000.f, false, "Qwen3-30B-A3B (128 experts, top 8)"},
     {"qwen3-235b-a22b", "qwen3_moe", 151936, 40960, 4096, 94, 64, 4, 12288, 1000000.f, false, "Qwen3-235B-A22B (128 experts, top 8)"},
     {"olmoe-1b-7b",  "olmoe",   50304,  4096,   2048, 16, 16, 16, 1024, 10000.f,   false, "OLMoE-1B-7B (0924: 64 experts, top 8)"},
+    {"qwen1.5-moe-a2.7b", "qwen2_moe", 151936, 8192, 2048, 24, 16, 16, 5632, 1000000.f, false, "Qwen1.5-MoE-A2.7B (60 experts, top 4, a shared expert)"},
 };
 
 // The MoE presets' experts: count, top-k, each one's width, norm_topk_prob, the aux-loss
@@ -105,6 +106,7 @@ constexpr MoePreset kMoePresets[] = {
     {"mixtral-nano", 4, 2, 64, true, 0.01f, 0},      {"qwen3-moe-nano", 8, 2, 32, true, 0.01f, 16},
     {"mixtral-8x7b", 8, 2, 14336, true, 0.001f, 0},  {"qwen3-30b-a3b", 128, 8, 768, true, 0.001f, 128},
     {"qwen3-235b-a22b", 128, 8, 1536, true, 0.001f, 128}, {"olmoe-1b-7b", 64, 8, 1024, false, 0.01f, 0},
+    {"qwen1.5-moe-a2.7b", 60, 4, 1408, false, 0.001f, 0},
 };
 
 // Gemma 3's presets beyond the table's columns: the global layers' linear rope_scaling factor
@@ -167,7 +169,9 @@ int64_t params_with(const ModelConfig & m, int64_t blocks, int active = -1) {
                              (m.qk_norm ? 2 * m.qk_norm_width() : 0) + C * A;
         const int64_t dense = (m.gated() ? 3 : 2) * C * F + (m.proj_bias ? 2 * C + F : 0);
         const int64_t experts = active < 0 ? m.moe.experts : active;
-        const int64_t sparse = int64_t(m.moe.experts) * C + experts * 3 * C * m.moe.ffn;   // router, experts
+        // router, experts, Qwen2-MoE's shared expert and its gate
+        const int64_t sparse = int64_t(m.moe.experts) * C + experts * 3 * C * m.moe.ffn +
+                               (m.moe.shared_ffn > 0 ? 3 * C * m.moe.shared_ffn + C : 0);
         int64_t layers = 0;
         for (int64_t l = 0; l < blocks; ++l) layers += attn + (m.moe_layer(int(l)) ? sparse : dense);
         return V * C + layers + norm + (m.tied_head ? 0 : V * C);
@@ -335,6 +339,7 @@ ModelConfig model_preset(const std::string & name) {
                 c.moe.norm_topk = m.norm_topk;
                 c.moe.aux_coef = m.aux;
                 if (m.head_dim > 0) c.head_size = m.head_dim;
+                if (c.model_type == "qwen2_moe") c.moe.shared_ffn = 4 * m.ffn;   // Qwen1.5-MoE's 5632
             }
         for (const RopePreset & r : kRopePresets)
             if (name == r.name) {

@@ -38,6 +38,9 @@ struct MoeConfig {
     float aux_coef = 0;       // router_aux_loss_coef while output_router_logits, else 0
     float aux_coef_off = 0;   // router_aux_loss_coef as written while output_router_logits is false
     float z_coef = 0;         // router_z_loss_coef
+    // Qwen2-MoE's shared expert: a SwiGLU MLP of this width over every token, scaled per token by
+    // sigmoid(shared_expert_gate . x) and added to the experts' output (0: none).
+    int   shared_ffn = 0;
     bool enabled() const { return experts > 0; }
     bool layer(int l) const {
         if (experts <= 0 || (l + 1) % sparse_step != 0) return false;

@@ -22,6 +22,8 @@ constexpr LlamaType kLlamaTypes[] = {
     // Mixtures of experts (MixtralConfig, Qwen3MoeConfig, OlmoeConfig defaults).
     {"mixtral", "MixtralForCausalLM", 32000, 131072, 1e-5f, 0, false, false, false, 0, false, false, "mixtral", false,
      1e6f, false, MoeNaming::mixtral},
+    {"qwen2_moe", "Qwen2MoeForCausalLM", 151936, 32768, 1e-6f, 0, true, false, false, -1, true, false, nullptr, false,
+     10000.0f, false, MoeNaming::qwen},
     {"qwen3_moe", "Qwen3MoeForCausalLM", 151936, 32768, 1e-6f, 0, false, true, false, -1, true, false, nullptr, false,
      10000.0f, false, MoeNaming::qwen},
     {"olmoe", "OlmoeForCausalLM", 50304, 4096, 1e-5f, 0, false, true, false, -1, false, false, nullptr, false, 10000.0f,

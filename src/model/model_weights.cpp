@@ -114,6 +114,9 @@ ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, 
                 y.routerw = view(router_param(cfg, h));
                 y.fcw = stacked(expert_param(cfg, h, 0, ExpertPart::gate), {E, 2 * F, C});
                 y.fcprojw = stacked(expert_param(cfg, h, 0, ExpertPart::down), {E, C, F});
+                y.shw1 = fused({h + "mlp.shared_expert.gate_proj.weight", h + "mlp.shared_expert.up_proj.weight"});
+                y.shw2 = view(h + "mlp.shared_expert.down_proj.weight");
+                y.shgw = view(h + "mlp.shared_expert_gate.weight");
                 w.h.push_back(y);
                 continue;
             }

@@ -40,6 +40,7 @@ struct MoeDefaults {
 };
 constexpr MoeDefaults kMoeDefaults[] = {
     {"mixtral", "num_local_experts", 8, 2, 0.001f, true, false, 14336},
+    {"qwen2_moe", "num_experts", 60, 4, 0.001f, false, true, 1408},
     {"qwen3_moe", "num_experts", 128, 8, 0.001f, false, true, 768},
     {"olmoe", "num_experts", 64, 8, 0.01f, false, false, 2048},
 };
@@ -81,8 +82,10 @@ void parse_moe_fields(const nlohmann::json & j, const LlamaType & t, const std::
     if (float_of(j, "router_jitter_noise", 0.0f, name) != 0.0f)
         refuse("router_jitter_noise", "memfit routes without noise; set it to 0");
     if (j.contains("clip_qkv") && !j["clip_qkv"].is_null()) refuse("clip_qkv", "memfit does not clip q, k and v");
-    if (int_of(j, "shared_expert_intermediate_size", 0, name) > 0)
-        refuse("shared_expert_intermediate_size", "shared experts (Qwen2-MoE) are not implemented yet");
+    const bool shared = std::string(t.type) == "qwen2_moe";   // Qwen2MoeConfig's default: 5632
+    m.shared_ffn = int_of(j, "shared_expert_intermediate_size", shared ? 5632 : 0, name);
+    if (!shared && m.shared_ffn > 0)
+        refuse("shared_expert_intermediate_size", fmt::format("{} has no shared experts (qwen2_moe does)", t.type));
 }
 
 void add_moe_fields(const ModelConfig & cfg, const LlamaType & t, nlohmann::json & j) {
@@ -94,7 +97,8 @@ void add_moe_fields(const ModelConfig & cfg, const LlamaType & t, nlohmann::json
     else j["intermediate_size"] = m.ffn;
     if (t.moe != MoeNaming::mixtral) j["norm_topk_prob"] = m.norm_topk;
     if (t.moe == MoeNaming::mixtral) j["router_jitter_noise"] = 0.0;
-    if (std::string(t.type) == "qwen3_moe") {
+    if (m.shared_ffn > 0) j["shared_expert_intermediate_size"] = m.shared_ffn;
+    if (std::string(t.type) != "mixtral" && std::string(t.type) != "olmoe") {
         j["decoder_sparse_step"] = m.sparse_step;
         j["mlp_only_layers"] = m.dense_layers;
     }
@@ -137,6 +141,8 @@ void validate_moe(const ModelConfig & cfg, const LlamaType * t) {
         bad(fmt::format("router_aux_loss_coef = {} and router_z_loss_coef = {} must not be negative",
                         m.aux_coef + m.aux_coef_off, m.z_coef));
     if (cfg.share_layers > 1) bad("shared blocks of a mixture of experts are not supported");
+    if (m.shared_ffn < 0 || m.shared_ffn > (1 << 22))
+        bad(fmt::format("shared_expert_intermediate_size = {} out of range", m.shared_ffn));
 }
 
 }  // namespace memfit

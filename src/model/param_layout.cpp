@@ -69,6 +69,12 @@ ParamLayout make_param_layout(const ModelConfig & cfg) {
                     add(expert_param(cfg, h, e, ExpertPart::up), {Fe, C});
                 }
                 for (int e = 0; e < E; ++e) add(expert_param(cfg, h, e, ExpertPart::down), {C, Fe});
+                if (const int64_t Fs = cfg.moe.shared_ffn; Fs > 0) {   // Qwen2-MoE: gate|up adjacent
+                    add(h + "mlp.shared_expert.gate_proj.weight", {Fs, C});
+                    add(h + "mlp.shared_expert.up_proj.weight", {Fs, C});
+                    add(h + "mlp.shared_expert.down_proj.weight", {C, Fs});
+                    add(h + "mlp.shared_expert_gate.weight", {1, C});
+                }
                 continue;
             }
             if (cfg.gated()) add(h + "mlp.gate_proj.weight", {F, C});

@@ -642,6 +642,7 @@ Transformer::LayerActs Transformer::with_own_grads(LayerActs r, const LayerActs 
     r.cp_dkv_next = own.cp_dkv_next, r.cp_dkv_home = own.cp_dkv_home;
     r.moe_dys = own.moe_dys, r.moe_xs_b = own.moe_xs_b, r.moe_dxs = own.moe_dxs, r.moe_dwts = own.moe_dwts;
     r.moe_dlogits = own.moe_dlogits;
+    r.sh_dout = own.sh_dout, r.sh_dact = own.sh_dact, r.sh_dfc = own.sh_dfc, r.sh_dgate = own.sh_dgate;
     return r;
 }
 

@@ -48,6 +48,7 @@ struct ModelWeights {
         // A mixture of experts' layer: the router [E, C]; fcw and fcprojw are then the experts'
         // stacks [E, 2F, C] (gate|up) and [E, C, F] (down).
         Tensor routerw;
+        Tensor shw1, shw2, shgw;   // Qwen2-MoE's shared expert: gate|up [2F, C], down [C, F], gate [1, C]
         // A quantized base (LoRA): the projections' packed weights; the Tensor ones are invalid.
         QWeight qkvq, projq, fcq, fcprojq;
         std::vector<Adapter> adapters;
@@ -307,6 +308,9 @@ private:
         // Backward: d(output) dispatched, the input dispatched again, its gradient, the weights'
         // and the logits' gradients.
         Tensor moe_logits, moe_route, moe_wts, moe_xs, moe_y, moe_dys, moe_xs_b, moe_dxs, moe_dwts, moe_dlogits;
+        // Qwen2-MoE's shared expert (kept: its gate|up, SwiGLU and output [N, .], its gate's logit
+        // [N, 1]) and backward's gradients of them.
+        Tensor sh_fc, sh_act, sh_out, sh_gate, sh_dout, sh_dact, sh_dfc, sh_dgate;
         int layer = 0;
         bool rc = false;   // the recomputation's set
     };

@@ -34,7 +34,20 @@ void Transformer::declare_moe(Program & program, const std::string & h, bool wit
     a.moe_wts = act("moe.weights", {N, k}, true);
     a.moe_xs = act("moe.dispatch", {N * k, C});
     a.moe_y = act("moe.experts.out", {N * k, C});
+    const int64_t Fs = cfg_.moe.shared_ffn;
+    if (Fs > 0) {
+        a.sh_fc = act("moe.shared.fc", {N, 2 * Fs});
+        a.sh_act = act("moe.shared.swiglu", {N, Fs});
+        a.sh_out = act("moe.shared.out", {N, C});
+        a.sh_gate = act("moe.shared.gate", {N, 1});
+    }
     if (!with_backward) return;
+    if (Fs > 0) {
+        a.sh_dout = act("moe.shared.out.grad", {N, C});
+        a.sh_dact = act("moe.shared.swiglu.grad", {N, Fs});
+        a.sh_dfc = act("moe.shared.fc.grad", {N, 2 * Fs});
+        a.sh_dgate = act("moe.shared.gate.grad", {N, 1});
+    }
     a.moe_dys = act("moe.experts.out.grad", {N * k, C});
     a.moe_xs_b = act("moe.dispatch.bwd", {N * k, C});
     a.moe_dxs = act("moe.dispatch.grad", {N * k, C});
@@ -115,6 +128,13 @@ void Transformer::moe_fwd(Graph & g, const LayerActs & a, const ModelWeights::La
     else g.moe_gemm(a.moe_y, a.fch_gelu, p.fcprojw, a.moe_route, d, MoeGemm::fwd);
     moe_adapters_fwd(g, a.moe_y, a.fch_gelu, a, p, Proj::down, a.rc);
     g.moe_combine(a.fcproj, a.moe_y, a.moe_wts, a.moe_route, d);
+    if (!p.shw1.valid()) return;
+    // Qwen2-MoE's shared expert over every token, gated by sigmoid(x . g).
+    g.matmul_fwd(a.sh_fc, x, p.shw1, Tensor{}, WeightLayout::out_in);
+    act_fwd(g, a.sh_act, a.sh_fc);
+    g.matmul_fwd(a.sh_out, a.sh_act, p.shw2, Tensor{}, WeightLayout::out_in);
+    g.matmul_fwd(a.sh_gate, x, p.shgw, Tensor{}, WeightLayout::out_in);
+    g.sigmoid_gate_fwd(a.fcproj, a.sh_out, a.sh_gate);
 }
 
 // d(output) dispatched (dys); g = dys . W_down per expert; the weights' gradient g . act, then g
@@ -148,6 +168,12 @@ void Transformer::moe_bwd(Graph & g, const LayerActs & a, const ModelWeights::La
     g.moe_scatter(a.dln2, a.moe_dxs, a.moe_route, d, false);
     g.moe_route_bwd(a.moe_dlogits, a.moe_dwts, a.moe_logits, a.moe_route, a.moe_wts, moe_stats_, d);
     g.matmul_bwd(a.dln2, dp.routerw, Tensor{}, a.moe_dlogits, x, p.routerw, WeightLayout::out_in, true);
+    if (!p.shw1.valid()) return;
+    g.sigmoid_gate_bwd(a.sh_dout, a.sh_dgate, dout, a.sh_out, a.sh_gate);
+    g.matmul_bwd(a.sh_dact, dp.shw2, Tensor{}, a.sh_dout, a.sh_act, p.shw2, WeightLayout::out_in);
+    act_bwd(g, a.sh_dfc, a.sh_dact, a.sh_fc);
+    g.matmul_bwd(a.dln2, dp.shw1, Tensor{}, a.sh_dfc, x, p.shw1, WeightLayout::out_in, true);
+    g.matmul_bwd(a.dln2, dp.shgw, Tensor{}, a.sh_dgate, x, p.shgw, WeightLayout::out_in, true);
 }
 
 }  // namespace memfit

@@ -253,6 +253,8 @@ uint64_t kept_per_layer(const ModelConfig & cfg, const Candidate & c, int seq, u
     if (cfg.moe.enabled()) {
         const uint64_t E = uint64_t(cfg.moe.experts), k = uint64_t(cfg.moe.top_k);
         replicated += rows * E * s + (E + 1 + 3 * rows * k) * 4 + rows * k * 4;
+        // Qwen2-MoE's shared expert: its gate|up, SwiGLU, output and gate logit, every policy.
+        replicated += rows * (3 * uint64_t(cfg.moe.shared_ffn) + (cfg.moe.shared_ffn > 0 ? uint64_t(cfg.n_embd) + 1 : 0)) * s;
     }
     for (int u = 0; u < int(Saved::count); ++u) {
         if (!((mask >> u) & 1u)) continue;

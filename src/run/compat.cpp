@@ -238,7 +238,8 @@ std::optional<std::string> moe_refusal(const RunConfig & r, const ModelConfig & 
                         : lora && r.lora.variant == "dora" ? "--lora-variant dora"
                         : lora && r.lora.dropout > 0 ? "--lora-dropout"
                         : lora && (r.lora.base_weights == "sparse24" || r.lora.base_weights == "gptq")
-                            ? "--base-weights sparse24 or gptq" : nullptr;
+                            ? "--base-weights sparse24 or gptq"
+                        : lora && cfg.moe.shared_ffn > 0 ? "LoRA on shared experts (qwen2_moe)" : nullptr;
     if (!what) return std::nullopt;
     return fmt::format("{} with a mixture of experts ({}: {} experts, top {}) is not supported yet; train it with "
                        "data parallelism and ZeRO (mpirun -np N memfit train --zero 1..3)", what, cfg.name,

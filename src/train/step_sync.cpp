@@ -27,7 +27,7 @@ void for_each_view(ModelWeights & w, F f) {
     for (Tensor * t : {&w.wte, &w.wpe, &w.lnfw, &w.lnfb, &w.head}) f(*t);
     for (auto & y : w.h) {
         for (Tensor * t : {&y.ln1w, &y.ln1b, &y.qkvw, &y.qkvb, &y.projw, &y.projb, &y.ln2w, &y.ln2b, &y.fcw, &y.fcb,
-                           &y.fcprojw, &y.fcprojb, &y.qnw, &y.knw, &y.pn1w, &y.pn2w, &y.routerw, &y.qkvq.packed, &y.projq.packed,
+                           &y.fcprojw, &y.fcprojb, &y.qnw, &y.knw, &y.pn1w, &y.pn2w, &y.routerw, &y.shw1, &y.shw2, &y.shgw, &y.qkvq.packed, &y.projq.packed,
                            &y.fcq.packed, &y.fcprojq.packed})
             f(*t);
         for (auto & ad : y.adapters) {

@@ -531,14 +531,15 @@ TEST(CudaCli, QloraTrainAndGenerateOnTheGpu) {
 // `memfit verify --device cuda`: the PyTorch reference fixtures (GPT-2 with either GELU, LLaMA,
 // Llama 3.1's rope_scaling, Qwen2, Qwen3, Mistral's sliding window, Phi-3's fused projections, its
 // partial rotary with LongRoPE, OLMo 2's norms after attention and the MLP, Gemma 3, GPT-NeoX, and
-// the mixtures of experts Mixtral, Qwen3-MoE and OLMoE: routing, grouped matmuls, the aux loss)
+// the mixtures of experts Mixtral, Qwen3-MoE, OLMoE and Qwen2-MoE: routing, grouped matmuls, the
+// aux loss, the shared expert)
 // replayed on the GPU in fp32, every loss, logit, gradient and updated weight within 1e-4.
 TEST(CudaCli, VerifyReplaysBothFixturesOnTheGpu) {
     MF_REQUIRE_GPU();
     for (const char * fixture : {"gpt2_tiny", "gpt2_gelu_tiny", "llama_tiny", "llama31_tiny", "qwen2_tiny",
                                  "qwen3_tiny", "mistral_tiny", "phi3_tiny", "phi3_longrope_tiny", "olmo2_tiny",
                                  "qwen2_yarn_tiny", "gemma3_tiny", "gpt_neox_tiny", "gpt_neox_sequential_tiny",
-                                 "mixtral_tiny", "qwen3_moe_tiny", "olmoe_tiny"}) {
+                                 "mixtral_tiny", "qwen3_moe_tiny", "olmoe_tiny", "qwen2_moe_tiny"}) {
         SCOPED_TRACE(fixture);
         const CliRun r = run_memfit("verify --device cuda " + test::env_or("MEMFIT_TEST_DATA", MEMFIT_TEST_DATA) + "/" +
                                     fixture + ".safetensors");

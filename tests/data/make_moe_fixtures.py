@@ -1,7 +1,8 @@
 """Writes reference fixtures for `memfit verify` of tiny mixture-of-experts models, computed in
 float64 by the model written out below after transformers' modeling_mixtral.py,
-modeling_qwen3_moe.py and modeling_olmoe.py (MixtralSparseMoeBlock, Qwen3MoeSparseMoeBlock,
-OlmoeSparseMoeBlock, load_balancing_loss_func) and torch.optim.AdamW for two steps:
+modeling_qwen3_moe.py, modeling_olmoe.py and modeling_qwen2_moe.py (MixtralSparseMoeBlock,
+Qwen3MoeSparseMoeBlock, OlmoeSparseMoeBlock, Qwen2MoeSparseMoeBlock, load_balancing_loss_func) and
+torch.optim.AdamW for two steps:
   tests/data/mixtral_tiny.safetensors    Mixtral: LLaMA blocks (grouped-query attention, RoPE 1e6,
                                          no sliding window) whose MLP is block_sparse_moe: router
                                          gate [4 x hidden], 4 experts w1 (gate) / w3 (up) / w2 (down),
@@ -18,14 +19,25 @@ OlmoeSparseMoeBlock, load_balancing_loss_func) and torch.optim.AdamW for two ste
                                          head_dim]) before RoPE, 8 experts, top-2 WITHOUT
                                          renormalisation (norm_topk_prob false: the weights are the
                                          raw softmax probabilities); untied head.
+  tests/data/qwen2_moe_tiny.safetensors  Qwen2-MoE: Qwen2 attention (q_proj / k_proj / v_proj with
+                                         biases, o_proj without) and 3 layers: 0 and 2 sparse
+                                         (mlp.gate [6 x hidden], 6 experts of width
+                                         moe_intermediate_size 32, top-2 without renormalisation,
+                                         PLUS mlp.shared_expert, a SwiGLU MLP of width
+                                         shared_expert_intermediate_size 80 over every token, scaled
+                                         per token by sigmoid(mlp.shared_expert_gate [1 x hidden] of
+                                         the block's input) and added), layer 1 in mlp_only_layers a
+                                         dense SwiGLU MLP of intermediate_size 96; untied head.
 
 Each MoE block: router_logits = x @ gate.T, p = softmax(router_logits) over the experts, the top-k
 of p (torch.topk: no gradient through the choice; the k values keep theirs), divided by their sum
 where norm_topk_prob (Mixtral: always), output = sum_j w_j * down(silu(gate(x)) * up(x)) of the
-chosen experts. The loss is the mean cross-entropy over the targets that are not -100 plus
-router_aux_loss_coef x load_balancing_loss_func over the router logits of every MoE layer
-concatenated along the tokens (attention_mask None): num_experts x sum over (slot j, expert e) of
-mean_tokens(top-k slot j chose e) x mean_tokens(p_e); the choice mask carries no gradient.
+chosen experts (Qwen2-MoE: plus sigmoid(x @ shared_expert_gate.T) * shared_expert(x) for every
+token, the shared expert's weight per token not part of the routing). The loss is the mean
+cross-entropy over the targets that are not -100 plus router_aux_loss_coef x
+load_balancing_loss_func over the router logits of every MoE layer concatenated along the tokens
+(attention_mask None): num_experts x sum over (slot j, expert e) of mean_tokens(top-k slot j
+chose e) x mean_tokens(p_e); the choice mask carries no gradient.
 output_router_logits is true in every config (transformers adds the aux loss only then).
 
 Routing: each fixture's seed is the first (from a fixed start) whose k-th and (k+1)-th largest
@@ -43,7 +55,9 @@ and for reference expected.aux_loss and expected.aux_loss_step2 (the load-balanc
 expected.loss and expected.loss_step2, before the coefficient).
 
 Run with Debian's python3-torch:  /usr/bin/python3 tests/data/make_moe_fixtures.py
+(--only FILE [FILE ...] writes only those fixtures, e.g. --only qwen2_moe_tiny.safetensors)
 """
+import argparse
 import json
 import math
 import os
@@ -74,12 +88,25 @@ OLMOE = {
     "max_position_embeddings": 128, "hidden_act": "silu", "tie_word_embeddings": False, "attention_bias": False,
     "clip_qkv": None, "router_aux_loss_coef": 0.01, "output_router_logits": True,
 }
+QWEN2_MOE = {
+    "model_type": "qwen2_moe", "vocab_size": 73, "hidden_size": 64, "intermediate_size": 96,
+    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 80, "num_hidden_layers": 3,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "num_experts": 6, "num_experts_per_tok": 2,
+    "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": [1], "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0, "max_position_embeddings": 128, "hidden_act": "silu", "tie_word_embeddings": False,
+    "use_sliding_window": False, "router_aux_loss_coef": 0.01, "output_router_logits": True, "qkv_bias": True,
+}
 ADAMW = {"lr": 0.01, "beta1": 0.9, "beta2": 0.95, "eps": 1e-5, "weight_decay": 0.1}
 B, T = 2, 24
 GAP_MIN = 1e-3          # least k-th minus (k+1)-th router probability, every token, layer and point
 MIN_EXPERTS_USED = 3    # experts that receive tokens in every MoE layer
 ROUTER_STD = 0.15       # router weights: logits of std ~ 0.15 sqrt(hidden) = 1.2 (0.3 and up make the
-                        # softmax so peaked that the k-th and (k+1)-th probabilities are both tiny)
+                        # softmax so peaked that the k-th and (k+1)-th probabilities are both tiny); the
+                        # Qwen2-MoE shared_expert_gate [1 x hidden] alike (sigmoids spread over (0, 1))
+BIAS_STD = 0.02         # Qwen2-MoE q / k / v biases (transformers initialises them to zero; nonzero
+                        # here so that a missing or misplaced bias shows); 0.1 passes v's bias through
+                        # o_proj into every token alike, and the routing of most seeds collapses at
+                        # step 1's weights onto the same two experts
 CONFIG = None
 C = L = NH = KVH = V = HD = E = K = 0
 
@@ -97,9 +124,9 @@ def configure(cfg):
 
 
 def is_moe_layer(l):
-    """Qwen3MoeDecoderLayer's rule: sparse unless in mlp_only_layers, or off the decoder_sparse_step
-    grid; every Mixtral and OLMoE layer is sparse."""
-    if CONFIG["model_type"] != "qwen3_moe":
+    """Qwen3MoeDecoderLayer's and Qwen2MoeDecoderLayer's rule: sparse unless in mlp_only_layers, or off
+    the decoder_sparse_step grid; every Mixtral and OLMoE layer is sparse."""
+    if CONFIG["model_type"] not in ("qwen3_moe", "qwen2_moe"):
         return True
     return l not in CONFIG["mlp_only_layers"] and E > 0 and (l + 1) % CONFIG["decoder_sparse_step"] == 0
 
@@ -115,15 +142,31 @@ def moe_names(h):
 
 
 def expert_width():
-    return CONFIG["moe_intermediate_size"] if CONFIG["model_type"] == "qwen3_moe" else CONFIG["intermediate_size"]
+    if CONFIG["model_type"] in ("qwen3_moe", "qwen2_moe"):
+        return CONFIG["moe_intermediate_size"]
+    return CONFIG["intermediate_size"]
+
+
+def qkv_bias():
+    """Qwen2MoeAttention: q_proj, k_proj and v_proj with biases where qkv_bias (o_proj never)."""
+    return CONFIG["model_type"] == "qwen2_moe" and CONFIG["qkv_bias"]
+
+
+def shared_expert_names(h):
+    """Qwen2MoeSparseMoeBlock's shared expert of the layer prefix h: ((gate, up, down), its gate [1 x hidden])."""
+    m = h + "mlp.shared_expert"
+    return tuple(f"{m}.{w}_proj.weight" for w in ("gate", "up", "down")), m + "_gate.weight"
 
 
 def parameters():
     shapes = [("model.embed_tokens.weight", (V, C))]
     for l in range(L):
         h = f"model.layers.{l}."
-        shapes += [(h + "input_layernorm.weight", (C,)), (h + "self_attn.q_proj.weight", (NH * HD, C)),
-                   (h + "self_attn.k_proj.weight", (KVH * HD, C)), (h + "self_attn.v_proj.weight", (KVH * HD, C))]
+        shapes += [(h + "input_layernorm.weight", (C,))]
+        for n, rows in (("q", NH * HD), ("k", KVH * HD), ("v", KVH * HD)):
+            shapes += [(h + f"self_attn.{n}_proj.weight", (rows, C))]
+            if qkv_bias():
+                shapes += [(h + f"self_attn.{n}_proj.bias", (rows,))]
         if CONFIG["model_type"] == "qwen3_moe":   # per head
             shapes += [(h + "self_attn.q_norm.weight", (HD,)), (h + "self_attn.k_norm.weight", (HD,))]
         if CONFIG["model_type"] == "olmoe":       # over all heads
@@ -135,6 +178,10 @@ def parameters():
             shapes += [(router, (E, C))]
             for gate, up, down in experts:
                 shapes += [(gate, (F, C)), (up, (F, C)), (down, (C, F))]
+            if CONFIG["model_type"] == "qwen2_moe":   # after the experts, as Qwen2MoeSparseMoeBlock
+                (gate, up, down), shared_gate = shared_expert_names(h)
+                S = CONFIG["shared_expert_intermediate_size"]
+                shapes += [(gate, (S, C)), (up, (S, C)), (down, (C, S)), (shared_gate, (1, C))]
         else:
             F = CONFIG["intermediate_size"]
             shapes += [(h + "mlp.gate_proj.weight", (F, C)), (h + "mlp.up_proj.weight", (F, C)),
@@ -142,9 +189,11 @@ def parameters():
     shapes += [("model.norm.weight", (C,))] + ([] if CONFIG["tie_word_embeddings"] else [("lm_head.weight", (V, C))])
     p = {}
     for name, shape in shapes:
-        if len(shape) == 1:
+        if name.endswith(".bias"):
+            t = BIAS_STD * torch.randn(shape, dtype=DT)
+        elif len(shape) == 1:
             t = 1.0 + 0.1 * torch.randn(shape, dtype=DT)
-        elif name.endswith("gate.weight") and ".experts." not in name:   # the router
+        elif name.endswith("gate.weight") and ".experts." not in name:   # the router (and shared_expert_gate)
             t = ROUTER_STD * torch.randn(shape, dtype=DT)
         else:
             t = 0.02 * torch.randn(shape, dtype=DT)
@@ -188,11 +237,16 @@ def sparse_moe(p, h, x):
         if token.numel():
             y = silu_mlp(x[token], p[gate], p[up], p[down]) * weights[token, slot, None]
             out = out.index_add(0, token, y)
+    if CONFIG["model_type"] == "qwen2_moe":   # the shared expert over every token, gated per token
+        (gate, up, down), shared_gate = shared_expert_names(h)
+        out = out + torch.sigmoid(x @ p[shared_gate].T) * silu_mlp(x, p[gate], p[up], p[down])
     return out.view(B, T, C), router_logits
 
 
 def attention(p, h, a, cos, sin, mask):
     q, k, v = (a @ p[h + f"self_attn.{n}_proj.weight"].T for n in "qkv")
+    if qkv_bias():
+        q, k, v = (t + p[h + f"self_attn.{n}_proj.bias"] for t, n in zip((q, k, v), "qkv"))
     if CONFIG["model_type"] == "olmoe":   # over all of q and all of k, before RoPE
         q, k = rms_norm(q, p[h + "self_attn.q_norm.weight"]), rms_norm(k, p[h + "self_attn.k_norm.weight"])
         if CONFIG.get("clip_qkv") is not None:
@@ -340,7 +394,7 @@ def routing_ok(gap, counts, agrees, all_experts):
     return gap >= GAP_MIN and agrees and all(sum(c > 0 for c in layer) >= least for layer in counts)
 
 
-def fixture(config, file, first_seed, tries=2000):
+def fixture(config, file, first_seed, tries=2000, show_names=False):
     """The first seed from first_seed whose routing passes routing_ok at the initial weights (both
     gradients' points: all experts used), step 1's and step 2's."""
     configure(config)
@@ -366,10 +420,27 @@ def fixture(config, file, first_seed, tries=2000):
     for point, (gap, counts, _) in zip(("initial", "step 1", "step 2"), routing):
         per_layer = ", ".join(f"layer {l} {c}" for l, c in zip(layers, counts))
         print(f"  {point:7s} weights: smallest top-{K} routing gap {gap:.3e}; tokens per expert: {per_layer}")
+    if show_names:
+        h = f"model.layers.{layers[0]}."
+        print(f"  tensors of sparse layer {layers[0]}:")
+        for n in out:
+            if n.startswith(h):
+                print(f"    {n} {list(out[n].shape)}")
 
+
+FIXTURES = [   # (config, file, first seed, print a sparse layer's tensor names)
+    (MIXTRAL, "mixtral_tiny.safetensors", 100, False),
+    (QWEN3_MOE, "qwen3_moe_tiny.safetensors", 300, False),
+    (OLMOE, "olmoe_tiny.safetensors", 500, False),
+    (QWEN2_MOE, "qwen2_moe_tiny.safetensors", 700, True),
+]
 
 if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="+", metavar="FILE", choices=[f[1] for f in FIXTURES],
+                        help="write only these fixtures (default: all)")
+    args = parser.parse_args()
     torch.set_num_threads(1)
-    fixture(MIXTRAL, "mixtral_tiny.safetensors", 100)
-    fixture(QWEN3_MOE, "qwen3_moe_tiny.safetensors", 300)
-    fixture(OLMOE, "olmoe_tiny.safetensors", 500)
+    for config, file, first_seed, show_names in FIXTURES:
+        if args.only is None or file in args.only:
+            fixture(config, file, first_seed, show_names=show_names)

@@ -51,6 +51,14 @@ TEST(Moe, Qwen3MoeFixtureWithADenseLayerWithin1e4) {
                                                   "grad.model.layers.0.self_attn.q_norm.weight"});
 }
 
+// Qwen2-MoE: Qwen2's q/k/v biases, and a shared expert over every token gated by sigmoid(x . g).
+TEST(Moe, Qwen2MoeFixtureWithASharedExpertWithin1e4) {
+    expect_fixture("qwen2_moe_tiny.safetensors", {"grad.model.layers.0.mlp.shared_expert_gate.weight",
+                                                  "grad.model.layers.2.mlp.shared_expert.up_proj.weight",
+                                                  "step2.model.layers.0.mlp.shared_expert.down_proj.weight",
+                                                  "grad.model.layers.0.self_attn.v_proj.bias"});
+}
+
 TEST(Moe, OlmoeFixtureWithin1e4) {
     expect_fixture("olmoe_tiny.safetensors", {"grad.model.layers.0.mlp.gate.weight",
                                               "step1.model.layers.1.self_attn.k_norm.weight"});
@@ -142,18 +150,25 @@ TEST(Moe, BadConfigsAreRefusedInOneLine) {
                         {"mlp_only_layers", {7}}};
     EXPECT_THROW(parse_hf_config(q, "q"), ConfigError);
     q["mlp_only_layers"] = nlohmann::json::array();
-    q["shared_expert_intermediate_size"] = 128;
+    q["shared_expert_intermediate_size"] = 128;   // qwen2_moe's, not qwen3_moe's
     EXPECT_THROW(parse_hf_config(q, "q"), ConfigError);
+    q["model_type"] = "qwen2_moe";
+    const ModelConfig q2 = parse_hf_config(q, "q2");
+    EXPECT_EQ(q2.moe.shared_ffn, 128);
+    EXPECT_EQ(parse_hf_config(hf_config_json(q2), "back").moe.shared_ffn, 128);
+    EXPECT_TRUE(q2.qkv_bias);
 }
 
 // The presets at their published sizes: Mixtral 8x7B 46.7B (12.9B active), Qwen3-30B-A3B 30.5B
-// (3.3B active), Qwen3-235B-A22B 235B (22.2B active), OLMoE-1B-7B 6.9B (1.3B active).
+// (3.3B active), Qwen3-235B-A22B 235B (22.2B active), OLMoE-1B-7B 6.9B (1.3B active),
+// Qwen1.5-MoE-A2.7B 14.3B (2.7B active; its shared expert counted in both).
 TEST(Moe, PresetsAtTheirPublishedSizes) {
     const struct {
         const char * name;
         double total, active;
     } want[] = {{"mixtral-8x7b", 46.70e9, 12.88e9}, {"qwen3-30b-a3b", 30.53e9, 3.35e9},
-                {"qwen3-235b-a22b", 235.09e9, 22.19e9}, {"olmoe-1b-7b", 6.92e9, 1.28e9}};
+                {"qwen3-235b-a22b", 235.09e9, 22.19e9}, {"olmoe-1b-7b", 6.92e9, 1.28e9},
+                {"qwen1.5-moe-a2.7b", 14.32e9, 2.69e9}};
     for (const auto & w : want) {
         const ModelConfig c = model_preset(w.name);
         EXPECT_NEAR(double(c.num_params()), w.total, 0.01e9) << w.name;

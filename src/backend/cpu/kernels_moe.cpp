@@ -243,4 +243,41 @@ void CpuBackend::moe_weight_bwd(Tensor dwts, Tensor g, Tensor dys, Tensor act, T
     });
 }
 
+void CpuBackend::sigmoid_gate_fwd(Tensor out, Tensor y, Tensor logit) {
+    const int64_t N = out.rows(), C = out.cols();
+    MF_ASSERT(y.dtype == out.dtype && logit.dtype == out.dtype && y.numel() == N * C && logit.numel() == N);
+    dispatch(out.dtype, [&](auto sd) {
+        using S = decltype(sd);
+        S * o = ptr<S>(out);
+        const S * in = ptr<S>(y), * z = ptr<S>(logit);
+#pragma omp parallel for schedule(static)
+        for (int64_t n = 0; n < N; ++n) {
+            const float g = 1.0f / (1.0f + std::exp(-to_f32(z[n])));
+            for (int64_t c = 0; c < C; ++c) o[n * C + c] = from_f32<S>(to_f32(o[n * C + c]) + g * to_f32(in[n * C + c]));
+        }
+    });
+}
+
+void CpuBackend::sigmoid_gate_bwd(Tensor dy, Tensor dlogit, Tensor dout, Tensor y, Tensor logit) {
+    const int64_t N = dout.rows(), C = dout.cols();
+    MF_ASSERT(dy.dtype == dout.dtype && y.dtype == dout.dtype && logit.dtype == dout.dtype && dlogit.dtype == dout.dtype);
+    MF_ASSERT(dy.numel() == N * C && y.numel() == N * C && logit.numel() == N && dlogit.numel() == N);
+    dispatch(dout.dtype, [&](auto sd) {
+        using S = decltype(sd);
+        S * d = ptr<S>(dy), * dz = ptr<S>(dlogit);
+        const S * g = ptr<S>(dout), * in = ptr<S>(y), * z = ptr<S>(logit);
+#pragma omp parallel for schedule(static)
+        for (int64_t n = 0; n < N; ++n) {
+            const float sg = 1.0f / (1.0f + std::exp(-to_f32(z[n])));
+            float dot = 0;
+            for (int64_t c = 0; c < C; ++c) {
+                const float go = to_f32(g[n * C + c]);
+                dot += go * to_f32(in[n * C + c]);
+                d[n * C + c] = from_f32<S>(sg * go);
+            }
+            dz[n] = from_f32<S>(sg * (1.0f - sg) * dot);
+        }
+    });
+}
+
 }  // namespace memfit

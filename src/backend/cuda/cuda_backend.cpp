@@ -451,6 +451,10 @@ void CudaBackend::moe_weight_bwd(Tensor dwts, Tensor g, Tensor dys, Tensor act, 
                                  const MoeDesc & d) {
     MF_FWD(moe_weight_bwd, dwts, g, dys, act, wts, route, d);
 }
+void CudaBackend::sigmoid_gate_fwd(Tensor out, Tensor y, Tensor logit) { MF_FWD(sigmoid_gate_fwd, out, y, logit); }
+void CudaBackend::sigmoid_gate_bwd(Tensor dy, Tensor dlogit, Tensor dout, Tensor y, Tensor logit) {
+    MF_FWD(sigmoid_gate_bwd, dy, dlogit, dout, y, logit);
+}
 void CudaBackend::dropout(Tensor out, Tensor in, float p, uint64_t seed) { MF_FWD(dropout, out, in, p, seed); }
 void CudaBackend::add_columns(Tensor out, Tensor d, int64_t col0, float scale) {
     MF_FWD(add_columns, out, d, col0, scale);

@@ -383,4 +383,56 @@ void moe_weight_bwd(cudaStream_t s, Tensor dwts, Tensor g, Tensor dys, Tensor ac
     });
 }
 
+namespace {
+
+// One thread per row: the gate's sigmoid, then the row (fp32 sums in column order, as the CPU).
+template <class S>
+__global__ void sigmoid_gate_fwd_kernel(S * out, const S * y, const S * logit, int64_t N, int64_t C) {
+    const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    const float g = 1.0f / (1.0f + expf(-ld(logit[n])));
+    for (int64_t c = 0; c < C; ++c) out[n * C + c] = st<S>(ld(out[n * C + c]) + mul_rn(g, ld(y[n * C + c])));
+}
+
+template <class S>
+__global__ void sigmoid_gate_bwd_kernel(S * dy, S * dlogit, const S * dout, const S * y, const S * logit, int64_t N,
+                                        int64_t C) {
+    const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    const float sg = 1.0f / (1.0f + expf(-ld(logit[n])));
+    float dot = 0.0f;
+    for (int64_t c = 0; c < C; ++c) {
+        const float go = ld(dout[n * C + c]);
+        dot += mul_rn(go, ld(y[n * C + c]));
+        dy[n * C + c] = st<S>(mul_rn(sg, go));
+    }
+    dlogit[n] = st<S>(sg * (1.0f - sg) * dot);
+}
+
+}  // namespace
+
+void sigmoid_gate_fwd(cudaStream_t s, Tensor out, Tensor y, Tensor logit) {
+    const int64_t N = out.rows(), C = out.cols();
+    MF_ASSERT(y.dtype == out.dtype && logit.dtype == out.dtype && y.numel() == N * C && logit.numel() == N);
+    if (N == 0) return;
+    dispatch_float(out.dtype, [&](auto z) {
+        using S = decltype(z);
+        sigmoid_gate_fwd_kernel<S><<<grid_for(N, 128), 128, 0, s>>>(ptr<S>(out), ptr<S>(y), ptr<S>(logit), N, C);
+        MF_CUDA_LAUNCHED();
+    });
+}
+
+void sigmoid_gate_bwd(cudaStream_t s, Tensor dy, Tensor dlogit, Tensor dout, Tensor y, Tensor logit) {
+    const int64_t N = dout.rows(), C = dout.cols();
+    MF_ASSERT(dy.dtype == dout.dtype && y.dtype == dout.dtype && logit.dtype == dout.dtype && dlogit.dtype == dout.dtype);
+    MF_ASSERT(dy.numel() == N * C && y.numel() == N * C && logit.numel() == N && dlogit.numel() == N);
+    if (N == 0) return;
+    dispatch_float(dout.dtype, [&](auto z) {
+        using S = decltype(z);
+        sigmoid_gate_bwd_kernel<S><<<grid_for(N, 128), 128, 0, s>>>(ptr<S>(dy), ptr<S>(dlogit), ptr<S>(dout),
+                                                                    ptr<S>(y), ptr<S>(logit), N, C);
+        MF_CUDA_LAUNCHED();
+    });
+}
+
 }  // namespace memfit::cuda
