@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Search speed of `memfit plan` for every search the README quotes: llama2-70b on 64 and 1,024
 # H100s (seq 4096, global batch 1024), the same with --top 50, the 1T-parameter GPT of Megatron-LM
-# on 3,072 A100s, and the one-GPU LoRA / QLoRA plans of Llama 2. Median of 5 runs each; one JSON
+# on 3,072 A100s, the one-GPU LoRA / QLoRA plans of Llama 2, and Qwen3-30B-A3B's (a mixture of
+# experts: full fine-tune on 8 H100s, QLoRA of every expert on one). Median of 5 runs each; one JSON
 # line per case: candidates evaluated, engine programs recorded (exact plans), the search's own
 # seconds (the JSON's `seconds`) and the whole process's wall seconds (start-up and printing
 # included). The target: every search under 1 s.
@@ -24,6 +25,10 @@ cases = {
     "llama2-7b QLoRA, 1 x h100-80g": ["--model", "llama2-7b"] + one + lora + ["--base-weights", "nf4"],
     "llama2-70b QLoRA full recompute, 1 x h100-80g": ["--model", "llama2-70b"] + one + lora +
         ["--base-weights", "nf4", "--recompute", "full"],
+    # A mixture of experts (issue 56's target): 48 layers of 128 experts, the exact programs recorded.
+    "qwen3-30b-a3b, 8 x h100-80g": ["--model", "qwen3-30b-a3b", "--hardware", "h100-80g", "--gpus", "8"],
+    "qwen3-30b-a3b QLoRA all, 1 x h100-80g": ["--model", "qwen3-30b-a3b", "--hardware", "h100-80g", "--gpus", "1",
+                                               "--lora-rank", "16", "--lora-targets", "all", "--base-weights", "nf4"],
 }
 for name, args in cases.items():
     runs, walls = [], []
