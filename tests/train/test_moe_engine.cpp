@@ -6,7 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <cmath>
 #include <numeric>
+
+#include <fmt/format.h>
 
 #include "backend/cpu/cpu_backend.h"
 #include "train/engine.h"
@@ -161,5 +164,51 @@ TEST(MoeEngine, LoraPlannedEqualsMeasuredAndRecomputesBitwise) {
             EXPECT_EQ(e.planned_peak_live().v[c], e.ledger().live_peak().v[c]) << kCategoryNames[c];
         adapters.emplace_back(e.params(), e.params() + e.step().layout().total);
         EXPECT_EQ(0, std::memcmp(adapters.back().data(), adapters.front().data(), adapters.front().size() * 4));
+    }
+}
+
+// The router losses' gradients against central differences of the loss train_step reports (its
+// cross-entropy + aux_coef x the load-balancing loss + z_coef x the z-loss), on the routers'
+// largest-gradient weights, with an lr-0 step reading the loss: the z-loss has no reference
+// fixture, the load-balancing term's is in the fixtures too.
+TEST(MoeEngine, RouterLossGradientsMatchFiniteDifferences) {
+    CpuBackend backend;
+    ModelConfig cfg = nano("mixtral-nano");
+    cfg.moe.aux_coef = 0.5f;   // large, so that both terms move the router's gradient visibly
+    cfg.moe.z_coef = 0.2f;
+    EngineOptions eo;
+    eo.B = 4;
+    eo.T = 16;
+    eo.with_eval = false;
+    Engine e(cfg, backend, eo);
+    e.init_params(5);
+    const ParamLayout & layout = e.step().layout();
+    for (int l = 0; l < cfg.n_layer; ++l) {   // a decisive router: no token moves experts under a small step
+        const ParamInfo & p = layout.find(fmt::format("model.layers.{}.block_sparse_moe.gate.weight", l));
+        for (size_t i = p.offset; i < p.offset + p.numel; ++i) e.params()[i] *= 50.0f;
+    }
+    e.params_changed();
+    std::vector<int32_t> in(64), tg(64);
+    memfit::test::random_batch(in, tg, cfg.vocab_size, 2);
+    const OptimHyper still{0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 1};
+    auto loss = [&] { return double(e.train_step(in.data(), tg.data(), still).loss); };
+    loss();
+    const std::vector<float> g(e.grads(), e.grads() + layout.total);
+    for (int l = 0; l < cfg.n_layer; ++l) {
+        const ParamInfo & p = layout.find(fmt::format("model.layers.{}.block_sparse_moe.gate.weight", l));
+        size_t best = p.offset;
+        for (size_t i = p.offset; i < p.offset + p.numel; ++i)
+            if (std::fabs(g[i]) > std::fabs(g[best])) best = i;
+        const float x0 = e.params()[best], h = 1e-3f;
+        e.params()[best] = x0 + h;
+        e.params_changed();
+        const double up = loss();
+        e.params()[best] = x0 - h;
+        e.params_changed();
+        const double down = loss();
+        e.params()[best] = x0;
+        e.params_changed();
+        EXPECT_NEAR((up - down) / (2.0 * h), g[best], 0.02 * std::fabs(g[best]) + 2e-4) << p.name;
+        EXPECT_GT(std::fabs(g[best]), 1e-3) << p.name;
     }
 }
