@@ -82,7 +82,8 @@ constexpr Preset kPresets[] = {
     // Pythia (EleutherAI's config.json files, model_type gpt_neox): rotary_pct 0.25, parallel residuals.
     {"pythia-1b",    "gpt_neox", 50304, 2048, 2048, 16, 8,  8,  8192,  10000.f, false, "Pythia 1B (GPT-NeoX)"},
     {"pythia-6.9b",  "gpt_neox", 50432, 2048, 4096, 32, 32, 32, 16384, 10000.f, false, "Pythia 6.9B (GPT-NeoX)"},
-    // Mixtures of experts (kMoePresets below; their config.json files); ffn: Qwen's dense MLP width.
+    // Mixtures of experts (their experts: model/moe_config.cpp's kMoePresets; their config.json
+    // files); ffn: Qwen's dense MLP width.
     {"mixtral-nano", "mixtral", 0,      256,    64,   2,  4,  2, 64,    1000000.f, false, "Mixtral-shaped, 2 layers, 4 experts (top 2): tests"},
     {"qwen3-moe-nano", "qwen3_moe", 0,  256,    64,   2,  4,  2, 128,   1000000.f, false, "Qwen3-MoE-shaped, 2 layers, 8 experts (top 2): tests"},
     {"mixtral-8x7b", "mixtral", 32000,  32768,  4096, 32, 32, 8, 14336, 1000000.f, false, "Mixtral 8x7B (8 experts, top 2)"},
@@ -90,23 +91,6 @@ constexpr Preset kPresets[] = {
     {"qwen3-235b-a22b", "qwen3_moe", 151936, 40960, 4096, 94, 64, 4, 12288, 1000000.f, false, "Qwen3-235B-A22B (128 experts, top 8)"},
     {"olmoe-1b-7b",  "olmoe",   50304,  4096,   2048, 16, 16, 16, 1024, 10000.f,   false, "OLMoE-1B-7B (0924: 64 experts, top 8)"},
     {"qwen1.5-moe-a2.7b", "qwen2_moe", 151936, 8192, 2048, 24, 16, 16, 5632, 1000000.f, false, "Qwen1.5-MoE-A2.7B (60 experts, top 4, a shared expert)"},
-};
-
-// The MoE presets' experts: count, top-k, each one's width, norm_topk_prob, the aux-loss
-// coefficient a run from scratch applies (their Config's router_aux_loss_coef), head_dim (0:
-// the type's default).
-struct MoePreset {
-    const char * name;
-    int experts, top_k, ffn;
-    bool norm_topk;
-    float aux;
-    int head_dim;
-};
-constexpr MoePreset kMoePresets[] = {
-    {"mixtral-nano", 4, 2, 64, true, 0.01f, 0},      {"qwen3-moe-nano", 8, 2, 32, true, 0.01f, 16},
-    {"mixtral-8x7b", 8, 2, 14336, true, 0.001f, 0},  {"qwen3-30b-a3b", 128, 8, 768, true, 0.001f, 128},
-    {"qwen3-235b-a22b", 128, 8, 1536, true, 0.001f, 128}, {"olmoe-1b-7b", 64, 8, 1024, false, 0.01f, 0},
-    {"qwen1.5-moe-a2.7b", 60, 4, 1408, false, 0.001f, 0},
 };
 
 // Gemma 3's presets beyond the table's columns: the global layers' linear rope_scaling factor
@@ -331,16 +315,7 @@ ModelConfig model_preset(const std::string & name) {
         if (p.theta > 0) c.rope_theta = p.theta;
         c.tied_head = p.tied;
         if (c.plain_mlp) c.rope_scaling.rotary_dim = c.head_dim() / 4;   // gpt_neox: Pythia's rotary_pct 0.25
-        for (const MoePreset & m : kMoePresets)
-            if (name == m.name) {
-                c.moe.experts = m.experts;
-                c.moe.top_k = m.top_k;
-                c.moe.ffn = m.ffn;
-                c.moe.norm_topk = m.norm_topk;
-                c.moe.aux_coef = m.aux;
-                if (m.head_dim > 0) c.head_size = m.head_dim;
-                if (c.model_type == "qwen2_moe") c.moe.shared_ffn = 4 * m.ffn;   // Qwen1.5-MoE's 5632
-            }
+        apply_moe_preset(name, c);
         for (const RopePreset & r : kRopePresets)
             if (name == r.name) {
                 c.rope_scaling.scaling = RopeScaling::llama3;

@@ -51,7 +51,37 @@ const MoeDefaults & defaults_of(const std::string & type) {
     MF_UNREACHABLE();
 }
 
+// The MoE presets' experts: count, top-k, each one's width, norm_topk_prob, the aux-loss
+// coefficient a run from scratch applies (their Config's router_aux_loss_coef), head_dim (0:
+// the type's default).
+struct MoePreset {
+    const char * name;
+    int experts, top_k, ffn;
+    bool norm_topk;
+    float aux;
+    int head_dim;
+};
+constexpr MoePreset kMoePresets[] = {
+    {"mixtral-nano", 4, 2, 64, true, 0.01f, 0},      {"qwen3-moe-nano", 8, 2, 32, true, 0.01f, 16},
+    {"mixtral-8x7b", 8, 2, 14336, true, 0.001f, 0},  {"qwen3-30b-a3b", 128, 8, 768, true, 0.001f, 128},
+    {"qwen3-235b-a22b", 128, 8, 1536, true, 0.001f, 128}, {"olmoe-1b-7b", 64, 8, 1024, false, 0.01f, 0},
+    {"qwen1.5-moe-a2.7b", 60, 4, 1408, false, 0.001f, 0},
+};
+
 }  // namespace
+
+void apply_moe_preset(const std::string & name, ModelConfig & c) {
+    for (const MoePreset & m : kMoePresets)
+        if (name == m.name) {
+            c.moe.experts = m.experts;
+            c.moe.top_k = m.top_k;
+            c.moe.ffn = m.ffn;
+            c.moe.norm_topk = m.norm_topk;
+            c.moe.aux_coef = m.aux;
+            if (m.head_dim > 0) c.head_size = m.head_dim;
+            if (c.model_type == "qwen2_moe") c.moe.shared_ffn = 4 * m.ffn;   // Qwen1.5-MoE's 5632
+        }
+}
 
 void parse_moe_fields(const nlohmann::json & j, const LlamaType & t, const std::string & name, ModelConfig & c) {
     const MoeDefaults & d = defaults_of(t.type);

@@ -22,6 +22,11 @@ void parse_moe_fields(const nlohmann::json & j, const LlamaType & t, const std::
 // The same keys written back, as the type's Config names them.
 void add_moe_fields(const ModelConfig & cfg, const LlamaType & t, nlohmann::json & j);
 
+// A MoE preset's experts (model_preset's table rows of the MoE types: count, top-k, width,
+// norm_topk_prob, the aux-loss coefficient a run from scratch applies, head_dim); nothing for
+// another name.
+void apply_moe_preset(const std::string & name, ModelConfig & c);
+
 // Parameter names inside block prefix h ("model.layers.3."): the router [E, C] and expert e's
 // gate, up [F, C] and down [C, F] matrices.
 enum class ExpertPart { gate, up, down };
