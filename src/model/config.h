@@ -166,6 +166,12 @@ struct ModelConfig {
     // Layer l's MLP width (its experts' or the dense MLP's) and its first matmul's output width.
     int layer_ffn(int l) const { return moe_layer(l) ? moe.ffn : ffn_dim(); }
     int layer_fc_dim(int l) const { return moe_layer(l) ? 2 * moe.ffn : fc_dim(); }
+    // What one token's MLP matmuls compute, its first matmul's outputs and its activation's: a
+    // mixture's k experts and shared expert (its sparse layers), else fc_dim() and ffn_dim().
+    int64_t active_fc_dim() const {
+        return moe.enabled() ? int64_t(moe.top_k) * 2 * moe.ffn + 2 * int64_t(moe.shared_ffn) : fc_dim();
+    }
+    int64_t active_ffn() const { return moe.enabled() ? int64_t(moe.top_k) * moe.ffn + moe.shared_ffn : ffn_dim(); }
     // Throws ConfigError naming the first bad field and why.
     void validate() const;
 };

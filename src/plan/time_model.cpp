@@ -23,8 +23,10 @@ bool keeps(uint32_t mask, Saved u) { return (mask >> int(u)) & 1u; }
 
 // The matmul FLOPs of `layers` blocks and the LM head over `tokens` tokens, forward.
 double matmul_forward_flops(const ModelConfig & cfg, double tokens, double layers) {
-    const double C = cfg.n_embd, Q = cfg.qkv_dim(), F = cfg.fc_dim(), A = cfg.ffn_dim(), V = cfg.vocab_size;
-    return tokens * (layers * 2.0 * (C * Q + C * C + C * F + A * C) + 2.0 * C * V);
+    const double C = cfg.n_embd, Q = cfg.qkv_dim(), F = double(cfg.active_fc_dim()), A = double(cfg.active_ffn()),
+                 V = cfg.vocab_size;
+    const double router = cfg.moe.enabled() ? C * cfg.moe.experts : 0.0;   // a mixture's router logits
+    return tokens * (layers * 2.0 * (C * Q + C * C + C * F + A * C + router) + 2.0 * C * V);
 }
 
 // Query-key pairs of one causal sequence of T tokens: T(T+1)/2; within a sliding window W < T,
@@ -43,8 +45,11 @@ double attention_pairs(const ModelConfig & cfg, double T) {
 // an element; the backward's two gemms per forward one move twice that, the same bytes per FLOP.
 double matmul_rate(const ModelConfig & cfg, const Hardware & hw, double peak, double tokens, double layers, int tp,
                    double s) {
-    const double C = cfg.n_embd, Q = cfg.qkv_dim(), F = cfg.fc_dim(), A = cfg.ffn_dim(), V = cfg.vocab_size;
-    const double layer_w = C * Q + C * C + C * F + A * C;
+    const double C = cfg.n_embd, Q = cfg.qkv_dim(), F = double(cfg.active_fc_dim()), A = double(cfg.active_ffn()),
+                 V = cfg.vocab_size;
+    // Each weight read once a micro-batch: a mixture reads every expert's (E / k times the active ones).
+    const double experts = cfg.moe.enabled() ? double(cfg.moe.experts) / cfg.moe.top_k : 1.0;
+    const double layer_w = C * Q + C * C + experts * (C * F + A * C);
     const double bytes = s * (layers * (tokens * (4 * C + (Q + C + F + A) / tp) + layer_w / tp) +
                               tokens * (C + V / tp) + V * C / tp);
     const double flops = matmul_forward_flops(cfg, tokens, layers) / tp;
@@ -97,7 +102,7 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     const double s = double(dtype_size(c.compute));
     const double g = c.grad_accum > 1 ? 4.0 : s;   // gradient bytes: fp32 accumulators across micro-batches
     const double C = cfg.n_embd, T = seq, V = cfg.vocab_size, b = c.micro_batch, m = c.grad_accum;
-    const double A = cfg.ffn_dim(), NH = cfg.n_head;
+    const double A = double(cfg.active_ffn()), NH = cfg.n_head;
     const double R = double(cfg.n_head + cfg.kv_heads()) * cfg.head_dim();   // elements RoPE rotates per token
     // Context parallel: each rank holds T / cp tokens of every sequence and, balanced, 1/cp of its
     // attention pairs; its gradients are summed (and ZeRO-sharded) over data x context ranks.
@@ -355,7 +360,8 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
 double TimeModel::op_seconds(const OpRecord & op, bool lowp) const {
     const std::string_view n = op.name;
     if (n == "offload_read" || n == "offload_write") return op_overhead + op.bytes / 2 / offload_rate;
-    const double eff = n.starts_with("matmul")            ? (lowp ? lowp_gemm : 1.0)
+    const double eff = n.starts_with("matmul") || n.starts_with("moe_gemm") || n.starts_with("moe_qgemm")
+                           ? (lowp ? lowp_gemm : 1.0)
                        : n.starts_with("flash_attention") ? 0.8
                        : n.starts_with("attention")       ? 0.2
                        : n.starts_with("xent")            ? 0.015
