@@ -91,6 +91,7 @@ PlanRequest make_request(const PlanFlags & f, const RunConfig & run, const RunFl
     if (given.given("zero")) r.zero = run.layout.zero;
     if (given.given("tp")) r.tp = run.layout.tp;
     if (given.given("cp")) r.cp = run.layout.cp;
+    if (given.given("ep")) r.ep = run.layout.ep;
     if (given.given("pp")) r.pp = run.layout.pp;
     if (given.given("micro-batch")) r.micro_batch = run.micro_batch;
     if (given.given("grad-accum")) r.grad_accum = run.grad_accum;

@@ -14,7 +14,7 @@ namespace {
 constexpr const char * kAlways[] = {"model", "seq", "micro-batch", "grad-accum", "global-batch", "precision",
                                     "attention", "recompute"};
 // Then these in this order when they differ from the defaults, then any other that differs.
-constexpr const char * kLayout[] = {"device", "zero", "tp", "cp", "pp", "sp", "schedule", "offload", "offload-fraction",
+constexpr const char * kLayout[] = {"device", "zero", "tp", "cp", "ep", "pp", "sp", "schedule", "offload", "offload-fraction",
                                     "offload-dir", "master-weights", "optimizer", "optimizer-in-backward", "loss-chunk",
                                     "mlp-chunk"};
 

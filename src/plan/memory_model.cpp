@@ -70,18 +70,21 @@ ParamSplit param_split(const ModelConfig & cfg) {
     one.n_layer = 1;
     ParamSplit s;
     s.per_layer = one.num_params() - none.num_params();
+    if (cfg.moe.enabled()) s.experts = int64_t(cfg.moe.experts) * 3 * cfg.n_embd * cfg.moe.ffn;
     const int64_t C = cfg.n_embd, V = cfg.vocab_size;
     // Before the layers: token (and GPT-2's position) embeddings; after: final norm and head.
     s.embed = V * C + (cfg.llama() ? 0 : int64_t(cfg.max_seq) * C);
     s.head = none.num_params() - s.embed;
     s.width = C;
+    // GaLore's projected matrices (a mixture of experts' thousands are not: run/compat.cpp).
+    if (cfg.moe.enabled()) return s;
     for (const auto & p : make_param_layout(one).params)
         if (p.shape.size() == 2 && sparse_target(p.name)) s.targets.push_back({p.shape[0], p.shape[1]});
     return s;
 }
 
-CategoryBytes model_state_bytes(int64_t params, const Candidate & c, int64_t width) {
-    const uint64_t P = uint64_t(params), s = dtype_size(c.compute), dp = uint64_t(c.layout.data_ranks());
+CategoryBytes model_state_bytes(int64_t params, const Candidate & c, int64_t width, int ranks) {
+    const uint64_t P = uint64_t(params), s = dtype_size(c.compute), dp = uint64_t(ranks > 0 ? ranks : c.layout.data_ranks());
     const int zero = c.layout.zero;
     const uint64_t master = c.compute == DType::f32 || c.master_weights == MasterWeights::bf16_sr ? 0 : 4;
     // Per parameter; 8-bit AdamW's block scales make it fractional (rounded up over the tensor).
@@ -159,6 +162,13 @@ DeviceMemory model_states(const Candidate & c, const ParamSplit & ps, const Stag
         const uint64_t base = ceil_div(L.pp == 1 ? first_b : std::max(first_b, last_b), uint64_t(L.tp));
         m.device = lora_state_bytes(base, adapters, c);
         m.frozen = L.zero >= 3 ? ceil_div(base, uint64_t(L.data_ranks())) : base;
+    } else if (L.ep > 1) {
+        // Expert parallelism: a rank's experts are 1 / ep of them, sharded by ZeRO over the ranks
+        // holding the same ones (data ranks / ep); the rest as without.
+        const int64_t experts = st.layers * ps.experts / L.tp;
+        m.device = model_state_bytes(st.params - experts, c, ps.width);
+        const CategoryBytes e = model_state_bytes(experts / L.ep, c, ps.width, L.data_ranks() / L.ep);
+        for (size_t k = 0; k < kCategoryCount; ++k) m.device.v[k] += e.v[k];
     } else {
         m.device = model_state_bytes(st.params, c, ps.width);
         if (has_state(c.optimizer, StateSize::projector)) m.device[Category::optimizer_states] = galore_states(c, ps, st);
@@ -204,8 +214,10 @@ uint64_t communication_bytes(const Candidate & c, const ParamSplit & ps, uint64_
     const LoraPlan * lp = c.lora_plan.get();
     const uint64_t s = dtype_size(c.compute), tp = uint64_t(L.tp);
     // ZeRO-3 and parameter offload keep two layers' weights gathered on the device.
+    // (Expert parallelism: a rank gathers its own experts only.)
+    const int64_t per_layer = ps.per_layer - ps.experts + ps.experts / L.ep;
     const uint64_t layer_weights = lp ? lp->layer_base_bytes(ps.per_layer, s) + uint64_t(lp->adapters_per_layer) * s
-                                      : uint64_t(ps.per_layer) * s;
+                                      : uint64_t(per_layer) * s;
     const uint64_t gathered = ceil_div(layer_weights, tp) * 2;
     uint64_t comm = 0;
     if (L.zero >= 3) comm += gathered;
@@ -335,6 +347,10 @@ Activations activations(const ModelConfig & cfg, const Candidate & c, int seq, i
     // holds all m micro-batches' (a huge m is memory too).
     const uint64_t batch = 12 * rows * uint64_t(L.pp > 1 ? c.grad_accum : 1);
     a.common = grads + lora_grads + rc / tp + 2 * BTC + sent + batch + embed_u;
+    // Expert parallelism: the routed rows sent and received all-to-all ([N k, C] each way), the
+    // received ones up to the capacity factor's share.
+    if (L.ep > 1 && cfg.moe.enabled())
+        a.common += uint64_t(double(k * BTC) * (1.0 + std::max(1.0, double(c.moe_capacity_factor))));
     return a;
 }
 

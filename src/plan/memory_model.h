@@ -103,6 +103,7 @@ constexpr double kAnalyticSlack = 1.40;
 // sparse_target()), whose states the planner counts matrix by matrix.
 struct ParamSplit {
     int64_t per_layer = 0, embed = 0, head = 0, width = 1024;
+    int64_t experts = 0;   // of per_layer, a sparse layer's experts' (expert parallelism divides them)
     std::vector<std::array<int64_t, 2>> targets;
 };
 ParamSplit param_split(const ModelConfig & cfg);
@@ -112,7 +113,8 @@ RunConfig candidate_run(const Candidate & c, int seq);
 
 // Model-state bytes per device, [parameters, master_weights, optimizer_states, gradients].
 // `params` is Ψ, the parameters this device holds before ZeRO partitioning.
-CategoryBytes model_state_bytes(int64_t params, const Candidate & c, int64_t width = 1024);
+// `ranks`: the group ZeRO shards them over (0: the data ranks; an expert's: data ranks / ep).
+CategoryBytes model_state_bytes(int64_t params, const Candidate & c, int64_t width = 1024, int ranks = 0);
 // LoRA: `base` bytes of frozen base and `adapters` trainable parameters on this device (before
 // ZeRO partitioning); master weights, optimizer states and gradients for the adapters only.
 CategoryBytes lora_state_bytes(uint64_t base, int64_t adapters, const Candidate & c);

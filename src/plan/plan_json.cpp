@@ -15,7 +15,7 @@ nlohmann::json result_json(const PlanRequest & r, const PlanResult & p) {
     nlohmann::json stages = nlohmann::json::array();
     for (const auto & st : p.mem.stages) stages.push_back(st.total());
     const Layout & l = p.c.layout;
-    return {{"layout", {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"zero", l.zero}, {"offload", offload_flag(l)}, {"cp", l.cp},
+    return {{"layout", {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"zero", l.zero}, {"offload", offload_flag(l)}, {"cp", l.cp}, {"ep", l.ep},
                         {"sp", l.sp}, {"schedule", schedule_spelling(l)}}},
             {"micro_batch", p.c.micro_batch}, {"accumulation", p.c.grad_accum}, {"recompute", p.c.recompute.name()},
             {"attention", p.c.flash() ? "flash" : "naive"},

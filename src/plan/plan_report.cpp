@@ -73,7 +73,8 @@ std::string plan_kind(const PlanResult & p) { return p.mem.exact ? "exact" : "mo
 
 std::string compact_row(const PlanRequest & r, const PlanResult & p, int i) {
     const Layout & l = p.c.layout;
-    const std::string cells = fmt::format("{} x {} x {}{}", l.dp, l.tp, l.pp, l.cp > 1 ? fmt::format(" cp{}", l.cp) : "");
+    const std::string cells = fmt::format("{} x {} x {}{}{}", l.dp, l.tp, l.pp, l.cp > 1 ? fmt::format(" cp{}", l.cp) : "",
+                                          l.ep > 1 ? fmt::format(" ep{}", l.ep) : "");
     return fmt::format("  {:<4}{:<14}{:>4}  {:<4}{:<7}{:<12}{:<10}{:<10}{:<6}{:>10}{:>9.4g}{:>10}{:>5.0f}%  {}\n",
                        fmt::format("{}{}", i, p.runnable() ? "" : "!"), cells,
                        l.zero, l.sp ? "sp" : "-", schedule_short(l), offload_short(l),

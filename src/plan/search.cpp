@@ -104,6 +104,16 @@ std::vector<int> context_sizes(const PlanRequest & r, int cells) {
     return out;
 }
 
+// Expert-parallel sizes a layout of `ranks` data ranks may take (a mixture of experts): 1, and each
+// power of two that divides the data ranks and the experts.
+std::vector<int> expert_sizes(const PlanRequest & r, int ranks) {
+    if (r.ep) return {*r.ep};
+    std::vector<int> out{1};
+    if (!r.cfg.moe.enabled()) return out;
+    for (int e = 2; e <= ranks && ranks % e == 0 && r.cfg.moe.experts % e == 0; e *= 2) out.push_back(e);
+    return out;
+}
+
 std::vector<Layout> searched_layouts(const PlanRequest & r) {
     const ModelConfig & cfg = r.cfg;
     std::vector<Layout> out;
@@ -133,13 +143,15 @@ std::vector<Layout> searched_layouts(const PlanRequest & r) {
                     const std::vector<bool> acts_searched = gpu && pp == 1 ? std::vector<bool>{false, true}
                                                                            : std::vector<bool>{false};
                     for (bool sp : fixed_or(r.sp, tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}))
-                        for (bool acts : fixed_or(r.offload_acts, acts_searched)) {
-                            Layout L;
-                            L.dp = dp, L.tp = tp, L.pp = pp, L.zero = z, L.offload = off, L.sp = sp && tp > 1;
-                            L.offload_acts = acts;
-                            L.cp = cp;
-                            out.push_back(L);
-                        }
+                        for (bool acts : fixed_or(r.offload_acts, acts_searched))
+                            for (int ep : expert_sizes(r, dp * cp)) {
+                                Layout L;
+                                L.dp = dp, L.tp = tp, L.pp = pp, L.zero = z, L.offload = off, L.sp = sp && tp > 1;
+                                L.offload_acts = acts;
+                                L.cp = cp;
+                                L.ep = ep;
+                                out.push_back(L);
+                            }
                 }
             }
             }
@@ -207,6 +219,7 @@ RunConfig planned_train_run(const PlanRequest & r, const Candidate & c) {
 std::string layout_name(const Layout & l) {
     std::string s = fmt::format("dp {} x tp {} x pp {}", l.dp, l.tp, l.pp);
     if (l.cp > 1) s += fmt::format(", cp {}", l.cp);
+    if (l.ep > 1) s += fmt::format(", ep {}", l.ep);
     if (l.zero > 0) s += fmt::format(", ZeRO-{}", l.zero);
     if (l.offload != Offload::none || l.offload_acts) s += ", offload " + offload_flag(l);
     if (l.sp) s += ", sp";

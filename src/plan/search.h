@@ -35,6 +35,7 @@ struct PlanRequest {
     std::optional<Offload> offload;
     std::optional<bool> offload_acts;        // --offload activations (searched on GPUs without pipelines)
     std::optional<int> cp;                   // --cp (searched from kCpSearchSeq positions on)
+    std::optional<int> ep;                   // --ep (a mixture of experts: searched over the data ranks)
     std::optional<PipeSchedule> schedule;
     int virtual_stages = 2;                  // interleaved:V
     std::optional<bool> sp, flash;

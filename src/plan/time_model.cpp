@@ -202,9 +202,12 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     const double psi = (L.pp == 1 ? first : std::max(first, last)) / tp;
     // What trains (and is reduced, updated, offloaded) and what ZeRO-3 gathers, bytes: LoRA's
     // adapters, and the frozen base (packed or not) with them.
+    // Expert parallelism: a rank reduces, updates and gathers its own experts only.
+    const double ep_saved = L.ep > 1 ? layers * double(ps.experts) * (1.0 - 1.0 / L.ep) / tp : 0.0;
     const double train =
-        lp ? (layers * double(lp->adapters_per_layer) + double(lp->head_adapters + lp->embed_adapters)) / tp : psi;
-    double weights = psi * s;
+        lp ? (layers * double(lp->adapters_per_layer) + double(lp->head_adapters + lp->embed_adapters)) / tp
+           : psi - ep_saved;
+    double weights = (psi - ep_saved) * s;
     if (lp) {
         const double layer_base = double(lp->layer_base_bytes(ps.per_layer, uint64_t(s)));
         const double first_b = layers * layer_base + double(ps.embed) * s + (L.pp == 1 ? head * s : 0.0);
@@ -278,6 +281,17 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
                                     lk.time(reduce_scatter_bytes(kv, L.cp), L.cp - 1.0));
         }
     }
+    // expert parallel: per sparse layer and micro-batch the routed rows all-to-all to the ranks
+    // holding their experts and back, in forward and in backward (and again for an MLP
+    // recomputed), blocking: exposed.
+    double ep_comm = 0;
+    if (L.ep > 1 && cfg.moe.enabled()) {
+        const Link lk = link(L.tp * L.ep > r, r / std::min(L.tp, r));
+        const double rows = tokens * cfg.moe.top_k * std::max(1.0, double(c.moe_capacity_factor));
+        const double a2a = lk.time(double(L.ep - 1) / L.ep * rows * C * s / tp, L.ep - 1.0);
+        const double sparse = layers * double(cfg.moe_layers()) / cfg.n_layer;
+        ep_comm = m * sparse * (4.0 + (keeps(mask, Saved::fc) ? 0.0 : 2.0)) * a2a;
+    }
     // data parallel
     double dp_comm = 0, dp_exposed = 0;
     if (dp > 1) {
@@ -313,8 +327,8 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
             }
         }
     }
-    t.comm = tp_comm + pp_comm + dp_comm + cp_comm;
-    t.comm_exposed = tp_exposed + pp_comm + dp_exposed + cp_comm;
+    t.comm = tp_comm + pp_comm + dp_comm + cp_comm + ep_comm;
+    t.comm_exposed = tp_exposed + pp_comm + dp_exposed + cp_comm + ep_comm;
 
     // --- pipeline bubble: f of the step idle, f / (1 - f) of the stage's busy time
     if (L.pp > 1) {

@@ -37,6 +37,7 @@ std::optional<std::string> out_of_range(const RunConfig & r) {
         return fmt::format("--min-loss-scale {:g} is above --initial-loss-scale {:g}: the dynamic scale starts at the "
                            "initial one and is never halved below the minimum", r.min_loss_scale,
                            r.initial_loss_scale);
+    if (r.layout.ep < 1) return fmt::format("--ep {}: expected 1 (off) or more ranks per expert group", r.layout.ep);
     if (!(r.offload_fraction > 0 && r.offload_fraction <= 1))
         return fmt::format("--offload-fraction {:g}: expected the share of the optimizer state to offload, above 0 "
                            "and at most 1", r.offload_fraction);
@@ -230,11 +231,23 @@ std::optional<std::string> galore_refusal(const RunConfig & r, const Backend * b
 // recomputation and offload, bf16 or fp32, on the CPU and on GPUs: what cuts its tokens or its
 // layers across ranks, or its MLP's matrices, waits for expert parallelism.
 std::optional<std::string> moe_refusal(const RunConfig & r, const ModelConfig & cfg) {
-    if (!cfg.moe.enabled()) return std::nullopt;
     const Layout & L = r.layout;
+    if (L.ep > 1 && !cfg.moe.enabled())
+        return fmt::format("--ep {}: model '{}' has no experts to spread; drop --ep", L.ep, cfg.name);
+    if (L.ep > 1 && (L.data_ranks() % L.ep || cfg.moe.experts % L.ep))
+        return fmt::format("--ep {} must divide the {} data-parallel ranks and the {} experts", L.ep, L.data_ranks(),
+                           cfg.moe.experts);
+    if (L.ep > 1)
+        return fmt::format("--ep {}: expert parallelism is planned (memfit plan) but memfit train does not run it yet; it "
+                           "keeps all {} experts on every rank: drop --ep (ZeRO-3 shards them)", L.ep, cfg.moe.experts);
+    if (r.moe_capacity_factor > 0)
+        return std::string("--moe-capacity-factor bounds what --ep's ranks receive; without --ep routing is dropless: "
+                           "drop it");
+    if (!cfg.moe.enabled()) return std::nullopt;
     const bool lora = r.lora.rank > 0;
     const char * what = L.tp > 1 ? "--tp" : L.pp > 1 ? "--pp" : L.cp > 1 ? "--cp" : r.mlp_chunk > 0 ? "--mlp-chunk"
                         : !r.distill.teacher.empty() ? "--teacher" : r.sparsity.enabled() ? "--sparsity"
+                        : has_state(r.optimizer, StateSize::projector) ? "GaLore"
                         : lora && r.lora.variant == "dora" ? "--lora-variant dora"
                         : lora && r.lora.dropout > 0 ? "--lora-dropout"
                         : lora && (r.lora.base_weights == "sparse24" || r.lora.base_weights == "gptq")

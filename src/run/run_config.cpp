@@ -121,6 +121,8 @@ nlohmann::json run_config_json(const RunConfig & r) {
                         {"tp", r.layout.tp},
                         {"cp", r.layout.cp},
                         {"cp-comm-type", r.cp_comm_type},
+                        {"ep", r.layout.ep},
+                        {"moe-capacity-factor", json_float(r.moe_capacity_factor)},
                         {"pp", r.layout.pp},
                         {"sp", r.layout.sp},
                         {"schedule", schedule_spelling(r.layout)},

@@ -39,6 +39,11 @@ struct Layout {
     // Context parallel (model/context_parallel.h): each sequence split over cp ranks, which share
     // it (dp counts groups of sequences: world = tp x cp x dp x pp).
     int cp = 1;
+    // Expert parallel (a mixture of experts; Megatron-Core's --expert-model-parallel-size): each
+    // group of ep consecutive data ranks holds each expert once, E / ep on a rank, and exchanges the
+    // routed tokens all-to-all; ep divides the data ranks (not a factor of devices()). Planned only:
+    // memfit train keeps every expert on every rank (run/compat.cpp).
+    int ep = 1;
     int devices() const { return dp * cp * tp * pp; }
     int data_ranks() const { return dp * cp; }   // the gradients' group (ZeRO shards over it)
 };
@@ -109,6 +114,9 @@ struct RunConfig {
     // the coefficients of the load-balancing loss and the z-loss in the training loss (negative:
     // the model's own, config.json's router_aux_loss_coef when output_router_logits is true).
     float moe_aux_loss_coeff = -1, moe_z_loss_coeff = -1;
+    // --moe-capacity-factor (Megatron-LM's): under expert parallelism a rank's experts take at most
+    // this factor times their even share of the routed tokens; 0: dropless, planned balanced.
+    float moe_capacity_factor = 0;
     // ALBERT's cross-layer sharing: groups of this many consecutive blocks share one set of
     // weights, so the blocks' parameters, gradients and optimizer states divide by it (0 or 1:
     // none; the model's own when it was trained shared). A run_model change, like the window.

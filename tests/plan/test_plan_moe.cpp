@@ -12,6 +12,7 @@
 #include "plan/memory_model.h"
 #include "plan/search.h"
 #include "plan/time_model.h"
+#include "run/compat.h"
 #include "test_util.h"
 
 namespace memfit {
@@ -85,6 +86,46 @@ TEST(PlanMoe, TheSearchFindsRunnableLayoutsForQwen3On8H100s) {
         EXPECT_TRUE(p.mem.exact);
         EXPECT_TRUE(p.fits);
     }
+}
+
+// Expert parallelism (issue 57's planning; memfit train does not run it yet): a rank holds E / ep
+// experts, so without ZeRO-3 the experts' weights and gradients divide by ep, ZeRO-3 gathers a
+// rank's own experts only, and the routed rows cross the group all-to-all; the search tries it
+// and lists it as plan-only.
+TEST(PlanMoe, ExpertParallelismDividesTheExpertsAndChargesTheAllToAll) {
+    const PlanRequest r = moe_request("qwen3-30b-a3b", "h100-80g", 8, 4096, 8);
+    Candidate one = zero_candidate(8, 1, 1, "full"), eight = one;
+    eight.layout.ep = 8;
+    const DeviceMemory a = predict_memory(r.cfg, r.hw, one, 4096), b = predict_memory(r.cfg, r.hw, eight, 4096);
+    const ParamSplit ps = param_split(r.cfg);
+    const double experts = double(ps.experts) * r.cfg.n_layer * 2;   // bf16 bytes
+    EXPECT_NEAR(double(a.device[Category::parameters]) - double(b.device[Category::parameters]), experts * 7 / 8,
+                0.01 * experts);
+    // ZeRO-1's states: sharded over the data ranks either way (the experts over data ranks / ep).
+    EXPECT_NEAR(double(a.device[Category::optimizer_states]), double(b.device[Category::optimizer_states]),
+                0.001 * double(a.device[Category::optimizer_states]));
+    Candidate z3 = zero_candidate(8, 3, 1, "full"), z3e = z3;
+    z3e.layout.ep = 8;
+    EXPECT_LT(predict_memory(r.cfg, r.hw, z3e, 4096).device[Category::communication],
+              predict_memory(r.cfg, r.hw, z3, 4096).device[Category::communication]);   // gathered layers
+    const StepTime t = predict_step_time(r.cfg, r.hw, z3, 4096, 1), te = predict_step_time(r.cfg, r.hw, z3e, 4096, 1);
+    EXPECT_GT(te.comm, 0.0);
+    EXPECT_LT(te.comm, t.comm);   // gathering 16 of 128 experts a layer outweighs the all-to-all here
+    EXPECT_GT(te.tokens_per_s, t.tokens_per_s);
+    PlanRequest q = r;
+    q.include_plan_only = true;
+    const SearchReport rep = search_plans(q);
+    bool listed = false;
+    for (const PlanResult & p : rep.plan_only_best) listed |= p.c.layout.ep > 1;
+    for (const PlanResult & p : rep.best) listed |= p.c.layout.ep > 1;
+    EXPECT_TRUE(listed);
+    RunConfig run;
+    run.layout.ep = 2;
+    run.layout.dp = 2;
+    EXPECT_NE(unsupported(run, r.cfg, nullptr).value_or("").find("--ep 2: expert parallelism is planned"),
+              std::string::npos);
+    EXPECT_NE(unsupported(run, model_preset("llama-nano"), nullptr).value_or("").find("has no experts"),
+              std::string::npos);
 }
 
 }  // namespace
