@@ -81,4 +81,11 @@ TEST(CliMoe, TrainExportGenerateAndFineTuneTheExperts) {
                          "--lora-variant dora with a mixture of experts");
     expect_clean_failure(in_dir(dir, "train --model base --mlp-chunk 16 --steps 1" + common), "--mlp-chunk with a mixture");
     expect_clean_failure(in_dir(dir, "train --model nano --moe-aux-loss-coeff 0.1 --steps 1" + common), "has no experts");
+    expect_clean_failure(in_dir(dir, "train --model base --ep 2 --steps 1" + common), "must divide the 1 data-parallel");
+
+    // Expert parallelism is planned (plan-only rows) with "ep" in the JSON.
+    const CmdResult plan = in_dir(dir, "plan --model qwen3-30b-a3b --hardware h100-80g --gpus 8 --ep 8 "
+                                       "--include-plan-only --json");
+    ASSERT_EQ(plan.code, 0) << plan.err;
+    EXPECT_NE(plan.out.find("\"ep\": 8"), std::string::npos) << plan.out.substr(0, 600);
 }
