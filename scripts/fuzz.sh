@@ -30,7 +30,7 @@ CHECKPOINT="src/train/checkpoint.cpp src/model/safetensors.cpp src/core/atomic_f
 # name: the sources it links beside fuzz/NAME.cpp and COMMON, then its libraries.
 TARGETS=(
   "safetensors|src/model/safetensors.cpp src/core/atomic_file.cpp|"
-  "config|src/model/config.cpp src/model/llama_types.cpp src/core/paths.cpp|"
+  "config|src/model/config.cpp src/model/llama_types.cpp src/model/moe_config.cpp src/core/paths.cpp|"
   "json||"
   "tokenizer|$TOKENIZER|-lpcre2-8 -licuuc"
   "tokenizer_config|src/tokenizer/tokenizer_config.cpp src/core/paths.cpp $JINJA|-licuuc"
