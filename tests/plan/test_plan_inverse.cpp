@@ -14,6 +14,7 @@
 #include "plan/inverse.h"
 #include "plan/plan_report.h"
 #include "plan/search.h"
+#include "plan_request.h"
 #include "test_util.h"
 
 using namespace memfit;
@@ -21,18 +22,7 @@ using namespace memfit;
 namespace {
 
 PlanRequest request(const char * model, const char * hw, int gpus, int seq, int global_batch) {
-    static const std::vector<Hardware> catalog = default_hardware_catalog("");
-    static const std::unique_ptr<Backend> cuda = make_cuda_sizing_backend();
-    PlanRequest r;
-    r.cfg = model_preset(model);
-    if (r.cfg.vocab_size == 0) r.cfg.vocab_size = 256;   // the small presets: a byte vocabulary
-    r.hw = find_hardware(catalog, hw);
-    r.gpus = gpus;
-    r.run.seq = seq;
-    r.run.global_batch = global_batch;
-    r.top = 2;
-    r.exact_sizing = cuda.get();
-    return r;
+    return test::plan_request(model, hw, gpus, seq, global_batch, 2);
 }
 
 bool fits(PlanRequest r) {

@@ -13,23 +13,14 @@
 #include "plan/search.h"
 #include "plan/time_model.h"
 #include "run/compat.h"
+#include "plan_request.h"
 #include "test_util.h"
 
 namespace memfit {
 namespace {
 
 PlanRequest moe_request(const char * model, const char * hw, int gpus, int seq, int global_batch) {
-    static const std::vector<Hardware> catalog = default_hardware_catalog("");
-    static const std::unique_ptr<Backend> cuda = make_cuda_sizing_backend();
-    PlanRequest r;
-    r.cfg = model_preset(model);
-    r.hw = find_hardware(catalog, hw);
-    r.gpus = gpus;
-    r.run.seq = seq;
-    r.run.global_batch = global_batch;
-    r.top = 3;
-    r.exact_sizing = cuda.get();
-    return r;
+    return test::plan_request(model, hw, gpus, seq, global_batch, 3);
 }
 
 Candidate zero_candidate(int dp, int zero, int mb, const char * recompute) {
