@@ -2,10 +2,12 @@
 #pragma once
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -20,6 +22,15 @@
 #include "run/compat.h"
 
 namespace memfit::test {
+
+// A folder of this test process's own (tests run in parallel processes), created: the system's
+// temporary folder / "memfit_<name>.<pid>".
+inline std::string process_dir(const std::string & name) {
+    const std::filesystem::path d =
+        std::filesystem::temp_directory_path() / ("memfit_" + name + "." + std::to_string(getpid()));
+    std::filesystem::create_directories(d);
+    return d.string();
+}
 
 // The largest difference of a from b over b's largest magnitude (n values each).
 inline double max_rel(const float * a, const float * b, int n) {

@@ -20,11 +20,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string offload_dir() {
-    const fs::path d = fs::path(::testing::TempDir()) / ("memfit_act_offload." + std::to_string(getpid()));
-    fs::create_directories(d);
-    return d.string();
-}
+std::string offload_dir() { return test::process_dir("act_offload"); }
 
 struct Trained {
     TrainState state;

@@ -25,11 +25,7 @@ namespace fs = std::filesystem;
 using test::random_batch;
 using test::small_config;
 
-std::string offload_dir() {
-    const fs::path d = fs::path(::testing::TempDir()) / ("memfit_offload." + std::to_string(getpid()));
-    fs::create_directories(d);
-    return d.string();
-}
+std::string offload_dir() { return test::process_dir("offload"); }
 
 struct Trained {
     TrainState state;
