@@ -150,31 +150,40 @@ void CpuBackend::moe_gather(Tensor out, Tensor x, Tensor route, const MoeDesc & 
     for (int64_t s = 0; s < N * k; ++s) std::memcpy(dst + size_t(s) * row, src + size_t(rt.order[s] / k) * row, row);
 }
 
+namespace {
+
+// out[n] (+)= sum_j w[n k + j] in[slot[n k + j]] over each token's k slots (w null: 1), fp32 sums
+// in slot order: the dispatch's backward and the combine.
+template <class G, class S>
+void sum_slots(G * out, const S * in, const int32_t * slot, const float * w, int64_t N, int64_t C, int64_t k,
+               bool accumulate) {
+#pragma omp parallel
+    {
+        std::vector<float> acc(static_cast<size_t>(C)), row(static_cast<size_t>(C));
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; ++n) {
+            if (accumulate) cpu::to_f32_row(acc.data(), out + n * C, size_t(C));
+            else std::fill(acc.begin(), acc.end(), 0.0f);
+            for (int64_t j = 0; j < k; ++j) {
+                cpu::to_f32_row(row.data(), in + int64_t(slot[n * k + j]) * C, size_t(C));
+                const float wj = w ? w[n * k + j] : 1.0f;
+                for (int64_t c = 0; c < C; ++c) acc[size_t(c)] += wj * row[size_t(c)];
+            }
+            cpu::from_f32_row(out + n * C, acc.data(), size_t(C));
+        }
+    }
+}
+
+}  // namespace
+
 void CpuBackend::moe_scatter(Tensor dx, Tensor dxs, Tensor route, const MoeDesc & d, bool accumulate) {
     const int64_t N = dx.rows(), C = dx.cols(), k = d.top_k;
     MF_ASSERT(dxs.rows() == N * k && dxs.cols() == C);
     check_route(route, N, d);
     const MoeRoute rt(route.i32(), N, d);
     dispatch(dx.dtype, [&](auto sd) {
-        using G = decltype(sd);
         dispatch(dxs.dtype, [&](auto ss) {
-            using S = decltype(ss);
-            G * out = ptr<G>(dx);
-            const S * in = ptr<S>(dxs);
-#pragma omp parallel
-            {
-                std::vector<float> acc(static_cast<size_t>(C)), row(static_cast<size_t>(C));
-#pragma omp for schedule(static)
-                for (int64_t n = 0; n < N; ++n) {
-                    if (accumulate) cpu::to_f32_row(acc.data(), out + n * C, size_t(C));
-                    else std::fill(acc.begin(), acc.end(), 0.0f);
-                    for (int64_t j = 0; j < k; ++j) {
-                        cpu::to_f32_row(row.data(), in + int64_t(rt.slot[n * k + j]) * C, size_t(C));
-                        for (int64_t c = 0; c < C; ++c) acc[size_t(c)] += row[size_t(c)];
-                    }
-                    cpu::from_f32_row(out + n * C, acc.data(), size_t(C));
-                }
-            }
+            sum_slots(ptr<decltype(sd)>(dx), ptr<decltype(ss)>(dxs), rt.slot, nullptr, N, C, k, accumulate);
         });
     });
 }
@@ -184,25 +193,9 @@ void CpuBackend::moe_combine(Tensor out, Tensor y, Tensor wts, Tensor route, con
     MF_ASSERT(y.dtype == out.dtype && y.rows() == N * k && y.cols() == C && wts.numel() == N * k);
     check_route(route, N, d);
     const MoeRoute rt(route.i32(), N, d);
-    const float * w = wts.f32();
     dispatch(out.dtype, [&](auto s) {
         using S = decltype(s);
-        S * o = ptr<S>(out);
-        const S * in = ptr<S>(y);
-#pragma omp parallel
-        {
-            std::vector<float> acc(static_cast<size_t>(C)), row(static_cast<size_t>(C));
-#pragma omp for schedule(static)
-            for (int64_t n = 0; n < N; ++n) {
-                std::fill(acc.begin(), acc.end(), 0.0f);
-                for (int64_t j = 0; j < k; ++j) {
-                    cpu::to_f32_row(row.data(), in + int64_t(rt.slot[n * k + j]) * C, size_t(C));
-                    const float wj = w[n * k + j];
-                    for (int64_t c = 0; c < C; ++c) acc[size_t(c)] += wj * row[size_t(c)];
-                }
-                cpu::from_f32_row(o + n * C, acc.data(), size_t(C));
-            }
-        }
+        sum_slots(ptr<S>(out), ptr<S>(y), rt.slot, wts.f32(), N, C, k, false);
     });
 }
 
