@@ -33,7 +33,8 @@ nlohmann::json checkpoint_model(const ModelConfig & cfg) {
 std::pair<size_t, size_t> state_range(const Engine & engine) {
     // Tensor or pipeline parallel: export_state gathers the whole model's state.
     const EngineOptions & o = engine.options();
-    if (o.zero == 0 || o.tensor_parallel > 1 || o.pipeline_parallel > 1) return {0, engine.total_params()};
+    if (o.zero == 0 || o.tensor_parallel > 1 || o.pipeline_parallel > 1 || o.expert_parallel > 1)
+        return {0, engine.total_params()};
     const Engine::Shard sh = engine.shard();
     return {sh.lo, sh.hi};
 }

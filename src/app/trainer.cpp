@@ -50,6 +50,7 @@
 #include "model/gptq_folder.h"
 #include "model/hf_weights.h"
 #include "model/sparsity.h"
+#include "model/expert_parallel.h"
 #include "model/tensor_parallel.h"
 #include "plan/fit.h"
 #include "report/chrome_trace.h"
@@ -97,6 +98,10 @@ TrainingRun::TrainingRun(const TrainOptions & given)
         throw ConfigError(fmt::format("{} rank{} cannot be laid out as --tp {} x --cp {} x --pp {}: the world size must "
                                       "be a multiple of {}", world_, world_ == 1 ? "" : "s", layout_.tp, cp_, layout_.pp,
                                       layout_.tp * cp_ * layout_.pp));
+    if (opt.layout.ep > 1 && layout_.dp % opt.layout.ep != 0)
+        throw ConfigError(fmt::format("--ep {}: {} rank{} cannot form expert groups of {}: run a multiple of {} (mpirun "
+                                      "-np {} ...)", opt.layout.ep, world_, world_ == 1 ? "" : "s", opt.layout.ep,
+                                      opt.layout.ep, opt.layout.ep));
     cfg_ = run_model(opt);   // read once: load() completes it (vocabulary, trained context)
     check_supported(opt, cfg_, nullptr);
     if (layout_.tp > 1 || layout_.pp > 1 || cp_ > 1) groups_ = std::make_unique<ProcessGroups>(*comm_, layout_);
@@ -192,6 +197,14 @@ void TrainingRun::load() {
         if (groups_->emb) device_emb_ = make_device_communicator(*groups_->emb, *backend_);
         if (groups_->cp) device_cp_ = make_device_communicator(*groups_->cp, *backend_);
     }
+    if (const int E = opt_.layout.ep; E > 1) {   // consecutive data ranks form an expert group
+        MF_ASSERT(!groups_ && "expert parallelism with tensor, pipeline or context parallelism (compat.cpp)");
+        const int r = comm_->rank();
+        ep_host_ = comm_->split(r / E, r % E);
+        edp_host_ = comm_->split(r % E, r / E);
+        device_ep_ = make_device_communicator(*ep_host_, *backend_);
+        device_edp_ = make_device_communicator(*edp_host_, *backend_);
+    }
     // A Hugging Face folder with a tokenizer.json (or tokenizer.model) tokenizes the corpus with it
     // unless told otherwise.
     const std::string tokenizer =
@@ -263,6 +276,11 @@ void TrainingRun::resolve() {
     eo_.pp_comm = groups_ ? on_device(device_pp_, groups_->pp) : nullptr;
     eo_.emb_comm = groups_ ? on_device(device_emb_, groups_->emb) : nullptr;
     eo_.cp_comm = groups_ ? on_device(device_cp_, groups_->cp) : nullptr;
+    if (ep_host_) {   // the gradients' group: the ranks holding this rank's experts
+        eo_.comm = on_device(device_edp_, edp_host_);
+        eo_.rank = rank_ / opt_.layout.ep;
+        eo_.ep_comm = on_device(device_ep_, ep_host_);
+    }
     batch_ = eo_.B * ranks_;
     accum_ = eo_.grad_accum;
     // The loader yields the whole global batch per step, so a run-time re-plan to a smaller
@@ -336,6 +354,14 @@ void TrainingRun::announce() {
         say(fmt::format("  tensor parallel: {} ranks per group, each {} of {} heads ({} of {} KV), MLP {} of {}, "
                         "vocabulary rows {} of {}", layout_.tp, slice.n_head, cfg.n_head, slice.kv_heads(),
                         cfg.kv_heads(), slice.ffn_dim(), cfg.ffn_dim(), slice.vocab_size, cfg.vocab_size));
+    }
+    if (eo_.expert_parallel > 1) {   // model/expert_parallel.h
+        const int R = eo_.expert_parallel, E = cfg.moe.experts;
+        const float f = eo_.moe_capacity_factor > 0 ? eo_.moe_capacity_factor : kDefaultCapacityFactor;
+        say(fmt::format("  expert parallel: {} ranks per group, each {} of {} experts; capacity factor {:g}: at most "
+                        "{} of a rank's {} tokens' rows to each expert, past it dropped (moe/dropped); the dense "
+                        "part data parallel over all {} ranks", R, E / R, E, f,
+                        moe_capacity_rows(int64_t(eo_.B) * eo_.T, cfg.moe.top_k, E, f), eo_.B * eo_.T, world_));
     }
     if (layout_.pp > 1) {
         std::string stages;

@@ -159,7 +159,8 @@ void TrainingRun::finish() {
     // The whole model's weights for the sample (collective under ZeRO).
     const bool want_sample = opt_.sample_tokens > 0 && !data_.tokenizer.empty() && !opt_.profile;
     std::vector<float> sample_weights;
-    if (want_sample && (lead_ || eo_.zero > 0 || layout_.tp > 1 || layout_.pp > 1)) sample_weights = engine_->merged_weights();
+    if (want_sample && (lead_ || eo_.zero > 0 || layout_.tp > 1 || layout_.pp > 1 || eo_.expert_parallel > 1))
+        sample_weights = engine_->merged_weights();
     std::vector<RankView> rank_views;
     if (world_ > 1) rank_views = gather_rank_views();
     if (!lead_) return;

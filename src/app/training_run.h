@@ -146,6 +146,9 @@ private:
     // On a device backend (NCCL), each group's device communicator: data, tensor, pipeline and
     // the tied embedding's (null where the group is one rank or the backend computes on the host).
     std::unique_ptr<Communicator> device_comm_, device_tp_, device_pp_, device_emb_, device_cp_;
+    // Expert parallel (--ep E, model/expert_parallel.h): the expert group (E consecutive data
+    // ranks) and the expert-data group (the ranks holding the same experts), host and device.
+    std::unique_ptr<Communicator> ep_host_, edp_host_, device_ep_, device_edp_;
     DataSource data_;
     EngineOptions eo_;
     std::vector<std::string> notes_;   // what --fit auto / --recompute budget chose

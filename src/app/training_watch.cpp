@@ -159,6 +159,7 @@ void TrainingRun::add_moe_metrics(nlohmann::json & m, const StepResult & r) cons
     m["moe/z_loss"] = r.z_loss;
     m["moe/max_load"] = worst;
     m["moe/tokens_per_expert"] = layers;
+    if (eo_.expert_parallel > 1) m["moe/dropped"] = r.moe_dropped;   // past --moe-capacity-factor
 }
 
 // Every rank at every log point (a collective): its memory to its TensorBoard files; rank 0

@@ -68,6 +68,10 @@ public:
     // A send started now and completed by wait() (data untouched until then): the sender goes on
     // without waiting for the receiver. (Communicator's default: a blocking send, queued at once.)
     virtual std::unique_ptr<CommRequest> isend(const void * data, size_t bytes, int dst, int tag) = 0;
+    // out[r * bytes ..] = rank r's in[rank() * bytes ..], for every rank r (expert parallelism's
+    // dispatch and combine): in and out hold size() blocks of `bytes`, disjoint. Blocking. The
+    // default is size() sendrecv rounds, the i-th with ranks rank() +- i (round 0: itself).
+    virtual void all_to_all(const void * in, void * out, size_t bytes);
 };
 
 // fp32 elements of scratch a non-blocking 16-bit sum of n elements (all-reduce, or reduce-scatter

@@ -135,6 +135,16 @@ public:
     // in[R * out.numel()] summed element-wise over the ranks; out (disjoint from in) receives this
     // rank's slot of the sum, in[rank * n .. (rank+1) * n).
     void tp_reduce_scatter(Tensor out, Tensor in, Tensor scratch = {});
+    // Expert parallelism (model/expert_parallel.h): the expert group, whose ranks hold different
+    // experts and exchange routed rows. Blocking, like the tensor group's.
+    void set_expert_communicator(Collectives * c) { ep_comm_ = c; }
+    // t summed in place over the expert group (the dense gradients, the routing statistics).
+    void ep_all_reduce(Tensor t, Tensor scratch = {});
+    // f32 t summed over every data-parallel rank: the expert group's, then the data group's (the
+    // routing statistics, so that the load-balancing loss is the whole batch's).
+    void data_all_reduce(Tensor t);
+    // in [R, n] -> out [R, n]: out's block r is rank r's block for this rank (any dtype).
+    void ep_all_to_all(Tensor out, Tensor in);
     // Pipeline parallelism: the pipeline group (its rank s is stage s) and the embedding group
     // (the first and last stages, which both hold a tied embedding; null when none is tied).
     void set_pipeline_communicator(Collectives * c) { pp_comm_ = c; }
@@ -184,11 +194,13 @@ public:
     void moe_scatter(Tensor dx, Tensor dxs, Tensor route, const MoeDesc & d, bool accumulate);
     void moe_combine(Tensor out, Tensor y, Tensor wts, Tensor route, const MoeDesc & d);
     void moe_weight_bwd(Tensor dwts, Tensor g, Tensor dys, Tensor act, Tensor wts, Tensor route, const MoeDesc & d);
+    void moe_counts(Tensor counts, Tensor stats, Tensor route, const MoeDesc & d);
     void sigmoid_gate_fwd(Tensor out, Tensor y, Tensor logit);
     void sigmoid_gate_bwd(Tensor dy, Tensor dlogit, Tensor dout, Tensor y, Tensor logit);
     // The grouped matmul (backend/moe.h's MoeGemm forms): each expert's rows, as the route's
     // offsets give them when the op runs, by the backend's gemm in tiles (kMoeTile, then powers
-    // of two), so its workspace is planned for every tile shape.
+    // of two), so its workspace is planned for every tile shape. With d.capacity > 0 `route` is
+    // counts instead (backend/moe.h: d.reps blocks of d.experts groups of capacity rows).
     // The stack (b for fwd and data, c for weight) holds expert e's [M, K] matrix `stride` elements
     // after expert e - 1's (0: packed, M K; LoRA's adapters sit between them); accumulate adds
     // c's fwd or data product to it.
@@ -313,6 +325,7 @@ private:
     uint64_t seed_ = 0;
     Collectives * comm_ = nullptr;
     Collectives * tp_comm_ = nullptr;   // tensor-parallel group
+    Collectives * ep_comm_ = nullptr;   // expert-parallel group
     Collectives * cp_comm_ = nullptr;   // context-parallel group
     Collectives * pp_comm_ = nullptr, * emb_comm_ = nullptr;
     // t summed in place over c (blocking; a 16-bit sum through scratch's fp32 copy).

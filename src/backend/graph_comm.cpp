@@ -86,6 +86,32 @@ void Graph::tp_all_reduce(Tensor t, Tensor scratch) {
     end();
 }
 
+void Graph::ep_all_reduce(Tensor t, Tensor scratch) {
+    if (begin("ep_all_reduce", double(t.numel()), {t, scratch})) {
+        MF_ASSERT(ep_comm_ && "set_expert_communicator() before expert-parallel collectives");
+        blocking_sum(ep_comm_, t, scratch);
+    }
+    end();
+}
+
+void Graph::data_all_reduce(Tensor t) {
+    if (begin("data_all_reduce", double(t.numel()), {t})) {
+        MF_ASSERT(t.dtype == DType::f32 && ep_comm_ && comm_);
+        blocking_sum(ep_comm_, t, Tensor{});
+        blocking_sum(comm_, t, Tensor{});
+    }
+    end();
+}
+
+void Graph::ep_all_to_all(Tensor out, Tensor in) {
+    if (begin("ep_all_to_all", 0, {out, in})) {
+        MF_ASSERT(ep_comm_ && "set_expert_communicator() before expert-parallel collectives");
+        MF_ASSERT(out.dtype == in.dtype && out.numel() == in.numel() && in.numel() % ep_comm_->size() == 0);
+        ep_comm_->all_to_all(resolve(in).data, resolve(out).data, in.nbytes() / size_t(ep_comm_->size()));
+    }
+    end();
+}
+
 void Graph::pp_all_reduce(Tensor t, Tensor scratch) {
     if (begin("pp_all_reduce", double(t.numel()), {t, scratch})) {
         MF_ASSERT(pp_comm_ && "set_pipeline_communicator() before pipeline collectives");

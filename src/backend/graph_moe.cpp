@@ -2,6 +2,7 @@
 // the grouped matmul as the backend's gemms over each expert's rows.
 #include <algorithm>
 #include <vector>
+#include <utility>
 
 #include "backend/graph.h"
 #include "backend/quant_format.h"
@@ -28,6 +29,20 @@ void for_tiles(int64_t rows, F && f) {
     for (; rows - r0 >= kMoeTile; r0 += kMoeTile) f(r0, kMoeTile);
     for (int64_t p = kMoeTile / 2; p >= 1; p /= 2)
         if (rows - r0 >= p) f(r0, p), r0 += p;
+}
+
+// The grouped matmul's groups when it runs: (first row, rows) of each, by expert g % d.experts.
+// Dropless: the route's offsets; under a capacity, counts from row g * capacity.
+std::vector<std::pair<int64_t, int64_t>> moe_spans(Backend * b, const Tensor & route, const MoeDesc & d) {
+    const int64_t G = d.capacity > 0 ? int64_t(d.reps) * d.experts : d.experts;
+    std::vector<int32_t> v(size_t(G + (d.capacity > 0 ? 0 : 1)));
+    MF_ASSERT(route.numel() >= int64_t(v.size()));
+    b->download(v.data(), route.data, v.size() * sizeof(int32_t));
+    std::vector<std::pair<int64_t, int64_t>> out;
+    for (int64_t g = 0; g < G; ++g)
+        out.emplace_back(d.capacity > 0 ? g * d.capacity : v[size_t(g)],
+                         d.capacity > 0 ? v[size_t(g)] : v[size_t(g + 1)] - v[size_t(g)]);
+    return out;
 }
 
 // Rows [r0, r0 + n) of a resolved [*, cols] tensor (or matrix e of a stack of [n, cols] ones).
@@ -78,6 +93,12 @@ void Graph::moe_weight_bwd(Tensor dwts, Tensor g, Tensor dys, Tensor act, Tensor
     end();
 }
 
+void Graph::moe_counts(Tensor counts, Tensor stats, Tensor route, const MoeDesc & d) {
+    if (begin("moe_counts", 0, {counts, stats, route}))
+        backend_->moe_counts(resolve(counts), resolve(stats), resolve(route), d);
+    end();
+}
+
 void Graph::sigmoid_gate_fwd(Tensor out, Tensor y, Tensor logit) {
     if (begin("sigmoid_gate_fwd", 2.0 * double(y.numel()) + 4.0 * double(logit.numel()), {out, y, logit}))
         backend_->sigmoid_gate_fwd(resolve(out), resolve(y), resolve(logit));
@@ -111,14 +132,14 @@ void Graph::moe_gemm(Tensor c, Tensor a, Tensor b, Tensor route, const MoeDesc &
         grow_workspace(ws);
     }
     if (begin("moe_gemm", 2.0 * double(rows) * double(M) * double(K), {c, a, b, route}, true)) {
-        std::vector<int32_t> off(size_t(E + 1));
-        const Tensor r = resolve(route), rc = resolve(c), ra = resolve(a), rb = resolve(b);
-        backend_->download(off.data(), r.data, off.size() * sizeof(int32_t));
-        for (int64_t e = 0; e < E; ++e) {
+        const Tensor rc = resolve(c), ra = resolve(a), rb = resolve(b);
+        const auto spans = moe_spans(backend_, resolve(route), d);
+        for (size_t gi = 0; gi < spans.size(); ++gi) {
+            const int64_t e = int64_t(gi) % E;
             Tensor w = rows_of(mode == MoeGemm::weight ? rc : rb, 0, M, K);
             w.data = static_cast<char *>(w.data) + size_t(e * S) * dtype_size(w.dtype);
-            for_tiles(int64_t(off[size_t(e + 1)] - off[size_t(e)]), [&](int64_t r0, int64_t n) {
-                const int64_t s = off[size_t(e)] + r0;
+            for_tiles(spans[gi].second, [&](int64_t r0, int64_t n) {
+                const int64_t s = spans[gi].first + r0;
                 const GemmDesc g = desc(n);
                 const Tensor ws = workspace_tensor(backend_->gemm_workspace(g));
                 if (mode == MoeGemm::fwd) backend_->gemm(g, rows_of(rc, s, n, M), rows_of(ra, s, n, K), w, Tensor{}, ws);
@@ -144,16 +165,16 @@ void Graph::moe_qgemm(Tensor c, Tensor a, const QWeight & w, Tensor route, const
         grow_workspace(ws);
     }
     if (begin("moe_qgemm", 2.0 * double(rows) * double(in) * double(out), {c, a, w.packed, route}, true)) {
-        std::vector<int32_t> off(size_t(E + 1));
-        const Tensor r = resolve(route), rc = resolve(c), ra = resolve(a), rp = resolve(w.packed);
-        backend_->download(off.data(), r.data, off.size() * sizeof(int32_t));
+        const Tensor rc = resolve(c), ra = resolve(a), rp = resolve(w.packed);
+        const auto spans = moe_spans(backend_, resolve(route), d);
         const int64_t qb = int64_t(quant_bytes(w.q));
-        for (int64_t e = 0; e < E; ++e) {
+        for (size_t gi = 0; gi < spans.size(); ++gi) {
+            const int64_t e = int64_t(gi) % E;
             Tensor packed = rp;
             packed.data = static_cast<char *>(packed.data) + size_t(e * w.stride);
             packed.ndim = 1, packed.shape[0] = qb;
-            for_tiles(int64_t(off[size_t(e + 1)] - off[size_t(e)]), [&](int64_t r0, int64_t n) {
-                const int64_t s = off[size_t(e)] + r0;
+            for_tiles(spans[gi].second, [&](int64_t r0, int64_t n) {
+                const int64_t s = spans[gi].first + r0;
                 const Tensor ws = workspace_tensor(backend_->qgemm_workspace(w.q, n, a.dtype));
                 if (mode == MoeGemm::fwd)
                     backend_->qgemm_fwd(w.q, rows_of(rc, s, n, out), rows_of(ra, s, n, in), packed, Tensor{}, ws);

@@ -92,6 +92,8 @@ MF_KERNEL(moe_route, (Tensor route, Tensor wts, Tensor stats, Tensor logits, con
 // on each logit through the log-sum-exp); stats_all [d.layers, moe_stats_width] every layer's.
 MF_KERNEL(moe_route_bwd, (Tensor dlogits, Tensor dwts, Tensor logits, Tensor route, Tensor wts, Tensor stats_all,
           const MoeDesc & d))
+// With d.capacity > 0 the routed rows below are the capacity layout's [E*capacity, C] (moe.h):
+// a dropped choice has none (combine and scatter skip it, its dwts is 0), gather zeroes the rest.
 // out [N*k, C]: out[s] = x[order[s] / k] (the dispatch, rows in expert order).
 MF_KERNEL(moe_gather, (Tensor out, Tensor x, Tensor route, const MoeDesc & d))
 // dx [N, C] (+)= the sum over each token's k slots of dxs[slot] (the dispatch's backward).
@@ -99,8 +101,12 @@ MF_KERNEL(moe_scatter, (Tensor dx, Tensor dxs, Tensor route, const MoeDesc & d, 
 // out [N, C] = sum_j wts[n,j] y[slot(n,j)] (written; f32 sums).
 MF_KERNEL(moe_combine, (Tensor out, Tensor y, Tensor wts, Tensor route, const MoeDesc & d))
 // The combine's backward through the down projection, g [N*k, F] = d(output) gathered times
-// W_down: dwts[n,j] = g[s] . act[s] (s = slot(n,j)), then g[s] and dys[s] times wts[n,j] in place.
+// W_down: dwts[n,j] = g[s] . act[s] (s = slot(n,j)), then g[s] and dys[s] times wts[n,j] in place
+// (an invalid dys: g only).
 MF_KERNEL(moe_weight_bwd, (Tensor dwts, Tensor g, Tensor dys, Tensor act, Tensor wts, Tensor route, const MoeDesc & d))
+// Expert parallelism's send counts: counts[e] (i32, [E]) = expert e's routed rows kept under
+// d.capacity, and the choices dropped past it into stats[2E+1] (this layer's row).
+MF_KERNEL(moe_counts, (Tensor counts, Tensor stats, Tensor route, const MoeDesc & d))
 // Qwen2-MoE's shared expert: out[n] += sigmoid(logit[n]) y[n] (out, y [N, C], logit [N, 1], one
 // dtype); its backward: dy[n] = sigmoid(logit[n]) dout[n], dlogit[n] = s (1 - s) dout[n] . y[n]
 // (both written).

@@ -7,8 +7,16 @@
 //   slot    [N*k]  choice n*k + j sits at slot[n*k + j]
 //   expert  [N*k]  the expert of choice n*k + j (its probability's rank j among the E)
 // Choices keep token order within an expert (a counting sort): deterministic.
+//
+// Expert parallelism (model/expert_parallel.h) uses the capacity layout instead (MoeDesc::
+// capacity C > 0): expert e's first C routed rows, in the route's order, are rows e*C .. e*C+C-1
+// of an [E*C, cols] buffer (the rest of its rows zero), and its choices past C are dropped
+// (Megatron-LM's "position" drop policy). moe_gather, moe_scatter, moe_combine and
+// moe_weight_bwd read and write that layout when capacity > 0; moe_gemm then reads counts.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 namespace memfit {
@@ -21,18 +29,40 @@ struct MoeDesc {
     // statistics the stats buffer holds (rows of moe_stats_width), and this layer's row.
     float aux_scale = 0, z_scale = 0;
     int layers = 1, layer = 0;
+    // The stats buffer holds the sums over this many ranks' tokens (an expert-parallel group's,
+    // all-reduced before backward), each rank's batch alike.
+    int stat_ranks = 1;
+    // The capacity layout (above): rows per expert; 0: dropless.
+    int64_t capacity = 0;
+    // moe_gemm with capacity > 0: its `route` is counts [reps * experts] (i32) and group g's rows
+    // are g*capacity .. + counts[g], by expert g % experts (one block per source rank).
+    int reps = 1;
 };
 
 inline int64_t moe_route_elems(int64_t N, const MoeDesc & d) { return d.experts + 1 + 3 * N * d.top_k; }
 // A layer's statistics (f32): tokens per expert [E], the router probabilities summed over the
-// tokens [E], and the squared log-sum-exps of the router logits summed [1].
-inline int64_t moe_stats_width(const MoeDesc & d) { return 2 * int64_t(d.experts) + 1; }
+// tokens [E], the squared log-sum-exps of the router logits summed [1], and the choices dropped
+// past the capacity [1] (moe_counts; 0 when dropless).
+inline int64_t moe_stats_width(const MoeDesc & d) { return 2 * int64_t(d.experts) + 2; }
+
+// Megatron-LM's capacity per expert for N tokens: ceil(factor * N * k / E), at most N (a token
+// picks an expert once).
+inline int64_t moe_capacity_rows(int64_t N, int top_k, int experts, double factor) {
+    const double c = factor * double(N) * double(top_k) / double(experts);
+    return std::min(N, std::max<int64_t>(1, int64_t(std::ceil(c))));
+}
 
 // The route's parts.
 struct MoeRoute {
     const int32_t * offsets, * order, * slot, * expert;
     MoeRoute(const int32_t * r, int64_t N, const MoeDesc & d)
         : offsets(r), order(r + d.experts + 1), slot(order + N * d.top_k), expert(slot + N * d.top_k) {}
+    // The capacity layout's row of choice c, or -1 when it is dropped.
+    int64_t capacity_row(int64_t c, int64_t capacity) const {
+        const int32_t e = expert[c];
+        const int64_t pos = slot[c] - offsets[e];
+        return pos < capacity ? int64_t(e) * capacity + pos : -1;
+    }
 };
 
 // The grouped matmul's forms (moe_gemm), W the experts' stack [E, M, K] (each [out, in]):

@@ -235,13 +235,13 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                  ->capture_default_str());
         keep(c->add_option("--ep", r.layout.ep,
                            "expert parallel (a mixture of experts; Megatron-Core's --expert-model-parallel-size): "
-                           "each group of this many data-parallel ranks holds every expert once and exchanges the "
-                           "routed tokens all-to-all; divides the data-parallel ranks and the experts (planned by "
-                           "memfit plan; memfit train keeps every expert on every rank for now)")
+                           "each group of this many consecutive data-parallel ranks holds every expert once (each "
+                           "rank 1/ep of them) and exchanges the routed tokens all-to-all; divides the "
+                           "data-parallel ranks and the experts")
                  ->capture_default_str());
         keep(c->add_option("--moe-capacity-factor", r.moe_capacity_factor,
-                           "with --ep: the most routed rows a rank's experts take, as a factor of their even share "
-                           "(Megatron-LM's flag); 0: dropless, planned balanced")
+                           "with --ep: the most routed rows a rank sends each expert, as a factor of its even share "
+                           "(Megatron-LM's flag); rows past it are dropped and counted (moe/dropped); 0: 1.25")
                  ->capture_default_str()->check(kNonNegative));
         keep(c->add_option("--cp-comm-type", r.cp_comm_type,
                            "with --cp: all_gather (each layer gathers the group's keys and values whole, Llama 3's "

@@ -152,7 +152,7 @@ int64_t params_with(const ModelConfig & m, int64_t blocks, int active = -1) {
         const int64_t attn = (m.sandwich_norm ? 4 : 2) * norm + C * Q + (m.qkv_bias ? Q : 0) +
                              (m.qk_norm ? 2 * m.qk_norm_width() : 0) + C * A;
         const int64_t dense = (m.gated() ? 3 : 2) * C * F + (m.proj_bias ? 2 * C + F : 0);
-        const int64_t experts = active < 0 ? m.moe.experts : active;
+        const int64_t experts = active < 0 ? m.moe.local_experts() : active;   // (expert parallel: a share)
         // router, experts, Qwen2-MoE's shared expert and its gate
         const int64_t sparse = int64_t(m.moe.experts) * C + experts * 3 * C * m.moe.ffn +
                                (m.moe.shared_ffn > 0 ? 3 * C * m.moe.shared_ffn + C : 0);

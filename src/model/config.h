@@ -41,6 +41,14 @@ struct MoeConfig {
     // Qwen2-MoE's shared expert: a SwiGLU MLP of this width over every token, scaled per token by
     // sigmoid(shared_expert_gate . x) and added to the experts' output (0: none).
     int   shared_ffn = 0;
+    // Expert parallelism (model/expert_parallel.h): this model holds the ep_rank-th of ep_ranks
+    // equal shares of the experts (ep_local_config; 1: all of them), and routes with this many
+    // rows per expert and source rank per unit of the fair share (Megatron-LM's capacity factor).
+    int   ep_ranks = 1, ep_rank = 0;
+    float capacity_factor = 0;
+    int   ep_data_ranks = 1;   // every data-parallel rank (the routing statistics' sum is theirs)
+    int local_experts() const { return experts / ep_ranks; }
+    int first_expert() const { return ep_rank * local_experts(); }
     bool enabled() const { return experts > 0; }
     bool layer(int l) const {
         if (experts <= 0 || (l + 1) % sparse_step != 0) return false;

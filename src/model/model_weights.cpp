@@ -110,10 +110,10 @@ ModelWeights model_weights(const ModelConfig & cfg, const ParamLayout & layout, 
                 y.pn2w = view(h + "post_feedforward_layernorm.weight");
             }
             if (cfg.moe_layer(l)) {   // the experts' stacks: [E, 2F, C] gate|up, [E, C, F] down
-                const int64_t E = cfg.moe.experts, F = cfg.moe.ffn, C = cfg.n_embd;
+                const int64_t E = cfg.moe.local_experts(), F = cfg.moe.ffn, C = cfg.n_embd, e0 = cfg.moe.first_expert();
                 y.routerw = view(router_param(cfg, h));
-                y.fcw = stacked(expert_param(cfg, h, 0, ExpertPart::gate), {E, 2 * F, C});
-                y.fcprojw = stacked(expert_param(cfg, h, 0, ExpertPart::down), {E, C, F});
+                y.fcw = stacked(expert_param(cfg, h, int(e0), ExpertPart::gate), {E, 2 * F, C});
+                y.fcprojw = stacked(expert_param(cfg, h, int(e0), ExpertPart::down), {E, C, F});
                 y.shw1 = fused({h + "mlp.shared_expert.gate_proj.weight", h + "mlp.shared_expert.up_proj.weight"});
                 y.shw2 = view(h + "mlp.shared_expert.down_proj.weight");
                 y.shgw = view(h + "mlp.shared_expert_gate.weight");

@@ -62,13 +62,15 @@ ParamLayout make_param_layout(const ModelConfig & cfg) {
             if (cfg.sandwich_norm) add(h + "pre_feedforward_layernorm.weight", {C});
             if (cfg.post_norm || cfg.sandwich_norm) add(h + "post_feedforward_layernorm.weight", {C});
             if (cfg.moe_layer(i)) {   // the router, every expert's gate|up (adjacent), then their downs
+                // (Expert parallel: this rank's share of the experts, under their own numbers.)
                 const int64_t E = cfg.moe.experts, Fe = cfg.moe.ffn;
+                const int e0 = cfg.moe.first_expert(), e1 = e0 + cfg.moe.local_experts();
                 add(router_param(cfg, h), {E, C});
-                for (int e = 0; e < E; ++e) {
+                for (int e = e0; e < e1; ++e) {
                     add(expert_param(cfg, h, e, ExpertPart::gate), {Fe, C});
                     add(expert_param(cfg, h, e, ExpertPart::up), {Fe, C});
                 }
-                for (int e = 0; e < E; ++e) add(expert_param(cfg, h, e, ExpertPart::down), {C, Fe});
+                for (int e = e0; e < e1; ++e) add(expert_param(cfg, h, e, ExpertPart::down), {C, Fe});
                 if (const int64_t Fs = cfg.moe.shared_ffn; Fs > 0) {   // Qwen2-MoE: gate|up adjacent
                     add(h + "mlp.shared_expert.gate_proj.weight", {Fs, C});
                     add(h + "mlp.shared_expert.up_proj.weight", {Fs, C});

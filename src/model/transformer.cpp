@@ -77,7 +77,8 @@ Transformer::LayerActs Transformer::declare_layer(Program & program, const std::
     // TiledMLP: one chunk of rows (M) of the MLP's intermediates at a time, kept by nothing.
     const int64_t M = mlp_rows_;
     // A sparse layer's: the experts' rows, N*k of them in expert order.
-    const int64_t routed = moe ? rows_ * cfg_.moe.top_k : 0;
+    // Expert parallel: the rows this rank's experts can receive, in the capacity layout.
+    const int64_t routed = !moe ? 0 : ep_cap_ > 0 ? cfg_.moe.experts * ep_cap_ : rows_ * cfg_.moe.top_k;
     auto mlp = [&](const std::string & name, int64_t width) {
         return moe ? act(name, {routed, width}) : M > 0 ? act(name + ".chunk", {M, width}) : act(name, {b, t, width});
     };
@@ -167,6 +168,12 @@ Transformer::Transformer(const ModelConfig & cfg, int B, int T, Program & progra
         const int64_t rows = cfg.moe_layers(), width = moe_stats_width(moe_desc(0));
         moe_stats_ = Tensor(program.declare(prefix_ + "moe.stats", Category::activations, size_t(rows * width) * 4, true),
                             DType::f32, {rows, width});
+        if (cfg.moe.ep_ranks > 1) {   // model/expert_parallel.h
+            ep_cap_ = moe_capacity_rows(rows_, cfg.moe.top_k, cfg.moe.experts, cfg.moe.capacity_factor);
+            if (opt.with_backward && opt.recompute.recomputes())
+                moe_stats_rc_ = Tensor(program.declare(prefix_ + "moe.stats.rc", Category::activations,
+                                                       size_t(width) * 4), DType::f32, {width});
+        }
     }
     for (int l = lb_; l < le_; ++l) {
         const std::string h = fmt::format("h.{}.", l);
@@ -688,6 +695,11 @@ void Transformer::backward(Graph & g, const ModelWeights & w, const ModelWeights
     const int K = rc_plan_.segment;
     // The input of layer l as forward saved it.
     auto saved_input = [&](int l) { return l > lb_ ? acts(l - 1).res3 : first_stage() ? encoded_ : input_; };
+    if (ep_cap_ > 0) {   // the load-balancing loss over every rank's tokens (model/expert_parallel.h)
+        g.phase(Phase::communication);
+        g.layer(-1);
+        g.data_all_reduce(moe_stats_);
+    }
     g.phase(Phase::backward);
     g.layer(-1);
     if (last_stage()) {   // head_loss left d(final norm output) in dlnf_; else dres_ arrived

@@ -23,6 +23,7 @@
 #include "model/config.h"
 #include "model/context_parallel.h"
 #include "model/distill.h"
+#include "model/expert_parallel.h"
 #include "model/preference.h"
 #include "model/lora.h"
 #include "model/param_layout.h"
@@ -160,6 +161,10 @@ struct ModelOptions {
     // d ln_2); the embedding is a masked lookup summed over the group, and the loss a
     // vocabulary-parallel cross-entropy that exchanges two floats per token, never the logits.
     TensorParallel tp;
+    // Expert parallel (model/expert_parallel.h): the config is this rank's share of the experts
+    // (ep_local_config, which the training step applies); its sparse layers exchange routed rows
+    // over the Graph's expert communicator.
+    ExpertParallel ep;
     // Context parallel (model/context_parallel.h): B and T are this rank's rows of each sequence
     // (T = the whole sequence / cp.ranks); attention gathers the group's keys and values.
     ContextParallel cp;
@@ -308,6 +313,10 @@ private:
         // Backward: d(output) dispatched, the input dispatched again, its gradient, the weights'
         // and the logits' gradients.
         Tensor moe_logits, moe_route, moe_wts, moe_xs, moe_y, moe_dys, moe_xs_b, moe_dxs, moe_dwts, moe_dlogits;
+        // Expert parallel (transformer_ep.cpp; the rows in the capacity layout, [E*cap, C]): moe_xs
+        // and moe_dys are what this rank sends, moe_y and ep_dxs what comes back; ep_recv (kept),
+        // ep_out, ep_dys and moe_dxs the expert side's; the send counts [E] and those received.
+        Tensor ep_recv, ep_out, ep_dys, ep_dxs, ep_cnt, ep_cnt_recv;
         // Qwen2-MoE's shared expert (kept: its gate|up, SwiGLU and output [N, .], its gate's logit
         // [N, 1]) and backward's gradients of them.
         Tensor sh_fc, sh_act, sh_out, sh_gate, sh_dout, sh_dact, sh_dfc, sh_dgate;
@@ -405,6 +414,17 @@ private:
                           const ModelWeights::Layer & p, const ModelWeights::Layer & dp, Proj proj) const;
     void moe_bwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p, const ModelWeights::Layer & dp, Tensor x,
                  Tensor dout) const;
+    void shared_expert_fwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p, Tensor x) const;
+    void shared_expert_bwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p, const ModelWeights::Layer & dp,
+                           Tensor x, Tensor dout) const;
+    // Expert parallelism (transformer_ep.cpp, model/expert_parallel.h): the same sparse MLP with
+    // this rank's experts, the routed rows exchanged over the expert group.
+    void declare_ep(Program & program, const std::string & h, bool with_backward, LayerActs & a) const;
+    MoeDesc ep_local_desc() const;   // the grouped matmuls' over the received rows
+    void ep_fwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p, Tensor x, bool need_output) const;
+    void ep_fc(Graph & g, Tensor fch, const LayerActs & a, const ModelWeights::Layer & p) const;
+    void ep_bwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p, const ModelWeights::Layer & dp, Tensor x,
+                Tensor dout) const;
     void act_fwd(Graph & g, Tensor out, Tensor fc) const;
     void act_bwd(Graph & g, Tensor dfc, Tensor dout, Tensor fc) const;
     // TiledMLP: the MLP of `a` chunk by chunk, from a.ln2 into a.fcproj; and its backward from
@@ -477,6 +497,10 @@ private:
     ActivationOffload * offload_ = nullptr;
     Tensor moe_stats_;
     std::vector<int> moe_index_;   // by layer: its row of moe_stats_ (-1: dense)
+    // Expert parallel: rows per expert a rank sends (0: not expert parallel), and the row a
+    // recomputed route's statistics go to (the step's were summed over the group already).
+    int64_t ep_cap_ = 0;
+    Tensor moe_stats_rc_;
     mutable float moe_aux_scale_ = 0, moe_z_scale_ = 0;
     ContextParallel cp_;
     Tensor cp_meta_;   // [2,B,T]: positions and first keys (set_context)

@@ -18,10 +18,13 @@ MoeDesc Transformer::moe_desc(int l) const {
     d.layer = moe_index_.empty() ? 0 : std::max(0, moe_index_[size_t(l)]);
     d.aux_scale = moe_aux_scale_;
     d.z_scale = moe_z_scale_;
+    d.stat_ranks = cfg_.moe.ep_data_ranks;   // expert parallel: every data rank's statistics, summed
+    d.capacity = ep_cap_;
     return d;
 }
 
 void Transformer::declare_moe(Program & program, const std::string & h, bool with_backward, LayerActs & a) const {
+    if (ep_cap_ > 0) return declare_ep(program, h, with_backward, a);
     const int64_t N = rows_, E = cfg_.moe.experts, k = cfg_.moe.top_k, C = cfg_.n_embd;
     const MoeDesc d = moe_desc(a.layer);
     auto act = [&](std::string_view name, std::initializer_list<int64_t> dims, bool f32 = false) {
@@ -116,6 +119,7 @@ void Transformer::moe_fc(Graph & g, Tensor fch, Tensor xs, const LayerActs & a, 
 
 void Transformer::moe_fwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p, Tensor x,
                           bool need_output) const {
+    if (ep_cap_ > 0) return ep_fwd(g, a, p, x, need_output);
     const MoeDesc d = moe_desc(a.layer);
     const int64_t width = moe_stats_width(d);
     g.matmul_fwd(a.moe_logits, x, p.routerw, Tensor{}, WeightLayout::out_in);
@@ -128,8 +132,12 @@ void Transformer::moe_fwd(Graph & g, const LayerActs & a, const ModelWeights::La
     else g.moe_gemm(a.moe_y, a.fch_gelu, p.fcprojw, a.moe_route, d, MoeGemm::fwd);
     moe_adapters_fwd(g, a.moe_y, a.fch_gelu, a, p, Proj::down, a.rc);
     g.moe_combine(a.fcproj, a.moe_y, a.moe_wts, a.moe_route, d);
+    shared_expert_fwd(g, a, p, x);
+}
+
+// Qwen2-MoE's shared expert over every token, gated by sigmoid(x . g), added into a.fcproj.
+void Transformer::shared_expert_fwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p, Tensor x) const {
     if (!p.shw1.valid()) return;
-    // Qwen2-MoE's shared expert over every token, gated by sigmoid(x . g).
     g.matmul_fwd(a.sh_fc, x, p.shw1, Tensor{}, WeightLayout::out_in);
     act_fwd(g, a.sh_act, a.sh_fc);
     g.matmul_fwd(a.sh_out, a.sh_act, p.shw2, Tensor{}, WeightLayout::out_in);
@@ -142,6 +150,7 @@ void Transformer::moe_fwd(Graph & g, const LayerActs & a, const ModelWeights::La
 // gradients; d(x) through the experts (scattered back) and through the router.
 void Transformer::moe_bwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p,
                           const ModelWeights::Layer & dp, Tensor x, Tensor dout) const {
+    if (ep_cap_ > 0) return ep_bwd(g, a, p, dp, x, dout);
     const MoeDesc d = moe_desc(a.layer);
     g.moe_gather(a.moe_dys, dout, a.moe_route, d);
     if (p.fcprojq.valid()) g.moe_qgemm(a.dfch_gelu, a.moe_dys, p.fcprojq, a.moe_route, d, MoeGemm::data);
@@ -168,6 +177,11 @@ void Transformer::moe_bwd(Graph & g, const LayerActs & a, const ModelWeights::La
     g.moe_scatter(a.dln2, a.moe_dxs, a.moe_route, d, false);
     g.moe_route_bwd(a.moe_dlogits, a.moe_dwts, a.moe_logits, a.moe_route, a.moe_wts, moe_stats_, d);
     g.matmul_bwd(a.dln2, dp.routerw, Tensor{}, a.moe_dlogits, x, p.routerw, WeightLayout::out_in, true);
+    shared_expert_bwd(g, a, p, dp, x, dout);
+}
+
+void Transformer::shared_expert_bwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p,
+                                    const ModelWeights::Layer & dp, Tensor x, Tensor dout) const {
     if (!p.shw1.valid()) return;
     g.sigmoid_gate_bwd(a.sh_dout, a.sh_dgate, dout, a.sh_out, a.sh_gate);
     g.matmul_bwd(a.sh_dact, dp.shw2, Tensor{}, a.sh_dout, a.sh_act, p.shw2, WeightLayout::out_in);

@@ -45,7 +45,8 @@ Transformer::LayerActs Transformer::recompute_dropped(Graph & g, int l, const Mo
         a.ln2 = r.ln2, a.ln2_mean = r.ln2_mean, a.ln2_rstd = r.ln2_rstd;
     }
     if (dropped(Saved::fc) && cfg_.moe_layer(l)) {   // the experts' first matmul over the kept route
-        moe_fc(g, r.fch, r.moe_xs, a, p, a.ln2, true);
+        if (ep_cap_ > 0) ep_fc(g, r.fch, a, p);   // (expert parallel: over the kept rows received)
+        else moe_fc(g, r.fch, r.moe_xs, a, p, a.ln2, true);
         a.fch = r.fch;
     } else if (dropped(Saved::fc) && mlp_rows_ == 0) {   // TiledMLP: backward recomputes chunk by chunk
         project(g, r.fch, gather_rows(g, a.ln2, r.ln2g, Phase::recompute), p, Proj::fc, true);

@@ -204,7 +204,11 @@ EngineOptions engine_options(const RunConfig & r, const ModelConfig & cfg, const
     check_supported(r, cfg, nullptr);   // the backend's kernels: when the steps are planned (StepPlans)
     const Layout & L = r.layout;
     EngineOptions eo;
-    eo.data_parallel = L.dp * L.cp;   // the gradients' group: every rank of a context group too
+    // The gradients' group: every rank of a context group too; under expert parallelism the ranks
+    // holding the same experts (model/expert_parallel.h).
+    eo.data_parallel = L.dp * L.cp / std::max(1, L.ep);
+    eo.expert_parallel = L.ep;
+    eo.moe_capacity_factor = r.moe_capacity_factor;
     eo.context_parallel = L.cp;
     eo.cp_ring = r.cp_comm_type == "p2p";
     eo.tensor_parallel = L.tp;

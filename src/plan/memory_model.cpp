@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "model/expert_parallel.h"
 #include "model/param_layout.h"
 #include "model/recompute.h"
 #include "model/sparsity.h"
@@ -163,12 +164,11 @@ DeviceMemory model_states(const Candidate & c, const ParamSplit & ps, const Stag
         m.device = lora_state_bytes(base, adapters, c);
         m.frozen = L.zero >= 3 ? ceil_div(base, uint64_t(L.data_ranks())) : base;
     } else if (L.ep > 1) {
-        // Expert parallelism: a rank's experts are 1 / ep of them, sharded by ZeRO over the ranks
-        // holding the same ones (data ranks / ep); the rest as without.
+        // Expert parallelism (model/expert_parallel.h): a rank holds 1 / ep of the experts and the
+        // whole rest, one flat buffer that ZeRO shards over the ranks holding the same experts
+        // (data ranks / ep), as the engine does.
         const int64_t experts = st.layers * ps.experts / L.tp;
-        m.device = model_state_bytes(st.params - experts, c, ps.width);
-        const CategoryBytes e = model_state_bytes(experts / L.ep, c, ps.width, L.data_ranks() / L.ep);
-        for (size_t k = 0; k < kCategoryCount; ++k) m.device.v[k] += e.v[k];
+        m.device = model_state_bytes(st.params - experts + experts / L.ep, c, ps.width, L.data_ranks() / L.ep);
     } else {
         m.device = model_state_bytes(st.params, c, ps.width);
         if (has_state(c.optimizer, StateSize::projector)) m.device[Category::optimizer_states] = galore_states(c, ps, st);
@@ -350,7 +350,7 @@ Activations activations(const ModelConfig & cfg, const Candidate & c, int seq, i
     // Expert parallelism: the routed rows sent and received all-to-all ([N k, C] each way), the
     // received ones up to the capacity factor's share.
     if (L.ep > 1 && cfg.moe.enabled())
-        a.common += uint64_t(double(k * BTC) * (1.0 + std::max(1.0, double(c.moe_capacity_factor))));
+        a.common += uint64_t(double(k * BTC) * (1.0 + ep_capacity_factor(c.moe_capacity_factor)));
     return a;
 }
 

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "model/expert_parallel.h"
 #include "model/recompute.h"
 #include "plan/distill_plan.h"
 #include "plan/lora_plan.h"
@@ -287,7 +288,7 @@ StepTime predict_step_time(const ModelConfig & cfg, const Hardware & hw, const C
     double ep_comm = 0;
     if (L.ep > 1 && cfg.moe.enabled()) {
         const Link lk = link(L.tp * L.ep > r, r / std::min(L.tp, r));
-        const double rows = tokens * cfg.moe.top_k * std::max(1.0, double(c.moe_capacity_factor));
+        const double rows = tokens * cfg.moe.top_k * ep_capacity_factor(c.moe_capacity_factor);
         const double a2a = lk.time(double(L.ep - 1) / L.ep * rows * C * s / tp, L.ep - 1.0);
         const double sparse = layers * double(cfg.moe_layers()) / cfg.n_layer;
         ep_comm = m * sparse * (4.0 + (keeps(mask, Saved::fc) ? 0.0 : 2.0)) * a2a;

@@ -234,13 +234,21 @@ std::optional<std::string> moe_refusal(const RunConfig & r, const ModelConfig & 
     const Layout & L = r.layout;
     if (L.ep > 1 && !cfg.moe.enabled())
         return fmt::format("--ep {}: model '{}' has no experts to spread; drop --ep", L.ep, cfg.name);
-    if (L.ep > 1 && (L.data_ranks() % L.ep || cfg.moe.experts % L.ep))
+    // (The data ranks are known once the world is: 1 here means not yet; the trainer checks them.)
+    if (L.ep > 1 && ((L.data_ranks() > 1 && L.data_ranks() % L.ep) || cfg.moe.experts % L.ep))
         return fmt::format("--ep {} must divide the {} data-parallel ranks and the {} experts", L.ep, L.data_ranks(),
                            cfg.moe.experts);
-    if (L.ep > 1)
-        return fmt::format("--ep {}: expert parallelism is planned (memfit plan) but memfit train does not run it yet; it "
-                           "keeps all {} experts on every rank: drop --ep (ZeRO-3 shards them)", L.ep, cfg.moe.experts);
-    if (r.moe_capacity_factor > 0)
+    if (L.ep > 1) {   // model/expert_parallel.h: the experts split, routed rows exchanged
+        const char * what = r.lora.rank > 0                                         ? "LoRA"
+                            : L.offload != Offload::none || L.offload_acts           ? "--offload"
+                            : r.optimizer_in_backward                                 ? "--optimizer-in-backward"
+                            : r.fit_auto                                              ? "--fit auto"
+                                                                                      : nullptr;
+        if (what)
+            return fmt::format("--ep {} with {} is not supported yet; drop one (memfit plan shows what fits without it)",
+                               L.ep, what);
+    }
+    if (r.moe_capacity_factor > 0 && L.ep <= 1)
         return std::string("--moe-capacity-factor bounds what --ep's ranks receive; without --ep routing is dropless: "
                            "drop it");
     if (!cfg.moe.enabled()) return std::nullopt;

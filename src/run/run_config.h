@@ -114,8 +114,9 @@ struct RunConfig {
     // the coefficients of the load-balancing loss and the z-loss in the training loss (negative:
     // the model's own, config.json's router_aux_loss_coef when output_router_logits is true).
     float moe_aux_loss_coeff = -1, moe_z_loss_coeff = -1;
-    // --moe-capacity-factor (Megatron-LM's): under expert parallelism a rank's experts take at most
-    // this factor times their even share of the routed tokens; 0: dropless, planned balanced.
+    // --moe-capacity-factor (Megatron-LM's): under expert parallelism a rank sends each expert at
+    // most this factor times its even share of its routed rows, the rest dropped; 0: the default
+    // (model/expert_parallel.h's kDefaultCapacityFactor).
     float moe_capacity_factor = 0;
     // ALBERT's cross-layer sharing: groups of this many consecutive blocks share one set of
     // weights, so the blocks' parameters, gradients and optimizer states divide by it (0 or 1:

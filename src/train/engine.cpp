@@ -13,6 +13,7 @@
 #include "backend/moments8.h"
 #include "comm/communicator.h"
 #include "memory/budget.h"
+#include "model/expert_parallel.h"
 #include "model/tensor_parallel.h"
 #include "run/compat.h"
 #include "train/split_weights.h"
@@ -102,6 +103,10 @@ EngineOptions with_rank(EngineOptions o) {
         throw ConfigError(fmt::format("pipeline parallel over {} stages needs a communicator of that size",
                                       o.pipeline_parallel));
     o.pp_rank = o.pp_comm ? o.pp_comm->rank() : 0;
+    if ((o.expert_parallel > 1 && !o.ep_comm) || (o.ep_comm && o.ep_comm->size() != o.expert_parallel))
+        throw ConfigError(fmt::format("expert parallel over {} ranks needs a communicator of that size",
+                                      o.expert_parallel));
+    o.ep_rank = o.ep_comm ? o.ep_comm->rank() : 0;
     return o;
 }
 }  // namespace
@@ -122,6 +127,11 @@ Engine::Engine(const ModelConfig & cfg, Backend & backend, const EngineOptions &
     if (!pp_comm_) {
         own_pp_comm_ = make_single_communicator();
         pp_comm_ = own_pp_comm_.get();
+    }
+    ep_comm_ = opt_.ep_comm;
+    if (!ep_comm_) {
+        own_ep_comm_ = make_single_communicator();
+        ep_comm_ = own_ep_comm_.get();
     }
     // The interleaved schedule keeps sends out while it receives (train/step_pipeline.cpp).
     if (opt_.pipeline_parallel > 1 && opt_.virtual_stages > 1) pp_comm_->open_send_channels();
@@ -335,7 +345,30 @@ std::vector<float> Engine::gather_whole(const float * mine) {
     if (opt_.zero == 0) std::memcpy(stage.data(), mine, sh.total * sizeof(float));
     else comm_->iall_gather(mine, stage.data(), st.shard_counts(0, sh.total), sizeof(float))->wait();
     if (opt_.pipeline_parallel > 1) stage = pp_gather(stage, st.lora());   // every stage's, by name
+    if (opt_.expert_parallel > 1) return ep_gather(stage);
     return opt_.tensor_parallel > 1 ? tp_gather(stage, tp_layouts()) : stage;
+}
+
+std::vector<float> Engine::ep_gather(const std::vector<float> & local) const {
+    const int R = opt_.expert_parallel;
+    const ParamLayout whole = make_param_layout(cfg_);
+    MF_ASSERT(local.size() == plans_.train->layout().total);
+    std::vector<float> all(local.size() * size_t(R)), out(whole.total);
+    ep_comm_->all_gather(local.data(), all.data(), local.size() * sizeof(float));
+    std::vector<ParamLayout> locals;
+    std::vector<const float *> parts;
+    for (int r = 0; r < R; ++r) {
+        locals.push_back(make_param_layout(ep_local_config(cfg_, {R, r, opt_.moe_capacity_factor, 0})));
+        parts.push_back(all.data() + size_t(r) * local.size());
+    }
+    ep_assemble(whole, locals, parts, out.data());
+    return out;
+}
+
+double Engine::sum_over_data(double v) const {
+    if (opt_.data_parallel > 1) v = comm_->all_reduce_sum(v);
+    if (opt_.expert_parallel > 1) v = ep_comm_->all_reduce_sum(v);
+    return v;
 }
 
 // Stage s's part of the tensor slice's model (`adapters`, under LoRA: its adapters'; else the
@@ -373,6 +406,7 @@ std::vector<float> Engine::pp_gather(const std::vector<float> & stage, bool lora
 }
 
 std::vector<float> Engine::my_part(const float * whole) const {
+    if (opt_.expert_parallel > 1) return ep_slice(make_param_layout(cfg_), plans_.train->layout(), whole);
     std::vector<float> slice;
     if (opt_.tensor_parallel > 1) {
         const auto [all, mine] = tp_layouts();
@@ -524,6 +558,7 @@ void Engine::execute(const TrainStep & step, StepMemory & mem, const StepScalars
     Graph g(step.program(), mem, backend_);
     g.set_communicator(comm_);
     g.set_tensor_communicator(tp_comm_);
+    g.set_expert_communicator(ep_comm_);
     g.set_context_communicator(opt_.cp_comm);
     g.set_pipeline_communicator(pp_comm_);
     g.set_embedding_communicator(opt_.emb_comm);
@@ -648,7 +683,7 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
     StepResult r;
     r.tokens = count_targets(inputs, targets, BT * size_t(k));
     if (opt_.documents) check_doc_starts(doc_start, size_t(opt_.B) * size_t(k));
-    if (opt_.data_parallel > 1) r.tokens = int(comm_->all_reduce_sum(double(r.tokens)));
+    r.tokens = int(sum_over_data(double(r.tokens)));
     // Every micro-batch's loss gradient is scaled by the whole step's token count (preference
     // tuning: pair count), so the accumulated gradients are those of one batch of k*B sequences.
     // fp16: the loss gradient is multiplied by the loss scale and AdamW divides it back out.
@@ -658,7 +693,7 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
     r.loss_scale = scaler_.scale;
     // The router losses: a mean over the micro-batches and ranks (each micro-batch's own loss, as
     // transformers computes it per forward).
-    const float per_batch = scaler_.scale * h.loss_grad_factor / float(k * opt_.data_parallel);
+    const float per_batch = scaler_.scale * h.loss_grad_factor / float(k * opt_.data_parallel * opt_.expert_parallel);
     moe_aux_scale_ = cfg_.moe.aux_coef * per_batch;
     moe_z_scale_ = cfg_.moe.z_coef * per_batch;
     moe_ = {};
@@ -685,7 +720,7 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
         skip_ask_ = [&] {
             double all = sum + losses_sum(*plans_.train, *train_mem_);
             if (opt_.pipeline_parallel > 1) all = pp_comm_->all_reduce_sum(all);
-            if (opt_.data_parallel > 1) all = comm_->all_reduce_sum(all);
+            all = sum_over_data(all);
             const double loss = units > 0 ? all / units : 0.0;
             r.loss_outlier = !(loss <= double(h.skip_above_loss));
             return r.loss_outlier;
@@ -707,14 +742,12 @@ StepResult Engine::train_step(const int32_t * inputs, const int32_t * targets, c
         sum = pp_comm_->all_reduce_sum(run_batch(*plans_.train, *train_mem_, inputs, targets, doc_start, dloss, &hh,
                                                  seed));
     }
-    if (opt_.data_parallel > 1) sum = comm_->all_reduce_sum(sum);
+    sum = sum_over_data(sum);
     r.loss = units > 0 ? float(sum / units) : 0.0f;
     if (moe_.batches > 0) {
         double aux = moe_.aux, z = moe_.z, n = moe_.batches;
-        if (opt_.data_parallel > 1) {
-            aux = comm_->all_reduce_sum(aux), z = comm_->all_reduce_sum(z);
-            n = comm_->all_reduce_sum(n);
-        }
+        aux = sum_over_data(aux), z = sum_over_data(z), n = sum_over_data(n);
+        r.moe_dropped = moe_.dropped;   // every rank's (the statistics were summed over them)
         r.aux_loss = float(aux / n), r.z_loss = float(z / n);
         r.loss += cfg_.moe.aux_coef * r.aux_loss + cfg_.moe.z_coef * r.z_loss;
         r.expert_tokens = moe_.tokens;
@@ -750,10 +783,8 @@ float Engine::eval_loss(const int32_t * inputs, const int32_t * targets, const i
     double sum = run_batch(*plans_.eval, *eval_mem_, inputs, targets, doc_start, 0.0f, nullptr);
     eval_pref_ = reduced_preference(run_pref_);
     if (opt_.pipeline_parallel > 1) sum = pp_comm_->all_reduce_sum(sum);
-    if (opt_.data_parallel > 1) {
-        valid = int(comm_->all_reduce_sum(double(valid)));
-        sum = comm_->all_reduce_sum(sum);
-    }
+    valid = int(sum_over_data(double(valid)));
+    sum = sum_over_data(sum);
     return valid > 0 ? float(sum / valid) : 0.0f;
 }
 

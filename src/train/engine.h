@@ -118,6 +118,14 @@ struct EngineOptions {
     // gradients are those of the whole model: every rank of a tensor group reads the same batch.
     int tensor_parallel = 1, tp_rank = 0;
     Communicator * tp_comm = nullptr;
+    // Expert parallel over `expert_parallel` ranks (model/expert_parallel.h): this rank holds the
+    // ep_rank-th share of every sparse layer's experts. ep_comm: the expert group (consecutive
+    // data ranks, each reading its own batch); `comm` and data_parallel are then the ranks
+    // holding the same experts (the expert-data group: ZeRO shards and gradient sums over it),
+    // so the whole data-parallel world is data_parallel x expert_parallel ranks.
+    int expert_parallel = 1, ep_rank = 0;
+    Communicator * ep_comm = nullptr;
+    float moe_capacity_factor = 0;   // model/expert_parallel.h (0: its default)
     // Sequence parallel (with tensor parallel): norms and residual adds on 1/tensor_parallel of
     // the rows, all-gathers and reduce-scatters in place of the all-reduces.
     bool sequence_parallel = false;
@@ -168,6 +176,7 @@ struct EngineOptions {
         m.tp.rank = tp_rank;
         m.tp.sequence = sequence_parallel;
         m.cp = ContextParallel{context_parallel, cp_rank, cp_ring};
+        m.ep = ExpertParallel{expert_parallel, ep_rank, moe_capacity_factor, expert_parallel * data_parallel};
         return m;
     }
 };
@@ -229,9 +238,12 @@ struct StepResult {
     PreferenceMetrics pref;
     // Mixture of experts: the load-balancing loss and the router z-loss (means over the step's
     // micro-batches and data-parallel ranks; `loss` includes them times their coefficients, as
-    // transformers' does), and the tokens each expert received ([sparse layers, E], this rank's).
+    // transformers' does), and the tokens each expert received ([sparse layers, E], this rank's;
+    // expert parallel: its expert group's).
     float  aux_loss = 0, z_loss = 0;
     std::vector<float> expert_tokens;
+    // Expert parallel: the routed choices dropped past the capacity in the step, every rank's.
+    double moe_dropped = 0;
 };
 
 
@@ -378,9 +390,15 @@ private:
     std::unique_ptr<OffloadStore> store_;   // --offload optimizer: the offloaded states (before the memories)
     std::unique_ptr<StepMemory> train_mem_, first_mem_, mid_mem_, eval_mem_, fwd_mem_;
     LossScaler scaler_;
-    std::unique_ptr<Communicator> own_comm_, own_tp_comm_, own_pp_comm_;   // single-process when not given
-    Communicator * comm_ = nullptr, * tp_comm_ = nullptr, * pp_comm_ = nullptr;
-    bool split_model() const { return opt_.tensor_parallel > 1 || opt_.pipeline_parallel > 1; }
+    std::unique_ptr<Communicator> own_comm_, own_tp_comm_, own_pp_comm_, own_ep_comm_;   // single-process when not given
+    Communicator * comm_ = nullptr, * tp_comm_ = nullptr, * pp_comm_ = nullptr, * ep_comm_ = nullptr;
+    bool split_model() const {
+        return opt_.tensor_parallel > 1 || opt_.pipeline_parallel > 1 || opt_.expert_parallel > 1;
+    }
+    // v summed over every data-parallel rank (the data group's, then the expert group's).
+    double sum_over_data(double v) const;
+    // Expert parallel: the whole model's from every rank's share (collective over the group).
+    std::vector<float> ep_gather(const std::vector<float> & local) const;
     // The whole model's vector from this rank's (a shard under ZeRO) of the same layout as
     // params(), gathered over the data, pipeline and tensor groups (collective); and this rank's
     // stage of its tensor slice of a whole-model vector (before the ZeRO cut).
@@ -443,7 +461,7 @@ private:
     // what run_batch read from each one's routing statistics (moe_read).
     float moe_aux_scale_ = 0, moe_z_scale_ = 0;
     struct MoeSums {
-        double aux = 0, z = 0;
+        double aux = 0, z = 0, dropped = 0;
         int batches = 0;
         std::vector<float> tokens;
     } moe_;

@@ -13,7 +13,9 @@ void Engine::moe_read(const TrainStep & step, StepMemory & mem) {
     const int64_t L = st.rows(), W = st.cols(), E = cfg_.moe.experts;
     std::vector<float> v(size_t(L * W));
     backend_.download(v.data(), mem.base(st.buffer), v.size() * sizeof(float));
-    const double LN = double(L) * double(step.B()) * double(step.T());
+    // Expert parallel: the statistics are every data rank's tokens' (summed before backward).
+    const double ranks = opt_.expert_parallel > 1 ? double(opt_.expert_parallel * opt_.data_parallel) : 1.0;
+    const double LN = double(L) * double(step.B()) * double(step.T()) * ranks;
     double aux = 0, z = 0;
     moe_.tokens.resize(size_t(L * E), 0.0f);
     for (int64_t e = 0; e < E; ++e) {
@@ -24,7 +26,7 @@ void Engine::moe_read(const TrainStep & step, StepMemory & mem) {
         }
         aux += c * p;
     }
-    for (int64_t l = 0; l < L; ++l) z += v[size_t(l * W + 2 * E)];
+    for (int64_t l = 0; l < L; ++l) z += v[size_t(l * W + 2 * E)], moe_.dropped += v[size_t(l * W + 2 * E + 1)];
     moe_.aux += double(E) * aux / (LN * LN);
     moe_.z += z / LN;
     ++moe_.batches;

@@ -28,7 +28,7 @@ constexpr size_t kShardAlign = 32;   // elements: shard boundaries stay 64-byte 
 TrainStep::TrainStep(const ModelConfig & cfg, int B, int T, StepMode mode, const Backend * sizing,
                      const ModelOptions & model, StepParts parts, const DataParallel & dp,
                      const PipelineParallel & pp)
-    : cfg_(tp_local_config(cfg, model.tp.ranks)), lora_(model.lora.enabled()), mode_(mode), parts_(parts), B_(B), T_(T), compute_(model.compute),
+    : cfg_(ep_local_config(tp_local_config(cfg, model.tp.ranks), model.ep)), lora_(model.lora.enabled()), mode_(mode), parts_(parts), B_(B), T_(T), compute_(model.compute),
       grad_dt_(model.grad), optimizer_(model.optimizer), dp_(dp), pp_(pp) {
     check_and_lay_out(cfg, model);
     if (lora_) declare_base(model.lora);

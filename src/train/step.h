@@ -259,6 +259,11 @@ private:
     // tensor group once the step's backward is done, and a 16-bit sum's fp32 copy (the largest).
     std::vector<GradPart> partial_parts_;
     Tensor partial_scratch_;
+    // Expert parallel: the dense (non-expert) parameters' gradients, summed over the expert group
+    // once the step's backward is done (each rank's tokens' share), and a 16-bit sum's fp32 copy.
+    ExpertParallel ep_;
+    std::vector<GradPart> ep_parts_;
+    Tensor ep_scratch_;
     // Tensor parallel with fewer KV heads than ranks: the k|v ranges, summed over the ranks that
     // hold the same KV head through a buffer with one slot per KV head (this rank's: kv_slot_).
     std::vector<GradPart> kv_parts_;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/collectives.h"
+#include "model/expert_parallel.h"
 #include "model/pipeline.h"
 #include "model/tensor_parallel.h"
 
@@ -25,6 +26,9 @@ void TrainStep::declare_fixups(const ModelConfig & cfg, const ModelOptions & mod
     // second copy (the last pipeline stage).
     std::vector<TpRange> skip;
     if (model.tp.enabled() && model.tp.rank != 0) skip = tp_replicated(layout_, model.tp.ranks);
+    // Expert parallel: the dense parameters, alike on every rank of the expert group, by its first.
+    if (model.ep.enabled() && model.ep.rank != 0)
+        for (const auto & r : ep_dense_ranges(layout_)) skip.push_back(r);
     // KV heads held by several tensor ranks: counted by the first of them.
     const int reps = model.tp.enabled() ? tp_kv_replicas(cfg, model.tp.ranks) : 1;
     if (reps > 1 && model.tp.rank % reps != 0)
@@ -78,7 +82,16 @@ void TrainStep::declare_fixups(const ModelConfig & cfg, const ModelOptions & mod
             partial_scratch_ = Tensor(program_.declare(pre + "communication.tensor_partial", Category::communication,
                                                        widest * 4), DType::f32, {int64_t(widest)});
     }
-    if (tp_.enabled() || pp.enabled() || in_bwd_)
+    ep_ = model.ep;
+    if (ep_.enabled() && parts.optimizer) {
+        ep_parts_ = grad_parts(ep_dense_ranges(layout_));
+        size_t widest = 0;
+        for (const auto & r : ep_parts_) widest = std::max(widest, step_scratch_elems(sizing, grad_dt_, ep_.ranks, r.n));
+        if (widest)
+            ep_scratch_ = Tensor(program_.declare(pre + "communication.expert_dense", Category::communication,
+                                                  widest * 4), DType::f32, {int64_t(widest)});
+    }
+    if (tp_.enabled() || pp.enabled() || in_bwd_ || ep_.enabled())
         norm_part_ = program_.declare("grad_norm_part", Category::activations, 4);
 }
 
@@ -96,6 +109,9 @@ void TrainStep::tensor_fixups(Graph & g) const {
     for (const auto & r : partial_parts_)   // the norms' (sequence parallel), LoRA's replicated matrices'
         g.tp_all_reduce(Tensor(grads, grad_dt_, {int64_t(r.n)}, r.at * gs),
                         partial_scratch_.valid() ? partial_scratch_.view(0, {int64_t(r.n)}) : Tensor{});
+    for (const auto & r : ep_parts_)   // expert parallel: every rank's tokens' share of the dense gradients
+        g.ep_all_reduce(Tensor(grads, grad_dt_, {int64_t(r.n)}, r.at * gs),
+                        ep_scratch_.valid() ? ep_scratch_.view(0, {int64_t(r.n)}) : Tensor{});
 }
 
 std::vector<TrainStep::GradPart> TrainStep::grad_parts(const std::vector<TpRange> & ranges) const {
@@ -111,7 +127,7 @@ std::vector<TrainStep::GradPart> TrainStep::grad_parts(const std::vector<TpRange
 void TrainStep::grad_norm(Graph & g, Tensor norm_sq) const {
     const size_t gs = dtype_size(grad_dt_);
     auto view = [&](const TpRange & r) { return Tensor(grads, grad_dt_, {int64_t(r.b - r.a)}, r.a * gs); };
-    if (norm_ranges_.size() == 1 && !tp_.enabled() && !pp_.enabled()) {
+    if (norm_ranges_.size() == 1 && !tp_.enabled() && !pp_.enabled() && !ep_.enabled()) {
         g.sum_squares(norm_sq, view(norm_ranges_[0]));
         return;
     }
@@ -124,6 +140,7 @@ void TrainStep::grad_norm(Graph & g, Tensor norm_sq) const {
     g.phase(Phase::communication);
     if (tp_.enabled()) g.tp_all_reduce(norm_sq);
     if (pp_.enabled()) g.pp_all_reduce(norm_sq);
+    if (ep_.enabled()) g.ep_all_reduce(norm_sq);
     g.phase(Phase::optimizer);
 }
 

@@ -87,6 +87,7 @@ void CpuBackend::moe_route(Tensor route, Tensor wts, Tensor stats, Tensor logits
     double z = 0;
     for (float v : lse2) z += v;
     st[2 * E] = float(z);
+    st[2 * E + 1] = 0;   // dropped: moe_counts'
     std::vector<int32_t> next(offsets, offsets + E);
     for (int64_t c = 0; c < N * k; ++c) {
         const int32_t s = next[size_t(expert[c])]++;
@@ -105,12 +106,12 @@ void CpuBackend::moe_route_bwd(Tensor dlogits, Tensor dwts, Tensor logits, Tenso
     check_route(route, N, d);
     const MoeRoute rt(route.i32(), N, d);
     // The load-balancing loss E / (LN)^2 sum_e count_e psum_e: its gradient on p[n, e].
-    const double LN = double(d.layers) * double(N);
+    const double LN = double(d.layers) * double(N), LN_all = LN * double(d.stat_ranks);
     std::vector<float> aux(size_t(E), 0.0f);
     for (int e = 0; e < E; ++e) {
         double c = 0;
         for (int l = 0; l < d.layers; ++l) c += stats_all.f32()[l * moe_stats_width(d) + e];
-        aux[size_t(e)] = float(double(d.aux_scale) * E * c / (LN * LN));
+        aux[size_t(e)] = float(double(d.aux_scale) * E * c / (LN * LN_all));
     }
     const float zf = float(2.0 * double(d.z_scale) / LN);
     dispatch(logits.dtype, [&](auto s) {
@@ -139,21 +140,52 @@ void CpuBackend::moe_route_bwd(Tensor dlogits, Tensor dwts, Tensor logits, Tenso
 }
 
 void CpuBackend::moe_gather(Tensor out, Tensor x, Tensor route, const MoeDesc & d) {
-    const int64_t N = x.rows(), C = x.cols(), k = d.top_k;
-    MF_ASSERT(out.dtype == x.dtype && out.rows() == N * k && out.cols() == C);
+    const int64_t N = x.rows(), C = x.cols(), k = d.top_k, cap = d.capacity;
+    MF_ASSERT(out.dtype == x.dtype && out.rows() == (cap > 0 ? d.experts * cap : N * k) && out.cols() == C);
     check_route(route, N, d);
     const MoeRoute rt(route.i32(), N, d);
     const size_t row = size_t(C) * dtype_size(x.dtype);
     const char * src = static_cast<const char *>(x.data);
     char * dst = static_cast<char *>(out.data);
+    if (cap > 0) {   // row e*cap + i: expert e's i-th routed row while it has one, else zeros
+#pragma omp parallel for schedule(static)
+        for (int64_t s = 0; s < d.experts * cap; ++s) {
+            const int64_t e = s / cap, at = rt.offsets[e] + s % cap;
+            if (at < rt.offsets[e + 1]) std::memcpy(dst + size_t(s) * row, src + size_t(rt.order[at] / k) * row, row);
+            else std::memset(dst + size_t(s) * row, 0, row);
+        }
+        return;
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t s = 0; s < N * k; ++s) std::memcpy(dst + size_t(s) * row, src + size_t(rt.order[s] / k) * row, row);
 }
 
+void CpuBackend::moe_counts(Tensor counts, Tensor stats, Tensor route, const MoeDesc & d) {
+    const int E = d.experts;
+    MF_ASSERT(d.capacity > 0 && counts.dtype == DType::i32 && counts.numel() == E);
+    MF_ASSERT(stats.dtype == DType::f32 && stats.numel() == moe_stats_width(d));
+    const int32_t * off = route.i32();
+    double dropped = 0;
+    for (int e = 0; e < E; ++e) {
+        const int64_t n = off[e + 1] - off[e];
+        counts.i32()[e] = int32_t(std::min(n, d.capacity));
+        dropped += double(std::max<int64_t>(0, n - d.capacity));
+    }
+    stats.f32()[2 * E + 1] = float(dropped);
+}
+
+// Each choice's routed row: the route's slots, or the capacity layout's rows (-1: dropped).
+static const int32_t * choice_rows(const MoeRoute & rt, int64_t N, const MoeDesc & d, std::vector<int32_t> & keep) {
+    if (d.capacity == 0) return rt.slot;
+    keep.resize(size_t(N * d.top_k));
+    for (int64_t c = 0; c < N * d.top_k; ++c) keep[size_t(c)] = int32_t(rt.capacity_row(c, d.capacity));
+    return keep.data();
+}
+
 namespace {
 
-// out[n] (+)= sum_j w[n k + j] in[slot[n k + j]] over each token's k slots (w null: 1), fp32 sums
-// in slot order: the dispatch's backward and the combine.
+// out[n] (+)= sum_j w[n k + j] in[slot[n k + j]] over each token's k slots (w null: 1; a slot
+// of -1: dropped), fp32 sums in slot order: the dispatch's backward and the combine.
 template <class G, class S>
 void sum_slots(G * out, const S * in, const int32_t * slot, const float * w, int64_t N, int64_t C, int64_t k,
                bool accumulate) {
@@ -165,6 +197,7 @@ void sum_slots(G * out, const S * in, const int32_t * slot, const float * w, int
             if (accumulate) cpu::to_f32_row(acc.data(), out + n * C, size_t(C));
             else std::fill(acc.begin(), acc.end(), 0.0f);
             for (int64_t j = 0; j < k; ++j) {
+                if (slot[n * k + j] < 0) continue;
                 cpu::to_f32_row(row.data(), in + int64_t(slot[n * k + j]) * C, size_t(C));
                 const float wj = w ? w[n * k + j] : 1.0f;
                 for (int64_t c = 0; c < C; ++c) acc[size_t(c)] += wj * row[size_t(c)];
@@ -178,47 +211,60 @@ void sum_slots(G * out, const S * in, const int32_t * slot, const float * w, int
 
 void CpuBackend::moe_scatter(Tensor dx, Tensor dxs, Tensor route, const MoeDesc & d, bool accumulate) {
     const int64_t N = dx.rows(), C = dx.cols(), k = d.top_k;
-    MF_ASSERT(dxs.rows() == N * k && dxs.cols() == C);
+    MF_ASSERT(dxs.rows() == (d.capacity > 0 ? d.experts * d.capacity : N * k) && dxs.cols() == C);
     check_route(route, N, d);
     const MoeRoute rt(route.i32(), N, d);
+    std::vector<int32_t> keep;
+    const int32_t * rows = choice_rows(rt, N, d, keep);
     dispatch(dx.dtype, [&](auto sd) {
         dispatch(dxs.dtype, [&](auto ss) {
-            sum_slots(ptr<decltype(sd)>(dx), ptr<decltype(ss)>(dxs), rt.slot, nullptr, N, C, k, accumulate);
+            sum_slots(ptr<decltype(sd)>(dx), ptr<decltype(ss)>(dxs), rows, nullptr, N, C, k, accumulate);
         });
     });
 }
 
 void CpuBackend::moe_combine(Tensor out, Tensor y, Tensor wts, Tensor route, const MoeDesc & d) {
     const int64_t N = out.rows(), C = out.cols(), k = d.top_k;
-    MF_ASSERT(y.dtype == out.dtype && y.rows() == N * k && y.cols() == C && wts.numel() == N * k);
+    MF_ASSERT(y.dtype == out.dtype && y.rows() == (d.capacity > 0 ? d.experts * d.capacity : N * k) &&
+              y.cols() == C && wts.numel() == N * k);
     check_route(route, N, d);
     const MoeRoute rt(route.i32(), N, d);
+    std::vector<int32_t> keep;
+    const int32_t * rows = choice_rows(rt, N, d, keep);
     dispatch(out.dtype, [&](auto s) {
         using S = decltype(s);
-        sum_slots(ptr<S>(out), ptr<S>(y), rt.slot, wts.f32(), N, C, k, false);
+        sum_slots(ptr<S>(out), ptr<S>(y), rows, wts.f32(), N, C, k, false);
     });
 }
 
 void CpuBackend::moe_weight_bwd(Tensor dwts, Tensor g, Tensor dys, Tensor act, Tensor wts, Tensor route,
                                 const MoeDesc & d) {
-    const int64_t k = d.top_k, rows = g.rows(), N = rows / k, F = g.cols(), C = dys.cols();
-    MF_ASSERT(act.dtype == g.dtype && act.rows() == rows && act.cols() == F && dys.rows() == rows);
-    MF_ASSERT(dwts.dtype == DType::f32 && dwts.numel() == rows && wts.numel() == rows);
+    const int64_t k = d.top_k, choices = wts.numel(), N = choices / k, F = g.cols();
+    const int64_t rows = d.capacity > 0 ? d.experts * d.capacity : choices, C = dys.valid() ? dys.cols() : 0;
+    MF_ASSERT(act.dtype == g.dtype && act.rows() == rows && g.rows() == rows && act.cols() == F);
+    MF_ASSERT(!dys.valid() || dys.rows() == rows);
+    MF_ASSERT(dwts.dtype == DType::f32 && dwts.numel() == choices && wts.dtype == DType::f32);
     check_route(route, N, d);
     const MoeRoute rt(route.i32(), N, d);
+    std::vector<int32_t> keep;
+    const int32_t * at = choice_rows(rt, N, d, keep);
     dispatch(g.dtype, [&](auto s) {
         using S = decltype(s);
-        dispatch(dys.dtype, [&](auto sy) {
+        dispatch(dys.valid() ? dys.dtype : g.dtype, [&](auto sy) {
             using Y = decltype(sy);
             S * gg = ptr<S>(g);
-            Y * dy = ptr<Y>(dys);
+            Y * dy = dys.valid() ? ptr<Y>(dys) : nullptr;
             const S * a = ptr<S>(act);
 #pragma omp parallel
             {
                 std::vector<float> x(static_cast<size_t>(F)), y(static_cast<size_t>(F)), r(static_cast<size_t>(C));
 #pragma omp for schedule(static)
-                for (int64_t c = 0; c < rows; ++c) {
-                    const int64_t sl = rt.slot[c];
+                for (int64_t c = 0; c < choices; ++c) {
+                    const int64_t sl = at[c];
+                    if (sl < 0) {   // dropped
+                        dwts.f32()[c] = 0;
+                        continue;
+                    }
                     cpu::to_f32_row(x.data(), gg + sl * F, size_t(F));
                     cpu::to_f32_row(y.data(), a + sl * F, size_t(F));
                     float dot = 0;
@@ -227,6 +273,7 @@ void CpuBackend::moe_weight_bwd(Tensor dwts, Tensor g, Tensor dys, Tensor act, T
                     const float w = wts.f32()[c];
                     for (int64_t i = 0; i < F; ++i) x[size_t(i)] *= w;
                     cpu::from_f32_row(gg + sl * F, x.data(), size_t(F));
+                    if (!dy) continue;
                     cpu::to_f32_row(r.data(), dy + sl * C, size_t(C));
                     for (int64_t i = 0; i < C; ++i) r[size_t(i)] *= w;
                     cpu::from_f32_row(dy + sl * C, r.data(), size_t(C));

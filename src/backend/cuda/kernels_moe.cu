@@ -119,6 +119,7 @@ __global__ void moe_offsets_kernel(int32_t * offsets, float * stats, const int32
     double z = 0;
     for (int64_t n = 0; n < N; ++n) z += __int_as_float(lse2_bits[n]);
     stats[2 * E] = float(z);
+    stats[2 * E + 1] = 0.0f;   // dropped: moe_counts'
     offsets[0] = 0;
     for (int e = 0; e < E; ++e) offsets[e + 1] += offsets[e];
 }
@@ -142,7 +143,7 @@ struct RouteBwd {
     int64_t N;
     int E, k, layers, width;
     bool norm;
-    double aux_scale, LN2;   // d.aux_scale, (layers x N)^2
+    double aux_scale, LN2;   // d.aux_scale, (layers x N)^2 x stat_ranks
     float zf;                // 2 z_scale / (layers x N)
 };
 
@@ -184,61 +185,95 @@ __global__ void moe_route_bwd_kernel(S * D, const float * dwts, const S * L, con
     for (int e = 0; e < d.E; ++e) out[e] = st<S>(prob(x, e, m, inv) * (dp(e) - dot + zl));
 }
 
-// out [N*k, C] rows: out[s] = x[order[s] / k] (T: the element's bits).
+// Each choice's routed row: its slot, or under a capacity its row of the capacity layout
+// (backend/moe.h; -1: dropped).
+struct Rows {
+    const int32_t * slot, * offsets, * expert;
+    int64_t cap;
+    __device__ __forceinline__ int64_t at(int64_t c) const {
+        if (cap == 0) return slot[c];
+        const int32_t e = expert[c];
+        const int64_t pos = slot[c] - offsets[e];
+        return pos < cap ? int64_t(e) * cap + pos : -1;
+    }
+};
+
+Rows rows_of(const MoeRoute & rt, const MoeDesc & d) { return Rows{rt.slot, rt.offsets, rt.expert, d.capacity}; }
+
+// out [N*k, C] rows: out[s] = x[order[s] / k] (T: the element's bits). Under a capacity (cap >
+// 0): out [E*cap, C], row e*cap + i expert e's i-th routed row while it has one, else zeros.
 template <class T>
-__global__ void moe_gather_kernel(T * out, const T * x, const int32_t * order, int64_t rows, int64_t C, int k) {
+__global__ void moe_gather_kernel(T * out, const T * x, const int32_t * order, const int32_t * offsets, int64_t rows,
+                                  int64_t C, int k, int64_t cap) {
     const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (id >= rows * C) return;
     const int64_t s = id / C, c = id % C;
-    out[id] = x[int64_t(order[s] / k) * C + c];
+    if (cap == 0) {
+        out[id] = x[int64_t(order[s] / k) * C + c];
+        return;
+    }
+    const int64_t e = s / cap, at = offsets[e] + s % cap;
+    out[id] = at < offsets[e + 1] ? x[int64_t(order[at] / k) * C + c] : T(0);
 }
 
 // dx [N, C] (+)= the sum over each token's k slots of dxs (j order, as the CPU).
 template <class G, class S>
-__global__ void moe_scatter_kernel(G * dx, const S * dxs, const int32_t * slot, int64_t N, int64_t C, int k,
-                                   bool accumulate) {
+__global__ void moe_scatter_kernel(G * dx, const S * dxs, Rows r, int64_t N, int64_t C, int k, bool accumulate) {
     const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (id >= N * C) return;
     const int64_t n = id / C, c = id % C;
     float acc = accumulate ? ld(dx[id]) : 0.0f;
-    for (int j = 0; j < k; ++j) acc += ld(dxs[int64_t(slot[n * k + j]) * C + c]);
+    for (int j = 0; j < k; ++j)
+        if (const int64_t s = r.at(n * k + j); s >= 0) acc += ld(dxs[s * C + c]);
     dx[id] = st<G>(acc);
 }
 
 // out [N, C] = sum_j wts[n, j] y[slot(n, j)].
 template <class S>
-__global__ void moe_combine_kernel(S * out, const S * y, const float * wts, const int32_t * slot, int64_t N, int64_t C,
-                                   int k) {
+__global__ void moe_combine_kernel(S * out, const S * y, const float * wts, Rows r, int64_t N, int64_t C, int k) {
     const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (id >= N * C) return;
     const int64_t n = id / C, c = id % C;
     float acc = 0.0f;
-    for (int j = 0; j < k; ++j) acc += mul_rn(wts[n * k + j], ld(y[int64_t(slot[n * k + j]) * C + c]));
+    for (int j = 0; j < k; ++j)
+        if (const int64_t s = r.at(n * k + j); s >= 0) acc += mul_rn(wts[n * k + j], ld(y[s * C + c]));
     out[id] = st<S>(acc);
 }
 
-// dwts[c] = g[slot[c]] . act[slot[c]], one thread per choice.
+// dwts[c] = g[row(c)] . act[row(c)] (0: dropped), one thread per choice.
 template <class S>
-__global__ void moe_wdot_kernel(float * dwts, const S * g, const S * act, const int32_t * slot, int64_t rows, int64_t F) {
+__global__ void moe_wdot_kernel(float * dwts, const S * g, const S * act, Rows r, int64_t choices, int64_t F) {
     const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (c >= rows) return;
-    const int64_t s = slot[c];
+    if (c >= choices) return;
+    const int64_t s = r.at(c);
     float dot = 0.0f;
-    for (int64_t i = 0; i < F; ++i) dot += mul_rn(ld(g[s * F + i]), ld(act[s * F + i]));
+    for (int64_t i = 0; s >= 0 && i < F; ++i) dot += mul_rn(ld(g[s * F + i]), ld(act[s * F + i]));
     dwts[c] = dot;
 }
 
-// Then g [rows, F] and dys [rows, C] times their choice's weight (slot s holds choice order[s]),
-// one thread per element of the two.
+// Then g [rows, F] and dys [rows, C] (null: none) times their choice's weight, one thread per
+// element of a choice's two rows.
 template <class S, class Y>
-__global__ void moe_wscale_kernel(S * g, Y * dys, const float * wts, const int32_t * order, int64_t rows, int64_t F,
-                                  int64_t C) {
+__global__ void moe_wscale_kernel(S * g, Y * dys, const float * wts, Rows r, int64_t choices, int64_t F, int64_t C) {
     const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (id >= rows * (F + C)) return;
-    const int64_t s = id / (F + C), i = id % (F + C);
-    const float w = wts[order[s]];
+    if (id >= choices * (F + C)) return;
+    const int64_t c = id / (F + C), i = id % (F + C), s = r.at(c);
+    if (s < 0) return;
+    const float w = wts[c];
     if (i < F) g[s * F + i] = st<S>(ld(g[s * F + i]) * w);
     else dys[s * C + (i - F)] = st<Y>(ld(dys[s * C + (i - F)]) * w);
+}
+
+// moe_counts: one thread.
+__global__ void moe_counts_kernel(int32_t * counts, float * stats, const int32_t * offsets, int E, int64_t cap) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    double dropped = 0;
+    for (int e = 0; e < E; ++e) {
+        const int64_t n = offsets[e + 1] - offsets[e];
+        counts[e] = int32_t(n < cap ? n : cap);
+        if (n > cap) dropped += double(n - cap);
+    }
+    stats[2 * E + 1] = float(dropped);
 }
 
 void check_route(const Tensor & route, int64_t N, const MoeDesc & d) {
@@ -305,7 +340,8 @@ void moe_route_bwd(cudaStream_t s, Tensor dlogits, Tensor dwts, Tensor logits, T
     if (N == 0) return;
     const MoeRoute rt(route.i32(), N, d);
     const double LN = double(d.layers) * double(N);
-    const RouteBwd a{N, E, k, d.layers, int(moe_stats_width(d)), d.norm_topk, double(d.aux_scale), LN * LN,
+    const RouteBwd a{N, E, k, d.layers, int(moe_stats_width(d)), d.norm_topk, double(d.aux_scale),
+                     LN * LN * double(d.stat_ranks),
                      float(2.0 * double(d.z_scale) / LN)};
     dispatch_float(logits.dtype, [&](auto z) {
         using S = decltype(z);
@@ -317,21 +353,29 @@ void moe_route_bwd(cudaStream_t s, Tensor dlogits, Tensor dwts, Tensor logits, T
 
 void moe_gather(cudaStream_t s, Tensor out, Tensor x, Tensor route, const MoeDesc & d) {
     const int64_t N = x.rows(), C = x.cols(), k = d.top_k;
-    MF_ASSERT(out.dtype == x.dtype && out.rows() == N * k && out.cols() == C);
+    const int64_t rows = d.capacity > 0 ? d.experts * d.capacity : N * k;
+    MF_ASSERT(out.dtype == x.dtype && out.rows() == rows && out.cols() == C);
     check_route(route, N, d);
-    if (N * k * C == 0) return;
+    if (rows * C == 0) return;
     const MoeRoute rt(route.i32(), N, d);
     dispatch_bits(x.dtype, [&](auto z) {
         using T = decltype(z);
-        moe_gather_kernel<T><<<grid_for(N * k * C, 256), 256, 0, s>>>(ptr<T>(out), ptr<T>(x), rt.order, N * k, C,
-                                                                      int(k));
+        moe_gather_kernel<T><<<grid_for(rows * C, 256), 256, 0, s>>>(ptr<T>(out), ptr<T>(x), rt.order, rt.offsets,
+                                                                     rows, C, int(k), d.capacity);
         MF_CUDA_LAUNCHED();
     });
 }
 
+void moe_counts(cudaStream_t s, Tensor counts, Tensor stats, Tensor route, const MoeDesc & d) {
+    MF_ASSERT(d.capacity > 0 && counts.dtype == DType::i32 && counts.numel() == d.experts);
+    MF_ASSERT(stats.dtype == DType::f32 && stats.numel() == moe_stats_width(d));
+    moe_counts_kernel<<<1, 1, 0, s>>>(counts.i32(), stats.f32(), route.i32(), d.experts, d.capacity);
+    MF_CUDA_LAUNCHED();
+}
+
 void moe_scatter(cudaStream_t s, Tensor dx, Tensor dxs, Tensor route, const MoeDesc & d, bool accumulate) {
     const int64_t N = dx.rows(), C = dx.cols(), k = d.top_k;
-    MF_ASSERT(dxs.rows() == N * k && dxs.cols() == C);
+    MF_ASSERT(dxs.rows() == (d.capacity > 0 ? d.experts * d.capacity : N * k) && dxs.cols() == C);
     check_route(route, N, d);
     if (N * C == 0) return;
     const MoeRoute rt(route.i32(), N, d);
@@ -339,8 +383,8 @@ void moe_scatter(cudaStream_t s, Tensor dx, Tensor dxs, Tensor route, const MoeD
         using G = decltype(zd);
         dispatch_float(dxs.dtype, [&](auto zs) {
             using S = decltype(zs);
-            moe_scatter_kernel<G, S><<<grid_for(N * C, 256), 256, 0, s>>>(ptr<G>(dx), ptr<S>(dxs), rt.slot, N, C,
-                                                                          int(k), accumulate);
+            moe_scatter_kernel<G, S><<<grid_for(N * C, 256), 256, 0, s>>>(ptr<G>(dx), ptr<S>(dxs), rows_of(rt, d), N,
+                                                                          C, int(k), accumulate);
             MF_CUDA_LAUNCHED();
         });
     });
@@ -348,36 +392,40 @@ void moe_scatter(cudaStream_t s, Tensor dx, Tensor dxs, Tensor route, const MoeD
 
 void moe_combine(cudaStream_t s, Tensor out, Tensor y, Tensor wts, Tensor route, const MoeDesc & d) {
     const int64_t N = out.rows(), C = out.cols(), k = d.top_k;
-    MF_ASSERT(y.dtype == out.dtype && y.rows() == N * k && y.cols() == C && wts.numel() == N * k);
+    MF_ASSERT(y.dtype == out.dtype && y.rows() == (d.capacity > 0 ? d.experts * d.capacity : N * k) &&
+              y.cols() == C && wts.numel() == N * k);
     MF_ASSERT(wts.dtype == DType::f32);
     check_route(route, N, d);
     if (N * C == 0) return;
     const MoeRoute rt(route.i32(), N, d);
     dispatch_float(out.dtype, [&](auto z) {
         using S = decltype(z);
-        moe_combine_kernel<S><<<grid_for(N * C, 256), 256, 0, s>>>(ptr<S>(out), ptr<S>(y), wts.f32(), rt.slot, N, C,
-                                                                   int(k));
+        moe_combine_kernel<S><<<grid_for(N * C, 256), 256, 0, s>>>(ptr<S>(out), ptr<S>(y), wts.f32(), rows_of(rt, d),
+                                                                   N, C, int(k));
         MF_CUDA_LAUNCHED();
     });
 }
 
 void moe_weight_bwd(cudaStream_t s, Tensor dwts, Tensor g, Tensor dys, Tensor act, Tensor wts, Tensor route,
                     const MoeDesc & d) {
-    const int64_t k = d.top_k, rows = g.rows(), N = rows / k, F = g.cols(), C = dys.cols();
-    MF_ASSERT(act.dtype == g.dtype && act.rows() == rows && act.cols() == F && dys.rows() == rows);
-    MF_ASSERT(dwts.dtype == DType::f32 && dwts.numel() == rows && wts.dtype == DType::f32 && wts.numel() == rows);
+    const int64_t k = d.top_k, choices = wts.numel(), N = choices / k, F = g.cols(), C = dys.valid() ? dys.cols() : 0;
+    const int64_t rows = d.capacity > 0 ? d.experts * d.capacity : choices;
+    MF_ASSERT(act.dtype == g.dtype && act.rows() == rows && g.rows() == rows && act.cols() == F);
+    MF_ASSERT(!dys.valid() || dys.rows() == rows);
+    MF_ASSERT(dwts.dtype == DType::f32 && dwts.numel() == choices && wts.dtype == DType::f32);
     check_route(route, N, d);
-    if (rows == 0) return;
+    if (choices == 0) return;
     const MoeRoute rt(route.i32(), N, d);
+    const Rows r = rows_of(rt, d);
     dispatch_float(g.dtype, [&](auto zg) {
         using S = decltype(zg);
-        moe_wdot_kernel<S><<<grid_for(rows, kThreads), kThreads, 0, s>>>(dwts.f32(), ptr<S>(g), ptr<S>(act), rt.slot,
-                                                                         rows, F);
+        moe_wdot_kernel<S><<<grid_for(choices, kThreads), kThreads, 0, s>>>(dwts.f32(), ptr<S>(g), ptr<S>(act), r,
+                                                                            choices, F);
         MF_CUDA_LAUNCHED();
-        dispatch_float(dys.dtype, [&](auto zy) {
+        dispatch_float(dys.valid() ? dys.dtype : g.dtype, [&](auto zy) {
             using Y = decltype(zy);
-            moe_wscale_kernel<S, Y><<<grid_for(rows * (F + C), 256), 256, 0, s>>>(ptr<S>(g), ptr<Y>(dys), wts.f32(),
-                                                                                  rt.order, rows, F, C);
+            moe_wscale_kernel<S, Y><<<grid_for(choices * (F + C), 256), 256, 0, s>>>(
+                ptr<S>(g), dys.valid() ? ptr<Y>(dys) : nullptr, wts.f32(), r, choices, F, C);
             MF_CUDA_LAUNCHED();
         });
     });

@@ -1,0 +1,68 @@
+// Expert parallelism's model split (model/expert_parallel.h).
+#include "model/expert_parallel.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace memfit {
+
+ModelConfig ep_local_config(const ModelConfig & cfg, const ExpertParallel & ep) {
+    if (ep.ranks <= 1) return cfg;
+    if (!cfg.moe.enabled())
+        throw ConfigError(fmt::format("--ep {}: {} has no experts to split (expert parallelism is for mixtures of "
+                                      "experts)", ep.ranks, cfg.name));
+    if (cfg.moe.experts % ep.ranks != 0)
+        throw ConfigError(fmt::format("--ep {}: {} experts do not split evenly over {} ranks; pick a divisor of {}",
+                                      ep.ranks, cfg.moe.experts, ep.ranks, cfg.moe.experts));
+    MF_ASSERT(ep.rank >= 0 && ep.rank < ep.ranks);
+    ModelConfig local = cfg;
+    local.moe.ep_ranks = ep.ranks;
+    local.moe.ep_rank = ep.rank;
+    local.moe.capacity_factor = ep.capacity_factor > 0 ? ep.capacity_factor : kDefaultCapacityFactor;
+    local.moe.ep_data_ranks = ep.data_ranks > 0 ? ep.data_ranks : ep.ranks;
+    return local;
+}
+
+bool is_expert_param(const std::string & name) { return name.find(".experts.") != std::string::npos; }
+
+std::vector<TpRun> ep_runs(const ParamLayout & whole, const ParamLayout & local) {
+    std::vector<TpRun> runs;
+    for (const auto & p : local.params) {
+        const ParamInfo & w = whole.find(p.name);
+        MF_ASSERT(w.numel == p.numel);
+        if (!runs.empty() && runs.back().local + runs.back().n == p.offset && runs.back().full + runs.back().n == w.offset)
+            runs.back().n += p.numel;
+        else
+            runs.push_back({w.offset, p.offset, p.numel});
+    }
+    return runs;
+}
+
+std::vector<float> ep_slice(const ParamLayout & whole, const ParamLayout & local, const float * full) {
+    std::vector<float> out(local.total);
+    for (const TpRun & r : ep_runs(whole, local)) std::memcpy(out.data() + r.local, full + r.full, r.n * sizeof(float));
+    return out;
+}
+
+void ep_assemble(const ParamLayout & whole, const std::vector<ParamLayout> & locals,
+                 const std::vector<const float *> & parts, float * full) {
+    MF_ASSERT(locals.size() == parts.size());
+    for (size_t i = 0; i < locals.size(); ++i)
+        for (const TpRun & r : ep_runs(whole, locals[i])) std::memcpy(full + r.full, parts[i] + r.local, r.n * sizeof(float));
+}
+
+std::vector<TpRange> ep_dense_ranges(const ParamLayout & local) {
+    std::vector<TpRange> out;
+    for (const auto & p : local.params) {
+        if (is_expert_param(p.name)) continue;
+        if (!out.empty() && out.back().b == p.offset) out.back().b += p.numel;
+        else out.push_back({p.offset, p.offset + p.numel});
+    }
+    return out;
+}
+
+}  // namespace memfit
