@@ -206,7 +206,7 @@ EngineOptions engine_options(const RunConfig & r, const ModelConfig & cfg, const
     EngineOptions eo;
     // The gradients' group: every rank of a context group too; under expert parallelism the ranks
     // holding the same experts (model/expert_parallel.h).
-    eo.data_parallel = L.dp * L.cp / std::max(1, L.ep);
+    eo.data_parallel = std::max(1, L.dp * L.cp / std::max(1, L.ep));
     eo.expert_parallel = L.ep;
     eo.moe_capacity_factor = r.moe_capacity_factor;
     eo.context_parallel = L.cp;

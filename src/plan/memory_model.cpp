@@ -168,7 +168,8 @@ DeviceMemory model_states(const Candidate & c, const ParamSplit & ps, const Stag
         // whole rest, one flat buffer that ZeRO shards over the ranks holding the same experts
         // (data ranks / ep), as the engine does.
         const int64_t experts = st.layers * ps.experts / L.tp;
-        m.device = model_state_bytes(st.params - experts + experts / L.ep, c, ps.width, L.data_ranks() / L.ep);
+        const int holders = std::max(1, L.data_ranks() / L.ep);
+        m.device = model_state_bytes(st.params - experts + experts / L.ep, c, ps.width, holders);
     } else {
         m.device = model_state_bytes(st.params, c, ps.width);
         if (has_state(c.optimizer, StateSize::projector)) m.device[Category::optimizer_states] = galore_states(c, ps, st);
@@ -193,8 +194,11 @@ DeviceMemory model_states(const Candidate & c, const ParamSplit & ps, const Stag
                        (c.compute == DType::f32 || c.master_weights == MasterWeights::bf16_sr ? 0.0 : 4.0) +
                        (weights ? double(s) : 0.0);
     const double F = weights ? 1.0 : c.offload_fraction;
-    const uint64_t trainable = lp ? uint64_t(adapters) : uint64_t(st.params);
-    const size_t unit = offload_unit_for(L.zero >= 1 ? ceil_div(trainable, uint64_t(L.data_ranks())) : trainable);
+    // (Expert parallel: the rank's share of the experts, sharded over the ranks holding them.)
+    const int64_t experts = L.ep > 1 && !lp ? st.layers * ps.experts / L.tp : 0;
+    const uint64_t trainable = lp ? uint64_t(adapters) : uint64_t(st.params - experts + experts / std::max(1, L.ep));
+    const size_t unit = offload_unit_for(
+        L.zero >= 1 ? ceil_div(trainable, uint64_t(std::max(1, L.data_ranks() / std::max(1, L.ep)))) : trainable);
     const uint64_t mw = m.device[Category::master_weights], os = m.device[Category::optimizer_states];
     m.host = uint64_t(std::ceil(F * double(mw + os)));
     m.device[Category::master_weights] = mw - uint64_t(std::ceil(F * double(mw)));

@@ -239,11 +239,10 @@ std::optional<std::string> moe_refusal(const RunConfig & r, const ModelConfig & 
         return fmt::format("--ep {} must divide the {} data-parallel ranks and the {} experts", L.ep, L.data_ranks(),
                            cfg.moe.experts);
     if (L.ep > 1) {   // model/expert_parallel.h: the experts split, routed rows exchanged
-        const char * what = r.lora.rank > 0                                         ? "LoRA"
-                            : L.offload != Offload::none || L.offload_acts           ? "--offload"
-                            : r.optimizer_in_backward                                 ? "--optimizer-in-backward"
-                            : r.fit_auto                                              ? "--fit auto"
-                                                                                      : nullptr;
+        const char * what = r.lora.rank > 0             ? "LoRA"
+                            : r.optimizer_in_backward     ? "--optimizer-in-backward"
+                            : r.fit_auto                  ? "--fit auto"
+                                                          : nullptr;
         if (what)
             return fmt::format("--ep {} with {} is not supported yet; drop one (memfit plan shows what fits without it)",
                                L.ep, what);

@@ -199,5 +199,55 @@ TEST(CudaMoe, DispatchMatchesTheCpu) {
             }
 }
 
+// Expert parallelism's capacity layout (backend/moe.h): a capacity below the busiest expert's
+// load drops its later choices; the counts, the dropped total, the padded gather, the combine and
+// scatter over kept choices only, and the weights' backward with g alone (dys invalid) match.
+TEST(CudaMoe, CapacityLayoutMatchesTheCpu) {
+    MF_REQUIRE_GPU();
+    for (DType dt : {DType::f32, DType::bf16})
+        for (const int64_t cap : {int64_t(5), kN}) {
+            SCOPED_TRACE(testing::Message() << dtype_name(dt) << " capacity " << cap);
+            const int k = 2;
+            MoeDesc d = desc(k, true, 0);
+            d.layers = 1;
+            const int64_t W = moe_stats_width(d), R = moe_route_elems(kN, d), rows = kE * cap;
+            OpCheck op;
+            const int logits = op.values(dt, {kN, kE}, logits_values(23));
+            const int route = op.zeros(DType::i32, {R});
+            const int wts = op.zeros(DType::f32, {kN, k});
+            const int stats = op.zeros(DType::f32, {W});
+            const int counts = op.zeros(DType::i32, {kE});
+            const int x = op.rand(dt, {kN, kC});
+            const int xs = op.rand(dt, {rows, kC});   // written, pads zero
+            const int dxs = op.rand(dt, {rows, kC});
+            const int dx = op.rand(dt, {kN, kC});   // written
+            const int y = op.rand(dt, {rows, kC});
+            const int out = op.rand(dt, {kN, kC});   // written
+            const int g = op.rand(dt, {rows, kC});
+            const int dwts = op.rand(DType::f32, {kN, k});   // written
+            op.run([&](Backend & be, const Ts & t) {
+                MoeDesc c = d;
+                be.moe_route(t[route], t[wts], t[stats], t[logits], c);
+                c.capacity = cap;
+                be.moe_counts(t[counts], t[stats], t[route], c);
+                be.moe_gather(t[xs], t[x], t[route], c);
+                be.moe_scatter(t[dx], t[dxs], t[route], c, false);
+                be.moe_combine(t[out], t[y], t[wts], t[route], c);
+                be.moe_weight_bwd(t[dwts], t[g], Tensor{}, t[y], t[wts], t[route], c);
+            });
+            expect_same_route(op, route, d);
+            EXPECT_EQ(mismatches(op, counts), 0);
+            EXPECT_LT(op.rel_err(stats), kTolF32) << "the dropped total with the statistics";
+            const std::vector<float> st = op.cpu(stats);
+            if (cap < kN) EXPECT_GT(st[size_t(2 * kE + 1)], 0.0f) << "a capacity of 5 drops choices";
+            else EXPECT_EQ(st[size_t(2 * kE + 1)], 0.0f);
+            EXPECT_EQ(mismatches(op, xs), 0) << "the gather copies rows and zeroes the rest";
+            EXPECT_LT(op.rel_err(dx), ftol(dt));
+            EXPECT_LT(op.rel_err(out), ftol(dt));
+            EXPECT_LT(op.rel_err(dwts), kTolF32);
+            EXPECT_LT(op.rel_err(g), ftol(dt));
+        }
+}
+
 }  // namespace
 }  // namespace memfit::test

@@ -4,7 +4,8 @@
 # global batch: the same losses (the router's load-balancing and z losses included), each rank's
 # plan equal to its measurement, `moe/dropped` 0 in metrics.jsonl; its step-10 checkpoint (the
 # whole model, gathered from both ranks' experts) resumed on one process; 4 ranks as 2 expert
-# groups x 2; and a capacity of 0.25 dropping choices, counted.
+# groups x 2 under ZeRO-1; ZeRO-3 with full recomputation and both offloads; and a capacity of 0.25
+# dropping choices, counted.
 # DEVICE cuda (MEMFIT the emulator's build with MEMFIT_CUDA_EMU=1, or GPUs): the ranks on the CUDA
 # engine, the all-to-alls over NCCL, against the one CPU process; 6 steps.
 # Usage: bash expert_parallel.sh MEMFIT MPIEXEC SOURCE_DIR [DEVICE]
@@ -37,6 +38,13 @@ same_as ep2.log re.log "--ep 2 step-$HALF checkpoint resumed on one process" "--
 mpi 4 "${ARGS[@]}" --ep 2 --moe-capacity-factor 4 --zero 1 --out ep4 > ep4.log 2>&1 || { cat ep4.log; fail "-np 4 --ep 2 --zero 1"; }
 same_as one.log ep4.log "-np 4 --ep 2 --zero 1 (2 expert groups x 2)"
 exact_per_rank ep4.log 4
+
+# ZeRO-3 with full recomputation, the optimizer's states and the saved activations offloaded.
+mkdir -p off
+mpi 2 "${ARGS[@]}" --ep 2 --moe-capacity-factor 4 --zero 3 --recompute full --offload optimizer+activations \
+    --offload-dir "$WORK/off" --out off2 > off2.log 2>&1 || { cat off2.log; fail "-np 2 --ep 2 --zero 3 --offload"; }
+same_as one.log off2.log "-np 2 --ep 2 --zero 3 --recompute full --offload optimizer+activations"
+exact_per_rank off2.log 2
 
 mpi 2 "${BASE[@]}" --steps 2 --ep 2 --moe-capacity-factor 0.25 --out tight > tight.log 2>&1 ||
     { cat tight.log; fail "-np 2 --ep 2 --moe-capacity-factor 0.25"; }
