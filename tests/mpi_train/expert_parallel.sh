@@ -27,6 +27,7 @@ mpi 2 "${ARGS[@]}" --device "$DEVICE" --ep 2 --moe-capacity-factor 4 --checkpoin
 grep -q '^  expert parallel: 2 ranks per group' ep2.log || { cat ep2.log; fail "no expert-parallel line"; }
 same_as one.log ep2.log "-np 2 --ep 2 --moe-capacity-factor 4 ($DEVICE)"
 exact_per_rank ep2.log 2
+grep -q '"expert_parallel":2' <(tr -d ' \n' < ep2/summary.json) || fail "ep2: summary.json's config has no expert_parallel 2"
 grep -q '"moe/dropped":0' ep2/metrics.jsonl || { head -2 ep2/metrics.jsonl; fail "ep2: moe/dropped is not 0"; }
 
 # The checkpoint holds the whole model: one process resumes it where the two ranks left off.
