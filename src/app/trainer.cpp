@@ -50,7 +50,6 @@
 #include "model/gptq_folder.h"
 #include "model/hf_weights.h"
 #include "model/sparsity.h"
-#include "model/expert_parallel.h"
 #include "model/tensor_parallel.h"
 #include "plan/fit.h"
 #include "report/chrome_trace.h"
@@ -197,14 +196,7 @@ void TrainingRun::load() {
         if (groups_->emb) device_emb_ = make_device_communicator(*groups_->emb, *backend_);
         if (groups_->cp) device_cp_ = make_device_communicator(*groups_->cp, *backend_);
     }
-    if (const int E = opt_.layout.ep; E > 1) {   // consecutive data ranks form an expert group
-        MF_ASSERT(!groups_ && "expert parallelism with tensor, pipeline or context parallelism (compat.cpp)");
-        const int r = comm_->rank();
-        ep_host_ = comm_->split(r / E, r % E);
-        edp_host_ = comm_->split(r % E, r / E);
-        device_ep_ = make_device_communicator(*ep_host_, *backend_);
-        device_edp_ = make_device_communicator(*edp_host_, *backend_);
-    }
+    make_expert_groups();
     // A Hugging Face folder with a tokenizer.json (or tokenizer.model) tokenizes the corpus with it
     // unless told otherwise.
     const std::string tokenizer =
@@ -276,11 +268,7 @@ void TrainingRun::resolve() {
     eo_.pp_comm = groups_ ? on_device(device_pp_, groups_->pp) : nullptr;
     eo_.emb_comm = groups_ ? on_device(device_emb_, groups_->emb) : nullptr;
     eo_.cp_comm = groups_ ? on_device(device_cp_, groups_->cp) : nullptr;
-    if (ep_host_) {   // the gradients' group: the ranks holding this rank's experts
-        eo_.comm = on_device(device_edp_, edp_host_);
-        eo_.rank = rank_ / opt_.layout.ep;
-        eo_.ep_comm = on_device(device_ep_, ep_host_);
-    }
+    use_expert_groups();
     batch_ = eo_.B * ranks_;
     accum_ = eo_.grad_accum;
     // The loader yields the whole global batch per step, so a run-time re-plan to a smaller
@@ -355,14 +343,7 @@ void TrainingRun::announce() {
                         "vocabulary rows {} of {}", layout_.tp, slice.n_head, cfg.n_head, slice.kv_heads(),
                         cfg.kv_heads(), slice.ffn_dim(), cfg.ffn_dim(), slice.vocab_size, cfg.vocab_size));
     }
-    if (eo_.expert_parallel > 1) {   // model/expert_parallel.h
-        const int R = eo_.expert_parallel, E = cfg.moe.experts;
-        const float f = eo_.moe_capacity_factor > 0 ? eo_.moe_capacity_factor : kDefaultCapacityFactor;
-        say(fmt::format("  expert parallel: {} ranks per group, each {} of {} experts; capacity factor {:g}: at most "
-                        "{} of a rank's {} tokens' rows to each expert, past it dropped (moe/dropped); the dense "
-                        "part data parallel over all {} ranks", R, E / R, E, f,
-                        moe_capacity_rows(int64_t(eo_.B) * eo_.T, cfg.moe.top_k, E, f), eo_.B * eo_.T, world_));
-    }
+    if (eo_.expert_parallel > 1) say(expert_line(cfg));
     if (layout_.pp > 1) {
         std::string stages;
         const int V = eo_.schedule == PipeSchedule::interleaved ? eo_.virtual_stages : 1;

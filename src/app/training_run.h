@@ -74,6 +74,11 @@ public:
     TrainingRun & operator=(const TrainingRun &) = delete;
     void load();           // the model, the device, the data, the memory budget
     void resolve();        // the configuration this rank runs, and the data loaders
+    // Expert parallel (training_experts.cpp): the groups' communicators, made (collective) and
+    // handed to the engine's options; the run's line about them.
+    void make_expert_groups();
+    void use_expert_groups();
+    std::string expert_line(const ModelConfig & cfg) const;
     void announce();       // what will run
     void build();          // the engine, its plan, the weights (pre-trained, resumed)
     void train();          // the steps (until the last, or a stop signal)

@@ -414,6 +414,7 @@ private:
                           const ModelWeights::Layer & p, const ModelWeights::Layer & dp, Proj proj) const;
     void moe_bwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p, const ModelWeights::Layer & dp, Tensor x,
                  Tensor dout) const;
+    void declare_shared_expert(Program & program, const std::string & h, bool with_backward, LayerActs & a) const;
     void shared_expert_fwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p, Tensor x) const;
     void shared_expert_bwd(Graph & g, const LayerActs & a, const ModelWeights::Layer & p, const ModelWeights::Layer & dp,
                            Tensor x, Tensor dout) const;

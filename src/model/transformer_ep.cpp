@@ -38,18 +38,7 @@ void Transformer::declare_ep(Program & program, const std::string & h, bool with
     a.ep_recv = act("moe.dispatch.recv", {R, C});
     a.ep_out = act("moe.experts.out.local", {R, C});
     a.moe_y = act("moe.experts.out", {R, C});
-    if (const int64_t Fs = cfg_.moe.shared_ffn; Fs > 0) {
-        a.sh_fc = act("moe.shared.fc", {N, 2 * Fs});
-        a.sh_act = act("moe.shared.swiglu", {N, Fs});
-        a.sh_out = act("moe.shared.out", {N, C});
-        a.sh_gate = act("moe.shared.gate", {N, 1});
-        if (with_backward) {
-            a.sh_dout = act("moe.shared.out.grad", {N, C});
-            a.sh_dact = act("moe.shared.swiglu.grad", {N, Fs});
-            a.sh_dfc = act("moe.shared.fc.grad", {N, 2 * Fs});
-            a.sh_dgate = act("moe.shared.gate.grad", {N, 1});
-        }
-    }
+    declare_shared_expert(program, h, with_backward, a);
     if (!with_backward) return;
     a.moe_dys = act("moe.experts.out.grad", {R, C});
     a.ep_dys = act("moe.experts.out.grad.recv", {R, C});

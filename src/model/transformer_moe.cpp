@@ -37,25 +37,32 @@ void Transformer::declare_moe(Program & program, const std::string & h, bool wit
     a.moe_wts = act("moe.weights", {N, k}, true);
     a.moe_xs = act("moe.dispatch", {N * k, C});
     a.moe_y = act("moe.experts.out", {N * k, C});
-    const int64_t Fs = cfg_.moe.shared_ffn;
-    if (Fs > 0) {
-        a.sh_fc = act("moe.shared.fc", {N, 2 * Fs});
-        a.sh_act = act("moe.shared.swiglu", {N, Fs});
-        a.sh_out = act("moe.shared.out", {N, C});
-        a.sh_gate = act("moe.shared.gate", {N, 1});
-    }
+    declare_shared_expert(program, h, with_backward, a);
     if (!with_backward) return;
-    if (Fs > 0) {
-        a.sh_dout = act("moe.shared.out.grad", {N, C});
-        a.sh_dact = act("moe.shared.swiglu.grad", {N, Fs});
-        a.sh_dfc = act("moe.shared.fc.grad", {N, 2 * Fs});
-        a.sh_dgate = act("moe.shared.gate.grad", {N, 1});
-    }
     a.moe_dys = act("moe.experts.out.grad", {N * k, C});
     a.moe_xs_b = act("moe.dispatch.bwd", {N * k, C});
     a.moe_dxs = act("moe.dispatch.grad", {N * k, C});
     a.moe_dwts = act("moe.weights.grad", {N, k}, true);
     a.moe_dlogits = act("moe.router.logits.grad", {N, E});
+}
+
+// Qwen2-MoE's shared expert's buffers (kept) and, with backward, their gradients.
+void Transformer::declare_shared_expert(Program & program, const std::string & h, bool with_backward,
+                                        LayerActs & a) const {
+    const int64_t N = rows_, C = cfg_.n_embd, Fs = cfg_.moe.shared_ffn;
+    if (Fs == 0) return;
+    auto act = [&](std::string_view name, std::initializer_list<int64_t> dims) {
+        return this->act(program, h, dims, false, name);
+    };
+    a.sh_fc = act("moe.shared.fc", {N, 2 * Fs});
+    a.sh_act = act("moe.shared.swiglu", {N, Fs});
+    a.sh_out = act("moe.shared.out", {N, C});
+    a.sh_gate = act("moe.shared.gate", {N, 1});
+    if (!with_backward) return;
+    a.sh_dout = act("moe.shared.out.grad", {N, C});
+    a.sh_dact = act("moe.shared.swiglu.grad", {N, Fs});
+    a.sh_dfc = act("moe.shared.fc.grad", {N, 2 * Fs});
+    a.sh_dgate = act("moe.shared.gate.grad", {N, 1});
 }
 
 std::vector<Transformer::ExpertAdapter> Transformer::expert_adapters(const ModelWeights::Layer & p, Proj proj) const {

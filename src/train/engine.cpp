@@ -349,28 +349,6 @@ std::vector<float> Engine::gather_whole(const float * mine) {
     return opt_.tensor_parallel > 1 ? tp_gather(stage, tp_layouts()) : stage;
 }
 
-std::vector<float> Engine::ep_gather(const std::vector<float> & local) const {
-    const int R = opt_.expert_parallel;
-    const ParamLayout whole = make_param_layout(cfg_);
-    MF_ASSERT(local.size() == plans_.train->layout().total);
-    std::vector<float> all(local.size() * size_t(R)), out(whole.total);
-    ep_comm_->all_gather(local.data(), all.data(), local.size() * sizeof(float));
-    std::vector<ParamLayout> locals;
-    std::vector<const float *> parts;
-    for (int r = 0; r < R; ++r) {
-        locals.push_back(make_param_layout(ep_local_config(cfg_, {R, r, opt_.moe_capacity_factor, 0})));
-        parts.push_back(all.data() + size_t(r) * local.size());
-    }
-    ep_assemble(whole, locals, parts, out.data());
-    return out;
-}
-
-double Engine::sum_over_data(double v) const {
-    if (opt_.data_parallel > 1) v = comm_->all_reduce_sum(v);
-    if (opt_.expert_parallel > 1) v = ep_comm_->all_reduce_sum(v);
-    return v;
-}
-
 // Stage s's part of the tensor slice's model (`adapters`, under LoRA: its adapters'; else the
 // model's parameters it holds).
 ParamLayout Engine::stage_part(int s, bool adapters) const {

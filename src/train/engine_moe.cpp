@@ -1,6 +1,10 @@
 // The engine's reading of a mixture of experts' routing statistics after each micro-batch
-// (Transformer::moe_stats): the router losses' values and the tokens each expert received.
+// (Transformer::moe_stats): the router losses' values and the tokens each expert received; and
+// expert parallelism's sums over the data axis and whole model (model/expert_parallel.h).
 #include "train/engine.h"
+
+#include "comm/communicator.h"
+#include "model/expert_parallel.h"
 
 namespace memfit {
 
@@ -30,6 +34,29 @@ void Engine::moe_read(const TrainStep & step, StepMemory & mem) {
     moe_.aux += double(E) * aux / (LN * LN);
     moe_.z += z / LN;
     ++moe_.batches;
+}
+
+// The whole model from every expert rank's share (each holds the dense part alike).
+std::vector<float> Engine::ep_gather(const std::vector<float> & local) const {
+    const int R = opt_.expert_parallel;
+    const ParamLayout whole = make_param_layout(cfg_);
+    MF_ASSERT(local.size() == plans_.train->layout().total);
+    std::vector<float> all(local.size() * size_t(R)), out(whole.total);
+    ep_comm_->all_gather(local.data(), all.data(), local.size() * sizeof(float));
+    std::vector<ParamLayout> locals;
+    std::vector<const float *> parts;
+    for (int r = 0; r < R; ++r) {
+        locals.push_back(make_param_layout(ep_local_config(cfg_, {R, r, opt_.moe_capacity_factor, 0})));
+        parts.push_back(all.data() + size_t(r) * local.size());
+    }
+    ep_assemble(whole, locals, parts, out.data());
+    return out;
+}
+
+double Engine::sum_over_data(double v) const {
+    if (opt_.data_parallel > 1) v = comm_->all_reduce_sum(v);
+    if (opt_.expert_parallel > 1) v = ep_comm_->all_reduce_sum(v);
+    return v;
 }
 
 }  // namespace memfit
