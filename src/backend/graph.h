@@ -194,7 +194,7 @@ public:
     void moe_scatter(Tensor dx, Tensor dxs, Tensor route, const MoeDesc & d, bool accumulate);
     void moe_combine(Tensor out, Tensor y, Tensor wts, Tensor route, const MoeDesc & d);
     void moe_weight_bwd(Tensor dwts, Tensor g, Tensor dys, Tensor act, Tensor wts, Tensor route, const MoeDesc & d);
-    void moe_counts(Tensor counts, Tensor stats, Tensor route, const MoeDesc & d);
+    void moe_counts(Tensor counts, Tensor stats, Tensor route, Tensor wts, const MoeDesc & d);
     void sigmoid_gate_fwd(Tensor out, Tensor y, Tensor logit);
     void sigmoid_gate_bwd(Tensor dy, Tensor dlogit, Tensor dout, Tensor y, Tensor logit);
     // The grouped matmul (backend/moe.h's MoeGemm forms): each expert's rows, as the route's

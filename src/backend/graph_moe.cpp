@@ -93,9 +93,9 @@ void Graph::moe_weight_bwd(Tensor dwts, Tensor g, Tensor dys, Tensor act, Tensor
     end();
 }
 
-void Graph::moe_counts(Tensor counts, Tensor stats, Tensor route, const MoeDesc & d) {
-    if (begin("moe_counts", 0, {counts, stats, route}))
-        backend_->moe_counts(resolve(counts), resolve(stats), resolve(route), d);
+void Graph::moe_counts(Tensor counts, Tensor stats, Tensor route, Tensor wts, const MoeDesc & d) {
+    if (begin("moe_counts", 0, {counts, stats, route, wts}))
+        backend_->moe_counts(resolve(counts), resolve(stats), resolve(route), resolve(wts), d);
     end();
 }
 

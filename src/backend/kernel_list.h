@@ -105,8 +105,11 @@ MF_KERNEL(moe_combine, (Tensor out, Tensor y, Tensor wts, Tensor route, const Mo
 // (an invalid dys: g only).
 MF_KERNEL(moe_weight_bwd, (Tensor dwts, Tensor g, Tensor dys, Tensor act, Tensor wts, Tensor route, const MoeDesc & d))
 // Expert parallelism's send counts: counts[e] (i32, [E]) = expert e's routed rows kept under
-// d.capacity, and the choices dropped past it into stats[2E+1] (this layer's row).
-MF_KERNEL(moe_counts, (Tensor counts, Tensor stats, Tensor route, const MoeDesc & d))
+// d.capacity, and the choices dropped past it into stats[2E+1] (this layer's row). With
+// d.drop_probs, an expert over the capacity first has its span of the route (order and slot)
+// sorted by wts f32 [N,k], highest first (ties: the lower choice), so that its first rows kept
+// are its most probable.
+MF_KERNEL(moe_counts, (Tensor counts, Tensor stats, Tensor route, Tensor wts, const MoeDesc & d))
 // Qwen2-MoE's shared expert: out[n] += sigmoid(logit[n]) y[n] (out, y [N, C], logit [N, 1], one
 // dtype); its backward: dy[n] = sigmoid(logit[n]) dout[n], dlogit[n] = s (1 - s) dout[n] . y[n]
 // (both written).

@@ -11,7 +11,8 @@
 // Expert parallelism (model/expert_parallel.h) uses the capacity layout instead (MoeDesc::
 // capacity C > 0): expert e's first C routed rows, in the route's order, are rows e*C .. e*C+C-1
 // of an [E*C, cols] buffer (the rest of its rows zero), and its choices past C are dropped
-// (Megatron-LM's "position" drop policy). moe_gather, moe_scatter, moe_combine and
+// (Megatron-LM's "position" drop policy; with MoeDesc::drop_probs, moe_counts first orders an
+// expert's span by weight, its "probs" policy). moe_gather, moe_scatter, moe_combine and
 // moe_weight_bwd read and write that layout when capacity > 0; moe_gemm then reads counts.
 #pragma once
 
@@ -37,6 +38,9 @@ struct MoeDesc {
     // moe_gemm with capacity > 0: its `route` is counts [reps * experts] (i32) and group g's rows
     // are g*capacity .. + counts[g], by expert g % experts (one block per source rank).
     int reps = 1;
+    // Under a capacity: an expert over it keeps its `capacity` most probable choices (Megatron-LM's
+    // "probs" drop policy; moe_counts reorders its span by weight), else its first ("position").
+    bool drop_probs = false;
 };
 
 inline int64_t moe_route_elems(int64_t N, const MoeDesc & d) { return d.experts + 1 + 3 * N * d.top_k; }

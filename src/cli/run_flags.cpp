@@ -243,6 +243,10 @@ RunFlags add_run_flags(CLI::App * c, RunConfig & r, RunFlagSet which) {
                            "with --ep: the most routed rows a rank sends each expert, as a factor of its even share "
                            "(Megatron-LM's flag); rows past it are dropped and counted (moe/dropped); 0: 1.25")
                  ->capture_default_str()->check(kNonNegative));
+        keep(c->add_option("--moe-token-drop-policy", r.moe_token_drop_policy,
+                           "with --ep: which of an expert's rows past the capacity are dropped: probs (its least "
+                           "probable, by routing weight) or position (its last in token order); Megatron-LM's flag")
+                 ->capture_default_str());
         keep(c->add_option("--cp-comm-type", r.cp_comm_type,
                            "with --cp: all_gather (each layer gathers the group's keys and values whole, Llama 3's "
                            "way) or p2p (they pass around the group as a ring, a block at a time, each merged into "

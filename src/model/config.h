@@ -47,6 +47,7 @@ struct MoeConfig {
     int   ep_ranks = 1, ep_rank = 0;
     float capacity_factor = 0;
     int   ep_data_ranks = 1;   // every data-parallel rank (the routing statistics' sum is theirs)
+    bool  ep_drop_probs = true;   // past the capacity: the least probable rows dropped (else the last)
     int local_experts() const { return experts / ep_ranks; }
     int first_expert() const { return ep_rank * local_experts(); }
     bool enabled() const { return experts > 0; }

@@ -24,6 +24,7 @@ ModelConfig ep_local_config(const ModelConfig & cfg, const ExpertParallel & ep) 
     local.moe.ep_rank = ep.rank;
     local.moe.capacity_factor = ep.capacity_factor > 0 ? ep.capacity_factor : kDefaultCapacityFactor;
     local.moe.ep_data_ranks = ep.data_ranks > 0 ? ep.data_ranks : ep.ranks;
+    local.moe.ep_drop_probs = ep.drop_probs;
     return local;
 }
 

@@ -6,7 +6,8 @@
 //
 // Every buffer is declared before the step: a rank sends at most C rows to each expert, C =
 // moe_capacity_rows(its tokens, k, E, capacity_factor) (backend/moe.h); an expert's rows past C
-// are dropped (Megatron's "position" policy: the first C in token order are kept) and counted.
+// are dropped and counted: its least probable by routing weight (Megatron's default "probs" policy)
+// or its last in token order ("position").
 //
 // A rank's share is itself a model: ep_local_config keeps every expert's name (expert 5 is
 // "experts.5" on whichever rank holds it) and its flat buffer is make_param_layout(local), mapped
@@ -25,6 +26,7 @@ struct ExpertParallel {
     int   ranks = 1, rank = 0;
     float capacity_factor = 0;   // 0: the default, kDefaultCapacityFactor
     int   data_ranks = 0;        // every data-parallel rank (expert groups x their size); 0: ranks
+    bool  drop_probs = true;     // past the capacity, drop the least probable (else the last) rows
     bool enabled() const { return ranks > 1; }
 };
 

@@ -62,7 +62,7 @@ void Transformer::ep_fwd(Graph & g, const LayerActs & a, const ModelWeights::Lay
     const Tensor stats = a.rc ? moe_stats_rc_ : moe_stats_.view(d.layer * width, {width});
     g.matmul_fwd(a.moe_logits, x, p.routerw, Tensor{}, WeightLayout::out_in);
     g.moe_route(a.moe_route, a.moe_wts, stats, a.moe_logits, d);
-    g.moe_counts(a.ep_cnt, stats, a.moe_route, d);
+    g.moe_counts(a.ep_cnt, stats, a.moe_route, a.moe_wts, d);
     g.moe_gather(a.moe_xs, x, a.moe_route, d);
     g.ep_all_to_all(a.ep_cnt_recv, a.ep_cnt);
     g.ep_all_to_all(a.ep_recv, a.moe_xs);

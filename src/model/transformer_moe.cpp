@@ -20,6 +20,7 @@ MoeDesc Transformer::moe_desc(int l) const {
     d.z_scale = moe_z_scale_;
     d.stat_ranks = cfg_.moe.ep_data_ranks;   // expert parallel: every data rank's statistics, summed
     d.capacity = ep_cap_;
+    d.drop_probs = cfg_.moe.ep_drop_probs;
     return d;
 }
 

@@ -209,6 +209,7 @@ EngineOptions engine_options(const RunConfig & r, const ModelConfig & cfg, const
     eo.data_parallel = std::max(1, L.dp * L.cp / std::max(1, L.ep));
     eo.expert_parallel = L.ep;
     eo.moe_capacity_factor = r.moe_capacity_factor;
+    eo.moe_drop_probs = r.moe_token_drop_policy == "probs";
     eo.context_parallel = L.cp;
     eo.cp_ring = r.cp_comm_type == "p2p";
     eo.tensor_parallel = L.tp;

@@ -247,6 +247,8 @@ std::optional<std::string> moe_refusal(const RunConfig & r, const ModelConfig & 
             return fmt::format("--ep {} with {} is not supported yet; drop one (memfit plan shows what fits without it)",
                                L.ep, what);
     }
+    if (r.moe_token_drop_policy != "probs" && r.moe_token_drop_policy != "position")
+        return fmt::format("--moe-token-drop-policy {}: expected probs or position", r.moe_token_drop_policy);
     if (r.moe_capacity_factor > 0 && L.ep <= 1)
         return std::string("--moe-capacity-factor bounds what --ep's ranks receive; without --ep routing is dropless: "
                            "drop it");

@@ -123,6 +123,7 @@ nlohmann::json run_config_json(const RunConfig & r) {
                         {"cp-comm-type", r.cp_comm_type},
                         {"ep", r.layout.ep},
                         {"moe-capacity-factor", json_float(r.moe_capacity_factor)},
+                        {"moe-token-drop-policy", r.moe_token_drop_policy},
                         {"pp", r.layout.pp},
                         {"sp", r.layout.sp},
                         {"schedule", schedule_spelling(r.layout)},

@@ -118,6 +118,9 @@ struct RunConfig {
     // most this factor times its even share of its routed rows, the rest dropped; 0: the default
     // (model/expert_parallel.h's kDefaultCapacityFactor).
     float moe_capacity_factor = 0;
+    // --moe-token-drop-policy (Megatron-LM's): which of an expert's rows past the capacity go:
+    // "probs" (the least probable; Megatron's default) or "position" (the last in token order).
+    std::string moe_token_drop_policy = "probs";
     // ALBERT's cross-layer sharing: groups of this many consecutive blocks share one set of
     // weights, so the blocks' parameters, gradients and optimizer states divide by it (0 or 1:
     // none; the model's own when it was trained shared). A run_model change, like the window.

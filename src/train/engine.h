@@ -126,6 +126,7 @@ struct EngineOptions {
     int expert_parallel = 1, ep_rank = 0;
     Communicator * ep_comm = nullptr;
     float moe_capacity_factor = 0;   // model/expert_parallel.h (0: its default)
+    bool moe_drop_probs = true;      // its drop policy: probs (else position)
     // Sequence parallel (with tensor parallel): norms and residual adds on 1/tensor_parallel of
     // the rows, all-gathers and reduce-scatters in place of the all-reduces.
     bool sequence_parallel = false;
@@ -176,7 +177,8 @@ struct EngineOptions {
         m.tp.rank = tp_rank;
         m.tp.sequence = sequence_parallel;
         m.cp = ContextParallel{context_parallel, cp_rank, cp_ring};
-        m.ep = ExpertParallel{expert_parallel, ep_rank, moe_capacity_factor, expert_parallel * data_parallel};
+        m.ep = ExpertParallel{expert_parallel, ep_rank, moe_capacity_factor, expert_parallel * data_parallel,
+                              moe_drop_probs};
         return m;
     }
 };

@@ -46,7 +46,7 @@ std::vector<float> Engine::ep_gather(const std::vector<float> & local) const {
     std::vector<ParamLayout> locals;
     std::vector<const float *> parts;
     for (int r = 0; r < R; ++r) {
-        locals.push_back(make_param_layout(ep_local_config(cfg_, {R, r, opt_.moe_capacity_factor, 0})));
+        locals.push_back(make_param_layout(ep_local_config(cfg_, {R, r, opt_.moe_capacity_factor, 0, true})));
         parts.push_back(all.data() + size_t(r) * local.size());
     }
     ep_assemble(whole, locals, parts, out.data());

@@ -57,7 +57,7 @@ std::vector<float> part(const std::vector<float> & v, int64_t at, int64_t n) {
 
 // Route i (backend/moe.h's layout) the same on both backends, part for part, and the GPU's a
 // valid route.
-void expect_same_route(const OpCheck & op, int i, const MoeDesc & d) {
+void expect_same_route(const OpCheck & op, int i, const MoeDesc & d, bool token_order = true) {
     const std::vector<float> a = op.cpu(i), b = op.gpu(i);
     const int64_t E = d.experts, NK = kN * d.top_k;
     ASSERT_EQ(int64_t(b.size()), moe_route_elems(kN, d));
@@ -79,7 +79,7 @@ void expect_same_route(const OpCheck & op, int i, const MoeDesc & d) {
         const int64_t e = int64_t(expert[c]);
         ASSERT_TRUE(e >= 0 && e < E) << "choice " << c;
         EXPECT_TRUE(float(s) >= off[e] && float(s) < off[e + 1]) << "slot " << s << " outside expert " << e;
-        if (s > 0 && float(s) > off[e]) {
+        if (token_order && s > 0 && float(s) > off[e]) {
             EXPECT_LT(order[s - 1], order[s]) << "token order within expert " << e;
         }
     }
@@ -206,9 +206,11 @@ TEST(CudaMoe, CapacityLayoutMatchesTheCpu) {
     MF_REQUIRE_GPU();
     for (DType dt : {DType::f32, DType::bf16})
         for (const int64_t cap : {int64_t(5), kN}) {
-            SCOPED_TRACE(testing::Message() << dtype_name(dt) << " capacity " << cap);
+            const bool probs = dt == DType::f32;   // the drop policy: probs, or position
+            SCOPED_TRACE(testing::Message() << dtype_name(dt) << " capacity " << cap << (probs ? " probs" : ""));
             const int k = 2;
             MoeDesc d = desc(k, true, 0);
+            d.drop_probs = probs;
             d.layers = 1;
             const int64_t W = moe_stats_width(d), R = moe_route_elems(kN, d), rows = kE * cap;
             OpCheck op;
@@ -229,13 +231,13 @@ TEST(CudaMoe, CapacityLayoutMatchesTheCpu) {
                 MoeDesc c = d;
                 be.moe_route(t[route], t[wts], t[stats], t[logits], c);
                 c.capacity = cap;
-                be.moe_counts(t[counts], t[stats], t[route], c);
+                be.moe_counts(t[counts], t[stats], t[route], t[wts], c);
                 be.moe_gather(t[xs], t[x], t[route], c);
                 be.moe_scatter(t[dx], t[dxs], t[route], c, false);
                 be.moe_combine(t[out], t[y], t[wts], t[route], c);
                 be.moe_weight_bwd(t[dwts], t[g], Tensor{}, t[y], t[wts], t[route], c);
             });
-            expect_same_route(op, route, d);
+            expect_same_route(op, route, d, !(probs && cap < kN));   // probs: spans over it by weight
             EXPECT_EQ(mismatches(op, counts), 0);
             EXPECT_LT(op.rel_err(stats), kTolF32) << "the dropped total with the statistics";
             const std::vector<float> st = op.cpu(stats);

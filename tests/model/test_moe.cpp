@@ -329,3 +329,61 @@ TEST(MoeLora, AdapterGradientsMatchFiniteDifferences) {
         test::expect_largest_grads_match_fd(e, in, tg, 2e-3f);
     }
 }
+
+// Expert parallelism's capacity layout on the CPU (backend/moe.h): with the "probs" policy an
+// expert over the capacity keeps its most probable choices, with "position" its first in token
+// order; either way the route stays a route (slot the inverse of order, spans unchanged) and the
+// dropped count is what exceeds the capacity.
+TEST(MoeCapacity, DropPoliciesKeepTheMostProbableOrTheFirst) {
+    CpuBackend be;
+    const int64_t N = 40, E = 4, k = 2, cap = 6;
+    std::mt19937 rng(5);
+    std::normal_distribution<float> nd(0.0f, 1.5f);
+    std::vector<float> logits(size_t(N * E));
+    for (auto & v : logits) v = nd(rng);
+    for (const bool probs : {true, false}) {
+        SCOPED_TRACE(probs ? "probs" : "position");
+        MoeDesc d;
+        d.experts = int(E), d.top_k = int(k), d.capacity = cap, d.drop_probs = probs;
+        std::vector<int32_t> route(static_cast<size_t>(moe_route_elems(N, d))), counts(static_cast<size_t>(E));
+        std::vector<float> wts(static_cast<size_t>(N * k)), stats(static_cast<size_t>(moe_stats_width(d)));
+        auto t = [](auto & v, DType dt) {
+            Tensor x(-1, dt, {int64_t(v.size())});
+            x.data = v.data();
+            return x;
+        };
+        Tensor lg(-1, DType::f32, {N, E});
+        lg.data = logits.data();
+        be.moe_route(t(route, DType::i32), t(wts, DType::f32), t(stats, DType::f32), lg, d);
+        const std::vector<int32_t> before = route;
+        be.moe_counts(t(counts, DType::i32), t(stats, DType::f32), t(route, DType::i32), t(wts, DType::f32), d);
+        const MoeRoute rt(route.data(), N, d);
+        double over = 0;
+        for (int64_t e = 0; e < E; ++e) {
+            const int64_t n = rt.offsets[e + 1] - rt.offsets[e];
+            EXPECT_EQ(counts[size_t(e)], std::min(n, cap));
+            over += double(std::max<int64_t>(0, n - cap));
+            float kept_min = 1e9f, dropped_max = -1e9f;
+            int32_t kept_last = -1, dropped_first = int32_t(N * k);
+            for (int64_t s = rt.offsets[e]; s < rt.offsets[e + 1]; ++s) {
+                const int32_t c = rt.order[s];
+                EXPECT_EQ(rt.slot[c], s);
+                EXPECT_EQ(rt.expert[c], e);
+                const float w = wts[size_t(c)];
+                if (s - rt.offsets[e] < cap) kept_min = std::min(kept_min, w), kept_last = std::max(kept_last, c);
+                else dropped_max = std::max(dropped_max, w), dropped_first = std::min(dropped_first, c);
+            }
+            if (n <= cap) continue;
+            if (probs) {
+                EXPECT_GE(kept_min, dropped_max) << "expert " << e;
+            } else {
+                EXPECT_LT(kept_last, dropped_first) << "expert " << e;
+            }
+        }
+        EXPECT_GT(over, 0) << "a capacity of 6 of 20 rows an expert drops some";
+        EXPECT_EQ(stats[size_t(2 * E + 1)], float(over));
+        if (!probs) {
+            EXPECT_EQ(route, before) << "position: the route as moe_route wrote it";
+        }
+    }
+}

@@ -160,14 +160,23 @@ void CpuBackend::moe_gather(Tensor out, Tensor x, Tensor route, const MoeDesc & 
     for (int64_t s = 0; s < N * k; ++s) std::memcpy(dst + size_t(s) * row, src + size_t(rt.order[s] / k) * row, row);
 }
 
-void CpuBackend::moe_counts(Tensor counts, Tensor stats, Tensor route, const MoeDesc & d) {
+void CpuBackend::moe_counts(Tensor counts, Tensor stats, Tensor route, Tensor wts, const MoeDesc & d) {
     const int E = d.experts;
-    MF_ASSERT(d.capacity > 0 && counts.dtype == DType::i32 && counts.numel() == E);
+    const int64_t N = wts.numel() / d.top_k;
+    MF_ASSERT(d.capacity > 0 && counts.dtype == DType::i32 && counts.numel() == E && wts.dtype == DType::f32);
     MF_ASSERT(stats.dtype == DType::f32 && stats.numel() == moe_stats_width(d));
+    check_route(route, N, d);
     const int32_t * off = route.i32();
+    int32_t * order = route.i32() + E + 1, * slot = order + N * d.top_k;
+    const float * w = wts.f32();
     double dropped = 0;
     for (int e = 0; e < E; ++e) {
         const int64_t n = off[e + 1] - off[e];
+        if (d.drop_probs && n > d.capacity) {   // the most probable first (ties: the lower choice)
+            std::sort(order + off[e], order + off[e + 1],
+                      [&](int32_t a, int32_t b) { return w[a] > w[b] || (w[a] == w[b] && a < b); });
+            for (int64_t s = off[e]; s < off[e + 1]; ++s) slot[order[s]] = int32_t(s);
+        }
         counts.i32()[e] = int32_t(std::min(n, d.capacity));
         dropped += double(std::max<int64_t>(0, n - d.capacity));
     }

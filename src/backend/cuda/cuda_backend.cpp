@@ -451,8 +451,8 @@ void CudaBackend::moe_weight_bwd(Tensor dwts, Tensor g, Tensor dys, Tensor act, 
                                  const MoeDesc & d) {
     MF_FWD(moe_weight_bwd, dwts, g, dys, act, wts, route, d);
 }
-void CudaBackend::moe_counts(Tensor counts, Tensor stats, Tensor route, const MoeDesc & d) {
-    MF_FWD(moe_counts, counts, stats, route, d);
+void CudaBackend::moe_counts(Tensor counts, Tensor stats, Tensor route, Tensor wts, const MoeDesc & d) {
+    MF_FWD(moe_counts, counts, stats, route, wts, d);
 }
 void CudaBackend::sigmoid_gate_fwd(Tensor out, Tensor y, Tensor logit) { MF_FWD(sigmoid_gate_fwd, out, y, logit); }
 void CudaBackend::sigmoid_gate_bwd(Tensor dy, Tensor dlogit, Tensor dout, Tensor y, Tensor logit) {

@@ -106,7 +106,7 @@ void moe_scatter(cudaStream_t s, Tensor dx, Tensor dxs, Tensor route, const MoeD
 void moe_combine(cudaStream_t s, Tensor out, Tensor y, Tensor wts, Tensor route, const MoeDesc & d);
 void moe_weight_bwd(cudaStream_t s, Tensor dwts, Tensor g, Tensor dys, Tensor act, Tensor wts, Tensor route,
                     const MoeDesc & d);
-void moe_counts(cudaStream_t s, Tensor counts, Tensor stats, Tensor route, const MoeDesc & d);
+void moe_counts(cudaStream_t s, Tensor counts, Tensor stats, Tensor route, Tensor wts, const MoeDesc & d);
 void sigmoid_gate_fwd(cudaStream_t s, Tensor out, Tensor y, Tensor logit);
 void sigmoid_gate_bwd(cudaStream_t s, Tensor dy, Tensor dlogit, Tensor dout, Tensor y, Tensor logit);
 

@@ -264,6 +264,22 @@ __global__ void moe_wscale_kernel(S * g, Y * dys, const float * wts, Rows r, int
     else dys[s * C + (i - F)] = st<Y>(ld(dys[s * C + (i - F)]) * w);
 }
 
+// moe_counts' "probs" policy: one thread per expert over the capacity, its span sorted by weight
+// (insertion sort: highest first, ties by the lower choice, the CPU's order) and its slots renewed.
+__global__ void moe_order_by_weight_kernel(int32_t * order, int32_t * slot, const int32_t * offsets, const float * w,
+                                           int E, int64_t cap) {
+    const int e = int(int64_t(blockIdx.x) * blockDim.x + threadIdx.x);
+    if (e >= E || offsets[e + 1] - offsets[e] <= cap) return;
+    for (int32_t i = offsets[e] + 1; i < offsets[e + 1]; ++i) {
+        const int32_t c = order[i];
+        int32_t j = i - 1;
+        for (; j >= offsets[e] && (w[order[j]] < w[c] || (w[order[j]] == w[c] && order[j] > c)); --j)
+            order[j + 1] = order[j];
+        order[j + 1] = c;
+    }
+    for (int32_t s = offsets[e]; s < offsets[e + 1]; ++s) slot[order[s]] = s;
+}
+
 // moe_counts: one thread.
 __global__ void moe_counts_kernel(int32_t * counts, float * stats, const int32_t * offsets, int E, int64_t cap) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
@@ -366,9 +382,18 @@ void moe_gather(cudaStream_t s, Tensor out, Tensor x, Tensor route, const MoeDes
     });
 }
 
-void moe_counts(cudaStream_t s, Tensor counts, Tensor stats, Tensor route, const MoeDesc & d) {
-    MF_ASSERT(d.capacity > 0 && counts.dtype == DType::i32 && counts.numel() == d.experts);
+void moe_counts(cudaStream_t s, Tensor counts, Tensor stats, Tensor route, Tensor wts, const MoeDesc & d) {
+    const int64_t N = wts.numel() / d.top_k;
+    MF_ASSERT(d.capacity > 0 && counts.dtype == DType::i32 && counts.numel() == d.experts && wts.dtype == DType::f32);
     MF_ASSERT(stats.dtype == DType::f32 && stats.numel() == moe_stats_width(d));
+    check_route(route, N, d);
+    if (d.drop_probs && N > 0) {
+        const MoeRoute rt(route.i32(), N, d);
+        moe_order_by_weight_kernel<<<grid_for(d.experts, kThreads), kThreads, 0, s>>>(
+            route.i32() + d.experts + 1, route.i32() + d.experts + 1 + N * d.top_k, rt.offsets, wts.f32(),
+            d.experts, d.capacity);
+        MF_CUDA_LAUNCHED();
+    }
     moe_counts_kernel<<<1, 1, 0, s>>>(counts.i32(), stats.f32(), route.i32(), d.experts, d.capacity);
     MF_CUDA_LAUNCHED();
 }
