@@ -4,8 +4,8 @@
 # global batch: the same losses (the router's load-balancing and z losses included), each rank's
 # plan equal to its measurement, `moe/dropped` 0 in metrics.jsonl; its step-10 checkpoint (the
 # whole model, gathered from both ranks' experts) resumed on one process; 4 ranks as 2 expert
-# groups x 2 under ZeRO-1; ZeRO-3 with full recomputation and both offloads; and a capacity of 0.25
-# dropping choices, counted.
+# groups x 2 under ZeRO-1; accumulation under ZeRO-2; ZeRO-3 with full recomputation and both
+# offloads; and a capacity of 0.25 dropping choices, counted.
 # DEVICE cuda (MEMFIT the emulator's build with MEMFIT_CUDA_EMU=1, or GPUs): the ranks on the CUDA
 # engine, the all-to-alls over NCCL, against the one CPU process; 6 steps.
 # Usage: bash expert_parallel.sh MEMFIT MPIEXEC SOURCE_DIR [DEVICE]
@@ -36,6 +36,12 @@ grep -q '"moe/dropped":0' ep2/metrics.jsonl || { head -2 ep2/metrics.jsonl; fail
 same_as ep2.log re.log "--ep 2 step-$HALF checkpoint resumed on one process" "--ep 2"
 
 [ "$DEVICE" = cpu ] || exit 0
+# Gradient accumulation under ZeRO-2: each micro-batch's buckets reduce-scattered into the shard,
+# the dense part's summed over the expert group once, after the last.
+"$MEMFIT" "${BASE[@]}" --steps 6 --grad-accum 2 --out acc1 > acc1.log 2>&1 || { cat acc1.log; fail "one process, accumulation"; }
+mpi 2 "${BASE[@]}" --steps 6 --grad-accum 2 --ep 2 --moe-capacity-factor 4 --zero 2 --out acc2 > acc2.log 2>&1 ||
+    { cat acc2.log; fail "-np 2 --ep 2 --zero 2 --grad-accum 2"; }
+same_as acc1.log acc2.log "-np 2 --ep 2 --zero 2 --grad-accum 2"
 mpi 4 "${ARGS[@]}" --ep 2 --moe-capacity-factor 4 --zero 1 --out ep4 > ep4.log 2>&1 || { cat ep4.log; fail "-np 4 --ep 2 --zero 1"; }
 same_as one.log ep4.log "-np 4 --ep 2 --zero 1 (2 expert groups x 2)"
 exact_per_rank ep4.log 4
