@@ -26,7 +26,7 @@ FLAGS="-std=c++20 $OPT -g -fsanitize=fuzzer,address,undefined -fno-sanitize-reco
 COMMON="src/core/error.cpp src/core/units.cpp src/core/json_read.cpp"
 TOKENIZER="src/tokenizer/bpe.cpp src/tokenizer/hf_tokenizer.cpp src/tokenizer/tokenizer_config.cpp src/tokenizer/unicode_norm.cpp src/core/paths.cpp"
 JINJA="src/tokenizer/chat_template.cpp src/tokenizer/jinja_eval.cpp src/tokenizer/jinja_filters.cpp src/tokenizer/jinja_lex.cpp src/tokenizer/jinja_methods.cpp src/tokenizer/jinja_parse.cpp src/tokenizer/jinja_value.cpp"
-CHECKPOINT="src/train/checkpoint.cpp src/model/safetensors.cpp src/core/atomic_file.cpp src/core/file_digest.cpp src/comm/communicator.cpp src/comm/mpi_communicator.cpp"   # checkpoint.cpp needs comm/
+CHECKPOINT="src/train/checkpoint.cpp src/model/safetensors.cpp src/core/atomic_file.cpp src/core/file_digest.cpp src/comm/communicator.cpp src/comm/mpi_communicator.cpp src/backend/collectives.cpp"   # checkpoint.cpp needs comm/
 # name: the sources it links beside fuzz/NAME.cpp and COMMON, then its libraries.
 TARGETS=(
   "safetensors|src/model/safetensors.cpp src/core/atomic_file.cpp|"
