@@ -44,6 +44,8 @@ struct MoeDesc {
 };
 
 inline int64_t moe_route_elems(int64_t N, const MoeDesc & d) { return d.experts + 1 + 3 * N * d.top_k; }
+// The routed rows of N tokens: N*k in expert order, or the capacity layout's E*capacity.
+inline int64_t moe_rows(int64_t N, const MoeDesc & d) { return d.capacity > 0 ? d.experts * d.capacity : N * d.top_k; }
 // A layer's statistics (f32): tokens per expert [E], the router probabilities summed over the
 // tokens [E], the squared log-sum-exps of the router logits summed [1], and the choices dropped
 // past the capacity [1] (moe_counts; 0 when dropless).

@@ -1,9 +1,6 @@
 // Expert parallelism's model split (model/expert_parallel.h).
 #include "model/expert_parallel.h"
 
-#include <algorithm>
-#include <cstring>
-
 #include <fmt/format.h>
 
 #include "core/error.h"
@@ -29,32 +26,6 @@ ModelConfig ep_local_config(const ModelConfig & cfg, const ExpertParallel & ep) 
 }
 
 bool is_expert_param(const std::string & name) { return name.find(".experts.") != std::string::npos; }
-
-std::vector<TpRun> ep_runs(const ParamLayout & whole, const ParamLayout & local) {
-    std::vector<TpRun> runs;
-    for (const auto & p : local.params) {
-        const ParamInfo & w = whole.find(p.name);
-        MF_ASSERT(w.numel == p.numel);
-        if (!runs.empty() && runs.back().local + runs.back().n == p.offset && runs.back().full + runs.back().n == w.offset)
-            runs.back().n += p.numel;
-        else
-            runs.push_back({w.offset, p.offset, p.numel});
-    }
-    return runs;
-}
-
-std::vector<float> ep_slice(const ParamLayout & whole, const ParamLayout & local, const float * full) {
-    std::vector<float> out(local.total);
-    for (const TpRun & r : ep_runs(whole, local)) std::memcpy(out.data() + r.local, full + r.full, r.n * sizeof(float));
-    return out;
-}
-
-void ep_assemble(const ParamLayout & whole, const std::vector<ParamLayout> & locals,
-                 const std::vector<const float *> & parts, float * full) {
-    MF_ASSERT(locals.size() == parts.size());
-    for (size_t i = 0; i < locals.size(); ++i)
-        for (const TpRun & r : ep_runs(whole, locals[i])) std::memcpy(full + r.full, parts[i] + r.local, r.n * sizeof(float));
-}
 
 std::vector<TpRange> ep_dense_ranges(const ParamLayout & local) {
     std::vector<TpRange> out;

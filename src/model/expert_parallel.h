@@ -11,7 +11,8 @@
 //
 // A rank's share is itself a model: ep_local_config keeps every expert's name (expert 5 is
 // "experts.5" on whichever rank holds it) and its flat buffer is make_param_layout(local), mapped
-// onto the whole model's by name (ep_runs), so checkpoints and set_params work in whole-model terms.
+// onto the whole model's by name (take_by_name, put_by_name), so checkpoints and set_params work in
+// whole-model terms.
 #pragma once
 
 #include <vector>
@@ -38,14 +39,6 @@ inline double ep_capacity_factor(float given) { return given > 0 ? given : kDefa
 // The model rank ep.rank of ep.ranks holds. ConfigError (one line) when the experts do not divide
 // by the ranks or the model has none. ep.ranks = 1: cfg itself.
 ModelConfig ep_local_config(const ModelConfig & cfg, const ExpertParallel & ep);
-
-// The parameters of a rank's layout (or any part of the whole one's, by name) within the whole
-// layout: elements [local, local + n) are the whole's [full, full + n).
-std::vector<TpRun> ep_runs(const ParamLayout & whole, const ParamLayout & local);
-// A rank's part of the whole model's weights, and the whole from every rank's part (rank order).
-std::vector<float> ep_slice(const ParamLayout & whole, const ParamLayout & local, const float * full);
-void ep_assemble(const ParamLayout & whole, const std::vector<ParamLayout> & locals,
-                 const std::vector<const float *> & parts, float * full);
 
 // The ranges of a layout that are not an expert's (replicated over the expert group: their
 // gradients are summed over it), merged, as [a, b) elements.

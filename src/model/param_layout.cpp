@@ -17,6 +17,16 @@ const ParamInfo * ParamLayout::try_find(const std::string & name) const {
     return nullptr;
 }
 
+std::vector<float> take_by_name(const ParamLayout & whole, const ParamLayout & part, const float * from) {
+    std::vector<float> out(part.total);
+    for (const auto & p : part.params) std::copy_n(from + whole.find(p.name).offset, p.numel, out.data() + p.offset);
+    return out;
+}
+
+void put_by_name(const ParamLayout & whole, const ParamLayout & part, const float * from, float * into) {
+    for (const auto & p : part.params) std::copy_n(from + p.offset, p.numel, into + whole.find(p.name).offset);
+}
+
 const ParamInfo & ParamLayout::find(const std::string & name) const {
     const ParamInfo * p = try_find(name);
     MF_ASSERT(p && "parameter not in layout");

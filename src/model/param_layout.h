@@ -26,6 +26,12 @@ struct ParamLayout {
     const ParamInfo * try_find(const std::string & name) const;
 };
 
+// A part of a model (a pipeline stage's, an expert-parallel rank's: a layout whose names are all
+// in `whole`) and the whole model's flat data: the part's parameters taken from it by name, and
+// put back into it.
+std::vector<float> take_by_name(const ParamLayout & whole, const ParamLayout & part, const float * from);
+void put_by_name(const ParamLayout & whole, const ParamLayout & part, const float * from, float * into);
+
 // Stored blocks only: with cfg.share_layers = G, block g's names ("h.g.", "model.layers.g.")
 // hold the weights of layers gG .. gG + G - 1.
 ParamLayout make_param_layout(const ModelConfig & cfg);

@@ -78,7 +78,7 @@ Transformer::LayerActs Transformer::declare_layer(Program & program, const std::
     const int64_t M = mlp_rows_;
     // A sparse layer's: the experts' rows, N*k of them in expert order.
     // Expert parallel: the rows this rank's experts can receive, in the capacity layout.
-    const int64_t routed = !moe ? 0 : ep_cap_ > 0 ? cfg_.moe.experts * ep_cap_ : rows_ * cfg_.moe.top_k;
+    const int64_t routed = moe ? moe_rows(rows_, moe_desc(layer)) : 0;
     auto mlp = [&](const std::string & name, int64_t width) {
         return moe ? act(name, {routed, width}) : M > 0 ? act(name + ".chunk", {M, width}) : act(name, {b, t, width});
     };

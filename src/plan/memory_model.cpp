@@ -154,6 +154,13 @@ DeviceMemory model_states(const Candidate & c, const ParamSplit & ps, const Stag
     const uint64_t s = dtype_size(c.compute);
     const int64_t adapters =   // lm_head's adapter beside the last layer (run/compat.cpp: one stage, no --tp)
         lp ? (st.layers * lp->adapters_per_layer + lp->head_adapters + lp->embed_adapters + L.tp - 1) / L.tp : 0;
+    // Expert parallelism (model/expert_parallel.h): a rank holds 1 / ep of the experts and the whole
+    // rest, one flat buffer that ZeRO shards over the ranks holding the same experts (data ranks /
+    // ep), as the engine does.
+    const int ep = std::max(1, L.ep);
+    const int64_t experts = ep > 1 && !lp ? st.layers * ps.experts / L.tp : 0;
+    const int64_t held = st.params - experts + experts / ep;
+    const int holders = std::max(1, L.data_ranks() / ep);
     DeviceMemory m;
     if (lp) {
         // The same stages in bytes: a packed base makes a layer cheaper than its parameter count.
@@ -163,13 +170,8 @@ DeviceMemory model_states(const Candidate & c, const ParamSplit & ps, const Stag
         const uint64_t base = ceil_div(L.pp == 1 ? first_b : std::max(first_b, last_b), uint64_t(L.tp));
         m.device = lora_state_bytes(base, adapters, c);
         m.frozen = L.zero >= 3 ? ceil_div(base, uint64_t(L.data_ranks())) : base;
-    } else if (L.ep > 1) {
-        // Expert parallelism (model/expert_parallel.h): a rank holds 1 / ep of the experts and the
-        // whole rest, one flat buffer that ZeRO shards over the ranks holding the same experts
-        // (data ranks / ep), as the engine does.
-        const int64_t experts = st.layers * ps.experts / L.tp;
-        const int holders = std::max(1, L.data_ranks() / L.ep);
-        m.device = model_state_bytes(st.params - experts + experts / L.ep, c, ps.width, holders);
+    } else if (ep > 1) {
+        m.device = model_state_bytes(held, c, ps.width, holders);
     } else {
         m.device = model_state_bytes(st.params, c, ps.width);
         if (has_state(c.optimizer, StateSize::projector)) m.device[Category::optimizer_states] = galore_states(c, ps, st);
@@ -194,11 +196,8 @@ DeviceMemory model_states(const Candidate & c, const ParamSplit & ps, const Stag
                        (c.compute == DType::f32 || c.master_weights == MasterWeights::bf16_sr ? 0.0 : 4.0) +
                        (weights ? double(s) : 0.0);
     const double F = weights ? 1.0 : c.offload_fraction;
-    // (Expert parallel: the rank's share of the experts, sharded over the ranks holding them.)
-    const int64_t experts = L.ep > 1 && !lp ? st.layers * ps.experts / L.tp : 0;
-    const uint64_t trainable = lp ? uint64_t(adapters) : uint64_t(st.params - experts + experts / std::max(1, L.ep));
-    const size_t unit = offload_unit_for(
-        L.zero >= 1 ? ceil_div(trainable, uint64_t(std::max(1, L.data_ranks() / std::max(1, L.ep)))) : trainable);
+    const uint64_t trainable = lp ? uint64_t(adapters) : uint64_t(held);
+    const size_t unit = offload_unit_for(L.zero >= 1 ? ceil_div(trainable, uint64_t(holders)) : trainable);
     const uint64_t mw = m.device[Category::master_weights], os = m.device[Category::optimizer_states];
     m.host = uint64_t(std::ceil(F * double(mw + os)));
     m.device[Category::master_weights] = mw - uint64_t(std::ceil(F * double(mw)));

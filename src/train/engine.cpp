@@ -314,10 +314,7 @@ std::vector<float> Engine::base_weights() {
                                                   st.compute(), dense.data(), packed.data());
     const ParamLayout model = make_param_layout(st.config());
     if (opt_.pipeline_parallel > 1) {   // the stage's part, and every stage's put together
-        const ParamLayout mine = stage_part(opt_.pp_rank, false);
-        std::vector<float> part(mine.total);
-        for (const auto & p : mine.params) std::copy_n(local.data() + model.find(p.name).offset, p.numel, part.data() + p.offset);
-        local = pp_gather(part, false);
+        local = pp_gather(take_by_name(model, stage_part(opt_.pp_rank, false), local.data()), false);
     }
     if (opt_.tensor_parallel == 1) return local;
     return tp_gather(local, {make_param_layout(cfg_), model});
@@ -362,29 +359,27 @@ ParamLayout Engine::stage_part(int s, bool adapters) const {
 }
 
 std::vector<float> Engine::pp_gather(const std::vector<float> & stage, bool lora) {
-    const int P = opt_.pipeline_parallel;
     const ParamLayout whole = lora ? make_lora_layout(plans_.train->config(), opt_.lora)
                                    : make_param_layout(plans_.train->config());
-    std::vector<ParamLayout> layouts;
+    std::vector<ParamLayout> parts;
+    for (int s = 0; s < opt_.pipeline_parallel; ++s) parts.push_back(stage_part(s, lora));
+    return gather_by_name(*pp_comm_, stage, parts, whole);
+}
+
+std::vector<float> Engine::gather_by_name(Communicator & c, const std::vector<float> & mine,
+                                          const std::vector<ParamLayout> & parts, const ParamLayout & whole) const {
     std::vector<size_t> counts;
-    for (int s = 0; s < P; ++s) {
-        layouts.push_back(stage_part(s, lora));
-        counts.push_back(layouts.back().total);
-    }
-    MF_ASSERT(counts[size_t(opt_.pp_rank)] == stage.size());
+    for (const ParamLayout & p : parts) counts.push_back(p.total);
+    MF_ASSERT(counts[size_t(c.rank())] == mine.size());
     std::vector<float> all(std::accumulate(counts.begin(), counts.end(), size_t(0))), out(whole.total);
-    pp_comm_->iall_gather(stage.data(), all.data(), counts, sizeof(float))->wait();
+    c.iall_gather(mine.data(), all.data(), counts, sizeof(float))->wait();
     size_t at = 0;
-    for (int s = 0; s < P; ++s) {
-        for (const auto & p : layouts[size_t(s)].params)
-            std::copy_n(all.data() + at + p.offset, p.numel, out.data() + whole.find(p.name).offset);
-        at += counts[size_t(s)];
-    }
+    for (size_t r = 0; r < parts.size(); at += counts[r], ++r) put_by_name(whole, parts[r], all.data() + at, out.data());
     return out;
 }
 
 std::vector<float> Engine::my_part(const float * whole) const {
-    if (opt_.expert_parallel > 1) return ep_slice(make_param_layout(cfg_), plans_.train->layout(), whole);
+    if (opt_.expert_parallel > 1) return take_by_name(make_param_layout(cfg_), plans_.train->layout(), whole);
     std::vector<float> slice;
     if (opt_.tensor_parallel > 1) {
         const auto [all, mine] = tp_layouts();
@@ -394,9 +389,7 @@ std::vector<float> Engine::my_part(const float * whole) const {
     if (opt_.pipeline_parallel == 1) return slice.empty() ? std::vector<float>(whole, whole + total_params()) : slice;
     const TrainStep & st = *plans_.train;
     const ParamLayout full = st.lora() ? make_lora_layout(st.config(), opt_.lora) : make_param_layout(st.config());
-    std::vector<float> out(st.layout().total);
-    for (const auto & p : st.layout().params) std::copy_n(local + full.find(p.name).offset, p.numel, out.data() + p.offset);
-    return out;
+    return take_by_name(full, st.layout(), local);
 }
 
 std::vector<float> Engine::tp_gather(const std::vector<float> & local, const std::pair<ParamLayout, ParamLayout> & l) {

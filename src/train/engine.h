@@ -432,6 +432,9 @@ private:
     // pipeline group).
     ParamLayout stage_part(int s, bool adapters) const;
     std::vector<float> pp_gather(const std::vector<float> & stage, bool adapters);
+    // The whole layout's data from every rank of c's part (parts[r] rank r's layout, by name).
+    std::vector<float> gather_by_name(Communicator & c, const std::vector<float> & mine,
+                                      const std::vector<ParamLayout> & parts, const ParamLayout & whole) const;
     // Host access to a persistent f32 buffer of the training program from element elem0: the
     // buffer itself on a host backend, else `mirror`, downloaded now. store_f32 writes n elements.
     float * host_f32(BufferId id, size_t elem0, std::vector<float> & mirror);

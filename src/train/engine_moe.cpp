@@ -38,19 +38,10 @@ void Engine::moe_read(const TrainStep & step, StepMemory & mem) {
 
 // The whole model from every expert rank's share (each holds the dense part alike).
 std::vector<float> Engine::ep_gather(const std::vector<float> & local) const {
-    const int R = opt_.expert_parallel;
-    const ParamLayout whole = make_param_layout(cfg_);
-    MF_ASSERT(local.size() == plans_.train->layout().total);
-    std::vector<float> all(local.size() * size_t(R)), out(whole.total);
-    ep_comm_->all_gather(local.data(), all.data(), local.size() * sizeof(float));
-    std::vector<ParamLayout> locals;
-    std::vector<const float *> parts;
-    for (int r = 0; r < R; ++r) {
-        locals.push_back(make_param_layout(ep_local_config(cfg_, {R, r, opt_.moe_capacity_factor, 0, true})));
-        parts.push_back(all.data() + size_t(r) * local.size());
-    }
-    ep_assemble(whole, locals, parts, out.data());
-    return out;
+    std::vector<ParamLayout> parts;
+    for (int r = 0; r < opt_.expert_parallel; ++r)
+        parts.push_back(make_param_layout(ep_local_config(cfg_, {opt_.expert_parallel, r, 0, 0, true})));
+    return gather_by_name(*ep_comm_, local, parts, make_param_layout(cfg_));
 }
 
 double Engine::sum_over_data(double v) const {

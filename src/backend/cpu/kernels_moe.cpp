@@ -141,7 +141,7 @@ void CpuBackend::moe_route_bwd(Tensor dlogits, Tensor dwts, Tensor logits, Tenso
 
 void CpuBackend::moe_gather(Tensor out, Tensor x, Tensor route, const MoeDesc & d) {
     const int64_t N = x.rows(), C = x.cols(), k = d.top_k, cap = d.capacity;
-    MF_ASSERT(out.dtype == x.dtype && out.rows() == (cap > 0 ? d.experts * cap : N * k) && out.cols() == C);
+    MF_ASSERT(out.dtype == x.dtype && out.rows() == moe_rows(N, d) && out.cols() == C);
     check_route(route, N, d);
     const MoeRoute rt(route.i32(), N, d);
     const size_t row = size_t(C) * dtype_size(x.dtype);
@@ -220,7 +220,7 @@ void sum_slots(G * out, const S * in, const int32_t * slot, const float * w, int
 
 void CpuBackend::moe_scatter(Tensor dx, Tensor dxs, Tensor route, const MoeDesc & d, bool accumulate) {
     const int64_t N = dx.rows(), C = dx.cols(), k = d.top_k;
-    MF_ASSERT(dxs.rows() == (d.capacity > 0 ? d.experts * d.capacity : N * k) && dxs.cols() == C);
+    MF_ASSERT(dxs.rows() == moe_rows(N, d) && dxs.cols() == C);
     check_route(route, N, d);
     const MoeRoute rt(route.i32(), N, d);
     std::vector<int32_t> keep;
@@ -234,7 +234,7 @@ void CpuBackend::moe_scatter(Tensor dx, Tensor dxs, Tensor route, const MoeDesc 
 
 void CpuBackend::moe_combine(Tensor out, Tensor y, Tensor wts, Tensor route, const MoeDesc & d) {
     const int64_t N = out.rows(), C = out.cols(), k = d.top_k;
-    MF_ASSERT(y.dtype == out.dtype && y.rows() == (d.capacity > 0 ? d.experts * d.capacity : N * k) &&
+    MF_ASSERT(y.dtype == out.dtype && y.rows() == moe_rows(N, d) &&
               y.cols() == C && wts.numel() == N * k);
     check_route(route, N, d);
     const MoeRoute rt(route.i32(), N, d);
@@ -249,7 +249,7 @@ void CpuBackend::moe_combine(Tensor out, Tensor y, Tensor wts, Tensor route, con
 void CpuBackend::moe_weight_bwd(Tensor dwts, Tensor g, Tensor dys, Tensor act, Tensor wts, Tensor route,
                                 const MoeDesc & d) {
     const int64_t k = d.top_k, choices = wts.numel(), N = choices / k, F = g.cols();
-    const int64_t rows = d.capacity > 0 ? d.experts * d.capacity : choices, C = dys.valid() ? dys.cols() : 0;
+    const int64_t rows = moe_rows(N, d), C = dys.valid() ? dys.cols() : 0;
     MF_ASSERT(act.dtype == g.dtype && act.rows() == rows && g.rows() == rows && act.cols() == F);
     MF_ASSERT(!dys.valid() || dys.rows() == rows);
     MF_ASSERT(dwts.dtype == DType::f32 && dwts.numel() == choices && wts.dtype == DType::f32);

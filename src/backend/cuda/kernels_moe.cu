@@ -369,7 +369,7 @@ void moe_route_bwd(cudaStream_t s, Tensor dlogits, Tensor dwts, Tensor logits, T
 
 void moe_gather(cudaStream_t s, Tensor out, Tensor x, Tensor route, const MoeDesc & d) {
     const int64_t N = x.rows(), C = x.cols(), k = d.top_k;
-    const int64_t rows = d.capacity > 0 ? d.experts * d.capacity : N * k;
+    const int64_t rows = moe_rows(N, d);
     MF_ASSERT(out.dtype == x.dtype && out.rows() == rows && out.cols() == C);
     check_route(route, N, d);
     if (rows * C == 0) return;
@@ -388,10 +388,9 @@ void moe_counts(cudaStream_t s, Tensor counts, Tensor stats, Tensor route, Tenso
     MF_ASSERT(stats.dtype == DType::f32 && stats.numel() == moe_stats_width(d));
     check_route(route, N, d);
     if (d.drop_probs && N > 0) {
-        const MoeRoute rt(route.i32(), N, d);
+        int32_t * order = route.i32() + d.experts + 1;
         moe_order_by_weight_kernel<<<grid_for(d.experts, kThreads), kThreads, 0, s>>>(
-            route.i32() + d.experts + 1, route.i32() + d.experts + 1 + N * d.top_k, rt.offsets, wts.f32(),
-            d.experts, d.capacity);
+            order, order + N * d.top_k, route.i32(), wts.f32(), d.experts, d.capacity);
         MF_CUDA_LAUNCHED();
     }
     moe_counts_kernel<<<1, 1, 0, s>>>(counts.i32(), stats.f32(), route.i32(), d.experts, d.capacity);
@@ -400,7 +399,7 @@ void moe_counts(cudaStream_t s, Tensor counts, Tensor stats, Tensor route, Tenso
 
 void moe_scatter(cudaStream_t s, Tensor dx, Tensor dxs, Tensor route, const MoeDesc & d, bool accumulate) {
     const int64_t N = dx.rows(), C = dx.cols(), k = d.top_k;
-    MF_ASSERT(dxs.rows() == (d.capacity > 0 ? d.experts * d.capacity : N * k) && dxs.cols() == C);
+    MF_ASSERT(dxs.rows() == moe_rows(N, d) && dxs.cols() == C);
     check_route(route, N, d);
     if (N * C == 0) return;
     const MoeRoute rt(route.i32(), N, d);
@@ -417,7 +416,7 @@ void moe_scatter(cudaStream_t s, Tensor dx, Tensor dxs, Tensor route, const MoeD
 
 void moe_combine(cudaStream_t s, Tensor out, Tensor y, Tensor wts, Tensor route, const MoeDesc & d) {
     const int64_t N = out.rows(), C = out.cols(), k = d.top_k;
-    MF_ASSERT(y.dtype == out.dtype && y.rows() == (d.capacity > 0 ? d.experts * d.capacity : N * k) &&
+    MF_ASSERT(y.dtype == out.dtype && y.rows() == moe_rows(N, d) &&
               y.cols() == C && wts.numel() == N * k);
     MF_ASSERT(wts.dtype == DType::f32);
     check_route(route, N, d);
@@ -434,7 +433,7 @@ void moe_combine(cudaStream_t s, Tensor out, Tensor y, Tensor wts, Tensor route,
 void moe_weight_bwd(cudaStream_t s, Tensor dwts, Tensor g, Tensor dys, Tensor act, Tensor wts, Tensor route,
                     const MoeDesc & d) {
     const int64_t k = d.top_k, choices = wts.numel(), N = choices / k, F = g.cols(), C = dys.valid() ? dys.cols() : 0;
-    const int64_t rows = d.capacity > 0 ? d.experts * d.capacity : choices;
+    const int64_t rows = moe_rows(N, d);
     MF_ASSERT(act.dtype == g.dtype && act.rows() == rows && g.rows() == rows && act.cols() == F);
     MF_ASSERT(!dys.valid() || dys.rows() == rows);
     MF_ASSERT(dwts.dtype == DType::f32 && dwts.numel() == choices && wts.dtype == DType::f32);
